@@ -1,0 +1,101 @@
+"""The asyncio client: one DEALER socket, one reader task that hands each reply to the queue of
+the request it answers, so any number of coroutines can share a client.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+import zmq
+import zmq.asyncio
+
+from mcpd.client import replies
+from mcpd.client.replies import Chunk, GenerateResult
+from mcpd.protocol import wire
+
+
+class AsyncClient:
+    def __init__(self, endpoint: str = replies.DEFAULT_ENDPOINT, timeout: float = 60.0):
+        self.endpoint, self.timeout = endpoint, timeout
+        self._context = zmq.asyncio.Context()
+        self._socket = self._context.socket(zmq.DEALER)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.connect(endpoint)
+        self._ids = itertools.count(1)
+        self._queues: dict[int, asyncio.Queue] = {}
+        self._reader: asyncio.Task | None = None
+
+    async def ping(self, timeout: float | None = None) -> dict:
+        return await self.call("ping", {}, timeout)
+
+    async def status(self, timeout: float | None = None) -> dict:
+        return await self.call("status", {}, timeout)
+
+    async def cancel(self, request_id) -> bool:
+        return (await self.call("cancel", {"target": request_id}))["cancelled"]
+
+    async def generate(self, prompt: str | None = None, *, messages=None, prompt_token_ids=None,
+                       timeout: float | None = None, **params) -> GenerateResult:
+        args = replies.generate_args(prompt, messages, prompt_token_ids, False, params)
+        return replies.generate_result(await self.call("generate", args, timeout))
+
+    async def stream(self, prompt: str | None = None, *, messages=None, prompt_token_ids=None,
+                     timeout: float | None = None, **params):
+        """Async iterator of Chunks; the final GenerateResult is not yielded (chunks carry it all)."""
+        args = replies.generate_args(prompt, messages, prompt_token_ids, True, params)
+        request_id = await self.send("generate", args)
+        while True:
+            reply = await self.receive(request_id, timeout)
+            if reply.get("kind") != "chunk":
+                replies.result_of(reply)   # raises on error
+                return
+            yield replies.chunk_of(reply)
+
+    async def call(self, op: str, args: dict, timeout: float | None = None) -> dict:
+        return replies.result_of(await self.receive(await self.send(op, args), timeout))
+
+    async def send(self, op: str, args: dict) -> int:
+        self._ensure_reader()
+        request_id = next(self._ids)
+        self._queues[request_id] = asyncio.Queue()
+        await self._socket.send_multipart([wire.encode_request(op, request_id, args)])
+        return request_id
+
+    async def receive(self, request_id: int, timeout: float | None = None) -> dict:
+        seconds = self.timeout if timeout is None else timeout
+        try:
+            reply = await asyncio.wait_for(self._queues[request_id].get(), seconds)
+        except asyncio.TimeoutError:
+            self._queues.pop(request_id, None)
+            await self._socket.send_multipart([wire.encode_request("cancel", next(self._ids), {"target": request_id})])
+            raise replies.timeout_error(request_id, seconds) from None
+        if reply.get("kind") != "chunk":
+            self._queues.pop(request_id, None)
+        return reply
+
+    def _ensure_reader(self) -> None:
+        if self._reader is None or self._reader.done():
+            self._reader = asyncio.get_running_loop().create_task(self._read_forever())
+
+    async def _read_forever(self) -> None:
+        while True:
+            frames = await self._socket.recv_multipart()
+            reply = wire.decode_reply(frames[0])
+            queue = self._queues.get(reply.get("id"))
+            if queue is not None:
+                queue.put_nowait(reply)
+
+    async def close(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+        self._socket.close(0)
+        self._context.term()
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+
+__all__ = ["AsyncClient", "Chunk", "GenerateResult"]

@@ -1,0 +1,63 @@
+"""What both clients share: building generate arguments and turning reply headers into results."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from mcpd.protocol import codes
+from mcpd.protocol.codes import MCPDError
+
+DEFAULT_ENDPOINT = "tcp://127.0.0.1:7070"
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One streamed piece of a generation."""
+    text: str
+    token_ids: list[int]
+    logprobs: list[float] | None = None
+
+
+@dataclass(frozen=True)
+class GenerateResult:
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    logprobs: list[float] | None = field(default=None)
+
+
+def generate_args(prompt, messages, prompt_token_ids, stream: bool, params: dict) -> dict:
+    args = {k: v for k, v in params.items() if v is not None}
+    for name, value in (("prompt", prompt), ("messages", messages), ("prompt_token_ids", prompt_token_ids)):
+        if value is not None:
+            args[name] = value
+    if "stop" in args and isinstance(args["stop"], str):
+        args["stop"] = [args["stop"]]
+    args["stream"] = stream
+    return args
+
+
+def result_of(reply: dict) -> dict:
+    """The "result" map of a final ok reply; an error reply raises MCPDError with its code."""
+    kind = reply.get("kind")
+    if kind == "error":
+        raise MCPDError(reply.get("code", codes.INTERNAL), reply.get("message", ""), reply.get("retry_after_ms"))
+    if kind != "ok":
+        raise MCPDError(codes.INTERNAL, f"unexpected reply kind {kind!r}")
+    return reply.get("result", {})
+
+
+def generate_result(result: dict) -> GenerateResult:
+    usage = result.get("usage", {})
+    return GenerateResult(result["text"], result["token_ids"], result["finish_reason"],
+                          usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0), result.get("logprobs"))
+
+
+def chunk_of(reply: dict) -> Chunk:
+    data = reply.get("data", {})
+    return Chunk(data.get("text", ""), data.get("token_ids", []), data.get("logprobs"))
+
+
+def timeout_error(request_id, seconds: float) -> MCPDError:
+    return MCPDError(codes.TIMEOUT, f"no reply to request {request_id!r} within {seconds:g}s")

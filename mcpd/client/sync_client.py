@@ -1,0 +1,133 @@
+"""The blocking client. One DEALER socket; replies are matched to requests by id, so a stream,
+a cancel and other requests can be in flight at once from one thread.
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from collections import defaultdict, deque
+
+import zmq
+
+from mcpd.client import replies
+from mcpd.client.replies import Chunk, GenerateResult
+from mcpd.protocol import wire
+from mcpd.protocol.codes import MCPDError
+
+
+class Client:
+    def __init__(self, endpoint: str = replies.DEFAULT_ENDPOINT, timeout: float = 60.0,
+                 context: zmq.Context | None = None):
+        self.endpoint, self.timeout = endpoint, timeout
+        self._socket = (context or zmq.Context.instance()).socket(zmq.DEALER)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.connect(endpoint)
+        self._ids = itertools.count(1)
+        self._waiting: set = set()
+        self._inbox: dict = defaultdict(deque)
+
+    # -- operations -----------------------------------------------------------------------------
+
+    def ping(self, timeout: float | None = None) -> dict:
+        return self.call("ping", {}, timeout)
+
+    def status(self, timeout: float | None = None) -> dict:
+        return self.call("status", {}, timeout)
+
+    def cancel(self, request_id) -> bool:
+        return self.call("cancel", {"target": request_id})["cancelled"]
+
+    def generate(self, prompt: str | None = None, *, messages: list[dict] | None = None,
+                 prompt_token_ids: list[int] | None = None, stream: bool = False,
+                 timeout: float | None = None, **params) -> GenerateResult | "Stream":
+        """Generate from a prompt, chat messages or token ids. Params: max_tokens, temperature,
+        top_k, top_p, seed, stop, stop_token_ids, ignore_eos, logprobs. With stream=True returns
+        a Stream that yields Chunks; otherwise the GenerateResult."""
+        args = replies.generate_args(prompt, messages, prompt_token_ids, stream, params)
+        request_id = self.send("generate", args)
+        if stream:
+            return Stream(self, request_id, timeout)
+        return replies.generate_result(replies.result_of(self.receive(request_id, timeout)))
+
+    def call(self, op: str, args: dict, timeout: float | None = None, **header_fields) -> dict:
+        """One request, one final reply: its result, or MCPDError with the reply's code."""
+        return replies.result_of(self.receive(self.send(op, args, **header_fields), timeout))
+
+    # -- framing --------------------------------------------------------------------------------
+
+    def send(self, op: str, args: dict, payload: list[bytes] = (), **header_fields):
+        request_id = next(self._ids)
+        self._waiting.add(request_id)
+        self._socket.send_multipart([wire.encode_request(op, request_id, args, **header_fields), *payload])
+        return request_id
+
+    def receive(self, request_id, timeout: float | None = None) -> dict:
+        """The next reply (chunk or final) for request_id. Raises MCPDError(TIMEOUT) after timeout
+        seconds; a timed-out generate is cancelled on the daemon so it stops using a worker."""
+        seconds = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + seconds
+        inbox = self._inbox[request_id]
+        while not inbox:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not self._socket.poll(remaining * 1000, zmq.POLLIN):
+                self._abandon(request_id)
+                raise replies.timeout_error(request_id, seconds)
+            self._read_available()
+        reply = inbox.popleft()
+        if reply.get("kind") != "chunk":
+            self._forget(request_id)
+        return reply
+
+    def _read_available(self) -> None:
+        while True:
+            try:
+                frames = self._socket.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            reply = wire.decode_reply(frames[0])
+            if reply.get("id") in self._waiting:
+                self._inbox[reply["id"]].append(reply)
+
+    def _abandon(self, request_id) -> None:
+        self._forget(request_id)
+        cancel_id = next(self._ids)   # fire and forget: its reply is dropped as unknown
+        self._socket.send_multipart([wire.encode_request("cancel", cancel_id, {"target": request_id})])
+
+    def _forget(self, request_id) -> None:
+        self._waiting.discard(request_id)
+        self._inbox.pop(request_id, None)
+
+    def close(self) -> None:
+        self._socket.close(0)
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class Stream:
+    """Iterate for Chunks; afterwards `.result` holds the GenerateResult. `.cancel()` stops it."""
+
+    def __init__(self, client: Client, request_id, timeout: float | None):
+        self.client, self.request_id, self.timeout = client, request_id, timeout
+        self.result: GenerateResult | None = None
+
+    def __iter__(self):
+        while self.result is None:
+            reply = self.client.receive(self.request_id, self.timeout)
+            if reply.get("kind") == "chunk":
+                yield replies.chunk_of(reply)
+            else:
+                self.result = replies.generate_result(replies.result_of(reply))
+
+    def cancel(self) -> bool:
+        return self.client.cancel(self.request_id)
+
+    def text(self) -> str:
+        """Consume the stream and return the whole text."""
+        return "".join(chunk.text for chunk in self)
+
+
+__all__ = ["Client", "Stream", "Chunk", "GenerateResult", "MCPDError"]

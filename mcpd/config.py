@@ -1,0 +1,209 @@
+"""The daemon's configuration: one frozen dataclass tree, loaded once from TOML and passed down.
+
+Every process receives the same `Config` object (it pickles across the `spawn` start method), so
+configuration flows one way: supervisor -> children. Validation happens here, at load time, and
+names the offending key and value so an operator can fix the file without reading code.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class ConfigError(ValueError):
+    """A configuration file or value that mcpd cannot run with."""
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    tcp: str = "tcp://127.0.0.1:7070"   # client endpoint; "" disables TCP (ipc stays)
+    runtime_dir: str = ""               # sockets + lock; "" = $RUNTIME_DIRECTORY, else per-user tmp
+    state_dir: str = ""                 # persistent state; "" = $STATE_DIRECTORY, else ~/.local/state
+    log_level: str = "info"
+
+    def check(self) -> None:
+        if self.tcp and not self.tcp.startswith("tcp://"):
+            raise ConfigError(f"server.tcp = {self.tcp!r}: must start with tcp:// or be empty")
+        if self.log_level not in ("debug", "info", "warning", "error"):
+            raise ConfigError(f"server.log_level = {self.log_level!r}: use debug, info, warning or error")
+
+
+@dataclass(frozen=True)
+class LimitsConfig:
+    max_message_bytes: int = 64 << 20  # all frames of one request together (also ZMQ MAXMSGSIZE)
+    max_header_bytes: int = 64 << 10   # the msgpack header frame
+    max_frames: int = 16               # frames in one request, header included
+    max_prompt_tokens: int = 32768
+    max_new_tokens: int = 4096
+
+    def check(self) -> None:
+        for name in ("max_message_bytes", "max_header_bytes", "max_frames", "max_prompt_tokens",
+                     "max_new_tokens"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"limits.{name} = {getattr(self, name)}: must be positive")
+        if self.max_header_bytes > self.max_message_bytes:
+            raise ConfigError("limits.max_header_bytes must not exceed limits.max_message_bytes")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_queue: int = 1024              # waiting requests; beyond this new work gets OVERLOADED
+    max_inflight_per_worker: int = 64  # requests handed to one worker and not yet finished
+
+    def check(self) -> None:
+        if self.max_queue < 1 or self.max_inflight_per_worker < 1:
+            raise ConfigError("scheduler.max_queue and scheduler.max_inflight_per_worker must be >= 1")
+
+
+@dataclass(frozen=True)
+class WorkersConfig:
+    device: str = "auto"        # auto (one worker per CUDA device, else CPU), cpu, cuda
+    count: int = 1              # CPU workers when running on the CPU
+    threads: int = 0            # torch threads per CPU worker; 0 = cores / count
+    restart_backoff_s: float = 0.5      # first restart delay; doubles per quick crash
+    restart_backoff_max_s: float = 30.0
+
+    def check(self) -> None:
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ConfigError(f"workers.device = {self.device!r}: use auto, cpu or cuda")
+        if not 1 <= self.count <= 256:
+            raise ConfigError(f"workers.count = {self.count}: must be between 1 and 256")
+        if self.threads < 0:
+            raise ConfigError(f"workers.threads = {self.threads}: must be >= 0")
+        if self.restart_backoff_s <= 0 or self.restart_backoff_max_s < self.restart_backoff_s:
+            raise ConfigError("workers.restart_backoff_s must be > 0 and <= restart_backoff_max_s")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    path: str = ""              # local Hugging Face directory; "" = the embedded default model
+    dtype: str = "auto"         # auto (checkpoint's dtype; float32 on CPU for half types), float32, float16, bfloat16
+    max_model_len: int = 4096   # prompt + generated tokens per sequence
+
+    def check(self) -> None:
+        if self.dtype not in ("auto", "float32", "float16", "bfloat16"):
+            raise ConfigError(f"model.dtype = {self.dtype!r}: use auto, float32, float16 or bfloat16")
+        if self.path and not Path(self.path).is_dir():
+            raise ConfigError(f"model.path = {self.path!r}: not a directory")
+        if self.max_model_len < 16:
+            raise ConfigError(f"model.max_model_len = {self.max_model_len}: must be >= 16")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    pool_bytes: float = 256 << 20   # device pool: bytes (> 1), or a fraction (<= 1) of free device memory
+    kv_fraction: float = 0.9        # share of the pool carved out for the paged KV cache
+    kv_block_size: int = 16         # tokens per KV block
+    max_num_seqs: int = 64          # sequences decoding together in one step
+    max_step_tokens: int = 2048     # token budget per step (prefill chunks + decodes)
+
+    def check(self) -> None:
+        if self.pool_bytes <= 0:
+            raise ConfigError(f"engine.pool_bytes = {self.pool_bytes}: must be positive")
+        if not 0 < self.kv_fraction <= 1:
+            raise ConfigError(f"engine.kv_fraction = {self.kv_fraction}: must be in (0, 1]")
+        if self.kv_block_size < 1 or self.kv_block_size & (self.kv_block_size - 1):
+            raise ConfigError(f"engine.kv_block_size = {self.kv_block_size}: must be a power of two")
+        if self.max_num_seqs < 1 or self.max_step_tokens < self.kv_block_size:
+            raise ConfigError("engine.max_num_seqs must be >= 1 and max_step_tokens >= kv_block_size")
+
+
+@dataclass(frozen=True)
+class SupervisorConfig:
+    stop_grace_s: float = 10.0      # SIGTERM: how long in-flight requests may finish
+    ready_timeout_s: float = 300.0  # a child that is not ready by then counts as failed
+
+    def check(self) -> None:
+        if self.stop_grace_s < 0 or self.ready_timeout_s <= 0:
+            raise ConfigError("supervisor.stop_grace_s must be >= 0 and ready_timeout_s > 0")
+
+
+@dataclass(frozen=True)
+class Config:
+    server: ServerConfig = field(default_factory=ServerConfig)
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    workers: WorkersConfig = field(default_factory=WorkersConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    supervisor: SupervisorConfig = field(default_factory=SupervisorConfig)
+
+    @property
+    def runtime_dir(self) -> Path:
+        return Path(self.server.runtime_dir or os.environ.get("RUNTIME_DIRECTORY")
+                    or _per_user_dir("XDG_RUNTIME_DIR", f"/tmp/mcpd-{os.getuid()}"))
+
+    @property
+    def state_dir(self) -> Path:
+        return Path(self.server.state_dir or os.environ.get("STATE_DIRECTORY")
+                    or Path.home() / ".local/state/mcpd")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _per_user_dir(env_var: str, fallback: str) -> str:
+    base = os.environ.get(env_var)
+    return str(Path(base) / "mcpd") if base else fallback
+
+
+def load(path: str | os.PathLike | None) -> Config:
+    """Read a TOML file (None = all defaults) and return a validated Config."""
+    if path is None:
+        return from_dict({})
+    try:
+        with open(path, "rb") as f:
+            raw = tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"config file {path}: {e}") from None
+    return from_dict(raw)
+
+
+def from_dict(raw: dict) -> Config:
+    sections = {}
+    hints = typing.get_type_hints(Config)
+    for name, value in raw.items():
+        if name not in hints:
+            raise ConfigError(f"unknown section [{name}]; known: {', '.join(hints)}")
+        if not isinstance(value, dict):
+            raise ConfigError(f"[{name}] must be a table")
+        sections[name] = _build_section(name, hints[name], value)
+    config = Config(**sections)
+    for section in dataclasses.fields(config):
+        getattr(config, section.name).check()
+    return config
+
+
+def _build_section(section: str, cls: type, values: dict):
+    hints = typing.get_type_hints(cls)
+    for key, value in values.items():
+        if key not in hints:
+            raise ConfigError(f"unknown key {section}.{key}; known: {', '.join(hints)}")
+        if not _matches(value, hints[key]):
+            raise ConfigError(f"{section}.{key} = {value!r}: expected {_type_name(hints[key])}")
+    return cls(**{k: _coerce(v, hints[k]) for k, v in values.items()})
+
+
+def _matches(value, hint) -> bool:
+    if isinstance(value, bool):  # bool is an int in Python; never accept it for numbers
+        return hint is bool
+    if hint is float:
+        return isinstance(value, (int, float))
+    if isinstance(hint, types.UnionType):
+        return any(_matches(value, h) for h in typing.get_args(hint))
+    return isinstance(value, hint)
+
+
+def _coerce(value, hint):
+    return float(value) if hint is float else value
+
+
+def _type_name(hint) -> str:
+    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(hint, str(hint))

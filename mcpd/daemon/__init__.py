@@ -1,0 +1,1 @@
+"""The daemon's processes: supervisor, front-end, scheduler, workers."""

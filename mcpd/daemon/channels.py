@@ -1,0 +1,55 @@
+"""The internal sockets between mcpd's processes and the tags of the messages on them.
+
+All of them are ipc sockets in the runtime directory (private to the daemon's uid), so
+internal messages are trusted: the front-end has already validated what came from clients.
+
+    client ─ROUTER(client.ipc, tcp)─▶ front-end ─PUSH(sched.ipc)─▶ scheduler ─ROUTER(workers.ipc)─▶ worker
+    front-end ◀─PULL(frontend.ipc)── scheduler ◀────────────────────────────── worker (DEALER)
+    every child ─PUSH(events.ipc)─▶ supervisor (ready, stats)       mcpctl ─(control.ipc)─▶ supervisor
+
+Message layouts (frames):
+    front-end → scheduler   [REQUEST, rid, header, *payload]   [CANCEL, rid]
+    supervisor → scheduler  [WORKER_LOST, worker index]
+    scheduler → worker      [worker identity, REQUEST, rid, header, *payload]   [.., CANCEL, rid]
+    worker → scheduler      [HELLO, info]   [CHUNK|FINAL, rid, reply header, *payload]   [STATS, stats]
+    scheduler → front-end   [CHUNK|FINAL, rid, reply header, *payload]
+    supervisor → front-end  [DRAIN]
+    child → supervisor      [msgpack {"role", "index", "event": "ready"|"stats", ...}]
+`rid` is the front-end's 8-byte internal request number, unique for the daemon's lifetime.
+"""
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+REQUEST = b"REQ"
+CANCEL = b"CANCEL"
+CHUNK = b"CHUNK"
+FINAL = b"FINAL"
+HELLO = b"HELLO"
+STATS = b"STATS"
+WORKER_LOST = b"LOST"
+DRAIN = b"DRAIN"
+
+_RID = struct.Struct(">Q")
+pack_rid = _RID.pack
+
+
+def unpack_rid(raw: bytes) -> int:
+    return _RID.unpack(raw)[0]
+
+
+def endpoint(runtime_dir: Path, name: str) -> str:
+    return f"ipc://{runtime_dir / name}"
+
+
+def client_endpoint(runtime_dir: Path) -> str:
+    return endpoint(runtime_dir, "client.ipc")
+
+
+def control_endpoint(runtime_dir: Path) -> str:
+    return endpoint(runtime_dir, "control.ipc")
+
+
+def worker_identity(index: int) -> bytes:
+    return b"w%d" % index

@@ -1,0 +1,56 @@
+"""What every child process does first, and how it reports to the supervisor."""
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+
+import msgpack
+import zmq
+
+from mcpd.config import Config
+from mcpd.daemon import channels, log
+
+PR_SET_PDEATHSIG = 1
+
+
+def start(role: str, config: Config) -> logging.Logger:
+    """Tie the child's life to the supervisor's and set up its log."""
+    _die_with_parent()
+    # Ctrl-C in a terminal reaches the whole process group; only the supervisor decides to stop.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    return log.setup(role, config.server.log_level)
+
+
+def _die_with_parent() -> None:
+    # If the supervisor is SIGKILLed no one else will stop us, and we would hold the GPU and ports.
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:
+        pass  # not Linux/glibc: parent_alive() polling in the loops still catches it
+    if os.getppid() == 1:
+        os._exit(1)  # the parent died before prctl took effect
+
+
+def parent_alive(parent_pid: int) -> bool:
+    return os.getppid() == parent_pid
+
+
+class EventReporter:
+    """PUSH socket to the supervisor's events endpoint: ready, stats and other one-way events."""
+
+    def __init__(self, context: zmq.Context, config: Config, role: str, index: int = 0):
+        self.socket = context.socket(zmq.PUSH)
+        self.socket.setsockopt(zmq.LINGER, 1000)
+        self.socket.setsockopt(zmq.SNDHWM, 100)
+        self.socket.connect(channels.endpoint(config.runtime_dir, "events.ipc"))
+        self.role, self.index = role, index
+
+    def send(self, event: str, **fields) -> None:
+        message = {"role": self.role, "index": self.index, "pid": os.getpid(), "event": event, **fields}
+        try:
+            self.socket.send(msgpack.packb(message), zmq.NOBLOCK)
+        except zmq.Again:
+            pass  # supervisor busy or gone: stats are periodic, the next one will do

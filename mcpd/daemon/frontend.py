@@ -1,0 +1,212 @@
+"""The front-end process: the only socket clients reach, and the gate every request passes.
+
+It validates each message (sizes, msgpack limits, header, op arguments) before anything else
+sees it, answers bad input itself, tracks which client owns each in-flight request, and relays
+the scheduler's replies. asyncio on uvloop; each wake-up drains every ready message from both
+sockets, so pipelined traffic pays the event loop's cost once per batch, not once per message.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from dataclasses import dataclass
+
+import uvloop
+import zmq
+
+from mcpd.config import Config
+from mcpd.daemon import channels, child
+from mcpd.daemon.latency import LatencyWindow
+from mcpd.protocol import codes, ops, wire
+from mcpd.protocol.codes import MCPDError
+
+STATS_INTERVAL_S = 0.5
+BATCH = 256   # messages taken from one socket before looking at the other (fairness)
+ALWAYS_ADMITTED = ("ping", "status", "cancel")   # still answered while draining
+
+
+@dataclass
+class Pending:
+    identity: bytes
+    envelope: tuple[bytes, ...]
+    request_id: int | str
+    op: str
+    started: float
+
+
+class FrontEnd:
+    def __init__(self, config: Config):
+        self.config = config
+        self.log = child.start("frontend", config)
+        self.context = zmq.Context()
+        self.clients = self._bind_clients()
+        self.to_scheduler = self._socket(zmq.PUSH, "sched.ipc", bind=False)
+        self.from_scheduler = self._socket(zmq.PULL, "frontend.ipc", bind=True)
+        self.events = child.EventReporter(self.context, config, "frontend")
+        self.pending: dict[int, Pending] = {}
+        self.rid_of: dict[tuple[bytes, int | str], int] = {}
+        self.next_rid = 1
+        self.draining = False
+        self.served = 0
+        self.errors: dict[str, int] = {}
+        self.latency = LatencyWindow()
+        self.parent_pid = os.getppid()
+        self.endpoints = self._endpoints()
+
+    def _bind_clients(self) -> zmq.Socket:
+        sock = self.context.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, 0)
+        # libzmq drops a peer that sends a frame over MAXMSGSIZE; our own check below answers
+        # TOO_LARGE for messages that are too large in total or have too many frames.
+        sock.setsockopt(zmq.MAXMSGSIZE, self.config.limits.max_message_bytes)
+        sock.bind(channels.client_endpoint(self.config.runtime_dir))
+        if self.config.server.tcp:
+            sock.bind(self.config.server.tcp)
+        return sock
+
+    def _socket(self, kind: int, name: str, bind: bool) -> zmq.Socket:
+        sock = self.context.socket(kind)
+        sock.setsockopt(zmq.LINGER, 0)
+        address = channels.endpoint(self.config.runtime_dir, name)
+        sock.bind(address) if bind else sock.connect(address)
+        return sock
+
+    # -- the loop -------------------------------------------------------------------------------
+
+    async def serve(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.stopped = loop.create_future()
+        for sock in (self.clients, self.from_scheduler):
+            loop.add_reader(sock.getsockopt(zmq.FD), self._pump)
+        loop.add_signal_handler(signal.SIGTERM, self._stop)
+        self.events.send("ready")
+        self.log.info("serving on %s", ", ".join(self.endpoints))
+        loop.call_soon(self._tick)
+        await self.stopped
+
+    def _pump(self) -> None:
+        # zmq's FD is edge-triggered: keep going until both sockets report nothing left.
+        busy = True
+        while busy:
+            busy = self._drain(self.clients, self._on_client) | self._drain(self.from_scheduler, self._on_reply)
+
+    @staticmethod
+    def _drain(sock: zmq.Socket, handle) -> bool:
+        for taken in range(BATCH):
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=True)
+            except zmq.Again:
+                return taken > 0
+            handle(frames)
+        return True
+
+    def _tick(self) -> None:
+        self._pump()   # belt and braces against a missed edge
+        if not child.parent_alive(self.parent_pid):
+            self._stop()
+        self.events.send("stats", **self.stats())
+        if self.draining and not self.pending:
+            self.events.send("drained")
+        asyncio.get_running_loop().call_later(STATS_INTERVAL_S, self._tick)
+
+    def _stop(self) -> None:
+        for rid in list(self.pending):
+            self._finish_with_error(rid, codes.UNAVAILABLE, "the daemon is stopping")
+        if not self.stopped.done():
+            self.stopped.set_result(None)
+
+    # -- client side ----------------------------------------------------------------------------
+
+    def _on_client(self, frames: list[bytes]) -> None:
+        identity = frames[0]
+        envelope, body = wire.split_envelope(frames[1:])
+        try:
+            request = wire.parse_request(envelope, body, self.config.limits)
+            self._admit(identity, request)
+        except MCPDError as e:
+            self._count_error(e.code)
+            self._send(identity, envelope, wire.error_reply(e.request_id, e.code, e.message, e.retry_after_ms))
+
+    def _admit(self, identity: bytes, request: wire.Request) -> None:
+        try:
+            ops.validate_args(request.op, request.header["args"], self.config.limits)
+            if request.op == "cancel":
+                return self._cancel(identity, request)
+            if self.draining and request.op not in ALWAYS_ADMITTED:
+                raise MCPDError(codes.UNAVAILABLE, "the daemon is draining and takes no new work")
+            key = (identity, request.request_id)
+            if key in self.rid_of:
+                raise MCPDError(codes.CONFLICT, f"request id {request.request_id!r} is already in flight")
+        except MCPDError as e:
+            e.request_id = request.request_id
+            raise
+        rid = self.next_rid
+        self.next_rid += 1
+        self.pending[rid] = Pending(identity, request.envelope, request.request_id, request.op, time.monotonic())
+        self.rid_of[key] = rid
+        self.to_scheduler.send_multipart([channels.REQUEST, channels.pack_rid(rid), request.header_bytes,
+                                          *request.payload])
+
+    def _cancel(self, identity: bytes, request: wire.Request) -> None:
+        target = request.header["args"]["target"]
+        rid = self.rid_of.get((identity, target))
+        if rid is not None:
+            self.to_scheduler.send_multipart([channels.CANCEL, channels.pack_rid(rid)])
+        self._send(identity, request.envelope, wire.ok_reply(request.request_id, {"cancelled": rid is not None}))
+
+    def _send(self, identity: bytes, envelope: tuple[bytes, ...], header: bytes, payload=()) -> None:
+        # A client that went away is silently dropped by ROUTER (no ROUTER_MANDATORY on purpose).
+        self.clients.send_multipart([identity, *envelope, header, *payload])
+
+    # -- scheduler side -------------------------------------------------------------------------
+
+    def _on_reply(self, frames: list[bytes]) -> None:
+        if frames[0] == channels.DRAIN:
+            return self._drain_mode()
+        tag, rid = frames[0], channels.unpack_rid(frames[1])
+        pending = self.pending.get(rid)
+        if pending is None:
+            return   # the request was already answered (stopped or cancelled); late chunk
+        self._send(pending.identity, pending.envelope, frames[2], frames[3:])
+        if tag == channels.FINAL:
+            self._forget(rid, pending)
+
+    def _forget(self, rid: int, pending: Pending) -> None:
+        del self.pending[rid]
+        del self.rid_of[(pending.identity, pending.request_id)]
+        self.served += 1
+        self.latency.record(pending.op, time.monotonic() - pending.started)
+
+    def _finish_with_error(self, rid: int, code: str, message: str) -> None:
+        pending = self.pending[rid]
+        self._count_error(code)
+        self._send(pending.identity, pending.envelope, wire.error_reply(pending.request_id, code, message))
+        self._forget(rid, pending)
+
+    def _count_error(self, code: str) -> None:
+        self.errors[code] = self.errors.get(code, 0) + 1
+
+    def _drain_mode(self) -> None:
+        self.draining = True
+        self.log.info("draining: no new work admitted, %d request(s) in flight", len(self.pending))
+
+    # -- reporting ------------------------------------------------------------------------------
+
+    def _endpoints(self) -> list[str]:
+        found = [channels.client_endpoint(self.config.runtime_dir)]
+        if self.config.server.tcp:   # bound last, so LAST_ENDPOINT shows the port actually taken
+            found.append(self.clients.getsockopt_string(zmq.LAST_ENDPOINT))
+        return found
+
+    def stats(self) -> dict:
+        return {"inflight": len(self.pending), "served": self.served, "errors": dict(self.errors),
+                "latency": self.latency.summary(), "draining": self.draining, "endpoints": self.endpoints}
+
+
+def run(config: Config) -> None:
+    frontend = FrontEnd(config)
+    uvloop.run(frontend.serve())
+    frontend.log.info("stopped")
+    frontend.context.destroy(linger=200)

@@ -1,0 +1,142 @@
+"""The supervisor's view of its children: spawn, restart with backoff, stop.
+
+Children start with the `spawn` method, never fork: a forked child would inherit a ZMQ context
+(and later a CUDA context) that is not fork-safe.
+"""
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from mcpd.config import Config
+
+SPAWN = multiprocessing.get_context("spawn")
+STABLE_AFTER_S = 30.0   # a child that lived this long resets its restart backoff
+
+
+@dataclass
+class ChildSpec:
+    role: str                  # frontend, scheduler, worker
+    index: int
+    target: Callable
+    args: tuple
+
+    @property
+    def name(self) -> str:
+        return self.role if self.role != "worker" else f"worker {self.index}"
+
+
+@dataclass
+class Child:
+    spec: ChildSpec
+    process: multiprocessing.Process | None = None
+    started: float = 0.0
+    ready: bool = False
+    restarts: int = 0
+    backoff_s: float = 0.0
+    restart_at: float | None = None
+    last_exit: str = ""
+    stats: dict = field(default_factory=dict)
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.is_alive()
+
+    @property
+    def state(self) -> str:
+        if self.restart_at is not None:
+            return "restarting"
+        if not self.alive:
+            return "stopped"
+        return "running" if self.ready else "starting"
+
+    def describe(self) -> dict:
+        return {"role": self.spec.role, "index": self.spec.index, "pid": self.process.pid if self.alive else None,
+                "state": self.state, "uptime_s": round(time.monotonic() - self.started, 1) if self.alive else 0,
+                "restarts": self.restarts, "last_exit": self.last_exit}
+
+
+class ProcessTable:
+    def __init__(self, config: Config, specs: list[ChildSpec], log: logging.Logger):
+        self.config, self.log = config, log
+        self.children = [Child(spec, backoff_s=config.workers.restart_backoff_s) for spec in specs]
+
+    def start_all(self) -> None:
+        for child in self.children:
+            self._start(child)
+
+    def _start(self, child: Child) -> None:
+        spec = child.spec
+        child.process = SPAWN.Process(target=spec.target, args=spec.args, name=f"mcpd-{spec.name}")
+        child.process.start()
+        child.started, child.ready, child.restart_at = time.monotonic(), False, None
+        self.log.info("started %s (pid %d)", spec.name, child.process.pid)
+
+    def find(self, role: str, index: int) -> Child | None:
+        return next((c for c in self.children if c.spec.role == role and c.spec.index == index), None)
+
+    def sentinels(self) -> list[int]:
+        return [c.process.sentinel for c in self.children if c.alive]
+
+    def reap(self) -> list[Child]:
+        """Children that exited since the last call; each gets a restart time (with backoff)."""
+        died = []
+        for child in self.children:
+            if child.process is None or child.restart_at is not None or child.alive:
+                continue
+            child.last_exit = _exit_reason(child.process.exitcode)
+            lived = time.monotonic() - child.started
+            if lived >= STABLE_AFTER_S:
+                child.backoff_s = self.config.workers.restart_backoff_s
+            child.restart_at = time.monotonic() + child.backoff_s
+            self.log.warning("%s (pid %d) %s after %.1fs; restarting in %.1fs", child.spec.name,
+                             child.process.pid, child.last_exit, lived, child.backoff_s)
+            child.backoff_s = min(child.backoff_s * 2, self.config.workers.restart_backoff_max_s)
+            died.append(child)
+        return died
+
+    def kill_stuck(self) -> None:
+        """A child that never reports ready (a hung model load, say) is killed; reap restarts it."""
+        limit = self.config.supervisor.ready_timeout_s
+        for child in self.children:
+            if child.alive and not child.ready and time.monotonic() - child.started > limit:
+                self.log.error("%s not ready after %.0fs; killing it", child.spec.name, limit)
+                child.process.kill()
+
+    def restart_due(self) -> None:
+        now = time.monotonic()
+        for child in self.children:
+            if child.restart_at is not None and now >= child.restart_at:
+                child.restarts += 1
+                self._start(child)
+
+    def healthy(self) -> bool:
+        return all(c.alive and c.ready for c in self.children)
+
+    def all_ready(self) -> bool:
+        return all(c.ready for c in self.children)
+
+    def stop_all(self, timeout_s: float = 5.0) -> None:
+        """SIGTERM every child, wait, then SIGKILL whatever is still there."""
+        for child in self.children:
+            child.restart_at = None
+            if child.alive:
+                child.process.terminate()
+        deadline = time.monotonic() + timeout_s
+        for child in self.children:
+            if child.process is not None:
+                child.process.join(max(0.0, deadline - time.monotonic()))
+                if child.process.is_alive():
+                    self.log.warning("%s did not stop in %.0fs; killing it", child.spec.name, timeout_s)
+                    child.process.kill()
+                    child.process.join(1.0)
+
+
+def _exit_reason(exitcode: int | None) -> str:
+    if exitcode is not None and exitcode < 0:
+        return f"was killed by {signal.Signals(-exitcode).name}"
+    return f"exited with status {exitcode}"

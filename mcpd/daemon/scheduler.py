@@ -1,0 +1,213 @@
+"""The scheduler process: queues validated requests and routes each to the least-loaded worker.
+
+Queueing is FIFO with a size cap (OVERLOADED beyond it); the routing key is outstanding requests
+per worker. A worker that dies has its unstarted requests requeued once and the rest answered
+WORKER_LOST, so no request is left without a final reply.
+"""
+from __future__ import annotations
+
+import os
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import msgpack
+import zmq
+
+from mcpd.config import Config
+from mcpd.daemon import channels, child
+from mcpd.protocol import codes, wire
+
+STATS_INTERVAL_S = 0.5
+IDLE_POLL_MS = 100
+OVERLOADED_RETRY_MS = 100
+MAX_RETRIES = 1   # a request that may have crashed a worker is not fed to a second one
+
+
+@dataclass
+class Job:
+    rid: int
+    header: bytes
+    payload: list[bytes]
+    enqueued: float = field(default_factory=time.monotonic)
+    started_streaming: bool = False
+    retries: int = 0
+
+    def request_id(self):
+        return msgpack.unpackb(self.header, raw=False).get("id")   # rare paths only: errors
+
+
+@dataclass
+class WorkerSlot:
+    index: int
+    identity: bytes
+    pid: int | None = None
+    ready: bool = False
+    jobs: dict[int, Job] = field(default_factory=dict)
+    info: dict = field(default_factory=dict)
+
+
+class Scheduler:
+    def __init__(self, config: Config):
+        self.config = config
+        self.log = child.start("scheduler", config)
+        self.context = zmq.Context()
+        self.inbox = self._socket(zmq.PULL, "sched.ipc", bind=True)
+        self.workers_socket = self._socket(zmq.ROUTER, "workers.ipc", bind=True)
+        # A restarted worker reconnects with the same identity: let it take the route over, and
+        # make sends to a missing worker fail loudly instead of vanishing.
+        self.workers_socket.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        self.workers_socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.outbox = self._socket(zmq.PUSH, "frontend.ipc", bind=False)
+        self.events = child.EventReporter(self.context, config, "scheduler")
+        self.queue: deque[Job] = deque()
+        self.workers: dict[bytes, WorkerSlot] = {}
+        self.dispatched = 0
+        self.parent_pid = os.getppid()
+
+    def _socket(self, kind: int, name: str, bind: bool) -> zmq.Socket:
+        sock = self.context.socket(kind)
+        sock.setsockopt(zmq.LINGER, 0)
+        address = channels.endpoint(self.config.runtime_dir, name)
+        sock.bind(address) if bind else sock.connect(address)
+        return sock
+
+    def serve(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self.inbox, zmq.POLLIN)
+        poller.register(self.workers_socket, zmq.POLLIN)
+        self.events.send("ready")
+        next_stats = 0.0
+        while child.parent_alive(self.parent_pid):
+            ready = dict(poller.poll(IDLE_POLL_MS))
+            if self.inbox in ready:
+                self._drain(self.inbox, self._on_inbox)
+            if self.workers_socket in ready:
+                self._drain(self.workers_socket, self._on_worker)
+            self._dispatch()
+            if time.monotonic() >= next_stats:
+                self.events.send("stats", **self.stats())
+                next_stats = time.monotonic() + STATS_INTERVAL_S
+
+    @staticmethod
+    def _drain(sock: zmq.Socket, handle) -> None:
+        while True:
+            try:
+                handle(sock.recv_multipart(zmq.NOBLOCK))
+            except zmq.Again:
+                return
+
+    # -- from the front-end and the supervisor --------------------------------------------------
+
+    def _on_inbox(self, frames: list[bytes]) -> None:
+        tag = frames[0]
+        if tag == channels.REQUEST:
+            self._enqueue(Job(channels.unpack_rid(frames[1]), frames[2], frames[3:]))
+        elif tag == channels.CANCEL:
+            self._cancel(channels.unpack_rid(frames[1]))
+        elif tag == channels.WORKER_LOST:
+            lost = msgpack.unpackb(frames[1])
+            self._worker_lost(channels.worker_identity(lost["index"]), lost["pid"])
+
+    def _enqueue(self, job: Job) -> None:
+        if msgpack.unpackb(job.header, raw=False)["op"] == "status":
+            return self._reply(channels.FINAL, job.rid, wire.ok_reply(job.request_id(), self.stats()))
+        if len(self.queue) >= self.config.scheduler.max_queue:
+            return self._fail(job, codes.OVERLOADED, f"queue is full ({len(self.queue)} waiting)",
+                              retry_after_ms=OVERLOADED_RETRY_MS)
+        self.queue.append(job)
+
+    def _cancel(self, rid: int) -> None:
+        for job in self.queue:
+            if job.rid == rid:
+                self.queue.remove(job)
+                return self._fail(job, codes.CANCELLED, "cancelled by the client")
+        for slot in self.workers.values():
+            if rid in slot.jobs:
+                return self._send_worker(slot, [channels.CANCEL, channels.pack_rid(rid)])
+
+    # -- to and from workers --------------------------------------------------------------------
+
+    def _dispatch(self) -> None:
+        limit = self.config.scheduler.max_inflight_per_worker
+        while self.queue:
+            ready = [s for s in self.workers.values() if s.ready and len(s.jobs) < limit]
+            if not ready:
+                return
+            slot = min(ready, key=lambda s: len(s.jobs))
+            job = self.queue.popleft()
+            if self._send_worker(slot, [channels.REQUEST, channels.pack_rid(job.rid), job.header, *job.payload]):
+                slot.jobs[job.rid] = job
+                self.dispatched += 1
+            else:
+                self.queue.appendleft(job)
+
+    def _send_worker(self, slot: WorkerSlot, frames: list[bytes]) -> bool:
+        try:
+            self.workers_socket.send_multipart([slot.identity, *frames], zmq.NOBLOCK)
+            return True
+        except zmq.ZMQError:   # EHOSTUNREACH: it went away; EAGAIN: its queue is full
+            slot.ready = False
+            return False
+
+    def _on_worker(self, frames: list[bytes]) -> None:
+        identity, tag = frames[0], frames[1]
+        if tag in (channels.CHUNK, channels.FINAL):
+            return self._relay(identity, tag, frames)
+        if tag == channels.HELLO:
+            self._hello(identity, msgpack.unpackb(frames[2], raw=False))
+        elif tag == channels.STATS:
+            self.workers[identity].info = msgpack.unpackb(frames[2], raw=False)
+
+    def _relay(self, identity: bytes, tag: bytes, frames: list[bytes]) -> None:
+        rid = channels.unpack_rid(frames[2])
+        slot = self.workers.get(identity)
+        job = slot.jobs.get(rid) if slot else None
+        if job is None:
+            return   # answered already (its worker was declared lost); drop the late reply
+        if tag == channels.FINAL:
+            del slot.jobs[rid]
+        else:
+            job.started_streaming = True
+        self.outbox.send_multipart([tag, *frames[2:]])
+
+    def _hello(self, identity: bytes, info: dict) -> None:
+        slot = self.workers.get(identity)
+        if slot and slot.pid not in (None, info["pid"]):
+            self._worker_lost(identity, slot.pid)   # restarted before the supervisor told us
+        slot = self.workers.setdefault(identity, WorkerSlot(info["index"], identity))
+        slot.pid, slot.ready, slot.info = info["pid"], True, info
+        self.log.info("worker %d ready (pid %d, %s)", slot.index, slot.pid, info.get("device"))
+
+    def _worker_lost(self, identity: bytes, pid: int) -> None:
+        slot = self.workers.get(identity)
+        if slot is None or slot.pid != pid:
+            return   # already handled, or the message is about an older incarnation
+        slot.ready, slot.pid = False, None
+        jobs, slot.jobs = list(slot.jobs.values()), {}
+        retried = [j for j in jobs if not j.started_streaming and j.retries < MAX_RETRIES]
+        for job in reversed(retried):
+            job.retries += 1
+            self.queue.appendleft(job)
+        for job in jobs:
+            if job not in retried:
+                self._fail(job, codes.WORKER_LOST, f"worker {slot.index} died while running the request")
+        self.log.warning("worker %d lost: %d request(s) requeued, %d answered WORKER_LOST",
+                         slot.index, len(retried), len(jobs) - len(retried))
+
+    # -- replies --------------------------------------------------------------------------------
+
+    def _fail(self, job: Job, code: str, message: str, retry_after_ms: int | None = None) -> None:
+        self._reply(channels.FINAL, job.rid, wire.error_reply(job.request_id(), code, message, retry_after_ms))
+
+    def _reply(self, tag: bytes, rid: int, header: bytes) -> None:
+        self.outbox.send_multipart([tag, channels.pack_rid(rid), header])
+
+    def stats(self) -> dict:
+        return {"queue_depth": len(self.queue), "dispatched": self.dispatched,
+                "workers": [{"index": s.index, "pid": s.pid, "ready": s.ready, "inflight": len(s.jobs),
+                             **s.info} for s in sorted(self.workers.values(), key=lambda s: s.index)]}
+
+
+def run(config: Config) -> None:
+    Scheduler(config).serve()

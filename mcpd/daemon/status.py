@@ -1,0 +1,52 @@
+"""The status report `mcpctl status` shows, assembled from the children's latest stats."""
+from __future__ import annotations
+
+import os
+import time
+
+import mcpd
+
+
+def build_status(supervisor) -> dict:
+    table = supervisor.table
+    frontend = (table.find("frontend", 0).stats or {})
+    scheduler = (table.find("scheduler", 0).stats or {})
+    workers = [c for c in table.children if c.spec.role == "worker"]
+    return {
+        "version": mcpd.__version__,
+        "pid": os.getpid(),
+        "state": _state(supervisor),
+        "healthy": table.healthy() and not supervisor.stopping,
+        "uptime_s": round(time.monotonic() - supervisor.started, 1),
+        "runtime_dir": str(supervisor.config.runtime_dir),
+        "endpoints": frontend.get("endpoints", []) or _configured_endpoints(supervisor),
+        "processes": [{"role": "supervisor", "index": 0, "pid": os.getpid(), "state": "running",
+                       "uptime_s": round(time.monotonic() - supervisor.started, 1), "restarts": 0,
+                       "last_exit": ""}] + [c.describe() for c in table.children],
+        "devices": [_device(c) for c in workers],
+        "queue": {"depth": scheduler.get("queue_depth", 0),
+                  "inflight": frontend.get("inflight", 0)},
+        "requests": {"served": frontend.get("served", 0), "errors": frontend.get("errors", {}),
+                     "latency": frontend.get("latency", {})},
+    }
+
+
+def _state(supervisor) -> str:
+    if supervisor.stopping:
+        return "stopping"
+    if not supervisor.announced_ready:
+        return "starting"
+    return "ready" if supervisor.table.healthy() else "degraded"
+
+
+def _configured_endpoints(supervisor) -> list[str]:
+    from mcpd.daemon import channels
+    config = supervisor.config
+    return [channels.client_endpoint(config.runtime_dir)] + ([config.server.tcp] if config.server.tcp else [])
+
+
+def _device(worker) -> dict:
+    stats = worker.stats or {}
+    keep = ("device", "model", "dtype", "running", "waiting", "preemptions", "kv_blocks_total",
+            "kv_blocks_used", "kv_waste_frac", "pool", "tokens_generated")
+    return {"worker": worker.spec.index, **{k: stats[k] for k in keep if k in stats}}

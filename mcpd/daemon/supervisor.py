@@ -1,0 +1,249 @@
+"""`mcpd`: the supervisor. Loads the config, spawns and watches the children, talks to systemd,
+drains and stops on SIGTERM/SIGINT, and answers `mcpctl` on the control socket.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import msgpack
+import zmq
+
+import mcpd
+from mcpd import config as config_module
+from mcpd.config import Config, ConfigError
+from mcpd.daemon import channels, frontend, log, scheduler, worker
+from mcpd.daemon.instance_lock import AlreadyRunning, InstanceLock
+from mcpd.daemon.process_table import ChildSpec, ProcessTable
+from mcpd.daemon.sdnotify import SystemdNotifier
+from mcpd.daemon.status import build_status
+from mcpd.protocol import codes, wire
+from mcpd.protocol.codes import MCPDError
+
+DEFAULT_CONFIG = "/etc/mcpd/mcpd.toml"
+LOOP_POLL_MS = 200
+NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")
+
+
+def worker_devices(config: Config) -> list[str]:
+    """One worker per CUDA device; `workers.count` CPU workers when there is none (or device=cpu).
+
+    GPUs are counted from the driver's /proc entries so the supervisor never imports torch or
+    touches CUDA (children are spawned, but a CUDA context here would still cost memory).
+    """
+    gpus = len(list(NVIDIA_GPUS.iterdir())) if NVIDIA_GPUS.is_dir() else 0
+    if config.workers.device == "cuda" and gpus == 0:
+        raise ConfigError("workers.device = 'cuda' but no NVIDIA GPU is visible (/proc/driver/nvidia/gpus)")
+    if config.workers.device != "cpu" and gpus:
+        return [f"cuda:{i}" for i in range(gpus)]
+    return ["cpu"] * config.workers.count
+
+
+class Supervisor:
+    def __init__(self, config: Config, config_path: str | None):
+        self.config, self.config_path = config, config_path
+        self.log = log.setup("supervisor", config.server.log_level)
+        self.started = time.monotonic()
+        self.notifier = SystemdNotifier()
+        self.stopping = False
+        self.drained = False
+        self.announced_ready = False
+        self.reload_requested = False
+        self.last_watchdog = 0.0
+        devices = worker_devices(config)
+        self.devices = devices
+        specs = [ChildSpec("frontend", 0, frontend.run, (config,)),
+                 ChildSpec("scheduler", 0, scheduler.run, (config,))]
+        specs += [ChildSpec("worker", i, worker.run, (config, i, d)) for i, d in enumerate(devices)]
+        self.table = ProcessTable(config, specs, self.log)
+
+    # -- start ----------------------------------------------------------------------------------
+
+    def prepare(self) -> None:
+        runtime_dir = self.config.runtime_dir
+        runtime_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
+        InstanceLock(runtime_dir).acquire()
+        self.context = zmq.Context()
+        self.events = self.context.socket(zmq.PULL)
+        self.events.bind(channels.endpoint(runtime_dir, "events.ipc"))
+        self.control = self.context.socket(zmq.ROUTER)
+        self.control.setsockopt(zmq.MAXMSGSIZE, 1 << 20)
+        control_path = runtime_dir / "control.ipc"
+        old_umask = os.umask(0o177)   # the socket file is born owner-only: no window for others
+        try:
+            self.control.bind(channels.control_endpoint(runtime_dir))
+        finally:
+            os.umask(old_umask)
+        os.chmod(control_path, 0o600)
+        self.to_scheduler = self._push("sched.ipc")
+        self.to_frontend = self._push("frontend.ipc")
+
+    def _push(self, name: str) -> zmq.Socket:
+        sock = self.context.socket(zmq.PUSH)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(channels.endpoint(self.config.runtime_dir, name))
+        return sock
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self._on_stop_signal)
+        signal.signal(signal.SIGINT, self._on_stop_signal)
+        signal.signal(signal.SIGHUP, self._on_reload_signal)
+        self.log.info("mcpd %s starting: runtime dir %s, %d worker(s) on %s", mcpd.__version__,
+                      self.config.runtime_dir, len(self.devices), ", ".join(sorted(set(self.devices))))
+        self.notifier.notify(STATUS="starting children")
+        self.table.start_all()
+        poller = zmq.Poller()
+        poller.register(self.events, zmq.POLLIN)
+        poller.register(self.control, zmq.POLLIN)
+        while not self.stopping:
+            ready = dict(poller.poll(LOOP_POLL_MS))
+            if self.events in ready:
+                self._drain(self.events, self._on_event)
+            if self.control in ready:
+                self._drain(self.control, self._on_control)
+            self._watch_children()
+        return self._shutdown(poller)
+
+    @staticmethod
+    def _drain(sock: zmq.Socket, handle) -> None:
+        while True:
+            try:
+                handle(sock.recv_multipart(zmq.NOBLOCK))
+            except zmq.Again:
+                return
+
+    def _watch_children(self) -> None:
+        self.table.kill_stuck()
+        for child in self.table.reap():
+            if child.spec.role == "worker":
+                lost = {"index": child.spec.index, "pid": child.process.pid}
+                self.to_scheduler.send_multipart([channels.WORKER_LOST, msgpack.packb(lost)])
+            self.notifier.notify(STATUS=f"{child.spec.name} {child.last_exit}; restarting")
+        self.table.restart_due()
+        if self.reload_requested:
+            self._reload()
+        self._announce_readiness()
+        self._feed_watchdog()
+
+    def _announce_readiness(self) -> None:
+        if not self.announced_ready and self.table.all_ready():
+            self.announced_ready = True
+            self.log.info("ready: %d worker(s) serving", len(self.devices))
+            self.notifier.notify(READY=1, STATUS=f"serving with {len(self.devices)} worker(s)")
+
+    def _feed_watchdog(self) -> None:
+        # WATCHDOG=1 only while every child runs: a wedged or crash-looping daemon gets restarted.
+        interval = self.notifier.watchdog_interval_s
+        if interval and self.table.healthy() and time.monotonic() - self.last_watchdog >= interval:
+            self.notifier.notify(WATCHDOG=1)
+            self.last_watchdog = time.monotonic()
+
+    # -- events from children -------------------------------------------------------------------
+
+    def _on_event(self, frames: list[bytes]) -> None:
+        event = msgpack.unpackb(frames[0], raw=False)
+        child = self.table.find(event["role"], event["index"])
+        if child is None or not child.alive or child.process.pid != event.get("pid"):
+            return   # from an incarnation that is gone
+        kind = event.pop("event")
+        if kind == "ready":
+            child.ready = True
+            self.log.info("%s ready", child.spec.name)
+        elif kind == "stats":
+            child.stats = event
+        elif kind == "drained":
+            self.drained = True
+
+    # -- control socket (mcpctl) ----------------------------------------------------------------
+
+    def _on_control(self, frames: list[bytes]) -> None:
+        identity = frames[0]
+        envelope, body = wire.split_envelope(frames[1:])
+        request_id = None
+        try:
+            request = wire.parse_request(envelope, body, self.config.limits)
+            request_id = request.request_id
+            reply = wire.ok_reply(request_id, self._control_op(request.op))
+        except MCPDError as e:
+            reply = wire.error_reply(request_id, e.code, e.message)
+        self.control.send_multipart([identity, *envelope, reply])
+
+    def _control_op(self, op: str) -> dict:
+        if op == "status":
+            return build_status(self)
+        if op == "ping":
+            return {"pong": True, "pid": os.getpid()}
+        raise MCPDError(codes.UNKNOWN_OP, f"unknown control op {op!r}; known: status, ping")
+
+    # -- signals, reload, stop ------------------------------------------------------------------
+
+    def _on_stop_signal(self, signum, _frame) -> None:
+        if not self.stopping:
+            self.log.info("%s received: draining, then stopping", signal.Signals(signum).name)
+        self.stopping = True
+
+    def _on_reload_signal(self, _signum, _frame) -> None:
+        self.reload_requested = True
+
+    def _reload(self) -> None:
+        """Re-read and validate the config. Nothing is live-reloadable yet: say what would change."""
+        self.reload_requested = False
+        self.notifier.notify(RELOADING=1, MONOTONIC_USEC=time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000)
+        try:
+            fresh = config_module.load(self.config_path)
+            changed = _changed_keys(self.config.to_dict(), fresh.to_dict())
+            if changed:
+                self.log.warning("reload: %s changed and need(s) a restart to apply", ", ".join(changed))
+            else:
+                self.log.info("reload: configuration unchanged")
+        except ConfigError as e:
+            self.log.error("reload: keeping the running configuration: %s", e)
+        self.notifier.notify(READY=1)
+
+    def _shutdown(self, poller: zmq.Poller) -> int:
+        self.notifier.notify(STOPPING=1, STATUS="draining")
+        self.to_frontend.send_multipart([channels.DRAIN])
+        deadline = time.monotonic() + self.config.supervisor.stop_grace_s
+        while not self.drained and time.monotonic() < deadline and self.table.find("frontend", 0).alive:
+            if dict(poller.poll(LOOP_POLL_MS)).get(self.events):
+                self._drain(self.events, self._on_event)
+        if not self.drained:
+            self.log.warning("grace period over: stopping with requests still in flight")
+        self.table.stop_all()
+        self.context.destroy(linger=0)
+        self.log.info("stopped")
+        return 0
+
+
+def _changed_keys(old: dict, new: dict, prefix: str = "") -> list[str]:
+    changed = []
+    for key in old:
+        if isinstance(old[key], dict):
+            changed += _changed_keys(old[key], new[key], f"{prefix}{key}.")
+        elif old[key] != new[key]:
+            changed.append(prefix + key)
+    return changed
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="mcpd", description="mcpd inference daemon (supervisor)")
+    parser.add_argument("--config", help=f"TOML config file (default: {DEFAULT_CONFIG} if present, else built-in defaults)")
+    parser.add_argument("--version", action="version", version=f"mcpd {mcpd.__version__}")
+    args = parser.parse_args(argv)
+    path = args.config or (DEFAULT_CONFIG if os.path.exists(DEFAULT_CONFIG) else None)
+    try:
+        config = config_module.load(path)
+        supervisor = Supervisor(config, path)
+        supervisor.prepare()
+    except (ConfigError, AlreadyRunning) as e:
+        print(f"mcpd: {e}", file=sys.stderr)
+        return 2 if isinstance(e, ConfigError) else 1
+    return supervisor.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

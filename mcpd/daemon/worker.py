@@ -1,0 +1,179 @@
+"""A worker process: one model engine on one device, driven by the engine step loop.
+
+Each turn of the loop takes every message waiting from the scheduler (admit and cancel), runs
+one engine step for all running sequences (continuous batching), and sends what each produced.
+When the engine is idle the loop blocks on the socket instead of spinning.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+
+import msgpack
+import zmq
+
+from mcpd.config import Config
+from mcpd.daemon import channels, child
+from mcpd.protocol import codes, ops, wire
+
+STATS_INTERVAL_S = 0.5
+IDLE_POLL_MS = 100
+
+
+@dataclass
+class ActiveRequest:
+    """What the worker remembers of a generate request while the engine runs it."""
+    request_id: int | str
+    stream: bool
+    want_logprobs: bool
+    chunks_sent: int = 0
+    text: list[str] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+
+
+class Worker:
+    def __init__(self, config: Config, index: int, device: str):
+        self.config, self.index = config, index
+        self.log = child.start(f"worker{index}", config)
+        self.parent_pid = os.getppid()
+        self.context = zmq.Context()
+        self.events = child.EventReporter(self.context, config, "worker", index)
+        self.engine = self._load_engine(device)
+        self.socket = self.context.socket(zmq.DEALER)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.setsockopt(zmq.IDENTITY, channels.worker_identity(index))
+        self.socket.connect(channels.endpoint(config.runtime_dir, "workers.ipc"))
+        self.active: dict[int, ActiveRequest] = {}
+
+    def _load_engine(self, device: str):
+        import torch   # imported here: the supervisor and front-end never pay for torch
+        from mcpd.engine import Engine
+
+        if device == "cpu":
+            torch.set_num_threads(self.config.workers.threads
+                                  or max(1, (os.cpu_count() or 1) // self.config.workers.count))
+        started = time.monotonic()
+        engine = Engine(self.config, torch.device(device))
+        self.log.info("model loaded on %s in %.1fs", device, time.monotonic() - started)
+        return engine
+
+    def serve(self) -> None:
+        info = {"index": self.index, "pid": os.getpid(), **self._identity()}
+        self.socket.send_multipart([channels.HELLO, msgpack.packb(info)])
+        self.events.send("ready", **info)
+        next_stats = 0.0
+        while child.parent_alive(self.parent_pid):
+            timeout = 0 if self.engine.has_work else IDLE_POLL_MS
+            if self.socket.poll(timeout, zmq.POLLIN):
+                self._drain()
+            if self.engine.has_work:
+                self._emit(self.engine.step())
+            if time.monotonic() >= next_stats:
+                self._report()
+                next_stats = time.monotonic() + STATS_INTERVAL_S
+
+    def _identity(self) -> dict:
+        stats = self.engine.stats()
+        return {"device": stats["device"], "model": stats["model"], "dtype": stats["dtype"]}
+
+    def _report(self) -> None:
+        stats = {"index": self.index, "pid": os.getpid(), **self.engine.stats()}
+        self.socket.send_multipart([channels.STATS, msgpack.packb(stats)])
+        self.events.send("stats", **stats)
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                frames = self.socket.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if frames[0] == channels.REQUEST:
+                self._on_request(channels.unpack_rid(frames[1]), msgpack.unpackb(frames[2], raw=False))
+            elif frames[0] == channels.CANCEL:
+                self._on_cancel(channels.unpack_rid(frames[1]))
+
+    # -- requests -------------------------------------------------------------------------------
+
+    def _on_request(self, rid: int, header: dict) -> None:
+        op, request_id = header["op"], header["id"]
+        if op == "ping":
+            return self._final(rid, wire.ok_reply(request_id, {"pong": True, "worker": self.index}))
+        try:
+            args = ops.validate_args(op, header["args"], self.config.limits)
+            self._start_generate(rid, request_id, args)
+        except ValueError as e:   # the engine refuses what it cannot run (too long, bad token ids)
+            self._final(rid, wire.error_reply(request_id, codes.BAD_REQUEST, str(e)))
+        except Exception as e:   # noqa: BLE001 - a bug must cost one request, not the worker
+            self.log.exception("request %s failed", request_id)
+            self._final(rid, wire.error_reply(request_id, codes.INTERNAL, f"{type(e).__name__}: {e}"))
+
+    def _start_generate(self, rid: int, request_id, args: dict) -> None:
+        from mcpd.engine import SamplingParams
+
+        prompt_ids = self._prompt_token_ids(args)
+        params = SamplingParams(
+            max_tokens=args["max_tokens"], temperature=float(args["temperature"]), top_k=args["top_k"],
+            top_p=float(args["top_p"]), seed=args["seed"], stop=tuple(args["stop"]),
+            stop_token_ids=tuple(args["stop_token_ids"]), ignore_eos=args["ignore_eos"],
+            logprobs=args["logprobs"])
+        self.engine.add_request(rid, prompt_ids, params)
+        self.active[rid] = ActiveRequest(request_id, args["stream"], args["logprobs"])
+
+    def _prompt_token_ids(self, args: dict) -> list[int]:
+        tokenizer = self.engine.tokenizer
+        if args["prompt_token_ids"] is not None:
+            vocab = self.engine.vocab_size
+            if any(t >= vocab for t in args["prompt_token_ids"]):
+                raise ValueError(f"prompt_token_ids holds ids outside the vocabulary (size {vocab})")
+            return args["prompt_token_ids"]
+        text = args["prompt"] if args["prompt"] is not None else tokenizer.apply_chat_template(args["messages"])
+        return tokenizer.encode(text)
+
+    def _on_cancel(self, rid: int) -> None:
+        request = self.active.pop(rid, None)
+        if request is not None:
+            self.engine.abort(rid)
+            self._final(rid, wire.error_reply(request.request_id, codes.CANCELLED, "cancelled by the client"))
+
+    # -- results --------------------------------------------------------------------------------
+
+    def _emit(self, outputs) -> None:
+        for out in outputs:
+            request = self.active.get(out.key)
+            if request is None:
+                continue
+            request.text.append(out.text)
+            request.token_ids.extend(out.token_ids)
+            if out.logprobs:
+                request.logprobs.extend(out.logprobs)
+            if request.stream and (out.token_ids or out.text):
+                self._chunk(out.key, request, out)
+            if out.finished:
+                del self.active[out.key]
+                self._final(out.key, wire.ok_reply(request.request_id, self._result(request, out)))
+
+    def _chunk(self, rid: int, request: ActiveRequest, out) -> None:
+        data = {"text": out.text, "token_ids": out.token_ids}
+        if request.want_logprobs:
+            data["logprobs"] = out.logprobs or []
+        self.socket.send_multipart([channels.CHUNK, channels.pack_rid(rid),
+                                    wire.chunk_reply(request.request_id, request.chunks_sent, data)])
+        request.chunks_sent += 1
+
+    @staticmethod
+    def _result(request: ActiveRequest, out) -> dict:
+        result = {"text": "".join(request.text), "token_ids": request.token_ids,
+                  "finish_reason": out.finish_reason,
+                  "usage": {"prompt_tokens": out.prompt_tokens, "completion_tokens": out.completion_tokens}}
+        if request.want_logprobs:
+            result["logprobs"] = request.logprobs
+        return result
+
+    def _final(self, rid: int, header: bytes) -> None:
+        self.socket.send_multipart([channels.FINAL, channels.pack_rid(rid), header])
+
+
+def run(config: Config, index: int, device: str) -> None:
+    Worker(config, index, device).serve()

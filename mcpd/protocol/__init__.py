@@ -1,0 +1,1 @@
+"""Wire protocol v1: framing, validation, error codes (see docs/PROTOCOL.md)."""

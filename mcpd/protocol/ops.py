@@ -1,0 +1,135 @@
+"""The operations of protocol v1 and the schema of each one's "args".
+
+The front-end validates args here, before any other process sees the request, so workers can
+trust types and ranges. Each op lists its arguments as (accepted types, default, check).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from mcpd.config import LimitsConfig
+from mcpd.protocol import codes
+from mcpd.protocol.codes import MCPDError
+
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 256
+MAX_MESSAGES = 1024
+MAX_TOKEN_ID = (1 << 31) - 1
+
+
+@dataclass(frozen=True)
+class Arg:
+    types: tuple[type, ...]
+    default: Any = None
+    check: Callable[[Any, LimitsConfig], str | None] | None = None   # returns a problem or None
+
+
+def _nonneg(v, _):
+    return None if v >= 0 else "must be >= 0"
+
+
+def _temperature(v, _):
+    return None if 0 <= v <= 100 else "must be between 0 and 100"
+
+
+def _probability(v, _):
+    return None if 0 < v <= 1 else "must be in (0, 1]"
+
+
+def _max_tokens(v, limits):
+    return None if 1 <= v <= limits.max_new_tokens else f"must be between 1 and {limits.max_new_tokens}"
+
+
+def _token_ids(v, limits):
+    if len(v) > limits.max_prompt_tokens:
+        return f"has {len(v)} tokens; the limit is {limits.max_prompt_tokens}"
+    if not all(type(t) is int and 0 <= t <= MAX_TOKEN_ID for t in v):
+        return "must be a list of non-negative integers"
+    return None
+
+
+def _stop_strings(v, _):
+    if len(v) > MAX_STOP_STRINGS:
+        return f"at most {MAX_STOP_STRINGS} stop strings"
+    if not all(isinstance(s, str) and 0 < len(s) <= MAX_STOP_CHARS for s in v):
+        return f"each stop string must be a non-empty string of at most {MAX_STOP_CHARS} characters"
+    return None
+
+
+def _stop_token_ids(v, _):
+    if len(v) > MAX_STOP_STRINGS or not all(type(t) is int and 0 <= t <= MAX_TOKEN_ID for t in v):
+        return f"must be at most {MAX_STOP_STRINGS} non-negative integers"
+    return None
+
+
+def _messages(v, _):
+    if not 0 < len(v) <= MAX_MESSAGES:
+        return f"must hold 1..{MAX_MESSAGES} messages"
+    for m in v:
+        if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
+            return 'each message must be a map with string "role" and "content"'
+    return None
+
+
+def _request_id(v, _):
+    return None if (type(v) is int and v >= 0) or (isinstance(v, str) and 0 < len(v) <= 64) else \
+        "must be a request id (integer >= 0 or string of 1..64 characters)"
+
+
+NUMBER = (int, float)
+GENERATE_ARGS = {
+    "prompt": Arg((str,)),
+    "prompt_token_ids": Arg((list,), check=_token_ids),
+    "messages": Arg((list,), check=_messages),
+    "max_tokens": Arg((int,), 16, _max_tokens),
+    "temperature": Arg(NUMBER, 1.0, _temperature),
+    "top_k": Arg((int,), 0, _nonneg),
+    "top_p": Arg(NUMBER, 1.0, _probability),
+    "seed": Arg((int, type(None)), None),
+    "stop": Arg((list,), [], _stop_strings),
+    "stop_token_ids": Arg((list,), [], _stop_token_ids),
+    "ignore_eos": Arg((bool,), False),
+    "logprobs": Arg((bool,), False),
+    "stream": Arg((bool,), False),
+}
+PROMPT_KINDS = ("prompt", "prompt_token_ids", "messages")
+
+OPS: dict[str, dict[str, Arg]] = {
+    "ping": {},
+    "status": {},
+    "generate": GENERATE_ARGS,
+    "cancel": {"target": Arg((int, str), check=_request_id)},
+}
+
+
+def validate_args(op: str, args: dict, limits: LimitsConfig) -> dict:
+    """Return args with defaults filled in, or raise MCPDError naming the bad argument."""
+    schema = OPS.get(op)
+    if schema is None:
+        raise MCPDError(codes.UNKNOWN_OP, f"unknown op {op!r}; known ops: {', '.join(OPS)}")
+    unknown = set(args) - set(schema)
+    if unknown:
+        raise MCPDError(codes.BAD_REQUEST, f"{op}: unknown argument(s) {sorted(unknown)}")
+    out = {}
+    for name, arg in schema.items():
+        value = args.get(name, arg.default)
+        if value is None:
+            out[name] = None
+            continue
+        if isinstance(value, bool) and bool not in arg.types or not isinstance(value, arg.types):
+            raise MCPDError(codes.BAD_REQUEST, f"{op}: argument {name!r} has the wrong type "
+                                               f"({type(value).__name__})")
+        problem = arg.check(value, limits) if arg.check else None
+        if problem:
+            raise MCPDError(codes.BAD_REQUEST, f"{op}: argument {name!r} {problem}")
+        out[name] = value
+    _check_required(op, out)
+    return out
+
+
+def _check_required(op: str, args: dict) -> None:
+    if op == "generate" and sum(args[k] is not None for k in PROMPT_KINDS) != 1:
+        raise MCPDError(codes.BAD_REQUEST, "generate: give exactly one of prompt, prompt_token_ids, messages")
+    if op == "cancel" and args["target"] is None:
+        raise MCPDError(codes.BAD_REQUEST, "cancel: argument 'target' (the request id to cancel) is required")

@@ -1,0 +1,140 @@
+"""Wire protocol v1: how a request and its replies are laid out in ZeroMQ multipart messages.
+
+A request is `[header, *payload]` (a REQ socket adds an empty delimiter first; it is echoed back).
+The header is a msgpack map: {"v": 1, "op": str, "id": int|str, "args": map, ...}. Replies are
+`[header, *payload]` with kind "chunk" (zero or more, streaming), then exactly one "ok" or "error".
+docs/PROTOCOL.md is the normative description; keep the two in step.
+
+Everything here treats its input as hostile: sizes are checked before decoding, msgpack runs
+with hard container limits, and nothing is allocated on the strength of a length the peer wrote.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import msgpack
+
+from mcpd.config import LimitsConfig
+from mcpd.protocol import codes
+from mcpd.protocol.codes import MCPDError
+
+VERSION = 1
+SUPPORTED_VERSIONS = (1,)
+MAX_ID_CHARS = 64
+MAX_CONTAINER_ITEMS = 4096   # per msgpack array/map in a header; token ids ride in "args" too
+MAX_STR_BYTES = 1 << 20      # one string in a header (a prompt); the header cap bounds the total
+
+
+@dataclass(frozen=True)
+class Request:
+    """A request whose envelope and header passed validation (args are checked per op)."""
+    envelope: tuple[bytes, ...]   # () for DEALER peers, (b"",) for REQ peers
+    header: dict
+    header_bytes: bytes           # the client's bytes, forwarded as they came
+    payload: tuple[bytes, ...]
+
+    @property
+    def op(self) -> str:
+        return self.header["op"]
+
+    @property
+    def request_id(self) -> int | str:
+        return self.header["id"]
+
+
+def parse_request(envelope: tuple[bytes, ...], frames: list[bytes], limits: LimitsConfig) -> Request:
+    """Validate a client message (identity and envelope already split off). Raises MCPDError.
+
+    When the error is raised after the header decoded, `e.request_id` holds the client's id so
+    the reply can still name the request.
+    """
+    if not frames:
+        raise MCPDError(codes.BAD_REQUEST, "message has no header frame")
+    if len(frames) > limits.max_frames:
+        raise MCPDError(codes.TOO_LARGE, f"{len(frames)} frames; the limit is {limits.max_frames}")
+    total = sum(len(f) for f in frames)
+    if total > limits.max_message_bytes:
+        raise MCPDError(codes.TOO_LARGE, f"message is {total} bytes; the limit is {limits.max_message_bytes}")
+    header_bytes = frames[0]
+    if len(header_bytes) > limits.max_header_bytes:
+        raise MCPDError(codes.TOO_LARGE,
+                        f"header is {len(header_bytes)} bytes; the limit is {limits.max_header_bytes}")
+    header = decode_header(header_bytes)
+    request_id = header.get("id")
+    try:
+        _check_header(header)
+    except MCPDError as e:
+        e.request_id = request_id if _valid_id(request_id) else None
+        raise
+    return Request(envelope, header, header_bytes, tuple(frames[1:]))
+
+
+def split_envelope(frames: list[bytes]) -> tuple[tuple[bytes, ...], list[bytes]]:
+    """Split off a REQ socket's empty delimiter frame (DEALER peers send none); it is echoed back."""
+    if frames and frames[0] == b"":
+        return (b"",), frames[1:]
+    return (), frames
+
+
+def decode_header(raw: bytes) -> dict:
+    """msgpack-decode a header with hard limits; anything but a map with str keys is rejected."""
+    try:
+        header = msgpack.unpackb(
+            raw, raw=False, strict_map_key=True, use_list=True,
+            max_str_len=MAX_STR_BYTES, max_bin_len=MAX_STR_BYTES, max_array_len=MAX_CONTAINER_ITEMS,
+            max_map_len=MAX_CONTAINER_ITEMS, max_ext_len=0)
+    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as e:
+        raise MCPDError(codes.BAD_REQUEST, f"header is not valid msgpack: {e}") from None
+    if not isinstance(header, dict):
+        raise MCPDError(codes.BAD_REQUEST, f"header must be a msgpack map, got {type(header).__name__}")
+    return header
+
+
+def _check_header(header: dict) -> None:
+    version = header.get("v")
+    if type(version) is not int:
+        raise MCPDError(codes.BAD_REQUEST, 'header field "v" (protocol version) must be an integer')
+    if version not in SUPPORTED_VERSIONS:
+        raise MCPDError(codes.UNSUPPORTED_VERSION,
+                        f"protocol version {version} is not supported; this daemon speaks {list(SUPPORTED_VERSIONS)}")
+    if not _valid_id(header.get("id")):
+        raise MCPDError(codes.BAD_REQUEST,
+                        f'header field "id" must be an integer >= 0 or a string of 1..{MAX_ID_CHARS} characters')
+    if not isinstance(header.get("op"), str):
+        raise MCPDError(codes.BAD_REQUEST, 'header field "op" must be a string')
+    if not isinstance(header.setdefault("args", {}), dict):
+        raise MCPDError(codes.BAD_REQUEST, 'header field "args" must be a map')
+    timeout_ms = header.get("timeout_ms")
+    if timeout_ms is not None and (type(timeout_ms) is not int or timeout_ms <= 0):
+        raise MCPDError(codes.BAD_REQUEST, 'header field "timeout_ms" must be a positive integer')
+
+
+def _valid_id(value) -> bool:
+    if type(value) is int:
+        return value >= 0
+    return isinstance(value, str) and 0 < len(value) <= MAX_ID_CHARS
+
+
+def encode_request(op: str, request_id: int | str, args: dict | None = None, **fields) -> bytes:
+    """The header frame of a request (used by the bundled clients and mcpctl)."""
+    return msgpack.packb({"v": VERSION, "op": op, "id": request_id, "args": args or {}, **fields})
+
+
+def ok_reply(request_id, result: dict) -> bytes:
+    return msgpack.packb({"v": VERSION, "id": request_id, "kind": "ok", "result": result})
+
+
+def chunk_reply(request_id, seq: int, data: dict) -> bytes:
+    return msgpack.packb({"v": VERSION, "id": request_id, "kind": "chunk", "seq": seq, "data": data})
+
+
+def error_reply(request_id, code: str, message: str, retry_after_ms: int | None = None) -> bytes:
+    reply = {"v": VERSION, "id": request_id, "kind": "error", "code": code, "message": message}
+    if retry_after_ms is not None:
+        reply["retry_after_ms"] = retry_after_ms
+    return msgpack.packb(reply)
+
+
+def decode_reply(raw: bytes) -> dict:
+    """Client side: decode a reply header (the daemon is trusted less than fully: limits stay on)."""
+    return decode_header(raw)

@@ -1,0 +1,131 @@
+"""Start the real daemon (`mcpd --config ...`) as a subprocess on loopback for a test.
+
+Readiness is what systemd would see: the harness owns the NOTIFY_SOCKET datagram socket and
+waits for READY=1, keeping every notification for tests to inspect.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from mcpd.client import Client
+
+BIN = Path(sys.executable).parent
+START_TIMEOUT_S = 120
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def toml_text(sections: dict[str, dict]) -> str:
+    def value(v):
+        return json.dumps(v) if isinstance(v, (str, bool)) else repr(v)
+    return "".join(f"[{name}]\n" + "".join(f"{k} = {value(v)}\n" for k, v in keys.items()) + "\n"
+                   for name, keys in sections.items())
+
+
+class Daemon:
+    def __init__(self, **sections: dict):
+        # ipc paths must stay under ~107 bytes: keep the runtime dir short, not pytest's tmp_path.
+        self.root = Path(tempfile.mkdtemp(prefix="mcpd-t-", dir="/tmp"))
+        self.runtime_dir = self.root / "run"
+        self.port = free_port()
+        self.endpoint = f"tcp://127.0.0.1:{self.port}"
+        defaults = {
+            "server": {"tcp": self.endpoint, "runtime_dir": str(self.runtime_dir),
+                       "state_dir": str(self.root / "state")},
+            "workers": {"count": 1, "device": "cpu", "restart_backoff_s": 0.2},
+            "engine": {"pool_bytes": 64 << 20},
+            "supervisor": {"stop_grace_s": 5.0},
+        }
+        for name, keys in sections.items():
+            defaults.setdefault(name, {}).update(keys)
+        self.config_path = self.root / "mcpd.toml"
+        self.config_path.write_text(toml_text(defaults))
+        self.notifications: list[str] = []
+        self.process: subprocess.Popen | None = None
+
+    def start(self, wait: bool = True) -> "Daemon":
+        self._notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._notify.bind(str(self.root / "notify.sock"))
+        env = {**os.environ, "NOTIFY_SOCKET": str(self.root / "notify.sock"), "PYTHONUNBUFFERED": "1"}
+        self.log_path = self.root / "mcpd.log"
+        self.process = subprocess.Popen([str(BIN / "mcpd"), "--config", str(self.config_path)],
+                                        stderr=open(self.log_path, "wb"), stdout=subprocess.DEVNULL, env=env)
+        if wait:
+            self.wait_for_notification("READY=1", START_TIMEOUT_S)
+        return self
+
+    def wait_for_notification(self, wanted: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while wanted not in self.notifications:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"mcpd exited with {self.process.returncode}:\n{self.log()}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no {wanted} within {timeout}s:\n{self.log()}")
+            self._notify.settimeout(0.2)
+            try:
+                message = self._notify.recv(4096).decode()
+            except socket.timeout:
+                continue
+            self.notifications.extend(message.split("\n"))
+
+    def client(self, timeout: float = 60.0) -> Client:
+        return Client(self.endpoint, timeout=timeout)
+
+    def mcpctl(self, *args: str, timeout: float = 30) -> subprocess.CompletedProcess:
+        return subprocess.run([str(BIN / "mcpctl"), "--runtime-dir", str(self.runtime_dir), *args],
+                              capture_output=True, text=True, timeout=timeout)
+
+    def status(self) -> dict:
+        done = self.mcpctl("status", "--json")
+        return json.loads(done.stdout)
+
+    def pid_of(self, role: str, index: int = 0) -> int | None:
+        return next(p["pid"] for p in self.status()["processes"] if p["role"] == role and p["index"] == index)
+
+    def wait_until(self, predicate, timeout: float = 60, what: str = "condition") -> None:
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{what} not met within {timeout}s:\n{self.log()}")
+            time.sleep(0.1)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def stop(self, timeout: float = 30) -> int:
+        if self.process.returncode is not None:
+            return self.process.returncode   # stopped already
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.drain_notifications()
+        self._notify.close()
+        return self.process.returncode
+
+    def drain_notifications(self) -> None:
+        self._notify.settimeout(0)
+        while True:
+            try:
+                self.notifications.extend(self._notify.recv(4096).decode().split("\n"))
+            except (BlockingIOError, socket.timeout, OSError):
+                return
+
+    def cleanup(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)

@@ -1,0 +1,28 @@
+import pytest
+
+from mcpd.config import ConfigError, from_dict
+
+
+def test_defaults_are_valid():
+    config = from_dict({})
+    assert config.engine.kv_block_size == 16 and config.workers.count == 1
+
+
+@pytest.mark.parametrize("raw, message", [
+    ({"nope": {}}, "unknown section [nope]"),
+    ({"server": {"tpc": "x"}}, "unknown key server.tpc"),
+    ({"workers": {"count": True}}, "workers.count = True"),
+    ({"workers": {"count": 0}}, "workers.count = 0"),
+    ({"server": {"tcp": "http://x"}}, "server.tcp = 'http://x'"),
+    ({"model": {"dtype": "int3"}}, "model.dtype = 'int3'"),
+    ({"engine": {"kv_fraction": 1.5}}, "engine.kv_fraction = 1.5"),
+    ({"server": "x"}, "[server] must be a table"),
+])
+def test_bad_values_name_the_key(raw, message):
+    with pytest.raises(ConfigError) as raised:
+        from_dict(raw)
+    assert message in str(raised.value)
+
+
+def test_ints_accepted_for_floats():
+    assert from_dict({"engine": {"pool_bytes": 1024}}).engine.pool_bytes == 1024.0

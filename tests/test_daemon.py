@@ -1,0 +1,110 @@
+"""The daemon end to end: real processes, real sockets, the bundled client and mcpctl."""
+import json
+
+import pytest
+
+from mcpd.protocol import codes
+from mcpd.protocol.codes import MCPDError
+
+
+def test_ping_goes_through_a_worker(daemon):
+    with daemon.client() as client:
+        assert client.ping() == {"pong": True, "worker": 0}
+
+
+def test_generate_returns_text_and_tokens(daemon):
+    with daemon.client() as client:
+        result = client.generate("Hello", max_tokens=8, temperature=0, ignore_eos=True)
+    assert len(result.token_ids) == 8 and result.completion_tokens == 8
+    assert result.finish_reason == "length"
+    assert isinstance(result.text, str) and result.prompt_tokens > 0
+
+
+def test_greedy_is_deterministic_and_seed_reproduces(daemon):
+    with daemon.client() as client:
+        a = client.generate("abc", max_tokens=6, temperature=0, ignore_eos=True)
+        b = client.generate("abc", max_tokens=6, temperature=0, ignore_eos=True)
+        s1 = client.generate("abc", max_tokens=6, temperature=1.0, top_p=0.9, seed=7, ignore_eos=True)
+        s2 = client.generate("abc", max_tokens=6, temperature=1.0, top_p=0.9, seed=7, ignore_eos=True)
+    assert a.token_ids == b.token_ids
+    assert s1.token_ids == s2.token_ids
+
+
+def test_stream_chunks_add_up_to_the_result(daemon):
+    with daemon.client() as client:
+        stream = client.generate("Stream me", max_tokens=12, temperature=0, ignore_eos=True, stream=True)
+        chunks = list(stream)
+        full = client.generate("Stream me", max_tokens=12, temperature=0, ignore_eos=True)
+    assert len(chunks) >= 2
+    assert [t for c in chunks for t in c.token_ids] == stream.result.token_ids == full.token_ids
+    assert "".join(c.text for c in chunks) == stream.result.text == full.text
+
+
+def test_stop_string_ends_generation(daemon):
+    with daemon.client() as client:
+        free = client.generate("x", max_tokens=24, temperature=0, ignore_eos=True)
+        if len(free.text) < 4:
+            pytest.skip("embedded model produced too little text to pick a stop string")
+        stop = free.text[2:4]
+        stopped = client.generate("x", max_tokens=24, temperature=0, ignore_eos=True, stop=[stop])
+    assert stopped.finish_reason == "stop"
+    assert stopped.text == free.text[:free.text.index(stop)]
+
+
+def test_cancel_a_running_stream(daemon):
+    with daemon.client() as client:
+        stream = client.generate("Go on", max_tokens=2000, temperature=0, ignore_eos=True, stream=True)
+        iterator = iter(stream)
+        next(iterator)
+        assert stream.cancel() is True
+        with pytest.raises(MCPDError) as raised:
+            for _ in iterator:
+                pass
+        assert raised.value.code == codes.CANCELLED
+        assert client.cancel(stream.request_id) is False   # already over
+        assert client.ping()["pong"] is True
+
+
+def test_client_timeout_raises_timeout(daemon):
+    with daemon.client() as client:
+        with pytest.raises(MCPDError) as raised:
+            client.generate("slow", max_tokens=3000, ignore_eos=True, timeout=0.3)
+        assert raised.value.code == codes.TIMEOUT
+        assert client.ping()["pong"] is True
+
+
+def test_status_op_reports_workers(daemon):
+    with daemon.client() as client:
+        status = client.status()
+    assert status["workers"][0]["ready"] is True
+    assert "queue_depth" in status
+
+
+def test_mcpctl_status_json(daemon):
+    with daemon.client() as client:
+        client.ping()
+    daemon.wait_until(lambda: daemon.status()["requests"]["served"] > 0, 10, "served count")
+    done = daemon.mcpctl("status", "--json")
+    assert done.returncode == 0, done.stderr
+    status = json.loads(done.stdout)
+    roles = sorted(p["role"] for p in status["processes"])
+    assert roles == ["frontend", "scheduler", "supervisor", "worker"]
+    assert all(p["state"] == "running" and p["pid"] for p in status["processes"])
+    assert status["healthy"] is True and status["state"] == "ready"
+    assert status["devices"][0]["device"] == "cpu"
+    assert status["requests"]["latency"]["ping"]["p50_ms"] > 0
+
+
+def test_mcpctl_status_table(daemon):
+    done = daemon.mcpctl("status")
+    assert done.returncode == 0, done.stderr
+    assert "scheduler" in done.stdout and "p50" in done.stdout
+
+
+def test_mcpctl_unreachable_exit_code(tmp_path):
+    from harness import BIN
+    import subprocess
+    done = subprocess.run([str(BIN / "mcpctl"), "--runtime-dir", str(tmp_path), "status"],
+                          capture_output=True, text=True)
+    assert done.returncode == 3
+    assert "is mcpd running" in done.stderr

@@ -1,0 +1,94 @@
+"""Garbage at the front door gets the documented error code, and the daemon keeps serving."""
+import msgpack
+import pytest
+import zmq
+
+from mcpd.protocol import codes
+
+
+@pytest.fixture
+def raw(daemon):
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVTIMEO, 10000)
+    sock.connect(daemon.endpoint)
+    yield sock
+    sock.close()
+
+
+def exchange(sock, *frames) -> dict:
+    sock.send_multipart(list(frames))
+    reply = sock.recv_multipart()
+    return msgpack.unpackb(reply[0], raw=False)
+
+
+def header(**fields) -> bytes:
+    return msgpack.packb({"v": 1, "op": "ping", "id": 1, **fields})
+
+
+@pytest.mark.parametrize("frame, code", [
+    (b"\xc1\xc1 not msgpack", codes.BAD_REQUEST),
+    (msgpack.packb([1, 2, 3]), codes.BAD_REQUEST),
+    (msgpack.packb({"v": 1, "op": "ping"}), codes.BAD_REQUEST),                 # no id
+    (header(id=[1]), codes.BAD_REQUEST),
+    (header(op=7), codes.BAD_REQUEST),
+    (header(args=[]), codes.BAD_REQUEST),
+    (header(v="1"), codes.BAD_REQUEST),
+    (header(v=99), codes.UNSUPPORTED_VERSION),
+    (header(op="launch_missiles"), codes.UNKNOWN_OP),
+    (header(op="generate", args={"prompt": "x", "max_tokens": "ten"}), codes.BAD_REQUEST),
+    (header(op="generate", args={"prompt": "x", "max_tokens": 10**9}), codes.BAD_REQUEST),
+    (header(op="generate", args={"prompt": "x", "temperature": -1}), codes.BAD_REQUEST),
+    (header(op="generate", args={"prompt": "x", "prompt_token_ids": [1]}), codes.BAD_REQUEST),
+    (header(op="generate", args={}), codes.BAD_REQUEST),
+    (header(op="generate", args={"prompt": "x", "bogus": 1}), codes.BAD_REQUEST),
+    (header(op="generate", args={"prompt_token_ids": [-1]}), codes.BAD_REQUEST),
+    (header(op="generate", args={"prompt_token_ids": [10**6]}), codes.BAD_REQUEST),  # outside vocab: worker
+    (header(op="generate", args={"messages": [{"role": 1}]}), codes.BAD_REQUEST),
+    (header(op="cancel", args={}), codes.BAD_REQUEST),
+    (header(timeout_ms=-5), codes.BAD_REQUEST),
+    (b"\xdf\xff\xff\xff\xff", codes.BAD_REQUEST),                               # map claiming 4G entries
+    (msgpack.packb({"v": 1, "op": "ping", "id": 1, "x": [0] * 5000}), codes.BAD_REQUEST),  # array over limit
+])
+def test_bad_header_gets_error_code(daemon, raw, frame, code):
+    reply = exchange(raw, frame)
+    assert reply["kind"] == "error" and reply["code"] == code, reply
+    assert isinstance(reply["message"], str) and reply["message"]
+    assert daemon.client().ping()["pong"] is True
+
+
+def test_error_reply_names_the_request_id_when_known(raw):
+    reply = exchange(raw, header(id="mine", op="nope"))
+    assert reply["id"] == "mine" and reply["code"] == codes.UNKNOWN_OP
+
+
+def test_oversize_header_and_too_many_frames(daemon, raw):
+    big = msgpack.packb({"v": 1, "op": "ping", "id": 1, "pad": "x" * 9000})
+    assert exchange(raw, big)["code"] == codes.TOO_LARGE
+    assert exchange(raw, header(), *[b"p"] * 20)["code"] == codes.TOO_LARGE
+    assert exchange(raw, header(), b"a" * 600_000, b"b" * 600_000)["code"] == codes.TOO_LARGE
+
+
+def test_frame_over_maxmsgsize_drops_only_that_peer(daemon, raw):
+    raw.send_multipart([header(), b"z" * (2 << 20)])   # over MAXMSGSIZE: libzmq disconnects the peer
+    with daemon.client() as other:
+        assert other.ping()["pong"] is True
+
+
+def test_duplicate_request_id_in_flight_is_a_conflict(raw):
+    raw.send_multipart([msgpack.packb({"v": 1, "op": "generate", "id": 5,
+                                       "args": {"prompt": "a", "max_tokens": 500, "ignore_eos": True}})])
+    second = exchange(raw, msgpack.packb({"v": 1, "op": "generate", "id": 5, "args": {"prompt": "b"}}))
+    assert second["code"] == codes.CONFLICT
+    raw.send_multipart([msgpack.packb({"v": 1, "op": "cancel", "id": 6, "args": {"target": 5}})])
+
+
+def test_req_socket_envelope_is_echoed(daemon):
+    sock = zmq.Context.instance().socket(zmq.REQ)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVTIMEO, 10000)
+    sock.connect(daemon.endpoint)
+    sock.send(header(id=3))
+    reply = msgpack.unpackb(sock.recv(), raw=False)
+    sock.close()
+    assert reply["kind"] == "ok" and reply["id"] == 3 and reply["result"]["pong"] is True

@@ -1,0 +1,44 @@
+"""Lifecycle: systemd notifications, graceful stop, one instance per runtime dir, bad config."""
+import subprocess
+
+from harness import BIN, Daemon
+
+
+def test_ready_then_stopping_and_clean_exit(fresh_daemon):
+    d = fresh_daemon()
+    assert "READY=1" in d.notifications
+    assert d.stop() == 0
+    assert "STOPPING=1" in d.notifications
+    assert d.notifications.index("STOPPING=1") > d.notifications.index("READY=1")
+
+
+def test_second_instance_on_same_runtime_dir_refuses(daemon):
+    done = subprocess.run([str(BIN / "mcpd"), "--config", str(daemon.config_path)],
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 1
+    assert "already runs on runtime directory" in done.stderr
+    assert daemon.client().ping()["pong"] is True   # the first one is untouched
+
+
+def test_bad_config_names_key_and_value(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text('[engine]\nkv_block_size = 12\n')
+    done = subprocess.run([str(BIN / "mcpd"), "--config", str(path)], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2
+    assert "engine.kv_block_size = 12" in done.stderr
+    path.write_text('[workers]\ncount = "two"\n')
+    done = subprocess.run([str(BIN / "mcpd"), "--config", str(path)], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2 and "workers.count = 'two'" in done.stderr
+
+
+def test_sigterm_lets_inflight_requests_finish(fresh_daemon):
+    d = fresh_daemon()
+    with d.client() as client:
+        stream = client.generate("drain", max_tokens=60, temperature=0, ignore_eos=True, stream=True)
+        iterator = iter(stream)
+        next(iterator)
+        d.process.terminate()
+        rest = list(iterator)
+    assert stream.result is not None and stream.result.completion_tokens == 60
+    assert rest
+    assert d.stop() == 0

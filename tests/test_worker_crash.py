@@ -1,0 +1,74 @@
+"""A worker killed with SIGKILL is restarted, its requests are answered, and service resumes."""
+import os
+import re
+import signal
+import threading
+
+
+from mcpd.protocol import codes
+from mcpd.protocol.codes import MCPDError
+
+
+def test_killed_worker_restarts_and_requests_get_final_replies(fresh_daemon):
+    d = fresh_daemon()
+    old_pid = d.pid_of("worker")
+    outcomes = []
+
+    def long_request():
+        with d.client() as client:
+            try:
+                stream = client.generate("long", max_tokens=3000, ignore_eos=True, stream=True)
+                for _ in stream:
+                    pass
+                outcomes.append("ok")
+            except MCPDError as e:
+                outcomes.append(e.code)
+
+    threads = [threading.Thread(target=long_request) for _ in range(3)]
+    for t in threads:
+        t.start()
+    d.wait_until(lambda: d.status()["queue"]["inflight"] == 3, 30, "3 requests in flight")
+    os.kill(old_pid, signal.SIGKILL)
+    for t in threads:
+        t.join(60)
+    assert len(outcomes) == 3, "a request got no final reply"
+    assert all(code in ("ok", codes.WORKER_LOST) for code in outcomes), outcomes
+
+    d.wait_until(lambda: d.status()["state"] == "ready", 60, "worker back")
+    worker = next(p for p in d.status()["processes"] if p["role"] == "worker")
+    assert worker["pid"] != old_pid and worker["restarts"] == 1
+    assert re.search(r"worker 0 \(pid \d+\) was killed by SIGKILL after [\d.]+s; restarting", d.log())
+    with d.client() as client:
+        assert client.generate("again", max_tokens=4, ignore_eos=True).completion_tokens == 4
+
+
+def test_queued_request_survives_worker_death(fresh_daemon):
+    """A request that had sent nothing to its client is requeued on the restarted worker;
+    one that was already streaming gets WORKER_LOST."""
+    d = fresh_daemon(scheduler={"max_inflight_per_worker": 1})
+    pid = d.pid_of("worker")
+    results = {}
+
+    def streaming():
+        with d.client() as client:
+            try:
+                for _ in client.generate("s", max_tokens=3000, ignore_eos=True, stream=True):
+                    pass
+                results["streaming"] = "ok"
+            except MCPDError as e:
+                results["streaming"] = e.code
+
+    def queued():
+        with d.client() as client:
+            results["queued"] = client.generate("q", max_tokens=5, ignore_eos=True).completion_tokens
+
+    first = threading.Thread(target=streaming)
+    first.start()
+    d.wait_until(lambda: d.status()["queue"]["inflight"] == 1, 30, "stream running")
+    second = threading.Thread(target=queued)
+    second.start()
+    d.wait_until(lambda: d.status()["queue"]["depth"] == 1, 30, "one request queued")
+    os.kill(pid, signal.SIGKILL)
+    first.join(60)
+    second.join(60)
+    assert results == {"streaming": codes.WORKER_LOST, "queued": 5}
