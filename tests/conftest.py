@@ -1,6 +1,6 @@
 import pytest
 
-from harness import Daemon
+from mcpd.testing import Daemon
 
 
 @pytest.fixture(scope="module")

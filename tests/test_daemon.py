@@ -102,7 +102,7 @@ def test_mcpctl_status_table(daemon):
 
 
 def test_mcpctl_unreachable_exit_code(tmp_path):
-    from harness import BIN
+    from mcpd.testing import BIN
     import subprocess
     done = subprocess.run([str(BIN / "mcpctl"), "--runtime-dir", str(tmp_path), "status"],
                           capture_output=True, text=True)

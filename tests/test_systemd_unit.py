@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import BIN
+from mcpd.testing import BIN
 
 UNIT = Path(__file__).parent.parent / "systemd" / "mcpd.service"
 

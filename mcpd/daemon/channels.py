@@ -4,17 +4,22 @@ All of them are ipc sockets in the runtime directory (private to the daemon's ui
 internal messages are trusted: the front-end has already validated what came from clients.
 
     client ─ROUTER(client.ipc, tcp)─▶ front-end ─PUSH(sched.ipc)─▶ scheduler ─ROUTER(workers.ipc)─▶ worker
-    front-end ◀─PULL(frontend.ipc)── scheduler ◀────────────────────────────── worker (DEALER)
+    front-end ◀─PULL(frontend.ipc)──────────────────────────────────────────────────── worker (PUSH)
     every child ─PUSH(events.ipc)─▶ supervisor (ready, stats)       mcpctl ─(control.ipc)─▶ supervisor
+
+Replies go from the worker straight to the front-end: the scheduler is off the reply path (one
+hop fewer per request) and learns what finished from DONE notes, batched per worker loop turn.
 
 Message layouts (frames):
     front-end → scheduler   [REQUEST, rid, header, *payload]   [CANCEL, rid]
-    supervisor → scheduler  [WORKER_LOST, worker index]
+    supervisor → scheduler  [WORKER_LOST, msgpack {"index", "pid"}]
     scheduler → worker      [worker identity, REQUEST, rid, header, *payload]   [.., CANCEL, rid]
-    worker → scheduler      [HELLO, info]   [CHUNK|FINAL, rid, reply header, *payload]   [STATS, stats]
-    scheduler → front-end   [CHUNK|FINAL, rid, reply header, *payload]
+    worker → scheduler      [HELLO, info]   [STARTED, rid]   [DONE, rid, rid, ...]   [STATS, stats]
+    worker → front-end      [CHUNK|FINAL, rid, reply header, *payload]
+    scheduler → front-end   [FINAL, rid, reply header]   (errors it decides: OVERLOADED, WORKER_LOST, ...)
     supervisor → front-end  [DRAIN]
-    child → supervisor      [msgpack {"role", "index", "event": "ready"|"stats", ...}]
+    child → supervisor      [msgpack {"role", "index", "pid", "event": "ready"|"stats"|"drained", ...}]
+STARTED says a stream sent its first chunk, so the request is no longer safe to retry elsewhere.
 `rid` is the front-end's 8-byte internal request number, unique for the daemon's lifetime.
 """
 from __future__ import annotations
@@ -27,6 +32,8 @@ CANCEL = b"CANCEL"
 CHUNK = b"CHUNK"
 FINAL = b"FINAL"
 HELLO = b"HELLO"
+STARTED = b"STARTED"
+DONE = b"DONE"
 STATS = b"STATS"
 WORKER_LOST = b"LOST"
 DRAIN = b"DRAIN"

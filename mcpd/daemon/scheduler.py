@@ -1,8 +1,9 @@
 """The scheduler process: queues validated requests and routes each to the least-loaded worker.
 
 Queueing is FIFO with a size cap (OVERLOADED beyond it); the routing key is outstanding requests
-per worker. A worker that dies has its unstarted requests requeued once and the rest answered
-WORKER_LOST, so no request is left without a final reply.
+per worker. Workers answer the front-end directly; the scheduler only hears which requests are
+done. A worker that dies has its unstarted requests requeued once and the rest answered
+WORKER_LOST, so no request is left without a final reply (the front-end drops any duplicate).
 """
 from __future__ import annotations
 
@@ -151,25 +152,19 @@ class Scheduler:
             return False
 
     def _on_worker(self, frames: list[bytes]) -> None:
-        identity, tag = frames[0], frames[1]
-        if tag in (channels.CHUNK, channels.FINAL):
-            return self._relay(identity, tag, frames)
-        if tag == channels.HELLO:
-            self._hello(identity, msgpack.unpackb(frames[2], raw=False))
-        elif tag == channels.STATS:
-            self.workers[identity].info = msgpack.unpackb(frames[2], raw=False)
-
-    def _relay(self, identity: bytes, tag: bytes, frames: list[bytes]) -> None:
-        rid = channels.unpack_rid(frames[2])
-        slot = self.workers.get(identity)
-        job = slot.jobs.get(rid) if slot else None
-        if job is None:
-            return   # answered already (its worker was declared lost); drop the late reply
-        if tag == channels.FINAL:
-            del slot.jobs[rid]
-        else:
-            job.started_streaming = True
-        self.outbox.send_multipart([tag, *frames[2:]])
+        slot = self.workers.get(frames[0])
+        tag = frames[1]
+        if tag == channels.DONE and slot:
+            for raw in frames[2:]:
+                slot.jobs.pop(channels.unpack_rid(raw), None)
+        elif tag == channels.STARTED and slot:
+            job = slot.jobs.get(channels.unpack_rid(frames[2]))
+            if job:
+                job.started_streaming = True
+        elif tag == channels.HELLO:
+            self._hello(frames[0], msgpack.unpackb(frames[2], raw=False))
+        elif tag == channels.STATS and slot:
+            slot.info = msgpack.unpackb(frames[2], raw=False)
 
     def _hello(self, identity: bytes, info: dict) -> None:
         slot = self.workers.get(identity)

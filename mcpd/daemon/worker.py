@@ -19,6 +19,10 @@ from mcpd.protocol import codes, ops, wire
 
 STATS_INTERVAL_S = 0.5
 IDLE_POLL_MS = 100
+# DONE notes to the scheduler are held this long and sent together: its load counts lag by at
+# most this, and a busy worker saves it one wake-up per request.
+DONE_FLUSH_S = 0.002
+DONE_FLUSH_COUNT = 64
 
 
 @dataclass
@@ -45,7 +49,12 @@ class Worker:
         self.socket.setsockopt(zmq.LINGER, 0)
         self.socket.setsockopt(zmq.IDENTITY, channels.worker_identity(index))
         self.socket.connect(channels.endpoint(config.runtime_dir, "workers.ipc"))
+        self.to_frontend = self.context.socket(zmq.PUSH)
+        self.to_frontend.setsockopt(zmq.LINGER, 0)
+        self.to_frontend.connect(channels.endpoint(config.runtime_dir, "frontend.ipc"))
         self.active: dict[int, ActiveRequest] = {}
+        self.done: list[bytes] = []   # rids answered since the last DONE note to the scheduler
+        self.done_due = 0.0
 
     def _load_engine(self, device: str):
         import torch   # imported here: the supervisor and front-end never pay for torch
@@ -65,14 +74,26 @@ class Worker:
         self.events.send("ready", **info)
         next_stats = 0.0
         while child.parent_alive(self.parent_pid):
-            timeout = 0 if self.engine.has_work else IDLE_POLL_MS
-            if self.socket.poll(timeout, zmq.POLLIN):
+            if self.socket.poll(self._poll_timeout_ms(), zmq.POLLIN):
                 self._drain()
             if self.engine.has_work:
                 self._emit(self.engine.step())
+            self._flush_done()
             if time.monotonic() >= next_stats:
                 self._report()
                 next_stats = time.monotonic() + STATS_INTERVAL_S
+
+    def _poll_timeout_ms(self) -> float:
+        if self.engine.has_work:
+            return 0
+        if self.done:
+            return max(0.0, (self.done_due - time.monotonic()) * 1e3)
+        return IDLE_POLL_MS
+
+    def _flush_done(self) -> None:
+        if self.done and (len(self.done) >= DONE_FLUSH_COUNT or time.monotonic() >= self.done_due):
+            self.socket.send_multipart([channels.DONE, *self.done])
+            self.done = []
 
     def _identity(self) -> dict:
         stats = self.engine.stats()
@@ -158,8 +179,10 @@ class Worker:
         data = {"text": out.text, "token_ids": out.token_ids}
         if request.want_logprobs:
             data["logprobs"] = out.logprobs or []
-        self.socket.send_multipart([channels.CHUNK, channels.pack_rid(rid),
-                                    wire.chunk_reply(request.request_id, request.chunks_sent, data)])
+        if request.chunks_sent == 0:   # from now on a retry elsewhere would repeat output
+            self.socket.send_multipart([channels.STARTED, channels.pack_rid(rid)])
+        self.to_frontend.send_multipart([channels.CHUNK, channels.pack_rid(rid),
+                                         wire.chunk_reply(request.request_id, request.chunks_sent, data)])
         request.chunks_sent += 1
 
     @staticmethod
@@ -172,7 +195,11 @@ class Worker:
         return result
 
     def _final(self, rid: int, header: bytes) -> None:
-        self.socket.send_multipart([channels.FINAL, channels.pack_rid(rid), header])
+        packed = channels.pack_rid(rid)
+        self.to_frontend.send_multipart([channels.FINAL, packed, header])
+        if not self.done:
+            self.done_due = time.monotonic() + DONE_FLUSH_S
+        self.done.append(packed)
 
 
 def run(config: Config, index: int, device: str) -> None:

@@ -1,7 +1,7 @@
-"""Start the real daemon (`mcpd --config ...`) as a subprocess on loopback for a test.
+"""Start the real daemon (`mcpd --config ...`) as a subprocess on loopback, for tests and benchmarks.
 
-Readiness is what systemd would see: the harness owns the NOTIFY_SOCKET datagram socket and
-waits for READY=1, keeping every notification for tests to inspect.
+Readiness is what systemd would see: the launcher owns the NOTIFY_SOCKET datagram socket and
+waits for READY=1, keeping every notification for callers to inspect.
 """
 from __future__ import annotations
 

@@ -1,0 +1,119 @@
+"""No-op overhead: `ping` through front-end -> scheduler -> worker -> back, against a raw pyzmq
+DEALER/ROUTER echo measured in the same run (same client code, same machine, same moment).
+
+    python bench/overhead.py [--quick]
+
+Prints p50/p99 of sequential round trips and the throughput of pipelined requests for both,
+then one JSON line: noop_p50_ratio_vs_raw (target <= 3), noop_throughput_frac_of_raw (>= 0.25).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import statistics
+import time
+
+import msgpack
+import zmq
+
+from mcpd.client import Client
+from mcpd.protocol import wire
+from mcpd.testing import Daemon, free_port
+
+
+def echo_server(endpoint: str) -> None:
+    sock = zmq.Context().socket(zmq.ROUTER)
+    sock.bind(endpoint)
+    while True:
+        sock.send_multipart(sock.recv_multipart())
+
+
+def connect(endpoint: str) -> zmq.Socket:
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(endpoint)
+    return sock
+
+
+def sequential(sock: zmq.Socket, count: int) -> list[float]:
+    """Round-trip seconds of `count` pings sent one after another."""
+    times = []
+    for i in range(count):
+        frame = wire.encode_request("ping", i)
+        started = time.perf_counter()
+        sock.send(frame)
+        sock.recv_multipart()
+        times.append(time.perf_counter() - started)
+    return times
+
+
+def pipelined(sock: zmq.Socket, total: int, window: int) -> float:
+    """Requests per second with up to `window` pings outstanding."""
+    sent = received = 0
+    started = time.perf_counter()
+    while received < total:
+        while sent < total and sent - received < window:
+            sock.send(wire.encode_request("ping", sent))
+            sent += 1
+        sock.recv_multipart()
+        received += 1
+    return total / (time.perf_counter() - started)
+
+
+def measure(endpoint: str, count: int, total: int, window: int) -> dict:
+    sock = connect(endpoint)
+    sequential(sock, 200)   # warm up connections and caches
+    times = sorted(sequential(sock, count))
+    rate = pipelined(sock, total, window)
+    sock.close()
+    return {"p50_us": statistics.median(times) * 1e6, "p99_us": times[int(len(times) * 0.99)] * 1e6,
+            "throughput_rps": rate}
+
+
+def client_p50_us(endpoint: str, count: int) -> float:
+    with Client(endpoint) as client:
+        times = []
+        for _ in range(count):
+            started = time.perf_counter()
+            client.ping()
+            times.append(time.perf_counter() - started)
+    return statistics.median(times) * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer requests (well under a minute)")
+    args = parser.parse_args()
+    count, total, window = (2000, 20000, 128) if args.quick else (20000, 200000, 128)
+
+    raw_endpoint = f"tcp://127.0.0.1:{free_port()}"
+    server = multiprocessing.get_context("spawn").Process(target=echo_server, args=(raw_endpoint,), daemon=True)
+    server.start()
+    daemon = Daemon().start()
+    try:
+        raw = measure(raw_endpoint, count, total, window)
+        mcpd = measure(daemon.endpoint, count, total, window)
+        client_us = client_p50_us(daemon.endpoint, count // 4)
+    finally:
+        server.terminate()
+        daemon.stop()
+        daemon.cleanup()
+
+    print(f"{'':<22}{'p50 us':>10}{'p99 us':>10}{'req/s':>12}")
+    for name, m in (("raw pyzmq echo", raw), ("mcpd ping (3 procs)", mcpd)):
+        print(f"{name:<22}{m['p50_us']:>10.1f}{m['p99_us']:>10.1f}{m['throughput_rps']:>12.0f}")
+    print(f"mcpd ping with the bundled Client: p50 {client_us:.1f} us")
+    figures = {
+        "noop_p50_ratio_vs_raw": round(mcpd["p50_us"] / raw["p50_us"], 3),
+        "noop_p99_ratio_vs_raw": round(mcpd["p99_us"] / raw["p99_us"], 3),
+        "noop_throughput_frac_of_raw": round(mcpd["throughput_rps"] / raw["throughput_rps"], 3),
+        "raw_p50_us": round(raw["p50_us"], 1), "mcpd_p50_us": round(mcpd["p50_us"], 1),
+        "raw_rps": round(raw["throughput_rps"]), "mcpd_rps": round(mcpd["throughput_rps"]),
+        "client_p50_us": round(client_us, 1), "quick": args.quick,
+    }
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()
