@@ -108,3 +108,21 @@ def test_mcpctl_unreachable_exit_code(tmp_path):
                           capture_output=True, text=True)
     assert done.returncode == 3
     assert "is mcpd running" in done.stderr
+
+
+def test_async_client_generate_stream_and_concurrency(daemon):
+    import asyncio
+
+    from mcpd.client import AsyncClient
+
+    async def scenario():
+        async with AsyncClient(daemon.endpoint) as client:
+            assert (await client.ping())["pong"] is True
+            results = await asyncio.gather(*[client.generate(f"p{i}", max_tokens=5, temperature=0, ignore_eos=True)
+                                             for i in range(4)])
+            chunks = [c async for c in client.stream("p0", max_tokens=5, temperature=0, ignore_eos=True)]
+            return results, chunks
+
+    results, chunks = asyncio.run(scenario())
+    assert all(r.completion_tokens == 5 for r in results)
+    assert [t for c in chunks for t in c.token_ids] == results[0].token_ids
