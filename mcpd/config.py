@@ -36,10 +36,10 @@ class ServerConfig:
 @dataclass(frozen=True)
 class LimitsConfig:
     max_message_bytes: int = 64 << 20  # all frames of one request together (also ZMQ MAXMSGSIZE)
-    max_header_bytes: int = 64 << 10   # the msgpack header frame
+    max_header_bytes: int = 1 << 20    # the msgpack header frame (a max_prompt_tokens prompt fits)
     max_frames: int = 16               # frames in one request, header included
     max_prompt_tokens: int = 32768
-    max_new_tokens: int = 4096
+    max_new_tokens: int = 2048
 
     def check(self) -> None:
         for name in ("max_message_bytes", "max_header_bytes", "max_frames", "max_prompt_tokens",

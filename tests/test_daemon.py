@@ -68,7 +68,7 @@ def test_cancel_a_running_stream(daemon):
 def test_client_timeout_raises_timeout(daemon):
     with daemon.client() as client:
         with pytest.raises(MCPDError) as raised:
-            client.generate("slow", max_tokens=3000, ignore_eos=True, timeout=0.3)
+            client.generate("slow", max_tokens=2000, ignore_eos=True, timeout=0.3)
         assert raised.value.code == codes.TIMEOUT
         assert client.ping()["pong"] is True
 
@@ -126,3 +126,19 @@ def test_async_client_generate_stream_and_concurrency(daemon):
     results, chunks = asyncio.run(scenario())
     assert all(r.completion_tokens == 5 for r in results)
     assert [t for c in chunks for t in c.token_ids] == results[0].token_ids
+
+
+def test_nil_arguments_mean_the_default(daemon):
+    with daemon.client() as client:
+        result = client.call("generate", {"prompt": "x", "max_tokens": None, "temperature": None,
+                                          "stop": None, "ignore_eos": True})
+    assert len(result["token_ids"]) == 16   # the documented default max_tokens
+
+
+def test_long_token_prompt_reaches_the_engine_check(daemon):
+    """A prompt of more token ids than the msgpack map cap is decoded and judged by length."""
+    with daemon.client() as client:
+        with pytest.raises(MCPDError) as raised:
+            client.generate(prompt_token_ids=[65] * 5000, max_tokens=1)
+    assert raised.value.code == codes.BAD_REQUEST
+    assert "msgpack" not in raised.value.message

@@ -48,7 +48,8 @@ def header(**fields) -> bytes:
     (header(op="cancel", args={}), codes.BAD_REQUEST),
     (header(timeout_ms=-5), codes.BAD_REQUEST),
     (b"\xdf\xff\xff\xff\xff", codes.BAD_REQUEST),                               # map claiming 4G entries
-    (msgpack.packb({"v": 1, "op": "ping", "id": 1, "x": [0] * 5000}), codes.BAD_REQUEST),  # array over limit
+    (b"\xdd\x00\x00\x9c\x40" + b"\x00" * 8, codes.BAD_REQUEST),                  # array claiming 40000 items
+    (b"\x85" + msgpack.packb("v")[0:] + b"\x01" + b"\xde\x13\x88", codes.BAD_REQUEST),  # map claiming 5000 entries
 ])
 def test_bad_header_gets_error_code(daemon, raw, frame, code):
     reply = exchange(raw, frame)
@@ -92,3 +93,13 @@ def test_req_socket_envelope_is_echoed(daemon):
     reply = msgpack.unpackb(sock.recv(), raw=False)
     sock.close()
     assert reply["kind"] == "ok" and reply["id"] == 3 and reply["result"]["pong"] is True
+
+
+def test_control_socket_rejects_bad_version_with_the_id(daemon):
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVTIMEO, 10000)
+    sock.connect(f"ipc://{daemon.runtime_dir}/control.ipc")
+    reply = exchange(sock, header(v=2, id=42))
+    sock.close()
+    assert reply["code"] == codes.UNSUPPORTED_VERSION and reply["id"] == 42

@@ -114,6 +114,8 @@ class Scheduler:
         if msgpack.unpackb(job.header, raw=False)["op"] == "status":
             return self._reply(channels.FINAL, job.rid, wire.ok_reply(job.request_id(), self.stats()))
         if len(self.queue) >= self.config.scheduler.max_queue:
+            self._dispatch()   # a burst may be refused only if the workers have no room either
+        if len(self.queue) >= self.config.scheduler.max_queue:
             return self._fail(job, codes.OVERLOADED, f"queue is full ({len(self.queue)} waiting)",
                               retry_after_ms=OVERLOADED_RETRY_MS)
         self.queue.append(job)

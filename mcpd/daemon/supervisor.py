@@ -169,7 +169,7 @@ class Supervisor:
             request_id = request.request_id
             reply = wire.ok_reply(request_id, self._control_op(request.op))
         except MCPDError as e:
-            reply = wire.error_reply(request_id, e.code, e.message)
+            reply = wire.error_reply(request_id if request_id is not None else e.request_id, e.code, e.message)
         self.control.send_multipart([identity, *envelope, reply])
 
     def _control_op(self, op: str) -> dict:

@@ -145,12 +145,14 @@ class Worker:
     def _prompt_token_ids(self, args: dict) -> list[int]:
         tokenizer = self.engine.tokenizer
         if args["prompt_token_ids"] is not None:
-            vocab = self.engine.vocab_size
-            if any(t >= vocab for t in args["prompt_token_ids"]):
-                raise ValueError(f"prompt_token_ids holds ids outside the vocabulary (size {vocab})")
-            return args["prompt_token_ids"]
-        text = args["prompt"] if args["prompt"] is not None else tokenizer.apply_chat_template(args["messages"])
-        return tokenizer.encode(text)
+            return args["prompt_token_ids"]   # the engine checks them against the vocabulary
+        if args["prompt"] is not None:
+            ids = tokenizer.encode(args["prompt"])
+        else:   # a rendered chat template carries its own special tokens (as in transformers)
+            ids = tokenizer.encode(tokenizer.apply_chat_template(args["messages"]), add_special_tokens=False)
+        if len(ids) > self.config.limits.max_prompt_tokens:
+            raise ValueError(f"prompt is {len(ids)} tokens; the limit is {self.config.limits.max_prompt_tokens}")
+        return ids
 
     def _on_cancel(self, rid: int) -> None:
         request = self.active.pop(rid, None)

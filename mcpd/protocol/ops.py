@@ -113,7 +113,9 @@ def validate_args(op: str, args: dict, limits: LimitsConfig) -> dict:
         raise MCPDError(codes.BAD_REQUEST, f"{op}: unknown argument(s) {sorted(unknown)}")
     out = {}
     for name, arg in schema.items():
-        value = args.get(name, arg.default)
+        value = args.get(name)
+        if value is None:   # nil and absent both mean the default
+            value = arg.default
         if value is None:
             out[name] = None
             continue

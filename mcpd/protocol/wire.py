@@ -21,7 +21,8 @@ from mcpd.protocol.codes import MCPDError
 VERSION = 1
 SUPPORTED_VERSIONS = (1,)
 MAX_ID_CHARS = 64
-MAX_CONTAINER_ITEMS = 4096   # per msgpack array/map in a header; token ids ride in "args" too
+MAX_MAP_ITEMS = 4096         # per msgpack map in a header
+MAX_REPLY_ITEMS = 1 << 22    # client side: token ids and logprobs of a long generation
 MAX_STR_BYTES = 1 << 20      # one string in a header (a prompt); the header cap bounds the total
 
 
@@ -59,7 +60,8 @@ def parse_request(envelope: tuple[bytes, ...], frames: list[bytes], limits: Limi
     if len(header_bytes) > limits.max_header_bytes:
         raise MCPDError(codes.TOO_LARGE,
                         f"header is {len(header_bytes)} bytes; the limit is {limits.max_header_bytes}")
-    header = decode_header(header_bytes)
+    # Arrays may be as long as the longest prompt in token ids; the header cap bounds the bytes.
+    header = decode_header(header_bytes, max_array_len=max(MAX_MAP_ITEMS, limits.max_prompt_tokens))
     request_id = header.get("id")
     try:
         _check_header(header)
@@ -76,13 +78,13 @@ def split_envelope(frames: list[bytes]) -> tuple[tuple[bytes, ...], list[bytes]]
     return (), frames
 
 
-def decode_header(raw: bytes) -> dict:
+def decode_header(raw: bytes, max_array_len: int = MAX_MAP_ITEMS) -> dict:
     """msgpack-decode a header with hard limits; anything but a map with str keys is rejected."""
     try:
         header = msgpack.unpackb(
             raw, raw=False, strict_map_key=True, use_list=True,
-            max_str_len=MAX_STR_BYTES, max_bin_len=MAX_STR_BYTES, max_array_len=MAX_CONTAINER_ITEMS,
-            max_map_len=MAX_CONTAINER_ITEMS, max_ext_len=0)
+            max_str_len=MAX_STR_BYTES, max_bin_len=MAX_STR_BYTES, max_array_len=max_array_len,
+            max_map_len=MAX_MAP_ITEMS, max_ext_len=0)
     except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as e:
         raise MCPDError(codes.BAD_REQUEST, f"header is not valid msgpack: {e}") from None
     if not isinstance(header, dict):
@@ -137,4 +139,4 @@ def error_reply(request_id, code: str, message: str, retry_after_ms: int | None 
 
 def decode_reply(raw: bytes) -> dict:
     """Client side: decode a reply header (the daemon is trusted less than fully: limits stay on)."""
-    return decode_header(raw)
+    return decode_header(raw, max_array_len=MAX_REPLY_ITEMS)
