@@ -3,18 +3,22 @@ DEALER/ROUTER echo measured in the same run (same client code, same machine, sam
 
     python bench/overhead.py [--quick]
 
-Prints p50/p99 of sequential round trips and the throughput of pipelined requests for both,
-then one JSON line: noop_p50_ratio_vs_raw (target <= 3), noop_throughput_frac_of_raw (>= 0.25).
+Prints p50/p99 of sequential round trips and the throughput of pipelined requests, then one
+JSON line: noop_p50_ratio_vs_raw (target <= 3), noop_throughput_frac_of_raw (>= 0.25).
+A third line measures the floor: a bare relay chain of three pyzmq processes with the daemon's
+five hops (ROUTER -> PUSH -> PULL/PUSH -> PULL/PUSH -> PULL -> ROUTER) and no logic at all, so
+the share of the gap that is hop count, not mcpd's code, is visible (floor_p50_ratio_vs_raw).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import multiprocessing
+import shutil
 import statistics
+import tempfile
 import time
 
-import msgpack
 import zmq
 
 from mcpd.client import Client
@@ -27,6 +31,43 @@ def echo_server(endpoint: str) -> None:
     sock.bind(endpoint)
     while True:
         sock.send_multipart(sock.recv_multipart())
+
+
+def relay_front(client_endpoint: str, out_endpoint: str, back_endpoint: str) -> None:
+    context = zmq.Context()
+    clients, out, back = context.socket(zmq.ROUTER), context.socket(zmq.PUSH), context.socket(zmq.PULL)
+    clients.bind(client_endpoint)
+    out.connect(out_endpoint)
+    back.bind(back_endpoint)
+    poller = zmq.Poller()
+    poller.register(clients, zmq.POLLIN)
+    poller.register(back, zmq.POLLIN)
+    while True:
+        ready = dict(poller.poll())
+        if clients in ready:
+            out.send_multipart(clients.recv_multipart())
+        if back in ready:
+            clients.send_multipart(back.recv_multipart())
+
+
+def relay_hop(in_endpoint: str, out_endpoint: str) -> None:
+    context = zmq.Context()
+    source, sink = context.socket(zmq.PULL), context.socket(zmq.PUSH)
+    source.bind(in_endpoint)
+    sink.connect(out_endpoint)
+    while True:
+        sink.send_multipart(source.recv_multipart())
+
+
+def start_relay_chain(client_endpoint: str, ipc_dir: str) -> list[multiprocessing.Process]:
+    spawn = multiprocessing.get_context("spawn")
+    sched, worker, front = (f"ipc://{ipc_dir}/{name}" for name in ("sched", "worker", "front"))
+    processes = [spawn.Process(target=relay_front, args=(client_endpoint, sched, front), daemon=True),
+                 spawn.Process(target=relay_hop, args=(sched, worker), daemon=True),
+                 spawn.Process(target=relay_hop, args=(worker, front), daemon=True)]
+    for process in processes:
+        process.start()
+    return processes
 
 
 def connect(endpoint: str) -> zmq.Socket:
@@ -88,26 +129,35 @@ def main() -> None:
     count, total, window = (2000, 20000, 128) if args.quick else (20000, 200000, 128)
 
     raw_endpoint = f"tcp://127.0.0.1:{free_port()}"
-    server = multiprocessing.get_context("spawn").Process(target=echo_server, args=(raw_endpoint,), daemon=True)
-    server.start()
+    chain_endpoint = f"tcp://127.0.0.1:{free_port()}"
+    ipc_dir = tempfile.mkdtemp(prefix="mcpd-bench-", dir="/tmp")
+    helpers = [multiprocessing.get_context("spawn").Process(target=echo_server, args=(raw_endpoint,), daemon=True)]
+    helpers[0].start()
+    helpers += start_relay_chain(chain_endpoint, ipc_dir)
     daemon = Daemon().start()
     try:
         raw = measure(raw_endpoint, count, total, window)
+        chain = measure(chain_endpoint, count, total, window)
         mcpd = measure(daemon.endpoint, count, total, window)
         client_us = client_p50_us(daemon.endpoint, count // 4)
     finally:
-        server.terminate()
+        for process in helpers:
+            process.terminate()
+        shutil.rmtree(ipc_dir, ignore_errors=True)
         daemon.stop()
         daemon.cleanup()
 
-    print(f"{'':<22}{'p50 us':>10}{'p99 us':>10}{'req/s':>12}")
-    for name, m in (("raw pyzmq echo", raw), ("mcpd ping (3 procs)", mcpd)):
-        print(f"{name:<22}{m['p50_us']:>10.1f}{m['p99_us']:>10.1f}{m['throughput_rps']:>12.0f}")
+    print(f"{'':<28}{'p50 us':>10}{'p99 us':>10}{'req/s':>12}")
+    for name, m in (("raw pyzmq echo (1 hop)", raw), ("bare relay chain (5 hops)", chain),
+                    ("mcpd ping (5 hops)", mcpd)):
+        print(f"{name:<28}{m['p50_us']:>10.1f}{m['p99_us']:>10.1f}{m['throughput_rps']:>12.0f}")
     print(f"mcpd ping with the bundled Client: p50 {client_us:.1f} us")
     figures = {
         "noop_p50_ratio_vs_raw": round(mcpd["p50_us"] / raw["p50_us"], 3),
         "noop_p99_ratio_vs_raw": round(mcpd["p99_us"] / raw["p99_us"], 3),
         "noop_throughput_frac_of_raw": round(mcpd["throughput_rps"] / raw["throughput_rps"], 3),
+        "floor_p50_ratio_vs_raw": round(chain["p50_us"] / raw["p50_us"], 3),
+        "floor_throughput_frac_of_raw": round(chain["throughput_rps"] / raw["throughput_rps"], 3),
         "raw_p50_us": round(raw["p50_us"], 1), "mcpd_p50_us": round(mcpd["p50_us"], 1),
         "raw_rps": round(raw["throughput_rps"]), "mcpd_rps": round(mcpd["throughput_rps"]),
         "client_p50_us": round(client_us, 1), "quick": args.quick,

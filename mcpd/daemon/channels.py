@@ -27,6 +27,8 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
+import zmq
+
 REQUEST = b"REQ"
 CANCEL = b"CANCEL"
 CHUNK = b"CHUNK"
@@ -44,6 +46,19 @@ pack_rid = _RID.pack
 
 def unpack_rid(raw: bytes) -> int:
     return _RID.unpack(raw)[0]
+
+
+def drain(sock: zmq.Socket, handle, limit: int = 1 << 30) -> int:
+    """Hand every message waiting on `sock` (up to `limit`) to `handle`; never blocks.
+
+    Asking EVENTS is cheaper than letting recv raise zmq.Again, and it also re-arms the
+    edge-triggered FD that event loops wait on. Returns how many messages were handled.
+    """
+    taken = 0
+    while taken < limit and sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+        handle(sock.recv_multipart(zmq.NOBLOCK))
+        taken += 1
+    return taken
 
 
 def endpoint(runtime_dir: Path, name: str) -> str:

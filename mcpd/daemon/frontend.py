@@ -90,17 +90,8 @@ class FrontEnd:
         # zmq's FD is edge-triggered: keep going until both sockets report nothing left.
         busy = True
         while busy:
-            busy = self._drain(self.clients, self._on_client) | self._drain(self.from_scheduler, self._on_reply)
-
-    @staticmethod
-    def _drain(sock: zmq.Socket, handle) -> bool:
-        for taken in range(BATCH):
-            try:
-                frames = sock.recv_multipart(zmq.NOBLOCK, copy=True)
-            except zmq.Again:
-                return taken > 0
-            handle(frames)
-        return True
+            busy = (channels.drain(self.clients, self._on_client, BATCH)
+                    + channels.drain(self.from_scheduler, self._on_reply, BATCH)) > 0
 
     def _tick(self) -> None:
         self._pump()   # belt and braces against a missed edge

@@ -82,21 +82,13 @@ class Scheduler:
         while child.parent_alive(self.parent_pid):
             ready = dict(poller.poll(IDLE_POLL_MS))
             if self.inbox in ready:
-                self._drain(self.inbox, self._on_inbox)
+                channels.drain(self.inbox, self._on_inbox)
             if self.workers_socket in ready:
-                self._drain(self.workers_socket, self._on_worker)
+                channels.drain(self.workers_socket, self._on_worker)
             self._dispatch()
             if time.monotonic() >= next_stats:
                 self.events.send("stats", **self.stats())
                 next_stats = time.monotonic() + STATS_INTERVAL_S
-
-    @staticmethod
-    def _drain(sock: zmq.Socket, handle) -> None:
-        while True:
-            try:
-                handle(sock.recv_multipart(zmq.NOBLOCK))
-            except zmq.Again:
-                return
 
     # -- from the front-end and the supervisor --------------------------------------------------
 

@@ -102,19 +102,11 @@ class Supervisor:
         while not self.stopping:
             ready = dict(poller.poll(LOOP_POLL_MS))
             if self.events in ready:
-                self._drain(self.events, self._on_event)
+                channels.drain(self.events, self._on_event)
             if self.control in ready:
-                self._drain(self.control, self._on_control)
+                channels.drain(self.control, self._on_control)
             self._watch_children()
         return self._shutdown(poller)
-
-    @staticmethod
-    def _drain(sock: zmq.Socket, handle) -> None:
-        while True:
-            try:
-                handle(sock.recv_multipart(zmq.NOBLOCK))
-            except zmq.Again:
-                return
 
     def _watch_children(self) -> None:
         self.table.kill_stuck()
@@ -210,7 +202,7 @@ class Supervisor:
         deadline = time.monotonic() + self.config.supervisor.stop_grace_s
         while not self.drained and time.monotonic() < deadline and self.table.find("frontend", 0).alive:
             if dict(poller.poll(LOOP_POLL_MS)).get(self.events):
-                self._drain(self.events, self._on_event)
+                channels.drain(self.events, self._on_event)
         if not self.drained:
             self.log.warning("grace period over: stopping with requests still in flight")
         self.table.stop_all()

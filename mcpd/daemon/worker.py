@@ -73,9 +73,11 @@ class Worker:
         self.socket.send_multipart([channels.HELLO, msgpack.packb(info)])
         self.events.send("ready", **info)
         next_stats = 0.0
+        poller = zmq.Poller()   # one for the worker's life: socket.poll() builds one per call
+        poller.register(self.socket, zmq.POLLIN)
         while child.parent_alive(self.parent_pid):
-            if self.socket.poll(self._poll_timeout_ms(), zmq.POLLIN):
-                self._drain()
+            if poller.poll(self._poll_timeout_ms()):
+                channels.drain(self.socket, self._on_message)
             if self.engine.has_work:
                 self._emit(self.engine.step())
             self._flush_done()
@@ -104,16 +106,11 @@ class Worker:
         self.socket.send_multipart([channels.STATS, msgpack.packb(stats)])
         self.events.send("stats", **stats)
 
-    def _drain(self) -> None:
-        while True:
-            try:
-                frames = self.socket.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            if frames[0] == channels.REQUEST:
-                self._on_request(channels.unpack_rid(frames[1]), msgpack.unpackb(frames[2], raw=False))
-            elif frames[0] == channels.CANCEL:
-                self._on_cancel(channels.unpack_rid(frames[1]))
+    def _on_message(self, frames: list[bytes]) -> None:
+        if frames[0] == channels.REQUEST:
+            self._on_request(channels.unpack_rid(frames[1]), msgpack.unpackb(frames[2], raw=False))
+        elif frames[0] == channels.CANCEL:
+            self._on_cancel(channels.unpack_rid(frames[1]))
 
     # -- requests -------------------------------------------------------------------------------
 
