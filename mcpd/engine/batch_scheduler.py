@@ -1,0 +1,80 @@
+"""Which sequences run in the next step, and how many of their tokens (continuous batching).
+
+Each step, under a budget of max_step_tokens:
+1. Running sequences, decodes (one token each) before prefill chunks, most important first
+   (higher priority, then older). Every decoding sequence advances by one token per step.
+2. Waiting sequences are admitted in order while the budget, a seat (max_num_seqs) and free KV
+   blocks allow. A prompt longer than the remaining budget is prefilled in chunks over steps.
+3. A running sequence that needs a block when none is free preempts the least important running
+   sequence (lowest priority, then newest), possibly itself: its blocks are freed and it waits to
+   recompute prompt + generated tokens. Requests are delayed, never failed. A step that preempted
+   admits no one, so the victim is not re-admitted into the blocks it just gave up.
+Every sequence fits the whole cache on its own (Engine.add_request checks), so the most important
+sequence always makes progress and preemption cannot loop forever.
+"""
+from __future__ import annotations
+
+import bisect
+
+from mcpd.config import EngineConfig
+from mcpd.engine.kv_cache import KVCache
+from mcpd.engine.sequence import Sequence, Status
+
+
+class BatchScheduler:
+    def __init__(self, config: EngineConfig, kv: KVCache) -> None:
+        self.kv = kv
+        self.max_num_seqs = config.max_num_seqs
+        self.max_step_tokens = config.max_step_tokens
+        self.waiting: list[Sequence] = []  # both lists sorted by Sequence.order
+        self.running: list[Sequence] = []
+        self.preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        bisect.insort(self.waiting, seq, key=lambda s: s.order)
+
+    def finish(self, seq: Sequence) -> None:
+        """Drop seq, finished or aborted, and free its blocks at once."""
+        (self.running if seq.status is Status.RUNNING else self.waiting).remove(seq)
+        self.kv.release(seq)
+        seq.status = Status.FINISHED
+
+    def schedule(self) -> list[tuple[Sequence, int]]:
+        """(sequence, tokens to compute) pairs, decodes first. Blocks for them are reserved."""
+        batch: dict[Sequence, int] = {}
+        budget = self.max_step_tokens
+        preempted = False
+        for seq in sorted(self.running, key=lambda s: s.num_pending > 1):  # stable: keeps order
+            if seq.status is not Status.RUNNING or budget == 0:
+                continue  # preempted by a sequence before it, or no budget left for its chunk
+            count = min(seq.num_pending, budget)
+            while not self.kv.can_grow(seq, seq.num_computed + count):
+                victim = self.running[-1]
+                budget += batch.pop(victim, 0)
+                self._preempt(victim)
+                preempted = True
+                if victim is seq:
+                    break
+            else:
+                self.kv.grow(seq, seq.num_computed + count)
+                batch[seq] = count
+                budget -= count
+        while not preempted and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            count = min(seq.num_pending, budget)
+            if not self.kv.can_grow(seq, count):
+                break
+            del self.waiting[0]
+            self.kv.grow(seq, count)
+            seq.status = Status.RUNNING
+            bisect.insort(self.running, seq, key=lambda s: s.order)
+            batch[seq] = count
+            budget -= count
+        return list(batch.items())
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.kv.release(seq)
+        seq.status = Status.WAITING
+        bisect.insort(self.waiting, seq, key=lambda s: s.order)
+        self.preemptions += 1

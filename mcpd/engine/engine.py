@@ -1,0 +1,171 @@
+"""The engine: one model, one device pool, one paged KV cache, and step() to advance all requests.
+
+A step schedules a batch (batch_scheduler), runs every scheduled token of every sequence through
+the model as one flat batch, samples a token for each sequence whose pending tokens are all in
+the cache now, and turns the new tokens into text. The worker process owns the loop; the engine
+is synchronous and single-threaded, and never raises for a request once it was accepted.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Hashable
+from dataclasses import dataclass
+
+import torch
+
+from mcpd.config import Config
+from mcpd.engine.batch_scheduler import BatchScheduler
+from mcpd.engine.detokenizer import Detokenizer
+from mcpd.engine.kv_cache import KVCache
+from mcpd.engine.sampler import Sampler
+from mcpd.engine.sequence import SamplingParams, Sequence
+from mcpd.memory import DevicePool
+from mcpd.models import load_model
+from mcpd.models.layers import AttentionMetadata, bind_kv_cache
+
+
+@dataclass
+class StepOutput:
+    """What one sequence produced in one step."""
+    key: Hashable
+    token_ids: list[int]        # new tokens this step
+    text: str                   # new text: only complete UTF-8, withheld while a stop string may be forming
+    logprobs: list[float] | None
+    finished: bool
+    finish_reason: str | None   # "stop" (eos/stop token/stop string), "length", "abort"
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class Engine:
+    def __init__(self, config: Config, device: torch.device) -> None:
+        self.device = torch.device(device)
+        loaded = load_model(config.model, self.device)
+        self.model, self.tokenizer = loaded.model, loaded.tokenizer
+        self.model_name, self.dtype, self.vocab_size = loaded.name, loaded.dtype, loaded.vocab_size
+        self.max_model_len = loaded.max_model_len
+        self.pool = DevicePool(DevicePool.resolve_bytes(config.engine.pool_bytes, self.device), self.device)
+        # The KV cache is one allocation; the buddy can only grant it from one top-level block of
+        # the pool, so a pool size that is not a power of two may cap it below kv_fraction.
+        kv_bytes = min(int(self.pool.nbytes * config.engine.kv_fraction), self.pool.stats().largest_free_block)
+        self.kv = KVCache(self.pool, kv_bytes, config.engine.kv_block_size, self.model.num_layers,
+                          self.model.num_kv_heads, self.model.head_dim, self.dtype)
+        bind_kv_cache(self.model, self.kv.tensor)
+        self.scheduler = BatchScheduler(config.engine, self.kv)
+        self.sampler = Sampler(self.device)
+        self.sequences: dict[Hashable, Sequence] = {}
+        self.aborted: list[StepOutput] = []  # reported by the next step()
+        self.arrivals = itertools.count()
+        self.steps = self.tokens_prefilled = self.tokens_generated = 0
+
+    def add_request(self, key: Hashable, prompt_token_ids: list[int], params: SamplingParams,
+                    priority: int = 0) -> None:
+        """Queue a request; a higher priority is scheduled first and preempted last. Raises
+        ValueError, naming the limit, for a request that could never run."""
+        if key in self.sequences:
+            raise ValueError(f"request {key!r} is already in the engine")
+        if not prompt_token_ids:
+            raise ValueError("the prompt is empty")
+        if min(prompt_token_ids) < 0 or max(prompt_token_ids) >= self.vocab_size:
+            raise ValueError(f"prompt token ids must be in [0, {self.vocab_size})")
+        total = len(prompt_token_ids) + params.max_tokens
+        if total > self.max_model_len:
+            raise ValueError(f"prompt ({len(prompt_token_ids)} tokens) + max_tokens ({params.max_tokens}) "
+                             f"= {total} exceeds max_model_len {self.max_model_len}")
+        # The last sampled token is never run through the model, so it needs no KV slot.
+        if self.kv.blocks_for(total - 1) > self.kv.num_blocks:
+            raise ValueError(f"prompt + max_tokens = {total} tokens can never fit the KV cache "
+                             f"({self.kv.num_blocks * self.kv.block_size} tokens): raise engine.pool_bytes")
+        detokenizer = Detokenizer(self.tokenizer, prompt_token_ids, params.stop)
+        seq = Sequence(key, prompt_token_ids, params, priority, next(self.arrivals), detokenizer)
+        self.sequences[key] = seq
+        self.scheduler.add(seq)
+
+    def abort(self, key: Hashable) -> bool:
+        """Drop a request and free its KV blocks now; its final output comes with the next step()."""
+        seq = self.sequences.pop(key, None)
+        if seq is None:
+            return False
+        self.scheduler.finish(seq)
+        self.aborted.append(StepOutput(key, [], "", [] if seq.params.logprobs else None, True, "abort",
+                                       seq.num_prompt_tokens, seq.num_completion_tokens))
+        return True
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.sequences or self.aborted)
+
+    @torch.inference_mode()
+    def step(self) -> list[StepOutput]:
+        outputs, self.aborted = self.aborted, []
+        batch = self.scheduler.schedule()
+        if not batch:
+            return outputs
+        self.steps += 1
+        sampling, logits = self._run_model(batch)
+        tokens, logprobs = self.sampler(logits, sampling) if sampling else ([], None)
+        for i, (seq, token) in enumerate(zip(sampling, tokens)):
+            outputs.append(self._append(seq, token, logprobs[i] if seq.params.logprobs else None))
+        return outputs
+
+    def _run_model(self, batch: list[tuple[Sequence, int]]) -> tuple[list[Sequence], torch.Tensor]:
+        """Compute every scheduled token; return the sequences that now sample, with their logits."""
+        input_ids, sample_rows, sampling = [], [], []
+        for seq, count in batch:
+            is_decode = count == seq.num_pending == 1 and seq.num_completion_tokens > 0
+            self.tokens_prefilled += 0 if is_decode else count
+            input_ids += seq.token_ids[seq.num_computed:seq.num_computed + count]
+            if count == seq.num_pending:
+                sample_rows.append(len(input_ids) - 1)
+                sampling.append(seq)
+        attn = AttentionMetadata.build([s.block_table for s, _ in batch], [s.num_computed for s, _ in batch],
+                                       [count for _, count in batch], self.kv.block_size, self.device)
+        hidden = self.model(torch.tensor(input_ids, device=self.device), attn.positions, attn)
+        for seq, count in batch:
+            seq.num_computed += count
+        rows = torch.tensor(sample_rows, dtype=torch.long, device=self.device)
+        return sampling, self.model.compute_logits(hidden[rows])
+
+    def _append(self, seq: Sequence, token: int, logprob: float | None) -> StepOutput:
+        seq.token_ids.append(token)
+        self.tokens_generated += 1
+        reason = self._finish_reason(seq, token)
+        finished = reason is not None
+        text = seq.detokenizer.take(final=finished)
+        if finished:
+            self.scheduler.finish(seq)
+            del self.sequences[seq.key]
+        return StepOutput(seq.key, [token], text, None if logprob is None else [logprob], finished, reason,
+                          seq.num_prompt_tokens, seq.num_completion_tokens)
+
+    def _finish_reason(self, seq: Sequence, token: int) -> str | None:
+        params = seq.params
+        # An end or stop token ends the request but is not text: it is never detokenized.
+        if token in params.stop_token_ids or (not params.ignore_eos and token in self.tokenizer.eos_token_ids):
+            return "stop"
+        seq.detokenizer.add(token)
+        if seq.detokenizer.stopped:
+            return "stop"
+        return "length" if seq.num_completion_tokens >= params.max_tokens else None
+
+    def stats(self) -> dict:
+        pool = self.pool.stats()
+        return {
+            "running": len(self.scheduler.running),
+            "waiting": len(self.scheduler.waiting),
+            "preemptions": self.scheduler.preemptions,
+            "kv_blocks_total": self.kv.num_blocks,
+            "kv_blocks_used": self.kv.num_blocks - self.kv.num_free,
+            "kv_block_size": self.kv.block_size,
+            "kv_waste_frac": self.kv.waste_frac(self.scheduler.running),
+            "pool": {**dataclasses.asdict(pool), "internal_waste_frac": pool.internal_waste_frac,
+                     "external_fragmentation": pool.external_fragmentation},
+            "tokens_prefilled": self.tokens_prefilled,
+            "tokens_generated": self.tokens_generated,
+            "steps": self.steps,
+            "device": str(self.device),
+            "model": self.model_name,
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "max_model_len": self.max_model_len,
+        }

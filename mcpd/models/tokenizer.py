@@ -1,0 +1,128 @@
+"""Tokenizers: text <-> token ids, and chat messages -> prompt text.
+
+Chat templates are Jinja programs shipped inside model directories, i.e. untrusted code: they run
+in Jinja's immutable sandbox with the same helpers transformers provides (raise_exception,
+strftime_now, a tojson that does not HTML-escape), so templates written for transformers render
+the same here.
+"""
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import Protocol
+
+import jinja2
+import jinja2.ext
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer as RustTokenizer
+
+
+class Tokenizer(Protocol):
+    eos_token_ids: set[int]
+    bos_token_id: int | None
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """add_special_tokens=False for text from apply_chat_template, which already has them."""
+
+    def decode(self, token_ids: list[int]) -> str:
+        """Special tokens are dropped; bytes that are not (yet) valid UTF-8 become U+FFFD."""
+
+    def apply_chat_template(self, messages: list[dict]) -> str:
+        """The prompt for these messages, ending with the assistant's turn opening."""
+
+
+class ByteTokenizer:
+    """The embedded model's tokenizer: ids 0..255 are bytes, then BOS and EOS."""
+    BOS, EOS = 256, 257
+    vocab_size = 258
+
+    def __init__(self) -> None:
+        self.bos_token_id = self.BOS
+        self.eos_token_ids = {self.EOS}
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return ([self.BOS] if add_special_tokens else []) + list(text.encode("utf-8"))
+
+    def decode(self, token_ids: list[int]) -> str:
+        return bytes(t for t in token_ids if t < 256).decode("utf-8", errors="replace")
+
+    def apply_chat_template(self, messages: list[dict]) -> str:
+        lines = [f"<|{m['role']}|>\n{m['content']}\n" for m in _checked(messages)]
+        return "".join(lines) + "<|assistant|>\n"
+
+
+class HFTokenizer:
+    """A Hugging Face tokenizer.json, with the chat template of tokenizer_config.json."""
+
+    def __init__(self, model_dir: Path, eos_token_ids: set[int]) -> None:
+        self.tokenizer = RustTokenizer.from_file(str(model_dir / "tokenizer.json"))
+        config_path = model_dir / "tokenizer_config.json"
+        config = json.loads(config_path.read_text()) if config_path.exists() else {}
+        self.bos_token = _token_text(config.get("bos_token"))
+        self.eos_token = _token_text(config.get("eos_token"))
+        self.bos_token_id = self._id_of(self.bos_token)
+        eos_id = self._id_of(self.eos_token)
+        self.eos_token_ids = eos_token_ids | ({eos_id} if eos_id is not None else set())
+        source = _chat_template_source(model_dir, config)
+        self.chat_template = _sandbox().from_string(source) if source else None
+        self.model_dir = model_dir
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+
+    def apply_chat_template(self, messages: list[dict]) -> str:
+        if self.chat_template is None:
+            raise ValueError(f"the model in {self.model_dir} has no chat template (neither "
+                             "tokenizer_config.json nor chat_template.jinja): send a prompt, not messages")
+        try:
+            return self.chat_template.render(messages=_checked(messages), add_generation_prompt=True,
+                                             bos_token=self.bos_token or "", eos_token=self.eos_token or "")
+        except jinja2.TemplateError as e:
+            raise ValueError(f"chat template: {e}") from None
+
+    def _id_of(self, token: str | None) -> int | None:
+        return self.tokenizer.token_to_id(token) if token else None
+
+
+def _checked(messages: list[dict]) -> list[dict]:
+    if not isinstance(messages, list) or not messages:
+        raise ValueError("messages must be a non-empty list")
+    for m in messages:
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            raise ValueError(f"each message needs a string role and content, got {m!r:.100}")
+    return messages
+
+
+def _token_text(token: str | dict | None) -> str | None:
+    """tokenizer_config.json writes special tokens as a string or as {"content": ...}."""
+    return token.get("content") if isinstance(token, dict) else token
+
+
+def _chat_template_source(model_dir: Path, config: dict) -> str | None:
+    template_file = model_dir / "chat_template.jinja"  # where newer transformers save it
+    if template_file.exists():
+        return template_file.read_text()
+    template = config.get("chat_template")
+    if isinstance(template, list):  # named templates: [{"name": "default", "template": ...}, ...]
+        template = {t["name"]: t["template"] for t in template}.get("default")
+    return template
+
+
+def _sandbox() -> ImmutableSandboxedEnvironment:
+    def raise_exception(message):
+        raise jinja2.TemplateError(message)
+
+    def tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                          sort_keys=sort_keys)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[jinja2.ext.loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env

@@ -1,0 +1,230 @@
+"""The engine on the embedded model: sampling, stopping, streaming text, KV accounting, limits."""
+import json
+
+import pytest
+import torch
+
+from mcpd.config import Config, EngineConfig, ModelConfig
+from mcpd.engine import Engine, SamplingParams
+from mcpd.models import load_model
+from mcpd.models.layers import AttentionMetadata, bind_kv_cache
+
+CPU = torch.device("cpu")
+GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+
+
+def make_engine(**engine) -> Engine:
+    engine.setdefault("pool_bytes", 16 << 20)
+    return Engine(Config(model=ModelConfig(max_model_len=512), engine=EngineConfig(**engine)), CPU)
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return make_engine()
+
+
+def run(engine: Engine, requests: dict) -> dict:
+    """requests: key -> (prompt text, params). Returns key -> list of StepOutputs, all run together."""
+    for key, (prompt, params) in requests.items():
+        engine.add_request(key, engine.tokenizer.encode(prompt), params)
+    outputs = {key: [] for key in requests}
+    while engine.has_work:
+        for out in engine.step():
+            outputs[out.key].append(out)
+    return outputs
+
+
+def tokens(outputs) -> list[int]:
+    return [t for out in outputs for t in out.token_ids]
+
+
+def text(outputs) -> str:
+    return "".join(out.text for out in outputs)
+
+
+def test_embedded_model_generates_deterministically(engine):
+    first = run(engine, {"a": ("Hello, mcpd", GREEDY)})["a"]
+    again = run(make_engine(), {"a": ("Hello, mcpd", GREEDY)})["a"]
+    assert tokens(first) == tokens(again) and len(tokens(first)) == 24
+    assert first[-1].finished and first[-1].finish_reason == "length"
+    assert (first[-1].prompt_tokens, first[-1].completion_tokens) == (12, 24)
+    assert all(not out.finished for out in first[:-1])
+
+
+def test_seeded_sampling_ignores_batch_composition(engine):
+    seeded = SamplingParams(max_tokens=20, temperature=0.9, top_p=0.95, seed=1234)
+    alone = tokens(run(engine, {"x": ("same prompt", seeded)})["x"])
+    crowd = run(engine, {
+        "other": ("a different, longer prompt that prefills alongside", SamplingParams(max_tokens=30, seed=7)),
+        "x": ("same prompt", seeded),
+        "greedy": ("greedy neighbour", GREEDY),
+        "unseeded": ("no seed here", SamplingParams(max_tokens=5)),
+    })
+    assert tokens(crowd["x"]) == alone
+    other_seed = SamplingParams(max_tokens=20, temperature=0.9, top_p=0.95, seed=4321)
+    assert tokens(run(engine, {"y": ("same prompt", other_seed)})["y"]) != alone
+
+
+def test_top_k_1_equals_greedy(engine):
+    outputs = run(engine, {"greedy": ("top k", GREEDY),
+                           "top1": ("top k", SamplingParams(max_tokens=24, top_k=1, ignore_eos=True))})
+    assert tokens(outputs["top1"]) == tokens(outputs["greedy"])
+
+
+def test_stop_string_ends_the_text_before_it(engine):
+    reference = text(run(engine, {"r": ("stop strings", GREEDY)})["r"])
+    stop = reference[6:8]
+    cut = reference.index(stop)
+    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, stop=("never appears", stop))
+    outputs = run(engine, {"s": ("stop strings", params)})["s"]
+    assert text(outputs) == reference[:cut]
+    assert outputs[-1].finish_reason == "stop"
+    assert all(stop not in out.text for out in outputs)
+
+
+def test_stop_token_id_stops_and_is_not_text(engine):
+    reference = tokens(run(engine, {"r": ("stop tokens", GREEDY)})["r"])
+    stop_token = reference[3]
+    first = reference.index(stop_token)
+    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, stop_token_ids=(stop_token,))
+    outputs = run(engine, {"s": ("stop tokens", params)})["s"]
+    assert tokens(outputs) == reference[:first + 1]
+    assert outputs[-1].finish_reason == "stop"
+    assert text(outputs) == engine.tokenizer.decode(reference[:first])
+
+
+def test_text_deltas_add_up_to_the_decoded_tokens(engine):
+    # Sampled bytes from a random model: plenty of broken and multi-byte UTF-8 to withhold.
+    requests = {i: (f"prompt {i}", SamplingParams(max_tokens=40, seed=i, ignore_eos=True)) for i in range(6)}
+    for outputs in run(engine, requests).values():
+        assert text(outputs) == engine.tokenizer.decode(tokens(outputs))
+        assert all(not out.text.endswith("\ufffd") for out in outputs[:-1])
+
+
+def test_eos_finishes_with_stop(engine):
+    eos = engine.tokenizer.EOS
+    for seed in range(50):  # sample until some request draws EOS (about 1 in 258 tokens)
+        outputs = run(engine, {"e": ("eos", SamplingParams(max_tokens=200, temperature=1.5, seed=seed))})["e"]
+        if outputs[-1].finish_reason == "stop":
+            assert tokens(outputs)[-1] == eos and eos not in tokens(outputs)[:-1]
+            return
+    pytest.fail("no sampled request ever reached EOS")
+
+
+def test_greedy_logprobs_match_the_model(engine):
+    params = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True, logprobs=True)
+    prompt = engine.tokenizer.encode("log probabilities")
+    engine.add_request("lp", prompt, params)
+    outputs = []
+    while engine.has_work:
+        outputs += engine.step()
+    generated, logprobs = tokens(outputs), [lp for out in outputs for lp in out.logprobs]
+    # One fresh forward over prompt + generated tokens, by the same (seeded) model in a scratch cache.
+    model, sequence = load_model(ModelConfig(), CPU).model, prompt + generated
+    bind_kv_cache(model, torch.zeros(8, model.num_layers, 2, 16, model.num_kv_heads, model.head_dim))
+    attn = AttentionMetadata.build([list(range(8))], [0], [len(sequence)], 16, CPU)
+    with torch.inference_mode():
+        logits = model.compute_logits(model(torch.tensor(sequence), attn.positions, attn))
+    expected = logits[len(prompt) - 1:-1].log_softmax(-1).gather(1, torch.tensor(generated)[:, None]).squeeze(1)
+    assert all(lp <= 0 for lp in logprobs)
+    torch.testing.assert_close(torch.tensor(logprobs), expected, atol=1e-4, rtol=1e-4)
+    assert generated == logits[len(prompt) - 1:-1].argmax(-1).tolist()
+
+
+def test_sampled_logprobs_are_log_probabilities(engine):
+    params = SamplingParams(max_tokens=12, temperature=0.7, top_k=20, seed=3, logprobs=True, ignore_eos=True)
+    outputs = run(engine, {"s": ("sampled", params)})["s"]
+    logprobs = [lp for out in outputs for lp in out.logprobs]
+    assert len(logprobs) == 12 and all(lp <= 0 for lp in logprobs)
+    # Only 20 tokens are allowed, so each chosen one has at least the least likely share of them.
+    assert all(lp > -50 for lp in logprobs)
+
+
+def test_abort_frees_blocks_at_once_and_reports(engine):
+    engine.add_request("long", engine.tokenizer.encode("x" * 100), SamplingParams(max_tokens=300))
+    engine.step()
+    assert engine.stats()["kv_blocks_used"] > 0
+    assert engine.abort("long")
+    assert engine.stats()["kv_blocks_used"] == 0 and engine.stats()["running"] == 0
+    assert not engine.abort("long")
+    [out] = engine.step()
+    assert (out.key, out.finished, out.finish_reason, out.token_ids) == ("long", True, "abort", [])
+    assert not engine.has_work and engine.step() == []
+
+
+def test_kv_waste_is_within_each_last_block():
+    engine = make_engine(kv_block_size=16)
+    for i, length in enumerate([1, 15, 16, 17, 40, 100]):
+        engine.add_request(i, [65] * length, SamplingParams(max_tokens=50, ignore_eos=True))
+    for _ in range(7):
+        engine.step()
+        stats = engine.stats()
+        slots = stats["kv_blocks_used"] * stats["kv_block_size"]
+        computed = sum(s.num_computed for s in engine.scheduler.running)
+        assert stats["kv_waste_frac"] == pytest.approx((slots - computed) / slots)
+        assert slots - computed <= stats["running"] * (stats["kv_block_size"] - 1)
+    assert stats["kv_waste_frac"] < 0.3  # 6 sequences of ~60 tokens: under one block each
+
+
+def test_pool_exhaustion_preempts_and_every_request_finishes(engine):
+    prompts = {i: (f"request number {i:02d} of 8", GREEDY) for i in range(8)}
+    expected = {key: tokens(outs) for key, outs in run(engine, prompts).items()}
+    # 8 blocks of 16 tokens. Each request's 25-token prompt takes 2 blocks, so four are admitted and
+    # fill the cache; then each needs a third block for its 24 generated tokens.
+    small = make_engine(pool_bytes=1 << 20, kv_fraction=0.5)
+    assert small.kv.num_blocks == 8
+    outputs = run(small, prompts)
+    assert {key: tokens(outs) for key, outs in outputs.items()} == expected
+    assert small.stats()["preemptions"] > 0 and small.stats()["kv_blocks_used"] == 0
+
+
+def test_preemption_picks_the_lowest_priority_even_if_older():
+    small = make_engine(pool_bytes=1 << 20, kv_fraction=0.5)  # 8 blocks; each request grows to 7
+    params = SamplingParams(max_tokens=60, temperature=0, ignore_eos=True)
+    small.add_request("low", [65] * 40, params, priority=0)
+    small.add_request("high", [66] * 40, params, priority=5)
+    steps_with_output = {"low": [], "high": []}
+    step = 0
+    while small.has_work:
+        step += 1
+        for out in small.step():
+            steps_with_output[out.key].append(step)
+    high, low = steps_with_output["high"], steps_with_output["low"]
+    assert small.stats()["preemptions"] > 0
+    assert high == list(range(1, 61))  # a token every step: never preempted
+    assert len(low) == 60 and low[-1] > high[-1]
+
+
+def test_chunked_prefill_and_garbage_in_fresh_kv_memory_change_nothing(engine):
+    prompt = "a prompt long enough to take several sixteen token chunks to prefill " * 3
+    expected = tokens(run(engine, {"p": (prompt, GREEDY)})["p"])
+    chunked = make_engine(max_step_tokens=16)
+    chunked.kv.tensor.fill_(float("nan"))  # the pool hands out uninitialised memory
+    assert tokens(run(chunked, {"p": (prompt, GREEDY)})["p"]) == expected
+
+
+def test_requests_that_cannot_run_are_refused(engine):
+    with pytest.raises(ValueError, match="empty"):
+        engine.add_request("e", [], GREEDY)
+    with pytest.raises(ValueError, match="max_model_len"):
+        engine.add_request("long", [65] * 500, SamplingParams(max_tokens=20))
+    with pytest.raises(ValueError, match=r"\[0, 258\)"):
+        engine.add_request("vocab", [65, 999], GREEDY)
+    small = make_engine(pool_bytes=1 << 20, kv_fraction=0.5)  # 8 blocks = 128 tokens
+    with pytest.raises(ValueError, match="never fit the KV cache"):
+        small.add_request("big", [65] * 100, SamplingParams(max_tokens=100))
+    engine.add_request("dup", [65], GREEDY)
+    with pytest.raises(ValueError, match="already"):
+        engine.add_request("dup", [65], GREEDY)
+    engine.abort("dup")
+    engine.step()
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingParams(top_p=0)
+
+
+def test_stats_are_plain_json(engine):
+    stats = json.loads(json.dumps(engine.stats()))
+    assert stats["model"] == "mcpd-embedded-llama" and stats["dtype"] == "float32"
+    assert stats["pool"]["total_bytes"] == 16 << 20
+    assert stats["kv_blocks_total"] * 64 * 1024 <= stats["pool"]["in_use_bytes"]
+    assert 0 <= stats["pool"]["external_fragmentation"] <= 1

@@ -1,0 +1,113 @@
+"""Tokenizers, chat templates and the incremental detokenizer."""
+import pytest
+
+from mcpd.engine.detokenizer import Detokenizer
+from mcpd.models import ByteTokenizer, HFTokenizer
+from tiny_checkpoints import BOS, EOS, write_tokenizer
+
+TEXT = "héllo, 世界 🌍!"
+
+
+def stream(tokenizer, token_ids, stop=(), prompt=(65,)):
+    """Feed tokens one by one; return the deltas and whether a stop string fired."""
+    detokenizer = Detokenizer(tokenizer, list(prompt), tuple(stop))
+    deltas = []
+    for i, token in enumerate(token_ids):
+        detokenizer.add(token)
+        deltas.append(detokenizer.take(final=detokenizer.stopped or i == len(token_ids) - 1))
+        if detokenizer.stopped:
+            break
+    return deltas, detokenizer.stopped
+
+
+def test_byte_tokenizer_round_trip():
+    tokenizer = ByteTokenizer()
+    ids = tokenizer.encode(TEXT)
+    assert ids[0] == tokenizer.BOS and ids[1:] == list(TEXT.encode())
+    assert tokenizer.encode(TEXT, add_special_tokens=False) == ids[1:]
+    assert tokenizer.decode(ids + [tokenizer.EOS]) == TEXT
+    assert tokenizer.eos_token_ids == {257} and tokenizer.bos_token_id == 256
+
+
+def test_detokenizer_withholds_incomplete_utf8():
+    tokenizer = ByteTokenizer()
+    ids = list(TEXT.encode())
+    deltas, _ = stream(tokenizer, ids)
+    assert "".join(deltas) == TEXT
+    assert all("\ufffd" not in d for d in deltas)
+    globe = TEXT.index("🌍")
+    start = len(TEXT[:globe].encode())
+    assert deltas[start:start + 3] == ["", "", ""] and deltas[start + 3] == "🌍"
+
+
+def test_detokenizer_releases_broken_utf8_at_the_end():
+    tokenizer = ByteTokenizer()
+    ids = list("ok ".encode()) + [0xF0, 0x9F]  # the first half of a 4-byte character
+    deltas, _ = stream(tokenizer, ids)
+    assert "".join(deltas) == tokenizer.decode(ids) == "ok \ufffd"
+
+
+def test_detokenizer_stop_string_is_withheld_then_cut():
+    tokenizer = ByteTokenizer()
+    ids = list("abc STOx STOP tail".encode())
+    deltas, stopped = stream(tokenizer, ids, stop=("STOP",))
+    assert stopped and "".join(deltas) == "abc STOx "
+    # While "STO" could still become "STOP" it is held back; "x" releases it.
+    assert "S" not in "".join(deltas[:7])
+    assert all("STOP" not in d for d in deltas)
+
+
+def test_detokenizer_stops_at_the_earliest_of_several_stop_strings():
+    tokenizer = ByteTokenizer()
+    deltas, stopped = stream(tokenizer, list("one two three".encode()), stop=("three", "two"))
+    assert stopped and "".join(deltas) == "one "
+
+
+def test_byte_tokenizer_chat_template():
+    tokenizer = ByteTokenizer()
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    assert tokenizer.apply_chat_template(messages) == "<|system|>\nbe brief\n<|user|>\nhi\n<|assistant|>\n"
+    with pytest.raises(ValueError, match="role and content"):
+        tokenizer.apply_chat_template([{"role": "user"}])
+
+
+def test_hf_tokenizer_round_trip_and_special_tokens(tmp_path):
+    rust = write_tokenizer(tmp_path)
+    tokenizer = HFTokenizer(tmp_path, eos_token_ids={7})
+    ids = tokenizer.encode(TEXT)
+    assert ids[0] == tokenizer.bos_token_id == rust.token_to_id(BOS)
+    assert tokenizer.encode(TEXT, add_special_tokens=False) == ids[1:]
+    assert tokenizer.decode(ids) == TEXT
+    assert tokenizer.eos_token_ids == {7, rust.token_to_id(EOS)}
+    deltas, _ = stream(tokenizer, ids[1:], prompt=tokenizer.encode("prefix"))
+    assert "".join(deltas) == TEXT
+
+
+def test_hf_chat_template_from_tokenizer_config(tmp_path):
+    write_tokenizer(tmp_path)
+    tokenizer = HFTokenizer(tmp_path, eos_token_ids=set())
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "hi <b>"}])
+    assert prompt == f"{BOS}[user] hi <b>{EOS}\n[assistant] "
+    with pytest.raises(ValueError, match="unknown role robot"):  # the template's raise_exception
+        tokenizer.apply_chat_template([{"role": "robot", "content": "beep"}])
+
+
+def test_chat_template_jinja_file_wins(tmp_path):
+    write_tokenizer(tmp_path)
+    (tmp_path / "chat_template.jinja").write_text("{% for m in messages %}{{ m['content'] | tojson }}{% endfor %}")
+    tokenizer = HFTokenizer(tmp_path, eos_token_ids=set())
+    assert tokenizer.apply_chat_template([{"role": "user", "content": "<é>"}]) == '"<é>"'
+
+
+def test_no_chat_template_is_a_clear_error(tmp_path):
+    write_tokenizer(tmp_path, chat_template=None)
+    tokenizer = HFTokenizer(tmp_path, eos_token_ids=set())
+    with pytest.raises(ValueError, match="no chat template"):
+        tokenizer.apply_chat_template([{"role": "user", "content": "hi"}])
+
+
+def test_chat_templates_run_sandboxed(tmp_path):
+    write_tokenizer(tmp_path, chat_template="{{ messages.__class__.__mro__ }}")
+    tokenizer = HFTokenizer(tmp_path, eos_token_ids=set())
+    with pytest.raises(ValueError, match="unsafe"):
+        tokenizer.apply_chat_template([{"role": "user", "content": "hi"}])

@@ -1,0 +1,94 @@
+"""Tiny random Hugging Face checkpoints for tests: written by transformers, read by mcpd.
+
+Each is a real model directory (config.json, safetensors weights, tokenizer.json made with the
+tokenizers library, tokenizer_config.json with a chat template), small enough (hidden 64, 2 layers)
+that loading and generating take milliseconds.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import transformers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+VOCAB_SIZE = 320
+BOS, EOS = "<s>", "</s>"
+CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}"
+                 "{% if m['role'] not in ['system', 'user', 'assistant'] %}"
+                 "{{ raise_exception('unknown role ' + m['role']) }}{% endif %}"
+                 "[{{ m['role'] }}] {{ m['content'] }}{{ eos_token }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}[assistant] {% endif %}")
+CORPUS = ["the quick brown fox jumps over the lazy dog", "hello world, hello mcpd",
+          "paged attention keeps the kv cache in blocks", "continuous batching runs every sequence",
+          "tokens stream out one step at a time", "ünïcödé and 漢字 and emoji 🙂 too"] * 4
+
+_ARCHITECTURES = {
+    # kind: (config class, model class, config overrides)
+    "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM,
+              {"head_dim": 32}),  # head_dim * heads != hidden: head_dim must come from config.json
+    "llama3": (transformers.LlamaConfig, transformers.LlamaForCausalLM,
+               {"max_position_embeddings": 256,
+                "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                 "high_freq_factor": 4.0, "original_max_position_embeddings": 32}}),
+    "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM,
+              {"tie_word_embeddings": True, "rope_theta": 1_000_000.0}),
+    "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM, {"sliding_window": 4096}),
+    "gpt2": (transformers.GPT2Config, transformers.GPT2LMHeadModel, {}),
+}
+KINDS = tuple(_ARCHITECTURES)
+
+
+def tokenizer_json() -> Tokenizer:
+    """A byte-level BPE trained in memory on a few sentences; BOS is prepended to every encoding."""
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE, special_tokens=[BOS, EOS],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator(CORPUS, trainer)
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{BOS} $A", special_tokens=[(BOS, tokenizer.token_to_id(BOS))])
+    return tokenizer
+
+
+def write_tokenizer(directory: Path, chat_template: str | None = CHAT_TEMPLATE) -> Tokenizer:
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer = tokenizer_json()
+    tokenizer.save(str(directory / "tokenizer.json"))
+    config = {"bos_token": BOS, "eos_token": {"content": EOS, "special": True}}
+    if chat_template is not None:
+        config["chat_template"] = chat_template
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    return tokenizer
+
+
+def hf_config(kind: str):
+    config_class, _, overrides = _ARCHITECTURES[kind]
+    if kind == "gpt2":
+        return config_class(vocab_size=VOCAB_SIZE, n_embd=64, n_layer=2, n_head=4, n_positions=128,
+                            bos_token_id=0, eos_token_id=1, initializer_range=0.2)
+    return config_class(**{
+        "vocab_size": VOCAB_SIZE, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 128,
+        "bos_token_id": 0, "eos_token_id": 1, "initializer_range": 0.2, **overrides})
+
+
+def make_checkpoint(directory: Path, kind: str, dtype: torch.dtype = torch.float32,
+                    max_shard_size: str | None = None, seed: int = 0) -> Path:
+    """Write a random `kind` model (one of KINDS) and a tokenizer into directory; return it."""
+    _, model_class, _ = _ARCHITECTURES[kind]
+    torch.manual_seed(seed)
+    model = model_class(hf_config(kind)).to(dtype)
+    kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
+    model.save_pretrained(directory, **kwargs)
+    write_tokenizer(directory)
+    return directory
+
+
+def load_hf(directory: Path, dtype: torch.dtype = torch.float32):
+    """The reference: the checkpoint loaded by transformers, generating until max_new_tokens."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=dtype).eval()
+    model.generation_config.eos_token_id = None  # compare full lengths; mcpd runs with ignore_eos
+    return model
