@@ -154,8 +154,8 @@ def test_abort_frees_blocks_at_once_and_reports(engine):
 
 def test_kv_waste_is_within_each_last_block():
     engine = make_engine(kv_block_size=16)
-    for i, length in enumerate([1, 15, 16, 17, 40, 100]):
-        engine.add_request(i, [65] * length, SamplingParams(max_tokens=50, ignore_eos=True))
+    for i, length in enumerate([1, 15, 16, 17, 40, 100]):  # different tokens: no shared prefix
+        engine.add_request(i, [65 + i] * length, SamplingParams(max_tokens=50, ignore_eos=True))
     for _ in range(7):
         engine.step()
         stats = engine.stats()

@@ -4,10 +4,12 @@ Each step, under a budget of max_step_tokens:
 1. Running sequences, decodes (one token each) before prefill chunks, most important first
    (higher priority, then older). Every decoding sequence advances by one token per step.
 2. Waiting sequences are admitted in order while the budget, a seat (max_num_seqs) and free KV
-   blocks allow. A prompt longer than the remaining budget is prefilled in chunks over steps.
+   blocks allow. A sequence shares the cached blocks of its longest cached prefix (kv_cache) and
+   computes only the rest; a remainder longer than the budget is prefilled in chunks over steps.
 3. A running sequence that needs a block when none is free preempts the least important running
-   sequence (lowest priority, then newest), possibly itself: its blocks are freed and it waits to
-   recompute prompt + generated tokens. Requests are delayed, never failed. A step that preempted
+   sequence (lowest priority, then newest), possibly itself: it lets go of its blocks and waits to
+   recompute prompt + generated tokens (its full blocks stay cached while nobody needs the room,
+   so the recompute may be short). Requests are delayed, never failed. A step that preempted
    admits no one, so the victim is not re-admitted into the blocks it just gave up.
 Every sequence fits the whole cache on its own (Engine.add_request checks), so the most important
 sequence always makes progress and preemption cannot loop forever.
@@ -61,11 +63,12 @@ class BatchScheduler:
                 budget -= count
         while not preempted and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            count = min(seq.num_pending, budget)
-            if not self.kv.can_grow(seq, count):
+            cached = self.kv.lookup(seq)
+            count = min(len(seq.token_ids) - len(cached) * self.kv.block_size, budget)
+            if not self.kv.can_admit(cached, count):
                 break
             del self.waiting[0]
-            self.kv.grow(seq, count)
+            self.kv.admit(seq, cached, count)
             seq.status = Status.RUNNING
             bisect.insort(self.running, seq, key=lambda s: s.order)
             batch[seq] = count

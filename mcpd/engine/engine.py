@@ -60,9 +60,11 @@ class Engine:
         self.steps = self.tokens_prefilled = self.tokens_generated = 0
 
     def add_request(self, key: Hashable, prompt_token_ids: list[int], params: SamplingParams,
-                    priority: int = 0) -> None:
-        """Queue a request; a higher priority is scheduled first and preempted last. Raises
-        ValueError, naming the limit, for a request that could never run."""
+                    priority: int = 0, cache_namespace: str = "") -> None:
+        """Queue a request; a higher priority is scheduled first and preempted last. It reuses the
+        cached KV of earlier requests in the same cache_namespace (pass the tenant: namespaces
+        never share) that began with the same tokens. Raises ValueError, naming the limit, for a
+        request that could never run."""
         if key in self.sequences:
             raise ValueError(f"request {key!r} is already in the engine")
         if not prompt_token_ids:
@@ -78,7 +80,8 @@ class Engine:
             raise ValueError(f"prompt + max_tokens = {total} tokens can never fit the KV cache "
                              f"({self.kv.num_blocks * self.kv.block_size} tokens): raise engine.pool_bytes")
         detokenizer = Detokenizer(self.tokenizer, prompt_token_ids, params.stop)
-        seq = Sequence(key, prompt_token_ids, params, priority, next(self.arrivals), detokenizer)
+        seq = Sequence(key, prompt_token_ids, params, priority, next(self.arrivals), detokenizer,
+                       cache_namespace)
         self.sequences[key] = seq
         self.scheduler.add(seq)
 
@@ -150,6 +153,11 @@ class Engine:
         return "length" if seq.num_completion_tokens >= params.max_tokens else None
 
     def stats(self) -> dict:
+        """Counters and gauges, plain JSON. kv_blocks_used are blocks held by live sequences;
+        cached_blocks are idle blocks kept for prefix reuse, which allocation reclaims (LRU) when
+        needed, so they are free capacity, not waste: kv_waste_frac counts the unused slots of held
+        blocks only. prefix_cache_hits of prefix_cache_queries tokens were served from the cache
+        (both count each admission, so a preempted sequence's recompute counts again)."""
         pool = self.pool.stats()
         return {
             "running": len(self.scheduler.running),
@@ -159,6 +167,9 @@ class Engine:
             "kv_blocks_used": self.kv.num_blocks - self.kv.num_free,
             "kv_block_size": self.kv.block_size,
             "kv_waste_frac": self.kv.waste_frac(self.scheduler.running),
+            "cached_blocks": len(self.kv.idle),
+            "prefix_cache_queries": self.kv.prefix_cache_queries,
+            "prefix_cache_hits": self.kv.prefix_cache_hits,
             "pool": {**dataclasses.asdict(pool), "internal_waste_frac": pool.internal_waste_frac,
                      "external_fragmentation": pool.external_fragmentation},
             "tokens_prefilled": self.tokens_prefilled,

@@ -1,12 +1,13 @@
-"""The paged KV cache: one tensor carved from the device pool, handed out in fixed-size blocks.
+"""The paged KV cache: one tensor carved from the device pool, handed out in fixed-size blocks,
+with automatic prefix caching so a block of keys and values is computed once and reused.
 
 Layout: [num_blocks, num_layers, 2 (key, value), block_size, kv_heads, head_dim].
 
 Why one allocation for all blocks, instead of one pool allocation per block: attention gathers a
 batch's context with a single indexing op per layer, and that needs every block to be a view of
-the same tensor. Block bookkeeping is then a free list of integers, which is O(1) per block and
-cannot fragment, whereas thousands of small buddy allocations would cost a pool call per block
-and scatter the cache. The buddy allocator keeps the rest of the pool for everything else.
+the same tensor. Block bookkeeping is then lists of integers, which is O(1) per block and cannot
+fragment, whereas thousands of small buddy allocations would cost a pool call per block and
+scatter the cache. The buddy allocator keeps the rest of the pool for everything else.
 
 Why block-major: each block (all layers, keys and values) is one contiguous span of the pool, so
 moving a sequence's KV to the host context cache or sharing it over CUDA IPC is one copy or one
@@ -14,8 +15,27 @@ moving a sequence's KV to the host context cache or sharing it over CUDA IPC is 
 
 A sequence holds ceil(tokens / block_size) blocks, so only its last block has unused slots: waste
 is under one block per sequence (kv_waste_frac in Engine.stats measures it).
+
+Prefix caching. A full block is named by a hash chained through every block before it, starting
+from the sequence's cache namespace: equal hashes mean equal namespace and equal tokens from
+position 0, hence equal keys and values. When a sequence is admitted, the longest run of its
+leading blocks whose hashes are cached is shared (reference counted) instead of recomputed, so a
+chat's next turn prefills only what is new. Blocks are only ever shared when full, and a sequence
+writes only past its last full block, so a shared block is never written and needs no copy.
+When the last sequence holding a block lets go, a hashed block stays findable, idle, in LRU order;
+allocation takes never-used and unhashed blocks first and evicts the least recently used idle
+block only when none is left. Idle blocks are therefore free memory that still remembers.
+
+The namespace (the tenant) starts the chain, so two tenants never share a block: one tenant cannot
+learn from a faster first token that another sent the same text. The hash is BLAKE2b-256, not
+Python's hash(): a collision would hand one prompt another's keys and values (wrong output, or a
+leak across tenants), and Python's 64-bit hash of int tuples can be collided on purpose.
 """
 from __future__ import annotations
+
+import hashlib
+from array import array
+from collections import OrderedDict
 
 import torch
 
@@ -34,39 +54,125 @@ class KVCache:
                              f"({block_bytes} bytes): raise engine.pool_bytes or engine.kv_fraction")
         self.block_size = block_size
         self.offset, self.tensor = pool.alloc((self.num_blocks, *block_shape), dtype)
-        # A stack: a freed block is the next one handed out, while it is still warm in cache.
+        # Unhashed blocks nobody holds. A stack: a freed block is the next one handed out, while it
+        # is still warm in cache.
         self.free_blocks = list(range(self.num_blocks - 1, -1, -1))
         # Blocks below this were zeroed. Attention reads a sequence's whole last block and masks
         # the unused slots, but a masked NaN still poisons the output (0 * NaN), and pool memory
         # starts as garbage. Zeroing on first use, not up front, leaves untouched pages unbacked.
         self.zeroed_blocks = 0
+        self.ref_counts = [0] * self.num_blocks     # live sequences holding each block
+        self.block_hashes: list[bytes | None] = [None] * self.num_blocks
+        self.cached: dict[bytes, int] = {}          # hash -> the block that holds those tokens
+        self.idle: OrderedDict[int, None] = OrderedDict()  # hashed blocks nobody holds, LRU first
+        self.prefix_cache_queries = 0               # tokens of admitted sequences
+        self.prefix_cache_hits = 0                  # of those, tokens found in the cache
 
     @property
     def num_free(self) -> int:
-        return len(self.free_blocks)
+        """Blocks that can be handed out: never used, freed, or cached but idle."""
+        return len(self.free_blocks) + len(self.idle)
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
+    def lookup(self, seq: Sequence) -> list[int]:
+        """The cached blocks that hold seq's leading tokens, longest run first to last. The block
+        with seq's last token is never one: that token must run through the model for its logits."""
+        blocks = []
+        for index in range((len(seq.token_ids) - 1) // self.block_size):
+            block = self.cached.get(self._block_hash(seq, index))
+            if block is None:
+                break
+            blocks.append(block)
+        return blocks
+
+    def can_admit(self, cached: list[int], num_new_tokens: int) -> bool:
+        """Whether a waiting sequence can share `cached` (from lookup) and compute num_new_tokens."""
+        needed = self.blocks_for(len(cached) * self.block_size + num_new_tokens) - len(cached)
+        revived = sum(1 for block in cached if self.ref_counts[block] == 0)  # idle: in num_free now
+        return needed <= self.num_free - revived
+
+    def admit(self, seq: Sequence, cached: list[int], num_new_tokens: int) -> None:
+        for block in cached:
+            if self.ref_counts[block] == 0:
+                del self.idle[block]
+            self.ref_counts[block] += 1
+        seq.block_table = list(cached)
+        seq.num_computed = len(cached) * self.block_size
+        self.prefix_cache_queries += len(seq.token_ids)
+        self.prefix_cache_hits += seq.num_computed
+        self.grow(seq, seq.num_computed + num_new_tokens)
+
     def can_grow(self, seq: Sequence, num_tokens: int) -> bool:
         """Whether seq can hold num_tokens tokens after grow()."""
-        return self.blocks_for(num_tokens) - len(seq.block_table) <= len(self.free_blocks)
+        return self.blocks_for(num_tokens) - len(seq.block_table) <= self.num_free
 
     def grow(self, seq: Sequence, num_tokens: int) -> None:
+        """Give seq blocks for num_tokens tokens, which this step computes, and cache the blocks
+        they fill. Caching them now, before the model runs, lets a sequence admitted later in the
+        same step share them: every layer writes the step's new keys and values into the cache
+        before any attention reads it."""
         for _ in range(self.blocks_for(num_tokens) - len(seq.block_table)):
-            block = self.free_blocks.pop()
-            if block >= self.zeroed_blocks:  # fresh blocks come off the stack in increasing order
-                self.tensor[self.zeroed_blocks:block + 1].zero_()
-                self.zeroed_blocks = block + 1
-            seq.block_table.append(block)
+            seq.block_table.append(self._allocate())
+        for index in range(seq.num_computed // self.block_size, num_tokens // self.block_size):
+            key = self._block_hash(seq, index)
+            # A twin computed alongside the cached block stays private and is freed plainly.
+            if key not in self.cached:
+                self.cached[key] = seq.block_table[index]
+                self.block_hashes[seq.block_table[index]] = key
 
     def release(self, seq: Sequence) -> None:
-        self.free_blocks.extend(reversed(seq.block_table))
+        """Drop seq's hold on its blocks (finished, aborted or preempted)."""
+        computed_blocks = seq.num_computed // self.block_size
+        # Tail first, so that when idle the tail is evicted before the blocks its hash chains from.
+        for index in range(len(seq.block_table) - 1, -1, -1):
+            block = seq.block_table[index]
+            if index >= computed_blocks and self.block_hashes[block] is not None:
+                self._forget(block)  # cached by grow() but preempted before the model ran
+            self.ref_counts[block] -= 1
+            if self.ref_counts[block] == 0:
+                if self.block_hashes[block] is None:
+                    self.free_blocks.append(block)
+                else:
+                    self.idle[block] = None
         seq.block_table = []
         seq.num_computed = 0
 
     def waste_frac(self, seqs: list[Sequence]) -> float:
-        """Allocated-but-unused token slots over allocated slots."""
-        allocated = sum(len(s.block_table) for s in seqs) * self.block_size
-        used = sum(s.num_computed for s in seqs)
-        return (allocated - used) / allocated if allocated else 0.0
+        """Unused token slots over the slots of blocks held by seqs (all live sequences). A shared
+        block is full, so unused slots are only in each sequence's private last block; idle cached
+        blocks are not held by anyone and count as neither."""
+        allocated = (self.num_blocks - self.num_free) * self.block_size
+        unused = sum(len(s.block_table) * self.block_size - s.num_computed for s in seqs)
+        return unused / allocated if allocated else 0.0
+
+    def _allocate(self) -> int:
+        if self.free_blocks:
+            block = self.free_blocks.pop()
+            if block >= self.zeroed_blocks:  # fresh blocks come off the stack in increasing order
+                self.tensor[self.zeroed_blocks:block + 1].zero_()
+                self.zeroed_blocks = block + 1
+        else:
+            block, _ = self.idle.popitem(last=False)
+            self._forget(block)
+        self.ref_counts[block] = 1
+        return block
+
+    def _forget(self, block: int) -> None:
+        del self.cached[self.block_hashes[block]]
+        self.block_hashes[block] = None
+
+    def _block_hash(self, seq: Sequence, index: int) -> bytes:
+        """Hash of seq's full block `index`; the chain is computed once per sequence and kept."""
+        hashes = seq.block_hashes
+        while len(hashes) <= index:
+            parent = hashes[-1] if hashes else _digest(seq.cache_namespace.encode())
+            start = len(hashes) * self.block_size
+            token_ids = array("q", seq.token_ids[start:start + self.block_size])
+            hashes.append(_digest(parent + token_ids.tobytes()))
+        return hashes[index]
+
+
+def _digest(data: bytes) -> bytes:
+    return hashlib.blake2b(data, digest_size=32).digest()

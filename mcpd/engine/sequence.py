@@ -45,7 +45,7 @@ class Status(enum.Enum):
 
 class Sequence:
     def __init__(self, key: Hashable, prompt_token_ids: list[int], params: SamplingParams,
-                 priority: int, arrival: int, detokenizer: Detokenizer) -> None:
+                 priority: int, arrival: int, detokenizer: Detokenizer, cache_namespace: str) -> None:
         self.key = key
         self.params = params
         self.priority = priority            # higher runs first and is preempted last
@@ -54,6 +54,8 @@ class Sequence:
         self.num_prompt_tokens = len(prompt_token_ids)
         self.num_computed = 0               # leading tokens whose keys and values are in the KV cache
         self.block_table: list[int] = []    # KV blocks holding those tokens, in order
+        self.cache_namespace = cache_namespace  # KV blocks are shared only within one namespace
+        self.block_hashes: list[bytes] = []  # chained hashes of its leading full blocks, as needed
         self.status = Status.WAITING
         self.detokenizer = detokenizer
 

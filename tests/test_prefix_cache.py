@@ -1,0 +1,195 @@
+"""Automatic prefix caching: shared KV blocks across requests and turns, per namespace, under
+pool pressure and preemption, with the same tokens as a cold engine."""
+import pytest
+import torch
+
+from mcpd.config import Config, EngineConfig, ModelConfig
+from mcpd.engine import Engine, SamplingParams
+from tiny_checkpoints import load_hf, make_checkpoint
+
+CPU = torch.device("cpu")
+GREEDY = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
+SYSTEM = [(7 * i + 3) % 250 for i in range(160)]  # ten full blocks of 16 tokens
+
+
+def make_engine(model_path: str = "", **engine) -> Engine:
+    engine.setdefault("pool_bytes", 16 << 20)
+    return Engine(Config(model=ModelConfig(path=model_path, max_model_len=512),
+                         engine=EngineConfig(**engine)), CPU)
+
+
+def small_engine() -> Engine:
+    engine = make_engine(pool_bytes=1 << 20, kv_fraction=0.5)
+    assert engine.kv.num_blocks == 8  # 128 tokens
+    return engine
+
+
+def run(engine: Engine, requests: dict) -> dict[str, list[int]]:
+    """requests: key -> (token ids, params[, namespace]), all run together; key -> generated tokens."""
+    for key, (prompt, params, *namespace) in requests.items():
+        engine.add_request(key, prompt, params, cache_namespace=namespace[0] if namespace else "")
+    generated = {key: [] for key in requests}
+    while engine.has_work:
+        for out in engine.step():
+            generated[out.key] += out.token_ids
+    return generated
+
+
+def run_one(engine: Engine, prompt: list[int], params=GREEDY, namespace: str = "") -> tuple[list[int], dict]:
+    """Generated tokens, and how prefill and cache counters moved."""
+    before = engine.stats()
+    tokens = run(engine, {"r": (prompt, params, namespace)})["r"]
+    after = engine.stats()
+    return tokens, {name: after[name] - before[name]
+                    for name in ("tokens_prefilled", "prefix_cache_queries", "prefix_cache_hits")}
+
+
+def cold(prompt: list[int], params=GREEDY) -> list[int]:
+    return run_one(make_engine(), prompt, params)[0]
+
+
+def test_shared_prefix_prefills_only_the_uncached_suffix():
+    engine = make_engine()
+    _, first = run_one(engine, SYSTEM + [65, 66, 67])
+    assert first == {"tokens_prefilled": 163, "prefix_cache_queries": 163, "prefix_cache_hits": 0}
+    second = SYSTEM + [97, 98, 99, 100, 101]
+    tokens, moved = run_one(engine, second)
+    assert moved == {"tokens_prefilled": 5, "prefix_cache_queries": 165, "prefix_cache_hits": 160}
+    assert tokens == cold(second)
+    stats = engine.stats()
+    assert stats["kv_blocks_used"] == 0 and stats["kv_waste_frac"] == 0  # idle cache is not waste
+    assert stats["cached_blocks"] == 10 + 1 + 1  # the prefix, and one full block of each request
+
+
+def test_a_fully_cached_prompt_still_computes_its_last_block():
+    engine = make_engine()
+    prompt = SYSTEM[:32]
+    first, _ = run_one(engine, prompt)
+    again, moved = run_one(engine, prompt)
+    # The last token's logits are needed, so its block (not shared: it would be written) is computed.
+    assert moved["prefix_cache_hits"] == 16 and moved["tokens_prefilled"] == 16
+    assert again == first == cold(prompt)
+
+
+def test_next_chat_turn_reuses_the_generated_tokens_too():
+    engine = make_engine()
+    turn1 = SYSTEM[:50]
+    reply, _ = run_one(engine, turn1, SamplingParams(max_tokens=40, temperature=0, ignore_eos=True))
+    turn2 = turn1 + reply + [40, 41, 42, 43, 44, 45]
+    tokens, moved = run_one(engine, turn2)
+    # Every block turn 1 computed (all but its last sampled token) comes from the cache.
+    assert moved["prefix_cache_hits"] == (len(turn1) + len(reply) - 1) // 16 * 16 == 80
+    assert moved["prefix_cache_hits"] > len(turn1)
+    assert moved["tokens_prefilled"] == len(turn2) - 80
+    assert tokens == cold(turn2)
+
+
+def test_namespaces_never_share_blocks():
+    engine = make_engine()
+    run_one(engine, SYSTEM + [65], namespace="tenant-a")
+    prompt = SYSTEM + [66]
+    tokens, moved = run_one(engine, prompt, namespace="tenant-b")
+    assert moved["prefix_cache_hits"] == 0 and moved["tokens_prefilled"] == len(prompt)
+    assert tokens == cold(prompt)
+    _, moved = run_one(engine, prompt, namespace="tenant-a")
+    assert moved["prefix_cache_hits"] == 160
+
+
+def test_concurrent_sequences_share_a_system_prompt():
+    prompts = {"a": SYSTEM[:64] + [1, 2, 3], "b": SYSTEM[:64] + [4, 5, 6, 7]}
+
+    def first_step(namespaces):
+        engine = make_engine()
+        for key, namespace in zip(prompts, namespaces):
+            engine.add_request(key, prompts[key], GREEDY, cache_namespace=namespace)
+        outputs = engine.step()  # both admitted in the same step
+        return engine, {out.key: out.token_ids for out in outputs}
+
+    engine, generated = first_step(["same", "same"])
+    apart, _ = first_step(["one", "other"])
+    assert engine.stats()["kv_blocks_used"] == 4 + 1 + 1 and apart.stats()["kv_blocks_used"] == 5 + 5
+    # Waste is unused slots of the blocks held, each counted once: (80 - 67) + (80 - 68) of 96.
+    assert engine.stats()["kv_waste_frac"] == pytest.approx(25 / 96)
+    assert engine.stats()["prefix_cache_hits"] == 64
+    while engine.has_work:
+        for out in engine.step():
+            generated[out.key] += out.token_ids
+    assert generated == {key: cold(prompt) for key, prompt in prompts.items()}
+
+
+def test_pool_pressure_evicts_idle_blocks_and_everything_completes():
+    params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+    first = SYSTEM[:40]
+    others = {f"o{i}": (SYSTEM[i:i + 60][::-1], params) for i in range(1, 4)}
+    engine = small_engine()
+    first_tokens, _ = run_one(engine, first, params)
+    assert engine.stats()["cached_blocks"] == 4  # 79 computed tokens
+    generated = run(engine, others)  # 7 blocks each, 8 in all: the cache must give blocks back
+    assert generated == {key: cold(prompt, params) for key, (prompt, _) in others.items()}
+    stats = engine.stats()
+    assert stats["preemptions"] > 0 and stats["kv_blocks_used"] == 0
+    assert stats["cached_blocks"] <= stats["kv_blocks_total"]
+    again, moved = run_one(engine, first, params)
+    assert moved["prefix_cache_hits"] == 0 and again == first_tokens  # least recently used: evicted
+
+
+def test_preempting_a_sharer_leaves_the_other_intact():
+    # Two sequences share 3 prompt blocks and each grows to 7 blocks: 11 > 8, so the lower
+    # priority one is preempted, drops its hold on the shared blocks, and recomputes later.
+    prompts = {"greedy": SYSTEM[:48] + [1, 2, 3, 4], "seeded": SYSTEM[:48] + [5, 6, 7, 8]}
+    params = {"greedy": SamplingParams(max_tokens=60, temperature=0, ignore_eos=True),
+              "seeded": SamplingParams(max_tokens=60, temperature=0.8, seed=11, ignore_eos=True)}
+    engine = small_engine()
+    engine.add_request("greedy", prompts["greedy"], params["greedy"], priority=1)
+    engine.add_request("seeded", prompts["seeded"], params["seeded"])
+    generated = {key: [] for key in prompts}
+    while engine.has_work:
+        for out in engine.step():
+            generated[out.key] += out.token_ids
+    stats = engine.stats()
+    assert stats["preemptions"] > 0 and stats["prefix_cache_hits"] >= 48
+    assert generated == {key: cold(prompts[key], params[key]) for key in prompts}
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    return make_checkpoint(tmp_path_factory.mktemp("checkpoints") / "llama", "llama")
+
+
+def test_cache_hit_matches_transformers(llama):
+    engine = make_engine(str(llama), pool_bytes=4 << 20)
+    turn1 = [0] + list(range(40, 70))
+    reply, _ = run_one(engine, turn1)
+    turn2 = turn1 + reply + [5, 6, 7]
+    tokens, moved = run_one(engine, turn2)
+    assert moved["prefix_cache_hits"] == 48
+    ids = torch.tensor([turn2])
+    with torch.inference_mode():
+        expected = load_hf(llama).generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=20,
+                                           do_sample=False, pad_token_id=1)[0, len(turn2):].tolist()
+    assert tokens == expected
+
+
+def test_a_block_cached_for_a_step_that_never_ran_is_forgotten():
+    # x's decode fills its first block, which grow() caches, but later in the same schedule() y
+    # needs more blocks than exist beside z: x is preempted, then y itself, and x's step never runs.
+    engine = make_engine(pool_bytes=1 << 20, kv_fraction=0.5, max_step_tokens=64)
+    params = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
+    requests = {"x": (SYSTEM[140:154], 0), "z": (SYSTEM[100:140], 2), "y": (SYSTEM[:100], 1)}
+    engine.add_request("x", requests["x"][0], params)
+    generated = {key: [] for key in requests}
+    generated["x"] = engine.step()[0].token_ids  # x: prompt, first token
+    for key in "zy":
+        engine.add_request(key, requests[key][0], params, priority=requests[key][1])
+    for _ in range(2):              # x decodes position 14, then (in vain) position 15
+        for out in engine.step():
+            generated[out.key] += out.token_ids
+    x = engine.sequences["x"]
+    assert engine.stats()["preemptions"] == 2 and x.num_computed == 0
+    assert x.block_hashes[0] not in engine.kv.cached
+    while engine.has_work:
+        for out in engine.step():
+            generated[out.key] += out.token_ids
+    assert generated == {key: cold(prompt, params) for key, (prompt, _) in requests.items()}
+    follow_up = requests["x"][0] + generated["x"] + [9, 9, 9]
+    assert run_one(engine, follow_up)[0] == cold(follow_up)
