@@ -114,6 +114,17 @@ class EngineConfig:
 
 
 @dataclass(frozen=True)
+class ContextsConfig:
+    max_per_owner: int = 1024           # contexts one tenant may hold
+    max_context_bytes: int = 1 << 30    # token ids + fields of one context
+    max_field_bytes: int = 256 << 20    # one field, decoded
+
+    def check(self) -> None:
+        if self.max_per_owner < 1 or self.max_context_bytes < 1 or self.max_field_bytes < 1:
+            raise ConfigError("contexts.max_per_owner, max_context_bytes and max_field_bytes must be >= 1")
+
+
+@dataclass(frozen=True)
 class SupervisorConfig:
     stop_grace_s: float = 10.0      # SIGTERM: how long in-flight requests may finish
     ready_timeout_s: float = 300.0  # a child that is not ready by then counts as failed
@@ -131,6 +142,7 @@ class Config:
     workers: WorkersConfig = field(default_factory=WorkersConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
+    contexts: ContextsConfig = field(default_factory=ContextsConfig)
     supervisor: SupervisorConfig = field(default_factory=SupervisorConfig)
 
     @property

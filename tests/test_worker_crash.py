@@ -74,3 +74,29 @@ def test_queued_request_survives_worker_death(fresh_daemon):
     first.join(60)
     second.join(60)
     assert results == {"streaming": codes.WORKER_LOST, "queued": 5}
+
+
+def test_killed_scheduler_answers_inflight_and_recovers(fresh_daemon):
+    d = fresh_daemon()
+    outcome = []
+    streaming = threading.Event()
+
+    def long_request():
+        with d.client() as client:
+            try:
+                for _ in client.generate("s", max_tokens=2000, ignore_eos=True, stream=True):
+                    streaming.set()
+                outcome.append("ok")
+            except MCPDError as e:
+                outcome.append(e.code)
+
+    thread = threading.Thread(target=long_request)
+    thread.start()
+    assert streaming.wait(60)
+    os.kill(d.pid_of("scheduler"), signal.SIGKILL)
+    thread.join(60)
+    assert outcome == [codes.UNAVAILABLE]
+    d.wait_until(lambda: d.status()["state"] == "ready", 60, "scheduler back")
+    with d.client() as client:
+        d.wait_until(lambda: client.status()["workers"] and client.status()["workers"][0]["ready"], 30, "worker known")
+        assert client.generate("again", max_tokens=3, ignore_eos=True).completion_tokens == 3

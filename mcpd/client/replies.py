@@ -25,6 +25,7 @@ class GenerateResult:
     prompt_tokens: int
     completion_tokens: int
     logprobs: list[float] | None = field(default=None)
+    context: dict | None = None   # generate on a context: {"id", "version", "appended_token_ids"}
 
 
 def generate_args(prompt, messages, prompt_token_ids, stream: bool, params: dict) -> dict:
@@ -51,7 +52,8 @@ def result_of(reply: dict) -> dict:
 def generate_result(result: dict) -> GenerateResult:
     usage = result.get("usage", {})
     return GenerateResult(result["text"], result["token_ids"], result["finish_reason"],
-                          usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0), result.get("logprobs"))
+                          usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0), result.get("logprobs"),
+                          result.get("context"))
 
 
 def chunk_of(reply: dict) -> Chunk:

@@ -17,8 +17,10 @@ from mcpd.protocol.codes import MCPDError
 
 class Client:
     def __init__(self, endpoint: str = replies.DEFAULT_ENDPOINT, timeout: float = 60.0,
-                 context: zmq.Context | None = None):
+                 context: zmq.Context | None = None, tenant: str | None = None):
+        """`tenant` names the owner of this client's contexts (until authentication decides it)."""
         self.endpoint, self.timeout = endpoint, timeout
+        self._tenant = {"tenant": tenant} if tenant else {}
         self._socket = (context or zmq.Context.instance()).socket(zmq.DEALER)
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.connect(endpoint)
@@ -51,19 +53,34 @@ class Client:
 
     def call(self, op: str, args: dict, timeout: float | None = None, **header_fields) -> dict:
         """One request, one final reply: its result, or MCPDError with the reply's code."""
-        return replies.result_of(self.receive(self.send(op, args, **header_fields), timeout))
+        return self.call_with_payload(op, args, (), timeout, **header_fields)[0]
+
+    def call_with_payload(self, op: str, args: dict, payload=(), timeout: float | None = None,
+                          **header_fields) -> tuple[dict, list[bytes]]:
+        """Like call, with payload frames both ways: (result, reply payload frames)."""
+        header, frames = self._receive(self.send(op, args, payload, **header_fields), timeout)
+        return replies.result_of(header), frames
+
+    def context(self, context_id: str, create: bool = True):
+        """A ContextMirror: a local copy of the context that syncs by deltas."""
+        from mcpd.client.context_mirror import ContextMirror
+        return ContextMirror(self, context_id, create)
 
     # -- framing --------------------------------------------------------------------------------
 
     def send(self, op: str, args: dict, payload: list[bytes] = (), **header_fields):
         request_id = next(self._ids)
         self._waiting.add(request_id)
-        self._socket.send_multipart([wire.encode_request(op, request_id, args, **header_fields), *payload])
+        header = wire.encode_request(op, request_id, args, **self._tenant, **header_fields)
+        self._socket.send_multipart([header, *payload])
         return request_id
 
     def receive(self, request_id, timeout: float | None = None) -> dict:
         """The next reply (chunk or final) for request_id. Raises MCPDError(TIMEOUT) after timeout
         seconds; a timed-out generate is cancelled on the daemon so it stops using a worker."""
+        return self._receive(request_id, timeout)[0]
+
+    def _receive(self, request_id, timeout: float | None) -> tuple[dict, list[bytes]]:
         seconds = self.timeout if timeout is None else timeout
         deadline = time.monotonic() + seconds
         inbox = self._inbox[request_id]
@@ -73,10 +90,10 @@ class Client:
                 self._abandon(request_id)
                 raise replies.timeout_error(request_id, seconds)
             self._read_available()
-        reply = inbox.popleft()
+        reply, frames = inbox.popleft()
         if reply.get("kind") != "chunk":
             self._forget(request_id)
-        return reply
+        return reply, frames
 
     def _read_available(self) -> None:
         while True:
@@ -86,7 +103,7 @@ class Client:
                 return
             reply = wire.decode_reply(frames[0])
             if reply.get("id") in self._waiting:
-                self._inbox[reply["id"]].append(reply)
+                self._inbox[reply["id"]].append((reply, frames[1:]))
 
     def _abandon(self, request_id) -> None:
         self._forget(request_id)

@@ -15,9 +15,11 @@ Message layouts (frames):
     supervisor → scheduler  [WORKER_LOST, msgpack {"index", "pid"}]
     scheduler → worker      [worker identity, REQUEST, rid, header, *payload]   [.., CANCEL, rid]
     worker → scheduler      [HELLO, info]   [STARTED, rid]   [DONE, rid, rid, ...]   [STATS, stats]
+                            [FINAL, rid, reply header, appended token ids]   (context turns only:
+                            the scheduler commits the turn, then answers the front-end)
     worker → front-end      [CHUNK|FINAL, rid, reply header, *payload]
     scheduler → front-end   [FINAL, rid, reply header]   (errors it decides: OVERLOADED, WORKER_LOST, ...)
-    supervisor → front-end  [DRAIN]
+    supervisor → front-end  [DRAIN]   [SCHEDULER_LOST] (answer everything in flight: nobody else will)
     child → supervisor      [msgpack {"role", "index", "pid", "event": "ready"|"stats"|"drained", ...}]
 STARTED says a stream sent its first chunk, so the request is no longer safe to retry elsewhere.
 `rid` is the front-end's 8-byte internal request number, unique for the daemon's lifetime.
@@ -39,6 +41,7 @@ DONE = b"DONE"
 STATS = b"STATS"
 WORKER_LOST = b"LOST"
 DRAIN = b"DRAIN"
+SCHEDULER_LOST = b"SCHED_LOST"
 
 _RID = struct.Struct(">Q")
 pack_rid = _RID.pack

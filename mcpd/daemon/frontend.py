@@ -102,9 +102,12 @@ class FrontEnd:
             self.events.send("drained")
         asyncio.get_running_loop().call_later(STATS_INTERVAL_S, self._tick)
 
-    def _stop(self) -> None:
+    def _fail_all(self, code: str, message: str) -> None:
         for rid in list(self.pending):
-            self._finish_with_error(rid, codes.UNAVAILABLE, "the daemon is stopping")
+            self._finish_with_error(rid, code, message)
+
+    def _stop(self) -> None:
+        self._fail_all(codes.UNAVAILABLE, "the daemon is stopping")
         if not self.stopped.done():
             self.stopped.set_result(None)
 
@@ -156,6 +159,8 @@ class FrontEnd:
     def _on_reply(self, frames: list[bytes]) -> None:
         if frames[0] == channels.DRAIN:
             return self._drain_mode()
+        if frames[0] == channels.SCHEDULER_LOST:
+            return self._fail_all(codes.UNAVAILABLE, "the scheduler restarted; the request was lost, retry it")
         tag, rid = frames[0], channels.unpack_rid(frames[1])
         pending = self.pending.get(rid)
         if pending is None:

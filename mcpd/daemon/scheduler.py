@@ -16,8 +16,12 @@ import msgpack
 import zmq
 
 from mcpd.config import Config
+from mcpd.contexts import service as contexts
+from mcpd.contexts.context import Context
+from mcpd.contexts.service import ContextService
 from mcpd.daemon import channels, child
 from mcpd.protocol import codes, wire
+from mcpd.protocol.codes import MCPDError
 
 STATS_INTERVAL_S = 0.5
 IDLE_POLL_MS = 100
@@ -33,6 +37,7 @@ class Job:
     enqueued: float = field(default_factory=time.monotonic)
     started_streaming: bool = False
     retries: int = 0
+    context: Context | None = None   # a generate turn on a context, held until it ends
 
     def request_id(self):
         return msgpack.unpackb(self.header, raw=False).get("id")   # rare paths only: errors
@@ -63,6 +68,7 @@ class Scheduler:
         self.events = child.EventReporter(self.context, config, "scheduler")
         self.queue: deque[Job] = deque()
         self.workers: dict[bytes, WorkerSlot] = {}
+        self.contexts = ContextService(config.contexts, config.limits)
         self.dispatched = 0
         self.parent_pid = os.getppid()
 
@@ -103,13 +109,28 @@ class Scheduler:
             self._worker_lost(channels.worker_identity(lost["index"]), lost["pid"])
 
     def _enqueue(self, job: Job) -> None:
-        if msgpack.unpackb(job.header, raw=False)["op"] == "status":
-            return self._reply(channels.FINAL, job.rid, wire.ok_reply(job.request_id(), self.stats()))
+        header = msgpack.unpackb(job.header, raw=False)
+        try:
+            if header["op"] == "status":
+                return self._reply(channels.FINAL, job.rid, wire.ok_reply(header["id"], self.stats()))
+            if header["op"] in contexts.OPS:
+                result, frames = self.contexts.handle(header, job.payload)
+                return self._reply(channels.FINAL, job.rid, wire.ok_reply(header["id"], result), frames)
+            self._admit(job, header)
+        except MCPDError as e:
+            self._reply(channels.FINAL, job.rid, wire.error_reply(header["id"], e.code, e.message, e.retry_after_ms))
+        except Exception as e:   # noqa: BLE001 - a bug must cost one request, not every context
+            self.log.exception("request %s failed", header.get("id"))
+            self._reply(channels.FINAL, job.rid, wire.error_reply(header["id"], codes.INTERNAL, f"{type(e).__name__}: {e}"))
+
+    def _admit(self, job: Job, header: dict) -> None:
         if len(self.queue) >= self.config.scheduler.max_queue:
             self._dispatch()   # a burst may be refused only if the workers have no room either
         if len(self.queue) >= self.config.scheduler.max_queue:
-            return self._fail(job, codes.OVERLOADED, f"queue is full ({len(self.queue)} waiting)",
-                              retry_after_ms=OVERLOADED_RETRY_MS)
+            raise MCPDError(codes.OVERLOADED, f"queue is full ({len(self.queue)} waiting)", OVERLOADED_RETRY_MS)
+        if header["op"] == "generate" and header["args"].get("context") is not None:
+            job.context, tokens = self.contexts.begin_turn(header, job.rid)
+            job.payload = [tokens]   # the worker runs the turn on the context's tokens
         self.queue.append(job)
 
     def _cancel(self, rid: int) -> None:
@@ -129,13 +150,24 @@ class Scheduler:
             ready = [s for s in self.workers.values() if s.ready and len(s.jobs) < limit]
             if not ready:
                 return
-            slot = min(ready, key=lambda s: len(s.jobs))
             job = self.queue.popleft()
+            slot = self._route(job, ready)
             if self._send_worker(slot, [channels.REQUEST, channels.pack_rid(job.rid), job.header, *job.payload]):
                 slot.jobs[job.rid] = job
                 self.dispatched += 1
+                if job.context is not None:
+                    job.context.worker_hint = slot.index
             else:
                 self.queue.appendleft(job)
+
+    @staticmethod
+    def _route(job: Job, ready: list[WorkerSlot]) -> WorkerSlot:
+        """The worker that ran a context's last turn (its KV may still be there), else the least loaded."""
+        if job.context is not None:
+            for slot in ready:
+                if slot.index == job.context.worker_hint:
+                    return slot
+        return min(ready, key=lambda s: len(s.jobs))
 
     def _send_worker(self, slot: WorkerSlot, frames: list[bytes]) -> bool:
         try:
@@ -155,10 +187,30 @@ class Scheduler:
             job = slot.jobs.get(channels.unpack_rid(frames[2]))
             if job:
                 job.started_streaming = True
+        elif tag == channels.FINAL and slot:
+            self._finish_turn(slot, frames[2:])
         elif tag == channels.HELLO:
             self._hello(frames[0], msgpack.unpackb(frames[2], raw=False))
-        elif tag == channels.STATS and slot:
-            slot.info = msgpack.unpackb(frames[2], raw=False)
+        elif tag == channels.STATS:
+            info = msgpack.unpackb(frames[2], raw=False)
+            if slot is None:   # this scheduler restarted after the worker said HELLO
+                return self._hello(frames[0], info)
+            slot.info = info
+
+    def _finish_turn(self, slot: WorkerSlot, frames: list[bytes]) -> None:
+        """A context generate ended on a worker: commit what it appended, then answer the client,
+        so the client never sees a reply before its new version exists."""
+        rid, reply, appended = channels.unpack_rid(frames[0]), frames[1], frames[2]
+        job = slot.jobs.pop(rid, None)
+        if job is None:
+            return
+        header = msgpack.unpackb(reply, raw=False)
+        if header["kind"] == "ok":
+            header["result"]["context"] = self.contexts.commit_turn(job.context, appended)
+            reply = msgpack.packb(header)
+        else:
+            self.contexts.end_turn(job.context)
+        self._reply(channels.FINAL, rid, reply)
 
     def _hello(self, identity: bytes, info: dict) -> None:
         slot = self.workers.get(identity)
@@ -187,13 +239,15 @@ class Scheduler:
     # -- replies --------------------------------------------------------------------------------
 
     def _fail(self, job: Job, code: str, message: str, retry_after_ms: int | None = None) -> None:
+        if job.context is not None:
+            self.contexts.end_turn(job.context)
         self._reply(channels.FINAL, job.rid, wire.error_reply(job.request_id(), code, message, retry_after_ms))
 
-    def _reply(self, tag: bytes, rid: int, header: bytes) -> None:
-        self.outbox.send_multipart([tag, channels.pack_rid(rid), header])
+    def _reply(self, tag: bytes, rid: int, header: bytes, payload: list[bytes] = ()) -> None:
+        self.outbox.send_multipart([tag, channels.pack_rid(rid), header, *payload])
 
     def stats(self) -> dict:
-        return {"queue_depth": len(self.queue), "dispatched": self.dispatched,
+        return {"queue_depth": len(self.queue), "dispatched": self.dispatched, "contexts": self.contexts.stats(),
                 "workers": [{"index": s.index, "pid": s.pid, "ready": s.ready, "inflight": len(s.jobs),
                              **s.info} for s in sorted(self.workers.values(), key=lambda s: s.index)]}
 

@@ -114,6 +114,8 @@ class Supervisor:
             if child.spec.role == "worker":
                 lost = {"index": child.spec.index, "pid": child.process.pid}
                 self.to_scheduler.send_multipart([channels.WORKER_LOST, msgpack.packb(lost)])
+            elif child.spec.role == "scheduler":
+                self.to_frontend.send_multipart([channels.SCHEDULER_LOST])
             self.notifier.notify(STATUS=f"{child.spec.name} {child.last_exit}; restarting")
         self.table.restart_due()
         if self.reload_requested:

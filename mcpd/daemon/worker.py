@@ -11,9 +11,11 @@ import time
 from dataclasses import dataclass, field
 
 import msgpack
+import numpy as np
 import zmq
 
 from mcpd.config import Config
+from mcpd.contexts.service import tenant_of
 from mcpd.daemon import channels, child
 from mcpd.protocol import codes, ops, wire
 
@@ -53,6 +55,7 @@ class Worker:
         self.to_frontend.setsockopt(zmq.LINGER, 0)
         self.to_frontend.connect(channels.endpoint(config.runtime_dir, "frontend.ipc"))
         self.active: dict[int, ActiveRequest] = {}
+        self.turns: dict[int, list[int]] = {}   # context turns: rid -> the prompt ids the turn adds
         self.done: list[bytes] = []   # rids answered since the last DONE note to the scheduler
         self.done_due = 0.0
 
@@ -108,43 +111,53 @@ class Worker:
 
     def _on_message(self, frames: list[bytes]) -> None:
         if frames[0] == channels.REQUEST:
-            self._on_request(channels.unpack_rid(frames[1]), msgpack.unpackb(frames[2], raw=False))
+            self._on_request(channels.unpack_rid(frames[1]), msgpack.unpackb(frames[2], raw=False), frames[3:])
         elif frames[0] == channels.CANCEL:
             self._on_cancel(channels.unpack_rid(frames[1]))
 
     # -- requests -------------------------------------------------------------------------------
 
-    def _on_request(self, rid: int, header: dict) -> None:
+    def _on_request(self, rid: int, header: dict, payload: list[bytes]) -> None:
         op, request_id = header["op"], header["id"]
         if op == "ping":
             return self._final(rid, wire.ok_reply(request_id, {"pong": True, "worker": self.index}))
+        if header["args"].get("context") is not None:
+            self.turns[rid] = []   # from here on every final goes through the scheduler
         try:
             args = ops.validate_args(op, header["args"], self.config.limits)
-            self._start_generate(rid, request_id, args)
+            self._start_generate(rid, request_id, args, payload, tenant_of(header))
         except ValueError as e:   # the engine refuses what it cannot run (too long, bad token ids)
             self._final(rid, wire.error_reply(request_id, codes.BAD_REQUEST, str(e)))
         except Exception as e:   # noqa: BLE001 - a bug must cost one request, not the worker
             self.log.exception("request %s failed", request_id)
             self._final(rid, wire.error_reply(request_id, codes.INTERNAL, f"{type(e).__name__}: {e}"))
 
-    def _start_generate(self, rid: int, request_id, args: dict) -> None:
+    def _start_generate(self, rid: int, request_id, args: dict, payload: list[bytes], tenant: str) -> None:
         from mcpd.engine import SamplingParams
 
-        prompt_ids = self._prompt_token_ids(args)
+        history = np.frombuffer(payload[0], np.int32).tolist() if rid in self.turns else []
+        # Special tokens (BOS) open a sequence, not each turn appended to a history.
+        prompt_ids = self._prompt_token_ids(args, add_special_tokens=not history)
+        if rid in self.turns:   # a context turn: remember what it adds to the history
+            self.turns[rid] = prompt_ids
+            prompt_ids = history + prompt_ids
         params = SamplingParams(
             max_tokens=args["max_tokens"], temperature=float(args["temperature"]), top_k=args["top_k"],
             top_p=float(args["top_p"]), seed=args["seed"], stop=tuple(args["stop"]),
             stop_token_ids=tuple(args["stop_token_ids"]), ignore_eos=args["ignore_eos"],
             logprobs=args["logprobs"])
-        self.engine.add_request(rid, prompt_ids, params)
+        # The tenant namespaces the prefix cache: KV blocks are shared only within one tenant.
+        self.engine.add_request(rid, prompt_ids, params, cache_namespace=tenant)
         self.active[rid] = ActiveRequest(request_id, args["stream"], args["logprobs"])
 
-    def _prompt_token_ids(self, args: dict) -> list[int]:
+    def _prompt_token_ids(self, args: dict, add_special_tokens: bool) -> list[int]:
         tokenizer = self.engine.tokenizer
+        if all(args[k] is None for k in ops.PROMPT_KINDS):
+            return []   # a context turn that continues the context as it is
         if args["prompt_token_ids"] is not None:
             return args["prompt_token_ids"]   # the engine checks them against the vocabulary
         if args["prompt"] is not None:
-            ids = tokenizer.encode(args["prompt"])
+            ids = tokenizer.encode(args["prompt"], add_special_tokens=add_special_tokens)
         else:   # a rendered chat template carries its own special tokens (as in transformers)
             ids = tokenizer.encode(tokenizer.apply_chat_template(args["messages"]), add_special_tokens=False)
         if len(ids) > self.config.limits.max_prompt_tokens:
@@ -172,7 +185,8 @@ class Worker:
                 self._chunk(out.key, request, out)
             if out.finished:
                 del self.active[out.key]
-                self._final(out.key, wire.ok_reply(request.request_id, self._result(request, out)))
+                self._final(out.key, wire.ok_reply(request.request_id, self._result(request, out)),
+                            request.token_ids)
 
     def _chunk(self, rid: int, request: ActiveRequest, out) -> None:
         data = {"text": out.text, "token_ids": out.token_ids}
@@ -193,8 +207,12 @@ class Worker:
             result["logprobs"] = request.logprobs
         return result
 
-    def _final(self, rid: int, header: bytes) -> None:
+    def _final(self, rid: int, header: bytes, output_ids: list[int] = ()) -> None:
         packed = channels.pack_rid(rid)
+        if rid in self.turns:
+            appended = np.asarray(self.turns.pop(rid) + list(output_ids), np.int32).tobytes()
+            self.socket.send_multipart([channels.FINAL, packed, header, appended])
+            return
         self.to_frontend.send_multipart([channels.FINAL, packed, header])
         if not self.done:
             self.done_due = time.monotonic() + DONE_FLUSH_S

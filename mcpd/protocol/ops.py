@@ -16,6 +16,8 @@ MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 256
 MAX_MESSAGES = 1024
 MAX_TOKEN_ID = (1 << 31) - 1
+MAX_CONTEXT_ID_CHARS = 128
+MAX_CHANGES = 1024
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,10 @@ def _messages(v, _):
     return None
 
 
+def _context_id(v, _):
+    return None if 0 < len(v) <= MAX_CONTEXT_ID_CHARS else f"must be 1..{MAX_CONTEXT_ID_CHARS} characters"
+
+
 def _request_id(v, _):
     return None if (type(v) is int and v >= 0) or (isinstance(v, str) and 0 < len(v) <= 64) else \
         "must be a request id (integer >= 0 or string of 1..64 characters)"
@@ -92,14 +98,28 @@ GENERATE_ARGS = {
     "ignore_eos": Arg((bool,), False),
     "logprobs": Arg((bool,), False),
     "stream": Arg((bool,), False),
+    "context": Arg((str,), None, _context_id),   # run on this context's tokens and append the turn
+    "base": Arg((int,), None, _nonneg),          # with context: the version the turn expects
 }
 PROMPT_KINDS = ("prompt", "prompt_token_ids", "messages")
+
+
+def _changes(v, _):
+    return None if len(v) <= MAX_CHANGES else f"at most {MAX_CHANGES} changes per update"
+
+
+CONTEXT_ID = Arg((str,), None, _context_id)
 
 OPS: dict[str, dict[str, Arg]] = {
     "ping": {},
     "status": {},
     "generate": GENERATE_ARGS,
     "cancel": {"target": Arg((int, str), check=_request_id)},
+    "context.open": {"id": CONTEXT_ID, "create": Arg((bool,), True)},
+    "context.get": {"id": CONTEXT_ID, "since": Arg((int,), None, _nonneg)},
+    "context.update": {"id": CONTEXT_ID, "base": Arg((int,), None, _nonneg), "changes": Arg((list,), [], _changes)},
+    "context.drop": {"id": CONTEXT_ID},
+    "context.list": {},
 }
 
 
@@ -131,7 +151,20 @@ def validate_args(op: str, args: dict, limits: LimitsConfig) -> dict:
 
 
 def _check_required(op: str, args: dict) -> None:
-    if op == "generate" and sum(args[k] is not None for k in PROMPT_KINDS) != 1:
+    if op == "generate":
+        return _check_generate(args)
+    required = {"cancel": ("target",), "context.update": ("id", "base")}.get(op, ("id",) if "id" in OPS[op] else ())
+    missing = [name for name in required if args[name] is None]
+    if missing:
+        raise MCPDError(codes.BAD_REQUEST, f"{op}: argument(s) {missing} required")
+
+
+def _check_generate(args: dict) -> None:
+    prompts = sum(args[k] is not None for k in PROMPT_KINDS)
+    if args["context"] is None and prompts != 1:
         raise MCPDError(codes.BAD_REQUEST, "generate: give exactly one of prompt, prompt_token_ids, messages")
-    if op == "cancel" and args["target"] is None:
-        raise MCPDError(codes.BAD_REQUEST, "cancel: argument 'target' (the request id to cancel) is required")
+    if args["context"] is not None and prompts > 1:
+        raise MCPDError(codes.BAD_REQUEST, "generate on a context: give at most one of prompt, "
+                                           "prompt_token_ids, messages (none continues the context)")
+    if args["base"] is not None and args["context"] is None:
+        raise MCPDError(codes.BAD_REQUEST, "generate: 'base' only goes with 'context'")

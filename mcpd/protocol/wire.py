@@ -106,6 +106,9 @@ def _check_header(header: dict) -> None:
         raise MCPDError(codes.BAD_REQUEST, 'header field "op" must be a string')
     if not isinstance(header.setdefault("args", {}), dict):
         raise MCPDError(codes.BAD_REQUEST, 'header field "args" must be a map')
+    tenant = header.get("tenant")
+    if tenant is not None and not (isinstance(tenant, str) and 0 < len(tenant) <= MAX_ID_CHARS):
+        raise MCPDError(codes.BAD_REQUEST, f'header field "tenant" must be a string of 1..{MAX_ID_CHARS} characters')
     timeout_ms = header.get("timeout_ms")
     if timeout_ms is not None and (type(timeout_ms) is not int or timeout_ms <= 0):
         raise MCPDError(codes.BAD_REQUEST, 'header field "timeout_ms" must be a positive integer')

@@ -1,0 +1,112 @@
+"""A client-side mirror of one context: read and write it like a dict, and sync by deltas.
+
+The mirror keeps two copies: `synced`, the state at `version` as the daemon has it, and
+`local`, what the application sees. `sync()` sends the difference between them as deltas based
+on `version`; if another client got there first (CONFLICT) it fetches what it missed, keeps the
+application's own unsynced changes on top, and tries again.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from mcpd.client.replies import GenerateResult
+from mcpd.protocol import codes
+from mcpd.protocol import delta as codec
+from mcpd.protocol.codes import MCPDError
+from mcpd.protocol.delta import DeltaLimits
+
+TOKENS = "tokens"
+SYNC_ATTEMPTS = 4
+
+
+class ContextMirror:
+    def __init__(self, client, context_id: str, create: bool = True, limits: DeltaLimits = DeltaLimits()):
+        self.client, self.id, self.limits = client, context_id, limits
+        self.version = 0
+        self.synced: dict = {TOKENS: np.zeros(0, np.int32)}
+        self.local: dict = dict(self.synced)
+        self.client.call("context.open", {"id": context_id, "create": create})
+        self.refresh()
+
+    # -- the state, as the application sees it --------------------------------------------------
+
+    @property
+    def tokens(self) -> np.ndarray:
+        return self.local[TOKENS]
+
+    def __getitem__(self, name: str):
+        return self.local[name]
+
+    def __setitem__(self, name: str, value) -> None:
+        self.local[name] = value
+
+    def __delitem__(self, name: str) -> None:
+        del self.local[name]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.local
+
+    def keys(self):
+        return [n for n in self.local if n != TOKENS]
+
+    @property
+    def dirty(self) -> bool:
+        return bool(self._pending())
+
+    # -- syncing --------------------------------------------------------------------------------
+
+    def sync(self) -> int:
+        """Send local changes; returns the new version (unchanged if there was nothing to send)."""
+        for _ in range(SYNC_ATTEMPTS):
+            changes = self._pending()
+            if not changes:
+                return self.version
+            entries, frames = codec.to_wire(changes)
+            try:
+                result, _ = self.client.call_with_payload(
+                    "context.update", {"id": self.id, "base": self.version, "changes": entries}, frames)
+            except MCPDError as e:
+                if e.code != codes.CONFLICT:
+                    raise
+                self.refresh()   # someone else moved it on: rebase our changes and retry
+                continue
+            self.synced = dict(self.local)
+            self.version = result["version"]
+            return self.version
+        raise MCPDError(codes.CONFLICT, f"context {self.id!r} kept changing; gave up after {SYNC_ATTEMPTS} tries")
+
+    def refresh(self) -> int:
+        """Fetch what changed on the daemon since our version; local unsynced changes stay on top."""
+        result, frames = self.client.call_with_payload("context.get", {"id": self.id, "since": self.version})
+        mine = {c.name: c for c in self._pending()}
+        for change in codec.from_wire(result["changes"], frames, self.limits):
+            new = None if change.kind == "delete" else codec.apply(self.synced.get(change.name), change, self.limits)
+            for copy in (self.synced,) if change.name in mine else (self.synced, self.local):
+                copy.pop(change.name, None) if change.kind == "delete" else copy.__setitem__(change.name, new)
+        self.version = result["version"]
+        return self.version
+
+    def _pending(self) -> list:
+        changes = [codec.diff(name, self.synced.get(name), value) for name, value in self.local.items()]
+        changes += [codec.delete(name) for name in self.synced if name not in self.local]
+        return [c for c in changes if c is not None]
+
+    # -- model turns ----------------------------------------------------------------------------
+
+    def generate(self, prompt: str | None = None, **params) -> GenerateResult:
+        """Run the model on the context's tokens (plus this prompt) and append the turn to it.
+        Local changes are synced first, so the model sees them."""
+        self.sync()
+        result = self.client.generate(prompt, context=self.id, base=self.version, **params)
+        appended = np.asarray(result.context["appended_token_ids"], np.int32)
+        for copy in (self.synced, self.local):
+            copy[TOKENS] = np.concatenate([copy[TOKENS], appended])
+        self.version = result.context["version"]
+        return result
+
+    def chat(self, role: str, content: str, **params) -> GenerateResult:
+        """One chat turn: the message rendered with the model's chat template, then the reply."""
+        return self.generate(messages=[{"role": role, "content": content}], **params)
+
+    def drop(self) -> bool:
+        return self.client.call("context.drop", {"id": self.id})["dropped"]

@@ -1,0 +1,81 @@
+"""The context ops of the protocol (context.open/get/update/drop/list) on top of the store,
+and the two hooks a context generate needs: take the context for a turn, then commit the turn.
+
+It runs inside the scheduler: that process sees every context generate (to route it to the
+worker holding its KV, and to hold updates off while it runs), so the table lives there.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from mcpd.config import ContextsConfig, LimitsConfig
+from mcpd.contexts.context import Context
+from mcpd.contexts.store import ContextStore
+from mcpd.protocol import codes, ops
+from mcpd.protocol import delta as codec
+from mcpd.protocol.codes import MCPDError
+
+DEFAULT_TENANT = "default"
+OPS = ("context.open", "context.get", "context.update", "context.drop", "context.list")
+
+
+def tenant_of(header: dict) -> str:
+    return header.get("tenant") or DEFAULT_TENANT
+
+
+class ContextService:
+    def __init__(self, config: ContextsConfig, limits: LimitsConfig):
+        self.store = ContextStore(config)
+        self.limits = limits
+
+    def handle(self, header: dict, payload: list[bytes]) -> tuple[dict, list[bytes]]:
+        """Run one context op; returns (result map, payload frames) or raises MCPDError."""
+        handler = getattr(self, "_" + header["op"].removeprefix("context."))
+        args = ops.validate_args(header["op"], header["args"], self.limits)   # fills in the defaults
+        return handler(tenant_of(header), args, payload)
+
+    def _open(self, owner: str, args: dict, _payload) -> tuple[dict, list[bytes]]:
+        context, created = self.store.open(owner, args["id"], args["create"])
+        return {**context.describe(), "created": created}, []
+
+    def _get(self, owner: str, args: dict, _payload) -> tuple[dict, list[bytes]]:
+        context = self.store.get(owner, args["id"])
+        since = args["since"] or 0
+        if since > context.version:
+            raise MCPDError(codes.BAD_REQUEST, f"since = {since} is newer than the context ({context.version})")
+        entries, frames = codec.to_wire(context.changes_since(since))
+        return {"id": context.id, "version": context.version, "since": since, "changes": entries}, frames
+
+    def _update(self, owner: str, args: dict, payload: list[bytes]) -> tuple[dict, list[bytes]]:
+        changes = codec.from_wire(args["changes"], payload, self.store.limits)   # DeltaError is an MCPDError
+        context = self.store.update(owner, args["id"], args["base"], changes)
+        return {"id": context.id, "version": context.version}, []
+
+    def _drop(self, owner: str, args: dict, _payload) -> tuple[dict, list[bytes]]:
+        return {"dropped": self.store.drop(owner, args["id"])}, []
+
+    def _list(self, owner: str, _args, _payload) -> tuple[dict, list[bytes]]:
+        return {"contexts": [c.describe() for c in self.store.owned_by(owner)]}, []
+
+    # -- generate on a context ------------------------------------------------------------------
+
+    def begin_turn(self, header: dict, rid: int) -> tuple[Context, bytes]:
+        """Hold the context for a generate; returns it and its token ids as a frame for the worker."""
+        args = header["args"]
+        context = self.store.writable(tenant_of(header), args["context"], args.get("base"))
+        context.busy_with = rid
+        return context, context.tokens.tobytes()
+
+    @staticmethod
+    def end_turn(context: Context) -> None:
+        context.busy_with = None
+
+    def commit_turn(self, context: Context, appended: bytes) -> dict:
+        """Append the turn's prompt and output tokens; returns what the reply says of the context."""
+        token_ids = np.frombuffer(appended, np.int32).tolist()
+        self.store.append_tokens(context, token_ids)
+        self.end_turn(context)
+        return {"id": context.id, "version": context.version, "appended_token_ids": token_ids}
+
+    def stats(self) -> dict:
+        return self.store.stats()

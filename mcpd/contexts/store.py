@@ -1,0 +1,110 @@
+"""All contexts of the daemon, keyed by (owner, id): one tenant can never name another's.
+
+Updates are all-or-nothing: every delta is applied to a copy and checked against the limits
+before the new version is installed, so a bad frame leaves the context exactly as it was.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from mcpd.config import ContextsConfig
+from mcpd.contexts.context import TOKENS, Context, value_nbytes
+from mcpd.protocol import codes
+from mcpd.protocol import delta as codec
+from mcpd.protocol.codes import MCPDError
+from mcpd.protocol.delta import DeltaError, DeltaLimits, FieldDelta
+
+
+class ContextStore:
+    def __init__(self, config: ContextsConfig):
+        self.config = config
+        self.limits = DeltaLimits(max_field_bytes=config.max_field_bytes)
+        self.contexts: dict[tuple[str, str], Context] = {}
+
+    def open(self, owner: str, context_id: str, create: bool = True) -> tuple[Context, bool]:
+        found = self.contexts.get((owner, context_id))
+        if found is not None:
+            return found, False
+        if not create:
+            raise self._not_found(context_id)
+        if sum(1 for o, _ in self.contexts if o == owner) >= self.config.max_per_owner:
+            raise MCPDError(codes.TOO_LARGE, f"tenant holds {self.config.max_per_owner} contexts, the limit")
+        context = self.contexts[(owner, context_id)] = Context(context_id, owner)
+        return context, True
+
+    def get(self, owner: str, context_id: str) -> Context:
+        context = self.contexts.get((owner, context_id))
+        if context is None:
+            raise self._not_found(context_id)
+        return context
+
+    def update(self, owner: str, context_id: str, base: int, changes: list[FieldDelta]) -> Context:
+        context = self.writable(owner, context_id, base)
+        fields = dict(context.fields)
+        changed, deleted = set(), set()
+        for change in changes:
+            if change.kind == "delete":
+                if change.name == TOKENS:
+                    raise MCPDError(codes.BAD_REQUEST, "the tokens field cannot be deleted")
+                fields.pop(change.name, None)
+                deleted.add(change.name)
+                continue
+            fields[change.name] = self._apply(fields.get(change.name), change)
+            changed.add(change.name)
+        self._check_size(fields)
+        context.commit(fields, changed, deleted)
+        return context
+
+    def append_tokens(self, context: Context, token_ids: list[int]) -> None:
+        """Commit a generate turn: the prompt it added and the tokens it produced."""
+        fields = dict(context.fields)
+        fields[TOKENS] = np.concatenate([context.tokens, np.asarray(token_ids, np.int32)])
+        context.commit(fields, {TOKENS}, set())
+
+    def writable(self, owner: str, context_id: str, base: int | None) -> Context:
+        """The context, if a change based on `base` may be applied to it now."""
+        context = self.get(owner, context_id)
+        if context.busy_with is not None:
+            raise MCPDError(codes.CONFLICT, f"context {context_id!r} is busy with a generate; retry when it ends")
+        if base is not None and base != context.version:
+            raise MCPDError(codes.CONFLICT, f"context {context_id!r} is at version {context.version}, "
+                                            f"not {base}: fetch the changes since {base} and retry")
+        return context
+
+    def drop(self, owner: str, context_id: str) -> bool:
+        context = self.contexts.get((owner, context_id))
+        if context is not None and context.busy_with is not None:
+            raise MCPDError(codes.CONFLICT, f"context {context_id!r} is busy with a generate")
+        return self.contexts.pop((owner, context_id), None) is not None
+
+    def owned_by(self, owner: str) -> list[Context]:
+        return sorted((c for (o, _), c in self.contexts.items() if o == owner), key=lambda c: c.id)
+
+    def _apply(self, old, change: FieldDelta):
+        try:
+            value = codec.apply(old, change, self.limits)
+        except DeltaError as e:
+            raise MCPDError(e.code, f"field {change.name!r}: {e.message}") from None
+        if change.name == TOKENS and not _is_token_array(value):
+            raise MCPDError(codes.BAD_REQUEST, "the tokens field must be a 1-D array of non-negative int32")
+        return value
+
+    def _check_size(self, fields: dict) -> None:
+        total = sum(value_nbytes(v) for v in fields.values())
+        if total > self.config.max_context_bytes:
+            raise MCPDError(codes.TOO_LARGE, f"context would hold {total} bytes; the limit is "
+                                             f"{self.config.max_context_bytes}")
+
+    @staticmethod
+    def _not_found(context_id: str) -> MCPDError:
+        # The same answer whether the id is unused or another tenant's: existence does not leak.
+        return MCPDError(codes.NOT_FOUND, f"no context {context_id!r}")
+
+    def stats(self) -> dict:
+        return {"contexts": len(self.contexts),
+                "bytes": sum(c.nbytes for c in self.contexts.values())}
+
+
+def _is_token_array(value) -> bool:
+    return (isinstance(value, np.ndarray) and value.dtype == np.int32 and value.ndim == 1
+            and (value.size == 0 or int(value.min()) >= 0))
