@@ -62,8 +62,8 @@ def chat_figures(endpoint: str) -> dict:
     context_bytes = len(wire.encode_request("generate", 10, turn_args))
     # The stateless client's cheapest resend: token ids, or the text when it is shorter.
     resend_ids = len(wire.encode_request("generate", 10, {**_stateless(turn_args), "prompt_token_ids": full_ids}))
-    resend_text = len(wire.encode_request("generate", 10, {**_stateless(turn_args),
-                                                           "prompt": bytes(full_ids[1:]).decode("utf-8", "replace")}))
+    text = bytes(t for t in full_ids if t < 256).decode("utf-8", "replace")   # the byte tokenizer's text
+    resend_text = len(wire.encode_request("generate", 10, {**_stateless(turn_args), "prompt": text}))
     return {"history_tokens": len(history), "ttft_reuse_ms": reuse_s * 1e3, "ttft_recompute_ms": recompute_s * 1e3,
             "turn_bytes": context_bytes, "resend_bytes": min(resend_ids, resend_text)}
 
