@@ -183,3 +183,14 @@ def test_context_moves_to_another_worker_mid_chat(fresh_daemon):
         appended = result.context["appended_token_ids"]
         assert result.token_ids == recompute(client, history, appended, result.token_ids)
         assert ctx.version == 2
+
+
+def test_in_place_writes_to_a_synced_array_are_synced(daemon):
+    with daemon.client() as a, daemon.client() as b:
+        mine = a.context("in-place")
+        mine["w"] = np.zeros(8, np.float32)
+        mine.sync()
+        mine["w"][3] = 7.0            # no assignment: the mirror must still see the change
+        assert mine.dirty
+        mine.sync()
+        assert b.context("in-place")["w"][3] == 7.0

@@ -70,7 +70,8 @@ class ContextMirror:
                     raise
                 self.refresh()   # someone else moved it on: rebase our changes and retry
                 continue
-            self.synced = dict(self.local)
+            for change in changes:
+                self._mark_synced(change.name)
             self.version = result["version"]
             return self.version
         raise MCPDError(codes.CONFLICT, f"context {self.id!r} kept changing; gave up after {SYNC_ATTEMPTS} tries")
@@ -78,13 +79,30 @@ class ContextMirror:
     def refresh(self) -> int:
         """Fetch what changed on the daemon since our version; local unsynced changes stay on top."""
         result, frames = self.client.call_with_payload("context.get", {"id": self.id, "since": self.version})
-        mine = {c.name: c for c in self._pending()}
+        mine = {c.name for c in self._pending()}
         for change in codec.from_wire(result["changes"], frames, self.limits):
-            new = None if change.kind == "delete" else codec.apply(self.synced.get(change.name), change, self.limits)
-            for copy in (self.synced,) if change.name in mine else (self.synced, self.local):
-                copy.pop(change.name, None) if change.kind == "delete" else copy.__setitem__(change.name, new)
+            if change.kind == "delete":
+                self.synced.pop(change.name, None)
+            else:
+                self.synced[change.name] = codec.apply(self.synced.get(change.name), change, self.limits)
+            if change.name not in mine:   # the application's own unsynced change stays on top
+                self._adopt_synced(change.name)
         self.version = result["version"]
         return self.version
+
+    def _mark_synced(self, name: str) -> None:
+        # A snapshot, never the application's object: writes into a local array in place must
+        # still show up as a difference at the next sync.
+        if name in self.local:
+            self.synced[name] = _snapshot(self.local[name])
+        else:
+            self.synced.pop(name, None)
+
+    def _adopt_synced(self, name: str) -> None:
+        if name in self.synced:
+            self.local[name] = _snapshot(self.synced[name])
+        else:
+            self.local.pop(name, None)
 
     def _pending(self) -> list:
         changes = [codec.diff(name, self.synced.get(name), value) for name, value in self.local.items()]
@@ -99,8 +117,8 @@ class ContextMirror:
         self.sync()
         result = self.client.generate(prompt, context=self.id, base=self.version, **params)
         appended = np.asarray(result.context["appended_token_ids"], np.int32)
-        for copy in (self.synced, self.local):
-            copy[TOKENS] = np.concatenate([copy[TOKENS], appended])
+        for state in (self.synced, self.local):
+            state[TOKENS] = np.concatenate([state[TOKENS], appended])
         self.version = result.context["version"]
         return result
 
@@ -110,3 +128,7 @@ class ContextMirror:
 
     def drop(self) -> bool:
         return self.client.call("context.drop", {"id": self.id})["dropped"]
+
+
+def _snapshot(value):
+    return value.copy() if isinstance(value, np.ndarray) else value   # other values are immutable
