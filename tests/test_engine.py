@@ -228,3 +228,11 @@ def test_stats_are_plain_json(engine):
     assert stats["pool"]["total_bytes"] == 16 << 20
     assert stats["kv_blocks_total"] * 64 * 1024 <= stats["pool"]["in_use_bytes"]
     assert 0 <= stats["pool"]["external_fragmentation"] <= 1
+
+
+def test_kv_cache_gets_kv_fraction_of_a_pool_that_is_not_a_power_of_two():
+    import torch
+    from mcpd.config import from_dict
+    from mcpd.engine import Engine
+    engine = Engine(from_dict({"engine": {"pool_bytes": 96 << 20, "kv_fraction": 0.9}}), torch.device("cpu"))
+    assert engine.kv.tensor.numel() * engine.kv.tensor.element_size() > 0.85 * (96 << 20)

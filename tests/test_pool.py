@@ -111,3 +111,21 @@ def test_cuda_without_cuda_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> 
 def test_unsupported_device_rejected() -> None:
     with pytest.raises(ValueError, match="cuda and cpu only"):
         DevicePool(MIB, "meta")
+
+
+def test_reserved_front_region_stays_outside_the_buddy():
+    import torch
+    from mcpd.memory import AllocatorError, DevicePool
+    pool = DevicePool(96 << 20, "cpu", reserved_bytes=(86 << 20) + 1)   # not a power of two
+    front = pool.reserved_view(((86 << 20) // 4,), torch.float32)
+    offset, view = pool.alloc((1024,), torch.float32)
+    assert offset >= pool.reserved_bytes >= 86 << 20
+    front.fill_(1.0)
+    view.fill_(2.0)
+    assert float(front.max()) == 1.0 and float(view.min()) == 2.0
+    assert pool.stats().total_bytes == (96 << 20) - pool.reserved_bytes
+    with pytest.raises(AllocatorError):
+        pool.free(0)
+    with pytest.raises(AllocatorError):
+        pool.reserved_view((pool.reserved_bytes + 1,), torch.uint8)
+    pool.free(offset)

@@ -38,6 +38,9 @@ class StepOutput:
     completion_tokens: int
 
 
+BUDDY_MIN_BYTES = 4096
+
+
 class Engine:
     def __init__(self, config: Config, device: torch.device) -> None:
         self.device = torch.device(device)
@@ -45,10 +48,11 @@ class Engine:
         self.model, self.tokenizer = loaded.model, loaded.tokenizer
         self.model_name, self.dtype, self.vocab_size = loaded.name, loaded.dtype, loaded.vocab_size
         self.max_model_len = loaded.max_model_len
-        self.pool = DevicePool(DevicePool.resolve_bytes(config.engine.pool_bytes, self.device), self.device)
-        # The KV cache is one allocation; the buddy can only grant it from one top-level block of
-        # the pool, so a pool size that is not a power of two may cap it below kv_fraction.
-        kv_bytes = min(int(self.pool.nbytes * config.engine.kv_fraction), self.pool.stats().largest_free_block)
+        pool_bytes = DevicePool.resolve_bytes(config.engine.pool_bytes, self.device)
+        # The KV cache is the pool's reserved front region: exactly kv_fraction of it, whatever the
+        # pool size; at least a page stays with the buddy for everything else.
+        kv_bytes = min(int(pool_bytes * config.engine.kv_fraction), pool_bytes - BUDDY_MIN_BYTES)
+        self.pool = DevicePool(pool_bytes, self.device, reserved_bytes=kv_bytes)
         self.kv = KVCache(self.pool, kv_bytes, config.engine.kv_block_size, self.model.num_layers,
                           self.model.num_kv_heads, self.model.head_dim, self.dtype)
         bind_kv_cache(self.model, self.kv.tensor)
@@ -170,7 +174,12 @@ class Engine:
             "cached_blocks": len(self.kv.idle),
             "prefix_cache_queries": self.kv.prefix_cache_queries,
             "prefix_cache_hits": self.kv.prefix_cache_hits,
-            "pool": {**dataclasses.asdict(pool), "internal_waste_frac": pool.internal_waste_frac,
+            # The whole pool: the KV cache's reserved region counts as in use (and requested).
+            "pool": {**dataclasses.asdict(pool), "total_bytes": self.pool.nbytes,
+                     "in_use_bytes": pool.in_use_bytes + self.pool.reserved_bytes,
+                     "requested_bytes": pool.requested_bytes + self.pool.reserved_bytes,
+                     "kv_reserved_bytes": self.pool.reserved_bytes,
+                     "internal_waste_frac": pool.internal_waste_frac,
                      "external_fragmentation": pool.external_fragmentation},
             "tokens_prefilled": self.tokens_prefilled,
             "tokens_generated": self.tokens_generated,

@@ -53,7 +53,7 @@ class KVCache:
             raise ValueError(f"the KV cache gets {nbytes} bytes of the pool, less than one block "
                              f"({block_bytes} bytes): raise engine.pool_bytes or engine.kv_fraction")
         self.block_size = block_size
-        self.offset, self.tensor = pool.alloc((self.num_blocks, *block_shape), dtype)
+        self.tensor = pool.reserved_view((self.num_blocks, *block_shape), dtype)
         # Unhashed blocks nobody holds. A stack: a freed block is the next one handed out, while it
         # is still warm in cache.
         self.free_blocks = list(range(self.num_blocks - 1, -1, -1))

@@ -19,10 +19,18 @@ _MIB = 1 << 20
 
 
 class DevicePool:
-    def __init__(self, nbytes: int, device: torch.device | str, min_block: int = 256) -> None:
+    def __init__(self, nbytes: int, device: torch.device | str, min_block: int = 256,
+                 reserved_bytes: int = 0) -> None:
+        """`reserved_bytes` at the front of the pool stay outside the buddy, for one region sized
+        once at start and never freed (the paged KV cache). A buddy serves one allocation from one
+        power-of-two block, so a pool of, say, 0.9 of a GPU could otherwise give that region only
+        its largest power-of-two part; the buddy manages the rest of the pool."""
         device = _checked_device(device)
-        # The allocator validates nbytes and min_block before any memory is reserved.
-        self.allocator = BuddyAllocator(nbytes, min_block)
+        self.reserved_bytes = -(-reserved_bytes // min_block) * min_block   # keeps offsets aligned
+        if not 0 <= self.reserved_bytes < nbytes:
+            raise AllocatorError(f"reserved_bytes = {reserved_bytes} must leave part of the {nbytes}-byte pool")
+        # The allocator validates sizes and min_block before any memory is reserved.
+        self.allocator = BuddyAllocator(nbytes - self.reserved_bytes, min_block)
         # torch.empty, not zeros: on the CPU the pages stay untouched (and unbacked) until used.
         self.tensor = torch.empty(nbytes, dtype=torch.uint8, device=device)
         self.device = self.tensor.device  # concrete, e.g. cuda:0 for "cuda"
@@ -56,13 +64,22 @@ class DevicePool:
         nbytes = math.prod(shape) * dtype.itemsize
         if nbytes <= 0:
             raise AllocatorError(f"alloc(shape={tuple(shape)}, dtype={dtype}): needs at least one element")
-        offset = self.allocator.alloc(nbytes)
+        offset = self.reserved_bytes + self.allocator.alloc(nbytes)
         # Offsets are multiples of min_block (>= 256 by default), so every dtype is aligned.
         view = self.tensor[offset : offset + nbytes].view(dtype).view(shape)
         return offset, view
 
+    def reserved_view(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """A typed view of the reserved front region (it must fit in it)."""
+        nbytes = math.prod(shape) * dtype.itemsize
+        if not 0 < nbytes <= self.reserved_bytes:
+            raise AllocatorError(f"{nbytes} bytes do not fit the {self.reserved_bytes}-byte reserved region")
+        return self.tensor[:nbytes].view(dtype).view(shape)
+
     def free(self, offset: int) -> None:
-        self.allocator.free(offset)
+        if offset < self.reserved_bytes:
+            raise AllocatorError(f"offset {offset} is in the reserved region, not a buddy allocation")
+        self.allocator.free(offset - self.reserved_bytes)
 
     def stats(self) -> AllocatorStats:
         return self.allocator.stats()
