@@ -26,3 +26,14 @@ def test_bad_values_name_the_key(raw, message):
 
 def test_ints_accepted_for_floats():
     assert from_dict({"engine": {"pool_bytes": 1024}}).engine.pool_bytes == 1024.0
+
+
+def test_shipped_config_lists_every_key_with_its_default():
+    import tomllib
+    from pathlib import Path
+
+    from mcpd.config import Config
+    shipped = tomllib.loads((Path(__file__).parent.parent / "etc" / "mcpd.toml").read_text())
+    for section, keys in Config().to_dict().items():
+        for key, default in keys.items():
+            assert shipped.get(section, {}).get(key) == default, f"{section}.{key}"
