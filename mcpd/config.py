@@ -116,12 +116,15 @@ class EngineConfig:
 @dataclass(frozen=True)
 class ContextsConfig:
     max_per_owner: int = 1024           # contexts one tenant may hold
+    max_contexts: int = 65536           # contexts of all tenants together
     max_context_bytes: int = 1 << 30    # token ids + fields of one context
     max_field_bytes: int = 256 << 20    # one field, decoded
+    max_total_bytes: int = 4 << 30      # all contexts together (they live in the scheduler's memory)
 
     def check(self) -> None:
-        if self.max_per_owner < 1 or self.max_context_bytes < 1 or self.max_field_bytes < 1:
-            raise ConfigError("contexts.max_per_owner, max_context_bytes and max_field_bytes must be >= 1")
+        if min(self.max_per_owner, self.max_contexts, self.max_context_bytes, self.max_field_bytes,
+               self.max_total_bytes) < 1:
+            raise ConfigError("every contexts.max_* must be >= 1")
 
 
 @dataclass(frozen=True)

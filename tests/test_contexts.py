@@ -194,3 +194,18 @@ def test_in_place_writes_to_a_synced_array_are_synced(daemon):
         assert mine.dirty
         mine.sync()
         assert b.context("in-place")["w"][3] == 7.0
+
+
+def test_daemon_wide_context_limits(fresh_daemon):
+    d = fresh_daemon(contexts={"max_contexts": 2, "max_total_bytes": 1 << 16})
+    with Client(d.endpoint, tenant="a") as a, Client(d.endpoint, tenant="b") as b:
+        a.context("one")
+        big = b.context("two")
+        with pytest.raises(MCPDError) as raised:
+            b.context("three")
+        assert raised.value.code == codes.TOO_LARGE
+        big["blob"] = np.zeros(1 << 15, np.float32)   # 128 KiB: over the daemon-wide byte limit
+        with pytest.raises(MCPDError) as raised:
+            big.sync()
+        assert raised.value.code == codes.TOO_LARGE
+        assert a.call("context.list", {})["contexts"][0]["id"] == "one"

@@ -103,3 +103,9 @@ def test_control_socket_rejects_bad_version_with_the_id(daemon):
     reply = exchange(sock, header(v=2, id=42))
     sock.close()
     assert reply["code"] == codes.UNSUPPORTED_VERSION and reply["id"] == 42
+
+
+def test_bin_argument_names_get_bad_request(daemon, raw):
+    frame = msgpack.packb({"v": 1, "op": "ping", "id": 1, "args": {b"a": 1, "b": 2}}, use_bin_type=True)
+    assert exchange(raw, frame)["code"] == codes.BAD_REQUEST
+    assert daemon.client().ping()["pong"] is True

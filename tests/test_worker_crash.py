@@ -100,3 +100,16 @@ def test_killed_scheduler_answers_inflight_and_recovers(fresh_daemon):
     with d.client() as client:
         d.wait_until(lambda: client.status()["workers"] and client.status()["workers"][0]["ready"], 30, "worker known")
         assert client.generate("again", max_tokens=3, ignore_eos=True).completion_tokens == 3
+
+
+def test_frontend_restart_never_routes_old_replies_to_new_clients(fresh_daemon):
+    d = fresh_daemon(scheduler={"max_inflight_per_worker": 1})
+    old = d.client()
+    old.send("generate", {"prompt": "old", "max_tokens": 300, "ignore_eos": True})
+    d.wait_until(lambda: d.status()["queue"]["inflight"] == 1, 30, "old request running")
+    os.kill(d.pid_of("frontend"), signal.SIGKILL)
+    d.wait_until(lambda: d.status()["state"] == "ready", 60, "front-end back")
+    with d.client() as new:
+        result = new.generate("new", max_tokens=3, temperature=0, ignore_eos=True)
+    assert result.completion_tokens == 3   # its own answer, not the old request's 300 tokens
+    old.close()

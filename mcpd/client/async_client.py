@@ -15,8 +15,10 @@ from mcpd.protocol import wire
 
 
 class AsyncClient:
-    def __init__(self, endpoint: str = replies.DEFAULT_ENDPOINT, timeout: float = 60.0):
+    def __init__(self, endpoint: str = replies.DEFAULT_ENDPOINT, timeout: float = 60.0, tenant: str | None = None):
+        """Generation and the other header-only ops; contexts with data frames need `Client`."""
         self.endpoint, self.timeout = endpoint, timeout
+        self._tenant = {"tenant": tenant} if tenant else {}
         self._context = zmq.asyncio.Context()
         self._socket = self._context.socket(zmq.DEALER)
         self._socket.setsockopt(zmq.LINGER, 0)
@@ -58,7 +60,7 @@ class AsyncClient:
         self._ensure_reader()
         request_id = next(self._ids)
         self._queues[request_id] = asyncio.Queue()
-        await self._socket.send_multipart([wire.encode_request(op, request_id, args)])
+        await self._socket.send_multipart([wire.encode_request(op, request_id, args, **self._tenant)])
         return request_id
 
     async def receive(self, request_id: int, timeout: float | None = None) -> dict:

@@ -73,8 +73,10 @@ class ContextService:
     def commit_turn(self, context: Context, appended: bytes) -> dict:
         """Append the turn's prompt and output tokens; returns what the reply says of the context."""
         token_ids = np.frombuffer(appended, np.int32).tolist()
-        self.store.append_tokens(context, token_ids)
-        self.end_turn(context)
+        try:
+            self.store.append_tokens(context, token_ids)   # may refuse: TOO_LARGE
+        finally:
+            self.end_turn(context)
         return {"id": context.id, "version": context.version, "appended_token_ids": token_ids}
 
     def stats(self) -> dict:

@@ -20,6 +20,8 @@ class ContextStore:
         self.config = config
         self.limits = DeltaLimits(max_field_bytes=config.max_field_bytes)
         self.contexts: dict[tuple[str, str], Context] = {}
+        self.count_of: dict[str, int] = {}   # contexts per owner
+        self.total_bytes = 0                 # of all contexts, kept up to date on every commit
 
     def open(self, owner: str, context_id: str, create: bool = True) -> tuple[Context, bool]:
         found = self.contexts.get((owner, context_id))
@@ -27,9 +29,12 @@ class ContextStore:
             return found, False
         if not create:
             raise self._not_found(context_id)
-        if sum(1 for o, _ in self.contexts if o == owner) >= self.config.max_per_owner:
+        if self.count_of.get(owner, 0) >= self.config.max_per_owner:
             raise MCPDError(codes.TOO_LARGE, f"tenant holds {self.config.max_per_owner} contexts, the limit")
+        if len(self.contexts) >= self.config.max_contexts:
+            raise MCPDError(codes.TOO_LARGE, f"the daemon holds {self.config.max_contexts} contexts, the limit")
         context = self.contexts[(owner, context_id)] = Context(context_id, owner)
+        self.count_of[owner] = self.count_of.get(owner, 0) + 1
         return context, True
 
     def get(self, owner: str, context_id: str) -> Context:
@@ -51,15 +56,14 @@ class ContextStore:
                 continue
             fields[change.name] = self._apply(fields.get(change.name), change)
             changed.add(change.name)
-        self._check_size(fields)
-        context.commit(fields, changed, deleted)
+        self._commit(context, fields, changed, deleted)
         return context
 
     def append_tokens(self, context: Context, token_ids: list[int]) -> None:
         """Commit a generate turn: the prompt it added and the tokens it produced."""
         fields = dict(context.fields)
         fields[TOKENS] = np.concatenate([context.tokens, np.asarray(token_ids, np.int32)])
-        context.commit(fields, {TOKENS}, set())
+        self._commit(context, fields, {TOKENS}, set())
 
     def writable(self, owner: str, context_id: str, base: int | None) -> Context:
         """The context, if a change based on `base` may be applied to it now."""
@@ -73,9 +77,14 @@ class ContextStore:
 
     def drop(self, owner: str, context_id: str) -> bool:
         context = self.contexts.get((owner, context_id))
-        if context is not None and context.busy_with is not None:
+        if context is None:
+            return False
+        if context.busy_with is not None:
             raise MCPDError(codes.CONFLICT, f"context {context_id!r} is busy with a generate")
-        return self.contexts.pop((owner, context_id), None) is not None
+        del self.contexts[(owner, context_id)]
+        self.count_of[owner] -= 1
+        self.total_bytes -= context.nbytes
+        return True
 
     def owned_by(self, owner: str) -> list[Context]:
         return sorted((c for (o, _), c in self.contexts.items() if o == owner), key=lambda c: c.id)
@@ -89,11 +98,18 @@ class ContextStore:
             raise MCPDError(codes.BAD_REQUEST, "the tokens field must be a 1-D array of non-negative int32")
         return value
 
-    def _check_size(self, fields: dict) -> None:
-        total = sum(value_nbytes(v) for v in fields.values())
-        if total > self.config.max_context_bytes:
-            raise MCPDError(codes.TOO_LARGE, f"context would hold {total} bytes; the limit is "
+    def _commit(self, context: Context, fields: dict, changed: set[str], deleted: set[str]) -> None:
+        """Install the new state if it fits the per-context and the daemon-wide byte limits."""
+        size = sum(value_nbytes(v) for v in fields.values())
+        if size > self.config.max_context_bytes:
+            raise MCPDError(codes.TOO_LARGE, f"context would hold {size} bytes; the limit is "
                                              f"{self.config.max_context_bytes}")
+        total = self.total_bytes - context.nbytes + size
+        if total > self.config.max_total_bytes:
+            raise MCPDError(codes.TOO_LARGE, f"contexts would hold {total} bytes in all; the limit is "
+                                             f"{self.config.max_total_bytes}")
+        context.commit(fields, changed, deleted)
+        self.total_bytes = total
 
     @staticmethod
     def _not_found(context_id: str) -> MCPDError:
@@ -101,8 +117,7 @@ class ContextStore:
         return MCPDError(codes.NOT_FOUND, f"no context {context_id!r}")
 
     def stats(self) -> dict:
-        return {"contexts": len(self.contexts),
-                "bytes": sum(c.nbytes for c in self.contexts.values())}
+        return {"contexts": len(self.contexts), "bytes": self.total_bytes}
 
 
 def _is_token_array(value) -> bool:

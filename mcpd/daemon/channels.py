@@ -15,8 +15,9 @@ Message layouts (frames):
     supervisor → scheduler  [WORKER_LOST, msgpack {"index", "pid"}]
     scheduler → worker      [worker identity, REQUEST, rid, header, *payload]   [.., CANCEL, rid]
     worker → scheduler      [HELLO, info]   [STARTED, rid]   [DONE, rid, rid, ...]   [STATS, stats]
-                            [FINAL, rid, reply header, appended token ids]   (context turns only:
-                            the scheduler commits the turn, then answers the front-end)
+                            [CHUNK, rid, reply header]   [FINAL, rid, reply header, appended token ids]
+                            (context turns only, relayed in order: the scheduler commits the
+                            turn before it answers the front-end)
     worker → front-end      [CHUNK|FINAL, rid, reply header, *payload]
     scheduler → front-end   [FINAL, rid, reply header]   (errors it decides: OVERLOADED, WORKER_LOST, ...)
     supervisor → front-end  [DRAIN]   [SCHEDULER_LOST] (answer everything in flight: nobody else will)

@@ -47,7 +47,9 @@ class FrontEnd:
         self.events = child.EventReporter(self.context, config, "frontend")
         self.pending: dict[int, Pending] = {}
         self.rid_of: dict[tuple[bytes, int | str], int] = {}
-        self.next_rid = 1
+        # Unique across restarts: work of a previous front-end may still be running in workers,
+        # and its late replies must never match a new client's request.
+        self.next_rid = time.time_ns()
         self.draining = False
         self.served = 0
         self.errors: dict[str, int] = {}
@@ -94,13 +96,15 @@ class FrontEnd:
                     + channels.drain(self.from_scheduler, self._on_reply, BATCH)) > 0
 
     def _tick(self) -> None:
-        self._pump()   # belt and braces against a missed edge
-        if not child.parent_alive(self.parent_pid):
-            self._stop()
-        self.events.send("stats", **self.stats())
-        if self.draining and not self.pending:
-            self.events.send("drained")
-        asyncio.get_running_loop().call_later(STATS_INTERVAL_S, self._tick)
+        try:
+            self._pump()   # belt and braces against a missed edge
+            if not child.parent_alive(self.parent_pid):
+                self._stop()
+            self.events.send("stats", **self.stats())
+            if self.draining and not self.pending:
+                self.events.send("drained")
+        finally:
+            asyncio.get_running_loop().call_later(STATS_INTERVAL_S, self._tick)
 
     def _fail_all(self, code: str, message: str) -> None:
         for rid in list(self.pending):
@@ -122,6 +126,10 @@ class FrontEnd:
         except MCPDError as e:
             self._count_error(e.code)
             self._send(identity, envelope, wire.error_reply(e.request_id, e.code, e.message, e.retry_after_ms))
+        except Exception as e:   # noqa: BLE001 - whatever a client sends, it gets an answer
+            self.log.exception("unexpected failure handling a client message")
+            self._count_error(codes.INTERNAL)
+            self._send(identity, envelope, wire.error_reply(None, codes.INTERNAL, f"{type(e).__name__}: {e}"))
 
     def _admit(self, identity: bytes, request: wire.Request) -> None:
         try:

@@ -87,10 +87,12 @@ class Scheduler:
         next_stats = 0.0
         while child.parent_alive(self.parent_pid):
             ready = dict(poller.poll(IDLE_POLL_MS))
-            if self.inbox in ready:
-                channels.drain(self.inbox, self._on_inbox)
+            # Workers first: what a dead worker sent before dying (STARTED, DONE) must count
+            # before the supervisor's WORKER_LOST note decides what to retry.
             if self.workers_socket in ready:
                 channels.drain(self.workers_socket, self._on_worker)
+            if self.inbox in ready:
+                channels.drain(self.inbox, self._on_inbox)
             self._dispatch()
             if time.monotonic() >= next_stats:
                 self.events.send("stats", **self.stats())
@@ -173,7 +175,9 @@ class Scheduler:
         try:
             self.workers_socket.send_multipart([slot.identity, *frames], zmq.NOBLOCK)
             return True
-        except zmq.ZMQError:   # EHOSTUNREACH: it went away; EAGAIN: its queue is full
+        except zmq.Again:   # its queue is full for now; it stays in the rotation
+            return False
+        except zmq.ZMQError:   # EHOSTUNREACH: it went away; its next HELLO brings it back
             slot.ready = False
             return False
 
@@ -187,6 +191,11 @@ class Scheduler:
             job = slot.jobs.get(channels.unpack_rid(frames[2]))
             if job:
                 job.started_streaming = True
+        elif tag == channels.CHUNK and slot:   # a context turn's chunk: same path as its final
+            job = slot.jobs.get(channels.unpack_rid(frames[2]))
+            if job:
+                job.started_streaming = True
+                self.outbox.send_multipart(frames[1:])
         elif tag == channels.FINAL and slot:
             self._finish_turn(slot, frames[2:])
         elif tag == channels.HELLO:
@@ -205,11 +214,14 @@ class Scheduler:
         if job is None:
             return
         header = msgpack.unpackb(reply, raw=False)
-        if header["kind"] == "ok":
+        if header["kind"] != "ok":
+            self.contexts.end_turn(job.context)
+            return self._reply(channels.FINAL, rid, reply)
+        try:
             header["result"]["context"] = self.contexts.commit_turn(job.context, appended)
             reply = msgpack.packb(header)
-        else:
-            self.contexts.end_turn(job.context)
+        except MCPDError as e:   # the turn does not fit the context's limits: nothing committed
+            reply = wire.error_reply(header["id"], e.code, e.message)
         self._reply(channels.FINAL, rid, reply)
 
     def _hello(self, identity: bytes, info: dict) -> None:

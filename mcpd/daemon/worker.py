@@ -192,10 +192,13 @@ class Worker:
         data = {"text": out.text, "token_ids": out.token_ids}
         if request.want_logprobs:
             data["logprobs"] = out.logprobs or []
-        if request.chunks_sent == 0:   # from now on a retry elsewhere would repeat output
-            self.socket.send_multipart([channels.STARTED, channels.pack_rid(rid)])
-        self.to_frontend.send_multipart([channels.CHUNK, channels.pack_rid(rid),
-                                         wire.chunk_reply(request.request_id, request.chunks_sent, data)])
+        message = [channels.CHUNK, channels.pack_rid(rid), wire.chunk_reply(request.request_id, request.chunks_sent, data)]
+        if rid in self.turns:   # a context turn's final goes via the scheduler: its chunks too, to stay in order
+            self.socket.send_multipart(message)
+        else:
+            if request.chunks_sent == 0:   # from now on a retry elsewhere would repeat output
+                self.socket.send_multipart([channels.STARTED, channels.pack_rid(rid)])
+            self.to_frontend.send_multipart(message)
         request.chunks_sent += 1
 
     @staticmethod

@@ -128,6 +128,8 @@ def validate_args(op: str, args: dict, limits: LimitsConfig) -> dict:
     schema = OPS.get(op)
     if schema is None:
         raise MCPDError(codes.UNKNOWN_OP, f"unknown op {op!r}; known ops: {', '.join(OPS)}")
+    if not all(isinstance(name, str) for name in args):
+        raise MCPDError(codes.BAD_REQUEST, f"{op}: argument names must be strings")
     unknown = set(args) - set(schema)
     if unknown:
         raise MCPDError(codes.BAD_REQUEST, f"{op}: unknown argument(s) {sorted(unknown)}")
