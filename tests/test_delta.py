@@ -395,3 +395,80 @@ def test_from_wire_accepts_what_a_minimal_peer_sends():
     assert received == FieldDelta("gone", "delete", {}, None)
     (received,) = from_wire([{**entry(), "added_in_v2": 1}], [b"x"], LIMITS)
     assert apply(None, received, LIMITS) == b"x"
+
+
+# ------------------------------------------------------------------------------- large xor, in windows
+
+XOR_BASE = np.random.default_rng(7).standard_normal(300_001, dtype=np.float32)   # several windows, odd size
+
+
+def xor_payload(new: np.ndarray) -> bytes:
+    return safe_zstd.compress((XOR_BASE.view(np.uint8) ^ new.view(np.uint8)).tobytes())
+
+
+def xor_meta() -> dict:
+    return {"type": "array", "dtype": "<f4", "shape": [XOR_BASE.size], "codec": "zstd", "nbytes": XOR_BASE.nbytes}
+
+
+def test_large_identical_arrays_need_no_delta():
+    assert diff("w", XOR_BASE, XOR_BASE.copy()) is None
+
+
+@pytest.mark.parametrize("where", [0, 150_000, -1], ids=["first", "middle", "last"])
+def test_a_single_flip_anywhere_in_a_large_array_round_trips(where):
+    new = XOR_BASE.copy()
+    new.view(np.uint32)[where] ^= 1
+    delta = diff("w", XOR_BASE, new)
+    assert delta.kind == "xor" and delta.meta["nbytes"] == XOR_BASE.nbytes
+    assert zstandard.frame_content_size(delta.data) == XOR_BASE.nbytes
+    assert len(delta.data) < 0.01 * XOR_BASE.nbytes
+    assert_identical(sync(XOR_BASE, new), new)
+
+
+@pytest.mark.parametrize("dtype", ["|u1", "<f2", ">f8", "<i8"])
+def test_large_xor_round_trips_for_odd_sizes_and_byte_orders(dtype):
+    rng = np.random.default_rng(8)
+    old = random_array(rng, dtype, (3, 70_001))
+    new = old.copy()
+    new.reshape(-1)[rng.choice(new.size, new.size // 200, replace=False)] = 7
+    delta = diff("w", old, new)
+    assert delta.kind == "xor"
+    assert_identical(sync(old, new), new)
+    assert_identical(sync(old[:, ::2], new[:, ::2]), np.ascontiguousarray(new[:, ::2]))   # not contiguous
+
+
+def test_xor_frame_of_unstated_size_is_applied():
+    new = XOR_BASE.copy()
+    new[5] = 1
+    out = io.BytesIO()
+    with zstandard.ZstdCompressor(level=1).stream_writer(out, closefd=False) as writer:
+        writer.write((XOR_BASE.view(np.uint8) ^ new.view(np.uint8)).tobytes())
+    streamed = out.getvalue()
+    assert zstandard.frame_content_size(streamed) == -1
+    assert_identical(apply(XOR_BASE, FieldDelta("w", "xor", xor_meta(), streamed), LIMITS), new)
+
+
+LARGE_XOR_HOSTILE = {
+    "bomb": bomb(64 << 20),
+    "declares more": safe_zstd.compress(bytes(XOR_BASE.nbytes + 1)),
+    "declares less": safe_zstd.compress(bytes(XOR_BASE.nbytes - 1)),
+    "truncated": xor_payload(XOR_BASE + 1)[:-3],
+    "cut in half": xor_payload(XOR_BASE + 1)[:len(xor_payload(XOR_BASE + 1)) // 2],
+    "trailing garbage": xor_payload(XOR_BASE + 1) + b"xx",
+    "second frame": xor_payload(XOR_BASE + 1) + xor_payload(XOR_BASE + 1),
+    # zstd keeps no checksum of the content here, so only corruption that breaks the format shows.
+    "reserved block type": (lambda f, h: f[:h] + bytes([f[h] | 0b110]) + f[h + 1:])(
+        xor_payload(XOR_BASE + 1), zstandard.frame_header_size(xor_payload(XOR_BASE + 1))),
+    "garbage block body": (lambda f, h: f[:h + 3] + b"\xff" * 64 + f[h + 3 + 64:])(
+        xor_payload(XOR_BASE + 1), zstandard.frame_header_size(xor_payload(XOR_BASE + 1))),
+    "not zstd": bytes(64),
+}
+
+
+@pytest.mark.parametrize("payload", LARGE_XOR_HOSTILE.values(), ids=LARGE_XOR_HOSTILE.keys())
+def test_hostile_large_xor_is_refused_and_the_base_survives(payload):
+    base = XOR_BASE.copy()
+    with pytest.raises(DeltaError) as caught:
+        apply(base, FieldDelta("w", "xor", xor_meta(), payload), LIMITS)
+    assert caught.value.code == codes.BAD_REQUEST
+    assert base.tobytes() == XOR_BASE.tobytes()

@@ -9,7 +9,7 @@ import tracemalloc
 import pytest
 import zstandard
 
-from mcpd.protocol.safe_zstd import DecompressionRejected, compress, decompress
+from mcpd.protocol.safe_zstd import DecompressionRejected, compress, compress_chunks, decompress, decompress_chunks
 
 MAGIC = zstandard.MAGIC_NUMBER.to_bytes(4, "little")
 BLOCK = 128 << 10
@@ -145,3 +145,127 @@ def test_not_a_frame_is_rejected(frame):
 
 def test_rejection_is_a_value_error():
     assert issubclass(DecompressionRejected, ValueError)
+
+
+# ------------------------------------------------------------------------------- in chunks
+
+def joined(frame, exact_size: int, chunk: int = 1000) -> bytes:
+    pieces = []
+    for piece in decompress_chunks(frame, exact_size, chunk):
+        assert 0 < len(piece) <= chunk
+        pieces.append(bytes(piece))
+    return b"".join(pieces)
+
+
+@pytest.mark.parametrize("data", [b"", b"x", b"hello world " * 1000, bytes(range(256)) * 512])
+@pytest.mark.parametrize("chunk", [1, 999, 1 << 20])
+def test_chunks_round_trip(data, chunk):
+    if chunk == 1 and len(data) > 20_000:
+        data = data[:20_000]
+    assert joined(compress(data), len(data), chunk) == data
+    assert joined(memoryview(streamed(data)), len(data), chunk) == data
+    assert joined(rle_frame(3), 3 * BLOCK, chunk) == b"A" * (3 * BLOCK)
+
+
+@pytest.mark.parametrize("threads", [0, 2])
+def test_compress_chunks_states_the_size_and_round_trips(threads):
+    parts = [b"a" * 1000, memoryview(b"b" * 10), bytes(range(256)) * 40, b""]
+    data = b"".join(bytes(p) for p in parts)
+    frame = compress_chunks(parts, len(data), level=1, threads=threads)
+    assert zstandard.frame_content_size(frame) == len(data)
+    assert decompress(frame, len(data)) == data == joined(frame, len(data))
+
+
+@pytest.mark.parametrize("size", [10, 12])
+def test_compress_chunks_refuses_chunks_that_miss_the_pledged_size(size):
+    with pytest.raises(ValueError):
+        compress_chunks([b"x" * 11], size)
+
+
+def test_chunks_refuse_a_declared_size_other_than_the_exact_one_before_decoding():
+    bomb = rle_frame(1, content_size=1 << 40)
+
+    def attempt():
+        with pytest.raises(DecompressionRejected, match="declares"):
+            decompress_chunks(bomb, 1 << 20)
+    assert peak_bytes_during(attempt) < 1 << 16
+    with pytest.raises(DecompressionRejected, match="declares"):
+        decompress_chunks(compress(b"x" * 100), 101)
+
+
+def test_chunked_bomb_of_unknown_size_is_stopped_at_the_exact_size():
+    bomb = rle_frame(8192)    # 32 KiB that inflate to 1 GiB
+    size = 8 << 20
+
+    def attempt():
+        with pytest.raises(DecompressionRejected, match="over"):
+            for _ in decompress_chunks(bomb, size, 1 << 20):
+                pass
+    assert peak_bytes_during(attempt) < size // 2
+
+
+@pytest.mark.parametrize("make", [compress, streamed], ids=["sized", "streamed"])
+def test_chunks_refuse_content_shorter_or_longer_than_the_exact_size(make):
+    data = b"0123456789" * 1000
+    for size in (len(data) - 1, len(data) + 1):
+        with pytest.raises(DecompressionRejected):
+            joined(make(data), size)
+
+
+@pytest.mark.parametrize("blocks,declared", [(3, 0), (3, 2 * BLOCK), (2, 3 * BLOCK)],
+                         ids=["declares 0", "declares less", "declares more"])
+def test_chunks_refuse_a_header_that_lies_about_the_content(blocks, declared):
+    with pytest.raises(DecompressionRejected):
+        joined(rle_frame(blocks, content_size=declared), declared)
+
+
+@pytest.mark.parametrize("make", [compress, streamed], ids=["sized", "streamed"])
+def test_chunks_refuse_a_truncated_frame(make):
+    data = bytes(range(256)) * 64
+    frame = make(data)
+    for cut in (1, 3, len(frame) // 2, len(frame) - 6):
+        with pytest.raises(DecompressionRejected):
+            joined(frame[:-cut], len(data))
+    with pytest.raises(DecompressionRejected, match="truncated"):
+        joined(rle_frame(2, last=False), 2 * BLOCK)
+
+
+@pytest.mark.parametrize("make", [compress, streamed], ids=["sized", "streamed"])
+@pytest.mark.parametrize("tail", [b"\x00", b"garbage", None], ids=["zero", "garbage", "second frame"])
+def test_chunks_refuse_trailing_data(make, tail):
+    data = b"payload " * 100
+    frame = make(data)
+    with pytest.raises(DecompressionRejected):
+        joined(frame + (frame if tail is None else tail), len(data))
+    with pytest.raises(DecompressionRejected):
+        joined(compress(b"") + b"hidden", 0)
+
+
+def test_chunks_refuse_a_checksum_cut_off_or_wrong():
+    data = bytes(range(256)) * 64
+    frame = zstandard.ZstdCompressor(write_checksum=True).compress(data)
+    assert joined(frame, len(data)) == data
+    with pytest.raises(DecompressionRejected, match="truncated"):
+        joined(frame[:-1], len(data))
+    with pytest.raises(DecompressionRejected):
+        joined(frame[:-1] + bytes([frame[-1] ^ 1]), len(data))
+
+
+def test_chunks_refuse_a_reserved_block_type():
+    frame = bytearray(rle_frame(2))
+    frame[6] |= 0b110
+    with pytest.raises(DecompressionRejected):
+        joined(bytes(frame), 2 * BLOCK)
+
+
+@pytest.mark.parametrize("frame", [
+    b"",
+    b"\x28\xb5",
+    MAGIC,
+    b"not zstd at all",
+    b"\x50\x2a\x4d\x18" + (4).to_bytes(4, "little") + b"abcd",   # a skippable frame
+    MAGIC + b"\xff" * 16,
+], ids=["empty", "short", "magic only", "text", "skippable", "bad header"])
+def test_chunks_refuse_what_is_not_a_frame(frame):
+    with pytest.raises(DecompressionRejected):
+        joined(frame, 16)
