@@ -50,12 +50,13 @@ def test_queued_request_survives_worker_death(fresh_daemon):
     d = fresh_daemon(scheduler={"max_inflight_per_worker": 1})
     pid = d.pid_of("worker")
     results = {}
+    first_chunk = threading.Event()
 
     def streaming():
         with d.client() as client:
             try:
                 for _ in client.generate("s", max_tokens=2000, ignore_eos=True, stream=True):
-                    pass
+                    first_chunk.set()
                 results["streaming"] = "ok"
             except MCPDError as e:
                 results["streaming"] = e.code
@@ -66,7 +67,7 @@ def test_queued_request_survives_worker_death(fresh_daemon):
 
     first = threading.Thread(target=streaming)
     first.start()
-    d.wait_until(lambda: d.status()["queue"]["inflight"] == 1, 30, "stream running")
+    assert first_chunk.wait(60), "the stream never started"   # before that, a retry would be right
     second = threading.Thread(target=queued)
     second.start()
     d.wait_until(lambda: d.status()["queue"]["depth"] == 1, 30, "one request queued")
