@@ -9,27 +9,33 @@ from mcpd.protocol import codes
 from mcpd.protocol.codes import MCPDError
 
 
+def start_long_stream(d, outcomes: list) -> threading.Thread:
+    """A 2000-token stream in a thread; returns once it has streamed its first chunk (until then
+    a dead worker may rightly retry it). Its outcome, "ok" or the error code, goes to outcomes."""
+    started = threading.Event()
+
+    def run():
+        with d.client() as client:
+            try:
+                for _ in client.generate("long", max_tokens=2000, ignore_eos=True, stream=True):
+                    started.set()
+                outcomes.append("ok")
+            except MCPDError as e:
+                outcomes.append(e.code)
+            finally:
+                started.set()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    assert started.wait(60) and not outcomes, f"the stream never started: {outcomes}"
+    return thread
+
+
 def test_killed_worker_restarts_and_requests_get_final_replies(fresh_daemon):
     d = fresh_daemon()
     old_pid = d.pid_of("worker")
     outcomes = []
-    streaming = threading.Semaphore(0)
-
-    def long_request():
-        with d.client() as client:
-            try:
-                for i, _ in enumerate(client.generate("long", max_tokens=2000, ignore_eos=True, stream=True)):
-                    if i == 0:
-                        streaming.release()
-                outcomes.append("ok")
-            except MCPDError as e:
-                outcomes.append(e.code)
-
-    threads = [threading.Thread(target=long_request) for _ in range(3)]
-    for t in threads:
-        t.start()
-    for _ in threads:
-        assert streaming.acquire(timeout=60), "streams did not start"
+    threads = [start_long_stream(d, outcomes) for _ in range(3)]
     os.kill(old_pid, signal.SIGKILL)
     for t in threads:
         t.join(60)
@@ -49,51 +55,26 @@ def test_queued_request_survives_worker_death(fresh_daemon):
     one that was already streaming gets WORKER_LOST."""
     d = fresh_daemon(scheduler={"max_inflight_per_worker": 1})
     pid = d.pid_of("worker")
-    results = {}
-    first_chunk = threading.Event()
-
-    def streaming():
-        with d.client() as client:
-            try:
-                for _ in client.generate("s", max_tokens=2000, ignore_eos=True, stream=True):
-                    first_chunk.set()
-                results["streaming"] = "ok"
-            except MCPDError as e:
-                results["streaming"] = e.code
+    streaming, queued_tokens = [], []
 
     def queued():
         with d.client() as client:
-            results["queued"] = client.generate("q", max_tokens=5, ignore_eos=True).completion_tokens
+            queued_tokens.append(client.generate("q", max_tokens=5, ignore_eos=True).completion_tokens)
 
-    first = threading.Thread(target=streaming)
-    first.start()
-    assert first_chunk.wait(60), "the stream never started"   # before that, a retry would be right
+    first = start_long_stream(d, streaming)
     second = threading.Thread(target=queued)
     second.start()
     d.wait_until(lambda: d.status()["queue"]["depth"] == 1, 30, "one request queued")
     os.kill(pid, signal.SIGKILL)
     first.join(60)
     second.join(60)
-    assert results == {"streaming": codes.WORKER_LOST, "queued": 5}
+    assert streaming == [codes.WORKER_LOST] and queued_tokens == [5]
 
 
 def test_killed_scheduler_answers_inflight_and_recovers(fresh_daemon):
     d = fresh_daemon()
     outcome = []
-    streaming = threading.Event()
-
-    def long_request():
-        with d.client() as client:
-            try:
-                for _ in client.generate("s", max_tokens=2000, ignore_eos=True, stream=True):
-                    streaming.set()
-                outcome.append("ok")
-            except MCPDError as e:
-                outcome.append(e.code)
-
-    thread = threading.Thread(target=long_request)
-    thread.start()
-    assert streaming.wait(60)
+    thread = start_long_stream(d, outcome)
     os.kill(d.pid_of("scheduler"), signal.SIGKILL)
     thread.join(60)
     assert outcome == [codes.UNAVAILABLE]

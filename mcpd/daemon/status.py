@@ -5,6 +5,7 @@ import os
 import time
 
 import mcpd
+from mcpd.daemon import channels
 
 
 def build_status(supervisor) -> dict:
@@ -40,7 +41,6 @@ def _state(supervisor) -> str:
 
 
 def _configured_endpoints(supervisor) -> list[str]:
-    from mcpd.daemon import channels
     config = supervisor.config
     return [channels.client_endpoint(config.runtime_dir)] + ([config.server.tcp] if config.server.tcp else [])
 
