@@ -2,8 +2,14 @@
 
 Updates are all-or-nothing: every delta is applied to a copy and checked against the limits
 before the new version is installed, so a bad frame leaves the context exactly as it was.
+
+Listeners (the host shared-memory cache, the on-disk journal) hear of every committed version
+and every drop, after the store changed: they keep copies that outlive this process. `restore`
+puts such a copy back without telling them again.
 """
 from __future__ import annotations
+
+from typing import Protocol
 
 import numpy as np
 
@@ -15,9 +21,16 @@ from mcpd.protocol.codes import MCPDError
 from mcpd.protocol.delta import DeltaError, DeltaLimits, FieldDelta
 
 
+class StoreListener(Protocol):
+    def committed(self, context: Context, changed: set[str], deleted: set[str]) -> None: ...
+
+    def dropped(self, context: Context) -> None: ...
+
+
 class ContextStore:
-    def __init__(self, config: ContextsConfig):
+    def __init__(self, config: ContextsConfig, listeners: tuple[StoreListener, ...] = ()):
         self.config = config
+        self.listeners = list(listeners)
         self.limits = DeltaLimits(max_field_bytes=config.max_field_bytes)
         self.contexts: dict[tuple[str, str], Context] = {}
         self.count_of: dict[str, int] = {}   # contexts per owner
@@ -84,7 +97,20 @@ class ContextStore:
         del self.contexts[(owner, context_id)]
         self.count_of[owner] -= 1
         self.total_bytes -= context.nbytes
+        for listener in self.listeners:
+            listener.dropped(context)
         return True
+
+    def restore(self, context: Context) -> None:
+        """Put back a context saved by a listener (after a restart); replaces one of the same key."""
+        key = (context.owner, context.id)
+        old = self.contexts.get(key)
+        if old is not None:
+            self.total_bytes -= old.nbytes
+        else:
+            self.count_of[context.owner] = self.count_of.get(context.owner, 0) + 1
+        self.contexts[key] = context
+        self.total_bytes += context.nbytes
 
     def owned_by(self, owner: str) -> list[Context]:
         return sorted((c for (o, _), c in self.contexts.items() if o == owner), key=lambda c: c.id)
@@ -110,6 +136,8 @@ class ContextStore:
                                              f"{self.config.max_total_bytes}")
         context.commit(fields, changed, deleted)
         self.total_bytes = total
+        for listener in self.listeners:
+            listener.committed(context, changed, deleted)
 
     @staticmethod
     def _not_found(context_id: str) -> MCPDError:
