@@ -13,8 +13,8 @@ class Recorder:
     def __init__(self):
         self.events = []
 
-    def committed(self, context, changed, deleted):
-        self.events.append(("committed", context.id, context.version, sorted(changed), sorted(deleted)))
+    def committed(self, context, changes):
+        self.events.append(("committed", context.id, context.version, [(c.name, c.kind) for c in changes]))
 
     def dropped(self, context):
         self.events.append(("dropped", context.id))
@@ -28,17 +28,18 @@ def test_listeners_hear_commits_and_drops_but_not_refused_updates():
     with pytest.raises(MCPDError):   # over max_context_bytes: nothing committed, nobody told
         store.update("t", "c", 1, [codec.diff("y", None, np.zeros(4096, np.float32))])
     store.update("t", "c", 1, [codec.delete("x")])
+    store.append_tokens(store.get("t", "c"), [1, 2])
     store.drop("t", "c")
-    assert recorder.events == [("committed", "c", 1, ["x"], []), ("committed", "c", 2, [], ["x"]),
-                               ("dropped", "c")]
+    assert recorder.events == [("committed", "c", 1, [("x", "set")]), ("committed", "c", 2, [("x", "delete")]),
+                               ("committed", "c", 3, [("tokens", "append")]), ("dropped", "c")]
 
 
 def test_restore_counts_bytes_and_owners_once():
     store = ContextStore(ContextsConfig(max_per_owner=1))
     saved = Context("c", "t", version=7, fields={"tokens": np.arange(5, dtype=np.int32)})
-    store.restore(saved)
-    store.restore(saved)   # restoring the same key twice replaces it
-    assert store.get("t", "c").version == 7
+    assert store.restore(saved)
+    assert not store.restore(Context("c", "t", version=6))   # never an older version over a newer
+    assert store.get("t", "c") is saved
     assert store.total_bytes == 20 and store.count_of["t"] == 1
     with pytest.raises(MCPDError):   # the restored context counts against the tenant's limit
         store.open("t", "other")

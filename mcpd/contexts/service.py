@@ -10,7 +10,7 @@ import numpy as np
 
 from mcpd.config import ContextsConfig, LimitsConfig
 from mcpd.contexts.context import Context
-from mcpd.contexts.store import ContextStore
+from mcpd.contexts.store import ContextStore, StoreListener
 from mcpd.protocol import codes, ops
 from mcpd.protocol import delta as codec
 from mcpd.protocol.codes import MCPDError
@@ -24,8 +24,8 @@ def tenant_of(header: dict) -> str:
 
 
 class ContextService:
-    def __init__(self, config: ContextsConfig, limits: LimitsConfig):
-        self.store = ContextStore(config)
+    def __init__(self, config: ContextsConfig, limits: LimitsConfig, listeners: tuple[StoreListener, ...] = ()):
+        self.store = ContextStore(config, listeners)
         self.limits = limits
 
     def handle(self, header: dict, payload: list[bytes]) -> tuple[dict, list[bytes]]:

@@ -3,9 +3,10 @@
 Updates are all-or-nothing: every delta is applied to a copy and checked against the limits
 before the new version is installed, so a bad frame leaves the context exactly as it was.
 
-Listeners (the host shared-memory cache, the on-disk journal) hear of every committed version
-and every drop, after the store changed: they keep copies that outlive this process. `restore`
-puts such a copy back without telling them again.
+Listeners (the host shared-memory cache, the on-disk journal) hear of every committed version,
+with the deltas that made it from the version before, and of every drop, after the store
+changed: they keep copies that outlive this process. `restore` puts such a copy back without
+telling them again, and never replaces a newer version with an older one.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from mcpd.protocol.delta import DeltaError, DeltaLimits, FieldDelta
 
 
 class StoreListener(Protocol):
-    def committed(self, context: Context, changed: set[str], deleted: set[str]) -> None: ...
+    def committed(self, context: Context, changes: list[FieldDelta]) -> None: ...
 
     def dropped(self, context: Context) -> None: ...
 
@@ -69,14 +70,15 @@ class ContextStore:
                 continue
             fields[change.name] = self._apply(fields.get(change.name), change)
             changed.add(change.name)
-        self._commit(context, fields, changed, deleted)
+        self._commit(context, fields, changed, deleted, changes)
         return context
 
     def append_tokens(self, context: Context, token_ids: list[int]) -> None:
         """Commit a generate turn: the prompt it added and the tokens it produced."""
         fields = dict(context.fields)
         fields[TOKENS] = np.concatenate([context.tokens, np.asarray(token_ids, np.int32)])
-        self._commit(context, fields, {TOKENS}, set())
+        change = codec.diff(TOKENS, context.tokens, fields[TOKENS])
+        self._commit(context, fields, {TOKENS}, set(), [change] if change else [])
 
     def writable(self, owner: str, context_id: str, base: int | None) -> Context:
         """The context, if a change based on `base` may be applied to it now."""
@@ -101,16 +103,20 @@ class ContextStore:
             listener.dropped(context)
         return True
 
-    def restore(self, context: Context) -> None:
-        """Put back a context saved by a listener (after a restart); replaces one of the same key."""
+    def restore(self, context: Context) -> bool:
+        """Put back a context saved by a listener (after a restart) unless the store holds the same
+        or a newer version of it already; says whether it did."""
         key = (context.owner, context.id)
         old = self.contexts.get(key)
+        if old is not None and old.version >= context.version:
+            return False
         if old is not None:
             self.total_bytes -= old.nbytes
         else:
             self.count_of[context.owner] = self.count_of.get(context.owner, 0) + 1
         self.contexts[key] = context
         self.total_bytes += context.nbytes
+        return True
 
     def owned_by(self, owner: str) -> list[Context]:
         return sorted((c for (o, _), c in self.contexts.items() if o == owner), key=lambda c: c.id)
@@ -124,7 +130,8 @@ class ContextStore:
             raise MCPDError(codes.BAD_REQUEST, "the tokens field must be a 1-D array of non-negative int32")
         return value
 
-    def _commit(self, context: Context, fields: dict, changed: set[str], deleted: set[str]) -> None:
+    def _commit(self, context: Context, fields: dict, changed: set[str], deleted: set[str],
+                changes: list[FieldDelta]) -> None:
         """Install the new state if it fits the per-context and the daemon-wide byte limits."""
         size = sum(value_nbytes(v) for v in fields.values())
         if size > self.config.max_context_bytes:
@@ -137,7 +144,7 @@ class ContextStore:
         context.commit(fields, changed, deleted)
         self.total_bytes = total
         for listener in self.listeners:
-            listener.committed(context, changed, deleted)
+            listener.committed(context, changes)
 
     @staticmethod
     def _not_found(context_id: str) -> MCPDError:
