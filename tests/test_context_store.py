@@ -43,3 +43,21 @@ def test_restore_counts_bytes_and_owners_once():
     assert store.total_bytes == 20 and store.count_of["t"] == 1
     with pytest.raises(MCPDError):   # the restored context counts against the tenant's limit
         store.open("t", "other")
+
+
+def test_an_update_that_fails_late_leaves_in_place_xors_undone():
+    store = ContextStore(ContextsConfig(max_context_bytes=1 << 20))
+    store.open("t", "c")
+    big = np.random.default_rng(0).standard_normal(100_000).astype(np.float32)
+    store.update("t", "c", 0, [codec.diff("w", None, big)])
+    live = store.get("t", "c").fields["w"]
+    changed = big.copy()
+    changed[::50] += 1
+    xor = codec.diff("w", big, changed)
+    assert xor.kind == "xor"
+    too_big = codec.diff("z", None, np.zeros(1 << 18, np.float32))   # pushes the context past 1 MiB
+    with pytest.raises(MCPDError):
+        store.update("t", "c", 1, [xor, too_big])
+    assert store.get("t", "c").version == 1 and live.tobytes() == big.tobytes()
+    store.update("t", "c", 1, [xor])
+    assert store.get("t", "c").fields["w"] is live and live.tobytes() == changed.tobytes()

@@ -209,3 +209,21 @@ def test_daemon_wide_context_limits(fresh_daemon):
             big.sync()
         assert raised.value.code == codes.TOO_LARGE
         assert a.call("context.list", {})["contexts"][0]["id"] == "one"
+
+
+def test_a_refused_sync_leaves_the_mirror_able_to_sync_again(daemon):
+    """The mirror adopts XORed fields while the daemon works; a refusal must undo that exactly."""
+    rng = np.random.default_rng(1)
+    with daemon.client() as client:
+        ctx = client.context("refused")
+        ctx["w"] = rng.standard_normal(100_000).astype(np.float32)
+        ctx.sync()
+        ctx["w"][::10] += 1   # travels as an xor delta
+        ctx["tokens"] = np.array([-1], np.int32)   # the daemon refuses the whole update for this
+        with pytest.raises(MCPDError) as refused:
+            ctx.sync()
+        assert refused.value.code == codes.BAD_REQUEST
+        ctx["tokens"] = np.zeros(0, np.int32)
+        ctx.sync()
+        assert client.context("refused")["w"].tobytes() == ctx["w"].tobytes()
+        ctx.drop()

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from mcpd.protocol import codes, safe_zstd
 from mcpd.protocol.codes import MCPDError
-from mcpd.protocol.delta import (ALLOWED_DTYPES, DELETED, DeltaError, DeltaLimits, FieldDelta, apply, delete,
-                                 diff, from_wire, to_wire)
+from mcpd.protocol.delta import (ALLOWED_DTYPES, DELETED, DeltaError, DeltaLimits, FieldDelta, apply,
+                                 apply_in_place, delete, diff, from_wire, to_wire)
 
 LIMITS = DeltaLimits()
 DTYPES = sorted(ALLOWED_DTYPES)
@@ -465,10 +465,45 @@ LARGE_XOR_HOSTILE = {
 }
 
 
+@pytest.mark.parametrize("in_place", [False, True], ids=["apply", "apply_in_place"])
 @pytest.mark.parametrize("payload", LARGE_XOR_HOSTILE.values(), ids=LARGE_XOR_HOSTILE.keys())
-def test_hostile_large_xor_is_refused_and_the_base_survives(payload):
+def test_hostile_large_xor_is_refused_and_the_base_survives(payload, in_place):
     base = XOR_BASE.copy()
     with pytest.raises(DeltaError) as caught:
-        apply(base, FieldDelta("w", "xor", xor_meta(), payload), LIMITS)
+        (apply_in_place if in_place else apply)(base, FieldDelta("w", "xor", xor_meta(), payload), LIMITS)
     assert caught.value.code == codes.BAD_REQUEST
     assert base.tobytes() == XOR_BASE.tobytes()
+
+
+@pytest.mark.parametrize("size", [XOR_BASE.size, 1001], ids=["zstd windows", "small raw"])
+def test_xor_in_place_changes_the_base_and_a_second_apply_undoes_it(size):
+    base = XOR_BASE[:size].copy()
+    new = base.copy()
+    new[::97] += 1
+    (received,) = over_the_wire([diff("w", base, new)])
+    assert received.kind == "xor" and apply_in_place(base, received, LIMITS)
+    assert base.tobytes() == new.tobytes()
+    assert apply_in_place(base, received, LIMITS)
+    assert base.tobytes() == XOR_BASE[:size].tobytes()
+
+
+def test_in_place_declines_what_only_apply_can_do():
+    base = XOR_BASE.copy()
+    new = base + 1
+    xor = diff("w", base, base * np.float32(1.0001))
+    assert not apply_in_place(base, diff("w", base, new[:10]), LIMITS)        # set: a fresh value
+    assert not apply_in_place(base[::2], xor, LIMITS)                          # not contiguous
+    assert not apply_in_place(b"bytes", xor, LIMITS)                           # not an array
+    frozen = base.copy()
+    frozen.flags.writeable = False
+    assert not apply_in_place(frozen, xor, LIMITS)
+
+
+def test_in_place_refuses_a_bool_result_that_is_not_0_or_1():
+    base = np.zeros(1000, np.bool_)
+    payload = np.zeros(1000, np.uint8)
+    payload[7] = 2
+    meta = {"type": "array", "dtype": "|b1", "shape": [1000], "codec": "raw", "nbytes": 1000}
+    with pytest.raises(DeltaError):
+        apply_in_place(base, FieldDelta("w", "xor", meta, payload.tobytes()), LIMITS)
+    assert not base.any()

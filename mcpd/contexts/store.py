@@ -1,7 +1,9 @@
 """All contexts of the daemon, keyed by (owner, id): one tenant can never name another's.
 
-Updates are all-or-nothing: every delta is applied to a copy and checked against the limits
-before the new version is installed, so a bad frame leaves the context exactly as it was.
+Updates are all-or-nothing: deltas are applied to a copy of the field map and checked against
+the limits before the new version is installed, so a bad frame leaves the context exactly as it
+was. The one exception to copying is an XOR into a big array, applied to the live array itself
+(see `_apply_in_place`) and undone, XOR being its own inverse, if anything later fails.
 
 Listeners (the host shared-memory cache, the on-disk journal) hear of every committed version,
 with the deltas that made it from the version before, and of every drop, after the store
@@ -61,16 +63,26 @@ class ContextStore:
         context = self.writable(owner, context_id, base)
         fields = dict(context.fields)
         changed, deleted = set(), set()
-        for change in changes:
-            if change.kind == "delete":
-                if change.name == TOKENS:
-                    raise MCPDError(codes.BAD_REQUEST, "the tokens field cannot be deleted")
-                fields.pop(change.name, None)
-                deleted.add(change.name)
-                continue
-            fields[change.name] = self._apply(fields.get(change.name), change)
-            changed.add(change.name)
-        self._commit(context, fields, changed, deleted, changes)
+        in_place: list[FieldDelta] = []   # applied to the live arrays: undone if the update fails
+        try:
+            for change in changes:
+                if change.kind == "delete":
+                    if change.name == TOKENS:
+                        raise MCPDError(codes.BAD_REQUEST, "the tokens field cannot be deleted")
+                    fields.pop(change.name, None)
+                    deleted.add(change.name)
+                    continue
+                if self._apply_in_place(fields.get(change.name), change):
+                    in_place.append(change)
+                else:
+                    fields[change.name] = self._apply(fields.get(change.name), change)
+                changed.add(change.name)
+            total = self._total_after(context, fields)
+        except BaseException:
+            for change in reversed(in_place):   # XOR undoes itself
+                codec.apply_in_place(fields[change.name], change, self.limits)
+            raise
+        self._install(context, fields, changed, deleted, changes, total)
         return context
 
     def append_tokens(self, context: Context, token_ids: list[int]) -> None:
@@ -78,7 +90,7 @@ class ContextStore:
         fields = dict(context.fields)
         fields[TOKENS] = np.concatenate([context.tokens, np.asarray(token_ids, np.int32)])
         change = codec.diff(TOKENS, context.tokens, fields[TOKENS])
-        self._commit(context, fields, {TOKENS}, set(), [change] if change else [])
+        self._install(context, fields, {TOKENS}, set(), [change] if change else [], self._total_after(context, fields))
 
     def writable(self, owner: str, context_id: str, base: int | None) -> Context:
         """The context, if a change based on `base` may be applied to it now."""
@@ -121,6 +133,17 @@ class ContextStore:
     def owned_by(self, owner: str) -> list[Context]:
         return sorted((c for (o, _), c in self.contexts.items() if o == owner), key=lambda c: c.id)
 
+    def _apply_in_place(self, old, change: FieldDelta) -> bool:
+        """XOR a big field's live array instead of building a new one: a sync of a 64 MB field then
+        costs no 64 MB allocation (page faults and a copy's memory traffic). Token ids are left
+        alone: Context.commit compares the old tokens with the new to tell growth from rewrites."""
+        if change.name == TOKENS:
+            return False
+        try:
+            return codec.apply_in_place(old, change, self.limits)
+        except DeltaError as e:
+            raise MCPDError(e.code, f"field {change.name!r}: {e.message}") from None
+
     def _apply(self, old, change: FieldDelta):
         try:
             value = codec.apply(old, change, self.limits)
@@ -130,9 +153,8 @@ class ContextStore:
             raise MCPDError(codes.BAD_REQUEST, "the tokens field must be a 1-D array of non-negative int32")
         return value
 
-    def _commit(self, context: Context, fields: dict, changed: set[str], deleted: set[str],
-                changes: list[FieldDelta]) -> None:
-        """Install the new state if it fits the per-context and the daemon-wide byte limits."""
+    def _total_after(self, context: Context, fields: dict) -> int:
+        """All contexts' bytes once `fields` replace the context's; TOO_LARGE if over a limit."""
         size = sum(value_nbytes(v) for v in fields.values())
         if size > self.config.max_context_bytes:
             raise MCPDError(codes.TOO_LARGE, f"context would hold {size} bytes; the limit is "
@@ -141,6 +163,10 @@ class ContextStore:
         if total > self.config.max_total_bytes:
             raise MCPDError(codes.TOO_LARGE, f"contexts would hold {total} bytes in all; the limit is "
                                              f"{self.config.max_total_bytes}")
+        return total
+
+    def _install(self, context: Context, fields: dict, changed: set[str], deleted: set[str],
+                 changes: list[FieldDelta], total: int) -> None:
         context.commit(fields, changed, deleted)
         self.total_bytes = total
         for listener in self.listeners:
