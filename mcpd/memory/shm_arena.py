@@ -104,16 +104,19 @@ class ShmArena:
 
     # -- the API ----------------------------------------------------------------------------------
 
-    def put(self, kind: int, key: bytes, data, pinned: bool = False, replace: bool = False) -> bool:
-        """Store data under (kind, key). Without replace, a key present (or being written) is left
-        as it is and put returns False. Raises ArenaFull when it cannot fit."""
+    def put(self, kind: int, key: bytes, parts: list, pinned: bool = False, replace: bool = False) -> bool:
+        """Store the concatenation of parts (bytes-like) under (kind, key). Without replace, a key
+        present (or being written) is left as it is and put returns False. Raises ArenaFull when
+        it cannot fit."""
         if len(key) != 32:
             raise ValueError("keys are 32-byte digests")
-        view = memoryview(data).cast("B")
-        slot = self._reserve(kind, key, len(view), pinned, replace)
+        views = [memoryview(part).cast("B") for part in parts]
+        slot = self._reserve(kind, key, sum(len(v) for v in views), pinned, replace)
         if slot is None:
             return False
-        self._copy(slot, view, into_pages=True)
+        spans = self._spans(slot)
+        for view in views:
+            _scatter(view, spans, self.mem)
         self._publish(slot)
         return True
 
@@ -127,7 +130,10 @@ class ShmArena:
             self._count("hits")
             self._reference(slot)
             out = bytearray(int(self.slots["nbytes"][slot]))
-            self._copy(slot, memoryview(out), into_pages=False)
+            done = 0
+            for at, n in self._spans(slot):
+                out[done:done + n] = self.mem[at:at + n]
+                done += n
             return out
 
     def contains(self, kind: int, key: bytes) -> bool:
@@ -250,17 +256,14 @@ class ShmArena:
             page = int(self.next[page])
         return pages
 
-    def _copy(self, slot: int, view: memoryview, into_pages: bool) -> None:
-        """Copy between view and the entry's pages, one memcpy per run of consecutive pages."""
-        done, size = 0, len(view)
+    def _spans(self, slot: int) -> list[list[int]]:
+        """[address, length] of the entry's bytes, one span per run of consecutive pages."""
+        spans, left = [], int(self.slots["nbytes"][slot])
         for first, count in _runs(self._chain(slot)):
-            at = self.pages_at + first * self.page_bytes
-            n = min(count * self.page_bytes, size - done)
-            if into_pages:
-                self.mem[at:at + n] = view[done:done + n]
-            else:
-                view[done:done + n] = self.mem[at:at + n]
-            done += n
+            n = min(count * self.page_bytes, left)
+            spans.append([self.pages_at + first * self.page_bytes, n])
+            left -= n
+        return spans
 
     # -- the lock, and repair after a holder died ----------------------------------------------
 
@@ -314,6 +317,20 @@ def _runs(pages: list[int]) -> list[tuple[int, int]]:
         else:
             runs.append([page, 1])
     return [(first, count) for first, count in runs]
+
+
+def _scatter(view: memoryview, spans: list[list[int]], mem: memoryview) -> None:
+    """Copy view into the front of spans, consuming them (a span partly filled is shortened)."""
+    done = 0
+    while done < len(view):
+        at, room = spans[0]
+        n = min(room, len(view) - done)
+        mem[at:at + n] = view[done:done + n]
+        done += n
+        if n == room:
+            spans.pop(0)
+        else:
+            spans[0] = [at + n, room - n]
 
 
 def _alive(pid: int) -> bool:
