@@ -70,6 +70,7 @@ class ShmArena:
             self.mm = mmap.mmap(fd, os.fstat(fd).st_size)
         finally:
             os.close(fd)
+        self.path, self.lock_path = path, lock_path
         self.lock = FileLock(lock_path)
         self.head = np.frombuffer(self.mm, HEADER, count=1)
         if self.head["magic"][0] != MAGIC:
