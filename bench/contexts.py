@@ -68,7 +68,10 @@ def chat_figures(daemon: Daemon) -> dict:
         recompute_s = first_token_seconds(cold.generate(prompt_token_ids=full_ids, max_tokens=8, temperature=0,
                                                         ignore_eos=True, stream=True))
         kill_worker(daemon)
-        shm_s = first_token_seconds(twin.generate(prompt, max_tokens=8, temperature=0, ignore_eos=True, stream=True))
+        # Warm the new worker up (first forward pass) on another tenant: its device holds no chat KV.
+        cold.generate(prompt_token_ids=[1, 2, 3], max_tokens=2, temperature=0, ignore_eos=True)
+        twin_args = {**turn_args, "context": "chat-twin", "base": twin.version}
+        shm_s = first_token_seconds(client.generate(**twin_args))
     context_bytes = len(wire.encode_request("generate", 10, turn_args))
     # The stateless client's cheapest resend: token ids, or the text when it is shorter.
     resend_ids = len(wire.encode_request("generate", 10, {**_stateless(turn_args), "prompt_token_ids": full_ids}))
