@@ -286,7 +286,8 @@ class ShmArena:
 
 
 class _Held:
-    """The arena's lock, held: sets `dirty` on entry and clears it on a clean exit."""
+    """The arena's lock, held: sets `dirty` on entry and clears it on exit, unless an unexpected
+    error may have left an update half done (ArenaFull is raised before anything changes)."""
 
     def __init__(self, arena: ShmArena):
         self.arena = arena
@@ -297,9 +298,10 @@ class _Held:
             self.arena._repair()
         self.arena.head["dirty"] = 1
 
-    def __exit__(self, *exc) -> None:
-        self.arena.head["dirty"] = 0
-        self.arena.lock.__exit__(*exc)
+    def __exit__(self, exc_type, *exc) -> None:
+        if exc_type is None or exc_type is ArenaFull:
+            self.arena.head["dirty"] = 0
+        self.arena.lock.__exit__(exc_type, *exc)
 
 
 def _tag(key: bytes) -> int:
