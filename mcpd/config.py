@@ -128,6 +128,19 @@ class ContextsConfig:
 
 
 @dataclass(frozen=True)
+class CacheConfig:
+    enabled: bool = True              # the host shared-memory cache of contexts and evicted KV blocks
+    bytes: int = 256 << 20            # its segment in /dev/shm (tmpfs backs only the pages written)
+    page_bytes: int = 16 << 10        # allocation unit: entries are chains of pages
+
+    def check(self) -> None:
+        if self.page_bytes < 4096 or self.page_bytes & (self.page_bytes - 1):
+            raise ConfigError(f"cache.page_bytes = {self.page_bytes}: must be a power of two >= 4096")
+        if self.bytes < 64 * self.page_bytes:
+            raise ConfigError(f"cache.bytes = {self.bytes}: must hold at least 64 pages of cache.page_bytes")
+
+
+@dataclass(frozen=True)
 class SupervisorConfig:
     stop_grace_s: float = 10.0      # SIGTERM: how long in-flight requests may finish
     ready_timeout_s: float = 300.0  # a child that is not ready by then counts as failed
@@ -146,6 +159,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     contexts: ContextsConfig = field(default_factory=ContextsConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
     supervisor: SupervisorConfig = field(default_factory=SupervisorConfig)
 
     @property

@@ -67,6 +67,11 @@ def render_status(status: dict) -> str:
                         [[d["worker"], d.get("device", "-"), d.get("model", "-"), d.get("running", "-"),
                           d.get("waiting", "-"), f"{d.get('kv_blocks_used', 0)}/{d.get('kv_blocks_total', 0)}",
                           _mib(d.get("pool", {}).get("in_use_bytes", 0))] for d in status["devices"]]))
+    cache = status.get("cache", {})
+    if cache.get("enabled"):
+        lines += ["", f"host cache {_mib(cache['used_bytes'])} of {_mib(cache['total_bytes'])}  "
+                      f"contexts {cache['contexts']}  kv blocks {cache['kv_blocks']}  hits {cache['hits']}  "
+                      f"misses {cache['misses']}  hit rate {cache['hit_rate']:.1%}  evictions {cache['evictions']}"]
     requests = status["requests"]
     lines += ["", f"queue depth {status['queue']['depth']}  in flight {status['queue']['inflight']}  "
                   f"served {requests['served']}  errors {sum(requests['errors'].values())}"]

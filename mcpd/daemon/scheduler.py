@@ -18,8 +18,10 @@ import zmq
 from mcpd.config import Config
 from mcpd.contexts import service as contexts
 from mcpd.contexts.context import Context
+from mcpd.contexts.host_cache import ContextCache
 from mcpd.contexts.service import ContextService
 from mcpd.daemon import channels, child
+from mcpd.memory import host_segment
 from mcpd.protocol import codes, wire
 from mcpd.protocol.codes import MCPDError
 
@@ -68,7 +70,9 @@ class Scheduler:
         self.events = child.EventReporter(self.context, config, "scheduler")
         self.queue: deque[Job] = deque()
         self.workers: dict[bytes, WorkerSlot] = {}
-        self.contexts = ContextService(config.contexts, config.limits)
+        self.host_cache = host_segment.attach(config)
+        self.contexts = ContextService(config.contexts, config.limits,
+                                       cache=ContextCache(self.host_cache) if self.host_cache else None)
         self.dispatched = 0
         self.parent_pid = os.getppid()
 
@@ -260,6 +264,7 @@ class Scheduler:
 
     def stats(self) -> dict:
         return {"queue_depth": len(self.queue), "dispatched": self.dispatched, "contexts": self.contexts.stats(),
+                "cache": self.host_cache.stats() if self.host_cache else {},
                 "workers": [{"index": s.index, "pid": s.pid, "ready": s.ready, "inflight": len(s.jobs),
                              **s.info} for s in sorted(self.workers.values(), key=lambda s: s.index)]}
 

@@ -27,6 +27,7 @@ def build_status(supervisor) -> dict:
         "devices": [_device(c) for c in workers],
         "queue": {"depth": scheduler.get("queue_depth", 0),
                   "inflight": frontend.get("inflight", 0)},
+        "cache": _cache(scheduler.get("cache"), workers),
         "requests": {"served": frontend.get("served", 0), "errors": frontend.get("errors", {}),
                      "latency": frontend.get("latency", {})},
     }
@@ -45,8 +46,20 @@ def _configured_endpoints(supervisor) -> list[str]:
     return [channels.client_endpoint(config.runtime_dir)] + ([config.server.tcp] if config.server.tcp else [])
 
 
+def _cache(arena: dict | None, workers: list) -> dict:
+    """The host shared-memory cache: the arena's own figures (the scheduler reads them from the
+    segment), and the KV blocks workers moved in and out of it."""
+    if not arena:
+        return {"enabled": False}
+    contexts, kv_blocks = arena["entries_by_kind"][1:3]
+    moved = {name: sum((w.stats or {}).get(name, 0) for w in workers) for name in ("host_kv_loaded", "host_kv_saved")}
+    return {"enabled": True, **{k: v for k, v in arena.items() if k != "entries_by_kind"},
+            "contexts": contexts, "kv_blocks": kv_blocks, "kv_blocks_loaded": moved["host_kv_loaded"],
+            "kv_blocks_saved": moved["host_kv_saved"]}
+
+
 def _device(worker) -> dict:
     stats = worker.stats or {}
     keep = ("device", "model", "dtype", "running", "waiting", "preemptions", "kv_blocks_total",
-            "kv_blocks_used", "kv_waste_frac", "pool", "tokens_generated")
+            "kv_blocks_used", "kv_waste_frac", "pool", "tokens_generated", "host_kv_loaded", "host_kv_saved")
     return {"worker": worker.spec.index, **{k: stats[k] for k in keep if k in stats}}

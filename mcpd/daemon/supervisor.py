@@ -21,6 +21,7 @@ from mcpd.daemon.instance_lock import AlreadyRunning, InstanceLock
 from mcpd.daemon.process_table import ChildSpec, ProcessTable
 from mcpd.daemon.sdnotify import SystemdNotifier
 from mcpd.daemon.status import build_status
+from mcpd.memory import host_segment
 from mcpd.protocol import codes, wire
 from mcpd.protocol.codes import MCPDError
 
@@ -67,6 +68,8 @@ class Supervisor:
         runtime_dir = self.config.runtime_dir
         runtime_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
         InstanceLock(runtime_dir).acquire()
+        if self.config.cache.enabled:   # after the lock: a stale segment is ours to replace
+            host_segment.create(self.config)
         self.context = zmq.Context()
         self.events = self.context.socket(zmq.PULL)
         self.events.bind(channels.endpoint(runtime_dir, "events.ipc"))
@@ -208,6 +211,7 @@ class Supervisor:
         if not self.drained:
             self.log.warning("grace period over: stopping with requests still in flight")
         self.table.stop_all()
+        host_segment.unlink(self.config)
         self.context.destroy(linger=0)
         self.log.info("stopped")
         return 0

@@ -66,8 +66,12 @@ class Worker:
         if device == "cpu":
             torch.set_num_threads(self.config.workers.threads
                                   or max(1, (os.cpu_count() or 1) // self.config.workers.count))
+        from mcpd.engine.host_kv import HostKV
+        from mcpd.memory import host_segment
+
         started = time.monotonic()
-        engine = Engine(self.config, torch.device(device))
+        arena = host_segment.attach(self.config)
+        engine = Engine(self.config, torch.device(device), HostKV(arena) if arena else None)
         self.log.info("model loaded on %s in %.1fs", device, time.monotonic() - started)
         return engine
 
@@ -147,7 +151,7 @@ class Worker:
             stop_token_ids=tuple(args["stop_token_ids"]), ignore_eos=args["ignore_eos"],
             logprobs=args["logprobs"])
         # The tenant namespaces the prefix cache: KV blocks are shared only within one tenant.
-        self.engine.add_request(rid, prompt_ids, params, cache_namespace=tenant)
+        self.engine.add_request(rid, prompt_ids, params, cache_namespace=tenant, write_through=rid in self.turns)
         self.active[rid] = ActiveRequest(request_id, args["stream"], args["logprobs"])
 
     def _prompt_token_ids(self, args: dict, add_special_tokens: bool) -> list[int]:

@@ -17,6 +17,7 @@ import torch
 from mcpd.config import Config
 from mcpd.engine.batch_scheduler import BatchScheduler
 from mcpd.engine.detokenizer import Detokenizer
+from mcpd.engine.host_kv import HostKV
 from mcpd.engine.kv_cache import KVCache
 from mcpd.engine.sampler import Sampler
 from mcpd.engine.sequence import SamplingParams, Sequence
@@ -42,7 +43,8 @@ BUDDY_MIN_BYTES = 4096
 
 
 class Engine:
-    def __init__(self, config: Config, device: torch.device) -> None:
+    def __init__(self, config: Config, device: torch.device, host: HostKV | None = None) -> None:
+        """host: the host shared-memory tier for KV blocks (the worker passes it; None: none)."""
         self.device = torch.device(device)
         loaded = load_model(config.model, self.device)
         self.model, self.tokenizer = loaded.model, loaded.tokenizer
@@ -54,21 +56,23 @@ class Engine:
         kv_bytes = min(int(pool_bytes * config.engine.kv_fraction), pool_bytes - BUDDY_MIN_BYTES)
         self.pool = DevicePool(pool_bytes, self.device, reserved_bytes=kv_bytes)
         self.kv = KVCache(self.pool, kv_bytes, config.engine.kv_block_size, self.model.num_layers,
-                          self.model.num_kv_heads, self.model.head_dim, self.dtype)
+                          self.model.num_kv_heads, self.model.head_dim, self.dtype, host)
         bind_kv_cache(self.model, self.kv.tensor)
         self.scheduler = BatchScheduler(config.engine, self.kv)
         self.sampler = Sampler(self.device)
         self.sequences: dict[Hashable, Sequence] = {}
+        self.write_through: set[Hashable] = set()   # keys of context turns: their KV goes to the host tier
         self.aborted: list[StepOutput] = []  # reported by the next step()
         self.arrivals = itertools.count()
         self.steps = self.tokens_prefilled = self.tokens_generated = 0
 
     def add_request(self, key: Hashable, prompt_token_ids: list[int], params: SamplingParams,
-                    priority: int = 0, cache_namespace: str = "") -> None:
+                    priority: int = 0, cache_namespace: str = "", write_through: bool = False) -> None:
         """Queue a request; a higher priority is scheduled first and preempted last. It reuses the
         cached KV of earlier requests in the same cache_namespace (pass the tenant: namespaces
-        never share) that began with the same tokens. Raises ValueError, naming the limit, for a
-        request that could never run."""
+        never share) that began with the same tokens. write_through: when it finishes, save its
+        KV blocks to the host tier (a context turn, whose next turn may run on another worker).
+        Raises ValueError, naming the limit, for a request that could never run."""
         if key in self.sequences:
             raise ValueError(f"request {key!r} is already in the engine")
         if not prompt_token_ids:
@@ -87,6 +91,8 @@ class Engine:
         seq = Sequence(key, prompt_token_ids, params, priority, next(self.arrivals), detokenizer,
                        cache_namespace)
         self.sequences[key] = seq
+        if write_through:
+            self.write_through.add(key)
         self.scheduler.add(seq)
 
     def abort(self, key: Hashable) -> bool:
@@ -95,6 +101,7 @@ class Engine:
         if seq is None:
             return False
         self.scheduler.finish(seq)
+        self.write_through.discard(key)
         self.aborted.append(StepOutput(key, [], "", [] if seq.params.logprobs else None, True, "abort",
                                        seq.num_prompt_tokens, seq.num_completion_tokens))
         return True
@@ -141,6 +148,9 @@ class Engine:
         finished = reason is not None
         text = seq.detokenizer.take(final=finished)
         if finished:
+            if seq.key in self.write_through:
+                self.write_through.remove(seq.key)
+                self.kv.write_through(seq)
             self.scheduler.finish(seq)
             del self.sequences[seq.key]
         return StepOutput(seq.key, [token], text, None if logprob is None else [logprob], finished, reason,
@@ -174,6 +184,9 @@ class Engine:
             "cached_blocks": len(self.kv.idle),
             "prefix_cache_queries": self.kv.prefix_cache_queries,
             "prefix_cache_hits": self.kv.prefix_cache_hits,
+            # Blocks this worker loaded from / saved to the host shared-memory tier.
+            "host_kv_loaded": self.kv.host.loaded if self.kv.host else 0,
+            "host_kv_saved": self.kv.host.saved if self.kv.host else 0,
             # The whole pool: the KV cache's reserved region counts as in use (and requested).
             "pool": {**dataclasses.asdict(pool), "total_bytes": self.pool.nbytes,
                      "in_use_bytes": pool.in_use_bytes + self.pool.reserved_bytes,

@@ -30,6 +30,12 @@ The namespace (the tenant) starts the chain, so two tenants never share a block:
 learn from a faster first token that another sent the same text. The hash is BLAKE2b-256, not
 Python's hash(): a collision would hand one prompt another's keys and values (wrong output, or a
 leak across tenants), and Python's 64-bit hash of int tuples can be collided on purpose.
+
+Host tier (optional, HostKV over the shared-memory cache). An idle block evicted from the device
+is saved there first; write_through saves a finished context turn's blocks, so a worker crash
+loses none of them. lookup continues a chain the device cannot finish in the host tier, loading
+each block it finds into a device block that then is an ordinary idle cached block: admission
+shares it like any other, so the sequence prefills only what neither tier had.
 """
 from __future__ import annotations
 
@@ -39,13 +45,14 @@ from collections import OrderedDict
 
 import torch
 
+from mcpd.engine.host_kv import HostKV
 from mcpd.engine.sequence import Sequence
 from mcpd.memory import DevicePool
 
 
 class KVCache:
     def __init__(self, pool: DevicePool, nbytes: int, block_size: int, num_layers: int,
-                 kv_heads: int, head_dim: int, dtype: torch.dtype) -> None:
+                 kv_heads: int, head_dim: int, dtype: torch.dtype, host: HostKV | None = None) -> None:
         block_shape = (num_layers, 2, block_size, kv_heads, head_dim)
         block_bytes = torch.Size(block_shape).numel() * dtype.itemsize
         self.num_blocks = nbytes // block_bytes
@@ -67,6 +74,7 @@ class KVCache:
         self.idle: OrderedDict[int, None] = OrderedDict()  # hashed blocks nobody holds, LRU first
         self.prefix_cache_queries = 0               # tokens of admitted sequences
         self.prefix_cache_hits = 0                  # of those, tokens found in the cache
+        self.host = host
 
     @property
     def num_free(self) -> int:
@@ -81,11 +89,47 @@ class KVCache:
         with seq's last token is never one: that token must run through the model for its logits."""
         blocks = []
         for index in range((len(seq.token_ids) - 1) // self.block_size):
-            block = self.cached.get(self._block_hash(seq, index))
+            key = self._block_hash(seq, index)
+            block = self.cached.get(key)
+            if block is None:
+                block = self._load_from_host(key, blocks)
             if block is None:
                 break
             blocks.append(block)
         return blocks
+
+    def write_through(self, seq: Sequence) -> None:
+        """Save seq's full computed blocks to the host tier (a context turn ends: see HostKV)."""
+        if self.host is None:
+            return
+        for index in range(seq.num_computed // self.block_size):
+            self.host.save(self._block_hash(seq, index), self.tensor[seq.block_table[index]])
+
+    def _load_from_host(self, key: bytes, run: list[int]) -> int | None:
+        """A device block holding the host tier's block `key`, cached and idle; None if the host
+        has no such block or no device block is spare (none of `run`, which lookup is sharing)."""
+        block = self._spare_block(run) if self.host is not None else None
+        if block is None:
+            return None
+        if not self.host.load(key, self.tensor[block]):
+            self.free_blocks.append(block)
+            return None
+        self.cached[key] = block
+        self.block_hashes[block] = key
+        self.idle[block] = None
+        return block
+
+    def _spare_block(self, run: list[int]) -> int | None:
+        if self.free_blocks:
+            block = self._allocate()
+            self.ref_counts[block] = 0
+            return block
+        sharing = set(run)
+        victim = next((block for block in self.idle if block not in sharing), None)
+        if victim is not None:
+            del self.idle[victim]
+            self._evict(victim)
+        return victim
 
     def can_admit(self, cached: list[int], num_new_tokens: int) -> bool:
         """Whether a waiting sequence can share `cached` (from lookup) and compute num_new_tokens."""
@@ -155,9 +199,15 @@ class KVCache:
                 self.zeroed_blocks = block + 1
         else:
             block, _ = self.idle.popitem(last=False)
-            self._forget(block)
+            self._evict(block)
         self.ref_counts[block] = 1
         return block
+
+    def _evict(self, block: int) -> None:
+        """Forget an idle cached block, keeping its keys and values in the host tier if there is one."""
+        if self.host is not None:
+            self.host.save(self.block_hashes[block], self.tensor[block])
+        self._forget(block)
 
     def _forget(self, block: int) -> None:
         del self.cached[self.block_hashes[block]]

@@ -1,0 +1,44 @@
+"""The daemon's one host cache segment: where it lives and what kinds of entries it holds.
+
+The supervisor creates it in prepare() (replacing one a SIGKILLed daemon left behind) and
+unlinks it at shutdown; every child opens it by the same name. The name is derived from the
+runtime directory, which identifies the daemon (one per runtime dir, held by its instance lock),
+so nothing needs passing around; /dev/shm is POSIX shared memory on Linux (tmpfs). Its lock
+file sits in the runtime directory, which only the daemon's uid can enter.
+"""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from mcpd.config import Config
+from mcpd.memory.shm_arena import ShmArena
+
+SHM_DIR = Path("/dev/shm")
+CONTEXT = 1     # entry kinds: a context's committed version, keyed by (owner, id)
+KV_BLOCK = 2    # a full KV block, keyed by its chain hash (namespaced by tenant)
+
+
+def segment_path(runtime_dir: Path) -> Path:
+    digest = hashlib.blake2b(str(runtime_dir.resolve()).encode(), digest_size=6).hexdigest()
+    return SHM_DIR / f"mcpd-{digest}"
+
+
+def lock_path(runtime_dir: Path) -> Path:
+    return runtime_dir / "cache.lock"
+
+
+def create(config: Config) -> ShmArena:
+    return ShmArena.create(segment_path(config.runtime_dir), lock_path(config.runtime_dir),
+                           config.cache.bytes, config.cache.page_bytes)
+
+
+def attach(config: Config) -> ShmArena | None:
+    """The daemon's segment, or None when the cache is disabled."""
+    if not config.cache.enabled:
+        return None
+    return ShmArena(segment_path(config.runtime_dir), lock_path(config.runtime_dir))
+
+
+def unlink(config: Config) -> None:
+    segment_path(config.runtime_dir).unlink(missing_ok=True)
