@@ -61,3 +61,29 @@ def test_an_update_that_fails_late_leaves_in_place_xors_undone():
     assert store.get("t", "c").version == 1 and live.tobytes() == big.tobytes()
     store.update("t", "c", 1, [xor])
     assert store.get("t", "c").fields["w"] is live and live.tobytes() == changed.tobytes()
+
+
+class Refuser:
+    def committed(self, context, changes):
+        raise MCPDError("TOO_LARGE", "no room")
+
+    def dropped(self, context):
+        pass
+
+
+def test_a_listener_refusal_puts_the_context_back_in_place_xors_included():
+    store = ContextStore(ContextsConfig())
+    store.open("t", "c")
+    big = np.random.default_rng(0).standard_normal(100_000).astype(np.float32)
+    store.update("t", "c", 0, [codec.diff("w", None, big)])
+    context, total = store.get("t", "c"), store.total_bytes
+    saved = context.saved()
+    changed = big.copy()
+    changed[::50] += 1
+    store.listeners.append(Refuser())
+    with pytest.raises(MCPDError):
+        store.update("t", "c", 1, [codec.diff("w", big, changed), codec.diff("x", None, b"new")])
+    with pytest.raises(MCPDError):
+        store.append_tokens(context, [1, 2, 3])
+    assert context.saved()[1:] == saved[1:] and context.version == 1 and store.total_bytes == total
+    assert context.fields["w"].tobytes() == big.tobytes() and "x" not in context.fields

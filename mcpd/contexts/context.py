@@ -48,6 +48,15 @@ class Context:
     def nbytes(self) -> int:
         return sum(value_nbytes(v) for v in self.fields.values())
 
+    def saved(self) -> tuple:
+        """What `commit` changes, to put back with `roll_back` if the commit is refused after all."""
+        return (self.version, self.fields, dict(self.changed_at), dict(self.deleted_at),
+                dict(self.token_count_at), self.tokens_rewritten_at)
+
+    def roll_back(self, saved: tuple) -> None:
+        (self.version, self.fields, self.changed_at, self.deleted_at, self.token_count_at,
+         self.tokens_rewritten_at) = saved
+
     def commit(self, fields: dict, changed: set[str], deleted: set[str]) -> None:
         """Install a validated new state as the next version."""
         old_count = len(self.tokens)

@@ -5,13 +5,10 @@ It runs inside the scheduler: that process sees every context generate (to route
 worker holding its KV, and to hold updates off while it runs), so the table lives there.
 
 With the host cache, every committed version is also in shared memory (host_cache), and a
-restarted scheduler starts from what is there. The cache listener hears a commit after the store
-installed it; when the cache cannot hold it, the commit is undone here and refused (TOO_LARGE),
-so no reply ever names a version a restart would lose.
+restarted scheduler starts from what is there. When the cache cannot hold a version it refuses
+it (TOO_LARGE) and the store puts the context back as it was.
 """
 from __future__ import annotations
-
-from contextlib import contextmanager
 
 import numpy as np
 
@@ -60,8 +57,7 @@ class ContextService:
 
     def _update(self, owner: str, args: dict, payload: list[bytes]) -> tuple[dict, list[bytes]]:
         changes = codec.from_wire(args["changes"], payload, self.store.limits)   # DeltaError is an MCPDError
-        with _undone_if_refused(self.store.get(owner, args["id"]), self.store):
-            context = self.store.update(owner, args["id"], args["base"], changes)
+        context = self.store.update(owner, args["id"], args["base"], changes)
         return {"id": context.id, "version": context.version}, []
 
     def _drop(self, owner: str, args: dict, _payload) -> tuple[dict, list[bytes]]:
@@ -87,8 +83,7 @@ class ContextService:
         """Append the turn's prompt and output tokens; returns what the reply says of the context."""
         token_ids = np.frombuffer(appended, np.int32).tolist()
         try:
-            with _undone_if_refused(context, self.store):
-                self.store.append_tokens(context, token_ids)   # may refuse: TOO_LARGE
+            self.store.append_tokens(context, token_ids)   # may refuse: TOO_LARGE
         finally:
             self.end_turn(context)
         return {"id": context.id, "version": context.version, "appended_token_ids": token_ids}
@@ -96,18 +91,3 @@ class ContextService:
     def stats(self) -> dict:
         return self.store.stats()
 
-
-@contextmanager
-def _undone_if_refused(context: Context, store: ContextStore):
-    """Put context back as it was if a listener refused the version the store had installed."""
-    saved = (context.version, context.fields, dict(context.changed_at), dict(context.deleted_at),
-             dict(context.token_count_at), context.tokens_rewritten_at)
-    nbytes = context.nbytes
-    try:
-        yield
-    except MCPDError:
-        if context.version != saved[0]:
-            store.total_bytes += nbytes - context.nbytes
-            (context.version, context.fields, context.changed_at, context.deleted_at,
-             context.token_count_at, context.tokens_rewritten_at) = saved
-        raise

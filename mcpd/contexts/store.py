@@ -7,8 +7,11 @@ was. The one exception to copying is an XOR into a big array, applied to the liv
 
 Listeners (the host shared-memory cache, the on-disk journal) hear of every committed version,
 with the deltas that made it from the version before, and of every drop, after the store
-changed: they keep copies that outlive this process. `restore` puts such a copy back without
-telling them again, and never replaces a newer version with an older one.
+changed: they keep copies that outlive this process. A listener may refuse a version by raising
+MCPDError (the cache when it cannot hold it): the context is then put back as it was, in-place
+XORs included, and the update fails, so no reply ever names a version a restart would lose.
+Listeners that may refuse come first. `restore` puts a saved copy back without telling them
+again, and never replaces a newer version with an older one.
 """
 from __future__ import annotations
 
@@ -77,12 +80,11 @@ class ContextStore:
                 else:
                     fields[change.name] = self._apply(fields.get(change.name), change)
                 changed.add(change.name)
-            total = self._total_after(context, fields)
+            self._install(context, fields, changed, deleted, changes)
         except BaseException:
             for change in reversed(in_place):   # XOR undoes itself
                 codec.apply_in_place(fields[change.name], change, self.limits)
             raise
-        self._install(context, fields, changed, deleted, changes, total)
         return context
 
     def append_tokens(self, context: Context, token_ids: list[int]) -> None:
@@ -90,7 +92,7 @@ class ContextStore:
         fields = dict(context.fields)
         fields[TOKENS] = np.concatenate([context.tokens, np.asarray(token_ids, np.int32)])
         change = codec.diff(TOKENS, context.tokens, fields[TOKENS])
-        self._install(context, fields, {TOKENS}, set(), [change] if change else [], self._total_after(context, fields))
+        self._install(context, fields, {TOKENS}, set(), [change] if change else [])
 
     def writable(self, owner: str, context_id: str, base: int | None) -> Context:
         """The context, if a change based on `base` may be applied to it now."""
@@ -166,11 +168,18 @@ class ContextStore:
         return total
 
     def _install(self, context: Context, fields: dict, changed: set[str], deleted: set[str],
-                 changes: list[FieldDelta], total: int) -> None:
+                 changes: list[FieldDelta]) -> None:
+        """Commit the next version if it fits the limits and every listener takes it."""
+        total = self._total_after(context, fields)
+        saved = context.saved()
         context.commit(fields, changed, deleted)
+        try:
+            for listener in self.listeners:
+                listener.committed(context, changes)
+        except BaseException:
+            context.roll_back(saved)
+            raise
         self.total_bytes = total
-        for listener in self.listeners:
-            listener.committed(context, changes)
 
     @staticmethod
     def _not_found(context_id: str) -> MCPDError:
