@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import tomllib
 import types
 import typing
@@ -51,13 +52,78 @@ class LimitsConfig:
 
 
 @dataclass(frozen=True)
+class PriorityClass:
+    """One priority class of [scheduler.classes.<name>]; every limit is per class."""
+    rank: int = 0                 # higher is admitted first and preempted last; ranks are distinct
+    max_queue: int = 1024         # waiting requests of this class; beyond this: OVERLOADED
+    max_age_s: float = 0.0        # a request waiting this long moves up one class (again per period); 0 = never
+    rate: float = 0.0             # requests per second per client (tenant); 0 = unlimited
+    burst: int = 1                # requests a client may send at once beyond the rate (bucket size)
+    degrade_max_tokens: int = 0   # under sustained overload, max_tokens is capped to this; 0 = never
+    shed: bool = False            # under overload that outlasts the cap: refused with OVERLOADED
+
+    def check(self, name: str) -> None:
+        if not CLASS_NAME.fullmatch(name):
+            raise ConfigError(f"scheduler.classes.{name}: a class name is 1..32 of a-z, 0-9, _ and -")
+        for key in ("max_queue", "burst"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"scheduler.classes.{name}.{key} = {getattr(self, key)}: must be >= 1")
+        for key in ("max_age_s", "rate", "degrade_max_tokens"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"scheduler.classes.{name}.{key} = {getattr(self, key)}: must be >= 0")
+
+
+CLASS_NAME = re.compile(r"[a-z0-9_-]{1,32}")
+
+
+def _default_classes() -> dict[str, PriorityClass]:
+    return {"critical": PriorityClass(rank=3, max_queue=256),
+            "high": PriorityClass(rank=2, max_queue=512),
+            "normal": PriorityClass(rank=1, max_queue=1024, max_age_s=30.0),
+            "low": PriorityClass(rank=0, max_queue=1024, max_age_s=60.0, degrade_max_tokens=256, shed=True)}
+
+
+@dataclass(frozen=True)
 class SchedulerConfig:
-    max_queue: int = 1024              # waiting requests; beyond this new work gets OVERLOADED
-    max_inflight_per_worker: int = 64  # requests handed to one worker and not yet finished
+    policy: str = "priority"           # priority (classes, preemption) or fifo (one queue, arrival order)
+    default_class: str = "normal"      # the class of a request whose header names none
+    max_queue: int = 1024              # waiting requests of all classes; beyond this: OVERLOADED
+    max_inflight: int = 4096           # requests admitted and not yet answered (queued + running)
+    max_inflight_per_worker: int = 64  # requests of one class and above handed to one worker at a time
+    overloaded_retry_ms: int = 100     # the retry_after_ms hint of OVERLOADED
+    window_target_p99_ms: float = 50.0  # the queueing delay the batching window steers p99 toward
+    window_min_ms: float = 0.0         # bounds of the batching window
+    window_max_ms: float = 20.0
+    window_smoothing: float = 0.2      # weight of each new adjustment (EWMA): lower is steadier
+    degrade_queue_depth: int = 256     # overload: at least this many requests waiting
+    degrade_after_s: float = 5.0       # overload this long: cap max_tokens; twice as long: shed
+    classes: dict[str, PriorityClass] = field(default_factory=_default_classes)
 
     def check(self) -> None:
-        if self.max_queue < 1 or self.max_inflight_per_worker < 1:
-            raise ConfigError("scheduler.max_queue and scheduler.max_inflight_per_worker must be >= 1")
+        if self.policy not in ("priority", "fifo"):
+            raise ConfigError(f"scheduler.policy = {self.policy!r}: use priority or fifo")
+        for key in ("max_queue", "max_inflight", "max_inflight_per_worker", "degrade_queue_depth"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"scheduler.{key} = {getattr(self, key)}: must be >= 1")
+        for key in ("overloaded_retry_ms", "window_target_p99_ms", "window_min_ms", "degrade_after_s"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"scheduler.{key} = {getattr(self, key)}: must be >= 0")
+        if self.window_max_ms < self.window_min_ms:
+            raise ConfigError(f"scheduler.window_max_ms = {self.window_max_ms}: must be >= window_min_ms")
+        if not 0 < self.window_smoothing <= 1:
+            raise ConfigError(f"scheduler.window_smoothing = {self.window_smoothing}: must be in (0, 1]")
+        self._check_classes()
+
+    def _check_classes(self) -> None:
+        if not self.classes:
+            raise ConfigError("scheduler.classes: at least one class is needed")
+        for name, cls in self.classes.items():
+            cls.check(name)
+        if len({c.rank for c in self.classes.values()}) != len(self.classes):
+            raise ConfigError("scheduler.classes: every class needs its own rank")
+        if self.default_class not in self.classes:
+            raise ConfigError(f"scheduler.default_class = {self.default_class!r}: not one of the classes "
+                              f"({', '.join(self.classes)})")
 
 
 @dataclass(frozen=True)
@@ -217,7 +283,17 @@ def _build_section(section: str, cls: type, values: dict):
             raise ConfigError(f"unknown key {section}.{key}; known: {', '.join(hints)}")
         if not _matches(value, hints[key]):
             raise ConfigError(f"{section}.{key} = {value!r}: expected {_type_name(hints[key])}")
-    return cls(**{k: _coerce(v, hints[k]) for k, v in values.items()})
+    return cls(**{k: _build_value(f"{section}.{k}", v, hints[k]) for k, v in values.items()})
+
+
+def _build_value(path: str, value, hint):
+    if typing.get_origin(hint) is dict:   # a table of tables, e.g. [scheduler.classes.<name>]
+        item = typing.get_args(hint)[1]
+        for name, table in value.items():
+            if not isinstance(table, dict):
+                raise ConfigError(f"[{path}.{name}] must be a table")
+        return {name: _build_section(f"{path}.{name}", item, table) for name, table in value.items()}
+    return float(value) if hint is float else value
 
 
 def _matches(value, hint) -> bool:
@@ -227,12 +303,9 @@ def _matches(value, hint) -> bool:
         return isinstance(value, (int, float))
     if isinstance(hint, types.UnionType):
         return any(_matches(value, h) for h in typing.get_args(hint))
-    return isinstance(value, hint)
-
-
-def _coerce(value, hint):
-    return float(value) if hint is float else value
+    return isinstance(value, typing.get_origin(hint) or hint)
 
 
 def _type_name(hint) -> str:
-    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(hint, str(hint))
+    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(
+        hint, "a table" if typing.get_origin(hint) is dict else str(hint))

@@ -1,7 +1,7 @@
 """Lifecycle: systemd notifications, graceful stop, one instance per runtime dir, bad config."""
 import subprocess
 
-from mcpd.testing import BIN, Daemon
+from mcpd.testing import BIN
 
 
 def test_ready_then_stopping_and_clean_exit(fresh_daemon):

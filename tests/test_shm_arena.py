@@ -1,7 +1,6 @@
 """The shared-memory arena on its own: budget, eviction by recency and frequency, waste, pinning,
 and what a SIGKILLed writer or lock holder leaves behind (real processes, real kills)."""
 import hashlib
-import os
 import signal
 import subprocess
 import sys

@@ -95,3 +95,25 @@ def test_frontend_restart_never_routes_old_replies_to_new_clients(fresh_daemon):
         result = new.generate("new", max_tokens=3, temperature=0, ignore_eos=True)
     assert result.completion_tokens == 3   # its own answer, not the old request's 300 tokens
     old.close()
+
+
+def test_killed_worker_answers_every_queued_and_running_request(fresh_daemon):
+    """Mixed classes, some running (streaming), some queued behind them: after the kill each
+    gets exactly one final reply, ok (requeued and run again) or WORKER_LOST."""
+    d = fresh_daemon(scheduler={"max_inflight_per_worker": 2}, engine={"max_num_seqs": 2})
+    pid = d.pid_of("worker")
+    with d.client() as client:
+        running = [client.send("generate", {"prompt": f"run {i}", "max_tokens": 2000, "ignore_eos": True,
+                                            "stream": True}, priority="high") for i in range(2)]
+        assert all(client.receive(rid)["kind"] == "chunk" for rid in running)
+        queued = [client.send("generate", {"prompt": f"wait {i}", "max_tokens": 4, "ignore_eos": True},
+                              priority=("normal", "low")[i % 2]) for i in range(4)]
+        d.wait_until(lambda: client.status()["queue_depth"] == 4, 30, "four queued")
+        os.kill(pid, signal.SIGKILL)
+        finals = {}
+        for rid in running + queued:
+            while (reply := client.receive(rid, 60))["kind"] == "chunk":
+                pass
+            finals[rid] = reply.get("code", "ok")
+    assert [finals[rid] for rid in running] == [codes.WORKER_LOST] * 2
+    assert [finals[rid] for rid in queued] == ["ok"] * 4

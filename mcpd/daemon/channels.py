@@ -11,15 +11,18 @@ Replies go from the worker straight to the front-end: the scheduler is off the r
 hop fewer per request) and learns what finished from DONE notes, batched per worker loop turn.
 
 Message layouts (frames):
-    front-end → scheduler   [REQUEST, rid, header, *payload]   [CANCEL, rid]
+    front-end → scheduler   [REQUEST, rid, header, *payload]   [CANCEL, rid] (the client's cancel, or its disconnect)
     supervisor → scheduler  [WORKER_LOST, msgpack {"index", "pid"}]
-    scheduler → worker      [worker identity, REQUEST, rid, header, *payload]   [.., CANCEL, rid]
+    scheduler → worker      [worker identity, REQUEST, rid, dispatch, header, *payload]   [.., CANCEL, rid, code]
+                            (dispatch: msgpack {"priority": int, the engine priority; "max_tokens":
+                            int|None, a degradation cap}; code: the final's error code, CANCELLED
+                            or DEADLINE_EXCEEDED)
     worker → scheduler      [HELLO, info]   [STARTED, rid]   [DONE, rid, rid, ...]   [STATS, stats]
                             [CHUNK, rid, reply header]   [FINAL, rid, reply header, appended token ids]
                             (context turns only, relayed in order: the scheduler commits the
                             turn before it answers the front-end)
     worker → front-end      [CHUNK|FINAL, rid, reply header, *payload]
-    scheduler → front-end   [FINAL, rid, reply header]   (errors it decides: OVERLOADED, WORKER_LOST, ...)
+    scheduler → front-end   [FINAL, rid, reply header]   (errors it decides: OVERLOADED, RATE_LIMITED, DEADLINE_EXCEEDED, WORKER_LOST, ...)
     supervisor → front-end  [DRAIN]   [SCHEDULER_LOST] (answer everything in flight: nobody else will)
     child → supervisor      [msgpack {"role", "index", "pid", "event": "ready"|"stats"|"drained", ...}]
 STARTED says a stream sent its first chunk, so the request is no longer safe to retry elsewhere.
@@ -52,15 +55,16 @@ def unpack_rid(raw: bytes) -> int:
     return _RID.unpack(raw)[0]
 
 
-def drain(sock: zmq.Socket, handle, limit: int = 1 << 30) -> int:
+def drain(sock: zmq.Socket, handle, limit: int = 1 << 30, receive=None) -> int:
     """Hand every message waiting on `sock` (up to `limit`) to `handle`; never blocks.
+    `receive(sock)` takes one message (default: recv_multipart without blocking).
 
     Asking EVENTS is cheaper than letting recv raise zmq.Again, and it also re-arms the
     edge-triggered FD that event loops wait on. Returns how many messages were handled.
     """
     taken = 0
     while taken < limit and sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-        handle(sock.recv_multipart(zmq.NOBLOCK))
+        handle(receive(sock) if receive else sock.recv_multipart(zmq.NOBLOCK))
         taken += 1
     return taken
 

@@ -15,10 +15,12 @@ from dataclasses import dataclass
 
 import uvloop
 import zmq
+from zmq.utils.monitor import parse_monitor_message
 
 from mcpd.config import Config
 from mcpd.daemon import channels, child
 from mcpd.daemon.latency import LatencyWindow
+from mcpd.daemon.peers import PeerTracker
 from mcpd.protocol import codes, ops, wire
 from mcpd.protocol.codes import MCPDError
 
@@ -42,6 +44,9 @@ class FrontEnd:
         self.log = child.start("frontend", config)
         self.context = zmq.Context()
         self.clients = self._bind_clients()
+        # A client whose connection closes has its requests cancelled (peers.py says how).
+        self.peers = PeerTracker()
+        self.connections = self.clients.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self.to_scheduler = self._socket(zmq.PUSH, "sched.ipc", bind=False)
         self.from_scheduler = self._socket(zmq.PULL, "frontend.ipc", bind=True)
         self.events = child.EventReporter(self.context, config, "frontend")
@@ -80,7 +85,7 @@ class FrontEnd:
     async def serve(self) -> None:
         loop = asyncio.get_running_loop()
         self.stopped = loop.create_future()
-        for sock in (self.clients, self.from_scheduler):
+        for sock in (self.clients, self.from_scheduler, self.connections):
             loop.add_reader(sock.getsockopt(zmq.FD), self._pump)
         loop.add_signal_handler(signal.SIGTERM, self._stop)
         self.events.send("ready")
@@ -92,8 +97,9 @@ class FrontEnd:
         # zmq's FD is edge-triggered: keep going until both sockets report nothing left.
         busy = True
         while busy:
-            busy = (channels.drain(self.clients, self._on_client, BATCH)
-                    + channels.drain(self.from_scheduler, self._on_reply, BATCH)) > 0
+            busy = (channels.drain(self.clients, self._on_client, BATCH, self._receive_client)
+                    + channels.drain(self.from_scheduler, self._on_reply, BATCH)
+                    + channels.drain(self.connections, self._on_connection_event, BATCH)) > 0
 
     def _tick(self) -> None:
         try:
@@ -116,6 +122,24 @@ class FrontEnd:
             self.stopped.set_result(None)
 
     # -- client side ----------------------------------------------------------------------------
+
+    def _receive_client(self, sock: zmq.Socket) -> list[bytes]:
+        """One client message; its first frame (the routing id) also tells its connection."""
+        first = sock.recv(zmq.NOBLOCK, copy=False)
+        frames = [first.bytes] + (sock.recv_multipart(zmq.NOBLOCK) if first.more else [])
+        self._client_gone(self.peers.seen(frames[0], first.get(zmq.SRCFD)))
+        return frames
+
+    def _on_connection_event(self, frames: list[bytes]) -> None:
+        self._client_gone(self.peers.disconnected(parse_monitor_message(frames)["value"]))
+
+    def _client_gone(self, identity: bytes | None) -> None:
+        """Its connection closed: nobody will read the replies, so stop the work (frees KV too)."""
+        if identity is None:
+            return
+        for (owner, _), rid in self.rid_of.items():
+            if owner == identity:
+                self.to_scheduler.send_multipart([channels.CANCEL, channels.pack_rid(rid)])
 
     def _on_client(self, frames: list[bytes]) -> None:
         identity = frames[0]

@@ -1,64 +1,56 @@
-"""The scheduler process: queues validated requests and routes each to the least-loaded worker.
+"""The scheduler process: admits requests by priority class, queues them, and hands each to a worker.
 
-Queueing is FIFO with a size cap (OVERLOADED beyond it); the routing key is outstanding requests
-per worker. Workers answer the front-end directly; the scheduler only hears which requests are
-done. A worker that dies has its unstarted requests requeued once and the rest answered
-WORKER_LOST, so no request is left without a final reply (the front-end drops any duplicate).
+What it decides (policies in mcpd/scheduling/, one per file):
+- admission: class, limits, in-flight cap, per-client rate limits, degradation (admission.py);
+  a request refused is answered at once (OVERLOADED / RATE_LIMITED with retry_after_ms).
+- order: the most important waiting request goes first, with aging (class_queues.py).
+- batching: when the node is busy a prefill may wait up to its class's adaptive window for others
+  of its length bin, then they go to a worker together (batching_window.py).
+- routing: context affinity, else least outstanding tokens (router.py). A more important request
+  is dispatched even to a worker full of less important ones: the worker's engine gets its
+  effective rank as the sequence priority and preempts (by recompute) to seat it.
+- deadlines (header timeout_ms, from arrival here): a waiting request is answered
+  DEADLINE_EXCEEDED; a running one is cancelled on its worker, which frees its KV blocks and
+  answers DEADLINE_EXCEEDED.
+Workers answer the front-end directly; the scheduler only hears which requests are done. A worker
+that dies has its unstarted requests requeued once and the rest answered WORKER_LOST, so no
+request is left without a final reply (the front-end drops any duplicate).
 """
 from __future__ import annotations
 
+import dataclasses
+import itertools
+import logging
 import os
 import time
-from collections import deque
-from dataclasses import dataclass, field
 
 import msgpack
 import zmq
 
-from mcpd.config import Config
+from mcpd.config import Config, SchedulerConfig
 from mcpd.contexts import service as contexts
-from mcpd.contexts.context import Context
 from mcpd.contexts.host_cache import ContextCache
 from mcpd.contexts.service import ContextService
 from mcpd.daemon import channels, child
 from mcpd.memory import host_segment
 from mcpd.protocol import codes, wire
 from mcpd.protocol.codes import MCPDError
+from mcpd.scheduling import router
+from mcpd.scheduling.admission import Admission
+from mcpd.scheduling.batching_window import BatchingWindow
+from mcpd.scheduling.class_queues import ClassQueues
+from mcpd.scheduling.deadlines import Deadlines
+from mcpd.scheduling.job import Job
+from mcpd.scheduling.router import WorkerSlot
 
 STATS_INTERVAL_S = 0.5
 IDLE_POLL_MS = 100
-OVERLOADED_RETRY_MS = 100
 MAX_RETRIES = 1   # a request that may have crashed a worker is not fed to a second one
 
 
-@dataclass
-class Job:
-    rid: int
-    header: bytes
-    payload: list[bytes]
-    enqueued: float = field(default_factory=time.monotonic)
-    started_streaming: bool = False
-    retries: int = 0
-    context: Context | None = None   # a generate turn on a context, held until it ends
-
-    def request_id(self):
-        return msgpack.unpackb(self.header, raw=False).get("id")   # rare paths only: errors
-
-
-@dataclass
-class WorkerSlot:
-    index: int
-    identity: bytes
-    pid: int | None = None
-    ready: bool = False
-    jobs: dict[int, Job] = field(default_factory=dict)
-    info: dict = field(default_factory=dict)
-
-
 class Scheduler:
-    def __init__(self, config: Config):
-        self.config = config
-        self.log = child.start("scheduler", config)
+    def __init__(self, config: Config, log: logging.Logger):
+        self.config, self.log = config, log
         self.context = zmq.Context()
         self.inbox = self._socket(zmq.PULL, "sched.ipc", bind=True)
         self.workers_socket = self._socket(zmq.ROUTER, "workers.ipc", bind=True)
@@ -68,13 +60,26 @@ class Scheduler:
         self.workers_socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.outbox = self._socket(zmq.PUSH, "frontend.ipc", bind=False)
         self.events = child.EventReporter(self.context, config, "scheduler")
-        self.queue: deque[Job] = deque()
+        sched = config.scheduler
+        self.queue = ClassQueues(sched.classes, fifo=sched.policy == "fifo")
+        self.admission = Admission(sched)
+        self.windows = {name: self._window(sched) for name in sched.classes}
+        self.deadlines = Deadlines()
+        self.jobs: dict[int, Job] = {}   # every admitted request until its final reply
         self.workers: dict[bytes, WorkerSlot] = {}
         self.host_cache = host_segment.attach(config)
         self.contexts = ContextService(config.contexts, config.limits,
                                        cache=ContextCache(self.host_cache) if self.host_cache else None)
+        self.arrivals = itertools.count()
         self.dispatched = 0
+        self.errors: dict[str, dict[str, int]] = {}   # the scheduler's own error replies: class -> code -> n
+        self.hold_until: float | None = None   # a batch is held open until then
         self.parent_pid = os.getppid()
+
+    @staticmethod
+    def _window(sched: SchedulerConfig) -> BatchingWindow:
+        return BatchingWindow(sched.window_target_p99_ms, sched.window_min_ms, sched.window_max_ms,
+                              sched.window_smoothing)
 
     def _socket(self, kind: int, name: str, bind: bool) -> zmq.Socket:
         sock = self.context.socket(kind)
@@ -90,17 +95,44 @@ class Scheduler:
         self.events.send("ready")
         next_stats = 0.0
         while child.parent_alive(self.parent_pid):
-            ready = dict(poller.poll(IDLE_POLL_MS))
+            ready = dict(poller.poll(self._poll_timeout_ms()))
             # Workers first: what a dead worker sent before dying (STARTED, DONE) must count
             # before the supervisor's WORKER_LOST note decides what to retry.
             if self.workers_socket in ready:
                 channels.drain(self.workers_socket, self._on_worker)
             if self.inbox in ready:
                 channels.drain(self.inbox, self._on_inbox)
-            self._dispatch()
-            if time.monotonic() >= next_stats:
+            now = time.monotonic()
+            self._expire(now)
+            self._dispatch(now)
+            if now >= next_stats:
                 self.events.send("stats", **self.stats())
-                next_stats = time.monotonic() + STATS_INTERVAL_S
+                next_stats = now + STATS_INTERVAL_S
+
+    def _poll_timeout_ms(self) -> float:
+        wake = [t for t in (self.hold_until, self.deadlines.next_at()) if t is not None]
+        if not wake:
+            return IDLE_POLL_MS
+        return min(IDLE_POLL_MS, max(0.0, (min(wake) - time.monotonic()) * 1000))
+
+    def apply_config(self, config: Config) -> list[str]:
+        """Swap in a reloaded [scheduler] section (all of it is live) without dropping queued or
+        running work; returns the keys that changed, as "scheduler.<key>". Other sections are
+        not this process's to reload and are ignored."""
+        old, new = self.config.scheduler, config.scheduler
+        changed = [f"scheduler.{f.name}" for f in dataclasses.fields(SchedulerConfig)
+                   if getattr(old, f.name) != getattr(new, f.name)]
+        self.config = dataclasses.replace(self.config, scheduler=new)
+        self.queue.configure(new.classes)
+        self.queue.fifo = new.policy == "fifo"
+        self.admission.configure(new)
+        for name in new.classes:
+            self.windows.setdefault(name, self._window(new))
+        for window in self.windows.values():
+            window.configure(new.window_target_p99_ms, new.window_min_ms, new.window_max_ms, new.window_smoothing)
+        if changed:
+            self.log.info("reload: applied %s", ", ".join(changed))
+        return changed
 
     # -- from the front-end and the supervisor --------------------------------------------------
 
@@ -109,7 +141,7 @@ class Scheduler:
         if tag == channels.REQUEST:
             self._enqueue(Job(channels.unpack_rid(frames[1]), frames[2], frames[3:]))
         elif tag == channels.CANCEL:
-            self._cancel(channels.unpack_rid(frames[1]))
+            self._cancel(channels.unpack_rid(frames[1]), codes.CANCELLED)
         elif tag == channels.WORKER_LOST:
             lost = msgpack.unpackb(frames[1])
             self._worker_lost(channels.worker_identity(lost["index"]), lost["pid"])
@@ -118,62 +150,100 @@ class Scheduler:
         header = msgpack.unpackb(job.header, raw=False)
         try:
             if header["op"] == "status":
-                return self._reply(channels.FINAL, job.rid, wire.ok_reply(header["id"], self.stats()))
+                return self._reply(job.rid, wire.ok_reply(header["id"], self.stats()))
             if header["op"] in contexts.OPS:
                 result, frames = self.contexts.handle(header, job.payload)
-                return self._reply(channels.FINAL, job.rid, wire.ok_reply(header["id"], result), frames)
+                return self._reply(job.rid, wire.ok_reply(header["id"], result), frames)
             self._admit(job, header)
         except MCPDError as e:
-            self._reply(channels.FINAL, job.rid, wire.error_reply(header["id"], e.code, e.message, e.retry_after_ms))
+            self._count_error(job.class_name or "-", e.code)
+            self._reply(job.rid, wire.error_reply(header["id"], e.code, e.message, e.retry_after_ms))
         except Exception as e:   # noqa: BLE001 - a bug must cost one request, not every context
             self.log.exception("request %s failed", header.get("id"))
-            self._reply(channels.FINAL, job.rid, wire.error_reply(header["id"], codes.INTERNAL, f"{type(e).__name__}: {e}"))
+            self._reply(job.rid, wire.error_reply(header["id"], codes.INTERNAL, f"{type(e).__name__}: {e}"))
 
     def _admit(self, job: Job, header: dict) -> None:
+        now = time.monotonic()
         if len(self.queue) >= self.config.scheduler.max_queue:
-            self._dispatch()   # a burst may be refused only if the workers have no room either
-        if len(self.queue) >= self.config.scheduler.max_queue:
-            raise MCPDError(codes.OVERLOADED, f"queue is full ({len(self.queue)} waiting)", OVERLOADED_RETRY_MS)
+            self._dispatch(now)   # a burst may be refused only if the workers have no room either
+        self.admission.admit(job, header, self.queue, len(self.jobs), now)
         if header["op"] == "generate" and header["args"].get("context") is not None:
             job.context, tokens = self.contexts.begin_turn(header, job.rid)
             job.payload = [tokens]   # the worker runs the turn on the context's tokens
-        self.queue.append(job)
+        job.seq, job.enqueued = next(self.arrivals), now
+        self.queue.push(job)
+        self.jobs[job.rid] = job
+        if job.deadline is not None:
+            self.deadlines.add(job.deadline, job.rid)
 
-    def _cancel(self, rid: int) -> None:
-        for job in self.queue:
-            if job.rid == rid:
-                self.queue.remove(job)
-                return self._fail(job, codes.CANCELLED, "cancelled by the client")
-        for slot in self.workers.values():
-            if rid in slot.jobs:
-                return self._send_worker(slot, [channels.CANCEL, channels.pack_rid(rid)])
+    def _cancel(self, rid: int, code: str) -> None:
+        """Stop a request: answered here if it still waits, else by its worker (which frees its KV)."""
+        job = self.jobs.get(rid)
+        if job is None:
+            return
+        if self.queue.remove(job):
+            message = "cancelled by the client" if code == codes.CANCELLED else "deadline passed while queued"
+            return self._fail(job, code, message)
+        slot = self._slot_of(rid)
+        if slot is not None:
+            if code != codes.CANCELLED:
+                self._count_error(job.class_name, code)
+            self._send_worker(slot, [channels.CANCEL, channels.pack_rid(rid), code.encode()])
+
+    def _expire(self, now: float) -> None:
+        for rid in self.deadlines.due(now):
+            self._cancel(rid, codes.DEADLINE_EXCEEDED)
+
+    def _slot_of(self, rid: int) -> WorkerSlot | None:
+        return next((s for s in self.workers.values() if rid in s.jobs), None)
 
     # -- to and from workers --------------------------------------------------------------------
 
-    def _dispatch(self) -> None:
-        limit = self.config.scheduler.max_inflight_per_worker
-        while self.queue:
-            ready = [s for s in self.workers.values() if s.ready and len(s.jobs) < limit]
-            if not ready:
+    def _dispatch(self, now: float) -> None:
+        """Hand out waiting jobs, most important first, in length-bin groups, while workers have room."""
+        self.hold_until = None
+        self.admission.ladder.update(len(self.queue), now)
+        per_worker = self.config.scheduler.max_inflight_per_worker
+        while (job := self.queue.peek(now)) is not None:
+            slot = router.choose(job, self.workers.values(), per_worker)
+            if slot is None:
                 return
-            job = self.queue.popleft()
-            slot = self._route(job, ready)
-            if self._send_worker(slot, [channels.REQUEST, channels.pack_rid(job.rid), job.header, *job.payload]):
-                slot.jobs[job.rid] = job
-                self.dispatched += 1
-                if job.context is not None:
-                    job.context.worker_hint = slot.index
-            else:
-                self.queue.appendleft(job)
+            room = router.room_for(slot, job, per_worker)
+            group = [job] + self.queue.same_bin(job, room - 1, now)
+            if self._hold(group, room, now):
+                return
+            for member in group:
+                if not self._send_job(slot, member, now):
+                    return
 
-    @staticmethod
-    def _route(job: Job, ready: list[WorkerSlot]) -> WorkerSlot:
-        """The worker that ran a context's last turn (its KV may still be there), else the least loaded."""
+    def _hold(self, group: list[Job], room: int, now: float) -> bool:
+        """Keep a partial batch open for its window, but only while the node is busy anyway."""
+        first = group[0]
+        window = self.windows.get(first.class_name)
+        if window is None or window.window_ms <= 0 or len(group) >= room:
+            return False
+        if not any(slot.jobs for slot in self.workers.values()):
+            return False   # an idle node never makes a request wait
+        release = first.enqueued + window.window_ms / 1000
+        if now >= release:
+            return False
+        self.hold_until = release
+        return True
+
+    def _send_job(self, slot: WorkerSlot, job: Job, now: float) -> bool:
+        self.queue.remove(job)
+        dispatch = msgpack.packb({"priority": job.rank, "max_tokens": job.max_tokens_cap})
+        if not self._send_worker(slot, [channels.REQUEST, channels.pack_rid(job.rid), dispatch, job.header,
+                                        *job.payload]):
+            self.queue.push_front(job)
+            return False
+        slot.jobs[job.rid] = job
+        self.dispatched += 1
+        if job.class_name in self.windows:
+            self.windows[job.class_name].observe((now - job.enqueued) * 1000)
         if job.context is not None:
-            for slot in ready:
-                if slot.index == job.context.worker_hint:
-                    return slot
-        return min(ready, key=lambda s: len(s.jobs))
+            job.context.worker_hint = slot.index
+        return True
 
     def _send_worker(self, slot: WorkerSlot, frames: list[bytes]) -> bool:
         try:
@@ -190,7 +260,7 @@ class Scheduler:
         tag = frames[1]
         if tag == channels.DONE and slot:
             for raw in frames[2:]:
-                slot.jobs.pop(channels.unpack_rid(raw), None)
+                self._done(slot, channels.unpack_rid(raw))
         elif tag == channels.STARTED and slot:
             job = slot.jobs.get(channels.unpack_rid(frames[2]))
             if job:
@@ -210,23 +280,27 @@ class Scheduler:
                 return self._hello(frames[0], info)
             slot.info = info
 
+    def _done(self, slot: WorkerSlot, rid: int) -> Job | None:
+        self.jobs.pop(rid, None)
+        return slot.jobs.pop(rid, None)
+
     def _finish_turn(self, slot: WorkerSlot, frames: list[bytes]) -> None:
         """A context generate ended on a worker: commit what it appended, then answer the client,
         so the client never sees a reply before its new version exists."""
         rid, reply, appended = channels.unpack_rid(frames[0]), frames[1], frames[2]
-        job = slot.jobs.pop(rid, None)
+        job = self._done(slot, rid)
         if job is None:
             return
         header = msgpack.unpackb(reply, raw=False)
         if header["kind"] != "ok":
             self.contexts.end_turn(job.context)
-            return self._reply(channels.FINAL, rid, reply)
+            return self._reply(rid, reply)
         try:
             header["result"]["context"] = self.contexts.commit_turn(job.context, appended)
             reply = msgpack.packb(header)
         except MCPDError as e:   # the turn does not fit the context's limits: nothing committed
             reply = wire.error_reply(header["id"], e.code, e.message)
-        self._reply(channels.FINAL, rid, reply)
+        self._reply(rid, reply)
 
     def _hello(self, identity: bytes, info: dict) -> None:
         slot = self.workers.get(identity)
@@ -245,7 +319,7 @@ class Scheduler:
         retried = [j for j in jobs if not j.started_streaming and j.retries < MAX_RETRIES]
         for job in reversed(retried):
             job.retries += 1
-            self.queue.appendleft(job)
+            self.queue.push_front(job)
         for job in jobs:
             if job not in retried:
                 self._fail(job, codes.WORKER_LOST, f"worker {slot.index} died while running the request")
@@ -255,19 +329,33 @@ class Scheduler:
     # -- replies --------------------------------------------------------------------------------
 
     def _fail(self, job: Job, code: str, message: str, retry_after_ms: int | None = None) -> None:
+        self.jobs.pop(job.rid, None)
+        self._count_error(job.class_name, code)
         if job.context is not None:
             self.contexts.end_turn(job.context)
-        self._reply(channels.FINAL, job.rid, wire.error_reply(job.request_id(), code, message, retry_after_ms))
+        self._reply(job.rid, wire.error_reply(job.request_id(), code, message, retry_after_ms))
 
-    def _reply(self, tag: bytes, rid: int, header: bytes, payload: list[bytes] = ()) -> None:
-        self.outbox.send_multipart([tag, channels.pack_rid(rid), header, *payload])
+    def _count_error(self, class_name: str, code: str) -> None:
+        by_code = self.errors.setdefault(class_name, {})
+        by_code[code] = by_code.get(code, 0) + 1
+
+    def _reply(self, rid: int, header: bytes, payload: list[bytes] = ()) -> None:
+        self.outbox.send_multipart([channels.FINAL, channels.pack_rid(rid), header, *payload])
 
     def stats(self) -> dict:
-        return {"queue_depth": len(self.queue), "dispatched": self.dispatched, "contexts": self.contexts.stats(),
+        now = time.monotonic()
+        depths = self.queue.depths()
+        return {"queue_depth": len(self.queue), "dispatched": self.dispatched, "inflight": len(self.jobs),
+                "policy": self.config.scheduler.policy, "degradation_level": self.admission.ladder.level(now),
+                "classes": {name: {"queued": depths.get(name, 0), "window_ms": round(w.window_ms, 3),
+                                   "queue_p99_ms": round(w.p99_ms(), 3)} for name, w in self.windows.items()},
+                "errors": {name: dict(by_code) for name, by_code in self.errors.items()},
+                "contexts": self.contexts.stats(),
                 "cache": self.host_cache.stats() if self.host_cache else {},
                 "workers": [{"index": s.index, "pid": s.pid, "ready": s.ready, "inflight": len(s.jobs),
-                             **s.info} for s in sorted(self.workers.values(), key=lambda s: s.index)]}
+                             "outstanding_tokens": s.outstanding_tokens, **s.info}
+                            for s in sorted(self.workers.values(), key=lambda s: s.index)]}
 
 
 def run(config: Config) -> None:
-    Scheduler(config).serve()
+    Scheduler(config, child.start("scheduler", config)).serve()

@@ -28,6 +28,10 @@ def build_status(supervisor) -> dict:
         "queue": {"depth": scheduler.get("queue_depth", 0),
                   "inflight": frontend.get("inflight", 0)},
         "cache": _cache(scheduler.get("cache"), workers),
+        # Per priority class: queued, batching window_ms, queue_p99_ms; errors the scheduler
+        # decided, by class then code; the degradation ladder's step (0 none, 1 cap, 2 shed).
+        "scheduler": {key: scheduler.get(key, default) for key, default in
+                      (("policy", ""), ("classes", {}), ("errors", {}), ("degradation_level", 0))},
         "requests": {"served": frontend.get("served", 0), "errors": frontend.get("errors", {}),
                      "latency": frontend.get("latency", {})},
     }

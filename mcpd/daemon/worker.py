@@ -33,6 +33,7 @@ class ActiveRequest:
     request_id: int | str
     stream: bool
     want_logprobs: bool
+    degraded: dict | None = None   # the scheduler capped max_tokens: said so in the final result
     chunks_sent: int = 0
     text: list[str] = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)
@@ -115,13 +116,15 @@ class Worker:
 
     def _on_message(self, frames: list[bytes]) -> None:
         if frames[0] == channels.REQUEST:
-            self._on_request(channels.unpack_rid(frames[1]), msgpack.unpackb(frames[2], raw=False), frames[3:])
+            self._on_request(channels.unpack_rid(frames[1]), msgpack.unpackb(frames[2]),
+                             msgpack.unpackb(frames[3], raw=False), frames[4:])
         elif frames[0] == channels.CANCEL:
-            self._on_cancel(channels.unpack_rid(frames[1]))
+            code = frames[2].decode() if len(frames) > 2 else codes.CANCELLED
+            self._on_cancel(channels.unpack_rid(frames[1]), code)
 
     # -- requests -------------------------------------------------------------------------------
 
-    def _on_request(self, rid: int, header: dict, payload: list[bytes]) -> None:
+    def _on_request(self, rid: int, dispatch: dict, header: dict, payload: list[bytes]) -> None:
         op, request_id = header["op"], header["id"]
         if op == "ping":
             return self._final(rid, wire.ok_reply(request_id, {"pong": True, "worker": self.index}))
@@ -129,16 +132,21 @@ class Worker:
             self.turns[rid] = []   # from here on every final goes through the scheduler
         try:
             args = ops.validate_args(op, header["args"], self.config.limits)
-            self._start_generate(rid, request_id, args, payload, tenant_of(header))
+            self._start_generate(rid, request_id, args, payload, tenant_of(header), dispatch)
         except ValueError as e:   # the engine refuses what it cannot run (too long, bad token ids)
             self._final(rid, wire.error_reply(request_id, codes.BAD_REQUEST, str(e)))
         except Exception as e:   # noqa: BLE001 - a bug must cost one request, not the worker
             self.log.exception("request %s failed", request_id)
             self._final(rid, wire.error_reply(request_id, codes.INTERNAL, f"{type(e).__name__}: {e}"))
 
-    def _start_generate(self, rid: int, request_id, args: dict, payload: list[bytes], tenant: str) -> None:
+    def _start_generate(self, rid: int, request_id, args: dict, payload: list[bytes], tenant: str,
+                        dispatch: dict) -> None:
         from mcpd.engine import SamplingParams
 
+        degraded = None
+        if dispatch["max_tokens"] is not None:   # the degradation ladder capped this request
+            degraded = {"max_tokens": dispatch["max_tokens"], "requested_max_tokens": args["max_tokens"]}
+            args = {**args, "max_tokens": dispatch["max_tokens"]}
         history = np.frombuffer(payload[0], np.int32).tolist() if rid in self.turns else []
         # Special tokens (BOS) open a sequence, not each turn appended to a history.
         prompt_ids = self._prompt_token_ids(args, add_special_tokens=not history)
@@ -151,8 +159,11 @@ class Worker:
             stop_token_ids=tuple(args["stop_token_ids"]), ignore_eos=args["ignore_eos"],
             logprobs=args["logprobs"])
         # The tenant namespaces the prefix cache: KV blocks are shared only within one tenant.
-        self.engine.add_request(rid, prompt_ids, params, cache_namespace=tenant, write_through=rid in self.turns)
-        self.active[rid] = ActiveRequest(request_id, args["stream"], args["logprobs"])
+        # The scheduler's effective rank of the request: the engine seats and keeps it before
+        # less important sequences (preempting them by recompute when seats or KV run out).
+        self.engine.add_request(rid, prompt_ids, params, priority=dispatch["priority"], cache_namespace=tenant,
+                                write_through=rid in self.turns)
+        self.active[rid] = ActiveRequest(request_id, args["stream"], args["logprobs"], degraded)
 
     def _prompt_token_ids(self, args: dict, add_special_tokens: bool) -> list[int]:
         tokenizer = self.engine.tokenizer
@@ -168,11 +179,13 @@ class Worker:
             raise ValueError(f"prompt is {len(ids)} tokens; the limit is {self.config.limits.max_prompt_tokens}")
         return ids
 
-    def _on_cancel(self, rid: int) -> None:
+    def _on_cancel(self, rid: int, code: str) -> None:
+        """Stop a request and free its KV now: the client cancelled (or went away), or its deadline passed."""
         request = self.active.pop(rid, None)
         if request is not None:
             self.engine.abort(rid)
-            self._final(rid, wire.error_reply(request.request_id, codes.CANCELLED, "cancelled by the client"))
+            message = "cancelled by the client" if code == codes.CANCELLED else "deadline passed while running"
+            self._final(rid, wire.error_reply(request.request_id, code, message))
 
     # -- results --------------------------------------------------------------------------------
 
@@ -212,6 +225,8 @@ class Worker:
                   "usage": {"prompt_tokens": out.prompt_tokens, "completion_tokens": out.completion_tokens}}
         if request.want_logprobs:
             result["logprobs"] = request.logprobs
+        if request.degraded:
+            result["degraded"] = request.degraded
         return result
 
     def _final(self, rid: int, header: bytes, output_ids: list[int] = ()) -> None:

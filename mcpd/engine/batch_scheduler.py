@@ -4,19 +4,23 @@ Each step, under a budget of max_step_tokens:
 1. Running sequences, decodes (one token each) before prefill chunks, most important first
    (higher priority, then older). Every decoding sequence advances by one token per step.
 2. Waiting sequences are admitted in order while the budget, a seat (max_num_seqs) and free KV
-   blocks allow. A sequence shares the cached blocks of its longest cached prefix (kv_cache) and
+   blocks allow. A waiting sequence more important than the least important running one takes
+   that one's seat and blocks when it lacks either (preempted as in 3), so an urgent request
+   never waits behind a full batch of less important ones. A sequence shares the cached blocks of its longest cached prefix (kv_cache) and
    computes only the rest; a remainder longer than the budget is prefilled in chunks over steps.
 3. A running sequence that needs a block when none is free preempts the least important running
    sequence (lowest priority, then newest), possibly itself: it lets go of its blocks and waits to
    recompute prompt + generated tokens (its full blocks stay cached while nobody needs the room,
    so the recompute may be short). Requests are delayed, never failed. A step that preempted
-   admits no one, so the victim is not re-admitted into the blocks it just gave up.
+   admits only sequences more important than every victim, so no victim is re-admitted into the
+   blocks it just gave up, and equals never preempt each other back and forth.
 Every sequence fits the whole cache on its own (Engine.add_request checks), so the most important
 sequence always makes progress and preemption cannot loop forever.
 """
 from __future__ import annotations
 
 import bisect
+import math
 
 from mcpd.config import EngineConfig
 from mcpd.engine.kv_cache import KVCache
@@ -45,35 +49,50 @@ class BatchScheduler:
         """(sequence, tokens to compute) pairs, decodes first. Blocks for them are reserved."""
         batch: dict[Sequence, int] = {}
         budget = self.max_step_tokens
-        preempted = False
+        floor = -math.inf   # the highest priority preempted this step: only those above it are admitted
         for seq in sorted(self.running, key=lambda s: s.num_pending > 1):  # stable: keeps order
             if seq.status is not Status.RUNNING or budget == 0:
                 continue  # preempted by a sequence before it, or no budget left for its chunk
             count = min(seq.num_pending, budget)
             while not self.kv.can_grow(seq, seq.num_computed + count):
                 victim = self.running[-1]
-                budget += batch.pop(victim, 0)
-                self._preempt(victim)
-                preempted = True
+                budget += self._preempt_in_step(victim, batch)
+                floor = max(floor, victim.priority)
                 if victim is seq:
                     break
             else:
                 self.kv.grow(seq, seq.num_computed + count)
                 batch[seq] = count
                 budget -= count
-        while not preempted and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+        self._admit(batch, budget, floor)
+        return list(batch.items())
+
+    def _admit(self, batch: dict[Sequence, int], budget: int, floor: float) -> None:
+        while self.waiting and budget > 0:
             seq = self.waiting[0]
+            if seq.priority <= floor:
+                return
             cached = self.kv.lookup(seq)
             count = min(len(seq.token_ids) - len(cached) * self.kv.block_size, budget)
-            if not self.kv.can_admit(cached, count):
-                break
-            del self.waiting[0]
-            self.kv.admit(seq, cached, count)
-            seq.status = Status.RUNNING
-            bisect.insort(self.running, seq, key=lambda s: s.order)
-            batch[seq] = count
-            budget -= count
-        return list(batch.items())
+            if len(self.running) < self.max_num_seqs and self.kv.can_admit(cached, count):
+                del self.waiting[0]
+                self.kv.admit(seq, cached, count)
+                seq.status = Status.RUNNING
+                bisect.insort(self.running, seq, key=lambda s: s.order)
+                batch[seq] = count
+                budget -= count
+                continue
+            victim = self.running[-1] if self.running else None
+            if victim is None or victim.priority >= seq.priority:
+                return   # it waits for a seat or blocks like everyone else
+            budget += self._preempt_in_step(victim, batch)
+            floor = max(floor, victim.priority)
+
+    def _preempt_in_step(self, victim: Sequence, batch: dict[Sequence, int]) -> int:
+        """Preempt victim, taking it out of this step's batch; returns the budget it gives back."""
+        returned = batch.pop(victim, 0)
+        self._preempt(victim)
+        return returned
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)

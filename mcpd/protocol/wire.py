@@ -109,6 +109,9 @@ def _check_header(header: dict) -> None:
     tenant = header.get("tenant")
     if tenant is not None and not (isinstance(tenant, str) and 0 < len(tenant) <= MAX_ID_CHARS):
         raise MCPDError(codes.BAD_REQUEST, f'header field "tenant" must be a string of 1..{MAX_ID_CHARS} characters')
+    priority = header.get("priority")   # the class name is the scheduler's to judge (it may reload)
+    if priority is not None and not (isinstance(priority, str) and 0 < len(priority) <= MAX_ID_CHARS):
+        raise MCPDError(codes.BAD_REQUEST, f'header field "priority" must be a class name of 1..{MAX_ID_CHARS} characters')
     timeout_ms = header.get("timeout_ms")
     if timeout_ms is not None and (type(timeout_ms) is not int or timeout_ms <= 0):
         raise MCPDError(codes.BAD_REQUEST, 'header field "timeout_ms" must be a positive integer')

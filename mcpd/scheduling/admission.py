@@ -1,0 +1,88 @@
+"""Admission control: which class a request belongs to, and whether it may wait for a worker.
+
+Checks, cheapest and most final first: the class exists (BAD_REQUEST naming the known ones);
+the degradation ladder is not shedding the class; the global in-flight cap; the global and the
+class's queue limits (all OVERLOADED with retry_after_ms); then the client's token bucket
+(RATE_LIMITED with retry_after_ms), last, so that a request refused for capacity costs the client
+no token. A request is refused at once, never dropped silently. Admission also stamps the job
+with what later steps need: class, client, cost, length bin, deadline and any max_tokens cap.
+"""
+from __future__ import annotations
+
+import math
+
+from mcpd.config import SchedulerConfig
+from mcpd.contexts.service import tenant_of
+from mcpd.protocol import codes
+from mcpd.protocol.codes import MCPDError
+from mcpd.scheduling.class_queues import ClassQueues
+from mcpd.scheduling.degradation import DegradationLadder
+from mcpd.scheduling.job import Job
+from mcpd.scheduling.rate_limiter import RateLimiter
+
+DEFAULT_MAX_TOKENS = 16   # the generate op's documented default
+
+
+class Admission:
+    def __init__(self, config: SchedulerConfig):
+        self.rate_limiter = RateLimiter(config.classes)
+        self.ladder = DegradationLadder(config.degrade_queue_depth, config.degrade_after_s)
+        self.configure(config)
+
+    def configure(self, config: SchedulerConfig) -> None:
+        self.config = config
+        self.rate_limiter.configure(config.classes)
+        self.ladder.configure(config.degrade_queue_depth, config.degrade_after_s)
+
+    def class_of(self, header: dict) -> str:
+        name = header.get("priority") or self.config.default_class
+        if name not in self.config.classes:
+            raise MCPDError(codes.BAD_REQUEST, f'priority class {name!r} is not one of: '
+                                               f'{", ".join(self.config.classes)}')
+        return name
+
+    def admit(self, job: Job, header: dict, queues: ClassQueues, inflight: int, now: float) -> None:
+        """Stamp the job or raise MCPDError; the caller queues it."""
+        job.class_name, job.client = self.class_of(header), tenant_of(header)
+        cls = self.config.classes[job.class_name]
+        self._check_capacity(job, cls, queues, inflight, now)
+        wait_s = self.rate_limiter.check(job.client, job.class_name, now)
+        if wait_s:
+            raise MCPDError(codes.RATE_LIMITED, f"client {job.client!r} is over the rate of class "
+                            f"{job.class_name!r} ({cls.rate:g}/s)", max(1, math.ceil(wait_s * 1000)))
+        self._stamp(job, header, self.ladder.max_tokens_cap(cls, now), now)
+
+    def _check_capacity(self, job: Job, cls, queues: ClassQueues, inflight: int, now: float) -> None:
+        retry = self.config.overloaded_retry_ms
+        if self.ladder.sheds(cls, now):
+            raise MCPDError(codes.OVERLOADED, f"overloaded: class {job.class_name!r} is shed for now", retry)
+        if inflight >= self.config.max_inflight:
+            raise MCPDError(codes.OVERLOADED, f"{inflight} requests in flight (scheduler.max_inflight)", retry)
+        if len(queues) >= self.config.max_queue:
+            raise MCPDError(codes.OVERLOADED, f"queue is full ({len(queues)} waiting)", retry)
+        if queues.depth(job.class_name) >= cls.max_queue:
+            raise MCPDError(codes.OVERLOADED, f"queue of class {job.class_name!r} is full "
+                            f"({queues.depth(job.class_name)} waiting)", retry)
+
+    @staticmethod
+    def _stamp(job: Job, header: dict, cap: int | None, now: float) -> None:
+        args = header.get("args") or {}   # the client's header bytes: "args" may be left out
+        prompt = _prompt_estimate(args)
+        max_tokens = args.get("max_tokens") or DEFAULT_MAX_TOKENS
+        job.cost = prompt + max_tokens
+        job.length_bin = prompt.bit_length()
+        if header["op"] == "generate" and cap is not None and max_tokens > cap:
+            job.max_tokens_cap = cap
+        if header.get("timeout_ms") is not None:
+            job.deadline = now + header["timeout_ms"] / 1000
+
+
+def _prompt_estimate(args: dict) -> int:
+    """New prompt tokens, roughly: exact for token ids, one per character otherwise (byte-level
+    tokenizers; an overestimate for BPE, which only makes routing a little conservative). A
+    context's history is left out: it is mostly cached on the worker that holds the context."""
+    if args.get("prompt_token_ids") is not None:
+        return len(args["prompt_token_ids"])
+    if args.get("prompt") is not None:
+        return len(args["prompt"])
+    return sum(len(str(m.get("content", ""))) for m in args.get("messages") or [])

@@ -1,0 +1,89 @@
+"""The waiting requests, one FIFO per priority class, and which one goes next.
+
+Next is the head with the highest effective rank, the older on a tie. Effective rank is the
+class's rank plus one for every max_age_s the request has waited (the starvation guard: a
+low-priority request that waited past its class's age limit moves up a class, then another),
+never above the top class. Only heads need looking at: within a class the head waited longest.
+Under the fifo policy every rank counts as equal, so the oldest head goes: arrival order.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from mcpd.config import PriorityClass
+from mcpd.scheduling.job import Job
+
+GROUP_SCAN = 64   # how far into a class queue a batch looks for jobs of the same length bin
+
+
+class ClassQueues:
+    def __init__(self, classes: dict[str, PriorityClass], fifo: bool):
+        self.fifo = fifo
+        self.queues: dict[str, OrderedDict[int, Job]] = {}
+        self.configure(classes)
+
+    def configure(self, classes: dict[str, PriorityClass]) -> None:
+        """New classes (a reload). A removed class keeps its queue until it drains: no work dropped."""
+        self.classes = classes
+        for name in classes:
+            self.queues.setdefault(name, OrderedDict())
+        self.top_rank = max(c.rank for c in classes.values())
+
+    def __len__(self) -> int:
+        return sum(len(q) for q in self.queues.values())
+
+    def depth(self, class_name: str) -> int:
+        return len(self.queues.get(class_name, ()))
+
+    def depths(self) -> dict[str, int]:
+        return {name: len(q) for name, q in self.queues.items()}
+
+    def push(self, job: Job) -> None:
+        self.queues[job.class_name][job.rid] = job
+
+    def push_front(self, job: Job) -> None:
+        """A retried job goes back to the head of its class: it has waited already."""
+        queue = self.queues.setdefault(job.class_name, OrderedDict())
+        queue[job.rid] = job
+        queue.move_to_end(job.rid, last=False)
+
+    def remove(self, job: Job) -> bool:
+        return self.queues.get(job.class_name, {}).pop(job.rid, None) is not None
+
+    def peek(self, now: float) -> Job | None:
+        """The job that goes next (not removed), with job.rank set to its effective rank."""
+        best = None
+        for name, queue in self.queues.items():
+            if queue:
+                head = next(iter(queue.values()))
+                head.rank = self.effective_rank(head, now)
+                if best is None or (head.rank, -head.seq) > (best.rank, -best.seq):
+                    best = head
+        return best
+
+    def effective_rank(self, job: Job, now: float) -> int:
+        if self.fifo:
+            return 0
+        cls = self.classes.get(job.class_name)
+        if cls is None:   # its class was removed by a reload: it still runs, as the least important
+            return min(c.rank for c in self.classes.values())
+        if not cls.max_age_s:
+            return cls.rank
+        steps = int((now - job.enqueued) / cls.max_age_s)
+        return self._rank_above(cls.rank, steps)
+
+    def _rank_above(self, rank: int, steps: int) -> int:
+        """The rank `steps` classes above `rank` (ranks need not be consecutive)."""
+        above = sorted(c.rank for c in self.classes.values() if c.rank > rank)
+        return above[min(steps, len(above)) - 1] if steps and above else rank
+
+    def same_bin(self, first: Job, limit: int, now: float) -> list[Job]:
+        """Up to `limit` more waiting jobs of first's class and length bin, oldest first."""
+        found = []
+        for i, job in enumerate(self.queues[first.class_name].values()):
+            if len(found) >= limit or i >= GROUP_SCAN:
+                break
+            if job is not first and job.length_bin == first.length_bin:
+                job.rank = self.effective_rank(job, now)
+                found.append(job)
+        return found

@@ -1,0 +1,31 @@
+"""A request the scheduler holds: queued, then on a worker, until its final reply."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import msgpack
+
+from mcpd.contexts.context import Context
+
+
+@dataclass
+class Job:
+    rid: int
+    header: bytes
+    payload: list[bytes]
+    class_name: str = ""
+    client: str = ""
+    cost: int = 1                     # tokens of work it stands for (prompt estimate + max_tokens)
+    length_bin: int = 0               # prompt length rounded up to a power of two (as its bit length)
+    deadline: float | None = None     # monotonic; None = no deadline
+    max_tokens_cap: int | None = None   # set by the degradation ladder
+    seq: int = 0                      # arrival order, daemon-wide
+    enqueued: float = field(default_factory=time.monotonic)
+    rank: int = 0                     # effective rank when dispatched (after aging)
+    started_streaming: bool = False
+    retries: int = 0
+    context: Context | None = None    # a generate turn on a context, held until it ends
+
+    def request_id(self):
+        return msgpack.unpackb(self.header, raw=False).get("id")   # rare paths only: errors

@@ -1,0 +1,45 @@
+"""Which worker runs a job: the one that holds its context's KV if it has room, else the one with
+the least outstanding work (tokens queued and running there), so load spreads.
+
+Room is counted per rank: a worker is full for a job when it holds max_inflight_per_worker jobs
+of the job's rank or above. A more important job is therefore never held back by less important
+ones: it goes to the worker anyway, and the engine there preempts a less important sequence if
+its seats or KV blocks are taken.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from mcpd.scheduling.job import Job
+
+
+@dataclass
+class WorkerSlot:
+    index: int
+    identity: bytes
+    pid: int | None = None
+    ready: bool = False
+    jobs: dict[int, Job] = field(default_factory=dict)
+    info: dict = field(default_factory=dict)
+
+    @property
+    def outstanding_tokens(self) -> int:
+        return sum(job.cost for job in self.jobs.values())
+
+    def load_at_or_above(self, rank: int) -> int:
+        return sum(1 for job in self.jobs.values() if job.rank >= rank)
+
+
+def room_for(slot: WorkerSlot, job: Job, per_worker: int) -> int:
+    return per_worker - slot.load_at_or_above(job.rank) if slot.ready else 0
+
+
+def choose(job: Job, slots, per_worker: int) -> WorkerSlot | None:
+    candidates = [s for s in slots if room_for(s, job, per_worker) > 0]
+    if not candidates:
+        return None
+    if job.context is not None:
+        for slot in candidates:
+            if slot.index == job.context.worker_hint:
+                return slot
+    return min(candidates, key=lambda s: (s.outstanding_tokens, len(s.jobs), s.index))
