@@ -177,6 +177,11 @@ class EngineConfig:
             raise ConfigError(f"engine.kv_block_size = {self.kv_block_size}: must be a power of two")
         if self.max_num_seqs < 1 or self.max_step_tokens < self.kv_block_size:
             raise ConfigError("engine.max_num_seqs must be >= 1 and max_step_tokens >= kv_block_size")
+        if self.max_step_tokens < self.max_num_seqs:
+            # Every running sequence decodes one token per step: a smaller budget would leave
+            # some sequences without a turn, step after step.
+            raise ConfigError(f"engine.max_step_tokens = {self.max_step_tokens} must be >= engine.max_num_seqs "
+                              f"= {self.max_num_seqs}")
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ def test_defaults_are_valid():
     ({"model": {"dtype": "int3"}}, "model.dtype = 'int3'"),
     ({"engine": {"kv_fraction": 1.5}}, "engine.kv_fraction = 1.5"),
     ({"server": "x"}, "[server] must be a table"),
+    ({"engine": {"max_num_seqs": 64, "max_step_tokens": 32}}, "engine.max_step_tokens = 32 must be >= engine.max_num_seqs"),
 ])
 def test_bad_values_name_the_key(raw, message):
     with pytest.raises(ConfigError) as raised:
