@@ -18,6 +18,7 @@ import zmq
 from mcpd.config import Config
 from mcpd.contexts import service as contexts
 from mcpd.contexts.context import Context
+from mcpd.contexts.journal import open_journal
 from mcpd.contexts.service import ContextService
 from mcpd.daemon import channels, child
 from mcpd.protocol import codes, wire
@@ -69,6 +70,8 @@ class Scheduler:
         self.queue: deque[Job] = deque()
         self.workers: dict[bytes, WorkerSlot] = {}
         self.contexts = ContextService(config.contexts, config.limits)
+        self.journal = open_journal(config, self.contexts.store, self.log)
+        child.exit_on_sigterm(self.journal.close)   # a stop makes the journal durable first
         self.dispatched = 0
         self.parent_pid = os.getppid()
 
@@ -260,6 +263,7 @@ class Scheduler:
 
     def stats(self) -> dict:
         return {"queue_depth": len(self.queue), "dispatched": self.dispatched, "contexts": self.contexts.stats(),
+                "persistence": self.journal.stats(),
                 "workers": [{"index": s.index, "pid": s.pid, "ready": s.ready, "inflight": len(s.jobs),
                              **s.info} for s in sorted(self.workers.values(), key=lambda s: s.index)]}
 
