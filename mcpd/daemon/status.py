@@ -27,9 +27,16 @@ def build_status(supervisor) -> dict:
         "devices": [_device(c) for c in workers],
         "queue": {"depth": scheduler.get("queue_depth", 0),
                   "inflight": frontend.get("inflight", 0)},
+        "contexts": _contexts(scheduler),
         "requests": {"served": frontend.get("served", 0), "errors": frontend.get("errors", {}),
                      "latency": frontend.get("latency", {})},
     }
+
+
+def _contexts(scheduler: dict) -> dict:
+    persistence = scheduler.get("persistence", {})
+    return {**scheduler.get("contexts", {"contexts": 0, "bytes": 0}), "restored": persistence.get("restored", 0),
+            "persistence": persistence}
 
 
 def _state(supervisor) -> str:
