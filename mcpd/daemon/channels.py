@@ -13,7 +13,10 @@ hop fewer per request) and learns what finished from DONE notes, batched per wor
 Message layouts (frames):
     front-end → scheduler   [REQUEST, rid, header, *payload]   [CANCEL, rid]
     supervisor → scheduler  [WORKER_LOST, msgpack {"index", "pid"}]
+                            [ADMIN, msgpack {"token", "op", "args"}]   (mcpctl's context ops)
+                            [RELOAD, msgpack {"token", "config"}]      (config as Config.to_dict())
     scheduler → worker      [worker identity, REQUEST, rid, header, *payload]   [.., CANCEL, rid]
+                            [.., RELOAD, msgpack {"token", "config"}]   (passed on from the supervisor)
     worker → scheduler      [HELLO, info]   [STARTED, rid]   [DONE, rid, rid, ...]   [STATS, stats]
                             [CHUNK, rid, reply header]   [FINAL, rid, reply header, appended token ids]
                             (context turns only, relayed in order: the scheduler commits the
@@ -21,7 +24,11 @@ Message layouts (frames):
     worker → front-end      [CHUNK|FINAL, rid, reply header, *payload]
     scheduler → front-end   [FINAL, rid, reply header]   (errors it decides: OVERLOADED, WORKER_LOST, ...)
     supervisor → front-end  [DRAIN]   [SCHEDULER_LOST] (answer everything in flight: nobody else will)
+                            [RESUME] (admit work again after a drain)   [RELOAD, msgpack {"token", "config"}]
     child → supervisor      [msgpack {"role", "index", "pid", "event": "ready"|"stats"|"drained", ...}]
+                            event "admin": {"token", "result"} or {"token", "code", "message"}: the
+                            scheduler's answer to ADMIN; event "reloaded": {"token", "applied": [keys]}
+                            from every process that got RELOAD. The supervisor matches both by token.
 STARTED says a stream sent its first chunk, so the request is no longer safe to retry elsewhere.
 `rid` is the front-end's 8-byte internal request number, unique for the daemon's lifetime.
 """
@@ -43,6 +50,9 @@ STATS = b"STATS"
 WORKER_LOST = b"LOST"
 DRAIN = b"DRAIN"
 SCHEDULER_LOST = b"SCHED_LOST"
+ADMIN = b"ADMIN"
+RELOAD = b"RELOAD"
+RESUME = b"RESUME"
 
 _RID = struct.Struct(">Q")
 pack_rid = _RID.pack

@@ -17,7 +17,7 @@ import uvloop
 import zmq
 
 from mcpd.config import Config
-from mcpd.daemon import channels, child
+from mcpd.daemon import channels, child, live_config
 from mcpd.daemon.latency import LatencyWindow
 from mcpd.protocol import codes, ops, wire
 from mcpd.protocol.codes import MCPDError
@@ -169,6 +169,10 @@ class FrontEnd:
             return self._drain_mode()
         if frames[0] == channels.SCHEDULER_LOST:
             return self._fail_all(codes.UNAVAILABLE, "the scheduler restarted; the request was lost, retry it")
+        if frames[0] == channels.RESUME:
+            return self._resume()
+        if frames[0] == channels.RELOAD:
+            return live_config.apply(frames, self.events)
         tag, rid = frames[0], channels.unpack_rid(frames[1])
         pending = self.pending.get(rid)
         if pending is None:
@@ -191,6 +195,10 @@ class FrontEnd:
 
     def _count_error(self, code: str) -> None:
         self.errors[code] = self.errors.get(code, 0) + 1
+
+    def _resume(self) -> None:
+        self.draining = False
+        self.log.info("resumed: admitting new work")
 
     def _drain_mode(self) -> None:
         self.draining = True

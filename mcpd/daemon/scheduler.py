@@ -20,7 +20,7 @@ from mcpd.contexts import service as contexts
 from mcpd.contexts.context import Context
 from mcpd.contexts.journal import open_journal
 from mcpd.contexts.service import ContextService
-from mcpd.daemon import channels, child
+from mcpd.daemon import channels, child, scheduler_admin
 from mcpd.protocol import codes, wire
 from mcpd.protocol.codes import MCPDError
 
@@ -112,6 +112,8 @@ class Scheduler:
         elif tag == channels.WORKER_LOST:
             lost = msgpack.unpackb(frames[1])
             self._worker_lost(channels.worker_identity(lost["index"]), lost["pid"])
+        elif tag in (channels.ADMIN, channels.RELOAD):
+            scheduler_admin.handle(self, frames)
 
     def _enqueue(self, job: Job) -> None:
         header = msgpack.unpackb(job.header, raw=False)

@@ -18,6 +18,7 @@ def build_status(supervisor) -> dict:
         "pid": os.getpid(),
         "state": _state(supervisor),
         "healthy": table.healthy() and not supervisor.stopping,
+        "draining": bool(frontend.get("draining")),
         "uptime_s": round(time.monotonic() - supervisor.started, 1),
         "runtime_dir": str(supervisor.config.runtime_dir),
         "endpoints": frontend.get("endpoints", []) or _configured_endpoints(supervisor),
@@ -44,6 +45,8 @@ def _state(supervisor) -> str:
         return "stopping"
     if not supervisor.announced_ready:
         return "starting"
+    if (supervisor.table.find("frontend", 0).stats or {}).get("draining"):
+        return "draining"
     return "ready" if supervisor.table.healthy() else "degraded"
 
 

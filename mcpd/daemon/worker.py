@@ -16,7 +16,7 @@ import zmq
 
 from mcpd.config import Config
 from mcpd.contexts.service import tenant_of
-from mcpd.daemon import channels, child
+from mcpd.daemon import channels, child, live_config
 from mcpd.protocol import codes, ops, wire
 
 STATS_INTERVAL_S = 0.5
@@ -114,6 +114,8 @@ class Worker:
             self._on_request(channels.unpack_rid(frames[1]), msgpack.unpackb(frames[2], raw=False), frames[3:])
         elif frames[0] == channels.CANCEL:
             self._on_cancel(channels.unpack_rid(frames[1]))
+        elif frames[0] == channels.RELOAD:
+            live_config.apply(frames, self.events)
 
     # -- requests -------------------------------------------------------------------------------
 
