@@ -17,6 +17,9 @@ def test_defaults_are_valid():
     ({"model": {"dtype": "int3"}}, "model.dtype = 'int3'"),
     ({"engine": {"kv_fraction": 1.5}}, "engine.kv_fraction = 1.5"),
     ({"server": "x"}, "[server] must be a table"),
+    ({"metrics": {"listen": "0.0.0.0:9464"}}, "not a loopback address"),
+    ({"metrics": {"listen": "9464"}}, "use host:port"),
+    ({"persistence": {"fsync": "sometimes"}}, "persistence.fsync = 'sometimes'"),
 ])
 def test_bad_values_name_the_key(raw, message):
     with pytest.raises(ConfigError) as raised:

@@ -19,6 +19,7 @@ import zmq
 from mcpd.config import Config
 from mcpd.daemon import channels, child, live_config
 from mcpd.daemon.latency import LatencyWindow
+from mcpd.daemon.request_metrics import RequestMetrics
 from mcpd.protocol import codes, ops, wire
 from mcpd.protocol.codes import MCPDError
 
@@ -54,6 +55,7 @@ class FrontEnd:
         self.served = 0
         self.errors: dict[str, int] = {}
         self.latency = LatencyWindow()
+        self.metrics = RequestMetrics()
         self.parent_pid = os.getppid()
         self.endpoints = self._endpoints()
 
@@ -148,6 +150,7 @@ class FrontEnd:
         self.next_rid += 1
         self.pending[rid] = Pending(identity, request.envelope, request.request_id, request.op, time.monotonic())
         self.rid_of[key] = rid
+        self.metrics.started(rid, request.op, request.header.get("priority"))
         self.to_scheduler.send_multipart([channels.REQUEST, channels.pack_rid(rid), request.header_bytes,
                                           *request.payload])
 
@@ -178,6 +181,7 @@ class FrontEnd:
         if pending is None:
             return   # the request was already answered (stopped or cancelled); late chunk
         self._send(pending.identity, pending.envelope, frames[2], frames[3:])
+        self.metrics.replied(rid, tag, frames[2])
         if tag == channels.FINAL:
             self._forget(rid, pending)
 
@@ -190,6 +194,7 @@ class FrontEnd:
     def _finish_with_error(self, rid: int, code: str, message: str) -> None:
         pending = self.pending[rid]
         self._count_error(code)
+        self.metrics.ended(rid, code)
         self._send(pending.identity, pending.envelope, wire.error_reply(pending.request_id, code, message))
         self._forget(rid, pending)
 
@@ -214,7 +219,8 @@ class FrontEnd:
 
     def stats(self) -> dict:
         return {"inflight": len(self.pending), "served": self.served, "errors": dict(self.errors),
-                "latency": self.latency.summary(), "draining": self.draining, "endpoints": self.endpoints}
+                "latency": self.latency.summary(), "draining": self.draining, "endpoints": self.endpoints,
+                "metrics": self.metrics.snapshot()}
 
 
 def run(config: Config) -> None:

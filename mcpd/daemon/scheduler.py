@@ -21,6 +21,7 @@ from mcpd.contexts.context import Context
 from mcpd.contexts.journal import open_journal
 from mcpd.contexts.service import ContextService
 from mcpd.daemon import channels, child, scheduler_admin
+from mcpd.histogram import LATENCY_BOUNDS, Histogram
 from mcpd.protocol import codes, wire
 from mcpd.protocol.codes import MCPDError
 
@@ -73,6 +74,7 @@ class Scheduler:
         self.journal = open_journal(config, self.contexts.store, self.log)
         child.exit_on_sigterm(self.journal.close)   # a stop makes the journal durable first
         self.dispatched = 0
+        self.queue_time = Histogram(LATENCY_BOUNDS)
         self.parent_pid = os.getppid()
 
     def _socket(self, kind: int, name: str, bind: bool) -> zmq.Socket:
@@ -158,6 +160,7 @@ class Scheduler:
             if not ready:
                 return
             job = self.queue.popleft()
+            self.queue_time.observe(time.monotonic() - job.enqueued)
             slot = self._route(job, ready)
             if self._send_worker(slot, [channels.REQUEST, channels.pack_rid(job.rid), job.header, *job.payload]):
                 slot.jobs[job.rid] = job
@@ -265,7 +268,7 @@ class Scheduler:
 
     def stats(self) -> dict:
         return {"queue_depth": len(self.queue), "dispatched": self.dispatched, "contexts": self.contexts.stats(),
-                "persistence": self.journal.stats(),
+                "persistence": self.journal.stats(), "queue_time": self.queue_time.snapshot(),
                 "workers": [{"index": s.index, "pid": s.pid, "ready": s.ready, "inflight": len(s.jobs),
                              **s.info} for s in sorted(self.workers.values(), key=lambda s: s.index)]}
 

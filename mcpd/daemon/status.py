@@ -22,6 +22,7 @@ def build_status(supervisor) -> dict:
         "uptime_s": round(time.monotonic() - supervisor.started, 1),
         "runtime_dir": str(supervisor.config.runtime_dir),
         "endpoints": frontend.get("endpoints", []) or _configured_endpoints(supervisor),
+        "metrics": supervisor.metrics_address and f"http://{supervisor.metrics_address}/metrics",
         "processes": [{"role": "supervisor", "index": 0, "pid": os.getpid(), "state": "running",
                        "uptime_s": round(time.monotonic() - supervisor.started, 1), "restarts": 0,
                        "last_exit": ""}] + [c.describe() for c in table.children],

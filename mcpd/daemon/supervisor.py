@@ -16,7 +16,7 @@ import zmq
 import mcpd
 from mcpd import config as config_module
 from mcpd.config import Config, ConfigError
-from mcpd.daemon import channels, frontend, log, scheduler, worker
+from mcpd.daemon import channels, frontend, log, metrics, scheduler, worker
 from mcpd.daemon.admin import Admin
 from mcpd.daemon.instance_lock import AlreadyRunning, InstanceLock
 from mcpd.daemon.process_table import ChildSpec, ProcessTable
@@ -82,6 +82,7 @@ class Supervisor:
         os.chmod(control_path, 0o600)
         self.to_scheduler = self._push("sched.ipc")
         self.to_frontend = self._push("frontend.ipc")
+        self.metrics_address = metrics.serve(self, self.log)
 
     def _push(self, name: str) -> zmq.Socket:
         sock = self.context.socket(zmq.PUSH)
