@@ -20,6 +20,9 @@ Durability: each record goes to the kernel with one write before the commit is a
 (see [persistence] in etc/mcpd.toml). A power cut can leave a torn last record: its checksum
 fails, restore drops it and everything after it (it was never acknowledged under fsync=always),
 logs that, and starts; a corrupt journal never stops the daemon.
+
+The store tells listeners of commits and drops, not of opens: a context opened but never
+changed (version 0, empty) is not journaled, and a client's next open recreates it as it was.
 """
 from __future__ import annotations
 
