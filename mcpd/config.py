@@ -222,6 +222,36 @@ class SupervisorConfig:
 
 
 @dataclass(frozen=True)
+class PersistenceConfig:
+    enabled: bool = True               # journal committed contexts to <state_dir>/contexts
+    fsync: str = "always"              # always, interval or never (see etc/mcpd.toml for the trade-off)
+    fsync_interval_s: float = 1.0      # fsync = "interval": the most a power cut can lose
+    compact_after_bytes: int = 256 << 20   # journal size past which it is folded into a snapshot
+
+    def check(self) -> None:
+        if self.fsync not in ("always", "interval", "never"):
+            raise ConfigError(f"persistence.fsync = {self.fsync!r}: use always, interval or never")
+        if self.fsync_interval_s <= 0 or self.compact_after_bytes < 1:
+            raise ConfigError("persistence.fsync_interval_s and compact_after_bytes must be positive")
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    listen: str = ""                   # host:port of the Prometheus endpoint; "" = off
+    allow_remote: bool = False         # permit a listen address other than loopback
+
+    def check(self) -> None:
+        if not self.listen:
+            return
+        host, _, port = self.listen.rpartition(":")
+        if not host or not port.isdigit() or int(port) > 65535:
+            raise ConfigError(f"metrics.listen = {self.listen!r}: use host:port, e.g. 127.0.0.1:9464")
+        if not self.allow_remote and host.strip("[]") not in ("127.0.0.1", "::1", "localhost"):
+            raise ConfigError(f"metrics.listen = {self.listen!r}: not a loopback address; "
+                              "set metrics.allow_remote = true to expose metrics beyond this host")
+
+
+@dataclass(frozen=True)
 class Config:
     server: ServerConfig = field(default_factory=ServerConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
@@ -232,6 +262,8 @@ class Config:
     contexts: ContextsConfig = field(default_factory=ContextsConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     supervisor: SupervisorConfig = field(default_factory=SupervisorConfig)
+    persistence: PersistenceConfig = field(default_factory=PersistenceConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
 
     @property
     def runtime_dir(self) -> Path:

@@ -57,12 +57,15 @@ class Daemon:
         self.process: subprocess.Popen | None = None
 
     def start(self, wait: bool = True) -> "Daemon":
+        """Start mcpd; after stop() this starts it again on the same config and state dir."""
+        (self.root / "notify.sock").unlink(missing_ok=True)
+        self.notifications = []
         self._notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self._notify.bind(str(self.root / "notify.sock"))
         env = {**os.environ, "NOTIFY_SOCKET": str(self.root / "notify.sock"), "PYTHONUNBUFFERED": "1"}
         self.log_path = self.root / "mcpd.log"
         self.process = subprocess.Popen([str(BIN / "mcpd"), "--config", str(self.config_path)],
-                                        stderr=open(self.log_path, "wb"), stdout=subprocess.DEVNULL, env=env)
+                                        stderr=open(self.log_path, "ab"), stdout=subprocess.DEVNULL, env=env)
         if wait:
             self.wait_for_notification("READY=1", START_TIMEOUT_S)
         return self

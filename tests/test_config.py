@@ -18,6 +18,9 @@ def test_defaults_are_valid():
     ({"engine": {"kv_fraction": 1.5}}, "engine.kv_fraction = 1.5"),
     ({"server": "x"}, "[server] must be a table"),
     ({"engine": {"max_num_seqs": 64, "max_step_tokens": 32}}, "engine.max_step_tokens = 32 must be >= engine.max_num_seqs"),
+    ({"metrics": {"listen": "0.0.0.0:9464"}}, "not a loopback address"),
+    ({"metrics": {"listen": "9464"}}, "use host:port"),
+    ({"persistence": {"fsync": "sometimes"}}, "persistence.fsync = 'sometimes'"),
 ])
 def test_bad_values_name_the_key(raw, message):
     with pytest.raises(ConfigError) as raised:

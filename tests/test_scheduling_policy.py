@@ -99,14 +99,15 @@ def test_peer_tracker_follows_reused_descriptors_and_reconnects():
 def test_apply_config_swaps_classes_and_keeps_queued_work():
     runtime_dir = tempfile.mkdtemp(prefix="mcpd-s-", dir="/tmp")
     # No supervisor made a host cache segment for this scheduler: run it without one.
-    config = from_dict({"server": {"runtime_dir": runtime_dir}, "cache": {"enabled": False}})
+    config = from_dict({"server": {"runtime_dir": runtime_dir}, "cache": {"enabled": False},
+                         "persistence": {"enabled": False}})
     scheduler = Scheduler(config, logging.getLogger("test"))
     try:
         header = wire.encode_request("ping", 1)
         scheduler._on_inbox([channels.REQUEST, channels.pack_rid(7), header])   # no worker: it waits
         assert len(scheduler.queue) == 1
         fresh = from_dict({"server": {"runtime_dir": runtime_dir}, "cache": {"enabled": False},
-                           "scheduler": {"window_max_ms": 5.0, "default_class": "bulk",
+                           "persistence": {"enabled": False}, "scheduler": {"window_max_ms": 5.0, "default_class": "bulk",
                                          "classes": {"normal": {"rank": 1, "rate": 3.0},
                                                      "bulk": {"rank": 0}}}})
         changed = scheduler.apply_config(fresh)

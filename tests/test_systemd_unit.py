@@ -12,9 +12,10 @@ UNIT = Path(__file__).parent.parent / "systemd" / "mcpd.service"
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
 def test_unit_verifies_without_warnings(tmp_path):
-    # verify checks that ExecStart's binary exists: point it at the mcpd this test run installed.
+    # verify checks that ExecStart's and ExecReload's binaries exist: point them at the mcpd and
+    # mcpctl this test run installed.
     unit = tmp_path / "mcpd.service"
-    unit.write_text(UNIT.read_text().replace("/usr/local/bin/mcpd", str(BIN / "mcpd")))
+    unit.write_text(UNIT.read_text().replace("/usr/local/bin/", f"{BIN}/"))
     done = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True)
     assert done.returncode == 0 and done.stdout + done.stderr == "", done.stdout + done.stderr
 

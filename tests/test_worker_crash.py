@@ -4,7 +4,6 @@ import re
 import signal
 import threading
 
-
 from mcpd.protocol import codes
 from mcpd.protocol.codes import MCPDError
 
@@ -117,3 +116,36 @@ def test_killed_worker_answers_every_queued_and_running_request(fresh_daemon):
             finals[rid] = reply.get("code", "ok")
     assert [finals[rid] for rid in running] == [codes.WORKER_LOST] * 2
     assert [finals[rid] for rid in queued] == ["ok"] * 4
+
+
+def test_killed_worker_under_load_leaves_no_request_unanswered(fresh_daemon):
+    """Many requests in flight and queued, plus committed contexts: after a SIGKILL every request
+    has a final reply and every context is as it was."""
+    import numpy as np
+    d = fresh_daemon(scheduler={"max_inflight_per_worker": 4})
+    weights = np.arange(1000, dtype=np.float32)
+    with d.client() as client:
+        ctx = client.context("kept")
+        ctx["w"] = weights
+        ctx.sync()
+    outcomes = []
+
+    def one(i):
+        with d.client(timeout=120) as client:
+            try:
+                client.generate(f"x{i}", max_tokens=80, ignore_eos=True)
+                outcomes.append("ok")
+            except MCPDError as e:
+                outcomes.append(e.code)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    d.wait_until(lambda: d.status()["queue"]["inflight"] == 8, 60, "load in flight")
+    os.kill(d.pid_of("worker"), signal.SIGKILL)
+    for t in threads:
+        t.join(120)
+    assert len(outcomes) == 8 and set(outcomes) <= {"ok", codes.WORKER_LOST}, outcomes
+    with d.client() as client:
+        again = client.context("kept", create=False)
+        assert again.version == ctx.version and again["w"].tobytes() == weights.tobytes()

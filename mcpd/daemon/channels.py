@@ -13,10 +13,13 @@ hop fewer per request) and learns what finished from DONE notes, batched per wor
 Message layouts (frames):
     front-end → scheduler   [REQUEST, rid, header, *payload]   [CANCEL, rid] (the client's cancel, or its disconnect)
     supervisor → scheduler  [WORKER_LOST, msgpack {"index", "pid"}]
+                            [ADMIN, msgpack {"token", "op", "args"}]   (mcpctl's context ops)
+                            [RELOAD, msgpack {"token", "config"}]      (config as Config.to_dict())
     scheduler → worker      [worker identity, REQUEST, rid, dispatch, header, *payload]   [.., CANCEL, rid, code]
                             (dispatch: msgpack {"priority": int, the engine priority; "max_tokens":
                             int|None, a degradation cap}; code: the final's error code, CANCELLED
                             or DEADLINE_EXCEEDED)
+                            [.., RELOAD, msgpack {"token", "config"}]   (passed on from the supervisor)
     worker → scheduler      [HELLO, info]   [STARTED, rid]   [DONE, rid, rid, ...]   [STATS, stats]
                             [CHUNK, rid, reply header]   [FINAL, rid, reply header, appended token ids]
                             (context turns only, relayed in order: the scheduler commits the
@@ -24,7 +27,11 @@ Message layouts (frames):
     worker → front-end      [CHUNK|FINAL, rid, reply header, *payload]
     scheduler → front-end   [FINAL, rid, reply header]   (errors it decides: OVERLOADED, RATE_LIMITED, DEADLINE_EXCEEDED, WORKER_LOST, ...)
     supervisor → front-end  [DRAIN]   [SCHEDULER_LOST] (answer everything in flight: nobody else will)
+                            [RESUME] (admit work again after a drain)   [RELOAD, msgpack {"token", "config"}]
     child → supervisor      [msgpack {"role", "index", "pid", "event": "ready"|"stats"|"drained", ...}]
+                            event "admin": {"token", "result"} or {"token", "code", "message"}: the
+                            scheduler's answer to ADMIN; event "reloaded": {"token", "applied": [keys]}
+                            from every process that got RELOAD. The supervisor matches both by token.
 STARTED says a stream sent its first chunk, so the request is no longer safe to retry elsewhere.
 `rid` is the front-end's 8-byte internal request number, unique for the daemon's lifetime.
 """
@@ -46,6 +53,9 @@ STATS = b"STATS"
 WORKER_LOST = b"LOST"
 DRAIN = b"DRAIN"
 SCHEDULER_LOST = b"SCHED_LOST"
+ADMIN = b"ADMIN"
+RELOAD = b"RELOAD"
+RESUME = b"RESUME"
 
 _RID = struct.Struct(">Q")
 pack_rid = _RID.pack

@@ -34,6 +34,15 @@ def _die_with_parent() -> None:
         os._exit(1)  # the parent died before prctl took effect
 
 
+def exit_on_sigterm(cleanup) -> None:
+    """On SIGTERM run `cleanup`, then exit at once: the supervisor has already drained in-flight
+    work for its grace period, and the front-end answers whatever is left."""
+    def handler(_signum, _frame):
+        cleanup()
+        os._exit(0)
+    signal.signal(signal.SIGTERM, handler)
+
+
 def parent_alive(parent_pid: int) -> bool:
     return os.getppid() == parent_pid
 

@@ -18,9 +18,10 @@ import zmq
 from zmq.utils.monitor import parse_monitor_message
 
 from mcpd.config import Config
-from mcpd.daemon import channels, child
+from mcpd.daemon import channels, child, live_config
 from mcpd.daemon.latency import LatencyWindow
 from mcpd.daemon.peers import PeerTracker
+from mcpd.daemon.request_metrics import RequestMetrics
 from mcpd.protocol import codes, ops, wire
 from mcpd.protocol.codes import MCPDError
 
@@ -59,6 +60,7 @@ class FrontEnd:
         self.served = 0
         self.errors: dict[str, int] = {}
         self.latency = LatencyWindow()
+        self.metrics = RequestMetrics()
         self.parent_pid = os.getppid()
         self.endpoints = self._endpoints()
 
@@ -172,6 +174,7 @@ class FrontEnd:
         self.next_rid += 1
         self.pending[rid] = Pending(identity, request.envelope, request.request_id, request.op, time.monotonic())
         self.rid_of[key] = rid
+        self.metrics.started(rid, request.op, request.header.get("priority"))
         self.to_scheduler.send_multipart([channels.REQUEST, channels.pack_rid(rid), request.header_bytes,
                                           *request.payload])
 
@@ -193,11 +196,16 @@ class FrontEnd:
             return self._drain_mode()
         if frames[0] == channels.SCHEDULER_LOST:
             return self._fail_all(codes.UNAVAILABLE, "the scheduler restarted; the request was lost, retry it")
+        if frames[0] == channels.RESUME:
+            return self._resume()
+        if frames[0] == channels.RELOAD:
+            return live_config.apply(frames, self.events)
         tag, rid = frames[0], channels.unpack_rid(frames[1])
         pending = self.pending.get(rid)
         if pending is None:
             return   # the request was already answered (stopped or cancelled); late chunk
         self._send(pending.identity, pending.envelope, frames[2], frames[3:])
+        self.metrics.replied(rid, tag, frames[2])
         if tag == channels.FINAL:
             self._forget(rid, pending)
 
@@ -210,11 +218,16 @@ class FrontEnd:
     def _finish_with_error(self, rid: int, code: str, message: str) -> None:
         pending = self.pending[rid]
         self._count_error(code)
+        self.metrics.ended(rid, code)
         self._send(pending.identity, pending.envelope, wire.error_reply(pending.request_id, code, message))
         self._forget(rid, pending)
 
     def _count_error(self, code: str) -> None:
         self.errors[code] = self.errors.get(code, 0) + 1
+
+    def _resume(self) -> None:
+        self.draining = False
+        self.log.info("resumed: admitting new work")
 
     def _drain_mode(self) -> None:
         self.draining = True
@@ -230,7 +243,8 @@ class FrontEnd:
 
     def stats(self) -> dict:
         return {"inflight": len(self.pending), "served": self.served, "errors": dict(self.errors),
-                "latency": self.latency.summary(), "draining": self.draining, "endpoints": self.endpoints}
+                "latency": self.latency.summary(), "draining": self.draining, "endpoints": self.endpoints,
+                "metrics": self.metrics.snapshot()}
 
 
 def run(config: Config) -> None:

@@ -30,8 +30,10 @@ import zmq
 from mcpd.config import Config, SchedulerConfig
 from mcpd.contexts import service as contexts
 from mcpd.contexts.host_cache import ContextCache
+from mcpd.contexts.journal import open_journal
 from mcpd.contexts.service import ContextService
-from mcpd.daemon import channels, child
+from mcpd.daemon import channels, child, scheduler_admin
+from mcpd.histogram import LATENCY_BOUNDS, Histogram
 from mcpd.memory import host_segment
 from mcpd.protocol import codes, wire
 from mcpd.protocol.codes import MCPDError
@@ -70,10 +72,12 @@ class Scheduler:
         self.host_cache = host_segment.attach(config)
         self.contexts = ContextService(config.contexts, config.limits,
                                        cache=ContextCache(self.host_cache) if self.host_cache else None)
+        self.journal = open_journal(config, self.contexts.store, self.log)
         self.arrivals = itertools.count()
         self.dispatched = 0
         self.errors: dict[str, dict[str, int]] = {}   # the scheduler's own error replies: class -> code -> n
         self.hold_until: float | None = None   # a batch is held open until then
+        self.queue_time = Histogram(LATENCY_BOUNDS)
         self.parent_pid = os.getppid()
 
     @staticmethod
@@ -145,6 +149,8 @@ class Scheduler:
         elif tag == channels.WORKER_LOST:
             lost = msgpack.unpackb(frames[1])
             self._worker_lost(channels.worker_identity(lost["index"]), lost["pid"])
+        elif tag in (channels.ADMIN, channels.RELOAD):
+            scheduler_admin.handle(self, frames)
 
     def _enqueue(self, job: Job) -> None:
         header = msgpack.unpackb(job.header, raw=False)
@@ -239,6 +245,7 @@ class Scheduler:
             return False
         slot.jobs[job.rid] = job
         self.dispatched += 1
+        self.queue_time.observe(now - job.enqueued)
         if job.class_name in self.windows:
             self.windows[job.class_name].observe((now - job.enqueued) * 1000)
         if job.context is not None:
@@ -352,10 +359,13 @@ class Scheduler:
                 "errors": {name: dict(by_code) for name, by_code in self.errors.items()},
                 "contexts": self.contexts.stats(),
                 "cache": self.host_cache.stats() if self.host_cache else {},
+                "persistence": self.journal.stats(), "queue_time": self.queue_time.snapshot(),
                 "workers": [{"index": s.index, "pid": s.pid, "ready": s.ready, "inflight": len(s.jobs),
                              "outstanding_tokens": s.outstanding_tokens, **s.info}
                             for s in sorted(self.workers.values(), key=lambda s: s.index)]}
 
 
 def run(config: Config) -> None:
-    Scheduler(config, child.start("scheduler", config)).serve()
+    scheduler = Scheduler(config, child.start("scheduler", config))
+    child.exit_on_sigterm(scheduler.journal.close)   # a stop makes the journal durable first
+    scheduler.serve()

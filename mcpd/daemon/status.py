@@ -18,9 +18,11 @@ def build_status(supervisor) -> dict:
         "pid": os.getpid(),
         "state": _state(supervisor),
         "healthy": table.healthy() and not supervisor.stopping,
+        "draining": bool(frontend.get("draining")),
         "uptime_s": round(time.monotonic() - supervisor.started, 1),
         "runtime_dir": str(supervisor.config.runtime_dir),
         "endpoints": frontend.get("endpoints", []) or _configured_endpoints(supervisor),
+        "metrics": supervisor.metrics_address and f"http://{supervisor.metrics_address}/metrics",
         "processes": [{"role": "supervisor", "index": 0, "pid": os.getpid(), "state": "running",
                        "uptime_s": round(time.monotonic() - supervisor.started, 1), "restarts": 0,
                        "last_exit": ""}] + [c.describe() for c in table.children],
@@ -32,9 +34,16 @@ def build_status(supervisor) -> dict:
         # decided, by class then code; the degradation ladder's step (0 none, 1 cap, 2 shed).
         "scheduler": {key: scheduler.get(key, default) for key, default in
                       (("policy", ""), ("classes", {}), ("errors", {}), ("degradation_level", 0))},
+        "contexts": _contexts(scheduler),
         "requests": {"served": frontend.get("served", 0), "errors": frontend.get("errors", {}),
                      "latency": frontend.get("latency", {})},
     }
+
+
+def _contexts(scheduler: dict) -> dict:
+    persistence = scheduler.get("persistence", {})
+    return {**scheduler.get("contexts", {"contexts": 0, "bytes": 0}), "restored": persistence.get("restored", 0),
+            "persistence": persistence}
 
 
 def _state(supervisor) -> str:
@@ -42,6 +51,8 @@ def _state(supervisor) -> str:
         return "stopping"
     if not supervisor.announced_ready:
         return "starting"
+    if (supervisor.table.find("frontend", 0).stats or {}).get("draining"):
+        return "draining"
     return "ready" if supervisor.table.healthy() else "degraded"
 
 

@@ -16,13 +16,13 @@ import zmq
 import mcpd
 from mcpd import config as config_module
 from mcpd.config import Config, ConfigError
-from mcpd.daemon import channels, frontend, log, scheduler, worker
+from mcpd.daemon import channels, frontend, log, metrics, scheduler, worker
+from mcpd.daemon.admin import Admin
 from mcpd.daemon.instance_lock import AlreadyRunning, InstanceLock
 from mcpd.daemon.process_table import ChildSpec, ProcessTable
 from mcpd.daemon.sdnotify import SystemdNotifier
-from mcpd.daemon.status import build_status
 from mcpd.memory import host_segment
-from mcpd.protocol import codes, wire
+from mcpd.protocol import wire
 from mcpd.protocol.codes import MCPDError
 
 DEFAULT_CONFIG = "/etc/mcpd/mcpd.toml"
@@ -61,6 +61,7 @@ class Supervisor:
                  ChildSpec("scheduler", 0, scheduler.run, (config,))]
         specs += [ChildSpec("worker", i, worker.run, (config, i, d)) for i, d in enumerate(devices)]
         self.table = ProcessTable(config, specs, self.log)
+        self.admin = Admin(self)
 
     # -- start ----------------------------------------------------------------------------------
 
@@ -84,6 +85,7 @@ class Supervisor:
         os.chmod(control_path, 0o600)
         self.to_scheduler = self._push("sched.ipc")
         self.to_frontend = self._push("frontend.ipc")
+        self.metrics_address = metrics.serve(self, self.log)
 
     def _push(self, name: str) -> zmq.Socket:
         sock = self.context.socket(zmq.PUSH)
@@ -123,6 +125,7 @@ class Supervisor:
         self.table.restart_due()
         if self.reload_requested:
             self._reload()
+        self.admin.expire()
         self._announce_readiness()
         self._feed_watchdog()
 
@@ -154,6 +157,8 @@ class Supervisor:
             child.stats = event
         elif kind == "drained":
             self.drained = True
+        elif kind in ("admin", "reloaded"):
+            self.admin.on_event(kind, event)
 
     # -- control socket (mcpctl) ----------------------------------------------------------------
 
@@ -164,17 +169,13 @@ class Supervisor:
         try:
             request = wire.parse_request(envelope, body, self.config.limits)
             request_id = request.request_id
-            reply = wire.ok_reply(request_id, self._control_op(request.op))
+            result = self.admin.handle(identity, request)
+            if result is None:
+                return   # forwarded: the admin answers when the children report back
+            reply = wire.ok_reply(request_id, result)
         except MCPDError as e:
             reply = wire.error_reply(request_id if request_id is not None else e.request_id, e.code, e.message)
         self.control.send_multipart([identity, *envelope, reply])
-
-    def _control_op(self, op: str) -> dict:
-        if op == "status":
-            return build_status(self)
-        if op == "ping":
-            return {"pong": True, "pid": os.getpid()}
-        raise MCPDError(codes.UNKNOWN_OP, f"unknown control op {op!r}; known: status, ping")
 
     # -- signals, reload, stop ------------------------------------------------------------------
 
@@ -187,22 +188,18 @@ class Supervisor:
         self.reload_requested = True
 
     def _reload(self) -> None:
-        """Re-read and validate the config. Nothing is live-reloadable yet: say what would change."""
+        """SIGHUP: the same reload as `mcpctl reload`; its outcome goes to the log."""
         self.reload_requested = False
         self.notifier.notify(RELOADING=1, MONOTONIC_USEC=time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000)
         try:
-            fresh = config_module.load(self.config_path)
-            changed = _changed_keys(self.config.to_dict(), fresh.to_dict())
-            if changed:
-                self.log.warning("reload: %s changed and need(s) a restart to apply", ", ".join(changed))
-            else:
-                self.log.info("reload: configuration unchanged")
-        except ConfigError as e:
-            self.log.error("reload: keeping the running configuration: %s", e)
+            self.admin.reload(None)
+        except MCPDError:
+            pass   # logged by reload; the running configuration stays
         self.notifier.notify(READY=1)
 
     def _shutdown(self, poller: zmq.Poller) -> int:
         self.notifier.notify(STOPPING=1, STATUS="draining")
+        self.drained = False   # an earlier `mcpctl drain` said so of other requests
         self.to_frontend.send_multipart([channels.DRAIN])
         deadline = time.monotonic() + self.config.supervisor.stop_grace_s
         while not self.drained and time.monotonic() < deadline and self.table.find("frontend", 0).alive:
@@ -215,16 +212,6 @@ class Supervisor:
         self.context.destroy(linger=0)
         self.log.info("stopped")
         return 0
-
-
-def _changed_keys(old: dict, new: dict, prefix: str = "") -> list[str]:
-    changed = []
-    for key in old:
-        if isinstance(old[key], dict):
-            changed += _changed_keys(old[key], new[key], f"{prefix}{key}.")
-        elif old[key] != new[key]:
-            changed.append(prefix + key)
-    return changed
 
 
 def main(argv: list[str] | None = None) -> int:

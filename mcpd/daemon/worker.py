@@ -16,7 +16,7 @@ import zmq
 
 from mcpd.config import Config
 from mcpd.contexts.service import tenant_of
-from mcpd.daemon import channels, child
+from mcpd.daemon import channels, child, live_config
 from mcpd.protocol import codes, ops, wire
 
 STATS_INTERVAL_S = 0.5
@@ -121,6 +121,8 @@ class Worker:
         elif frames[0] == channels.CANCEL:
             code = frames[2].decode() if len(frames) > 2 else codes.CANCELLED
             self._on_cancel(channels.unpack_rid(frames[1]), code)
+        elif frames[0] == channels.RELOAD:
+            live_config.apply(frames, self.events)
 
     # -- requests -------------------------------------------------------------------------------
 

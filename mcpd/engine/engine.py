@@ -21,6 +21,7 @@ from mcpd.engine.host_kv import HostKV
 from mcpd.engine.kv_cache import KVCache
 from mcpd.engine.sampler import Sampler
 from mcpd.engine.sequence import SamplingParams, Sequence
+from mcpd.histogram import BATCH_BOUNDS, Histogram
 from mcpd.memory import DevicePool
 from mcpd.models import load_model
 from mcpd.models.layers import AttentionMetadata, bind_kv_cache
@@ -65,6 +66,7 @@ class Engine:
         self.aborted: list[StepOutput] = []  # reported by the next step()
         self.arrivals = itertools.count()
         self.steps = self.tokens_prefilled = self.tokens_generated = 0
+        self.batch_sizes = Histogram(BATCH_BOUNDS)   # sequences per step, for the metrics endpoint
 
     def add_request(self, key: Hashable, prompt_token_ids: list[int], params: SamplingParams,
                     priority: int = 0, cache_namespace: str = "", write_through: bool = False) -> None:
@@ -117,6 +119,7 @@ class Engine:
         if not batch:
             return outputs
         self.steps += 1
+        self.batch_sizes.observe(len(batch))
         sampling, logits = self._run_model(batch)
         tokens, logprobs = self.sampler(logits, sampling) if sampling else ([], None)
         for i, (seq, token) in enumerate(zip(sampling, tokens)):
@@ -197,6 +200,7 @@ class Engine:
             "tokens_prefilled": self.tokens_prefilled,
             "tokens_generated": self.tokens_generated,
             "steps": self.steps,
+            "batch_size": self.batch_sizes.snapshot(),
             "device": str(self.device),
             "model": self.model_name,
             "dtype": str(self.dtype).removeprefix("torch."),

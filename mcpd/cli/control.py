@@ -1,0 +1,84 @@
+"""How mcpctl reaches the daemon: find its runtime directory, call an op on the control socket.
+
+Exit codes (every command): 0 done (status: healthy), 1 failed (status: unhealthy; the daemon
+refused the op), 2 usage error, 3 daemon not reachable, 4 timed out waiting (--wait).
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import zmq
+
+from mcpd import config as config_module
+from mcpd.client.replies import result_of
+from mcpd.daemon import channels
+from mcpd.protocol import wire
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_TIMEOUT = 0, 1, 2, 3, 4
+SYSTEM_RUNTIME_DIR = Path("/run/mcpd")
+CALL_TIMEOUT_S = 5.0      # one quick op, when --timeout is not given
+WAIT_TIMEOUT_S = 120.0    # --wait operations (drain, reload, restart), when --timeout is not given
+POLL_S = 0.5
+
+
+class Unreachable(Exception):
+    pass
+
+
+class TimedOut(Exception):
+    pass
+
+
+def find_runtime_dir(args) -> Path:
+    """--runtime-dir, then $MCPD_RUNTIME_DIR, then the config's, then the systemd unit's /run/mcpd."""
+    explicit = args.runtime_dir or os.environ.get("MCPD_RUNTIME_DIR")
+    if explicit:
+        return Path(explicit)
+    configured = config_module.load(args.config).runtime_dir
+    if not (configured / "control.ipc").exists() and (SYSTEM_RUNTIME_DIR / "control.ipc").exists():
+        return SYSTEM_RUNTIME_DIR
+    return configured
+
+
+def call(args, op: str, op_args: dict | None = None, timeout_s: float | None = None) -> dict:
+    """One control op; its result, or MCPDError with the daemon's code."""
+    runtime_dir = find_runtime_dir(args)
+    timeout_s = timeout_s if timeout_s is not None else (args.timeout or CALL_TIMEOUT_S)
+    if not (runtime_dir / "control.ipc").exists():
+        raise Unreachable(f"no control socket at {runtime_dir / 'control.ipc'}: is mcpd running?")
+    context = zmq.Context()
+    sock = context.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        sock.connect(channels.control_endpoint(runtime_dir))
+        sock.send(wire.encode_request(op, 1, op_args or {}))
+        if not sock.poll(timeout_s * 1000):
+            raise Unreachable(f"mcpd did not answer on {runtime_dir / 'control.ipc'} within {timeout_s:g}s")
+        return result_of(wire.decode_reply(sock.recv()))
+    finally:
+        sock.close(0)
+        context.term()
+
+
+def wait_for(args, what: str, check) -> None:
+    """Poll `status` until check(status) returns None (done), printing its progress line (a
+    string) to stderr meanwhile; TimedOut after --timeout (default WAIT_TIMEOUT_S)."""
+    deadline = time.monotonic() + wait_timeout(args)
+    shown = None
+    while True:
+        progress = check(call(args, "status"))
+        if progress is None:
+            return
+        if progress != shown:
+            print(f"mcpctl: {what}: {progress}", file=sys.stderr)
+            shown = progress
+        if time.monotonic() >= deadline:
+            raise TimedOut(f"{what}: still {progress} after {wait_timeout(args):g}s")
+        time.sleep(POLL_S)
+
+
+def wait_timeout(args) -> float:
+    return args.timeout or WAIT_TIMEOUT_S

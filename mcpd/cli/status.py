@@ -1,0 +1,96 @@
+"""mcpctl status (once or --watch), config and version: reading the daemon's state."""
+from __future__ import annotations
+
+import sys
+import time
+
+import mcpd
+from mcpd.cli import control
+from mcpd.cli.render import emit, mib, table
+
+CLEAR = "\033[H\033[2J"
+
+
+def register(sub, common) -> None:
+    status = sub.add_parser("status", parents=[common], help="processes, devices, queues, contexts, latency")
+    status.add_argument("--watch", action="store_true", help="redraw until interrupted")
+    status.add_argument("--interval", type=float, default=2.0, help="seconds between redraws (default 2)")
+    status.set_defaults(handler=cmd_status)
+    sub.add_parser("config", parents=[common], help="the effective configuration").set_defaults(handler=cmd_config)
+    sub.add_parser("version", parents=[common], help="mcpctl's and the daemon's versions").set_defaults(handler=cmd_version)
+
+
+def cmd_status(args) -> int:
+    if not args.watch:
+        status = control.call(args, "status")
+        emit(args, status, render_status)
+        return control.EXIT_OK if status["healthy"] else control.EXIT_FAILED
+    try:
+        while True:
+            status = control.call(args, "status")
+            if not args.json and sys.stdout.isatty():
+                print(CLEAR, end="")
+            emit(args, status, render_status)
+            sys.stdout.flush()
+            time.sleep(args.interval)
+    except KeyboardInterrupt:
+        return control.EXIT_OK
+
+
+def render_status(status: dict) -> str:
+    lines = [f"mcpd {status['version']}  pid {status['pid']}  state {status['state']}  "
+             f"uptime {status['uptime_s']:.0f}s",
+             f"endpoints: {', '.join(status['endpoints'])}"]
+    if status.get("metrics"):
+        lines.append(f"metrics: {status['metrics']}")
+    lines += ["", table(["ROLE", "INDEX", "PID", "STATE", "UPTIME", "RESTARTS", "LAST EXIT"],
+                        [[p["role"], p["index"], p["pid"] or "-", p["state"], f"{p['uptime_s']:.0f}s",
+                          p["restarts"], p["last_exit"] or "-"] for p in status["processes"]]), ""]
+    lines.append(table(["WORKER", "DEVICE", "MODEL", "RUNNING", "WAITING", "KV USED", "POOL USED"],
+                       [[d["worker"], d.get("device", "-"), d.get("model", "-"), d.get("running", "-"),
+                         d.get("waiting", "-"), f"{d.get('kv_blocks_used', 0)}/{d.get('kv_blocks_total', 0)}",
+                         mib(d.get("pool", {}).get("in_use_bytes", 0))] for d in status["devices"]]))
+    contexts = status["contexts"]
+    lines += ["", f"contexts {contexts['contexts']} ({mib(contexts['bytes'])})  restored at start "
+                  f"{contexts['restored']}  journal fsync {contexts['persistence'].get('fsync', '-')}"]
+    cache = status.get("cache", {})
+    if cache.get("enabled"):
+        lines.append(f"host cache {mib(cache['used_bytes'])} of {mib(cache['total_bytes'])}  "
+                     f"contexts {cache['contexts']}  kv blocks {cache['kv_blocks']}  hits {cache['hits']}  "
+                     f"misses {cache['misses']}  hit rate {cache['hit_rate']:.1%}  evictions {cache['evictions']}")
+    requests = status["requests"]
+    lines += [f"queue depth {status['queue']['depth']}  in flight {status['queue']['inflight']}  "
+              f"served {requests['served']}  errors {sum(requests['errors'].values())}"]
+    classes = status.get("scheduler", {}).get("classes", {})
+    if classes:
+        lines.append("  classes: " + "  ".join(f"{name} q={c['queued']} window {c['window_ms']:.1f} ms"
+                                              for name, c in classes.items()))
+    for op, lat in sorted(requests["latency"].items()):
+        lines.append(f"  {op:<10} n={lat['count']:<6} p50 {lat['p50_ms']:.2f} ms  p99 {lat['p99_ms']:.2f} ms")
+    return "\n".join(lines)
+
+
+def cmd_config(args) -> int:
+    emit(args, control.call(args, "config"), render_config)
+    return control.EXIT_OK
+
+
+def render_config(result: dict) -> str:
+    lines = [f"# effective configuration (file: {result['path'] or 'none, built-in defaults'})"]
+    for section, keys in result["config"].items():
+        lines += ["", f"[{section}]"] + [f"{key} = {value!r}" for key, value in keys.items()]
+    return "\n".join(lines)
+
+
+def cmd_version(args) -> int:
+    mine = {"mcpctl": mcpd.__version__}
+    try:
+        daemon = control.call(args, "version")
+    except control.Unreachable as e:
+        why = str(e)
+        emit(args, {**mine, "daemon": None}, lambda _: f"mcpctl {mcpd.__version__}\nmcpd: {why}")
+        return control.EXIT_UNREACHABLE
+    emit(args, {**mine, "daemon": daemon},
+         lambda _: f"mcpctl {mcpd.__version__}\nmcpd {daemon['version']} (protocol {daemon['protocol']}, "
+                   f"Python {daemon['python']})")
+    return control.EXIT_OK

@@ -1,0 +1,216 @@
+"""The supervisor's answers to mcpctl: every control op, including those it forwards to the
+scheduler (context ops) and to all children (reload) and answers once they report back.
+
+Forwarded ops wait as `Pending` entries keyed by a token; the reply goes out when the last
+expected event arrives, or when the op's time runs out (with what arrived so far), so an op
+never hangs the control socket and a dead child never hangs an op.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+import platform
+import signal
+import time
+from dataclasses import dataclass, field
+
+import msgpack
+
+import mcpd
+from mcpd import config as config_module
+from mcpd.config import Config, ConfigError
+from mcpd.daemon import channels, live_config
+from mcpd.daemon.status import build_status
+from mcpd.protocol import codes, wire
+from mcpd.protocol.codes import MCPDError
+
+FORWARD_TIMEOUT_S = 30.0   # the most a forwarded op waits when the caller names no timeout
+# What the supervisor applies itself on reload: the children read these from it, not their copy.
+SUPERVISOR_LIVE = ("supervisor.stop_grace_s", "supervisor.ready_timeout_s",
+                   "workers.restart_backoff_s", "workers.restart_backoff_max_s")
+
+
+@dataclass
+class Pending:
+    reply_to: tuple | None        # (identity, envelope, request_id); None for SIGHUP's reload
+    deadline: float
+    waiting_for: set = field(default_factory=set)   # (role, index) still to confirm a reload
+    summary: dict = field(default_factory=dict)     # a reload's report so far
+    fresh: Config | None = None                     # a reload's newly read config
+
+
+class Admin:
+    def __init__(self, supervisor):
+        self.supervisor = supervisor
+        self.tokens = itertools.count(1)
+        self.pending: dict[int, Pending] = {}
+        self.ops = {"status": self._status, "ping": self._ping, "version": self._version,
+                    "config": self._config, "workers": self._workers, "workers.restart": self._restart_worker,
+                    "drain": self._drain, "resume": self._resume}
+
+    # -- requests from mcpctl -------------------------------------------------------------------
+
+    def handle(self, identity: bytes, request: wire.Request) -> dict | None:
+        """The op's result now, or None when the answer comes later (sent by `answer`)."""
+        op, args = request.op, request.header["args"]
+        reply_to = (identity, request.envelope, request.request_id)
+        if op.startswith("contexts."):
+            return self._forward(op, args, reply_to)
+        if op == "reload":
+            return self.reload(reply_to, args.get("timeout_s"))
+        if op not in self.ops:
+            known = sorted([*self.ops, "reload", "contexts.list", "contexts.show", "contexts.drop"])
+            raise MCPDError(codes.UNKNOWN_OP, f"unknown control op {op!r}; known: {', '.join(known)}")
+        return self.ops[op](args)
+
+    def _status(self, _args) -> dict:
+        return build_status(self.supervisor)
+
+    def _ping(self, _args) -> dict:
+        return {"pong": True, "pid": os.getpid()}
+
+    def _version(self, _args) -> dict:
+        return {"version": mcpd.__version__, "protocol": wire.VERSION, "python": platform.python_version()}
+
+    def _config(self, _args) -> dict:
+        return {"path": self.supervisor.config_path, "config": self.supervisor.config.to_dict()}
+
+    def _workers(self, _args) -> dict:
+        status = build_status(self.supervisor)
+        devices = {d["worker"]: d for d in status["devices"]}
+        return {"workers": [{**p, **devices.get(p["index"], {})} for p in status["processes"] if p["role"] == "worker"]}
+
+    def _restart_worker(self, args: dict) -> dict:
+        """SIGTERM the worker; the supervisor restarts it as after any exit, and the scheduler
+        requeues its requests that had not started streaming (the rest get WORKER_LOST)."""
+        child = self.supervisor.table.find("worker", args.get("index"))
+        if child is None:
+            raise MCPDError(codes.NOT_FOUND, f"no worker {args.get('index')!r}")
+        if not child.alive:
+            raise MCPDError(codes.CONFLICT, f"worker {child.spec.index} is not running ({child.state})")
+        pid = child.process.pid
+        os.kill(pid, signal.SIGTERM)
+        return {"index": child.spec.index, "old_pid": pid, "restarts": child.restarts}
+
+    def _drain(self, _args) -> dict:
+        self.supervisor.to_frontend.send_multipart([channels.DRAIN])
+        return {"draining": True}
+
+    def _resume(self, _args) -> dict:
+        self.supervisor.drained = False
+        self.supervisor.to_frontend.send_multipart([channels.RESUME])
+        return {"draining": False}
+
+    # -- forwarded ops --------------------------------------------------------------------------
+
+    def _forward(self, op: str, args: dict, reply_to: tuple) -> None:
+        token = next(self.tokens)
+        self.pending[token] = Pending(reply_to, time.monotonic() + _timeout(args.get("timeout_s")))
+        message = {"token": token, "op": op, "args": args}
+        self.supervisor.to_scheduler.send_multipart([channels.ADMIN, msgpack.packb(message)])
+
+    def reload(self, reply_to: tuple | None, timeout_s: float | None = None) -> dict | None:
+        """Re-read the config file, apply what can change live and say what needs a restart.
+
+        The reply waits up to `timeout_s` for every child to confirm (0: answer at once with
+        what the supervisor applied itself; the children's part then shows in the log)."""
+        supervisor = self.supervisor
+        try:
+            fresh = config_module.load(supervisor.config_path)
+        except ConfigError as e:
+            supervisor.log.error("reload: keeping the running configuration: %s", e)
+            raise MCPDError(codes.BAD_REQUEST, f"config not reloaded: {e}") from None
+        changed = changed_keys(supervisor.config.to_dict(), fresh.to_dict())
+        applied = [k for k in changed if k in SUPERVISOR_LIVE + live_config.EVERY_PROCESS]
+        live_config.apply_log_level(fresh)
+        self._adopt(fresh, applied)
+        token = next(self.tokens)
+        message = [channels.RELOAD, msgpack.packb({"token": token, "config": fresh.to_dict()})]
+        supervisor.to_scheduler.send_multipart(message)
+        supervisor.to_frontend.send_multipart(message)
+        waiting = {(c.spec.role, c.spec.index) for c in supervisor.table.children if c.alive and c.ready}
+        summary = {"path": supervisor.config_path, "changed": changed, "applied": applied, "confirmed": []}
+        self.pending[token] = Pending(reply_to, time.monotonic() + _timeout(timeout_s), waiting, summary, fresh)
+        if timeout_s == 0 or not waiting:
+            return self._finish(token)
+        return None
+
+    def _adopt(self, fresh: Config, keys: list[str]) -> None:
+        """Make `keys` of `fresh` part of the effective config: the supervisor's own, and the one
+        a restarted child will get (only what every process runs with, so they never disagree)."""
+        if not keys:
+            return
+        supervisor = self.supervisor
+        supervisor.config = with_keys(supervisor.config, fresh, keys)
+        supervisor.table.config = supervisor.config
+        for child in supervisor.table.children:
+            child.spec.args = (supervisor.config, *child.spec.args[1:])
+
+    # -- events from children -------------------------------------------------------------------
+
+    def on_event(self, kind: str, event: dict) -> None:
+        pending = self.pending.get(event.get("token"))
+        if pending is None:
+            return   # answered already (timed out)
+        if kind == "admin":
+            self.pending.pop(event["token"])
+            self.answer(pending.reply_to, event.get("result"), event.get("code"), event.get("message"))
+            return
+        pending.waiting_for.discard((event["role"], event["index"]))
+        pending.summary["confirmed"].append(f"{event['role']} {event['index']}")
+        new_keys = [k for k in event["applied"] if k in pending.summary["changed"] and k not in pending.summary["applied"]]
+        pending.summary["applied"] += new_keys
+        self._adopt(pending.fresh, new_keys)
+        if not pending.waiting_for:
+            self._finish(event["token"])
+
+    def expire(self) -> None:
+        """Answer ops whose time ran out: forwarded ones with UNAVAILABLE, reloads with what came."""
+        now = time.monotonic()
+        for token, pending in list(self.pending.items()):
+            if now < pending.deadline:
+                continue
+            if pending.summary:
+                self._finish(token)
+            else:
+                del self.pending[token]
+                self.answer(pending.reply_to, None, codes.UNAVAILABLE, "the scheduler did not answer in time")
+
+    def _finish(self, token: int) -> dict:
+        pending = self.pending.pop(token)
+        summary = pending.summary
+        summary["needs_restart"] = [k for k in summary["changed"] if k not in summary["applied"]]
+        summary["unconfirmed"] = sorted(f"{role} {index}" for role, index in pending.waiting_for)
+        log = self.supervisor.log
+        log.info("reload: %s", "; ".join(f"{k}: {', '.join(v) or '-'}" for k, v in summary.items()
+                                          if k in ("applied", "needs_restart", "unconfirmed")))
+        if pending.reply_to is not None:
+            self.answer(pending.reply_to, summary)
+        return summary
+
+    def answer(self, reply_to: tuple, result: dict | None, code: str | None = None, message: str = "") -> None:
+        identity, envelope, request_id = reply_to
+        reply = wire.ok_reply(request_id, result) if code is None else wire.error_reply(request_id, code, message)
+        self.supervisor.control.send_multipart([identity, *envelope, reply])
+
+
+def _timeout(requested: float | None) -> float:
+    return FORWARD_TIMEOUT_S if requested is None else max(0.0, min(float(requested), 3600.0))
+
+
+def changed_keys(old: dict, new: dict) -> list[str]:
+    """"section.key" names of the keys whose values differ between two Config.to_dict() trees.
+    A key's value is compared whole, tables included (scheduler.classes): a live reload applies a
+    key at a time, and a class added or removed is a change of that key, not a missing one."""
+    return [f"{section}.{key}" for section in old for key in old[section].keys() | new[section].keys()
+            if old[section].get(key) != new[section].get(key)]
+
+
+def with_keys(old: Config, new: Config, keys: list[str]) -> Config:
+    """`old` with the dotted `keys` taken from `new`."""
+    sections = {}
+    for key in keys:
+        section, name = key.split(".", 1)
+        sections.setdefault(section, {})[name] = getattr(getattr(new, section), name)
+    return dataclasses.replace(old, **{s: dataclasses.replace(getattr(old, s), **v) for s, v in sections.items()})

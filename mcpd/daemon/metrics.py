@@ -1,0 +1,172 @@
+"""The Prometheus endpoint: one HTTP listener in the supervisor for the figures of every process.
+
+Children already send their stats to the supervisor every 0.5 s; a custom collector turns the
+latest of them into metric families at scrape time, so no child serves HTTP, nothing is shared
+between processes, and a scrape costs the children nothing. Counters that a child keeps restart
+from zero with it, which Prometheus reads as a counter reset (rate() copes).
+
+Off by default ([metrics] listen = ""), loopback only unless allowed (config.py checks): the
+figures name tenants' request rates. GPU utilisation and memory come from NVML when pynvml is
+installed and a driver answers; otherwise those families are simply absent.
+"""
+from __future__ import annotations
+
+import logging
+
+from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.exposition import start_http_server
+
+from mcpd.daemon.request_metrics import DEFAULT_CLASS
+
+
+def serve(supervisor, log: logging.Logger) -> str | None:
+    """Start the endpoint if configured; returns its address (host:port, the port as bound)."""
+    listen = supervisor.config.metrics.listen
+    if not listen:
+        return None
+    host, _, port = listen.rpartition(":")
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(DaemonCollector(supervisor))
+    try:
+        server, _thread = start_http_server(int(port), host.strip("[]"), registry)
+    except OSError as e:   # a taken port must not take the daemon down with it
+        log.error("metrics endpoint %s not started: %s", listen, e)
+        return None
+    address = f"{host}:{server.server_port}"
+    log.info("metrics on http://%s/metrics", address)
+    return address
+
+
+class DaemonCollector:
+    def __init__(self, supervisor):
+        self.supervisor = supervisor
+        self.gpus = Gpus()
+
+    def collect(self):
+        table = self.supervisor.table
+        frontend = table.find("frontend", 0).stats or {}
+        scheduler = table.find("scheduler", 0).stats or {}
+        workers = [c for c in table.children if c.spec.role == "worker"]
+        yield from _requests(frontend.get("metrics", {}), scheduler)
+        yield from _workers(workers)
+        yield from _contexts(scheduler, [scheduler, *(w.stats or {} for w in workers)])
+        restarts = CounterMetricFamily("mcpd_process_restarts", "Restarts of a child process", labels=["role", "index"])
+        for child in table.children:
+            restarts.add_metric([child.spec.role, str(child.spec.index)], child.restarts)
+        yield restarts
+        yield from self.gpus.collect()
+
+
+def _requests(front: dict, scheduler: dict):
+    finished = CounterMetricFamily("mcpd_requests", "Requests by op, priority class and final code",
+                                   labels=["op", "class", "code"])
+    for op, cls, code, count in front.get("finished", []):
+        finished.add_metric([op, cls, code], count)
+    yield finished
+    yield _histograms("mcpd_request_duration_seconds", "End-to-end request latency, at the front-end",
+                      ["op", "class"], [(row[:2], row[2]) for row in front.get("latency", [])])
+    yield _histograms("mcpd_time_to_first_token_seconds", "Time to the first streamed chunk", ["class"],
+                      [([cls], h) for cls, h in front.get("ttft", [])])
+    yield _histograms("mcpd_inter_token_latency_seconds", "Time between streamed chunks", ["class"],
+                      [([cls], h) for cls, h in front.get("itl", [])])
+    yield _histograms("mcpd_queue_time_seconds", "Time a request waited for a worker", [],
+                      [([], scheduler["queue_time"])] if "queue_time" in scheduler else [])
+    # Until the scheduler reports its queue per class, every waiting request counts as normal.
+    waiting = scheduler.get("waiting_by_class", {DEFAULT_CLASS: scheduler.get("queue_depth", 0)})
+    inflight = front.get("inflight", {})
+    waiting_family = GaugeMetricFamily("mcpd_requests_waiting", "Requests queued for a worker", labels=["class"])
+    running_family = GaugeMetricFamily("mcpd_requests_running", "Requests admitted and not waiting in the queue",
+                                       labels=["class"])
+    for cls in sorted(set(waiting) | set(inflight)):
+        waiting_family.add_metric([cls], waiting.get(cls, 0))
+        running_family.add_metric([cls], max(0, inflight.get(cls, 0) - waiting.get(cls, 0)))
+    yield waiting_family
+    yield running_family
+
+
+def _workers(workers):
+    labels = ["worker", "device"]
+    counters = {key: CounterMetricFamily(name, text, labels=labels) for key, name, text in (
+        ("tokens_prefilled", "mcpd_prompt_tokens", "Prompt tokens computed (prefix-cache hits excluded)"),
+        ("tokens_generated", "mcpd_generation_tokens", "Tokens generated"),
+        ("preemptions", "mcpd_preemptions", "Sequences preempted for KV space"))}
+    gauges = {key: GaugeMetricFamily(name, text, labels=labels) for key, name, text in (
+        ("in_use_bytes", "mcpd_pool_in_use_bytes", "Device pool bytes handed out (the KV region included)"),
+        ("total_bytes", "mcpd_pool_bytes", "Device pool size"),
+        ("internal_waste_frac", "mcpd_pool_internal_waste_ratio", "Bytes handed out beyond what was asked"),
+        ("external_fragmentation", "mcpd_pool_fragmentation_ratio", "1 - largest free block / free bytes"),
+        ("kv_waste_frac", "mcpd_kv_waste_ratio", "Unused token slots in held KV blocks"),
+        ("kv_blocks_used", "mcpd_kv_blocks_used", "KV blocks held by sequences"),
+        ("running", "mcpd_engine_running_sequences", "Sequences in the engine's running batch"),
+        ("waiting", "mcpd_engine_waiting_sequences", "Sequences admitted to the engine, not yet running"))}
+    batch = []
+    for worker in workers:
+        stats = worker.stats or {}
+        if not stats:
+            continue
+        values = {**stats, **stats.get("pool", {})}
+        key = [str(worker.spec.index), str(stats.get("device", ""))]
+        for name, family in {**counters, **gauges}.items():
+            if name in values:
+                family.add_metric(key, values[name])
+        if "batch_size" in stats:
+            batch.append((key, stats["batch_size"]))
+    yield from counters.values()
+    yield from gauges.values()
+    yield _histograms("mcpd_batch_size", "Sequences per engine step", labels, batch)
+
+
+def _contexts(scheduler: dict, all_stats: list[dict]):
+    contexts = scheduler.get("contexts", {})
+    for name, text, value in (("mcpd_contexts", "Contexts held", contexts.get("contexts")),
+                              ("mcpd_contexts_bytes", "Bytes of all contexts", contexts.get("bytes")),
+                              ("mcpd_contexts_restored", "Contexts restored from disk at start",
+                               scheduler.get("persistence", {}).get("restored"))):
+        if value is not None:
+            yield GaugeMetricFamily(name, text, value=value)
+    # The shared-memory context cache reports under "cache" from whichever process hosts it.
+    cache = next((s["cache"] for s in all_stats if "cache" in s), None)
+    if cache is None:
+        return
+    for key, kind in (("bytes", GaugeMetricFamily), ("entries", GaugeMetricFamily), ("hits", CounterMetricFamily),
+                      ("misses", CounterMetricFamily), ("evictions", CounterMetricFamily)):
+        if key in cache:
+            yield kind(f"mcpd_context_cache_{key}", f"Context cache {key}", value=cache[key])
+
+
+def _histograms(name: str, text: str, labels: list[str], series: list[tuple[list[str], dict]]):
+    family = HistogramMetricFamily(name, text, labels=labels)
+    for label_values, snapshot in series:
+        cumulative, buckets = 0, []
+        for bound, count in zip([*snapshot["bounds"], "+Inf"], snapshot["counts"]):
+            cumulative += count
+            buckets.append((str(bound) if bound == "+Inf" else repr(float(bound)), cumulative))
+        family.add_metric(label_values, buckets, snapshot["sum"])
+    return family
+
+
+class Gpus:
+    """GPU utilisation and memory through NVML, if pynvml and a driver are there."""
+
+    def __init__(self):
+        try:
+            import pynvml   # optional: installed with the CUDA tooling, absent on CPU hosts
+            pynvml.nvmlInit()
+            self.nvml = pynvml
+            self.count = pynvml.nvmlDeviceGetCount()
+        except Exception:   # noqa: BLE001 - ImportError, or NVMLError without a driver: no GPU metrics
+            self.nvml = None
+
+    def collect(self):
+        if self.nvml is None:
+            return
+        util = GaugeMetricFamily("mcpd_gpu_utilization_ratio", "GPU busy fraction (NVML)", labels=["gpu"])
+        used = GaugeMetricFamily("mcpd_gpu_memory_used_bytes", "GPU memory in use (NVML)", labels=["gpu"])
+        total = GaugeMetricFamily("mcpd_gpu_memory_total_bytes", "GPU memory (NVML)", labels=["gpu"])
+        for index in range(self.count):
+            handle = self.nvml.nvmlDeviceGetHandleByIndex(index)
+            memory = self.nvml.nvmlDeviceGetMemoryInfo(handle)
+            util.add_metric([str(index)], self.nvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100)
+            used.add_metric([str(index)], memory.used)
+            total.add_metric([str(index)], memory.total)
+        yield from (util, used, total)

@@ -1,0 +1,90 @@
+"""Per-request figures the front-end keeps for the metrics endpoint: counts by op, priority
+class and final code, and end-to-end, time-to-first-token and inter-token latency histograms.
+
+The front-end sees every request start and end, and every streamed chunk, so it measures them
+as a client would. Time to first token and inter-token latency exist only for streamed
+requests (a non-streamed reply has one moment, its end). A chunk carries the tokens of one
+engine step, one per stream, so the gap between chunks is the inter-token latency.
+"""
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+
+import msgpack
+
+from mcpd.daemon import channels
+from mcpd.histogram import LATENCY_BOUNDS, Histogram
+
+DEFAULT_CLASS = "normal"   # requests that name no priority class
+ERROR_MARK = b"\xa4kind\xa5error"   # how msgpack spells "kind": "error" in a reply header
+
+
+@dataclass
+class Live:
+    op: str
+    cls: str
+    started: float
+    last_chunk: float | None = None
+
+
+class RequestMetrics:
+    def __init__(self):
+        self.live: dict[int, Live] = {}
+        self.finished: dict[tuple[str, str, str], int] = defaultdict(int)
+        self.latency: dict[tuple[str, str], Histogram] = {}
+        self.ttft: dict[str, Histogram] = {}
+        self.itl: dict[str, Histogram] = {}
+
+    def started(self, rid: int, op: str, priority) -> None:
+        cls = priority if isinstance(priority, str) and priority else DEFAULT_CLASS
+        self.live[rid] = Live(op, cls, time.monotonic())
+
+    def replied(self, rid: int, tag: bytes, header: bytes) -> None:
+        """A chunk or the final reply of `rid` went to its client."""
+        live = self.live.get(rid)
+        if live is None:
+            return
+        if tag == channels.CHUNK:
+            now = time.monotonic()
+            if live.last_chunk is None:
+                _histogram(self.ttft, live.cls).observe(now - live.started)
+            else:
+                _histogram(self.itl, live.cls).observe(now - live.last_chunk)
+            live.last_chunk = now
+        elif tag == channels.FINAL:
+            self.ended(rid, _code(header))
+
+    def ended(self, rid: int, code: str) -> None:
+        live = self.live.pop(rid, None)
+        if live is None:
+            return
+        self.finished[(live.op, live.cls, code)] += 1
+        _histogram(self.latency, (live.op, live.cls)).observe(time.monotonic() - live.started)
+
+    def snapshot(self) -> dict:
+        inflight: dict[str, int] = defaultdict(int)
+        for live in self.live.values():
+            inflight[live.cls] += 1
+        return {"finished": [[op, cls, code, n] for (op, cls, code), n in self.finished.items()],
+                "latency": [[op, cls, h.snapshot()] for (op, cls), h in self.latency.items()],
+                "ttft": [[cls, h.snapshot()] for cls, h in self.ttft.items()],
+                "itl": [[cls, h.snapshot()] for cls, h in self.itl.items()],
+                "inflight": dict(inflight)}
+
+
+def _histogram(table: dict, key) -> Histogram:
+    found = table.get(key)
+    if found is None:
+        found = table[key] = Histogram(LATENCY_BOUNDS)
+    return found
+
+
+def _code(header: bytes) -> str:
+    # Decoding every final header (a generate's holds all its text) would cost more than the
+    # rest of this module; only a header that may be an error is decoded.
+    if ERROR_MARK not in header:
+        return "OK"
+    decoded = msgpack.unpackb(header, raw=False)
+    return decoded.get("code", "OK") if decoded.get("kind") == "error" else "OK"

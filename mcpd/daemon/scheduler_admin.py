@@ -1,0 +1,72 @@
+"""The scheduler's side of mcpctl: context ops across tenants (ADMIN) and live reload (RELOAD).
+
+The supervisor owns the control socket but the contexts live here, so it forwards these ops on
+sched.ipc; answers go back as events on the EventReporter, matched by the supervisor's token.
+Nothing here waits: a reply is one event, so a slow mcpctl never holds up scheduling.
+"""
+from __future__ import annotations
+
+import msgpack
+
+from mcpd.contexts.context import Context
+from mcpd.daemon import channels, live_config
+from mcpd.protocol import codes
+from mcpd.protocol.codes import MCPDError
+
+LIST_LIMIT = 1000   # contexts one `mcpctl contexts list` shows; the total is always given
+
+
+def handle(scheduler, frames: list[bytes]) -> None:
+    """Dispatch one ADMIN or RELOAD message from the supervisor."""
+    if frames[0] == channels.RELOAD:
+        return _reload(scheduler, frames)
+    request = msgpack.unpackb(frames[1], raw=False)
+    token = request["token"]
+    try:
+        op = OPS.get(request["op"])
+        if op is None:
+            raise MCPDError(codes.UNKNOWN_OP, f"unknown admin op {request['op']!r}")
+        scheduler.events.send("admin", token=token, result=op(scheduler.contexts.store, request["args"]))
+    except MCPDError as e:
+        scheduler.events.send("admin", token=token, code=e.code, message=e.message)
+
+
+def _list(store, args: dict) -> dict:
+    owner = args.get("owner")
+    found = sorted((c for c in store.contexts.values() if owner in (None, c.owner)), key=lambda c: (c.owner, c.id))
+    limit = args.get("limit") or LIST_LIMIT
+    return {"total": len(found), "contexts": [_summary(c) for c in found[:limit]]}
+
+
+def _show(store, args: dict) -> dict:
+    context = store.get(args["owner"], args["id"])
+    return {**_summary(context),
+            "fields": [_field(context, name, value) for name, value in sorted(context.fields.items())]}
+
+
+def _drop(store, args: dict) -> dict:
+    return {"dropped": store.drop(args["owner"], args["id"])}
+
+
+OPS = {"contexts.list": _list, "contexts.show": _show, "contexts.drop": _drop}
+
+
+def _summary(context: Context) -> dict:
+    return {"owner": context.owner, **context.describe(), "busy": context.busy_with is not None}
+
+
+def _field(context: Context, name: str, value) -> dict:
+    shape = getattr(value, "shape", None)
+    return {"name": name, "type": type(value).__name__, "dtype": str(getattr(value, "dtype", "")) or None,
+            "shape": list(shape) if shape is not None else None, "version": context.changed_at.get(name, 0)}
+
+
+def _reload(scheduler, frames: list[bytes]) -> None:
+    """Log level here, the [scheduler] section through apply_config, and the same message on to
+    every worker (they confirm on their own)."""
+    token, config = live_config.decode(frames)
+    applied = live_config.apply_log_level(config) + scheduler.apply_config(config)
+    for slot in scheduler.workers.values():
+        if slot.ready:
+            scheduler._send_worker(slot, frames)
+    scheduler.events.send("reloaded", token=token, applied=applied)

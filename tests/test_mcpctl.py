@@ -1,0 +1,133 @@
+"""Every mcpctl command against a real daemon: human output, --json shapes and exit codes."""
+import json
+import os
+import subprocess
+
+import pytest
+
+from mcpd.protocol import codes
+from mcpd.protocol.codes import MCPDError
+from mcpd.testing import BIN, Daemon
+
+
+@pytest.fixture(scope="module")
+def d():
+    daemon = Daemon().start()
+    yield daemon
+    daemon.stop()
+    daemon.cleanup()
+
+
+def ctl(d, *args, code=0):
+    done = d.mcpctl(*args)
+    assert done.returncode == code, (args, done.stdout, done.stderr)
+    return json.loads(done.stdout) if "--json" in args else done.stdout
+
+
+def test_status_json_and_table(d):
+    status = ctl(d, "status", "--json")
+    assert status["state"] == "ready" and status["healthy"] and status["draining"] is False
+    assert set(status["contexts"]) >= {"contexts", "bytes", "restored", "persistence"}
+    assert "contexts" in ctl(d, "status") and "WORKER" in ctl(d, "status")
+    assert ctl(d, "--json", "status")["pid"] == d.process.pid   # --json before the command too
+
+
+def test_runtime_dir_from_environment(d):
+    done = subprocess.run([str(BIN / "mcpctl"), "status", "--json"], capture_output=True, text=True,
+                          env={**os.environ, "MCPD_RUNTIME_DIR": str(d.runtime_dir)}, timeout=30)
+    assert done.returncode == 0 and json.loads(done.stdout)["pid"] == d.process.pid
+
+
+def test_version_and_config(d):
+    version = ctl(d, "version", "--json")
+    assert version["daemon"]["version"] == version["mcpctl"] and version["daemon"]["protocol"] >= 1
+    config = ctl(d, "config", "--json")
+    assert config["path"] == str(d.config_path)
+    assert config["config"]["server"]["runtime_dir"] == str(d.runtime_dir)
+    assert "[workers]" in ctl(d, "config")
+
+
+def test_contexts_list_show_drop(d):
+    with d.client() as client:
+        alpha = client.context("alpha")
+        alpha["w"] = 1.5
+        alpha.sync()
+    with d.client() as other:
+        other.call("context.open", {"id": "beta"}, tenant="bob")
+    listed = ctl(d, "contexts", "list", "--json")
+    assert {(c["owner"], c["id"]) for c in listed["contexts"]} >= {("default", "alpha"), ("bob", "beta")}
+    assert [c["id"] for c in ctl(d, "contexts", "list", "--tenant", "bob", "--json")["contexts"]] == ["beta"]
+    shown = ctl(d, "contexts", "show", "alpha", "--json")
+    assert shown["version"] == 1 and [f["name"] for f in shown["fields"]] == ["tokens", "w"]
+    assert "alpha" in ctl(d, "contexts", "list")
+    assert ctl(d, "contexts", "drop", "beta", "--tenant", "bob", "--json") == {"dropped": True}
+    assert ctl(d, "contexts", "drop", "beta", "--tenant", "bob", "--json", code=1) == {"dropped": False}
+    assert "NOT_FOUND" in d.mcpctl("contexts", "show", "nope").stderr
+    ctl(d, "contexts", "show", "nope", code=1)
+
+
+def test_drain_and_resume(d):
+    assert "nothing in flight" in ctl(d, "drain", "--wait")
+    assert ctl(d, "status", "--json")["state"] == "draining"
+    with d.client() as client:
+        with pytest.raises(MCPDError) as raised:
+            client.generate("x", max_tokens=1)
+        assert raised.value.code == codes.UNAVAILABLE
+        assert ctl(d, "resume", "--json") == {"draining": False}
+        d.wait_until(lambda: ctl(d, "status", "--json")["state"] == "ready", 10, "resumed")
+        assert client.generate("x", max_tokens=1).completion_tokens == 1
+
+
+def test_reload_applies_live_keys_and_names_the_rest(d):
+    original = d.config_path.read_text()
+    try:
+        d.config_path.write_text(_edited(original))
+        result = ctl(d, "reload", "--wait", "--json")
+        assert {"server.log_level", "supervisor.ready_timeout_s", "scheduler.max_queue",
+                "scheduler.classes"} <= set(result["applied"])
+        assert result["needs_restart"] == ["workers.threads"] and result["unconfirmed"] == []
+        assert sorted(result["confirmed"]) == ["frontend 0", "scheduler 0", "worker 0"]
+        effective = ctl(d, "config", "--json")["config"]
+        assert effective["server"]["log_level"] == "debug" and effective["workers"]["threads"] == 0
+        assert effective["scheduler"]["max_queue"] == 500 and "bulk" in effective["scheduler"]["classes"]
+        assert "needs restart: workers.threads" in ctl(d, "reload")
+    finally:
+        d.config_path.write_text(original)
+        ctl(d, "reload", "--wait")
+    assert ctl(d, "config", "--json")["config"]["server"]["log_level"] == "info"
+
+
+def _edited(original: str) -> str:
+    return (original.replace("[workers]\n", "[workers]\nthreads = 3\n")
+            .replace("[supervisor]\n", "[supervisor]\nready_timeout_s = 200.0\n")
+            .replace("[server]\n", '[server]\nlog_level = "debug"\n')
+            # The classes replaced by two (and back when the original returns): live, like every scheduler key.
+            + "\n[scheduler]\nmax_queue = 500\n\n[scheduler.classes.normal]\nrank = 1\n"
+              "\n[scheduler.classes.bulk]\nrank = 0\n")
+
+
+def test_bad_config_reload_fails_and_keeps_running(d):
+    original = d.config_path.read_text()
+    try:
+        d.config_path.write_text(original + "\n[nonsense]\n")
+        assert "unknown section" in d.mcpctl("reload").stderr
+        ctl(d, "reload", code=1)
+    finally:
+        d.config_path.write_text(original)
+    assert ctl(d, "status", "--json")["healthy"]
+
+
+def test_workers_list_and_restart(d):
+    workers = ctl(d, "workers", "--json")["workers"]
+    assert [w["index"] for w in workers] == [0] and workers[0]["device"] == "cpu"
+    assert "WORKER" in ctl(d, "workers", "list")
+    result = ctl(d, "workers", "restart", "0", "--wait", "--json")
+    assert result["new_pid"] != result["old_pid"]
+    ctl(d, "workers", "restart", "7", code=1)
+    with d.client() as client:
+        assert client.generate("x", max_tokens=2, ignore_eos=True).completion_tokens == 2
+
+
+def test_usage_errors_exit_2(d):
+    ctl(d, "contexts", code=2)
+    ctl(d, "workers", "restart", "x", code=2)

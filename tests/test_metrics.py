@@ -1,0 +1,89 @@
+"""The Prometheus endpoint, scraped while the daemon works: counters move, histograms are sane."""
+import threading
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from mcpd.testing import Daemon
+
+
+@pytest.fixture(scope="module")
+def d():
+    daemon = Daemon(metrics={"listen": "127.0.0.1:0"}).start()
+    yield daemon
+    daemon.stop()
+    daemon.cleanup()
+
+
+def scrape(d) -> dict:
+    """{(sample name, sorted label items): value} of one scrape."""
+    with urllib.request.urlopen(d.status()["metrics"], timeout=30) as response:
+        text = response.read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def total(samples: dict, name: str, **labels) -> float:
+    return sum(v for (n, items), v in samples.items() if n == name and set(labels.items()) <= set(items))
+
+
+def load(d, count: int) -> None:
+    def one(i):
+        with d.client() as client:
+            list(client.generate(f"m{i}", max_tokens=6, ignore_eos=True, stream=True))
+            client.call("generate", {"prompt": f"n{i}", "max_tokens": 3, "ignore_eos": True}, priority="high")
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+
+
+def wait_for_counts(d, at_least: float) -> dict:
+    holder = {}
+
+    def enough():
+        holder["s"] = scrape(d)
+        return total(holder["s"], "mcpd_requests_total", op="generate", code="OK") >= at_least
+    d.wait_until(enough, 30, f"{at_least} generate requests counted")
+    return holder["s"]
+
+
+def test_counters_move_under_load(d):
+    load(d, 4)
+    first = wait_for_counts(d, 8)
+    load(d, 4)
+    second = wait_for_counts(d, 16)
+    assert total(second, "mcpd_requests_total", op="generate", code="OK", **{"class": "high"}) >= 8
+    for name in ("mcpd_generation_tokens_total", "mcpd_prompt_tokens_total", "mcpd_batch_size_count",
+                 "mcpd_request_duration_seconds_count", "mcpd_time_to_first_token_seconds_count"):
+        assert total(second, name) > total(first, name) > 0, name
+
+
+@pytest.mark.parametrize("name", ["mcpd_request_duration_seconds", "mcpd_time_to_first_token_seconds",
+                                  "mcpd_inter_token_latency_seconds", "mcpd_queue_time_seconds", "mcpd_batch_size"])
+def test_histograms_are_sane(d, name):
+    load(d, 2)
+    samples = wait_for_counts(d, 4)
+    series = {items for (n, items) in samples if n == name + "_count"}
+    assert series, f"no {name} series"
+    for labels in series:
+        buckets = sorted((float(dict(items)["le"]), v) for (n, items), v in samples.items()
+                         if n == name + "_bucket" and set(labels) <= set(items))
+        counts = [v for _, v in buckets]
+        assert counts == sorted(counts) and buckets[-1][0] == float("inf")   # cumulative
+        assert counts[-1] == samples[(name + "_count", labels)] > 0
+        assert samples[(name + "_sum", labels)] > 0
+
+
+def test_gauges_of_devices_processes_and_contexts(d):
+    with d.client() as client:
+        client.call("context.open", {"id": "metrics"})
+    d.wait_until(lambda: total(scrape(d), "mcpd_contexts") >= 1, 30, "context counted")
+    samples = scrape(d)
+    assert total(samples, "mcpd_pool_bytes", worker="0", device="cpu") > 0
+    assert total(samples, "mcpd_pool_in_use_bytes", worker="0") > 0
+    assert ("mcpd_process_restarts_total", (("index", "0"), ("role", "worker"))) in samples
+    assert ("mcpd_requests_waiting", (("class", "normal"),)) in samples
+    assert not any(n.startswith("mcpd_gpu_") for n, _ in samples)   # no NVML on a CPU host
