@@ -14,11 +14,13 @@ from pathlib import Path
 import zmq
 
 from mcpd import config as config_module
+from mcpd.cli import keys
 from mcpd.client.replies import result_of
 from mcpd.config import ConfigError
 from mcpd.daemon import channels
 from mcpd.protocol import wire
 from mcpd.protocol.codes import MCPDError
+from mcpd.security.keys import BadKey
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
 SYSTEM_RUNTIME_DIR = Path("/run/mcpd")
@@ -39,7 +41,7 @@ def find_runtime_dir(args) -> Path:
     return configured
 
 
-def control_call(runtime_dir: Path, op: str, timeout_s: float) -> dict:
+def control_call(runtime_dir: Path, op: str, timeout_s: float, args: dict | None = None) -> dict:
     if not (runtime_dir / "control.ipc").exists():
         raise Unreachable(f"no control socket at {runtime_dir / 'control.ipc'}: is mcpd running?")
     context = zmq.Context()
@@ -47,7 +49,7 @@ def control_call(runtime_dir: Path, op: str, timeout_s: float) -> dict:
     sock.setsockopt(zmq.LINGER, 0)
     try:
         sock.connect(channels.control_endpoint(runtime_dir))
-        sock.send(wire.encode_request(op, 1))
+        sock.send(wire.encode_request(op, 1, args))
         if not sock.poll(timeout_s * 1000):
             raise Unreachable(f"mcpd did not answer on {runtime_dir / 'control.ipc'} within {timeout_s:g}s")
         return result_of(wire.decode_reply(sock.recv()))
@@ -100,13 +102,14 @@ def main(argv: list[str] | None = None) -> int:
     status = sub.add_parser("status", help="processes, devices, queues, latency")
     status.add_argument("--json", action="store_true", help="print JSON instead of tables")
     status.set_defaults(handler=cmd_status)
+    keys.register(sub, control_call, find_runtime_dir)
     args = parser.parse_args(argv)
     try:
         return args.handler(args)
     except Unreachable as e:
         print(f"mcpctl: {e}", file=sys.stderr)
         return EXIT_UNREACHABLE
-    except (MCPDError, ConfigError) as e:
+    except (MCPDError, ConfigError, BadKey, OSError) as e:
         print(f"mcpctl: {e}", file=sys.stderr)
         return EXIT_FAILED
 

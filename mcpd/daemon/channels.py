@@ -52,15 +52,16 @@ def unpack_rid(raw: bytes) -> int:
     return _RID.unpack(raw)[0]
 
 
-def drain(sock: zmq.Socket, handle, limit: int = 1 << 30) -> int:
+def drain(sock: zmq.Socket, handle, limit: int = 1 << 30, copy: bool = True) -> int:
     """Hand every message waiting on `sock` (up to `limit`) to `handle`; never blocks.
+    copy=False hands zmq.Frame objects, whose properties (User-Id, Peer-Address) can be read.
 
     Asking EVENTS is cheaper than letting recv raise zmq.Again, and it also re-arms the
     edge-triggered FD that event loops wait on. Returns how many messages were handled.
     """
     taken = 0
     while taken < limit and sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-        handle(sock.recv_multipart(zmq.NOBLOCK))
+        handle(sock.recv_multipart(zmq.NOBLOCK, copy=copy))
         taken += 1
     return taken
 

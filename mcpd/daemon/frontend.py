@@ -21,6 +21,7 @@ from mcpd.daemon import channels, child
 from mcpd.daemon.latency import LatencyWindow
 from mcpd.protocol import codes, ops, wire
 from mcpd.protocol.codes import MCPDError
+from mcpd.security.gate import Gate
 
 STATS_INTERVAL_S = 0.5
 BATCH = 256   # messages taken from one socket before looking at the other (fairness)
@@ -41,6 +42,7 @@ class FrontEnd:
         self.config = config
         self.log = child.start("frontend", config)
         self.context = zmq.Context()
+        self.gate = Gate(config, self.context)
         self.clients = self._bind_clients()
         self.to_scheduler = self._socket(zmq.PUSH, "sched.ipc", bind=False)
         self.from_scheduler = self._socket(zmq.PULL, "frontend.ipc", bind=True)
@@ -63,9 +65,7 @@ class FrontEnd:
         # libzmq drops a peer that sends a frame over MAXMSGSIZE; our own check below answers
         # TOO_LARGE for messages that are too large in total or have too many frames.
         sock.setsockopt(zmq.MAXMSGSIZE, self.config.limits.max_message_bytes)
-        sock.bind(channels.client_endpoint(self.config.runtime_dir))
-        if self.config.server.tcp:
-            sock.bind(self.config.server.tcp)
+        self.gate.bind(sock)
         return sock
 
     def _socket(self, kind: int, name: str, bind: bool) -> zmq.Socket:
@@ -80,7 +80,7 @@ class FrontEnd:
     async def serve(self) -> None:
         loop = asyncio.get_running_loop()
         self.stopped = loop.create_future()
-        for sock in (self.clients, self.from_scheduler):
+        for sock in (self.clients, self.from_scheduler, *self.gate.sockets):
             loop.add_reader(sock.getsockopt(zmq.FD), self._pump)
         loop.add_signal_handler(signal.SIGTERM, self._stop)
         self.events.send("ready")
@@ -92,7 +92,8 @@ class FrontEnd:
         # zmq's FD is edge-triggered: keep going until both sockets report nothing left.
         busy = True
         while busy:
-            busy = (channels.drain(self.clients, self._on_client, BATCH)
+            busy = (self.gate.serve()
+                    + channels.drain(self.clients, self._on_client, BATCH, copy=not self.gate.auth)
                     + channels.drain(self.from_scheduler, self._on_reply, BATCH)) > 0
 
     def _tick(self) -> None:
@@ -117,11 +118,12 @@ class FrontEnd:
 
     # -- client side ----------------------------------------------------------------------------
 
-    def _on_client(self, frames: list[bytes]) -> None:
+    def _on_client(self, frames: list) -> None:
+        frames, tenant = self.gate.unwrap(frames)
         identity = frames[0]
         envelope, body = wire.split_envelope(frames[1:])
         try:
-            request = wire.parse_request(envelope, body, self.config.limits)
+            request = self.gate.stamp(wire.parse_request(envelope, body, self.config.limits), tenant)
             self._admit(identity, request)
         except MCPDError as e:
             self._count_error(e.code)

@@ -23,6 +23,9 @@ from mcpd.daemon.sdnotify import SystemdNotifier
 from mcpd.daemon.status import build_status
 from mcpd.protocol import codes, wire
 from mcpd.protocol.codes import MCPDError
+from mcpd.security import key_ops
+from mcpd.security import peer as peers
+from mcpd.security.keys import KeyStore
 
 DEFAULT_CONFIG = "/etc/mcpd/mcpd.toml"
 LOOP_POLL_MS = 200
@@ -60,6 +63,8 @@ class Supervisor:
                  ChildSpec("scheduler", 0, scheduler.run, (config,))]
         specs += [ChildSpec("worker", i, worker.run, (config, i, d)) for i, d in enumerate(devices)]
         self.table = ProcessTable(config, specs, self.log)
+        self.keys = KeyStore(config.keys_dir)
+        self.admin_gid = peers.admin_gid(config.security.admin_group)
 
     # -- start ----------------------------------------------------------------------------------
 
@@ -67,6 +72,11 @@ class Supervisor:
         runtime_dir = self.config.runtime_dir
         runtime_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
         InstanceLock(runtime_dir).acquire()
+        if self.config.curve:   # made here, so a keys dir we cannot write stops the start, clearly
+            try:
+                self.log.info("CURVE on; server public key %s", self.keys.ensure_server_keys())
+            except OSError as e:
+                raise ConfigError(f"security.keys_dir {self.config.keys_dir}: {e}") from None
         self.context = zmq.Context()
         self.events = self.context.socket(zmq.PULL)
         self.events.bind(channels.endpoint(runtime_dir, "events.ipc"))
@@ -78,7 +88,7 @@ class Supervisor:
             self.control.bind(channels.control_endpoint(runtime_dir))
         finally:
             os.umask(old_umask)
-        os.chmod(control_path, 0o600)
+        peers.restrict_control_socket(control_path, self.admin_gid)
         self.to_scheduler = self._push("sched.ipc")
         self.to_frontend = self._push("frontend.ipc")
 
@@ -104,7 +114,7 @@ class Supervisor:
             if self.events in ready:
                 channels.drain(self.events, self._on_event)
             if self.control in ready:
-                channels.drain(self.control, self._on_control)
+                channels.drain(self.control, self._on_control, copy=False)
             self._watch_children()
         return self._shutdown(poller)
 
@@ -154,24 +164,29 @@ class Supervisor:
 
     # -- control socket (mcpctl) ----------------------------------------------------------------
 
-    def _on_control(self, frames: list[bytes]) -> None:
+    def _on_control(self, frames: list[zmq.Frame]) -> None:
+        peer = peers.peer_of(frames[0])
+        frames = [frame.bytes for frame in frames]
         identity = frames[0]
         envelope, body = wire.split_envelope(frames[1:])
         request_id = None
         try:
             request = wire.parse_request(envelope, body, self.config.limits)
             request_id = request.request_id
-            reply = wire.ok_reply(request_id, self._control_op(request.op))
+            peers.authorize_control(request.op, peer, self.admin_gid)
+            reply = wire.ok_reply(request_id, self._control_op(request.op, request.header["args"]))
         except MCPDError as e:
             reply = wire.error_reply(request_id if request_id is not None else e.request_id, e.code, e.message)
         self.control.send_multipart([identity, *envelope, reply])
 
-    def _control_op(self, op: str) -> dict:
+    def _control_op(self, op: str, args: dict) -> dict:
+        if op.startswith(key_ops.PREFIX):
+            return key_ops.run(self.keys, self.config.curve, op, args)
         if op == "status":
             return build_status(self)
         if op == "ping":
             return {"pong": True, "pid": os.getpid()}
-        raise MCPDError(codes.UNKNOWN_OP, f"unknown control op {op!r}; known: status, ping")
+        raise MCPDError(codes.UNKNOWN_OP, f"unknown control op {op!r}; known: status, ping, keys.list, keys.allow, keys.revoke")
 
     # -- signals, reload, stop ------------------------------------------------------------------
 
