@@ -32,9 +32,10 @@ class PeerCred:
 
 
 def parse_peer_address(address: str) -> PeerCred | None:
-    """PeerCred from "<host>:<uid>:<gid>:<pid>"; None for a tcp peer's plain address."""
+    """PeerCred from "<host>:<uid>:<gid>:<pid>"; None for a tcp peer's address (an IPv6 one has
+    colons and digits too, but then its host part still holds a colon)."""
     parts = address.rsplit(":", 3)
-    if len(parts) != 4 or not all(p.isdigit() for p in parts[1:]):
+    if len(parts) != 4 or ":" in parts[0] or not all(p.isdigit() for p in parts[1:]):
         return None
     return PeerCred(int(parts[1]), int(parts[2]), int(parts[3]))
 
