@@ -265,3 +265,80 @@ def test_spoofed_tenant_header_bytes_are_not_forwarded(secure, bob):
     reply = msgpack.unpackb(sock.recv(), raw=False)
     sock.close()
     assert reply["code"] == codes.UNAUTHORIZED
+
+
+# -- 10,000 hostile frames at the live daemon ---------------------------------------------------
+
+FUZZ_FRAMES = 10_000
+MAX_RSS_GROWTH = 8 << 20
+
+
+def hostile_messages(count: int, seed: int) -> list[list[bytes]]:
+    """Random and mutated requests: valid headers of every op with bytes flipped, cut or
+    inserted, random bytes, wrong types, and payload frames over the limits."""
+    rng = np.random.default_rng(seed)
+    seeds = [msgpack.packb(h) for h in (
+        {"v": 1, "op": "ping", "id": 1},
+        {"v": 1, "op": "generate", "id": 2, "args": {"prompt": "hi", "max_tokens": 2}},
+        {"v": 1, "op": "context.open", "id": 3, "args": {"id": "x"}},
+        {"v": 1, "op": "context.update", "id": 4, "args": {"id": "x", "base": 0, "changes": [
+            {"name": "w", "kind": "set", "frame": 0,
+             "meta": {"type": "array", "dtype": "<f4", "shape": [2], "codec": "raw", "nbytes": 8}}]}},
+        {"v": 1, "op": "context.get", "id": 5, "args": {"id": "x"}},
+        {"v": 1, "op": "context.drop", "id": 6, "args": {"id": "x"}},
+        {"v": 1, "op": "cancel", "id": 7, "args": {"target": 2}})]
+    messages = []
+    for i in range(count):
+        choice = rng.integers(4)
+        if choice == 0:
+            header = rng.bytes(int(rng.integers(0, 64)))
+        else:
+            header = bytearray(seeds[rng.integers(len(seeds))])
+            for _ in range(int(rng.integers(1, 4))):
+                header[rng.integers(len(header))] = rng.integers(256)
+            header = bytes(header[: rng.integers(1, len(header) + 1)] if choice == 3 else header)
+        extra = [rng.bytes(int(rng.integers(0, 64))) for _ in range(int(rng.integers(0, 3)))]
+        if i % 500 == 0:
+            extra = [b"p"] * 20   # too many frames
+        messages.append([header, *extra])
+    return messages
+
+
+def rss_of(daemon: Daemon) -> dict[str, int]:
+    import psutil
+    return {role: psutil.Process(daemon.pid_of(role)).memory_info().rss for role in ("frontend", "scheduler")}
+
+
+def flood(daemon: Daemon, curve: CurveKeys, messages: list[list[bytes]]) -> int:
+    """Send all without waiting, then read replies until none comes for a while; returns the count."""
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDHWM, 0)
+    sock.setsockopt(zmq.RCVHWM, 0)
+    curve.apply(sock)
+    sock.connect(daemon.endpoint)
+    for frames in messages:
+        sock.send_multipart(frames)
+    replies = 0
+    while sock.poll(5000):
+        sock.recv_multipart()
+        replies += 1
+    sock.close()
+    return replies
+
+
+def test_live_fuzz_leaves_the_daemon_serving_and_contexts_untouched(secure, alice):
+    ctx = alice.context("precious")
+    ctx["weights"] = np.arange(1000, dtype=np.float32)
+    ctx.sync()
+    before = alice.call("context.get", {"id": "precious"})
+    mallory = secure.curve_keys("mallory")
+    assert flood(secure, mallory, hostile_messages(1000, seed=1)) > 0   # warm up: caches, allocator arenas
+    rss_before = rss_of(secure)
+    assert flood(secure, mallory, hostile_messages(FUZZ_FRAMES, seed=2)) >= FUZZ_FRAMES * 0.9
+    rss_after = rss_of(secure)
+    assert alice.ping()["pong"] is True
+    assert alice.call("context.get", {"id": "precious"}) == before
+    assert [c["id"] for c in alice.call("context.list", {})["contexts"]].count("precious") == 1
+    for role in rss_before:
+        assert rss_after[role] - rss_before[role] < MAX_RSS_GROWTH, (role, rss_before, rss_after)
