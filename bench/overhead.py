@@ -8,6 +8,9 @@ JSON line: noop_p50_ratio_vs_raw (target <= 3), noop_throughput_frac_of_raw (>= 
 A third line measures the floor: a bare relay chain of three pyzmq processes with the daemon's
 five hops (ROUTER -> PUSH -> PULL/PUSH -> PULL/PUSH -> PULL -> ROUTER) and no logic at all, so
 the share of the gap that is hop count, not mcpd's code, is visible (floor_p50_ratio_vs_raw).
+A second daemon runs with CURVE on (authenticated, encrypted; the front-end reads each
+message's User-Id and re-packs its header) and is measured in the same rounds:
+curve_p50_ratio_vs_plain (aim <= 1.3) compares its ping p50 with the plaintext daemon's.
 """
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ import time
 
 import zmq
 
-from mcpd.client import Client
+from mcpd.client import Client, CurveKeys
 from mcpd.protocol import wire
 from mcpd.testing import Daemon, free_port
 
@@ -72,9 +75,11 @@ def start_relay_chain(client_endpoint: str, ipc_dir: str) -> list[multiprocessin
     return processes
 
 
-def connect(endpoint: str) -> zmq.Socket:
+def connect(endpoint: str, curve: CurveKeys | None = None) -> zmq.Socket:
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
+    if curve is not None:
+        curve.apply(sock)
     sock.connect(endpoint)
     return sock
 
@@ -104,8 +109,8 @@ def pipelined(sock: zmq.Socket, total: int, window: int) -> float:
     return total / (time.perf_counter() - started)
 
 
-def measure(endpoint: str, count: int, total: int, window: int) -> dict:
-    sock = connect(endpoint)
+def measure(endpoint: str, count: int, total: int, window: int, curve: CurveKeys | None = None) -> dict:
+    sock = connect(endpoint, curve)
     sequential(sock, 200)   # warm up connections and caches
     times = sorted(sequential(sock, count))
     rate = pipelined(sock, total, window)
@@ -141,13 +146,17 @@ def main() -> None:
     helpers[0].start()
     helpers += start_relay_chain(chain_endpoint, ipc_dir)
     daemon = Daemon().start()
+    secure = Daemon(security={"curve": "on"}).start()
+    keys = secure.curve_keys("bench")
+    targets = [(raw_endpoint, None), (chain_endpoint, None), (daemon.endpoint, None), (secure.endpoint, keys)]
     try:
-        # Rounds interleave the three so that a noisy moment hits them alike; medians are reported.
-        rounds = [[measure(e, count, total, window) for e in (raw_endpoint, chain_endpoint, daemon.endpoint)]
-                  for _ in range(ROUNDS)]
-        raw, chain, mcpd = (median_of([r[i] for r in rounds]) for i in range(3))
+        # Rounds interleave the four so that a noisy moment hits them alike; medians are reported.
+        rounds = [[measure(e, count, total, window, curve) for e, curve in targets] for _ in range(ROUNDS)]
+        raw, chain, mcpd, curve = (median_of([r[i] for r in rounds]) for i in range(len(targets)))
         client_us = client_p50_us(daemon.endpoint, count // 4)
     finally:
+        secure.stop()
+        secure.cleanup()
         for process in helpers:
             process.terminate()
         shutil.rmtree(ipc_dir, ignore_errors=True)
@@ -156,7 +165,7 @@ def main() -> None:
 
     print(f"{'':<28}{'p50 us':>10}{'p99 us':>10}{'req/s':>12}")
     for name, m in (("raw pyzmq echo (1 hop)", raw), ("bare relay chain (5 hops)", chain),
-                    ("mcpd ping (5 hops)", mcpd)):
+                    ("mcpd ping (5 hops)", mcpd), ("mcpd ping, CURVE on", curve)):
         print(f"{name:<28}{m['p50_us']:>10.1f}{m['p99_us']:>10.1f}{m['throughput_rps']:>12.0f}")
     print(f"mcpd ping with the bundled Client: p50 {client_us:.1f} us")
     figures = {"rounds": ROUNDS,
@@ -167,7 +176,10 @@ def main() -> None:
         "floor_throughput_frac_of_raw": round(chain["throughput_rps"] / raw["throughput_rps"], 3),
         "raw_p50_us": round(raw["p50_us"], 1), "mcpd_p50_us": round(mcpd["p50_us"], 1),
         "raw_rps": round(raw["throughput_rps"]), "mcpd_rps": round(mcpd["throughput_rps"]),
-        "client_p50_us": round(client_us, 1), "quick": args.quick,
+        "client_p50_us": round(client_us, 1),
+        "curve_p50_ratio_vs_plain": round(curve["p50_us"] / mcpd["p50_us"], 3),
+        "curve_throughput_frac_of_plain": round(curve["throughput_rps"] / mcpd["throughput_rps"], 3),
+        "curve_p50_us": round(curve["p50_us"], 1), "quick": args.quick,
     }
     print(json.dumps(figures))
 

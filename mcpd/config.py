@@ -7,6 +7,7 @@ names the offending key and value so an operator can fix the file without readin
 from __future__ import annotations
 
 import dataclasses
+import grp
 import os
 import re
 import tomllib
@@ -252,6 +253,49 @@ class MetricsConfig:
 
 
 @dataclass(frozen=True)
+class SecurityConfig:
+    curve: str = "auto"                 # auto (CURVE when server.tcp is not loopback), on, off
+    keys_dir: str = ""                  # server key pair + allowed/ client keys; "" = <state_dir>/keys
+    admin_group: str = ""               # group whose members may use privileged control ops
+    allow_plaintext_non_loopback: bool = False   # let curve = "off" bind a non-loopback address
+
+    def check(self) -> None:
+        if self.curve not in ("auto", "on", "off"):
+            raise ConfigError(f"security.curve = {self.curve!r}: use auto, on or off")
+        if self.admin_group and not _group_exists(self.admin_group):
+            raise ConfigError(f"security.admin_group = {self.admin_group!r}: no such group")
+
+    def curve_on(self, tcp: str) -> bool:
+        """auto means CURVE exactly when clients could reach the tcp endpoint from another host."""
+        return self.curve == "on" or (self.curve == "auto" and bool(tcp) and not is_loopback(tcp))
+
+
+def _group_exists(name: str) -> bool:
+    try:
+        grp.getgrnam(name)
+    except KeyError:
+        return False
+    return True
+
+
+def is_loopback(tcp: str) -> bool:
+    """Whether a tcp:// endpoint binds only loopback; anything unrecognised (a wildcard, an
+    interface name, a hostname other than localhost) counts as exposed: fail closed."""
+    host = tcp.removeprefix("tcp://").rpartition(":")[0].strip("[]")
+    return host == "localhost" or host == "::1" or host.startswith("127.")
+
+
+def _check_exposure(config: "Config") -> None:
+    """Refuse to serve plaintext beyond loopback unless the operator said so in as many words."""
+    tcp, security = config.server.tcp, config.security
+    if tcp and not is_loopback(tcp) and not security.curve_on(tcp) and not security.allow_plaintext_non_loopback:
+        raise ConfigError(f"server.tcp = {tcp!r} is not a loopback address and security.curve = 'off': "
+                          "anyone who can reach it could use the daemon. Turn CURVE on (security.curve = "
+                          "'on' or 'auto', keys with `mcpctl keys`), bind loopback, or set "
+                          "security.allow_plaintext_non_loopback = true on a trusted network")
+
+
+@dataclass(frozen=True)
 class Config:
     server: ServerConfig = field(default_factory=ServerConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
@@ -264,6 +308,7 @@ class Config:
     supervisor: SupervisorConfig = field(default_factory=SupervisorConfig)
     persistence: PersistenceConfig = field(default_factory=PersistenceConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    security: SecurityConfig = field(default_factory=SecurityConfig)
 
     @property
     def runtime_dir(self) -> Path:
@@ -274,6 +319,15 @@ class Config:
     def state_dir(self) -> Path:
         return Path(self.server.state_dir or os.environ.get("STATE_DIRECTORY")
                     or Path.home() / ".local/state/mcpd")
+
+    @property
+    def keys_dir(self) -> Path:
+        return Path(self.security.keys_dir) if self.security.keys_dir else self.state_dir / "keys"
+
+    @property
+    def curve(self) -> bool:
+        """Whether clients authenticate (CURVE on tcp, peer uid on ipc) and tenants come from that."""
+        return self.security.curve_on(self.server.tcp)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -310,6 +364,7 @@ def from_dict(raw: dict) -> Config:
     config = Config(**sections)
     for section in dataclasses.fields(config):
         getattr(config, section.name).check()
+    _check_exposure(config)
     return config
 
 

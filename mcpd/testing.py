@@ -16,7 +16,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from mcpd.client import Client
+from mcpd.client import Client, CurveKeys
+from mcpd.security.keys import generate, read_public
 
 BIN = Path(sys.executable).parent
 START_TIMEOUT_S = 120
@@ -84,8 +85,16 @@ class Daemon:
                 continue
             self.notifications.extend(message.split("\n"))
 
-    def client(self, timeout: float = 60.0) -> Client:
-        return Client(self.endpoint, timeout=timeout)
+    def client(self, timeout: float = 60.0, **options) -> Client:
+        return Client(self.endpoint, timeout=timeout, **options)
+
+    def curve_keys(self, name: str) -> CurveKeys:
+        """A fresh client key pair NAME, allowed on this daemon (which must run with CURVE on)."""
+        public, secret = generate(self.root / "clients", name)
+        done = self.mcpctl("keys", "allow", name, public)
+        if done.returncode != 0:
+            raise RuntimeError(f"mcpctl keys allow failed: {done.stderr}")
+        return CurveKeys(read_public(self.root / "state/keys/server.key"), public, secret)
 
     def mcpctl(self, *args: str, timeout: float = 30) -> subprocess.CompletedProcess:
         return subprocess.run([str(BIN / "mcpctl"), "--runtime-dir", str(self.runtime_dir), *args],

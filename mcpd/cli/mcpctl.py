@@ -8,11 +8,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from mcpd.cli import contexts, control, lifecycle, status, workers
+from mcpd.cli import contexts, control, keys, lifecycle, status, workers
 from mcpd.config import ConfigError
 from mcpd.protocol.codes import MCPDError
+from mcpd.security.keys import BadKey
 
-COMMAND_GROUPS = (status, workers, contexts, lifecycle)
+COMMAND_GROUPS = (status, workers, contexts, lifecycle, keys)
 EPILOG = """exit codes: 0 done (status: healthy), 1 failed (status: unhealthy, or the daemon refused
 the op), 2 usage error, 3 daemon not reachable, 4 timed out waiting (--wait).
 The daemon is found by --runtime-dir, $MCPD_RUNTIME_DIR, the config's server.runtime_dir, or /run/mcpd."""
@@ -47,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     except control.TimedOut as e:
         print(f"mcpctl: {e}", file=sys.stderr)
         return control.EXIT_TIMEOUT
-    except (MCPDError, ConfigError) as e:
+    except (MCPDError, ConfigError, BadKey, OSError) as e:
         print(f"mcpctl: {e}", file=sys.stderr)
         return control.EXIT_FAILED
 

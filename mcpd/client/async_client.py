@@ -10,18 +10,23 @@ import zmq
 import zmq.asyncio
 
 from mcpd.client import replies
+from mcpd.client.curve import CurveKeys
 from mcpd.client.replies import Chunk, GenerateResult
 from mcpd.protocol import wire
 
 
 class AsyncClient:
-    def __init__(self, endpoint: str = replies.DEFAULT_ENDPOINT, timeout: float = 60.0, tenant: str | None = None):
-        """Generation and the other header-only ops; contexts with data frames need `Client`."""
+    def __init__(self, endpoint: str = replies.DEFAULT_ENDPOINT, timeout: float = 60.0, tenant: str | None = None,
+                 curve: CurveKeys | None = None):
+        """Generation and the other header-only ops; contexts with data frames need `Client`.
+        `tenant` and `curve` as for `Client`."""
         self.endpoint, self.timeout = endpoint, timeout
         self._tenant = {"tenant": tenant} if tenant else {}
         self._context = zmq.asyncio.Context()
         self._socket = self._context.socket(zmq.DEALER)
         self._socket.setsockopt(zmq.LINGER, 0)
+        if curve is not None:
+            curve.apply(self._socket)
         self._socket.connect(endpoint)
         self._ids = itertools.count(1)
         self._queues: dict[int, asyncio.Queue] = {}
@@ -69,7 +74,11 @@ class AsyncClient:
             reply = await asyncio.wait_for(self._queues[request_id].get(), seconds)
         except asyncio.TimeoutError:
             self._queues.pop(request_id, None)
-            await self._socket.send_multipart([wire.encode_request("cancel", next(self._ids), {"target": request_id})])
+            try:   # with no connection (a refused CURVE handshake) the send would wait forever
+                await self._socket.send_multipart([wire.encode_request("cancel", next(self._ids), {"target": request_id})],
+                                                  zmq.NOBLOCK)
+            except zmq.Again:
+                pass   # no connection to cancel on: the request went nowhere either
             raise replies.timeout_error(request_id, seconds) from None
         if reply.get("kind") != "chunk":
             self._queues.pop(request_id, None)

@@ -10,6 +10,7 @@ from collections import defaultdict, deque
 import zmq
 
 from mcpd.client import replies
+from mcpd.client.curve import CurveKeys
 from mcpd.client.replies import Chunk, GenerateResult
 from mcpd.protocol import wire
 from mcpd.protocol.codes import MCPDError
@@ -17,12 +18,15 @@ from mcpd.protocol.codes import MCPDError
 
 class Client:
     def __init__(self, endpoint: str = replies.DEFAULT_ENDPOINT, timeout: float = 60.0,
-                 context: zmq.Context | None = None, tenant: str | None = None):
-        """`tenant` names the owner of this client's contexts (until authentication decides it)."""
+                 context: zmq.Context | None = None, tenant: str | None = None, curve: CurveKeys | None = None):
+        """`tenant` names the owner of this client's contexts on a daemon without authentication;
+        with `curve` keys the daemon takes the tenant from the key (leave `tenant` out)."""
         self.endpoint, self.timeout = endpoint, timeout
         self._tenant = {"tenant": tenant} if tenant else {}
         self._socket = (context or zmq.Context.instance()).socket(zmq.DEALER)
         self._socket.setsockopt(zmq.LINGER, 0)
+        if curve is not None:
+            curve.apply(self._socket)
         self._socket.connect(endpoint)
         self._ids = itertools.count(1)
         self._waiting: set = set()
@@ -108,7 +112,10 @@ class Client:
     def _abandon(self, request_id) -> None:
         self._forget(request_id)
         cancel_id = next(self._ids)   # fire and forget: its reply is dropped as unknown
-        self._socket.send_multipart([wire.encode_request("cancel", cancel_id, {"target": request_id})])
+        try:   # with no connection (a refused CURVE handshake) a blocking send would wait forever
+            self._socket.send_multipart([wire.encode_request("cancel", cancel_id, {"target": request_id})], zmq.NOBLOCK)
+        except zmq.Again:
+            pass   # no connection to cancel on: the request went nowhere either
 
     def _forget(self, request_id) -> None:
         self._waiting.discard(request_id)

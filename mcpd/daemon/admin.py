@@ -22,6 +22,7 @@ from mcpd import config as config_module
 from mcpd.config import Config, ConfigError
 from mcpd.daemon import channels, live_config
 from mcpd.daemon.status import build_status
+from mcpd.security import key_ops
 from mcpd.protocol import codes, wire
 from mcpd.protocol.codes import MCPDError
 
@@ -57,10 +58,13 @@ class Admin:
         reply_to = (identity, request.envelope, request.request_id)
         if op.startswith("contexts."):
             return self._forward(op, args, reply_to)
+        if op.startswith(key_ops.PREFIX):
+            return key_ops.run(self.supervisor.keys, self.supervisor.config.curve, op, args)
         if op == "reload":
             return self.reload(reply_to, args.get("timeout_s"))
         if op not in self.ops:
-            known = sorted([*self.ops, "reload", "contexts.list", "contexts.show", "contexts.drop"])
+            known = sorted([*self.ops, "reload", "contexts.list", "contexts.show", "contexts.drop",
+                            "keys.list", "keys.allow", "keys.revoke"])
             raise MCPDError(codes.UNKNOWN_OP, f"unknown control op {op!r}; known: {', '.join(known)}")
         return self.ops[op](args)
 

@@ -24,6 +24,7 @@ from mcpd.daemon.peers import PeerTracker
 from mcpd.daemon.request_metrics import RequestMetrics
 from mcpd.protocol import codes, ops, wire
 from mcpd.protocol.codes import MCPDError
+from mcpd.security.gate import Gate
 
 STATS_INTERVAL_S = 0.5
 BATCH = 256   # messages taken from one socket before looking at the other (fairness)
@@ -44,6 +45,7 @@ class FrontEnd:
         self.config = config
         self.log = child.start("frontend", config)
         self.context = zmq.Context()
+        self.gate = Gate(config, self.context)
         self.clients = self._bind_clients()
         # A client whose connection closes has its requests cancelled (peers.py says how).
         self.peers = PeerTracker()
@@ -70,9 +72,7 @@ class FrontEnd:
         # libzmq drops a peer that sends a frame over MAXMSGSIZE; our own check below answers
         # TOO_LARGE for messages that are too large in total or have too many frames.
         sock.setsockopt(zmq.MAXMSGSIZE, self.config.limits.max_message_bytes)
-        sock.bind(channels.client_endpoint(self.config.runtime_dir))
-        if self.config.server.tcp:
-            sock.bind(self.config.server.tcp)
+        self.gate.bind(sock)
         return sock
 
     def _socket(self, kind: int, name: str, bind: bool) -> zmq.Socket:
@@ -87,7 +87,7 @@ class FrontEnd:
     async def serve(self) -> None:
         loop = asyncio.get_running_loop()
         self.stopped = loop.create_future()
-        for sock in (self.clients, self.from_scheduler, self.connections):
+        for sock in (self.clients, self.from_scheduler, self.connections, *self.gate.sockets):
             loop.add_reader(sock.getsockopt(zmq.FD), self._pump)
         loop.add_signal_handler(signal.SIGTERM, self._stop)
         self.events.send("ready")
@@ -99,7 +99,8 @@ class FrontEnd:
         # zmq's FD is edge-triggered: keep going until both sockets report nothing left.
         busy = True
         while busy:
-            busy = (channels.drain(self.clients, self._on_client, BATCH, self._receive_client)
+            busy = (self.gate.serve()
+                    + channels.drain(self.clients, self._on_client, BATCH, self._receive_client)
                     + channels.drain(self.from_scheduler, self._on_reply, BATCH)
                     + channels.drain(self.connections, self._on_connection_event, BATCH)) > 0
 
@@ -125,12 +126,13 @@ class FrontEnd:
 
     # -- client side ----------------------------------------------------------------------------
 
-    def _receive_client(self, sock: zmq.Socket) -> list[bytes]:
-        """One client message; its first frame (the routing id) also tells its connection."""
+    def _receive_client(self, sock: zmq.Socket) -> tuple[list[bytes], str | None]:
+        """One client message and its connection's tenant (None with CURVE off). The first frame,
+        the routing id, carries the connection's properties: its descriptor and its User-Id."""
         first = sock.recv(zmq.NOBLOCK, copy=False)
         frames = [first.bytes] + (sock.recv_multipart(zmq.NOBLOCK) if first.more else [])
         self._client_gone(self.peers.seen(frames[0], first.get(zmq.SRCFD)))
-        return frames
+        return frames, self.gate.tenant_of(first)
 
     def _on_connection_event(self, frames: list[bytes]) -> None:
         self._client_gone(self.peers.disconnected(parse_monitor_message(frames)["value"]))
@@ -143,11 +145,12 @@ class FrontEnd:
             if owner == identity:
                 self.to_scheduler.send_multipart([channels.CANCEL, channels.pack_rid(rid)])
 
-    def _on_client(self, frames: list[bytes]) -> None:
+    def _on_client(self, message: tuple[list[bytes], str | None]) -> None:
+        frames, tenant = message
         identity = frames[0]
         envelope, body = wire.split_envelope(frames[1:])
         try:
-            request = wire.parse_request(envelope, body, self.config.limits)
+            request = self.gate.stamp(wire.parse_request(envelope, body, self.config.limits), tenant)
             self._admit(identity, request)
         except MCPDError as e:
             self._count_error(e.code)

@@ -24,6 +24,8 @@ from mcpd.daemon.sdnotify import SystemdNotifier
 from mcpd.memory import host_segment
 from mcpd.protocol import wire
 from mcpd.protocol.codes import MCPDError
+from mcpd.security import peer as peers
+from mcpd.security.keys import KeyStore
 
 DEFAULT_CONFIG = "/etc/mcpd/mcpd.toml"
 LOOP_POLL_MS = 200
@@ -61,6 +63,8 @@ class Supervisor:
                  ChildSpec("scheduler", 0, scheduler.run, (config,))]
         specs += [ChildSpec("worker", i, worker.run, (config, i, d)) for i, d in enumerate(devices)]
         self.table = ProcessTable(config, specs, self.log)
+        self.keys = KeyStore(config.keys_dir)
+        self.admin_gid = peers.admin_gid(config.security.admin_group)
         self.admin = Admin(self)
 
     # -- start ----------------------------------------------------------------------------------
@@ -71,6 +75,11 @@ class Supervisor:
         InstanceLock(runtime_dir).acquire()
         if self.config.cache.enabled:   # after the lock: a stale segment is ours to replace
             host_segment.create(self.config)
+        if self.config.curve:   # made here, so a keys dir we cannot write stops the start, clearly
+            try:
+                self.log.info("CURVE on; server public key %s", self.keys.ensure_server_keys())
+            except OSError as e:
+                raise ConfigError(f"security.keys_dir {self.config.keys_dir}: {e}") from None
         self.context = zmq.Context()
         self.events = self.context.socket(zmq.PULL)
         self.events.bind(channels.endpoint(runtime_dir, "events.ipc"))
@@ -82,7 +91,7 @@ class Supervisor:
             self.control.bind(channels.control_endpoint(runtime_dir))
         finally:
             os.umask(old_umask)
-        os.chmod(control_path, 0o600)
+        peers.restrict_control_socket(control_path, self.admin_gid)
         self.to_scheduler = self._push("sched.ipc")
         self.to_frontend = self._push("frontend.ipc")
         self.metrics_address = metrics.serve(self, self.log)
@@ -109,7 +118,7 @@ class Supervisor:
             if self.events in ready:
                 channels.drain(self.events, self._on_event)
             if self.control in ready:
-                channels.drain(self.control, self._on_control)
+                channels.drain(self.control, self._on_control, receive=channels.frames_of)
             self._watch_children()
         return self._shutdown(poller)
 
@@ -162,13 +171,16 @@ class Supervisor:
 
     # -- control socket (mcpctl) ----------------------------------------------------------------
 
-    def _on_control(self, frames: list[bytes]) -> None:
+    def _on_control(self, frames: list[zmq.Frame]) -> None:
+        peer = peers.peer_of(frames[0])
+        frames = [frame.bytes for frame in frames]
         identity = frames[0]
         envelope, body = wire.split_envelope(frames[1:])
         request_id = None
         try:
             request = wire.parse_request(envelope, body, self.config.limits)
             request_id = request.request_id
+            peers.authorize_control(request.op, peer, self.admin_gid)
             result = self.admin.handle(identity, request)
             if result is None:
                 return   # forwarded: the admin answers when the children report back

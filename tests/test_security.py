@@ -1,0 +1,344 @@
+"""Authentication, tenant isolation and the control socket's peer check, on a real daemon with
+CURVE on (tcp clients need an allowed key; ipc clients are the tenant "uid:<uid>")."""
+import json
+import os
+import time
+
+import msgpack
+import numpy as np
+import pytest
+import zmq
+
+from mcpd.client import Client, CurveKeys
+from mcpd.config import ConfigError, from_dict
+from mcpd.protocol import codes
+from mcpd.protocol import delta as codec
+from mcpd.protocol.codes import MCPDError
+from mcpd.security import keys
+from mcpd.security.gate import Gate
+from mcpd.security.peer import PeerCred, is_admin, parse_peer_address
+from mcpd.testing import Daemon
+
+ADMIN_GROUP = "daemon"
+REFUSED_WAIT_S = 3   # a refused handshake never answers; this is how long we give it
+
+
+@pytest.fixture(scope="module")
+def secure():
+    d = Daemon(security={"curve": "on", "admin_group": ADMIN_GROUP},
+               limits={"max_message_bytes": 1 << 20, "max_header_bytes": 8192, "max_new_tokens": 4}).start()
+    yield d
+    d.stop()
+    d.cleanup()
+
+
+@pytest.fixture(scope="module")
+def alice(secure):
+    with secure.client(curve=secure.curve_keys("alice")) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def bob(secure):
+    with secure.client(curve=secure.curve_keys("bob")) as client:
+        yield client
+
+
+def refused(client: Client) -> bool:
+    try:
+        client.ping(timeout=REFUSED_WAIT_S)
+    except MCPDError as e:
+        return e.code == codes.TIMEOUT
+    return False
+
+
+# -- CURVE --------------------------------------------------------------------------------------
+
+def test_allowed_key_is_served_and_its_name_is_the_tenant(alice):
+    alice.call("context.open", {"id": "whoami"})
+    assert [c["id"] for c in alice.call("context.list", {})["contexts"]] == ["whoami"]
+
+
+def test_unknown_key_is_refused(secure, tmp_path):
+    public, secret = keys.generate(tmp_path, "stranger")   # never allowed
+    server = keys.read_public(secure.root / "state/keys/server.key")
+    with secure.client(curve=CurveKeys(server, public, secret)) as stranger:
+        assert refused(stranger)
+
+
+def test_plaintext_client_is_refused(secure):
+    with secure.client() as plain:
+        assert refused(plain)
+
+
+def test_revoked_key_is_refused_after_reload(secure):
+    keys_of_carol = secure.curve_keys("carol")
+    with secure.client(curve=keys_of_carol) as carol:
+        assert carol.ping()["pong"]
+        assert secure.mcpctl("keys", "revoke", "carol").returncode == 0
+        # The open connection is refused from its next request on, once the front-end re-reads.
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                carol.ping()
+            except MCPDError as e:
+                assert e.code == codes.UNAUTHORIZED
+                break
+            assert time.monotonic() < deadline, "a revoked key was still served after 30 s"
+            time.sleep(0.1)
+    with secure.client(curve=keys_of_carol) as again:   # and a new connection cannot handshake
+        assert refused(again)
+
+
+def test_no_zap_handler_means_refusal(secure, tmp_path):
+    """Fail closed: the socket set up as the front-end does, with its handler gone, admits no one."""
+    context = zmq.Context()
+    config = from_dict({"server": {"tcp": "tcp://127.0.0.1:0", "runtime_dir": str(tmp_path),
+                                   "state_dir": str(secure.root / "state")}, "security": {"curve": "on"}})
+    gate = Gate(config, context)
+    gate.authenticator.socket.close(0)   # no handler bound any more
+    server = context.socket(zmq.ROUTER)
+    gate.bind(server)
+    endpoint = server.getsockopt_string(zmq.LAST_ENDPOINT)
+    with Client(endpoint, context=context, curve=secure.curve_keys("dave")) as dave:
+        dave.send("ping", {})
+        assert not server.poll(REFUSED_WAIT_S * 1000)
+    server.close(0)
+    context.term()
+
+
+# -- tenants ------------------------------------------------------------------------------------
+
+def test_tenants_cannot_reach_each_others_contexts(alice, bob):
+    alice.call("context.open", {"id": "secret"})
+    entries, frames = codec.to_wire([codec.diff("w", None, np.arange(8, dtype=np.int64))])
+    alice.call_with_payload("context.update", {"id": "secret", "base": 0, "changes": entries}, frames)
+    for op, args in [("context.open", {"id": "secret", "create": False}), ("context.get", {"id": "secret"}),
+                     ("context.update", {"id": "secret", "base": 1, "changes": []}),
+                     ("generate", {"context": "secret", "prompt": "x", "max_tokens": 1})]:
+        with pytest.raises(MCPDError) as raised:
+            bob.call(op, args)
+        assert raised.value.code == codes.NOT_FOUND, op
+    assert bob.call("context.drop", {"id": "secret"}) == {"dropped": False}
+    assert "secret" not in [c["id"] for c in bob.call("context.list", {})["contexts"]]
+    assert bob.call("context.open", {"id": "secret"})["created"] is True   # bob's own, separate one
+    assert alice.call("context.get", {"id": "secret"})["version"] == 1
+
+
+def test_header_tenant_cannot_claim_another_identity(bob):
+    with pytest.raises(MCPDError) as raised:
+        bob.call("context.list", {}, tenant="alice")
+    assert raised.value.code == codes.UNAUTHORIZED
+    assert bob.call("context.list", {}, tenant="bob")["contexts"] is not None   # its own name is fine
+
+
+def test_ipc_clients_are_their_uid(secure, alice):
+    with Client(f"ipc://{secure.runtime_dir}/client.ipc") as local:
+        local.call("context.open", {"id": "mine"})
+        assert [c["id"] for c in local.call("context.list", {})["contexts"]] == ["mine"]
+    assert "mine" not in [c["id"] for c in alice.call("context.list", {})["contexts"]]
+
+
+# -- the control socket -------------------------------------------------------------------------
+
+def control_as(daemon: Daemon, uid: int, gid: int) -> dict:
+    """The answers to control ops status and keys.list, asked from a process with this uid and gid.
+
+    A forked child (the venv's interpreter may not be readable by that uid) that drops its
+    privileges before it touches zmq, in a zmq context of its own.
+    """
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setgroups([])
+            os.setgid(gid)
+            os.setuid(uid)
+            os.write(write_end, json.dumps(_control_answers(daemon.runtime_dir / "control.ipc")).encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end) as answers:
+        text = answers.read()
+    os.waitpid(pid, 0)
+    return json.loads(text)
+
+
+def _control_answers(path) -> dict:
+    context = zmq.Context()
+    sock = context.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVTIMEO, 20000)
+    sock.connect(f"ipc://{path}")
+    answers = {}
+    for op in ("status", "keys.list"):
+        sock.send(msgpack.packb({"v": 1, "op": op, "id": 1}))
+        reply = msgpack.unpackb(sock.recv(), raw=False)
+        answers[op] = reply.get("code", reply["kind"])
+    return answers
+
+
+@pytest.fixture
+def reachable_by_others(secure):
+    """Let other users reach the runtime dir (mkdtemp made it 0700)."""
+    os.chmod(secure.root, 0o711)
+    yield
+    os.chmod(secure.root, 0o700)
+    os.chmod(secure.runtime_dir / "control.ipc", 0o660)
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="switching uid needs root")
+def test_control_ops_refused_for_another_uid(secure, reachable_by_others):
+    import grp
+    admins = grp.getgrnam(ADMIN_GROUP).gr_gid
+    assert oct(os.stat(secure.runtime_dir / "control.ipc").st_mode & 0o777) == oct(0o660)
+    assert control_as(secure, 65534, admins) == {"status": "ok", "keys.list": "ok"}   # admin group
+    # Loosen the socket file as a careless operator might: the peer check still holds.
+    os.chmod(secure.runtime_dir / "control.ipc", 0o666)
+    assert control_as(secure, 65534, 65534) == {"status": "ok", "keys.list": codes.UNAUTHORIZED}
+
+
+def test_own_uid_may_use_privileged_control_ops(secure):
+    assert secure.mcpctl("keys", "list", "--json").returncode == 0
+
+
+@pytest.mark.parametrize("peer, admin", [
+    (PeerCred(os.getuid(), 1234, 1), True), (PeerCred(0, 0, 1), True),
+    (PeerCred(54321, 4242, 1), True),          # primary group is the admin group
+    (PeerCred(54321, 54321, 1), False), (None, False)])
+def test_admin_rule(peer, admin):
+    assert is_admin(peer, os.getuid(), 4242) is admin
+
+
+def test_peer_address_parsing():
+    assert parse_peer_address("localhost:1000:100:4242") == PeerCred(1000, 100, 4242)
+    assert parse_peer_address("127.0.0.1") is None and parse_peer_address("fe80::1:2:3") is None
+
+
+# -- configuration and key files ----------------------------------------------------------------
+
+@pytest.mark.parametrize("tcp, curve, allowed", [
+    ("tcp://0.0.0.0:7070", "off", False), ("tcp://10.1.2.3:7070", "off", False),
+    ("tcp://eth0:7070", "off", False), ("tcp://127.0.0.1:7070", "off", True),
+    ("tcp://[::1]:7070", "off", True), ("tcp://0.0.0.0:7070", "auto", True)])
+def test_plaintext_beyond_loopback_refuses_to_start(tcp, curve, allowed):
+    raw = {"server": {"tcp": tcp}, "security": {"curve": curve}}
+    if allowed:
+        from_dict(raw)
+    else:
+        with pytest.raises(ConfigError, match="not a loopback address"):
+            from_dict(raw)
+    assert from_dict({**raw, "security": {"curve": curve, "allow_plaintext_non_loopback": True}})
+
+
+def test_auto_means_curve_exactly_off_loopback():
+    assert from_dict({"server": {"tcp": "tcp://0.0.0.0:1"}}).curve
+    assert not from_dict({"server": {"tcp": "tcp://127.0.0.1:1"}}).curve
+
+
+@pytest.mark.parametrize("umask", [0o000, 0o022, 0o777])
+def test_secret_key_files_are_0600_whatever_the_umask(tmp_path, umask):
+    old = os.umask(umask)
+    try:
+        keys.generate(tmp_path, "k")
+    finally:
+        os.umask(old)
+    assert os.stat(tmp_path / "k.key_secret").st_mode & 0o777 == 0o600
+
+
+def test_bad_key_names_and_keys_are_refused(secure):
+    for args in (["keys", "allow", "../evil", "x" * 40], ["keys", "allow", "uid:0", "x" * 40],
+                 ["keys", "allow", "ok", "tooshort"]):
+        done = secure.mcpctl(*args)
+        assert done.returncode != 0 and done.stderr, args
+
+
+def test_spoofed_tenant_header_bytes_are_not_forwarded(secure, bob):
+    """The scheduler sees the re-packed header: a raw tenant field never survives."""
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVTIMEO, 20000)
+    secure_keys = secure.curve_keys("erin")
+    secure_keys.apply(sock)
+    sock.connect(secure.endpoint)
+    sock.send(msgpack.packb({"v": 1, "op": "context.list", "id": 1, "tenant": "bob"}))
+    reply = msgpack.unpackb(sock.recv(), raw=False)
+    sock.close()
+    assert reply["code"] == codes.UNAUTHORIZED
+
+
+# -- 10,000 hostile frames at the live daemon ---------------------------------------------------
+
+FUZZ_FRAMES = 10_000
+MAX_RSS_GROWTH = 8 << 20
+
+
+def hostile_messages(count: int, seed: int) -> list[list[bytes]]:
+    """Random and mutated requests: valid headers of every op with bytes flipped, cut or
+    inserted, random bytes, wrong types, and payload frames over the limits."""
+    rng = np.random.default_rng(seed)
+    seeds = [msgpack.packb(h) for h in (
+        {"v": 1, "op": "ping", "id": 1},
+        {"v": 1, "op": "generate", "id": 2, "args": {"prompt": "hi", "max_tokens": 2}},
+        {"v": 1, "op": "context.open", "id": 3, "args": {"id": "x"}},
+        {"v": 1, "op": "context.update", "id": 4, "args": {"id": "x", "base": 0, "changes": [
+            {"name": "w", "kind": "set", "frame": 0,
+             "meta": {"type": "array", "dtype": "<f4", "shape": [2], "codec": "raw", "nbytes": 8}}]}},
+        {"v": 1, "op": "context.get", "id": 5, "args": {"id": "x"}},
+        {"v": 1, "op": "context.drop", "id": 6, "args": {"id": "x"}},
+        {"v": 1, "op": "cancel", "id": 7, "args": {"target": 2}})]
+    messages = []
+    for i in range(count):
+        choice = rng.integers(4)
+        if choice == 0:
+            header = rng.bytes(int(rng.integers(0, 64)))
+        else:
+            header = bytearray(seeds[rng.integers(len(seeds))])
+            for _ in range(int(rng.integers(1, 4))):
+                header[rng.integers(len(header))] = rng.integers(256)
+            header = bytes(header[: rng.integers(1, len(header) + 1)] if choice == 3 else header)
+        extra = [rng.bytes(int(rng.integers(0, 64))) for _ in range(int(rng.integers(0, 3)))]
+        if i % 500 == 0:
+            extra = [b"p"] * 20   # too many frames
+        messages.append([header, *extra])
+    return messages
+
+
+def rss_of(daemon: Daemon) -> dict[str, int]:
+    import psutil
+    return {role: psutil.Process(daemon.pid_of(role)).memory_info().rss for role in ("frontend", "scheduler")}
+
+
+def flood(daemon: Daemon, curve: CurveKeys, messages: list[list[bytes]]) -> int:
+    """Send all without waiting, then read replies until none comes for a while; returns the count."""
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDHWM, 0)
+    sock.setsockopt(zmq.RCVHWM, 0)
+    curve.apply(sock)
+    sock.connect(daemon.endpoint)
+    for frames in messages:
+        sock.send_multipart(frames)
+    replies = 0
+    while sock.poll(5000):
+        sock.recv_multipart()
+        replies += 1
+    sock.close()
+    return replies
+
+
+def test_live_fuzz_leaves_the_daemon_serving_and_contexts_untouched(secure, alice):
+    ctx = alice.context("precious")
+    ctx["weights"] = np.arange(1000, dtype=np.float32)
+    ctx.sync()
+    before = alice.call("context.get", {"id": "precious"})
+    mallory = secure.curve_keys("mallory")
+    assert flood(secure, mallory, hostile_messages(1000, seed=1)) > 0   # warm up: caches, allocator arenas
+    rss_before = rss_of(secure)
+    assert flood(secure, mallory, hostile_messages(FUZZ_FRAMES, seed=2)) >= FUZZ_FRAMES * 0.9
+    rss_after = rss_of(secure)
+    assert alice.ping()["pong"] is True
+    assert alice.call("context.get", {"id": "precious"}) == before
+    assert [c["id"] for c in alice.call("context.list", {})["contexts"]].count("precious") == 1
+    for role in rss_before:
+        assert rss_after[role] - rss_before[role] < MAX_RSS_GROWTH, (role, rss_before, rss_after)
