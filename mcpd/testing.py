@@ -91,7 +91,7 @@ class Daemon:
     def curve_keys(self, name: str) -> CurveKeys:
         """A fresh client key pair NAME, allowed on this daemon (which must run with CURVE on)."""
         public, secret = generate(self.root / "clients", name)
-        done = self.mcpctl("keys", "allow", name, public)
+        done = self.mcpctl("keys", "allow", "--", name, public)   # a Z85 key may begin with "-"
         if done.returncode != 0:
             raise RuntimeError(f"mcpctl keys allow failed: {done.stderr}")
         return CurveKeys(read_public(self.root / "state/keys/server.key"), public, secret)

@@ -1,7 +1,8 @@
 """`mcpctl keys`: client keys for CURVE authentication.
 
     mcpctl keys generate NAME [--out DIR]   a key pair NAME.key / NAME.key_secret (0600); local only
-    mcpctl keys allow NAME KEY              KEY: the Z85 public key, or a NAME.key file
+    mcpctl keys allow [--] NAME KEY         KEY: the Z85 public key, or a NAME.key file (put -- first
+                                            when the key begins with "-", as Z85 keys may)
     mcpctl keys revoke NAME
     mcpctl keys list [--json]               the server's public key and the allowed keys
 
