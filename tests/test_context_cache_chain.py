@@ -42,6 +42,19 @@ def cached_store(arena: ShmArena) -> tuple[ContextStore, ContextCache]:
     return store, cache
 
 
+def chained(arena: ShmArena, turns: int) -> tuple[ContextStore, ContextCache]:
+    """A context snapshotted at version 1 (a 64 KiB field), then `turns` turns as deltas."""
+    store, cache = cached_store(arena)
+    sync(store, w=RNG.standard_normal(1 << 14).astype(np.float32))
+    append_turns(store, turns)
+    return store, cache
+
+
+def append_turns(store: ContextStore, turns: int, first_token: int = 0) -> None:
+    for token in range(first_token, first_token + turns):
+        store.append_tokens(store.get("t", "c"), [token])
+
+
 def sync(store: ContextStore, **new) -> None:
     """Update the context's fields to `new` (None deletes) as a client would: by diffs."""
     context = store.get("t", "c")
@@ -133,8 +146,7 @@ def test_a_long_chain_of_small_deltas_compacts_too(arena):
     a = arena()
     store, cache = cached_store(a)
     sync(store, w=np.zeros(1 << 16, np.uint8))   # big against the appends: only the count compacts
-    for turn in range(cache_chain.MAX_DELTAS + 1):
-        store.append_tokens(store.get("t", "c"), [turn])
+    append_turns(store, cache_chain.MAX_DELTAS + 1)
     chain = next(iter(cache.chains.values()))
     assert chain.snapshot_version == store.get("t", "c").version and kinds(a) == (1, 0)
 
@@ -149,17 +161,13 @@ def test_a_new_big_value_snapshots_even_when_it_compresses_small(arena):
 
 def test_deltas_a_crash_left_at_or_below_the_snapshot_or_past_a_gap_are_not_replayed(arena):
     a = arena()
-    store, cache = cached_store(a)
-    sync(store, w=RNG.standard_normal(1 << 14).astype(np.float32))
-    for turn in range(3):
-        store.append_tokens(store.get("t", "c"), [turn])
+    store, _ = chained(a, 3)
     stale = {key: a.get(CONTEXT_DELTA, key) for key in a.keys(CONTEXT_DELTA)}   # versions 2..4
     sync(store, w=RNG.standard_normal(1 << 14).astype(np.float32))             # fresh values: snapshot at 5
     assert kinds(a) == (1, 0)
     for key, blob in stale.items():   # as if the scheduler died before deleting the old chain
         a.put(CONTEXT_DELTA, key, [blob], pinned=True)
-    for turn in range(3):             # versions 6..8
-        store.append_tokens(store.get("t", "c"), [10 + turn])
+    append_turns(store, 3, first_token=10)   # versions 6..8
     live = store.get("t", "c")
     back, cache = restored(a)
     assert_same(live, back)
@@ -172,7 +180,7 @@ def test_deltas_a_crash_left_at_or_below_the_snapshot_or_past_a_gap_are_not_repl
 
 def test_a_refused_commit_leaves_nothing_load_would_replay(arena):
     a = arena(64)   # 256 KiB
-    store, cache = cached_store(a)
+    store, _ = cached_store(a)
     weights = RNG.standard_normal(50 << 10).astype(np.float32)   # a 200 KiB snapshot
     sync(store, w=weights)
     noise = RNG.integers(0, 256, 80 << 10, np.uint8).tobytes()  # a delta under half the context, over the room left
@@ -189,10 +197,7 @@ def test_a_refused_commit_leaves_nothing_load_would_replay(arena):
 
 def test_a_drop_removes_the_snapshot_and_every_delta(arena):
     a = arena()
-    store, cache = cached_store(a)
-    sync(store, w=RNG.standard_normal(1 << 14).astype(np.float32))
-    for turn in range(4):
-        store.append_tokens(store.get("t", "c"), [turn])
+    store, cache = chained(a, 4)
     assert kinds(a) == (1, 4)
     store.drop("t", "c")
     assert kinds(a) == (0, 0) and not cache.chains
@@ -200,9 +205,7 @@ def test_a_drop_removes_the_snapshot_and_every_delta(arena):
 
 def test_deltas_whose_snapshot_is_gone_are_deleted_at_load(arena):
     a = arena()
-    store, _ = cached_store(a)
-    sync(store, w=RNG.standard_normal(1 << 14).astype(np.float32))
-    store.append_tokens(store.get("t", "c"), [1])
+    chained(a, 1)
     a.delete(CONTEXT, a.keys(CONTEXT)[0])   # a drop that died after its first step
     back, cache = restored(a)
     assert back is None and not cache.chains and kinds(a) == (0, 0)
