@@ -61,7 +61,7 @@ def test_status_shows_the_cache_and_its_figures_move(daemon):
     daemon.wait_until(lambda: cache_status(daemon)["contexts"] >= 1 and cache_status(daemon)["hits"] > 0, 30, "stats")
     cache = cache_status(daemon)
     assert cache["enabled"] and cache["total_bytes"] <= CACHE_BYTES and 0 < cache["used_bytes"] <= cache["total_bytes"]
-    assert cache["kv_blocks"] > 0 and cache["entries"] == cache["contexts"] + cache["kv_blocks"]
+    assert cache["kv_blocks"] > 0 and cache["entries"] == cache["contexts"] + cache["context_deltas"] + cache["kv_blocks"]
     assert 0 < cache["hit_rate"] <= 1
     text = daemon.mcpctl("status").stdout
     assert f"contexts {cache['contexts']}" in text and "hit rate" in text

@@ -56,7 +56,8 @@ def render_status(status: dict) -> str:
     cache = status.get("cache", {})
     if cache.get("enabled"):
         lines.append(f"host cache {mib(cache['used_bytes'])} of {mib(cache['total_bytes'])}  "
-                     f"contexts {cache['contexts']}  kv blocks {cache['kv_blocks']}  hits {cache['hits']}  "
+                     f"contexts {cache['contexts']} (+{cache['context_deltas']} deltas)  "
+                     f"kv blocks {cache['kv_blocks']}  hits {cache['hits']}  "
                      f"misses {cache['misses']}  hit rate {cache['hit_rate']:.1%}  evictions {cache['evictions']}")
     requests = status["requests"]
     lines += [f"queue depth {status['queue']['depth']}  in flight {status['queue']['inflight']}  "

@@ -6,6 +6,7 @@ import time
 
 import mcpd
 from mcpd.daemon import channels
+from mcpd.memory.host_segment import CONTEXT, CONTEXT_DELTA, KV_BLOCK
 
 
 def build_status(supervisor) -> dict:
@@ -66,11 +67,11 @@ def _cache(arena: dict | None, workers: list) -> dict:
     segment), and the KV blocks workers moved in and out of it."""
     if not arena:
         return {"enabled": False}
-    contexts, kv_blocks = arena["entries_by_kind"][1:3]
+    by_kind = arena["entries_by_kind"]
     moved = {name: sum((w.stats or {}).get(name, 0) for w in workers) for name in ("host_kv_loaded", "host_kv_saved")}
     return {"enabled": True, **{k: v for k, v in arena.items() if k != "entries_by_kind"},
-            "contexts": contexts, "kv_blocks": kv_blocks, "kv_blocks_loaded": moved["host_kv_loaded"],
-            "kv_blocks_saved": moved["host_kv_saved"]}
+            "contexts": by_kind[CONTEXT], "context_deltas": by_kind[CONTEXT_DELTA], "kv_blocks": by_kind[KV_BLOCK],
+            "kv_blocks_loaded": moved["host_kv_loaded"], "kv_blocks_saved": moved["host_kv_saved"]}
 
 
 def _device(worker) -> dict:

@@ -15,8 +15,9 @@ from mcpd.config import Config
 from mcpd.memory.shm_arena import ShmArena
 
 SHM_DIR = Path("/dev/shm")
-CONTEXT = 1     # entry kinds: a context's committed version, keyed by (owner, id)
+CONTEXT = 1     # entry kinds: a snapshot of a context, keyed by (owner, id)
 KV_BLOCK = 2    # a full KV block, keyed by its chain hash (namespaced by tenant)
+CONTEXT_DELTA = 3   # one committed version of a context past its snapshot, keyed by (owner, id, version)
 
 
 def segment_path(runtime_dir: Path) -> Path:

@@ -57,6 +57,7 @@ EMPTY, WRITING, LIVE = 0, 1, 2
 END = 0xFFFFFFFF          # the last page of a chain links here
 ALIGN = 4096
 PER_PAGE_OVERHEAD = SLOT.itemsize + 4 + 1   # slot, next link, in-use flag
+KINDS = 4   # entries_by_kind counts kinds 0 (unused) to 3, present or not: host_segment names them
 
 
 class ArenaFull(Exception):
@@ -159,7 +160,7 @@ class ShmArena:
             head = {name: int(self.head[name][0]) for name in ("hits", "misses", "evictions", "inserts", "refused")}
             used_pages = int(np.count_nonzero(self.used))
             stored = int(self.slots["nbytes"][live].sum())
-            kinds = np.bincount(self.slots["kind"][live], minlength=3)
+            kinds = np.bincount(self.slots["kind"][live], minlength=KINDS)
         lookups = head["hits"] + head["misses"]
         return {"total_bytes": self.num_pages * self.page_bytes, "used_bytes": used_pages * self.page_bytes,
                 "stored_bytes": stored, "page_bytes": self.page_bytes, "entries": int(live.sum()),

@@ -1,0 +1,27 @@
+"""What the host cache holds of one context: a snapshot at some version and the delta entries
+written since, one per later version. ContextCache keeps one per context in memory (load()
+rebuilds them from the arena) and asks it when the next commit should be a snapshot instead.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# A fresh snapshot once the deltas since the last would weigh more than this fraction of the
+# context: the arena then holds at most 1.5x the context for it (plus one delta), and a snapshot
+# costs at most twice the delta bytes it replaces, so the cache writes at most ~3x what the
+# commits changed.
+SNAPSHOT_FRACTION = 0.5
+# ... or once this many deltas follow it: a restart replays every one (an XOR of 1% into a 64 MB
+# float32 field decodes in ~35 ms on the 2-vCPU machine, so about half a second for such a
+# context), while a 64 MB snapshot every 16 commits adds a few ms to each on average.
+MAX_DELTAS = 16
+
+
+@dataclass
+class CacheChain:
+    snapshot_version: int
+    deltas: dict[int, int] = field(default_factory=dict)   # version -> weight (CachedDelta.weight)
+
+    def wants_snapshot(self, weight: int, context_bytes: int) -> bool:
+        """Whether the commit of a delta of this weight should write a snapshot instead."""
+        return len(self.deltas) >= MAX_DELTAS or sum(self.deltas.values()) + weight > SNAPSHOT_FRACTION * context_bytes
