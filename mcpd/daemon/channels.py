@@ -85,6 +85,16 @@ def frames_of(sock: zmq.Socket) -> list[zmq.Frame]:
     return sock.recv_multipart(zmq.NOBLOCK, copy=False)
 
 
+def internal_socket(context: zmq.Context, runtime_dir: Path, kind: int, name: str, bind: bool) -> zmq.Socket:
+    """A socket on one of the ipc endpoints above, bound or connected, that drops what it could
+    not send when closed (a dead peer must not hold a restarting process up)."""
+    sock = context.socket(kind)
+    sock.setsockopt(zmq.LINGER, 0)
+    address = endpoint(runtime_dir, name)
+    sock.bind(address) if bind else sock.connect(address)
+    return sock
+
+
 def endpoint(runtime_dir: Path, name: str) -> str:
     return f"ipc://{runtime_dir / name}"
 

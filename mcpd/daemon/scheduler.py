@@ -86,11 +86,7 @@ class Scheduler:
                               sched.window_smoothing)
 
     def _socket(self, kind: int, name: str, bind: bool) -> zmq.Socket:
-        sock = self.context.socket(kind)
-        sock.setsockopt(zmq.LINGER, 0)
-        address = channels.endpoint(self.config.runtime_dir, name)
-        sock.bind(address) if bind else sock.connect(address)
-        return sock
+        return channels.internal_socket(self.context, self.config.runtime_dir, kind, name, bind)
 
     def serve(self) -> None:
         poller = zmq.Poller()
