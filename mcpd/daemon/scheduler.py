@@ -219,10 +219,11 @@ class Scheduler:
                     return
 
     def _hold(self, group: list[Job], room: int, now: float) -> bool:
-        """Keep a partial batch open for its window, but only while the node is busy anyway."""
+        """Keep a partial batch of prefills open for its window, but only while the node is busy
+        anyway. Other ops (ping, status) have nothing to batch and never wait."""
         first = group[0]
         window = self.windows.get(first.class_name)
-        if window is None or window.window_ms <= 0 or len(group) >= room:
+        if not first.prefills or window is None or window.window_ms <= 0 or len(group) >= room:
             return False
         if not any(slot.jobs for slot in self.workers.values()):
             return False   # an idle node never makes a request wait

@@ -22,7 +22,9 @@ from mcpd.protocol import codes, ops, wire
 STATS_INTERVAL_S = 0.5
 IDLE_POLL_MS = 100
 # DONE notes to the scheduler are held this long and sent together: its load counts lag by at
-# most this, and a busy worker saves it one wake-up per request.
+# most this, and a busy worker saves it one wake-up per request. A worker that has just run out
+# of work says so at once: the scheduler must not take an idle node for a busy one (it would
+# hold the next request open for a batching window).
 DONE_FLUSH_S = 0.002
 DONE_FLUSH_COUNT = 64
 
@@ -101,7 +103,8 @@ class Worker:
         return IDLE_POLL_MS
 
     def _flush_done(self) -> None:
-        if self.done and (len(self.done) >= DONE_FLUSH_COUNT or time.monotonic() >= self.done_due):
+        if self.done and (len(self.done) >= DONE_FLUSH_COUNT or time.monotonic() >= self.done_due
+                          or not self.engine.has_work):
             self.socket.send_multipart([channels.DONE, *self.done])
             self.done = []
 

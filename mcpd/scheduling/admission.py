@@ -71,6 +71,7 @@ class Admission:
         max_tokens = args.get("max_tokens") or DEFAULT_MAX_TOKENS
         job.cost = prompt + max_tokens
         job.length_bin = prompt.bit_length()
+        job.prefills = header["op"] == "generate"
         if header["op"] == "generate" and cap is not None and max_tokens > cap:
             job.max_tokens_cap = cap
         if header.get("timeout_ms") is not None:

@@ -18,6 +18,7 @@ class Job:
     client: str = ""
     cost: int = 1                     # tokens of work it stands for (prompt estimate + max_tokens)
     length_bin: int = 0               # prompt length rounded up to a power of two (as its bit length)
+    prefills: bool = False            # a generate: worth holding a moment to batch with others
     deadline: float | None = None     # monotonic; None = no deadline
     max_tokens_cap: int | None = None   # set by the degradation ladder
     seq: int = 0                      # arrival order, daemon-wide
