@@ -191,11 +191,12 @@ class ContextsConfig:
     max_contexts: int = 65536           # contexts of all tenants together
     max_context_bytes: int = 1 << 30    # token ids + fields of one context
     max_field_bytes: int = 256 << 20    # one field, decoded
+    max_owner_bytes: int = 2 << 30      # all contexts of one tenant together
     max_total_bytes: int = 4 << 30      # all contexts together (they live in the scheduler's memory)
 
     def check(self) -> None:
         if min(self.max_per_owner, self.max_contexts, self.max_context_bytes, self.max_field_bytes,
-               self.max_total_bytes) < 1:
+               self.max_owner_bytes, self.max_total_bytes) < 1:
             raise ConfigError("every contexts.max_* must be >= 1")
 
 

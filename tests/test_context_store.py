@@ -87,3 +87,18 @@ def test_a_listener_refusal_puts_the_context_back_in_place_xors_included():
         store.append_tokens(context, [1, 2, 3])
     assert context.saved()[1:] == saved[1:] and context.version == 1 and store.total_bytes == total
     assert context.fields["w"].tobytes() == big.tobytes() and "x" not in context.fields
+
+
+def test_one_tenant_cannot_take_the_whole_byte_budget():
+    store = ContextStore(ContextsConfig(max_owner_bytes=1000, max_total_bytes=3000))
+    for owner in ("a", "b"):
+        store.open(owner, "c1")
+        store.open(owner, "c2")
+    store.update("a", "c1", 0, [codec.diff("x", None, b"x" * 600)])
+    with pytest.raises(MCPDError) as refused:   # 600 + 600 over tenant a's 1000
+        store.update("a", "c2", 0, [codec.diff("x", None, b"y" * 600)])
+    assert refused.value.code == "TOO_LARGE" and "tenant" in refused.value.message
+    store.update("b", "c1", 0, [codec.diff("x", None, b"z" * 600)])   # another tenant is unaffected
+    store.drop("a", "c1")   # dropping gives the bytes back
+    store.update("a", "c2", 0, [codec.diff("x", None, b"y" * 600)])
+    assert store.bytes_of == {"a": 600, "b": 600} and store.total_bytes == 1200

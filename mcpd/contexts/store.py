@@ -41,6 +41,7 @@ class ContextStore:
         self.contexts: dict[tuple[str, str], Context] = {}
         self.count_of: dict[str, int] = {}   # contexts per owner
         self.total_bytes = 0                 # of all contexts, kept up to date on every commit
+        self.bytes_of: dict[str, int] = {}   # of each owner's contexts
 
     def open(self, owner: str, context_id: str, create: bool = True) -> tuple[Context, bool]:
         found = self.contexts.get((owner, context_id))
@@ -112,7 +113,7 @@ class ContextStore:
             raise MCPDError(codes.CONFLICT, f"context {context_id!r} is busy with a generate")
         del self.contexts[(owner, context_id)]
         self.count_of[owner] -= 1
-        self.total_bytes -= context.nbytes
+        self._account(owner, -context.nbytes)
         for listener in self.listeners:
             listener.dropped(context)
         return True
@@ -124,12 +125,10 @@ class ContextStore:
         old = self.contexts.get(key)
         if old is not None and old.version >= context.version:
             return False
-        if old is not None:
-            self.total_bytes -= old.nbytes
-        else:
+        if old is None:
             self.count_of[context.owner] = self.count_of.get(context.owner, 0) + 1
         self.contexts[key] = context
-        self.total_bytes += context.nbytes
+        self._account(context.owner, context.nbytes - (old.nbytes if old is not None else 0))
         return True
 
     def owned_by(self, owner: str) -> list[Context]:
@@ -155,22 +154,29 @@ class ContextStore:
             raise MCPDError(codes.BAD_REQUEST, "the tokens field must be a 1-D array of non-negative int32")
         return value
 
-    def _total_after(self, context: Context, fields: dict) -> int:
-        """All contexts' bytes once `fields` replace the context's; TOO_LARGE if over a limit."""
+    def _growth(self, context: Context, fields: dict) -> int:
+        """How many bytes `fields` add over the context's current ones; TOO_LARGE if that takes
+        the context, its owner or the daemon past a limit. The owner's limit keeps one tenant
+        from taking the whole daemon-wide budget from the others."""
         size = sum(value_nbytes(v) for v in fields.values())
-        if size > self.config.max_context_bytes:
-            raise MCPDError(codes.TOO_LARGE, f"context would hold {size} bytes; the limit is "
-                                             f"{self.config.max_context_bytes}")
-        total = self.total_bytes - context.nbytes + size
-        if total > self.config.max_total_bytes:
-            raise MCPDError(codes.TOO_LARGE, f"contexts would hold {total} bytes in all; the limit is "
-                                             f"{self.config.max_total_bytes}")
-        return total
+        growth = size - context.nbytes
+        limits = ((size, self.config.max_context_bytes, "context would hold"),
+                  (self.bytes_of.get(context.owner, 0) + growth, self.config.max_owner_bytes,
+                   "the tenant's contexts would hold"),
+                  (self.total_bytes + growth, self.config.max_total_bytes, "contexts would hold"))
+        for would_hold, limit, what in limits:
+            if would_hold > limit:
+                raise MCPDError(codes.TOO_LARGE, f"{what} {would_hold} bytes; the limit is {limit}")
+        return growth
+
+    def _account(self, owner: str, growth: int) -> None:
+        self.total_bytes += growth
+        self.bytes_of[owner] = self.bytes_of.get(owner, 0) + growth
 
     def _install(self, context: Context, fields: dict, changed: set[str], deleted: set[str],
                  changes: list[FieldDelta]) -> None:
         """Commit the next version if it fits the limits and every listener takes it."""
-        total = self._total_after(context, fields)
+        growth = self._growth(context, fields)
         saved = context.saved()
         context.commit(fields, changed, deleted)
         try:
@@ -179,7 +185,7 @@ class ContextStore:
         except BaseException:
             context.roll_back(saved)
             raise
-        self.total_bytes = total
+        self._account(context.owner, growth)
 
     @staticmethod
     def _not_found(context_id: str) -> MCPDError:
