@@ -42,10 +42,11 @@ class LimitsConfig:
     max_frames: int = 16               # frames in one request, header included
     max_prompt_tokens: int = 32768
     max_new_tokens: int = 2048
+    max_stream_chunks_per_s: float = 200.0   # per stream; faster output is merged into fewer chunks
 
     def check(self) -> None:
         for name in ("max_message_bytes", "max_header_bytes", "max_frames", "max_prompt_tokens",
-                     "max_new_tokens"):
+                     "max_new_tokens", "max_stream_chunks_per_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"limits.{name} = {getattr(self, name)}: must be positive")
         if self.max_header_bytes > self.max_message_bytes:

@@ -142,3 +142,39 @@ def test_long_token_prompt_reaches_the_engine_check(daemon):
             client.generate(prompt_token_ids=[65] * 5000, max_tokens=1)
     assert raised.value.code == codes.BAD_REQUEST
     assert "msgpack" not in raised.value.message
+
+
+def test_stream_chunks_are_capped_per_second_and_lose_nothing(fresh_daemon):
+    """At 2 chunks/s a 40-token stream gets at most the first chunk plus two a second of its
+    duration (the embedded model makes a token per chunk otherwise), and every token and every
+    character still arrives."""
+    import time
+    d = fresh_daemon(limits={"max_stream_chunks_per_s": 2.0})
+    with d.client() as client:
+        started = time.monotonic()
+        stream = client.generate("count", max_tokens=40, ignore_eos=True, temperature=0, stream=True)
+        chunks = list(stream)
+        elapsed = time.monotonic() - started
+    assert len(chunks) <= 2 + 2 * elapsed   # the first chunk, then one per half second at most
+    assert [t for c in chunks for t in c.token_ids] == stream.result.token_ids
+    assert "".join(c.text for c in chunks) == stream.result.text
+
+
+def test_clients_send_priority_and_deadline(daemon):
+    import asyncio
+
+    from mcpd.client import AsyncClient
+
+    with daemon.client() as client:
+        with pytest.raises(MCPDError) as unknown:
+            client.generate("x", max_tokens=2, priority="no-such-class")
+        assert unknown.value.code == codes.BAD_REQUEST and "no-such-class" in unknown.value.message
+        assert client.generate("x", max_tokens=2, ignore_eos=True, priority="high").completion_tokens == 2
+
+    async def late():
+        async with AsyncClient(daemon.endpoint) as client:
+            await client.generate("x", max_tokens=2000, ignore_eos=True, timeout_ms=200, priority="low")
+
+    with pytest.raises(MCPDError) as expired:
+        asyncio.run(late())
+    assert expired.value.code == codes.DEADLINE_EXCEEDED

@@ -42,15 +42,19 @@ class AsyncClient:
         return (await self.call("cancel", {"target": request_id}))["cancelled"]
 
     async def generate(self, prompt: str | None = None, *, messages=None, prompt_token_ids=None,
-                       timeout: float | None = None, **params) -> GenerateResult:
+                       timeout: float | None = None, priority: str | None = None, timeout_ms: int | None = None,
+                       **params) -> GenerateResult:
+        """As Client.generate, without stream (use `stream()`)."""
         args = replies.generate_args(prompt, messages, prompt_token_ids, False, params)
-        return replies.generate_result(await self.call("generate", args, timeout))
+        request_id = await self.send("generate", args, **replies.request_header(priority, timeout_ms))
+        return replies.generate_result(replies.result_of(await self.receive(request_id, timeout)))
 
     async def stream(self, prompt: str | None = None, *, messages=None, prompt_token_ids=None,
-                     timeout: float | None = None, **params):
+                     timeout: float | None = None, priority: str | None = None, timeout_ms: int | None = None,
+                     **params):
         """Async iterator of Chunks; the final GenerateResult is not yielded (chunks carry it all)."""
         args = replies.generate_args(prompt, messages, prompt_token_ids, True, params)
-        request_id = await self.send("generate", args)
+        request_id = await self.send("generate", args, **replies.request_header(priority, timeout_ms))
         while True:
             reply = await self.receive(request_id, timeout)
             if reply.get("kind") != "chunk":
@@ -61,11 +65,11 @@ class AsyncClient:
     async def call(self, op: str, args: dict, timeout: float | None = None) -> dict:
         return replies.result_of(await self.receive(await self.send(op, args), timeout))
 
-    async def send(self, op: str, args: dict) -> int:
+    async def send(self, op: str, args: dict, **header_fields) -> int:
         self._ensure_reader()
         request_id = next(self._ids)
         self._queues[request_id] = asyncio.Queue()
-        await self._socket.send_multipart([wire.encode_request(op, request_id, args, **self._tenant)])
+        await self._socket.send_multipart([wire.encode_request(op, request_id, args, **self._tenant, **header_fields)])
         return request_id
 
     async def receive(self, request_id: int, timeout: float | None = None) -> dict:

@@ -39,6 +39,11 @@ def generate_args(prompt, messages, prompt_token_ids, stream: bool, params: dict
     return args
 
 
+def request_header(priority: str | None, timeout_ms: int | None) -> dict:
+    """The optional header fields of a generate: its priority class and its deadline."""
+    return {k: v for k, v in (("priority", priority), ("timeout_ms", timeout_ms)) if v is not None}
+
+
 def result_of(reply: dict) -> dict:
     """The "result" map of a final ok reply; an error reply raises MCPDError with its code."""
     kind = reply.get("kind")

@@ -45,12 +45,15 @@ class Client:
 
     def generate(self, prompt: str | None = None, *, messages: list[dict] | None = None,
                  prompt_token_ids: list[int] | None = None, stream: bool = False,
-                 timeout: float | None = None, **params) -> GenerateResult | "Stream":
+                 timeout: float | None = None, priority: str | None = None, timeout_ms: int | None = None,
+                 **params) -> GenerateResult | "Stream":
         """Generate from a prompt, chat messages or token ids. Params: max_tokens, temperature,
-        top_k, top_p, seed, stop, stop_token_ids, ignore_eos, logprobs. With stream=True returns
-        a Stream that yields Chunks; otherwise the GenerateResult."""
+        top_k, top_p, seed, stop, stop_token_ids, ignore_eos, logprobs. `priority` names a class
+        (the daemon's default otherwise); `timeout_ms` is the daemon-side deadline (`timeout`, in
+        seconds, only bounds this client's wait). With stream=True returns a Stream that yields
+        Chunks; otherwise the GenerateResult."""
         args = replies.generate_args(prompt, messages, prompt_token_ids, stream, params)
-        request_id = self.send("generate", args)
+        request_id = self.send("generate", args, **replies.request_header(priority, timeout_ms))
         if stream:
             return Stream(self, request_id, timeout)
         return replies.generate_result(replies.result_of(self.receive(request_id, timeout)))

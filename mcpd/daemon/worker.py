@@ -40,6 +40,12 @@ class ActiveRequest:
     text: list[str] = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    streamed: tuple[int, int, int] = (0, 0, 0)   # text pieces, token ids, logprobs already in chunks
+    next_chunk_at: float = 0.0                   # limits.max_stream_chunks_per_s: not before then
+
+    @property
+    def unstreamed(self) -> bool:
+        return (len(self.text), len(self.token_ids)) != self.streamed[:2]
 
 
 class Worker:
@@ -203,17 +209,24 @@ class Worker:
             request.token_ids.extend(out.token_ids)
             if out.logprobs:
                 request.logprobs.extend(out.logprobs)
-            if request.stream and (out.token_ids or out.text):
-                self._chunk(out.key, request, out)
+            if request.stream and request.unstreamed and (out.finished or time.monotonic() >= request.next_chunk_at):
+                self._chunk(out.key, request)
             if out.finished:
                 del self.active[out.key]
                 self._final(out.key, wire.ok_reply(request.request_id, self._result(request, out)),
                             request.token_ids)
 
-    def _chunk(self, rid: int, request: ActiveRequest, out) -> None:
-        data = {"text": out.text, "token_ids": out.token_ids}
+    def _chunk(self, rid: int, request: ActiveRequest) -> None:
+        """Stream what the request produced since its last chunk. Chunks are at most
+        limits.max_stream_chunks_per_s per stream: a fast engine's tokens are merged into fewer
+        chunks (nothing is dropped), so a small model cannot flood the front-end and the client
+        with a message per token."""
+        texts, tokens, logprobs = request.streamed
+        data = {"text": "".join(request.text[texts:]), "token_ids": request.token_ids[tokens:]}
         if request.want_logprobs:
-            data["logprobs"] = out.logprobs or []
+            data["logprobs"] = request.logprobs[logprobs:]
+        request.streamed = (len(request.text), len(request.token_ids), len(request.logprobs))
+        request.next_chunk_at = time.monotonic() + 1 / self.config.limits.max_stream_chunks_per_s
         message = [channels.CHUNK, channels.pack_rid(rid), wire.chunk_reply(request.request_id, request.chunks_sent, data)]
         if rid in self.turns:   # a context turn's final goes via the scheduler: its chunks too, to stay in order
             self.socket.send_multipart(message)
