@@ -13,6 +13,9 @@ class Recorder:
     def __init__(self):
         self.events = []
 
+    def opened(self, context):
+        self.events.append(("opened", context.id))
+
     def committed(self, context, changes):
         self.events.append(("committed", context.id, context.version, [(c.name, c.kind) for c in changes]))
 
@@ -30,7 +33,7 @@ def test_listeners_hear_commits_and_drops_but_not_refused_updates():
     store.update("t", "c", 1, [codec.delete("x")])
     store.append_tokens(store.get("t", "c"), [1, 2])
     store.drop("t", "c")
-    assert recorder.events == [("committed", "c", 1, [("x", "set")]), ("committed", "c", 2, [("x", "delete")]),
+    assert recorder.events == [("opened", "c"), ("committed", "c", 1, [("x", "set")]), ("committed", "c", 2, [("x", "delete")]),
                                ("committed", "c", 3, [("tokens", "append")]), ("dropped", "c")]
 
 
@@ -64,6 +67,9 @@ def test_an_update_that_fails_late_leaves_in_place_xors_undone():
 
 
 class Refuser:
+    def opened(self, context):
+        pass
+
     def committed(self, context, changes):
         raise MCPDError("TOO_LARGE", "no room")
 

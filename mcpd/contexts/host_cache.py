@@ -48,6 +48,9 @@ class ContextCache:
         self.arena = arena
         self.chains: dict[bytes, CacheChain] = {}   # by context key: what the arena holds of each
 
+    def opened(self, context: Context) -> None:
+        self.committed(context, [])   # version 0: its first snapshot
+
     def committed(self, context: Context, changes: list[FieldDelta]) -> None:
         key = _key(context.owner, context.id)
         parts, weight = cached_delta.encode(context, changes)

@@ -21,8 +21,8 @@ Durability: each record goes to the kernel with one write before the commit is a
 fails, restore drops it and everything after it (it was never acknowledged under fsync=always),
 logs that, and starts; a corrupt journal never stops the daemon.
 
-The store tells listeners of commits and drops, not of opens: a context opened but never
-changed (version 0, empty) is not journaled, and a client's next open recreates it as it was.
+The store tells listeners of opens, commits and drops: a context opened and never changed
+(version 0, empty) is one "open" record, so it comes back too.
 """
 from __future__ import annotations
 
@@ -112,6 +112,9 @@ class Journal:
             if record["op"] == "drop":
                 contexts.pop(key, None)
                 continue
+            if record["op"] == "open":
+                contexts.setdefault(key, Context(record["id"], record["owner"]))
+                continue
             context = contexts.get(key) or Context(record["id"], record["owner"])
             if record["version"] != context.version + 1:
                 self.log.error("journal %s: context %s/%s jumps from version %d to %d; skipping the record",
@@ -163,6 +166,9 @@ class Journal:
         _fsync_directory(self.directory)   # the file's name must survive a power cut too
 
     # -- StoreListener --------------------------------------------------------------------------
+
+    def opened(self, context: Context) -> None:
+        self._append({"op": "open", "owner": context.owner, "id": context.id})
 
     def committed(self, context: Context, changes) -> None:
         entries, frames = codec.to_wire(changes)

@@ -5,8 +5,9 @@ the limits before the new version is installed, so a bad frame leaves the contex
 was. The one exception to copying is an XOR into a big array, applied to the live array itself
 (see `_apply_in_place`) and undone, XOR being its own inverse, if anything later fails.
 
-Listeners (the host shared-memory cache, the on-disk journal) hear of every committed version,
-with the deltas that made it from the version before, and of every drop, after the store
+Listeners (the host shared-memory cache, the on-disk journal) hear of every context created
+(version 0), every committed version, with the deltas that made it from the version before, and
+of every drop, after the store
 changed: they keep copies that outlive this process. A listener may refuse a version by raising
 MCPDError (the cache when it cannot hold it): the context is then put back as it was, in-place
 XORs included, and the update fails, so no reply ever names a version a restart would lose.
@@ -28,6 +29,8 @@ from mcpd.protocol.delta import DeltaError, DeltaLimits, FieldDelta
 
 
 class StoreListener(Protocol):
+    def opened(self, context: Context) -> None: ...
+
     def committed(self, context: Context, changes: list[FieldDelta]) -> None: ...
 
     def dropped(self, context: Context) -> None: ...
@@ -55,6 +58,13 @@ class ContextStore:
             raise MCPDError(codes.TOO_LARGE, f"the daemon holds {self.config.max_contexts} contexts, the limit")
         context = self.contexts[(owner, context_id)] = Context(context_id, owner)
         self.count_of[owner] = self.count_of.get(owner, 0) + 1
+        try:   # an opened context is acknowledged state too: it must outlive a restart
+            for listener in self.listeners:
+                listener.opened(context)
+        except BaseException:
+            del self.contexts[(owner, context_id)]
+            self.count_of[owner] -= 1
+            raise
         return context, True
 
     def get(self, owner: str, context_id: str) -> Context:
