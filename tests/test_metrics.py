@@ -5,6 +5,8 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from mcpd.client import Client
+from mcpd.daemon.request_metrics import MAX_TENANT_LABELS, OTHER_TENANTS, RequestMetrics
 from mcpd.testing import Daemon
 
 
@@ -50,15 +52,25 @@ def wait_for_counts(d, at_least: float) -> dict:
     return holder["s"]
 
 
+MOVING = ("mcpd_generation_tokens_total", "mcpd_prompt_tokens_total", "mcpd_batch_size_count",
+          "mcpd_request_duration_seconds_count", "mcpd_time_to_first_token_seconds_count")
+
+
 def test_counters_move_under_load(d):
     load(d, 4)
-    first = wait_for_counts(d, 8)
+    wait_for_counts(d, 8)
+    # Worker figures arrive with the workers' stats, every half second: wait for them too.
+    seen = {}
+
+    def all_counted() -> bool:
+        seen["first"] = scrape(d)
+        return all(total(seen["first"], n) > 0 for n in MOVING)
+    d.wait_until(all_counted, 30, "worker figures")
+    first = seen["first"]
     load(d, 4)
     second = wait_for_counts(d, 16)
     assert total(second, "mcpd_requests_total", op="generate", code="OK", **{"class": "high"}) >= 8
-    for name in ("mcpd_generation_tokens_total", "mcpd_prompt_tokens_total", "mcpd_batch_size_count",
-                 "mcpd_request_duration_seconds_count", "mcpd_time_to_first_token_seconds_count"):
-        assert total(second, name) > total(first, name) > 0, name
+    d.wait_until(lambda: all(total(scrape(d), n) > total(first, n) for n in MOVING), 30, "every counter moved")
 
 
 @pytest.mark.parametrize("name", ["mcpd_request_duration_seconds", "mcpd_time_to_first_token_seconds",
@@ -87,3 +99,16 @@ def test_gauges_of_devices_processes_and_contexts(d):
     assert ("mcpd_process_restarts_total", (("index", "0"), ("role", "worker"))) in samples
     assert ("mcpd_requests_waiting", (("class", "normal"),)) in samples
     assert not any(n.startswith("mcpd_gpu_") for n, _ in samples)   # no NVML on a CPU host
+
+
+def test_requests_are_labelled_by_tenant_with_a_bounded_label_set(d):
+    with Client(d.endpoint, tenant="alice") as client:
+        client.generate("t", max_tokens=2, ignore_eos=True)
+    d.wait_until(lambda: total(scrape(d), "mcpd_requests_total", tenant="alice", code="OK") >= 1, 30,
+                 "alice's request counted")
+    metrics = RequestMetrics("normal")   # a client may name any tenant: the labels stay bounded
+    for i in range(MAX_TENANT_LABELS + 50):
+        metrics.started(i, "ping", None, f"made-up-{i}")
+        metrics.ended(i, "OK")
+    tenants = {row[2] for row in metrics.snapshot()["finished"]}
+    assert len(tenants) == MAX_TENANT_LABELS + 1 and OTHER_TENANTS in tenants

@@ -18,6 +18,7 @@ import zmq
 from zmq.utils.monitor import parse_monitor_message
 
 from mcpd.config import Config
+from mcpd.contexts.service import tenant_of
 from mcpd.daemon import channels, child, live_config
 from mcpd.daemon.latency import LatencyWindow
 from mcpd.daemon.peers import PeerTracker
@@ -62,7 +63,7 @@ class FrontEnd:
         self.served = 0
         self.errors: dict[str, int] = {}
         self.latency = LatencyWindow()
-        self.metrics = RequestMetrics()
+        self.metrics = RequestMetrics(config.scheduler.default_class)
         self.parent_pid = os.getppid()
         self.endpoints = self._endpoints()
 
@@ -173,7 +174,7 @@ class FrontEnd:
         self.next_rid += 1
         self.pending[rid] = Pending(identity, request.envelope, request.request_id, request.op, time.monotonic())
         self.rid_of[key] = rid
-        self.metrics.started(rid, request.op, request.header.get("priority"))
+        self.metrics.started(rid, request.op, request.header.get("priority"), tenant_of(request.header))
         self.to_scheduler.send_multipart([channels.REQUEST, channels.pack_rid(rid), request.header_bytes,
                                           *request.payload])
 

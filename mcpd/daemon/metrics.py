@@ -16,7 +16,6 @@ import logging
 from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.exposition import start_http_server
 
-from mcpd.daemon.request_metrics import DEFAULT_CLASS
 
 
 def serve(supervisor, log: logging.Logger) -> str | None:
@@ -58,10 +57,10 @@ class DaemonCollector:
 
 
 def _requests(front: dict, scheduler: dict):
-    finished = CounterMetricFamily("mcpd_requests", "Requests by op, priority class and final code",
-                                   labels=["op", "class", "code"])
-    for op, cls, code, count in front.get("finished", []):
-        finished.add_metric([op, cls, code], count)
+    finished = CounterMetricFamily("mcpd_requests", "Requests by op, priority class, tenant and final code",
+                                   labels=["op", "class", "tenant", "code"])
+    for op, cls, tenant, code, count in front.get("finished", []):
+        finished.add_metric([op, cls, tenant, code], count)
     yield finished
     yield _histograms("mcpd_request_duration_seconds", "End-to-end request latency, at the front-end",
                       ["op", "class"], [(row[:2], row[2]) for row in front.get("latency", [])])
@@ -71,8 +70,7 @@ def _requests(front: dict, scheduler: dict):
                       [([cls], h) for cls, h in front.get("itl", [])])
     yield _histograms("mcpd_queue_time_seconds", "Time a request waited for a worker", [],
                       [([], scheduler["queue_time"])] if "queue_time" in scheduler else [])
-    # Until the scheduler reports its queue per class, every waiting request counts as normal.
-    waiting = scheduler.get("waiting_by_class", {DEFAULT_CLASS: scheduler.get("queue_depth", 0)})
+    waiting = {name: figures["queued"] for name, figures in scheduler.get("classes", {}).items()}
     inflight = front.get("inflight", {})
     waiting_family = GaugeMetricFamily("mcpd_requests_waiting", "Requests queued for a worker", labels=["class"])
     running_family = GaugeMetricFamily("mcpd_requests_running", "Requests admitted and not waiting in the queue",

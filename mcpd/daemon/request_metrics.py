@@ -1,5 +1,10 @@
 """Per-request figures the front-end keeps for the metrics endpoint: counts by op, priority
-class and final code, and end-to-end, time-to-first-token and inter-token latency histograms.
+class, tenant and final code, and end-to-end, time-to-first-token and inter-token latency
+histograms.
+
+Tenants label the counts (the authenticated identity once CURVE is on), but only the first
+MAX_TENANT_LABELS of them: without authentication a client can name any tenant, and each new
+label would be memory that grows with hostile input. Later ones count as "other".
 
 The front-end sees every request start and end, and every streamed chunk, so it measures them
 as a client would. Time to first token and inter-token latency exist only for streamed
@@ -17,7 +22,8 @@ import msgpack
 from mcpd.daemon import channels
 from mcpd.histogram import LATENCY_BOUNDS, Histogram
 
-DEFAULT_CLASS = "normal"   # requests that name no priority class
+MAX_TENANT_LABELS = 256
+OTHER_TENANTS = "other"
 ERROR_MARK = b"\xa4kind\xa5error"   # how msgpack spells "kind": "error" in a reply header
 
 
@@ -25,21 +31,30 @@ ERROR_MARK = b"\xa4kind\xa5error"   # how msgpack spells "kind": "error" in a re
 class Live:
     op: str
     cls: str
+    tenant: str
     started: float
     last_chunk: float | None = None
 
 
 class RequestMetrics:
-    def __init__(self):
+    def __init__(self, default_class: str):
+        self.default_class = default_class   # of requests that name no priority class
         self.live: dict[int, Live] = {}
-        self.finished: dict[tuple[str, str, str], int] = defaultdict(int)
+        self.tenants: set[str] = set()
+        self.finished: dict[tuple[str, str, str, str], int] = defaultdict(int)
         self.latency: dict[tuple[str, str], Histogram] = {}
         self.ttft: dict[str, Histogram] = {}
         self.itl: dict[str, Histogram] = {}
 
-    def started(self, rid: int, op: str, priority) -> None:
-        cls = priority if isinstance(priority, str) and priority else DEFAULT_CLASS
-        self.live[rid] = Live(op, cls, time.monotonic())
+    def started(self, rid: int, op: str, priority, tenant: str) -> None:
+        cls = priority if isinstance(priority, str) and priority else self.default_class
+        self.live[rid] = Live(op, cls, self._tenant_label(tenant), time.monotonic())
+
+    def _tenant_label(self, tenant: str) -> str:
+        if tenant not in self.tenants and len(self.tenants) >= MAX_TENANT_LABELS:
+            return OTHER_TENANTS
+        self.tenants.add(tenant)
+        return tenant
 
     def replied(self, rid: int, tag: bytes, header: bytes) -> None:
         """A chunk or the final reply of `rid` went to its client."""
@@ -60,14 +75,14 @@ class RequestMetrics:
         live = self.live.pop(rid, None)
         if live is None:
             return
-        self.finished[(live.op, live.cls, code)] += 1
+        self.finished[(live.op, live.cls, live.tenant, code)] += 1
         _histogram(self.latency, (live.op, live.cls)).observe(time.monotonic() - live.started)
 
     def snapshot(self) -> dict:
         inflight: dict[str, int] = defaultdict(int)
         for live in self.live.values():
             inflight[live.cls] += 1
-        return {"finished": [[op, cls, code, n] for (op, cls, code), n in self.finished.items()],
+        return {"finished": [[op, cls, tenant, code, n] for (op, cls, tenant, code), n in self.finished.items()],
                 "latency": [[op, cls, h.snapshot()] for (op, cls), h in self.latency.items()],
                 "ttft": [[cls, h.snapshot()] for cls, h in self.ttft.items()],
                 "itl": [[cls, h.snapshot()] for cls, h in self.itl.items()],
