@@ -242,7 +242,8 @@ class Scheduler:
             return False
         slot.jobs[job.rid] = job
         self.dispatched += 1
-        self.queue_time.observe(now - job.enqueued)
+        if not job.retries:   # a job requeued after its worker died was counted when first sent
+            self.queue_time.observe(now - job.enqueued)
         if job.class_name in self.windows:
             self.windows[job.class_name].observe((now - job.enqueued) * 1000)
         if job.context is not None:
