@@ -39,11 +39,12 @@ class HostKV:
         self.known.add(key)
         self.saved += 1
 
-    def load(self, key: bytes, block: torch.Tensor) -> bool:
-        data = self.arena.get(KV_BLOCK, key)
-        if data is None:
-            return False
+    def fetch(self, key: bytes) -> bytearray | None:
+        """The block's bytes (a hit), or None (a miss)."""
+        return self.arena.get(KV_BLOCK, key)
+
+    def place(self, key: bytes, data: bytearray, block: torch.Tensor) -> None:
+        """Copy fetched bytes into a device block."""
         block.copy_(torch.frombuffer(data, dtype=torch.uint8).view(block.dtype).view(block.shape))
         self.known.add(key)
         self.loaded += 1
-        return True

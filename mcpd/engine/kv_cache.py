@@ -108,12 +108,15 @@ class KVCache:
     def _load_from_host(self, key: bytes, run: list[int]) -> int | None:
         """A device block holding the host tier's block `key`, cached and idle; None if the host
         has no such block or no device block is spare (none of `run`, which lookup is sharing)."""
-        block = self._spare_block(run) if self.host is not None else None
+        # Fetched before a device block is taken: a miss (the usual end of a lookup) must not
+        # cost an idle cached block its place.
+        data = self.host.fetch(key) if self.host is not None else None
+        if data is None:
+            return None
+        block = self._spare_block(run)
         if block is None:
             return None
-        if not self.host.load(key, self.tensor[block]):
-            self.free_blocks.append(block)
-            return None
+        self.host.place(key, data, self.tensor[block])
         self.cached[key] = block
         self.block_hashes[block] = key
         self.idle[block] = None
