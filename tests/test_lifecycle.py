@@ -41,17 +41,17 @@ def test_sigterm_under_load_answers_everything_and_exits_0(fresh_daemon):
 
 def test_sigterm_lets_short_work_finish(fresh_daemon):
     """Streams that had begun when SIGTERM came run to their end within the grace period."""
-    d = fresh_daemon(supervisor={"stop_grace_s": 30.0})
+    d = fresh_daemon(supervisor={"stop_grace_s": 60.0})
     outcomes, started = [], threading.Semaphore(0)
 
     def one(i):
         with d.client(timeout=120) as client:
             try:
-                stream = client.generate(f"load {i}", max_tokens=1000, ignore_eos=True, stream=True)
+                stream = client.generate(f"load {i}", max_tokens=300, ignore_eos=True, stream=True)
                 for n, _ in enumerate(stream):
                     if n == 0:
                         started.release()
-                outcomes.append("ok" if stream.result.completion_tokens == 1000 else "short")
+                outcomes.append("ok" if stream.result.completion_tokens == 300 else "short")
             except MCPDError as e:
                 outcomes.append(e.code)
 
@@ -60,7 +60,8 @@ def test_sigterm_lets_short_work_finish(fresh_daemon):
         t.start()
     for _ in threads:
         assert started.acquire(timeout=60), "a stream did not start"
-    assert d.stop() == 0
+    # The launcher waits past the grace period: only the daemon decides when the streams end.
+    assert d.stop(timeout=90) == 0
     for t in threads:
         t.join(60)
     assert outcomes == ["ok"] * 4, outcomes
