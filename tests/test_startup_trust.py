@@ -16,7 +16,9 @@ import pytest
 
 from mcpd.client import Client
 from mcpd.daemon import refusal
+from mcpd.daemon.refusal import UnsafePath
 from mcpd.memory import host_segment
+from mcpd.security.trusted_path import check_placed_by_trusted_user
 from mcpd.testing import BIN, Daemon, run_as
 
 NOBODY = 65534
@@ -168,3 +170,19 @@ def test_second_daemon_on_a_taken_tcp_port_exits_with_the_reason(careless, unsta
     assert done.stderr.count("started frontend") == 1   # never restarted
     assert not host_segment.segment_path(d.runtime_dir).exists()
     assert careless.mcpctl("status", "--json").returncode == 0
+
+
+@needs_root
+def test_mcpctl_trusts_a_dir_root_handed_over_but_not_one_planted_in_a_sticky_dir(tmp_path):
+    handed = tmp_path / "handed"   # like /run/mcpd: made by root for the service's user
+    handed.mkdir(mode=0o755)
+    os.chown(handed, NOBODY, NOBODY)
+    check_placed_by_trusted_user(handed)
+    sticky = tmp_path / "tmp"
+    sticky.mkdir()
+    os.chmod(sticky, 0o1777)
+    planted = sticky / "mcpd-0"
+    planted.mkdir(mode=0o755)
+    os.chown(planted, NOBODY, NOBODY)
+    with pytest.raises(UnsafePath, match="anyone could have made it"):
+        check_placed_by_trusted_user(planted)

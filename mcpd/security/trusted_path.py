@@ -46,29 +46,23 @@ def make_private_dir(path: Path, mode: int, what: str) -> None:
 
 def check_private_dir(path: Path, what: str) -> None:
     """Raise UnsafePath unless `path` is a directory of the daemon's own."""
-    _, st, _ = _walk(path, what)
+    st = _walk(path, what, delegate=False)
     me = os.geteuid()
     if st.st_uid != me:
         raise UnsafePath(f"{what} {path} is owned by uid {st.st_uid}, not by mcpd's user (uid {me}): another "
                          f"user could plant links or sockets in it. Use a directory mcpd's user owns")
-    if st.st_mode & 0o022:
-        raise UnsafePath(f"{what} {path} is writable by {_writers(st.st_mode)} (mode {_mode(st)}): they could "
-                         f"replace mcpd's sockets and files. Make it writable by its owner alone (chmod go-w)")
+    _check_not_shared(st, what, path, "they could replace mcpd's sockets and files. Make it writable by its "
+                                      "owner alone (chmod go-w)")
 
 
 def check_placed_by_trusted_user(path: Path) -> None:
-    """mcpctl's check of a runtime dir it is about to send ops to (it may belong to another user,
-    such as the service's): nobody else may write to it, and it sits where only root or its
-    owner could have made it, so a directory planted in /tmp by somebody else is refused."""
+    """mcpctl's check of a runtime dir it is about to send ops to, which may belong to another
+    user (the service's, say): nobody but its owner may write to it, and every directory on the
+    way is root's or yours, or was handed to its owner in a directory of root's or yours that
+    nobody else may add to. So /run/mcpd (made by root for the service) passes, and a directory
+    another user planted in /tmp does not."""
     what = "runtime directory"
-    _, st, in_sticky_dir = _walk(path, what)
-    if st.st_mode & 0o022:
-        raise UnsafePath(f"{what} {path} is writable by {_writers(st.st_mode)} (mode {_mode(st)}): anyone "
-                         f"could have bound its control socket")
-    if in_sticky_dir and st.st_uid not in _trusted_uids():
-        raise UnsafePath(f"{what} {path} sits in a directory anyone may add to and is owned by uid "
-                         f"{st.st_uid}, not by you or root: anyone could have made it. Run mcpctl as "
-                         f"uid {st.st_uid}, or use a runtime directory outside such a directory")
+    _check_not_shared(_walk(path, what, delegate=True), what, path, "anyone could have bound its control socket")
 
 
 def open_private_file(path: Path, flags: int) -> int:
@@ -104,11 +98,12 @@ def _not_private(st: os.stat_result) -> str | None:
     return None
 
 
-def _walk(path: Path, what: str) -> tuple[Path, os.stat_result, bool]:
+def _walk(path: Path, what: str, delegate: bool) -> os.stat_result:
     """Resolve `path` one name at a time, checking every directory a name is looked up in and
-    every link on the way; returns the directory it leads to, its lstat, and whether the
-    directory holding it is sticky (all its ancestors were looked up in, so all were checked)."""
-    trusted = _trusted_uids()
+    every link on the way; returns the lstat of the directory it leads to. With `delegate`, a
+    directory of another user is trusted (and so is that user, further down) when it sits in a
+    trusted directory that is not sticky: only root or that directory's owner could have put it there."""
+    trusted = {0, os.geteuid()}
     names = deque(Path(os.path.abspath(path)).parts[1:])
     current, links = Path("/"), 0
     while names:
@@ -118,7 +113,7 @@ def _walk(path: Path, what: str) -> tuple[Path, os.stat_result, bool]:
         if name == "..":
             current = current.parent
             continue
-        _check_container(current, trusted, what, path)
+        holder = _check_container(current, trusted, what, path)
         candidate = current / name
         try:
             st = os.lstat(candidate)
@@ -134,9 +129,14 @@ def _walk(path: Path, what: str) -> tuple[Path, os.stat_result, bool]:
             continue
         if not stat.S_ISDIR(st.st_mode):
             raise UnsafePath(f"{what} {path}: {candidate} is not a directory")
+        if delegate and st.st_uid not in trusted:
+            if holder.st_mode & stat.S_ISVTX:
+                raise UnsafePath(f"{what} {path}: {candidate} is owned by uid {st.st_uid}, not by you or root, "
+                                 f"and sits in {current}, which anyone may add to: anyone could have made it. "
+                                 f"Run as uid {st.st_uid}, or use a runtime directory outside such a directory")
+            trusted.add(st.st_uid)
         current = candidate
-    holder = os.lstat(current.parent)
-    return current, os.lstat(current), bool(holder.st_mode & stat.S_ISVTX)
+    return os.lstat(current)
 
 
 def _check_link(link: Path, st: os.stat_result, followed: int, trusted: set[int], what: str, path: Path) -> None:
@@ -159,8 +159,9 @@ def _check_container(directory: Path, trusted: set[int], what: str, path: Path) 
     return st
 
 
-def _trusted_uids() -> set[int]:
-    return {0, os.geteuid()}
+def _check_not_shared(st: os.stat_result, what: str, path: Path, danger: str) -> None:
+    if st.st_mode & 0o022:
+        raise UnsafePath(f"{what} {path} is writable by {_writers(st.st_mode)} (mode {_mode(st)}): {danger}")
 
 
 def _writers(mode: int) -> str:
