@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from mcpd.client import Client, CurveKeys
+from mcpd.memory import host_segment
 from mcpd.security.keys import generate, read_public
 
 BIN = Path(sys.executable).parent
@@ -34,6 +35,27 @@ def toml_text(sections: dict[str, dict]) -> str:
         return json.dumps(v) if isinstance(v, (str, bool)) else repr(v)
     return "".join(f"[{name}]\n" + "".join(f"{k} = {value(v)}\n" for k, v in keys.items()) + "\n"
                    for name, keys in sections.items())
+
+
+def run_as(uid: int, gid: int, action):
+    """action() run in a forked child that dropped to `uid` and `gid` (needs root), its result
+    (JSON-able) returned through a pipe. Forked, not spawned: the venv's interpreter may not be
+    readable by that uid; `action` must touch no zmq context of this process (make its own)."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setgroups([])
+            os.setgid(gid)
+            os.setuid(uid)
+            os.write(write_end, json.dumps(action()).encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end) as result:
+        text = result.read()
+    os.waitpid(pid, 0)
+    return json.loads(text)
 
 
 class Daemon:
@@ -57,8 +79,9 @@ class Daemon:
         self.notifications: list[str] = []
         self.process: subprocess.Popen | None = None
 
-    def start(self, wait: bool = True) -> "Daemon":
-        """Start mcpd; after stop() this starts it again on the same config and state dir."""
+    def start(self, wait: bool = True, umask: int = -1) -> "Daemon":
+        """Start mcpd; after stop() this starts it again on the same config and state dir.
+        `umask` is the one mcpd starts under (-1: this process's)."""
         (self.root / "notify.sock").unlink(missing_ok=True)
         self.notifications = []
         self._notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
@@ -66,7 +89,8 @@ class Daemon:
         env = {**os.environ, "NOTIFY_SOCKET": str(self.root / "notify.sock"), "PYTHONUNBUFFERED": "1"}
         self.log_path = self.root / "mcpd.log"
         self.process = subprocess.Popen([str(BIN / "mcpd"), "--config", str(self.config_path)],
-                                        stderr=open(self.log_path, "ab"), stdout=subprocess.DEVNULL, env=env)
+                                        stderr=open(self.log_path, "ab"), stdout=subprocess.DEVNULL, env=env,
+                                        umask=umask)
         if wait:
             self.wait_for_notification("READY=1", START_TIMEOUT_S)
         return self
@@ -117,7 +141,9 @@ class Daemon:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
-    def stop(self, timeout: float = 30) -> int:
+    def stop(self, timeout: float = 30) -> int | None:
+        if self.process is None:
+            return None   # never started
         if self.process.returncode is not None:
             return self.process.returncode   # stopped already
         if self.process.poll() is None:
@@ -140,4 +166,7 @@ class Daemon:
                 return
 
     def cleanup(self) -> None:
+        """Remove what the daemon left: its directory, and its host cache segment, which only a
+        clean stop removes (a test that SIGKILLs the supervisor would leave it in /dev/shm)."""
+        host_segment.segment_path(self.runtime_dir).unlink(missing_ok=True)
         shutil.rmtree(self.root, ignore_errors=True)

@@ -14,12 +14,13 @@ def daemon():
 
 @pytest.fixture
 def fresh_daemon():
-    """A daemon of the test's own, for tests that kill or stop it."""
+    """A daemon of the test's own, for tests that kill or stop it; with started=False only its
+    config is written (for tests that start mcpd themselves, expecting it to refuse)."""
     made = []
 
-    def start(**sections):
-        made.append(Daemon(**sections).start())
-        return made[-1]
+    def start(started: bool = True, **sections):
+        made.append(Daemon(**sections))
+        return made[-1].start() if started else made[-1]
     yield start
     for d in made:
         d.stop()

@@ -1,11 +1,16 @@
 """Every mcpctl command against a real daemon: human output, --json shapes and exit codes."""
 import json
 import os
+import shutil
 import subprocess
+import tempfile
+from pathlib import Path
 
+import msgpack
 import pytest
+import zmq
 
-from mcpd.protocol import codes
+from mcpd.protocol import codes, wire
 from mcpd.protocol.codes import MCPDError
 from mcpd.testing import BIN, Daemon
 
@@ -131,3 +136,65 @@ def test_workers_list_and_restart(d):
 def test_usage_errors_exit_2(d):
     ctl(d, "contexts", code=2)
     ctl(d, "workers", "restart", "x", code=2)
+
+
+# -- talking only to a daemon it can trust, and to an older one ---------------------------------
+
+@pytest.fixture
+def stand_in(tmp_path):
+    """A control socket in a runtime dir of the test's: what an older daemon, or a stranger, binds."""
+    sock = zmq.Context.instance().socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 0)
+    runtime_dir = tmp_path / "run"
+    runtime_dir.mkdir(mode=0o700)
+    sock.bind(f"ipc://{runtime_dir}/control.ipc")
+    yield runtime_dir, sock
+    sock.close()
+
+
+def mcpctl(runtime_dir, *args) -> subprocess.Popen:
+    return subprocess.Popen([str(BIN / "mcpctl"), "--runtime-dir", str(runtime_dir), *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_version_from_a_daemon_that_reports_none(stand_in, as_json):
+    runtime_dir, sock = stand_in
+    asking = mcpctl(runtime_dir, "version", *(["--json"] if as_json else []))
+    identity, header = sock.recv_multipart()
+    request = wire.decode_header(header)
+    sock.send_multipart([identity, msgpack.packb({"v": 1, "id": request["id"], "kind": "ok", "result": {}})])
+    out, err = asking.communicate(timeout=30)
+    assert asking.returncode == 0, err
+    if as_json:
+        assert json.loads(out)["daemon"] == {}
+    else:
+        assert "mcpd unknown (protocol unknown, Python unknown)" in out
+
+
+def refused_before_sending(runtime_dir, sock, reason: str) -> None:
+    public = zmq.curve_keypair()[0].decode()
+    asking = mcpctl(runtime_dir, "keys", "allow", "--", "mallory", public)
+    _, err = asking.communicate(timeout=30)
+    assert asking.returncode == 1 and reason in err, err
+    assert not sock.poll(0)   # mcpctl has exited: anything it sent would be here already
+
+
+def test_refuses_a_runtime_dir_others_may_write(stand_in):
+    runtime_dir, sock = stand_in
+    os.chmod(runtime_dir, 0o777)
+    refused_before_sending(runtime_dir, sock, "is writable by its group and others (mode 0777)")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="planting as another user needs root (CI runs as root)")
+def test_refuses_a_runtime_dir_another_user_planted_in_tmp():
+    planted = Path(tempfile.mkdtemp(prefix="mcpd-planted-", dir="/tmp"))
+    sock = zmq.Context.instance().socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        sock.bind(f"ipc://{planted}/control.ipc")
+        os.chown(planted, 65534, 65534)
+        refused_before_sending(planted, sock, "anyone could have made it")
+    finally:
+        sock.close()
+        shutil.rmtree(planted)

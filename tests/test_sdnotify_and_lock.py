@@ -16,7 +16,7 @@ def test_second_instance_on_same_runtime_dir_refuses(daemon):
     done = subprocess.run([str(BIN / "mcpd"), "--config", str(daemon.config_path)],
                           capture_output=True, text=True, timeout=30)
     assert done.returncode == 1
-    assert "already runs on runtime directory" in done.stderr
+    assert "already uses runtime directory" in done.stderr
     assert daemon.client().ping()["pong"] is True   # the first one is untouched
 
 

@@ -2,6 +2,7 @@
 CURVE on (tcp clients need an allowed key; ipc clients are the tenant "uid:<uid>")."""
 import json
 import os
+import stat
 import time
 
 import msgpack
@@ -17,7 +18,7 @@ from mcpd.protocol.codes import MCPDError
 from mcpd.security import keys
 from mcpd.security.gate import Gate
 from mcpd.security.peer import PeerCred, is_admin, parse_peer_address
-from mcpd.testing import Daemon
+from mcpd.testing import Daemon, run_as
 
 ADMIN_GROUP = "daemon"
 REFUSED_WAIT_S = 3   # a refused handshake never answers; this is how long we give it
@@ -90,6 +91,93 @@ def test_revoked_key_is_refused_after_reload(secure):
         assert refused(again)
 
 
+def new_key_for(secure, name: str, directory) -> CurveKeys:
+    """A fresh key pair allowed as NAME, replacing whatever key NAME had."""
+    public, secret = keys.generate(directory, name)
+    done = secure.mcpctl("keys", "allow", "--", name, public)
+    assert done.returncode == 0, done.stderr
+    return CurveKeys(keys.read_public(secure.root / "state/keys/server.key"), public, secret)
+
+
+def unauthorized(client: Client) -> bool:
+    with pytest.raises(MCPDError) as raised:
+        client.ping()
+    return raised.value.code == codes.UNAUTHORIZED
+
+
+def test_a_names_new_key_shuts_out_the_old_keys_connection(secure, tmp_path):
+    with secure.client(curve=new_key_for(secure, "frank", tmp_path / "old")) as old:
+        assert old.ping()["pong"]
+        with secure.client(curve=new_key_for(secure, "frank", tmp_path / "new")) as new:
+            # Its handshake succeeding shows the front-end has read the new key set.
+            assert new.call("context.open", {"id": "franks"})["created"] is True
+            assert unauthorized(old)
+            assert [c["id"] for c in new.call("context.list", {})["contexts"]] == ["franks"]
+
+
+def test_a_revoked_key_is_not_served_again_when_its_name_returns_with_another_key(secure, tmp_path):
+    with secure.client(curve=new_key_for(secure, "grace", tmp_path / "old")) as old:
+        old.call("context.open", {"id": "graces"})
+        assert secure.mcpctl("keys", "revoke", "grace").returncode == 0
+        with secure.client(curve=new_key_for(secure, "grace", tmp_path / "new")) as new:
+            assert new.ping()["pong"]
+            assert unauthorized(old)
+            assert [c["id"] for c in new.call("context.list", {})["contexts"]] == ["graces"]
+
+
+def test_one_key_is_one_tenant(secure, tmp_path):
+    public, _ = keys.generate(tmp_path, "heidi")
+    assert secure.mcpctl("keys", "allow", "heidi", str(tmp_path / "heidi.key")).returncode == 0
+    assert secure.mcpctl("keys", "allow", "heidi", str(tmp_path / "heidi.key")).returncode == 0   # same: fine
+    taken = control_op(secure, "keys.allow", {"name": "ivan", "public_key": public})
+    assert taken["code"] == codes.CONFLICT and "already allowed as 'heidi'" in taken["message"]
+
+
+UNDECODABLE = "#" * 40   # Z85 characters, but 84 * (85^4 + ... + 1) >= 2^32: no 32 bytes
+
+
+def test_an_undecodable_key_is_refused_with_its_reason(secure):
+    done = secure.mcpctl("keys", "allow", "x", UNDECODABLE)
+    assert done.returncode == 1 and "does not decode to 32 bytes" in done.stderr
+    refused = control_op(secure, "keys.allow", {"name": "x", "public_key": UNDECODABLE})
+    assert refused["code"] == codes.BAD_REQUEST and "does not decode to 32 bytes" in refused["message"]
+    assert "x" not in [entry["name"] for entry in json.loads(secure.mcpctl("keys", "list", "--json").stdout)["allowed"]]
+
+
+def test_bad_entries_on_disk_are_skipped_and_break_nobody(secure, alice, tmp_path):
+    allowed = secure.root / "state/keys/allowed"
+    planted = {"hash.key": lambda p: p.write_text(f'curve\n    public-key = "{UNDECODABLE}"\n'),
+               "fifo.key": os.mkfifo,   # reading it would block the front-end forever
+               "huge.key": lambda p: p.write_bytes(b"x" * (1 << 20)),
+               "latin.key": lambda p: p.write_bytes(b"\xff\xfe" * 20),
+               "link.key": lambda p: p.symlink_to(secure.root / "state/keys/server.key")}
+    try:
+        for name, make in planted.items():
+            make(allowed / name)
+        with secure.client(curve=new_key_for(secure, "judy", tmp_path)) as judy:   # read after the bad ones
+            assert judy.ping()["pong"]
+        assert alice.ping()["pong"]
+        for name in planted:
+            assert f"allowed key file {allowed / name} skipped" in secure.log(), name
+        listed = json.loads(secure.mcpctl("keys", "list", "--json").stdout)["allowed"]
+        assert not {entry["name"] for entry in listed} & {"hash", "fifo", "huge", "latin", "link"}
+    finally:
+        for name in planted:
+            (allowed / name).unlink()
+
+
+def control_op(daemon: Daemon, op: str, args: dict) -> dict:
+    """One control op sent as it is (mcpctl checks some arguments before sending); its reply."""
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(f"ipc://{daemon.runtime_dir}/control.ipc")
+    sock.send(msgpack.packb({"v": 1, "op": op, "id": 1, "args": args}))
+    assert sock.poll(20000)
+    reply = msgpack.unpackb(sock.recv(), raw=False)
+    sock.close()
+    return reply
+
+
 def test_no_zap_handler_means_refusal(secure, tmp_path):
     """Fail closed: the socket set up as the front-end does, with its handler gone, admits no one."""
     context = zmq.Context()
@@ -142,26 +230,9 @@ def test_ipc_clients_are_their_uid(secure, alice):
 # -- the control socket -------------------------------------------------------------------------
 
 def control_as(daemon: Daemon, uid: int, gid: int) -> dict:
-    """The answers to control ops status and keys.list, asked from a process with this uid and gid.
-
-    A forked child (the venv's interpreter may not be readable by that uid) that drops its
-    privileges before it touches zmq, in a zmq context of its own.
-    """
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.setgroups([])
-            os.setgid(gid)
-            os.setuid(uid)
-            os.write(write_end, json.dumps(_control_answers(daemon.runtime_dir / "control.ipc")).encode())
-        finally:
-            os._exit(0)
-    os.close(write_end)
-    with os.fdopen(read_end) as answers:
-        text = answers.read()
-    os.waitpid(pid, 0)
-    return json.loads(text)
+    """The answers to control ops status and keys.list, asked from a process with this uid and gid
+    (it drops its privileges before it touches zmq, in a zmq context of its own)."""
+    return run_as(uid, gid, lambda: _control_answers(daemon.runtime_dir / "control.ipc"))
 
 
 def _control_answers(path) -> dict:
@@ -251,6 +322,33 @@ def test_bad_key_names_and_keys_are_refused(secure):
                  ["keys", "allow", "ok", "tooshort"]):
         done = secure.mcpctl(*args)
         assert done.returncode != 0 and done.stderr, args
+
+
+def test_a_key_under_two_names_on_disk_allows_neither(tmp_path):
+    store = keys.KeyStore(tmp_path)
+    store.ensure_server_keys()
+    public, _ = keys.generate(tmp_path / "clients", "kim")
+    other, _ = keys.generate(tmp_path / "clients", "lee")
+    store.allow("kim", public)
+    store.allow("lee", other)
+    (store.allowed_dir / "kim2.key").write_text(f'curve\n    public-key = "{public}"\n')   # by hand
+    assert store.allowed() == {other: "lee"}
+
+
+@pytest.mark.parametrize("umask", [0o000, 0o777])
+def test_key_files_get_their_modes_whatever_the_umask(tmp_path, umask):
+    public, _ = keys.generate(tmp_path / "clients", "kim")
+    old = os.umask(umask)
+    try:
+        store = keys.KeyStore(tmp_path / "keys")
+        store.ensure_server_keys()
+        store.allow("kim", public)
+    finally:
+        os.umask(old)
+    modes = {path.relative_to(tmp_path / "keys").as_posix(): stat.S_IMODE(path.stat().st_mode)
+             for path in [tmp_path / "keys", *(tmp_path / "keys").rglob("*")]}
+    assert modes == {".": 0o700, "allowed": 0o700, "allowed/kim.key": 0o600,
+                     "server.key": 0o644, "server.key_secret": 0o600}
 
 
 def test_spoofed_tenant_header_bytes_are_not_forwarded(secure, bob):

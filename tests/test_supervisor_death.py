@@ -1,15 +1,39 @@
-"""The supervisor dying (SIGKILL, no chance to clean up) takes every child with it."""
+"""The supervisor dying (SIGKILL, no chance to clean up) takes every child with it, and what it
+could not clean up (its host cache segment in /dev/shm) is reclaimed: by its next start on the
+same runtime dir, and by the test's cleanup."""
 import os
 import signal
 
 import psutil
 
+from mcpd.memory import host_segment
 
-def test_sigkill_supervisor_leaves_no_orphans(fresh_daemon):
-    d = fresh_daemon()
+
+def kill_supervisor(d) -> None:
     children = [psutil.Process(p["pid"]) for p in d.status()["processes"] if p["role"] != "supervisor"]
     assert len(children) == 3
     os.kill(d.process.pid, signal.SIGKILL)
     d.process.wait(10)
     gone, alive = psutil.wait_procs(children, timeout=5)
     assert not alive, f"children outlived the supervisor: {[p.pid for p in alive]}"
+
+
+def test_sigkill_supervisor_leaves_no_orphans(fresh_daemon):
+    kill_supervisor(fresh_daemon())
+
+
+def test_a_killed_daemons_segment_is_reclaimed_by_its_next_start_and_by_cleanup(fresh_daemon):
+    d = fresh_daemon()
+    segment = host_segment.segment_path(d.runtime_dir)
+    kill_supervisor(d)
+    stale = os.open(segment, os.O_RDONLY)
+    try:
+        d.start()   # same runtime dir: the stale segment is its own, and replaced
+        assert os.fstat(stale).st_nlink == 0 and segment.exists()
+    finally:
+        os.close(stale)
+    with d.client() as client:
+        assert client.ping()["pong"] is True
+    kill_supervisor(d)
+    d.cleanup()
+    assert not segment.exists()

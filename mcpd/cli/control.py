@@ -1,7 +1,12 @@
 """How mcpctl reaches the daemon: find its runtime directory, call an op on the control socket.
 
 Exit codes (every command): 0 done (status: healthy), 1 failed (status: unhealthy; the daemon
-refused the op), 2 usage error, 3 daemon not reachable, 4 timed out waiting (--wait).
+refused the op; the runtime dir is not safe to talk to), 2 usage error, 3 daemon not reachable,
+4 timed out waiting (--wait).
+
+Before it sends anything, mcpctl checks the runtime dir as the daemon does (trusted_path.py):
+an op such as `keys allow` must never go to a control socket someone else planted, e.g. in a
+/tmp/mcpd-<uid> that another user made first.
 """
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ from mcpd import config as config_module
 from mcpd.client.replies import result_of
 from mcpd.daemon import channels
 from mcpd.protocol import wire
+from mcpd.security.trusted_path import check_placed_by_trusted_user
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_TIMEOUT = 0, 1, 2, 3, 4
 SYSTEM_RUNTIME_DIR = Path("/run/mcpd")
@@ -49,6 +55,7 @@ def call(args, op: str, op_args: dict | None = None, timeout_s: float | None = N
     timeout_s = timeout_s if timeout_s is not None else (args.timeout or CALL_TIMEOUT_S)
     if not (runtime_dir / "control.ipc").exists():
         raise Unreachable(f"no control socket at {runtime_dir / 'control.ipc'}: is mcpd running?")
+    check_placed_by_trusted_user(runtime_dir)
     context = zmq.Context()
     sock = context.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)

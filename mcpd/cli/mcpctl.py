@@ -10,12 +10,13 @@ import sys
 
 from mcpd.cli import contexts, control, keys, lifecycle, status, workers
 from mcpd.config import ConfigError
+from mcpd.daemon.refusal import UnsafePath
 from mcpd.protocol.codes import MCPDError
 from mcpd.security.keys import BadKey
 
 COMMAND_GROUPS = (status, workers, contexts, lifecycle, keys)
-EPILOG = """exit codes: 0 done (status: healthy), 1 failed (status: unhealthy, or the daemon refused
-the op), 2 usage error, 3 daemon not reachable, 4 timed out waiting (--wait).
+EPILOG = """exit codes: 0 done (status: healthy), 1 failed (status: unhealthy, the daemon refused
+the op, or the runtime directory is not safe to talk to), 2 usage error, 3 daemon not reachable, 4 timed out waiting (--wait).
 The daemon is found by --runtime-dir, $MCPD_RUNTIME_DIR, the config's server.runtime_dir, or /run/mcpd."""
 
 
@@ -48,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     except control.TimedOut as e:
         print(f"mcpctl: {e}", file=sys.stderr)
         return control.EXIT_TIMEOUT
-    except (MCPDError, ConfigError, BadKey, OSError) as e:
+    except (MCPDError, ConfigError, BadKey, UnsafePath, OSError) as e:
         print(f"mcpctl: {e}", file=sys.stderr)
         return control.EXIT_FAILED
 

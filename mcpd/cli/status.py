@@ -91,7 +91,12 @@ def cmd_version(args) -> int:
         why = str(e)
         emit(args, {**mine, "daemon": None}, lambda _: f"mcpctl {mcpd.__version__}\nmcpd: {why}")
         return control.EXIT_UNREACHABLE
-    emit(args, {**mine, "daemon": daemon},
-         lambda _: f"mcpctl {mcpd.__version__}\nmcpd {daemon['version']} (protocol {daemon['protocol']}, "
-                   f"Python {daemon['python']})")
+    emit(args, {**mine, "daemon": daemon}, lambda _: f"mcpctl {mcpd.__version__}\n{render_daemon_version(daemon)}")
     return control.EXIT_OK
+
+
+def render_daemon_version(daemon) -> str:
+    """The daemon's versions; a field the reply lacks (an older or foreign daemon) is "unknown"."""
+    fields = daemon if isinstance(daemon, dict) else {}
+    version, protocol, python = (fields.get(key, "unknown") for key in ("version", "protocol", "python"))
+    return f"mcpd {version} (protocol {protocol}, Python {python})"

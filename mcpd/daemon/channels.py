@@ -1,7 +1,10 @@
 """The internal sockets between mcpd's processes and the tags of the messages on them.
 
-All of them are ipc sockets in the runtime directory (private to the daemon's uid), so
-internal messages are trusted: the front-end has already validated what came from clients.
+All of them are ipc sockets in the runtime directory, each mode 0600 (whatever the umask): only
+the daemon's uid (and root) can connect, so internal messages are trusted: the front-end has
+already validated what came from clients. The supervisor runs every process under umask 0077, so
+a socket file is born owner-only and then given its mode; there is no moment others could
+connect. The client and control sockets have their own, deliberate modes (gate.py, peer.py).
 
     client ─ROUTER(client.ipc, tcp)─▶ front-end ─PUSH(sched.ipc)─▶ scheduler ─ROUTER(workers.ipc)─▶ worker
     front-end ◀─PULL(frontend.ipc)──────────────────────────────────────────────────── worker (PUSH)
@@ -37,6 +40,7 @@ STARTED says a stream sent its first chunk, so the request is no longer safe to 
 """
 from __future__ import annotations
 
+import os
 import struct
 from pathlib import Path
 
@@ -56,6 +60,8 @@ SCHEDULER_LOST = b"SCHED_LOST"
 ADMIN = b"ADMIN"
 RELOAD = b"RELOAD"
 RESUME = b"RESUME"
+
+INTERNAL_SOCKET_MODE = 0o600
 
 _RID = struct.Struct(">Q")
 pack_rid = _RID.pack
@@ -90,9 +96,19 @@ def internal_socket(context: zmq.Context, runtime_dir: Path, kind: int, name: st
     not send when closed (a dead peer must not hold a restarting process up)."""
     sock = context.socket(kind)
     sock.setsockopt(zmq.LINGER, 0)
-    address = endpoint(runtime_dir, name)
-    sock.bind(address) if bind else sock.connect(address)
+    if bind:
+        bind_ipc(sock, runtime_dir / name, INTERNAL_SOCKET_MODE)
+    else:
+        sock.connect(endpoint(runtime_dir, name))
     return sock
+
+
+def bind_ipc(sock: zmq.Socket, path: Path, mode: int) -> None:
+    """Bind an ipc endpoint and give its socket file exactly `mode` (connecting needs write
+    permission on it). The runtime dir is the daemon's alone (trusted_path.py), so the path
+    cannot be swapped between the bind and the chmod."""
+    sock.bind(f"ipc://{path}")
+    os.chmod(path, mode)
 
 
 def endpoint(runtime_dir: Path, name: str) -> str:

@@ -1,18 +1,27 @@
-"""What every child process does first, and how it reports to the supervisor."""
+"""What every child process does first, and how it reports to the supervisor.
+
+A child that cannot start for a reason a restart will not fix (its tcp port taken, an address
+not on this host) calls refuse_start: it reports the reason, then exits with EXIT_REFUSED, and
+the supervisor stops the daemon with that reason instead of restarting the child forever.
+"""
 from __future__ import annotations
 
 import ctypes
 import logging
 import os
 import signal
+import typing
 
 import msgpack
 import zmq
 
 from mcpd.config import Config
 from mcpd.daemon import channels, log
+from mcpd.daemon.refusal import StartRefused
 
 PR_SET_PDEATHSIG = 1
+EXIT_REFUSED = 78   # EX_CONFIG in sysexits.h; any other exit status means "restart me"
+REPORT_LINGER_MS = 1000
 
 
 def start(role: str, config: Config) -> logging.Logger:
@@ -63,3 +72,14 @@ class EventReporter:
             self.socket.send(msgpack.packb(message), zmq.NOBLOCK)
         except zmq.Again:
             pass  # supervisor busy or gone: stats are periodic, the next one will do
+
+
+def refuse_start(config: Config, role: str, refusal: StartRefused, index: int = 0) -> typing.NoReturn:
+    """Report why this child cannot start (a "refused" event with the refusal's exit status),
+    then exit with EXIT_REFUSED. The event is delivered before the exit (the context's linger),
+    so the supervisor has the reason by the time it reaps the child."""
+    logging.getLogger(f"mcpd.{role}").error("cannot start: %s", refusal)
+    context = zmq.Context()
+    EventReporter(context, config, role, index).send("refused", reason=str(refusal), status=refusal.exit_status)
+    context.destroy(linger=REPORT_LINGER_MS)
+    raise SystemExit(EXIT_REFUSED)   # multiprocessing turns it into the exit status

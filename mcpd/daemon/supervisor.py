@@ -1,5 +1,12 @@
 """`mcpd`: the supervisor. Loads the config, spawns and watches the children, talks to systemd,
 drains and stops on SIGTERM/SIGINT, and answers `mcpctl` on the control socket.
+
+Start-up is where the daemon claims its places, and refuses (refusal.py: exit status and reason
+on stderr) rather than share or trust them blindly: it runs under umask 0077 whatever it was
+started with, so nothing it or its children create is ever more open than owner-only unless
+given a mode on purpose; the runtime and state directories must be its own (trusted_path.py);
+each is locked for its lifetime (instance_lock.py). A child that exits with child.EXIT_REFUSED
+(its tcp port taken, say) is not restarted: the daemon stops with that child's reason.
 """
 from __future__ import annotations
 
@@ -16,19 +23,25 @@ import zmq
 import mcpd
 from mcpd import config as config_module
 from mcpd.config import Config, ConfigError
-from mcpd.daemon import channels, frontend, log, metrics, scheduler, worker
+from mcpd.daemon import channels, child as children, frontend, log, metrics, refusal, scheduler, worker
 from mcpd.daemon.admin import Admin
-from mcpd.daemon.instance_lock import AlreadyRunning, InstanceLock
-from mcpd.daemon.process_table import ChildSpec, ProcessTable
+from mcpd.daemon.instance_lock import InstanceLock
+from mcpd.daemon.process_table import Child, ChildSpec, ProcessTable
+from mcpd.daemon.refusal import StartRefused
 from mcpd.daemon.sdnotify import SystemdNotifier
 from mcpd.memory import host_segment
 from mcpd.protocol import wire
 from mcpd.protocol.codes import MCPDError
 from mcpd.security import peer as peers
 from mcpd.security.keys import KeyStore
+from mcpd.security.trusted_path import make_private_dir
 
 DEFAULT_CONFIG = "/etc/mcpd/mcpd.toml"
 LOOP_POLL_MS = 200
+DAEMON_UMASK = 0o077
+PRIVATE_DIR_MODE = 0o700
+REACHABLE_DIR_MODE = 0o711    # others may reach client.ipc / control.ipc by name, not list the dir
+REFUSAL_REPORT_WAIT_S = 1.0   # a refusing child's reason is sent before it exits; this bounds the wait
 NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")
 
 
@@ -56,6 +69,8 @@ class Supervisor:
         self.drained = False
         self.announced_ready = False
         self.reload_requested = False
+        self.refusal: StartRefused | None = None
+        self.refusal_reports: dict[tuple[str, int, int], dict] = {}   # (role, index, pid) -> event
         self.last_watchdog = 0.0
         devices = worker_devices(config)
         self.devices = devices
@@ -70,9 +85,14 @@ class Supervisor:
     # -- start ----------------------------------------------------------------------------------
 
     def prepare(self) -> None:
-        runtime_dir = self.config.runtime_dir
-        runtime_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
-        InstanceLock(runtime_dir).acquire()
+        runtime_dir, state_dir = self.config.runtime_dir, self.config.state_dir
+        # Others need to reach client.ipc (CURVE: every local user) or control.ipc (admin group).
+        reachable = self.config.curve or self.admin_gid is not None
+        make_private_dir(runtime_dir, REACHABLE_DIR_MODE if reachable else PRIVATE_DIR_MODE,
+                         "runtime directory (server.runtime_dir)")
+        InstanceLock(runtime_dir, "runtime directory", "server.runtime_dir").acquire()
+        make_private_dir(state_dir, PRIVATE_DIR_MODE, "state directory (server.state_dir)")
+        InstanceLock(state_dir, "state directory", "server.state_dir").acquire()
         if self.config.cache.enabled:   # after the lock: a stale segment is ours to replace
             host_segment.create(self.config)
         if self.config.curve:   # made here, so a keys dir we cannot write stops the start, clearly
@@ -81,16 +101,11 @@ class Supervisor:
             except OSError as e:
                 raise ConfigError(f"security.keys_dir {self.config.keys_dir}: {e}") from None
         self.context = zmq.Context()
-        self.events = self.context.socket(zmq.PULL)
-        self.events.bind(channels.endpoint(runtime_dir, "events.ipc"))
+        self.events = channels.internal_socket(self.context, runtime_dir, zmq.PULL, "events.ipc", bind=True)
         self.control = self.context.socket(zmq.ROUTER)
         self.control.setsockopt(zmq.MAXMSGSIZE, 1 << 20)
         control_path = runtime_dir / "control.ipc"
-        old_umask = os.umask(0o177)   # the socket file is born owner-only: no window for others
-        try:
-            self.control.bind(channels.control_endpoint(runtime_dir))
-        finally:
-            os.umask(old_umask)
+        channels.bind_ipc(self.control, control_path, peers.CONTROL_SOCKET_MODE)
         peers.restrict_control_socket(control_path, self.admin_gid)
         self.to_scheduler = self._push("sched.ipc")
         self.to_frontend = self._push("frontend.ipc")
@@ -124,6 +139,9 @@ class Supervisor:
 
     def _watch_children(self) -> None:
         self.table.kill_stuck()
+        refused = self._refused_child()
+        if refused is not None:
+            return self._stop_refused(refused)
         for child in self.table.reap():
             if child.spec.role == "worker":
                 lost = {"index": child.spec.index, "pid": child.process.pid}
@@ -137,6 +155,23 @@ class Supervisor:
         self.admin.expire()
         self._announce_readiness()
         self._feed_watchdog()
+
+    def _refused_child(self) -> Child | None:
+        """A child that exited saying a restart would not help (child.refuse_start), not yet reaped."""
+        return next((c for c in self.table.children if c.process is not None and c.restart_at is None
+                     and not c.alive and c.process.exitcode == children.EXIT_REFUSED), None)
+
+    def _stop_refused(self, child: Child) -> None:
+        key = (child.spec.role, child.spec.index, child.process.pid)
+        deadline = time.monotonic() + REFUSAL_REPORT_WAIT_S
+        while key not in self.refusal_reports and time.monotonic() < deadline:
+            if self.events.poll(LOOP_POLL_MS):
+                channels.drain(self.events, self._on_event)
+        report = self.refusal_reports.get(key, {"reason": "no reason reported; its log line above says why"})
+        self.refusal = refusal.by_status(report.get("status"))(f"{child.spec.name} cannot start: {report['reason']}")
+        self.log.error("%s; not restarting it, stopping", self.refusal)
+        self.notifier.notify(STATUS=str(self.refusal))
+        self.stopping = True
 
     def _announce_readiness(self) -> None:
         if not self.announced_ready and self.table.all_ready():
@@ -155,10 +190,13 @@ class Supervisor:
 
     def _on_event(self, frames: list[bytes]) -> None:
         event = msgpack.unpackb(frames[0], raw=False)
+        kind = event.pop("event")
+        if kind == "refused":   # read after the child is gone: kept by incarnation
+            self.refusal_reports[(event["role"], event["index"], event.get("pid"))] = event
+            return
         child = self.table.find(event["role"], event["index"])
         if child is None or not child.alive or child.process.pid != event.get("pid"):
             return   # from an incarnation that is gone
-        kind = event.pop("event")
         if kind == "ready":
             child.ready = True
             self.log.info("%s ready", child.spec.name)
@@ -223,6 +261,8 @@ class Supervisor:
         host_segment.unlink(self.config)
         self.context.destroy(linger=0)
         self.log.info("stopped")
+        if self.refusal is not None:
+            raise self.refusal
         return 0
 
 
@@ -231,15 +271,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", help=f"TOML config file (default: {DEFAULT_CONFIG} if present, else built-in defaults)")
     parser.add_argument("--version", action="version", version=f"mcpd {mcpd.__version__}")
     args = parser.parse_args(argv)
+    os.umask(DAEMON_UMASK)   # whatever umask we were started with; children inherit it
     path = args.config or (DEFAULT_CONFIG if os.path.exists(DEFAULT_CONFIG) else None)
     try:
         config = config_module.load(path)
         supervisor = Supervisor(config, path)
         supervisor.prepare()
-    except (ConfigError, AlreadyRunning) as e:
+        return supervisor.run()
+    except ConfigError as e:
         print(f"mcpd: {e}", file=sys.stderr)
-        return 2 if isinstance(e, ConfigError) else 1
-    return supervisor.run()
+        return refusal.CONFIG
+    except StartRefused as e:
+        print(f"mcpd: {e}", file=sys.stderr)
+        return e.exit_status
 
 
 if __name__ == "__main__":

@@ -10,10 +10,12 @@ import fcntl
 import os
 from pathlib import Path
 
+from mcpd.security.trusted_path import open_private_file
+
 
 class FileLock:
     def __init__(self, path: Path):
-        self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        self.fd = open_private_file(path, os.O_RDWR | os.O_CREAT)   # 0600, never through a link
 
     def __enter__(self) -> None:
         fcntl.flock(self.fd, fcntl.LOCK_EX)

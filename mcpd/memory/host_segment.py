@@ -4,17 +4,23 @@ The supervisor creates it in prepare() (replacing one a SIGKILLed daemon left be
 unlinks it at shutdown; every child opens it by the same name. The name is derived from the
 runtime directory, which identifies the daemon (one per runtime dir, held by its instance lock),
 so nothing needs passing around; /dev/shm is POSIX shared memory on Linux (tmpfs). Its lock
-file sits in the runtime directory, which only the daemon's uid can enter.
+file sits in the runtime directory, which only the daemon's uid can enter. The segment is mode
+0600 whatever the umask. A segment left by a daemon that was SIGKILLed is replaced at the next
+start on the same runtime dir (and mcpd.testing's Daemon.cleanup removes its own); one that
+another user put in its place (/dev/shm is sticky: we may not remove it) refuses the start.
 """
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
 from mcpd.config import Config
+from mcpd.daemon.refusal import UnsafePath
 from mcpd.memory.shm_arena import ShmArena
 
 SHM_DIR = Path("/dev/shm")
+SEGMENT_MODE = 0o600
 CONTEXT = 1     # entry kinds: a snapshot of a context, keyed by (owner, id)
 KV_BLOCK = 2    # a full KV block, keyed by its chain hash (namespaced by tenant)
 CONTEXT_DELTA = 3   # one committed version of a context past its snapshot, keyed by (owner, id, version)
@@ -30,8 +36,15 @@ def lock_path(runtime_dir: Path) -> Path:
 
 
 def create(config: Config) -> ShmArena:
-    return ShmArena.create(segment_path(config.runtime_dir), lock_path(config.runtime_dir),
-                           config.cache.bytes, config.cache.page_bytes)
+    path = segment_path(config.runtime_dir)
+    try:
+        arena = ShmArena.create(path, lock_path(config.runtime_dir), config.cache.bytes, config.cache.page_bytes)
+    except (PermissionError, FileExistsError):
+        owner = path.lstat().st_uid if os.path.lexists(path) else "unknown"
+        raise UnsafePath(f"host cache segment {path}: a file of uid {owner} is in its place and mcpd may not "
+                         f"replace it; remove it, or set cache.enabled = false") from None
+    os.chmod(path, SEGMENT_MODE)   # created O_EXCL by us a moment ago, in a sticky directory
+    return arena
 
 
 def attach(config: Config) -> ShmArena | None:

@@ -22,6 +22,8 @@ from mcpd.protocol import codes
 from mcpd.protocol.codes import MCPDError
 
 READ_ONLY_CONTROL_OPS = frozenset({"ping", "status"})   # every other op, present or future, is privileged
+CONTROL_SOCKET_MODE = 0o600
+CONTROL_SOCKET_GROUP_MODE = 0o660
 
 
 @dataclass(frozen=True)
@@ -76,9 +78,7 @@ def authorize_control(op: str, peer: PeerCred | None, group_gid: int | None) -> 
 
 
 def restrict_control_socket(path: Path, group_gid: int | None) -> None:
-    """Owner-only, or owner and admin group (the socket is born 0600 under umask 0o177)."""
-    if group_gid is None:
-        os.chmod(path, 0o600)
-    else:
+    """Owner-only, or owner and admin group (bound owner-only first: channels.bind_ipc)."""
+    if group_gid is not None:
         os.chown(path, -1, group_gid)
-        os.chmod(path, 0o660)
+        os.chmod(path, CONTROL_SOCKET_GROUP_MODE)
