@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mcpd.memory.shm_arena import PER_PAGE_OVERHEAD, ArenaFull, ShmArena
+from mcpd.memory.shm_arena import ArenaFull, ShmArena
+from mcpd.memory.shm_layout import Layout
 
 PAGE = 4096
 KV, CTX = 2, 1
@@ -25,11 +26,12 @@ def key(name) -> bytes:
 def make_arena(tmp_path):
     made = []
 
-    def make(pages: int, half_life: float | None = None) -> ShmArena:
+    def make(pages: int, half_life: float | None = None, slots: int | None = None) -> ShmArena:
+        """An arena of exactly `pages` pages and `slots` entries (as many as pages unless given)."""
         path = Path("/dev/shm") / f"mcpd-test-{uuid.uuid4().hex[:12]}"
         made.append(path)
-        return ShmArena.create(path, tmp_path / "cache.lock", 3 * PAGE + pages * (PAGE + PER_PAGE_OVERHEAD),
-                               PAGE, half_life)
+        slots = slots or pages
+        return ShmArena.create(path, tmp_path / "cache.lock", Layout(slots, pages, PAGE).size, PAGE, half_life, slots)
     yield make
     for path in made:
         path.unlink(missing_ok=True)
@@ -153,7 +155,7 @@ def test_lock_holder_killed_mid_update_frees_the_lock_and_repairs_the_index(make
     arena = make_arena(16)
     arena.put(KV, key("kept"), [b"k" * (3 * PAGE)])
     # Killed inside the lock after marking pages used for an entry it never recorded.
-    child = in_child(arena, "arena._locked().__enter__()\narena.used[5:9] = 1\n"
+    child = in_child(arena, "arena._locked().__enter__()\narena.page_kind[5:9] = 1\n"
                             "print('ready', flush=True)\ntime.sleep(60)")
     kill(child)
     stats = within(10, arena.stats)
