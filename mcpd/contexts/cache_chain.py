@@ -24,9 +24,12 @@ class CacheChain:
     deltas: dict[int, tuple[int, int]] = field(default_factory=dict)   # version -> (weight, footprint)
 
     def wants_snapshot(self, weight: int, context_bytes: int) -> bool:
-        """Whether the commit of a delta of this weight should write a snapshot instead."""
-        return (len(self.deltas) >= MAX_DELTAS
-                or sum(w for w, _ in self.deltas.values()) + weight > SNAPSHOT_FRACTION * context_bytes)
+        """Whether the commit of a delta of this weight should write a snapshot instead. The
+        context's size is what it holds, or what its snapshot took if more: a context of many
+        scalars holds 8 bytes a field but its snapshot also names each, and measured against the
+        8 bytes every delta would look heavy and every commit would write a whole snapshot."""
+        size = max(context_bytes, self.snapshot_footprint)
+        return len(self.deltas) >= MAX_DELTAS or sum(w for w, _ in self.deltas.values()) + weight > SNAPSHOT_FRACTION * size
 
     @property
     def footprint(self) -> int:

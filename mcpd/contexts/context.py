@@ -74,10 +74,10 @@ class Context:
         (self.version, self.fields, self.changed_at, self.deleted_at, self.token_count_at,
          self.tokens_rewritten_at, self.nbytes, self.changed_now, self.deleted_now) = saved
 
-    def commit(self, fields: dict, changed: set[str], deleted: set[str]) -> None:
-        """Install a validated new state as the next version."""
+    def commit(self, fields: dict, changed: set[str], deleted: set[str], nbytes: int | None = None) -> None:
+        """Install a validated new state as the next version (of nbytes, when the caller knows)."""
         old_count = len(self.tokens)
-        self.nbytes = self.nbytes_after(fields, changed | deleted)
+        self.nbytes = self.nbytes_after(fields, changed | deleted) if nbytes is None else nbytes
         self.changed_now, self.deleted_now = changed - deleted, set(deleted)
         self.version += 1
         self.fields = fields

@@ -78,8 +78,8 @@ class ContextCache:
         key = _key(context.owner, context.id)
         parts, weight = cached_delta.encode(context, changes)
         chain = self.chains.get(key)
-        if chain is not None and not chain.wants_snapshot(weight, context.nbytes):
-            footprint = self.arena.footprint(_size(parts))
+        footprint = self.arena.footprint(_size(parts))
+        if chain is not None and self._worth_a_delta(chain, footprint) and not chain.wants_snapshot(weight, context.nbytes):
             if self._within_share(context.owner, Usage(footprint, 1)):
                 self._put(CONTEXT_DELTA, _delta_key(key, context.version), parts)
                 chain.deltas[context.version] = (weight, footprint)
@@ -166,6 +166,12 @@ class ContextCache:
                 unusable.append(delta.version)
         for version in unusable:
             self.arena.delete(CONTEXT_DELTA, _delta_key(key, version))
+
+    def _worth_a_delta(self, chain: CacheChain, footprint: int) -> bool:
+        """Deltas pay for contexts whose snapshot takes whole pages. A smaller one is rewritten
+        whole at each commit (at most half a page): it stays one entry, in the block a delta
+        would have taken anyway."""
+        return chain.snapshot_footprint > max(footprint, self.arena.footprint(self.arena.page_bytes // 2))
 
     def _within_share(self, owner: str, added: Usage, freed: Usage = Usage()) -> bool:
         usage = self.usage.get(owner, Usage())

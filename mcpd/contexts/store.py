@@ -230,7 +230,7 @@ class ContextStore:
         """Commit the next version if it fits the limits and every listener takes it."""
         growth = self._growth(context, fields, changed | deleted)
         saved = context.saved()
-        context.commit(fields, changed, deleted)
+        context.commit(fields, changed, deleted, context.nbytes + growth)
         accepted = []
         try:
             for listener in self.listeners:
