@@ -3,6 +3,7 @@ read and migrated, and an unusable state dir never stops a start. Damage: test_j
 a full disk: test_storage_full.py."""
 import logging
 import shutil
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -10,8 +11,10 @@ import pytest
 
 from mcpd.config import from_dict
 from mcpd.contexts import journal_file
+from mcpd.contexts.host_cache import ContextCache
 from mcpd.contexts.journal import open_journal
 from mcpd.contexts.store import ContextStore
+from mcpd.memory.shm_arena import ShmArena
 from mcpd.protocol import codes
 from mcpd.protocol import delta as codec
 from mcpd.protocol.codes import MCPDError
@@ -180,3 +183,25 @@ def test_a_state_dir_that_cannot_be_used_refuses_changes_instead_of_stopping(tmp
         store.open("t", "c")
     assert raised.value.code == codes.UNAVAILABLE and raised.value.retry_after_ms > 0
     assert store.contexts == {} and blocker.read_bytes() == b"a file where the state dir should be"
+
+
+def test_a_commit_a_later_listener_refuses_is_cut_from_the_journal(tmp_path):
+    """The daemon puts the journal last; in any other order a refusal after it still leaves no
+    trace of the refused version on disk."""
+    store, journal = make(tmp_path)
+    arena = ShmArena.create(Path(f"/dev/shm/mcpd-test-{uuid.uuid4().hex[:12]}"), tmp_path / "lock", 1 << 20, 4096)
+    try:
+        store.listeners.append(ContextCache(arena, 0.1))   # a share of ~100 KiB
+        store.open("t", "c")
+        store.update("t", "c", 0, [codec.diff("small", None, 1)])
+        size = journal.size
+        with pytest.raises(MCPDError) as raised:
+            store.update("t", "c", 1, [codec.diff("big", None, bytes(200_000))])
+        assert raised.value.code == codes.TOO_LARGE and journal.size == size
+        store.update("t", "c", 1, [codec.diff("small", None, 2)])
+        journal.close()
+        again, _ = make(tmp_path)
+        assert again.get("t", "c").version == 2 and again.get("t", "c").fields == {
+            "tokens": again.get("t", "c").tokens, "small": 2}
+    finally:
+        arena.path.unlink()

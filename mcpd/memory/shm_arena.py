@@ -179,7 +179,8 @@ class ShmArena:
     def stats(self) -> dict:
         with self._locked():
             live = self.state == LIVE
-            head = {name: int(self.head[name][0]) for name in ("hits", "misses", "evictions", "inserts", "refused")}
+            head = {name: int(self.head[name][0])
+                    for name in ("hits", "misses", "evictions", "inserts", "refused", "moved")}
             used_pages = int(np.count_nonzero(self.page_kind))
             stored = int(self.nbytes[live].sum())
             held = int(self._held_bytes(np.flatnonzero(live)).sum())
