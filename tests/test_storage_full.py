@@ -20,6 +20,7 @@ from mcpd.config import from_dict
 from mcpd.contexts.host_cache import ContextCache
 from mcpd.contexts.journal import open_journal
 from mcpd.contexts.service import ContextService
+from mcpd.contexts.store import ContextStore
 from mcpd.memory.shm_arena import ShmArena
 from mcpd.protocol import codes
 from mcpd.protocol import delta as codec
@@ -58,6 +59,14 @@ def stores(tmp_path):
         arena.path.unlink(missing_ok=True)
 
 
+def on_disk(tmp_path) -> ContextStore:
+    """What a daemon restart gets back: the journal alone (the cache does not outlive the daemon)."""
+    config = from_dict({"server": {"state_dir": str(tmp_path)}})
+    store = ContextStore(config.contexts)
+    open_journal(config, store, LOG).close()
+    return store
+
+
 def cached_version(store, context_id: str) -> int:
     """The version a restarted scheduler would take from the host cache."""
     cache = ContextCache(store.listeners[0].arena)
@@ -75,7 +84,7 @@ def noise(nbytes: int) -> bytes:
     return np.random.default_rng(nbytes).integers(0, 256, nbytes, np.uint8).tobytes()
 
 
-def test_a_full_disk_refuses_updates_opens_and_drops_and_changes_nothing(stores):
+def test_a_full_disk_refuses_updates_opens_and_drops_and_changes_nothing(stores, tmp_path):
     store, journal = stores()
     store.open("t", "kept")
     store.update("t", "kept", 0, [codec.diff("blob", None, noise(1000))])   # version 1
@@ -95,7 +104,7 @@ def test_a_full_disk_refuses_updates_opens_and_drops_and_changes_nothing(stores)
     store.update("t", "kept", 2, [codec.diff("blob", noise(1000), noise(9000))])   # room again: the retry passes
     store.drop("t", "doomed")
     journal.close()
-    back, _ = stores()   # on disk
+    back = on_disk(tmp_path)
     assert back.get("t", "kept").version == 3 and back.get("t", "kept").fields["blob"] == noise(9000)
     assert ("t", "doomed") not in back.contexts and ("t", "new") not in back.contexts
 
@@ -127,5 +136,5 @@ def test_a_compaction_that_cannot_be_written_does_not_fail_the_commit_that_trigg
     store.update("t", "c", 5, [codec.diff("f", None, noise(1600))])   # compaction catches up
     assert journal.generation > 0
     journal.close()
-    back, _ = stores()
+    back = on_disk(tmp_path)
     assert back.get("t", "c").version == 6 and back.get("t", "c").fields["f"] == noise(1600)
