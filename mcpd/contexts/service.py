@@ -11,6 +11,8 @@ the context back as it was.
 """
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 
 from mcpd.config import ContextsConfig, LimitsConfig
@@ -22,6 +24,7 @@ from mcpd.protocol import delta as codec
 from mcpd.protocol.codes import MCPDError
 
 DEFAULT_TENANT = "default"
+log = logging.getLogger("mcpd.contexts")
 OPS = ("context.open", "context.get", "context.update", "context.drop", "context.list")
 
 
@@ -36,6 +39,10 @@ class ContextService:
         self.store = ContextStore(config, (cache, *listeners) if cache else listeners)
         self.cache = cache
         self.limits = limits
+        if cache and cache.arena.num_slots < config.max_contexts:
+            log.warning("the host cache holds at most %d entries (one per 2 KiB of cache.bytes): fewer than "
+                        "contexts.max_contexts = %d; raise cache.bytes or lower contexts.max_contexts",
+                        cache.arena.num_slots, config.max_contexts)
         for context in cache.load() if cache else ():
             self.store.restore(context)
 
