@@ -194,10 +194,11 @@ class ContextsConfig:
     max_field_bytes: int = 256 << 20    # one field, decoded
     max_owner_bytes: int = 2 << 30      # all contexts of one tenant together
     max_total_bytes: int = 4 << 30      # all contexts together (they live in the scheduler's memory)
+    max_fields: int = 4096              # fields of one context besides tokens
 
     def check(self) -> None:
         if min(self.max_per_owner, self.max_contexts, self.max_context_bytes, self.max_field_bytes,
-               self.max_owner_bytes, self.max_total_bytes) < 1:
+               self.max_owner_bytes, self.max_total_bytes, self.max_fields) < 1:
             raise ConfigError("every contexts.max_* must be >= 1")
 
 
@@ -205,13 +206,16 @@ class ContextsConfig:
 class CacheConfig:
     enabled: bool = True              # the host shared-memory cache of contexts and evicted KV blocks
     bytes: int = 256 << 20            # its segment in /dev/shm (tmpfs backs only the pages written)
-    page_bytes: int = 16 << 10        # allocation unit: entries are chains of pages
+    page_bytes: int = 16 << 10        # allocation unit of entries over half a page; smaller ones take blocks
+    max_owner_fraction: float = 0.5   # of the cache's bytes and entries one tenant's contexts may occupy
 
     def check(self) -> None:
         if self.page_bytes < 4096 or self.page_bytes & (self.page_bytes - 1):
             raise ConfigError(f"cache.page_bytes = {self.page_bytes}: must be a power of two >= 4096")
         if self.bytes < 64 * self.page_bytes:
             raise ConfigError(f"cache.bytes = {self.bytes}: must hold at least 64 pages of cache.page_bytes")
+        if not 0 < self.max_owner_fraction <= 1:
+            raise ConfigError(f"cache.max_owner_fraction = {self.max_owner_fraction}: must be in (0, 1]")
 
 
 @dataclass(frozen=True)

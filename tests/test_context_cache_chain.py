@@ -14,7 +14,8 @@ from mcpd.contexts import cache_chain
 from mcpd.contexts.host_cache import ContextCache, _delta_key, _key
 from mcpd.contexts.store import ContextStore
 from mcpd.memory.host_segment import CONTEXT, CONTEXT_DELTA
-from mcpd.memory.shm_arena import PER_PAGE_OVERHEAD, ShmArena
+from mcpd.memory.shm_arena import ShmArena
+from mcpd.memory.shm_layout import Layout
 from mcpd.protocol import codes
 from mcpd.protocol import delta as codec
 from mcpd.protocol.codes import MCPDError
@@ -29,7 +30,7 @@ def arena(tmp_path):
 
     def make(pages: int = 1024) -> ShmArena:
         made.append(Path("/dev/shm") / f"mcpd-test-{uuid.uuid4().hex[:12]}")
-        return ShmArena.create(made[-1], tmp_path / "cache.lock", 3 * PAGE + pages * (PAGE + PER_PAGE_OVERHEAD), PAGE)
+        return ShmArena.create(made[-1], tmp_path / "cache.lock", Layout(2 * pages, pages, PAGE).size, PAGE)
     yield make
     for path in made:
         path.unlink(missing_ok=True)
@@ -184,10 +185,13 @@ def test_a_refused_commit_leaves_nothing_load_would_replay(arena):
     weights = RNG.standard_normal(50 << 10).astype(np.float32)   # a 200 KiB snapshot
     sync(store, w=weights)
     noise = RNG.integers(0, 256, 80 << 10, np.uint8).tobytes()  # a delta under half the context, over the room left
-    for refused in ({"noise": noise}, {"w": RNG.standard_normal(50 << 10).astype(np.float32)}):   # delta, snapshot
+    # The delta would take the context past the whole cache (TOO_LARGE: it can never fit); the
+    # new snapshot fits the cache, but not beside the one it replaces (STORAGE_FULL).
+    for refused, code in (({"noise": noise}, codes.TOO_LARGE),
+                          ({"w": RNG.standard_normal(50 << 10).astype(np.float32)}, codes.STORAGE_FULL)):
         with pytest.raises(MCPDError) as raised:
             sync(store, **refused)
-        assert raised.value.code == codes.TOO_LARGE and "cache" in raised.value.message
+        assert raised.value.code == code and "cache" in raised.value.message
         assert store.get("t", "c").version == 1 and kinds(a) == (1, 0)
         assert_same(store.get("t", "c"), restored(a)[0])
     sync(store, note="fits")   # version 2 again, committed this time

@@ -43,7 +43,7 @@ def test_restore_counts_bytes_and_owners_once():
     assert store.restore(saved)
     assert not store.restore(Context("c", "t", version=6))   # never an older version over a newer
     assert store.get("t", "c") is saved
-    assert store.total_bytes == 20 and store.count_of["t"] == 1
+    assert store.total_bytes == 20 and len(store.owned["t"]) == 1
     with pytest.raises(MCPDError):   # the restored context counts against the tenant's limit
         store.open("t", "other")
 

@@ -1,13 +1,23 @@
-"""The context journal on its own: what it writes comes back bit-identical, damage is survived."""
+"""The context journal on its own: what it writes comes back bit-identical, a format 1 journal is
+read and migrated, and an unusable state dir never stops a start. Damage: test_journal_damage.py;
+a full disk: test_storage_full.py."""
 import logging
+import shutil
+import uuid
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from mcpd.config import from_dict
+from mcpd.contexts import journal_file
+from mcpd.contexts.host_cache import ContextCache
 from mcpd.contexts.journal import open_journal
 from mcpd.contexts.store import ContextStore
+from mcpd.memory.shm_arena import ShmArena
+from mcpd.protocol import codes
 from mcpd.protocol import delta as codec
+from mcpd.protocol.codes import MCPDError
 
 LOG = logging.getLogger("test")
 
@@ -65,14 +75,17 @@ def test_restore_is_bit_identical_with_versions(tmp_path, fsync):
     assert [(c.name, c.kind) for c in restored.get("alice", "chat").changes_since(3)] == [("tokens", "append")]
 
 
-def test_torn_tail_is_dropped_and_appending_goes_on(tmp_path):
+def test_torn_tail_is_kept_aside_and_appending_goes_on(tmp_path):
     store, journal = make(tmp_path)
     fill(store)
     journal.close()
     path = tmp_path / "contexts" / "journal-0.log"
-    path.write_bytes(path.read_bytes()[:-7])   # a power cut in the middle of the last record
+    torn = path.read_bytes()[:-7]
+    path.write_bytes(torn)   # a power cut in the middle of the last record
     restored, again = make(tmp_path)
-    assert again.dropped_bytes > 0
+    assert again.damaged_bytes > 0
+    kept, = tmp_path.glob("contexts.damaged-*/journal-0.log")
+    assert kept.read_bytes() == torn   # never destroyed
     # Its one update was the torn record: the context is back as it was opened, at version 0.
     assert restored.get("bob", "kept").version == 0 and restored.get("alice", "chat").version == 4
     restored.open("bob", "kept")
@@ -81,6 +94,7 @@ def test_torn_tail_is_dropped_and_appending_goes_on(tmp_path):
     third, _ = make(tmp_path)
     assert third.get("bob", "kept").fields["y"] == 2
     assert_same(restored, third)
+    assert len(list(tmp_path.glob("contexts.damaged-*"))) == 1   # the clean files needed nothing set aside
 
 
 def test_compaction_keeps_everything(tmp_path):
@@ -101,6 +115,7 @@ def test_garbage_journal_does_not_stop_a_start(tmp_path):
     (tmp_path / "contexts" / "journal-0.log").write_bytes(b"\x05\x00\x00\x00garbage and more")
     store, journal = make(tmp_path)
     assert journal.restored == 0 and store.contexts == {}
+    assert next(tmp_path.glob("contexts.damaged-*/journal-0.log")).read_bytes() == b"\x05\x00\x00\x00garbage and more"
     store.open("a", "b")
     store.update("a", "b", 0, [codec.diff("k", None, 1)])
     journal.close()
@@ -113,3 +128,80 @@ def test_disabled_writes_nothing(tmp_path):
     journal.close()
     assert not (tmp_path / "contexts").exists()
     assert journal.stats()["enabled"] is False
+
+
+def v1_history(store: ContextStore) -> None:
+    """What tests/data/journal-v1 holds: written by the format 1 journal (before issue 13) as
+    fill(), a compaction, then these changes (tests/data/README.md)."""
+    fill(store)
+    chat = store.get("alice", "chat")
+    store.update("alice", "chat", chat.version, [codec.diff("after", None, np.arange(7, dtype=np.int64))])
+    store.append_tokens(store.get("alice", "chat"), [9, 9])
+    store.open("dave", "late")
+    store.update("dave", "late", 0, [codec.diff("s", None, "text")])
+    store.drop("carol", "untouched")
+
+
+def test_a_format_1_journal_is_read_whole_and_migrated(tmp_path):
+    shutil.copytree(Path(__file__).parent / "data" / "journal-v1", tmp_path / "contexts")
+    expected = ContextStore(from_dict({}).contexts)
+    v1_history(expected)
+    restored, journal = make(tmp_path)
+    assert journal.restored == 3 and journal.damaged_bytes == 0
+    assert_same(expected, restored)
+    files = sorted((tmp_path / "contexts").iterdir())
+    assert all(path.read_bytes().startswith(journal_file.FILE_MAGIC) for path in files), files
+    assert not list(tmp_path.glob("contexts.damaged-*"))
+    restored.update("dave", "late", 1, [codec.diff("s", "text", "more text")])
+    journal.close()
+    again, _ = make(tmp_path)
+    assert_same(restored, again)
+
+
+def test_a_journal_written_under_a_larger_field_limit_restores_whole(tmp_path):
+    store, journal = make(tmp_path)
+    store.open("t", "big")
+    store.update("t", "big", 0, [codec.diff("w", None, np.arange(4096, dtype=np.float32))])
+    journal.close()
+    config = from_dict({"server": {"state_dir": str(tmp_path)}, "contexts": {"max_field_bytes": 1024}})
+    smaller = ContextStore(config.contexts)
+    assert open_journal(config, smaller, LOG).restored == 1
+    assert_same(store, smaller)
+    with pytest.raises(MCPDError) as raised:   # the new limit holds for new changes
+        smaller.update("t", "big", 1, [codec.diff("w", None, np.zeros(4096, np.float32))])
+    assert raised.value.code == codes.TOO_LARGE
+
+
+def test_a_state_dir_that_cannot_be_used_refuses_changes_instead_of_stopping(tmp_path):
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_bytes(b"a file where the state dir should be")
+    config = from_dict({"server": {"state_dir": str(blocker)}})
+    store = ContextStore(config.contexts)
+    journal = open_journal(config, store, LOG)
+    assert journal.stats()["state"] == "unusable"
+    with pytest.raises(MCPDError) as raised:
+        store.open("t", "c")
+    assert raised.value.code == codes.UNAVAILABLE and raised.value.retry_after_ms > 0
+    assert store.contexts == {} and blocker.read_bytes() == b"a file where the state dir should be"
+
+
+def test_a_commit_a_later_listener_refuses_is_cut_from_the_journal(tmp_path):
+    """The daemon puts the journal last; in any other order a refusal after it still leaves no
+    trace of the refused version on disk."""
+    store, journal = make(tmp_path)
+    arena = ShmArena.create(Path(f"/dev/shm/mcpd-test-{uuid.uuid4().hex[:12]}"), tmp_path / "lock", 1 << 20, 4096)
+    try:
+        store.listeners.append(ContextCache(arena, 0.1))   # a share of ~100 KiB
+        store.open("t", "c")
+        store.update("t", "c", 0, [codec.diff("small", None, 1)])
+        size = journal.size
+        with pytest.raises(MCPDError) as raised:
+            store.update("t", "c", 1, [codec.diff("big", None, bytes(200_000))])
+        assert raised.value.code == codes.TOO_LARGE and journal.size == size
+        store.update("t", "c", 1, [codec.diff("small", None, 2)])
+        journal.close()
+        again, _ = make(tmp_path)
+        assert again.get("t", "c").version == 2 and again.get("t", "c").fields == {
+            "tokens": again.get("t", "c").tokens, "small": 2}
+    finally:
+        arena.path.unlink()

@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mcpd.memory.shm_arena import PER_PAGE_OVERHEAD, ArenaFull, ShmArena
+from mcpd.memory.shm_arena import ArenaFull, ShmArena
+from mcpd.memory.shm_layout import Layout
 
 PAGE = 4096
 KV, CTX = 2, 1
@@ -25,11 +26,12 @@ def key(name) -> bytes:
 def make_arena(tmp_path):
     made = []
 
-    def make(pages: int, half_life: float | None = None) -> ShmArena:
+    def make(pages: int, half_life: float | None = None, slots: int | None = None) -> ShmArena:
+        """An arena of exactly `pages` pages and `slots` entries (as many as pages unless given)."""
         path = Path("/dev/shm") / f"mcpd-test-{uuid.uuid4().hex[:12]}"
         made.append(path)
-        return ShmArena.create(path, tmp_path / "cache.lock", 3 * PAGE + pages * (PAGE + PER_PAGE_OVERHEAD),
-                               PAGE, half_life)
+        slots = slots or pages
+        return ShmArena.create(path, tmp_path / "cache.lock", Layout(slots, pages, PAGE).size, PAGE, half_life, slots)
     yield make
     for path in made:
         path.unlink(missing_ok=True)
@@ -153,10 +155,72 @@ def test_lock_holder_killed_mid_update_frees_the_lock_and_repairs_the_index(make
     arena = make_arena(16)
     arena.put(KV, key("kept"), [b"k" * (3 * PAGE)])
     # Killed inside the lock after marking pages used for an entry it never recorded.
-    child = in_child(arena, "arena._locked().__enter__()\narena.used[5:9] = 1\n"
+    child = in_child(arena, "arena._locked().__enter__()\narena.page_kind[5:9] = 1\n"
                             "print('ready', flush=True)\ntime.sleep(60)")
     kill(child)
     stats = within(10, arena.stats)
     assert stats["used_bytes"] == 3 * PAGE and stats["entries"] == 1
     assert arena.get(KV, key("kept")) == b"k" * (3 * PAGE)
     assert within(10, lambda: arena.put(KV, key("fill"), [b"f" * (13 * PAGE)]))
+
+
+def test_small_entries_take_a_block_of_their_size_class(make_arena):
+    arena = make_arena(16, slots=64)
+    sizes = {"one": 1, "64": 64, "65": 65, "200": 200, "half": PAGE // 2, "over": PAGE // 2 + 1}
+    for name, n in sizes.items():
+        arena.put(CTX, key(name), [bytes([n % 251]) * n], pinned=True)
+    held = {name: arena.footprint(n) - arena.footprint(0) + 64 for name, n in sizes.items()}
+    assert held == {"one": 64, "64": 64, "65": 128, "200": 256, "half": PAGE // 2, "over": PAGE}
+    stats = arena.stats()
+    assert stats["held_bytes"] == sum(held.values()) and stats["entries"] == len(sizes)
+    assert stats["used_bytes"] == 5 * PAGE   # a page for each of the 4 classes used, one for the chain
+    for name, n in sizes.items():
+        assert arena.get(CTX, key(name)) == bytes([n % 251]) * n
+    arena.delete(CTX, key("over"))
+    arena.delete(CTX, key("200"))
+    assert arena.stats()["used_bytes"] == 3 * PAGE   # a class page goes back with its last block
+
+
+def test_sparse_block_pages_are_packed_before_anything_is_evicted(make_arena):
+    arena = make_arena(32, slots=2048)
+    per_page = PAGE // 256
+    for i in range(16 * per_page):   # 16 pages of 256-byte blocks
+        arena.put(CTX, key(i), [i.to_bytes(4, "little") * 50], pinned=True)
+    arena.put(KV, key("kv"), [b"k" * (8 * PAGE)])
+    for i in range(16 * per_page):
+        if i % per_page:   # one block left in each page
+            arena.delete(CTX, key(i))
+    assert arena.stats()["used_bytes"] == 24 * PAGE
+    arena.put(CTX, key("big"), [b"b" * (20 * PAGE)], pinned=True)   # needs 12 of the pages the blocks hold
+    stats = arena.stats()
+    assert stats["evictions"] == 0 and stats["moved"] == 15   # all 16 blocks into one page
+    assert arena.get(KV, key("kv")) == b"k" * (8 * PAGE)
+    for i in range(0, 16 * per_page, per_page):
+        assert arena.get(CTX, key(i)) == i.to_bytes(4, "little") * 50
+
+
+def test_entry_slots_run_out_before_pages_and_evict_like_pages(make_arena):
+    arena = make_arena(8, slots=4)
+    arena.put(CTX, key("ctx"), [b"c"], pinned=True)
+    for i in range(5):
+        arena.put(KV, key(i), [bytes([i])])   # 3 fit beside the context; then the oldest goes
+    assert arena.stats()["entries"] == 4 and arena.stats()["evictions"] == 2
+    assert not arena.contains(KV, key(0)) and arena.contains(KV, key(4))
+    for i in range(3):
+        arena.put(CTX, key(f"pin{i}"), [b"p"], pinned=True)
+    with pytest.raises(ArenaFull):
+        arena.put(CTX, key("one too many"), [b"x"], pinned=True)
+
+
+def test_lock_holder_killed_mid_block_update_is_repaired(make_arena):
+    arena = make_arena(8, slots=64)
+    for i in range(3):
+        arena.put(CTX, key(i), [b"s" * 100], pinned=True)
+    # Killed inside the lock after taking a block it never recorded, and a whole page.
+    child = in_child(arena, "arena._locked().__enter__()\narena._take_block(2)\narena.page_kind[6] = 1\n"
+                            "print('ready', flush=True)\ntime.sleep(60)")
+    kill(child)
+    stats = within(10, arena.stats)
+    assert stats["entries"] == 3 and stats["used_bytes"] == PAGE and stats["held_bytes"] == 3 * 128
+    assert within(10, lambda: arena.put(CTX, key("next"), [b"n" * 100], pinned=True))
+    assert arena.get(CTX, key(1)) == b"s" * 100

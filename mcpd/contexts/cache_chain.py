@@ -20,8 +20,21 @@ MAX_DELTAS = 16
 @dataclass
 class CacheChain:
     snapshot_version: int
-    deltas: dict[int, int] = field(default_factory=dict)   # version -> weight (CachedDelta.weight)
+    snapshot_footprint: int   # what its entries occupy of the arena (ShmArena.footprint)
+    deltas: dict[int, tuple[int, int]] = field(default_factory=dict)   # version -> (weight, footprint)
 
     def wants_snapshot(self, weight: int, context_bytes: int) -> bool:
-        """Whether the commit of a delta of this weight should write a snapshot instead."""
-        return len(self.deltas) >= MAX_DELTAS or sum(self.deltas.values()) + weight > SNAPSHOT_FRACTION * context_bytes
+        """Whether the commit of a delta of this weight should write a snapshot instead. The
+        context's size is what it holds, or what its snapshot took if more: a context of many
+        scalars holds 8 bytes a field but its snapshot also names each, and measured against the
+        8 bytes every delta would look heavy and every commit would write a whole snapshot."""
+        size = max(context_bytes, self.snapshot_footprint)
+        return len(self.deltas) >= MAX_DELTAS or sum(w for w, _ in self.deltas.values()) + weight > SNAPSHOT_FRACTION * size
+
+    @property
+    def footprint(self) -> int:
+        return self.snapshot_footprint + sum(f for _, f in self.deltas.values())
+
+    @property
+    def entries(self) -> int:
+        return 1 + len(self.deltas)

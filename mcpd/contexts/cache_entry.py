@@ -12,9 +12,10 @@ _LENGTH = struct.Struct("<I")
 
 
 def pack(meta: dict, payloads: list) -> list:
-    """The entry as parts for ShmArena.put."""
+    """The entry as parts for ShmArena.put (empty payloads add nothing: left out, a snapshot of
+    many scalar fields is a few parts, not thousands)."""
     packed = msgpack.packb(meta)
-    return [_LENGTH.pack(len(packed)), packed, *payloads]
+    return [_LENGTH.pack(len(packed)), packed, *(p for p in payloads if memoryview(p).nbytes)]
 
 
 def unpack(blob: bytearray, sizes_of) -> tuple[dict, list[memoryview]]:

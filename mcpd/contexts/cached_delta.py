@@ -11,13 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mcpd.contexts import cache_entry
-from mcpd.contexts.context import Context
+from mcpd.contexts.context import REPLAY_LIMITS, Context
 from mcpd.protocol import delta as codec
-from mcpd.protocol.delta import DeltaLimits, FieldDelta
-
-# The store checked these deltas against its own limits before it committed them; replaying
-# them only rebuilds what it accepted, whatever limits the restarted daemon was given.
-_REPLAY_LIMITS = DeltaLimits(max_field_bytes=1 << 62)
+from mcpd.protocol.delta import FieldDelta
 
 
 @dataclass(frozen=True)
@@ -34,7 +30,7 @@ class CachedDelta:
         """Commit this version onto the context at the version before, as the store did."""
         fields = dict(context.fields)
         for change in self.changes:
-            value = codec.apply(fields.get(change.name), change, _REPLAY_LIMITS)
+            value = codec.apply(fields.get(change.name), change, REPLAY_LIMITS)
             if value is codec.DELETED:
                 fields.pop(change.name, None)
             else:
@@ -47,8 +43,7 @@ def encode(context: Context, changes: list[FieldDelta]) -> tuple[list, int]:
     entries, frames = codec.to_wire(changes)
     parts = cache_entry.pack({
         "owner": context.owner, "id": context.id, "version": context.version,
-        "changed": _names_at(context.changed_at, context.version),
-        "deleted": _names_at(context.deleted_at, context.version),
+        "changed": sorted(context.changed_now), "deleted": sorted(context.deleted_now),
         "changes": entries, "frames": [memoryview(frame).nbytes for frame in frames]}, frames)
     return parts, weight(entries, sum(memoryview(part).nbytes for part in parts))
 
@@ -56,7 +51,7 @@ def encode(context: Context, changes: list[FieldDelta]) -> tuple[list, int]:
 def decode(blob: bytearray) -> CachedDelta:
     meta, frames = cache_entry.unpack(blob, lambda m: m["frames"])
     return CachedDelta(meta["owner"], meta["id"], meta["version"], set(meta["changed"]), set(meta["deleted"]),
-                       codec.from_wire(meta["changes"], frames, _REPLAY_LIMITS), weight(meta["changes"], len(blob)))
+                       codec.from_wire(meta["changes"], frames, REPLAY_LIMITS), weight(meta["changes"], len(blob)))
 
 
 def weight(entries: list[dict], stored: int) -> int:
@@ -67,7 +62,3 @@ def weight(entries: list[dict], stored: int) -> int:
     brought = sum(entry["meta"]["nbytes"] for entry in entries
                   if entry["kind"] in ("set", "append") and entry["meta"].get("type") != "scalar")
     return max(stored, brought)
-
-
-def _names_at(versions: dict[str, int], version: int) -> list[str]:
-    return [name for name, at in versions.items() if at == version]

@@ -12,10 +12,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mcpd.protocol import delta as codec
-from mcpd.protocol.delta import FieldDelta
+from mcpd.protocol.delta import DeltaLimits, FieldDelta
 
 TOKENS = "tokens"           # reserved field: the model-visible history, 1-D int32
 TOKEN_HISTORY = 1024        # versions for which token growth is remembered for `get since`
+# Deltas read back from the host cache or the journal were checked against the store's limits
+# when it committed them; replaying them only rebuilds what it accepted, whatever limits the
+# restarted daemon was given (a journal written under a larger contexts.max_field_bytes must
+# not stop a start).
+REPLAY_LIMITS = DeltaLimits(max_field_bytes=1 << 62)
 
 
 def value_nbytes(value) -> int:
@@ -24,6 +29,10 @@ def value_nbytes(value) -> int:
     if isinstance(value, (bytes, str)):
         return len(value)
     return 8
+
+
+def _nbytes_of(fields: dict, name: str) -> int:
+    return value_nbytes(fields[name]) if name in fields else 0
 
 
 @dataclass
@@ -39,27 +48,37 @@ class Context:
     busy_with: int | None = None      # rid of the generate running on it (updates wait their turn)
     worker_hint: int | None = None    # the worker that ran its last turn, and may still hold its KV
     last_used: float = field(default_factory=time.monotonic)
+    # Kept up to date by commit, which touches only the fields a version changed: a commit to a
+    # context of many fields costs what it changes, not what the context holds.
+    nbytes: int = field(init=False)
+    changed_now: set[str] = field(init=False, default_factory=set)   # the fields this version changed
+    deleted_now: set[str] = field(init=False, default_factory=set)   # ... and deleted
+
+    def __post_init__(self) -> None:
+        self.nbytes = sum(value_nbytes(v) for v in self.fields.values())
 
     @property
     def tokens(self) -> np.ndarray:
         return self.fields[TOKENS]
 
-    @property
-    def nbytes(self) -> int:
-        return sum(value_nbytes(v) for v in self.fields.values())
+    def nbytes_after(self, fields: dict, touched: set[str]) -> int:
+        """The context's bytes with `fields` installed, which differ from its own only in `touched`."""
+        return self.nbytes + sum(_nbytes_of(fields, name) - _nbytes_of(self.fields, name) for name in touched)
 
     def saved(self) -> tuple:
         """What `commit` changes, to put back with `roll_back` if the commit is refused after all."""
         return (self.version, self.fields, dict(self.changed_at), dict(self.deleted_at),
-                dict(self.token_count_at), self.tokens_rewritten_at)
+                dict(self.token_count_at), self.tokens_rewritten_at, self.nbytes, self.changed_now, self.deleted_now)
 
     def roll_back(self, saved: tuple) -> None:
         (self.version, self.fields, self.changed_at, self.deleted_at, self.token_count_at,
-         self.tokens_rewritten_at) = saved
+         self.tokens_rewritten_at, self.nbytes, self.changed_now, self.deleted_now) = saved
 
-    def commit(self, fields: dict, changed: set[str], deleted: set[str]) -> None:
-        """Install a validated new state as the next version."""
+    def commit(self, fields: dict, changed: set[str], deleted: set[str], nbytes: int | None = None) -> None:
+        """Install a validated new state as the next version (of nbytes, when the caller knows)."""
         old_count = len(self.tokens)
+        self.nbytes = self.nbytes_after(fields, changed | deleted) if nbytes is None else nbytes
+        self.changed_now, self.deleted_now = changed - deleted, set(deleted)
         self.version += 1
         self.fields = fields
         for name in changed:

@@ -2,13 +2,13 @@
 
 Layout, in <state_dir>/contexts/:
     snapshot          every live context as of one moment, with its version bookkeeping
-    journal-<gen>.log every commit and drop since that snapshot (gen names the snapshot)
+    journal-<gen>.log every open, commit and drop since that snapshot (gen names the snapshot)
 
-Both files are sequences of records: [body length u32][crc32 of body u32][msgpack body]. A
+Both files are sequences of records that can be found again after damage (journal_file.py). A
 commit record holds the deltas that took the context from its previous version to this one (as
 `delta.to_wire` gives them: the same bytes a client sent, so journaling costs no re-encoding).
-Replaying them through `Context.commit` rebuilds each context's per-field versions, so
-`context.get since=` keeps answering with deltas after a restart.
+Replaying them through `Context.commit` (journal_replay.py) rebuilds each context's per-field
+versions, so `context.get since=` keeps answering with deltas after a restart.
 
 Why an append-only journal of deltas rather than rewriting state: an update is usually small
 next to its context (an appended turn, a 1%-changed array as a packed XOR), so writing the delta
@@ -17,140 +17,110 @@ is what keeps persistence cheap; snapshots bound how much history a restore has 
 Durability: each record goes to the kernel with one write before the commit is acknowledged
 (the store calls `committed` before the scheduler replies), so a crash of any process, or a
 `systemctl restart`, loses nothing acknowledged. Surviving a power cut is the fsync policy's job
-(see [persistence] in etc/mcpd.toml). A power cut can leave a torn last record: its checksum
-fails, restore drops it and everything after it (it was never acknowledged under fsync=always),
-logs that, and starts; a corrupt journal never stops the daemon.
+(see [persistence] in etc/mcpd.toml).
+
+Damage at start (a torn last record after a power cut, a flipped bit, an operator's mistake):
+every record whose checksums hold is recovered, a damaged one costs at most its context's later
+versions, one ERROR line says what was lost, the damaged files are kept in
+<state_dir>/contexts.damaged-<time>/ and a clean snapshot replaces them (journal_recovery.py).
+A journal it cannot use at all never makes the scheduler restart in a loop: it starts, and
+every context change is refused (UNAVAILABLE, or STORAGE_FULL while the disk is full) until a
+snapshot can be written, which each change retries. Format 1 journals (before issue 13) are
+read and migrated: the first start writes them out as a format 2 snapshot.
+
+A full disk: a record that cannot be written is cut off again and the change refused with
+STORAGE_FULL and retry_after_ms; the store undoes it everywhere else (store.py), so the context
+stays at its previous version in memory, in the cache and here. A compaction that cannot be
+written is retried once the journal has grown a quarter of compact_after_bytes more.
 
 The store tells listeners of opens, commits and drops: a context opened and never changed
 (version 0, empty) is one "open" record, so it comes back too.
 """
 from __future__ import annotations
 
+import errno
 import logging
 import os
-import struct
+import signal
 import threading
-import zlib
 from pathlib import Path
 
-import msgpack
-
 from mcpd.config import Config
+from mcpd.contexts import journal_file, journal_recovery
 from mcpd.contexts.context import Context
-from mcpd.contexts.store import ContextStore
+from mcpd.contexts.journal_recovery import SNAPSHOT, TEMPORARY
+from mcpd.contexts.store import STORAGE_RETRY_MS, ContextStore, storage_full
+from mcpd.protocol import codes
 from mcpd.protocol import delta as codec
-from mcpd.protocol.delta import DeltaLimits, FieldDelta
+from mcpd.protocol.codes import MCPDError
+from mcpd.protocol.delta import FieldDelta
 
-RECORD_HEADER = struct.Struct("<II")   # body length, crc32(body)
-SNAPSHOT = "snapshot"
+NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)   # EFBIG: over RLIMIT_FSIZE or the file system's limit
 
 
 class Journal:
-    """A StoreListener that appends each commit and drop to the journal file."""
+    """A StoreListener that appends each open, commit and drop to the journal file."""
 
     def __init__(self, config: Config, log: logging.Logger):
         self.config = config.persistence
+        self.state_dir = config.state_dir
         self.directory = config.state_dir / "contexts"
-        self.limits = DeltaLimits(max_field_bytes=config.contexts.max_field_bytes)
         self.log = log
         self.store: ContextStore | None = None
         self.fd: int | None = None
         self.generation = 0
         self.size = 0
         self.restored = 0
-        self.dropped_bytes = 0        # torn or corrupt bytes found (and cut off) at restore
-        self.needs_snapshot = False   # a failed write left the journal behind the store
+        self.damaged_bytes = 0        # unreadable bytes found at start (kept aside, never dropped)
+        self.unusable: str | None = None   # why the journal cannot be used at all, if so
+        self.needs_snapshot = False   # the files do not hold the store's state: the next change writes a snapshot
+        self.retry_compact_above = 0  # a compaction failed: the journal size to try again at
+        self.last_commit: tuple | None = None   # (owner, id, version, size before, size after) of the last record
         self.dirty = False
         # Guards the fd against the interval fsync thread; reentrant because the SIGTERM handler
         # (close) may run on the main thread while it is inside _append.
         self.lock = threading.RLock()
         self.stop = threading.Event()
 
-    # -- start: restore, then open for appending ------------------------------------------------
+    # -- start: recover, then open for appending ------------------------------------------------
 
     def restore(self, store: ContextStore) -> int:
-        """Load the snapshot and replay the journal into `store`; returns how many contexts came back."""
+        """Put back every context the files hold into `store`; returns how many came back."""
         self.store = store
-        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        contexts: dict[tuple[str, str], Context] = {}
-        self.generation = self._load_snapshot(contexts)
-        journal = self._journal_path(self.generation)
-        self.size = self._replay(journal, contexts) if journal.exists() else 0
-        for context in contexts.values():
+        try:
+            recovery = journal_recovery.recover(self.state_dir)
+        except OSError as e:
+            self.unusable = f"{self.directory}: {e.strerror or e}"
+            self.log.error("context journal %s cannot be used (%s): contexts start empty, its files are left as "
+                           "they are, and every context change is refused until the daemon is restarted with it "
+                           "fixed", self.directory, e)
+            return 0
+        self.generation, self.damaged_bytes = recovery.generation, recovery.damaged_bytes
+        for context in recovery.replay.contexts.values():
             self.restored += store.restore(context)
-        self._remove_stale_journals()
-        self._open(journal)
-        if self.size > self._compact_threshold():
-            self.compact()
+        if recovery.damaged:
+            self.log.error("%s", recovery.describe())
+        self._start_appending(rewrite=recovery.damaged or recovery.read_format < 2)
         if self.config.fsync == "interval":
             threading.Thread(target=self._fsync_periodically, name="journal-fsync", daemon=True).start()
         self.log.info("restored %d context(s) from %s", self.restored, self.directory)
         return self.restored
 
-    def _load_snapshot(self, contexts: dict) -> int:
-        path = self.directory / SNAPSHOT
-        if not path.exists():
-            return 0
-        records, good_bytes = _read_records(path)
-        self._note_damage(path, good_bytes)
-        generation = 0
-        for record in records:
-            if record["op"] == "generation":
-                generation = record["generation"]
+    def _start_appending(self, rewrite: bool) -> None:
+        """Open the journal, or write a clean snapshot first (after damage, or to migrate)."""
+        try:
+            self._remove_stale_journals()
+            if rewrite:
+                self.compact()
             else:
-                context = self._context_from_snapshot(record)
-                contexts[(context.owner, context.id)] = context
-        return generation
-
-    def _replay(self, path: Path, contexts: dict) -> int:
-        records, good_bytes = _read_records(path)
-        if self._note_damage(path, good_bytes):
-            with open(path, "r+b") as f:   # appends must follow the last good record
-                f.truncate(good_bytes)
-        for record in records:
-            key = (record["owner"], record["id"])
-            if record["op"] == "drop":
-                contexts.pop(key, None)
-                continue
-            if record["op"] == "open":
-                contexts.setdefault(key, Context(record["id"], record["owner"]))
-                continue
-            context = contexts.get(key) or Context(record["id"], record["owner"])
-            if record["version"] != context.version + 1:
-                self.log.error("journal %s: context %s/%s jumps from version %d to %d; skipping the record",
-                               path, *key, context.version, record["version"])
-                continue
-            self._replay_commit(context, record)
-            contexts[key] = context
-        return good_bytes
-
-    def _replay_commit(self, context: Context, record: dict) -> None:
-        fields, changed, deleted = dict(context.fields), set(), set()
-        for change in codec.from_wire(record["changes"], record["frames"], self.limits):
-            if change.kind == "delete":
-                fields.pop(change.name, None)
-                deleted.add(change.name)
-            else:
-                fields[change.name] = codec.apply(fields.get(change.name), change, self.limits)
-                changed.add(change.name)
-        context.commit(fields, changed, deleted)
-
-    def _context_from_snapshot(self, record: dict) -> Context:
-        context = Context(record["id"], record["owner"], version=record["version"],
-                          changed_at=record["changed_at"], deleted_at=record["deleted_at"],
-                          token_count_at=record["token_count_at"],
-                          tokens_rewritten_at=record["tokens_rewritten_at"])
-        changes = codec.from_wire(record["changes"], record["frames"], self.limits)
-        context.fields = {c.name: codec.apply(None, c, self.limits) for c in changes}
-        return context
-
-    def _note_damage(self, path: Path, good_bytes: int) -> bool:
-        damaged = path.stat().st_size - good_bytes
-        if damaged:
-            self.dropped_bytes += damaged
-            self.log.error("%s: %d byte(s) after offset %d are torn or corrupt; keeping what precedes them",
-                           path, damaged, good_bytes)
-        return damaged > 0
+                self._open(self._journal_path(self.generation))
+        except OSError as e:
+            self.needs_snapshot = True
+            self.log.error("context journal %s cannot be written (%s): every context change is refused until "
+                           "a snapshot can be written, which each change retries", self.directory, e)
+            return
+        if self.size > self._compact_threshold():
+            self._try_compact()
 
     def _remove_stale_journals(self) -> None:
         current = self._journal_path(self.generation).name
@@ -162,8 +132,17 @@ class Journal:
         return self.directory / f"journal-{generation}.log"
 
     def _open(self, path: Path) -> None:
-        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        _fsync_directory(self.directory)   # the file's name must survive a power cut too
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+        try:
+            size = os.fstat(fd).st_size
+            if size == 0:
+                _write_all(fd, [journal_file.FILE_MAGIC])
+                size = len(journal_file.FILE_MAGIC)
+            _fsync_directory(self.directory)   # the file's name must survive a power cut too
+        except OSError:
+            os.close(fd)
+            raise
+        self.fd, self.size = fd, size
 
     # -- StoreListener --------------------------------------------------------------------------
 
@@ -172,35 +151,68 @@ class Journal:
 
     def committed(self, context: Context, changes) -> None:
         entries, frames = codec.to_wire(changes)
+        before = self.size
         self._append({"op": "commit", "owner": context.owner, "id": context.id, "version": context.version,
                       "changes": entries, "frames": frames})
+        self.last_commit = (context.owner, context.id, context.version, before, self.size)
+
+    def reverted(self, context: Context) -> None:
+        """Forget the commit after context.version (a later listener refused it): cut its record
+        off, or, once other bytes follow it, write a snapshot without it."""
+        last = (context.owner, context.id, context.version + 1)
+        with self.lock:
+            if self.last_commit is not None and self.last_commit[:3] == last and self.last_commit[4] == self.size:
+                try:
+                    self._truncate(self.last_commit[3])
+                    return
+                except OSError:
+                    pass
+        self.needs_snapshot = True
+        self._try_compact()
 
     def dropped(self, context: Context) -> None:
-        self._append({"op": "drop", "owner": context.owner, "id": context.id})
+        # The store still holds the context: a snapshot written first would hold it too.
+        self._append({"op": "drop", "owner": context.owner, "id": context.id}, in_snapshot=False)
 
-    def _append(self, record: dict) -> None:
+    def _append(self, record: dict, in_snapshot: bool = True) -> None:
+        """Write the record before the change is acknowledged, or refuse the change."""
+        if self.unusable:
+            raise MCPDError(codes.UNAVAILABLE, f"the context journal cannot be used ({self.unusable}); nothing "
+                                               "changed; see the daemon's log", retry_after_ms=STORAGE_RETRY_MS)
         if self.needs_snapshot:
-            return self.compact()   # the snapshot holds this commit too
-        body = msgpack.packb(record)
-        header = RECORD_HEADER.pack(len(body), zlib.crc32(body))
+            self._snapshot_or_refuse()
+            if in_snapshot:
+                return   # the snapshot holds the change
+        data = journal_file.encode(record)
         with self.lock:
             try:
-                _write_all(self.fd, [header, body])
+                _write_all(self.fd, [data])
                 if self.config.fsync == "always":
                     os.fdatasync(self.fd)
-            except OSError:
-                # Cut a partial record off, and catch up with a snapshot at the next commit.
-                os.ftruncate(self.fd, self.size)
-                self.needs_snapshot = True
-                raise
-            self.size += len(header) + len(body)
+            except OSError as e:
+                self._cut_back()
+                raise _refusal(e) from None
+            self.size += len(data)
             self.dirty = True
         if self.size > self._compact_threshold():
-            self.compact()
+            self._try_compact()
+
+    def _cut_back(self) -> None:
+        """Take a partly written record off again; a snapshot catches up if even that fails."""
+        try:
+            self._truncate(self.size)
+        except OSError:
+            self.needs_snapshot = True
+
+    def _truncate(self, size: int) -> None:
+        os.ftruncate(self.fd, size)
+        if self.config.fsync == "always":
+            os.fdatasync(self.fd)
+        self.size = size
 
     def _compact_threshold(self) -> int:
         # Folding only pays once the history outweighs the live data it rebuilds.
-        return max(self.config.compact_after_bytes, 2 * self.store.total_bytes)
+        return max(self.config.compact_after_bytes, 2 * self.store.total_bytes, self.retry_compact_above)
 
     # -- snapshots ------------------------------------------------------------------------------
 
@@ -209,29 +221,55 @@ class Journal:
 
         The order makes every crash point safe: the snapshot is complete and fsynced before its
         rename makes it current; until then the old snapshot and journal still describe the store.
+        Raises OSError (the disk is full, ...) with the old files still current.
         """
         generation = self.generation + 1
-        tmp = self.directory / (SNAPSHOT + ".tmp")
-        with open(tmp, "wb") as f:
-            f.write(_record({"op": "generation", "generation": generation}))
-            for context in list(self.store.contexts.values()):
-                f.write(_record(self._snapshot_record(context)))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.directory / SNAPSHOT)
+        self._write_snapshot(generation)
         with self.lock:
             old_fd, old_path = self.fd, self._journal_path(self.generation)
-            self.generation, self.size, self.needs_snapshot, self.dirty = generation, 0, False, False
+            # The new snapshot is current: nothing may be appended to the old journal any more.
+            self.generation, self.fd, self.needs_snapshot, self.dirty = generation, None, True, False
+            if old_fd is not None:
+                os.close(old_fd)
             self._open(self._journal_path(generation))
-            os.close(old_fd)
+            self.needs_snapshot, self.retry_compact_above, self.last_commit = False, 0, None
         old_path.unlink(missing_ok=True)
         self.log.info("journal folded into snapshot %d (%d context(s))", generation, len(self.store.contexts))
 
+    def _write_snapshot(self, generation: int) -> None:
+        tmp = self.directory / TEMPORARY
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(journal_file.FILE_MAGIC)
+                f.write(journal_file.encode({"op": "generation", "generation": generation}))
+                for context in list(self.store.contexts.values()):
+                    f.write(journal_file.encode(self._snapshot_record(context, generation)))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.directory / SNAPSHOT)
+        except OSError:
+            tmp.unlink(missing_ok=True)
+            raise
+
+    def _try_compact(self) -> None:
+        try:
+            self.compact()
+        except OSError as e:
+            self.retry_compact_above = self.size + self.config.compact_after_bytes // 4
+            self.log.warning("journal compaction failed (%s); the journal goes on and it is tried again later", e)
+
+    def _snapshot_or_refuse(self) -> None:
+        try:
+            self.compact()
+        except OSError as e:
+            raise _refusal(e) from None
+
     @staticmethod
-    def _snapshot_record(context: Context) -> dict:
+    def _snapshot_record(context: Context, generation: int) -> dict:
         entries, frames = codec.to_wire([_whole(name, value) for name, value in context.fields.items()])
-        return {"op": "context", "owner": context.owner, "id": context.id, "version": context.version,
-                "changed_at": context.changed_at, "deleted_at": context.deleted_at,
+        return {"op": "context", "generation": generation, "owner": context.owner, "id": context.id,
+                "version": context.version, "changed_at": context.changed_at, "deleted_at": context.deleted_at,
                 "token_count_at": context.token_count_at, "tokens_rewritten_at": context.tokens_rewritten_at,
                 "changes": entries, "frames": frames}
 
@@ -239,7 +277,10 @@ class Journal:
 
     def _fsync_periodically(self) -> None:
         while not self.stop.wait(self.config.fsync_interval_s):
-            self.flush()
+            try:
+                self.flush()
+            except OSError as e:
+                self.log.error("journal fsync failed (%s): the last interval's changes may not survive a power cut", e)
 
     def flush(self) -> None:
         """Make everything written so far durable."""
@@ -250,15 +291,21 @@ class Journal:
 
     def close(self) -> None:
         self.stop.set()
-        self.flush()
+        try:
+            self.flush()
+        except OSError as e:
+            self.log.error("journal fsync at stop failed (%s)", e)
         with self.lock:
             if self.fd is not None:
                 os.close(self.fd)
                 self.fd = None
 
     def stats(self) -> dict:
-        return {"enabled": self.config.enabled, "fsync": self.config.fsync, "restored": self.restored, "journal_bytes": self.size,
-                "generation": self.generation, "corrupt_bytes_dropped": self.dropped_bytes}
+        state = "unusable" if self.unusable else ("refusing changes until a snapshot is written"
+                                                  if self.needs_snapshot else "ok")
+        return {"enabled": self.config.enabled, "fsync": self.config.fsync, "restored": self.restored,
+                "journal_bytes": self.size, "generation": self.generation, "damaged_bytes": self.damaged_bytes,
+                "state": state}
 
 
 def open_journal(config: Config, store: ContextStore, log: logging.Logger) -> Journal:
@@ -266,36 +313,27 @@ def open_journal(config: Config, store: ContextStore, log: logging.Logger) -> Jo
     With persistence off the journal stays closed: it writes nothing and reports so."""
     journal = Journal(config, log)
     if config.persistence.enabled:
+        # Past a file size limit (RLIMIT_FSIZE, systemd's LimitFSIZE=) a write raises SIGXFSZ,
+        # whose default kills the process: ignored, the write fails with EFBIG instead and the
+        # change is refused with STORAGE_FULL, like on a full disk.
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         journal.restore(store)
         store.listeners.append(journal)
     return journal
 
 
+def _refusal(error: OSError) -> MCPDError:
+    if error.errno in NO_ROOM:
+        return storage_full(f"no room on disk to journal the change ({os.strerror(error.errno)}); nothing "
+                            "changed: retry later")
+    return MCPDError(codes.UNAVAILABLE, f"the context journal cannot be written ({error}); nothing changed",
+                     retry_after_ms=STORAGE_RETRY_MS)
+
+
 def _whole(name: str, value) -> FieldDelta:
     """A delta that sets the field from nothing (diff sees nothing to do for a None value)."""
     return codec.diff(name, None, value) or FieldDelta(name, "set", {"type": "scalar", "value": None}, None)
-
-
-def _record(body_map: dict) -> bytes:
-    body = msgpack.packb(body_map)
-    return RECORD_HEADER.pack(len(body), zlib.crc32(body)) + body
-
-
-def _read_records(path: Path) -> tuple[list[dict], int]:
-    """The records of a file up to the first torn or corrupt one, and the bytes they span."""
-    data = path.read_bytes()
-    records, offset = [], 0
-    while offset + RECORD_HEADER.size <= len(data):
-        length, crc = RECORD_HEADER.unpack_from(data, offset)
-        start, end = offset + RECORD_HEADER.size, offset + RECORD_HEADER.size + length
-        if end > len(data) or zlib.crc32(data[start:end]) != crc:
-            break
-        try:
-            records.append(msgpack.unpackb(data[start:end], raw=False, strict_map_key=False))
-        except ValueError:
-            break
-        offset = end
-    return records, offset
 
 
 def _write_all(fd: int, buffers: list[bytes]) -> None:

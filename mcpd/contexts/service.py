@@ -6,9 +6,12 @@ worker holding its KV, and to hold updates off while it runs), so the table live
 
 With the host cache, every committed version is also in shared memory (host_cache), and a
 restarted scheduler starts from what is there. When the cache cannot hold a version it refuses
-it (TOO_LARGE) and the store puts the context back as it was.
+it (TOO_LARGE past the tenant's share, STORAGE_FULL when the cache is full) and the store puts
+the context back as it was.
 """
 from __future__ import annotations
+
+import logging
 
 import numpy as np
 
@@ -21,6 +24,7 @@ from mcpd.protocol import delta as codec
 from mcpd.protocol.codes import MCPDError
 
 DEFAULT_TENANT = "default"
+log = logging.getLogger("mcpd.contexts")
 OPS = ("context.open", "context.get", "context.update", "context.drop", "context.list")
 
 
@@ -33,7 +37,12 @@ class ContextService:
                  cache: ContextCache | None = None):
         # The cache hears a commit first: when it refuses, no other listener has recorded it.
         self.store = ContextStore(config, (cache, *listeners) if cache else listeners)
+        self.cache = cache
         self.limits = limits
+        if cache and cache.arena.num_slots < config.max_contexts:
+            log.warning("the host cache holds at most %d entries (one per 2 KiB of cache.bytes): fewer than "
+                        "contexts.max_contexts = %d; raise cache.bytes or lower contexts.max_contexts",
+                        cache.arena.num_slots, config.max_contexts)
         for context in cache.load() if cache else ():
             self.store.restore(context)
 
@@ -89,5 +98,5 @@ class ContextService:
         return {"id": context.id, "version": context.version, "appended_token_ids": token_ids}
 
     def stats(self) -> dict:
-        return self.store.stats()
+        return {**self.store.stats(), **(self.cache.stats() if self.cache else {})}
 

@@ -16,6 +16,9 @@ def encode(context: Context) -> list:
     """The entry's parts (arrays as they are: no copy)."""
     described, payloads = [], []
     for name, value in context.fields.items():
+        if type(value) in _SCALARS:   # most fields of a context of many: no payload to describe
+            described.append([name, "scalar", value, 0])
+            continue
         kind, info, payload = _describe(value)
         described.append([name, kind, info, len(payload)])
         payloads.append(payload)
@@ -24,6 +27,9 @@ def encode(context: Context) -> list:
         "changed_at": context.changed_at, "deleted_at": context.deleted_at,
         "token_count_at": list(context.token_count_at.items()),
         "tokens_rewritten_at": context.tokens_rewritten_at, "fields": described}, payloads)
+
+
+_SCALARS = (int, float, bool, type(None))
 
 
 def decode(blob: bytearray) -> Context:

@@ -5,14 +5,23 @@ the limits before the new version is installed, so a bad frame leaves the contex
 was. The one exception to copying is an XOR into a big array, applied to the live array itself
 (see `_apply_in_place`) and undone, XOR being its own inverse, if anything later fails.
 
-Listeners (the host shared-memory cache, the on-disk journal) hear of every context created
-(version 0), every committed version, with the deltas that made it from the version before, and
-of every drop, after the store
-changed: they keep copies that outlive this process. A listener may refuse a version by raising
-MCPDError (the cache when it cannot hold it): the context is then put back as it was, in-place
-XORs included, and the update fails, so no reply ever names a version a restart would lose.
-Listeners that may refuse come first. `restore` puts a saved copy back without telling them
-again, and never replaces a newer version with an older one.
+Listeners (the host shared-memory cache, then the on-disk journal) hear of every context
+created (version 0), every committed version, with the deltas that made it from the version
+before, and of every drop: they keep copies that outlive this process. Any of them may refuse
+by raising MCPDError (the cache when it cannot hold a version or the tenant's share is used up,
+the journal when the disk is full), and then nothing happened anywhere, so no reply ever names a
+version a restart would lose, and a refused one never comes back:
+- an open or a commit goes to the listeners in order; when one refuses, the context is put back
+  as it was (in-place XORs included) and those that took it hear `dropped` (an open) or
+  `reverted` (a commit: go back to the context's version, which it is at again);
+- a drop goes to them last to first, and only then leaves the store: the journal, the one that
+  can refuse a drop, hears it before the cache deletes anything.
+`restore` puts a saved copy back without telling them again, and never replaces a newer version
+with an older one.
+
+Commits cost what they change: the context's byte count is kept up to date from the fields a
+version touches, and contexts.max_fields bounds how many a context may have (a context of 307k
+scalar fields took 156 ms a commit when every commit summed every field).
 """
 from __future__ import annotations
 
@@ -21,17 +30,27 @@ from typing import Protocol
 import numpy as np
 
 from mcpd.config import ContextsConfig
-from mcpd.contexts.context import TOKENS, Context, value_nbytes
+from mcpd.contexts.context import TOKENS, Context
 from mcpd.protocol import codes
 from mcpd.protocol import delta as codec
 from mcpd.protocol.codes import MCPDError
 from mcpd.protocol.delta import DeltaError, DeltaLimits, FieldDelta
+
+# A full disk or cache has room again when an operator or other tenants act, not within
+# milliseconds: clients told to wait a second do not spin on it.
+STORAGE_RETRY_MS = 1000
+
+
+def storage_full(message: str) -> MCPDError:
+    return MCPDError(codes.STORAGE_FULL, message, retry_after_ms=STORAGE_RETRY_MS)
 
 
 class StoreListener(Protocol):
     def opened(self, context: Context) -> None: ...
 
     def committed(self, context: Context, changes: list[FieldDelta]) -> None: ...
+
+    def reverted(self, context: Context) -> None: ...   # the commit after context.version was refused
 
     def dropped(self, context: Context) -> None: ...
 
@@ -42,7 +61,7 @@ class ContextStore:
         self.listeners = list(listeners)
         self.limits = DeltaLimits(max_field_bytes=config.max_field_bytes)
         self.contexts: dict[tuple[str, str], Context] = {}
-        self.count_of: dict[str, int] = {}   # contexts per owner
+        self.owned: dict[str, dict[str, Context]] = {}   # the same contexts by owner, then id
         self.total_bytes = 0                 # of all contexts, kept up to date on every commit
         self.bytes_of: dict[str, int] = {}   # of each owner's contexts
 
@@ -52,18 +71,23 @@ class ContextStore:
             return found, False
         if not create:
             raise self._not_found(context_id)
-        if self.count_of.get(owner, 0) >= self.config.max_per_owner:
-            raise MCPDError(codes.TOO_LARGE, f"tenant holds {self.config.max_per_owner} contexts, the limit")
+        if len(self.owned.get(owner, ())) >= self.config.max_per_owner:
+            raise MCPDError(codes.TOO_LARGE, f"tenant holds {self.config.max_per_owner} contexts, the limit "
+                                             "(contexts.max_per_owner)")
         if len(self.contexts) >= self.config.max_contexts:
-            raise MCPDError(codes.TOO_LARGE, f"the daemon holds {self.config.max_contexts} contexts, the limit")
-        context = self.contexts[(owner, context_id)] = Context(context_id, owner)
-        self.count_of[owner] = self.count_of.get(owner, 0) + 1
+            raise MCPDError(codes.TOO_LARGE, f"the daemon holds {self.config.max_contexts} contexts, the limit "
+                                             "(contexts.max_contexts)")
+        context = Context(context_id, owner)
+        self._add(context)
+        accepted = []
         try:   # an opened context is acknowledged state too: it must outlive a restart
             for listener in self.listeners:
                 listener.opened(context)
+                accepted.append(listener)
         except BaseException:
-            del self.contexts[(owner, context_id)]
-            self.count_of[owner] -= 1
+            self._remove(context)
+            for listener in reversed(accepted):
+                listener.dropped(context)
             raise
         return context, True
 
@@ -78,6 +102,11 @@ class ContextStore:
         fields = dict(context.fields)
         changed, deleted = set(), set()
         in_place: list[FieldDelta] = []   # applied to the live arrays: undone if the update fails
+
+        def undo_in_place() -> None:
+            while in_place:   # XOR undoes itself
+                change = in_place.pop()
+                codec.apply_in_place(fields[change.name], change, self.limits)
         try:
             for change in changes:
                 if change.kind == "delete":
@@ -91,10 +120,9 @@ class ContextStore:
                 else:
                     fields[change.name] = self._apply(fields.get(change.name), change)
                 changed.add(change.name)
-            self._install(context, fields, changed, deleted, changes)
+            self._install(context, fields, changed, deleted, changes, undo_in_place)
         except BaseException:
-            for change in reversed(in_place):   # XOR undoes itself
-                codec.apply_in_place(fields[change.name], change, self.limits)
+            undo_in_place()
             raise
         return context
 
@@ -121,11 +149,9 @@ class ContextStore:
             return False
         if context.busy_with is not None:
             raise MCPDError(codes.CONFLICT, f"context {context_id!r} is busy with a generate")
-        del self.contexts[(owner, context_id)]
-        self.count_of[owner] -= 1
-        self._account(owner, -context.nbytes)
-        for listener in self.listeners:
+        for listener in reversed(self.listeners):
             listener.dropped(context)
+        self._remove(context)
         return True
 
     def restore(self, context: Context) -> bool:
@@ -135,14 +161,26 @@ class ContextStore:
         old = self.contexts.get(key)
         if old is not None and old.version >= context.version:
             return False
-        if old is None:
-            self.count_of[context.owner] = self.count_of.get(context.owner, 0) + 1
-        self.contexts[key] = context
-        self._account(context.owner, context.nbytes - (old.nbytes if old is not None else 0))
+        if old is not None:
+            self._remove(old)
+        self._add(context)
         return True
 
     def owned_by(self, owner: str) -> list[Context]:
-        return sorted((c for (o, _), c in self.contexts.items() if o == owner), key=lambda c: c.id)
+        return sorted(self.owned.get(owner, {}).values(), key=lambda c: c.id)
+
+    def _add(self, context: Context) -> None:
+        self.contexts[(context.owner, context.id)] = context
+        self.owned.setdefault(context.owner, {})[context.id] = context
+        self._account(context.owner, context.nbytes)
+
+    def _remove(self, context: Context) -> None:
+        del self.contexts[(context.owner, context.id)]
+        owned = self.owned[context.owner]
+        del owned[context.id]
+        if not owned:
+            del self.owned[context.owner]
+        self._account(context.owner, -context.nbytes)
 
     def _apply_in_place(self, old, change: FieldDelta) -> bool:
         """XOR a big field's live array instead of building a new one: a sync of a 64 MB field then
@@ -164,19 +202,23 @@ class ContextStore:
             raise MCPDError(codes.BAD_REQUEST, "the tokens field must be a 1-D array of non-negative int32")
         return value
 
-    def _growth(self, context: Context, fields: dict) -> int:
-        """How many bytes `fields` add over the context's current ones; TOO_LARGE if that takes
-        the context, its owner or the daemon past a limit. The owner's limit keeps one tenant
-        from taking the whole daemon-wide budget from the others."""
-        size = sum(value_nbytes(v) for v in fields.values())
+    def _growth(self, context: Context, fields: dict, touched: set[str]) -> int:
+        """How many bytes `fields` (which differ from the context's in `touched`) add; TOO_LARGE
+        if that takes the context, its owner or the daemon past a limit, or the context past
+        contexts.max_fields. The owner's limit keeps one tenant from taking the whole daemon-wide
+        budget from the others."""
+        if len(fields) - 1 > self.config.max_fields and len(fields) > len(context.fields):
+            raise MCPDError(codes.TOO_LARGE, f"context {context.id!r} would have {len(fields) - 1} fields besides "
+                                             f"tokens; the limit is {self.config.max_fields} (contexts.max_fields)")
+        size = context.nbytes_after(fields, touched)
         growth = size - context.nbytes
-        limits = ((size, self.config.max_context_bytes, "context would hold"),
+        limits = ((size, self.config.max_context_bytes, "context would hold", "max_context_bytes"),
                   (self.bytes_of.get(context.owner, 0) + growth, self.config.max_owner_bytes,
-                   "the tenant's contexts would hold"),
-                  (self.total_bytes + growth, self.config.max_total_bytes, "contexts would hold"))
-        for would_hold, limit, what in limits:
+                   "the tenant's contexts would hold", "max_owner_bytes"),
+                  (self.total_bytes + growth, self.config.max_total_bytes, "contexts would hold", "max_total_bytes"))
+        for would_hold, limit, what, key in limits:
             if would_hold > limit:
-                raise MCPDError(codes.TOO_LARGE, f"{what} {would_hold} bytes; the limit is {limit}")
+                raise MCPDError(codes.TOO_LARGE, f"{what} {would_hold} bytes; the limit is {limit} (contexts.{key})")
         return growth
 
     def _account(self, owner: str, growth: int) -> None:
@@ -184,16 +226,21 @@ class ContextStore:
         self.bytes_of[owner] = self.bytes_of.get(owner, 0) + growth
 
     def _install(self, context: Context, fields: dict, changed: set[str], deleted: set[str],
-                 changes: list[FieldDelta]) -> None:
+                 changes: list[FieldDelta], undo_in_place=lambda: None) -> None:
         """Commit the next version if it fits the limits and every listener takes it."""
-        growth = self._growth(context, fields)
+        growth = self._growth(context, fields, changed | deleted)
         saved = context.saved()
-        context.commit(fields, changed, deleted)
+        context.commit(fields, changed, deleted, context.nbytes + growth)
+        accepted = []
         try:
             for listener in self.listeners:
                 listener.committed(context, changes)
+                accepted.append(listener)
         except BaseException:
             context.roll_back(saved)
+            undo_in_place()
+            for listener in reversed(accepted):
+                listener.reverted(context)
             raise
         self._account(context.owner, growth)
 

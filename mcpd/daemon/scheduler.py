@@ -71,7 +71,8 @@ class Scheduler:
         self.workers: dict[bytes, WorkerSlot] = {}
         self.host_cache = host_segment.attach(config)
         self.contexts = ContextService(config.contexts, config.limits,
-                                       cache=ContextCache(self.host_cache) if self.host_cache else None)
+                                       cache=ContextCache(self.host_cache, config.cache.max_owner_fraction)
+                                       if self.host_cache else None)
         self.journal = open_journal(config, self.contexts.store, self.log)
         self.arrivals = itertools.count()
         self.dispatched = 0
@@ -303,8 +304,8 @@ class Scheduler:
         try:
             header["result"]["context"] = self.contexts.commit_turn(job.context, appended)
             reply = msgpack.packb(header)
-        except MCPDError as e:   # the turn does not fit the context's limits: nothing committed
-            reply = wire.error_reply(header["id"], e.code, e.message)
+        except MCPDError as e:   # the turn does not fit the context's limits, or storage: nothing committed
+            reply = wire.error_reply(header["id"], e.code, e.message, e.retry_after_ms)
         self._reply(rid, reply)
 
     def _hello(self, identity: bytes, info: dict) -> None:

@@ -2,20 +2,32 @@
 
 The scheduler keeps committed contexts in it and every worker KV blocks (keyed by their chain
 hash), so any process can find what another wrote, and a crash of the writer loses nothing it
-published. Its state lives in the segment itself, never in a process:
+published. Its state lives in the segment itself, never in a process (shm_layout.py).
 
-    header | slot table (one 80-byte slot per page) | next-page links | page-in-use flags | pages
+Allocator: two ways to hold an entry, so that small entries stay small.
+- An entry over half a page takes a chain of whole pages (cache.page_bytes) linked through
+  `next`: it wastes under one page, and any free page serves any such entry. Chains take free
+  pages lowest-address first, so an entry's pages are mostly consecutive and copied as a few
+  long runs. (The buddy allocator in buddy.py keeps its free lists in Python objects, which
+  other processes cannot see.)
+- A smaller entry takes one block of a size class: powers of two from 64 bytes (or page/256)
+  to half a page. A page given to a class is cut into its blocks (a bitmap says which are
+  taken) and goes back to the free pages with its last block. A 200-byte context takes 256
+  bytes, not a 16 KiB page. Block pages are taken from the top of the page range, away from
+  the chains. Power-of-two classes waste under half a block; bench/cache_share.py measures it.
+Blocks freed here and there leave pages each holding a few: when whole pages run short, the
+live blocks of each class are packed into as few pages as they need (`_defragment`) before
+anything is evicted, so dropped contexts cannot keep the cache's pages.
 
-Allocator: fixed pages (cache.page_bytes) chained through the `next` links. An entry of n bytes
-takes ceil(n / page) pages, so it wastes under one page, whatever the mix of sizes, and the
-arena never fragments: any free page serves any entry. Free pages are taken lowest-address
-first, so an entry's pages are mostly consecutive and are copied as a few long runs. (The buddy
-allocator in buddy.py keeps its free lists in Python objects, which other processes cannot see.)
+`footprint(n)` is what an entry of n bytes occupies: its block or pages, and its slot. The
+context cache charges tenants that (issue 13: small commits counted at their field bytes took
+whole pages, 32x more).
 
-Index: the slot table. A slot holds an entry's kind, 32-byte key (BLAKE2b digests: KV chain
-hashes, context ids), size, first page, and its eviction statistics; lookups match the key's
-first 8 bytes over the whole table with numpy, then compare the full key. There are as many
-slots as pages and every entry holds at least one page, so a slot is free whenever pages are.
+Index: the slot table, one slot per entry (one slot per 2 KiB of segment: 131,072 for 256 MiB,
+room for 65,536 contexts and their delta entries beside the KV blocks). A slot holds an
+entry's kind, 32-byte key (BLAKE2b digests: KV chain hashes, context ids), size, place, and its
+eviction statistics; lookups match the key's first 8 bytes over the tag column with numpy,
+then compare the full key.
 
 Eviction: LRFU (Lee et al., 2001), which spans recency and frequency with one parameter. Each
 entry carries a combined recency-frequency value, crf = sum over its past references of
@@ -25,16 +37,17 @@ long ago decays like an old one-off. The lowest crf goes first. half_life defaul
 the page count, so a reference's weight halves while about a quarter of the cache turns over:
 a block reused every turn of a live chat outlives a burst of one-off prompts, while a chat that
 went quiet fades out. Pinned entries (contexts: committed state) are never evicted; a put that
-cannot fit after evicting everything else raises ArenaFull.
+cannot fit after evicting everything else raises ArenaFull, having evicted nothing.
 
 Crash safety. All metadata changes happen under a FileLock (the kernel releases it if the holder
 dies). The holder sets `dirty` in the header first and clears it last; whoever next takes the
-lock and finds it set rebuilds the page flags and links from the slots (the source of truth),
-so a SIGKILL mid-update leaves no leaked or doubly owned page. Bytes are copied outside the
-lock: a put reserves pages and a slot in state WRITING (invisible to lookups, never evicted),
-copies, then publishes it as LIVE under the lock, replacing an older entry of the same key only
-then. A writer that dies mid-copy leaves a WRITING slot whose pid is gone; the next put reclaims
-it. Reads copy out under the lock, so eviction cannot reuse pages being read.
+lock and finds it set rebuilds the page table from the slots (the source of truth), so a
+SIGKILL mid-update leaves no leaked or doubly owned page or block. Bytes are copied outside the
+lock: a put reserves its place and a slot in state WRITING (invisible to lookups, never evicted
+or moved), copies, then publishes it as LIVE under the lock, replacing an older entry of the same
+key only then. A writer that dies mid-copy leaves a WRITING slot whose pid is gone; the next put
+short of room reclaims it. Reads copy out under the lock, so neither eviction nor packing can
+move bytes being read.
 """
 from __future__ import annotations
 
@@ -44,19 +57,15 @@ from pathlib import Path
 
 import numpy as np
 
+from mcpd.memory import shm_layout
 from mcpd.memory.file_lock import FileLock
+from mcpd.memory.shm_layout import HEADER, MAGIC, SLOT_BYTES, Layout
 
-MAGIC = 0x6D63706461726E31   # "mcpdarn1"
-HEADER = np.dtype([("magic", "<u8"), ("page_bytes", "<u8"), ("num_pages", "<u8"), ("dirty", "<u8"),
-                   ("half_life", "<f8"), ("clock", "<u8"), ("hits", "<u8"), ("misses", "<u8"),
-                   ("evictions", "<u8"), ("inserts", "<u8"), ("refused", "<u8")])
-SLOT = np.dtype([("state", "u1"), ("kind", "u1"), ("pinned", "u1"), ("pad", "u1"), ("pid", "<i4"),
-                 ("tag", "<u8"), ("key", "V32"), ("nbytes", "<u8"), ("first", "<u4"), ("npages", "<u4"),
-                 ("last", "<u8"), ("crf", "<f8")])
-EMPTY, WRITING, LIVE = 0, 1, 2
+EMPTY, WRITING, LIVE = 0, 1, 2        # slot states
+FREE, CHAIN = 0, 1                    # page kinds; a page of class k's blocks is CHAIN + k
 END = 0xFFFFFFFF          # the last page of a chain links here
-ALIGN = 4096
-PER_PAGE_OVERHEAD = SLOT.itemsize + 4 + 1   # slot, next link, in-use flag
+MIN_BLOCK = 64
+MAX_BLOCKS_PER_PAGE = 256             # the bitmap's bits
 KINDS = 4   # entries_by_kind counts kinds 0 (unused) to 3, present or not: host_segment names them
 
 
@@ -75,30 +84,32 @@ class ShmArena:
         self.lock = FileLock(lock_path)
         self.head = np.frombuffer(self.mm, HEADER, count=1)
         if self.head["magic"][0] != MAGIC:
-            raise ValueError(f"{path} is not an mcpd cache segment")
-        self.page_bytes, self.num_pages = int(self.head["page_bytes"][0]), int(self.head["num_pages"][0])
-        self.slots = np.frombuffer(self.mm, SLOT, self.num_pages, ALIGN)
-        links_at = ALIGN + self.slots.nbytes
-        self.next = np.frombuffer(self.mm, "<u4", self.num_pages, links_at)
-        self.used = np.frombuffer(self.mm, "u1", self.num_pages, links_at + self.next.nbytes)
-        self.pages_at = _aligned(links_at + self.next.nbytes + self.used.nbytes)
+            raise ValueError(f"{path} is not an mcpd cache segment of this version")
+        layout = Layout(int(self.head["num_slots"][0]), int(self.head["num_pages"][0]), int(self.head["page_bytes"][0]))
+        self.page_bytes, self.num_pages, self.num_slots = layout.page_bytes, layout.num_pages, layout.num_slots
+        for name, column in shm_layout.columns(self.mm, layout).items():
+            setattr(self, name, column)
+        self.pages_at = layout.offsets()[1]
+        self.min_shift = max(MIN_BLOCK, self.page_bytes // MAX_BLOCKS_PER_PAGE).bit_length() - 1
+        self.num_classes = (self.page_bytes // 2).bit_length() - 1 - self.min_shift + 1
         self.mem = memoryview(self.mm)
-        self.pid = os.getpid()
+        self.own_pid = os.getpid()
 
     @classmethod
     def create(cls, path: Path, lock_path: Path, nbytes: int, page_bytes: int,
-               half_life: float | None = None) -> "ShmArena":
-        """A new, empty segment at path (replacing any stale one: nobody may still use it)."""
-        num_pages = (nbytes - 3 * ALIGN) // (page_bytes + PER_PAGE_OVERHEAD)
-        if num_pages < 1:
+               half_life: float | None = None, num_slots: int | None = None) -> "ShmArena":
+        """A new, empty segment at path of at most nbytes (replacing any stale one: nobody may
+        still use it)."""
+        layout = Layout.fitting(nbytes, page_bytes, num_slots)
+        if layout.num_pages < 1:
             raise ValueError(f"{nbytes} bytes cannot hold one {page_bytes}-byte page")
-        size = _aligned(_aligned(ALIGN + num_pages * SLOT.itemsize + num_pages * 5) + num_pages * page_bytes)
         path.unlink(missing_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
-            os.ftruncate(fd, size)   # zeros: every slot EMPTY, every page free
+            os.ftruncate(fd, layout.size)   # zeros: every slot EMPTY, every page FREE
             header = np.zeros(1, HEADER)
-            header[0] = (MAGIC, page_bytes, num_pages, 0, half_life or max(16.0, num_pages / 4), 0, 0, 0, 0, 0, 0)
+            header[0] = (MAGIC, page_bytes, layout.num_pages, layout.num_slots, 0,
+                         half_life or max(16.0, layout.num_pages / 4), 0, 0, 0, 0, 0, 0, 0)
             os.pwrite(fd, header.tobytes(), 0)
         finally:
             os.close(fd)
@@ -131,7 +142,7 @@ class ShmArena:
                 return None
             self._count("hits")
             self._reference(slot)
-            out = bytearray(int(self.slots["nbytes"][slot]))
+            out = bytearray(int(self.nbytes[slot]))
             done = 0
             for at, n in self._spans(slot):
                 out[done:done + n] = self.mem[at:at + n]
@@ -151,107 +162,254 @@ class ShmArena:
 
     def keys(self, kind: int) -> list[bytes]:
         with self._locked():
-            found = np.flatnonzero((self.slots["state"] == LIVE) & (self.slots["kind"] == kind))
-            return [self.slots["key"][i].tobytes() for i in found]
+            found = np.flatnonzero((self.state == LIVE) & (self.kind == kind))
+            return [self.key[i].tobytes() for i in found]
+
+    def footprint(self, nbytes: int) -> int:
+        """The bytes an entry of nbytes occupies: its block, or its whole pages, and its slot."""
+        klass = self._class_of(nbytes)
+        held = self._block_bytes(klass) if klass else self._pages_for(nbytes) * self.page_bytes
+        return held + SLOT_BYTES
+
+    @property
+    def capacity_bytes(self) -> int:
+        """What footprints are measured against: the pages and the slot table."""
+        return self.num_pages * self.page_bytes + self.num_slots * SLOT_BYTES
 
     def stats(self) -> dict:
         with self._locked():
-            live = self.slots["state"] == LIVE
-            head = {name: int(self.head[name][0]) for name in ("hits", "misses", "evictions", "inserts", "refused")}
-            used_pages = int(np.count_nonzero(self.used))
-            stored = int(self.slots["nbytes"][live].sum())
-            kinds = np.bincount(self.slots["kind"][live], minlength=KINDS)
+            live = self.state == LIVE
+            head = {name: int(self.head[name][0])
+                    for name in ("hits", "misses", "evictions", "inserts", "refused", "moved")}
+            used_pages = int(np.count_nonzero(self.page_kind))
+            stored = int(self.nbytes[live].sum())
+            held = int(self._held_bytes(np.flatnonzero(live)).sum())
+            kinds = np.bincount(self.kind[live], minlength=KINDS)
         lookups = head["hits"] + head["misses"]
         return {"total_bytes": self.num_pages * self.page_bytes, "used_bytes": used_pages * self.page_bytes,
-                "stored_bytes": stored, "page_bytes": self.page_bytes, "entries": int(live.sum()),
-                "entries_by_kind": kinds.tolist(), **head,
+                "held_bytes": held, "stored_bytes": stored, "page_bytes": self.page_bytes,
+                "entries": int(live.sum()), "slots": self.num_slots, "entries_by_kind": kinds.tolist(), **head,
                 "hit_rate": round(head["hits"] / lookups, 4) if lookups else 0.0}
 
     # -- writing: reserve, copy, publish -------------------------------------------------------
 
     def _reserve(self, kind: int, key: bytes, nbytes: int, pinned: bool, replace: bool) -> int | None:
-        npages = max(1, -(-nbytes // self.page_bytes))
+        klass = self._class_of(nbytes)
+        npages = 1 if klass else self._pages_for(nbytes)
         with self._locked():
-            self._reclaim_dead_writers()
             if not replace and self._find(kind, key, LIVE, WRITING) is not None:
                 return None
-            pages = self._take_pages(npages)
-            slot = int(np.flatnonzero(self.slots["state"] == EMPTY)[0])
-            self.next[pages[:-1]] = pages[1:]
-            self.next[pages[-1]] = END
-            self.used[pages] = 1
-            fields = {"kind": kind, "pinned": pinned, "pid": self.pid, "tag": _tag(key), "key": key,
-                      "nbytes": nbytes, "first": pages[0], "npages": npages}
+            self._make_room(klass, npages)
+            slot = int(self.state.argmin())   # EMPTY is 0: the first free slot
+            if klass:
+                self.first[slot], self.block[slot] = self._take_block(klass)
+            else:
+                pages = np.flatnonzero(self.page_kind == FREE)[:npages]
+                self.next[pages[:-1]] = pages[1:]
+                self.next[pages[-1]] = END
+                self.page_kind[pages] = CHAIN
+                self.first[slot] = pages[0]
+            fields = {"kind": kind, "pinned": pinned, "klass": klass, "pid": self.own_pid, "tag": _tag(key), "key": key,
+                      "nbytes": nbytes, "npages": npages}
             for name, value in fields.items():
-                self.slots[name][slot] = value
-            self.slots["state"][slot] = WRITING   # last: until now the slot was EMPTY, the pages orphans
+                getattr(self, name)[slot] = value
+            self.state[slot] = WRITING   # last: until now the slot was EMPTY, its place an orphan
             return slot
 
     def _publish(self, slot: int) -> None:
         with self._locked():
-            key, kind = self.slots["key"][slot].tobytes(), int(self.slots["kind"][slot])
+            key, kind = self.key[slot].tobytes(), int(self.kind[slot])
             old = self._find(kind, key, LIVE)
             if old is not None:
                 self._free(old)
             self._reference(slot, fresh=True)
-            self.slots["state"][slot] = LIVE
+            self.state[slot] = LIVE
             self._count("inserts")
 
     def _find(self, kind: int, key: bytes, *states: int) -> int | None:
-        for slot in np.flatnonzero(self.slots["tag"] == _tag(key)):
-            if (self.slots["state"][slot] in states and self.slots["kind"][slot] == kind
-                    and self.slots["key"][slot].tobytes() == key):
+        for slot in np.flatnonzero(self.tag == _tag(key)):
+            if self.state[slot] in states and self.kind[slot] == kind and self.key[slot].tobytes() == key:
                 return int(slot)
         return None
 
-    def _take_pages(self, npages: int) -> np.ndarray:
-        short = npages - (self.num_pages - int(np.count_nonzero(self.used)))
-        if short > 0:
-            self._evict(short)
-        return np.flatnonzero(self.used == 0)[:npages]
+    # -- making room ------------------------------------------------------------------------------
 
-    def _evict(self, npages: int) -> None:
-        """Free evictable entries, lowest crf first, until npages more pages are free."""
-        evictable = np.flatnonzero((self.slots["state"] == LIVE) & (self.slots["pinned"] == 0))
-        order = evictable[np.argsort(self._crf_now(evictable), kind="stable")]
-        freed = np.cumsum(self.slots["npages"][order].astype(np.int64))
-        if not len(order) or freed[-1] < npages:
+    def _make_room(self, klass: int, npages: int) -> None:
+        """A free slot, and npages free pages (or a free block of klass), or ArenaFull. Cheapest
+        first: what dead writers held, then packing blocks, then evicting."""
+        if self._has_room(klass, npages):
+            return
+        self._reclaim_dead_writers()
+        if not self._has_room(klass, npages) and self._sparse_classes().size:
+            self._defragment()
+        if not self._has_room(klass, npages):
+            self._evict(klass, npages)
+
+    def _has_room(self, klass: int, npages: int) -> bool:
+        return self.state.min() == EMPTY and self._pages_short(klass, npages) == 0
+
+    def _pages_short(self, klass: int, npages: int) -> int:
+        if klass and self._partial_pages(klass).size:
+            return 0
+        return max(0, npages - int(np.count_nonzero(self.page_kind == FREE)))
+
+    def _evict(self, klass: int, npages: int) -> None:
+        """Free evictable entries, lowest crf first, until the entry fits; refuse before
+        evicting anything if it could not fit even with all of them gone."""
+        evictable = np.flatnonzero((self.state == LIVE) & (self.pinned == 0))
+        if not len(evictable) or self.num_pages - self._unevictable_pages() < npages:
             self._count("refused")
-            raise ArenaFull(f"{npages} more pages of {self.page_bytes} bytes are needed; "
-                            f"{int(freed[-1]) if len(order) else 0} could be evicted")
-        victims = order[:int(np.searchsorted(freed, npages)) + 1]
-        for slot in victims:
+            raise ArenaFull(f"{npages} page(s) of {self.page_bytes} bytes are needed and the rest is pinned "
+                            f"or being written ({self._unevictable_pages()} of {self.num_pages} pages)")
+        order = evictable[np.argsort(self._crf_now(evictable), kind="stable")]
+        # The fewest victims whose chains free the pages short (any victim frees a slot).
+        freed = np.cumsum(np.where(self.klass[order] == 0, self.npages[order], 0).astype(np.int64))
+        count = int(np.searchsorted(freed, self._pages_short(klass, npages))) + 1
+        for slot in order[:count]:
             self._free(int(slot))
-        self._count("evictions", len(victims))
+        for slot in order[count:]:   # blocks alone did not free whole pages: go on one by one
+            if self._has_room(klass, npages):
+                break
+            self._free(int(slot))
+            count += 1
+        self._count("evictions", min(count, len(order)))
+        if not self._has_room(klass, npages):
+            self._defragment()
+        if not self._has_room(klass, npages):
+            self._count("refused")
+            raise ArenaFull("blocks being written keep the pages needed")
+
+    def _unevictable_pages(self) -> int:
+        """The fewest pages that pinned and WRITING entries can be packed into."""
+        kept = np.flatnonzero((self.state == WRITING) | ((self.state == LIVE) & (self.pinned != 0)))
+        chains = kept[self.klass[kept] == 0]
+        pages = int(self.npages[chains].sum())
+        for klass, count in enumerate(np.bincount(self.klass[kept], minlength=self.num_classes + 1)):
+            if klass and count:
+                pages += -(-int(count) // self._blocks_per_page(klass))
+        return pages
 
     def _reclaim_dead_writers(self) -> None:
-        for slot in np.flatnonzero(self.slots["state"] == WRITING):
-            if not _alive(int(self.slots["pid"][slot])):
+        for slot in np.flatnonzero(self.state == WRITING):
+            if not _alive(int(self.pid[slot])):
                 self._free(int(slot))
 
+    # -- blocks -----------------------------------------------------------------------------------
+
+    def _class_of(self, nbytes: int) -> int:
+        """The size class of an entry of nbytes, 1 for the smallest; 0 for a chain of pages."""
+        if nbytes > self.page_bytes // 2:
+            return 0
+        return max(1, (max(nbytes, 1) - 1).bit_length() - self.min_shift + 1)
+
+    def _block_bytes(self, klass: int) -> int:
+        return 1 << (self.min_shift + klass - 1)
+
+    def _blocks_per_page(self, klass: int) -> int:
+        return self.page_bytes // self._block_bytes(klass)
+
+    def _pages_for(self, nbytes: int) -> int:
+        return max(1, -(-nbytes // self.page_bytes))
+
+    def _partial_pages(self, klass: int) -> np.ndarray:
+        return np.flatnonzero((self.page_kind == CHAIN + klass) & (self.blocks_used < self._blocks_per_page(klass)))
+
+    def _take_block(self, klass: int) -> tuple[int, int]:
+        """A free block of the class: in its fullest page that has one (so sparse pages empty
+        out), else in a fresh page from the top of the range."""
+        partial = self._partial_pages(klass)
+        if partial.size:
+            page = int(partial[np.argmax(self.blocks_used[partial])])
+        else:
+            page = int(np.flatnonzero(self.page_kind == FREE)[-1])
+            self.page_kind[page] = CHAIN + klass
+        block = self._free_block(page, klass)
+        self._set_block(page, block, True)
+        return page, block
+
+    def _free_block(self, page: int, klass: int) -> int:
+        bits = np.unpackbits(self.bitmap[page], bitorder="little")
+        return int(bits[:self._blocks_per_page(klass)].argmin())
+
+    def _set_block(self, page: int, block: int, taken: bool) -> None:
+        if taken:
+            self.bitmap[page, block >> 3] |= 1 << (block & 7)
+        else:
+            self.bitmap[page, block >> 3] &= ~(1 << (block & 7)) & 0xFF
+        self.blocks_used[page] = int(self.blocks_used[page]) + (1 if taken else -1)
+        if not taken and self.blocks_used[page] == 0:
+            self.page_kind[page] = FREE
+
+    def _block_taken(self, page: int, block: int) -> bool:
+        return bool(self.bitmap[page, block >> 3] >> (block & 7) & 1)
+
+    def _sparse_classes(self) -> np.ndarray:
+        """Classes whose live blocks would fit in fewer pages than they hold."""
+        kinds = self.page_kind[self.page_kind > CHAIN].astype(np.int64) - CHAIN
+        pages = np.bincount(kinds, minlength=self.num_classes + 1)
+        used = np.bincount(kinds, weights=self.blocks_used[self.page_kind > CHAIN], minlength=self.num_classes + 1)
+        per_page = self.page_bytes // np.left_shift(1, self.min_shift + np.arange(self.num_classes + 1) - 1).clip(1)
+        return np.flatnonzero(pages > np.ceil(used / per_page))
+
+    def _defragment(self) -> None:
+        """Pack each class's live blocks into its fullest pages, freeing the sparse ones. Blocks
+        being written stay where they are (their writer copies into them outside the lock)."""
+        for klass in self._sparse_classes().tolist():
+            pages = np.flatnonzero(self.page_kind == CHAIN + klass)
+            used = self.blocks_used[pages]
+            keep = -(-int(used.sum()) // self._blocks_per_page(klass))
+            sources = pages[np.argsort(-used.astype(np.int64), kind="stable")][keep:]
+            movers = np.flatnonzero((self.klass == klass) & (self.state == LIVE) & np.isin(self.first, sources))
+            for slot in movers:
+                targets = np.setdiff1d(self._partial_pages(klass), sources, assume_unique=True)
+                if not targets.size:
+                    break
+                self._move_block(int(slot), int(targets[np.argmax(self.blocks_used[targets])]))
+
+    def _move_block(self, slot: int, page: int) -> None:
+        (src, n), = self._spans(slot)
+        old_page, old_block = int(self.first[slot]), int(self.block[slot])
+        block = self._free_block(page, int(self.klass[slot]))
+        self._set_block(page, block, True)
+        dst = self.pages_at + page * self.page_bytes + block * self._block_bytes(int(self.klass[slot]))
+        self.mem[dst:dst + n] = self.mem[src:src + n]
+        self.first[slot], self.block[slot] = page, block
+        self._set_block(old_page, old_block, False)
+        self._count("moved")
+
+    # -- freeing ----------------------------------------------------------------------------------
+
     def _free(self, slot: int) -> None:
-        pages = self._chain(slot)
-        self.slots["state"][slot] = EMPTY   # first: a crash from here on leaves orphan pages, which repair frees
-        self.used[pages] = 0
+        self.state[slot] = EMPTY   # first: a crash from here on leaves an orphan place, which repair frees
+        if self.klass[slot]:
+            self._set_block(int(self.first[slot]), int(self.block[slot]), False)
+        else:
+            self.page_kind[self._chain(slot)] = FREE
+
+    def _held_bytes(self, slots: np.ndarray) -> np.ndarray:
+        """What the slots' entries hold of the pages: blocks, or whole pages."""
+        klass = self.klass[slots].astype(np.int64)
+        blocks = np.left_shift(1, self.min_shift + np.maximum(klass, 1) - 1)
+        return np.where(klass > 0, blocks, self.npages[slots].astype(np.int64) * self.page_bytes)
 
     # -- eviction statistics ---------------------------------------------------------------------
 
     def _crf_now(self, slots: np.ndarray) -> np.ndarray:
-        age = (self.head["clock"][0] - self.slots["last"][slots]).astype(np.float64)
-        return self.slots["crf"][slots] * np.exp2(-age / self.head["half_life"][0])
+        age = (self.head["clock"][0] - self.last[slots]).astype(np.float64)
+        return self.crf[slots] * np.exp2(-age / self.head["half_life"][0])
 
     def _reference(self, slot: int, fresh: bool = False) -> None:
         clock = self.head["clock"][0] + 1
         self.head["clock"] = clock
         decayed = 0.0 if fresh else float(self._crf_now(np.array([slot]))[0])
-        self.slots["crf"][slot] = 1.0 + decayed
-        self.slots["last"][slot] = clock
+        self.crf[slot] = 1.0 + decayed
+        self.last[slot] = clock
 
     # -- pages ---------------------------------------------------------------------------------
 
     def _chain(self, slot: int) -> list[int]:
-        pages, page = [], int(self.slots["first"][slot])
-        for _ in range(int(self.slots["npages"][slot])):
+        pages, page = [], int(self.first[slot])
+        for _ in range(int(self.npages[slot])):
             if page >= self.num_pages:
                 break   # a link half rewritten when its writer died: _repair drops the entry
             pages.append(page)
@@ -259,8 +417,12 @@ class ShmArena:
         return pages
 
     def _spans(self, slot: int) -> list[list[int]]:
-        """[address, length] of the entry's bytes, one span per run of consecutive pages."""
-        spans, left = [], int(self.slots["nbytes"][slot])
+        """[address, length] of the entry's bytes: its block, or one span per run of consecutive pages."""
+        left = int(self.nbytes[slot])
+        if self.klass[slot]:
+            at = int(self.first[slot]) * self.page_bytes + int(self.block[slot]) * self._block_bytes(int(self.klass[slot]))
+            return [[self.pages_at + at, left]]
+        spans = []
         for first, count in _runs(self._chain(slot)):
             n = min(count * self.page_bytes, left)
             spans.append([self.pages_at + first * self.page_bytes, n])
@@ -273,14 +435,30 @@ class ShmArena:
         return _Held(self)
 
     def _repair(self) -> None:
-        """Rebuild page flags and links from the slots after a lock holder died mid-update."""
-        self.used[:] = 0
-        for slot in np.flatnonzero(self.slots["state"] != EMPTY):
-            pages = self._chain(int(slot))
-            if len(pages) != self.slots["npages"][slot] or len(set(pages)) != len(pages) or self.used[pages].any():
-                self.slots["state"][slot] = EMPTY   # its links were being rewritten: drop it
-                continue
-            self.used[pages] = 1
+        """Rebuild the page table from the slots after a lock holder died mid-update; an entry
+        whose place conflicts with another's, or was half written, is dropped."""
+        self.page_kind[:] = FREE
+        self.blocks_used[:] = 0
+        self.bitmap[:] = 0
+        for slot in np.flatnonzero(self.state != EMPTY):
+            if not (self._repair_block(int(slot)) if self.klass[slot] else self._repair_chain(int(slot))):
+                self.state[slot] = EMPTY
+
+    def _repair_chain(self, slot: int) -> bool:
+        pages = self._chain(slot)
+        if len(pages) != self.npages[slot] or len(set(pages)) != len(pages) or self.page_kind[pages].any():
+            return False
+        self.page_kind[pages] = CHAIN
+        return True
+
+    def _repair_block(self, slot: int) -> bool:
+        page, block, klass = int(self.first[slot]), int(self.block[slot]), int(self.klass[slot])
+        if (klass > self.num_classes or page >= self.num_pages or block >= self._blocks_per_page(klass)
+                or self.page_kind[page] not in (FREE, CHAIN + klass) or self._block_taken(page, block)):
+            return False
+        self.page_kind[page] = CHAIN + klass
+        self._set_block(page, block, True)
+        return True
 
     def _count(self, name: str, n: int = 1) -> None:
         self.head[name] = self.head[name][0] + n
@@ -288,7 +466,7 @@ class ShmArena:
 
 class _Held:
     """The arena's lock, held: sets `dirty` on entry and clears it on exit, unless an unexpected
-    error may have left an update half done (ArenaFull is raised before anything changes)."""
+    error may have left an update half done (ArenaFull leaves every change complete)."""
 
     def __init__(self, arena: ShmArena):
         self.arena = arena
@@ -307,10 +485,6 @@ class _Held:
 
 def _tag(key: bytes) -> int:
     return int.from_bytes(key[:8], "little")
-
-
-def _aligned(n: int) -> int:
-    return -(-n // ALIGN) * ALIGN
 
 
 def _runs(pages: list[int]) -> list[tuple[int, int]]:

@@ -17,12 +17,13 @@ CANCELLED = "CANCELLED"                      # the client cancelled the request
 UNAUTHORIZED = "UNAUTHORIZED"                # not allowed for this client
 UNAVAILABLE = "UNAVAILABLE"                  # daemon draining or stopping
 WORKER_LOST = "WORKER_LOST"                  # the worker running the request died mid-way
+STORAGE_FULL = "STORAGE_FULL"                # no room to keep a change (disk, host cache): nothing changed; retry_after_ms
 INTERNAL = "INTERNAL"                        # a bug on our side; the message says what
 TIMEOUT = "TIMEOUT"                          # client side only: no reply within the client's timeout
 
 ALL = (BAD_REQUEST, UNSUPPORTED_VERSION, UNKNOWN_OP, TOO_LARGE, RATE_LIMITED, OVERLOADED,
        DEADLINE_EXCEEDED, CONFLICT, NOT_FOUND, CANCELLED, UNAUTHORIZED, UNAVAILABLE, WORKER_LOST,
-       INTERNAL, TIMEOUT)
+       STORAGE_FULL, INTERNAL, TIMEOUT)
 
 
 class MCPDError(Exception):
