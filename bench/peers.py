@@ -3,9 +3,9 @@
     .venv/bin/python bench/peers.py --setup        # once, outside CI: peer venvs, vocab, GGUFs (niced)
     .venv/bin/python bench/peers.py [--quick] [--dtype float32|bfloat16] [--rounds 5] [--cache-dir DIR]
 
-Every system serves the same random Llama-style checkpoint (bench/checkpoints.py: 55.3M parameters,
+Every system serves the same random Llama-style checkpoint (bench/peerkit/checkpoints.py: 55.3M parameters,
 Llama-2 vocabulary) on 127.0.0.1: mcpd through the real daemon and its native client, the peers
-(bench/peer_servers.py) through their OpenAI-compatible HTTP APIs. All requests are greedy with
+(bench/peerkit/servers.py) through their OpenAI-compatible HTTP APIs. All requests are greedy with
 EOS ignored (llama.cpp: min_tokens = max_tokens), the same prompts and token counts for every
 system; each server is warmed up first, and the warm-up checks that every server counts the same
 prompt tokens and generates the same greedy text as mcpd. Workloads:
@@ -42,15 +42,16 @@ import os
 import statistics
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import torch
 
-import checkpoints
-import peer_servers
 import roofline
 from mcpd.models.tokenizer import HFTokenizer
-from peer_clients import HttpTarget, McpdTarget
+from peerkit import checkpoints, servers as peer_servers
+from peerkit.clients import HttpTarget, McpdTarget
 
 W1_PROMPT_TOKENS = 128
 W1_MAX_TOKENS = 128
@@ -280,8 +281,9 @@ def machine_limits(dtype: torch.dtype, quick: bool) -> dict:
             "flops_per_token": 2 * shape.matmul_parameters}
 
 
-def measure(targets: dict, pids: list[int], prompts: Prompts, rounds: int, quick: bool) -> dict[str, dict[str, list[float]]]:
-    samples = {name: {} for name in targets}
+def measure(targets: dict, pids: list[int], prompts: Prompts, rounds: int, quick: bool) -> tuple[dict, list]:
+    """Each figure's samples per system, and the load average at the end of each round."""
+    samples, loads = {name: {} for name in targets}, []
     for round_number in range(1, rounds + 1):
         started = time.monotonic()
         for workload in workloads(quick):
@@ -289,9 +291,21 @@ def measure(targets: dict, pids: list[int], prompts: Prompts, rounds: int, quick
                 peer_servers.settle(pids)
                 for figure, value in workload(target, prompts).items():
                     samples[name].setdefault(figure, []).append(value)
-        print(f"round {round_number}/{rounds}: {time.monotonic() - started:.0f} s, "
-              f"load average {os.getloadavg()[0]:.1f}", flush=True)
-    return samples
+        loads.append(round(os.getloadavg()[0], 2))
+        print(f"round {round_number}/{rounds}: {time.monotonic() - started:.0f} s, load average {loads[-1]}",
+              flush=True)
+    return samples, loads
+
+
+@dataclass
+class Run:
+    systems: dict       # system -> figure -> median (derived figures included)
+    spreads: dict       # system -> figure -> (max - min) / median
+    limits: dict        # the roofline and the per-token work it is judged with
+    checks: dict        # system -> what its warm-up returned
+    idle: dict          # system -> CPU % of its process tree while idle
+    missing: dict       # peer -> why it did not run
+    loads: list         # 1-minute load average at the start and after each round
 
 
 def main() -> None:
@@ -310,11 +324,14 @@ def main() -> None:
     if args.setup:
         peer_servers.setup(args.cache_dir)
         return
-    rounds = 1 if args.quick else args.rounds
-    dtype = getattr(torch, args.dtype)
-    load_start = os.getloadavg()
-    checkpoint_dir, vocab = checkpoints.checkpoint(args.cache_dir, dtype)
+    checkpoint_dir, vocab = checkpoints.checkpoint(args.cache_dir, getattr(torch, args.dtype))
     print(f"checkpoint {checkpoint_dir}: {vocab}", flush=True)
+    report(args, run(args, checkpoint_dir), vocab)
+
+
+def run(args, checkpoint_dir: Path) -> Run:
+    rounds = 1 if args.quick else args.rounds
+    loads = [round(os.getloadavg()[0], 2)]
     prompts = Prompts(HFTokenizer(checkpoint_dir, set()))
     servers, targets, missing = start_systems(args, checkpoint_dir)
     try:
@@ -322,8 +339,8 @@ def main() -> None:
         pids = [server.pid() for server in servers.values()]
         peer_servers.settle(pids)
         idle = {name: round(peer_servers.cpu_percent([server.pid()], 1.0), 1) for name, server in servers.items()}
-        limits = machine_limits(dtype, args.quick)
-        samples = measure(targets, pids, prompts, rounds, args.quick)
+        limits = machine_limits(getattr(torch, args.dtype), args.quick)
+        samples, round_loads = measure(targets, pids, prompts, rounds, args.quick)
     finally:
         for server in servers.values():
             server.stop()
@@ -331,32 +348,41 @@ def main() -> None:
     for name, figures in samples.items():
         middle, spreads[name] = medians(figures)
         systems[name] = derived(middle, limits)
+    return Run(systems, spreads, limits, checks, idle, missing, loads + round_loads)
+
+
+def machine() -> str:
+    cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    model = next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")), "?")
+    return f"{model}, {len(peer_servers.cores())} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB"
+
+
+def report(args, result: Run, vocab: str) -> None:
+    systems = result.systems
     ratios = ratios_vs_best_peer(systems)
-    report(args, systems, spreads, ratios, limits, checks, idle, missing, vocab, rounds, load_start)
-
-
-def report(args, systems, spreads, ratios, limits, checks, idle, missing, vocab, rounds, load_start) -> None:
+    rounds = len(result.loads) - 1
     print(f"\nmedians of {rounds} round(s), {args.dtype}; ± is half the spread (max - min) / median")
-    print(table(systems, spreads, ratios))
+    print(table(systems, result.spreads, ratios))
+    limits = result.limits
     print(f"roofline: read {limits['read_gbps']:.1f} GB/s, matmul {limits['matmul_gflops']:.0f} GFLOP/s "
-          f"({args.dtype}); idle CPU % of each server: {idle}")
-    same_text = {name: check["greedy_text"] == checks["mcpd"]["greedy_text"] for name, check in checks.items()}
+          f"({args.dtype}); idle CPU % of each server: {result.idle}; load average {result.loads}")
+    same_text = {name: check["greedy_text"] == result.checks["mcpd"]["greedy_text"]
+                 for name, check in result.checks.items()}
     print(f"greedy text identical to mcpd's on a probe: {same_text}")
-    for peer, reason in missing.items():
+    for peer, reason in result.missing.items():
         print(f"{peer} did not run: {reason}")
     versions = {peer: peer_servers.version(args.cache_dir, peer) for peer in systems if peer != "mcpd"}
     print(json.dumps({
         **{k: round(v, 4) for k, v in systems["mcpd"].items()},
         **{k: (round(v, 3) if isinstance(v, float) else v) for k, v in ratios.items()},
         "systems": {name: {k: round(v, 4) for k, v in figures.items()} for name, figures in systems.items()},
-        "spread": {name: {k: round(v, 3) for k, v in s.items()} for name, s in spreads.items()},
+        "spread": {name: {k: round(v, 3) for k, v in s.items()} for name, s in result.spreads.items()},
         "roofline": {"read_gbps": round(limits["read_gbps"], 1), "matmul_gflops": round(limits["matmul_gflops"], 1),
                      "weight_bytes_per_token": limits["weight_bytes_per_token"],
                      "flops_per_token": limits["flops_per_token"]},
-        "greedy_text_same_as_mcpd": same_text, "idle_cpu_percent": idle, "missing_peers": missing,
-        "versions": versions, "vocab": vocab, "dtype": args.dtype, "rounds": rounds, "quick": args.quick,
-        "load_avg_start": [round(x, 2) for x in load_start],
-        "load_avg_end": [round(x, 2) for x in os.getloadavg()]}))
+        "greedy_text_same_as_mcpd": same_text, "idle_cpu_percent": result.idle, "missing_peers": result.missing,
+        "versions": versions, "machine": machine(), "vocab": vocab, "dtype": args.dtype, "rounds": rounds,
+        "quick": args.quick, "load_avg": result.loads}))
 
 
 if __name__ == "__main__":

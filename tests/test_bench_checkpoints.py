@@ -1,4 +1,4 @@
-"""The peers benchmark's checkpoint builder (bench/checkpoints.py) and its figure convention.
+"""The peers benchmark's checkpoint builder (bench/peerkit/checkpoints.py) and its figure convention.
 
 The benchmark itself needs the peers' venvs and minutes; these check, in seconds and without the
 llama-cpp-python sdist or a network, what its figures rest on: that mcpd loads the checkpoint,
@@ -16,8 +16,8 @@ import torch
 import transformers
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-import checkpoints  # noqa: E402
 import peers  # noqa: E402
+from peerkit import checkpoints  # noqa: E402
 from mcpd.config import ModelConfig  # noqa: E402
 from mcpd.models.loader import load_checkpoint  # noqa: E402
 

@@ -34,8 +34,8 @@ from pathlib import Path
 
 import psutil
 
-import checkpoints
-from peer_clients import MODEL_NAME
+from peerkit import checkpoints
+from peerkit.clients import MODEL_NAME
 from mcpd.testing import Daemon, free_port
 
 VLLM_VERSION = "0.32.0"

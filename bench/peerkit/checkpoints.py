@@ -1,6 +1,6 @@
 """The peers benchmark's checkpoint: a random Llama-style model as a Hugging Face directory.
 
-    .venv/bin/python bench/checkpoints.py [--cache-dir DIR] [--dtype float32|bfloat16] [--small]
+    .venv/bin/python bench/peerkit/checkpoints.py [--cache-dir DIR] [--dtype float32|bfloat16] [--small]
 
 The shape is issue 12's: 8 layers, hidden 512, 8 query / 2 KV heads (head_dim 64), intermediate
 1408, vocab 32000, untied embeddings: 55.3M parameters, seeded random weights. Every server in the
