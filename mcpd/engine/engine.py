@@ -121,6 +121,7 @@ class Engine:
         self.steps += 1
         self.batch_sizes.observe(len(batch))
         sampling, logits = self._run_model(batch)
+        self.kv.step_ran()
         tokens, logprobs = self.sampler(logits, sampling) if sampling else ([], None)
         for i, (seq, token) in enumerate(zip(sampling, tokens)):
             outputs.append(self._append(seq, token, logprobs[i] if seq.params.logprobs else None))
