@@ -169,8 +169,11 @@ class EngineConfig:
     kv_block_size: int = 16         # tokens per KV block
     max_num_seqs: int = 64          # sequences decoding together in one step
     max_step_tokens: int = 2048     # token budget per step (prefill chunks + decodes)
+    kernels: str = "auto"           # auto (native CPU kernels where they build, else torch), native, torch
 
     def check(self) -> None:
+        if self.kernels not in ("auto", "native", "torch"):
+            raise ConfigError(f"engine.kernels = {self.kernels!r}: use auto, native or torch")
         if self.pool_bytes <= 0:
             raise ConfigError(f"engine.pool_bytes = {self.pool_bytes}: must be positive")
         if not 0 < self.kv_fraction <= 1:

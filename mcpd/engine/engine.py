@@ -51,6 +51,7 @@ class Engine:
         self.model, self.tokenizer = loaded.model, loaded.tokenizer
         self.model_name, self.dtype, self.vocab_size = loaded.name, loaded.dtype, loaded.vocab_size
         self.max_model_len = loaded.max_model_len
+        self.kernels_reason = self.model.use_kernels(config.engine.kernels)
         pool_bytes = DevicePool.resolve_bytes(config.engine.pool_bytes, self.device)
         # The KV cache is the pool's reserved front region: exactly kv_fraction of it, whatever the
         # pool size; at least a page stays with the buddy for everything else.
@@ -205,5 +206,6 @@ class Engine:
             "device": str(self.device),
             "model": self.model_name,
             "dtype": str(self.dtype).removeprefix("torch."),
+            "kernels": self.model.kernels.name,
             "max_model_len": self.max_model_len,
         }

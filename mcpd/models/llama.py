@@ -8,11 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from mcpd.models.layers import (AttentionMetadata, Llama3RopeScaling, PagedAttention, RMSNorm,
-                                RotaryEmbedding, apply_rotary)
+from mcpd.models.kernels import TORCH, TorchKernels, choose
+from mcpd.models.layers import AttentionMetadata, Llama3RopeScaling, PagedAttention, RMSNorm, RotaryEmbedding
 
 
 @dataclass(frozen=True)
@@ -42,12 +41,12 @@ class LlamaAttention(nn.Module):
         self.o_proj = nn.Linear(self.q_size, args.hidden_size, bias=args.o_bias)
         self.attn = PagedAttention(scale=self.head_dim ** -0.5)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                attn: AttentionMetadata) -> torch.Tensor:
-        q, k, v = self.qkv_proj(x).split((self.q_size, self.kv_size, self.kv_size), dim=-1)
-        q = apply_rotary(q.view(-1, self.heads, self.head_dim), cos, sin)
-        k = apply_rotary(k.view(-1, self.kv_heads, self.head_dim), cos, sin)
-        return self.o_proj(self.attn(q, k, v.view(-1, self.kv_heads, self.head_dim), attn))
+    def forward(self, x: torch.Tensor, rope: torch.Tensor, attn: AttentionMetadata,
+                kernels: TorchKernels) -> torch.Tensor:
+        qkv = kernels.linear(x, self.qkv_proj.weight, self.qkv_proj.bias)
+        q = kernels.rope_store(qkv, self.heads, self.kv_heads, self.head_dim, rope, attn.positions,
+                               attn.slot_blocks, attn.slot_offsets, self.attn.kv_cache)
+        return kernels.linear(self.attn.attend(q, attn, kernels), self.o_proj.weight, self.o_proj.bias)
 
 
 class LlamaMLP(nn.Module):
@@ -56,9 +55,9 @@ class LlamaMLP(nn.Module):
         self.gate_up_proj = nn.Linear(args.hidden_size, 2 * args.intermediate_size, bias=args.mlp_bias)
         self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=args.mlp_bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+    def forward(self, x: torch.Tensor, kernels: TorchKernels) -> torch.Tensor:
+        gate_up = kernels.linear(x, self.gate_up_proj.weight, self.gate_up_proj.bias)
+        return kernels.linear(kernels.silu_mul(gate_up), self.down_proj.weight, self.down_proj.bias)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -69,9 +68,15 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.mlp = LlamaMLP(args)
 
-    def forward(self, x, cos, sin, attn):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attn)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, residual: torch.Tensor, delta: torch.Tensor | None, rope: torch.Tensor,
+                attn: AttentionMetadata, kernels: TorchKernels) -> tuple[torch.Tensor, torch.Tensor]:
+        """(residual stream, what this layer adds to it). The previous layer's addition is made
+        here, fused with the norm that follows it (delta is None for the first layer)."""
+        norm = self.input_layernorm
+        residual, x = kernels.add_rms_norm(residual, delta, norm.weight, norm.eps)
+        norm = self.post_attention_layernorm
+        residual, x = kernels.add_rms_norm(residual, self.self_attn(x, rope, attn, kernels), norm.weight, norm.eps)
+        return residual, self.mlp(x, kernels)
 
 
 class LlamaModel(nn.Module):
@@ -95,18 +100,30 @@ class LlamaForCausalLM(nn.Module):
         self.model = LlamaModel(args)
         # Tied embeddings get no lm_head at all: a shared Parameter would not survive to_empty().
         self.lm_head = None if args.tie_embeddings else nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+        self.kernels: TorchKernels = TORCH   # use_kernels() picks, once the weights are in place
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 attn: AttentionMetadata) -> torch.Tensor:
-        x = self.model.embed_tokens(input_ids)
-        cos, sin = self.rope(positions, x.dtype)  # once per step, shared by every layer
+        residual, delta = self.model.embed_tokens(input_ids), None
+        rope = self.rope.table(attn.num_positions, residual.dtype)
         for layer in self.model.layers:
-            x = layer(x, cos, sin, attn)
-        return self.model.norm(x)
+            residual, delta = layer(residual, delta, rope, attn, self.kernels)
+        norm = self.model.norm
+        return self.kernels.add_rms_norm(residual, delta, norm.weight, norm.eps)[1]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         head = self.model.embed_tokens if self.lm_head is None else self.lm_head
-        return F.linear(hidden, head.weight).float()
+        return self.kernels.logits(hidden, head.weight)
+
+    def use_kernels(self, requested: str) -> str:
+        """Pick the kernels for engine.kernels = requested (see kernels.choose); returns which, and why."""
+        args = self.args
+        sizes = [args.hidden_size, args.intermediate_size, args.num_heads * args.head_dim,
+                 args.num_kv_heads * args.head_dim]
+        self.kernels, reason = choose(requested, self.model.embed_tokens.weight.dtype,
+                                      self.model.embed_tokens.weight.device, sizes, args.head_dim,
+                                      args.num_heads // args.num_kv_heads)
+        return reason
 
     def map_weight(self, name: str, tensor: torch.Tensor) -> tuple[str, int, torch.Tensor] | None:
         """Checkpoint tensor -> (parameter name, first row it fills, tensor); None to skip it."""

@@ -1,0 +1,408 @@
+/* Native CPU kernels for the Llama forward pass (mcpd/models/native.py builds and loads them).
+
+Why native code: a decode step at batch 1 must stream every weight once, and torch's one-row
+matrix-vector products stream a 32000x512 float32 LM head at a third of the machine's bandwidth
+(bfloat16 ones far worse), while each of the ~35 small torch ops of a layer costs microseconds
+of dispatch. These kernels read weights in nn.Linear's own [out, in] layout at the memory's pace
+and fuse what torch runs as several ops: residual add + RMSNorm, rotary + KV-cache write, SiLU x
+up, and attention of one query per sequence reading the paged KV cache in place.
+
+Numerics follow transformers op by op: float32 accumulation, and in bfloat16 models a rounding to
+bfloat16 wherever transformers rounds (after each matmul, add, norm step, rotary product), so
+greedy tokens match it. Only summation order differs.
+
+Portable C: GCC vector extensions compile to AVX-512 (or AVX2, or SSE) under -march=native; the
+avx512_bf16 dot-product instruction is used when the CPU has it. Threads come from OpenMP, the
+same runtime (libgomp.so.1) torch loaded, so torch.set_num_threads() governs both.
+
+dtype codes: 0 = float32, 1 = bfloat16 (stored as uint16).
+*/
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#ifdef __AVX512BF16__
+#include <immintrin.h>
+#endif
+
+typedef float f32x16 __attribute__((vector_size(64)));
+typedef int32_t i32x16 __attribute__((vector_size(64)));
+typedef uint32_t u32x16 __attribute__((vector_size(64)));
+typedef uint16_t u16x16 __attribute__((vector_size(32)));
+typedef uint16_t bf16;
+
+enum { F32 = 0, BF16 = 1 };
+#define LANES 16
+#define MAX_HEAD_DIM 256
+#define MAX_GROUP 16          /* query heads per KV head */
+#define ATTN_CHUNK 64         /* keys scored at a time (online softmax) */
+
+/* ---- vectors ------------------------------------------------------------------------------ */
+
+static inline f32x16 load_f32(const float *p) { f32x16 v; memcpy(&v, p, sizeof v); return v; }
+static inline void store_f32(float *p, f32x16 v) { memcpy(p, &v, sizeof v); }
+static inline f32x16 splat(float x) { return (f32x16){0} + x; }
+
+static inline f32x16 load_bf16(const bf16 *p) {
+    u16x16 h;
+    memcpy(&h, p, sizeof h);
+    u32x16 w = __builtin_convertvector(h, u32x16) << 16;
+    f32x16 f;
+    memcpy(&f, &w, sizeof f);
+    return f;
+}
+
+/* float32 -> bfloat16, round to nearest even, NaN kept a quiet NaN: c10::BFloat16's rounding. */
+static inline u16x16 to_bf16(f32x16 f) {
+    u32x16 u;
+    memcpy(&u, &f, sizeof u);
+    u32x16 rounded = (u + (((u >> 16) & 1) + 0x7fff)) >> 16;
+    u32x16 nan = (u32x16)(f != f);
+    return __builtin_convertvector((rounded & ~nan) | (0x7fc0 & nan), u16x16);
+}
+
+static inline void store_bf16(bf16 *p, f32x16 v) { u16x16 h = to_bf16(v); memcpy(p, &h, sizeof h); }
+
+static inline f32x16 round_bf16(f32x16 f) {
+    u32x16 w = __builtin_convertvector(to_bf16(f), u32x16) << 16;
+    memcpy(&f, &w, sizeof f);
+    return f;
+}
+
+static inline float bf16_to_f32(bf16 h) { uint32_t w = (uint32_t)h << 16; float f; memcpy(&f, &w, 4); return f; }
+
+static inline bf16 f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if (f != f) return 0x7fc0;
+    return (bf16)((u + (((u >> 16) & 1) + 0x7fff)) >> 16);
+}
+
+/* Load 16 values of a row of either dtype as float32; store back, rounding when bfloat16. */
+static inline f32x16 load_any(int dtype, const void *p, int64_t i) {
+    return dtype == F32 ? load_f32((const float *)p + i) : load_bf16((const bf16 *)p + i);
+}
+static inline void store_any(int dtype, void *p, int64_t i, f32x16 v) {
+    if (dtype == F32) store_f32((float *)p + i, v); else store_bf16((bf16 *)p + i, v);
+}
+/* What the model dtype makes of a float32 result: itself, or its bfloat16 rounding. */
+static inline f32x16 in_dtype(int dtype, f32x16 v) { return dtype == F32 ? v : round_bf16(v); }
+
+/* a where mask, else b (mask lanes all ones or all zeros, as vector comparisons give them) */
+static inline f32x16 where(i32x16 mask, f32x16 a, f32x16 b) {
+    return (f32x16)(((i32x16)a & mask) | ((i32x16)b & ~mask));
+}
+
+static inline float hsum(f32x16 v) {
+    f32x16 a = v + __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
+    a = a + __builtin_shufflevector(a, a, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11);
+    a = a + __builtin_shufflevector(a, a, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
+    a = a + __builtin_shufflevector(a, a, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
+    return a[0];
+}
+
+static inline float hmax(f32x16 v) {
+    float m = v[0];
+    for (int i = 1; i < LANES; i++) m = v[i] > m ? v[i] : m;
+    return m;
+}
+
+/* exp(x), Cephes' polynomial (about 1 ulp); exp of -inf and of anything below -87.3 is 0. */
+static inline f32x16 exp16(f32x16 x) {
+    const f32x16 hi = splat(88.3762626647949f), lo = splat(-87.3365478515625f);
+    i32x16 under = x < lo;
+    x = where(x > hi, hi, x);
+    x = where(under, lo, x);
+    f32x16 fx = x * 1.44269504088896341f;
+    fx = (fx + 12582912.0f) - 12582912.0f;           /* round to nearest integer */
+    x = x - fx * 0.693359375f - fx * -2.12194440e-4f;
+    f32x16 y = splat(1.9875691500e-4f);
+    y = y * x + 1.3981999507e-3f;
+    y = y * x + 8.3334519073e-3f;
+    y = y * x + 4.1665795894e-2f;
+    y = y * x + 1.6666665459e-1f;
+    y = y * x + 5.0000001201e-1f;
+    y = y * (x * x) + x + 1.0f;
+    i32x16 scale = (__builtin_convertvector(fx, i32x16) + 127) << 23;
+    f32x16 pow2;
+    memcpy(&pow2, &scale, sizeof pow2);
+    y = y * pow2;
+    return (f32x16)((i32x16)y & ~under);
+}
+
+/* ---- linear: y[m, n] = x[m, :] . w[n, :] (+ bias[n]) --------------------------------------- */
+
+/* Dot products of up to 4 rows of x with 4 rows of w. One accumulator per pair: w's rows stream
+   from memory once per call and the x rows stay in L1. */
+#define TILE_W 4
+#define TILE_X 4
+
+static inline __attribute__((always_inline)) void dots_f32(const float *x, int64_t mx, int64_t k, const float *w, int64_t nw, float out[TILE_X][TILE_W]) {
+    f32x16 acc[TILE_X][TILE_W] = {{{0}}};
+    for (int64_t i = 0; i < k; i += LANES) {
+        f32x16 wv[TILE_W], xv[TILE_X];
+        for (int r = 0; r < TILE_W; r++) wv[r] = r < nw ? load_f32(w + r * k + i) : splat(0);
+        for (int r = 0; r < TILE_X; r++) xv[r] = r < mx ? load_f32(x + r * k + i) : splat(0);
+        for (int a = 0; a < TILE_X; a++)
+            for (int b = 0; b < TILE_W; b++) acc[a][b] += xv[a] * wv[b];
+    }
+    for (int a = 0; a < TILE_X; a++)
+        for (int b = 0; b < TILE_W; b++) out[a][b] = hsum(acc[a][b]);
+}
+
+static inline __attribute__((always_inline)) void dots_bf16(const bf16 *x, int64_t mx, int64_t k, const bf16 *w, int64_t nw, float out[TILE_X][TILE_W]) {
+#ifdef __AVX512BF16__
+    __m512 acc[TILE_X][TILE_W];
+    for (int a = 0; a < TILE_X; a++)
+        for (int b = 0; b < TILE_W; b++) acc[a][b] = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 2 * LANES <= k; i += 2 * LANES) {
+        __m512bh wv[TILE_W], xv[TILE_X];
+        for (int r = 0; r < TILE_W; r++)
+            wv[r] = (__m512bh)(r < nw ? _mm512_loadu_si512(w + r * k + i) : _mm512_setzero_si512());
+        for (int r = 0; r < TILE_X; r++)
+            xv[r] = (__m512bh)(r < mx ? _mm512_loadu_si512(x + r * k + i) : _mm512_setzero_si512());
+        for (int a = 0; a < TILE_X; a++)
+            for (int b = 0; b < TILE_W; b++) acc[a][b] = _mm512_dpbf16_ps(acc[a][b], xv[a], wv[b]);
+    }
+    f32x16 rest[TILE_X][TILE_W] = {{{0}}};
+    for (; i < k; i += LANES) {   /* k % 32 == 16 */
+        for (int a = 0; a < mx; a++)
+            for (int b = 0; b < nw; b++) rest[a][b] += load_bf16(x + a * k + i) * load_bf16(w + b * k + i);
+    }
+    for (int a = 0; a < TILE_X; a++)
+        for (int b = 0; b < TILE_W; b++) {
+            f32x16 v;
+            memcpy(&v, &acc[a][b], sizeof v);
+            out[a][b] = hsum(v + rest[a][b]);
+        }
+#else
+    f32x16 acc[TILE_X][TILE_W] = {{{0}}};
+    for (int64_t i = 0; i < k; i += LANES) {
+        f32x16 wv[TILE_W], xv[TILE_X];
+        for (int r = 0; r < TILE_W; r++) wv[r] = r < nw ? load_bf16(w + r * k + i) : splat(0);
+        for (int r = 0; r < TILE_X; r++) xv[r] = r < mx ? load_bf16(x + r * k + i) : splat(0);
+        for (int a = 0; a < TILE_X; a++)
+            for (int b = 0; b < TILE_W; b++) acc[a][b] += xv[a] * wv[b];
+    }
+    for (int a = 0; a < TILE_X; a++)
+        for (int b = 0; b < TILE_W; b++) out[a][b] = hsum(acc[a][b]);
+#endif
+}
+
+/* The tile with mx and nw known at compile time in the usual cases, so that no work is spent on
+   the rows a short tile lacks. */
+static void dots(int dtype, const void *x, int64_t mx, int64_t k, const void *w, int64_t nw,
+                 float out[TILE_X][TILE_W]) {
+#define DOTS(MX, NW) (dtype == F32 ? dots_f32((const float *)x, MX, k, (const float *)w, NW, out) \
+                                   : dots_bf16((const bf16 *)x, MX, k, (const bf16 *)w, NW, out))
+    if (nw != TILE_W) DOTS(mx, nw);
+    else if (mx == 1) DOTS(1, TILE_W);
+    else if (mx == 2) DOTS(2, TILE_W);
+    else if (mx == 3) DOTS(3, TILE_W);
+    else DOTS(TILE_X, TILE_W);
+#undef DOTS
+}
+
+/* x: [m, k], w: [n, k], bias: [n] or NULL, all of dtype; y: [m, n] of dtype, or float32 holding
+   dtype-rounded values when y_f32 (logits). k must be a multiple of 16. */
+void mcpd_linear(int dtype, const void *x, int64_t m, int64_t k, const void *w, const void *bias,
+                 int64_t n, void *y, int y_f32) {
+    int64_t tiles = (n + TILE_W - 1) / TILE_W;
+    size_t size = dtype == F32 ? 4 : 2;
+    #pragma omp parallel for schedule(static) if (tiles * k * (m < TILE_X ? TILE_X : m) >= 16384)
+    for (int64_t t = 0; t < tiles; t++) {
+        int64_t n0 = t * TILE_W, nw = n - n0 < TILE_W ? n - n0 : TILE_W;
+        const char *wt = (const char *)w + n0 * k * size;
+        for (int64_t m0 = 0; m0 < m; m0 += TILE_X) {
+            int64_t mx = m - m0 < TILE_X ? m - m0 : TILE_X;
+            const char *xt = (const char *)x + m0 * k * size;
+            float out[TILE_X][TILE_W];
+            dots(dtype, xt, mx, k, wt, nw, out);
+            for (int64_t a = 0; a < mx; a++)
+                for (int64_t b = 0; b < nw; b++) {
+                    int64_t at = (m0 + a) * n + n0 + b;
+                    float v = out[a][b];
+                    if (dtype == F32) {
+                        if (bias) v += ((const float *)bias)[n0 + b];
+                        ((float *)y)[at] = v;
+                    } else {
+                        if (bias) v += bf16_to_f32(((const bf16 *)bias)[n0 + b]);
+                        bf16 h = f32_to_bf16(v);
+                        if (y_f32) ((float *)y)[at] = bf16_to_f32(h); else ((bf16 *)y)[at] = h;
+                    }
+                }
+        }
+    }
+}
+
+/* ---- residual add + RMSNorm ----------------------------------------------------------------- */
+
+/* For each of m rows of n: residual += delta (when delta is given, rounded to dtype), then
+   out = weight * dtype(residual * rsqrt(mean(residual^2) + eps)), as LlamaRMSNorm computes it. */
+void mcpd_add_rms_norm(int dtype, void *residual, const void *delta, const void *weight, float eps,
+                       int64_t m, int64_t n, void *out) {
+    #pragma omp parallel for schedule(static) if (m * n >= 65536)
+    for (int64_t r = 0; r < m; r++) {
+        int64_t row = r * n;
+        f32x16 squares = splat(0);
+        for (int64_t i = 0; i < n; i += LANES) {
+            f32x16 v = load_any(dtype, residual, row + i);
+            if (delta) {
+                v = in_dtype(dtype, v + load_any(dtype, delta, row + i));
+                store_any(dtype, residual, row + i, v);
+            }
+            squares += v * v;
+        }
+        float scale = 1.0f / sqrtf(hsum(squares) / (float)n + eps);
+        for (int64_t i = 0; i < n; i += LANES) {
+            f32x16 v = in_dtype(dtype, load_any(dtype, residual, row + i) * scale);
+            store_any(dtype, out, row + i, load_any(dtype, weight, i) * v);
+        }
+    }
+}
+
+/* ---- rotary embedding + KV cache write ------------------------------------------------------ */
+
+static inline float load1(int dtype, const void *p, int64_t i) {
+    return dtype == F32 ? ((const float *)p)[i] : bf16_to_f32(((const bf16 *)p)[i]);
+}
+static inline float in_dtype1(int dtype, float v) { return dtype == F32 ? v : bf16_to_f32(f32_to_bf16(v)); }
+
+/* qkv: [t, (heads + 2 kv_heads) * d] rows (q, k, v side by side). Rotates q and k in place
+   ("rotate half": x * cos + cat(-x2, x1) * sin, each product and the sum in dtype) with cos and
+   sin of each token's position from table [positions, 2, d] (float32 holding dtype values), and
+   copies each token's k and v into the cache: its layer view has blocks of block_stride
+   elements, v at v_offset after k, a slot of kv_heads * d elements per token. Scalar loops:
+   -O3 vectorizes them, and any even head size works. */
+void mcpd_rope_store(int dtype, void *qkv, int64_t t, int64_t heads, int64_t kv_heads, int64_t d,
+                     const int64_t *positions, const float *table, void *kv, int64_t block_stride,
+                     int64_t v_offset, const int64_t *slot_blocks, const int64_t *slot_offsets) {
+    int64_t width = (heads + 2 * kv_heads) * d, half = d / 2, slot = kv_heads * d;
+    size_t size = dtype == F32 ? 4 : 2;
+    #pragma omp parallel for schedule(static) if (t >= 16)
+    for (int64_t i = 0; i < t; i++) {
+        const float *cos = table + positions[i] * 2 * d, *sin = cos + d;
+        char *row = (char *)qkv + i * width * size;
+        for (int64_t h = 0; h < heads + kv_heads; h++) {
+            char *x = row + h * d * size;
+            float rotated[MAX_HEAD_DIM];
+            for (int64_t j = 0; j < half; j++) {
+                float x1 = load1(dtype, x, j), x2 = load1(dtype, x, j + half);
+                rotated[j] = in_dtype1(dtype, in_dtype1(dtype, x1 * cos[j]) + in_dtype1(dtype, -x2 * sin[j]));
+                rotated[j + half] = in_dtype1(dtype, in_dtype1(dtype, x2 * cos[j + half])
+                                                     + in_dtype1(dtype, x1 * sin[j + half]));
+            }
+            if (dtype == F32) memcpy(x, rotated, d * 4);
+            else for (int64_t j = 0; j < d; j++) ((bf16 *)x)[j] = f32_to_bf16(rotated[j]);
+        }
+        char *dst = (char *)kv + (slot_blocks[i] * block_stride + slot_offsets[i] * slot) * size;
+        memcpy(dst, row + heads * d * size, slot * size);
+        memcpy(dst + v_offset * size, row + (heads + kv_heads) * d * size, slot * size);
+    }
+}
+
+/* ---- SiLU(gate) * up ------------------------------------------------------------------------ */
+
+/* gate_up: [m, 2 * inter] (gate then up); out: [m, inter] = dtype(dtype(silu(gate)) * up). */
+void mcpd_silu_mul(int dtype, const void *gate_up, int64_t m, int64_t inter, void *out) {
+    #pragma omp parallel for schedule(static) if (m * inter >= 65536)
+    for (int64_t r = 0; r < m; r++)
+        for (int64_t i = 0; i < inter; i += LANES) {
+            f32x16 g = load_any(dtype, gate_up, r * 2 * inter + i);
+            f32x16 u = load_any(dtype, gate_up, r * 2 * inter + inter + i);
+            f32x16 silu = in_dtype(dtype, g / (1.0f + exp16(-g)));
+            store_any(dtype, out, r * inter + i, silu * u);
+        }
+}
+
+/* ---- attention of one query per sequence over its paged KV ---------------------------------- */
+
+/* q: [b, ...] rows of q_stride elements, heads * d queries first in each row. Sequence s attends
+   to its first lens[s] tokens, held in blocks tables[s * table_stride + ...] of block_size token
+   slots (cache layout as in mcpd_rope_store). out: [b, heads * d]. Online softmax over chunks of
+   keys (flash-decoding), float32 throughout; in bfloat16 the probabilities are rounded before
+   they weight the values, as torch's CPU flash attention does. */
+void mcpd_decode_attention(int dtype, const void *q, int64_t q_stride, int64_t b, int64_t heads,
+                           int64_t kv_heads, int64_t d, const void *kv, int64_t block_stride,
+                           int64_t v_offset, int64_t block_size, const int64_t *tables,
+                           int64_t table_stride, const int64_t *lens, float scale, void *out) {
+    int64_t group = heads / kv_heads, slot = kv_heads * d;
+    size_t size = dtype == F32 ? 4 : 2;
+    #pragma omp parallel for collapse(2) schedule(static) if (b * kv_heads > 1)
+    for (int64_t s = 0; s < b; s++)
+        for (int64_t g = 0; g < kv_heads; g++) {
+            float query[MAX_GROUP][MAX_HEAD_DIM], acc[MAX_GROUP][MAX_HEAD_DIM];
+            float scores[MAX_GROUP][ATTN_CHUNK], best[MAX_GROUP], total[MAX_GROUP];
+            for (int64_t h = 0; h < group; h++) {
+                for (int64_t j = 0; j < d; j += LANES) {
+                    store_f32(query[h] + j, load_any(dtype, q, s * q_stride + (g * group + h) * d + j));
+                    store_f32(acc[h] + j, splat(0));
+                }
+                best[h] = -INFINITY;
+                total[h] = 0;
+            }
+            const int64_t *table = tables + s * table_stride;
+            for (int64_t c0 = 0; c0 < lens[s]; c0 += ATTN_CHUNK) {
+                int64_t count = lens[s] - c0 < ATTN_CHUNK ? lens[s] - c0 : ATTN_CHUNK;
+                const char *keys[ATTN_CHUNK];
+                for (int64_t c = 0; c < count; c++) {
+                    int64_t pos = c0 + c;
+                    keys[c] = (const char *)kv + (table[pos / block_size] * block_stride
+                                                  + (pos % block_size) * slot + g * d) * size;
+                }
+                for (int64_t c = 0; c < count; c++)
+                    for (int64_t h = 0; h < group; h++) {
+                        f32x16 dot = splat(0);
+                        for (int64_t j = 0; j < d; j += LANES)
+                            dot += load_f32(query[h] + j) * load_any(dtype, keys[c], j);
+                        scores[h][c] = hsum(dot) * scale;
+                    }
+                for (int64_t h = 0; h < group; h++) {
+                    float high = best[h];
+                    for (int64_t c = 0; c < count; c++) high = scores[h][c] > high ? scores[h][c] : high;
+                    float rescale = best[h] == -INFINITY ? 0.0f : exp16(splat(best[h] - high))[0];
+                    best[h] = high;
+                    f32x16 sum = splat(0);
+                    for (int64_t c = 0; c < count; c += LANES) {
+                        f32x16 p = exp16(load_f32(scores[h] + c) - high);
+                        if (count - c < LANES)
+                            for (int64_t z = count - c; z < LANES; z++) p[z] = 0;
+                        sum += p;
+                        store_f32(scores[h] + c, dtype == F32 ? p : round_bf16(p));
+                    }
+                    total[h] = total[h] * rescale + hsum(sum);
+                    for (int64_t j = 0; j < d; j += LANES) store_f32(acc[h] + j, load_f32(acc[h] + j) * rescale);
+                }
+                for (int64_t c = 0; c < count; c++) {
+                    const char *value = keys[c] + v_offset * size;
+                    for (int64_t j = 0; j < d; j += LANES) {
+                        f32x16 v = load_any(dtype, value, j);
+                        for (int64_t h = 0; h < group; h++)
+                            store_f32(acc[h] + j, load_f32(acc[h] + j) + scores[h][c] * v);
+                    }
+                }
+            }
+            for (int64_t h = 0; h < group; h++)
+                for (int64_t j = 0; j < d; j += LANES)
+                    store_any(dtype, out, (s * heads + g * group + h) * d + j, load_f32(acc[h] + j) / total[h]);
+        }
+}
+
+/* ---- runtime -------------------------------------------------------------------------------- */
+
+int mcpd_max_threads(void) {
+#ifdef _OPENMP
+    extern int omp_get_max_threads(void);
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+
+int mcpd_has_avx512_bf16(void) {
+#ifdef __AVX512BF16__
+    return 1;
+#else
+    return 0;
+#endif
+}

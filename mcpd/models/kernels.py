@@ -1,0 +1,177 @@
+"""The compute kernels a Llama forward pass is made of, in two implementations with one interface.
+
+TorchKernels: torch ops, on any device and dtype; the portable path (CUDA, float16, odd shapes,
+no C compiler) and the reference the native kernels are tested against.
+NativeKernels: the C kernels of kernels.c on the CPU, for float32 and bfloat16. Matrix products
+of up to NATIVE_MAX_ROWS rows (decode steps) stream the weights in their own layout; longer ones
+(prefill) go to torch's GEMM (MKL / oneDNN), which is compute-bound there and does that better.
+Attention of a prefill chunk also stays with torch (scaled_dot_product_attention); attention of
+decoding sequences reads the paged KV cache in place.
+
+Each op mirrors the order of roundings of transformers' Llama, so that both implementations
+give transformers' greedy tokens in float32 and in bfloat16.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from mcpd.models import native
+
+NATIVE_MAX_ROWS = 16   # longer matrix products go to torch's GEMM (bench: see native linear vs F.linear)
+_DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding, "rotate half" layout (Hugging Face checkpoints); x: [T, heads, head_dim]."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+class TorchKernels:
+    name = "torch"
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        return F.linear(x, weight, bias)
+
+    def logits(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """float32 logits, rounded to the model dtype first as transformers' lm_head rounds them."""
+        return F.linear(x, weight).float()
+
+    def add_rms_norm(self, residual: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
+                     eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """(residual + delta, RMSNorm of it). Normalised in float32 and scaled in the model dtype,
+        in the order of transformers, so half-precision models round the same way."""
+        if delta is not None:
+            residual = residual + delta
+        x32 = residual.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+        return residual, weight * x32.to(residual.dtype)
+
+    def rope_store(self, qkv: torch.Tensor, heads: int, kv_heads: int, head_dim: int, table: torch.Tensor,
+                   positions: torch.Tensor, slot_blocks: torch.Tensor, slot_offsets: torch.Tensor,
+                   kv_cache: torch.Tensor) -> torch.Tensor:
+        """Rotate the queries and keys of qkv [T, (heads + 2 kv_heads) * head_dim] by their
+        positions (cos and sin from table [positions, 2, head_dim]), write keys and values into
+        the layer's cache [blocks, 2, block_size, kv_heads, head_dim] at their slots; return the
+        queries [T, heads, head_dim]."""
+        q_size, kv_size = heads * head_dim, kv_heads * head_dim
+        q, k, v = qkv.split((q_size, kv_size, kv_size), dim=-1)
+        cos_sin = table[positions].to(qkv.dtype)
+        cos, sin = cos_sin[:, None, 0], cos_sin[:, None, 1]
+        q = rotate(q.view(-1, heads, head_dim), cos, sin)
+        kv_cache[slot_blocks, 0, slot_offsets] = rotate(k.view(-1, kv_heads, head_dim), cos, sin)
+        kv_cache[slot_blocks, 1, slot_offsets] = v.view(-1, kv_heads, head_dim)
+        return q
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.silu(gate) * up
+
+    def decode_attention(self, q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
+                         context_lens: torch.Tensor, scale: float) -> torch.Tensor:
+        """One query per sequence, q [B, heads, D], over the first context_lens[i] tokens of the
+        blocks block_table[i]; returns [B, heads * D]."""
+        batch, width = block_table.shape
+        block_size = kv_cache.shape[2]
+        blocks = kv_cache.index_select(0, block_table.flatten())   # [B * W, 2, bs, kv_heads, D]
+        blocks = blocks.view(batch, width, 2, block_size, *kv_cache.shape[3:])
+        keys = blocks[:, :, 0].flatten(1, 2).transpose(1, 2)        # [B, kv_heads, W * bs, D]
+        values = blocks[:, :, 1].flatten(1, 2).transpose(1, 2)
+        mask = torch.arange(width * block_size, device=q.device) < context_lens[:, None]
+        out = F.scaled_dot_product_attention(q[:, :, None], keys, values, attn_mask=mask[:, None, None],
+                                             scale=scale, enable_gqa=True)
+        return out.flatten(1)
+
+
+class NativeKernels(TorchKernels):
+    name = "native"
+
+    def __init__(self) -> None:
+        self.lib = native.load()
+        if self.lib.mcpd_max_threads() != torch.get_num_threads():
+            raise native.NativeUnavailable(
+                f"the kernels see {self.lib.mcpd_max_threads()} OpenMP threads, torch "
+                f"{torch.get_num_threads()}: they did not bind torch's OpenMP runtime")
+
+    @staticmethod
+    def supports(dtype: torch.dtype, device: torch.device, sizes: list[int], head_dim: int, group: int) -> bool:
+        """Whether a model of these dtype, device, matrix sizes, head size and query heads per KV
+        head runs here (the kernels work in 16-wide vectors, on head sizes up to 256)."""
+        return (device.type == "cpu" and dtype in _DTYPE_CODES and all(s % 16 == 0 for s in sizes)
+                and head_dim % 16 == 0 and head_dim <= 256 and group <= 16)
+
+    def linear(self, x, weight, bias=None):
+        if x.shape[0] > NATIVE_MAX_ROWS:
+            return F.linear(x, weight, bias)
+        x = x.contiguous()
+        y = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype)
+        self._linear(x, weight, bias, y, as_float=False)
+        return y
+
+    def logits(self, x, weight):
+        if x.shape[0] > NATIVE_MAX_ROWS:
+            return F.linear(x, weight).float()
+        x = x.contiguous()
+        y = torch.empty(x.shape[0], weight.shape[0], dtype=torch.float32)
+        self._linear(x, weight, None, y, as_float=True)
+        return y
+
+    def _linear(self, x, weight, bias, y, as_float: bool) -> None:
+        self.lib.mcpd_linear(_DTYPE_CODES[x.dtype], x.data_ptr(), x.shape[0], x.shape[1], weight.data_ptr(),
+                             None if bias is None else bias.data_ptr(), weight.shape[0], y.data_ptr(),
+                             int(as_float))
+
+    def add_rms_norm(self, residual, delta, weight, eps):
+        """In place: residual becomes residual + delta."""
+        out = torch.empty_like(residual)
+        self.lib.mcpd_add_rms_norm(_DTYPE_CODES[residual.dtype], residual.data_ptr(),
+                                   None if delta is None else delta.contiguous().data_ptr(), weight.data_ptr(),
+                                   eps, residual.shape[0], residual.shape[1], out.data_ptr())
+        return residual, out
+
+    def rope_store(self, qkv, heads, kv_heads, head_dim, table, positions, slot_blocks, slot_offsets, kv_cache):
+        self.lib.mcpd_rope_store(_DTYPE_CODES[qkv.dtype], qkv.data_ptr(), qkv.shape[0], heads, kv_heads, head_dim,
+                                 positions.data_ptr(), table.data_ptr(), kv_cache.data_ptr(), kv_cache.stride(0),
+                                 kv_cache.stride(1), slot_blocks.data_ptr(), slot_offsets.data_ptr())
+        return qkv[:, :heads * head_dim].view(-1, heads, head_dim)
+
+    def silu_mul(self, gate_up):
+        inter = gate_up.shape[1] // 2
+        out = torch.empty(gate_up.shape[0], inter, dtype=gate_up.dtype)
+        self.lib.mcpd_silu_mul(_DTYPE_CODES[gate_up.dtype], gate_up.data_ptr(), gate_up.shape[0], inter,
+                               out.data_ptr())
+        return out
+
+    def decode_attention(self, q, kv_cache, block_table, context_lens, scale):
+        batch, heads, head_dim = q.shape
+        out = torch.empty(batch, heads * head_dim, dtype=q.dtype)
+        self.lib.mcpd_decode_attention(
+            _DTYPE_CODES[q.dtype], q.data_ptr(), q.stride(0), batch, heads, kv_cache.shape[3], head_dim,
+            kv_cache.data_ptr(), kv_cache.stride(0), kv_cache.stride(1), kv_cache.shape[2],
+            block_table.data_ptr(), block_table.stride(0), context_lens.data_ptr(), scale, out.data_ptr())
+        return out
+
+
+TORCH = TorchKernels()
+
+
+def choose(requested: str, dtype: torch.dtype, device: torch.device, sizes: list[int], head_dim: int,
+           group: int) -> tuple[TorchKernels, str]:
+    """The kernels for engine.kernels = requested (auto, native, torch), and why, for the log.
+    auto takes native where it supports the model and builds here, else torch; native refuses
+    (NativeUnavailable) where it cannot run."""
+    if requested == "torch":
+        return TORCH, "engine.kernels = torch"
+    if not NativeKernels.supports(dtype, device, sizes, head_dim, group):
+        reason = f"native kernels do not support {dtype} on {device.type} with these sizes"
+        if requested == "native":
+            raise native.NativeUnavailable(reason)
+        return TORCH, reason
+    try:
+        return NativeKernels(), "native kernels"
+    except (native.NativeUnavailable, OSError) as e:
+        if requested == "native":
+            raise native.NativeUnavailable(str(e)) from None
+        return TORCH, f"native kernels unavailable ({e})"
+
