@@ -131,106 +131,91 @@ static inline f32x16 exp16(f32x16 x) {
 
 /* ---- linear: y[m, n] = x[m, :] . w[n, :] (+ bias[n]) --------------------------------------- */
 
-/* Dot products of up to 4 rows of x with 4 rows of w. One accumulator per pair: w's rows stream
-   from memory once per call and the x rows stay in L1. */
-#define TILE_W 4
-#define TILE_X 4
+/* Dot products of one row of w with up to 4 rows of x. The weights stream one row at a time
+   (one sequential stream per thread reads DRAM at full speed; four interleaved rows measured
+   40% slower), each 16-float chunk loaded once for all x rows, which stay in L1. U accumulators
+   per x row along k hide the latency of the multiply-adds. */
+#define ROWS_X 4
+#define U 4
 
-static inline __attribute__((always_inline)) void dots_f32(const float *x, int64_t mx, int64_t k, const float *w, int64_t nw, float out[TILE_X][TILE_W]) {
-    f32x16 acc[TILE_X][TILE_W] = {{{0}}};
-    for (int64_t i = 0; i < k; i += LANES) {
-        f32x16 wv[TILE_W], xv[TILE_X];
-        for (int r = 0; r < TILE_W; r++) wv[r] = r < nw ? load_f32(w + r * k + i) : splat(0);
-        for (int r = 0; r < TILE_X; r++) xv[r] = r < mx ? load_f32(x + r * k + i) : splat(0);
-        for (int a = 0; a < TILE_X; a++)
-            for (int b = 0; b < TILE_W; b++) acc[a][b] += xv[a] * wv[b];
-    }
-    for (int a = 0; a < TILE_X; a++)
-        for (int b = 0; b < TILE_W; b++) out[a][b] = hsum(acc[a][b]);
-}
-
-static inline __attribute__((always_inline)) void dots_bf16(const bf16 *x, int64_t mx, int64_t k, const bf16 *w, int64_t nw, float out[TILE_X][TILE_W]) {
-#ifdef __AVX512BF16__
-    __m512 acc[TILE_X][TILE_W];
-    for (int a = 0; a < TILE_X; a++)
-        for (int b = 0; b < TILE_W; b++) acc[a][b] = _mm512_setzero_ps();
+static inline __attribute__((always_inline)) void row_dots_f32(const float *x, int64_t mx, int64_t k,
+                                                               const float *w, float out[ROWS_X]) {
+    f32x16 acc[ROWS_X][U] = {{{0}}};
     int64_t i = 0;
-    for (; i + 2 * LANES <= k; i += 2 * LANES) {
-        __m512bh wv[TILE_W], xv[TILE_X];
-        for (int r = 0; r < TILE_W; r++)
-            wv[r] = (__m512bh)(r < nw ? _mm512_loadu_si512(w + r * k + i) : _mm512_setzero_si512());
-        for (int r = 0; r < TILE_X; r++)
-            xv[r] = (__m512bh)(r < mx ? _mm512_loadu_si512(x + r * k + i) : _mm512_setzero_si512());
-        for (int a = 0; a < TILE_X; a++)
-            for (int b = 0; b < TILE_W; b++) acc[a][b] = _mm512_dpbf16_ps(acc[a][b], xv[a], wv[b]);
-    }
-    f32x16 rest[TILE_X][TILE_W] = {{{0}}};
-    for (; i < k; i += LANES) {   /* k % 32 == 16 */
-        for (int a = 0; a < mx; a++)
-            for (int b = 0; b < nw; b++) rest[a][b] += load_bf16(x + a * k + i) * load_bf16(w + b * k + i);
-    }
-    for (int a = 0; a < TILE_X; a++)
-        for (int b = 0; b < TILE_W; b++) {
-            f32x16 v;
-            memcpy(&v, &acc[a][b], sizeof v);
-            out[a][b] = hsum(v + rest[a][b]);
+    for (; i + U * LANES <= k; i += U * LANES)
+        for (int u = 0; u < U; u++) {
+            f32x16 wv = load_f32(w + i + u * LANES);
+            for (int a = 0; a < mx; a++) acc[a][u] += load_f32(x + a * k + i + u * LANES) * wv;
         }
-#else
-    f32x16 acc[TILE_X][TILE_W] = {{{0}}};
-    for (int64_t i = 0; i < k; i += LANES) {
-        f32x16 wv[TILE_W], xv[TILE_X];
-        for (int r = 0; r < TILE_W; r++) wv[r] = r < nw ? load_bf16(w + r * k + i) : splat(0);
-        for (int r = 0; r < TILE_X; r++) xv[r] = r < mx ? load_bf16(x + r * k + i) : splat(0);
-        for (int a = 0; a < TILE_X; a++)
-            for (int b = 0; b < TILE_W; b++) acc[a][b] += xv[a] * wv[b];
+    for (; i < k; i += LANES) {
+        f32x16 wv = load_f32(w + i);
+        for (int a = 0; a < mx; a++) acc[a][0] += load_f32(x + a * k + i) * wv;
     }
-    for (int a = 0; a < TILE_X; a++)
-        for (int b = 0; b < TILE_W; b++) out[a][b] = hsum(acc[a][b]);
-#endif
+    for (int a = 0; a < mx; a++) out[a] = hsum((acc[a][0] + acc[a][1]) + (acc[a][2] + acc[a][3]));
 }
 
-/* The tile with mx and nw known at compile time in the usual cases, so that no work is spent on
-   the rows a short tile lacks. */
-static void dots(int dtype, const void *x, int64_t mx, int64_t k, const void *w, int64_t nw,
-                 float out[TILE_X][TILE_W]) {
-#define DOTS(MX, NW) (dtype == F32 ? dots_f32((const float *)x, MX, k, (const float *)w, NW, out) \
-                                   : dots_bf16((const bf16 *)x, MX, k, (const bf16 *)w, NW, out))
-    if (nw != TILE_W) DOTS(mx, nw);
-    else if (mx == 1) DOTS(1, TILE_W);
-    else if (mx == 2) DOTS(2, TILE_W);
-    else if (mx == 3) DOTS(3, TILE_W);
-    else DOTS(TILE_X, TILE_W);
+static inline __attribute__((always_inline)) void row_dots_bf16(const bf16 *x, int64_t mx, int64_t k,
+                                                                const bf16 *w, float out[ROWS_X]) {
+    f32x16 sum[ROWS_X] = {{0}};
+    int64_t i = 0;
+#ifdef __AVX512BF16__
+    __m512 acc[ROWS_X][U];
+    for (int a = 0; a < mx; a++)
+        for (int u = 0; u < U; u++) acc[a][u] = _mm512_setzero_ps();
+    for (; i + U * 2 * LANES <= k; i += U * 2 * LANES)
+        for (int u = 0; u < U; u++) {
+            __m512bh wv = (__m512bh)_mm512_loadu_si512(w + i + u * 2 * LANES);
+            for (int a = 0; a < mx; a++)
+                acc[a][u] = _mm512_dpbf16_ps(acc[a][u], (__m512bh)_mm512_loadu_si512(x + a * k + i + u * 2 * LANES), wv);
+        }
+    for (; i + 2 * LANES <= k; i += 2 * LANES) {
+        __m512bh wv = (__m512bh)_mm512_loadu_si512(w + i);
+        for (int a = 0; a < mx; a++)
+            acc[a][0] = _mm512_dpbf16_ps(acc[a][0], (__m512bh)_mm512_loadu_si512(x + a * k + i), wv);
+    }
+    for (int a = 0; a < mx; a++) {
+        __m512 total = _mm512_add_ps(_mm512_add_ps(acc[a][0], acc[a][1]), _mm512_add_ps(acc[a][2], acc[a][3]));
+        memcpy(&sum[a], &total, sizeof total);
+    }
+#endif
+    for (; i < k; i += LANES) {   /* without avx512_bf16 all of k; with it, a last 16 */
+        f32x16 wv = load_bf16(w + i);
+        for (int a = 0; a < mx; a++) sum[a] += load_bf16(x + a * k + i) * wv;
+    }
+    for (int a = 0; a < mx; a++) out[a] = hsum(sum[a]);
+}
+
+/* The row's dot products with mx known at compile time, so no work is spent on absent rows. */
+static void row_dots(int dtype, const void *x, int64_t mx, int64_t k, const void *w, float out[ROWS_X]) {
+#define DOTS(MX) (dtype == F32 ? row_dots_f32((const float *)x, MX, k, (const float *)w, out) \
+                               : row_dots_bf16((const bf16 *)x, MX, k, (const bf16 *)w, out))
+    if (mx == 1) DOTS(1);
+    else if (mx == 2) DOTS(2);
+    else if (mx == 3) DOTS(3);
+    else DOTS(ROWS_X);
 #undef DOTS
 }
 
 /* x: [m, k], w: [n, k], bias: [n] or NULL, all of dtype; y: [m, n] of dtype, or float32 holding
-   dtype-rounded values when y_f32 (logits). k must be a multiple of 16. */
+   dtype-rounded values when y_f32 (logits). k must be a multiple of 16. Threads take
+   contiguous ranges of w's rows. */
 void mcpd_linear(int dtype, const void *x, int64_t m, int64_t k, const void *w, const void *bias,
                  int64_t n, void *y, int y_f32) {
-    int64_t tiles = (n + TILE_W - 1) / TILE_W;
     size_t size = dtype == F32 ? 4 : 2;
-    #pragma omp parallel for schedule(static) if (tiles * k * (m < TILE_X ? TILE_X : m) >= 16384)
-    for (int64_t t = 0; t < tiles; t++) {
-        int64_t n0 = t * TILE_W, nw = n - n0 < TILE_W ? n - n0 : TILE_W;
-        const char *wt = (const char *)w + n0 * k * size;
-        for (int64_t m0 = 0; m0 < m; m0 += TILE_X) {
-            int64_t mx = m - m0 < TILE_X ? m - m0 : TILE_X;
-            const char *xt = (const char *)x + m0 * k * size;
-            float out[TILE_X][TILE_W];
-            dots(dtype, xt, mx, k, wt, nw, out);
-            for (int64_t a = 0; a < mx; a++)
-                for (int64_t b = 0; b < nw; b++) {
-                    int64_t at = (m0 + a) * n + n0 + b;
-                    float v = out[a][b];
-                    if (dtype == F32) {
-                        if (bias) v += ((const float *)bias)[n0 + b];
-                        ((float *)y)[at] = v;
-                    } else {
-                        if (bias) v += bf16_to_f32(((const bf16 *)bias)[n0 + b]);
-                        bf16 h = f32_to_bf16(v);
-                        if (y_f32) ((float *)y)[at] = bf16_to_f32(h); else ((bf16 *)y)[at] = h;
-                    }
-                }
+    #pragma omp parallel for schedule(static) if (n * k * (m < ROWS_X ? ROWS_X : m) >= 65536)
+    for (int64_t row = 0; row < n; row++) {
+        const char *wr = (const char *)w + row * k * size;
+        float b = !bias ? 0.0f : dtype == F32 ? ((const float *)bias)[row] : bf16_to_f32(((const bf16 *)bias)[row]);
+        for (int64_t m0 = 0; m0 < m; m0 += ROWS_X) {
+            int64_t mx = m - m0 < ROWS_X ? m - m0 : ROWS_X;
+            float out[ROWS_X];
+            row_dots(dtype, (const char *)x + m0 * k * size, mx, k, wr, out);
+            for (int64_t a = 0; a < mx; a++) {
+                int64_t at = (m0 + a) * n + row;
+                if (dtype == F32) ((float *)y)[at] = out[a] + b;
+                else if (y_f32) ((float *)y)[at] = bf16_to_f32(f32_to_bf16(out[a] + b));
+                else ((bf16 *)y)[at] = f32_to_bf16(out[a] + b);
+            }
         }
     }
 }

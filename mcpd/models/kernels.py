@@ -89,6 +89,7 @@ class NativeKernels(TorchKernels):
 
     def __init__(self) -> None:
         self.lib = native.load()
+        self.codes = _DTYPE_CODES
         if self.lib.mcpd_max_threads() != torch.get_num_threads():
             raise native.NativeUnavailable(
                 f"the kernels see {self.lib.mcpd_max_threads()} OpenMP threads, torch "
@@ -102,36 +103,35 @@ class NativeKernels(TorchKernels):
                 and head_dim % 16 == 0 and head_dim <= 256 and group <= 16)
 
     def linear(self, x, weight, bias=None):
-        if x.shape[0] > NATIVE_MAX_ROWS:
+        rows = x.shape[0]
+        if rows > NATIVE_MAX_ROWS:
             return F.linear(x, weight, bias)
         x = x.contiguous()
-        y = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype)
-        self._linear(x, weight, bias, y, as_float=False)
+        y = x.new_empty((rows, weight.shape[0]))
+        self.lib.mcpd_linear(self.codes[x.dtype], x.data_ptr(), rows, x.shape[1], weight.data_ptr(),
+                             bias.data_ptr() if bias is not None else None, weight.shape[0], y.data_ptr(), 0)
         return y
 
     def logits(self, x, weight):
-        if x.shape[0] > NATIVE_MAX_ROWS:
+        rows = x.shape[0]
+        if rows > NATIVE_MAX_ROWS:
             return F.linear(x, weight).float()
-        x = x.contiguous()
-        y = torch.empty(x.shape[0], weight.shape[0], dtype=torch.float32)
-        self._linear(x, weight, None, y, as_float=True)
+        x = x.contiguous()   # the rows that sample, picked out of the step's hidden states
+        y = torch.empty((rows, weight.shape[0]), dtype=torch.float32)
+        self.lib.mcpd_linear(self.codes[x.dtype], x.data_ptr(), rows, x.shape[1], weight.data_ptr(), None,
+                             weight.shape[0], y.data_ptr(), 1)
         return y
-
-    def _linear(self, x, weight, bias, y, as_float: bool) -> None:
-        self.lib.mcpd_linear(_DTYPE_CODES[x.dtype], x.data_ptr(), x.shape[0], x.shape[1], weight.data_ptr(),
-                             None if bias is None else bias.data_ptr(), weight.shape[0], y.data_ptr(),
-                             int(as_float))
 
     def add_rms_norm(self, residual, delta, weight, eps):
         """In place: residual becomes residual + delta."""
         out = torch.empty_like(residual)
-        self.lib.mcpd_add_rms_norm(_DTYPE_CODES[residual.dtype], residual.data_ptr(),
+        self.lib.mcpd_add_rms_norm(self.codes[residual.dtype], residual.data_ptr(),
                                    None if delta is None else delta.contiguous().data_ptr(), weight.data_ptr(),
                                    eps, residual.shape[0], residual.shape[1], out.data_ptr())
         return residual, out
 
     def rope_store(self, qkv, heads, kv_heads, head_dim, table, positions, slot_blocks, slot_offsets, kv_cache):
-        self.lib.mcpd_rope_store(_DTYPE_CODES[qkv.dtype], qkv.data_ptr(), qkv.shape[0], heads, kv_heads, head_dim,
+        self.lib.mcpd_rope_store(self.codes[qkv.dtype], qkv.data_ptr(), qkv.shape[0], heads, kv_heads, head_dim,
                                  positions.data_ptr(), table.data_ptr(), kv_cache.data_ptr(), kv_cache.stride(0),
                                  kv_cache.stride(1), slot_blocks.data_ptr(), slot_offsets.data_ptr())
         return qkv[:, :heads * head_dim].view(-1, heads, head_dim)
@@ -139,7 +139,7 @@ class NativeKernels(TorchKernels):
     def silu_mul(self, gate_up):
         inter = gate_up.shape[1] // 2
         out = torch.empty(gate_up.shape[0], inter, dtype=gate_up.dtype)
-        self.lib.mcpd_silu_mul(_DTYPE_CODES[gate_up.dtype], gate_up.data_ptr(), gate_up.shape[0], inter,
+        self.lib.mcpd_silu_mul(self.codes[gate_up.dtype], gate_up.data_ptr(), gate_up.shape[0], inter,
                                out.data_ptr())
         return out
 
@@ -147,7 +147,7 @@ class NativeKernels(TorchKernels):
         batch, heads, head_dim = q.shape
         out = torch.empty(batch, heads * head_dim, dtype=q.dtype)
         self.lib.mcpd_decode_attention(
-            _DTYPE_CODES[q.dtype], q.data_ptr(), q.stride(0), batch, heads, kv_cache.shape[3], head_dim,
+            self.codes[q.dtype], q.data_ptr(), q.stride(0), batch, heads, kv_cache.shape[3], head_dim,
             kv_cache.data_ptr(), kv_cache.stride(0), kv_cache.stride(1), kv_cache.shape[2],
             block_table.data_ptr(), block_table.stride(0), context_lens.data_ptr(), scale, out.data_ptr())
         return out

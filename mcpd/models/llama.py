@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from mcpd.models.kernels import TORCH, TorchKernels, choose
@@ -35,18 +36,10 @@ class LlamaArgs:
 class LlamaAttention(nn.Module):
     def __init__(self, args: LlamaArgs) -> None:
         super().__init__()
-        self.heads, self.kv_heads, self.head_dim = args.num_heads, args.num_kv_heads, args.head_dim
-        self.q_size, self.kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        self.qkv_proj = nn.Linear(args.hidden_size, self.q_size + 2 * self.kv_size, bias=args.qkv_bias)
-        self.o_proj = nn.Linear(self.q_size, args.hidden_size, bias=args.o_bias)
-        self.attn = PagedAttention(scale=self.head_dim ** -0.5)
-
-    def forward(self, x: torch.Tensor, rope: torch.Tensor, attn: AttentionMetadata,
-                kernels: TorchKernels) -> torch.Tensor:
-        qkv = kernels.linear(x, self.qkv_proj.weight, self.qkv_proj.bias)
-        q = kernels.rope_store(qkv, self.heads, self.kv_heads, self.head_dim, rope, attn.positions,
-                               attn.slot_blocks, attn.slot_offsets, self.attn.kv_cache)
-        return kernels.linear(self.attn.attend(q, attn, kernels), self.o_proj.weight, self.o_proj.bias)
+        q_size, kv_size = args.num_heads * args.head_dim, args.num_kv_heads * args.head_dim
+        self.qkv_proj = nn.Linear(args.hidden_size, q_size + 2 * kv_size, bias=args.qkv_bias)
+        self.o_proj = nn.Linear(q_size, args.hidden_size, bias=args.o_bias)
+        self.attn = PagedAttention(scale=args.head_dim ** -0.5)
 
 
 class LlamaMLP(nn.Module):
@@ -54,10 +47,6 @@ class LlamaMLP(nn.Module):
         super().__init__()
         self.gate_up_proj = nn.Linear(args.hidden_size, 2 * args.intermediate_size, bias=args.mlp_bias)
         self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=args.mlp_bias)
-
-    def forward(self, x: torch.Tensor, kernels: TorchKernels) -> torch.Tensor:
-        gate_up = kernels.linear(x, self.gate_up_proj.weight, self.gate_up_proj.bias)
-        return kernels.linear(kernels.silu_mul(gate_up), self.down_proj.weight, self.down_proj.bias)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -68,16 +57,6 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.mlp = LlamaMLP(args)
 
-    def forward(self, residual: torch.Tensor, delta: torch.Tensor | None, rope: torch.Tensor,
-                attn: AttentionMetadata, kernels: TorchKernels) -> tuple[torch.Tensor, torch.Tensor]:
-        """(residual stream, what this layer adds to it). The previous layer's addition is made
-        here, fused with the norm that follows it (delta is None for the first layer)."""
-        norm = self.input_layernorm
-        residual, x = kernels.add_rms_norm(residual, delta, norm.weight, norm.eps)
-        norm = self.post_attention_layernorm
-        residual, x = kernels.add_rms_norm(residual, self.self_attn(x, rope, attn, kernels), norm.weight, norm.eps)
-        return residual, self.mlp(x, kernels)
-
 
 class LlamaModel(nn.Module):
     def __init__(self, args: LlamaArgs) -> None:
@@ -85,6 +64,40 @@ class LlamaModel(nn.Module):
         self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
         self.layers = nn.ModuleList(LlamaDecoderLayer(args) for _ in range(args.num_layers))
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+
+
+@dataclass(frozen=True, slots=True)
+class LayerWeights:
+    """One decoder layer's tensors as plain attributes: reaching them through nn.Module's
+    attribute lookup costs microseconds each, hundreds of times per step. The tensors are the
+    modules' own Parameters, which keep their identity when the loader fills or casts them."""
+    input_norm: torch.Tensor
+    qkv: torch.Tensor
+    qkv_bias: torch.Tensor | None
+    attention: PagedAttention
+    o: torch.Tensor
+    o_bias: torch.Tensor | None
+    post_norm: torch.Tensor
+    gate_up: torch.Tensor
+    gate_up_bias: torch.Tensor | None
+    down: torch.Tensor
+    down_bias: torch.Tensor | None
+
+    @classmethod
+    def of(cls, layer: LlamaDecoderLayer) -> LayerWeights:
+        attn, mlp = layer.self_attn, layer.mlp
+        return cls(layer.input_layernorm.weight, attn.qkv_proj.weight, attn.qkv_proj.bias, attn.attn,
+                   attn.o_proj.weight, attn.o_proj.bias, layer.post_attention_layernorm.weight,
+                   mlp.gate_up_proj.weight, mlp.gate_up_proj.bias, mlp.down_proj.weight, mlp.down_proj.bias)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelWeights:
+    """The forward pass's tensors, out of nn.Module's way (see LayerWeights)."""
+    layers: list[LayerWeights]
+    embedding: torch.Tensor
+    final_norm: torch.Tensor
+    head: torch.Tensor     # the lm_head, or the embedding when they are tied
 
 
 class LlamaForCausalLM(nn.Module):
@@ -101,28 +114,49 @@ class LlamaForCausalLM(nn.Module):
         # Tied embeddings get no lm_head at all: a shared Parameter would not survive to_empty().
         self.lm_head = None if args.tie_embeddings else nn.Linear(args.hidden_size, args.vocab_size, bias=False)
         self.kernels: TorchKernels = TORCH   # use_kernels() picks, once the weights are in place
+        self._weights: ModelWeights | None = None
+
+    @property
+    def weights(self) -> ModelWeights:
+        if self._weights is None:
+            self._weights = ModelWeights([LayerWeights.of(layer) for layer in self.model.layers],
+                                         self.model.embed_tokens.weight, self.model.norm.weight,
+                                         (self.lm_head or self.model.embed_tokens).weight)
+        return self._weights
+
+    def _apply(self, fn, recurse=True):
+        """to(), to_empty() and the like may put new Parameters in place: forget the old ones."""
+        self._weights = None
+        return super()._apply(fn, recurse)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 attn: AttentionMetadata) -> torch.Tensor:
-        residual, delta = self.model.embed_tokens(input_ids), None
+        """Each layer: x = norm(residual); residual += attention(x); x = norm(residual);
+        residual += mlp(x), with each residual addition fused into the norm that follows it."""
+        k, a, eps, weights = self.kernels, self.args, self.args.rms_norm_eps, self.weights
+        residual, delta = F.embedding(input_ids, weights.embedding), None
         rope = self.rope.table(attn.num_positions, residual.dtype)
-        for layer in self.model.layers:
-            residual, delta = layer(residual, delta, rope, attn, self.kernels)
-        norm = self.model.norm
-        return self.kernels.add_rms_norm(residual, delta, norm.weight, norm.eps)[1]
+        for w in weights.layers:
+            residual, x = k.add_rms_norm(residual, delta, w.input_norm, eps)
+            qkv = k.linear(x, w.qkv, w.qkv_bias)
+            q = k.rope_store(qkv, a.num_heads, a.num_kv_heads, a.head_dim, rope, attn.positions,
+                             attn.slot_blocks, attn.slot_offsets, w.attention.kv_cache)
+            residual, x = k.add_rms_norm(residual, k.linear(w.attention.attend(q, attn, k), w.o, w.o_bias),
+                                         w.post_norm, eps)
+            delta = k.linear(k.silu_mul(k.linear(x, w.gate_up, w.gate_up_bias)), w.down, w.down_bias)
+        return k.add_rms_norm(residual, delta, weights.final_norm, eps)[1]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        head = self.model.embed_tokens if self.lm_head is None else self.lm_head
-        return self.kernels.logits(hidden, head.weight)
+        return self.kernels.logits(hidden, self.weights.head)
 
     def use_kernels(self, requested: str) -> str:
         """Pick the kernels for engine.kernels = requested (see kernels.choose); returns which, and why."""
         args = self.args
         sizes = [args.hidden_size, args.intermediate_size, args.num_heads * args.head_dim,
                  args.num_kv_heads * args.head_dim]
-        self.kernels, reason = choose(requested, self.model.embed_tokens.weight.dtype,
-                                      self.model.embed_tokens.weight.device, sizes, args.head_dim,
-                                      args.num_heads // args.num_kv_heads)
+        embedding = self.weights.embedding
+        self.kernels, reason = choose(requested, embedding.dtype, embedding.device, sizes,
+                                      args.head_dim, args.num_heads // args.num_kv_heads)
         return reason
 
     def map_weight(self, name: str, tensor: torch.Tensor) -> tuple[str, int, torch.Tensor] | None:
