@@ -34,25 +34,26 @@ def rand(*shape, dtype=torch.float32, scale=1.0):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("m, n, k", [(1, 64, 64), (3, 7, 16), (4, 33, 48), (5, 64, 80), (16, 12, 32)])
+@pytest.mark.parametrize("m, n, k", [(1, 64, 64), (3, 7, 16), (8, 33, 48), (9, 48, 80), (20, 12, 32)])
 @pytest.mark.parametrize("bias", [False, True])
-def test_linear(dtype, m, n, k, bias):
-    x, w = rand(m, k, dtype=dtype), rand(n, k, dtype=dtype)
+def test_linear_on_packed_weights(dtype, m, n, k, bias):
+    x, w = rand(m, k, dtype=dtype), rand(n, k, dtype=dtype)   # 7, 33: a panel or pair partly padding
     b = rand(n, dtype=dtype) if bias else None
-    assert agree(NATIVE.linear(x, w, b), TORCH.linear(x, w, b))
+    assert agree(NATIVE.linear(x, NATIVE.prepare(w), b), TORCH.linear(x, w, b))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_logits_are_float32_holding_the_model_dtype(dtype):
     x, w = rand(2, 64, dtype=dtype), rand(300, 64, dtype=dtype)
-    logits = NATIVE.logits(x, w)
+    logits = NATIVE.logits(x, NATIVE.prepare(w))
     assert logits.dtype == torch.float32 and torch.equal(logits, logits.to(dtype).float())
     assert agree(logits.to(dtype), TORCH.logits(x, w).to(dtype))
 
 
-def test_long_matrix_products_go_to_torch():
-    x, w = rand(kernels.NATIVE_MAX_ROWS + 1, 32), rand(8, 32)
-    assert torch.equal(NATIVE.linear(x, w), TORCH.linear(x, w))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_embedding_rows_of_a_packed_matrix(dtype):
+    table, ids = rand(40, 32, dtype=dtype), torch.tensor([0, 39, 17, 16, 15, 17])
+    assert torch.equal(NATIVE.embedding(ids, NATIVE.prepare(table)), TORCH.embedding(ids, table))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -2,10 +2,10 @@
 
 TorchKernels: torch ops, on any device and dtype; the portable path (CUDA, float16, odd shapes,
 no C compiler) and the reference the native kernels are tested against.
-NativeKernels: the C kernels of kernels.c on the CPU, for float32 and bfloat16. Matrix products
-of up to NATIVE_MAX_ROWS rows (decode steps) stream the weights in their own layout; longer ones
-(prefill) go to torch's GEMM (MKL / oneDNN), which is compute-bound there and does that better.
-Attention of a prefill chunk also stays with torch (scaled_dot_product_attention); attention of
+NativeKernels: the C kernels of kernels.c on the CPU, for float32 and bfloat16. Weight matrices
+are packed once, at load, into the panels kernels.c multiplies (prepare()); the products of any
+number of rows are native (faster than torch's GEMM here at every row count, see kernels.c).
+Attention of a prefill chunk stays with torch (scaled_dot_product_attention); attention of
 decoding sequences reads the paged KV cache in place.
 
 Each op mirrors the order of roundings of transformers' Llama, so that both implementations
@@ -13,13 +13,34 @@ give transformers' greedy tokens in float32 and in bfloat16.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
 from mcpd.models import native
 
-NATIVE_MAX_ROWS = 16   # longer matrix products go to torch's GEMM (bench: see native linear vs F.linear)
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
+PANEL = 16
+
+
+@dataclass(frozen=True, slots=True)
+class Packed:
+    """A weight matrix [n, k] in kernels.c's panel layout: float32 [n/16, k, 16], bfloat16
+    [n/16, k/2, 16, 2] (n padded with zero rows to a multiple of 16)."""
+    panels: torch.Tensor
+    n: int
+    k: int
+
+    @classmethod
+    def of(cls, weight: torch.Tensor) -> Packed:
+        n, k = weight.shape
+        padded = F.pad(weight, (0, 0, 0, -n % PANEL))
+        if weight.dtype == torch.float32:
+            panels = padded.view(-1, PANEL, k).transpose(1, 2)
+        else:
+            panels = padded.view(-1, PANEL, k // 2, 2).permute(0, 2, 1, 3)
+        return cls(panels.contiguous(), n, k)
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -30,6 +51,13 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 
 class TorchKernels:
     name = "torch"
+
+    def prepare(self, weight: torch.Tensor) -> torch.Tensor:
+        """A weight matrix in the form linear() takes: for torch, as it is."""
+        return weight
+
+    def embedding(self, ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids, table)
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         return F.linear(x, weight, bias)
@@ -102,24 +130,29 @@ class NativeKernels(TorchKernels):
         return (device.type == "cpu" and dtype in _DTYPE_CODES and all(s % 16 == 0 for s in sizes)
                 and head_dim % 16 == 0 and head_dim <= 256 and group <= 16)
 
+    def prepare(self, weight):
+        return Packed.of(weight)
+
+    def embedding(self, ids, table):
+        if not isinstance(table, Packed):
+            return F.embedding(ids, table)
+        out = torch.empty((ids.shape[0], table.k), dtype=table.panels.dtype)   # a tied LM head's rows
+        self.lib.mcpd_embedding(self.codes[out.dtype], table.panels.data_ptr(), table.k, ids.data_ptr(),
+                                ids.shape[0], out.data_ptr())
+        return out
+
     def linear(self, x, weight, bias=None):
-        rows = x.shape[0]
-        if rows > NATIVE_MAX_ROWS:
-            return F.linear(x, weight, bias)
         x = x.contiguous()
-        y = x.new_empty((rows, weight.shape[0]))
-        self.lib.mcpd_linear(self.codes[x.dtype], x.data_ptr(), rows, x.shape[1], weight.data_ptr(),
-                             bias.data_ptr() if bias is not None else None, weight.shape[0], y.data_ptr(), 0)
+        y = x.new_empty((x.shape[0], weight.n))
+        self.lib.mcpd_linear(self.codes[x.dtype], x.data_ptr(), x.shape[0], weight.k, weight.panels.data_ptr(),
+                             bias.data_ptr() if bias is not None else None, weight.n, y.data_ptr(), 0)
         return y
 
     def logits(self, x, weight):
-        rows = x.shape[0]
-        if rows > NATIVE_MAX_ROWS:
-            return F.linear(x, weight).float()
         x = x.contiguous()   # the rows that sample, picked out of the step's hidden states
-        y = torch.empty((rows, weight.shape[0]), dtype=torch.float32)
-        self.lib.mcpd_linear(self.codes[x.dtype], x.data_ptr(), rows, x.shape[1], weight.data_ptr(), None,
-                             weight.shape[0], y.data_ptr(), 1)
+        y = torch.empty((x.shape[0], weight.n), dtype=torch.float32)
+        self.lib.mcpd_linear(self.codes[x.dtype], x.data_ptr(), x.shape[0], weight.k, weight.panels.data_ptr(),
+                             None, weight.n, y.data_ptr(), 1)
         return y
 
     def add_rms_norm(self, residual, delta, weight, eps):

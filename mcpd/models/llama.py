@@ -8,10 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from mcpd.models.kernels import TORCH, TorchKernels, choose
+from mcpd.models.kernels import TORCH, Packed, TorchKernels, choose
 from mcpd.models.layers import AttentionMetadata, Llama3RopeScaling, PagedAttention, RMSNorm, RotaryEmbedding
 
 
@@ -68,36 +67,44 @@ class LlamaModel(nn.Module):
 
 @dataclass(frozen=True, slots=True)
 class LayerWeights:
-    """One decoder layer's tensors as plain attributes: reaching them through nn.Module's
-    attribute lookup costs microseconds each, hundreds of times per step. The tensors are the
-    modules' own Parameters, which keep their identity when the loader fills or casts them."""
+    """One decoder layer's tensors as plain attributes, weight matrices in the form the kernels
+    multiply (kernels.prepare: packed for the native ones): reaching them through nn.Module's
+    attribute lookup costs microseconds each, hundreds of times per step."""
     input_norm: torch.Tensor
-    qkv: torch.Tensor
+    qkv: torch.Tensor | Packed
     qkv_bias: torch.Tensor | None
     attention: PagedAttention
-    o: torch.Tensor
+    o: torch.Tensor | Packed
     o_bias: torch.Tensor | None
     post_norm: torch.Tensor
-    gate_up: torch.Tensor
+    gate_up: torch.Tensor | Packed
     gate_up_bias: torch.Tensor | None
-    down: torch.Tensor
+    down: torch.Tensor | Packed
     down_bias: torch.Tensor | None
 
     @classmethod
-    def of(cls, layer: LlamaDecoderLayer) -> LayerWeights:
-        attn, mlp = layer.self_attn, layer.mlp
-        return cls(layer.input_layernorm.weight, attn.qkv_proj.weight, attn.qkv_proj.bias, attn.attn,
-                   attn.o_proj.weight, attn.o_proj.bias, layer.post_attention_layernorm.weight,
-                   mlp.gate_up_proj.weight, mlp.gate_up_proj.bias, mlp.down_proj.weight, mlp.down_proj.bias)
+    def of(cls, layer: LlamaDecoderLayer, kernels: TorchKernels) -> LayerWeights:
+        attn, mlp, prepare = layer.self_attn, layer.mlp, kernels.prepare
+        return cls(layer.input_layernorm.weight, prepare(attn.qkv_proj.weight), attn.qkv_proj.bias, attn.attn,
+                   prepare(attn.o_proj.weight), attn.o_proj.bias, layer.post_attention_layernorm.weight,
+                   prepare(mlp.gate_up_proj.weight), mlp.gate_up_proj.bias, prepare(mlp.down_proj.weight),
+                   mlp.down_proj.bias)
 
 
 @dataclass(frozen=True, slots=True)
 class ModelWeights:
     """The forward pass's tensors, out of nn.Module's way (see LayerWeights)."""
     layers: list[LayerWeights]
-    embedding: torch.Tensor
+    embedding: torch.Tensor | Packed   # the (prepared) head itself when the two are tied
     final_norm: torch.Tensor
-    head: torch.Tensor     # the lm_head, or the embedding when they are tied
+    head: torch.Tensor | Packed
+
+    @classmethod
+    def of(cls, model: LlamaForCausalLM, kernels: TorchKernels) -> ModelWeights:
+        embedding = model.model.embed_tokens.weight
+        head = kernels.prepare(embedding if model.lm_head is None else model.lm_head.weight)
+        return cls([LayerWeights.of(layer, kernels) for layer in model.model.layers],
+                   head if model.lm_head is None else embedding, model.model.norm.weight, head)
 
 
 class LlamaForCausalLM(nn.Module):
@@ -119,13 +126,14 @@ class LlamaForCausalLM(nn.Module):
     @property
     def weights(self) -> ModelWeights:
         if self._weights is None:
-            self._weights = ModelWeights([LayerWeights.of(layer) for layer in self.model.layers],
-                                         self.model.embed_tokens.weight, self.model.norm.weight,
-                                         (self.lm_head or self.model.embed_tokens).weight)
+            self._weights = ModelWeights.of(self, self.kernels)
         return self._weights
 
     def _apply(self, fn, recurse=True):
-        """to(), to_empty() and the like may put new Parameters in place: forget the old ones."""
+        """to(), to_empty() and the like may put new Parameters in place: forget the old ones
+        (before use_kernels() packed them: the loader moves and casts, nothing does after)."""
+        if self.kernels is not TORCH:
+            raise RuntimeError("a model whose weights were packed for the native kernels cannot be moved or cast")
         self._weights = None
         return super()._apply(fn, recurse)
 
@@ -134,7 +142,7 @@ class LlamaForCausalLM(nn.Module):
         """Each layer: x = norm(residual); residual += attention(x); x = norm(residual);
         residual += mlp(x), with each residual addition fused into the norm that follows it."""
         k, a, eps, weights = self.kernels, self.args, self.args.rms_norm_eps, self.weights
-        residual, delta = F.embedding(input_ids, weights.embedding), None
+        residual, delta = k.embedding(input_ids, weights.embedding), None
         rope = self.rope.table(attn.num_positions, residual.dtype)
         for w in weights.layers:
             residual, x = k.add_rms_norm(residual, delta, w.input_norm, eps)
@@ -150,13 +158,21 @@ class LlamaForCausalLM(nn.Module):
         return self.kernels.logits(hidden, self.weights.head)
 
     def use_kernels(self, requested: str) -> str:
-        """Pick the kernels for engine.kernels = requested (see kernels.choose); returns which, and why."""
+        """Pick the kernels for engine.kernels = requested (see kernels.choose), once the weights
+        are loaded; returns which, and why. The native kernels multiply packed copies of the weight
+        matrices: the modules' own are then emptied, so the model is not held twice in memory."""
         args = self.args
         sizes = [args.hidden_size, args.intermediate_size, args.num_heads * args.head_dim,
                  args.num_kv_heads * args.head_dim]
-        embedding = self.weights.embedding
-        self.kernels, reason = choose(requested, embedding.dtype, embedding.device, sizes,
-                                      args.head_dim, args.num_heads // args.num_kv_heads)
+        embedding = self.model.embed_tokens.weight
+        kernels, reason = choose(requested, embedding.dtype, embedding.device, sizes, args.head_dim,
+                                 args.num_heads // args.num_kv_heads)
+        weights = ModelWeights.of(self, kernels)
+        if kernels is not TORCH:
+            for name, param in self.named_parameters():
+                if param.dim() == 2 and (name != "model.embed_tokens.weight" or self.lm_head is None):
+                    param.data = param.data.new_empty(0)
+        self.kernels, self._weights = kernels, weights
         return reason
 
     def map_weight(self, name: str, tensor: torch.Tensor) -> tuple[str, int, torch.Tensor] | None:
