@@ -235,7 +235,7 @@ void mcpd_linear(int dtype, const void *x, int64_t m, int64_t k, const void *pac
                  int64_t n, void *y, int y_f32) {
     size_t size = dtype == F32 ? 4 : 2;
     int64_t panels = (n + PANEL - 1) / PANEL, pairs = (panels + 1) / 2;
-    #pragma omp parallel for schedule(static) if (pairs > 1 && n * k * m >= 32768)
+    #pragma omp parallel for schedule(dynamic, 4) if (pairs > 1 && n * k * m >= 32768)
     for (int64_t pair = 0; pair < pairs; pair++) {
         const char *p0 = (const char *)packed + 2 * pair * k * PANEL * size;
         const char *p1 = 2 * pair + 1 < panels ? p0 + k * PANEL * size : NULL;
@@ -353,9 +353,11 @@ void mcpd_decode_attention(int dtype, const void *q, int64_t q_stride, int64_t b
                            int64_t kv_heads, int64_t d, const void *kv, int64_t block_stride,
                            int64_t v_offset, int64_t block_size, const int64_t *tables,
                            int64_t table_stride, const int64_t *lens, float scale, void *out) {
-    int64_t group = heads / kv_heads, slot = kv_heads * d;
+    int64_t group = heads / kv_heads, slot = kv_heads * d, keys = 0;
     size_t size = dtype == F32 ? 4 : 2;
-    #pragma omp parallel for collapse(2) schedule(static) if (b * kv_heads > 1)
+    for (int64_t s = 0; s < b; s++) keys += lens[s];
+    /* Threads only for enough work: waking a sleeping thread costs more than a short context. */
+    #pragma omp parallel for collapse(2) schedule(static) if (b * kv_heads > 1 && keys * heads * d >= (1 << 20))
     for (int64_t s = 0; s < b; s++)
         for (int64_t g = 0; g < kv_heads; g++) {
             float query[MAX_GROUP][MAX_HEAD_DIM], acc[MAX_GROUP][MAX_HEAD_DIM];
