@@ -12,8 +12,10 @@ from mcpd.config import Config, EngineConfig
 from mcpd.engine import Engine
 from mcpd.models import kernels, native
 from mcpd.models.kernels import NativeKernels, TorchKernels
+from mcpd.models.layers import AttentionMetadata
 
 NATIVE, TORCH = NativeKernels(), TorchKernels()
+CPU = torch.device("cpu")
 DTYPES = [torch.float32, torch.bfloat16]
 
 
@@ -100,16 +102,40 @@ def test_silu_mul(dtype):
     assert agree(NATIVE.silu_mul(gate_up), TORCH.silu_mul(gate_up))
 
 
+def _scattered_tables(lens: list[int], block_size: int, blocks: int) -> list[list[int]]:
+    order = torch.randperm(blocks, generator=torch.Generator().manual_seed(1)).tolist()
+    tables, used = [], 0
+    for length in lens:
+        need = -(-length // block_size)
+        tables.append(order[used:used + need])
+        used += need
+    return tables
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("heads, kv_heads, head_dim", [(4, 2, 16), (8, 1, 64), (2, 2, 32)])
 def test_decode_attention_reads_the_paged_cache_in_place(dtype, heads, kv_heads, head_dim):
     block_size, lens = 4, [1, 17, 100, 64]   # 100 and 64 cross the kernel's 64-key chunks
     cache = _cache(100, block_size, kv_heads, head_dim, dtype)
-    order = torch.randperm(100, generator=torch.Generator().manual_seed(1))
-    table = torch.stack([order[i * 25:(i + 1) * 25] for i in range(len(lens))])   # scattered blocks
+    tables = _scattered_tables(lens, block_size, 100)
+    attn = AttentionMetadata.build(tables, [n - 1 for n in lens], [1] * len(lens), block_size, CPU)
     q = rand(len(lens), heads, head_dim, dtype=dtype)
-    args = (cache, table, torch.tensor(lens), head_dim ** -0.5)
+    args = (cache, attn.groups[0], head_dim ** -0.5)
     assert agree(NATIVE.decode_attention(q, *args), TORCH.decode_attention(q, *args), rowwise=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("heads, kv_heads, head_dim", [(4, 2, 16), (8, 1, 64), (32, 2, 32)])
+def test_prefill_attention_is_causal_over_the_paged_cache(dtype, heads, kv_heads, head_dim):
+    """Chunks of several sequences: one from position 0, one after a cached history, one of 70
+    queries (past a 64-row work unit), one of 2; keys and queries cross 16-key chunks unaligned."""
+    block_size, starts, counts = 4, [0, 37, 3, 90], [21, 9, 70, 2]
+    lens = [s + n for s, n in zip(starts, counts)]
+    cache = _cache(80, block_size, kv_heads, head_dim, dtype)
+    attn = AttentionMetadata.build(_scattered_tables(lens, block_size, 80), starts, counts, block_size, CPU)
+    q = rand(sum(counts), heads, head_dim, dtype=dtype)
+    args = (cache, attn.groups[0], head_dim ** -0.5)
+    assert agree(NATIVE.prefill_attention(q, *args), TORCH.prefill_attention(q, *args), rowwise=True)
 
 
 def test_a_cache_directory_open_to_others_is_refused(tmp_path, monkeypatch):

@@ -19,6 +19,7 @@ dtype codes: 0 = float32, 1 = bfloat16 (stored as uint16).
 */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #ifdef __AVX512BF16__
 #include <immintrin.h>
@@ -100,10 +101,14 @@ static inline float hsum(f32x16 v) {
     return a[0];
 }
 
+static inline f32x16 vmax(f32x16 a, f32x16 b) { return where(a > b, a, b); }
+
 static inline float hmax(f32x16 v) {
-    float m = v[0];
-    for (int i = 1; i < LANES; i++) m = v[i] > m ? v[i] : m;
-    return m;
+    f32x16 a = vmax(v, __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7));
+    a = vmax(a, __builtin_shufflevector(a, a, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11));
+    a = vmax(a, __builtin_shufflevector(a, a, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13));
+    a = vmax(a, __builtin_shufflevector(a, a, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14));
+    return a[0];
 }
 
 /* exp(x), Cephes' polynomial (about 1 ulp); exp of -inf and of anything below -87.3 is 0. */
@@ -415,6 +420,129 @@ void mcpd_decode_attention(int dtype, const void *q, int64_t q_stride, int64_t b
                 for (int64_t j = 0; j < d; j += LANES)
                     store_any(dtype, out, (s * heads + g * group + h) * d + j, load_f32(acc[h] + j) / total[h]);
         }
+}
+
+/* ---- attention of prefill chunks over their paged KV ------------------------------------------ */
+
+#define KEYS 32               /* keys per step: two vectors of scores per query row */
+static const f32x16 lane_index = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+#define MAX_ROWS 64           /* query rows (queries x heads of one KV head) per work unit */
+#define ROW_GROUP 8           /* rows whose accumulators stay in registers together */
+
+/* The keys and values of one KV head at positions c0 .. c0 + n - 1 as float32: keys transposed
+   into kt[d][KEYS], so that a query row's scores for all of them are d broadcast multiply-adds;
+   values as vt[KEYS][d]; missing keys zero. Done once per chunk for every row of the unit. */
+static void load_chunk(int dtype, const char *kv, const int64_t *table, int64_t block_size, int64_t block_stride,
+                       int64_t v_offset, int64_t slot, int64_t g, int64_t d, int64_t c0, int64_t n, float *kt,
+                       float *vt) {
+    size_t size = dtype == F32 ? 4 : 2;
+    for (int64_t c = 0; c < KEYS; c++) {
+        if (c >= n) {
+            for (int64_t j = 0; j < d; j++) kt[j * KEYS + c] = vt[c * d + j] = 0.0f;
+            continue;
+        }
+        const char *key = kv + (table[(c0 + c) / block_size] * block_stride + ((c0 + c) % block_size) * slot + g * d) * size;
+        for (int64_t j = 0; j < d; j += LANES) {
+            f32x16 k = load_any(dtype, key, j);
+            for (int i = 0; i < LANES; i++) kt[(j + i) * KEYS + c] = k[i];
+            store_f32(vt + c * d + j, load_any(dtype, key + v_offset * size, j));
+        }
+    }
+}
+
+/* Sequence s computes counts[s] new tokens at positions starts[s] ..., whose queries are rows
+   q_rows[s] ... of q (rows of q_stride elements, heads * d queries first); each attends to the
+   keys at its own position and before (the new tokens' keys are already in the cache). Work
+   units are (sequence, KV head, tile of queries): rows = the tile's queries x the query heads
+   of that KV head, which share every key chunk. Online softmax as in mcpd_decode_attention.
+   out: [rows of the flat batch, heads * d]. */
+void mcpd_prefill_attention(int dtype, const void *q, int64_t q_stride, int64_t b, const int64_t *q_rows,
+                            const int64_t *starts, const int64_t *counts, int64_t heads, int64_t kv_heads,
+                            int64_t d, const void *kv, int64_t block_stride, int64_t v_offset,
+                            int64_t block_size, const int64_t *tables, int64_t table_stride, float scale,
+                            void *out) {
+    int64_t group = heads / kv_heads, slot = kv_heads * d, tile = MAX_ROWS / group;
+    size_t size = dtype == F32 ? 4 : 2;
+    int64_t units = 0, first_unit[b + 1];
+    for (int64_t s = 0; s < b; s++) {
+        first_unit[s] = units;
+        units += kv_heads * ((counts[s] + tile - 1) / tile);
+    }
+    first_unit[b] = units;
+    #pragma omp parallel for schedule(dynamic, 1) if (units > 1)
+    for (int64_t unit = 0; unit < units; unit++) {
+        int64_t s = 0;
+        while (first_unit[s + 1] <= unit) s++;
+        int64_t tiles = (counts[s] + tile - 1) / tile, g = (unit - first_unit[s]) / tiles;
+        int64_t q0 = (unit - first_unit[s]) % tiles * tile;          /* first query of the tile */
+        int64_t queries = counts[s] - q0 < tile ? counts[s] - q0 : tile, rows = queries * group;
+        int64_t padded = (rows + ROW_GROUP - 1) / ROW_GROUP * ROW_GROUP;   /* extra rows: zeros, unused */
+        /* heap, not stack: up to ~170 KB, more than a thread's stack may hold */
+        float *query = calloc(padded * d * 2 + d * KEYS * 2 + padded * KEYS, sizeof(float));
+        float *acc = query + padded * d, *kt = acc + padded * d, *vt = kt + d * KEYS, *scores = vt + d * KEYS;
+        float best[MAX_ROWS], total[MAX_ROWS];
+        for (int64_t r = 0; r < rows; r++) {   /* row r: query q0 + r / group, head g * group + r % group */
+            const char *src = (const char *)q + ((q_rows[s] + q0 + r / group) * q_stride + (g * group + r % group) * d) * size;
+            for (int64_t j = 0; j < d; j++) query[r * d + j] = load1(dtype, src, j);
+            best[r] = -INFINITY;
+            total[r] = 0;
+        }
+        const int64_t *table = tables + s * table_stride;
+        int64_t first_pos = starts[s] + q0, keys = first_pos + queries;
+        for (int64_t c0 = 0; c0 < keys; c0 += KEYS) {
+            int64_t n = keys - c0 < KEYS ? keys - c0 : KEYS;
+            load_chunk(dtype, (const char *)kv, table, block_size, block_stride, v_offset, slot, g, d, c0, n, kt, vt);
+            for (int64_t r0 = 0; r0 < padded; r0 += ROW_GROUP) {
+                f32x16 lo[ROW_GROUP] = {{0}}, hi[ROW_GROUP] = {{0}};
+                for (int64_t j = 0; j < d; j++) {
+                    f32x16 k0 = load_f32(kt + j * KEYS), k1 = load_f32(kt + j * KEYS + LANES);
+                    for (int r = 0; r < ROW_GROUP; r++) {
+                        float x = query[(r0 + r) * d + j];
+                        lo[r] += x * k0;
+                        hi[r] += x * k1;
+                    }
+                }
+                for (int r = 0; r < ROW_GROUP; r++) {
+                    store_f32(scores + (r0 + r) * KEYS, lo[r] * scale);
+                    store_f32(scores + (r0 + r) * KEYS + LANES, hi[r] * scale);
+                }
+            }
+            for (int64_t r = 0; r < rows; r++) {
+                f32x16 s0 = load_f32(scores + r * KEYS), s1 = load_f32(scores + r * KEYS + LANES);
+                float visible = first_pos + r / group - c0 + 1;   /* causal: keys up to the query's position */
+                if (visible < KEYS) {
+                    s0 = where(lane_index < visible, s0, splat(-INFINITY));
+                    s1 = where(lane_index + LANES < visible, s1, splat(-INFINITY));
+                }
+                float high = hmax(vmax(s0, s1));
+                high = high > best[r] ? high : best[r];
+                float rescale = best[r] == -INFINITY ? 0.0f : expf(best[r] - high);
+                f32x16 p0 = exp16(s0 - high), p1 = exp16(s1 - high);
+                total[r] = total[r] * rescale + hsum(p0 + p1);
+                best[r] = high;
+                store_f32(scores + r * KEYS, dtype == F32 ? p0 : round_bf16(p0));
+                store_f32(scores + r * KEYS + LANES, dtype == F32 ? p1 : round_bf16(p1));
+                if (rescale != 1.0f)
+                    for (int64_t j = 0; j < d; j += LANES) store_f32(acc + r * d + j, load_f32(acc + r * d + j) * rescale);
+            }
+            for (int64_t j = 0; j < d; j += LANES)
+                for (int64_t r0 = 0; r0 < padded; r0 += ROW_GROUP) {
+                    f32x16 a[ROW_GROUP];
+                    for (int r = 0; r < ROW_GROUP; r++) a[r] = load_f32(acc + (r0 + r) * d + j);
+                    for (int64_t c = 0; c < n; c++) {
+                        f32x16 v = load_f32(vt + c * d + j);
+                        for (int r = 0; r < ROW_GROUP; r++) a[r] += scores[(r0 + r) * KEYS + c] * v;
+                    }
+                    for (int r = 0; r < ROW_GROUP; r++) store_f32(acc + (r0 + r) * d + j, a[r]);
+                }
+        }
+        for (int64_t r = 0; r < rows; r++) {
+            int64_t row = q_rows[s] + q0 + r / group, head = g * group + r % group;
+            for (int64_t j = 0; j < d; j += LANES)
+                store_any(dtype, out, (row * heads + head) * d + j, load_f32(acc + r * d + j) / total[r]);
+        }
+        free(query);
+    }
 }
 
 /* ---- runtime -------------------------------------------------------------------------------- */

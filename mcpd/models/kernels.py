@@ -96,20 +96,36 @@ class TorchKernels:
         gate, up = gate_up.chunk(2, dim=-1)
         return F.silu(gate) * up
 
-    def decode_attention(self, q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
-                         context_lens: torch.Tensor, scale: float) -> torch.Tensor:
-        """One query per sequence, q [B, heads, D], over the first context_lens[i] tokens of the
-        blocks block_table[i]; returns [B, heads * D]."""
-        batch, width = block_table.shape
-        block_size = kv_cache.shape[2]
-        blocks = kv_cache.index_select(0, block_table.flatten())   # [B * W, 2, bs, kv_heads, D]
-        blocks = blocks.view(batch, width, 2, block_size, *kv_cache.shape[3:])
-        keys = blocks[:, :, 0].flatten(1, 2).transpose(1, 2)        # [B, kv_heads, W * bs, D]
-        values = blocks[:, :, 1].flatten(1, 2).transpose(1, 2)
-        mask = torch.arange(width * block_size, device=q.device) < context_lens[:, None]
+    def decode_attention(self, q: torch.Tensor, kv_cache: torch.Tensor, group, scale: float) -> torch.Tensor:
+        """One query per sequence, q [B, heads, D], over the first group.context_lens[i] tokens
+        of the blocks group.block_table[i] of kv_cache (a layer's [blocks, 2, block_size,
+        kv_heads, D]); returns [B, heads * D]."""
+        batch, width = group.block_table.shape
+        keys, values = _gather(kv_cache, group.block_table)
+        mask = torch.arange(width * kv_cache.shape[2], device=q.device) < group.context_lens[:, None]
         out = F.scaled_dot_product_attention(q[:, :, None], keys, values, attn_mask=mask[:, None, None],
                                              scale=scale, enable_gqa=True)
         return out.flatten(1)
+
+    def prefill_attention(self, q: torch.Tensor, kv_cache: torch.Tensor, group, scale: float) -> torch.Tensor:
+        """The group's new tokens, q [rows, heads, D], each over its sequence's tokens up to
+        itself (causal); returns [rows, heads * D]. Chunks are padded to the longest (group.mask
+        keeps each query causal, group.output_rows drops the padding)."""
+        keys, values = _gather(kv_cache, group.block_table)
+        queries = q[group.query_index].transpose(1, 2)          # [B, heads, Q, D]
+        out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=group.mask, scale=scale,
+                                             enable_gqa=True)
+        return out.transpose(1, 2).flatten(2).flatten(0, 1)[group.output_rows]
+
+
+def _gather(kv_cache: torch.Tensor, block_table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys and values of the blocks in block_table [B, W]: each [B, kv_heads, W * block_size, D].
+    Whole blocks are contiguous runs of memory, and index_select copies them as such (several
+    times faster on the CPU than the equivalent advanced indexing)."""
+    batch, width = block_table.shape
+    blocks = kv_cache.index_select(0, block_table.flatten())   # [B * W, 2, block_size, kv_heads, D]
+    blocks = blocks.view(batch, width, 2, kv_cache.shape[2], *kv_cache.shape[3:])
+    return tuple(blocks[:, :, i].flatten(1, 2).transpose(1, 2) for i in (0, 1))
 
 
 class NativeKernels(TorchKernels):
@@ -176,13 +192,25 @@ class NativeKernels(TorchKernels):
                                out.data_ptr())
         return out
 
-    def decode_attention(self, q, kv_cache, block_table, context_lens, scale):
+    def decode_attention(self, q, kv_cache, group, scale):
         batch, heads, head_dim = q.shape
         out = torch.empty(batch, heads * head_dim, dtype=q.dtype)
+        table = group.block_table
         self.lib.mcpd_decode_attention(
             self.codes[q.dtype], q.data_ptr(), q.stride(0), batch, heads, kv_cache.shape[3], head_dim,
             kv_cache.data_ptr(), kv_cache.stride(0), kv_cache.stride(1), kv_cache.shape[2],
-            block_table.data_ptr(), block_table.stride(0), context_lens.data_ptr(), scale, out.data_ptr())
+            table.data_ptr(), table.stride(0), group.context_lens.data_ptr(), scale, out.data_ptr())
+        return out
+
+    def prefill_attention(self, q, kv_cache, group, scale):
+        rows, heads, head_dim = q.shape
+        out = torch.empty(rows, heads * head_dim, dtype=q.dtype)
+        table = group.block_table
+        self.lib.mcpd_prefill_attention(
+            self.codes[q.dtype], q.data_ptr(), q.stride(0), table.shape[0], group.first_rows.data_ptr(),
+            group.starts.data_ptr(), group.counts.data_ptr(), heads, kv_cache.shape[3], head_dim,
+            kv_cache.data_ptr(), kv_cache.stride(0), kv_cache.stride(1), kv_cache.shape[2],
+            table.data_ptr(), table.stride(0), scale, out.data_ptr())
         return out
 
 

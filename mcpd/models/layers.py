@@ -11,7 +11,6 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from mcpd.models.kernels import TORCH, TorchKernels
@@ -86,6 +85,9 @@ class AttentionGroup:
     end: int
     block_table: torch.Tensor         # [B, W] each sequence's blocks, padded to the longest
     context_lens: torch.Tensor        # [B] tokens each sequence attends to, its new ones included
+    starts: torch.Tensor | None = None       # prefill: [B] position of each sequence's first new token
+    counts: torch.Tensor | None = None       # prefill: [B] its new tokens
+    first_rows: torch.Tensor | None = None   # prefill: [B] group row of its first new token
     mask: torch.Tensor | None = None         # prefill: [B, 1, Q, W * block_size] True where a query may attend
     query_index: torch.Tensor | None = None  # prefill: [B, Q] group row of each query
     output_rows: torch.Tensor | None = None  # prefill: rows of the [B*Q] output that are real tokens
@@ -156,7 +158,7 @@ def _prefill_group(block_tables, starts, counts, row, block_size, device) -> Att
     real = step < count[:, None]
     first_row = torch.cumsum(count, 0) - count
     return AttentionGroup(row, row + sum(counts), _padded_table(block_tables, width, device), start + count,
-                          mask, query_index=first_row[:, None] + (query_pos - start[:, None]),
+                          start, count, first_row, mask, query_index=first_row[:, None] + (query_pos - start[:, None]),
                           output_rows=real.flatten().nonzero().squeeze(1))
 
 
@@ -182,28 +184,9 @@ class PagedAttention(nn.Module):
     def attend(self, q: torch.Tensor, attn: AttentionMetadata, kernels: TorchKernels) -> torch.Tensor:
         """Attention of q [T, heads, D] over the cache, whose keys and values for this step's
         tokens are already written; returns [T, heads * D]."""
-        outputs = [self._decode(q, g, kernels) if g.decoding else self._prefill(q[g.start:g.end], g)
-                   for g in attn.groups]
+        outputs = [(kernels.decode_attention if g.decoding else kernels.prefill_attention)(
+                       q[g.start:g.end], self.kv_cache, g, self.scale) for g in attn.groups]
         return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
-
-    def _decode(self, q: torch.Tensor, group: AttentionGroup, kernels: TorchKernels) -> torch.Tensor:
-        return kernels.decode_attention(q[group.start:group.end], self.kv_cache, group.block_table,
-                                        group.context_lens, self.scale)
-
-    def _prefill(self, q: torch.Tensor, group: AttentionGroup) -> torch.Tensor:
-        keys, values = self._gather(0, group.block_table), self._gather(1, group.block_table)
-        queries = q[group.query_index].transpose(1, 2)          # [B, heads, Q, D]
-        out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=group.mask,
-                                             scale=self.scale, enable_gqa=True)
-        return out.transpose(1, 2).flatten(2).flatten(0, 1)[group.output_rows]   # [rows, heads * D]
-
-    def _gather(self, which: int, block_table: torch.Tensor) -> torch.Tensor:
-        """Keys (0) or values (1) of the blocks in block_table: [B, kv_heads, W * block_size, D].
-        Whole blocks are contiguous runs of memory, and index_select copies them as such (several
-        times faster on the CPU than the equivalent advanced indexing)."""
-        batch, width = block_table.shape
-        blocks = self.kv_cache[:, which].index_select(0, block_table.flatten())
-        return blocks.view(batch, width * blocks.shape[1], *blocks.shape[2:]).transpose(1, 2)
 
 
 def bind_kv_cache(model: nn.Module, kv_cache: torch.Tensor) -> None:

@@ -32,6 +32,7 @@ _SIGNATURES = {
     "mcpd_rope_store": [ctypes.c_int, _P, _I, _I, _I, _I, _P, _P, _P, _I, _I, _P, _P],
     "mcpd_silu_mul": [ctypes.c_int, _P, _I, _I, _P],
     "mcpd_decode_attention": [ctypes.c_int, _P, _I, _I, _I, _I, _I, _P, _I, _I, _I, _P, _I, _P, _F, _P],
+    "mcpd_prefill_attention": [ctypes.c_int, _P, _I, _I, _P, _P, _P, _I, _I, _I, _P, _I, _I, _I, _P, _I, _F, _P],
     "mcpd_max_threads": [],
     "mcpd_has_avx512_bf16": [],
 }
