@@ -1,6 +1,6 @@
 """The engine alone, in-process, on issue 12's Llama shape, against the roofline measured in the same run.
 
-    .venv/bin/python bench/engine.py [--quick] [--dtypes float32,bfloat16]
+    .venv/bin/python bench/engine.py [--quick] [--dtypes float32,bfloat16] [--kernels auto|native|torch]
 
 The model: 8 layers, hidden 512, 8 query / 2 KV heads of 64, intermediate 1408, vocab 32000
 (55.3M parameters), random weights written once as a safetensors checkpoint in a temporary
@@ -17,13 +17,18 @@ EOS ignored. Per dtype:
   model's dtype for the FLOPs the step does (projections and MLPs of 170 tokens, their causal
   attention over the history, one row of the LM head).
 - W2: 8 and 32 such requests at once: generated tok/s from the first add_request to the last
-  token (their prefills included), judged by the FLOPs done against matmul_gflops().
+  token (their prefills included), judged by the FLOPs done against matmul_gflops(). --quick
+  generates 32 tokens per stream, so prefill weighs more in its figures.
 - one-token request: a 1-token prompt, max_tokens 1, add_request to its final output.
 - contention: W1 decode with a process spinning on one core, over W1 idle, in alternating
   rounds (float32 only; the figure is about threads, not the dtype).
+- baseline: W1 float32 on engine.kernels = torch (torch's own ops: the engine before the native
+  kernels) interleaved with the default kernels, and the speed-up.
 
-Threads are set up as the worker sets them up (mcpd.engine.threads), before torch is imported.
-Figures are medians over rounds; the roofline is the best of its repeats. The last line is one
+The roofline is measured right before and after each round (the better of the two, each the
+best of its repeats): this machine is shared, and a limit taken minutes earlier misjudges a
+figure by tens of percent. Figures and fractions are medians over rounds. Threads are set up as
+the worker sets them up (mcpd.engine.threads), before torch is imported. The last line is one
 JSON object; bf16 figures carry the prefix bf16_.
 """
 from __future__ import annotations
@@ -67,6 +72,7 @@ from mcpd.engine import Engine, SamplingParams  # noqa: E402
 SHAPE = {"hidden": 512, "intermediate": 1408, "layers": 8, "heads": 8, "kv_heads": 2, "head_dim": 64,
          "vocab": 32000}
 PROMPT_TOKENS, GENERATED = 128, 128
+QUICK_W2_GENERATED = 32   # --quick: W2's streams generate this many (W1 stays at 128)
 HISTORY_TOKENS, TURN_TOKENS = 1600, 170
 
 
@@ -163,9 +169,13 @@ class Bench:
         _, first, last = self.run([self.prompt(PROMPT_TOKENS)], GENERATED)
         return first[0] * 1e3, (GENERATED - 1) / (last[0] - first[0])
 
-    def w2(self, streams: int) -> float:
-        seconds, _, _ = self.run([self.prompt(PROMPT_TOKENS) for _ in range(streams)], GENERATED)
-        return streams * GENERATED / seconds
+    def w2(self, streams: int, generated: int) -> float:
+        seconds, _, _ = self.run([self.prompt(PROMPT_TOKENS) for _ in range(streams)], generated)
+        return streams * generated / seconds
+
+    def warm_up(self) -> None:
+        """First-call costs (allocation, page faults, the first prefill) out of the way."""
+        self.run([self.prompt(PROMPT_TOKENS)], 8)
 
     def turn_prefill_ms(self) -> float:
         history = self.prompt(HISTORY_TOKENS)
@@ -185,73 +195,93 @@ def spinner() -> subprocess.Popen:
     return hog
 
 
-def measure(path: Path, dtype: str, kernels: str, rounds: int, contention: bool, seed: int) -> dict:
-    bench = Bench(path, dtype, kernels, seed)
-    itemsize = bench.engine.dtype.itemsize
-    bench.w1()   # warm-up: first-call costs (allocation, kernel selection) out of the way
-    w1 = [bench.w1() for _ in range(rounds)]
-    ttft = statistics.median(t for t, _ in w1)
-    decode = statistics.median(r for _, r in w1)
-    prefill_ms = statistics.median(bench.turn_prefill_ms() for _ in range(rounds))
-    w2 = {n: statistics.median(bench.w2(n) for _ in range(max(1, rounds // 2))) for n in (8, 32)}
-    one_token = statistics.median(bench.one_token_ms() for _ in range(rounds * 3))
-    figures = {"w1_decode_tok_s": decode, "w1_ttft_ms": ttft, "turn_prefill_ms": prefill_ms,
-               "w2_8_tok_s": w2[8], "w2_32_tok_s": w2[32], "one_token_engine_ms": one_token}
-    if contention:
-        idle, busy = [], []
-        for _ in range(rounds):
-            idle.append(bench.w1()[1])
-            hog = spinner()
-            try:
-                time.sleep(0.2)
-                busy.append(bench.w1()[1])
-            finally:
-                hog.kill()
-                hog.wait()
-        figures.update({"w1_decode_tok_s_idle": statistics.median(idle),
-                        "w1_decode_tok_s_one_core_busy": statistics.median(busy),
-                        "contention_keep_frac": statistics.median(busy) / statistics.median(idle)})
-    figures["weight_bytes_per_token"] = Model.decode_bytes(itemsize)
-    return figures
+def between_limits(workloads: list, limit) -> list[tuple[object, float]]:
+    """Run the workloads one after another with the limit measured before, between and after
+    them: each result with the better of the limits on either side. This machine is shared and
+    its state drifts within a run: a figure is judged against the roofline of its own moment,
+    not one taken a minute earlier."""
+    limits, results = [limit()], []
+    for workload in workloads:
+        results.append(workload())
+        limits.append(limit())
+    return [(result, max(limits[i], limits[i + 1])) for i, result in enumerate(results)]
 
 
-def judge(figures: dict, gbps: float, gflops: float) -> dict:
-    """Add each figure's fraction of the roofline."""
-    bandwidth_limit = gbps * 1e9 / figures["weight_bytes_per_token"]
+def measure(bench: Bench, dtype: str, rounds: int, repeats: int, w2_generated: int) -> dict:
+    bytes_per_token = Model.decode_bytes(bench.engine.dtype.itemsize)
+    gbps = lambda: read_gbps(repeats=repeats)   # noqa: E731
+    gflops = lambda: matmul_gflops(getattr(torch, dtype), repeats=repeats)   # noqa: E731
+    bench.warm_up()
+    w1 = between_limits([bench.w1] * rounds, gbps)
+    turn = between_limits([bench.turn_prefill_ms] * rounds, gflops)
+    w2 = between_limits([lambda n=n: (n, bench.w2(n, w2_generated)) for n in (8, 32)] * max(1, rounds // 2), gflops)
     turn_flops = Model.flops(TURN_TOKENS, HISTORY_TOKENS, 1)
-    w2_flops = Model.flops(PROMPT_TOKENS + GENERATED - 1, 0, GENERATED)  # per stream
-    figures.update({
-        "w1_decode_limit_tok_s": bandwidth_limit,
-        "w1_decode_roofline_frac": figures["w1_decode_tok_s"] / bandwidth_limit,
-        "prefill_gflop": turn_flops / 1e9,
-        "prefill_compute_roofline_frac": turn_flops / (figures["turn_prefill_ms"] / 1e3) / (gflops * 1e9),
-        "w2_8_compute_roofline_frac": w2_flops * figures["w2_8_tok_s"] / GENERATED / (gflops * 1e9),
-        "w2_32_compute_roofline_frac": w2_flops * figures["w2_32_tok_s"] / GENERATED / (gflops * 1e9),
-    })
+    stream_flops = Model.flops(PROMPT_TOKENS + w2_generated - 1, 0, w2_generated)
+    median = statistics.median
+    figures = {
+        "w1_decode_tok_s": median(rate for (_, rate), _ in w1),
+        "w1_decode_roofline_frac": median(rate * bytes_per_token / (g * 1e9) for (_, rate), g in w1),
+        "w1_ttft_ms": median(ttft for (ttft, _), _ in w1),
+        "turn_prefill_ms": median(ms for ms, _ in turn),
+        "prefill_compute_roofline_frac": median(turn_flops / (ms / 1e3) / (f * 1e9) for ms, f in turn),
+        "one_token_engine_ms": median(bench.one_token_ms() for _ in range(rounds * 3)),
+        "weight_bytes_per_token": bytes_per_token, "prefill_gflop": turn_flops / 1e9,
+        "read_gbps_median": median(g for _, g in w1), "matmul_gflops_median": median(f for _, f in turn),
+    }
+    for n in (8, 32):
+        runs = [(rate, f) for (streams, rate), f in w2 if streams == n]
+        figures[f"w2_{n}_tok_s"] = median(rate for rate, _ in runs)
+        figures[f"w2_{n}_compute_roofline_frac"] = median(rate / w2_generated * stream_flops / (f * 1e9)
+                                                          for rate, f in runs)
     return figures
+
+
+def contention(bench: Bench, rounds: int) -> dict:
+    """W1 decode with a process spinning on one core against W1 idle, alternating rounds."""
+    idle, busy = [], []
+    for _ in range(rounds):
+        idle.append(bench.w1()[1])
+        hog = spinner()
+        try:
+            time.sleep(0.2)
+            busy.append(bench.w1()[1])
+        finally:
+            hog.kill()
+            hog.wait()
+    return {"w1_decode_tok_s_idle": statistics.median(idle), "w1_decode_tok_s_one_core_busy": statistics.median(busy),
+            "contention_keep_frac": statistics.median(busy) / statistics.median(idle)}
+
+
+def torch_kernels_baseline(native: Bench, path: Path, rounds: int, seed: int) -> dict:
+    """W1 on engine.kernels = torch (torch's own ops, the engine as it was before the native
+    kernels), interleaved with the default kernels: the speed-up of the same run."""
+    portable = Bench(path, "float32", "torch", seed)
+    portable.warm_up()
+    runs = [(native.w1(), portable.w1()) for _ in range(rounds)]
+    return {"w1_decode_tok_s_torch_kernels": statistics.median(p[1] for _, p in runs),
+            "w1_ttft_ms_torch_kernels": statistics.median(p[0] for _, p in runs),
+            "w1_decode_speedup_vs_torch_kernels": statistics.median(n[1] / p[1] for n, p in runs)}
 
 
 def main() -> None:
     args = ARGS
-    rounds = 2 if args.quick else 5
-    repeats = 5 if args.quick else 20
-    gbps = read_gbps(repeats=repeats)
-    gflops = {"float32": matmul_gflops(torch.float32, repeats=repeats),
-              "bfloat16": matmul_gflops(torch.bfloat16, repeats=repeats)}
-    result = {"threads": THREADS, "wait_policy": args.wait_policy, "kernels": args.kernels, "read_gbps": gbps, "matmul_fp32_gflops": gflops["float32"],
-              "matmul_bf16_gflops": gflops["bfloat16"], "quick": args.quick}
+    rounds, repeats, w2_generated = (2, 2, QUICK_W2_GENERATED) if args.quick else (5, 10, GENERATED)
+    result = {"threads": THREADS, "wait_policy": args.wait_policy, "kernels": args.kernels, "quick": args.quick,
+              "w2_generated_per_stream": w2_generated}
     with tempfile.TemporaryDirectory(prefix="mcpd-bench-engine-") as tmp:
         path = write_checkpoint(Path(tmp))
         for dtype in args.dtypes.split(","):
-            figures = judge(measure(path, dtype, args.kernels, rounds, dtype == "float32", args.seed), gbps,
-                            gflops[dtype])
+            bench = Bench(path, dtype, args.kernels, args.seed)
+            figures = measure(bench, dtype, rounds, repeats, w2_generated)
+            if dtype == "float32":
+                figures.update(contention(bench, rounds // 2 if args.quick else rounds))
+                figures.update(torch_kernels_baseline(bench, path, rounds // 2 if args.quick else rounds, args.seed))
+            del bench   # its pool and weights, before the next dtype's
             prefix = "" if dtype == "float32" else "bf16_"
             print(f"{dtype}:")
             for name, value in figures.items():
-                print(f"  {name:34} {value:12.3f}")
+                print(f"  {name:36} {value:12.3f}")
             result.update({prefix + name: value for name, value in figures.items()})
-    print(f"roofline: read {gbps:.1f} GB/s, matmul fp32 {gflops['float32']:.0f} / bf16 "
-          f"{gflops['bfloat16']:.0f} GFLOP/s, {THREADS} threads")
     print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in result.items()}))
 
 
