@@ -93,6 +93,12 @@ static inline f32x16 where(i32x16 mask, f32x16 a, f32x16 b) {
     return (f32x16)(((i32x16)a & mask) | ((i32x16)b & ~mask));
 }
 
+/* Each kernel's body is written once for both dtypes and called with the dtype as a constant,
+   so that the compiler makes a float32 and a bfloat16 copy with no dtype branch inside loops. */
+#define INLINE static inline __attribute__((always_inline))
+#define BY_DTYPE(body, ...) \
+    do { if (dtype == F32) body(F32, __VA_ARGS__); else body(BF16, __VA_ARGS__); } while (0)
+
 static inline float hsum(f32x16 v) {
     f32x16 a = v + __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
     a = a + __builtin_shufflevector(a, a, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11);
@@ -148,12 +154,11 @@ static inline f32x16 exp16(f32x16 x) {
 #define TILE_ROWS 8
 #define PANEL 16
 
-static inline __attribute__((always_inline)) void tile_f32(const float *x, int64_t rows, int64_t k,
-                                                           const float *p0, const float *p1,
-                                                           f32x16 a0[TILE_ROWS], f32x16 a1[TILE_ROWS]) {
+INLINE void tile_f32(const float *x, int64_t rows, int64_t k, const float *p0, const float *p1,
+                     f32x16 a0[TILE_ROWS], f32x16 a1[TILE_ROWS]) {
     for (int r = 0; r < TILE_ROWS; r++) a0[r] = a1[r] = splat(0);
     for (int64_t i = 0; i < k; i++) {
-        f32x16 w0 = load_f32(p0 + i * PANEL), w1 = p1 ? load_f32(p1 + i * PANEL) : splat(0);
+        f32x16 w0 = load_f32(p0 + i * PANEL), w1 = load_f32(p1 + i * PANEL);
         for (int r = 0; r < rows; r++) {
             float xv = x[r * k + i];
             a0[r] += xv * w0;
@@ -162,15 +167,14 @@ static inline __attribute__((always_inline)) void tile_f32(const float *x, int64
     }
 }
 
-static inline __attribute__((always_inline)) void tile_bf16(const bf16 *x, int64_t rows, int64_t k,
-                                                            const bf16 *p0, const bf16 *p1,
-                                                            f32x16 a0[TILE_ROWS], f32x16 a1[TILE_ROWS]) {
+INLINE void tile_bf16(const bf16 *x, int64_t rows, int64_t k, const bf16 *p0, const bf16 *p1,
+                      f32x16 a0[TILE_ROWS], f32x16 a1[TILE_ROWS]) {
 #ifdef __AVX512BF16__
     __m512 c0[TILE_ROWS], c1[TILE_ROWS];
     for (int r = 0; r < TILE_ROWS; r++) c0[r] = c1[r] = _mm512_setzero_ps();
     for (int64_t i = 0; i < k; i += 2) {
         __m512bh w0 = (__m512bh)_mm512_loadu_si512(p0 + i * PANEL);
-        __m512bh w1 = (__m512bh)(p1 ? _mm512_loadu_si512(p1 + i * PANEL) : _mm512_setzero_si512());
+        __m512bh w1 = (__m512bh)_mm512_loadu_si512(p1 + i * PANEL);
         for (int r = 0; r < rows; r++) {
             int32_t pair;
             memcpy(&pair, x + r * k + i, sizeof pair);
@@ -184,9 +188,9 @@ static inline __attribute__((always_inline)) void tile_bf16(const bf16 *x, int64
 #else
     for (int r = 0; r < TILE_ROWS; r++) a0[r] = a1[r] = splat(0);
     for (int64_t i = 0; i < k; i += 2) {   /* a 64-byte panel step: 16 pairs (w[i], w[i+1]) */
-        u32x16 u0, u1 = {0};
+        u32x16 u0, u1;
         memcpy(&u0, p0 + i * PANEL, sizeof u0);
-        if (p1) memcpy(&u1, p1 + i * PANEL, sizeof u1);
+        memcpy(&u1, p1 + i * PANEL, sizeof u1);
         f32x16 even0, odd0, even1, odd1;
         u32x16 e0 = u0 << 16, o0 = u0 & 0xffff0000u, e1 = u1 << 16, o1 = u1 & 0xffff0000u;
         memcpy(&even0, &e0, 64); memcpy(&odd0, &o0, 64); memcpy(&even1, &e1, 64); memcpy(&odd1, &o1, 64);
@@ -243,13 +247,14 @@ void mcpd_linear(int dtype, const void *x, int64_t m, int64_t k, const void *pac
     #pragma omp parallel for schedule(dynamic, 4) if (pairs > 1 && n * k * m >= 32768)
     for (int64_t pair = 0; pair < pairs; pair++) {
         const char *p0 = (const char *)packed + 2 * pair * k * PANEL * size;
-        const char *p1 = 2 * pair + 1 < panels ? p0 + k * PANEL * size : NULL;
+        int second = 2 * pair + 1 < panels;   /* without a second panel, p0 twice: its sums are dropped */
+        const char *p1 = second ? p0 + k * PANEL * size : p0;
         for (int64_t row = 0; row < m; row += TILE_ROWS) {
             int64_t rows = m - row < TILE_ROWS ? m - row : TILE_ROWS;
             f32x16 a0[TILE_ROWS], a1[TILE_ROWS];
             tile(dtype, (const char *)x + row * k * size, rows, k, p0, p1, a0, a1);
             store_tile(dtype, y_f32, y, n, row, rows, 2 * pair * PANEL, a0, bias);
-            if (p1) store_tile(dtype, y_f32, y, n, row, rows, (2 * pair + 1) * PANEL, a1, bias);
+            if (second) store_tile(dtype, y_f32, y, n, row, rows, (2 * pair + 1) * PANEL, a1, bias);
         }
     }
 }
@@ -262,7 +267,8 @@ void mcpd_embedding(int dtype, const void *packed, int64_t k, const int64_t *ids
             if (dtype == F32)
                 ((float *)out)[r * k + i] = ((const float *)packed)[(panel * k + i) * PANEL + j];
             else   /* [panel][i / 2][j][i % 2] */
-                ((bf16 *)out)[r * k + i] = ((const bf16 *)packed)[((panel * k / 2 + i / 2) * PANEL + j) * 2 + i % 2];
+                ((bf16 *)out)[r * k + i] =
+                    ((const bf16 *)packed)[((panel * k / 2 + i / 2) * PANEL + j) * 2 + i % 2];
         }
     }
 }
@@ -271,8 +277,8 @@ void mcpd_embedding(int dtype, const void *packed, int64_t k, const int64_t *ids
 
 /* For each of m rows of n: residual += delta (when delta is given, rounded to dtype), then
    out = weight * dtype(residual * rsqrt(mean(residual^2) + eps)), as LlamaRMSNorm computes it. */
-void mcpd_add_rms_norm(int dtype, void *residual, const void *delta, const void *weight, float eps,
-                       int64_t m, int64_t n, void *out) {
+INLINE void add_rms_norm_body(int dtype, void *residual, const void *delta, const void *weight, float eps,
+                              int64_t m, int64_t n, void *out) {
     #pragma omp parallel for schedule(static) if (m * n >= 65536)
     for (int64_t r = 0; r < m; r++) {
         int64_t row = r * n;
@@ -293,6 +299,11 @@ void mcpd_add_rms_norm(int dtype, void *residual, const void *delta, const void 
     }
 }
 
+void mcpd_add_rms_norm(int dtype, void *residual, const void *delta, const void *weight, float eps, int64_t m,
+                       int64_t n, void *out) {
+    BY_DTYPE(add_rms_norm_body, residual, delta, weight, eps, m, n, out);
+}
+
 /* ---- rotary embedding + KV cache write ------------------------------------------------------ */
 
 static inline float load1(int dtype, const void *p, int64_t i) {
@@ -306,9 +317,9 @@ static inline float in_dtype1(int dtype, float v) { return dtype == F32 ? v : bf
    copies each token's k and v into the cache: its layer view has blocks of block_stride
    elements, v at v_offset after k, a slot of kv_heads * d elements per token. Scalar loops:
    -O3 vectorizes them, and any even head size works. */
-void mcpd_rope_store(int dtype, void *qkv, int64_t t, int64_t heads, int64_t kv_heads, int64_t d,
-                     const int64_t *positions, const float *table, void *kv, int64_t block_stride,
-                     int64_t v_offset, const int64_t *slot_blocks, const int64_t *slot_offsets) {
+INLINE void rope_store_body(int dtype, void *qkv, int64_t t, int64_t heads, int64_t kv_heads, int64_t d,
+                            const int64_t *positions, const float *table, void *kv, int64_t block_stride,
+                            int64_t v_offset, const int64_t *slot_blocks, const int64_t *slot_offsets) {
     int64_t width = (heads + 2 * kv_heads) * d, half = d / 2, slot = kv_heads * d;
     size_t size = dtype == F32 ? 4 : 2;
     #pragma omp parallel for schedule(static) if (t >= 16)
@@ -333,10 +344,17 @@ void mcpd_rope_store(int dtype, void *qkv, int64_t t, int64_t heads, int64_t kv_
     }
 }
 
+void mcpd_rope_store(int dtype, void *qkv, int64_t t, int64_t heads, int64_t kv_heads, int64_t d,
+                     const int64_t *positions, const float *table, void *kv, int64_t block_stride,
+                     int64_t v_offset, const int64_t *slot_blocks, const int64_t *slot_offsets) {
+    BY_DTYPE(rope_store_body, qkv, t, heads, kv_heads, d, positions, table, kv, block_stride, v_offset,
+             slot_blocks, slot_offsets);
+}
+
 /* ---- SiLU(gate) * up ------------------------------------------------------------------------ */
 
 /* gate_up: [m, 2 * inter] (gate then up); out: [m, inter] = dtype(dtype(silu(gate)) * up). */
-void mcpd_silu_mul(int dtype, const void *gate_up, int64_t m, int64_t inter, void *out) {
+INLINE void silu_mul_body(int dtype, const void *gate_up, int64_t m, int64_t inter, void *out) {
     #pragma omp parallel for schedule(static) if (m * inter >= 65536)
     for (int64_t r = 0; r < m; r++)
         for (int64_t i = 0; i < inter; i += LANES) {
@@ -347,6 +365,10 @@ void mcpd_silu_mul(int dtype, const void *gate_up, int64_t m, int64_t inter, voi
         }
 }
 
+void mcpd_silu_mul(int dtype, const void *gate_up, int64_t m, int64_t inter, void *out) {
+    BY_DTYPE(silu_mul_body, gate_up, m, inter, out);
+}
+
 /* ---- attention of one query per sequence over its paged KV ---------------------------------- */
 
 /* q: [b, ...] rows of q_stride elements, heads * d queries first in each row. Sequence s attends
@@ -354,10 +376,10 @@ void mcpd_silu_mul(int dtype, const void *gate_up, int64_t m, int64_t inter, voi
    slots (cache layout as in mcpd_rope_store). out: [b, heads * d]. Online softmax over chunks of
    keys (flash-decoding), float32 throughout; in bfloat16 the probabilities are rounded before
    they weight the values, as torch's CPU flash attention does. */
-void mcpd_decode_attention(int dtype, const void *q, int64_t q_stride, int64_t b, int64_t heads,
-                           int64_t kv_heads, int64_t d, const void *kv, int64_t block_stride,
-                           int64_t v_offset, int64_t block_size, const int64_t *tables,
-                           int64_t table_stride, const int64_t *lens, float scale, void *out) {
+INLINE void decode_attention_body(int dtype, const void *q, int64_t q_stride, int64_t b, int64_t heads,
+                                  int64_t kv_heads, int64_t d, const void *kv, int64_t block_stride,
+                                  int64_t v_offset, int64_t block_size, const int64_t *tables,
+                                  int64_t table_stride, const int64_t *lens, float scale, void *out) {
     int64_t group = heads / kv_heads, slot = kv_heads * d, keys = 0;
     size_t size = dtype == F32 ? 4 : 2;
     for (int64_t s = 0; s < b; s++) keys += lens[s];
@@ -422,6 +444,14 @@ void mcpd_decode_attention(int dtype, const void *q, int64_t q_stride, int64_t b
         }
 }
 
+void mcpd_decode_attention(int dtype, const void *q, int64_t q_stride, int64_t b, int64_t heads,
+                           int64_t kv_heads, int64_t d, const void *kv, int64_t block_stride,
+                           int64_t v_offset, int64_t block_size, const int64_t *tables, int64_t table_stride,
+                           const int64_t *lens, float scale, void *out) {
+    BY_DTYPE(decode_attention_body, q, q_stride, b, heads, kv_heads, d, kv, block_stride, v_offset,
+             block_size, tables, table_stride, lens, scale, out);
+}
+
 /* ---- attention of prefill chunks over their paged KV ------------------------------------------ */
 
 #define KEYS 32               /* keys per step: two vectors of scores per query row */
@@ -441,7 +471,8 @@ static void load_chunk(int dtype, const char *kv, const int64_t *table, int64_t 
             for (int64_t j = 0; j < d; j++) kt[j * KEYS + c] = vt[c * d + j] = 0.0f;
             continue;
         }
-        const char *key = kv + (table[(c0 + c) / block_size] * block_stride + ((c0 + c) % block_size) * slot + g * d) * size;
+        int64_t pos = c0 + c;
+        const char *key = kv + (table[pos / block_size] * block_stride + (pos % block_size) * slot + g * d) * size;
         for (int64_t j = 0; j < d; j += LANES) {
             f32x16 k = load_any(dtype, key, j);
             for (int i = 0; i < LANES; i++) kt[(j + i) * KEYS + c] = k[i];
@@ -456,11 +487,11 @@ static void load_chunk(int dtype, const char *kv, const int64_t *table, int64_t 
    units are (sequence, KV head, tile of queries): rows = the tile's queries x the query heads
    of that KV head, which share every key chunk. Online softmax as in mcpd_decode_attention.
    out: [rows of the flat batch, heads * d]. */
-void mcpd_prefill_attention(int dtype, const void *q, int64_t q_stride, int64_t b, const int64_t *q_rows,
-                            const int64_t *starts, const int64_t *counts, int64_t heads, int64_t kv_heads,
-                            int64_t d, const void *kv, int64_t block_stride, int64_t v_offset,
-                            int64_t block_size, const int64_t *tables, int64_t table_stride, float scale,
-                            void *out) {
+INLINE void prefill_attention_body(int dtype, const void *q, int64_t q_stride, int64_t b,
+                                   const int64_t *q_rows, const int64_t *starts, const int64_t *counts,
+                                   int64_t heads, int64_t kv_heads, int64_t d, const void *kv,
+                                   int64_t block_stride, int64_t v_offset, int64_t block_size,
+                                   const int64_t *tables, int64_t table_stride, float scale, void *out) {
     int64_t group = heads / kv_heads, slot = kv_heads * d, tile = MAX_ROWS / group;
     size_t size = dtype == F32 ? 4 : 2;
     int64_t units = 0, first_unit[b + 1];
@@ -482,7 +513,8 @@ void mcpd_prefill_attention(int dtype, const void *q, int64_t q_stride, int64_t 
         float *acc = query + padded * d, *kt = acc + padded * d, *vt = kt + d * KEYS, *scores = vt + d * KEYS;
         float best[MAX_ROWS], total[MAX_ROWS];
         for (int64_t r = 0; r < rows; r++) {   /* row r: query q0 + r / group, head g * group + r % group */
-            const char *src = (const char *)q + ((q_rows[s] + q0 + r / group) * q_stride + (g * group + r % group) * d) * size;
+            int64_t row = q_rows[s] + q0 + r / group, head = g * group + r % group;
+            const char *src = (const char *)q + (row * q_stride + head * d) * size;
             for (int64_t j = 0; j < d; j++) query[r * d + j] = load1(dtype, src, j);
             best[r] = -INFINITY;
             total[r] = 0;
@@ -491,7 +523,8 @@ void mcpd_prefill_attention(int dtype, const void *q, int64_t q_stride, int64_t 
         int64_t first_pos = starts[s] + q0, keys = first_pos + queries;
         for (int64_t c0 = 0; c0 < keys; c0 += KEYS) {
             int64_t n = keys - c0 < KEYS ? keys - c0 : KEYS;
-            load_chunk(dtype, (const char *)kv, table, block_size, block_stride, v_offset, slot, g, d, c0, n, kt, vt);
+            load_chunk(dtype, (const char *)kv, table, block_size, block_stride, v_offset, slot, g, d, c0, n,
+                       kt, vt);
             for (int64_t r0 = 0; r0 < padded; r0 += ROW_GROUP) {
                 f32x16 lo[ROW_GROUP] = {{0}}, hi[ROW_GROUP] = {{0}};
                 for (int64_t j = 0; j < d; j++) {
@@ -523,7 +556,8 @@ void mcpd_prefill_attention(int dtype, const void *q, int64_t q_stride, int64_t 
                 store_f32(scores + r * KEYS, dtype == F32 ? p0 : round_bf16(p0));
                 store_f32(scores + r * KEYS + LANES, dtype == F32 ? p1 : round_bf16(p1));
                 if (rescale != 1.0f)
-                    for (int64_t j = 0; j < d; j += LANES) store_f32(acc + r * d + j, load_f32(acc + r * d + j) * rescale);
+                    for (int64_t j = 0; j < d; j += LANES)
+                        store_f32(acc + r * d + j, load_f32(acc + r * d + j) * rescale);
             }
             for (int64_t j = 0; j < d; j += LANES)
                 for (int64_t r0 = 0; r0 < padded; r0 += ROW_GROUP) {
@@ -543,6 +577,15 @@ void mcpd_prefill_attention(int dtype, const void *q, int64_t q_stride, int64_t 
         }
         free(query);
     }
+}
+
+void mcpd_prefill_attention(int dtype, const void *q, int64_t q_stride, int64_t b, const int64_t *q_rows,
+                            const int64_t *starts, const int64_t *counts, int64_t heads, int64_t kv_heads,
+                            int64_t d, const void *kv, int64_t block_stride, int64_t v_offset,
+                            int64_t block_size, const int64_t *tables, int64_t table_stride, float scale,
+                            void *out) {
+    BY_DTYPE(prefill_attention_body, q, q_stride, b, q_rows, starts, counts, heads, kv_heads, d, kv,
+             block_stride, v_offset, block_size, tables, table_stride, scale, out);
 }
 
 /* ---- runtime -------------------------------------------------------------------------------- */
