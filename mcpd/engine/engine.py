@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import time
 from collections.abc import Hashable
 from dataclasses import dataclass
 
@@ -21,6 +22,7 @@ from mcpd.engine.host_kv import HostKV
 from mcpd.engine.kv_cache import KVCache
 from mcpd.engine.sampler import Sampler
 from mcpd.engine.sequence import SamplingParams, Sequence
+from mcpd.engine.thread_tuner import ThreadTuner
 from mcpd.histogram import BATCH_BOUNDS, Histogram
 from mcpd.memory import DevicePool
 from mcpd.models import load_model
@@ -62,6 +64,9 @@ class Engine:
         bind_kv_cache(self.model, self.kv.tensor)
         self.scheduler = BatchScheduler(config.engine, self.kv)
         self.sampler = Sampler(self.device)
+        threads = torch.get_num_threads()
+        self.thread_tuner = (ThreadTuner(threads, torch.set_num_threads)
+                             if self.device.type == "cpu" and config.workers.adaptive_threads and threads > 1 else None)
         self.sequences: dict[Hashable, Sequence] = {}
         self.write_through: set[Hashable] = set()   # keys of context turns: their KV goes to the host tier
         self.aborted: list[StepOutput] = []  # reported by the next step()
@@ -121,8 +126,11 @@ class Engine:
             return outputs
         self.steps += 1
         self.batch_sizes.observe(len(batch))
+        started = time.perf_counter()
         sampling, logits = self._run_model(batch)
         self.kv.step_ran()
+        if self.thread_tuner is not None:
+            self.thread_tuner.observe(sum(count for _, count in batch), time.perf_counter() - started)
         tokens, logprobs = self.sampler(logits, sampling) if sampling else ([], None)
         for i, (seq, token) in enumerate(zip(sampling, tokens)):
             outputs.append(self._append(seq, token, logprobs[i] if seq.params.logprobs else None))
@@ -207,5 +215,6 @@ class Engine:
             "model": self.model_name,
             "dtype": str(self.dtype).removeprefix("torch."),
             "kernels": self.model.kernels.name,
+            "threads": torch.get_num_threads(),
             "max_model_len": self.max_model_len,
         }

@@ -195,23 +195,27 @@ class NativeKernels(TorchKernels):
     def decode_attention(self, q, kv_cache, group, scale):
         batch, heads, head_dim = q.shape
         out = torch.empty(batch, heads * head_dim, dtype=q.dtype)
-        table = group.block_table
-        self.lib.mcpd_decode_attention(
-            self.codes[q.dtype], q.data_ptr(), q.stride(0), batch, heads, kv_cache.shape[3], head_dim,
-            kv_cache.data_ptr(), kv_cache.stride(0), kv_cache.stride(1), kv_cache.shape[2],
-            table.data_ptr(), table.stride(0), group.context_lens.data_ptr(), scale, out.data_ptr())
+        self.lib.mcpd_decode_attention(self.codes[q.dtype], q.data_ptr(), q.stride(0), batch, heads, kv_cache.shape[3],
+                                       head_dim, *_paged(kv_cache, group), group.context_lens.data_ptr(), scale,
+                                       out.data_ptr())
         return out
 
     def prefill_attention(self, q, kv_cache, group, scale):
         rows, heads, head_dim = q.shape
         out = torch.empty(rows, heads * head_dim, dtype=q.dtype)
-        table = group.block_table
-        self.lib.mcpd_prefill_attention(
-            self.codes[q.dtype], q.data_ptr(), q.stride(0), table.shape[0], group.first_rows.data_ptr(),
-            group.starts.data_ptr(), group.counts.data_ptr(), heads, kv_cache.shape[3], head_dim,
-            kv_cache.data_ptr(), kv_cache.stride(0), kv_cache.stride(1), kv_cache.shape[2],
-            table.data_ptr(), table.stride(0), scale, out.data_ptr())
+        self.lib.mcpd_prefill_attention(self.codes[q.dtype], q.data_ptr(), q.stride(0), group.block_table.shape[0],
+                                        group.first_rows.data_ptr(), group.starts.data_ptr(), group.counts.data_ptr(),
+                                        heads, kv_cache.shape[3], head_dim, *_paged(kv_cache, group), scale,
+                                        out.data_ptr())
         return out
+
+
+def _paged(kv_cache: torch.Tensor, group) -> tuple[int, ...]:
+    """A layer's paged cache and a group's block tables as the attention kernels take them: base
+    address, block stride, offset of values after keys, block size, tables, table stride."""
+    table = group.block_table
+    return (kv_cache.data_ptr(), kv_cache.stride(0), kv_cache.stride(1), kv_cache.shape[2], table.data_ptr(),
+            table.stride(0))
 
 
 TORCH = TorchKernels()
