@@ -138,8 +138,22 @@ def test_prefill_attention_is_causal_over_the_paged_cache(dtype, heads, kv_heads
     assert agree(NATIVE.prefill_attention(q, *args), TORCH.prefill_attention(q, *args), rowwise=True)
 
 
-def test_a_cache_directory_open_to_others_is_refused(tmp_path, monkeypatch):
+@pytest.fixture
+def cache_home(tmp_path, monkeypatch):
+    """The kernels' cache under tmp_path (and not systemd's, if the tests run under a unit)."""
+    monkeypatch.delenv("CACHE_DIRECTORY", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    return tmp_path
+
+
+def test_systemds_cache_directory_comes_first(tmp_path, monkeypatch):
+    monkeypatch.setenv("CACHE_DIRECTORY", f"{tmp_path / 'unit'}:{tmp_path / 'other'}")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert native._cache_dir() == tmp_path / "unit" / "kernels"
+
+
+def test_a_cache_directory_open_to_others_is_refused(cache_home):
+    tmp_path = cache_home
     (tmp_path / "mcpd" / "kernels").mkdir(parents=True)
     os.chmod(tmp_path / "mcpd" / "kernels", 0o777)
     with pytest.raises(native.NativeUnavailable, match="not a private directory"):
@@ -154,18 +168,18 @@ def test_a_library_others_may_write_is_not_loaded(tmp_path):
         native._check_private(library, is_dir=False)
 
 
-def test_without_a_compiler_auto_falls_back_to_torch_and_native_refuses(tmp_path, monkeypatch):
+def test_without_a_compiler_auto_falls_back_to_torch_and_native_refuses(cache_home, monkeypatch):
+    tmp_path = cache_home
     monkeypatch.setattr(native, "_loaded", None)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
     assert Engine(Config(engine=EngineConfig(pool_bytes=4 << 20)), torch.device("cpu")).stats()["kernels"] == "torch"
     with pytest.raises(native.NativeUnavailable, match="no C compiler"):
         Engine(Config(engine=EngineConfig(pool_bytes=4 << 20, kernels="native")), torch.device("cpu"))
 
 
-def test_the_library_is_built_once_and_cached(tmp_path, monkeypatch):
+def test_the_library_is_built_once_and_cached(cache_home, monkeypatch):
+    tmp_path = cache_home
     monkeypatch.setattr(native, "_loaded", None)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     native.load()
     built = list((tmp_path / "mcpd" / "kernels").iterdir())
     assert len(built) == 1 and built[0].suffix == ".so" and built[0].stat().st_mode & 0o077 == 0

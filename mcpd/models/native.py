@@ -1,7 +1,8 @@
 """Build, cache and load the native CPU kernels (kernels.c), and call them on torch tensors.
 
 The C file is compiled at first use with the machine's C compiler (`cc`, or $CC) for this CPU
-(-march=native), about a second, into a per-user cache directory, and loaded with ctypes. The
+(-march=native), about a second, into a per-user cache directory (_cache_dir), and loaded with
+ctypes. The
 cached library is named by a hash of everything that shaped it (source, flags, compiler version,
 the CPU's feature flags), so an edit, a new compiler or a different CPU builds afresh. Where no
 compiler works, load() says why and the engine runs the torch kernels instead (tested the same).
@@ -92,8 +93,11 @@ def _cpu_flags() -> bytes:
 
 
 def _cache_dir() -> Path:
-    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    path = root / "mcpd" / "kernels"
+    """systemd's CacheDirectory= ($CACHE_DIRECTORY: the unit sets /var/cache/mcpd, its home being
+    read-only there), else $XDG_CACHE_HOME/mcpd, else ~/.cache/mcpd; then kernels/ in it."""
+    systemd = os.environ.get("CACHE_DIRECTORY", "").split(":")[0]
+    root = Path(systemd) if systemd else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mcpd"
+    path = root / "kernels"
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
     _check_private(path, is_dir=True)
     return path
