@@ -43,6 +43,7 @@ class StepOutput:
 
 
 BUDDY_MIN_BYTES = 4096
+PROCESS_THREADS = torch.get_num_threads()   # as the worker set them up (OMP_NUM_THREADS), before any tuning
 
 
 class Engine:
@@ -64,9 +65,11 @@ class Engine:
         bind_kv_cache(self.model, self.kv.tensor)
         self.scheduler = BatchScheduler(config.engine, self.kv)
         self.sampler = Sampler(self.device)
-        threads = torch.get_num_threads()
-        self.thread_tuner = (ThreadTuner(threads, torch.set_num_threads)
-                             if self.device.type == "cpu" and config.workers.adaptive_threads and threads > 1 else None)
+        # From the process's own count, not the current one, which an earlier engine's tuner may have set.
+        torch.set_num_threads(PROCESS_THREADS)
+        self.thread_tuner = (ThreadTuner(PROCESS_THREADS, torch.set_num_threads)
+                             if self.device.type == "cpu" and config.workers.adaptive_threads and PROCESS_THREADS > 1
+                             else None)
         self.sequences: dict[Hashable, Sequence] = {}
         self.write_through: set[Hashable] = set()   # keys of context turns: their KV goes to the host tier
         self.aborted: list[StepOutput] = []  # reported by the next step()
