@@ -32,11 +32,15 @@ import random
 import statistics
 import time
 
-import torch
-
 from mcpd import config
-from mcpd.engine import Engine, SamplingParams
-from mcpd.memory import BuddyAllocator, OutOfPoolMemory
+from mcpd.engine import threads
+
+threads.configure(workers=1, index=0, requested=0, wait_policy=config.WorkersConfig.wait_policy)  # as a worker does
+
+import torch  # noqa: E402  after the thread setup: OpenMP reads its environment once, at load
+
+from mcpd.engine import Engine, SamplingParams  # noqa: E402
+from mcpd.memory import BuddyAllocator, OutOfPoolMemory  # noqa: E402
 
 KV_POOL_BYTES = 64 << 20     # ~15k tokens of the embedded model's KV: less than the churn wants
 MAX_TOKENS = 256

@@ -132,7 +132,9 @@ class SchedulerConfig:
 class WorkersConfig:
     device: str = "auto"        # auto (one worker per CUDA device, else CPU), cpu, cuda
     count: int = 1              # CPU workers when running on the CPU
-    threads: int = 0            # torch threads per CPU worker; 0 = cores / count
+    threads: int = 0            # torch threads per CPU worker; 0 = one per core the worker owns
+    wait_policy: str = "passive"    # OpenMP's idle threads: passive (sleep) or active (spin)
+    adaptive_threads: bool = True   # CPU workers try fewer/more threads now and then, keep the faster
     restart_backoff_s: float = 0.5      # first restart delay; doubles per quick crash
     restart_backoff_max_s: float = 30.0
 
@@ -143,6 +145,8 @@ class WorkersConfig:
             raise ConfigError(f"workers.count = {self.count}: must be between 1 and 256")
         if self.threads < 0:
             raise ConfigError(f"workers.threads = {self.threads}: must be >= 0")
+        if self.wait_policy not in ("passive", "active"):
+            raise ConfigError(f"workers.wait_policy = {self.wait_policy!r}: use passive or active")
         if self.restart_backoff_s <= 0 or self.restart_backoff_max_s < self.restart_backoff_s:
             raise ConfigError("workers.restart_backoff_s must be > 0 and <= restart_backoff_max_s")
 
@@ -169,8 +173,11 @@ class EngineConfig:
     kv_block_size: int = 16         # tokens per KV block
     max_num_seqs: int = 64          # sequences decoding together in one step
     max_step_tokens: int = 2048     # token budget per step (prefill chunks + decodes)
+    kernels: str = "auto"           # auto (native CPU kernels where they build, else torch), native, torch
 
     def check(self) -> None:
+        if self.kernels not in ("auto", "native", "torch"):
+            raise ConfigError(f"engine.kernels = {self.kernels!r}: use auto, native or torch")
         if self.pool_bytes <= 0:
             raise ConfigError(f"engine.pool_bytes = {self.pool_bytes}: must be positive")
         if not 0 < self.kv_fraction <= 1:

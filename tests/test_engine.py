@@ -222,6 +222,48 @@ def test_requests_that_cannot_run_are_refused(engine):
         SamplingParams(top_p=0)
 
 
+@pytest.mark.parametrize("field, value", [
+    ("temperature", float("nan")), ("temperature", float("inf")), ("temperature", -1e-9),
+    ("temperature", "1"), ("top_p", float("nan")), ("top_k", -1), ("top_k", 2.0), ("top_k", True),
+    ("max_tokens", 0), ("max_tokens", 1.5), ("seed", 1 << 64), ("seed", -(1 << 63) - 1), ("seed", 1.0),
+    ("stop", ("",)), ("stop", (b"x",)), ("stop_token_ids", ("1",)),
+])
+def test_sampling_params_the_engine_cannot_run_are_refused(field, value):
+    with pytest.raises(ValueError, match=field.rstrip("s") if field == "stop" else field):
+        SamplingParams(**{field: value})
+
+
+@pytest.mark.parametrize("temperature", [1e-38, 1e-45])
+def test_a_tiny_temperature_acts_as_greedy_with_finite_logprobs(engine, temperature):
+    params = SamplingParams(max_tokens=12, temperature=temperature, logprobs=True, ignore_eos=True)
+    outputs = run(engine, {"t": ("tiny", params)})["t"]
+    assert tokens(outputs) == tokens(run(engine, {"g": ("tiny", GREEDY)})["g"])[:12]
+    assert all(lp == 0.0 for out in outputs for lp in out.logprobs)
+
+
+def test_hostile_but_accepted_params_run_beside_others_unaffected(engine):
+    """Extreme values the engine accepts: each request completes and its neighbours' tokens are
+    those they get alone (top_k beyond int64 is off; a temperature below 1e-38 acts as greedy
+    with finite logprobs; the extreme seeds of msgpack's range)."""
+    neighbours = {"greedy": ("greedy neighbour", GREEDY),
+                  "seeded": ("seeded neighbour", SamplingParams(max_tokens=24, temperature=0.8, seed=5,
+                                                                ignore_eos=True))}
+    hostile = {
+        "top_k": ("huge top_k", SamplingParams(max_tokens=24, top_k=(1 << 64) - 1, seed=1, ignore_eos=True)),
+        "cold": ("tiny temperature", SamplingParams(max_tokens=24, temperature=1e-45, top_p=0.5,
+                                                    logprobs=True, ignore_eos=True)),
+        "seed_max": ("huge seed", SamplingParams(max_tokens=24, seed=(1 << 64) - 1, ignore_eos=True)),
+        "seed_min": ("negative seed", SamplingParams(max_tokens=24, seed=-(1 << 63), top_k=5, ignore_eos=True)),
+    }
+    alone = {key: tokens(run(engine, {key: request})[key]) for key, request in neighbours.items()}
+    together = run(engine, {**neighbours, **hostile})
+    assert {key: tokens(together[key]) for key in neighbours} == alone
+    assert all(len(tokens(together[key])) == 24 for key in hostile)
+    cold = together["cold"]
+    assert tokens(cold) == tokens(run(engine, {"g": ("tiny temperature", GREEDY)})["g"])
+    assert all(lp == 0.0 for out in cold for lp in out.logprobs)
+
+
 def test_stats_are_plain_json(engine):
     stats = json.loads(json.dumps(engine.stats()))
     assert stats["model"] == "mcpd-embedded-llama" and stats["dtype"] == "float32"

@@ -193,3 +193,26 @@ def test_a_block_cached_for_a_step_that_never_ran_is_forgotten():
     assert generated == {key: cold(prompt, params) for key, (prompt, _) in requests.items()}
     follow_up = requests["x"][0] + generated["x"] + [9, 9, 9]
     assert run_one(engine, follow_up)[0] == cold(follow_up)
+
+
+def test_blocks_shared_in_the_step_their_owner_is_preempted_are_still_computed():
+    # a prefills SYSTEM[:80] in chunks of 48. In its second step grow() caches blocks 3 and 4,
+    # which b (sharing all five) is admitted onto in the same step; then c, more important than
+    # a, takes a's seat (max_num_seqs=2): a is preempted before the model runs. Blocks 3 and 4
+    # must still be computed this step (by b), not dropped from the cache while b holds them.
+    engine = make_engine(max_num_seqs=2, max_step_tokens=48)
+    requests = {"a": (SYSTEM[:80], 0), "b": (SYSTEM[:80] + [1, 2, 3, 4, 5, 6, 7, 8, 9, 10], 2),
+                "c": (SYSTEM[100:104], 1)}
+    engine.add_request("a", requests["a"][0], GREEDY, priority=0)
+    assert engine.step() == [] and engine.sequences["a"].num_computed == 48
+    for key in "bc":
+        engine.add_request(key, requests[key][0], GREEDY, priority=requests[key][1])
+    generated = {key: [] for key in requests}
+    while engine.has_work:
+        for out in engine.step():
+            generated[out.key] += out.token_ids
+    assert engine.stats()["preemptions"] == 1
+    assert generated == {key: cold(prompt) for key, (prompt, _) in requests.items()}
+    # A later request reusing b's blocks reads keys and values that were computed.
+    follow_up = requests["b"][0] + generated["b"][:5]
+    assert run_one(engine, follow_up)[0] == cold(follow_up)

@@ -111,3 +111,13 @@ def test_chat_templates_run_sandboxed(tmp_path):
     tokenizer = HFTokenizer(tmp_path, eos_token_ids=set())
     with pytest.raises(ValueError, match="unsafe"):
         tokenizer.apply_chat_template([{"role": "user", "content": "hi"}])
+
+
+@pytest.mark.parametrize("prompt_tail, output, text", [
+    ("é".encode()[:1], list("é!".encode()[1:]), "é!"),          # 2-byte character split 1 | 1
+    ("🌍".encode()[:2], list("🌍 ok".encode()[2:]), "🌍 ok"),     # 4-byte character split 2 | 2
+    (b"\xff", list(b"ab"), "ab"),                                 # an invalid prompt byte stays the prompt's
+])
+def test_output_bytes_completing_a_character_begun_in_the_prompt_are_text(prompt_tail, output, text):
+    deltas, _ = stream(ByteTokenizer(), output, prompt=list(b"caf" + prompt_tail))
+    assert "".join(deltas) == text and all("\ufffd" not in d for d in deltas)

@@ -133,7 +133,7 @@ def test_killed_worker_under_load_leaves_no_request_unanswered(fresh_daemon):
     def one(i):
         with d.client(timeout=120) as client:
             try:
-                client.generate(f"x{i}", max_tokens=80, ignore_eos=True)
+                client.generate(f"x{i}", max_tokens=300, ignore_eos=True)   # in flight long enough to count 8
                 outcomes.append("ok")
             except MCPDError as e:
                 outcomes.append(e.code)

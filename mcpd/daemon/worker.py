@@ -69,19 +69,26 @@ class Worker:
         self.done_due = 0.0
 
     def _load_engine(self, device: str):
+        from mcpd.engine import threads
+
+        workers = self.config.workers
+        if device == "cpu":   # before torch: OpenMP reads its environment once, when it loads
+            count = threads.configure(workers.count, self.index, workers.threads, workers.wait_policy)
         import torch   # imported here: the supervisor and front-end never pay for torch
         from mcpd.engine import Engine
 
         if device == "cpu":
-            torch.set_num_threads(self.config.workers.threads
-                                  or max(1, (os.cpu_count() or 1) // self.config.workers.count))
+            torch.set_num_threads(count)
+            self.log.info("%d threads on cores %s, OpenMP wait policy %s", count,
+                          sorted(os.sched_getaffinity(0)), workers.wait_policy)
         from mcpd.engine.host_kv import HostKV
         from mcpd.memory import host_segment
 
         started = time.monotonic()
         arena = host_segment.attach(self.config)
         engine = Engine(self.config, torch.device(device), HostKV(arena) if arena else None)
-        self.log.info("model loaded on %s in %.1fs", device, time.monotonic() - started)
+        self.log.info("model loaded on %s in %.1fs (kernels: %s)", device, time.monotonic() - started,
+                      engine.kernels_reason)
         return engine
 
     def serve(self) -> None:

@@ -91,12 +91,37 @@ class BatchScheduler:
     def _preempt_in_step(self, victim: Sequence, batch: dict[Sequence, int]) -> int:
         """Preempt victim, taking it out of this step's batch; returns the budget it gives back."""
         returned = batch.pop(victim, 0)
-        self._preempt(victim)
-        return returned
+        start = victim.num_computed
+        shared_pending = self._preempt(victim)
+        return returned - self._hand_over(shared_pending, victim, start, batch)
 
-    def _preempt(self, seq: Sequence) -> None:
+    def _hand_over(self, blocks: list[int], victim: Sequence, start: int, batch: dict[Sequence, int]) -> int:
+        """Blocks the victim was to compute in this step (from token `start` on) are shared by
+        sequences admitted after it in this step, which took them as cached: the first sharer of
+        each now computes it, going back to where the victim stood. Returns the tokens added to
+        the batch, at most what the victim's chunk held (each block is taken over once)."""
+        orphans = set(blocks)
+        added = 0
+        for seq in batch:
+            shared = seq.block_table[:self.kv.blocks_for(seq.num_computed)]
+            first = next((i for i, b in enumerate(shared) if b in orphans and self.kv.pending[b] is victim), None)
+            if first is None:
+                continue
+            resume = max(first * self.kv.block_size, start)
+            for block in shared[first:]:
+                if block in orphans and self.kv.pending[block] is victim:
+                    self.kv.hand_over(block, seq)
+            extra = seq.num_computed - resume
+            seq.num_computed = resume
+            self.kv.prefix_cache_hits -= extra
+            batch[seq] += extra
+            added += extra
+        return added
+
+    def _preempt(self, seq: Sequence) -> list[int]:
         self.running.remove(seq)
-        self.kv.release(seq)
+        shared_pending = self.kv.release(seq)
         seq.status = Status.WAITING
         bisect.insort(self.waiting, seq, key=lambda s: s.order)
         self.preemptions += 1
+        return shared_pending

@@ -13,7 +13,11 @@ glue or strip spaces at word boundaries (sentencepiece) correct, at a constant c
 """
 from __future__ import annotations
 
-from mcpd.models.tokenizer import Tokenizer
+import os
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:   # mcpd.models imports torch, which mcpd.engine.threads must be able to precede
+    from mcpd.models.tokenizer import Tokenizer
 
 _CONTEXT_TOKENS = 5  # prompt tokens that seed the window, so the first output token decodes in context
 
@@ -35,10 +39,22 @@ class Detokenizer:
         window = self.token_ids[self.prefix_offset:]
         before = self.tokenizer.decode(window[:self.read_offset - self.prefix_offset])
         after = self.tokenizer.decode(window)
-        if len(after) <= len(before) or after.endswith("\ufffd"):
-            return  # nothing yet, or a character still incomplete
-        self._extend(after[len(before):])
+        if after.endswith("\ufffd"):
+            return  # a character still incomplete
+        new_from = self._new_from(before, after)
+        if len(after) <= new_from:
+            return  # nothing yet
+        self._extend(after[new_from:])
         self.prefix_offset, self.read_offset = self.read_offset, len(self.token_ids)
+
+    @staticmethod
+    def _new_from(before: str, after: str) -> int:
+        """Where the new text begins in after. Only the prompt can leave before ending in an
+        incomplete character (U+FFFD): output bytes that complete it turn that U+FFFD into the
+        character, which is the output's text (the bytes that finish it are the output's)."""
+        if not before.endswith("\ufffd") or after.startswith(before):
+            return len(before)
+        return len(os.path.commonprefix([before, after]))
 
     def take(self, final: bool) -> str:
         """New text for the client. final: no more tokens will come, so release what was withheld

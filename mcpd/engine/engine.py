@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import time
 from collections.abc import Hashable
 from dataclasses import dataclass
 
@@ -21,6 +22,7 @@ from mcpd.engine.host_kv import HostKV
 from mcpd.engine.kv_cache import KVCache
 from mcpd.engine.sampler import Sampler
 from mcpd.engine.sequence import SamplingParams, Sequence
+from mcpd.engine.thread_tuner import ThreadTuner
 from mcpd.histogram import BATCH_BOUNDS, Histogram
 from mcpd.memory import DevicePool
 from mcpd.models import load_model
@@ -41,6 +43,7 @@ class StepOutput:
 
 
 BUDDY_MIN_BYTES = 4096
+PROCESS_THREADS = torch.get_num_threads()   # as the worker set them up (OMP_NUM_THREADS), before any tuning
 
 
 class Engine:
@@ -51,6 +54,7 @@ class Engine:
         self.model, self.tokenizer = loaded.model, loaded.tokenizer
         self.model_name, self.dtype, self.vocab_size = loaded.name, loaded.dtype, loaded.vocab_size
         self.max_model_len = loaded.max_model_len
+        self.kernels_reason = self.model.use_kernels(config.engine.kernels)
         pool_bytes = DevicePool.resolve_bytes(config.engine.pool_bytes, self.device)
         # The KV cache is the pool's reserved front region: exactly kv_fraction of it, whatever the
         # pool size; at least a page stays with the buddy for everything else.
@@ -61,6 +65,11 @@ class Engine:
         bind_kv_cache(self.model, self.kv.tensor)
         self.scheduler = BatchScheduler(config.engine, self.kv)
         self.sampler = Sampler(self.device)
+        # From the process's own count, not the current one, which an earlier engine's tuner may have set.
+        torch.set_num_threads(PROCESS_THREADS)
+        self.thread_tuner = (ThreadTuner(PROCESS_THREADS, torch.set_num_threads)
+                             if self.device.type == "cpu" and config.workers.adaptive_threads and PROCESS_THREADS > 1
+                             else None)
         self.sequences: dict[Hashable, Sequence] = {}
         self.write_through: set[Hashable] = set()   # keys of context turns: their KV goes to the host tier
         self.aborted: list[StepOutput] = []  # reported by the next step()
@@ -120,7 +129,11 @@ class Engine:
             return outputs
         self.steps += 1
         self.batch_sizes.observe(len(batch))
+        started = time.perf_counter()
         sampling, logits = self._run_model(batch)
+        self.kv.step_ran()
+        if self.thread_tuner is not None:
+            self.thread_tuner.observe(sum(count for _, count in batch), time.perf_counter() - started)
         tokens, logprobs = self.sampler(logits, sampling) if sampling else ([], None)
         for i, (seq, token) in enumerate(zip(sampling, tokens)):
             outputs.append(self._append(seq, token, logprobs[i] if seq.params.logprobs else None))
@@ -204,5 +217,7 @@ class Engine:
             "device": str(self.device),
             "model": self.model_name,
             "dtype": str(self.dtype).removeprefix("torch."),
+            "kernels": self.model.kernels.name,
+            "threads": torch.get_num_threads(),
             "max_model_len": self.max_model_len,
         }

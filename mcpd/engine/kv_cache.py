@@ -72,6 +72,7 @@ class KVCache:
         self.block_hashes: list[bytes | None] = [None] * self.num_blocks
         self.cached: dict[bytes, int] = {}          # hash -> the block that holds those tokens
         self.idle: OrderedDict[int, None] = OrderedDict()  # hashed blocks nobody holds, LRU first
+        self.pending: dict[int, Sequence] = {}      # cached blocks this step computes -> the sequence computing them
         self.prefix_cache_queries = 0               # tokens of admitted sequences
         self.prefix_cache_hits = 0                  # of those, tokens found in the cache
         self.host = host
@@ -159,24 +160,39 @@ class KVCache:
         """Give seq blocks for num_tokens tokens, which this step computes, and cache the blocks
         they fill. Caching them now, before the model runs, lets a sequence admitted later in the
         same step share them: every layer writes the step's new keys and values into the cache
-        before any attention reads it."""
+        before any attention reads it. Until the step runs they are pending: seq computes them."""
         for _ in range(self.blocks_for(num_tokens) - len(seq.block_table)):
             seq.block_table.append(self._allocate())
         for index in range(seq.num_computed // self.block_size, num_tokens // self.block_size):
             key = self._block_hash(seq, index)
             # A twin computed alongside the cached block stays private and is freed plainly.
             if key not in self.cached:
-                self.cached[key] = seq.block_table[index]
-                self.block_hashes[seq.block_table[index]] = key
+                block = seq.block_table[index]
+                self.cached[key] = block
+                self.block_hashes[block] = key
+                self.pending[block] = seq
 
-    def release(self, seq: Sequence) -> None:
-        """Drop seq's hold on its blocks (finished, aborted or preempted)."""
-        computed_blocks = seq.num_computed // self.block_size
+    def step_ran(self) -> None:
+        """The scheduled step ran: the blocks it was to compute are computed."""
+        self.pending.clear()
+
+    def hand_over(self, block: int, seq: Sequence) -> None:
+        """seq, which shares the pending block, computes it in this step instead of its owner."""
+        self.pending[block] = seq
+
+    def release(self, seq: Sequence) -> list[int]:
+        """Drop seq's hold on its blocks (finished, aborted or preempted). Returns the blocks seq
+        was to compute in this step that other sequences share: they stay cached, pending on seq,
+        and the scheduler must hand them over to a sharer, which computes them in this step."""
+        shared_pending = []
         # Tail first, so that when idle the tail is evicted before the blocks its hash chains from.
-        for index in range(len(seq.block_table) - 1, -1, -1):
-            block = seq.block_table[index]
-            if index >= computed_blocks and self.block_hashes[block] is not None:
-                self._forget(block)  # cached by grow() but preempted before the model ran
+        for block in reversed(seq.block_table):
+            if self.pending.get(block) is seq:   # cached by grow(), but seq's step will not run
+                if self.ref_counts[block] > 1:
+                    shared_pending.append(block)
+                else:
+                    del self.pending[block]
+                    self._forget(block)
             self.ref_counts[block] -= 1
             if self.ref_counts[block] == 0:
                 if self.block_hashes[block] is None:
@@ -185,6 +201,7 @@ class KVCache:
                     self.idle[block] = None
         seq.block_table = []
         seq.num_computed = 0
+        return shared_pending
 
     def waste_frac(self, seqs: list[Sequence]) -> float:
         """Unused token slots over the slots of blocks held by seqs (all live sequences). A shared

@@ -46,13 +46,19 @@ class Sampler:
         return tokens.tolist(), logprobs
 
     def _process(self, logits: torch.Tensor, params) -> torch.Tensor:
-        """Temperature, then top-k, then top-p on what is left (the order transformers uses)."""
+        """Temperature, then top-k, then top-p on what is left (the order transformers uses).
+
+        The logits are shifted so that each row's largest is 0 before the division: the
+        distribution is the same, and a temperature so small that logit / temperature would
+        overflow (1e-38 and below) divides into 0 for the best token and -inf for the rest, the
+        limit of a temperature going to 0: greedy, with finite logprobs, never NaN."""
         temperature = torch.tensor([p.temperature or 1.0 for p in params], device=self.device)
-        logits = logits / temperature[:, None]
+        logits = (logits - logits.amax(dim=-1, keepdim=True)) / temperature[:, None]
         if all(p.top_k == 0 and p.top_p == 1.0 for p in params):
             return logits
         vocab = logits.shape[-1]
-        top_k = torch.tensor([p.top_k or vocab for p in params], device=self.device)
+        # A top_k beyond the vocabulary keeps everything (and must not overflow int64).
+        top_k = torch.tensor([min(p.top_k, vocab) or vocab for p in params], device=self.device)
         top_p = torch.tensor([p.top_p for p in params], device=self.device)
         ranked, order = logits.sort(dim=-1, descending=True)
         ranked = ranked.masked_fill(torch.arange(vocab, device=self.device) >= top_k[:, None], float("-inf"))

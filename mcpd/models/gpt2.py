@@ -11,7 +11,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mcpd.models.kernels import TORCH
 from mcpd.models.layers import AttentionMetadata, PagedAttention
+from mcpd.models.native import NativeUnavailable
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,7 @@ class GPT2LMHeadModel(nn.Module):
         self.wpe = nn.Embedding(args.max_positions, args.hidden_size)
         self.h = nn.ModuleList(GPT2Block(args, i) for i in range(args.num_layers))
         self.ln_f = nn.LayerNorm(args.hidden_size, eps=args.layer_norm_eps)
+        self.kernels = TORCH
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 attn: AttentionMetadata) -> torch.Tensor:
@@ -89,6 +92,12 @@ class GPT2LMHeadModel(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return F.linear(hidden, self.wte.weight).float()  # the lm_head is the embedding matrix
+
+    def use_kernels(self, requested: str) -> str:
+        """GPT-2 runs on torch's ops only."""
+        if requested == "native":
+            raise NativeUnavailable("GPT-2 has no native kernels (engine.kernels = native)")
+        return "torch (GPT-2)"
 
     def map_weight(self, name: str, tensor: torch.Tensor) -> tuple[str, int, torch.Tensor] | None:
         """Checkpoint tensor -> (parameter name, first row it fills, tensor); None to skip it."""

@@ -11,22 +11,18 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from mcpd.models.kernels import TORCH, TorchKernels
 
 
 class RMSNorm(nn.Module):
+    """The weight and epsilon of an RMSNorm; the kernels (add_rms_norm) compute it."""
+
     def __init__(self, size: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in float32 and scale in the model dtype, in the same order as transformers,
-        # so half-precision models round the same way.
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
 
 
 @dataclass(frozen=True)
@@ -60,33 +56,45 @@ class RotaryEmbedding(nn.Module):
         inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim)
         self.inv_freq = scaling.apply(inv_freq) if scaling else inv_freq
 
-    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin for each position, [T, 1, head_dim], computed in float32 then cast."""
-        freqs = positions.float()[:, None] * self.inv_freq
-        angles = torch.cat((freqs, freqs), dim=-1)[:, None, :]
-        return angles.cos().to(dtype), angles.sin().to(dtype)
+        self.tables: dict[torch.dtype, torch.Tensor] = {}
 
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [T, heads, head_dim]."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+    def table(self, positions: int, dtype: torch.dtype) -> torch.Tensor:
+        """[P, 2, head_dim] float32: cos and sin of positions 0 .. P-1 (P >= positions, grown by
+        doubling), computed in float32 and rounded to dtype as transformers rounds them."""
+        table = self.tables.get(dtype)
+        if table is None or table.shape[0] < positions:
+            length = 1 << max(positions - 1, 1).bit_length()
+            freqs = torch.arange(length, device=self.inv_freq.device).float()[:, None] * self.inv_freq
+            angles = torch.cat((freqs, freqs), dim=-1)
+            table = torch.stack((angles.cos(), angles.sin()), dim=1).to(dtype).float()
+            self.tables[dtype] = table
+        return table
 
 
 @dataclass
 class AttentionGroup:
     """Sequences that share one batched attention call.
 
-    Single-token sequences (decodes) form one group with one query row each; sequences with several
-    new tokens (prefill chunks) form another, padded to the longest chunk. Keeping them apart means
-    thirty decodes next to a 2,000-token prefill do not each get padded to 2,000 queries.
+    Single-token sequences (decodes) form one group with one query row each, which the kernels'
+    decode_attention serves from the paged cache in place; sequences with several new tokens
+    (prefill chunks) form another, padded to the longest chunk, for torch's attention. Keeping
+    them apart means thirty decodes next to a 2,000-token prefill do not each get padded to 2,000
+    queries.
     """
     start: int                        # the group's rows in the flat batch: [start, end)
     end: int
     block_table: torch.Tensor         # [B, W] each sequence's blocks, padded to the longest
-    mask: torch.Tensor                # [B, 1, Q, W * block_size] True where a query may attend
-    query_index: torch.Tensor | None  # [B, Q] group row of each query; None when Q == 1
-    output_rows: torch.Tensor | None  # rows of the [B*Q] output that are real tokens; None when Q == 1
+    context_lens: torch.Tensor        # [B] tokens each sequence attends to, its new ones included
+    starts: torch.Tensor | None = None       # prefill: [B] position of each sequence's first new token
+    counts: torch.Tensor | None = None       # prefill: [B] its new tokens
+    first_rows: torch.Tensor | None = None   # prefill: [B] group row of its first new token
+    mask: torch.Tensor | None = None         # prefill: [B, 1, Q, W * block_size] True where a query may attend
+    query_index: torch.Tensor | None = None  # prefill: [B, Q] group row of each query
+    output_rows: torch.Tensor | None = None  # prefill: rows of the [B*Q] output that are real tokens
+
+    @property
+    def decoding(self) -> bool:
+        return self.mask is None
 
 
 @dataclass
@@ -95,38 +103,50 @@ class AttentionMetadata:
     slot_blocks: torch.Tensor   # [T] where each new token's key and value are written
     slot_offsets: torch.Tensor  # [T]
     groups: list[AttentionGroup]
+    num_positions: int          # 1 + the highest position in the step
 
     @classmethod
     def build(cls, block_tables: list[list[int]], starts: list[int], counts: list[int],
               block_size: int, device: torch.device) -> AttentionMetadata:
         """Describe one step: sequence i computes tokens [starts[i], starts[i] + counts[i]), and its
         KV lives in the blocks block_tables[i] (covering at least starts[i] + counts[i] tokens).
-        Its new tokens are rows sum(counts[:i]) ... of the flat batch."""
-        groups, positions, slot_blocks, slot_offsets = [], [], [], []
+        Its new tokens are rows sum(counts[:i]) ... of the flat batch. Built from Python lists
+        with one tensor per array: a decode step of many sequences costs tens of microseconds."""
+        groups, positions, slot_blocks = [], [], []
         begin = row = 0
         while begin < len(counts):
             single = counts[begin] == 1
             end = begin
             while end < len(counts) and (counts[end] == 1) == single:
                 end += 1
-            group, pos, blocks = _build_group(block_tables[begin:end], starts[begin:end],
-                                              counts[begin:end], row, block_size, device)
-            groups.append(group)
-            positions.append(pos)
-            slot_blocks.append(blocks)
-            slot_offsets.append(pos % block_size)
-            row = group.end
+            tables, group_starts, group_counts = block_tables[begin:end], starts[begin:end], counts[begin:end]
+            for table, start, count in zip(tables, group_starts, group_counts):
+                positions += range(start, start + count)
+                slot_blocks += (table[p // block_size] for p in range(start, start + count))
+            build = _decode_group if single else _prefill_group
+            groups.append(build(tables, group_starts, group_counts, row, block_size, device))
+            row = groups[-1].end
             begin = end
-        return cls(torch.cat(positions), torch.cat(slot_blocks), torch.cat(slot_offsets), groups)
+        positions_tensor = torch.tensor(positions, device=device)
+        return cls(positions_tensor, torch.tensor(slot_blocks, device=device), positions_tensor % block_size,
+                   groups, max(s + n for s, n in zip(starts, counts)))
 
 
-def _build_group(block_tables, starts, counts, row, block_size, device):
-    """One group's attention inputs, plus the positions and KV blocks of its new tokens."""
+def _padded_table(block_tables: list[list[int]], width: int, device: torch.device) -> torch.Tensor:
+    # Short tables are padded with block 0: nothing attends past its context length.
+    return torch.tensor([t[:width] + [0] * (width - len(t[:width])) for t in block_tables],
+                        dtype=torch.long, device=device)
+
+
+def _decode_group(block_tables, starts, counts, row, block_size, device) -> AttentionGroup:
+    width = -(-(max(starts) + 1) // block_size)
+    return AttentionGroup(row, row + len(starts), _padded_table(block_tables, width, device),
+                          torch.tensor([s + 1 for s in starts], device=device))
+
+
+def _prefill_group(block_tables, starts, counts, row, block_size, device) -> AttentionGroup:
     num_queries = max(counts)
     width = -(-max(s + n for s, n in zip(starts, counts)) // block_size)
-    # Short tables are padded with block 0: the mask keeps every query off those keys.
-    table = torch.tensor([t[:width] + [0] * (width - len(t[:width])) for t in block_tables],
-                         dtype=torch.long, device=device)
     start = torch.tensor(starts, device=device)
     count = torch.tensor(counts, device=device)
     step = torch.arange(num_queries, device=device)
@@ -135,15 +155,11 @@ def _build_group(block_tables, starts, counts, row, block_size, device):
     key_pos = torch.arange(width * block_size, device=device)
     # Causal in absolute positions; a query at p <= context - 1 also never sees padding keys.
     mask = (key_pos <= query_pos[:, :, None])[:, None]
-    if num_queries == 1:
-        group = AttentionGroup(row, row + len(counts), table, mask, query_index=None, output_rows=None)
-        return group, start, table.gather(1, (start // block_size)[:, None]).squeeze(1)
     real = step < count[:, None]
     first_row = torch.cumsum(count, 0) - count
-    group = AttentionGroup(row, row + sum(counts), table, mask,
-                           query_index=first_row[:, None] + (query_pos - start[:, None]),
-                           output_rows=real.flatten().nonzero().squeeze(1))
-    return group, query_pos[real], table.gather(1, query_pos // block_size)[real]
+    return AttentionGroup(row, row + sum(counts), _padded_table(block_tables, width, device), start + count,
+                          start, count, first_row, mask, query_index=first_row[:, None] + (query_pos - start[:, None]),
+                          output_rows=real.flatten().nonzero().squeeze(1))
 
 
 class PagedAttention(nn.Module):
@@ -160,32 +176,17 @@ class PagedAttention(nn.Module):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 attn: AttentionMetadata) -> torch.Tensor:
-        """q: [T, heads, D]; k, v: [T, kv_heads, D]; returns [T, heads * D]."""
+        """Store k, v [T, kv_heads, D] in the cache and attend: q [T, heads, D] -> [T, heads * D]."""
         self.kv_cache[attn.slot_blocks, 0, attn.slot_offsets] = k
         self.kv_cache[attn.slot_blocks, 1, attn.slot_offsets] = v
-        outputs = [self._attend(q[g.start:g.end], g) for g in attn.groups]
+        return self.attend(q, attn, TORCH)
+
+    def attend(self, q: torch.Tensor, attn: AttentionMetadata, kernels: TorchKernels) -> torch.Tensor:
+        """Attention of q [T, heads, D] over the cache, whose keys and values for this step's
+        tokens are already written; returns [T, heads * D]."""
+        outputs = [(kernels.decode_attention if g.decoding else kernels.prefill_attention)(
+                       q[g.start:g.end], self.kv_cache, g, self.scale) for g in attn.groups]
         return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
-
-    def _attend(self, q: torch.Tensor, group: AttentionGroup) -> torch.Tensor:
-        keys, values = self._gather(0, group.block_table), self._gather(1, group.block_table)
-        if group.query_index is None:
-            queries = q[:, :, None]                                 # [B, heads, 1, D]
-        else:
-            queries = q[group.query_index].transpose(1, 2)          # [B, heads, Q, D]
-        out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=group.mask,
-                                             scale=self.scale, enable_gqa=True)
-        out = out.transpose(1, 2).flatten(2)                        # [B, Q, heads * D]
-        if group.output_rows is None:
-            return out[:, 0]
-        return out.flatten(0, 1)[group.output_rows]
-
-    def _gather(self, which: int, block_table: torch.Tensor) -> torch.Tensor:
-        """Keys (0) or values (1) of the blocks in block_table: [B, kv_heads, W * block_size, D].
-        Whole blocks are contiguous runs of memory, and index_select copies them as such (several
-        times faster on the CPU than the equivalent advanced indexing)."""
-        batch, width = block_table.shape
-        blocks = self.kv_cache[:, which].index_select(0, block_table.flatten())
-        return blocks.view(batch, width * blocks.shape[1], *blocks.shape[2:]).transpose(1, 2)
 
 
 def bind_kv_cache(model: nn.Module, kv_cache: torch.Tensor) -> None:

@@ -8,11 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from mcpd.models.layers import (AttentionMetadata, Llama3RopeScaling, PagedAttention, RMSNorm,
-                                RotaryEmbedding, apply_rotary)
+from mcpd.models.kernels import TORCH, Packed, TorchKernels, choose
+from mcpd.models.layers import AttentionMetadata, Llama3RopeScaling, PagedAttention, RMSNorm, RotaryEmbedding
 
 
 @dataclass(frozen=True)
@@ -36,18 +35,10 @@ class LlamaArgs:
 class LlamaAttention(nn.Module):
     def __init__(self, args: LlamaArgs) -> None:
         super().__init__()
-        self.heads, self.kv_heads, self.head_dim = args.num_heads, args.num_kv_heads, args.head_dim
-        self.q_size, self.kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        self.qkv_proj = nn.Linear(args.hidden_size, self.q_size + 2 * self.kv_size, bias=args.qkv_bias)
-        self.o_proj = nn.Linear(self.q_size, args.hidden_size, bias=args.o_bias)
-        self.attn = PagedAttention(scale=self.head_dim ** -0.5)
-
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                attn: AttentionMetadata) -> torch.Tensor:
-        q, k, v = self.qkv_proj(x).split((self.q_size, self.kv_size, self.kv_size), dim=-1)
-        q = apply_rotary(q.view(-1, self.heads, self.head_dim), cos, sin)
-        k = apply_rotary(k.view(-1, self.kv_heads, self.head_dim), cos, sin)
-        return self.o_proj(self.attn(q, k, v.view(-1, self.kv_heads, self.head_dim), attn))
+        q_size, kv_size = args.num_heads * args.head_dim, args.num_kv_heads * args.head_dim
+        self.qkv_proj = nn.Linear(args.hidden_size, q_size + 2 * kv_size, bias=args.qkv_bias)
+        self.o_proj = nn.Linear(q_size, args.hidden_size, bias=args.o_bias)
+        self.attn = PagedAttention(scale=args.head_dim ** -0.5)
 
 
 class LlamaMLP(nn.Module):
@@ -55,10 +46,6 @@ class LlamaMLP(nn.Module):
         super().__init__()
         self.gate_up_proj = nn.Linear(args.hidden_size, 2 * args.intermediate_size, bias=args.mlp_bias)
         self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=args.mlp_bias)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -69,10 +56,6 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.mlp = LlamaMLP(args)
 
-    def forward(self, x, cos, sin, attn):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attn)
-        return x + self.mlp(self.post_attention_layernorm(x))
-
 
 class LlamaModel(nn.Module):
     def __init__(self, args: LlamaArgs) -> None:
@@ -80,6 +63,48 @@ class LlamaModel(nn.Module):
         self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
         self.layers = nn.ModuleList(LlamaDecoderLayer(args) for _ in range(args.num_layers))
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+
+
+@dataclass(frozen=True, slots=True)
+class LayerWeights:
+    """One decoder layer's tensors as plain attributes, weight matrices in the form the kernels
+    multiply (kernels.prepare: packed for the native ones): reaching them through nn.Module's
+    attribute lookup costs microseconds each, hundreds of times per step."""
+    input_norm: torch.Tensor
+    qkv: torch.Tensor | Packed
+    qkv_bias: torch.Tensor | None
+    attention: PagedAttention
+    o: torch.Tensor | Packed
+    o_bias: torch.Tensor | None
+    post_norm: torch.Tensor
+    gate_up: torch.Tensor | Packed
+    gate_up_bias: torch.Tensor | None
+    down: torch.Tensor | Packed
+    down_bias: torch.Tensor | None
+
+    @classmethod
+    def of(cls, layer: LlamaDecoderLayer, kernels: TorchKernels) -> LayerWeights:
+        attn, mlp, prepare = layer.self_attn, layer.mlp, kernels.prepare
+        return cls(layer.input_layernorm.weight, prepare(attn.qkv_proj.weight), attn.qkv_proj.bias, attn.attn,
+                   prepare(attn.o_proj.weight), attn.o_proj.bias, layer.post_attention_layernorm.weight,
+                   prepare(mlp.gate_up_proj.weight), mlp.gate_up_proj.bias, prepare(mlp.down_proj.weight),
+                   mlp.down_proj.bias)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelWeights:
+    """The forward pass's tensors, out of nn.Module's way (see LayerWeights)."""
+    layers: list[LayerWeights]
+    embedding: torch.Tensor | Packed   # the (prepared) head itself when the two are tied
+    final_norm: torch.Tensor
+    head: torch.Tensor | Packed
+
+    @classmethod
+    def of(cls, model: LlamaForCausalLM, kernels: TorchKernels) -> ModelWeights:
+        embedding = model.model.embed_tokens.weight
+        head = kernels.prepare(embedding if model.lm_head is None else model.lm_head.weight)
+        return cls([LayerWeights.of(layer, kernels) for layer in model.model.layers],
+                   head if model.lm_head is None else embedding, model.model.norm.weight, head)
 
 
 class LlamaForCausalLM(nn.Module):
@@ -95,18 +120,60 @@ class LlamaForCausalLM(nn.Module):
         self.model = LlamaModel(args)
         # Tied embeddings get no lm_head at all: a shared Parameter would not survive to_empty().
         self.lm_head = None if args.tie_embeddings else nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+        self.kernels: TorchKernels = TORCH   # use_kernels() picks, once the weights are in place
+        self._weights: ModelWeights | None = None
+
+    @property
+    def weights(self) -> ModelWeights:
+        if self._weights is None:
+            self._weights = ModelWeights.of(self, self.kernels)
+        return self._weights
+
+    def _apply(self, fn, recurse=True):
+        """to(), to_empty() and the like may put new Parameters in place: forget the old ones
+        (before use_kernels() packed them: the loader moves and casts, nothing does after)."""
+        if self.kernels is not TORCH:
+            raise RuntimeError("a model whose weights were packed for the native kernels cannot be moved or cast")
+        self._weights = None
+        return super()._apply(fn, recurse)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 attn: AttentionMetadata) -> torch.Tensor:
-        x = self.model.embed_tokens(input_ids)
-        cos, sin = self.rope(positions, x.dtype)  # once per step, shared by every layer
-        for layer in self.model.layers:
-            x = layer(x, cos, sin, attn)
-        return self.model.norm(x)
+        """Each layer: x = norm(residual); residual += attention(x); x = norm(residual);
+        residual += mlp(x), with each residual addition fused into the norm that follows it."""
+        k, a, eps, weights = self.kernels, self.args, self.args.rms_norm_eps, self.weights
+        residual, delta = k.embedding(input_ids, weights.embedding), None
+        rope = self.rope.table(attn.num_positions, residual.dtype)
+        for w in weights.layers:
+            residual, x = k.add_rms_norm(residual, delta, w.input_norm, eps)
+            qkv = k.linear(x, w.qkv, w.qkv_bias)
+            q = k.rope_store(qkv, a.num_heads, a.num_kv_heads, a.head_dim, rope, attn.positions,
+                             attn.slot_blocks, attn.slot_offsets, w.attention.kv_cache)
+            residual, x = k.add_rms_norm(residual, k.linear(w.attention.attend(q, attn, k), w.o, w.o_bias),
+                                         w.post_norm, eps)
+            delta = k.linear(k.silu_mul(k.linear(x, w.gate_up, w.gate_up_bias)), w.down, w.down_bias)
+        return k.add_rms_norm(residual, delta, weights.final_norm, eps)[1]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        head = self.model.embed_tokens if self.lm_head is None else self.lm_head
-        return F.linear(hidden, head.weight).float()
+        return self.kernels.logits(hidden, self.weights.head)
+
+    def use_kernels(self, requested: str) -> str:
+        """Pick the kernels for engine.kernels = requested (see kernels.choose), once the weights
+        are loaded; returns which, and why. The native kernels multiply packed copies of the weight
+        matrices: the modules' own are then emptied, so the model is not held twice in memory."""
+        args = self.args
+        sizes = [args.hidden_size, args.intermediate_size, args.num_heads * args.head_dim,
+                 args.num_kv_heads * args.head_dim]
+        embedding = self.model.embed_tokens.weight
+        kernels, reason = choose(requested, embedding.dtype, embedding.device, sizes, args.head_dim,
+                                 args.num_heads // args.num_kv_heads)
+        weights = ModelWeights.of(self, kernels)
+        if kernels is not TORCH:
+            for name, param in self.named_parameters():
+                if param.dim() == 2 and (name != "model.embed_tokens.weight" or self.lm_head is None):
+                    param.data = param.data.new_empty(0)
+        self.kernels, self._weights = kernels, weights
+        return reason
 
     def map_weight(self, name: str, tensor: torch.Tensor) -> tuple[str, int, torch.Tensor] | None:
         """Checkpoint tensor -> (parameter name, first row it fills, tensor); None to skip it."""

@@ -48,6 +48,10 @@ class CausalLM(Protocol):
     def map_weight(self, name: str, tensor: torch.Tensor) -> tuple[str, int, torch.Tensor] | None:
         """Checkpoint tensor -> (parameter name, first row it fills, tensor); None to skip it."""
 
+    def use_kernels(self, requested: str) -> str:
+        """Run on the kernels engine.kernels asks for (auto, native, torch); returns which, and
+        why. Raises NativeUnavailable when native was asked for and cannot run."""
+
 
 @dataclass
 class LoadedModel:

@@ -1,0 +1,63 @@
+"""The number of threads a CPU worker's steps run fastest on, found while it serves.
+
+One thread per core the worker owns is right on an idle machine. When another process takes one
+of those cores, the thread sharing it falls behind and every parallel region waits for it: on a
+2-core machine with one core busy, one thread decoded faster than two (bench/engine.py,
+contention). Nothing tells a process that a neighbour started, so the tuner tries: every
+PERIOD steps it runs TRIAL steps on one thread more or fewer (alternately, within 1 ..
+most) and keeps the count whose steps were at least GAIN faster. Steps are compared only with
+steps that computed the same number of tokens (a decode batch that did not change), so a new
+request mid-trial voids the trial instead of deciding it. A trial costs at most TRIAL slow
+steps per PERIOD: about 3% of the steps, slower only while the other count is the worse one.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+PERIOD = 128   # steps between trials: a neighbour is noticed within about half a second of decoding
+TRIAL = 4      # steps per trial, and steps of the current count it is compared with
+GAIN = 0.9     # a trial wins when its mean step time is below this share of the current one
+
+
+class ThreadTuner:
+    def __init__(self, most: int, set_threads: Callable[[int], None]) -> None:
+        self.most, self.set_threads = most, set_threads
+        self.current = most
+        self.trying: int | None = None          # the count on trial, if one runs
+        self.baseline: list[tuple[int, float]] = []   # (tokens, seconds) of recent steps at current
+        self.trial: list[tuple[int, float]] = []
+        self.steps = 0
+        self.downward = True                    # the direction of the next trial
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        """A step that computed `tokens` tokens took `seconds`."""
+        self.steps += 1
+        if self.trying is None:
+            self.baseline = (self.baseline + [(tokens, seconds)])[-TRIAL:]
+            if self.steps % PERIOD == 0 and self.most > 1:
+                self._start_trial()
+            return
+        self.trial.append((tokens, seconds))
+        if len(self.trial) == TRIAL:
+            self._decide()
+
+    def _start_trial(self) -> None:
+        candidate = self.current - 1 if self.downward else self.current + 1
+        if not 1 <= candidate <= self.most:
+            candidate = self.current + 1 if self.downward else self.current - 1
+        self.downward = not self.downward
+        self.trying, self.trial = candidate, []
+        self.set_threads(candidate)
+
+    def _decide(self) -> None:
+        shapes = {tokens for tokens, _ in self.baseline + self.trial}
+        comparable = len(self.baseline) == TRIAL and len(shapes) == 1
+        if comparable and _mean(self.trial) < GAIN * _mean(self.baseline):
+            self.current, self.baseline = self.trying, self.trial
+        else:
+            self.set_threads(self.current)
+        self.trying = None
+
+
+def _mean(steps: list[tuple[int, float]]) -> float:
+    return sum(seconds for _, seconds in steps) / len(steps)

@@ -1,0 +1,242 @@
+"""The compute kernels a Llama forward pass is made of, in two implementations with one interface.
+
+TorchKernels: torch ops, on any device and dtype; the portable path (CUDA, float16, odd shapes,
+no C compiler) and the reference the native kernels are tested against.
+NativeKernels: the C kernels of kernels.c on the CPU, for float32 and bfloat16. Weight matrices
+are packed once, at load, into the panels kernels.c multiplies (prepare()); the products of any
+number of rows are native (faster than torch's GEMM here at every row count, see kernels.c).
+Attention of a prefill chunk stays with torch (scaled_dot_product_attention); attention of
+decoding sequences reads the paged KV cache in place.
+
+Each op mirrors the order of roundings of transformers' Llama, so that both implementations
+give transformers' greedy tokens in float32 and in bfloat16.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from mcpd.models import native
+
+_DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
+PANEL = 16
+
+
+@dataclass(frozen=True, slots=True)
+class Packed:
+    """A weight matrix [n, k] in kernels.c's panel layout: float32 [n/16, k, 16], bfloat16
+    [n/16, k/2, 16, 2] (n padded with zero rows to a multiple of 16)."""
+    panels: torch.Tensor
+    n: int
+    k: int
+
+    @classmethod
+    def of(cls, weight: torch.Tensor) -> Packed:
+        n, k = weight.shape
+        padded = F.pad(weight, (0, 0, 0, -n % PANEL))
+        if weight.dtype == torch.float32:
+            panels = padded.view(-1, PANEL, k).transpose(1, 2)
+        else:
+            panels = padded.view(-1, PANEL, k // 2, 2).permute(0, 2, 1, 3)
+        return cls(panels.contiguous(), n, k)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding, "rotate half" layout (Hugging Face checkpoints); x: [T, heads, head_dim]."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+class TorchKernels:
+    name = "torch"
+
+    def prepare(self, weight: torch.Tensor) -> torch.Tensor:
+        """A weight matrix in the form linear() takes: for torch, as it is."""
+        return weight
+
+    def embedding(self, ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids, table)
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        return F.linear(x, weight, bias)
+
+    def logits(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """float32 logits, rounded to the model dtype first as transformers' lm_head rounds them."""
+        return F.linear(x, weight).float()
+
+    def add_rms_norm(self, residual: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
+                     eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """(residual + delta, RMSNorm of it). Normalised in float32 and scaled in the model dtype,
+        in the order of transformers, so half-precision models round the same way."""
+        if delta is not None:
+            residual = residual + delta
+        x32 = residual.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+        return residual, weight * x32.to(residual.dtype)
+
+    def rope_store(self, qkv: torch.Tensor, heads: int, kv_heads: int, head_dim: int, table: torch.Tensor,
+                   positions: torch.Tensor, slot_blocks: torch.Tensor, slot_offsets: torch.Tensor,
+                   kv_cache: torch.Tensor) -> torch.Tensor:
+        """Rotate the queries and keys of qkv [T, (heads + 2 kv_heads) * head_dim] by their
+        positions (cos and sin from table [positions, 2, head_dim]), write keys and values into
+        the layer's cache [blocks, 2, block_size, kv_heads, head_dim] at their slots; return the
+        queries [T, heads, head_dim]."""
+        q_size, kv_size = heads * head_dim, kv_heads * head_dim
+        q, k, v = qkv.split((q_size, kv_size, kv_size), dim=-1)
+        cos_sin = table[positions].to(qkv.dtype)
+        cos, sin = cos_sin[:, None, 0], cos_sin[:, None, 1]
+        q = rotate(q.view(-1, heads, head_dim), cos, sin)
+        kv_cache[slot_blocks, 0, slot_offsets] = rotate(k.view(-1, kv_heads, head_dim), cos, sin)
+        kv_cache[slot_blocks, 1, slot_offsets] = v.view(-1, kv_heads, head_dim)
+        return q
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.silu(gate) * up
+
+    def decode_attention(self, q: torch.Tensor, kv_cache: torch.Tensor, group, scale: float) -> torch.Tensor:
+        """One query per sequence, q [B, heads, D], over the first group.context_lens[i] tokens
+        of the blocks group.block_table[i] of kv_cache (a layer's [blocks, 2, block_size,
+        kv_heads, D]); returns [B, heads * D]."""
+        batch, width = group.block_table.shape
+        keys, values = _gather(kv_cache, group.block_table)
+        mask = torch.arange(width * kv_cache.shape[2], device=q.device) < group.context_lens[:, None]
+        out = F.scaled_dot_product_attention(q[:, :, None], keys, values, attn_mask=mask[:, None, None],
+                                             scale=scale, enable_gqa=True)
+        return out.flatten(1)
+
+    def prefill_attention(self, q: torch.Tensor, kv_cache: torch.Tensor, group, scale: float) -> torch.Tensor:
+        """The group's new tokens, q [rows, heads, D], each over its sequence's tokens up to
+        itself (causal); returns [rows, heads * D]. Chunks are padded to the longest (group.mask
+        keeps each query causal, group.output_rows drops the padding)."""
+        keys, values = _gather(kv_cache, group.block_table)
+        queries = q[group.query_index].transpose(1, 2)          # [B, heads, Q, D]
+        out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=group.mask, scale=scale,
+                                             enable_gqa=True)
+        return out.transpose(1, 2).flatten(2).flatten(0, 1)[group.output_rows]
+
+
+def _gather(kv_cache: torch.Tensor, block_table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys and values of the blocks in block_table [B, W]: each [B, kv_heads, W * block_size, D].
+    Whole blocks are contiguous runs of memory, and index_select copies them as such (several
+    times faster on the CPU than the equivalent advanced indexing)."""
+    batch, width = block_table.shape
+    blocks = kv_cache.index_select(0, block_table.flatten())   # [B * W, 2, block_size, kv_heads, D]
+    blocks = blocks.view(batch, width, 2, kv_cache.shape[2], *kv_cache.shape[3:])
+    return tuple(blocks[:, :, i].flatten(1, 2).transpose(1, 2) for i in (0, 1))
+
+
+class NativeKernels(TorchKernels):
+    name = "native"
+
+    def __init__(self) -> None:
+        self.lib = native.load()
+        self.codes = _DTYPE_CODES
+        if self.lib.mcpd_max_threads() != torch.get_num_threads():
+            raise native.NativeUnavailable(
+                f"the kernels see {self.lib.mcpd_max_threads()} OpenMP threads, torch "
+                f"{torch.get_num_threads()}: they did not bind torch's OpenMP runtime")
+
+    @staticmethod
+    def supports(dtype: torch.dtype, device: torch.device, sizes: list[int], head_dim: int, group: int) -> bool:
+        """Whether a model of these dtype, device, matrix sizes, head size and query heads per KV
+        head runs here (the kernels work in 16-wide vectors, on head sizes up to 256)."""
+        return (device.type == "cpu" and dtype in _DTYPE_CODES and all(s % 16 == 0 for s in sizes)
+                and head_dim % 16 == 0 and head_dim <= 256 and group <= 16)
+
+    def prepare(self, weight):
+        return Packed.of(weight)
+
+    def embedding(self, ids, table):
+        if not isinstance(table, Packed):
+            return F.embedding(ids, table)
+        out = torch.empty((ids.shape[0], table.k), dtype=table.panels.dtype)   # a tied LM head's rows
+        self.lib.mcpd_embedding(self.codes[out.dtype], table.panels.data_ptr(), table.k, ids.data_ptr(),
+                                ids.shape[0], out.data_ptr())
+        return out
+
+    def linear(self, x, weight, bias=None):
+        x = x.contiguous()
+        y = x.new_empty((x.shape[0], weight.n))
+        self.lib.mcpd_linear(self.codes[x.dtype], x.data_ptr(), x.shape[0], weight.k, weight.panels.data_ptr(),
+                             bias.data_ptr() if bias is not None else None, weight.n, y.data_ptr(), 0)
+        return y
+
+    def logits(self, x, weight):
+        x = x.contiguous()   # the rows that sample, picked out of the step's hidden states
+        y = torch.empty((x.shape[0], weight.n), dtype=torch.float32)
+        self.lib.mcpd_linear(self.codes[x.dtype], x.data_ptr(), x.shape[0], weight.k, weight.panels.data_ptr(),
+                             None, weight.n, y.data_ptr(), 1)
+        return y
+
+    def add_rms_norm(self, residual, delta, weight, eps):
+        """In place: residual becomes residual + delta."""
+        out = torch.empty_like(residual)
+        self.lib.mcpd_add_rms_norm(self.codes[residual.dtype], residual.data_ptr(),
+                                   None if delta is None else delta.contiguous().data_ptr(), weight.data_ptr(),
+                                   eps, residual.shape[0], residual.shape[1], out.data_ptr())
+        return residual, out
+
+    def rope_store(self, qkv, heads, kv_heads, head_dim, table, positions, slot_blocks, slot_offsets, kv_cache):
+        self.lib.mcpd_rope_store(self.codes[qkv.dtype], qkv.data_ptr(), qkv.shape[0], heads, kv_heads, head_dim,
+                                 positions.data_ptr(), table.data_ptr(), kv_cache.data_ptr(), kv_cache.stride(0),
+                                 kv_cache.stride(1), slot_blocks.data_ptr(), slot_offsets.data_ptr())
+        return qkv[:, :heads * head_dim].view(-1, heads, head_dim)
+
+    def silu_mul(self, gate_up):
+        inter = gate_up.shape[1] // 2
+        out = torch.empty(gate_up.shape[0], inter, dtype=gate_up.dtype)
+        self.lib.mcpd_silu_mul(self.codes[gate_up.dtype], gate_up.data_ptr(), gate_up.shape[0], inter,
+                               out.data_ptr())
+        return out
+
+    def decode_attention(self, q, kv_cache, group, scale):
+        batch, heads, head_dim = q.shape
+        out = torch.empty(batch, heads * head_dim, dtype=q.dtype)
+        self.lib.mcpd_decode_attention(self.codes[q.dtype], q.data_ptr(), q.stride(0), batch, heads, kv_cache.shape[3],
+                                       head_dim, *_paged(kv_cache, group), group.context_lens.data_ptr(), scale,
+                                       out.data_ptr())
+        return out
+
+    def prefill_attention(self, q, kv_cache, group, scale):
+        rows, heads, head_dim = q.shape
+        out = torch.empty(rows, heads * head_dim, dtype=q.dtype)
+        self.lib.mcpd_prefill_attention(self.codes[q.dtype], q.data_ptr(), q.stride(0), group.block_table.shape[0],
+                                        group.first_rows.data_ptr(), group.starts.data_ptr(), group.counts.data_ptr(),
+                                        heads, kv_cache.shape[3], head_dim, *_paged(kv_cache, group), scale,
+                                        out.data_ptr())
+        return out
+
+
+def _paged(kv_cache: torch.Tensor, group) -> tuple[int, ...]:
+    """A layer's paged cache and a group's block tables as the attention kernels take them: base
+    address, block stride, offset of values after keys, block size, tables, table stride."""
+    table = group.block_table
+    return (kv_cache.data_ptr(), kv_cache.stride(0), kv_cache.stride(1), kv_cache.shape[2], table.data_ptr(),
+            table.stride(0))
+
+
+TORCH = TorchKernels()
+
+
+def choose(requested: str, dtype: torch.dtype, device: torch.device, sizes: list[int], head_dim: int,
+           group: int) -> tuple[TorchKernels, str]:
+    """The kernels for engine.kernels = requested (auto, native, torch), and why, for the log.
+    auto takes native where it supports the model and builds here, else torch; native refuses
+    (NativeUnavailable) where it cannot run."""
+    if requested == "torch":
+        return TORCH, "engine.kernels = torch"
+    if not NativeKernels.supports(dtype, device, sizes, head_dim, group):
+        reason = f"native kernels do not support {dtype} on {device.type} with these sizes"
+        if requested == "native":
+            raise native.NativeUnavailable(reason)
+        return TORCH, reason
+    try:
+        return NativeKernels(), "native kernels"
+    except (native.NativeUnavailable, OSError) as e:
+        if requested == "native":
+            raise native.NativeUnavailable(str(e)) from None
+        return TORCH, f"native kernels unavailable ({e})"
+

@@ -1,0 +1,131 @@
+"""Build, cache and load the native CPU kernels (kernels.c), and call them on torch tensors.
+
+The C file is compiled at first use with the machine's C compiler (`cc`, or $CC) for this CPU
+(-march=native), about a second, into a per-user cache directory (_cache_dir), and loaded with
+ctypes. The
+cached library is named by a hash of everything that shaped it (source, flags, compiler version,
+the CPU's feature flags), so an edit, a new compiler or a different CPU builds afresh. Where no
+compiler works, load() says why and the engine runs the torch kernels instead (tested the same).
+
+A shared library is code this process will run: the cache directory must be ours and private
+(0700), and the library ours and writable by nobody else, or it is not loaded.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import stat
+import subprocess
+import tempfile
+from pathlib import Path
+
+SOURCE = Path(__file__).with_name("kernels.c")
+FLAGS = ["-O3", "-march=native", "-fPIC", "-shared", "-fopenmp", "-lm"]
+BUILD_TIMEOUT_S = 120
+
+_P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+_SIGNATURES = {
+    "mcpd_linear": [ctypes.c_int, _P, _I, _I, _P, _P, _I, _P, ctypes.c_int],
+    "mcpd_embedding": [ctypes.c_int, _P, _I, _P, _I, _P],
+    "mcpd_add_rms_norm": [ctypes.c_int, _P, _P, _P, _F, _I, _I, _P],
+    "mcpd_rope_store": [ctypes.c_int, _P, _I, _I, _I, _I, _P, _P, _P, _I, _I, _P, _P],
+    "mcpd_silu_mul": [ctypes.c_int, _P, _I, _I, _P],
+    "mcpd_decode_attention": [ctypes.c_int, _P, _I, _I, _I, _I, _I, _P, _I, _I, _I, _P, _I, _P, _F, _P],
+    "mcpd_prefill_attention": [ctypes.c_int, _P, _I, _I, _P, _P, _P, _I, _I, _I, _P, _I, _I, _I, _P, _I, _F, _P],
+    "mcpd_max_threads": [],
+    "mcpd_has_avx512_bf16": [],
+}
+
+
+class NativeUnavailable(RuntimeError):
+    """The kernels could not be built or loaded here; the message says why."""
+
+
+_loaded: ctypes.CDLL | None = None
+
+
+def load() -> ctypes.CDLL:
+    """The kernels library, built on first use; raises NativeUnavailable."""
+    global _loaded
+    if _loaded is None:
+        path = _cache_dir() / f"kernels-{_build_key()}.so"
+        if not path.exists():
+            _build(path)
+        _check_private(path, is_dir=False)
+        library = ctypes.CDLL(str(path))
+        for name, argtypes in _SIGNATURES.items():
+            function = getattr(library, name)
+            function.argtypes = argtypes
+            function.restype = ctypes.c_int if name in ("mcpd_max_threads", "mcpd_has_avx512_bf16") else None
+        _loaded = library
+    return _loaded
+
+
+def _compiler() -> str:
+    compiler = shutil.which(os.environ.get("CC", "cc"))
+    if compiler is None:
+        raise NativeUnavailable(f"no C compiler ({os.environ.get('CC', 'cc')}) on PATH")
+    return compiler
+
+
+def _build_key() -> str:
+    compiler = _compiler()
+    try:
+        version = subprocess.run([compiler, "--version"], capture_output=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        raise NativeUnavailable(f"{compiler} --version failed: {e}") from None
+    digest = hashlib.sha256(SOURCE.read_bytes())
+    for part in (" ".join(FLAGS).encode(), version, _cpu_flags()):
+        digest.update(b"\0" + part)
+    return digest.hexdigest()[:20]
+
+
+def _cpu_flags() -> bytes:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line.encode()
+    except OSError:
+        pass
+    return b""
+
+
+def _cache_dir() -> Path:
+    """systemd's CacheDirectory= ($CACHE_DIRECTORY: the unit sets /var/cache/mcpd, its home being
+    read-only there), else $XDG_CACHE_HOME/mcpd, else ~/.cache/mcpd; then kernels/ in it."""
+    systemd = os.environ.get("CACHE_DIRECTORY", "").split(":")[0]
+    root = Path(systemd) if systemd else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mcpd"
+    path = root / "kernels"
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    _check_private(path, is_dir=True)
+    return path
+
+
+def _check_private(path: Path, is_dir: bool) -> None:
+    info = os.lstat(path)
+    kind_ok = stat.S_ISDIR(info.st_mode) if is_dir else stat.S_ISREG(info.st_mode)
+    open_to_others = info.st_mode & (0o077 if is_dir else 0o022)
+    if not kind_ok or info.st_uid != os.geteuid() or open_to_others:
+        raise NativeUnavailable(f"{path}: not a private {'directory' if is_dir else 'file'} of this user "
+                                f"(mode {stat.filemode(info.st_mode)}, uid {info.st_uid}): not loaded")
+
+
+def _build(path: Path) -> None:
+    """Compile into a temporary file beside path, then rename: concurrent builders (workers
+    starting together) each get a whole library, and the last rename wins harmlessly."""
+    fd, temporary = tempfile.mkstemp(dir=path.parent, suffix=".so.tmp")
+    os.close(fd)
+    try:
+        result = subprocess.run([_compiler(), str(SOURCE), "-o", temporary, *FLAGS],
+                                capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+        if result.returncode != 0:
+            raise NativeUnavailable(f"building {SOURCE.name} failed: {result.stderr.strip()[-2000:]}")
+        os.chmod(temporary, 0o700)
+        os.replace(temporary, path)
+    except subprocess.TimeoutExpired:
+        raise NativeUnavailable(f"building {SOURCE.name} took over {BUILD_TIMEOUT_S} s") from None
+    finally:
+        if os.path.exists(temporary):
+            os.unlink(temporary)

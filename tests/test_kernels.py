@@ -1,0 +1,190 @@
+"""The native CPU kernels op by op against the torch kernels, and how they are built and refused.
+
+float32 results agree to float32 rounding (only the order of sums differs); bfloat16 ones to one
+bfloat16 step (a sum in another order may round the other way), except elementwise ops, which
+round exactly as torch does."""
+import os
+
+import pytest
+import torch
+
+from mcpd.config import Config, EngineConfig
+from mcpd.engine import Engine
+from mcpd.models import kernels, native
+from mcpd.models.kernels import NativeKernels, TorchKernels
+from mcpd.models.layers import AttentionMetadata
+
+NATIVE, TORCH = NativeKernels(), TorchKernels()
+CPU = torch.device("cpu")
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+def agree(mine: torch.Tensor, expected: torch.Tensor, steps: int = 1, rowwise: bool = False) -> bool:
+    """Equal up to float32 rounding, or within `steps` bfloat16 steps of each value (rowwise:
+    of the row's largest value, for weighted sums whose small results carry larger ones' error)."""
+    assert mine.dtype == expected.dtype and mine.shape == expected.shape
+    a, b = mine.float(), expected.float()
+    if mine.dtype == torch.float32:
+        return torch.allclose(a, b, rtol=1e-5, atol=1e-5)
+    size = b.abs().amax(dim=-1, keepdim=True) if rowwise else b.abs()
+    spacing = 2.0 ** (torch.floor(torch.log2(size.clamp(min=1e-30))) - 7)
+    return bool(((a - b).abs() <= steps * spacing).all())
+
+
+def rand(*shape, dtype=torch.float32, scale=1.0):
+    return (torch.randn(*shape, generator=torch.Generator().manual_seed(sum(shape))) * scale).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m, n, k", [(1, 64, 64), (3, 7, 16), (8, 33, 48), (9, 48, 80), (20, 12, 32)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_linear_on_packed_weights(dtype, m, n, k, bias):
+    x, w = rand(m, k, dtype=dtype), rand(n, k, dtype=dtype)   # 7, 33: a panel or pair partly padding
+    b = rand(n, dtype=dtype) if bias else None
+    assert agree(NATIVE.linear(x, NATIVE.prepare(w), b), TORCH.linear(x, w, b))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_logits_are_float32_holding_the_model_dtype(dtype):
+    x, w = rand(2, 64, dtype=dtype), rand(300, 64, dtype=dtype)
+    logits = NATIVE.logits(x, NATIVE.prepare(w))
+    assert logits.dtype == torch.float32 and torch.equal(logits, logits.to(dtype).float())
+    assert agree(logits.to(dtype), TORCH.logits(x, w).to(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_embedding_rows_of_a_packed_matrix(dtype):
+    table, ids = rand(40, 32, dtype=dtype), torch.tensor([0, 39, 17, 16, 15, 17])
+    assert torch.equal(NATIVE.embedding(ids, NATIVE.prepare(table)), TORCH.embedding(ids, table))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("with_delta", [False, True])
+def test_add_rms_norm(dtype, with_delta):
+    residual, weight = rand(5, 64, dtype=dtype, scale=3), rand(64, dtype=dtype)
+    delta = rand(5, 64, dtype=dtype) if with_delta else None
+    expected_residual, expected = TORCH.add_rms_norm(residual.clone(), delta, weight, 1e-5)
+    mine_residual, mine = NATIVE.add_rms_norm(residual.clone(), delta, weight, 1e-5)
+    assert torch.equal(mine_residual, expected_residual)   # an elementwise add rounds as torch does
+    assert agree(mine, expected)
+
+
+def _cache(blocks: int, block_size: int, kv_heads: int, head_dim: int, dtype) -> torch.Tensor:
+    """A layer's view of a [blocks, layers=2, 2, block_size, kv_heads, head_dim] cache."""
+    return rand(blocks, 2, 2, block_size, kv_heads, head_dim, dtype=dtype)[:, 1]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("head_dim", [16, 64])
+def test_rope_store(dtype, head_dim):
+    heads, kv_heads, tokens, block_size = 4, 2, 20, 4
+    qkv = rand(tokens, (heads + 2 * kv_heads) * head_dim, dtype=dtype)
+    positions = torch.arange(30, 30 + tokens)
+    order = torch.randperm(8, generator=torch.Generator().manual_seed(0))
+    slot_blocks, slot_offsets = order[positions // block_size - 7], positions % block_size
+    table = torch.stack((torch.rand(64, head_dim), torch.rand(64, head_dim)), dim=1).to(dtype).float()
+    results = []
+    for impl in (NATIVE, TORCH):
+        cache, rows = _cache(8, block_size, kv_heads, head_dim, dtype), qkv.clone()
+        q = impl.rope_store(rows, heads, kv_heads, head_dim, table, positions, slot_blocks, slot_offsets, cache)
+        results.append((q.reshape(tokens, -1).clone(), cache))
+    (q, cache), (q_expected, cache_expected) = results
+    if dtype == torch.bfloat16:   # each product and sum rounds to bfloat16 as in torch: exact
+        assert torch.equal(q, q_expected) and torch.equal(cache, cache_expected)
+    else:                         # the compiler may fuse a product and a sum (one rounding less)
+        assert agree(q, q_expected) and agree(cache, cache_expected)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_mul(dtype):
+    gate_up = rand(3, 2 * 48, dtype=dtype, scale=4)
+    gate_up[0, :4] = torch.tensor([-100.0, 100.0, 0.0, -0.0])   # exp under- and overflow, zeros
+    assert agree(NATIVE.silu_mul(gate_up), TORCH.silu_mul(gate_up))
+
+
+def _scattered_tables(lens: list[int], block_size: int, blocks: int) -> list[list[int]]:
+    order = torch.randperm(blocks, generator=torch.Generator().manual_seed(1)).tolist()
+    tables, used = [], 0
+    for length in lens:
+        need = -(-length // block_size)
+        tables.append(order[used:used + need])
+        used += need
+    return tables
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("heads, kv_heads, head_dim", [(4, 2, 16), (8, 1, 64), (2, 2, 32)])
+def test_decode_attention_reads_the_paged_cache_in_place(dtype, heads, kv_heads, head_dim):
+    block_size, lens = 4, [1, 17, 100, 64]   # 100 and 64 cross the kernel's 64-key chunks
+    cache = _cache(100, block_size, kv_heads, head_dim, dtype)
+    tables = _scattered_tables(lens, block_size, 100)
+    attn = AttentionMetadata.build(tables, [n - 1 for n in lens], [1] * len(lens), block_size, CPU)
+    q = rand(len(lens), heads, head_dim, dtype=dtype)
+    args = (cache, attn.groups[0], head_dim ** -0.5)
+    assert agree(NATIVE.decode_attention(q, *args), TORCH.decode_attention(q, *args), rowwise=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("heads, kv_heads, head_dim", [(4, 2, 16), (8, 1, 64), (32, 2, 32)])
+def test_prefill_attention_is_causal_over_the_paged_cache(dtype, heads, kv_heads, head_dim):
+    """Chunks of several sequences: one from position 0, one after a cached history, one of 70
+    queries (past a 64-row work unit), one of 2; keys and queries cross 16-key chunks unaligned."""
+    block_size, starts, counts = 4, [0, 37, 3, 90], [21, 9, 70, 2]
+    lens = [s + n for s, n in zip(starts, counts)]
+    cache = _cache(80, block_size, kv_heads, head_dim, dtype)
+    attn = AttentionMetadata.build(_scattered_tables(lens, block_size, 80), starts, counts, block_size, CPU)
+    q = rand(sum(counts), heads, head_dim, dtype=dtype)
+    args = (cache, attn.groups[0], head_dim ** -0.5)
+    assert agree(NATIVE.prefill_attention(q, *args), TORCH.prefill_attention(q, *args), rowwise=True)
+
+
+@pytest.fixture
+def cache_home(tmp_path, monkeypatch):
+    """The kernels' cache under tmp_path (and not systemd's, if the tests run under a unit)."""
+    monkeypatch.delenv("CACHE_DIRECTORY", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    return tmp_path
+
+
+def test_systemds_cache_directory_comes_first(tmp_path, monkeypatch):
+    monkeypatch.setenv("CACHE_DIRECTORY", f"{tmp_path / 'unit'}:{tmp_path / 'other'}")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert native._cache_dir() == tmp_path / "unit" / "kernels"
+
+
+def test_a_cache_directory_open_to_others_is_refused(cache_home):
+    tmp_path = cache_home
+    (tmp_path / "mcpd" / "kernels").mkdir(parents=True)
+    os.chmod(tmp_path / "mcpd" / "kernels", 0o777)
+    with pytest.raises(native.NativeUnavailable, match="not a private directory"):
+        native._cache_dir()
+
+
+def test_a_library_others_may_write_is_not_loaded(tmp_path):
+    library = tmp_path / "kernels.so"
+    library.write_bytes(b"\x7fELF")
+    os.chmod(library, 0o766)
+    with pytest.raises(native.NativeUnavailable, match="not a private file"):
+        native._check_private(library, is_dir=False)
+
+
+def test_without_a_compiler_auto_falls_back_to_torch_and_native_refuses(cache_home, monkeypatch):
+    tmp_path = cache_home
+    monkeypatch.setattr(native, "_loaded", None)
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    assert Engine(Config(engine=EngineConfig(pool_bytes=4 << 20)), torch.device("cpu")).stats()["kernels"] == "torch"
+    with pytest.raises(native.NativeUnavailable, match="no C compiler"):
+        Engine(Config(engine=EngineConfig(pool_bytes=4 << 20, kernels="native")), torch.device("cpu"))
+
+
+def test_the_library_is_built_once_and_cached(cache_home, monkeypatch):
+    tmp_path = cache_home
+    monkeypatch.setattr(native, "_loaded", None)
+    native.load()
+    built = list((tmp_path / "mcpd" / "kernels").iterdir())
+    assert len(built) == 1 and built[0].suffix == ".so" and built[0].stat().st_mode & 0o077 == 0
+    first = built[0].stat()
+    monkeypatch.setattr(native, "_loaded", None)
+    native.load()
+    again = list((tmp_path / "mcpd" / "kernels").iterdir())
+    assert again == built and (again[0].stat().st_ino, again[0].stat().st_mtime_ns) == (first.st_ino, first.st_mtime_ns)

@@ -1,0 +1,38 @@
+"""The thread tuner's choices, from step times fed to it (no clock: the same every run)."""
+from mcpd.engine.thread_tuner import PERIOD, TRIAL, ThreadTuner
+
+
+def serve(tuner: ThreadTuner, seconds_at, steps: int, tokens=lambda step: 4) -> list[int]:
+    """Feed `steps` steps whose time depends on the tuner's thread count; return the counts set."""
+    set_to = []
+    tuner.set_threads = set_to.append
+    threads = tuner.current
+    for step in range(steps):
+        tuner.observe(tokens(step), seconds_at(threads))
+        threads = set_to[-1] if set_to else threads
+    return set_to
+
+
+def test_fewer_threads_are_kept_when_they_run_faster():
+    tuner = ThreadTuner(2, None)
+    serve(tuner, {1: 0.010, 2: 0.015}.get, PERIOD + TRIAL)
+    assert tuner.current == 1
+    serve(tuner, {1: 0.010, 2: 0.004}.get, 2 * PERIOD + TRIAL)   # the core is free again
+    assert tuner.current == 2
+
+
+def test_a_faster_count_must_win_by_ten_percent():
+    tuner = ThreadTuner(4, None)
+    set_to = serve(tuner, {3: 0.0095, 4: 0.010}.get, 4 * PERIOD)
+    assert tuner.current == 4 and set_to[:2] == [3, 4]   # tried, and went back
+
+
+def test_a_batch_that_changes_during_a_trial_decides_nothing():
+    tuner = ThreadTuner(2, None)
+    serve(tuner, {1: 0.001, 2: 0.015}.get, PERIOD + TRIAL, tokens=lambda step: 4 + (step >= PERIOD + 2))
+    assert tuner.current == 2 and tuner.trying is None
+
+
+def test_one_thread_is_never_tuned():
+    tuner = ThreadTuner(1, None)
+    assert serve(tuner, lambda threads: 0.01, 3 * PERIOD) == []

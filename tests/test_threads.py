@@ -1,0 +1,44 @@
+"""A CPU worker's threads: how many, on which cores, and OpenMP's wait policy set before torch loads."""
+import subprocess
+import sys
+
+import pytest
+
+from mcpd.engine.threads import plan
+
+
+@pytest.mark.parametrize("cores, workers, index, requested, expected", [
+    ([0, 1], 1, 0, 0, ([0, 1], 2)),                  # one worker: every core
+    ([0, 1, 2, 3], 2, 1, 0, ([2, 3], 2)),            # two workers split four cores
+    ([0, 1, 2, 3, 4], 2, 0, 0, ([0, 1], 2)),         # an odd core is left out rather than shared
+    ([4, 6], 3, 2, 0, ([4, 6], 1)),                  # more workers than cores: shared, threads divided
+    ([0, 1, 2, 3], 2, 0, 3, ([0, 1], 3)),            # workers.threads overrides the count
+])
+def test_workers_split_the_cores_they_own(cores, workers, index, requested, expected):
+    assert plan(cores, workers, index, requested) == expected
+
+
+def _python(code: str) -> str:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          timeout=120).stdout.split()
+
+
+def test_openmp_is_set_up_before_torch_loads():
+    out = _python("from mcpd.engine import threads\n"
+                  "import os\n"
+                  "n = threads.configure(1, 0, 1, 'passive')\n"
+                  "import torch\n"
+                  "print(n, os.environ['OMP_WAIT_POLICY'], torch.get_num_threads())")
+    assert out == ["1", "PASSIVE", "1"]
+
+
+def test_the_worker_imports_torch_only_after_setting_up_threads():
+    out = _python("import sys, mcpd.daemon.worker, mcpd.engine\n"
+                  "print('torch' in sys.modules)\n"
+                  "from mcpd.engine import threads\n"
+                  "import torch\n"
+                  "try:\n"
+                  "    threads.configure(1, 0, 0, 'passive')\n"
+                  "except RuntimeError:\n"
+                  "    print('refused')")
+    assert out == ["False", "refused"]
