@@ -25,7 +25,7 @@ from zmq.utils.monitor import parse_monitor_message
 from mcpd.config import Config
 from mcpd.contexts.service import tenant_of
 from mcpd.daemon import channels, child, live_config
-from mcpd.daemon.incoming import IncomingBytes
+from mcpd.daemon.incoming import IncomingBytes, give_large_buffers_back
 from mcpd.daemon.latency import LatencyWindow
 from mcpd.daemon.outbox import Outbox
 from mcpd.daemon.peers import PeerTracker
@@ -53,6 +53,7 @@ class FrontEnd:
     def __init__(self, config: Config):
         self.config = config
         self.log = child.start("frontend", config)
+        give_large_buffers_back()   # before libzmq allocates a frame
         self.context = zmq.Context()
         self.gate = Gate(config, self.context)
         self.clients = self._bind_clients()

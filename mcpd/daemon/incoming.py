@@ -28,6 +28,7 @@ held, about ten bytes each: months before they matter.
 from __future__ import annotations
 
 import array
+import ctypes
 import fcntl
 import logging
 import os
@@ -44,6 +45,19 @@ TCPI_BYTES_RECEIVED = 128      # offset of tcpi_bytes_received in struct tcp_inf
 TCP_INFO_BYTES = TCPI_BYTES_RECEIVED + 8
 CURVE_MESSAGE_BYTES = 33       # a CURVE MESSAGE command adds its name, nonce, flags and MAC per frame
 PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
+M_MMAP_THRESHOLD = -3          # glibc's mallopt parameter
+MMAP_THRESHOLD_BYTES = 1 << 20
+
+
+def give_large_buffers_back() -> None:
+    """Make glibc map every buffer of a MiB or more on its own, and unmap it when freed. By default
+    the threshold rises to the largest buffer freed so far (up to 32 MiB), after which frame
+    buffers come from the heap, and a cut connection's frames stay resident once freed: the
+    process kept the peak of every half-sent message (16 slow senders: 75 MiB where 40 were held)."""
+    try:
+        ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
+    except OSError:
+        pass   # not glibc: its allocator decides
 
 
 @dataclass
