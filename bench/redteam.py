@@ -25,6 +25,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -458,12 +459,13 @@ def attack_slow_consumer(run: Run) -> Outcome:
     reads again, every request must have its final."""
     d = run.shared()
     slow = SlowClient(d)
-    streams = 5 if run.quick else 30
-    for i in range(streams):
+    for _ in range(3 if run.quick else 5):   # rounds that fill ZeroMQ's queue and the kernel's buffers
+        for _ in range(8000):
+            slow.send("ping", {})
+        d.wait_until(lambda: d.status()["queue"]["inflight"] == 0, 60, "the pings answered")
+    for i in range(5 if run.quick else 30):
         slow.send("generate", {"prompt": f"s{i}", "max_tokens": 40 if run.quick else 200, "ignore_eos": True,
                                "stream": True})
-    for _ in range(24000 if run.quick else 40000):
-        slow.send("ping", {})
     d.wait_until(lambda: d.status()["queue"]["inflight"] == 0, 120, "every request answered")
     backlog = d.status()["requests"].get("backlog", {})
     finals = slow.read_finals()
@@ -502,7 +504,7 @@ def attack_frontend_huge_message(run: Run) -> Outcome:
     limit = SHARED_LIMITS["max_message_bytes"]
     memory = PeakMemory(d.pid_of("frontend"))
     peer = RawPeer("127.0.0.1", d.port)
-    cut = send_frames(peer, 30, limit - 64 * 1024, b"x" * MiB)
+    cut = peer.send_unfinished(30, limit - 64 * 1024, b"x" * MiB)
     peer.close()
     growth = memory.growth_mib()
     return Outcome(growth <= 2 * limit / MiB + 16, {"frontend_rss_growth_mib": growth, "connection_cut": cut,
@@ -518,7 +520,7 @@ def attack_frontend_slow_senders(run: Run) -> Outcome:
     cut = [False] * len(peers)
 
     def trickle(i: int) -> None:
-        cut[i] = send_frames(peers[i], 1, limit - MiB, b"y" * (64 * 1024), pause_s=0.02)
+        cut[i] = peers[i].send_unfinished(1, limit - MiB, b"y" * (64 * 1024), pause_s=0.02)
 
     threads = [threading.Thread(target=trickle, args=(i,)) for i in range(len(peers))]
     for thread in threads:
@@ -531,19 +533,6 @@ def attack_frontend_slow_senders(run: Run) -> Outcome:
         peer.close()
     return Outcome(growth <= total / MiB + 16, {"frontend_rss_growth_mib": growth, "connections_cut": sum(cut),
                                                  "held_if_all_kept_mib": round(16 * (limit - MiB) / MiB)})
-
-
-def send_frames(peer: RawPeer, frames: int, frame_bytes: int, piece: bytes, pause_s: float = 0.0) -> bool:
-    """Frames of one unfinished message, piece by piece; True if the daemon cut the connection."""
-    try:
-        for _ in range(frames):
-            peer.begin_frame(frame_bytes, more=True)
-            for start in range(0, frame_bytes, len(piece)):
-                peer.send_raw(piece[:frame_bytes - start])
-                time.sleep(pause_s)
-        return False
-    except OSError:
-        return True
 
 
 def attack_many_fields(run: Run) -> Outcome:
@@ -642,6 +631,30 @@ def attack_full_disk(run: Run) -> Outcome:
     return Outcome(code not in (None, codes.INTERNAL) and alive == "served", {"full_disk_code": code, "after": alive})
 
 
+def attack_mcpctl_version(run: Run) -> Outcome:
+    """`mcpctl version` against a control socket whose reply lacks `version` (an older or a
+    foreign daemon): a clear answer and exit code, not a traceback."""
+    runtime_dir = Path(tempfile.mkdtemp(prefix="mcpd-v-", dir="/tmp"))
+    control = zmq.Context.instance().socket(zmq.ROUTER)
+    control.setsockopt(zmq.LINGER, 0)
+    control.bind(f"ipc://{runtime_dir / 'control.ipc'}")
+
+    def answer():
+        if control.poll(10_000):
+            identity, request = control.recv_multipart()
+            request_id = msgpack.unpackb(request)["id"]
+            control.send_multipart([identity, wire.ok_reply(request_id, {"pong": True})])
+
+    thread = threading.Thread(target=answer)
+    thread.start()
+    done = subprocess.run([str(Path(sys.executable).parent / "mcpctl"), "--runtime-dir", str(runtime_dir), "version"],
+                          capture_output=True, text=True, timeout=30)
+    thread.join(15)
+    control.close()
+    traceback = "Traceback" in done.stderr
+    return Outcome(not traceback and done.returncode in (0, 1), {"exit_code": done.returncode, "traceback": traceback})
+
+
 # -- earlier sets: hostile input ------------------------------------------------------------------
 
 GARBAGE = [
@@ -671,12 +684,15 @@ def every_reply_an_error(d: Daemon, messages: list[list[bytes]]) -> Outcome:
     answers = Counter()
     for frames in messages:
         reply = exchange(sock, frames)
-        answers["no reply" if reply is None else reply.get("code", "ok")] += 1
+        if reply is None and sum(map(len, frames)) > SHARED_LIMITS["max_message_bytes"]:
+            answers["cut"] += 1   # documented: a connection sending more than a request may is cut
+        else:
+            answers["no reply" if reply is None else reply.get("code", "ok")] += 1
     sock.close()
     with d.client() as client:
         alive = served(client)
     restarted = sum(restarts(d, role) - n for role, n in before.items())
-    held = set(answers) <= {codes.BAD_REQUEST, codes.TOO_LARGE, codes.UNSUPPORTED_VERSION, codes.UNKNOWN_OP} \
+    held = set(answers) <= {codes.BAD_REQUEST, codes.TOO_LARGE, codes.UNSUPPORTED_VERSION, codes.UNKNOWN_OP, "cut"} \
         and alive == "served" and restarted == 0
     return Outcome(held, {"replies": dict(answers), "after": alive, "restarts": restarted})
 
@@ -833,11 +849,11 @@ ATTACKS = {
     "journal_is_a_directory": attack_journal_is_a_directory, "journal_over_field_limit": attack_journal_over_field_limit,
     "curve_identity": attack_curve_identity, "undecodable_key": attack_undecodable_key, "umask_000": attack_umask_000,
     "planted_runtime_dir": attack_planted_runtime_dir, "shared_state_dir": attack_shared_state_dir,
-    "port_in_use": attack_port_in_use, "full_disk": attack_full_disk,
+    "port_in_use": attack_port_in_use, "full_disk": attack_full_disk, "mcpctl_version": attack_mcpctl_version,
     "kill_worker": attack_kill_worker, "kill_scheduler": attack_kill_scheduler, "kill_supervisor": attack_kill_supervisor,
 }
 QUICK = ("garbage_frames", "msgpack_abuse", "zstd_bombs", "cross_tenant", "frontend_huge_message",
-         "frontend_slow_senders", "slow_consumer", "many_fields", "poison_request")
+         "frontend_slow_senders", "slow_consumer", "many_fields", "poison_request", "mcpctl_version")
 
 
 def run_one(run: Run, attack) -> Outcome:

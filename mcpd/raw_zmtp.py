@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import socket
 import struct
+import time
 
 MORE, LONG, COMMAND = 0x01, 0x02, 0x04
 GREETING = (b"\xff" + b"\x00" * 8 + b"\x7f" + bytes([3, 0]) + b"NULL".ljust(20, b"\x00")
@@ -39,6 +40,19 @@ class RawPeer:
 
     def send_raw(self, data: bytes) -> None:
         self.sock.sendall(data)
+
+    def send_unfinished(self, frames: int, frame_bytes: int, piece: bytes, pause_s: float = 0.0) -> bool:
+        """Send `frames` frames of a message that never ends (each marked "more"), `piece` at a
+        time with a pause after each; True if the daemon cut the connection meanwhile."""
+        try:
+            for _ in range(frames):
+                self.begin_frame(frame_bytes, more=True)
+                for start in range(0, frame_bytes, len(piece)):
+                    self.send_raw(piece[:frame_bytes - start])
+                    time.sleep(pause_s)
+            return False
+        except OSError:
+            return True
 
     def recv_message(self) -> list[bytes]:
         frames = []

@@ -141,3 +141,10 @@ class Daemon:
 
     def cleanup(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def final_reply(client: Client, request_id, timeout: float = 60) -> dict:
+    """The final reply of a request sent with client.send, past any chunks."""
+    while (reply := client.receive(request_id, timeout))["kind"] == "chunk":
+        pass
+    return reply

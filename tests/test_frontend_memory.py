@@ -3,7 +3,6 @@ message and many half-sent ones are cut off once they pass their limits, measure
 front-end's resident memory. The peers speak ZMTP by hand (mcpd.raw_zmtp): libzmq itself never
 sends part of a message."""
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -40,19 +39,6 @@ class FrontendMemory:
         return int(line.split()[1])
 
 
-def send_until_cut(peer: RawPeer, frames: int, frame_bytes: int, piece: bytes, pause_s: float = 0.0) -> bool:
-    """Send the frames of one message piece by piece; True if the daemon cut the connection."""
-    try:
-        for i in range(frames):
-            peer.begin_frame(frame_bytes, more=True)
-            for start in range(0, frame_bytes, len(piece)):
-                peer.send_raw(piece[:frame_bytes - start])
-                time.sleep(pause_s)
-        return False
-    except OSError:
-        return True
-
-
 def cut_count(d) -> int:
     return d.status()["requests"]["incoming"].get("cut", 0)
 
@@ -61,7 +47,7 @@ def test_one_huge_multipart_message_is_cut_near_its_limit(d):
     memory = FrontendMemory(d)
     peer = RawPeer("127.0.0.1", d.port)
     frame = MESSAGE_LIMIT - 64 * 1024   # each frame passes ZMQ_MAXMSGSIZE; 60 of them are 234 MiB
-    assert send_until_cut(peer, 60, frame, b"x" * MiB)
+    assert peer.send_unfinished(60, frame, b"x" * MiB)
     peer.close()
     growth = memory.peak_growth()
     assert growth < 48 * MiB, f"the front-end grew by {growth / MiB:.0f} MiB"
@@ -77,7 +63,7 @@ def test_many_slow_senders_hold_no_more_than_the_incoming_limit(d):
     cut = [False] * len(peers)
 
     def trickle(i: int) -> None:   # 3.5 MiB of a frame that never ends, 64 KiB every 50 ms
-        cut[i] = send_until_cut(peers[i], 1, 3 * MiB + MiB // 2, b"y" * (64 * 1024), 0.05)
+        cut[i] = peers[i].send_unfinished(1, 3 * MiB + MiB // 2, b"y" * (64 * 1024), 0.05)
 
     threads = [threading.Thread(target=trickle, args=(i,)) for i in range(len(peers))]
     for thread in threads:

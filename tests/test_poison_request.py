@@ -18,6 +18,7 @@ from mcpd.protocol import codes, wire
 from mcpd.scheduling.job import Job
 from mcpd.scheduling.poison import PoisonList
 from mcpd.scheduling.router import WorkerSlot, room_for
+from mcpd.testing import final_reply
 
 INT64_MAX = (1 << 63) - 1
 
@@ -59,12 +60,6 @@ def test_context_versions_beyond_int64_are_refused(daemon):
             assert reply["code"] == codes.BAD_REQUEST, reply
 
 
-def final(client, rid, timeout: float = 120) -> dict:
-    while (reply := client.receive(rid, timeout))["kind"] == "chunk":
-        pass
-    return reply
-
-
 def test_a_request_whose_worker_dies_twice_fails_alone_and_is_not_run_again(fresh_daemon):
     """Four requests share a worker that dies. All four are retried, each alone on the restarted
     worker; the first one's worker dies again: it alone is answered, the other three complete,
@@ -88,10 +83,10 @@ def test_a_request_whose_worker_dies_twice_fails_alone_and_is_not_run_again(fres
         pid = client.status()["workers"][0]["pid"]
         os.kill(pid, signal.SIGKILL)
 
-        reply = final(client, first)
+        reply = final_reply(client, first)
         assert reply["code"] == codes.WORKER_LOST and "died twice" in reply["message"], reply
-        assert [final(client, rid)["kind"] for rid in others] == ["ok"] * 3
-        again = final(client, client.send("generate", poison), 10)
+        assert [final_reply(client, rid)["kind"] for rid in others] == ["ok"] * 3
+        again = final_reply(client, client.send("generate", poison), 10)
         assert again["code"] == codes.INTERNAL and "failed twice" in again["message"], again
         changed = client.generate("poison", max_tokens=4, ignore_eos=True)   # another request runs
         assert changed.completion_tokens == 4
@@ -100,77 +95,112 @@ def test_a_request_whose_worker_dies_twice_fails_alone_and_is_not_run_again(fres
 
 
 class ScriptedEngineFault:
-    """Makes the real engine's step raise while `rid` is in the worker, as a sampler bug would: no
-    input reaches such a bug through the front door any more, so the test injects it here."""
+    """Makes the real engine's step raise while `rid` is in the worker (None: any), as a sampler
+    bug would: no input reaches such a bug through the front door any more, so the test injects it."""
 
-    def __init__(self, worker, rid: int):
+    def __init__(self, worker, rid: int | None):
         self.worker, self.rid, self.real_step = worker, rid, worker.engine.step
         worker.engine.step = self.step
         self.raised = 0
 
     def step(self):
-        if self.rid in self.worker.active:
+        if self.rid in self.worker.active or self.rid is None and self.worker.active:
             self.raised += 1
             raise RuntimeError("Overflow when unpacking long long (injected)")
         return self.real_step()
 
 
-def test_an_engine_step_that_raises_costs_only_its_cause(monkeypatch):
-    """A real scheduler and a real worker (with the embedded model) on ipc sockets, in threads:
-    the step fails for one request of three; the worker lives, the other two complete, the cause
-    is answered INTERNAL after failing again alone, and the worker's KV blocks are all free."""
-    from mcpd.daemon.worker import Worker
+class InProcessNode:
+    """A real scheduler and a real worker (embedded model) on ipc sockets, serving in threads; the
+    test plays the front-end: it sends requests to the scheduler and reads the finals."""
 
-    monkeypatch.setattr(child, "start", lambda role, config: logging.getLogger(role))   # no PDEATHSIG here
-    runtime_dir = tempfile.mkdtemp(prefix="mcpd-p-", dir="/tmp")
-    config = from_dict({"server": {"runtime_dir": runtime_dir}, "cache": {"enabled": False},
-                        "persistence": {"enabled": False}, "engine": {"pool_bytes": 64 << 20}})
-    context = zmq.Context()
-    frontend = context.socket(zmq.PULL)
-    frontend.bind(channels.endpoint(config.runtime_dir, "frontend.ipc"))
-    scheduler = Scheduler(config, logging.getLogger("scheduler"))
-    worker = Worker(config, 0, "cpu")
-    fault = ScriptedEngineFault(worker, rid=3)
-    inbox = context.socket(zmq.PUSH)
-    inbox.connect(channels.endpoint(config.runtime_dir, "sched.ipc"))
+    def __init__(self):
+        from mcpd.daemon.worker import Worker
 
-    def generate(rid: int, prompt: str) -> None:
+        runtime_dir = tempfile.mkdtemp(prefix="mcpd-p-", dir="/tmp")
+        config = from_dict({"server": {"runtime_dir": runtime_dir}, "cache": {"enabled": False},
+                            "persistence": {"enabled": False}, "engine": {"pool_bytes": 64 << 20}})
+        self.context = zmq.Context()
+        self.frontend = self.context.socket(zmq.PULL)
+        self.frontend.setsockopt(zmq.RCVTIMEO, 60_000)
+        self.frontend.bind(channels.endpoint(config.runtime_dir, "frontend.ipc"))
+        self.scheduler = Scheduler(config, logging.getLogger("scheduler"))
+        self.worker = Worker(config, 0, "cpu")
+        self.inbox = self.context.socket(zmq.PUSH)
+        self.inbox.connect(channels.endpoint(config.runtime_dir, "sched.ipc"))
+        self.exits: list[BaseException] = []
+
+    def start(self) -> None:
+        self.threads = [threading.Thread(target=self._serve, args=(p,)) for p in (self.worker, self.scheduler)]
+        for thread in self.threads:
+            thread.start()
+
+    def _serve(self, process) -> None:
+        try:
+            process.serve()
+        except SystemExit as e:
+            self.exits.append(e)
+
+    def generate(self, rid: int, prompt: str) -> None:
         header = wire.encode_request("generate", rid, {"prompt": prompt, "max_tokens": 8, "ignore_eos": True})
-        inbox.send_multipart([channels.REQUEST, channels.pack_rid(rid), header])
+        self.inbox.send_multipart([channels.REQUEST, channels.pack_rid(rid), header])
 
-    def finals(count: int) -> dict[int, dict]:
+    def finals(self, count: int) -> dict[int, dict]:
         got = {}
-        frontend.setsockopt(zmq.RCVTIMEO, 60_000)
         while len(got) < count:
-            tag, rid, header = frontend.recv_multipart()[:3]
+            tag, rid, header = self.frontend.recv_multipart()[:3]
             if tag == channels.FINAL:
                 got[channels.unpack_rid(rid)] = msgpack.unpackb(header, raw=False)
         return got
 
-    for rid, prompt in ((3, "the cause"), (1, "one"), (2, "two")):
-        generate(rid, prompt)
-    threads = [threading.Thread(target=process.serve) for process in (worker, scheduler)]
-    for thread in threads:
-        thread.start()
-    try:
-        first = finals(3)
-        assert first[1]["kind"] == first[2]["kind"] == "ok", first
-        assert first[3]["code"] == codes.INTERNAL and "twice" in first[3]["message"], first[3]
-        assert "Overflow when unpacking long long" in first[3]["message"]
-        assert fault.raised == 2   # with the others, then alone
-        generate(4, "the cause")   # the same request again: refused, the engine never sees it
-        generate(5, "another")
-        second = finals(2)
-        assert second[4]["code"] == codes.INTERNAL and fault.raised == 2
-        assert second[5]["kind"] == "ok"
-        assert worker.engine.stats()["kv_blocks_used"] == 0
-    finally:
-        worker.parent_pid = scheduler.parent_pid = -1   # their loops end at the next turn
-        for thread in threads:
+    def close(self) -> None:
+        self.worker.parent_pid = self.scheduler.parent_pid = -1   # their loops end at the next turn
+        for thread in self.threads:
             thread.join(10)
-        for process in (worker, scheduler):
+        for process in (self.worker, self.scheduler):
             process.context.destroy(linger=0)
-        context.destroy(linger=0)
+        self.context.destroy(linger=0)
+
+
+@pytest.fixture
+def node(monkeypatch):
+    monkeypatch.setattr(child, "start", lambda role, config: logging.getLogger(role))   # no PDEATHSIG here
+    made = InProcessNode()
+    yield made
+    made.close()
+
+
+def test_an_engine_step_that_raises_costs_only_its_cause(node):
+    """The step fails for one request of three; the worker lives, the other two complete, the
+    cause is answered INTERNAL after failing again alone, and the worker's KV blocks are all free."""
+    fault = ScriptedEngineFault(node.worker, rid=3)
+    for rid, prompt in ((3, "the cause"), (1, "one"), (2, "two")):
+        node.generate(rid, prompt)
+    node.start()
+    first = node.finals(3)
+    assert first[1]["kind"] == first[2]["kind"] == "ok", first
+    assert first[3]["code"] == codes.INTERNAL and "twice" in first[3]["message"], first[3]
+    assert "Overflow when unpacking long long" in first[3]["message"]
+    assert fault.raised == 2   # with the others, then alone
+    node.generate(4, "the cause")   # the same request again: refused, the engine never sees it
+    node.generate(5, "another")
+    second = node.finals(2)
+    assert second[4]["code"] == codes.INTERNAL and fault.raised == 2
+    assert second[5]["kind"] == "ok"
+    assert node.worker.engine.stats()["kv_blocks_used"] == 0 and not node.exits
+
+
+def test_an_engine_that_fails_every_step_restarts_its_worker(node):
+    """Steps failing one after another whatever runs: the engine, not a request, is broken. Each
+    request is still answered, and the worker exits so that its restart reloads the engine."""
+    ScriptedEngineFault(node.worker, rid=None)
+    for rid in (1, 2):
+        node.generate(rid, f"request {rid}")
+    node.start()
+    finals = node.finals(2)
+    assert {reply["code"] for reply in finals.values()} == {codes.INTERNAL}, finals
+    node.threads[0].join(30)
+    assert [str(e) for e in node.exits] == ["3 engine steps failed in a row: restarting the worker"]
 
 
 def test_a_suspect_runs_alone_on_a_worker():

@@ -5,7 +5,7 @@ critical stream holds everything else in the queue: the test arranges the queue 
 import pytest
 
 from mcpd.protocol import codes
-from mcpd.testing import Daemon
+from mcpd.testing import Daemon, final_reply
 
 CLASSES = {"critical": {"rank": 3, "max_queue": 8}, "low": {"rank": 0, "max_queue": 8}}
 
@@ -13,20 +13,11 @@ CLASSES = {"critical": {"rank": 3, "max_queue": 8}, "low": {"rank": 0, "max_queu
 @pytest.fixture(scope="module")
 def d():
     daemon = Daemon(scheduler={"max_inflight_per_worker": 1, "default_class": "low", "max_queue": 4},
-                    engine={"max_num_seqs": 1})
-    classes = "".join(f"[scheduler.classes.{name}]\n" + "".join(f"{k} = {v}\n" for k, v in keys.items())
-                      for name, keys in CLASSES.items())
-    daemon.config_path.write_text(daemon.config_path.read_text() + classes)
-    daemon.start()
+                    engine={"max_num_seqs": 1},
+                    **{f"scheduler.classes.{name}": keys for name, keys in CLASSES.items()}).start()
     yield daemon
     daemon.stop()
     daemon.cleanup()
-
-
-def final(client, rid, timeout: float = 60) -> dict:
-    while (reply := client.receive(rid, timeout))["kind"] == "chunk":
-        pass
-    return reply
 
 
 def gen(client, prompt: str, priority: str) -> int:
@@ -41,18 +32,18 @@ def test_critical_requests_displace_the_newest_low_ones_and_never_the_reverse(d)
         lows = [gen(client, f"low {i}", "low") for i in range(4)]
         d.wait_until(lambda: client.status()["queue_depth"] == 4, 30, "the queue full of lows")
         criticals = [gen(client, f"critical {i}", "critical") for i in range(2)]
-        displaced = [final(client, rid) for rid in lows[2:]]   # the newest lows made room
+        displaced = [final_reply(client, rid) for rid in lows[2:]]   # the newest lows made room
         assert all(r["code"] == codes.OVERLOADED and r["retry_after_ms"] > 0 for r in displaced), displaced
         assert all("displaced" in r["message"] for r in displaced)
-        refused = final(client, gen(client, "one low too many", "low"))   # a low displaces nobody
+        refused = final_reply(client, gen(client, "one low too many", "low"))   # a low displaces nobody
         assert refused["code"] == codes.OVERLOADED and "queue is full" in refused["message"]
         criticals += [gen(client, f"critical {i}", "critical") for i in range(2, 4)]
-        assert [final(client, rid)["code"] for rid in lows[:2]] == [codes.OVERLOADED] * 2
-        refused = final(client, gen(client, "critical 4", "critical"))   # nor a critical its equal
+        assert [final_reply(client, rid)["code"] for rid in lows[:2]] == [codes.OVERLOADED] * 2
+        refused = final_reply(client, gen(client, "critical 4", "critical"))   # nor a critical its equal
         assert refused["code"] == codes.OVERLOADED and "queue is full" in refused["message"]
         client.cancel(blocker)
-        assert final(client, blocker)["code"] == codes.CANCELLED
-        assert [final(client, rid)["kind"] for rid in criticals] == ["ok"] * 4
+        assert final_reply(client, blocker)["code"] == codes.CANCELLED
+        assert [final_reply(client, rid)["kind"] for rid in criticals] == ["ok"] * 4
 
 
 def test_the_displaced_request_is_the_newest_of_the_lowest_effective_rank():

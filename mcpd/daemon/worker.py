@@ -32,6 +32,9 @@ IDLE_POLL_MS = 100
 DONE_FLUSH_S = 0.002
 DONE_FLUSH_COUNT = 64
 MAX_REASON_CHARS = 500   # of a failed step's exception, as the scheduler passes it to clients
+# Steps failing one after another, with no good step between, mean the engine itself is broken
+# (a lost device context, say), not one request: the worker exits and its restart reloads it.
+MAX_FAILED_STEPS = 3
 
 
 @dataclass
@@ -71,6 +74,7 @@ class Worker:
         self.active: dict[int, ActiveRequest] = {}
         self.turns: dict[int, list[int]] = {}   # context turns: rid -> the prompt ids the turn adds
         self.done: list[bytes] = []   # rids answered since the last DONE note to the scheduler
+        self.failed_steps = 0         # in a row
         self.done_due = 0.0
 
     def _load_engine(self, device: str):
@@ -208,11 +212,18 @@ class Worker:
     # -- results --------------------------------------------------------------------------------
 
     def _step(self) -> None:
+        ran_requests = bool(self.active)   # not only the outputs of aborted ones
         try:
             outputs = self.engine.step()
         except Exception as e:   # noqa: BLE001 - whatever the engine raises must not cost the worker
             self.log.exception("engine step failed with %d request(s) in the engine", len(self.active))
-            return self._hand_back(f"{type(e).__name__}: {e}"[:MAX_REASON_CHARS])
+            self._hand_back(f"{type(e).__name__}: {e}"[:MAX_REASON_CHARS])
+            self.failed_steps += 1
+            if self.failed_steps >= MAX_FAILED_STEPS:
+                raise SystemExit(f"{self.failed_steps} engine steps failed in a row: restarting the worker") from e
+            return
+        if ran_requests:
+            self.failed_steps = 0
         self._emit(outputs)
 
     def _hand_back(self, reason: str) -> None:
