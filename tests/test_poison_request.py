@@ -75,7 +75,7 @@ def test_a_request_whose_worker_dies_twice_fails_alone_and_is_not_run_again(fres
         worker_pid(d, client)
 
         first = client.send("generate", poison)
-        others = [client.send("generate", {"prompt": f"innocent {i}", "max_tokens": 300, "ignore_eos": True})
+        others = [client.send("generate", {"prompt": f"innocent {i}", "max_tokens": 120, "ignore_eos": True})
                   for i in range(3)]
         d.wait_until(lambda: running(4, 0), 30, "four requests on the worker")
         os.kill(client.status()["workers"][0]["pid"], signal.SIGKILL)
@@ -191,16 +191,19 @@ def test_an_engine_step_that_raises_costs_only_its_cause(node):
 
 
 def test_an_engine_that_fails_every_step_restarts_its_worker(node):
-    """Steps failing one after another whatever runs: the engine, not a request, is broken. Each
-    request is still answered, and the worker exits so that its restart reloads the engine."""
+    """Steps failing one after another whatever runs: the engine, not a request, is broken. The
+    worker hands back what it ran, then exits, so that its restart reloads the engine."""
     ScriptedEngineFault(node.worker, rid=None)
-    for rid in (1, 2):
-        node.generate(rid, f"request {rid}")
+    node.generate(1, "first")
     node.start()
-    finals = node.finals(2)
-    assert {reply["code"] for reply in finals.values()} == {codes.INTERNAL}, finals
+    assert node.finals(1)[1]["code"] == codes.INTERNAL   # failed twice: two steps in a row
+    node.generate(2, "second")                           # the third
     node.threads[0].join(30)
     assert [str(e) for e in node.exits] == ["3 engine steps failed in a row: restarting the worker"]
+    node.worker.parent_pid = -1
+    node.scheduler.parent_pid = -1
+    node.threads[1].join(10)
+    assert [job.rid for job in node.scheduler.jobs.values()] == [2]   # handed back: it waits for a worker
 
 
 def test_a_suspect_runs_alone_on_a_worker():
