@@ -35,7 +35,7 @@ from mcpd.protocol.codes import MCPDError
 from mcpd.security.gate import Gate
 
 STATS_INTERVAL_S = 0.5
-GUARD_S = 0.01   # how often the backlogs are retried and the unfinished messages checked
+GUARD_S = 0.02   # how often the backlogs are retried and the unfinished messages checked
 BATCH = 256   # messages taken from one socket before looking at the other (fairness)
 ALWAYS_ADMITTED = ("ping", "status", "cancel")   # still answered while draining
 
@@ -154,9 +154,10 @@ class FrontEnd:
 
     def _guard(self) -> None:
         try:
-            self._pump()   # first: what libzmq holds after a pump is only what is unfinished
-            self.incoming.check()
-            self.outbox.flush()
+            self.incoming.check(before_scan=self._pump)
+            if self.outbox.backlogs or self.for_scheduler:   # nothing signals when those pipes drain
+                self.outbox.flush()
+                self._pump()
         finally:
             asyncio.get_running_loop().call_later(GUARD_S, self._guard)
 

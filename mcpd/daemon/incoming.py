@@ -71,7 +71,8 @@ class IncomingBytes:
         self.per_connection, self.total, self.curve, self.log = per_connection, total, curve, log
         self.connections: dict[int, Connection] = {}
         self.cut = 0   # connections cut since start
-        self.last_scan, self.rss_at_scan = 0.0, _rss()
+        self.statm = os.open("/proc/self/statm", os.O_RDONLY)   # read every GUARD_S: one pread
+        self.last_scan, self.rss_at_scan = 0.0, self._rss()
 
     def accepted(self, fd: int, endpoint: bytes) -> None:
         if not endpoint.startswith(b"tcp://"):
@@ -89,12 +90,15 @@ class IncomingBytes:
         if connection is not None:
             connection.delivered += sum(self._wire_bytes(size) for size in frame_sizes)
 
-    def check(self) -> None:
-        """Cut whatever connections hold too much (see the module's doc); cheap unless it scans."""
-        now, rss = time.monotonic(), _rss()
+    def check(self, before_scan) -> None:
+        """Cut whatever connections hold too much (see the module's doc); cheap unless it scans.
+        `before_scan()` takes every complete message libzmq has, so what it still holds then is
+        only what is unfinished."""
+        now, rss = time.monotonic(), self._rss()
         self.rss_at_scan = min(self.rss_at_scan, rss)   # follow the process down as memory is freed
         if rss - self.rss_at_scan < SCAN_GROWTH and now - self.last_scan < SCAN_S:
             return
+        before_scan()
         self.last_scan, self.rss_at_scan = now, rss
         held = {fd: self._held(fd, connection) for fd, connection in self.connections.items()}
         for fd in [fd for fd, nbytes in held.items() if nbytes > self.per_connection + SLACK]:
@@ -126,6 +130,9 @@ class IncomingBytes:
         finally:
             sock.detach()   # the descriptor stays libzmq's: it closes it
 
+    def _rss(self) -> int:
+        return int(os.pread(self.statm, 128, 0).split()[1]) * PAGE_BYTES
+
     def _wire_bytes(self, size: int) -> int:
         """A frame's bytes on the wire: its ZMTP header (1 flags byte, 1 or 8 size bytes), inside
         a CURVE MESSAGE command when CURVE is on."""
@@ -150,6 +157,3 @@ def _counters(fd: int) -> tuple[int, int] | None:
     return struct.unpack_from("=Q", info, TCPI_BYTES_RECEIVED)[0], unread[0]
 
 
-def _rss() -> int:
-    with open("/proc/self/statm", "rb") as f:
-        return int(f.read().split()[1]) * PAGE_BYTES

@@ -4,7 +4,7 @@ A plain ROUTER drops a message without a word when the client's pipe is at its h
 (the client stopped reading), and it dropped streams' final replies that way (issue 13). The client
 socket is therefore ROUTER_MANDATORY, where such a send fails with EAGAIN instead, and the replies
 of a client whose pipe is full wait here, in order, until it has room again. ZeroMQ does not say
-when one peer's pipe drains, so the front-end calls flush() on every wake-up and every RETRY_S
+when one peer's pipe drains, so the front-end calls flush() every few milliseconds (its GUARD_S)
 while anything waits.
 
 While they wait, the chunks of one stream merge into its one waiting chunk (text, token ids and
@@ -25,8 +25,6 @@ from dataclasses import dataclass
 import zmq
 
 from mcpd.protocol import wire
-
-RETRY_S = 0.005
 
 
 @dataclass
