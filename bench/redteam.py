@@ -37,6 +37,7 @@ import msgpack
 import zmq
 
 from mcpd.client import Client, CurveKeys
+from mcpd.daemon.channels import client_endpoint
 from mcpd.memory.host_segment import segment_path
 from mcpd.protocol import codes, wire
 from mcpd.protocol.codes import MCPDError
@@ -193,14 +194,15 @@ def outcome_of_start(d: Daemon, watch_s: float) -> dict:
 
 
 class SlowClient:
-    """A DEALER that reads nothing until asked, with the smallest buffers it can ask for."""
+    """A DEALER that reads nothing until asked, with the smallest queue it can ask for, on the ipc
+    endpoint (Unix sockets buffer a fixed ~200 KB; over loopback TCP the kernel takes megabytes
+    first, and a receive buffer small enough to prevent that stalls TCP itself)."""
 
     def __init__(self, d: Daemon):
         self.sock = zmq.Context.instance().socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.RCVHWM, 1)
-        self.sock.setsockopt(zmq.RCVBUF, 2048)
-        self.sock.connect(d.endpoint)
+        self.sock.connect(client_endpoint(d.runtime_dir))
         self.waiting: set[int] = set()
         self.sent = 0
 
@@ -459,10 +461,11 @@ def attack_slow_consumer(run: Run) -> Outcome:
     reads again, every request must have its final."""
     d = run.shared()
     slow = SlowClient(d)
-    for _ in range(3 if run.quick else 5):   # rounds that fill ZeroMQ's queue and the kernel's buffers
-        for _ in range(8000):
-            slow.send("ping", {})
-        d.wait_until(lambda: d.status()["queue"]["inflight"] == 0, 60, "the pings answered")
+    with d.client() as pacer:
+        for _ in range(5 if run.quick else 20):   # rounds that fill ZeroMQ's queue, the kernel's, then more
+            for _ in range(2000):
+                slow.send("ping", {})
+            d.wait_until(lambda: pacer.status()["inflight"] == 0, 60, "the round answered")
     for i in range(5 if run.quick else 30):
         slow.send("generate", {"prompt": f"s{i}", "max_tokens": 40 if run.quick else 200, "ignore_eos": True,
                                "stream": True})
