@@ -170,3 +170,10 @@ class Daemon:
         clean stop removes (a test that SIGKILLs the supervisor would leave it in /dev/shm)."""
         host_segment.segment_path(self.runtime_dir).unlink(missing_ok=True)
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def final_reply(client: Client, request_id, timeout: float = 60) -> dict:
+    """The final reply of a request sent with client.send, past any chunks."""
+    while (reply := client.receive(request_id, timeout))["kind"] == "chunk":
+        pass
+    return reply

@@ -14,19 +14,22 @@ Replies go from the worker straight to the front-end: the scheduler is off the r
 hop fewer per request) and learns what finished from DONE notes, batched per worker loop turn.
 
 Message layouts (frames):
-    front-end → scheduler   [REQUEST, rid, header, *payload]   [CANCEL, rid] (the client's cancel, or its disconnect)
+    front-end → scheduler   [REQUEST, rid, header, *payload]   [CANCEL, rid, code] (the client's cancel or
+                            its disconnect: CANCELLED; a client not reading its replies: OVERLOADED)
     supervisor → scheduler  [WORKER_LOST, msgpack {"index", "pid"}]
                             [ADMIN, msgpack {"token", "op", "args"}]   (mcpctl's context ops)
                             [RELOAD, msgpack {"token", "config"}]      (config as Config.to_dict())
     scheduler → worker      [worker identity, REQUEST, rid, dispatch, header, *payload]   [.., CANCEL, rid, code]
                             (dispatch: msgpack {"priority": int, the engine priority; "max_tokens":
-                            int|None, a degradation cap}; code: the final's error code, CANCELLED
-                            or DEADLINE_EXCEEDED)
+                            int|None, a degradation cap}; code: the final's error code, one of
+                            CANCEL_REASONS)
                             [.., RELOAD, msgpack {"token", "config"}]   (passed on from the supervisor)
     worker → scheduler      [HELLO, info]   [STARTED, rid]   [DONE, rid, rid, ...]   [STATS, stats]
                             [CHUNK, rid, reply header]   [FINAL, rid, reply header, appended token ids]
                             (context turns only, relayed in order: the scheduler commits the
                             turn before it answers the front-end)
+                            [FAILED, reason, rid, rid, ...] (an engine step raised: these requests
+                            were aborted unanswered; the scheduler retries or answers each)
     worker → front-end      [CHUNK|FINAL, rid, reply header, *payload]
     scheduler → front-end   [FINAL, rid, reply header]   (errors it decides: OVERLOADED, RATE_LIMITED, DEADLINE_EXCEEDED, WORKER_LOST, ...)
     supervisor → front-end  [DRAIN]   [SCHEDULER_LOST] (answer everything in flight: nobody else will)
@@ -46,6 +49,8 @@ from pathlib import Path
 
 import zmq
 
+from mcpd.protocol import codes
+
 REQUEST = b"REQ"
 CANCEL = b"CANCEL"
 CHUNK = b"CHUNK"
@@ -54,6 +59,7 @@ HELLO = b"HELLO"
 STARTED = b"STARTED"
 DONE = b"DONE"
 STATS = b"STATS"
+FAILED = b"FAILED"
 WORKER_LOST = b"LOST"
 DRAIN = b"DRAIN"
 SCHEDULER_LOST = b"SCHED_LOST"
@@ -62,6 +68,13 @@ RELOAD = b"RELOAD"
 RESUME = b"RESUME"
 
 INTERNAL_SOCKET_MODE = 0o600
+
+# The codes a CANCEL carries, and what the final reply then says.
+CANCEL_REASONS = {
+    codes.CANCELLED: "cancelled by the client",
+    codes.DEADLINE_EXCEEDED: "deadline passed",
+    codes.OVERLOADED: "ended: the client does not read its replies (limits.max_client_backlog_bytes)",
+}
 
 _RID = struct.Struct(">Q")
 pack_rid = _RID.pack

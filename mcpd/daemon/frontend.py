@@ -4,6 +4,10 @@ It validates each message (sizes, msgpack limits, header, op arguments) before a
 sees it, answers bad input itself, tracks which client owns each in-flight request, and relays
 the scheduler's replies. asyncio on uvloop; each wake-up drains every ready message from both
 sockets, so pipelined traffic pays the event loop's cost once per batch, not once per message.
+
+What a client can make it hold is bounded both ways: replies for a client that does not read wait
+in its backlog, never dropped (outbox.py), and the unfinished messages libzmq holds for clients
+are watched and cut past their limits (incoming.py), every GUARD_S.
 """
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ import asyncio
 import os
 import signal
 import time
+from collections import deque
 from dataclasses import dataclass
 
 import uvloop
@@ -20,7 +25,9 @@ from zmq.utils.monitor import parse_monitor_message
 from mcpd.config import Config
 from mcpd.contexts.service import tenant_of
 from mcpd.daemon import channels, child, live_config
+from mcpd.daemon.incoming import IncomingBytes, give_large_buffers_back
 from mcpd.daemon.latency import LatencyWindow
+from mcpd.daemon.outbox import Outbox
 from mcpd.daemon.peers import PeerTracker
 from mcpd.daemon.request_metrics import RequestMetrics
 from mcpd.protocol import codes, ops, wire
@@ -28,6 +35,7 @@ from mcpd.protocol.codes import MCPDError
 from mcpd.security.gate import Gate
 
 STATS_INTERVAL_S = 0.5
+GUARD_S = 0.02   # how often the backlogs are retried and the unfinished messages checked
 BATCH = 256   # messages taken from one socket before looking at the other (fairness)
 ALWAYS_ADMITTED = ("ping", "status", "cancel")   # still answered while draining
 
@@ -45,13 +53,18 @@ class FrontEnd:
     def __init__(self, config: Config):
         self.config = config
         self.log = child.start("frontend", config)
+        give_large_buffers_back()   # before libzmq allocates a frame
         self.context = zmq.Context()
         self.gate = Gate(config, self.context)
         self.clients = self._bind_clients()
         # A client whose connection closes has its requests cancelled (peers.py says how).
         self.peers = PeerTracker()
-        self.connections = self.clients.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self.connections = self.clients.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
+        limits = config.limits
+        self.outbox = Outbox(self.clients, limits.max_client_backlog_bytes)
+        self.incoming = IncomingBytes(limits.max_message_bytes, limits.max_incoming_bytes, self.gate.auth, self.log)
         self.to_scheduler = self._socket(zmq.PUSH, "sched.ipc", bind=False)
+        self.for_scheduler: deque[list[bytes]] = deque()   # found the scheduler's pipe full: _to_scheduler
         self.from_scheduler = self._socket(zmq.PULL, "frontend.ipc", bind=True)
         self.events = child.EventReporter(self.context, config, "frontend")
         self.pending: dict[int, Pending] = {}
@@ -73,6 +86,8 @@ class FrontEnd:
         # libzmq drops a peer that sends a frame over MAXMSGSIZE; our own check below answers
         # TOO_LARGE for messages that are too large in total or have too many frames.
         sock.setsockopt(zmq.MAXMSGSIZE, self.config.limits.max_message_bytes)
+        # A send to a client whose pipe is full fails (EAGAIN) instead of vanishing: outbox.py.
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.gate.bind(sock)
         return sock
 
@@ -90,16 +105,41 @@ class FrontEnd:
         self.events.send("ready")
         self.log.info("serving on %s", ", ".join(self.endpoints))
         loop.call_soon(self._tick)
+        loop.call_soon(self._guard)
         await self.stopped
 
     def _pump(self) -> None:
-        # zmq's FD is edge-triggered: keep going until both sockets report nothing left.
+        # zmq's FD is edge-triggered: keep going until both sockets report nothing left. Clients
+        # are not read while the scheduler's pipe is full (the guard pumps again in GUARD_S).
         busy = True
         while busy:
-            busy = (self.gate.serve()
-                    + channels.drain(self.clients, self._on_client, BATCH, self._receive_client)
+            clients = channels.drain(self.clients, self._on_client, BATCH, self._receive_client) \
+                if self._flush_to_scheduler() else 0
+            busy = (self.gate.serve() + clients
                     + channels.drain(self.from_scheduler, self._on_reply, BATCH)
                     + channels.drain(self.connections, self._on_connection_event, BATCH)) > 0
+
+    def _to_scheduler(self, frames: list[bytes]) -> None:
+        """Never blocks: the scheduler blocks on its replies to the front-end when their pipe is
+        full, so a front-end blocked on the scheduler would deadlock the two (a burst of requests
+        the scheduler refuses did). What finds its pipe full waits here, in order, and clients
+        are not read meanwhile: the pressure goes back to them."""
+        if not self.for_scheduler:
+            try:
+                return self.to_scheduler.send_multipart(frames, zmq.NOBLOCK)
+            except zmq.Again:
+                pass
+        self.for_scheduler.append(frames)
+
+    def _flush_to_scheduler(self) -> bool:
+        """Send what waits for the scheduler; True once nothing does."""
+        while self.for_scheduler:
+            try:
+                self.to_scheduler.send_multipart(self.for_scheduler[0], zmq.NOBLOCK)
+            except zmq.Again:
+                return False
+            self.for_scheduler.popleft()
+        return True
 
     def _tick(self) -> None:
         try:
@@ -112,6 +152,15 @@ class FrontEnd:
         finally:
             asyncio.get_running_loop().call_later(STATS_INTERVAL_S, self._tick)
 
+    def _guard(self) -> None:
+        try:
+            self.incoming.check(before_scan=self._pump)
+            if self.outbox.backlogs or self.for_scheduler:   # nothing signals when those pipes drain
+                self.outbox.flush()
+                self._pump()
+        finally:
+            asyncio.get_running_loop().call_later(GUARD_S, self._guard)
+
     def _fail_all(self, code: str, message: str) -> None:
         for rid in list(self.pending):
             self._finish_with_error(rid, code, message)
@@ -123,30 +172,49 @@ class FrontEnd:
 
     # -- client side ----------------------------------------------------------------------------
 
-    def _receive_client(self, sock: zmq.Socket) -> tuple[list[bytes], str | None]:
-        """One client message and its connection's tenant (None with CURVE off). The first frame,
-        the routing id, carries the connection's properties: its descriptor and its User-Id."""
+    def _receive_client(self, sock: zmq.Socket) -> tuple[list[bytes], list[int], str | None]:
+        """One client message: its frames, their sizes (routing id left out) and its connection's
+        tenant (None with CURVE off). Frames past the size limits are taken one at a time and
+        dropped, never held together: the message gets TOO_LARGE. The first frame, the routing
+        id, carries the connection's properties: its descriptor and its User-Id."""
+        limits = self.config.limits
         first = sock.recv(zmq.NOBLOCK, copy=False)
-        frames = [first.bytes] + (sock.recv_multipart(zmq.NOBLOCK) if first.more else [])
-        self._client_gone(self.peers.seen(frames[0], first.get(zmq.SRCFD)))
-        return frames, self.gate.tenant_of(first)
+        frames, sizes, total, more = [first.bytes], [], 0, first.more
+        while more:
+            frame = sock.recv(zmq.NOBLOCK, copy=False)
+            more, total = frame.more, total + len(frame)
+            sizes.append(len(frame))
+            if len(sizes) <= limits.max_frames + 1 and total <= limits.max_message_bytes:   # + a REQ delimiter
+                frames.append(frame.bytes)
+        fd = first.get(zmq.SRCFD)
+        self.incoming.delivered(fd, sizes)
+        self._client_gone(self.peers.seen(frames[0], fd))
+        return frames, sizes, self.gate.tenant_of(first)
 
     def _on_connection_event(self, frames: list[bytes]) -> None:
-        self._client_gone(self.peers.disconnected(parse_monitor_message(frames)["value"]))
+        event = parse_monitor_message(frames)
+        if event["event"] == zmq.EVENT_ACCEPTED:
+            return self.incoming.accepted(event["value"], event["endpoint"])
+        self.incoming.disconnected(event["value"])
+        self._client_gone(self.peers.disconnected(event["value"]))
 
     def _client_gone(self, identity: bytes | None) -> None:
         """Its connection closed: nobody will read the replies, so stop the work (frees KV too)."""
-        if identity is None:
-            return
+        if identity is not None:
+            self.outbox.forget(identity)
+            self._end_requests_of(identity, codes.CANCELLED)
+
+    def _end_requests_of(self, identity: bytes, code: str) -> None:
         for (owner, _), rid in self.rid_of.items():
             if owner == identity:
-                self.to_scheduler.send_multipart([channels.CANCEL, channels.pack_rid(rid)])
+                self._to_scheduler([channels.CANCEL, channels.pack_rid(rid), code.encode()])
 
-    def _on_client(self, message: tuple[list[bytes], str | None]) -> None:
-        frames, tenant = message
+    def _on_client(self, message: tuple[list[bytes], list[int], str | None]) -> None:
+        frames, sizes, tenant = message
         identity = frames[0]
         envelope, body = wire.split_envelope(frames[1:])
         try:
+            wire.check_sizes(sizes[len(envelope):], self.config.limits)
             request = self.gate.stamp(wire.parse_request(envelope, body, self.config.limits), tenant)
             self._admit(identity, request)
         except MCPDError as e:
@@ -162,6 +230,9 @@ class FrontEnd:
             ops.validate_args(request.op, request.header["args"], self.config.limits)
             if request.op == "cancel":
                 return self._cancel(identity, request)
+            if self.outbox.over_limit(identity):
+                raise MCPDError(codes.OVERLOADED, "this connection does not read its replies: they exceed "
+                                "limits.max_client_backlog_bytes", self.config.scheduler.overloaded_retry_ms)
             if self.draining and request.op not in ALWAYS_ADMITTED:
                 raise MCPDError(codes.UNAVAILABLE, "the daemon is draining and takes no new work")
             key = (identity, request.request_id)
@@ -175,19 +246,21 @@ class FrontEnd:
         self.pending[rid] = Pending(identity, request.envelope, request.request_id, request.op, time.monotonic())
         self.rid_of[key] = rid
         self.metrics.started(rid, request.op, request.header.get("priority"), tenant_of(request.header))
-        self.to_scheduler.send_multipart([channels.REQUEST, channels.pack_rid(rid), request.header_bytes,
-                                          *request.payload])
+        self._to_scheduler([channels.REQUEST, channels.pack_rid(rid), request.header_bytes, *request.payload])
 
     def _cancel(self, identity: bytes, request: wire.Request) -> None:
         target = request.header["args"]["target"]
         rid = self.rid_of.get((identity, target))
         if rid is not None:
-            self.to_scheduler.send_multipart([channels.CANCEL, channels.pack_rid(rid)])
+            self._to_scheduler([channels.CANCEL, channels.pack_rid(rid), codes.CANCELLED.encode()])
         self._send(identity, request.envelope, wire.ok_reply(request.request_id, {"cancelled": rid is not None}))
 
-    def _send(self, identity: bytes, envelope: tuple[bytes, ...], header: bytes, payload=()) -> None:
-        # A client that went away is silently dropped by ROUTER (no ROUTER_MANDATORY on purpose).
-        self.clients.send_multipart([identity, *envelope, header, *payload])
+    def _send(self, identity: bytes, envelope: tuple[bytes, ...], header: bytes, payload=(),
+              rid: int | None = None, chunk: bool = False) -> None:
+        if self.outbox.send(identity, envelope, header, payload, rid, chunk):
+            self.log.warning("a client's unread replies passed limits.max_client_backlog_bytes: "
+                             "ending its requests in flight")
+            self._end_requests_of(identity, codes.OVERLOADED)
 
     # -- scheduler side -------------------------------------------------------------------------
 
@@ -204,7 +277,7 @@ class FrontEnd:
         pending = self.pending.get(rid)
         if pending is None:
             return   # the request was already answered (stopped or cancelled); late chunk
-        self._send(pending.identity, pending.envelope, frames[2], frames[3:])
+        self._send(pending.identity, pending.envelope, frames[2], frames[3:], rid, tag == channels.CHUNK)
         self.metrics.replied(rid, tag, frames[2])
         if tag == channels.FINAL:
             self._forget(rid, pending)
@@ -219,7 +292,7 @@ class FrontEnd:
         pending = self.pending[rid]
         self._count_error(code)
         self.metrics.ended(rid, code)
-        self._send(pending.identity, pending.envelope, wire.error_reply(pending.request_id, code, message))
+        self._send(pending.identity, pending.envelope, wire.error_reply(pending.request_id, code, message), (), rid)
         self._forget(rid, pending)
 
     def _count_error(self, code: str) -> None:
@@ -244,7 +317,7 @@ class FrontEnd:
     def stats(self) -> dict:
         return {"inflight": len(self.pending), "served": self.served, "errors": dict(self.errors),
                 "latency": self.latency.summary(), "draining": self.draining, "endpoints": self.endpoints,
-                "metrics": self.metrics.snapshot()}
+                "metrics": self.metrics.snapshot(), "backlog": self.outbox.stats(), "incoming": self.incoming.stats()}
 
 
 def run(config: Config) -> None:

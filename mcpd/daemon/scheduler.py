@@ -13,8 +13,12 @@ What it decides (policies in mcpd/scheduling/, one per file):
   DEADLINE_EXCEEDED; a running one is cancelled on its worker, which frees its KV blocks and
   answers DEADLINE_EXCEEDED.
 Workers answer the front-end directly; the scheduler only hears which requests are done. A worker
-that dies has its unstarted requests requeued once and the rest answered WORKER_LOST, so no
-request is left without a final reply (the front-end drops any duplicate).
+that dies, or whose engine step raises (it hands its requests back), has each request that sent
+nothing to its client yet requeued once, as a suspect that then runs alone on a worker; the rest,
+and a suspect that fails again, are answered (WORKER_LOST, or INTERNAL with the engine's reason),
+so no request is left without a final reply (the front-end drops any duplicate) and one poison
+request costs two failures of its own, not its batch's requests nor a walk over every worker. A
+request that failed twice is remembered (scheduling/poison.py): sending it again is refused.
 """
 from __future__ import annotations
 
@@ -43,11 +47,11 @@ from mcpd.scheduling.batching_window import BatchingWindow
 from mcpd.scheduling.class_queues import ClassQueues
 from mcpd.scheduling.deadlines import Deadlines
 from mcpd.scheduling.job import Job
+from mcpd.scheduling.poison import PoisonList
 from mcpd.scheduling.router import WorkerSlot
 
 STATS_INTERVAL_S = 0.5
 IDLE_POLL_MS = 100
-MAX_RETRIES = 1   # a request that may have crashed a worker is not fed to a second one
 
 
 class Scheduler:
@@ -68,6 +72,7 @@ class Scheduler:
         self.windows = {name: self._window(sched) for name in sched.classes}
         self.deadlines = Deadlines()
         self.jobs: dict[int, Job] = {}   # every admitted request until its final reply
+        self.poison = PoisonList()
         self.workers: dict[bytes, WorkerSlot] = {}
         self.host_cache = host_segment.attach(config)
         self.contexts = ContextService(config.contexts, config.limits,
@@ -142,7 +147,7 @@ class Scheduler:
         if tag == channels.REQUEST:
             self._enqueue(Job(channels.unpack_rid(frames[1]), frames[2], frames[3:]))
         elif tag == channels.CANCEL:
-            self._cancel(channels.unpack_rid(frames[1]), codes.CANCELLED)
+            self._cancel(channels.unpack_rid(frames[1]), frames[2].decode())
         elif tag == channels.WORKER_LOST:
             lost = msgpack.unpackb(frames[1])
             self._worker_lost(channels.worker_identity(lost["index"]), lost["pid"])
@@ -167,12 +172,19 @@ class Scheduler:
 
     def _admit(self, job: Job, header: dict) -> None:
         now = time.monotonic()
+        if self.poison.holds(header, now):
+            raise MCPDError(codes.INTERNAL, "an identical request from this tenant failed twice on workers "
+                            "in the last minutes; it is not run again for now (change it, or report the bug)")
         if len(self.queue) >= self.config.scheduler.max_queue:
             self._dispatch(now)   # a burst may be refused only if the workers have no room either
-        self.admission.admit(job, header, self.queue, len(self.jobs), now)
+        displaced = self.admission.admit(job, header, self.queue, len(self.jobs), now)
         if header["op"] == "generate" and header["args"].get("context") is not None:
             job.context, tokens = self.contexts.begin_turn(header, job.rid)
             job.payload = [tokens]   # the worker runs the turn on the context's tokens
+        if displaced is not None:
+            self.queue.remove(displaced)
+            self._fail(displaced, codes.OVERLOADED, f"displaced from the full queue by a request of "
+                       f"class {job.class_name!r}", self.config.scheduler.overloaded_retry_ms)
         job.seq, job.enqueued = next(self.arrivals), now
         self.queue.push(job)
         self.jobs[job.rid] = job
@@ -185,8 +197,8 @@ class Scheduler:
         if job is None:
             return
         if self.queue.remove(job):
-            message = "cancelled by the client" if code == codes.CANCELLED else "deadline passed while queued"
-            return self._fail(job, code, message)
+            retry = self.config.scheduler.overloaded_retry_ms if code == codes.OVERLOADED else None
+            return self._fail(job, code, f"{channels.CANCEL_REASONS[code]} (while queued)", retry)
         slot = self._slot_of(rid)
         if slot is not None:
             if code != codes.CANCELLED:
@@ -278,6 +290,8 @@ class Scheduler:
                 self.outbox.send_multipart(frames[1:])
         elif tag == channels.FINAL and slot:
             self._finish_turn(slot, frames[2:])
+        elif tag == channels.FAILED and slot:
+            self._step_failed(slot, frames[2].decode(errors="replace"), frames[3:])
         elif tag == channels.HELLO:
             self._hello(frames[0], msgpack.unpackb(frames[2], raw=False))
         elif tag == channels.STATS:
@@ -308,6 +322,13 @@ class Scheduler:
             reply = wire.error_reply(header["id"], e.code, e.message, e.retry_after_ms)
         self._reply(rid, reply)
 
+    def _step_failed(self, slot: WorkerSlot, reason: str, rids: list[bytes]) -> None:
+        jobs = [job for raw in rids if (job := slot.jobs.pop(channels.unpack_rid(raw), None))]
+        requeued = self._retry_or_answer(jobs, codes.INTERNAL, f"the engine failed while running the request: {reason}",
+                                         f"the engine failed twice while running the request (the second time alone): {reason}")
+        self.log.warning("worker %d: an engine step failed (%s): %d request(s) requeued, %d answered",
+                         slot.index, reason, requeued, len(jobs) - requeued)
+
     def _hello(self, identity: bytes, info: dict) -> None:
         slot = self.workers.get(identity)
         if slot and slot.pid not in (None, info["pid"]):
@@ -322,15 +343,27 @@ class Scheduler:
             return   # already handled, or the message is about an older incarnation
         slot.ready, slot.pid = False, None
         jobs, slot.jobs = list(slot.jobs.values()), {}
-        retried = [j for j in jobs if not j.started_streaming and j.retries < MAX_RETRIES]
-        for job in reversed(retried):
-            job.retries += 1
-            self.queue.push_front(job)
-        for job in jobs:
-            if job not in retried:
-                self._fail(job, codes.WORKER_LOST, f"worker {slot.index} died while running the request")
-        self.log.warning("worker %d lost: %d request(s) requeued, %d answered WORKER_LOST",
-                         slot.index, len(retried), len(jobs) - len(retried))
+        requeued = self._retry_or_answer(jobs, codes.WORKER_LOST, f"worker {slot.index} died while running the request",
+                                         "the request's worker died twice (the second time it ran alone); not retried again")
+        self.log.warning("worker %d lost: %d request(s) requeued, %d answered", slot.index, requeued, len(jobs) - requeued)
+
+    def _retry_or_answer(self, jobs: list[Job], code: str, why: str, twice: str) -> int:
+        """Jobs a worker could not finish. One that sent nothing to its client yet goes back to the
+        head of its queue as a suspect (it then runs alone); one that already streamed is answered
+        `why`; a suspect that fails again was alone, so it is the cause: answered `twice`, and
+        remembered, so that sending it again is refused instead of breaking two more workers."""
+        now, requeued = time.monotonic(), 0
+        for job in reversed(jobs):   # requeued at the head, in the order they had
+            if job.suspect:
+                self.poison.add(msgpack.unpackb(job.header, raw=False), now)
+                self._fail(job, code, twice)
+            elif job.started_streaming:
+                self._fail(job, code, why)
+            else:
+                job.retries += 1
+                self.queue.push_front(job)
+                requeued += 1
+        return requeued
 
     # -- replies --------------------------------------------------------------------------------
 

@@ -37,7 +37,10 @@ def build_status(supervisor) -> dict:
                       (("policy", ""), ("classes", {}), ("errors", {}), ("degradation_level", 0))},
         "contexts": _contexts(scheduler),
         "requests": {"served": frontend.get("served", 0), "errors": frontend.get("errors", {}),
-                     "latency": frontend.get("latency", {})},
+                     "latency": frontend.get("latency", {}),
+                     # Replies waiting for clients that do not read; client connections watched
+                     # for unfinished messages, and those cut for holding too much.
+                     "backlog": frontend.get("backlog", {}), "incoming": frontend.get("incoming", {})},
     }
 
 

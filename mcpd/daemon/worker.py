@@ -3,6 +3,10 @@
 Each turn of the loop takes every message waiting from the scheduler (admit and cancel), runs
 one engine step for all running sequences (continuous batching), and sends what each produced.
 When the engine is idle the loop blocks on the socket instead of spinning.
+
+A step that raises costs the requests it was running, never the worker: they are aborted (which
+frees their KV) and handed back to the scheduler, which retries each once alone on a worker and
+answers INTERNAL if it fails again, so the one request that makes the engine raise fails alone.
 """
 from __future__ import annotations
 
@@ -27,6 +31,10 @@ IDLE_POLL_MS = 100
 # hold the next request open for a batching window).
 DONE_FLUSH_S = 0.002
 DONE_FLUSH_COUNT = 64
+MAX_REASON_CHARS = 500   # of a failed step's exception, as the scheduler passes it to clients
+# Steps failing one after another, with no good step between, mean the engine itself is broken
+# (a lost device context, say), not one request: the worker exits and its restart reloads it.
+MAX_FAILED_STEPS = 3
 
 
 @dataclass
@@ -66,6 +74,7 @@ class Worker:
         self.active: dict[int, ActiveRequest] = {}
         self.turns: dict[int, list[int]] = {}   # context turns: rid -> the prompt ids the turn adds
         self.done: list[bytes] = []   # rids answered since the last DONE note to the scheduler
+        self.failed_steps = 0         # in a row
         self.done_due = 0.0
 
     def _load_engine(self, device: str):
@@ -102,7 +111,7 @@ class Worker:
             if poller.poll(self._poll_timeout_ms()):
                 channels.drain(self.socket, self._on_message)
             if self.engine.has_work:
-                self._emit(self.engine.step())
+                self._step()
             self._flush_done()
             if time.monotonic() >= next_stats:
                 self._report()
@@ -198,14 +207,43 @@ class Worker:
         return ids
 
     def _on_cancel(self, rid: int, code: str) -> None:
-        """Stop a request and free its KV now: the client cancelled (or went away), or its deadline passed."""
+        """Stop a request and free its KV now: the client cancelled (or went away, or does not read its
+        replies), or its deadline passed."""
         request = self.active.pop(rid, None)
         if request is not None:
             self.engine.abort(rid)
-            message = "cancelled by the client" if code == codes.CANCELLED else "deadline passed while running"
-            self._final(rid, wire.error_reply(request.request_id, code, message))
+            retry = self.config.scheduler.overloaded_retry_ms if code == codes.OVERLOADED else None
+            self._final(rid, wire.error_reply(request.request_id, code, f"{channels.CANCEL_REASONS[code]} (while running)",
+                                              retry))
 
     # -- results --------------------------------------------------------------------------------
+
+    def _step(self) -> None:
+        ran_requests = bool(self.active)   # not only the outputs of aborted ones
+        try:
+            outputs = self.engine.step()
+        except Exception as e:   # noqa: BLE001 - whatever the engine raises must not cost the worker
+            self.log.exception("engine step failed with %d request(s) in the engine", len(self.active))
+            self._hand_back(f"{type(e).__name__}: {e}"[:MAX_REASON_CHARS])
+            self.failed_steps += 1
+            if self.failed_steps >= MAX_FAILED_STEPS:
+                raise SystemExit(f"{self.failed_steps} engine steps failed in a row: restarting the worker") from e
+            return
+        if ran_requests:
+            self.failed_steps = 0
+        self._emit(outputs)
+
+    def _hand_back(self, reason: str) -> None:
+        """Abort every request in the engine (the step that failed may have run any of them) and
+        give them back to the scheduler unanswered: it decides, per request, whether to retry it.
+        An abort that raises too means the engine is beyond repair: the worker exits and restarts,
+        and the scheduler treats its requests as those of a dead worker."""
+        rids = list(self.active)
+        for rid in rids:
+            self.engine.abort(rid)
+            self.turns.pop(rid, None)
+        self.active.clear()
+        self.socket.send_multipart([channels.FAILED, reason.encode(), *map(channels.pack_rid, rids)])
 
     def _emit(self, outputs) -> None:
         for out in outputs:

@@ -2,6 +2,8 @@
 
 The front-end validates args here, before any other process sees the request, so workers can
 trust types and ranges. Each op lists its arguments as (accepted types, default, check).
+Every integer has both bounds: msgpack carries ints up to 2^64-1, and a value that passed here
+but overflowed the engine's int64 tensors would crash a worker (issue 13: top_k = 2^63 did).
 """
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 256
 MAX_MESSAGES = 1024
 MAX_TOKEN_ID = (1 << 31) - 1
+MAX_TOP_K = (1 << 31) - 1     # any top_k at or above the vocabulary size means "off"
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 MAX_CONTEXT_ID_CHARS = 128
 MAX_CHANGES = 1024
 
@@ -28,7 +32,15 @@ class Arg:
 
 
 def _nonneg(v, _):
-    return None if v >= 0 else "must be >= 0"
+    return None if 0 <= v <= INT64_MAX else f"must be between 0 and {INT64_MAX}"
+
+
+def _top_k(v, _):
+    return None if 0 <= v <= MAX_TOP_K else f"must be between 0 and {MAX_TOP_K} (0 = off)"
+
+
+def _seed(v, _):
+    return None if INT64_MIN <= v <= INT64_MAX else f"must be between {INT64_MIN} and {INT64_MAX}"
 
 
 def _temperature(v, _):
@@ -90,9 +102,9 @@ GENERATE_ARGS = {
     "messages": Arg((list,), check=_messages),
     "max_tokens": Arg((int,), 16, _max_tokens),
     "temperature": Arg(NUMBER, 1.0, _temperature),
-    "top_k": Arg((int,), 0, _nonneg),
+    "top_k": Arg((int,), 0, _top_k),
     "top_p": Arg(NUMBER, 1.0, _probability),
-    "seed": Arg((int, type(None)), None),
+    "seed": Arg((int,), None, _seed),
     "stop": Arg((list,), [], _stop_strings),
     "stop_token_ids": Arg((list,), [], _stop_token_ids),
     "ignore_eos": Arg((bool,), False),

@@ -24,6 +24,7 @@ MAX_ID_CHARS = 64
 MAX_MAP_ITEMS = 4096         # per msgpack map in a header
 MAX_REPLY_ITEMS = 1 << 22    # client side: token ids and logprobs of a long generation
 MAX_STR_BYTES = 1 << 20      # one string in a header (a prompt); the header cap bounds the total
+MAX_TIMEOUT_MS = (1 << 63) - 1   # what an int64 holds: every integer the daemon takes is bounded
 
 
 @dataclass(frozen=True)
@@ -49,13 +50,7 @@ def parse_request(envelope: tuple[bytes, ...], frames: list[bytes], limits: Limi
     When the error is raised after the header decoded, `e.request_id` holds the client's id so
     the reply can still name the request.
     """
-    if not frames:
-        raise MCPDError(codes.BAD_REQUEST, "message has no header frame")
-    if len(frames) > limits.max_frames:
-        raise MCPDError(codes.TOO_LARGE, f"{len(frames)} frames; the limit is {limits.max_frames}")
-    total = sum(len(f) for f in frames)
-    if total > limits.max_message_bytes:
-        raise MCPDError(codes.TOO_LARGE, f"message is {total} bytes; the limit is {limits.max_message_bytes}")
+    check_sizes([len(f) for f in frames], limits)
     header_bytes = frames[0]
     if len(header_bytes) > limits.max_header_bytes:
         raise MCPDError(codes.TOO_LARGE,
@@ -69,6 +64,17 @@ def parse_request(envelope: tuple[bytes, ...], frames: list[bytes], limits: Limi
         e.request_id = request_id if _valid_id(request_id) else None
         raise
     return Request(envelope, header, header_bytes, tuple(frames[1:]))
+
+
+def check_sizes(frame_sizes: list[int], limits: LimitsConfig) -> None:
+    """The size checks of a request's frames (envelope split off), made before anything is decoded."""
+    if not frame_sizes:
+        raise MCPDError(codes.BAD_REQUEST, "message has no header frame")
+    if len(frame_sizes) > limits.max_frames:
+        raise MCPDError(codes.TOO_LARGE, f"{len(frame_sizes)} frames; the limit is {limits.max_frames}")
+    total = sum(frame_sizes)
+    if total > limits.max_message_bytes:
+        raise MCPDError(codes.TOO_LARGE, f"message is {total} bytes; the limit is {limits.max_message_bytes}")
 
 
 def split_envelope(frames: list[bytes]) -> tuple[tuple[bytes, ...], list[bytes]]:
@@ -113,8 +119,8 @@ def _check_header(header: dict) -> None:
     if priority is not None and not (isinstance(priority, str) and 0 < len(priority) <= MAX_ID_CHARS):
         raise MCPDError(codes.BAD_REQUEST, f'header field "priority" must be a class name of 1..{MAX_ID_CHARS} characters')
     timeout_ms = header.get("timeout_ms")
-    if timeout_ms is not None and (type(timeout_ms) is not int or timeout_ms <= 0):
-        raise MCPDError(codes.BAD_REQUEST, 'header field "timeout_ms" must be a positive integer')
+    if timeout_ms is not None and (type(timeout_ms) is not int or not 0 < timeout_ms <= MAX_TIMEOUT_MS):
+        raise MCPDError(codes.BAD_REQUEST, f'header field "timeout_ms" must be an integer in 1..{MAX_TIMEOUT_MS}')
 
 
 def _valid_id(value) -> bool:
@@ -134,6 +140,23 @@ def ok_reply(request_id, result: dict) -> bytes:
 
 def chunk_reply(request_id, seq: int, data: dict) -> bytes:
     return msgpack.packb({"v": VERSION, "id": request_id, "kind": "chunk", "seq": seq, "data": data})
+
+
+def merge_chunks(first: bytes, then: bytes) -> bytes:
+    """One chunk carrying both chunks' data (strings and arrays concatenate), with first's seq:
+    how the front-end holds a stream's output for a client that is not reading (outbox.py)."""
+    merged, data = msgpack.unpackb(first, raw=False), msgpack.unpackb(then, raw=False)["data"]
+    for key, value in data.items():
+        kept = merged["data"].get(key)
+        merged["data"][key] = kept + value if isinstance(value, (str, list)) and type(kept) is type(value) else value
+    return msgpack.packb(merged)
+
+
+def renumber_chunk(chunk: bytes, shift: int) -> bytes:
+    """The chunk with its seq moved down by `shift` (the number of its stream's chunks merged away)."""
+    reply = msgpack.unpackb(chunk, raw=False)
+    reply["seq"] -= shift
+    return msgpack.packb(reply)
 
 
 def error_reply(request_id, code: str, message: str, retry_after_ms: int | None = None) -> bytes:

@@ -6,6 +6,12 @@ class's queue limits (all OVERLOADED with retry_after_ms); then the client's tok
 (RATE_LIMITED with retry_after_ms), last, so that a request refused for capacity costs the client
 no token. A request is refused at once, never dropped silently. Admission also stamps the job
 with what later steps need: class, client, cost, length bin, deadline and any max_tokens cap.
+
+The global limits (in flight, all queues) never let less important work lock out more important
+work: when they are reached, a request displaces the least important waiting request if that one
+ranks below it (the newest of those, which has waited least); the caller answers the displaced one
+OVERLOADED with retry_after_ms. Never the other way round, and never across a class's own
+max_queue, which is that class's limit alone.
 """
 from __future__ import annotations
 
@@ -41,28 +47,34 @@ class Admission:
                                                f'{", ".join(self.config.classes)}')
         return name
 
-    def admit(self, job: Job, header: dict, queues: ClassQueues, inflight: int, now: float) -> None:
-        """Stamp the job or raise MCPDError; the caller queues it."""
+    def admit(self, job: Job, header: dict, queues: ClassQueues, inflight: int, now: float) -> Job | None:
+        """Stamp the job or raise MCPDError; the caller queues it. Returns the waiting job it
+        displaces, if it needs one's place, for the caller to remove and answer."""
         job.class_name, job.client = self.class_of(header), tenant_of(header)
         cls = self.config.classes[job.class_name]
-        self._check_capacity(job, cls, queues, inflight, now)
+        displaced = self._check_capacity(job, cls, queues, inflight, now)
         wait_s = self.rate_limiter.check(job.client, job.class_name, now)
         if wait_s:
             raise MCPDError(codes.RATE_LIMITED, f"client {job.client!r} is over the rate of class "
                             f"{job.class_name!r} ({cls.rate:g}/s)", max(1, math.ceil(wait_s * 1000)))
         self._stamp(job, header, self.ladder.max_tokens_cap(cls, now), now)
+        return displaced
 
-    def _check_capacity(self, job: Job, cls, queues: ClassQueues, inflight: int, now: float) -> None:
+    def _check_capacity(self, job: Job, cls, queues: ClassQueues, inflight: int, now: float) -> Job | None:
         retry = self.config.overloaded_retry_ms
         if self.ladder.sheds(cls, now):
             raise MCPDError(codes.OVERLOADED, f"overloaded: class {job.class_name!r} is shed for now", retry)
-        if inflight >= self.config.max_inflight:
-            raise MCPDError(codes.OVERLOADED, f"{inflight} requests in flight (scheduler.max_inflight)", retry)
-        if len(queues) >= self.config.max_queue:
-            raise MCPDError(codes.OVERLOADED, f"queue is full ({len(queues)} waiting)", retry)
         if queues.depth(job.class_name) >= cls.max_queue:
             raise MCPDError(codes.OVERLOADED, f"queue of class {job.class_name!r} is full "
                             f"({queues.depth(job.class_name)} waiting)", retry)
+        if inflight < self.config.max_inflight and len(queues) < self.config.max_queue:
+            return None
+        displaced = queues.least_important_below(queues.effective_rank(job, now), now)
+        if displaced is not None:
+            return displaced
+        if inflight >= self.config.max_inflight:
+            raise MCPDError(codes.OVERLOADED, f"{inflight} requests in flight (scheduler.max_inflight)", retry)
+        raise MCPDError(codes.OVERLOADED, f"queue is full ({len(queues)} waiting)", retry)
 
     @staticmethod
     def _stamp(job: Job, header: dict, cap: int | None, now: float) -> None:

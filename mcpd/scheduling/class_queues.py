@@ -61,6 +61,15 @@ class ClassQueues:
                     best = head
         return best
 
+    def least_important_below(self, rank: int, now: float) -> Job | None:
+        """The waiting job that would go last, if it ranks below `rank`: of the lowest effective
+        rank, the newest. Each class's tail is its newest and least aged job, so only tails count."""
+        tails = [next(reversed(queue.values())) for queue in self.queues.values() if queue]
+        if not tails:
+            return None
+        last = min(tails, key=lambda job: (self.effective_rank(job, now), -job.seq))
+        return last if self.effective_rank(last, now) < rank else None
+
     def effective_rank(self, job: Job, now: float) -> int:
         if self.fifo:
             return 0
@@ -78,12 +87,13 @@ class ClassQueues:
         return above[min(steps, len(above)) - 1] if steps and above else rank
 
     def same_bin(self, first: Job, limit: int, now: float) -> list[Job]:
-        """Up to `limit` more waiting jobs of first's class and length bin, oldest first."""
+        """Up to `limit` more waiting jobs of first's class and length bin, oldest first (no
+        suspect: it runs alone)."""
         found = []
         for i, job in enumerate(self.queues[first.class_name].values()):
             if len(found) >= limit or i >= GROUP_SCAN:
                 break
-            if job is not first and job.length_bin == first.length_bin:
+            if job is not first and job.length_bin == first.length_bin and not job.suspect:
                 job.rank = self.effective_rank(job, now)
                 found.append(job)
         return found

@@ -28,5 +28,11 @@ class Job:
     retries: int = 0
     context: Context | None = None    # a generate turn on a context, held until it ends
 
+    @property
+    def suspect(self) -> bool:
+        """It was on a worker that died or failed a step: it runs alone there, so that if it is
+        the cause it fails alone (router.room_for)."""
+        return self.retries > 0
+
     def request_id(self):
         return msgpack.unpackb(self.header, raw=False).get("id")   # rare paths only: errors

@@ -5,6 +5,10 @@ Room is counted per rank: a worker is full for a job when it holds max_inflight_
 of the job's rank or above. A more important job is therefore never held back by less important
 ones: it goes to the worker anyway, and the engine there preempts a less important sequence if
 its seats or KV blocks are taken.
+
+A suspect job (one that was running when a worker died or its engine raised) runs alone: it goes
+only to an idle worker, and nothing else goes to a worker while it runs there. If it is what broke
+the first worker, the second failure then costs no other request.
 """
 from __future__ import annotations
 
@@ -29,9 +33,17 @@ class WorkerSlot:
     def load_at_or_above(self, rank: int) -> int:
         return sum(1 for job in self.jobs.values() if job.rank >= rank)
 
+    @property
+    def runs_suspect(self) -> bool:
+        return any(job.suspect for job in self.jobs.values())
+
 
 def room_for(slot: WorkerSlot, job: Job, per_worker: int) -> int:
-    return per_worker - slot.load_at_or_above(job.rank) if slot.ready else 0
+    if not slot.ready or slot.runs_suspect:
+        return 0
+    if job.suspect:
+        return 0 if slot.jobs else 1
+    return per_worker - slot.load_at_or_above(job.rank)
 
 
 def choose(job: Job, slots, per_worker: int) -> WorkerSlot | None:

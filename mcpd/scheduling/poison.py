@@ -1,0 +1,51 @@
+"""Requests known to break workers, remembered for a while so that sending one again is refused at
+once instead of taking the node down again.
+
+A request lands here when it failed twice (its worker died, or the engine raised), the second time
+running alone on its worker, so it is the cause and not a bystander of its batch. Without this, a
+client that resends it (a retry loop, or an attacker once a second) kills a worker twice per
+request and keeps the node restarting with growing backoff. A request is known by its tenant, op
+and arguments: the same request from another tenant is not refused (that would tell one tenant
+what another sent), and a changed argument makes a new request. Entries expire after TTL_S and the
+table holds at most CAPACITY of them (the oldest go first), so it costs bounded memory.
+"""
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+
+import msgpack
+
+from mcpd.contexts.service import tenant_of
+
+TTL_S = 600.0
+CAPACITY = 1024
+
+
+def fingerprint(header: dict) -> bytes:
+    """What identifies a request across resends: not its id, deadline or class, which a resend changes."""
+    body = msgpack.packb([tenant_of(header), header["op"], header.get("args") or {}])
+    return hashlib.blake2b(body, digest_size=16).digest()
+
+
+class PoisonList:
+    def __init__(self, ttl_s: float = TTL_S, capacity: int = CAPACITY):
+        self.ttl_s, self.capacity = ttl_s, capacity
+        self.expiry: OrderedDict[bytes, float] = OrderedDict()   # fingerprint -> when it is forgotten
+
+    def __len__(self) -> int:
+        return len(self.expiry)
+
+    def add(self, header: dict, now: float) -> None:
+        key = fingerprint(header)
+        self.expiry.pop(key, None)
+        self.expiry[key] = now + self.ttl_s
+        while len(self.expiry) > self.capacity:
+            self.expiry.popitem(last=False)
+
+    def holds(self, header: dict, now: float) -> bool:
+        if not self.expiry:   # the common case costs no hashing
+            return False
+        while self.expiry and next(iter(self.expiry.values())) <= now:
+            self.expiry.popitem(last=False)
+        return fingerprint(header) in self.expiry

@@ -1,0 +1,81 @@
+"""What a peer can make the front-end hold before a request exists (issue 13): a huge multipart
+message and many half-sent ones are cut off once they pass their limits, measured on the
+front-end's resident memory. The peers speak ZMTP by hand (mcpd.raw_zmtp): libzmq itself never
+sends part of a message."""
+import threading
+from pathlib import Path
+
+import pytest
+
+from mcpd.raw_zmtp import RawPeer
+from mcpd.testing import Daemon
+
+MiB = 1 << 20
+MESSAGE_LIMIT, INCOMING_LIMIT = 4 * MiB, 8 * MiB
+
+
+@pytest.fixture(scope="module")
+def d():
+    daemon = Daemon(limits={"max_message_bytes": MESSAGE_LIMIT, "max_header_bytes": 8192,
+                            "max_incoming_bytes": INCOMING_LIMIT}).start()
+    yield daemon
+    daemon.stop()
+    daemon.cleanup()
+
+
+class FrontendMemory:
+    """The front-end's peak resident size from now on (the kernel's VmHWM, reset here)."""
+
+    def __init__(self, d):
+        self.pid = d.pid_of("frontend")
+        Path(f"/proc/{self.pid}/clear_refs").write_text("5")   # 5: reset the peak to the current size
+        self.start = self._kib("VmRSS")
+
+    def peak_growth(self) -> int:
+        return (self._kib("VmHWM") - self.start) * 1024
+
+    def _kib(self, field: str) -> int:
+        line = next(x for x in Path(f"/proc/{self.pid}/status").read_text().splitlines() if x.startswith(field))
+        return int(line.split()[1])
+
+
+def cut_count(d) -> int:
+    return d.status()["requests"]["incoming"].get("cut", 0)
+
+
+def test_one_huge_multipart_message_is_cut_near_its_limit(d):
+    memory = FrontendMemory(d)
+    peer = RawPeer("127.0.0.1", d.port)
+    frame = MESSAGE_LIMIT - 64 * 1024   # each frame passes ZMQ_MAXMSGSIZE; 60 of them are 234 MiB
+    assert peer.send_unfinished(60, frame, b"x" * MiB)
+    peer.close()
+    growth = memory.peak_growth()
+    assert growth < 48 * MiB, f"the front-end grew by {growth / MiB:.0f} MiB"
+    d.wait_until(lambda: cut_count(d) >= 1, 10, "the cut counted")
+    with d.client() as client:
+        assert client.ping()["pong"]
+
+
+def test_many_slow_senders_hold_no_more_than_the_incoming_limit(d):
+    memory = FrontendMemory(d)
+    before = cut_count(d)
+    peers = [RawPeer("127.0.0.1", d.port) for _ in range(16)]
+    cut = [False] * len(peers)
+
+    def trickle(i: int) -> None:   # 3.5 MiB of a frame that never ends, 64 KiB every 50 ms
+        cut[i] = peers[i].send_unfinished(1, 3 * MiB + MiB // 2, b"y" * (64 * 1024), 0.05)
+
+    threads = [threading.Thread(target=trickle, args=(i,)) for i in range(len(peers))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    growth = memory.peak_growth()   # 16 x 3.5 = 56 MiB if all were held
+    assert growth < 32 * MiB, f"the front-end grew by {growth / MiB:.0f} MiB"
+    assert sum(cut) >= 10 and cut_count(d) - before == sum(cut)
+    for peer in peers:
+        peer.close()
+    with d.client() as client:
+        context = client.context("still-takes-big-updates")
+        context["blob"] = bytes(3 * MiB)   # one whole request near the limit still goes through
+        context.sync()
