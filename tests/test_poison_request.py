@@ -125,7 +125,12 @@ class InProcessNode:
         self.frontend.setsockopt(zmq.RCVTIMEO, 60_000)
         self.frontend.bind(channels.endpoint(config.runtime_dir, "frontend.ipc"))
         self.scheduler = Scheduler(config, logging.getLogger("scheduler"))
-        self.worker = Worker(config, 0, "cpu")
+        try:
+            self.worker = Worker(config, 0, "cpu")
+        except BaseException:   # a half-built node must not leave sockets that hang the exit
+            self.scheduler.context.destroy(linger=0)
+            self.context.destroy(linger=0)
+            raise
         self.inbox = self.context.socket(zmq.PUSH)
         self.inbox.connect(channels.endpoint(config.runtime_dir, "sched.ipc"))
         self.exits: list[BaseException] = []

@@ -86,8 +86,8 @@ def test_killed_scheduler_answers_inflight_and_recovers(fresh_daemon):
 def test_frontend_restart_never_routes_old_replies_to_new_clients(fresh_daemon):
     d = fresh_daemon(scheduler={"max_inflight_per_worker": 1})
     old = d.client()
-    old.send("generate", {"prompt": "old", "max_tokens": 300, "ignore_eos": True})
-    d.wait_until(lambda: d.status()["queue"]["inflight"] == 1, 30, "old request running")
+    rid = old.send("generate", {"prompt": "old", "max_tokens": 2000, "ignore_eos": True, "stream": True})
+    assert old.receive(rid, 60)["kind"] == "chunk"   # running: its replies are on their way
     os.kill(d.pid_of("frontend"), signal.SIGKILL)
     d.wait_until(lambda: d.status()["state"] == "ready", 60, "front-end back")
     with d.client() as new:

@@ -82,14 +82,16 @@ class Worker:
 
         workers = self.config.workers
         if device == "cpu":   # before torch: OpenMP reads its environment once, when it loads
-            count = threads.configure(workers.count, self.index, workers.threads, workers.wait_policy)
+            count, policy_applies = threads.configure(workers.count, self.index, workers.threads,
+                                                      workers.wait_policy)
         import torch   # imported here: the supervisor and front-end never pay for torch
         from mcpd.engine import Engine
 
         if device == "cpu":
             torch.set_num_threads(count)
             self.log.info("%d threads on cores %s, OpenMP wait policy %s", count,
-                          sorted(os.sched_getaffinity(0)), workers.wait_policy)
+                          sorted(os.sched_getaffinity(0)),
+                          workers.wait_policy if policy_applies else "as loaded (torch came first)")
         from mcpd.engine.host_kv import HostKV
         from mcpd.memory import host_segment
 

@@ -1,8 +1,10 @@
 """How many threads a CPU worker runs, on which cores, and how its idle threads wait.
 
 OpenMP (torch's thread pool, and the native kernels', which share it) reads OMP_NUM_THREADS and
-OMP_WAIT_POLICY once, when the runtime loads with torch: configure() must run before the
-process imports torch. It imports nothing heavy itself.
+OMP_WAIT_POLICY once, when the runtime loads with torch: configure() runs before the worker
+process imports torch. It imports nothing heavy itself. A worker built inside a process that
+already loaded torch (the in-process tests) still gets its cores and thread count; its wait
+policy is then whatever the runtime loaded with, which configure() reports by returning False.
 
 Why the wait policy matters: between two parallel regions (two ops of a step) OpenMP's threads
 spin by default. On a core that another process also wants, a spinning thread competes for the
@@ -31,10 +33,9 @@ def plan(cores: list[int], workers: int, index: int, requested: int) -> tuple[li
     return cores, requested or max(1, len(cores) // workers)
 
 
-def configure(workers: int, index: int, requested: int, wait_policy: str) -> int:
-    """Pin this process to its cores, set OpenMP's environment, return the thread count."""
-    if "torch" in sys.modules:
-        raise RuntimeError("threads.configure() must run before torch is imported")
+def configure(workers: int, index: int, requested: int, wait_policy: str) -> tuple[int, bool]:
+    """Pin this process to its cores, set OpenMP's environment; return the thread count and
+    whether the wait policy takes effect (False once torch, and with it OpenMP, is loaded)."""
     if wait_policy not in WAIT_POLICIES:
         raise ValueError(f"wait policy {wait_policy!r}: use one of {', '.join(WAIT_POLICIES)}")
     owned = sorted(os.sched_getaffinity(0))
@@ -43,4 +44,4 @@ def configure(workers: int, index: int, requested: int, wait_policy: str) -> int
         os.sched_setaffinity(0, cores)
     os.environ["OMP_NUM_THREADS"] = str(threads)
     os.environ["OMP_WAIT_POLICY"] = wait_policy.upper()
-    return threads
+    return threads, "torch" not in sys.modules
