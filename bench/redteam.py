@@ -42,6 +42,7 @@ from mcpd.memory.host_segment import segment_path
 from mcpd.protocol import codes, wire
 from mcpd.protocol.codes import MCPDError
 from mcpd.raw_zmtp import RawPeer
+from mcpd.security.gate import CLIENT_IPC_MODE
 from mcpd.security.keys import generate, read_public
 from mcpd.testing import Daemon
 
@@ -416,15 +417,20 @@ def attack_undecodable_key(run: Run) -> Outcome:
 
 
 def attack_umask_000(run: Run) -> Outcome:
-    """Started under umask 000: nothing the daemon creates may be world-writable."""
+    """Started under umask 000: nothing the daemon creates may be world-writable, except the one
+    endpoint meant for every local user: with CURVE on, client.ipc (0666), where the tenant is
+    the peer's uid taken from the kernel, not anything the peer says."""
     previous = os.umask(0)
     try:
         d = run.daemon(security={"curve": "on"})
     finally:
         os.umask(previous)
+    public = d.runtime_dir / "client.ipc"
     writable = [str(p.relative_to(d.root)) for top in (d.runtime_dir, d.root / "state")
-                for p in [top, *top.rglob("*")] if p.exists() and p.lstat().st_mode & 0o002]
-    return Outcome(not writable, {"world_writable": writable})
+                for p in [top, *top.rglob("*")] if p.exists() and p.lstat().st_mode & 0o002 and p != public]
+    public_mode = oct(public.lstat().st_mode & 0o777)
+    return Outcome(not writable and public_mode == oct(CLIENT_IPC_MODE),
+                   {"world_writable": writable, "client_ipc_mode": public_mode})
 
 
 def attack_planted_runtime_dir(run: Run) -> Outcome:
