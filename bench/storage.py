@@ -34,10 +34,7 @@ from pathlib import Path
 
 from mcpd.config import from_dict
 from mcpd.contexts import journal_file
-from mcpd.contexts.host_cache import ContextCache
-from mcpd.contexts.journal import open_journal
-from mcpd.contexts.service import ContextService
-from mcpd.contexts.store import ContextStore
+from mcpd.contexts.persistence import Persistence, open_store
 from mcpd.memory.host_segment import CONTEXT, CONTEXT_DELTA
 from mcpd.memory.shm_arena import ShmArena
 from mcpd.memory.shm_layout import SLOT_BYTES
@@ -51,16 +48,16 @@ FIELDS = 4096
 LOG = logging.getLogger("bench")
 
 
-def cached_service(workdir: Path, fraction: float = 0.5) -> tuple[ContextService, ShmArena]:
+def cached_store(workdir: Path) -> tuple[Persistence, ShmArena]:
+    """The scheduler's store on the default cache, without the journal."""
     arena = ShmArena.create(Path(f"/dev/shm/mcpd-bench-{uuid.uuid4().hex[:12]}"), workdir / "cache.lock",
                             CACHE_BYTES, PAGE)
-    config = from_dict({})
-    return ContextService(config.contexts, config.limits, cache=ContextCache(arena, fraction)), arena
+    return open_store(from_dict({"persistence": {"enabled": False}}), arena, LOG), arena
 
 
 def cache_per_tenant(workdir: Path, commits: int) -> dict:
-    service, arena = cached_service(workdir)
-    store = service.store
+    persistence, arena = cached_store(workdir)
+    store = persistence.store
     try:
         for i in range(PER_TENANT):
             store.open("hog", f"c{i}")
@@ -68,7 +65,7 @@ def cache_per_tenant(workdir: Path, commits: int) -> dict:
                 store.update("hog", f"c{i}", version, [codec.diff("n", None, version)])
         sizes = [len(arena.get(kind, key)) for kind in (CONTEXT, CONTEXT_DELTA) for key in arena.keys(kind)]
         stats = arena.stats()
-        return {"store_counted_bytes": store.bytes_of["hog"], "cache_charged_bytes": service.cache.usage["hog"].bytes,
+        return {"store_counted_bytes": store.bytes_of["hog"], "cache_charged_bytes": persistence.cache.usage["hog"].bytes,
                 "cache_held_bytes": stats["used_bytes"] + stats["entries"] * SLOT_BYTES,
                 "page_per_entry_bytes": sum(-(-n // PAGE) * PAGE for n in sizes), "entries": len(sizes)}
     finally:
@@ -76,8 +73,8 @@ def cache_per_tenant(workdir: Path, commits: int) -> dict:
 
 
 def contexts_reachable(workdir: Path, tenants: int) -> dict:
-    service, arena = cached_service(workdir)
-    store, opened, refused = service.store, 0, ""
+    persistence, arena = cached_store(workdir)
+    store, opened, refused = persistence.store, 0, ""
     started = time.perf_counter()
     try:
         for tenant in range(tenants):
@@ -174,8 +171,8 @@ def timed_lists(client, count: int) -> list[float]:
 
 def journal_recovery(workdir: Path) -> dict:
     config = from_dict({"server": {"state_dir": str(workdir / "state")}})
-    store = ContextStore(config.contexts)
-    journal = open_journal(config, store, LOG)
+    persistence = open_store(config, None, LOG)
+    store, journal = persistence.store, persistence.journal
     offsets, bodies = [], []
     for context_id in ("a", "b", "c", "d"):
         offsets.append(journal.size)
@@ -197,10 +194,10 @@ def journal_recovery(workdir: Path) -> dict:
     (workdir / "v1.log").write_bytes(format1)
     read_v1 = len(journal_file.read(workdir / "v1.log").records)
     read_v2 = len(journal_file.read(path).records)
-    restored = ContextStore(config.contexts)
-    recovered = open_journal(config, restored, LOG)
+    recovered = open_store(config, None, LOG)
+    restored = recovered.store
     whole = sum(restored.get("t", c).version == 30 for c in ("a", "b", "c", "d"))
-    recovered.close()
+    recovered.journal.close()
     return {"intact": intact, "read_v2": read_v2, "read_v1": read_v1, "contexts_whole": whole}
 
 

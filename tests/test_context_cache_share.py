@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from mcpd.config import ContextsConfig
-from mcpd.contexts import cached_delta, snapshot
+from mcpd.contexts import cache_entry
 from mcpd.contexts.host_cache import ContextCache
 from mcpd.contexts.store import ContextStore
 from mcpd.memory.host_segment import CONTEXT, CONTEXT_DELTA
@@ -47,10 +47,10 @@ def fill(store: ContextStore, owner: str, value, limit: int = 1000) -> MCPDError
 def occupied(arena: ShmArena) -> dict[str, tuple[int, int]]:
     """(bytes, entries) each owner's entries really occupy, read back from the arena."""
     found: dict[str, list[int]] = {}
-    for kind, decode in ((CONTEXT, lambda b: snapshot.decode(b).owner), (CONTEXT_DELTA, lambda b: cached_delta.decode(b).owner)):
+    for kind in (CONTEXT, CONTEXT_DELTA):   # a snapshot's record and a commit's both name the owner
         for key in arena.keys(kind):
             blob = arena.get(kind, key)
-            usage = found.setdefault(decode(blob), [0, 0])
+            usage = found.setdefault(cache_entry.unpack(blob).meta["owner"], [0, 0])
             usage[0] += arena.footprint(len(blob))
             usage[1] += 1
     return {owner: tuple(usage) for owner, usage in found.items()}

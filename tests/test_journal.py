@@ -12,7 +12,7 @@ import pytest
 from mcpd.config import from_dict
 from mcpd.contexts import journal_file
 from mcpd.contexts.host_cache import ContextCache
-from mcpd.contexts.journal import open_journal
+from mcpd.contexts.persistence import open_store
 from mcpd.contexts.store import ContextStore
 from mcpd.memory.shm_arena import ShmArena
 from mcpd.protocol import codes
@@ -24,8 +24,8 @@ LOG = logging.getLogger("test")
 
 def make(tmp_path, **persistence):
     config = from_dict({"server": {"state_dir": str(tmp_path)}, "persistence": persistence})
-    store = ContextStore(config.contexts)
-    return store, open_journal(config, store, LOG)
+    persistence = open_store(config, None, LOG)
+    return persistence.store, persistence.journal
 
 
 def fill(store):
@@ -131,9 +131,14 @@ def test_disabled_writes_nothing(tmp_path):
 
 
 def v1_history(store: ContextStore) -> None:
-    """What tests/data/journal-v1 holds: written by the format 1 journal (before issue 13) as
-    fill(), a compaction, then these changes (tests/data/README.md)."""
+    """What tests/data/journal-v1 and journal-v2 hold: written by the format 1 journal (before
+    issue 13) and the format 2 journal of issue 13 as fill(), a compaction, then later_changes()
+    (tests/data/README.md)."""
     fill(store)
+    later_changes(store)
+
+
+def later_changes(store: ContextStore) -> None:
     chat = store.get("alice", "chat")
     store.update("alice", "chat", chat.version, [codec.diff("after", None, np.arange(7, dtype=np.int64))])
     store.append_tokens(store.get("alice", "chat"), [9, 9])
@@ -158,14 +163,33 @@ def test_a_format_1_journal_is_read_whole_and_migrated(tmp_path):
     assert_same(restored, again)
 
 
+def test_a_journal_written_before_issue_14_restores_whole(tmp_path):
+    """tests/data/journal-v2: format 2 with the records of issue 13 (snapshots of deltas from
+    nothing, commits that name no changed fields); it stays as it is, and new records follow."""
+    shutil.copytree(Path(__file__).parent / "data" / "journal-v2", tmp_path / "contexts")
+    expected = ContextStore(from_dict({}).contexts)
+    v1_history(expected)
+    restored, journal = make(tmp_path)
+    assert journal.restored == 3 and journal.damaged_bytes == 0 and journal.generation == 1
+    assert_same(expected, restored)
+    restored.update("dave", "late", 1, [codec.diff("s", "text", "more text")])
+    journal.compact()   # a snapshot in today's encoding
+    restored.append_tokens(restored.get("alice", "chat"), [7])
+    journal.close()
+    assert not list(tmp_path.glob("contexts.damaged-*"))
+    again, _ = make(tmp_path)
+    assert_same(restored, again)
+
+
 def test_a_journal_written_under_a_larger_field_limit_restores_whole(tmp_path):
     store, journal = make(tmp_path)
     store.open("t", "big")
     store.update("t", "big", 0, [codec.diff("w", None, np.arange(4096, dtype=np.float32))])
     journal.close()
     config = from_dict({"server": {"state_dir": str(tmp_path)}, "contexts": {"max_field_bytes": 1024}})
-    smaller = ContextStore(config.contexts)
-    assert open_journal(config, smaller, LOG).restored == 1
+    persistence = open_store(config, None, LOG)
+    smaller = persistence.store
+    assert persistence.journal.restored == 1
     assert_same(store, smaller)
     with pytest.raises(MCPDError) as raised:   # the new limit holds for new changes
         smaller.update("t", "big", 1, [codec.diff("w", None, np.zeros(4096, np.float32))])
@@ -176,8 +200,8 @@ def test_a_state_dir_that_cannot_be_used_refuses_changes_instead_of_stopping(tmp
     blocker = tmp_path / "not-a-dir"
     blocker.write_bytes(b"a file where the state dir should be")
     config = from_dict({"server": {"state_dir": str(blocker)}})
-    store = ContextStore(config.contexts)
-    journal = open_journal(config, store, LOG)
+    persistence = open_store(config, None, LOG)
+    store, journal = persistence.store, persistence.journal
     assert journal.stats()["state"] == "unusable"
     with pytest.raises(MCPDError) as raised:
         store.open("t", "c")

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from mcpd.config import from_dict
-from mcpd.contexts.journal import open_journal
+from mcpd.contexts.persistence import open_store
 from mcpd.contexts.store import ContextStore
 from mcpd.protocol import delta as codec
 
@@ -18,8 +18,8 @@ ROUNDS = 30   # 4 opens + 4 x 30 commits: 124 records
 
 def make(tmp_path, **persistence):
     config = from_dict({"server": {"state_dir": str(tmp_path)}, "persistence": persistence})
-    store = ContextStore(config.contexts)
-    return store, open_journal(config, store, LOG)
+    persistence = open_store(config, None, LOG)
+    return persistence.store, persistence.journal
 
 
 def commit(store: ContextStore, context_id: str, step: int) -> None:

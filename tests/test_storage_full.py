@@ -18,8 +18,7 @@ import pytest
 
 from mcpd.config import from_dict
 from mcpd.contexts.host_cache import ContextCache
-from mcpd.contexts.journal import open_journal
-from mcpd.contexts.service import ContextService
+from mcpd.contexts.persistence import open_store
 from mcpd.contexts.store import ContextStore
 from mcpd.memory.shm_arena import ShmArena
 from mcpd.protocol import codes
@@ -48,12 +47,13 @@ def stores(tmp_path):
     arenas = []
 
     def make(**persistence):
-        config = from_dict({"server": {"state_dir": str(tmp_path)}, "persistence": persistence})
+        config = from_dict({"server": {"state_dir": str(tmp_path)}, "persistence": persistence,
+                            "cache": {"max_owner_fraction": 1.0}})
         if not arenas:
             arenas.append(ShmArena.create(Path(f"/dev/shm/mcpd-test-{uuid.uuid4().hex[:12]}"), tmp_path / "cache.lock",
                                           8 << 20, 4096))
-        service = ContextService(config.contexts, config.limits, cache=ContextCache(arenas[0]))
-        return service.store, open_journal(config, service.store, LOG)
+        persistence = open_store(config, arenas[0], LOG)
+        return persistence.store, persistence.journal
     yield make
     for arena in arenas:
         arena.path.unlink(missing_ok=True)
@@ -62,9 +62,9 @@ def stores(tmp_path):
 def on_disk(tmp_path) -> ContextStore:
     """What a daemon restart gets back: the journal alone (the cache does not outlive the daemon)."""
     config = from_dict({"server": {"state_dir": str(tmp_path)}})
-    store = ContextStore(config.contexts)
-    open_journal(config, store, LOG).close()
-    return store
+    persistence = open_store(config, None, LOG)
+    persistence.journal.close()
+    return persistence.store
 
 
 def cached_version(store, context_id: str) -> int:

@@ -1,10 +1,12 @@
 """What the host cache holds of one context: a snapshot at some version and the delta entries
-written since, one per later version. ContextCache keeps one per context in memory (load()
+written since, one per later version (commit.py). ContextCache keeps one per context in memory (load()
 rebuilds them from the arena) and asks it when the next commit should be a snapshot instead.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from mcpd.contexts.record import Record
 
 # A fresh snapshot once the deltas since the last would weigh more than this fraction of the
 # context: the arena then holds at most 1.5x the context for it (plus one delta), and a snapshot
@@ -38,3 +40,14 @@ class CacheChain:
     @property
     def entries(self) -> int:
         return 1 + len(self.deltas)
+
+
+def weight(record: Record, stored: int) -> int:
+    """What a commit's entry counts toward the next snapshot: its stored bytes or, when more,
+    the decoded bytes of the new values it brings (set and append payloads). A snapshot will have
+    to hold those: counting them decoded makes a big but compressible value (zeros) snapshot at
+    the commit that brings it, so a context the cache cannot hold whole is refused then, not at a
+    later small commit that happens to compact."""
+    brought = sum(entry["meta"]["nbytes"] for entry in record.meta["changes"]
+                  if entry["kind"] in ("set", "append") and entry["meta"].get("type") != "scalar")
+    return max(stored, brought)

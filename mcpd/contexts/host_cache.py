@@ -2,7 +2,8 @@
 committed version there, and the loader a (re)started scheduler restores them from.
 
 Each context is a snapshot (the whole context at some version, snapshot.py) plus a chain of
-delta entries, one per later version, each holding the deltas that commit made (cached_delta.py):
+delta entries, one per later version, each holding the deltas that commit made (commit.py), both
+records laid out as cache_entry.py says:
 a commit writes what it changed, not the whole context (a 1%-changed sync of a 64 MB field
 writes ~1 MB, not 64). When the chain grows heavy or long (cache_chain.py) the commit writes a
 fresh snapshot instead and then deletes the chain it supersedes.
@@ -12,7 +13,7 @@ it produces, so committing a version again (after a refusal) replaces its entry.
 published whole by ShmArena.put, so a crash at any moment leaves the last committed version
 restorable. A crash between a new snapshot and the deletion of the old chain leaves deltas at or
 below the snapshot's version, and one in the middle of a drop leaves deltas with no snapshot;
-load() deletes both. It replays each snapshot's deltas in version order through Context.commit,
+load() deletes both. It replays each snapshot's deltas in version order (replay.replay_chain),
 which rebuilds the per-field version bookkeeping `changes_since` needs exactly, and stops at a
 gap (deleting what follows: nothing can reach it).
 
@@ -41,16 +42,17 @@ from dataclasses import dataclass
 
 import msgpack
 
-from mcpd.contexts import cached_delta, snapshot
-from mcpd.contexts.cache_chain import CacheChain
-from mcpd.contexts.cached_delta import CachedDelta
+from mcpd.contexts import cache_entry, commit, snapshot
+from mcpd.contexts.cache_chain import CacheChain, weight
+from mcpd.contexts.commit import Commit
 from mcpd.contexts.context import Context
+from mcpd.contexts.record import Record
+from mcpd.contexts.replay import replay_chain
 from mcpd.contexts.store import storage_full
 from mcpd.memory.host_segment import CONTEXT, CONTEXT_DELTA
 from mcpd.memory.shm_arena import ArenaFull, ShmArena
 from mcpd.protocol import codes
 from mcpd.protocol.codes import MCPDError
-from mcpd.protocol.delta import FieldDelta
 
 log = logging.getLogger("mcpd.context_cache")
 
@@ -72,17 +74,18 @@ class ContextCache:
         self.share = Usage(int(max_owner_fraction * arena.capacity_bytes), int(max_owner_fraction * arena.num_slots))
 
     def opened(self, context: Context) -> None:
-        self.committed(context, [])   # version 0: its first snapshot
-
-    def committed(self, context: Context, changes: list[FieldDelta]) -> None:
         key = _key(context.owner, context.id)
-        parts, weight = cached_delta.encode(context, changes)
-        chain = self.chains.get(key)
-        footprint = self.arena.footprint(_size(parts))
-        if chain is not None and self._worth_a_delta(chain, footprint) and not chain.wants_snapshot(weight, context.nbytes):
+        self._snapshot(key, context, self.chains.get(key))   # version 0: its first snapshot
+
+    def committed(self, context: Context, record: Record) -> None:
+        key = _key(context.owner, context.id)
+        parts = cache_entry.pack(record)
+        chain, stored = self.chains.get(key), _size(parts)
+        footprint, weighs = self.arena.footprint(stored), weight(record, stored)
+        if chain is not None and self._worth_a_delta(chain, footprint) and not chain.wants_snapshot(weighs, context.nbytes):
             if self._within_share(context.owner, Usage(footprint, 1)):
                 self._put(CONTEXT_DELTA, _delta_key(key, context.version), parts)
-                chain.deltas[context.version] = (weight, footprint)
+                chain.deltas[context.version] = (weighs, footprint)
                 self._charge(context.owner, footprint, 1)
                 return
         self._snapshot(key, context, chain)   # a snapshot frees the chain: it may fit where a delta did not
@@ -118,18 +121,18 @@ class ContextCache:
     def load(self) -> list[Context]:
         """Every context in the cache, as last committed; rebuilds the chains and the usage."""
         contexts, footprints = {}, {}
-        for key, (context, footprint) in self._entries(CONTEXT, snapshot.decode):
+        for key, context, footprint in self._entries(CONTEXT, _snapshot_of):
             contexts[key], footprints[key] = context, footprint
         deltas = defaultdict(list)
-        for _, (delta, footprint) in self._entries(CONTEXT_DELTA, cached_delta.decode):
-            deltas[_key(delta.owner, delta.context_id)].append((delta, footprint))
+        for _, (made, weighs), footprint in self._entries(CONTEXT_DELTA, _weighed_commit):
+            deltas[_key(made.owner, made.context_id)].append((made, weighs, footprint))
         for key, context in contexts.items():
             self.chains[key] = CacheChain(context.version, footprints[key])
             self._charge(context.owner, footprints[key], 1)
             self._replay(key, context, deltas.pop(key, []))
         for key, orphans in deltas.items():   # their snapshot is gone (a drop cut short by a crash)
-            for delta, _ in orphans:
-                self.arena.delete(CONTEXT_DELTA, _delta_key(key, delta.version))
+            for made, *_ in orphans:
+                self.arena.delete(CONTEXT_DELTA, _delta_key(key, made.version))
         return list(contexts.values())
 
     def stats(self) -> dict:
@@ -139,7 +142,7 @@ class ContextCache:
                 "cache_tenant_share_bytes": self.share.bytes, "cache_largest_tenant_bytes": largest.bytes}
 
     def _snapshot(self, key: bytes, context: Context, old: CacheChain | None) -> None:
-        parts = snapshot.encode(context)
+        parts = cache_entry.pack(snapshot.encode(context))
         footprint = self.arena.footprint(_size(parts))
         freed = Usage(old.footprint, old.entries) if old is not None else Usage()
         if not self._within_share(context.owner, Usage(footprint, 1), freed):
@@ -154,17 +157,13 @@ class ContextCache:
         if old is not None:
             self._delete_deltas(context.owner, key, old, list(old.deltas))
 
-    def _replay(self, key: bytes, context: Context, deltas: list[tuple[CachedDelta, int]]) -> None:
+    def _replay(self, key: bytes, context: Context, deltas: list[tuple[Commit, int, int]]) -> None:
         """Bring the snapshot's context up to its last delta; delete deltas it cannot use."""
-        chain, unusable = self.chains[key], []
-        for delta, footprint in sorted(deltas, key=lambda d: d[0].version):
-            if delta.version == context.version + 1:
-                delta.replay(context)
-                chain.deltas[delta.version] = (delta.weight, footprint)
-                self._charge(context.owner, footprint, 1)
-            else:   # at or below the snapshot (left by a crash before the chain was deleted), or past a gap
-                unusable.append(delta.version)
-        for version in unusable:
+        chain, held = self.chains[key], {made.version: (weighs, footprint) for made, weighs, footprint in deltas}
+        for made in replay_chain(context, [made for made, *_ in deltas]):
+            chain.deltas[made.version] = held.pop(made.version)
+            self._charge(context.owner, chain.deltas[made.version][1], 1)
+        for version in held:
             self.arena.delete(CONTEXT_DELTA, _delta_key(key, version))
 
     def _worth_a_delta(self, chain: CacheChain, footprint: int) -> bool:
@@ -199,18 +198,27 @@ class ContextCache:
             self._charge(owner, -footprint, -1)
 
     def _entries(self, kind: int, decode):
-        """(key, (decoded, footprint)) of every entry of the kind; one that does not decode (a
-        bug, or memory damage) is deleted and logged: the journal still has its context."""
+        """(key, decode(record, its stored bytes), footprint) of every entry of the kind; one that
+        does not decode (a bug, or memory damage) is deleted and logged: the journal still has its
+        context."""
         for key in self.arena.keys(kind):
             blob = self.arena.get(kind, key)
             if blob is None:
                 continue
             try:
-                yield key, (decode(blob), self.arena.footprint(len(blob)))
+                yield key, decode(cache_entry.unpack(blob), len(blob)), self.arena.footprint(len(blob))
             except Exception as e:   # noqa: BLE001 - any undecodable entry: skip it, never crash-loop
                 log.error("host cache entry %s of kind %d does not decode (%s: %s); deleted", key.hex()[:16], kind,
                           type(e).__name__, e)
                 self.arena.delete(kind, key)
+
+
+def _snapshot_of(record: Record, _stored: int) -> Context:
+    return snapshot.decode(record)
+
+
+def _weighed_commit(record: Record, stored: int) -> tuple[Commit, int]:
+    return commit.decode(record), weight(record, stored)
 
 
 def _size(parts: list) -> int:

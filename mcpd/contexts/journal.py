@@ -5,10 +5,10 @@ Layout, in <state_dir>/contexts/:
     journal-<gen>.log every open, commit and drop since that snapshot (gen names the snapshot)
 
 Both files are sequences of records that can be found again after damage (journal_file.py). A
-commit record holds the deltas that took the context from its previous version to this one (as
-`delta.to_wire` gives them: the same bytes a client sent, so journaling costs no re-encoding).
-Replaying them through `Context.commit` (journal_replay.py) rebuilds each context's per-field
-versions, so `context.get since=` keeps answering with deltas after a restart.
+commit record holds the deltas that took the context from its previous version to this one, a
+snapshot record a whole context, in the encodings the host cache uses too (commit.py,
+snapshot.py). Replaying commits (replay.py) rebuilds each context's per-field versions, so
+`context.get since=` keeps answering with deltas after a restart.
 
 Why an append-only journal of deltas rather than rewriting state: an update is usually small
 next to its context (an appended turn, a 1%-changed array as a packed XOR), so writing the delta
@@ -34,7 +34,9 @@ stays at its previous version in memory, in the cache and here. A compaction tha
 written is retried once the journal has grown a quarter of compact_after_bytes more.
 
 The store tells listeners of opens, commits and drops: a context opened and never changed
-(version 0, empty) is one "open" record, so it comes back too.
+(version 0, empty) is one "open" record, so it comes back too. persistence.py starts the journal:
+recover() reads what the files hold, and once the store holds what comes back, start() opens
+the journal for appending.
 """
 from __future__ import annotations
 
@@ -46,14 +48,13 @@ import threading
 from pathlib import Path
 
 from mcpd.config import Config
-from mcpd.contexts import journal_file, journal_recovery
+from mcpd.contexts import journal_file, journal_recovery, snapshot
 from mcpd.contexts.context import Context
-from mcpd.contexts.journal_recovery import SNAPSHOT, TEMPORARY
+from mcpd.contexts.journal_recovery import SNAPSHOT, TEMPORARY, Recovery
+from mcpd.contexts.record import Record
 from mcpd.contexts.store import STORAGE_RETRY_MS, ContextStore, storage_full
 from mcpd.protocol import codes
-from mcpd.protocol import delta as codec
 from mcpd.protocol.codes import MCPDError
-from mcpd.protocol.delta import FieldDelta
 
 NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)   # EFBIG: over RLIMIT_FSIZE or the file system's limit
 
@@ -70,7 +71,8 @@ class Journal:
         self.fd: int | None = None
         self.generation = 0
         self.size = 0
-        self.restored = 0
+        self.restored = 0             # contexts the store took from the files (persistence.py counts)
+        self.recovery: Recovery | None = None
         self.damaged_bytes = 0        # unreadable bytes found at start (kept aside, never dropped)
         self.unusable: str | None = None   # why the journal cannot be used at all, if so
         self.needs_snapshot = False   # the files do not hold the store's state: the next change writes a snapshot
@@ -84,27 +86,36 @@ class Journal:
 
     # -- start: recover, then open for appending ------------------------------------------------
 
-    def restore(self, store: ContextStore) -> int:
-        """Put back every context the files hold into `store`; returns how many came back."""
-        self.store = store
+    def recover(self) -> list[Context]:
+        """Every context the files hold, as last committed (damage reported and kept aside)."""
         try:
-            recovery = journal_recovery.recover(self.state_dir)
+            self.recovery = journal_recovery.recover(self.state_dir)
         except OSError as e:
             self.unusable = f"{self.directory}: {e.strerror or e}"
             self.log.error("context journal %s cannot be used (%s): contexts start empty, its files are left as "
                            "they are, and every context change is refused until the daemon is restarted with it "
                            "fixed", self.directory, e)
-            return 0
-        self.generation, self.damaged_bytes = recovery.generation, recovery.damaged_bytes
-        for context in recovery.replay.contexts.values():
-            self.restored += store.restore(context)
-        if recovery.damaged:
-            self.log.error("%s", recovery.describe())
-        self._start_appending(rewrite=recovery.damaged or recovery.read_format < 2)
+            return []
+        self.generation, self.damaged_bytes = self.recovery.generation, self.recovery.damaged_bytes
+        if self.recovery.damaged:
+            self.log.error("%s", self.recovery.describe())
+        return list(self.recovery.replay.contexts.values())
+
+    def start(self, store: ContextStore, behind: bool) -> None:
+        """Journal `store`'s changes from now on; it holds what recover() gave back and, if
+        `behind`, versions the files lack (from the host cache): a snapshot then writes them."""
+        self.store = store
+        if self.unusable:
+            return
+        # Past a file size limit (RLIMIT_FSIZE, systemd's LimitFSIZE=) a write raises SIGXFSZ,
+        # whose default kills the process: ignored, the write fails with EFBIG instead and the
+        # change is refused with STORAGE_FULL, like on a full disk.
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        self._start_appending(rewrite=behind or self.recovery.damaged or self.recovery.read_format < 2)
         if self.config.fsync == "interval":
             threading.Thread(target=self._fsync_periodically, name="journal-fsync", daemon=True).start()
         self.log.info("restored %d context(s) from %s", self.restored, self.directory)
-        return self.restored
 
     def _start_appending(self, rewrite: bool) -> None:
         """Open the journal, or write a clean snapshot first (after damage, or to migrate)."""
@@ -147,13 +158,11 @@ class Journal:
     # -- StoreListener --------------------------------------------------------------------------
 
     def opened(self, context: Context) -> None:
-        self._append({"op": "open", "owner": context.owner, "id": context.id})
+        self._append(journal_file.encode({"op": "open", "owner": context.owner, "id": context.id}))
 
-    def committed(self, context: Context, changes) -> None:
-        entries, frames = codec.to_wire(changes)
+    def committed(self, context: Context, record: Record) -> None:
         before = self.size
-        self._append({"op": "commit", "owner": context.owner, "id": context.id, "version": context.version,
-                      "changes": entries, "frames": frames})
+        self._append(journal_file.encode_record("commit", record))
         self.last_commit = (context.owner, context.id, context.version, before, self.size)
 
     def reverted(self, context: Context) -> None:
@@ -172,9 +181,9 @@ class Journal:
 
     def dropped(self, context: Context) -> None:
         # The store still holds the context: a snapshot written first would hold it too.
-        self._append({"op": "drop", "owner": context.owner, "id": context.id}, in_snapshot=False)
+        self._append(journal_file.encode({"op": "drop", "owner": context.owner, "id": context.id}), in_snapshot=False)
 
-    def _append(self, record: dict, in_snapshot: bool = True) -> None:
+    def _append(self, data: bytes, in_snapshot: bool = True) -> None:
         """Write the record before the change is acknowledged, or refuse the change."""
         if self.unusable:
             raise MCPDError(codes.UNAVAILABLE, f"the context journal cannot be used ({self.unusable}); nothing "
@@ -183,7 +192,6 @@ class Journal:
             self._snapshot_or_refuse()
             if in_snapshot:
                 return   # the snapshot holds the change
-        data = journal_file.encode(record)
         with self.lock:
             try:
                 _write_all(self.fd, [data])
@@ -244,7 +252,7 @@ class Journal:
                 f.write(journal_file.FILE_MAGIC)
                 f.write(journal_file.encode({"op": "generation", "generation": generation}))
                 for context in list(self.store.contexts.values()):
-                    f.write(journal_file.encode(self._snapshot_record(context, generation)))
+                    f.write(journal_file.encode_record("context", snapshot.encode(context), generation=generation))
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, self.directory / SNAPSHOT)
@@ -264,14 +272,6 @@ class Journal:
             self.compact()
         except OSError as e:
             raise _refusal(e) from None
-
-    @staticmethod
-    def _snapshot_record(context: Context, generation: int) -> dict:
-        entries, frames = codec.to_wire([_whole(name, value) for name, value in context.fields.items()])
-        return {"op": "context", "generation": generation, "owner": context.owner, "id": context.id,
-                "version": context.version, "changed_at": context.changed_at, "deleted_at": context.deleted_at,
-                "token_count_at": context.token_count_at, "tokens_rewritten_at": context.tokens_rewritten_at,
-                "changes": entries, "frames": frames}
 
     # -- durability -----------------------------------------------------------------------------
 
@@ -308,32 +308,12 @@ class Journal:
                 "state": state}
 
 
-def open_journal(config: Config, store: ContextStore, log: logging.Logger) -> Journal:
-    """The scheduler's one call: restore `store` from disk and journal its commits from now on.
-    With persistence off the journal stays closed: it writes nothing and reports so."""
-    journal = Journal(config, log)
-    if config.persistence.enabled:
-        # Past a file size limit (RLIMIT_FSIZE, systemd's LimitFSIZE=) a write raises SIGXFSZ,
-        # whose default kills the process: ignored, the write fails with EFBIG instead and the
-        # change is refused with STORAGE_FULL, like on a full disk.
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        journal.restore(store)
-        store.listeners.append(journal)
-    return journal
-
-
 def _refusal(error: OSError) -> MCPDError:
     if error.errno in NO_ROOM:
         return storage_full(f"no room on disk to journal the change ({os.strerror(error.errno)}); nothing "
                             "changed: retry later")
     return MCPDError(codes.UNAVAILABLE, f"the context journal cannot be written ({error}); nothing changed",
                      retry_after_ms=STORAGE_RETRY_MS)
-
-
-def _whole(name: str, value) -> FieldDelta:
-    """A delta that sets the field from nothing (diff sees nothing to do for a None value)."""
-    return codec.diff(name, None, value) or FieldDelta(name, "set", {"type": "scalar", "value": None}, None)
 
 
 def _write_all(fd: int, buffers: list[bytes]) -> None:

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import msgpack
 
+from mcpd.contexts.record import Record
+
 FILE_MAGIC = b"MCPDJ2\r\n"
 RECORD_MAGIC = b"\xd3JR\x02"
 HEADER = struct.Struct("<4sIII")   # magic, body length, crc32(body), crc32(the 12 bytes before)
@@ -127,3 +129,13 @@ def _decoded(body: bytes) -> dict | None:
     except (ValueError, TypeError, msgpack.UnpackException):
         return None
     return record if isinstance(record, dict) and isinstance(record.get("op"), str) else None
+
+
+def encode_record(op: str, record: Record, **extra) -> bytes:
+    """A commit or a snapshot (record.py) as one journal record: its frames inside the body."""
+    return encode({"op": op, **extra, **record.meta, "frames": record.frames})
+
+
+def record_of(body: dict) -> Record:
+    """The record a commit or snapshot body holds, for commit.decode or snapshot.decode."""
+    return Record(body, body["frames"])

@@ -1,7 +1,7 @@
 """What a starting journal finds on disk: every context it can rebuild, and what damage cost.
 
 recover() reads <state_dir>/contexts/ (the snapshot, then the journal of its generation), and
-replays every record whose checksums hold (journal_file.py, journal_replay.py). It never stops a
+replays every record whose checksums hold (journal_file.py, replay.py). It never stops a
 start over what it finds, and never destroys a byte of it:
 - damaged files (unreadable ranges, records that cannot be applied) are kept as they are in
   <state_dir>/contexts.damaged-<UTC time>/ as hard links: the names in contexts/ keep the bytes
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from mcpd.contexts import journal_file
 from mcpd.contexts.journal_file import Contents
-from mcpd.contexts.journal_replay import Replay
+from mcpd.contexts.replay import Replay
 
 SNAPSHOT = "snapshot"
 TEMPORARY = SNAPSHOT + ".tmp"   # a snapshot being written: never read, never kept

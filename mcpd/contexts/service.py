@@ -4,27 +4,23 @@ and the two hooks a context generate needs: take the context for a turn, then co
 It runs inside the scheduler: that process sees every context generate (to route it to the
 worker holding its KV, and to hold updates off while it runs), so the table lives there.
 
-With the host cache, every committed version is also in shared memory (host_cache), and a
-restarted scheduler starts from what is there. When the cache cannot hold a version it refuses
-it (TOO_LARGE past the tenant's share, STORAGE_FULL when the cache is full) and the store puts
-the context back as it was.
+The store comes from persistence.py, restored and with its listeners (the host cache, the
+journal) in place. When one cannot hold a version it refuses it (the cache: TOO_LARGE past the
+tenant's share, STORAGE_FULL when full; the journal: STORAGE_FULL when the disk is full) and the
+store puts the context back as it was.
 """
 from __future__ import annotations
 
-import logging
-
 import numpy as np
 
-from mcpd.config import ContextsConfig, LimitsConfig
+from mcpd.config import LimitsConfig
 from mcpd.contexts.context import Context
-from mcpd.contexts.host_cache import ContextCache
-from mcpd.contexts.store import ContextStore, StoreListener
+from mcpd.contexts.persistence import Persistence
 from mcpd.protocol import codes, ops
 from mcpd.protocol import delta as codec
 from mcpd.protocol.codes import MCPDError
 
 DEFAULT_TENANT = "default"
-log = logging.getLogger("mcpd.contexts")
 OPS = ("context.open", "context.get", "context.update", "context.drop", "context.list")
 
 
@@ -33,18 +29,10 @@ def tenant_of(header: dict) -> str:
 
 
 class ContextService:
-    def __init__(self, config: ContextsConfig, limits: LimitsConfig, listeners: tuple[StoreListener, ...] = (),
-                 cache: ContextCache | None = None):
-        # The cache hears a commit first: when it refuses, no other listener has recorded it.
-        self.store = ContextStore(config, (cache, *listeners) if cache else listeners)
-        self.cache = cache
+    def __init__(self, persistence: Persistence, limits: LimitsConfig):
+        self.store = persistence.store
+        self.cache = persistence.cache
         self.limits = limits
-        if cache and cache.arena.num_slots < config.max_contexts:
-            log.warning("the host cache holds at most %d entries (one per 2 KiB of cache.bytes): fewer than "
-                        "contexts.max_contexts = %d; raise cache.bytes or lower contexts.max_contexts",
-                        cache.arena.num_slots, config.max_contexts)
-        for context in cache.load() if cache else ():
-            self.store.restore(context)
 
     def handle(self, header: dict, payload: list[bytes]) -> tuple[dict, list[bytes]]:
         """Run one context op; returns (result map, payload frames) or raises MCPDError."""

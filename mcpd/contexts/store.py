@@ -5,9 +5,10 @@ the limits before the new version is installed, so a bad frame leaves the contex
 was. The one exception to copying is an XOR into a big array, applied to the live array itself
 (see `_apply_in_place`) and undone, XOR being its own inverse, if anything later fails.
 
-Listeners (the host shared-memory cache, then the on-disk journal) hear of every context
-created (version 0), every committed version, with the deltas that made it from the version
-before, and of every drop: they keep copies that outlive this process. Any of them may refuse
+Listeners (the host shared-memory cache, then the on-disk journal, as persistence.py builds
+them) hear of every context created (version 0), every committed version, with the record of the
+deltas that made it from the version before (commit.py: encoded once, here, for all of them),
+and of every drop: they keep copies that outlive this process. Any of them may refuse
 by raising MCPDError (the cache when it cannot hold a version or the tenant's share is used up,
 the journal when the disk is full), and then nothing happened anywhere, so no reply ever names a
 version a restart would lose, and a refused one never comes back:
@@ -16,8 +17,7 @@ version a restart would lose, and a refused one never comes back:
   `reverted` (a commit: go back to the context's version, which it is at again);
 - a drop goes to them last to first, and only then leaves the store: the journal, the one that
   can refuse a drop, hears it before the cache deletes anything.
-`restore` puts a saved copy back without telling them again, and never replaces a newer version
-with an older one.
+`restore` puts a saved copy back (at start, before any change) without telling them again.
 
 Commits cost what they change: the context's byte count is kept up to date from the fields a
 version touches, and contexts.max_fields bounds how many a context may have (a context of 307k
@@ -30,7 +30,9 @@ from typing import Protocol
 import numpy as np
 
 from mcpd.config import ContextsConfig
+from mcpd.contexts import commit
 from mcpd.contexts.context import TOKENS, Context
+from mcpd.contexts.record import Record
 from mcpd.protocol import codes
 from mcpd.protocol import delta as codec
 from mcpd.protocol.codes import MCPDError
@@ -48,7 +50,7 @@ def storage_full(message: str) -> MCPDError:
 class StoreListener(Protocol):
     def opened(self, context: Context) -> None: ...
 
-    def committed(self, context: Context, changes: list[FieldDelta]) -> None: ...
+    def committed(self, context: Context, record: Record) -> None: ...   # commit.encode's
 
     def reverted(self, context: Context) -> None: ...   # the commit after context.version was refused
 
@@ -99,27 +101,23 @@ class ContextStore:
 
     def update(self, owner: str, context_id: str, base: int, changes: list[FieldDelta]) -> Context:
         context = self.writable(owner, context_id, base)
+        if any(change.kind == "delete" and change.name == TOKENS for change in changes):
+            raise MCPDError(codes.BAD_REQUEST, "the tokens field cannot be deleted")
         fields = dict(context.fields)
-        changed, deleted = set(), set()
         in_place: list[FieldDelta] = []   # applied to the live arrays: undone if the update fails
+
+        def apply(old, change: FieldDelta):
+            if self._apply_in_place(old, change):
+                in_place.append(change)
+                return old
+            return self._apply(old, change)
 
         def undo_in_place() -> None:
             while in_place:   # XOR undoes itself
                 change = in_place.pop()
                 codec.apply_in_place(fields[change.name], change, self.limits)
         try:
-            for change in changes:
-                if change.kind == "delete":
-                    if change.name == TOKENS:
-                        raise MCPDError(codes.BAD_REQUEST, "the tokens field cannot be deleted")
-                    fields.pop(change.name, None)
-                    deleted.add(change.name)
-                    continue
-                if self._apply_in_place(fields.get(change.name), change):
-                    in_place.append(change)
-                else:
-                    fields[change.name] = self._apply(fields.get(change.name), change)
-                changed.add(change.name)
+            changed, deleted = commit.apply_changes(fields, changes, apply)
             self._install(context, fields, changed, deleted, changes, undo_in_place)
         except BaseException:
             undo_in_place()
@@ -154,17 +152,9 @@ class ContextStore:
         self._remove(context)
         return True
 
-    def restore(self, context: Context) -> bool:
-        """Put back a context saved by a listener (after a restart) unless the store holds the same
-        or a newer version of it already; says whether it did."""
-        key = (context.owner, context.id)
-        old = self.contexts.get(key)
-        if old is not None and old.version >= context.version:
-            return False
-        if old is not None:
-            self._remove(old)
+    def restore(self, context: Context) -> None:
+        """Put back a context a listener saved (persistence.py, once, at start)."""
         self._add(context)
-        return True
 
     def owned_by(self, owner: str) -> list[Context]:
         return sorted(self.owned.get(owner, {}).values(), key=lambda c: c.id)
@@ -233,8 +223,9 @@ class ContextStore:
         context.commit(fields, changed, deleted, context.nbytes + growth)
         accepted = []
         try:
+            record = commit.encode(context, changes)
             for listener in self.listeners:
-                listener.committed(context, changes)
+                listener.committed(context, record)
                 accepted.append(listener)
         except BaseException:
             context.roll_back(saved)

@@ -33,8 +33,7 @@ import zmq
 
 from mcpd.config import Config, SchedulerConfig
 from mcpd.contexts import service as contexts
-from mcpd.contexts.host_cache import ContextCache
-from mcpd.contexts.journal import open_journal
+from mcpd.contexts.persistence import open_store
 from mcpd.contexts.service import ContextService
 from mcpd.daemon import channels, child, scheduler_admin
 from mcpd.histogram import LATENCY_BOUNDS, Histogram
@@ -75,10 +74,8 @@ class Scheduler:
         self.poison = PoisonList()
         self.workers: dict[bytes, WorkerSlot] = {}
         self.host_cache = host_segment.attach(config)
-        self.contexts = ContextService(config.contexts, config.limits,
-                                       cache=ContextCache(self.host_cache, config.cache.max_owner_fraction)
-                                       if self.host_cache else None)
-        self.journal = open_journal(config, self.contexts.store, self.log)
+        self.persistence = open_store(config, self.host_cache, self.log)
+        self.contexts = ContextService(self.persistence, config.limits)
         self.arrivals = itertools.count()
         self.dispatched = 0
         self.errors: dict[str, dict[str, int]] = {}   # the scheduler's own error replies: class -> code -> n
@@ -391,7 +388,7 @@ class Scheduler:
                 "errors": {name: dict(by_code) for name, by_code in self.errors.items()},
                 "contexts": self.contexts.stats(),
                 "cache": self.host_cache.stats() if self.host_cache else {},
-                "persistence": self.journal.stats(), "queue_time": self.queue_time.snapshot(),
+                "persistence": self.persistence.journal.stats(), "queue_time": self.queue_time.snapshot(),
                 "workers": [{"index": s.index, "pid": s.pid, "ready": s.ready, "inflight": len(s.jobs),
                              "outstanding_tokens": s.outstanding_tokens, **s.info}
                             for s in sorted(self.workers.values(), key=lambda s: s.index)]}
@@ -399,5 +396,5 @@ class Scheduler:
 
 def run(config: Config) -> None:
     scheduler = Scheduler(config, child.start("scheduler", config))
-    child.exit_on_sigterm(scheduler.journal.close)   # a stop makes the journal durable first
+    child.exit_on_sigterm(scheduler.persistence.journal.close)   # a stop makes the journal durable first
     scheduler.serve()

@@ -1,4 +1,6 @@
-"""Rebuilding contexts from the journal's records, and keeping count of what damage cost.
+"""Rebuilding contexts from saved records: the journal's stream of them (Replay, which keeps
+count of what damage cost) and a host cache chain (replay_chain). Both replay a commit the one
+way (Commit.apply_to).
 
 A snapshot record ("context") holds a whole context; journal records ("open", "commit", "drop")
 change one, in the order the store made the changes. Replay applies every record it can:
@@ -18,8 +20,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mcpd.contexts.context import REPLAY_LIMITS, Context
-from mcpd.protocol import delta as codec
+from mcpd.contexts import commit, journal_file, snapshot
+from mcpd.contexts.commit import Commit
+from mcpd.contexts.context import Context
 
 
 @dataclass
@@ -61,12 +64,7 @@ class Replay:
         self.generation = max(self.generation, int(record["generation"]))
 
     def _context(self, record: dict) -> None:
-        changes = codec.from_wire(record["changes"], record["frames"], REPLAY_LIMITS)
-        fields = {c.name: codec.apply(None, c, REPLAY_LIMITS) for c in changes}
-        context = Context(record["id"], record["owner"], version=record["version"], fields=fields,
-                          changed_at=record["changed_at"], deleted_at=record["deleted_at"],
-                          token_count_at=dict(record["token_count_at"]),
-                          tokens_rewritten_at=record["tokens_rewritten_at"])
+        context = snapshot.decode(journal_file.record_of(record))
         self.contexts[(context.owner, context.id)] = context
         self.generation = max(self.generation, int(record.get("generation", 0)))
 
@@ -77,24 +75,17 @@ class Replay:
         self.contexts.pop((record["owner"], record["id"]), None)
 
     def _commit(self, record: dict) -> None:
-        key, version = (record["owner"], record["id"]), int(record["version"])
+        made = commit.decode(journal_file.record_of(record))
+        key, version = (made.owner, made.context_id), made.version
         context = self.contexts.get(key)
         if version == 1 and (context is None or context.version != 0):
-            context = Context(record["id"], record["owner"])   # its drop and open were lost
+            context = Context(made.context_id, made.owner)   # its drop and open were lost
         elif context is None or version > context.version + 1:
             self._lose(record, context.version + 1 if context is not None else version)
             return
         elif version <= context.version:
             return   # folded into the snapshot already
-        fields, changed, deleted = dict(context.fields), set(), set()
-        for change in codec.from_wire(record["changes"], record["frames"], REPLAY_LIMITS):
-            if change.kind == "delete":
-                fields.pop(change.name, None)
-                deleted.add(change.name)
-            else:
-                fields[change.name] = codec.apply(fields.get(change.name), change, REPLAY_LIMITS)
-                changed.add(change.name)
-        context.commit(fields, changed, deleted)
+        made.apply_to(context)
         self.contexts[key] = context
 
     def _lose(self, record: dict, since: int | None = None) -> None:
@@ -106,3 +97,19 @@ class Replay:
             return
         lost = self.lost.setdefault(key, LostVersions(version, version))
         lost.first, lost.last = min(lost.first, version if since is None else since), max(lost.last, version)
+
+
+def replay_chain(context: Context, commits: list[Commit]) -> list[Commit]:
+    """Bring a snapshot's context up through the commits that follow it, in version order, until
+    a gap or one that does not apply; returns those applied. The others cannot be reached: at or
+    below the snapshot (a crash before the chain it replaced was deleted), or past the gap."""
+    applied = []
+    for made in sorted(commits, key=lambda c: c.version):
+        if made.version != context.version + 1:
+            continue
+        try:
+            made.apply_to(context)
+        except Exception:   # noqa: BLE001 - damaged memory: the context stays at its last good version
+            break
+        applied.append(made)
+    return applied
