@@ -16,6 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from mcpd.cli import control
 from mcpd.client import Client, CurveKeys
 from mcpd.memory import host_segment
 from mcpd.security.keys import generate, read_public
@@ -115,18 +116,19 @@ class Daemon:
     def curve_keys(self, name: str) -> CurveKeys:
         """A fresh client key pair NAME, allowed on this daemon (which must run with CURVE on)."""
         public, secret = generate(self.root / "clients", name)
-        done = self.mcpctl("keys", "allow", "--", name, public)   # a Z85 key may begin with "-"
-        if done.returncode != 0:
-            raise RuntimeError(f"mcpctl keys allow failed: {done.stderr}")
+        self.control("keys.allow", {"name": name, "public_key": public})
         return CurveKeys(read_public(self.root / "state/keys/server.key"), public, secret)
 
     def mcpctl(self, *args: str, timeout: float = 30) -> subprocess.CompletedProcess:
         return subprocess.run([str(BIN / "mcpctl"), "--runtime-dir", str(self.runtime_dir), *args],
                               capture_output=True, text=True, timeout=timeout)
 
+    def control(self, op: str, args: dict | None = None, timeout: float = 30) -> dict:
+        """One control op over control.ipc, as mcpctl sends it but without a process per call."""
+        return control.call_at(self.runtime_dir, op, args, timeout)
+
     def status(self) -> dict:
-        done = self.mcpctl("status", "--json")
-        return json.loads(done.stdout)
+        return self.control("status")
 
     def pid_of(self, role: str, index: int = 0) -> int | None:
         return next(p["pid"] for p in self.status()["processes"] if p["role"] == role and p["index"] == index)

@@ -43,6 +43,31 @@ def test_runtime_dir_from_environment(d):
     assert done.returncode == 0 and json.loads(done.stdout)["pid"] == d.process.pid
 
 
+def test_ping(d):
+    assert ctl(d, "ping", "--json") == {"pong": True, "pid": d.process.pid}
+    assert f"supervisor pid {d.process.pid}" in ctl(d, "ping")
+
+
+def test_control_args_are_checked_by_the_daemon(d):
+    """A control client other than mcpctl gets BAD_REQUEST for args the table refuses, and the
+    scheduler, where context ops run, is never handed them."""
+    context = zmq.Context()
+    sock = context.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        sock.connect(f"ipc://{d.runtime_dir}/control.ipc")
+        for request_id, (op, args) in enumerate([("contexts.show", {"id": 7}), ("contexts.drop", {}),
+                                                 ("workers.restart", {"index": "0"}), ("ping", {"x": 1})]):
+            sock.send(wire.encode_request(op, request_id, args))
+            assert sock.poll(30_000)
+            reply = wire.decode_reply(sock.recv())
+            assert (reply["id"], reply["kind"], reply["code"]) == (request_id, "error", codes.BAD_REQUEST)
+    finally:
+        sock.close()
+        context.term()
+    assert d.control("contexts.list")["total"] >= 0 and d.status()["healthy"]
+
+
 def test_version_and_config(d):
     version = ctl(d, "version", "--json")
     assert version["daemon"]["version"] == version["mcpctl"] and version["daemon"]["protocol"] >= 1

@@ -16,7 +16,7 @@ from mcpd.protocol import codes
 from mcpd.protocol import delta as codec
 from mcpd.protocol.codes import MCPDError
 from mcpd.security import keys
-from mcpd.security.gate import Gate
+from mcpd.daemon.gate import Gate
 from mcpd.security.peer import PeerCred, is_admin, parse_peer_address
 from mcpd.testing import Daemon, run_as
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from mcpd.client import Client
-from mcpd.daemon import refusal
-from mcpd.daemon.refusal import UnsafePath
+from mcpd import refusal
+from mcpd.refusal import UnsafePath
 from mcpd.memory import host_segment
 from mcpd.security.trusted_path import check_placed_by_trusted_user
 from mcpd.testing import BIN, Daemon, run_as

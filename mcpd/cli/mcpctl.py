@@ -10,7 +10,7 @@ import sys
 
 from mcpd.cli import contexts, control, keys, lifecycle, status, workers
 from mcpd.config import ConfigError
-from mcpd.daemon.refusal import UnsafePath
+from mcpd.refusal import UnsafePath
 from mcpd.protocol.codes import MCPDError
 from mcpd.security.keys import BadKey
 

@@ -22,8 +22,8 @@ from mcpd.contexts.store import ContextStore, StoreListener
 from mcpd.protocol import codes, ops
 from mcpd.protocol import delta as codec
 from mcpd.protocol.codes import MCPDError
+from mcpd.protocol.tenant import DEFAULT_TENANT
 
-DEFAULT_TENANT = "default"
 log = logging.getLogger("mcpd.contexts")
 OPS = ("context.open", "context.get", "context.update", "context.drop", "context.list")
 
