@@ -37,12 +37,13 @@ import msgpack
 import zmq
 
 from mcpd.client import Client, CurveKeys
-from mcpd.daemon.channels import client_endpoint
 from mcpd.memory.host_segment import segment_path
+from mcpd.percentile import percentile
 from mcpd.protocol import codes, wire
 from mcpd.protocol.codes import MCPDError
 from mcpd.raw_zmtp import RawPeer
 from mcpd.security.keys import generate, read_public
+from mcpd.sockets import client_endpoint
 from mcpd.testing import Daemon
 
 MiB = 1 << 20
@@ -557,7 +558,7 @@ def attack_many_fields(run: Run) -> Outcome:
                 refused = e.code
                 break
         commit_ms, list_ms = commit_and_list_latency(d, wide, version)
-    p99 = sorted(list_ms)[int(len(list_ms) * 0.99)] if list_ms else None
+    p99 = percentile(list_ms, 0.99) if list_ms else None
     held = refused == codes.TOO_LARGE or (p99 is not None and p99 <= 100)
     return Outcome(held, {"fields_accepted": accepted, "refused": refused, "commit_ms": commit_ms,
                           "other_tenant_list_p99_ms": p99})

@@ -10,7 +10,6 @@ import pytest
 from mcpd.client import Client
 from mcpd.protocol import codes
 from mcpd.protocol.codes import MCPDError
-from mcpd.testing import Daemon
 
 GREEDY = {"max_tokens": 8, "temperature": 0, "ignore_eos": True}
 BLOCK = 16
@@ -18,11 +17,8 @@ CACHE_BYTES = 8 << 20
 
 
 @pytest.fixture(scope="module")
-def daemon():
-    d = Daemon(workers={"count": 2, "threads": 1}, cache={"bytes": CACHE_BYTES}).start()
-    yield d
-    d.stop()
-    d.cleanup()
+def daemon(module_daemon):
+    return module_daemon(workers={"count": 2, "threads": 1}, cache={"bytes": CACHE_BYTES})
 
 
 def cache_status(d) -> dict:

@@ -12,15 +12,12 @@ import zmq
 
 from mcpd.protocol import codes, wire
 from mcpd.protocol.codes import MCPDError
-from mcpd.testing import BIN, Daemon
+from mcpd.testing import BIN
 
 
 @pytest.fixture(scope="module")
-def d():
-    daemon = Daemon().start()
-    yield daemon
-    daemon.stop()
-    daemon.cleanup()
+def d(module_daemon):
+    return module_daemon()
 
 
 def ctl(d, *args, code=0):

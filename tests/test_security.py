@@ -25,12 +25,9 @@ REFUSED_WAIT_S = 3   # a refused handshake never answers; this is how long we gi
 
 
 @pytest.fixture(scope="module")
-def secure():
-    d = Daemon(security={"curve": "on", "admin_group": ADMIN_GROUP},
-               limits={"max_message_bytes": 1 << 20, "max_header_bytes": 8192, "max_new_tokens": 4}).start()
-    yield d
-    d.stop()
-    d.cleanup()
+def secure(module_daemon):
+    return module_daemon(security={"curve": "on", "admin_group": ADMIN_GROUP},
+                         limits={"max_message_bytes": 1 << 20, "max_header_bytes": 8192, "max_new_tokens": 4})
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ from collections import defaultdict
 
 import zmq
 
-from mcpd.daemon import channels
+from mcpd import sockets
 from mcpd.protocol import codes, wire
 
 MiB = 1 << 20
@@ -22,7 +22,7 @@ class SlowClient:
         self.sock.setsockopt(zmq.RCVHWM, 1)
         # The ipc endpoint: Unix sockets buffer a fixed ~200 KB. Over loopback TCP the kernel takes
         # megabytes first, and a receive buffer small enough to prevent that stalls TCP itself.
-        self.sock.connect(channels.client_endpoint(d.runtime_dir))
+        self.sock.connect(sockets.client_endpoint(d.runtime_dir))
         self.sent = 0
         self.waiting: set[int] = set()   # requests without a final reply yet
 

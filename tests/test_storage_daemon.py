@@ -176,15 +176,14 @@ class SmallDisk:
 
 
 @pytest.fixture
-def daemon_on_small_disk():
-    d = Daemon()
+def daemon_on_small_disk(fresh_daemon):
+    d = fresh_daemon(started=False)
     disk = SmallDisk(d)
     try:
         yield d.start(), disk
     finally:
-        d.stop()
+        d.stop()   # before the disk goes; fresh_daemon removes its directory after
         disk.remove()
-        d.cleanup()
 
 
 def noise(nbytes: int, seed: int) -> bytes:

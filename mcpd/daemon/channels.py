@@ -50,7 +50,7 @@ import zmq
 
 from mcpd.protocol import codes
 # The socket helpers live in mcpd.sockets (cli and security use them too); re-exported for the processes.
-from mcpd.sockets import bind_ipc, client_endpoint, control_endpoint, drain, endpoint, frames_of  # noqa: F401
+from mcpd.sockets import bind_ipc, client_endpoint, drain, endpoint, frames_of  # noqa: F401
 
 REQUEST = b"REQ"
 CANCEL = b"CANCEL"

@@ -23,7 +23,7 @@ import zmq
 import mcpd
 from mcpd import config as config_module, refusal
 from mcpd.config import Config, ConfigError
-from mcpd.daemon import channels, child as children, frontend, log, metrics, scheduler, worker
+from mcpd.daemon import channels, child as children, child_stats, frontend, log, metrics, scheduler, worker
 from mcpd.daemon.admin import Admin
 from mcpd.daemon.instance_lock import InstanceLock
 from mcpd.daemon.process_table import Child, ChildSpec, ProcessTable
@@ -201,7 +201,7 @@ class Supervisor:
             child.ready = True
             self.log.info("%s ready", child.spec.name)
         elif kind == "stats":
-            child.stats = event
+            child.stats = child_stats.of(child.spec.role, event)
         elif kind == "drained":
             self.drained = True
         elif kind in ("admin", "reloaded"):

@@ -78,7 +78,7 @@ def authorize_control(op: str, peer: PeerCred | None, group_gid: int | None) -> 
 
 
 def restrict_control_socket(path: Path, group_gid: int | None) -> None:
-    """Owner-only, or owner and admin group (bound owner-only first: channels.bind_ipc)."""
+    """Owner-only, or owner and admin group (bound owner-only first: sockets.bind_ipc)."""
     if group_gid is not None:
         os.chown(path, -1, group_gid)
         os.chmod(path, CONTROL_SOCKET_GROUP_MODE)
