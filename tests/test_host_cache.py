@@ -32,6 +32,7 @@ def kill_and_wait(d, role: str, index: int = 0) -> None:
                  120, f"{role} {index} restarted")
 
 
+@pytest.mark.slow
 def test_chat_resumes_from_the_host_cache_after_its_workers_die(daemon):
     with Client(daemon.endpoint, tenant="chatter", timeout=120) as client, \
             Client(daemon.endpoint, tenant="recompute", timeout=120) as cold:
@@ -99,6 +100,7 @@ def same(a, b) -> bool:
     return type(a) is type(b) and a == b
 
 
+@pytest.mark.slow
 def test_killed_scheduler_comes_back_with_every_committed_context(daemon):
     with Client(daemon.endpoint, tenant="keeper", timeout=120) as client:
         chat = client.context("chat")

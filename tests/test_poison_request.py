@@ -60,6 +60,7 @@ def test_context_versions_beyond_int64_are_refused(daemon):
             assert reply["code"] == codes.BAD_REQUEST, reply
 
 
+@pytest.mark.slow
 def test_a_request_whose_worker_dies_twice_fails_alone_and_is_not_run_again(fresh_daemon):
     """Four requests share a worker that dies. All four are retried, each alone on the restarted
     worker; the first one's worker dies again: it alone is answered, the other three complete,

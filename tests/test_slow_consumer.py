@@ -5,8 +5,12 @@ from collections import defaultdict
 
 import zmq
 
+import pytest
+
 from mcpd import sockets
 from mcpd.protocol import codes, wire
+
+pytestmark = pytest.mark.slow   # daemons of their own, paced rounds of slow readers
 
 MiB = 1 << 20
 PINGS_PER_ROUND = 2000

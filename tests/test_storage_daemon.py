@@ -27,6 +27,8 @@ from mcpd.protocol import delta as codec
 from mcpd.protocol.codes import MCPDError
 from mcpd.testing import Daemon, toml_text
 
+pytestmark = pytest.mark.slow   # each test starts a daemon and damages its storage
+
 IDS = ("ctx-a", "ctx-b", "ctx-c", "ctx-d")
 ROUNDS = 30   # 4 opens and 120 commits: 124 records
 

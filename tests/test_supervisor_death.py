@@ -6,7 +6,11 @@ import signal
 
 import psutil
 
+import pytest
+
 from mcpd.memory import host_segment
+
+pytestmark = pytest.mark.slow   # each test starts a daemon and kills its supervisor
 
 
 def kill_supervisor(d) -> None:

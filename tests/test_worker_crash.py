@@ -4,8 +4,12 @@ import re
 import signal
 import threading
 
+import pytest
+
 from mcpd.protocol import codes
 from mcpd.protocol.codes import MCPDError
+
+pytestmark = pytest.mark.slow   # each test starts a daemon and kills its processes
 
 
 def start_long_stream(d, outcomes: list) -> threading.Thread:
