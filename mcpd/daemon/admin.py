@@ -28,7 +28,7 @@ from mcpd.protocol import codes, control_ops, wire
 from mcpd.protocol.codes import MCPDError
 from mcpd.security import key_ops
 
-FORWARD_TIMEOUT_S = 30.0   # the most a forwarded op waits when the caller names no timeout
+FORWARD_TIMEOUT_S = 30.0   # the most a forwarded op waits, and a reload when the caller names no timeout
 # What the supervisor applies itself on reload: the children read these from it, not their copy.
 SUPERVISOR_LIVE = ("supervisor.stop_grace_s", "supervisor.ready_timeout_s",
                    "workers.restart_backoff_s", "workers.restart_backoff_max_s")
@@ -133,6 +133,7 @@ class Admin:
 
         The reply waits up to `timeout_s` for every child to confirm (0: answer at once with
         what the supervisor applied itself; the children's part then shows in the log)."""
+        timeout_s = FORWARD_TIMEOUT_S if timeout_s is None else timeout_s
         supervisor = self.supervisor
         try:
             fresh = config_module.load(supervisor.config_path)
@@ -149,7 +150,7 @@ class Admin:
         supervisor.to_frontend.send_multipart(message)
         waiting = {(c.spec.role, c.spec.index) for c in supervisor.table.children if c.alive and c.ready}
         summary = {"path": supervisor.config_path, "changed": changed, "applied": applied, "confirmed": []}
-        self.pending[token] = Pending(reply_to, time.monotonic() + _timeout(timeout_s), waiting, summary, fresh)
+        self.pending[token] = Pending(reply_to, time.monotonic() + timeout_s, waiting, summary, fresh)
         if timeout_s == 0 or not waiting:
             return self._finish(token)
         return None
@@ -211,10 +212,6 @@ class Admin:
         identity, envelope, request_id = reply_to
         reply = wire.ok_reply(request_id, result) if code is None else wire.error_reply(request_id, code, message)
         self.supervisor.control.send_multipart([identity, *envelope, reply])
-
-
-def _timeout(requested: float | None) -> float:
-    return FORWARD_TIMEOUT_S if requested is None else max(0.0, min(float(requested), 3600.0))
 
 
 def changed_keys(old: dict, new: dict) -> list[str]:
