@@ -127,11 +127,25 @@ class Daemon:
         """One control op over control.ipc, as mcpctl sends it but without a process per call."""
         return control.call_at(self.runtime_dir, op, args, timeout)
 
-    def status(self) -> dict:
-        return self.control("status")
+    def status(self, timeout: float = 30) -> dict:
+        """`status` with figures no older than this call: children report their stats every
+        STATS_INTERVAL_S, so it waits until every running child has reported again (a process
+        table entry's stats_reports grew, or the child is gone) rather than read figures from
+        before what the test just did."""
+        asked = {_slot(p): p for p in self.control("status")["processes"] if p["state"] == "running" and "stats_reports" in p}
+        deadline = time.monotonic() + timeout
+        while True:
+            status = self.control("status")
+            now = {_slot(p): p for p in status["processes"]}
+            if all(_reported_since(before, now.get(slot)) for slot, before in asked.items()):
+                return status
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no fresh stats from every child within {timeout}s:\n{self.log()}")
+            time.sleep(0.02)
 
     def pid_of(self, role: str, index: int = 0) -> int | None:
-        return next(p["pid"] for p in self.status()["processes"] if p["role"] == role and p["index"] == index)
+        processes = self.control("status")["processes"]   # the supervisor's own table: always current
+        return next(p["pid"] for p in processes if p["role"] == role and p["index"] == index)
 
     def wait_until(self, predicate, timeout: float = 60, what: str = "condition") -> None:
         deadline = time.monotonic() + timeout
@@ -172,6 +186,17 @@ class Daemon:
         clean stop removes (a test that SIGKILLs the supervisor would leave it in /dev/shm)."""
         host_segment.segment_path(self.runtime_dir).unlink(missing_ok=True)
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _slot(process: dict) -> tuple[str, int]:
+    return process["role"], process["index"]
+
+
+def _reported_since(before: dict, now: dict | None) -> bool:
+    """Whether a child has reported since `before`, or no longer can (gone, or another pid)."""
+    if now is None or now["pid"] != before["pid"] or now["state"] != "running":
+        return True
+    return now["stats_reports"] > before["stats_reports"]
 
 
 def final_reply(client: Client, request_id, timeout: float = 60) -> dict:

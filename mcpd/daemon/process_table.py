@@ -43,6 +43,7 @@ class Child:
     restart_at: float | None = None
     last_exit: str = ""
     stats: FrontendStats | SchedulerStats | WorkerStats | None = None   # None until the first report
+    reports: int = 0   # stats reports from this process (its pid): a reader can wait for a newer one
 
     def latest_stats(self):
         """Its latest stats, or its kind's empty ones before the first report."""
@@ -63,7 +64,7 @@ class Child:
     def describe(self) -> dict:
         return {"role": self.spec.role, "index": self.spec.index, "pid": self.process.pid if self.alive else None,
                 "state": self.state, "uptime_s": round(time.monotonic() - self.started, 1) if self.alive else 0,
-                "restarts": self.restarts, "last_exit": self.last_exit}
+                "restarts": self.restarts, "last_exit": self.last_exit, "stats_reports": self.reports}
 
 
 class ProcessTable:

@@ -202,6 +202,7 @@ class Supervisor:
             self.log.info("%s ready", child.spec.name)
         elif kind == "stats":
             child.stats = child_stats.of(child.spec.role, event)
+            child.reports += 1
         elif kind == "drained":
             self.drained = True
         elif kind in ("admin", "reloaded"):
