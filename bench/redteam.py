@@ -100,7 +100,7 @@ def stop(d: Daemon) -> None:
 # -- helpers --------------------------------------------------------------------------------------
 
 def restarts(d: Daemon, role: str) -> int:
-    return sum(p["restarts"] for p in d.status()["processes"] if p["role"] == role)
+    return sum(p["restarts"] for p in d.processes() if p["role"] == role)
 
 
 def raw_socket(d: Daemon) -> zmq.Socket:
@@ -821,7 +821,7 @@ def attack_kill_supervisor(run: Run) -> Outcome:
     d = run.daemon()
     with d.client() as client:
         acked = commit_versions(client, contexts=3, versions=5)
-    children = [p["pid"] for p in d.status()["processes"] if p["role"] != "supervisor"]
+    children = [p["pid"] for p in d.processes() if p["role"] != "supervisor"]
     os.kill(d.process.pid, signal.SIGKILL)
     d.process.wait()
     deadline = time.monotonic() + 20

@@ -143,9 +143,12 @@ class Daemon:
                 raise TimeoutError(f"no fresh stats from every child within {timeout}s:\n{self.log()}")
             time.sleep(0.02)
 
+    def processes(self) -> list[dict]:
+        """status's process table: the supervisor's own, always current (no waiting as in status)."""
+        return self.control("status")["processes"]
+
     def pid_of(self, role: str, index: int = 0) -> int | None:
-        processes = self.control("status")["processes"]   # the supervisor's own table: always current
-        return next(p["pid"] for p in processes if p["role"] == role and p["index"] == index)
+        return next(p["pid"] for p in self.processes() if p["role"] == role and p["index"] == index)
 
     def wait_until(self, predicate, timeout: float = 60, what: str = "condition") -> None:
         deadline = time.monotonic() + timeout

@@ -65,7 +65,7 @@ def flip_bit(path: Path, offset: int) -> bytes:
 
 
 def restarts(d: Daemon, role: str) -> int:
-    return next(p["restarts"] for p in d.status()["processes"] if p["role"] == role)
+    return next(p["restarts"] for p in d.processes() if p["role"] == role)
 
 
 def test_a_damaged_journal_costs_only_the_damaged_contexts_versions(fresh_daemon):

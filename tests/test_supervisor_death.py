@@ -14,7 +14,7 @@ pytestmark = pytest.mark.slow   # each test starts a daemon and kills its superv
 
 
 def kill_supervisor(d) -> None:
-    children = [psutil.Process(p["pid"]) for p in d.status()["processes"] if p["role"] != "supervisor"]
+    children = [psutil.Process(p["pid"]) for p in d.processes() if p["role"] != "supervisor"]
     assert len(children) == 3
     os.kill(d.process.pid, signal.SIGKILL)
     d.process.wait(10)
