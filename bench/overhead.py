@@ -25,6 +25,7 @@ import time
 import zmq
 
 from mcpd.client import Client, CurveKeys
+from mcpd.percentile import percentile
 from mcpd.protocol import wire
 from mcpd.testing import Daemon, free_port
 
@@ -115,7 +116,7 @@ def measure(endpoint: str, count: int, total: int, window: int, curve: CurveKeys
     times = sorted(sequential(sock, count))
     rate = pipelined(sock, total, window)
     sock.close()
-    return {"p50_us": statistics.median(times) * 1e6, "p99_us": times[int(len(times) * 0.99)] * 1e6,
+    return {"p50_us": statistics.median(times) * 1e6, "p99_us": percentile(times, 0.99) * 1e6,
             "throughput_rps": rate}
 
 

@@ -24,6 +24,7 @@ import msgpack
 import zmq
 import zmq.asyncio
 
+from mcpd.percentile import percentile
 from mcpd.protocol import wire
 from mcpd.testing import Daemon
 
@@ -105,8 +106,8 @@ async def open_loop(endpoint: str, rate: float, high_frac: float, seconds: float
 
 
 def p99_ms(outcomes: list, class_name: str) -> float:
-    times = sorted(t for c, outcome, t in outcomes if c == class_name and outcome == "ok")
-    return times[min(len(times) - 1, int(len(times) * 0.99))] * 1000 if times else float("nan")
+    times = [t for c, outcome, t in outcomes if c == class_name and outcome == "ok"]
+    return percentile(times, 0.99) * 1000 if times else float("nan")
 
 
 def counts(outcomes: list) -> dict:

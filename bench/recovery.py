@@ -53,7 +53,7 @@ class Load:
 
 
 def worker0(daemon: Daemon) -> dict:
-    return next(p for p in daemon.status()["processes"] if p["role"] == "worker" and p["index"] == 0)
+    return next(p for p in daemon.processes() if p["role"] == "worker" and p["index"] == 0)
 
 
 def main() -> None:

@@ -37,13 +37,14 @@ import msgpack
 import zmq
 
 from mcpd.client import Client, CurveKeys
-from mcpd.daemon.channels import client_endpoint
 from mcpd.memory.host_segment import segment_path
+from mcpd.percentile import percentile
 from mcpd.protocol import codes, wire
 from mcpd.protocol.codes import MCPDError
 from mcpd.raw_zmtp import RawPeer
 from mcpd.security.gate import CLIENT_IPC_MODE
 from mcpd.security.keys import generate, read_public
+from mcpd.sockets import client_endpoint
 from mcpd.testing import Daemon
 
 MiB = 1 << 20
@@ -100,7 +101,7 @@ def stop(d: Daemon) -> None:
 # -- helpers --------------------------------------------------------------------------------------
 
 def restarts(d: Daemon, role: str) -> int:
-    return sum(p["restarts"] for p in d.status()["processes"] if p["role"] == role)
+    return sum(p["restarts"] for p in d.processes() if p["role"] == role)
 
 
 def raw_socket(d: Daemon) -> zmq.Socket:
@@ -563,7 +564,7 @@ def attack_many_fields(run: Run) -> Outcome:
                 refused = e.code
                 break
         commit_ms, list_ms = commit_and_list_latency(d, wide, version)
-    p99 = sorted(list_ms)[int(len(list_ms) * 0.99)] if list_ms else None
+    p99 = percentile(list_ms, 0.99) if list_ms else None
     held = refused == codes.TOO_LARGE or (p99 is not None and p99 <= 100)
     return Outcome(held, {"fields_accepted": accepted, "refused": refused, "commit_ms": commit_ms,
                           "other_tenant_list_p99_ms": p99})
@@ -826,7 +827,7 @@ def attack_kill_supervisor(run: Run) -> Outcome:
     d = run.daemon()
     with d.client() as client:
         acked = commit_versions(client, contexts=3, versions=5)
-    children = [p["pid"] for p in d.status()["processes"] if p["role"] != "supervisor"]
+    children = [p["pid"] for p in d.processes() if p["role"] != "supervisor"]
     os.kill(d.process.pid, signal.SIGKILL)
     d.process.wait()
     deadline = time.monotonic() + 20

@@ -38,6 +38,7 @@ from mcpd.contexts.persistence import Persistence, open_store
 from mcpd.memory.host_segment import CONTEXT, CONTEXT_DELTA
 from mcpd.memory.shm_arena import ShmArena
 from mcpd.memory.shm_layout import SLOT_BYTES
+from mcpd.percentile import percentile
 from mcpd.protocol import delta as codec
 from mcpd.protocol.codes import MCPDError
 from mcpd.testing import Daemon
@@ -212,7 +213,7 @@ def main() -> None:
         reach = contexts_reachable(workdir, tenants=64)
         journal = journal_recovery(workdir)
     latency = list_latency(args.quick)
-    p99 = {name: statistics.quantiles(xs, n=100)[98] for name, xs in latency["lists"].items()}
+    p99 = {name: percentile(xs, 0.99) for name, xs in latency["lists"].items()}
     p50 = {name: statistics.median(xs) for name, xs in latency["lists"].items()}
     commit_ms = {changed: statistics.median(took) for changed, took in latency["commits"].items()}
     print(f"1. one tenant, {PER_TENANT} contexts of scalar commits ({cache['entries']} cache entries): store counts "

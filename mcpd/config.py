@@ -16,9 +16,9 @@ import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
-
-class ConfigError(ValueError):
-    """A configuration file or value that mcpd cannot run with."""
+# Defined apart so that the protocol and the client need not load this module and its TOML loader.
+from mcpd.config_error import ConfigError
+from mcpd.protocol.limits import LimitsConfig
 
 
 @dataclass(frozen=True)
@@ -33,27 +33,6 @@ class ServerConfig:
             raise ConfigError(f"server.tcp = {self.tcp!r}: must start with tcp:// or be empty")
         if self.log_level not in ("debug", "info", "warning", "error"):
             raise ConfigError(f"server.log_level = {self.log_level!r}: use debug, info, warning or error")
-
-
-@dataclass(frozen=True)
-class LimitsConfig:
-    max_message_bytes: int = 64 << 20  # all frames of one request together (also ZMQ MAXMSGSIZE)
-    max_header_bytes: int = 1 << 20    # the msgpack header frame (a max_prompt_tokens prompt fits)
-    max_frames: int = 16               # frames in one request, header included
-    max_prompt_tokens: int = 32768
-    max_new_tokens: int = 2048
-    max_stream_chunks_per_s: float = 200.0   # per stream; faster output is merged into fewer chunks
-    max_client_backlog_bytes: int = 64 << 20  # replies waiting for one client that does not read
-    max_incoming_bytes: int = 256 << 20       # unfinished requests of all TCP clients together
-
-    def check(self) -> None:
-        for name in ("max_message_bytes", "max_header_bytes", "max_frames", "max_prompt_tokens",
-                     "max_new_tokens", "max_stream_chunks_per_s", "max_client_backlog_bytes",
-                     "max_incoming_bytes"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"limits.{name} = {getattr(self, name)}: must be positive")
-        if self.max_header_bytes > self.max_message_bytes:
-            raise ConfigError("limits.max_header_bytes must not exceed limits.max_message_bytes")
 
 
 @dataclass(frozen=True)

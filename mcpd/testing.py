@@ -16,6 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from mcpd.cli import control
 from mcpd.client import Client, CurveKeys
 from mcpd.memory import host_segment
 from mcpd.security.keys import generate, read_public
@@ -115,21 +116,39 @@ class Daemon:
     def curve_keys(self, name: str) -> CurveKeys:
         """A fresh client key pair NAME, allowed on this daemon (which must run with CURVE on)."""
         public, secret = generate(self.root / "clients", name)
-        done = self.mcpctl("keys", "allow", "--", name, public)   # a Z85 key may begin with "-"
-        if done.returncode != 0:
-            raise RuntimeError(f"mcpctl keys allow failed: {done.stderr}")
+        self.control("keys.allow", {"name": name, "public_key": public})
         return CurveKeys(read_public(self.root / "state/keys/server.key"), public, secret)
 
     def mcpctl(self, *args: str, timeout: float = 30) -> subprocess.CompletedProcess:
         return subprocess.run([str(BIN / "mcpctl"), "--runtime-dir", str(self.runtime_dir), *args],
                               capture_output=True, text=True, timeout=timeout)
 
-    def status(self) -> dict:
-        done = self.mcpctl("status", "--json")
-        return json.loads(done.stdout)
+    def control(self, op: str, args: dict | None = None, timeout: float = 30) -> dict:
+        """One control op over control.ipc, as mcpctl sends it but without a process per call."""
+        return control.call_at(self.runtime_dir, op, args, timeout)
+
+    def status(self, timeout: float = 30) -> dict:
+        """`status` with figures no older than this call: children report their stats every
+        STATS_INTERVAL_S, so it waits until every running child has reported again (a process
+        table entry's stats_reports grew, or the child is gone) rather than read figures from
+        before what the test just did."""
+        asked = {_slot(p): p for p in self.control("status")["processes"] if p["state"] == "running" and "stats_reports" in p}
+        deadline = time.monotonic() + timeout
+        while True:
+            status = self.control("status")
+            now = {_slot(p): p for p in status["processes"]}
+            if all(_reported_since(before, now.get(slot)) for slot, before in asked.items()):
+                return status
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no fresh stats from every child within {timeout}s:\n{self.log()}")
+            time.sleep(0.02)
+
+    def processes(self) -> list[dict]:
+        """status's process table: the supervisor's own, always current (no waiting as in status)."""
+        return self.control("status")["processes"]
 
     def pid_of(self, role: str, index: int = 0) -> int | None:
-        return next(p["pid"] for p in self.status()["processes"] if p["role"] == role and p["index"] == index)
+        return next(p["pid"] for p in self.processes() if p["role"] == role and p["index"] == index)
 
     def wait_until(self, predicate, timeout: float = 60, what: str = "condition") -> None:
         deadline = time.monotonic() + timeout
@@ -170,6 +189,17 @@ class Daemon:
         clean stop removes (a test that SIGKILLs the supervisor would leave it in /dev/shm)."""
         host_segment.segment_path(self.runtime_dir).unlink(missing_ok=True)
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _slot(process: dict) -> tuple[str, int]:
+    return process["role"], process["index"]
+
+
+def _reported_since(before: dict, now: dict | None) -> bool:
+    """Whether a child has reported since `before`, or no longer can (gone, or another pid)."""
+    if now is None or now["pid"] != before["pid"] or now["state"] != "running":
+        return True
+    return now["stats_reports"] > before["stats_reports"]
 
 
 def final_reply(client: Client, request_id, timeout: float = 60) -> dict:

@@ -1,27 +1,39 @@
+"""Real daemons for tests, from one factory: `module_daemon` for one shared by a test module
+(start-up costs seconds: spawn + model load), `fresh_daemon` for one of the test's own (tests
+that kill or stop it). Either is called as start(**sections) with Daemon's config sections;
+started=False only writes its config (for tests that start mcpd themselves, expecting it to
+refuse, or edit the file first), umask= is the one mcpd starts under. Every daemon made is
+stopped and its directory removed afterwards, also when its start failed."""
 import pytest
 
 from mcpd.testing import Daemon
 
 
+def _daemons():
+    made = []
+
+    def start(started: bool = True, umask: int = -1, **sections) -> Daemon:
+        made.append(Daemon(**sections))
+        return made[-1].start(umask=umask) if started else made[-1]
+    try:
+        yield start
+    finally:
+        for d in made:
+            d.stop()
+            d.cleanup()
+
+
 @pytest.fixture(scope="module")
-def daemon():
-    """One real daemon shared by a test module (start-up costs seconds: spawn + model load)."""
-    d = Daemon(limits={"max_message_bytes": 1 << 20, "max_header_bytes": 8192}).start()
-    yield d
-    d.stop()
-    d.cleanup()
+def module_daemon():
+    yield from _daemons()
 
 
 @pytest.fixture
 def fresh_daemon():
-    """A daemon of the test's own, for tests that kill or stop it; with started=False only its
-    config is written (for tests that start mcpd themselves, expecting it to refuse)."""
-    made = []
+    yield from _daemons()
 
-    def start(started: bool = True, **sections):
-        made.append(Daemon(**sections))
-        return made[-1].start() if started else made[-1]
-    yield start
-    for d in made:
-        d.stop()
-        d.cleanup()
+
+@pytest.fixture(scope="module")
+def daemon(module_daemon):
+    """The plain daemon most daemon tests share (small message limits, for the hostile-input tests)."""
+    return module_daemon(limits={"max_message_bytes": 1 << 20, "max_header_bytes": 8192})

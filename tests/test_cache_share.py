@@ -14,7 +14,6 @@ from mcpd.client import Client
 from mcpd.protocol import codes
 from mcpd.protocol import delta as codec
 from mcpd.protocol.codes import MCPDError
-from mcpd.testing import Daemon
 
 MAX_CONTEXTS = 1000
 PER_OWNER = 300
@@ -22,12 +21,9 @@ MAX_FIELDS = 64
 
 
 @pytest.fixture(scope="module")
-def daemon():
-    d = Daemon(cache={"bytes": 2 << 20},
-               contexts={"max_contexts": MAX_CONTEXTS, "max_per_owner": PER_OWNER, "max_fields": MAX_FIELDS}).start()
-    yield d
-    d.stop()
-    d.cleanup()
+def daemon(module_daemon):
+    return module_daemon(cache={"bytes": 2 << 20},
+                         contexts={"max_contexts": MAX_CONTEXTS, "max_per_owner": PER_OWNER, "max_fields": MAX_FIELDS})
 
 
 def update(client: Client, context_id: str, base: int, **fields) -> int:

@@ -167,6 +167,7 @@ def test_get_since_sends_only_the_token_suffix(daemon):
         assert sum(len(f) for f in frames) <= (len(ctx.tokens) - n1) * 4
 
 
+@pytest.mark.slow
 def test_context_moves_to_another_worker_mid_chat(fresh_daemon):
     import os
     import signal
@@ -196,6 +197,7 @@ def test_in_place_writes_to_a_synced_array_are_synced(daemon):
         assert b.context("in-place")["w"][3] == 7.0
 
 
+@pytest.mark.slow
 def test_daemon_wide_context_limits(fresh_daemon):
     d = fresh_daemon(contexts={"max_contexts": 2, "max_total_bytes": 1 << 16})
     with Client(d.endpoint, tenant="a") as a, Client(d.endpoint, tenant="b") as b:

@@ -144,6 +144,7 @@ def test_long_token_prompt_reaches_the_engine_check(daemon):
     assert "msgpack" not in raised.value.message
 
 
+@pytest.mark.slow
 def test_stream_chunks_are_capped_per_second_and_lose_nothing(fresh_daemon):
     """At 2 chunks/s a 40-token stream gets at most the first chunk plus two a second of its
     duration (the embedded model makes a token per chunk otherwise), and every token and every

@@ -8,19 +8,15 @@ from pathlib import Path
 import pytest
 
 from mcpd.raw_zmtp import RawPeer
-from mcpd.testing import Daemon
 
 MiB = 1 << 20
 MESSAGE_LIMIT, INCOMING_LIMIT = 4 * MiB, 8 * MiB
 
 
 @pytest.fixture(scope="module")
-def d():
-    daemon = Daemon(limits={"max_message_bytes": MESSAGE_LIMIT, "max_header_bytes": 8192,
-                            "max_incoming_bytes": INCOMING_LIMIT}).start()
-    yield daemon
-    daemon.stop()
-    daemon.cleanup()
+def d(module_daemon):
+    return module_daemon(limits={"max_message_bytes": MESSAGE_LIMIT, "max_header_bytes": 8192,
+                                 "max_incoming_bytes": INCOMING_LIMIT})
 
 
 class FrontendMemory:

@@ -7,6 +7,7 @@ Bounded for CI: a fixed number of examples per property, no per-example deadline
 """
 import msgpack
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -85,6 +86,7 @@ def test_frame_decoder_answers_any_input_with_a_protocol_error(frames):
     assert request.op in ops.OPS and len(request.header_bytes) <= LIMITS.max_header_bytes
 
 
+@pytest.mark.slow
 @FUZZ
 @given(st.sampled_from(sorted(ops.OPS)), st.dictionaries(st.text(max_size=20), values, max_size=8))
 def test_argument_validation_answers_any_args_with_a_protocol_error(op, args):

@@ -10,7 +10,6 @@ import pytest
 from mcpd.client import Client
 from mcpd.protocol import codes
 from mcpd.protocol.codes import MCPDError
-from mcpd.testing import Daemon
 
 GREEDY = {"max_tokens": 8, "temperature": 0, "ignore_eos": True}
 BLOCK = 16
@@ -18,11 +17,8 @@ CACHE_BYTES = 8 << 20
 
 
 @pytest.fixture(scope="module")
-def daemon():
-    d = Daemon(workers={"count": 2, "threads": 1}, cache={"bytes": CACHE_BYTES}).start()
-    yield d
-    d.stop()
-    d.cleanup()
+def daemon(module_daemon):
+    return module_daemon(workers={"count": 2, "threads": 1}, cache={"bytes": CACHE_BYTES})
 
 
 def cache_status(d) -> dict:
@@ -36,6 +32,7 @@ def kill_and_wait(d, role: str, index: int = 0) -> None:
                  120, f"{role} {index} restarted")
 
 
+@pytest.mark.slow
 def test_chat_resumes_from_the_host_cache_after_its_workers_die(daemon):
     with Client(daemon.endpoint, tenant="chatter", timeout=120) as client, \
             Client(daemon.endpoint, tenant="recompute", timeout=120) as cold:
@@ -103,6 +100,7 @@ def same(a, b) -> bool:
     return type(a) is type(b) and a == b
 
 
+@pytest.mark.slow
 def test_killed_scheduler_comes_back_with_every_committed_context(daemon):
     with Client(daemon.endpoint, tenant="keeper", timeout=120) as client:
         chat = client.context("chat")

@@ -5,8 +5,12 @@ import threading
 
 import numpy as np
 
+import pytest
+
 from mcpd.protocol import codes
 from mcpd.protocol.codes import MCPDError
+
+pytestmark = pytest.mark.slow   # each test starts and stops a daemon of its own
 
 
 def run_load(d, outcomes: list, count: int, max_tokens: int) -> list[threading.Thread]:

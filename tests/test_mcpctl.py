@@ -12,15 +12,12 @@ import zmq
 
 from mcpd.protocol import codes, wire
 from mcpd.protocol.codes import MCPDError
-from mcpd.testing import BIN, Daemon
+from mcpd.testing import BIN
 
 
 @pytest.fixture(scope="module")
-def d():
-    daemon = Daemon().start()
-    yield daemon
-    daemon.stop()
-    daemon.cleanup()
+def d(module_daemon):
+    return module_daemon()
 
 
 def ctl(d, *args, code=0):
@@ -41,6 +38,31 @@ def test_runtime_dir_from_environment(d):
     done = subprocess.run([str(BIN / "mcpctl"), "status", "--json"], capture_output=True, text=True,
                           env={**os.environ, "MCPD_RUNTIME_DIR": str(d.runtime_dir)}, timeout=30)
     assert done.returncode == 0 and json.loads(done.stdout)["pid"] == d.process.pid
+
+
+def test_ping(d):
+    assert ctl(d, "ping", "--json") == {"pong": True, "pid": d.process.pid}
+    assert f"supervisor pid {d.process.pid}" in ctl(d, "ping")
+
+
+def test_control_args_are_checked_by_the_daemon(d):
+    """A control client other than mcpctl gets BAD_REQUEST for args the table refuses, and the
+    scheduler, where context ops run, is never handed them."""
+    context = zmq.Context()
+    sock = context.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        sock.connect(f"ipc://{d.runtime_dir}/control.ipc")
+        for request_id, (op, args) in enumerate([("contexts.show", {"id": 7}), ("contexts.drop", {}),
+                                                 ("workers.restart", {"index": "0"}), ("ping", {"x": 1})]):
+            sock.send(wire.encode_request(op, request_id, args))
+            assert sock.poll(30_000)
+            reply = wire.decode_reply(sock.recv())
+            assert (reply["id"], reply["kind"], reply["code"]) == (request_id, "error", codes.BAD_REQUEST)
+    finally:
+        sock.close()
+        context.term()
+    assert d.control("contexts.list")["total"] >= 0 and d.status()["healthy"]
 
 
 def test_version_and_config(d):

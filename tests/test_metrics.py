@@ -7,15 +7,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from mcpd.client import Client
 from mcpd.daemon.request_metrics import MAX_TENANT_LABELS, OTHER_TENANTS, RequestMetrics
-from mcpd.testing import Daemon
 
 
 @pytest.fixture(scope="module")
-def d():
-    daemon = Daemon(metrics={"listen": "127.0.0.1:0"}).start()
-    yield daemon
-    daemon.stop()
-    daemon.cleanup()
+def d(module_daemon):
+    return module_daemon(metrics={"listen": "127.0.0.1:0"})
 
 
 def scrape(d) -> dict:

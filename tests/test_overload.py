@@ -11,7 +11,6 @@ import pytest
 import zmq
 
 from mcpd.protocol import codes, wire
-from mcpd.testing import Daemon
 
 CLASSES = {"high": {"rank": 2, "max_queue": 4},
            "low": {"rank": 1, "max_queue": 2, "degrade_max_tokens": 3, "shed": True},
@@ -19,18 +18,15 @@ CLASSES = {"high": {"rank": 2, "max_queue": 4},
 
 
 @pytest.fixture(scope="module")
-def d():
+def d(module_daemon):
     sections = {"scheduler": {"max_inflight_per_worker": 1, "default_class": "low",
                               "degrade_queue_depth": 4, "degrade_after_s": 1.0},
                 "engine": {"max_num_seqs": 1}}
-    config = Daemon(**sections)
+    config = module_daemon(started=False, **sections)
     classes = "".join(f"[scheduler.classes.{name}]\n" + "".join(f"{k} = {str(v).lower()}\n" for k, v in keys.items())
                       for name, keys in CLASSES.items())
     config.config_path.write_text(config.config_path.read_text() + classes)
-    daemon = config.start()
-    yield daemon
-    daemon.stop()
-    daemon.cleanup()
+    return config.start()
 
 
 def final(client, rid, timeout: float = 60) -> dict:

@@ -60,6 +60,7 @@ def test_context_versions_beyond_int64_are_refused(daemon):
             assert reply["code"] == codes.BAD_REQUEST, reply
 
 
+@pytest.mark.slow
 def test_a_request_whose_worker_dies_twice_fails_alone_and_is_not_run_again(fresh_daemon):
     """Four requests share a worker that dies. All four are retried, each alone on the restarted
     worker; the first one's worker dies again: it alone is answered, the other three complete,
@@ -90,7 +91,7 @@ def test_a_request_whose_worker_dies_twice_fails_alone_and_is_not_run_again(fres
         assert again["code"] == codes.INTERNAL and "failed twice" in again["message"], again
         changed = client.generate("poison", max_tokens=4, ignore_eos=True)   # another request runs
         assert changed.completion_tokens == 4
-    restarts = next(p["restarts"] for p in d.status()["processes"] if p["role"] == "worker")
+    restarts = next(p["restarts"] for p in d.processes() if p["role"] == "worker")
     assert restarts == 2
 
 

@@ -71,6 +71,7 @@ def test_a_fully_cached_prompt_still_computes_its_last_block():
     assert again == first == cold(prompt)
 
 
+@pytest.mark.slow
 def test_next_chat_turn_reuses_the_generated_tokens_too():
     engine = make_engine()
     turn1 = SYSTEM[:50]
@@ -84,6 +85,7 @@ def test_next_chat_turn_reuses_the_generated_tokens_too():
     assert tokens == cold(turn2)
 
 
+@pytest.mark.slow
 def test_namespaces_never_share_blocks():
     engine = make_engine()
     run_one(engine, SYSTEM + [65], namespace="tenant-a")
@@ -117,6 +119,7 @@ def test_concurrent_sequences_share_a_system_prompt():
     assert generated == {key: cold(prompt) for key, prompt in prompts.items()}
 
 
+@pytest.mark.slow
 def test_pool_pressure_evicts_idle_blocks_and_everything_completes():
     params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
     first = SYSTEM[:40]
@@ -133,6 +136,7 @@ def test_pool_pressure_evicts_idle_blocks_and_everything_completes():
     assert moved["prefix_cache_hits"] == 0 and again == first_tokens  # least recently used: evicted
 
 
+@pytest.mark.slow
 def test_preempting_a_sharer_leaves_the_other_intact():
     # Two sequences share 3 prompt blocks and each grows to 7 blocks: 11 > 8, so the lower
     # priority one is preempted, drops its hold on the shared blocks, and recomputes later.
@@ -170,6 +174,7 @@ def test_cache_hit_matches_transformers(llama):
     assert tokens == expected
 
 
+@pytest.mark.slow
 def test_a_block_cached_for_a_step_that_never_ran_is_forgotten():
     # x's decode fills its first block, which grow() caches, but later in the same schedule() y
     # needs more blocks than exist beside z: x is preempted, then y itself, and x's step never runs.

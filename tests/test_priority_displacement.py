@@ -5,19 +5,16 @@ critical stream holds everything else in the queue: the test arranges the queue 
 import pytest
 
 from mcpd.protocol import codes
-from mcpd.testing import Daemon, final_reply
+from mcpd.testing import final_reply
 
 CLASSES = {"critical": {"rank": 3, "max_queue": 8}, "low": {"rank": 0, "max_queue": 8}}
 
 
 @pytest.fixture(scope="module")
-def d():
-    daemon = Daemon(scheduler={"max_inflight_per_worker": 1, "default_class": "low", "max_queue": 4},
-                    engine={"max_num_seqs": 1},
-                    **{f"scheduler.classes.{name}": keys for name, keys in CLASSES.items()}).start()
-    yield daemon
-    daemon.stop()
-    daemon.cleanup()
+def d(module_daemon):
+    return module_daemon(scheduler={"max_inflight_per_worker": 1, "default_class": "low", "max_queue": 4},
+                         engine={"max_num_seqs": 1},
+                         **{f"scheduler.classes.{name}": keys for name, keys in CLASSES.items()})
 
 
 def gen(client, prompt: str, priority: str) -> int:

@@ -1,7 +1,11 @@
 """Lifecycle: systemd notifications, graceful stop, one instance per runtime dir, bad config."""
 import subprocess
 
+import pytest
+
 from mcpd.testing import BIN
+
+pytestmark = pytest.mark.slow   # each test starts and stops a daemon of its own
 
 
 def test_ready_then_stopping_and_clean_exit(fresh_daemon):

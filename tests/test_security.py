@@ -16,7 +16,7 @@ from mcpd.protocol import codes
 from mcpd.protocol import delta as codec
 from mcpd.protocol.codes import MCPDError
 from mcpd.security import keys
-from mcpd.security.gate import Gate
+from mcpd.daemon.gate import Gate
 from mcpd.security.peer import PeerCred, is_admin, parse_peer_address
 from mcpd.testing import Daemon, run_as
 
@@ -25,12 +25,9 @@ REFUSED_WAIT_S = 3   # a refused handshake never answers; this is how long we gi
 
 
 @pytest.fixture(scope="module")
-def secure():
-    d = Daemon(security={"curve": "on", "admin_group": ADMIN_GROUP},
-               limits={"max_message_bytes": 1 << 20, "max_header_bytes": 8192, "max_new_tokens": 4}).start()
-    yield d
-    d.stop()
-    d.cleanup()
+def secure(module_daemon):
+    return module_daemon(security={"curve": "on", "admin_group": ADMIN_GROUP},
+                         limits={"max_message_bytes": 1 << 20, "max_header_bytes": 8192, "max_new_tokens": 4})
 
 
 @pytest.fixture(scope="module")

@@ -5,8 +5,12 @@ from collections import defaultdict
 
 import zmq
 
-from mcpd.daemon import channels
+import pytest
+
+from mcpd import sockets
 from mcpd.protocol import codes, wire
+
+pytestmark = pytest.mark.slow   # daemons of their own, paced rounds of slow readers
 
 MiB = 1 << 20
 PINGS_PER_ROUND = 2000
@@ -22,7 +26,7 @@ class SlowClient:
         self.sock.setsockopt(zmq.RCVHWM, 1)
         # The ipc endpoint: Unix sockets buffer a fixed ~200 KB. Over loopback TCP the kernel takes
         # megabytes first, and a receive buffer small enough to prevent that stalls TCP itself.
-        self.sock.connect(channels.client_endpoint(d.runtime_dir))
+        self.sock.connect(sockets.client_endpoint(d.runtime_dir))
         self.sent = 0
         self.waiting: set[int] = set()   # requests without a final reply yet
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from mcpd.client import Client
-from mcpd.daemon import refusal
-from mcpd.daemon.refusal import UnsafePath
+from mcpd import refusal
+from mcpd.refusal import UnsafePath
 from mcpd.memory import host_segment
 from mcpd.security.trusted_path import check_placed_by_trusted_user
 from mcpd.testing import BIN, Daemon, run_as
@@ -27,16 +27,14 @@ INTERNAL_SOCKETS = ("events.ipc", "sched.ipc", "workers.ipc", "frontend.ipc")
 
 
 @pytest.fixture(scope="module")
-def careless():
+def careless(module_daemon):
     """A daemon started under umask 000, CURVE on (so it has keys), with a journaled context."""
-    d = Daemon(security={"curve": "on"}).start(umask=0)
+    d = module_daemon(umask=0, security={"curve": "on"})
     with Client(f"ipc://{d.runtime_dir}/client.ipc") as local:
         context = local.context("kept")
         context["w"] = 1.0
         context.sync()
-    yield d
-    d.stop()
-    d.cleanup()
+    return d
 
 
 @pytest.fixture

@@ -27,6 +27,8 @@ from mcpd.protocol import delta as codec
 from mcpd.protocol.codes import MCPDError
 from mcpd.testing import Daemon, toml_text
 
+pytestmark = pytest.mark.slow   # each test starts a daemon and damages its storage
+
 IDS = ("ctx-a", "ctx-b", "ctx-c", "ctx-d")
 ROUNDS = 30   # 4 opens and 120 commits: 124 records
 
@@ -63,7 +65,7 @@ def flip_bit(path: Path, offset: int) -> bytes:
 
 
 def restarts(d: Daemon, role: str) -> int:
-    return next(p["restarts"] for p in d.status()["processes"] if p["role"] == role)
+    return next(p["restarts"] for p in d.processes() if p["role"] == role)
 
 
 def test_a_damaged_journal_costs_only_the_damaged_contexts_versions(fresh_daemon):
@@ -176,15 +178,14 @@ class SmallDisk:
 
 
 @pytest.fixture
-def daemon_on_small_disk():
-    d = Daemon()
+def daemon_on_small_disk(fresh_daemon):
+    d = fresh_daemon(started=False)
     disk = SmallDisk(d)
     try:
         yield d.start(), disk
     finally:
-        d.stop()
+        d.stop()   # before the disk goes; fresh_daemon removes its directory after
         disk.remove()
-        d.cleanup()
 
 
 def noise(nbytes: int, seed: int) -> bytes:

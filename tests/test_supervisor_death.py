@@ -6,11 +6,15 @@ import signal
 
 import psutil
 
+import pytest
+
 from mcpd.memory import host_segment
+
+pytestmark = pytest.mark.slow   # each test starts a daemon and kills its supervisor
 
 
 def kill_supervisor(d) -> None:
-    children = [psutil.Process(p["pid"]) for p in d.status()["processes"] if p["role"] != "supervisor"]
+    children = [psutil.Process(p["pid"]) for p in d.processes() if p["role"] != "supervisor"]
     assert len(children) == 3
     os.kill(d.process.pid, signal.SIGKILL)
     d.process.wait(10)

@@ -4,8 +4,12 @@ import re
 import signal
 import threading
 
+import pytest
+
 from mcpd.protocol import codes
 from mcpd.protocol.codes import MCPDError
+
+pytestmark = pytest.mark.slow   # each test starts a daemon and kills its processes
 
 
 def start_long_stream(d, outcomes: list) -> threading.Thread:
@@ -42,7 +46,7 @@ def test_killed_worker_restarts_and_requests_get_final_replies(fresh_daemon):
     assert outcomes == [codes.WORKER_LOST] * 3, outcomes
 
     d.wait_until(lambda: d.status()["state"] == "ready", 60, "worker back")
-    worker = next(p for p in d.status()["processes"] if p["role"] == "worker")
+    worker = next(p for p in d.processes() if p["role"] == "worker")
     assert worker["pid"] != old_pid and worker["restarts"] == 1
     assert re.search(r"worker 0 \(pid \d+\) was killed by SIGKILL after [\d.]+s; restarting", d.log())
     with d.client() as client:

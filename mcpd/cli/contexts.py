@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from mcpd.cli import control
 from mcpd.cli.render import emit, mib, table
-from mcpd.contexts.service import DEFAULT_TENANT
+from mcpd.protocol.tenant import DEFAULT_TENANT
 
 
 def register(sub, common) -> None:

@@ -17,10 +17,9 @@ from pathlib import Path
 
 import zmq
 
-from mcpd import config as config_module
+from mcpd import config as config_module, sockets
 from mcpd.client.replies import result_of
-from mcpd.daemon import channels
-from mcpd.protocol import wire
+from mcpd.protocol import control_ops, wire
 from mcpd.security.trusted_path import check_placed_by_trusted_user
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_TIMEOUT = 0, 1, 2, 3, 4
@@ -44,26 +43,32 @@ def find_runtime_dir(args) -> Path:
     if explicit:
         return Path(explicit)
     configured = config_module.load(args.config).runtime_dir
-    if not (configured / "control.ipc").exists() and (SYSTEM_RUNTIME_DIR / "control.ipc").exists():
+    if not (configured / sockets.CONTROL_IPC).exists() and (SYSTEM_RUNTIME_DIR / sockets.CONTROL_IPC).exists():
         return SYSTEM_RUNTIME_DIR
     return configured
 
 
 def call(args, op: str, op_args: dict | None = None, timeout_s: float | None = None) -> dict:
-    """One control op; its result, or MCPDError with the daemon's code."""
-    runtime_dir = find_runtime_dir(args)
+    """One control op on the daemon mcpctl's arguments name; see call_at."""
     timeout_s = timeout_s if timeout_s is not None else (args.timeout or CALL_TIMEOUT_S)
-    if not (runtime_dir / "control.ipc").exists():
-        raise Unreachable(f"no control socket at {runtime_dir / 'control.ipc'}: is mcpd running?")
+    return call_at(find_runtime_dir(args), op, op_args, timeout_s)
+
+
+def call_at(runtime_dir: Path, op: str, op_args: dict | None = None, timeout_s: float = CALL_TIMEOUT_S) -> dict:
+    """One control op; its result, or MCPDError with the daemon's code. The op and its args are
+    checked against the control-op table before anything is sent (BAD_REQUEST, UNKNOWN_OP)."""
+    control_ops.find(op).checked_args(op_args or {})
+    if not (runtime_dir / sockets.CONTROL_IPC).exists():
+        raise Unreachable(f"no control socket at {runtime_dir / sockets.CONTROL_IPC}: is mcpd running?")
     check_placed_by_trusted_user(runtime_dir)
     context = zmq.Context()
     sock = context.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     try:
-        sock.connect(channels.control_endpoint(runtime_dir))
+        sock.connect(sockets.control_endpoint(runtime_dir))
         sock.send(wire.encode_request(op, 1, op_args or {}))
         if not sock.poll(timeout_s * 1000):
-            raise Unreachable(f"mcpd did not answer on {runtime_dir / 'control.ipc'} within {timeout_s:g}s")
+            raise Unreachable(f"mcpd did not answer on {runtime_dir / sockets.CONTROL_IPC} within {timeout_s:g}s")
         return result_of(wire.decode_reply(sock.recv()))
     finally:
         sock.close(0)

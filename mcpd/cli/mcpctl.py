@@ -10,8 +10,8 @@ import sys
 
 from mcpd.cli import contexts, control, keys, lifecycle, status, workers
 from mcpd.config import ConfigError
-from mcpd.daemon.refusal import UnsafePath
 from mcpd.protocol.codes import MCPDError
+from mcpd.refusal import UnsafePath
 from mcpd.security.keys import BadKey
 
 COMMAND_GROUPS = (status, workers, contexts, lifecycle, keys)

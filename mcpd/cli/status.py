@@ -1,4 +1,4 @@
-"""mcpctl status (once or --watch), config and version: reading the daemon's state."""
+"""mcpctl status (once or --watch), ping, config and version: reading the daemon's state."""
 from __future__ import annotations
 
 import sys
@@ -16,6 +16,8 @@ def register(sub, common) -> None:
     status.add_argument("--watch", action="store_true", help="redraw until interrupted")
     status.add_argument("--interval", type=float, default=2.0, help="seconds between redraws (default 2)")
     status.set_defaults(handler=cmd_status)
+    sub.add_parser("ping", parents=[common], help="whether the daemon answers (open to any user who can connect)"
+                   ).set_defaults(handler=cmd_ping)
     sub.add_parser("config", parents=[common], help="the effective configuration").set_defaults(handler=cmd_config)
     sub.add_parser("version", parents=[common], help="mcpctl's and the daemon's versions").set_defaults(handler=cmd_version)
 
@@ -69,6 +71,11 @@ def render_status(status: dict) -> str:
     for op, lat in sorted(requests["latency"].items()):
         lines.append(f"  {op:<10} n={lat['count']:<6} p50 {lat['p50_ms']:.2f} ms  p99 {lat['p99_ms']:.2f} ms")
     return "\n".join(lines)
+
+
+def cmd_ping(args) -> int:
+    emit(args, control.call(args, "ping"), lambda r: f"mcpd answers (supervisor pid {r['pid']})")
+    return control.EXIT_OK
 
 
 def cmd_config(args) -> int:

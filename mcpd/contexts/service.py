@@ -19,8 +19,8 @@ from mcpd.contexts.persistence import Persistence
 from mcpd.protocol import codes, ops
 from mcpd.protocol import delta as codec
 from mcpd.protocol.codes import MCPDError
+from mcpd.protocol.tenant import DEFAULT_TENANT
 
-DEFAULT_TENANT = "default"
 OPS = ("context.open", "context.get", "context.update", "context.drop", "context.list")
 
 

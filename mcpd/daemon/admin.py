@@ -1,5 +1,7 @@
 """The supervisor's answers to mcpctl: every control op, including those it forwards to the
-scheduler (context ops) and to all children (reload) and answers once they report back.
+scheduler (context ops) and to all children (reload) and answers once they report back. Which
+op exists, its arguments and its handler (a method here by name) come from the control-op table,
+protocol/control_ops.py.
 
 Forwarded ops wait as `Pending` entries keyed by a token; the reply goes out when the last
 expected event arrives, or when the op's time runs out (with what arrived so far), so an op
@@ -22,11 +24,11 @@ from mcpd import config as config_module
 from mcpd.config import Config, ConfigError
 from mcpd.daemon import channels, live_config
 from mcpd.daemon.status import build_status
-from mcpd.security import key_ops
-from mcpd.protocol import codes, wire
+from mcpd.protocol import codes, control_ops, wire
 from mcpd.protocol.codes import MCPDError
+from mcpd.security import key_ops
 
-FORWARD_TIMEOUT_S = 30.0   # the most a forwarded op waits when the caller names no timeout
+FORWARD_TIMEOUT_S = 30.0   # the most a forwarded op waits, and a reload when the caller names no timeout
 # What the supervisor applies itself on reload: the children read these from it, not their copy.
 SUPERVISOR_LIVE = ("supervisor.stop_grace_s", "supervisor.ready_timeout_s",
                    "workers.restart_backoff_s", "workers.restart_backoff_max_s")
@@ -41,84 +43,97 @@ class Pending:
     fresh: Config | None = None                     # a reload's newly read config
 
 
+@dataclass(frozen=True)
+class ControlCall:
+    """One control request, its op found and its args checked against the table."""
+    op: control_ops.ControlOp
+    args: dict
+    reply_to: tuple   # (identity, envelope, request_id)
+
+
 class Admin:
     def __init__(self, supervisor):
         self.supervisor = supervisor
         self.tokens = itertools.count(1)
         self.pending: dict[int, Pending] = {}
-        self.ops = {"status": self._status, "ping": self._ping, "version": self._version,
-                    "config": self._config, "workers": self._workers, "workers.restart": self._restart_worker,
-                    "drain": self._drain, "resume": self._resume}
 
     # -- requests from mcpctl -------------------------------------------------------------------
 
     def handle(self, identity: bytes, request: wire.Request) -> dict | None:
-        """The op's result now, or None when the answer comes later (sent by `answer`)."""
-        op, args = request.op, request.header["args"]
-        reply_to = (identity, request.envelope, request.request_id)
-        if op.startswith("contexts."):
-            return self._forward(op, args, reply_to)
-        if op.startswith(key_ops.PREFIX):
-            return key_ops.run(self.supervisor.keys, self.supervisor.config.curve, op, args)
-        if op == "reload":
-            return self.reload(reply_to, args.get("timeout_s"))
-        if op not in self.ops:
-            known = sorted([*self.ops, "reload", "contexts.list", "contexts.show", "contexts.drop",
-                            "keys.list", "keys.allow", "keys.revoke"])
-            raise MCPDError(codes.UNKNOWN_OP, f"unknown control op {op!r}; known: {', '.join(known)}")
-        return self.ops[op](args)
+        """The op's result now, or None when the answer comes later (sent by `answer`). The op
+        and its handler come from the control-op table (protocol/control_ops.py)."""
+        op = control_ops.find(request.op)
+        call = ControlCall(op, op.checked_args(request.header["args"]),
+                           (identity, request.envelope, request.request_id))
+        if op.runs_in is control_ops.Place.SCHEDULER:
+            return self._forward(call)
+        return getattr(self, op.handler)(call)
 
-    def _status(self, _args) -> dict:
-        return build_status(self.supervisor)
-
-    def _ping(self, _args) -> dict:
+    def ping(self, _call) -> dict:
         return {"pong": True, "pid": os.getpid()}
 
-    def _version(self, _args) -> dict:
+    def status(self, _call) -> dict:
+        return build_status(self.supervisor)
+
+    def version(self, _call) -> dict:
         return {"version": mcpd.__version__, "protocol": wire.VERSION, "python": platform.python_version()}
 
-    def _config(self, _args) -> dict:
+    def config(self, _call) -> dict:
         return {"path": self.supervisor.config_path, "config": self.supervisor.config.to_dict()}
 
-    def _workers(self, _args) -> dict:
+    def workers(self, _call) -> dict:
         status = build_status(self.supervisor)
         devices = {d["worker"]: d for d in status["devices"]}
         return {"workers": [{**p, **devices.get(p["index"], {})} for p in status["processes"] if p["role"] == "worker"]}
 
-    def _restart_worker(self, args: dict) -> dict:
+    def restart_worker(self, call: ControlCall) -> dict:
         """SIGTERM the worker; the supervisor restarts it as after any exit, and the scheduler
         requeues its requests that had not started streaming (the rest get WORKER_LOST)."""
-        child = self.supervisor.table.find("worker", args.get("index"))
+        index = call.args["index"]
+        child = self.supervisor.table.find("worker", index)
         if child is None:
-            raise MCPDError(codes.NOT_FOUND, f"no worker {args.get('index')!r}")
+            raise MCPDError(codes.NOT_FOUND, f"no worker {index!r}")
         if not child.alive:
             raise MCPDError(codes.CONFLICT, f"worker {child.spec.index} is not running ({child.state})")
         pid = child.process.pid
         os.kill(pid, signal.SIGTERM)
         return {"index": child.spec.index, "old_pid": pid, "restarts": child.restarts}
 
-    def _drain(self, _args) -> dict:
+    def drain(self, _call) -> dict:
         self.supervisor.to_frontend.send_multipart([channels.DRAIN])
         return {"draining": True}
 
-    def _resume(self, _args) -> dict:
+    def resume(self, _call) -> dict:
         self.supervisor.drained = False
         self.supervisor.to_frontend.send_multipart([channels.RESUME])
         return {"draining": False}
 
+    def keys_list(self, _call) -> dict:
+        return key_ops.list_keys(self.supervisor.keys, self.supervisor.config.curve)
+
+    def keys_allow(self, call: ControlCall) -> dict:
+        return key_ops.allow(self.supervisor.keys, call.args["name"], call.args["public_key"])
+
+    def keys_revoke(self, call: ControlCall) -> dict:
+        return key_ops.revoke(self.supervisor.keys, call.args["name"])
+
     # -- forwarded ops --------------------------------------------------------------------------
 
-    def _forward(self, op: str, args: dict, reply_to: tuple) -> None:
+    def _forward(self, call: ControlCall) -> None:
         token = next(self.tokens)
-        self.pending[token] = Pending(reply_to, time.monotonic() + _timeout(args.get("timeout_s")))
-        message = {"token": token, "op": op, "args": args}
+        self.pending[token] = Pending(call.reply_to, time.monotonic() + FORWARD_TIMEOUT_S)
+        message = {"token": token, "op": call.op.name, "args": call.args}
         self.supervisor.to_scheduler.send_multipart([channels.ADMIN, msgpack.packb(message)])
 
-    def reload(self, reply_to: tuple | None, timeout_s: float | None = None) -> dict | None:
+    def reload(self, call: ControlCall) -> dict | None:
+        return self.reload_config(call.reply_to, call.args["timeout_s"])
+
+    def reload_config(self, reply_to: tuple | None, timeout_s: float | None = None) -> dict | None:
         """Re-read the config file, apply what can change live and say what needs a restart.
 
         The reply waits up to `timeout_s` for every child to confirm (0: answer at once with
         what the supervisor applied itself; the children's part then shows in the log)."""
+        timeout_s = FORWARD_TIMEOUT_S if timeout_s is None else timeout_s
         supervisor = self.supervisor
         try:
             fresh = config_module.load(supervisor.config_path)
@@ -135,7 +150,7 @@ class Admin:
         supervisor.to_frontend.send_multipart(message)
         waiting = {(c.spec.role, c.spec.index) for c in supervisor.table.children if c.alive and c.ready}
         summary = {"path": supervisor.config_path, "changed": changed, "applied": applied, "confirmed": []}
-        self.pending[token] = Pending(reply_to, time.monotonic() + _timeout(timeout_s), waiting, summary, fresh)
+        self.pending[token] = Pending(reply_to, time.monotonic() + timeout_s, waiting, summary, fresh)
         if timeout_s == 0 or not waiting:
             return self._finish(token)
         return None
@@ -197,10 +212,6 @@ class Admin:
         identity, envelope, request_id = reply_to
         reply = wire.ok_reply(request_id, result) if code is None else wire.error_reply(request_id, code, message)
         self.supervisor.control.send_multipart([identity, *envelope, reply])
-
-
-def _timeout(requested: float | None) -> float:
-    return FORWARD_TIMEOUT_S if requested is None else max(0.0, min(float(requested), 3600.0))
 
 
 def changed_keys(old: dict, new: dict) -> list[str]:

@@ -43,13 +43,14 @@ STARTED says a stream sent its first chunk, so the request is no longer safe to 
 """
 from __future__ import annotations
 
-import os
 import struct
 from pathlib import Path
 
 import zmq
 
 from mcpd.protocol import codes
+# The socket helpers live in mcpd.sockets (cli and security use them too); re-exported for the processes.
+from mcpd.sockets import bind_ipc, client_endpoint, drain, endpoint, frames_of  # noqa: F401
 
 REQUEST = b"REQ"
 CANCEL = b"CANCEL"
@@ -84,26 +85,6 @@ def unpack_rid(raw: bytes) -> int:
     return _RID.unpack(raw)[0]
 
 
-def drain(sock: zmq.Socket, handle, limit: int = 1 << 30, receive=None) -> int:
-    """Hand every message waiting on `sock` (up to `limit`) to `handle`; never blocks.
-    `receive(sock)` takes one message (default: recv_multipart without blocking).
-
-    Asking EVENTS is cheaper than letting recv raise zmq.Again, and it also re-arms the
-    edge-triggered FD that event loops wait on. Returns how many messages were handled.
-    """
-    taken = 0
-    while taken < limit and sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-        handle(receive(sock) if receive else sock.recv_multipart(zmq.NOBLOCK))
-        taken += 1
-    return taken
-
-
-def frames_of(sock: zmq.Socket) -> list[zmq.Frame]:
-    """A `receive` for drain: the message as zmq.Frame objects, whose properties (User-Id,
-    Peer-Address, SRCFD) can be read."""
-    return sock.recv_multipart(zmq.NOBLOCK, copy=False)
-
-
 def internal_socket(context: zmq.Context, runtime_dir: Path, kind: int, name: str, bind: bool) -> zmq.Socket:
     """A socket on one of the ipc endpoints above, bound or connected, that drops what it could
     not send when closed (a dead peer must not hold a restarting process up)."""
@@ -114,26 +95,6 @@ def internal_socket(context: zmq.Context, runtime_dir: Path, kind: int, name: st
     else:
         sock.connect(endpoint(runtime_dir, name))
     return sock
-
-
-def bind_ipc(sock: zmq.Socket, path: Path, mode: int) -> None:
-    """Bind an ipc endpoint and give its socket file exactly `mode` (connecting needs write
-    permission on it). The runtime dir is the daemon's alone (trusted_path.py), so the path
-    cannot be swapped between the bind and the chmod."""
-    sock.bind(f"ipc://{path}")
-    os.chmod(path, mode)
-
-
-def endpoint(runtime_dir: Path, name: str) -> str:
-    return f"ipc://{runtime_dir / name}"
-
-
-def client_endpoint(runtime_dir: Path) -> str:
-    return endpoint(runtime_dir, "client.ipc")
-
-
-def control_endpoint(runtime_dir: Path) -> str:
-    return endpoint(runtime_dir, "control.ipc")
 
 
 def worker_identity(index: int) -> bytes:

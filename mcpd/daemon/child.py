@@ -17,7 +17,7 @@ import zmq
 
 from mcpd.config import Config
 from mcpd.daemon import channels, log
-from mcpd.daemon.refusal import StartRefused
+from mcpd.refusal import StartRefused
 
 PR_SET_PDEATHSIG = 1
 EXIT_REFUSED = 78   # EX_CONFIG in sysexits.h; any other exit status means "restart me"

@@ -32,7 +32,7 @@ from mcpd.daemon.peers import PeerTracker
 from mcpd.daemon.request_metrics import RequestMetrics
 from mcpd.protocol import codes, ops, wire
 from mcpd.protocol.codes import MCPDError
-from mcpd.security.gate import Gate
+from mcpd.daemon.gate import Gate
 
 STATS_INTERVAL_S = 0.5
 GUARD_S = 0.02   # how often the backlogs are retried and the unfinished messages checked

@@ -13,7 +13,7 @@ import fcntl
 import os
 from pathlib import Path
 
-from mcpd.daemon.refusal import InUse
+from mcpd.refusal import InUse
 from mcpd.security.trusted_path import open_private_file
 
 LOCK_NAME = "mcpd.lock"

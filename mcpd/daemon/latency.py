@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from collections import defaultdict, deque
 
+from mcpd.percentile import percentile
+
 WINDOW = 4096
 
 
@@ -15,12 +17,6 @@ class LatencyWindow:
 
     def summary(self) -> dict[str, dict[str, float]]:
         """{op: {"count", "p50_ms", "p99_ms"}} over the window."""
-        return {op: _percentiles(samples) for op, samples in self._samples.items() if samples}
-
-
-def _percentiles(samples) -> dict[str, float]:
-    ordered = sorted(samples)
-    last = len(ordered) - 1
-    return {"count": len(ordered),
-            "p50_ms": round(ordered[last // 2] * 1e3, 3),
-            "p99_ms": round(ordered[int(last * 0.99)] * 1e3, 3)}
+        return {op: {"count": len(samples), "p50_ms": round(percentile(samples, 0.5) * 1e3, 3),
+                     "p99_ms": round(percentile(samples, 0.99) * 1e3, 3)}
+                for op, samples in self._samples.items() if samples}

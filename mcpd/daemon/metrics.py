@@ -16,6 +16,8 @@ import logging
 from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.exposition import start_http_server
 
+from mcpd.daemon.child_stats import SchedulerStats
+
 
 
 def serve(supervisor, log: logging.Logger) -> str | None:
@@ -43,12 +45,12 @@ class DaemonCollector:
 
     def collect(self):
         table = self.supervisor.table
-        frontend = table.find("frontend", 0).stats or {}
-        scheduler = table.find("scheduler", 0).stats or {}
+        frontend = table.find("frontend", 0).latest_stats()
+        scheduler = table.find("scheduler", 0).latest_stats()
         workers = [c for c in table.children if c.spec.role == "worker"]
-        yield from _requests(frontend.get("metrics", {}), scheduler)
+        yield from _requests(frontend.metrics, scheduler)
         yield from _workers(workers)
-        yield from _contexts(scheduler, [scheduler, *(w.stats or {} for w in workers)])
+        yield from _contexts(scheduler)
         restarts = CounterMetricFamily("mcpd_process_restarts", "Restarts of a child process", labels=["role", "index"])
         for child in table.children:
             restarts.add_metric([child.spec.role, str(child.spec.index)], child.restarts)
@@ -56,7 +58,7 @@ class DaemonCollector:
         yield from self.gpus.collect()
 
 
-def _requests(front: dict, scheduler: dict):
+def _requests(front: dict, scheduler: SchedulerStats):
     finished = CounterMetricFamily("mcpd_requests", "Requests by op, priority class, tenant and final code",
                                    labels=["op", "class", "tenant", "code"])
     for op, cls, tenant, code, count in front.get("finished", []):
@@ -69,8 +71,8 @@ def _requests(front: dict, scheduler: dict):
     yield _histograms("mcpd_inter_token_latency_seconds", "Time between streamed chunks", ["class"],
                       [([cls], h) for cls, h in front.get("itl", [])])
     yield _histograms("mcpd_queue_time_seconds", "Time a request waited for a worker", [],
-                      [([], scheduler["queue_time"])] if "queue_time" in scheduler else [])
-    waiting = {name: figures["queued"] for name, figures in scheduler.get("classes", {}).items()}
+                      [([], scheduler.queue_time)] if scheduler.queue_time is not None else [])
+    waiting = {name: figures["queued"] for name, figures in scheduler.classes.items()}
     inflight = front.get("inflight", {})
     waiting_family = GaugeMetricFamily("mcpd_requests_waiting", "Requests queued for a worker", labels=["class"])
     running_family = GaugeMetricFamily("mcpd_requests_running", "Requests admitted and not waiting in the queue",
@@ -99,33 +101,29 @@ def _workers(workers):
         ("waiting", "mcpd_engine_waiting_sequences", "Sequences admitted to the engine, not yet running"))}
     batch = []
     for worker in workers:
-        stats = worker.stats or {}
-        if not stats:
+        stats = worker.stats
+        if stats is None:
             continue
-        values = {**stats, **stats.get("pool", {})}
-        key = [str(worker.spec.index), str(stats.get("device", ""))]
+        values = {**stats.reported(tuple(counters) + tuple(gauges)), **(stats.pool or {})}
+        key = [str(worker.spec.index), stats.device or ""]
         for name, family in {**counters, **gauges}.items():
             if name in values:
                 family.add_metric(key, values[name])
-        if "batch_size" in stats:
-            batch.append((key, stats["batch_size"]))
+        if stats.batch_size is not None:
+            batch.append((key, stats.batch_size))
     yield from counters.values()
     yield from gauges.values()
     yield _histograms("mcpd_batch_size", "Sequences per engine step", labels, batch)
 
 
-def _contexts(scheduler: dict, all_stats: list[dict]):
-    contexts = scheduler.get("contexts", {})
-    for name, text, value in (("mcpd_contexts", "Contexts held", contexts.get("contexts")),
-                              ("mcpd_contexts_bytes", "Bytes of all contexts", contexts.get("bytes")),
+def _contexts(scheduler: SchedulerStats):
+    for name, text, value in (("mcpd_contexts", "Contexts held", scheduler.contexts.get("contexts")),
+                              ("mcpd_contexts_bytes", "Bytes of all contexts", scheduler.contexts.get("bytes")),
                               ("mcpd_contexts_restored", "Contexts restored from disk at start",
-                               scheduler.get("persistence", {}).get("restored"))):
+                               scheduler.persistence.get("restored"))):
         if value is not None:
             yield GaugeMetricFamily(name, text, value=value)
-    # The shared-memory context cache reports under "cache" from whichever process hosts it.
-    cache = next((s["cache"] for s in all_stats if "cache" in s), None)
-    if cache is None:
-        return
+    cache = scheduler.cache   # the host shared-memory cache's arena, which the scheduler reads
     for key, kind in (("bytes", GaugeMetricFamily), ("entries", GaugeMetricFamily), ("hits", CounterMetricFamily),
                       ("misses", CounterMetricFamily), ("evictions", CounterMetricFamily)):
         if key in cache:

@@ -9,10 +9,12 @@ import logging
 import multiprocessing
 import signal
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 from mcpd.config import Config
+from mcpd.daemon import child_stats
+from mcpd.daemon.child_stats import FrontendStats, SchedulerStats, WorkerStats
 
 SPAWN = multiprocessing.get_context("spawn")
 STABLE_AFTER_S = 30.0   # a child that lived this long resets its restart backoff
@@ -40,7 +42,12 @@ class Child:
     backoff_s: float = 0.0
     restart_at: float | None = None
     last_exit: str = ""
-    stats: dict = field(default_factory=dict)
+    stats: FrontendStats | SchedulerStats | WorkerStats | None = None   # None until the first report
+    reports: int = 0   # stats reports from this process (its pid): a reader can wait for a newer one
+
+    def latest_stats(self):
+        """Its latest stats, or its kind's empty ones before the first report."""
+        return self.stats if self.stats is not None else child_stats.empty(self.spec.role)
 
     @property
     def alive(self) -> bool:
@@ -57,7 +64,7 @@ class Child:
     def describe(self) -> dict:
         return {"role": self.spec.role, "index": self.spec.index, "pid": self.process.pid if self.alive else None,
                 "state": self.state, "uptime_s": round(time.monotonic() - self.started, 1) if self.alive else 0,
-                "restarts": self.restarts, "last_exit": self.last_exit}
+                "restarts": self.restarts, "last_exit": self.last_exit, "stats_reports": self.reports}
 
 
 class ProcessTable:

@@ -10,45 +10,41 @@ import msgpack
 
 from mcpd.contexts.context import Context
 from mcpd.daemon import channels, live_config
-from mcpd.protocol import codes
+from mcpd.protocol import codes, control_ops
 from mcpd.protocol.codes import MCPDError
-
-LIST_LIMIT = 1000   # contexts one `mcpctl contexts list` shows; the total is always given
 
 
 def handle(scheduler, frames: list[bytes]) -> None:
-    """Dispatch one ADMIN or RELOAD message from the supervisor."""
+    """Dispatch one ADMIN or RELOAD message from the supervisor. An ADMIN op's args were checked
+    against the control-op table there; its handler here is the function the table names."""
     if frames[0] == channels.RELOAD:
         return _reload(scheduler, frames)
     request = msgpack.unpackb(frames[1], raw=False)
     token = request["token"]
     try:
-        op = OPS.get(request["op"])
-        if op is None:
-            raise MCPDError(codes.UNKNOWN_OP, f"unknown admin op {request['op']!r}")
-        scheduler.events.send("admin", token=token, result=op(scheduler.contexts.store, request["args"]))
+        op = control_ops.find(request["op"])
+        if op.runs_in is not control_ops.Place.SCHEDULER:
+            raise MCPDError(codes.UNKNOWN_OP, f"control op {op.name!r} does not run in the scheduler")
+        handler = globals()[op.handler]
+        scheduler.events.send("admin", token=token, result=handler(scheduler.contexts.store, request["args"]))
     except MCPDError as e:
         scheduler.events.send("admin", token=token, code=e.code, message=e.message)
 
 
-def _list(store, args: dict) -> dict:
-    owner = args.get("owner")
+def list_contexts(store, args: dict) -> dict:
+    owner = args["owner"]
     found = sorted((c for c in store.contexts.values() if owner in (None, c.owner)), key=lambda c: (c.owner, c.id))
-    limit = args.get("limit") or LIST_LIMIT
-    return {"total": len(found), "contexts": [_summary(c) for c in found[:limit]]}
+    return {"total": len(found), "contexts": [_summary(c) for c in found[:args["limit"]]]}
 
 
-def _show(store, args: dict) -> dict:
+def show_context(store, args: dict) -> dict:
     context = store.get(args["owner"], args["id"])
     return {**_summary(context),
             "fields": [_field(context, name, value) for name, value in sorted(context.fields.items())]}
 
 
-def _drop(store, args: dict) -> dict:
+def drop_context(store, args: dict) -> dict:
     return {"dropped": store.drop(args["owner"], args["id"])}
-
-
-OPS = {"contexts.list": _list, "contexts.show": _show, "contexts.drop": _drop}
 
 
 def _summary(context: Context) -> dict:

@@ -21,17 +21,17 @@ import msgpack
 import zmq
 
 import mcpd
-from mcpd import config as config_module
+from mcpd import config as config_module, refusal
 from mcpd.config import Config, ConfigError
-from mcpd.daemon import channels, child as children, frontend, log, metrics, refusal, scheduler, worker
+from mcpd.daemon import channels, child as children, child_stats, frontend, log, metrics, scheduler, worker
 from mcpd.daemon.admin import Admin
 from mcpd.daemon.instance_lock import InstanceLock
 from mcpd.daemon.process_table import Child, ChildSpec, ProcessTable
-from mcpd.daemon.refusal import StartRefused
 from mcpd.daemon.sdnotify import SystemdNotifier
 from mcpd.memory import host_segment
 from mcpd.protocol import wire
 from mcpd.protocol.codes import MCPDError
+from mcpd.refusal import StartRefused
 from mcpd.security import peer as peers
 from mcpd.security.keys import KeyStore
 from mcpd.security.trusted_path import make_private_dir
@@ -201,7 +201,8 @@ class Supervisor:
             child.ready = True
             self.log.info("%s ready", child.spec.name)
         elif kind == "stats":
-            child.stats = event
+            child.stats = child_stats.of(child.spec.role, event)
+            child.reports += 1
         elif kind == "drained":
             self.drained = True
         elif kind in ("admin", "reloaded"):
@@ -242,7 +243,7 @@ class Supervisor:
         self.reload_requested = False
         self.notifier.notify(RELOADING=1, MONOTONIC_USEC=time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000)
         try:
-            self.admin.reload(None)
+            self.admin.reload_config(None)
         except MCPDError:
             pass   # logged by reload; the running configuration stays
         self.notifier.notify(READY=1)

@@ -16,8 +16,8 @@ import os
 from pathlib import Path
 
 from mcpd.config import Config
-from mcpd.daemon.refusal import UnsafePath
 from mcpd.memory.shm_arena import ShmArena
+from mcpd.refusal import UnsafePath
 
 SHM_DIR = Path("/dev/shm")
 SEGMENT_MODE = 0o600

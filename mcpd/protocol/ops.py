@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from mcpd.config import LimitsConfig
 from mcpd.protocol import codes
 from mcpd.protocol.codes import MCPDError
+from mcpd.protocol.limits import LimitsConfig
 
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 256

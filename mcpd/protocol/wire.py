@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import msgpack
 
-from mcpd.config import LimitsConfig
 from mcpd.protocol import codes
 from mcpd.protocol.codes import MCPDError
+from mcpd.protocol.limits import LimitsConfig
 
 VERSION = 1
 SUPPORTED_VERSIONS = (1,)

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from collections import deque
 
+from mcpd.percentile import percentile
+
 SAMPLES = 256
 ADJUST_EVERY = 16
 
@@ -41,10 +43,7 @@ class BatchingWindow:
             self._adjust()
 
     def p99_ms(self) -> float:
-        if not self.delays_ms:
-            return 0.0
-        ordered = sorted(self.delays_ms)
-        return ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
+        return percentile(self.delays_ms, 0.99) if self.delays_ms else 0.0
 
     def _adjust(self) -> None:
         headroom = 1.0 - self.p99_ms() / self.target_ms if self.target_ms > 0 else 0.0

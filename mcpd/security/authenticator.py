@@ -35,7 +35,7 @@ import time
 import zmq
 from zmq.utils import z85
 
-from mcpd.daemon import channels
+from mcpd import sockets
 from mcpd.security.keys import KeyStore
 from mcpd.security.peer import parse_peer_address
 
@@ -65,7 +65,7 @@ class Authenticator:
 
     def serve(self) -> int:
         """Answer every waiting ZAP request; returns how many."""
-        return channels.drain(self.socket, self._on_request)
+        return sockets.drain(self.socket, self._on_request)
 
     def tenant(self, user_id: str) -> str | None:
         """The tenant of a connection whose handshake returned `user_id`, or None if its key is no

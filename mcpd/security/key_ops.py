@@ -8,35 +8,44 @@ already allowed under another name is CONFLICT.
 """
 from __future__ import annotations
 
-from mcpd.daemon.refusal import StartRefused
+import functools
+
 from mcpd.protocol import codes
 from mcpd.protocol.codes import MCPDError
+from mcpd.refusal import StartRefused
 from mcpd.security.keys import BadKey, KeyConflict, KeyStore
 
-PREFIX = "keys."
+
+def _refusals_as_codes(op):
+    """The key store's refusals as the protocol's error codes."""
+    @functools.wraps(op)
+    def answered(keys: KeyStore, *args) -> dict:
+        try:
+            return op(keys, *args)
+        except KeyConflict as e:
+            raise MCPDError(codes.CONFLICT, str(e)) from None
+        except BadKey as e:
+            raise MCPDError(codes.BAD_REQUEST, str(e)) from None
+        except (OSError, StartRefused) as e:   # the keys directory; never let it take the supervisor down
+            raise MCPDError(codes.INTERNAL, f"keys directory {keys.directory}: {e}") from None
+    return answered
 
 
-def run(keys: KeyStore, curve: bool, op: str, args: dict) -> dict:
-    try:
-        if op == "keys.list":
-            return _list(keys, curve)
-        if op == "keys.allow":
-            keys.allow(args.get("name"), args.get("public_key"))
-            return {"allowed": args["name"]}
-        if op == "keys.revoke":
-            return {"revoked": keys.revoke(args.get("name"))}
-    except KeyConflict as e:
-        raise MCPDError(codes.CONFLICT, str(e)) from None
-    except BadKey as e:
-        raise MCPDError(codes.BAD_REQUEST, str(e)) from None
-    except (OSError, StartRefused) as e:   # the keys directory; never let it take the supervisor down
-        raise MCPDError(codes.INTERNAL, f"keys directory {keys.directory}: {e}") from None
-    raise MCPDError(codes.UNKNOWN_OP, f"unknown control op {op!r}; known: keys.list, keys.allow, keys.revoke")
-
-
-def _list(keys: KeyStore, curve: bool) -> dict:
+@_refusals_as_codes
+def list_keys(keys: KeyStore, curve: bool) -> dict:
     server = keys.directory / "server.key"
     return {"curve": curve, "keys_dir": str(keys.directory),
             "server_public_key": keys.server_public() if server.exists() else None,
             "allowed": [{"name": name, "public_key": key} for key, name in sorted(keys.allowed().items(),
                                                                                   key=lambda item: item[1])]}
+
+
+@_refusals_as_codes
+def allow(keys: KeyStore, name: str, public_key: str) -> dict:
+    keys.allow(name, public_key)
+    return {"allowed": name}
+
+
+@_refusals_as_codes
+def revoke(keys: KeyStore, name: str) -> dict:
+    return {"revoked": keys.revoke(name)}

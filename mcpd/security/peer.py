@@ -5,8 +5,9 @@ reports them as the message property "Peer-Address" = "<host>:<uid>:<gid>:<pid>"
 ZAP request's address). The kernel fills them in at connect time, so a peer cannot forge them.
 
 The control socket is owner-only (0600), or 0660 with `security.admin_group` as its group, and
-on top of that every op except the read-only ones needs the daemon's uid, root, or the admin
-group: if the file's mode is ever loosened, the check still holds.
+on top of that every op except those the control-op table opens to anyone (protocol/control_ops.py)
+needs the daemon's uid, root, or the admin group: if the file's mode is ever loosened, the check
+still holds.
 """
 from __future__ import annotations
 
@@ -18,10 +19,9 @@ from pathlib import Path
 
 import zmq
 
-from mcpd.protocol import codes
+from mcpd.protocol import codes, control_ops
 from mcpd.protocol.codes import MCPDError
 
-READ_ONLY_CONTROL_OPS = frozenset({"ping", "status"})   # every other op, present or future, is privileged
 CONTROL_SOCKET_MODE = 0o600
 CONTROL_SOCKET_GROUP_MODE = 0o660
 
@@ -71,14 +71,14 @@ def _listed_member(uid: int, gid: int) -> bool:
 
 def authorize_control(op: str, peer: PeerCred | None, group_gid: int | None) -> None:
     """Raise UNAUTHORIZED unless `peer` may run control op `op`."""
-    if op not in READ_ONLY_CONTROL_OPS and not is_admin(peer, os.getuid(), group_gid):
+    if not control_ops.open_to_anyone(op) and not is_admin(peer, os.getuid(), group_gid):
         who = f"uid {peer.uid}" if peer else "an unidentified peer"
         raise MCPDError(codes.UNAUTHORIZED, f"control op {op!r} needs the daemon's user or its admin group; "
                                             f"{who} is neither")
 
 
 def restrict_control_socket(path: Path, group_gid: int | None) -> None:
-    """Owner-only, or owner and admin group (bound owner-only first: channels.bind_ipc)."""
+    """Owner-only, or owner and admin group (bound owner-only first: sockets.bind_ipc)."""
     if group_gid is not None:
         os.chown(path, -1, group_gid)
         os.chmod(path, CONTROL_SOCKET_GROUP_MODE)

@@ -23,7 +23,7 @@ import stat
 from collections import deque
 from pathlib import Path
 
-from mcpd.daemon.refusal import StartRefused, UnsafePath
+from mcpd.refusal import StartRefused, UnsafePath
 
 MAX_LINKS = 40          # as the kernel's own limit on links followed while resolving a path
 PRIVATE_FILE_MODE = 0o600

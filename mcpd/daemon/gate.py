@@ -32,9 +32,9 @@ import zmq
 
 from mcpd.config import Config
 from mcpd.daemon import channels, child
-from mcpd.daemon.refusal import InUse, StartRefused
 from mcpd.protocol import codes, wire
 from mcpd.protocol.codes import MCPDError
+from mcpd.refusal import InUse, StartRefused
 from mcpd.security.authenticator import CURVE_DOMAIN, IPC_DOMAIN, Authenticator
 from mcpd.security.keys import KeyStore
 

@@ -1,0 +1,61 @@
+"""Imports run one way: the protocol and the client library stand on their own, and mcpctl and
+the security code do not reach into the daemon. Loading the daemon (or numpy, torch, the TOML
+loader) where it is not needed costs every client and every `mcpctl` call start-up time, and a
+cycle back into the daemon makes the layers impossible to read apart."""
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import mcpd
+
+PACKAGE = Path(mcpd.__file__).parent
+HEAVY = ("numpy", "torch")
+
+
+def loaded_after(code: str) -> set[str]:
+    """The modules a fresh interpreter holds after running `code`."""
+    probe = f"import sys\n{code}\nimport json; print(json.dumps(sorted(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return set(json.loads(done.stdout.splitlines()[-1]))
+
+
+def under(modules: set[str], *prefixes: str) -> list[str]:
+    return sorted(m for m in modules if any(m == p or m.startswith(p + ".") for p in prefixes))
+
+
+def test_client_and_protocol_load_nothing_of_the_daemon():
+    modules = loaded_after("import mcpd.client, mcpd.protocol.wire, mcpd.protocol.ops, mcpd.protocol.codes, "
+                           "mcpd.protocol.control_ops, mcpd.protocol.limits, mcpd.protocol.tenant")
+    assert "mcpd.client" in modules   # the probe ran what it should
+    assert under(modules, "mcpd.daemon", "mcpd.config", "tomllib", *HEAVY) == []
+
+
+def test_mcpctl_help_loads_neither_daemon_nor_contexts():
+    code = ("from mcpd.cli import mcpctl\n"
+            "try:\n    mcpctl.main(['--help'])\nexcept SystemExit:\n    pass")
+    modules = loaded_after(code)
+    assert "mcpd.cli.contexts" in modules and "mcpd.cli.keys" in modules
+    assert under(modules, "mcpd.daemon", "mcpd.contexts", *HEAVY) == []
+
+
+@pytest.mark.parametrize("package, forbidden", [
+    ("protocol", ("mcpd.daemon", "mcpd.config", "mcpd.client", "mcpd.cli", "mcpd.contexts")),
+    ("client", ("mcpd.daemon", "mcpd.config", "mcpd.cli", "mcpd.contexts")),
+    ("security", ("mcpd.daemon", "mcpd.cli", "mcpd.contexts")),
+    ("cli", ("mcpd.daemon", "mcpd.contexts")),
+])
+def test_no_import_statement_points_back(package, forbidden):
+    """Also the imports inside functions, which a fresh interpreter does not run."""
+    found = []
+    for path in sorted((PACKAGE / package).rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [f"{node.module}.{a.name}" for a in node.names] if isinstance(node, ast.ImportFrom)
+                     else [])   # `from mcpd.daemon import x` is mcpd.daemon.x, `from mcpd import daemon` too
+            found += [f"{path.name}: {n}" for n in names if under({n}, *forbidden)]
+    assert found == []
