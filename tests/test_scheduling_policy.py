@@ -3,10 +3,10 @@ import logging
 import tempfile
 
 from mcpd.config import PriorityClass, from_dict
-from mcpd.daemon import channels
+from mcpd.daemon import messages
 from mcpd.daemon.peers import PeerTracker
 from mcpd.daemon.scheduler import Scheduler
-from mcpd.protocol import wire
+from mcpd.protocol.args import PingArgs
 from mcpd.scheduling.batching_window import ADJUST_EVERY, BatchingWindow
 from mcpd.scheduling.class_queues import ClassQueues
 from mcpd.scheduling.degradation import DegradationLadder
@@ -18,7 +18,7 @@ CLASSES = {"high": PriorityClass(rank=2), "mid": PriorityClass(rank=1, max_age_s
 
 
 def job(rid: int, class_name: str, enqueued: float) -> Job:
-    return Job(rid, b"", [], class_name=class_name, seq=rid, enqueued=enqueued)
+    return Job(rid, None, [], class_name=class_name, seq=rid, enqueued=enqueued)
 
 
 def test_token_bucket_grants_a_burst_then_the_rate():
@@ -103,8 +103,8 @@ def test_apply_config_swaps_classes_and_keeps_queued_work():
                          "persistence": {"enabled": False}})
     scheduler = Scheduler(config, logging.getLogger("test"))
     try:
-        header = wire.encode_request("ping", 1)
-        scheduler._on_inbox([channels.REQUEST, channels.pack_rid(7), header])   # no worker: it waits
+        ping = messages.Request(7, 1, "default", None, None, PingArgs())
+        scheduler._on_inbox(messages.encode(ping))   # no worker: it waits
         assert len(scheduler.queue) == 1
         fresh = from_dict({"server": {"runtime_dir": runtime_dir}, "cache": {"enabled": False},
                            "persistence": {"enabled": False}, "scheduler": {"window_max_ms": 5.0, "default_class": "bulk",
@@ -114,7 +114,7 @@ def test_apply_config_swaps_classes_and_keeps_queued_work():
         assert changed == ["scheduler.default_class", "scheduler.window_max_ms", "scheduler.classes"]
         assert len(scheduler.queue) == 1 and scheduler.queue.peek(0.0).rid == 7
         assert set(scheduler.stats()["classes"]) >= {"normal", "bulk"}
-        assert scheduler.admission.class_of({}) == "bulk"
+        assert scheduler.admission.class_of(None) == "bulk"
         assert scheduler.apply_config(fresh) == []
     finally:
         scheduler.context.destroy(linger=0)
