@@ -14,7 +14,7 @@ import zmq
 
 from mcpd.config import LimitsConfig, from_dict
 from mcpd.daemon import channels, child, messages
-from mcpd.daemon.scheduler import Scheduler
+from mcpd.daemon.scheduler_loop import SchedulerProcess
 from mcpd.protocol import codes, ops
 from mcpd.protocol.args import GenerateArgs
 from mcpd.scheduling.job import Job
@@ -126,7 +126,7 @@ class InProcessNode:
         self.frontend = self.context.socket(zmq.PULL)
         self.frontend.setsockopt(zmq.RCVTIMEO, 60_000)
         self.frontend.bind(channels.endpoint(config.runtime_dir, "frontend.ipc"))
-        self.scheduler = Scheduler(config, logging.getLogger("scheduler"))
+        self.scheduler = SchedulerProcess(config, logging.getLogger("scheduler"))
         try:
             self.worker = Worker(config, 0, "cpu")
         except BaseException:   # a half-built node must not leave sockets that hang the exit
@@ -210,7 +210,7 @@ def test_an_engine_that_fails_every_step_restarts_its_worker(node):
     node.worker.parent_pid = -1
     node.scheduler.parent_pid = -1
     node.threads[1].join(10)
-    assert [job.rid for job in node.scheduler.jobs.values()] == [2]   # handed back: it waits for a worker
+    assert [job.rid for job in node.scheduler.scheduler.jobs.values()] == [2]   # handed back: it waits for a worker
 
 
 def test_a_suspect_runs_alone_on_a_worker():

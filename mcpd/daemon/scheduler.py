@@ -1,4 +1,6 @@
-"""The scheduler process: admits requests by priority class, queues them, and hands each to a worker.
+"""The scheduler's core: admits requests by priority class, queues them, and hands each to a worker.
+It takes messages and time and sends messages through its ports; scheduler_loop.py owns the
+sockets and the process.
 
 What it decides (policies in mcpd/scheduling/, one per file):
 - admission: class, limits, in-flight cap, per-client rate limits, degradation (admission.py);
@@ -25,11 +27,10 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
-import os
 import time
+from typing import Protocol
 
 import msgspec
-import zmq
 
 from mcpd.config import Config, SchedulerConfig
 from mcpd.contexts import service as contexts
@@ -51,22 +52,29 @@ from mcpd.scheduling.job import Job
 from mcpd.scheduling.poison import PoisonList
 from mcpd.scheduling.router import WorkerSlot
 
-STATS_INTERVAL_S = 0.5
-IDLE_POLL_MS = 100
+
+
+class WorkerGone(Exception):
+    """A send found the worker's route gone: its next Hello brings it back."""
+
+
+class Ports(Protocol):
+    """Where the scheduler's messages go: sockets in the process (scheduler_loop.py), lists in tests."""
+    events: child.EventReporter
+
+    def to_frontend(self, frames: list[bytes]) -> None: ...
+
+    def to_worker(self, identity: bytes, frames: list[bytes]) -> bool:
+        """False: the worker's queue is full for now. Raises WorkerGone."""
 
 
 class Scheduler:
-    def __init__(self, config: Config, log: logging.Logger):
-        self.config, self.log = config, log
-        self.context = zmq.Context()
-        self.inbox = self._socket(zmq.PULL, "sched.ipc", bind=True)
-        self.workers_socket = self._socket(zmq.ROUTER, "workers.ipc", bind=True)
-        # A restarted worker reconnects with the same identity: let it take the route over, and
-        # make sends to a missing worker fail loudly instead of vanishing.
-        self.workers_socket.setsockopt(zmq.ROUTER_HANDOVER, 1)
-        self.workers_socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        self.outbox = self._socket(zmq.PUSH, "frontend.ipc", bind=False)
-        self.events = child.EventReporter(self.context, config, "scheduler")
+    """The scheduler's core: takes messages (on_inbox, on_worker) and time (tick, with `clock`),
+    sends messages through its ports, and owns no socket."""
+
+    def __init__(self, config: Config, log: logging.Logger, ports: Ports, clock=time.monotonic):
+        self.config, self.log, self.ports, self.clock = config, log, ports, clock
+        self.events = ports.events
         sched = config.scheduler
         self.queue = ClassQueues(sched.classes, fifo=sched.policy == "fifo")
         self.admission = Admission(sched)
@@ -85,42 +93,22 @@ class Scheduler:
         self.errors: dict[str, dict[str, int]] = {}   # the scheduler's own error replies: class -> code -> n
         self.hold_until: float | None = None   # a batch is held open until then
         self.queue_time = Histogram(LATENCY_BOUNDS)
-        self.parent_pid = os.getppid()
 
     @staticmethod
     def _window(sched: SchedulerConfig) -> BatchingWindow:
         return BatchingWindow(sched.window_target_p99_ms, sched.window_min_ms, sched.window_max_ms,
                               sched.window_smoothing)
 
-    def _socket(self, kind: int, name: str, bind: bool) -> zmq.Socket:
-        return channels.internal_socket(self.context, self.config.runtime_dir, kind, name, bind)
+    def tick(self) -> None:
+        """After every wake-up: answer or cancel what passed its deadline, then dispatch."""
+        now = self.clock()
+        self._expire(now)
+        self._dispatch(now)
 
-    def serve(self) -> None:
-        poller = zmq.Poller()
-        poller.register(self.inbox, zmq.POLLIN)
-        poller.register(self.workers_socket, zmq.POLLIN)
-        self.events.send("ready")
-        next_stats = 0.0
-        while child.parent_alive(self.parent_pid):
-            ready = dict(poller.poll(self._poll_timeout_ms()))
-            # Workers first: what a dead worker sent before dying (STARTED, DONE) must count
-            # before the supervisor's WORKER_LOST note decides what to retry.
-            if self.workers_socket in ready:
-                channels.drain(self.workers_socket, self._on_worker)
-            if self.inbox in ready:
-                channels.drain(self.inbox, self._on_inbox)
-            now = time.monotonic()
-            self._expire(now)
-            self._dispatch(now)
-            if now >= next_stats:
-                self.events.send("stats", **self.stats())
-                next_stats = now + STATS_INTERVAL_S
-
-    def _poll_timeout_ms(self) -> float:
+    def next_wake(self) -> float | None:
+        """When tick has something to do without a message: a batch to release, a deadline."""
         wake = [t for t in (self.hold_until, self.deadlines.next_at()) if t is not None]
-        if not wake:
-            return IDLE_POLL_MS
-        return min(IDLE_POLL_MS, max(0.0, (min(wake) - time.monotonic()) * 1000))
+        return min(wake) if wake else None
 
     def apply_config(self, config: Config) -> list[str]:
         """Swap in a reloaded [scheduler] section (all of it is live) without dropping queued or
@@ -143,7 +131,7 @@ class Scheduler:
 
     # -- from the front-end and the supervisor --------------------------------------------------
 
-    def _on_inbox(self, frames: list[bytes]) -> None:
+    def on_inbox(self, frames: list[bytes]) -> None:
         if frames[0] in (channels.ADMIN, channels.RELOAD):
             return scheduler_admin.handle(self, frames)
         message, payload = messages.decode(frames)
@@ -172,7 +160,7 @@ class Scheduler:
                         code=codes.INTERNAL)
 
     def _admit(self, job: Job) -> None:
-        now = time.monotonic()
+        now = self.clock()
         if self.poison.holds(job.request, now):
             raise MCPDError(codes.INTERNAL, "an identical request from this tenant failed twice on workers "
                             "in the last minutes; it is not run again for now (change it, or report the bug)")
@@ -268,15 +256,12 @@ class Scheduler:
 
     def _send_worker(self, slot: WorkerSlot, frames: list[bytes]) -> bool:
         try:
-            self.workers_socket.send_multipart([slot.identity, *frames], zmq.NOBLOCK)
-            return True
-        except zmq.Again:   # its queue is full for now; it stays in the rotation
-            return False
-        except zmq.ZMQError:   # EHOSTUNREACH: it went away; its next HELLO brings it back
+            return self.ports.to_worker(slot.identity, frames)   # False: full for now; it stays in the rotation
+        except WorkerGone:
             slot.ready = False
             return False
 
-    def _on_worker(self, frames: list[bytes]) -> None:
+    def on_worker(self, frames: list[bytes]) -> None:
         identity = frames[0]
         message, payload = messages.decode(frames[1:])
         slot = self.workers.get(identity)
@@ -295,14 +280,14 @@ class Scheduler:
             self._started(slot, message.rid)
         elif isinstance(message, messages.Chunk):   # a context turn's chunk: same path as its final
             if self._started(slot, message.rid):
-                self.outbox.send_multipart(frames[1:])
+                self.ports.to_frontend(frames[1:])
         elif isinstance(message, messages.TurnResult):
             self._commit_turn(slot, message)
         elif isinstance(message, messages.Final):   # a context turn that ended in an error
             job = self._done(slot, message.rid)
             if job is not None:
                 self.contexts.end_turn(job.context)
-                self.outbox.send_multipart(frames[1:])
+                self.ports.to_frontend(frames[1:])
         elif isinstance(message, messages.Failed):
             self._step_failed(slot, message.reason, message.rids)
 
@@ -360,7 +345,7 @@ class Scheduler:
         head of its queue as a suspect (it then runs alone); one that already streamed is answered
         `why`; a suspect that fails again was alone, so it is the cause: answered `twice`, and
         remembered, so that sending it again is refused instead of breaking two more workers."""
-        now, requeued = time.monotonic(), 0
+        now, requeued = self.clock(), 0
         for job in reversed(jobs):   # requeued at the head, in the order they had
             if job.suspect:
                 self.poison.add(job.request, now)
@@ -388,10 +373,10 @@ class Scheduler:
 
     def _reply(self, rid: int, header: bytes, payload: list[bytes] = (), code: str | None = None) -> None:
         """The final reply of `rid`: header and payload for the client; code: an error's, or None."""
-        self.outbox.send_multipart(messages.encode(messages.Final(rid, code), header, *payload))
+        self.ports.to_frontend(messages.encode(messages.Final(rid, code), header, *payload))
 
     def stats(self) -> dict:
-        now = time.monotonic()
+        now = self.clock()
         depths = self.queue.depths()
         return {"queue_depth": len(self.queue), "dispatched": self.dispatched, "inflight": len(self.jobs),
                 "policy": self.config.scheduler.policy, "degradation_level": self.admission.ladder.level(now),
@@ -405,8 +390,3 @@ class Scheduler:
                              "outstanding_tokens": s.outstanding_tokens, **s.info}
                             for s in sorted(self.workers.values(), key=lambda s: s.index)]}
 
-
-def run(config: Config) -> None:
-    scheduler = Scheduler(config, child.start("scheduler", config))
-    child.exit_on_sigterm(scheduler.journal.close)   # a stop makes the journal durable first
-    scheduler.serve()

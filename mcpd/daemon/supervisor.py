@@ -23,7 +23,7 @@ import zmq
 import mcpd
 from mcpd import config as config_module
 from mcpd.config import Config, ConfigError
-from mcpd.daemon import channels, child as children, frontend, log, messages, metrics, refusal, scheduler, worker
+from mcpd.daemon import channels, child as children, frontend, log, messages, metrics, refusal, scheduler_loop, worker
 from mcpd.daemon.admin import Admin
 from mcpd.daemon.instance_lock import InstanceLock
 from mcpd.daemon.process_table import Child, ChildSpec, ProcessTable
@@ -75,7 +75,7 @@ class Supervisor:
         devices = worker_devices(config)
         self.devices = devices
         specs = [ChildSpec("frontend", 0, frontend.run, (config,)),
-                 ChildSpec("scheduler", 0, scheduler.run, (config,))]
+                 ChildSpec("scheduler", 0, scheduler_loop.run, (config,))]
         specs += [ChildSpec("worker", i, worker.run, (config, i, d)) for i, d in enumerate(devices)]
         self.table = ProcessTable(config, specs, self.log)
         self.keys = KeyStore(config.keys_dir)
