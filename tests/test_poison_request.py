@@ -8,13 +8,15 @@ import tempfile
 import threading
 
 import msgpack
+import msgspec
 import pytest
 import zmq
 
-from mcpd.config import from_dict
-from mcpd.daemon import channels, child
-from mcpd.daemon.scheduler import Scheduler
-from mcpd.protocol import codes, wire
+from mcpd.config import LimitsConfig, from_dict
+from mcpd.daemon import channels, child, messages
+from mcpd.daemon.scheduler_loop import SchedulerProcess
+from mcpd.protocol import codes, ops
+from mcpd.protocol.args import GenerateArgs
 from mcpd.scheduling.job import Job
 from mcpd.scheduling.poison import PoisonList
 from mcpd.scheduling.router import WorkerSlot, room_for
@@ -125,7 +127,7 @@ class InProcessNode:
         self.frontend = self.context.socket(zmq.PULL)
         self.frontend.setsockopt(zmq.RCVTIMEO, 60_000)
         self.frontend.bind(channels.endpoint(config.runtime_dir, "frontend.ipc"))
-        self.scheduler = Scheduler(config, logging.getLogger("scheduler"))
+        self.scheduler = SchedulerProcess(config, logging.getLogger("scheduler"))
         try:
             self.worker = Worker(config, 0, "cpu")
         except BaseException:   # a half-built node must not leave sockets that hang the exit
@@ -148,15 +150,15 @@ class InProcessNode:
             self.exits.append(e)
 
     def generate(self, rid: int, prompt: str) -> None:
-        header = wire.encode_request("generate", rid, {"prompt": prompt, "max_tokens": 8, "ignore_eos": True})
-        self.inbox.send_multipart([channels.REQUEST, channels.pack_rid(rid), header])
+        args = ops.validate_args("generate", {"prompt": prompt, "max_tokens": 8, "ignore_eos": True}, LimitsConfig())
+        self.inbox.send_multipart(messages.encode(messages.Request(rid, rid, "default", None, None, args)))
 
     def finals(self, count: int) -> dict[int, dict]:
         got = {}
         while len(got) < count:
-            tag, rid, header = self.frontend.recv_multipart()[:3]
-            if tag == channels.FINAL:
-                got[channels.unpack_rid(rid)] = msgpack.unpackb(header, raw=False)
+            reply, frames = messages.decode(self.frontend.recv_multipart())
+            if isinstance(reply, messages.Final):
+                got[reply.rid] = msgpack.unpackb(frames[0], raw=False)
         return got
 
     def close(self) -> None:
@@ -209,12 +211,12 @@ def test_an_engine_that_fails_every_step_restarts_its_worker(node):
     node.worker.parent_pid = -1
     node.scheduler.parent_pid = -1
     node.threads[1].join(10)
-    assert [job.rid for job in node.scheduler.jobs.values()] == [2]   # handed back: it waits for a worker
+    assert [job.rid for job in node.scheduler.scheduler.jobs.values()] == [2]   # handed back: it waits for a worker
 
 
 def test_a_suspect_runs_alone_on_a_worker():
     slot = WorkerSlot(0, b"w0", ready=True)
-    fresh, suspect = Job(1, b"", []), Job(2, b"", [], retries=1)
+    fresh, suspect = Job(1, None, []), Job(2, None, [], retries=1)
     assert room_for(slot, suspect, 8) == 1 and room_for(slot, fresh, 8) == 8
     slot.jobs[1] = fresh
     assert room_for(slot, suspect, 8) == 0   # waits for an idle worker
@@ -224,12 +226,13 @@ def test_a_suspect_runs_alone_on_a_worker():
 
 def test_poison_list_forgets_after_its_ttl_and_keeps_a_bounded_table():
     poison = PoisonList(ttl_s=10.0, capacity=2)
-    request = {"op": "generate", "id": 1, "tenant": "a", "args": {"prompt": "x"}}
+    request = messages.Request(1, 1, "a", None, None, GenerateArgs(prompt="x"))
     poison.add(request, now=0.0)
-    assert poison.holds({**request, "id": 2, "timeout_ms": 5}, now=5.0)   # a resend: same request
-    assert not poison.holds({**request, "tenant": "b"}, now=5.0)         # another tenant's is its own
-    assert not poison.holds({**request, "args": {"prompt": "y"}}, now=5.0)
+    resend = msgspec.structs.replace(request, rid=2, request_id=2, timeout_ms=5, priority="bulk")
+    assert poison.holds(resend, now=5.0)                                           # a resend: same request
+    assert not poison.holds(msgspec.structs.replace(request, tenant="b"), now=5.0)   # another tenant's is its own
+    assert not poison.holds(msgspec.structs.replace(request, args=GenerateArgs(prompt="y")), now=5.0)
     assert not poison.holds(request, now=10.0)
     for i in range(3):
-        poison.add({**request, "args": {"prompt": str(i)}}, now=20.0)
+        poison.add(msgspec.structs.replace(request, args=GenerateArgs(prompt=str(i))), now=20.0)
     assert len(poison) == 2

@@ -51,13 +51,13 @@ def test_the_displaced_request_is_the_newest_of_the_lowest_effective_rank():
     queues = ClassQueues({"high": PriorityClass(rank=2), "mid": PriorityClass(rank=1),
                           "low": PriorityClass(rank=0, max_age_s=10.0)}, fifo=False)
     for rid, name, enqueued in ((1, "low", 0.0), (2, "low", 1.0), (3, "mid", 2.0)):
-        queues.push(Job(rid, b"", [], class_name=name, seq=rid, enqueued=enqueued))
+        queues.push(Job(rid, None, [], class_name=name, seq=rid, enqueued=enqueued))
     assert queues.least_important_below(2, now=5.0).rid == 2    # the newer low
     assert queues.least_important_below(0, now=5.0) is None     # nothing ranks below the lowest
     # After 10.5 s job 1 aged into mid; job 2 (9.5 s) is still low: it goes.
     assert queues.least_important_below(1, now=10.5).rid == 2
     assert queues.least_important_below(1, now=11.5) is None    # both aged to mid: none below mid
     fifo = ClassQueues(queues.classes, fifo=True)   # arrival order: no class outranks another
-    fifo.push(Job(4, b"", [], class_name="low", seq=4, enqueued=0.0))
-    high = Job(5, b"", [], class_name="high", seq=5, enqueued=0.0)
+    fifo.push(Job(4, None, [], class_name="low", seq=4, enqueued=0.0))
+    high = Job(5, None, [], class_name="high", seq=5, enqueued=0.0)
     assert fifo.least_important_below(fifo.effective_rank(high, 0.0), now=0.0) is None

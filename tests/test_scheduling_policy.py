@@ -1,12 +1,7 @@
-"""The scheduler's policies on their own (pure classes), and its hot reload on a real instance."""
-import logging
-import tempfile
+"""The scheduler's policies on their own (pure classes); its core is tested in test_scheduler_core.py."""
 
-from mcpd.config import PriorityClass, from_dict
-from mcpd.daemon import channels
+from mcpd.config import PriorityClass
 from mcpd.daemon.peers import PeerTracker
-from mcpd.daemon.scheduler import Scheduler
-from mcpd.protocol import wire
 from mcpd.scheduling.batching_window import ADJUST_EVERY, BatchingWindow
 from mcpd.scheduling.class_queues import ClassQueues
 from mcpd.scheduling.degradation import DegradationLadder
@@ -18,7 +13,7 @@ CLASSES = {"high": PriorityClass(rank=2), "mid": PriorityClass(rank=1, max_age_s
 
 
 def job(rid: int, class_name: str, enqueued: float) -> Job:
-    return Job(rid, b"", [], class_name=class_name, seq=rid, enqueued=enqueued)
+    return Job(rid, None, [], class_name=class_name, seq=rid, enqueued=enqueued)
 
 
 def test_token_bucket_grants_a_burst_then_the_rate():
@@ -94,27 +89,3 @@ def test_peer_tracker_follows_reused_descriptors_and_reconnects():
     peers.seen(b"fixed", 7)
     peers.seen(b"fixed", 8)                  # same routing id, new connection
     assert peers.disconnected(7) is None and peers.disconnected(8) == b"fixed"
-
-
-def test_apply_config_swaps_classes_and_keeps_queued_work():
-    runtime_dir = tempfile.mkdtemp(prefix="mcpd-s-", dir="/tmp")
-    # No supervisor made a host cache segment for this scheduler: run it without one.
-    config = from_dict({"server": {"runtime_dir": runtime_dir}, "cache": {"enabled": False},
-                         "persistence": {"enabled": False}})
-    scheduler = Scheduler(config, logging.getLogger("test"))
-    try:
-        header = wire.encode_request("ping", 1)
-        scheduler._on_inbox([channels.REQUEST, channels.pack_rid(7), header])   # no worker: it waits
-        assert len(scheduler.queue) == 1
-        fresh = from_dict({"server": {"runtime_dir": runtime_dir}, "cache": {"enabled": False},
-                           "persistence": {"enabled": False}, "scheduler": {"window_max_ms": 5.0, "default_class": "bulk",
-                                         "classes": {"normal": {"rank": 1, "rate": 3.0},
-                                                     "bulk": {"rank": 0}}}})
-        changed = scheduler.apply_config(fresh)
-        assert changed == ["scheduler.default_class", "scheduler.window_max_ms", "scheduler.classes"]
-        assert len(scheduler.queue) == 1 and scheduler.queue.peek(0.0).rid == 7
-        assert set(scheduler.stats()["classes"]) >= {"normal", "bulk"}
-        assert scheduler.admission.class_of({}) == "bulk"
-        assert scheduler.apply_config(fresh) == []
-    finally:
-        scheduler.context.destroy(linger=0)

@@ -16,7 +16,8 @@ import numpy as np
 from mcpd.config import LimitsConfig
 from mcpd.contexts.context import Context
 from mcpd.contexts.persistence import Persistence
-from mcpd.protocol import codes, ops
+from mcpd.protocol import args as typed
+from mcpd.protocol import codes
 from mcpd.protocol import delta as codec
 from mcpd.protocol.codes import MCPDError
 from mcpd.protocol.tenant import DEFAULT_TENANT
@@ -34,51 +35,49 @@ class ContextService:
         self.cache = persistence.cache
         self.limits = limits
 
-    def handle(self, header: dict, payload: list[bytes]) -> tuple[dict, list[bytes]]:
-        """Run one context op; returns (result map, payload frames) or raises MCPDError."""
-        handler = getattr(self, "_" + header["op"].removeprefix("context."))
-        args = ops.validate_args(header["op"], header["args"], self.limits)   # fills in the defaults
-        return handler(tenant_of(header), args, payload)
+    def handle(self, tenant: str, args: typed.OpArgs, payload: list[bytes]) -> tuple[dict, list[bytes]]:
+        """Run one context op (its args as the front-end checked them); returns (result map,
+        payload frames) or raises MCPDError."""
+        handler = getattr(self, "_" + args.op.removeprefix("context."))
+        return handler(tenant, args, payload)
 
-    def _open(self, owner: str, args: dict, _payload) -> tuple[dict, list[bytes]]:
-        context, created = self.store.open(owner, args["id"], args["create"])
+    def _open(self, owner: str, args: typed.ContextOpenArgs, _payload) -> tuple[dict, list[bytes]]:
+        context, created = self.store.open(owner, args.id, args.create)
         return {**context.describe(), "created": created}, []
 
-    def _get(self, owner: str, args: dict, _payload) -> tuple[dict, list[bytes]]:
-        context = self.store.get(owner, args["id"])
-        since = args["since"] or 0
+    def _get(self, owner: str, args: typed.ContextGetArgs, _payload) -> tuple[dict, list[bytes]]:
+        context = self.store.get(owner, args.id)
+        since = args.since or 0
         if since > context.version:
             raise MCPDError(codes.BAD_REQUEST, f"since = {since} is newer than the context ({context.version})")
         entries, frames = codec.to_wire(context.changes_since(since))
         return {"id": context.id, "version": context.version, "since": since, "changes": entries}, frames
 
-    def _update(self, owner: str, args: dict, payload: list[bytes]) -> tuple[dict, list[bytes]]:
-        changes = codec.from_wire(args["changes"], payload, self.store.limits)   # DeltaError is an MCPDError
-        context = self.store.update(owner, args["id"], args["base"], changes)
+    def _update(self, owner: str, args: typed.ContextUpdateArgs, payload: list[bytes]) -> tuple[dict, list[bytes]]:
+        changes = codec.from_wire(args.changes, payload, self.store.limits)   # DeltaError is an MCPDError
+        context = self.store.update(owner, args.id, args.base, changes)
         return {"id": context.id, "version": context.version}, []
 
-    def _drop(self, owner: str, args: dict, _payload) -> tuple[dict, list[bytes]]:
-        return {"dropped": self.store.drop(owner, args["id"])}, []
+    def _drop(self, owner: str, args: typed.ContextDropArgs, _payload) -> tuple[dict, list[bytes]]:
+        return {"dropped": self.store.drop(owner, args.id)}, []
 
     def _list(self, owner: str, _args, _payload) -> tuple[dict, list[bytes]]:
         return {"contexts": [c.describe() for c in self.store.owned_by(owner)]}, []
 
     # -- generate on a context ------------------------------------------------------------------
 
-    def begin_turn(self, header: dict, rid: int) -> tuple[Context, bytes]:
-        """Hold the context for a generate; returns it and its token ids as a frame for the worker."""
-        args = header["args"]
-        context = self.store.writable(tenant_of(header), args["context"], args.get("base"))
+    def begin_turn(self, owner: str, context_id: str, base: int | None, rid: int) -> tuple[Context, np.ndarray]:
+        """Hold the context for a generate; returns it and its token ids."""
+        context = self.store.writable(owner, context_id, base)
         context.busy_with = rid
-        return context, context.tokens.tobytes()
+        return context, context.tokens
 
     @staticmethod
     def end_turn(context: Context) -> None:
         context.busy_with = None
 
-    def commit_turn(self, context: Context, appended: bytes) -> dict:
+    def commit_turn(self, context: Context, token_ids: list[int]) -> dict:
         """Append the turn's prompt and output tokens; returns what the reply says of the context."""
-        token_ids = np.frombuffer(appended, np.int32).tolist()
         try:
             self.store.append_tokens(context, token_ids)   # may refuse: TOO_LARGE
         finally:

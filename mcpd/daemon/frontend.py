@@ -24,7 +24,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 from mcpd.config import Config
 from mcpd.contexts.service import tenant_of
-from mcpd.daemon import channels, child, live_config
+from mcpd.daemon import channels, child, live_config, messages
 from mcpd.daemon.incoming import IncomingBytes, give_large_buffers_back
 from mcpd.daemon.latency import LatencyWindow
 from mcpd.daemon.outbox import Outbox
@@ -207,7 +207,7 @@ class FrontEnd:
     def _end_requests_of(self, identity: bytes, code: str) -> None:
         for (owner, _), rid in self.rid_of.items():
             if owner == identity:
-                self._to_scheduler([channels.CANCEL, channels.pack_rid(rid), code.encode()])
+                self._to_scheduler(messages.encode(messages.Cancel(rid, code)))
 
     def _on_client(self, message: tuple[list[bytes], list[int], str | None]) -> None:
         frames, sizes, tenant = message
@@ -227,9 +227,9 @@ class FrontEnd:
 
     def _admit(self, identity: bytes, request: wire.Request) -> None:
         try:
-            ops.validate_args(request.op, request.header["args"], self.config.limits)
+            args = ops.validate_args(request.op, request.header["args"], self.config.limits)
             if request.op == "cancel":
-                return self._cancel(identity, request)
+                return self._cancel(identity, request, args.target)
             if self.outbox.over_limit(identity):
                 raise MCPDError(codes.OVERLOADED, "this connection does not read its replies: they exceed "
                                 "limits.max_client_backlog_bytes", self.config.scheduler.overloaded_retry_ms)
@@ -245,14 +245,16 @@ class FrontEnd:
         self.next_rid += 1
         self.pending[rid] = Pending(identity, request.envelope, request.request_id, request.op, time.monotonic())
         self.rid_of[key] = rid
-        self.metrics.started(rid, request.op, request.header.get("priority"), tenant_of(request.header))
-        self._to_scheduler([channels.REQUEST, channels.pack_rid(rid), request.header_bytes, *request.payload])
+        header = request.header
+        admitted = messages.Request(rid, request.request_id, tenant_of(header), header.get("priority"),
+                                    header.get("timeout_ms"), args)
+        self.metrics.started(rid, request.op, admitted.priority, admitted.tenant)
+        self._to_scheduler(messages.encode(admitted, *request.payload))
 
-    def _cancel(self, identity: bytes, request: wire.Request) -> None:
-        target = request.header["args"]["target"]
+    def _cancel(self, identity: bytes, request: wire.Request, target: int | str) -> None:
         rid = self.rid_of.get((identity, target))
         if rid is not None:
-            self._to_scheduler([channels.CANCEL, channels.pack_rid(rid), codes.CANCELLED.encode()])
+            self._to_scheduler(messages.encode(messages.Cancel(rid, codes.CANCELLED)))
         self._send(identity, request.envelope, wire.ok_reply(request.request_id, {"cancelled": rid is not None}))
 
     def _send(self, identity: bytes, envelope: tuple[bytes, ...], header: bytes, payload=(),
@@ -265,22 +267,29 @@ class FrontEnd:
     # -- scheduler side -------------------------------------------------------------------------
 
     def _on_reply(self, frames: list[bytes]) -> None:
-        if frames[0] == channels.DRAIN:
-            return self._drain_mode()
-        if frames[0] == channels.SCHEDULER_LOST:
-            return self._fail_all(codes.UNAVAILABLE, "the scheduler restarted; the request was lost, retry it")
-        if frames[0] == channels.RESUME:
-            return self._resume()
         if frames[0] == channels.RELOAD:
             return live_config.apply(frames, self.events)
-        tag, rid = frames[0], channels.unpack_rid(frames[1])
-        pending = self.pending.get(rid)
+        message, payload = messages.decode(frames)
+        if isinstance(message, (messages.Chunk, messages.Final)):
+            return self._relay(message, payload)
+        if isinstance(message, messages.Drain):
+            return self._drain_mode()
+        if isinstance(message, messages.SchedulerLost):
+            return self._fail_all(codes.UNAVAILABLE, "the scheduler restarted; the request was lost, retry it")
+        if isinstance(message, messages.Resume):
+            return self._resume()
+
+    def _relay(self, reply: messages.Chunk | messages.Final, frames: list[bytes]) -> None:
+        """A reply for a client: frames are its header and payload, as the client gets them."""
+        pending = self.pending.get(reply.rid)
         if pending is None:
             return   # the request was already answered (stopped or cancelled); late chunk
-        self._send(pending.identity, pending.envelope, frames[2], frames[3:], rid, tag == channels.CHUNK)
-        self.metrics.replied(rid, tag, frames[2])
-        if tag == channels.FINAL:
-            self._forget(rid, pending)
+        chunk = isinstance(reply, messages.Chunk)
+        self._send(pending.identity, pending.envelope, frames[0], frames[1:], reply.rid, chunk)
+        if chunk:
+            return self.metrics.chunk_sent(reply.rid)
+        self.metrics.ended(reply.rid, reply.code or "OK")
+        self._forget(reply.rid, pending)
 
     def _forget(self, rid: int, pending: Pending) -> None:
         del self.pending[rid]

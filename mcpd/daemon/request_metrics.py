@@ -17,14 +17,10 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass
 
-import msgpack
-
-from mcpd.daemon import channels
 from mcpd.histogram import LATENCY_BOUNDS, Histogram
 
 MAX_TENANT_LABELS = 256
 OTHER_TENANTS = "other"
-ERROR_MARK = b"\xa4kind\xa5error"   # how msgpack spells "kind": "error" in a reply header
 
 
 @dataclass
@@ -56,20 +52,17 @@ class RequestMetrics:
         self.tenants.add(tenant)
         return tenant
 
-    def replied(self, rid: int, tag: bytes, header: bytes) -> None:
-        """A chunk or the final reply of `rid` went to its client."""
+    def chunk_sent(self, rid: int) -> None:
+        """A streamed chunk of `rid` went to its client."""
         live = self.live.get(rid)
         if live is None:
             return
-        if tag == channels.CHUNK:
-            now = time.monotonic()
-            if live.last_chunk is None:
-                _histogram(self.ttft, live.cls).observe(now - live.started)
-            else:
-                _histogram(self.itl, live.cls).observe(now - live.last_chunk)
-            live.last_chunk = now
-        elif tag == channels.FINAL:
-            self.ended(rid, _code(header))
+        now = time.monotonic()
+        if live.last_chunk is None:
+            _histogram(self.ttft, live.cls).observe(now - live.started)
+        else:
+            _histogram(self.itl, live.cls).observe(now - live.last_chunk)
+        live.last_chunk = now
 
     def ended(self, rid: int, code: str) -> None:
         live = self.live.pop(rid, None)
@@ -95,11 +88,3 @@ def _histogram(table: dict, key) -> Histogram:
         found = table[key] = Histogram(LATENCY_BOUNDS)
     return found
 
-
-def _code(header: bytes) -> str:
-    # Decoding every final header (a generate's holds all its text) would cost more than the
-    # rest of this module; only a header that may be an error is decoded.
-    if ERROR_MARK not in header:
-        return "OK"
-    decoded = msgpack.unpackb(header, raw=False)
-    return decoded.get("code", "OK") if decoded.get("kind") == "error" else "OK"

@@ -1,4 +1,6 @@
-"""The scheduler process: admits requests by priority class, queues them, and hands each to a worker.
+"""The scheduler's core: admits requests by priority class, queues them, and hands each to a worker.
+It takes messages and time and sends messages through its ports; scheduler_loop.py owns the
+sockets and the process.
 
 What it decides (policies in mcpd/scheduling/, one per file):
 - admission: class, limits, in-flight cap, per-client rate limits, degradation (admission.py);
@@ -25,20 +27,20 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
-import os
 import time
+from typing import Protocol
 
-import msgpack
-import zmq
+import msgspec
 
 from mcpd.config import Config, SchedulerConfig
 from mcpd.contexts import service as contexts
 from mcpd.contexts.persistence import open_store
 from mcpd.contexts.service import ContextService
-from mcpd.daemon import channels, child, scheduler_admin
+from mcpd.daemon import channels, child, messages, scheduler_admin
 from mcpd.histogram import LATENCY_BOUNDS, Histogram
 from mcpd.memory import host_segment
 from mcpd.protocol import codes, wire
+from mcpd.protocol.args import GenerateArgs
 from mcpd.protocol.codes import MCPDError
 from mcpd.scheduling import router
 from mcpd.scheduling.admission import Admission
@@ -49,22 +51,29 @@ from mcpd.scheduling.job import Job
 from mcpd.scheduling.poison import PoisonList
 from mcpd.scheduling.router import WorkerSlot
 
-STATS_INTERVAL_S = 0.5
-IDLE_POLL_MS = 100
+
+
+class WorkerGone(Exception):
+    """A send found the worker's route gone: its next Hello brings it back."""
+
+
+class Ports(Protocol):
+    """Where the scheduler's messages go: sockets in the process (scheduler_loop.py), lists in tests."""
+    events: child.EventReporter
+
+    def to_frontend(self, frames: list[bytes]) -> None: ...
+
+    def to_worker(self, identity: bytes, frames: list[bytes]) -> bool:
+        """False: the worker's queue is full for now. Raises WorkerGone."""
 
 
 class Scheduler:
-    def __init__(self, config: Config, log: logging.Logger):
-        self.config, self.log = config, log
-        self.context = zmq.Context()
-        self.inbox = self._socket(zmq.PULL, "sched.ipc", bind=True)
-        self.workers_socket = self._socket(zmq.ROUTER, "workers.ipc", bind=True)
-        # A restarted worker reconnects with the same identity: let it take the route over, and
-        # make sends to a missing worker fail loudly instead of vanishing.
-        self.workers_socket.setsockopt(zmq.ROUTER_HANDOVER, 1)
-        self.workers_socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        self.outbox = self._socket(zmq.PUSH, "frontend.ipc", bind=False)
-        self.events = child.EventReporter(self.context, config, "scheduler")
+    """The scheduler's core: takes messages (on_inbox, on_worker) and time (tick, with `clock`),
+    sends messages through its ports, and owns no socket."""
+
+    def __init__(self, config: Config, log: logging.Logger, ports: Ports, clock=time.monotonic):
+        self.config, self.log, self.ports, self.clock = config, log, ports, clock
+        self.events = ports.events
         sched = config.scheduler
         self.queue = ClassQueues(sched.classes, fifo=sched.policy == "fifo")
         self.admission = Admission(sched)
@@ -81,42 +90,22 @@ class Scheduler:
         self.errors: dict[str, dict[str, int]] = {}   # the scheduler's own error replies: class -> code -> n
         self.hold_until: float | None = None   # a batch is held open until then
         self.queue_time = Histogram(LATENCY_BOUNDS)
-        self.parent_pid = os.getppid()
 
     @staticmethod
     def _window(sched: SchedulerConfig) -> BatchingWindow:
         return BatchingWindow(sched.window_target_p99_ms, sched.window_min_ms, sched.window_max_ms,
                               sched.window_smoothing)
 
-    def _socket(self, kind: int, name: str, bind: bool) -> zmq.Socket:
-        return channels.internal_socket(self.context, self.config.runtime_dir, kind, name, bind)
+    def tick(self) -> None:
+        """After every wake-up: answer or cancel what passed its deadline, then dispatch."""
+        now = self.clock()
+        self._expire(now)
+        self._dispatch(now)
 
-    def serve(self) -> None:
-        poller = zmq.Poller()
-        poller.register(self.inbox, zmq.POLLIN)
-        poller.register(self.workers_socket, zmq.POLLIN)
-        self.events.send("ready")
-        next_stats = 0.0
-        while child.parent_alive(self.parent_pid):
-            ready = dict(poller.poll(self._poll_timeout_ms()))
-            # Workers first: what a dead worker sent before dying (STARTED, DONE) must count
-            # before the supervisor's WORKER_LOST note decides what to retry.
-            if self.workers_socket in ready:
-                channels.drain(self.workers_socket, self._on_worker)
-            if self.inbox in ready:
-                channels.drain(self.inbox, self._on_inbox)
-            now = time.monotonic()
-            self._expire(now)
-            self._dispatch(now)
-            if now >= next_stats:
-                self.events.send("stats", **self.stats())
-                next_stats = now + STATS_INTERVAL_S
-
-    def _poll_timeout_ms(self) -> float:
+    def next_wake(self) -> float | None:
+        """When tick has something to do without a message: a batch to release, a deadline."""
         wake = [t for t in (self.hold_until, self.deadlines.next_at()) if t is not None]
-        if not wake:
-            return IDLE_POLL_MS
-        return min(IDLE_POLL_MS, max(0.0, (min(wake) - time.monotonic()) * 1000))
+        return min(wake) if wake else None
 
     def apply_config(self, config: Config) -> list[str]:
         """Swap in a reloaded [scheduler] section (all of it is live) without dropping queued or
@@ -139,45 +128,46 @@ class Scheduler:
 
     # -- from the front-end and the supervisor --------------------------------------------------
 
-    def _on_inbox(self, frames: list[bytes]) -> None:
-        tag = frames[0]
-        if tag == channels.REQUEST:
-            self._enqueue(Job(channels.unpack_rid(frames[1]), frames[2], frames[3:]))
-        elif tag == channels.CANCEL:
-            self._cancel(channels.unpack_rid(frames[1]), frames[2].decode())
-        elif tag == channels.WORKER_LOST:
-            lost = msgpack.unpackb(frames[1])
-            self._worker_lost(channels.worker_identity(lost["index"]), lost["pid"])
-        elif tag in (channels.ADMIN, channels.RELOAD):
-            scheduler_admin.handle(self, frames)
+    def on_inbox(self, frames: list[bytes]) -> None:
+        if frames[0] in (channels.ADMIN, channels.RELOAD):
+            return scheduler_admin.handle(self, frames)
+        message, payload = messages.decode(frames)
+        if isinstance(message, messages.Request):
+            self._enqueue(Job(message.rid, message, payload))
+        elif isinstance(message, messages.Cancel):
+            self._cancel(message.rid, message.code)
+        elif isinstance(message, messages.WorkerLost):
+            self._worker_lost(channels.worker_identity(message.index), message.pid)
 
     def _enqueue(self, job: Job) -> None:
-        header = msgpack.unpackb(job.header, raw=False)
+        request = job.request
         try:
-            if header["op"] == "status":
-                return self._reply(job.rid, wire.ok_reply(header["id"], self.stats()))
-            if header["op"] in contexts.OPS:
-                result, frames = self.contexts.handle(header, job.payload)
-                return self._reply(job.rid, wire.ok_reply(header["id"], result), frames)
-            self._admit(job, header)
+            if request.args.op == "status":
+                return self._reply(job.rid, wire.ok_reply(request.request_id, self.stats()))
+            if request.args.op in contexts.OPS:
+                result, frames = self.contexts.handle(request.tenant, request.args, job.payload)
+                return self._reply(job.rid, wire.ok_reply(request.request_id, result), frames)
+            self._admit(job)
         except MCPDError as e:
             self._count_error(job.class_name or "-", e.code)
-            self._reply(job.rid, wire.error_reply(header["id"], e.code, e.message, e.retry_after_ms))
+            self._reply(job.rid, wire.error_reply(request.request_id, e.code, e.message, e.retry_after_ms), code=e.code)
         except Exception as e:   # noqa: BLE001 - a bug must cost one request, not every context
-            self.log.exception("request %s failed", header.get("id"))
-            self._reply(job.rid, wire.error_reply(header["id"], codes.INTERNAL, f"{type(e).__name__}: {e}"))
+            self.log.exception("request %s failed", request.request_id)
+            self._reply(job.rid, wire.error_reply(request.request_id, codes.INTERNAL, f"{type(e).__name__}: {e}"),
+                        code=codes.INTERNAL)
 
-    def _admit(self, job: Job, header: dict) -> None:
-        now = time.monotonic()
-        if self.poison.holds(header, now):
+    def _admit(self, job: Job) -> None:
+        now = self.clock()
+        if self.poison.holds(job.request, now):
             raise MCPDError(codes.INTERNAL, "an identical request from this tenant failed twice on workers "
                             "in the last minutes; it is not run again for now (change it, or report the bug)")
         if len(self.queue) >= self.config.scheduler.max_queue:
             self._dispatch(now)   # a burst may be refused only if the workers have no room either
-        displaced = self.admission.admit(job, header, self.queue, len(self.jobs), now)
-        if header["op"] == "generate" and header["args"].get("context") is not None:
-            job.context, tokens = self.contexts.begin_turn(header, job.rid)
-            job.payload = [tokens]   # the worker runs the turn on the context's tokens
+        displaced = self.admission.admit(job, self.queue, len(self.jobs), now)
+        args = job.request.args
+        if isinstance(args, GenerateArgs) and args.context is not None:   # the worker runs it on the context's tokens
+            job.context, history = self.contexts.begin_turn(job.request.tenant, args.context, args.base, job.rid)
+            job.history = history.tobytes()
         if displaced is not None:
             self.queue.remove(displaced)
             self._fail(displaced, codes.OVERLOADED, f"displaced from the full queue by a request of "
@@ -200,7 +190,7 @@ class Scheduler:
         if slot is not None:
             if code != codes.CANCELLED:
                 self._count_error(job.class_name, code)
-            self._send_worker(slot, [channels.CANCEL, channels.pack_rid(rid), code.encode()])
+            self._send_worker(slot, messages.encode(messages.Cancel(rid, code)))
 
     def _expire(self, now: float) -> None:
         for rid in self.deadlines.due(now):
@@ -245,9 +235,10 @@ class Scheduler:
 
     def _send_job(self, slot: WorkerSlot, job: Job, now: float) -> bool:
         self.queue.remove(job)
-        dispatch = msgpack.packb({"priority": job.rank, "max_tokens": job.max_tokens_cap})
-        if not self._send_worker(slot, [channels.REQUEST, channels.pack_rid(job.rid), dispatch, job.header,
-                                        *job.payload]):
+        request = job.request
+        dispatch = messages.Dispatch(job.rid, request.request_id, request.tenant, job.rank, job.max_tokens_cap,
+                                     job.context is not None, request.args)
+        if not self._send_worker(slot, messages.encode(dispatch, *([job.history] if job.context else []))):
             self.queue.push_front(job)
             return False
         slot.jobs[job.rid] = job
@@ -262,77 +253,79 @@ class Scheduler:
 
     def _send_worker(self, slot: WorkerSlot, frames: list[bytes]) -> bool:
         try:
-            self.workers_socket.send_multipart([slot.identity, *frames], zmq.NOBLOCK)
-            return True
-        except zmq.Again:   # its queue is full for now; it stays in the rotation
-            return False
-        except zmq.ZMQError:   # EHOSTUNREACH: it went away; its next HELLO brings it back
+            return self.ports.to_worker(slot.identity, frames)   # False: full for now; it stays in the rotation
+        except WorkerGone:
             slot.ready = False
             return False
 
-    def _on_worker(self, frames: list[bytes]) -> None:
-        slot = self.workers.get(frames[0])
-        tag = frames[1]
-        if tag == channels.DONE and slot:
-            for raw in frames[2:]:
-                self._done(slot, channels.unpack_rid(raw))
-        elif tag == channels.STARTED and slot:
-            job = slot.jobs.get(channels.unpack_rid(frames[2]))
-            if job:
-                job.started_streaming = True
-        elif tag == channels.CHUNK and slot:   # a context turn's chunk: same path as its final
-            job = slot.jobs.get(channels.unpack_rid(frames[2]))
-            if job:
-                job.started_streaming = True
-                self.outbox.send_multipart(frames[1:])
-        elif tag == channels.FINAL and slot:
-            self._finish_turn(slot, frames[2:])
-        elif tag == channels.FAILED and slot:
-            self._step_failed(slot, frames[2].decode(errors="replace"), frames[3:])
-        elif tag == channels.HELLO:
-            self._hello(frames[0], msgpack.unpackb(frames[2], raw=False))
-        elif tag == channels.STATS:
-            info = msgpack.unpackb(frames[2], raw=False)
-            if slot is None:   # this scheduler restarted after the worker said HELLO
-                return self._hello(frames[0], info)
-            slot.info = info
+    def on_worker(self, frames: list[bytes]) -> None:
+        identity = frames[0]
+        message, payload = messages.decode(frames[1:])
+        slot = self.workers.get(identity)
+        if isinstance(message, messages.Hello):
+            return self._hello(identity, message)
+        if isinstance(message, messages.Stats):
+            if slot is None:   # this scheduler restarted after the worker said hello
+                return self._hello(identity, messages.Hello(**{k: message.stats[k] for k in messages.Hello.__struct_fields__}))
+            slot.info = message.stats
+        elif slot is None:
+            return
+        elif isinstance(message, messages.Done):
+            for rid in message.rids:
+                self._done(slot, rid)
+        elif isinstance(message, messages.Started):
+            self._started(slot, message.rid)
+        elif isinstance(message, messages.Chunk):   # a context turn's chunk: same path as its final
+            if self._started(slot, message.rid):
+                self.ports.to_frontend(frames[1:])
+        elif isinstance(message, messages.TurnResult):
+            self._commit_turn(slot, message)
+        elif isinstance(message, messages.Final):   # a context turn that ended in an error
+            job = self._done(slot, message.rid)
+            if job is not None:
+                self.contexts.end_turn(job.context)
+                self.ports.to_frontend(frames[1:])
+        elif isinstance(message, messages.Failed):
+            self._step_failed(slot, message.reason, message.rids)
+
+    def _started(self, slot: WorkerSlot, rid: int) -> bool:
+        job = slot.jobs.get(rid)
+        if job is not None:
+            job.started_streaming = True
+        return job is not None
 
     def _done(self, slot: WorkerSlot, rid: int) -> Job | None:
         self.jobs.pop(rid, None)
         return slot.jobs.pop(rid, None)
 
-    def _finish_turn(self, slot: WorkerSlot, frames: list[bytes]) -> None:
-        """A context generate ended on a worker: commit what it appended, then answer the client,
-        so the client never sees a reply before its new version exists."""
-        rid, reply, appended = channels.unpack_rid(frames[0]), frames[1], frames[2]
-        job = self._done(slot, rid)
+    def _commit_turn(self, slot: WorkerSlot, turn: messages.TurnResult) -> None:
+        """A context generate ended well on a worker: commit what it appended (its prompt and its
+        output), then answer the client, so the client never sees a reply before its new version
+        exists."""
+        job = self._done(slot, turn.rid)
         if job is None:
             return
-        header = msgpack.unpackb(reply, raw=False)
-        if header["kind"] != "ok":
-            self.contexts.end_turn(job.context)
-            return self._reply(rid, reply)
+        request_id = job.request.request_id
         try:
-            header["result"]["context"] = self.contexts.commit_turn(job.context, appended)
-            reply = msgpack.packb(header)
+            context = self.contexts.commit_turn(job.context, turn.appended)
         except MCPDError as e:   # the turn does not fit the context's limits, or storage: nothing committed
-            reply = wire.error_reply(header["id"], e.code, e.message, e.retry_after_ms)
-        self._reply(rid, reply)
+            return self._reply(turn.rid, wire.error_reply(request_id, e.code, e.message, e.retry_after_ms), code=e.code)
+        self._reply(turn.rid, wire.ok_reply(request_id, {**turn.result, "context": context}))
 
-    def _step_failed(self, slot: WorkerSlot, reason: str, rids: list[bytes]) -> None:
-        jobs = [job for raw in rids if (job := slot.jobs.pop(channels.unpack_rid(raw), None))]
+    def _step_failed(self, slot: WorkerSlot, reason: str, rids: list[int]) -> None:
+        jobs = [job for rid in rids if (job := slot.jobs.pop(rid, None))]
         requeued = self._retry_or_answer(jobs, codes.INTERNAL, f"the engine failed while running the request: {reason}",
                                          f"the engine failed twice while running the request (the second time alone): {reason}")
         self.log.warning("worker %d: an engine step failed (%s): %d request(s) requeued, %d answered",
                          slot.index, reason, requeued, len(jobs) - requeued)
 
-    def _hello(self, identity: bytes, info: dict) -> None:
+    def _hello(self, identity: bytes, hello: messages.Hello) -> None:
         slot = self.workers.get(identity)
-        if slot and slot.pid not in (None, info["pid"]):
+        if slot and slot.pid not in (None, hello.pid):
             self._worker_lost(identity, slot.pid)   # restarted before the supervisor told us
-        slot = self.workers.setdefault(identity, WorkerSlot(info["index"], identity))
-        slot.pid, slot.ready, slot.info = info["pid"], True, info
-        self.log.info("worker %d ready (pid %d, %s)", slot.index, slot.pid, info.get("device"))
+        slot = self.workers.setdefault(identity, WorkerSlot(hello.index, identity))
+        slot.pid, slot.ready, slot.info = hello.pid, True, msgspec.structs.asdict(hello)
+        self.log.info("worker %d ready (pid %d, %s)", slot.index, slot.pid, hello.device)
 
     def _worker_lost(self, identity: bytes, pid: int) -> None:
         slot = self.workers.get(identity)
@@ -349,10 +342,10 @@ class Scheduler:
         head of its queue as a suspect (it then runs alone); one that already streamed is answered
         `why`; a suspect that fails again was alone, so it is the cause: answered `twice`, and
         remembered, so that sending it again is refused instead of breaking two more workers."""
-        now, requeued = time.monotonic(), 0
+        now, requeued = self.clock(), 0
         for job in reversed(jobs):   # requeued at the head, in the order they had
             if job.suspect:
-                self.poison.add(msgpack.unpackb(job.header, raw=False), now)
+                self.poison.add(job.request, now)
                 self._fail(job, code, twice)
             elif job.started_streaming:
                 self._fail(job, code, why)
@@ -369,17 +362,18 @@ class Scheduler:
         self._count_error(job.class_name, code)
         if job.context is not None:
             self.contexts.end_turn(job.context)
-        self._reply(job.rid, wire.error_reply(job.request_id(), code, message, retry_after_ms))
+        self._reply(job.rid, wire.error_reply(job.request.request_id, code, message, retry_after_ms), code=code)
 
     def _count_error(self, class_name: str, code: str) -> None:
         by_code = self.errors.setdefault(class_name, {})
         by_code[code] = by_code.get(code, 0) + 1
 
-    def _reply(self, rid: int, header: bytes, payload: list[bytes] = ()) -> None:
-        self.outbox.send_multipart([channels.FINAL, channels.pack_rid(rid), header, *payload])
+    def _reply(self, rid: int, header: bytes, payload: list[bytes] = (), code: str | None = None) -> None:
+        """The final reply of `rid`: header and payload for the client; code: an error's, or None."""
+        self.ports.to_frontend(messages.encode(messages.Final(rid, code), header, *payload))
 
     def stats(self) -> dict:
-        now = time.monotonic()
+        now = self.clock()
         depths = self.queue.depths()
         return {"queue_depth": len(self.queue), "dispatched": self.dispatched, "inflight": len(self.jobs),
                 "policy": self.config.scheduler.policy, "degradation_level": self.admission.ladder.level(now),
@@ -393,8 +387,3 @@ class Scheduler:
                              "outstanding_tokens": s.outstanding_tokens, **s.info}
                             for s in sorted(self.workers.values(), key=lambda s: s.index)]}
 
-
-def run(config: Config) -> None:
-    scheduler = Scheduler(config, child.start("scheduler", config))
-    child.exit_on_sigterm(scheduler.persistence.journal.close)   # a stop makes the journal durable first
-    scheduler.serve()

@@ -23,7 +23,7 @@ import zmq
 import mcpd
 from mcpd import config as config_module, refusal
 from mcpd.config import Config, ConfigError
-from mcpd.daemon import channels, child as children, child_stats, frontend, log, metrics, scheduler, worker
+from mcpd.daemon import channels, child as children, child_stats, frontend, log, messages, metrics, scheduler_loop, worker
 from mcpd.daemon.admin import Admin
 from mcpd.daemon.instance_lock import InstanceLock
 from mcpd.daemon.process_table import Child, ChildSpec, ProcessTable
@@ -75,7 +75,7 @@ class Supervisor:
         devices = worker_devices(config)
         self.devices = devices
         specs = [ChildSpec("frontend", 0, frontend.run, (config,)),
-                 ChildSpec("scheduler", 0, scheduler.run, (config,))]
+                 ChildSpec("scheduler", 0, scheduler_loop.run, (config,))]
         specs += [ChildSpec("worker", i, worker.run, (config, i, d)) for i, d in enumerate(devices)]
         self.table = ProcessTable(config, specs, self.log)
         self.keys = KeyStore(config.keys_dir)
@@ -144,10 +144,10 @@ class Supervisor:
             return self._stop_refused(refused)
         for child in self.table.reap():
             if child.spec.role == "worker":
-                lost = {"index": child.spec.index, "pid": child.process.pid}
-                self.to_scheduler.send_multipart([channels.WORKER_LOST, msgpack.packb(lost)])
+                lost = messages.WorkerLost(child.spec.index, child.process.pid)
+                self.to_scheduler.send_multipart(messages.encode(lost))
             elif child.spec.role == "scheduler":
-                self.to_frontend.send_multipart([channels.SCHEDULER_LOST])
+                self.to_frontend.send_multipart(messages.encode(messages.SchedulerLost()))
             self.notifier.notify(STATUS=f"{child.spec.name} {child.last_exit}; restarting")
         self.table.restart_due()
         if self.reload_requested:
@@ -251,7 +251,7 @@ class Supervisor:
     def _shutdown(self, poller: zmq.Poller) -> int:
         self.notifier.notify(STOPPING=1, STATUS="draining")
         self.drained = False   # an earlier `mcpctl drain` said so of other requests
-        self.to_frontend.send_multipart([channels.DRAIN])
+        self.to_frontend.send_multipart(messages.encode(messages.Drain()))
         deadline = time.monotonic() + self.config.supervisor.stop_grace_s
         while not self.drained and time.monotonic() < deadline and self.table.find("frontend", 0).alive:
             if dict(poller.poll(LOOP_POLL_MS)).get(self.events):

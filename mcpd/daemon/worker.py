@@ -14,14 +14,14 @@ import os
 import time
 from dataclasses import dataclass, field
 
-import msgpack
+import msgspec
 import numpy as np
 import zmq
 
 from mcpd.config import Config
-from mcpd.contexts.service import tenant_of
-from mcpd.daemon import channels, child, live_config
-from mcpd.protocol import codes, ops, wire
+from mcpd.daemon import channels, child, live_config, messages
+from mcpd.protocol import codes, wire
+from mcpd.protocol.args import GenerateArgs, PingArgs
 
 STATS_INTERVAL_S = 0.5
 IDLE_POLL_MS = 100
@@ -44,6 +44,7 @@ class ActiveRequest:
     stream: bool
     want_logprobs: bool
     degraded: dict | None = None   # the scheduler capped max_tokens: said so in the final result
+    turn_ids: list[int] | None = None   # a context turn (Dispatch.turn): the prompt tokens it adds
     chunks_sent: int = 0
     text: list[str] = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)
@@ -72,8 +73,7 @@ class Worker:
         self.to_frontend.setsockopt(zmq.LINGER, 0)
         self.to_frontend.connect(channels.endpoint(config.runtime_dir, "frontend.ipc"))
         self.active: dict[int, ActiveRequest] = {}
-        self.turns: dict[int, list[int]] = {}   # context turns: rid -> the prompt ids the turn adds
-        self.done: list[bytes] = []   # rids answered since the last DONE note to the scheduler
+        self.done: list[int] = []     # rids answered since the last Done note to the scheduler
         self.failed_steps = 0         # in a row
         self.done_due = 0.0
 
@@ -103,9 +103,9 @@ class Worker:
         return engine
 
     def serve(self) -> None:
-        info = {"index": self.index, "pid": os.getpid(), **self._identity()}
-        self.socket.send_multipart([channels.HELLO, msgpack.packb(info)])
-        self.events.send("ready", **info)
+        hello = messages.Hello(self.index, os.getpid(), **self._identity())
+        self.socket.send_multipart(messages.encode(hello))
+        self.events.send("ready", **msgspec.structs.asdict(hello))
         next_stats = 0.0
         poller = zmq.Poller()   # one for the worker's life: socket.poll() builds one per call
         poller.register(self.socket, zmq.POLLIN)
@@ -129,7 +129,7 @@ class Worker:
     def _flush_done(self) -> None:
         if self.done and (len(self.done) >= DONE_FLUSH_COUNT or time.monotonic() >= self.done_due
                           or not self.engine.has_work):
-            self.socket.send_multipart([channels.DONE, *self.done])
+            self.socket.send_multipart(messages.encode(messages.Done(self.done)))
             self.done = []
 
     def _identity(self) -> dict:
@@ -138,72 +138,58 @@ class Worker:
 
     def _report(self) -> None:
         stats = {"index": self.index, "pid": os.getpid(), **self.engine.stats()}
-        self.socket.send_multipart([channels.STATS, msgpack.packb(stats)])
+        self.socket.send_multipart(messages.encode(messages.Stats(stats)))
         self.events.send("stats", **stats)
 
     def _on_message(self, frames: list[bytes]) -> None:
-        if frames[0] == channels.REQUEST:
-            self._on_request(channels.unpack_rid(frames[1]), msgpack.unpackb(frames[2]),
-                             msgpack.unpackb(frames[3], raw=False), frames[4:])
-        elif frames[0] == channels.CANCEL:
-            code = frames[2].decode() if len(frames) > 2 else codes.CANCELLED
-            self._on_cancel(channels.unpack_rid(frames[1]), code)
-        elif frames[0] == channels.RELOAD:
-            live_config.apply(frames, self.events)
+        if frames[0] == channels.RELOAD:
+            return live_config.apply(frames, self.events)
+        message, payload = messages.decode(frames)
+        if isinstance(message, messages.Dispatch):
+            self._on_dispatch(message, payload)
+        elif isinstance(message, messages.Cancel):
+            self._on_cancel(message.rid, message.code)
 
     # -- requests -------------------------------------------------------------------------------
 
-    def _on_request(self, rid: int, dispatch: dict, header: dict, payload: list[bytes]) -> None:
-        op, request_id = header["op"], header["id"]
-        if op == "ping":
-            return self._final(rid, wire.ok_reply(request_id, {"pong": True, "worker": self.index}))
-        if header["args"].get("context") is not None:
-            self.turns[rid] = []   # from here on every final goes through the scheduler
+    def _on_dispatch(self, dispatch: messages.Dispatch, payload: list[bytes]) -> None:
+        """Start a request; its args passed the front-end's checks (protocol/ops.py)."""
+        if isinstance(dispatch.args, PingArgs):
+            return self._final(dispatch, wire.ok_reply(dispatch.request_id, {"pong": True, "worker": self.index}))
         try:
-            args = ops.validate_args(op, header["args"], self.config.limits)
-            self._start_generate(rid, request_id, args, payload, tenant_of(header), dispatch)
+            self._start_generate(dispatch, dispatch.args, payload)
         except ValueError as e:   # the engine refuses what it cannot run (too long, bad token ids)
-            self._final(rid, wire.error_reply(request_id, codes.BAD_REQUEST, str(e)))
+            self._final(dispatch, wire.error_reply(dispatch.request_id, codes.BAD_REQUEST, str(e)), codes.BAD_REQUEST)
         except Exception as e:   # noqa: BLE001 - a bug must cost one request, not the worker
-            self.log.exception("request %s failed", request_id)
-            self._final(rid, wire.error_reply(request_id, codes.INTERNAL, f"{type(e).__name__}: {e}"))
+            self.log.exception("request %s failed", dispatch.request_id)
+            self._final(dispatch, wire.error_reply(dispatch.request_id, codes.INTERNAL, f"{type(e).__name__}: {e}"),
+                        codes.INTERNAL)
 
-    def _start_generate(self, rid: int, request_id, args: dict, payload: list[bytes], tenant: str,
-                        dispatch: dict) -> None:
-        from mcpd.engine import SamplingParams
-
-        degraded = None
-        if dispatch["max_tokens"] is not None:   # the degradation ladder capped this request
-            degraded = {"max_tokens": dispatch["max_tokens"], "requested_max_tokens": args["max_tokens"]}
-            args = {**args, "max_tokens": dispatch["max_tokens"]}
-        history = np.frombuffer(payload[0], np.int32).tolist() if rid in self.turns else []
+    def _start_generate(self, dispatch: messages.Dispatch, args: GenerateArgs, payload: list[bytes]) -> None:
+        history = np.frombuffer(payload[0], np.int32).tolist() if dispatch.turn else []
         # Special tokens (BOS) open a sequence, not each turn appended to a history.
         prompt_ids = self._prompt_token_ids(args, add_special_tokens=not history)
-        if rid in self.turns:   # a context turn: remember what it adds to the history
-            self.turns[rid] = prompt_ids
-            prompt_ids = history + prompt_ids
-        params = SamplingParams(
-            max_tokens=args["max_tokens"], temperature=float(args["temperature"]), top_k=args["top_k"],
-            top_p=float(args["top_p"]), seed=args["seed"], stop=tuple(args["stop"]),
-            stop_token_ids=tuple(args["stop_token_ids"]), ignore_eos=args["ignore_eos"],
-            logprobs=args["logprobs"])
+        max_tokens = dispatch.max_tokens_cap or args.max_tokens
         # The tenant namespaces the prefix cache: KV blocks are shared only within one tenant.
         # The scheduler's effective rank of the request: the engine seats and keeps it before
         # less important sequences (preempting them by recompute when seats or KV run out).
-        self.engine.add_request(rid, prompt_ids, params, priority=dispatch["priority"], cache_namespace=tenant,
-                                write_through=rid in self.turns)
-        self.active[rid] = ActiveRequest(request_id, args["stream"], args["logprobs"], degraded)
+        self.engine.add_request(dispatch.rid, history + prompt_ids, sampling_params(args, max_tokens),
+                                priority=dispatch.rank, cache_namespace=dispatch.tenant, write_through=dispatch.turn)
+        degraded = None if dispatch.max_tokens_cap is None else \
+            {"max_tokens": dispatch.max_tokens_cap, "requested_max_tokens": args.max_tokens}
+        self.active[dispatch.rid] = ActiveRequest(dispatch.request_id, args.stream, args.logprobs, degraded,
+                                                  prompt_ids if dispatch.turn else None)
 
-    def _prompt_token_ids(self, args: dict, add_special_tokens: bool) -> list[int]:
+    def _prompt_token_ids(self, args: GenerateArgs, add_special_tokens: bool) -> list[int]:
         tokenizer = self.engine.tokenizer
-        if all(args[k] is None for k in ops.PROMPT_KINDS):
+        if not args.has_prompt:
             return []   # a context turn that continues the context as it is
-        if args["prompt_token_ids"] is not None:
-            return args["prompt_token_ids"]   # the engine checks them against the vocabulary
-        if args["prompt"] is not None:
-            ids = tokenizer.encode(args["prompt"], add_special_tokens=add_special_tokens)
+        if args.prompt_token_ids is not None:
+            return list(args.prompt_token_ids)   # the engine checks them against the vocabulary
+        if args.prompt is not None:
+            ids = tokenizer.encode(args.prompt, add_special_tokens=add_special_tokens)
         else:   # a rendered chat template carries its own special tokens (as in transformers)
-            ids = tokenizer.encode(tokenizer.apply_chat_template(args["messages"]), add_special_tokens=False)
+            ids = tokenizer.encode(tokenizer.apply_chat_template(list(args.messages)), add_special_tokens=False)
         if len(ids) > self.config.limits.max_prompt_tokens:
             raise ValueError(f"prompt is {len(ids)} tokens; the limit is {self.config.limits.max_prompt_tokens}")
         return ids
@@ -215,8 +201,8 @@ class Worker:
         if request is not None:
             self.engine.abort(rid)
             retry = self.config.scheduler.overloaded_retry_ms if code == codes.OVERLOADED else None
-            self._final(rid, wire.error_reply(request.request_id, code, f"{channels.CANCEL_REASONS[code]} (while running)",
-                                              retry))
+            self._send_final(rid, request.turn_ids is not None, wire.error_reply(
+                request.request_id, code, f"{channels.CANCEL_REASONS[code]} (while running)", retry), code)
 
     # -- results --------------------------------------------------------------------------------
 
@@ -243,9 +229,8 @@ class Worker:
         rids = list(self.active)
         for rid in rids:
             self.engine.abort(rid)
-            self.turns.pop(rid, None)
         self.active.clear()
-        self.socket.send_multipart([channels.FAILED, reason.encode(), *map(channels.pack_rid, rids)])
+        self.socket.send_multipart(messages.encode(messages.Failed(reason, rids)))
 
     def _emit(self, outputs) -> None:
         for out in outputs:
@@ -260,8 +245,7 @@ class Worker:
                 self._chunk(out.key, request)
             if out.finished:
                 del self.active[out.key]
-                self._final(out.key, wire.ok_reply(request.request_id, self._result(request, out)),
-                            request.token_ids)
+                self._finished(out.key, request, self._result(request, out))
 
     def _chunk(self, rid: int, request: ActiveRequest) -> None:
         """Stream what the request produced since its last chunk. Chunks are at most
@@ -274,12 +258,12 @@ class Worker:
             data["logprobs"] = request.logprobs[logprobs:]
         request.streamed = (len(request.text), len(request.token_ids), len(request.logprobs))
         request.next_chunk_at = time.monotonic() + 1 / self.config.limits.max_stream_chunks_per_s
-        message = [channels.CHUNK, channels.pack_rid(rid), wire.chunk_reply(request.request_id, request.chunks_sent, data)]
-        if rid in self.turns:   # a context turn's final goes via the scheduler: its chunks too, to stay in order
+        message = messages.encode(messages.Chunk(rid), wire.chunk_reply(request.request_id, request.chunks_sent, data))
+        if request.turn_ids is not None:   # a context turn's final goes via the scheduler: its chunks too, to stay in order
             self.socket.send_multipart(message)
         else:
             if request.chunks_sent == 0:   # from now on a retry elsewhere would repeat output
-                self.socket.send_multipart([channels.STARTED, channels.pack_rid(rid)])
+                self.socket.send_multipart(messages.encode(messages.Started(rid)))
             self.to_frontend.send_multipart(message)
         request.chunks_sent += 1
 
@@ -294,17 +278,33 @@ class Worker:
             result["degraded"] = request.degraded
         return result
 
-    def _final(self, rid: int, header: bytes, output_ids: list[int] = ()) -> None:
-        packed = channels.pack_rid(rid)
-        if rid in self.turns:
-            appended = np.asarray(self.turns.pop(rid) + list(output_ids), np.int32).tobytes()
-            self.socket.send_multipart([channels.FINAL, packed, header, appended])
-            return
-        self.to_frontend.send_multipart([channels.FINAL, packed, header])
+    def _finished(self, rid: int, request: ActiveRequest, result: dict) -> None:
+        if request.turn_ids is None:
+            return self._send_final(rid, False, wire.ok_reply(request.request_id, result))
+        # A context turn: the scheduler commits it and answers the client.
+        self.socket.send_multipart(messages.encode(messages.TurnResult(rid, result, request.turn_ids + request.token_ids)))
+
+    def _final(self, dispatch: messages.Dispatch, header: bytes, code: str | None = None) -> None:
+        """A request answered before the engine ran it."""
+        self._send_final(dispatch.rid, dispatch.turn, header, code)
+
+    def _send_final(self, rid: int, turn: bool, header: bytes, code: str | None = None) -> None:
+        message = messages.encode(messages.Final(rid, code), header)
+        if turn:   # the scheduler ends the turn and passes the reply on
+            return self.socket.send_multipart(message)
+        self.to_frontend.send_multipart(message)
         if not self.done:
             self.done_due = time.monotonic() + DONE_FLUSH_S
-        self.done.append(packed)
+        self.done.append(rid)
 
+
+def sampling_params(args: GenerateArgs, max_tokens: int):
+    """The engine's sampling parameters of a generate request: the one place they are derived."""
+    from mcpd.engine import SamplingParams   # the engine's module imports torch: the worker loads it first
+
+    return SamplingParams(max_tokens=max_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                          seed=args.seed, stop=args.stop, stop_token_ids=args.stop_token_ids,
+                          ignore_eos=args.ignore_eos, logprobs=args.logprobs)
 
 def run(config: Config, index: int, device: str) -> None:
     Worker(config, index, device).serve()

@@ -1,7 +1,9 @@
-"""The operations of protocol v1 and the schema of each one's "args".
+"""The operations of protocol v1 and the checks of each one's "args".
 
-The front-end validates args here, before any other process sees the request, so workers can
-trust types and ranges. Each op lists its arguments as (accepted types, default, check).
+The front-end validates args here, once, before any other process sees the request, and turns
+them into the op's typed value (args.py, where the defaults are); the scheduler and the workers
+read that value and trust its types and ranges. Each op lists its arguments as (accepted types,
+check, conversion to the typed field).
 Every integer has both bounds: msgpack carries ints up to 2^64-1, and a value that passed here
 but overflowed the engine's int64 tensors would crash a worker (issue 13: top_k = 2^63 did).
 """
@@ -10,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from mcpd.protocol import args as typed
 from mcpd.protocol import codes
 from mcpd.protocol.codes import MCPDError
 from mcpd.protocol.limits import LimitsConfig
@@ -27,8 +30,8 @@ MAX_CHANGES = 1024
 @dataclass(frozen=True)
 class Arg:
     types: tuple[type, ...]
-    default: Any = None
     check: Callable[[Any, LimitsConfig], str | None] | None = None   # returns a problem or None
+    convert: Callable[[Any], Any] | None = None                      # to the typed field's type
 
 
 def _nonneg(v, _):
@@ -98,20 +101,20 @@ def _request_id(v, _):
 NUMBER = (int, float)
 GENERATE_ARGS = {
     "prompt": Arg((str,)),
-    "prompt_token_ids": Arg((list,), check=_token_ids),
-    "messages": Arg((list,), check=_messages),
-    "max_tokens": Arg((int,), 16, _max_tokens),
-    "temperature": Arg(NUMBER, 1.0, _temperature),
-    "top_k": Arg((int,), 0, _top_k),
-    "top_p": Arg(NUMBER, 1.0, _probability),
-    "seed": Arg((int,), None, _seed),
-    "stop": Arg((list,), [], _stop_strings),
-    "stop_token_ids": Arg((list,), [], _stop_token_ids),
-    "ignore_eos": Arg((bool,), False),
-    "logprobs": Arg((bool,), False),
-    "stream": Arg((bool,), False),
-    "context": Arg((str,), None, _context_id),   # run on this context's tokens and append the turn
-    "base": Arg((int,), None, _nonneg),          # with context: the version the turn expects
+    "prompt_token_ids": Arg((list,), _token_ids, tuple),
+    "messages": Arg((list,), _messages, tuple),
+    "max_tokens": Arg((int,), _max_tokens),
+    "temperature": Arg(NUMBER, _temperature, float),
+    "top_k": Arg((int,), _top_k),
+    "top_p": Arg(NUMBER, _probability, float),
+    "seed": Arg((int,), _seed),
+    "stop": Arg((list,), _stop_strings, tuple),
+    "stop_token_ids": Arg((list,), _stop_token_ids, tuple),
+    "ignore_eos": Arg((bool,)),
+    "logprobs": Arg((bool,)),
+    "stream": Arg((bool,)),
+    "context": Arg((str,), _context_id),
+    "base": Arg((int,), _nonneg),
 }
 PROMPT_KINDS = ("prompt", "prompt_token_ids", "messages")
 
@@ -120,23 +123,24 @@ def _changes(v, _):
     return None if len(v) <= MAX_CHANGES else f"at most {MAX_CHANGES} changes per update"
 
 
-CONTEXT_ID = Arg((str,), None, _context_id)
+CONTEXT_ID = Arg((str,), _context_id)
 
 OPS: dict[str, dict[str, Arg]] = {
     "ping": {},
     "status": {},
     "generate": GENERATE_ARGS,
-    "cancel": {"target": Arg((int, str), check=_request_id)},
-    "context.open": {"id": CONTEXT_ID, "create": Arg((bool,), True)},
-    "context.get": {"id": CONTEXT_ID, "since": Arg((int,), None, _nonneg)},
-    "context.update": {"id": CONTEXT_ID, "base": Arg((int,), None, _nonneg), "changes": Arg((list,), [], _changes)},
+    "cancel": {"target": Arg((int, str), _request_id)},
+    "context.open": {"id": CONTEXT_ID, "create": Arg((bool,))},
+    "context.get": {"id": CONTEXT_ID, "since": Arg((int,), _nonneg)},
+    "context.update": {"id": CONTEXT_ID, "base": Arg((int,), _nonneg), "changes": Arg((list,), _changes, tuple)},
     "context.drop": {"id": CONTEXT_ID},
     "context.list": {},
 }
+assert all(set(OPS[op]) == set(kind.__struct_fields__) for op, kind in typed.BY_OP.items()), "ops.py and args.py disagree"
 
 
-def validate_args(op: str, args: dict, limits: LimitsConfig) -> dict:
-    """Return args with defaults filled in, or raise MCPDError naming the bad argument."""
+def validate_args(op: str, args: dict, limits: LimitsConfig) -> typed.OpArgs:
+    """The op's typed args (defaults filled in), or raise MCPDError naming the bad argument."""
     schema = OPS.get(op)
     if schema is None:
         raise MCPDError(codes.UNKNOWN_OP, f"unknown op {op!r}; known ops: {', '.join(OPS)}")
@@ -145,13 +149,10 @@ def validate_args(op: str, args: dict, limits: LimitsConfig) -> dict:
     unknown = set(args) - set(schema)
     if unknown:
         raise MCPDError(codes.BAD_REQUEST, f"{op}: unknown argument(s) {sorted(unknown)}")
-    out = {}
+    given = {}
     for name, arg in schema.items():
         value = args.get(name)
         if value is None:   # nil and absent both mean the default
-            value = arg.default
-        if value is None:
-            out[name] = None
             continue
         if isinstance(value, bool) and bool not in arg.types or not isinstance(value, arg.types):
             raise MCPDError(codes.BAD_REQUEST, f"{op}: argument {name!r} has the wrong type "
@@ -159,26 +160,28 @@ def validate_args(op: str, args: dict, limits: LimitsConfig) -> dict:
         problem = arg.check(value, limits) if arg.check else None
         if problem:
             raise MCPDError(codes.BAD_REQUEST, f"{op}: argument {name!r} {problem}")
-        out[name] = value
-    _check_required(op, out)
-    return out
+        given[name] = arg.convert(value) if arg.convert else value
+    checked = typed.BY_OP[op](**given)
+    _check_required(checked)
+    return checked
 
 
-def _check_required(op: str, args: dict) -> None:
-    if op == "generate":
+def _check_required(args: typed.OpArgs) -> None:
+    if isinstance(args, typed.GenerateArgs):
         return _check_generate(args)
-    required = {"cancel": ("target",), "context.update": ("id", "base")}.get(op, ("id",) if "id" in OPS[op] else ())
-    missing = [name for name in required if args[name] is None]
+    required = {"cancel": ("target",), "context.update": ("id", "base")}.get(
+        args.op, ("id",) if "id" in OPS[args.op] else ())
+    missing = [name for name in required if getattr(args, name) is None]
     if missing:
-        raise MCPDError(codes.BAD_REQUEST, f"{op}: argument(s) {missing} required")
+        raise MCPDError(codes.BAD_REQUEST, f"{args.op}: argument(s) {missing} required")
 
 
-def _check_generate(args: dict) -> None:
-    prompts = sum(args[k] is not None for k in PROMPT_KINDS)
-    if args["context"] is None and prompts != 1:
+def _check_generate(args: typed.GenerateArgs) -> None:
+    prompts = sum(getattr(args, k) is not None for k in PROMPT_KINDS)
+    if args.context is None and prompts != 1:
         raise MCPDError(codes.BAD_REQUEST, "generate: give exactly one of prompt, prompt_token_ids, messages")
-    if args["context"] is not None and prompts > 1:
+    if args.context is not None and prompts > 1:
         raise MCPDError(codes.BAD_REQUEST, "generate on a context: give at most one of prompt, "
                                            "prompt_token_ids, messages (none continues the context)")
-    if args["base"] is not None and args["context"] is None:
+    if args.base is not None and args.context is None:
         raise MCPDError(codes.BAD_REQUEST, "generate: 'base' only goes with 'context'")

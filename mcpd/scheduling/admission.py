@@ -18,15 +18,13 @@ from __future__ import annotations
 import math
 
 from mcpd.config import SchedulerConfig
-from mcpd.contexts.service import tenant_of
 from mcpd.protocol import codes
+from mcpd.protocol.args import GenerateArgs
 from mcpd.protocol.codes import MCPDError
 from mcpd.scheduling.class_queues import ClassQueues
 from mcpd.scheduling.degradation import DegradationLadder
 from mcpd.scheduling.job import Job
 from mcpd.scheduling.rate_limiter import RateLimiter
-
-DEFAULT_MAX_TOKENS = 16   # the generate op's documented default
 
 
 class Admission:
@@ -40,24 +38,24 @@ class Admission:
         self.rate_limiter.configure(config.classes)
         self.ladder.configure(config.degrade_queue_depth, config.degrade_after_s)
 
-    def class_of(self, header: dict) -> str:
-        name = header.get("priority") or self.config.default_class
+    def class_of(self, priority: str | None) -> str:
+        name = priority or self.config.default_class
         if name not in self.config.classes:
             raise MCPDError(codes.BAD_REQUEST, f'priority class {name!r} is not one of: '
                                                f'{", ".join(self.config.classes)}')
         return name
 
-    def admit(self, job: Job, header: dict, queues: ClassQueues, inflight: int, now: float) -> Job | None:
+    def admit(self, job: Job, queues: ClassQueues, inflight: int, now: float) -> Job | None:
         """Stamp the job or raise MCPDError; the caller queues it. Returns the waiting job it
         displaces, if it needs one's place, for the caller to remove and answer."""
-        job.class_name, job.client = self.class_of(header), tenant_of(header)
+        job.class_name, job.client = self.class_of(job.request.priority), job.request.tenant
         cls = self.config.classes[job.class_name]
         displaced = self._check_capacity(job, cls, queues, inflight, now)
         wait_s = self.rate_limiter.check(job.client, job.class_name, now)
         if wait_s:
             raise MCPDError(codes.RATE_LIMITED, f"client {job.client!r} is over the rate of class "
                             f"{job.class_name!r} ({cls.rate:g}/s)", max(1, math.ceil(wait_s * 1000)))
-        self._stamp(job, header, self.ladder.max_tokens_cap(cls, now), now)
+        self._stamp(job, self.ladder.max_tokens_cap(cls, now), now)
         return displaced
 
     def _check_capacity(self, job: Job, cls, queues: ClassQueues, inflight: int, now: float) -> Job | None:
@@ -77,25 +75,26 @@ class Admission:
         raise MCPDError(codes.OVERLOADED, f"queue is full ({len(queues)} waiting)", retry)
 
     @staticmethod
-    def _stamp(job: Job, header: dict, cap: int | None, now: float) -> None:
-        args = header.get("args") or {}   # the client's header bytes: "args" may be left out
-        prompt = _prompt_estimate(args)
-        max_tokens = args.get("max_tokens") or DEFAULT_MAX_TOKENS
-        job.cost = prompt + max_tokens
-        job.length_bin = prompt.bit_length()
-        job.prefills = header["op"] == "generate"
-        if header["op"] == "generate" and cap is not None and max_tokens > cap:
-            job.max_tokens_cap = cap
-        if header.get("timeout_ms") is not None:
-            job.deadline = now + header["timeout_ms"] / 1000
+    def _stamp(job: Job, cap: int | None, now: float) -> None:
+        request = job.request
+        job.prefills = isinstance(request.args, GenerateArgs)
+        if job.prefills:
+            prompt = _prompt_estimate(request.args)
+            job.cost, job.length_bin = prompt + request.args.max_tokens, prompt.bit_length()
+            if cap is not None and request.args.max_tokens > cap:
+                job.max_tokens_cap = cap
+        if request.timeout_ms is not None:
+            job.deadline = now + request.timeout_ms / 1000
 
 
-def _prompt_estimate(args: dict) -> int:
+def _prompt_estimate(args: GenerateArgs) -> int:
     """New prompt tokens, roughly: exact for token ids, one per character otherwise (byte-level
-    tokenizers; an overestimate for BPE, which only makes routing a little conservative). A
-    context's history is left out: it is mostly cached on the worker that holds the context."""
-    if args.get("prompt_token_ids") is not None:
-        return len(args["prompt_token_ids"])
-    if args.get("prompt") is not None:
-        return len(args["prompt"])
-    return sum(len(str(m.get("content", ""))) for m in args.get("messages") or [])
+    tokenizers; an overestimate for BPE, which only makes routing a little conservative). The
+    worker tokenizes: the scheduler would have to load the tokenizer (and with it torch) and
+    tokenize every worker's prompts in its one process. A context's history is left out: it is
+    mostly cached on the worker that holds the context."""
+    if args.prompt_token_ids is not None:
+        return len(args.prompt_token_ids)
+    if args.prompt is not None:
+        return len(args.prompt)
+    return sum(len(str(m.get("content", ""))) for m in args.messages or ())

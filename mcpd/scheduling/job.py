@@ -4,16 +4,15 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-import msgpack
-
 from mcpd.contexts.context import Context
+from mcpd.daemon.messages import Request
 
 
 @dataclass
 class Job:
     rid: int
-    header: bytes
-    payload: list[bytes]
+    request: Request | None           # None only in tests of the queues, which never read it
+    payload: list[bytes]              # the client's payload frames
     class_name: str = ""
     client: str = ""
     cost: int = 1                     # tokens of work it stands for (prompt estimate + max_tokens)
@@ -27,12 +26,10 @@ class Job:
     started_streaming: bool = False
     retries: int = 0
     context: Context | None = None    # a generate turn on a context, held until it ends
+    history: bytes | None = None      # a turn's context tokens (int32), for its worker
 
     @property
     def suspect(self) -> bool:
         """It was on a worker that died or failed a step: it runs alone there, so that if it is
         the cause it fails alone (router.room_for)."""
         return self.retries > 0
-
-    def request_id(self):
-        return msgpack.unpackb(self.header, raw=False).get("id")   # rare paths only: errors

@@ -14,17 +14,19 @@ from __future__ import annotations
 import hashlib
 from collections import OrderedDict
 
-import msgpack
+import msgspec
 
-from mcpd.contexts.service import tenant_of
+from mcpd.daemon.messages import Request
 
 TTL_S = 600.0
 CAPACITY = 1024
 
 
-def fingerprint(header: dict) -> bytes:
-    """What identifies a request across resends: not its id, deadline or class, which a resend changes."""
-    body = msgpack.packb([tenant_of(header), header["op"], header.get("args") or {}])
+def fingerprint(request: Request) -> bytes:
+    """What identifies a request across resends: not its id, deadline or class, which a resend
+    changes. The typed args name their op and hold every default, so leaving an argument out and
+    sending its default are the same request."""
+    body = msgspec.msgpack.encode((request.tenant, request.args))
     return hashlib.blake2b(body, digest_size=16).digest()
 
 
@@ -36,16 +38,16 @@ class PoisonList:
     def __len__(self) -> int:
         return len(self.expiry)
 
-    def add(self, header: dict, now: float) -> None:
-        key = fingerprint(header)
+    def add(self, request: Request, now: float) -> None:
+        key = fingerprint(request)
         self.expiry.pop(key, None)
         self.expiry[key] = now + self.ttl_s
         while len(self.expiry) > self.capacity:
             self.expiry.popitem(last=False)
 
-    def holds(self, header: dict, now: float) -> bool:
+    def holds(self, request: Request, now: float) -> bool:
         if not self.expiry:   # the common case costs no hashing
             return False
         while self.expiry and next(iter(self.expiry.values())) <= now:
             self.expiry.popitem(last=False)
-        return fingerprint(header) in self.expiry
+        return fingerprint(request) in self.expiry

@@ -1,0 +1,152 @@
+"""The messages between mcpd's processes, declared once, and their one encoding.
+
+A message is the frames [tag, body, *payload]: the tag names its type, the body is its fields as
+a msgpack array (msgspec encodes it, and decodes it straight into the declared type, once per
+process), and the payload is bytes that travel as they are: a request's client frames, a prompt's
+token ids, a reply header for a client. Where the frames go is channels.py's map.
+
+    front-end → scheduler   Request (+ the client's payload)   Cancel
+    supervisor → scheduler  WorkerLost      (ADMIN and RELOAD: scheduler_admin.py, live_config.py)
+    scheduler → worker      Dispatch (+ a context turn's history: its token ids, int32)   Cancel
+    worker → scheduler      Hello  Started  Done  Stats  Failed;  a context turn's Chunk, Final
+                            and TurnResult (Dispatch.turn: the scheduler commits the turn first)
+    worker → front-end      Chunk, Final (+ the reply header for the client, *payload)
+    scheduler → front-end   Final (+ reply header, *payload)
+    supervisor → front-end  Drain  SchedulerLost  Resume  (no body)   (RELOAD: live_config.py)
+
+Internal messages are trusted (channels.py says why): a body that does not decode is a bug, and
+raises.
+"""
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import msgspec
+
+from mcpd.protocol.args import ANY_ARGS, GenerateArgs, PingArgs
+
+
+class Message(msgspec.Struct, frozen=True, array_like=True):
+    TAG: ClassVar[bytes]
+
+
+class Request(Message):
+    """A client request that passed every check of the front-end."""
+    TAG = b"REQ"
+    rid: int                  # the front-end's internal request number, unique for the daemon's life
+    request_id: int | str     # the client's id, named in every reply
+    tenant: str
+    priority: str | None      # the class the client asked for: the scheduler judges it (it may reload)
+    timeout_ms: int | None
+    args: ANY_ARGS
+
+
+class Cancel(Message):
+    """Stop a request. code: its final's error code, one of channels.CANCEL_REASONS."""
+    TAG = b"CANCEL"
+    rid: int
+    code: str
+
+
+class WorkerLost(Message):
+    TAG = b"LOST"
+    index: int
+    pid: int
+
+
+class Dispatch(Message):
+    """A request handed to a worker."""
+    TAG = b"DISPATCH"
+    rid: int
+    request_id: int | str
+    tenant: str                 # namespaces the prefix cache: KV blocks are shared within a tenant only
+    rank: int                   # the engine priority: the scheduler's effective rank of the request
+    max_tokens_cap: int | None  # the degradation ladder's cap, or None
+    turn: bool                  # a context turn: its replies go back through the scheduler
+    args: GenerateArgs | PingArgs
+
+
+class Hello(Message):
+    TAG = b"HELLO"
+    index: int
+    pid: int
+    device: str
+    model: str
+    dtype: str
+
+
+class Started(Message):
+    """A stream sent its first chunk: the request is no longer safe to retry elsewhere."""
+    TAG = b"STARTED"
+    rid: int
+
+
+class Done(Message):
+    """Requests answered (batched per worker loop turn)."""
+    TAG = b"DONE"
+    rids: list[int]
+
+
+class Stats(Message):
+    TAG = b"STATS"
+    stats: dict[str, Any]
+
+
+class Failed(Message):
+    """An engine step raised: these requests were aborted unanswered; the scheduler decides."""
+    TAG = b"FAILED"
+    reason: str
+    rids: list[int]
+
+
+class Chunk(Message):
+    TAG = b"CHUNK"
+    rid: int
+
+
+class Final(Message):
+    """A request's last reply. code: the error code of an error reply, None for an ok one."""
+    TAG = b"FINAL"
+    rid: int
+    code: str | None = None
+
+
+class TurnResult(Message):
+    """A context turn ended well on its worker: the scheduler commits it, then builds the reply."""
+    TAG = b"TURN"
+    rid: int
+    result: dict[str, Any]   # the generate's result, without "context"
+    appended: list[int]      # what the turn adds to the context: its prompt tokens and its output
+
+
+class Drain(Message):
+    TAG = b"DRAIN"
+
+
+class SchedulerLost(Message):
+    TAG = b"SCHED_LOST"
+
+
+class Resume(Message):
+    TAG = b"RESUME"
+
+
+_ENCODER = msgspec.msgpack.Encoder()
+_DECODERS = {kind.TAG: (kind, msgspec.msgpack.Decoder(kind)) for kind in (
+    Request, Cancel, WorkerLost, Dispatch, Hello, Started, Done, Stats, Failed, Chunk, Final, TurnResult,
+    Drain, SchedulerLost, Resume)}
+
+
+def encode(message: Message, *payload: bytes) -> list[bytes]:
+    if not message.__struct_fields__:
+        return [message.TAG]
+    return [message.TAG, _ENCODER.encode(message), *payload]
+
+
+def decode(frames: list[bytes]) -> tuple[Message, list[bytes]]:
+    """(the message, its payload frames). Raises KeyError for a tag no message has."""
+    kind, decoder = _DECODERS[bytes(frames[0])]
+    if not kind.__struct_fields__:
+        return kind(), []
+    return decoder.decode(frames[1]), frames[2:]
+

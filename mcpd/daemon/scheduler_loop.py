@@ -1,0 +1,97 @@
+"""The scheduler process: its sockets and the loop that feeds the scheduler's core (scheduler.py).
+
+The core decides everything and touches no socket; this owns the three sockets and the events
+reporter, hands the core every message, calls its tick after each wake-up, and reports its stats.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+import zmq
+
+from mcpd.config import Config
+from mcpd.daemon import channels, child
+from mcpd.daemon.scheduler import Scheduler, WorkerGone
+
+STATS_INTERVAL_S = 0.5
+IDLE_POLL_MS = 100
+
+
+class SchedulerSockets:
+    """The core's ports on real sockets."""
+
+    def __init__(self, config: Config):
+        self.context = zmq.Context()
+        try:
+            self.inbox = self._socket(config, zmq.PULL, "sched.ipc", bind=True)
+            self.workers = self._socket(config, zmq.ROUTER, "workers.ipc", bind=True)
+            # A restarted worker reconnects with the same identity: let it take the route over,
+            # and make sends to a missing worker fail loudly instead of vanishing.
+            self.workers.setsockopt(zmq.ROUTER_HANDOVER, 1)
+            self.workers.setsockopt(zmq.ROUTER_MANDATORY, 1)
+            self.frontend = self._socket(config, zmq.PUSH, "frontend.ipc", bind=False)
+            self.events = child.EventReporter(self.context, config, "scheduler")
+        except BaseException:
+            self.context.destroy(linger=0)
+            raise
+
+    def _socket(self, config: Config, kind: int, name: str, bind: bool) -> zmq.Socket:
+        return channels.internal_socket(self.context, config.runtime_dir, kind, name, bind)
+
+    def to_frontend(self, frames: list[bytes]) -> None:
+        self.frontend.send_multipart(frames)
+
+    def to_worker(self, identity: bytes, frames: list[bytes]) -> bool:
+        """False when the worker's queue is full for now; WorkerGone when it went away."""
+        try:
+            self.workers.send_multipart([identity, *frames], zmq.NOBLOCK)
+            return True
+        except zmq.Again:
+            return False
+        except zmq.ZMQError as e:   # EHOSTUNREACH
+            raise WorkerGone(identity) from e
+
+
+class SchedulerProcess:
+    def __init__(self, config: Config, log: logging.Logger):
+        self.sockets = SchedulerSockets(config)
+        self.context = self.sockets.context
+        try:
+            self.scheduler = Scheduler(config, log, self.sockets)
+        except BaseException:
+            self.context.destroy(linger=0)
+            raise
+        self.parent_pid = os.getppid()
+
+    def serve(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self.sockets.inbox, zmq.POLLIN)
+        poller.register(self.sockets.workers, zmq.POLLIN)
+        self.sockets.events.send("ready")
+        next_stats = 0.0
+        while child.parent_alive(self.parent_pid):
+            ready = dict(poller.poll(self._poll_timeout_ms()))
+            # Workers first: what a dead worker sent before dying (Started, Done) must count
+            # before the supervisor's WorkerLost note decides what to retry.
+            if self.sockets.workers in ready:
+                channels.drain(self.sockets.workers, self.scheduler.on_worker)
+            if self.sockets.inbox in ready:
+                channels.drain(self.sockets.inbox, self.scheduler.on_inbox)
+            self.scheduler.tick()
+            if time.monotonic() >= next_stats:
+                self.sockets.events.send("stats", **self.scheduler.stats())
+                next_stats = time.monotonic() + STATS_INTERVAL_S
+
+    def _poll_timeout_ms(self) -> float:
+        wake = self.scheduler.next_wake()
+        if wake is None:
+            return IDLE_POLL_MS
+        return min(IDLE_POLL_MS, max(0.0, (wake - time.monotonic()) * 1000))
+
+
+def run(config: Config) -> None:
+    process = SchedulerProcess(config, child.start("scheduler", config))
+    child.exit_on_sigterm(process.scheduler.persistence.journal.close)   # a stop makes the journal durable first
+    process.serve()

@@ -1,0 +1,82 @@
+"""The arguments of each op of protocol v1 as frozen typed values, with their defaults.
+
+ops.py checks a client's "args" map and builds one of these; from then on every process reads
+the fields, never the map: nothing downstream checks types, ranges or defaults again. Each is a
+msgspec Struct tagged with its op, so the internal messages carry it as it is (daemon/messages.py)
+and the tag says which op a request is. A field left out (or nil) takes the default declared
+here, the only place a default lives.
+"""
+from __future__ import annotations
+
+from typing import Any, Union
+
+import msgspec
+
+
+class OpArgs(msgspec.Struct, frozen=True, array_like=True, tag_field="op"):
+    @property
+    def op(self) -> str:
+        return self.__struct_config__.tag
+
+
+class PingArgs(OpArgs, tag="ping"):
+    pass
+
+
+class StatusArgs(OpArgs, tag="status"):
+    pass
+
+
+class GenerateArgs(OpArgs, tag="generate"):
+    prompt: str | None = None
+    prompt_token_ids: tuple[int, ...] | None = None
+    messages: tuple[dict[str, Any], ...] | None = None
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    logprobs: bool = False
+    stream: bool = False
+    context: str | None = None   # run on this context's tokens and append the turn
+    base: int | None = None      # with context: the version the turn expects
+
+    @property
+    def has_prompt(self) -> bool:
+        return self.prompt is not None or self.prompt_token_ids is not None or self.messages is not None
+
+
+class CancelArgs(OpArgs, tag="cancel"):
+    target: int | str | None = None
+
+
+class ContextOpenArgs(OpArgs, tag="context.open"):
+    id: str | None = None
+    create: bool = True
+
+
+class ContextGetArgs(OpArgs, tag="context.get"):
+    id: str | None = None
+    since: int | None = None
+
+
+class ContextUpdateArgs(OpArgs, tag="context.update"):
+    id: str | None = None
+    base: int | None = None
+    changes: tuple[Any, ...] = ()   # delta entries: protocol/delta.py checks them against the frames
+
+
+class ContextDropArgs(OpArgs, tag="context.drop"):
+    id: str | None = None
+
+
+class ContextListArgs(OpArgs, tag="context.list"):
+    pass
+
+
+ANY_ARGS = Union[PingArgs, StatusArgs, GenerateArgs, CancelArgs, ContextOpenArgs, ContextGetArgs,
+                 ContextUpdateArgs, ContextDropArgs, ContextListArgs]
+BY_OP: dict[str, type[OpArgs]] = {t.__struct_config__.tag: t for t in ANY_ARGS.__args__}

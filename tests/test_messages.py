@@ -1,0 +1,81 @@
+"""The internal messages (daemon/messages.py) and the typed op args (protocol/args.py)."""
+import math
+import re
+from pathlib import Path
+
+import pytest
+
+from mcpd.config import LimitsConfig
+from mcpd.daemon import messages
+from mcpd.daemon.worker import sampling_params
+from mcpd.engine import SamplingParams
+from mcpd.protocol import ops
+from mcpd.protocol.args import BY_OP, CancelArgs, ContextUpdateArgs, GenerateArgs, PingArgs
+
+PROTOCOL = Path(__file__).resolve().parent.parent / "docs" / "PROTOCOL.md"
+LIMITS = LimitsConfig()
+
+SAMPLES = [
+    messages.Request(1, "a", "t", "high", 5, GenerateArgs(prompt="x", stop=("s",))),
+    messages.Request(2, 7, "t", None, None, ContextUpdateArgs(id="c", base=3, changes=({"name": "f", "frame": 0},))),
+    messages.Request(3, 8, "t", None, None, CancelArgs(target="a")),
+    messages.Cancel(1, "CANCELLED"),
+    messages.WorkerLost(0, 1234),
+    messages.Dispatch(1, "a", "t", 2, None, False, PingArgs()),
+    messages.Dispatch(1, "a", "t", 2, 4, True, GenerateArgs(prompt_token_ids=(1, 2))),
+    messages.Hello(0, 1234, "cpu", "embedded", "float32"),
+    messages.Started(1),
+    messages.Done([1, 2, 3]),
+    messages.Stats({"index": 0, "pool": {"in_use_bytes": 5}}),
+    messages.Failed("RuntimeError: x", [4, 5]),
+    messages.Chunk(9),
+    messages.Final(9, None),
+    messages.Final(9, "OVERLOADED"),
+    messages.TurnResult(9, {"text": "hi", "token_ids": [1]}, [7, 1]),
+    messages.Drain(), messages.SchedulerLost(), messages.Resume(),
+]
+
+
+@pytest.mark.parametrize("message", SAMPLES, ids=lambda m: type(m).__name__)
+def test_every_message_decodes_to_what_was_encoded_with_its_payload(message):
+    payload = () if not message.__struct_fields__ else (b"header", b"\x00" * 3)
+    decoded, frames = messages.decode(messages.encode(message, *payload))
+    assert decoded == message and type(decoded) is type(message) and list(frames) == list(payload)
+
+
+def test_every_message_type_has_a_sample_and_its_own_tag():
+    declared = {kind for kind, _ in messages._DECODERS.values()}
+    assert declared == {type(m) for m in SAMPLES}
+    assert len({kind.TAG for kind in declared}) == len(declared)
+
+
+def test_validated_args_are_typed_and_filled_with_the_declared_defaults():
+    args = ops.validate_args("generate", {"prompt": "x", "temperature": 0, "stop": ["a"], "seed": None}, LIMITS)
+    assert args == GenerateArgs(prompt="x", temperature=0.0, stop=("a",))
+    assert type(args.temperature) is float and args.op == "generate"
+    assert set(BY_OP) == set(ops.OPS)
+
+
+def test_protocol_doc_states_the_generate_defaults_the_code_has():
+    table = PROTOCOL.read_text().split("Generate text from a prompt.", 1)[1].split("\n\n", 2)[1]
+    rows = re.findall(r"^\| `(\w+)` \| [^|]+ \| ([^|]+) \|", table, re.M)
+    assert len(rows) == len(GenerateArgs.__struct_fields__) - 2   # context and base: documented in §8
+    for name, documented in rows:
+        assert documented.strip() in doc_spellings(getattr(GenerateArgs(), name)), name
+
+
+def doc_spellings(default) -> tuple[str, ...]:
+    if default is None:
+        return "—", "nil"
+    if isinstance(default, bool):
+        return (f"`{str(default).lower()}`",)
+    return ("`[]`",) if default == () else (f"`{default}`",)
+
+
+def test_sampling_params_come_from_the_typed_args_in_one_place():
+    args = ops.validate_args("generate", {"prompt": "x", "temperature": 1, "top_p": 1, "stop": ["a"],
+                                          "stop_token_ids": [3], "seed": -1, "logprobs": True}, LIMITS)
+    params = sampling_params(args, max_tokens=4)
+    assert params == SamplingParams(max_tokens=4, temperature=1.0, top_p=1.0, stop=("a",), stop_token_ids=(3,),
+                                    seed=-1, logprobs=True)
+    assert math.isclose(params.temperature, 1.0) and isinstance(params.stop, tuple)

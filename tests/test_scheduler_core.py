@@ -1,0 +1,170 @@
+"""The scheduler's core in-process: messages and a clock in, messages out, no sockets. What
+crosses processes (real kills, restarts, replies reaching clients) stays with the daemon tests."""
+import logging
+import tempfile
+
+import msgpack
+import numpy as np
+import pytest
+
+from mcpd.config import from_dict
+from mcpd.daemon import messages
+from mcpd.daemon.scheduler import Scheduler
+from mcpd.protocol import codes
+from mcpd.protocol.args import ContextOpenArgs, GenerateArgs, PingArgs
+
+WORKER = b"w0"
+
+
+class Events:
+    def __init__(self):
+        self.sent = []
+
+    def send(self, event: str, **fields) -> None:
+        self.sent.append((event, fields))
+
+
+class Ports:
+    """What the scheduler sent, decoded: finals for the front-end, dispatches and cancels per worker."""
+
+    def __init__(self):
+        self.events = Events()
+        self.frontend: list[tuple[messages.Message, list[bytes]]] = []
+        self.workers: list[tuple[bytes, messages.Message, list[bytes]]] = []
+
+    def to_frontend(self, frames):
+        self.frontend.append(messages.decode(frames))
+
+    def to_worker(self, identity, frames):
+        self.workers.append((identity, *messages.decode(frames)))
+        return True
+
+    def finals(self) -> dict[int, dict]:
+        return {m.rid: msgpack.unpackb(frames[0]) for m, frames in self.frontend if isinstance(m, messages.Final)}
+
+
+class Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def core():
+    runtime_dir = tempfile.mkdtemp(prefix="mcpd-c-", dir="/tmp")
+    config = from_dict({"server": {"runtime_dir": runtime_dir}, "cache": {"enabled": False},
+                        "persistence": {"enabled": False}})
+    ports, clock = Ports(), Clock()
+    return Scheduler(config, logging.getLogger("test"), ports, clock)
+
+
+def request(rid: int, args, timeout_ms: int | None = None, tenant: str = "t") -> list[bytes]:
+    return messages.encode(messages.Request(rid, rid, tenant, None, timeout_ms, args))
+
+
+def hello(core, pid: int) -> None:
+    core.on_worker([WORKER, *messages.encode(messages.Hello(0, pid, "cpu", "model", "float32"))])
+
+
+def from_worker(core, message, *payload) -> None:
+    core.on_worker([WORKER, *messages.encode(message, *payload)])
+
+
+def dispatched(core) -> list[messages.Dispatch]:
+    return [m for _, m, _ in core.ports.workers if isinstance(m, messages.Dispatch)]
+
+
+def test_a_request_waits_for_a_worker_then_goes_to_it_as_a_typed_dispatch(core):
+    args = GenerateArgs(prompt="hello", max_tokens=3)
+    core.on_inbox(request(1, args))
+    core.tick()
+    assert dispatched(core) == [] and len(core.queue) == 1
+    hello(core, 11)
+    core.tick()
+    rank = core.config.scheduler.classes[core.config.scheduler.default_class].rank
+    assert dispatched(core) == [messages.Dispatch(1, 1, "t", rank, None, False, args)]
+
+
+def test_a_request_lost_with_its_worker_runs_again_alone_then_is_answered_and_remembered(core):
+    hello(core, 11)
+    core.on_inbox(request(1, GenerateArgs(prompt="poison")))
+    core.tick()
+    core.on_inbox(messages.encode(messages.WorkerLost(0, 11)))
+    assert core.ports.finals() == {} and core.queue.peek(core.clock()).suspect   # requeued, nothing answered
+    hello(core, 12)   # the restarted worker
+    core.tick()
+    assert [d.rid for d in dispatched(core)] == [1, 1]
+    core.on_inbox(messages.encode(messages.WorkerLost(0, 12)))
+    final = core.ports.finals()[1]
+    assert final["code"] == codes.WORKER_LOST and "died twice" in final["message"]
+    core.on_inbox(request(2, GenerateArgs(prompt="poison")))   # sent again: refused at once
+    assert core.ports.finals()[2]["code"] == codes.INTERNAL and len(dispatched(core)) == 2
+
+
+def test_a_request_that_streamed_is_answered_when_its_worker_dies(core):
+    hello(core, 11)
+    core.on_inbox(request(1, GenerateArgs(prompt="x", stream=True)))
+    core.tick()
+    from_worker(core, messages.Started(1))
+    core.on_inbox(messages.encode(messages.WorkerLost(0, 11)))
+    assert core.ports.finals()[1]["code"] == codes.WORKER_LOST and len(core.queue) == 0
+
+
+def test_a_lost_worker_note_about_an_older_incarnation_changes_nothing(core):
+    hello(core, 11)
+    core.on_inbox(request(1, PingArgs()))
+    core.tick()
+    core.on_inbox(messages.encode(messages.WorkerLost(0, 10)))
+    assert core.workers[WORKER].jobs.keys() == {1} and core.ports.finals() == {}
+
+
+def test_deadlines_answer_a_waiting_request_and_cancel_a_running_one(core):
+    core.on_inbox(request(1, GenerateArgs(prompt="x"), timeout_ms=50))
+    core.clock.now += 0.049
+    core.tick()
+    assert core.ports.finals() == {}
+    core.clock.now += 0.002
+    core.tick()
+    assert core.ports.finals()[1]["code"] == codes.DEADLINE_EXCEEDED
+    hello(core, 11)
+    core.on_inbox(request(2, GenerateArgs(prompt="x"), timeout_ms=50))
+    core.tick()
+    core.clock.now += 0.051
+    core.tick()
+    cancels = [m for _, m, _ in core.ports.workers if isinstance(m, messages.Cancel)]
+    assert cancels == [messages.Cancel(2, codes.DEADLINE_EXCEEDED)] and 2 not in core.ports.finals()
+
+
+def test_a_context_turn_runs_on_the_history_and_is_committed_before_its_reply(core):
+    hello(core, 11)
+    core.on_inbox(request(1, ContextOpenArgs(id="chat")))
+    assert core.ports.finals()[1]["result"]["version"] == 0
+    core.on_inbox(request(2, GenerateArgs(prompt="hi", context="chat", base=0)))
+    core.tick()
+    turn = dispatched(core)[0]
+    assert turn.turn and core.ports.workers[0][2] == [b""]   # an empty history: one empty int32 frame
+    core.on_inbox(request(3, GenerateArgs(prompt="again", context="chat")))   # busy with the turn
+    assert core.ports.finals()[3]["code"] == codes.CONFLICT
+    from_worker(core, messages.TurnResult(2, {"text": "ok", "token_ids": [7]}, [104, 105, 7]))
+    reply = core.ports.finals()[2]
+    assert reply["result"]["context"] == {"id": "chat", "version": 1, "appended_token_ids": [104, 105, 7]}
+    core.on_inbox(request(4, GenerateArgs(context="chat")))   # free again; runs on the committed tokens
+    core.tick()
+    assert core.ports.workers[-1][2] == [np.array([104, 105, 7], np.int32).tobytes()]
+
+
+def test_apply_config_swaps_classes_and_keeps_queued_work(core):
+    core.on_inbox(request(7, PingArgs()))   # no worker: it waits
+    assert len(core.queue) == 1
+    fresh = from_dict({"server": {"runtime_dir": str(core.config.runtime_dir)}, "cache": {"enabled": False},
+                       "persistence": {"enabled": False}, "scheduler": {"window_max_ms": 5.0, "default_class": "bulk",
+                                                                       "classes": {"normal": {"rank": 1, "rate": 3.0},
+                                                                                   "bulk": {"rank": 0}}}})
+    changed = core.apply_config(fresh)
+    assert changed == ["scheduler.default_class", "scheduler.window_max_ms", "scheduler.classes"]
+    assert len(core.queue) == 1 and core.queue.peek(0.0).rid == 7
+    assert set(core.stats()["classes"]) >= {"normal", "bulk"}
+    assert core.admission.class_of(None) == "bulk"
+    assert core.apply_config(fresh) == []
