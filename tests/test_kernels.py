@@ -8,11 +8,12 @@ import os
 import pytest
 import torch
 
-from mcpd.config import Config, EngineConfig
+from mcpd.config import Config, EngineConfig, ModelConfig
 from mcpd.engine import Engine
-from mcpd.models import kernels, native
+from mcpd.models import kernels, load_model, native
 from mcpd.models.kernels import NativeKernels, TorchKernels
-from mcpd.models.layers import AttentionMetadata
+from mcpd.models.layers import AttentionMetadata, bind_kv_cache
+from tiny_checkpoints import KINDS, make_checkpoint
 
 NATIVE, TORCH = NativeKernels(), TorchKernels()
 CPU = torch.device("cpu")
@@ -136,6 +137,30 @@ def test_prefill_attention_is_causal_over_the_paged_cache(dtype, heads, kv_heads
     q = rand(sum(counts), heads, head_dim, dtype=dtype)
     args = (cache, attn.groups[0], head_dim ** -0.5)
     assert agree(NATIVE.prefill_attention(q, *args), TORCH.prefill_attention(q, *args), rowwise=True)
+
+
+@pytest.mark.parametrize("kind", [kind for kind in KINDS if kind != "gpt2"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_native_decoder_stack_equals_the_torch_kernels_layer_by_layer(kind, dtype, tmp_path):
+    """One step of decodes, a prefill chunk after a cached history, and a decode after it (three
+    attention groups) through the whole model: mcpd_decoder_stack against the torch kernels."""
+    path = make_checkpoint(tmp_path, kind)
+    starts, counts, block_size = [5, 8, 0, 11], [1, 1, 9, 1], 4
+    tables = _scattered_tables([s + n for s, n in zip(starts, counts)], block_size, 24)
+    attn = AttentionMetadata.build(tables, starts, counts, block_size, CPU)
+    ids = rand(sum(counts), scale=100).abs().long() % 300
+    hidden = {}
+    for name in ("native", "torch"):
+        model = load_model(ModelConfig(path=str(path), dtype=str(dtype).removeprefix("torch.")), CPU).model
+        model.use_kernels(name)
+        cache = _cache(24, block_size, model.num_kv_heads, model.head_dim, dtype)
+        bind_kv_cache(model, cache[:, None].expand(-1, model.num_layers, -1, -1, -1, -1).contiguous())
+        with torch.inference_mode():
+            hidden[name] = model(ids, attn.positions, attn)
+    assert len(attn.groups) == 3
+    # bfloat16: each product's sum in another order may round one step the other way, and the
+    # layers carry those steps on (3 of the row's largest value seen here).
+    assert agree(hidden["native"], hidden["torch"], steps=4, rowwise=True)
 
 
 @pytest.fixture

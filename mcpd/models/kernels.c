@@ -588,6 +588,74 @@ void mcpd_prefill_attention(int dtype, const void *q, int64_t q_stride, int64_t 
              block_stride, v_offset, block_size, tables, table_stride, scale, out);
 }
 
+/* ---- the decoder stack in one call ------------------------------------------------------ */
+
+/* Why one call: at batch 1 a layer's nine kernels take tens of microseconds each, and calling
+   them one by one from Python (ctypes, a fresh torch tensor per result) cost about as much
+   again. The loop below runs the same kernels in the same order as LlamaForCausalLM.forward
+   does with the torch kernels, on scratch rows reused by every layer. */
+
+typedef struct {          /* one decoder layer: packed weight matrices, biases or NULL, norms, KV */
+    const void *input_norm, *qkv, *qkv_bias, *o, *o_bias, *post_norm, *gate_up, *gate_up_bias, *down, *down_bias;
+    void *kv;             /* the layer's paged cache (layout as in mcpd_rope_store) */
+} mcpd_layer;
+
+typedef struct {          /* the model's sizes and the cache's layout, the same for every layer */
+    int64_t hidden, inter, heads, kv_heads, head_dim, block_stride, v_offset, block_size;
+    float eps, scale;
+} mcpd_shape;
+
+typedef struct {          /* one attention group of the step (layers.AttentionGroup) */
+    int64_t decoding, start, b, table_stride;
+    const int64_t *table, *lens, *first_rows, *starts, *counts;
+} mcpd_group;
+
+/* Bytes of scratch mcpd_decoder_stack needs for t rows. */
+int64_t mcpd_stack_scratch_bytes(int dtype, const mcpd_shape *s, int64_t t) {
+    int64_t q_size = s->heads * s->head_dim, qkv_n = q_size + 2 * s->kv_heads * s->head_dim;
+    return t * (2 * s->hidden + qkv_n + q_size + 3 * s->inter) * (dtype == F32 ? 4 : 2);
+}
+
+/* residual: [t, hidden], the embeddings, updated in place; out: [t, hidden], the final norm of
+   the last residual. rope, positions and slots as mcpd_rope_store takes them. */
+void mcpd_decoder_stack(int dtype, const mcpd_shape *s, const mcpd_layer *layers, int64_t num_layers, int64_t t,
+                        void *residual, const float *rope, const int64_t *positions, const int64_t *slot_blocks,
+                        const int64_t *slot_offsets, const mcpd_group *groups, int64_t num_groups, void *scratch,
+                        const void *final_norm, void *out) {
+    size_t size = dtype == F32 ? 4 : 2;
+    int64_t d = s->head_dim, q_size = s->heads * d, qkv_n = q_size + 2 * s->kv_heads * d;
+    char *x = scratch, *delta = x + t * s->hidden * size, *qkv = delta + t * s->hidden * size;
+    char *attended = qkv + t * qkv_n * size, *gate_up = attended + t * q_size * size;
+    char *act = gate_up + t * 2 * s->inter * size;
+    const void *pending = NULL;   /* the delta the next norm adds to the residual first */
+    for (int64_t l = 0; l < num_layers; l++) {
+        const mcpd_layer *w = layers + l;
+        mcpd_add_rms_norm(dtype, residual, pending, w->input_norm, s->eps, t, s->hidden, x);
+        mcpd_linear(dtype, x, t, s->hidden, w->qkv, w->qkv_bias, qkv_n, qkv, 0);
+        mcpd_rope_store(dtype, qkv, t, s->heads, s->kv_heads, d, positions, rope, w->kv, s->block_stride,
+                        s->v_offset, slot_blocks, slot_offsets);
+        for (int64_t i = 0; i < num_groups; i++) {
+            const mcpd_group *g = groups + i;
+            const char *q = qkv + g->start * qkv_n * size;
+            char *o = attended + g->start * q_size * size;
+            if (g->decoding)
+                mcpd_decode_attention(dtype, q, qkv_n, g->b, s->heads, s->kv_heads, d, w->kv, s->block_stride,
+                                      s->v_offset, s->block_size, g->table, g->table_stride, g->lens, s->scale, o);
+            else
+                mcpd_prefill_attention(dtype, q, qkv_n, g->b, g->first_rows, g->starts, g->counts, s->heads,
+                                       s->kv_heads, d, w->kv, s->block_stride, s->v_offset, s->block_size,
+                                       g->table, g->table_stride, s->scale, o);
+        }
+        mcpd_linear(dtype, attended, t, q_size, w->o, w->o_bias, s->hidden, delta, 0);
+        mcpd_add_rms_norm(dtype, residual, delta, w->post_norm, s->eps, t, s->hidden, x);
+        mcpd_linear(dtype, x, t, s->hidden, w->gate_up, w->gate_up_bias, 2 * s->inter, gate_up, 0);
+        mcpd_silu_mul(dtype, gate_up, t, s->inter, act);
+        mcpd_linear(dtype, act, t, s->inter, w->down, w->down_bias, s->hidden, delta, 0);
+        pending = delta;
+    }
+    mcpd_add_rms_norm(dtype, residual, pending, final_norm, s->eps, t, s->hidden, out);
+}
+
 /* ---- runtime -------------------------------------------------------------------------------- */
 
 int mcpd_max_threads(void) {

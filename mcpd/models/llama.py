@@ -12,6 +12,7 @@ from torch import nn
 
 from mcpd.models.kernels import TORCH, Packed, TorchKernels, choose
 from mcpd.models.layers import AttentionMetadata, Llama3RopeScaling, PagedAttention, RMSNorm, RotaryEmbedding
+from mcpd.models.native_stack import NativeStack
 
 
 @dataclass(frozen=True)
@@ -122,6 +123,7 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = None if args.tie_embeddings else nn.Linear(args.hidden_size, args.vocab_size, bias=False)
         self.kernels: TorchKernels = TORCH   # use_kernels() picks, once the weights are in place
         self._weights: ModelWeights | None = None
+        self._stack: NativeStack | None = None
 
     @property
     def weights(self) -> ModelWeights:
@@ -140,10 +142,13 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 attn: AttentionMetadata) -> torch.Tensor:
         """Each layer: x = norm(residual); residual += attention(x); x = norm(residual);
-        residual += mlp(x), with each residual addition fused into the norm that follows it."""
+        residual += mlp(x), with each residual addition fused into the norm that follows it. The
+        native kernels run this loop in C (NativeStack), the same kernels in the same order."""
         k, a, eps, weights = self.kernels, self.args, self.args.rms_norm_eps, self.weights
         residual, delta = k.embedding(input_ids, weights.embedding), None
         rope = self.rope.table(attn.num_positions, residual.dtype)
+        if k is not TORCH:
+            return self._native_stack().run(residual, rope, attn)
         for w in weights.layers:
             residual, x = k.add_rms_norm(residual, delta, w.input_norm, eps)
             qkv = k.linear(x, w.qkv, w.qkv_bias)
@@ -153,6 +158,14 @@ class LlamaForCausalLM(nn.Module):
                                          w.post_norm, eps)
             delta = k.linear(k.silu_mul(k.linear(x, w.gate_up, w.gate_up_bias)), w.down, w.down_bias)
         return k.add_rms_norm(residual, delta, weights.final_norm, eps)[1]
+
+    def _native_stack(self) -> NativeStack:
+        """The layers as one native call, described once the KV cache is bound (anew if it was
+        bound again: a new cache)."""
+        cache = self.weights.layers[0].attention.kv_cache
+        if self._stack is None or self._stack.cache_address != cache.data_ptr():
+            self._stack = NativeStack(self.kernels, self.weights, self.args)
+        return self._stack
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.kernels.logits(hidden, self.weights.head)

@@ -34,9 +34,13 @@ _SIGNATURES = {
     "mcpd_silu_mul": [ctypes.c_int, _P, _I, _I, _P],
     "mcpd_decode_attention": [ctypes.c_int, _P, _I, _I, _I, _I, _I, _P, _I, _I, _I, _P, _I, _P, _F, _P],
     "mcpd_prefill_attention": [ctypes.c_int, _P, _I, _I, _P, _P, _P, _I, _I, _I, _P, _I, _I, _I, _P, _I, _F, _P],
+    "mcpd_stack_scratch_bytes": [ctypes.c_int, _P, _I],
+    "mcpd_decoder_stack": [ctypes.c_int, _P, _P, _I, _I, _P, _P, _P, _P, _P, _P, _I, _P, _P, _P],
     "mcpd_max_threads": [],
     "mcpd_has_avx512_bf16": [],
 }
+
+_RESTYPES = {"mcpd_max_threads": ctypes.c_int, "mcpd_has_avx512_bf16": ctypes.c_int, "mcpd_stack_scratch_bytes": _I}
 
 
 class NativeUnavailable(RuntimeError):
@@ -58,7 +62,7 @@ def load() -> ctypes.CDLL:
         for name, argtypes in _SIGNATURES.items():
             function = getattr(library, name)
             function.argtypes = argtypes
-            function.restype = ctypes.c_int if name in ("mcpd_max_threads", "mcpd_has_avx512_bf16") else None
+            function.restype = _RESTYPES.get(name)
         _loaded = library
     return _loaded
 
