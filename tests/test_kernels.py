@@ -8,6 +8,7 @@ import os
 import pytest
 import torch
 
+from mcpd import cpu_features
 from mcpd.config import Config, EngineConfig, ModelConfig
 from mcpd.engine import Engine
 from mcpd.models import kernels, load_model, native
@@ -200,6 +201,18 @@ def test_without_a_compiler_auto_falls_back_to_torch_and_native_refuses(cache_ho
     assert Engine(Config(engine=EngineConfig(pool_bytes=4 << 20)), torch.device("cpu")).stats()["kernels"] == "torch"
     with pytest.raises(native.NativeUnavailable, match="no C compiler"):
         Engine(Config(engine=EngineConfig(pool_bytes=4 << 20, kernels="native")), torch.device("cpu"))
+
+
+@pytest.mark.parametrize("avx512", [False, True])
+def test_auto_takes_the_native_kernels_only_on_a_cpu_with_avx512(avx512, monkeypatch):
+    """Their product tiles spill on AVX2 (prefill 10x slower than torch's there); asked for by
+    name they still run on such a CPU."""
+    flags = {"avx512f"} if avx512 else set()
+    monkeypatch.setattr(cpu_features, "has", lambda flag: flag in flags)
+    config = Config(engine=EngineConfig(pool_bytes=4 << 20))
+    assert Engine(config, torch.device("cpu")).stats()["kernels"] == ("native" if avx512 else "torch")
+    asked = Config(engine=EngineConfig(pool_bytes=4 << 20, kernels="native"))
+    assert Engine(asked, torch.device("cpu")).stats()["kernels"] == "native"
 
 
 def test_the_library_is_built_once_and_cached(cache_home, monkeypatch):

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from mcpd import cpu_features
 from mcpd.models import native
 
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
@@ -224,10 +225,15 @@ TORCH = TorchKernels()
 def choose(requested: str, dtype: torch.dtype, device: torch.device, sizes: list[int], head_dim: int,
            group: int) -> tuple[TorchKernels, str]:
     """The kernels for engine.kernels = requested (auto, native, torch), and why, for the log.
-    auto takes native where it supports the model and builds here, else torch; native refuses
-    (NativeUnavailable) where it cannot run."""
+    auto takes native where it supports the model, builds here and the CPU has AVX-512, else
+    torch; native refuses (NativeUnavailable) where it cannot run."""
     if requested == "torch":
         return TORCH, "engine.kernels = torch"
+    if requested == "auto" and device.type == "cpu" and not cpu_features.has("avx512f"):
+        # The product tiles hold their sums in 32 AVX-512 registers; with AVX2's 16 they spill:
+        # on an AVX2 EPYC a 128-token prefill took 1.5 s against torch's (MKL) 0.14 s, and batched
+        # decode was as slow, for 12% more batch-1 decode. bench/engine.py --kernels native shows it.
+        return TORCH, "torch kernels (the native ones want AVX-512; this CPU has none)"
     if not NativeKernels.supports(dtype, device, sizes, head_dim, group):
         reason = f"native kernels do not support {dtype} on {device.type} with these sizes"
         if requested == "native":

@@ -21,6 +21,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from mcpd import cpu_features
+
 SOURCE = Path(__file__).with_name("kernels.c")
 FLAGS = ["-O3", "-march=native", "-fPIC", "-shared", "-fopenmp", "-lm"]
 BUILD_TIMEOUT_S = 120
@@ -81,19 +83,9 @@ def _build_key() -> str:
     except (OSError, subprocess.SubprocessError) as e:
         raise NativeUnavailable(f"{compiler} --version failed: {e}") from None
     digest = hashlib.sha256(SOURCE.read_bytes())
-    for part in (" ".join(FLAGS).encode(), version, _cpu_flags()):
+    for part in (" ".join(FLAGS).encode(), version, cpu_features.flags_line()):
         digest.update(b"\0" + part)
     return digest.hexdigest()[:20]
-
-
-def _cpu_flags() -> bytes:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return line.encode()
-    except OSError:
-        pass
-    return b""
 
 
 def _cache_dir() -> Path:
