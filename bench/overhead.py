@@ -11,6 +11,9 @@ the share of the gap that is hop count, not mcpd's code, is visible (floor_p50_r
 A second daemon runs with CURVE on (authenticated, encrypted; the front-end reads each
 message's User-Id and re-packs its header) and is measured in the same rounds:
 curve_p50_ratio_vs_plain (aim <= 1.3) compares its ping p50 with the plaintext daemon's.
+Last, a 1-token generate (1-token prompt, max_tokens 1) on the daemon's model (the embedded one:
+a step of the engine, not a big model's weight read): one_token_server_ms is its p50 round trip
+less the raw echo's, what the daemon adds to a socket round trip (issue 14: <= 1.5 ms).
 """
 from __future__ import annotations
 
@@ -85,11 +88,14 @@ def connect(endpoint: str, curve: CurveKeys | None = None) -> zmq.Socket:
     return sock
 
 
-def sequential(sock: zmq.Socket, count: int) -> list[float]:
-    """Round-trip seconds of `count` pings sent one after another."""
+ONE_TOKEN = {"prompt_token_ids": [1], "max_tokens": 1, "ignore_eos": True, "temperature": 0}
+
+
+def sequential(sock: zmq.Socket, count: int, op: str = "ping", args: dict | None = None) -> list[float]:
+    """Round-trip seconds of `count` requests sent one after another."""
     times = []
     for i in range(count):
-        frame = wire.encode_request("ping", i)
+        frame = wire.encode_request(op, i, args)
         started = time.perf_counter()
         sock.send(frame)
         sock.recv_multipart()
@@ -118,6 +124,15 @@ def measure(endpoint: str, count: int, total: int, window: int, curve: CurveKeys
     sock.close()
     return {"p50_us": statistics.median(times) * 1e6, "p99_us": percentile(times, 0.99) * 1e6,
             "throughput_rps": rate}
+
+
+def one_token_ms(endpoint: str, count: int) -> float:
+    """p50 round trip of a 1-token generate (a 1-token prompt, max_tokens 1: W4 of issue 12)."""
+    sock = connect(endpoint)
+    sequential(sock, 20, "generate", ONE_TOKEN)
+    times = sequential(sock, count, "generate", ONE_TOKEN)
+    sock.close()
+    return statistics.median(times) * 1e3
 
 
 def median_of(measurements: list[dict]) -> dict:
@@ -155,6 +170,7 @@ def main() -> None:
         rounds = [[measure(e, count, total, window, curve) for e, curve in targets] for _ in range(ROUNDS)]
         raw, chain, mcpd, curve = (median_of([r[i] for r in rounds]) for i in range(len(targets)))
         client_us = client_p50_us(daemon.endpoint, count // 4)
+        one_token = one_token_ms(daemon.endpoint, count // 4)
     finally:
         secure.stop()
         secure.cleanup()
@@ -169,6 +185,8 @@ def main() -> None:
                     ("mcpd ping (5 hops)", mcpd), ("mcpd ping, CURVE on", curve)):
         print(f"{name:<28}{m['p50_us']:>10.1f}{m['p99_us']:>10.1f}{m['throughput_rps']:>12.0f}")
     print(f"mcpd ping with the bundled Client: p50 {client_us:.1f} us")
+    one_token_server = one_token - raw["p50_us"] / 1e3
+    print(f"1-token generate: p50 {one_token:.2f} ms, of which the server (beyond a raw echo) {one_token_server:.2f} ms")
     figures = {"rounds": ROUNDS,
         "noop_p50_ratio_vs_raw": round(mcpd["p50_us"] / raw["p50_us"], 3),
         "noop_p99_ratio_vs_raw": round(mcpd["p99_us"] / raw["p99_us"], 3),
@@ -180,7 +198,9 @@ def main() -> None:
         "client_p50_us": round(client_us, 1),
         "curve_p50_ratio_vs_plain": round(curve["p50_us"] / mcpd["p50_us"], 3),
         "curve_throughput_frac_of_plain": round(curve["throughput_rps"] / mcpd["throughput_rps"], 3),
-        "curve_p50_us": round(curve["p50_us"], 1), "quick": args.quick,
+        "curve_p50_us": round(curve["p50_us"], 1),
+        "one_token_p50_ms": round(one_token, 3), "one_token_server_ms": round(one_token_server, 3),
+        "quick": args.quick,
     }
     print(json.dumps(figures))
 
