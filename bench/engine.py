@@ -53,8 +53,7 @@ def default_dtypes() -> str:
     """bfloat16 only where the CPU has bf16 instructions: without them torch's bf16 products run
     at ~0.1 GFLOP/s (a 2048 product took 122 s on an AVX2 EPYC) and the roofline alone would
     take many minutes. Ask for it with --dtypes to measure it anyway."""
-    native_bf16 = cpu_features.has("avx512_bf16") or cpu_features.has("amx_bf16")
-    return "float32,bfloat16" if native_bf16 else "float32"
+    return "float32,bfloat16" if cpu_features.has_bf16() else "float32"
 
 
 def parse_args() -> argparse.Namespace:

@@ -23,3 +23,8 @@ def flags_line() -> bytes:
 
 def has(flag: str) -> bool:
     return flag.encode() in flags_line().split()
+
+
+def has_bf16() -> bool:
+    """bfloat16 products in hardware: AVX-512 BF16 or AMX."""
+    return has("avx512_bf16") or has("amx_bf16")

@@ -179,3 +179,12 @@ def test_clients_send_priority_and_deadline(daemon):
     with pytest.raises(MCPDError) as expired:
         asyncio.run(late())
     assert expired.value.code == codes.DEADLINE_EXCEEDED
+
+
+def test_bfloat16_on_a_cpu_without_bf16_instructions_is_served_and_warned_of(fresh_daemon):
+    """The operator's dtype is kept; the log says when this CPU will run it far slower."""
+    from mcpd import cpu_features
+    d = fresh_daemon(model={"dtype": "bfloat16"})
+    with d.client() as client:
+        assert client.generate("bf16", max_tokens=2, ignore_eos=True).completion_tokens == 2
+    assert ("model.dtype = bfloat16 on a CPU without bf16 instructions" in d.log()) != cpu_features.has_bf16()
