@@ -168,3 +168,19 @@ def test_apply_config_swaps_classes_and_keeps_queued_work(core):
     assert set(core.stats()["classes"]) >= {"normal", "bulk"}
     assert core.admission.class_of(None) == "bulk"
     assert core.apply_config(fresh) == []
+
+
+def test_a_control_op_that_raises_answers_internal_and_the_scheduler_goes_on(core, monkeypatch):
+    from mcpd.daemon import channels
+
+    def broken_drop(owner, id):
+        raise RuntimeError("injected fault in the store")
+    core.contexts.store.open("t", "kept", True)
+    monkeypatch.setattr(core.contexts.store, "drop", broken_drop)
+    admin = lambda token, op, args: core.on_inbox([channels.ADMIN, msgpack.packb(   # noqa: E731
+        {"token": token, "op": op, "args": args})])
+    admin(1, "contexts.drop", {"owner": "t", "id": "kept"})
+    admin(2, "contexts.list", {"owner": "t", "limit": 10})
+    replies = {fields["token"]: fields for event, fields in core.ports.events.sent if event == "admin"}
+    assert replies[1]["code"] == codes.INTERNAL and "injected fault" in replies[1]["message"]
+    assert replies[2]["result"]["total"] == 1

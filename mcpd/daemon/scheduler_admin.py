@@ -29,6 +29,9 @@ def handle(scheduler, frames: list[bytes]) -> None:
         scheduler.events.send("admin", token=token, result=handler(scheduler.contexts.store, request["args"]))
     except MCPDError as e:
         scheduler.events.send("admin", token=token, code=e.code, message=e.message)
+    except Exception as e:   # a bug in one op answers that op; it must not take the scheduler down
+        scheduler.log.exception("control op %r failed", request.get("op"))
+        scheduler.events.send("admin", token=token, code=codes.INTERNAL, message=f"{type(e).__name__}: {e}")
 
 
 def list_contexts(store, args: dict) -> dict:

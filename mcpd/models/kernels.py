@@ -4,9 +4,10 @@ TorchKernels: torch ops, on any device and dtype; the portable path (CUDA, float
 no C compiler) and the reference the native kernels are tested against.
 NativeKernels: the C kernels of kernels.c on the CPU, for float32 and bfloat16. Weight matrices
 are packed once, at load, into the panels kernels.c multiplies (prepare()); the products of any
-number of rows are native (faster than torch's GEMM here at every row count, see kernels.c).
-Attention of a prefill chunk stays with torch (scaled_dot_product_attention); attention of
-decoding sequences reads the paged KV cache in place.
+number of rows are native (faster than torch's GEMM at every row count on an AVX-512 CPU, see
+kernels.c; on AVX2 they spill, so auto chooses torch there: choose()). Attention, of decoding
+sequences and of prefill chunks, reads the paged KV cache in place; with the native kernels the
+whole decoder stack runs as one call a step (native_stack.py).
 
 Each op mirrors the order of roundings of transformers' Llama, so that both implementations
 give transformers' greedy tokens in float32 and in bfloat16.
