@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from mcpd.config import LimitsConfig
 from mcpd.contexts.context import Context
 from mcpd.contexts.persistence import Persistence
 from mcpd.protocol import args as typed
@@ -30,10 +29,9 @@ def tenant_of(header: dict) -> str:
 
 
 class ContextService:
-    def __init__(self, persistence: Persistence, limits: LimitsConfig):
+    def __init__(self, persistence: Persistence):
         self.store = persistence.store
         self.cache = persistence.cache
-        self.limits = limits
 
     def handle(self, tenant: str, args: typed.OpArgs, payload: list[bytes]) -> tuple[dict, list[bytes]]:
         """Run one context op (its args as the front-end checked them); returns (result map,

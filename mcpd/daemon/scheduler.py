@@ -84,7 +84,7 @@ class Scheduler:
         self.workers: dict[bytes, WorkerSlot] = {}
         self.host_cache = host_segment.attach(config)
         self.persistence = open_store(config, self.host_cache, self.log)
-        self.contexts = ContextService(self.persistence, config.limits)
+        self.contexts = ContextService(self.persistence)
         self.arrivals = itertools.count()
         self.dispatched = 0
         self.errors: dict[str, dict[str, int]] = {}   # the scheduler's own error replies: class -> code -> n
