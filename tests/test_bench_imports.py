@@ -1,0 +1,30 @@
+"""The benchmarks are not run by CI, but what they import from mcpd must exist: a module moved
+in a refactor (the client gate's move broke bench/redteam.py once) fails here, not in an
+operator's run."""
+import ast
+import importlib
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+SCRIPTS = sorted(BENCH.rglob("*.py"))
+
+
+def mcpd_imports(path: Path) -> list[tuple[str, str | None]]:
+    """(module, name) for every `from mcpd... import name` and (module, None) for `import mcpd...`."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "mcpd":
+            found += [(node.module, alias.name) for alias in node.names]
+        elif isinstance(node, ast.Import):
+            found += [(alias.name, None) for alias in node.names if alias.name.split(".")[0] == "mcpd"]
+    return found
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: str(p.relative_to(BENCH)))
+def test_what_a_benchmark_imports_from_mcpd_exists(script):
+    for module, name in mcpd_imports(script):
+        imported = importlib.import_module(module)
+        if name is not None and not hasattr(imported, name):
+            importlib.import_module(f"{module}.{name}")   # a submodule, or ModuleNotFoundError
