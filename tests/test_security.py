@@ -437,3 +437,17 @@ def test_live_fuzz_leaves_the_daemon_serving_and_contexts_untouched(secure, alic
     assert [c["id"] for c in alice.call("context.list", {})["contexts"]].count("precious") == 1
     for role in rss_before:
         assert rss_after[role] - rss_before[role] < MAX_RSS_GROWTH, (role, rss_before, rss_after)
+
+
+def test_a_key_allowed_right_after_a_handshake_is_served_at_once(secure):
+    """The allowed set was read for one client's handshake; a key allowed a moment later (within
+    the re-read guard, perhaps within the same timestamp tick) is served on its first handshake:
+    a refused handshake is not retried by the client, it would wait until its timeout."""
+    first = secure.curve_keys("frank")
+    time.sleep(1.5)   # the directory's mtime settles: the next read trusts it
+    with secure.client(curve=first) as frank:
+        frank.ping()   # a handshake: the allowed set is read now
+        with secure.client(curve=secure.curve_keys("grace"), timeout=10) as grace:
+            assert grace.ping() is not None
+    with secure.client(curve=secure.curve_keys("heidi"), timeout=10) as heidi:   # in the unsettled second
+        assert heidi.ping() is not None

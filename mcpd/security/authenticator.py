@@ -56,7 +56,8 @@ class Authenticator:
         self.socket.setsockopt(zmq.LINGER, 0)
         self.socket.bind(ZAP_ENDPOINT)
         self.name_of: dict[str, str] = {}   # Z85 public key -> the tenant it is allowed as
-        self.seen_mtime = -1
+        self.seen_mtime = -1   # the mtime the allowed set is known to match; -1: not yet settled
+        self.read_mtime = -1   # the mtime at the last read
         self.next_check = 0.0
         self.last_read = -RELOAD_MIN_S
         self.refused = 0
@@ -77,13 +78,19 @@ class Authenticator:
         name, _, key = user_id.partition(" ")
         return name if name and self.name_of.get(key) == name else None
 
-    def reload(self) -> None:
+    def reload(self, force: bool = False) -> None:
+        """Read the allowed set if the directory may have changed since the last read. The
+        RELOAD_MIN_S guard only spaces re-reads of an unsettled mtime already read; a new mtime
+        is always read (a key allowed just after a read must not wait, or its first handshake
+        is refused and the client never retries), and `force` reads an unsettled one anyway."""
         now = time.monotonic()
         self.next_check = now + RELOAD_CHECK_S
         mtime = self.keys.mtime_ns()
-        if mtime == self.seen_mtime or now - self.last_read < RELOAD_MIN_S:
+        if mtime == self.seen_mtime:
             return
-        self.last_read = now
+        if not force and mtime == self.read_mtime and now - self.last_read < RELOAD_MIN_S:
+            return
+        self.last_read, self.read_mtime = now, mtime
         name_of = self.keys.allowed()
         changed = name_of != self.name_of
         self.name_of = name_of
@@ -120,6 +127,11 @@ class Authenticator:
             self.reload()
             key = z85.encode(frames[6]).decode()
             name = self.name_of.get(key)
+            if name is None and self.seen_mtime == -1:
+                # Changed within a timestamp tick of the last read: a key allowed in that tick has
+                # the same mtime. An unknown key is worth one more read, only in that second.
+                self.reload(force=True)
+                name = self.name_of.get(key)
             if name is None:
                 log.debug("refused CURVE key %s from %s", key, address)
                 return None
