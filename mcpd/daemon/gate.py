@@ -27,7 +27,6 @@ from __future__ import annotations
 import dataclasses
 import errno
 
-import msgpack
 import zmq
 
 from mcpd.config import Config
@@ -100,8 +99,7 @@ class Gate:
         if claimed is not None and claimed != tenant:
             raise _unauthorized(request, f'header "tenant" is {claimed!r} but this connection authenticated '
                                          f'as {tenant!r}; leave "tenant" out or make them match')
-        header = {**request.header, "tenant": tenant}
-        return dataclasses.replace(request, header=header, header_bytes=msgpack.packb(header))
+        return dataclasses.replace(request, header={**request.header, "tenant": tenant})
 
 
 def _unauthorized(request: wire.Request, message: str) -> MCPDError:

@@ -32,7 +32,6 @@ class Request:
     """A request whose envelope and header passed validation (args are checked per op)."""
     envelope: tuple[bytes, ...]   # () for DEALER peers, (b"",) for REQ peers
     header: dict
-    header_bytes: bytes           # the client's bytes, forwarded as they came
     payload: tuple[bytes, ...]
 
     @property
@@ -63,7 +62,7 @@ def parse_request(envelope: tuple[bytes, ...], frames: list[bytes], limits: Limi
     except MCPDError as e:
         e.request_id = request_id if _valid_id(request_id) else None
         raise
-    return Request(envelope, header, header_bytes, tuple(frames[1:]))
+    return Request(envelope, header, tuple(frames[1:]))
 
 
 def check_sizes(frame_sizes: list[int], limits: LimitsConfig) -> None:
