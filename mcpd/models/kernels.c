@@ -371,11 +371,100 @@ void mcpd_silu_mul(int dtype, const void *gate_up, int64_t m, int64_t inter, voi
 
 /* ---- attention of one query per sequence over its paged KV ---------------------------------- */
 
+/* Sixteen vectors' horizontal sums as one vector: out[c] = the sum of v[c]'s lanes. Each of four
+   levels of two-vector shuffles halves the partial sums a key keeps and doubles the keys a
+   vector holds, keys staying in order: 15 shuffle pairs for 16 keys, where 16 horizontal sums
+   took about four times the instructions (and scored one key at a time). */
+#define SUM16_LEVEL(n, lo, hi) \
+    for (int i = 0; i < (n) / 2; i++) \
+        v[i] = __builtin_shuffle(v[2 * i], v[2 * i + 1], (i32x16)lo) + \
+               __builtin_shuffle(v[2 * i], v[2 * i + 1], (i32x16)hi)
+static inline f32x16 sum16(f32x16 v[LANES]) {
+    SUM16_LEVEL(16, ((i32x16){0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23}),
+                    ((i32x16){8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31}));
+    SUM16_LEVEL(8, ((i32x16){0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27}),
+                   ((i32x16){4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31}));
+    SUM16_LEVEL(4, ((i32x16){0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29}),
+                   ((i32x16){2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31}));
+    SUM16_LEVEL(2, ((i32x16){0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30}),
+                   ((i32x16){1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31}));
+    return v[0];
+}
+#undef SUM16_LEVEL
+
+/* One KV head of one sequence: its `group` query heads (q: group * d values) over the first
+   len tokens of the paged cache (kv points at this KV head's slot in block 0; tables as below).
+   Online softmax over chunks of keys (flash-decoding), float32 throughout; in bfloat16 the
+   probabilities are rounded before they weight the values, as torch's CPU flash attention
+   does. Scores come 16 keys at a time (sum16), and the value sums stay in registers when group
+   and d are constants here, as decode_attention_body makes them for the usual shapes: the
+   kernel was ~80 cycles per key and query group before, bound by stores and horizontal sums. */
+INLINE void decode_one(int dtype, int64_t group, int64_t d, const void *q, const char *kv, int64_t block_stride,
+                       int64_t v_offset, int64_t block_size, int64_t slot, const int64_t *table, int64_t len,
+                       float scale, void *out) {
+    size_t size = dtype == F32 ? 4 : 2;
+    int64_t vecs = d / LANES;
+    /* Sized by group and vecs: with both constant the compiler keeps query and acc in registers. */
+    f32x16 query[group][vecs], acc[group][vecs];
+    float scores[group][ATTN_CHUNK] __attribute__((aligned(64))), best[group], total[group];
+    for (int64_t h = 0; h < group; h++) {
+            for (int64_t j = 0; j < vecs; j++) {
+            query[h][j] = load_any(dtype, q, h * d + j * LANES);
+            acc[h][j] = splat(0);
+        }
+        best[h] = -INFINITY;
+        total[h] = 0;
+    }
+    int64_t block = 0, offset = 0;   /* where key c0 lives: table[block], slot offset */
+    for (int64_t c0 = 0; c0 < len; c0 += ATTN_CHUNK) {
+        int64_t count = len - c0 < ATTN_CHUNK ? len - c0 : ATTN_CHUNK;
+        const char *keys[ATTN_CHUNK + LANES];
+        for (int64_t c = 0; c < count; c++) {
+            keys[c] = kv + (table[block] * block_stride + offset * slot) * size;
+            if (++offset == block_size) offset = 0, block++;
+        }
+        for (int64_t c = count; c < count + LANES; c++) keys[c] = keys[0];   /* a tail's padding: scores dropped */
+            for (int64_t h = 0; h < group; h++)
+            for (int64_t c16 = 0; c16 < count; c16 += LANES) {
+                f32x16 dots[LANES];
+                for (int c = 0; c < LANES; c++) {
+                    f32x16 dot = splat(0);
+                                    for (int64_t j = 0; j < vecs; j++) dot += query[h][j] * load_any(dtype, keys[c16 + c], j * LANES);
+                    dots[c] = dot;
+                }
+                store_f32(scores[h] + c16, sum16(dots) * scale);
+            }
+            for (int64_t h = 0; h < group; h++) {
+            float high = best[h];
+            for (int64_t c = 0; c < count; c++) high = scores[h][c] > high ? scores[h][c] : high;
+            float rescale = best[h] == -INFINITY ? 0.0f : exp16(splat(best[h] - high))[0];
+            best[h] = high;
+            f32x16 sum = splat(0);
+            for (int64_t c = 0; c < count; c += LANES) {
+                f32x16 p = exp16(load_f32(scores[h] + c) - high);
+                if (count - c < LANES)
+                    for (int64_t z = count - c; z < LANES; z++) p[z] = 0;
+                sum += p;
+                store_f32(scores[h] + c, dtype == F32 ? p : round_bf16(p));
+            }
+            total[h] = total[h] * rescale + hsum(sum);
+                    for (int64_t j = 0; j < vecs; j++) acc[h][j] *= rescale;
+        }
+        for (int64_t c = 0; c < count; c++) {
+            const char *value = keys[c] + v_offset * size;
+                    for (int64_t j = 0; j < vecs; j++) {
+                f32x16 v = load_any(dtype, value, j * LANES);
+                            for (int64_t h = 0; h < group; h++) acc[h][j] += scores[h][c] * v;
+            }
+        }
+    }
+    for (int64_t h = 0; h < group; h++)
+            for (int64_t j = 0; j < vecs; j++) store_any(dtype, out, h * d + j * LANES, acc[h][j] / total[h]);
+}
+
 /* q: [b, ...] rows of q_stride elements, heads * d queries first in each row. Sequence s attends
    to its first lens[s] tokens, held in blocks tables[s * table_stride + ...] of block_size token
-   slots (cache layout as in mcpd_rope_store). out: [b, heads * d]. Online softmax over chunks of
-   keys (flash-decoding), float32 throughout; in bfloat16 the probabilities are rounded before
-   they weight the values, as torch's CPU flash attention does. */
+   slots (cache layout as in mcpd_rope_store). out: [b, heads * d]. */
 INLINE void decode_attention_body(int dtype, const void *q, int64_t q_stride, int64_t b, int64_t heads,
                                   int64_t kv_heads, int64_t d, const void *kv, int64_t block_stride,
                                   int64_t v_offset, int64_t block_size, const int64_t *tables,
@@ -387,60 +476,19 @@ INLINE void decode_attention_body(int dtype, const void *q, int64_t q_stride, in
     #pragma omp parallel for collapse(2) schedule(static) if (b * kv_heads > 1 && keys * heads * d >= (1 << 20))
     for (int64_t s = 0; s < b; s++)
         for (int64_t g = 0; g < kv_heads; g++) {
-            float query[MAX_GROUP][MAX_HEAD_DIM], acc[MAX_GROUP][MAX_HEAD_DIM];
-            float scores[MAX_GROUP][ATTN_CHUNK], best[MAX_GROUP], total[MAX_GROUP];
-            for (int64_t h = 0; h < group; h++) {
-                for (int64_t j = 0; j < d; j += LANES) {
-                    store_f32(query[h] + j, load_any(dtype, q, s * q_stride + (g * group + h) * d + j));
-                    store_f32(acc[h] + j, splat(0));
-                }
-                best[h] = -INFINITY;
-                total[h] = 0;
-            }
+            const char *query = (const char *)q + (s * q_stride + g * group * d) * size;
+            const char *cache = (const char *)kv + g * d * size;
+            char *o = (char *)out + (s * heads + g * group) * d * size;
             const int64_t *table = tables + s * table_stride;
-            for (int64_t c0 = 0; c0 < lens[s]; c0 += ATTN_CHUNK) {
-                int64_t count = lens[s] - c0 < ATTN_CHUNK ? lens[s] - c0 : ATTN_CHUNK;
-                const char *keys[ATTN_CHUNK];
-                for (int64_t c = 0; c < count; c++) {
-                    int64_t pos = c0 + c;
-                    keys[c] = (const char *)kv + (table[pos / block_size] * block_stride
-                                                  + (pos % block_size) * slot + g * d) * size;
-                }
-                for (int64_t c = 0; c < count; c++)
-                    for (int64_t h = 0; h < group; h++) {
-                        f32x16 dot = splat(0);
-                        for (int64_t j = 0; j < d; j += LANES)
-                            dot += load_f32(query[h] + j) * load_any(dtype, keys[c], j);
-                        scores[h][c] = hsum(dot) * scale;
-                    }
-                for (int64_t h = 0; h < group; h++) {
-                    float high = best[h];
-                    for (int64_t c = 0; c < count; c++) high = scores[h][c] > high ? scores[h][c] : high;
-                    float rescale = best[h] == -INFINITY ? 0.0f : exp16(splat(best[h] - high))[0];
-                    best[h] = high;
-                    f32x16 sum = splat(0);
-                    for (int64_t c = 0; c < count; c += LANES) {
-                        f32x16 p = exp16(load_f32(scores[h] + c) - high);
-                        if (count - c < LANES)
-                            for (int64_t z = count - c; z < LANES; z++) p[z] = 0;
-                        sum += p;
-                        store_f32(scores[h] + c, dtype == F32 ? p : round_bf16(p));
-                    }
-                    total[h] = total[h] * rescale + hsum(sum);
-                    for (int64_t j = 0; j < d; j += LANES) store_f32(acc[h] + j, load_f32(acc[h] + j) * rescale);
-                }
-                for (int64_t c = 0; c < count; c++) {
-                    const char *value = keys[c] + v_offset * size;
-                    for (int64_t j = 0; j < d; j += LANES) {
-                        f32x16 v = load_any(dtype, value, j);
-                        for (int64_t h = 0; h < group; h++)
-                            store_f32(acc[h] + j, load_f32(acc[h] + j) + scores[h][c] * v);
-                    }
-                }
-            }
-            for (int64_t h = 0; h < group; h++)
-                for (int64_t j = 0; j < d; j += LANES)
-                    store_any(dtype, out, (s * heads + g * group + h) * d + j, load_f32(acc[h] + j) / total[h]);
+#define DECODE_ONE(G, D) decode_one(dtype, G, D, query, cache, block_stride, v_offset, block_size, slot, table, \
+                                    lens[s], scale, o)
+            /* Constant shapes for the common models, so the sums stay in registers. */
+            if (group == 4 && d == 64) DECODE_ONE(4, 64);
+            else if (group == 8 && d == 64) DECODE_ONE(8, 64);
+            else if (group == 4 && d == 128) DECODE_ONE(4, 128);
+            else if (group == 1 && d == 128) DECODE_ONE(1, 128);
+            else DECODE_ONE(group, d);
+#undef DECODE_ONE
         }
 }
 
