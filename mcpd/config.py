@@ -77,7 +77,7 @@ class SchedulerConfig:
     overloaded_retry_ms: int = 100     # the retry_after_ms hint of OVERLOADED
     window_target_p99_ms: float = 50.0  # the queueing delay the batching window steers p99 toward
     window_min_ms: float = 0.0         # bounds of the batching window
-    window_max_ms: float = 20.0
+    window_max_ms: float = 0.0         # 0: off (etc/mcpd.toml says why)
     window_smoothing: float = 0.2      # weight of each new adjustment (EWMA): lower is steadier
     degrade_queue_depth: int = 256     # overload: at least this many requests waiting
     degrade_after_s: float = 5.0       # overload this long: cap max_tokens; twice as long: shed

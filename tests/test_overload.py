@@ -21,7 +21,8 @@ CLASSES = {"high": {"rank": 2, "max_queue": 4},
 def d(module_daemon):
     sections = {"scheduler": {"max_inflight_per_worker": 1, "default_class": "low",
                               "degrade_queue_depth": 4, "degrade_after_s": 1.0},
-                "engine": {"max_num_seqs": 1}}
+                "engine": {"max_num_seqs": 1, "pool_bytes": 256 << 20}, "model": {"max_model_len": BLOCKER_TOKENS + 64},
+                "limits": {"max_new_tokens": BLOCKER_TOKENS}}
     config = module_daemon(started=False, **sections)
     classes = "".join(f"[scheduler.classes.{name}]\n" + "".join(f"{k} = {str(v).lower()}\n" for k, v in keys.items())
                       for name, keys in CLASSES.items())
@@ -35,14 +36,20 @@ def final(client, rid, timeout: float = 60) -> dict:
     return reply
 
 
+# Long enough to outlast any test here on a fast machine (the embedded model writes ~2,000 tokens
+# a second with the native kernels: 2,000 tokens no longer outlived the 2.2 s of the degradation test).
+BLOCKER_TOKENS = 20_000
+
+
 class Blocker:
     """A long stream of the top class, running (first chunk seen): everything else queues behind it."""
 
     def __init__(self, d):
         self.client = d.client()
-        self.rid = self.client.send("generate", {"prompt": "block", "max_tokens": 2000, "ignore_eos": True,
+        self.rid = self.client.send("generate", {"prompt": "block", "max_tokens": BLOCKER_TOKENS, "ignore_eos": True,
                                                  "stream": True}, priority="high")
-        assert self.client.receive(self.rid)["kind"] == "chunk"
+        first = self.client.receive(self.rid)
+        assert first["kind"] == "chunk", first
 
     def release(self) -> None:
         self.client.cancel(self.rid)
@@ -66,9 +73,11 @@ def worker_idle(d, client, generated_before: int) -> int:
 
 
 def tokens_generated(d, client) -> int:
-    """The worker's count, once its engine stats have reached the scheduler (HELLO has none)."""
+    """The worker's count, once its engine stats have reached the scheduler (HELLO has none), from
+    a stats report newer than the call (d.status waits for one): an older report leaves out what
+    the previous test's requests generated after it, which the caller would count as its own."""
     d.wait_until(lambda: "tokens_generated" in client.status()["workers"][0], 30, "engine stats")
-    return client.status()["workers"][0]["tokens_generated"]
+    return d.status()["devices"][0]["tokens_generated"]
 
 
 def gen(client, prompt: str, max_tokens: int = 4, **header) -> int:
@@ -134,11 +143,11 @@ def test_deadline_exceeded_while_queued(d):
 def test_deadline_exceeded_while_running_frees_kv(d):
     with d.client() as client:
         before = tokens_generated(d, client)
-        rid = client.send("generate", {"prompt": "run long", "max_tokens": 2000, "ignore_eos": True,
+        rid = client.send("generate", {"prompt": "run long", "max_tokens": BLOCKER_TOKENS, "ignore_eos": True,
                                        "stream": True}, timeout_ms=1500)
         assert client.receive(rid)["kind"] == "chunk"   # it runs
         assert final(client, rid)["code"] == codes.DEADLINE_EXCEEDED
-        assert worker_idle(d, client, before) < 2000
+        assert worker_idle(d, client, before) < BLOCKER_TOKENS
 
 
 @pytest.mark.parametrize("how", ["cancel", "disconnect"])
@@ -162,7 +171,8 @@ def test_cancel_and_disconnect_free_kv(d, how):
 
 
 def test_preempted_low_request_completes_with_its_unpreempted_tokens(d):
-    args = {"prompt": "preempt me", "max_tokens": 40, "temperature": 0, "ignore_eos": True}
+    # Long enough to still run when the high request arrives, a few milliseconds after its first chunk.
+    args = {"prompt": "preempt me", "max_tokens": 1000, "temperature": 0, "ignore_eos": True}
     with d.client() as client:
         alone = client.call("generate", args, priority="low")["token_ids"]
         before = client.status()["workers"][0]["preemptions"]

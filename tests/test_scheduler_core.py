@@ -184,3 +184,37 @@ def test_a_control_op_that_raises_answers_internal_and_the_scheduler_goes_on(cor
     replies = {fields["token"]: fields for event, fields in core.ports.events.sent if event == "admin"}
     assert replies[1]["code"] == codes.INTERNAL and "injected fault" in replies[1]["message"]
     assert replies[2]["result"]["total"] == 1
+
+
+def windowed_core(window_max_ms: float) -> Scheduler:
+    """A core whose normal class's batching window is already open at window_max_ms."""
+    runtime_dir = tempfile.mkdtemp(prefix="mcpd-c-", dir="/tmp")
+    config = from_dict({"server": {"runtime_dir": runtime_dir}, "cache": {"enabled": False},
+                        "persistence": {"enabled": False},
+                        "scheduler": {"window_min_ms": window_max_ms, "window_max_ms": window_max_ms}})
+    return Scheduler(config, logging.getLogger("test"), Ports(), Clock())
+
+
+def test_a_prefill_waits_out_an_open_window_while_the_worker_is_busy():
+    core = windowed_core(10.0)
+    hello(core, 11)
+    core.on_inbox(request(1, GenerateArgs(prompt="first", max_tokens=50)))   # idle node: never held
+    core.tick()
+    core.on_inbox(request(2, GenerateArgs(prompt="second", max_tokens=1)))
+    core.tick()
+    assert [d.rid for d in dispatched(core)] == [1]
+    core.clock.now += 0.011
+    core.tick()
+    assert [d.rid for d in dispatched(core)] == [1, 2]
+
+
+def test_by_default_a_prefill_goes_to_a_busy_worker_at_once():
+    """The window is off by default: the worker groups what arrives during a step by itself."""
+    core = windowed_core(0.0)
+    assert core.config.scheduler.window_max_ms == from_dict({}).scheduler.window_max_ms == 0
+    hello(core, 11)
+    core.on_inbox(request(1, GenerateArgs(prompt="first", max_tokens=50)))
+    core.tick()
+    core.on_inbox(request(2, GenerateArgs(prompt="second", max_tokens=1)))
+    core.tick()
+    assert [d.rid for d in dispatched(core)] == [1, 2]
