@@ -84,7 +84,8 @@ def test_a_request_waits_for_a_worker_then_goes_to_it_as_a_typed_dispatch(core):
     hello(core, 11)
     core.tick()
     rank = core.config.scheduler.classes[core.config.scheduler.default_class].rank
-    assert dispatched(core) == [messages.Dispatch(1, 1, "t", rank, None, False, args)]
+    bos_hello = [256, *b"hello"]   # tokenized here, once: the embedded model's byte tokenizer
+    assert dispatched(core) == [messages.Dispatch(1, 1, "t", rank, None, False, args, bos_hello)]
 
 
 def test_a_request_lost_with_its_worker_runs_again_alone_then_is_answered_and_remembered(core):
@@ -153,6 +154,31 @@ def test_a_context_turn_runs_on_the_history_and_is_committed_before_its_reply(co
     core.on_inbox(request(4, GenerateArgs(context="chat")))   # free again; runs on the committed tokens
     core.tick()
     assert core.ports.workers[-1][2] == [np.array([104, 105, 7], np.int32).tobytes()]
+    assert dispatched(core)[-1].prompt_ids == []
+
+
+def test_a_turn_on_a_history_is_tokenized_without_bos_and_a_refused_one_frees_the_context(core):
+    hello(core, 11)
+    core.on_inbox(request(1, ContextOpenArgs(id="chat")))
+    core.on_inbox(request(2, GenerateArgs(prompt="hi", context="chat", base=0)))
+    core.tick()
+    assert dispatched(core)[0].prompt_ids == [256, *b"hi"]   # the first turn opens the sequence
+    from_worker(core, messages.TurnResult(2, {"text": "ok", "token_ids": [7]}, [256, *b"hi", 7]))
+    core.on_inbox(request(3, GenerateArgs(prompt="x" * 40_000, context="chat")))   # over max_prompt_tokens
+    assert core.ports.finals()[3]["code"] == codes.BAD_REQUEST
+    core.on_inbox(request(4, GenerateArgs(prompt="more", context="chat")))   # the refusal ended its turn
+    core.tick()
+    assert dispatched(core)[-1].prompt_ids == list(b"more")
+
+
+def test_admission_counts_real_prompt_tokens(core):
+    core.on_inbox(request(1, GenerateArgs(prompt="é" * 10, max_tokens=5)))   # 10 characters, 20 bytes
+    core.on_inbox(request(2, GenerateArgs(prompt_token_ids=[1, 2, 3], max_tokens=5)))
+    core.on_inbox(request(3, GenerateArgs(prompt="x" * 40_000)))
+    assert core.jobs[1].cost == 1 + 20 + 5 and core.jobs[1].length_bin == (21).bit_length()
+    assert core.jobs[2].cost == 3 + 5
+    reply = core.ports.finals()[3]
+    assert reply["code"] == codes.BAD_REQUEST and "limit is 32768" in reply["message"]
 
 
 def test_apply_config_swaps_classes_and_keeps_queued_work(core):

@@ -14,6 +14,7 @@ from mcpd.daemon.worker_core import DONE_FLUSH_S, MAX_FAILED_STEPS, WorkerCore
 from mcpd.engine import Engine
 from mcpd.protocol import codes
 from mcpd.protocol.args import GenerateArgs, PingArgs
+from mcpd.scheduling.prompt_tokens import prompt_token_ids
 
 CONFIG = Config(model=ModelConfig(max_model_len=512), engine=EngineConfig(pool_bytes=16 << 20),
                 limits=LimitsConfig(max_prompt_tokens=64))
@@ -53,7 +54,10 @@ def core(engine):
 
 
 def dispatch(core, rid: int, args, turn: bool = False, history: list[int] | None = None, cap: int | None = None):
-    message = messages.Dispatch(rid, f"req-{rid}", "t", 0, cap, turn, args)
+    """As the scheduler sends it: the prompt tokenized there (a turn's without BOS)."""
+    ids = prompt_token_ids(core.engine.tokenizer, args, not history, CONFIG.limits.max_prompt_tokens) \
+        if isinstance(args, GenerateArgs) else []
+    message = messages.Dispatch(rid, f"req-{rid}", "t", 0, cap, turn, args, ids)
     payload = [np.asarray(history or [], np.int32).tobytes()] if turn else []
     core.on_message(messages.encode(message, *payload))
 
@@ -134,14 +138,13 @@ def test_a_cancel_frees_the_request_and_answers_with_its_code(core, engine):
 
 def test_a_request_the_engine_refuses_is_answered_bad_request(core):
     dispatch(core, 1, GenerateArgs(prompt_token_ids=[1, 100_000], max_tokens=2))
-    dispatch(core, 2, GenerateArgs(prompt="x" * 100, max_tokens=2))   # 101 tokens, over max_prompt_tokens
-    dispatch(core, 3, greedy(600))                                     # over max_model_len
+    dispatch(core, 2, greedy(600))   # over max_model_len
     finals = replies(core.ports.frontend, messages.Final)
     assert [(m.rid, m.code, reply["code"]) for m, reply in finals] == \
-        [(rid, codes.BAD_REQUEST, codes.BAD_REQUEST) for rid in (1, 2, 3)]
-    assert "limit is 64" in finals[1][1]["message"] and not core.has_work
+        [(rid, codes.BAD_REQUEST, codes.BAD_REQUEST) for rid in (1, 2)]
+    assert "max_model_len 512" in finals[1][1]["message"] and not core.has_work
     core.flush_done()
-    assert of_kind(core.ports.scheduler, messages.Done) == [messages.Done([1, 2, 3])]
+    assert of_kind(core.ports.scheduler, messages.Done) == [messages.Done([1, 2])]
 
 
 def test_a_context_turn_answers_through_the_scheduler_with_what_it_appends(core, engine):

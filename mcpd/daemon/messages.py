@@ -7,7 +7,8 @@ token ids, a reply header for a client. Where the frames go is channels.py's map
 
     front-end → scheduler   Request (+ the client's payload)   Cancel
     supervisor → scheduler  WorkerLost      (ADMIN and RELOAD: scheduler_admin.py, live_config.py)
-    scheduler → worker      Dispatch (+ a context turn's history: its token ids, int32)   Cancel
+    scheduler → worker      Dispatch (its prompt's token ids; + a context turn's history: its
+                            token ids, int32)   Cancel
     worker → scheduler      Hello  Started  Done  Stats  Failed;  a context turn's Chunk, Final
                             and TurnResult (Dispatch.turn: the scheduler commits the turn first)
     worker → front-end      Chunk, Final (+ the reply header for the client, *payload)
@@ -64,6 +65,7 @@ class Dispatch(Message):
     max_tokens_cap: int | None  # the degradation ladder's cap, or None
     turn: bool                  # a context turn: its replies go back through the scheduler
     args: GenerateArgs | PingArgs
+    prompt_ids: list[int] = []  # a generate's new prompt tokens, tokenized once by the scheduler
 
 
 class Hello(Message):

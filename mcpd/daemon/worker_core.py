@@ -122,8 +122,7 @@ class WorkerCore:
 
     def _start_generate(self, dispatch: messages.Dispatch, args: GenerateArgs, payload: list[bytes]) -> None:
         history = np.frombuffer(payload[0], np.int32).tolist() if dispatch.turn else []
-        # Special tokens (BOS) open a sequence, not each turn appended to a history.
-        prompt_ids = self._prompt_token_ids(args, add_special_tokens=not history)
+        prompt_ids = dispatch.prompt_ids   # tokenized by the scheduler (scheduling/prompt_tokens.py)
         max_tokens = dispatch.max_tokens_cap or args.max_tokens
         # The tenant namespaces the prefix cache: KV blocks are shared only within one tenant.
         # The scheduler's effective rank of the request: the engine seats and keeps it before
@@ -134,20 +133,6 @@ class WorkerCore:
             {"max_tokens": dispatch.max_tokens_cap, "requested_max_tokens": args.max_tokens}
         self.active[dispatch.rid] = ActiveRequest(dispatch.request_id, args.stream, args.logprobs, degraded,
                                                   prompt_ids if dispatch.turn else None)
-
-    def _prompt_token_ids(self, args: GenerateArgs, add_special_tokens: bool) -> list[int]:
-        tokenizer = self.engine.tokenizer
-        if not args.has_prompt:
-            return []   # a context turn that continues the context as it is
-        if args.prompt_token_ids is not None:
-            return list(args.prompt_token_ids)   # the engine checks them against the vocabulary
-        if args.prompt is not None:
-            ids = tokenizer.encode(args.prompt, add_special_tokens=add_special_tokens)
-        else:   # a rendered chat template carries its own special tokens (as in transformers)
-            ids = tokenizer.encode(tokenizer.apply_chat_template(list(args.messages)), add_special_tokens=False)
-        if len(ids) > self.config.limits.max_prompt_tokens:
-            raise ValueError(f"prompt is {len(ids)} tokens; the limit is {self.config.limits.max_prompt_tokens}")
-        return ids
 
     def on_cancel(self, rid: int, code: str) -> None:
         """Stop a request and free its KV now: the client cancelled (or went away, or does not read its
