@@ -17,11 +17,13 @@ WORKER = b"w0"
 
 
 class Events:
+    """The events the scheduler sent the supervisor, as typed messages (child.EventReporter's)."""
+
     def __init__(self):
         self.sent = []
 
-    def send(self, event: str, **fields) -> None:
-        self.sent.append((event, fields))
+    def send(self, kind, *fields, **named) -> None:
+        self.sent.append(kind(messages.Sender("scheduler", 0, 1), *fields, **named))
 
 
 class Ports:
@@ -197,16 +199,13 @@ def test_apply_config_swaps_classes_and_keeps_queued_work(core):
 
 
 def test_a_control_op_that_raises_answers_internal_and_the_scheduler_goes_on(core, monkeypatch):
-    from mcpd.daemon import channels
-
     def broken_drop(owner, id):
         raise RuntimeError("injected fault in the store")
     core.contexts.store.open("t", "kept", True)
     monkeypatch.setattr(core.contexts.store, "drop", broken_drop)
-    admin = lambda token, op, args: core.on_inbox([channels.ADMIN, msgpack.packb(   # noqa: E731
-        {"token": token, "op": op, "args": args})])
+    admin = lambda token, op, args: core.on_inbox(messages.encode(messages.Admin(token, op, args)))   # noqa: E731
     admin(1, "contexts.drop", {"owner": "t", "id": "kept"})
     admin(2, "contexts.list", {"owner": "t", "limit": 10})
-    replies = {fields["token"]: fields for event, fields in core.ports.events.sent if event == "admin"}
-    assert replies[1]["code"] == codes.INTERNAL and "injected fault" in replies[1]["message"]
-    assert replies[2]["result"]["total"] == 1
+    replies = {e.token: e for e in core.ports.events.sent if isinstance(e, messages.AdminAnswer)}
+    assert replies[1].code == codes.INTERNAL and "injected fault" in replies[1].message
+    assert replies[2].result["total"] == 1

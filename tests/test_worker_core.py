@@ -10,6 +10,7 @@ import torch
 
 from mcpd.config import Config, EngineConfig, LimitsConfig, ModelConfig
 from mcpd.daemon import messages
+from mcpd.daemon.child_stats import WorkerStats
 from mcpd.daemon.worker_core import DONE_FLUSH_S, MAX_FAILED_STEPS, WorkerCore
 from mcpd.engine import Engine
 from mcpd.protocol import codes
@@ -234,5 +235,7 @@ def test_a_good_step_resets_the_failure_count(core, engine):
 def test_hello_and_stats_name_the_worker_and_its_engine(core, engine):
     hello = core.hello()
     assert (hello.index, hello.device, hello.model) == (3, "cpu", engine.model_name)
-    stats = core.stats()
-    assert stats["index"] == 3 and stats["model"] == engine.model_name and stats["running"] == 0
+    stats = core.stats()   # typed: every figure of the engine is declared in WorkerStats, or this raises
+    assert (stats.index, stats.model, stats.running, stats.kv_blocks_total) == \
+        (3, engine.model_name, 0, engine.stats()["kv_blocks_total"])
+    assert set(engine.stats()) <= set(WorkerStats.__struct_fields__)

@@ -132,8 +132,6 @@ class Scheduler:
     # -- from the front-end and the supervisor --------------------------------------------------
 
     def on_inbox(self, frames: list[bytes]) -> None:
-        if frames[0] in (channels.ADMIN, channels.RELOAD):
-            return scheduler_admin.handle(self, frames)
         message, payload = messages.decode(frames)
         if isinstance(message, messages.Request):
             self._enqueue(Job(message.rid, message, payload))
@@ -141,6 +139,10 @@ class Scheduler:
             self._cancel(message.rid, message.code)
         elif isinstance(message, messages.WorkerLost):
             self._worker_lost(channels.worker_identity(message.index), message.pid)
+        elif isinstance(message, messages.Admin):
+            scheduler_admin.handle(self, message)
+        elif isinstance(message, messages.Reload):
+            scheduler_admin.reload(self, message)
 
     def _enqueue(self, job: Job) -> None:
         request = job.request
@@ -283,9 +285,10 @@ class Scheduler:
         if isinstance(message, messages.Hello):
             return self._hello(identity, message)
         if isinstance(message, messages.Stats):
+            stats = message.stats
             if slot is None:   # this scheduler restarted after the worker said hello
-                return self._hello(identity, messages.Hello(**{k: message.stats[k] for k in messages.Hello.__struct_fields__}))
-            slot.info = message.stats
+                return self._hello(identity, messages.Hello(stats.index, stats.pid, stats.device, stats.model, stats.dtype))
+            slot.info = msgspec.structs.asdict(stats)
         elif slot is None:
             return
         elif isinstance(message, messages.Done):

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import time
 
-import msgspec
 import zmq
 
 from mcpd import cpu_features
@@ -85,7 +84,7 @@ class Worker:
     def serve(self) -> None:
         hello = self.core.hello()
         self.sockets.to_scheduler(messages.encode(hello))
-        self.events.send("ready", **msgspec.structs.asdict(hello))
+        self.events.send(messages.Ready)
         next_stats = 0.0
         poller = zmq.Poller()   # one for the worker's life: socket.poll() builds one per call
         poller.register(self.sockets.scheduler, zmq.POLLIN)
@@ -101,11 +100,11 @@ class Worker:
     def _report(self) -> None:
         stats = self.core.stats()
         self.sockets.to_scheduler(messages.encode(messages.Stats(stats)))
-        self.events.send("stats", **stats)
+        self.events.send(messages.Report, stats)
 
     def _on_message(self, frames: list[bytes]) -> None:
-        if frames[0] == channels.RELOAD:
-            return live_config.apply(frames, self.events)
+        if frames[0] == messages.Reload.TAG:
+            return live_config.apply(messages.decode(frames)[0], self.events)
         self.core.on_message(frames)
 
 

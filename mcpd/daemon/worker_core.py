@@ -24,6 +24,7 @@ import numpy as np
 
 from mcpd.config import Config
 from mcpd.daemon import channels, messages
+from mcpd.daemon.child_stats import WorkerStats
 from mcpd.protocol import codes, wire
 from mcpd.protocol.args import GenerateArgs, PingArgs
 
@@ -87,8 +88,9 @@ class WorkerCore:
         stats = self.engine.stats()
         return messages.Hello(self.index, os.getpid(), stats["device"], stats["model"], stats["dtype"])
 
-    def stats(self) -> dict:
-        return {"index": self.index, "pid": os.getpid(), **self.engine.stats()}
+    def stats(self) -> WorkerStats:
+        """The engine's figures and the worker's; a figure WorkerStats does not declare raises."""
+        return WorkerStats(index=self.index, pid=os.getpid(), **self.engine.stats())
 
     def poll_timeout_ms(self, idle_ms: float) -> float:
         """How long the loop may wait for a message before the core has something to do."""
