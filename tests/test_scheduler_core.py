@@ -4,11 +4,13 @@ import logging
 import tempfile
 
 import msgpack
+import msgspec
 import numpy as np
 import pytest
 
 from mcpd.config import from_dict
 from mcpd.daemon import messages
+from mcpd.daemon.child_stats import WorkerStats
 from mcpd.daemon.scheduler import Scheduler
 from mcpd.protocol import codes
 from mcpd.protocol.args import ContextOpenArgs, GenerateArgs, PingArgs
@@ -171,6 +173,18 @@ def test_a_turn_on_a_history_is_tokenized_without_bos_and_a_refused_one_frees_th
     core.on_inbox(request(4, GenerateArgs(prompt="more", context="chat")))   # the refusal ended its turn
     core.tick()
     assert dispatched(core)[-1].prompt_ids == list(b"more")
+
+
+def test_a_restarted_scheduler_learns_a_worker_from_its_typed_stats(core):
+    """The worker said hello to the scheduler before this one: its next Stats bring it back."""
+    stats = WorkerStats(index=0, pid=11, device="cpu", model="m", dtype="float32", running=0, kv_blocks_total=9)
+    from_worker(core, messages.Stats(stats))
+    core.on_inbox(request(1, PingArgs()))
+    core.tick()
+    assert [d.rid for d in dispatched(core)] == [1]
+    from_worker(core, messages.Stats(msgspec.structs.replace(stats, running=3)))
+    [worker] = core.stats()["workers"]
+    assert (worker["pid"], worker["model"], worker["running"], worker["kv_blocks_total"]) == (11, "m", 3, 9)
 
 
 def test_admission_counts_real_prompt_tokens(core):
