@@ -49,7 +49,7 @@ import psutil
 import torch
 
 import roofline
-from mcpd.models.tokenizer import HFTokenizer
+from mcpd.tokenizer import HFTokenizer
 from peerkit import checkpoints, servers as peer_servers
 from peerkit.clients import HttpTarget, McpdTarget
 

@@ -1,14 +1,24 @@
 """The typed stats the supervisor keeps of each child (mcpd/daemon/child_stats.py)."""
-from mcpd.daemon import child_stats
+import msgspec
+import pytest
+
+from mcpd.daemon import child_stats, messages
 from mcpd.daemon.child_stats import FrontendStats, SchedulerStats, WorkerStats
 
 
-def test_an_event_becomes_its_kinds_stats_and_unknown_figures_are_dropped():
-    front = child_stats.of("frontend", {"role": "frontend", "index": 0, "pid": 9, "event": "stats",
-                                        "served": 3, "draining": True, "from_a_newer_child": 1})
-    assert front == FrontendStats(served=3, draining=True)
-    worker = child_stats.of("worker", {"running": 2, "pool": {"in_use_bytes": 5}, "steps": 7})
+def test_a_report_decodes_to_its_kinds_stats_and_unknown_figures_are_dropped():
+    """A newer child's extra figure must not break an older supervisor."""
+    newer = msgspec.msgpack.encode({"type": "frontend", "served": 3, "draining": True, "from_a_newer_child": 1})
+    frames = [messages.Report.TAG, msgspec.msgpack.encode([["frontend", 0, 9], msgspec.Raw(newer)])]
+    report, _ = messages.decode(frames)
+    assert report.stats == FrontendStats(served=3, draining=True) and report.sender.pid == 9
+    worker = WorkerStats(running=2, pool={"in_use_bytes": 5}, steps=7)
     assert worker.reported(("running", "waiting", "pool", "in_use_bytes")) == {"running": 2, "pool": {"in_use_bytes": 5}}
+
+
+def test_a_figure_a_child_does_not_declare_fails_in_the_child():
+    with pytest.raises(TypeError):
+        SchedulerStats(queue_depth=1, undeclared_figure=2)
 
 
 def test_before_the_first_report_each_kind_is_empty():

@@ -59,3 +59,10 @@ def test_no_import_statement_points_back(package, forbidden):
                      else [])   # `from mcpd.daemon import x` is mcpd.daemon.x, `from mcpd import daemon` too
             found += [f"{path.name}: {n}" for n in names if under({n}, *forbidden)]
     assert found == []
+
+
+def test_the_scheduler_tokenizes_without_torch():
+    """It tokenizes each prompt (mcpd/tokenizer.py); torch is the workers' alone."""
+    modules = loaded_after("import mcpd.daemon.scheduler_loop, mcpd.tokenizer")
+    assert "mcpd.tokenizer" in modules and "tokenizers" in modules
+    assert under(modules, "torch", "mcpd.models", "mcpd.engine") == []

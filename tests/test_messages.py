@@ -7,7 +7,8 @@ import pytest
 
 from mcpd.config import LimitsConfig
 from mcpd.daemon import messages
-from mcpd.daemon.worker import sampling_params
+from mcpd.daemon.child_stats import FrontendStats, SchedulerStats, WorkerStats
+from mcpd.daemon.worker_core import sampling_params
 from mcpd.engine import SamplingParams
 from mcpd.protocol import ops
 from mcpd.protocol.args import BY_OP, CancelArgs, ContextUpdateArgs, GenerateArgs, PingArgs
@@ -15,6 +16,7 @@ from mcpd.protocol.args import BY_OP, CancelArgs, ContextUpdateArgs, GenerateArg
 PROTOCOL = Path(__file__).resolve().parent.parent / "docs" / "PROTOCOL.md"
 LIMITS = LimitsConfig()
 
+SENDER = messages.Sender("worker", 1, 4321)
 SAMPLES = [
     messages.Request(1, "a", "t", "high", 5, GenerateArgs(prompt="x", stop=("s",))),
     messages.Request(2, 7, "t", None, None, ContextUpdateArgs(id="c", base=3, changes=({"name": "f", "frame": 0},))),
@@ -26,13 +28,21 @@ SAMPLES = [
     messages.Hello(0, 1234, "cpu", "embedded", "float32"),
     messages.Started(1),
     messages.Done([1, 2, 3]),
-    messages.Stats({"index": 0, "pool": {"in_use_bytes": 5}}),
+    messages.Stats(WorkerStats(index=0, pool={"in_use_bytes": 5})),
     messages.Failed("RuntimeError: x", [4, 5]),
     messages.Chunk(9),
     messages.Final(9, None),
     messages.Final(9, "OVERLOADED"),
     messages.TurnResult(9, {"text": "hi", "token_ids": [1]}, [7, 1]),
     messages.Drain(), messages.SchedulerLost(), messages.Resume(),
+    messages.Admin(3, "contexts.drop", {"owner": "t", "id": "c"}),
+    messages.Reload(4, {"server": {"log_level": "debug"}}),
+    messages.Ready(SENDER), messages.Drained(SENDER),
+    messages.Report(SENDER, FrontendStats(served=3)), messages.Report(SENDER, SchedulerStats(queue_depth=2)),
+    messages.Report(SENDER, WorkerStats(running=1, batch_size={"sum": 3})),
+    messages.Refused(SENDER, "port 80 in use", 69),
+    messages.AdminAnswer(SENDER, 3, result={"dropped": True}), messages.AdminAnswer(SENDER, 3, code="NOT_FOUND", message="no"),
+    messages.Reloaded(SENDER, 4, ["server.log_level"]),
 ]
 
 
@@ -46,6 +56,7 @@ def test_every_message_decodes_to_what_was_encoded_with_its_payload(message):
 def test_every_message_type_has_a_sample_and_its_own_tag():
     declared = {kind for kind, _ in messages._DECODERS.values()}
     assert declared == {type(m) for m in SAMPLES}
+    assert {type(m.stats) for m in SAMPLES if isinstance(m, messages.Report)} == {FrontendStats, SchedulerStats, WorkerStats}
     assert len({kind.TAG for kind in declared}) == len(declared)
 
 

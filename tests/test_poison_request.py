@@ -107,7 +107,7 @@ class ScriptedEngineFault:
         self.raised = 0
 
     def step(self):
-        if self.rid in self.worker.active or self.rid is None and self.worker.active:
+        if self.rid in self.worker.core.active or self.rid is None and self.worker.core.active:
             self.raised += 1
             raise RuntimeError("Overflow when unpacking long long (injected)")
         return self.real_step()

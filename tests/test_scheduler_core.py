@@ -4,11 +4,13 @@ import logging
 import tempfile
 
 import msgpack
+import msgspec
 import numpy as np
 import pytest
 
 from mcpd.config import from_dict
 from mcpd.daemon import messages
+from mcpd.daemon.child_stats import WorkerStats
 from mcpd.daemon.scheduler import Scheduler
 from mcpd.protocol import codes
 from mcpd.protocol.args import ContextOpenArgs, GenerateArgs, PingArgs
@@ -17,11 +19,13 @@ WORKER = b"w0"
 
 
 class Events:
+    """The events the scheduler sent the supervisor, as typed messages (child.EventReporter's)."""
+
     def __init__(self):
         self.sent = []
 
-    def send(self, event: str, **fields) -> None:
-        self.sent.append((event, fields))
+    def send(self, kind, *fields, **named) -> None:
+        self.sent.append(kind(messages.Sender("scheduler", 0, 1), *fields, **named))
 
 
 class Ports:
@@ -84,7 +88,8 @@ def test_a_request_waits_for_a_worker_then_goes_to_it_as_a_typed_dispatch(core):
     hello(core, 11)
     core.tick()
     rank = core.config.scheduler.classes[core.config.scheduler.default_class].rank
-    assert dispatched(core) == [messages.Dispatch(1, 1, "t", rank, None, False, args)]
+    bos_hello = [256, *b"hello"]   # tokenized here, once: the embedded model's byte tokenizer
+    assert dispatched(core) == [messages.Dispatch(1, 1, "t", rank, None, False, args, bos_hello)]
 
 
 def test_a_request_lost_with_its_worker_runs_again_alone_then_is_answered_and_remembered(core):
@@ -153,6 +158,43 @@ def test_a_context_turn_runs_on_the_history_and_is_committed_before_its_reply(co
     core.on_inbox(request(4, GenerateArgs(context="chat")))   # free again; runs on the committed tokens
     core.tick()
     assert core.ports.workers[-1][2] == [np.array([104, 105, 7], np.int32).tobytes()]
+    assert dispatched(core)[-1].prompt_ids == []
+
+
+def test_a_turn_on_a_history_is_tokenized_without_bos_and_a_refused_one_frees_the_context(core):
+    hello(core, 11)
+    core.on_inbox(request(1, ContextOpenArgs(id="chat")))
+    core.on_inbox(request(2, GenerateArgs(prompt="hi", context="chat", base=0)))
+    core.tick()
+    assert dispatched(core)[0].prompt_ids == [256, *b"hi"]   # the first turn opens the sequence
+    from_worker(core, messages.TurnResult(2, {"text": "ok", "token_ids": [7]}, [256, *b"hi", 7]))
+    core.on_inbox(request(3, GenerateArgs(prompt="x" * 40_000, context="chat")))   # over max_prompt_tokens
+    assert core.ports.finals()[3]["code"] == codes.BAD_REQUEST
+    core.on_inbox(request(4, GenerateArgs(prompt="more", context="chat")))   # the refusal ended its turn
+    core.tick()
+    assert dispatched(core)[-1].prompt_ids == list(b"more")
+
+
+def test_a_restarted_scheduler_learns_a_worker_from_its_typed_stats(core):
+    """The worker said hello to the scheduler before this one: its next Stats bring it back."""
+    stats = WorkerStats(index=0, pid=11, device="cpu", model="m", dtype="float32", running=0, kv_blocks_total=9)
+    from_worker(core, messages.Stats(stats))
+    core.on_inbox(request(1, PingArgs()))
+    core.tick()
+    assert [d.rid for d in dispatched(core)] == [1]
+    from_worker(core, messages.Stats(msgspec.structs.replace(stats, running=3)))
+    [worker] = core.stats()["workers"]
+    assert (worker["pid"], worker["model"], worker["running"], worker["kv_blocks_total"]) == (11, "m", 3, 9)
+
+
+def test_admission_counts_real_prompt_tokens(core):
+    core.on_inbox(request(1, GenerateArgs(prompt="é" * 10, max_tokens=5)))   # 10 characters, 20 bytes
+    core.on_inbox(request(2, GenerateArgs(prompt_token_ids=[1, 2, 3], max_tokens=5)))
+    core.on_inbox(request(3, GenerateArgs(prompt="x" * 40_000)))
+    assert core.jobs[1].cost == 1 + 20 + 5 and core.jobs[1].length_bin == (21).bit_length()
+    assert core.jobs[2].cost == 3 + 5
+    reply = core.ports.finals()[3]
+    assert reply["code"] == codes.BAD_REQUEST and "limit is 32768" in reply["message"]
 
 
 def test_apply_config_swaps_classes_and_keeps_queued_work(core):
@@ -171,19 +213,16 @@ def test_apply_config_swaps_classes_and_keeps_queued_work(core):
 
 
 def test_a_control_op_that_raises_answers_internal_and_the_scheduler_goes_on(core, monkeypatch):
-    from mcpd.daemon import channels
-
     def broken_drop(owner, id):
         raise RuntimeError("injected fault in the store")
     core.contexts.store.open("t", "kept", True)
     monkeypatch.setattr(core.contexts.store, "drop", broken_drop)
-    admin = lambda token, op, args: core.on_inbox([channels.ADMIN, msgpack.packb(   # noqa: E731
-        {"token": token, "op": op, "args": args})])
+    admin = lambda token, op, args: core.on_inbox(messages.encode(messages.Admin(token, op, args)))   # noqa: E731
     admin(1, "contexts.drop", {"owner": "t", "id": "kept"})
     admin(2, "contexts.list", {"owner": "t", "limit": 10})
-    replies = {fields["token"]: fields for event, fields in core.ports.events.sent if event == "admin"}
-    assert replies[1]["code"] == codes.INTERNAL and "injected fault" in replies[1]["message"]
-    assert replies[2]["result"]["total"] == 1
+    replies = {e.token: e for e in core.ports.events.sent if isinstance(e, messages.AdminAnswer)}
+    assert replies[1].code == codes.INTERNAL and "injected fault" in replies[1].message
+    assert replies[2].result["total"] == 1
 
 
 def windowed_core(window_max_ms: float) -> Scheduler:

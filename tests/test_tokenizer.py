@@ -1,8 +1,16 @@
 """Tokenizers, chat templates and the incremental detokenizer."""
 import pytest
 
+import json
+
+from mcpd import tokenizer as tokenizers
+from mcpd.config import ModelConfig
 from mcpd.engine.detokenizer import Detokenizer
-from mcpd.models import ByteTokenizer, HFTokenizer
+from mcpd.protocol import codes
+from mcpd.protocol.args import GenerateArgs
+from mcpd.protocol.codes import MCPDError
+from mcpd.scheduling.prompt_tokens import prompt_token_ids
+from mcpd.tokenizer import ByteTokenizer, HFTokenizer
 from tiny_checkpoints import BOS, EOS, write_tokenizer
 
 TEXT = "héllo, 世界 🌍!"
@@ -121,3 +129,30 @@ def test_chat_templates_run_sandboxed(tmp_path):
 def test_output_bytes_completing_a_character_begun_in_the_prompt_are_text(prompt_tail, output, text):
     deltas, _ = stream(ByteTokenizer(), output, prompt=list(b"caf" + prompt_tail))
     assert "".join(deltas) == text and all("\ufffd" not in d for d in deltas)
+
+
+def test_load_gives_the_checkpoint_tokenizer_with_every_end_token(tmp_path):
+    rust = write_tokenizer(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"eos_token_id": 5}))
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [6, 7]}))
+    loaded = tokenizers.load(ModelConfig(path=str(tmp_path)))
+    assert isinstance(loaded, HFTokenizer) and loaded.eos_token_ids == {5, 6, 7, rust.token_to_id(EOS)}
+    assert isinstance(tokenizers.load(ModelConfig()), ByteTokenizer)   # no path: the embedded model's
+
+
+def test_prompt_token_ids_as_the_scheduler_makes_them(tmp_path):
+    write_tokenizer(tmp_path)
+    tokenizer = HFTokenizer(tmp_path, eos_token_ids=set())
+    opening = prompt_token_ids(tokenizer, GenerateArgs(prompt=TEXT), True, 100)
+    assert opening == tokenizer.encode(TEXT) and opening[0] == tokenizer.bos_token_id
+    assert prompt_token_ids(tokenizer, GenerateArgs(prompt=TEXT), False, 100) == opening[1:]   # after a history
+    chat = [{"role": "user", "content": "hi"}]
+    assert prompt_token_ids(tokenizer, GenerateArgs(messages=chat), True, 100) == \
+        tokenizer.encode(tokenizer.apply_chat_template(chat), add_special_tokens=False)
+    assert prompt_token_ids(tokenizer, GenerateArgs(prompt_token_ids=(3, 4)), True, 1) == [3, 4]   # as given
+    assert prompt_token_ids(tokenizer, GenerateArgs(), True, 100) == []   # a turn on the context alone
+    for args, why in ((GenerateArgs(prompt=TEXT), "limit is 3"),
+                      (GenerateArgs(messages=[{"role": "robot", "content": "beep"}]), "unknown role robot")):
+        with pytest.raises(MCPDError, match=why) as refused:
+            prompt_token_ids(tokenizer, args, True, 3)
+        assert refused.value.code == codes.BAD_REQUEST

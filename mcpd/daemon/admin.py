@@ -17,12 +17,10 @@ import signal
 import time
 from dataclasses import dataclass, field
 
-import msgpack
-
 import mcpd
 from mcpd import config as config_module
 from mcpd.config import Config, ConfigError
-from mcpd.daemon import channels, live_config
+from mcpd.daemon import live_config, messages
 from mcpd.daemon.status import build_status
 from mcpd.protocol import codes, control_ops, wire
 from mcpd.protocol.codes import MCPDError
@@ -100,12 +98,12 @@ class Admin:
         return {"index": child.spec.index, "old_pid": pid, "restarts": child.restarts}
 
     def drain(self, _call) -> dict:
-        self.supervisor.to_frontend.send_multipart([channels.DRAIN])
+        self.supervisor.to_frontend.send_multipart(messages.encode(messages.Drain()))
         return {"draining": True}
 
     def resume(self, _call) -> dict:
         self.supervisor.drained = False
-        self.supervisor.to_frontend.send_multipart([channels.RESUME])
+        self.supervisor.to_frontend.send_multipart(messages.encode(messages.Resume()))
         return {"draining": False}
 
     def keys_list(self, _call) -> dict:
@@ -122,8 +120,7 @@ class Admin:
     def _forward(self, call: ControlCall) -> None:
         token = next(self.tokens)
         self.pending[token] = Pending(call.reply_to, time.monotonic() + FORWARD_TIMEOUT_S)
-        message = {"token": token, "op": call.op.name, "args": call.args}
-        self.supervisor.to_scheduler.send_multipart([channels.ADMIN, msgpack.packb(message)])
+        self.supervisor.to_scheduler.send_multipart(messages.encode(messages.Admin(token, call.op.name, call.args)))
 
     def reload(self, call: ControlCall) -> dict | None:
         return self.reload_config(call.reply_to, call.args["timeout_s"])
@@ -145,7 +142,7 @@ class Admin:
         live_config.apply_log_level(fresh)
         self._adopt(fresh, applied)
         token = next(self.tokens)
-        message = [channels.RELOAD, msgpack.packb({"token": token, "config": fresh.to_dict()})]
+        message = messages.encode(messages.Reload(token, fresh.to_dict()))
         supervisor.to_scheduler.send_multipart(message)
         supervisor.to_frontend.send_multipart(message)
         waiting = {(c.spec.role, c.spec.index) for c in supervisor.table.children if c.alive and c.ready}
@@ -168,21 +165,22 @@ class Admin:
 
     # -- events from children -------------------------------------------------------------------
 
-    def on_event(self, kind: str, event: dict) -> None:
-        pending = self.pending.get(event.get("token"))
+    def on_event(self, event: messages.AdminAnswer | messages.Reloaded) -> None:
+        pending = self.pending.get(event.token)
         if pending is None:
             return   # answered already (timed out)
-        if kind == "admin":
-            self.pending.pop(event["token"])
-            self.answer(pending.reply_to, event.get("result"), event.get("code"), event.get("message"))
+        if isinstance(event, messages.AdminAnswer):
+            self.pending.pop(event.token)
+            self.answer(pending.reply_to, event.result, event.code, event.message)
             return
-        pending.waiting_for.discard((event["role"], event["index"]))
-        pending.summary["confirmed"].append(f"{event['role']} {event['index']}")
-        new_keys = [k for k in event["applied"] if k in pending.summary["changed"] and k not in pending.summary["applied"]]
+        sender = event.sender
+        pending.waiting_for.discard((sender.role, sender.index))
+        pending.summary["confirmed"].append(f"{sender.role} {sender.index}")
+        new_keys = [k for k in event.applied if k in pending.summary["changed"] and k not in pending.summary["applied"]]
         pending.summary["applied"] += new_keys
         self._adopt(pending.fresh, new_keys)
         if not pending.waiting_for:
-            self._finish(event["token"])
+            self._finish(event.token)
 
     def expire(self) -> None:
         """Answer ops whose time ran out: forwarded ones with UNAVAILABLE, reloads with what came."""

@@ -16,15 +16,10 @@ hop fewer per request) and learns what finished from Done notes, batched per wor
 A context turn is the exception, named in its Dispatch: its replies go through the scheduler,
 which commits the turn before the client hears of it.
 
-The messages on these sockets, and their encoding, are declared in messages.py. Two are not,
-because their bodies belong to the modules that read them:
-    supervisor → scheduler  [ADMIN, msgpack {"token", "op", "args"}]   (mcpctl's context ops: scheduler_admin.py)
-    supervisor → scheduler, front-end; scheduler → worker
-                            [RELOAD, msgpack {"token", "config"}]      (live_config.py)
-    child → supervisor      [msgpack {"role", "index", "pid", "event": "ready"|"stats"|"drained", ...}]
-                            event "admin": {"token", "result"} or {"token", "code", "message"}: the
-                            scheduler's answer to ADMIN; event "reloaded": {"token", "applied": [keys]}
-                            from every process that got RELOAD. The supervisor matches both by token.
+The messages on these sockets, and their one encoding, are declared in messages.py: every
+one, the children's events to the supervisor (Ready, Report with typed stats, Drained, Refused,
+AdminAnswer, Reloaded: each names its sender) and the supervisor's Admin and Reload included.
+The supervisor matches an AdminAnswer or a Reloaded to its op by token.
 `rid` is the front-end's internal request number, unique for the daemon's lifetime.
 """
 from __future__ import annotations
@@ -33,14 +28,9 @@ from pathlib import Path
 
 import zmq
 
-from mcpd.daemon import messages
 from mcpd.protocol import codes
 # The socket helpers live in mcpd.sockets (cli and security use them too); re-exported for the processes.
 from mcpd.sockets import bind_ipc, client_endpoint, drain, endpoint, frames_of  # noqa: F401
-
-ADMIN = b"ADMIN"
-RELOAD = b"RELOAD"
-DRAIN, RESUME = messages.Drain.TAG, messages.Resume.TAG   # sent as bare tags by admin.py
 
 INTERNAL_SOCKET_MODE = 0o600
 

@@ -12,11 +12,10 @@ import os
 import signal
 import typing
 
-import msgpack
 import zmq
 
 from mcpd.config import Config
-from mcpd.daemon import channels, log
+from mcpd.daemon import channels, log, messages
 from mcpd.refusal import StartRefused
 
 PR_SET_PDEATHSIG = 1
@@ -57,19 +56,20 @@ def parent_alive(parent_pid: int) -> bool:
 
 
 class EventReporter:
-    """PUSH socket to the supervisor's events endpoint: ready, stats and other one-way events."""
+    """PUSH socket to the supervisor's events endpoint: Ready, Report and the other one-way
+    events of messages.py, each stamped with who sends it."""
 
     def __init__(self, context: zmq.Context, config: Config, role: str, index: int = 0):
         self.socket = context.socket(zmq.PUSH)
         self.socket.setsockopt(zmq.LINGER, 1000)
         self.socket.setsockopt(zmq.SNDHWM, 100)
         self.socket.connect(channels.endpoint(config.runtime_dir, "events.ipc"))
-        self.role, self.index = role, index
+        self.sender = messages.Sender(role, index, os.getpid())
 
-    def send(self, event: str, **fields) -> None:
-        message = {"role": self.role, "index": self.index, "pid": os.getpid(), "event": event, **fields}
+    def send(self, kind: type[messages.Event], *fields, **named) -> None:
+        """Send the event `kind` with these fields (after the sender, which this fills in)."""
         try:
-            self.socket.send(msgpack.packb(message), zmq.NOBLOCK)
+            self.socket.send_multipart(messages.encode(kind(self.sender, *fields, **named)), zmq.NOBLOCK)
         except zmq.Again:
             pass  # supervisor busy or gone: stats are periodic, the next one will do
 
@@ -80,6 +80,6 @@ def refuse_start(config: Config, role: str, refusal: StartRefused, index: int = 
     so the supervisor has the reason by the time it reaps the child."""
     logging.getLogger(f"mcpd.{role}").error("cannot start: %s", refusal)
     context = zmq.Context()
-    EventReporter(context, config, role, index).send("refused", reason=str(refusal), status=refusal.exit_status)
+    EventReporter(context, config, role, index).send(messages.Refused, str(refusal), refusal.exit_status)
     context.destroy(linger=REPORT_LINGER_MS)
     raise SystemExit(EXIT_REFUSED)   # multiprocessing turns it into the exit status

@@ -25,6 +25,7 @@ from zmq.utils.monitor import parse_monitor_message
 from mcpd.config import Config
 from mcpd.contexts.service import tenant_of
 from mcpd.daemon import channels, child, live_config, messages
+from mcpd.daemon.child_stats import FrontendStats
 from mcpd.daemon.incoming import IncomingBytes, give_large_buffers_back
 from mcpd.daemon.latency import LatencyWindow
 from mcpd.daemon.outbox import Outbox
@@ -102,7 +103,7 @@ class FrontEnd:
         for sock in (self.clients, self.from_scheduler, self.connections, *self.gate.sockets):
             loop.add_reader(sock.getsockopt(zmq.FD), self._pump)
         loop.add_signal_handler(signal.SIGTERM, self._stop)
-        self.events.send("ready")
+        self.events.send(messages.Ready)
         self.log.info("serving on %s", ", ".join(self.endpoints))
         loop.call_soon(self._tick)
         loop.call_soon(self._guard)
@@ -146,9 +147,9 @@ class FrontEnd:
             self._pump()   # belt and braces against a missed edge
             if not child.parent_alive(self.parent_pid):
                 self._stop()
-            self.events.send("stats", **self.stats())
+            self.events.send(messages.Report, FrontendStats(**self.stats()))
             if self.draining and not self.pending:
-                self.events.send("drained")
+                self.events.send(messages.Drained)
         finally:
             asyncio.get_running_loop().call_later(STATS_INTERVAL_S, self._tick)
 
@@ -267,11 +268,11 @@ class FrontEnd:
     # -- scheduler side -------------------------------------------------------------------------
 
     def _on_reply(self, frames: list[bytes]) -> None:
-        if frames[0] == channels.RELOAD:
-            return live_config.apply(frames, self.events)
         message, payload = messages.decode(frames)
         if isinstance(message, (messages.Chunk, messages.Final)):
             return self._relay(message, payload)
+        if isinstance(message, messages.Reload):
+            return live_config.apply(message, self.events)
         if isinstance(message, messages.Drain):
             return self._drain_mode()
         if isinstance(message, messages.SchedulerLost):

@@ -1,4 +1,4 @@
-"""Live reload inside a child: take a RELOAD message, apply what this process can change while
+"""Live reload inside a child: take a Reload message, apply what this process can change while
 running, and confirm to the supervisor which keys that was.
 
 Every process applies `server.log_level`; the scheduler also hands the config to its
@@ -9,19 +9,16 @@ from __future__ import annotations
 
 import logging
 
-import msgpack
-
 from mcpd import config as config_module
 from mcpd.config import Config
+from mcpd.daemon import messages
 from mcpd.daemon.child import EventReporter
 
 EVERY_PROCESS = ("server.log_level",)
 
 
-def decode(frames: list[bytes]) -> tuple[int, Config]:
-    """(token, config) from [RELOAD, msgpack {"token", "config"}]."""
-    message = msgpack.unpackb(frames[1], raw=False)
-    return message["token"], config_module.from_dict(message["config"])
+def config_of(reload: messages.Reload) -> Config:
+    return config_module.from_dict(reload.config)
 
 
 def apply_log_level(config: Config) -> list[str]:
@@ -29,8 +26,8 @@ def apply_log_level(config: Config) -> list[str]:
     return list(EVERY_PROCESS)
 
 
-def apply(frames: list[bytes], events: EventReporter) -> Config:
-    """What the front-end and the workers do with a RELOAD: the log level, then confirm."""
-    token, config = decode(frames)
-    events.send("reloaded", token=token, applied=apply_log_level(config))
+def apply(reload: messages.Reload, events: EventReporter) -> Config:
+    """What the front-end and the workers do with a Reload: the log level, then confirm."""
+    config = config_of(reload)
+    events.send(messages.Reloaded, reload.token, apply_log_level(config))
     return config

@@ -6,13 +6,17 @@ process), and the payload is bytes that travel as they are: a request's client f
 token ids, a reply header for a client. Where the frames go is channels.py's map.
 
     front-end → scheduler   Request (+ the client's payload)   Cancel
-    supervisor → scheduler  WorkerLost      (ADMIN and RELOAD: scheduler_admin.py, live_config.py)
-    scheduler → worker      Dispatch (+ a context turn's history: its token ids, int32)   Cancel
+    supervisor → scheduler  WorkerLost  Admin (scheduler_admin.py)  Reload (live_config.py)
+    scheduler → worker      Dispatch (its prompt's token ids; + a context turn's history: its
+                            token ids, int32)   Cancel
     worker → scheduler      Hello  Started  Done  Stats  Failed;  a context turn's Chunk, Final
+                            (Reload: the scheduler passes it on to every worker)
                             and TurnResult (Dispatch.turn: the scheduler commits the turn first)
     worker → front-end      Chunk, Final (+ the reply header for the client, *payload)
     scheduler → front-end   Final (+ reply header, *payload)
-    supervisor → front-end  Drain  SchedulerLost  Resume  (no body)   (RELOAD: live_config.py)
+    supervisor → front-end  Drain  SchedulerLost  Resume  (no body)   Reload
+    every child → supervisor  Ready  Report (its typed stats: child_stats.py)  Drained  Refused
+                            AdminAnswer (the scheduler's, to Admin)  Reloaded (each process's, to Reload)
 
 Internal messages are trusted (channels.py says why): a body that does not decode is a bug, and
 raises.
@@ -23,6 +27,8 @@ from typing import Any, ClassVar
 
 import msgspec
 
+from mcpd.daemon import child_stats
+from mcpd.daemon.child_stats import WorkerStats
 from mcpd.protocol.args import ANY_ARGS, GenerateArgs, PingArgs
 
 
@@ -64,6 +70,7 @@ class Dispatch(Message):
     max_tokens_cap: int | None  # the degradation ladder's cap, or None
     turn: bool                  # a context turn: its replies go back through the scheduler
     args: GenerateArgs | PingArgs
+    prompt_ids: list[int] = []  # a generate's new prompt tokens, tokenized once by the scheduler
 
 
 class Hello(Message):
@@ -89,7 +96,7 @@ class Done(Message):
 
 class Stats(Message):
     TAG = b"STATS"
-    stats: dict[str, Any]
+    stats: WorkerStats
 
 
 class Failed(Message):
@@ -131,10 +138,74 @@ class Resume(Message):
     TAG = b"RESUME"
 
 
+class Admin(Message):
+    """An mcpctl op that runs in the scheduler (the control-op table's), its args checked by the
+    supervisor; answered by an AdminAnswer event with the same token."""
+    TAG = b"ADMIN"
+    token: int
+    op: str
+    args: dict[str, Any]
+
+
+class Reload(Message):
+    """The re-read config (Config.to_dict()): each process applies what it can and confirms."""
+    TAG = b"RELOAD"
+    token: int
+    config: dict[str, Any]
+
+
+class Sender(msgspec.Struct, frozen=True, array_like=True):
+    """The child an event comes from: the supervisor matches it to its process table entry."""
+    role: str
+    index: int
+    pid: int
+
+
+class Event(Message):
+    """A child's one-way report to the supervisor (child.EventReporter sends them)."""
+    sender: Sender
+
+
+class Ready(Event):
+    TAG = b"READY"
+
+
+class Report(Event):
+    TAG = b"REPORT"
+    stats: child_stats.ANY
+
+
+class Drained(Event):
+    """The front-end has answered everything in flight after a Drain."""
+    TAG = b"DRAINED"
+
+
+class Refused(Event):
+    """The child cannot start for a reason a restart will not fix (child.refuse_start)."""
+    TAG = b"REFUSED"
+    reason: str
+    status: int   # the exit status the daemon stops with
+
+
+class AdminAnswer(Event):
+    """The scheduler's answer to Admin: a result, or an error code and message."""
+    TAG = b"ANSWER"
+    token: int
+    result: Any = None
+    code: str | None = None
+    message: str | None = None
+
+
+class Reloaded(Event):
+    TAG = b"RELOADED"
+    token: int
+    applied: list[str]   # the keys this process applied live
+
+
 _ENCODER = msgspec.msgpack.Encoder()
 _DECODERS = {kind.TAG: (kind, msgspec.msgpack.Decoder(kind)) for kind in (
     Request, Cancel, WorkerLost, Dispatch, Hello, Started, Done, Stats, Failed, Chunk, Final, TurnResult,
-    Drain, SchedulerLost, Resume)}
+    Drain, SchedulerLost, Resume, Admin, Reload, Ready, Report, Drained, Refused, AdminAnswer, Reloaded)}
 
 
 def encode(message: Message, *payload: bytes) -> list[bytes]:

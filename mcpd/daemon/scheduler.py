@@ -32,6 +32,7 @@ from typing import Protocol
 
 import msgspec
 
+from mcpd import tokenizer
 from mcpd.config import Config, SchedulerConfig
 from mcpd.contexts import service as contexts
 from mcpd.contexts.persistence import open_store
@@ -49,6 +50,7 @@ from mcpd.scheduling.class_queues import ClassQueues
 from mcpd.scheduling.deadlines import Deadlines
 from mcpd.scheduling.job import Job
 from mcpd.scheduling.poison import PoisonList
+from mcpd.scheduling.prompt_tokens import prompt_token_ids
 from mcpd.scheduling.router import WorkerSlot
 
 
@@ -85,6 +87,7 @@ class Scheduler:
         self.host_cache = host_segment.attach(config)
         self.persistence = open_store(config, self.host_cache, self.log)
         self.contexts = ContextService(self.persistence)
+        self.tokenizer = tokenizer.load(config.model)
         self.arrivals = itertools.count()
         self.dispatched = 0
         self.errors: dict[str, dict[str, int]] = {}   # the scheduler's own error replies: class -> code -> n
@@ -129,8 +132,6 @@ class Scheduler:
     # -- from the front-end and the supervisor --------------------------------------------------
 
     def on_inbox(self, frames: list[bytes]) -> None:
-        if frames[0] in (channels.ADMIN, channels.RELOAD):
-            return scheduler_admin.handle(self, frames)
         message, payload = messages.decode(frames)
         if isinstance(message, messages.Request):
             self._enqueue(Job(message.rid, message, payload))
@@ -138,6 +139,10 @@ class Scheduler:
             self._cancel(message.rid, message.code)
         elif isinstance(message, messages.WorkerLost):
             self._worker_lost(channels.worker_identity(message.index), message.pid)
+        elif isinstance(message, messages.Admin):
+            scheduler_admin.handle(self, message)
+        elif isinstance(message, messages.Reload):
+            scheduler_admin.reload(self, message)
 
     def _enqueue(self, job: Job) -> None:
         request = job.request
@@ -165,9 +170,9 @@ class Scheduler:
             self._dispatch(now)   # a burst may be refused only if the workers have no room either
         displaced = self.admission.admit(job, self.queue, len(self.jobs), now)
         args = job.request.args
-        if isinstance(args, GenerateArgs) and args.context is not None:   # the worker runs it on the context's tokens
-            job.context, history = self.contexts.begin_turn(job.request.tenant, args.context, args.base, job.rid)
-            job.history = history.tobytes()
+        if isinstance(args, GenerateArgs):
+            self._tokenize(job, args)
+            self.admission.price(job)
         if displaced is not None:
             self.queue.remove(displaced)
             self._fail(displaced, codes.OVERLOADED, f"displaced from the full queue by a request of "
@@ -177,6 +182,21 @@ class Scheduler:
         self.jobs[job.rid] = job
         if job.deadline is not None:
             self.deadlines.add(job.deadline, job.rid)
+
+    def _tokenize(self, job: Job, args: GenerateArgs) -> None:
+        """The prompt's token ids, once; a context turn's run after the context's tokens, which
+        the turn holds from here (and frees if the prompt is refused)."""
+        opens_sequence = True
+        if args.context is not None:   # the worker runs it on the context's tokens
+            job.context, history = self.contexts.begin_turn(job.request.tenant, args.context, args.base, job.rid)
+            job.history, opens_sequence = history.tobytes(), not len(history)
+        try:
+            job.prompt_ids = prompt_token_ids(self.tokenizer, args, opens_sequence,
+                                              self.config.limits.max_prompt_tokens)
+        except BaseException:
+            if job.context is not None:
+                self.contexts.end_turn(job.context)
+            raise
 
     def _cancel(self, rid: int, code: str) -> None:
         """Stop a request: answered here if it still waits, else by its worker (which frees its KV)."""
@@ -237,7 +257,7 @@ class Scheduler:
         self.queue.remove(job)
         request = job.request
         dispatch = messages.Dispatch(job.rid, request.request_id, request.tenant, job.rank, job.max_tokens_cap,
-                                     job.context is not None, request.args)
+                                     job.context is not None, request.args, job.prompt_ids)
         if not self._send_worker(slot, messages.encode(dispatch, *([job.history] if job.context else []))):
             self.queue.push_front(job)
             return False
@@ -265,9 +285,10 @@ class Scheduler:
         if isinstance(message, messages.Hello):
             return self._hello(identity, message)
         if isinstance(message, messages.Stats):
+            stats = message.stats
             if slot is None:   # this scheduler restarted after the worker said hello
-                return self._hello(identity, messages.Hello(**{k: message.stats[k] for k in messages.Hello.__struct_fields__}))
-            slot.info = message.stats
+                return self._hello(identity, messages.Hello(stats.index, stats.pid, stats.device, stats.model, stats.dtype))
+            slot.info = msgspec.structs.asdict(stats)
         elif slot is None:
             return
         elif isinstance(message, messages.Done):

@@ -1,4 +1,4 @@
-"""The scheduler's side of mcpctl: context ops across tenants (ADMIN) and live reload (RELOAD).
+"""The scheduler's side of mcpctl: context ops across tenants (Admin) and live reload (Reload).
 
 The supervisor owns the control socket but the contexts live here, so it forwards these ops on
 sched.ipc; answers go back as events on the EventReporter, matched by the supervisor's token.
@@ -6,32 +6,27 @@ Nothing here waits: a reply is one event, so a slow mcpctl never holds up schedu
 """
 from __future__ import annotations
 
-import msgpack
-
 from mcpd.contexts.context import Context
-from mcpd.daemon import channels, live_config
+from mcpd.daemon import live_config, messages
 from mcpd.protocol import codes, control_ops
 from mcpd.protocol.codes import MCPDError
 
 
-def handle(scheduler, frames: list[bytes]) -> None:
-    """Dispatch one ADMIN or RELOAD message from the supervisor. An ADMIN op's args were checked
-    against the control-op table there; its handler here is the function the table names."""
-    if frames[0] == channels.RELOAD:
-        return _reload(scheduler, frames)
-    request = msgpack.unpackb(frames[1], raw=False)
-    token = request["token"]
+def handle(scheduler, request: messages.Admin) -> None:
+    """Run one Admin op from the supervisor. Its args were checked against the control-op table
+    there; its handler here is the function the table names."""
+    token = request.token
     try:
-        op = control_ops.find(request["op"])
+        op = control_ops.find(request.op)
         if op.runs_in is not control_ops.Place.SCHEDULER:
             raise MCPDError(codes.UNKNOWN_OP, f"control op {op.name!r} does not run in the scheduler")
         handler = globals()[op.handler]
-        scheduler.events.send("admin", token=token, result=handler(scheduler.contexts.store, request["args"]))
+        scheduler.events.send(messages.AdminAnswer, token, result=handler(scheduler.contexts.store, request.args))
     except MCPDError as e:
-        scheduler.events.send("admin", token=token, code=e.code, message=e.message)
+        scheduler.events.send(messages.AdminAnswer, token, code=e.code, message=e.message)
     except Exception as e:   # a bug in one op answers that op; it must not take the scheduler down
-        scheduler.log.exception("control op %r failed", request.get("op"))
-        scheduler.events.send("admin", token=token, code=codes.INTERNAL, message=f"{type(e).__name__}: {e}")
+        scheduler.log.exception("control op %r failed", request.op)
+        scheduler.events.send(messages.AdminAnswer, token, code=codes.INTERNAL, message=f"{type(e).__name__}: {e}")
 
 
 def list_contexts(store, args: dict) -> dict:
@@ -60,12 +55,12 @@ def _field(context: Context, name: str, value) -> dict:
             "shape": list(shape) if shape is not None else None, "version": context.changed_at.get(name, 0)}
 
 
-def _reload(scheduler, frames: list[bytes]) -> None:
+def reload(scheduler, reload: messages.Reload) -> None:
     """Log level here, the [scheduler] section through apply_config, and the same message on to
     every worker (they confirm on their own)."""
-    token, config = live_config.decode(frames)
+    config = live_config.config_of(reload)
     applied = live_config.apply_log_level(config) + scheduler.apply_config(config)
     for slot in scheduler.workers.values():
         if slot.ready:
-            scheduler._send_worker(slot, frames)
-    scheduler.events.send("reloaded", token=token, applied=applied)
+            scheduler._send_worker(slot, messages.encode(reload))
+    scheduler.events.send(messages.Reloaded, reload.token, applied)

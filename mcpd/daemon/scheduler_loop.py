@@ -12,7 +12,8 @@ import time
 import zmq
 
 from mcpd.config import Config
-from mcpd.daemon import channels, child
+from mcpd.daemon import channels, child, messages
+from mcpd.daemon.child_stats import SchedulerStats
 from mcpd.daemon.scheduler import Scheduler, WorkerGone
 
 STATS_INTERVAL_S = 0.5
@@ -69,7 +70,7 @@ class SchedulerProcess:
         poller = zmq.Poller()
         poller.register(self.sockets.inbox, zmq.POLLIN)
         poller.register(self.sockets.workers, zmq.POLLIN)
-        self.sockets.events.send("ready")
+        self.sockets.events.send(messages.Ready)
         next_stats = 0.0
         while child.parent_alive(self.parent_pid):
             ready = dict(poller.poll(self._poll_timeout_ms()))
@@ -81,7 +82,7 @@ class SchedulerProcess:
                 channels.drain(self.sockets.inbox, self.scheduler.on_inbox)
             self.scheduler.tick()
             if time.monotonic() >= next_stats:
-                self.sockets.events.send("stats", **self.scheduler.stats())
+                self.sockets.events.send(messages.Report, SchedulerStats(**self.scheduler.stats()))
                 next_stats = time.monotonic() + STATS_INTERVAL_S
 
     def _poll_timeout_ms(self) -> float:

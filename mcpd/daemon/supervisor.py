@@ -17,7 +17,6 @@ import sys
 import time
 from pathlib import Path
 
-import msgpack
 import zmq
 
 import mcpd
@@ -70,7 +69,7 @@ class Supervisor:
         self.announced_ready = False
         self.reload_requested = False
         self.refusal: StartRefused | None = None
-        self.refusal_reports: dict[tuple[str, int, int], dict] = {}   # (role, index, pid) -> event
+        self.refusal_reports: dict[tuple[str, int, int], messages.Refused] = {}   # by (role, index, pid)
         self.last_watchdog = 0.0
         devices = worker_devices(config)
         self.devices = devices
@@ -167,8 +166,9 @@ class Supervisor:
         while key not in self.refusal_reports and time.monotonic() < deadline:
             if self.events.poll(LOOP_POLL_MS):
                 channels.drain(self.events, self._on_event)
-        report = self.refusal_reports.get(key, {"reason": "no reason reported; its log line above says why"})
-        self.refusal = refusal.by_status(report.get("status"))(f"{child.spec.name} cannot start: {report['reason']}")
+        report = self.refusal_reports.get(key)
+        reason = report.reason if report else "no reason reported; its log line above says why"
+        self.refusal = refusal.by_status(report.status if report else None)(f"{child.spec.name} cannot start: {reason}")
         self.log.error("%s; not restarting it, stopping", self.refusal)
         self.notifier.notify(STATUS=str(self.refusal))
         self.stopping = True
@@ -189,24 +189,24 @@ class Supervisor:
     # -- events from children -------------------------------------------------------------------
 
     def _on_event(self, frames: list[bytes]) -> None:
-        event = msgpack.unpackb(frames[0], raw=False)
-        kind = event.pop("event")
-        if kind == "refused":   # read after the child is gone: kept by incarnation
-            self.refusal_reports[(event["role"], event["index"], event.get("pid"))] = event
+        event, _ = messages.decode(frames)
+        sender = event.sender
+        if isinstance(event, messages.Refused):   # read after the child is gone: kept by incarnation
+            self.refusal_reports[(sender.role, sender.index, sender.pid)] = event
             return
-        child = self.table.find(event["role"], event["index"])
-        if child is None or not child.alive or child.process.pid != event.get("pid"):
+        child = self.table.find(sender.role, sender.index)
+        if child is None or not child.alive or child.process.pid != sender.pid:
             return   # from an incarnation that is gone
-        if kind == "ready":
+        if isinstance(event, messages.Ready):
             child.ready = True
             self.log.info("%s ready", child.spec.name)
-        elif kind == "stats":
-            child.stats = child_stats.of(child.spec.role, event)
+        elif isinstance(event, messages.Report) and isinstance(event.stats, child_stats.KINDS[child.spec.role]):
+            child.stats = event.stats
             child.reports += 1
-        elif kind == "drained":
+        elif isinstance(event, messages.Drained):
             self.drained = True
-        elif kind in ("admin", "reloaded"):
-            self.admin.on_event(kind, event)
+        elif isinstance(event, (messages.AdminAnswer, messages.Reloaded)):
+            self.admin.on_event(event)
 
     # -- control socket (mcpctl) ----------------------------------------------------------------
 

@@ -8,7 +8,7 @@ import torch
 from mcpd.config import ModelConfig
 from mcpd.models import embedded
 from mcpd.models.loader import LoadedModel, UnsupportedModel, load_checkpoint
-from mcpd.models.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
+from mcpd.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
 
 __all__ = ["ByteTokenizer", "HFTokenizer", "LoadedModel", "Tokenizer", "UnsupportedModel", "load_model"]
 

@@ -12,7 +12,7 @@ import torch
 from mcpd.config import ModelConfig
 from mcpd.models.llama import LlamaArgs, LlamaForCausalLM
 from mcpd.models.loader import LoadedModel, resolve_dtype
-from mcpd.models.tokenizer import ByteTokenizer
+from mcpd.tokenizer import ByteTokenizer
 
 ARGS = LlamaArgs(vocab_size=ByteTokenizer.vocab_size, hidden_size=256, intermediate_size=704,
                  num_layers=4, num_heads=4, num_kv_heads=2, head_dim=64, rms_norm_eps=1e-5,

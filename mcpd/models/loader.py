@@ -24,7 +24,7 @@ from mcpd.config import ModelConfig
 from mcpd.models.gpt2 import GPT2Args, GPT2LMHeadModel
 from mcpd.models.layers import AttentionMetadata, Llama3RopeScaling
 from mcpd.models.llama import LlamaArgs, LlamaForCausalLM
-from mcpd.models.tokenizer import HFTokenizer, Tokenizer
+from mcpd.tokenizer import HFTokenizer, Tokenizer, eos_token_ids
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -85,7 +85,7 @@ def load_checkpoint(config: ModelConfig, device: torch.device) -> LoadedModel:
     model = model.to(dtype).to_empty(device=device).eval().requires_grad_(False)
     with torch.no_grad():
         _copy_weights(model, _tensors(_weight_files(path)), path)
-    tokenizer = HFTokenizer(path, _eos_token_ids(path, hf))
+    tokenizer = HFTokenizer(path, eos_token_ids(path, hf))
     return LoadedModel(model, tokenizer, path.name, dtype, vocab_size, min(config.max_model_len, model_len))
 
 
@@ -206,16 +206,6 @@ def _copy_weights(model: nn.Module, tensors: Iterator[tuple[str, torch.Tensor]],
     if missing:
         raise UnsupportedModel(f"{path}: checkpoint lacks weights for {', '.join(missing[:5])}"
                                + (f" and {len(missing) - 5} more" if len(missing) > 5 else ""))
-
-
-def _eos_token_ids(path: Path, hf: dict) -> set[int]:
-    """config.json and generation_config.json may each name end tokens (Llama 3 has several)."""
-    ids = set()
-    generation = path / "generation_config.json"
-    for source in (hf, _read_json(generation) if generation.exists() else {}):
-        eos = source.get("eos_token_id")
-        ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
-    return ids
 
 
 def _read_json(path: Path) -> dict:

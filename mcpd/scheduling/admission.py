@@ -78,23 +78,15 @@ class Admission:
     def _stamp(job: Job, cap: int | None, now: float) -> None:
         request = job.request
         job.prefills = isinstance(request.args, GenerateArgs)
-        if job.prefills:
-            prompt = _prompt_estimate(request.args)
-            job.cost, job.length_bin = prompt + request.args.max_tokens, prompt.bit_length()
-            if cap is not None and request.args.max_tokens > cap:
-                job.max_tokens_cap = cap
+        if job.prefills and cap is not None and request.args.max_tokens > cap:
+            job.max_tokens_cap = cap
         if request.timeout_ms is not None:
             job.deadline = now + request.timeout_ms / 1000
 
+    @staticmethod
+    def price(job: Job) -> None:
+        """A generate's cost and length bin from its prompt's token ids, once it is tokenized
+        (after admission's checks: a request refused is never tokenized)."""
+        prompt = len(job.prompt_ids)
+        job.cost, job.length_bin = prompt + job.request.args.max_tokens, prompt.bit_length()
 
-def _prompt_estimate(args: GenerateArgs) -> int:
-    """New prompt tokens, roughly: exact for token ids, one per character otherwise (byte-level
-    tokenizers; an overestimate for BPE, which only makes routing a little conservative). The
-    worker tokenizes: the scheduler would have to load the tokenizer (and with it torch) and
-    tokenize every worker's prompts in its one process. A context's history is left out: it is
-    mostly cached on the worker that holds the context."""
-    if args.prompt_token_ids is not None:
-        return len(args.prompt_token_ids)
-    if args.prompt is not None:
-        return len(args.prompt)
-    return sum(len(str(m.get("content", ""))) for m in args.messages or ())

@@ -15,7 +15,7 @@ class Job:
     payload: list[bytes]              # the client's payload frames
     class_name: str = ""
     client: str = ""
-    cost: int = 1                     # tokens of work it stands for (prompt estimate + max_tokens)
+    cost: int = 1                     # tokens of work it stands for (prompt tokens + max_tokens)
     length_bin: int = 0               # prompt length rounded up to a power of two (as its bit length)
     prefills: bool = False            # a generate: worth holding a moment to batch with others
     deadline: float | None = None     # monotonic; None = no deadline
@@ -27,6 +27,7 @@ class Job:
     retries: int = 0
     context: Context | None = None    # a generate turn on a context, held until it ends
     history: bytes | None = None      # a turn's context tokens (int32), for its worker
+    prompt_ids: list[int] = field(default_factory=list)   # a generate's new prompt tokens (prompt_tokens.py)
 
     @property
     def suspect(self) -> bool:

@@ -1,4 +1,5 @@
-"""Tokenizers: text <-> token ids, and chat messages -> prompt text.
+"""Tokenizers: text <-> token ids, and chat messages -> prompt text. Free of torch: the scheduler
+tokenizes each prompt once (scheduling/prompt_tokens.py), the worker's engine detokenizes.
 
 Chat templates are Jinja programs shipped inside model directories, i.e. untrusted code: they run
 in Jinja's immutable sandbox with the same helpers transformers provides (raise_exception,
@@ -16,6 +17,8 @@ import jinja2
 import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as RustTokenizer
+
+from mcpd.config import ModelConfig
 
 
 class Tokenizer(Protocol):
@@ -86,6 +89,24 @@ class HFTokenizer:
 
     def _id_of(self, token: str | None) -> int | None:
         return self.tokenizer.token_to_id(token) if token else None
+
+
+def load(config: ModelConfig) -> Tokenizer:
+    """The tokenizer of the model in config.path, or the embedded model's when the path is empty."""
+    if not config.path:
+        return ByteTokenizer()
+    path = Path(config.path)
+    return HFTokenizer(path, eos_token_ids(path, json.loads((path / "config.json").read_text())))
+
+
+def eos_token_ids(path: Path, hf: dict) -> set[int]:
+    """config.json (`hf`) and generation_config.json may each name end tokens (Llama 3 has several)."""
+    ids = set()
+    generation = path / "generation_config.json"
+    for source in (hf, json.loads(generation.read_text()) if generation.exists() else {}):
+        eos = source.get("eos_token_id")
+        ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+    return ids
 
 
 def _checked(messages: list[dict]) -> list[dict]:

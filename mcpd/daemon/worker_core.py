@@ -1,0 +1,260 @@
+"""The worker's core: one engine, the requests it runs, and what each has produced so far. It takes
+messages (on_message) and time (step, flush_done, with `clock`) and sends messages through its
+ports; worker.py owns the sockets and the process.
+
+Each turn of the worker's loop hands the core every message waiting from the scheduler (Dispatch
+and Cancel), then runs one engine step for all running sequences (continuous batching), and the
+core sends what each produced: chunks and finals to the front-end, Done notes to the scheduler.
+A context turn (Dispatch.turn) answers through the scheduler instead, which commits it first.
+
+A step that raises costs the requests it was running, never the worker: they are aborted (which
+frees their KV) and handed back to the scheduler (Failed), which retries each once alone on a
+worker and answers INTERNAL if it fails again, so the one request that makes the engine raise
+fails alone.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from mcpd.config import Config
+from mcpd.daemon import channels, messages
+from mcpd.daemon.child_stats import WorkerStats
+from mcpd.protocol import codes, wire
+from mcpd.protocol.args import GenerateArgs, PingArgs
+
+# DONE notes to the scheduler are held this long and sent together: its load counts lag by at
+# most this, and a busy worker saves it one wake-up per request. A worker that has just run out
+# of work says so at once: the scheduler must not take an idle node for a busy one (it would
+# hold the next request open for a batching window).
+DONE_FLUSH_S = 0.002
+DONE_FLUSH_COUNT = 64
+MAX_REASON_CHARS = 500   # of a failed step's exception, as the scheduler passes it to clients
+# Steps failing one after another, with no good step between, mean the engine itself is broken
+# (a lost device context, say), not one request: the worker exits and its restart reloads it.
+MAX_FAILED_STEPS = 3
+
+
+class Ports(Protocol):
+    """Where the core's messages go: sockets in the process (worker.py), lists in tests."""
+
+    def to_scheduler(self, frames: list[bytes]) -> None: ...
+
+    def to_frontend(self, frames: list[bytes]) -> None: ...
+
+
+@dataclass
+class ActiveRequest:
+    """What the worker remembers of a generate request while the engine runs it."""
+    request_id: int | str
+    stream: bool
+    want_logprobs: bool
+    degraded: dict | None = None   # the scheduler capped max_tokens: said so in the final result
+    turn_ids: list[int] | None = None   # a context turn (Dispatch.turn): the prompt tokens it adds
+    chunks_sent: int = 0
+    text: list[str] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    streamed: tuple[int, int, int] = (0, 0, 0)   # text pieces, token ids, logprobs already in chunks
+    next_chunk_at: float = 0.0                   # limits.max_stream_chunks_per_s: not before then
+
+    @property
+    def unstreamed(self) -> bool:
+        return (len(self.text), len(self.token_ids)) != self.streamed[:2]
+
+
+class WorkerCore:
+    """Takes messages and time, drives the engine, sends messages through its ports; owns no socket."""
+
+    def __init__(self, config: Config, index: int, engine, log: logging.Logger, ports: Ports,
+                 clock=time.monotonic):
+        self.config, self.index, self.engine, self.log, self.ports, self.clock = \
+            config, index, engine, log, ports, clock
+        self.active: dict[int, ActiveRequest] = {}
+        self.done: list[int] = []     # rids answered since the last Done note to the scheduler
+        self.done_due = 0.0
+        self.failed_steps = 0         # in a row
+
+    @property
+    def has_work(self) -> bool:
+        return self.engine.has_work
+
+    def hello(self) -> messages.Hello:
+        stats = self.engine.stats()
+        return messages.Hello(self.index, os.getpid(), stats["device"], stats["model"], stats["dtype"])
+
+    def stats(self) -> WorkerStats:
+        """The engine's figures and the worker's; a figure WorkerStats does not declare raises."""
+        return WorkerStats(index=self.index, pid=os.getpid(), **self.engine.stats())
+
+    def poll_timeout_ms(self, idle_ms: float) -> float:
+        """How long the loop may wait for a message before the core has something to do."""
+        if self.engine.has_work:
+            return 0
+        if self.done:
+            return max(0.0, (self.done_due - self.clock()) * 1e3)
+        return idle_ms
+
+    def on_message(self, frames: list[bytes]) -> None:
+        message, payload = messages.decode(frames)
+        if isinstance(message, messages.Dispatch):
+            self.on_dispatch(message, payload)
+        elif isinstance(message, messages.Cancel):
+            self.on_cancel(message.rid, message.code)
+
+    # -- requests -------------------------------------------------------------------------------
+
+    def on_dispatch(self, dispatch: messages.Dispatch, payload: list[bytes]) -> None:
+        """Start a request; its args passed the front-end's checks (protocol/ops.py)."""
+        if isinstance(dispatch.args, PingArgs):
+            return self._final(dispatch, wire.ok_reply(dispatch.request_id, {"pong": True, "worker": self.index}))
+        try:
+            self._start_generate(dispatch, dispatch.args, payload)
+        except ValueError as e:   # the engine refuses what it cannot run (too long, bad token ids)
+            self._final(dispatch, wire.error_reply(dispatch.request_id, codes.BAD_REQUEST, str(e)), codes.BAD_REQUEST)
+        except Exception as e:   # noqa: BLE001 - a bug must cost one request, not the worker
+            self.log.exception("request %s failed", dispatch.request_id)
+            self._final(dispatch, wire.error_reply(dispatch.request_id, codes.INTERNAL, f"{type(e).__name__}: {e}"),
+                        codes.INTERNAL)
+
+    def _start_generate(self, dispatch: messages.Dispatch, args: GenerateArgs, payload: list[bytes]) -> None:
+        history = np.frombuffer(payload[0], np.int32).tolist() if dispatch.turn else []
+        prompt_ids = dispatch.prompt_ids   # tokenized by the scheduler (scheduling/prompt_tokens.py)
+        max_tokens = dispatch.max_tokens_cap or args.max_tokens
+        # The tenant namespaces the prefix cache: KV blocks are shared only within one tenant.
+        # The scheduler's effective rank of the request: the engine seats and keeps it before
+        # less important sequences (preempting them by recompute when seats or KV run out).
+        self.engine.add_request(dispatch.rid, history + prompt_ids, sampling_params(args, max_tokens),
+                                priority=dispatch.rank, cache_namespace=dispatch.tenant, write_through=dispatch.turn)
+        degraded = None if dispatch.max_tokens_cap is None else \
+            {"max_tokens": dispatch.max_tokens_cap, "requested_max_tokens": args.max_tokens}
+        self.active[dispatch.rid] = ActiveRequest(dispatch.request_id, args.stream, args.logprobs, degraded,
+                                                  prompt_ids if dispatch.turn else None)
+
+    def on_cancel(self, rid: int, code: str) -> None:
+        """Stop a request and free its KV now: the client cancelled (or went away, or does not read its
+        replies), or its deadline passed."""
+        request = self.active.pop(rid, None)
+        if request is not None:
+            self.engine.abort(rid)
+            retry = self.config.scheduler.overloaded_retry_ms if code == codes.OVERLOADED else None
+            self._send_final(rid, request.turn_ids is not None, wire.error_reply(
+                request.request_id, code, f"{channels.CANCEL_REASONS[code]} (while running)", retry), code)
+
+    # -- results --------------------------------------------------------------------------------
+
+    def step(self) -> None:
+        """One engine step, if the engine has work, and what it produced sent on. Raises
+        SystemExit after MAX_FAILED_STEPS failed steps in a row."""
+        if not self.engine.has_work:
+            return
+        ran_requests = bool(self.active)   # not only the outputs of aborted ones
+        try:
+            outputs = self.engine.step()
+        except Exception as e:   # noqa: BLE001 - whatever the engine raises must not cost the worker
+            self.log.exception("engine step failed with %d request(s) in the engine", len(self.active))
+            self._hand_back(f"{type(e).__name__}: {e}"[:MAX_REASON_CHARS])
+            self.failed_steps += 1
+            if self.failed_steps >= MAX_FAILED_STEPS:
+                raise SystemExit(f"{self.failed_steps} engine steps failed in a row: restarting the worker") from e
+            return
+        if ran_requests:
+            self.failed_steps = 0
+        self._emit(outputs)
+
+    def flush_done(self) -> None:
+        """Send the Done note when it is due, full, or the engine ran out of work."""
+        if self.done and (len(self.done) >= DONE_FLUSH_COUNT or self.clock() >= self.done_due
+                          or not self.engine.has_work):
+            self.ports.to_scheduler(messages.encode(messages.Done(self.done)))
+            self.done = []
+
+    def _hand_back(self, reason: str) -> None:
+        """Abort every request in the engine (the step that failed may have run any of them) and
+        give them back to the scheduler unanswered: it decides, per request, whether to retry it.
+        An abort that raises too means the engine is beyond repair: the worker exits and restarts,
+        and the scheduler treats its requests as those of a dead worker."""
+        rids = list(self.active)
+        for rid in rids:
+            self.engine.abort(rid)
+        self.active.clear()
+        self.ports.to_scheduler(messages.encode(messages.Failed(reason, rids)))
+
+    def _emit(self, outputs) -> None:
+        for out in outputs:
+            request = self.active.get(out.key)
+            if request is None:
+                continue
+            request.text.append(out.text)
+            request.token_ids.extend(out.token_ids)
+            if out.logprobs:
+                request.logprobs.extend(out.logprobs)
+            if request.stream and request.unstreamed and (out.finished or self.clock() >= request.next_chunk_at):
+                self._chunk(out.key, request)
+            if out.finished:
+                del self.active[out.key]
+                self._finished(out.key, request, self._result(request, out))
+
+    def _chunk(self, rid: int, request: ActiveRequest) -> None:
+        """Stream what the request produced since its last chunk. Chunks are at most
+        limits.max_stream_chunks_per_s per stream: a fast engine's tokens are merged into fewer
+        chunks (nothing is dropped), so a small model cannot flood the front-end and the client
+        with a message per token."""
+        texts, tokens, logprobs = request.streamed
+        data = {"text": "".join(request.text[texts:]), "token_ids": request.token_ids[tokens:]}
+        if request.want_logprobs:
+            data["logprobs"] = request.logprobs[logprobs:]
+        request.streamed = (len(request.text), len(request.token_ids), len(request.logprobs))
+        request.next_chunk_at = self.clock() + 1 / self.config.limits.max_stream_chunks_per_s
+        message = messages.encode(messages.Chunk(rid), wire.chunk_reply(request.request_id, request.chunks_sent, data))
+        if request.turn_ids is not None:   # a context turn's final goes via the scheduler: its chunks too, to stay in order
+            self.ports.to_scheduler(message)
+        else:
+            if request.chunks_sent == 0:   # from now on a retry elsewhere would repeat output
+                self.ports.to_scheduler(messages.encode(messages.Started(rid)))
+            self.ports.to_frontend(message)
+        request.chunks_sent += 1
+
+    @staticmethod
+    def _result(request: ActiveRequest, out) -> dict:
+        result = {"text": "".join(request.text), "token_ids": request.token_ids,
+                  "finish_reason": out.finish_reason,
+                  "usage": {"prompt_tokens": out.prompt_tokens, "completion_tokens": out.completion_tokens}}
+        if request.want_logprobs:
+            result["logprobs"] = request.logprobs
+        if request.degraded:
+            result["degraded"] = request.degraded
+        return result
+
+    def _finished(self, rid: int, request: ActiveRequest, result: dict) -> None:
+        if request.turn_ids is None:
+            return self._send_final(rid, False, wire.ok_reply(request.request_id, result))
+        # A context turn: the scheduler commits it and answers the client.
+        self.ports.to_scheduler(messages.encode(messages.TurnResult(rid, result, request.turn_ids + request.token_ids)))
+
+    def _final(self, dispatch: messages.Dispatch, header: bytes, code: str | None = None) -> None:
+        """A request answered before the engine ran it."""
+        self._send_final(dispatch.rid, dispatch.turn, header, code)
+
+    def _send_final(self, rid: int, turn: bool, header: bytes, code: str | None = None) -> None:
+        message = messages.encode(messages.Final(rid, code), header)
+        if turn:   # the scheduler ends the turn and passes the reply on
+            return self.ports.to_scheduler(message)
+        self.ports.to_frontend(message)
+        if not self.done:
+            self.done_due = self.clock() + DONE_FLUSH_S
+        self.done.append(rid)
+
+
+def sampling_params(args: GenerateArgs, max_tokens: int):
+    """The engine's sampling parameters of a generate request: the one place they are derived."""
+    from mcpd.engine import SamplingParams   # the engine's module imports torch: the worker loads it first
+
+    return SamplingParams(max_tokens=max_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                          seed=args.seed, stop=args.stop, stop_token_ids=args.stop_token_ids,
+                          ignore_eos=args.ignore_eos, logprobs=args.logprobs)
