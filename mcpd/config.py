@@ -248,6 +248,44 @@ class MetricsConfig:
 
 
 @dataclass(frozen=True)
+class HttpConfig:
+    """The OpenAI-compatible HTTP listener (mcpd/http/), a process of its own when listen is set."""
+    listen: str = ""                   # host:port; "" = off
+    auth: str = "auto"                 # auto (API keys required unless listen is loopback), on, off
+    max_body_bytes: int = 4 << 20      # a request body over this: 413 before anything is parsed
+    body_timeout_s: float = 30.0       # a body still arriving after this: 408 (slow senders)
+    keepalive_timeout_s: float = 15.0  # an idle keep-alive connection is closed after this
+    model_name: str = ""               # the id /v1/models shows; "" = the model's own name
+
+    def check(self) -> None:
+        if not self.listen:
+            return
+        host, _, port = self.listen.rpartition(":")
+        if not host or not port.isdigit() or int(port) > 65535:
+            raise ConfigError(f"http.listen = {self.listen!r}: use host:port, e.g. 127.0.0.1:8000")
+        if self.auth not in ("auto", "on", "off"):
+            raise ConfigError(f"http.auth = {self.auth!r}: use auto, on or off")
+        if self.auth == "off" and not self.loopback:
+            raise ConfigError(f"http.listen = {self.listen!r} is not a loopback address and http.auth = 'off': "
+                              "anyone who can reach it could use the daemon. Use http.auth = 'auto' or 'on' "
+                              "with keys from `mcpctl keys api-add`, or bind loopback")
+        if self.max_body_bytes < 1:
+            raise ConfigError(f"http.max_body_bytes = {self.max_body_bytes}: must be >= 1")
+        for key in ("body_timeout_s", "keepalive_timeout_s"):
+            if getattr(self, key) <= 0:
+                raise ConfigError(f"http.{key} = {getattr(self, key)}: must be > 0")
+
+    @property
+    def loopback(self) -> bool:
+        return is_loopback(f"tcp://{self.listen}")
+
+    @property
+    def auth_on(self) -> bool:
+        """Whether every request needs an API key (and the key names its tenant)."""
+        return self.auth == "on" or (self.auth == "auto" and not self.loopback)
+
+
+@dataclass(frozen=True)
 class SecurityConfig:
     curve: str = "auto"                 # auto (CURVE when server.tcp is not loopback), on, off
     keys_dir: str = ""                  # server key pair + allowed/ client keys; "" = <state_dir>/keys
@@ -303,6 +341,7 @@ class Config:
     supervisor: SupervisorConfig = field(default_factory=SupervisorConfig)
     persistence: PersistenceConfig = field(default_factory=PersistenceConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    http: HttpConfig = field(default_factory=HttpConfig)
     security: SecurityConfig = field(default_factory=SecurityConfig)
 
     @property

@@ -111,6 +111,12 @@ class Admin:
     def keys_list(self, _call) -> dict:
         return key_ops.list_keys(self.supervisor.keys, self.supervisor.config.curve)
 
+    def keys_api_add(self, call: ControlCall) -> dict:
+        return key_ops.api_add(self.supervisor.keys, call.args["name"])
+
+    def keys_api_revoke(self, call: ControlCall) -> dict:
+        return key_ops.api_revoke(self.supervisor.keys, call.args["name"])
+
     def keys_allow(self, call: ControlCall) -> dict:
         return key_ops.allow(self.supervisor.keys, call.args["name"], call.args["public_key"])
 
@@ -148,7 +154,9 @@ class Admin:
         message = [channels.RELOAD, msgpack.packb({"token": token, "config": fresh.to_dict()})]
         supervisor.to_scheduler.send_multipart(message)
         supervisor.to_frontend.send_multipart(message)
-        waiting = {(c.spec.role, c.spec.index) for c in supervisor.table.children if c.alive and c.ready}
+        # The HTTP listener takes nothing live (its keys need a restart), so it confirms nothing.
+        waiting = {(c.spec.role, c.spec.index) for c in supervisor.table.children
+                   if c.alive and c.ready and c.spec.role != "http"}
         summary = {"path": supervisor.config_path, "changed": changed, "applied": applied, "confirmed": []}
         self.pending[token] = Pending(reply_to, time.monotonic() + timeout_s, waiting, summary, fresh)
         if timeout_s == 0 or not waiting:

@@ -67,7 +67,16 @@ class WorkerStats:
         return {name: getattr(self, name) for name in names if getattr(self, name, None) is not None}
 
 
-KINDS = {"frontend": FrontendStats, "scheduler": SchedulerStats, "worker": WorkerStats}
+@dataclass(frozen=True)
+class HttpStats:
+    """The HTTP listener's (mcpd/http/); its requests are counted by the front-end like any other."""
+    listen: str = ""                                 # host:port as bound
+    auth: bool = False                               # API keys required
+    inflight: int = 0                                # generations in progress
+    responses: dict = field(default_factory=dict)    # {HTTP status: count}
+
+
+KINDS = {"frontend": FrontendStats, "scheduler": SchedulerStats, "worker": WorkerStats, "http": HttpStats}
 
 
 def of(role: str, event: dict):

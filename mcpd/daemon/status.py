@@ -28,6 +28,7 @@ def build_status(supervisor) -> dict:
         "runtime_dir": str(supervisor.config.runtime_dir),
         "endpoints": frontend.endpoints or _configured_endpoints(supervisor),
         "metrics": supervisor.metrics_address and f"http://{supervisor.metrics_address}/metrics",
+        "http": _http(table.find("http", 0)),
         "processes": [{"role": "supervisor", "index": 0, "pid": os.getpid(), "state": "running",
                        "uptime_s": round(time.monotonic() - supervisor.started, 1), "restarts": 0,
                        "last_exit": ""}] + [c.describe() for c in table.children],
@@ -45,6 +46,15 @@ def build_status(supervisor) -> dict:
                      # for unfinished messages, and those cut for holding too much.
                      "backlog": frontend.backlog, "incoming": frontend.incoming},
     }
+
+
+def _http(listener) -> dict:
+    """The OpenAI-compatible listener: off, or its address as bound, auth, and answers by status."""
+    if listener is None:
+        return {"enabled": False}
+    stats = listener.latest_stats()
+    return {"enabled": True, "url": stats.listen and f"http://{stats.listen}", "auth": stats.auth,
+            "inflight": stats.inflight, "responses": stats.responses}
 
 
 def _state(supervisor) -> str:
