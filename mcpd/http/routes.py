@@ -62,7 +62,7 @@ class Routes:
     async def models(self, request: web.Request) -> web.Response:
         header = self._header(request)
         data = [{"id": name, "object": "model", "created": 0, "owned_by": "mcpd"} for name in await self._models(header)]
-        return web.json_response({"object": "list", "data": data}, dumps=_dumps)
+        return _json({"object": "list", "data": data})
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         body = await self._body(request)
@@ -84,14 +84,13 @@ class Routes:
     async def context_show(self, request: web.Request) -> web.Response:
         result = await self.link.call("context.open", {"id": request.match_info["id"], "create": False},
                                       self._header(request))
-        return web.json_response({"id": result["id"], "object": "mcpd.context", "version": result["version"],
-                                  "tokens": result["tokens"]}, headers={CONTEXT_VERSION: str(result["version"])},
-                                 dumps=_dumps)
+        return _json({"id": result["id"], "object": "mcpd.context", "version": result["version"],
+                                  "tokens": result["tokens"]}, headers={CONTEXT_VERSION: str(result["version"])})
 
     async def context_drop(self, request: web.Request) -> web.Response:
         result = await self.link.call("context.drop", {"id": request.match_info["id"]}, self._header(request))
-        return web.json_response({"id": request.match_info["id"], "object": "mcpd.context",
-                                  "deleted": result["dropped"]}, dumps=_dumps)
+        return _json({"id": request.match_info["id"], "object": "mcpd.context",
+                                  "deleted": result["dropped"]})
 
     # -- generation -----------------------------------------------------------------------------
 
@@ -108,7 +107,7 @@ class Routes:
             call, first = await self._first_reply(completion.args, header)
             if not completion.stream:
                 result = _result(first)
-                return web.json_response(answer.whole(result), headers=_context_headers(result), dumps=_dumps)
+                return _json(answer.whole(result), headers=_context_headers(result))
             if call.finished:   # a refusal before any chunk keeps its own status
                 _result(first)
             return await self._stream(request, call, first, answer, completion.include_usage)
@@ -221,8 +220,8 @@ def _event(value: dict) -> bytes:
     return b"data: " + encode(value) + b"\n\n"
 
 
-def _dumps(value) -> str:
-    return encode(value).decode()
+def _json(value: dict, headers: dict | None = None) -> web.Response:
+    return web.Response(body=encode(value), content_type="application/json", headers=headers)
 
 
 def _int_header(request: web.Request, name: str) -> int | None:

@@ -55,6 +55,7 @@ class HttpListener:
         config = self.config.http
         self._refuse_open_door()
         link = DaemonLink(channels.client_endpoint(self.config.runtime_dir))
+        link.attach(asyncio.get_running_loop())
         self.routes = Routes(self.config, link)
         app = web.Application(client_max_size=config.max_body_bytes, middlewares=[self._answer_errors])
         self.routes.add_to(app)
@@ -78,7 +79,7 @@ class HttpListener:
         await stopped.wait()
         reporter.cancel()
         await runner.cleanup()
-        await link.close()
+        link.close()
 
     def _refuse_open_door(self) -> None:
         config = self.config.http
