@@ -251,7 +251,7 @@ class MetricsConfig:
 class HttpConfig:
     """The OpenAI-compatible HTTP listener (mcpd/http/), a process of its own when listen is set."""
     listen: str = ""                   # host:port; "" = off
-    auth: str = "auto"                 # auto (API keys required unless listen is loopback), on, off
+    auth: str = "auto"                 # auto (API keys unless listen is loopback and CURVE off), on, off
     max_body_bytes: int = 4 << 20      # a request body over this: 413 before anything is parsed
     body_timeout_s: float = 30.0       # a body still arriving after this: 408 (slow senders)
     keepalive_timeout_s: float = 15.0  # an idle keep-alive connection is closed after this
@@ -279,10 +279,11 @@ class HttpConfig:
     def loopback(self) -> bool:
         return is_loopback(f"tcp://{self.listen}")
 
-    @property
-    def auth_on(self) -> bool:
-        """Whether every request needs an API key (and the key names its tenant)."""
-        return self.auth == "on" or (self.auth == "auto" and not self.loopback)
+    def auth_on(self, curve: bool) -> bool:
+        """Whether every request needs an API key (and the key names its tenant). auto: yes
+        beyond loopback, and wherever ZeroMQ clients authenticate (CURVE on): HTTP must not be
+        the door where a local user names any tenant."""
+        return self.auth == "on" or (self.auth == "auto" and (curve or not self.loopback))
 
 
 @dataclass(frozen=True)
@@ -357,6 +358,11 @@ class Config:
     @property
     def keys_dir(self) -> Path:
         return Path(self.security.keys_dir) if self.security.keys_dir else self.state_dir / "keys"
+
+    @property
+    def http_auth(self) -> bool:
+        """Whether the HTTP listener requires API keys (HttpConfig.auth_on)."""
+        return self.http.auth_on(self.curve)
 
     @property
     def curve(self) -> bool:

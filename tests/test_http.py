@@ -218,7 +218,6 @@ def test_status_shows_the_listener_and_metrics_count_its_requests(served):
     status = served.status()
     assert status["http"]["enabled"] and status["http"]["url"] == served.base_url.removesuffix("/v1")
     assert status["http"]["responses"]["200"] >= 1
-    assert any(p["role"] == "http" and p["state"] == "running" for p in status["processes"])
     assert "http: http://" in served.mcpctl("status").stdout
     assert status["requests"]["latency"]["generate"]["count"] >= 1
 
@@ -270,7 +269,7 @@ def test_contexts_are_per_tenant_and_can_be_dropped(served):
 
 @pytest.fixture(scope="module")
 def guarded(module_daemon):
-    daemon = module_daemon(http={"listen": f"127.0.0.1:{free_port()}", "auth": "on"}, security={"curve": "on"})
+    daemon = module_daemon(http={"listen": f"127.0.0.1:{free_port()}"}, security={"curve": "on"})   # auth: auto
     daemon.base_url = f"http://{daemon.control('config')['config']['http']['listen']}/v1"
     return daemon
 
@@ -284,7 +283,6 @@ def test_api_keys_are_required_stored_hashed_and_name_the_tenant(guarded):
     auth = {"Authorization": f"Bearer {key}"}
     assert raw(guarded, "GET", "/v1/models", headers={"Authorization": "Bearer wrong"})[0] == 401
     assert raw(guarded, "POST", "/v1/contexts/mine/chat/completions", chat_body(), auth)[0] == 200
-    # CURVE is on here: the listener, a client of client.ipc as the daemon's own user, names the tenant
     contexts = guarded.control("contexts.list", {"owner": "carol"})["contexts"]
     assert [c["id"] for c in contexts] == ["mine"]
     # the tenant comes from the key: a header cannot claim another

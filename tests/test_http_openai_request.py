@@ -79,4 +79,5 @@ def test_http_config_checks(http, fails):
             from_dict({"http": http})
     else:
         config = from_dict({"http": http})
-        assert config.http.auth_on == (not config.http.loopback)
+        assert config.http_auth == (not config.http.loopback)
+        assert from_dict({"http": http, "security": {"curve": "on"}}).http_auth   # never an open door beside CURVE

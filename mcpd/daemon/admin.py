@@ -154,9 +154,7 @@ class Admin:
         message = [channels.RELOAD, msgpack.packb({"token": token, "config": fresh.to_dict()})]
         supervisor.to_scheduler.send_multipart(message)
         supervisor.to_frontend.send_multipart(message)
-        # The HTTP listener takes nothing live (its keys need a restart), so it confirms nothing.
-        waiting = {(c.spec.role, c.spec.index) for c in supervisor.table.children
-                   if c.alive and c.ready and c.spec.role != "http"}
+        waiting = {(c.spec.role, c.spec.index) for c in supervisor.table.children if c.alive and c.ready}
         summary = {"path": supervisor.config_path, "changed": changed, "applied": applied, "confirmed": []}
         self.pending[token] = Pending(reply_to, time.monotonic() + timeout_s, waiting, summary, fresh)
         if timeout_s == 0 or not waiting:

@@ -24,6 +24,7 @@ class FrontendStats:
     metrics: dict = field(default_factory=dict)      # RequestMetrics.snapshot(): counters and histograms
     backlog: dict = field(default_factory=dict)      # Outbox.stats()
     incoming: dict = field(default_factory=dict)     # IncomingBytes.stats()
+    http: dict = field(default_factory=dict)         # HttpListener.stats(); empty when it is off
 
 
 @dataclass(frozen=True)
@@ -67,16 +68,7 @@ class WorkerStats:
         return {name: getattr(self, name) for name in names if getattr(self, name, None) is not None}
 
 
-@dataclass(frozen=True)
-class HttpStats:
-    """The HTTP listener's (mcpd/http/); its requests are counted by the front-end like any other."""
-    listen: str = ""                                 # host:port as bound
-    auth: bool = False                               # API keys required
-    inflight: int = 0                                # generations in progress
-    responses: dict = field(default_factory=dict)    # {HTTP status: count}
-
-
-KINDS = {"frontend": FrontendStats, "scheduler": SchedulerStats, "worker": WorkerStats, "http": HttpStats}
+KINDS = {"frontend": FrontendStats, "scheduler": SchedulerStats, "worker": WorkerStats}
 
 
 def of(role: str, event: dict):

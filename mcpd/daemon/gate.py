@@ -11,9 +11,6 @@ header with it before anything else sees the request, so the scheduler, contexts
 rate limits and metrics all key on the authenticated identity. A header that names a different
 tenant gets UNAUTHORIZED rather than being silently re-labelled: a client configured for one
 tenant and holding another's key should hear about it, not write into the wrong namespace.
-One peer is trusted to name the tenant as with CURVE off: the daemon's own user on ipc (it can
-read every key and journal anyway). That is how the HTTP listener (mcpd/http/), a client of
-client.ipc, serves each API key's tenant.
 Reading User-Id needs the routing-id frame as a zmq.Frame (copy=False), which the front-end
 reads that way anyway for its descriptor (bench/overhead.py measures the CURVE cost). The
 User-Id names the key as well as the tenant, and every message is checked against the allowed
@@ -29,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import errno
-import os
 
 import zmq
 
@@ -53,7 +49,6 @@ class Gate:
         # Bound before any client endpoint, so no handshake can arrive while there is no handler.
         self.authenticator = Authenticator(context, self.keys) if self.auth else None
         self.sockets = (self.authenticator.socket,) if self.auth else ()
-        self.own_user = f"uid:{os.getuid()}"   # trusted to name tenants (the HTTP listener)
 
     def bind(self, sock: zmq.Socket) -> None:
         if self.auth:
@@ -101,8 +96,6 @@ class Gate:
         if not tenant:
             raise _unauthorized(request, "this connection's key is not (or no longer) allowed under the name "
                                          "it connected as; connect again with an allowed key")
-        if tenant == self.own_user and claimed is not None:
-            return request
         if claimed is not None and claimed != tenant:
             raise _unauthorized(request, f'header "tenant" is {claimed!r} but this connection authenticated '
                                          f'as {tenant!r}; leave "tenant" out or make them match')

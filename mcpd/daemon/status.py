@@ -28,7 +28,7 @@ def build_status(supervisor) -> dict:
         "runtime_dir": str(supervisor.config.runtime_dir),
         "endpoints": frontend.endpoints or _configured_endpoints(supervisor),
         "metrics": supervisor.metrics_address and f"http://{supervisor.metrics_address}/metrics",
-        "http": _http(table.find("http", 0)),
+        "http": _http(frontend.http),
         "processes": [{"role": "supervisor", "index": 0, "pid": os.getpid(), "state": "running",
                        "uptime_s": round(time.monotonic() - supervisor.started, 1), "restarts": 0,
                        "last_exit": ""}] + [c.describe() for c in table.children],
@@ -48,13 +48,12 @@ def build_status(supervisor) -> dict:
     }
 
 
-def _http(listener) -> dict:
-    """The OpenAI-compatible listener: off, or its address as bound, auth, and answers by status."""
-    if listener is None:
+def _http(stats: dict) -> dict:
+    """The OpenAI-compatible listener in the front-end: off, or its address as bound, whether it
+    needs API keys, generations in flight, and its answers by HTTP status."""
+    if not stats:
         return {"enabled": False}
-    stats = listener.latest_stats()
-    return {"enabled": True, "url": stats.listen and f"http://{stats.listen}", "auth": stats.auth,
-            "inflight": stats.inflight, "responses": stats.responses}
+    return {"enabled": True, "url": f"http://{stats['listen']}", **{k: v for k, v in stats.items() if k != "listen"}}
 
 
 def _state(supervisor) -> str:

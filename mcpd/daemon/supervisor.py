@@ -28,7 +28,6 @@ from mcpd.daemon.admin import Admin
 from mcpd.daemon.instance_lock import InstanceLock
 from mcpd.daemon.process_table import Child, ChildSpec, ProcessTable
 from mcpd.daemon.sdnotify import SystemdNotifier
-from mcpd.http import server as http_server
 from mcpd.memory import host_segment
 from mcpd.protocol import wire
 from mcpd.protocol.codes import MCPDError
@@ -78,8 +77,6 @@ class Supervisor:
         specs = [ChildSpec("frontend", 0, frontend.run, (config,)),
                  ChildSpec("scheduler", 0, scheduler_loop.run, (config,))]
         specs += [ChildSpec("worker", i, worker.run, (config, i, d)) for i, d in enumerate(devices)]
-        if config.http.listen:   # a client of client.ipc like any other (mcpd/http/server.py says why)
-            specs.append(ChildSpec("http", 0, http_server.run, (config,)))
         self.table = ProcessTable(config, specs, self.log)
         self.keys = KeyStore(config.keys_dir)
         self.admin_gid = peers.admin_gid(config.security.admin_group)

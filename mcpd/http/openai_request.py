@@ -29,8 +29,8 @@ class Completion:
 def parse_json(body: bytes) -> dict:
     try:
         value = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise bad_request(f"the body is not valid JSON: {e}") from None
+    except (ValueError, RecursionError) as e:   # not JSON, not UTF-8, an int of 4300+ digits, nested too deep
+        raise bad_request(f"the body is not valid JSON: {str(e)[:200]}") from None
     if not isinstance(value, dict):
         raise bad_request("the body must be a JSON object")
     return value

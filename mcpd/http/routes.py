@@ -27,7 +27,7 @@ from aiohttp import web
 from mcpd.client import replies
 from mcpd.config import Config
 from mcpd.http import openai_request
-from mcpd.http.daemon_link import Call, DaemonLink
+from mcpd.http.frontend_link import Call, FrontendLink
 from mcpd.http.errors import HttpError, bad_request
 from mcpd.http.openai_reply import Answer
 from mcpd.protocol import codes
@@ -42,9 +42,9 @@ encode = msgspec.json.encode
 
 
 class Routes:
-    def __init__(self, config: Config, link: DaemonLink):
+    def __init__(self, config: Config, link: FrontendLink):
         self.config, self.link = config, link
-        self.keys = ApiKeys(config.keys_dir) if config.http.auth_on else None
+        self.keys = ApiKeys(config.keys_dir) if config.http_auth else None
         self.model_ids: list[str] = []
         self.models_at = -MODELS_TTL_S
         self.inflight = 0

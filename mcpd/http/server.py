@@ -1,90 +1,82 @@
-"""The HTTP listener process (`[http] listen`): aiohttp on uvloop, a client of client.ipc.
+"""The HTTP listener (`[http] listen`): aiohttp on the front-end's event loop.
 
-Why a process of its own rather than a part of the front-end: the front-end's loop is the one
-gate every ZeroMQ request passes, and HTTP parsing, JSON and SSE framing cost Python time per
-request that would delay it; here they run on another core, a crash or a flood of connections
-costs the ZeroMQ clients nothing, and the listener needs nothing from the daemon that a client
-does not have (it speaks the documented protocol, so metrics, limits, priorities and
-cancellation apply to HTTP requests exactly as to the others). It costs one more ipc hop each
-way, which bench/http.py measures against the ZeroMQ path.
+Why inside the front-end rather than a process of its own: measured side by side (bench/http.py,
+a 1-token request alternating with the same request over ZeroMQ), a listener process that was a
+client of client.ipc added about 0.4 ms to a 1 ms request (ratio 1.38): two more ZeroMQ hops,
+each waking an I/O thread and a process, most of it on a 2-core machine. In the front-end an
+HTTP request is admitted in memory by the same code as a ZeroMQ one (frontend_link.py), so
+limits, drain, priorities, metrics and cancellation apply to it alike, and only the HTTP work
+itself is added. The price: HTTP parsing and JSON share the front-end's loop with ZeroMQ
+clients; aiohttp's C parser and one JSON decode per request keep that small.
 
-Why aiohttp: its per-request cost measured the same as uvicorn + httptools here (about 37 us p50
-for a small POST on loopback), and it brings what a listener facing strangers needs built in:
-header line and count limits (uvicorn with httptools took 100,000 headers), a body size cap,
-keep-alive timeouts, and handler cancellation when a client disconnects (which cancels the
-daemon request).
+Why aiohttp: its per-request cost measured the same as uvicorn + httptools here (about 37 us
+p50 for a small POST on loopback, both on uvloop), and it brings what a listener facing strangers
+needs built in: header line and count limits (uvicorn with httptools took 100,000 headers), a
+body size cap, keep-alive timeouts, and handler cancellation when a client disconnects (which
+cancels the daemon request).
 
-It is ready once bound; a port it cannot bind, or a non-loopback listen with auth on and no API
-key, stops the daemon with the reason (child.refuse_start), as the front-end's tcp port does.
+A port it cannot bind, or a non-loopback listen with auth on and no API key, stops the daemon
+with the reason (child.refuse_start), as the front-end's tcp port does.
 """
 from __future__ import annotations
 
 import asyncio
 import errno
 import logging
-import os
-import signal
 
-import uvloop
-import zmq
 from aiohttp import web
 
 from mcpd.config import Config
-from mcpd.daemon import channels, child
-from mcpd.http.daemon_link import DaemonLink
+from mcpd.daemon import child
 from mcpd.http.errors import HttpError
+from mcpd.http.frontend_link import FrontendLink
 from mcpd.http.routes import Routes
 from mcpd.protocol import codes
 from mcpd.protocol.codes import MCPDError
 from mcpd.refusal import InUse, StartRefused
 from mcpd.security.api_keys import ApiKeys
 
-STATS_INTERVAL_S = 0.5
-
 
 class HttpListener:
-    def __init__(self, config: Config):
-        self.config = config
-        self.log = child.start("http", config)
+    def __init__(self, config: Config, link: FrontendLink, log: logging.Logger):
+        self.config, self.log = config, log
         logging.getLogger("aiohttp.server").setLevel(logging.CRITICAL)   # a client's bad request is not our error
-        self.parent_pid = os.getppid()
+        self.routes = Routes(config, link)
         self.responses: dict[str, int] = {}   # {status: count}
         self.address = ""
+        self.runner: web.AppRunner | None = None
 
-    async def serve(self) -> None:
+    async def start(self) -> None:
         config = self.config.http
         self._refuse_open_door()
-        link = DaemonLink(channels.client_endpoint(self.config.runtime_dir))
-        link.attach(asyncio.get_running_loop())
-        self.routes = Routes(self.config, link)
         app = web.Application(client_max_size=config.max_body_bytes, middlewares=[self._answer_errors])
         self.routes.add_to(app)
-        runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
-                               keepalive_timeout=config.keepalive_timeout_s)
-        await runner.setup()
+        # shutdown_timeout: at stop the front-end has answered every request already.
+        self.runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=1.0,
+                                    keepalive_timeout=config.keepalive_timeout_s)
+        await self.runner.setup()
         host, _, port = config.listen.rpartition(":")
         try:
-            await web.TCPSite(runner, host.strip("[]"), int(port), reuse_address=True).start()
+            await web.TCPSite(self.runner, host.strip("[]"), int(port), reuse_address=True).start()
         except OSError as e:
             refusal = InUse if e.errno == errno.EADDRINUSE else StartRefused
-            child.refuse_start(self.config, "http", refusal(f"cannot bind http.listen {config.listen}: {e.strerror}"))
-        bound = runner.addresses[0]
-        self.address = f"{host}:{bound[1]}"
-        self.events = child.EventReporter(zmq.Context.instance(), self.config, "http")
-        stopped = asyncio.Event()
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stopped.set)
-        self.events.send("ready")
-        self.log.info("serving HTTP on http://%s (auth %s)", self.address, "on" if config.auth_on else "off")
-        reporter = asyncio.get_running_loop().create_task(self._report(stopped))
-        await stopped.wait()
-        reporter.cancel()
-        await runner.cleanup()
-        link.close()
+            child.refuse_start(self.config, "frontend", refusal(f"cannot bind http.listen {config.listen}: "
+                                                                f"{e.strerror}"))
+        self.address = f"{host}:{self.runner.addresses[0][1]}"
+        self.log.info("serving HTTP on http://%s (auth %s)", self.address, "on" if self.config.http_auth else "off")
+
+    async def stop(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+
+    def stats(self) -> dict:
+        return {"listen": self.address, "auth": self.config.http_auth, "inflight": self.routes.inflight,
+                "responses": dict(self.responses)}
 
     def _refuse_open_door(self) -> None:
         config = self.config.http
-        if config.auth_on and not config.loopback and not ApiKeys(self.config.keys_dir).names():
-            child.refuse_start(self.config, "http", StartRefused(
+        if self.config.http_auth and not config.loopback and not ApiKeys(self.config.keys_dir).names():
+            child.refuse_start(self.config, "frontend", StartRefused(
                 f"http.listen = {config.listen!r} is not a loopback address and there is no API key: nobody "
                 "could use it. Add keys with `mcpctl keys api-add NAME` (with a loopback listen, or http off) "
                 "and start again"))
@@ -109,21 +101,10 @@ class HttpListener:
         self.responses[key] = self.responses.get(key, 0) + 1
         return response
 
-    async def _report(self, stopped: asyncio.Event) -> None:
-        while True:
-            if not child.parent_alive(self.parent_pid):
-                stopped.set()
-            self.events.send("stats", listen=self.address, auth=self.config.http.auth_on,
-                             inflight=self.routes.inflight, responses=dict(self.responses))
-            await asyncio.sleep(STATS_INTERVAL_S)
-
 
 def _error_response(error: HttpError) -> web.Response:
-    return web.Response(status=error.status, body=error.json_bytes(), content_type="application/json",
-                        headers=error.headers())
-
-
-def run(config: Config) -> None:
-    listener = HttpListener(config)
-    uvloop.run(listener.serve())
-    listener.log.info("stopped")
+    response = web.Response(status=error.status, body=error.json_bytes(), content_type="application/json",
+                            headers=error.headers())
+    if error.status in (408, 413):   # the rest of the body was never read: the connection cannot go on
+        response.force_close()
+    return response
