@@ -231,6 +231,14 @@ class PersistenceConfig:
             raise ConfigError("persistence.fsync_interval_s and compact_after_bytes must be positive")
 
 
+def _listen_host(key: str, listen: str, example: str) -> str:
+    """The host of a host:port listen address; ConfigError naming `key` if it is not one."""
+    host, _, port = listen.rpartition(":")
+    if not host or not port.isdigit() or int(port) > 65535:
+        raise ConfigError(f"{key} = {listen!r}: use host:port, e.g. {example}")
+    return host
+
+
 @dataclass(frozen=True)
 class MetricsConfig:
     listen: str = ""                   # host:port of the Prometheus endpoint; "" = off
@@ -239,9 +247,7 @@ class MetricsConfig:
     def check(self) -> None:
         if not self.listen:
             return
-        host, _, port = self.listen.rpartition(":")
-        if not host or not port.isdigit() or int(port) > 65535:
-            raise ConfigError(f"metrics.listen = {self.listen!r}: use host:port, e.g. 127.0.0.1:9464")
+        host = _listen_host("metrics.listen", self.listen, "127.0.0.1:9464")
         if not self.allow_remote and host.strip("[]") not in ("127.0.0.1", "::1", "localhost"):
             raise ConfigError(f"metrics.listen = {self.listen!r}: not a loopback address; "
                               "set metrics.allow_remote = true to expose metrics beyond this host")
@@ -249,7 +255,7 @@ class MetricsConfig:
 
 @dataclass(frozen=True)
 class HttpConfig:
-    """The OpenAI-compatible HTTP listener (mcpd/http/), a process of its own when listen is set."""
+    """The OpenAI-compatible HTTP listener (mcpd/http/), in the front-end when listen is set."""
     listen: str = ""                   # host:port; "" = off
     auth: str = "auto"                 # auto (API keys unless listen is loopback and CURVE off), on, off
     max_body_bytes: int = 4 << 20      # a request body over this: 413 before anything is parsed
@@ -260,9 +266,7 @@ class HttpConfig:
     def check(self) -> None:
         if not self.listen:
             return
-        host, _, port = self.listen.rpartition(":")
-        if not host or not port.isdigit() or int(port) > 65535:
-            raise ConfigError(f"http.listen = {self.listen!r}: use host:port, e.g. 127.0.0.1:8000")
+        _listen_host("http.listen", self.listen, "127.0.0.1:8000")
         if self.auth not in ("auto", "on", "off"):
             raise ConfigError(f"http.auth = {self.auth!r}: use auto, on or off")
         if self.auth == "off" and not self.loopback:

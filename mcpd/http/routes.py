@@ -85,12 +85,11 @@ class Routes:
         result = await self.link.call("context.open", {"id": request.match_info["id"], "create": False},
                                       self._header(request))
         return _json({"id": result["id"], "object": "mcpd.context", "version": result["version"],
-                                  "tokens": result["tokens"]}, headers={CONTEXT_VERSION: str(result["version"])})
+                      "tokens": result["tokens"]}, headers={CONTEXT_VERSION: str(result["version"])})
 
     async def context_drop(self, request: web.Request) -> web.Response:
         result = await self.link.call("context.drop", {"id": request.match_info["id"]}, self._header(request))
-        return _json({"id": request.match_info["id"], "object": "mcpd.context",
-                                  "deleted": result["dropped"]})
+        return _json({"id": request.match_info["id"], "object": "mcpd.context", "deleted": result["dropped"]})
 
     # -- generation -----------------------------------------------------------------------------
 
@@ -162,10 +161,11 @@ class Routes:
         if request.content_length is not None and request.content_length > limit:
             raise _too_large(limit)
         try:
-            body = await asyncio.wait_for(request.read(), self.config.http.body_timeout_s)
+            async with asyncio.timeout(self.config.http.body_timeout_s):   # no task per request, as wait_for makes
+                body = await request.read()
         except web.HTTPRequestEntityTooLarge:
             raise _too_large(limit) from None
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise HttpError(408, f"the body did not arrive within http.body_timeout_s "
                                  f"({self.config.http.body_timeout_s:g} s)", codes.TIMEOUT) from None
         return openai_request.parse_json(body)

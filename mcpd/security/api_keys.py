@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from mcpd.security import trusted_path
-from mcpd.security.keys import KEYS_DIR_MODE, SECRET_FILE_MODE, BadKey, check_name, read_small_text, write_replacing
+from mcpd.security.keys import KEYS_DIR_MODE, SECRET_FILE_MODE, BadKey, check_name, read_small_text, remove, write_replacing
 
 API_DIR = "api"
 SUFFIX = ".sha256"
@@ -53,11 +53,7 @@ class ApiKeys:
         return key
 
     def revoke(self, name: str) -> bool:
-        try:
-            (self.directory / f"{check_name(name)}{SUFFIX}").unlink()
-        except FileNotFoundError:
-            return False
-        return True
+        return remove(self.directory / f"{check_name(name)}{SUFFIX}")
 
     def names(self) -> list[str]:
         return sorted(self._read().values())

@@ -156,17 +156,22 @@ class KeyStore:
         write_replacing(self.allowed_dir / f"{name}.key", _cert(public_key), SECRET_FILE_MODE)
 
     def revoke(self, name: str) -> bool:
-        try:
-            (self.allowed_dir / f"{check_name(name)}.key").unlink()
-        except FileNotFoundError:
-            return False
-        return True
+        return remove(self.allowed_dir / f"{check_name(name)}.key")
 
     def mtime_ns(self) -> int:
         try:
             return self.allowed_dir.stat().st_mtime_ns
         except FileNotFoundError:
             return 0
+
+
+def remove(path: Path) -> bool:
+    """Delete a key file; whether there was one."""
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def _cert(public: str, secret: str | None = None) -> str:
