@@ -178,9 +178,8 @@ def test_a_body_that_never_arrives_gets_408(served):
 
 
 def test_a_deadline_passed_is_504_and_an_unknown_class_400(served):
-    body = {"model": MODEL, "prompt": "Hi", "max_tokens": 2000, "temperature": 0}
-    status, _, answer = raw(served, "POST", "/v1/completions", {**body, "ignore_eos": True},
-                            {"mcpd-timeout-ms": "1"})
+    body = {"model": MODEL, "prompt": "Hi", "max_tokens": 2000, "temperature": 0, "ignore_eos": True}
+    status, _, answer = raw(served, "POST", "/v1/completions", body, {"mcpd-timeout-ms": "1"})
     assert status == 504 and answer["error"]["code"] == "DEADLINE_EXCEEDED"
     status, _, answer = raw(served, "POST", "/v1/completions", body, {"mcpd-priority": "no-such-class"})
     assert status == 400 and "critical" in answer["error"]["message"]
@@ -189,7 +188,7 @@ def test_a_deadline_passed_is_504_and_an_unknown_class_400(served):
 
 def test_a_client_that_disconnects_cancels_its_request(served):
     host, port = served.base_url.removeprefix("http://").removesuffix("/v1").split(":")
-    body = json.dumps({"model": MODEL, "prompt": "Hi", "max_tokens": 2000, "stream": True}).encode()
+    body = json.dumps({"model": MODEL, "prompt": "Hi", "max_tokens": 2000, "ignore_eos": True, "stream": True}).encode()
     with socket.create_connection((host, int(port))) as sock:
         sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                      b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
@@ -197,11 +196,11 @@ def test_a_client_that_disconnects_cancels_its_request(served):
     served.wait_until(lambda: 'code="CANCELLED"' in scrape(served), 60, "the abandoned request cancelled")
 
 
-def scrape(daemon) -> str:
-    """The generate lines of the daemon's Prometheus endpoint."""
+def scrape(daemon, wanted: str = 'op="generate"') -> str:
+    """The lines of the daemon's Prometheus endpoint that hold `wanted`."""
     url = daemon.status()["metrics"]
     with urllib.request.urlopen(url, timeout=10) as response:
-        return "\n".join(line for line in response.read().decode().splitlines() if 'op="generate"' in line)
+        return "\n".join(line for line in response.read().decode().splitlines() if wanted in line)
 
 
 def test_curl_reads_the_event_stream(served):
@@ -220,6 +219,17 @@ def test_status_shows_the_listener_and_metrics_count_its_requests(served):
     assert status["http"]["responses"]["200"] >= 1
     assert "http: http://" in served.mcpctl("status").stdout
     assert status["requests"]["latency"]["generate"]["count"] >= 1
+    assert 'mcpd_http_responses_total{status="200"}' in scrape(served, "mcpd_http_responses_total")
+
+
+def test_a_draining_daemon_answers_503_and_takes_work_again_after_resume(served, sdk):
+    assert served.mcpctl("drain").returncode == 0
+    try:
+        status, _, answer = raw(served, "POST", "/v1/chat/completions", chat_body())
+        assert status == 503 and answer["error"]["code"] == "UNAVAILABLE"
+    finally:
+        assert served.mcpctl("resume").returncode == 0
+    assert sdk.chat.completions.create(**chat_body()).usage.completion_tokens == 4
 
 
 # -- contexts ------------------------------------------------------------------------------------

@@ -14,9 +14,10 @@ def test_a_chat_body_becomes_generate_args():
                                                                                           {"type": "text", "text": "b"}]}],
                                 "max_completion_tokens": 3, "max_tokens": 9, "temperature": 0, "top_p": 0.5,
                                 "seed": -1, "stop": "x", "stream": True, "stream_options": {"include_usage": True},
-                                "presence_penalty": 0, "whatever": [1]}, 2048)
+                                "presence_penalty": 0, "whatever": [1], "top_k": 5, "ignore_eos": True}, 2048)
     assert done.args == {"messages": [{"role": "user", "content": "ab"}], "max_tokens": 3, "stream": True,
-                         "logprobs": False, "temperature": 0, "top_p": 0.5, "seed": -1, "stop": ["x"]}
+                         "logprobs": False, "temperature": 0, "top_p": 0.5, "seed": -1, "stop": ["x"], "top_k": 5,
+                         "ignore_eos": True}
     assert done.stream and done.include_usage and done.model == "m"
 
 

@@ -1,2 +1,2 @@
-"""The OpenAI-compatible HTTP listener: a process of its own (`[http] listen`), a client of the
-front-end on client.ipc like any other. See server.py for why it is a process of its own."""
+"""The OpenAI-compatible HTTP listener (`[http] listen`), on the front-end's event loop; its
+requests enter the front-end like a ZeroMQ client's. server.py says why it lives there."""

@@ -90,9 +90,10 @@ def _completion(body: dict, args: dict, max_tokens: int, logprobs: bool) -> Comp
         value = _get(body, name, NUMBER)
         if value is not None:
             args[name] = value
-    seed = _get(body, "seed", int)
-    if seed is not None:
-        args["seed"] = seed
+    for name, kind in (("seed", int), ("top_k", int), ("ignore_eos", bool)):   # the last two: as vLLM's extras
+        value = _get(body, name, kind)
+        if value is not None:
+            args[name] = value
     stop = body.get("stop")
     if stop is not None:
         args["stop"] = _stop(stop)
