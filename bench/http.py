@@ -12,15 +12,21 @@
    /v1/chat/completions, as an OpenAI client does; every byte of the requests is counted as
    sent (request line, headers and body). context_bytes_ratio_vs_resend: resend bytes over
    context bytes (issue 17: >= 5).
+3. What the listener, on the front-end's loop, costs ZeroMQ clients: their 1-token p50 while
+   two closed-loop HTTP clients run against while two ZeroMQ clients send the same requests
+   (alternating rounds): zmq_p50_ratio_http_load_vs_zmq_load, 1 if HTTP costs the loop no more
+   than ZeroMQ traffic does.
 
 Ends with one JSON line. vLLM is not compared here (not installed on this machine).
 """
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import socket
 import statistics
+import threading
 import time
 
 import zmq
@@ -29,6 +35,8 @@ from mcpd.protocol import wire
 from mcpd.testing import Daemon, free_port
 
 WARM = 50
+ROUNDS = 3
+LOADERS = 2
 TURNS = 10
 MODEL = "mcpd-embedded-llama"
 USER_TURN = "Please summarise what we said so far and add one more idea about the weekend trip. " * 2
@@ -80,9 +88,7 @@ def http_request(conn: HttpSocket) -> float:
 def one_token(daemon: Daemon, port: int, count: int) -> dict:
     """Requests alternate one by one between the two paths, so a neighbour's burst on this
     shared machine lands on both alike."""
-    sock = zmq.Context.instance().socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(daemon.endpoint)
+    sock = zmq_socket(daemon)
     conn = HttpSocket(port)
     zmq_times, http_times = [], []
     for i in range(WARM + count):
@@ -95,6 +101,55 @@ def one_token(daemon: Daemon, port: int, count: int) -> dict:
           f"(+{(http_p50 - zmq_p50) * 1e6:.0f} us), {count} each, alternating")
     return {"zmq_p50_ms": round(zmq_p50 * 1e3, 3), "http_p50_ms": round(http_p50 * 1e3, 3),
             "http_p50_ratio_vs_zmq": round(http_p50 / zmq_p50, 3)}
+
+
+def zmq_socket(daemon: Daemon) -> zmq.Socket:
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(daemon.endpoint)
+    return sock
+
+
+def zmq_p50_beside(daemon: Daemon, port: int, count: int, load: str) -> float:
+    """ZeroMQ 1-token p50 while LOADERS closed-loop clients send the same request over `load`."""
+    stop = threading.Event()
+
+    def loader() -> None:   # each thread its own connection or socket
+        if load == "http":
+            conn = HttpSocket(port)
+            while not stop.is_set():
+                http_request(conn)
+        else:
+            sock = zmq_socket(daemon)
+            for request_id in itertools.count():
+                if stop.is_set():
+                    return
+                zmq_request(sock, request_id)
+    threads = [threading.Thread(target=loader) for _ in range(LOADERS)]
+    for thread in threads:
+        thread.start()
+    sock = zmq_socket(daemon)
+    try:
+        return statistics.median([zmq_request(sock, i) for i in range(count)])
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+
+
+def neighbour_cost(daemon: Daemon, port: int, count: int) -> dict:
+    """What HTTP traffic on the front-end's loop costs ZeroMQ clients: their p50 beside HTTP load
+    against beside the same load over ZeroMQ (alternating rounds)."""
+    beside = {"http": [], "zmq": []}
+    for _ in range(ROUNDS):
+        for load in beside:
+            beside[load].append(zmq_p50_beside(daemon, port, count, load))
+    http_load, zmq_load = statistics.median(beside["http"]), statistics.median(beside["zmq"])
+    print(f"ZeroMQ 1-token p50 beside {LOADERS} HTTP clients {http_load * 1e3:.3f} ms, beside {LOADERS} "
+          f"ZeroMQ clients {zmq_load * 1e3:.3f} ms")
+    return {"zmq_p50_ms_beside_http_load": round(http_load * 1e3, 3),
+            "zmq_p50_ms_beside_zmq_load": round(zmq_load * 1e3, 3),
+            "zmq_p50_ratio_http_load_vs_zmq_load": round(http_load / zmq_load, 3)}
 
 
 def chat_bytes(port: int, max_tokens: int) -> dict:
@@ -121,6 +176,7 @@ def main() -> None:
     try:
         figures = one_token(daemon, port, 500 if args.quick else 3000)
         figures.update(chat_bytes(port, 64))
+        figures.update(neighbour_cost(daemon, port, 150 if args.quick else 1000))
     finally:
         daemon.stop()
         daemon.cleanup()

@@ -23,7 +23,8 @@ from mcpd.security import keys
 
 def register(sub, common) -> None:
     """Add the `keys` command to mcpctl's subparsers."""
-    parser = sub.add_parser("keys", parents=[common], help="CURVE keys (generate, allow, revoke, list) and HTTP API keys (api-add, api-revoke)")
+    parser = sub.add_parser("keys", parents=[common],
+                            help="CURVE keys (generate, allow, revoke, list) and HTTP API keys (api-add, api-revoke)")
     commands = parser.add_subparsers(dest="keys_command", required=True)
     generate = commands.add_parser("generate", help="make a client key pair (no daemon needed)")
     generate.add_argument("name", help="the key's name: the tenant its holder will be")

@@ -81,9 +81,10 @@ class FrontEnd:
         self.metrics = RequestMetrics(config.scheduler.default_class)
         self.parent_pid = os.getppid()
         self.endpoints = self._endpoints()
-        # The OpenAI-compatible listener, on this loop (mcpd/http/server.py says why here).
-        self.local = FrontendLink(self.admit_local)
-        self.http = HttpListener(config, self.local, self.log) if config.http.listen else None
+        # The OpenAI-compatible listener, on this loop (mcpd/http/server.py says why here); its
+        # requests are admitted in memory and answered through self.local.
+        self.local = FrontendLink(self.admit_local) if config.http.listen else None
+        self.http = HttpListener(config, self.local, self.log) if self.local else None
 
     def _bind_clients(self) -> zmq.Socket:
         sock = self.context.socket(zmq.ROUTER)

@@ -2,8 +2,8 @@
 
 Why inside the front-end rather than a process of its own: measured side by side (bench/http.py,
 a 1-token request alternating with the same request over ZeroMQ), a listener process that was a
-client of client.ipc added about 0.4 ms to a 1 ms request (ratio 1.38): two more ZeroMQ hops,
-each waking an I/O thread and a process, most of it on a 2-core machine. In the front-end an
+client of client.ipc added about 0.4 ms to a 1 ms request (p50 ratio 1.36-1.41): two more
+ZeroMQ hops, each waking an I/O thread and a process; here it adds about 0.2 ms (1.14-1.23). In the front-end an
 HTTP request is admitted in memory by the same code as a ZeroMQ one (frontend_link.py), so
 limits, drain, priorities, metrics and cancellation apply to it alike, and only the HTTP work
 itself is added. The price: HTTP parsing and JSON share the front-end's loop with ZeroMQ
