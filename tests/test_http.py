@@ -320,3 +320,20 @@ def test_a_non_loopback_listen_without_keys_refuses_to_start(fresh_daemon):
     daemon.start(wait=False)
     assert daemon.process.wait(120) == 2
     assert "no API key" in daemon.log()
+
+
+def test_a_rate_limited_request_gets_429_with_retry_after(fresh_daemon):
+    daemon = fresh_daemon(started=False, http={"listen": f"127.0.0.1:{free_port()}"},
+                          scheduler={"default_class": "metered"})
+    with open(daemon.config_path, "a") as config:   # the one class: one request through, the next ~1000 s later
+        config.write("[scheduler.classes.metered]\nrank = 9\nrate = 0.001\nburst = 1\n")
+    daemon.start()
+    daemon.base_url = f"http://{daemon.control('config')['config']['http']['listen']}/v1"
+    metered = {"mcpd-priority": "metered"}
+    assert raw(daemon, "POST", "/v1/chat/completions", chat_body(), metered)[0] == 200
+    status, headers, answer = raw(daemon, "POST", "/v1/chat/completions", chat_body(), metered)
+    assert status == 429 and answer["error"]["code"] == "RATE_LIMITED" and answer["error"]["type"] == "rate_limit_error"
+    assert int(headers["Retry-After"]) >= 1
+    with openai.OpenAI(base_url=daemon.base_url, api_key="unused", max_retries=0,
+                       default_headers=metered) as client, pytest.raises(openai.RateLimitError):
+        client.chat.completions.create(**chat_body())
