@@ -121,6 +121,7 @@ def test_logprobs_come_with_token_ids(sdk):
 @pytest.mark.parametrize("body, param", [
     (chat_body(n=2), "n"),
     (chat_body(max_tokens="4"), "max_tokens"),
+    (chat_body(max_tokens=4.0), "max_tokens"),
     (chat_body(temperature=True), "temperature"),
     (chat_body(messages="hi"), "messages"),
     (chat_body(messages=[]), "messages"),
@@ -139,9 +140,10 @@ def test_unknown_fields_are_ignored(served):
     assert status == 200 and answer["usage"]["completion_tokens"] == 4
 
 
-def test_the_daemons_range_checks_come_back_as_400(sdk):
+@pytest.mark.parametrize("field", [{"max_tokens": 10 ** 6}, {"max_tokens": 0}, {"temperature": -1}, {"top_p": 0}])
+def test_the_daemons_range_checks_come_back_as_400(sdk, field):
     with pytest.raises(openai.BadRequestError) as raised:
-        sdk.chat.completions.create(**chat_body(max_tokens=10 ** 6))
+        sdk.chat.completions.create(**chat_body(**field))
     assert raised.value.code == "BAD_REQUEST"
 
 

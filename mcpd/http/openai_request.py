@@ -23,7 +23,6 @@ class Completion:
     args: dict                    # generate's args, stream included
     stream: bool = False
     include_usage: bool = False
-    logprobs: bool = False
 
 
 def parse_json(body: bytes) -> dict:
@@ -48,7 +47,7 @@ def chat(body: dict, default_max_tokens: int) -> Completion:
     if _get(body, "top_logprobs", int):
         raise bad_request("'top_logprobs' is not supported (the engine reports only the chosen token's)",
                           "top_logprobs")
-    return _completion(body, args, max_tokens or default_max_tokens, logprobs)
+    return _completion(body, args, default_max_tokens if max_tokens is None else max_tokens, logprobs)
 
 
 def completion(body: dict, default_max_tokens: int) -> Completion:
@@ -68,7 +67,8 @@ def completion(body: dict, default_max_tokens: int) -> Completion:
     logprobs = _get(body, "logprobs", int)
     if logprobs:
         raise bad_request("'logprobs' > 0 (top alternatives) is not supported; 0 gives the chosen tokens'", "logprobs")
-    return _completion(body, args, _get(body, "max_tokens", int) or 16, logprobs == 0)
+    max_tokens = _get(body, "max_tokens", int)
+    return _completion(body, args, 16 if max_tokens is None else max_tokens, logprobs == 0)
 
 
 def _completion(body: dict, args: dict, max_tokens: int, logprobs: bool) -> Completion:
@@ -97,7 +97,7 @@ def _completion(body: dict, args: dict, max_tokens: int, logprobs: bool) -> Comp
     stop = body.get("stop")
     if stop is not None:
         args["stop"] = _stop(stop)
-    return Completion(model, args, stream, include_usage, logprobs)
+    return Completion(model, args, stream, include_usage)
 
 
 def _refuse_unsupported(body: dict) -> None:
