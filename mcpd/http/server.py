@@ -1,6 +1,6 @@
 """The HTTP listener (`[http] listen`): aiohttp on the front-end's event loop.
 
-Why inside the front-end rather than a process of its own: measured side by side (bench/http.py,
+Why inside the front-end rather than a process of its own: measured side by side (bench/http_listener.py,
 a 1-token request alternating with the same request over ZeroMQ), a listener process that was a
 client of client.ipc added about 0.4 ms to a 1 ms request (p50 ratio 1.36-1.41): two more
 ZeroMQ hops, each waking an I/O thread and a process; here it adds about 0.2 ms (1.14-1.23). In the front-end an

@@ -1,6 +1,6 @@
 """The HTTP listener against the ZeroMQ path, side by side on one daemon in the same run.
 
-    python bench/http.py [--quick]
+    python bench/http_listener.py [--quick]
 
 1. A 1-token request (prompt token [1], max_tokens 1, greedy) sent one after another,
    alternating request by request: over ZeroMQ (a raw pyzmq DEALER on the tcp endpoint, `generate`) and over
