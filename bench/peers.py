@@ -1,7 +1,7 @@
 """mcpd against the servers people would pick instead (vLLM, llama.cpp), side by side, one checkpoint.
 
     .venv/bin/python bench/peers.py --setup        # once, outside CI: peer venvs, vocab, GGUFs (niced)
-    .venv/bin/python bench/peers.py [--quick] [--dtype float32|bfloat16] [--rounds 5] [--cache-dir DIR]
+    .venv/bin/python bench/peers.py [--quick] [--http] [--dtype float32|bfloat16] [--rounds 5] [--cache-dir DIR]
 
 Every system serves the same random Llama-style checkpoint (bench/peerkit/checkpoints.py: 55.3M parameters,
 Llama-2 vocabulary) on 127.0.0.1: mcpd through the real daemon and its native client, the peers
@@ -28,7 +28,10 @@ large matrix product. The per-token work is counted over the weights every token
   w1_decode_roofline_frac     = W1 decode tok/s * those weights' bytes / read bandwidth
   w2_32_compute_roofline_frac = W2-32 tok/s * 2 FLOPs per such weight / matmul rate
 
-`--quick` runs mcpd and the roofline alone, one round (under a minute once the checkpoint is
+`--http` adds the system "mcpd-http": the same daemon through its OpenAI-compatible listener with
+the peers' requests, W3 on a daemon-side context (/v1/contexts/{id}/chat/completions, only each
+turn's message sent); with vLLM beside it the JSON gains `http_<figure>_ratio_vs_vllm` for W2-8,
+W2-32 and W3 (issue 17; > 1: mcpd over HTTP leads). `--quick` runs mcpd (and mcpd-http) and the roofline alone, one round (under a minute once the checkpoint is
 built). The last line is one JSON object: mcpd's figures at the top level, every system's under
 "systems", and, when peers ran, `<figure>_ratio_vs_best_peer`, where > 1 always means mcpd leads:
 mcpd / best peer for rates (tok/s, req/s, fractions) and best peer / mcpd for times (ms).
@@ -51,7 +54,7 @@ import torch
 import roofline
 from mcpd.tokenizer import HFTokenizer
 from peerkit import checkpoints, servers as peer_servers
-from peerkit.clients import HttpTarget, McpdTarget
+from peerkit.clients import HttpTarget, McpdHttpTarget, McpdTarget
 
 W1_PROMPT_TOKENS = 128
 W1_MAX_TOKENS = 128
@@ -65,6 +68,7 @@ WORDS = ("the of and to in is that for it as was with be by on not he this are o
          "will more can out some time into two other then what them only new about could these "
          "any like our made first over may after years through where most way well down should").split()
 # figure: True when higher is better. The order is the table's.
+OURS = ("mcpd", "mcpd-http")   # mcpd's own systems: never a peer
 FIGURES = {"w1_decode_tok_s": True, "w1_ttft_ms": False, "w2_8_tok_s": True, "w2_32_tok_s": True,
            "w3_turn10_ttft_ms": False, "w4_req_s": True, "w1_busy_decode_tok_s": True,
            "contention_keep_frac": True, "w1_decode_roofline_frac": True, "w2_32_compute_roofline_frac": True}
@@ -218,7 +222,7 @@ def derived(figures: dict, limits: dict) -> dict:
 def ratios_vs_best_peer(systems: dict[str, dict]) -> dict:
     """`<figure>_ratio_vs_best_peer`: > 1 means mcpd leads. Rates: mcpd / the best peer's;
     times: the best peer's / mcpd's. Also which peer was best at each."""
-    peers = {name: figures for name, figures in systems.items() if name != "mcpd"}
+    peers = {name: figures for name, figures in systems.items() if name not in OURS}
     out, best_peer = {}, {}
     if not peers:
         return out
@@ -230,6 +234,17 @@ def ratios_vs_best_peer(systems: dict[str, dict]) -> dict:
         best_peer[figure] = best
     out["best_peer"] = best_peer
     return out
+
+
+def http_ratios_vs_vllm(systems: dict[str, dict]) -> dict:
+    """Issue 17: mcpd over HTTP against vLLM's OpenAI server on W2 and W3 (> 1: mcpd-http leads),
+    `http_<figure>_ratio_vs_vllm`, when both ran."""
+    if "mcpd-http" not in systems or "vllm" not in systems:
+        return {}
+    ours, theirs = systems["mcpd-http"], systems["vllm"]
+    return {f"http_{figure}_ratio_vs_vllm": round(ours[figure] / theirs[figure] if FIGURES[figure]
+                                                  else theirs[figure] / ours[figure], 3)
+            for figure in ("w2_8_tok_s", "w2_32_tok_s", "w3_turn10_ttft_ms")}
 
 
 def table(systems: dict[str, dict], spreads: dict[str, dict], ratios: dict) -> str:
@@ -267,7 +282,10 @@ def start_systems(args, checkpoint_dir: Path) -> tuple[dict, dict, dict]:
         missing[peer] = reason
         print(f"{peer}: missing: {reason}", flush=True)
     servers["mcpd"] = peer_servers.McpdServer(checkpoint_dir, args.dtype).start()
-    targets = {"mcpd": McpdTarget(servers["mcpd"].endpoint), **targets}
+    ours = {"mcpd": McpdTarget(servers["mcpd"].endpoint)}
+    if args.http:
+        ours["mcpd-http"] = McpdHttpTarget(servers["mcpd"].http_port)
+    targets = {**ours, **targets}
     return servers, targets, missing
 
 
@@ -315,6 +333,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     parser.add_argument("--peers", default=",".join(peer_servers.PEERS), help="comma-separated subset to run")
+    parser.add_argument("--http", action="store_true", help="also mcpd over its OpenAI-compatible HTTP listener "
+                                                           "(system mcpd-http; W3 on a context)")
     parser.add_argument("--cache-dir", type=Path, default=checkpoints.DEFAULT_CACHE)
     args = parser.parse_args()
     args.peers = [p for p in args.peers.split(",") if p]
@@ -371,10 +391,11 @@ def report(args, result: Run, vocab: str) -> None:
     print(f"greedy text identical to mcpd's on a probe: {same_text}")
     for peer, reason in result.missing.items():
         print(f"{peer} did not run: {reason}")
-    versions = {peer: peer_servers.version(args.cache_dir, peer) for peer in systems if peer != "mcpd"}
+    versions = {peer: peer_servers.version(args.cache_dir, peer) for peer in systems if peer not in OURS}
     print(json.dumps({
         **{k: round(v, 4) for k, v in systems["mcpd"].items()},
         **{k: (round(v, 3) if isinstance(v, float) else v) for k, v in ratios.items()},
+        **http_ratios_vs_vllm(systems),
         "systems": {name: {k: round(v, 4) for k, v in figures.items()} for name, figures in systems.items()},
         "spread": {name: {k: round(v, 3) for k, v in s.items()} for name, s in result.spreads.items()},
         "roofline": {"read_gbps": round(limits["read_gbps"], 1), "matmul_gflops": round(limits["matmul_gflops"], 1),

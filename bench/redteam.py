@@ -45,11 +45,12 @@ from mcpd.raw_zmtp import RawPeer
 from mcpd.daemon.gate import CLIENT_IPC_MODE
 from mcpd.security.keys import generate, read_public
 from mcpd.sockets import client_endpoint
-from mcpd.testing import Daemon
+from mcpd.testing import Daemon, free_port
 
 MiB = 1 << 20
 ATTACK_LIMIT_S = 180
 SHARED_LIMITS = {"max_message_bytes": 8 * MiB, "max_incoming_bytes": 32 * MiB}
+SHARED_HTTP = {"max_body_bytes": MiB, "body_timeout_s": 2.0, "keepalive_timeout_s": 5.0}
 
 
 @dataclass
@@ -71,7 +72,7 @@ class Run:
 
     def shared(self) -> Daemon:
         if self._shared is None:
-            self._shared = Daemon(limits=SHARED_LIMITS).start()
+            self._shared = Daemon(limits=SHARED_LIMITS, http={"listen": f"127.0.0.1:{free_port()}", **SHARED_HTTP}).start()
         return self._shared
 
     def daemon(self, wait: bool = True, **sections) -> Daemon:
@@ -771,6 +772,157 @@ def attack_cross_tenant(run: Run) -> Outcome:
     return Outcome(held, {**seen, "intact": intact})
 
 
+# -- the HTTP listener (issue 17) ----------------------------------------------------------------
+
+def http_port(d: Daemon) -> int:
+    return int(d.control("config")["config"]["http"]["listen"].rpartition(":")[2])
+
+
+def http_exchange(port: int, data: bytes, timeout_s: float = 30, pause_s: float = 0, slow_from: int = 0) -> bytes:
+    """Send raw bytes (from `slow_from` on a byte at a time, `pause_s` apart, when pausing) and
+    read the answer's status line; b"closed" if the server closed without one."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as sock:
+        try:
+            sock.sendall(data[:slow_from] if pause_s else data)
+            for i in range(slow_from, len(data) if pause_s else 0):
+                sock.sendall(data[i:i + 1])
+                time.sleep(pause_s)
+        except OSError:
+            pass   # the server answered and closed: its answer may be waiting
+        try:
+            return sock.recv(4096).split(b"\r\n", 1)[0] or b"closed"
+        except OSError:
+            return b"closed"
+
+
+def http_post(path: str, body: bytes, extra: bytes = b"") -> bytes:
+    return (b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n%sContent-Length: %d\r\n\r\n%s"
+            % (path.encode(), extra, len(body), body))
+
+
+def http_still_serves(port: int) -> bool:
+    body = json.dumps({"model": "mcpd-embedded-llama", "prompt": "Hi", "max_tokens": 2}).encode()
+    return http_exchange(port, http_post("/v1/completions", body)).startswith(b"HTTP/1.1 200")
+
+
+def attack_http_oversized_bodies(run: Run) -> Outcome:
+    """A 1 GiB Content-Length, and a chunked body that never stops: 413 before they are held."""
+    d = run.shared()
+    port, limit = http_port(d), SHARED_HTTP["max_body_bytes"]
+    memory = PeakMemory(d.pid_of("frontend"))
+    declared = http_exchange(port, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n{"
+                             % (1 << 30))
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+        try:
+            for _ in range(4 * limit // 65536 + 1 if run.quick else 64 * limit // 65536):
+                sock.sendall(b"10000\r\n" + b"z" * 65536 + b"\r\n")
+        except OSError:
+            pass   # the server answered and stopped reading
+        chunked = sock.recv(4096).split(b"\r\n", 1)[0]
+    growth = memory.growth_mib()
+    held = b" 413 " in declared and b" 413 " in chunked and growth <= 2 * limit / MiB + 16 and http_still_serves(port)
+    return Outcome(held, {"declared_1gib": declared.decode(), "chunked": chunked.decode(), "frontend_rss_growth_mib": growth})
+
+
+def attack_http_slow_bodies(run: Run) -> Outcome:
+    """Sixteen clients trickle their bodies a byte at a time (each gets 408 after
+    http.body_timeout_s) and sixteen their headers (closed after http.keepalive_timeout_s); a
+    normal client is served meanwhile."""
+    d = run.shared()
+    port = http_port(d)
+    answers: dict[str, list[bytes]] = {"body": [], "headers": []}
+    request = http_post("/v1/completions", json.dumps({"model": "mcpd-embedded-llama", "prompt": "Hi"}).encode())
+    body_from = request.index(b"\r\n\r\n") + 4
+
+    def slow(part: str, slow_from: int) -> None:
+        answers[part].append(http_exchange(port, request, pause_s=0.25, slow_from=slow_from))
+    threads = [threading.Thread(target=slow, args=(part, start)) for part, start in (("body", body_from), ("headers", 0))
+               for _ in range(16)]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.5)
+    started = time.monotonic()
+    served = http_still_serves(port)
+    served_s = round(time.monotonic() - started, 3)
+    for thread in threads:
+        thread.join(60)
+    timed_out = sum(answer.startswith(b"HTTP/1.1 408") for answer in answers["body"])
+    closed = sum(answer == b"closed" for answer in answers["headers"])
+    return Outcome(served and timed_out == 16 and closed == 16,
+                   {"slow_bodies_answered_408": timed_out, "slow_headers_closed": closed, "of_each": 16,
+                    "normal_request_s": served_s})
+
+
+BAD_BODIES = [b"{", b"[1, 2]", b"null", b"\xff\xfe", b"[" * 100000, b'{"model": ' + b"1" * 5000 + b"}",
+              b'{"model": "mcpd-embedded-llama", "prompt": "\\ud800"}',
+              b'{"model": "mcpd-embedded-llama", "prompt": "x", "seed": 1' + b"0" * 30 + b"}",
+              b'{"model": "mcpd-embedded-llama", "prompt": "x", "temperature": 1e999}',
+              b'{"model": "mcpd-embedded-llama", "messages": [{"role": "user", "content": {"a": 1}}]}',
+              b'{"model": "mcpd-embedded-llama", "prompt": "x", "max_tokens": -1}']
+
+
+def attack_http_bad_json(run: Run) -> Outcome:
+    """Bodies that are not JSON, nested too deep, ints past Python's digit limit, lone surrogates,
+    numbers msgpack cannot carry, wrong types: every one a 400 in OpenAI's shape, none a 500."""
+    d = run.shared()
+    port = http_port(d)
+    statuses = Counter()
+    for body in BAD_BODIES:
+        for path in ("/v1/completions", "/v1/chat/completions"):
+            statuses[http_exchange(port, http_post(path, body)).decode(errors="replace")] += 1
+    held = set(statuses) == {"HTTP/1.1 400 Bad Request"} and http_still_serves(port)
+    return Outcome(held, {"answers": dict(statuses)})
+
+
+def attack_http_header_flood(run: Run) -> Outcome:
+    """10,000 headers; one header of 1 MiB; a request line of 1 MiB: refused by the parser."""
+    d = run.shared()
+    port = http_port(d)
+    memory = PeakMemory(d.pid_of("frontend"))
+    many = b"".join(b"X-H%d: %s\r\n" % (i, b"a" * 90) for i in range(10000))
+    answers = {"many_headers": http_exchange(port, b"GET /v1/models HTTP/1.1\r\nHost: x\r\n" + many + b"\r\n"),
+               "huge_header": http_exchange(port, b"GET /v1/models HTTP/1.1\r\nX-Big: " + b"b" * MiB + b"\r\n\r\n"),
+               "huge_line": http_exchange(port, b"GET /" + b"c" * MiB + b" HTTP/1.1\r\nHost: x\r\n\r\n")}
+    growth = memory.growth_mib()
+    refused = all(a.startswith(b"HTTP/1.0 400") or a.startswith(b"HTTP/1.1 400") or a == b"closed" for a in answers.values())
+    return Outcome(refused and growth <= 32 and http_still_serves(port),
+                   {**{k: v.decode(errors="replace") for k, v in answers.items()}, "frontend_rss_growth_mib": growth})
+
+
+def attack_http_idle_connections(run: Run) -> Outcome:
+    """Hundreds of connections that send nothing, and as many left idle after one request: a
+    normal client is still served, and idle keep-alive ones are closed after keepalive_timeout_s."""
+    d = run.shared()
+    port = http_port(d)
+    count = 200 if run.quick else 800
+    silent = [socket.create_connection(("127.0.0.1", port)) for _ in range(count)]
+    body = json.dumps({"model": "mcpd-embedded-llama", "prompt": "x", "max_tokens": 1}).encode()
+    idle = []
+    for _ in range(count):
+        sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+        sock.sendall(http_post("/v1/completions", body))
+        sock.recv(4096)
+        idle.append(sock)
+    served = http_still_serves(port)
+    fds_open = len(os.listdir(f"/proc/{d.pid_of('frontend')}/fd"))
+    time.sleep(SHARED_HTTP["keepalive_timeout_s"] + 2)
+    closed = Counter()
+    for name, socks in (("silent", silent), ("idle", idle)):
+        for sock in socks:
+            sock.settimeout(0.5)
+            try:
+                closed[name] += sock.recv(1) == b""
+            except OSError:
+                pass
+    fds_after = len(os.listdir(f"/proc/{d.pid_of('frontend')}/fd"))
+    for sock in silent + idle:
+        sock.close()
+    return Outcome(served and closed["silent"] == closed["idle"] == count and http_still_serves(port),
+                   {"silent": count, "idle_after_a_request": count, "closed_by_server": dict(closed),
+                    "frontend_fds_open": fds_open, "frontend_fds_after_keepalive_timeout": fds_after})
+
+
 # -- earlier sets: faults -------------------------------------------------------------------------
 
 def attack_kill_worker(run: Run) -> Outcome:
@@ -852,7 +1004,10 @@ ATTACKS = {
     "garbage_frames": attack_garbage_frames, "msgpack_abuse": attack_msgpack_abuse,
     "zstd_bombs": attack_zstd_bombs, "cross_tenant": attack_cross_tenant,
     "frontend_huge_message": attack_frontend_huge_message, "frontend_slow_senders": attack_frontend_slow_senders,
-    "slow_consumer": attack_slow_consumer, "many_fields": attack_many_fields, "poison_request": attack_poison_request,
+    "slow_consumer": attack_slow_consumer, "many_fields": attack_many_fields,
+    "http_oversized_bodies": attack_http_oversized_bodies, "http_slow_bodies": attack_http_slow_bodies,
+    "http_bad_json": attack_http_bad_json, "http_header_flood": attack_http_header_flood,
+    "http_idle_connections": attack_http_idle_connections, "poison_request": attack_poison_request,
     # their own daemons
     "priority_inversion": attack_priority_inversion, "cache_filling": attack_cache_filling,
     "damaged_journal": attack_damaged_journal, "damaged_snapshot": attack_damaged_snapshot,
@@ -863,7 +1018,8 @@ ATTACKS = {
     "kill_worker": attack_kill_worker, "kill_scheduler": attack_kill_scheduler, "kill_supervisor": attack_kill_supervisor,
 }
 QUICK = ("garbage_frames", "msgpack_abuse", "zstd_bombs", "cross_tenant", "frontend_huge_message",
-         "frontend_slow_senders", "slow_consumer", "many_fields", "poison_request", "mcpctl_version")
+         "frontend_slow_senders", "slow_consumer", "many_fields", "http_oversized_bodies", "http_slow_bodies",
+         "http_bad_json", "http_header_flood", "http_idle_connections", "poison_request", "mcpctl_version")
 
 
 def run_one(run: Run, attack) -> Outcome:

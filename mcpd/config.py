@@ -231,6 +231,14 @@ class PersistenceConfig:
             raise ConfigError("persistence.fsync_interval_s and compact_after_bytes must be positive")
 
 
+def _listen_host(key: str, listen: str, example: str) -> str:
+    """The host of a host:port listen address; ConfigError naming `key` if it is not one."""
+    host, _, port = listen.rpartition(":")
+    if not host or not port.isdigit() or int(port) > 65535:
+        raise ConfigError(f"{key} = {listen!r}: use host:port, e.g. {example}")
+    return host
+
+
 @dataclass(frozen=True)
 class MetricsConfig:
     listen: str = ""                   # host:port of the Prometheus endpoint; "" = off
@@ -239,12 +247,47 @@ class MetricsConfig:
     def check(self) -> None:
         if not self.listen:
             return
-        host, _, port = self.listen.rpartition(":")
-        if not host or not port.isdigit() or int(port) > 65535:
-            raise ConfigError(f"metrics.listen = {self.listen!r}: use host:port, e.g. 127.0.0.1:9464")
+        host = _listen_host("metrics.listen", self.listen, "127.0.0.1:9464")
         if not self.allow_remote and host.strip("[]") not in ("127.0.0.1", "::1", "localhost"):
             raise ConfigError(f"metrics.listen = {self.listen!r}: not a loopback address; "
                               "set metrics.allow_remote = true to expose metrics beyond this host")
+
+
+@dataclass(frozen=True)
+class HttpConfig:
+    """The OpenAI-compatible HTTP listener (mcpd/http/), in the front-end when listen is set."""
+    listen: str = ""                   # host:port; "" = off
+    auth: str = "auto"                 # auto (API keys unless listen is loopback and CURVE off), on, off
+    max_body_bytes: int = 4 << 20      # a request body over this: 413 before anything is parsed
+    body_timeout_s: float = 30.0       # a body still arriving after this: 408 (slow senders)
+    keepalive_timeout_s: float = 15.0  # an idle keep-alive connection is closed after this
+    model_name: str = ""               # the id /v1/models shows; "" = the model's own name
+
+    def check(self) -> None:
+        if not self.listen:
+            return
+        _listen_host("http.listen", self.listen, "127.0.0.1:8000")
+        if self.auth not in ("auto", "on", "off"):
+            raise ConfigError(f"http.auth = {self.auth!r}: use auto, on or off")
+        if self.auth == "off" and not self.loopback:
+            raise ConfigError(f"http.listen = {self.listen!r} is not a loopback address and http.auth = 'off': "
+                              "anyone who can reach it could use the daemon. Use http.auth = 'auto' or 'on' "
+                              "with keys from `mcpctl keys api-add`, or bind loopback")
+        if self.max_body_bytes < 1:
+            raise ConfigError(f"http.max_body_bytes = {self.max_body_bytes}: must be >= 1")
+        for key in ("body_timeout_s", "keepalive_timeout_s"):
+            if getattr(self, key) <= 0:
+                raise ConfigError(f"http.{key} = {getattr(self, key)}: must be > 0")
+
+    @property
+    def loopback(self) -> bool:
+        return is_loopback(f"tcp://{self.listen}")
+
+    def auth_on(self, curve: bool) -> bool:
+        """Whether every request needs an API key (and the key names its tenant). auto: yes
+        beyond loopback, and wherever ZeroMQ clients authenticate (CURVE on): HTTP must not be
+        the door where a local user names any tenant."""
+        return self.auth == "on" or (self.auth == "auto" and (curve or not self.loopback))
 
 
 @dataclass(frozen=True)
@@ -303,6 +346,7 @@ class Config:
     supervisor: SupervisorConfig = field(default_factory=SupervisorConfig)
     persistence: PersistenceConfig = field(default_factory=PersistenceConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    http: HttpConfig = field(default_factory=HttpConfig)
     security: SecurityConfig = field(default_factory=SecurityConfig)
 
     @property
@@ -318,6 +362,11 @@ class Config:
     @property
     def keys_dir(self) -> Path:
         return Path(self.security.keys_dir) if self.security.keys_dir else self.state_dir / "keys"
+
+    @property
+    def http_auth(self) -> bool:
+        """Whether the HTTP listener requires API keys (HttpConfig.auth_on)."""
+        return self.http.auth_on(self.curve)
 
     @property
     def curve(self) -> bool:

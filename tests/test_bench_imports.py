@@ -28,3 +28,10 @@ def test_what_a_benchmark_imports_from_mcpd_exists(script):
         imported = importlib.import_module(module)
         if name is not None and not hasattr(imported, name):
             importlib.import_module(f"{module}.{name}")   # a submodule, or ModuleNotFoundError
+
+
+def test_no_benchmark_hides_a_standard_library_module():
+    """A script runs with bench/ first on sys.path: bench/http.py would hide the standard library's
+    `http` from every benchmark (torch imports http.client) and break them all."""
+    import sys
+    assert sorted(p.stem for p in BENCH.glob("*.py") if p.stem in sys.stdlib_module_names) == []

@@ -1,5 +1,6 @@
-"""How the peers benchmark talks to each system: mcpd through its native client, the peers through
-their OpenAI-compatible HTTP APIs (http.client from the standard library: no dependency the
+"""How the peers benchmark talks to each system: mcpd through its native client (and, as the system
+"mcpd-http", through its own OpenAI-compatible listener), the peers through their OpenAI-compatible
+HTTP APIs (http.client from the standard library: no dependency the
 project lacks). Every request is greedy with EOS ignored; each thread has its own connection.
 """
 from __future__ import annotations
@@ -161,3 +162,26 @@ class HttpTarget:
                 self.local.last_usage = event["usage"]
             if event.get("choices"):
                 yield time.perf_counter()
+
+
+class McpdHttpTarget(HttpTarget):
+    """mcpd through its OpenAI-compatible listener (issue 17): the peers' requests, but a chat on a
+    daemon-side context (/v1/contexts/{id}/chat/completions) sending only each turn's message."""
+
+    def __init__(self, port: int):
+        super().__init__("mcpd-http", port)
+        self.no_eos = lambda n: {"ignore_eos": True}
+        self.chats = itertools.count()
+
+    def chat_last_turn_ttft(self, turns: list[str], max_tokens: int) -> tuple[float, int]:
+        path = f"/v1/contexts/chat-{os.getpid()}-{next(self.chats)}/chat/completions"
+        for text in turns[:-1]:
+            self._post(path, self._body(messages=[{"role": "user", "content": text}], max_tokens=max_tokens))
+        started = time.perf_counter()
+        events = self._post_stream(path, self._body(messages=[{"role": "user", "content": turns[-1]}],
+                                                    max_tokens=max_tokens, stream=True,
+                                                    stream_options={"include_usage": True}))
+        first = next(events) - started
+        for _ in events:
+            pass
+        return first, self.local.last_usage.get("prompt_tokens", 0)

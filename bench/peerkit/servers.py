@@ -198,8 +198,11 @@ class McpdServer:
     name = "mcpd"
 
     def __init__(self, checkpoint_dir: Path, dtype: str):
+        # Its OpenAI-compatible listener too, under the peers' model name: the "mcpd-http" system.
+        self.http_port = free_port()
         self.daemon = Daemon(model={"path": str(checkpoint_dir), "dtype": dtype, "max_model_len": MAX_MODEL_LEN},
-                             workers={"count": 1, "device": "cpu"}, engine={"pool_bytes": 512 << 20})
+                             workers={"count": 1, "device": "cpu"}, engine={"pool_bytes": 512 << 20},
+                             http={"listen": f"127.0.0.1:{self.http_port}", "model_name": MODEL_NAME})
         self.endpoint = self.daemon.endpoint
 
     def start(self) -> "McpdServer":

@@ -45,6 +45,10 @@ def render_status(status: dict) -> str:
              f"endpoints: {', '.join(status['endpoints'])}"]
     if status.get("metrics"):
         lines.append(f"metrics: {status['metrics']}")
+    http = status.get("http", {})
+    if http.get("enabled"):
+        lines.append(f"http: {http['url'] or '(starting)'}  auth {'on' if http['auth'] else 'off'}  "
+                     f"in flight {http['inflight']}")
     lines += ["", table(["ROLE", "INDEX", "PID", "STATE", "UPTIME", "RESTARTS", "LAST EXIT"],
                         [[p["role"], p["index"], p["pid"] or "-", p["state"], f"{p['uptime_s']:.0f}s",
                           p["restarts"], p["last_exit"] or "-"] for p in status["processes"]]), ""]

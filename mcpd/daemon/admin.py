@@ -109,6 +109,12 @@ class Admin:
     def keys_list(self, _call) -> dict:
         return key_ops.list_keys(self.supervisor.keys, self.supervisor.config.curve)
 
+    def keys_api_add(self, call: ControlCall) -> dict:
+        return key_ops.api_add(self.supervisor.keys, call.args["name"])
+
+    def keys_api_revoke(self, call: ControlCall) -> dict:
+        return key_ops.api_revoke(self.supervisor.keys, call.args["name"])
+
     def keys_allow(self, call: ControlCall) -> dict:
         return key_ops.allow(self.supervisor.keys, call.args["name"], call.args["public_key"])
 

@@ -25,6 +25,7 @@ class FrontendStats(msgspec.Struct, frozen=True, kw_only=True, tag="frontend"):
     metrics: dict = {}              # RequestMetrics.snapshot(): counters and histograms
     backlog: dict = {}              # Outbox.stats()
     incoming: dict = {}             # IncomingBytes.stats()
+    http: dict = {}                 # HttpListener.stats(); empty when it is off
 
 
 class SchedulerStats(msgspec.Struct, frozen=True, kw_only=True, tag="scheduler"):

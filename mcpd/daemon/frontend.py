@@ -34,6 +34,8 @@ from mcpd.daemon.request_metrics import RequestMetrics
 from mcpd.protocol import codes, ops, wire
 from mcpd.protocol.codes import MCPDError
 from mcpd.daemon.gate import Gate
+from mcpd.http.frontend_link import LOCAL_IDENTITY, FrontendLink
+from mcpd.http.server import HttpListener
 
 STATS_INTERVAL_S = 0.5
 GUARD_S = 0.02   # how often the backlogs are retried and the unfinished messages checked
@@ -80,6 +82,10 @@ class FrontEnd:
         self.metrics = RequestMetrics(config.scheduler.default_class)
         self.parent_pid = os.getppid()
         self.endpoints = self._endpoints()
+        # The OpenAI-compatible listener, on this loop (mcpd/http/server.py says why here); its
+        # requests are admitted in memory and answered through self.local.
+        self.local = FrontendLink(self.admit_local) if config.http.listen else None
+        self.http = HttpListener(config, self.local, self.log) if self.local else None
 
     def _bind_clients(self) -> zmq.Socket:
         sock = self.context.socket(zmq.ROUTER)
@@ -103,11 +109,15 @@ class FrontEnd:
         for sock in (self.clients, self.from_scheduler, self.connections, *self.gate.sockets):
             loop.add_reader(sock.getsockopt(zmq.FD), self._pump)
         loop.add_signal_handler(signal.SIGTERM, self._stop)
+        if self.http is not None:
+            await self.http.start()
         self.events.send(messages.Ready)
         self.log.info("serving on %s", ", ".join(self.endpoints))
         loop.call_soon(self._tick)
         loop.call_soon(self._guard)
         await self.stopped
+        if self.http is not None:
+            await self.http.stop()
 
     def _pump(self) -> None:
         # zmq's FD is edge-triggered: keep going until both sockets report nothing left. Clients
@@ -252,6 +262,15 @@ class FrontEnd:
         self.metrics.started(rid, request.op, admitted.priority, admitted.tenant)
         self._to_scheduler(messages.encode(admitted, *request.payload))
 
+    def admit_local(self, frame: bytes) -> None:
+        """A request of the in-process HTTP listener: the checks and admission of a client's; its
+        replies go to self.local (see _send). Raises MCPDError for a refusal at the door."""
+        try:
+            self._admit(LOCAL_IDENTITY, wire.parse_request((), [frame], self.config.limits))
+        except MCPDError as e:
+            self._count_error(e.code)
+            raise
+
     def _cancel(self, identity: bytes, request: wire.Request, target: int | str) -> None:
         rid = self.rid_of.get((identity, target))
         if rid is not None:
@@ -260,6 +279,8 @@ class FrontEnd:
 
     def _send(self, identity: bytes, envelope: tuple[bytes, ...], header: bytes, payload=(),
               rid: int | None = None, chunk: bool = False) -> None:
+        if identity == LOCAL_IDENTITY:
+            return self.local.deliver(header)
         if self.outbox.send(identity, envelope, header, payload, rid, chunk):
             self.log.warning("a client's unread replies passed limits.max_client_backlog_bytes: "
                              "ending its requests in flight")
@@ -327,7 +348,8 @@ class FrontEnd:
     def stats(self) -> dict:
         return {"inflight": len(self.pending), "served": self.served, "errors": dict(self.errors),
                 "latency": self.latency.summary(), "draining": self.draining, "endpoints": self.endpoints,
-                "metrics": self.metrics.snapshot(), "backlog": self.outbox.stats(), "incoming": self.incoming.stats()}
+                "metrics": self.metrics.snapshot(), "backlog": self.outbox.stats(), "incoming": self.incoming.stats(),
+                "http": self.http.stats() if self.http is not None else {}}
 
 
 def run(config: Config) -> None:

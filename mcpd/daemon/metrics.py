@@ -51,6 +51,7 @@ class DaemonCollector:
         yield from _requests(frontend.metrics, scheduler)
         yield from _workers(workers)
         yield from _contexts(scheduler)
+        yield from _http(frontend.http)
         restarts = CounterMetricFamily("mcpd_process_restarts", "Restarts of a child process", labels=["role", "index"])
         for child in table.children:
             restarts.add_metric([child.spec.role, str(child.spec.index)], child.restarts)
@@ -114,6 +115,15 @@ def _workers(workers):
     yield from counters.values()
     yield from gauges.values()
     yield _histograms("mcpd_batch_size", "Sequences per engine step", labels, batch)
+
+
+def _http(listener: dict):
+    """The HTTP listener's answers by status (its requests are counted above, like any other)."""
+    if listener:
+        family = CounterMetricFamily("mcpd_http_responses", "HTTP answers by status", labels=["status"])
+        for status, count in sorted(listener["responses"].items()):
+            family.add_metric([status], count)
+        yield family
 
 
 def _contexts(scheduler: SchedulerStats):

@@ -28,6 +28,7 @@ def build_status(supervisor) -> dict:
         "runtime_dir": str(supervisor.config.runtime_dir),
         "endpoints": frontend.endpoints or _configured_endpoints(supervisor),
         "metrics": supervisor.metrics_address and f"http://{supervisor.metrics_address}/metrics",
+        "http": _http(frontend.http),
         "processes": [{"role": "supervisor", "index": 0, "pid": os.getpid(), "state": "running",
                        "uptime_s": round(time.monotonic() - supervisor.started, 1), "restarts": 0,
                        "last_exit": ""}] + [c.describe() for c in table.children],
@@ -45,6 +46,14 @@ def build_status(supervisor) -> dict:
                      # for unfinished messages, and those cut for holding too much.
                      "backlog": frontend.backlog, "incoming": frontend.incoming},
     }
+
+
+def _http(stats: dict) -> dict:
+    """The OpenAI-compatible listener in the front-end: off, or its address as bound, whether it
+    needs API keys, generations in flight, and its answers by HTTP status."""
+    if not stats:
+        return {"enabled": False}
+    return {"enabled": True, "url": f"http://{stats['listen']}", **{k: v for k, v in stats.items() if k != "listen"}}
 
 
 def _state(supervisor) -> str:

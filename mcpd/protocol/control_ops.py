@@ -109,6 +109,10 @@ OPS = {op.name: op for op in (
               Place.SUPERVISOR, "keys_allow", (Arg("name", str, required=True), Arg("public_key", str, required=True))),
     ControlOp("keys.revoke", "refuse a client key from now on", Access.PRIVILEGED, Place.SUPERVISOR,
               "keys_revoke", (Arg("name", str, required=True),)),
+    ControlOp("keys.api.add", "a new HTTP API key for a tenant (shown once, stored hashed)", Access.PRIVILEGED,
+              Place.SUPERVISOR, "keys_api_add", (Arg("name", str, required=True),)),
+    ControlOp("keys.api.revoke", "refuse a tenant's HTTP API key from now on", Access.PRIVILEGED,
+              Place.SUPERVISOR, "keys_api_revoke", (Arg("name", str, required=True),)),
 )}
 
 

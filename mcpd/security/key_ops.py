@@ -13,6 +13,7 @@ import functools
 from mcpd.protocol import codes
 from mcpd.protocol.codes import MCPDError
 from mcpd.refusal import StartRefused
+from mcpd.security.api_keys import ApiKeys
 from mcpd.security.keys import BadKey, KeyConflict, KeyStore
 
 
@@ -37,7 +38,8 @@ def list_keys(keys: KeyStore, curve: bool) -> dict:
     return {"curve": curve, "keys_dir": str(keys.directory),
             "server_public_key": keys.server_public() if server.exists() else None,
             "allowed": [{"name": name, "public_key": key} for key, name in sorted(keys.allowed().items(),
-                                                                                  key=lambda item: item[1])]}
+                                                                                  key=lambda item: item[1])],
+            "api_keys": ApiKeys(keys.directory).names()}
 
 
 @_refusals_as_codes
@@ -49,3 +51,13 @@ def allow(keys: KeyStore, name: str, public_key: str) -> dict:
 @_refusals_as_codes
 def revoke(keys: KeyStore, name: str) -> dict:
     return {"revoked": keys.revoke(name)}
+
+
+@_refusals_as_codes
+def api_add(keys: KeyStore, name: str) -> dict:
+    return {"name": name, "api_key": ApiKeys(keys.directory).add(name)}
+
+
+@_refusals_as_codes
+def api_revoke(keys: KeyStore, name: str) -> dict:
+    return {"revoked": ApiKeys(keys.directory).revoke(name)}

@@ -77,7 +77,7 @@ def generate(directory: Path, name: str) -> tuple[str, str]:
     public, secret = (k.decode() for k in zmq.curve_keypair())
     directory.mkdir(parents=True, exist_ok=True, mode=KEYS_DIR_MODE)
     _write_new(directory / f"{check_name(name)}.key_secret", _cert(public, secret), SECRET_FILE_MODE)
-    _write_replacing(directory / f"{name}.key", _cert(public), PUBLIC_FILE_MODE)
+    write_replacing(directory / f"{name}.key", _cert(public), PUBLIC_FILE_MODE)
     return public, secret
 
 
@@ -153,20 +153,25 @@ class KeyStore:
             raise KeyConflict(f"this key is already allowed as {holder!r}: one key is one tenant. "
                               f"Revoke {holder!r} first, or give {name!r} a key of its own")
         self._make_dirs()   # with CURVE off nothing has made them yet
-        _write_replacing(self.allowed_dir / f"{name}.key", _cert(public_key), SECRET_FILE_MODE)
+        write_replacing(self.allowed_dir / f"{name}.key", _cert(public_key), SECRET_FILE_MODE)
 
     def revoke(self, name: str) -> bool:
-        try:
-            (self.allowed_dir / f"{check_name(name)}.key").unlink()
-        except FileNotFoundError:
-            return False
-        return True
+        return remove(self.allowed_dir / f"{check_name(name)}.key")
 
     def mtime_ns(self) -> int:
         try:
             return self.allowed_dir.stat().st_mtime_ns
         except FileNotFoundError:
             return 0
+
+
+def remove(path: Path) -> bool:
+    """Delete a key file; whether there was one."""
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def _cert(public: str, secret: str | None = None) -> str:
@@ -178,14 +183,14 @@ def _cert(public: str, secret: str | None = None) -> str:
 
 
 def _cert_field(path: Path, field: str, follow_links: bool) -> str:
-    for line in _read_cert(path, follow_links).splitlines():
+    for line in read_small_text(path, follow_links).splitlines():
         key, _, value = line.strip().partition("=")
         if key.strip() == field:
             return value.strip().strip('"')
     raise BadKey(f"{path}: no {field}")
 
 
-def _read_cert(path: Path, follow_links: bool) -> str:
+def read_small_text(path: Path, follow_links: bool) -> str:
     """The text of a key file: a regular file of at most MAX_KEY_FILE_BYTES, in UTF-8 (a FIFO or
     a device in its place must not block or flood the reader)."""
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_links else os.O_NOFOLLOW)
@@ -213,7 +218,7 @@ def _write_new(path: Path, text: str, mode: int) -> None:
         f.write(text)
 
 
-def _write_replacing(path: Path, text: str, mode: int) -> None:
+def write_replacing(path: Path, text: str, mode: int) -> None:
     """Replace `path` with a whole new file of exactly `mode` (readers see the old or the new)."""
     temporary = path.with_name(f".{path.name}.tmp")
     temporary.unlink(missing_ok=True)   # left by a writer that died; a link is removed, not followed

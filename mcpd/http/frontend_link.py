@@ -1,0 +1,96 @@
+"""How the HTTP listener, running inside the front-end process, hands requests to the front-end
+and gets their replies: in memory, on the same event loop, with no socket in between.
+
+Each request is encoded as a client would send it (docs/PROTOCOL.md sections 2-3) and goes
+through the front-end's own checks and admission (`FrontEnd.admit_local`) under one reserved
+connection identity, LOCAL_IDENTITY: six bytes starting with a zero byte, which libzmq never
+generates (its ids are five bytes) and no client may choose (a chosen id may not start with
+zero). Replies the front-end would send to that identity come here instead (`deliver`), decoded
+once, into the queue of the request they answer.
+
+A request the HTTP side gives up on (the client disconnected, the handler was cancelled) is
+cancelled in the front-end like a client's `cancel`, and forgotten here: its late replies find
+no queue and are dropped.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+from mcpd.client import replies
+from mcpd.protocol import codes, wire
+from mcpd.protocol.codes import MCPDError
+
+LOCAL_IDENTITY = b"\x00local"
+
+
+class Call:
+    """One daemon request: its replies one at a time, cancelled if left before its final reply."""
+
+    def __init__(self, link: "FrontendLink", request_id: int, queue: asyncio.Queue):
+        self.link, self.request_id, self.queue, self.finished = link, request_id, queue, False
+
+    async def next_reply(self) -> dict:
+        reply = await self.queue.get()
+        if reply.get("kind") != "chunk":
+            self.finished = True
+            self.link.queues.pop(self.request_id, None)
+        return reply
+
+    async def result(self) -> dict:
+        """The final result (chunks skipped); MCPDError for an error reply."""
+        while True:
+            reply = await self.next_reply()
+            if self.finished:
+                return replies.result_of(reply)
+
+    def abandon(self) -> None:
+        if not self.finished:
+            self.finished = True
+            self.link.cancel(self.request_id)
+
+
+class FrontendLink:
+    def __init__(self, admit):
+        """`admit(frame)`: the front-end's admission of one request frame (raises MCPDError)."""
+        self.admit = admit
+        self.ids = itertools.count(1)
+        self.queues: dict[int, asyncio.Queue] = {}
+
+    async def start(self, op: str, args: dict, header: dict) -> Call:
+        request_id = next(self.ids)
+        try:
+            frame = wire.encode_request(op, request_id, args, **header)
+        except (UnicodeEncodeError, OverflowError) as e:   # JSON allows lone surrogates and huge ints
+            raise MCPDError(codes.BAD_REQUEST, f"a value cannot be sent to the daemon: {e}") from None
+        queue = self.queues[request_id] = asyncio.Queue()
+        self._submit(frame, request_id)
+        return Call(self, request_id, queue)
+
+    async def call(self, op: str, args: dict, header: dict) -> dict:
+        call = await self.start(op, args, header)
+        try:
+            return await call.result()
+        finally:
+            call.abandon()
+
+    def cancel(self, request_id: int) -> None:
+        self.queues.pop(request_id, None)
+        self._submit(wire.encode_request("cancel", next(self.ids), {"target": request_id}), None)
+
+    def deliver(self, header: bytes) -> None:
+        """A reply the front-end sends to LOCAL_IDENTITY."""
+        reply = wire.decode_reply(header)
+        queue = self.queues.get(reply.get("id"))
+        if queue is not None:
+            queue.put_nowait(reply)
+
+    def _submit(self, frame: bytes, request_id: int | None) -> None:
+        try:
+            self.admit(frame)
+        except MCPDError as e:   # refused at the door (draining, a bad header field): answered at once
+            queue = self.queues.get(request_id)
+            if queue is not None:
+                queue.put_nowait({"kind": "error", "code": e.code, "message": e.message,
+                                  "retry_after_ms": e.retry_after_ms})
+

@@ -1,0 +1,238 @@
+"""The OpenAI routes and mcpd's context routes, as aiohttp handlers.
+
+    GET    /v1/models
+    POST   /v1/chat/completions
+    POST   /v1/completions
+    POST   /v1/contexts/{id}/chat/completions    only the new messages; the turn is appended
+    GET    /v1/contexts/{id}                     its version and token count
+    DELETE /v1/contexts/{id}
+
+Request headers (all optional): `Authorization: Bearer <key>` (required with http.auth on: the
+key names the tenant), `mcpd-tenant` (with auth off only), `mcpd-priority` (a class name),
+`mcpd-timeout-ms` (the daemon's deadline), `mcpd-context-base` (the version a context turn
+expects: another one gets 409). Answers on a context carry `mcpd-context-version`.
+
+A streamed answer's headers wait for its first chunk, so a refusal before any token (429, 504,
+409, ...) still gets its own status; an error after that is sent as a last `data: {"error": ...}`
+event. A client that disconnects has its request cancelled (aiohttp cancels the handler).
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import msgspec
+from aiohttp import web
+
+from mcpd.client import replies
+from mcpd.config import Config
+from mcpd.http import openai_request
+from mcpd.http.frontend_link import Call, FrontendLink
+from mcpd.http.errors import HttpError, bad_request
+from mcpd.http.openai_reply import Answer
+from mcpd.protocol import codes
+from mcpd.protocol.codes import MCPDError
+from mcpd.security.api_keys import ApiKeys
+
+MODELS_TTL_S = 5.0
+SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+DONE = b"data: [DONE]\n\n"
+CONTEXT_VERSION = "mcpd-context-version"
+encode = msgspec.json.encode
+
+
+class Routes:
+    def __init__(self, config: Config, link: FrontendLink):
+        self.config, self.link = config, link
+        self.keys = ApiKeys(config.keys_dir) if config.http_auth else None
+        self.model_ids: list[str] = []
+        self.models_at = -MODELS_TTL_S
+        self.inflight = 0
+
+    def add_to(self, app: web.Application) -> None:
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_post("/v1/chat/completions", self.chat)
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/v1/contexts/{id}/chat/completions", self.context_chat)
+        app.router.add_get("/v1/contexts/{id}", self.context_show)
+        app.router.add_delete("/v1/contexts/{id}", self.context_drop)
+
+    # -- handlers -------------------------------------------------------------------------------
+
+    async def models(self, request: web.Request) -> web.Response:
+        header = self._header(request)
+        data = [{"id": name, "object": "model", "created": 0, "owned_by": "mcpd"} for name in await self._models(header)]
+        return _json({"object": "list", "data": data})
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        body = await self._body(request)
+        return await self._generate(request, openai_request.chat(body, self.config.limits.max_new_tokens), True)
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        body = await self._body(request)
+        return await self._generate(request, openai_request.completion(body, self.config.limits.max_new_tokens), False)
+
+    async def context_chat(self, request: web.Request) -> web.StreamResponse:
+        body = await self._body(request)
+        completion = openai_request.chat(body, self.config.limits.max_new_tokens)
+        completion.args["context"] = request.match_info["id"]
+        base = _int_header(request, "mcpd-context-base")
+        if base is not None:
+            completion.args["base"] = base
+        return await self._generate(request, completion, True)
+
+    async def context_show(self, request: web.Request) -> web.Response:
+        result = await self.link.call("context.open", {"id": request.match_info["id"], "create": False},
+                                      self._header(request))
+        return _json({"id": result["id"], "object": "mcpd.context", "version": result["version"],
+                      "tokens": result["tokens"]}, headers={CONTEXT_VERSION: str(result["version"])})
+
+    async def context_drop(self, request: web.Request) -> web.Response:
+        result = await self.link.call("context.drop", {"id": request.match_info["id"]}, self._header(request))
+        return _json({"id": request.match_info["id"], "object": "mcpd.context", "deleted": result["dropped"]})
+
+    # -- generation -----------------------------------------------------------------------------
+
+    async def _generate(self, request: web.Request, completion: openai_request.Completion,
+                        chat: bool) -> web.StreamResponse:
+        header = self._header(request)
+        if completion.model not in await self._models(header):
+            raise HttpError(404, f"the model {completion.model!r} does not exist; GET /v1/models lists them",
+                            codes.NOT_FOUND, "model")
+        answer = Answer(completion.model, chat)
+        self.inflight += 1
+        call = None
+        try:
+            call, first = await self._first_reply(completion.args, header)
+            if not completion.stream:
+                result = _result(first)
+                return _json(answer.whole(result), headers=_context_headers(result))
+            if call.finished:   # a refusal before any chunk keeps its own status
+                _result(first)
+            return await self._stream(request, call, first, answer, completion.include_usage)
+        finally:
+            self.inflight -= 1
+            if call is not None:
+                call.abandon()   # a disconnect (the handler cancelled) or an error on our side: stop it
+
+    async def _first_reply(self, args: dict, header: dict) -> tuple[Call, dict]:
+        """Start generate and wait for its first reply. A turn on a context that does not exist
+        yet creates it (the ZeroMQ client's `client.context(id)` does the same), unless the
+        client named a base version: then it expected one, and gets the 404."""
+        call = await self.link.start("generate", args, header)
+        try:
+            first = await call.next_reply()
+            if call.finished and first.get("code") == codes.NOT_FOUND and "context" in args and "base" not in args:
+                await self.link.call("context.open", {"id": args["context"]}, header)
+                call = await self.link.start("generate", args, header)
+                first = await call.next_reply()
+        except BaseException:
+            call.abandon()
+            raise
+        return call, first
+
+    async def _stream(self, request: web.Request, call: Call, reply: dict, answer: Answer,
+                      include_usage: bool) -> web.StreamResponse:
+        response = web.StreamResponse(headers=SSE_HEADERS)
+        await response.prepare(request)
+        first = True
+        while True:
+            if reply["kind"] == "chunk":
+                await response.write(_event(answer.chunk(reply["data"], first, include_usage)))
+                first = False
+            elif reply["kind"] == "ok":
+                for chunk in answer.last_chunks(reply["result"], include_usage):
+                    await response.write(_event(chunk))
+                break
+            else:
+                error = HttpError.of(MCPDError(reply.get("code", codes.INTERNAL), reply.get("message", "")))
+                await response.write(_event(error.body()))
+                break
+            reply = await call.next_reply()
+        await response.write(DONE)
+        await response.write_eof()
+        return response
+
+    # -- request parts --------------------------------------------------------------------------
+
+    async def _body(self, request: web.Request) -> dict:
+        """The JSON body, its size bounded before anything is read and its arrival in time."""
+        limit = self.config.http.max_body_bytes
+        if request.content_length is not None and request.content_length > limit:
+            raise _too_large(limit)
+        try:
+            async with asyncio.timeout(self.config.http.body_timeout_s):   # no task per request, as wait_for makes
+                body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise _too_large(limit) from None
+        except TimeoutError:
+            raise HttpError(408, f"the body did not arrive within http.body_timeout_s "
+                                 f"({self.config.http.body_timeout_s:g} s)", codes.TIMEOUT) from None
+        return openai_request.parse_json(body)
+
+    def _header(self, request: web.Request) -> dict:
+        """The daemon request header's tenant, priority and deadline for this HTTP request."""
+        header = {}
+        tenant = self._tenant(request)
+        if tenant is not None:
+            header["tenant"] = tenant
+        priority = request.headers.get("mcpd-priority")
+        if priority is not None:
+            header["priority"] = priority
+        timeout_ms = _int_header(request, "mcpd-timeout-ms")
+        if timeout_ms is not None:
+            header["timeout_ms"] = timeout_ms
+        return header
+
+    def _tenant(self, request: web.Request) -> str | None:
+        if self.keys is None:
+            return request.headers.get("mcpd-tenant")
+        scheme, _, key = request.headers.get("Authorization", "").partition(" ")
+        tenant = self.keys.tenant(key.strip()) if scheme.lower() == "bearer" and key.strip() else None
+        if tenant is None:
+            raise HttpError(401, "a valid API key is required: Authorization: Bearer <key> "
+                                 "(`mcpctl keys api-add NAME` makes one)", codes.UNAUTHORIZED)
+        return tenant
+
+    async def _models(self, header: dict) -> list[str]:
+        if self.config.http.model_name:
+            return [self.config.http.model_name]
+        if time.monotonic() - self.models_at > MODELS_TTL_S or not self.model_ids:
+            status = await self.link.call("status", {}, {k: v for k, v in header.items() if k == "tenant"})
+            self.model_ids = sorted({w["model"] for w in status.get("workers", []) if w.get("model")})
+            self.models_at = time.monotonic()
+        return self.model_ids
+
+
+def _result(reply: dict) -> dict:
+    try:
+        return replies.result_of(reply)
+    except MCPDError as e:
+        raise HttpError.of(e) from None
+
+
+def _context_headers(result: dict) -> dict:
+    context = result.get("context")
+    return {CONTEXT_VERSION: str(context["version"])} if context else {}
+
+
+def _event(value: dict) -> bytes:
+    return b"data: " + encode(value) + b"\n\n"
+
+
+def _json(value: dict, headers: dict | None = None) -> web.Response:
+    return web.Response(body=encode(value), content_type="application/json", headers=headers)
+
+
+def _int_header(request: web.Request, name: str) -> int | None:
+    text = request.headers.get(name)
+    if text is None:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise bad_request(f"header {name!r} must be an integer, not {text[:40]!r}", name) from None
+
+
+def _too_large(limit: int) -> HttpError:
+    return HttpError(413, f"the body is over http.max_body_bytes ({limit} bytes)", codes.TOO_LARGE)

@@ -1,0 +1,110 @@
+"""The HTTP listener (`[http] listen`): aiohttp on the front-end's event loop.
+
+Why inside the front-end rather than a process of its own: measured side by side (bench/http_listener.py,
+a 1-token request alternating with the same request over ZeroMQ), a listener process that was a
+client of client.ipc added about 0.4 ms to a 1 ms request (p50 ratio 1.36-1.41): two more
+ZeroMQ hops, each waking an I/O thread and a process; here it adds about 0.2 ms (1.14-1.23). In the front-end an
+HTTP request is admitted in memory by the same code as a ZeroMQ one (frontend_link.py), so
+limits, drain, priorities, metrics and cancellation apply to it alike, and only the HTTP work
+itself is added. The price: HTTP parsing and JSON share the front-end's loop with ZeroMQ
+clients; aiohttp's C parser and one JSON decode per request keep that small.
+
+Why aiohttp: its per-request cost measured the same as uvicorn + httptools here (about 37 us
+p50 for a small POST on loopback, both on uvloop), and it brings what a listener facing strangers
+needs built in: header line and count limits (uvicorn with httptools took 100,000 headers), a
+body size cap, keep-alive timeouts, and handler cancellation when a client disconnects (which
+cancels the daemon request).
+
+A port it cannot bind, or a non-loopback listen with auth on and no API key, stops the daemon
+with the reason (child.refuse_start), as the front-end's tcp port does.
+"""
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+
+from aiohttp import web
+
+from mcpd.config import Config
+from mcpd.daemon import child
+from mcpd.http.errors import HttpError
+from mcpd.http.frontend_link import FrontendLink
+from mcpd.http.routes import Routes
+from mcpd.protocol import codes
+from mcpd.protocol.codes import MCPDError
+from mcpd.refusal import InUse, StartRefused
+from mcpd.security.api_keys import ApiKeys
+
+
+class HttpListener:
+    def __init__(self, config: Config, link: FrontendLink, log: logging.Logger):
+        self.config, self.log = config, log
+        logging.getLogger("aiohttp.server").setLevel(logging.CRITICAL)   # a client's bad request is not our error
+        self.routes = Routes(config, link)
+        self.responses: dict[str, int] = {}   # {status: count}
+        self.address = ""
+        self.runner: web.AppRunner | None = None
+
+    async def start(self) -> None:
+        config = self.config.http
+        self._refuse_open_door()
+        app = web.Application(client_max_size=config.max_body_bytes, middlewares=[self._answer_errors])
+        self.routes.add_to(app)
+        # shutdown_timeout: at stop the front-end has answered every request already.
+        self.runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=1.0,
+                                    keepalive_timeout=config.keepalive_timeout_s)
+        await self.runner.setup()
+        host, _, port = config.listen.rpartition(":")
+        try:
+            await web.TCPSite(self.runner, host.strip("[]"), int(port), reuse_address=True).start()
+        except OSError as e:
+            refusal = InUse if e.errno == errno.EADDRINUSE else StartRefused
+            child.refuse_start(self.config, "frontend", refusal(f"cannot bind http.listen {config.listen}: "
+                                                                f"{e.strerror}"))
+        self.address = f"{host}:{self.runner.addresses[0][1]}"
+        self.log.info("serving HTTP on http://%s (auth %s)", self.address, "on" if self.config.http_auth else "off")
+
+    async def stop(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+
+    def stats(self) -> dict:
+        return {"listen": self.address, "auth": self.config.http_auth, "inflight": self.routes.inflight,
+                "responses": dict(self.responses)}
+
+    def _refuse_open_door(self) -> None:
+        config = self.config.http
+        if self.config.http_auth and not config.loopback and not ApiKeys(self.config.keys_dir).names():
+            child.refuse_start(self.config, "frontend", StartRefused(
+                f"http.listen = {config.listen!r} is not a loopback address and there is no API key: nobody "
+                "could use it. Add keys with `mcpctl keys api-add NAME` (with a loopback listen, or http off) "
+                "and start again"))
+
+    @web.middleware
+    async def _answer_errors(self, request: web.Request, handler) -> web.StreamResponse:
+        try:
+            response = await handler(request)
+        except HttpError as e:
+            response = _error_response(e)
+        except MCPDError as e:
+            response = _error_response(HttpError.of(e))
+        except web.HTTPException as e:   # aiohttp's own: unknown path (404), wrong method (405)
+            response = _error_response(HttpError(e.status, e.reason, codes.NOT_FOUND if e.status == 404
+                                                 else codes.BAD_REQUEST))
+        except (asyncio.CancelledError, ConnectionError):
+            raise   # the client is gone: nobody to answer
+        except Exception as e:   # noqa: BLE001 - whatever goes wrong, the client gets an answer
+            self.log.exception("unexpected failure answering %s %s", request.method, request.path)
+            response = _error_response(HttpError(500, f"{type(e).__name__}: {e}", codes.INTERNAL))
+        key = str(response.status)
+        self.responses[key] = self.responses.get(key, 0) + 1
+        return response
+
+
+def _error_response(error: HttpError) -> web.Response:
+    response = web.Response(status=error.status, body=error.json_bytes(), content_type="application/json",
+                            headers=error.headers())
+    if error.status in (408, 413):   # the rest of the body was never read: the connection cannot go on
+        response.force_close()
+    return response

@@ -1,0 +1,341 @@
+"""The OpenAI-compatible HTTP listener on a real daemon (127.0.0.1), driven by the real `openai`
+package (sync and async, streamed and not), raw HTTP for what the SDK hides, and curl for SSE."""
+import asyncio
+import http.client
+import json
+import shutil
+import socket
+import subprocess
+import urllib.request
+
+import openai
+import pytest
+
+from mcpd.testing import free_port
+
+MODEL = "mcpd-embedded-llama"
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def served(module_daemon):
+    daemon = module_daemon(http={"listen": f"127.0.0.1:{free_port()}", "max_body_bytes": 65536,
+                                 "body_timeout_s": 1.0}, metrics={"listen": f"127.0.0.1:{free_port()}"})
+    daemon.base_url = f"http://{daemon.control('config')['config']['http']['listen']}/v1"
+    return daemon
+
+
+@pytest.fixture(scope="module")
+def sdk(served):
+    with openai.OpenAI(base_url=served.base_url, api_key="unused", max_retries=0) as client:
+        yield client
+
+
+def raw(daemon, method: str, path: str, body=None, headers: dict | None = None) -> tuple[int, dict, dict]:
+    """(status, headers, JSON body) of one request on a fresh connection."""
+    host, port = daemon.base_url.removeprefix("http://").removesuffix("/v1").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=60)
+    data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
+    connection.request(method, path, body=data, headers={"Content-Type": "application/json", **(headers or {})})
+    response = connection.getresponse()
+    payload = response.read()
+    connection.close()
+    return response.status, dict(response.headers), json.loads(payload) if payload else {}
+
+
+def chat_body(**extra) -> dict:
+    return {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "temperature": 0,
+            **extra}
+
+
+# -- the SDK, unchanged -------------------------------------------------------------------------
+
+def test_models_lists_the_served_model(sdk):
+    assert [m.id for m in sdk.models.list()] == [MODEL]
+
+
+def test_chat_matches_the_zeromq_answer(served, sdk):
+    answer = sdk.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=5,
+                                         temperature=0)
+    with served.client() as zmq_client:
+        native = zmq_client.generate(messages=[{"role": "user", "content": "Hi"}], max_tokens=5, temperature=0)
+    assert answer.choices[0].message.content == native.text
+    assert answer.choices[0].message.role == "assistant"
+    assert answer.choices[0].finish_reason == native.finish_reason == "length"
+    assert (answer.usage.prompt_tokens, answer.usage.completion_tokens) == (native.prompt_tokens, 5)
+    assert answer.usage.total_tokens == native.prompt_tokens + 5
+
+
+def test_streamed_chat_concatenates_to_the_whole_answer_and_ends_with_usage(sdk):
+    whole = sdk.chat.completions.create(**chat_body(max_tokens=8))
+    chunks = list(sdk.chat.completions.create(**chat_body(max_tokens=8), stream=True,
+                                              stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 8
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_completions_streamed_and_not(sdk):
+    whole = sdk.completions.create(model=MODEL, prompt="Hello", max_tokens=6, temperature=0)
+    streamed = list(sdk.completions.create(model=MODEL, prompt="Hello", max_tokens=6, temperature=0, stream=True))
+    assert "".join(c.choices[0].text for c in streamed) == whole.choices[0].text
+    assert whole.usage.completion_tokens == 6 and whole.choices[0].finish_reason == "length"
+    by_ids = sdk.completions.create(model=MODEL, prompt=[256, 72, 105], max_tokens=3, temperature=0)
+    assert by_ids.usage.prompt_tokens == 3
+
+
+def test_sampling_parameters_are_honoured(sdk):
+    seeded = [sdk.chat.completions.create(**chat_body(temperature=0.9, top_p=0.8, seed=7, max_tokens=6))
+              .choices[0].message.content for _ in range(2)]
+    assert seeded[0] == seeded[1]
+    stopped = sdk.completions.create(model=MODEL, prompt="Hello", max_tokens=8, temperature=0, stop=["8="])
+    assert "8=" not in stopped.choices[0].text
+    short = sdk.chat.completions.create(**{**chat_body(), "max_tokens": None}, max_completion_tokens=2)
+    assert short.usage.completion_tokens == 2
+
+
+def test_async_client_streams_and_answers(served):
+    async def go():
+        async with openai.AsyncOpenAI(base_url=served.base_url, api_key="unused", max_retries=0) as client:
+            whole = await client.chat.completions.create(**chat_body(max_tokens=6))
+            stream = await client.chat.completions.create(**chat_body(max_tokens=6), stream=True)
+            text = "".join([c.choices[0].delta.content or "" async for c in stream])
+            together = await asyncio.gather(*[client.completions.create(model=MODEL, prompt=f"p{i}", max_tokens=3)
+                                             for i in range(4)])
+            return whole.choices[0].message.content, text, together
+    whole, text, together = asyncio.run(go())
+    assert text == whole and [r.usage.completion_tokens for r in together] == [3] * 4
+
+
+def test_logprobs_come_with_token_ids(sdk):
+    answer = sdk.chat.completions.create(**chat_body(logprobs=True))
+    content = answer.choices[0].logprobs.content
+    assert len(content) == 4 and all(c.token.startswith("token_id:") and c.logprob <= 0 for c in content)
+
+
+# -- refusals in OpenAI's error shape ------------------------------------------------------------
+
+@pytest.mark.parametrize("body, param", [
+    (chat_body(n=2), "n"),
+    (chat_body(max_tokens="4"), "max_tokens"),
+    (chat_body(max_tokens=4.0), "max_tokens"),
+    (chat_body(temperature=True), "temperature"),
+    (chat_body(messages="hi"), "messages"),
+    (chat_body(messages=[]), "messages"),
+    (chat_body(stop=[1]), "stop"),
+    (chat_body(stream_options={"include_usage": True}), "stream_options"),
+    (chat_body(top_logprobs=3), "top_logprobs"),
+    ({"messages": [{"role": "user", "content": "x"}]}, "model"),
+])
+def test_wrong_fields_get_400_naming_them(served, body, param):
+    status, _, answer = raw(served, "POST", "/v1/chat/completions", body)
+    assert status == 400 and answer["error"]["param"] == param and answer["error"]["type"] == "invalid_request_error"
+
+
+def test_unknown_fields_are_ignored(served):
+    status, _, answer = raw(served, "POST", "/v1/chat/completions", chat_body(user="u1", some_new_field={"x": 1}))
+    assert status == 200 and answer["usage"]["completion_tokens"] == 4
+
+
+@pytest.mark.parametrize("field", [{"max_tokens": 10 ** 6}, {"max_tokens": 0}, {"temperature": -1}, {"top_p": 0}])
+def test_the_daemons_range_checks_come_back_as_400(sdk, field):
+    with pytest.raises(openai.BadRequestError) as raised:
+        sdk.chat.completions.create(**chat_body(**field))
+    assert raised.value.code == "BAD_REQUEST"
+
+
+def test_bad_json_unknown_model_path_and_method(served):
+    assert raw(served, "POST", "/v1/chat/completions", b"{not json")[0] == 400
+    assert raw(served, "POST", "/v1/chat/completions", b"[1, 2]")[0] == 400
+    status, _, answer = raw(served, "POST", "/v1/chat/completions", chat_body(model="gpt-4o"))
+    assert status == 404 and answer["error"]["param"] == "model"
+    assert raw(served, "POST", "/v1/nothing", chat_body())[0] == 404
+    assert raw(served, "GET", "/v1/chat/completions")[0] == 405
+
+
+def test_a_body_over_the_limit_is_refused_before_it_is_read(served):
+    status, _, answer = raw(served, "POST", "/v1/chat/completions", b"x" * 65537)
+    assert status == 413 and answer["error"]["code"] == "TOO_LARGE"
+
+
+def test_a_chunked_body_over_the_limit_gets_413(served):
+    host, port = served.base_url.removeprefix("http://").removesuffix("/v1").split(":")
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for _ in range(40):
+            sock.sendall(b"1000\r\n" + b"x" * 4096 + b"\r\n")
+        sock.sendall(b"0\r\n\r\n")
+        assert sock.recv(100).startswith(b"HTTP/1.1 413")
+
+
+def test_a_body_that_never_arrives_gets_408(served):
+    host, port = served.base_url.removeprefix("http://").removesuffix("/v1").split(":")
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+        sock.settimeout(30)
+        assert sock.recv(100).startswith(b"HTTP/1.1 408")
+
+
+def test_a_deadline_passed_is_504_and_an_unknown_class_400(served):
+    body = {"model": MODEL, "prompt": "Hi", "max_tokens": 2000, "temperature": 0, "ignore_eos": True}
+    status, _, answer = raw(served, "POST", "/v1/completions", body, {"mcpd-timeout-ms": "1"})
+    assert status == 504 and answer["error"]["code"] == "DEADLINE_EXCEEDED"
+    status, _, answer = raw(served, "POST", "/v1/completions", body, {"mcpd-priority": "no-such-class"})
+    assert status == 400 and "critical" in answer["error"]["message"]
+    assert raw(served, "POST", "/v1/completions", body, {"mcpd-timeout-ms": "soon"})[0] == 400
+
+
+def test_a_client_that_disconnects_cancels_its_request(served):
+    host, port = served.base_url.removeprefix("http://").removesuffix("/v1").split(":")
+    body = json.dumps({"model": MODEL, "prompt": "Hi", "max_tokens": 2000, "ignore_eos": True, "stream": True}).encode()
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        assert sock.recv(100).startswith(b"HTTP/1.1 200")   # streaming: it runs
+    served.wait_until(lambda: 'code="CANCELLED"' in scrape(served), 60, "the abandoned request cancelled")
+
+
+def scrape(daemon, wanted: str = 'op="generate"') -> str:
+    """The lines of the daemon's Prometheus endpoint that hold `wanted`."""
+    url = daemon.status()["metrics"]
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return "\n".join(line for line in response.read().decode().splitlines() if wanted in line)
+
+
+def test_curl_reads_the_event_stream(served):
+    if shutil.which("curl") is None:
+        pytest.skip("curl is not installed")
+    out = subprocess.run(["curl", "-sN", f"{served.base_url}/chat/completions", "-H", "Content-Type: application/json",
+                          "-d", json.dumps(chat_body(stream=True))], capture_output=True, text=True, timeout=60).stdout
+    events = [line.removeprefix("data: ") for line in out.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    assert json.loads(events[-2])["choices"][0]["finish_reason"] == "length"
+
+
+def test_status_shows_the_listener_and_metrics_count_its_requests(served):
+    status = served.status()
+    assert status["http"]["enabled"] and status["http"]["url"] == served.base_url.removesuffix("/v1")
+    assert status["http"]["responses"]["200"] >= 1
+    assert "http: http://" in served.mcpctl("status").stdout
+    assert status["requests"]["latency"]["generate"]["count"] >= 1
+    assert 'mcpd_http_responses_total{status="200"}' in scrape(served, "mcpd_http_responses_total")
+
+
+def test_a_draining_daemon_answers_503_and_takes_work_again_after_resume(served, sdk):
+    assert served.mcpctl("drain").returncode == 0
+    try:
+        status, _, answer = raw(served, "POST", "/v1/chat/completions", chat_body())
+        assert status == 503 and answer["error"]["code"] == "UNAVAILABLE"
+    finally:
+        assert served.mcpctl("resume").returncode == 0
+    assert sdk.chat.completions.create(**chat_body()).usage.completion_tokens == 4
+
+
+# -- contexts ------------------------------------------------------------------------------------
+
+def test_a_chat_on_a_context_sends_only_new_messages_and_versions_it(served, sdk):
+    on_context = openai.OpenAI(base_url=f"{served.base_url}/contexts/chat-1", api_key="unused", max_retries=0)
+    first = on_context.chat.completions.with_raw_response.create(**chat_body())
+    assert first.headers["mcpd-context-version"] == "1"
+    second = on_context.chat.completions.with_raw_response.create(
+        **chat_body(messages=[{"role": "user", "content": "more"}]))
+    assert second.headers["mcpd-context-version"] == "2"
+    # the model saw the history (not resent): the turn's prompt is the context's tokens and the new message
+    history = first.parse().usage.total_tokens
+    assert second.parse().usage.prompt_tokens > history
+    status, headers, shown = raw(served, "GET", "/v1/contexts/chat-1")
+    assert status == 200 and shown["version"] == 2 and headers["mcpd-context-version"] == "2"
+    with served.client() as zmq_client:   # the same context, seen from ZeroMQ
+        assert zmq_client.call("context.open", {"id": "chat-1", "create": False})["version"] == 2
+
+
+def test_a_stale_base_gets_409_and_the_right_one_passes(served):
+    path = "/v1/contexts/chat-2/chat/completions"
+    assert raw(served, "POST", path, chat_body())[0] == 200
+    status, _, answer = raw(served, "POST", path, chat_body(), {"mcpd-context-base": "0"})
+    assert status == 409 and answer["error"]["code"] == "CONFLICT"
+    status, headers, _ = raw(served, "POST", path, chat_body(), {"mcpd-context-base": "1"})
+    assert status == 200 and headers["mcpd-context-version"] == "2"
+    assert raw(served, "POST", "/v1/contexts/absent/chat/completions", chat_body(), {"mcpd-context-base": "3"})[0] == 404
+
+
+def test_a_streamed_context_turn_reports_its_version_in_the_last_chunk(served):
+    on_context = openai.OpenAI(base_url=f"{served.base_url}/contexts/chat-3", api_key="unused", max_retries=0)
+    chunks = list(on_context.chat.completions.create(**chat_body(), stream=True))
+    assert chunks[-1].model_extra["mcpd_context"] == {"id": "chat-3", "version": 1}
+
+
+def test_contexts_are_per_tenant_and_can_be_dropped(served):
+    path = "/v1/contexts/shared-name/chat/completions"
+    assert raw(served, "POST", path, chat_body(), {"mcpd-tenant": "alice"})[0] == 200
+    assert raw(served, "GET", "/v1/contexts/shared-name", headers={"mcpd-tenant": "bob"})[0] == 404
+    status, _, answer = raw(served, "DELETE", "/v1/contexts/shared-name", headers={"mcpd-tenant": "alice"})
+    assert status == 200 and answer["deleted"] is True
+    assert raw(served, "GET", "/v1/contexts/shared-name", headers={"mcpd-tenant": "alice"})[0] == 404
+
+
+# -- API keys ------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def guarded(module_daemon):
+    daemon = module_daemon(http={"listen": f"127.0.0.1:{free_port()}"}, security={"curve": "on"})   # auth: auto
+    daemon.base_url = f"http://{daemon.control('config')['config']['http']['listen']}/v1"
+    return daemon
+
+
+def test_api_keys_are_required_stored_hashed_and_name_the_tenant(guarded):
+    assert raw(guarded, "GET", "/v1/models")[0] == 401
+    key = guarded.control("keys.api.add", {"name": "carol"})["api_key"]
+    stored = (guarded.root / "state/keys/api/carol.sha256").read_text()
+    assert key not in stored and len(stored.strip()) == 64
+    assert guarded.control("keys.list")["api_keys"] == ["carol"]
+    auth = {"Authorization": f"Bearer {key}"}
+    assert raw(guarded, "GET", "/v1/models", headers={"Authorization": "Bearer wrong"})[0] == 401
+    assert raw(guarded, "POST", "/v1/contexts/mine/chat/completions", chat_body(), auth)[0] == 200
+    contexts = guarded.control("contexts.list", {"owner": "carol"})["contexts"]
+    assert [c["id"] for c in contexts] == ["mine"]
+    # the tenant comes from the key: a header cannot claim another
+    assert raw(guarded, "GET", "/v1/contexts/mine", headers={**auth, "mcpd-tenant": "mallory"})[0] == 200
+    with openai.OpenAI(base_url=guarded.base_url, api_key=key, max_retries=0) as client:
+        assert client.chat.completions.create(**chat_body()).usage.completion_tokens == 4
+
+
+def test_a_revoked_api_key_is_refused(guarded):
+    key = guarded.control("keys.api.add", {"name": "dave"})["api_key"]
+    auth = {"Authorization": f"Bearer {key}"}
+    assert raw(guarded, "GET", "/v1/models", headers=auth)[0] == 200
+    assert guarded.mcpctl("keys", "api-revoke", "dave").returncode == 0
+    guarded.wait_until(lambda: raw(guarded, "GET", "/v1/models", headers=auth)[0] == 401, 10, "revocation")
+
+
+def test_mcpctl_makes_api_keys(guarded):
+    made = guarded.mcpctl("keys", "api-add", "erin")
+    assert made.returncode == 0 and made.stdout.strip().startswith("mcpd-")
+    assert "erin" in guarded.mcpctl("keys", "list").stdout
+
+
+def test_a_non_loopback_listen_without_keys_refuses_to_start(fresh_daemon):
+    daemon = fresh_daemon(started=False, http={"listen": f"0.0.0.0:{free_port()}"})
+    daemon.start(wait=False)
+    assert daemon.process.wait(120) == 2
+    assert "no API key" in daemon.log()
+
+
+def test_a_rate_limited_request_gets_429_with_retry_after(fresh_daemon):
+    daemon = fresh_daemon(started=False, http={"listen": f"127.0.0.1:{free_port()}"},
+                          scheduler={"default_class": "metered"})
+    with open(daemon.config_path, "a") as config:   # the one class: one request through, the next ~1000 s later
+        config.write("[scheduler.classes.metered]\nrank = 9\nrate = 0.001\nburst = 1\n")
+    daemon.start()
+    daemon.base_url = f"http://{daemon.control('config')['config']['http']['listen']}/v1"
+    metered = {"mcpd-priority": "metered"}
+    assert raw(daemon, "POST", "/v1/chat/completions", chat_body(), metered)[0] == 200
+    status, headers, answer = raw(daemon, "POST", "/v1/chat/completions", chat_body(), metered)
+    assert status == 429 and answer["error"]["code"] == "RATE_LIMITED" and answer["error"]["type"] == "rate_limit_error"
+    assert int(headers["Retry-After"]) >= 1
+    with openai.OpenAI(base_url=daemon.base_url, api_key="unused", max_retries=0,
+                       default_headers=metered) as client, pytest.raises(openai.RateLimitError):
+        client.chat.completions.create(**chat_body())
