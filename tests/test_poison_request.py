@@ -66,8 +66,11 @@ def test_context_versions_beyond_int64_are_refused(daemon):
 def test_a_request_whose_worker_dies_twice_fails_alone_and_is_not_run_again(fresh_daemon):
     """Four requests share a worker that dies. All four are retried, each alone on the restarted
     worker; the first one's worker dies again: it alone is answered, the other three complete,
-    and sending it again is refused without reaching a worker."""
-    d = fresh_daemon()
+    and sending it again is refused without reaching a worker. The engine seats one sequence:
+    the three wait in the worker behind the first for its whole run, however fast the machine
+    decodes (with seats for all, 120 tokens ended in about 50 ms, before the test saw four on the
+    worker, and it failed under load)."""
+    d = fresh_daemon(engine={"max_num_seqs": 1})
     poison = {"prompt": "poison", "max_tokens": 2000, "ignore_eos": True}
     with d.client() as client:
         def running(inflight: int, queued: int) -> bool:
