@@ -47,3 +47,11 @@ def fresh_daemon():
 def daemon(module_daemon):
     """The plain daemon most daemon tests share (small message limits, for the hostile-input tests)."""
     return module_daemon(limits={"max_message_bytes": 1 << 20, "max_header_bytes": 8192})
+
+
+def pytest_collection_modifyitems(items):
+    """Files with tests marked slow run first, each file's tests in their order: under `make
+    test`'s two processes a long file started last would run on alone after the other process
+    has finished (test_worker_crash, last by name, did). Longest first is the usual cure."""
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow_files)
