@@ -12,7 +12,6 @@ import zmq
 
 from mcpd.protocol import codes, wire
 
-LONG = 4000   # tokens: seconds of decoding, most of max_model_len (4096); ended by cancel or deadline
 CLASSES = {"high": {"rank": 2, "max_queue": 4},
            "low": {"rank": 1, "max_queue": 2, "degrade_max_tokens": 3, "shed": True},
            "limited": {"rank": 0, "max_queue": 8, "rate": 0.2, "burst": 2}}
@@ -22,7 +21,7 @@ CLASSES = {"high": {"rank": 2, "max_queue": 4},
 def d(module_daemon):
     sections = {"scheduler": {"max_inflight_per_worker": 1, "default_class": "low",
                               "degrade_queue_depth": 4, "degrade_after_s": 1.0},
-                "engine": {"max_num_seqs": 1}, "limits": {"max_new_tokens": LONG}}
+                "engine": {"max_num_seqs": 1}}
     config = module_daemon(started=False, **sections)
     classes = "".join(f"[scheduler.classes.{name}]\n" + "".join(f"{k} = {str(v).lower()}\n" for k, v in keys.items())
                       for name, keys in CLASSES.items())
@@ -41,7 +40,7 @@ class Blocker:
 
     def __init__(self, d):
         self.client = d.client()
-        self.rid = self.client.send("generate", {"prompt": "block", "max_tokens": LONG, "ignore_eos": True,
+        self.rid = self.client.send("generate", {"prompt": "block", "max_tokens": 2000, "ignore_eos": True,
                                                  "stream": True}, priority="high")
         assert self.client.receive(self.rid)["kind"] == "chunk"
 
@@ -55,18 +54,21 @@ def wait_queued(d, client, depth: int) -> None:
     d.wait_until(lambda: client.status()["queue_depth"] == depth, 30, f"{depth} queued")
 
 
-def idle_worker_tokens(d, more_than: int = -1) -> int:
-    """Tokens the worker has generated, from stats reported after this call (d.status(); the
-    scheduler's copy in client.status() can be a stats interval old, missing the tokens of the
-    test before) that show it idle with its KV blocks freed, and more than `more_than` tokens."""
-    figures = {}
-
+def worker_idle(d, client, generated_before: int) -> int:
+    """Wait for stats newer than `generated_before` (tokens generated before the request under
+    test) that show the worker idle with its KV blocks freed; returns tokens generated since."""
     def idle():
-        figures.update(d.status()["devices"][0])
-        return (figures.get("tokens_generated", -1) > more_than and figures["running"] == 0
-                and figures["kv_blocks_used"] == 0)
+        worker = client.status()["workers"][0]
+        return (worker["tokens_generated"] > generated_before and worker["running"] == 0
+                and worker["kv_blocks_used"] == 0)
     d.wait_until(idle, 30, "worker idle with its KV blocks freed")
-    return figures["tokens_generated"]
+    return client.status()["workers"][0]["tokens_generated"] - generated_before
+
+
+def tokens_generated(d, client) -> int:
+    """The worker's count, once its engine stats have reached the scheduler (HELLO has none)."""
+    d.wait_until(lambda: "tokens_generated" in client.status()["workers"][0], 30, "engine stats")
+    return client.status()["workers"][0]["tokens_generated"]
 
 
 def gen(client, prompt: str, max_tokens: int = 4, **header) -> int:
@@ -130,45 +132,47 @@ def test_deadline_exceeded_while_queued(d):
 
 
 def test_deadline_exceeded_while_running_frees_kv(d):
-    before = idle_worker_tokens(d)
     with d.client() as client:
-        rid = client.send("generate", {"prompt": "run long", "max_tokens": LONG, "ignore_eos": True,
+        before = tokens_generated(d, client)
+        rid = client.send("generate", {"prompt": "run long", "max_tokens": 2000, "ignore_eos": True,
                                        "stream": True}, timeout_ms=1500)
         assert client.receive(rid)["kind"] == "chunk"   # it runs
         assert final(client, rid)["code"] == codes.DEADLINE_EXCEEDED
-    assert idle_worker_tokens(d, before) - before < LONG
+        assert worker_idle(d, client, before) < 2000
 
 
 @pytest.mark.parametrize("how", ["cancel", "disconnect"])
 def test_cancel_and_disconnect_free_kv(d, how):
-    before = idle_worker_tokens(d)
+    client = d.client()
+    before = tokens_generated(d, client)
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(d.endpoint)
-    sock.send(wire.encode_request("generate", 1, {"prompt": "abandon", "max_tokens": LONG, "ignore_eos": True,
+    sock.send(wire.encode_request("generate", 1, {"prompt": "abandon", "max_tokens": 2000, "ignore_eos": True,
                                                   "stream": True}))
     assert sock.poll(60000) and wire.decode_reply(sock.recv())["kind"] == "chunk"
     if how == "cancel":
         sock.send(wire.encode_request("cancel", 2, {"target": 1}))
     else:
         sock.close()
-    # Stopped, not run to its end: far fewer than its LONG tokens were generated.
-    assert idle_worker_tokens(d, before) - before < LONG // 2
+    # Stopped, not run to its end: far fewer than its 2000 tokens were generated.
+    assert worker_idle(d, client, before) < 1000
     sock.close()
+    client.close()
 
 
 def test_preempted_low_request_completes_with_its_unpreempted_tokens(d):
     args = {"prompt": "preempt me", "max_tokens": 40, "temperature": 0, "ignore_eos": True}
     with d.client() as client:
         alone = client.call("generate", args, priority="low")["token_ids"]
-        before = d.status()["devices"][0]["preemptions"]   # reported after `alone` ended: no stale count
+        before = client.status()["workers"][0]["preemptions"]
         low = client.send("generate", {**args, "stream": True}, priority="low")
         assert client.receive(low)["kind"] == "chunk"
         high = gen(client, "urgent", priority="high")
         assert final(client, high)["kind"] == "ok"
         low_final = final(client, low)
         assert low_final["result"]["token_ids"] == alone
-        d.wait_until(lambda: d.status()["devices"][0]["preemptions"] > before, 10, "preemption counted")
+        d.wait_until(lambda: client.status()["workers"][0]["preemptions"] > before, 10, "preemption counted")
 
 
 def test_sustained_overload_caps_then_sheds_the_lowest_class(d):
