@@ -12,8 +12,14 @@ TORCH := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/nu
 run: $(VENV)/.runtime
 	$(VENV)/bin/mcpd --config $(CONFIG)
 
+# Two test processes (pytest-xdist), one test file each at a time: a daemon test mostly waits on
+# the daemon's processes (spawn, torch import in the worker, restarts after kills), so a second
+# file runs meanwhile on the other core. --dist loadfile keeps a module's tests, and so its
+# module-scoped daemon, in one process; every test still runs. Isolation: each Daemon has its
+# own mkdtemp root (runtime dir, state dir, /dev/shm segment named after it) and a free port,
+# and the kernel cache is written by rename (mcpd/models/native.py).
 test: $(VENV)/.test
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadfile
 
 bench: $(VENV)/.test
 	for b in bench/*.py; do $(PY) $$b --quick || exit 1; done

@@ -4,9 +4,19 @@ that kill or stop it). Either is called as start(**sections) with Daemon's confi
 started=False only writes its config (for tests that start mcpd themselves, expecting it to
 refuse, or edit the file first), umask= is the one mcpd starts under. Every daemon made is
 stopped and its directory removed afterwards, also when its start failed."""
+import os
+
 import pytest
 
 from mcpd.testing import Daemon
+
+# The tests that run torch in this process (engine, kernels, parity) share two cores with a second
+# test process and the daemons' processes: OpenMP threads that spin between parallel regions
+# (its default) take those cores from them. Passive waiting, as mcpd's own workers set it
+# (mcpd/engine/threads.py); it must be set before torch loads, and no test module is imported yet.
+# It changes no result: the threads and their work are the same. Measured with -n 2 on
+# test_engine, test_models_vs_hf and test_kernels: 24-44 s of CPU without, 15 s with.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def _daemons():
@@ -37,3 +47,11 @@ def fresh_daemon():
 def daemon(module_daemon):
     """The plain daemon most daemon tests share (small message limits, for the hostile-input tests)."""
     return module_daemon(limits={"max_message_bytes": 1 << 20, "max_header_bytes": 8192})
+
+
+def pytest_collection_modifyitems(items):
+    """Files with tests marked slow run first, each file's tests in their order: under `make
+    test`'s two processes a long file started last would run on alone after the other process
+    has finished (test_worker_crash, last by name, did). Longest first is the usual cure."""
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow_files)
