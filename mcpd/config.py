@@ -176,6 +176,16 @@ class EngineConfig:
 
 
 @dataclass(frozen=True)
+class PoolConfig:
+    shared: bool = True     # one pool per CPU device, kept by a pool keeper process; workers' KV outlives them
+    bytes: float = 0        # the device pool: 0 = auto, bytes (> 1), or a fraction (<= 1) of free device memory
+
+    def check(self) -> None:
+        if self.bytes < 0:
+            raise ConfigError(f"pool.bytes = {self.bytes}: must be 0 (auto), a byte count > 1 or a fraction in (0, 1]")
+
+
+@dataclass(frozen=True)
 class ContextsConfig:
     max_per_owner: int = 1024           # contexts one tenant may hold
     max_contexts: int = 65536           # contexts of all tenants together
@@ -298,6 +308,7 @@ class Config:
     workers: WorkersConfig = field(default_factory=WorkersConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
+    pool: PoolConfig = field(default_factory=PoolConfig)
     contexts: ContextsConfig = field(default_factory=ContextsConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     supervisor: SupervisorConfig = field(default_factory=SupervisorConfig)

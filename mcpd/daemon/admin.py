@@ -148,7 +148,9 @@ class Admin:
         message = [channels.RELOAD, msgpack.packb({"token": token, "config": fresh.to_dict()})]
         supervisor.to_scheduler.send_multipart(message)
         supervisor.to_frontend.send_multipart(message)
-        waiting = {(c.spec.role, c.spec.index) for c in supervisor.table.children if c.alive and c.ready}
+        # A pool keeper runs no configurable part: it is not sent the reload.
+        waiting = {(c.spec.role, c.spec.index) for c in supervisor.table.children
+                   if c.alive and c.ready and c.spec.role != "keeper"}
         summary = {"path": supervisor.config_path, "changed": changed, "applied": applied, "confirmed": []}
         self.pending[token] = Pending(reply_to, time.monotonic() + timeout_s, waiting, summary, fresh)
         if timeout_s == 0 or not waiting:

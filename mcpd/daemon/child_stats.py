@@ -58,6 +58,8 @@ class WorkerStats:
     pool: dict | None = None
     tokens_prefilled: int | None = None
     tokens_generated: int | None = None
+    prefix_cache_queries: int | None = None
+    prefix_cache_hits: int | None = None   # prompt tokens served from device KV blocks
     host_kv_loaded: int | None = None
     host_kv_saved: int | None = None
     batch_size: dict | None = None                   # a Histogram snapshot of sequences per step
@@ -67,7 +69,15 @@ class WorkerStats:
         return {name: getattr(self, name) for name in names if getattr(self, name, None) is not None}
 
 
-KINDS = {"frontend": FrontendStats, "scheduler": SchedulerStats, "worker": WorkerStats}
+@dataclass(frozen=True)
+class KeeperStats:
+    """A device pool's figures (PoolSegment.stats: sizes, waste, fragmentation, regions)."""
+    device: str | None = None
+    path: str | None = None
+    pool: dict = field(default_factory=dict)
+
+
+KINDS = {"frontend": FrontendStats, "scheduler": SchedulerStats, "worker": WorkerStats, "keeper": KeeperStats}
 
 
 def of(role: str, event: dict):

@@ -22,14 +22,14 @@ STABLE_AFTER_S = 30.0   # a child that lived this long resets its restart backof
 
 @dataclass
 class ChildSpec:
-    role: str                  # frontend, scheduler, worker
+    role: str                  # frontend, scheduler, keeper (a device's pool), worker
     index: int
     target: Callable
     args: tuple
 
     @property
     def name(self) -> str:
-        return self.role if self.role != "worker" else f"worker {self.index}"
+        return self.role if self.role in ("frontend", "scheduler") else f"{self.role} {self.index}"
 
 
 @dataclass
@@ -112,6 +112,13 @@ class ProcessTable:
         for child in self.children:
             if child.alive and not child.ready and time.monotonic() - child.started > limit:
                 self.log.error("%s not ready after %.0fs; killing it", child.spec.name, limit)
+                child.process.kill()
+
+    def kill_workers_on(self, device: str) -> None:
+        """SIGKILL the workers of a device (its pool keeper died); reap restarts them."""
+        for child in self.children:
+            if child.spec.role == "worker" and child.spec.args[2] == device and child.alive:
+                self.log.warning("%s: its device's pool keeper is gone; killing it", child.spec.name)
                 child.process.kill()
 
     def restart_due(self) -> None:

@@ -23,6 +23,7 @@ from mcpd.config import Config
 from mcpd.daemon import channels, child, live_config, messages
 from mcpd.protocol import codes, wire
 from mcpd.protocol.args import GenerateArgs, PingArgs
+from mcpd.refusal import StartRefused
 
 STATS_INTERVAL_S = 0.5
 IDLE_POLL_MS = 100
@@ -98,7 +99,8 @@ class Worker:
 
         started = time.monotonic()
         arena = host_segment.attach(self.config)
-        engine = Engine(self.config, torch.device(device), HostKV(arena) if arena else None)
+        engine = Engine(self.config, torch.device(device), HostKV(arena) if arena else None,
+                        self._shared_pool(device), owner=self.index)
         self.log.info("model loaded on %s in %.1fs (kernels: %s)", device, time.monotonic() - started,
                       engine.kernels_reason)
         if device == "cpu" and engine.dtype == torch.bfloat16 and not cpu_features.has_bf16():
@@ -107,6 +109,16 @@ class Worker:
             self.log.warning("model.dtype = bfloat16 on a CPU without bf16 instructions (avx512_bf16, "
                              "amx_bf16): expect it far slower than float32")
         return engine
+
+    def _shared_pool(self, device: str):
+        """The device's pool, kept by its pool keeper (supervisor.shared_pool_devices), or None
+        for a private one. Waits for the keeper as long as a child may take to get ready."""
+        from mcpd.daemon.pool_keeper import shared_pool_devices
+        from mcpd.memory import pool_segment
+
+        if not shared_pool_devices(self.config, [device]):
+            return None
+        return pool_segment.attach_when_kept(self.config.runtime_dir, device, self.config.supervisor.ready_timeout_s)
 
     def serve(self) -> None:
         hello = messages.Hello(self.index, os.getpid(), **self._identity())
@@ -313,4 +325,8 @@ def sampling_params(args: GenerateArgs, max_tokens: int):
                           ignore_eos=args.ignore_eos, logprobs=args.logprobs)
 
 def run(config: Config, index: int, device: str) -> None:
-    Worker(config, index, device).serve()
+    try:
+        worker = Worker(config, index, device)
+    except StartRefused as e:   # its device pool cannot hold it, or is not one to trust
+        child.refuse_start(config, "worker", e, index)
+    worker.serve()

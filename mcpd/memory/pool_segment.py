@@ -86,6 +86,12 @@ def segment_path(runtime_dir: Path, device: str) -> Path:
         f"{host_segment.segment_path(runtime_dir).name}-pool-{device.replace(':', '')}")
 
 
+def every_segment(runtime_dir: Path) -> list[Path]:
+    """The pool segments of the daemon on runtime_dir, whatever their devices."""
+    name = host_segment.segment_path(runtime_dir).name
+    return sorted(host_segment.SHM_DIR.glob(f"{name}-pool-*"))
+
+
 def lock_path(runtime_dir: Path, device: str) -> Path:
     return runtime_dir / f"pool-{device.replace(':', '')}.lock"
 
