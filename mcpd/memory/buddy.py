@@ -105,7 +105,7 @@ class BuddyAllocator:
         self._live: dict[int, tuple[int, int]] = {}
         self._in_use_units = 0
         self._requested_bytes = 0
-        for unit_offset, order in _decompose(0, total_units):
+        for unit_offset, order in decompose(0, total_units):
             self._push_free(unit_offset, order)
 
     @classmethod
@@ -115,7 +115,7 @@ class BuddyAllocator:
         (pool_segment.py), where the live set is the whole state.
 
         The free lists follow from the live set: within each top-level block, every gap between
-        allocations is tiled by _decompose, whose greedy largest-aligned blocks are exactly the
+        allocations is tiled by decompose, whose greedy largest-aligned blocks are exactly the
         maximal free buddy blocks (a larger aligned free block holding a gap's first unit would
         start before the gap). Raises AllocatorError for offsets no allocator could have granted
         (the table is read from shared memory: never trusted)."""
@@ -132,7 +132,7 @@ class BuddyAllocator:
             allocator._live[offset] = (units, nbytes)
             allocator._in_use_units += units
             allocator._requested_bytes += nbytes
-        for top_offset, order in _decompose(0, total_bytes >> shift):
+        for top_offset, order in decompose(0, total_bytes >> shift):
             at, end = top_offset, top_offset + (1 << order)
             for start, stop in spans:
                 if start >= end or stop <= at:
@@ -149,7 +149,7 @@ class BuddyAllocator:
             raise AllocatorError(f"allocation at {offset} of {nbytes} bytes overlaps another or leaves the pool")
 
     def _push_gap(self, start: int, end: int) -> None:
-        for unit_offset, order in _decompose(start, end - start):
+        for unit_offset, order in decompose(start, end - start):
             self._push_free(unit_offset, order)
 
     def alloc(self, nbytes: int) -> int:
@@ -169,7 +169,7 @@ class BuddyAllocator:
             self._push_free(start + (1 << found_order), found_order)
         # Keep the first `units` units; return the tail [start+units, start+2**order) as the
         # aligned blocks it decomposes into.
-        for unit_offset, tail_order in _decompose(start + units, (1 << order) - units):
+        for unit_offset, tail_order in decompose(start + units, (1 << order) - units):
             self._push_free(unit_offset, tail_order)
         offset = start << self._unit_shift
         self._live[offset] = (units, nbytes)
@@ -183,7 +183,7 @@ class BuddyAllocator:
         if entry is None:
             raise AllocatorError(self._describe_unknown(offset))
         units, nbytes = entry
-        for unit_offset, order in _decompose(offset >> self._unit_shift, units):
+        for unit_offset, order in decompose(offset >> self._unit_shift, units):
             self._release(unit_offset, order)
         self._in_use_units -= units
         self._requested_bytes -= nbytes
@@ -262,7 +262,7 @@ class BuddyAllocator:
         )
 
 
-def _decompose(unit_offset: int, units: int):
+def decompose(unit_offset: int, units: int):
     """Yield (offset, order) of the aligned power-of-two blocks that tile [unit_offset, +units).
 
     Greedy: each block is the largest one that is aligned at the current offset (its size divides

@@ -5,8 +5,9 @@ outlives the worker (its KV blocks: engine/kv_records.py).
     header | region table (one row per region, as columns) | the pool's bytes
 
 The region table is the pool's whole allocation state: a region is (kind, owner, key, offset,
-requested bytes), and the buddy allocator is rebuilt from the live rows whenever a region is
-taken (BuddyAllocator.restored), so no process holds state the others cannot see. Regions are
+requested bytes), and the allocator (region_allocator.py: a buddy whose regions may span
+adjacent free blocks) is rebuilt from the live rows whenever a region is taken
+(BuddyAllocator.restored), so no process holds state the others cannot see. Regions are
 few (a worker's weights, KV, scratch), so the rebuild costs microseconds. Changes happen under
 a FileLock (the kernel drops it when its holder dies); a row becomes LIVE by its state byte,
 written last, and FREE by it, written first, so a holder SIGKILLed mid-update leaves no
@@ -41,7 +42,8 @@ from pathlib import Path
 import numpy as np
 
 from mcpd.memory import host_segment
-from mcpd.memory.buddy import BuddyAllocator, OutOfPoolMemory
+from mcpd.memory.buddy import OutOfPoolMemory
+from mcpd.memory.region_allocator import RegionAllocator
 from mcpd.memory.file_lock import FileLock
 from mcpd.memory.shm_arena import process_alive
 from mcpd.memory.shm_layout import ALIGN, COLUMN_ALIGN, aligned
@@ -246,9 +248,9 @@ class PoolSegment:
                 f"pool has {e.free_bytes} of {self.total_bytes} bytes free, the largest free block {e.largest_free} "
                 "bytes: raise pool.bytes (or lower engine.pool_bytes / engine.kv_fraction)") from None
 
-    def _allocator(self) -> BuddyAllocator:
+    def _allocator(self) -> RegionAllocator:
         rows = np.flatnonzero(self.state == LIVE)
-        return BuddyAllocator.restored(self.total_bytes, self.min_block,
+        return RegionAllocator.restored(self.total_bytes, self.min_block,
                                        {int(self.offset[r]): int(self.nbytes[r]) for r in rows})
 
 
