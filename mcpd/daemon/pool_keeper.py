@@ -32,12 +32,17 @@ def shared_pool_devices(config: Config, devices: list[str]) -> list[str]:
 
 
 def pool_bytes(config: Config, device: str, workers: int) -> int:
-    """The device pool's size from pool.bytes (0: auto, from engine.pool_bytes per worker)."""
-    from mcpd.memory import DevicePool   # torch: only the keeper and workers pay for it
+    """The device pool's size from pool.bytes (0: auto: per worker, its engine.pool_bytes share
+    with headroom, and its model's parameters)."""
+    import torch   # only the keeper and workers pay for it
+
+    from mcpd.memory import DevicePool
+    from mcpd.models import parameter_bytes
 
     if config.pool.bytes:
         return DevicePool.resolve_bytes(config.pool.bytes, device)
-    return int(workers * DevicePool.resolve_bytes(config.engine.pool_bytes, device) * AUTO_HEADROOM)
+    share = DevicePool.resolve_bytes(config.engine.pool_bytes, device) * AUTO_HEADROOM
+    return int(workers * (share + parameter_bytes(config.model, torch.device(device))))
 
 
 def run(config: Config, index: int, device: str, workers: int) -> None:

@@ -21,6 +21,7 @@ from mcpd.engine.detokenizer import Detokenizer
 from mcpd.engine.host_kv import HostKV
 from mcpd.engine.kv_cache import KVCache
 from mcpd.engine.kv_records import kv_region, region_key
+from mcpd.engine.resident_weights import ResidentWeights
 from mcpd.engine.sampler import Sampler
 from mcpd.engine.sequence import SamplingParams, Sequence
 from mcpd.engine.thread_tuner import ThreadTuner
@@ -48,6 +49,12 @@ BUDDY_MIN_BYTES = 4096
 PROCESS_THREADS = torch.get_num_threads()   # as the worker set them up (OMP_NUM_THREADS), before any tuning
 
 
+def kv_share_bytes(pool_bytes: int, kv_fraction: float) -> int:
+    """The KV cache's bytes of a worker's pool share: exactly kv_fraction of it, whatever its
+    size; at least a page stays with the buddy for everything else."""
+    return min(int(pool_bytes * kv_fraction), pool_bytes - BUDDY_MIN_BYTES)
+
+
 class Engine:
     def __init__(self, config: Config, device: torch.device, host: HostKV | None = None,
                  shared_pool: PoolSegment | None = None, owner: int = 0) -> None:
@@ -55,15 +62,15 @@ class Engine:
         shared_pool: the device's pool (pool keeper), where the KV cache takes owner's region,
         which outlives this process; None: a private pool of this engine's own."""
         self.device = torch.device(device)
-        loaded = load_model(config.model, self.device)
+        # The weights' region first: a pool that cannot hold the model refuses before the KV is sized.
+        self.resident = ResidentWeights(shared_pool, owner, config.model) if shared_pool is not None else None
+        loaded = load_model(config.model, self.device, self.resident)
         self.model, self.tokenizer = loaded.model, loaded.tokenizer
         self.model_name, self.dtype, self.vocab_size = loaded.name, loaded.dtype, loaded.vocab_size
         self.max_model_len = loaded.max_model_len
         self.kernels_reason = self.model.use_kernels(config.engine.kernels)
         pool_bytes = DevicePool.resolve_bytes(config.engine.pool_bytes, self.device)
-        # The KV cache is the pool's reserved front region: exactly kv_fraction of it, whatever the
-        # pool size; at least a page stays with the buddy for everything else.
-        kv_bytes = min(int(pool_bytes * config.engine.kv_fraction), pool_bytes - BUDDY_MIN_BYTES)
+        kv_bytes = kv_share_bytes(pool_bytes, config.engine.kv_fraction)
         layout = (config.engine.kv_block_size, self.model.num_layers, self.model.num_kv_heads, self.model.head_dim,
                   self.dtype)
         self.shared_pool = shared_pool
@@ -233,7 +240,7 @@ class Engine:
             figures = self.shared_pool.stats()
             del figures["regions"]   # the keeper reports them, once per device
             return {**figures, "shared": True, "kv_region_bytes": self.kv.tensor.nbytes,
-                    "kv_blocks_adopted": self.kv.adopted}
+                    "kv_blocks_adopted": self.kv.adopted, "weights_from_pool": self.resident.from_pool}
         # The whole private pool: the KV cache's reserved region counts as in use (and requested).
         pool = self.pool.stats()
         return {**dataclasses.asdict(pool), "total_bytes": self.pool.nbytes, "shared": False,

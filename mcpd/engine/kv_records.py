@@ -78,12 +78,17 @@ class KVRecords:
         return found
 
 
+def region_bytes(num_blocks: int, block_bytes: int) -> int:
+    """A KV region's size: its blocks, then their records."""
+    return num_blocks * block_bytes + KVRecords.nbytes(num_blocks)
+
+
 def kv_region(segment: PoolSegment, owner: int, key: bytes, num_blocks: int,
               block_bytes: int) -> tuple[torch.Tensor, KVRecords]:
     """Owner's KV region in the device pool (its dead predecessor's, if the key matches), as the
     block bytes (uint8) and their records."""
     tensor_bytes = num_blocks * block_bytes
-    region = segment.take(KV, owner, key, tensor_bytes + KVRecords.nbytes(num_blocks))
+    region = segment.take(KV, owner, key, region_bytes(num_blocks, block_bytes))
     memory = segment.buffer(region)
     records = KVRecords(memory[tensor_bytes:], num_blocks, trusted=region.reused)
     return torch.frombuffer(memory[:tensor_bytes], dtype=torch.uint8), records
