@@ -6,12 +6,13 @@ Two CPU workers serve a closed loop of clients (each sends a short generate, wai
 final reply, sends the next). Before the load, a chat runs ten turns on a context; its worker is
 the one SIGKILLed, after a baseline window; the load goes on until it serves again and for a
 window after. Then the chat's turn 11 runs alone. Side by side in one run: the same scenario
-with the shared device pool (pool.shared = true: the successor maps its predecessor's weights
-and committed KV blocks) and with today's private pools (pool.shared = false: the successor
-reloads the model and finds the chat's KV in the host cache, or recomputes it).
+with the shared device pool and a standby per worker (pool.shared, workers.standby: a promoted
+standby, torch already loaded, maps its predecessor's weights and committed KV blocks) and with
+today's path (private pools, no standby: a fresh process reloads the model and finds the chat's
+KV in the host cache, or recomputes it).
 Last line JSON: unanswered (requests sent without a final reply: must be 0), lost (answered
-WORKER_LOST), recovery_seconds (kill until the new worker is running, shared pool),
-baseline_recovery_seconds (the same, private pools), recomputed_tokens_after_kill (tokens of the
+WORKER_LOST), recovery_seconds (kill until the new worker is running: shared pool, standby),
+baseline_recovery_seconds (the same, today's path), recomputed_tokens_after_kill (tokens of the
 chat's history turn 11 computed again: its full blocks not found on the device or in the host
 cache), host_kv_loads_after_kill (blocks turn 11 loaded from the host cache), the baseline_ twins
 of both, and throughput_dip_frac (1 - throughput while recovering / before).
@@ -74,7 +75,8 @@ def chat(daemon: Daemon, context, text: str) -> None:
 
 
 def scenario(shared: bool, window: float) -> dict:
-    daemon = Daemon(workers={"count": 2, "threads": 1, "device": "cpu", "restart_backoff_s": 0.2},
+    """shared: the device pool and a standby per worker (workers.standby); else today's path."""
+    daemon = Daemon(workers={"count": 2, "threads": 1, "device": "cpu", "restart_backoff_s": 0.2, "standby": shared},
                     pool={"shared": shared}).start()
     try:
         with daemon.client(timeout=120, tenant="chat") as client:
@@ -84,6 +86,8 @@ def scenario(shared: bool, window: float) -> dict:
                 chat(daemon, context, f" turn {i}: {CHAT_TEXT}")
             after = counters(daemon)
             served_by = max(after, key=lambda w: after[w]["prefix_cache_queries"] - before[w]["prefix_cache_queries"])
+            if shared:   # its standby must be up (a standby still loading torch is promoted all the same)
+                daemon.wait_until(lambda: f"standing by for worker {served_by}" in daemon.log(), 120, "a standby")
             load = Load(daemon, clients=8)
             for t in load.threads:
                 t.start()
@@ -139,9 +143,9 @@ def main() -> None:
     figures["recovery_ratio"] = round(figures["recovery_seconds"] / baseline["recovery_seconds"], 3)
     print(f"before the kill {figures['throughput_before_rps']} req/s, while recovering "
           f"{figures['throughput_recovering_rps']} req/s, after {figures['throughput_after_rps']} req/s; "
-          f"worker back in {figures['recovery_seconds']} s (private pools: {baseline['recovery_seconds']} s); "
+          f"worker back in {figures['recovery_seconds']} s (today's path: {baseline['recovery_seconds']} s); "
           f"turn 11 recomputed {figures['recomputed_tokens_after_kill']} tokens and loaded "
-          f"{figures['host_kv_loads_after_kill']} host blocks (private pools: {baseline['recomputed_tokens_after_kill']}, "
+          f"{figures['host_kv_loads_after_kill']} host blocks (today's path: {baseline['recomputed_tokens_after_kill']}, "
           f"{baseline['host_kv_loads_after_kill']}); {figures['unanswered']} unanswered, "
           f"{figures['lost']} WORKER_LOST of {figures['requests']}")
     print(json.dumps(figures))

@@ -117,6 +117,7 @@ class WorkersConfig:
     threads: int = 0            # torch threads per CPU worker; 0 = one per core the worker owns
     wait_policy: str = "passive"    # OpenMP's idle threads: passive (sleep) or active (spin)
     adaptive_threads: bool = True   # CPU workers try fewer/more threads now and then, keep the faster
+    standby: bool = False               # keep a started standby per worker (torch loaded) to promote when it dies
     restart_backoff_s: float = 0.5      # first restart delay; doubles per quick crash
     restart_backoff_max_s: float = 30.0
 

@@ -100,3 +100,17 @@ def test_a_dead_keeper_takes_its_workers_down_and_the_set_comes_back(fresh_daemo
     assert {(r["owner"], r["pid"]) for r in pool["regions"]} == {(0, d.pid_of("worker"))}
     with d.client() as client:
         assert client.generate("again", max_tokens=3, ignore_eos=True).completion_tokens == 3
+
+
+def test_a_dead_workers_standby_is_promoted_and_replaced(fresh_daemon):
+    d = fresh_daemon(workers={"standby": True})
+    d.wait_until(lambda: "standing by for worker 0" in d.log(), 60, "a standby")
+    old_pid = d.pid_of("worker")
+    os.kill(old_pid, signal.SIGKILL)
+    d.wait_until(lambda: d.pid_of("worker") not in (None, old_pid) and d.status()["state"] == "ready", 60,
+                 "worker back")
+    assert f"promoted the standby of worker 0 (pid {d.pid_of('worker')})" in d.log()
+    assert device(d)["pool"]["weights_from_pool"]
+    with d.client() as client:
+        assert client.generate("again", max_tokens=3, ignore_eos=True).completion_tokens == 3
+    d.wait_until(lambda: d.log().count("standing by for worker 0") == 2, 60, "a new standby")

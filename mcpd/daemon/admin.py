@@ -167,6 +167,7 @@ class Admin:
         supervisor.table.config = supervisor.config
         for child in supervisor.table.children:
             child.spec.args = (supervisor.config, *child.spec.args[1:])
+        supervisor.table.drop_standbys()   # they hold the old config; new ones come with the new
 
     # -- events from children -------------------------------------------------------------------
 

@@ -79,7 +79,8 @@ class Supervisor:
                  ChildSpec("scheduler", 0, scheduler_loop.run, (config,))]
         specs += [ChildSpec("keeper", i, pool_keeper.run, (config, i, d, devices.count(d)))
                   for i, d in enumerate(pool_keeper.shared_pool_devices(config, devices))]
-        specs += [ChildSpec("worker", i, worker.run, (config, i, d)) for i, d in enumerate(devices)]
+        specs += [ChildSpec("worker", i, worker.run, (config, i, d), standby=config.workers.standby)
+                  for i, d in enumerate(devices)]
         self.table = ProcessTable(config, specs, self.log)
         self.keys = KeyStore(config.keys_dir)
         self.admin_gid = peers.admin_gid(config.security.admin_group)
@@ -155,6 +156,7 @@ class Supervisor:
                 self.table.kill_workers_on(child.spec.args[2])
             self.notifier.notify(STATUS=f"{child.spec.name} {child.last_exit}; restarting")
         self.table.restart_due()
+        self.table.replenish_standbys()
         if self.reload_requested:
             self._reload()
         self.admin.expire()

@@ -37,6 +37,7 @@ MAX_REASON_CHARS = 500   # of a failed step's exception, as the scheduler passes
 # Steps failing one after another, with no good step between, mean the engine itself is broken
 # (a lost device context, say), not one request: the worker exits and its restart reloads it.
 MAX_FAILED_STEPS = 3
+STANDBY_POLL_S = 0.5   # how often a standby checks that the supervisor still runs
 
 
 @dataclass
@@ -80,12 +81,9 @@ class Worker:
         self.done_due = 0.0
 
     def _load_engine(self, device: str):
-        from mcpd.engine import threads
-
         workers = self.config.workers
         if device == "cpu":   # before torch: OpenMP reads its environment once, when it loads
-            count, policy_applies = threads.configure(workers.count, self.index, workers.threads,
-                                                      workers.wait_policy)
+            count, policy_applies = prepare_threads(self.config, self.index)
         import torch   # imported here: the supervisor and front-end never pay for torch
         from mcpd.engine import Engine
 
@@ -324,7 +322,42 @@ def sampling_params(args: GenerateArgs, max_tokens: int):
                           seed=args.seed, stop=args.stop, stop_token_ids=args.stop_token_ids,
                           ignore_eos=args.ignore_eos, logprobs=args.logprobs)
 
-def run(config: Config, index: int, device: str) -> None:
+_THREADS: tuple[int, bool] | None = None   # prepare_threads' result: once per process
+
+
+def prepare_threads(config: Config, index: int) -> tuple[int, bool]:
+    """Pin this CPU worker to its cores and set OpenMP's environment, once: a standby did it
+    before torch loaded, and pinning again would split the worker's own cores once more."""
+    from mcpd.engine import threads
+
+    global _THREADS
+    if _THREADS is None:
+        workers = config.workers
+        _THREADS = threads.configure(workers.count, index, workers.threads, workers.wait_policy)
+    return _THREADS
+
+
+def stand_by(config: Config, index: int, device: str, promoted) -> None:
+    """A standby for worker `index` (workers.standby): pay for the process, torch and the engine's
+    imports now, then wait until the supervisor promotes it (its worker died). The promoted
+    standby starts as any worker does, minus those seconds."""
+    log = child.start(f"worker{index}-standby", config)
+    if device == "cpu":
+        prepare_threads(config, index)
+    import torch  # noqa: F401  (the point: loaded before it is needed)
+
+    import mcpd.engine  # noqa: F401
+    log.info("standing by for worker %d", index)
+    parent_pid = os.getppid()
+    while not promoted.wait(STANDBY_POLL_S):
+        if not child.parent_alive(parent_pid):
+            raise SystemExit(0)
+
+
+def run(config: Config, index: int, device: str, promoted=None) -> None:
+    """promoted: an Event; given, this process is a standby until it is set (stand_by)."""
+    if promoted is not None:
+        stand_by(config, index, device, promoted)
     try:
         worker = Worker(config, index, device)
     except StartRefused as e:   # its device pool cannot hold it, or is not one to trust
