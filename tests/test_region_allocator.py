@@ -2,13 +2,11 @@
 buddy invariants hold under churn, and a lone region leaves its free space in one piece."""
 from __future__ import annotations
 
-import random
-
 import pytest
 
 from mcpd.memory import OutOfPoolMemory
 from mcpd.memory.region_allocator import RegionAllocator
-from test_buddy import free_blocks
+from test_buddy import churn, free_blocks
 
 MIB = 1 << 20
 
@@ -53,21 +51,8 @@ def test_best_fit_takes_the_smallest_run_that_holds_the_region():
 
 @pytest.mark.parametrize("seed", range(4))
 def test_churn_keeps_the_buddy_invariants_and_restores(seed: int):
-    rng = random.Random(seed)
     allocator = RegionAllocator(1000 * MIB, 4096)
-    live: dict[int, int] = {}
-    for _ in range(300):
-        if live and rng.random() < 0.45:
-            offset = rng.choice(sorted(live))
-            allocator.free(offset)
-            del live[offset]
-        else:
-            nbytes = rng.randint(1, 200 * MIB)
-            try:
-                live[allocator.alloc(nbytes)] = nbytes
-            except OutOfPoolMemory as e:
-                assert e.largest_free < nbytes
-        check_invariants(allocator, live)
+    live = churn(allocator, seed, 300, 200 * MIB, check=lambda live: check_invariants(allocator, live))
     restored = RegionAllocator.restored(allocator.total_bytes, 4096, live)
     assert sorted(free_blocks(restored)) == sorted(free_blocks(allocator))
     for offset in live:

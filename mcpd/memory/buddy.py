@@ -154,9 +154,7 @@ class BuddyAllocator:
 
     def alloc(self, nbytes: int) -> int:
         """Reserve at least nbytes contiguous bytes; return their offset (a multiple of min_block)."""
-        if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes <= 0:
-            raise AllocatorError(f"alloc({nbytes!r}): size must be a positive int")
-        units = -(-nbytes >> self._unit_shift)  # ceil division
+        units = self._units_of(nbytes)
         order = (units - 1).bit_length()       # smallest block that holds `units`
         candidates = self._nonempty_orders >> order
         if not candidates:
@@ -167,9 +165,18 @@ class BuddyAllocator:
         while found_order > order:
             found_order -= 1
             self._push_free(start + (1 << found_order), found_order)
-        # Keep the first `units` units; return the tail [start+units, start+2**order) as the
-        # aligned blocks it decomposes into.
-        for unit_offset, tail_order in decompose(start + units, (1 << order) - units):
+        return self._grant(start, units, start + (1 << order), nbytes)
+
+    def _units_of(self, nbytes: int) -> int:
+        if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes <= 0:
+            raise AllocatorError(f"alloc({nbytes!r}): size must be a positive int")
+        return -(-nbytes >> self._unit_shift)  # ceil division
+
+    def _grant(self, start: int, units: int, taken_end: int, nbytes: int) -> int:
+        """Keep [start, start+units) of the free range [start, taken_end) just taken off the free
+        lists; return its tail as the aligned blocks it decomposes into (their buddies all lie in
+        the kept part, so none is left unmerged). Returns the allocation's byte offset."""
+        for unit_offset, tail_order in decompose(start + units, taken_end - start - units):
             self._push_free(unit_offset, tail_order)
         offset = start << self._unit_shift
         self._live[offset] = (units, nbytes)

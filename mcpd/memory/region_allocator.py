@@ -18,14 +18,12 @@ has a handful of regions, and regions are taken at worker start, never per token
 """
 from __future__ import annotations
 
-from mcpd.memory.buddy import AllocatorError, BuddyAllocator, OutOfPoolMemory, decompose
+from mcpd.memory.buddy import BuddyAllocator, OutOfPoolMemory
 
 
 class RegionAllocator(BuddyAllocator):
     def alloc(self, nbytes: int) -> int:
-        if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes <= 0:
-            raise AllocatorError(f"alloc({nbytes!r}): size must be a positive int")
-        units = -(-nbytes >> self._unit_shift)
+        units = self._units_of(nbytes)
         fitting = [run for run in self._free_runs() if run[1] - run[0] >= units]
         if not fitting:
             raise OutOfPoolMemory(nbytes, self._free_bytes(), self._largest_free_bytes())
@@ -33,14 +31,7 @@ class RegionAllocator(BuddyAllocator):
         taken = [(o, k) for o, k in members if o < start + units]   # the blocks the allocation touches
         for unit_offset, order in taken:
             self._discard_free(unit_offset, order)
-        last_end = taken[-1][0] + (1 << taken[-1][1])
-        for unit_offset, order in decompose(start + units, last_end - start - units):
-            self._push_free(unit_offset, order)
-        offset = start << self._unit_shift
-        self._live[offset] = (units, nbytes)
-        self._in_use_units += units
-        self._requested_bytes += nbytes
-        return offset
+        return self._grant(start, units, taken[-1][0] + (1 << taken[-1][1]), nbytes)
 
     def _free_runs(self) -> list[tuple[int, int, list[tuple[int, int]]]]:
         """(start, end, member blocks by address) of each run of adjacent free blocks, in units."""
