@@ -20,8 +20,15 @@ of that band; buddy_occupancy_mean says where it sat. Internal waste and externa
 (1 - largest free block / free bytes) are sampled after every operation in the band; the
 baseline is plain power-of-two rounding of the same live set, computed.
 
+Device pool: four worker slots on one device pool start and stop workers at random, each
+taking or freeing its KV region, of the sizes real configs make (pool_region_sizes: a small and
+a large model at two pool shares each), in a pool sized as pool.bytes = 0 sizes it for four of
+the largest. The pool's RegionAllocator (offsets only, as PoolSegment runs it) against the plain
+buddy on the same churn; fragmentation is sampled after every operation that leaves some free.
+
 Last line JSON: kv_waste_frac (target <= 0.04), buddy_internal_waste_frac (target <= 0.08),
-external_fragmentation, alloc_us and free_us per operation, with the baselines beside them.
+external_fragmentation, alloc_us and free_us per operation, pool_internal_waste_frac (target
+<= 0.02) and pool_external_fragmentation (target <= 0.2), with the baselines beside them.
 """
 from __future__ import annotations
 
@@ -39,13 +46,21 @@ threads.configure(workers=1, index=0, requested=0, wait_policy=config.WorkersCon
 
 import torch  # noqa: E402  after the thread setup: OpenMP reads its environment once, at load
 
+from mcpd.daemon.pool_keeper import AUTO_HEADROOM  # noqa: E402
 from mcpd.engine import Engine, SamplingParams  # noqa: E402
+from mcpd.engine.engine import kv_share_bytes  # noqa: E402
+from mcpd.engine.kv_cache import KVCache  # noqa: E402
+from mcpd.engine.kv_records import region_bytes  # noqa: E402
 from mcpd.memory import BuddyAllocator, OutOfPoolMemory  # noqa: E402
+from mcpd.memory.pool_segment import MIN_BLOCK as MIN_POOL_BLOCK  # noqa: E402
+from mcpd.memory.region_allocator import RegionAllocator  # noqa: E402
+from mcpd.models import load_model  # noqa: E402
 
 KV_POOL_BYTES = 64 << 20     # ~15k tokens of the embedded model's KV: less than the churn wants
 MAX_TOKENS = 256
 BUDDY_POOL_BYTES = 4 << 30   # offsets only: the allocator reserves no memory
 MIN_BLOCK = 256              # DevicePool's
+POOL_WORKERS = 4             # workers sharing one device pool in the pool churn
 
 
 def log_uniform(rng: random.Random, low: int, high: int) -> int:
@@ -140,6 +155,64 @@ def buddy_churn(num_ops: int, seed: int) -> dict:
             "buddy_alloc_refused_frac": refused / (refused + len(alloc_ns))}
 
 
+def pool_region_sizes() -> dict[str, int]:
+    """The KV regions real configs make (engine.kv_fraction 0.9, blocks of 16 tokens): the
+    embedded model at engine.pool_bytes 64 MiB (the tests') and 256 MiB (etc/mcpd.toml's), and a
+    Llama-2-7B layout (32 layers, 32 KV heads of 128, float16) at 1 and 2 GiB."""
+    embedded = load_model(config.ModelConfig(), torch.device("cpu")).model
+    small = (embedded.num_layers, embedded.num_kv_heads, embedded.head_dim, torch.float32)
+    large = (32, 32, 128, torch.float16)
+    sizes = {}
+    for name, layout, share in (("small_64m", small, 64 << 20), ("small_256m", small, 256 << 20),
+                                ("large_1g", large, 1 << 30), ("large_2g", large, 2 << 30)):
+        block_bytes = KVCache.block_bytes(16, *layout)
+        sizes[name] = region_bytes(kv_share_bytes(share, 0.9) // block_bytes, block_bytes)
+    return sizes
+
+
+def pool_churn(num_ops: int, seed: int, sizes: dict[str, int], allocator) -> dict:
+    """POOL_WORKERS worker slots on one device pool: each operation picks a slot at random and
+    stops its worker (its region freed), or starts one of a random kind (its region taken;
+    refused when no free run holds it). Waste and fragmentation are sampled after every
+    operation that leaves some of the pool free."""
+    rng = random.Random(seed)
+    slots: list[int | None] = [None] * POOL_WORKERS
+    waste, fragmentation, refused, taken = [], [], 0, 0
+    for _ in range(num_ops):
+        slot = rng.randrange(POOL_WORKERS)
+        if slots[slot] is not None:
+            allocator.free(slots[slot])
+            slots[slot] = None
+        else:
+            try:
+                slots[slot] = allocator.alloc(sizes[rng.choice(sorted(sizes))])
+                taken += 1
+            except OutOfPoolMemory:
+                refused += 1
+        stats = allocator.stats()
+        if stats.free_bytes:
+            waste.append(stats.internal_waste_frac)
+            fragmentation.append(stats.external_fragmentation)
+    return {"internal_waste_frac": statistics.fmean(waste), "external_fragmentation": statistics.fmean(fragmentation),
+            "external_fragmentation_max": max(fragmentation), "refused_frac": refused / (refused + taken)}
+
+
+def pool_churns(num_ops: int, seed: int) -> dict:
+    """The device pool's RegionAllocator against the plain buddy, on the same churn."""
+    sizes = pool_region_sizes()
+    total = int(POOL_WORKERS * max(sizes.values()) * AUTO_HEADROOM) // MIN_POOL_BLOCK * MIN_POOL_BLOCK
+    region = pool_churn(num_ops, seed, sizes, RegionAllocator(total, MIN_POOL_BLOCK))
+    buddy = pool_churn(num_ops, seed, sizes, BuddyAllocator(total, MIN_POOL_BLOCK))
+    return {"pool_internal_waste_frac": region["internal_waste_frac"],
+            "pool_external_fragmentation": region["external_fragmentation"],
+            "pool_external_fragmentation_max": region["external_fragmentation_max"],
+            "pool_refused_frac": region["refused_frac"],
+            "pool_buddy_internal_waste_frac": buddy["internal_waste_frac"],
+            "pool_buddy_external_fragmentation": buddy["external_fragmentation"],
+            "pool_buddy_refused_frac": buddy["refused_frac"], "pool_bytes": total, "pool_ops": num_ops,
+            "pool_region_sizes": sizes}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a shorter churn (under a minute)")
@@ -147,6 +220,7 @@ def main() -> None:
     args = parser.parse_args()
     kv = kv_churn(num_requests=100 if args.quick else 400, concurrency=32, seed=args.seed)
     buddy = buddy_churn(num_ops=50_000 if args.quick else 500_000, seed=args.seed)
+    pool = pool_churns(num_ops=2_000 if args.quick else 20_000, seed=args.seed)
 
     print(f"KV: {kv['kv_requests']} requests, {kv['kv_mean_running']:.1f} running on average, "
           f"{kv['kv_blocks_total']} blocks of 16 tokens, {kv['preemptions']} preemptions, "
@@ -162,8 +236,16 @@ def main() -> None:
     print(f"  {'external fragmentation':32} {buddy['external_fragmentation']:8.2%} "
           f"(end {buddy['external_fragmentation_end']:.2%})")
     print(f"  {'alloc / free':32} {buddy['alloc_us']:6.2f} us {buddy['free_us']:6.2f} us")
+    print(f"Device pool: {POOL_WORKERS} worker slots churning KV regions of "
+          f"{', '.join(f'{n / (1 << 20):.0f}' for n in pool['pool_region_sizes'].values())} MiB "
+          f"in {pool['pool_bytes'] / (1 << 30):.1f} GiB")
+    print(f"  {'':32} {'waste':>8} {'frag':>8} {'refused':>8}")
+    print(f"  {'region allocator (mcpd)':32} {pool['pool_internal_waste_frac']:8.4%} "
+          f"{pool['pool_external_fragmentation']:8.3f} {pool['pool_refused_frac']:8.1%}")
+    print(f"  {'plain buddy':32} {pool['pool_buddy_internal_waste_frac']:8.4%} "
+          f"{pool['pool_buddy_external_fragmentation']:8.3f} {pool['pool_buddy_refused_frac']:8.1%}")
     print(json.dumps({key: round(value, 4) if isinstance(value, float) else value
-                      for key, value in {**kv, **buddy, "quick": args.quick}.items()}))
+                      for key, value in {**kv, **buddy, **pool, "quick": args.quick}.items()}))
 
 
 if __name__ == "__main__":

@@ -117,6 +117,7 @@ class WorkersConfig:
     threads: int = 0            # torch threads per CPU worker; 0 = one per core the worker owns
     wait_policy: str = "passive"    # OpenMP's idle threads: passive (sleep) or active (spin)
     adaptive_threads: bool = True   # CPU workers try fewer/more threads now and then, keep the faster
+    standby: bool = False               # keep a started standby per worker (torch loaded) to promote when it dies
     restart_backoff_s: float = 0.5      # first restart delay; doubles per quick crash
     restart_backoff_max_s: float = 30.0
 
@@ -173,6 +174,16 @@ class EngineConfig:
             # some sequences without a turn, step after step.
             raise ConfigError(f"engine.max_step_tokens = {self.max_step_tokens} must be >= engine.max_num_seqs "
                               f"= {self.max_num_seqs}")
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    shared: bool = True     # one pool per CPU device, kept by a pool keeper process; workers' KV outlives them
+    bytes: float = 0        # the device pool: 0 = auto, bytes (> 1), or a fraction (<= 1) of free device memory
+
+    def check(self) -> None:
+        if self.bytes < 0:
+            raise ConfigError(f"pool.bytes = {self.bytes}: must be 0 (auto), a byte count > 1 or a fraction in (0, 1]")
 
 
 @dataclass(frozen=True)
@@ -341,6 +352,7 @@ class Config:
     workers: WorkersConfig = field(default_factory=WorkersConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
+    pool: PoolConfig = field(default_factory=PoolConfig)
     contexts: ContextsConfig = field(default_factory=ContextsConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     supervisor: SupervisorConfig = field(default_factory=SupervisorConfig)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from mcpd.cli import control
 from mcpd.client import Client, CurveKeys
-from mcpd.memory import host_segment
+from mcpd.memory import host_segment, pool_segment
 from mcpd.security.keys import generate, read_public
 
 BIN = Path(sys.executable).parent
@@ -185,9 +185,11 @@ class Daemon:
                 return
 
     def cleanup(self) -> None:
-        """Remove what the daemon left: its directory, and its host cache segment, which only a
-        clean stop removes (a test that SIGKILLs the supervisor would leave it in /dev/shm)."""
+        """Remove what the daemon left: its directory, and its host cache and device pool segments,
+        which only a clean stop removes (a test that SIGKILLs the supervisor would leave it in /dev/shm)."""
         host_segment.segment_path(self.runtime_dir).unlink(missing_ok=True)
+        for pool in pool_segment.every_segment(self.runtime_dir):
+            pool.unlink(missing_ok=True)
         shutil.rmtree(self.root, ignore_errors=True)
 
 

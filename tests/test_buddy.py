@@ -286,3 +286,45 @@ def test_internal_waste_far_below_power_of_two_rounding(seed: int) -> None:
             assert stats.internal_waste_frac < pow2_waste / 10
     # Under min_block per allocation of >= 4 KiB: the measured waste is a fraction of a percent.
     assert worst < 0.01
+
+
+def churn(allocator: BuddyAllocator, seed: int, steps: int, max_bytes: int, check=lambda live: None) -> dict[int, int]:
+    """Random allocations (1..max_bytes) and frees; `check(live)` after each step. Returns the
+    live set, offset -> requested bytes."""
+    rng = random.Random(seed)
+    live: dict[int, int] = {}
+    for _ in range(steps):
+        if live and rng.random() < 0.45:
+            offset = rng.choice(sorted(live))
+            allocator.free(offset)
+            del live[offset]
+        else:
+            nbytes = rng.randint(1, max_bytes)
+            try:
+                live[allocator.alloc(nbytes)] = nbytes
+            except OutOfPoolMemory:
+                pass
+        check(live)
+    return live
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_restored_from_the_live_set_has_the_same_free_blocks(seed: int) -> None:
+    """The shared pool keeps only its live set; the allocator rebuilt from it must be the one
+    that granted it: same free blocks, stats, and next allocation."""
+    allocator = BuddyAllocator(3 * 1024 * 1024 + 768, 256)   # not a power of two: three top blocks
+    live = churn(allocator, seed, 400, 64 * 1024)
+    restored = BuddyAllocator.restored(allocator.total_bytes, 256, live)
+    assert sorted(free_blocks(restored)) == sorted(free_blocks(allocator))
+    assert restored.stats() == allocator.stats()
+    extra = restored.alloc(5000)
+    assert extra == allocator.alloc(5000)
+    for offset in [*live, extra]:
+        restored.free(offset)
+    assert restored.stats().largest_free_block == 2 * 1024 * 1024 and restored.stats().free_bytes == restored.total_bytes
+
+
+@pytest.mark.parametrize("live", [{100: 10}, {0: 4096, 1024: 10}, {0: 0}, {4096 * 1024: 256}, {-256: 10}])
+def test_restoring_a_live_set_no_allocator_could_grant_is_refused(live: dict[int, int]) -> None:
+    with pytest.raises(AllocatorError):
+        BuddyAllocator.restored(4096 * 1024, 256, live)

@@ -88,7 +88,7 @@ def test_mcpctl_status_json(daemon):
     assert done.returncode == 0, done.stderr
     status = json.loads(done.stdout)
     roles = sorted(p["role"] for p in status["processes"])
-    assert roles == ["frontend", "scheduler", "supervisor", "worker"]
+    assert roles == ["frontend", "keeper", "scheduler", "supervisor", "worker"]
     assert all(p["state"] == "running" and p["pid"] for p in status["processes"])
     assert status["healthy"] is True and status["state"] == "ready"
     assert status["devices"][0]["device"] == "cpu"

@@ -18,7 +18,9 @@ CACHE_BYTES = 8 << 20
 
 @pytest.fixture(scope="module")
 def daemon(module_daemon):
-    return module_daemon(workers={"count": 2, "threads": 1}, cache={"bytes": CACHE_BYTES})
+    # Private device pools: a restarted worker has none of its KV, so the host cache is what it
+    # resumes from (with the shared pool it resumes from the device: test_pool_keeper.py).
+    return module_daemon(workers={"count": 2, "threads": 1}, cache={"bytes": CACHE_BYTES}, pool={"shared": False})
 
 
 def cache_status(d) -> dict:

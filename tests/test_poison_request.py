@@ -125,7 +125,8 @@ class InProcessNode:
 
         runtime_dir = tempfile.mkdtemp(prefix="mcpd-p-", dir="/tmp")
         config = from_dict({"server": {"runtime_dir": runtime_dir}, "cache": {"enabled": False},
-                            "persistence": {"enabled": False}, "engine": {"pool_bytes": 64 << 20}})
+                            "persistence": {"enabled": False}, "engine": {"pool_bytes": 64 << 20},
+                            "pool": {"shared": False}})   # no pool keeper in this node: a private pool
         self.context = zmq.Context()
         self.frontend = self.context.socket(zmq.PULL)
         self.frontend.setsockopt(zmq.RCVTIMEO, 60_000)

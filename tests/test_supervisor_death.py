@@ -8,14 +8,14 @@ import psutil
 
 import pytest
 
-from mcpd.memory import host_segment
+from mcpd.memory import host_segment, pool_segment
 
 pytestmark = pytest.mark.slow   # each test starts a daemon and kills its supervisor
 
 
 def kill_supervisor(d) -> None:
     children = [psutil.Process(p["pid"]) for p in d.processes() if p["role"] != "supervisor"]
-    assert len(children) == 3
+    assert len(children) == 4   # front-end, scheduler, pool keeper, worker
     os.kill(d.process.pid, signal.SIGKILL)
     d.process.wait(10)
     gone, alive = psutil.wait_procs(children, timeout=5)
@@ -29,15 +29,18 @@ def test_sigkill_supervisor_leaves_no_orphans(fresh_daemon):
 def test_a_killed_daemons_segment_is_reclaimed_by_its_next_start_and_by_cleanup(fresh_daemon):
     d = fresh_daemon()
     segment = host_segment.segment_path(d.runtime_dir)
+    [pool] = pool_segment.every_segment(d.runtime_dir)
     kill_supervisor(d)
-    stale = os.open(segment, os.O_RDONLY)
+    stale, stale_pool = os.open(segment, os.O_RDONLY), os.open(pool, os.O_RDONLY)
     try:
-        d.start()   # same runtime dir: the stale segment is its own, and replaced
+        d.start()   # same runtime dir: the stale segments are its own, and replaced
         assert os.fstat(stale).st_nlink == 0 and segment.exists()
+        assert os.fstat(stale_pool).st_nlink == 0 and pool.exists()
     finally:
         os.close(stale)
+        os.close(stale_pool)
     with d.client() as client:
         assert client.ping()["pong"] is True
     kill_supervisor(d)
     d.cleanup()
-    assert not segment.exists()
+    assert not segment.exists() and not pool.exists()

@@ -56,6 +56,12 @@ def render_status(status: dict) -> str:
                        [[d["worker"], d.get("device", "-"), d.get("model", "-"), d.get("running", "-"),
                          d.get("waiting", "-"), f"{d.get('kv_blocks_used', 0)}/{d.get('kv_blocks_total', 0)}",
                          mib(d.get("pool", {}).get("in_use_bytes", 0))] for d in status["devices"]]))
+    for pool in status.get("pools", []):
+        lines.append(f"device pool {pool['device']}  keeper {pool['keeper']} pid {pool['keeper_pid'] or '-'}  "
+                     f"{mib(pool.get('in_use_bytes', 0))} of {mib(pool.get('total_bytes', 0))} in use  "
+                     f"fragmentation {pool.get('external_fragmentation', 0):.3f}")
+        lines += [f"  {r['kind']:<8} worker {r['owner']}  pid {r['pid']}{'' if r['pid_alive'] else ' (gone)'}  "
+                  f"{mib(r['bytes'])} at {r['offset']}" for r in pool.get("regions", [])]
     contexts = status["contexts"]
     lines += ["", f"contexts {contexts['contexts']} ({mib(contexts['bytes'])})  restored at start "
                   f"{contexts['restored']}  journal fsync {contexts['persistence'].get('fsync', '-')}"]

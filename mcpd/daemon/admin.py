@@ -151,7 +151,9 @@ class Admin:
         message = messages.encode(messages.Reload(token, fresh.to_dict()))
         supervisor.to_scheduler.send_multipart(message)
         supervisor.to_frontend.send_multipart(message)
-        waiting = {(c.spec.role, c.spec.index) for c in supervisor.table.children if c.alive and c.ready}
+        # A pool keeper runs no configurable part: it is not sent the reload.
+        waiting = {(c.spec.role, c.spec.index) for c in supervisor.table.children
+                   if c.alive and c.ready and c.spec.role != "keeper"}
         summary = {"path": supervisor.config_path, "changed": changed, "applied": applied, "confirmed": []}
         self.pending[token] = Pending(reply_to, time.monotonic() + timeout_s, waiting, summary, fresh)
         if timeout_s == 0 or not waiting:
@@ -168,6 +170,7 @@ class Admin:
         supervisor.table.config = supervisor.config
         for child in supervisor.table.children:
             child.spec.args = (supervisor.config, *child.spec.args[1:])
+        supervisor.table.drop_standbys()   # they hold the old config; new ones come with the new
 
     # -- events from children -------------------------------------------------------------------
 

@@ -68,6 +68,8 @@ class WorkerStats(msgspec.Struct, frozen=True, kw_only=True, tag="worker"):
     pool: dict | None = None
     tokens_prefilled: int | None = None
     tokens_generated: int | None = None
+    prefix_cache_queries: int | None = None
+    prefix_cache_hits: int | None = None   # prompt tokens served from device KV blocks
     host_kv_loaded: int | None = None
     host_kv_saved: int | None = None
     batch_size: dict | None = None  # a Histogram snapshot of sequences per step
@@ -77,8 +79,15 @@ class WorkerStats(msgspec.Struct, frozen=True, kw_only=True, tag="worker"):
         return {name: getattr(self, name) for name in names if getattr(self, name, None) is not None}
 
 
-KINDS = {"frontend": FrontendStats, "scheduler": SchedulerStats, "worker": WorkerStats}
-ANY = FrontendStats | SchedulerStats | WorkerStats
+class KeeperStats(msgspec.Struct, frozen=True, kw_only=True, tag="keeper"):
+    """A device pool's figures (PoolSegment.stats: sizes, waste, fragmentation, regions)."""
+    device: str | None = None
+    path: str | None = None
+    pool: dict = {}
+
+
+KINDS = {"frontend": FrontendStats, "scheduler": SchedulerStats, "worker": WorkerStats, "keeper": KeeperStats}
+ANY = FrontendStats | SchedulerStats | WorkerStats | KeeperStats
 
 
 def empty(role: str):

@@ -22,14 +22,15 @@ STABLE_AFTER_S = 30.0   # a child that lived this long resets its restart backof
 
 @dataclass
 class ChildSpec:
-    role: str                  # frontend, scheduler, worker
+    role: str                  # frontend, scheduler, keeper (a device's pool), worker
     index: int
     target: Callable
     args: tuple
+    standby: bool = False      # keep a standby process to promote when this one dies (workers.standby)
 
     @property
     def name(self) -> str:
-        return self.role if self.role != "worker" else f"worker {self.index}"
+        return self.role if self.role in ("frontend", "scheduler") else f"{self.role} {self.index}"
 
 
 @dataclass
@@ -44,6 +45,7 @@ class Child:
     last_exit: str = ""
     stats: FrontendStats | SchedulerStats | WorkerStats | None = None   # None until the first report
     reports: int = 0   # stats reports from this process (its pid): a reader can wait for a newer one
+    spare: tuple | None = None   # (process, its promotion Event): a standby, while the child runs
 
     def latest_stats(self):
         """Its latest stats, or its kind's empty ones before the first report."""
@@ -78,10 +80,36 @@ class ProcessTable:
 
     def _start(self, child: Child) -> None:
         spec = child.spec
-        child.process = SPAWN.Process(target=spec.target, args=spec.args, name=f"mcpd-{spec.name}")
-        child.process.start()
+        if child.spare is not None and child.spare[0].is_alive():
+            child.process, promoted = child.spare
+            promoted.set()   # it has its process, torch and imports already
+            what = "promoted the standby of"
+        else:
+            child.process = SPAWN.Process(target=spec.target, args=spec.args, name=f"mcpd-{spec.name}")
+            child.process.start()
+            what = "started"
+        child.spare = None
         child.started, child.ready, child.restart_at = time.monotonic(), False, None
-        self.log.info("started %s (pid %d)", spec.name, child.process.pid)
+        self.log.info("%s %s (pid %d)", what, spec.name, child.process.pid)
+
+    def replenish_standbys(self) -> None:
+        """A standby for every running child that keeps one, once it is ready: a standby started
+        beside a starting child would slow that start down."""
+        for child in self.children:
+            if child.spec.standby and child.alive and child.ready and (child.spare is None or not child.spare[0].is_alive()):
+                promoted = SPAWN.Event()
+                process = SPAWN.Process(target=child.spec.target, args=(*child.spec.args, promoted),
+                                        name=f"mcpd-{child.spec.name}-standby")
+                process.start()
+                child.spare = (process, promoted)
+
+    def drop_standbys(self) -> None:
+        """Stop every standby (the config changed: a promoted one would run the old one)."""
+        for child in self.children:
+            if child.spare is not None:
+                child.spare[0].terminate()
+                child.spare[0].join(1.0)
+                child.spare = None
 
     def find(self, role: str, index: int) -> Child | None:
         return next((c for c in self.children if c.spec.role == role and c.spec.index == index), None)
@@ -114,6 +142,13 @@ class ProcessTable:
                 self.log.error("%s not ready after %.0fs; killing it", child.spec.name, limit)
                 child.process.kill()
 
+    def kill_workers_on(self, device: str) -> None:
+        """SIGKILL the workers of a device (its pool keeper died); reap restarts them."""
+        for child in self.children:
+            if child.spec.role == "worker" and child.spec.args[2] == device and child.alive:
+                self.log.warning("%s: its device's pool keeper is gone; killing it", child.spec.name)
+                child.process.kill()
+
     def restart_due(self) -> None:
         now = time.monotonic()
         for child in self.children:
@@ -129,6 +164,7 @@ class ProcessTable:
 
     def stop_all(self, timeout_s: float = 5.0) -> None:
         """SIGTERM every child, wait, then SIGKILL whatever is still there."""
+        self.drop_standbys()
         for child in self.children:
             child.restart_at = None
             if child.alive:

@@ -10,7 +10,8 @@ from mcpd.daemon.child_stats import WorkerStats
 from mcpd.memory.host_segment import CONTEXT, CONTEXT_DELTA, KV_BLOCK
 
 DEVICE_FIGURES = ("device", "model", "dtype", "running", "waiting", "preemptions", "kv_blocks_total",
-                  "kv_blocks_used", "kv_waste_frac", "pool", "tokens_generated", "host_kv_loaded", "host_kv_saved")
+                  "kv_blocks_used", "kv_waste_frac", "pool", "tokens_generated", "tokens_prefilled",
+                  "prefix_cache_queries", "prefix_cache_hits", "host_kv_loaded", "host_kv_saved")
 
 
 def build_status(supervisor) -> dict:
@@ -33,6 +34,7 @@ def build_status(supervisor) -> dict:
                        "uptime_s": round(time.monotonic() - supervisor.started, 1), "restarts": 0,
                        "last_exit": ""}] + [c.describe() for c in table.children],
         "devices": [{"worker": w.spec.index, **w.latest_stats().reported(DEVICE_FIGURES)} for w in workers],
+        "pools": [_pool(keeper) for keeper in table.children if keeper.spec.role == "keeper"],
         "queue": {"depth": scheduler.queue_depth, "inflight": frontend.inflight},
         "cache": _cache(scheduler.cache, [w.latest_stats() for w in workers]),
         # Per priority class: queued, batching window_ms, queue_p99_ms; errors the scheduler
@@ -54,6 +56,14 @@ def _http(stats: dict) -> dict:
     if not stats:
         return {"enabled": False}
     return {"enabled": True, "url": f"http://{stats['listen']}", **{k: v for k, v in stats.items() if k != "listen"}}
+
+
+def _pool(keeper) -> dict:
+    """A device pool, its keeper (the owner of the memory) and its regions, each with the worker
+    that owns it."""
+    stats = keeper.latest_stats()
+    return {"device": keeper.spec.args[2], "keeper": keeper.spec.index,
+            "keeper_pid": keeper.process.pid if keeper.alive else None, "path": stats.path, **stats.pool}
 
 
 def _state(supervisor) -> str:

@@ -22,12 +22,13 @@ import zmq
 import mcpd
 from mcpd import config as config_module, refusal
 from mcpd.config import Config, ConfigError
-from mcpd.daemon import channels, child as children, child_stats, frontend, log, messages, metrics, scheduler_loop, worker
+from mcpd.daemon import (channels, child as children, child_stats, frontend, log, messages, metrics, pool_keeper,
+                         scheduler_loop, worker)
 from mcpd.daemon.admin import Admin
 from mcpd.daemon.instance_lock import InstanceLock
 from mcpd.daemon.process_table import Child, ChildSpec, ProcessTable
 from mcpd.daemon.sdnotify import SystemdNotifier
-from mcpd.memory import host_segment
+from mcpd.memory import host_segment, pool_segment
 from mcpd.protocol import wire
 from mcpd.protocol.codes import MCPDError
 from mcpd.refusal import StartRefused
@@ -75,7 +76,10 @@ class Supervisor:
         self.devices = devices
         specs = [ChildSpec("frontend", 0, frontend.run, (config,)),
                  ChildSpec("scheduler", 0, scheduler_loop.run, (config,))]
-        specs += [ChildSpec("worker", i, worker.run, (config, i, d)) for i, d in enumerate(devices)]
+        specs += [ChildSpec("keeper", i, pool_keeper.run, (config, i, d, devices.count(d)))
+                  for i, d in enumerate(pool_keeper.shared_pool_devices(config, devices))]
+        specs += [ChildSpec("worker", i, worker.run, (config, i, d), standby=config.workers.standby)
+                  for i, d in enumerate(devices)]
         self.table = ProcessTable(config, specs, self.log)
         self.keys = KeyStore(config.keys_dir)
         self.admin_gid = peers.admin_gid(config.security.admin_group)
@@ -147,8 +151,11 @@ class Supervisor:
                 self.to_scheduler.send_multipart(messages.encode(lost))
             elif child.spec.role == "scheduler":
                 self.to_frontend.send_multipart(messages.encode(messages.SchedulerLost()))
+            elif child.spec.role == "keeper":   # its successor makes a fresh pool: none may map the old one
+                self.table.kill_workers_on(child.spec.args[2])
             self.notifier.notify(STATUS=f"{child.spec.name} {child.last_exit}; restarting")
         self.table.restart_due()
+        self.table.replenish_standbys()
         if self.reload_requested:
             self._reload()
         self.admin.expire()
@@ -260,6 +267,8 @@ class Supervisor:
             self.log.warning("grace period over: stopping with requests still in flight")
         self.table.stop_all()
         host_segment.unlink(self.config)
+        for device in pool_keeper.shared_pool_devices(self.config, self.devices):   # a keeper SIGKILLed before it could
+            pool_segment.segment_path(self.config.runtime_dir, device).unlink(missing_ok=True)
         self.context.destroy(linger=0)
         self.log.info("stopped")
         if self.refusal is not None:

@@ -16,9 +16,11 @@ from mcpd import cpu_features
 from mcpd.config import Config
 from mcpd.daemon import channels, child, live_config, messages
 from mcpd.daemon.worker_core import WorkerCore
+from mcpd.refusal import StartRefused
 
 STATS_INTERVAL_S = 0.5
 IDLE_POLL_MS = 100
+STANDBY_POLL_S = 0.5   # how often a standby checks that the supervisor still runs
 
 
 class WorkerSockets:
@@ -52,12 +54,9 @@ class Worker:
         self.core = WorkerCore(config, index, self.engine, self.log, self.sockets)
 
     def _load_engine(self, device: str):
-        from mcpd.engine import threads
-
         workers = self.config.workers
         if device == "cpu":   # before torch: OpenMP reads its environment once, when it loads
-            count, policy_applies = threads.configure(workers.count, self.index, workers.threads,
-                                                      workers.wait_policy)
+            count, policy_applies = prepare_threads(self.config, self.index)
         import torch   # imported here: the supervisor and front-end never pay for torch
         from mcpd.engine import Engine
 
@@ -71,7 +70,8 @@ class Worker:
 
         started = time.monotonic()
         arena = host_segment.attach(self.config)
-        engine = Engine(self.config, torch.device(device), HostKV(arena) if arena else None)
+        engine = Engine(self.config, torch.device(device), HostKV(arena) if arena else None,
+                        self._shared_pool(device), owner=self.index)
         self.log.info("model loaded on %s in %.1fs (kernels: %s)", device, time.monotonic() - started,
                       engine.kernels_reason)
         if device == "cpu" and engine.dtype == torch.bfloat16 and not cpu_features.has_bf16():
@@ -80,6 +80,16 @@ class Worker:
             self.log.warning("model.dtype = bfloat16 on a CPU without bf16 instructions (avx512_bf16, "
                              "amx_bf16): expect it far slower than float32")
         return engine
+
+    def _shared_pool(self, device: str):
+        """The device's pool, kept by its pool keeper (supervisor.shared_pool_devices), or None
+        for a private one. Waits for the keeper as long as a child may take to get ready."""
+        from mcpd.daemon.pool_keeper import shared_pool_devices
+        from mcpd.memory import pool_segment
+
+        if not shared_pool_devices(self.config, [device]):
+            return None
+        return pool_segment.attach_when_kept(self.config.runtime_dir, device, self.config.supervisor.ready_timeout_s)
 
     def serve(self) -> None:
         hello = self.core.hello()
@@ -108,5 +118,44 @@ class Worker:
         self.core.on_message(frames)
 
 
-def run(config: Config, index: int, device: str) -> None:
-    Worker(config, index, device).serve()
+_THREADS: tuple[int, bool] | None = None   # prepare_threads' result: once per process
+
+
+def prepare_threads(config: Config, index: int) -> tuple[int, bool]:
+    """Pin this CPU worker to its cores and set OpenMP's environment, once: a standby did it
+    before torch loaded, and pinning again would split the worker's own cores once more."""
+    from mcpd.engine import threads
+
+    global _THREADS
+    if _THREADS is None:
+        workers = config.workers
+        _THREADS = threads.configure(workers.count, index, workers.threads, workers.wait_policy)
+    return _THREADS
+
+
+def stand_by(config: Config, index: int, device: str, promoted) -> None:
+    """A standby for worker `index` (workers.standby): pay for the process, torch and the engine's
+    imports now, then wait until the supervisor promotes it (its worker died). The promoted
+    standby starts as any worker does, minus those seconds."""
+    log = child.start(f"worker{index}-standby", config)
+    if device == "cpu":
+        prepare_threads(config, index)
+    import torch  # noqa: F401  (the point: loaded before it is needed)
+
+    import mcpd.engine  # noqa: F401
+    log.info("standing by for worker %d", index)
+    parent_pid = os.getppid()
+    while not promoted.wait(STANDBY_POLL_S):
+        if not child.parent_alive(parent_pid):
+            raise SystemExit(0)
+
+
+def run(config: Config, index: int, device: str, promoted=None) -> None:
+    """promoted: an Event; given, this process is a standby until it is set (stand_by)."""
+    if promoted is not None:
+        stand_by(config, index, device, promoted)
+    try:
+        worker = Worker(config, index, device)
+    except StartRefused as e:   # its device pool cannot hold it, or is not one to trust
+        child.refuse_start(config, "worker", e, index)
+    worker.serve()

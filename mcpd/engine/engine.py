@@ -20,11 +20,14 @@ from mcpd.engine.batch_scheduler import BatchScheduler
 from mcpd.engine.detokenizer import Detokenizer
 from mcpd.engine.host_kv import HostKV
 from mcpd.engine.kv_cache import KVCache
+from mcpd.engine.kv_records import kv_region, region_key
+from mcpd.engine.resident_weights import ResidentWeights
 from mcpd.engine.sampler import Sampler
 from mcpd.engine.sequence import SamplingParams, Sequence
 from mcpd.engine.thread_tuner import ThreadTuner
 from mcpd.histogram import BATCH_BOUNDS, Histogram
 from mcpd.memory import DevicePool
+from mcpd.memory.pool_segment import PoolSegment
 from mcpd.models import load_model
 from mcpd.models.layers import AttentionMetadata, bind_kv_cache
 
@@ -46,22 +49,39 @@ BUDDY_MIN_BYTES = 4096
 PROCESS_THREADS = torch.get_num_threads()   # as the worker set them up (OMP_NUM_THREADS), before any tuning
 
 
+def kv_share_bytes(pool_bytes: int, kv_fraction: float) -> int:
+    """The KV cache's bytes of a worker's pool share: exactly kv_fraction of it, whatever its
+    size; at least a page stays with the buddy for everything else."""
+    return min(int(pool_bytes * kv_fraction), pool_bytes - BUDDY_MIN_BYTES)
+
+
 class Engine:
-    def __init__(self, config: Config, device: torch.device, host: HostKV | None = None) -> None:
-        """host: the host shared-memory tier for KV blocks (the worker passes it; None: none)."""
+    def __init__(self, config: Config, device: torch.device, host: HostKV | None = None,
+                 shared_pool: PoolSegment | None = None, owner: int = 0) -> None:
+        """host: the host shared-memory tier for KV blocks (the worker passes it; None: none).
+        shared_pool: the device's pool (pool keeper), where the KV cache takes owner's region,
+        which outlives this process; None: a private pool of this engine's own."""
         self.device = torch.device(device)
-        loaded = load_model(config.model, self.device)
+        # The weights' region first: a pool that cannot hold the model refuses before the KV is sized.
+        self.resident = ResidentWeights(shared_pool, owner, config.model) if shared_pool is not None else None
+        loaded = load_model(config.model, self.device, self.resident)
         self.model, self.tokenizer = loaded.model, loaded.tokenizer
         self.model_name, self.dtype, self.vocab_size = loaded.name, loaded.dtype, loaded.vocab_size
         self.max_model_len = loaded.max_model_len
         self.kernels_reason = self.model.use_kernels(config.engine.kernels)
         pool_bytes = DevicePool.resolve_bytes(config.engine.pool_bytes, self.device)
-        # The KV cache is the pool's reserved front region: exactly kv_fraction of it, whatever the
-        # pool size; at least a page stays with the buddy for everything else.
-        kv_bytes = min(int(pool_bytes * config.engine.kv_fraction), pool_bytes - BUDDY_MIN_BYTES)
-        self.pool = DevicePool(pool_bytes, self.device, reserved_bytes=kv_bytes)
-        self.kv = KVCache(self.pool, kv_bytes, config.engine.kv_block_size, self.model.num_layers,
-                          self.model.num_kv_heads, self.model.head_dim, self.dtype, host)
+        kv_bytes = kv_share_bytes(pool_bytes, config.engine.kv_fraction)
+        layout = (config.engine.kv_block_size, self.model.num_layers, self.model.num_kv_heads, self.model.head_dim,
+                  self.dtype)
+        self.shared_pool = shared_pool
+        if shared_pool is None:
+            self.pool = DevicePool(pool_bytes, self.device, reserved_bytes=kv_bytes)
+            region, records = self.pool.reserved_view((kv_bytes,), torch.uint8), None
+        else:
+            num_blocks = kv_bytes // KVCache.block_bytes(*layout)
+            key = region_key(config.model, loaded.name, (*layout, num_blocks))
+            region, records = kv_region(shared_pool, owner, key, num_blocks, KVCache.block_bytes(*layout))
+        self.kv = KVCache(region, *layout, host, records)
         bind_kv_cache(self.model, self.kv.tensor)
         self.scheduler = BatchScheduler(config.engine, self.kv)
         self.sampler = Sampler(self.device)
@@ -188,7 +208,6 @@ class Engine:
         needed, so they are free capacity, not waste: kv_waste_frac counts the unused slots of held
         blocks only. prefix_cache_hits of prefix_cache_queries tokens were served from the cache
         (both count each admission, so a preempted sequence's recompute counts again)."""
-        pool = self.pool.stats()
         return {
             "running": len(self.scheduler.running),
             "waiting": len(self.scheduler.waiting),
@@ -203,13 +222,7 @@ class Engine:
             # Blocks this worker loaded from / saved to the host shared-memory tier.
             "host_kv_loaded": self.kv.host.loaded if self.kv.host else 0,
             "host_kv_saved": self.kv.host.saved if self.kv.host else 0,
-            # The whole pool: the KV cache's reserved region counts as in use (and requested).
-            "pool": {**dataclasses.asdict(pool), "total_bytes": self.pool.nbytes,
-                     "in_use_bytes": pool.in_use_bytes + self.pool.reserved_bytes,
-                     "requested_bytes": pool.requested_bytes + self.pool.reserved_bytes,
-                     "kv_reserved_bytes": self.pool.reserved_bytes,
-                     "internal_waste_frac": pool.internal_waste_frac,
-                     "external_fragmentation": pool.external_fragmentation},
+            "pool": self._pool_figures(),
             "tokens_prefilled": self.tokens_prefilled,
             "tokens_generated": self.tokens_generated,
             "steps": self.steps,
@@ -221,3 +234,18 @@ class Engine:
             "threads": torch.get_num_threads(),
             "max_model_len": self.max_model_len,
         }
+
+    def _pool_figures(self) -> dict:
+        if self.shared_pool is not None:   # the device's pool, every worker's regions counted
+            figures = self.shared_pool.stats()
+            del figures["regions"]   # the keeper reports them, once per device
+            return {**figures, "shared": True, "kv_region_bytes": self.kv.tensor.nbytes,
+                    "kv_blocks_adopted": self.kv.adopted, "weights_from_pool": self.resident.from_pool}
+        # The whole private pool: the KV cache's reserved region counts as in use (and requested).
+        pool = self.pool.stats()
+        return {**dataclasses.asdict(pool), "total_bytes": self.pool.nbytes, "shared": False,
+                "in_use_bytes": pool.in_use_bytes + self.pool.reserved_bytes,
+                "requested_bytes": pool.requested_bytes + self.pool.reserved_bytes,
+                "kv_reserved_bytes": self.pool.reserved_bytes,
+                "internal_waste_frac": pool.internal_waste_frac,
+                "external_fragmentation": pool.external_fragmentation}

@@ -31,6 +31,11 @@ learn from a faster first token that another sent the same text. The hash is BLA
 Python's hash(): a collision would hand one prompt another's keys and values (wrong output, or a
 leak across tenants), and Python's 64-bit hash of int tuples can be collided on purpose.
 
+Surviving the worker (the shared device pool, kv_records.py). When the cache's region is in the
+device's pool, each block is committed in its validity record once computed and retracted before
+its bytes can change; a restarted worker gets the same region and adopts the committed blocks as
+idle cached ones, so a chat's next turn finds its history on the device as if nothing happened.
+
 Host tier (optional, HostKV over the shared-memory cache). An idle block evicted from the device
 is saved there first; write_through saves a finished context turn's blocks, so a worker crash
 loses none of them. lookup continues a chain the device cannot finish in the host tier, loading
@@ -46,21 +51,24 @@ from collections import OrderedDict
 import torch
 
 from mcpd.engine.host_kv import HostKV
+from mcpd.engine.kv_records import KVRecords
 from mcpd.engine.sequence import Sequence
-from mcpd.memory import DevicePool
 
 
 class KVCache:
-    def __init__(self, pool: DevicePool, nbytes: int, block_size: int, num_layers: int,
-                 kv_heads: int, head_dim: int, dtype: torch.dtype, host: HostKV | None = None) -> None:
+    def __init__(self, region: torch.Tensor, block_size: int, num_layers: int, kv_heads: int, head_dim: int,
+                 dtype: torch.dtype, host: HostKV | None = None, records: KVRecords | None = None) -> None:
+        """region: the pool's bytes for the cache (uint8), as many whole blocks as fit. records:
+        the blocks' validity records when the region is in the shared device pool; the blocks
+        they mark committed (a dead predecessor's) are adopted as idle cached blocks."""
         block_shape = (num_layers, 2, block_size, kv_heads, head_dim)
-        block_bytes = torch.Size(block_shape).numel() * dtype.itemsize
-        self.num_blocks = nbytes // block_bytes
+        block_bytes = self.block_bytes(block_size, num_layers, kv_heads, head_dim, dtype)
+        self.num_blocks = region.numel() // block_bytes
         if self.num_blocks < 1:
-            raise ValueError(f"the KV cache gets {nbytes} bytes of the pool, less than one block "
+            raise ValueError(f"the KV cache gets {region.numel()} bytes of the pool, less than one block "
                              f"({block_bytes} bytes): raise engine.pool_bytes or engine.kv_fraction")
         self.block_size = block_size
-        self.tensor = pool.reserved_view((self.num_blocks, *block_shape), dtype)
+        self.tensor = region[:self.num_blocks * block_bytes].view(dtype).view(self.num_blocks, *block_shape)
         # Unhashed blocks nobody holds. A stack: a freed block is the next one handed out, while it
         # is still warm in cache.
         self.free_blocks = list(range(self.num_blocks - 1, -1, -1))
@@ -76,6 +84,24 @@ class KVCache:
         self.prefix_cache_queries = 0               # tokens of admitted sequences
         self.prefix_cache_hits = 0                  # of those, tokens found in the cache
         self.host = host
+        self.records = records
+        self.adopted = self._adopt() if records is not None else 0
+
+    @staticmethod
+    def block_bytes(block_size: int, num_layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+        return num_layers * 2 * block_size * kv_heads * head_dim * dtype.itemsize
+
+    def _adopt(self) -> int:
+        """Take a dead predecessor's committed blocks as idle cached ones; every other block is free."""
+        # Only blocks below the zeroing mark: a block above it would be zeroed when handed out.
+        adopted = [(block, key) for block, key in self.records.adoptable() if block < self.records.zeroed]
+        for block, key in adopted:
+            self.cached[key] = block
+            self.block_hashes[block] = key
+            self.idle[block] = None
+        self.free_blocks = [b for b in self.free_blocks if self.block_hashes[b] is None]
+        self.zeroed_blocks = self.records.zeroed
+        return len(adopted)
 
     @property
     def num_free(self) -> int:
@@ -121,6 +147,7 @@ class KVCache:
         self.cached[key] = block
         self.block_hashes[block] = key
         self.idle[block] = None
+        self._commit(block)
         return block
 
     def _spare_block(self, run: list[int]) -> int | None:
@@ -173,7 +200,9 @@ class KVCache:
                 self.pending[block] = seq
 
     def step_ran(self) -> None:
-        """The scheduled step ran: the blocks it was to compute are computed."""
+        """The scheduled step ran: the blocks it was to compute are computed (and committed)."""
+        for block in self.pending:
+            self._commit(block)
         self.pending.clear()
 
     def hand_over(self, block: int, seq: Sequence) -> None:
@@ -217,6 +246,8 @@ class KVCache:
             if block >= self.zeroed_blocks:  # fresh blocks come off the stack in increasing order
                 self.tensor[self.zeroed_blocks:block + 1].zero_()
                 self.zeroed_blocks = block + 1
+                if self.records is not None:
+                    self.records.zeroed = self.zeroed_blocks
         else:
             block, _ = self.idle.popitem(last=False)
             self._evict(block)
@@ -230,8 +261,14 @@ class KVCache:
         self._forget(block)
 
     def _forget(self, block: int) -> None:
+        if self.records is not None:   # first: the block's bytes may change from now on
+            self.records.retract(block)
         del self.cached[self.block_hashes[block]]
         self.block_hashes[block] = None
+
+    def _commit(self, block: int) -> None:
+        if self.records is not None:
+            self.records.commit(block, self.block_hashes[block])
 
     def _block_hash(self, seq: Sequence, index: int) -> bytes:
         """Hash of seq's full block `index`; the chain is computed once per sequence and kept."""

@@ -105,14 +105,56 @@ class BuddyAllocator:
         self._live: dict[int, tuple[int, int]] = {}
         self._in_use_units = 0
         self._requested_bytes = 0
-        for unit_offset, order in _decompose(0, total_units):
+        for unit_offset, order in decompose(0, total_units):
+            self._push_free(unit_offset, order)
+
+    @classmethod
+    def restored(cls, total_bytes: int, min_block: int, live: dict[int, int]) -> "BuddyAllocator":
+        """The allocator that holds exactly `live` (offset -> requested bytes), as if it had
+        granted them: how a process rebuilds the shared pool's allocator from its region table
+        (pool_segment.py), where the live set is the whole state.
+
+        The free lists follow from the live set: within each top-level block, every gap between
+        allocations is tiled by decompose, whose greedy largest-aligned blocks are exactly the
+        maximal free buddy blocks (a larger aligned free block holding a gap's first unit would
+        start before the gap). Raises AllocatorError for offsets no allocator could have granted
+        (the table is read from shared memory: never trusted)."""
+        allocator = cls(total_bytes, min_block)
+        allocator._free = [set() for _ in allocator._free]
+        allocator._lowest_first = [[] for _ in allocator._free]
+        allocator._nonempty_orders = 0
+        shift = allocator._unit_shift
+        spans = []
+        for offset, nbytes in sorted(live.items()):
+            allocator._check_restorable(offset, nbytes, spans[-1][1] if spans else 0)
+            units = -(-nbytes >> shift)
+            spans.append((offset >> shift, (offset >> shift) + units))
+            allocator._live[offset] = (units, nbytes)
+            allocator._in_use_units += units
+            allocator._requested_bytes += nbytes
+        for top_offset, order in decompose(0, total_bytes >> shift):
+            at, end = top_offset, top_offset + (1 << order)
+            for start, stop in spans:
+                if start >= end or stop <= at:
+                    continue
+                allocator._push_gap(at, max(at, start))
+                at = stop
+            allocator._push_gap(at, end)
+        return allocator
+
+    def _check_restorable(self, offset: int, nbytes: int, previous_end_units: int) -> None:
+        if not isinstance(offset, int) or not isinstance(nbytes, int) or nbytes <= 0 or offset % self.min_block:
+            raise AllocatorError(f"allocation ({offset!r}, {nbytes!r}): not a granted offset and size")
+        if offset >> self._unit_shift < previous_end_units or offset + nbytes > self.total_bytes:
+            raise AllocatorError(f"allocation at {offset} of {nbytes} bytes overlaps another or leaves the pool")
+
+    def _push_gap(self, start: int, end: int) -> None:
+        for unit_offset, order in decompose(start, end - start):
             self._push_free(unit_offset, order)
 
     def alloc(self, nbytes: int) -> int:
         """Reserve at least nbytes contiguous bytes; return their offset (a multiple of min_block)."""
-        if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes <= 0:
-            raise AllocatorError(f"alloc({nbytes!r}): size must be a positive int")
-        units = -(-nbytes >> self._unit_shift)  # ceil division
+        units = self._units_of(nbytes)
         order = (units - 1).bit_length()       # smallest block that holds `units`
         candidates = self._nonempty_orders >> order
         if not candidates:
@@ -123,9 +165,18 @@ class BuddyAllocator:
         while found_order > order:
             found_order -= 1
             self._push_free(start + (1 << found_order), found_order)
-        # Keep the first `units` units; return the tail [start+units, start+2**order) as the
-        # aligned blocks it decomposes into.
-        for unit_offset, tail_order in _decompose(start + units, (1 << order) - units):
+        return self._grant(start, units, start + (1 << order), nbytes)
+
+    def _units_of(self, nbytes: int) -> int:
+        if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes <= 0:
+            raise AllocatorError(f"alloc({nbytes!r}): size must be a positive int")
+        return -(-nbytes >> self._unit_shift)  # ceil division
+
+    def _grant(self, start: int, units: int, taken_end: int, nbytes: int) -> int:
+        """Keep [start, start+units) of the free range [start, taken_end) just taken off the free
+        lists; return its tail as the aligned blocks it decomposes into (their buddies all lie in
+        the kept part, so none is left unmerged). Returns the allocation's byte offset."""
+        for unit_offset, tail_order in decompose(start + units, taken_end - start - units):
             self._push_free(unit_offset, tail_order)
         offset = start << self._unit_shift
         self._live[offset] = (units, nbytes)
@@ -139,7 +190,7 @@ class BuddyAllocator:
         if entry is None:
             raise AllocatorError(self._describe_unknown(offset))
         units, nbytes = entry
-        for unit_offset, order in _decompose(offset >> self._unit_shift, units):
+        for unit_offset, order in decompose(offset >> self._unit_shift, units):
             self._release(unit_offset, order)
         self._in_use_units -= units
         self._requested_bytes -= nbytes
@@ -218,7 +269,7 @@ class BuddyAllocator:
         )
 
 
-def _decompose(unit_offset: int, units: int):
+def decompose(unit_offset: int, units: int):
     """Yield (offset, order) of the aligned power-of-two blocks that tile [unit_offset, +units).
 
     Greedy: each block is the largest one that is aligned at the current offset (its size divides

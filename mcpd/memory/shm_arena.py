@@ -291,7 +291,7 @@ class ShmArena:
 
     def _reclaim_dead_writers(self) -> None:
         for slot in np.flatnonzero(self.state == WRITING):
-            if not _alive(int(self.pid[slot])):
+            if not process_alive(int(self.pid[slot])):
                 self._free(int(slot))
 
     # -- blocks -----------------------------------------------------------------------------------
@@ -511,7 +511,7 @@ def _scatter(view: memoryview, spans: list[list[int]], mem: memoryview) -> None:
             spans[0] = [at + n, room - n]
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
     """Whether pid runs; a zombie (killed, not yet reaped) does not."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:

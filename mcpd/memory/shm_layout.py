@@ -45,12 +45,12 @@ class Layout:
 
     def offsets(self) -> tuple[dict[str, int], int, int]:
         """Each column's offset, where the pages begin, and the segment's size."""
-        at, where = _aligned(HEADER.itemsize, COLUMN_ALIGN), {}
+        at, where = aligned(HEADER.itemsize, COLUMN_ALIGN), {}
         for columns, rows in ((SLOT_COLUMNS, self.num_slots), (PAGE_COLUMNS, self.num_pages)):
             for name, kind in columns:
                 where[name] = at
-                at = _aligned(at + rows * np.dtype(kind).itemsize, COLUMN_ALIGN)
-        pages_at = _aligned(at, ALIGN)
+                at = aligned(at + rows * np.dtype(kind).itemsize, COLUMN_ALIGN)
+        pages_at = aligned(at, ALIGN)
         return where, pages_at, pages_at + self.num_pages * self.page_bytes
 
     @property
@@ -80,5 +80,5 @@ def columns(buffer, layout: Layout) -> dict[str, np.ndarray]:
     return views
 
 
-def _aligned(n: int, to: int) -> int:
+def aligned(n: int, to: int) -> int:
     return -(-n // to) * to

@@ -7,12 +7,20 @@ import torch
 
 from mcpd.config import ModelConfig
 from mcpd.models import embedded
-from mcpd.models.loader import LoadedModel, UnsupportedModel, load_checkpoint
+from mcpd.models.loader import LoadedModel, UnsupportedModel, load_checkpoint, skeleton
 from mcpd.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
 
 __all__ = ["ByteTokenizer", "HFTokenizer", "LoadedModel", "Tokenizer", "UnsupportedModel", "load_model"]
 
 
-def load_model(config: ModelConfig, device: torch.device) -> LoadedModel:
-    """The model in config.path, or the embedded default model when the path is empty."""
-    return load_checkpoint(config, device) if config.path else embedded.load(config, device)
+def load_model(config: ModelConfig, device: torch.device, resident=None) -> LoadedModel:
+    """The model in config.path, or the embedded default model when the path is empty.
+    resident: where the weights may be already, and are kept (engine/resident_weights.py)."""
+    return load_checkpoint(config, device, resident) if config.path else embedded.load(config, device, resident)
+
+
+def parameter_bytes(config: ModelConfig, device: torch.device) -> int:
+    """The bytes the model's parameters take on the device, from its architecture alone (its
+    skeleton is built: memory allocated, never touched, freed on return; CPU pages stay unbacked)."""
+    model = skeleton(config, device)[0] if config.path else embedded.skeleton(config, device)
+    return sum(p.numel() * p.element_size() for p in model.parameters())

@@ -21,16 +21,32 @@ SEED = 20240501
 WEIGHT_STD = 0.2  # wide enough for peaked next-token distributions (entropy ~2.3 nats, not 5.5)
 
 
-def load(config: ModelConfig, device: torch.device) -> LoadedModel:
+NAME = "mcpd-embedded-llama"
+
+
+def skeleton(config: ModelConfig, device: torch.device) -> LlamaForCausalLM:
+    """The model with its parameters' memory on the device, not yet filled (built on the meta
+    device: no time spent on an initialisation that is overwritten)."""
+    with torch.device("meta"):
+        model = LlamaForCausalLM(ARGS, device)
     dtype = resolve_dtype(config.dtype, "float32", device)
-    model = LlamaForCausalLM(ARGS, device).eval().requires_grad_(False)
-    # Draw on the CPU, whatever the device: the same seed then gives the same weights everywhere.
-    generator = torch.Generator().manual_seed(SEED)
-    for name, param in model.named_parameters():
-        if name.endswith("norm.weight"):
-            param.fill_(1.0)
-        else:
-            param.copy_(torch.randn(param.shape, generator=generator) * WEIGHT_STD)
-    model.to(device=device, dtype=dtype)
-    return LoadedModel(model, ByteTokenizer(), "mcpd-embedded-llama", dtype, ARGS.vocab_size,
-                       config.max_model_len)
+    return model.to(dtype).to_empty(device=device).eval().requires_grad_(False)
+
+
+def load(config: ModelConfig, device: torch.device, resident=None) -> LoadedModel:
+    """resident: a ResidentWeights (engine/resident_weights.py) that may hold the weights already."""
+    model = skeleton(config, device)
+    if resident is None or not resident.attach(model, NAME):
+        # Draw on the CPU, whatever the device: the same seed then gives the same weights everywhere
+        # (each is drawn in float32 and cast as it is copied in).
+        generator = torch.Generator().manual_seed(SEED)
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if name.endswith("norm.weight"):
+                    param.fill_(1.0)
+                else:
+                    param.copy_(torch.randn(param.shape, generator=generator) * WEIGHT_STD)
+        if resident is not None:
+            resident.keep(model)
+    dtype = model.model.embed_tokens.weight.dtype
+    return LoadedModel(model, ByteTokenizer(), NAME, dtype, ARGS.vocab_size, config.max_model_len)

@@ -63,7 +63,23 @@ class LoadedModel:
     max_model_len: int  # config.max_model_len, capped by what the model can attend over
 
 
-def load_checkpoint(config: ModelConfig, device: torch.device) -> LoadedModel:
+def load_checkpoint(config: ModelConfig, device: torch.device, resident=None) -> LoadedModel:
+    """resident: a ResidentWeights (engine/resident_weights.py) that may hold the weights
+    already; then no weight file is read."""
+    path = Path(config.path)
+    model, hf, dtype, vocab_size, model_len = skeleton(config, device)
+    if resident is None or not resident.attach(model, path.name):
+        with torch.no_grad():
+            _copy_weights(model, _tensors(_weight_files(path)), path)
+        if resident is not None:
+            resident.keep(model)
+    tokenizer = HFTokenizer(path, eos_token_ids(path, hf))
+    return LoadedModel(model, tokenizer, path.name, dtype, vocab_size, min(config.max_model_len, model_len))
+
+
+def skeleton(config: ModelConfig, device: torch.device) -> tuple[nn.Module, dict, torch.dtype, int, int]:
+    """The checkpoint's model with its parameters' memory on the device, not yet filled; its
+    config.json, dtype, vocabulary size and context length."""
     path = Path(config.path)
     hf = _read_json(path / "config.json")
     if "quantization_config" in hf:
@@ -83,10 +99,7 @@ def load_checkpoint(config: ModelConfig, device: torch.device) -> LoadedModel:
     except KeyError as e:
         raise UnsupportedModel(f"{path / 'config.json'} lacks {e.args[0]!r}, needed for {architecture}") from None
     model = model.to(dtype).to_empty(device=device).eval().requires_grad_(False)
-    with torch.no_grad():
-        _copy_weights(model, _tensors(_weight_files(path)), path)
-    tokenizer = HFTokenizer(path, eos_token_ids(path, hf))
-    return LoadedModel(model, tokenizer, path.name, dtype, vocab_size, min(config.max_model_len, model_len))
+    return model, hf, dtype, vocab_size, model_len
 
 
 def resolve_dtype(requested: str, checkpoint: str | None, device: torch.device) -> torch.dtype:

@@ -1,0 +1,64 @@
+"""The pool keeper: one process per CPU device that makes the device's pool (pool_segment.py)
+once at start and keeps it for the daemon's life, so the regions workers take from it (their KV
+caches) outlive the workers. It computes nothing: it reports the pool and its regions for
+`mcpctl status`, and removes the segment when stopped.
+
+A keeper that dies takes its device's workers with it (the supervisor kills them): its successor
+makes a fresh segment, and a worker must never go on writing into a pool nobody keeps, nor two
+workers of one device map different pools. Workers wait for the segment of a live keeper
+(pool_segment.attach_when_kept), so the start order does not matter.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import zmq
+
+from mcpd.config import Config
+from mcpd.daemon import child, messages
+from mcpd.daemon.child_stats import KeeperStats
+from mcpd.memory import pool_segment
+from mcpd.memory.pool_segment import PoolSegment
+from mcpd.refusal import StartRefused
+
+STATS_INTERVAL_S = 0.5
+AUTO_HEADROOM = 17 / 16   # pool.bytes = 0: each worker's share plus room for its KV records and alignment
+
+
+def shared_pool_devices(config: Config, devices: list[str]) -> list[str]:
+    """The devices whose workers share a pool kept by a pool keeper: the CPU, unless pool.shared
+    is off (CUDA devices keep private pools until the CUDA IPC path is built: pool_segment.py)."""
+    return [d for d in dict.fromkeys(devices) if config.pool.shared and d == "cpu"]
+
+
+def pool_bytes(config: Config, device: str, workers: int) -> int:
+    """The device pool's size from pool.bytes (0: auto: per worker, its engine.pool_bytes share
+    with headroom, and its model's parameters)."""
+    import torch   # only the keeper and workers pay for it
+
+    from mcpd.memory import DevicePool
+    from mcpd.models import parameter_bytes
+
+    if config.pool.bytes:
+        return DevicePool.resolve_bytes(config.pool.bytes, device)
+    share = DevicePool.resolve_bytes(config.engine.pool_bytes, device) * AUTO_HEADROOM
+    return int(workers * (share + parameter_bytes(config.model, torch.device(device))))
+
+
+def run(config: Config, index: int, device: str, workers: int) -> None:
+    log = child.start(f"keeper{index}", config)
+    path = pool_segment.segment_path(config.runtime_dir, device)
+    try:
+        segment = PoolSegment.create(path, pool_segment.lock_path(config.runtime_dir, device),
+                                     pool_bytes(config, device, workers))
+    except StartRefused as e:
+        child.refuse_start(config, "keeper", e, index)
+    child.exit_on_sigterm(lambda: path.unlink(missing_ok=True))
+    log.info("device pool for %s: %d bytes at %s, for %d worker(s)", device, segment.total_bytes, path, workers)
+    events = child.EventReporter(zmq.Context(), config, "keeper", index)
+    events.send(messages.Ready)
+    parent_pid = os.getppid()
+    while child.parent_alive(parent_pid):
+        events.send(messages.Report, KeeperStats(device=device, path=str(path), pool=segment.stats()))
+        time.sleep(STATS_INTERVAL_S)

@@ -1,0 +1,271 @@
+"""One device's pool in a POSIX shared-memory segment: the pool keeper creates it once, every
+worker on the device maps it and takes its regions from it, and what a worker wrote there
+outlives the worker (its KV blocks: engine/kv_records.py).
+
+    header | region table (one row per region, as columns) | the pool's bytes
+
+The region table is the pool's whole allocation state: a region is (kind, owner, key, offset,
+requested bytes), and the allocator (region_allocator.py: a buddy whose regions may span
+adjacent free blocks) is rebuilt from the live rows whenever a region is taken
+(BuddyAllocator.restored), so no process holds state the others cannot see. Regions are
+few (a worker's weights, KV, scratch), so the rebuild costs microseconds. Changes happen under
+a FileLock (the kernel drops it when its holder dies); a row becomes LIVE by its state byte,
+written last, and FREE by it, written first, so a holder SIGKILLed mid-update leaves no
+half-made region.
+
+A region's key says what it holds (engine.py derives the KV region's from the model and the
+cache's layout): a worker restarted under the same owner index asks for the same key and size
+and gets its predecessor's region back, with the bytes in it; a different key frees the old
+region first. Only a dead predecessor's region is handed over: one whose recorded pid still
+runs is refused (PoolBusy).
+
+The segment is trusted only after checks, since /dev/shm is shared with every user: opened
+without following links, it must be a regular file of our uid, mode 0600, with this version's
+magic, and exactly the size its header implies; the table's rows must be a live set an
+allocator could have granted, and every view handed out lies inside the pool.
+
+The CUDA path is not built: workers on a CUDA device keep a private DevicePool (pool.py). Its
+seam is the data area: on a GPU the keeper would make one device allocation, export it once
+(cudaIpcGetMemHandle, or cuMemCreate with a shareable handle) and store the handle in the
+header; the region table, locking and keys stay as they are here, and a worker would open the
+handle and view (offset, length) in it instead of slicing this mapping.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import stat
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from mcpd.memory import host_segment
+from mcpd.memory.buddy import OutOfPoolMemory
+from mcpd.memory.region_allocator import RegionAllocator
+from mcpd.memory.file_lock import FileLock
+from mcpd.memory.shm_arena import process_alive
+from mcpd.memory.shm_layout import ALIGN, COLUMN_ALIGN, aligned
+from mcpd.refusal import StartRefused, UnsafePath
+
+MAGIC = 0x6C6F6F7064706D63   # "mcpdpool"
+VERSION = 1
+HEADER = np.dtype([("magic", "<u8"), ("version", "<u8"), ("total_bytes", "<u8"), ("min_block", "<u8"),
+                   ("num_regions", "<u8"), ("keeper_pid", "<i8")])
+REGION_COLUMNS = (("state", "u1"), ("kind", "u1"), ("owner", "<i4"),
+                  ("pid", "<i4"),       # the process that took (or took over) the region last
+                  ("offset", "<u8"),    # into the pool's bytes
+                  ("nbytes", "<u8"),    # requested; the buddy grants it rounded up to min_block
+                  ("key", "V32"))
+FREE, LIVE = 0, 1
+WEIGHTS, KV, SCRATCH = 1, 2, 3
+KIND_NAMES = {WEIGHTS: "weights", KV: "kv", SCRATCH: "scratch"}
+NUM_REGIONS = 64
+MIN_BLOCK = 4096   # a page: regions are large, and page-aligned ones map and zero cleanly
+SEGMENT_MODE = 0o600
+ATTACH_POLL_S = 0.05
+
+
+class PoolBusy(StartRefused):
+    """A live process other than the caller holds the region asked for."""
+
+
+class PoolTooSmall(StartRefused):
+    """The device pool cannot hold a worker's region: the message has the numbers."""
+
+
+@dataclass(frozen=True)
+class Region:
+    offset: int
+    nbytes: int
+    reused: bool   # a predecessor's, with its bytes
+
+
+def segment_path(runtime_dir: Path, device: str) -> Path:
+    """Beside the host cache's segment, named after the daemon's runtime dir and the device."""
+    return host_segment.segment_path(runtime_dir).with_name(
+        f"{host_segment.segment_path(runtime_dir).name}-pool-{device.replace(':', '')}")
+
+
+def every_segment(runtime_dir: Path) -> list[Path]:
+    """The pool segments of the daemon on runtime_dir, whatever their devices."""
+    name = host_segment.segment_path(runtime_dir).name
+    return sorted(host_segment.SHM_DIR.glob(f"{name}-pool-*"))
+
+
+def lock_path(runtime_dir: Path, device: str) -> Path:
+    return runtime_dir / f"pool-{device.replace(':', '')}.lock"
+
+
+def attach_when_kept(runtime_dir: Path, device: str, timeout_s: float) -> "PoolSegment":
+    """The device's segment once its keeper has made it: a worker may start before the keeper
+    (or while a dead keeper's successor replaces the segment, whose keeper_pid is then gone)."""
+    path, deadline = segment_path(runtime_dir, device), time.monotonic() + timeout_s
+    while True:
+        if os.path.lexists(path):
+            segment = PoolSegment(path, lock_path(runtime_dir, device))
+            if process_alive(segment.keeper_pid):
+                return segment
+            segment.close()
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no device pool at {path} kept by a live pool keeper after {timeout_s:.0f}s")
+        time.sleep(ATTACH_POLL_S)
+
+
+def layout(total_bytes: int, num_regions: int) -> tuple[dict[str, int], int, int]:
+    """Each column's offset, where the pool's bytes begin, and the segment's size."""
+    at, where = aligned(HEADER.itemsize, COLUMN_ALIGN), {}
+    for name, kind in REGION_COLUMNS:
+        where[name] = at
+        at = aligned(at + num_regions * np.dtype(kind).itemsize, COLUMN_ALIGN)
+    data_at = aligned(at, ALIGN)
+    return where, data_at, data_at + total_bytes
+
+
+class PoolSegment:
+    def __init__(self, path: Path, lock_path: Path):
+        """Map an existing segment, refusing one that is not certainly ours and whole."""
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            size = _checked_file(path, fd)
+            self.mm = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        self.path, self.lock = path, FileLock(lock_path)
+        self.head = np.frombuffer(self.mm, HEADER, count=1)
+        self.total_bytes, self.min_block = int(self.head["total_bytes"][0]), int(self.head["min_block"][0])
+        where, self.data_at, expected = layout(self.total_bytes, int(self.head["num_regions"][0]))
+        if expected != size:
+            raise StartRefused(f"device pool segment {path} is {size} bytes; its header implies {expected}: "
+                               "not trusted")
+        for name, kind in REGION_COLUMNS:
+            setattr(self, name, np.frombuffer(self.mm, kind, int(self.head["num_regions"][0]), where[name]))
+        self.own_pid = os.getpid()
+
+    @classmethod
+    def create(cls, path: Path, lock_path: Path, total_bytes: int) -> "PoolSegment":
+        """A new, empty pool at path, replacing a stale one (whoever called holds the daemon's
+        instance lock). Made under a temporary name and renamed into place whole, so a worker
+        never maps a segment whose header is not written yet."""
+        total_bytes = total_bytes // MIN_BLOCK * MIN_BLOCK
+        if total_bytes < MIN_BLOCK:
+            raise PoolTooSmall(f"device pool of {total_bytes} bytes: below one {MIN_BLOCK}-byte block")
+        staging = path.with_name(path.name + ".new")
+        staging.unlink(missing_ok=True)
+        try:
+            fd = os.open(staging, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, SEGMENT_MODE)
+        except (PermissionError, FileExistsError):
+            raise UnsafePath(f"device pool segment {staging}: another user's file is in its place and mcpd may "
+                             "not replace it; remove it") from None
+        try:
+            os.fchmod(fd, SEGMENT_MODE)   # whatever the umask
+            os.ftruncate(fd, layout(total_bytes, NUM_REGIONS)[2])   # zeros: every row FREE; pages unbacked
+            header = np.array([(MAGIC, VERSION, total_bytes, MIN_BLOCK, NUM_REGIONS, os.getpid())], HEADER)
+            os.pwrite(fd, header.tobytes(), 0)
+        finally:
+            os.close(fd)
+        os.rename(staging, path)
+        return cls(path, lock_path)
+
+    @property
+    def keeper_pid(self) -> int:
+        return int(self.head["keeper_pid"][0])
+
+    def take(self, kind: int, owner: int, key: bytes, nbytes: int) -> Region:
+        """Owner's region of this kind: the one it (or its dead predecessor) holds under the same
+        key and size, else a new one (freeing an old one of other contents first)."""
+        with self.lock:
+            row = self._row_of(kind, owner)
+            if row is not None and self.key[row].tobytes() == key and int(self.nbytes[row]) == nbytes:
+                return self._take_over(row)
+            if row is not None:
+                self.state[row] = FREE
+            offset = self._allocate(nbytes, kind, owner)
+            row = int(np.flatnonzero(self.state == FREE)[0])
+            for name, value in (("kind", kind), ("owner", owner), ("pid", self.own_pid), ("offset", offset),
+                                ("nbytes", nbytes), ("key", key)):
+                getattr(self, name)[row] = value
+            self.state[row] = LIVE   # last: until now the row was FREE
+            return Region(offset, nbytes, reused=False)
+
+    def release(self, owner: int) -> int:
+        """Free every region of owner (a worker removed from the device); returns how many."""
+        with self.lock:
+            rows = np.flatnonzero((self.state == LIVE) & (self.owner == owner))
+            self.state[rows] = FREE
+            return len(rows)
+
+    def buffer(self, region: Region) -> memoryview:
+        """The region's bytes, checked to lie inside the pool."""
+        if not (0 <= region.offset and region.nbytes > 0 and region.offset + region.nbytes <= self.total_bytes):
+            raise ValueError(f"region ({region.offset}, {region.nbytes}) is outside the {self.total_bytes}-byte pool")
+        start = self.data_at + region.offset
+        return memoryview(self.mm)[start:start + region.nbytes]
+
+    def stats(self) -> dict:
+        with self.lock:
+            allocator = self._allocator()
+            rows = np.flatnonzero(self.state == LIVE)
+            regions = [{"kind": KIND_NAMES.get(int(self.kind[r]), "unknown"), "owner": int(self.owner[r]),
+                        "pid": int(self.pid[r]), "pid_alive": process_alive(int(self.pid[r])),
+                        "offset": int(self.offset[r]), "bytes": int(self.nbytes[r])} for r in rows]
+        figures = allocator.stats()
+        return {"total_bytes": figures.total_bytes, "in_use_bytes": figures.in_use_bytes,
+                "requested_bytes": figures.requested_bytes, "free_bytes": figures.free_bytes,
+                "largest_free_block": figures.largest_free_block,
+                "internal_waste_frac": round(figures.internal_waste_frac, 6),
+                "external_fragmentation": round(figures.external_fragmentation, 6),
+                "regions": sorted(regions, key=lambda r: r["offset"])}
+
+    def close(self) -> None:
+        for name, _ in REGION_COLUMNS:
+            delattr(self, name)
+        del self.head
+        self.mm.close()
+
+    def _row_of(self, kind: int, owner: int) -> int | None:
+        rows = np.flatnonzero((self.state == LIVE) & (self.kind == kind) & (self.owner == owner))
+        return int(rows[0]) if len(rows) else None
+
+    def _take_over(self, row: int) -> Region:
+        holder = int(self.pid[row])
+        if holder != self.own_pid and process_alive(holder):
+            raise PoolBusy(f"{KIND_NAMES.get(int(self.kind[row]))} region of worker {int(self.owner[row])} is held "
+                           f"by pid {holder}, which still runs")
+        self.pid[row] = self.own_pid
+        return Region(int(self.offset[row]), int(self.nbytes[row]), reused=True)
+
+    def _allocate(self, nbytes: int, kind: int, owner: int) -> int:
+        if not np.any(self.state == FREE):
+            raise PoolTooSmall(f"device pool {self.path}: all {len(self.state)} region rows are in use")
+        allocator = self._allocator()
+        try:
+            return allocator.alloc(nbytes)
+        except OutOfPoolMemory as e:
+            raise PoolTooSmall(
+                f"POOL_TOO_SMALL: worker {owner} needs a {KIND_NAMES.get(kind)} region of {nbytes} bytes; the device "
+                f"pool has {e.free_bytes} of {self.total_bytes} bytes free, the largest free block {e.largest_free} "
+                "bytes: raise pool.bytes (or lower engine.pool_bytes / engine.kv_fraction)") from None
+
+    def _allocator(self) -> RegionAllocator:
+        rows = np.flatnonzero(self.state == LIVE)
+        return RegionAllocator.restored(self.total_bytes, self.min_block,
+                                       {int(self.offset[r]): int(self.nbytes[r]) for r in rows})
+
+
+def _checked_file(path: Path, fd: int) -> int:
+    """The segment's size, if it can be trusted as ours; StartRefused (UnsafePath) if not."""
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) != SEGMENT_MODE:
+        raise UnsafePath(f"device pool segment {path}: owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):o}; "
+                         f"expected a regular file of uid {os.geteuid()} with mode {SEGMENT_MODE:o}: not trusted")
+    if st.st_size < HEADER.itemsize:
+        raise StartRefused(f"device pool segment {path} is {st.st_size} bytes: too short for a header")
+    head = np.frombuffer(os.pread(fd, HEADER.itemsize, 0), HEADER)[0]   # before any size is derived from it
+    if head["magic"] != MAGIC or head["version"] != VERSION:
+        raise StartRefused(f"device pool segment {path} is not an mcpd pool of version {VERSION}: not trusted")
+    min_block, regions = int(head["min_block"]), int(head["num_regions"])
+    if min_block != MIN_BLOCK or int(head["total_bytes"]) % min_block or not 0 < regions <= NUM_REGIONS:
+        raise StartRefused(f"device pool segment {path}: header fields out of range: not trusted")
+    return st.st_size

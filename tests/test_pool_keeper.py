@@ -1,0 +1,116 @@
+"""The device pool keeper in a real daemon: a process of its own in the process table, the pool
+and its regions in `status`, KV blocks that survive a worker's SIGKILL, and the refusals of a
+pool too small or a segment not to be trusted."""
+import os
+import re
+import signal
+
+import pytest
+
+from mcpd.memory import pool_segment
+from mcpd.protocol import codes
+from test_worker_crash import start_long_stream
+
+pytestmark = pytest.mark.slow   # each test starts a daemon
+
+GREEDY = {"max_tokens": 12, "temperature": 0, "ignore_eos": True}
+FIGURES = ("prefix_cache_hits", "tokens_prefilled", "host_kv_loaded")
+
+
+def device(d) -> dict:
+    return d.status()["devices"][0]
+
+
+def turn(d, ctx, text: str) -> tuple[list[int], dict]:
+    """A chat turn's reply tokens, and how the worker's prefill and cache counters moved."""
+    before = device(d)
+    tokens = ctx.generate(text, **GREEDY).token_ids
+    after = device(d)
+    return tokens, {name: after[name] - before[name] for name in FIGURES}
+
+
+def test_the_keeper_is_a_process_and_status_shows_its_pool_and_regions(fresh_daemon):
+    d = fresh_daemon(workers={"count": 2})
+    status = d.status()
+    keeper = next(p for p in status["processes"] if p["role"] == "keeper")
+    assert keeper["state"] == "running"
+    [pool] = status["pools"]
+    assert pool["device"] == "cpu" and pool["keeper_pid"] == keeper["pid"]
+    workers = {p["index"]: p["pid"] for p in status["processes"] if p["role"] == "worker"}
+    assert sorted((r["kind"], r["owner"], r["pid"]) for r in pool["regions"]) == \
+        [("kv", 0, workers[0]), ("kv", 1, workers[1]), ("weights", 0, workers[0]), ("weights", 1, workers[1])]
+    assert pool["in_use_bytes"] >= sum(r["bytes"] for r in pool["regions"])
+    assert all(w["pool"]["shared"] for w in status["devices"])
+
+
+def test_turn_11_after_a_sigkill_reuses_the_device_kv(fresh_daemon):
+    """Chat A runs ten turns; the worker is SIGKILLed while it writes another sequence's blocks;
+    turn 11 on its successor (weights from the pool, not the disk) recomputes nothing an uninterrupted run would not (chat B, the same
+    turns in another tenant, never interrupted), loads nothing from the host cache, and replies
+    with the same tokens."""
+    d = fresh_daemon()
+    texts = [f" turn {i}: tell me more about pools" for i in range(11)]
+    with d.client(tenant="alice") as alice, d.client(tenant="bob") as bob:
+        chat_a, chat_b = alice.context("a"), bob.context("b")
+        for text in texts[:10]:
+            assert turn(d, chat_a, text)[0] == turn(d, chat_b, text)[0]
+        expected_tokens, expected = turn(d, chat_b, texts[10])
+        old_pid = d.pid_of("worker")
+        outcome = []
+        writing = start_long_stream(d, outcome)   # alice's tenant: blocks are being written at the kill
+        os.kill(old_pid, signal.SIGKILL)
+        writing.join(60)
+        assert outcome == [codes.WORKER_LOST]
+        d.wait_until(lambda: d.status()["state"] == "ready", 60, "worker back")
+        assert d.pid_of("worker") != old_pid
+        successor = device(d)["pool"]
+        tokens, moved = turn(d, chat_a, texts[10])
+    assert successor["kv_blocks_adopted"] > 0 and successor["weights_from_pool"]
+    assert tokens == expected_tokens
+    assert moved == expected and moved["host_kv_loaded"] == 0 and moved["prefix_cache_hits"] > 0
+
+
+def test_a_pool_too_small_for_the_model_refuses_to_start_with_the_numbers(fresh_daemon):
+    d = fresh_daemon(started=False, pool={"bytes": 24 << 20})   # the weights fit, their KV cache does not
+    d.start(wait=False)
+    assert d.process.wait(120) == 2
+    assert re.search(r"POOL_TOO_SMALL: worker 0 needs a kv region of \d+ bytes; the device pool has \d+ of "
+                     r"25165824 bytes free", d.log())
+
+
+def test_a_workers_pool_segment_that_is_not_ours_is_refused(fresh_daemon):
+    """A segment whose mode was opened up under a running daemon: the restarted worker does not
+    map it, and the daemon stops with the reason instead of trusting it."""
+    d = fresh_daemon()
+    [path] = pool_segment.every_segment(d.runtime_dir)
+    os.chmod(path, 0o666)
+    os.kill(d.pid_of("worker"), signal.SIGKILL)
+    assert d.process.wait(120) == 3
+    assert f"device pool segment {path}: owner uid {os.geteuid()}, mode 666" in d.log()
+
+
+def test_a_dead_keeper_takes_its_workers_down_and_the_set_comes_back(fresh_daemon):
+    d = fresh_daemon()
+    keeper, worker = d.pid_of("keeper"), d.pid_of("worker")
+    os.kill(keeper, signal.SIGKILL)
+    d.wait_until(lambda: d.pid_of("worker") not in (None, worker) and d.status()["state"] == "ready", 60,
+                 "keeper and worker back")
+    [pool] = d.status()["pools"]
+    assert pool["keeper_pid"] not in (None, keeper)
+    assert {(r["owner"], r["pid"]) for r in pool["regions"]} == {(0, d.pid_of("worker"))}
+    with d.client() as client:
+        assert client.generate("again", max_tokens=3, ignore_eos=True).completion_tokens == 3
+
+
+def test_a_dead_workers_standby_is_promoted_and_replaced(fresh_daemon):
+    d = fresh_daemon(workers={"standby": True})
+    d.wait_until(lambda: "standing by for worker 0" in d.log(), 60, "a standby")
+    old_pid = d.pid_of("worker")
+    os.kill(old_pid, signal.SIGKILL)
+    d.wait_until(lambda: d.pid_of("worker") not in (None, old_pid) and d.status()["state"] == "ready", 60,
+                 "worker back")
+    assert f"promoted the standby of worker 0 (pid {d.pid_of('worker')})" in d.log()
+    assert device(d)["pool"]["weights_from_pool"]
+    with d.client() as client:
+        assert client.generate("again", max_tokens=3, ignore_eos=True).completion_tokens == 3
+    d.wait_until(lambda: d.log().count("standing by for worker 0") == 2, 60, "a new standby")
