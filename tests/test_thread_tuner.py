@@ -36,3 +36,17 @@ def test_a_batch_that_changes_during_a_trial_decides_nothing():
 def test_one_thread_is_never_tuned():
     tuner = ThreadTuner(1, None)
     assert serve(tuner, lambda threads: 0.01, 3 * PERIOD) == []
+
+
+def test_after_a_pause_the_next_burst_starts_on_every_thread():
+    tuner = ThreadTuner(2, None)
+    serve(tuner, {1: 0.010, 2: 0.015}.get, PERIOD + TRIAL)   # a neighbour took a core
+    assert tuner.current == 1
+    set_to = []
+    tuner.set_threads = set_to.append
+    tuner.resume(0.05)   # between steps of one burst: nothing changes
+    assert tuner.current == 1 and set_to == []
+    tuner.resume(5.0)    # idle for seconds: the neighbour may be gone
+    assert tuner.current == 2 and set_to == [2]
+    tuner.resume(5.0)    # already on every thread: nothing to set
+    assert set_to == [2]

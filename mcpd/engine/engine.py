@@ -95,6 +95,7 @@ class Engine:
         self.aborted: list[StepOutput] = []  # reported by the next step()
         self.arrivals = itertools.count()
         self.steps = self.tokens_prefilled = self.tokens_generated = 0
+        self.last_step_end = 0.0   # perf_counter: the thread tuner resets after a pause
         self.batch_sizes = Histogram(BATCH_BOUNDS)   # sequences per step, for the metrics endpoint
 
     def add_request(self, key: Hashable, prompt_token_ids: list[int], params: SamplingParams,
@@ -150,10 +151,13 @@ class Engine:
         self.steps += 1
         self.batch_sizes.observe(len(batch))
         started = time.perf_counter()
+        if self.thread_tuner is not None:
+            self.thread_tuner.resume(started - self.last_step_end)
         sampling, logits = self._run_model(batch)
         self.kv.step_ran()
+        self.last_step_end = time.perf_counter()
         if self.thread_tuner is not None:
-            self.thread_tuner.observe(sum(count for _, count in batch), time.perf_counter() - started)
+            self.thread_tuner.observe(sum(count for _, count in batch), self.last_step_end - started)
         tokens, logprobs = self.sampler(logits, sampling) if sampling else ([], None)
         for i, (seq, token) in enumerate(zip(sampling, tokens)):
             outputs.append(self._append(seq, token, logprobs[i] if seq.params.logprobs else None))

@@ -17,6 +17,12 @@ from collections.abc import Callable
 PERIOD = 128   # steps between trials: a neighbour is noticed within about half a second of decoding
 TRIAL = 4      # steps per trial, and steps of the current count it is compared with
 GAIN = 0.9     # a trial wins when its mean step time is below this share of the current one
+# An engine idle this long starts again on every thread: what a neighbour did before the pause
+# says nothing about now. Before this, a worker that had dropped to one thread while a neighbour
+# ran kept it into the next burst until a trial 128 steps later: a 128-token prefill after such a
+# pause ran on one thread (bench/peers.py W1 first token 35.8 ms median over 5 rounds, 26.5 ms
+# on two threads).
+IDLE_RESET_S = 1.0
 
 
 class ThreadTuner:
@@ -28,6 +34,12 @@ class ThreadTuner:
         self.trial: list[tuple[int, float]] = []
         self.steps = 0
         self.downward = True                    # the direction of the next trial
+
+    def resume(self, idle_seconds: float) -> None:
+        """A step is about to run, idle_seconds after the previous one ended."""
+        if idle_seconds >= IDLE_RESET_S and (self.current != self.most or self.trying is not None):
+            self.current, self.trying, self.baseline, self.trial, self.steps = self.most, None, [], [], 0
+            self.set_threads(self.most)
 
     def observe(self, tokens: int, seconds: float) -> None:
         """A step that computed `tokens` tokens took `seconds`."""
