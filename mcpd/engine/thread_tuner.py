@@ -19,9 +19,8 @@ TRIAL = 4      # steps per trial, and steps of the current count it is compared 
 GAIN = 0.9     # a trial wins when its mean step time is below this share of the current one
 # An engine idle this long starts again on every thread: what a neighbour did before the pause
 # says nothing about now. Before this, a worker that had dropped to one thread while a neighbour
-# ran kept it into the next burst until a trial 128 steps later: a 128-token prefill after such a
-# pause ran on one thread (bench/peers.py W1 first token 35.8 ms median over 5 rounds, 26.5 ms
-# on two threads).
+# ran kept it into the next burst until a trial 128 steps later, so the burst's first prefill ran
+# on one core.
 IDLE_RESET_S = 1.0
 
 
