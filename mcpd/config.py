@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import grp
+import math
 import os
 import re
 import tomllib
@@ -447,13 +448,13 @@ def _build_value(path: str, value, hint):
 def _matches(value, hint) -> bool:
     if isinstance(value, bool):  # bool is an int in Python; never accept it for numbers
         return hint is bool
-    if hint is float:
-        return isinstance(value, (int, float))
+    if hint is float:   # nan passes every range check (nan < 0 is false) and inf overflows them
+        return isinstance(value, (int, float)) and math.isfinite(value)
     if isinstance(hint, types.UnionType):
         return any(_matches(value, h) for h in typing.get_args(hint))
     return isinstance(value, typing.get_origin(hint) or hint)
 
 
 def _type_name(hint) -> str:
-    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(
+    return {int: "an integer", float: "a finite number", str: "a string", bool: "true or false"}.get(
         hint, "a table" if typing.get_origin(hint) is dict else str(hint))

@@ -21,6 +21,10 @@ def test_defaults_are_valid():
     ({"metrics": {"listen": "0.0.0.0:9464"}}, "not a loopback address"),
     ({"metrics": {"listen": "9464"}}, "use host:port"),
     ({"persistence": {"fsync": "sometimes"}}, "persistence.fsync = 'sometimes'"),
+    # TOML has nan and inf; nan passed every range check (a nan batching window held requests forever)
+    ({"scheduler": {"window_max_ms": float("nan")}}, "scheduler.window_max_ms = nan: expected a finite number"),
+    ({"supervisor": {"stop_grace_s": float("inf")}}, "supervisor.stop_grace_s = inf: expected a finite number"),
+    ({"scheduler": {"window_min_ms": 5.0}}, "scheduler.window_max_ms = 0.0: must be >= window_min_ms"),
 ])
 def test_bad_values_name_the_key(raw, message):
     with pytest.raises(ConfigError) as raised:
