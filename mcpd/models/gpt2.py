@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mcpd.models.kernels import TORCH
-from mcpd.models.layers import AttentionMetadata, PagedAttention
+from mcpd.models.layers import AttentionMetadata, Embedding, PagedAttention
 from mcpd.models.native import NativeUnavailable
 
 
@@ -77,8 +77,8 @@ class GPT2LMHeadModel(nn.Module):
         super().__init__()
         self.num_layers, self.num_kv_heads = args.num_layers, args.num_heads
         self.head_dim = args.hidden_size // args.num_heads
-        self.wte = nn.Embedding(args.vocab_size, args.hidden_size)
-        self.wpe = nn.Embedding(args.max_positions, args.hidden_size)
+        self.wte = Embedding(args.vocab_size, args.hidden_size)
+        self.wpe = Embedding(args.max_positions, args.hidden_size)
         self.h = nn.ModuleList(GPT2Block(args, i) for i in range(args.num_layers))
         self.ln_f = nn.LayerNorm(args.hidden_size, eps=args.layer_norm_eps)
         self.kernels = TORCH

@@ -1,4 +1,4 @@
-"""Building blocks shared by the model files: RMSNorm, rotary embedding, paged attention.
+"""Building blocks shared by the model files: embedding, RMSNorm, rotary embedding, paged attention.
 
 Paged attention works on a flat batch: every token scheduled this step, of every sequence, is one
 row of [T, ...] tensors (prefill chunks and single decode tokens side by side, no padding in the
@@ -14,6 +14,16 @@ import torch
 from torch import nn
 
 from mcpd.models.kernels import TORCH, TorchKernels
+
+
+class Embedding(nn.Embedding):
+    """nn.Embedding without its random initialisation. Models are built on the meta device and
+    then filled from a checkpoint (or the embedded model's seed), so it would be thrown away; and
+    on the meta device its normal_ runs through torch._refs, whose first use imports torch._dynamo:
+    about a second of CPU in every worker and pool keeper start (parameter_bytes builds one too)."""
+
+    def reset_parameters(self) -> None:
+        pass
 
 
 class RMSNorm(nn.Module):

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from mcpd.models.kernels import TORCH, Packed, TorchKernels, choose
-from mcpd.models.layers import AttentionMetadata, Llama3RopeScaling, PagedAttention, RMSNorm, RotaryEmbedding
+from mcpd.models.layers import AttentionMetadata, Embedding, Llama3RopeScaling, PagedAttention, RMSNorm, RotaryEmbedding
 from mcpd.models.native_stack import NativeStack
 
 
@@ -61,7 +61,7 @@ class LlamaDecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     def __init__(self, args: LlamaArgs) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
+        self.embed_tokens = Embedding(args.vocab_size, args.hidden_size)
         self.layers = nn.ModuleList(LlamaDecoderLayer(args) for _ in range(args.num_layers))
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
 
