@@ -66,3 +66,24 @@ def test_the_scheduler_tokenizes_without_torch():
     modules = loaded_after("import mcpd.daemon.scheduler_loop, mcpd.tokenizer")
     assert "mcpd.tokenizer" in modules and "tokenizers" in modules
     assert under(modules, "torch", "mcpd.models", "mcpd.engine") == []
+
+
+def test_a_spawned_child_reimports_only_a_light_main():
+    """multiprocessing's spawn runs the parent's main module (the `mcpd` script) again in every
+    child, as __mp_main__, before the child's own target: it must not pull in the supervisor's
+    graph (aiohttp, prometheus_client, the scheduler's tokenizer) for a child that runs none of it."""
+    script = Path(sys.executable).parent / "mcpd"
+    modules = loaded_after(f"import runpy; runpy.run_path({str(script)!r}, run_name='__mp_main__')")
+    assert "mcpd.__main__" in modules   # the script is the one `pip install -e .` made from pyproject.toml
+    assert under(modules, "mcpd.daemon", "aiohttp", "prometheus_client", "tokenizers", *HEAVY) == []
+
+
+def test_building_a_model_skeleton_does_not_load_torch_dynamo():
+    """The pool keeper (parameter_bytes) and every worker build one on the meta device; a random
+    init there runs through torch._refs, which imports torch._dynamo: about a second of CPU each."""
+    modules = loaded_after("import torch\n"
+                           "from mcpd.config import ModelConfig\n"
+                           "from mcpd.models import parameter_bytes\n"
+                           "assert parameter_bytes(ModelConfig(), torch.device('cpu')) > 0")
+    assert "torch" in modules and "mcpd.models.llama" in modules
+    assert under(modules, "torch._dynamo") == []
