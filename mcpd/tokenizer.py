@@ -13,9 +13,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Protocol
 
-import jinja2
-import jinja2.ext
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as RustTokenizer
 
 from mcpd.config import ModelConfig
@@ -81,10 +78,12 @@ class HFTokenizer:
         if self.chat_template is None:
             raise ValueError(f"the model in {self.model_dir} has no chat template (neither "
                              "tokenizer_config.json nor chat_template.jinja): send a prompt, not messages")
+        from jinja2 import TemplateError   # loaded already: it compiled the template
+
         try:
             return self.chat_template.render(messages=_checked(messages), add_generation_prompt=True,
                                              bos_token=self.bos_token or "", eos_token=self.eos_token or "")
-        except jinja2.TemplateError as e:
+        except TemplateError as e:
             raise ValueError(f"chat template: {e}") from None
 
     def _id_of(self, token: str | None) -> int | None:
@@ -133,7 +132,12 @@ def _chat_template_source(model_dir: Path, config: dict) -> str | None:
     return template
 
 
-def _sandbox() -> ImmutableSandboxedEnvironment:
+def _sandbox():
+    """Jinja's immutable sandbox; jinja2 is imported here, by a model with a chat template: every
+    scheduler, worker and pool keeper imports this module, most serve the embedded model."""
+    import jinja2.ext
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
     def raise_exception(message):
         raise jinja2.TemplateError(message)
 

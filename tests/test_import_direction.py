@@ -65,7 +65,7 @@ def test_the_scheduler_tokenizes_without_torch():
     """It tokenizes each prompt (mcpd/tokenizer.py); torch is the workers' alone."""
     modules = loaded_after("import mcpd.daemon.scheduler_loop, mcpd.tokenizer")
     assert "mcpd.tokenizer" in modules and "tokenizers" in modules
-    assert under(modules, "torch", "mcpd.models", "mcpd.engine") == []
+    assert under(modules, "torch", "mcpd.models", "mcpd.engine", "jinja2") == []   # jinja2: chat templates only
 
 
 def test_a_spawned_child_reimports_only_a_light_main():
