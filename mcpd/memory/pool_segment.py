@@ -190,9 +190,17 @@ class PoolSegment:
             return Region(offset, nbytes, reused=False)
 
     def release(self, owner: int) -> int:
-        """Free every region of owner (a worker removed from the device); returns how many."""
+        """Free every region of owner (a worker removed from the device), to coalesce with their
+        free neighbours; returns how many. A region a live process other than the caller holds
+        is refused (PoolBusy), all of owner's then kept: memory a worker still writes is never
+        handed to another."""
         with self.lock:
             rows = np.flatnonzero((self.state == LIVE) & (self.owner == owner))
+            holders = {int(self.pid[r]) for r in rows} - {self.own_pid}
+            alive = sorted(pid for pid in holders if process_alive(pid))
+            if alive:
+                raise PoolBusy(f"worker {owner}'s regions are held by pid {alive[0]}, which still runs: "
+                               "stop it before its regions are freed")
             self.state[rows] = FREE
             return len(rows)
 
