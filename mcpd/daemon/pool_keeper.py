@@ -47,7 +47,7 @@ def pool_bytes(config: Config, device: str, workers: int) -> int:
 
 
 def reclaim(config: Config, device: str, owner: int) -> int:
-    """Give worker `owner`'s regions on `device` (its weights, KV, scratch) back to the device's
+    """Give worker `owner`'s regions on `device` (its weights and KV) back to the device's
     pool, where they coalesce with their free neighbours: for a worker index that is removed (its
     model version unloaded, fewer workers). Call it once the worker's process, and any standby
     of it, is gone (joined): a region a live process holds is refused (PoolBusy) and kept.
