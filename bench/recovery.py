@@ -12,7 +12,8 @@ today's path (private pools, no standby: a fresh process reloads the model and f
 KV in the host cache, or recomputes it).
 Last line JSON: unanswered (requests sent without a final reply: must be 0), lost (answered
 WORKER_LOST), recovery_seconds (kill until the new worker is running: shared pool, standby),
-baseline_recovery_seconds (the same, today's path), recomputed_tokens_after_kill (tokens of the
+baseline_recovery_seconds (the same, today's path), idle_recovery_seconds and its baseline_ twin
+(the same for the other worker, killed before the load starts), recomputed_tokens_after_kill (tokens of the
 chat's history turn 11 computed again: its full blocks not found on the device or in the host
 cache), host_kv_loads_after_kill (blocks turn 11 loaded from the host cache), the baseline_ twins
 of both, and throughput_dip_frac (1 - throughput while recovering / before).
@@ -70,6 +71,16 @@ def counters(daemon: Daemon) -> dict[int, dict]:
     return {d["worker"]: d for d in daemon.status()["devices"]}
 
 
+def kill_and_wait(daemon: Daemon, index: int) -> float:
+    """SIGKILL worker index; seconds until its successor runs."""
+    old_pid = worker(daemon, index)["pid"]
+    killed = time.monotonic()
+    os.kill(old_pid, signal.SIGKILL)
+    while not (worker(daemon, index)["pid"] not in (None, old_pid) and worker(daemon, index)["state"] == "running"):
+        time.sleep(0.05)
+    return time.monotonic() - killed
+
+
 def chat(daemon: Daemon, context, text: str) -> None:
     context.generate(text, max_tokens=CHAT_TOKENS, temperature=0, ignore_eos=True)
 
@@ -86,21 +97,18 @@ def scenario(shared: bool, window: float) -> dict:
                 chat(daemon, context, f" turn {i}: {CHAT_TEXT}")
             after = counters(daemon)
             served_by = max(after, key=lambda w: after[w]["prefix_cache_queries"] - before[w]["prefix_cache_queries"])
-            if shared:   # its standby must be up (a standby still loading torch is promoted all the same)
-                daemon.wait_until(lambda: f"standing by for worker {served_by}" in daemon.log(), 120, "a standby")
+            if shared:   # the standbys must be up (a standby still loading torch is promoted all the same)
+                for index in (0, 1):
+                    daemon.wait_until(lambda: f"standing by for worker {index}" in daemon.log(), 120, "a standby")
+            idle_recovery = kill_and_wait(daemon, 1 - served_by)   # the other worker, on the idle daemon
             load = Load(daemon, clients=8)
             for t in load.threads:
                 t.start()
             time.sleep(2.0)   # warm-up
             before_start = time.monotonic()
             time.sleep(window)
-            old_pid = worker(daemon, served_by)["pid"]
             killed = time.monotonic()
-            os.kill(old_pid, signal.SIGKILL)
-            while not (worker(daemon, served_by)["pid"] not in (None, old_pid)
-                       and worker(daemon, served_by)["state"] == "running"):
-                time.sleep(0.05)
-            recovered = time.monotonic()
+            recovered = killed + kill_and_wait(daemon, served_by)
             time.sleep(window)
             after_end = time.monotonic()
             load.stop.set()
@@ -122,7 +130,7 @@ def scenario(shared: bool, window: float) -> dict:
     return {"requests": load.sent, "unanswered": load.sent - len(load.finished),
             "lost": outcomes.count("WORKER_LOST"),
             "other_errors": len(outcomes) - outcomes.count("ok") - outcomes.count("WORKER_LOST"),
-            "recovery_seconds": round(recovered - killed, 2),
+            "recovery_seconds": round(recovered - killed, 2), "idle_recovery_seconds": round(idle_recovery, 2),
             "recomputed_tokens_after_kill": expected_hits - moved["prefix_cache_hits"],
             "host_kv_loads_after_kill": moved["host_kv_loaded"],
             "throughput_before_rps": round(before_rate, 1), "throughput_recovering_rps": round(during, 1),
@@ -137,13 +145,14 @@ def main() -> None:
     window = 3.0 if args.quick else 15.0
     baseline = scenario(shared=False, window=window)
     figures = scenario(shared=True, window=window)
-    for name in ("recovery_seconds", "recomputed_tokens_after_kill", "host_kv_loads_after_kill", "lost",
+    for name in ("recovery_seconds", "idle_recovery_seconds", "recomputed_tokens_after_kill", "host_kv_loads_after_kill", "lost",
                  "unanswered"):
         figures[f"baseline_{name}"] = baseline[name]
     figures["recovery_ratio"] = round(figures["recovery_seconds"] / baseline["recovery_seconds"], 3)
     print(f"before the kill {figures['throughput_before_rps']} req/s, while recovering "
           f"{figures['throughput_recovering_rps']} req/s, after {figures['throughput_after_rps']} req/s; "
-          f"worker back in {figures['recovery_seconds']} s (today's path: {baseline['recovery_seconds']} s); "
+          f"worker back in {figures['recovery_seconds']} s (today's path: {baseline['recovery_seconds']} s; "
+          f"on the idle daemon {figures['idle_recovery_seconds']} s and {baseline['idle_recovery_seconds']} s); "
           f"turn 11 recomputed {figures['recomputed_tokens_after_kill']} tokens and loaded "
           f"{figures['host_kv_loads_after_kill']} host blocks (today's path: {baseline['recomputed_tokens_after_kill']}, "
           f"{baseline['host_kv_loads_after_kill']}); {figures['unanswered']} unanswered, "

@@ -12,6 +12,7 @@ from mcpd import cpu_features
 from mcpd.config import Config, EngineConfig, ModelConfig
 from mcpd.engine import Engine
 from mcpd.models import kernels, load_model, native
+from mcpd.models.kernel_forms import tensors_of
 from mcpd.models.kernels import NativeKernels, TorchKernels
 from mcpd.models.layers import AttentionMetadata, bind_kv_cache
 from tiny_checkpoints import KINDS, make_checkpoint
@@ -35,6 +36,17 @@ def agree(mine: torch.Tensor, expected: torch.Tensor, steps: int = 1, rowwise: b
 
 def rand(*shape, dtype=torch.float32, scale=1.0):
     return (torch.randn(*shape, generator=torch.Generator().manual_seed(sum(shape))) * scale).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kernels_", [NATIVE, TORCH], ids=["native", "torch"])
+def test_prepare_lays_out_a_meta_weight_as_a_real_one(kernels_, dtype):
+    """The device pool sizes and places the prepared weights from meta tensors, before reading any."""
+    real, meta = kernels_.prepare(rand(33, 48, dtype=dtype)), kernels_.prepare(torch.empty(33, 48, dtype=dtype,
+                                                                                              device="meta"))
+    assert type(real) is type(meta)
+    assert {f: (t.shape, t.dtype) for f, t in tensors_of(real).items()} == \
+        {f: (t.shape, t.dtype) for f, t in tensors_of(meta).items()}
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -7,7 +7,10 @@ import signal
 
 import pytest
 
+from mcpd import config as config_module
+from mcpd.daemon import pool_keeper
 from mcpd.memory import pool_segment
+from mcpd.memory.pool_segment import PoolBusy
 from mcpd.protocol import codes
 from test_worker_crash import start_long_stream
 
@@ -114,3 +117,26 @@ def test_a_dead_workers_standby_is_promoted_and_replaced(fresh_daemon):
     with d.client() as client:
         assert client.generate("again", max_tokens=3, ignore_eos=True).completion_tokens == 3
     d.wait_until(lambda: d.log().count("standing by for worker 0") == 2, 60, "a new standby")
+
+
+def test_a_removed_workers_regions_go_back_to_the_pool(fresh_daemon):
+    """pool_keeper.reclaim, the supervisor's call when a worker index is removed, on a real
+    daemon's pool: refused while the worker runs; once it is dead, its regions are freed and
+    its successor (here: the restart after the backoff) starts on fresh ones."""
+    d = fresh_daemon(workers={"count": 2, "restart_backoff_s": 10})
+    config = config_module.load(str(d.config_path))
+    with pytest.raises(PoolBusy, match="still runs"):
+        pool_keeper.reclaim(config, "cpu", 1)
+    old_pid = d.pid_of("worker", 1)
+    os.kill(old_pid, signal.SIGKILL)
+    d.wait_until(lambda: next(p for p in d.processes() if p["role"] == "worker" and p["index"] == 1)["state"]
+                 == "restarting", 30, "worker 1 reaped")
+    assert pool_keeper.reclaim(config, "cpu", 1) == 2
+    [pool] = d.status()["pools"]
+    assert {r["owner"] for r in pool["regions"]} == {0}
+    assert pool["in_use_bytes"] == sum(-(-r["bytes"] // pool_segment.MIN_BLOCK) * pool_segment.MIN_BLOCK
+                                       for r in pool["regions"])
+    d.wait_until(lambda: d.pid_of("worker", 1) not in (None, old_pid) and d.status()["state"] == "ready", 60,
+                 "worker 1 back")
+    successor = next(w for w in d.status()["devices"] if w["worker"] == 1)
+    assert not successor["pool"]["weights_from_pool"] and successor["pool"]["kv_blocks_adopted"] == 0

@@ -88,6 +88,34 @@ def test_freeing_a_workers_regions_coalesces(paths):
     assert stats["regions"] == [] and stats["largest_free_block"] == stats["free_bytes"] == 32 * MIB
 
 
+def test_a_removed_workers_regions_coalesce_with_their_free_neighbours(paths):
+    segment = PoolSegment.create(*paths, 16 * MIB)
+    for owner in range(3):   # laid out in order: 0's weights and KV, 1's, 2's, then 7 MiB free
+        segment.take(WEIGHTS, owner, KEY_A, MIB)
+        segment.take(KV, owner, KEY_A, 2 * MIB)
+    with pytest.raises(PoolTooSmall):
+        segment.take(KV, 3, KEY_A, 8 * MIB)
+    assert segment.release(1) == 2
+    assert segment.stats()["largest_free_block"] == 7 * MIB   # 1's 3 MiB are one run, apart from the end
+    assert segment.release(2) == 2
+    stats = segment.stats()   # 1's and 2's regions and the free end: one run of 13 MiB
+    assert stats["largest_free_block"] == stats["free_bytes"] == 13 * MIB and stats["external_fragmentation"] == 0
+    assert segment.take(KV, 3, KEY_A, 13 * MIB).offset == 3 * MIB
+
+
+def test_a_live_workers_regions_are_not_released(paths):
+    PoolSegment.create(*paths, 8 * MIB)
+    holder = PoolSegment(*paths)
+    holder.take(WEIGHTS, 1, KEY_A, MIB)
+    holder.take(KV, 1, KEY_A, MIB)
+    holder.pid[1] = os.getppid()   # one of them held by a process that runs, not the caller
+    with pytest.raises(PoolBusy, match="still runs"):
+        PoolSegment(*paths).release(1)
+    assert len(holder.stats()["regions"]) == 2   # neither freed
+    holder.pid[1] = dead_pid()
+    assert PoolSegment(*paths).release(1) == 2
+
+
 @pytest.mark.parametrize("damage", ["mode", "magic", "version", "size", "link"])
 def test_a_segment_that_is_not_certainly_ours_is_refused(paths, request, damage):
     path, lock = paths

@@ -2,6 +2,9 @@
 region; a successor on the same pool points its parameters there and reads no weight file, with
 the same tokens. In-process; test_pool_keeper.py covers the daemon."""
 import os
+import signal
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -10,6 +13,8 @@ from mcpd.config import Config, EngineConfig, ModelConfig
 from mcpd.engine import Engine
 from mcpd.memory import pool_segment
 from mcpd.memory.pool_segment import PoolSegment
+from mcpd.models.kernel_forms import tensors_of
+from mcpd.models.kernels import Packed
 from test_kv_survival import pool  # noqa: F401  (the fixture)
 from test_prefix_cache import SYSTEM, run_one
 from tiny_checkpoints import make_checkpoint
@@ -17,13 +22,33 @@ from tiny_checkpoints import make_checkpoint
 CPU = torch.device("cpu")
 
 
-def config(path: str = "") -> Config:
-    return Config(model=ModelConfig(path=path, max_model_len=512), engine=EngineConfig(pool_bytes=16 << 20))
+def config(path: str = "", kernels: str = "auto") -> Config:
+    return Config(model=ModelConfig(path=path, max_model_len=512),
+                  engine=EngineConfig(pool_bytes=16 << 20, kernels=kernels))
+
+
+@pytest.fixture
+def sized_pool(tmp_path):
+    """sized_pool(nbytes): make a device pool of nbytes; returns a function mapping it anew."""
+    path, lock = pool_segment.segment_path(tmp_path, "cpu"), pool_segment.lock_path(tmp_path, "cpu")
+
+    def make(nbytes: int):
+        PoolSegment.create(path, lock, nbytes)
+        return lambda: PoolSegment(path, lock)
+    yield make
+    path.unlink(missing_ok=True)
 
 
 def in_segment(engine: Engine, segment: PoolSegment) -> bool:
+    """Every tensor the kernels read (packed panels included) lies in the segment, and no
+    parameter holds bytes elsewhere."""
     start = torch.frombuffer(segment.mm, dtype=torch.uint8).data_ptr()
-    return all(start <= p.data_ptr() < start + len(segment.mm) for p in engine.model.parameters() if p.numel())
+    forms = [engine.model.weights.embedding, engine.model.weights.head, engine.model.weights.final_norm]
+    for layer in engine.model.weights.layers:
+        forms += [layer.input_norm, layer.qkv, layer.o, layer.post_norm, layer.gate_up, layer.down]
+    tensors = [t for form in forms for t in tensors_of(form).values()]
+    tensors += [p for p in engine.model.parameters() if p.numel()]
+    return all(start <= t.data_ptr() < start + len(segment.mm) for t in tensors)
 
 
 def test_the_successor_takes_the_embedded_models_weights_from_the_pool(pool):  # noqa: F811
@@ -48,12 +73,80 @@ def test_a_checkpoints_successor_reads_no_weight_file(pool, tmp_path):  # noqa: 
     assert successor.resident.from_pool and run_one(successor, SYSTEM[:40])[0] == tokens
 
 
+@pytest.mark.parametrize("path", ["", "llama"])
+def test_the_native_kernels_packed_panels_are_the_pool_resident(pool, path, tmp_path):  # noqa: F811
+    """The panels the kernels multiply live in the pool, nowhere else, and a successor runs on
+    them as they are (nothing read, nothing packed)."""
+    path = str(make_checkpoint(tmp_path / path, path)) if path else ""
+    first_segment, segment = pool(), pool()
+    first = Engine(config(path, "native"), CPU, shared_pool=first_segment)
+    assert isinstance(first.model.weights.layers[0].qkv, Packed) and in_segment(first, first_segment)
+    tokens, _ = run_one(first, SYSTEM[:40])
+    successor = Engine(config(path, "native"), CPU, shared_pool=segment)
+    assert successor.resident.from_pool and in_segment(successor, segment)
+    assert run_one(successor, SYSTEM[:40])[0] == tokens == run_one(Engine(config(path, "native"), CPU), SYSTEM[:40])[0]
+
+
 def test_weights_a_dying_engine_was_copying_are_loaded_again(pool):  # noqa: F811
     first = Engine(config(), CPU, shared_pool=pool())
     first.resident.head["complete"] = 0   # as if killed before the copy finished
     successor = Engine(config(), CPU, shared_pool=pool())
     assert not successor.resident.from_pool
     assert run_one(successor, SYSTEM[:40])[0] == run_one(Engine(config(), CPU), SYSTEM[:40])[0]
+
+
+def test_a_record_holding_another_layout_is_reloaded_not_read(pool):  # noqa: F811
+    first = Engine(config(kernels="native"), CPU, shared_pool=pool())
+    first.resident.head["holds"] = b"\x01" * 32   # complete, but says it holds something else
+    assert first.resident.head["complete"] == 1
+    successor = Engine(config(kernels="native"), CPU, shared_pool=pool())
+    assert successor.resident.reused and not successor.resident.from_pool
+    assert successor.resident.holds_key()   # reloaded, and its record rewritten
+
+
+def test_other_kernels_take_a_fresh_region_and_reload(sized_pool):
+    """Weights kept in the torch kernels' form are never read as packed panels, nor the reverse."""
+    pool = sized_pool(64 << 20)   # the old weights region and the new one, apart
+    first = Engine(config(kernels="torch"), CPU, shared_pool=pool())
+    tokens, _ = run_one(first, SYSTEM[:40])
+    segment = pool()
+    successor = Engine(config(kernels="native"), CPU, shared_pool=segment)
+    assert not successor.resident.reused and not successor.resident.from_pool and in_segment(successor, segment)
+    assert run_one(successor, SYSTEM[:40])[0] == tokens
+    assert [r["kind"] for r in segment.stats()["regions"]].count("weights") == 1   # the torch form's is freed
+
+
+DYING_KEEP = """
+import os, signal, sys, torch
+from mcpd.config import Config, EngineConfig, ModelConfig
+from mcpd.engine import Engine
+from mcpd.memory.pool_segment import PoolSegment
+from mcpd.models.kernel_forms import KernelForms
+
+forms = KernelForms.kernel_forms
+def dying(model, meta=False):   # SIGKILLed after copying some of the packed weights into the pool
+    for i, form in enumerate(forms(model, meta)):
+        if not meta and i == 8:
+            os.kill(os.getpid(), signal.SIGKILL)
+        yield form
+KernelForms.kernel_forms = dying
+Engine(Config(model=ModelConfig(max_model_len=512), engine=EngineConfig(pool_bytes=16 << 20, kernels="native")),
+       torch.device("cpu"), shared_pool=PoolSegment(sys.argv[1], sys.argv[2]))
+"""
+
+
+def test_weights_of_a_worker_killed_while_keeping_them_are_loaded_again(sized_pool, tmp_path):
+    pool = sized_pool(32 << 20)
+    where = [str(pool_segment.segment_path(tmp_path, "cpu")), str(pool_segment.lock_path(tmp_path, "cpu"))]
+    dying = subprocess.run([sys.executable, "-c", DYING_KEEP, *where], capture_output=True)
+    assert dying.returncode == -signal.SIGKILL, dying.stderr.decode()
+    segment = pool()
+    [row] = segment.stats()["regions"]
+    written = segment.buffer(pool_segment.Region(row["offset"], row["bytes"], True))
+    assert row["kind"] == "weights" and any(written[4096:])   # it died with bytes half written
+    successor = Engine(config(kernels="native"), CPU, shared_pool=segment)
+    assert successor.resident.reused and not successor.resident.from_pool
+    assert run_one(successor, SYSTEM[:40])[0] == run_one(Engine(config(kernels="native"), CPU), SYSTEM[:40])[0]
 
 
 def test_a_pool_too_small_for_the_model_refuses_with_the_numbers(tmp_path):

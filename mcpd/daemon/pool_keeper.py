@@ -46,6 +46,23 @@ def pool_bytes(config: Config, device: str, workers: int) -> int:
     return int(workers * (share + parameter_bytes(config.model, torch.device(device))))
 
 
+def reclaim(config: Config, device: str, owner: int) -> int:
+    """Give worker `owner`'s regions on `device` (its weights and KV) back to the device's
+    pool, where they coalesce with their free neighbours: for a worker index that is removed (its
+    model version unloaded, fewer workers). Call it once the worker's process, and any standby
+    of it, is gone (joined): a region a live process holds is refused (PoolBusy) and kept.
+    Returns how many regions were freed; 0 where the device has no shared pool (a private pool
+    went with its worker) or none is kept now (a keeper's successor makes a fresh one)."""
+    path = pool_segment.segment_path(config.runtime_dir, device)
+    if device not in shared_pool_devices(config, [device]) or not os.path.lexists(path):
+        return 0
+    segment = PoolSegment(path, pool_segment.lock_path(config.runtime_dir, device))
+    try:
+        return segment.release(owner)
+    finally:
+        segment.close()
+
+
 def run(config: Config, index: int, device: str, workers: int) -> None:
     log = child.start(f"keeper{index}", config)
     path = pool_segment.segment_path(config.runtime_dir, device)

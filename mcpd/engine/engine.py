@@ -64,11 +64,10 @@ class Engine:
         self.device = torch.device(device)
         # The weights' region first: a pool that cannot hold the model refuses before the KV is sized.
         self.resident = ResidentWeights(shared_pool, owner, config.model) if shared_pool is not None else None
-        loaded = load_model(config.model, self.device, self.resident)
+        loaded = load_model(config.model, self.device, config.engine.kernels, self.resident)
         self.model, self.tokenizer = loaded.model, loaded.tokenizer
         self.model_name, self.dtype, self.vocab_size = loaded.name, loaded.dtype, loaded.vocab_size
-        self.max_model_len = loaded.max_model_len
-        self.kernels_reason = self.model.use_kernels(config.engine.kernels)
+        self.max_model_len, self.kernels_reason = loaded.max_model_len, loaded.kernels_reason
         pool_bytes = DevicePool.resolve_bytes(config.engine.pool_bytes, self.device)
         kv_bytes = kv_share_bytes(pool_bytes, config.engine.kv_fraction)
         layout = (config.engine.kv_block_size, self.model.num_layers, self.model.num_kv_heads, self.model.head_dim,

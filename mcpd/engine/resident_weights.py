@@ -1,31 +1,39 @@
-"""A model's parameters in a region of the shared device pool (resident: never evicted), so a
-worker restarted after a crash takes them from the pool instead of reading the checkpoint again.
+"""A model's weights in a region of the shared device pool (resident: never evicted), in the form
+its kernels read them (models/kernel_forms.py: the native kernels' packed panels, the torch
+kernels' plain matrices), so a worker restarted after a crash runs on them at once: it reads no
+checkpoint and packs nothing, and the weights are in memory once, in the pool.
 
-    weights region: | header (magic, complete) | each parameter's bytes, 64-byte aligned, in
-                                                   named_parameters() order |
+    weights region: | record (magic, complete, holds) | each form's tensors' bytes, 64-byte
+                                                          aligned, in kernel_forms() order |
 
-The layout follows from the model's architecture alone (names, shapes, dtypes), which a loader
-knows before it reads any weights: so the successor builds the model's skeleton, finds the
-region under the same key (region_key: the model's files, dtype and this layout) and, if its
-`complete` flag is set, points every parameter at its bytes in the pool. The first worker loads
-from disk as always, copies each parameter into the region, points the parameter there (the
-private copy is freed: the weights are in memory once), and sets `complete` last; one killed
-mid-copy leaves it clear, and its successor loads from disk again.
+The layout follows from the model's architecture and the chosen kernels alone (the forms'
+shapes, computed on the meta device), which a loader knows before it reads any weight: so the
+successor builds the model's skeleton, chooses its kernels, asks for the region under the same
+key (region_key over the model's files, dtype, the kernels' form and this layout) and, if the
+record says the region holds exactly that and is complete, runs on views of it.
 
-Loaders call attach() before reading weights and keep() after; the model sees no difference.
+The record is the region's validity record, as the KV blocks have theirs (kv_records.py): the
+first worker clears `complete` before it writes a byte, loads from disk as always, prepares and
+copies each form into its place (one prepared copy at a time), points the model at the pool
+and writes `holds` (the key: which model, dtype and kernel layout the bytes are) and then
+`complete`, last. One killed on the way leaves `complete` clear, and its successor loads from
+disk again; a region that holds anything else (another layout, bytes from before) is
+reloaded, never read.
+
+Loaders call attach() before reading weights and keep() after (loader.fill_weights).
 """
 from __future__ import annotations
 
 import numpy as np
 import torch
-from torch import nn
 
 from mcpd.config import ModelConfig
-from mcpd.engine.kv_records import region_key
+from mcpd.engine.kv_records import KEY_BYTES, region_key
 from mcpd.memory.pool_segment import WEIGHTS, PoolSegment
+from mcpd.models.kernel_forms import Form, rebuilt, tensors_of
 
 MAGIC = 0x737468676965776D   # "mweights"
-HEADER = np.dtype([("magic", "<u8"), ("complete", "<u8")])
+HEADER = np.dtype([("magic", "<u8"), ("complete", "<u8"), ("holds", f"V{KEY_BYTES}")])
 ALIGN = 64
 
 
@@ -33,54 +41,59 @@ class ResidentWeights:
     def __init__(self, segment: PoolSegment, owner: int, model: ModelConfig):
         self.segment, self.owner, self.model_config = segment, owner, model
         self.reused = False      # the region is a predecessor's
-        self.from_pool = False   # the parameters are a predecessor's: no weight was read
+        self.from_pool = False   # the weights are a predecessor's: none was read or prepared
 
-    def attach(self, model: nn.Module, name: str) -> bool:
-        """Point model's parameters at a predecessor's complete region; False if there is none
-        (the caller loads the weights, then calls keep)."""
-        memory = self._region(model, name)
-        if not (self.reused and self.head["magic"][0] == MAGIC and self.head["complete"][0] == 1):
-            self.head[0] = (MAGIC, 0)
+    def attach(self, model, name: str) -> bool:
+        """Run model (a skeleton whose kernels are chosen) on a predecessor's complete region;
+        False if there is none (the caller loads the weights, then calls keep)."""
+        self._take_region(model, name)
+        if not (self.reused and self.holds_key()):
+            self.head["complete"] = 0   # before any byte of the region changes
             return False
-        self._point(model, memory)
+        model.use_forms(self._pooled_forms())
         self.from_pool = True
         return True
 
-    def keep(self, model: nn.Module) -> None:
-        """Copy the loaded parameters into the region and point the model at them."""
-        memory = self.memory
-        for (_, param), (offset, nbytes) in zip(_unique_parameters(model), self.places):
-            memory[offset:offset + nbytes].view(param.dtype).view(param.shape).copy_(param.detach())
-        self._point(model, memory)
-        self.head["complete"] = 1   # last: every byte is in place
+    def keep(self, model) -> None:
+        """Copy the loaded weights, each prepared for the kernels, into the region, and run model
+        on them there."""
+        for name, form in model.kernel_forms():
+            places = self.places[name][1]
+            for field, tensor in tensors_of(form).items():
+                self._view(*places[field]).copy_(tensor.detach())
+        model.use_forms(self._pooled_forms())
+        self.head["magic"], self.head["holds"] = MAGIC, self.key
+        self.head["complete"] = 1   # last: every byte is in place, and holds says what they are
 
-    def _region(self, model: nn.Module, name: str) -> torch.Tensor:
-        params = _unique_parameters(model)
-        self.places, at = [], HEADER.itemsize
-        for _, param in params:
-            at = -(-at // ALIGN) * ALIGN
-            self.places.append((at, param.numel() * param.element_size()))
-            at += self.places[-1][1]
-        layout = tuple((n, tuple(p.shape), str(p.dtype)) for n, p in params)
-        key = region_key(self.model_config, name, ("weights", layout))
-        region = self.segment.take(WEIGHTS, self.owner, key, at)
+    def holds_key(self) -> bool:
+        """The record says the region is complete and holds what this worker's key names."""
+        head = self.head[0]
+        return head["magic"] == MAGIC and head["complete"] == 1 and head["holds"].tobytes() == self.key
+
+    def _take_region(self, model, name: str) -> None:
+        """Lay the model's forms out (self.places: name -> (meta form, field -> (offset, shape,
+        dtype))) and take owner's region for them."""
+        self.places, at, layout = {}, HEADER.itemsize, []
+        for param_name, form in model.kernel_forms(meta=True):
+            fields = {}
+            for field, tensor in tensors_of(form).items():
+                at = -(-at // ALIGN) * ALIGN
+                fields[field] = (at, tuple(tensor.shape), tensor.dtype)
+                at += tensor.numel() * tensor.element_size()
+            self.places[param_name] = (form, fields)
+            layout.append((param_name, type(form).__name__, tuple((f, s, str(d)) for f, (_, s, d) in fields.items())))
+        self.key = region_key(self.model_config, name, ("weights", model.kernels.form, tuple(layout)))
+        region = self.segment.take(WEIGHTS, self.owner, self.key, at)
         self.reused = region.reused
-        buffer = self.segment.buffer(region)
+        buffer = self.segment.buffer(region)   # checked to lie inside the pool
         self.head = np.frombuffer(buffer, HEADER, 1)
         self.memory = torch.frombuffer(buffer, dtype=torch.uint8)
-        return self.memory
 
-    def _point(self, model: nn.Module, memory: torch.Tensor) -> None:
-        """Replace each parameter by one over its bytes in the pool (tied slots stay tied)."""
-        pooled = {}
-        for (_, param), (offset, nbytes) in zip(_unique_parameters(model), self.places):
-            view = memory[offset:offset + nbytes].view(param.dtype).view(param.shape)
-            pooled[id(param)] = nn.Parameter(view, requires_grad=False)
-        for module in model.modules():
-            for slot, param in module._parameters.items():
-                if param is not None:
-                    module._parameters[slot] = pooled[id(param)]
+    def _view(self, offset: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """Bytes of the region as a tensor; slicing the region's own tensor keeps it inside."""
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        return self.memory[offset:offset + nbytes].view(dtype).view(shape)
 
-
-def _unique_parameters(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
-    return list(model.named_parameters())   # each shared parameter once, in a fixed order
+    def _pooled_forms(self) -> dict[str, Form]:
+        return {name: rebuilt(form, {field: self._view(*place) for field, place in fields.items()})
+                for name, (form, fields) in self.places.items()}

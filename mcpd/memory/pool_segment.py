@@ -8,7 +8,7 @@ The region table is the pool's whole allocation state: a region is (kind, owner,
 requested bytes), and the allocator (region_allocator.py: a buddy whose regions may span
 adjacent free blocks) is rebuilt from the live rows whenever a region is taken
 (BuddyAllocator.restored), so no process holds state the others cannot see. Regions are
-few (a worker's weights, KV, scratch), so the rebuild costs microseconds. Changes happen under
+few (a worker's weights and KV), so the rebuild costs microseconds. Changes happen under
 a FileLock (the kernel drops it when its holder dies); a row becomes LIVE by its state byte,
 written last, and FREE by it, written first, so a holder SIGKILLed mid-update leaves no
 half-made region.
@@ -25,10 +25,16 @@ magic, and exactly the size its header implies; the table's rows must be a live 
 allocator could have granted, and every view handed out lies inside the pool.
 
 The CUDA path is not built: workers on a CUDA device keep a private DevicePool (pool.py). Its
-seam is the data area: on a GPU the keeper would make one device allocation, export it once
-(cudaIpcGetMemHandle, or cuMemCreate with a shareable handle) and store the handle in the
-header; the region table, locking and keys stay as they are here, and a worker would open the
-handle and view (offset, length) in it instead of slicing this mapping.
+seam is the data area, buffer(): on a GPU the keeper would make one device allocation, export
+it once (cudaIpcGetMemHandle, or cuMemCreate with a shareable handle) and store the handle in
+the header; the region table, locking, keys and the bounds check stay as they are here, and a
+worker would open the handle and view (offset, length) in it instead of slicing this mapping.
+What lies in the regions is device-neutral: the weights' region holds the forms the device's
+kernels read (engine/resident_weights.py; on CUDA the torch kernels' plain matrices), and its
+record and the KV blocks' validity records (engine/kv_records.py) stay in host memory beside
+the table or are written after a stream synchronisation, so a flag is never ahead of the bytes
+it vouches for. A GPU step would also take a scratch region for its activations (torch's
+caching allocator keeps them outside the pool's share of device memory); the CPU's has none.
 """
 from __future__ import annotations
 
@@ -59,8 +65,8 @@ REGION_COLUMNS = (("state", "u1"), ("kind", "u1"), ("owner", "<i4"),
                   ("nbytes", "<u8"),    # requested; the buddy grants it rounded up to min_block
                   ("key", "V32"))
 FREE, LIVE = 0, 1
-WEIGHTS, KV, SCRATCH = 1, 2, 3
-KIND_NAMES = {WEIGHTS: "weights", KV: "kv", SCRATCH: "scratch"}
+WEIGHTS, KV = 1, 2   # no scratch region on the CPU: native_stack.py says why
+KIND_NAMES = {WEIGHTS: "weights", KV: "kv"}
 NUM_REGIONS = 64
 MIN_BLOCK = 4096   # a page: regions are large, and page-aligned ones map and zero cleanly
 SEGMENT_MODE = 0o600
@@ -190,9 +196,17 @@ class PoolSegment:
             return Region(offset, nbytes, reused=False)
 
     def release(self, owner: int) -> int:
-        """Free every region of owner (a worker removed from the device); returns how many."""
+        """Free every region of owner (a worker removed from the device), to coalesce with their
+        free neighbours; returns how many. A region a live process other than the caller holds
+        is refused (PoolBusy), all of owner's then kept: memory a worker still writes is never
+        handed to another."""
         with self.lock:
             rows = np.flatnonzero((self.state == LIVE) & (self.owner == owner))
+            holders = {int(self.pid[r]) for r in rows} - {self.own_pid}
+            alive = sorted(pid for pid in holders if process_alive(pid))
+            if alive:
+                raise PoolBusy(f"worker {owner}'s regions are held by pid {alive[0]}, which still runs: "
+                               "stop it before its regions are freed")
             self.state[rows] = FREE
             return len(rows)
 

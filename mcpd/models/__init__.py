@@ -13,10 +13,12 @@ from mcpd.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
 __all__ = ["ByteTokenizer", "HFTokenizer", "LoadedModel", "Tokenizer", "UnsupportedModel", "load_model"]
 
 
-def load_model(config: ModelConfig, device: torch.device, resident=None) -> LoadedModel:
-    """The model in config.path, or the embedded default model when the path is empty.
-    resident: where the weights may be already, and are kept (engine/resident_weights.py)."""
-    return load_checkpoint(config, device, resident) if config.path else embedded.load(config, device, resident)
+def load_model(config: ModelConfig, device: torch.device, kernels: str = "torch", resident=None) -> LoadedModel:
+    """The model in config.path, or the embedded default model when the path is empty, running on
+    the kernels engine.kernels = kernels picks. resident: where the weights may be already, in
+    the form those kernels read, and are kept (engine/resident_weights.py)."""
+    load = load_checkpoint if config.path else embedded.load
+    return load(config, device, kernels, resident)
 
 
 def parameter_bytes(config: ModelConfig, device: torch.device) -> int:

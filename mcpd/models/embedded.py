@@ -11,7 +11,7 @@ import torch
 
 from mcpd.config import ModelConfig
 from mcpd.models.llama import LlamaArgs, LlamaForCausalLM
-from mcpd.models.loader import LoadedModel, resolve_dtype
+from mcpd.models.loader import LoadedModel, fill_weights, resolve_dtype
 from mcpd.tokenizer import ByteTokenizer
 
 ARGS = LlamaArgs(vocab_size=ByteTokenizer.vocab_size, hidden_size=256, intermediate_size=704,
@@ -33,20 +33,20 @@ def skeleton(config: ModelConfig, device: torch.device) -> LlamaForCausalLM:
     return model.to(dtype).to_empty(device=device).eval().requires_grad_(False)
 
 
-def load(config: ModelConfig, device: torch.device, resident=None) -> LoadedModel:
-    """resident: a ResidentWeights (engine/resident_weights.py) that may hold the weights already."""
+def load(config: ModelConfig, device: torch.device, kernels: str = "torch", resident=None) -> LoadedModel:
+    """kernels: engine.kernels; resident: see loader.fill_weights."""
     model = skeleton(config, device)
-    if resident is None or not resident.attach(model, NAME):
-        # Draw on the CPU, whatever the device: the same seed then gives the same weights everywhere
-        # (each is drawn in float32 and cast as it is copied in).
-        generator = torch.Generator().manual_seed(SEED)
-        with torch.no_grad():
-            for name, param in model.named_parameters():
-                if name.endswith("norm.weight"):
-                    param.fill_(1.0)
-                else:
-                    param.copy_(torch.randn(param.shape, generator=generator) * WEIGHT_STD)
-        if resident is not None:
-            resident.keep(model)
+    reason = fill_weights(model, NAME, kernels, resident, lambda: _draw(model))
     dtype = model.model.embed_tokens.weight.dtype
-    return LoadedModel(model, ByteTokenizer(), NAME, dtype, ARGS.vocab_size, config.max_model_len)
+    return LoadedModel(model, ByteTokenizer(), NAME, dtype, ARGS.vocab_size, config.max_model_len, reason)
+
+
+def _draw(model: LlamaForCausalLM) -> None:
+    # Draw on the CPU, whatever the device: the same seed then gives the same weights everywhere
+    # (each is drawn in float32 and cast as it is copied in).
+    generator = torch.Generator().manual_seed(SEED)
+    for name, param in model.named_parameters():
+        if name.endswith("norm.weight"):
+            param.fill_(1.0)
+        else:
+            param.copy_(torch.randn(param.shape, generator=generator) * WEIGHT_STD)

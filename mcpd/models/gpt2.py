@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mcpd.models.kernel_forms import KernelForms
 from mcpd.models.kernels import TORCH
 from mcpd.models.layers import AttentionMetadata, PagedAttention
 from mcpd.models.native import NativeUnavailable
@@ -70,7 +71,7 @@ class GPT2Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
-class GPT2LMHeadModel(nn.Module):
+class GPT2LMHeadModel(KernelForms, nn.Module):
     CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 
     def __init__(self, args: GPT2Args) -> None:
@@ -93,11 +94,14 @@ class GPT2LMHeadModel(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return F.linear(hidden, self.wte.weight).float()  # the lm_head is the embedding matrix
 
-    def use_kernels(self, requested: str) -> str:
-        """GPT-2 runs on torch's ops only."""
+    def choose_kernels(self, requested: str) -> str:
+        """GPT-2 runs on torch's ops only, on its parameters as they are."""
         if requested == "native":
             raise NativeUnavailable("GPT-2 has no native kernels (engine.kernels = native)")
         return "torch (GPT-2)"
+
+    def use_kernels(self, requested: str) -> str:
+        return self.choose_kernels(requested)
 
     def map_weight(self, name: str, tensor: torch.Tensor) -> tuple[str, int, torch.Tensor] | None:
         """Checkpoint tensor -> (parameter name, first row it fills, tensor); None to skip it."""

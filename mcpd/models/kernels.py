@@ -53,9 +53,13 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 
 class TorchKernels:
     name = "torch"
+    # The layout prepare() writes, named: weights kept in the device pool in one form are not
+    # read by kernels of another (engine/resident_weights.py). Rename it when the layout changes.
+    form = "plain"
 
     def prepare(self, weight: torch.Tensor) -> torch.Tensor:
-        """A weight matrix in the form linear() takes: for torch, as it is."""
+        """A weight matrix in the form linear() takes: for torch, as it is. Every prepare() runs
+        on a meta tensor too (giving the form's shapes): the pool lays weights out before reading any."""
         return weight
 
     def embedding(self, ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
@@ -132,6 +136,7 @@ def _gather(kv_cache: torch.Tensor, block_table: torch.Tensor) -> tuple[torch.Te
 
 class NativeKernels(TorchKernels):
     name = "native"
+    form = "panels16"
 
     def __init__(self) -> None:
         self.lib = native.load()

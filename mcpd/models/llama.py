@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from mcpd.models.kernel_forms import Form, KernelForms
 from mcpd.models.kernels import TORCH, Packed, TorchKernels, choose
 from mcpd.models.layers import AttentionMetadata, Llama3RopeScaling, PagedAttention, RMSNorm, RotaryEmbedding
 from mcpd.models.native_stack import NativeStack
@@ -84,12 +85,14 @@ class LayerWeights:
     down_bias: torch.Tensor | None
 
     @classmethod
-    def of(cls, layer: LlamaDecoderLayer, kernels: TorchKernels) -> LayerWeights:
-        attn, mlp, prepare = layer.self_attn, layer.mlp, kernels.prepare
-        return cls(layer.input_layernorm.weight, prepare(attn.qkv_proj.weight), attn.qkv_proj.bias, attn.attn,
-                   prepare(attn.o_proj.weight), attn.o_proj.bias, layer.post_attention_layernorm.weight,
-                   prepare(mlp.gate_up_proj.weight), mlp.gate_up_proj.bias, prepare(mlp.down_proj.weight),
-                   mlp.down_proj.bias)
+    def of(cls, layer: LlamaDecoderLayer, prefix: str, forms: dict[str, Form]) -> LayerWeights:
+        """forms: every parameter's form by name (KernelForms); prefix: this layer's names'."""
+        def form(name: str) -> Form | None:   # None: a bias the model has not
+            return forms.get(prefix + name)
+        return cls(form("input_layernorm.weight"), form("self_attn.qkv_proj.weight"), form("self_attn.qkv_proj.bias"),
+                   layer.self_attn.attn, form("self_attn.o_proj.weight"), form("self_attn.o_proj.bias"),
+                   form("post_attention_layernorm.weight"), form("mlp.gate_up_proj.weight"),
+                   form("mlp.gate_up_proj.bias"), form("mlp.down_proj.weight"), form("mlp.down_proj.bias"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,14 +104,13 @@ class ModelWeights:
     head: torch.Tensor | Packed
 
     @classmethod
-    def of(cls, model: LlamaForCausalLM, kernels: TorchKernels) -> ModelWeights:
-        embedding = model.model.embed_tokens.weight
-        head = kernels.prepare(embedding if model.lm_head is None else model.lm_head.weight)
-        return cls([LayerWeights.of(layer, kernels) for layer in model.model.layers],
-                   head if model.lm_head is None else embedding, model.model.norm.weight, head)
+    def of(cls, model: LlamaForCausalLM, forms: dict[str, Form]) -> ModelWeights:
+        embedding = forms["model.embed_tokens.weight"]   # prepared, as the head, when the two are tied
+        return cls([LayerWeights.of(layer, f"model.layers.{i}.", forms) for i, layer in enumerate(model.model.layers)],
+                   embedding, forms["model.norm.weight"], forms.get("lm_head.weight", embedding))
 
 
-class LlamaForCausalLM(nn.Module):
+class LlamaForCausalLM(KernelForms, nn.Module):
     # checkpoint projection -> (fused parameter, index of its slice in the fused output rows)
     PACKED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
               "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
@@ -128,14 +130,14 @@ class LlamaForCausalLM(nn.Module):
     @property
     def weights(self) -> ModelWeights:
         if self._weights is None:
-            self._weights = ModelWeights.of(self, self.kernels)
+            self._weights = ModelWeights.of(self, dict(self.kernel_forms()))
         return self._weights
 
     def _apply(self, fn, recurse=True):
         """to(), to_empty() and the like may put new Parameters in place: forget the old ones
-        (before use_kernels() packed them: the loader moves and casts, nothing does after)."""
+        (before the kernels are chosen: the loader moves and casts the skeleton, nothing does after)."""
         if self.kernels is not TORCH:
-            raise RuntimeError("a model whose weights were packed for the native kernels cannot be moved or cast")
+            raise RuntimeError("a model whose weights are prepared for the native kernels cannot be moved or cast")
         self._weights = None
         return super()._apply(fn, recurse)
 
@@ -170,22 +172,33 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.kernels.logits(hidden, self.weights.head)
 
-    def use_kernels(self, requested: str) -> str:
-        """Pick the kernels for engine.kernels = requested (see kernels.choose), once the weights
-        are loaded; returns which, and why. The native kernels multiply packed copies of the weight
-        matrices: the modules' own are then emptied, so the model is not held twice in memory."""
+    def choose_kernels(self, requested: str) -> str:
+        """Pick the kernels for engine.kernels = requested (see kernels.choose); returns which, and
+        why. On the skeleton, before any weight is read: the form the weights are kept in
+        (kernel_forms) follows from the choice."""
         args = self.args
         sizes = [args.hidden_size, args.intermediate_size, args.num_heads * args.head_dim,
                  args.num_kv_heads * args.head_dim]
         embedding = self.model.embed_tokens.weight
-        kernels, reason = choose(requested, embedding.dtype, embedding.device, sizes, args.head_dim,
-                                 args.num_heads // args.num_kv_heads)
-        weights = ModelWeights.of(self, kernels)
-        if kernels is not TORCH:
-            for name, param in self.named_parameters():
-                if param.dim() == 2 and (name != "model.embed_tokens.weight" or self.lm_head is None):
-                    param.data = param.data.new_empty(0)
-        self.kernels, self._weights = kernels, weights
+        self.kernels, reason = choose(requested, embedding.dtype, embedding.device, sizes, args.head_dim,
+                                      args.num_heads // args.num_kv_heads)
+        self._weights = None
+        return reason
+
+    def prepared(self, name: str, param: torch.Tensor) -> bool:
+        """The weight matrices the kernels multiply; the embedding table too when it is the head."""
+        return param.dim() == 2 and (name != "model.embed_tokens.weight" or self.lm_head is None)
+
+    def use_forms(self, forms: dict[str, Form]) -> None:
+        super().use_forms(forms)
+        self._weights = ModelWeights.of(self, forms)
+
+    def use_kernels(self, requested: str) -> str:
+        """choose_kernels, then run on the loaded weights prepared for them (packed copies for the
+        native kernels: the modules' own matrices are then emptied, so the model is not held
+        twice in memory)."""
+        reason = self.choose_kernels(requested)
+        self.use_forms(dict(self.kernel_forms()))
         return reason
 
     def map_weight(self, name: str, tensor: torch.Tensor) -> tuple[str, int, torch.Tensor] | None:

@@ -11,7 +11,7 @@ so there the memory saving would cost most of the speed. Ask for bfloat16 explic
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -22,6 +22,7 @@ from torch import nn
 
 from mcpd.config import ModelConfig
 from mcpd.models.gpt2 import GPT2Args, GPT2LMHeadModel
+from mcpd.models.kernel_forms import Form
 from mcpd.models.layers import AttentionMetadata, Llama3RopeScaling
 from mcpd.models.llama import LlamaArgs, LlamaForCausalLM
 from mcpd.tokenizer import HFTokenizer, Tokenizer, eos_token_ids
@@ -48,9 +49,18 @@ class CausalLM(Protocol):
     def map_weight(self, name: str, tensor: torch.Tensor) -> tuple[str, int, torch.Tensor] | None:
         """Checkpoint tensor -> (parameter name, first row it fills, tensor); None to skip it."""
 
+    def choose_kernels(self, requested: str) -> str:
+        """Pick the kernels engine.kernels asks for (auto, native, torch); returns which, and why.
+        Raises NativeUnavailable when native was asked for and cannot run."""
+
     def use_kernels(self, requested: str) -> str:
-        """Run on the kernels engine.kernels asks for (auto, native, torch); returns which, and
-        why. Raises NativeUnavailable when native was asked for and cannot run."""
+        """choose_kernels, and run on the loaded weights prepared for them."""
+
+    def kernel_forms(self, meta: bool = False) -> Iterator[tuple[str, Form]]:
+        """Each parameter in the form the kernels read it (kernel_forms.py)."""
+
+    def use_forms(self, forms: dict[str, Form]) -> None:
+        """Run on these forms, wherever they are held."""
 
 
 @dataclass
@@ -61,20 +71,35 @@ class LoadedModel:
     dtype: torch.dtype
     vocab_size: int
     max_model_len: int  # config.max_model_len, capped by what the model can attend over
+    kernels_reason: str  # which kernels it runs on, and why (choose_kernels)
 
 
-def load_checkpoint(config: ModelConfig, device: torch.device, resident=None) -> LoadedModel:
-    """resident: a ResidentWeights (engine/resident_weights.py) that may hold the weights
-    already; then no weight file is read."""
+def fill_weights(model: CausalLM, name: str, kernels: str, resident, read: Callable[[], None]) -> str:
+    """Give the skeleton model its weights in the form the kernels engine.kernels = kernels
+    picks read: a dead predecessor's from resident (a ResidentWeights: engine/resident_weights.py),
+    else read() and prepared (kept in resident's region when there is one). Returns the
+    kernels' reason."""
+    reason = model.choose_kernels(kernels)
+    if resident is not None and resident.attach(model, name):
+        return reason
+    with torch.no_grad():
+        read()
+    if resident is not None:
+        resident.keep(model)
+    else:
+        model.use_forms(dict(model.kernel_forms()))
+    return reason
+
+
+def load_checkpoint(config: ModelConfig, device: torch.device, kernels: str = "torch", resident=None) -> LoadedModel:
+    """kernels: engine.kernels; resident: see fill_weights (with weights there, no weight file
+    is read)."""
     path = Path(config.path)
     model, hf, dtype, vocab_size, model_len = skeleton(config, device)
-    if resident is None or not resident.attach(model, path.name):
-        with torch.no_grad():
-            _copy_weights(model, _tensors(_weight_files(path)), path)
-        if resident is not None:
-            resident.keep(model)
+    reason = fill_weights(model, path.name, kernels, resident,
+                          lambda: _copy_weights(model, _tensors(_weight_files(path)), path))
     tokenizer = HFTokenizer(path, eos_token_ids(path, hf))
-    return LoadedModel(model, tokenizer, path.name, dtype, vocab_size, min(config.max_model_len, model_len))
+    return LoadedModel(model, tokenizer, path.name, dtype, vocab_size, min(config.max_model_len, model_len), reason)
 
 
 def skeleton(config: ModelConfig, device: torch.device) -> tuple[nn.Module, dict, torch.dtype, int, int]:
