@@ -1,10 +1,17 @@
-"""Private memory on 2 MiB pages (mcpd/memory/huge_pages.py), and reading smaps for what pages
-a tensor really got."""
+"""Private memory on 2 MiB pages (mcpd/memory/huge_pages.py), reading smaps for what pages a
+tensor really got, and an engine running on its weights copied there (engine/weight_pages.py)."""
 import mmap
 
 import torch
 
+from mcpd.config import Config, EngineConfig, ModelConfig
+from mcpd.engine import Engine
 from mcpd.memory import huge_pages
+from mcpd.models.kernel_forms import tensors_of
+from test_kv_survival import pool  # noqa: F401  (the fixture)
+from test_prefix_cache import SYSTEM, run_one
+
+CPU = torch.device("cpu")
 
 SMAPS = """\
 7f0000000000-7f0000400000 rw-p 00000000 00:00 0
@@ -56,3 +63,39 @@ def test_an_arena_gets_huge_pages_where_the_kernel_gives_them_on_request():
         assert huge_pages.huge_fraction(buffer) == 0.0
     else:   # "always" or "madvise": the arena asked, at fault time (defrag permitting)
         assert huge_pages.huge_fraction(buffer) > 0.0
+
+
+def host_gives_huge_pages() -> bool:
+    return huge_pages.huge_fraction(huge_pages.arena(4 << 20)) >= 0.5
+
+
+def engine_config(huge: bool) -> Config:
+    return Config(model=ModelConfig(max_model_len=512),
+                  engine=EngineConfig(pool_bytes=16 << 20, kernels="auto", huge_pages=huge))
+
+
+def weight_tensors(engine: Engine) -> list[torch.Tensor]:
+    return [t for form in engine.model.forms.values() for t in tensors_of(form).values()]
+
+
+def test_an_engine_runs_on_its_weights_copied_onto_huge_pages_with_the_same_tokens():
+    on, off = Engine(engine_config(True), CPU), Engine(engine_config(False), CPU)
+    biggest = max(weight_tensors(on), key=torch.Tensor.numel)
+    if host_gives_huge_pages():
+        assert on.pages_reason.startswith("weights copied onto 2 MiB pages")
+        assert huge_pages.huge_fraction(biggest) >= 0.5
+    else:
+        assert on.pages_reason.startswith("weights on 4 KiB pages")
+    assert "engine.huge_pages = false" in off.pages_reason
+    assert run_one(on, SYSTEM[:40])[0] == run_one(off, SYSTEM[:40])[0]
+
+
+def test_on_the_shared_pool_the_pool_keeps_its_copy_for_a_successor(pool):  # noqa: F811
+    first = Engine(engine_config(True), CPU, shared_pool=pool())
+    tokens, _ = run_one(first, SYSTEM[:40])
+    pool_start = torch.frombuffer(first.shared_pool.mm, dtype=torch.uint8).data_ptr()
+    in_pool = [pool_start <= t.data_ptr() < pool_start + len(first.shared_pool.mm) for t in weight_tensors(first)]
+    assert not any(in_pool) if host_gives_huge_pages() else all(in_pool)
+    successor = Engine(engine_config(True), CPU, shared_pool=pool())
+    assert successor.resident.from_pool   # the pool's copy was complete, and is read, not the checkpoint
+    assert run_one(successor, SYSTEM[:40])[0] == tokens
