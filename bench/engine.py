@@ -23,7 +23,8 @@ EOS ignored. Per dtype:
 - contention: W1 decode with a process spinning on one core, over W1 idle, in alternating
   rounds (float32 only; the figure is about threads, not the dtype).
 - baseline: W1 float32 on engine.kernels = torch (torch's own ops: the engine before the native
-  kernels) interleaved with the default kernels, and the speed-up.
+  kernels) interleaved with the default kernels, and the speed-up; and W1 float32 on weights left
+  on 4 KiB pages (engine.huge_pages = false) interleaved with the default, and its speed-up.
 
 The roofline is measured right before and after each round (the better of the two, each the
 best of its repeats): this machine is shared, and a limit taken minutes earlier misjudges a
@@ -143,9 +144,9 @@ class Model:
 
 
 class Bench:
-    def __init__(self, path: Path, dtype: str, kernels: str, seed: int) -> None:
+    def __init__(self, path: Path, dtype: str, kernels: str, seed: int, huge_pages: bool = True) -> None:
         config = Config(model=ModelConfig(path=str(path), dtype=dtype, max_model_len=4096),
-                        engine=EngineConfig(pool_bytes=512 << 20, kernels=kernels))
+                        engine=EngineConfig(pool_bytes=512 << 20, kernels=kernels, huge_pages=huge_pages))
         self.engine = Engine(config, torch.device("cpu"))
         self.rng = random.Random(seed)
         self.keys = iter(range(1 << 62))
@@ -272,6 +273,17 @@ def torch_kernels_baseline(native: Bench, path: Path, rounds: int, seed: int) ->
             "w1_decode_speedup_vs_torch_kernels": statistics.median(n[1] / p[1] for n, p in runs)}
 
 
+def small_pages_baseline(huge: Bench, path: Path, rounds: int, seed: int) -> dict:
+    """W1 float32 on weights left on 4 KiB pages (engine.huge_pages = false), interleaved with
+    the default: what the copy onto 2 MiB pages buys in the same run."""
+    small = Bench(path, "float32", ARGS.kernels, seed, huge_pages=False)
+    small.warm_up()
+    runs = [(huge.w1(), small.w1()) for _ in range(rounds)]
+    return {"w1_decode_tok_s_4k_pages": statistics.median(s[1] for _, s in runs),
+            "w1_decode_speedup_vs_4k_pages": statistics.median(h[1] / s[1] for h, s in runs),
+            "weight_pages": huge.engine.pages_reason}
+
+
 def main() -> None:
     args = ARGS
     rounds, repeats, w2_generated = (2, 2, QUICK_W2_GENERATED) if args.quick else (5, 10, GENERATED)
@@ -285,11 +297,12 @@ def main() -> None:
             if dtype == "float32":
                 figures.update(contention(bench, rounds // 2 if args.quick else rounds))
                 figures.update(torch_kernels_baseline(bench, path, rounds // 2 if args.quick else rounds, args.seed))
+                figures.update(small_pages_baseline(bench, path, rounds, args.seed))
             del bench   # its pool and weights, before the next dtype's
             prefix = "" if dtype == "float32" else "bf16_"
             print(f"{dtype}:")
             for name, value in figures.items():
-                print(f"  {name:36} {value:12.3f}")
+                print(f"  {name:36} {value:12.3f}" if isinstance(value, float) else f"  {name:36} {value}")
             result.update({prefix + name: value for name, value in figures.items()})
     print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in result.items()}))
 

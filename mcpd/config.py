@@ -158,6 +158,7 @@ class EngineConfig:
     max_num_seqs: int = 64          # sequences decoding together in one step
     max_step_tokens: int = 2048     # token budget per step (prefill chunks + decodes)
     kernels: str = "auto"           # auto (native CPU kernels where they build, else torch), native, torch
+    huge_pages: bool = True         # CPU: run on a copy of the weights on 2 MiB pages where they are on 4 KiB
 
     def check(self) -> None:
         if self.kernels not in ("auto", "native", "torch"):

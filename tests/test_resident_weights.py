@@ -22,9 +22,11 @@ from tiny_checkpoints import make_checkpoint
 CPU = torch.device("cpu")
 
 
-def config(path: str = "", kernels: str = "auto") -> Config:
+def config(path: str = "", kernels: str = "auto", huge_pages: bool = False) -> Config:
+    """huge_pages off: the model runs on the pool's bytes themselves, which these tests check
+    (test_huge_pages.py covers the private copy onto 2 MiB pages)."""
     return Config(model=ModelConfig(path=path, max_model_len=512),
-                  engine=EngineConfig(pool_bytes=16 << 20, kernels=kernels))
+                  engine=EngineConfig(pool_bytes=16 << 20, kernels=kernels, huge_pages=huge_pages))
 
 
 @pytest.fixture

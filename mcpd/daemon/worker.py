@@ -72,8 +72,8 @@ class Worker:
         arena = host_segment.attach(self.config)
         engine = Engine(self.config, torch.device(device), HostKV(arena) if arena else None,
                         self._shared_pool(device), owner=self.index)
-        self.log.info("model loaded on %s in %.1fs (kernels: %s)", device, time.monotonic() - started,
-                      engine.kernels_reason)
+        self.log.info("model loaded on %s in %.1fs (kernels: %s; %s)", device, time.monotonic() - started,
+                      engine.kernels_reason, engine.pages_reason)
         if device == "cpu" and engine.dtype == torch.bfloat16 and not cpu_features.has_bf16():
             # An operator's choice we keep, but never silently: torch's bf16 products ran at
             # 0.14 GFLOP/s on an AVX2 EPYC, some hundred times slower than float32.

@@ -22,6 +22,7 @@ from mcpd.engine.host_kv import HostKV
 from mcpd.engine.kv_cache import KVCache
 from mcpd.engine.kv_records import kv_region, region_key
 from mcpd.engine.resident_weights import ResidentWeights
+from mcpd.engine.weight_pages import onto_huge_pages
 from mcpd.engine.sampler import Sampler
 from mcpd.engine.sequence import SamplingParams, Sequence
 from mcpd.engine.thread_tuner import ThreadTuner
@@ -68,6 +69,7 @@ class Engine:
         self.model, self.tokenizer = loaded.model, loaded.tokenizer
         self.model_name, self.dtype, self.vocab_size = loaded.name, loaded.dtype, loaded.vocab_size
         self.max_model_len, self.kernels_reason = loaded.max_model_len, loaded.kernels_reason
+        self.pages_reason = onto_huge_pages(self.model, config.engine.huge_pages, shared_pool is not None)
         pool_bytes = DevicePool.resolve_bytes(config.engine.pool_bytes, self.device)
         kv_bytes = kv_share_bytes(pool_bytes, config.engine.kv_fraction)
         layout = (config.engine.kv_block_size, self.model.num_layers, self.model.num_kv_heads, self.model.head_dim,

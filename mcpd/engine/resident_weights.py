@@ -30,7 +30,7 @@ import torch
 from mcpd.config import ModelConfig
 from mcpd.engine.kv_records import KEY_BYTES, region_key
 from mcpd.memory.pool_segment import WEIGHTS, PoolSegment
-from mcpd.models.kernel_forms import Form, rebuilt, tensors_of
+from mcpd.models.kernel_forms import laid_out
 
 MAGIC = 0x737468676965776D   # "mweights"
 HEADER = np.dtype([("magic", "<u8"), ("complete", "<u8"), ("holds", f"V{KEY_BYTES}")])
@@ -50,18 +50,15 @@ class ResidentWeights:
         if not (self.reused and self.holds_key()):
             self.head["complete"] = 0   # before any byte of the region changes
             return False
-        model.use_forms(self._pooled_forms())
+        model.use_forms(self.layout.views(self.memory))
         self.from_pool = True
         return True
 
     def keep(self, model) -> None:
         """Copy the loaded weights, each prepared for the kernels, into the region, and run model
         on them there."""
-        for name, form in model.kernel_forms():
-            places = self.places[name][1]
-            for field, tensor in tensors_of(form).items():
-                self._view(*places[field]).copy_(tensor.detach())
-        model.use_forms(self._pooled_forms())
+        self.layout.copy_in(model.kernel_forms(), self.memory)
+        model.use_forms(self.layout.views(self.memory))
         self.head["magic"], self.head["holds"] = MAGIC, self.key
         self.head["complete"] = 1   # last: every byte is in place, and holds says what they are
 
@@ -71,29 +68,11 @@ class ResidentWeights:
         return head["magic"] == MAGIC and head["complete"] == 1 and head["holds"].tobytes() == self.key
 
     def _take_region(self, model, name: str) -> None:
-        """Lay the model's forms out (self.places: name -> (meta form, field -> (offset, shape,
-        dtype))) and take owner's region for them."""
-        self.places, at, layout = {}, HEADER.itemsize, []
-        for param_name, form in model.kernel_forms(meta=True):
-            fields = {}
-            for field, tensor in tensors_of(form).items():
-                at = -(-at // ALIGN) * ALIGN
-                fields[field] = (at, tuple(tensor.shape), tensor.dtype)
-                at += tensor.numel() * tensor.element_size()
-            self.places[param_name] = (form, fields)
-            layout.append((param_name, type(form).__name__, tuple((f, s, str(d)) for f, (_, s, d) in fields.items())))
-        self.key = region_key(self.model_config, name, ("weights", model.kernels.form, tuple(layout)))
-        region = self.segment.take(WEIGHTS, self.owner, self.key, at)
+        """Lay the model's forms out after the record and take owner's region for them."""
+        self.layout = laid_out(model.kernel_forms(meta=True), HEADER.itemsize, ALIGN)
+        self.key = region_key(self.model_config, name, ("weights", model.kernels.form, self.layout.signature()))
+        region = self.segment.take(WEIGHTS, self.owner, self.key, self.layout.end)
         self.reused = region.reused
         buffer = self.segment.buffer(region)   # checked to lie inside the pool
         self.head = np.frombuffer(buffer, HEADER, 1)
         self.memory = torch.frombuffer(buffer, dtype=torch.uint8)
-
-    def _view(self, offset: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        """Bytes of the region as a tensor; slicing the region's own tensor keeps it inside."""
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        return self.memory[offset:offset + nbytes].view(dtype).view(shape)
-
-    def _pooled_forms(self) -> dict[str, Form]:
-        return {name: rebuilt(form, {field: self._view(*place) for field, place in fields.items()})
-                for name, (form, fields) in self.places.items()}

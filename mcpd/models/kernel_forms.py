@@ -11,7 +11,9 @@ runs on them without preparing anything.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+import math
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 
 import torch
 
@@ -51,8 +53,55 @@ class KernelForms:
     def use_forms(self, forms: dict[str, Form]) -> None:
         """Run on forms (kernel_forms' names and shapes, held anywhere): a parameter read in
         another form is emptied, every other one points at its form, so the weights are in memory
-        once."""
+        once. self.forms: the forms it runs on."""
+        self.forms = forms
         for name, param in self.named_parameters():
             form = forms[name]
             if form is not param:
                 param.data = form if isinstance(form, torch.Tensor) else param.data.new_empty(0)
+
+
+Place = tuple[int, tuple[int, ...], torch.dtype]   # a tensor's byte offset in a buffer, shape, dtype
+
+
+@dataclass
+class FormLayout:
+    """Where each form's tensors lie in one byte buffer (a pool region, a huge-page arena)."""
+    places: dict[str, tuple[Form, dict[str, Place]]]   # name -> (a form of this shape, field -> place)
+    end: int                                           # the bytes the buffer must hold
+
+    def signature(self) -> tuple:
+        """What the layout holds, names, kinds, shapes and dtypes: part of a region's key."""
+        return tuple((name, type(form).__name__, tuple((f, s, str(d)) for f, (_, s, d) in fields.items()))
+                     for name, (form, fields) in self.places.items())
+
+    def copy_in(self, forms: Iterable[tuple[str, Form]], memory: torch.Tensor) -> None:
+        """Copy each form's tensors into its place in memory (uint8), one form at a time."""
+        for name, form in forms:
+            places = self.places[name][1]
+            for field, tensor in tensors_of(form).items():
+                _view(memory, *places[field]).copy_(tensor.detach())
+
+    def views(self, memory: torch.Tensor) -> dict[str, Form]:
+        """The forms over their places in memory (uint8; slices of it, so they stay inside it)."""
+        return {name: rebuilt(form, {field: _view(memory, *place) for field, place in fields.items()})
+                for name, (form, fields) in self.places.items()}
+
+
+def laid_out(forms: Iterable[tuple[str, Form]], start: int, align: int) -> FormLayout:
+    """Each form's tensors one after another from byte start, each at a multiple of align.
+    forms may be meta forms: a layout needs shapes and dtypes only."""
+    places, at = {}, start
+    for name, form in forms:
+        fields = {}
+        for field, tensor in tensors_of(form).items():
+            at = -(-at // align) * align
+            fields[field] = (at, tuple(tensor.shape), tensor.dtype)
+            at += tensor.numel() * tensor.element_size()
+        places[name] = (form, fields)
+    return FormLayout(places, at)
+
+
+def _view(memory: torch.Tensor, offset: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    nbytes = math.prod(shape) * dtype.itemsize
+    return memory[offset:offset + nbytes].view(dtype).view(shape)
