@@ -15,6 +15,7 @@ import asyncio
 import os
 import signal
 import time
+from functools import partial
 from dataclasses import dataclass
 
 import uvloop
@@ -68,7 +69,7 @@ class FrontEnd:
         self.incoming = IncomingBytes(limits.max_message_bytes, limits.max_incoming_bytes, self.gate.auth, self.log)
         self.to_scheduler = self._socket(zmq.PUSH, "sched.ipc", bind=False)
         # What goes to the scheduler, sent in batches once per pass of _pump (_to_scheduler says why never blocking)
-        self.for_scheduler = Batch(lambda frames: self.to_scheduler.send_multipart(frames, zmq.NOBLOCK))
+        self.for_scheduler = Batch(partial(channels.send_frames, self.to_scheduler, flags=channels.NOBLOCK))
         self.from_scheduler = self._socket(zmq.PULL, "frontend.ipc", bind=True)
         self.events = child.EventReporter(self.context, config, "frontend")
         self.pending: dict[int, Pending] = {}
@@ -177,10 +178,10 @@ class FrontEnd:
         dropped, never held together: the message gets TOO_LARGE. The first frame, the routing
         id, carries the connection's properties: its descriptor and its User-Id."""
         limits = self.config.limits
-        first = sock.recv(zmq.NOBLOCK, copy=False)
+        first = sock.recv(channels.NOBLOCK, copy=False)
         frames, sizes, total, more = [first.bytes], [], 0, first.more
         while more:
-            frame = sock.recv(zmq.NOBLOCK, copy=False)
+            frame = sock.recv(channels.NOBLOCK, copy=False)
             more, total = frame.more, total + len(frame)
             sizes.append(len(frame))
             if len(sizes) <= limits.max_frames + 1 and total <= limits.max_message_bytes:   # + a REQ delimiter

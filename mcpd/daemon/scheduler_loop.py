@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from functools import partial
 
 import zmq
 
@@ -35,7 +36,7 @@ class SchedulerSockets:
             self.workers.setsockopt(zmq.ROUTER_HANDOVER, 1)
             self.workers.setsockopt(zmq.ROUTER_MANDATORY, 1)
             self.frontend = self._socket(config, zmq.PUSH, "frontend.ipc", bind=False)
-            self.for_frontend = Batch(self.frontend.send_multipart)   # sent once per turn of the loop
+            self.for_frontend = Batch(partial(channels.send_frames, self.frontend))   # sent once per turn of the loop
             self.events = child.EventReporter(self.context, config, "scheduler")
         except BaseException:
             self.context.destroy(linger=0)
@@ -50,7 +51,7 @@ class SchedulerSockets:
     def to_worker(self, identity: bytes, frames: list[bytes]) -> bool:
         """False when the worker's queue is full for now; WorkerGone when it went away."""
         try:
-            self.workers.send_multipart([identity, *frames], zmq.NOBLOCK)
+            channels.send_frames(self.workers, [identity, *frames], channels.NOBLOCK)
             return True
         except zmq.Again:
             return False

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import time
+from functools import partial
 
 import zmq
 
@@ -37,8 +38,8 @@ class WorkerSockets:
         self.frontend = context.socket(zmq.PUSH)
         self.frontend.setsockopt(zmq.LINGER, 0)
         self.frontend.connect(channels.endpoint(config.runtime_dir, "frontend.ipc"))
-        self.for_scheduler = Batch(self.scheduler.send_multipart)
-        self.for_frontend = Batch(self.frontend.send_multipart)
+        self.for_scheduler = Batch(partial(channels.send_frames, self.scheduler))
+        self.for_frontend = Batch(partial(channels.send_frames, self.frontend))
 
     def to_scheduler(self, frames: list[bytes]) -> None:
         self.for_scheduler.add(frames)
