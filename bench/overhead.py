@@ -14,6 +14,9 @@ curve_p50_ratio_vs_plain (aim <= 1.3) compares its ping p50 with the plaintext d
 Last, a 1-token generate (1-token prompt, max_tokens 1) on the daemon's model (the embedded one:
 a step of the engine, not a big model's weight read): one_token_server_ms is its p50 round trip
 less the raw echo's, what the daemon adds to a socket round trip (issue 14: <= 1.5 ms).
+mcpd_cpu_us_per_ping is the CPU time (user + system, every thread) the front-end, scheduler and
+worker spend per pipelined ping: on a machine shared with other work it moves far less than the
+ratios, which divide two noisy timings.
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ import statistics
 import tempfile
 import time
 
+import psutil
 import zmq
 
 from mcpd.client import Client, CurveKeys
@@ -135,6 +139,21 @@ def one_token_ms(endpoint: str, count: int) -> float:
     return statistics.median(times) * 1e3
 
 
+def cpu_us_per_ping(daemon: Daemon, total: int, window: int) -> float:
+    """CPU microseconds the daemon's front-end, scheduler and worker spend per pipelined ping."""
+    processes = [psutil.Process(daemon.pid_of(role)) for role in ("frontend", "scheduler", "worker")]
+
+    def spent() -> float:
+        return sum(sum(p.cpu_times()[:2]) for p in processes)
+
+    sock = connect(daemon.endpoint)
+    before = spent()
+    pipelined(sock, total, window)
+    used = spent() - before
+    sock.close()
+    return used / total * 1e6
+
+
 def median_of(measurements: list[dict]) -> dict:
     return {key: statistics.median(m[key] for m in measurements) for key in measurements[0]}
 
@@ -171,6 +190,7 @@ def main() -> None:
         raw, chain, mcpd, curve = (median_of([r[i] for r in rounds]) for i in range(len(targets)))
         client_us = client_p50_us(daemon.endpoint, count // 4)
         one_token = one_token_ms(daemon.endpoint, count // 4)
+        cpu_us = cpu_us_per_ping(daemon, total, window)
     finally:
         secure.stop()
         secure.cleanup()
@@ -185,6 +205,7 @@ def main() -> None:
                     ("mcpd ping (5 hops)", mcpd), ("mcpd ping, CURVE on", curve)):
         print(f"{name:<28}{m['p50_us']:>10.1f}{m['p99_us']:>10.1f}{m['throughput_rps']:>12.0f}")
     print(f"mcpd ping with the bundled Client: p50 {client_us:.1f} us")
+    print(f"daemon CPU per pipelined ping (front-end + scheduler + worker): {cpu_us:.1f} us")
     one_token_server = one_token - raw["p50_us"] / 1e3
     print(f"1-token generate: p50 {one_token:.2f} ms, of which the server (beyond a raw echo) {one_token_server:.2f} ms")
     figures = {"rounds": ROUNDS,
@@ -195,7 +216,7 @@ def main() -> None:
         "floor_throughput_frac_of_raw": round(chain["throughput_rps"] / raw["throughput_rps"], 3),
         "raw_p50_us": round(raw["p50_us"], 1), "mcpd_p50_us": round(mcpd["p50_us"], 1),
         "raw_rps": round(raw["throughput_rps"]), "mcpd_rps": round(mcpd["throughput_rps"]),
-        "client_p50_us": round(client_us, 1),
+        "client_p50_us": round(client_us, 1), "mcpd_cpu_us_per_ping": round(cpu_us, 1),
         "curve_p50_ratio_vs_plain": round(curve["p50_us"] / mcpd["p50_us"], 3),
         "curve_throughput_frac_of_plain": round(curve["throughput_rps"] / mcpd["throughput_rps"], 3),
         "curve_p50_us": round(curve["p50_us"], 1),

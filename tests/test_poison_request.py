@@ -160,9 +160,10 @@ class InProcessNode:
     def finals(self, count: int) -> dict[int, dict]:
         got = {}
         while len(got) < count:
-            reply, frames = messages.decode(self.frontend.recv_multipart())
-            if isinstance(reply, messages.Final):
-                got[reply.rid] = msgpack.unpackb(frames[0], raw=False)
+            for message in messages.unpack(self.frontend.recv_multipart()):   # one, or a loop turn's batch
+                reply, frames = messages.decode(message)
+                if isinstance(reply, messages.Final):
+                    got[reply.rid] = msgpack.unpackb(frames[0], raw=False)
         return got
 
     def close(self) -> None:

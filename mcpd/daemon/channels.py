@@ -16,6 +16,10 @@ hop fewer per request) and learns what finished from Done notes, batched per wor
 A context turn is the exception, named in its Dispatch: its replies go through the scheduler,
 which commits the turn before the client hears of it.
 
+What one turn of a process's loop sends on one of these sockets goes as one ZeroMQ message, a
+batch (batch.py), but for the scheduler's dispatches to workers, whose sends steer what it does
+next; receivers take batches and lone messages alike.
+
 The messages on these sockets, and their one encoding, are declared in messages.py: every
 one, the children's events to the supervisor (Ready, Report with typed stats, Drained, Refused,
 AdminAnswer, Reloaded: each names its sender) and the supervisor's Admin and Reload included.
@@ -30,7 +34,7 @@ import zmq
 
 from mcpd.protocol import codes
 # The socket helpers live in mcpd.sockets (cli and security use them too); re-exported for the processes.
-from mcpd.sockets import bind_ipc, client_endpoint, drain, endpoint, frames_of  # noqa: F401
+from mcpd.sockets import NOBLOCK, bind_ipc, client_endpoint, drain, endpoint, frames_of, send_frames  # noqa: F401
 
 INTERNAL_SOCKET_MODE = 0o600
 

@@ -15,7 +15,7 @@ import asyncio
 import os
 import signal
 import time
-from collections import deque
+from functools import partial
 from dataclasses import dataclass
 
 import uvloop
@@ -25,6 +25,7 @@ from zmq.utils.monitor import parse_monitor_message
 from mcpd.config import Config
 from mcpd.contexts.service import tenant_of
 from mcpd.daemon import channels, child, live_config, messages
+from mcpd.daemon.batch import Batch, each_message
 from mcpd.daemon.child_stats import FrontendStats
 from mcpd.daemon.incoming import IncomingBytes, give_large_buffers_back
 from mcpd.daemon.latency import LatencyWindow
@@ -67,7 +68,8 @@ class FrontEnd:
         self.outbox = Outbox(self.clients, limits.max_client_backlog_bytes)
         self.incoming = IncomingBytes(limits.max_message_bytes, limits.max_incoming_bytes, self.gate.auth, self.log)
         self.to_scheduler = self._socket(zmq.PUSH, "sched.ipc", bind=False)
-        self.for_scheduler: deque[list[bytes]] = deque()   # found the scheduler's pipe full: _to_scheduler
+        # What goes to the scheduler, sent in batches once per pass of _pump (_to_scheduler says why never blocking)
+        self.for_scheduler = Batch(partial(channels.send_frames, self.to_scheduler, flags=channels.NOBLOCK))
         self.from_scheduler = self._socket(zmq.PULL, "frontend.ipc", bind=True)
         self.events = child.EventReporter(self.context, config, "frontend")
         self.pending: dict[int, Pending] = {}
@@ -125,32 +127,19 @@ class FrontEnd:
         busy = True
         while busy:
             clients = channels.drain(self.clients, self._on_client, BATCH, self._receive_client) \
-                if self._flush_to_scheduler() else 0
+                if self.for_scheduler.flush() else 0
+            self.for_scheduler.flush()   # what these clients asked, as one message
             busy = (self.gate.serve() + clients
-                    + channels.drain(self.from_scheduler, self._on_reply, BATCH)
+                    + channels.drain(self.from_scheduler, each_message(self._on_reply), BATCH)
                     + channels.drain(self.connections, self._on_connection_event, BATCH)) > 0
+        self.for_scheduler.flush()
 
     def _to_scheduler(self, frames: list[bytes]) -> None:
         """Never blocks: the scheduler blocks on its replies to the front-end when their pipe is
         full, so a front-end blocked on the scheduler would deadlock the two (a burst of requests
-        the scheduler refuses did). What finds its pipe full waits here, in order, and clients
-        are not read meanwhile: the pressure goes back to them."""
-        if not self.for_scheduler:
-            try:
-                return self.to_scheduler.send_multipart(frames, zmq.NOBLOCK)
-            except zmq.Again:
-                pass
-        self.for_scheduler.append(frames)
-
-    def _flush_to_scheduler(self) -> bool:
-        """Send what waits for the scheduler; True once nothing does."""
-        while self.for_scheduler:
-            try:
-                self.to_scheduler.send_multipart(self.for_scheduler[0], zmq.NOBLOCK)
-            except zmq.Again:
-                return False
-            self.for_scheduler.popleft()
-        return True
+        the scheduler refuses did). What finds its pipe full waits in for_scheduler, in order,
+        and clients are not read meanwhile: the pressure goes back to them."""
+        self.for_scheduler.add(frames)
 
     def _tick(self) -> None:
         try:
@@ -166,7 +155,7 @@ class FrontEnd:
     def _guard(self) -> None:
         try:
             self.incoming.check(before_scan=self._pump)
-            if self.outbox.backlogs or self.for_scheduler:   # nothing signals when those pipes drain
+            if self.outbox.backlogs or self.for_scheduler.held:   # nothing signals when those pipes drain
                 self.outbox.flush()
                 self._pump()
         finally:
@@ -189,10 +178,10 @@ class FrontEnd:
         dropped, never held together: the message gets TOO_LARGE. The first frame, the routing
         id, carries the connection's properties: its descriptor and its User-Id."""
         limits = self.config.limits
-        first = sock.recv(zmq.NOBLOCK, copy=False)
+        first = sock.recv(channels.NOBLOCK, copy=False)
         frames, sizes, total, more = [first.bytes], [], 0, first.more
         while more:
-            frame = sock.recv(zmq.NOBLOCK, copy=False)
+            frame = sock.recv(channels.NOBLOCK, copy=False)
             more, total = frame.more, total + len(frame)
             sizes.append(len(frame))
             if len(sizes) <= limits.max_frames + 1 and total <= limits.max_message_bytes:   # + a REQ delimiter
@@ -270,6 +259,8 @@ class FrontEnd:
         except MCPDError as e:
             self._count_error(e.code)
             raise
+        finally:
+            self.for_scheduler.flush()
 
     def _cancel(self, identity: bytes, request: wire.Request, target: int | str) -> None:
         rid = self.rid_of.get((identity, target))

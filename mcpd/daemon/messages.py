@@ -18,6 +18,12 @@ token ids, a reply header for a client. Where the frames go is channels.py's map
     every child → supervisor  Ready  Report (its typed stats: child_stats.py)  Drained  Refused
                             AdminAnswer (the scheduler's, to Admin)  Reloaded (each process's, to Reload)
 
+Messages bound for one socket in one turn of a process's loop may travel as one: a batch,
+[BATCH, their frame counts, *their frames] (pack, unpack; batch.py holds and sends them). Each
+wake-up of the receiver and of the ZeroMQ I/O threads between then carries many messages instead
+of one, which is what pipelined requests cost most (bench/overhead.py). A lone message travels
+as itself.
+
 Internal messages are trusted (channels.py says why): a body that does not decode is a bug, and
 raises.
 """
@@ -212,6 +218,29 @@ def encode(message: Message, *payload: bytes) -> list[bytes]:
     if not message.__struct_fields__:
         return [message.TAG]
     return [message.TAG, _ENCODER.encode(message), *payload]
+
+
+BATCH_TAG = b"BATCH"
+_FRAME_COUNTS = msgspec.msgpack.Decoder(list[int])
+
+
+def pack(held: list[list[bytes]]) -> list[bytes]:
+    """Several messages for one socket as one batch (unpack takes it apart)."""
+    frames = [BATCH_TAG, _ENCODER.encode([len(message) for message in held])]
+    for message in held:
+        frames += message
+    return frames
+
+
+def unpack(frames: list[bytes]) -> list[list[bytes]]:
+    """The messages in what one receive took: a batch's, or the one message it is."""
+    if frames[0] != BATCH_TAG:
+        return [frames]
+    found, at = [], 2
+    for count in _FRAME_COUNTS.decode(frames[1]):
+        found.append(frames[at:at + count])
+        at += count
+    return found
 
 
 def decode(frames: list[bytes]) -> tuple[Message, list[bytes]]:

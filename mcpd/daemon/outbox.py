@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import zmq
 
 from mcpd.protocol import wire
+from mcpd.sockets import NOBLOCK, send_frames
 
 
 @dataclass
@@ -120,7 +121,7 @@ class Outbox:
     def _try(self, identity: bytes, entry: Waiting) -> bool | None:
         """True: sent. None: the client's pipe is full. False: the client is gone (dropped)."""
         try:
-            self.sock.send_multipart([identity, *entry.envelope, entry.header, *entry.payload], zmq.NOBLOCK)
+            send_frames(self.sock, [identity, *entry.envelope, entry.header, *entry.payload], NOBLOCK)
             return True
         except zmq.Again:
             return None

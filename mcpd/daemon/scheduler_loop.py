@@ -1,18 +1,21 @@
 """The scheduler process: its sockets and the loop that feeds the scheduler's core (scheduler.py).
 
 The core decides everything and touches no socket; this owns the three sockets and the events
-reporter, hands the core every message, calls its tick after each wake-up, and reports its stats.
+reporter, hands the core every message, calls its tick after each wake-up, sends what the core
+sent the front-end in that turn as one batch (batch.py), and reports its stats.
 """
 from __future__ import annotations
 
 import logging
 import os
 import time
+from functools import partial
 
 import zmq
 
 from mcpd.config import Config
 from mcpd.daemon import channels, child, messages
+from mcpd.daemon.batch import Batch, each_message, each_routed_message
 from mcpd.daemon.child_stats import SchedulerStats
 from mcpd.daemon.scheduler import Scheduler, WorkerGone
 
@@ -33,6 +36,7 @@ class SchedulerSockets:
             self.workers.setsockopt(zmq.ROUTER_HANDOVER, 1)
             self.workers.setsockopt(zmq.ROUTER_MANDATORY, 1)
             self.frontend = self._socket(config, zmq.PUSH, "frontend.ipc", bind=False)
+            self.for_frontend = Batch(partial(channels.send_frames, self.frontend))   # sent once per turn of the loop
             self.events = child.EventReporter(self.context, config, "scheduler")
         except BaseException:
             self.context.destroy(linger=0)
@@ -42,12 +46,12 @@ class SchedulerSockets:
         return channels.internal_socket(self.context, config.runtime_dir, kind, name, bind)
 
     def to_frontend(self, frames: list[bytes]) -> None:
-        self.frontend.send_multipart(frames)
+        self.for_frontend.add(frames)
 
     def to_worker(self, identity: bytes, frames: list[bytes]) -> bool:
         """False when the worker's queue is full for now; WorkerGone when it went away."""
         try:
-            self.workers.send_multipart([identity, *frames], zmq.NOBLOCK)
+            channels.send_frames(self.workers, [identity, *frames], channels.NOBLOCK)
             return True
         except zmq.Again:
             return False
@@ -77,10 +81,11 @@ class SchedulerProcess:
             # Workers first: what a dead worker sent before dying (Started, Done) must count
             # before the supervisor's WorkerLost note decides what to retry.
             if self.sockets.workers in ready:
-                channels.drain(self.sockets.workers, self.scheduler.on_worker)
+                channels.drain(self.sockets.workers, each_routed_message(self.scheduler.on_worker))
             if self.sockets.inbox in ready:
-                channels.drain(self.sockets.inbox, self.scheduler.on_inbox)
+                channels.drain(self.sockets.inbox, each_message(self.scheduler.on_inbox))
             self.scheduler.tick()
+            self.sockets.for_frontend.flush()
             if time.monotonic() >= next_stats:
                 self.sockets.events.send(messages.Report, SchedulerStats(**self.scheduler.stats()))
                 next_stats = time.monotonic() + STATS_INTERVAL_S

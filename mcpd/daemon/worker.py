@@ -3,18 +3,21 @@
 
 Each turn of the loop hands the core every message waiting from the scheduler, runs one engine
 step when the engine has work, and lets the core flush its Done note; when the engine is idle
-the loop blocks on the socket instead of spinning.
+the loop blocks on the socket instead of spinning. What the core sends is sent in batches
+(batch.py): after the messages are handled, and after the step.
 """
 from __future__ import annotations
 
 import os
 import time
+from functools import partial
 
 import zmq
 
 from mcpd import cpu_features
 from mcpd.config import Config
 from mcpd.daemon import channels, child, live_config, messages
+from mcpd.daemon.batch import Batch, each_message
 from mcpd.daemon.worker_core import WorkerCore
 from mcpd.refusal import StartRefused
 
@@ -24,7 +27,8 @@ STANDBY_POLL_S = 0.5   # how often a standby checks that the supervisor still ru
 
 
 class WorkerSockets:
-    """The core's ports on real sockets: a DEALER to the scheduler, a PUSH to the front-end."""
+    """The core's ports on real sockets: a DEALER to the scheduler, a PUSH to the front-end. What
+    the core sends in a turn of the loop is held (batch.py) until the loop flushes."""
 
     def __init__(self, context: zmq.Context, config: Config, index: int):
         self.scheduler = context.socket(zmq.DEALER)
@@ -34,12 +38,20 @@ class WorkerSockets:
         self.frontend = context.socket(zmq.PUSH)
         self.frontend.setsockopt(zmq.LINGER, 0)
         self.frontend.connect(channels.endpoint(config.runtime_dir, "frontend.ipc"))
+        self.for_scheduler = Batch(partial(channels.send_frames, self.scheduler))
+        self.for_frontend = Batch(partial(channels.send_frames, self.frontend))
 
     def to_scheduler(self, frames: list[bytes]) -> None:
-        self.scheduler.send_multipart(frames)
+        self.for_scheduler.add(frames)
 
     def to_frontend(self, frames: list[bytes]) -> None:
-        self.frontend.send_multipart(frames)
+        self.for_frontend.add(frames)
+
+    def flush(self) -> None:
+        """The scheduler's first: a Started note must not reach it after its chunk reached the
+        client (a retry elsewhere would repeat output)."""
+        self.for_scheduler.flush()
+        self.for_frontend.flush()
 
 
 class Worker:
@@ -92,20 +104,29 @@ class Worker:
         return pool_segment.attach_when_kept(self.config.runtime_dir, device, self.config.supervisor.ready_timeout_s)
 
     def serve(self) -> None:
-        hello = self.core.hello()
-        self.sockets.to_scheduler(messages.encode(hello))
+        self.sockets.to_scheduler(messages.encode(self.core.hello()))
+        self.sockets.flush()
         self.events.send(messages.Ready)
         next_stats = 0.0
         poller = zmq.Poller()   # one for the worker's life: socket.poll() builds one per call
         poller.register(self.sockets.scheduler, zmq.POLLIN)
         while child.parent_alive(self.parent_pid):
             if poller.poll(self.core.poll_timeout_ms(IDLE_POLL_MS)):
-                channels.drain(self.sockets.scheduler, self._on_message)
-            self.core.step()
+                channels.drain(self.sockets.scheduler, each_message(self._on_message))
+                self.sockets.flush()   # answers (a ping's) before the step, which may be long
+            self._step()
             self.core.flush_done()
             if time.monotonic() >= next_stats:
                 self._report()
                 next_stats = time.monotonic() + STATS_INTERVAL_S
+            self.sockets.flush()   # before the loop may block
+
+    def _step(self) -> None:
+        try:
+            self.core.step()
+        except SystemExit:   # the engine is broken: the Failed note that says so goes first
+            self.sockets.flush()
+            raise
 
     def _report(self) -> None:
         stats = self.core.stats()
