@@ -73,6 +73,8 @@ class Daemon:
             "engine": {"pool_bytes": 64 << 20},
             "supervisor": {"stop_grace_s": 5.0},
         }
+        if any(name.startswith("models.") for name in sections):   # [models] says how many workers, per version
+            del defaults["workers"]["count"]
         for name, keys in sections.items():
             defaults.setdefault(name, {}).update(keys)
         self.config_path = self.root / "mcpd.toml"

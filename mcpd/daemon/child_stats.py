@@ -41,6 +41,7 @@ class SchedulerStats(msgspec.Struct, frozen=True, kw_only=True, tag="scheduler")
     persistence: dict = {}          # the journal's
     queue_time: dict | None = None  # a Histogram snapshot
     workers: list = []
+    models: dict = {}               # Scheduler.models_stats(): policies, versions, their workers
 
 
 class WorkerStats(msgspec.Struct, frozen=True, kw_only=True, tag="worker"):
@@ -50,6 +51,8 @@ class WorkerStats(msgspec.Struct, frozen=True, kw_only=True, tag="worker"):
     pid: int | None = None
     device: str | None = None
     model: str | None = None
+    served_model: str | None = None   # the model table's name (config.py), and the version it serves
+    version: str | None = None
     dtype: str | None = None
     kernels: str | None = None
     threads: int | None = None

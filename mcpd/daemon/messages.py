@@ -78,8 +78,10 @@ class Hello(Message):
     index: int
     pid: int
     device: str
-    model: str
+    model: str                 # the checkpoint's own name
     dtype: str
+    served_model: str = ""     # the model table's name of what it serves (config.py), and its version
+    version: str = ""
 
 
 class Started(Message):

@@ -8,6 +8,9 @@ What it decides (policies in mcpd/scheduling/, one per file):
 - order: the most important waiting request goes first, with aging (class_queues.py).
 - batching: when the node is busy a prefill may wait up to its class's adaptive window for others
   of its length bin, then they go to a worker together (batching_window.py).
+- models: which version of which model a generate runs on, by the request and the model's
+  traffic policy (traffic.py), decided at admission; it then waits in that version's lane and
+  goes only to that version's workers (each says what it serves in its Hello).
 - routing: context affinity, else least outstanding tokens (router.py). A more important request
   is dispatched even to a worker full of less important ones: the worker's engine gets its
   effective rank as the sequence priority and preempts (by recompute) to seat it.
@@ -52,6 +55,7 @@ from mcpd.scheduling.job import Job
 from mcpd.scheduling.poison import PoisonList
 from mcpd.scheduling.prompt_tokens import prompt_token_ids
 from mcpd.scheduling.router import WorkerSlot
+from mcpd.scheduling.traffic import Traffic
 
 
 
@@ -87,7 +91,9 @@ class Scheduler:
         self.host_cache = host_segment.attach(config)
         self.persistence = open_store(config, self.host_cache, self.log)
         self.contexts = ContextService(self.persistence)
-        self.tokenizer = tokenizer.load(config.model)
+        self.traffic = Traffic(config.model_table, config.default_model)
+        self.tokenizers: dict[tuple[str, str], tokenizer.Tokenizer] = {}   # by (model, version), loaded when first used
+        self.unloading: dict[tuple[str, str], list[int]] = {}   # versions being unloaded: their ops' tokens
         self.arrivals = itertools.count()
         self.dispatched = 0
         self.errors: dict[str, dict[str, int]] = {}   # the scheduler's own error replies: class -> code -> n
@@ -104,6 +110,8 @@ class Scheduler:
         now = self.clock()
         self._expire(now)
         self._dispatch(now)
+        if self.unloading:
+            self._finish_unloads()
 
     def next_wake(self) -> float | None:
         """When tick has something to do without a message: a batch to release, a deadline."""
@@ -125,9 +133,26 @@ class Scheduler:
             self.windows.setdefault(name, self._window(new))
         for window in self.windows.values():
             window.configure(new.window_target_p99_ms, new.window_min_ms, new.window_max_ms, new.window_smoothing)
+        changed += self._apply_models(config)
         if changed:
             self.log.info("reload: applied %s", ", ".join(changed))
         return changed
+
+    def _apply_models(self, config: Config) -> list[str]:
+        """A model's traffic policy (its default version, its split) and the default model change
+        live; its versions (paths, workers, ...) need a restart, and a model whose versions changed
+        keeps everything as it was."""
+        if not config.models:
+            return []
+        old = self.config.model_table
+        live = {name: entry for name, entry in config.models.items() if name in old and entry.versions == old[name].versions}
+        default_model = config.default_model if config.default_model in old else self.traffic.default_model
+        applied = [f"models.{name}" for name in self.traffic.configure(live, default_model)]
+        if default_model != self.config.default_model:
+            applied.append("routing.default_model")
+        self.config = dataclasses.replace(self.config, models={**self.config.models, **live},
+                                          routing=dataclasses.replace(self.config.routing, default_model=default_model))
+        return applied
 
     # -- from the front-end and the supervisor --------------------------------------------------
 
@@ -171,6 +196,7 @@ class Scheduler:
         displaced = self.admission.admit(job, self.queue, len(self.jobs), now)
         args = job.request.args
         if isinstance(args, GenerateArgs):
+            job.served = self.traffic.route(args.model, args.version, args.routing_key or job.request.tenant)
             self._tokenize(job, args)
             self.admission.price(job)
         if displaced is not None:
@@ -191,12 +217,42 @@ class Scheduler:
             job.context, history = self.contexts.begin_turn(job.request.tenant, args.context, args.base, job.rid)
             job.history, opens_sequence = history.tobytes(), not len(history)
         try:
-            job.prompt_ids = prompt_token_ids(self.tokenizer, args, opens_sequence,
+            job.prompt_ids = prompt_token_ids(self._tokenizer(job.served), args, opens_sequence,
                                               self.config.limits.max_prompt_tokens)
         except BaseException:
             if job.context is not None:
                 self.contexts.end_turn(job.context)
             raise
+
+    # -- model versions: load and unload (scheduler_admin.py) -----------------------------------
+
+    def load_version(self, model: str, version: str) -> None:
+        self.traffic.load(model, version)
+        for token in self.unloading.pop((model, version), []):   # loaded again before its requests were done
+            self.events.send(messages.AdminAnswer, token, code=codes.CONFLICT,
+                             message=f"version {version!r} of model {model!r} was loaded again before it unloaded")
+
+    def unload_version(self, model: str, version: str, token: int) -> None:
+        """No new request goes to the version; the op is answered (and the supervisor stops its
+        workers) once it has none queued or running: an unload drops no request."""
+        self.traffic.unload(model, version)
+        self.unloading.setdefault((model, version), []).append(token)
+        self._finish_unloads()
+
+    def _finish_unloads(self) -> None:
+        for served in [s for s in self.unloading if not self._busy(s)]:
+            for token in self.unloading.pop(served):
+                self.events.send(messages.AdminAnswer, token, result={"model": served[0], "version": served[1],
+                                                                      "loaded": False})
+
+    def _busy(self, served: tuple[str, str]) -> bool:
+        return self.queue.waiting_for(served) > 0 or any(s.jobs for s in self._serving(served))
+
+    def _tokenizer(self, served: tuple[str, str]) -> tokenizer.Tokenizer:
+        if served not in self.tokenizers:
+            model, version = served
+            self.tokenizers[served] = tokenizer.load(self.config.model_table[model].versions[version])
+        return self.tokenizers[served]
 
     def _cancel(self, rid: int, code: str) -> None:
         """Stop a request: answered here if it still waits, else by its worker (which frees its KV)."""
@@ -226,10 +282,12 @@ class Scheduler:
         self.hold_until = None
         self.admission.ladder.update(len(self.queue), now)
         per_worker = self.config.scheduler.max_inflight_per_worker
-        while (job := self.queue.peek(now)) is not None:
-            slot = router.choose(job, self.workers.values(), per_worker)
+        blocked = set()   # lanes (model versions) with no room now: the others still go
+        while (job := self.queue.peek(now, blocked)) is not None:
+            slot = router.choose(job, self._serving(job.served), per_worker)
             if slot is None:
-                return
+                blocked.add(job.served)
+                continue
             room = router.room_for(slot, job, per_worker)
             group = [job] + self.queue.same_bin(job, room - 1, now)
             if self._hold(group, room, now):
@@ -237,6 +295,10 @@ class Scheduler:
             for member in group:
                 if not self._send_job(slot, member, now):
                     return
+
+    def _serving(self, served: tuple[str, str] | None) -> list[WorkerSlot]:
+        """The workers of a model version; every worker for None (ping)."""
+        return [s for s in self.workers.values() if served is None or s.serves == served]
 
     def _hold(self, group: list[Job], room: int, now: float) -> bool:
         """Keep a partial batch of prefills open for its window, but only while the node is busy
@@ -268,7 +330,7 @@ class Scheduler:
         if job.class_name in self.windows:
             self.windows[job.class_name].observe((now - job.enqueued) * 1000)
         if job.context is not None:
-            job.context.worker_hint = slot.index
+            job.context.worker_hint, job.context.kv_version = slot.index, "/".join(job.served)
         return True
 
     def _send_worker(self, slot: WorkerSlot, frames: list[bytes]) -> bool:
@@ -287,7 +349,8 @@ class Scheduler:
         if isinstance(message, messages.Stats):
             stats = message.stats
             if slot is None:   # this scheduler restarted after the worker said hello
-                return self._hello(identity, messages.Hello(stats.index, stats.pid, stats.device, stats.model, stats.dtype))
+                return self._hello(identity, messages.Hello(stats.index, stats.pid, stats.device, stats.model,
+                                                               stats.dtype, stats.served_model, stats.version))
             slot.info = msgspec.structs.asdict(stats)
         elif slot is None:
             return
@@ -393,6 +456,15 @@ class Scheduler:
         """The final reply of `rid`: header and payload for the client; code: an error's, or None."""
         self.ports.to_frontend(messages.encode(messages.Final(rid, code), header, *payload))
 
+    def models_stats(self) -> dict:
+        """traffic.py's view of each model, with each version's ready workers and waiting requests."""
+        models = self.traffic.describe()
+        for name, model in models.items():
+            for version, figures in model["versions"].items():
+                figures["workers"] = sorted(s.index for s in self._serving((name, version)) if s.ready)
+                figures["queued"] = self.queue.waiting_for((name, version))
+        return {"default_model": self.traffic.default_model, "models": models}
+
     def stats(self) -> dict:
         now = self.clock()
         depths = self.queue.depths()
@@ -401,7 +473,7 @@ class Scheduler:
                 "classes": {name: {"queued": depths.get(name, 0), "window_ms": round(w.window_ms, 3),
                                    "queue_p99_ms": round(w.p99_ms(), 3)} for name, w in self.windows.items()},
                 "errors": {name: dict(by_code) for name, by_code in self.errors.items()},
-                "contexts": self.contexts.stats(),
+                "contexts": self.contexts.stats(), "models": self.models_stats(),
                 "cache": self.host_cache.stats() if self.host_cache else {},
                 "persistence": self.persistence.journal.stats(), "queue_time": self.queue_time.snapshot(),
                 "workers": [{"index": s.index, "pid": s.pid, "ready": s.ready, "inflight": len(s.jobs),

@@ -1,0 +1,136 @@
+"""Several versions of one model served at once by a real daemon: routing by name, refusals,
+promote and rollback under load with no request lost, unload and load of a version's workers.
+Two versions of a tiny test checkpoint (different seeds: different weights, so their greedy
+tokens tell them apart) and a third, configured unloaded."""
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from mcpd.protocol import codes
+from mcpd.protocol.codes import MCPDError
+from tiny_checkpoints import make_checkpoint
+
+pytestmark = pytest.mark.slow
+GREEDY = {"max_tokens": 4, "temperature": 0}
+
+
+@pytest.fixture(scope="module")
+def checkpoints():
+    root = Path(tempfile.mkdtemp(prefix="mcpd-models-"))
+    return make_checkpoint(root / "a", "llama", seed=1), make_checkpoint(root / "b", "llama", seed=2)
+
+
+@pytest.fixture(scope="module")
+def served(module_daemon, checkpoints):
+    a, b = checkpoints
+    return module_daemon(**{"models.tiny": {"default": "a"}, "models.tiny.versions.a": {"path": str(a)},
+                            "models.tiny.versions.b": {"path": str(b)},
+                            "models.tiny.versions.c": {"path": str(a), "loaded": False}})
+
+
+def test_two_versions_serve_at_once_each_on_its_own_workers(served):
+    with served.client() as client:
+        first = client.generate("hello", **GREEDY)
+        other = client.generate("hello", version="b", **GREEDY)
+        named = client.generate("hello", model="tiny", version="a", **GREEDY)
+    assert (first.model, first.version, other.version, named.version) == ("tiny", "a", "b", "a")
+    assert first.token_ids == named.token_ids != other.token_ids
+    versions = served.status()["models"]["models"]["tiny"]["versions"]
+    assert [p["state"] for p in versions["c"]["processes"]] == ["unloaded"]
+    assert versions["a"]["workers"] and versions["b"]["workers"] and not set(versions["a"]["workers"]) & set(versions["b"]["workers"])
+
+
+@pytest.mark.parametrize("names, says", [({"model": "nope"}, "no model 'nope'"),
+                                         ({"version": "zz"}, "no version 'zz'"),
+                                         ({"version": "c"}, "is not loaded")])
+def test_a_model_or_version_not_served_is_refused_with_unknown_model(served, names, says):
+    with served.client() as client, pytest.raises(MCPDError) as refused:
+        client.generate("hello", **names, **GREEDY)
+    assert refused.value.code == codes.UNKNOWN_MODEL and says in refused.value.message
+
+
+class Load:
+    """Clients sending greedy requests one after another until stopped; every answer kept."""
+
+    def __init__(self, daemon, clients: int = 8):
+        self.daemon, self.stop, self.failures, self.versions = daemon, threading.Event(), [], []
+        self.threads = [threading.Thread(target=self._run, args=(i,)) for i in range(clients)]
+
+    def _run(self, i: int) -> None:
+        with self.daemon.client(tenant=f"load-{i}") as client:
+            while not self.stop.is_set():
+                try:
+                    self.versions.append(client.generate("hi", max_tokens=2, temperature=0).version)
+                except MCPDError as e:
+                    self.failures.append(e)
+
+    def __enter__(self) -> "Load":
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(60)
+
+    def wait_for(self, count: int) -> None:
+        target = len(self.versions) + count
+        deadline = time.monotonic() + 60
+        while len(self.versions) < target and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+
+def test_promote_and_rollback_under_load_lose_no_request(served):
+    with Load(served) as load:
+        load.wait_for(8)
+        assert served.control("models.promote", {"model": "tiny", "version": "b"})["primary"] == "b"
+        with served.client() as client:
+            assert client.generate("x", **GREEDY).version == "b"   # admitted after the op: the new primary
+        load.wait_for(8)
+        assert served.control("models.rollback", {"model": "tiny"})["primary"] == "a"
+        with served.client() as client:
+            assert client.generate("x", **GREEDY).version == "a"
+        load.wait_for(8)
+    assert load.failures == [] and {"a", "b"} <= set(load.versions)
+
+
+def test_split_sends_each_routing_key_to_one_version(served):
+    done = served.mcpctl("models", "split", "tiny", "a=1", "b=1")
+    assert done.returncode == 0, done.stderr
+    try:
+        with served.client() as client:
+            first = {key: client.generate("x", routing_key=key, **GREEDY).version for key in map(str, range(12))}
+            again = {key: client.generate("x", routing_key=key, **GREEDY).version for key in first}
+        assert first == again and set(first.values()) == {"a", "b"}
+    finally:
+        served.control("models.rollback", {"model": "tiny"})
+
+
+def test_unload_then_load_a_version_stops_and_starts_its_workers(served):
+    with pytest.raises(MCPDError) as busy:   # the primary has traffic: it cannot go
+        served.control("models.unload", {"model": "tiny", "version": "a"})
+    assert busy.value.code == codes.CONFLICT
+    loaded = served.control("models.load", {"model": "tiny", "version": "c"})
+    with served.client() as client:   # waits in c's lane until its worker is up
+        assert client.generate("hello", version="c", **GREEDY).version == "c"
+    with Load(served) as load:
+        load.wait_for(4)
+        unloaded = served.control("models.unload", {"model": "tiny", "version": "c"})
+        load.wait_for(4)
+    assert load.failures == [] and unloaded["workers"] == loaded["workers"] and unloaded["loaded"] is False
+    processes = served.status()["models"]["models"]["tiny"]["versions"]["c"]["processes"]
+    assert [p["state"] for p in processes] == ["unloaded"]
+    with served.client() as client, pytest.raises(MCPDError) as refused:
+        client.generate("hello", version="c", **GREEDY)
+    assert refused.value.code == codes.UNKNOWN_MODEL
+
+
+def test_mcpctl_lists_models_and_versions(served):
+    listed = served.mcpctl("models")
+    assert listed.returncode == 0, listed.stderr
+    rows = [line.split() for line in listed.stdout.splitlines()[1:]]
+    assert [row[2] for row in rows] == ["a", "b", "c"] and rows[0][3] == "yes" and rows[0][4] == "primary"
