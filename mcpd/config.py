@@ -176,6 +176,8 @@ class ModelEntry:
     """One model of [models.<name>]: its versions, and which one requests get unless they name one."""
     default: str = ""       # the version requests get; "" = the only version there is
     split: dict[str, float] = field(default_factory=dict)   # weights per version; {} = all to `default`
+    shadow: str = ""             # a version that also runs a copy of shadow_fraction of the requests; "" = none
+    shadow_fraction: float = 0.1
     versions: dict[str, VersionConfig] = field(default_factory=dict)
 
     @property
@@ -202,6 +204,11 @@ class ModelEntry:
             raise ConfigError(f"models.{name}.versions.{self.default_version}.loaded = false: the default "
                               "version must be loaded")
         self._check_split(name)
+        if self.shadow and (self.shadow not in self.versions or not self.versions[self.shadow].loaded):
+            raise ConfigError(f"models.{name}.shadow = {self.shadow!r}: not a loaded version of {name} "
+                              f"({', '.join(self.versions)})")
+        if not 0 <= self.shadow_fraction <= 1:
+            raise ConfigError(f"models.{name}.shadow_fraction = {self.shadow_fraction}: must be in [0, 1]")
 
     def _check_split(self, name: str) -> None:
         for version, weight in self.split.items():

@@ -134,3 +134,20 @@ def test_mcpctl_lists_models_and_versions(served):
     assert listed.returncode == 0, listed.stderr
     rows = [line.split() for line in listed.stdout.splitlines()[1:]]
     assert [row[2] for row in rows] == ["a", "b", "c"] and rows[0][3] == "yes" and rows[0][4] == "primary"
+
+
+def test_shadow_runs_a_copy_on_the_candidate_and_the_client_gets_the_primarys_answer(served):
+    served.control("models.shadow", {"model": "tiny", "version": "b", "fraction": 1.0})
+    try:
+        with served.client() as client:
+            primary = client.generate("hello", **GREEDY).token_ids
+            answers = [client.generate("hello", **GREEDY) for _ in range(3)]
+    finally:
+        served.control("models.shadow", {"model": "tiny"})   # off
+    assert all((a.version, a.token_ids) == ("a", primary) for a in answers)
+    deadline = time.monotonic() + 60
+    while (shadow := served.status()["models"]["models"]["tiny"]["shadow"])["compared"] < 4:
+        assert time.monotonic() < deadline, shadow
+    # The first test saw the two versions' greedy tokens for "hello" differ: no pair agrees.
+    assert (shadow["candidate"], shadow["fraction"], shadow["agreement"]) == ("b", 0.0, 0.0)
+    assert sum(shadow["shadow_latency"]["counts"]) == sum(shadow["primary_latency"]["counts"]) == 4

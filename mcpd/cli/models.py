@@ -24,6 +24,12 @@ def register(sub, common) -> None:
                                                                      "promote or split")
     rollback.add_argument("model")
     rollback.set_defaults(handler=cmd_rollback)
+    shadow = actions.add_parser("shadow", parents=[common], help="run a share of MODEL's requests on VERSION "
+                                                                 "too and compare (no VERSION: off)")
+    shadow.add_argument("model")
+    shadow.add_argument("version", nargs="?")
+    shadow.add_argument("--fraction", type=float, default=0.1, help="the share of requests (default 0.1)")
+    shadow.set_defaults(handler=cmd_shadow)
     split = actions.add_parser("split", parents=[common], help="spread MODEL's new requests by weight, "
                                                                "e.g. split llama v1=90 v2=10")
     split.add_argument("model")
@@ -68,6 +74,13 @@ def _versioned(op: str):
 
 def cmd_rollback(args) -> int:
     emit(args, control.call(args, "models.rollback", {"model": args.model}), _said)
+    return control.EXIT_OK
+
+
+def cmd_shadow(args) -> int:
+    result = control.call(args, "models.shadow", {"model": args.model, "version": args.version,
+                                                  "fraction": args.fraction})
+    emit(args, result, _said)
     return control.EXIT_OK
 
 

@@ -71,6 +71,8 @@ class Dispatch(Message):
     turn: bool                  # a context turn: its replies go back through the scheduler
     args: GenerateArgs | PingArgs
     prompt_ids: list[int] = []  # a generate's new prompt tokens, tokenized once by the scheduler
+    compare: bool = False       # a side of a shadow pair (scheduling/shadow.py): its replies go back
+                                # through the scheduler, which compares the two, as a turn's do
 
 
 class Hello(Message):

@@ -10,7 +10,9 @@ What it decides (policies in mcpd/scheduling/, one per file):
   of its length bin, then they go to a worker together (batching_window.py).
 - models: which version of which model a generate runs on, by the request and the model's
   traffic policy (traffic.py), decided at admission; it then waits in that version's lane and
-  goes only to that version's workers (each says what it serves in its Hello).
+  goes only to that version's workers (each says what it serves in its Hello). A share of a
+  model's requests may also run on a candidate version, as the least important work there is,
+  and the two answers are compared (shadow.py); the client gets the primary's.
 - routing: context affinity, else least outstanding tokens (router.py). A more important request
   is dispatched even to a worker full of less important ones: the worker's engine gets its
   effective rank as the sequence priority and preempts (by recompute) to seat it.
@@ -55,6 +57,7 @@ from mcpd.scheduling.job import Job
 from mcpd.scheduling.poison import PoisonList
 from mcpd.scheduling.prompt_tokens import prompt_token_ids
 from mcpd.scheduling.router import WorkerSlot
+from mcpd.scheduling.shadow import ShadowBook
 from mcpd.scheduling.traffic import Traffic
 
 
@@ -94,6 +97,9 @@ class Scheduler:
         self.traffic = Traffic(config.model_table, config.default_model)
         self.tokenizers: dict[tuple[str, str], tokenizer.Tokenizer] = {}   # by (model, version), loaded when first used
         self.unloading: dict[tuple[str, str], list[int]] = {}   # versions being unloaded: their ops' tokens
+        self.shadow = ShadowBook()
+        self.shadow_rids = itertools.count(-1, -1)   # shadow copies' rids: the front-end's are >= 0
+        self._configure_shadows(config.model_table)
         self.arrivals = itertools.count()
         self.dispatched = 0
         self.errors: dict[str, dict[str, int]] = {}   # the scheduler's own error replies: class -> code -> n
@@ -148,6 +154,10 @@ class Scheduler:
         live = {name: entry for name, entry in config.models.items() if name in old and entry.versions == old[name].versions}
         default_model = config.default_model if config.default_model in old else self.traffic.default_model
         applied = [f"models.{name}" for name in self.traffic.configure(live, default_model)]
+        shadows = {name: entry for name, entry in live.items()
+                   if (entry.shadow, entry.shadow_fraction) != (old[name].shadow, old[name].shadow_fraction)}
+        self._configure_shadows(shadows)
+        applied += [f"models.{name}" for name in shadows if f"models.{name}" not in applied]
         if default_model != self.config.default_model:
             applied.append("routing.default_model")
         self.config = dataclasses.replace(self.config, models={**self.config.models, **live},
@@ -208,6 +218,31 @@ class Scheduler:
         self.jobs[job.rid] = job
         if job.deadline is not None:
             self.deadlines.add(job.deadline, job.rid)
+        if job.served is not None and args.context is None:
+            self._shadow(job, now)
+
+    def _shadow(self, job: Job, now: float) -> None:
+        """Queue a copy of the job on its model's shadow candidate, if this one is due for it
+        (shadow.py), as the least important request there is: not at all when the node is busy."""
+        model, version = job.served
+        candidate = self.shadow.candidate(model)
+        if candidate is None or candidate == version:
+            return
+        sched = self.config.scheduler
+        if self.admission.ladder.level(now) or len(self.queue) >= sched.degrade_queue_depth:
+            self.shadow.models[model].shed += 1
+            return
+        lowest = min(sched.classes, key=lambda name: sched.classes[name].rank)
+        rid = next(self.shadow_rids)
+        args = msgspec.structs.replace(job.request.args, stream=False, logprobs=True, version=candidate)
+        request = msgspec.structs.replace(job.request, rid=rid, priority=lowest, timeout_ms=None, args=args)
+        copy = Job(rid, request, [], class_name=lowest, client=job.client, cost=job.cost, length_bin=job.length_bin,
+                   prefills=True, max_tokens_cap=job.max_tokens_cap, seq=next(self.arrivals), enqueued=now,
+                   prompt_ids=job.prompt_ids, served=(model, candidate), compare=True)
+        job.compare = True
+        self.shadow.start(model, job.rid, rid)
+        self.queue.push(copy)
+        self.jobs[rid] = copy
 
     def _tokenize(self, job: Job, args: GenerateArgs) -> None:
         """The prompt's token ids, once; a context turn's run after the context's tokens, which
@@ -235,6 +270,10 @@ class Scheduler:
     def unload_version(self, model: str, version: str, token: int) -> None:
         """No new request goes to the version; the op is answered (and the supervisor stops its
         workers) once it has none queued or running: an unload drops no request."""
+        if self.shadow.models.get(model) and self.shadow.models[model].candidate == version \
+                and self.shadow.models[model].fraction:
+            raise MCPDError(codes.CONFLICT, f"version {version!r} of model {model!r} is its shadow candidate: "
+                                            "turn the shadow off first")
         self.traffic.unload(model, version)
         self.unloading.setdefault((model, version), []).append(token)
         self._finish_unloads()
@@ -247,6 +286,18 @@ class Scheduler:
 
     def _busy(self, served: tuple[str, str]) -> bool:
         return self.queue.waiting_for(served) > 0 or any(s.jobs for s in self._serving(served))
+
+    def set_shadow(self, model: str, version: str | None, fraction: float) -> dict:
+        """Shadow `fraction` of `model`'s requests on `version` (a loaded one; None: off)."""
+        if version is not None:
+            self.traffic.check_loaded(model, version)
+        else:
+            self.traffic.check_model(model)
+        return self.shadow.set(model, version or "", fraction)
+
+    def _configure_shadows(self, table: dict) -> None:
+        for name, entry in table.items():
+            self.shadow.set(name, entry.shadow, entry.shadow_fraction)
 
     def _tokenizer(self, served: tuple[str, str]) -> tokenizer.Tokenizer:
         if served not in self.tokenizers:
@@ -319,11 +370,12 @@ class Scheduler:
         self.queue.remove(job)
         request = job.request
         dispatch = messages.Dispatch(job.rid, request.request_id, request.tenant, job.rank, job.max_tokens_cap,
-                                     job.context is not None, request.args, job.prompt_ids)
+                                     job.context is not None, request.args, job.prompt_ids, job.compare)
         if not self._send_worker(slot, messages.encode(dispatch, *([job.history] if job.context else []))):
             self.queue.push_front(job)
             return False
         slot.jobs[job.rid] = job
+        job.dispatched = now
         self.dispatched += 1
         if not job.retries:   # a job requeued after its worker died was counted when first sent
             self.queue_time.observe(now - job.enqueued)
@@ -364,11 +416,14 @@ class Scheduler:
                 self.ports.to_frontend(frames[1:])
         elif isinstance(message, messages.TurnResult):
             self._commit_turn(slot, message)
-        elif isinstance(message, messages.Final):   # a context turn that ended in an error
+        elif isinstance(message, messages.Final):   # a context turn (or a shadow pair's side) that ended in an error
             job = self._done(slot, message.rid)
             if job is not None:
-                self.contexts.end_turn(job.context)
-                self.ports.to_frontend(frames[1:])
+                if job.context is not None:
+                    self.contexts.end_turn(job.context)
+                self.shadow.failed(job.rid)
+                if job.rid >= 0:   # a shadow copy's answer goes nowhere
+                    self.ports.to_frontend(frames[1:])
         elif isinstance(message, messages.Failed):
             self._step_failed(slot, message.reason, message.rids)
 
@@ -390,6 +445,11 @@ class Scheduler:
         if job is None:
             return
         request_id = job.request.request_id
+        if job.context is None:   # a side of a shadow pair: compared, and the primary's answered
+            self.shadow.answered(job.rid, turn.result, self.clock() - job.dispatched)
+            if job.rid >= 0:
+                self._reply(turn.rid, wire.ok_reply(request_id, turn.result))
+            return
         try:
             context = self.contexts.commit_turn(job.context, turn.appended)
         except MCPDError as e:   # the turn does not fit the context's limits, or storage: nothing committed
@@ -443,6 +503,9 @@ class Scheduler:
 
     def _fail(self, job: Job, code: str, message: str, retry_after_ms: int | None = None) -> None:
         self.jobs.pop(job.rid, None)
+        self.shadow.failed(job.rid)
+        if job.rid < 0:
+            return   # a shadow copy, shed: nobody waits for its answer
         self._count_error(job.class_name, code)
         if job.context is not None:
             self.contexts.end_turn(job.context)
@@ -459,7 +522,9 @@ class Scheduler:
     def models_stats(self) -> dict:
         """traffic.py's view of each model, with each version's ready workers and waiting requests."""
         models = self.traffic.describe()
+        shadows = self.shadow.describe()
         for name, model in models.items():
+            model["shadow"] = shadows.get(name)
             for version, figures in model["versions"].items():
                 figures["workers"] = sorted(s.index for s in self._serving((name, version)) if s.ready)
                 figures["queued"] = self.queue.waiting_for((name, version))

@@ -68,6 +68,10 @@ def roll_back_version(scheduler, args: dict, _token: int) -> dict:
     return scheduler.traffic.rollback(args["model"])
 
 
+def shadow_version(scheduler, args: dict, _token: int) -> dict:
+    return scheduler.set_shadow(args["model"], args["version"], args["fraction"])
+
+
 def load_version(scheduler, args: dict, _token: int) -> dict:
     """Takes requests from now on (they wait for its workers, which the supervisor starts)."""
     scheduler.load_version(args["model"], args["version"])

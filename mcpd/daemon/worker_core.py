@@ -55,7 +55,8 @@ class ActiveRequest:
     stream: bool
     want_logprobs: bool
     degraded: dict | None = None   # the scheduler capped max_tokens: said so in the final result
-    turn_ids: list[int] | None = None   # a context turn (Dispatch.turn): the prompt tokens it adds
+    turn_ids: list[int] | None = None   # a context turn (Dispatch.turn): the prompt tokens it adds;
+                                        # also set for a side of a shadow pair: it answers the scheduler
     chunks_sent: int = 0
     text: list[str] = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)
@@ -140,7 +141,7 @@ class WorkerCore:
         degraded = None if dispatch.max_tokens_cap is None else \
             {"max_tokens": dispatch.max_tokens_cap, "requested_max_tokens": args.max_tokens}
         self.active[dispatch.rid] = ActiveRequest(dispatch.request_id, args.stream, args.logprobs, degraded,
-                                                  prompt_ids if dispatch.turn else None)
+                                                  prompt_ids if dispatch.turn or dispatch.compare else None)
 
     def on_cancel(self, rid: int, code: str) -> None:
         """Stop a request and free its KV now: the client cancelled (or went away, or does not read its
@@ -244,7 +245,7 @@ class WorkerCore:
 
     def _final(self, dispatch: messages.Dispatch, header: bytes, code: str | None = None) -> None:
         """A request answered before the engine ran it."""
-        self._send_final(dispatch.rid, dispatch.turn, header, code)
+        self._send_final(dispatch.rid, dispatch.turn or dispatch.compare, header, code)
 
     def _send_final(self, rid: int, turn: bool, header: bytes, code: str | None = None) -> None:
         message = messages.encode(messages.Final(rid, code), header)

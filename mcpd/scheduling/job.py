@@ -29,6 +29,8 @@ class Job:
     history: bytes | None = None      # a turn's context tokens (int32), for its worker
     prompt_ids: list[int] = field(default_factory=list)   # a generate's new prompt tokens (prompt_tokens.py)
     served: tuple[str, str] | None = None   # the (model, version) it runs on (traffic.py); None: any worker
+    compare: bool = False             # a side of a shadow pair (shadow.py): it answers through the scheduler
+    dispatched: float = 0.0           # when it went to its worker (monotonic)
 
     @property
     def suspect(self) -> bool:

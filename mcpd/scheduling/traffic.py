@@ -88,7 +88,7 @@ class Traffic:
         """(model, version) of a request that names `model` and `version` (None: the default
         model; its policy's version). UNKNOWN_MODEL for a model or version not served now."""
         name = model or self.default_model
-        traffic = self._model(name)
+        traffic = self.check_model(name)
         if version is None:
             version = split_choice(key, name, traffic.policy.split) if traffic.policy.split else traffic.policy.primary
         elif version not in traffic.versions:
@@ -104,15 +104,15 @@ class Traffic:
 
     def promote(self, model: str, version: str) -> dict:
         """Every new request of `model` to `version` (a split ends)."""
-        traffic = self._loaded(model, version)
+        traffic = self.check_loaded(model, version)
         return self._set(model, traffic, Policy(version))
 
     def split(self, model: str, weights: dict[str, float]) -> dict:
         """New requests of `model` spread over versions by weight (the primary stays as it was:
         a split that ends by rollback goes back to it)."""
-        traffic = self._model(model)
+        traffic = self.check_model(model)
         for version, weight in weights.items():
-            self._loaded(model, version)
+            self.check_loaded(model, version)
             if not (math.isfinite(weight) and weight >= 0):
                 raise MCPDError(codes.BAD_REQUEST, f"split: the weight of {version!r} must be a finite number >= 0")
         chosen = tuple(sorted((v, float(w)) for v, w in weights.items() if w > 0))
@@ -122,7 +122,7 @@ class Traffic:
 
     def rollback(self, model: str) -> dict:
         """Back to the policy before the last promote or split."""
-        traffic = self._model(model)
+        traffic = self.check_model(model)
         if len(traffic.history) < 2:
             raise MCPDError(codes.CONFLICT, f"model {model!r}: nothing to roll back to")
         traffic.history.pop()
@@ -157,20 +157,20 @@ class Traffic:
 
     # -- lookups --------------------------------------------------------------------------------
 
-    def _model(self, model: str) -> ModelTraffic:
+    def check_model(self, model: str) -> ModelTraffic:
         traffic = self.models.get(model)
         if traffic is None:
             raise MCPDError(codes.UNKNOWN_MODEL, f"no model {model!r}; served: {', '.join(self.models)}")
         return traffic
 
     def _version(self, model: str, version: str) -> ModelTraffic:
-        traffic = self._model(model)
+        traffic = self.check_model(model)
         if version not in traffic.versions:
             raise MCPDError(codes.UNKNOWN_MODEL, f"model {model!r} has no version {version!r}; it has "
                                                  f"{', '.join(traffic.versions)}")
         return traffic
 
-    def _loaded(self, model: str, version: str) -> ModelTraffic:
+    def check_loaded(self, model: str, version: str) -> ModelTraffic:
         traffic = self._version(model, version)
         if version not in traffic.loaded:
             raise MCPDError(codes.CONFLICT, f"version {version!r} of model {model!r} is not loaded "
