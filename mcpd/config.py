@@ -46,6 +46,8 @@ class PriorityClass:
     burst: int = 1                # requests a client may send at once beyond the rate (bucket size)
     degrade_max_tokens: int = 0   # under sustained overload, max_tokens is capped to this; 0 = never
     shed: bool = False            # under overload that outlasts the cap: refused with OVERLOADED
+    fast_above_ms: float = 0.0    # queueing p99 above this: requests go to their model's fast version; 0 = never
+    fast_all: bool = False        # then all of the class's requests, not only hints.prefer_speed ones
 
     def check(self, name: str) -> None:
         if not CLASS_NAME.fullmatch(name):
@@ -53,7 +55,7 @@ class PriorityClass:
         for key in ("max_queue", "burst"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"scheduler.classes.{name}.{key} = {getattr(self, key)}: must be >= 1")
-        for key in ("max_age_s", "rate", "degrade_max_tokens"):
+        for key in ("max_age_s", "rate", "degrade_max_tokens", "fast_above_ms"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"scheduler.classes.{name}.{key} = {getattr(self, key)}: must be >= 0")
 
@@ -178,6 +180,7 @@ class ModelEntry:
     split: dict[str, float] = field(default_factory=dict)   # weights per version; {} = all to `default`
     shadow: str = ""             # a version that also runs a copy of shadow_fraction of the requests; "" = none
     shadow_fraction: float = 0.1
+    fast: str = ""               # the version a class's fast rung sends requests to (fast_rung.py); "" = none
     versions: dict[str, VersionConfig] = field(default_factory=dict)
 
     @property
@@ -206,6 +209,9 @@ class ModelEntry:
         self._check_split(name)
         if self.shadow and (self.shadow not in self.versions or not self.versions[self.shadow].loaded):
             raise ConfigError(f"models.{name}.shadow = {self.shadow!r}: not a loaded version of {name} "
+                              f"({', '.join(self.versions)})")
+        if self.fast and (self.fast not in self.versions or not self.versions[self.fast].loaded):
+            raise ConfigError(f"models.{name}.fast = {self.fast!r}: not a loaded version of {name} "
                               f"({', '.join(self.versions)})")
         if not 0 <= self.shadow_fraction <= 1:
             raise ConfigError(f"models.{name}.shadow_fraction = {self.shadow_fraction}: must be in [0, 1]")

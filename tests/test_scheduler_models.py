@@ -5,11 +5,12 @@ import tempfile
 
 import pytest
 
-from mcpd.config import from_dict
+from mcpd.config import PriorityClass, from_dict
 from mcpd.daemon import messages
 from mcpd.daemon.scheduler import Scheduler
 from mcpd.protocol import codes
 from mcpd.protocol.args import ContextOpenArgs, GenerateArgs
+from mcpd.scheduling.fast_rung import FastRung
 from test_scheduler_core import Clock, Ports, dispatched, request
 
 
@@ -111,3 +112,36 @@ def test_shadows_follow_their_fraction_and_are_shed_when_the_queue_is_deep():
         core.on_inbox(request(rid, GenerateArgs(prompt="x")))
     figures = core.models_stats()["models"]["m"]["shadow"]
     assert (figures["started"], figures["shed"]) == (2, 2)
+
+
+def test_the_fast_rung_sends_a_slow_class_to_the_fast_version_and_leaves_with_hysteresis():
+    rung, cls = FastRung(), PriorityClass(fast_above_ms=10.0)
+    rung.update("normal", cls, 12.0)
+    assert rung.goes_fast("normal", cls, {"prefer_speed": True}) and not rung.goes_fast("normal", cls, None)
+    rung.update("normal", cls, 6.0)   # below the target, not yet below half of it: stays
+    assert rung.goes_fast("normal", cls, {"prefer_speed": True})
+    rung.update("normal", cls, 4.0)
+    assert not rung.goes_fast("normal", cls, {"prefer_speed": True}) and rung.describe() == {"active": [], "entered": 1}
+    everyone = PriorityClass(fast_above_ms=10.0, fast_all=True)
+    rung.update("low", everyone, 11.0)
+    assert rung.goes_fast("low", everyone, None)
+
+
+def test_requests_that_prefer_speed_go_fast_while_their_class_waits_too_long():
+    runtime_dir = tempfile.mkdtemp(prefix="mcpd-c-", dir="/tmp")
+    classes = {"normal": {"rank": 1, "fast_above_ms": 5.0}}
+    config = from_dict({"server": {"runtime_dir": runtime_dir}, "cache": {"enabled": False},
+                        "persistence": {"enabled": False}, "scheduler": {"classes": classes},
+                        "models": {"m": {"default": "a", "fast": "b", "versions": {"a": {}, "b": {}}}}})
+    core = Scheduler(config, logging.getLogger("test"), Ports(), Clock())
+    hello(core, 0, "a")
+    hello(core, 1, "b")
+    for rid in range(1, 17):   # one adjustment's worth of samples, each waited 20 ms
+        core.on_inbox(request(rid, GenerateArgs(prompt="x")))
+    core.clock.now += 0.020
+    core.tick()
+    core.tick()   # the rung reads the class's p99 as of its last adjustment
+    core.on_inbox(request(17, GenerateArgs(prompt="x", hints={"prefer_speed": True})))
+    core.on_inbox(request(18, GenerateArgs(prompt="x")))
+    assert core.jobs[17].served == ("m", "b") and core.jobs[18].served == ("m", "a")
+    assert core.stats()["fast_rung"] == {"active": ["normal"], "entered": 1}

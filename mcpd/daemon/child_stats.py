@@ -34,6 +34,7 @@ class SchedulerStats(msgspec.Struct, frozen=True, kw_only=True, tag="scheduler")
     inflight: int = 0
     policy: str = ""
     degradation_level: int = 0
+    fast_rung: dict = {}            # FastRung.describe(): classes routed to fast versions now
     classes: dict = {}              # {class: {queued, window_ms, queue_p99_ms}}
     errors: dict = {}               # {class: {code: count}}, the errors the scheduler decided
     contexts: dict = {}             # ContextService.stats(): contexts, bytes

@@ -206,7 +206,9 @@ class Scheduler:
         displaced = self.admission.admit(job, self.queue, len(self.jobs), now)
         args = job.request.args
         if isinstance(args, GenerateArgs):
-            job.served = self.traffic.route(args.model, args.version, args.routing_key or job.request.tenant)
+            cls = self.config.scheduler.classes[job.class_name]
+            job.served = self.traffic.route(args.model, args.version, args.routing_key or job.request.tenant,
+                                            self.admission.fast.goes_fast(job.class_name, cls, args.hints))
             self._tokenize(job, args)
             self.admission.price(job)
         if displaced is not None:
@@ -332,6 +334,8 @@ class Scheduler:
         """Hand out waiting jobs, most important first, in length-bin groups, while workers have room."""
         self.hold_until = None
         self.admission.ladder.update(len(self.queue), now)
+        for name, window in self.windows.items():
+            self.admission.fast.update(name, self.config.scheduler.classes.get(name), window.recent_p99_ms)
         per_worker = self.config.scheduler.max_inflight_per_worker
         blocked = set()   # lanes (model versions) with no room now: the others still go
         while (job := self.queue.peek(now, blocked)) is not None:
@@ -535,6 +539,7 @@ class Scheduler:
         depths = self.queue.depths()
         return {"queue_depth": len(self.queue), "dispatched": self.dispatched, "inflight": len(self.jobs),
                 "policy": self.config.scheduler.policy, "degradation_level": self.admission.ladder.level(now),
+                "fast_rung": self.admission.fast.describe(),
                 "classes": {name: {"queued": depths.get(name, 0), "window_ms": round(w.window_ms, 3),
                                    "queue_p99_ms": round(w.p99_ms(), 3)} for name, w in self.windows.items()},
                 "errors": {name: dict(by_code) for name, by_code in self.errors.items()},

@@ -40,7 +40,7 @@ def build_status(supervisor) -> dict:
         # Per priority class: queued, batching window_ms, queue_p99_ms; errors the scheduler
         # decided, by class then code; the degradation ladder's step (0 none, 1 cap, 2 shed).
         "scheduler": {"policy": scheduler.policy, "classes": scheduler.classes, "errors": scheduler.errors,
-                      "degradation_level": scheduler.degradation_level},
+                      "degradation_level": scheduler.degradation_level, "fast_rung": scheduler.fast_rung},
         "models": _models(scheduler.models, workers),
         "contexts": {**(scheduler.contexts or {"contexts": 0, "bytes": 0}), "restored": scheduler.persistence.get("restored", 0),
                      "persistence": scheduler.persistence},

@@ -108,6 +108,15 @@ def _routing_key(v, _):
     return None if 0 < len(v) <= MAX_ROUTING_KEY_CHARS else f"must be 1..{MAX_ROUTING_KEY_CHARS} characters"
 
 
+HINTS = ("prefer_speed",)
+
+
+def _hints(v, _):
+    if not all(name in HINTS and type(value) is bool for name, value in v.items()):
+        return f"may hold only {', '.join(HINTS)}, each true or false"
+    return None
+
+
 NUMBER = (int, float)
 GENERATE_ARGS = {
     "prompt": Arg((str,)),
@@ -128,6 +137,7 @@ GENERATE_ARGS = {
     "model": Arg((str,), _model_name),
     "version": Arg((str,), _model_name),
     "routing_key": Arg((str,), _routing_key),
+    "hints": Arg((dict,), _hints),
 }
 PROMPT_KINDS = ("prompt", "prompt_token_ids", "messages")
 

@@ -45,6 +45,8 @@ class ModelTraffic:
     configured: Policy                                     # the table's: a reload that keeps it keeps the live one
     history: list[Policy] = field(default_factory=list)   # earlier policies, the latest last
     routed: dict[str, int] = field(default_factory=dict)   # requests routed per version
+    fast: str = ""                   # the version the fast rung sends requests to (fast_rung.py)
+    routed_fast: int = 0
 
     def targets(self) -> set[str]:
         """The versions this model's traffic goes to now."""
@@ -76,20 +78,25 @@ class Traffic:
             loaded = {v for v, cfg in entry.versions.items() if cfg.loaded}
             known = self.models.get(name)
             if known is not None and known.versions == tuple(entry.versions) and known.configured == policy:
+                known.fast = entry.fast
                 continue   # as configured before: the live policy (promoted, say) stands
             self.models[name] = ModelTraffic(tuple(entry.versions), loaded if known is None else known.loaded,
-                                             policy, policy, [policy])
+                                             policy, policy, [policy], fast=entry.fast)
             changed.append(name)
         return changed
 
     # -- routing --------------------------------------------------------------------------------
 
-    def route(self, model: str | None, version: str | None, key: str) -> tuple[str, str]:
+    def route(self, model: str | None, version: str | None, key: str, fast: bool = False) -> tuple[str, str]:
         """(model, version) of a request that names `model` and `version` (None: the default
-        model; its policy's version). UNKNOWN_MODEL for a model or version not served now."""
+        model; its policy's version, or its fast version when `fast` and it has a loaded one).
+        UNKNOWN_MODEL for a model or version not served now."""
         name = model or self.default_model
         traffic = self.check_model(name)
-        if version is None:
+        if version is None and fast and traffic.fast in traffic.loaded:
+            version = traffic.fast
+            traffic.routed_fast += 1
+        elif version is None:
             version = split_choice(key, name, traffic.policy.split) if traffic.policy.split else traffic.policy.primary
         elif version not in traffic.versions:
             raise MCPDError(codes.UNKNOWN_MODEL, f"model {name!r} has no version {version!r}; it has "
@@ -147,7 +154,7 @@ class Traffic:
     def check_unload(self, model: str, version: str) -> None:
         """CONFLICT while traffic goes to the version: it would have nowhere to go."""
         traffic = self._version(model, version)
-        if version in traffic.targets():
+        if version in traffic.targets() or version == traffic.fast:
             raise MCPDError(codes.CONFLICT, f"version {version!r} of model {model!r} takes traffic "
                                             f"({traffic.policy.describe()}): promote or split away from it first")
 
@@ -180,6 +187,7 @@ class Traffic:
     def describe(self) -> dict:
         """Per model: its policy, whether rollback has somewhere to go, and per version whether
         it is loaded and how many requests were routed to it."""
-        return {name: {**t.policy.describe(), "can_roll_back": len(t.history) > 1,
+        return {name: {**t.policy.describe(), "can_roll_back": len(t.history) > 1, "fast": t.fast or None,
+                       "routed_fast": t.routed_fast,
                        "versions": {v: {"loaded": v in t.loaded, "routed": t.routed.get(v, 0)} for v in t.versions}}
                 for name, t in self.models.items()}
