@@ -51,7 +51,7 @@ class Worker:
         self.events = child.EventReporter(self.context, config, "worker", index)
         self.engine = self._load_engine(device)
         self.sockets = WorkerSockets(self.context, config, index)
-        self.core = WorkerCore(config, index, self.engine, self.log, self.sockets, serves)
+        self.core = WorkerCore(config, index, self.engine, self.log, self.sockets, serves=serves)
 
     def _load_engine(self, device: str):
         workers = self.config.workers

@@ -73,7 +73,7 @@ class WorkerCore:
     """Takes messages and time, drives the engine, sends messages through its ports; owns no socket."""
 
     def __init__(self, config: Config, index: int, engine, log: logging.Logger, ports: Ports,
-                 serves: tuple[str, str] = (LEGACY_NAME, LEGACY_NAME), clock=time.monotonic):
+                 clock=time.monotonic, serves: tuple[str, str] = (LEGACY_NAME, LEGACY_NAME)):
         self.config, self.index, self.engine, self.log, self.ports, self.clock = \
             config, index, engine, log, ports, clock
         self.served_model, self.version = serves   # the model table's names (config.py)
