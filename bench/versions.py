@@ -25,54 +25,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import threading
 import time
 
 from mcpd.percentile import percentile
-from mcpd.protocol.codes import MCPDError
 from mcpd.scheduling.traffic import split_choice
-from mcpd.testing import Daemon
+from mcpd.testing import Daemon, SteadyLoad
 
 CLIENTS = 8
 TENANTS = 10_000
 GREEDY = {"max_tokens": 8, "temperature": 0}
-
-
-class SteadyLoad:
-    """CLIENTS closed-loop clients until stopped; every outcome kept."""
-
-    def __init__(self, daemon: Daemon):
-        self.daemon, self.stop = daemon, threading.Event()
-        self.ok, self.failed = 0, []
-        self.lock = threading.Lock()
-        self.threads = [threading.Thread(target=self._client, args=(i,), daemon=True) for i in range(CLIENTS)]
-
-    def _client(self, i: int) -> None:
-        with self.daemon.client(timeout=120, tenant=f"bench-{i}") as client:
-            while not self.stop.is_set():
-                try:
-                    client.generate(f"steady load {i}", **GREEDY)
-                    with self.lock:
-                        self.ok += 1
-                except MCPDError as e:
-                    with self.lock:
-                        self.failed.append(e.code)
-
-    def __enter__(self) -> "SteadyLoad":
-        for thread in self.threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop.set()
-        for thread in self.threads:
-            thread.join(180)
-
-    def settle(self, answers: int) -> None:
-        """Wait until `answers` more requests were answered: the switch happens under load."""
-        target = self.ok + answers
-        while self.ok < target:
-            time.sleep(0.01)
 
 
 def timed(action) -> tuple[float, object]:
@@ -83,24 +44,24 @@ def timed(action) -> tuple[float, object]:
 
 def switches(daemon: Daemon, settle: int) -> dict:
     model = {"model": "m"}
-    with SteadyLoad(daemon) as load:
-        load.settle(settle)
+    with SteadyLoad(daemon, CLIENTS, **GREEDY) as load:
+        load.wait_for(settle)
         promote_s, _ = timed(lambda: daemon.control("models.promote", {**model, "version": "b"}))
-        load.settle(settle)
+        load.wait_for(settle)
         rollback_s, _ = timed(lambda: daemon.control("models.rollback", model))
-        load.settle(settle)
+        load.wait_for(settle)
 
         def load_and_serve():
             daemon.control("models.load", {**model, "version": "c"})
             with daemon.client(timeout=300) as client:
                 return client.generate("first on c", version="c", **GREEDY)
         load_s, _ = timed(load_and_serve)
-        load.settle(settle)
+        load.wait_for(settle)
         unload_s, _ = timed(lambda: daemon.control("models.unload", {**model, "version": "c"}, timeout=120))
-        load.settle(settle)
+        load.wait_for(settle)
     return {"promote_s": round(promote_s, 4), "rollback_s": round(rollback_s, 4),
             "load_until_serving_s": round(load_s, 3), "unload_s": round(unload_s, 4),
-            "answered_during_switches": load.ok, "failed_during_switch": len(load.failed),
+            "answered_during_switches": len(load.versions), "failed_during_switch": len(load.failed),
             "failed_codes": sorted(set(load.failed))}
 
 

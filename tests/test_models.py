@@ -3,7 +3,6 @@ promote and rollback under load with no request lost, unload and load of a versi
 Two versions of a tiny test checkpoint (different seeds: different weights, so their greedy
 tokens tell them apart) and a third, configured unloaded."""
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -11,6 +10,8 @@ import pytest
 
 from mcpd.protocol import codes
 from mcpd.protocol.codes import MCPDError
+from mcpd.testing import SteadyLoad, free_port
+from test_http import raw
 from tiny_checkpoints import make_checkpoint
 
 pytestmark = pytest.mark.slow
@@ -26,9 +27,12 @@ def checkpoints():
 @pytest.fixture(scope="module")
 def served(module_daemon, checkpoints):
     a, b = checkpoints
-    return module_daemon(**{"models.tiny": {"default": "a"}, "models.tiny.versions.a": {"path": str(a)},
-                            "models.tiny.versions.b": {"path": str(b)},
-                            "models.tiny.versions.c": {"path": str(a), "loaded": False}})
+    daemon = module_daemon(**{"models.tiny": {"default": "a"}, "models.tiny.versions.a": {"path": str(a)},
+                              "models.tiny.versions.b": {"path": str(b)},
+                              "models.tiny.versions.c": {"path": str(a), "loaded": False},
+                              "http": {"listen": f"127.0.0.1:{free_port()}"}})
+    daemon.base_url = f"http://{daemon.control('config')['config']['http']['listen']}/v1"
+    return daemon
 
 
 def test_two_versions_serve_at_once_each_on_its_own_workers(served):
@@ -52,40 +56,8 @@ def test_a_model_or_version_not_served_is_refused_with_unknown_model(served, nam
     assert refused.value.code == codes.UNKNOWN_MODEL and says in refused.value.message
 
 
-class Load:
-    """Clients sending greedy requests one after another until stopped; every answer kept."""
-
-    def __init__(self, daemon, clients: int = 8):
-        self.daemon, self.stop, self.failures, self.versions = daemon, threading.Event(), [], []
-        self.threads = [threading.Thread(target=self._run, args=(i,)) for i in range(clients)]
-
-    def _run(self, i: int) -> None:
-        with self.daemon.client(tenant=f"load-{i}") as client:
-            while not self.stop.is_set():
-                try:
-                    self.versions.append(client.generate("hi", max_tokens=2, temperature=0).version)
-                except MCPDError as e:
-                    self.failures.append(e)
-
-    def __enter__(self) -> "Load":
-        for thread in self.threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop.set()
-        for thread in self.threads:
-            thread.join(60)
-
-    def wait_for(self, count: int) -> None:
-        target = len(self.versions) + count
-        deadline = time.monotonic() + 60
-        while len(self.versions) < target and time.monotonic() < deadline:
-            time.sleep(0.01)
-
-
 def test_promote_and_rollback_under_load_lose_no_request(served):
-    with Load(served) as load:
+    with SteadyLoad(served) as load:
         load.wait_for(8)
         assert served.control("models.promote", {"model": "tiny", "version": "b"})["primary"] == "b"
         with served.client() as client:
@@ -95,7 +67,7 @@ def test_promote_and_rollback_under_load_lose_no_request(served):
         with served.client() as client:
             assert client.generate("x", **GREEDY).version == "a"
         load.wait_for(8)
-    assert load.failures == [] and {"a", "b"} <= set(load.versions)
+    assert load.failed == [] and {"a", "b"} <= set(load.versions)
 
 
 def test_split_sends_each_routing_key_to_one_version(served):
@@ -117,11 +89,11 @@ def test_unload_then_load_a_version_stops_and_starts_its_workers(served):
     loaded = served.control("models.load", {"model": "tiny", "version": "c"})
     with served.client() as client:   # waits in c's lane until its worker is up
         assert client.generate("hello", version="c", **GREEDY).version == "c"
-    with Load(served) as load:
+    with SteadyLoad(served) as load:
         load.wait_for(4)
         unloaded = served.control("models.unload", {"model": "tiny", "version": "c"})
         load.wait_for(4)
-    assert load.failures == [] and unloaded["workers"] == loaded["workers"] and unloaded["loaded"] is False
+    assert load.failed == [] and unloaded["workers"] == loaded["workers"] and unloaded["loaded"] is False
     processes = served.status()["models"]["models"]["tiny"]["versions"]["c"]["processes"]
     assert [p["state"] for p in processes] == ["unloaded"]
     with served.client() as client, pytest.raises(MCPDError) as refused:
@@ -151,3 +123,12 @@ def test_shadow_runs_a_copy_on_the_candidate_and_the_client_gets_the_primarys_an
     # The first test saw the two versions' greedy tokens for "hello" differ: no pair agrees.
     assert (shadow["candidate"], shadow["fraction"], shadow["agreement"]) == ("b", 0.0, 0.0)
     assert sum(shadow["shadow_latency"]["counts"]) == sum(shadow["primary_latency"]["counts"]) == 4
+
+
+def test_http_requests_name_a_model_of_the_table(served):
+    status, _, listed = raw(served, "GET", "/v1/models")
+    assert status == 200 and [m["id"] for m in listed["data"]] == ["tiny"]
+    status, _, answer = raw(served, "POST", "/v1/completions", {"model": "tiny", "prompt": "hello", "max_tokens": 2})
+    assert status == 200 and answer["model"] == "tiny"
+    status, _, refused = raw(served, "POST", "/v1/completions", {"model": "nope", "prompt": "hello"})
+    assert status == 404
