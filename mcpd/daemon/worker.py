@@ -13,7 +13,7 @@ import time
 import zmq
 
 from mcpd import cpu_features
-from mcpd.config import Config
+from mcpd.config import LEGACY_NAME, Config
 from mcpd.daemon import channels, child, live_config, messages
 from mcpd.daemon.worker_core import WorkerCore
 from mcpd.refusal import StartRefused
@@ -43,7 +43,7 @@ class WorkerSockets:
 
 
 class Worker:
-    def __init__(self, config: Config, index: int, device: str, serves: tuple[str, str]):
+    def __init__(self, config: Config, index: int, device: str, serves: tuple[str, str] = (LEGACY_NAME, LEGACY_NAME)):
         self.config, self.index = config, index
         self.log = child.start(f"worker{index}", config)
         self.parent_pid = os.getppid()
