@@ -145,3 +145,14 @@ def test_requests_that_prefer_speed_go_fast_while_their_class_waits_too_long():
     core.on_inbox(request(18, GenerateArgs(prompt="x")))
     assert core.jobs[17].served == ("m", "b") and core.jobs[18].served == ("m", "a")
     assert core.stats()["fast_rung"] == {"active": ["normal"], "entered": 1}
+
+
+def test_a_reload_applies_a_models_policy_live_but_not_a_change_of_its_versions(core):
+    base = {"server": {"runtime_dir": core.config.server.runtime_dir}, "cache": {"enabled": False},
+            "persistence": {"enabled": False}, "scheduler": {"max_inflight_per_worker": 1}}
+    promoted = from_dict({**base, "models": {"m": {"default": "b", "versions": {"a": {}, "b": {}}}}})
+    assert core.apply_config(promoted) == ["models.m"]
+    assert core.traffic.route(None, None, "k") == ("m", "b")
+    grown = from_dict({**base, "models": {"m": {"default": "a", "versions": {"a": {}, "b": {}, "c": {}}}}})
+    assert core.apply_config(grown) == []   # a new version needs its workers: a restart
+    assert core.traffic.route(None, None, "k") == ("m", "b")
