@@ -46,6 +46,8 @@ class PriorityClass:
     burst: int = 1                # requests a client may send at once beyond the rate (bucket size)
     degrade_max_tokens: int = 0   # under sustained overload, max_tokens is capped to this; 0 = never
     shed: bool = False            # under overload that outlasts the cap: refused with OVERLOADED
+    fast_above_ms: float = 0.0    # queueing p99 above this: requests go to their model's fast version; 0 = never
+    fast_all: bool = False        # then all of the class's requests, not only hints.prefer_speed ones
 
     def check(self, name: str) -> None:
         if not CLASS_NAME.fullmatch(name):
@@ -53,7 +55,7 @@ class PriorityClass:
         for key in ("max_queue", "burst"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"scheduler.classes.{name}.{key} = {getattr(self, key)}: must be >= 1")
-        for key in ("max_age_s", "rate", "degrade_max_tokens"):
+        for key in ("max_age_s", "rate", "degrade_max_tokens", "fast_above_ms"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"scheduler.classes.{name}.{key} = {getattr(self, key)}: must be >= 0")
 
@@ -148,6 +150,92 @@ class ModelConfig:
             raise ConfigError(f"model.path = {self.path!r}: not a directory")
         if self.max_model_len < 16:
             raise ConfigError(f"model.max_model_len = {self.max_model_len}: must be >= 16")
+
+
+MODEL_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")   # a model's or a version's name in [models]
+MAX_MODEL_WORKERS = 256   # workers of all versions together, as workers.count
+
+
+@dataclass(frozen=True)
+class VersionConfig(ModelConfig):
+    """One version of a model in [models.<name>.versions.<version>]: what [model] holds (path,
+    dtype, and what later model keys add, quantization say: they come with the base class), and
+    how many workers serve it."""
+    workers: int = 1        # CPU workers of this version (on CUDA: spread over the GPUs)
+    loaded: bool = True     # false: configured but not started; `mcpctl models load` starts it
+
+    def check_as(self, where: str) -> None:
+        try:
+            self.check()
+        except ConfigError as e:   # ModelConfig's messages name [model]; here it is this version
+            raise ConfigError(str(e).replace("model.", f"{where}.", 1)) from None
+        if not 1 <= self.workers <= MAX_MODEL_WORKERS:
+            raise ConfigError(f"{where}.workers = {self.workers}: must be between 1 and {MAX_MODEL_WORKERS}")
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """One model of [models.<name>]: its versions, and which one requests get unless they name one."""
+    default: str = ""       # the version requests get; "" = the only version there is
+    split: dict[str, float] = field(default_factory=dict)   # weights per version; {} = all to `default`
+    shadow: str = ""             # a version that also runs a copy of shadow_fraction of the requests; "" = none
+    shadow_fraction: float = 0.1
+    fast: str = ""               # the version a class's fast rung sends requests to (fast_rung.py); "" = none
+    versions: dict[str, VersionConfig] = field(default_factory=dict)
+
+    @property
+    def default_version(self) -> str:
+        return self.default or next(iter(self.versions))
+
+    def check(self, name: str) -> None:
+        if not MODEL_NAME.fullmatch(name):
+            raise ConfigError(f"models.{name}: a model name is 1..64 of A-Z, a-z, 0-9, _, . and -")
+        if not self.versions:
+            raise ConfigError(f"models.{name}: no versions; add [models.{name}.versions.<version>]")
+        for version, cfg in self.versions.items():
+            if not MODEL_NAME.fullmatch(version):
+                raise ConfigError(f"models.{name}.versions.{version}: a version name is 1..64 of A-Z, a-z, 0-9, "
+                                  "_, . and -")
+            cfg.check_as(f"models.{name}.versions.{version}")
+        if not self.default and len(self.versions) > 1:
+            raise ConfigError(f"models.{name}.default: say which of its versions ({', '.join(self.versions)}) "
+                              "requests get when they name none")
+        if self.default and self.default not in self.versions:
+            raise ConfigError(f"models.{name}.default = {self.default!r}: not one of its versions "
+                              f"({', '.join(self.versions)})")
+        if not self.versions[self.default_version].loaded:
+            raise ConfigError(f"models.{name}.versions.{self.default_version}.loaded = false: the default "
+                              "version must be loaded")
+        self._check_split(name)
+        if self.shadow and (self.shadow not in self.versions or not self.versions[self.shadow].loaded):
+            raise ConfigError(f"models.{name}.shadow = {self.shadow!r}: not a loaded version of {name} "
+                              f"({', '.join(self.versions)})")
+        if self.fast and (self.fast not in self.versions or not self.versions[self.fast].loaded):
+            raise ConfigError(f"models.{name}.fast = {self.fast!r}: not a loaded version of {name} "
+                              f"({', '.join(self.versions)})")
+        if not 0 <= self.shadow_fraction <= 1:
+            raise ConfigError(f"models.{name}.shadow_fraction = {self.shadow_fraction}: must be in [0, 1]")
+
+    def _check_split(self, name: str) -> None:
+        for version, weight in self.split.items():
+            if version not in self.versions or not self.versions[version].loaded:
+                raise ConfigError(f"models.{name}.split.{version}: not a loaded version of {name} "
+                                  f"({', '.join(self.versions)})")
+            if weight < 0:
+                raise ConfigError(f"models.{name}.split.{version} = {weight}: must be >= 0")
+        if self.split and not any(self.split.values()):
+            raise ConfigError(f"models.{name}.split: at least one version needs a weight > 0")
+
+
+@dataclass(frozen=True)
+class RoutingConfig:
+    default_model: str = ""   # the model of a request that names none; "" = the first in [models]
+
+    def check(self) -> None:
+        pass   # against the model table: _check_models
+
+
+LEGACY_NAME = "default"   # the one model, and its one version, that a config with [model] serves
 
 
 @dataclass(frozen=True)
@@ -353,6 +441,8 @@ class Config:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     workers: WorkersConfig = field(default_factory=WorkersConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
+    models: dict[str, ModelEntry] = field(default_factory=dict)   # the model table; {} = [model] alone
+    routing: RoutingConfig = field(default_factory=RoutingConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     pool: PoolConfig = field(default_factory=PoolConfig)
     contexts: ContextsConfig = field(default_factory=ContextsConfig)
@@ -390,6 +480,33 @@ class Config:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
+    @property
+    def model_table(self) -> dict[str, ModelEntry]:
+        """[models], or for a config with [model] alone the one-model table it stands for: model
+        "default", version "default", served by workers.count workers."""
+        if self.models:
+            return self.models
+        legacy = VersionConfig(**dataclasses.asdict(self.model), workers=self.workers.count)
+        return {LEGACY_NAME: ModelEntry(default=LEGACY_NAME, versions={LEGACY_NAME: legacy})}
+
+    @property
+    def default_model(self) -> str:
+        return self.routing.default_model or next(iter(self.model_table))
+
+    def worker_versions(self) -> list[tuple[str, str]]:
+        """(model, version) of each CPU worker, in worker index order: every version's workers,
+        loaded or not (an unloaded version's indices are kept for it: `models load` fills them)."""
+        return [(name, version) for name, entry in self.model_table.items()
+                for version, cfg in entry.versions.items() for _ in range(cfg.workers)]
+
+    def for_worker(self, model: str, version: str) -> "Config":
+        """The config a worker of `version` of `model` runs with: that version as its [model], and
+        workers.count the number of workers of every version (they split the cores between them)."""
+        if not self.models:
+            return self
+        return dataclasses.replace(self, model=self.models[model].versions[version],
+                                   workers=dataclasses.replace(self.workers, count=len(self.worker_versions())))
+
 
 def _per_user_dir(env_var: str, fallback: str) -> str:
     base = os.environ.get(env_var)
@@ -418,12 +535,36 @@ def from_dict(raw: dict) -> Config:
             raise ConfigError(f"unknown section [{name}]; known: {', '.join(hints)}")
         if not isinstance(value, dict):
             raise ConfigError(f"[{name}] must be a table")
-        sections[name] = _build_section(name, hints[name], value)
+        sections[name] = (_build_value(name, value, hints[name]) if typing.get_origin(hints[name]) is dict
+                          else _build_section(name, hints[name], value))
     config = Config(**sections)
     for section in dataclasses.fields(config):
-        getattr(config, section.name).check()
+        if section.name != "models":
+            getattr(config, section.name).check()
+    _check_models(config, raw)
     _check_exposure(config)
     return config
+
+
+def _check_models(config: Config, raw: dict) -> None:
+    """[models] replaces [model] and workers.count: a file with both would say two things."""
+    if not config.models:
+        if config.routing.default_model not in ("", LEGACY_NAME):
+            raise ConfigError(f"routing.default_model = {config.routing.default_model!r}: there is no [models] "
+                              f"table; the one model of [model] is called {LEGACY_NAME!r}")
+        return
+    if "model" in raw:
+        raise ConfigError("[model] and [models] are both set: use [models.<name>.versions.<version>] alone "
+                          "(each version takes what [model] held)")
+    if "count" in raw.get("workers", {}):
+        raise ConfigError("workers.count is set with [models]: each version's `workers` says how many serve it")
+    for name, entry in config.models.items():
+        entry.check(name)
+    if config.routing.default_model and config.routing.default_model not in config.models:
+        raise ConfigError(f"routing.default_model = {config.routing.default_model!r}: not one of [models] "
+                          f"({', '.join(config.models)})")
+    if len(config.worker_versions()) > MAX_MODEL_WORKERS:
+        raise ConfigError(f"[models]: {len(config.worker_versions())} workers in all; at most {MAX_MODEL_WORKERS}")
 
 
 def _build_section(section: str, cls: type, values: dict):
@@ -437,6 +578,12 @@ def _build_section(section: str, cls: type, values: dict):
 
 
 def _build_value(path: str, value, hint):
+    if typing.get_origin(hint) is dict and not dataclasses.is_dataclass(typing.get_args(hint)[1]):
+        item = typing.get_args(hint)[1]   # a table of values, e.g. models.<name>.split
+        for name, item_value in value.items():
+            if not _matches(item_value, item):
+                raise ConfigError(f"{path}.{name} = {item_value!r}: expected {_type_name(item)}")
+        return {name: _build_value(f"{path}.{name}", v, item) for name, v in value.items()}
     if typing.get_origin(hint) is dict:   # a table of tables, e.g. [scheduler.classes.<name>]
         item = typing.get_args(hint)[1]
         for name, table in value.items():

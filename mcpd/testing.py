@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -73,6 +74,8 @@ class Daemon:
             "engine": {"pool_bytes": 64 << 20},
             "supervisor": {"stop_grace_s": 5.0},
         }
+        if any(name.startswith("models.") for name in sections):   # [models] says how many workers, per version
+            del defaults["workers"]["count"]
         for name, keys in sections.items():
             defaults.setdefault(name, {}).update(keys)
         self.config_path = self.root / "mcpd.toml"
@@ -209,3 +212,41 @@ def final_reply(client: Client, request_id, timeout: float = 60) -> dict:
     while (reply := client.receive(request_id, timeout))["kind"] == "chunk":
         pass
     return reply
+
+
+class SteadyLoad:
+    """Closed-loop clients, each sending a short greedy generate after the other until stopped
+    (as a context manager); it keeps the version that answered each and the code of each failure."""
+
+    def __init__(self, daemon: Daemon, clients: int = 8, **generate_args):
+        self.daemon, self.stop = daemon, threading.Event()
+        self.generate_args = generate_args or {"max_tokens": 2, "temperature": 0}
+        self.versions: list[str | None] = []
+        self.failed: list[str] = []
+        self.threads = [threading.Thread(target=self._client, args=(i,), daemon=True) for i in range(clients)]
+
+    def _client(self, i: int) -> None:
+        from mcpd.protocol.codes import MCPDError
+
+        with self.daemon.client(timeout=120, tenant=f"load-{i}") as client:
+            while not self.stop.is_set():
+                try:
+                    self.versions.append(client.generate(f"steady load {i}", **self.generate_args).version)
+                except MCPDError as e:
+                    self.failed.append(e.code)
+
+    def __enter__(self) -> "SteadyLoad":
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(180)
+
+    def wait_for(self, answers: int, timeout: float = 120) -> None:
+        """Until `answers` more requests were answered well (a switch then happens under load)."""
+        target, deadline = len(self.versions) + answers, time.monotonic() + timeout
+        while len(self.versions) < target and time.monotonic() < deadline:
+            time.sleep(0.01)

@@ -45,3 +45,48 @@ def test_shipped_config_lists_every_key_with_its_default():
     for section, keys in Config().to_dict().items():
         for key, default in keys.items():
             assert shipped.get(section, {}).get(key) == default, f"{section}.{key}"
+
+
+MODELS = {"models": {"m": {"default": "a", "versions": {"a": {"workers": 2}, "b": {"dtype": "float32", "loaded": False}}}}}
+
+
+def test_a_config_with_model_alone_is_one_model_with_one_version():
+    config = from_dict({"model": {"dtype": "float32"}, "workers": {"count": 2}})
+    assert config.default_model == "default" and config.worker_versions() == [("default", "default")] * 2
+    assert config.model_table["default"].versions["default"].dtype == "float32"
+    assert config.for_worker("default", "default") is config
+
+
+def test_each_version_gets_its_workers_and_its_model_section():
+    config = from_dict(MODELS)
+    assert config.default_model == "m"
+    assert config.worker_versions() == [("m", "a"), ("m", "a"), ("m", "b")]
+    worker = config.for_worker("m", "b")
+    assert worker.model.dtype == "float32" and worker.workers.count == 3
+
+
+@pytest.mark.parametrize("raw, message", [
+    ({"models": {"m": {}}}, "models.m: no versions"),
+    ({"models": {"m m": {"versions": {"a": {}}}}}, "models.m m: a model name is"),
+    ({"models": {"m": {"versions": {"a/b": {}}}}}, "models.m.versions.a/b: a version name is"),
+    ({"models": {"m": {"versions": {"a": {"dtype": "int3"}}}}}, "models.m.versions.a.dtype = 'int3'"),
+    ({"models": {"m": {"versions": {"a": {"workers": 0}}}}}, "models.m.versions.a.workers = 0"),
+    ({"models": {"m": {"versions": {"a": {}, "b": {}}}}}, "models.m.default: say which"),
+    ({"models": {"m": {"default": "z", "versions": {"a": {}}}}}, "models.m.default = 'z'"),
+    ({"models": {"m": {"versions": {"a": {"loaded": False}}}}}, "the default version must be loaded"),
+    ({"models": {"m": {"split": {"z": 1}, "versions": {"a": {}}}}}, "models.m.split.z: not a loaded version"),
+    ({"models": {"m": {"split": {"a": -1}, "versions": {"a": {}}}}}, "models.m.split.a = -1.0"),
+    ({"models": {"m": {"split": {"a": "x"}, "versions": {"a": {}}}}}, "models.m.split.a = 'x': expected"),
+    ({"models": {"m": {"split": {"a": 0}, "versions": {"a": {}}}}}, "at least one version needs a weight"),
+    ({"models": {"m": 1}}, "[models.m] must be a table"),
+    ({"models": {"m": {"versions": {"a": {"wat": 1}}}}}, "unknown key models.m.versions.a.wat"),
+    ({**MODELS, "model": {}}, "[model] and [models] are both set"),
+    ({**MODELS, "workers": {"count": 2}}, "workers.count is set with [models]"),
+    ({**MODELS, "routing": {"default_model": "x"}}, "routing.default_model = 'x': not one of"),
+    ({"routing": {"default_model": "x"}}, "there is no [models] table"),
+    ({"models": {"m": {"versions": {"a": {"workers": 200}, "b": {"workers": 100}}, "default": "a"}}}, "at most 256"),
+])
+def test_hostile_model_tables_are_refused_naming_the_key(raw, message):
+    with pytest.raises(ConfigError) as raised:
+        from_dict(raw)
+    assert message in str(raised.value)

@@ -69,7 +69,7 @@ def request(rid: int, args, timeout_ms: int | None = None, tenant: str = "t") ->
 
 
 def hello(core, pid: int) -> None:
-    core.on_worker([WORKER, *messages.encode(messages.Hello(0, pid, "cpu", "model", "float32"))])
+    core.on_worker([WORKER, *messages.encode(messages.Hello(0, pid, "cpu", "model", "float32", "default", "default"))])
 
 
 def from_worker(core, message, *payload) -> None:

@@ -235,6 +235,7 @@ def test_a_good_step_resets_the_failure_count(core, engine):
 def test_hello_and_stats_name_the_worker_and_its_engine(core, engine):
     hello = core.hello()
     assert (hello.index, hello.device, hello.model) == (3, "cpu", engine.model_name)
+    assert (hello.served_model, hello.version) == ("default", "default")   # [model] alone: the one-model table
     stats = core.stats()   # typed: every figure of the engine is declared in WorkerStats, or this raises
     assert (stats.index, stats.model, stats.running, stats.kv_blocks_total) == \
         (3, engine.model_name, 0, engine.stats()["kv_blocks_total"])

@@ -5,7 +5,7 @@ import sys
 import time
 
 import mcpd
-from mcpd.cli import control
+from mcpd.cli import control, models
 from mcpd.cli.render import emit, mib, table
 
 CLEAR = "\033[H\033[2J"
@@ -56,6 +56,8 @@ def render_status(status: dict) -> str:
                        [[d["worker"], d.get("device", "-"), d.get("model", "-"), d.get("running", "-"),
                          d.get("waiting", "-"), f"{d.get('kv_blocks_used', 0)}/{d.get('kv_blocks_total', 0)}",
                          mib(d.get("pool", {}).get("in_use_bytes", 0))] for d in status["devices"]]))
+    if status.get("models", {}).get("models"):
+        lines += ["", models.render_models(status["models"])]
     for pool in status.get("pools", []):
         lines.append(f"device pool {pool['device']}  keeper {pool['keeper']} pid {pool['keeper_pid'] or '-'}  "
                      f"{mib(pool.get('in_use_bytes', 0))} of {mib(pool.get('total_bytes', 0))} in use  "

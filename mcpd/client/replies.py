@@ -26,6 +26,8 @@ class GenerateResult:
     completion_tokens: int
     logprobs: list[float] | None = field(default=None)
     context: dict | None = None   # generate on a context: {"id", "version", "appended_token_ids"}
+    model: str | None = None      # the model table's names of what ran it
+    version: str | None = None
 
 
 def generate_args(prompt, messages, prompt_token_ids, stream: bool, params: dict) -> dict:
@@ -58,7 +60,7 @@ def generate_result(result: dict) -> GenerateResult:
     usage = result.get("usage", {})
     return GenerateResult(result["text"], result["token_ids"], result["finish_reason"],
                           usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0), result.get("logprobs"),
-                          result.get("context"))
+                          result.get("context"), result.get("model"), result.get("version"))
 
 
 def chunk_of(reply: dict) -> Chunk:

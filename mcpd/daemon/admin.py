@@ -16,6 +16,7 @@ import platform
 import signal
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import mcpd
 from mcpd import config as config_module
@@ -39,6 +40,8 @@ class Pending:
     waiting_for: set = field(default_factory=set)   # (role, index) still to confirm a reload
     summary: dict = field(default_factory=dict)     # a reload's report so far
     fresh: Config | None = None                     # a reload's newly read config
+    after: Callable[[dict, dict], dict] | None = None   # a forwarded op's own step once the scheduler agreed
+    args: dict = field(default_factory=dict)        # the forwarded op's
 
 
 @dataclass(frozen=True)
@@ -125,7 +128,8 @@ class Admin:
 
     def _forward(self, call: ControlCall) -> None:
         token = next(self.tokens)
-        self.pending[token] = Pending(call.reply_to, time.monotonic() + FORWARD_TIMEOUT_S)
+        after = {"models.load": self._start_version, "models.unload": self._stop_version}.get(call.op.name)
+        self.pending[token] = Pending(call.reply_to, time.monotonic() + FORWARD_TIMEOUT_S, after=after, args=call.args)
         self.supervisor.to_scheduler.send_multipart(messages.encode(messages.Admin(token, call.op.name, call.args)))
 
     def reload(self, call: ControlCall) -> dict | None:
@@ -172,6 +176,32 @@ class Admin:
             child.spec.args = (supervisor.config, *child.spec.args[1:])
         supervisor.table.drop_standbys()   # they hold the old config; new ones come with the new
 
+    # -- model versions: the scheduler routes, the supervisor starts and stops their workers ------
+
+    def _version_workers(self, args: dict) -> list:
+        return [c for c in self.supervisor.table.children if c.spec.role == "worker"
+                and c.spec.args[3:5] == (args["model"], args["version"])]
+
+    def _start_version(self, args: dict, result: dict) -> dict:
+        """models.load, once the scheduler routes to the version: start its workers (requests
+        for it wait in its lane until they say hello)."""
+        workers = self._version_workers(args)
+        for child in workers:
+            self.supervisor.table.unpark(child)
+        return {**result, "workers": [c.spec.index for c in workers]}
+
+    def _stop_version(self, args: dict, result: dict) -> dict:
+        """models.unload, once the scheduler has finished the version's last request: stop its
+        workers, and tell the scheduler they are gone. Their regions in the device pool stay
+        until the pool reclaims a gone worker's regions (pool_segment.py); a later load of the
+        same version on the same worker index takes them back."""
+        workers = self._version_workers(args)
+        for child in workers:
+            pid = self.supervisor.table.park(child)
+            if pid is not None:
+                self.supervisor.to_scheduler.send_multipart(messages.encode(messages.WorkerLost(child.spec.index, pid)))
+        return {**result, "workers": [c.spec.index for c in workers]}
+
     # -- events from children -------------------------------------------------------------------
 
     def on_event(self, event: messages.AdminAnswer | messages.Reloaded) -> None:
@@ -180,7 +210,10 @@ class Admin:
             return   # answered already (timed out)
         if isinstance(event, messages.AdminAnswer):
             self.pending.pop(event.token)
-            self.answer(pending.reply_to, event.result, event.code, event.message)
+            result = event.result
+            if pending.after is not None and event.code is None:
+                result = pending.after(pending.args, result)
+            self.answer(pending.reply_to, result, event.code, event.message)
             return
         sender = event.sender
         pending.waiting_for.discard((sender.role, sender.index))
@@ -234,5 +267,7 @@ def with_keys(old: Config, new: Config, keys: list[str]) -> Config:
     sections = {}
     for key in keys:
         section, name = key.split(".", 1)
-        sections.setdefault(section, {})[name] = getattr(getattr(new, section), name)
-    return dataclasses.replace(old, **{s: dataclasses.replace(getattr(old, s), **v) for s, v in sections.items()})
+        table = getattr(new, section)   # a table of named entries ([models]) or a section's dataclass
+        sections.setdefault(section, {})[name] = table[name] if isinstance(table, dict) else getattr(table, name)
+    return dataclasses.replace(old, **{s: {**getattr(old, s), **v} if isinstance(getattr(old, s), dict)
+                                       else dataclasses.replace(getattr(old, s), **v) for s, v in sections.items()})

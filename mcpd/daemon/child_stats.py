@@ -34,6 +34,7 @@ class SchedulerStats(msgspec.Struct, frozen=True, kw_only=True, tag="scheduler")
     inflight: int = 0
     policy: str = ""
     degradation_level: int = 0
+    fast_rung: dict = {}            # FastRung.describe(): classes routed to fast versions now
     classes: dict = {}              # {class: {queued, window_ms, queue_p99_ms}}
     errors: dict = {}               # {class: {code: count}}, the errors the scheduler decided
     contexts: dict = {}             # ContextService.stats(): contexts, bytes
@@ -41,6 +42,7 @@ class SchedulerStats(msgspec.Struct, frozen=True, kw_only=True, tag="scheduler")
     persistence: dict = {}          # the journal's
     queue_time: dict | None = None  # a Histogram snapshot
     workers: list = []
+    models: dict = {}               # Scheduler.models_stats(): policies, versions, their workers
 
 
 class WorkerStats(msgspec.Struct, frozen=True, kw_only=True, tag="worker"):
@@ -50,6 +52,8 @@ class WorkerStats(msgspec.Struct, frozen=True, kw_only=True, tag="worker"):
     pid: int | None = None
     device: str | None = None
     model: str | None = None
+    served_model: str | None = None   # the model table's name (config.py), and the version it serves
+    version: str | None = None
     dtype: str | None = None
     kernels: str | None = None
     threads: int | None = None

@@ -77,6 +77,8 @@ class Dispatch(Message):
     turn: bool                  # a context turn: its replies go back through the scheduler
     args: GenerateArgs | PingArgs
     prompt_ids: list[int] = []  # a generate's new prompt tokens, tokenized once by the scheduler
+    compare: bool = False       # a side of a shadow pair (scheduling/shadow.py): its replies go back
+                                # through the scheduler, which compares the two, as a turn's do
 
 
 class Hello(Message):
@@ -84,8 +86,10 @@ class Hello(Message):
     index: int
     pid: int
     device: str
-    model: str
+    model: str                 # the checkpoint's own name
     dtype: str
+    served_model: str = ""     # the model table's name of what it serves (config.py), and its version
+    version: str = ""
 
 
 class Started(Message):

@@ -51,6 +51,7 @@ class DaemonCollector:
         yield from _requests(frontend.metrics, scheduler)
         yield from _workers(workers)
         yield from _contexts(scheduler)
+        yield from _models(scheduler)
         yield from _http(frontend.http)
         restarts = CounterMetricFamily("mcpd_process_restarts", "Restarts of a child process", labels=["role", "index"])
         for child in table.children:
@@ -124,6 +125,27 @@ def _http(listener: dict):
         for status, count in sorted(listener["responses"].items()):
             family.add_metric([status], count)
         yield family
+
+
+def _models(scheduler: SchedulerStats):
+    """Per model version: requests routed to it; per class: whether its fast rung is on; per
+    model with a shadow: pairs compared and the identical ones."""
+    routed = CounterMetricFamily("mcpd_model_requests", "Generate requests routed per model version",
+                                 labels=["model", "version"])
+    compared = CounterMetricFamily("mcpd_shadow_compared", "Shadow pairs compared", labels=["model", "candidate"])
+    identical = CounterMetricFamily("mcpd_shadow_identical", "Shadow pairs with identical tokens",
+                                    labels=["model", "candidate"])
+    for name, model in sorted(scheduler.models.get("models", {}).items()):
+        for version, figures in sorted(model["versions"].items()):
+            routed.add_metric([name, version], figures["routed"])
+        if model.get("shadow"):
+            compared.add_metric([name, model["shadow"]["candidate"]], model["shadow"]["compared"])
+            identical.add_metric([name, model["shadow"]["candidate"]], model["shadow"]["identical"])
+    fast = GaugeMetricFamily("mcpd_fast_rung_active", "1 while a class's requests go to fast versions",
+                             labels=["class"])
+    for name in sorted(scheduler.classes):
+        fast.add_metric([name], int(name in scheduler.fast_rung.get("active", [])))
+    yield from (routed, compared, identical, fast)
 
 
 def _contexts(scheduler: SchedulerStats):

@@ -34,7 +34,7 @@ def shared_pool_devices(config: Config, devices: list[str]) -> list[str]:
 
 def pool_bytes(config: Config, device: str, workers: int) -> int:
     """The device pool's size from pool.bytes (0: auto: per worker, its engine.pool_bytes share
-    with headroom, and its model's parameters)."""
+    with headroom, and its model version's parameters: [models] may give each worker another)."""
     import torch   # only the keeper and workers pay for it
 
     from mcpd.memory import DevicePool
@@ -43,7 +43,9 @@ def pool_bytes(config: Config, device: str, workers: int) -> int:
     if config.pool.bytes:
         return DevicePool.resolve_bytes(config.pool.bytes, device)
     share = DevicePool.resolve_bytes(config.engine.pool_bytes, device) * AUTO_HEADROOM
-    return int(workers * (share + parameter_bytes(config.model, torch.device(device))))
+    models = ([config.models[m].versions[v] for m, v in config.worker_versions()[:workers]] if config.models
+              else [config.model] * workers)
+    return int(sum(share + parameter_bytes(model, torch.device(device)) for model in models))
 
 
 def reclaim(config: Config, device: str, owner: int) -> int:

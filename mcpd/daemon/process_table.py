@@ -46,6 +46,7 @@ class Child:
     stats: FrontendStats | SchedulerStats | WorkerStats | None = None   # None until the first report
     reports: int = 0   # stats reports from this process (its pid): a reader can wait for a newer one
     spare: tuple | None = None   # (process, its promotion Event): a standby, while the child runs
+    parked: bool = False   # a worker of an unloaded model version: stopped on purpose, not restarted
 
     def latest_stats(self):
         """Its latest stats, or its kind's empty ones before the first report."""
@@ -57,6 +58,8 @@ class Child:
 
     @property
     def state(self) -> str:
+        if self.parked and not self.alive:
+            return "unloaded"
         if self.restart_at is not None:
             return "restarting"
         if not self.alive:
@@ -76,6 +79,32 @@ class ProcessTable:
 
     def start_all(self) -> None:
         for child in self.children:
+            if not child.parked:
+                self._start(child)
+
+    def park(self, child: Child, timeout_s: float = 5.0) -> int | None:
+        """Stop a child for good (its model version is unloaded): SIGTERM, then SIGKILL after
+        `timeout_s`; reap leaves it stopped. Returns the pid it had, or None if none ran."""
+        child.parked, child.restart_at = True, None
+        if child.spare is not None:
+            child.spare[0].terminate()
+            child.spare = None
+        if not child.alive:
+            return None
+        pid = child.process.pid
+        child.process.terminate()
+        child.process.join(timeout_s)
+        if child.process.is_alive():
+            child.process.kill()
+            child.process.join(1.0)
+        self.log.info("%s (pid %d) stopped: its model version is unloaded", child.spec.name, pid)
+        return pid
+
+    def unpark(self, child: Child) -> None:
+        """Start a parked child again (its model version is loaded)."""
+        if child.parked:
+            child.parked = False
+            child.backoff_s = self.config.workers.restart_backoff_s
             self._start(child)
 
     def _start(self, child: Child) -> None:
@@ -121,7 +150,7 @@ class ProcessTable:
         """Children that exited since the last call; each gets a restart time (with backoff)."""
         died = []
         for child in self.children:
-            if child.process is None or child.restart_at is not None or child.alive:
+            if child.process is None or child.restart_at is not None or child.alive or child.parked:
                 continue
             child.last_exit = _exit_reason(child.process.exitcode)
             lived = time.monotonic() - child.started
@@ -157,10 +186,10 @@ class ProcessTable:
                 self._start(child)
 
     def healthy(self) -> bool:
-        return all(c.alive and c.ready for c in self.children)
+        return all(c.alive and c.ready for c in self.children if not c.parked)
 
     def all_ready(self) -> bool:
-        return all(c.ready for c in self.children)
+        return all(c.ready for c in self.children if not c.parked)
 
     def stop_all(self, timeout_s: float = 5.0) -> None:
         """SIGTERM every child, wait, then SIGKILL whatever is still there."""

@@ -8,6 +8,11 @@ What it decides (policies in mcpd/scheduling/, one per file):
 - order: the most important waiting request goes first, with aging (class_queues.py).
 - batching: when the node is busy a prefill may wait up to its class's adaptive window for others
   of its length bin, then they go to a worker together (batching_window.py).
+- models: which version of which model a generate runs on, by the request and the model's
+  traffic policy (traffic.py), decided at admission; it then waits in that version's lane and
+  goes only to that version's workers (each says what it serves in its Hello). A share of a
+  model's requests may also run on a candidate version, as the least important work there is,
+  and the two answers are compared (shadow.py); the client gets the primary's.
 - routing: context affinity, else least outstanding tokens (router.py). A more important request
   is dispatched even to a worker full of less important ones: the worker's engine gets its
   effective rank as the sequence priority and preempts (by recompute) to seat it.
@@ -52,6 +57,8 @@ from mcpd.scheduling.job import Job
 from mcpd.scheduling.poison import PoisonList
 from mcpd.scheduling.prompt_tokens import prompt_token_ids
 from mcpd.scheduling.router import WorkerSlot
+from mcpd.scheduling.shadow import ShadowBook
+from mcpd.scheduling.traffic import Traffic
 
 
 
@@ -87,7 +94,12 @@ class Scheduler:
         self.host_cache = host_segment.attach(config)
         self.persistence = open_store(config, self.host_cache, self.log)
         self.contexts = ContextService(self.persistence)
-        self.tokenizer = tokenizer.load(config.model)
+        self.traffic = Traffic(config.model_table, config.default_model)
+        self.tokenizers: dict[tuple[str, str], tokenizer.Tokenizer] = {}   # by (model, version), loaded when first used
+        self.unloading: dict[tuple[str, str], list[int]] = {}   # versions being unloaded: their ops' tokens
+        self.shadow = ShadowBook()
+        self.shadow_rids = itertools.count(-1, -1)   # shadow copies' rids: the front-end's are >= 0
+        self._configure_shadows(config.model_table)
         self.arrivals = itertools.count()
         self.dispatched = 0
         self.errors: dict[str, dict[str, int]] = {}   # the scheduler's own error replies: class -> code -> n
@@ -104,6 +116,8 @@ class Scheduler:
         now = self.clock()
         self._expire(now)
         self._dispatch(now)
+        if self.unloading:
+            self._finish_unloads()
 
     def next_wake(self) -> float | None:
         """When tick has something to do without a message: a batch to release, a deadline."""
@@ -125,9 +139,30 @@ class Scheduler:
             self.windows.setdefault(name, self._window(new))
         for window in self.windows.values():
             window.configure(new.window_target_p99_ms, new.window_min_ms, new.window_max_ms, new.window_smoothing)
+        changed += self._apply_models(config)
         if changed:
             self.log.info("reload: applied %s", ", ".join(changed))
         return changed
+
+    def _apply_models(self, config: Config) -> list[str]:
+        """A model's traffic policy (its default version, its split) and the default model change
+        live; its versions (paths, workers, ...) need a restart, and a model whose versions changed
+        keeps everything as it was."""
+        if not config.models:
+            return []
+        old = self.config.model_table
+        live = {name: entry for name, entry in config.models.items() if name in old and entry.versions == old[name].versions}
+        default_model = config.default_model if config.default_model in old else self.traffic.default_model
+        applied = [f"models.{name}" for name in self.traffic.configure(live, default_model)]
+        shadows = {name: entry for name, entry in live.items()
+                   if (entry.shadow, entry.shadow_fraction) != (old[name].shadow, old[name].shadow_fraction)}
+        self._configure_shadows(shadows)
+        applied += [f"models.{name}" for name in shadows if f"models.{name}" not in applied]
+        if default_model != self.config.default_model:
+            applied.append("routing.default_model")
+        self.config = dataclasses.replace(self.config, models={**self.config.models, **live},
+                                          routing=dataclasses.replace(self.config.routing, default_model=default_model))
+        return applied
 
     # -- from the front-end and the supervisor --------------------------------------------------
 
@@ -171,6 +206,9 @@ class Scheduler:
         displaced = self.admission.admit(job, self.queue, len(self.jobs), now)
         args = job.request.args
         if isinstance(args, GenerateArgs):
+            cls = self.config.scheduler.classes[job.class_name]
+            job.served = self.traffic.route(args.model, args.version, args.routing_key or job.request.tenant,
+                                            self.admission.fast.goes_fast(job.class_name, cls, args.hints))
             self._tokenize(job, args)
             self.admission.price(job)
         if displaced is not None:
@@ -182,6 +220,31 @@ class Scheduler:
         self.jobs[job.rid] = job
         if job.deadline is not None:
             self.deadlines.add(job.deadline, job.rid)
+        if job.served is not None and args.context is None:
+            self._shadow(job, now)
+
+    def _shadow(self, job: Job, now: float) -> None:
+        """Queue a copy of the job on its model's shadow candidate, if this one is due for it
+        (shadow.py), as the least important request there is: not at all when the node is busy."""
+        model, version = job.served
+        candidate = self.shadow.candidate(model)
+        if candidate is None or candidate == version:
+            return
+        sched = self.config.scheduler
+        if self.admission.ladder.level(now) or len(self.queue) >= sched.degrade_queue_depth:
+            self.shadow.models[model].shed += 1
+            return
+        lowest = min(sched.classes, key=lambda name: sched.classes[name].rank)
+        rid = next(self.shadow_rids)
+        args = msgspec.structs.replace(job.request.args, stream=False, logprobs=True, version=candidate)
+        request = msgspec.structs.replace(job.request, rid=rid, priority=lowest, timeout_ms=None, args=args)
+        copy = Job(rid, request, [], class_name=lowest, client=job.client, cost=job.cost, length_bin=job.length_bin,
+                   prefills=True, max_tokens_cap=job.max_tokens_cap, seq=next(self.arrivals), enqueued=now,
+                   prompt_ids=job.prompt_ids, served=(model, candidate), compare=True)
+        job.compare = True
+        self.shadow.start(model, job.rid, rid)
+        self.queue.push(copy)
+        self.jobs[rid] = copy
 
     def _tokenize(self, job: Job, args: GenerateArgs) -> None:
         """The prompt's token ids, once; a context turn's run after the context's tokens, which
@@ -191,12 +254,58 @@ class Scheduler:
             job.context, history = self.contexts.begin_turn(job.request.tenant, args.context, args.base, job.rid)
             job.history, opens_sequence = history.tobytes(), not len(history)
         try:
-            job.prompt_ids = prompt_token_ids(self.tokenizer, args, opens_sequence,
+            job.prompt_ids = prompt_token_ids(self._tokenizer(job.served), args, opens_sequence,
                                               self.config.limits.max_prompt_tokens)
         except BaseException:
             if job.context is not None:
                 self.contexts.end_turn(job.context)
             raise
+
+    # -- model versions: load and unload (scheduler_admin.py) -----------------------------------
+
+    def load_version(self, model: str, version: str) -> None:
+        self.traffic.load(model, version)
+        for token in self.unloading.pop((model, version), []):   # loaded again before its requests were done
+            self.events.send(messages.AdminAnswer, token, code=codes.CONFLICT,
+                             message=f"version {version!r} of model {model!r} was loaded again before it unloaded")
+
+    def unload_version(self, model: str, version: str, token: int) -> None:
+        """No new request goes to the version; the op is answered (and the supervisor stops its
+        workers) once it has none queued or running: an unload drops no request."""
+        if self.shadow.models.get(model) and self.shadow.models[model].candidate == version \
+                and self.shadow.models[model].fraction:
+            raise MCPDError(codes.CONFLICT, f"version {version!r} of model {model!r} is its shadow candidate: "
+                                            "turn the shadow off first")
+        self.traffic.unload(model, version)
+        self.unloading.setdefault((model, version), []).append(token)
+        self._finish_unloads()
+
+    def _finish_unloads(self) -> None:
+        for served in [s for s in self.unloading if not self._busy(s)]:
+            for token in self.unloading.pop(served):
+                self.events.send(messages.AdminAnswer, token, result={"model": served[0], "version": served[1],
+                                                                      "loaded": False})
+
+    def _busy(self, served: tuple[str, str]) -> bool:
+        return self.queue.waiting_for(served) > 0 or any(s.jobs for s in self._serving(served))
+
+    def set_shadow(self, model: str, version: str | None, fraction: float) -> dict:
+        """Shadow `fraction` of `model`'s requests on `version` (a loaded one; None: off)."""
+        if version is not None:
+            self.traffic.check_loaded(model, version)
+        else:
+            self.traffic.check_model(model)
+        return self.shadow.set(model, version or "", fraction)
+
+    def _configure_shadows(self, table: dict) -> None:
+        for name, entry in table.items():
+            self.shadow.set(name, entry.shadow, entry.shadow_fraction)
+
+    def _tokenizer(self, served: tuple[str, str]) -> tokenizer.Tokenizer:
+        if served not in self.tokenizers:
+            model, version = served
+            self.tokenizers[served] = tokenizer.load(self.config.model_table[model].versions[version])
+        return self.tokenizers[served]
 
     def _cancel(self, rid: int, code: str) -> None:
         """Stop a request: answered here if it still waits, else by its worker (which frees its KV)."""
@@ -225,11 +334,15 @@ class Scheduler:
         """Hand out waiting jobs, most important first, in length-bin groups, while workers have room."""
         self.hold_until = None
         self.admission.ladder.update(len(self.queue), now)
+        for name, window in self.windows.items():
+            self.admission.fast.update(name, self.config.scheduler.classes.get(name), window.recent_p99_ms)
         per_worker = self.config.scheduler.max_inflight_per_worker
-        while (job := self.queue.peek(now)) is not None:
-            slot = router.choose(job, self.workers.values(), per_worker)
+        blocked = set()   # lanes (model versions) with no room now: the others still go
+        while (job := self.queue.peek(now, blocked)) is not None:
+            slot = router.choose(job, self._serving(job.served), per_worker)
             if slot is None:
-                return
+                blocked.add(job.served)
+                continue
             room = router.room_for(slot, job, per_worker)
             group = [job] + self.queue.same_bin(job, room - 1, now)
             if self._hold(group, room, now):
@@ -237,6 +350,10 @@ class Scheduler:
             for member in group:
                 if not self._send_job(slot, member, now):
                     return
+
+    def _serving(self, served: tuple[str, str] | None) -> list[WorkerSlot]:
+        """The workers of a model version; every worker for None (ping)."""
+        return [s for s in self.workers.values() if served is None or s.serves == served]
 
     def _hold(self, group: list[Job], room: int, now: float) -> bool:
         """Keep a partial batch of prefills open for its window, but only while the node is busy
@@ -257,18 +374,19 @@ class Scheduler:
         self.queue.remove(job)
         request = job.request
         dispatch = messages.Dispatch(job.rid, request.request_id, request.tenant, job.rank, job.max_tokens_cap,
-                                     job.context is not None, request.args, job.prompt_ids)
+                                     job.context is not None, request.args, job.prompt_ids, job.compare)
         if not self._send_worker(slot, messages.encode(dispatch, *([job.history] if job.context else []))):
             self.queue.push_front(job)
             return False
         slot.jobs[job.rid] = job
+        job.dispatched = now
         self.dispatched += 1
         if not job.retries:   # a job requeued after its worker died was counted when first sent
             self.queue_time.observe(now - job.enqueued)
         if job.class_name in self.windows:
             self.windows[job.class_name].observe((now - job.enqueued) * 1000)
         if job.context is not None:
-            job.context.worker_hint = slot.index
+            job.context.worker_hint, job.context.kv_version = slot.index, "/".join(job.served)
         return True
 
     def _send_worker(self, slot: WorkerSlot, frames: list[bytes]) -> bool:
@@ -287,7 +405,8 @@ class Scheduler:
         if isinstance(message, messages.Stats):
             stats = message.stats
             if slot is None:   # this scheduler restarted after the worker said hello
-                return self._hello(identity, messages.Hello(stats.index, stats.pid, stats.device, stats.model, stats.dtype))
+                return self._hello(identity, messages.Hello(stats.index, stats.pid, stats.device, stats.model,
+                                                               stats.dtype, stats.served_model, stats.version))
             slot.info = msgspec.structs.asdict(stats)
         elif slot is None:
             return
@@ -301,11 +420,14 @@ class Scheduler:
                 self.ports.to_frontend(frames[1:])
         elif isinstance(message, messages.TurnResult):
             self._commit_turn(slot, message)
-        elif isinstance(message, messages.Final):   # a context turn that ended in an error
+        elif isinstance(message, messages.Final):   # a context turn (or a shadow pair's side) that ended in an error
             job = self._done(slot, message.rid)
             if job is not None:
-                self.contexts.end_turn(job.context)
-                self.ports.to_frontend(frames[1:])
+                if job.context is not None:
+                    self.contexts.end_turn(job.context)
+                self.shadow.failed(job.rid)
+                if job.rid >= 0:   # a shadow copy's answer goes nowhere
+                    self.ports.to_frontend(frames[1:])
         elif isinstance(message, messages.Failed):
             self._step_failed(slot, message.reason, message.rids)
 
@@ -327,6 +449,11 @@ class Scheduler:
         if job is None:
             return
         request_id = job.request.request_id
+        if job.context is None:   # a side of a shadow pair: compared, and the primary's answered
+            self.shadow.answered(job.rid, turn.result, self.clock() - job.dispatched)
+            if job.rid >= 0:
+                self._reply(turn.rid, wire.ok_reply(request_id, turn.result))
+            return
         try:
             context = self.contexts.commit_turn(job.context, turn.appended)
         except MCPDError as e:   # the turn does not fit the context's limits, or storage: nothing committed
@@ -380,6 +507,9 @@ class Scheduler:
 
     def _fail(self, job: Job, code: str, message: str, retry_after_ms: int | None = None) -> None:
         self.jobs.pop(job.rid, None)
+        self.shadow.failed(job.rid)
+        if job.rid < 0:
+            return   # a shadow copy, shed: nobody waits for its answer
         self._count_error(job.class_name, code)
         if job.context is not None:
             self.contexts.end_turn(job.context)
@@ -393,15 +523,27 @@ class Scheduler:
         """The final reply of `rid`: header and payload for the client; code: an error's, or None."""
         self.ports.to_frontend(messages.encode(messages.Final(rid, code), header, *payload))
 
+    def models_stats(self) -> dict:
+        """traffic.py's view of each model, with each version's ready workers and waiting requests."""
+        models = self.traffic.describe()
+        shadows = self.shadow.describe()
+        for name, model in models.items():
+            model["shadow"] = shadows.get(name)
+            for version, figures in model["versions"].items():
+                figures["workers"] = sorted(s.index for s in self._serving((name, version)) if s.ready)
+                figures["queued"] = self.queue.waiting_for((name, version))
+        return {"default_model": self.traffic.default_model, "models": models}
+
     def stats(self) -> dict:
         now = self.clock()
         depths = self.queue.depths()
         return {"queue_depth": len(self.queue), "dispatched": self.dispatched, "inflight": len(self.jobs),
                 "policy": self.config.scheduler.policy, "degradation_level": self.admission.ladder.level(now),
+                "fast_rung": self.admission.fast.describe(),
                 "classes": {name: {"queued": depths.get(name, 0), "window_ms": round(w.window_ms, 3),
                                    "queue_p99_ms": round(w.p99_ms(), 3)} for name, w in self.windows.items()},
                 "errors": {name: dict(by_code) for name, by_code in self.errors.items()},
-                "contexts": self.contexts.stats(),
+                "contexts": self.contexts.stats(), "models": self.models_stats(),
                 "cache": self.host_cache.stats() if self.host_cache else {},
                 "persistence": self.persistence.journal.stats(), "queue_time": self.queue_time.snapshot(),
                 "workers": [{"index": s.index, "pid": s.pid, "ready": s.ready, "inflight": len(s.jobs),

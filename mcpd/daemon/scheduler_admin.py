@@ -1,8 +1,11 @@
-"""The scheduler's side of mcpctl: context ops across tenants (Admin) and live reload (Reload).
+"""The scheduler's side of mcpctl: context ops across tenants and model traffic ops (Admin), and
+live reload (Reload).
 
 The supervisor owns the control socket but the contexts live here, so it forwards these ops on
 sched.ipc; answers go back as events on the EventReporter, matched by the supervisor's token.
-Nothing here waits: a reply is one event, so a slow mcpctl never holds up scheduling.
+Nothing here waits: a reply is one event, so a slow mcpctl never holds up scheduling. One op is
+answered later: `models.unload`, once the version has no request left (Scheduler.tick sends it);
+the supervisor then stops the version's workers (admin.py).
 """
 from __future__ import annotations
 
@@ -20,8 +23,9 @@ def handle(scheduler, request: messages.Admin) -> None:
         op = control_ops.find(request.op)
         if op.runs_in is not control_ops.Place.SCHEDULER:
             raise MCPDError(codes.UNKNOWN_OP, f"control op {op.name!r} does not run in the scheduler")
-        handler = globals()[op.handler]
-        scheduler.events.send(messages.AdminAnswer, token, result=handler(scheduler.contexts.store, request.args))
+        result = globals()[op.handler](scheduler, request.args, token)
+        if result is not LATER:
+            scheduler.events.send(messages.AdminAnswer, token, result=result)
     except MCPDError as e:
         scheduler.events.send(messages.AdminAnswer, token, code=e.code, message=e.message)
     except Exception as e:   # a bug in one op answers that op; it must not take the scheduler down
@@ -29,24 +33,60 @@ def handle(scheduler, request: messages.Admin) -> None:
         scheduler.events.send(messages.AdminAnswer, token, code=codes.INTERNAL, message=f"{type(e).__name__}: {e}")
 
 
-def list_contexts(store, args: dict) -> dict:
+LATER = object()   # a handler's result: it answers the op itself, later
+
+
+def list_contexts(scheduler, args: dict, _token: int) -> dict:
     owner = args["owner"]
-    found = sorted((c for c in store.contexts.values() if owner in (None, c.owner)), key=lambda c: (c.owner, c.id))
+    found = sorted((c for c in scheduler.contexts.store.contexts.values() if owner in (None, c.owner)), key=lambda c: (c.owner, c.id))
     return {"total": len(found), "contexts": [_summary(c) for c in found[:args["limit"]]]}
 
 
-def show_context(store, args: dict) -> dict:
-    context = store.get(args["owner"], args["id"])
+def show_context(scheduler, args: dict, _token: int) -> dict:
+    context = scheduler.contexts.store.get(args["owner"], args["id"])
     return {**_summary(context),
             "fields": [_field(context, name, value) for name, value in sorted(context.fields.items())]}
 
 
-def drop_context(store, args: dict) -> dict:
-    return {"dropped": store.drop(args["owner"], args["id"])}
+def drop_context(scheduler, args: dict, _token: int) -> dict:
+    return {"dropped": scheduler.contexts.store.drop(args["owner"], args["id"])}
+
+
+def promote_version(scheduler, args: dict, _token: int) -> dict:
+    return scheduler.traffic.promote(args["model"], args["version"])
+
+
+def split_versions(scheduler, args: dict, _token: int) -> dict:
+    weights = args["weights"]
+    if not all(isinstance(v, str) and isinstance(w, (int, float)) and not isinstance(w, bool)
+               for v, w in weights.items()):
+        raise MCPDError(codes.BAD_REQUEST, "argument 'weights' must map version names to numbers")
+    return scheduler.traffic.split(args["model"], {v: float(w) for v, w in weights.items()})
+
+
+def roll_back_version(scheduler, args: dict, _token: int) -> dict:
+    return scheduler.traffic.rollback(args["model"])
+
+
+def shadow_version(scheduler, args: dict, _token: int) -> dict:
+    return scheduler.set_shadow(args["model"], args["version"], args["fraction"])
+
+
+def load_version(scheduler, args: dict, _token: int) -> dict:
+    """Takes requests from now on (they wait for its workers, which the supervisor starts)."""
+    scheduler.load_version(args["model"], args["version"])
+    return {"model": args["model"], "version": args["version"], "loaded": True}
+
+
+def unload_version(scheduler, args: dict, token: int):
+    """Takes no new request from now on; answered once those it has are done."""
+    scheduler.unload_version(args["model"], args["version"], token)
+    return LATER
 
 
 def _summary(context: Context) -> dict:
-    return {"owner": context.owner, **context.describe(), "busy": context.busy_with is not None}
+    return {"owner": context.owner, **context.describe(), "busy": context.busy_with is not None,
+            "kv_version": context.kv_version}
 
 
 def _field(context: Context, name: str, value) -> dict:

@@ -9,7 +9,7 @@ from mcpd.daemon import channels
 from mcpd.daemon.child_stats import WorkerStats
 from mcpd.memory.host_segment import CONTEXT, CONTEXT_DELTA, KV_BLOCK
 
-DEVICE_FIGURES = ("device", "model", "dtype", "running", "waiting", "preemptions", "kv_blocks_total",
+DEVICE_FIGURES = ("device", "model", "served_model", "version", "dtype", "running", "waiting", "preemptions", "kv_blocks_total",
                   "kv_blocks_used", "kv_waste_frac", "pool", "tokens_generated", "tokens_prefilled",
                   "prefix_cache_queries", "prefix_cache_hits", "host_kv_loaded", "host_kv_saved")
 
@@ -40,7 +40,8 @@ def build_status(supervisor) -> dict:
         # Per priority class: queued, batching window_ms, queue_p99_ms; errors the scheduler
         # decided, by class then code; the degradation ladder's step (0 none, 1 cap, 2 shed).
         "scheduler": {"policy": scheduler.policy, "classes": scheduler.classes, "errors": scheduler.errors,
-                      "degradation_level": scheduler.degradation_level},
+                      "degradation_level": scheduler.degradation_level, "fast_rung": scheduler.fast_rung},
+        "models": _models(scheduler.models, workers),
         "contexts": {**(scheduler.contexts or {"contexts": 0, "bytes": 0}), "restored": scheduler.persistence.get("restored", 0),
                      "persistence": scheduler.persistence},
         "requests": {"served": frontend.served, "errors": frontend.errors, "latency": frontend.latency,
@@ -48,6 +49,19 @@ def build_status(supervisor) -> dict:
                      # for unfinished messages, and those cut for holding too much.
                      "backlog": frontend.backlog, "incoming": frontend.incoming},
     }
+
+
+def _models(scheduled: dict, workers: list) -> dict:
+    """The scheduler's view of each model (traffic policy, versions: loaded, routed, queued,
+    ready workers) with each version's worker processes and their state from the process table."""
+    models = {name: dict(model, versions={v: dict(f) for v, f in model["versions"].items()})
+              for name, model in scheduled.get("models", {}).items()}
+    for worker in workers:
+        _, index, _, model, version = worker.spec.args
+        figures = models.get(model, {}).get("versions", {}).get(version)
+        if figures is not None:
+            figures.setdefault("processes", []).append({"index": index, "state": worker.state})
+    return {"default_model": scheduled.get("default_model"), "models": models}
 
 
 def _http(stats: dict) -> dict:

@@ -21,7 +21,7 @@ import zmq
 
 import mcpd
 from mcpd import config as config_module, refusal
-from mcpd.config import Config, ConfigError
+from mcpd.config import LEGACY_NAME, Config, ConfigError
 from mcpd.daemon import (channels, child as children, child_stats, frontend, log, messages, metrics, pool_keeper,
                          scheduler_loop, worker)
 from mcpd.daemon.admin import Admin
@@ -55,8 +55,10 @@ def worker_devices(config: Config) -> list[str]:
     if config.workers.device == "cuda" and gpus == 0:
         raise ConfigError("workers.device = 'cuda' but no NVIDIA GPU is visible (/proc/driver/nvidia/gpus)")
     if config.workers.device != "cpu" and gpus:
+        if config.models:   # each version's workers, spread over the GPUs
+            return [f"cuda:{i % gpus}" for i in range(len(config.worker_versions()))]
         return [f"cuda:{i}" for i in range(gpus)]
-    return ["cpu"] * config.workers.count
+    return ["cpu"] * len(config.worker_versions())
 
 
 class Supervisor:
@@ -78,9 +80,14 @@ class Supervisor:
                  ChildSpec("scheduler", 0, scheduler_loop.run, (config,))]
         specs += [ChildSpec("keeper", i, pool_keeper.run, (config, i, d, devices.count(d)))
                   for i, d in enumerate(pool_keeper.shared_pool_devices(config, devices))]
-        specs += [ChildSpec("worker", i, worker.run, (config, i, d), standby=config.workers.standby)
+        # [model] alone on GPUs: one worker per GPU, all of the one model's one version.
+        versions = config.worker_versions() if config.models else [(config.default_model, LEGACY_NAME)] * len(devices)
+        specs += [ChildSpec("worker", i, worker.run, (config, i, d, *versions[i]), standby=config.workers.standby)
                   for i, d in enumerate(devices)]
         self.table = ProcessTable(config, specs, self.log)
+        for child in self.table.children:   # versions configured unloaded start when `models load` says
+            if child.spec.role == "worker" and not config.model_table[child.spec.args[3]].versions[child.spec.args[4]].loaded:
+                child.parked = True
         self.keys = KeyStore(config.keys_dir)
         self.admin_gid = peers.admin_gid(config.security.admin_group)
         self.admin = Admin(self)

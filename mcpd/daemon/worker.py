@@ -15,7 +15,7 @@ from functools import partial
 import zmq
 
 from mcpd import cpu_features
-from mcpd.config import Config
+from mcpd.config import LEGACY_NAME, Config
 from mcpd.daemon import channels, child, live_config, messages
 from mcpd.daemon.batch import Batch, each_message
 from mcpd.daemon.worker_core import WorkerCore
@@ -55,7 +55,7 @@ class WorkerSockets:
 
 
 class Worker:
-    def __init__(self, config: Config, index: int, device: str):
+    def __init__(self, config: Config, index: int, device: str, serves: tuple[str, str] = (LEGACY_NAME, LEGACY_NAME)):
         self.config, self.index = config, index
         self.log = child.start(f"worker{index}", config)
         self.parent_pid = os.getppid()
@@ -63,7 +63,7 @@ class Worker:
         self.events = child.EventReporter(self.context, config, "worker", index)
         self.engine = self._load_engine(device)
         self.sockets = WorkerSockets(self.context, config, index)
-        self.core = WorkerCore(config, index, self.engine, self.log, self.sockets)
+        self.core = WorkerCore(config, index, self.engine, self.log, self.sockets, serves=serves)
 
     def _load_engine(self, device: str):
         workers = self.config.workers
@@ -176,12 +176,14 @@ def stand_by(config: Config, index: int, device: str, promoted) -> None:
             raise SystemExit(0)
 
 
-def run(config: Config, index: int, device: str, promoted=None) -> None:
-    """promoted: an Event; given, this process is a standby until it is set (stand_by)."""
+def run(config: Config, index: int, device: str, model: str, version: str, promoted=None) -> None:
+    """Serve `version` of `model` (the model table's names). promoted: an Event; given, this
+    process is a standby until it is set (stand_by)."""
+    config = config.for_worker(model, version)
     if promoted is not None:
         stand_by(config, index, device, promoted)
     try:
-        worker = Worker(config, index, device)
+        worker = Worker(config, index, device, (model, version))
     except StartRefused as e:   # its device pool cannot hold it, or is not one to trust
         child.refuse_start(config, "worker", e, index)
     worker.serve()

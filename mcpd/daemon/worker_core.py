@@ -22,7 +22,7 @@ from typing import Protocol
 
 import numpy as np
 
-from mcpd.config import Config
+from mcpd.config import LEGACY_NAME, Config
 from mcpd.daemon import channels, messages
 from mcpd.daemon.child_stats import WorkerStats
 from mcpd.protocol import codes, wire
@@ -55,7 +55,8 @@ class ActiveRequest:
     stream: bool
     want_logprobs: bool
     degraded: dict | None = None   # the scheduler capped max_tokens: said so in the final result
-    turn_ids: list[int] | None = None   # a context turn (Dispatch.turn): the prompt tokens it adds
+    turn_ids: list[int] | None = None   # a context turn (Dispatch.turn): the prompt tokens it adds;
+                                        # also set for a side of a shadow pair: it answers the scheduler
     chunks_sent: int = 0
     text: list[str] = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)
@@ -72,9 +73,10 @@ class WorkerCore:
     """Takes messages and time, drives the engine, sends messages through its ports; owns no socket."""
 
     def __init__(self, config: Config, index: int, engine, log: logging.Logger, ports: Ports,
-                 clock=time.monotonic):
+                 clock=time.monotonic, serves: tuple[str, str] = (LEGACY_NAME, LEGACY_NAME)):
         self.config, self.index, self.engine, self.log, self.ports, self.clock = \
             config, index, engine, log, ports, clock
+        self.served_model, self.version = serves   # the model table's names (config.py)
         self.active: dict[int, ActiveRequest] = {}
         self.done: list[int] = []     # rids answered since the last Done note to the scheduler
         self.done_due = 0.0
@@ -86,11 +88,13 @@ class WorkerCore:
 
     def hello(self) -> messages.Hello:
         stats = self.engine.stats()
-        return messages.Hello(self.index, os.getpid(), stats["device"], stats["model"], stats["dtype"])
+        return messages.Hello(self.index, os.getpid(), stats["device"], stats["model"], stats["dtype"],
+                              self.served_model, self.version)
 
     def stats(self) -> WorkerStats:
         """The engine's figures and the worker's; a figure WorkerStats does not declare raises."""
-        return WorkerStats(index=self.index, pid=os.getpid(), **self.engine.stats())
+        return WorkerStats(index=self.index, pid=os.getpid(), served_model=self.served_model, version=self.version,
+                           **self.engine.stats())
 
     def poll_timeout_ms(self, idle_ms: float) -> float:
         """How long the loop may wait for a message before the core has something to do."""
@@ -126,15 +130,18 @@ class WorkerCore:
         history = np.frombuffer(payload[0], np.int32).tolist() if dispatch.turn else []
         prompt_ids = dispatch.prompt_ids   # tokenized by the scheduler (scheduling/prompt_tokens.py)
         max_tokens = dispatch.max_tokens_cap or args.max_tokens
-        # The tenant namespaces the prefix cache: KV blocks are shared only within one tenant.
+        # The tenant namespaces the prefix cache: KV blocks are shared only within one tenant,
+        # and within one version of one model: the host cache is shared by every worker, and
+        # another version's KV for the same tokens is not this one's (its turn recomputes).
         # The scheduler's effective rank of the request: the engine seats and keeps it before
         # less important sequences (preempting them by recompute when seats or KV run out).
         self.engine.add_request(dispatch.rid, history + prompt_ids, sampling_params(args, max_tokens),
-                                priority=dispatch.rank, cache_namespace=dispatch.tenant, write_through=dispatch.turn)
+                                priority=dispatch.rank, cache_namespace=f"{self.served_model}/{self.version}/{dispatch.tenant}",
+                                write_through=dispatch.turn)
         degraded = None if dispatch.max_tokens_cap is None else \
             {"max_tokens": dispatch.max_tokens_cap, "requested_max_tokens": args.max_tokens}
         self.active[dispatch.rid] = ActiveRequest(dispatch.request_id, args.stream, args.logprobs, degraded,
-                                                  prompt_ids if dispatch.turn else None)
+                                                  prompt_ids if dispatch.turn or dispatch.compare else None)
 
     def on_cancel(self, rid: int, code: str) -> None:
         """Stop a request and free its KV now: the client cancelled (or went away, or does not read its
@@ -220,10 +227,9 @@ class WorkerCore:
             self.ports.to_frontend(message)
         request.chunks_sent += 1
 
-    @staticmethod
-    def _result(request: ActiveRequest, out) -> dict:
+    def _result(self, request: ActiveRequest, out) -> dict:
         result = {"text": "".join(request.text), "token_ids": request.token_ids,
-                  "finish_reason": out.finish_reason,
+                  "finish_reason": out.finish_reason, "model": self.served_model, "version": self.version,
                   "usage": {"prompt_tokens": out.prompt_tokens, "completion_tokens": out.completion_tokens}}
         if request.want_logprobs:
             result["logprobs"] = request.logprobs
@@ -239,7 +245,7 @@ class WorkerCore:
 
     def _final(self, dispatch: messages.Dispatch, header: bytes, code: str | None = None) -> None:
         """A request answered before the engine ran it."""
-        self._send_final(dispatch.rid, dispatch.turn, header, code)
+        self._send_final(dispatch.rid, dispatch.turn or dispatch.compare, header, code)
 
     def _send_final(self, rid: int, turn: bool, header: bytes, code: str | None = None) -> None:
         message = messages.encode(messages.Final(rid, code), header)

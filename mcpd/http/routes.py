@@ -99,6 +99,8 @@ class Routes:
         if completion.model not in await self._models(header):
             raise HttpError(404, f"the model {completion.model!r} does not exist; GET /v1/models lists them",
                             codes.NOT_FOUND, "model")
+        if self.config.models:
+            completion.args["model"] = completion.model
         answer = Answer(completion.model, chat)
         self.inflight += 1
         call = None
@@ -195,6 +197,8 @@ class Routes:
         return tenant
 
     async def _models(self, header: dict) -> list[str]:
+        if self.config.models:   # the model table's names: a request's `model` picks one of them
+            return list(self.config.models)
         if self.config.http.model_name:
             return [self.config.http.model_name]
         if time.monotonic() - self.models_at > MODELS_TTL_S or not self.model_ids:

@@ -43,6 +43,10 @@ class GenerateArgs(OpArgs, tag="generate"):
     stream: bool = False
     context: str | None = None   # run on this context's tokens and append the turn
     base: int | None = None      # with context: the version the turn expects
+    model: str | None = None     # the model table's name (None: the default model)
+    version: str | None = None   # one of its versions (None: as its traffic policy says)
+    routing_key: str | None = None   # what a split hashes to pick the version (None: the tenant)
+    hints: dict[str, bool] | None = None   # prefer_speed: the fast version while the class is slow
 
     @property
     def has_prompt(self) -> bool:

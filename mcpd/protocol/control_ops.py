@@ -80,6 +80,8 @@ class ControlOp:
 
 TENANT_NAME = dict(low=1, high=64)    # as the header's `tenant` (PROTOCOL.md section 2)
 CONTEXT_ID = dict(low=1, high=256)
+MODEL_NAME = dict(low=1, high=64)     # as a name in [models] (config.py)
+MODEL_VERSION = (Arg("model", str, required=True, **MODEL_NAME), Arg("version", str, required=True, **MODEL_NAME))
 LIST_LIMIT = 1000                     # contexts one `contexts.list` returns when not told; the total is always given
 
 OPS = {op.name: op for op in (
@@ -103,6 +105,21 @@ OPS = {op.name: op for op in (
     ControlOp("contexts.drop", "delete one context and its journal entries", Access.PRIVILEGED, Place.SCHEDULER,
               "drop_context", (Arg("owner", str, default=DEFAULT_TENANT, **TENANT_NAME),
                                Arg("id", str, required=True, **CONTEXT_ID))),
+    ControlOp("models.promote", "send every new request of a model to one version", Access.PRIVILEGED,
+              Place.SCHEDULER, "promote_version", MODEL_VERSION),
+    ControlOp("models.split", "spread a model's new requests over versions by weight", Access.PRIVILEGED,
+              Place.SCHEDULER, "split_versions", (Arg("model", str, required=True, **MODEL_NAME),
+                                                  Arg("weights", dict, required=True))),
+    ControlOp("models.rollback", "back to a model's policy before its last promote or split", Access.PRIVILEGED,
+              Place.SCHEDULER, "roll_back_version", (Arg("model", str, required=True, **MODEL_NAME),)),
+    ControlOp("models.shadow", "run a share of a model's requests on a candidate version too, and compare",
+              Access.PRIVILEGED, Place.SCHEDULER, "shadow_version",
+              (Arg("model", str, required=True, **MODEL_NAME), Arg("version", str, **MODEL_NAME),
+               Arg("fraction", float, default=0.1, low=0, high=1))),
+    ControlOp("models.load", "start a version's workers; it takes requests", Access.PRIVILEGED, Place.SCHEDULER,
+              "load_version", MODEL_VERSION),
+    ControlOp("models.unload", "stop a version's workers once its requests are done", Access.PRIVILEGED,
+              Place.SCHEDULER, "unload_version", MODEL_VERSION),
     ControlOp("keys.list", "the server's public key and the allowed client keys", Access.PRIVILEGED,
               Place.SUPERVISOR, "keys_list"),
     ControlOp("keys.allow", "let the holder of a public key connect as a tenant", Access.PRIVILEGED,

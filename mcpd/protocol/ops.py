@@ -25,6 +25,8 @@ MAX_TOP_K = (1 << 31) - 1     # any top_k at or above the vocabulary size means 
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 MAX_CONTEXT_ID_CHARS = 128
 MAX_CHANGES = 1024
+MAX_MODEL_NAME_CHARS = 64     # as a model's or version's name in [models] (config.py)
+MAX_ROUTING_KEY_CHARS = 256
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,23 @@ def _request_id(v, _):
         "must be a request id (integer >= 0 or string of 1..64 characters)"
 
 
+def _model_name(v, _):
+    return None if 0 < len(v) <= MAX_MODEL_NAME_CHARS else f"must be 1..{MAX_MODEL_NAME_CHARS} characters"
+
+
+def _routing_key(v, _):
+    return None if 0 < len(v) <= MAX_ROUTING_KEY_CHARS else f"must be 1..{MAX_ROUTING_KEY_CHARS} characters"
+
+
+HINTS = ("prefer_speed",)
+
+
+def _hints(v, _):
+    if not all(name in HINTS and type(value) is bool for name, value in v.items()):
+        return f"may hold only {', '.join(HINTS)}, each true or false"
+    return None
+
+
 NUMBER = (int, float)
 GENERATE_ARGS = {
     "prompt": Arg((str,)),
@@ -115,6 +134,10 @@ GENERATE_ARGS = {
     "stream": Arg((bool,)),
     "context": Arg((str,), _context_id),
     "base": Arg((int,), _nonneg),
+    "model": Arg((str,), _model_name),
+    "version": Arg((str,), _model_name),
+    "routing_key": Arg((str,), _routing_key),
+    "hints": Arg((dict,), _hints),
 }
 PROMPT_KINDS = ("prompt", "prompt_token_ids", "messages")
 

@@ -23,6 +23,7 @@ from mcpd.protocol.args import GenerateArgs
 from mcpd.protocol.codes import MCPDError
 from mcpd.scheduling.class_queues import ClassQueues
 from mcpd.scheduling.degradation import DegradationLadder
+from mcpd.scheduling.fast_rung import FastRung
 from mcpd.scheduling.job import Job
 from mcpd.scheduling.rate_limiter import RateLimiter
 
@@ -31,6 +32,7 @@ class Admission:
     def __init__(self, config: SchedulerConfig):
         self.rate_limiter = RateLimiter(config.classes)
         self.ladder = DegradationLadder(config.degrade_queue_depth, config.degrade_after_s)
+        self.fast = FastRung()
         self.configure(config)
 
     def configure(self, config: SchedulerConfig) -> None:

@@ -28,6 +28,9 @@ class Job:
     context: Context | None = None    # a generate turn on a context, held until it ends
     history: bytes | None = None      # a turn's context tokens (int32), for its worker
     prompt_ids: list[int] = field(default_factory=list)   # a generate's new prompt tokens (prompt_tokens.py)
+    served: tuple[str, str] | None = None   # the (model, version) it runs on (traffic.py); None: any worker
+    compare: bool = False             # a side of a shadow pair (shadow.py): it answers through the scheduler
+    dispatched: float = 0.0           # when it went to its worker (monotonic)
 
     @property
     def suspect(self) -> bool:

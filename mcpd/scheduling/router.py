@@ -27,6 +27,11 @@ class WorkerSlot:
     info: dict = field(default_factory=dict)
 
     @property
+    def serves(self) -> tuple[str, str]:
+        """(model, version) of the model table (config.py), as the worker's Hello said."""
+        return self.info.get("served_model", ""), self.info.get("version", "")
+
+    @property
     def outstanding_tokens(self) -> int:
         return sum(job.cost for job in self.jobs.values())
 
