@@ -10,6 +10,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from mcpd.models import int8
+from mcpd.models.int8 import Int8Weight
 from mcpd.models.kernels import TORCH, Packed, TorchKernels, choose
 from mcpd.models.layers import AttentionMetadata, Llama3RopeScaling, PagedAttention, RMSNorm, RotaryEmbedding
 from mcpd.models.native_stack import NativeStack
@@ -72,24 +74,27 @@ class LayerWeights:
     multiply (kernels.prepare: packed for the native ones): reaching them through nn.Module's
     attribute lookup costs microseconds each, hundreds of times per step."""
     input_norm: torch.Tensor
-    qkv: torch.Tensor | Packed
+    qkv: torch.Tensor | Int8Weight | Packed
     qkv_bias: torch.Tensor | None
     attention: PagedAttention
-    o: torch.Tensor | Packed
+    o: torch.Tensor | Int8Weight | Packed
     o_bias: torch.Tensor | None
     post_norm: torch.Tensor
-    gate_up: torch.Tensor | Packed
+    gate_up: torch.Tensor | Int8Weight | Packed
     gate_up_bias: torch.Tensor | None
-    down: torch.Tensor | Packed
+    down: torch.Tensor | Int8Weight | Packed
     down_bias: torch.Tensor | None
 
     @classmethod
     def of(cls, layer: LlamaDecoderLayer, kernels: TorchKernels) -> LayerWeights:
-        attn, mlp, prepare = layer.self_attn, layer.mlp, kernels.prepare
-        return cls(layer.input_layernorm.weight, prepare(attn.qkv_proj.weight), attn.qkv_proj.bias, attn.attn,
-                   prepare(attn.o_proj.weight), attn.o_proj.bias, layer.post_attention_layernorm.weight,
-                   prepare(mlp.gate_up_proj.weight), mlp.gate_up_proj.bias, prepare(mlp.down_proj.weight),
-                   mlp.down_proj.bias)
+        attn, mlp = layer.self_attn, layer.mlp
+
+        def prepare(linear: nn.Linear) -> torch.Tensor | Int8Weight | Packed:
+            return kernels.prepare(int8.matrix(linear))
+
+        return cls(layer.input_layernorm.weight, prepare(attn.qkv_proj), attn.qkv_proj.bias, attn.attn,
+                   prepare(attn.o_proj), attn.o_proj.bias, layer.post_attention_layernorm.weight,
+                   prepare(mlp.gate_up_proj), mlp.gate_up_proj.bias, prepare(mlp.down_proj), mlp.down_proj.bias)
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,12 +103,12 @@ class ModelWeights:
     layers: list[LayerWeights]
     embedding: torch.Tensor | Packed   # the (prepared) head itself when the two are tied
     final_norm: torch.Tensor
-    head: torch.Tensor | Packed
+    head: torch.Tensor | Int8Weight | Packed
 
     @classmethod
     def of(cls, model: LlamaForCausalLM, kernels: TorchKernels) -> ModelWeights:
         embedding = model.model.embed_tokens.weight
-        head = kernels.prepare(embedding if model.lm_head is None else model.lm_head.weight)
+        head = kernels.prepare(embedding if model.lm_head is None else int8.matrix(model.lm_head))
         return cls([LayerWeights.of(layer, kernels) for layer in model.model.layers],
                    head if model.lm_head is None else embedding, model.model.norm.weight, head)
 
