@@ -7,6 +7,7 @@ from safetensors.torch import load_file, save_file
 
 from mcpd.config import Config, EngineConfig, ModelConfig
 from mcpd.engine import Engine, SamplingParams
+from mcpd.engine.kv_records import region_key
 from mcpd.models import UnsupportedModel, load_model
 from mcpd.models.agreement import compare, position_logits
 from mcpd.models.int8 import LEVELS, dequantize, quantize_rows
@@ -41,6 +42,12 @@ def test_fused_rows_quantize_as_their_pieces():
     parts = [quantize_rows(p) for p in w.split((16, 16, 16))]
     assert torch.equal(whole[0], torch.cat([p[0] for p in parts]))
     assert torch.equal(whole[1], torch.cat([p[1] for p in parts]))
+
+
+def test_kv_records_of_an_int8_model_are_not_a_float_ones():
+    """The KV an int8 model computes differs from the float model's: stored KV (host cache,
+    contexts) is keyed apart."""
+    assert region_key(ModelConfig(), "m", ()) != region_key(ModelConfig(quantization="int8"), "m", ())
 
 
 def engine(path, quantization: str, kernels: str) -> Engine:

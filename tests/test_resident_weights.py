@@ -17,8 +17,9 @@ from tiny_checkpoints import make_checkpoint
 CPU = torch.device("cpu")
 
 
-def config(path: str = "") -> Config:
-    return Config(model=ModelConfig(path=path, max_model_len=512), engine=EngineConfig(pool_bytes=16 << 20))
+def config(path: str = "", quantization: str = "none") -> Config:
+    return Config(model=ModelConfig(path=path, max_model_len=512, quantization=quantization),
+                  engine=EngineConfig(pool_bytes=16 << 20))
 
 
 def in_segment(engine: Engine, segment: PoolSegment) -> bool:
@@ -46,6 +47,19 @@ def test_a_checkpoints_successor_reads_no_weight_file(pool, tmp_path):  # noqa: 
         os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns))
     successor = Engine(config(str(path)), CPU, shared_pool=pool())
     assert successor.resident.from_pool and run_one(successor, SYSTEM[:40])[0] == tokens
+
+
+def test_int8_weights_are_kept_apart_from_the_float_ones_and_taken_from_the_pool(pool):  # noqa: F811
+    """An int8 model's region (int8 values and their scales) is its own: a float engine's on the
+    same pool is not taken for it, and its successor takes it with the same tokens."""
+    Engine(config(), CPU, shared_pool=pool())
+    first = Engine(config(quantization="int8"), CPU, shared_pool=pool())
+    assert not first.resident.from_pool
+    tokens, _ = run_one(first, SYSTEM[:40])
+    segment = pool()
+    successor = Engine(config(quantization="int8"), CPU, shared_pool=segment)
+    assert successor.resident.from_pool and in_segment(successor, segment)
+    assert run_one(successor, SYSTEM[:40])[0] == tokens
 
 
 def test_weights_a_dying_engine_was_copying_are_loaded_again(pool):  # noqa: F811
