@@ -86,7 +86,8 @@ def test_engine_generates_with_int8_close_to_the_float_model(tmp_path, kind):
 
 def test_int8_model_holds_a_quarter_of_the_float_weight_bytes(tmp_path):
     path = make_checkpoint(tmp_path / "llama", "llama")
-    model = loaded(path, "int8", "torch")
+    model = load_model(ModelConfig(path=str(path), quantization="int8"), CPU).model
+    assert "slower than float" in model.use_kernels("torch")   # the worker logs why
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
     assert linears and all(m.weight.dtype == torch.int8 and m.weight_scale.dtype == torch.float32 for m in linears)
     assert model.model.embed_tokens.weight.dtype == torch.float32

@@ -191,6 +191,10 @@ class LlamaForCausalLM(nn.Module):
                 if param.dim() == 2 and (name != "model.embed_tokens.weight" or self.lm_head is None):
                     param.data = param.data.new_empty(0)
         self.kernels, self._weights = kernels, weights
+        if kernels is TORCH and isinstance(weights.layers[0].qkv, Int8Weight):
+            # int8.linear converts every weight at every product: correct, and on a CPU several
+            # times slower than the float model; the speed of int8 is the native kernels'.
+            reason += "; int8 weights on the torch kernels run slower than float ones"
         return reason
 
     def map_weight(self, name: str, tensor: torch.Tensor) -> tuple[str, int, torch.Tensor] | None:
