@@ -12,8 +12,8 @@ from pathlib import Path
 import torch
 
 from mcpd.config import ModelConfig
-from mcpd.models.llama import LlamaArgs, LlamaForCausalLM
 from mcpd.models import int8
+from mcpd.models.llama import LlamaArgs, LlamaForCausalLM
 from mcpd.models.loader import LoadedModel, copy_weights, quantize_skeleton, resolve_dtype
 from mcpd.tokenizer import ByteTokenizer
 
