@@ -19,6 +19,11 @@ its weight (target <= 0.01); each tenant routed twice must land on the same vers
 (`split_stable`), and moving the weights from 90/10 to 80/20 should move about a tenth of them,
 all toward b (`split_moved_frac`, `split_moved_only_toward_raised`).
 
+Last, the int8 variant of issue 12's 55.3M Llama against its float32 model, in this process
+(bench/quantized.py's measure(): alternating rounds of batch-1 greedy decode, and teacher-forced
+agreement): `int8_decode_speedup` (target >= 2.5) and `int8_top1_agreement` (>= 0.98), with
+`int8_mean_kl`.
+
 Last line JSON.
 """
 from __future__ import annotations
@@ -30,6 +35,7 @@ import time
 from mcpd.percentile import percentile
 from mcpd.scheduling.traffic import split_choice
 from mcpd.testing import Daemon, SteadyLoad
+from quantized import measure as int8_figures
 
 CLIENTS = 8
 TENANTS = 10_000
@@ -126,6 +132,7 @@ def main() -> None:
     finally:
         daemon.stop()
         daemon.cleanup()
+    result.update(int8_figures(args.quick))
     for key, value in result.items():
         print(f"{key:>34}: {value}")
     print(json.dumps(result))

@@ -142,10 +142,13 @@ class ModelConfig:
     path: str = ""              # local Hugging Face directory; "" = the embedded default model
     dtype: str = "auto"         # auto (checkpoint's dtype; float32 on CPU for half types), float32, float16, bfloat16
     max_model_len: int = 4096   # prompt + generated tokens per sequence
+    quantization: str = "none"  # none, or int8: weight-only int8 linear layers (Llama family; models/int8.py)
 
     def check(self) -> None:
         if self.dtype not in ("auto", "float32", "float16", "bfloat16"):
             raise ConfigError(f"model.dtype = {self.dtype!r}: use auto, float32, float16 or bfloat16")
+        if self.quantization not in ("none", "int8"):
+            raise ConfigError(f"model.quantization = {self.quantization!r}: use none or int8")
         if self.path and not Path(self.path).is_dir():
             raise ConfigError(f"model.path = {self.path!r}: not a directory")
         if self.max_model_len < 16:

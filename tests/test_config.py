@@ -15,6 +15,7 @@ def test_defaults_are_valid():
     ({"workers": {"count": 0}}, "workers.count = 0"),
     ({"server": {"tcp": "http://x"}}, "server.tcp = 'http://x'"),
     ({"model": {"dtype": "int3"}}, "model.dtype = 'int3'"),
+    ({"model": {"quantization": "int4"}}, "model.quantization = 'int4'"),
     ({"engine": {"kv_fraction": 1.5}}, "engine.kv_fraction = 1.5"),
     ({"server": "x"}, "[server] must be a table"),
     ({"engine": {"max_num_seqs": 64, "max_step_tokens": 32}}, "engine.max_step_tokens = 32 must be >= engine.max_num_seqs"),

@@ -22,10 +22,10 @@ from tiny_checkpoints import make_checkpoint
 CPU = torch.device("cpu")
 
 
-def config(path: str = "", kernels: str = "auto", huge_pages: bool = False) -> Config:
+def config(path: str = "", kernels: str = "auto", huge_pages: bool = False, quantization: str = "none") -> Config:
     """huge_pages off: the model runs on the pool's bytes themselves, which these tests check
     (test_huge_pages.py covers the private copy onto 2 MiB pages)."""
-    return Config(model=ModelConfig(path=path, max_model_len=512),
+    return Config(model=ModelConfig(path=path, max_model_len=512, quantization=quantization),
                   engine=EngineConfig(pool_bytes=16 << 20, kernels=kernels, huge_pages=huge_pages))
 
 
@@ -87,6 +87,19 @@ def test_the_native_kernels_packed_panels_are_the_pool_resident(pool, path, tmp_
     successor = Engine(config(path, "native"), CPU, shared_pool=segment)
     assert successor.resident.from_pool and in_segment(successor, segment)
     assert run_one(successor, SYSTEM[:40])[0] == tokens == run_one(Engine(config(path, "native"), CPU), SYSTEM[:40])[0]
+
+
+def test_int8_weights_are_kept_apart_from_the_float_ones_and_taken_from_the_pool(pool):  # noqa: F811
+    """An int8 model's region (int8 values and their scales) is its own: a float engine's on the
+    same pool is not taken for it, and its successor takes it with the same tokens."""
+    Engine(config(), CPU, shared_pool=pool())
+    first = Engine(config(quantization="int8"), CPU, shared_pool=pool())
+    assert not first.resident.from_pool
+    tokens, _ = run_one(first, SYSTEM[:40])
+    segment = pool()
+    successor = Engine(config(quantization="int8"), CPU, shared_pool=segment)
+    assert successor.resident.from_pool and in_segment(successor, segment)
+    assert run_one(successor, SYSTEM[:40])[0] == tokens
 
 
 def test_weights_a_dying_engine_was_copying_are_loaded_again(pool):  # noqa: F811

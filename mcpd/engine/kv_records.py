@@ -102,5 +102,7 @@ def region_key(model: ModelConfig, model_name: str, layout: tuple) -> bytes:
         for entry in sorted(Path(model.path).iterdir()):
             st = os.stat(entry)
             files.append((entry.name, st.st_size, st.st_mtime_ns))
-    text = repr((model.path, model.dtype, model_name, files, layout))
+    # An int8 model's KV differs from the float one's; "none" adds nothing, so older keys stay valid.
+    quantized = () if model.quantization == "none" else (model.quantization,)
+    text = repr((model.path, model.dtype, model_name, files, layout) + quantized)
     return hashlib.blake2b(text.encode(), digest_size=KEY_BYTES).digest()

@@ -7,11 +7,14 @@ it writes is noise; it exists so the daemon, its batching and its benchmarks run
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from mcpd.config import ModelConfig
+from mcpd.models import int8
 from mcpd.models.llama import LlamaArgs, LlamaForCausalLM
-from mcpd.models.loader import LoadedModel, fill_weights, resolve_dtype
+from mcpd.models.loader import LoadedModel, copy_weights, fill_weights, quantize_skeleton, resolve_dtype
 from mcpd.tokenizer import ByteTokenizer
 
 ARGS = LlamaArgs(vocab_size=ByteTokenizer.vocab_size, hidden_size=256, intermediate_size=704,
@@ -30,7 +33,9 @@ def skeleton(config: ModelConfig, device: torch.device) -> LlamaForCausalLM:
     with torch.device("meta"):
         model = LlamaForCausalLM(ARGS, device)
     dtype = resolve_dtype(config.dtype, "float32", device)
-    return model.to(dtype).to_empty(device=device).eval().requires_grad_(False)
+    model = model.to(dtype).to_empty(device=device).eval().requires_grad_(False)
+    quantize_skeleton(model, config.quantization, Path(NAME))
+    return model
 
 
 def load(config: ModelConfig, device: torch.device, kernels: str = "torch", resident=None) -> LoadedModel:
@@ -43,10 +48,10 @@ def load(config: ModelConfig, device: torch.device, kernels: str = "torch", resi
 
 def _draw(model: LlamaForCausalLM) -> None:
     # Draw on the CPU, whatever the device: the same seed then gives the same weights everywhere
-    # (each is drawn in float32 and cast as it is copied in).
+    # (each is drawn in float32 and cast as it is copied in). An int8 model draws the float
+    # model's weights and quantizes them (copy_weights).
     generator = torch.Generator().manual_seed(SEED)
-    for name, param in model.named_parameters():
-        if name.endswith("norm.weight"):
-            param.fill_(1.0)
-        else:
-            param.copy_(torch.randn(param.shape, generator=generator) * WEIGHT_STD)
+    drawn = ((name, torch.ones(param.shape) if name.endswith("norm.weight")
+              else torch.randn(param.shape, generator=generator) * WEIGHT_STD)
+             for name, param in model.named_parameters() if not name.endswith(int8.SCALE_SUFFIX))
+    copy_weights(model, drawn, Path(NAME))

@@ -17,6 +17,9 @@ from dataclasses import dataclass
 
 import torch
 
+from mcpd.models import int8
+from mcpd.models.int8 import Int8Weight
+
 Form = object   # a torch.Tensor, or a dataclass whose tensor fields hold the data (kernels.Packed)
 
 
@@ -45,10 +48,20 @@ class KernelForms:
     def kernel_forms(self, meta: bool = False) -> Iterator[tuple[str, Form]]:
         """(name, form) of each parameter, one at a time: a caller that moves each form elsewhere
         holds one prepared copy at most. meta: the forms' shapes and dtypes only, computed on
-        the meta device (a layout, known before any weight is read)."""
-        for name, param in self.named_parameters():
-            tensor = torch.empty_like(param, device="meta") if meta else param
-            yield name, (self.kernels.prepare(tensor) if self.prepared(name, param) else tensor)
+        the meta device (a layout, known before any weight is read). An int8 matrix is prepared
+        with its row scales (int8.py: the parameter "<name>_scale" beside it), which also stay
+        a form of their own."""
+        params = dict(self.named_parameters())
+
+        def held(param: torch.Tensor) -> torch.Tensor:
+            return torch.empty_like(param, device="meta") if meta else param
+
+        for name, param in params.items():
+            if not self.prepared(name, param):
+                yield name, held(param)
+                continue
+            scales = params.get(name + int8.SCALE_SUFFIX)
+            yield name, self.kernels.prepare(held(param) if scales is None else Int8Weight(held(param), held(scales)))
 
     def use_forms(self, forms: dict[str, Form]) -> None:
         """Run on forms (kernel_forms' names and shapes, held anywhere): a parameter read in
@@ -57,8 +70,11 @@ class KernelForms:
         self.forms = forms
         for name, param in self.named_parameters():
             form = forms[name]
-            if form is not param:
-                param.data = form if isinstance(form, torch.Tensor) else param.data.new_empty(0)
+            if isinstance(form, torch.Tensor):
+                if form is not param:
+                    param.data = form
+            elif not any(tensor is param for tensor in tensors_of(form).values()):
+                param.data = param.data.new_empty(0)   # read in another form only (an Int8Weight keeps it)
 
 
 Place = tuple[int, tuple[int, ...], torch.dtype]   # a tensor's byte offset in a buffer, shape, dtype

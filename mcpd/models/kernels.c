@@ -21,7 +21,7 @@ dtype codes: 0 = float32, 1 = bfloat16 (stored as uint16).
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#ifdef __AVX512BF16__
+#if defined(__AVX512BF16__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
@@ -203,6 +203,86 @@ INLINE void tile_bf16(const bf16 *x, int64_t rows, int64_t k, const bf16 *p0, co
 #endif
 }
 
+/* Weight-only int8 (mcpd/models/int8.py): panels [n/16][k][16] of int8, one float32 scale per
+   output row. Each step converts 16 integers to float32 in registers (a sign-extending load and
+   a convert) and multiply-adds them like float32 weights; the row's scale is applied once to the
+   finished sum (scale_tile). Why not int8 activations and VNNI (vpdpbusd): a decode step is
+   bound by reading the weights, which int8 cuts to a quarter either way, while the conversion
+   costs two instructions per 16 weights shared by all rows of the tile; quantizing activations
+   would add a second error for no speed at batch 1 (bench/quantized.py measures both speed and
+   agreement with the float model). */
+typedef int8_t i8x16 __attribute__((vector_size(16)));
+
+/* 16 int8 as float32. GCC 12 turns __builtin_convertvector of 16 int8 into 16 scalar
+   conversions (5x slower than float32 weights); AVX-512 has it as two instructions. */
+static inline f32x16 load_int8(const int8_t *p) {
+#ifdef __AVX512F__
+    __m512 f = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
+    f32x16 v;
+    memcpy(&v, &f, sizeof v);
+    return v;
+#else
+    i8x16 q;
+    memcpy(&q, p, sizeof q);
+    return __builtin_convertvector(q, f32x16);
+#endif
+}
+
+static inline float x_at(int dtype, const void *x, int64_t i) {
+    return dtype == F32 ? ((const float *)x)[i] : bf16_to_f32(((const bf16 *)x)[i]);
+}
+
+/* One row (a decode step at batch 1): with one sum per panel each multiply-add waits for the
+   last (4 cycles), which bounds the product below what int8's smaller reads allow; four sums per
+   panel, added at the end, keep the multiply-adds independent. A panel's int8 stream is a
+   quarter of a float32 one's (8 KB at k = 512) and the hardware prefetcher ramps up too late
+   on it: fetching 256 steps (4 KB) ahead took a batch-1 pass over the bench model's int8
+   matrices from 5-7 ms to 2-4 ms on one core of the shared AVX-512 EPYC. */
+#define PREFETCH_INT8 256
+INLINE void row_int8(int dtype, const void *x, int64_t k, const int8_t *p0, const int8_t *p1, f32x16 *a0,
+                     f32x16 *a1) {
+    f32x16 s0[4] = {{0}}, s1[4] = {{0}};
+    int64_t i = 0;
+    for (; i + 4 <= k; i += 4) {
+        __builtin_prefetch(p0 + (i + PREFETCH_INT8) * PANEL);
+        __builtin_prefetch(p1 + (i + PREFETCH_INT8) * PANEL);
+        for (int u = 0; u < 4; u++) {
+            float xv = x_at(dtype, x, i + u);
+            s0[u] += xv * load_int8(p0 + (i + u) * PANEL);
+            s1[u] += xv * load_int8(p1 + (i + u) * PANEL);
+        }
+    }
+    for (; i < k; i++) {
+        float xv = x_at(dtype, x, i);
+        s0[0] += xv * load_int8(p0 + i * PANEL);
+        s1[0] += xv * load_int8(p1 + i * PANEL);
+    }
+    *a0 = (s0[0] + s0[1]) + (s0[2] + s0[3]);
+    *a1 = (s1[0] + s1[1]) + (s1[2] + s1[3]);
+}
+
+INLINE void tile_int8(int dtype, const void *x, int64_t rows, int64_t k, const int8_t *p0, const int8_t *p1,
+                      f32x16 a0[TILE_ROWS], f32x16 a1[TILE_ROWS]) {
+    if (rows == 1) {
+        row_int8(dtype, x, k, p0, p1, a0, a1);
+        return;
+    }
+    for (int r = 0; r < TILE_ROWS; r++) a0[r] = a1[r] = splat(0);
+    for (int64_t i = 0; i < k; i++) {
+        f32x16 w0 = load_int8(p0 + i * PANEL), w1 = load_int8(p1 + i * PANEL);
+        for (int r = 0; r < rows; r++) {
+            float xv = x_at(dtype, x, r * k + i);
+            a0[r] += xv * w0;
+            a1[r] += xv * w1;
+        }
+    }
+}
+
+static void scale_tile(f32x16 *acc, int64_t rows, const float *scales) {
+    f32x16 s = load_f32(scales);
+    for (int64_t r = 0; r < rows; r++) acc[r] *= s;
+}
+
 /* Store a tile's accumulators: + bias, rounded to dtype (or to dtype and back to float32 when
    y_f32: logits), for the columns below n. */
 static void store_tile(int dtype, int y_f32, void *y, int64_t n, int64_t row0, int64_t rows, int64_t col0,
@@ -226,37 +306,53 @@ static void store_tile(int dtype, int y_f32, void *y, int64_t n, int64_t row0, i
     }
 }
 
-/* The tile with rows known at compile time for the usual counts. */
-static void tile(int dtype, const void *x, int64_t rows, int64_t k, const void *p0, const void *p1,
+/* The tile with rows known at compile time for the usual counts; int8 weights when int8. */
+static void tile(int dtype, int int8, const void *x, int64_t rows, int64_t k, const void *p0, const void *p1,
                  f32x16 a0[TILE_ROWS], f32x16 a1[TILE_ROWS]) {
-#define TILE(R) (dtype == F32 ? tile_f32((const float *)x, R, k, (const float *)p0, (const float *)p1, a0, a1) \
-                              : tile_bf16((const bf16 *)x, R, k, (const bf16 *)p0, (const bf16 *)p1, a0, a1))
+#define TILE(R) (int8 ? (dtype == F32 ? tile_int8(F32, x, R, k, p0, p1, a0, a1)                           \
+                                      : tile_int8(BF16, x, R, k, p0, p1, a0, a1))                         \
+                 : dtype == F32 ? tile_f32((const float *)x, R, k, (const float *)p0, (const float *)p1, a0, a1) \
+                                : tile_bf16((const bf16 *)x, R, k, (const bf16 *)p0, (const bf16 *)p1, a0, a1))
     if (rows == TILE_ROWS) TILE(TILE_ROWS);
     else if (rows == 1) TILE(1);
     else TILE(rows);
 #undef TILE
 }
 
-/* x: [m, k] of dtype, packed: w of [n, k] packed as above, bias: [n] or NULL; y: [m, n] of
-   dtype, or float32 holding dtype-rounded values when y_f32 (logits). Threads take contiguous
-   runs of panel pairs, so each streams its share of the weights once. */
-void mcpd_linear(int dtype, const void *x, int64_t m, int64_t k, const void *packed, const void *bias,
-                 int64_t n, void *y, int y_f32) {
-    size_t size = dtype == F32 ? 4 : 2;
+/* x: [m, k] of dtype, packed: w of [n, k] packed as above (int8 when scales, its row scales,
+   padded like its rows), bias: [n] or NULL; y: [m, n] of dtype, or float32 holding dtype-rounded
+   values when y_f32 (logits). Threads take contiguous runs of panel pairs, so each streams its
+   share of the weights once. */
+static void linear(int dtype, const void *x, int64_t m, int64_t k, const void *packed, const float *scales,
+                   const void *bias, int64_t n, void *y, int y_f32) {
+    size_t size = dtype == F32 ? 4 : 2, weight_size = scales ? 1 : size;
     int64_t panels = (n + PANEL - 1) / PANEL, pairs = (panels + 1) / 2;
     #pragma omp parallel for schedule(dynamic, 4) if (pairs > 1 && n * k * m >= 32768)
     for (int64_t pair = 0; pair < pairs; pair++) {
-        const char *p0 = (const char *)packed + 2 * pair * k * PANEL * size;
+        const char *p0 = (const char *)packed + 2 * pair * k * PANEL * weight_size;
         int second = 2 * pair + 1 < panels;   /* without a second panel, p0 twice: its sums are dropped */
-        const char *p1 = second ? p0 + k * PANEL * size : p0;
+        const char *p1 = second ? p0 + k * PANEL * weight_size : p0;
         for (int64_t row = 0; row < m; row += TILE_ROWS) {
             int64_t rows = m - row < TILE_ROWS ? m - row : TILE_ROWS;
             f32x16 a0[TILE_ROWS], a1[TILE_ROWS];
-            tile(dtype, (const char *)x + row * k * size, rows, k, p0, p1, a0, a1);
+            tile(dtype, scales != NULL, (const char *)x + row * k * size, rows, k, p0, p1, a0, a1);
+            if (scales) scale_tile(a0, rows, scales + 2 * pair * PANEL);
             store_tile(dtype, y_f32, y, n, row, rows, 2 * pair * PANEL, a0, bias);
-            if (second) store_tile(dtype, y_f32, y, n, row, rows, (2 * pair + 1) * PANEL, a1, bias);
+            if (!second) continue;
+            if (scales) scale_tile(a1, rows, scales + (2 * pair + 1) * PANEL);
+            store_tile(dtype, y_f32, y, n, row, rows, (2 * pair + 1) * PANEL, a1, bias);
         }
     }
+}
+
+void mcpd_linear(int dtype, const void *x, int64_t m, int64_t k, const void *packed, const void *bias,
+                 int64_t n, void *y, int y_f32) {
+    linear(dtype, x, m, k, packed, NULL, bias, n, y, y_f32);
+}
+
+void mcpd_linear_int8(int dtype, const void *x, int64_t m, int64_t k, const void *packed, const float *scales,
+                      const void *bias, int64_t n, void *y, int y_f32) {
+    linear(dtype, x, m, k, packed, scales, bias, n, y, y_f32);
 }
 
 /* out[t] = row ids[t] of the packed [n, k] matrix w (a tied embedding and LM head). */
@@ -646,6 +742,7 @@ void mcpd_prefill_attention(int dtype, const void *q, int64_t q_stride, int64_t 
 typedef struct {          /* one decoder layer: packed weight matrices, biases or NULL, norms, KV */
     const void *input_norm, *qkv, *qkv_bias, *o, *o_bias, *post_norm, *gate_up, *gate_up_bias, *down, *down_bias;
     void *kv;             /* the layer's paged cache (layout as in mcpd_rope_store) */
+    const float *qkv_scale, *o_scale, *gate_up_scale, *down_scale;   /* int8 weights' scales, or NULL */
 } mcpd_layer;
 
 typedef struct {          /* the model's sizes and the cache's layout, the same for every layer */
@@ -679,7 +776,7 @@ void mcpd_decoder_stack(int dtype, const mcpd_shape *s, const mcpd_layer *layers
     for (int64_t l = 0; l < num_layers; l++) {
         const mcpd_layer *w = layers + l;
         mcpd_add_rms_norm(dtype, residual, pending, w->input_norm, s->eps, t, s->hidden, x);
-        mcpd_linear(dtype, x, t, s->hidden, w->qkv, w->qkv_bias, qkv_n, qkv, 0);
+        linear(dtype, x, t, s->hidden, w->qkv, w->qkv_scale, w->qkv_bias, qkv_n, qkv, 0);
         mcpd_rope_store(dtype, qkv, t, s->heads, s->kv_heads, d, positions, rope, w->kv, s->block_stride,
                         s->v_offset, slot_blocks, slot_offsets);
         for (int64_t i = 0; i < num_groups; i++) {
@@ -694,11 +791,11 @@ void mcpd_decoder_stack(int dtype, const mcpd_shape *s, const mcpd_layer *layers
                                        s->kv_heads, d, w->kv, s->block_stride, s->v_offset, s->block_size,
                                        g->table, g->table_stride, s->scale, o);
         }
-        mcpd_linear(dtype, attended, t, q_size, w->o, w->o_bias, s->hidden, delta, 0);
+        linear(dtype, attended, t, q_size, w->o, w->o_scale, w->o_bias, s->hidden, delta, 0);
         mcpd_add_rms_norm(dtype, residual, delta, w->post_norm, s->eps, t, s->hidden, x);
-        mcpd_linear(dtype, x, t, s->hidden, w->gate_up, w->gate_up_bias, 2 * s->inter, gate_up, 0);
+        linear(dtype, x, t, s->hidden, w->gate_up, w->gate_up_scale, w->gate_up_bias, 2 * s->inter, gate_up, 0);
         mcpd_silu_mul(dtype, gate_up, t, s->inter, act);
-        mcpd_linear(dtype, act, t, s->inter, w->down, w->down_bias, s->hidden, delta, 0);
+        linear(dtype, act, t, s->inter, w->down, w->down_scale, w->down_bias, s->hidden, delta, 0);
         pending = delta;
     }
     mcpd_add_rms_norm(dtype, residual, pending, final_norm, s->eps, t, s->hidden, out);

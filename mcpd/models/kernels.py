@@ -11,6 +11,9 @@ whole decoder stack runs as one call a step (native_stack.py).
 
 Each op mirrors the order of roundings of transformers' Llama, so that both implementations
 give transformers' greedy tokens in float32 and in bfloat16.
+
+Weight-only int8 matrices (int8.py) run on both: the torch twin converts the integers at each
+product (int8.linear), the native kernels read the int8 panels and convert in registers.
 """
 from __future__ import annotations
 
@@ -20,7 +23,8 @@ import torch
 import torch.nn.functional as F
 
 from mcpd import cpu_features
-from mcpd.models import native
+from mcpd.models import int8, native
+from mcpd.models.int8 import Int8Weight
 
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 PANEL = 16
@@ -28,17 +32,22 @@ PANEL = 16
 
 @dataclass(frozen=True, slots=True)
 class Packed:
-    """A weight matrix [n, k] in kernels.c's panel layout: float32 [n/16, k, 16], bfloat16
-    [n/16, k/2, 16, 2] (n padded with zero rows to a multiple of 16)."""
+    """A weight matrix [n, k] in kernels.c's panel layout: float32 and int8 [n/16, k, 16],
+    bfloat16 [n/16, k/2, 16, 2] (n padded with zero rows to a multiple of 16); an int8 one has
+    its row scales, float32 [n padded]."""
     panels: torch.Tensor
     n: int
     k: int
+    scales: torch.Tensor | None = None
 
     @classmethod
-    def of(cls, weight: torch.Tensor) -> Packed:
+    def of(cls, weight: torch.Tensor | Int8Weight) -> Packed:
+        if isinstance(weight, Int8Weight):
+            packed = cls.of(weight.values)
+            return cls(packed.panels, packed.n, packed.k, F.pad(weight.scales, (0, -packed.n % PANEL), value=1.0))
         n, k = weight.shape
         padded = F.pad(weight, (0, 0, 0, -n % PANEL))
-        if weight.dtype == torch.float32:
+        if weight.dtype in (torch.float32, torch.int8):
             panels = padded.view(-1, PANEL, k).transpose(1, 2)
         else:
             panels = padded.view(-1, PANEL, k // 2, 2).permute(0, 2, 1, 3)
@@ -65,12 +74,15 @@ class TorchKernels:
     def embedding(self, ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
         return F.embedding(ids, table)
 
-    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    def linear(self, x: torch.Tensor, weight: torch.Tensor | Int8Weight,
+               bias: torch.Tensor | None = None) -> torch.Tensor:
+        if isinstance(weight, Int8Weight):
+            return int8.linear(x, weight, bias)
         return F.linear(x, weight, bias)
 
-    def logits(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    def logits(self, x: torch.Tensor, weight: torch.Tensor | Int8Weight) -> torch.Tensor:
         """float32 logits, rounded to the model dtype first as transformers' lm_head rounds them."""
-        return F.linear(x, weight).float()
+        return self.linear(x, weight).float()
 
     def add_rms_norm(self, residual: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
                      eps: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -166,16 +178,21 @@ class NativeKernels(TorchKernels):
 
     def linear(self, x, weight, bias=None):
         x = x.contiguous()
-        y = x.new_empty((x.shape[0], weight.n))
-        self.lib.mcpd_linear(self.codes[x.dtype], x.data_ptr(), x.shape[0], weight.k, weight.panels.data_ptr(),
-                             bias.data_ptr() if bias is not None else None, weight.n, y.data_ptr(), 0)
-        return y
+        return self._product(x, weight, bias, x.new_empty((x.shape[0], weight.n)), 0)
 
     def logits(self, x, weight):
         x = x.contiguous()   # the rows that sample, picked out of the step's hidden states
-        y = torch.empty((x.shape[0], weight.n), dtype=torch.float32)
-        self.lib.mcpd_linear(self.codes[x.dtype], x.data_ptr(), x.shape[0], weight.k, weight.panels.data_ptr(),
-                             None, weight.n, y.data_ptr(), 1)
+        return self._product(x, weight, None, torch.empty((x.shape[0], weight.n), dtype=torch.float32), 1)
+
+    def _product(self, x: torch.Tensor, weight: Packed, bias: torch.Tensor | None, y: torch.Tensor,
+                 y_f32: int) -> torch.Tensor:
+        operands = (self.codes[x.dtype], x.data_ptr(), x.shape[0], weight.k, weight.panels.data_ptr())
+        bias_address = bias.data_ptr() if bias is not None else None
+        if weight.scales is None:
+            self.lib.mcpd_linear(*operands, bias_address, weight.n, y.data_ptr(), y_f32)
+        else:
+            self.lib.mcpd_linear_int8(*operands, weight.scales.data_ptr(), bias_address, weight.n, y.data_ptr(),
+                                      y_f32)
         return y
 
     def add_rms_norm(self, residual, delta, weight, eps):

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from mcpd.models.int8 import Int8Weight
 from mcpd.models.kernel_forms import Form, KernelForms
 from mcpd.models.kernels import TORCH, Packed, TorchKernels, choose
 from mcpd.models.layers import AttentionMetadata, Embedding, Llama3RopeScaling, PagedAttention, RMSNorm, RotaryEmbedding
@@ -73,15 +74,15 @@ class LayerWeights:
     multiply (kernels.prepare: packed for the native ones): reaching them through nn.Module's
     attribute lookup costs microseconds each, hundreds of times per step."""
     input_norm: torch.Tensor
-    qkv: torch.Tensor | Packed
+    qkv: torch.Tensor | Int8Weight | Packed
     qkv_bias: torch.Tensor | None
     attention: PagedAttention
-    o: torch.Tensor | Packed
+    o: torch.Tensor | Int8Weight | Packed
     o_bias: torch.Tensor | None
     post_norm: torch.Tensor
-    gate_up: torch.Tensor | Packed
+    gate_up: torch.Tensor | Int8Weight | Packed
     gate_up_bias: torch.Tensor | None
-    down: torch.Tensor | Packed
+    down: torch.Tensor | Int8Weight | Packed
     down_bias: torch.Tensor | None
 
     @classmethod
@@ -101,7 +102,7 @@ class ModelWeights:
     layers: list[LayerWeights]
     embedding: torch.Tensor | Packed   # the (prepared) head itself when the two are tied
     final_norm: torch.Tensor
-    head: torch.Tensor | Packed
+    head: torch.Tensor | Int8Weight | Packed
 
     @classmethod
     def of(cls, model: LlamaForCausalLM, forms: dict[str, Form]) -> ModelWeights:
@@ -183,6 +184,10 @@ class LlamaForCausalLM(KernelForms, nn.Module):
         self.kernels, reason = choose(requested, embedding.dtype, embedding.device, sizes, args.head_dim,
                                       args.num_heads // args.num_kv_heads)
         self._weights = None
+        if self.kernels is TORCH and self.model.layers[0].self_attn.qkv_proj.weight.dtype == torch.int8:
+            # int8.linear converts every weight at every product: correct, and on a CPU several
+            # times slower than the float model; the speed of int8 is the native kernels'.
+            reason += "; int8 weights on the torch kernels run slower than float ones"
         return reason
 
     def prepared(self, name: str, param: torch.Tensor) -> bool:

@@ -21,6 +21,7 @@ from safetensors import safe_open
 from torch import nn
 
 from mcpd.config import ModelConfig
+from mcpd.models import int8
 from mcpd.models.gpt2 import GPT2Args, GPT2LMHeadModel
 from mcpd.models.kernel_forms import Form
 from mcpd.models.layers import AttentionMetadata, Llama3RopeScaling
@@ -97,7 +98,7 @@ def load_checkpoint(config: ModelConfig, device: torch.device, kernels: str = "t
     path = Path(config.path)
     model, hf, dtype, vocab_size, model_len = skeleton(config, device)
     reason = fill_weights(model, path.name, kernels, resident,
-                          lambda: _copy_weights(model, _tensors(_weight_files(path)), path))
+                          lambda: copy_weights(model, _tensors(_weight_files(path)), path))
     tokenizer = HFTokenizer(path, eos_token_ids(path, hf))
     return LoadedModel(model, tokenizer, path.name, dtype, vocab_size, min(config.max_model_len, model_len), reason)
 
@@ -124,7 +125,17 @@ def skeleton(config: ModelConfig, device: torch.device) -> tuple[nn.Module, dict
     except KeyError as e:
         raise UnsupportedModel(f"{path / 'config.json'} lacks {e.args[0]!r}, needed for {architecture}") from None
     model = model.to(dtype).to_empty(device=device).eval().requires_grad_(False)
+    quantize_skeleton(model, config.quantization, path)
     return model, hf, dtype, vocab_size, model_len
+
+
+def quantize_skeleton(model: nn.Module, quantization: str, path: Path) -> None:
+    """Make model's linear layers int8 (int8.use_int8) when model.quantization asks for it."""
+    if quantization == "none":
+        return
+    if not isinstance(model, LlamaForCausalLM):
+        raise UnsupportedModel(f"{path}: quantization {quantization!r} is for the Llama family only")
+    int8.use_int8(model)
 
 
 def resolve_dtype(requested: str, checkpoint: str | None, device: torch.device) -> torch.dtype:
@@ -224,7 +235,9 @@ def _tensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
                 yield name, f.get_tensor(name)
 
 
-def _copy_weights(model: nn.Module, tensors: Iterator[tuple[str, torch.Tensor]], path: Path) -> None:
+def copy_weights(model: nn.Module, tensors: Iterator[tuple[str, torch.Tensor]], path: Path) -> None:
+    """Fill model's parameters from (checkpoint name, tensor) pairs; float matrices for int8
+    parameters are quantized on the way (int8.quantize_rows), int8 ones copied with their scales."""
     params = dict(model.named_parameters())
     filled = dict.fromkeys(params, 0)
     for name, tensor in tensors:
@@ -238,12 +251,30 @@ def _copy_weights(model: nn.Module, tensors: Iterator[tuple[str, torch.Tensor]],
         if row + tensor.shape[0] > param.shape[0] or tensor.shape[1:] != param.shape[1:]:
             raise UnsupportedModel(f"{path}: tensor {name!r} has shape {tuple(tensor.shape)}, which does "
                                    f"not fit {target} {tuple(param.shape)} as config.json describes it")
+        tensor = _as_parameter_type(name, tensor, param, target, row, params, filled, path)
         param.narrow(0, row, tensor.shape[0]).copy_(tensor)  # also casts to the model dtype
         filled[target] += tensor.numel()
     missing = [name for name, param in params.items() if filled[name] != param.numel()]
     if missing:
         raise UnsupportedModel(f"{path}: checkpoint lacks weights for {', '.join(missing[:5])}"
                                + (f" and {len(missing) - 5} more" if len(missing) > 5 else ""))
+
+
+def _as_parameter_type(name: str, tensor: torch.Tensor, param: torch.Tensor, target: str, row: int, params: dict,
+                       filled: dict, path: Path) -> torch.Tensor:
+    """tensor as param takes it: a float matrix quantized for an int8 parameter (its scales
+    written into target's scale parameter); int8 only into int8, scales only if usable."""
+    if param.dtype == torch.int8 and tensor.is_floating_point():
+        tensor, scales = int8.quantize_rows(tensor)
+        scale_name = target + int8.SCALE_SUFFIX
+        params[scale_name].narrow(0, row, scales.shape[0]).copy_(scales)
+        filled[scale_name] += scales.numel()
+    elif (param.dtype == torch.int8) != (tensor.dtype == torch.int8):
+        hint = " (an int8 checkpoint: set model.quantization = \"int8\")" if tensor.dtype == torch.int8 else ""
+        raise UnsupportedModel(f"{path}: tensor {name!r} is {tensor.dtype}, {target} takes {param.dtype}{hint}")
+    elif target.endswith(int8.SCALE_SUFFIX) and (reason := int8.bad_scales(tensor)):
+        raise UnsupportedModel(f"{path}: tensor {name!r}: {reason}")
+    return tensor
 
 
 def _read_json(path: Path) -> dict:

@@ -30,6 +30,7 @@ BUILD_TIMEOUT_S = 120
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 _SIGNATURES = {
     "mcpd_linear": [ctypes.c_int, _P, _I, _I, _P, _P, _I, _P, ctypes.c_int],
+    "mcpd_linear_int8": [ctypes.c_int, _P, _I, _I, _P, _P, _P, _I, _P, ctypes.c_int],
     "mcpd_embedding": [ctypes.c_int, _P, _I, _P, _I, _P],
     "mcpd_add_rms_norm": [ctypes.c_int, _P, _P, _P, _F, _I, _I, _P],
     "mcpd_rope_store": [ctypes.c_int, _P, _I, _I, _I, _I, _P, _P, _P, _I, _I, _P, _P],

@@ -19,7 +19,8 @@ _P, _I = ctypes.c_void_p, ctypes.c_int64
 
 class Layer(ctypes.Structure):
     _fields_ = [(name, _P) for name in ("input_norm", "qkv", "qkv_bias", "o", "o_bias", "post_norm", "gate_up",
-                                        "gate_up_bias", "down", "down_bias", "kv")]
+                                        "gate_up_bias", "down", "down_bias", "kv", "qkv_scale", "o_scale",
+                                        "gate_up_scale", "down_scale")]
 
 
 class Shape(ctypes.Structure):
@@ -47,7 +48,8 @@ class NativeStack:
         self.layers = (Layer * len(weights.layers))(*(
             Layer(w.input_norm.data_ptr(), w.qkv.panels.data_ptr(), _address(w.qkv_bias), w.o.panels.data_ptr(),
                   _address(w.o_bias), w.post_norm.data_ptr(), w.gate_up.panels.data_ptr(), _address(w.gate_up_bias),
-                  w.down.panels.data_ptr(), _address(w.down_bias), w.attention.kv_cache.data_ptr())
+                  w.down.panels.data_ptr(), _address(w.down_bias), w.attention.kv_cache.data_ptr(),
+                  _address(w.qkv.scales), _address(w.o.scales), _address(w.gate_up.scales), _address(w.down.scales))
             for w in weights.layers))
         self.shape = Shape(args.hidden_size, args.intermediate_size, args.num_heads, args.num_kv_heads,
                            args.head_dim, first_cache.stride(0), first_cache.stride(1), first_cache.shape[2],

@@ -1,0 +1,87 @@
+"""Weight-only int8: a linear layer's weight as int8 rows with one float32 scale per output row.
+
+    w[n, :] ~= values[n, :] * scales[n],  values in [-127, 127],  scales[n] = max|w[n, :]| / 127
+
+Symmetric (no zero point) and per output channel: a product y = x . w^T is then
+(x . values^T) * scales, so the kernels multiply by the integers and scale each output once, and
+a fused matrix (q/k/v, gate/up) quantizes row by row exactly as its separate pieces would. -128
+is left out so that negating a row stays exact.
+
+Which tensors: every nn.Linear of a Llama-family model (q/k/v, o, gate/up, down) and the LM
+head. The embedding stays in the model dtype: a step reads one of its rows per token, not the
+whole table, so int8 would save no bandwidth and only add error to every input (a tied head,
+being the embedding, stays float with it).
+
+Checkpoints (docs/MODELS.md): `<name>.weight` int8 [out, in] beside `<name>.weight_scale` float32
+[out]; everything else as in a float checkpoint.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+LEVELS = 127
+SCALE_SUFFIX = "_scale"   # the scale of parameter "x.weight" is "x.weight_scale"
+
+
+@dataclass(frozen=True, slots=True)
+class Int8Weight:
+    """A weight matrix as the torch kernels multiply it: values int8 [n, k], scales float32 [n]."""
+    values: torch.Tensor
+    scales: torch.Tensor
+
+
+def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int8 values [n, k], float32 scales [n]) of a float matrix; an all-zero row gets scale 1."""
+    w = weight.float()
+    peak = w.abs().amax(dim=1)
+    scales = torch.where(peak > 0, peak / LEVELS, torch.ones_like(peak))
+    values = torch.round(w / scales[:, None]).clamp_(-LEVELS, LEVELS).to(torch.int8)
+    return values, scales
+
+
+def dequantize(values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """float32 [n, k]: the matrix the int8 values and scales stand for."""
+    return values.float() * scales[:, None]
+
+
+def linear(x: torch.Tensor, weight: Int8Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x . w^T (+ bias) in x's dtype: the integers multiplied in float32 and each output scaled
+    after, the order of the native kernel (kernels.c, tile_int8), so both round alike. The
+    torch twin of it: it converts the values on every call, which is slow, but it runs on any
+    device and keeps memory at one byte a weight."""
+    y = F.linear(x.float(), weight.values.float()) * weight.scales
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(x.dtype)
+
+
+def use_int8(model: nn.Module) -> None:
+    """Give every nn.Linear of model (its memory allocated, not yet filled) an int8 weight and a
+    float32 weight_scale: the loader fills both, from an int8 checkpoint or by quantize_rows."""
+    for module in model.modules():
+        if isinstance(module, nn.Linear):
+            rows, columns = module.weight.shape
+            device = module.weight.device
+            module.weight = nn.Parameter(torch.empty(rows, columns, dtype=torch.int8, device=device),
+                                         requires_grad=False)
+            module.register_parameter("weight" + SCALE_SUFFIX, nn.Parameter(
+                torch.empty(rows, dtype=torch.float32, device=device), requires_grad=False))
+
+
+def matrix(module: nn.Linear) -> torch.Tensor | Int8Weight:
+    """A linear layer's weight as the kernels' prepare() takes it: the tensor, or Int8Weight."""
+    scales = getattr(module, "weight" + SCALE_SUFFIX, None)
+    return module.weight if scales is None else Int8Weight(module.weight, scales)
+
+
+def bad_scales(scales: torch.Tensor) -> str | None:
+    """Why a checkpoint's scales cannot be used (not float32, not finite and positive), or None."""
+    if scales.dtype != torch.float32:
+        return f"dtype {scales.dtype}, not float32"
+    if not bool(torch.isfinite(scales).all()) or not bool((scales > 0).all()):
+        return "a scale that is not finite and positive"
+    return None
