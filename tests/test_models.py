@@ -94,8 +94,13 @@ def test_unload_then_load_a_version_stops_and_starts_its_workers(served):
         unloaded = served.control("models.unload", {"model": "tiny", "version": "c"})
         load.wait_for(4)
     assert load.failed == [] and unloaded["workers"] == loaded["workers"] and unloaded["loaded"] is False
-    processes = served.status()["models"]["models"]["tiny"]["versions"]["c"]["processes"]
+    status = served.status()
+    processes = status["models"]["models"]["tiny"]["versions"]["c"]["processes"]
     assert [p["state"] for p in processes] == ["unloaded"]
+    # its weights and KV went back to the device pool: no region has its worker as owner
+    assert unloaded["pool_regions_freed"] == 2
+    owners = {region["owner"] for pool in status["pools"] for region in pool["regions"]}
+    assert not owners & set(unloaded["workers"])
     with served.client() as client, pytest.raises(MCPDError) as refused:
         client.generate("hello", version="c", **GREEDY)
     assert refused.value.code == codes.UNKNOWN_MODEL

@@ -21,8 +21,9 @@ from typing import Callable
 import mcpd
 from mcpd import config as config_module
 from mcpd.config import Config, ConfigError
-from mcpd.daemon import live_config, messages
+from mcpd.daemon import live_config, messages, pool_keeper
 from mcpd.daemon.status import build_status
+from mcpd.memory.pool_segment import PoolBusy
 from mcpd.protocol import codes, control_ops, wire
 from mcpd.protocol.codes import MCPDError
 from mcpd.security import key_ops
@@ -192,15 +193,25 @@ class Admin:
 
     def _stop_version(self, args: dict, result: dict) -> dict:
         """models.unload, once the scheduler has finished the version's last request: stop its
-        workers, and tell the scheduler they are gone. Their regions in the device pool stay
-        until the pool reclaims a gone worker's regions (pool_segment.py); a later load of the
-        same version on the same worker index takes them back."""
+        workers, tell the scheduler they are gone, and give their regions (weights, KV) back to
+        the device pool, where they coalesce with their free neighbours; a later load of the
+        version loads its weights again."""
         workers = self._version_workers(args)
+        freed = 0
         for child in workers:
             pid = self.supervisor.table.park(child)
             if pid is not None:
                 self.supervisor.to_scheduler.send_multipart(messages.encode(messages.WorkerLost(child.spec.index, pid)))
-        return {**result, "workers": [c.spec.index for c in workers]}
+            freed += self._reclaim(child)
+        return {**result, "workers": [c.spec.index for c in workers], "pool_regions_freed": freed}
+
+    def _reclaim(self, child) -> int:
+        """A parked worker's pool regions back to its device's pool (0 on a private pool)."""
+        try:
+            return pool_keeper.reclaim(self.supervisor.config, child.spec.args[2], child.spec.index)
+        except PoolBusy as e:   # it outlived park's SIGKILL: its regions stay, never handed on while it lives
+            self.supervisor.log.warning("%s: pool regions kept: %s", child.spec.name, e)
+            return 0
 
     # -- events from children -------------------------------------------------------------------
 
