@@ -39,3 +39,25 @@ def test_the_worker_imports_torch_only_after_setting_up_threads():
                   "import torch\n"
                   "print(threads.configure(1, 0, 0, 'passive')[1])")
     assert out == ["False", "False"]   # torch came first: the wait policy no longer applies
+
+
+def test_the_team_is_bound_and_the_main_thread_goes_free_below_every_thread():
+    """start_team() binds OpenMP's threads one to a core (a pause's wake-up then cannot stack two
+    on one core); set_count() below the full count frees the main thread to leave a neighbour's
+    core, and binds it again at the full count. Two cores are enough to tell (the CI machine's)."""
+    out = _python("import os\n"
+                  "from mcpd.engine import threads\n"
+                  "cores = sorted(os.sched_getaffinity(0))[:2]\n"
+                  "os.sched_setaffinity(0, cores)\n"
+                  "threads.configure(1, 0, 0, 'passive')\n"
+                  "import torch\n"
+                  "threads.start_team()\n"
+                  "full = sorted(os.sched_getaffinity(0))\n"
+                  "threads.set_count(1, 2)\n"
+                  "fewer = sorted(os.sched_getaffinity(0))\n"
+                  "threads.set_count(2, 2)\n"
+                  "again = sorted(os.sched_getaffinity(0))\n"
+                  "print(len(cores), full == again, len(full), fewer == cores, torch.get_num_threads())")
+    if out[0] == "1":
+        pytest.skip("one core: nothing to bind apart")
+    assert out == ["2", "True", "1", "True", "2"]

@@ -70,10 +70,13 @@ class Worker:
         if device == "cpu":   # before torch: OpenMP reads its environment once, when it loads
             count, policy_applies = prepare_threads(self.config, self.index)
         import torch   # imported here: the supervisor and front-end never pay for torch
+
+        from mcpd.engine import threads
         from mcpd.engine import Engine
 
         if device == "cpu":
             torch.set_num_threads(count)
+            threads.start_team()
             self.log.info("%d threads on cores %s, OpenMP wait policy %s", count,
                           sorted(os.sched_getaffinity(0)),
                           workers.wait_policy if policy_applies else "as loaded (torch came first)")

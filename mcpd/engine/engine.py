@@ -12,20 +12,22 @@ import itertools
 import time
 from collections.abc import Hashable
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
 from mcpd.config import Config
+from mcpd.engine import threads
 from mcpd.engine.batch_scheduler import BatchScheduler
 from mcpd.engine.detokenizer import Detokenizer
 from mcpd.engine.host_kv import HostKV
 from mcpd.engine.kv_cache import KVCache
 from mcpd.engine.kv_records import kv_region, region_key
 from mcpd.engine.resident_weights import ResidentWeights
-from mcpd.engine.weight_pages import onto_huge_pages
 from mcpd.engine.sampler import Sampler
 from mcpd.engine.sequence import SamplingParams, Sequence
 from mcpd.engine.thread_tuner import ThreadTuner
+from mcpd.engine.weight_pages import onto_huge_pages
 from mcpd.histogram import BATCH_BOUNDS, Histogram
 from mcpd.memory import DevicePool
 from mcpd.memory.pool_segment import PoolSegment
@@ -88,7 +90,7 @@ class Engine:
         self.sampler = Sampler(self.device)
         # From the process's own count, not the current one, which an earlier engine's tuner may have set.
         torch.set_num_threads(PROCESS_THREADS)
-        self.thread_tuner = (ThreadTuner(PROCESS_THREADS, torch.set_num_threads)
+        self.thread_tuner = (ThreadTuner(PROCESS_THREADS, partial(threads.set_count, most=PROCESS_THREADS))
                              if self.device.type == "cpu" and config.workers.adaptive_threads and PROCESS_THREADS > 1
                              else None)
         self.sequences: dict[Hashable, Sequence] = {}

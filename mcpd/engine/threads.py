@@ -19,6 +19,9 @@ import os
 import sys
 
 WAIT_POLICIES = ("passive", "active")
+_OWNED: list[int] | None = None   # this process's cores, as configure() found them
+_BINDS = False                    # configure() ran before OpenMP loaded: its binding applies
+_MAIN_PLACE: set[int] | None = None   # the cores OpenMP bound the main thread to (start_team)
 
 
 def plan(cores: list[int], workers: int, index: int, requested: int) -> tuple[list[int], int]:
@@ -44,4 +47,39 @@ def configure(workers: int, index: int, requested: int, wait_policy: str) -> tup
         os.sched_setaffinity(0, cores)
     os.environ["OMP_NUM_THREADS"] = str(threads)
     os.environ["OMP_WAIT_POLICY"] = wait_policy.upper()
-    return threads, "torch" not in sys.modules
+    global _OWNED, _BINDS
+    _OWNED, _BINDS = cores, "torch" not in sys.modules
+    os.environ.setdefault("OMP_PROC_BIND", "close")   # start_team(); an operator's own binding is kept
+    os.environ.setdefault("OMP_PLACES", "cores")
+    return threads, _BINDS
+
+
+def start_team() -> None:
+    """Start OpenMP's team of threads, each bound to its core (OMP_PROC_BIND, set by
+    configure()), and note the main thread's. A no-op in a process configure() did not set up
+    (the in-process tests), or whose OpenMP loaded before it.
+
+    Why bound: a passive helper thread that slept more than ~80 ms was woken, unbound, where the
+    kernel saw fit, and for the next ~10 ms of work often on the same core as the main thread: a
+    128-token prefill after a pause took 32 ms instead of 21 (bench/peers.py W1's first token
+    comes after such pauses); bound, 23 ms. Freeing only the main thread brought the stacking
+    back (it woke on the helper's core), so both stay bound while the step runs on every thread.
+    Below that count (the thread tuner's answer to a neighbour on a core) set_count() frees the
+    main thread, so it leaves the neighbour's core whichever core that is."""
+    global _MAIN_PLACE
+    if _OWNED is None or not _BINDS:
+        return
+    import torch   # loaded by now: this runs right after torch's import, before other parallel work
+
+    torch.ones(1 << 20).add_(1)   # a parallel region: OpenMP starts (and binds) its team
+    _MAIN_PLACE = os.sched_getaffinity(0)
+
+
+def set_count(count: int, most: int) -> None:
+    """Run steps on `count` of the worker's `most` threads (the thread tuner's choice): the main
+    thread bound to its core at `most`, free to go to any of the worker's cores below it."""
+    import torch   # loaded by now: the tuner runs steps
+
+    torch.set_num_threads(count)
+    if _MAIN_PLACE is not None:
+        os.sched_setaffinity(0, _MAIN_PLACE if count == most else _OWNED)
