@@ -50,3 +50,11 @@ def test_after_a_pause_the_next_burst_starts_on_every_thread():
     assert tuner.current == 2 and set_to == [2]
     tuner.resume(5.0)    # already on every thread: nothing to set
     assert set_to == [2]
+
+
+def test_after_a_pause_a_neighbour_is_found_within_a_few_steps():
+    tuner = ThreadTuner(2, None)
+    tuner.resume(5.0)
+    # the neighbour came during the pause; the burst's first step is a prefill
+    serve(tuner, {1: 0.010, 2: 0.015}.get, 2 * TRIAL + 1, tokens=lambda step: 128 if step == 0 else 1)
+    assert tuner.current == 1

@@ -35,10 +35,17 @@ class ThreadTuner:
         self.downward = True                    # the direction of the next trial
 
     def resume(self, idle_seconds: float) -> None:
-        """A step is about to run, idle_seconds after the previous one ended."""
-        if idle_seconds >= IDLE_RESET_S and (self.current != self.most or self.trying is not None):
-            self.current, self.trying, self.baseline, self.trial, self.steps = self.most, None, [], [], 0
+        """A step is about to run, idle_seconds after the previous one ended. After a pause the
+        burst starts on every thread and tries one fewer as soon as its decode steps can be compared,
+        not PERIOD steps later: a neighbour that came during the pause costs a few steps, not a
+        whole 128-token answer (bench/peers.py W1 with one core busy: keep 0.64 before)."""
+        if idle_seconds < IDLE_RESET_S:
+            return
+        if self.current != self.most or self.trying is not None:
             self.set_threads(self.most)
+        self.current, self.trying, self.baseline, self.trial = self.most, None, [], []
+        # the trial starts after TRIAL + 1 steps: the burst's first is a prefill, like no step after it
+        self.steps, self.downward = PERIOD - TRIAL - 1, True
 
     def observe(self, tokens: int, seconds: float) -> None:
         """A step that computed `tokens` tokens took `seconds`."""
