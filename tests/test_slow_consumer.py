@@ -111,7 +111,12 @@ def test_a_client_over_its_backlog_limit_has_its_requests_ended_and_refused(fres
     refused = slow.send("ping", {})
     d.wait_until(lambda: answered(d), 60, "the last ping refused")
     replies = slow.read_all()
-    assert [replies[rid][-1]["kind"] for rid in gets] == ["ok"] * 3   # finals already waiting stay
+    # Finals already waiting stay: the first two gets fit under the limit whatever the timing. The
+    # second takes the backlog past it, so the third is refused if it is read after that and
+    # answered if it was read first (one pass of the front-end may read all three): both are right.
+    assert [replies[rid][-1]["kind"] for rid in gets[:2]] == ["ok"] * 2
+    third = replies[gets[2]][-1]
+    assert third["kind"] == "ok" or third["code"] == codes.OVERLOADED, third
     for rid in streams:   # ended, queued or running
         final = replies[rid][-1]
         assert final["code"] == codes.OVERLOADED and final["retry_after_ms"] > 0, final
