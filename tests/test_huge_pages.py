@@ -81,8 +81,8 @@ def weight_tensors(engine: Engine) -> list[torch.Tensor]:
 def test_an_engine_runs_on_its_weights_copied_onto_huge_pages_with_the_same_tokens():
     on, off = Engine(engine_config(True), CPU), Engine(engine_config(False), CPU)
     biggest = max(weight_tensors(on), key=torch.Tensor.numel)
-    if host_gives_huge_pages():
-        assert on.pages_reason.startswith("weights copied onto 2 MiB pages")
+    if host_gives_huge_pages():   # copied there, or (smaps counts a whole mapping) found there already
+        assert on.pages_reason.startswith(("weights copied onto 2 MiB pages", "weights on 2 MiB pages"))
         assert huge_pages.huge_fraction(biggest) >= 0.5
     else:
         assert on.pages_reason.startswith("weights on 4 KiB pages")
