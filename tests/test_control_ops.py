@@ -91,6 +91,8 @@ def test_args_get_their_defaults(op, args, expected):
     ("contexts.show", {"id": 7}, "must be str"),
     ("contexts.list", {"limit": 0}, "outside"),
     ("reload", {"timeout_s": 1e9}, "outside"),
+    ("reload", {"timeout_s": float("nan")}, "must be a finite number"),
+    ("models.shadow", {"model": "m", "version": "b", "fraction": float("nan")}, "must be a finite number"),
     ("keys.allow", {"name": "n"}, "'public_key' is required"),
 ])
 def test_bad_args_are_bad_requests(op, args, words):

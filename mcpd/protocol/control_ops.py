@@ -15,6 +15,7 @@ free of the daemon, so that `mcpctl` can read the table without loading it.
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,6 +54,8 @@ class Arg:
             return self.default
         if not _is(value, self.kind):
             raise _bad(f"argument {self.name!r} must be {self.kind.__name__}, not {type(value).__name__}")
+        if self.kind is float and not math.isfinite(value):   # nan passes every range check
+            raise _bad(f"argument {self.name!r} must be a finite number, not {value}")
         size = len(value) if self.kind is str else value
         if (self.low is not None and size < self.low) or (self.high is not None and size > self.high):
             what = "length" if self.kind is str else "value"
