@@ -128,6 +128,29 @@ def test_async_client_generate_stream_and_concurrency(daemon):
     assert [t for c in chunks for t in c.token_ids] == results[0].token_ids
 
 
+def test_a_request_over_the_header_limit_fails_at_once_in_both_clients(daemon):
+    """The daemon's TOO_LARGE carries no id (sizes are checked before decoding); a client with
+    that one request in flight takes it as its answer instead of waiting out its timeout."""
+    import asyncio
+
+    from mcpd.client import AsyncClient
+
+    # Past this daemon's limits.max_header_bytes (8 KiB), within its max_message_bytes (1 MiB):
+    # a frame past that one is ZMQ_MAXMSGSIZE's, and libzmq drops the connection unanswered.
+    too_long = "p" * 100_000
+    with daemon.client(timeout=60) as client, pytest.raises(MCPDError) as refused:
+        client.generate(too_long, max_tokens=1)
+    assert refused.value.code == codes.TOO_LARGE
+
+    async def scenario():
+        async with AsyncClient(daemon.endpoint, timeout=60) as client:
+            with pytest.raises(MCPDError) as raised:
+                await client.generate(too_long, max_tokens=1)
+            return raised.value.code, (await client.ping())["pong"]
+
+    assert asyncio.run(scenario()) == (codes.TOO_LARGE, True)
+
+
 def test_nil_arguments_mean_the_default(daemon):
     with daemon.client() as client:
         result = client.call("generate", {"prompt": "x", "max_tokens": None, "temperature": None,

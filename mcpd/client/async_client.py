@@ -96,7 +96,7 @@ class AsyncClient:
         while True:
             frames = await self._socket.recv_multipart()
             reply = wire.decode_reply(frames[0])
-            queue = self._queues.get(reply.get("id"))
+            queue = self._queues.get(replies.owner_of(reply, self._queues))
             if queue is not None:
                 queue.put_nowait(reply)
 

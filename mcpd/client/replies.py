@@ -70,3 +70,14 @@ def chunk_of(reply: dict) -> Chunk:
 
 def timeout_error(request_id, seconds: float) -> MCPDError:
     return MCPDError(codes.TIMEOUT, f"no reply to request {request_id!r} within {seconds:g}s")
+
+
+def owner_of(reply: dict, waiting) -> object | None:
+    """The request in `waiting` (ids, a set or a dict) that reply answers, or None. A reply the
+    daemon could not tie to a request carries no id (TOO_LARGE, an undecodable header:
+    PROTOCOL.md §2); with one request in flight it can only be that one's, which then fails at
+    once with the reason instead of timing out."""
+    request_id = reply.get("id")
+    if request_id is None and len(waiting) == 1:
+        return next(iter(waiting))
+    return request_id if request_id in waiting else None

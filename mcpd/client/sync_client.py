@@ -109,8 +109,9 @@ class Client:
             except zmq.Again:
                 return
             reply = wire.decode_reply(frames[0])
-            if reply.get("id") in self._waiting:
-                self._inbox[reply["id"]].append((reply, frames[1:]))
+            owner = replies.owner_of(reply, self._waiting)
+            if owner is not None:
+                self._inbox[owner].append((reply, frames[1:]))
 
     def _abandon(self, request_id) -> None:
         self._forget(request_id)
