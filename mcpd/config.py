@@ -116,7 +116,7 @@ class SchedulerConfig:
 @dataclass(frozen=True)
 class WorkersConfig:
     device: str = "auto"        # auto (one worker per CUDA device, else CPU), cpu, cuda
-    count: int = 1              # CPU workers when running on the CPU
+    count: int = 1              # workers: on the CPU, or over the GPUs (at least one each; more share a GPU's pool)
     threads: int = 0            # torch threads per CPU worker; 0 = one per core the worker owns
     wait_policy: str = "passive"    # OpenMP's idle threads: passive (sleep) or active (spin)
     adaptive_threads: bool = True   # CPU workers try fewer/more threads now and then, keep the faster
@@ -271,7 +271,7 @@ class EngineConfig:
 
 @dataclass(frozen=True)
 class PoolConfig:
-    shared: bool = True     # one pool per CPU device, kept by a pool keeper process; workers' KV outlives them
+    shared: bool = True     # one pool per device (CPU or GPU), kept by a pool keeper process; workers' KV outlives them
     bytes: float = 0        # the device pool: 0 = auto, bytes (> 1), or a fraction (<= 1) of free device memory
 
     def check(self) -> None:

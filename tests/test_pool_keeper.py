@@ -12,6 +12,7 @@ from mcpd.daemon import pool_keeper
 from mcpd.memory import pool_segment
 from mcpd.memory.pool_segment import PoolBusy
 from mcpd.protocol import codes
+from pool_keeping import DEVICES
 from test_worker_crash import start_long_stream
 
 pytestmark = pytest.mark.slow   # each test starts a daemon
@@ -20,25 +21,26 @@ GREEDY = {"max_tokens": 12, "temperature": 0, "ignore_eos": True}
 FIGURES = ("prefix_cache_hits", "tokens_prefilled", "host_kv_loaded")
 
 
-def device(d) -> dict:
+def worker_figures(d) -> dict:
     return d.status()["devices"][0]
 
 
 def turn(d, ctx, text: str) -> tuple[list[int], dict]:
     """A chat turn's reply tokens, and how the worker's prefill and cache counters moved."""
-    before = device(d)
+    before = worker_figures(d)
     tokens = ctx.generate(text, **GREEDY).token_ids
-    after = device(d)
+    after = worker_figures(d)
     return tokens, {name: after[name] - before[name] for name in FIGURES}
 
 
-def test_the_keeper_is_a_process_and_status_shows_its_pool_and_regions(fresh_daemon):
-    d = fresh_daemon(workers={"count": 2})
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_keeper_is_a_process_and_status_shows_its_pool_and_regions(fresh_daemon, device):
+    d = fresh_daemon(workers={"count": 2, "device": device})
     status = d.status()
     keeper = next(p for p in status["processes"] if p["role"] == "keeper")
     assert keeper["state"] == "running"
     [pool] = status["pools"]
-    assert pool["device"] == "cpu" and pool["keeper_pid"] == keeper["pid"]
+    assert pool["device"] == ("cpu" if device == "cpu" else "cuda:0") and pool["keeper_pid"] == keeper["pid"]
     workers = {p["index"]: p["pid"] for p in status["processes"] if p["role"] == "worker"}
     assert sorted((r["kind"], r["owner"], r["pid"]) for r in pool["regions"]) == \
         [("kv", 0, workers[0]), ("kv", 1, workers[1]), ("weights", 0, workers[0]), ("weights", 1, workers[1])]
@@ -46,12 +48,13 @@ def test_the_keeper_is_a_process_and_status_shows_its_pool_and_regions(fresh_dae
     assert all(w["pool"]["shared"] for w in status["devices"])
 
 
-def test_turn_11_after_a_sigkill_reuses_the_device_kv(fresh_daemon):
+@pytest.mark.parametrize("device", DEVICES)
+def test_turn_11_after_a_sigkill_reuses_the_device_kv(fresh_daemon, device):
     """Chat A runs ten turns; the worker is SIGKILLed while it writes another sequence's blocks;
     turn 11 on its successor (weights from the pool, not the disk) recomputes nothing an uninterrupted run would not (chat B, the same
     turns in another tenant, never interrupted), loads nothing from the host cache, and replies
     with the same tokens."""
-    d = fresh_daemon()
+    d = fresh_daemon(workers={"device": device})
     texts = [f" turn {i}: tell me more about pools" for i in range(11)]
     with d.client(tenant="alice") as alice, d.client(tenant="bob") as bob:
         chat_a, chat_b = alice.context("a"), bob.context("b")
@@ -66,7 +69,7 @@ def test_turn_11_after_a_sigkill_reuses_the_device_kv(fresh_daemon):
         assert outcome == [codes.WORKER_LOST]
         d.wait_until(lambda: d.status()["state"] == "ready", 60, "worker back")
         assert d.pid_of("worker") != old_pid
-        successor = device(d)["pool"]
+        successor = worker_figures(d)["pool"]
         tokens, moved = turn(d, chat_a, texts[10])
     assert successor["kv_blocks_adopted"] > 0 and successor["weights_from_pool"]
     assert tokens == expected_tokens
@@ -113,7 +116,7 @@ def test_a_dead_workers_standby_is_promoted_and_replaced(fresh_daemon):
     d.wait_until(lambda: d.pid_of("worker") not in (None, old_pid) and d.status()["state"] == "ready", 60,
                  "worker back")
     assert f"promoted the standby of worker 0 (pid {d.pid_of('worker')})" in d.log()
-    assert device(d)["pool"]["weights_from_pool"]
+    assert worker_figures(d)["pool"]["weights_from_pool"]
     with d.client() as client:
         assert client.generate("again", max_tokens=3, ignore_eos=True).completion_tokens == 3
     d.wait_until(lambda: d.log().count("standing by for worker 0") == 2, 60, "a new standby")

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import numpy as np
+import torch
 import pytest
 
 from mcpd.memory import pool_segment
@@ -34,9 +35,9 @@ def test_a_region_is_taken_once_and_its_bytes_are_shared(paths):
     worker = PoolSegment(*paths)
     region = worker.take(KV, 0, KEY_A, 3 * MIB + 5)
     assert region.offset % MIN_BLOCK == 0 and not region.reused
-    worker.buffer(region)[:4] = b"kept"
+    worker.buffer(region)[:4] = torch.tensor(list(b"kept"))
     # Another mapping of the segment (the keeper's) sees the bytes and the region.
-    assert bytes(keeper.buffer(region)[:4]) == b"kept"
+    assert bytes(keeper.buffer(region)[:4].tolist()) == b"kept"
     stats = keeper.stats()
     assert [(r["kind"], r["owner"], r["bytes"]) for r in stats["regions"]] == [("kv", 0, 3 * MIB + 5)]
     assert stats["requested_bytes"] == 3 * MIB + 5 and stats["in_use_bytes"] == 3 * MIB + MIN_BLOCK
@@ -46,11 +47,11 @@ def test_a_dead_owners_region_goes_to_its_successor_with_the_bytes(paths):
     PoolSegment.create(*paths, 8 * MIB)
     first = PoolSegment(*paths)
     region = first.take(KV, 3, KEY_A, MIB)
-    first.buffer(region)[:5] = b"hello"
+    first.buffer(region)[:5] = torch.tensor(list(b"hello"))
     first.pid[0] = dead_pid()   # as if the worker that took it had been SIGKILLed
     successor = PoolSegment(*paths)
     again = successor.take(KV, 3, KEY_A, MIB)
-    assert again.reused and again.offset == region.offset and bytes(successor.buffer(again)[:5]) == b"hello"
+    assert again.reused and again.offset == region.offset and bytes(successor.buffer(again)[:5].tolist()) == b"hello"
 
 
 def test_a_region_a_live_process_holds_is_not_handed_over(paths):

@@ -11,6 +11,7 @@ import torch
 
 from mcpd.config import Config, EngineConfig, ModelConfig
 from mcpd.engine import Engine
+from mcpd.engine.resident_weights import COMPLETE_AT
 from mcpd.memory import pool_segment
 from mcpd.memory.pool_segment import PoolSegment
 from mcpd.models.kernel_forms import tensors_of
@@ -104,7 +105,7 @@ def test_int8_weights_are_kept_apart_from_the_float_ones_and_taken_from_the_pool
 
 def test_weights_a_dying_engine_was_copying_are_loaded_again(pool):  # noqa: F811
     first = Engine(config(), CPU, shared_pool=pool())
-    first.resident.head["complete"] = 0   # as if killed before the copy finished
+    first.resident.fields[COMPLETE_AT] = 0   # as if killed before the copy finished
     successor = Engine(config(), CPU, shared_pool=pool())
     assert not successor.resident.from_pool
     assert run_one(successor, SYSTEM[:40])[0] == run_one(Engine(config(), CPU), SYSTEM[:40])[0]
@@ -112,8 +113,8 @@ def test_weights_a_dying_engine_was_copying_are_loaded_again(pool):  # noqa: F81
 
 def test_a_record_holding_another_layout_is_reloaded_not_read(pool):  # noqa: F811
     first = Engine(config(kernels="native"), CPU, shared_pool=pool())
-    first.resident.head["holds"] = b"\x01" * 32   # complete, but says it holds something else
-    assert first.resident.head["complete"] == 1
+    first.resident.holds[:] = 1                    # complete, but says it holds something else
+    assert first.resident.fields[COMPLETE_AT] == 1
     successor = Engine(config(kernels="native"), CPU, shared_pool=pool())
     assert successor.resident.reused and not successor.resident.from_pool
     assert successor.resident.holds_key()   # reloaded, and its record rewritten

@@ -1,5 +1,6 @@
-"""The pool keeper: one process per CPU device that makes the device's pool (pool_segment.py)
-once at start and keeps it for the daemon's life, so the regions workers take from it (their KV
+"""The pool keeper: one process per device that makes the device's pool (pool_segment.py; on a
+GPU one device allocation exported through CUDA IPC) once at start and keeps it for the
+daemon's life, so the regions workers take from it (their KV
 caches) outlive the workers. It computes nothing: it reports the pool and its regions for
 `mcpctl status`, and removes the segment when stopped.
 
@@ -27,9 +28,9 @@ AUTO_HEADROOM = 17 / 16   # pool.bytes = 0: each worker's share plus room for it
 
 
 def shared_pool_devices(config: Config, devices: list[str]) -> list[str]:
-    """The devices whose workers share a pool kept by a pool keeper: the CPU, unless pool.shared
-    is off (CUDA devices keep private pools until the CUDA IPC path is built: pool_segment.py)."""
-    return [d for d in dict.fromkeys(devices) if config.pool.shared and d == "cpu"]
+    """The devices whose workers share a pool kept by a pool keeper: all of them, unless
+    pool.shared is off (then each worker keeps a private pool that dies with it)."""
+    return list(dict.fromkeys(devices)) if config.pool.shared else []
 
 
 def pool_bytes(config: Config, device: str, workers: int) -> int:
@@ -45,7 +46,10 @@ def pool_bytes(config: Config, device: str, workers: int) -> int:
     share = DevicePool.resolve_bytes(config.engine.pool_bytes, device) * AUTO_HEADROOM
     models = ([config.models[m].versions[v] for m, v in config.worker_versions()[:workers]] if config.models
               else [config.model] * workers)
-    return int(sum(share + parameter_bytes(model, torch.device(device)) for model in models))
+    wanted = int(sum(share + parameter_bytes(model, torch.device(device)) for model in models))
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()   # the skeletons' memory, else held by torch's cache beside the pool
+    return wanted
 
 
 def reclaim(config: Config, device: str, owner: int) -> int:
@@ -70,7 +74,7 @@ def run(config: Config, index: int, device: str, workers: int) -> None:
     path = pool_segment.segment_path(config.runtime_dir, device)
     try:
         segment = PoolSegment.create(path, pool_segment.lock_path(config.runtime_dir, device),
-                                     pool_bytes(config, device, workers))
+                                     pool_bytes(config, device, workers), device)
     except StartRefused as e:
         child.refuse_start(config, "keeper", e, index)
     child.exit_on_sigterm(lambda: path.unlink(missing_ok=True))

@@ -46,19 +46,27 @@ NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")
 
 
 def worker_devices(config: Config) -> list[str]:
-    """One worker per CUDA device; `workers.count` CPU workers when there is none (or device=cpu).
+    """`workers.count` workers, on the CPU or spread over the CUDA devices (at least one per
+    device; several on one share its pool); with [models], each version's workers likewise.
 
-    GPUs are counted from the driver's /proc entries so the supervisor never imports torch or
-    touches CUDA (children are spawned, but a CUDA context here would still cost memory).
+    GPUs are counted from the driver's /proc entries (or, where a sandbox shows no /proc/driver,
+    its /dev/nvidiaN nodes) so the supervisor never imports torch or touches CUDA (children are
+    spawned, but a CUDA context here would still cost memory).
     """
-    gpus = len(list(NVIDIA_GPUS.iterdir())) if NVIDIA_GPUS.is_dir() else 0
+    gpus = count_gpus()
     if config.workers.device == "cuda" and gpus == 0:
         raise ConfigError("workers.device = 'cuda' but no NVIDIA GPU is visible (/proc/driver/nvidia/gpus)")
     if config.workers.device != "cpu" and gpus:
         if config.models:   # each version's workers, spread over the GPUs
             return [f"cuda:{i % gpus}" for i in range(len(config.worker_versions()))]
-        return [f"cuda:{i}" for i in range(gpus)]
+        return [f"cuda:{i % gpus}" for i in range(max(config.workers.count, gpus))]
     return ["cpu"] * len(config.worker_versions())
+
+
+def count_gpus() -> int:
+    if NVIDIA_GPUS.is_dir():
+        return len(list(NVIDIA_GPUS.iterdir()))
+    return len([node for node in Path("/dev").glob("nvidia*") if node.name[len("nvidia"):].isdigit()])
 
 
 class Supervisor:

@@ -2,7 +2,7 @@
 records a worker's successor trusts, and nothing else.
 
     KV region: | the block tensor (KVCache's layout, unchanged) | records |
-    records:   | header (magic, num_blocks, zeroed) | committed u1 per block | chain hash per block |
+    records:   | header: int64 magic, num_blocks, zeroed | committed u1 per block | chain hash per block |
 
 A block is committed once the step that computed it has run (KVCache.step_ran), or once a host
 tier load has filled it: its hash is written first, then its flag. Before a block's bytes may
@@ -11,8 +11,9 @@ the bytes under it are whole and are those of its hash; a block a SIGKILLed work
 has no flag and is never read: the successor hands it out as a free block. `zeroed` keeps
 KVCache's lazy zeroing mark across the restart (blocks below it hold finite values).
 
-On CUDA (not built: pool_segment.py) a commit would first wait for the step's stream, so the
-flag is never ahead of the bytes.
+The records are tensors over the region's bytes on the pool's device, written with torch ops:
+on CUDA on the same stream as the step that computed the block, after it, so the flag is never
+ahead of the bytes there either (pool_segment.py); they are read to the host only at start.
 
 The region's key (region_key) names everything the bytes depend on: the model's files and
 dtype, and the cache's layout. A successor with another model or layout gets a fresh region
@@ -24,44 +25,45 @@ import hashlib
 import os
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from mcpd.config import ModelConfig
 from mcpd.memory.pool_segment import KV, PoolSegment
 
 MAGIC = 0x7364726F6365726B   # "kvrecrds"
-HEADER = np.dtype([("magic", "<u8"), ("num_blocks", "<u8"), ("zeroed", "<u8")])
+MAGIC_AT, NUM_BLOCKS_AT, ZEROED_AT = range(3)   # the header's int64 fields
+HEADER_BYTES = 3 * 8
 KEY_BYTES = 32
 
 
 class KVRecords:
-    def __init__(self, buffer: memoryview, num_blocks: int, trusted: bool):
-        """trusted: the buffer is a predecessor's records for this very region (same key);
-        otherwise, or if its header disagrees, every record is cleared."""
-        self.head = np.frombuffer(buffer, HEADER, 1)
-        self.committed = np.frombuffer(buffer, np.uint8, num_blocks, HEADER.itemsize)
-        self.hashes = np.frombuffer(buffer, f"V{KEY_BYTES}", num_blocks, HEADER.itemsize + num_blocks)
-        intact = (self.head["magic"][0] == MAGIC and self.head["num_blocks"][0] == num_blocks
-                  and self.head["zeroed"][0] <= num_blocks)
-        if not (trusted and intact):
-            self.committed[:] = 0
-            self.head[0] = (MAGIC, num_blocks, 0)
+    def __init__(self, buffer: torch.Tensor, num_blocks: int, trusted: bool):
+        """buffer: the records' bytes (uint8). trusted: they are a predecessor's records for this
+        very region (same key); otherwise, or if its header disagrees, every record is cleared."""
+        self.head = buffer[:HEADER_BYTES].view(torch.int64)
+        self.committed = buffer[HEADER_BYTES:HEADER_BYTES + num_blocks]
+        self.hashes = buffer[HEADER_BYTES + num_blocks:self.nbytes(num_blocks)].view(num_blocks, KEY_BYTES)
+        magic, blocks, zeroed = self.head.tolist()
+        self._zeroed = zeroed
+        if not (trusted and magic == MAGIC and blocks == num_blocks and 0 <= zeroed <= num_blocks):
+            self.committed.zero_()
+            self.head.copy_(torch.tensor([MAGIC, num_blocks, 0]))
+            self._zeroed = 0
 
     @staticmethod
     def nbytes(num_blocks: int) -> int:
-        return HEADER.itemsize + num_blocks * (1 + KEY_BYTES)
+        return HEADER_BYTES + num_blocks * (1 + KEY_BYTES)
 
     @property
     def zeroed(self) -> int:
-        return int(self.head["zeroed"][0])
+        return self._zeroed   # kept here too: reading it back from a GPU would wait for the stream
 
     @zeroed.setter
     def zeroed(self, blocks: int) -> None:
-        self.head["zeroed"] = blocks
+        self.head[ZEROED_AT] = self._zeroed = blocks
 
     def commit(self, block: int, key: bytes) -> None:
-        self.hashes[block] = key
+        self.hashes[block].copy_(torch.frombuffer(bytearray(key), dtype=torch.uint8))
         self.committed[block] = 1   # last: the hash is whole before the flag says so
 
     def retract(self, block: int) -> None:
@@ -69,18 +71,25 @@ class KVRecords:
 
     def adoptable(self) -> list[tuple[int, bytes]]:
         """(block, hash) of every committed block, a hash's first block only."""
+        committed = torch.nonzero(self.committed.cpu() == 1).flatten().tolist()
+        hashes = self.hashes.cpu().numpy()
         seen, found = set(), []
-        for block in np.flatnonzero(self.committed == 1).tolist():
-            key = self.hashes[block].tobytes()
+        for block in committed:
+            key = hashes[block].tobytes()
             if key not in seen:
                 seen.add(key)
                 found.append((block, key))
         return found
 
 
+def records_at(num_blocks: int, block_bytes: int) -> int:
+    """Where the records begin in a KV region: after the blocks, 8-aligned for the int64 header."""
+    return -(-num_blocks * block_bytes // 8) * 8
+
+
 def region_bytes(num_blocks: int, block_bytes: int) -> int:
     """A KV region's size: its blocks, then their records."""
-    return num_blocks * block_bytes + KVRecords.nbytes(num_blocks)
+    return records_at(num_blocks, block_bytes) + KVRecords.nbytes(num_blocks)
 
 
 def kv_region(segment: PoolSegment, owner: int, key: bytes, num_blocks: int,
@@ -90,8 +99,8 @@ def kv_region(segment: PoolSegment, owner: int, key: bytes, num_blocks: int,
     tensor_bytes = num_blocks * block_bytes
     region = segment.take(KV, owner, key, region_bytes(num_blocks, block_bytes))
     memory = segment.buffer(region)
-    records = KVRecords(memory[tensor_bytes:], num_blocks, trusted=region.reused)
-    return torch.frombuffer(memory[:tensor_bytes], dtype=torch.uint8), records
+    records = KVRecords(memory[records_at(num_blocks, block_bytes):], num_blocks, trusted=region.reused)
+    return memory[:tensor_bytes], records
 
 
 def region_key(model: ModelConfig, model_name: str, layout: tuple) -> bytes:

@@ -3,8 +3,8 @@ its kernels read them (models/kernel_forms.py: the native kernels' packed panels
 kernels' plain matrices), so a worker restarted after a crash runs on them at once: it reads no
 checkpoint and packs nothing, and the weights are in memory once, in the pool.
 
-    weights region: | record (magic, complete, holds) | each form's tensors' bytes, 64-byte
-                                                          aligned, in kernel_forms() order |
+    weights region: | record: int64 magic, complete; holds | each form's tensors' bytes, 64-byte
+                                                              aligned, in kernel_forms() order |
 
 The layout follows from the model's architecture and the chosen kernels alone (the forms'
 shapes, computed on the meta device), which a loader knows before it reads any weight: so the
@@ -20,11 +20,11 @@ and writes `holds` (the key: which model, dtype and kernel layout the bytes are)
 disk again; a region that holds anything else (another layout, bytes from before) is
 reloaded, never read.
 
-Loaders call attach() before reading weights and keep() after (loader.fill_weights).
+Loaders call attach() before reading weights and keep() after (loader.fill_weights). On CUDA
+the record is written by the stream that copied the forms, after them (pool_segment.py).
 """
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from mcpd.config import ModelConfig
@@ -33,7 +33,9 @@ from mcpd.memory.pool_segment import WEIGHTS, PoolSegment
 from mcpd.models.kernel_forms import laid_out
 
 MAGIC = 0x737468676965776D   # "mweights"
-HEADER = np.dtype([("magic", "<u8"), ("complete", "<u8"), ("holds", f"V{KEY_BYTES}")])
+MAGIC_AT, COMPLETE_AT = range(2)   # the record's int64 fields, then `holds`
+HOLDS_AT = 2 * 8
+RECORD_BYTES = HOLDS_AT + KEY_BYTES
 ALIGN = 64
 
 
@@ -48,7 +50,7 @@ class ResidentWeights:
         False if there is none (the caller loads the weights, then calls keep)."""
         self._take_region(model, name)
         if not (self.reused and self.holds_key()):
-            self.head["complete"] = 0   # before any byte of the region changes
+            self.fields[COMPLETE_AT] = 0   # before any byte of the region changes
             return False
         model.use_forms(self.layout.views(self.memory))
         self.from_pool = True
@@ -59,20 +61,22 @@ class ResidentWeights:
         on them there."""
         self.layout.copy_in(model.kernel_forms(), self.memory)
         model.use_forms(self.layout.views(self.memory))
-        self.head["magic"], self.head["holds"] = MAGIC, self.key
-        self.head["complete"] = 1   # last: every byte is in place, and holds says what they are
+        self.fields[MAGIC_AT] = MAGIC
+        self.holds.copy_(torch.frombuffer(bytearray(self.key), dtype=torch.uint8))
+        self.fields[COMPLETE_AT] = 1   # last: every byte is in place, and holds says what they are
+        if self.memory.is_cuda:
+            torch.cuda.empty_cache()   # the loaded copies, else held by torch's cache beside the pool
 
     def holds_key(self) -> bool:
         """The record says the region is complete and holds what this worker's key names."""
-        head = self.head[0]
-        return head["magic"] == MAGIC and head["complete"] == 1 and head["holds"].tobytes() == self.key
+        magic, complete = self.fields.tolist()
+        return magic == MAGIC and complete == 1 and self.holds.cpu().numpy().tobytes() == self.key
 
     def _take_region(self, model, name: str) -> None:
         """Lay the model's forms out after the record and take owner's region for them."""
-        self.layout = laid_out(model.kernel_forms(meta=True), HEADER.itemsize, ALIGN)
+        self.layout = laid_out(model.kernel_forms(meta=True), RECORD_BYTES, ALIGN)
         self.key = region_key(self.model_config, name, ("weights", model.kernels.form, self.layout.signature()))
         region = self.segment.take(WEIGHTS, self.owner, self.key, self.layout.end)
         self.reused = region.reused
-        buffer = self.segment.buffer(region)   # checked to lie inside the pool
-        self.head = np.frombuffer(buffer, HEADER, 1)
-        self.memory = torch.frombuffer(buffer, dtype=torch.uint8)
+        self.memory = self.segment.buffer(region)   # checked to lie inside the pool
+        self.fields, self.holds = self.memory[:HOLDS_AT].view(torch.int64), self.memory[HOLDS_AT:RECORD_BYTES]

@@ -24,17 +24,17 @@ without following links, it must be a regular file of our uid, mode 0600, with t
 magic, and exactly the size its header implies; the table's rows must be a live set an
 allocator could have granted, and every view handed out lies inside the pool.
 
-The CUDA path is not built: workers on a CUDA device keep a private DevicePool (pool.py). Its
-seam is the data area, buffer(): on a GPU the keeper would make one device allocation, export
-it once (cudaIpcGetMemHandle, or cuMemCreate with a shareable handle) and store the handle in
-the header; the region table, locking, keys and the bounds check stay as they are here, and a
-worker would open the handle and view (offset, length) in it instead of slicing this mapping.
-What lies in the regions is device-neutral: the weights' region holds the forms the device's
-kernels read (engine/resident_weights.py; on CUDA the torch kernels' plain matrices), and its
-record and the KV blocks' validity records (engine/kv_records.py) stay in host memory beside
-the table or are written after a stream synchronisation, so a flag is never ahead of the bytes
-it vouches for. A GPU step would also take a scratch region for its activations (torch's
-caching allocator keeps them outside the pool's share of device memory); the CPU's has none.
+On a GPU the pool's bytes are one device allocation the keeper makes and exports through
+CUDA IPC (cuda_ipc.py); the segment then holds the header (with the IPC handle and the device's
+index) and the region table only, and a worker opens the handle and views (offset, length) in
+it instead of slicing this mapping. The table, locking, keys and the bounds check are the same
+on both. What lies in the regions is device-neutral: the weights' region holds the forms the
+device's kernels read (engine/resident_weights.py; on CUDA the torch kernels' plain matrices),
+and the validity records (its own and the KV blocks', engine/kv_records.py) lie in the regions
+too, written by the same CUDA stream after the bytes they vouch for: the stream runs in order,
+so a flag is never ahead of its bytes, and a SIGKILL drops what was queued behind, not before.
+A GPU step's activations come from torch's caching allocator, outside the pool; the CPU's need
+no region either (native_stack.py says why).
 """
 from __future__ import annotations
 
@@ -47,7 +47,9 @@ from pathlib import Path
 
 import numpy as np
 
-from mcpd.memory import host_segment
+import torch
+
+from mcpd.memory import cuda_ipc, host_segment
 from mcpd.memory.buddy import OutOfPoolMemory
 from mcpd.memory.region_allocator import RegionAllocator
 from mcpd.memory.file_lock import FileLock
@@ -56,9 +58,13 @@ from mcpd.memory.shm_layout import ALIGN, COLUMN_ALIGN, aligned
 from mcpd.refusal import StartRefused, UnsafePath
 
 MAGIC = 0x6C6F6F7064706D63   # "mcpdpool"
-VERSION = 1
+VERSION = 2   # 2: the device and its IPC handle
 HEADER = np.dtype([("magic", "<u8"), ("version", "<u8"), ("total_bytes", "<u8"), ("min_block", "<u8"),
-                   ("num_regions", "<u8"), ("keeper_pid", "<i8")])
+                   ("num_regions", "<u8"), ("keeper_pid", "<i8"),
+                   ("cuda_index", "<i8"),   # ON_HOST: the bytes follow the table; else a CUDA device's index
+                   ("ipc_handle", f"V{cuda_ipc.HANDLE_BYTES}")])   # the device allocation's, exported by the keeper
+ON_HOST = -1
+MAX_CUDA_INDEX = 63
 REGION_COLUMNS = (("state", "u1"), ("kind", "u1"), ("owner", "<i4"),
                   ("pid", "<i4"),       # the process that took (or took over) the region last
                   ("offset", "<u8"),    # into the pool's bytes
@@ -119,14 +125,21 @@ def attach_when_kept(runtime_dir: Path, device: str, timeout_s: float) -> "PoolS
         time.sleep(ATTACH_POLL_S)
 
 
-def layout(total_bytes: int, num_regions: int) -> tuple[dict[str, int], int, int]:
-    """Each column's offset, where the pool's bytes begin, and the segment's size."""
+def layout(total_bytes: int, num_regions: int, on_host: bool) -> tuple[dict[str, int], int, int]:
+    """Each column's offset, where the pool's bytes begin, and the segment's size (which holds
+    the pool's bytes only when they are on the host)."""
     at, where = aligned(HEADER.itemsize, COLUMN_ALIGN), {}
     for name, kind in REGION_COLUMNS:
         where[name] = at
         at = aligned(at + num_regions * np.dtype(kind).itemsize, COLUMN_ALIGN)
     data_at = aligned(at, ALIGN)
-    return where, data_at, data_at + total_bytes
+    return where, data_at, data_at + total_bytes * on_host
+
+
+def cuda_index(device: str) -> int:
+    """ON_HOST for "cpu", else the CUDA device's index ("cuda" is device 0)."""
+    device = torch.device(device)
+    return ON_HOST if device.type == "cpu" else (device.index or 0)
 
 
 class PoolSegment:
@@ -141,22 +154,29 @@ class PoolSegment:
         self.path, self.lock = path, FileLock(lock_path)
         self.head = np.frombuffer(self.mm, HEADER, count=1)
         self.total_bytes, self.min_block = int(self.head["total_bytes"][0]), int(self.head["min_block"][0])
-        where, self.data_at, expected = layout(self.total_bytes, int(self.head["num_regions"][0]))
+        self.cuda_index = int(self.head["cuda_index"][0])
+        where, self.data_at, expected = layout(self.total_bytes, int(self.head["num_regions"][0]),
+                                               self.cuda_index == ON_HOST)
         if expected != size:
             raise StartRefused(f"device pool segment {path} is {size} bytes; its header implies {expected}: "
                                "not trusted")
         for name, kind in REGION_COLUMNS:
             setattr(self, name, np.frombuffer(self.mm, kind, int(self.head["num_regions"][0]), where[name]))
         self.own_pid = os.getpid()
+        self._memory: torch.Tensor | None = None   # the pool's bytes, mapped at the first buffer()
+        self._allocation: cuda_ipc.Allocation | None = None   # the keeper's own device memory
 
     @classmethod
-    def create(cls, path: Path, lock_path: Path, total_bytes: int) -> "PoolSegment":
+    def create(cls, path: Path, lock_path: Path, total_bytes: int, device: str = "cpu") -> "PoolSegment":
         """A new, empty pool at path, replacing a stale one (whoever called holds the daemon's
-        instance lock). Made under a temporary name and renamed into place whole, so a worker
-        never maps a segment whose header is not written yet."""
+        instance lock), its bytes on device (a CUDA device: one allocation, exported, that
+        lives as long as this process). Made under a temporary name and renamed into place
+        whole, so a worker never maps a segment whose header is not written yet."""
         total_bytes = total_bytes // MIN_BLOCK * MIN_BLOCK
         if total_bytes < MIN_BLOCK:
             raise PoolTooSmall(f"device pool of {total_bytes} bytes: below one {MIN_BLOCK}-byte block")
+        index = cuda_index(device)
+        allocation = None if index == ON_HOST else _device_allocation(torch.device("cuda", index), total_bytes)
         staging = path.with_name(path.name + ".new")
         staging.unlink(missing_ok=True)
         try:
@@ -166,13 +186,17 @@ class PoolSegment:
                              "not replace it; remove it") from None
         try:
             os.fchmod(fd, SEGMENT_MODE)   # whatever the umask
-            os.ftruncate(fd, layout(total_bytes, NUM_REGIONS)[2])   # zeros: every row FREE; pages unbacked
-            header = np.array([(MAGIC, VERSION, total_bytes, MIN_BLOCK, NUM_REGIONS, os.getpid())], HEADER)
+            os.ftruncate(fd, layout(total_bytes, NUM_REGIONS, allocation is None)[2])   # zeros: rows FREE; pages unbacked
+            handle = allocation.handle if allocation else bytes(cuda_ipc.HANDLE_BYTES)
+            header = np.array([(MAGIC, VERSION, total_bytes, MIN_BLOCK, NUM_REGIONS, os.getpid(), index, handle)],
+                              HEADER)
             os.pwrite(fd, header.tobytes(), 0)
         finally:
             os.close(fd)
         os.rename(staging, path)
-        return cls(path, lock_path)
+        segment = cls(path, lock_path)
+        segment._allocation = allocation   # a process cannot open its own export: it keeps the pointer
+        return segment
 
     @property
     def keeper_pid(self) -> int:
@@ -210,12 +234,27 @@ class PoolSegment:
             self.state[rows] = FREE
             return len(rows)
 
-    def buffer(self, region: Region) -> memoryview:
-        """The region's bytes, checked to lie inside the pool."""
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cpu") if self.cuda_index == ON_HOST else torch.device("cuda", self.cuda_index)
+
+    def buffer(self, region: Region) -> torch.Tensor:
+        """The region's bytes (uint8, on the pool's device), checked to lie inside the pool."""
         if not (0 <= region.offset and region.nbytes > 0 and region.offset + region.nbytes <= self.total_bytes):
             raise ValueError(f"region ({region.offset}, {region.nbytes}) is outside the {self.total_bytes}-byte pool")
-        start = self.data_at + region.offset
-        return memoryview(self.mm)[start:start + region.nbytes]
+        return self._pool_bytes()[region.offset:region.offset + region.nbytes]
+
+    def _pool_bytes(self) -> torch.Tensor:
+        if self._memory is None:
+            if self._allocation is not None:
+                self._memory = self._allocation.tensor()
+            elif self.cuda_index == ON_HOST:
+                self._memory = torch.frombuffer(self.mm, dtype=torch.uint8, count=self.total_bytes,
+                                                offset=self.data_at)
+            else:
+                handle = self.head["ipc_handle"][0].tobytes()
+                self._memory = cuda_ipc.mapping(handle, self.total_bytes, self.device).tensor()
+        return self._memory
 
     def stats(self) -> dict:
         with self.lock:
@@ -233,6 +272,9 @@ class PoolSegment:
                 "regions": sorted(regions, key=lambda r: r["offset"])}
 
     def close(self) -> None:
+        """Unmap the table (views of the pool's bytes handed out must be gone: the host mapping
+        refuses to close under them)."""
+        self._memory = None
         for name, _ in REGION_COLUMNS:
             delattr(self, name)
         del self.head
@@ -279,7 +321,21 @@ def _checked_file(path: Path, fd: int) -> int:
     head = np.frombuffer(os.pread(fd, HEADER.itemsize, 0), HEADER)[0]   # before any size is derived from it
     if head["magic"] != MAGIC or head["version"] != VERSION:
         raise StartRefused(f"device pool segment {path} is not an mcpd pool of version {VERSION}: not trusted")
-    min_block, regions = int(head["min_block"]), int(head["num_regions"])
-    if min_block != MIN_BLOCK or int(head["total_bytes"]) % min_block or not 0 < regions <= NUM_REGIONS:
+    min_block, regions, index = int(head["min_block"]), int(head["num_regions"]), int(head["cuda_index"])
+    if (min_block != MIN_BLOCK or int(head["total_bytes"]) % min_block or not 0 < regions <= NUM_REGIONS
+            or not ON_HOST <= index <= MAX_CUDA_INDEX):
         raise StartRefused(f"device pool segment {path}: header fields out of range: not trusted")
     return st.st_size
+
+
+def _device_allocation(device: torch.device, nbytes: int) -> cuda_ipc.Allocation:
+    """The pool's device memory, zeroed as a new host segment is (the driver does not clear it:
+    a worker's region must not show another process's old bytes)."""
+    try:
+        allocation = cuda_ipc.Allocation(device, nbytes)
+        allocation.tensor().zero_()
+        torch.cuda.synchronize(device)
+        return allocation
+    except cuda_ipc.CudaError as e:
+        raise PoolTooSmall(f"POOL_TOO_SMALL: the device pool of {nbytes} bytes on {device} could not be "
+                           f"allocated ({e}): lower pool.bytes") from None
