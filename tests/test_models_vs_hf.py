@@ -55,12 +55,12 @@ def _hf_greedy(model, prompts, max_tokens, scores=False):
     return (outputs, logits) if scores else outputs
 
 
-def make_engine(path, dtype="auto", kernels="auto", **engine) -> Engine:
+def make_engine(path, dtype="auto", kernels="auto", device=CPU, **engine) -> Engine:
     engine.setdefault("pool_bytes", 4 << 20)
     engine["kernels"] = kernels
     config = Config(model=ModelConfig(path=str(path), dtype=dtype, max_model_len=128),
                     engine=EngineConfig(**engine))
-    return Engine(config, CPU)
+    return Engine(config, device)
 
 
 def generate(engine: Engine, prompts, max_tokens) -> list[list[int]]:
@@ -72,6 +72,15 @@ def generate(engine: Engine, prompts, max_tokens) -> list[list[int]]:
         for out in engine.step():
             tokens[out.key] += out.token_ids
     return [tokens[i] for i in range(len(prompts))]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here (CI has none)")
+@pytest.mark.parametrize("kind", KINDS)
+def test_greedy_tokens_on_a_gpu_match_transformers_on_the_cpu(kind, checkpoints, references):
+    """float32 on the GPU (torch's ops, TF32 off as torch's default) against the CPU reference."""
+    engine = make_engine(checkpoints[kind], dtype="float32", device=torch.device("cuda"))
+    assert engine.stats()["kernels"] == "torch" and engine.stats()["device"].startswith("cuda")
+    assert generate(engine, PROMPTS, MAX_TOKENS) == references[kind]
 
 
 @pytest.mark.parametrize("kind, kernels", CASES)
