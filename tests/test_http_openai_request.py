@@ -33,7 +33,14 @@ def test_a_completion_prompt_may_be_text_or_ids_or_a_batch_of_one(prompt, args):
     assert {k: done.args[k] for k in args} == args
 
 
+def test_a_version_routing_key_and_hints_pass_through_as_generate_args():
+    done = openai_request.completion({"model": "m", "prompt": "p", "version": "b", "routing_key": "user-7",
+                                      "hints": {"prefer_speed": True}}, 2048)
+    assert (done.args["version"], done.args["routing_key"], done.args["hints"]) == ("b", "user-7", {"prefer_speed": True})
+
+
 @pytest.mark.parametrize("body, param", [
+    ({"model": "m", "prompt": "p", "version": 2}, "version"), ({"model": "m", "prompt": "p", "hints": True}, "hints"),
     ({"model": "m", "prompt": ["a", "b"]}, "prompt"), ({"model": "m", "prompt": [True]}, "prompt"),
     ({"model": "m", "prompt": "p", "frequency_penalty": 0.5}, "frequency_penalty"),
     ({"model": "m", "prompt": "p", "seed": 1.0}, "seed"), ({"model": "m", "prompt": "p", "n": 3}, "n"),

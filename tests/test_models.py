@@ -12,6 +12,7 @@ from mcpd.protocol import codes
 from mcpd.protocol.codes import MCPDError
 from mcpd.testing import SteadyLoad, free_port
 from test_http import raw
+from test_metrics import scrape
 from tiny_checkpoints import make_checkpoint
 
 pytestmark = pytest.mark.slow
@@ -137,3 +138,37 @@ def test_http_requests_name_a_model_of_the_table(served):
     assert status == 200 and answer["model"] == "tiny"
     status, _, refused = raw(served, "POST", "/v1/completions", {"model": "nope", "prompt": "hello"})
     assert status == 404
+    with served.client() as client:
+        expected = client.generate("hello", version="b", max_tokens=2, temperature=0).token_ids
+    status, _, answer = raw(served, "POST", "/v1/completions", {"model": "tiny", "prompt": "hello", "max_tokens": 2,
+                                                                 "temperature": 0, "version": "b", "logprobs": 0})
+    assert status == 200 and answer["choices"][0]["logprobs"]["tokens"] == [f"token_id:{t}" for t in expected]
+    status, _, refused = raw(served, "POST", "/v1/completions", {"model": "tiny", "prompt": "hello", "version": "zz"})
+    assert status == 404 and "no version 'zz'" in refused["error"]["message"]
+
+
+def test_a_slow_class_sends_its_hinted_requests_to_the_fast_version(fresh_daemon, checkpoints):
+    """A class whose queueing p99 is over its fast_above_ms (here 1 µs: every request waits longer)
+    steps onto the fast rung once its window has measured it: then a request with
+    hints.prefer_speed goes to the model's fast version, one without stays on the default, and
+    status and metrics say the rung is active. (Leaving it, with hysteresis, is tested on the
+    scheduler's core: test_scheduler_models.py.)"""
+    a, b = checkpoints
+    d = fresh_daemon(metrics={"listen": "127.0.0.1:0"},
+                     **{"models.tiny": {"default": "a", "fast": "b"}, "models.tiny.versions.a": {"path": str(a)},
+                        "models.tiny.versions.b": {"path": str(b)},
+                        "scheduler.classes.normal": {"rank": 1},
+                        "scheduler.classes.hurry": {"rank": 2, "fast_above_ms": 0.001}})
+    hurry = {"priority": "hurry", **GREEDY}
+    with d.client() as client:
+        assert client.generate("hello", hints={"prefer_speed": True}, **hurry).version == "a"   # not measured yet
+        deadline = time.monotonic() + 60
+        while "hurry" not in d.status()["scheduler"]["fast_rung"]["active"]:
+            assert time.monotonic() < deadline, d.status()["scheduler"]["fast_rung"]
+            client.generate("hello", **hurry)
+        assert client.generate("hello", hints={"prefer_speed": True}, **hurry).version == "b"
+        assert client.generate("hello", **hurry).version == "a"
+        assert client.generate("hello", hints={"prefer_speed": True}, **GREEDY).version == "a"   # normal: no target
+    samples = scrape(d)
+    assert samples[("mcpd_fast_rung_active", (("class", "hurry"),))] == 1
+    assert samples[("mcpd_fast_rung_active", (("class", "normal"),))] == 0

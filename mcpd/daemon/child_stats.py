@@ -55,6 +55,7 @@ class WorkerStats(msgspec.Struct, frozen=True, kw_only=True, tag="worker"):
     served_model: str | None = None   # the model table's name (config.py), and the version it serves
     version: str | None = None
     dtype: str | None = None
+    quantization: str | None = None   # "none" or "int8"
     kernels: str | None = None
     threads: int | None = None
     max_model_len: int | None = None

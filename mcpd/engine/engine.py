@@ -70,6 +70,7 @@ class Engine:
         loaded = load_model(config.model, self.device, config.engine.kernels, self.resident)
         self.model, self.tokenizer = loaded.model, loaded.tokenizer
         self.model_name, self.dtype, self.vocab_size = loaded.name, loaded.dtype, loaded.vocab_size
+        self.quantization = config.model.quantization
         self.max_model_len, self.kernels_reason = loaded.max_model_len, loaded.kernels_reason
         self.pages_reason = onto_huge_pages(self.model, config.engine.huge_pages, shared_pool is not None)
         pool_bytes = DevicePool.resolve_bytes(config.engine.pool_bytes, self.device)
@@ -237,6 +238,7 @@ class Engine:
             "device": str(self.device),
             "model": self.model_name,
             "dtype": str(self.dtype).removeprefix("torch."),
+            "quantization": self.quantization,   # "none" or "int8": the linear layers' weights
             "kernels": self.model.kernels.name,
             "threads": torch.get_num_threads(),
             "max_model_len": self.max_model_len,

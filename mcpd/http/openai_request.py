@@ -90,7 +90,9 @@ def _completion(body: dict, args: dict, max_tokens: int, logprobs: bool) -> Comp
         value = _get(body, name, NUMBER)
         if value is not None:
             args[name] = value
-    for name, kind in (("seed", int), ("top_k", int), ("ignore_eos", bool)):   # the last two: as vLLM's extras
+    # top_k and ignore_eos as vLLM's extras; version, routing_key and hints as generate's (PROTOCOL.md)
+    for name, kind in (("seed", int), ("top_k", int), ("ignore_eos", bool), ("version", str), ("routing_key", str),
+                       ("hints", dict)):
         value = _get(body, name, kind)
         if value is not None:
             args[name] = value
