@@ -69,6 +69,24 @@ def test_a_view_on_the_gpu_stays_inside_the_pool(tmp_path):
         pool.close()
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_a_gpu_pool_on_a_machine_without_one_is_refused_not_crashed_on(tmp_path):
+    path, lock = pool_segment.segment_path(tmp_path, "cpu"), pool_segment.lock_path(tmp_path, "cpu")
+    PoolSegment.create(path, lock, 4 * MIB)
+    try:
+        header = np.frombuffer(bytearray(path.read_bytes()[:pool_segment.HEADER.itemsize]), pool_segment.HEADER).copy()
+        header["cuda_index"] = 0
+        with open(path, "r+b") as f:
+            f.write(header.tobytes())
+            f.truncate(pool_segment.layout(4 * MIB, pool_segment.NUM_REGIONS, on_host=False)[2])
+        segment = PoolSegment(path, lock)
+        region = segment.take(KV, 0, KEY, MIB)
+        with pytest.raises(StartRefused, match="cannot be opened"):
+            segment.buffer(region)
+    finally:
+        path.unlink(missing_ok=True)
+
+
 def test_a_header_naming_an_impossible_device_is_not_trusted(tmp_path):
     path, lock = pool_segment.segment_path(tmp_path, "cpu"), pool_segment.lock_path(tmp_path, "cpu")
     PoolSegment.create(path, lock, 4 * MIB)

@@ -252,9 +252,18 @@ class PoolSegment:
                 self._memory = torch.frombuffer(self.mm, dtype=torch.uint8, count=self.total_bytes,
                                                 offset=self.data_at)
             else:
-                handle = self.head["ipc_handle"][0].tobytes()
-                self._memory = cuda_ipc.mapping(handle, self.total_bytes, self.device).tensor()
+                self._memory = self._mapped_device_memory()
         return self._memory
+
+    def _mapped_device_memory(self) -> torch.Tensor:
+        handle = self.head["ipc_handle"][0].tobytes()
+        try:
+            if not torch.cuda.is_available() or self.cuda_index >= torch.cuda.device_count():
+                raise cuda_ipc.CudaError(f"this process sees {torch.cuda.device_count()} CUDA device(s)")
+            return cuda_ipc.mapping(handle, self.total_bytes, self.device).tensor()
+        except (cuda_ipc.CudaError, RuntimeError) as e:   # RuntimeError: torch's own CUDA errors
+            raise StartRefused(f"device pool segment {self.path}: its memory on {self.device} cannot be opened "
+                               f"({e})") from None
 
     def stats(self) -> dict:
         with self.lock:
