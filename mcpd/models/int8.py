@@ -8,9 +8,11 @@ Symmetric (no zero point). Groups along the input: one scale per row spreads a r
 over its largest weight, most of its weights then use a few of them; a group's peak is nearer
 its typical weight (bench/README.md, "int8 variants": group size against agreement and speed).
 Groups never span rows, so a fused matrix (q/k/v, gate/up) quantizes row by row exactly as its
-separate pieces would. -128 is left out so that negating a row stays exact. Both kernels
-multiply x by the dequantized weight, values * scale rounded to float32 (the native one in
-registers): the same weights, summed in other orders only.
+separate pieces would. -128 is left out so that negating a row stays exact. The torch twin
+and the native kernel multiply x by the dequantized weight, values * scale rounded to float32
+(the native one in registers); the native kernel's one-row case (a decode step) scales each
+group's sum instead, a multiply a group rather than a weight: the same product, rounded at
+other places, as the kernels' orders of summing differ anyway (tests/test_kernels.py).
 
 Which tensors: every nn.Linear of a Llama-family model (q/k/v, o, gate/up, down) and the LM
 head. The embedding stays in the model dtype: a step reads one of its rows per token, not the
@@ -65,7 +67,7 @@ def dequantize(values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
 
 def linear(x: torch.Tensor, weight: Int8Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x . w^T (+ bias) in x's dtype, multiplied in float32 by the dequantized weight, as the
-    native kernel (kernels.c, tile_int8) does, so both round alike. The torch twin of it: it
+    native kernel (kernels.c, tile_int8) does for several rows, so both round alike. The torch twin of it: it
     converts the values on every call, which is slow, but it runs on any device and keeps
     memory at one byte a weight (and a scale per GROUP)."""
     y = F.linear(x.float(), dequantize(weight.values, weight.scales))

@@ -207,7 +207,7 @@ INLINE void tile_bf16(const bf16 *x, int64_t rows, int64_t k, const bf16 *p0, co
    [n/16][groups][16], one per output row and INT8_GROUP input columns. Each step converts 16
    integers to float32 in registers (a sign-extending load and a convert), multiplies them by
    their group's 16 scales (the weights int8.dequantize gives, bit for bit) and multiply-adds
-   them like float32 weights. Why not int8 activations and VNNI (vpdpbusd): a decode step is
+   them like float32 weights (one row: row_int8 scales each group's sum instead). Why not int8 activations and VNNI (vpdpbusd): a decode step is
    bound by reading the weights, which int8 cuts to a quarter either way, while the conversion
    costs three instructions per 16 weights shared by all rows of the tile; quantizing
    activations would add a second error for no speed at batch 1 (bench/quantized.py measures
@@ -246,31 +246,34 @@ static inline int64_t group_end(int64_t g0, int64_t k) {
    panel, added at the end, keep the multiply-adds independent. A panel's int8 stream is a
    quarter of a float32 one's (8 KB at k = 512) and the hardware prefetcher ramps up too late
    on it: fetching 256 steps (4 KB) ahead took a batch-1 pass over the bench model's int8
-   matrices from 5-7 ms to 2-4 ms on one core of the shared AVX-512 EPYC. */
+   matrices from 5-7 ms to 2-4 ms on one core of the shared AVX-512 EPYC. Here each group's sum
+   of x * values is scaled once, not each weight: a multiply per 16 weights made the pass 20%
+   (groups of 64) to 50% (32) slower than one scale a row; this costs a multiply-add a group
+   (bench/README.md). The same product as tile_int8's, rounded at other places. */
 #define PREFETCH_INT8 256
 INLINE void row_int8(int dtype, const void *x, int64_t k, const int8_t *p0, const int8_t *p1, const float *c0,
                      const float *c1, f32x16 *a0, f32x16 *a1) {
-    f32x16 s0[4] = {{0}}, s1[4] = {{0}};
+    *a0 = *a1 = splat(0);
     for (int64_t g0 = 0; g0 < k; g0 += INT8_GROUP, c0 += PANEL, c1 += PANEL) {
-        f32x16 scale0 = load_f32(c0), scale1 = load_f32(c1);
+        f32x16 s0[4] = {{0}}, s1[4] = {{0}};
         int64_t i = g0, end = group_end(g0, k);
         for (; i + 4 <= end; i += 4) {
             __builtin_prefetch(p0 + (i + PREFETCH_INT8) * PANEL);
             __builtin_prefetch(p1 + (i + PREFETCH_INT8) * PANEL);
             for (int u = 0; u < 4; u++) {
                 float xv = x_at(dtype, x, i + u);
-                s0[u] += xv * (load_int8(p0 + (i + u) * PANEL) * scale0);
-                s1[u] += xv * (load_int8(p1 + (i + u) * PANEL) * scale1);
+                s0[u] += xv * load_int8(p0 + (i + u) * PANEL);
+                s1[u] += xv * load_int8(p1 + (i + u) * PANEL);
             }
         }
         for (; i < end; i++) {
             float xv = x_at(dtype, x, i);
-            s0[0] += xv * (load_int8(p0 + i * PANEL) * scale0);
-            s1[0] += xv * (load_int8(p1 + i * PANEL) * scale1);
+            s0[0] += xv * load_int8(p0 + i * PANEL);
+            s1[0] += xv * load_int8(p1 + i * PANEL);
         }
+        *a0 += ((s0[0] + s0[1]) + (s0[2] + s0[3])) * load_f32(c0);
+        *a1 += ((s1[0] + s1[1]) + (s1[2] + s1[3])) * load_f32(c1);
     }
-    *a0 = (s0[0] + s0[1]) + (s0[2] + s0[3]);
-    *a1 = (s1[0] + s1[1]) + (s1[2] + s1[3]);
 }
 
 INLINE void tile_int8(int dtype, const void *x, int64_t rows, int64_t k, const int8_t *p0, const int8_t *p1,
