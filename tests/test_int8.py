@@ -137,7 +137,8 @@ def test_a_per_row_int8_checkpoint_loads_with_its_scale_in_every_group(tmp_path)
     model = loaded(target, "int8", "torch")
     down = model.model.layers[1].mlp.down_proj
     assert down.weight_scale.shape == (down.weight.shape[0], groups(down.weight.shape[1]))
-    per_row = tensors["model.layers.1.mlp.down_proj.weight"].float() * tensors["model.layers.1.mlp.down_proj.weight_scale"][:, None]
+    name = "model.layers.1.mlp.down_proj.weight"
+    per_row = tensors[name].float() * tensors[name + "_scale"][:, None]
     assert torch.equal(dequantize(down.weight, down.weight_scale), per_row)
     assert generate(engine(target, "int8", "native")) == generate(engine(target, "int8", "torch"))
 

@@ -207,11 +207,11 @@ INLINE void tile_bf16(const bf16 *x, int64_t rows, int64_t k, const bf16 *p0, co
    [n/16][groups][16], one per output row and INT8_GROUP input columns. Each step converts 16
    integers to float32 in registers (a sign-extending load and a convert), multiplies them by
    their group's 16 scales (the weights int8.dequantize gives, bit for bit) and multiply-adds
-   them like float32 weights (one row: row_int8 scales each group's sum instead). Why not int8 activations and VNNI (vpdpbusd): a decode step is
-   bound by reading the weights, which int8 cuts to a quarter either way, while the conversion
-   costs three instructions per 16 weights shared by all rows of the tile; quantizing
-   activations would add a second error for no speed at batch 1 (bench/quantized.py measures
-   both speed and agreement with the float model). */
+   them like float32 weights (one row: row_int8 scales each group's sum instead). Why not int8
+   activations and VNNI (vpdpbusd): a decode step is bound by reading the weights, which int8
+   cuts to a quarter either way, while the conversion costs three instructions per 16 weights
+   shared by all rows of the tile; quantizing activations would add a second error for no speed
+   at batch 1 (bench/quantized.py measures both speed and agreement with the float model). */
 #ifndef INT8_GROUP
 #error "INT8_GROUP: native.py compiles this file with int8.GROUP"
 #endif
