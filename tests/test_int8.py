@@ -10,7 +10,7 @@ from mcpd.engine import Engine, SamplingParams
 from mcpd.engine.kv_records import region_key
 from mcpd.models import UnsupportedModel, load_model
 from mcpd.models.agreement import compare, position_logits
-from mcpd.models.int8 import LEVELS, dequantize, quantize_rows
+from mcpd.models.int8 import GROUP, LEVELS, dequantize, groups, quantize
 from tiny_checkpoints import make_checkpoint
 
 CPU = torch.device("cpu")
@@ -22,24 +22,29 @@ PROMPTS = [[0, 17, 42, 99, 5], [0, 250, 3, 3, 3, 71, 12, 8], [0, 64]]
 MIN_TOP1, MAX_MEAN_KL = 0.9, 0.01
 
 
-def test_round_trip_is_within_half_a_step_of_each_row():
-    w = torch.randn(37, 80, generator=torch.Generator().manual_seed(1)) * torch.logspace(-3, 1, 37)[:, None]
+def test_round_trip_is_within_half_a_step_of_each_group():
+    columns = 2 * GROUP + 17   # the last group short
+    w = torch.randn(37, columns, generator=torch.Generator().manual_seed(1)) * torch.logspace(-3, 1, 37)[:, None]
     w[5] = 0.0
-    values, scales = quantize_rows(w)
-    assert values.dtype == torch.int8 and scales.dtype == torch.float32 and scales.shape == (37,)
+    w[9, GROUP:2 * GROUP] = 0.0
+    values, scales = quantize(w)
+    assert values.dtype == torch.int8 and values.shape == w.shape
+    assert scales.dtype == torch.float32 and scales.shape == (37, groups(columns)) == (37, 3)
     assert int(values.abs().max()) == LEVELS and int(values.min()) >= -LEVELS
-    assert torch.equal(values.abs().amax(dim=1)[torch.arange(37) != 5], torch.full((36,), LEVELS, dtype=torch.int8))
-    error = (dequantize(values, scales) - w).abs()
-    assert bool((error <= scales[:, None] / 2 * (1 + 1e-6)).all())   # rounding to the nearest step
-    assert scales[5] == 1 and not values[5].any()   # an all-zero row stays zero
+    peaks = torch.stack([v.abs().amax(dim=1) for v in values.split(GROUP, dim=1)], dim=1)
+    assert int((peaks == LEVELS).sum()) == 37 * 3 - 3 - 1   # every group reaches the last step but the zero ones
+    step = scales.repeat_interleave(GROUP, dim=1)[:, :columns]
+    assert bool(((dequantize(values, scales) - w).abs() <= step / 2 * (1 + 1e-6)).all())   # to the nearest step
+    assert bool((scales[5] == 1).all()) and not values[5].any()   # an all-zero row stays zero
+    assert scales[9, 1] == 1 and not values[9, GROUP:2 * GROUP].any()   # and an all-zero group
 
 
 def test_fused_rows_quantize_as_their_pieces():
-    """Per output row: q, k and v quantized apart (as a checkpoint holds them) equal the fused
-    qkv matrix quantized at once, so both loading routes give the same model."""
-    w = torch.randn(48, 32, generator=torch.Generator().manual_seed(2))
-    whole = quantize_rows(w)
-    parts = [quantize_rows(p) for p in w.split((16, 16, 16))]
+    """Groups lie within a row: q, k and v quantized apart (as a checkpoint holds them) equal the
+    fused qkv matrix quantized at once, so both loading routes give the same model."""
+    w = torch.randn(48, 2 * GROUP, generator=torch.Generator().manual_seed(2))
+    whole = quantize(w)
+    parts = [quantize(p) for p in w.split((16, 16, 16))]
     assert torch.equal(whole[0], torch.cat([p[0] for p in parts]))
     assert torch.equal(whole[1], torch.cat([p[1] for p in parts]))
 
@@ -93,8 +98,9 @@ def test_int8_model_holds_a_quarter_of_the_float_weight_bytes(tmp_path):
     assert model.model.embed_tokens.weight.dtype == torch.float32
 
 
-def write_int8_checkpoint(source, target):
-    """source's directory with every linear weight as int8 + weight_scale (docs/MODELS.md)."""
+def write_int8_checkpoint(source, target, quantizer=quantize):
+    """source's directory with every linear weight as int8 + weight_scale (docs/MODELS.md);
+    quantizer(float matrix) -> (values, scales)."""
     target.mkdir()
     for file in source.iterdir():
         if file.suffix != ".safetensors":
@@ -102,7 +108,7 @@ def write_int8_checkpoint(source, target):
     tensors = {}
     for name, tensor in load_file(source / "model.safetensors").items():
         if name.endswith("proj.weight") or name == "lm_head.weight":
-            tensors[name], tensors[name + "_scale"] = quantize_rows(tensor)
+            tensors[name], tensors[name + "_scale"] = quantizer(tensor)
         else:
             tensors[name] = tensor
     save_file(tensors, target / "model.safetensors")
@@ -119,6 +125,24 @@ def test_an_int8_checkpoint_loads_as_the_float_one_quantized_at_load(tmp_path):
     assert generate(engine(target, "int8", "auto")) == generate(engine(source, "int8", "auto"))
 
 
+def quantize_per_row(weight):
+    """One scale a row, [out]: a checkpoint of another tool, or of mcpd before groups."""
+    scales = weight.abs().amax(dim=1) / LEVELS
+    return torch.round(weight / scales[:, None]).to(torch.int8), scales
+
+
+def test_a_per_row_int8_checkpoint_loads_with_its_scale_in_every_group(tmp_path):
+    target = tmp_path / "int8"
+    tensors = write_int8_checkpoint(make_checkpoint(tmp_path / "float", "llama"), target, quantize_per_row)
+    model = loaded(target, "int8", "torch")
+    down = model.model.layers[1].mlp.down_proj
+    assert down.weight_scale.shape == (down.weight.shape[0], groups(down.weight.shape[1]))
+    name = "model.layers.1.mlp.down_proj.weight"
+    per_row = tensors[name].float() * tensors[name + "_scale"][:, None]
+    assert torch.equal(dequantize(down.weight, down.weight_scale), per_row)
+    assert generate(engine(target, "int8", "native")) == generate(engine(target, "int8", "torch"))
+
+
 def test_an_int8_checkpoint_is_refused_without_quantization(tmp_path):
     target = tmp_path / "int8"
     write_int8_checkpoint(make_checkpoint(tmp_path / "float", "llama"), target)
@@ -133,6 +157,9 @@ def test_an_int8_checkpoint_is_refused_without_quantization(tmp_path):
     (lambda t: t.__setitem__("lm_head.weight_scale", t["lm_head.weight_scale"].double()), "not float32"),
     (lambda t: t.pop("model.layers.0.mlp.up_proj.weight_scale"), "lacks weights for model.layers.0.mlp.gate_up_proj"),
     (lambda t: t.__setitem__("lm_head.weight", t["lm_head.weight"].to(torch.int16)), "torch.int16"),
+    (lambda t: t.__setitem__("lm_head.weight_scale", t["lm_head.weight_scale"][:, :-1]), "does not fit"),
+    (lambda t: t.__setitem__("lm_head.weight_scale", t["lm_head.weight_scale"][..., None]), "does not fit"),
+    (lambda t: t.__setitem__("lm_head.weight_scale", t["lm_head.weight_scale"][0, 0]), "does not fit"),
 ])
 def test_damaged_int8_checkpoints_are_refused(tmp_path, damage, message):
     target = tmp_path / "int8"
@@ -155,7 +182,7 @@ def test_embedded_model_runs_int8_with_the_float_weights_quantized():
     top-1 agreement, KL 0.04, measured; the checkpoints above are the figures.)"""
     int8_model = loaded("", "int8")
     float_qkv = load_model(ModelConfig(), CPU).model.model.layers[2].self_attn.qkv_proj.weight
-    assert torch.equal(int8_model.model.layers[2].self_attn.qkv_proj.weight_scale, quantize_rows(float_qkv)[1])
+    assert torch.equal(int8_model.model.layers[2].self_attn.qkv_proj.weight_scale, quantize(float_qkv)[1])
     for prompt, tokens in zip(PROMPTS, generate(Engine(Config(model=ModelConfig(quantization="int8")), CPU))):
         choices = position_logits(int8_model, tokens).argmax(-1).tolist()
         assert choices[len(prompt) - 1:-1] == tokens[len(prompt):]

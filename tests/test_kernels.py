@@ -13,7 +13,7 @@ from mcpd.config import Config, EngineConfig, ModelConfig
 from mcpd.engine import Engine
 from mcpd.models import kernels, load_model, native
 from mcpd.models.kernel_forms import tensors_of
-from mcpd.models.int8 import Int8Weight, quantize_rows
+from mcpd.models.int8 import Int8Weight, quantize
 from mcpd.models.kernels import NativeKernels, TorchKernels
 from mcpd.models.layers import AttentionMetadata, bind_kv_cache
 from tiny_checkpoints import KINDS, make_checkpoint
@@ -244,21 +244,23 @@ def test_the_library_is_built_once_and_cached(cache_home, monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("m, n, k", [(1, 64, 64), (1, 33, 52), (3, 7, 16), (8, 48, 80), (11, 40, 32)])
+@pytest.mark.parametrize("m, n, k", [(1, 64, 64), (1, 33, 52), (3, 7, 16), (8, 48, 80), (11, 40, 32),
+                                     (1, 48, 200), (5, 48, 200)])
 @pytest.mark.parametrize("bias", [False, True])
 def test_int8_linear_native_against_the_torch_twin(dtype, m, n, k, bias):
-    """Both multiply x by the same integers in float32 and scale each output after: they differ
-    in the order of sums only (one row sums in four runs), so agree() as for float weights holds.
-    n = 33, 7, 40: a panel or pair partly padding; k = 52: the one-row kernel's tail."""
+    """Both multiply x by the same dequantized weights (values * group scale, in float32): they
+    differ in the order of sums only (one row sums in four runs), so agree() as for float weights
+    holds. n = 33, 7, 40: a panel or pair partly padding; k = 52: the one-row kernel's tail;
+    k = 80, 200: several groups of int8.GROUP columns (32 or 64), the last one short."""
     x, w = rand(m, k, dtype=dtype), rand(n, k, scale=0.05)
-    weight = Int8Weight(*quantize_rows(w))
+    weight = Int8Weight(*quantize(w))
     b = rand(n, dtype=dtype) if bias else None
     assert agree(NATIVE.linear(x, NATIVE.prepare(weight), b), TORCH.linear(x, weight, b))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_int8_logits_native_against_the_torch_twin(dtype):
-    x, weight = rand(2, 64, dtype=dtype), Int8Weight(*quantize_rows(rand(300, 64)))
+    x, weight = rand(2, 64, dtype=dtype), Int8Weight(*quantize(rand(300, 64)))
     logits = NATIVE.logits(x, NATIVE.prepare(weight))
     assert logits.dtype == torch.float32 and torch.equal(logits, logits.to(dtype).float())
     assert agree(logits.to(dtype), TORCH.logits(x, weight).to(dtype))

@@ -1,11 +1,18 @@
-"""Weight-only int8: a linear layer's weight as int8 rows with one float32 scale per output row.
+"""Weight-only int8: a linear layer's weight as int8 values with one float32 scale per output row
+and group of GROUP input columns.
 
-    w[n, :] ~= values[n, :] * scales[n],  values in [-127, 127],  scales[n] = max|w[n, :]| / 127
+    w[n, j] ~= values[n, j] * scales[n, j // GROUP],  values in [-127, 127],
+    scales[n, g] = max |w[n, g*GROUP : (g+1)*GROUP]| / 127
 
-Symmetric (no zero point) and per output channel: a product y = x . w^T is then
-(x . values^T) * scales, so the kernels multiply by the integers and scale each output once, and
-a fused matrix (q/k/v, gate/up) quantizes row by row exactly as its separate pieces would. -128
-is left out so that negating a row stays exact.
+Symmetric (no zero point). Groups along the input: one scale per row spreads a row's 127 steps
+over its largest weight, most of its weights then use a few of them; a group's peak is nearer
+its typical weight (bench/README.md, "int8 variants": group size against agreement and speed).
+Groups never span rows, so a fused matrix (q/k/v, gate/up) quantizes row by row exactly as its
+separate pieces would. -128 is left out so that negating a row stays exact. The torch twin
+and the native kernel multiply x by the dequantized weight, values * scale rounded to float32
+(the native one in registers); the native kernel's one-row case (a decode step) scales each
+group's sum instead, a multiply a group rather than a weight: the same product, rounded at
+other places, as the kernels' orders of summing differ anyway (tests/test_kernels.py).
 
 Which tensors: every nn.Linear of a Llama-family model (q/k/v, o, gate/up, down) and the LM
 head. The embedding stays in the model dtype: a step reads one of its rows per token, not the
@@ -13,7 +20,8 @@ whole table, so int8 would save no bandwidth and only add error to every input (
 being the embedding, stays float with it).
 
 Checkpoints (docs/MODELS.md): `<name>.weight` int8 [out, in] beside `<name>.weight_scale` float32
-[out]; everything else as in a float checkpoint.
+[out, groups(in)], or [out] (one scale a row: every group of the row takes it, which is exact);
+everything else as in a float checkpoint.
 """
 from __future__ import annotations
 
@@ -24,36 +32,45 @@ import torch.nn.functional as F
 from torch import nn
 
 LEVELS = 127
+GROUP = 64                # input columns per scale; kernels.c is compiled with it (native.py)
 SCALE_SUFFIX = "_scale"   # the scale of parameter "x.weight" is "x.weight_scale"
 
 
 @dataclass(frozen=True, slots=True)
 class Int8Weight:
-    """A weight matrix as the torch kernels multiply it: values int8 [n, k], scales float32 [n]."""
+    """A weight matrix as the torch kernels multiply it: values int8 [n, k], scales float32 [n, groups(k)]."""
     values: torch.Tensor
     scales: torch.Tensor
 
 
-def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(int8 values [n, k], float32 scales [n]) of a float matrix; an all-zero row gets scale 1."""
-    w = weight.float()
-    peak = w.abs().amax(dim=1)
+def groups(columns: int) -> int:
+    """Scales per row of a matrix with this many columns (the last group may be short)."""
+    return -(-columns // GROUP)
+
+
+def quantize(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int8 values [n, k], float32 scales [n, groups(k)]) of a float matrix; an all-zero group
+    gets scale 1."""
+    n, k = weight.shape
+    w = F.pad(weight.float(), (0, groups(k) * GROUP - k)).view(n, groups(k), GROUP)
+    peak = w.abs().amax(dim=2)
     scales = torch.where(peak > 0, peak / LEVELS, torch.ones_like(peak))
-    values = torch.round(w / scales[:, None]).clamp_(-LEVELS, LEVELS).to(torch.int8)
-    return values, scales
+    values = torch.round(w / scales[:, :, None]).clamp_(-LEVELS, LEVELS).to(torch.int8)
+    return values.view(n, -1)[:, :k].contiguous(), scales
 
 
 def dequantize(values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """float32 [n, k]: the matrix the int8 values and scales stand for."""
-    return values.float() * scales[:, None]
+    """float32 [n, k]: the matrix the int8 values and scales stand for, each value * its scale
+    rounded to float32 (as the native kernel converts them in registers)."""
+    return values.float() * scales.repeat_interleave(GROUP, dim=1)[:, :values.shape[1]]
 
 
 def linear(x: torch.Tensor, weight: Int8Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x . w^T (+ bias) in x's dtype: the integers multiplied in float32 and each output scaled
-    after, the order of the native kernel (kernels.c, tile_int8), so both round alike. The
-    torch twin of it: it converts the values on every call, which is slow, but it runs on any
-    device and keeps memory at one byte a weight."""
-    y = F.linear(x.float(), weight.values.float()) * weight.scales
+    """x . w^T (+ bias) in x's dtype, multiplied in float32 by the dequantized weight, as the
+    native kernel (kernels.c, tile_int8) does for several rows, so both round alike. The torch twin of it: it
+    converts the values on every call, which is slow, but it runs on any device and keeps
+    memory at one byte a weight (and a scale per GROUP)."""
+    y = F.linear(x.float(), dequantize(weight.values, weight.scales))
     if bias is not None:
         y = y + bias.float()
     return y.to(x.dtype)
@@ -61,7 +78,8 @@ def linear(x: torch.Tensor, weight: Int8Weight, bias: torch.Tensor | None = None
 
 def use_int8(model: nn.Module) -> None:
     """Give every nn.Linear of model (its memory allocated, not yet filled) an int8 weight and a
-    float32 weight_scale: the loader fills both, from an int8 checkpoint or by quantize_rows."""
+    float32 weight_scale [out, groups(in)]: the loader fills both, from an int8 checkpoint or by
+    quantize."""
     for module in model.modules():
         if isinstance(module, nn.Linear):
             rows, columns = module.weight.shape
@@ -69,7 +87,7 @@ def use_int8(model: nn.Module) -> None:
             module.weight = nn.Parameter(torch.empty(rows, columns, dtype=torch.int8, device=device),
                                          requires_grad=False)
             module.register_parameter("weight" + SCALE_SUFFIX, nn.Parameter(
-                torch.empty(rows, dtype=torch.float32, device=device), requires_grad=False))
+                torch.empty(rows, groups(columns), dtype=torch.float32, device=device), requires_grad=False))
 
 
 def matrix(module: nn.Linear) -> torch.Tensor | Int8Weight:
@@ -79,7 +97,8 @@ def matrix(module: nn.Linear) -> torch.Tensor | Int8Weight:
 
 
 def bad_scales(scales: torch.Tensor) -> str | None:
-    """Why a checkpoint's scales cannot be used (not float32, not finite and positive), or None."""
+    """Why a checkpoint's scales cannot be used (not float32, not finite and positive), or None.
+    Their shape is the loader's to check, as for every tensor."""
     if scales.dtype != torch.float32:
         return f"dtype {scales.dtype}, not float32"
     if not bool(torch.isfinite(scales).all()) or not bool((scales > 0).all()):

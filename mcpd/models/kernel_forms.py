@@ -49,7 +49,7 @@ class KernelForms:
         """(name, form) of each parameter, one at a time: a caller that moves each form elsewhere
         holds one prepared copy at most. meta: the forms' shapes and dtypes only, computed on
         the meta device (a layout, known before any weight is read). An int8 matrix is prepared
-        with its row scales (int8.py: the parameter "<name>_scale" beside it), which also stay
+        with its scales (int8.py: the parameter "<name>_scale" beside it), which also stay
         a form of their own."""
         params = dict(self.named_parameters())
 

@@ -203,14 +203,18 @@ INLINE void tile_bf16(const bf16 *x, int64_t rows, int64_t k, const bf16 *p0, co
 #endif
 }
 
-/* Weight-only int8 (mcpd/models/int8.py): panels [n/16][k][16] of int8, one float32 scale per
-   output row. Each step converts 16 integers to float32 in registers (a sign-extending load and
-   a convert) and multiply-adds them like float32 weights; the row's scale is applied once to the
-   finished sum (scale_tile). Why not int8 activations and VNNI (vpdpbusd): a decode step is
-   bound by reading the weights, which int8 cuts to a quarter either way, while the conversion
-   costs two instructions per 16 weights shared by all rows of the tile; quantizing activations
-   would add a second error for no speed at batch 1 (bench/quantized.py measures both speed and
-   agreement with the float model). */
+/* Weight-only int8 (mcpd/models/int8.py): panels [n/16][k][16] of int8, and float32 scales
+   [n/16][groups][16], one per output row and INT8_GROUP input columns. Each step converts 16
+   integers to float32 in registers (a sign-extending load and a convert), multiplies them by
+   their group's 16 scales (the weights int8.dequantize gives, bit for bit) and multiply-adds
+   them like float32 weights (one row: row_int8 scales each group's sum instead). Why not int8
+   activations and VNNI (vpdpbusd): a decode step is bound by reading the weights, which int8
+   cuts to a quarter either way, while the conversion costs three instructions per 16 weights
+   shared by all rows of the tile; quantizing activations would add a second error for no speed
+   at batch 1 (bench/quantized.py measures both speed and agreement with the float model). */
+#ifndef INT8_GROUP
+#error "INT8_GROUP: native.py compiles this file with int8.GROUP"
+#endif
 typedef int8_t i8x16 __attribute__((vector_size(16)));
 
 /* 16 int8 as float32. GCC 12 turns __builtin_convertvector of 16 int8 into 16 scalar
@@ -232,55 +236,64 @@ static inline float x_at(int dtype, const void *x, int64_t i) {
     return dtype == F32 ? ((const float *)x)[i] : bf16_to_f32(((const bf16 *)x)[i]);
 }
 
+/* The end of the group that starts at column g0. */
+static inline int64_t group_end(int64_t g0, int64_t k) {
+    return k - g0 < INT8_GROUP ? k : g0 + INT8_GROUP;
+}
+
 /* One row (a decode step at batch 1): with one sum per panel each multiply-add waits for the
    last (4 cycles), which bounds the product below what int8's smaller reads allow; four sums per
    panel, added at the end, keep the multiply-adds independent. A panel's int8 stream is a
    quarter of a float32 one's (8 KB at k = 512) and the hardware prefetcher ramps up too late
    on it: fetching 256 steps (4 KB) ahead took a batch-1 pass over the bench model's int8
-   matrices from 5-7 ms to 2-4 ms on one core of the shared AVX-512 EPYC. */
+   matrices from 5-7 ms to 2-4 ms on one core of the shared AVX-512 EPYC. Here each group's sum
+   of x * values is scaled once, not each weight: a multiply per 16 weights made the pass 20%
+   (groups of 64) to 50% (32) slower than one scale a row; this costs a multiply-add a group
+   (bench/README.md). The same product as tile_int8's, rounded at other places. */
 #define PREFETCH_INT8 256
-INLINE void row_int8(int dtype, const void *x, int64_t k, const int8_t *p0, const int8_t *p1, f32x16 *a0,
-                     f32x16 *a1) {
-    f32x16 s0[4] = {{0}}, s1[4] = {{0}};
-    int64_t i = 0;
-    for (; i + 4 <= k; i += 4) {
-        __builtin_prefetch(p0 + (i + PREFETCH_INT8) * PANEL);
-        __builtin_prefetch(p1 + (i + PREFETCH_INT8) * PANEL);
-        for (int u = 0; u < 4; u++) {
-            float xv = x_at(dtype, x, i + u);
-            s0[u] += xv * load_int8(p0 + (i + u) * PANEL);
-            s1[u] += xv * load_int8(p1 + (i + u) * PANEL);
+INLINE void row_int8(int dtype, const void *x, int64_t k, const int8_t *p0, const int8_t *p1, const float *c0,
+                     const float *c1, f32x16 *a0, f32x16 *a1) {
+    *a0 = *a1 = splat(0);
+    for (int64_t g0 = 0; g0 < k; g0 += INT8_GROUP, c0 += PANEL, c1 += PANEL) {
+        f32x16 s0[4] = {{0}}, s1[4] = {{0}};
+        int64_t i = g0, end = group_end(g0, k);
+        for (; i + 4 <= end; i += 4) {
+            __builtin_prefetch(p0 + (i + PREFETCH_INT8) * PANEL);
+            __builtin_prefetch(p1 + (i + PREFETCH_INT8) * PANEL);
+            for (int u = 0; u < 4; u++) {
+                float xv = x_at(dtype, x, i + u);
+                s0[u] += xv * load_int8(p0 + (i + u) * PANEL);
+                s1[u] += xv * load_int8(p1 + (i + u) * PANEL);
+            }
         }
+        for (; i < end; i++) {
+            float xv = x_at(dtype, x, i);
+            s0[0] += xv * load_int8(p0 + i * PANEL);
+            s1[0] += xv * load_int8(p1 + i * PANEL);
+        }
+        *a0 += ((s0[0] + s0[1]) + (s0[2] + s0[3])) * load_f32(c0);
+        *a1 += ((s1[0] + s1[1]) + (s1[2] + s1[3])) * load_f32(c1);
     }
-    for (; i < k; i++) {
-        float xv = x_at(dtype, x, i);
-        s0[0] += xv * load_int8(p0 + i * PANEL);
-        s1[0] += xv * load_int8(p1 + i * PANEL);
-    }
-    *a0 = (s0[0] + s0[1]) + (s0[2] + s0[3]);
-    *a1 = (s1[0] + s1[1]) + (s1[2] + s1[3]);
 }
 
 INLINE void tile_int8(int dtype, const void *x, int64_t rows, int64_t k, const int8_t *p0, const int8_t *p1,
-                      f32x16 a0[TILE_ROWS], f32x16 a1[TILE_ROWS]) {
+                      const float *c0, const float *c1, f32x16 a0[TILE_ROWS], f32x16 a1[TILE_ROWS]) {
     if (rows == 1) {
-        row_int8(dtype, x, k, p0, p1, a0, a1);
+        row_int8(dtype, x, k, p0, p1, c0, c1, a0, a1);
         return;
     }
     for (int r = 0; r < TILE_ROWS; r++) a0[r] = a1[r] = splat(0);
-    for (int64_t i = 0; i < k; i++) {
-        f32x16 w0 = load_int8(p0 + i * PANEL), w1 = load_int8(p1 + i * PANEL);
-        for (int r = 0; r < rows; r++) {
-            float xv = x_at(dtype, x, r * k + i);
-            a0[r] += xv * w0;
-            a1[r] += xv * w1;
+    for (int64_t g0 = 0; g0 < k; g0 += INT8_GROUP, c0 += PANEL, c1 += PANEL) {
+        f32x16 scale0 = load_f32(c0), scale1 = load_f32(c1);
+        for (int64_t i = g0, end = group_end(g0, k); i < end; i++) {
+            f32x16 w0 = load_int8(p0 + i * PANEL) * scale0, w1 = load_int8(p1 + i * PANEL) * scale1;
+            for (int r = 0; r < rows; r++) {
+                float xv = x_at(dtype, x, r * k + i);
+                a0[r] += xv * w0;
+                a1[r] += xv * w1;
+            }
         }
     }
-}
-
-static void scale_tile(f32x16 *acc, int64_t rows, const float *scales) {
-    f32x16 s = load_f32(scales);
-    for (int64_t r = 0; r < rows; r++) acc[r] *= s;
 }
 
 /* Store a tile's accumulators: + bias, rounded to dtype (or to dtype and back to float32 when
@@ -306,11 +319,12 @@ static void store_tile(int dtype, int y_f32, void *y, int64_t n, int64_t row0, i
     }
 }
 
-/* The tile with rows known at compile time for the usual counts; int8 weights when int8. */
-static void tile(int dtype, int int8, const void *x, int64_t rows, int64_t k, const void *p0, const void *p1,
-                 f32x16 a0[TILE_ROWS], f32x16 a1[TILE_ROWS]) {
-#define TILE(R) (int8 ? (dtype == F32 ? tile_int8(F32, x, R, k, p0, p1, a0, a1)                           \
-                                      : tile_int8(BF16, x, R, k, p0, p1, a0, a1))                         \
+/* The tile with rows known at compile time for the usual counts; int8 weights when c0 (their
+   scales' panels, c1 the second's). */
+static void tile(int dtype, const void *x, int64_t rows, int64_t k, const void *p0, const void *p1,
+                 const float *c0, const float *c1, f32x16 a0[TILE_ROWS], f32x16 a1[TILE_ROWS]) {
+#define TILE(R) (c0 ? (dtype == F32 ? tile_int8(F32, x, R, k, p0, p1, c0, c1, a0, a1)                   \
+                                    : tile_int8(BF16, x, R, k, p0, p1, c0, c1, a0, a1))                 \
                  : dtype == F32 ? tile_f32((const float *)x, R, k, (const float *)p0, (const float *)p1, a0, a1) \
                                 : tile_bf16((const bf16 *)x, R, k, (const bf16 *)p0, (const bf16 *)p1, a0, a1))
     if (rows == TILE_ROWS) TILE(TILE_ROWS);
@@ -319,27 +333,28 @@ static void tile(int dtype, int int8, const void *x, int64_t rows, int64_t k, co
 #undef TILE
 }
 
-/* x: [m, k] of dtype, packed: w of [n, k] packed as above (int8 when scales, its row scales,
-   padded like its rows), bias: [n] or NULL; y: [m, n] of dtype, or float32 holding dtype-rounded
+/* x: [m, k] of dtype, packed: w of [n, k] packed as above (int8 when scales, its scales'
+   panels), bias: [n] or NULL; y: [m, n] of dtype, or float32 holding dtype-rounded
    values when y_f32 (logits). Threads take contiguous runs of panel pairs, so each streams its
    share of the weights once. */
 static void linear(int dtype, const void *x, int64_t m, int64_t k, const void *packed, const float *scales,
                    const void *bias, int64_t n, void *y, int y_f32) {
     size_t size = dtype == F32 ? 4 : 2, weight_size = scales ? 1 : size;
     int64_t panels = (n + PANEL - 1) / PANEL, pairs = (panels + 1) / 2;
+    int64_t panel_scales = (k + INT8_GROUP - 1) / INT8_GROUP * PANEL;
     #pragma omp parallel for schedule(dynamic, 4) if (pairs > 1 && n * k * m >= 32768)
     for (int64_t pair = 0; pair < pairs; pair++) {
         const char *p0 = (const char *)packed + 2 * pair * k * PANEL * weight_size;
         int second = 2 * pair + 1 < panels;   /* without a second panel, p0 twice: its sums are dropped */
         const char *p1 = second ? p0 + k * PANEL * weight_size : p0;
+        const float *c0 = scales ? scales + 2 * pair * panel_scales : NULL;
+        const float *c1 = scales && second ? c0 + panel_scales : c0;
         for (int64_t row = 0; row < m; row += TILE_ROWS) {
             int64_t rows = m - row < TILE_ROWS ? m - row : TILE_ROWS;
             f32x16 a0[TILE_ROWS], a1[TILE_ROWS];
-            tile(dtype, scales != NULL, (const char *)x + row * k * size, rows, k, p0, p1, a0, a1);
-            if (scales) scale_tile(a0, rows, scales + 2 * pair * PANEL);
+            tile(dtype, (const char *)x + row * k * size, rows, k, p0, p1, c0, c1, a0, a1);
             store_tile(dtype, y_f32, y, n, row, rows, 2 * pair * PANEL, a0, bias);
             if (!second) continue;
-            if (scales) scale_tile(a1, rows, scales + (2 * pair + 1) * PANEL);
             store_tile(dtype, y_f32, y, n, row, rows, (2 * pair + 1) * PANEL, a1, bias);
         }
     }

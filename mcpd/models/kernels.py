@@ -34,7 +34,7 @@ PANEL = 16
 class Packed:
     """A weight matrix [n, k] in kernels.c's panel layout: float32 and int8 [n/16, k, 16],
     bfloat16 [n/16, k/2, 16, 2] (n padded with zero rows to a multiple of 16); an int8 one has
-    its row scales, float32 [n padded]."""
+    its scales in panels too, float32 [n/16, groups(k), 16] (padding rows' scales 1)."""
     panels: torch.Tensor
     n: int
     k: int
@@ -44,7 +44,9 @@ class Packed:
     def of(cls, weight: torch.Tensor | Int8Weight) -> Packed:
         if isinstance(weight, Int8Weight):
             packed = cls.of(weight.values)
-            return cls(packed.panels, packed.n, packed.k, F.pad(weight.scales, (0, -packed.n % PANEL), value=1.0))
+            scales = F.pad(weight.scales, (0, 0, 0, -packed.n % PANEL), value=1.0)
+            scales = scales.view(-1, PANEL, scales.shape[1]).transpose(1, 2).contiguous()
+            return cls(packed.panels, packed.n, packed.k, scales)
         n, k = weight.shape
         padded = F.pad(weight, (0, 0, 0, -n % PANEL))
         if weight.dtype in (torch.float32, torch.int8):
@@ -148,7 +150,7 @@ def _gather(kv_cache: torch.Tensor, block_table: torch.Tensor) -> tuple[torch.Te
 
 class NativeKernels(TorchKernels):
     name = "native"
-    form = "panels16"
+    form = f"panels16-int8group{int8.GROUP}"
 
     def __init__(self) -> None:
         self.lib = native.load()

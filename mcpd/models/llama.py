@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from mcpd.models.int8 import Int8Weight
+from mcpd.models.int8 import SCALE_SUFFIX, Int8Weight
 from mcpd.models.kernel_forms import Form, KernelForms
 from mcpd.models.kernels import TORCH, Packed, TorchKernels, choose
 from mcpd.models.layers import AttentionMetadata, Embedding, Llama3RopeScaling, PagedAttention, RMSNorm, RotaryEmbedding
@@ -191,8 +191,10 @@ class LlamaForCausalLM(KernelForms, nn.Module):
         return reason
 
     def prepared(self, name: str, param: torch.Tensor) -> bool:
-        """The weight matrices the kernels multiply; the embedding table too when it is the head."""
-        return param.dim() == 2 and (name != "model.embed_tokens.weight" or self.lm_head is None)
+        """The weight matrices the kernels multiply; the embedding table too when it is the head.
+        Not an int8 matrix's scales (2-D too): they are prepared with it."""
+        return (param.dim() == 2 and not name.endswith(SCALE_SUFFIX)
+                and (name != "model.embed_tokens.weight" or self.lm_head is None))
 
     def use_forms(self, forms: dict[str, Form]) -> None:
         super().use_forms(forms)

@@ -237,7 +237,7 @@ def _tensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
 
 def copy_weights(model: nn.Module, tensors: Iterator[tuple[str, torch.Tensor]], path: Path) -> None:
     """Fill model's parameters from (checkpoint name, tensor) pairs; float matrices for int8
-    parameters are quantized on the way (int8.quantize_rows), int8 ones copied with their scales."""
+    parameters are quantized on the way (int8.quantize), int8 ones copied with their scales."""
     params = dict(model.named_parameters())
     filled = dict.fromkeys(params, 0)
     for name, tensor in tensors:
@@ -248,7 +248,10 @@ def copy_weights(model: nn.Module, tensors: Iterator[tuple[str, torch.Tensor]], 
         if target not in params:
             raise UnsupportedModel(f"{path}: unexpected tensor {name!r} for this architecture")
         param = params[target]
-        if row + tensor.shape[0] > param.shape[0] or tensor.shape[1:] != param.shape[1:]:
+        if target.endswith(int8.SCALE_SUFFIX) and tensor.dim() == 1:
+            tensor = tensor[:, None].expand(-1, param.shape[1])   # one scale a row: each group takes it
+        if (tensor.dim() != param.dim() or row + tensor.shape[0] > param.shape[0]
+                or tensor.shape[1:] != param.shape[1:]):
             raise UnsupportedModel(f"{path}: tensor {name!r} has shape {tuple(tensor.shape)}, which does "
                                    f"not fit {target} {tuple(param.shape)} as config.json describes it")
         tensor = _as_parameter_type(name, tensor, param, target, row, params, filled, path)
@@ -265,7 +268,7 @@ def _as_parameter_type(name: str, tensor: torch.Tensor, param: torch.Tensor, tar
     """tensor as param takes it: a float matrix quantized for an int8 parameter (its scales
     written into target's scale parameter); int8 only into int8, scales only if usable."""
     if param.dtype == torch.int8 and tensor.is_floating_point():
-        tensor, scales = int8.quantize_rows(tensor)
+        tensor, scales = int8.quantize(tensor)
         scale_name = target + int8.SCALE_SUFFIX
         params[scale_name].narrow(0, row, scales.shape[0]).copy_(scales)
         filled[scale_name] += scales.numel()

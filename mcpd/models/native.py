@@ -22,9 +22,10 @@ import tempfile
 from pathlib import Path
 
 from mcpd import cpu_features
+from mcpd.models import int8
 
 SOURCE = Path(__file__).with_name("kernels.c")
-FLAGS = ["-O3", "-march=native", "-fPIC", "-shared", "-fopenmp", "-lm"]
+FLAGS = ["-O3", "-march=native", "-fPIC", "-shared", "-fopenmp", "-lm", f"-DINT8_GROUP={int8.GROUP}"]
 BUILD_TIMEOUT_S = 120
 
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
