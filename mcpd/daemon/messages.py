@@ -20,9 +20,9 @@ token ids, a reply header for a client. Where the frames go is channels.py's map
 
 Messages bound for one socket in one turn of a process's loop may travel as one: a batch,
 [BATCH, their frames as one msgpack array of arrays] (pack, unpack; batch.py holds and sends
-them). Each wake-up of the receiver and of the ZeroMQ I/O threads between then carries many messages instead
-of one, which is what pipelined requests cost most (bench/overhead.py). A lone message travels
-as itself.
+them). Each wake-up of the receiver and of the ZeroMQ I/O threads between then carries many
+messages instead of one, which is what pipelined requests cost most (bench/overhead.py). A lone
+message travels as itself.
 
 Internal messages are trusted (channels.py says why): a body that does not decode is a bug, and
 raises.
