@@ -35,7 +35,8 @@ import zmq
 
 from mcpd.protocol import codes
 # The socket helpers live in mcpd.sockets (cli and security use them too); re-exported for the processes.
-from mcpd.sockets import NOBLOCK, bind_ipc, client_endpoint, drain, endpoint, frames_of, send_frames  # noqa: F401
+from mcpd.sockets import (NOBLOCK, Waiter, bind_ipc, client_endpoint, drain, endpoint, frames_of,  # noqa: F401
+                          send_frames)
 
 INTERNAL_SOCKET_MODE = 0o600
 
