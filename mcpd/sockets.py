@@ -6,7 +6,9 @@ they sit outside mcpd.daemon (whose channels.py adds the internal message tags o
 """
 from __future__ import annotations
 
+import math
 import os
+import select
 from pathlib import Path
 
 import zmq
@@ -69,6 +71,24 @@ def drain(sock: zmq.Socket, handle, limit: int = 1 << 30, receive=None) -> int:
         handle((receive or recv_frames)(sock))
         taken += 1
     return taken
+
+
+class Waiter:
+    """Blocks until one socket has a message, as zmq.Poller does, in fewer system calls: a zmq_poll
+    polls the socket's descriptor twice and asks EVENTS twice (each a poll and a getpid inside
+    libzmq), several microseconds apiece on a VM. EVENTS first: it processes the socket's pending
+    commands, after which the descriptor is readable only when a new one arrives."""
+
+    def __init__(self, sock: zmq.Socket):
+        self.sock = sock
+        self.fd = select.poll()
+        self.fd.register(sock.getsockopt(zmq.FD), select.POLLIN)
+
+    def wait(self, timeout_ms: float) -> bool:
+        """True when a message may wait (drain says for sure), within `timeout_ms`."""
+        if _get(self.sock, EVENTS) & POLLIN:
+            return True
+        return timeout_ms > 0 and bool(self.fd.poll(math.ceil(timeout_ms)))
 
 
 def frames_of(sock: zmq.Socket) -> list[zmq.Frame]:

@@ -35,13 +35,17 @@ class Ports:
         self.events = Events()
         self.frontend: list[tuple[messages.Message, list[bytes]]] = []
         self.workers: list[tuple[bytes, messages.Message, list[bytes]]] = []
+        self.worker_sends = 0   # to_worker calls: each one ZeroMQ send (a batch) on the real socket
+        self.worker_room: int | None = None   # how many messages a worker's queue takes now; None: all
 
     def to_frontend(self, frames):
         self.frontend.append(messages.decode(frames))
 
-    def to_worker(self, identity, frames):
-        self.workers.append((identity, *messages.decode(frames)))
-        return True
+    def to_worker(self, identity, sends):
+        self.worker_sends += 1
+        taken = sends[:self.worker_room]
+        self.workers += [(identity, *messages.decode(frames)) for frames in taken]
+        return len(taken)
 
     def finals(self) -> dict[int, dict]:
         return {m.rid: msgpack.unpackb(frames[0]) for m, frames in self.frontend if isinstance(m, messages.Final)}
@@ -90,6 +94,19 @@ def test_a_request_waits_for_a_worker_then_goes_to_it_as_a_typed_dispatch(core):
     rank = core.config.scheduler.classes[core.config.scheduler.default_class].rank
     bos_hello = [256, *b"hello"]   # tokenized here, once: the embedded model's byte tokenizer
     assert dispatched(core) == [messages.Dispatch(1, 1, "t", rank, None, False, args, bos_hello)]
+
+
+def test_waiting_requests_go_to_a_worker_in_one_send_and_what_its_full_queue_refused_goes_next(core):
+    hello(core, 11)
+    for rid in (1, 2, 3):
+        core.on_inbox(request(rid, PingArgs()))
+    core.ports.worker_room = 2
+    core.tick()
+    assert [d.rid for d in dispatched(core)] == [1, 2] and core.ports.worker_sends == 1
+    assert [job.rid for job in core.workers[WORKER].jobs.values()] == [1, 2] and len(core.queue) == 1
+    core.ports.worker_room = None
+    core.tick()
+    assert [d.rid for d in dispatched(core)] == [1, 2, 3] and len(core.queue) == 0
 
 
 def test_a_request_lost_with_its_worker_runs_again_alone_then_is_answered_and_remembered(core):

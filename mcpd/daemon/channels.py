@@ -17,8 +17,9 @@ A context turn is the exception, named in its Dispatch: its replies go through t
 which commits the turn before the client hears of it.
 
 What one turn of a process's loop sends on one of these sockets goes as one ZeroMQ message, a
-batch (batch.py), but for the scheduler's dispatches to workers, whose sends steer what it does
-next; receivers take batches and lone messages alike.
+batch (batch.py); the scheduler's dispatches go as one batch per group it hands a worker, sent at
+once, since what a full worker queue refused must stay queued for the next turn. Receivers take
+batches and lone messages alike.
 
 The messages on these sockets, and their one encoding, are declared in messages.py: every
 one, the children's events to the supervisor (Ready, Report with typed stats, Drained, Refused,
@@ -34,7 +35,8 @@ import zmq
 
 from mcpd.protocol import codes
 # The socket helpers live in mcpd.sockets (cli and security use them too); re-exported for the processes.
-from mcpd.sockets import NOBLOCK, bind_ipc, client_endpoint, drain, endpoint, frames_of, send_frames  # noqa: F401
+from mcpd.sockets import (NOBLOCK, Waiter, bind_ipc, client_endpoint, drain, endpoint, frames_of,  # noqa: F401
+                          send_frames)
 
 INTERNAL_SOCKET_MODE = 0o600
 

@@ -108,8 +108,10 @@ class FrontEnd:
     async def serve(self) -> None:
         loop = asyncio.get_running_loop()
         self.stopped = loop.create_future()
-        for sock in (self.clients, self.from_scheduler, self.connections, *self.gate.sockets):
-            loop.add_reader(sock.getsockopt(zmq.FD), self._pump)
+        readers = {self.clients: self._pump_clients, self.from_scheduler: self._pump_replies,
+                   self.connections: self._pump_connections, **{s: self._pump_gate for s in self.gate.sockets}}
+        for sock, reader in readers.items():
+            loop.add_reader(sock.getsockopt(zmq.FD), reader)
         loop.add_signal_handler(signal.SIGTERM, self._stop)
         if self.http is not None:
             await self.http.start()
@@ -121,18 +123,38 @@ class FrontEnd:
         if self.http is not None:
             await self.http.stop()
 
+    # zmq's FD is edge-triggered: each reader drains its socket until EVENTS says nothing is left,
+    # which re-arms the FD. A wake-up reads only the socket that woke it (each EVENTS check is a
+    # poll and a getpid in libzmq: checking all four twice per wake-up was ~20 system calls per
+    # ping), except that sending on the client socket processes its commands, so what a client
+    # sent meanwhile may never fire the FD: whatever sends to clients reads them after.
+
     def _pump(self) -> None:
-        # zmq's FD is edge-triggered: keep going until both sockets report nothing left. Clients
-        # are not read while the scheduler's pipe is full (the guard pumps again in GUARD_S).
-        busy = True
-        while busy:
-            clients = channels.drain(self.clients, self._on_client, BATCH, self._receive_client) \
-                if self.for_scheduler.flush() else 0
-            self.for_scheduler.flush()   # what these clients asked, as one message
-            busy = (self.gate.serve() + clients
-                    + channels.drain(self.from_scheduler, each_message(self._on_reply), BATCH)
-                    + channels.drain(self.connections, self._on_connection_event, BATCH)) > 0
+        """Every socket (the tick and the guard: belt and braces against a missed edge)."""
+        self._pump_gate()
+        self._pump_connections()
+        self._pump_replies()
+
+    def _pump_clients(self) -> None:
+        """Clients' requests, and what they asked of the scheduler as one message. Clients are not
+        read while the scheduler's pipe is full (the guard pumps again in GUARD_S)."""
+        if self.for_scheduler.flush() and \
+                channels.drain(self.clients, self._on_client, BATCH, self._receive_client) == BATCH:
+            asyncio.get_running_loop().call_soon(self._pump_clients)   # more may wait: after the others' turn
         self.for_scheduler.flush()
+
+    def _pump_replies(self) -> None:
+        if channels.drain(self.from_scheduler, each_message(self._on_reply), BATCH) == BATCH:
+            asyncio.get_running_loop().call_soon(self._pump_replies)
+        self._pump_clients()
+
+    def _pump_connections(self) -> None:
+        channels.drain(self.connections, self._on_connection_event, BATCH)
+        self._pump_clients()
+
+    def _pump_gate(self) -> None:
+        while self.gate.serve():
+            pass
 
     def _to_scheduler(self, frames: list[bytes]) -> None:
         """Never blocks: the scheduler blocks on its replies to the front-end when their pipe is

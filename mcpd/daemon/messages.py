@@ -19,10 +19,10 @@ token ids, a reply header for a client. Where the frames go is channels.py's map
                             AdminAnswer (the scheduler's, to Admin)  Reloaded (each process's, to Reload)
 
 Messages bound for one socket in one turn of a process's loop may travel as one: a batch,
-[BATCH, their frame counts, *their frames] (pack, unpack; batch.py holds and sends them). Each
-wake-up of the receiver and of the ZeroMQ I/O threads between then carries many messages instead
-of one, which is what pipelined requests cost most (bench/overhead.py). A lone message travels
-as itself.
+[BATCH, their frames as one msgpack array of arrays] (pack, unpack; batch.py holds and sends
+them). Each wake-up of the receiver and of the ZeroMQ I/O threads between then carries many
+messages instead of one, which is what pipelined requests cost most (bench/overhead.py). A lone
+message travels as itself.
 
 Internal messages are trusted (channels.py says why): a body that does not decode is a bug, and
 raises.
@@ -225,26 +225,22 @@ def encode(message: Message, *payload: bytes) -> list[bytes]:
 
 
 BATCH_TAG = b"BATCH"
-_FRAME_COUNTS = msgspec.msgpack.Decoder(list[int])
+_BATCH = msgspec.msgpack.Decoder(list[list[bytes]])
 
 
 def pack(held: list[list[bytes]]) -> list[bytes]:
-    """Several messages for one socket as one batch (unpack takes it apart)."""
-    frames = [BATCH_TAG, _ENCODER.encode([len(message) for message in held])]
-    for message in held:
-        frames += message
-    return frames
+    """Several messages for one socket as one batch (unpack takes it apart): their frames in one
+    msgpack frame, since ZeroMQ charges each frame of a message: sending 66 frames of 60 bytes
+    took 12x as long as one frame of their bytes (82 against 6.6 µs), and a batch of 64 replies
+    was 192 frames. A batch stays under batch.MAX_BYTES, so the copy this makes is bounded."""
+    return [BATCH_TAG, _ENCODER.encode(held)]
 
 
 def unpack(frames: list[bytes]) -> list[list[bytes]]:
     """The messages in what one receive took: a batch's, or the one message it is."""
     if frames[0] != BATCH_TAG:
         return [frames]
-    found, at = [], 2
-    for count in _FRAME_COUNTS.decode(frames[1]):
-        found.append(frames[at:at + count])
-        at += count
-    return found
+    return _BATCH.decode(frames[1])
 
 
 def decode(frames: list[bytes]) -> tuple[Message, list[bytes]]:

@@ -63,7 +63,12 @@ from mcpd.scheduling.traffic import Traffic
 
 
 class WorkerGone(Exception):
-    """A send found the worker's route gone: its next Hello brings it back."""
+    """A send found the worker's route gone: its next Hello brings it back. `sent`: how many of
+    the messages went before it did."""
+
+    def __init__(self, identity: bytes, sent: int = 0):
+        super().__init__(identity)
+        self.sent = sent
 
 
 class Ports(Protocol):
@@ -72,8 +77,9 @@ class Ports(Protocol):
 
     def to_frontend(self, frames: list[bytes]) -> None: ...
 
-    def to_worker(self, identity: bytes, frames: list[bytes]) -> bool:
-        """False: the worker's queue is full for now. Raises WorkerGone."""
+    def to_worker(self, identity: bytes, sends: list[list[bytes]]) -> int:
+        """Sends the messages in order; how many went (the rest: the worker's queue is full for
+        now). Raises WorkerGone."""
 
 
 class Scheduler:
@@ -319,7 +325,7 @@ class Scheduler:
         if slot is not None:
             if code != codes.CANCELLED:
                 self._count_error(job.class_name, code)
-            self._send_worker(slot, messages.encode(messages.Cancel(rid, code)))
+            self._send_worker(slot, [messages.encode(messages.Cancel(rid, code))])
 
     def _expire(self, now: float) -> None:
         for rid in self.deadlines.due(now):
@@ -347,9 +353,8 @@ class Scheduler:
             group = [job] + self.queue.same_bin(job, room - 1, now)
             if self._hold(group, room, now):
                 return
-            for member in group:
-                if not self._send_job(slot, member, now):
-                    return
+            if not self._send_jobs(slot, group, now):
+                return
 
     def _serving(self, served: tuple[str, str] | None) -> list[WorkerSlot]:
         """The workers of a model version; every worker for None (ping)."""
@@ -370,14 +375,23 @@ class Scheduler:
         self.hold_until = release
         return True
 
-    def _send_job(self, slot: WorkerSlot, job: Job, now: float) -> bool:
-        self.queue.remove(job)
+    def _send_jobs(self, slot: WorkerSlot, group: list[Job], now: float) -> bool:
+        """Dispatch a group to its worker in one send (batch.py: one wake-up of the worker for all
+        of them). What did not fit in the worker's queue stays queued where it was; False then."""
+        sent = self._send_worker(slot, [self._dispatch_of(job) for job in group])
+        for job in group[:sent]:
+            self._dispatched(slot, job, now)
+        return sent == len(group)
+
+    @staticmethod
+    def _dispatch_of(job: Job) -> list[bytes]:
         request = job.request
         dispatch = messages.Dispatch(job.rid, request.request_id, request.tenant, job.rank, job.max_tokens_cap,
                                      job.context is not None, request.args, job.prompt_ids, job.compare)
-        if not self._send_worker(slot, messages.encode(dispatch, *([job.history] if job.context else []))):
-            self.queue.push_front(job)
-            return False
+        return messages.encode(dispatch, *([job.history] if job.context else []))
+
+    def _dispatched(self, slot: WorkerSlot, job: Job, now: float) -> None:
+        self.queue.remove(job)
         slot.jobs[job.rid] = job
         job.dispatched = now
         self.dispatched += 1
@@ -387,14 +401,15 @@ class Scheduler:
             self.windows[job.class_name].observe((now - job.enqueued) * 1000)
         if job.context is not None:
             job.context.worker_hint, job.context.kv_version = slot.index, "/".join(job.served)
-        return True
 
-    def _send_worker(self, slot: WorkerSlot, frames: list[bytes]) -> bool:
+    def _send_worker(self, slot: WorkerSlot, sends: list[list[bytes]]) -> int:
+        """How many of the messages went: fewer when the worker's queue is full for now (it stays
+        in the rotation) or its route is gone (it leaves the rotation until its next Hello)."""
         try:
-            return self.ports.to_worker(slot.identity, frames)   # False: full for now; it stays in the rotation
-        except WorkerGone:
+            return self.ports.to_worker(slot.identity, sends)
+        except WorkerGone as gone:
             slot.ready = False
-            return False
+            return gone.sent
 
     def on_worker(self, frames: list[bytes]) -> None:
         identity = frames[0]

@@ -48,15 +48,17 @@ class SchedulerSockets:
     def to_frontend(self, frames: list[bytes]) -> None:
         self.for_frontend.add(frames)
 
-    def to_worker(self, identity: bytes, frames: list[bytes]) -> bool:
-        """False when the worker's queue is full for now; WorkerGone when it went away."""
+    def to_worker(self, identity: bytes, sends: list[list[bytes]]) -> int:
+        """Sends the messages as one batch (or as few as batch.py's bounds allow); how many went
+        (fewer when the worker's queue is full for now). WorkerGone when it went away."""
+        batch = Batch(lambda frames: channels.send_frames(self.workers, [identity, *frames], channels.NOBLOCK))
+        for frames in sends:
+            batch.add(frames)
         try:
-            channels.send_frames(self.workers, [identity, *frames], channels.NOBLOCK)
-            return True
-        except zmq.Again:
-            return False
-        except zmq.ZMQError as e:   # EHOSTUNREACH
-            raise WorkerGone(identity) from e
+            batch.flush()
+        except zmq.ZMQError as e:   # EHOSTUNREACH (a full queue, zmq.Again, stops the flush instead)
+            raise WorkerGone(identity, len(sends) - len(batch.held)) from e
+        return len(sends) - len(batch.held)
 
 
 class SchedulerProcess:

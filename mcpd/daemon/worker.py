@@ -111,10 +111,9 @@ class Worker:
         self.sockets.flush()
         self.events.send(messages.Ready)
         next_stats = 0.0
-        poller = zmq.Poller()   # one for the worker's life: socket.poll() builds one per call
-        poller.register(self.sockets.scheduler, zmq.POLLIN)
+        waiter = channels.Waiter(self.sockets.scheduler)
         while child.parent_alive(self.parent_pid):
-            if poller.poll(self.core.poll_timeout_ms(IDLE_POLL_MS)):
+            if waiter.wait(self.core.poll_timeout_ms(IDLE_POLL_MS)):
                 channels.drain(self.sockets.scheduler, each_message(self._on_message))
                 self.sockets.flush()   # answers (a ping's) before the step, which may be long
             self._step()
