@@ -150,6 +150,13 @@ def test_a_region_table_no_allocator_could_have_made_is_refused(paths):
         segment.take(KV, 2, KEY_A, MIB)
 
 
+@pytest.mark.parametrize("nbytes", [2 ** 63, 2 ** 40 * 1024])
+def test_a_pool_larger_than_its_tmpfs_is_refused_with_the_numbers(paths, nbytes):
+    with pytest.raises(StartRefused, match="does not fit .* bytes free"):
+        PoolSegment.create(*paths, nbytes)
+    assert not paths[0].exists()
+
+
 def test_a_view_outside_the_pool_is_never_handed_out(paths):
     segment = PoolSegment.create(*paths, 4 * MIB)
     with pytest.raises(ValueError, match="outside"):

@@ -176,6 +176,8 @@ class PoolSegment:
         if total_bytes < MIN_BLOCK:
             raise PoolTooSmall(f"device pool of {total_bytes} bytes: below one {MIN_BLOCK}-byte block")
         index = cuda_index(device)
+        if index == ON_HOST:
+            _check_host_room(path.parent, total_bytes)
         allocation = None if index == ON_HOST else _device_allocation(torch.device("cuda", index), total_bytes)
         staging = path.with_name(path.name + ".new")
         staging.unlink(missing_ok=True)
@@ -335,6 +337,16 @@ def _checked_file(path: Path, fd: int) -> int:
             or not ON_HOST <= index <= MAX_CUDA_INDEX):
         raise StartRefused(f"device pool segment {path}: header fields out of range: not trusted")
     return st.st_size
+
+
+def _check_host_room(directory: Path, nbytes: int) -> None:
+    """A host pool must fit its tmpfs: a sparse file past it is made without complaint and
+    kills the first worker that touches a page beyond it (SIGBUS)."""
+    st = os.statvfs(directory)
+    room = st.f_bavail * st.f_frsize
+    if nbytes > room:
+        raise StartRefused(f"the device pool of {nbytes} bytes does not fit {directory} ({room} bytes free): "
+                           "lower pool.bytes (0: auto)")
 
 
 def _device_allocation(device: torch.device, nbytes: int) -> cuda_ipc.Allocation:
