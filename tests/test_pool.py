@@ -9,6 +9,7 @@ import torch
 
 from mcpd.memory import AllocatorError, DevicePool, OutOfPoolMemory
 from mcpd.memory import pool as pool_module
+from mcpd.refusal import StartRefused
 
 MIB = 1 << 20
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -83,6 +84,12 @@ def test_resolve_bytes_counts_bytes_and_rounds_down_to_mib() -> None:
     for bad in (0, -5):
         with pytest.raises(ValueError, match="pool_bytes"):
             DevicePool.resolve_bytes(bad, "cpu")
+
+
+@pytest.mark.parametrize("pool_bytes", [2 ** 63, 1e300])
+def test_resolve_bytes_refuses_more_than_the_device_has(pool_bytes) -> None:
+    with pytest.raises(StartRefused, match="more than the .* bytes of memory cpu has"):
+        DevicePool.resolve_bytes(pool_bytes, "cpu")
 
 
 def test_resolve_bytes_fraction_of_available_host_memory(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -14,6 +14,7 @@ import psutil
 import torch
 
 from mcpd.memory.buddy import AllocatorError, AllocatorStats, BuddyAllocator
+from mcpd.refusal import StartRefused
 
 _MIB = 1 << 20
 
@@ -46,6 +47,9 @@ class DevicePool:
         device = _checked_device(device)
         if pool_bytes > 1:
             wanted = int(pool_bytes)
+            if wanted > _total_device_bytes(device):   # torch.empty would overflow or fail later
+                raise StartRefused(f"a pool of {wanted} bytes: more than the {_total_device_bytes(device)} bytes of "
+                                   f"memory {device} has: lower engine.pool_bytes / pool.bytes")
         elif pool_bytes > 0:
             wanted = int(pool_bytes * _free_device_bytes(device))
         else:
@@ -95,6 +99,12 @@ def _checked_device(device: torch.device | str) -> torch.device:
     if device.type not in ("cuda", "cpu"):
         raise ValueError(f"device {str(device)!r}: the device pool supports cuda and cpu only")
     return device
+
+
+def _total_device_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[1]
+    return psutil.virtual_memory().total
 
 
 def _free_device_bytes(device: torch.device) -> int:
