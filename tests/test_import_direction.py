@@ -87,3 +87,11 @@ def test_building_a_model_skeleton_does_not_load_torch_dynamo():
                            "assert parameter_bytes(ModelConfig(), torch.device('cpu')) > 0")
     assert "torch" in modules and "mcpd.models.llama" in modules
     assert under(modules, "torch._dynamo") == []
+
+
+def test_the_supervisor_loads_no_torch():
+    """It only starts and watches processes (supervisor.py: no CUDA context, no torch's start-up
+    cost); the pool segment it reads for `reclaim` imports torch only where a pool's bytes are used."""
+    modules = loaded_after("import mcpd.daemon.supervisor")
+    assert "mcpd.memory.pool_segment" in modules   # the probe ran what it should
+    assert under(modules, "torch") == []

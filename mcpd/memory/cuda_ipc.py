@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import ctypes
 import weakref
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:   # torch is imported where it is used: the pool segment's header needs
+    import torch    # HANDLE_BYTES in processes that never load torch (the supervisor)
 
-HANDLE_BYTES = 64
+HANDLE_BYTES = 64   # CUipcMemHandle
 LAZY_ENABLE_PEER_ACCESS = 1   # CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS: the only flag cuIpcOpenMemHandle takes
 
 
@@ -55,12 +57,15 @@ def _check(result: int, call: str) -> None:
 
 def device_context(device: torch.device) -> None:
     """Make the device's primary context current on this thread (torch initialises it)."""
+    import torch
+
     torch.cuda.set_device(device)
     torch.cuda.current_stream(device).synchronize()   # a runtime call: the context exists and is current
 
 
 class Allocation:
-    """Device memory this process allocated, with its IPC handle; freed only by free()."""
+    """Device memory this process allocated, with its IPC handle; the driver frees it when the
+    process ends (a pool lives as long as its keeper)."""
 
     def __init__(self, device: torch.device, nbytes: int):
         device_context(device)
@@ -73,9 +78,6 @@ class Allocation:
 
     def tensor(self) -> torch.Tensor:
         return _as_tensor(self, self.pointer.value, self.nbytes, self.device)
-
-    def free(self) -> None:
-        _check(_lib().cuMemFree_v2(self.pointer), "cuMemFree")
 
 
 _open: "weakref.WeakValueDictionary[bytes, Mapping]" = weakref.WeakValueDictionary()
@@ -121,6 +123,8 @@ class _Span:
 
 
 def _as_tensor(owner, pointer: int, nbytes: int, device: torch.device) -> torch.Tensor:
+    import torch
+
     tensor = torch.as_tensor(_Span(owner, pointer, nbytes), device=device)
     if tensor.data_ptr() != pointer:
         raise CudaError("torch copied the device pool instead of viewing it")

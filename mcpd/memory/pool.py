@@ -46,10 +46,10 @@ class DevicePool:
         """
         device = _checked_device(device)
         if pool_bytes > 1:
-            wanted = int(pool_bytes)
-            if wanted > _total_device_bytes(device):   # torch.empty would overflow or fail later
-                raise StartRefused(f"a pool of {wanted} bytes: more than the {_total_device_bytes(device)} bytes of "
-                                   f"memory {device} has: lower engine.pool_bytes / pool.bytes")
+            wanted, total = int(pool_bytes), _total_device_bytes(device)
+            if wanted > total:   # torch.empty would overflow or fail later
+                raise StartRefused(f"a pool of {wanted} bytes: more than the {total} bytes of memory {device} has: "
+                                   "lower engine.pool_bytes / pool.bytes")
         elif pool_bytes > 0:
             wanted = int(pool_bytes * _free_device_bytes(device))
         else:

@@ -44,10 +44,9 @@ import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-
-import torch
 
 from mcpd.memory import cuda_ipc, host_segment
 from mcpd.memory.buddy import OutOfPoolMemory
@@ -56,6 +55,9 @@ from mcpd.memory.file_lock import FileLock
 from mcpd.memory.shm_arena import process_alive
 from mcpd.memory.shm_layout import ALIGN, COLUMN_ALIGN, aligned
 from mcpd.refusal import StartRefused, UnsafePath
+
+if TYPE_CHECKING:   # torch only where a pool's bytes are used: the supervisor imports this module
+    import torch
 
 MAGIC = 0x6C6F6F7064706D63   # "mcpdpool"
 VERSION = 2   # 2: the device and its IPC handle
@@ -138,6 +140,8 @@ def layout(total_bytes: int, num_regions: int, on_host: bool) -> tuple[dict[str,
 
 def cuda_index(device: str) -> int:
     """ON_HOST for "cpu", else the CUDA device's index ("cuda" is device 0)."""
+    import torch
+
     device = torch.device(device)
     return ON_HOST if device.type == "cpu" else (device.index or 0)
 
@@ -178,7 +182,7 @@ class PoolSegment:
         index = cuda_index(device)
         if index == ON_HOST:
             _check_host_room(path.parent, total_bytes)
-        allocation = None if index == ON_HOST else _device_allocation(torch.device("cuda", index), total_bytes)
+        allocation = None if index == ON_HOST else _device_allocation(index, total_bytes)
         staging = path.with_name(path.name + ".new")
         staging.unlink(missing_ok=True)
         try:
@@ -238,6 +242,8 @@ class PoolSegment:
 
     @property
     def device(self) -> torch.device:
+        import torch
+
         return torch.device("cpu") if self.cuda_index == ON_HOST else torch.device("cuda", self.cuda_index)
 
     def buffer(self, region: Region) -> torch.Tensor:
@@ -247,6 +253,8 @@ class PoolSegment:
         return self._pool_bytes()[region.offset:region.offset + region.nbytes]
 
     def _pool_bytes(self) -> torch.Tensor:
+        import torch   # here, not at the top: the supervisor imports this module (pool_keeper.reclaim)
+
         if self._memory is None:
             if self._allocation is not None:
                 self._memory = self._allocation.tensor()
@@ -258,6 +266,8 @@ class PoolSegment:
         return self._memory
 
     def _mapped_device_memory(self) -> torch.Tensor:
+        import torch
+
         handle = self.head["ipc_handle"][0].tobytes()
         try:
             if not torch.cuda.is_available() or self.cuda_index >= torch.cuda.device_count():
@@ -349,9 +359,12 @@ def _check_host_room(directory: Path, nbytes: int) -> None:
                            "lower pool.bytes (0: auto)")
 
 
-def _device_allocation(device: torch.device, nbytes: int) -> cuda_ipc.Allocation:
+def _device_allocation(index: int, nbytes: int) -> cuda_ipc.Allocation:
     """The pool's device memory, zeroed as a new host segment is (the driver does not clear it:
     a worker's region must not show another process's old bytes)."""
+    import torch
+
+    device = torch.device("cuda", index)
     try:
         allocation = cuda_ipc.Allocation(device, nbytes)
         allocation.tensor().zero_()
