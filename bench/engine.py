@@ -63,7 +63,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--dtypes", default=default_dtypes(),
                         help="default: float32, and bfloat16 where the CPU computes it natively")
     parser.add_argument("--kernels", default="auto", help="engine.kernels: auto, native or torch")
-    parser.add_argument("--wait-policy", default=WorkersConfig.wait_policy, help="passive or active")
+    parser.add_argument("--wait-policy", default=WorkersConfig.wait_policy, help="brief, passive or active")
     parser.add_argument("--seed", type=int, default=0)
     return parser.parse_args()
 

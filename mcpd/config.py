@@ -118,7 +118,7 @@ class WorkersConfig:
     device: str = "auto"        # auto (one worker per CUDA device, else CPU), cpu, cuda
     count: int = 1              # workers: on the CPU, or over the GPUs (at least one each; more share a GPU's pool)
     threads: int = 0            # torch threads per CPU worker; 0 = one per core the worker owns
-    wait_policy: str = "passive"    # OpenMP's idle threads: passive (sleep) or active (spin)
+    wait_policy: str = "brief"      # OpenMP's idle threads: brief (spin ~0.2 ms, then sleep), passive, active
     adaptive_threads: bool = True   # CPU workers try fewer/more threads now and then, keep the faster
     standby: bool = False               # keep a started standby per worker (torch loaded) to promote when it dies
     restart_backoff_s: float = 0.5      # first restart delay; doubles per quick crash
@@ -131,8 +131,8 @@ class WorkersConfig:
             raise ConfigError(f"workers.count = {self.count}: must be between 1 and 256")
         if self.threads < 0:
             raise ConfigError(f"workers.threads = {self.threads}: must be >= 0")
-        if self.wait_policy not in ("passive", "active"):
-            raise ConfigError(f"workers.wait_policy = {self.wait_policy!r}: use passive or active")
+        if self.wait_policy not in ("brief", "passive", "active"):
+            raise ConfigError(f"workers.wait_policy = {self.wait_policy!r}: use brief, passive or active")
         if self.restart_backoff_s <= 0 or self.restart_backoff_max_s < self.restart_backoff_s:
             raise ConfigError("workers.restart_backoff_s must be > 0 and <= restart_backoff_max_s")
 

@@ -4,6 +4,7 @@ import sys
 
 import pytest
 
+from mcpd.engine import threads
 from mcpd.engine.threads import plan
 
 
@@ -30,6 +31,21 @@ def test_openmp_is_set_up_before_torch_loads():
                   "import torch\n"
                   "print(n, applies, os.environ['OMP_WAIT_POLICY'], torch.get_num_threads())")
     assert out == ["1", "True", "PASSIVE", "1"]
+
+
+@pytest.mark.parametrize("policy, environment", [
+    ("brief", ["unset", str(threads.BRIEF_SPINS)]),   # libgomp reads GOMP_SPINCOUNT only without a policy
+    ("passive", ["PASSIVE", "unset"]),
+    ("active", ["ACTIVE", "unset"]),
+])
+def test_each_wait_policy_sets_openmps_environment(policy, environment, monkeypatch):
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")   # what an operator or the test run may have set
+    monkeypatch.setenv("GOMP_SPINCOUNT", "7")
+    out = _python("import os\n"
+                  "from mcpd.engine import threads\n"
+                  f"threads.configure(1, 0, 1, {policy!r})\n"
+                  "print(os.environ.get('OMP_WAIT_POLICY', 'unset'), os.environ.get('GOMP_SPINCOUNT', 'unset'))")
+    assert out == environment
 
 
 def test_the_worker_imports_torch_only_after_setting_up_threads():

@@ -12,13 +12,23 @@ whole time slice, and every region then waits for the thread the kernel deschedu
 measured batch-1 decode falling from 76 to 20 tok/s with one core busy elsewhere. A passive
 thread sleeps instead, so it uses little CPU and the kernel wakes it at once when work comes (a
 sleeper is owed CPU time), at the price of a futex wake-up per region.
+
+That price is not small: a batch-1 decode step of issue 12's model runs 33 parallel regions (four
+products a layer and the LM head), and a passive thread's wake-up cost ~35 us each, about a
+quarter of the step (.probe micro-benchmark: the model's products 5.14 ms a step passive, 4.02
+active). "brief" (the default) spins for BRIEF_SPINS of libgomp's spin loop (GOMP_SPINCOUNT;
+libgomp counts ~100,000 a millisecond) before it sleeps: long enough to bridge the microseconds
+between one step's regions, short enough that a thread sleeps soon after a step ends and leaves a
+neighbour, or the daemon's other processes, the core. OMP_WAIT_POLICY stays unset then, as
+libgomp takes GOMP_SPINCOUNT only without it.
 """
 from __future__ import annotations
 
 import os
 import sys
 
-WAIT_POLICIES = ("passive", "active")
+WAIT_POLICIES = ("brief", "passive", "active")
+BRIEF_SPINS = 20000   # about 0.2 ms of spinning before a thread sleeps (bench/README.md)
 _OWNED: list[int] | None = None   # this process's cores, as configure() found them
 _BINDS = False                    # configure() ran before OpenMP loaded: its binding applies
 _MAIN_PLACE: set[int] | None = None   # the cores OpenMP bound the main thread to (start_team)
@@ -46,12 +56,21 @@ def configure(workers: int, index: int, requested: int, wait_policy: str) -> tup
     if cores != owned:
         os.sched_setaffinity(0, cores)
     os.environ["OMP_NUM_THREADS"] = str(threads)
-    os.environ["OMP_WAIT_POLICY"] = wait_policy.upper()
+    _set_wait_policy(wait_policy)
     global _OWNED, _BINDS
     _OWNED, _BINDS = cores, "torch" not in sys.modules
     os.environ.setdefault("OMP_PROC_BIND", "close")   # start_team(); an operator's own binding is kept
     os.environ.setdefault("OMP_PLACES", "cores")
     return threads, _BINDS
+
+
+def _set_wait_policy(wait_policy: str) -> None:
+    if wait_policy == "brief":
+        os.environ.pop("OMP_WAIT_POLICY", None)
+        os.environ["GOMP_SPINCOUNT"] = str(BRIEF_SPINS)
+    else:
+        os.environ.pop("GOMP_SPINCOUNT", None)
+        os.environ["OMP_WAIT_POLICY"] = wait_policy.upper()
 
 
 def start_team() -> None:
