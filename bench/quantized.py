@@ -12,12 +12,17 @@ variant is quantized from it at load, as a daemon with model.quantization = "int
   is shared, and its speed drifts between rounds more than within one). Beside it, the ratio of
   the two variants' fast-decile step times (`fast_decile`), what the kernels do when the
   process has the cores, and the load average during the run.
-- Quality: over the prompts and the float32 engine's greedy continuations of them, every
-  position's next-token distribution of the int8 model against the float32 one (teacher-forced,
-  mcpd/models/agreement.py): top-1 agreement and mean KL(float || int8) in nats. Random weights
-  give flat distributions (the float model's most likely token has ~2e-4 probability, its lead
-  over the second ~2e-5), so near-ties decide many positions: agreement here is a floor for a
-  trained model's, not an estimate of it.
+- Quality, on two checkpoints of that architecture: over prompts and the float32 engine's greedy
+  continuations of them, every position's next-token distribution of the int8 model against the
+  float32 one (teacher-forced, mcpd/models/agreement.py): top-1 agreement, mean KL(float ||
+  int8) in nats, and the float model's mean top-1 probability (how peaked its distributions are).
+  - the random checkpoint above (`int8_top1_agreement`, `int8_mean_kl`: the figures the tests'
+    checkpoints resemble), on the decode rounds' prompts. Random weights give flat distributions
+    (the float model's most likely token has ~2e-4 probability, its lead over the second ~2e-5),
+    so near-ties any rounding flips decide many positions: a floor for a trained model's.
+  - a briefly trained copy of it (`*_trained`; bench/peerkit/trained.py: a few hundred AdamW
+    steps on the repo's docs/*.md, cached; the first run trains it, minutes), on prompts cut
+    from the repo's README.md, which it was not trained on.
 
 The last line is one JSON object. measure(quick) returns its figures for other benches.
 """
@@ -46,9 +51,10 @@ if __name__ == "__main__":   # before torch: OpenMP reads its environment once, 
     threads.configure(workers=1, index=0, requested=ARGS.threads, wait_policy="passive")
 
 import torch  # noqa: E402
+from tokenizers import Tokenizer  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from peerkit import checkpoints  # noqa: E402
+from peerkit import checkpoints, trained  # noqa: E402
 
 from mcpd.config import Config, EngineConfig, ModelConfig  # noqa: E402
 from mcpd.engine import Engine, SamplingParams  # noqa: E402
@@ -56,6 +62,7 @@ from mcpd.models import load_model  # noqa: E402
 from mcpd.models.agreement import compare  # noqa: E402
 
 PROMPT_TOKENS = 128
+HELD_OUT = Path(__file__).resolve().parent.parent / "README.md"   # the trained model's prompts
 VARIANTS = ("none", "int8")   # model.quantization: the float32 baseline, then int8
 
 
@@ -103,15 +110,27 @@ def fast_decile(seconds: list[float]) -> float:
     return sorted(seconds)[len(seconds) // 10]
 
 
-def quality(path: Path, sequences: list[list[int]]) -> dict:
+def quality(path: Path, sequences: list[list[int]], suffix: str = "") -> dict:
     models = {}
     for quantization in VARIANTS:
         models[quantization] = load_model(ModelConfig(path=str(path), dtype="float32", quantization=quantization),
                                           torch.device("cpu")).model
         models[quantization].use_kernels("auto")
     agreement = compare(models["none"], models["int8"], sequences)
-    return {"int8_top1_agreement": agreement.top1, "int8_mean_kl": agreement.mean_kl,
-            "quality_positions": agreement.positions}
+    return {f"int8_top1_agreement{suffix}": agreement.top1, f"int8_mean_kl{suffix}": agreement.mean_kl,
+            f"float32_top1_prob{suffix}": agreement.reference_top1_prob,
+            f"quality_positions{suffix}": agreement.positions}
+
+
+def trained_quality(rounds: int, generated: int) -> dict:
+    """quality() on the trained checkpoint: prompts of PROMPT_TOKENS tokens cut from README.md
+    at even offsets, each with the float32 engine's greedy continuation."""
+    path = trained.checkpoint()
+    ids = Tokenizer.from_file(str(path / "tokenizer.json")).encode(HELD_OUT.read_text()).ids
+    stride = (len(ids) - PROMPT_TOKENS) // rounds
+    prompts = [ids[i * stride:i * stride + PROMPT_TOKENS] for i in range(rounds)]
+    reference = engine(path, "none")
+    return quality(path, [w1(reference, prompt, generated)[2] for prompt in prompts], "_trained")
 
 
 def measure(quick: bool) -> dict:
@@ -128,15 +147,16 @@ def measure(quick: bool) -> dict:
             "float32_step_ms_fast_decile": fast_decile(steps["none"]) * 1e3,
             "int8_step_ms_fast_decile": fast_decile(steps["int8"]) * 1e3,
             "int8_decode_speedup_fast_decile": fast_decile(steps["none"]) / fast_decile(steps["int8"]),
-            **quality(path, sequences), "rounds": rounds, "generated_per_round": generated,
+            **quality(path, sequences), **trained_quality(rounds, generated),
+            "rounds": rounds, "generated_per_round": generated,
             "threads": torch.get_num_threads(), "load_average": max(load_before, os.getloadavg()[0])}
 
 
 def main() -> None:
     figures = measure(ARGS.quick)
     for name, value in figures.items():
-        print(f"  {name:28} {value:12.4f}" if isinstance(value, float) else f"  {name:28} {value:12}")
-    print(json.dumps({k: round(v, 6) if isinstance(v, float) else v for k, v in figures.items()}))
+        print(f"  {name:32} {value:12.6g}" if isinstance(value, float) else f"  {name:32} {value:12}")
+    print(json.dumps({k: float(f"{v:.6g}") if isinstance(v, float) else v for k, v in figures.items()}))
 
 
 if __name__ == "__main__":

@@ -17,9 +17,10 @@ import transformers
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import peers  # noqa: E402
-from peerkit import checkpoints  # noqa: E402
+from peerkit import checkpoints, trained  # noqa: E402
 from mcpd.config import ModelConfig  # noqa: E402
 from mcpd.models.loader import load_checkpoint  # noqa: E402
+from safetensors.torch import load_file  # noqa: E402
 
 TEXTS = ["Hello world", " leading  and double spaces ", "naïve café, 漢字 and 🙂", "line\nbreak\ttab"]
 
@@ -107,3 +108,25 @@ def test_ratios_point_to_mcpd_leading_above_one():
     assert ratios["w1_decode_tok_s_ratio_vs_best_peer"] == 0.5 and ratios["best_peer"]["w1_decode_tok_s"] == "llama.cpp"
     assert ratios["w1_ttft_ms_ratio_vs_best_peer"] == 0.5 and ratios["best_peer"]["w1_ttft_ms"] == "vllm"
     assert peers.ratios_vs_best_peer({"mcpd": systems["mcpd"]}) == {}
+
+
+def test_trained_checkpoint_is_the_same_for_the_same_recipe_and_cached_by_it(tmp_path):
+    """bench/quantized.py's trained checkpoint: two trainings from scratch give the same weights
+    (its quality figures are reproducible), a second call loads the first's, and another recipe
+    trains another; mcpd loads it as any checkpoint."""
+    recipe = trained.Recipe(steps=3, batch=2, window=16, warmup=1)
+    first = trained.checkpoint(recipe, tmp_path / "a", checkpoints.SMALL_SHAPE)
+    again = trained.checkpoint(recipe, tmp_path / "b", checkpoints.SMALL_SHAPE)
+    weights = load_file(str(first / "model.safetensors"))
+    assert first.name == again.name and weights.keys() == load_file(str(again / "model.safetensors")).keys()
+    assert all(torch.equal(t, load_file(str(again / "model.safetensors"))[n]) for n, t in weights.items())
+    base = load_file(str(first.with_name(first.name.split("-trained-")[0]) / "model.safetensors"))
+    assert not torch.equal(weights["model.layers.0.mlp.down_proj.weight"], base["model.layers.0.mlp.down_proj.weight"])
+    written = (first / "training.json").stat().st_mtime_ns
+    assert trained.checkpoint(recipe, tmp_path / "a", checkpoints.SMALL_SHAPE) == first
+    assert (first / "training.json").stat().st_mtime_ns == written
+    other = trained.checkpoint(trained.Recipe(steps=2, batch=2, window=16, warmup=1), tmp_path / "a",
+                               checkpoints.SMALL_SHAPE)
+    assert other != first
+    loaded = load_checkpoint(ModelConfig(path=str(first)), torch.device("cpu"))
+    assert sum(p.numel() for p in loaded.model.parameters()) == checkpoints.SMALL_SHAPE.parameters

@@ -10,7 +10,7 @@ from mcpd.engine import Engine, SamplingParams
 from mcpd.engine.kv_records import region_key
 from mcpd.models import UnsupportedModel, load_model
 from mcpd.models.agreement import compare, position_logits
-from mcpd.models.int8 import GROUP, LEVELS, dequantize, groups, quantize
+from mcpd.models.int8 import GROUP, LEVELS, RATIOS, dequantize, groups, quantize
 from tiny_checkpoints import make_checkpoint
 
 CPU = torch.device("cpu")
@@ -30,13 +30,31 @@ def test_round_trip_is_within_half_a_step_of_each_group():
     values, scales = quantize(w)
     assert values.dtype == torch.int8 and values.shape == w.shape
     assert scales.dtype == torch.float32 and scales.shape == (37, groups(columns)) == (37, 3)
-    assert int(values.abs().max()) == LEVELS and int(values.min()) >= -LEVELS
+    assert int(values.abs().max()) <= LEVELS and int(values.min()) >= -LEVELS
     peaks = torch.stack([v.abs().amax(dim=1) for v in values.split(GROUP, dim=1)], dim=1)
-    assert int((peaks == LEVELS).sum()) == 37 * 3 - 3 - 1   # every group reaches the last step but the zero ones
+    nonzero = peaks > 0
+    assert int(nonzero.sum()) == 37 * 3 - 3 - 1   # every group but the zero ones reaches near the last step
+    assert bool((peaks[nonzero] >= round(LEVELS / max(RATIOS))).all())
     step = scales.repeat_interleave(GROUP, dim=1)[:, :columns]
     assert bool(((dequantize(values, scales) - w).abs() <= step / 2 * (1 + 1e-6)).all())   # to the nearest step
     assert bool((scales[5] == 1).all()) and not values[5].any()   # an all-zero row stays zero
     assert scales[9, 1] == 1 and not values[9, GROUP:2 * GROUP].any()   # and an all-zero group
+
+
+def test_each_group_errs_no_more_than_with_its_peak_as_the_last_step():
+    """The searched scale (RATIOS) against max|w| / LEVELS, the scheme before it: per group, the
+    squared rounding error is never larger, and over a Normal matrix clearly smaller."""
+    w = torch.randn(64, 4 * GROUP, generator=torch.Generator().manual_seed(3))
+    values, scales = quantize(w)
+    peak_scales = torch.stack([g.abs().amax(dim=1) for g in w.split(GROUP, dim=1)], dim=1) / LEVELS
+    peak_values = torch.round(w / peak_scales.repeat_interleave(GROUP, dim=1))
+
+    def group_errors(approx):
+        return torch.stack([g.square().sum(dim=1) for g in (approx - w).split(GROUP, dim=1)], dim=1)
+
+    searched, peak = group_errors(dequantize(values, scales)), group_errors(dequantize(peak_values, peak_scales))
+    assert bool((searched <= peak * (1 + 1e-6)).all())
+    assert float(searched.sum()) < 0.95 * float(peak.sum())
 
 
 def test_fused_rows_quantize_as_their_pieces():

@@ -23,6 +23,8 @@ class Agreement:
     positions: int
     top1: float      # share of positions where both models' most likely next token is the same
     mean_kl: float   # mean KL(reference || candidate) of the next-token distributions, in nats
+    reference_top1_prob: float   # mean probability of reference's most likely token: how peaked
+                                 # its distributions are (near 1 / vocab for random weights)
 
 
 @torch.inference_mode()
@@ -41,11 +43,12 @@ def position_logits(model, token_ids: list[int]) -> torch.Tensor:
 
 def compare(reference, candidate, sequences: list[list[int]]) -> Agreement:
     """Agreement of candidate's next-token distributions with reference's over sequences."""
-    matches, kl_sum, positions = 0, 0.0, 0
+    matches, kl_sum, top1_prob_sum, positions = 0, 0.0, 0.0, 0
     for tokens in sequences:
-        ref, cand = position_logits(reference, tokens), position_logits(candidate, tokens)
+        ref = position_logits(reference, tokens).log_softmax(-1)
+        cand = position_logits(candidate, tokens).log_softmax(-1)
         matches += int((ref.argmax(-1) == cand.argmax(-1)).sum())
-        kl_sum += float(F.kl_div(cand.log_softmax(-1), ref.log_softmax(-1), log_target=True,
-                                 reduction="sum"))
+        kl_sum += float(F.kl_div(cand, ref, log_target=True, reduction="sum"))
+        top1_prob_sum += float(ref.amax(-1).exp().sum())
         positions += len(tokens)
-    return Agreement(positions, matches / positions, kl_sum / positions)
+    return Agreement(positions, matches / positions, kl_sum / positions, top1_prob_sum / positions)

@@ -2,7 +2,15 @@
 and group of GROUP input columns.
 
     w[n, j] ~= values[n, j] * scales[n, j // GROUP],  values in [-127, 127],
-    scales[n, g] = max |w[n, g*GROUP : (g+1)*GROUP]| / 127
+    scales[n, g] = r * max |w[n, g*GROUP : (g+1)*GROUP]| / 127,  r in RATIOS
+
+Per group, r is the ratio of RATIOS whose rounding leaves the least squared error (values rounded
+to nearest). Why search: with 127 steps a group's error is the sum of 64 roundings, and a slightly
+larger step lands the weights nearer their levels in some groups than in others; the best of
+16 steps between 1 and 1.03 times the peak's cut the model's squared weight error by 12% and
+its mean KL against the float model by 15% (bench/README.md, "int8 variants"). Ratios below 1
+(clipping the peak) won nothing: the peak's error then grows by whole steps, 64 roundings' by
+fractions of one. r >= 1 also keeps every weight within half a step of its value.
 
 Symmetric (no zero point). Groups along the input: one scale per row spreads a row's 127 steps
 over its largest weight, most of its weights then use a few of them; a group's peak is nearer
@@ -33,6 +41,8 @@ from torch import nn
 
 LEVELS = 127
 GROUP = 64                # input columns per scale; kernels.c is compiled with it (native.py)
+RATIOS = torch.linspace(1.0, 1.03, 16).tolist()   # steps tried per group, times peak / LEVELS
+ROWS_AT_ONCE = 256        # rows searched together: their candidates' roundings stay in cache
 SCALE_SUFFIX = "_scale"   # the scale of parameter "x.weight" is "x.weight_scale"
 
 
@@ -50,13 +60,29 @@ def groups(columns: int) -> int:
 
 def quantize(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(int8 values [n, k], float32 scales [n, groups(k)]) of a float matrix; an all-zero group
-    gets scale 1."""
+    gets scale 1. Rows are quantized independently (so a fused matrix as its pieces)."""
     n, k = weight.shape
     w = F.pad(weight.float(), (0, groups(k) * GROUP - k)).view(n, groups(k), GROUP)
-    peak = w.abs().amax(dim=2)
-    scales = torch.where(peak > 0, peak / LEVELS, torch.ones_like(peak))
+    scales = torch.cat([best_scales(rows) for rows in w.split(ROWS_AT_ONCE)])
     values = torch.round(w / scales[:, :, None]).clamp_(-LEVELS, LEVELS).to(torch.int8)
     return values.view(n, -1)[:, :k].contiguous(), scales
+
+
+def best_scales(w: torch.Tensor) -> torch.Tensor:
+    """float32 [rows, groups]: each group's scale (of w [rows, groups, GROUP]) among RATIOS
+    times its peak / LEVELS, the one whose rounding errs least; 1 for an all-zero group."""
+    peak = w.abs().amax(dim=2, keepdim=True)
+    base = torch.where(peak > 0, peak / LEVELS, torch.ones_like(peak))
+    best, least = base, None
+    for ratio in RATIOS:
+        scale = base * ratio
+        error = (torch.round(w / scale) * scale - w).square_().sum(dim=2, keepdim=True)
+        if least is None:
+            best, least = scale, error
+        else:
+            better = error < least
+            best, least = torch.where(better, scale, best), torch.where(better, error, least)
+    return best.squeeze(2)
 
 
 def dequantize(values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:

@@ -243,23 +243,26 @@ static inline int64_t group_end(int64_t g0, int64_t k) {
 
 /* One row (a decode step at batch 1): with one sum per panel each multiply-add waits for the
    last (4 cycles), which bounds the product below what int8's smaller reads allow; four sums per
-   panel, added at the end, keep the multiply-adds independent. A panel's int8 stream is a
-   quarter of a float32 one's (8 KB at k = 512) and the hardware prefetcher ramps up too late
-   on it: fetching 256 steps (4 KB) ahead took a batch-1 pass over the bench model's int8
-   matrices from 5-7 ms to 2-4 ms on one core of the shared AVX-512 EPYC. Here each group's sum
+   panel, added at the end, keep the multiply-adds independent. The pass is bound by reading the
+   weights (out of cache int8 reaches a lower rate than float32's streams: a panel's int8 stream
+   is a quarter of a float32 one's, 8 KB at k = 512, and the hardware prefetcher ramps up too late
+   on it), so the next pair's two panels (the following 2 * k * 16 bytes) are fetched into L2
+   while this pair runs, two lines per four steps: a batch-1 pass over the bench model's int8
+   matrices went from 3.6-4.0 ms to 2.5-2.9 (medians, one thread, out of cache; prefetching 4 KB
+   ahead within each panel before; into L1 instead of L2: 3.2-3.5), bench/README.md. Here each group's sum
    of x * values is scaled once, not each weight: a multiply per 16 weights made the pass 20%
    (groups of 64) to 50% (32) slower than one scale a row; this costs a multiply-add a group
    (bench/README.md). The same product as tile_int8's, rounded at other places. */
-#define PREFETCH_INT8 256
 INLINE void row_int8(int dtype, const void *x, int64_t k, const int8_t *p0, const int8_t *p1, const float *c0,
                      const float *c1, f32x16 *a0, f32x16 *a1) {
     *a0 = *a1 = splat(0);
+    const int8_t *next = p0 + 2 * k * PANEL;
     for (int64_t g0 = 0; g0 < k; g0 += INT8_GROUP, c0 += PANEL, c1 += PANEL) {
         f32x16 s0[4] = {{0}}, s1[4] = {{0}};
         int64_t i = g0, end = group_end(g0, k);
         for (; i + 4 <= end; i += 4) {
-            __builtin_prefetch(p0 + (i + PREFETCH_INT8) * PANEL);
-            __builtin_prefetch(p1 + (i + PREFETCH_INT8) * PANEL);
+            __builtin_prefetch(next + i * 2 * PANEL, 0, 2);
+            __builtin_prefetch(next + i * 2 * PANEL + 64, 0, 2);
             for (int u = 0; u < 4; u++) {
                 float xv = x_at(dtype, x, i + u);
                 s0[u] += xv * load_int8(p0 + (i + u) * PANEL);
