@@ -122,10 +122,14 @@ def quality(path: Path, sequences: list[list[int]], suffix: str = "") -> dict:
             f"quality_positions{suffix}": agreement.positions}
 
 
-def trained_quality(rounds: int, generated: int) -> dict:
+def trained_quality(rounds: int, generated: int, quick: bool) -> dict:
     """quality() on the trained checkpoint: prompts of PROMPT_TOKENS tokens cut from README.md
-    at even offsets, each with the float32 engine's greedy continuation."""
-    path = trained.checkpoint()
+    at even offsets, each with the float32 engine's greedy continuation. --quick never trains (it
+    must stay under a minute): without a cached checkpoint it reports no *_trained figures."""
+    path = trained.checkpoint(may_train=not quick)
+    if path is None:
+        print("  the trained checkpoint is not cached: run once without --quick (trains it, ~10 min)")
+        return {}
     ids = Tokenizer.from_file(str(path / "tokenizer.json")).encode(HELD_OUT.read_text()).ids
     stride = (len(ids) - PROMPT_TOKENS) // rounds
     prompts = [ids[i * stride:i * stride + PROMPT_TOKENS] for i in range(rounds)]
@@ -147,7 +151,7 @@ def measure(quick: bool) -> dict:
             "float32_step_ms_fast_decile": fast_decile(steps["none"]) * 1e3,
             "int8_step_ms_fast_decile": fast_decile(steps["int8"]) * 1e3,
             "int8_decode_speedup_fast_decile": fast_decile(steps["none"]) / fast_decile(steps["int8"]),
-            **quality(path, sequences), **trained_quality(rounds, generated),
+            **quality(path, sequences), **trained_quality(rounds, generated, quick),
             "rounds": rounds, "generated_per_round": generated,
             "threads": torch.get_num_threads(), "load_average": max(load_before, os.getloadavg()[0])}
 

@@ -23,7 +23,8 @@ Last, the int8 variant of issue 12's 55.3M Llama against its float32 model, in t
 (bench/quantized.py's measure(): alternating rounds of batch-1 greedy decode, and teacher-forced
 agreement): `int8_decode_speedup` (target >= 2.5) and `int8_top1_agreement` (>= 0.98), with
 `int8_mean_kl`, on the random checkpoint; the same quality figures `*_trained` on a briefly
-trained copy of it (bench/peerkit/trained.py: trained by the first run, minutes, then cached).
+trained copy of it (bench/peerkit/trained.py: trained by the first full run, minutes, then
+cached; --quick reports them only once it is cached).
 
 Last line JSON.
 """

@@ -115,6 +115,7 @@ def test_trained_checkpoint_is_the_same_for_the_same_recipe_and_cached_by_it(tmp
     (its quality figures are reproducible), a second call loads the first's, and another recipe
     trains another; mcpd loads it as any checkpoint."""
     recipe = trained.Recipe(steps=3, batch=2, window=16, warmup=1)
+    assert trained.checkpoint(recipe, tmp_path / "a", checkpoints.SMALL_SHAPE, may_train=False) is None   # --quick
     first = trained.checkpoint(recipe, tmp_path / "a", checkpoints.SMALL_SHAPE)
     again = trained.checkpoint(recipe, tmp_path / "b", checkpoints.SMALL_SHAPE)
     weights = load_file(str(first / "model.safetensors"))
@@ -124,6 +125,7 @@ def test_trained_checkpoint_is_the_same_for_the_same_recipe_and_cached_by_it(tmp
     assert not torch.equal(weights["model.layers.0.mlp.down_proj.weight"], base["model.layers.0.mlp.down_proj.weight"])
     written = (first / "training.json").stat().st_mtime_ns
     assert trained.checkpoint(recipe, tmp_path / "a", checkpoints.SMALL_SHAPE) == first
+    assert trained.checkpoint(recipe, tmp_path / "a", checkpoints.SMALL_SHAPE, may_train=False) == first
     assert (first / "training.json").stat().st_mtime_ns == written
     other = trained.checkpoint(trained.Recipe(steps=2, batch=2, window=16, warmup=1), tmp_path / "a",
                                checkpoints.SMALL_SHAPE)

@@ -99,14 +99,17 @@ def train(model, tokens: torch.Tensor, recipe: Recipe, log=sys.stderr) -> float:
 
 
 def checkpoint(recipe: Recipe = Recipe(), cache_dir: Path = checkpoints.DEFAULT_CACHE,
-               shape: checkpoints.ModelShape = checkpoints.ISSUE_SHAPE, docs: Path = DOCS) -> Path:
+               shape: checkpoints.ModelShape = checkpoints.ISSUE_SHAPE, docs: Path = DOCS,
+               may_train: bool = True) -> Path | None:
     """The trained checkpoint's directory (float32, the base's config and tokenizer), trained on
-    first use."""
+    first use; None when it is not cached and may_train is False (a --quick run: under a minute)."""
     base, _ = checkpoints.checkpoint(cache_dir, torch.float32, shape)
     tokens = corpus(Tokenizer.from_file(str(base / "tokenizer.json")), docs)
     directory = base.with_name(f"{base.name}-trained-{recipe_key(recipe, base, tokens)}")
     if (directory / "model.safetensors").exists():
         return directory
+    if not may_train:
+        return None
     model = hf_model(base, shape)
     threads = torch.get_num_threads()
     torch.set_num_threads(len(os.sched_getaffinity(0)))   # every core: the engine may have picked fewer
