@@ -315,10 +315,11 @@ class CacheConfig:
 class SupervisorConfig:
     stop_grace_s: float = 10.0      # SIGTERM: how long in-flight requests may finish
     ready_timeout_s: float = 300.0  # a child that is not ready by then counts as failed
+    stats_interval_s: float = 0.5   # how often each child reports its figures (status, metrics)
 
     def check(self) -> None:
-        if self.stop_grace_s < 0 or self.ready_timeout_s <= 0:
-            raise ConfigError("supervisor.stop_grace_s must be >= 0 and ready_timeout_s > 0")
+        if self.stop_grace_s < 0 or self.ready_timeout_s <= 0 or self.stats_interval_s <= 0:
+            raise ConfigError("supervisor.stop_grace_s must be >= 0, ready_timeout_s and stats_interval_s > 0")
 
 
 @dataclass(frozen=True)

@@ -72,7 +72,8 @@ class Daemon:
                        "state_dir": str(self.root / "state")},
             "workers": {"count": 1, "device": "cpu", "restart_backoff_s": 0.2},
             "engine": {"pool_bytes": 64 << 20},
-            "supervisor": {"stop_grace_s": 5.0},
+            # Fresh figures for status() (below) and a drain's end sooner than the default 0.5 s.
+            "supervisor": {"stop_grace_s": 5.0, "stats_interval_s": 0.1},
         }
         if any(name.startswith("models.") for name in sections):   # [models] says how many workers, per version
             del defaults["workers"]["count"]
@@ -132,7 +133,7 @@ class Daemon:
 
     def status(self, timeout: float = 30) -> dict:
         """`status` with figures no older than this call: children report their stats every
-        STATS_INTERVAL_S, so it waits until every running child has reported again (a process
+        supervisor.stats_interval_s, so it waits until every running child has reported again (a process
         table entry's stats_reports grew, or the child is gone) rather than read figures from
         before what the test just did."""
         asked = {_slot(p): p for p in self.control("status")["processes"] if p["state"] == "running" and "stats_reports" in p}

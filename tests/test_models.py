@@ -10,6 +10,7 @@ import pytest
 
 from mcpd.protocol import codes
 from mcpd.protocol.codes import MCPDError
+from mcpd.scheduling.batching_window import ADJUST_EVERY
 from mcpd.testing import SteadyLoad, free_port
 from test_http import raw
 from test_metrics import scrape
@@ -162,6 +163,8 @@ def test_a_slow_class_sends_its_hinted_requests_to_the_fast_version(fresh_daemon
     hurry = {"priority": "hurry", **GREEDY}
     with d.client() as client:
         assert client.generate("hello", hints={"prefer_speed": True}, **hurry).version == "a"   # not measured yet
+        for _ in range(ADJUST_EVERY):   # the window measures p99 once per ADJUST_EVERY requests: each
+            client.generate("hello", **hurry)   # status() below waits for fresh figures (up to 0.5 s)
         deadline = time.monotonic() + 60
         while "hurry" not in d.status()["scheduler"]["fast_rung"]["active"]:
             assert time.monotonic() < deadline, d.status()["scheduler"]["fast_rung"]

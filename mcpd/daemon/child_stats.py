@@ -1,6 +1,6 @@
-"""The figures each child reports every STATS_INTERVAL_S (a Report event to the supervisor; a
-worker's also go to the scheduler in its Stats message), as the supervisor keeps them for
-`status` (status.py), the Prometheus endpoint (metrics.py) and `mcpctl`.
+"""The figures each child reports every supervisor.stats_interval_s (a Report event to the
+supervisor; a worker's also go to the scheduler in its Stats message), as the supervisor keeps
+them for `status` (status.py), the Prometheus endpoint (metrics.py) and `mcpctl`.
 
 One typed value per process kind, declared here and encoded with messages.py's one encoding:
 the child builds it from its figures (a figure not declared here is a TypeError in the child,

@@ -38,7 +38,6 @@ from mcpd.daemon.gate import Gate
 from mcpd.http.frontend_link import LOCAL_IDENTITY, FrontendLink
 from mcpd.http.server import HttpListener
 
-STATS_INTERVAL_S = 0.5
 GUARD_S = 0.02   # how often the backlogs are retried and the unfinished messages checked
 BATCH = 256   # messages taken from one socket before looking at the other (fairness)
 ALWAYS_ADMITTED = ("ping", "status", "cancel")   # still answered while draining
@@ -172,7 +171,7 @@ class FrontEnd:
             if self.draining and not self.pending:
                 self.events.send(messages.Drained)
         finally:
-            asyncio.get_running_loop().call_later(STATS_INTERVAL_S, self._tick)
+            asyncio.get_running_loop().call_later(self.config.supervisor.stats_interval_s, self._tick)
 
     def _guard(self) -> None:
         try:

@@ -23,7 +23,6 @@ from mcpd.memory import pool_segment
 from mcpd.memory.pool_segment import PoolSegment
 from mcpd.refusal import StartRefused
 
-STATS_INTERVAL_S = 0.5
 AUTO_HEADROOM = 17 / 16   # pool.bytes = 0: each worker's share plus room for its KV records and alignment
 
 
@@ -84,4 +83,4 @@ def run(config: Config, index: int, device: str, workers: int) -> None:
     parent_pid = os.getppid()
     while child.parent_alive(parent_pid):
         events.send(messages.Report, KeeperStats(device=device, path=str(path), pool=segment.stats()))
-        time.sleep(STATS_INTERVAL_S)
+        time.sleep(config.supervisor.stats_interval_s)

@@ -19,7 +19,6 @@ from mcpd.daemon.batch import Batch, each_message, each_routed_message
 from mcpd.daemon.child_stats import SchedulerStats
 from mcpd.daemon.scheduler import Scheduler, WorkerGone
 
-STATS_INTERVAL_S = 0.5
 IDLE_POLL_MS = 100
 
 
@@ -71,6 +70,7 @@ class SchedulerProcess:
             self.context.destroy(linger=0)
             raise
         self.parent_pid = os.getppid()
+        self.stats_interval_s = config.supervisor.stats_interval_s
 
     def serve(self) -> None:
         poller = zmq.Poller()
@@ -90,7 +90,7 @@ class SchedulerProcess:
             self.sockets.for_frontend.flush()
             if time.monotonic() >= next_stats:
                 self.sockets.events.send(messages.Report, SchedulerStats(**self.scheduler.stats()))
-                next_stats = time.monotonic() + STATS_INTERVAL_S
+                next_stats = time.monotonic() + self.stats_interval_s
 
     def _poll_timeout_ms(self) -> float:
         wake = self.scheduler.next_wake()

@@ -22,8 +22,7 @@ import zmq
 import mcpd
 from mcpd import config as config_module, refusal
 from mcpd.config import LEGACY_NAME, Config, ConfigError
-from mcpd.daemon import (channels, child as children, child_stats, frontend, log, messages, metrics, pool_keeper,
-                         scheduler_loop, worker)
+from mcpd.daemon import channels, child as children, child_stats, log, messages, metrics, pool_keeper
 from mcpd.daemon.admin import Admin
 from mcpd.daemon.instance_lock import InstanceLock
 from mcpd.daemon.process_table import Child, ChildSpec, ProcessTable
@@ -84,13 +83,14 @@ class Supervisor:
         self.last_watchdog = 0.0
         devices = worker_devices(config)
         self.devices = devices
-        specs = [ChildSpec("frontend", 0, frontend.run, (config,)),
-                 ChildSpec("scheduler", 0, scheduler_loop.run, (config,))]
+        specs = [ChildSpec("frontend", 0, children.Entry("mcpd.daemon.frontend"), (config,)),
+                 ChildSpec("scheduler", 0, children.Entry("mcpd.daemon.scheduler_loop"), (config,))]
         specs += [ChildSpec("keeper", i, pool_keeper.run, (config, i, d, devices.count(d)))
                   for i, d in enumerate(pool_keeper.shared_pool_devices(config, devices))]
         # [model] alone on GPUs: one worker per GPU, all of the one model's one version.
         versions = config.worker_versions() if config.models else [(config.default_model, LEGACY_NAME)] * len(devices)
-        specs += [ChildSpec("worker", i, worker.run, (config, i, d, *versions[i]), standby=config.workers.standby)
+        specs += [ChildSpec("worker", i, children.Entry("mcpd.daemon.worker"), (config, i, d, *versions[i]),
+                            standby=config.workers.standby)
                   for i, d in enumerate(devices)]
         self.table = ProcessTable(config, specs, self.log)
         for child in self.table.children:   # versions configured unloaded start when `models load` says

@@ -21,7 +21,6 @@ from mcpd.daemon.batch import Batch, each_message
 from mcpd.daemon.worker_core import WorkerCore
 from mcpd.refusal import StartRefused
 
-STATS_INTERVAL_S = 0.5
 IDLE_POLL_MS = 100
 STANDBY_POLL_S = 0.5   # how often a standby checks that the supervisor still runs
 
@@ -120,7 +119,7 @@ class Worker:
             self.core.flush_done()
             if time.monotonic() >= next_stats:
                 self._report()
-                next_stats = time.monotonic() + STATS_INTERVAL_S
+                next_stats = time.monotonic() + self.config.supervisor.stats_interval_s
             self.sockets.flush()   # before the loop may block
 
     def _step(self) -> None:

@@ -14,7 +14,7 @@ import torch
 from mcpd.config import ModelConfig
 from mcpd.models import int8
 from mcpd.models.llama import LlamaArgs, LlamaForCausalLM
-from mcpd.models.loader import LoadedModel, copy_weights, fill_weights, quantize_skeleton, resolve_dtype
+from mcpd.models.loader import LoadedModel, copy_weights, fill_weights, on_device, quantize_skeleton, resolve_dtype
 from mcpd.tokenizer import ByteTokenizer
 
 ARGS = LlamaArgs(vocab_size=ByteTokenizer.vocab_size, hidden_size=256, intermediate_size=704,
@@ -33,7 +33,7 @@ def skeleton(config: ModelConfig, device: torch.device) -> LlamaForCausalLM:
     with torch.device("meta"):
         model = LlamaForCausalLM(ARGS, device)
     dtype = resolve_dtype(config.dtype, "float32", device)
-    model = model.to(dtype).to_empty(device=device).eval().requires_grad_(False)
+    model = on_device(model.to(dtype), device).eval().requires_grad_(False)
     quantize_skeleton(model, config.quantization, Path(NAME))
     return model
 

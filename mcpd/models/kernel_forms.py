@@ -53,8 +53,8 @@ class KernelForms:
         a form of their own."""
         params = dict(self.named_parameters())
 
-        def held(param: torch.Tensor) -> torch.Tensor:
-            return torch.empty_like(param, device="meta") if meta else param
+        def held(param: torch.Tensor) -> torch.Tensor:   # not empty_like: loader.on_device says why
+            return torch.empty(param.shape, dtype=param.dtype, device="meta") if meta else param
 
         for name, param in params.items():
             if not self.prepared(name, param):

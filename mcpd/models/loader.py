@@ -124,9 +124,17 @@ def skeleton(config: ModelConfig, device: torch.device) -> tuple[nn.Module, dict
             model, vocab_size, model_len = build(hf, architecture, device)
     except KeyError as e:
         raise UnsupportedModel(f"{path / 'config.json'} lacks {e.args[0]!r}, needed for {architecture}") from None
-    model = model.to(dtype).to_empty(device=device).eval().requires_grad_(False)
+    model = on_device(model.to(dtype), device).eval().requires_grad_(False)
     quantize_skeleton(model, config.quantization, path)
     return model, hf, dtype, vocab_size, model_len
+
+
+def on_device(model: nn.Module, device: torch.device) -> nn.Module:
+    """nn.Module.to_empty, with torch.empty of each parameter's shape and dtype in place of
+    torch.empty_like: empty_like of a meta tensor runs torch's Python reference, whose first use
+    imports sympy (0.3-0.4 s of CPU in every worker, pool keeper and standby that built a skeleton).
+    A skeleton's parameters are contiguous, so the layout is the same."""
+    return model._apply(lambda t: torch.empty(t.shape, dtype=t.dtype, device=device))
 
 
 def quantize_skeleton(model: nn.Module, quantization: str, path: Path) -> None:
