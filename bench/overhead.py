@@ -8,6 +8,9 @@ JSON line: noop_p50_ratio_vs_raw (target <= 3), noop_throughput_frac_of_raw (>= 
 A third line measures the floor: a bare relay chain of three pyzmq processes with the daemon's
 five hops (ROUTER -> PUSH -> PULL/PUSH -> PULL/PUSH -> PULL -> ROUTER) and no logic at all, so
 the share of the gap that is hop count, not mcpd's code, is visible (floor_p50_ratio_vs_raw).
+The same chain with its three internal hops on plain Unix stream sockets (read and written by
+each process's own thread, no ZeroMQ I/O thread between them) shows what replacing the daemon's
+internal ZeroMQ sockets could win at most (unix_floor_p50_ratio_vs_raw).
 A second daemon runs with CURVE on (authenticated, encrypted; the front-end reads each
 message's User-Id and re-packs its header) and is measured in the same rounds:
 curve_p50_ratio_vs_plain (aim <= 1.3) compares its ping p50 with the plaintext daemon's.
@@ -24,7 +27,9 @@ import argparse
 import json
 import multiprocessing
 import shutil
+import socket
 import statistics
+import struct
 import tempfile
 import time
 
@@ -78,6 +83,75 @@ def start_relay_chain(client_endpoint: str, ipc_dir: str) -> list[multiprocessin
     processes = [spawn.Process(target=relay_front, args=(client_endpoint, sched, front), daemon=True),
                  spawn.Process(target=relay_hop, args=(sched, worker), daemon=True),
                  spawn.Process(target=relay_hop, args=(worker, front), daemon=True)]
+    for process in processes:
+        process.start()
+    return processes
+
+
+# The same relay chain with its three internal hops on plain Unix stream sockets (length-prefixed
+# frames, written and read by the process's own thread): what the daemon's latency could come
+# down to with no ZeroMQ I/O thread between its own processes (issue 14's p50; not built yet).
+def _send_unix(sock: socket.socket, frames: list[bytes]) -> None:
+    sock.sendall(b"".join(struct.pack("!I", len(f)) + f for f in [struct.pack("!I", len(frames)), *frames]))
+
+
+def _recv_exact(sock: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            raise ConnectionError("relay peer closed")
+        data += chunk
+    return data
+
+
+def _recv_unix(sock: socket.socket) -> list[bytes]:
+    def frame() -> bytes:
+        return _recv_exact(sock, struct.unpack("!I", _recv_exact(sock, 4))[0])
+    return [frame() for _ in range(struct.unpack("!I", frame())[0])]
+
+
+def _unix_pair(listen_path: str, connect_path: str) -> tuple[socket.socket, socket.socket]:
+    """(accepted inbound, connected outbound): listens, then connects once the next one listens."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(listen_path)
+    listener.listen(1)
+    out = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    while True:
+        try:
+            out.connect(connect_path)
+            break
+        except (FileNotFoundError, ConnectionRefusedError):
+            time.sleep(0.01)
+    return listener.accept()[0], out
+
+
+def unix_relay_front(client_endpoint: str, ipc_dir: str) -> None:
+    clients = zmq.Context().socket(zmq.ROUTER)
+    clients.bind(client_endpoint)
+    back, out = _unix_pair(f"{ipc_dir}/u-front", f"{ipc_dir}/u-sched")
+    poller = zmq.Poller()
+    poller.register(clients, zmq.POLLIN)
+    poller.register(back.fileno(), zmq.POLLIN)
+    while True:
+        ready = dict(poller.poll())
+        if clients in ready:
+            _send_unix(out, clients.recv_multipart())
+        if back.fileno() in ready:
+            clients.send_multipart(_recv_unix(back))
+
+
+def unix_relay_hop(name: str, next_name: str, ipc_dir: str) -> None:
+    source, sink = _unix_pair(f"{ipc_dir}/u-{name}", f"{ipc_dir}/u-{next_name}")
+    while True:
+        _send_unix(sink, _recv_unix(source))
+
+
+def start_unix_relay_chain(client_endpoint: str, ipc_dir: str) -> list[multiprocessing.Process]:
+    spawn = multiprocessing.get_context("spawn")
+    processes = [spawn.Process(target=unix_relay_front, args=(client_endpoint, ipc_dir), daemon=True),
+                 spawn.Process(target=unix_relay_hop, args=("sched", "worker", ipc_dir), daemon=True),
+                 spawn.Process(target=unix_relay_hop, args=("worker", "front", ipc_dir), daemon=True)]
     for process in processes:
         process.start()
     return processes
@@ -176,18 +250,21 @@ def main() -> None:
 
     raw_endpoint = f"tcp://127.0.0.1:{free_port()}"
     chain_endpoint = f"tcp://127.0.0.1:{free_port()}"
+    unix_chain_endpoint = f"tcp://127.0.0.1:{free_port()}"
     ipc_dir = tempfile.mkdtemp(prefix="mcpd-bench-", dir="/tmp")
     helpers = [multiprocessing.get_context("spawn").Process(target=echo_server, args=(raw_endpoint,), daemon=True)]
     helpers[0].start()
     helpers += start_relay_chain(chain_endpoint, ipc_dir)
+    helpers += start_unix_relay_chain(unix_chain_endpoint, ipc_dir)
     daemon = Daemon().start()
     secure = Daemon(security={"curve": "on"}).start()
     keys = secure.curve_keys("bench")
-    targets = [(raw_endpoint, None), (chain_endpoint, None), (daemon.endpoint, None), (secure.endpoint, keys)]
+    targets = [(raw_endpoint, None), (chain_endpoint, None), (daemon.endpoint, None), (secure.endpoint, keys),
+               (unix_chain_endpoint, None)]
     try:
-        # Rounds interleave the four so that a noisy moment hits them alike; medians are reported.
+        # Rounds interleave the five so that a noisy moment hits them alike; medians are reported.
         rounds = [[measure(e, count, total, window, curve) for e, curve in targets] for _ in range(ROUNDS)]
-        raw, chain, mcpd, curve = (median_of([r[i] for r in rounds]) for i in range(len(targets)))
+        raw, chain, mcpd, curve, unix_chain = (median_of([r[i] for r in rounds]) for i in range(len(targets)))
         client_us = client_p50_us(daemon.endpoint, count // 4)
         one_token = one_token_ms(daemon.endpoint, count // 4)
         cpu_us = cpu_us_per_ping(daemon, total, window)
@@ -202,7 +279,8 @@ def main() -> None:
 
     print(f"{'':<28}{'p50 us':>10}{'p99 us':>10}{'req/s':>12}")
     for name, m in (("raw pyzmq echo (1 hop)", raw), ("bare relay chain (5 hops)", chain),
-                    ("mcpd ping (5 hops)", mcpd), ("mcpd ping, CURVE on", curve)):
+                    ("relay, internal hops Unix", unix_chain), ("mcpd ping (5 hops)", mcpd),
+                    ("mcpd ping, CURVE on", curve)):
         print(f"{name:<28}{m['p50_us']:>10.1f}{m['p99_us']:>10.1f}{m['throughput_rps']:>12.0f}")
     print(f"mcpd ping with the bundled Client: p50 {client_us:.1f} us")
     print(f"daemon CPU per pipelined ping (front-end + scheduler + worker): {cpu_us:.1f} us")
@@ -214,6 +292,8 @@ def main() -> None:
         "noop_throughput_frac_of_raw": round(mcpd["throughput_rps"] / raw["throughput_rps"], 3),
         "floor_p50_ratio_vs_raw": round(chain["p50_us"] / raw["p50_us"], 3),
         "floor_throughput_frac_of_raw": round(chain["throughput_rps"] / raw["throughput_rps"], 3),
+        "unix_floor_p50_ratio_vs_raw": round(unix_chain["p50_us"] / raw["p50_us"], 3),
+        "unix_floor_throughput_frac_of_raw": round(unix_chain["throughput_rps"] / raw["throughput_rps"], 3),
         "raw_p50_us": round(raw["p50_us"], 1), "mcpd_p50_us": round(mcpd["p50_us"], 1),
         "raw_rps": round(raw["throughput_rps"]), "mcpd_rps": round(mcpd["throughput_rps"]),
         "client_p50_us": round(client_us, 1), "mcpd_cpu_us_per_ping": round(cpu_us, 1),
