@@ -48,6 +48,14 @@ def test_each_wait_policy_sets_openmps_environment(policy, environment, monkeypa
     assert out == environment
 
 
+def test_workers_sharing_cores_sleep_at_once_however_brief_their_policy():
+    out = _python("import os\n"
+                  "from mcpd.engine import threads\n"
+                  "threads.configure(len(os.sched_getaffinity(0)) + 1, 0, 1, 'brief')\n"
+                  "print(os.environ.get('OMP_WAIT_POLICY', 'unset'), os.environ.get('GOMP_SPINCOUNT', 'unset'))")
+    assert out == ["PASSIVE", "unset"]
+
+
 def test_the_worker_imports_torch_only_after_setting_up_threads():
     out = _python("import sys, mcpd.daemon.worker, mcpd.engine\n"
                   "print('torch' in sys.modules)\n"

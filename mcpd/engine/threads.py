@@ -20,7 +20,10 @@ active). "brief" (the default) spins for BRIEF_SPINS of libgomp's spin loop (GOM
 libgomp counts ~100,000 a millisecond) before it sleeps: long enough to bridge the microseconds
 between one step's regions, short enough that a thread sleeps soon after a step ends and leaves a
 neighbour, or the daemon's other processes, the core. OMP_WAIT_POLICY stays unset then, as
-libgomp takes GOMP_SPINCOUNT only without it.
+libgomp takes GOMP_SPINCOUNT only without it. Where workers outnumber the cores and share them,
+"brief" is passive: a thread spinning on a shared core takes it from another worker's step
+(bench/versions.py, three workers on two cores: the primary's p50 with a 10% shadow rose 3-22%
+spinning, not at all passive).
 """
 from __future__ import annotations
 
@@ -56,7 +59,7 @@ def configure(workers: int, index: int, requested: int, wait_policy: str) -> tup
     if cores != owned:
         os.sched_setaffinity(0, cores)
     os.environ["OMP_NUM_THREADS"] = str(threads)
-    _set_wait_policy(wait_policy)
+    _set_wait_policy("passive" if wait_policy == "brief" and workers > len(owned) else wait_policy)
     global _OWNED, _BINDS
     _OWNED, _BINDS = cores, "torch" not in sys.modules
     os.environ.setdefault("OMP_PROC_BIND", "close")   # start_team(); an operator's own binding is kept
