@@ -311,6 +311,9 @@ class CacheConfig:
             raise ConfigError(f"cache.max_owner_fraction = {self.max_owner_fraction}: must be in (0, 1]")
 
 
+MAX_STATS_INTERVAL_S = 10.0
+
+
 @dataclass(frozen=True)
 class SupervisorConfig:
     stop_grace_s: float = 10.0      # SIGTERM: how long in-flight requests may finish
@@ -318,8 +321,14 @@ class SupervisorConfig:
     stats_interval_s: float = 0.5   # how often each child reports its figures (status, metrics)
 
     def check(self) -> None:
-        if self.stop_grace_s < 0 or self.ready_timeout_s <= 0 or self.stats_interval_s <= 0:
-            raise ConfigError("supervisor.stop_grace_s must be >= 0, ready_timeout_s and stats_interval_s > 0")
+        if self.stop_grace_s < 0 or self.ready_timeout_s <= 0:
+            raise ConfigError("supervisor.stop_grace_s must be >= 0 and ready_timeout_s > 0")
+        # The pool keeper also looks for its parent's death once an interval, and the front-end's
+        # tick finishes a stop's draining: an interval of hours would leave both waiting (and
+        # 2^63 s overflowed time.sleep, crash-looping the keeper).
+        if not 0 < self.stats_interval_s <= MAX_STATS_INTERVAL_S:
+            raise ConfigError(f"supervisor.stats_interval_s = {self.stats_interval_s}: must be > 0 and "
+                              f"<= {MAX_STATS_INTERVAL_S}")
 
 
 @dataclass(frozen=True)
