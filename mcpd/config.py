@@ -113,6 +113,9 @@ class SchedulerConfig:
                               f"({', '.join(self.classes)})")
 
 
+WAIT_POLICIES = ("brief", "passive", "active")   # OpenMP's idle threads (engine/threads.py says how each waits)
+
+
 @dataclass(frozen=True)
 class WorkersConfig:
     device: str = "auto"        # auto (one worker per CUDA device, else CPU), cpu, cuda
@@ -131,8 +134,8 @@ class WorkersConfig:
             raise ConfigError(f"workers.count = {self.count}: must be between 1 and 256")
         if self.threads < 0:
             raise ConfigError(f"workers.threads = {self.threads}: must be >= 0")
-        if self.wait_policy not in ("brief", "passive", "active"):
-            raise ConfigError(f"workers.wait_policy = {self.wait_policy!r}: use brief, passive or active")
+        if self.wait_policy not in WAIT_POLICIES:
+            raise ConfigError(f"workers.wait_policy = {self.wait_policy!r}: use {', '.join(WAIT_POLICIES)}")
         if self.restart_backoff_s <= 0 or self.restart_backoff_max_s < self.restart_backoff_s:
             raise ConfigError("workers.restart_backoff_s must be > 0 and <= restart_backoff_max_s")
 

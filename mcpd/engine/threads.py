@@ -30,7 +30,8 @@ from __future__ import annotations
 import os
 import sys
 
-WAIT_POLICIES = ("brief", "passive", "active")
+from mcpd.config import WAIT_POLICIES
+
 BRIEF_SPINS = 20000   # about 0.2 ms of spinning before a thread sleeps (bench/README.md)
 _OWNED: list[int] | None = None   # this process's cores, as configure() found them
 _BINDS = False                    # configure() ran before OpenMP loaded: its binding applies
