@@ -23,7 +23,9 @@ client's would. Rounds interleave the systems (each workload: mcpd, vLLM, llama.
 figures are medians over the rounds; "spread" is (max - min) / median.
 
 The machine's limits are measured in the same run (bench/roofline.py): a streaming read and a
-large matrix product. The per-token work is counted over the weights every token multiplies by
+large matrix product. The read is measured again at the start of every round and W1's share of it
+is taken round by round (its median is the figure): this VM's read rate moves from 27 to 51 GB/s
+between minutes of one run, and one read at the start judged every round by that minute. The per-token work is counted over the weights every token multiplies by
 (all but the embedding table, a one-row lookup: 38.9M of the 55.3M):
   w1_decode_roofline_frac     = W1 decode tok/s * those weights' bytes / read bandwidth
   w2_32_compute_roofline_frac = W2-32 tok/s * 2 FLOPs per such weight / matmul rate
@@ -68,6 +70,7 @@ WORDS = ("the of and to in is that for it as was with be by on not he this are o
          "will more can out some time into two other then what them only new about could these "
          "any like our made first over may after years through where most way well down should").split()
 # figure: True when higher is better. The order is the table's.
+READ_REPEATS = 10   # best of: each round's read (bench/roofline.py)
 OURS = ("mcpd", "mcpd-http")   # mcpd's own systems: never a peer
 FIGURES = {"w1_decode_tok_s": True, "w1_ttft_ms": False, "w2_8_tok_s": True, "w2_32_tok_s": True,
            "w3_turn10_ttft_ms": False, "w4_req_s": True, "w1_busy_decode_tok_s": True,
@@ -209,11 +212,13 @@ def medians(samples: dict[str, list[float]]) -> tuple[dict, dict]:
     return middle, spread
 
 
-def derived(figures: dict, limits: dict) -> dict:
-    """The figures that follow from the measured ones and the machine's limits."""
+def derived(figures: dict, w1_rates: list[float], limits: dict) -> dict:
+    """The figures that follow from the measured ones (medians; w1_rates: W1 decode tok/s of
+    each round) and the machine's limits."""
     out = dict(figures)
     out["contention_keep_frac"] = figures["w1_busy_decode_tok_s"] / figures["w1_decode_tok_s"]
-    out["w1_decode_roofline_frac"] = figures["w1_decode_tok_s"] * limits["weight_bytes_per_token"] / (limits["read_gbps"] * 1e9)
+    out["w1_decode_roofline_frac"] = statistics.median(
+        rate * limits["weight_bytes_per_token"] / (read * 1e9) for rate, read in zip(w1_rates, limits["read_gbps_per_round"]))
     out["w2_32_compute_roofline_frac"] = (figures["w2_32_tok_s"] * limits["flops_per_token"]
                                           / (limits["matmul_gflops"] * 1e9))
     return out
@@ -292,18 +297,19 @@ def start_systems(args, checkpoint_dir: Path) -> tuple[dict, dict, dict]:
 def machine_limits(dtype: torch.dtype, quick: bool) -> dict:
     torch.set_num_threads(len(peer_servers.cores()))
     shape = checkpoints.ISSUE_SHAPE
-    repeats = 5 if quick else 10
-    return {"read_gbps": roofline.read_gbps(repeats=repeats),
-            "matmul_gflops": roofline.matmul_gflops(dtype, repeats=repeats),
+    return {"matmul_gflops": roofline.matmul_gflops(dtype, repeats=5 if quick else 10),
             "weight_bytes_per_token": shape.matmul_parameters * dtype.itemsize,
             "flops_per_token": 2 * shape.matmul_parameters}
 
 
-def measure(targets: dict, pids: list[int], prompts: Prompts, rounds: int, quick: bool) -> tuple[dict, list]:
-    """Each figure's samples per system, and the load average at the end of each round."""
-    samples, loads = {name: {} for name in targets}, []
+def measure(targets: dict, pids: list[int], prompts: Prompts, rounds: int, quick: bool) -> tuple[dict, list, list]:
+    """Each figure's samples per system, the load average at the end of each round and the read
+    rate (GB/s) at the start of each, all servers settled."""
+    samples, loads, reads = {name: {} for name in targets}, [], []
     for round_number in range(1, rounds + 1):
         started = time.monotonic()
+        peer_servers.settle(pids)
+        reads.append(roofline.read_gbps(repeats=READ_REPEATS))
         for workload in workloads(quick):
             for name, target in targets.items():
                 peer_servers.settle(pids)
@@ -312,7 +318,7 @@ def measure(targets: dict, pids: list[int], prompts: Prompts, rounds: int, quick
         loads.append(round(os.getloadavg()[0], 2))
         print(f"round {round_number}/{rounds}: {time.monotonic() - started:.0f} s, load average {loads[-1]}",
               flush=True)
-    return samples, loads
+    return samples, loads, reads
 
 
 @dataclass
@@ -360,14 +366,15 @@ def run(args, checkpoint_dir: Path) -> Run:
         peer_servers.settle(pids)
         idle = {name: round(peer_servers.cpu_percent([server.pid()], 1.0), 1) for name, server in servers.items()}
         limits = machine_limits(getattr(torch, args.dtype), args.quick)
-        samples, round_loads = measure(targets, pids, prompts, rounds, args.quick)
+        samples, round_loads, limits["read_gbps_per_round"] = measure(targets, pids, prompts, rounds, args.quick)
+        limits["read_gbps"] = statistics.median(limits["read_gbps_per_round"])
     finally:
         for server in servers.values():
             server.stop()
     systems, spreads = {}, {}
     for name, figures in samples.items():
         middle, spreads[name] = medians(figures)
-        systems[name] = derived(middle, limits)
+        systems[name] = derived(middle, figures["w1_decode_tok_s"], limits)
     return Run(systems, spreads, limits, checks, idle, missing, loads + round_loads)
 
 
@@ -384,7 +391,8 @@ def report(args, result: Run, vocab: str) -> None:
     print(f"\nmedians of {rounds} round(s), {args.dtype}; ± is half the spread (max - min) / median")
     print(table(systems, result.spreads, ratios))
     limits = result.limits
-    print(f"roofline: read {limits['read_gbps']:.1f} GB/s, matmul {limits['matmul_gflops']:.0f} GFLOP/s "
+    print(f"roofline: read {limits['read_gbps']:.1f} GB/s (median; rounds: "
+          f"{', '.join(f'{read:.1f}' for read in limits['read_gbps_per_round'])}), matmul {limits['matmul_gflops']:.0f} GFLOP/s "
           f"({args.dtype}); idle CPU % of each server: {result.idle}; load average {result.loads}")
     same_text = {name: check["greedy_text"] == result.checks["mcpd"]["greedy_text"]
                  for name, check in result.checks.items()}
@@ -398,7 +406,9 @@ def report(args, result: Run, vocab: str) -> None:
         **http_ratios_vs_vllm(systems),
         "systems": {name: {k: round(v, 4) for k, v in figures.items()} for name, figures in systems.items()},
         "spread": {name: {k: round(v, 3) for k, v in s.items()} for name, s in result.spreads.items()},
-        "roofline": {"read_gbps": round(limits["read_gbps"], 1), "matmul_gflops": round(limits["matmul_gflops"], 1),
+        "roofline": {"read_gbps": round(limits["read_gbps"], 1),
+                     "read_gbps_per_round": [round(read, 1) for read in limits["read_gbps_per_round"]],
+                     "matmul_gflops": round(limits["matmul_gflops"], 1),
                      "weight_bytes_per_token": limits["weight_bytes_per_token"],
                      "flops_per_token": limits["flops_per_token"]},
         "greedy_text_same_as_mcpd": same_text, "idle_cpu_percent": result.idle, "missing_peers": result.missing,
