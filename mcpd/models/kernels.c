@@ -336,6 +336,62 @@ static void tile(int dtype, const void *x, int64_t rows, int64_t k, const void *
 #undef TILE
 }
 
+/* One row of x (a decode step's product) by ROW_PANELS panels at once. Each output's sum is the
+   tile's, term by term in the same order (so the same bits), but four independent multiply-add
+   chains where the tile's one row has two: a chain waits out an FMA's latency per step, and
+   with only two the loop could not run far enough ahead of its loads to keep memory busy.
+   Measured (bench/README.md, "one-row products"): float32, the LM head's 65 MB from 48 to 65
+   GB/s, the decoder layers' products from 40 to 49 GB/s, two threads; eight panels were no
+   better. bfloat16 where the CPU has its dot product (else the tile, which emulates it). */
+#define ROW_PANELS 4
+
+INLINE void row_f32(const float *x, int64_t k, const float *const q[ROW_PANELS], f32x16 acc[ROW_PANELS]) {
+    for (int j = 0; j < ROW_PANELS; j++) acc[j] = splat(0);
+    for (int64_t i = 0; i < k; i++) {
+        float xv = x[i];
+        for (int j = 0; j < ROW_PANELS; j++) acc[j] += xv * load_f32(q[j] + i * PANEL);
+    }
+}
+
+#ifdef __AVX512BF16__
+#define ROW_BF16 1
+INLINE void row_bf16(const bf16 *x, int64_t k, const bf16 *const q[ROW_PANELS], f32x16 acc[ROW_PANELS]) {
+    __m512 c[ROW_PANELS];
+    for (int j = 0; j < ROW_PANELS; j++) c[j] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < k; i += 2) {
+        int32_t pair;
+        memcpy(&pair, x + i, sizeof pair);
+        __m512bh xv = (__m512bh)_mm512_set1_epi32(pair);
+        for (int j = 0; j < ROW_PANELS; j++)
+            c[j] = _mm512_dpbf16_ps(c[j], (__m512bh)_mm512_loadu_si512(q[j] + i * PANEL), xv);
+    }
+    memcpy(acc, c, sizeof c);
+}
+#else
+#define ROW_BF16 0
+#endif
+
+/* linear() for one row: runs of ROW_PANELS panels, two runs a chunk (the tile's 8 panels). A
+   short last run reads its first panel again in place of the missing ones and drops their sums. */
+static void linear_row(int dtype, const void *x, int64_t k, const void *packed, const void *bias, int64_t n,
+                       void *y, int y_f32) {
+    size_t size = dtype == F32 ? 4 : 2;
+    int64_t panels = (n + PANEL - 1) / PANEL, runs = (panels + ROW_PANELS - 1) / ROW_PANELS;
+    #pragma omp parallel for schedule(dynamic, 2) if (runs > 1 && n * k >= 32768)
+    for (int64_t run = 0; run < runs; run++) {
+        int64_t first = run * ROW_PANELS, count = panels - first < ROW_PANELS ? panels - first : ROW_PANELS;
+        const char *q[ROW_PANELS];
+        for (int j = 0; j < ROW_PANELS; j++) q[j] = (const char *)packed + (first + (j < count ? j : 0)) * k * PANEL * size;
+        f32x16 acc[ROW_PANELS];
+#if ROW_BF16
+        if (dtype == BF16) row_bf16((const bf16 *)x, k, (const bf16 *const *)q, acc);
+        else
+#endif
+        row_f32((const float *)x, k, (const float *const *)q, acc);
+        for (int64_t j = 0; j < count; j++) store_tile(dtype, y_f32, y, n, 0, 1, (first + j) * PANEL, &acc[j], bias);
+    }
+}
+
 /* x: [m, k] of dtype, packed: w of [n, k] packed as above (int8 when scales, its scales'
    panels), bias: [n] or NULL; y: [m, n] of dtype, or float32 holding dtype-rounded
    values when y_f32 (logits). Threads take contiguous runs of panel pairs, so each streams its
@@ -345,6 +401,7 @@ static void linear(int dtype, const void *x, int64_t m, int64_t k, const void *p
     size_t size = dtype == F32 ? 4 : 2, weight_size = scales ? 1 : size;
     int64_t panels = (n + PANEL - 1) / PANEL, pairs = (panels + 1) / 2;
     int64_t panel_scales = (k + INT8_GROUP - 1) / INT8_GROUP * PANEL;
+    if (m == 1 && !scales && (dtype == F32 || ROW_BF16)) return linear_row(dtype, x, k, packed, bias, n, y, y_f32);
     #pragma omp parallel for schedule(dynamic, 4) if (pairs > 1 && n * k * m >= 32768)
     for (int64_t pair = 0; pair < pairs; pair++) {
         const char *p0 = (const char *)packed + 2 * pair * k * PANEL * weight_size;
