@@ -51,12 +51,26 @@ def test_prepare_lays_out_a_meta_weight_as_a_real_one(kernels_, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("m, n, k", [(1, 64, 64), (3, 7, 16), (8, 33, 48), (9, 48, 80), (20, 12, 32)])
+@pytest.mark.parametrize("m, n, k", [(1, 64, 64), (1, 100, 64), (1, 400, 96), (3, 7, 16), (8, 33, 48), (9, 48, 80),
+                                     (20, 12, 32)])
 @pytest.mark.parametrize("bias", [False, True])
 def test_linear_on_packed_weights(dtype, m, n, k, bias):
-    x, w = rand(m, k, dtype=dtype), rand(n, k, dtype=dtype)   # 7, 33: a panel or pair partly padding
+    # 7, 33, 100: a panel, pair or run of four partly padding; 400 x 96: one row over both threads
+    x, w = rand(m, k, dtype=dtype), rand(n, k, dtype=dtype)
     b = rand(n, dtype=dtype) if bias else None
     assert agree(NATIVE.linear(x, NATIVE.prepare(w), b), TORCH.linear(x, w, b))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_row_alone_gives_the_bits_it_gets_in_a_batch(dtype):
+    """One row goes through its own kernel (four panels at once, a decode step's product), rows
+    in a batch through the tile: each output is the same sum in the same order, so a sequence's
+    logits do not depend on what it is batched with."""
+    x, w, b = rand(9, 400, dtype=dtype), NATIVE.prepare(rand(1000, 400, dtype=dtype)), rand(1000, dtype=dtype)
+    batched, logits = NATIVE.linear(x, w, b), NATIVE.logits(x, w)
+    for row in range(x.shape[0]):
+        assert torch.equal(NATIVE.linear(x[row:row + 1], w, b), batched[row:row + 1])
+        assert torch.equal(NATIVE.logits(x[row:row + 1], w), logits[row:row + 1])
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
