@@ -182,6 +182,8 @@ class Engine:
         hidden = self.model(torch.tensor(input_ids, device=self.device), attn.positions, attn)
         for seq, count in batch:
             seq.num_computed += count
+        if len(sample_rows) == len(input_ids):   # every row samples, in order (a decode step): no gather
+            return sampling, self.model.compute_logits(hidden)
         rows = torch.tensor(sample_rows, dtype=torch.long, device=self.device)
         return sampling, self.model.compute_logits(hidden[rows])
 

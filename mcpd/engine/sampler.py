@@ -24,7 +24,7 @@ class Sampler:
         """logits: float32 [S, vocab], one row per sequence. Returns chosen tokens and, if any
         sequence asked, the log-probability of each under the distribution it was drawn from."""
         params = [s.params for s in seqs]
-        greedy_tokens = logits.argmax(dim=-1)
+        greedy_tokens = argmax(logits)
         if all(p.greedy for p in params):
             tokens, processed = greedy_tokens, logits
         else:
@@ -66,3 +66,13 @@ class Sampler:
         # Drop a token once the tokens ranked above it already reach top_p; the first always stays.
         ranked = ranked.masked_fill(probs.cumsum(dim=-1) - probs > top_p[:, None], float("-inf"))
         return torch.empty_like(logits).scatter_(1, order, ranked)
+
+
+def argmax(logits: torch.Tensor) -> torch.Tensor:
+    """logits.argmax(dim=-1), the first of equal maxima (NaN counting as the largest) alike. On
+    the CPU through numpy: torch's took 29 us over a 32000-token row against numpy's 3 us (its
+    reduction's setup, measured on the issues' 2-vCPU machine), 1% of a float32 batch-1 step and
+    2% of an int8 one."""
+    if logits.device.type != "cpu":
+        return logits.argmax(dim=-1)
+    return torch.from_numpy(logits.numpy().argmax(axis=-1))
