@@ -381,7 +381,8 @@ static void linear_row(int dtype, const void *x, int64_t k, const void *packed, 
     for (int64_t run = 0; run < runs; run++) {
         int64_t first = run * ROW_PANELS, count = panels - first < ROW_PANELS ? panels - first : ROW_PANELS;
         const char *q[ROW_PANELS];
-        for (int j = 0; j < ROW_PANELS; j++) q[j] = (const char *)packed + (first + (j < count ? j : 0)) * k * PANEL * size;
+        for (int j = 0; j < ROW_PANELS; j++)
+            q[j] = (const char *)packed + (first + (j < count ? j : 0)) * k * PANEL * size;
         f32x16 acc[ROW_PANELS];
 #if ROW_BF16
         if (dtype == BF16) row_bf16((const bf16 *)x, k, (const bf16 *const *)q, acc);
