@@ -95,3 +95,17 @@ def test_the_supervisor_loads_no_torch():
     modules = loaded_after("import mcpd.daemon.supervisor")
     assert "mcpd.memory.pool_segment" in modules   # the probe ran what it should
     assert under(modules, "torch") == []
+
+
+def test_a_cpu_pool_keeper_sizes_and_makes_its_pool_without_torch(tmp_path):
+    """It imported torch (a second of CPU at every daemon start) only to size the pool by a
+    model skeleton (now parameter_table.py) and to read its device (pool_size.py, pool_segment.cuda_index)."""
+    modules = loaded_after("from pathlib import Path\n"
+                           "from mcpd.config import from_dict\n"
+                           "from mcpd.daemon import pool_keeper\n"
+                           "from mcpd.memory.pool_segment import PoolSegment\n"
+                           "config = from_dict({'engine': {'pool_bytes': 4 << 20}, 'model': {'quantization': 'int8'}})\n"
+                           f"PoolSegment.create(Path({str(tmp_path / 'pool')!r}), Path({str(tmp_path / 'lock')!r}),\n"
+                           "                   pool_keeper.pool_bytes(config, 'cpu', 2), 'cpu').close()")
+    assert "mcpd.models.parameter_table" in modules   # the probe ran what it should
+    assert under(modules, "torch") == []

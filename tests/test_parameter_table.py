@@ -10,7 +10,7 @@ import torch
 
 from mcpd.config import ModelConfig, from_dict
 from mcpd.daemon import pool_keeper
-from mcpd.memory import DevicePool
+from mcpd.memory import pool_size
 from mcpd.models import UnsupportedModel, architecture, skeleton
 from mcpd.models.parameter_table import parameter_bytes, parameters
 from tiny_checkpoints import KINDS, make_checkpoint
@@ -80,7 +80,7 @@ def test_a_pool_for_several_models_holds_each_workers_parameters(checkpoints):
         "b": {"path": str(checkpoints["gpt2"])},
         "c": {"path": "", "quantization": "int8"}}}}})
     versions = [config.models[m].versions[v] for m, v in config.worker_versions()]
-    share = DevicePool.resolve_bytes(8 << 20, "cpu") * pool_keeper.AUTO_HEADROOM
+    share = pool_size.resolve_bytes(8 << 20, "cpu") * pool_keeper.AUTO_HEADROOM
     assert pool_keeper.pool_bytes(config, "cpu", 4) == int(sum(share + skeleton_bytes(v) for v in versions))
 
 

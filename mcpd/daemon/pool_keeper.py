@@ -19,7 +19,7 @@ import zmq
 from mcpd.config import Config
 from mcpd.daemon import child, messages
 from mcpd.daemon.child_stats import KeeperStats
-from mcpd.memory import pool_segment
+from mcpd.memory import pool_segment, pool_size
 from mcpd.memory.pool_segment import PoolSegment
 from mcpd.refusal import StartRefused
 
@@ -35,13 +35,12 @@ def shared_pool_devices(config: Config, devices: list[str]) -> list[str]:
 def pool_bytes(config: Config, device: str, workers: int) -> int:
     """The device pool's size from pool.bytes (0: auto: per worker, its engine.pool_bytes share
     with headroom, and its model version's parameters: [models] may give each worker another).
-    The parameters' bytes come from parameter_table.py, without a skeleton built."""
-    from mcpd.memory import DevicePool   # here: the supervisor imports this module, and torch with DevicePool
-    from mcpd.models.parameter_table import parameter_bytes
+    Without torch for the CPU (pool_size.py, parameter_table.py)."""
+    from mcpd.models.parameter_table import parameter_bytes   # here: the supervisor imports this module
 
     if config.pool.bytes:
-        return DevicePool.resolve_bytes(config.pool.bytes, device)
-    share = DevicePool.resolve_bytes(config.engine.pool_bytes, device) * AUTO_HEADROOM
+        return pool_size.resolve_bytes(config.pool.bytes, device)
+    share = pool_size.resolve_bytes(config.engine.pool_bytes, device) * AUTO_HEADROOM
     models = ([config.models[m].versions[v] for m, v in config.worker_versions()[:workers]] if config.models
               else [config.model] * workers)
     return int(sum(share + parameter_bytes(model, device) for model in models))
