@@ -109,3 +109,10 @@ def test_a_cpu_pool_keeper_sizes_and_makes_its_pool_without_torch(tmp_path):
                            "                   pool_keeper.pool_bytes(config, 'cpu', 2), 'cpu').close()")
     assert "mcpd.models.parameter_table" in modules   # the probe ran what it should
     assert under(modules, "torch") == []
+
+
+def test_the_front_end_loads_aiohttp_only_for_an_http_listener():
+    """aiohttp is 0.15 s of the front-end's CPU at every start; most daemons open no [http] listener."""
+    modules = loaded_after("import mcpd.daemon.frontend")
+    assert "mcpd.daemon.frontend" in modules   # the probe ran what it should
+    assert under(modules, "aiohttp", "mcpd.http.server", "torch") == []
