@@ -21,7 +21,7 @@ class Embedding(nn.Embedding):
     """nn.Embedding without its random initialisation. Models are built on the meta device and
     then filled from a checkpoint (or the embedded model's seed), so it would be thrown away; and
     on the meta device its normal_ runs through torch._refs, whose first use imports torch._dynamo:
-    about a second of CPU in every worker and pool keeper start (parameter_bytes builds one too)."""
+    about a second of CPU in every worker and standby start."""
 
     def reset_parameters(self) -> None:
         pass

@@ -21,7 +21,7 @@ from torch import nn
 
 from mcpd.config import ModelConfig
 from mcpd.models import architecture, int8
-from mcpd.models.architecture import Architecture, LlamaArgs, UnsupportedModel, read_json
+from mcpd.models.architecture import LlamaArgs, UnsupportedModel, read_json
 from mcpd.models.gpt2 import GPT2LMHeadModel
 from mcpd.models.kernel_forms import Form
 from mcpd.models.layers import AttentionMetadata
@@ -105,26 +105,18 @@ def skeleton(config: ModelConfig, device: torch.device) -> tuple[nn.Module, dict
     the embedded model), dtype, vocabulary size and context length."""
     arch = architecture.of(config, device.type)
     with torch.device("meta"):  # parameters get memory below: no time spent on random init
-        model = build(arch, device)
-    return model, arch.hf, DTYPES[arch.dtype], arch.vocab_size, arch.model_len
-
-
-def build(arch: Architecture, device: torch.device) -> nn.Module:
-    """arch's model, cast to its dtype, its parameters given memory on the device (not filled),
-    int8 where arch.quantization asks for it (int8.use_int8). Call it under torch.device("meta"):
-    a skeleton built anywhere else would spend its time on a random init that is overwritten."""
-    model = (LlamaForCausalLM(arch.args, device) if isinstance(arch.args, LlamaArgs)
-             else GPT2LMHeadModel(arch.args))
+        model = (LlamaForCausalLM(arch.args, device) if isinstance(arch.args, LlamaArgs)
+                 else GPT2LMHeadModel(arch.args))
     model = on_device(model.to(DTYPES[arch.dtype]), device).eval().requires_grad_(False)
     if arch.quantization == "int8":
         int8.use_int8(model)
-    return model
+    return model, arch.hf, DTYPES[arch.dtype], arch.vocab_size, arch.model_len
 
 
 def on_device(model: nn.Module, device: torch.device) -> nn.Module:
     """nn.Module.to_empty, with torch.empty of each parameter's shape and dtype in place of
     torch.empty_like: empty_like of a meta tensor runs torch's Python reference, whose first use
-    imports sympy (0.3-0.4 s of CPU in every worker, pool keeper and standby that built a skeleton).
+    imports sympy (0.3-0.4 s of CPU in every worker and standby that built a skeleton).
     A skeleton's parameters are contiguous, so the layout is the same."""
     return model._apply(lambda t: torch.empty(t.shape, dtype=t.dtype, device=device))
 
