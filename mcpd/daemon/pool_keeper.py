@@ -19,7 +19,7 @@ import zmq
 from mcpd.config import Config
 from mcpd.daemon import child, messages
 from mcpd.daemon.child_stats import KeeperStats
-from mcpd.memory import pool_segment, pool_size
+from mcpd.memory import pool_segment
 from mcpd.memory.pool_segment import PoolSegment
 from mcpd.refusal import StartRefused
 
@@ -36,7 +36,9 @@ def pool_bytes(config: Config, device: str, workers: int) -> int:
     """The device pool's size from pool.bytes (0: auto: per worker, its engine.pool_bytes share
     with headroom, and its model version's parameters: [models] may give each worker another).
     Without torch for the CPU (pool_size.py, parameter_table.py)."""
-    from mcpd.models.parameter_table import parameter_bytes   # here: the supervisor imports this module
+    # Here: the supervisor imports this module (reclaim), and would load psutil and tokenizers for nothing.
+    from mcpd.memory import pool_size
+    from mcpd.models.parameter_table import parameter_bytes
 
     if config.pool.bytes:
         return pool_size.resolve_bytes(config.pool.bytes, device)
