@@ -23,7 +23,6 @@ import zmq
 from zmq.utils.monitor import parse_monitor_message
 
 from mcpd.config import Config
-from mcpd.contexts.service import tenant_of
 from mcpd.daemon import channels, child, live_config, messages
 from mcpd.daemon.batch import Batch, each_message
 from mcpd.daemon.child_stats import FrontendStats
@@ -34,6 +33,7 @@ from mcpd.daemon.peers import PeerTracker
 from mcpd.daemon.request_metrics import RequestMetrics
 from mcpd.protocol import codes, ops, wire
 from mcpd.protocol.codes import MCPDError
+from mcpd.protocol.tenant import tenant_of
 from mcpd.daemon.gate import Gate
 from mcpd.http.frontend_link import LOCAL_IDENTITY, FrontendLink
 
