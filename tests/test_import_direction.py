@@ -79,12 +79,12 @@ def test_a_spawned_child_reimports_only_a_light_main():
 
 
 def test_building_a_model_skeleton_does_not_load_torch_dynamo():
-    """The pool keeper (parameter_bytes) and every worker build one on the meta device; a random
-    init there runs through torch._refs, which imports torch._dynamo: about a second of CPU each."""
+    """Every worker and standby builds one on the meta device; a random init there runs through
+    torch._refs, which imports torch._dynamo: about a second of CPU each."""
     modules = loaded_after("import torch\n"
                            "from mcpd.config import ModelConfig\n"
-                           "from mcpd.models import parameter_bytes\n"
-                           "assert parameter_bytes(ModelConfig(), torch.device('cpu')) > 0")
+                           "from mcpd.models import skeleton\n"
+                           "assert len(list(skeleton(ModelConfig(), torch.device('cpu')).parameters())) > 0")
     assert "torch" in modules and "mcpd.models.llama" in modules
     assert under(modules, "torch._dynamo") == []
 
@@ -95,3 +95,40 @@ def test_the_supervisor_loads_no_torch():
     modules = loaded_after("import mcpd.daemon.supervisor")
     assert "mcpd.memory.pool_segment" in modules   # the probe ran what it should
     assert under(modules, "torch") == []
+
+
+def test_the_supervisor_loads_prometheus_client_only_for_a_metrics_endpoint():
+    """[metrics] listen is off by default; prometheus_client is 0.04 s of CPU at every start."""
+    modules = loaded_after("import mcpd.daemon.supervisor")
+    assert "mcpd.daemon.supervisor" in modules   # the probe ran what it should
+    assert under(modules, "prometheus_client", "mcpd.daemon.metrics") == []
+
+
+def test_a_cpu_pool_keeper_sizes_and_makes_its_pool_without_torch(tmp_path):
+    """It imported torch (a second of CPU at every daemon start) only to size the pool by a
+    model skeleton (now parameter_table.py) and to read its device (pool_size.py, pool_segment.cuda_index)."""
+    modules = loaded_after("from pathlib import Path\n"
+                           "from mcpd.config import from_dict\n"
+                           "from mcpd.daemon import pool_keeper\n"
+                           "from mcpd.memory.pool_segment import PoolSegment\n"
+                           "config = from_dict({'engine': {'pool_bytes': 4 << 20}, 'model': {'quantization': 'int8'}})\n"
+                           f"PoolSegment.create(Path({str(tmp_path / 'pool')!r}), Path({str(tmp_path / 'lock')!r}),\n"
+                           "                   pool_keeper.pool_bytes(config, 'cpu', 2), 'cpu').close()")
+    assert "mcpd.models.parameter_table" in modules   # the probe ran what it should
+    assert under(modules, "torch") == []
+
+
+def test_the_front_end_loads_aiohttp_only_for_an_http_listener():
+    """aiohttp is 0.15 s of the front-end's CPU at every start; most daemons open no [http] listener."""
+    modules = loaded_after("import mcpd.daemon.frontend")
+    assert "mcpd.daemon.frontend" in modules   # the probe ran what it should
+    assert under(modules, "aiohttp", "mcpd.http.server", "torch") == []
+
+
+def test_the_front_end_loads_neither_the_contexts_nor_numpy():
+    """It relays requests and replies; contexts live in the scheduler. Importing
+    mcpd.contexts.service for tenant_of loaded the store, the host cache, zstandard and numpy:
+    0.1 s of the front-end's CPU at every start."""
+    modules = loaded_after("import mcpd.daemon.frontend")
+    assert "mcpd.protocol.tenant" in modules   # the probe ran what it should
+    assert under(modules, "mcpd.contexts", "numpy", "zstandard") == []

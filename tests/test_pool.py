@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from mcpd.memory import AllocatorError, DevicePool, OutOfPoolMemory
-from mcpd.memory import pool as pool_module
+from mcpd.memory import pool_size
 from mcpd.refusal import StartRefused
 
 MIB = 1 << 20
@@ -77,34 +77,34 @@ def test_empty_shape_rejected() -> None:
 
 
 def test_resolve_bytes_counts_bytes_and_rounds_down_to_mib() -> None:
-    assert DevicePool.resolve_bytes(256 * MIB, "cpu") == 256 * MIB
-    assert DevicePool.resolve_bytes(3.5 * MIB + 17, "cpu") == 3 * MIB
+    assert pool_size.resolve_bytes(256 * MIB, "cpu") == 256 * MIB
+    assert pool_size.resolve_bytes(3.5 * MIB + 17, "cpu") == 3 * MIB
     with pytest.raises(ValueError, match="below 1 MiB"):
-        DevicePool.resolve_bytes(MIB - 1, "cpu")
+        pool_size.resolve_bytes(MIB - 1, "cpu")
     for bad in (0, -5):
         with pytest.raises(ValueError, match="pool_bytes"):
-            DevicePool.resolve_bytes(bad, "cpu")
+            pool_size.resolve_bytes(bad, "cpu")
 
 
 @pytest.mark.parametrize("pool_bytes", [2 ** 63, 1e300])
 def test_resolve_bytes_refuses_more_than_the_device_has(pool_bytes) -> None:
     with pytest.raises(StartRefused, match="more than the .* bytes of memory cpu has"):
-        DevicePool.resolve_bytes(pool_bytes, "cpu")
+        pool_size.resolve_bytes(pool_bytes, "cpu")
 
 
 def test_resolve_bytes_fraction_of_available_host_memory(monkeypatch: pytest.MonkeyPatch) -> None:
     available = 10 * MIB + 12345
-    monkeypatch.setattr(pool_module.psutil, "virtual_memory",
+    monkeypatch.setattr(pool_size.psutil, "virtual_memory",
                         lambda: types.SimpleNamespace(available=available))
-    assert DevicePool.resolve_bytes(0.5, "cpu") == 5 * MIB
-    assert DevicePool.resolve_bytes(1, "cpu") == 10 * MIB
+    assert pool_size.resolve_bytes(0.5, "cpu") == 5 * MIB
+    assert pool_size.resolve_bytes(1, "cpu") == 10 * MIB
 
 
 def test_resolve_bytes_fraction_of_free_cuda_memory(monkeypatch: pytest.MonkeyPatch) -> None:
     # Runs without a GPU: the CUDA queries are stood in for.
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (8 * MIB + 5, 80 * MIB))
-    assert DevicePool.resolve_bytes(0.25, "cuda:0") == 2 * MIB
+    assert pool_size.resolve_bytes(0.25, "cuda:0") == 2 * MIB
 
 
 def test_cuda_without_cuda_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -112,7 +112,7 @@ def test_cuda_without_cuda_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> 
     with pytest.raises(RuntimeError, match="CUDA is not available"):
         DevicePool(MIB, "cuda")
     with pytest.raises(RuntimeError, match="CUDA is not available"):
-        DevicePool.resolve_bytes(0.5, "cuda:0")
+        pool_size.resolve_bytes(0.5, "cuda:0")
 
 
 def test_unsupported_device_rejected() -> None:

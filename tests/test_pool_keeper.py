@@ -4,6 +4,7 @@ pool too small or a segment not to be trusted."""
 import os
 import re
 import signal
+from pathlib import Path
 
 import pytest
 
@@ -51,6 +52,8 @@ def test_the_keeper_is_a_process_and_status_shows_its_pool_and_regions(fresh_dae
         [("kv", 0, workers[0]), ("kv", 1, workers[1]), ("weights", 0, workers[0]), ("weights", 1, workers[1])]
     assert pool["in_use_bytes"] >= sum(r["bytes"] for r in pool["regions"])
     assert all(w["pool"]["shared"] for w in status["devices"])
+    # A CPU keeper sizes and makes its pool without torch (parameter_table.py): a second of CPU a start.
+    assert device != "cpu" or "libtorch" not in Path(f"/proc/{keeper['pid']}/maps").read_text()
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -19,13 +19,8 @@ from mcpd.protocol import args as typed
 from mcpd.protocol import codes
 from mcpd.protocol import delta as codec
 from mcpd.protocol.codes import MCPDError
-from mcpd.protocol.tenant import DEFAULT_TENANT
 
 OPS = ("context.open", "context.get", "context.update", "context.drop", "context.list")
-
-
-def tenant_of(header: dict) -> str:
-    return header.get("tenant") or DEFAULT_TENANT
 
 
 class ContextService:

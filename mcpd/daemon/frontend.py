@@ -23,7 +23,6 @@ import zmq
 from zmq.utils.monitor import parse_monitor_message
 
 from mcpd.config import Config
-from mcpd.contexts.service import tenant_of
 from mcpd.daemon import channels, child, live_config, messages
 from mcpd.daemon.batch import Batch, each_message
 from mcpd.daemon.child_stats import FrontendStats
@@ -34,9 +33,9 @@ from mcpd.daemon.peers import PeerTracker
 from mcpd.daemon.request_metrics import RequestMetrics
 from mcpd.protocol import codes, ops, wire
 from mcpd.protocol.codes import MCPDError
+from mcpd.protocol.tenant import tenant_of
 from mcpd.daemon.gate import Gate
 from mcpd.http.frontend_link import LOCAL_IDENTITY, FrontendLink
-from mcpd.http.server import HttpListener
 
 GUARD_S = 0.02   # how often the backlogs are retried and the unfinished messages checked
 BATCH = 256   # messages taken from one socket before looking at the other (fairness)
@@ -86,7 +85,7 @@ class FrontEnd:
         # The OpenAI-compatible listener, on this loop (mcpd/http/server.py says why here); its
         # requests are admitted in memory and answered through self.local.
         self.local = FrontendLink(self.admit_local) if config.http.listen else None
-        self.http = HttpListener(config, self.local, self.log) if self.local else None
+        self.http = _http_listener(config, self.local, self.log) if self.local else None
 
     def _bind_clients(self) -> zmq.Socket:
         sock = self.context.socket(zmq.ROUTER)
@@ -362,6 +361,14 @@ class FrontEnd:
                 "latency": self.latency.summary(), "draining": self.draining, "endpoints": self.endpoints,
                 "metrics": self.metrics.snapshot(), "backlog": self.outbox.stats(), "incoming": self.incoming.stats(),
                 "http": self.http.stats() if self.http is not None else {}}
+
+
+def _http_listener(config: Config, local: FrontendLink, log):
+    """[http] listen's listener. Imported only then: aiohttp is 0.15 s of the front-end's CPU at
+    every start, for a listener few daemons open."""
+    from mcpd.http.server import HttpListener
+
+    return HttpListener(config, local, log)
 
 
 def run(config: Config) -> None:

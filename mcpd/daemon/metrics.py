@@ -21,10 +21,9 @@ from mcpd.daemon.child_stats import SchedulerStats
 
 
 def serve(supervisor, log: logging.Logger) -> str | None:
-    """Start the endpoint if configured; returns its address (host:port, the port as bound)."""
+    """Start the endpoint on [metrics] listen; returns its address (host:port, the port as
+    bound), None where it could not start."""
     listen = supervisor.config.metrics.listen
-    if not listen:
-        return None
     host, _, port = listen.rpartition(":")
     registry = CollectorRegistry(auto_describe=False)
     registry.register(DaemonCollector(supervisor))

@@ -34,21 +34,18 @@ def shared_pool_devices(config: Config, devices: list[str]) -> list[str]:
 
 def pool_bytes(config: Config, device: str, workers: int) -> int:
     """The device pool's size from pool.bytes (0: auto: per worker, its engine.pool_bytes share
-    with headroom, and its model version's parameters: [models] may give each worker another)."""
-    import torch   # only the keeper and workers pay for it
-
-    from mcpd.memory import DevicePool
-    from mcpd.models import parameter_bytes
+    with headroom, and its model version's parameters: [models] may give each worker another).
+    Without torch for the CPU (pool_size.py, parameter_table.py)."""
+    # Here: the supervisor imports this module (reclaim), and would load psutil and tokenizers for nothing.
+    from mcpd.memory import pool_size
+    from mcpd.models.parameter_table import parameter_bytes
 
     if config.pool.bytes:
-        return DevicePool.resolve_bytes(config.pool.bytes, device)
-    share = DevicePool.resolve_bytes(config.engine.pool_bytes, device) * AUTO_HEADROOM
+        return pool_size.resolve_bytes(config.pool.bytes, device)
+    share = pool_size.resolve_bytes(config.engine.pool_bytes, device) * AUTO_HEADROOM
     models = ([config.models[m].versions[v] for m, v in config.worker_versions()[:workers]] if config.models
               else [config.model] * workers)
-    wanted = int(sum(share + parameter_bytes(model, torch.device(device)) for model in models))
-    if torch.device(device).type == "cuda":
-        torch.cuda.empty_cache()   # the skeletons' memory, else held by torch's cache beside the pool
-    return wanted
+    return int(sum(share + parameter_bytes(model, device) for model in models))
 
 
 def reclaim(config: Config, device: str, owner: int) -> int:

@@ -165,11 +165,11 @@ def stand_by(config: Config, index: int, device: str, promoted) -> None:
     import torch
 
     import mcpd.engine  # noqa: F401  (the point: loaded before it is needed)
-    from mcpd.models import parameter_bytes
+    from mcpd.models import skeleton
 
     # Builds the model's skeleton once: torch's first meta-device ops import its decompositions,
     # 3-10 s of a promoted standby's start on a loaded machine, which then takes 0.04 s.
-    parameter_bytes(config.model, torch.device(device))
+    skeleton(config.model, torch.device(device))
     log.info("standing by for worker %d", index)
     parent_pid = os.getppid()
     while not promoted.wait(STANDBY_POLL_S):

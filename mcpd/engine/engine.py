@@ -29,7 +29,7 @@ from mcpd.engine.sequence import SamplingParams, Sequence
 from mcpd.engine.thread_tuner import ThreadTuner
 from mcpd.engine.weight_pages import onto_huge_pages
 from mcpd.histogram import BATCH_BOUNDS, Histogram
-from mcpd.memory import DevicePool
+from mcpd.memory import DevicePool, pool_size
 from mcpd.memory.pool_segment import PoolSegment
 from mcpd.models import load_model
 from mcpd.models.layers import AttentionMetadata, bind_kv_cache
@@ -73,7 +73,7 @@ class Engine:
         self.quantization = config.model.quantization
         self.max_model_len, self.kernels_reason = loaded.max_model_len, loaded.kernels_reason
         self.pages_reason = onto_huge_pages(self.model, config.engine.huge_pages, shared_pool is not None)
-        pool_bytes = DevicePool.resolve_bytes(config.engine.pool_bytes, self.device)
+        pool_bytes = pool_size.resolve_bytes(config.engine.pool_bytes, self.device)
         kv_bytes = kv_share_bytes(pool_bytes, config.engine.kv_fraction)
         layout = (config.engine.kv_block_size, self.model.num_layers, self.model.num_kv_heads, self.model.head_dim,
                   self.dtype)

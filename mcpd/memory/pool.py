@@ -10,13 +10,9 @@ from __future__ import annotations
 
 import math
 
-import psutil
 import torch
 
 from mcpd.memory.buddy import AllocatorError, AllocatorStats, BuddyAllocator
-from mcpd.refusal import StartRefused
-
-_MIB = 1 << 20
 
 
 class DevicePool:
@@ -26,7 +22,7 @@ class DevicePool:
         once at start and never freed (the paged KV cache). A buddy serves one allocation from one
         power-of-two block, so a pool of, say, 0.9 of a GPU could otherwise give that region only
         its largest power-of-two part; the buddy manages the rest of the pool."""
-        device = _checked_device(device)
+        device = checked_device(device)
         self.reserved_bytes = -(-reserved_bytes // min_block) * min_block   # keeps offsets aligned
         if not 0 <= self.reserved_bytes < nbytes:
             raise AllocatorError(f"reserved_bytes = {reserved_bytes} must leave part of the {nbytes}-byte pool")
@@ -36,28 +32,6 @@ class DevicePool:
         self.tensor = torch.empty(nbytes, dtype=torch.uint8, device=device)
         self.device = self.tensor.device  # concrete, e.g. cuda:0 for "cuda"
         self.nbytes = nbytes
-
-    @staticmethod
-    def resolve_bytes(pool_bytes: float, device: torch.device | str) -> int:
-        """Pool size in bytes from the config value, rounded down to a whole number of MiB.
-
-        pool_bytes > 1 is a byte count; 0 < pool_bytes <= 1 is a fraction of the memory free on
-        the device now (CUDA: torch.cuda.mem_get_info; CPU: available host memory).
-        """
-        device = _checked_device(device)
-        if pool_bytes > 1:
-            wanted, total = int(pool_bytes), _total_device_bytes(device)
-            if wanted > total:   # torch.empty would overflow or fail later
-                raise StartRefused(f"a pool of {wanted} bytes: more than the {total} bytes of memory {device} has: "
-                                   "lower engine.pool_bytes / pool.bytes")
-        elif pool_bytes > 0:
-            wanted = int(pool_bytes * _free_device_bytes(device))
-        else:
-            raise ValueError(f"pool_bytes = {pool_bytes}: must be a byte count > 1 or a fraction in (0, 1]")
-        resolved = wanted // _MIB * _MIB
-        if resolved == 0:
-            raise ValueError(f"pool_bytes = {pool_bytes} resolves to {wanted} bytes on {device}: below 1 MiB")
-        return resolved
 
     def alloc(self, shape: tuple[int, ...], dtype: torch.dtype) -> tuple[int, torch.Tensor]:
         """Reserve room for a tensor; return its offset and a view of exactly that shape and dtype.
@@ -89,7 +63,7 @@ class DevicePool:
         return self.allocator.stats()
 
 
-def _checked_device(device: torch.device | str) -> torch.device:
+def checked_device(device: torch.device | str) -> torch.device:
     device = torch.device(device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError(
@@ -99,16 +73,3 @@ def _checked_device(device: torch.device | str) -> torch.device:
     if device.type not in ("cuda", "cpu"):
         raise ValueError(f"device {str(device)!r}: the device pool supports cuda and cpu only")
     return device
-
-
-def _total_device_bytes(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[1]
-    return psutil.virtual_memory().total
-
-
-def _free_device_bytes(device: torch.device) -> int:
-    if device.type == "cuda":
-        free, _total = torch.cuda.mem_get_info(device)
-        return free
-    return psutil.virtual_memory().available

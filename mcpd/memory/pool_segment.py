@@ -140,6 +140,8 @@ def layout(total_bytes: int, num_regions: int, on_host: bool) -> tuple[dict[str,
 
 def cuda_index(device: str) -> int:
     """ON_HOST for "cpu", else the CUDA device's index ("cuda" is device 0)."""
+    if device == "cpu":   # without torch: the CPU pool keeper never loads it
+        return ON_HOST
     import torch
 
     device = torch.device(device)

@@ -2,27 +2,47 @@
 
 Nothing here knows about requests or scheduling; the engine hands a model a flat batch of tokens
 plus AttentionMetadata and gets hidden states and logits back.
+
+The package imports its names lazily (as mcpd.memory its DevicePool): the pool keeper sizes a
+CPU pool from architecture.py and parameter_table.py, which need no torch, and must not pay for
+torch's import (a second of CPU at every daemon start) by importing this package first.
 """
-import torch
+from __future__ import annotations
 
-from mcpd.config import ModelConfig
-from mcpd.models import embedded
-from mcpd.models.loader import LoadedModel, UnsupportedModel, load_checkpoint, skeleton
-from mcpd.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
+import importlib
+from typing import TYPE_CHECKING
 
-__all__ = ["ByteTokenizer", "HFTokenizer", "LoadedModel", "Tokenizer", "UnsupportedModel", "load_model"]
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from mcpd.config import ModelConfig
+    from mcpd.models.loader import LoadedModel
+
+__all__ = ["ByteTokenizer", "HFTokenizer", "LoadedModel", "Tokenizer", "UnsupportedModel", "load_model", "skeleton"]
+_HOMES = {"ByteTokenizer": "mcpd.tokenizer", "HFTokenizer": "mcpd.tokenizer", "Tokenizer": "mcpd.tokenizer",
+          "LoadedModel": "mcpd.models.loader", "UnsupportedModel": "mcpd.models.architecture"}
+
+
+def __getattr__(name: str):
+    if name in _HOMES:
+        return getattr(importlib.import_module(_HOMES[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def load_model(config: ModelConfig, device: torch.device, kernels: str = "torch", resident=None) -> LoadedModel:
     """The model in config.path, or the embedded default model when the path is empty, running on
     the kernels engine.kernels = kernels picks. resident: where the weights may be already, in
     the form those kernels read, and are kept (engine/resident_weights.py)."""
-    load = load_checkpoint if config.path else embedded.load
+    from mcpd.models import embedded, loader
+
+    load = loader.load_checkpoint if config.path else embedded.load
     return load(config, device, kernels, resident)
 
 
-def parameter_bytes(config: ModelConfig, device: torch.device) -> int:
-    """The bytes the model's parameters take on the device, from its architecture alone (its
-    skeleton is built: memory allocated, never touched, freed on return; CPU pages stay unbacked)."""
-    model = skeleton(config, device)[0] if config.path else embedded.skeleton(config, device)
-    return sum(p.numel() * p.element_size() for p in model.parameters())
+def skeleton(config: ModelConfig, device: torch.device) -> nn.Module:
+    """The model config describes, its parameters' memory allocated on the device, never touched
+    (CPU pages stay unbacked) and not filled (loader.skeleton)."""
+    from mcpd.models import loader
+
+    return loader.skeleton(config, device)[0]

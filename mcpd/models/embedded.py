@@ -13,37 +13,20 @@ import torch
 
 from mcpd.config import ModelConfig
 from mcpd.models import int8
-from mcpd.models.llama import LlamaArgs, LlamaForCausalLM
-from mcpd.models.loader import LoadedModel, copy_weights, fill_weights, on_device, quantize_skeleton, resolve_dtype
+from mcpd.models.architecture import EMBEDDED_NAME as NAME
+from mcpd.models.llama import LlamaForCausalLM
+from mcpd.models.loader import LoadedModel, copy_weights, fill_weights, skeleton
 from mcpd.tokenizer import ByteTokenizer
 
-ARGS = LlamaArgs(vocab_size=ByteTokenizer.vocab_size, hidden_size=256, intermediate_size=704,
-                 num_layers=4, num_heads=4, num_kv_heads=2, head_dim=64, rms_norm_eps=1e-5,
-                 rope_theta=10000.0)
 SEED = 20240501
 WEIGHT_STD = 0.2  # wide enough for peaked next-token distributions (entropy ~2.3 nats, not 5.5)
 
 
-NAME = "mcpd-embedded-llama"
-
-
-def skeleton(config: ModelConfig, device: torch.device) -> LlamaForCausalLM:
-    """The model with its parameters' memory on the device, not yet filled (built on the meta
-    device: no time spent on an initialisation that is overwritten)."""
-    with torch.device("meta"):
-        model = LlamaForCausalLM(ARGS, device)
-    dtype = resolve_dtype(config.dtype, "float32", device)
-    model = on_device(model.to(dtype), device).eval().requires_grad_(False)
-    quantize_skeleton(model, config.quantization, Path(NAME))
-    return model
-
-
 def load(config: ModelConfig, device: torch.device, kernels: str = "torch", resident=None) -> LoadedModel:
-    """kernels: engine.kernels; resident: see loader.fill_weights."""
-    model = skeleton(config, device)
+    """kernels: engine.kernels; resident: see loader.fill_weights. Its arguments: architecture.EMBEDDED_ARGS."""
+    model, _, dtype, vocab_size, model_len = skeleton(config, device)
     reason = fill_weights(model, NAME, kernels, resident, lambda: _draw(model))
-    dtype = model.model.embed_tokens.weight.dtype
-    return LoadedModel(model, ByteTokenizer(), NAME, dtype, ARGS.vocab_size, config.max_model_len, reason)
+    return LoadedModel(model, ByteTokenizer(), NAME, dtype, vocab_size, model_len, reason)
 
 
 def _draw(model: LlamaForCausalLM) -> None:

@@ -5,30 +5,15 @@ nn.Linear's [out, in] once at load time.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mcpd.models.architecture import GPT2Args
 from mcpd.models.kernel_forms import KernelForms
 from mcpd.models.kernels import TORCH
 from mcpd.models.layers import AttentionMetadata, Embedding, PagedAttention
 from mcpd.models.native import NativeUnavailable
-
-
-@dataclass(frozen=True)
-class GPT2Args:
-    vocab_size: int
-    hidden_size: int
-    num_layers: int
-    num_heads: int
-    inner_size: int
-    max_positions: int
-    layer_norm_eps: float
-    gelu_approximate: str            # "tanh" (gelu_new) or "none" (exact gelu)
-    scale_attn_weights: bool = True
-    scale_attn_by_inverse_layer_idx: bool = False
 
 
 class GPT2Attention(nn.Module):

@@ -39,11 +39,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mcpd.models.int8_layout import GROUP, SCALE_SUFFIX, groups
+
 LEVELS = 127
-GROUP = 64                # input columns per scale; kernels.c is compiled with it (native.py)
 RATIOS = torch.linspace(1.0, 1.03, 16).tolist()   # steps tried per group, times peak / LEVELS
 ROWS_AT_ONCE = 256        # rows searched together: their candidates' roundings stay in cache
-SCALE_SUFFIX = "_scale"   # the scale of parameter "x.weight" is "x.weight_scale"
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,11 +51,6 @@ class Int8Weight:
     """A weight matrix as the torch kernels multiply it: values int8 [n, k], scales float32 [n, groups(k)]."""
     values: torch.Tensor
     scales: torch.Tensor
-
-
-def groups(columns: int) -> int:
-    """Scales per row of a matrix with this many columns (the last group may be short)."""
-    return -(-columns // GROUP)
 
 
 def quantize(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

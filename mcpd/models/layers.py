@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from mcpd.models.architecture import Llama3RopeScaling
 from mcpd.models.kernels import TORCH, TorchKernels
 
 
@@ -20,7 +21,7 @@ class Embedding(nn.Embedding):
     """nn.Embedding without its random initialisation. Models are built on the meta device and
     then filled from a checkpoint (or the embedded model's seed), so it would be thrown away; and
     on the meta device its normal_ runs through torch._refs, whose first use imports torch._dynamo:
-    about a second of CPU in every worker and pool keeper start (parameter_bytes builds one too)."""
+    about a second of CPU in every worker and standby start."""
 
     def reset_parameters(self) -> None:
         pass
@@ -35,22 +36,16 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
 
-@dataclass(frozen=True)
-class Llama3RopeScaling:
-    """rope_scaling of type "llama3" (Llama 3.1+): long wavelengths are slowed down by `factor`."""
-    factor: float
-    low_freq_factor: float
-    high_freq_factor: float
-    original_max_position_embeddings: int
-
-    def apply(self, inv_freq: torch.Tensor) -> torch.Tensor:
-        old_len = self.original_max_position_embeddings
-        wavelen = 2 * math.pi / inv_freq
-        scaled = torch.where(wavelen > old_len / self.low_freq_factor, inv_freq / self.factor, inv_freq)
-        smooth = (old_len / wavelen - self.low_freq_factor) / (self.high_freq_factor - self.low_freq_factor)
-        smoothed = (1 - smooth) * scaled / self.factor + smooth * scaled
-        medium = (wavelen >= old_len / self.high_freq_factor) & (wavelen <= old_len / self.low_freq_factor)
-        return torch.where(medium, smoothed, scaled)
+def llama3_scaled(inv_freq: torch.Tensor, scaling: Llama3RopeScaling) -> torch.Tensor:
+    """inv_freq with rope scaling of type "llama3" (Llama 3.1+): long wavelengths are slowed down
+    by scaling.factor, short ones kept, the ones between smoothed."""
+    old_len = scaling.original_max_position_embeddings
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > old_len / scaling.low_freq_factor, inv_freq / scaling.factor, inv_freq)
+    smooth = (old_len / wavelen - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor)
+    smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
+    medium = (wavelen >= old_len / scaling.high_freq_factor) & (wavelen <= old_len / scaling.low_freq_factor)
+    return torch.where(medium, smoothed, scaled)
 
 
 class RotaryEmbedding(nn.Module):
@@ -64,7 +59,7 @@ class RotaryEmbedding(nn.Module):
                  device: torch.device) -> None:
         super().__init__()
         inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim)
-        self.inv_freq = scaling.apply(inv_freq) if scaling else inv_freq
+        self.inv_freq = llama3_scaled(inv_freq, scaling) if scaling else inv_freq
 
         self.tables: dict[torch.dtype, torch.Tensor] = {}
 

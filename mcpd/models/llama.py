@@ -10,29 +10,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from mcpd.models.architecture import LlamaArgs
 from mcpd.models.int8 import SCALE_SUFFIX, Int8Weight
 from mcpd.models.kernel_forms import Form, KernelForms
 from mcpd.models.kernels import TORCH, Packed, TorchKernels, choose
-from mcpd.models.layers import AttentionMetadata, Embedding, Llama3RopeScaling, PagedAttention, RMSNorm, RotaryEmbedding
+from mcpd.models.layers import AttentionMetadata, Embedding, PagedAttention, RMSNorm, RotaryEmbedding
 from mcpd.models.native_stack import NativeStack
-
-
-@dataclass(frozen=True)
-class LlamaArgs:
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    rms_norm_eps: float
-    rope_theta: float
-    rope_scaling: Llama3RopeScaling | None = None
-    qkv_bias: bool = False      # Qwen2, or Llama's attention_bias
-    o_bias: bool = False        # Llama's attention_bias only
-    mlp_bias: bool = False
-    tie_embeddings: bool = False
 
 
 class LlamaAttention(nn.Module):

@@ -2,7 +2,7 @@
 
 Supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, GPT2LMHeadModel in float32,
 float16 or bfloat16. Everything else is refused up front with UnsupportedModel naming the exact
-feature, rather than loading and then generating garbage.
+feature, rather than loading and then generating garbage (config.json's refusals: architecture.py).
 
 dtype "auto" means the checkpoint's own dtype, except that half-precision checkpoints run in
 float32 on the CPU: CPU float16/bfloat16 matmul kernels are several times slower than float32 ones,
@@ -10,7 +10,6 @@ so there the memory saving would cost most of the speed. Ask for bfloat16 explic
 """
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,18 +20,15 @@ from safetensors import safe_open
 from torch import nn
 
 from mcpd.config import ModelConfig
-from mcpd.models import int8
-from mcpd.models.gpt2 import GPT2Args, GPT2LMHeadModel
+from mcpd.models import architecture, int8
+from mcpd.models.architecture import LlamaArgs, UnsupportedModel, read_json
+from mcpd.models.gpt2 import GPT2LMHeadModel
 from mcpd.models.kernel_forms import Form
-from mcpd.models.layers import AttentionMetadata, Llama3RopeScaling
-from mcpd.models.llama import LlamaArgs, LlamaForCausalLM
+from mcpd.models.layers import AttentionMetadata
+from mcpd.models.llama import LlamaForCausalLM
 from mcpd.tokenizer import HFTokenizer, Tokenizer, eos_token_ids
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-class UnsupportedModel(ValueError):
-    """A checkpoint mcpd cannot run; the message names the architecture, feature or file."""
+DTYPES = {name: getattr(torch, name) for name in architecture.DTYPES}
 
 
 class CausalLM(Protocol):
@@ -104,130 +100,31 @@ def load_checkpoint(config: ModelConfig, device: torch.device, kernels: str = "t
 
 
 def skeleton(config: ModelConfig, device: torch.device) -> tuple[nn.Module, dict, torch.dtype, int, int]:
-    """The checkpoint's model with its parameters' memory on the device, not yet filled; its
-    config.json, dtype, vocabulary size and context length."""
-    path = Path(config.path)
-    hf = _read_json(path / "config.json")
-    if "quantization_config" in hf:
-        method = hf["quantization_config"].get("quant_method", "unknown")
-        raise UnsupportedModel(f"{path}: quantized checkpoints are not supported ({method})")
-    architecture = (hf.get("architectures") or ["<none>"])[0]
-    build = ARCHITECTURES.get(architecture)
-    if build is None:
-        raise UnsupportedModel(f"{path}: architecture {architecture!r} is not supported "
-                               f"(supported: {', '.join(ARCHITECTURES)})")
-    if not (path / "tokenizer.json").exists():
-        raise UnsupportedModel(f"{path}: no tokenizer.json (a sentencepiece tokenizer.model alone is not supported)")
-    dtype = resolve_dtype(config.dtype, hf.get("torch_dtype") or hf.get("dtype"), device)
-    try:
-        with torch.device("meta"):  # parameters get memory below: no time spent on random init
-            model, vocab_size, model_len = build(hf, architecture, device)
-    except KeyError as e:
-        raise UnsupportedModel(f"{path / 'config.json'} lacks {e.args[0]!r}, needed for {architecture}") from None
-    model = on_device(model.to(dtype), device).eval().requires_grad_(False)
-    quantize_skeleton(model, config.quantization, path)
-    return model, hf, dtype, vocab_size, model_len
+    """The model config describes (a checkpoint's, or the embedded one where config.path is
+    empty) with its parameters' memory on the device, not yet filled; its config.json ({} for
+    the embedded model), dtype, vocabulary size and context length."""
+    arch = architecture.of(config, device.type)
+    with torch.device("meta"):  # parameters get memory below: no time spent on random init
+        model = (LlamaForCausalLM(arch.args, device) if isinstance(arch.args, LlamaArgs)
+                 else GPT2LMHeadModel(arch.args))
+    model = on_device(model.to(DTYPES[arch.dtype]), device).eval().requires_grad_(False)
+    if arch.quantization == "int8":
+        int8.use_int8(model)
+    return model, arch.hf, DTYPES[arch.dtype], arch.vocab_size, arch.model_len
 
 
 def on_device(model: nn.Module, device: torch.device) -> nn.Module:
     """nn.Module.to_empty, with torch.empty of each parameter's shape and dtype in place of
     torch.empty_like: empty_like of a meta tensor runs torch's Python reference, whose first use
-    imports sympy (0.3-0.4 s of CPU in every worker, pool keeper and standby that built a skeleton).
+    imports sympy (0.3-0.4 s of CPU in every worker and standby that built a skeleton).
     A skeleton's parameters are contiguous, so the layout is the same."""
     return model._apply(lambda t: torch.empty(t.shape, dtype=t.dtype, device=device))
-
-
-def quantize_skeleton(model: nn.Module, quantization: str, path: Path) -> None:
-    """Make model's linear layers int8 (int8.use_int8) when model.quantization asks for it."""
-    if quantization == "none":
-        return
-    if not isinstance(model, LlamaForCausalLM):
-        raise UnsupportedModel(f"{path}: quantization {quantization!r} is for the Llama family only")
-    int8.use_int8(model)
-
-
-def resolve_dtype(requested: str, checkpoint: str | None, device: torch.device) -> torch.dtype:
-    if requested != "auto":
-        return DTYPES[requested]
-    dtype = DTYPES.get(checkpoint or "float32")
-    if dtype is None:
-        raise UnsupportedModel(f"checkpoint dtype {checkpoint!r} (supported: {', '.join(DTYPES)})")
-    return torch.float32 if device.type == "cpu" else dtype
-
-
-def _build_llama(hf: dict, architecture: str, device: torch.device):
-    act = hf.get("hidden_act", "silu")
-    if act != "silu":
-        raise UnsupportedModel(f"{architecture}: hidden_act {act!r} (supported: silu)")
-    # transformers 5 writes rope_parameters (with rope_theta inside); older configs rope_scaling.
-    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    max_positions = hf.get("max_position_embeddings", 2048)
-    if rope_type == "llama3":
-        scaling = Llama3RopeScaling(rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"],
-                                    rope.get("original_max_position_embeddings", max_positions))
-    elif rope_type == "default":
-        scaling = None
-    else:
-        raise UnsupportedModel(f"{architecture}: rope type {rope_type!r} (supported: default, llama3)")
-    if rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0)) != 1.0:
-        raise UnsupportedModel(f"{architecture}: partial_rotary_factor (rotary on part of each head)")
-    qwen2 = architecture == "Qwen2ForCausalLM"
-    attention_bias = hf.get("attention_bias", False)
-    heads = hf["num_attention_heads"]
-    args = LlamaArgs(
-        vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
-        intermediate_size=hf["intermediate_size"], num_layers=hf["num_hidden_layers"],
-        num_heads=heads, num_kv_heads=hf.get("num_key_value_heads") or heads,
-        head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
-        rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
-        rope_theta=rope.get("rope_theta", hf.get("rope_theta", 10000.0)), rope_scaling=scaling,
-        qkv_bias=qwen2 or attention_bias, o_bias=attention_bias and not qwen2,
-        mlp_bias=hf.get("mlp_bias", False), tie_embeddings=hf.get("tie_word_embeddings", False))
-    # Attention is always full here. Within a sliding window full attention is the same thing, so
-    # the window caps the usable length instead of making the model unusable.
-    window = _sliding_window(hf, qwen2)
-    model_len = min(max_positions, window) if window else max_positions
-    return LlamaForCausalLM(args, device), args.vocab_size, model_len
-
-
-def _sliding_window(hf: dict, qwen2: bool) -> int | None:
-    if qwen2 and not hf.get("use_sliding_window", False):
-        return None
-    layer_types = hf.get("layer_types")
-    if layer_types is not None and "sliding_attention" not in layer_types:
-        return None
-    return hf.get("sliding_window")
-
-
-def _build_gpt2(hf: dict, architecture: str, device: torch.device):
-    act = hf.get("activation_function", "gelu_new")
-    approximate = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu": "none"}.get(act)
-    if approximate is None:
-        raise UnsupportedModel(f"{architecture}: activation_function {act!r} (supported: gelu_new, gelu)")
-    if hf.get("add_cross_attention"):
-        raise UnsupportedModel(f"{architecture}: add_cross_attention (encoder-decoder GPT-2)")
-    args = GPT2Args(
-        vocab_size=hf["vocab_size"], hidden_size=hf["n_embd"], num_layers=hf["n_layer"],
-        num_heads=hf["n_head"], inner_size=hf.get("n_inner") or 4 * hf["n_embd"],
-        max_positions=hf["n_positions"], layer_norm_eps=hf.get("layer_norm_epsilon", 1e-5),
-        gelu_approximate=approximate, scale_attn_weights=hf.get("scale_attn_weights", True),
-        scale_attn_by_inverse_layer_idx=hf.get("scale_attn_by_inverse_layer_idx", False))
-    return GPT2LMHeadModel(args), args.vocab_size, args.max_positions
-
-
-ARCHITECTURES = {
-    "LlamaForCausalLM": _build_llama,
-    "MistralForCausalLM": _build_llama,
-    "Qwen2ForCausalLM": _build_llama,
-    "GPT2LMHeadModel": _build_gpt2,
-}
 
 
 def _weight_files(path: Path) -> list[Path]:
     index = path / "model.safetensors.index.json"
     if index.exists():  # sharded: trust the index, not a glob (Mistral repos add consolidated.safetensors)
-        return [path / name for name in sorted(set(_read_json(index)["weight_map"].values()))]
+        return [path / name for name in sorted(set(read_json(index)["weight_map"].values()))]
     if (path / "model.safetensors").exists():
         return [path / "model.safetensors"]
     files = sorted(path.glob("*.safetensors"))
@@ -286,12 +183,3 @@ def _as_parameter_type(name: str, tensor: torch.Tensor, param: torch.Tensor, tar
     elif target.endswith(int8.SCALE_SUFFIX) and (reason := int8.bad_scales(tensor)):
         raise UnsupportedModel(f"{path}: tensor {name!r}: {reason}")
     return tensor
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise UnsupportedModel(f"{path} is missing") from None
-    except json.JSONDecodeError as e:
-        raise UnsupportedModel(f"{path}: not valid JSON ({e})") from None

@@ -1,0 +1,83 @@
+"""The parameters a model has, by name, with their shapes and dtypes, from its Architecture alone
+and without torch: what the pool keeper sizes a pool by (parameter_bytes).
+
+The table lists what the model files build (llama.py, gpt2.py, int8.use_int8), parameter for
+parameter; tests/test_parameter_table.py holds it equal to a built skeleton's for each kind.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+from mcpd.config import ModelConfig
+from mcpd.models import architecture
+from mcpd.models.architecture import Architecture, GPT2Args, LlamaArgs
+from mcpd.models.int8_layout import SCALE_SUFFIX, groups
+
+ITEM_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1}
+Shape = tuple[int, ...]
+
+
+def parameter_bytes(config: ModelConfig, device: str) -> int:
+    """The bytes the model's parameters take on the device (a torch device's string: "cpu",
+    "cuda:0"); UnsupportedModel as the loader refuses it."""
+    table = parameters(architecture.of(config, device.partition(":")[0]))
+    return sum(math.prod(shape) * ITEM_BYTES[dtype] for shape, dtype in table.values())
+
+
+def parameters(arch: Architecture) -> dict[str, tuple[Shape, str]]:
+    """name -> (shape, dtype) of each parameter, as named_parameters() of the loader's skeleton."""
+    listed = _llama(arch.args) if isinstance(arch.args, LlamaArgs) else _gpt2(arch.args)
+    table = {}
+    for name, shape, linear in listed:
+        if linear and arch.quantization == "int8":   # int8.use_int8: every nn.Linear's weight
+            table[name] = shape, "int8"
+            table[name + SCALE_SUFFIX] = (shape[0], groups(shape[1])), "float32"
+        else:
+            table[name] = shape, arch.dtype
+    return table
+
+
+Listed = Iterator[tuple[str, Shape, bool]]   # name, shape, whether it is an nn.Linear's weight
+
+
+def _linear(name: str, inputs: int, outputs: int, bias: bool) -> Listed:
+    yield f"{name}.weight", (outputs, inputs), True
+    if bias:
+        yield f"{name}.bias", (outputs,), False
+
+
+def _llama(a: LlamaArgs) -> Listed:
+    hidden, q_size, kv_size = a.hidden_size, a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
+    yield "model.embed_tokens.weight", (a.vocab_size, hidden), False
+    for i in range(a.num_layers):
+        layer = f"model.layers.{i}."
+        yield layer + "input_layernorm.weight", (hidden,), False
+        yield from _linear(layer + "self_attn.qkv_proj", hidden, q_size + 2 * kv_size, a.qkv_bias)
+        yield from _linear(layer + "self_attn.o_proj", q_size, hidden, a.o_bias)
+        yield layer + "post_attention_layernorm.weight", (hidden,), False
+        yield from _linear(layer + "mlp.gate_up_proj", hidden, 2 * a.intermediate_size, a.mlp_bias)
+        yield from _linear(layer + "mlp.down_proj", a.intermediate_size, hidden, a.mlp_bias)
+    yield "model.norm.weight", (hidden,), False
+    if not a.tie_embeddings:   # tied: the embedding is the head
+        yield from _linear("lm_head", hidden, a.vocab_size, False)
+
+
+def _gpt2(a: GPT2Args) -> Listed:
+    hidden = a.hidden_size
+    yield "wte.weight", (a.vocab_size, hidden), False
+    yield "wpe.weight", (a.max_positions, hidden), False
+    for i in range(a.num_layers):
+        block = f"h.{i}."
+        yield from _layer_norm(block + "ln_1", hidden)
+        yield from _linear(block + "attn.c_attn", hidden, 3 * hidden, True)
+        yield from _linear(block + "attn.c_proj", hidden, hidden, True)
+        yield from _layer_norm(block + "ln_2", hidden)
+        yield from _linear(block + "mlp.c_fc", hidden, a.inner_size, True)
+        yield from _linear(block + "mlp.c_proj", a.inner_size, hidden, True)
+    yield from _layer_norm("ln_f", hidden)
+
+
+def _layer_norm(name: str, size: int) -> Listed:
+    yield f"{name}.weight", (size,), False
+    yield f"{name}.bias", (size,), False

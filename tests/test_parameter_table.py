@@ -1,0 +1,110 @@
+"""The pool keeper sizes a pool without torch (parameter_table.py): its table of each model's
+parameters must be the skeleton the loader builds, name for name, shape and dtype, for every
+kind of model mcpd runs, so the bytes it reserves are what the workers' weights take; and a
+model the loader refuses, it refuses alike."""
+import json
+import shutil
+
+import pytest
+import torch
+
+from mcpd.config import ModelConfig, from_dict
+from mcpd.daemon import pool_keeper
+from mcpd.memory import pool_size
+from mcpd.models import UnsupportedModel, architecture, skeleton
+from mcpd.models.parameter_table import parameter_bytes, parameters
+from tiny_checkpoints import KINDS, make_checkpoint
+
+CPU = torch.device("cpu")
+LLAMAS = tuple(kind for kind in KINDS if kind != "gpt2")
+# Llama's optional biases and a tied head, which none of the tiny checkpoints has.
+LLAMA_EDITS = {"biases": {"attention_bias": True, "mlp_bias": True}, "tied": {"tie_word_embeddings": True}}
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("checkpoints")
+    made = {kind: make_checkpoint(root / kind, kind) for kind in KINDS}
+    made["bf16"] = make_checkpoint(root / "bf16", "llama", dtype=torch.bfloat16)
+    for name, changes in LLAMA_EDITS.items():
+        made[name] = _edited_copy(made["llama"], root / name, **changes)
+    return made
+
+
+def _edited_copy(source, path, **changes):
+    """A copy of the checkpoint at source with config.json's keys changed (None: removed)."""
+    shutil.copytree(source, path)
+    config = json.loads((path / "config.json").read_text())
+    config.update(changes)
+    (path / "config.json").write_text(json.dumps({k: v for k, v in config.items() if v is not None}))
+    return path
+
+
+def built(config: ModelConfig, device: torch.device) -> dict:
+    return {name: (tuple(p.shape), str(p.dtype).removeprefix("torch."))
+            for name, p in skeleton(config, device).named_parameters()}
+
+
+def skeleton_bytes(config: ModelConfig) -> int:
+    """The figure the keeper had from a skeleton it built (with torch) before."""
+    return sum(p.numel() * p.element_size() for p in skeleton(config, CPU).parameters())
+
+
+CASES = ([(kind, "none", dtype) for kind in (*KINDS, *LLAMA_EDITS, "bf16", "embedded")
+          for dtype in ("auto", "float16", "bfloat16")]
+         + [(kind, "int8", "auto") for kind in (*LLAMAS, *LLAMA_EDITS, "embedded")])
+
+
+@pytest.mark.parametrize("kind, quantization, dtype", CASES)
+def test_the_table_is_the_skeleton(checkpoints, kind, quantization, dtype):
+    path = "" if kind == "embedded" else str(checkpoints[kind])
+    config = ModelConfig(path=path, dtype=dtype, quantization=quantization)
+    assert parameters(architecture.of(config, "cpu")) == built(config, CPU)
+    assert parameter_bytes(config, "cpu") == skeleton_bytes(config)
+
+
+@pytest.mark.parametrize("kind", ["bf16", "embedded"])
+def test_the_table_is_the_skeleton_on_a_gpu(checkpoints, kind):
+    """dtype auto keeps a half-precision checkpoint's dtype on a GPU (float32 on the CPU). The
+    meta device stands in for one: the loader treats every device but the CPU alike."""
+    config = ModelConfig(path="" if kind == "embedded" else str(checkpoints[kind]))
+    table = parameters(architecture.of(config, "cuda"))
+    assert table == built(config, torch.device("meta"))
+    assert {dtype for _, dtype in table.values()} == {"bfloat16" if kind == "bf16" else "float32"}
+
+
+def test_a_pool_for_several_models_holds_each_workers_parameters(checkpoints):
+    """[models]: each worker's share and its own version's parameters."""
+    config = from_dict({"engine": {"pool_bytes": 8 << 20}, "models": {"tiny": {"default": "a", "versions": {
+        "a": {"path": str(checkpoints["llama"]), "workers": 2},
+        "b": {"path": str(checkpoints["gpt2"])},
+        "c": {"path": "", "quantization": "int8"}}}}})
+    versions = [config.models[m].versions[v] for m, v in config.worker_versions()]
+    share = pool_size.resolve_bytes(8 << 20, "cpu") * pool_keeper.AUTO_HEADROOM
+    assert pool_keeper.pool_bytes(config, "cpu", 4) == int(sum(share + skeleton_bytes(v) for v in versions))
+
+
+@pytest.mark.parametrize("changes, named", [
+    ({"architectures": ["FalconForCausalLM"]}, "FalconForCausalLM"),
+    ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0}}, "yarn"),
+    ({"hidden_act": "gelu"}, "hidden_act"),
+    ({"quantization_config": {"quant_method": "awq"}}, "awq"),
+    ({"torch_dtype": "float64"}, "float64"),
+    ({"num_attention_heads": None}, "lacks 'num_attention_heads'"),
+])
+def test_a_refused_model_is_refused_alike(checkpoints, tmp_path, changes, named):
+    config = ModelConfig(path=str(_edited_copy(checkpoints["llama"], tmp_path / "edited", **changes)))
+    with pytest.raises(UnsupportedModel, match=named) as by_table:
+        parameter_bytes(config, "cpu")
+    with pytest.raises(UnsupportedModel) as by_loader:
+        skeleton(config, CPU)
+    assert str(by_table.value) == str(by_loader.value)
+
+
+def test_int8_gpt2_is_refused_alike(checkpoints):
+    config = ModelConfig(path=str(checkpoints["gpt2"]), quantization="int8")
+    with pytest.raises(UnsupportedModel, match="Llama family only") as by_table:
+        parameter_bytes(config, "cpu")
+    with pytest.raises(UnsupportedModel) as by_loader:
+        skeleton(config, CPU)
+    assert str(by_table.value) == str(by_loader.value)
