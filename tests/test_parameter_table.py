@@ -91,6 +91,17 @@ def test_a_pool_for_several_models_holds_each_workers_parameters(checkpoints):
     ({"quantization_config": {"quant_method": "awq"}}, "awq"),
     ({"torch_dtype": "float64"}, "float64"),
     ({"num_attention_heads": None}, "lacks 'num_attention_heads'"),
+    # hostile counts: refused by name before anything is listed or built
+    ({"num_hidden_layers": 10 ** 9}, "num_layers 1000000000 is not a whole number from 1 to 4096"),
+    ({"vocab_size": 2 ** 62}, "vocab_size"),
+    ({"hidden_size": "512"}, "hidden_size '512' is not a whole number"),
+    ({"intermediate_size": 0}, "intermediate_size 0"),
+    ({"num_attention_heads": 0}, "num_heads 0 is not"),
+    ({"num_attention_heads": 0, "head_dim": None}, "unusable sizes"),   # hidden_size // 0
+    ({"num_key_value_heads": 3}, "cannot share 3 KV heads evenly"),
+    ({"max_position_embeddings": True}, "context length True"),
+    ({"rms_norm_eps": float("nan")}, "rms_norm_eps nan is not a finite positive number"),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": -1.0}}, "rope_theta -1.0"),
 ])
 def test_a_refused_model_is_refused_alike(checkpoints, tmp_path, changes, named):
     config = ModelConfig(path=str(_edited_copy(checkpoints["llama"], tmp_path / "edited", **changes)))

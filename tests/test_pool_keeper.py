@@ -1,6 +1,7 @@
 """The device pool keeper in a real daemon: a process of its own in the process table, the pool
 and its regions in `status`, KV blocks that survive a worker's SIGKILL, and the refusals of a
 pool too small or a segment not to be trusted."""
+import json
 import os
 import re
 import signal
@@ -15,6 +16,7 @@ from mcpd.memory.pool_segment import PoolBusy
 from mcpd.protocol import codes
 from pool_keeping import DEVICES
 from test_worker_crash import start_long_stream
+from tiny_checkpoints import make_checkpoint
 
 pytestmark = pytest.mark.slow   # each test starts a daemon
 
@@ -90,6 +92,19 @@ def test_a_pool_too_small_for_the_model_refuses_to_start_with_the_numbers(fresh_
     assert d.process.wait(120) == 2
     assert re.search(r"POOL_TOO_SMALL: worker 0 needs a kv region of \d+ bytes; the device pool has \d+ of "
                      r"25165824 bytes free", d.log())
+
+
+def test_a_checkpoint_with_a_hostile_layer_count_is_refused_at_start_by_name(fresh_daemon, tmp_path):
+    """The keeper sizes the pool from config.json: a count past its cap stops the daemon with the
+    file and the field (exit 2), not a keeper listing 10^9 layers or restarting every 30 s."""
+    path = make_checkpoint(tmp_path / "llama", "llama")
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 10 ** 9}))
+    d = fresh_daemon(started=False, model={"path": str(path)})
+    d.start(wait=False)
+    assert d.process.wait(120) == 2
+    assert f"keeper 0 cannot start: model: {path / 'config.json'}: num_layers 1000000000 is not a whole number " \
+           "from 1 to 4096" in d.log()
 
 
 def test_a_workers_pool_segment_that_is_not_ours_is_refused(fresh_daemon):

@@ -38,6 +38,7 @@ def pool_bytes(config: Config, device: str, workers: int) -> int:
     Without torch for the CPU (pool_size.py, parameter_table.py)."""
     # Here: the supervisor imports this module (reclaim), and would load psutil and tokenizers for nothing.
     from mcpd.memory import pool_size
+    from mcpd.models.architecture import UnsupportedModel
     from mcpd.models.parameter_table import parameter_bytes
 
     if config.pool.bytes:
@@ -45,7 +46,10 @@ def pool_bytes(config: Config, device: str, workers: int) -> int:
     share = pool_size.resolve_bytes(config.engine.pool_bytes, device) * AUTO_HEADROOM
     models = ([config.models[m].versions[v] for m, v in config.worker_versions()[:workers]] if config.models
               else [config.model] * workers)
-    return int(sum(share + parameter_bytes(model, device) for model in models))
+    try:
+        return int(sum(share + parameter_bytes(model, device) for model in models))
+    except UnsupportedModel as e:   # restarting would meet the same file: refuse, with its reason
+        raise StartRefused(f"model: {e}") from None
 
 
 def reclaim(config: Config, device: str, owner: int) -> int:

@@ -10,6 +10,7 @@ same UnsupportedModel, in the same order.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -105,7 +106,40 @@ def of(config: ModelConfig, device_type: str) -> Architecture:
         args, vocab_size, model_len = read(hf, architecture)
     except KeyError as e:
         raise UnsupportedModel(f"{path / 'config.json'} lacks {e.args[0]!r}, needed for {architecture}") from None
+    except (TypeError, ZeroDivisionError) as e:   # a count that is not a number, or 0 heads
+        raise UnsupportedModel(f"{path / 'config.json'}: unusable sizes ({e})") from None
+    _check_sizes(args, model_len, path / "config.json")
     return Architecture(args, dtype, _quantization(args, config.quantization, path), vocab_size, model_len, hf)
+
+
+# The largest value each count may have. A config.json is a file an operator was handed: a
+# layer count of 10^9 or a vocabulary of 2^62 must be refused with its name, not make the pool
+# keeper list a billion parameters or the loader build them. The caps are far above any model
+# mcpd could hold in memory (Llama 3.1 405B: 126 layers, hidden 16384, vocab 128256).
+SIZE_CAPS = {"vocab_size": 1 << 22, "hidden_size": 1 << 17, "intermediate_size": 1 << 19, "num_layers": 1 << 12,
+             "num_heads": 1 << 12, "num_kv_heads": 1 << 12, "head_dim": 1 << 12, "inner_size": 1 << 19,
+             "max_positions": 1 << 24}
+MAX_MODEL_LEN = 1 << 24
+
+
+REALS = ("rms_norm_eps", "layer_norm_eps", "rope_theta")   # must be finite and positive
+
+
+def _check_sizes(args: LlamaArgs | GPT2Args, model_len, config_path: Path) -> None:
+    """UnsupportedModel naming the first count of args that is not a whole number within its
+    cap, or real that is not finite and positive, or query heads not shared evenly by KV heads."""
+    counts = [(name, getattr(args, name)) for name in SIZE_CAPS if hasattr(args, name)]
+    for name, value in counts + [("context length", model_len)]:
+        cap = SIZE_CAPS.get(name, MAX_MODEL_LEN)
+        if type(value) is not int or not 1 <= value <= cap:
+            raise UnsupportedModel(f"{config_path}: {name} {value!r} is not a whole number from 1 to {cap}")
+    for name in (name for name in REALS if hasattr(args, name)):
+        value = getattr(args, name)
+        if type(value) not in (int, float) or not 0 < value < math.inf:
+            raise UnsupportedModel(f"{config_path}: {name} {value!r} is not a finite positive number")
+    if isinstance(args, LlamaArgs) and args.num_heads % args.num_kv_heads:
+        raise UnsupportedModel(f"{config_path}: {args.num_heads} query heads cannot share "
+                               f"{args.num_kv_heads} KV heads evenly")
 
 
 def resolve_dtype(requested: str, checkpoint: str | None, device_type: str) -> str:
