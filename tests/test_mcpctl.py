@@ -144,6 +144,19 @@ def test_bad_config_reload_fails_and_keeps_running(d):
     assert ctl(d, "status", "--json")["healthy"]
 
 
+def test_a_reload_naming_a_model_mcpd_cannot_run_fails_and_keeps_running(d, tmp_path):
+    """Checked like a start (architecture.check_configured): the reason names the key and the file."""
+    (tmp_path / "config.json").write_text('{"architectures": ["FalconForCausalLM"]}')
+    original = d.config_path.read_text()
+    try:
+        d.config_path.write_text(original + f'\n[model]\npath = "{tmp_path}"\n' if "[model]" not in original
+                                 else original.replace("[model]\n", f'[model]\npath = "{tmp_path}"\n', 1))
+        assert f"model: {tmp_path}: architecture 'FalconForCausalLM' is not supported" in d.mcpctl("reload").stderr
+    finally:
+        d.config_path.write_text(original)
+    assert ctl(d, "status", "--json")["healthy"]
+
+
 def test_workers_list_and_restart(d):
     workers = ctl(d, "workers", "--json")["workers"]
     assert [w["index"] for w in workers] == [0] and workers[0]["device"] == "cpu"

@@ -14,6 +14,7 @@ from mcpd.daemon import pool_keeper
 from mcpd.memory import pool_segment
 from mcpd.memory.pool_segment import PoolBusy
 from mcpd.protocol import codes
+from mcpd.refusal import StartRefused
 from pool_keeping import DEVICES
 from test_worker_crash import start_long_stream
 from tiny_checkpoints import make_checkpoint
@@ -94,17 +95,30 @@ def test_a_pool_too_small_for_the_model_refuses_to_start_with_the_numbers(fresh_
                      r"25165824 bytes free", d.log())
 
 
-def test_a_checkpoint_with_a_hostile_layer_count_is_refused_at_start_by_name(fresh_daemon, tmp_path):
-    """The keeper sizes the pool from config.json: a count past its cap stops the daemon with the
-    file and the field (exit 2), not a keeper listing 10^9 layers or restarting every 30 s."""
+@pytest.mark.parametrize("pool", [{}, {"bytes": 64 << 20}], ids=["auto", "explicit"])
+def test_a_checkpoint_with_a_hostile_layer_count_is_refused_at_start_by_name(fresh_daemon, tmp_path, pool):
+    """A count past its cap in config.json stops the start with the file and the field (exit 2),
+    whether or not the keeper sizes the pool from the model: not a keeper listing 10^9 layers, nor
+    a worker failing and restarting every 30 s."""
     path = make_checkpoint(tmp_path / "llama", "llama")
     config = json.loads((path / "config.json").read_text())
     (path / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 10 ** 9}))
-    d = fresh_daemon(started=False, model={"path": str(path)})
+    d = fresh_daemon(started=False, model={"path": str(path)}, pool=pool)
     d.start(wait=False)
     assert d.process.wait(120) == 2
-    assert f"keeper 0 cannot start: model: {path / 'config.json'}: num_layers 1000000000 is not a whole number " \
-           "from 1 to 4096" in d.log()
+    assert f"mcpd: model: {path / 'config.json'}: num_layers 1000000000 is not a whole number from 1 to 4096" \
+        in d.log()
+
+
+def test_a_keeper_meeting_an_unusable_model_refuses_instead_of_restarting(tmp_path):
+    """Its own check, for a config.json that changed after the supervisor's (a keeper restarted
+    later sizes the pool again): the same reason, as a start refusal."""
+    path = make_checkpoint(tmp_path / "llama", "llama")
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "vocab_size": 2 ** 62}))
+    settings = config_module.from_dict({"model": {"path": str(path)}})
+    with pytest.raises(StartRefused, match="model: .*vocab_size 4611686018427387904 is not a whole number"):
+        pool_keeper.pool_bytes(settings, "cpu", 1)
 
 
 def test_a_workers_pool_segment_that_is_not_ours_is_refused(fresh_daemon):

@@ -24,6 +24,7 @@ from mcpd.config import Config, ConfigError
 from mcpd.daemon import live_config, messages, pool_keeper
 from mcpd.daemon.status import build_status
 from mcpd.memory.pool_segment import PoolBusy
+from mcpd.models import architecture
 from mcpd.protocol import codes, control_ops, wire
 from mcpd.protocol.codes import MCPDError
 from mcpd.security import key_ops
@@ -145,6 +146,7 @@ class Admin:
         supervisor = self.supervisor
         try:
             fresh = config_module.load(supervisor.config_path)
+            architecture.check_configured(fresh)
         except ConfigError as e:
             supervisor.log.error("reload: keeping the running configuration: %s", e)
             raise MCPDError(codes.BAD_REQUEST, f"config not reloaded: {e}") from None

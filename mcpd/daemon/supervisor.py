@@ -24,6 +24,7 @@ from mcpd import config as config_module, refusal
 from mcpd.config import LEGACY_NAME, Config, ConfigError
 from mcpd.daemon import channels, child as children, child_stats, log, messages, pool_keeper
 from mcpd.daemon.admin import Admin
+from mcpd.models import architecture
 from mcpd.daemon.instance_lock import InstanceLock
 from mcpd.daemon.process_table import Child, ChildSpec, ProcessTable
 from mcpd.daemon.sdnotify import SystemdNotifier
@@ -103,6 +104,7 @@ class Supervisor:
     # -- start ----------------------------------------------------------------------------------
 
     def prepare(self) -> None:
+        architecture.check_configured(self.config)
         runtime_dir, state_dir = self.config.runtime_dir, self.config.state_dir
         # Others need to reach client.ipc (CURVE: every local user) or control.ipc (admin group).
         reachable = self.config.curve or self.admin_gid is not None

@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mcpd.config import ModelConfig
+from mcpd.config import Config, ConfigError, ModelConfig
 from mcpd.tokenizer import ByteTokenizer
 
 DTYPES = ("float32", "float16", "bfloat16")   # the dtypes a model runs in (loader.DTYPES: torch's)
@@ -140,6 +140,19 @@ def _check_sizes(args: LlamaArgs | GPT2Args, model_len, config_path: Path) -> No
     if isinstance(args, LlamaArgs) and args.num_heads % args.num_kv_heads:
         raise UnsupportedModel(f"{config_path}: {args.num_heads} query heads cannot share "
                                f"{args.num_kv_heads} KV heads evenly")
+
+
+def check_configured(config: Config) -> None:
+    """ConfigError where the model, or any version of [models] (loaded or not), is one mcpd cannot
+    run. The supervisor asks at start and on reload: found there it stops the start (exit 2) or
+    keeps the running config; found by a worker it would fail and restart every 30 s."""
+    named = ([(f"models.{m}.versions.{v}", c) for m, e in config.models.items() for v, c in e.versions.items()]
+             if config.models else [("model", config.model)])
+    for key, model in named:
+        try:
+            of(model, "cpu")   # the device changes only what dtype "auto" resolves to, never a refusal
+        except UnsupportedModel as e:
+            raise ConfigError(f"{key}: {e}") from None
 
 
 def resolve_dtype(requested: str, checkpoint: str | None, device_type: str) -> str:
