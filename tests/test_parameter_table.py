@@ -102,6 +102,10 @@ def test_a_pool_for_several_models_holds_each_workers_parameters(checkpoints):
     ({"max_position_embeddings": True}, "context length True"),
     ({"rms_norm_eps": float("nan")}, "rms_norm_eps nan is not a finite positive number"),
     ({"rope_parameters": {"rope_type": "default", "rope_theta": -1.0}}, "rope_theta -1.0"),
+    ({"rope_parameters": {"rope_type": "llama3", "factor": "x", "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                          "rope_theta": 10000.0}}, "rope factor 'x' is not a finite positive number"),
+    ({"architectures": 5}, "unusable values"),
+    ({"architectures": [["LlamaForCausalLM"]]}, "unusable values"),
 ])
 def test_a_refused_model_is_refused_alike(checkpoints, tmp_path, changes, named):
     config = ModelConfig(path=str(_edited_copy(checkpoints["llama"], tmp_path / "edited", **changes)))
@@ -110,6 +114,20 @@ def test_a_refused_model_is_refused_alike(checkpoints, tmp_path, changes, named)
     with pytest.raises(UnsupportedModel) as by_loader:
         skeleton(config, CPU)
     assert str(by_table.value) == str(by_loader.value)
+
+
+@pytest.mark.parametrize("make, named", [
+    (lambda path: path.mkdir(), r"cannot be read \(Is a directory\)"),
+    (lambda path: path.write_text("[1, 2]"), "not a JSON object"),
+    (lambda path: path.write_text('{"vocab_size": ' + "9" * 5000 + "}"), "not valid JSON"),
+    (lambda path: path.write_bytes(b"\xff\xfe{}"), "not valid JSON"),
+])
+def test_a_config_json_that_is_no_json_object_is_refused_by_name(checkpoints, tmp_path, make, named):
+    path = _edited_copy(checkpoints["llama"], tmp_path / "edited")
+    (path / "config.json").unlink()
+    make(path / "config.json")
+    with pytest.raises(UnsupportedModel, match=named):
+        parameter_bytes(ModelConfig(path=str(path)), "cpu")
 
 
 def test_int8_gpt2_is_refused_alike(checkpoints):

@@ -91,6 +91,15 @@ def of(config: ModelConfig, device_type: str) -> Architecture:
                             EMBEDDED_ARGS.vocab_size, config.max_model_len)
     path = Path(config.path)
     hf = read_json(path / "config.json")
+    try:
+        return _of_checkpoint(config, hf, path, device_type)
+    except UnsupportedModel:
+        raise
+    except (TypeError, ValueError, AttributeError) as e:   # a value of the wrong type: a list for a name, say
+        raise UnsupportedModel(f"{path / 'config.json'}: unusable values ({e})") from None
+
+
+def _of_checkpoint(config: ModelConfig, hf: dict, path: Path, device_type: str) -> Architecture:
     if "quantization_config" in hf:
         method = hf["quantization_config"].get("quant_method", "unknown")
         raise UnsupportedModel(f"{path}: quantized checkpoints are not supported ({method})")
@@ -133,8 +142,16 @@ def _check_sizes(args: LlamaArgs | GPT2Args, model_len, config_path: Path) -> No
         cap = SIZE_CAPS.get(name, MAX_MODEL_LEN)
         if type(value) is not int or not 1 <= value <= cap:
             raise UnsupportedModel(f"{config_path}: {name} {value!r} is not a whole number from 1 to {cap}")
-    for name in (name for name in REALS if hasattr(args, name)):
-        value = getattr(args, name)
+    scaling = getattr(args, "rope_scaling", None)
+    reals = [(name, getattr(args, name)) for name in REALS if hasattr(args, name)]
+    if scaling is not None:
+        reals += [(f"rope {name}", getattr(scaling, name)) for name in ("factor", "low_freq_factor", "high_freq_factor")]
+        if type(scaling.original_max_position_embeddings) is not int or \
+                not 1 <= scaling.original_max_position_embeddings <= MAX_MODEL_LEN:
+            raise UnsupportedModel(f"{config_path}: rope original_max_position_embeddings "
+                                   f"{scaling.original_max_position_embeddings!r} is not a whole number from 1 "
+                                   f"to {MAX_MODEL_LEN}")
+    for name, value in reals:
         if type(value) not in (int, float) or not 0 < value < math.inf:
             raise UnsupportedModel(f"{config_path}: {name} {value!r} is not a finite positive number")
     if isinstance(args, LlamaArgs) and args.num_heads % args.num_kv_heads:
@@ -242,9 +259,16 @@ ARCHITECTURES = {
 
 
 def read_json(path: Path) -> dict:
+    """The JSON object in path; UnsupportedModel where it is missing, unreadable (a directory, no
+    permission), not JSON (or not UTF-8, or a number past Python's 4300 digits) or not an object."""
     try:
-        return json.loads(path.read_text())
+        loaded = json.loads(path.read_text())
     except FileNotFoundError:
         raise UnsupportedModel(f"{path} is missing") from None
-    except json.JSONDecodeError as e:
+    except OSError as e:
+        raise UnsupportedModel(f"{path}: cannot be read ({e.strerror})") from None
+    except ValueError as e:   # JSONDecodeError, UnicodeDecodeError, the integer digit limit
         raise UnsupportedModel(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(loaded, dict):
+        raise UnsupportedModel(f"{path}: not a JSON object")
+    return loaded
