@@ -36,7 +36,7 @@ def pool_bytes(config: Config, device: str, workers: int) -> int:
     """The device pool's size from pool.bytes (0: auto: per worker, its engine.pool_bytes share
     with headroom, and its model version's parameters: [models] may give each worker another).
     Without torch for the CPU (pool_size.py, parameter_table.py)."""
-    # Here: the supervisor imports this module (reclaim), and would load psutil and tokenizers for nothing.
+    # Here: the supervisor imports this module (reclaim), and would load psutil for nothing.
     from mcpd.memory import pool_size
     from mcpd.models.architecture import UnsupportedModel
     from mcpd.models.parameter_table import parameter_bytes

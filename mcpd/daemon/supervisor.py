@@ -24,11 +24,11 @@ from mcpd import config as config_module, refusal
 from mcpd.config import LEGACY_NAME, Config, ConfigError
 from mcpd.daemon import channels, child as children, child_stats, log, messages, pool_keeper
 from mcpd.daemon.admin import Admin
-from mcpd.models import architecture
 from mcpd.daemon.instance_lock import InstanceLock
 from mcpd.daemon.process_table import Child, ChildSpec, ProcessTable
 from mcpd.daemon.sdnotify import SystemdNotifier
 from mcpd.memory import host_segment, pool_segment
+from mcpd.models import architecture
 from mcpd.protocol import wire
 from mcpd.protocol.codes import MCPDError
 from mcpd.refusal import StartRefused
