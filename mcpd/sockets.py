@@ -67,7 +67,7 @@ def drain(sock: zmq.Socket, handle, limit: int = 1 << 30, receive=None) -> int:
     edge-triggered FD that event loops wait on. Returns how many messages were handled.
     """
     taken = 0
-    while taken < limit and sock.getsockopt(EVENTS) & POLLIN:
+    while taken < limit and _get(sock, EVENTS) & POLLIN:
         handle((receive or recv_frames)(sock))
         taken += 1
     return taken
