@@ -81,10 +81,39 @@ def test_logits_are_float32_holding_the_model_dtype(dtype):
     assert agree(logits.to(dtype), TORCH.logits(x, w).to(dtype))
 
 
+@pytest.mark.parametrize("n", [1, 15, 16, 300, 32000])
+def test_argmax_is_numpys_on_ties_nan_and_infinities(n):
+    """The greedy token: the first of equal maxima, the first NaN of a row that has one; rows of
+    every length, the maximum in the vector part, the tail, or both."""
+    rows = rand(9, n)
+    rows[1] = float("-inf")
+    rows[2, -1] = rows[2].max() + 1                                      # in the tail (or the only value)
+    rows[3] = 0.0                                                        # all tied: the first
+    rows[4, n // 2] = rows[4, -1] = rows[4].max() + 1                    # tied maxima, the first wins
+    rows[5, n // 3] = float("nan")
+    rows[6, -1], rows[6, 0] = float("nan"), float("inf")                 # a NaN beats +inf
+    rows[7, 0] = float("inf")
+    rows[8] = float("nan")
+    expected = torch.from_numpy(rows.numpy().argmax(axis=-1))
+    assert torch.equal(NATIVE.argmax(rows), expected)
+    assert torch.equal(TORCH.argmax(rows), expected)
+    assert torch.equal(NATIVE.argmax(rows[::2]), expected[::2])           # rows not contiguous
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_embedding_rows_of_a_packed_matrix(dtype):
     table, ids = rand(40, 32, dtype=dtype), torch.tensor([0, 39, 17, 16, 15, 17])
     assert torch.equal(NATIVE.embedding(ids, NATIVE.prepare(table)), TORCH.embedding(ids, table))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_embedding_rows_of_a_plain_table(dtype):
+    """An embedding not tied to the LM head stays a plain table: its rows, copied natively."""
+    table, ids = rand(40, 32, dtype=dtype), torch.tensor([0, 39, 17, 16, 15, 17])
+    assert torch.equal(NATIVE.embedding(ids, table), TORCH.embedding(ids, table))
+    for bad in ([40], [0, -1]):   # refused before anything is read, as F.embedding refuses
+        with pytest.raises(IndexError):
+            NATIVE.embedding(torch.tensor(bad), table)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -88,7 +88,7 @@ class Engine:
         self.kv = KVCache(region, *layout, host, records)
         bind_kv_cache(self.model, self.kv.tensor)
         self.scheduler = BatchScheduler(config.engine, self.kv)
-        self.sampler = Sampler(self.device)
+        self.sampler = Sampler(self.device, self.model.kernels.argmax)
         # From the process's own count, not the current one, which an earlier engine's tuner may have set.
         torch.set_num_threads(PROCESS_THREADS)
         self.thread_tuner = (ThreadTuner(PROCESS_THREADS, partial(threads.set_count, most=PROCESS_THREADS))

@@ -8,6 +8,8 @@ seed and prompt give the same tokens whatever else is in the batch, and after a 
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from mcpd.engine.sequence import Sequence
@@ -16,15 +18,16 @@ _GOLDEN = 0x9E3779B97F4A7C15  # odd 64-bit multiplier: spreads (seed, position) 
 
 
 class Sampler:
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
+    def __init__(self, device: torch.device, argmax: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """argmax: the model's kernels' (kernels.TorchKernels.argmax), each row's greedy token."""
+        self.device, self.argmax = device, argmax
         self.seeded = torch.Generator(device=device)
 
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> tuple[list[int], list[float] | None]:
         """logits: float32 [S, vocab], one row per sequence. Returns chosen tokens and, if any
         sequence asked, the log-probability of each under the distribution it was drawn from."""
         params = [s.params for s in seqs]
-        greedy_tokens = argmax(logits)
+        greedy_tokens = self.argmax(logits)
         if all(p.greedy for p in params):
             tokens, processed = greedy_tokens, logits
         else:
@@ -67,12 +70,3 @@ class Sampler:
         ranked = ranked.masked_fill(probs.cumsum(dim=-1) - probs > top_p[:, None], float("-inf"))
         return torch.empty_like(logits).scatter_(1, order, ranked)
 
-
-def argmax(logits: torch.Tensor) -> torch.Tensor:
-    """logits.argmax(dim=-1), the first of equal maxima (NaN counting as the largest) alike. On
-    the CPU through numpy: torch's took 29 us over a 32000-token row against numpy's 3 us (its
-    reduction's setup, measured on the issues' 2-vCPU machine), 1% of a float32 batch-1 step and
-    2% of an int8 one."""
-    if logits.device.type != "cpu":
-        return logits.argmax(dim=-1)
-    return torch.from_numpy(logits.numpy().argmax(axis=-1))

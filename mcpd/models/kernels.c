@@ -445,6 +445,17 @@ void mcpd_embedding(int dtype, const void *packed, int64_t k, const int64_t *ids
     }
 }
 
+/* out[t] = row ids[t] of a plain [n, row_bytes] table (an embedding not tied to the LM head); -1,
+   copying nothing, when an id is not a row. F.embedding's result, without its ~40 us of dispatch a
+   decode step (cold Python after the weights' stream, the issues' 2-vCPU EPYC). */
+int mcpd_rows(const void *table, int64_t row_bytes, int64_t n, const int64_t *ids, int64_t t, void *out) {
+    for (int64_t r = 0; r < t; r++)
+        if (ids[r] < 0 || ids[r] >= n) return -1;
+    for (int64_t r = 0; r < t; r++)
+        memcpy((char *)out + r * row_bytes, (const char *)table + ids[r] * row_bytes, row_bytes);
+    return 0;
+}
+
 /* ---- residual add + RMSNorm ----------------------------------------------------------------- */
 
 /* For each of m rows of n: residual += delta (when delta is given, rounded to dtype), then
@@ -875,6 +886,35 @@ void mcpd_decoder_stack(int dtype, const mcpd_shape *s, const mcpd_layer *layers
         pending = delta;
     }
     mcpd_add_rms_norm(dtype, residual, pending, final_norm, s->eps, t, s->hidden, out);
+}
+
+/* ---- greedy choice -------------------------------------------------------------------------- */
+
+/* out[r] = the index of row r's largest of n float32 logits: the first of equal maxima, and the
+   first NaN where a row has one (numpy's argmax, which the sampler used). One native call, where
+   converting the step's fresh logits to numpy and back cost ~70 us of a batch-1 decode step on
+   the issues' 2-vCPU EPYC (cold Python after the weights' stream; the argmax itself ~18 us). */
+void mcpd_argmax(const float *y, int64_t m, int64_t n, int64_t *out) {
+    for (int64_t r = 0; r < m; r++, y += n) {
+        f32x16 best = splat(-INFINITY);
+        i32x16 nan = {0};
+        int64_t i = 0;
+        for (; i + 16 <= n; i += 16) {
+            f32x16 v = load_f32(y + i);
+            nan |= v != v;
+            best = vmax(v, best);   /* a NaN compares false: kept out of the maximum */
+        }
+        float top = hmax(best);
+        int any_nan = 0;
+        for (int j = 0; j < 16; j++) any_nan |= nan[j];
+        for (int64_t j = i; j < n; j++) {
+            any_nan |= y[j] != y[j];
+            if (y[j] > top) top = y[j];
+        }
+        int64_t at = 0;
+        while (at < n && !(any_nan ? y[at] != y[at] : y[at] == top)) at++;
+        out[r] = at < n ? at : 0;   /* n == 0 only */
+    }
 }
 
 /* ---- runtime -------------------------------------------------------------------------------- */

@@ -33,6 +33,7 @@ _SIGNATURES = {
     "mcpd_linear": [ctypes.c_int, _P, _I, _I, _P, _P, _I, _P, ctypes.c_int],
     "mcpd_linear_int8": [ctypes.c_int, _P, _I, _I, _P, _P, _P, _I, _P, ctypes.c_int],
     "mcpd_embedding": [ctypes.c_int, _P, _I, _P, _I, _P],
+    "mcpd_rows": [_P, _I, _I, _P, _I, _P],
     "mcpd_add_rms_norm": [ctypes.c_int, _P, _P, _P, _F, _I, _I, _P],
     "mcpd_rope_store": [ctypes.c_int, _P, _I, _I, _I, _I, _P, _P, _P, _I, _I, _P, _P],
     "mcpd_silu_mul": [ctypes.c_int, _P, _I, _I, _P],
@@ -40,11 +41,13 @@ _SIGNATURES = {
     "mcpd_prefill_attention": [ctypes.c_int, _P, _I, _I, _P, _P, _P, _I, _I, _I, _P, _I, _I, _I, _P, _I, _F, _P],
     "mcpd_stack_scratch_bytes": [ctypes.c_int, _P, _I],
     "mcpd_decoder_stack": [ctypes.c_int, _P, _P, _I, _I, _P, _P, _P, _P, _P, _P, _I, _P, _P, _P],
+    "mcpd_argmax": [_P, _I, _I, _P],
     "mcpd_max_threads": [],
     "mcpd_has_avx512_bf16": [],
 }
 
-_RESTYPES = {"mcpd_max_threads": ctypes.c_int, "mcpd_has_avx512_bf16": ctypes.c_int, "mcpd_stack_scratch_bytes": _I}
+_RESTYPES = {"mcpd_rows": ctypes.c_int, "mcpd_max_threads": ctypes.c_int, "mcpd_has_avx512_bf16": ctypes.c_int,
+             "mcpd_stack_scratch_bytes": _I}
 
 
 class NativeUnavailable(RuntimeError):
