@@ -40,6 +40,19 @@ def test_stream_chunks_add_up_to_the_result(daemon):
     assert "".join(c.text for c in chunks) == stream.result.text == full.text
 
 
+def test_one_client_reads_a_stream_and_a_request_at_once(daemon):
+    """A stream's chunks that arrive while the client waits for another request's reply are kept
+    for the stream, none lost and none taken for the other's reply."""
+    with daemon.client() as client:
+        alone = [client.generate(p, max_tokens=10, temperature=0, ignore_eos=True).token_ids for p in ("one", "two")]
+        streamed = client.generate("one", max_tokens=10, temperature=0, ignore_eos=True, stream=True)
+        # the stream's chunks arrive while this waits for its own reply
+        waited = client.generate("two", max_tokens=10, temperature=0, ignore_eos=True)
+        chunks = list(streamed)
+    assert [[t for chunk in chunks for t in chunk.token_ids], waited.token_ids] == alone
+    assert streamed.result.token_ids == alone[0]
+
+
 def test_stop_string_ends_generation(daemon):
     with daemon.client() as client:
         free = client.generate("x", max_tokens=24, temperature=0, ignore_eos=True)
