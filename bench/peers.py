@@ -29,6 +29,9 @@ between minutes of one run, and one read at the start judged every round by that
 (all but the embedding table, a one-row lookup: 38.9M of the 55.3M):
   w1_decode_roofline_frac     = W1 decode tok/s * those weights' bytes / read bandwidth
   w2_32_compute_roofline_frac = W2-32 tok/s * 2 FLOPs per such weight / matmul rate
+  w2_32_work_compute_frac     = the same with the prompts' tokens counted too: every W2 prompt is
+      new, so each generated token comes with a prompt token to prefill (128 of each a request),
+      and the first figure cannot pass about half of the matmul rate however fast the engine is
 
 `--http` adds the system "mcpd-http": the same daemon through its OpenAI-compatible listener with
 the peers' requests, W3 on a daemon-side context (/v1/contexts/{id}/chat/completions, only each
@@ -74,7 +77,8 @@ READ_REPEATS = 10   # best of: each round's read (bench/roofline.py)
 OURS = ("mcpd", "mcpd-http")   # mcpd's own systems: never a peer
 FIGURES = {"w1_decode_tok_s": True, "w1_ttft_ms": False, "w2_8_tok_s": True, "w2_32_tok_s": True,
            "w3_turn10_ttft_ms": False, "w4_req_s": True, "w1_busy_decode_tok_s": True,
-           "contention_keep_frac": True, "w1_decode_roofline_frac": True, "w2_32_compute_roofline_frac": True}
+           "contention_keep_frac": True, "w1_decode_roofline_frac": True, "w2_32_compute_roofline_frac": True,
+           "w2_32_work_compute_frac": True}
 
 
 # -- prompts --------------------------------------------------------------------------------------
@@ -221,6 +225,8 @@ def derived(figures: dict, w1_rates: list[float], limits: dict) -> dict:
         rate * limits["weight_bytes_per_token"] / (read * 1e9) for rate, read in zip(w1_rates, limits["read_gbps_per_round"]))
     out["w2_32_compute_roofline_frac"] = (figures["w2_32_tok_s"] * limits["flops_per_token"]
                                           / (limits["matmul_gflops"] * 1e9))
+    out["w2_32_work_compute_frac"] = (out["w2_32_compute_roofline_frac"]
+                                      * (W1_PROMPT_TOKENS + W1_MAX_TOKENS) / W1_MAX_TOKENS)
     return out
 
 
