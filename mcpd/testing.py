@@ -61,7 +61,9 @@ def run_as(uid: int, gid: int, action):
 
 
 class Daemon:
-    def __init__(self, **sections: dict):
+    def __init__(self, environment: dict[str, str] | None = None, **sections: dict):
+        """`environment`: variables mcpd starts with on top of this process's, on every start."""
+        self.environment = environment or {}
         # ipc paths must stay under ~107 bytes: keep the runtime dir short, not pytest's tmp_path.
         self.root = Path(tempfile.mkdtemp(prefix="mcpd-t-", dir="/tmp"))
         self.runtime_dir = self.root / "run"
@@ -91,7 +93,8 @@ class Daemon:
         self.notifications = []
         self._notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self._notify.bind(str(self.root / "notify.sock"))
-        env = {**os.environ, "NOTIFY_SOCKET": str(self.root / "notify.sock"), "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, **self.environment, "NOTIFY_SOCKET": str(self.root / "notify.sock"),
+               "PYTHONUNBUFFERED": "1"}
         self.log_path = self.root / "mcpd.log"
         self.process = subprocess.Popen([str(BIN / "mcpd"), "--config", str(self.config_path)],
                                         stderr=open(self.log_path, "ab"), stdout=subprocess.DEVNULL, env=env,
