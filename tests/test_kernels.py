@@ -98,6 +98,7 @@ def test_argmax_is_numpys_on_ties_nan_and_infinities(n):
     assert torch.equal(NATIVE.argmax(rows), expected)
     assert torch.equal(TORCH.argmax(rows), expected)
     assert torch.equal(NATIVE.argmax(rows[::2]), expected[::2])           # rows not contiguous
+    assert torch.equal(NATIVE.argmax(rows.double()), expected)             # not float32: torch's way
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

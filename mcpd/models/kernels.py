@@ -206,6 +206,8 @@ class NativeKernels(TorchKernels):
 
     def argmax(self, logits):
         """TorchKernels.argmax in one native call (mcpd_argmax says what it saves)."""
+        if logits.dtype != torch.float32:   # logits() gives float32; anything else, torch's way
+            return super().argmax(logits)
         logits = logits.contiguous()
         tokens = torch.empty(logits.shape[0], dtype=torch.long)
         self.lib.mcpd_argmax(logits.data_ptr(), logits.shape[0], logits.shape[1], tokens.data_ptr())
