@@ -17,8 +17,11 @@ CPU = torch.device("cpu")
 LLAMAS = tuple(kind for kind in KINDS if kind != "gpt2")
 # (kind, kernels): every model on torch's ops; the Llama family on the native kernels too.
 CASES = [(kind, "torch") for kind in KINDS] + [(kind, "native") for kind in LLAMAS]
-PROMPTS = [[0, 5, 9, 20, 33], [0, 17], list(range(40, 77)), [0, 300, 2, 150, 150, 9, 64, 8, 7, 6, 5]]
-MAX_TOKENS = [12, 30, 7, 20]
+# The last prompt is longer than the native stack's reused scratch (native_stack.REUSED_SCRATCH_ROWS):
+# its prefill takes a fresh one, the decodes after it the reused one.
+PROMPTS = [[0, 5, 9, 20, 33], [0, 17], list(range(40, 77)), [0, 300, 2, 150, 150, 9, 64, 8, 7, 6, 5],
+           [0] + [(7 * i) % 290 + 3 for i in range(69)]]
+MAX_TOKENS = [12, 30, 7, 20, 6]
 
 
 @pytest.fixture(scope="module")

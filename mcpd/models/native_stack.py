@@ -15,6 +15,7 @@ import torch
 from mcpd.models.layers import AttentionMetadata
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64
+REUSED_SCRATCH_ROWS = 64   # steps of up to this many rows share one scratch buffer (_scratch)
 
 
 class Layer(ctypes.Structure):
@@ -55,20 +56,15 @@ class NativeStack:
                            args.head_dim, first_cache.stride(0), first_cache.stride(1), first_cache.shape[2],
                            args.rms_norm_eps, weights.layers[0].attention.scale)
         self.final_norm = weights.final_norm
+        # Scratch is linear in the step's rows (mcpd_stack_scratch_bytes): sized here, not by a
+        # native call each step, and one buffer serves every step of up to REUSED_SCRATCH_ROWS.
+        self.scratch_row_bytes = self.lib.mcpd_stack_scratch_bytes(self.code, ctypes.byref(self.shape), 1)
+        self.reused_scratch: torch.Tensor | None = None
 
     def run(self, residual: torch.Tensor, rope: torch.Tensor, attn: AttentionMetadata) -> torch.Tensor:
         """residual: the step's embeddings [T, hidden] (updated in place); returns the final norm."""
         rows = residual.shape[0]
-        # A fresh scratch each step, not a region of the device pool: on the CPU its cost is the
-        # allocator's and the first touch of its pages, measured at 10 us a step for a 32-sequence
-        # decode of the embedded model (434 KB; the step takes milliseconds), 51 us for a 7B
-        # model's (3.7 MB; the step hundreds of ms), 0.5 ms for a 2048-token prefill's 28 MB:
-        # under 0.5% of every step. A region sized for the largest step would hold that much of
-        # the pool share for good (236 MB for a 7B's 2048 tokens) to save it, and activations
-        # need not outlive a worker. (On a GPU a pool region would keep them inside the pool's
-        # share of device memory: pool_segment.py.)
-        scratch = torch.empty(self.lib.mcpd_stack_scratch_bytes(self.code, ctypes.byref(self.shape), rows),
-                              dtype=torch.uint8)
+        scratch = self._scratch(rows)
         out = torch.empty_like(residual)
         groups = (Group * len(attn.groups))(*(
             Group(g.decoding, g.start, g.block_table.shape[0], g.block_table.stride(0), g.block_table.data_ptr(),
@@ -80,3 +76,20 @@ class NativeStack:
                                     len(attn.groups), scratch.data_ptr(), self.final_norm.data_ptr(),
                                     out.data_ptr())
         return out
+
+    def _scratch(self, rows: int) -> torch.Tensor:
+        """The stack's scratch for a step of `rows` rows, not a region of the device pool. Steps of
+        up to REUSED_SCRATCH_ROWS (decodes) share one buffer (1.7 MB for issue 12's 55M model, 7
+        MB for a 7B in bfloat16): a fresh one was a torch.empty and a native call a step, cold
+        after a decode step's weight stream (bench/README.md, 2026-11-27): this method's Python
+        took 94.5 us of a batch-1 step with them, 76.7 without (medians of 1024 steps, the two
+        alternating). Larger steps (prefill chunks) take a fresh one, whose allocation and first
+        touch cost under 0.5% of such a step (0.5 ms for a 2048-token prefill's 28 MB): a buffer
+        kept at the largest step's size would hold 236 MB for a 7B's 2048 tokens. Activations
+        need not outlive a worker; on a GPU a pool region would keep them inside the pool's share
+        (pool_segment.py)."""
+        if rows > REUSED_SCRATCH_ROWS:
+            return torch.empty(rows * self.scratch_row_bytes, dtype=torch.uint8)
+        if self.reused_scratch is None:
+            self.reused_scratch = torch.empty(REUSED_SCRATCH_ROWS * self.scratch_row_bytes, dtype=torch.uint8)
+        return self.reused_scratch
