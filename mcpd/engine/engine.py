@@ -32,6 +32,7 @@ from mcpd.histogram import BATCH_BOUNDS, Histogram
 from mcpd.memory import DevicePool, pool_size
 from mcpd.memory.pool_segment import PoolSegment
 from mcpd.models import load_model
+from mcpd.models.decode_arrays import DecodeArrays
 from mcpd.models.layers import AttentionMetadata, bind_kv_cache
 
 
@@ -89,6 +90,7 @@ class Engine:
         bind_kv_cache(self.model, self.kv.tensor)
         self.scheduler = BatchScheduler(config.engine, self.kv)
         self.sampler = Sampler(self.device, self.model.kernels.argmax)
+        self.decode_arrays = DecodeArrays()
         # From the process's own count, not the current one, which an earlier engine's tuner may have set.
         torch.set_num_threads(PROCESS_THREADS)
         self.thread_tuner = (ThreadTuner(PROCESS_THREADS, partial(threads.set_count, most=PROCESS_THREADS))
@@ -177,17 +179,26 @@ class Engine:
             if count == seq.num_pending:
                 sample_rows.append(len(input_ids) - 1)
                 sampling.append(seq)
-        attn = AttentionMetadata.build([s.block_table for s, _ in batch], [s.num_computed for s, _ in batch],
-                                       [count for _, count in batch], self.kv.block_size, self.device)
+        ids, attn = self._inputs(batch, input_ids)
         # forward, not the module's __call__: its hook and mode checks, never used here, are
         # cold after a step's weight stream (batch-1 step's Python 17-55 us less, alternating).
-        hidden = self.model.forward(torch.tensor(input_ids, device=self.device), attn.positions, attn)
+        hidden = self.model.forward(ids, attn.positions, attn)
         for seq, count in batch:
             seq.num_computed += count
         if len(sample_rows) == len(input_ids):   # every row samples, in order (a decode step): no gather
             return sampling, self.model.compute_logits(hidden)
         rows = torch.tensor(sample_rows, dtype=torch.long, device=self.device)
         return sampling, self.model.compute_logits(hidden[rows])
+
+    def _inputs(self, batch: list[tuple[Sequence, int]],
+                input_ids: list[int]) -> tuple[torch.Tensor, AttentionMetadata]:
+        """The step's token ids as a tensor and its attention metadata; a CPU step of decodes
+        (one token each) writes them into decode_arrays' kept buffer instead of new tensors."""
+        tables, starts = [s.block_table for s, _ in batch], [s.num_computed for s, _ in batch]
+        if self.device.type == "cpu" and len(input_ids) == len(batch):
+            return self.decode_arrays.build(input_ids, tables, starts, self.kv.block_size)
+        attn = AttentionMetadata.build(tables, starts, [count for _, count in batch], self.kv.block_size, self.device)
+        return torch.tensor(input_ids, device=self.device), attn
 
     def _append(self, seq: Sequence, token: int, logprob: float | None) -> StepOutput:
         seq.token_ids.append(token)

@@ -117,8 +117,6 @@ class AttentionMetadata:
         KV lives in the blocks block_tables[i] (covering at least starts[i] + counts[i] tokens).
         Its new tokens are rows sum(counts[:i]) ... of the flat batch. Built from Python lists
         with one tensor per array: a decode step of many sequences costs tens of microseconds."""
-        if max(counts) == 1:
-            return cls._decode_step(block_tables, starts, block_size, device)
         groups, positions, slot_blocks = [], [], []
         begin = row = 0
         while begin < len(counts):
@@ -138,20 +136,6 @@ class AttentionMetadata:
         return cls(positions_tensor, torch.tensor(slot_blocks, device=device), positions_tensor % block_size,
                    groups, max(s + n for s, n in zip(starts, counts)))
 
-    @classmethod
-    def _decode_step(cls, block_tables: list[list[int]], starts: list[int], block_size: int,
-                     device: torch.device) -> AttentionMetadata:
-        """build() of a step of decodes alone (one token each), the usual step: its four arrays
-        as rows of one tensor, where the general path makes a tensor each and computes the
-        offsets with a torch op (a batch-1 decode step: 80-110 us of cold Python after the
-        weights' stream, on the issues' 2-vCPU EPYC)."""
-        slot_blocks = [table[start // block_size] for table, start in zip(block_tables, starts)]
-        arrays = torch.tensor([starts, slot_blocks, [start % block_size for start in starts],
-                               [start + 1 for start in starts]], device=device)
-        group = AttentionGroup(0, len(starts), _padded_table(block_tables, _decode_width(starts, block_size), device),
-                               arrays[3])
-        return cls(arrays[0], arrays[1], arrays[2], [group], max(starts) + 1)
-
 
 def _padded_table(block_tables: list[list[int]], width: int, device: torch.device) -> torch.Tensor:
     # Short tables are padded with block 0: nothing attends past its context length.
@@ -159,13 +143,13 @@ def _padded_table(block_tables: list[list[int]], width: int, device: torch.devic
                         dtype=torch.long, device=device)
 
 
-def _decode_width(starts: list[int], block_size: int) -> int:
+def decode_width(starts: list[int], block_size: int) -> int:
     """Blocks a decode group's table needs: the longest context's, its new token included."""
     return -(-(max(starts) + 1) // block_size)
 
 
 def _decode_group(block_tables, starts, counts, row, block_size, device) -> AttentionGroup:
-    width = _decode_width(starts, block_size)
+    width = decode_width(starts, block_size)
     return AttentionGroup(row, row + len(starts), _padded_table(block_tables, width, device),
                           torch.tensor([s + 1 for s in starts], device=device))
 
