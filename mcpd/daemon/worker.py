@@ -106,6 +106,12 @@ class Worker:
         return pool_segment.attach_when_kept(self.config.runtime_dir, device, self.config.supervisor.ready_timeout_s)
 
     def serve(self) -> None:
+        import torch   # loaded with the engine
+
+        with torch.inference_mode():   # once for the loop, not each step (Engine.step says why)
+            self._serve()
+
+    def _serve(self) -> None:
         self.sockets.to_scheduler(messages.encode(self.core.hello()))
         self.sockets.flush()
         self.events.send(messages.Ready)

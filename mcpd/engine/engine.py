@@ -148,8 +148,17 @@ class Engine:
     def has_work(self) -> bool:
         return bool(self.sequences or self.aborted)
 
-    @torch.inference_mode()
     def step(self) -> list[StepOutput]:
+        """One step of every scheduled sequence, in inference mode: entered here unless the caller
+        already is. The worker enters it once for its loop: entering it each step is cold torch
+        code after the step's weight stream, ~50 us of a batch-1 decode step (the step's Python,
+        wall time less the native calls, 626 -> 575 and 658 -> 611 us, the two alternating)."""
+        if torch.is_inference_mode_enabled():
+            return self._step()
+        with torch.inference_mode():
+            return self._step()
+
+    def _step(self) -> list[StepOutput]:
         outputs, self.aborted = self.aborted, []
         batch = self.scheduler.schedule()
         if not batch:
