@@ -25,8 +25,9 @@ figures are medians over the rounds; "spread" is (max - min) / median.
 The machine's limits are measured in the same run (bench/roofline.py): a streaming read and a
 large matrix product. The read is measured again at the start of every round and W1's share of it
 is taken round by round (its median is the figure): this VM's read rate moves from 27 to 51 GB/s
-between minutes of one run, and one read at the start judged every round by that minute. The per-token work is counted over the weights every token multiplies by
-(all but the embedding table, a one-row lookup: 38.9M of the 55.3M):
+between minutes of one run, and one read at the start judged every round by that minute. The
+per-token work is counted over the weights every token multiplies by (all but the embedding
+table, a one-row lookup: 38.9M of the 55.3M):
   w1_decode_roofline_frac     = W1 decode tok/s * those weights' bytes / read bandwidth
   w2_32_compute_roofline_frac = W2-32 tok/s * 2 FLOPs per such weight / matmul rate
   w2_32_work_compute_frac     = the same with the prompts' tokens counted too: every W2 prompt is
@@ -222,7 +223,8 @@ def derived(figures: dict, w1_rates: list[float], limits: dict) -> dict:
     out = dict(figures)
     out["contention_keep_frac"] = figures["w1_busy_decode_tok_s"] / figures["w1_decode_tok_s"]
     out["w1_decode_roofline_frac"] = statistics.median(
-        rate * limits["weight_bytes_per_token"] / (read * 1e9) for rate, read in zip(w1_rates, limits["read_gbps_per_round"]))
+        rate * limits["weight_bytes_per_token"] / (read * 1e9)
+        for rate, read in zip(w1_rates, limits["read_gbps_per_round"]))
     out["w2_32_compute_roofline_frac"] = (figures["w2_32_tok_s"] * limits["flops_per_token"]
                                           / (limits["matmul_gflops"] * 1e9))
     out["w2_32_work_compute_frac"] = (out["w2_32_compute_roofline_frac"]
@@ -397,8 +399,9 @@ def report(args, result: Run, vocab: str) -> None:
     print(f"\nmedians of {rounds} round(s), {args.dtype}; ± is half the spread (max - min) / median")
     print(table(systems, result.spreads, ratios))
     limits = result.limits
-    print(f"roofline: read {limits['read_gbps']:.1f} GB/s (median; rounds: "
-          f"{', '.join(f'{read:.1f}' for read in limits['read_gbps_per_round'])}), matmul {limits['matmul_gflops']:.0f} GFLOP/s "
+    rounds_read = ", ".join(f"{read:.1f}" for read in limits["read_gbps_per_round"])
+    print(f"roofline: read {limits['read_gbps']:.1f} GB/s (median; rounds: {rounds_read}), "
+          f"matmul {limits['matmul_gflops']:.0f} GFLOP/s "
           f"({args.dtype}); idle CPU % of each server: {result.idle}; load average {result.loads}")
     same_text = {name: check["greedy_text"] == result.checks["mcpd"]["greedy_text"]
                  for name, check in result.checks.items()}

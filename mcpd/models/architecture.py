@@ -129,28 +129,24 @@ SIZE_CAPS = {"vocab_size": 1 << 22, "hidden_size": 1 << 17, "intermediate_size":
              "num_heads": 1 << 12, "num_kv_heads": 1 << 12, "head_dim": 1 << 12, "inner_size": 1 << 19,
              "max_positions": 1 << 24}
 MAX_MODEL_LEN = 1 << 24
-
-
 REALS = ("rms_norm_eps", "layer_norm_eps", "rope_theta")   # must be finite and positive
 
 
 def _check_sizes(args: LlamaArgs | GPT2Args, model_len, config_path: Path) -> None:
     """UnsupportedModel naming the first count of args that is not a whole number within its
     cap, or real that is not finite and positive, or query heads not shared evenly by KV heads."""
+    scaling = getattr(args, "rope_scaling", None)
     counts = [(name, getattr(args, name)) for name in SIZE_CAPS if hasattr(args, name)]
-    for name, value in counts + [("context length", model_len)]:
+    counts.append(("context length", model_len))
+    reals = [(name, getattr(args, name)) for name in REALS if hasattr(args, name)]
+    if scaling is not None:
+        counts.append(("rope original_max_position_embeddings", scaling.original_max_position_embeddings))
+        reals += [(f"rope {name}", getattr(scaling, name))
+                  for name in ("factor", "low_freq_factor", "high_freq_factor")]
+    for name, value in counts:
         cap = SIZE_CAPS.get(name, MAX_MODEL_LEN)
         if type(value) is not int or not 1 <= value <= cap:
             raise UnsupportedModel(f"{config_path}: {name} {value!r} is not a whole number from 1 to {cap}")
-    scaling = getattr(args, "rope_scaling", None)
-    reals = [(name, getattr(args, name)) for name in REALS if hasattr(args, name)]
-    if scaling is not None:
-        reals += [(f"rope {name}", getattr(scaling, name)) for name in ("factor", "low_freq_factor", "high_freq_factor")]
-        if type(scaling.original_max_position_embeddings) is not int or \
-                not 1 <= scaling.original_max_position_embeddings <= MAX_MODEL_LEN:
-            raise UnsupportedModel(f"{config_path}: rope original_max_position_embeddings "
-                                   f"{scaling.original_max_position_embeddings!r} is not a whole number from 1 "
-                                   f"to {MAX_MODEL_LEN}")
     for name, value in reals:
         if type(value) not in (int, float) or not 0 < value < math.inf:
             raise UnsupportedModel(f"{config_path}: {name} {value!r} is not a finite positive number")
