@@ -1,6 +1,7 @@
 """model.quantization = "int8": quantizing, loading (from float and from int8 checkpoints), and
 the engine generating with it on both kernels. The native kernel against the torch twin op by op
-is in test_kernels.py."""
+is in test_kernels.py; the CUDA kernel (int8_cuda.py) against it is here, run where a GPU is lent
+(CI has none)."""
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -8,12 +9,13 @@ from safetensors.torch import load_file, save_file
 from mcpd.config import Config, EngineConfig, ModelConfig
 from mcpd.engine import Engine, SamplingParams
 from mcpd.engine.kv_records import region_key
-from mcpd.models import UnsupportedModel, load_model
+from mcpd.models import UnsupportedModel, int8, load_model
 from mcpd.models.agreement import compare, position_logits
-from mcpd.models.int8 import GROUP, LEVELS, RATIOS, dequantize, groups, quantize
+from mcpd.models.int8 import GROUP, LEVELS, RATIOS, Int8Weight, dequantize, groups, quantize
 from tiny_checkpoints import make_checkpoint
 
 CPU = torch.device("cpu")
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here (CI has none)")
 PROMPTS = [[0, 17, 42, 99, 5], [0, 250, 3, 3, 3, 71, 12, 8], [0, 64]]
 # The tiny checkpoints' random weights give near-ties at a few positions in every hundred, and
 # there the last bits decide: 0.94-0.96 measured on these prompts (a trained model's
@@ -73,10 +75,10 @@ def test_kv_records_of_an_int8_model_are_not_a_float_ones():
     assert region_key(ModelConfig(), "m", ()) != region_key(ModelConfig(quantization="int8"), "m", ())
 
 
-def engine(path, quantization: str, kernels: str) -> Engine:
+def engine(path, quantization: str, kernels: str, device: torch.device = CPU) -> Engine:
     config = Config(model=ModelConfig(path=str(path), quantization=quantization),
                     engine=EngineConfig(pool_bytes=32 << 20, kernels=kernels))
-    return Engine(config, CPU)
+    return Engine(config, device)
 
 
 def generate(bench: Engine, new_tokens: int = 24) -> list[list[int]]:
@@ -90,8 +92,8 @@ def generate(bench: Engine, new_tokens: int = 24) -> list[list[int]]:
     return [tokens[i] for i in range(len(PROMPTS))]
 
 
-def loaded(path, quantization: str, kernels: str = "auto"):
-    model = load_model(ModelConfig(path=str(path), quantization=quantization), CPU).model
+def loaded(path, quantization: str, kernels: str = "auto", device: torch.device = CPU):
+    model = load_model(ModelConfig(path=str(path), quantization=quantization), device).model
     model.use_kernels(kernels)
     return model
 
@@ -204,3 +206,54 @@ def test_embedded_model_runs_int8_with_the_float_weights_quantized():
     for prompt, tokens in zip(PROMPTS, generate(Engine(Config(model=ModelConfig(quantization="int8")), CPU))):
         choices = position_logits(int8_model, tokens).argmax(-1).tolist()
         assert choices[len(prompt) - 1:-1] == tokens[len(prompt):]
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rows", [1, 2, 3, 16, 17, 100, 300])   # each of int8_cuda's paths and its edges
+def test_the_cuda_kernels_multiply_as_the_twin(dtype, rows):
+    """int8_cuda.linear against int8.linear on the same card: a short last group, outputs not a
+    multiple of any tile, with a bias. The tile kernel rounds the dequantized weight to dtype
+    (float32 to TF32) before the tensor cores: each product errs by at most 2^-8 of |x| |w|;
+    then both round the float32 sum to dtype, one step of it apart at most."""
+    from mcpd.models import int8_cuda
+    generator = torch.Generator().manual_seed(rows)
+    n, k = 203, 3 * GROUP + 17
+    values, scales = quantize(torch.randn(n, k, generator=generator) * 0.02)
+    weight = Int8Weight(values.cuda(), scales.cuda())
+    x = torch.randn(rows, k, generator=generator).to("cuda", dtype)
+    bias = torch.randn(n, generator=generator).to("cuda", dtype)
+    y, twin = int8_cuda.linear(x, weight, bias), int8.linear(x, weight, bias)
+    assert y.dtype == dtype and y.shape == (rows, n)
+    bound = 2 ** -8 * (x.float().abs() @ dequantize(weight.values, weight.scales).abs().T)
+    bound += torch.finfo(dtype).eps * twin.float().abs() + 1e-6
+    assert bool(((y.float() - twin.float()).abs() <= bound).all())
+
+
+@needs_cuda
+def test_the_cuda_kernel_takes_leading_dimensions_and_no_bias():
+    from mcpd.models import int8_cuda
+    values, scales = quantize(torch.randn(64, 2 * GROUP, generator=torch.Generator().manual_seed(4)))
+    weight = Int8Weight(values.cuda(), scales.cuda())
+    x = torch.randn(2, 3, 2 * GROUP, device="cuda")
+    y = int8_cuda.linear(x, weight)
+    assert y.shape == (2, 3, 64)
+    assert torch.allclose(y, int8.linear(x, weight), rtol=1e-2, atol=1e-2)
+    assert int8_cuda.linear(x[:, :0], weight).shape == (2, 0, 64)
+
+
+@needs_cuda
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_an_int8_model_on_a_gpu_agrees_with_the_float_model_as_on_the_cpu(tmp_path, kind):
+    """The same quantized weights on the card's kernel: agreement with the float model within
+    the tests' bounds, and close to the CPU's (TF32 moves near-ties only)."""
+    path = make_checkpoint(tmp_path / kind, kind)
+    cuda = torch.device("cuda")
+    int8_engine = engine(path, "int8", "torch", cuda)
+    assert int8_engine.stats()["device"].startswith("cuda")
+    assert all(len(tokens) == len(prompt) + 24 for prompt, tokens in zip(PROMPTS, generate(int8_engine)))
+    sequences = generate(engine(path, "none", "auto"))
+    on_gpu = compare(loaded(path, "none", "torch", cuda), loaded(path, "int8", "torch", cuda), sequences)
+    on_cpu = compare(loaded(path, "none"), loaded(path, "int8"), sequences)
+    assert on_gpu.top1 >= MIN_TOP1 and on_gpu.mean_kl <= MAX_MEAN_KL, on_gpu
+    assert abs(on_gpu.mean_kl - on_cpu.mean_kl) <= 0.1 * on_cpu.mean_kl, (on_gpu, on_cpu)

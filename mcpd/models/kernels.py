@@ -13,7 +13,8 @@ Each op mirrors the order of roundings of transformers' Llama, so that both impl
 give transformers' greedy tokens in float32 and in bfloat16.
 
 Weight-only int8 matrices (int8.py) run on both: the torch twin converts the integers at each
-product (int8.linear), the native kernels read the int8 panels and convert in registers.
+product (int8.linear), the native kernels read the int8 panels and convert in registers; on a
+CUDA device the torch kernels multiply them with a Triton kernel that does the same (int8_cuda.py).
 """
 from __future__ import annotations
 
@@ -79,6 +80,9 @@ class TorchKernels:
     def linear(self, x: torch.Tensor, weight: torch.Tensor | Int8Weight,
                bias: torch.Tensor | None = None) -> torch.Tensor:
         if isinstance(weight, Int8Weight):
+            if x.is_cuda:   # imported here: Triton comes with torch's CUDA builds, not the CPU ones
+                from mcpd.models import int8_cuda
+                return int8_cuda.linear(x, weight, bias)
             return int8.linear(x, weight, bias)
         return F.linear(x, weight, bias)
 

@@ -167,9 +167,11 @@ class LlamaForCausalLM(KernelForms, nn.Module):
         self.kernels, reason = choose(requested, embedding.dtype, embedding.device, sizes, args.head_dim,
                                       args.num_heads // args.num_kv_heads)
         self._weights = None
-        if self.kernels is TORCH and self.model.layers[0].self_attn.qkv_proj.weight.dtype == torch.int8:
+        qkv = self.model.layers[0].self_attn.qkv_proj.weight
+        if self.kernels is TORCH and qkv.dtype == torch.int8 and qkv.device.type == "cpu":
             # int8.linear converts every weight at every product: correct, and on a CPU several
-            # times slower than the float model; the speed of int8 is the native kernels'.
+            # times slower than the float model; the speed of int8 is the native kernels' (and
+            # on CUDA, int8_cuda's).
             reason += "; int8 weights on the torch kernels run slower than float ones"
         return reason
 
