@@ -1,6 +1,6 @@
 """int8 weight-only quantization (model.quantization = "int8") against the float32 model, side by side.
 
-    .venv/bin/python bench/quantized.py [--quick]
+    .venv/bin/python bench/quantized.py [--quick] [--device cuda]
 
 The model: issue 12's 55.3M Llama of bench/peerkit/checkpoints.py (8 layers, hidden 512, 8/2
 heads, intermediate 1408, vocab 32000, random Normal(0, 0.02) weights), float32 on disk; the int8
@@ -24,6 +24,14 @@ variant is quantized from it at load, as a daemon with model.quantization = "int
     steps on the repo's docs/*.md, cached; the first run trains it, minutes), on prompts cut
     from the repo's README.md, which it was not trained on.
 
+On a GPU (`--device cuda`) the float model is bfloat16, as one serves it there, and the int8
+variant multiplies with the Triton kernel (mcpd/models/int8_cuda.py); the trained checkpoint is
+not built there (no cache travels). At 55.3M parameters a GPU step is bound by kernel launches,
+not by the weights' bytes, so the W1 ratio says what the kernel costs in launches; the bytes'
+speedup shows on the matrices of a 7B Llama layer (4096 hidden, 11008 intermediate), each product
+timed alone (`product_*`: bf16 torch against int8, the time of one product and the GB/s its
+weights stream at, for 1, 8, 64 and 512 rows).
+
 The last line is one JSON object. measure(quick) returns its figures for other benches.
 """
 from __future__ import annotations
@@ -43,6 +51,7 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="3 rounds of 48 tokens (under a minute)")
     parser.add_argument("--threads", type=int, default=0, help="engine threads; 0: as a worker picks them")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     return parser.parse_args()
 
 
@@ -66,11 +75,16 @@ HELD_OUT = Path(__file__).resolve().parent.parent / "README.md"   # the trained 
 VARIANTS = ("none", "int8")   # model.quantization: the float32 baseline, then int8
 
 
-def engine(path: Path, quantization: str) -> Engine:
-    config = Config(model=ModelConfig(path=str(path), dtype="float32", max_model_len=1024,
+def float_dtype(device: torch.device) -> str:
+    """The float model's dtype: float32 on the CPU (its fast kernels), bfloat16 on a GPU."""
+    return "float32" if device.type == "cpu" else "bfloat16"
+
+
+def engine(path: Path, quantization: str, device: torch.device) -> Engine:
+    config = Config(model=ModelConfig(path=str(path), dtype=float_dtype(device), max_model_len=1024,
                                       quantization=quantization),
                     engine=EngineConfig(pool_bytes=256 << 20))
-    return Engine(config, torch.device("cpu"))
+    return Engine(config, device)
 
 
 def w1(bench: Engine, prompt: list[int], generated: int) -> tuple[float, list[float], list[int]]:
@@ -86,10 +100,11 @@ def w1(bench: Engine, prompt: list[int], generated: int) -> tuple[float, list[fl
     return (generated - 1) / (times[-1] - times[0]), steps, tokens
 
 
-def decode_rounds(path: Path, prompts: list[list[int]], generated: int) -> tuple[dict, dict, list[list[int]]]:
+def decode_rounds(path: Path, prompts: list[list[int]], generated: int,
+                  device: torch.device) -> tuple[dict, dict, list[list[int]]]:
     """Alternating W1 rounds of both variants (one per prompt): their rates, all their decode
-    steps' seconds, and the float32 engine's sequences."""
-    engines = {q: engine(path, q) for q in VARIANTS}
+    steps' seconds, and the float engine's sequences."""
+    engines = {q: engine(path, q, device) for q in VARIANTS}
     for bench in engines.values():   # first-call costs (allocation, page faults) out of the way
         w1(bench, prompts[0][:16], 8)
     rates, steps, sequences = {q: [] for q in VARIANTS}, {q: [] for q in VARIANTS}, []
@@ -110,15 +125,15 @@ def fast_decile(seconds: list[float]) -> float:
     return sorted(seconds)[len(seconds) // 10]
 
 
-def quality(path: Path, sequences: list[list[int]], suffix: str = "") -> dict:
+def quality(path: Path, sequences: list[list[int]], device: torch.device, suffix: str = "") -> dict:
     models = {}
     for quantization in VARIANTS:
-        models[quantization] = load_model(ModelConfig(path=str(path), dtype="float32", quantization=quantization),
-                                          torch.device("cpu")).model
+        models[quantization] = load_model(ModelConfig(path=str(path), dtype=float_dtype(device),
+                                                      quantization=quantization), device).model
         models[quantization].use_kernels("auto")
     agreement = compare(models["none"], models["int8"], sequences)
     return {f"int8_top1_agreement{suffix}": agreement.top1, f"int8_mean_kl{suffix}": agreement.mean_kl,
-            f"float32_top1_prob{suffix}": agreement.reference_top1_prob,
+            f"{float_dtype(device)}_top1_prob{suffix}": agreement.reference_top1_prob,
             f"quality_positions{suffix}": agreement.positions}
 
 
@@ -133,31 +148,65 @@ def trained_quality(rounds: int, generated: int, quick: bool) -> dict:
     ids = Tokenizer.from_file(str(path / "tokenizer.json")).encode(HELD_OUT.read_text()).ids
     stride = (len(ids) - PROMPT_TOKENS) // rounds
     prompts = [ids[i * stride:i * stride + PROMPT_TOKENS] for i in range(rounds)]
-    reference = engine(path, "none")
-    return quality(path, [w1(reference, prompt, generated)[2] for prompt in prompts], "_trained")
+    cpu = torch.device("cpu")
+    reference = engine(path, "none", cpu)
+    return quality(path, [w1(reference, prompt, generated)[2] for prompt in prompts], cpu, "_trained")
 
 
-def measure(quick: bool) -> dict:
+def product_figures(rows_counts: tuple[int, ...] = (1, 8, 64, 512)) -> dict:
+    """A 7B Llama layer's four products (q/k/v fused, o, gate/up fused, down), bf16 F.linear
+    against the int8 kernel, each timed alone by triton's do_bench (CUDA events over repeated
+    calls, the median): per row count, the layer's summed time of each and its speedup, and the
+    GB/s the int8 and bf16 weights stream at for one row (the bytes that bound a decode step)."""
+    import triton.testing
+    from mcpd.models import int8_cuda
+    from mcpd.models.int8 import Int8Weight, quantize
+    shapes = [(3 * 4096, 4096), (4096, 4096), (2 * 11008, 4096), (4096, 11008)]
+    generator = torch.Generator().manual_seed(0)
+    matrices = [(torch.randn(n, k, generator=generator) * 0.02) for n, k in shapes]
+    bf16 = [w.to("cuda", torch.bfloat16) for w in matrices]
+    quantized = [Int8Weight(*(t.cuda() for t in quantize(w))) for w in matrices]
+    weight_bytes = {"bf16": sum(w.numel() * 2 for w in bf16),
+                    "int8": sum(q.values.numel() + q.scales.numel() * 4 for q in quantized)}
+    figures = {}
+    for rows in rows_counts:
+        xs = [torch.randn(rows, k, device="cuda", dtype=torch.bfloat16) for _, k in shapes]
+        seconds = {"bf16": sum(triton.testing.do_bench(lambda x=x, w=w: torch.nn.functional.linear(x, w)) for x, w in zip(xs, bf16)) / 1e3,
+                   "int8": sum(triton.testing.do_bench(lambda x=x, w=w: int8_cuda.linear(x, w)) for x, w in zip(xs, quantized)) / 1e3}
+        figures[f"product_{rows}row_bf16_us"] = seconds["bf16"] * 1e6
+        figures[f"product_{rows}row_int8_us"] = seconds["int8"] * 1e6
+        figures[f"product_{rows}row_int8_speedup"] = seconds["bf16"] / seconds["int8"]
+        if rows == 1:
+            for variant in ("bf16", "int8"):
+                figures[f"product_1row_{variant}_gb_s"] = weight_bytes[variant] / seconds[variant] / 1e9
+    return figures
+
+
+def measure(quick: bool, device: torch.device = torch.device("cpu")) -> dict:
     path, _ = checkpoints.checkpoint()
     rounds, generated = (3, 48) if quick else (8, 128)
     rng = random.Random(0)
     vocab = checkpoints.ISSUE_SHAPE.vocab
     prompts = [[rng.randrange(3, vocab) for _ in range(PROMPT_TOKENS)] for _ in range(rounds)]
     load_before = os.getloadavg()[0]
-    rates, steps, sequences = decode_rounds(path, prompts, generated)
+    rates, steps, sequences = decode_rounds(path, prompts, generated, device)
     median = statistics.median
-    return {"float32_decode_tok_s": median(rates["none"]), "int8_decode_tok_s": median(rates["int8"]),
+    float_name = float_dtype(device)
+    on_gpu = device.type == "cuda"
+    return {f"{float_name}_decode_tok_s": median(rates["none"]), "int8_decode_tok_s": median(rates["int8"]),
             "int8_decode_speedup": median(q / f for f, q in zip(rates["none"], rates["int8"])),
-            "float32_step_ms_fast_decile": fast_decile(steps["none"]) * 1e3,
+            f"{float_name}_step_ms_fast_decile": fast_decile(steps["none"]) * 1e3,
             "int8_step_ms_fast_decile": fast_decile(steps["int8"]) * 1e3,
             "int8_decode_speedup_fast_decile": fast_decile(steps["none"]) / fast_decile(steps["int8"]),
-            **quality(path, sequences), **trained_quality(rounds, generated, quick),
+            **quality(path, sequences, device),
+            **(product_figures() if on_gpu else trained_quality(rounds, generated, quick)),
+            "device": torch.cuda.get_device_name() if on_gpu else "cpu",
             "rounds": rounds, "generated_per_round": generated,
             "threads": torch.get_num_threads(), "load_average": max(load_before, os.getloadavg()[0])}
 
 
 def main() -> None:
-    figures = measure(ARGS.quick)
+    figures = measure(ARGS.quick, torch.device(ARGS.device))
     for name, value in figures.items():
         print(f"  {name:32} {value:12.6g}" if isinstance(value, float) else f"  {name:32} {value:12}")
     print(json.dumps({k: float(f"{v:.6g}") if isinstance(v, float) else v for k, v in figures.items()}))
