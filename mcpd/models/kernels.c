@@ -345,10 +345,17 @@ static void tile(int dtype, const void *x, int64_t rows, int64_t k, const void *
    better. bfloat16 where the CPU has its dot product (else the tile, which emulates it). */
 #define ROW_PANELS 4
 
+/* Each of the ROW_PANELS streams is fetched into L2 ROW_AHEAD cache lines (1.5 KB) ahead of its
+   reads: the hardware prefetcher alone kept fewer lines in flight than four streams need. The
+   bench model's one-row products (.probe kernel A/B, 12 alternating rounds, 2 MiB pages, memory
+   at ~35 GB/s): +7% (median) on two threads, +4.5% on one; 16 and 32 lines ahead did no better,
+   48 and 64 worse, into L1 worse. */
+#define ROW_AHEAD 24
 INLINE void row_f32(const float *x, int64_t k, const float *const q[ROW_PANELS], f32x16 acc[ROW_PANELS]) {
     for (int j = 0; j < ROW_PANELS; j++) acc[j] = splat(0);
     for (int64_t i = 0; i < k; i++) {
         float xv = x[i];
+        for (int j = 0; j < ROW_PANELS; j++) __builtin_prefetch(q[j] + (i + ROW_AHEAD) * PANEL, 0, 2);
         for (int j = 0; j < ROW_PANELS; j++) acc[j] += xv * load_f32(q[j] + i * PANEL);
     }
 }
@@ -362,6 +369,7 @@ INLINE void row_bf16(const bf16 *x, int64_t k, const bf16 *const q[ROW_PANELS], 
         int32_t pair;
         memcpy(&pair, x + i, sizeof pair);
         __m512bh xv = (__m512bh)_mm512_set1_epi32(pair);
+        for (int j = 0; j < ROW_PANELS; j++) __builtin_prefetch(q[j] + (i + 2 * ROW_AHEAD) * PANEL, 0, 2);
         for (int j = 0; j < ROW_PANELS; j++)
             c[j] = _mm512_dpbf16_ps(c[j], (__m512bh)_mm512_loadu_si512(q[j] + i * PANEL), xv);
     }
