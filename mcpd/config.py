@@ -253,6 +253,7 @@ class EngineConfig:
     max_step_tokens: int = 2048     # token budget per step (prefill chunks + decodes)
     kernels: str = "auto"           # auto (native CPU kernels where they build, else torch), native, torch
     huge_pages: bool = True         # CPU: run on a copy of the weights on 2 MiB pages where they are on 4 KiB
+    decode_burst: int = 8           # greedy decode steps a lone sequence may run at once, natively (1: off)
 
     def check(self) -> None:
         if self.kernels not in ("auto", "native", "torch"):
@@ -265,6 +266,8 @@ class EngineConfig:
             raise ConfigError(f"engine.kv_block_size = {self.kv_block_size}: must be a power of two")
         if self.max_num_seqs < 1 or self.max_step_tokens < self.kv_block_size:
             raise ConfigError("engine.max_num_seqs must be >= 1 and max_step_tokens >= kv_block_size")
+        if not 1 <= self.decode_burst <= 64:
+            raise ConfigError(f"engine.decode_burst = {self.decode_burst}: must be in 1 .. 64")
         if self.max_step_tokens < self.max_num_seqs:
             # Every running sequence decodes one token per step: a smaller budget would leave
             # some sequences without a turn, step after step.

@@ -187,8 +187,8 @@ def test_preemption_picks_the_lowest_priority_even_if_older():
     step = 0
     while small.has_work:
         step += 1
-        for out in small.step():
-            steps_with_output[out.key].append(step)
+        for out in small.step():   # each token's step: alone, low may take several a step (decode_burst)
+            steps_with_output[out.key] += [step] * len(out.token_ids)
     high, low = steps_with_output["high"], steps_with_output["low"]
     assert small.stats()["preemptions"] > 0
     assert high == list(range(1, 61))  # a token every step: never preempted
@@ -278,3 +278,34 @@ def test_kv_cache_gets_kv_fraction_of_a_pool_that_is_not_a_power_of_two():
     from mcpd.engine import Engine
     engine = Engine(from_dict({"engine": {"pool_bytes": 96 << 20, "kv_fraction": 0.9}}), torch.device("cpu"))
     assert engine.kv.tensor.numel() * engine.kv.tensor.element_size() > 0.85 * (96 << 20)
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(max_tokens=45, temperature=0, ignore_eos=True),   # ends mid-burst
+    SamplingParams(max_tokens=40, temperature=0),                    # the model's EOS may come mid-burst
+    SamplingParams(max_tokens=40, temperature=0, ignore_eos=True, stop=("e",)),   # a stop string mid-burst
+    SamplingParams(max_tokens=40, temperature=0, ignore_eos=True, stop_token_ids=(101, 32)),
+])
+def test_a_lone_greedy_sequence_bursts_to_the_tokens_and_cache_of_single_steps(params):
+    """engine.decode_burst: the native greedy steps choose the tokens, text, finish and cached
+    blocks that one step at a time does, in fewer steps."""
+    prompt = "the burst must match the steps "
+    results = {}
+    for burst in (1, 8):
+        engine = make_engine(kernels="native", decode_burst=burst)
+        outputs = run(engine, {"r": (prompt, params)})["r"]
+        results[burst] = (tokens(outputs), text(outputs), outputs[-1].finish_reason, dict(engine.kv.cached),
+                          engine.stats()["steps"])
+    assert results[8][:4] == results[1][:4]
+    assert results[8][4] < results[1][4]
+
+
+def test_no_burst_while_a_request_waits_or_samples():
+    """Bursts hold a newcomer back and cannot sample: with two requests, or temperature, or
+    logprobs, every step is one token of each sequence."""
+    engine = make_engine(kernels="native", decode_burst=8)
+    sampled = SamplingParams(max_tokens=20, temperature=0.8, seed=1)
+    with_logprobs = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True, logprobs=True)
+    for requests in ({"a": ("one", GREEDY), "b": ("two", GREEDY)}, {"s": ("three", sampled)},
+                     {"l": ("four", with_logprobs)}):
+        assert all(len(out.token_ids) <= 1 for outs in run(engine, requests).values() for out in outs)

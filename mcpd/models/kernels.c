@@ -925,6 +925,54 @@ void mcpd_argmax(const float *y, int64_t m, int64_t n, int64_t *out) {
     }
 }
 
+/* ---- greedy decode steps ----------------------------------------------------------------------- */
+
+typedef struct {          /* what a greedy step reads besides the layers (NativeStack.greedy_steps) */
+    const void *embedding;            /* plain [rows, hidden] table, or the packed tied head when rows == 0 */
+    int64_t rows;
+    const void *head;                 /* packed [vocab, hidden]; int8 when head_scales */
+    const float *head_scales;
+    int64_t vocab;
+    const void *final_norm;
+    const float *rope;
+    const int64_t *table;             /* the sequence's block table: a slot for every position written */
+    int64_t table_len;
+} mcpd_greedy;
+
+/* Up to `steps` greedy decode steps of one sequence, each what a Python step runs for it (the
+   token's embedding, the decoder stack, the LM head's float32 logits, their argmax), the token each
+   chose being the next one's input, with no Python between them. token: the last sampled token;
+   position: where it goes. The loop ends early after a token of stops. out_tokens gets the tokens;
+   returns how many, or -1, having run nothing, when token is not a row of the embedding or a
+   position lies outside the table. scratch as mcpd_decoder_stack's for one row; residual and
+   hidden [hidden] of dtype, logits [vocab] float32. */
+int64_t mcpd_greedy_steps(int dtype, const mcpd_shape *s, const mcpd_layer *layers, int64_t num_layers,
+                          const mcpd_greedy *g, int64_t token, int64_t position, int64_t steps,
+                          const int64_t *stops, int64_t num_stops, void *scratch, void *residual, void *hidden,
+                          float *logits, int64_t *out_tokens) {
+    size_t row_bytes = (size_t)s->hidden * (dtype == F32 ? 4 : 2);
+    int64_t embedding_rows = g->rows ? g->rows : g->vocab;
+    if (token < 0 || token >= embedding_rows || position < 0 || position + steps > g->table_len * s->block_size)
+        return -1;
+    int64_t lens, slot_block, slot_offset;
+    mcpd_group one = {1, 0, 1, g->table_len, g->table, &lens, NULL, NULL, NULL};
+    for (int64_t n = 0; n < steps; n++) {
+        int64_t at = position + n;
+        if (g->rows) memcpy(residual, (const char *)g->embedding + token * row_bytes, row_bytes);
+        else mcpd_embedding(dtype, g->embedding, s->hidden, &token, 1, residual);
+        slot_block = g->table[at / s->block_size], slot_offset = at % s->block_size, lens = at + 1;
+        mcpd_decoder_stack(dtype, s, layers, num_layers, 1, residual, g->rope, &at, &slot_block, &slot_offset, &one,
+                           1, scratch, g->final_norm, hidden);
+        linear(dtype, hidden, 1, s->hidden, g->head, g->head_scales, NULL, g->vocab, logits, 1);
+        mcpd_argmax(logits, 1, g->vocab, &token);
+        out_tokens[n] = token;
+        for (int64_t i = 0; i < num_stops; i++)
+            if (token == stops[i]) return n + 1;
+        if (token >= embedding_rows) return n + 1;   /* a head wider than the embedding: no next input */
+    }
+    return steps;
+}
+
 /* ---- runtime -------------------------------------------------------------------------------- */
 
 int mcpd_max_threads(void) {

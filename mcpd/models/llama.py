@@ -153,6 +153,22 @@ class LlamaForCausalLM(KernelForms, nn.Module):
             self._stack = NativeStack(self.kernels, self.weights, self.args)
         return self._stack
 
+    @property
+    def runs_greedy_steps(self) -> bool:
+        """Whether greedy_steps runs here: the native kernels' stack does it (reading embedding
+        rows as a plain table's or a tied head's)."""
+        embedding = self.weights.embedding
+        return self.kernels is not TORCH and (not isinstance(embedding, torch.Tensor) or embedding.is_contiguous())
+
+    def greedy_steps(self, token: int, position: int, block_table: list[int], steps: int,
+                     stops: tuple[int, ...]) -> list[int]:
+        """Up to `steps` greedy decode steps of one sequence without Python between them
+        (NativeStack.greedy_steps): the tokens forward, compute_logits and argmax would choose."""
+        weights = self.weights
+        rope = self.rope.table(position + steps, weights.final_norm.dtype)
+        return self._native_stack().greedy_steps(weights.embedding, weights.head, rope, token, position, block_table,
+                                                 steps, stops)
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.kernels.logits(hidden, self.weights.head)
 

@@ -42,12 +42,13 @@ _SIGNATURES = {
     "mcpd_stack_scratch_bytes": [ctypes.c_int, _P, _I],
     "mcpd_decoder_stack": [ctypes.c_int, _P, _P, _I, _I, _P, _P, _P, _P, _P, _P, _I, _P, _P, _P],
     "mcpd_argmax": [_P, _I, _I, _P],
+    "mcpd_greedy_steps": [ctypes.c_int, _P, _P, _I, _P, _I, _I, _I, _P, _I, _P, _P, _P, _P, _P],
     "mcpd_max_threads": [],
     "mcpd_has_avx512_bf16": [],
 }
 
 _RESTYPES = {"mcpd_rows": ctypes.c_int, "mcpd_max_threads": ctypes.c_int, "mcpd_has_avx512_bf16": ctypes.c_int,
-             "mcpd_stack_scratch_bytes": _I}
+             "mcpd_stack_scratch_bytes": _I, "mcpd_greedy_steps": _I}
 
 
 class NativeUnavailable(RuntimeError):

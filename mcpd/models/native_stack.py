@@ -8,6 +8,7 @@ their order are those of LlamaForCausalLM.forward, which the torch kernels still
 """
 from __future__ import annotations
 
+import array
 import ctypes
 
 import torch
@@ -28,6 +29,11 @@ class Shape(ctypes.Structure):
     _fields_ = [(name, _I) for name in ("hidden", "inter", "heads", "kv_heads", "head_dim", "block_stride",
                                         "v_offset", "block_size")] + [("eps", ctypes.c_float),
                                                                       ("scale", ctypes.c_float)]
+
+
+class Greedy(ctypes.Structure):
+    _fields_ = [("embedding", _P), ("rows", _I), ("head", _P), ("head_scales", _P), ("vocab", _I),
+                ("final_norm", _P), ("rope", _P), ("table", _P), ("table_len", _I)]
 
 
 class Group(ctypes.Structure):
@@ -60,6 +66,7 @@ class NativeStack:
         # native call each step, and one buffer serves every step of up to REUSED_SCRATCH_ROWS.
         self.scratch_row_bytes = self.lib.mcpd_stack_scratch_bytes(self.code, ctypes.byref(self.shape), 1)
         self.reused_scratch: torch.Tensor | None = None
+        self.greedy_buffers: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def run(self, residual: torch.Tensor, rope: torch.Tensor, attn: AttentionMetadata) -> torch.Tensor:
         """residual: the step's embeddings [T, hidden] (updated in place); returns the final norm."""
@@ -76,6 +83,29 @@ class NativeStack:
                                     len(attn.groups), scratch.data_ptr(), self.final_norm.data_ptr(),
                                     out.data_ptr())
         return out
+
+    def greedy_steps(self, embedding, head, rope: torch.Tensor, token: int, position: int, block_table: list[int],
+                     steps: int, stops: tuple[int, ...]) -> list[int]:
+        """Up to `steps` greedy decode steps of one sequence in one native call (mcpd_greedy_steps):
+        token, its last sampled token, goes to `position`; block_table must give every position
+        written a slot. Ends after a token of stops. The tokens chosen, each the argmax of the
+        logits the step-by-step path computes: the same kernels in the same order."""
+        if self.greedy_buffers is None:   # [residual, hidden] of the model dtype, then the logits
+            self.greedy_buffers = (torch.empty(2, self.final_norm.shape[0], dtype=self.final_norm.dtype),
+                                   torch.empty(head.n, dtype=torch.float32))
+        rows, logits = self.greedy_buffers
+        tied = not isinstance(embedding, torch.Tensor)   # a tied head's packed panels
+        table, stop_ids, tokens = array.array("q", block_table), array.array("q", stops), array.array("q", bytes(8 * steps))
+        described = Greedy(embedding.panels.data_ptr() if tied else embedding.data_ptr(), 0 if tied else embedding.shape[0],
+                           head.panels.data_ptr(), _address(head.scales), head.n, self.final_norm.data_ptr(),
+                           rope.data_ptr(), table.buffer_info()[0], len(table))
+        count = self.lib.mcpd_greedy_steps(self.code, ctypes.byref(self.shape), self.layers, len(self.layers),
+                                           ctypes.byref(described), token, position, steps, stop_ids.buffer_info()[0],
+                                           len(stop_ids), self._scratch(1).data_ptr(), rows[0].data_ptr(),
+                                           rows[1].data_ptr(), logits.data_ptr(), tokens.buffer_info()[0])
+        if count < 0:
+            raise IndexError(f"token {token} or positions {position}..{position + steps - 1} outside the model or table")
+        return tokens[:count].tolist()
 
     def _scratch(self, rows: int) -> torch.Tensor:
         """The stack's scratch for a step of `rows` rows, not a region of the device pool. Steps of
