@@ -58,3 +58,30 @@ def test_after_a_pause_a_neighbour_is_found_within_a_few_steps():
     # the neighbour came during the pause; the burst's first step is a prefill
     serve(tuner, {1: 0.010, 2: 0.015}.get, 2 * TRIAL + 1, tokens=lambda step: 128 if step == 0 else 1)
     assert tuner.current == 1
+
+
+def test_bursts_bring_the_next_trial_nearer_and_are_never_measured():
+    """Engine._run_burst: a burst counts as its steps towards the next trial (skip), but stops
+    short of the steps a trial compares (measuring), which the engine then runs one by one."""
+    tuner = ThreadTuner(2, None)
+    set_to = []
+    tuner.set_threads = set_to.append
+    assert not tuner.measuring
+    skipped = 0
+    while not tuner.measuring:   # bursts of 7 tokens, as an engine would run them
+        tuner.skip(7)
+        skipped += 7
+    assert skipped >= PERIOD - TRIAL - 1 and tuner.steps == PERIOD - TRIAL - 1 and set_to == []
+    for _ in range(TRIAL + 1):   # the steps compared with the trial, then the first that tries
+        tuner.observe(1, 0.015)
+    assert set_to == [1] and tuner.measuring
+    for _ in range(TRIAL):
+        tuner.observe(1, 0.010)
+    assert tuner.current == 1 and not tuner.measuring
+
+
+def test_after_a_pause_the_tuner_measures_before_any_burst():
+    tuner = ThreadTuner(2, lambda count: None)
+    tuner.resume(idle_seconds=5.0)
+    assert tuner.measuring
+    assert not ThreadTuner(1, None).measuring   # one thread: nothing to measure

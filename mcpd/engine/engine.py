@@ -189,8 +189,10 @@ class Engine:
         take it out of all but one. Only for one greedy sequence with nobody waiting (a burst
         holds a newcomer back by its length), no logprobs (they are Python's), and only over the
         slots its blocks already have, none filling a block: a full block is cached under the
-        hash of its tokens when it is scheduled (KVCache.grow), before the burst has chosen them."""
-        if self.decode_burst < 2 or len(batch) != 1 or self.scheduler.waiting:
+        hash of its tokens when it is scheduled (KVCache.grow), before the burst has chosen them.
+        Not while the thread tuner measures (ThreadTuner.measuring)."""
+        if (self.decode_burst < 2 or len(batch) != 1 or self.scheduler.waiting
+                or (self.thread_tuner is not None and self.thread_tuner.measuring)):
             return 1
         seq, count = batch[0]
         params = seq.params
@@ -212,8 +214,8 @@ class Engine:
         tokens = self.model.greedy_steps(seq.token_ids[-1], seq.num_computed, seq.block_table, steps, stops)
         self.kv.step_ran()
         self.last_step_end = time.perf_counter()
-        if self.thread_tuner is not None:   # per token: a burst's length varies, a token's work does not
-            self.thread_tuner.observe(1, (self.last_step_end - started) / len(tokens))
+        if self.thread_tuner is not None:
+            self.thread_tuner.skip(len(tokens))
         outputs = []
         for token in tokens:
             seq.num_computed += 1

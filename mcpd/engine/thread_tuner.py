@@ -47,6 +47,23 @@ class ThreadTuner:
         # the trial starts after TRIAL + 1 steps: the burst's first is a prefill, like no step after it
         self.steps, self.downward = PERIOD - TRIAL - 1, True
 
+    @property
+    def measuring(self) -> bool:
+        """Whether the coming steps are a trial's or the ones it is compared with. The engine then
+        runs plain steps, not bursts (Engine._burst_length): a trial is decided in TRIAL steps, and
+        bursts would stretch those to ~TRIAL bursts' tokens (a W1 request after a pause ran its
+        first ~45 tokens on both threads beside a busy neighbour: busy W1 103-115 tok/s, against
+        142-184 on one thread), and mix bursts and single steps, whose tokens cost apart."""
+        return self.most > 1 and (self.trying is not None or self.steps % PERIOD >= PERIOD - TRIAL - 1)
+
+    def skip(self, steps: int) -> None:
+        """A burst of `steps` decode steps ran (Engine._run_burst): they bring the next trial
+        nearer as that many steps would, up to the steps that measure it, and are compared with
+        nothing. Counted by calls, a trial came every 128 bursts (~650 tokens), and one lost to a
+        noisy baseline cost a whole W1 answer on the wrong thread count."""
+        window = self.steps - self.steps % PERIOD + PERIOD - TRIAL - 1
+        self.steps = min(self.steps + steps, window)
+
     def observe(self, tokens: int, seconds: float) -> None:
         """A step that computed `tokens` tokens took `seconds`."""
         self.steps += 1
