@@ -1,4 +1,5 @@
-"""A Llama model's whole decoder stack as one native call (mcpd_decoder_stack in kernels.c).
+"""A Llama model's whole decoder stack as one native call (mcpd_decoder_stack in kernels.c), and
+a lone sequence's greedy decode steps, several in one call (mcpd_greedy_steps).
 
 Calling the nine kernels of each layer one by one from Python cost about as much as running the
 small ones (ctypes, a torch tensor for every result, attribute lookups): tens of microseconds a
