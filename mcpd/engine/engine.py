@@ -91,7 +91,8 @@ class Engine:
         self.scheduler = BatchScheduler(config.engine, self.kv)
         self.sampler = Sampler(self.device, self.model.kernels.argmax)
         self.decode_arrays = DecodeArrays()
-        self.decode_burst = config.engine.decode_burst
+        # 1 where the model cannot run greedy steps natively; asked once: its weights are placed by now
+        self.decode_burst = config.engine.decode_burst if getattr(self.model, "runs_greedy_steps", False) else 1
         # From the process's own count, not the current one, which an earlier engine's tuner may have set.
         torch.set_num_threads(PROCESS_THREADS)
         self.thread_tuner = (ThreadTuner(PROCESS_THREADS, partial(threads.set_count, most=PROCESS_THREADS))
@@ -196,8 +197,7 @@ class Engine:
             return 1
         seq, count = batch[0]
         params = seq.params
-        if (count != 1 or seq.num_pending != 1 or not seq.num_completion_tokens or not params.greedy
-                or params.logprobs or not getattr(self.model, "runs_greedy_steps", False)):
+        if count != 1 or seq.num_pending != 1 or not seq.num_completion_tokens or not params.greedy or params.logprobs:
             return 1
         block_size, slots = self.kv.block_size, len(seq.block_table) * self.kv.block_size
         most = min(self.decode_burst, params.max_tokens - seq.num_completion_tokens)

@@ -950,7 +950,7 @@ int64_t mcpd_greedy_steps(int dtype, const mcpd_shape *s, const mcpd_layer *laye
                           const mcpd_greedy *g, int64_t token, int64_t position, int64_t steps,
                           const int64_t *stops, int64_t num_stops, void *scratch, void *residual, void *hidden,
                           float *logits, int64_t *out_tokens) {
-    size_t row_bytes = (size_t)s->hidden * (dtype == F32 ? 4 : 2);
+    int64_t row_bytes = s->hidden * (dtype == F32 ? 4 : 2);
     int64_t embedding_rows = g->rows ? g->rows : g->vocab;
     if (token < 0 || token >= embedding_rows || position < 0 || position + steps > g->table_len * s->block_size)
         return -1;
@@ -958,7 +958,7 @@ int64_t mcpd_greedy_steps(int dtype, const mcpd_shape *s, const mcpd_layer *laye
     mcpd_group one = {1, 0, 1, g->table_len, g->table, &lens, NULL, NULL, NULL};
     for (int64_t n = 0; n < steps; n++) {
         int64_t at = position + n;
-        if (g->rows) memcpy(residual, (const char *)g->embedding + token * row_bytes, row_bytes);
+        if (g->rows) mcpd_rows(g->embedding, row_bytes, g->rows, &token, 1, residual);   /* in range: checked */
         else mcpd_embedding(dtype, g->embedding, s->hidden, &token, 1, residual);
         slot_block = g->table[at / s->block_size], slot_offset = at % s->block_size, lens = at + 1;
         mcpd_decoder_stack(dtype, s, layers, num_layers, 1, residual, g->rope, &at, &slot_block, &slot_offset, &one,
