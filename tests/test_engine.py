@@ -309,3 +309,11 @@ def test_no_burst_while_a_request_waits_or_samples():
     for requests in ({"a": ("one", GREEDY), "b": ("two", GREEDY)}, {"s": ("three", sampled)},
                      {"l": ("four", with_logprobs)}):
         assert all(len(out.token_ids) <= 1 for outs in run(engine, requests).values() for out in outs)
+
+
+@pytest.mark.parametrize("token, position, table", [(2**63 - 1, 0, [0]), (-1, 0, [0]), (5, 10, [0]), (5, -3, [0]),
+                                                     (5, 0, [])])
+def test_greedy_steps_refuse_a_token_or_position_outside_the_model_or_table(token, position, table):
+    model = make_engine(kernels="native").model
+    with pytest.raises(IndexError, match="outside the model or table"):
+        model.greedy_steps(token, position, table, 8, ())

@@ -952,7 +952,8 @@ int64_t mcpd_greedy_steps(int dtype, const mcpd_shape *s, const mcpd_layer *laye
                           float *logits, int64_t *out_tokens) {
     int64_t row_bytes = s->hidden * (dtype == F32 ? 4 : 2);
     int64_t embedding_rows = g->rows ? g->rows : g->vocab;
-    if (token < 0 || token >= embedding_rows || position < 0 || position + steps > g->table_len * s->block_size)
+    if (token < 0 || token >= embedding_rows || steps < 0 || position < 0
+        || position > g->table_len * s->block_size - steps)   /* no overflow for any position */
         return -1;
     int64_t lens, slot_block, slot_offset;
     mcpd_group one = {1, 0, 1, g->table_len, g->table, &lens, NULL, NULL, NULL};
