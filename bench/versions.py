@@ -13,7 +13,7 @@ Then, on the idle node (one client, one request at a time): the primary's p50 la
 shadow on b against none, as `shadow_p50_overhead_frac` (target <= 0.05). The shadow runs on its
 own worker; on a machine with few cores it competes with the primary's for them.
 
-Split routing needs no daemon (scheduling/traffic.py is what the scheduler runs): 10,000 tenants
+Split routing needs no daemon (daemon/scheduler/traffic.py is what the scheduler runs): 10,000 tenants
 over weights 90/10 and 50/50, `split_max_deviation` the largest gap between a version's share and
 its weight (target <= 0.01); each tenant routed twice must land on the same version
 (`split_stable`), and moving the weights from 90/10 to 80/20 should move about a tenth of them,
@@ -35,7 +35,7 @@ import json
 import time
 
 from mcpd.percentile import percentile
-from mcpd.scheduling.traffic import split_choice
+from mcpd.daemon.scheduler.traffic import split_choice
 from mcpd.testing import Daemon, SteadyLoad
 from quantized import measure as int8_figures
 

@@ -9,7 +9,7 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    from mcpd.daemon.supervisor import main as supervise
+    from mcpd.daemon.supervisor.process import main as supervise
     return supervise(argv)
 
 

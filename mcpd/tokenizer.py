@@ -1,5 +1,5 @@
 """Tokenizers: text <-> token ids, and chat messages -> prompt text. Free of torch: the scheduler
-tokenizes each prompt once (scheduling/prompt_tokens.py), the worker's engine detokenizes.
+tokenizes each prompt once (daemon/scheduler/prompt_tokens.py), the worker's engine detokenizes.
 
 Chat templates are Jinja programs shipped inside model directories, i.e. untrusted code: they run
 in Jinja's immutable sandbox with the same helpers transformers provides (raise_exception,

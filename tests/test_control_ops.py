@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 import mcpd
-from mcpd.daemon import scheduler_admin
-from mcpd.daemon.admin import Admin
+from mcpd.daemon.scheduler import admin as scheduler_admin
+from mcpd.daemon.supervisor.admin import Admin
 from mcpd.protocol import codes, control_ops
 from mcpd.protocol.codes import MCPDError
 from mcpd.protocol.control_ops import Access, Place

@@ -63,7 +63,7 @@ def test_no_import_statement_points_back(package, forbidden):
 
 def test_the_scheduler_tokenizes_without_torch():
     """It tokenizes each prompt (mcpd/tokenizer.py); torch is the workers' alone."""
-    modules = loaded_after("import mcpd.daemon.scheduler_loop, mcpd.tokenizer")
+    modules = loaded_after("import mcpd.daemon.scheduler.process, mcpd.tokenizer")
     assert "mcpd.tokenizer" in modules and "tokenizers" in modules
     assert under(modules, "torch", "mcpd.models", "mcpd.engine", "jinja2") == []   # jinja2: chat templates only
 
@@ -90,18 +90,18 @@ def test_building_a_model_skeleton_does_not_load_torch_dynamo():
 
 
 def test_the_supervisor_loads_no_torch():
-    """It only starts and watches processes (supervisor.py: no CUDA context, no torch's start-up
+    """It only starts and watches processes (daemon/supervisor/: no CUDA context, no torch's start-up
     cost); the pool segment it reads for `reclaim` imports torch only where a pool's bytes are used."""
-    modules = loaded_after("import mcpd.daemon.supervisor")
+    modules = loaded_after("import mcpd.daemon.supervisor.process")
     assert "mcpd.memory.pool_segment" in modules   # the probe ran what it should
     assert under(modules, "torch") == []
 
 
 def test_the_supervisor_loads_prometheus_client_only_for_a_metrics_endpoint():
     """[metrics] listen is off by default; prometheus_client is 0.04 s of CPU at every start."""
-    modules = loaded_after("import mcpd.daemon.supervisor")
-    assert "mcpd.daemon.supervisor" in modules   # the probe ran what it should
-    assert under(modules, "prometheus_client", "mcpd.daemon.metrics") == []
+    modules = loaded_after("import mcpd.daemon.supervisor.process")
+    assert "mcpd.daemon.supervisor.process" in modules   # the probe ran what it should
+    assert under(modules, "prometheus_client", "mcpd.daemon.supervisor.metrics") == []
 
 
 def test_a_cpu_pool_keeper_sizes_and_makes_its_pool_without_torch(tmp_path):
@@ -120,8 +120,8 @@ def test_a_cpu_pool_keeper_sizes_and_makes_its_pool_without_torch(tmp_path):
 
 def test_the_front_end_loads_aiohttp_only_for_an_http_listener():
     """aiohttp is 0.15 s of the front-end's CPU at every start; most daemons open no [http] listener."""
-    modules = loaded_after("import mcpd.daemon.frontend")
-    assert "mcpd.daemon.frontend" in modules   # the probe ran what it should
+    modules = loaded_after("import mcpd.daemon.frontend.process")
+    assert "mcpd.daemon.frontend.process" in modules   # the probe ran what it should
     assert under(modules, "aiohttp", "mcpd.http.server", "torch") == []
 
 
@@ -129,6 +129,6 @@ def test_the_front_end_loads_neither_the_contexts_nor_numpy():
     """It relays requests and replies; contexts live in the scheduler. Importing
     mcpd.contexts.service for tenant_of loaded the store, the host cache, zstandard and numpy:
     0.1 s of the front-end's CPU at every start."""
-    modules = loaded_after("import mcpd.daemon.frontend")
+    modules = loaded_after("import mcpd.daemon.frontend.process")
     assert "mcpd.protocol.tenant" in modules   # the probe ran what it should
     assert under(modules, "mcpd.contexts", "numpy", "zstandard") == []

@@ -8,7 +8,7 @@ import pytest
 from mcpd.config import LimitsConfig
 from mcpd.daemon import messages
 from mcpd.daemon.child_stats import FrontendStats, SchedulerStats, WorkerStats
-from mcpd.daemon.worker_core import sampling_params
+from mcpd.daemon.worker.core import sampling_params
 from mcpd.engine import SamplingParams
 from mcpd.protocol import ops
 from mcpd.protocol.args import BY_OP, CancelArgs, ContextUpdateArgs, GenerateArgs, PingArgs

@@ -6,7 +6,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from mcpd.client import Client
-from mcpd.daemon.request_metrics import MAX_TENANT_LABELS, OTHER_TENANTS, RequestMetrics
+from mcpd.daemon.frontend.request_metrics import MAX_TENANT_LABELS, OTHER_TENANTS, RequestMetrics
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import pytest
 
 from mcpd.protocol import codes
 from mcpd.protocol.codes import MCPDError
-from mcpd.scheduling.batching_window import ADJUST_EVERY
+from mcpd.daemon.scheduler.batching_window import ADJUST_EVERY
 from mcpd.testing import SteadyLoad, free_port
 from test_http import raw
 from test_metrics import scrape

@@ -8,7 +8,7 @@ import msgpack
 import pytest
 import zmq
 
-from mcpd.daemon.outbox import Outbox
+from mcpd.daemon.frontend.outbox import Outbox
 from mcpd.protocol import wire
 
 _endpoints = itertools.count()

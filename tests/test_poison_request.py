@@ -14,12 +14,12 @@ import zmq
 
 from mcpd.config import LimitsConfig, from_dict
 from mcpd.daemon import channels, child, messages
-from mcpd.daemon.scheduler_loop import SchedulerProcess
+from mcpd.daemon.scheduler.process import SchedulerProcess
 from mcpd.protocol import codes, ops
 from mcpd.protocol.args import GenerateArgs
-from mcpd.scheduling.job import Job
-from mcpd.scheduling.poison import PoisonList
-from mcpd.scheduling.router import WorkerSlot, room_for
+from mcpd.daemon.scheduler.job import Job
+from mcpd.daemon.scheduler.poison import PoisonList
+from mcpd.daemon.scheduler.router import WorkerSlot, room_for
 from mcpd.testing import final_reply
 
 INT64_MAX = (1 << 63) - 1
@@ -121,7 +121,7 @@ class InProcessNode:
     test plays the front-end: it sends requests to the scheduler and reads the finals."""
 
     def __init__(self):
-        from mcpd.daemon.worker import Worker
+        from mcpd.daemon.worker.process import Worker
 
         runtime_dir = tempfile.mkdtemp(prefix="mcpd-p-", dir="/tmp")
         config = from_dict({"server": {"runtime_dir": runtime_dir}, "cache": {"enabled": False},

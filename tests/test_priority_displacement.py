@@ -45,8 +45,8 @@ def test_critical_requests_displace_the_newest_low_ones_and_never_the_reverse(d)
 
 def test_the_displaced_request_is_the_newest_of_the_lowest_effective_rank():
     from mcpd.config import PriorityClass
-    from mcpd.scheduling.class_queues import ClassQueues
-    from mcpd.scheduling.job import Job
+    from mcpd.daemon.scheduler.class_queues import ClassQueues
+    from mcpd.daemon.scheduler.job import Job
 
     queues = ClassQueues({"high": PriorityClass(rank=2), "mid": PriorityClass(rank=1),
                           "low": PriorityClass(rank=0, max_age_s=10.0)}, fifo=False)

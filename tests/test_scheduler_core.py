@@ -11,7 +11,7 @@ import pytest
 from mcpd.config import from_dict
 from mcpd.daemon import messages
 from mcpd.daemon.child_stats import WorkerStats
-from mcpd.daemon.scheduler import Scheduler
+from mcpd.daemon.scheduler.core import Scheduler
 from mcpd.protocol import codes
 from mcpd.protocol.args import ContextOpenArgs, GenerateArgs, PingArgs
 

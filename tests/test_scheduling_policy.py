@@ -1,12 +1,12 @@
 """The scheduler's policies on their own (pure classes); its core is tested in test_scheduler_core.py."""
 
 from mcpd.config import PriorityClass
-from mcpd.daemon.peers import PeerTracker
-from mcpd.scheduling.batching_window import ADJUST_EVERY, BatchingWindow
-from mcpd.scheduling.class_queues import ClassQueues
-from mcpd.scheduling.degradation import DegradationLadder
-from mcpd.scheduling.job import Job
-from mcpd.scheduling.token_bucket import TokenBucket
+from mcpd.daemon.frontend.peers import PeerTracker
+from mcpd.daemon.scheduler.batching_window import ADJUST_EVERY, BatchingWindow
+from mcpd.daemon.scheduler.class_queues import ClassQueues
+from mcpd.daemon.scheduler.degradation import DegradationLadder
+from mcpd.daemon.scheduler.job import Job
+from mcpd.daemon.scheduler.token_bucket import TokenBucket
 
 CLASSES = {"high": PriorityClass(rank=2), "mid": PriorityClass(rank=1, max_age_s=10.0),
            "low": PriorityClass(rank=0, max_age_s=10.0)}

@@ -17,7 +17,7 @@ from mcpd.protocol import codes, wire
 from mcpd.protocol import delta as codec
 from mcpd.protocol.codes import MCPDError
 from mcpd.security import keys
-from mcpd.daemon.gate import Gate
+from mcpd.daemon.frontend.gate import Gate
 from mcpd.security.peer import PeerCred, is_admin, parse_peer_address
 from mcpd.testing import Daemon, run_as
 

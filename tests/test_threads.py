@@ -57,7 +57,7 @@ def test_workers_sharing_cores_sleep_at_once_however_brief_their_policy():
 
 
 def test_the_worker_imports_torch_only_after_setting_up_threads():
-    out = _python("import sys, mcpd.daemon.worker, mcpd.engine\n"
+    out = _python("import sys, mcpd.daemon.worker.process, mcpd.engine\n"
                   "print('torch' in sys.modules)\n"
                   "from mcpd.engine import threads\n"
                   "import torch\n"

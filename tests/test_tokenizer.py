@@ -9,7 +9,7 @@ from mcpd.engine.detokenizer import Detokenizer
 from mcpd.protocol import codes
 from mcpd.protocol.args import GenerateArgs
 from mcpd.protocol.codes import MCPDError
-from mcpd.scheduling.prompt_tokens import prompt_token_ids
+from mcpd.daemon.scheduler.prompt_tokens import prompt_token_ids
 from mcpd.tokenizer import ByteTokenizer, HFTokenizer
 from tiny_checkpoints import BOS, EOS, write_tokenizer
 

@@ -1,11 +1,11 @@
-"""The model table's traffic policies in-process (mcpd/scheduling/traffic.py): routing by name,
+"""The model table's traffic policies in-process (mcpd/daemon/scheduler/traffic.py): routing by name,
 split by weighted rendezvous hashing, promote, rollback, load and unload."""
 import pytest
 
 from mcpd.config import from_dict
 from mcpd.protocol import codes
 from mcpd.protocol.codes import MCPDError
-from mcpd.scheduling.traffic import Traffic, split_choice
+from mcpd.daemon.scheduler.traffic import Traffic, split_choice
 
 
 def table(**model):

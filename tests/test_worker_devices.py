@@ -4,7 +4,7 @@ pool), the model table's versions likewise, the CPU otherwise. The GPU count is 
 import pytest
 
 from mcpd.config import ConfigError, from_dict
-from mcpd.daemon import supervisor
+from mcpd.daemon.supervisor import process as supervisor
 
 
 @pytest.mark.parametrize("gpus, count, expected", [

@@ -48,7 +48,7 @@ class Context:
     busy_with: int | None = None      # rid of the generate running on it (updates wait their turn)
     worker_hint: int | None = None    # the worker that ran its last turn, and may still hold its KV
     # "model/version" whose KV its last turn left: a turn on another version does not reuse it
-    # (workers namespace KV by version: worker_core.py), it recomputes.
+    # (workers namespace KV by version: daemon/worker/core.py), it recomputes.
     kv_version: str | None = None
     last_used: float = field(default_factory=time.monotonic)
     # Kept up to date by commit, which touches only the fields a version changed: a commit to a

@@ -6,7 +6,7 @@ process), and the payload is bytes that travel as they are: a request's client f
 token ids, a reply header for a client. Where the frames go is channels.py's map.
 
     front-end → scheduler   Request (+ the client's payload)   Cancel
-    supervisor → scheduler  WorkerLost  Admin (scheduler_admin.py)  Reload (live_config.py)
+    supervisor → scheduler  WorkerLost  Admin (scheduler/admin.py)  Reload (live_config.py)
     scheduler → worker      Dispatch (its prompt's token ids; + a context turn's history: its
                             token ids, int32)   Cancel
     worker → scheduler      Hello  Started  Done  Stats  Failed;  a context turn's Chunk, Final
@@ -77,7 +77,7 @@ class Dispatch(Message):
     turn: bool                  # a context turn: its replies go back through the scheduler
     args: GenerateArgs | PingArgs
     prompt_ids: list[int] = []  # a generate's new prompt tokens, tokenized once by the scheduler
-    compare: bool = False       # a side of a shadow pair (scheduling/shadow.py): its replies go back
+    compare: bool = False       # a side of a shadow pair (scheduler/shadow.py): its replies go back
                                 # through the scheduler, which compares the two, as a turn's do
 
 

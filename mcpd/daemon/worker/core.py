@@ -1,6 +1,6 @@
 """The worker's core: one engine, the requests it runs, and what each has produced so far. It takes
 messages (on_message) and time (step, flush_done, with `clock`) and sends messages through its
-ports; worker.py owns the sockets and the process.
+ports; process.py owns the sockets and the process.
 
 Each turn of the worker's loop hands the core every message waiting from the scheduler (Dispatch
 and Cancel), then runs one engine step for all running sequences (continuous batching), and the
@@ -41,7 +41,7 @@ MAX_FAILED_STEPS = 3
 
 
 class Ports(Protocol):
-    """Where the core's messages go: sockets in the process (worker.py), lists in tests."""
+    """Where the core's messages go: sockets in the process (process.py), lists in tests."""
 
     def to_scheduler(self, frames: list[bytes]) -> None: ...
 
@@ -128,7 +128,7 @@ class WorkerCore:
 
     def _start_generate(self, dispatch: messages.Dispatch, args: GenerateArgs, payload: list[bytes]) -> None:
         history = np.frombuffer(payload[0], np.int32).tolist() if dispatch.turn else []
-        prompt_ids = dispatch.prompt_ids   # tokenized by the scheduler (scheduling/prompt_tokens.py)
+        prompt_ids = dispatch.prompt_ids   # tokenized by the scheduler (scheduler/prompt_tokens.py)
         max_tokens = dispatch.max_tokens_cap or args.max_tokens
         # The tenant namespaces the prefix cache: KV blocks are shared only within one tenant,
         # and within one version of one model: the host cache is shared by every worker, and

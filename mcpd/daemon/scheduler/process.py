@@ -1,4 +1,4 @@
-"""The scheduler process: its sockets and the loop that feeds the scheduler's core (scheduler.py).
+"""The scheduler process: its sockets and the loop that feeds the scheduler's core (core.py).
 
 The core decides everything and touches no socket; this owns the three sockets and the events
 reporter, hands the core every message, calls its tick after each wake-up, sends what the core
@@ -17,7 +17,7 @@ from mcpd.config import Config
 from mcpd.daemon import channels, child, messages
 from mcpd.daemon.batch import Batch, each_message, each_routed_message
 from mcpd.daemon.child_stats import SchedulerStats
-from mcpd.daemon.scheduler import Scheduler, WorkerGone
+from mcpd.daemon.scheduler.core import Scheduler, WorkerGone
 
 IDLE_POLL_MS = 100
 

@@ -23,10 +23,10 @@ import mcpd
 from mcpd import config as config_module, refusal
 from mcpd.config import LEGACY_NAME, Config, ConfigError
 from mcpd.daemon import channels, child as children, child_stats, log, messages, pool_keeper
-from mcpd.daemon.admin import Admin
-from mcpd.daemon.instance_lock import InstanceLock
-from mcpd.daemon.process_table import Child, ChildSpec, ProcessTable
-from mcpd.daemon.sdnotify import SystemdNotifier
+from mcpd.daemon.supervisor.admin import Admin
+from mcpd.daemon.supervisor.instance_lock import InstanceLock
+from mcpd.daemon.supervisor.process_table import Child, ChildSpec, ProcessTable
+from mcpd.daemon.supervisor.sdnotify import SystemdNotifier
 from mcpd.memory import host_segment, pool_segment
 from mcpd.models import architecture
 from mcpd.protocol import wire
@@ -84,13 +84,13 @@ class Supervisor:
         self.last_watchdog = 0.0
         devices = worker_devices(config)
         self.devices = devices
-        specs = [ChildSpec("frontend", 0, children.Entry("mcpd.daemon.frontend"), (config,)),
-                 ChildSpec("scheduler", 0, children.Entry("mcpd.daemon.scheduler_loop"), (config,))]
+        specs = [ChildSpec("frontend", 0, children.Entry("mcpd.daemon.frontend.process"), (config,)),
+                 ChildSpec("scheduler", 0, children.Entry("mcpd.daemon.scheduler.process"), (config,))]
         specs += [ChildSpec("keeper", i, pool_keeper.run, (config, i, d, devices.count(d)))
                   for i, d in enumerate(pool_keeper.shared_pool_devices(config, devices))]
         # [model] alone on GPUs: one worker per GPU, all of the one model's one version.
         versions = config.worker_versions() if config.models else [(config.default_model, LEGACY_NAME)] * len(devices)
-        specs += [ChildSpec("worker", i, children.Entry("mcpd.daemon.worker"), (config, i, d, *versions[i]),
+        specs += [ChildSpec("worker", i, children.Entry("mcpd.daemon.worker.process"), (config, i, d, *versions[i]),
                             standby=config.workers.standby)
                   for i, d in enumerate(devices)]
         self.table = ProcessTable(config, specs, self.log)
@@ -136,7 +136,7 @@ class Supervisor:
         only then: prometheus_client is 0.04 s of the supervisor's CPU at every start."""
         if not self.config.metrics.listen:
             return None
-        from mcpd.daemon import metrics
+        from mcpd.daemon.supervisor import metrics
 
         return metrics.serve(self, self.log)
 

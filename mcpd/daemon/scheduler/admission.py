@@ -21,11 +21,11 @@ from mcpd.config import SchedulerConfig
 from mcpd.protocol import codes
 from mcpd.protocol.args import GenerateArgs
 from mcpd.protocol.codes import MCPDError
-from mcpd.scheduling.class_queues import ClassQueues
-from mcpd.scheduling.degradation import DegradationLadder
-from mcpd.scheduling.fast_rung import FastRung
-from mcpd.scheduling.job import Job
-from mcpd.scheduling.rate_limiter import RateLimiter
+from mcpd.daemon.scheduler.class_queues import ClassQueues
+from mcpd.daemon.scheduler.degradation import DegradationLadder
+from mcpd.daemon.scheduler.fast_rung import FastRung
+from mcpd.daemon.scheduler.job import Job
+from mcpd.daemon.scheduler.rate_limiter import RateLimiter
 
 
 class Admission:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from mcpd.config import PriorityClass
-from mcpd.scheduling.job import Job
+from mcpd.daemon.scheduler.job import Job
 
 GROUP_SCAN = 64   # how far into a class queue a batch looks for jobs of the same length bin
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from mcpd.scheduling.job import Job
+from mcpd.daemon.scheduler.job import Job
 
 
 @dataclass

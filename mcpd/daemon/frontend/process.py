@@ -26,15 +26,15 @@ from mcpd.config import Config
 from mcpd.daemon import channels, child, live_config, messages
 from mcpd.daemon.batch import Batch, each_message
 from mcpd.daemon.child_stats import FrontendStats
-from mcpd.daemon.incoming import IncomingBytes, give_large_buffers_back
-from mcpd.daemon.latency import LatencyWindow
-from mcpd.daemon.outbox import Outbox
-from mcpd.daemon.peers import PeerTracker
-from mcpd.daemon.request_metrics import RequestMetrics
+from mcpd.daemon.frontend.incoming import IncomingBytes, give_large_buffers_back
+from mcpd.daemon.frontend.latency import LatencyWindow
+from mcpd.daemon.frontend.outbox import Outbox
+from mcpd.daemon.frontend.peers import PeerTracker
+from mcpd.daemon.frontend.request_metrics import RequestMetrics
 from mcpd.protocol import codes, ops, wire
 from mcpd.protocol.codes import MCPDError
 from mcpd.protocol.tenant import tenant_of
-from mcpd.daemon.gate import Gate
+from mcpd.daemon.frontend.gate import Gate
 from mcpd.http.frontend_link import LOCAL_IDENTITY, FrontendLink
 
 GUARD_S = 0.02   # how often the backlogs are retried and the unfinished messages checked

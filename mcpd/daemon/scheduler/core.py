@@ -1,8 +1,8 @@
 """The scheduler's core: admits requests by priority class, queues them, and hands each to a worker.
-It takes messages and time and sends messages through its ports; scheduler_loop.py owns the
+It takes messages and time and sends messages through its ports; process.py owns the
 sockets and the process.
 
-What it decides (policies in mcpd/scheduling/, one per file):
+What it decides (policies beside it in this package, one per file):
 - admission: class, limits, in-flight cap, per-client rate limits, degradation (admission.py);
   a request refused is answered at once (OVERLOADED / RATE_LIMITED with retry_after_ms).
 - order: the most important waiting request goes first, with aging (class_queues.py).
@@ -25,7 +25,7 @@ nothing to its client yet requeued once, as a suspect that then runs alone on a 
 and a suspect that fails again, are answered (WORKER_LOST, or INTERNAL with the engine's reason),
 so no request is left without a final reply (the front-end drops any duplicate) and one poison
 request costs two failures of its own, not its batch's requests nor a walk over every worker. A
-request that failed twice is remembered (scheduling/poison.py): sending it again is refused.
+request that failed twice is remembered (poison.py): sending it again is refused.
 """
 from __future__ import annotations
 
@@ -42,23 +42,23 @@ from mcpd.config import Config, SchedulerConfig
 from mcpd.contexts import service as contexts
 from mcpd.contexts.persistence import open_store
 from mcpd.contexts.service import ContextService
-from mcpd.daemon import channels, child, messages, scheduler_admin
+from mcpd.daemon import channels, child, messages
 from mcpd.histogram import LATENCY_BOUNDS, Histogram
 from mcpd.memory import host_segment
 from mcpd.protocol import codes, wire
 from mcpd.protocol.args import GenerateArgs
 from mcpd.protocol.codes import MCPDError
-from mcpd.scheduling import router
-from mcpd.scheduling.admission import Admission
-from mcpd.scheduling.batching_window import BatchingWindow
-from mcpd.scheduling.class_queues import ClassQueues
-from mcpd.scheduling.deadlines import Deadlines
-from mcpd.scheduling.job import Job
-from mcpd.scheduling.poison import PoisonList
-from mcpd.scheduling.prompt_tokens import prompt_token_ids
-from mcpd.scheduling.router import WorkerSlot
-from mcpd.scheduling.shadow import ShadowBook
-from mcpd.scheduling.traffic import Traffic
+from mcpd.daemon.scheduler import admin, router
+from mcpd.daemon.scheduler.admission import Admission
+from mcpd.daemon.scheduler.batching_window import BatchingWindow
+from mcpd.daemon.scheduler.class_queues import ClassQueues
+from mcpd.daemon.scheduler.deadlines import Deadlines
+from mcpd.daemon.scheduler.job import Job
+from mcpd.daemon.scheduler.poison import PoisonList
+from mcpd.daemon.scheduler.prompt_tokens import prompt_token_ids
+from mcpd.daemon.scheduler.router import WorkerSlot
+from mcpd.daemon.scheduler.shadow import ShadowBook
+from mcpd.daemon.scheduler.traffic import Traffic
 
 
 
@@ -72,7 +72,7 @@ class WorkerGone(Exception):
 
 
 class Ports(Protocol):
-    """Where the scheduler's messages go: sockets in the process (scheduler_loop.py), lists in tests."""
+    """Where the scheduler's messages go: sockets in the process (process.py), lists in tests."""
     events: child.EventReporter
 
     def to_frontend(self, frames: list[bytes]) -> None: ...
@@ -181,9 +181,9 @@ class Scheduler:
         elif isinstance(message, messages.WorkerLost):
             self._worker_lost(channels.worker_identity(message.index), message.pid)
         elif isinstance(message, messages.Admin):
-            scheduler_admin.handle(self, message)
+            admin.handle(self, message)
         elif isinstance(message, messages.Reload):
-            scheduler_admin.reload(self, message)
+            admin.reload(self, message)
 
     def _enqueue(self, job: Job) -> None:
         request = job.request
@@ -267,7 +267,7 @@ class Scheduler:
                 self.contexts.end_turn(job.context)
             raise
 
-    # -- model versions: load and unload (scheduler_admin.py) -----------------------------------
+    # -- model versions: load and unload (admin.py) -----------------------------------
 
     def load_version(self, model: str, version: str) -> None:
         self.traffic.load(model, version)

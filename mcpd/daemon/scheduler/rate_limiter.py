@@ -8,7 +8,7 @@ made-up identities costs bounded memory (a forgotten bucket comes back full, as 
 from __future__ import annotations
 
 from mcpd.config import PriorityClass
-from mcpd.scheduling.token_bucket import TokenBucket
+from mcpd.daemon.scheduler.token_bucket import TokenBucket
 
 MAX_BUCKETS = 65536
 

@@ -1,5 +1,5 @@
 """A worker process: its sockets, its engine, and the loop that feeds the worker's core
-(worker_core.py), which decides everything and touches no socket.
+(core.py), which decides everything and touches no socket.
 
 Each turn of the loop hands the core every message waiting from the scheduler, runs one engine
 step when the engine has work, and lets the core flush its Done note; when the engine is idle
@@ -18,7 +18,7 @@ from mcpd import cpu_features
 from mcpd.config import LEGACY_NAME, Config
 from mcpd.daemon import channels, child, live_config, messages
 from mcpd.daemon.batch import Batch, each_message
-from mcpd.daemon.worker_core import WorkerCore
+from mcpd.daemon.worker.core import WorkerCore
 from mcpd.refusal import StartRefused
 
 IDLE_POLL_MS = 100

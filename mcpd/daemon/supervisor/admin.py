@@ -22,7 +22,7 @@ import mcpd
 from mcpd import config as config_module
 from mcpd.config import Config, ConfigError
 from mcpd.daemon import live_config, messages, pool_keeper
-from mcpd.daemon.status import build_status
+from mcpd.daemon.supervisor.status import build_status
 from mcpd.memory.pool_segment import PoolBusy
 from mcpd.models import architecture
 from mcpd.protocol import codes, control_ops, wire

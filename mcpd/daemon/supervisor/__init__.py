@@ -1,0 +1,3 @@
+"""The supervisor, the `mcpd` process itself (process.py): it spawns and watches the others
+(process_table.py), answers mcpctl (admin.py, status.py), serves metrics (metrics.py), and
+speaks to systemd (sdnotify.py) under one lock per runtime and state directory (instance_lock.py)."""
