@@ -22,3 +22,23 @@ def test_device_cpu_ignores_the_gpus_and_cuda_needs_one(monkeypatch):
     with pytest.raises(ConfigError, match="no NVIDIA GPU"):
         supervisor.worker_devices(from_dict({"workers": {"device": "cuda"}}))
 
+
+
+@pytest.mark.parametrize("installed, value, visible", [
+    (4, None, 4), (4, "", 0), (4, "-1", 0), (4, "0", 1), (4, "2,1", 2), (4, "0,2,-1,1", 2), (4, " 1 , 3 ", 2),
+    (2, "0,1,2,3", 2), (2, "5", 0), (2, "1,1", 1), (2, "GPU-8932f937-d72c-4106-c12f-20bd9faed9f6", 1),
+    (1, "MIG-GPU-8932f937/1/0,MIG-GPU-8932f937/2/0", 1), (2, "GPU-a,0", 2), (2, "0,abc,1", 1), (0, "0", 0),
+    (4, "+1", 0), (4, "0x1", 0), (4, "\u00b2", 0)])
+def test_cuda_visible_devices_limits_the_gpus_as_cuda_reads_it(installed, value, visible):
+    assert supervisor.visible_gpus(installed, value) == visible
+
+
+def test_hidden_gpus_get_no_workers_and_cuda_without_a_visible_one_is_refused_by_name(monkeypatch):
+    monkeypatch.setattr(supervisor, "NVIDIA_GPUS", type("Dir", (), {"is_dir": lambda self: True,
+                                                                    "iterdir": lambda self: iter(["a", "b", "c"])})())
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,0")
+    assert supervisor.worker_devices(from_dict({"workers": {"count": 1}})) == ["cuda:0", "cuda:1"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert supervisor.worker_devices(from_dict({"workers": {"count": 2}})) == ["cpu", "cpu"]
+    with pytest.raises(ConfigError, match="CUDA_VISIBLE_DEVICES=''"):
+        supervisor.worker_devices(from_dict({"workers": {"device": "cuda"}}))

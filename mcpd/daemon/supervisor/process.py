@@ -51,11 +51,13 @@ def worker_devices(config: Config) -> list[str]:
 
     GPUs are counted from the driver's /proc entries (or, where a sandbox shows no /proc/driver,
     its /dev/nvidiaN nodes) so the supervisor never imports torch or touches CUDA (children are
-    spawned, but a CUDA context here would still cost memory).
+    spawned, but a CUDA context here would still cost memory), less those CUDA_VISIBLE_DEVICES
+    hides: a worker's cuda:i is the i-th device its torch sees.
     """
     gpus = count_gpus()
     if config.workers.device == "cuda" and gpus == 0:
-        raise ConfigError("workers.device = 'cuda' but no NVIDIA GPU is visible (/proc/driver/nvidia/gpus)")
+        raise ConfigError("workers.device = 'cuda' but no NVIDIA GPU is visible (/proc/driver/nvidia/gpus, "
+                          f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '(unset)')!r})")
     if config.workers.device != "cpu" and gpus:
         if config.models:   # each version's workers, spread over the GPUs
             return [f"cuda:{i % gpus}" for i in range(len(config.worker_versions()))]
@@ -64,9 +66,33 @@ def worker_devices(config: Config) -> list[str]:
 
 
 def count_gpus() -> int:
+    """The GPUs a worker's CUDA will see."""
     if NVIDIA_GPUS.is_dir():
-        return len(list(NVIDIA_GPUS.iterdir()))
-    return len([node for node in Path("/dev").glob("nvidia*") if node.name[len("nvidia"):].isdigit()])
+        installed = len(list(NVIDIA_GPUS.iterdir()))
+    else:
+        installed = len([node for node in Path("/dev").glob("nvidia*") if node.name[len("nvidia"):].isdigit()])
+    return visible_gpus(installed, os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+
+def visible_gpus(installed: int, visible_devices: str | None) -> int:
+    """How many of `installed` GPUs CUDA enumerates under CUDA_VISIBLE_DEVICES = `visible_devices`
+    (None: unset, all of them). As CUDA reads it: identifiers separated by commas, each an index
+    or a UUID (GPU-..., MIG-...); the list ends at the first that is not valid, so "0,2,-1,1"
+    shows two devices and "" or "-1" none. Counting more workers' devices than the children's
+    CUDA sees would start workers on devices that do not exist for them, each failing at every
+    restart. A UUID cannot be checked without the driver's library: it counts while the list
+    holds no more identifiers than GPUs. An identifier given twice ends the list too (fewer
+    workers, never one on a device that is not there)."""
+    if visible_devices is None:
+        return installed
+    seen: list[str] = []
+    for identifier in (part.strip() for part in visible_devices.split(",")):
+        is_index = identifier.isascii() and identifier.isdigit() and int(identifier) < installed
+        is_uuid = identifier.startswith(("GPU-", "MIG-")) and len(identifier) > 4
+        if not (is_index or is_uuid) or identifier in seen or len(seen) == installed:
+            break
+        seen.append(identifier)
+    return len(seen)
 
 
 class Supervisor:
