@@ -162,8 +162,9 @@ def test_a_dead_workers_standby_is_promoted_and_replaced(fresh_daemon):
 def test_a_removed_workers_regions_go_back_to_the_pool(fresh_daemon):
     """pool_keeper.reclaim, the supervisor's call when a worker index is removed, on a real
     daemon's pool: refused while the worker runs; once it is dead, its regions are freed and
-    its successor (here: the restart after the backoff) starts on fresh ones."""
-    d = fresh_daemon(workers={"count": 2, "restart_backoff_s": 10})
+    its successor starts on fresh ones. The backoff is far longer than the test: `workers.restart`
+    starts a worker waiting it out at once."""
+    d = fresh_daemon(workers={"count": 2, "restart_backoff_s": 3600, "restart_backoff_max_s": 3600})
     config = config_module.load(str(d.config_path))
     with pytest.raises(PoolBusy, match="still runs"):
         pool_keeper.reclaim(config, "cpu", 1)
@@ -176,6 +177,7 @@ def test_a_removed_workers_regions_go_back_to_the_pool(fresh_daemon):
     assert {r["owner"] for r in pool["regions"]} == {0}
     assert pool["in_use_bytes"] == sum(-(-r["bytes"] // pool_segment.MIN_BLOCK) * pool_segment.MIN_BLOCK
                                        for r in pool["regions"])
+    assert d.control("workers.restart", {"index": 1}) == {"index": 1, "old_pid": None, "restarts": 0}
     d.wait_until(lambda: d.pid_of("worker", 1) not in (None, old_pid) and d.status()["state"] == "ready", 60,
                  "worker 1 back")
     successor = next(w for w in d.status()["devices"] if w["worker"] == 1)

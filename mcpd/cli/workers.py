@@ -34,7 +34,8 @@ def cmd_restart(args) -> int:
     if args.wait:
         control.wait_for(args, f"worker {args.index} restart", lambda s: _restarting(s, result))
         result["new_pid"] = _worker(control.call(args, "status"), args.index)["pid"]
-    emit(args, result, lambda r: f"worker {r['index']} (pid {r['old_pid']}) restarting"
+    emit(args, result, lambda r: f"worker {r['index']} " + (f"(pid {r['old_pid']}) restarting" if r["old_pid"]
+                                                           else "starting now, not after its restart backoff")
                                  + (f"; serving again as pid {r['new_pid']}" if "new_pid" in r else ""))
     return control.EXIT_OK
 
