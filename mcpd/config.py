@@ -1,6 +1,6 @@
 """The daemon's configuration: one frozen dataclass tree, loaded once from TOML and passed down.
 
-Every process receives the same `Config` object (it pickles across the `spawn` start method), so
+Every process receives the same `Config` object (pickled to each child as it starts), so
 configuration flows one way: supervisor -> children. Validation happens here, at load time, and
 names the offending key and value so an operator can fix the file without reading code.
 """

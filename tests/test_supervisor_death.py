@@ -24,6 +24,13 @@ def exited(process: psutil.Process) -> bool:
         return True
 
 
+def gone(pid: int) -> bool:
+    try:
+        return exited(psutil.Process(pid))
+    except psutil.NoSuchProcess:
+        return True
+
+
 def kill_supervisor(d) -> None:
     children = [psutil.Process(p["pid"]) for p in d.processes() if p["role"] != "supervisor"]
     assert len(children) == 4   # front-end, scheduler, pool keeper, worker
@@ -58,3 +65,19 @@ def test_a_killed_daemons_segment_is_reclaimed_by_its_next_start_and_by_cleanup(
     kill_supervisor(d)
     d.cleanup()
     assert not segment.exists() and not pool.exists()
+
+
+def test_a_killed_fork_server_takes_the_children_and_they_all_come_back(fresh_daemon):
+    """The fork server (supervisor/process_table.py) is every child's parent: SIGKILLed, its
+    children die with it, and the supervisor restarts them through a new one."""
+    d = fresh_daemon()
+    before = {(p["role"], p["index"]): p["pid"] for p in d.processes() if p["role"] != "supervisor"}
+    server = psutil.Process(before[("frontend", 0)]).parent()
+    assert server.ppid() == d.process.pid and "forkserver" in " ".join(server.cmdline())
+    assert {psutil.Process(pid).ppid() for pid in before.values()} == {server.pid}
+    server.kill()
+    d.wait_until(lambda: all(p["pid"] not in (None, before[(p["role"], p["index"])]) and p["state"] == "running"
+                             for p in d.processes() if p["role"] != "supervisor"), 60, "every child restarted")
+    assert all(gone(pid) for pid in before.values())
+    with d.client() as client:
+        assert client.ping()["pong"] is True

@@ -27,9 +27,10 @@ REPORT_LINGER_MS = 1000
 
 @dataclass(frozen=True)
 class Entry:
-    """A child's entry point by name, imported in the child: the supervisor spawns the front-end,
-    scheduler and workers without importing what they run (aiohttp, the tokenizer, the engine's
-    modules: 0.25 s of its CPU before it can spawn anyone, at every start)."""
+    """A child's entry point by name: the supervisor starts the front-end, scheduler and workers
+    without importing what they run (aiohttp, the tokenizer, the engine's modules: 0.25 s of its
+    CPU before it could start anyone, at every start); the fork server imports the modules, once
+    (supervisor/process_table.py)."""
     module: str
     function: str = "run"
 
@@ -47,6 +48,14 @@ def start(role: str, config: Config) -> logging.Logger:
 
 def _die_with_parent() -> None:
     # If the supervisor is SIGKILLed no one else will stop us, and we would hold the GPU and ports.
+    # Our parent is the fork server (process_table.py), which lives while anyone holds its "alive"
+    # pipe: multiprocessing gives every forked child a copy, for children that start processes
+    # themselves. Ours start none, and holding it kept the server, so every child, alive after a
+    # SIGKILLed supervisor: let go, the server exits with the supervisor and we with it.
+    from multiprocessing import forkserver
+    if getattr(forkserver._forkserver, "_forkserver_alive_fd", None) is not None:
+        os.close(forkserver._forkserver._forkserver_alive_fd)
+        forkserver._forkserver._forkserver_alive_fd = None
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)

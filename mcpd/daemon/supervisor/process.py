@@ -1,4 +1,4 @@
-"""`mcpd`: the supervisor. Loads the config, spawns and watches the children, talks to systemd,
+"""`mcpd`: the supervisor. Loads the config, starts and watches the children, talks to systemd,
 drains and stops on SIGTERM/SIGINT, and answers `mcpctl` on the control socket.
 
 Start-up is where the daemon claims its places, and refuses (refusal.py: exit status and reason
@@ -50,8 +50,8 @@ def worker_devices(config: Config) -> list[str]:
     device; several on one share its pool); with [models], each version's workers likewise.
 
     GPUs are counted from the driver's /proc entries (or, where a sandbox shows no /proc/driver,
-    its /dev/nvidiaN nodes) so the supervisor never imports torch or touches CUDA (children are
-    spawned, but a CUDA context here would still cost memory), less those CUDA_VISIBLE_DEVICES
+    its /dev/nvidiaN nodes) so the supervisor never imports torch or touches CUDA (it forks no
+    child, but a CUDA context here would still cost memory), less those CUDA_VISIBLE_DEVICES
     hides: a worker's cuda:i is the i-th device its torch sees.
     """
     gpus = count_gpus()
