@@ -5,10 +5,12 @@ from the supervisor would inherit its ZeroMQ context and I/O threads, which are 
 The fork server is a process of its own, started with the first child, that imports the modules
 the children run (their entry points: no torch, no CUDA, no ZeroMQ context or thread at import)
 and nothing else, then forks each child from that state. A child so starts with its imports
-done: a daemon's start took 2.8 s of CPU spawned (each child a fresh interpreter importing its
-modules) and 1.9-2.0 s forked, READY 2.1-2.25 s against 1.6-1.8 s, and a front-end, scheduler
-or keeper restart costs ~0.03 s of CPU instead of ~0.25. A worker imports torch after the fork,
-having set OpenMP's environment first (mcpd/engine/threads.py), as before.
+done: spawned, each was a fresh interpreter importing its modules. Measured on the issues'
+2-vCPU machine: a start, a ping and a stop of a test daemon cost 2.51-2.55 s of CPU
+machine-wide against 2.54-3.02 spawned, in the same ~2.0-2.1 s (the worker, the long pole,
+now waits for the server's imports before it imports torch); a front-end, scheduler or keeper
+restart ~0.03 s of CPU instead of ~0.25. A worker imports torch after the fork, having set
+OpenMP's environment first (mcpd/engine/threads.py), as before.
 
 The fork server is the parent of every child, and part of the supervisor: it exits when the
 supervisor dies (child.start closes the children's hold on it), which takes the children with it
