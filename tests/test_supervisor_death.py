@@ -1,6 +1,7 @@
 """The supervisor dying (SIGKILL, no chance to clean up) takes every child with it, and what it
 could not clean up (its host cache segment in /dev/shm) is reclaimed: by its next start on the
-same runtime dir, and by the test's cleanup."""
+same runtime dir, and by the test's cleanup. The fork server the children come from
+(supervisor/process_table.py) lives and dies with the supervisor and takes them along."""
 import os
 import signal
 import time
@@ -81,3 +82,14 @@ def test_a_killed_fork_server_takes_the_children_and_they_all_come_back(fresh_da
     assert all(gone(pid) for pid in before.values())
     with d.client() as client:
         assert client.ping()["pong"] is True
+
+
+def test_a_stopped_daemon_leaves_no_process_the_fork_server_included(fresh_daemon):
+    d = fresh_daemon()
+    children = [p["pid"] for p in d.processes() if p["role"] != "supervisor"]
+    server = psutil.Process(children[0]).parent().pid
+    assert d.stop() == 0
+    deadline = time.monotonic() + 5
+    while not all(gone(pid) for pid in [server, *children]) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert [pid for pid in [server, *children] if not gone(pid)] == []
