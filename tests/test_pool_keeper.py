@@ -177,7 +177,9 @@ def test_a_removed_workers_regions_go_back_to_the_pool(fresh_daemon):
     assert {r["owner"] for r in pool["regions"]} == {0}
     assert pool["in_use_bytes"] == sum(-(-r["bytes"] // pool_segment.MIN_BLOCK) * pool_segment.MIN_BLOCK
                                        for r in pool["regions"])
-    assert d.control("workers.restart", {"index": 1}) == {"index": 1, "old_pid": None, "restarts": 0}
+    restarted = d.mcpctl("workers", "restart", "1", "--wait")   # the control op, as an operator sends it
+    assert restarted.returncode == 0, restarted.stderr
+    assert "worker 1 starting now, not after its restart backoff; serving again as pid" in restarted.stdout
     d.wait_until(lambda: d.pid_of("worker", 1) not in (None, old_pid) and d.status()["state"] == "ready", 60,
                  "worker 1 back")
     successor = next(w for w in d.status()["devices"] if w["worker"] == 1)
