@@ -177,10 +177,23 @@ class InProcessNode:
 
 @pytest.fixture
 def node(monkeypatch):
+    """The node's worker sets up its process's threads as a worker does (threads.configure):
+    OpenMP's variables, and, when torch has not loaded yet, OpenMP's binding of the main thread
+    to one core. Its process is pytest's here, and every later test in it (and every process it
+    starts) inherited that: test_threads' binding test, run after this file alone, found one core
+    and skipped. So torch loads first (the setup then binds nothing), and the variables and the
+    cores are put back afterwards."""
+    import torch   # noqa: F401 -- OpenMP loaded before the worker's thread setup, as in a worker built in-process
+    environment, cores = dict(os.environ), os.sched_getaffinity(0)
     monkeypatch.setattr(child, "start", lambda role, config: logging.getLogger(role))   # no PDEATHSIG here
     made = InProcessNode()
-    yield made
-    made.close()
+    try:
+        yield made
+    finally:
+        made.close()
+        os.environ.clear()
+        os.environ.update(environment)
+        os.sched_setaffinity(0, cores)
 
 
 def test_an_engine_step_that_raises_costs_only_its_cause(node):
