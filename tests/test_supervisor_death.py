@@ -93,3 +93,19 @@ def test_a_stopped_daemon_leaves_no_process_the_fork_server_included(fresh_daemo
     while not all(gone(pid) for pid in [server, *children]) and time.monotonic() < deadline:
         time.sleep(0.01)
     assert [pid for pid in [server, *children] if not gone(pid)] == []
+
+
+def test_the_fork_server_ignores_sigterm_and_its_children_do_not(fresh_daemon):
+    """A SIGTERM to the daemon's whole process group (`timeout`, a shell's `kill %1`) must not
+    kill the fork server, and so every child mid-cleanup; the children still stop on theirs."""
+    d = fresh_daemon()
+    worker, frontend = d.pid_of("worker"), d.pid_of("frontend")
+    server = psutil.Process(worker).parent()
+    server.send_signal(signal.SIGTERM)
+    os.kill(worker, signal.SIGTERM)
+    d.wait_until(lambda: d.pid_of("worker") not in (None, worker) and d.status()["state"] == "ready", 60,
+                 "the worker back")
+    assert server.is_running() and not exited(server)
+    assert d.pid_of("frontend") == frontend   # the server's other children lived on
+    with d.client() as client:
+        assert client.ping()["pong"] is True

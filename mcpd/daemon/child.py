@@ -43,6 +43,7 @@ def start(role: str, config: Config) -> logging.Logger:
     _die_with_parent()
     # Ctrl-C in a terminal reaches the whole process group; only the supervisor decides to stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)   # the fork server ignores it (supervisor/fork_server.py)
     return log.setup(role, config.server.log_level)
 
 

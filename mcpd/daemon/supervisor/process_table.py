@@ -15,7 +15,7 @@ OpenMP's environment first (mcpd/engine/threads.py), as before.
 The fork server is the parent of every child, and part of the supervisor: it exits when the
 supervisor dies (child.start closes the children's hold on it), which takes the children with it
 (their death signal); if it alone is killed the children die, the supervisor restarts them and
-multiprocessing starts a new fork server.
+multiprocessing starts a new fork server. It ignores SIGTERM (fork_server.py).
 """
 from __future__ import annotations
 
@@ -90,7 +90,8 @@ class ProcessTable:
     def __init__(self, config: Config, specs: list[ChildSpec], log: logging.Logger):
         self.config, self.log = config, log
         self.children = [Child(spec, backoff_s=config.workers.restart_backoff_s) for spec in specs]
-        FORK_SERVER.set_forkserver_preload(sorted({_module_of(spec.target) for spec in specs}))
+        FORK_SERVER.set_forkserver_preload([*sorted({_module_of(spec.target) for spec in specs}),
+                                            "mcpd.daemon.supervisor.fork_server"])
 
     def start_all(self) -> None:
         for child in self.children:
