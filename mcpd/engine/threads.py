@@ -98,6 +98,12 @@ def start_team() -> None:
     _MAIN_PLACE = os.sched_getaffinity(0)
 
 
+def owned_cores() -> list[int]:
+    """The cores this worker owns (configure()'s share): after start_team the main thread's own
+    affinity is one of them, which a log line would misreport as the worker's."""
+    return list(_OWNED) if _OWNED is not None else sorted(os.sched_getaffinity(0))
+
+
 def set_count(count: int, most: int) -> None:
     """Run steps on `count` of the worker's `most` threads (the thread tuner's choice): the main
     thread bound to its core at `most`, free to go to any of the worker's cores below it."""

@@ -76,8 +76,7 @@ class Worker:
         if device == "cpu":
             torch.set_num_threads(count)
             threads.start_team()
-            self.log.info("%d threads on cores %s, OpenMP wait policy %s", count,
-                          sorted(os.sched_getaffinity(0)),
+            self.log.info("%d threads on cores %s, OpenMP wait policy %s", count, threads.owned_cores(),
                           workers.wait_policy if policy_applies else "as loaded (torch came first)")
         from mcpd.engine.host_kv import HostKV
         from mcpd.memory import host_segment
