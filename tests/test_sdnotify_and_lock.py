@@ -8,9 +8,17 @@ from mcpd.testing import BIN
 pytestmark = pytest.mark.slow   # each test starts and stops a daemon of its own
 
 
-def test_ready_then_stopping_and_clean_exit(fresh_daemon):
+def test_ready_then_stopping_and_a_clean_exit_after_inflight_requests_finish(fresh_daemon):
     d = fresh_daemon()
     assert "READY=1" in d.notifications
+    with d.client() as client:
+        stream = client.generate("drain", max_tokens=60, temperature=0, ignore_eos=True, stream=True)
+        iterator = iter(stream)
+        next(iterator)
+        d.process.terminate()
+        rest = list(iterator)
+    assert stream.result is not None and stream.result.completion_tokens == 60
+    assert rest
     assert d.stop() == 0
     assert "STOPPING=1" in d.notifications
     assert d.notifications.index("STOPPING=1") > d.notifications.index("READY=1")
@@ -33,16 +41,3 @@ def test_bad_config_names_key_and_value(tmp_path):
     path.write_text('[workers]\ncount = "two"\n')
     done = subprocess.run([str(BIN / "mcpd"), "--config", str(path)], capture_output=True, text=True, timeout=30)
     assert done.returncode == 2 and "workers.count = 'two'" in done.stderr
-
-
-def test_sigterm_lets_inflight_requests_finish(fresh_daemon):
-    d = fresh_daemon()
-    with d.client() as client:
-        stream = client.generate("drain", max_tokens=60, temperature=0, ignore_eos=True, stream=True)
-        iterator = iter(stream)
-        next(iterator)
-        d.process.terminate()
-        rest = list(iterator)
-    assert stream.result is not None and stream.result.completion_tokens == 60
-    assert rest
-    assert d.stop() == 0
