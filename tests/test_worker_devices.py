@@ -28,7 +28,8 @@ def test_device_cpu_ignores_the_gpus_and_cuda_needs_one(monkeypatch):
     (4, None, 4), (4, "", 0), (4, "-1", 0), (4, "0", 1), (4, "2,1", 2), (4, "0,2,-1,1", 2), (4, " 1 , 3 ", 2),
     (2, "0,1,2,3", 2), (2, "5", 0), (2, "1,1", 1), (2, "GPU-8932f937-d72c-4106-c12f-20bd9faed9f6", 1),
     (1, "MIG-GPU-8932f937/1/0,MIG-GPU-8932f937/2/0", 1), (2, "GPU-a,0", 2), (2, "0,abc,1", 1), (0, "0", 0),
-    (4, "+1", 0), (4, "0x1", 0), (4, "\u00b2", 0)])
+    (4, "+1", 0), (4, "0x1", 0), (4, "\u00b2", 0), (8, "007", 1), (2, str(2 ** 63), 0), (2, "0," + "9" * 5000, 1),
+    (8, "0," * 1_000_000, 1)])
 def test_cuda_visible_devices_limits_the_gpus_as_cuda_reads_it(installed, value, visible):
     assert supervisor.visible_gpus(installed, value) == visible
 

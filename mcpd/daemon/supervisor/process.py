@@ -57,7 +57,7 @@ def worker_devices(config: Config) -> list[str]:
     gpus = count_gpus()
     if config.workers.device == "cuda" and gpus == 0:
         raise ConfigError("workers.device = 'cuda' but no NVIDIA GPU is visible (/proc/driver/nvidia/gpus, "
-                          f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '(unset)')!r})")
+                          f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '(unset)')[:64]!r})")
     if config.workers.device != "cpu" and gpus:
         if config.models:   # each version's workers, spread over the GPUs
             return [f"cuda:{i % gpus}" for i in range(len(config.worker_versions()))]
@@ -87,7 +87,8 @@ def visible_gpus(installed: int, visible_devices: str | None) -> int:
         return installed
     seen: list[str] = []
     for identifier in (part.strip() for part in visible_devices.split(",")):
-        is_index = identifier.isascii() and identifier.isdigit() and int(identifier) < installed
+        digits = identifier.lstrip("0") or "0"   # no int() of thousands of digits: it raises
+        is_index = identifier.isascii() and identifier.isdigit() and len(digits) < 10 and int(digits) < installed
         is_uuid = identifier.startswith(("GPU-", "MIG-")) and len(identifier) > 4
         if not (is_index or is_uuid) or identifier in seen or len(seen) == installed:
             break
