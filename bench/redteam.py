@@ -37,12 +37,12 @@ import msgpack
 import zmq
 
 from mcpd.client import Client, CurveKeys
+from mcpd.daemon.frontend.gate import CLIENT_IPC_MODE
 from mcpd.memory.host_segment import segment_path
 from mcpd.percentile import percentile
 from mcpd.protocol import codes, wire
 from mcpd.protocol.codes import MCPDError
 from mcpd.raw_zmtp import RawPeer
-from mcpd.daemon.frontend.gate import CLIENT_IPC_MODE
 from mcpd.security.keys import generate, read_public
 from mcpd.sockets import client_endpoint
 from mcpd.testing import Daemon, free_port

@@ -34,8 +34,8 @@ import argparse
 import json
 import time
 
-from mcpd.percentile import percentile
 from mcpd.daemon.scheduler.traffic import split_choice
+from mcpd.percentile import percentile
 from mcpd.testing import Daemon, SteadyLoad
 from quantized import measure as int8_figures
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from mcpd.daemon.scheduler.batching_window import ADJUST_EVERY
 from mcpd.protocol import codes
 from mcpd.protocol.codes import MCPDError
-from mcpd.daemon.scheduler.batching_window import ADJUST_EVERY
 from mcpd.testing import SteadyLoad, free_port
 from test_http import raw
 from test_metrics import scrape

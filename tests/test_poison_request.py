@@ -14,12 +14,12 @@ import zmq
 
 from mcpd.config import LimitsConfig, from_dict
 from mcpd.daemon import channels, child, messages
-from mcpd.daemon.scheduler.process import SchedulerProcess
-from mcpd.protocol import codes, ops
-from mcpd.protocol.args import GenerateArgs
 from mcpd.daemon.scheduler.job import Job
 from mcpd.daemon.scheduler.poison import PoisonList
+from mcpd.daemon.scheduler.process import SchedulerProcess
 from mcpd.daemon.scheduler.router import WorkerSlot, room_for
+from mcpd.protocol import codes, ops
+from mcpd.protocol.args import GenerateArgs
 from mcpd.testing import final_reply
 
 INT64_MAX = (1 << 63) - 1

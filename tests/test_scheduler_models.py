@@ -8,9 +8,9 @@ import pytest
 from mcpd.config import PriorityClass, from_dict
 from mcpd.daemon import messages
 from mcpd.daemon.scheduler.core import Scheduler
+from mcpd.daemon.scheduler.fast_rung import FastRung
 from mcpd.protocol import codes
 from mcpd.protocol.args import ContextOpenArgs, GenerateArgs
-from mcpd.daemon.scheduler.fast_rung import FastRung
 from test_scheduler_core import Clock, Ports, dispatched, request
 
 

@@ -13,11 +13,11 @@ from zmq.utils.monitor import recv_monitor_message
 
 from mcpd.client import Client, CurveKeys
 from mcpd.config import ConfigError, from_dict
+from mcpd.daemon.frontend.gate import Gate
 from mcpd.protocol import codes, wire
 from mcpd.protocol import delta as codec
 from mcpd.protocol.codes import MCPDError
 from mcpd.security import keys
-from mcpd.daemon.frontend.gate import Gate
 from mcpd.security.peer import PeerCred, is_admin, parse_peer_address
 from mcpd.testing import Daemon, run_as
 

@@ -5,11 +5,11 @@ import json
 
 from mcpd import tokenizer as tokenizers
 from mcpd.config import ModelConfig
+from mcpd.daemon.scheduler.prompt_tokens import prompt_token_ids
 from mcpd.engine.detokenizer import Detokenizer
 from mcpd.protocol import codes
 from mcpd.protocol.args import GenerateArgs
 from mcpd.protocol.codes import MCPDError
-from mcpd.daemon.scheduler.prompt_tokens import prompt_token_ids
 from mcpd.tokenizer import ByteTokenizer, HFTokenizer
 from tiny_checkpoints import BOS, EOS, write_tokenizer
 

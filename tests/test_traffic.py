@@ -3,9 +3,9 @@ split by weighted rendezvous hashing, promote, rollback, load and unload."""
 import pytest
 
 from mcpd.config import from_dict
+from mcpd.daemon.scheduler.traffic import Traffic, split_choice
 from mcpd.protocol import codes
 from mcpd.protocol.codes import MCPDError
-from mcpd.daemon.scheduler.traffic import Traffic, split_choice
 
 
 def table(**model):

@@ -11,11 +11,11 @@ import torch
 from mcpd.config import Config, EngineConfig, LimitsConfig, ModelConfig
 from mcpd.daemon import messages
 from mcpd.daemon.child_stats import WorkerStats
+from mcpd.daemon.scheduler.prompt_tokens import prompt_token_ids
 from mcpd.daemon.worker.core import DONE_FLUSH_S, MAX_FAILED_STEPS, WorkerCore
 from mcpd.engine import Engine
 from mcpd.protocol import codes
 from mcpd.protocol.args import GenerateArgs, PingArgs
-from mcpd.daemon.scheduler.prompt_tokens import prompt_token_ids
 
 CONFIG = Config(model=ModelConfig(max_model_len=512), engine=EngineConfig(pool_bytes=16 << 20),
                 limits=LimitsConfig(max_prompt_tokens=64))

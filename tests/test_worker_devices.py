@@ -34,9 +34,10 @@ def test_cuda_visible_devices_limits_the_gpus_as_cuda_reads_it(installed, value,
     assert supervisor.visible_gpus(installed, value) == visible
 
 
-def test_hidden_gpus_get_no_workers_and_cuda_without_a_visible_one_is_refused_by_name(monkeypatch):
-    monkeypatch.setattr(supervisor, "NVIDIA_GPUS", type("Dir", (), {"is_dir": lambda self: True,
-                                                                    "iterdir": lambda self: iter(["a", "b", "c"])})())
+def test_hidden_gpus_get_no_workers_and_cuda_without_a_visible_one_is_refused_by_name(monkeypatch, tmp_path):
+    for gpu in ("0000:01:00.0", "0000:41:00.0", "0000:81:00.0"):   # the driver's /proc entries, one per GPU
+        (tmp_path / gpu).mkdir()
+    monkeypatch.setattr(supervisor, "NVIDIA_GPUS", tmp_path)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,0")
     assert supervisor.worker_devices(from_dict({"workers": {"count": 1}})) == ["cuda:0", "cuda:1"]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")

@@ -1,15 +1,15 @@
 """Every op of the control socket (control.ipc, docs/PROTOCOL.md section 9), in one table.
 
 Each op says what it takes, who may call it, where it runs and what answers it; `mcpctl`, the
-supervisor's dispatch (daemon/supervisor/admin.py), the scheduler's (daemon/scheduler/admin.py), the
-authorization check (security/peer.py) and PROTOCOL.md section 9 all follow this table, and
+supervisor's dispatch (daemon/supervisor/admin.py), the scheduler's (daemon/scheduler/admin.py),
+the authorization check (security/peer.py) and PROTOCOL.md section 9 all follow this table, and
 tests hold them to it (tests/test_control_ops.py). Adding an op is one entry here, its handler,
 its `mcpctl` command and its row in the doc.
 
 `handler` names the function that answers the op: for an op that runs in the scheduler, a
-function of mcpd.daemon.scheduler.admin, called with (store, args); for every other op, a method
-of mcpd.daemon.supervisor.admin.Admin, called with a ControlCall (the supervisor answers it, itself or after
-relaying it to the front-end or to every process). Names rather than functions keep this module
+function of mcpd.daemon.scheduler.admin, called with (store, args); for every other op, a
+method of mcpd.daemon.supervisor.admin.Admin, called with a ControlCall (the supervisor answers
+it, itself or after relaying it to the front-end or to every process). Names rather than functions keep this module
 free of the daemon, so that `mcpctl` can read the table without loading it.
 """
 from __future__ import annotations

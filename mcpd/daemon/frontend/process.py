@@ -26,16 +26,16 @@ from mcpd.config import Config
 from mcpd.daemon import channels, child, live_config, messages
 from mcpd.daemon.batch import Batch, each_message
 from mcpd.daemon.child_stats import FrontendStats
+from mcpd.daemon.frontend.gate import Gate
 from mcpd.daemon.frontend.incoming import IncomingBytes, give_large_buffers_back
 from mcpd.daemon.frontend.latency import LatencyWindow
 from mcpd.daemon.frontend.outbox import Outbox
 from mcpd.daemon.frontend.peers import PeerTracker
 from mcpd.daemon.frontend.request_metrics import RequestMetrics
+from mcpd.http.frontend_link import LOCAL_IDENTITY, FrontendLink
 from mcpd.protocol import codes, ops, wire
 from mcpd.protocol.codes import MCPDError
 from mcpd.protocol.tenant import tenant_of
-from mcpd.daemon.frontend.gate import Gate
-from mcpd.http.frontend_link import LOCAL_IDENTITY, FrontendLink
 
 GUARD_S = 0.02   # how often the backlogs are retried and the unfinished messages checked
 BATCH = 256   # messages taken from one socket before looking at the other (fairness)

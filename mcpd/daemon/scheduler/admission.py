@@ -18,14 +18,14 @@ from __future__ import annotations
 import math
 
 from mcpd.config import SchedulerConfig
-from mcpd.protocol import codes
-from mcpd.protocol.args import GenerateArgs
-from mcpd.protocol.codes import MCPDError
 from mcpd.daemon.scheduler.class_queues import ClassQueues
 from mcpd.daemon.scheduler.degradation import DegradationLadder
 from mcpd.daemon.scheduler.fast_rung import FastRung
 from mcpd.daemon.scheduler.job import Job
 from mcpd.daemon.scheduler.rate_limiter import RateLimiter
+from mcpd.protocol import codes
+from mcpd.protocol.args import GenerateArgs
+from mcpd.protocol.codes import MCPDError
 
 
 class Admission:

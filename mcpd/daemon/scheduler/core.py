@@ -43,11 +43,6 @@ from mcpd.contexts import service as contexts
 from mcpd.contexts.persistence import open_store
 from mcpd.contexts.service import ContextService
 from mcpd.daemon import channels, child, messages
-from mcpd.histogram import LATENCY_BOUNDS, Histogram
-from mcpd.memory import host_segment
-from mcpd.protocol import codes, wire
-from mcpd.protocol.args import GenerateArgs
-from mcpd.protocol.codes import MCPDError
 from mcpd.daemon.scheduler import admin, router
 from mcpd.daemon.scheduler.admission import Admission
 from mcpd.daemon.scheduler.batching_window import BatchingWindow
@@ -59,6 +54,11 @@ from mcpd.daemon.scheduler.prompt_tokens import prompt_token_ids
 from mcpd.daemon.scheduler.router import WorkerSlot
 from mcpd.daemon.scheduler.shadow import ShadowBook
 from mcpd.daemon.scheduler.traffic import Traffic
+from mcpd.histogram import LATENCY_BOUNDS, Histogram
+from mcpd.memory import host_segment
+from mcpd.protocol import codes, wire
+from mcpd.protocol.args import GenerateArgs
+from mcpd.protocol.codes import MCPDError
 
 
 
