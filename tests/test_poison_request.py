@@ -38,19 +38,20 @@ INT64_MAX = (1 << 63) - 1
 ])
 def test_values_beyond_what_the_engine_holds_are_refused_and_no_worker_dies(daemon, args, header):
     with daemon.client() as client:
-        pid = worker_pid(daemon, client)
+        pid = worker_pid(client)
         rid = client.send("generate", {"prompt": "x", "max_tokens": 2, "temperature": 1.0, **args}, **header)
         reply = client.receive(rid, 30)
         assert reply["kind"] == "error" and reply["code"] == codes.BAD_REQUEST, reply
         assert client.generate("x", max_tokens=2, temperature=1.0, top_k=INT64_MAX >> 32,
                                seed=-(1 << 63)).completion_tokens == 2   # the edges still run
-        assert worker_pid(daemon, client) == pid
+        assert worker_pid(client) == pid
 
 
-def worker_pid(d, client) -> int:
-    """The worker's pid once the scheduler knows it (READY may come before its HELLO is read)."""
-    d.wait_until(lambda: any(w["ready"] for w in client.status()["workers"]), 30, "worker known")
-    return client.status()["workers"][0]["pid"]
+def worker_pid(client) -> int:
+    """The worker's pid as the scheduler knows it: READY comes after the scheduler read its Hello."""
+    worker, = client.status()["workers"]
+    assert worker["ready"]
+    return worker["pid"]
 
 
 def test_context_versions_beyond_int64_are_refused(daemon):
@@ -78,7 +79,7 @@ def test_a_request_whose_worker_dies_twice_fails_alone_and_is_not_run_again(fres
             return any(w["ready"] and w["inflight"] == inflight for w in status["workers"]) \
                 and status["queue_depth"] == queued
 
-        worker_pid(d, client)
+        worker_pid(client)
 
         first = client.send("generate", poison)
         others = [client.send("generate", {"prompt": f"innocent {i}", "max_tokens": 120, "ignore_eos": True})

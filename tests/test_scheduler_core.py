@@ -96,13 +96,24 @@ def test_a_request_waits_for_a_worker_then_goes_to_it_as_a_typed_dispatch(core):
     assert dispatched(core) == [messages.Dispatch(1, 1, "t", rank, None, False, args, bos_hello)]
 
 
+def test_a_workers_hello_is_welcomed_and_so_is_a_worker_a_restarted_scheduler_meets_by_its_stats(core):
+    hello(core, 11)
+    assert [(identity, type(m)) for identity, m, _ in core.ports.workers] == [(WORKER, messages.Welcome)]
+    other = b"w1"   # said hello to the scheduler before this one: its stats are the first word heard
+    stats = WorkerStats(index=1, pid=12, device="cpu", model="model", dtype="float32")
+    core.on_worker([other, *messages.encode(messages.Stats(stats))])
+    assert [(identity, type(m)) for identity, m, _ in core.ports.workers][1:] == [(other, messages.Welcome)]
+    assert core.workers[other].ready and core.workers[other].pid == 12
+
+
 def test_waiting_requests_go_to_a_worker_in_one_send_and_what_its_full_queue_refused_goes_next(core):
     hello(core, 11)
+    welcome_sends = core.ports.worker_sends
     for rid in (1, 2, 3):
         core.on_inbox(request(rid, PingArgs()))
     core.ports.worker_room = 2
     core.tick()
-    assert [d.rid for d in dispatched(core)] == [1, 2] and core.ports.worker_sends == 1
+    assert [d.rid for d in dispatched(core)] == [1, 2] and core.ports.worker_sends == welcome_sends + 1
     assert [job.rid for job in core.workers[WORKER].jobs.values()] == [1, 2] and len(core.queue) == 1
     core.ports.worker_room = None
     core.tick()
@@ -166,7 +177,7 @@ def test_a_context_turn_runs_on_the_history_and_is_committed_before_its_reply(co
     core.on_inbox(request(2, GenerateArgs(prompt="hi", context="chat", base=0)))
     core.tick()
     turn = dispatched(core)[0]
-    assert turn.turn and core.ports.workers[0][2] == [b""]   # an empty history: one empty int32 frame
+    assert turn.turn and core.ports.workers[1][2] == [b""]   # [0]: the Welcome; an empty history: one empty int32 frame
     core.on_inbox(request(3, GenerateArgs(prompt="again", context="chat")))   # busy with the turn
     assert core.ports.finals()[3]["code"] == codes.CONFLICT
     from_worker(core, messages.TurnResult(2, {"text": "ok", "token_ids": [7]}, [104, 105, 7]))

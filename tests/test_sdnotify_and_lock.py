@@ -1,4 +1,6 @@
 """Lifecycle: systemd notifications, graceful stop, one instance per runtime dir, bad config."""
+import os
+import signal
 import subprocess
 
 import pytest
@@ -8,10 +10,27 @@ from mcpd.testing import BIN
 pytestmark = pytest.mark.slow   # each test starts and stops a daemon of its own
 
 
-def test_ready_then_stopping_and_a_clean_exit_after_inflight_requests_finish(fresh_daemon):
-    d = fresh_daemon()
-    assert "READY=1" in d.notifications
+def test_ready_waits_for_the_scheduler_then_stopping_and_a_clean_exit_after_inflight_requests_finish(fresh_daemon):
+    """READY only once the scheduler has read every worker's Hello: with the scheduler stopped
+    (SIGSTOP) it does not come, however long the loaded worker waits. Before, it came at once,
+    and a request right after it could find no worker known (HTTP answered 404 for the model)."""
+    d = fresh_daemon(started=False)
+    d.start(wait=False)
+    def scheduler_ready() -> bool:   # it has told the supervisor so: the worker is what READY waits for
+        return (d.runtime_dir / "control.ipc").exists() and any(
+            p["role"] == "scheduler" and p["state"] == "running" for p in d.processes())
+    d.wait_until(scheduler_ready, 60, "scheduler ready")
+    scheduler = d.pid_of("scheduler")
+    os.kill(scheduler, signal.SIGSTOP)
+    try:
+        d.wait_until(lambda: "model loaded" in d.log(), 60, "the worker's model loaded")
+        with pytest.raises(TimeoutError):
+            d.wait_for_notification("READY=1", 1.0)
+    finally:
+        os.kill(scheduler, signal.SIGCONT)
+    d.wait_for_notification("READY=1", 60)
     with d.client() as client:
+        assert [w["ready"] for w in client.status()["workers"]] == [True]
         stream = client.generate("drain", max_tokens=60, temperature=0, ignore_eos=True, stream=True)
         iterator = iter(stream)
         next(iterator)

@@ -8,7 +8,7 @@ token ids, a reply header for a client. Where the frames go is channels.py's map
     front-end → scheduler   Request (+ the client's payload)   Cancel
     supervisor → scheduler  WorkerLost  Admin (scheduler/admin.py)  Reload (live_config.py)
     scheduler → worker      Dispatch (its prompt's token ids; + a context turn's history: its
-                            token ids, int32)   Cancel
+                            token ids, int32)   Cancel   Welcome (its Hello was read)
     worker → scheduler      Hello  Started  Done  Stats  Failed;  a context turn's Chunk, Final
                             (Reload: the scheduler passes it on to every worker)
                             and TurnResult (Dispatch.turn: the scheduler commits the turn first)
@@ -90,6 +90,13 @@ class Hello(Message):
     dtype: str
     served_model: str = ""     # the model table's name of what it serves (config.py), and its version
     version: str = ""
+
+
+class Welcome(Message):
+    """The scheduler has read the worker's Hello. Only then does the worker tell the supervisor
+    it is Ready: Hello and Ready go out on two sockets, so without it the daemon's READY could
+    come before the scheduler knew of any worker (an HTTP request's model then looked unknown)."""
+    TAG = b"WELCOME"
 
 
 class Started(Message):
@@ -214,7 +221,7 @@ class Reloaded(Event):
 
 _ENCODER = msgspec.msgpack.Encoder()
 _DECODERS = {kind.TAG: (kind, msgspec.msgpack.Decoder(kind)) for kind in (
-    Request, Cancel, WorkerLost, Dispatch, Hello, Started, Done, Stats, Failed, Chunk, Final, TurnResult,
+    Request, Cancel, WorkerLost, Dispatch, Hello, Welcome, Started, Done, Stats, Failed, Chunk, Final, TurnResult,
     Drain, SchedulerLost, Resume, Admin, Reload, Ready, Report, Drained, Refused, AdminAnswer, Reloaded)}
 
 

@@ -489,6 +489,7 @@ class Scheduler:
         slot = self.workers.setdefault(identity, WorkerSlot(hello.index, identity))
         slot.pid, slot.ready, slot.info = hello.pid, True, msgspec.structs.asdict(hello)
         self.log.info("worker %d ready (pid %d, %s)", slot.index, slot.pid, hello.device)
+        self._send_worker(slot, [messages.encode(messages.Welcome())])
 
     def _worker_lost(self, identity: bytes, pid: int) -> None:
         slot = self.workers.get(identity)

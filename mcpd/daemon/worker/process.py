@@ -63,6 +63,7 @@ class Worker:
         self.engine = self._load_engine(device)
         self.sockets = WorkerSockets(self.context, config, index)
         self.core = WorkerCore(config, index, self.engine, self.log, self.sockets, serves=serves)
+        self.welcomed = False
 
     def _load_engine(self, device: str):
         workers = self.config.workers
@@ -111,9 +112,8 @@ class Worker:
             self._serve()
 
     def _serve(self) -> None:
-        self.sockets.to_scheduler(messages.encode(self.core.hello()))
+        self.sockets.to_scheduler(messages.encode(self.core.hello()))   # Ready follows its Welcome
         self.sockets.flush()
-        self.events.send(messages.Ready)
         next_stats = 0.0
         waiter = channels.Waiter(self.sockets.scheduler)
         while child.parent_alive(self.parent_pid):
@@ -126,6 +126,13 @@ class Worker:
                 self._report()
                 next_stats = time.monotonic() + self.config.supervisor.stats_interval_s
             self.sockets.flush()   # before the loop may block
+
+    def _welcomed(self) -> None:
+        """Ready once the scheduler has our Hello (messages.Welcome); a restarted scheduler's
+        Welcome, later, says nothing new."""
+        if not self.welcomed:
+            self.welcomed = True
+            self.events.send(messages.Ready)
 
     def _step(self) -> None:
         try:
@@ -142,6 +149,8 @@ class Worker:
     def _on_message(self, frames: list[bytes]) -> None:
         if frames[0] == messages.Reload.TAG:
             return live_config.apply(messages.decode(frames)[0], self.events)
+        if frames[0] == messages.Welcome.TAG:
+            return self._welcomed()
         self.core.on_message(frames)
 
 
