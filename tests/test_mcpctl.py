@@ -2,11 +2,14 @@
 import json
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import msgpack
+import psutil
 import pytest
 import zmq
 
@@ -164,6 +167,14 @@ def test_workers_list_and_restart(d):
     result = ctl(d, "workers", "restart", "0", "--wait", "--json")
     assert result["new_pid"] != result["old_pid"]
     ctl(d, "workers", "restart", "7", code=1)
+    dead = d.pid_of("worker")   # killed, then asked for before the supervisor's loop has seen it die
+    os.kill(dead, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while psutil.pid_exists(dead) and time.monotonic() < deadline:   # no sleep: ask at once
+        pass
+    assert d.control("workers.restart", {"index": 0})["old_pid"] in (None, dead)   # was CONFLICT "(stopped)"
+    d.wait_until(lambda: d.pid_of("worker") not in (None, dead) and all(
+        p["state"] == "running" for p in d.processes()), 60, "the worker back")
     with d.client() as client:
         assert client.generate("x", max_tokens=2, ignore_eos=True).completion_tokens == 2
 

@@ -93,18 +93,23 @@ class Admin:
         """SIGTERM the worker; the supervisor restarts it as after any exit, and the scheduler
         requeues its requests that had not started streaming (the rest get WORKER_LOST). A worker
         waiting out its restart backoff is started now (old_pid None): the operator who fixed
-        what made it fail need not wait up to restart_backoff_max_s for it."""
+        what made it fail need not wait up to restart_backoff_max_s for it. So is one that died since
+        the supervisor's last turn."""
         index = call.args["index"]
         child = self.supervisor.table.find("worker", index)
         if child is None:
             raise MCPDError(codes.NOT_FOUND, f"no worker {index!r}")
+        self.supervisor.reap_children()   # one that died since the loop's last turn: restart it now
         if child.restart_at is not None:
             child.restart_at = time.monotonic()   # the supervisor's next turn starts it
             return {"index": child.spec.index, "old_pid": None, "restarts": child.restarts}
         if not child.alive:
             raise MCPDError(codes.CONFLICT, f"worker {child.spec.index} is not running ({child.state})")
         pid = child.process.pid
-        os.kill(pid, signal.SIGTERM)
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass   # it died this instant: the loop reaps it and starts it again all the same
         return {"index": child.spec.index, "old_pid": pid, "restarts": child.restarts}
 
     def drain(self, _call) -> dict:

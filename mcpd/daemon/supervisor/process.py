@@ -198,15 +198,7 @@ class Supervisor:
         refused = self._refused_child()
         if refused is not None:
             return self._stop_refused(refused)
-        for child in self.table.reap():
-            if child.spec.role == "worker":
-                lost = messages.WorkerLost(child.spec.index, child.process.pid)
-                self.to_scheduler.send_multipart(messages.encode(lost))
-            elif child.spec.role == "scheduler":
-                self.to_frontend.send_multipart(messages.encode(messages.SchedulerLost()))
-            elif child.spec.role == "keeper":   # its successor makes a fresh pool: none may map the old one
-                self.table.kill_workers_on(child.spec.args[2])
-            self.notifier.notify(STATUS=f"{child.spec.name} {child.last_exit}; restarting")
+        self.reap_children()
         self.table.restart_due()
         self.table.replenish_standbys()
         if self.reload_requested:
@@ -245,6 +237,20 @@ class Supervisor:
         if interval and self.table.healthy() and time.monotonic() - self.last_watchdog >= interval:
             self.notifier.notify(WATCHDOG=1)
             self.last_watchdog = time.monotonic()
+
+    def reap_children(self) -> None:
+        """Children that exited since the last call get a restart time, and the processes that
+        must know hear of it. Each loop turn does this; an admin op may too, so that it never
+        sees a child that has died but is not reaped yet."""
+        for child in self.table.reap():
+            if child.spec.role == "worker":
+                lost = messages.WorkerLost(child.spec.index, child.process.pid)
+                self.to_scheduler.send_multipart(messages.encode(lost))
+            elif child.spec.role == "scheduler":
+                self.to_frontend.send_multipart(messages.encode(messages.SchedulerLost()))
+            elif child.spec.role == "keeper":   # its successor makes a fresh pool: none may map the old one
+                self.table.kill_workers_on(child.spec.args[2])
+            self.notifier.notify(STATUS=f"{child.spec.name} {child.last_exit}; restarting")
 
     # -- events from children -------------------------------------------------------------------
 
