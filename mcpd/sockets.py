@@ -15,6 +15,11 @@ import zmq
 
 CLIENT_IPC = "client.ipc"      # clients (the front-end's ROUTER)
 CONTROL_IPC = "control.ipc"    # mcpctl (the supervisor's ROUTER)
+# Every socket file in the runtime directory (daemon/channels.py maps the internal ones). A Unix
+# socket's path takes at most 107 bytes, so the directory's may take that less "/" and the longest.
+RUNTIME_SOCKETS = (CLIENT_IPC, CONTROL_IPC, "events.ipc", "sched.ipc", "frontend.ipc", "workers.ipc")
+UNIX_PATH_MAX = 107
+RUNTIME_DIR_MAX_BYTES = UNIX_PATH_MAX - 1 - max(len(name) for name in RUNTIME_SOCKETS)
 # Plain ints: pyzmq's enum flags cost a Flag construction per `&` or `|` (about 2 µs each).
 EVENTS, POLLIN, NOBLOCK, SNDMORE, RCVMORE = (int(flag) for flag in (zmq.EVENTS, zmq.POLLIN, zmq.NOBLOCK,
                                                                     zmq.SNDMORE, zmq.RCVMORE))

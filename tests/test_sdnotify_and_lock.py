@@ -60,3 +60,8 @@ def test_bad_config_names_key_and_value(tmp_path):
     path.write_text('[workers]\ncount = "two"\n')
     done = subprocess.run([str(BIN / "mcpd"), "--config", str(path)], capture_output=True, text=True, timeout=30)
     assert done.returncode == 2 and "workers.count = 'two'" in done.stderr
+    long_dir = tmp_path / ("r" * (100 - len(str(tmp_path)))) / "run"   # 104 bytes: its sockets' paths would not fit
+    path.write_text(f'[server]\nruntime_dir = "{long_dir}"\n')
+    done = subprocess.run([str(BIN / "mcpd"), "--config", str(path)], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2 and "server.runtime_dir" in done.stderr and "at most 94" in done.stderr
+    assert "Traceback" not in done.stderr and not long_dir.exists()

@@ -48,16 +48,19 @@ def test_sigkill_supervisor_leaves_no_orphans(fresh_daemon):
     kill_supervisor(fresh_daemon())
 
 
-def test_a_killed_daemons_segment_is_reclaimed_by_its_next_start_and_by_cleanup(fresh_daemon):
+def test_a_killed_daemons_segments_and_fork_server_dir_are_reclaimed_by_its_next_start_and_by_cleanup(fresh_daemon):
     d = fresh_daemon()
     segment = host_segment.segment_path(d.runtime_dir)
     [pool] = pool_segment.every_segment(d.runtime_dir)
+    [fork_server_dir] = d.runtime_dir.glob("pymp-*")   # the fork server's socket: not in /tmp
     kill_supervisor(d)
     stale, stale_pool = os.open(segment, os.O_RDONLY), os.open(pool, os.O_RDONLY)
     try:
+        assert fork_server_dir.exists()
         d.start()   # same runtime dir: the stale segments are its own, and replaced
         assert os.fstat(stale).st_nlink == 0 and segment.exists()
         assert os.fstat(stale_pool).st_nlink == 0 and pool.exists()
+        assert not fork_server_dir.exists() and len(list(d.runtime_dir.glob("pymp-*"))) == 1
     finally:
         os.close(stale)
         os.close(stale_pool)

@@ -25,7 +25,7 @@ from mcpd.config import LEGACY_NAME, Config, ConfigError
 from mcpd.daemon import channels, child as children, child_stats, log, messages, pool_keeper
 from mcpd.daemon.supervisor.admin import Admin
 from mcpd.daemon.supervisor.instance_lock import InstanceLock
-from mcpd.daemon.supervisor.process_table import Child, ChildSpec, ProcessTable
+from mcpd.daemon.supervisor.process_table import Child, ChildSpec, ProcessTable, keep_fork_server_in
 from mcpd.daemon.supervisor.sdnotify import SystemdNotifier
 from mcpd.memory import host_segment, pool_segment
 from mcpd.models import architecture
@@ -35,6 +35,7 @@ from mcpd.refusal import StartRefused
 from mcpd.security import peer as peers
 from mcpd.security.keys import KeyStore
 from mcpd.security.trusted_path import make_private_dir
+from mcpd.sockets import RUNTIME_DIR_MAX_BYTES, UNIX_PATH_MAX
 
 DEFAULT_CONFIG = "/etc/mcpd/mcpd.toml"
 LOOP_POLL_MS = 200
@@ -133,11 +134,16 @@ class Supervisor:
     def prepare(self) -> None:
         architecture.check_configured(self.config)
         runtime_dir, state_dir = self.config.runtime_dir, self.config.state_dir
+        if len(os.fsencode(runtime_dir)) > RUNTIME_DIR_MAX_BYTES:   # its sockets' paths would not fit
+            raise ConfigError(f"server.runtime_dir {str(runtime_dir)[:200]!r} is {len(os.fsencode(runtime_dir))} "
+                              f"bytes long; its sockets need one of at most {RUNTIME_DIR_MAX_BYTES} "
+                              f"(a Unix socket path holds {UNIX_PATH_MAX} bytes)")
         # Others need to reach client.ipc (CURVE: every local user) or control.ipc (admin group).
         reachable = self.config.curve or self.admin_gid is not None
         make_private_dir(runtime_dir, REACHABLE_DIR_MODE if reachable else PRIVATE_DIR_MODE,
                          "runtime directory (server.runtime_dir)")
         InstanceLock(runtime_dir, "runtime directory", "server.runtime_dir").acquire()
+        keep_fork_server_in(runtime_dir)
         make_private_dir(state_dir, PRIVATE_DIR_MODE, "state directory (server.state_dir)")
         InstanceLock(state_dir, "state directory", "server.state_dir").acquire()
         if self.config.cache.enabled:   # after the lock: a stale segment is ours to replace

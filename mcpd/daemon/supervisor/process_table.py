@@ -21,17 +21,36 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
+import shutil
 import signal
+import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 from mcpd.config import Config
 from mcpd.daemon import child_stats
 from mcpd.daemon.child_stats import FrontendStats, SchedulerStats, WorkerStats
+from mcpd.sockets import UNIX_PATH_MAX
 
 FORK_SERVER = multiprocessing.get_context("forkserver")
 STABLE_AFTER_S = 30.0   # a child that lived this long resets its restart backoff
+# The fork server's socket under its directory: "/pymp-" and 8 characters, "/listener-" and 8.
+FORK_SERVER_SOCKET_SUFFIX = 32
+
+
+def keep_fork_server_in(runtime_dir: Path) -> None:
+    """multiprocessing puts the fork server's socket in a pymp-* directory made with tempfile and
+    removed at a clean exit: a SIGKILLed supervisor left one in /tmp for good. It goes under the
+    runtime dir instead, where the next start removes a dead daemon's (the caller holds the
+    runtime dir's instance lock: no live daemon uses it). Where the socket's path would not fit
+    AF_UNIX, it stays in the temp dir. The supervisor itself makes no other temp file."""
+    for stale in runtime_dir.glob("pymp-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    if len(os.fsencode(runtime_dir)) + FORK_SERVER_SOCKET_SUFFIX <= UNIX_PATH_MAX:
+        tempfile.tempdir = str(runtime_dir)
 
 
 @dataclass
