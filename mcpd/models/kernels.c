@@ -361,8 +361,8 @@ static void tile(int dtype, const void *x, int64_t rows, int64_t k, const void *
    core's stream is not filled by the other's; no fast minute came to measure it there. The next
    run may be the other thread's; fetching it for only the runs a thread surely takes next
    gained less. */
-INLINE int64_t ahead(int64_t i, int64_t lines, int64_t k, int64_t next) {
-    return i + lines < k || !next ? i + lines : next + i + lines - k;
+INLINE int64_t ahead(int64_t i, int64_t rows, int64_t k, int64_t next) {   /* the panel row to fetch */
+    return i + rows < k || !next ? i + rows : next + i + rows - k;
 }
 
 INLINE void row_f32(const float *x, int64_t k, const float *const q[ROW_PANELS], int64_t next,
