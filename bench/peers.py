@@ -23,9 +23,12 @@ client's would. Rounds interleave the systems (each workload: mcpd, vLLM, llama.
 figures are medians over the rounds; "spread" is (max - min) / median.
 
 The machine's limits are measured in the same run (bench/roofline.py): a streaming read and a
-large matrix product. The read is measured again at the start of every round and W1's share of it
-is taken round by round (its median is the figure): this VM's read rate moves from 27 to 51 GB/s
-between minutes of one run, and one read at the start judged every round by that minute. The
+large matrix product. This VM's read rate moves between ~30 and ~64 GB/s from one minute to the
+next, so W1's share of it is taken against reads of W1's own moment: one just before and one just
+after each system's W1, their mean the limit. A round whose two reads differ by more than 10%
+(the memory changed speed during W1) does not count towards the share, unless no round is steady
+(`w1_steady_rounds` says how many counted). The figure is the median over the rounds. The read
+at the start of each round is printed for context. The
 per-token work is counted over the weights every token multiplies by (all but the embedding
 table, a one-row lookup: 38.9M of the 55.3M):
   w1_decode_roofline_frac     = W1 decode tok/s * those weights' bytes / read bandwidth
@@ -75,6 +78,8 @@ WORDS = ("the of and to in is that for it as was with be by on not he this are o
          "any like our made first over may after years through where most way well down should").split()
 # figure: True when higher is better. The order is the table's.
 READ_REPEATS = 10   # best of: each round's read (bench/roofline.py)
+W1_READ_REPEATS = 3   # best of: the reads beside W1 (short: they must be of W1's moment)
+STEADY_READ_CHANGE = 0.1   # the most the reads before and after W1 may differ for its round to count
 OURS = ("mcpd", "mcpd-http")   # mcpd's own systems: never a peer
 FIGURES = {"w1_decode_tok_s": True, "w1_ttft_ms": False, "w2_8_tok_s": True, "w2_32_tok_s": True,
            "w3_turn10_ttft_ms": False, "w4_req_s": True, "w1_busy_decode_tok_s": True,
@@ -143,6 +148,15 @@ def w1(target, prompts: Prompts) -> dict:
     return {"w1_decode_tok_s": streamed.decode_tok_s, "w1_ttft_ms": streamed.first_token_s * 1e3}
 
 
+def w1_beside_reads(target, prompts: Prompts) -> dict:
+    """W1 with the read limit measured just before and just after it (the module's doc says why):
+    their mean, and how far apart they are."""
+    before = roofline.read_gbps(repeats=W1_READ_REPEATS)
+    figures = w1(target, prompts)
+    after = roofline.read_gbps(repeats=W1_READ_REPEATS)
+    return {**figures, "w1_read_gbps": (before + after) / 2, "w1_read_change": abs(after - before) / max(before, after)}
+
+
 def w2(target, prompts: Prompts, clients: int) -> dict:
     texts = [prompts.text(W1_PROMPT_TOKENS) for _ in range(clients)]
     generated = []
@@ -186,7 +200,7 @@ def w1_busy(target, prompts: Prompts) -> dict:
 
 
 def workloads(quick: bool) -> list:
-    return [lambda t, p: w1(t, p), lambda t, p: w2(t, p, 8), lambda t, p: w2(t, p, 32), lambda t, p: w3(t, p),
+    return [lambda t, p: w1_beside_reads(t, p), lambda t, p: w2(t, p, 8), lambda t, p: w2(t, p, 32), lambda t, p: w3(t, p),
             lambda t, p: w4(t, 1.5 if quick else 4.0), lambda t, p: w1_busy(t, p)]
 
 
@@ -217,14 +231,16 @@ def medians(samples: dict[str, list[float]]) -> tuple[dict, dict]:
     return middle, spread
 
 
-def derived(figures: dict, w1_rates: list[float], limits: dict) -> dict:
-    """The figures that follow from the measured ones (medians; w1_rates: W1 decode tok/s of
+def derived(figures: dict, samples: dict[str, list[float]], limits: dict) -> dict:
+    """The figures that follow from the measured ones (medians; samples: each figure's value in
     each round) and the machine's limits."""
     out = dict(figures)
     out["contention_keep_frac"] = figures["w1_busy_decode_tok_s"] / figures["w1_decode_tok_s"]
+    rounds = list(zip(samples["w1_decode_tok_s"], samples["w1_read_gbps"], samples["w1_read_change"]))
+    steady = [(rate, read) for rate, read, change in rounds if change <= STEADY_READ_CHANGE]
+    out["w1_steady_rounds"] = len(steady)
     out["w1_decode_roofline_frac"] = statistics.median(
-        rate * limits["weight_bytes_per_token"] / (read * 1e9)
-        for rate, read in zip(w1_rates, limits["read_gbps_per_round"]))
+        rate * limits["weight_bytes_per_token"] / (read * 1e9) for rate, read in steady or [r[:2] for r in rounds])
     out["w2_32_compute_roofline_frac"] = (figures["w2_32_tok_s"] * limits["flops_per_token"]
                                           / (limits["matmul_gflops"] * 1e9))
     out["w2_32_work_compute_frac"] = (out["w2_32_compute_roofline_frac"]
@@ -382,7 +398,7 @@ def run(args, checkpoint_dir: Path) -> Run:
     systems, spreads = {}, {}
     for name, figures in samples.items():
         middle, spreads[name] = medians(figures)
-        systems[name] = derived(middle, figures["w1_decode_tok_s"], limits)
+        systems[name] = derived(middle, figures, limits)
     return Run(systems, spreads, limits, checks, idle, missing, loads + round_loads)
 
 
