@@ -27,7 +27,8 @@ large matrix product. This VM's read rate moves between ~30 and ~64 GB/s from on
 next, so W1's share of it is taken against reads of W1's own moment: one just before and one just
 after each system's W1, their mean the limit. A round whose two reads differ by more than 10%
 (the memory changed speed during W1) does not count towards the share, unless no round is steady
-(`w1_steady_rounds` says how many counted). The figure is the median over the rounds. The read
+(`w1_steady_rounds` says how many counted; `w1_share_per_round` lists each round's share, read
+and change). The figure is the median over the rounds. The read
 at the start of each round is printed for context. The
 per-token work is counted over the weights every token multiplies by (all but the embedding
 table, a one-row lookup: 38.9M of the 55.3M):
@@ -237,10 +238,11 @@ def derived(figures: dict, samples: dict[str, list[float]], limits: dict) -> dic
     out = dict(figures)
     out["contention_keep_frac"] = figures["w1_busy_decode_tok_s"] / figures["w1_decode_tok_s"]
     rounds = list(zip(samples["w1_decode_tok_s"], samples["w1_read_gbps"], samples["w1_read_change"]))
-    steady = [(rate, read) for rate, read, change in rounds if change <= STEADY_READ_CHANGE]
+    shares = [round(rate * limits["weight_bytes_per_token"] / (read * 1e9), 3) for rate, read, _ in rounds]
+    out["w1_share_per_round"] = [[share, round(read, 1), round(change, 3)] for share, (_, read, change) in zip(shares, rounds)]
+    steady = [share for share, (_, _, change) in zip(shares, rounds) if change <= STEADY_READ_CHANGE]
     out["w1_steady_rounds"] = len(steady)
-    out["w1_decode_roofline_frac"] = statistics.median(
-        rate * limits["weight_bytes_per_token"] / (read * 1e9) for rate, read in steady or [r[:2] for r in rounds])
+    out["w1_decode_roofline_frac"] = statistics.median(steady or shares)
     out["w2_32_compute_roofline_frac"] = (figures["w2_32_tok_s"] * limits["flops_per_token"]
                                           / (limits["matmul_gflops"] * 1e9))
     out["w2_32_work_compute_frac"] = (out["w2_32_compute_roofline_frac"]
@@ -402,6 +404,11 @@ def run(args, checkpoint_dir: Path) -> Run:
     return Run(systems, spreads, limits, checks, idle, missing, loads + round_loads)
 
 
+def rounded(values: dict, digits: int) -> dict:
+    """Its numbers rounded for the JSON line; the rest (lists, names) as they are."""
+    return {k: round(v, digits) if isinstance(v, (int, float)) else v for k, v in values.items()}
+
+
 def machine() -> str:
     cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     model = next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")), "?")
@@ -426,10 +433,10 @@ def report(args, result: Run, vocab: str) -> None:
         print(f"{peer} did not run: {reason}")
     versions = {peer: peer_servers.version(args.cache_dir, peer) for peer in systems if peer not in OURS}
     print(json.dumps({
-        **{k: round(v, 4) for k, v in systems["mcpd"].items()},
-        **{k: (round(v, 3) if isinstance(v, float) else v) for k, v in ratios.items()},
+        **rounded(systems["mcpd"], 4),
+        **rounded(ratios, 3),
         **http_ratios_vs_vllm(systems),
-        "systems": {name: {k: round(v, 4) for k, v in figures.items()} for name, figures in systems.items()},
+        "systems": {name: rounded(figures, 4) for name, figures in systems.items()},
         "spread": {name: {k: round(v, 3) for k, v in s.items()} for name, s in result.spreads.items()},
         "roofline": {"read_gbps": round(limits["read_gbps"], 1),
                      "read_gbps_per_round": [round(read, 1) for read in limits["read_gbps_per_round"]],
