@@ -3,13 +3,18 @@ could not clean up (its host cache segment in /dev/shm) is reclaimed: by its nex
 same runtime dir, and by the test's cleanup. The fork server the children come from
 (supervisor/process_table.py) lives and dies with the supervisor and takes them along."""
 import os
+import pathlib
+import shutil
 import signal
+import socket
+import tempfile
 import time
 
 import psutil
 
 import pytest
 
+from mcpd.daemon.supervisor.process_table import keep_fork_server_in
 from mcpd.memory import host_segment, pool_segment
 
 pytestmark = pytest.mark.slow   # each test starts a daemon and kills its supervisor
@@ -69,6 +74,29 @@ def test_a_killed_daemons_segments_and_fork_server_dir_are_reclaimed_by_its_next
     kill_supervisor(d)
     d.cleanup()
     assert not segment.exists() and not pool.exists()
+
+
+def test_a_start_removes_only_what_looks_like_a_dead_fork_servers_directory(monkeypatch):
+    """In-process: the runtime dir may be an operator's own directory (its checks allow that), so
+    a `pymp-*` there is removed only when it is a real directory of listener sockets alone."""
+    monkeypatch.setattr(tempfile, "tempdir", None)   # keep_fork_server_in sets it; restored after
+    runtime_dir, elsewhere = (tempfile.mkdtemp(prefix="mcpd-fs-", dir="/tmp") for _ in range(2))
+    def dead_server_dir(parent: str, name: str) -> str:
+        path = os.path.join(parent, name)
+        os.mkdir(path)
+        with socket.socket(socket.AF_UNIX) as listener:
+            listener.bind(os.path.join(path, "listener-ab12cd34"))
+        return path
+    dead = dead_server_dir(runtime_dir, "pymp-dead")
+    os.mkdir(mine := os.path.join(runtime_dir, "pymp-mine"))
+    open(os.path.join(mine, "notes"), "w").close()
+    os.symlink(dead_server_dir(elsewhere, "pymp-target"), link := os.path.join(runtime_dir, "pymp-link"))
+    keep_fork_server_in(pathlib.Path(runtime_dir))
+    assert not os.path.exists(dead) and os.path.exists(os.path.join(mine, "notes"))
+    assert os.path.islink(link) and os.listdir(os.path.join(elsewhere, "pymp-target"))
+    assert tempfile.tempdir == runtime_dir   # the next fork server's directory goes there
+    for path in (runtime_dir, elsewhere):
+        shutil.rmtree(path)
 
 
 def test_the_fork_server_ignores_sigterm_takes_the_children_when_killed_and_goes_with_a_stop(fresh_daemon):

@@ -48,9 +48,19 @@ def keep_fork_server_in(runtime_dir: Path) -> None:
     runtime dir's instance lock: no live daemon uses it). Where the socket's path would not fit
     AF_UNIX, it stays in the temp dir. The supervisor itself makes no other temp file."""
     for stale in runtime_dir.glob("pymp-*"):
-        shutil.rmtree(stale, ignore_errors=True)
+        if _is_fork_server_dir(stale):   # an operator's own directory of that name is left alone
+            shutil.rmtree(stale, ignore_errors=True)
     if len(os.fsencode(runtime_dir)) + FORK_SERVER_SOCKET_SUFFIX <= UNIX_PATH_MAX:
         tempfile.tempdir = str(runtime_dir)
+
+
+def _is_fork_server_dir(path: Path) -> bool:
+    """A directory (not a link) holding nothing but multiprocessing's listener sockets."""
+    try:
+        return path.is_dir() and not path.is_symlink() and all(
+            entry.name.startswith("listener-") and entry.is_socket() for entry in path.iterdir())
+    except OSError:
+        return False
 
 
 @dataclass
