@@ -15,7 +15,8 @@ prompt tokens and generates the same greedy text as mcpd. Workloads:
   W3  10-turn chat, ~160 new tokens a turn, 16 generated: turn 10's time to first token. mcpd keeps
       the chat in a daemon-side context; the peers get the whole history again (/v1/chat/completions)
   W4  1-token prompt ("Hello" after BOS), max_tokens 1, 8 clients closed loop: requests/s
-  contention  W1 again with a busy process pinned to one core: keep_frac = busy / idle decode tok/s
+  contention  W1 and W2-8 again with a busy process pinned to one core: contention_keep_frac =
+      busy / idle W1 decode tok/s, w2_8_contention_keep_frac = busy / idle W2-8 tok/s
 
 Every prompt is new to the server (it starts with its own number), so no prefix cache serves W1,
 W2 or a chat's first turn; W3's later turns hit what the previous turn left, as a stateless
@@ -84,7 +85,8 @@ STEADY_READ_CHANGE = 0.1   # the most the reads before and after W1 may differ f
 OURS = ("mcpd", "mcpd-http")   # mcpd's own systems: never a peer
 FIGURES = {"w1_decode_tok_s": True, "w1_ttft_ms": False, "w2_8_tok_s": True, "w2_32_tok_s": True,
            "w3_turn10_ttft_ms": False, "w4_req_s": True, "w1_busy_decode_tok_s": True,
-           "contention_keep_frac": True, "w1_decode_roofline_frac": True, "w2_32_compute_roofline_frac": True,
+           "contention_keep_frac": True, "w2_8_busy_tok_s": True, "w2_8_contention_keep_frac": True,
+           "w1_decode_roofline_frac": True, "w2_32_compute_roofline_frac": True,
            "w2_32_work_compute_frac": True}
 
 
@@ -192,17 +194,26 @@ def w4(target, seconds: float) -> dict:
     return {"w4_req_s": sum(done) / wall}
 
 
-def w1_busy(target, prompts: Prompts) -> dict:
+def busy_core(work) -> dict:
+    """work() while a spinning process holds the last core (a neighbour the server does not own)."""
     busy = peer_servers.spinner(peer_servers.cores()[-1])
     try:
-        return {"w1_busy_decode_tok_s": w1(target, prompts)["w1_decode_tok_s"]}
+        return work()
     finally:
         peer_servers.stop_spinner(busy)
 
 
+def w1_busy(target, prompts: Prompts) -> dict:
+    return busy_core(lambda: {"w1_busy_decode_tok_s": w1(target, prompts)["w1_decode_tok_s"]})
+
+
+def w2_busy(target, prompts: Prompts) -> dict:
+    return busy_core(lambda: {"w2_8_busy_tok_s": w2(target, prompts, 8)["w2_8_tok_s"]})
+
+
 def workloads(quick: bool) -> list:
     return [lambda t, p: w1_beside_reads(t, p), lambda t, p: w2(t, p, 8), lambda t, p: w2(t, p, 32), lambda t, p: w3(t, p),
-            lambda t, p: w4(t, 1.5 if quick else 4.0), lambda t, p: w1_busy(t, p)]
+            lambda t, p: w4(t, 1.5 if quick else 4.0), lambda t, p: w1_busy(t, p), lambda t, p: w2_busy(t, p)]
 
 
 # -- warm-up and checks ---------------------------------------------------------------------------
@@ -237,6 +248,7 @@ def derived(figures: dict, samples: dict[str, list[float]], limits: dict) -> dic
     each round) and the machine's limits."""
     out = dict(figures)
     out["contention_keep_frac"] = figures["w1_busy_decode_tok_s"] / figures["w1_decode_tok_s"]
+    out["w2_8_contention_keep_frac"] = figures["w2_8_busy_tok_s"] / figures["w2_8_tok_s"]
     rounds = list(zip(samples["w1_decode_tok_s"], samples["w1_read_gbps"], samples["w1_read_change"]))
     shares = [round(rate * limits["weight_bytes_per_token"] / (read * 1e9), 3) for rate, read, _ in rounds]
     out["w1_share_per_round"] = [[share, round(read, 1), round(change, 3)] for share, (_, read, change) in zip(shares, rounds)]
