@@ -1,5 +1,5 @@
 """The thread tuner's choices, from step times fed to it (no clock: the same every run)."""
-from mcpd.engine.thread_tuner import PERIOD, TRIAL, ThreadTuner
+from mcpd.engine.thread_tuner import PERIOD, RETRY, TRIAL, ThreadTuner
 
 
 def serve(tuner: ThreadTuner, seconds_at, steps: int, tokens=lambda step: 4) -> list[int]:
@@ -85,3 +85,56 @@ def test_after_a_pause_the_tuner_measures_before_any_burst():
     tuner.resume(idle_seconds=5.0)
     assert tuner.measuring
     assert not ThreadTuner(1, None).measuring   # one thread: nothing to measure
+
+
+def test_a_neighbour_seen_waiting_brings_the_next_trial_to_now():
+    """Run-delay says a team thread waits for its core (RunDelay.share): the downward trial is
+    measured from the next step, not at the periodic one, PERIOD steps later."""
+    waits = iter([0.0] * 10 + [0.5] * 1000)
+    tuner = ThreadTuner(2, None, lambda: next(waits))
+    serve(tuner, {1: 0.010, 2: 0.015}.get, 10)
+    assert tuner.current == 2 and not tuner.measuring
+    set_to = serve(tuner, {1: 0.010, 2: 0.015}.get, 2 * TRIAL + 2)
+    assert set_to == [1] and tuner.current == 1
+
+
+def test_without_waits_the_trial_keeps_its_period():
+    tuner = ThreadTuner(2, None, lambda: 0.01)
+    set_to = serve(tuner, {1: 0.010, 2: 0.015}.get, PERIOD - 1)
+    assert set_to == [] and tuner.current == 2
+
+
+def test_waits_fewer_threads_do_not_cure_bring_trials_ever_more_rarely():
+    """The daemon's own processes wait for the cores too, and one thread fewer is slower then:
+    each lost trial doubles the steps before waits may bring the next, up to PERIOD."""
+    tuner = ThreadTuner(2, None, lambda: 0.5)
+    started, step = [], 0   # the steps trials of one thread started at
+    tuner.set_threads = lambda count: started.append(step) if count == 1 else None
+    for step in range(6 * PERIOD):
+        tuner.observe(1, {1: 0.015, 2: 0.010}[tuner.trying or tuner.current])
+    assert tuner.current == 2
+    assert started[0] == TRIAL + 1   # the first step saw the waits; then the baseline's steps
+    # From one trial's start to the next: its TRIAL steps, the gap (RETRY doubled by the lost
+    # trial), the next baseline's TRIAL + 1. Then every PERIOD steps, as if nobody waited.
+    between = [later - earlier for earlier, later in zip(started, started[1:])]
+    assert between == [TRIAL + 2 * RETRY + TRIAL + 1] + [PERIOD] * (len(between) - 1) and len(between) >= 4
+
+
+def test_a_won_trial_or_a_pause_lets_waits_bring_the_next_soon_again():
+    tuner = ThreadTuner(2, None, lambda: 0.5)
+    serve(tuner, {1: 0.015, 2: 0.010}.get, PERIOD)   # trials lost: the gap grew
+    assert tuner.retry > RETRY
+    tuner.resume(5.0)
+    assert tuner.retry == RETRY
+    tuner.retry = PERIOD
+    serve(tuner, {1: 0.010, 2: 0.015}.get, 2 * TRIAL + 2)   # now one thread is faster: a trial won
+    assert tuner.current == 1 and tuner.retry == RETRY
+
+
+def test_waits_during_bursts_end_the_bursts_for_a_trial():
+    """Engine._run_burst reports bursts with skip(): waits seen over a burst make the next steps
+    the trial's (measuring), which the engine runs one by one."""
+    tuner = ThreadTuner(2, None, lambda: 0.5)
+    tuner.steps = RETRY   # well before the periodic trial, long after the last
+    tuner.skip(7)
+    assert tuner.measuring and tuner.trying is None

@@ -86,3 +86,33 @@ def test_the_team_is_bound_and_the_main_thread_goes_free_below_every_thread():
     if out[0] == "1":
         pytest.skip("one core: nothing to bind apart")
     assert out == ["2", "True", "1", "True", "2", "True"]   # owned_cores: the worker's, not the bound main thread's
+
+
+def test_run_delay_sees_a_neighbour_on_a_team_threads_core():
+    """RunDelay.of_team() finds the team's threads (the caller's first, each once), and a busy
+    process on one helper's core makes that helper wait for a CPU a large share of the time: the
+    signal the thread tuner acts on. Two CPU-bound threads on one core share it, so the helper
+    waits about half the time there (CONTENDED is 0.2)."""
+    out = _python("import os, subprocess, sys, threading\n"
+                  "from mcpd.engine import threads\n"
+                  "cores = sorted(os.sched_getaffinity(0))[:2]\n"
+                  "os.sched_setaffinity(0, cores)\n"
+                  "threads.configure(1, 0, 0, 'passive')\n"
+                  "import torch\n"
+                  "threads.start_team()\n"
+                  "from mcpd.engine.run_delay import RunDelay\n"
+                  "from mcpd.engine.thread_tuner import CONTENDED\n"
+                  "run_delay = RunDelay.of_team(2)\n"
+                  "ids = [int(path.split('/')[4]) for path in run_delay.paths]\n"
+                  "helper_core = os.sched_getaffinity(ids[-1])\n"
+                  "hog = subprocess.Popen([sys.executable, '-c', 'while True: pass'])\n"
+                  "os.sched_setaffinity(hog.pid, helper_core)\n"
+                  "x = torch.randn(1500, 1500)\n"
+                  "run_delay.share()\n"
+                  "for _ in range(30): x @ x\n"
+                  "waited = run_delay.share()\n"
+                  "hog.kill()\n"
+                  "print(len(cores), ids[0] == threading.get_native_id(), len(set(ids)), waited >= CONTENDED)")
+    if out[0] == "1":
+        pytest.skip("one core: nothing to share")
+    assert out == ["2", "True", "2", "True"]

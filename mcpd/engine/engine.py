@@ -24,6 +24,7 @@ from mcpd.engine.host_kv import HostKV
 from mcpd.engine.kv_cache import KVCache
 from mcpd.engine.kv_records import kv_region, region_key
 from mcpd.engine.resident_weights import ResidentWeights
+from mcpd.engine.run_delay import RunDelay
 from mcpd.engine.sampler import Sampler
 from mcpd.engine.sequence import SamplingParams, Sequence
 from mcpd.engine.thread_tuner import ThreadTuner
@@ -95,7 +96,7 @@ class Engine:
         self.decode_burst = config.engine.decode_burst if getattr(self.model, "runs_greedy_steps", False) else 1
         # From the process's own count, not the current one, which an earlier engine's tuner may have set.
         torch.set_num_threads(PROCESS_THREADS)
-        self.thread_tuner = (ThreadTuner(PROCESS_THREADS, partial(threads.set_count, most=PROCESS_THREADS))
+        self.thread_tuner = (self._thread_tuner()
                              if self.device.type == "cpu" and config.workers.adaptive_threads and PROCESS_THREADS > 1
                              else None)
         self.sequences: dict[Hashable, Sequence] = {}
@@ -105,6 +106,13 @@ class Engine:
         self.steps = self.tokens_prefilled = self.tokens_generated = 0
         self.last_step_end = 0.0   # perf_counter: the thread tuner resets after a pause
         self.batch_sizes = Histogram(BATCH_BOUNDS)   # sequences per step, for the metrics endpoint
+
+    @staticmethod
+    def _thread_tuner() -> ThreadTuner:
+        """The tuner of this thread's OpenMP team: the thread that builds the engine runs its steps."""
+        run_delay = RunDelay.of_team(PROCESS_THREADS)
+        return ThreadTuner(PROCESS_THREADS, partial(threads.set_count, most=PROCESS_THREADS),
+                           run_delay.share if run_delay is not None else None)
 
     def add_request(self, key: Hashable, prompt_token_ids: list[int], params: SamplingParams,
                     priority: int = 0, cache_namespace: str = "", write_through: bool = False) -> None:

@@ -3,12 +3,17 @@
 One thread per core the worker owns is right on an idle machine. When another process takes one
 of those cores, the thread sharing it falls behind and every parallel region waits for it: on a
 2-core machine with one core busy, one thread decoded faster than two (bench/engine.py,
-contention). Nothing tells a process that a neighbour started, so the tuner tries: every
-PERIOD steps it runs TRIAL steps on one thread more or fewer (alternately, within 1 ..
-most) and keeps the count whose steps were at least GAIN faster. Steps are compared only with
-steps that computed the same number of tokens (a decode batch that did not change), so a new
-request mid-trial voids the trial instead of deciding it. A trial costs at most TRIAL slow
-steps per PERIOD: about 3% of the steps, slower only while the other count is the worse one.
+contention). Whether fewer threads are faster is for a trial to say: every PERIOD steps the tuner
+runs TRIAL steps on one thread more or fewer (alternately, within 1 .. most) and keeps the count
+whose steps were at least GAIN faster. Steps are compared only with steps that computed the same
+number of tokens (a decode batch that did not change), so a new request mid-trial voids the
+trial instead of deciding it. A trial costs at most TRIAL slow steps per PERIOD: about 3% of the
+steps, slower only while the other count is the worse one.
+
+When a neighbour comes is for Linux to say: a team thread that waits for a CPU a CONTENDED share
+of the time (run_delay.py) brings the next trial, a downward one, to now. Before, a neighbour that
+came in the middle of a stream waited for the periodic trial, up to PERIOD steps: in bench/peers.py
+W1 with one core busy ran 88-124 tok/s when it came early in a period, ~145-165 when late.
 """
 from __future__ import annotations
 
@@ -22,16 +27,27 @@ GAIN = 0.9     # a trial wins when its mean step time is below this share of the
 # ran kept it into the next burst until a trial 128 steps later, so the burst's first prefill ran
 # on one core.
 IDLE_RESET_S = 1.0
+CONTENDED = 0.2   # a team thread waited this share of the time for a CPU: a neighbour is on its core
+# Steps from the end of a trial before contention may start the next. Waits need not mean fewer
+# threads are faster: the daemon's own processes and its clients wait for the cores too (W4's
+# eight clients brought a trial every RETRY steps, each lost). So each lost trial doubles the
+# gap, up to PERIOD, and a won one or a pause sets it back to RETRY.
+RETRY = 32
 
 
 class ThreadTuner:
-    def __init__(self, most: int, set_threads: Callable[[int], None]) -> None:
-        self.most, self.set_threads = most, set_threads
+    def __init__(self, most: int, set_threads: Callable[[int], None],
+                 waited: Callable[[], float] | None = None) -> None:
+        """waited: the largest share of the time since its previous call that a team thread
+        waited for a CPU (RunDelay.share); None where it cannot be known."""
+        self.most, self.set_threads, self.waited = most, set_threads, waited
         self.current = most
         self.trying: int | None = None          # the count on trial, if one runs
         self.baseline: list[tuple[int, float]] = []   # (tokens, seconds) of recent steps at current
         self.trial: list[tuple[int, float]] = []
         self.steps = 0
+        self.trial_ended = -RETRY               # the step the last trial was decided at
+        self.retry = RETRY                      # steps from then before contention may start one
         self.downward = True                    # the direction of the next trial
 
     def resume(self, idle_seconds: float) -> None:
@@ -45,7 +61,7 @@ class ThreadTuner:
             self.set_threads(self.most)
         self.current, self.trying, self.baseline, self.trial = self.most, None, [], []
         # the trial starts after TRIAL + 1 steps: the burst's first is a prefill, like no step after it
-        self.steps, self.downward = PERIOD - TRIAL - 1, True
+        self.steps, self.trial_ended, self.retry, self.downward = PERIOD - TRIAL - 1, -RETRY, RETRY, True
 
     @property
     def measuring(self) -> bool:
@@ -61,20 +77,39 @@ class ThreadTuner:
         nearer as that many steps would, up to the steps that measure it, and are compared with
         nothing. Counted by calls, a trial came every 128 bursts (~650 tokens), and one lost to a
         noisy baseline cost a whole W1 answer on the wrong thread count."""
-        window = self.steps - self.steps % PERIOD + PERIOD - TRIAL - 1
-        self.steps = min(self.steps + steps, window)
+        self.steps = min(self.steps + steps, self._window())
+        if self._contended():
+            self._bring_trial_forward()
 
     def observe(self, tokens: int, seconds: float) -> None:
         """A step that computed `tokens` tokens took `seconds`."""
         self.steps += 1
+        contended = self._contended()   # read at every step: each reading covers one step's time
         if self.trying is None:
             self.baseline = (self.baseline + [(tokens, seconds)])[-TRIAL:]
             if self.steps % PERIOD == 0 and self.most > 1:
                 self._start_trial()
+            elif contended:
+                self._bring_trial_forward()
             return
         self.trial.append((tokens, seconds))
         if len(self.trial) == TRIAL:
             self._decide()
+
+    def _window(self) -> int:
+        """The step the steps that measure the next trial begin at (a trial's baseline)."""
+        return self.steps - self.steps % PERIOD + PERIOD - TRIAL - 1
+
+    def _contended(self) -> bool:
+        return self.waited is not None and self.waited() >= CONTENDED
+
+    def _bring_trial_forward(self) -> None:
+        """A team thread waited for its core: measure a trial of one thread fewer from the next
+        step on, unless one is measured already, no fewer can run, or the last ended too lately."""
+        if (self.trying is not None or self.current == 1 or self.measuring
+                or self.steps - self.trial_ended < self.retry):
+            return
+        self.steps, self.downward = self._window(), True
 
     def _start_trial(self) -> None:
         candidate = self.current - 1 if self.downward else self.current + 1
@@ -88,10 +123,11 @@ class ThreadTuner:
         shapes = {tokens for tokens, _ in self.baseline + self.trial}
         comparable = len(self.baseline) == TRIAL and len(shapes) == 1
         if comparable and _mean(self.trial) < GAIN * _mean(self.baseline):
-            self.current, self.baseline = self.trying, self.trial
+            self.current, self.baseline, self.retry = self.trying, self.trial, RETRY
         else:
             self.set_threads(self.current)
-        self.trying = None
+            self.retry = min(2 * self.retry, PERIOD)
+        self.trying, self.trial_ended = None, self.steps
 
 
 def _mean(steps: list[tuple[int, float]]) -> float:

@@ -21,6 +21,8 @@ dtype codes: 0 = float32, 1 = bfloat16 (stored as uint16).
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #if defined(__AVX512BF16__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
@@ -1000,6 +1002,25 @@ int mcpd_max_threads(void) {
 #else
     return 1;
 #endif
+}
+
+/* The kernel's thread id of each thread of an OpenMP team of `most` (tids[i] is thread i's; 0 is
+   the caller's), and how many the team had. The engine watches how long they wait for a CPU
+   (/proc/self/task/TID/schedstat, mcpd/engine/run_delay.py): a neighbour on one of their cores. */
+int mcpd_team_tids(int64_t *tids, int most) {
+    int team = 1;
+    tids[0] = syscall(SYS_gettid);
+#ifdef _OPENMP
+    extern int omp_get_thread_num(void);
+    extern int omp_get_num_threads(void);
+    #pragma omp parallel num_threads(most)
+    {
+        tids[omp_get_thread_num()] = syscall(SYS_gettid);
+        if (omp_get_thread_num() == 0)
+            team = omp_get_num_threads();
+    }
+#endif
+    return team;
 }
 
 int mcpd_has_avx512_bf16(void) {

@@ -44,11 +44,12 @@ _SIGNATURES = {
     "mcpd_argmax": [_P, _I, _I, _P],
     "mcpd_greedy_steps": [ctypes.c_int, _P, _P, _I, _P, _I, _I, _I, _P, _I, _P, _P, _P, _P, _P],
     "mcpd_max_threads": [],
+    "mcpd_team_tids": [_P, ctypes.c_int],
     "mcpd_has_avx512_bf16": [],
 }
 
-_RESTYPES = {"mcpd_rows": ctypes.c_int, "mcpd_max_threads": ctypes.c_int, "mcpd_has_avx512_bf16": ctypes.c_int,
-             "mcpd_stack_scratch_bytes": _I, "mcpd_greedy_steps": _I}
+_RESTYPES = {"mcpd_rows": ctypes.c_int, "mcpd_max_threads": ctypes.c_int, "mcpd_team_tids": ctypes.c_int,
+             "mcpd_has_avx512_bf16": ctypes.c_int, "mcpd_stack_scratch_bytes": _I, "mcpd_greedy_steps": _I}
 
 
 class NativeUnavailable(RuntimeError):
