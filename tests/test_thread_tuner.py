@@ -88,13 +88,14 @@ def test_after_a_pause_the_tuner_measures_before_any_burst():
 
 
 def test_a_neighbour_seen_waiting_brings_the_next_trial_to_now():
-    """Run-delay says a team thread waits for its core (RunDelay.share): the downward trial is
-    measured from the next step, not at the periodic one, PERIOD steps later."""
-    waits = iter([0.0] * 10 + [0.5] * 1000)
+    """Run-delay says a team thread waits for its core (RunDelay.share) at two steps in a row:
+    the downward trial is measured from the next step, not at the periodic one, PERIOD steps
+    later. One such step alone (W4's clients make a few) does not."""
+    waits = iter([0.0] * 10 + [0.5] + [0.0] * 10 + [0.5] * 1000)
     tuner = ThreadTuner(2, None, lambda: next(waits))
-    serve(tuner, {1: 0.010, 2: 0.015}.get, 10)
+    serve(tuner, {1: 0.010, 2: 0.015}.get, 21)
     assert tuner.current == 2 and not tuner.measuring
-    set_to = serve(tuner, {1: 0.010, 2: 0.015}.get, 2 * TRIAL + 2)
+    set_to = serve(tuner, {1: 0.010, 2: 0.015}.get, 2 * TRIAL + 3)
     assert set_to == [1] and tuner.current == 1
 
 
@@ -113,7 +114,7 @@ def test_waits_fewer_threads_do_not_cure_bring_trials_ever_more_rarely():
     for step in range(6 * PERIOD):
         tuner.observe(1, {1: 0.015, 2: 0.010}[tuner.trying or tuner.current])
     assert tuner.current == 2
-    assert started[0] == TRIAL + 1   # the first step saw the waits; then the baseline's steps
+    assert started[0] == TRIAL + 2   # the first two steps saw the waits; then the baseline's steps
     # From one trial's start to the next: its TRIAL steps, the gap (RETRY doubled by the lost
     # trial), the next baseline's TRIAL + 1. Then every PERIOD steps, as if nobody waited.
     between = [later - earlier for earlier, later in zip(started, started[1:])]
@@ -136,5 +137,7 @@ def test_waits_during_bursts_end_the_bursts_for_a_trial():
     the trial's (measuring), which the engine runs one by one."""
     tuner = ThreadTuner(2, None, lambda: 0.5)
     tuner.steps = RETRY   # well before the periodic trial, long after the last
+    tuner.skip(7)
+    assert not tuner.measuring   # one burst's waits: not yet
     tuner.skip(7)
     assert tuner.measuring and tuner.trying is None

@@ -92,7 +92,7 @@ def test_run_delay_sees_a_neighbour_on_a_team_threads_core():
     """RunDelay.of_team() finds the team's threads (the caller's first, each once), and a busy
     process on one helper's core makes that helper wait for a CPU a large share of the time: the
     signal the thread tuner acts on. Two CPU-bound threads on one core share it, so the helper
-    waits about half the time there (CONTENDED is 0.2)."""
+    waits about half the time there (CONTENDED is 0.3)."""
     out = _python("import os, subprocess, sys, threading\n"
                   "from mcpd.engine import threads\n"
                   "cores = sorted(os.sched_getaffinity(0))[:2]\n"

@@ -11,7 +11,7 @@ trial instead of deciding it. A trial costs at most TRIAL slow steps per PERIOD:
 steps, slower only while the other count is the worse one.
 
 When a neighbour comes is for Linux to say: a team thread that waits for a CPU a CONTENDED share
-of the time (run_delay.py) brings the next trial, a downward one, to now. Before, a neighbour that
+of the time (run_delay.py), twice in a row, brings the next trial, a downward one, to now. Before, a neighbour that
 came in the middle of a stream waited for the periodic trial, up to PERIOD steps: in bench/peers.py
 W1 with one core busy ran 88-124 tok/s when it came early in a period, ~145-165 when late.
 """
@@ -27,7 +27,11 @@ GAIN = 0.9     # a trial wins when its mean step time is below this share of the
 # ran kept it into the next burst until a trial 128 steps later, so the burst's first prefill ran
 # on one core.
 IDLE_RESET_S = 1.0
-CONTENDED = 0.2   # a team thread waited this share of the time for a CPU: a neighbour is on its core
+# A team thread waited this share of the time for a CPU, at two readings in a row: a neighbour is on
+# its core. Readings in the daemon (bench/README.md, "A neighbour, seen"): beside a spinning process
+# 0.43 at the median step; idle, W1 and W2 0.01-0.03 (p99 0.15-0.30), W4's eight clients 0.12 (p99
+# 0.34): one reading over 0.3 comes in idle serving now and then, two in a row seldom.
+CONTENDED = 0.3
 # Steps from the end of a trial before contention may start the next. Waits need not mean fewer
 # threads are faster: the daemon's own processes and its clients wait for the cores too (W4's
 # eight clients brought a trial every RETRY steps, each lost). So each lost trial doubles the
@@ -47,6 +51,7 @@ class ThreadTuner:
         self.trial: list[tuple[int, float]] = []
         self.steps = 0
         self.trial_ended = -RETRY               # the step the last trial was decided at
+        self.waited_before = False              # whether the previous reading was CONTENDED too
         self.retry = RETRY                      # steps from then before contention may start one
         self.downward = True                    # the direction of the next trial
 
@@ -101,7 +106,10 @@ class ThreadTuner:
         return self.steps - self.steps % PERIOD + PERIOD - TRIAL - 1
 
     def _contended(self) -> bool:
-        return self.waited is not None and self.waited() >= CONTENDED
+        if self.waited is None:
+            return False
+        waited, self.waited_before = self.waited_before, self.waited() >= CONTENDED
+        return waited and self.waited_before
 
     def _bring_trial_forward(self) -> None:
         """A team thread waited for its core: measure a trial of one thread fewer from the next
