@@ -360,9 +360,8 @@ static void tile(int dtype, const void *x, int64_t rows, int64_t k, const void *
    one-row products +3.2% on one thread and +3.6% on two (.probe/abrow1.py, 24 rounds); a whole
    float32 greedy token +1.3% to +6.1% over four runs (.probe/abstack.py, fastshare.py), a
    bfloat16 one +6.8%. On fast memory each core streams at its own ceiling and a gap in one
-   core's stream is not filled by the other's; no fast minute came to measure it there. The next
-   run may be the other thread's; fetching it for only the runs a thread surely takes next
-   gained less. */
+   core's stream is not filled by the other's. Each thread's runs are one contiguous share
+   (linear_row), so the next run is the thread's own but at the end of its share. */
 INLINE int64_t ahead(int64_t i, int64_t rows, int64_t k, int64_t next) {   /* the panel row to fetch */
     return i + rows < k || !next ? i + rows : next + i + rows - k;
 }
@@ -397,13 +396,22 @@ INLINE void row_bf16(const bf16 *x, int64_t k, const bf16 *const q[ROW_PANELS], 
 #define ROW_BF16 0
 #endif
 
-/* linear() for one row: runs of ROW_PANELS panels, two runs a chunk (the tile's 8 panels). A
-   short last run reads its first panel again in place of the missing ones and drops their sums. */
+/* linear() for one row: runs of ROW_PANELS panels, each thread one contiguous share of them. A
+   short last run reads its first panel again in place of the missing ones and drops their sums.
+   Static shares, not runs handed out two at a time: each thread then streams one stretch of
+   memory, and what `ahead` fetches is its own next run. On fast memory (~60 GB/s, where each core
+   streams at its own ceiling) a float32 greedy token ran 10-14% faster, 0.79-0.81 -> 0.88-0.93 of
+   the read limit; bfloat16 +13%; on slow memory (~34 GB/s) -1% to +4%; also with a 1 ms pause
+   before every step, a sleeping helper thread to wake (.probe/abstack2.py, bench/README.md,
+   2026-11-27 stop 29). Dynamic shares were for a helper woken tens of microseconds late when
+   every product was its own call from Python; the whole stack is one native call now, and
+   its helper spins between products (threads.py, "brief"). Under a neighbour the thread tuner
+   drops to one thread. */
 static void linear_row(int dtype, const void *x, int64_t k, const void *packed, const void *bias, int64_t n,
                        void *y, int y_f32) {
     size_t size = dtype == F32 ? 4 : 2;
     int64_t panels = (n + PANEL - 1) / PANEL, runs = (panels + ROW_PANELS - 1) / ROW_PANELS;
-    #pragma omp parallel for schedule(dynamic, 2) if (runs > 1 && n * k >= 32768)
+    #pragma omp parallel for schedule(static) if (runs > 1 && n * k >= 32768)
     for (int64_t run = 0; run < runs; run++) {
         int64_t first = run * ROW_PANELS, count = panels - first < ROW_PANELS ? panels - first : ROW_PANELS;
         const char *q[ROW_PANELS];
