@@ -65,17 +65,22 @@ def test_the_worker_imports_torch_only_after_setting_up_threads():
     assert out == ["False", "False"]   # torch came first: the wait policy no longer applies
 
 
+# A fresh interpreter on (at most) two of this machine's cores, its OpenMP team started as a
+# worker starts it: set up before torch loads, then bound. Prints nothing; `cores` are the two.
+TWO_CORE_TEAM = ("import os\n"
+                 "from mcpd.engine import threads\n"
+                 "cores = sorted(os.sched_getaffinity(0))[:2]\n"
+                 "os.sched_setaffinity(0, cores)\n"
+                 "threads.configure(1, 0, 0, 'passive')\n"
+                 "import torch\n"
+                 "threads.start_team()\n")
+
+
 def test_the_team_is_bound_and_the_main_thread_goes_free_below_every_thread():
     """start_team() binds OpenMP's threads one to a core (a pause's wake-up then cannot stack two
     on one core); set_count() below the full count frees the main thread to leave a neighbour's
     core, and binds it again at the full count. Two cores are enough to tell (the CI machine's)."""
-    out = _python("import os\n"
-                  "from mcpd.engine import threads\n"
-                  "cores = sorted(os.sched_getaffinity(0))[:2]\n"
-                  "os.sched_setaffinity(0, cores)\n"
-                  "threads.configure(1, 0, 0, 'passive')\n"
-                  "import torch\n"
-                  "threads.start_team()\n"
+    out = _python(TWO_CORE_TEAM +
                   "full = sorted(os.sched_getaffinity(0))\n"
                   "owned = threads.owned_cores() == cores\n"
                   "threads.set_count(1, 2)\n"
@@ -93,13 +98,8 @@ def test_run_delay_sees_a_neighbour_on_a_team_threads_core():
     process on one helper's core makes that helper wait for a CPU a large share of the time: the
     signal the thread tuner acts on. Two CPU-bound threads on one core share it, so the helper
     waits about half the time there (CONTENDED is 0.3)."""
-    out = _python("import os, subprocess, sys, threading\n"
-                  "from mcpd.engine import threads\n"
-                  "cores = sorted(os.sched_getaffinity(0))[:2]\n"
-                  "os.sched_setaffinity(0, cores)\n"
-                  "threads.configure(1, 0, 0, 'passive')\n"
-                  "import torch\n"
-                  "threads.start_team()\n"
+    out = _python(TWO_CORE_TEAM +
+                  "import subprocess, sys, threading\n"
                   "from mcpd.engine.run_delay import RunDelay\n"
                   "from mcpd.engine.thread_tuner import CONTENDED\n"
                   "run_delay = RunDelay.of_team(2)\n"
