@@ -23,12 +23,17 @@ class RunDelay:
     def of_team(cls, most: int) -> RunDelay | None:
         """The team of `most` threads whose main thread is the caller (libgomp keeps a team per
         calling thread: call this from the thread that runs the steps). None where the native
-        kernels do not load (they report the team's thread ids) or Linux keeps no schedstat."""
-        from mcpd.models import native   # loaded by now: the engine is built
+        kernels do not load (they report the team's thread ids), do not share torch's OpenMP
+        runtime (their team would not be torch's), or Linux keeps no schedstat."""
+        import torch   # loaded by now: the engine is built
+
+        from mcpd.models import native
 
         try:
             library = native.load()
         except native.NativeUnavailable:
+            return None
+        if library.mcpd_max_threads() != torch.get_num_threads():
             return None
         ids = (ctypes.c_int64 * most)()
         team = library.mcpd_team_tids(ids, most)
