@@ -199,9 +199,11 @@ class Bench:
 
 
 def spinner() -> subprocess.Popen:
-    """A process burning the last core this one owns."""
+    """A process burning the last core this one owns. Of the cores the engine's threads own, not
+    of this thread's affinity: OpenMP binds the main thread to the first, so that was always the
+    main thread's own core, and the figure measured a neighbour there only."""
     hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    os.sched_setaffinity(hog.pid, {max(os.sched_getaffinity(0))})
+    os.sched_setaffinity(hog.pid, {max(threads.owned_cores())})
     return hog
 
 
