@@ -29,10 +29,9 @@ next, so W1's share of it is taken against reads of W1's own moment: one just be
 after each system's W1, their mean the limit. A round whose two reads differ by more than 10%
 (the memory changed speed during W1) does not count towards the share, unless no round is steady
 (`w1_steady_rounds` says how many counted; `w1_share_per_round` lists each round's share, read
-and change). The figure is the median over the rounds. The read
-at the start of each round is printed for context. The
-per-token work is counted over the weights every token multiplies by (all but the embedding
-table, a one-row lookup: 38.9M of the 55.3M):
+and change). The figure is the median over the rounds. The read at the start of each round is
+printed for context. The per-token work is counted over the weights every token multiplies by
+(all but the embedding table, a one-row lookup: 38.9M of the 55.3M):
   w1_decode_roofline_frac     = W1 decode tok/s * those weights' bytes / read bandwidth
   w2_32_compute_roofline_frac = W2-32 tok/s * 2 FLOPs per such weight / matmul rate
   w2_32_work_compute_frac     = the same with the prompts' tokens counted too: every W2 prompt is

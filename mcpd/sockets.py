@@ -15,9 +15,11 @@ import zmq
 
 CLIENT_IPC = "client.ipc"      # clients (the front-end's ROUTER)
 CONTROL_IPC = "control.ipc"    # mcpctl (the supervisor's ROUTER)
-# Every socket file in the runtime directory (daemon/channels.py maps the internal ones). A Unix
-# socket's path takes at most 107 bytes, so the directory's may take that less "/" and the longest.
-RUNTIME_SOCKETS = (CLIENT_IPC, CONTROL_IPC, "events.ipc", "sched.ipc", "frontend.ipc", "workers.ipc")
+# The internal ones (daemon/channels.py draws who talks to whom on each).
+EVENTS_IPC, SCHED_IPC, FRONTEND_IPC, WORKERS_IPC = "events.ipc", "sched.ipc", "frontend.ipc", "workers.ipc"
+# Every socket file in the runtime directory. A Unix socket's path takes at most 107 bytes, so the
+# directory's may take that less "/" and the longest name.
+RUNTIME_SOCKETS = (CLIENT_IPC, CONTROL_IPC, EVENTS_IPC, SCHED_IPC, FRONTEND_IPC, WORKERS_IPC)
 UNIX_PATH_MAX = 107
 RUNTIME_DIR_MAX_BYTES = UNIX_PATH_MAX - 1 - max(len(name) for name in RUNTIME_SOCKETS)
 # Plain ints: pyzmq's enum flags cost a Flag construction per `&` or `|` (about 2 µs each).

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import zmq
 
+from mcpd import sockets
 from mcpd.config import Config
 from mcpd.daemon import channels, log, messages
 from mcpd.refusal import StartRefused
@@ -87,7 +88,7 @@ class EventReporter:
         self.socket = context.socket(zmq.PUSH)
         self.socket.setsockopt(zmq.LINGER, 1000)
         self.socket.setsockopt(zmq.SNDHWM, 100)
-        self.socket.connect(channels.endpoint(config.runtime_dir, "events.ipc"))
+        self.socket.connect(channels.endpoint(config.runtime_dir, sockets.EVENTS_IPC))
         self.sender = messages.Sender(role, index, os.getpid())
 
     def send(self, kind: type[messages.Event], *fields, **named) -> None:

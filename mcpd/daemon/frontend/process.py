@@ -22,6 +22,7 @@ import uvloop
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
+from mcpd import sockets
 from mcpd.config import Config
 from mcpd.daemon import channels, child, live_config, messages
 from mcpd.daemon.batch import Batch, each_message
@@ -65,10 +66,10 @@ class FrontEnd:
         limits = config.limits
         self.outbox = Outbox(self.clients, limits.max_client_backlog_bytes)
         self.incoming = IncomingBytes(limits.max_message_bytes, limits.max_incoming_bytes, self.gate.auth, self.log)
-        self.to_scheduler = self._socket(zmq.PUSH, "sched.ipc", bind=False)
+        self.to_scheduler = self._socket(zmq.PUSH, sockets.SCHED_IPC, bind=False)
         # What goes to the scheduler, sent in batches once per pass of _pump (_to_scheduler says why never blocking)
         self.for_scheduler = Batch(partial(channels.send_frames, self.to_scheduler, flags=channels.NOBLOCK))
-        self.from_scheduler = self._socket(zmq.PULL, "frontend.ipc", bind=True)
+        self.from_scheduler = self._socket(zmq.PULL, sockets.FRONTEND_IPC, bind=True)
         self.events = child.EventReporter(self.context, config, "frontend")
         self.pending: dict[int, Pending] = {}
         self.rid_of: dict[tuple[bytes, int | str], int] = {}

@@ -13,6 +13,7 @@ from functools import partial
 
 import zmq
 
+from mcpd import sockets
 from mcpd.config import Config
 from mcpd.daemon import channels, child, messages
 from mcpd.daemon.batch import Batch, each_message, each_routed_message
@@ -28,13 +29,13 @@ class SchedulerSockets:
     def __init__(self, config: Config):
         self.context = zmq.Context()
         try:
-            self.inbox = self._socket(config, zmq.PULL, "sched.ipc", bind=True)
-            self.workers = self._socket(config, zmq.ROUTER, "workers.ipc", bind=True)
+            self.inbox = self._socket(config, zmq.PULL, sockets.SCHED_IPC, bind=True)
+            self.workers = self._socket(config, zmq.ROUTER, sockets.WORKERS_IPC, bind=True)
             # A restarted worker reconnects with the same identity: let it take the route over,
             # and make sends to a missing worker fail loudly instead of vanishing.
             self.workers.setsockopt(zmq.ROUTER_HANDOVER, 1)
             self.workers.setsockopt(zmq.ROUTER_MANDATORY, 1)
-            self.frontend = self._socket(config, zmq.PUSH, "frontend.ipc", bind=False)
+            self.frontend = self._socket(config, zmq.PUSH, sockets.FRONTEND_IPC, bind=False)
             self.for_frontend = Batch(partial(channels.send_frames, self.frontend))   # sent once per turn of the loop
             self.events = child.EventReporter(self.context, config, "scheduler")
         except BaseException:

@@ -20,6 +20,7 @@ from pathlib import Path
 import zmq
 
 import mcpd
+from mcpd import sockets
 from mcpd import config as config_module, refusal
 from mcpd.config import LEGACY_NAME, Config, ConfigError
 from mcpd.daemon import channels, child as children, child_stats, log, messages, pool_keeper
@@ -35,7 +36,6 @@ from mcpd.refusal import StartRefused
 from mcpd.security import peer as peers
 from mcpd.security.keys import KeyStore
 from mcpd.security.trusted_path import make_private_dir
-from mcpd.sockets import RUNTIME_DIR_MAX_BYTES, UNIX_PATH_MAX
 
 DEFAULT_CONFIG = "/etc/mcpd/mcpd.toml"
 LOOP_POLL_MS = 200
@@ -134,10 +134,11 @@ class Supervisor:
     def prepare(self) -> None:
         architecture.check_configured(self.config)
         runtime_dir, state_dir = self.config.runtime_dir, self.config.state_dir
-        if len(os.fsencode(runtime_dir)) > RUNTIME_DIR_MAX_BYTES:   # its sockets' paths would not fit
+        # Its sockets' paths would not fit AF_UNIX: refused here, not by a bind's traceback.
+        if len(os.fsencode(runtime_dir)) > sockets.RUNTIME_DIR_MAX_BYTES:
             raise ConfigError(f"server.runtime_dir {str(runtime_dir)[:200]!r} is {len(os.fsencode(runtime_dir))} "
-                              f"bytes long; its sockets need one of at most {RUNTIME_DIR_MAX_BYTES} "
-                              f"(a Unix socket path holds {UNIX_PATH_MAX} bytes)")
+                              f"bytes long; its sockets need one of at most {sockets.RUNTIME_DIR_MAX_BYTES} "
+                              f"(a Unix socket path holds {sockets.UNIX_PATH_MAX} bytes)")
         # Others need to reach client.ipc (CURVE: every local user) or control.ipc (admin group).
         reachable = self.config.curve or self.admin_gid is not None
         make_private_dir(runtime_dir, REACHABLE_DIR_MODE if reachable else PRIVATE_DIR_MODE,
@@ -154,14 +155,14 @@ class Supervisor:
             except OSError as e:
                 raise ConfigError(f"security.keys_dir {self.config.keys_dir}: {e}") from None
         self.context = zmq.Context()
-        self.events = channels.internal_socket(self.context, runtime_dir, zmq.PULL, "events.ipc", bind=True)
+        self.events = channels.internal_socket(self.context, runtime_dir, zmq.PULL, sockets.EVENTS_IPC, bind=True)
         self.control = self.context.socket(zmq.ROUTER)
         self.control.setsockopt(zmq.MAXMSGSIZE, 1 << 20)
         control_path = runtime_dir / "control.ipc"
         channels.bind_ipc(self.control, control_path, peers.CONTROL_SOCKET_MODE)
         peers.restrict_control_socket(control_path, self.admin_gid)
-        self.to_scheduler = self._push("sched.ipc")
-        self.to_frontend = self._push("frontend.ipc")
+        self.to_scheduler = self._push(sockets.SCHED_IPC)
+        self.to_frontend = self._push(sockets.FRONTEND_IPC)
         self.metrics_address = self._serve_metrics()
 
     def _serve_metrics(self) -> str | None:

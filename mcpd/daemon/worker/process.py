@@ -14,6 +14,7 @@ from functools import partial
 
 import zmq
 
+from mcpd import sockets
 from mcpd import cpu_features
 from mcpd.config import LEGACY_NAME, Config
 from mcpd.daemon import channels, child, live_config, messages
@@ -33,10 +34,10 @@ class WorkerSockets:
         self.scheduler = context.socket(zmq.DEALER)
         self.scheduler.setsockopt(zmq.LINGER, 0)
         self.scheduler.setsockopt(zmq.IDENTITY, channels.worker_identity(index))
-        self.scheduler.connect(channels.endpoint(config.runtime_dir, "workers.ipc"))
+        self.scheduler.connect(channels.endpoint(config.runtime_dir, sockets.WORKERS_IPC))
         self.frontend = context.socket(zmq.PUSH)
         self.frontend.setsockopt(zmq.LINGER, 0)
-        self.frontend.connect(channels.endpoint(config.runtime_dir, "frontend.ipc"))
+        self.frontend.connect(channels.endpoint(config.runtime_dir, sockets.FRONTEND_IPC))
         self.for_scheduler = Batch(partial(channels.send_frames, self.scheduler))
         self.for_frontend = Batch(partial(channels.send_frames, self.frontend))
 
