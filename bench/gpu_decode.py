@@ -1,14 +1,22 @@
-"""Decode on a GPU: mcpd's engine against transformers' generate() on the same card, side by side.
+"""Decode on a GPU: mcpd's engine against the card's memory bandwidth and transformers' generate().
 
-    python bench/gpu_decode.py [--quick] [--dtype bfloat16|float32]
+    python bench/gpu_decode.py [--quick] [--shape issue|1b] [--dtype bfloat16|float32]
 
-The model is issue 12's 55.3M Llama (bench/peerkit/checkpoints.py, random weights), on
-cuda:0. W1: one request, a 128-token prompt, 128 tokens generated greedily (EOS ignored);
-decode tok/s over the tokens after the first. W2: 32 such requests at once (mcpd batches them;
-transformers gets them as one padded batch), generated tok/s. Each side warms up once, then the
-median of the rounds. Both sides launch a kernel per op (mcpd has no CUDA graphs yet), so at
-this size both are bound by launches, not by the card: the ratio is what mcpd's scheduling and
-step overhead cost against a plain generate loop. Last line: one JSON object.
+--shape 1b (issue 12's GPU figures): a ~1.1B-parameter random Llama (TinyLlama's shape: 22
+layers, hidden 2048, 32 query / 4 KV heads, intermediate 5632, vocab 32000), bfloat16. The
+roofline is measured in the same run: the card's read bandwidth (the best of several sums over a
+2 GiB tensor), and from it the batch-1 decode limit: tok/s = bandwidth / bytes a token reads
+(every weight but the embedding table, plus the KV it attends to). W1: one request, a 128-token
+prompt, 128 tokens generated greedily (EOS ignored): decode tok/s and its fraction of the limit.
+W2-64: 64 such requests at once: generated tok/s. Each with CUDA graphs (engine.cuda_graphs, the
+default) and without (the same kernels, eager), side by side.
+
+--shape issue (default): issue 12's 55.3M Llama, bf16, also against transformers' generate() on
+the same card (W1 and 32 requests): a model this small is bound by kernel launches, not memory.
+
+Decode tok/s counts the tokens after each request's first (its prefill) over the time from the
+step where the last request got its first token. Each side warms up once; medians of the rounds.
+Without a GPU it says so and ends with {"skipped": ...}. Last line: one JSON object.
 """
 from __future__ import annotations
 
@@ -22,23 +30,44 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from peerkit.checkpoints import checkpoint  # noqa: E402
+from peerkit.checkpoints import ISSUE_SHAPE, ModelShape, checkpoint  # noqa: E402
 
 from mcpd.config import Config, EngineConfig, ModelConfig  # noqa: E402
 from mcpd.engine import Engine, SamplingParams  # noqa: E402
 
 PROMPT_TOKENS = 128
+ONE_B_SHAPE = ModelShape(layers=22, hidden=2048, heads=32, kv_heads=4, intermediate=5632)   # TinyLlama's
+SHAPES = {"issue": ISSUE_SHAPE, "1b": ONE_B_SHAPE}
+
+
+def read_bandwidth(gib: int = 2, reps: int = 10) -> float:
+    """The card's read bandwidth, bytes/s: the best sum over a gib-GiB float32 tensor."""
+    x = torch.ones(gib << 28, dtype=torch.float32, device="cuda")
+    x.sum()
+    best = float("inf")
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        x.sum()
+        torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - started)
+    del x
+    return (gib << 30) / best
 
 
 def mcpd_decode(engine: Engine, prompts: list[list[int]], generated: int) -> float:
-    """Generated tok/s after each request's first token (W1: one prompt; W2: many)."""
+    """Decode tok/s once every request has its first token (W1: one prompt; W2: many)."""
     for i, prompt in enumerate(prompts):
         engine.add_request(i, prompt, SamplingParams(max_tokens=generated, temperature=0, ignore_eos=True))
-    first = None
+    started, counted, first = None, 0, set()
     while engine.has_work:
-        engine.step()
-        first = first or time.perf_counter()
-    return len(prompts) * (generated - 1) / (time.perf_counter() - first)
+        outputs = engine.step()
+        if started is not None:
+            counted += sum(len(out.token_ids) for out in outputs)
+        first.update(out.key for out in outputs if out.token_ids)
+        if started is None and len(first) == len(prompts):
+            started = time.perf_counter()
+    return counted / (time.perf_counter() - started)
 
 
 def hf_decode(model, prompts: list[list[int]], generated: int) -> float:
@@ -57,33 +86,85 @@ def hf_decode(model, prompts: list[list[int]], generated: int) -> float:
     return len(prompts) * (generated - 1) / (time.perf_counter() - started - prefill)
 
 
+def engine_for(path: Path, dtype: str, graphs: bool) -> Engine:
+    config = Config(model=ModelConfig(path=str(path), dtype=dtype, max_model_len=1024),
+                    engine=EngineConfig(pool_bytes=4 << 30, cuda_graphs=graphs))
+    return Engine(config, torch.device("cuda"))
+
+
+def median_rate(run, rounds: int) -> float:
+    return statistics.median(run() for _ in range(rounds))
+
+
+def measure(shape: ModelShape, dtype: torch.dtype, quick: bool) -> dict:
+    rounds, generated = (3, 64) if quick else (5, 128)
+    started = time.perf_counter()
+    path, _ = checkpoint(dtype=dtype, shape=shape)
+    print(f"checkpoint: {shape.parameters / 1e9:.2f}B parameters ({time.perf_counter() - started:.0f} s)", flush=True)
+    name = str(dtype).removeprefix("torch.")
+    generator = torch.Generator().manual_seed(0)
+    prompts = torch.randint(3, 32000, (64, PROMPT_TOKENS), generator=generator).tolist()
+    figures = {"device": torch.cuda.get_device_name(), "dtype": name, "generated": generated,
+               "parameters": shape.parameters}
+    workloads = {"w1": prompts[:1], "w2_64": prompts} if shape is ONE_B_SHAPE else {"w1": prompts[:1],
+                                                                                       "w2_32": prompts[:32]}
+    for graphs in (True, False):
+        engine = engine_for(path, name, graphs)
+        side = "graphs" if graphs else "eager"
+        for workload, batch in workloads.items():
+            mcpd_decode(engine, batch, 8)   # warm-up: kernels compiled, graphs captured, memory taken
+            rate = median_rate(lambda: mcpd_decode(engine, batch, generated), rounds)
+            figures[f"{workload}_{side}_tok_s"] = round(rate, 1)
+            print(f"{workload} mcpd ({side}): {rate:.0f} tok/s", flush=True)
+        del engine
+        torch.cuda.empty_cache()
+    for workload in workloads:
+        figures[f"{workload}_graphs_speedup"] = round(figures[f"{workload}_graphs_tok_s"]
+                                                      / figures[f"{workload}_eager_tok_s"], 3)
+    if shape is ONE_B_SHAPE:
+        figures |= roofline(shape, dtype, figures["w1_graphs_tok_s"], generated)
+    else:
+        figures |= against_transformers(path, dtype, workloads, figures, rounds, generated)
+    return figures
+
+
+def roofline(shape: ModelShape, dtype: torch.dtype, tok_s: float, generated: int) -> dict:
+    """Batch-1 decode against the bandwidth limit: bytes a token reads at the mean context."""
+    bandwidth = read_bandwidth()
+    kv_bytes = 2 * shape.layers * shape.kv_heads * shape.head_dim * dtype.itemsize * (PROMPT_TOKENS + generated / 2)
+    token_bytes = shape.matmul_parameters * dtype.itemsize + kv_bytes
+    limit = bandwidth / token_bytes
+    print(f"read bandwidth {bandwidth / 1e9:.0f} GB/s; {token_bytes / 1e9:.3f} GB a token: limit {limit:.0f} tok/s; "
+          f"W1 {tok_s:.0f} tok/s = {tok_s / limit:.3f} of it", flush=True)
+    return {"read_gb_s": round(bandwidth / 1e9, 1), "w1_limit_tok_s": round(limit, 1),
+            "w1_hbm_roofline_frac": round(tok_s / limit, 3)}
+
+
+def against_transformers(path: Path, dtype: torch.dtype, workloads: dict, figures: dict, rounds: int,
+                         generated: int) -> dict:
+    from transformers import AutoModelForCausalLM
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to("cuda").eval()
+    out = {}
+    for workload, batch in workloads.items():
+        hf_decode(hf, batch, 8)
+        theirs = median_rate(lambda: hf_decode(hf, batch, generated), rounds)
+        ours = figures[f"{workload}_graphs_tok_s"]
+        out |= {f"{workload}_transformers_tok_s": round(theirs, 1), f"{workload}_ratio": round(ours / theirs, 3)}
+        print(f"{workload}: transformers {theirs:.0f} tok/s, mcpd (graphs) {ours / theirs:.2f}x", flush=True)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="3 rounds of 64 tokens")
+    parser.add_argument("--shape", default="issue", choices=tuple(SHAPES))
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
     args = parser.parse_args()
     if not torch.cuda.is_available():   # `make bench` runs every bench; most machines here have no GPU
         print("no CUDA device here: nothing to measure")
         print(json.dumps({"skipped": "no CUDA device"}))
         return
-    rounds, generated = (3, 64) if args.quick else (5, 128)
-    dtype = getattr(torch, args.dtype)
-    path, _ = checkpoint(dtype=dtype)
-    engine = Engine(Config(model=ModelConfig(path=str(path), dtype=args.dtype, max_model_len=1024),
-                           engine=EngineConfig(pool_bytes=2 << 30)), torch.device("cuda"))
-    from transformers import AutoModelForCausalLM
-    hf = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to("cuda").eval()
-    generator = torch.Generator().manual_seed(0)
-    prompts = torch.randint(3, 32000, (32, PROMPT_TOKENS), generator=generator).tolist()
-    figures = {"device": torch.cuda.get_device_name(), "dtype": args.dtype, "generated": generated}
-    for workload, batch in (("w1", prompts[:1]), ("w2_32", prompts)):
-        mcpd_decode(engine, batch, 8), hf_decode(hf, batch, 8)   # warm-up: kernels picked, memory taken
-        ours = statistics.median(mcpd_decode(engine, batch, generated) for _ in range(rounds))
-        theirs = statistics.median(hf_decode(hf, batch, generated) for _ in range(rounds))
-        figures |= {f"{workload}_mcpd_tok_s": round(ours, 1), f"{workload}_transformers_tok_s": round(theirs, 1),
-                    f"{workload}_ratio": round(ours / theirs, 3)}
-        print(f"{workload}: mcpd {ours:.0f} tok/s, transformers {theirs:.0f} tok/s ({ours / theirs:.2f}x)")
-    print(json.dumps(figures))
+    print(json.dumps(measure(SHAPES[args.shape], getattr(torch, args.dtype), args.quick)))
 
 
 if __name__ == "__main__":

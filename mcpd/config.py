@@ -254,6 +254,7 @@ class EngineConfig:
     kernels: str = "auto"           # auto (native CPU kernels where they build, else torch), native, torch
     huge_pages: bool = True         # CPU: run on a copy of the weights on 2 MiB pages where they are on 4 KiB
     decode_burst: int = 8           # greedy decode steps a lone sequence may run at once, natively (1: off)
+    cuda_graphs: bool = True        # CUDA: decode steps as CUDA graph replays (engine/decode_graphs.py)
 
     def check(self) -> None:
         if self.kernels not in ("auto", "native", "torch"):

@@ -79,11 +79,18 @@ def generate(engine: Engine, prompts, max_tokens) -> list[list[int]]:
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here (CI has none)")
 @pytest.mark.parametrize("kind", KINDS)
-def test_greedy_tokens_on_a_gpu_match_transformers_on_the_cpu(kind, checkpoints, references):
-    """float32 on the GPU (torch's ops, TF32 off as torch's default) against the CPU reference."""
-    engine = make_engine(checkpoints[kind], dtype="float32", device=torch.device("cuda"))
-    assert engine.stats()["kernels"] == "torch" and engine.stats()["device"].startswith("cuda")
+@pytest.mark.parametrize("kernels", ["auto", "torch"])
+def test_greedy_tokens_on_a_gpu_match_transformers_on_the_cpu(kind, kernels, checkpoints, references):
+    """float32 on the GPU against the CPU reference: auto runs the Llama family on the CUDA kernels
+    (decode attention in Triton) with CUDA graphs, torch on torch's ops eagerly (TF32 off as
+    torch's default either way); alone and batched."""
+    engine = make_engine(checkpoints[kind], dtype="float32", kernels=kernels, device=torch.device("cuda"))
+    in_place = kernels == "auto" and kind != "gpt2"
+    assert engine.stats()["kernels"] == ("cuda" if in_place else "torch")
+    assert (engine.decode_graphs is not None) == in_place and engine.stats()["device"].startswith("cuda")
     assert generate(engine, PROMPTS, MAX_TOKENS) == references[kind]
+    for prompt, n, expected in zip(PROMPTS, MAX_TOKENS, references[kind]):
+        assert generate(engine, [prompt], [n]) == [expected]
 
 
 @pytest.mark.parametrize("kind, kernels", CASES)

@@ -19,6 +19,7 @@ import torch
 from mcpd.config import Config
 from mcpd.engine import threads
 from mcpd.engine.batch_scheduler import BatchScheduler
+from mcpd.engine.decode_graphs import DecodeGraphs
 from mcpd.engine.detokenizer import Detokenizer
 from mcpd.engine.host_kv import HostKV
 from mcpd.engine.kv_cache import KVCache
@@ -92,6 +93,11 @@ class Engine:
         self.scheduler = BatchScheduler(config.engine, self.kv)
         self.sampler = Sampler(self.device, self.model.kernels.argmax)
         self.decode_arrays = DecodeArrays()
+        # Only with attention that reads the paged cache in place: the graphs' tables are as wide
+        # as max_model_len, and torch's attention would copy all of it every step.
+        self.decode_graphs = (DecodeGraphs(self.model, self.kv, config.engine.max_num_seqs, self.max_model_len,
+                                           self.device)
+                              if config.engine.cuda_graphs and self.model.kernels.name == "cuda" else None)
         # 1 where the model cannot run greedy steps natively; asked once: its weights are placed by now
         self.decode_burst = config.engine.decode_burst if getattr(self.model, "runs_greedy_steps", False) else 1
         # From the process's own count, not the current one, which an earlier engine's tuner may have set.
@@ -132,9 +138,9 @@ class Engine:
             raise ValueError(f"prompt ({len(prompt_token_ids)} tokens) + max_tokens ({params.max_tokens}) "
                              f"= {total} exceeds max_model_len {self.max_model_len}")
         # The last sampled token is never run through the model, so it needs no KV slot.
-        if self.kv.blocks_for(total - 1) > self.kv.num_blocks:
+        if self.kv.blocks_for(total - 1) > self.kv.usable_blocks:
             raise ValueError(f"prompt + max_tokens = {total} tokens can never fit the KV cache "
-                             f"({self.kv.num_blocks * self.kv.block_size} tokens): raise engine.pool_bytes")
+                             f"({self.kv.usable_blocks * self.kv.block_size} tokens): raise engine.pool_bytes")
         detokenizer = Detokenizer(self.tokenizer, prompt_token_ids, params.stop)
         seq = Sequence(key, prompt_token_ids, params, priority, next(self.arrivals), detokenizer,
                        cache_namespace)
@@ -243,6 +249,8 @@ class Engine:
             if count == seq.num_pending:
                 sample_rows.append(len(input_ids) - 1)
                 sampling.append(seq)
+        if self.decode_graphs is not None and len(sample_rows) == len(input_ids) == len(batch) <= self.decode_graphs.max_batch:
+            return sampling, self._run_graph(batch, input_ids)   # one token each, every one sampling
         ids, attn = self._inputs(batch, input_ids)
         # forward, not the module's __call__: its hook and mode checks, never used here, are
         # cold after a step's weight stream (batch-1 step's Python 17-55 us less, alternating).
@@ -253,6 +261,13 @@ class Engine:
             return sampling, self.model.compute_logits(hidden)
         rows = torch.tensor(sample_rows, dtype=torch.long, device=self.device)
         return sampling, self.model.compute_logits(hidden[rows])
+
+    def _run_graph(self, batch: list[tuple[Sequence, int]], input_ids: list[int]) -> torch.Tensor:
+        """The logits of a step of single tokens, from a CUDA graph's replay (decode_graphs.py)."""
+        logits = self.decode_graphs.run(input_ids, [s.block_table for s, _ in batch], [s.num_computed for s, _ in batch])
+        for seq, _ in batch:
+            seq.num_computed += 1
+        return logits
 
     def _inputs(self, batch: list[tuple[Sequence, int]],
                 input_ids: list[int]) -> tuple[torch.Tensor, AttentionMetadata]:

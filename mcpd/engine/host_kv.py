@@ -8,9 +8,12 @@ tokens from position 0 in the same tenant, so any worker may use any other's blo
 run the same model and dtype, so the bytes are what it would have computed itself).
 
 A block is stored as its raw bytes (all layers, keys and values: one contiguous span of the
-pool, since the cache is block-major). On CUDA, a save copies device to host first and a load
-copies from a CPU tensor over the entry: pageable copies, simple and correct; pinned staging
-buffers would let them overlap compute.
+pool, since the cache is block-major). On CUDA a block crosses through one pinned (page-locked)
+host buffer of a block's size, made at the first crossing: the device copies to and from pinned
+memory by DMA at the link's speed, where a copy from pageable memory is staged by the driver
+through a pinned buffer of its own in small pieces (about half the speed). The arena itself is
+not registered as pinned: it is shared by every worker and the front-end, and its bytes move
+once more on the CPU either way (arena.put and get copy).
 """
 from __future__ import annotations
 
@@ -27,11 +30,12 @@ class HostKV:
         # skipped that was needed, and a later turn recomputes that block: slower, never wrong.
         self.known: set[bytes] = set()
         self.loaded = self.saved = 0   # blocks, by this worker
+        self.staging: torch.Tensor | None = None   # CUDA: the pinned buffer blocks cross through
 
     def save(self, key: bytes, block: torch.Tensor) -> None:
         if key in self.known:
             return
-        data = block.contiguous().view(torch.uint8).reshape(-1).cpu()
+        data = self._bytes(block).cpu() if not block.is_cuda else self._staged(block).copy_(self._bytes(block))
         try:
             self.arena.put(KV_BLOCK, key, [data.numpy()])
         except ArenaFull:
@@ -45,6 +49,21 @@ class HostKV:
 
     def place(self, key: bytes, data: bytearray, block: torch.Tensor) -> None:
         """Copy fetched bytes into a device block."""
-        block.copy_(torch.frombuffer(data, dtype=torch.uint8).view(block.dtype).view(block.shape))
+        source = torch.frombuffer(data, dtype=torch.uint8)
+        if block.is_cuda:
+            source = self._staged(block).copy_(source)
+        self._bytes(block).copy_(source)
         self.known.add(key)
         self.loaded += 1
+
+    @staticmethod
+    def _bytes(block: torch.Tensor) -> torch.Tensor:
+        """A block's bytes as a flat uint8 view (a cache block is one contiguous span)."""
+        return block.view(torch.uint8).view(-1)
+
+    def _staged(self, block: torch.Tensor) -> torch.Tensor:
+        """The pinned host buffer, as many bytes as a block. Each copy through it waits for the
+        device (copy_ without non_blocking), so the next one may overwrite it."""
+        if self.staging is None or self.staging.numel() != block.nbytes:
+            self.staging = torch.empty(block.nbytes, dtype=torch.uint8, pin_memory=True)
+        return self.staging

@@ -86,6 +86,7 @@ class KVCache:
         self.host = host
         self.records = records
         self.adopted = self._adopt() if records is not None else 0
+        self.reserved = 0                           # blocks reserve() took out for good
 
     @staticmethod
     def block_bytes(block_size: int, num_layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
@@ -102,6 +103,19 @@ class KVCache:
         self.free_blocks = [b for b in self.free_blocks if self.block_hashes[b] is None]
         self.zeroed_blocks = self.records.zeroed
         return len(adopted)
+
+    def reserve(self) -> int:
+        """A zeroed block held for good, outside every sequence: the CUDA graphs' padding rows
+        write their keys and values there (decode_graphs.py). It counts as used in the stats."""
+        block = self._allocate()
+        self.tensor[block].zero_()   # an evicted idle block is handed out as it was
+        self.reserved += 1
+        return block
+
+    @property
+    def usable_blocks(self) -> int:
+        """Blocks sequences can ever hold: all but the reserved ones."""
+        return self.num_blocks - self.reserved
 
     @property
     def num_free(self) -> int:
@@ -236,7 +250,7 @@ class KVCache:
         """Unused token slots over the slots of blocks held by seqs (all live sequences). A shared
         block is full, so unused slots are only in each sequence's private last block; idle cached
         blocks are not held by anyone and count as neither."""
-        allocated = (self.num_blocks - self.num_free) * self.block_size
+        allocated = (self.usable_blocks - self.num_free) * self.block_size
         unused = sum(len(s.block_table) * self.block_size - s.num_computed for s in seqs)
         return unused / allocated if allocated else 0.0
 

@@ -68,6 +68,7 @@ class TorchKernels:
     # The layout prepare() writes, named: weights kept in the device pool in one form are not
     # read by kernels of another (engine/resident_weights.py). Rename it when the layout changes.
     form = "plain"
+    stacks_layers = False   # whether the model runs its decoder stack as one call of these (native_stack.py)
 
     def prepare(self, weight: torch.Tensor) -> torch.Tensor:
         """A weight matrix in the form linear() takes: for torch, as it is. Every prepare() runs
@@ -163,6 +164,7 @@ def _gather(kv_cache: torch.Tensor, block_table: torch.Tensor) -> tuple[torch.Te
 class NativeKernels(TorchKernels):
     name = "native"
     form = f"panels16-int8group{int8.GROUP}"
+    stacks_layers = True
 
     def __init__(self) -> None:
         self.lib = native.load()
@@ -267,6 +269,16 @@ class NativeKernels(TorchKernels):
         return out
 
 
+def _cuda_kernels() -> tuple[TorchKernels, str]:
+    """On a CUDA device: torch's kernels with the paged decode attention in Triton (cuda_kernels.py);
+    torch's alone where Triton is missing (it comes with torch's CUDA builds, not every install)."""
+    try:
+        from mcpd.models.cuda_kernels import CudaKernels
+    except ImportError as e:
+        return TORCH, f"torch kernels (no Triton for the CUDA ones: {e})"
+    return CudaKernels(), "cuda kernels (torch, decode attention in Triton over the paged cache)"
+
+
 def _paged(kv_cache: torch.Tensor, group) -> tuple[int, ...]:
     """A layer's paged cache and a group's block tables as the attention kernels take them: base
     address, block stride, offset of values after keys, block size, tables, table stride."""
@@ -285,6 +297,8 @@ def choose(requested: str, dtype: torch.dtype, device: torch.device, sizes: list
     torch; native refuses (NativeUnavailable) where it cannot run."""
     if requested == "torch":
         return TORCH, "engine.kernels = torch"
+    if requested == "auto" and device.type == "cuda":
+        return _cuda_kernels()
     if requested == "auto" and device.type == "cpu" and not cpu_features.has("avx512f"):
         # The product tiles hold their sums in 32 AVX-512 registers; with AVX2's 16 they spill:
         # on an AVX2 EPYC a 128-token prefill took 1.5 s against torch's (MKL) 0.14 s, and batched

@@ -120,7 +120,7 @@ class LlamaForCausalLM(KernelForms, nn.Module):
     def _apply(self, fn, recurse=True):
         """to(), to_empty() and the like may put new Parameters in place: forget the old ones
         (before the kernels are chosen: the loader moves and casts the skeleton, nothing does after)."""
-        if self.kernels is not TORCH:
+        if self.kernels.form != TORCH.form:
             raise RuntimeError("a model whose weights are prepared for the native kernels cannot be moved or cast")
         self._weights = None
         return super()._apply(fn, recurse)
@@ -133,7 +133,7 @@ class LlamaForCausalLM(KernelForms, nn.Module):
         k, a, eps, weights = self.kernels, self.args, self.args.rms_norm_eps, self.weights
         residual, delta = k.embedding(input_ids, weights.embedding), None
         rope = self.rope.table(attn.num_positions, residual.dtype)
-        if k is not TORCH:
+        if k.stacks_layers:
             return self._native_stack().run(residual, rope, attn)
         for w in weights.layers:
             residual, x = k.add_rms_norm(residual, delta, w.input_norm, eps)
@@ -158,7 +158,7 @@ class LlamaForCausalLM(KernelForms, nn.Module):
         """Whether greedy_steps runs here: the native kernels' stack does it (reading embedding
         rows as a plain table's or a tied head's)."""
         embedding = self.weights.embedding
-        return self.kernels is not TORCH and (not isinstance(embedding, torch.Tensor) or embedding.is_contiguous())
+        return self.kernels.stacks_layers and (not isinstance(embedding, torch.Tensor) or embedding.is_contiguous())
 
     def greedy_steps(self, token: int, position: int, block_table: list[int], steps: int,
                      stops: tuple[int, ...]) -> list[int]:
