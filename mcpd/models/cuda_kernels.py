@@ -1,24 +1,38 @@
-"""The kernels on a CUDA device: torch's, with decode attention reading the paged KV cache in place
-(a Triton kernel).
+"""The kernels on a CUDA device: torch's, with the small ops of a layer fused into Triton kernels
+and decode attention reading the paged KV cache in place.
 
-The torch twin (TorchKernels.decode_attention) copies every sequence's whole context out of the
-cache with index_select before each layer's attention, then masks the padding: a batch of 64
-sequences of 2,000 tokens copies ~1 GB a step on a 1B model. Here one program per (sequence, KV
-head) walks the sequence's own tokens through its block table and never writes them anywhere.
+Why: a decode step of a small batch is a few large products and many small ops. On an H200 a
+1.1B Llama's step ran ~80 kernels a layer, most of them elementwise ops of one row taking 1-2 us
+each: 2.1 ms a token where the weights take 0.5 ms to read (bench/README.md). Here each layer is
+nine kernels (ten when attention's context is split): add_rms_norm, the q/k/v product,
+rope_store, attention, the o product, add_rms_norm, the gate/up product, silu_mul, the down
+product; the products are cuBLAS's but for one row by a smaller matrix (below).
 
-Each program holds the query heads that share its KV head (GQA) as the rows of one tile, so a
-key block is read once for all of them; TOKENS tokens at a time (any block size: each token's
-block comes from the table), scores by tl.dot, an online softmax in float32 (running maximum and
-sum, as flash attention), and the values' weighted sum by a second dot. A float32 model's dots run
-in IEEE float32, not TF32: greedy parity with transformers holds in float32 (tests run on a GPU).
+- add_rms_norm: the residual addition and the RMSNorm of each row, in one program a row.
+- rope_store: each head of each token rotated (queries and keys) and the keys and values written
+  into their cache slots, one program a (token, head).
+- silu_mul: silu(gate) * up.
+- linear of one row by a 16-bit matrix of up to ROW_PRODUCT_MOST_OUTPUTS outputs (a decode step
+  of one sequence: q/k/v, o, down): a Triton product, one program per 8 outputs. On an H200,
+  cuBLAS took 5.0 us for a 1.1B model's q/k/v and o matrices (1.7-2.1 TB/s of the card's 4.3)
+  and 8.9 for its down matrix; this kernel 3.4, 3.1 and 5.0 (3.1-4.6 TB/s). Larger matrices
+  (gate/up, the LM head) stay cuBLAS's, which was as fast or faster there (bench/README.md).
+Each rounds where torch's ops round (to the model dtype after every op, from float32 math), so a
+bfloat16 model computes what the torch twin computes, up to the order of a row's sum.
 
-The kernel reads only a sequence's first context_lens tokens (masked loads past them), so block
-table rows may be padded with anything, and a CUDA graph can capture it at a fixed table width
-(engine/decode_graphs.py): the work follows the lengths in device memory, not the shapes.
+decode_attention: the torch twin copies every sequence's whole context out of the cache with
+index_select before each layer's attention; here programs walk each sequence's own tokens through
+its block table and never write them anywhere. A program holds the query heads that share its KV
+head (GQA) as the rows of one tile, so a key is read once for all of them; TOKENS tokens at a
+time (any block size: each token's block comes from the table), scores by tl.dot, an online
+softmax in float32, the values' weighted sum by a second dot. A small batch would leave most of
+the GPU idle with one program per (sequence, KV head), so the context is split among `splits`
+programs each ("flash decoding"), whose partial sums a second kernel merges. A float32 model's
+dots run in IEEE float32, not TF32: greedy parity with transformers holds (tests run on a GPU).
 
-Left for later: one program per (sequence, KV head) leaves most of a big GPU idle at batch 1 with
-a long context (split-K "flash decoding" would spread it); at the lengths bench/gpu_decode.py
-runs, attention is a small part of a step.
+Only a sequence's first context_lens tokens are read (masked loads past them), and the number of
+splits follows the shapes, not the lengths: a CUDA graph can capture it at a fixed table width
+(engine/decode_graphs.py).
 """
 from __future__ import annotations
 
@@ -28,16 +42,18 @@ import triton.language as tl
 
 from mcpd.models.kernels import TorchKernels
 
-TOKENS = 64   # tokens a program scores at a time (a tile's columns)
+TOKENS = 64        # tokens a program scores at a time (a tile's columns)
+MOST_SPLITS = 16   # programs one (sequence, KV head) is split among, at most
 
 
 @triton.jit
-def _paged_decode(q, cache, table, context_lens, out, q_row_stride, out_row_stride, block_stride, value_offset,
-                  token_stride, table_stride, block_size, scale,
+def _paged_decode(q, cache, table, context_lens, out, partial_acc, partial_best, partial_total, q_row_stride,
+                  out_row_stride, block_stride, value_offset, token_stride, table_stride, block_size, scale,
                   GROUP: tl.constexpr, GROUP_TILE: tl.constexpr, HEAD_DIM: tl.constexpr, TOKENS: tl.constexpr,
-                  IEEE: tl.constexpr):
+                  SPLITS: tl.constexpr, IEEE: tl.constexpr):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
+    split = tl.program_id(2)
     rows = tl.arange(0, GROUP_TILE)
     dims = tl.arange(0, HEAD_DIM)
     row_ok = rows < GROUP
@@ -45,12 +61,15 @@ def _paged_decode(q, cache, table, context_lens, out, q_row_stride, out_row_stri
     queries = tl.load(q + seq * q_row_stride + heads[:, None] * HEAD_DIM + dims[None, :], mask=row_ok[:, None],
                       other=0.0)
     length = tl.load(context_lens + seq)
+    chunk = tl.cdiv(tl.cdiv(length, SPLITS), TOKENS) * TOKENS   # each split's tokens, whole tiles
+    first = split * chunk
+    last = tl.minimum(first + chunk, length)
     best = tl.full((GROUP_TILE,), float("-inf"), tl.float32)
     total = tl.zeros((GROUP_TILE,), tl.float32)
     acc = tl.zeros((GROUP_TILE, HEAD_DIM), tl.float32)
-    for start in tl.range(0, length, TOKENS):
+    for start in tl.range(first, last, TOKENS):   # no tile when the split starts past the length
         tokens = start + tl.arange(0, TOKENS)
-        token_ok = tokens < length
+        token_ok = tokens < last
         blocks = tl.load(table + seq * table_stride + tokens // block_size, mask=token_ok, other=0)
         where = (blocks.to(tl.int64) * block_stride + (tokens % block_size) * token_stride + kv_head * HEAD_DIM)
         keys = tl.load(cache + where[:, None] + dims[None, :], mask=token_ok[:, None], other=0.0)
@@ -69,9 +88,30 @@ def _paged_decode(q, cache, table, context_lens, out, q_row_stride, out_row_stri
         else:
             acc = acc * fade[:, None] + tl.dot(weights.to(values.dtype), values)
         best = new_best
-    result = acc / total[:, None]
-    tl.store(out + seq * out_row_stride + heads[:, None] * HEAD_DIM + dims[None, :],
-             result.to(out.dtype.element_ty), mask=row_ok[:, None])
+    if SPLITS == 1:
+        tl.store(out + seq * out_row_stride + heads[:, None] * HEAD_DIM + dims[None, :],
+                 (acc / total[:, None]).to(out.dtype.element_ty), mask=row_ok[:, None])
+    else:   # partials [B, heads, SPLITS, (D)]: an empty split leaves best -inf, total and acc 0
+        at = (seq * tl.num_programs(1) * GROUP + heads) * SPLITS + split
+        tl.store(partial_best + at, best, mask=row_ok)
+        tl.store(partial_total + at, total, mask=row_ok)
+        tl.store(partial_acc + at[:, None] * HEAD_DIM + dims[None, :], acc, mask=row_ok[:, None])
+
+
+@triton.jit
+def _merge_splits(partial_acc, partial_best, partial_total, out, out_row_stride, HEADS: tl.constexpr,
+                  HEAD_DIM: tl.constexpr, SPLITS: tl.constexpr):
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    splits = tl.arange(0, SPLITS)
+    dims = tl.arange(0, HEAD_DIM)
+    at = (seq * HEADS + head) * SPLITS + splits
+    best = tl.load(partial_best + at)
+    overall = tl.max(best, axis=0)   # finite: the first split always has a token
+    fade = tl.exp(best - overall)
+    total = tl.sum(tl.load(partial_total + at) * fade, axis=0)
+    acc = tl.sum(tl.load(partial_acc + at[:, None] * HEAD_DIM + dims[None, :]) * fade[:, None], axis=0)
+    tl.store(out + seq * out_row_stride + head * HEAD_DIM + dims, (acc / total).to(out.dtype.element_ty))
 
 
 def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
@@ -84,24 +124,154 @@ def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch
     group = heads // kv_heads
     q = q.contiguous()
     out = torch.empty(batch, heads * head_dim, dtype=q.dtype, device=q.device)
-    _paged_decode[(batch, kv_heads)](
-        q, kv_cache, block_table, context_lens, out, q.stride(0), out.stride(0), kv_cache.stride(0),
+    splits = split_count(batch * kv_heads, q.device)
+    partial = [torch.empty(batch * heads * splits * size, dtype=torch.float32, device=q.device)
+               for size in (head_dim, 1, 1)] if splits > 1 else [out] * 3
+    _paged_decode[(batch, kv_heads, splits)](
+        q, kv_cache, block_table, context_lens, out, *partial, q.stride(0), out.stride(0), kv_cache.stride(0),
         kv_cache.stride(1), kv_cache.stride(2), block_table.stride(0), kv_cache.shape[2], scale,
         GROUP=group, GROUP_TILE=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim, TOKENS=TOKENS,
-        IEEE=q.dtype == torch.float32)
+        SPLITS=splits, IEEE=q.dtype == torch.float32)
+    if splits > 1:
+        _merge_splits[(batch, heads)](*partial, out, out.stride(0), HEADS=heads, HEAD_DIM=head_dim, SPLITS=splits)
     return out
 
 
+def split_count(programs: int, device: torch.device) -> int:
+    """Splits per (sequence, KV head): enough programs for two per multiprocessor, a power of two
+    up to MOST_SPLITS; 1 once the batch fills the GPU. From shapes only (see the docstring)."""
+    processors = (torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 8)
+    return min(MOST_SPLITS, triton.next_power_of_2(max(1, -(-2 * processors // programs))))
+
+
+@triton.jit
+def _add_rms_norm(residual, delta, weight, out, size, eps, HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    ok = cols < size
+    x = tl.load(residual + row * size + cols, mask=ok, other=0.0)
+    if HAS_DELTA:   # the sum rounded to the model dtype, as torch's addition rounds it
+        x = (x.to(tl.float32) + tl.load(delta + row * size + cols, mask=ok, other=0.0).to(tl.float32)).to(x.dtype)
+        tl.store(residual + row * size + cols, x, mask=ok)
+    x32 = x.to(tl.float32)
+    normed = x32 * tl.rsqrt(tl.sum(x32 * x32, axis=0) / size + eps)
+    w = tl.load(weight + cols, mask=ok, other=0.0)
+    y = w.to(tl.float32) * normed.to(x.dtype).to(tl.float32)
+    tl.store(out + row * size + cols, y.to(out.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _rope_store(qkv, table, positions, slot_blocks, slot_offsets, q_out, cache, qkv_row_stride, block_stride,
+                value_offset, token_stride, HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HALF: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)   # queries, then keys, then values
+    half = tl.arange(0, HALF)
+    source = qkv + row * qkv_row_stride + head * 2 * HALF
+    x1 = tl.load(source + half)
+    x2 = tl.load(source + HALF + half)
+    dtype = x1.dtype
+    if head < HEADS + KV_HEADS:   # x * cos + cat(-x2, x1) * sin, each op rounded to dtype as torch's
+        angles = table + tl.load(positions + row) * 4 * HALF
+        cos1, cos2 = tl.load(angles + half), tl.load(angles + HALF + half)
+        sin1, sin2 = tl.load(angles + 2 * HALF + half), tl.load(angles + 3 * HALF + half)
+        a, b = x1.to(tl.float32), x2.to(tl.float32)
+        x1 = ((a * cos1).to(dtype).to(tl.float32) + (-b * sin1).to(dtype).to(tl.float32)).to(dtype)
+        x2 = ((b * cos2).to(dtype).to(tl.float32) + (a * sin2).to(dtype).to(tl.float32)).to(dtype)
+    if head < HEADS:
+        target = q_out + (row * HEADS + head) * 2 * HALF
+    else:
+        kv_index = head - HEADS   # keys 0 .. KV_HEADS - 1, then values
+        slot = (tl.load(slot_blocks + row) * block_stride + tl.load(slot_offsets + row) * token_stride
+                + (kv_index // KV_HEADS) * value_offset + (kv_index % KV_HEADS) * 2 * HALF)
+        target = cache + slot
+    tl.store(target + half, x1)
+    tl.store(target + HALF + half, x2)
+
+
+@triton.jit
+def _silu_mul(gate_up, out, inter, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = cols < inter
+    gate = tl.load(gate_up + row * 2 * inter + cols, mask=ok, other=0.0)
+    up = tl.load(gate_up + row * 2 * inter + inter + cols, mask=ok, other=0.0)
+    g = gate.to(tl.float32)
+    silu = (g / (1.0 + tl.exp(-g))).to(gate.dtype)   # torch's silu: x / (1 + exp(-x)) in float32, rounded
+    tl.store(out + row * inter + cols, (silu.to(tl.float32) * up.to(tl.float32)).to(gate.dtype), mask=ok)
+
+
+ROW_PRODUCT_MOST_OUTPUTS = 8192
+ROW_PRODUCT_TILE = dict(BLOCK_N=8, BLOCK_K=512, STAGES=3, num_warps=4)   # the fastest of a sweep on an H200
+
+
+@triton.jit
+def _row_product(x, weight, y, n, k, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr):
+    outs = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    out_ok = outs < n
+    acc = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
+    for start in tl.range(0, k, BLOCK_K, num_stages=STAGES):
+        cols = start + tl.arange(0, BLOCK_K)
+        col_ok = cols < k
+        a = tl.load(x + cols, mask=col_ok, other=0.0).to(tl.float32)
+        w = tl.load(weight + outs[:, None].to(tl.int64) * k + cols[None, :], mask=out_ok[:, None] & col_ok[None, :],
+                    other=0.0)
+        acc += w.to(tl.float32) * a[None, :]
+    tl.store(y + outs, tl.sum(acc, axis=1).to(y.dtype.element_ty), mask=out_ok)
+
+
+def row_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """F.linear(x, weight) of one row x [1, k] by weight [n, k], both 16-bit and contiguous: the
+    sums in float32, rounded once."""
+    n, k = weight.shape
+    y = torch.empty(1, n, dtype=x.dtype, device=x.device)
+    _row_product[(triton.cdiv(n, ROW_PRODUCT_TILE["BLOCK_N"]),)](x, weight, y, n, k, **ROW_PRODUCT_TILE)
+    return y
+
+
 def supports(head_dim: int, kv_cache_strides: tuple[int, ...]) -> bool:
-    """Whether the kernel runs this layout: a power-of-two head size of 16 or more (a tile's
-    columns), each token's head dims contiguous in the cache."""
+    """Whether the attention and rope kernels run this layout: a power-of-two head size of 16 or
+    more (a tile's columns), each token's head dims contiguous in the cache."""
     return head_dim >= 16 and head_dim & (head_dim - 1) == 0 and kv_cache_strides[-1] == 1
 
 
 class CudaKernels(TorchKernels):
-    """TorchKernels with the paged decode attention above (prefill chunks keep torch's gather and
-    SDPA: a chunk's many queries amortise the copy). Same weights' form as torch's."""
+    """TorchKernels with the kernels above; prefill chunks keep torch's gather and SDPA (a chunk's
+    many queries amortise the copy). Same weights' form as torch's."""
     name = "cuda"
+
+    def linear(self, x, weight, bias=None):
+        if (bias is None and isinstance(weight, torch.Tensor) and x.shape[0] == 1 and x.dtype == weight.dtype
+                and x.dtype in (torch.bfloat16, torch.float16) and weight.shape[0] <= ROW_PRODUCT_MOST_OUTPUTS
+                and x.is_contiguous() and weight.is_contiguous()):
+            return row_product(x, weight)
+        return super().linear(x, weight, bias)
+
+    def add_rms_norm(self, residual, delta, weight, eps):
+        """In place: residual becomes residual + delta."""
+        rows, size = residual.shape
+        residual = residual.contiguous()
+        out = torch.empty_like(residual)
+        _add_rms_norm[(rows,)](residual, delta.contiguous() if delta is not None else residual, weight, out, size,
+                               eps, HAS_DELTA=delta is not None, BLOCK=triton.next_power_of_2(size),
+                               num_warps=4 if size <= 4096 else 8)
+        return residual, out
+
+    def rope_store(self, qkv, heads, kv_heads, head_dim, table, positions, slot_blocks, slot_offsets, kv_cache):
+        if not supports(head_dim, kv_cache.stride()) or qkv.stride(1) != 1:
+            return super().rope_store(qkv, heads, kv_heads, head_dim, table, positions, slot_blocks, slot_offsets,
+                                      kv_cache)
+        q = torch.empty(qkv.shape[0], heads, head_dim, dtype=qkv.dtype, device=qkv.device)
+        _rope_store[(qkv.shape[0], heads + 2 * kv_heads)](
+            qkv, table, positions, slot_blocks, slot_offsets, q, kv_cache, qkv.stride(0), kv_cache.stride(0),
+            kv_cache.stride(1), kv_cache.stride(2), HEADS=heads, KV_HEADS=kv_heads, HALF=head_dim // 2)
+        return q
+
+    def silu_mul(self, gate_up):
+        rows, inter = gate_up.shape[0], gate_up.shape[1] // 2
+        gate_up = gate_up.contiguous()
+        out = torch.empty(rows, inter, dtype=gate_up.dtype, device=gate_up.device)
+        _silu_mul[(rows, triton.cdiv(inter, 1024))](gate_up, out, inter, BLOCK=1024)
+        return out
 
     def decode_attention(self, q, kv_cache, group, scale):
         if not supports(q.shape[2], kv_cache.stride()):
