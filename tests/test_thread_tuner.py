@@ -154,3 +154,37 @@ def test_after_a_pause_waits_decide_whether_a_trial_comes_soon():
     busy.resume(5.0)
     set_to = serve(busy, {1: 0.010, 2: 0.015}.get, 2 * TRIAL + 3, tokens=lambda step: 128 if step == 0 else 1)
     assert set_to == [1] and busy.current == 1
+
+
+def test_a_trial_that_waits_brought_wins_by_any_margin_a_periodic_one_by_ten_percent():
+    """Beside a neighbour the steps vary a lot, and the waits are evidence of their own: one
+    thread fewer is kept when its steps are faster at all. Without waits, the margin stays."""
+    slightly = {1: 0.0145, 2: 0.015}.get
+    tuner = ThreadTuner(2, None, lambda: 0.5)
+    assert serve(tuner, slightly, 2 * TRIAL + 3) == [1] and tuner.current == 1
+    tuner = ThreadTuner(2, None, lambda: 0.0)
+    assert serve(tuner, slightly, PERIOD + TRIAL) == [1, 2] and tuner.current == 2
+
+
+def test_one_slow_step_does_not_decide_a_trial():
+    """Medians, not means: a trial step the kernel held back (0.030 among 0.010s; the mean would
+    be 0.015, no faster than two threads') does not lose the trial."""
+    tuner = ThreadTuner(2, None)
+    set_to = []
+    tuner.set_threads = set_to.append
+    for step in range(PERIOD + TRIAL):
+        trial_step = step - PERIOD
+        seconds = 0.015 if tuner.trying is None else (0.030 if trial_step == 2 else 0.010)
+        tuner.observe(4, seconds)
+    assert set_to == [1] and tuner.current == 1
+
+
+def test_the_first_reading_after_a_pause_covers_the_first_step_not_the_pause():
+    """A reading is the share of the time since the previous one that a thread waited: read over
+    a pause it comes out near 0 whatever the first step met. The pause's end takes a reading, so
+    a neighbour met by the first two steps brings the trial after those two."""
+    waits = iter([0.0] + [0.5] * 100)   # the reading over the pause, then every step's
+    tuner = ThreadTuner(2, None, lambda: next(waits))
+    tuner.resume(5.0)
+    serve(tuner, {1: 0.010, 2: 0.015}.get, 2, tokens=lambda step: 128 if step == 0 else 1)
+    assert tuner.measuring

@@ -17,11 +17,18 @@ PERIOD steps: the daemon's W1 beside a busy core ran 116-119 tok/s then, 142-168
 """
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable
 
 PERIOD = 128   # steps between trials: a neighbour is noticed within about half a second of decoding
 TRIAL = 4      # steps per trial, and steps of the current count it is compared with
-GAIN = 0.9     # a trial wins when its mean step time is below this share of the current one
+GAIN = 0.9     # a trial wins when its median step time is below this share of the current one
+# A downward trial that waits brought (see below) wins when its median step is faster at all. The
+# waits are evidence of their own, and the steps beside a neighbour vary a lot (two threads beside
+# a spinning process: 5 to 14 ms a step), so with GAIN such trials were lost to noise: in-process,
+# 1 of 6 busy W1s lost its first trial and ran ~600 ms more on two threads (keep 0.52 against
+# 0.74-0.84); through the daemon the keep of bench/peers.py's rounds was 0.56-0.58 or 0.89-0.93.
+CONTENDED_GAIN = 1.0
 # An engine idle this long starts again on every thread: what a neighbour did before the pause
 # says nothing about now. Before this, a worker that had dropped to one thread while a neighbour
 # ran kept it into the next burst until a trial 128 steps later, so the burst's first prefill ran
@@ -54,6 +61,7 @@ class ThreadTuner:
         self.waited_before = False              # whether the previous reading was CONTENDED too
         self.retry = RETRY                      # steps from then before contention may start one
         self.downward = True                    # the direction of the next trial
+        self.brought = False                    # whether waits brought the trial to be decided next
 
     def resume(self, idle_seconds: float) -> None:
         """A step is about to run, idle_seconds after the previous one ended. After a pause the
@@ -72,6 +80,11 @@ class ThreadTuner:
         # blind, the trial starts after TRIAL + 1 steps: the burst's first is a prefill, like no step after it
         self.steps = 0 if self.waited is not None else PERIOD - TRIAL - 1
         self.trial_ended, self.retry, self.downward, self.waited_before = -RETRY, RETRY, True, False
+        self.brought = False
+        if self.waited is not None:
+            # A reading covers the time since the last: over the pause, the burst's first step's
+            # waits came out at 0.02 beside a spinning process, and the trial waited a burst more.
+            self.waited()
 
     @property
     def measuring(self) -> bool:
@@ -122,7 +135,7 @@ class ThreadTuner:
         if (self.trying is not None or self.current == 1 or self.measuring
                 or self.steps - self.trial_ended < self.retry):
             return
-        self.steps, self.downward = self._window(), True
+        self.steps, self.downward, self.brought = self._window(), True, True
 
     def _start_trial(self) -> None:
         candidate = self.current - 1 if self.downward else self.current + 1
@@ -135,13 +148,15 @@ class ThreadTuner:
     def _decide(self) -> None:
         shapes = {tokens for tokens, _ in self.baseline + self.trial}
         comparable = len(self.baseline) == TRIAL and len(shapes) == 1
-        if comparable and _mean(self.trial) < GAIN * _mean(self.baseline):
+        gain = CONTENDED_GAIN if self.brought else GAIN
+        if comparable and _median(self.trial) < gain * _median(self.baseline):
             self.current, self.baseline, self.retry = self.trying, self.trial, RETRY
         else:
             self.set_threads(self.current)
             self.retry = min(2 * self.retry, PERIOD)
-        self.trying, self.trial_ended = None, self.steps
+        self.trying, self.trial_ended, self.brought = None, self.steps, False
 
 
-def _mean(steps: list[tuple[int, float]]) -> float:
-    return sum(seconds for _, seconds in steps) / len(steps)
+def _median(steps: list[tuple[int, float]]) -> float:
+    """The median step time: one step the kernel held back (or the neighbour left alone) does not decide."""
+    return statistics.median(seconds for _, seconds in steps)
