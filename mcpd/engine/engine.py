@@ -249,7 +249,8 @@ class Engine:
             if count == seq.num_pending:
                 sample_rows.append(len(input_ids) - 1)
                 sampling.append(seq)
-        if self.decode_graphs is not None and len(sample_rows) == len(input_ids) == len(batch) <= self.decode_graphs.max_batch:
+        graphs = self.decode_graphs
+        if graphs is not None and len(sample_rows) == len(input_ids) == len(batch) <= graphs.max_batch:
             return sampling, self._run_graph(batch, input_ids)   # one token each, every one sampling
         ids, attn = self._inputs(batch, input_ids)
         # forward, not the module's __call__: its hook and mode checks, never used here, are
@@ -264,7 +265,8 @@ class Engine:
 
     def _run_graph(self, batch: list[tuple[Sequence, int]], input_ids: list[int]) -> torch.Tensor:
         """The logits of a step of single tokens, from a CUDA graph's replay (decode_graphs.py)."""
-        logits = self.decode_graphs.run(input_ids, [s.block_table for s, _ in batch], [s.num_computed for s, _ in batch])
+        logits = self.decode_graphs.run(input_ids, [s.block_table for s, _ in batch],
+                                        [s.num_computed for s, _ in batch])
         for seq, _ in batch:
             seq.num_computed += 1
         return logits
