@@ -33,8 +33,16 @@ def test_a_saved_block_comes_back_byte_for_byte_into_another_block(arena, device
     key = hashlib.blake2b(b"block", digest_size=32).digest()
     host.save(key, cache[1])
     assert host.saved == 1 and (host.staging is not None) == (device == "cuda")
-    host.place(key, host.fetch(key), cache[3])
+    host.place(key, host.fetch(key, cache[1].nbytes), cache[3])
     assert host.loaded == 1 and torch.equal(cache[3].view(torch.uint8), cache[1].view(torch.uint8))
     other = torch.zeros_like(cache[0])
     HostKV(arena).place(key, arena.get(KV_BLOCK, key), other)   # another worker's view of the arena
     assert torch.equal(other.cpu(), cache[1].cpu())
+
+
+def test_an_entry_of_another_size_is_a_miss_never_spread_over_a_block(arena):
+    """A one-byte entry under a block's key would fill a whole block by broadcasting if placed."""
+    host = HostKV(arena)
+    key = hashlib.blake2b(b"short", digest_size=32).digest()
+    arena.put(KV_BLOCK, key, [torch.ones(1, dtype=torch.uint8).numpy()])
+    assert host.fetch(key, 4096) is None and host.fetch(key, 1) is not None

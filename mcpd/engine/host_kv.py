@@ -43,9 +43,11 @@ class HostKV:
         self.known.add(key)
         self.saved += 1
 
-    def fetch(self, key: bytes) -> bytearray | None:
-        """The block's bytes (a hit), or None (a miss)."""
-        return self.arena.get(KV_BLOCK, key)
+    def fetch(self, key: bytes, nbytes: int) -> bytearray | None:
+        """The block's bytes (a hit), or None (a miss): also for an entry that is not exactly
+        nbytes long (the arena is shared; place() must never broadcast a short entry over a block)."""
+        data = self.arena.get(KV_BLOCK, key)
+        return data if data is not None and len(data) == nbytes else None
 
     def place(self, key: bytes, data: bytearray, block: torch.Tensor) -> None:
         """Copy fetched bytes into a device block."""

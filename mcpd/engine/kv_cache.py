@@ -151,7 +151,7 @@ class KVCache:
         has no such block or no device block is spare (none of `run`, which lookup is sharing)."""
         # Fetched before a device block is taken: a miss (the usual end of a lookup) must not
         # cost an idle cached block its place.
-        data = self.host.fetch(key) if self.host is not None else None
+        data = self.host.fetch(key, self.tensor[0].nbytes) if self.host is not None else None
         if data is None:
             return None
         block = self._spare_block(run)
