@@ -276,7 +276,7 @@ def _cuda_kernels() -> tuple[TorchKernels, str]:
         from mcpd.models.cuda_kernels import CudaKernels
     except ImportError as e:
         return TORCH, f"torch kernels (no Triton for the CUDA ones: {e})"
-    return CudaKernels(), "cuda kernels (torch, decode attention in Triton over the paged cache)"
+    return CudaKernels(), "cuda kernels (torch's products, fused layer ops and paged decode attention in Triton)"
 
 
 def _paged(kv_cache: torch.Tensor, group) -> tuple[int, ...]:

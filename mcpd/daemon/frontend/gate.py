@@ -29,6 +29,7 @@ import errno
 
 import zmq
 
+from mcpd import sockets
 from mcpd.config import Config
 from mcpd.daemon import channels, child
 from mcpd.protocol import codes, wire
@@ -54,7 +55,7 @@ class Gate:
         if self.auth:
             sock.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)
             sock.zap_domain = IPC_DOMAIN.encode()
-        ipc = self.config.runtime_dir / "client.ipc"
+        ipc = self.config.runtime_dir / sockets.CLIENT_IPC
         mode = CLIENT_IPC_MODE if self.auth else OWNER_ONLY
         self._bind(f"ipc://{ipc} (server.runtime_dir)", lambda: channels.bind_ipc(sock, ipc, mode))
         if not self.config.server.tcp:

@@ -20,8 +20,7 @@ from pathlib import Path
 import zmq
 
 import mcpd
-from mcpd import sockets
-from mcpd import config as config_module, refusal
+from mcpd import config as config_module, refusal, sockets
 from mcpd.config import LEGACY_NAME, Config, ConfigError
 from mcpd.daemon import channels, child as children, child_stats, log, messages, pool_keeper
 from mcpd.daemon.supervisor.admin import Admin
@@ -158,7 +157,7 @@ class Supervisor:
         self.events = channels.internal_socket(self.context, runtime_dir, zmq.PULL, sockets.EVENTS_IPC, bind=True)
         self.control = self.context.socket(zmq.ROUTER)
         self.control.setsockopt(zmq.MAXMSGSIZE, 1 << 20)
-        control_path = runtime_dir / "control.ipc"
+        control_path = runtime_dir / sockets.CONTROL_IPC
         channels.bind_ipc(self.control, control_path, peers.CONTROL_SOCKET_MODE)
         peers.restrict_control_socket(control_path, self.admin_gid)
         self.to_scheduler = self._push(sockets.SCHED_IPC)

@@ -14,8 +14,7 @@ from functools import partial
 
 import zmq
 
-from mcpd import sockets
-from mcpd import cpu_features
+from mcpd import cpu_features, sockets
 from mcpd.config import LEGACY_NAME, Config
 from mcpd.daemon import channels, child, live_config, messages
 from mcpd.daemon.batch import Batch, each_message
