@@ -105,13 +105,14 @@ def test_mcpctl_status_json(daemon):
     assert all(p["state"] == "running" and p["pid"] for p in status["processes"])
     assert status["healthy"] is True and status["state"] == "ready"
     assert status["devices"][0]["device"] == "cpu"
+    assert status["devices"][0]["kernels"] in ("native", "torch")   # native where the CPU has AVX-512
     assert status["requests"]["latency"]["ping"]["p50_ms"] > 0
 
 
 def test_mcpctl_status_table(daemon):
     done = daemon.mcpctl("status")
     assert done.returncode == 0, done.stderr
-    assert "scheduler" in done.stdout and "p50" in done.stdout
+    assert "scheduler" in done.stdout and "p50" in done.stdout and "KERNELS" in done.stdout
 
 
 def test_mcpctl_unreachable_exit_code(tmp_path):

@@ -52,10 +52,10 @@ def render_status(status: dict) -> str:
     lines += ["", table(["ROLE", "INDEX", "PID", "STATE", "UPTIME", "RESTARTS", "LAST EXIT"],
                         [[p["role"], p["index"], p["pid"] or "-", p["state"], f"{p['uptime_s']:.0f}s",
                           p["restarts"], p["last_exit"] or "-"] for p in status["processes"]]), ""]
-    lines.append(table(["WORKER", "DEVICE", "MODEL", "RUNNING", "WAITING", "KV USED", "POOL USED"],
-                       [[d["worker"], d.get("device", "-"), d.get("model", "-"), d.get("running", "-"),
-                         d.get("waiting", "-"), f"{d.get('kv_blocks_used', 0)}/{d.get('kv_blocks_total', 0)}",
-                         mib(d.get("pool", {}).get("in_use_bytes", 0))] for d in status["devices"]]))
+    lines.append(table(["WORKER", "DEVICE", "KERNELS", "MODEL", "RUNNING", "WAITING", "KV USED", "POOL USED"],
+                       [[d["worker"], d.get("device", "-"), d.get("kernels", "-"), d.get("model", "-"),
+                         d.get("running", "-"), d.get("waiting", "-"),
+                         f"{d.get('kv_blocks_used', 0)}/{d.get('kv_blocks_total', 0)}", mib(d.get("pool", {}).get("in_use_bytes", 0))] for d in status["devices"]]))
     if status.get("models", {}).get("models"):
         lines += ["", models.render_models(status["models"])]
     for pool in status.get("pools", []):

@@ -68,8 +68,6 @@ class WorkerStats(msgspec.Struct, frozen=True, kw_only=True, tag="worker"):
     kv_block_size: int | None = None
     kv_waste_frac: float | None = None
     cached_blocks: int | None = None
-    prefix_cache_queries: int | None = None
-    prefix_cache_hits: int | None = None
     pool: dict | None = None
     tokens_prefilled: int | None = None
     tokens_generated: int | None = None

@@ -9,7 +9,7 @@ from mcpd.daemon import channels
 from mcpd.daemon.child_stats import WorkerStats
 from mcpd.memory.host_segment import CONTEXT, CONTEXT_DELTA, KV_BLOCK
 
-DEVICE_FIGURES = ("device", "model", "served_model", "version", "dtype", "quantization", "running", "waiting", "preemptions", "kv_blocks_total",
+DEVICE_FIGURES = ("device", "model", "served_model", "version", "dtype", "quantization", "kernels", "running", "waiting", "preemptions", "kv_blocks_total",
                   "kv_blocks_used", "kv_waste_frac", "pool", "tokens_generated", "tokens_prefilled",
                   "prefix_cache_queries", "prefix_cache_hits", "host_kv_loaded", "host_kv_saved")
 
