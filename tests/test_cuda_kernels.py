@@ -2,8 +2,9 @@
 none: run where one is lent). Paged decode attention: every dtype, block size, group of query
 heads per KV head, context lengths around the kernel's tile of TOKENS, tables padded by junk
 blocks, batches small enough to split each context among programs and large enough not to. The
-fused ops (add_rms_norm, rope_store, silu_mul): float32 to float32's last bits, 16-bit types
-within one rounding (the order of a row's sum and exp's last bit may differ from torch's)."""
+fused ops (add_rms_norm, rope_store, silu_mul, attention_inputs): float32 to float32's last bits,
+16-bit types within one rounding (the order of a row's sum and exp's last bit may differ from
+torch's)."""
 import pytest
 import torch
 
@@ -110,3 +111,61 @@ def test_one_row_products_match_torch(dtype, outputs, inputs):
                        torch.nn.functional.linear(x[:1].float(), weight.float()))
     wide = torch.cat([weight] * (ROW_PRODUCT_MOST_OUTPUTS // outputs + 1))
     assert torch.equal(kernels.linear(x[:1], wide), torch.nn.functional.linear(x[:1], wide))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("heads, kv_heads, head_dim, hidden", [(32, 4, 64, 2048), (4, 4, 16, 96), (8, 2, 128, 3000)])
+def test_attention_inputs_of_one_row_match_the_unfused_ops(dtype, heads, kv_heads, head_dim, hidden):
+    """attention_inputs at one row is one kernel: the norm's scale from the whole row, each input
+    value rounded as add_rms_norm rounds it, the product, then rope_store's rotation and stores. The
+    residual's sum comes out of place, the old one untouched. Two rows take the unfused ops."""
+    from mcpd.models.cuda_kernels import CudaKernels
+    generator = torch.Generator().manual_seed(heads + hidden)
+    residual, delta = (torch.randn(2, hidden, generator=generator).to(dtype).cuda() for _ in range(2))
+    norm_weight = torch.randn(hidden, generator=generator).to(dtype).cuda()
+    weight = (torch.randn((heads + 2 * kv_heads) * head_dim, hidden, generator=generator) * 0.02).to(dtype).cuda()
+    table = RotaryEmbedding(head_dim, 10000.0, None, torch.device("cuda")).table(512, dtype)
+    positions, slots = torch.tensor([300, 7]).cuda(), torch.tensor([13, 2]).cuda()
+    caches = [torch.zeros(12, 3, 2, 4, kv_heads, head_dim, dtype=dtype, device="cuda") for _ in range(2)]
+
+    def both(rows, extra):
+        arguments = (norm_weight, 1e-5, weight, None, heads, kv_heads, head_dim, table, positions[:rows],
+                     slots[:rows] // 4, slots[:rows] % 4)
+        before = residual[:rows].clone()
+        out = CudaKernels().attention_inputs(residual[:rows].clone(), extra, *arguments, caches[0][:, 1])
+        return out, TORCH.attention_inputs(before, extra, *arguments, caches[1][:, 1])
+    kept = residual[:1].clone()
+    for rows, extra in ((1, delta[:1]), (1, None), (2, delta)):
+        (summed, q), expected = both(rows, extra)
+        close(summed, expected[0])
+        # A rotated value is a difference of products: a rounding apart in the q/k/v product's
+        # output (~1 here) is that far apart however small the difference comes out.
+        for out, twin in ((q, expected[1]), (caches[0], caches[1])):
+            torch.testing.assert_close(out.float(), twin.float(), rtol=2 ** -6, atol=2 * torch.finfo(dtype).eps)
+    summed, _ = CudaKernels().attention_inputs(residual[:1], delta[:1], norm_weight, 1e-5, weight, None, heads,
+                                               kv_heads, head_dim, table, positions[:1], slots[:1] // 4,
+                                               slots[:1] % 4, caches[0][:, 1])
+    assert torch.equal(residual[:1], kept) and summed.data_ptr() != residual.data_ptr()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_attention_inputs_of_one_row_give_the_unfused_kernels_bits(dtype):
+    """The fused kernel computes each input value as add_rms_norm's kernel does, sums in the row
+    product's order and rotates as rope_store's kernel does, so where the norm kernel reduces with
+    the same warps (rows up to 4096) it gives the unfused kernels' bits: a 16-bit model's greedy
+    tokens do not change with the fusion."""
+    from mcpd.models.cuda_kernels import CudaKernels
+    from mcpd.models.kernels import TorchKernels
+    generator = torch.Generator().manual_seed(7)
+    heads, kv_heads, head_dim, hidden = 32, 4, 64, 2048
+    residual, delta = (torch.randn(1, hidden, generator=generator).to(dtype).cuda() for _ in range(2))
+    norm_weight = torch.randn(hidden, generator=generator).to(dtype).cuda()
+    qkv = (torch.randn((heads + 2 * kv_heads) * head_dim, hidden, generator=generator) * 0.02).to(dtype).cuda()
+    table = RotaryEmbedding(head_dim, 10000.0, None, torch.device("cuda")).table(512, dtype)
+    caches = [torch.zeros(12, 3, 2, 4, kv_heads, head_dim, dtype=dtype, device="cuda") for _ in range(2)]
+    arguments = (norm_weight, 1e-5, qkv, None, heads, kv_heads, head_dim, table, torch.tensor([300]).cuda(),
+                 torch.tensor([3]).cuda(), torch.tensor([1]).cuda())
+    kernels = CudaKernels()
+    fused = kernels.attention_inputs(residual.clone(), delta, *arguments, caches[0][:, 2])
+    unfused = TorchKernels.attention_inputs(kernels, residual.clone(), delta, *arguments, caches[1][:, 2])
+    assert torch.equal(fused[0], unfused[0]) and torch.equal(fused[1], unfused[1]) and torch.equal(*caches)

@@ -3,20 +3,29 @@ and decode attention reading the paged KV cache in place.
 
 Why: a decode step of a small batch is a few large products and many small ops. On an H200 a
 1.1B Llama's step ran ~80 kernels a layer, most of them elementwise ops of one row taking 1-2 us
-each: 2.1 ms a token where the weights take 0.5 ms to read (bench/README.md). Here each layer is
-nine kernels (ten when attention's context is split): add_rms_norm, the q/k/v product,
-rope_store, attention, the o product, add_rms_norm, the gate/up product, silu_mul, the down
-product; the products are cuBLAS's but for one row by a smaller matrix (below).
+each: 2.1 ms a token where the weights take 0.5 ms to read (bench/README.md). Here a layer of a
+one-sequence decode is seven kernels (eight when attention's context is split): the q/k/v product
+with the norm before it and rope_store after it (attention_inputs), attention, the o product,
+add_rms_norm, the gate/up product, silu_mul, the down product. Inside a CUDA graph each kernel
+costs ~2.5 us beyond its work (on an H200, 89 more kernels of almost no work a token took W1 from
+875 to ~730 tok/s, .probe/l2pf.py), so fewer kernels is the lever at one row; larger batches run
+the unfused ops.
 
 - add_rms_norm: the residual addition and the RMSNorm of each row, in one program a row.
 - rope_store: each head of each token rotated (queries and keys) and the keys and values written
   into their cache slots, one program a (token, head).
 - silu_mul: silu(gate) * up.
-- linear of one row by a 16-bit matrix of up to ROW_PRODUCT_MOST_OUTPUTS outputs (a decode step
-  of one sequence: q/k/v, o, down): a Triton product, one program per 8 outputs. On an H200,
-  cuBLAS took 5.0 us for a 1.1B model's q/k/v and o matrices (1.7-2.1 TB/s of the card's 4.3)
-  and 8.9 for its down matrix; this kernel 3.4, 3.1 and 5.0 (3.1-4.6 TB/s). Larger matrices
-  (gate/up, the LM head) stay cuBLAS's, which was as fast or faster there (bench/README.md).
+- linear of one row by a 16-bit matrix of up to ROW_PRODUCT_MOST_OUTPUTS outputs (q/k/v, o,
+  down): a Triton product, one program per 8 outputs. On an H200, cuBLAS took 5.0 us for a 1.1B
+  model's q/k/v and o matrices (1.7-2.1 TB/s of the card's 4.3) and 8.9 for its down matrix; this
+  kernel 3.4, 3.1 and 5.0 (3.1-4.6 TB/s). Larger matrices (gate/up, the LM head) stay cuBLAS's,
+  which was as fast or faster there (bench/README.md).
+- attention_inputs at one row: the same product kernel computing its input row from the norm
+  (each program the row's scale from the whole row, then each value as add_rms_norm gives it)
+  and rotating and storing its outputs as rope_store does (a program then takes 4 values of a
+  head's first half and the 4 paired with them): the unfused kernels' bits, one kernel for
+  three. W1 +5-6% on the 1.1B model (H200, paired rounds, .probe/fuseab.py). silu_mul folded
+  into the down product the same way gained nothing there (-1% to -4%) and was left out.
 Each rounds where torch's ops round (to the model dtype after every op, from float32 math), so a
 bfloat16 model computes what the torch twin computes, up to the order of a row's sum.
 
@@ -35,6 +44,8 @@ splits follows the shapes, not the lengths: a CUDA graph can capture it at a fix
 (engine/decode_graphs.py).
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -167,13 +178,22 @@ def _rope_store(qkv, table, positions, slot_blocks, slot_offsets, q_out, cache, 
     head = tl.program_id(1)   # queries, then keys, then values
     half = tl.arange(0, HALF)
     source = qkv + row * qkv_row_stride + head * 2 * HALF
-    x1 = tl.load(source + half)
-    x2 = tl.load(source + HALF + half)
+    _rotate_store(tl.load(source + half), tl.load(source + HALF + half), head, half, row, table, positions,
+                  slot_blocks, slot_offsets, q_out, cache, block_stride, value_offset, token_stride, HEADS,
+                  KV_HEADS, HALF)
+
+
+@triton.jit
+def _rotate_store(x1, x2, head, index, row, table, positions, slot_blocks, slot_offsets, q_out, cache, block_stride,
+                  value_offset, token_stride, HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HALF: tl.constexpr):
+    """Values of one head of row: x1 at `index` of its first half, x2 at index + HALF. Queries and
+    keys rotated by the row's position; queries stored into q_out, keys and values into their
+    cache slot."""
     dtype = x1.dtype
     if head < HEADS + KV_HEADS:   # x * cos + cat(-x2, x1) * sin, each op rounded to dtype as torch's
         angles = table + tl.load(positions + row) * 4 * HALF
-        cos1, cos2 = tl.load(angles + half), tl.load(angles + HALF + half)
-        sin1, sin2 = tl.load(angles + 2 * HALF + half), tl.load(angles + 3 * HALF + half)
+        cos1, cos2 = tl.load(angles + index), tl.load(angles + HALF + index)
+        sin1, sin2 = tl.load(angles + 2 * HALF + index), tl.load(angles + 3 * HALF + index)
         a, b = x1.to(tl.float32), x2.to(tl.float32)
         x1 = ((a * cos1).to(dtype).to(tl.float32) + (-b * sin1).to(dtype).to(tl.float32)).to(dtype)
         x2 = ((b * cos2).to(dtype).to(tl.float32) + (a * sin2).to(dtype).to(tl.float32)).to(dtype)
@@ -184,8 +204,8 @@ def _rope_store(qkv, table, positions, slot_blocks, slot_offsets, q_out, cache, 
         slot = (tl.load(slot_blocks + row) * block_stride + tl.load(slot_offsets + row) * token_stride
                 + (kv_index // KV_HEADS) * value_offset + (kv_index % KV_HEADS) * 2 * HALF)
         target = cache + slot
-    tl.store(target + half, x1)
-    tl.store(target + HALF + half, x2)
+    tl.store(target + index, x1)
+    tl.store(target + HALF + index, x2)
 
 
 @triton.jit
@@ -202,30 +222,119 @@ def _silu_mul(gate_up, out, inter, BLOCK: tl.constexpr):
 
 ROW_PRODUCT_MOST_OUTPUTS = 8192
 ROW_PRODUCT_TILE = dict(BLOCK_N=8, BLOCK_K=512, STAGES=3, num_warps=4)   # the fastest of a sweep on an H200
+NORMED_MOST_INPUTS = 8192   # a normed row product holds the whole row at once
 
 
 @triton.jit
-def _row_product(x, weight, y, n, k, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr):
-    outs = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+def _row_product(x, weight, y, n, k, delta, norm_weight, residual_out, eps, table, positions, slot_blocks,
+                 slot_offsets, cache, block_stride, value_offset, token_stride, NORMED: tl.constexpr,
+                 HAS_DELTA: tl.constexpr, ROW: tl.constexpr, ROPE: tl.constexpr,
+                 HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HALF: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr, STAGES: tl.constexpr):
+    """y = x' . weight^T for one row: x' is x, or with NORMED the RMSNorm of x (+ delta) by
+    norm_weight, its scale from the whole row first, each value rounded where add_rms_norm rounds
+    (the same x' as add_rms_norm's, so the same sums). With ROPE the outputs are a q/k/v row: a
+    program takes BLOCK_N // 2 values of a head's first half and the ones HALF after them, and
+    stores them as rope_store does (y is then the queries)."""
+    program = tl.program_id(0)
+    if ROPE:
+        head = program // (HALF // (BLOCK_N // 2))
+        first = program % (HALF // (BLOCK_N // 2)) * (BLOCK_N // 2)
+        r = tl.arange(0, BLOCK_N)
+        outs = head * 2 * HALF + first + r % (BLOCK_N // 2) + r // (BLOCK_N // 2) * HALF
+    else:
+        outs = program * BLOCK_N + tl.arange(0, BLOCK_N)
     out_ok = outs < n
+    inverse = 0.0
+    if NORMED:   # add_rms_norm's scale of the row; the first program keeps the sum
+        row = tl.arange(0, ROW)
+        whole = _summed(x, delta, row, row < k, HAS_DELTA)
+        if HAS_DELTA and program == 0:
+            tl.store(residual_out + row, whole, mask=row < k)
+        whole32 = whole.to(tl.float32)
+        inverse = tl.rsqrt(tl.sum(whole32 * whole32, axis=0) / k + eps)
     acc = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
     for start in tl.range(0, k, BLOCK_K, num_stages=STAGES):
         cols = start + tl.arange(0, BLOCK_K)
         col_ok = cols < k
-        a = tl.load(x + cols, mask=col_ok, other=0.0).to(tl.float32)
+        if NORMED:
+            part = _summed(x, delta, cols, col_ok, HAS_DELTA)
+            scale = tl.load(norm_weight + cols, mask=col_ok, other=0.0).to(tl.float32)
+            a = (scale * (part.to(tl.float32) * inverse).to(part.dtype).to(tl.float32)).to(part.dtype)
+        else:
+            a = tl.load(x + cols, mask=col_ok, other=0.0)
         w = tl.load(weight + outs[:, None].to(tl.int64) * k + cols[None, :], mask=out_ok[:, None] & col_ok[None, :],
                     other=0.0)
-        acc += w.to(tl.float32) * a[None, :]
-    tl.store(y + outs, tl.sum(acc, axis=1).to(y.dtype.element_ty), mask=out_ok)
+        acc += w.to(tl.float32) * a.to(tl.float32)[None, :]
+    values = tl.sum(acc, axis=1).to(y.dtype.element_ty)
+    if ROPE:
+        x1, x2 = tl.split(tl.permute(tl.reshape(values, (2, BLOCK_N // 2)), (1, 0)))
+        _rotate_store(x1, x2, head, first + tl.arange(0, BLOCK_N // 2), 0, table, positions, slot_blocks,
+                      slot_offsets, y, cache, block_stride, value_offset, token_stride, HEADS, KV_HEADS, HALF)
+    else:
+        tl.store(y + outs, values, mask=out_ok)
 
 
-def row_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """F.linear(x, weight) of one row x [1, k] by weight [n, k], both 16-bit and contiguous: the
-    sums in float32, rounded once."""
+@triton.jit
+def _summed(x, delta, cols, ok, HAS_DELTA: tl.constexpr):
+    """x (+ delta) at cols, the sum rounded to x's dtype as torch's addition rounds it."""
+    values = tl.load(x + cols, mask=ok, other=0.0)
+    if HAS_DELTA:
+        values = (values.to(tl.float32) + tl.load(delta + cols, mask=ok, other=0.0).to(tl.float32)).to(values.dtype)
+    return values
+
+
+@dataclass(frozen=True)
+class RopeStore:
+    """rope_store's operands, for a q/k/v product that rotates and stores its own outputs."""
+    heads: int
+    kv_heads: int
+    head_dim: int
+    table: torch.Tensor
+    positions: torch.Tensor
+    slot_blocks: torch.Tensor
+    slot_offsets: torch.Tensor
+    kv_cache: torch.Tensor
+
+
+@dataclass(frozen=True)
+class NormInput:
+    """add_rms_norm's operands, for a row product that normalises its own input row: x + delta
+    (delta None: x) normed by weight; the sum written to summed."""
+    delta: torch.Tensor | None
+    weight: torch.Tensor
+    eps: float
+    summed: torch.Tensor
+
+
+def row_product(x: torch.Tensor, weight: torch.Tensor, norm: NormInput | None = None,
+                rope: RopeStore | None = None) -> torch.Tensor:
+    """F.linear(x', weight) of one row by weight [n, k], both 16-bit and contiguous: the sums in
+    float32, rounded once. x' is x [1, k], or with norm add_rms_norm's output for x. With rope,
+    returns rope_store's queries [1, heads, head_dim] of the product, its keys and values stored."""
     n, k = weight.shape
-    y = torch.empty(1, n, dtype=x.dtype, device=x.device)
-    _row_product[(triton.cdiv(n, ROW_PRODUCT_TILE["BLOCK_N"]),)](x, weight, y, n, k, **ROW_PRODUCT_TILE)
+    if rope is None:   # x stands in for the pointers a form does not read
+        y = torch.empty(1, n, dtype=x.dtype, device=x.device)
+        rope_operands, heads, kv_heads, half = (x, x, x, x, x, 0, 0, 0), 1, 1, 1
+    else:
+        y = torch.empty(1, rope.heads, rope.head_dim, dtype=x.dtype, device=x.device)
+        rope_operands = (rope.table, rope.positions, rope.slot_blocks, rope.slot_offsets, rope.kv_cache,
+                         *rope.kv_cache.stride()[:3])
+        heads, kv_heads, half = rope.heads, rope.kv_heads, rope.head_dim // 2
+    norm_operands = (x, x, x, 0.0) if norm is None else (x if norm.delta is None else norm.delta, norm.weight,
+                                                         norm.summed, norm.eps)
+    _row_product[(triton.cdiv(n, ROW_PRODUCT_TILE["BLOCK_N"]),)](
+        x, weight, y, n, k, *norm_operands, *rope_operands, NORMED=norm is not None,
+        HAS_DELTA=norm is not None and norm.delta is not None, ROW=triton.next_power_of_2(k) if norm else 1,
+        ROPE=rope is not None, HEADS=heads, KV_HEADS=kv_heads, HALF=half, **ROW_PRODUCT_TILE)
     return y
+
+
+def _one_row(x: torch.Tensor, weight, bias) -> bool:
+    """Whether x [1, k] by weight runs as a Triton row product (16-bit, not too many outputs)."""
+    return (bias is None and isinstance(weight, torch.Tensor) and x.shape[0] == 1 and x.dtype == weight.dtype
+            and x.dtype in (torch.bfloat16, torch.float16) and weight.shape[0] <= ROW_PRODUCT_MOST_OUTPUTS
+            and x.is_contiguous() and weight.is_contiguous())
 
 
 def supports(head_dim: int, kv_cache_strides: tuple[int, ...]) -> bool:
@@ -240,11 +349,23 @@ class CudaKernels(TorchKernels):
     name = "cuda"
 
     def linear(self, x, weight, bias=None):
-        if (bias is None and isinstance(weight, torch.Tensor) and x.shape[0] == 1 and x.dtype == weight.dtype
-                and x.dtype in (torch.bfloat16, torch.float16) and weight.shape[0] <= ROW_PRODUCT_MOST_OUTPUTS
-                and x.is_contiguous() and weight.is_contiguous()):
+        if _one_row(x, weight, bias):
             return row_product(x, weight)
         return super().linear(x, weight, bias)
+
+    def attention_inputs(self, residual, delta, norm_weight, eps, weight, bias, heads, kv_heads, head_dim, table,
+                         positions, slot_blocks, slot_offsets, kv_cache):
+        """At one row one kernel: the norm from the whole row, the q/k/v product, rope_store's
+        rotation and stores; the residual's sum out of place (the first program writes it while the
+        others read the old one)."""
+        rope = RopeStore(heads, kv_heads, head_dim, table, positions, slot_blocks, slot_offsets, kv_cache)
+        if not (_one_row(residual, weight, bias) and residual.shape[1] <= NORMED_MOST_INPUTS
+                and (delta is None or delta.is_contiguous()) and supports(head_dim, kv_cache.stride())
+                and head_dim // 2 % (ROW_PRODUCT_TILE["BLOCK_N"] // 2) == 0):
+            return super().attention_inputs(residual, delta, norm_weight, eps, weight, bias, heads, kv_heads,
+                                            head_dim, table, positions, slot_blocks, slot_offsets, kv_cache)
+        summed = torch.empty_like(residual) if delta is not None else residual
+        return summed, row_product(residual, weight, NormInput(delta, norm_weight, eps, summed), rope)
 
     def add_rms_norm(self, residual, delta, weight, eps):
         """In place: residual becomes residual + delta."""

@@ -109,6 +109,19 @@ class TorchKernels:
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
         return residual, weight * x32.to(residual.dtype)
 
+    def attention_inputs(self, residual: torch.Tensor, delta: torch.Tensor | None, norm_weight: torch.Tensor,
+                         eps: float, weight: torch.Tensor | Int8Weight, bias: torch.Tensor | None, heads: int,
+                         kv_heads: int, head_dim: int, table: torch.Tensor, positions: torch.Tensor,
+                         slot_blocks: torch.Tensor, slot_offsets: torch.Tensor,
+                         kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(residual + delta, the queries): add_rms_norm, the q/k/v product and rope_store (keys
+        and values into the cache), in one call so that a kernel set can fuse them (the CUDA
+        kernels do at one row)."""
+        residual, x = self.add_rms_norm(residual, delta, norm_weight, eps)
+        q = self.rope_store(self.linear(x, weight, bias), heads, kv_heads, head_dim, table, positions, slot_blocks,
+                            slot_offsets, kv_cache)
+        return residual, q
+
     def rope_store(self, qkv: torch.Tensor, heads: int, kv_heads: int, head_dim: int, table: torch.Tensor,
                    positions: torch.Tensor, slot_blocks: torch.Tensor, slot_offsets: torch.Tensor,
                    kv_cache: torch.Tensor) -> torch.Tensor:

@@ -136,10 +136,9 @@ class LlamaForCausalLM(KernelForms, nn.Module):
         if k.stacks_layers:
             return self._native_stack().run(residual, rope, attn)
         for w in weights.layers:
-            residual, x = k.add_rms_norm(residual, delta, w.input_norm, eps)
-            qkv = k.linear(x, w.qkv, w.qkv_bias)
-            q = k.rope_store(qkv, a.num_heads, a.num_kv_heads, a.head_dim, rope, attn.positions,
-                             attn.slot_blocks, attn.slot_offsets, w.attention.kv_cache)
+            residual, q = k.attention_inputs(residual, delta, w.input_norm, eps, w.qkv, w.qkv_bias, a.num_heads,
+                                             a.num_kv_heads, a.head_dim, rope, attn.positions, attn.slot_blocks,
+                                             attn.slot_offsets, w.attention.kv_cache)
             residual, x = k.add_rms_norm(residual, k.linear(w.attention.attend(q, attn, k), w.o, w.o_bias),
                                          w.post_norm, eps)
             delta = k.linear(k.silu_mul(k.linear(x, w.gate_up, w.gate_up_bias)), w.down, w.down_bias)
