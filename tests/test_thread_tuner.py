@@ -33,6 +33,30 @@ def test_a_batch_that_changes_during_a_trial_decides_nothing():
     assert tuner.current == 2 and tuner.trying is None
 
 
+def test_a_voided_trial_is_not_a_lost_one_waits_bring_the_next_at_once():
+    """A periodic trial that began at a burst's end, voided by the next burst's prefill: the waits
+    of a neighbour that came meanwhile bring a trial within a few steps, not 2 * RETRY later."""
+    waits = iter([0.0] * (PERIOD + 1) + [0.5] * 1000)
+    tuner = ThreadTuner(2, None, lambda: next(waits))
+    serve(tuner, {1: 0.010, 2: 0.015}.get, PERIOD + 1)
+    assert tuner.trying == 1 and tuner.retry == RETRY
+    # the next burst: a prefill, then decode steps beside the neighbour
+    set_to = serve(tuner, {1: 0.010, 2: 0.015}.get, 4 * TRIAL, tokens=lambda step: 1024 if step == 0 else 8)
+    assert set_to == [2, 1] and tuner.current == 1 and tuner.retry == RETRY
+
+
+def test_voided_trials_in_a_row_back_off_as_lost_ones_do():
+    """A batch that changes at every step (W4's one-token requests) voids every trial: after the
+    first, each doubles the gap before waits may bring the next, up to PERIOD."""
+    tuner = ThreadTuner(2, None, lambda: 0.5)
+    started, step = [], 0
+    tuner.set_threads = lambda count: started.append(step) if count == 1 else None
+    for step in range(8 * PERIOD):
+        tuner.observe(1 + step % 3, {1: 0.010, 2: 0.010}[tuner.trying or tuner.current])
+    between = [later - earlier for earlier, later in zip(started, started[1:])]
+    assert tuner.current == 2 and between[-3:] == [PERIOD] * 3 and len(started) < 8 * PERIOD // RETRY
+
+
 def test_one_thread_is_never_tuned():
     tuner = ThreadTuner(1, None)
     assert serve(tuner, lambda threads: 0.01, 3 * PERIOD) == []

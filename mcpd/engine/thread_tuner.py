@@ -62,6 +62,7 @@ class ThreadTuner:
         self.retry = RETRY                      # steps from then before contention may start one
         self.downward = True                    # the direction of the next trial
         self.brought = False                    # whether waits brought the trial to be decided next
+        self.voided = False                     # whether the last trial was void (its batch changed)
 
     def resume(self, idle_seconds: float) -> None:
         """A step is about to run, idle_seconds after the previous one ended. After a pause the
@@ -80,7 +81,7 @@ class ThreadTuner:
         # blind, the trial starts after TRIAL + 1 steps: the burst's first is a prefill, like no step after it
         self.steps = 0 if self.waited is not None else PERIOD - TRIAL - 1
         self.trial_ended, self.retry, self.downward, self.waited_before = -RETRY, RETRY, True, False
-        self.brought = False
+        self.brought = self.voided = False
         if self.waited is not None:
             # A reading covers the time since the last: over the pause, the burst's first step's
             # waits came out at 0.02 beside a spinning process, and the trial waited a burst more.
@@ -147,14 +148,24 @@ class ThreadTuner:
 
     def _decide(self) -> None:
         shapes = {tokens for tokens, _ in self.baseline + self.trial}
-        comparable = len(self.baseline) == TRIAL and len(shapes) == 1
+        void = len(self.baseline) < TRIAL or len(shapes) > 1
+        if void and not self.voided:
+            # The first void trial is not a lost one: the next waits may bring a trial at once.
+            # Counted as lost, a trial a burst's end started and the next burst's prefill voided
+            # held the contention trial off for 2 * RETRY steps: the daemon's W2-8 beside a busy
+            # core ran its first ~65 decode steps on both threads (14 ms a step against 9.3 on
+            # one; .probe/w2trace.py). Voids in a row (a batch that changes at every step, as
+            # W4's) back off as lost trials do.
+            self.set_threads(self.current)
+            self.trying, self.brought, self.voided = None, False, True
+            return
         gain = CONTENDED_GAIN if self.brought else GAIN
-        if comparable and _median(self.trial) < gain * _median(self.baseline):
+        if not void and _median(self.trial) < gain * _median(self.baseline):
             self.current, self.baseline, self.retry = self.trying, self.trial, RETRY
         else:
             self.set_threads(self.current)
             self.retry = min(2 * self.retry, PERIOD)
-        self.trying, self.trial_ended, self.brought = None, self.steps, False
+        self.trying, self.trial_ended, self.brought, self.voided = None, self.steps, False, void
 
 
 def _median(steps: list[tuple[int, float]]) -> float:
