@@ -55,7 +55,8 @@ def render_status(status: dict) -> str:
     lines.append(table(["WORKER", "DEVICE", "KERNELS", "MODEL", "RUNNING", "WAITING", "KV USED", "POOL USED"],
                        [[d["worker"], d.get("device", "-"), d.get("kernels", "-"), d.get("model", "-"),
                          d.get("running", "-"), d.get("waiting", "-"),
-                         f"{d.get('kv_blocks_used', 0)}/{d.get('kv_blocks_total', 0)}", mib(d.get("pool", {}).get("in_use_bytes", 0))] for d in status["devices"]]))
+                         f"{d.get('kv_blocks_used', 0)}/{d.get('kv_blocks_total', 0)}",
+                         mib(d.get("pool", {}).get("in_use_bytes", 0))] for d in status["devices"]]))
     if status.get("models", {}).get("models"):
         lines += ["", models.render_models(status["models"])]
     for pool in status.get("pools", []):

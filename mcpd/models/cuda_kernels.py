@@ -358,13 +358,13 @@ class CudaKernels(TorchKernels):
         """At one row one kernel: the norm from the whole row, the q/k/v product, rope_store's
         rotation and stores; the residual's sum out of place (the first program writes it while the
         others read the old one)."""
-        rope = RopeStore(heads, kv_heads, head_dim, table, positions, slot_blocks, slot_offsets, kv_cache)
         if not (_one_row(residual, weight, bias) and residual.shape[1] <= NORMED_MOST_INPUTS
                 and (delta is None or delta.is_contiguous()) and supports(head_dim, kv_cache.stride())
                 and head_dim // 2 % (ROW_PRODUCT_TILE["BLOCK_N"] // 2) == 0):
             return super().attention_inputs(residual, delta, norm_weight, eps, weight, bias, heads, kv_heads,
                                             head_dim, table, positions, slot_blocks, slot_offsets, kv_cache)
         summed = torch.empty_like(residual) if delta is not None else residual
+        rope = RopeStore(heads, kv_heads, head_dim, table, positions, slot_blocks, slot_offsets, kv_cache)
         return summed, row_product(residual, weight, NormInput(delta, norm_weight, eps, summed), rope)
 
     def add_rms_norm(self, residual, delta, weight, eps):
