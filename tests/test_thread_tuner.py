@@ -45,6 +45,16 @@ def test_a_voided_trial_is_not_a_lost_one_waits_bring_the_next_at_once():
     assert set_to == [2, 1] and tuner.current == 1 and tuner.retry == RETRY
 
 
+def test_a_pause_ends_a_trial_under_way_and_the_next_burst_runs_on_the_count_that_won():
+    tuner = ThreadTuner(2, None)
+    set_to = serve(tuner, {1: 0.010, 2: 0.008}.get, PERIOD + 1)   # a periodic trial of one thread began
+    assert tuner.trying == 1 and set_to == [1]
+    tuner.resume(0.01)   # between steps of one burst: the trial goes on
+    assert tuner.trying == 1 and set_to == [1]
+    tuner.resume(0.3)    # the work stopped: the next burst's prefill runs on both threads
+    assert tuner.trying is None and tuner.current == 2 and set_to == [1, 2] and tuner.retry == RETRY
+
+
 def test_voided_trials_in_a_row_back_off_as_lost_ones_do():
     """A batch that changes at every step (W4's one-token requests) voids every trial: after the
     first, each doubles the gap before waits may bring the next, up to PERIOD."""

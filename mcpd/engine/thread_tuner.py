@@ -44,6 +44,12 @@ CONTENDED = 0.3
 # eight clients brought a trial every RETRY steps, each lost). So each lost trial doubles the
 # gap, up to PERIOD, and a won one or a pause sets it back to RETRY.
 RETRY = 32
+# A pause between steps this long ends a trial under way (resume). The idle W2-8 before a busy one
+# in bench/peers.py ended with its periodic trial of one thread under way, and the busy burst's
+# 1,024-token prefill ran on that one thread: ~500 ms where two threads beside the neighbour take
+# ~400 (.probe/w2trace.py, .probe/w2one.py). Steps of one burst follow each other within
+# milliseconds; a pause of this length is the work stopping.
+TRIAL_PAUSE_S = 0.1
 
 
 class ThreadTuner:
@@ -72,8 +78,11 @@ class ThreadTuner:
         (in-process W1 at ~61 GB/s: 291 tok/s with it, 317 without). Blind, the burst tries one
         fewer as soon as its decode steps can be compared, not PERIOD steps later: a neighbour
         that came during the pause costs a few steps, not a whole 128-token answer (bench/peers.py
-        W1 with one core busy: keep 0.64 before)."""
+        W1 with one core busy: keep 0.64 before). A shorter pause ends a trial under way, void: the
+        next burst's first steps run on the count that won, not on the count on trial."""
         if idle_seconds < IDLE_RESET_S:
+            if idle_seconds >= TRIAL_PAUSE_S and self.trying is not None:
+                self._void()
             return
         if self.current != self.most or self.trying is not None:
             self.set_threads(self.most)
@@ -148,24 +157,29 @@ class ThreadTuner:
 
     def _decide(self) -> None:
         shapes = {tokens for tokens, _ in self.baseline + self.trial}
-        void = len(self.baseline) < TRIAL or len(shapes) > 1
-        if void and not self.voided:
-            # The first void trial is not a lost one: the next waits may bring a trial at once.
-            # Counted as lost, a trial a burst's end started and the next burst's prefill voided
-            # held the contention trial off for 2 * RETRY steps: the daemon's W2-8 beside a busy
-            # core ran its first ~65 decode steps on both threads (14 ms a step against 9.3 on
-            # one; .probe/w2trace.py). Voids in a row (a batch that changes at every step, as
-            # W4's) back off as lost trials do.
-            self.set_threads(self.current)
-            self.trying, self.brought, self.voided = None, False, True
+        if len(self.baseline) < TRIAL or len(shapes) > 1:
+            self._void()
             return
         gain = CONTENDED_GAIN if self.brought else GAIN
-        if not void and _median(self.trial) < gain * _median(self.baseline):
+        if _median(self.trial) < gain * _median(self.baseline):
             self.current, self.baseline, self.retry = self.trying, self.trial, RETRY
         else:
             self.set_threads(self.current)
             self.retry = min(2 * self.retry, PERIOD)
-        self.trying, self.trial_ended, self.brought, self.voided = None, self.steps, False, void
+        self.trying, self.trial_ended, self.brought, self.voided = None, self.steps, False, False
+
+    def _void(self) -> None:
+        """End the trial undecided (its batch changed, or a pause came): back to the current count.
+        The first void in a row is not a lost trial, so the next waits may bring one at once.
+        Counted as lost, a trial a burst's end started and the next burst's prefill voided held
+        the contention trial off for 2 * RETRY steps: the daemon's W2-8 beside a busy core ran
+        its first ~65 decode steps on both threads (14 ms a step against 9.3 on one;
+        .probe/w2trace.py). Voids in a row (a batch that changes at every step, as W4's) back
+        off as lost trials do."""
+        self.set_threads(self.current)
+        if self.voided:
+            self.retry, self.trial_ended = min(2 * self.retry, PERIOD), self.steps
+        self.trying, self.trial, self.brought, self.voided = None, [], False, True
 
 
 def _median(steps: list[tuple[int, float]]) -> float:
