@@ -160,15 +160,34 @@ def _add_rms_norm(residual, delta, weight, out, size, eps, HAS_DELTA: tl.constex
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     ok = cols < size
-    x = tl.load(residual + row * size + cols, mask=ok, other=0.0)
-    if HAS_DELTA:   # the sum rounded to the model dtype, as torch's addition rounds it
-        x = (x.to(tl.float32) + tl.load(delta + row * size + cols, mask=ok, other=0.0).to(tl.float32)).to(x.dtype)
+    x = _summed(residual + row * size, delta + row * size, cols, ok, HAS_DELTA)
+    if HAS_DELTA:
         tl.store(residual + row * size + cols, x, mask=ok)
-    x32 = x.to(tl.float32)
-    normed = x32 * tl.rsqrt(tl.sum(x32 * x32, axis=0) / size + eps)
-    w = tl.load(weight + cols, mask=ok, other=0.0)
-    y = w.to(tl.float32) * normed.to(x.dtype).to(tl.float32)
+    y = _normed(x, _rms_inverse(x, size, eps), tl.load(weight + cols, mask=ok, other=0.0))
     tl.store(out + row * size + cols, y.to(out.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _summed(x, delta, cols, ok, HAS_DELTA: tl.constexpr):
+    """x (+ delta) at cols, the sum rounded to x's dtype as torch's addition rounds it."""
+    values = tl.load(x + cols, mask=ok, other=0.0)
+    if HAS_DELTA:
+        values = (values.to(tl.float32) + tl.load(delta + cols, mask=ok, other=0.0).to(tl.float32)).to(values.dtype)
+    return values
+
+
+@triton.jit
+def _rms_inverse(row, size, eps):
+    """1 / the root mean square of a row's values (+ eps), in float32: RMSNorm's scale."""
+    row32 = row.to(tl.float32)
+    return tl.rsqrt(tl.sum(row32 * row32, axis=0) / size + eps)
+
+
+@triton.jit
+def _normed(x, inverse, weight):
+    """RMSNorm's output for values x of a row, in float32: x * inverse rounded to x's dtype (as
+    transformers rounds before the weight), times the weight."""
+    return weight.to(tl.float32) * (x.to(tl.float32) * inverse).to(x.dtype).to(tl.float32)
 
 
 @triton.jit
@@ -251,16 +270,14 @@ def _row_product(x, weight, y, n, k, delta, norm_weight, residual_out, eps, tabl
         whole = _summed(x, delta, row, row < k, HAS_DELTA)
         if HAS_DELTA and program == 0:
             tl.store(residual_out + row, whole, mask=row < k)
-        whole32 = whole.to(tl.float32)
-        inverse = tl.rsqrt(tl.sum(whole32 * whole32, axis=0) / k + eps)
+        inverse = _rms_inverse(whole, k, eps)
     acc = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
     for start in tl.range(0, k, BLOCK_K, num_stages=STAGES):
         cols = start + tl.arange(0, BLOCK_K)
         col_ok = cols < k
         if NORMED:
             part = _summed(x, delta, cols, col_ok, HAS_DELTA)
-            scale = tl.load(norm_weight + cols, mask=col_ok, other=0.0).to(tl.float32)
-            a = (scale * (part.to(tl.float32) * inverse).to(part.dtype).to(tl.float32)).to(part.dtype)
+            a = _normed(part, inverse, tl.load(norm_weight + cols, mask=col_ok, other=0.0)).to(part.dtype)
         else:
             a = tl.load(x + cols, mask=col_ok, other=0.0)
         w = tl.load(weight + outs[:, None].to(tl.int64) * k + cols[None, :], mask=out_ok[:, None] & col_ok[None, :],
@@ -273,15 +290,6 @@ def _row_product(x, weight, y, n, k, delta, norm_weight, residual_out, eps, tabl
                       slot_offsets, y, cache, block_stride, value_offset, token_stride, HEADS, KV_HEADS, HALF)
     else:
         tl.store(y + outs, values, mask=out_ok)
-
-
-@triton.jit
-def _summed(x, delta, cols, ok, HAS_DELTA: tl.constexpr):
-    """x (+ delta) at cols, the sum rounded to x's dtype as torch's addition rounds it."""
-    values = tl.load(x + cols, mask=ok, other=0.0)
-    if HAS_DELTA:
-        values = (values.to(tl.float32) + tl.load(delta + cols, mask=ok, other=0.0).to(tl.float32)).to(values.dtype)
-    return values
 
 
 @dataclass(frozen=True)
