@@ -1,7 +1,6 @@
 """The scheduler's policies on their own (pure classes); its core is tested in test_scheduler_core.py."""
 
 from mcpd.config import PriorityClass
-from mcpd.daemon.frontend.peers import PeerTracker
 from mcpd.daemon.scheduler.batching_window import ADJUST_EVERY, BatchingWindow
 from mcpd.daemon.scheduler.class_queues import ClassQueues
 from mcpd.daemon.scheduler.degradation import DegradationLadder
@@ -76,16 +75,3 @@ def test_degradation_ladder_caps_then_sheds_and_recovers():
     assert ladder.level(2.1) == 2
     ladder.update(4, now=2.2)
     assert ladder.level(2.2) == 0
-
-
-def test_peer_tracker_follows_reused_descriptors_and_reconnects():
-    peers = PeerTracker()
-    assert peers.seen(b"a", 5) is None
-    assert peers.disconnected(5) == b"a"
-    peers.seen(b"b", 6)
-    assert peers.seen(b"c", 6) == b"b"       # fd 6 reused before its close was reported
-    assert peers.disconnected(6) is None     # that late report is b's, not c's
-    assert peers.disconnected(6) == b"c"
-    peers.seen(b"fixed", 7)
-    peers.seen(b"fixed", 8)                  # same routing id, new connection
-    assert peers.disconnected(7) is None and peers.disconnected(8) == b"fixed"

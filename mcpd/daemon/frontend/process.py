@@ -62,7 +62,7 @@ class FrontEnd:
         self.clients = self._bind_clients()
         # A client whose connection closes has its requests cancelled (peers.py says how).
         self.peers = PeerTracker()
-        self.connections = self.clients.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
+        self.connections = self._watch_connections()
         limits = config.limits
         self.outbox = Outbox(self.clients, limits.max_client_backlog_bytes)
         self.incoming = IncomingBytes(limits.max_message_bytes, limits.max_incoming_bytes, self.gate.auth, self.log)
@@ -97,6 +97,19 @@ class FrontEnd:
         # A send to a client whose pipe is full fails (EAGAIN) instead of vanishing: outbox.py.
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.gate.bind(sock)
+        return sock
+
+    def _watch_connections(self) -> zmq.Socket:
+        """The client socket's accepts and disconnects (peers.py, incoming.py). When the monitor's
+        pipe is full (about 2,000 unread reports by default), libzmq's I/O thread blocks, and
+        with it every client, until the loop reads one (seen with a monitor left unread): the
+        reading end lifts the pipe's limit (RCVHWM 0), and reports wait, a few dozen bytes each,
+        until the loop reads them."""
+        endpoint = "inproc://frontend-connections"
+        self.clients.monitor(endpoint, zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
+        sock = self.context.socket(zmq.PAIR)
+        sock.setsockopt(zmq.RCVHWM, 0)
+        sock.connect(endpoint)
         return sock
 
     def _socket(self, kind: int, name: str, bind: bool) -> zmq.Socket:
@@ -148,7 +161,7 @@ class FrontEnd:
         self._pump_clients()
 
     def _pump_connections(self) -> None:
-        channels.drain(self.connections, self._on_connection_event, BATCH)
+        self._read_connection_events()
         self._pump_clients()
 
     def _pump_gate(self) -> None:
@@ -193,9 +206,9 @@ class FrontEnd:
 
     # -- client side ----------------------------------------------------------------------------
 
-    def _receive_client(self, sock: zmq.Socket) -> tuple[list[bytes], list[int], str | None]:
+    def _receive_client(self, sock: zmq.Socket) -> tuple[list[bytes], list[int], str | None] | None:
         """One client message: its frames, their sizes (routing id left out) and its connection's
-        tenant (None with CURVE off). Frames past the size limits are taken one at a time and
+        tenant (None with CURVE off); None for a client gone already. Frames past the size limits are taken one at a time and
         dropped, never held together: the message gets TOO_LARGE. The first frame, the routing
         id, carries the connection's properties: its descriptor and its User-Id."""
         limits = self.config.limits
@@ -209,28 +222,41 @@ class FrontEnd:
                 frames.append(frame.bytes)
         fd = first.get(zmq.SRCFD)
         self.incoming.delivered(fd, sizes)
-        self._client_gone(self.peers.seen(frames[0], fd))
+        if not self.peers.knows(frames[0], fd):
+            self._read_connection_events()   # peers.py: before filing a client under its connection
+            if not self.peers.seen(frames[0], fd):
+                return None   # its connection closed already: nobody would read the reply
         return frames, sizes, self.gate.tenant_of(first)
+
+    def _read_connection_events(self) -> None:
+        while channels.drain(self.connections, self._on_connection_event, BATCH) == BATCH:
+            pass
 
     def _on_connection_event(self, frames: list[bytes]) -> None:
         event = parse_monitor_message(frames)
+        fd = event["value"]
         if event["event"] == zmq.EVENT_ACCEPTED:
-            return self.incoming.accepted(event["value"], event["endpoint"])
-        self.incoming.disconnected(event["value"])
-        self._client_gone(self.peers.disconnected(event["value"]))
+            self.incoming.accepted(fd, event["endpoint"])
+            gone = self.peers.accepted(fd)
+        else:
+            self.incoming.disconnected(fd)
+            gone = self.peers.disconnected(fd)
+        for identity in gone:
+            self._client_gone(identity)
 
-    def _client_gone(self, identity: bytes | None) -> None:
+    def _client_gone(self, identity: bytes) -> None:
         """Its connection closed: nobody will read the replies, so stop the work (frees KV too)."""
-        if identity is not None:
-            self.outbox.forget(identity)
-            self._end_requests_of(identity, codes.CANCELLED)
+        self.outbox.forget(identity)
+        self._end_requests_of(identity, codes.CANCELLED)
 
     def _end_requests_of(self, identity: bytes, code: str) -> None:
         for (owner, _), rid in self.rid_of.items():
             if owner == identity:
                 self._to_scheduler(messages.encode(messages.Cancel(rid, code)))
 
-    def _on_client(self, message: tuple[list[bytes], list[int], str | None]) -> None:
+    def _on_client(self, message: tuple[list[bytes], list[int], str | None] | None) -> None:
+        if message is None:
+            return
         frames, sizes, tenant = message
         identity = frames[0]
         envelope, body = wire.split_envelope(frames[1:])
