@@ -1,5 +1,5 @@
 """The thread tuner's choices, from step times fed to it (no clock: the same every run)."""
-from mcpd.engine.thread_tuner import PERIOD, RETRY, TRIAL, ThreadTuner
+from mcpd.engine.thread_tuner import PERIOD, RETRY, SPARE, TRIAL, WINDOW_S, ThreadTuner
 
 
 def serve(tuner: ThreadTuner, seconds_at, steps: int, tokens=lambda step: 4) -> list[int]:
@@ -222,3 +222,69 @@ def test_the_first_reading_after_a_pause_covers_the_first_step_not_the_pause():
     tuner.resume(5.0)
     serve(tuner, {1: 0.010, 2: 0.015}.get, 2, tokens=lambda step: 128 if step == 0 else 1)
     assert tuner.measuring
+
+
+class ScriptedCores:
+    """Idle readings of a worker's cores, as IdleCores.since() gives them: each call covers one
+    step of `step_s` during which `idle` cores sat idle (a list: one value per call, then the last)."""
+
+    def __init__(self, cpus: int, idle: list[float], step_s: float = 0.010):
+        self.cpus, self.idle, self.step_s, self.calls = cpus, idle, step_s, 0
+
+    def since(self) -> tuple[float, float]:
+        idle = self.idle[min(self.calls, len(self.idle) - 1)]
+        self.calls += 1
+        return idle * self.step_s, self.step_s
+
+
+def on_one_thread(cores: ScriptedCores) -> ThreadTuner:
+    """A 2-thread tuner that went to one thread beside a neighbour (at its periodic trial; its
+    team's waits read nothing, so no trial follows a return to every thread)."""
+    tuner = ThreadTuner(2, None, lambda: 0.0, cores)
+    serve(tuner, {1: 0.010, 2: 0.015}.get, PERIOD + TRIAL)
+    assert tuner.current == 1
+    return tuner
+
+
+def test_the_core_left_unused_sitting_idle_puts_the_team_back_on_every_thread():
+    """The neighbour left mid-stream: the core the team left to it sits idle for WINDOW_S, and
+    the next step runs on both threads, no trial (bench/peers.py --quick's W2-32 after the busy
+    W2-8 ran its prefill and 35 steps on one thread before)."""
+    cores = ScriptedCores(2, [0.0])
+    tuner = on_one_thread(cores)
+    set_to = serve(tuner, {1: 0.010, 2: 0.006}.get, 2 * TRIAL)   # the neighbour is still there
+    assert tuner.current == 1 and set_to == []
+    cores.idle = [0.9]   # gone; the daemon's own processes use a little of the core
+    # within two windows: the one under way when it left may be judged busy
+    set_to = serve(tuner, {1: 0.010, 2: 0.006}.get, 2 * round(WINDOW_S / cores.step_s) + 3)
+    assert set_to == [2] and tuner.current == 2 and tuner.trying is None
+
+
+def test_a_core_half_busy_is_not_a_core_freed():
+    cores = ScriptedCores(2, [SPARE * 0.8])
+    tuner = on_one_thread(cores)
+    assert serve(tuner, {1: 0.010, 2: 0.006}.get, 4 * round(WINDOW_S / cores.step_s)) == []
+
+
+def test_the_cores_are_read_only_on_fewer_threads_than_cores():
+    """/proc/stat costs a read a step: none while the team runs on every thread."""
+    cores = ScriptedCores(2, [1.0])
+    tuner = ThreadTuner(2, None, lambda: 0.0, cores)
+    serve(tuner, {1: 0.015, 2: 0.010}.get, PERIOD - TRIAL - 1)
+    assert cores.calls == 0
+
+
+def test_a_pause_with_every_core_idle_starts_the_next_burst_on_every_thread():
+    """Shorter than IDLE_RESET_S, but every core sat idle during it: no neighbour now. With one
+    core busy during the pause (the neighbour), the team stays on one thread."""
+    cores = ScriptedCores(2, [0.0])
+    tuner = on_one_thread(cores)
+    set_to = []
+    tuner.set_threads = set_to.append
+    cores.idle, cores.step_s = [1.0], 0.3   # the neighbour's core busy all through the pause
+    tuner.resume(0.3)
+    assert tuner.current == 1 and set_to == []
+    tuner.observe(4, 0.010)
+    cores.idle = [2.0]                      # both cores idle all through the pause
+    tuner.resume(0.3)
+    assert tuner.current == 2 and set_to == [2]

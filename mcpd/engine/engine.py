@@ -22,6 +22,7 @@ from mcpd.engine.batch_scheduler import BatchScheduler
 from mcpd.engine.decode_graphs import DecodeGraphs
 from mcpd.engine.detokenizer import Detokenizer
 from mcpd.engine.host_kv import HostKV
+from mcpd.engine.idle_cores import IdleCores
 from mcpd.engine.kv_cache import KVCache
 from mcpd.engine.kv_records import kv_region, region_key
 from mcpd.engine.resident_weights import ResidentWeights
@@ -118,7 +119,8 @@ class Engine:
         """The tuner of this thread's OpenMP team: the thread that builds the engine runs its steps."""
         run_delay = RunDelay.of_team(PROCESS_THREADS)
         return ThreadTuner(PROCESS_THREADS, partial(threads.set_count, most=PROCESS_THREADS),
-                           run_delay.share if run_delay is not None else None)
+                           run_delay.share if run_delay is not None else None,
+                           IdleCores.of(threads.owned_cores()))
 
     def add_request(self, key: Hashable, prompt_token_ids: list[int], params: SamplingParams,
                     priority: int = 0, cache_namespace: str = "", write_through: bool = False) -> None:

@@ -14,11 +14,17 @@ When a neighbour comes is for Linux to say: a team thread that waits for a CPU a
 of the time (run_delay.py), twice in a row, brings the next trial, a downward one, to now.
 Before, a neighbour that came in the middle of a stream waited for the periodic trial, up to
 PERIOD steps: the daemon's W1 beside a busy core ran 116-119 tok/s then, 142-168 with this.
+When it leaves is for Linux to say too: on fewer threads than cores, the cores the team leaves
+unused sitting idle for WINDOW_S, or every core sitting idle during a pause between bursts, put
+the team back on every thread at once (idle_cores.py), as on an idle machine: no trial, whose
+steps must match in shape, and a burst that starts with prefills has none to compare for a while.
 """
 from __future__ import annotations
 
 import statistics
 from collections.abc import Callable
+
+from mcpd.engine.idle_cores import IdleCores
 
 PERIOD = 128   # steps between trials: a neighbour is noticed within about half a second of decoding
 TRIAL = 4      # steps per trial, and steps of the current count it is compared with
@@ -50,14 +56,21 @@ RETRY = 32
 # ~400 (.probe/w2trace.py, .probe/w2one.py). Steps of one burst follow each other within
 # milliseconds; a pause of this length is the work stopping.
 TRIAL_PAUSE_S = 0.1
+# On fewer threads than cores, the idle time of the cores is read at every step and judged over
+# this long (/proc/stat counts in 10 ms ticks: ten a core). The cores the team leaves unused count
+# as free when at most SPARE of a core of them was busy: the daemon's own processes and its
+# clients use a little (readings in bench/README.md, "A neighbour, gone").
+WINDOW_S = 0.1
+SPARE = 0.5
 
 
 class ThreadTuner:
     def __init__(self, most: int, set_threads: Callable[[int], None],
-                 waited: Callable[[], float] | None = None) -> None:
+                 waited: Callable[[], float] | None = None, idle: IdleCores | None = None) -> None:
         """waited: the largest share of the time since its previous call that a team thread
-        waited for a CPU (RunDelay.share); None where it cannot be known."""
-        self.most, self.set_threads, self.waited = most, set_threads, waited
+        waited for a CPU (RunDelay.share); idle: the idle time of the cores the worker may run on
+        (IdleCores); each None where it cannot be known."""
+        self.most, self.set_threads, self.waited, self.idle = most, set_threads, waited, idle
         self.current = most
         self.trying: int | None = None          # the count on trial, if one runs
         self.baseline: list[tuple[int, float]] = []   # (tokens, seconds) of recent steps at current
@@ -69,6 +82,7 @@ class ThreadTuner:
         self.downward = True                    # the direction of the next trial
         self.brought = False                    # whether waits brought the trial to be decided next
         self.voided = False                     # whether the last trial was void (its batch changed)
+        self.idle_window: tuple[float, float] | None = None   # idle core-seconds, seconds: read on fewer threads
 
     def resume(self, idle_seconds: float) -> None:
         """A step is about to run, idle_seconds after the previous one ended. After a pause the
@@ -79,11 +93,16 @@ class ThreadTuner:
         fewer as soon as its decode steps can be compared, not PERIOD steps later: a neighbour
         that came during the pause costs a few steps, not a whole 128-token answer (bench/peers.py
         W1 with one core busy: keep 0.64 before). A shorter pause ends a trial under way, void: the
-        next burst's first steps run on the count that won, not on the count on trial."""
-        if idle_seconds < IDLE_RESET_S:
-            if idle_seconds >= TRIAL_PAUSE_S and self.trying is not None:
-                self._void()
-            return
+        next burst's first steps run on the count that won, not on the count on trial. A shorter
+        pause during which every core sat idle (no neighbour now) starts the burst on every
+        thread too."""
+        if idle_seconds >= IDLE_RESET_S or self._cores_idle_over(idle_seconds):
+            self._start_over()
+        elif idle_seconds >= TRIAL_PAUSE_S and self.trying is not None:
+            self._void()
+
+    def _start_over(self) -> None:
+        """Every thread, as on an idle machine: what a neighbour did before says nothing about now."""
         if self.current != self.most or self.trying is not None:
             self.set_threads(self.most)
         self.current, self.trying, self.baseline, self.trial = self.most, None, [], []
@@ -91,6 +110,7 @@ class ThreadTuner:
         self.steps = 0 if self.waited is not None else PERIOD - TRIAL - 1
         self.trial_ended, self.retry, self.downward, self.waited_before = -RETRY, RETRY, True, False
         self.brought = self.voided = False
+        self.idle_window = None
         if self.waited is not None:
             # A reading covers the time since the last: over the pause, the burst's first step's
             # waits came out at 0.02 beside a spinning process, and the trial waited a burst more.
@@ -111,13 +131,18 @@ class ThreadTuner:
         nothing. Counted by calls, a trial came every 128 bursts (~650 tokens), and one lost to a
         noisy baseline cost a whole W1 answer on the wrong thread count."""
         self.steps = min(self.steps + steps, self._window())
-        if self._contended():
+        contended = self._contended()
+        if self._cores_freed():
+            self._start_over()
+        elif contended:
             self._bring_trial_forward()
 
     def observe(self, tokens: int, seconds: float) -> None:
         """A step that computed `tokens` tokens took `seconds`."""
         self.steps += 1
         contended = self._contended()   # read at every step: each reading covers one step's time
+        if self._cores_freed():
+            return self._start_over()
         if self.trying is None:
             self.baseline = (self.baseline + [(tokens, seconds)])[-TRIAL:]
             if self.steps % PERIOD == 0 and self.most > 1:
@@ -138,6 +163,34 @@ class ThreadTuner:
             return False
         waited, self.waited_before = self.waited_before, self.waited() >= CONTENDED
         return waited and self.waited_before
+
+    def _cores_freed(self) -> bool:
+        """Whether, on fewer threads than cores, the cores the team leaves unused sat idle over
+        the last WINDOW_S: the neighbour left. Read at every step then (a pause is judged from
+        the last step's end), but a trial's steps (another thread count) and the first reading
+        only start the window."""
+        if self.idle is None or self.current == self.most:
+            self.idle_window = None
+            return False
+        idle, seconds = self.idle.since()
+        if self.idle_window is None or self.trying is not None:
+            self.idle_window = (0.0, 0.0)
+            return False
+        idle, seconds = idle + self.idle_window[0], seconds + self.idle_window[1]
+        if seconds < WINDOW_S:
+            self.idle_window = (idle, seconds)
+            return False
+        self.idle_window = (0.0, 0.0)
+        return idle >= (self.idle.cpus - self.current - SPARE) * seconds
+
+    def _cores_idle_over(self, pause_seconds: float) -> bool:
+        """Whether every core sat idle during a pause of at least TRIAL_PAUSE_S, on fewer threads
+        than cores (read since the last step's end: the window is read at every step then)."""
+        if pause_seconds < TRIAL_PAUSE_S or self.idle_window is None:
+            return False
+        idle, seconds = self.idle.since()
+        self.idle_window = (0.0, 0.0)
+        return idle >= (self.idle.cpus - SPARE) * seconds
 
     def _bring_trial_forward(self) -> None:
         """A team thread waited for its core: measure a trial of one thread fewer from the next
