@@ -105,9 +105,11 @@ def restarts(d: Daemon, role: str) -> int:
     return sum(p["restarts"] for p in d.processes() if p["role"] == role)
 
 
-def raw_socket(d: Daemon) -> zmq.Socket:
+def raw_socket(d: Daemon, routing_id: bytes | None = None) -> zmq.Socket:
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
+    if routing_id is not None:
+        sock.setsockopt(zmq.ROUTING_ID, routing_id)
     sock.connect(d.endpoint)
     return sock
 
@@ -520,6 +522,25 @@ def attack_frontend_huge_message(run: Run) -> Outcome:
     growth = memory.growth_mib()
     return Outcome(growth <= 2 * limit / MiB + 16, {"frontend_rss_growth_mib": growth, "connection_cut": cut,
                                                      "message_mib": round(30 * (limit - 64 * 1024) / MiB)})
+
+
+def attack_claimed_routing_ids(run: Run) -> Outcome:
+    """Clients naming themselves with the routing ids libzmq gives anonymous clients (a counter
+    from libc's rand(): the same ids in every process that never seeds it); libzmq asserts when
+    its counter reaches a taken id, and the front-end aborted. A fresh daemon: its counter at the
+    start."""
+    d = run.daemon()
+    claimers = [raw_socket(d, b"\x00" + (0x6B8B4567 + n).to_bytes(4, "big")) for n in range(16)]
+    claimed = sum((exchange(sock, [header()]) or {}).get("kind") == "ok" for sock in claimers)
+    served = 0
+    for _ in range(24):
+        with d.client(timeout=10) as client:
+            served += client.ping()["pong"] is True
+    for sock in claimers:
+        sock.close()
+    frontend_restarts = restarts(d, "frontend")
+    return Outcome(served == 24 and frontend_restarts == 0,
+                   {"claimed": claimed, "anonymous_served": served, "frontend_restarts": frontend_restarts})
 
 
 def attack_frontend_slow_senders(run: Run) -> Outcome:
@@ -1009,6 +1030,7 @@ ATTACKS = {
     "http_bad_json": attack_http_bad_json, "http_header_flood": attack_http_header_flood,
     "http_idle_connections": attack_http_idle_connections, "poison_request": attack_poison_request,
     # their own daemons
+    "claimed_routing_ids": attack_claimed_routing_ids,
     "priority_inversion": attack_priority_inversion, "cache_filling": attack_cache_filling,
     "damaged_journal": attack_damaged_journal, "damaged_snapshot": attack_damaged_snapshot,
     "journal_is_a_directory": attack_journal_is_a_directory, "journal_over_field_limit": attack_journal_over_field_limit,

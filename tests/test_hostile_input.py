@@ -109,3 +109,29 @@ def test_bin_argument_names_get_bad_request(daemon, raw):
     frame = msgpack.packb({"v": 1, "op": "ping", "id": 1, "args": {b"a": 1, "b": 2}}, use_bin_type=True)
     assert exchange(raw, frame)["code"] == codes.BAD_REQUEST
     assert daemon.client().ping()["pong"] is True
+
+
+# libzmq's routing ids for clients that set none, in a process that never seeded libc's rand().
+UNSEEDED_IDS = [b"\x00" + (0x6B8B4567 + n).to_bytes(4, "big") for n in range(16)]
+
+
+def test_a_client_naming_itself_as_libzmq_names_clients_does_not_abort_the_front_end(fresh_daemon):
+    """A client that takes the routing id libzmq would give the next anonymous client made the
+    front-end abort (libzmq asserts) when that client came: unseeded, the ids are the same in
+    every process. Claim the first 16, then let 24 anonymous clients come: all are served."""
+    daemon = fresh_daemon()
+    claimers = []
+    for routing_id in UNSEEDED_IDS:
+        sock = zmq.Context.instance().socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.RCVTIMEO, 10000)
+        sock.setsockopt(zmq.ROUTING_ID, routing_id)
+        sock.connect(daemon.endpoint)
+        assert exchange(sock, header(id=1))["result"]["pong"] is True
+        claimers.append(sock)
+    for _ in range(24):
+        with daemon.client(timeout=10) as client:
+            assert client.ping()["pong"] is True
+    assert exchange(claimers[0], header(id=2))["result"]["pong"] is True
+    for sock in claimers:
+        sock.close()
