@@ -115,23 +115,29 @@ def test_bin_argument_names_get_bad_request(daemon, raw):
 UNSEEDED_IDS = [b"\x00" + (0x6B8B4567 + n).to_bytes(4, "big") for n in range(16)]
 
 
-def test_a_client_naming_itself_as_libzmq_names_clients_does_not_abort_the_front_end(fresh_daemon):
-    """A client that takes the routing id libzmq would give the next anonymous client made the
-    front-end abort (libzmq asserts) when that client came: unseeded, the ids are the same in
-    every process. Claim the first 16, then let 24 anonymous clients come: all are served."""
-    daemon = fresh_daemon()
-    claimers = []
-    for routing_id in UNSEEDED_IDS:
-        sock = zmq.Context.instance().socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.RCVTIMEO, 10000)
+def pinged(endpoint: str, routing_id: bytes | None = None) -> zmq.Socket:
+    """A DEALER on endpoint (with routing_id, if given) that a ping was answered on."""
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVTIMEO, 10000)
+    if routing_id is not None:
         sock.setsockopt(zmq.ROUTING_ID, routing_id)
-        sock.connect(daemon.endpoint)
-        assert exchange(sock, header(id=1))["result"]["pong"] is True
-        claimers.append(sock)
+    sock.connect(endpoint)
+    assert exchange(sock, header(id=1))["result"]["pong"] is True
+    return sock
+
+
+@pytest.mark.parametrize("socket_file", [None, "control.ipc"])
+def test_a_client_naming_itself_as_libzmq_names_clients_does_not_abort_the_daemon(fresh_daemon, socket_file):
+    """A client that takes the routing id libzmq would give the next anonymous client made the
+    front-end (client socket) or the supervisor (mcpctl's socket) abort when that client came:
+    libzmq asserts, and unseeded, the ids are the same in every process. Claim the first 16, then
+    let 24 anonymous clients come: all are served."""
+    daemon = fresh_daemon()
+    endpoint = daemon.endpoint if socket_file is None else f"ipc://{daemon.runtime_dir}/{socket_file}"
+    claimers = [pinged(endpoint, routing_id) for routing_id in UNSEEDED_IDS]
     for _ in range(24):
-        with daemon.client(timeout=10) as client:
-            assert client.ping()["pong"] is True
+        pinged(endpoint).close()
     assert exchange(claimers[0], header(id=2))["result"]["pong"] is True
     for sock in claimers:
         sock.close()

@@ -23,25 +23,7 @@ never spoke, closed, once cost the next client on its descriptor its request).
 """
 from __future__ import annotations
 
-import ctypes
-import os
-
 Connection = tuple[int, int]   # (descriptor, generation)
-
-
-def unpredictable_routing_ids() -> None:
-    """Call before the client socket exists. libzmq names a client that sets no routing id from
-    a counter that starts at libc's rand(), which nothing seeds: 00 6b 8b 45 67, then 68, ... in
-    every process. A client may take one of those for its own (libzmq accepts a routing id that
-    begins with a zero byte from a peer), and when the counter reaches it libzmq's ROUTER asserts
-    and the process aborts: measured, one DEALER naming itself 00 6b 8b 45 68 and the second
-    anonymous connection after it killed a ROUTER's process. Seeded from the OS, the counter's
-    start is a guess in 2**32 (a libzmq bug; the rest of the risk is in bench/README.md's red team)."""
-    try:
-        libc = ctypes.CDLL(None)
-    except OSError:
-        return
-    libc.srand(int.from_bytes(os.urandom(4), "little"))
 
 
 class PeerTracker:

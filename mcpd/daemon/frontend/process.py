@@ -31,7 +31,7 @@ from mcpd.daemon.frontend.gate import Gate
 from mcpd.daemon.frontend.incoming import IncomingBytes, give_large_buffers_back
 from mcpd.daemon.frontend.latency import LatencyWindow
 from mcpd.daemon.frontend.outbox import Outbox
-from mcpd.daemon.frontend.peers import PeerTracker, unpredictable_routing_ids
+from mcpd.daemon.frontend.peers import PeerTracker
 from mcpd.daemon.frontend.request_metrics import RequestMetrics
 from mcpd.http.frontend_link import LOCAL_IDENTITY, FrontendLink
 from mcpd.protocol import codes, ops, wire
@@ -89,8 +89,7 @@ class FrontEnd:
         self.http = _http_listener(config, self.local, self.log) if self.local else None
 
     def _bind_clients(self) -> zmq.Socket:
-        unpredictable_routing_ids()
-        sock = self.context.socket(zmq.ROUTER)
+        sock = sockets.router(self.context)
         sock.setsockopt(zmq.LINGER, 0)
         # libzmq drops a peer that sends a frame over MAXMSGSIZE; our own check below answers
         # TOO_LARGE for messages that are too large in total or have too many frames.

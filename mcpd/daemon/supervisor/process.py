@@ -155,7 +155,7 @@ class Supervisor:
                 raise ConfigError(f"security.keys_dir {self.config.keys_dir}: {e}") from None
         self.context = zmq.Context()
         self.events = channels.internal_socket(self.context, runtime_dir, zmq.PULL, sockets.EVENTS_IPC, bind=True)
-        self.control = self.context.socket(zmq.ROUTER)
+        self.control = sockets.router(self.context)
         self.control.setsockopt(zmq.MAXMSGSIZE, 1 << 20)
         control_path = runtime_dir / sockets.CONTROL_IPC
         channels.bind_ipc(self.control, control_path, peers.CONTROL_SOCKET_MODE)
