@@ -208,9 +208,10 @@ class FrontEnd:
 
     def _receive_client(self, sock: zmq.Socket) -> tuple[list[bytes], list[int], str | None] | None:
         """One client message: its frames, their sizes (routing id left out) and its connection's
-        tenant (None with CURVE off); None for a client gone already. Frames past the size limits are taken one at a time and
-        dropped, never held together: the message gets TOO_LARGE. The first frame, the routing
-        id, carries the connection's properties: its descriptor and its User-Id."""
+        tenant (None with CURVE off); None for a client gone already. Frames past the size limits
+        are taken one at a time and dropped, never held together: the message gets TOO_LARGE. The
+        first frame, the routing id, carries the connection's properties: its descriptor and its
+        User-Id."""
         limits = self.config.limits
         first = sock.recv(channels.NOBLOCK, copy=False)
         frames, sizes, total, more = [first.bytes], [], 0, first.more
