@@ -5,9 +5,9 @@ of those cores, the thread sharing it falls behind and every parallel region wai
 2-core machine with one core busy, one thread decoded faster than two (bench/engine.py,
 contention). Whether fewer threads are faster is for a trial to say: every PERIOD steps the tuner
 runs TRIAL steps on one thread more or fewer (alternately, within 1 .. most) and keeps the count
-whose median step was at least GAIN faster (faster at all for a trial that waits brought, below). Steps are compared only with steps that computed the same
-number of tokens (a decode batch that did not change), so a new request mid-trial voids the
-trial instead of deciding it. A trial costs at most TRIAL slow steps per PERIOD: about 3% of the
+whose median step was at least GAIN faster (faster at all for a trial that waits brought,
+below). Steps are compared only with steps that computed the same number of tokens (a decode
+batch that did not change), so a new request mid-trial voids the trial instead of deciding it. A trial costs at most TRIAL slow steps per PERIOD: about 3% of the
 steps, slower only while the other count is the worse one.
 
 When a neighbour comes is for Linux to say: a team thread that waits for a CPU a CONTENDED share
