@@ -122,7 +122,9 @@ class IncomingBytes:
         self.log.warning("cut a client connection holding %d bytes of unfinished messages: %s", nbytes, why)
         self.cut += 1
         del self.connections[fd]   # its disconnect report follows
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, 0, fileno=fd)
+        sock = _wrap(fd)
+        if sock is None:
+            return
         try:
             sock.shutdown(socket.SHUT_RDWR)
         except OSError:
@@ -143,7 +145,9 @@ class IncomingBytes:
 
 def _counters(fd: int) -> tuple[int, int] | None:
     """(bytes the kernel received on this TCP socket, bytes of them not read yet), or None."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, 0, fileno=fd)
+    sock = _wrap(fd)
+    if sock is None:
+        return None
     try:
         info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, TCP_INFO_BYTES)
         unread = array.array("i", [0])
@@ -157,3 +161,12 @@ def _counters(fd: int) -> tuple[int, int] | None:
     return struct.unpack_from("=Q", info, TCPI_BYTES_RECEIVED)[0], unread[0]
 
 
+def _wrap(fd: int) -> socket.socket | None:
+    """libzmq's descriptor as a Python socket (detach() it after: it stays libzmq's); None when
+    it is closed already: its accept is reported after the connection may have ended (Python
+    checks the descriptor, EBADF: the report then raised out of the loop and lost the client
+    message whose reading had drained the reports)."""
+    try:
+        return socket.socket(socket.AF_INET, socket.SOCK_STREAM, 0, fileno=fd)
+    except OSError:
+        return None
