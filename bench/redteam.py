@@ -543,6 +543,25 @@ def attack_claimed_routing_ids(run: Run) -> Outcome:
                    {"claimed": claimed, "anonymous_served": served, "frontend_restarts": frontend_restarts})
 
 
+def attack_connection_flood(run: Run) -> Outcome:
+    """600 idle connections from one address (127.0.0.1) against a front-end allowed 400
+    descriptors: before limits.max_connections_per_address (256) they took them all and a client
+    from another address (127.0.0.2) waited for the whole flood."""
+    d = run.daemon()
+    subprocess.run(["prlimit", "--pid", str(d.pid_of("frontend")), "--nofile=400:400"], check=True)
+    flood = [raw_socket(d) for _ in range(600)]
+    time.sleep(2)   # the connections made and (past the cap) cut
+    victim = zmq.Context.instance().socket(zmq.DEALER)
+    victim.setsockopt(zmq.LINGER, 0)
+    victim.connect(f"tcp://127.0.0.2:0;127.0.0.1:{d.port}")
+    answered = (exchange(victim, [header()], timeout_s=10) or {}).get("kind") == "ok"
+    victim.close()
+    cut = d.status()["requests"]["incoming"].get("cut_over_address_cap", 0)
+    for sock in flood:
+        sock.close()
+    return Outcome(answered, {"other_address_answered": answered, "cut_over_address_cap": cut})
+
+
 def attack_frontend_slow_senders(run: Run) -> Outcome:
     """Sixteen peers each trickle a frame just under the limit and never finish it."""
     d = run.shared()
@@ -1030,7 +1049,7 @@ ATTACKS = {
     "http_bad_json": attack_http_bad_json, "http_header_flood": attack_http_header_flood,
     "http_idle_connections": attack_http_idle_connections, "poison_request": attack_poison_request,
     # their own daemons
-    "claimed_routing_ids": attack_claimed_routing_ids,
+    "claimed_routing_ids": attack_claimed_routing_ids, "connection_flood": attack_connection_flood,
     "priority_inversion": attack_priority_inversion, "cache_filling": attack_cache_filling,
     "damaged_journal": attack_damaged_journal, "damaged_snapshot": attack_damaged_snapshot,
     "journal_is_a_directory": attack_journal_is_a_directory, "journal_over_field_limit": attack_journal_over_field_limit,

@@ -20,11 +20,12 @@ class LimitsConfig:
     max_stream_chunks_per_s: float = 200.0   # per stream; faster output is merged into fewer chunks
     max_client_backlog_bytes: int = 64 << 20  # replies waiting for one client that does not read
     max_incoming_bytes: int = 256 << 20       # unfinished requests of all TCP clients together
+    max_connections_per_address: int = 256    # TCP connections one client address holds open
 
     def check(self) -> None:
         for name in ("max_message_bytes", "max_header_bytes", "max_frames", "max_prompt_tokens",
                      "max_new_tokens", "max_stream_chunks_per_s", "max_client_backlog_bytes",
-                     "max_incoming_bytes"):
+                     "max_incoming_bytes", "max_connections_per_address"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"limits.{name} = {getattr(self, name)}: must be positive")
         if self.max_header_bytes > self.max_message_bytes:

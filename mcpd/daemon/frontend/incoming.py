@@ -38,6 +38,8 @@ import termios
 import time
 from dataclasses import dataclass
 
+from mcpd.daemon.frontend import descriptor
+
 SCAN_S = 0.5
 SCAN_GROWTH = 8 << 20
 SLACK = 64 << 10   # handshake and frame headers: a connection may hold a whole request and this
@@ -122,15 +124,7 @@ class IncomingBytes:
         self.log.warning("cut a client connection holding %d bytes of unfinished messages: %s", nbytes, why)
         self.cut += 1
         del self.connections[fd]   # its disconnect report follows
-        sock = _wrap(fd)
-        if sock is None:
-            return
-        try:
-            sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass   # it closed meanwhile
-        finally:
-            sock.detach()   # the descriptor stays libzmq's: it closes it
+        descriptor.shut_down(fd)
 
     def _rss(self) -> int:
         return int(os.pread(self.statm, 128, 0).split()[1]) * PAGE_BYTES
@@ -145,7 +139,7 @@ class IncomingBytes:
 
 def _counters(fd: int) -> tuple[int, int] | None:
     """(bytes the kernel received on this TCP socket, bytes of them not read yet), or None."""
-    sock = _wrap(fd)
+    sock = descriptor.wrap(fd)
     if sock is None:
         return None
     try:
@@ -160,13 +154,3 @@ def _counters(fd: int) -> tuple[int, int] | None:
         return None   # a kernel older than 4.1 does not count received bytes
     return struct.unpack_from("=Q", info, TCPI_BYTES_RECEIVED)[0], unread[0]
 
-
-def _wrap(fd: int) -> socket.socket | None:
-    """libzmq's descriptor as a Python socket (detach() it after: it stays libzmq's); None when
-    it is closed already: its accept is reported after the connection may have ended (Python
-    checks the descriptor, EBADF: the report then raised out of the loop and lost the client
-    message whose reading had drained the reports)."""
-    try:
-        return socket.socket(socket.AF_INET, socket.SOCK_STREAM, 0, fileno=fd)
-    except OSError:
-        return None

@@ -27,6 +27,7 @@ from mcpd.config import Config
 from mcpd.daemon import channels, child, live_config, messages
 from mcpd.daemon.batch import Batch, each_message
 from mcpd.daemon.child_stats import FrontendStats
+from mcpd.daemon.frontend.address_cap import AddressCap
 from mcpd.daemon.frontend.gate import Gate
 from mcpd.daemon.frontend.incoming import IncomingBytes, give_large_buffers_back
 from mcpd.daemon.frontend.latency import LatencyWindow
@@ -66,6 +67,7 @@ class FrontEnd:
         limits = config.limits
         self.outbox = Outbox(self.clients, limits.max_client_backlog_bytes)
         self.incoming = IncomingBytes(limits.max_message_bytes, limits.max_incoming_bytes, self.gate.auth, self.log)
+        self.address_cap = AddressCap(limits.max_connections_per_address, self.log)
         self.to_scheduler = self._socket(zmq.PUSH, sockets.SCHED_IPC, bind=False)
         # What goes to the scheduler, sent in batches once per pass of _pump (_to_scheduler says why never blocking)
         self.for_scheduler = Batch(partial(channels.send_frames, self.to_scheduler, flags=channels.NOBLOCK))
@@ -239,8 +241,10 @@ class FrontEnd:
         if event["event"] == zmq.EVENT_ACCEPTED:
             self.incoming.accepted(fd, event["endpoint"])
             gone = self.peers.accepted(fd)
+            self.address_cap.accepted(fd, event["endpoint"])   # may cut it: its report follows
         else:
             self.incoming.disconnected(fd)
+            self.address_cap.disconnected(fd)
             gone = self.peers.disconnected(fd)
         for identity in gone:
             self._client_gone(identity)
@@ -387,7 +391,7 @@ class FrontEnd:
     def stats(self) -> dict:
         return {"inflight": len(self.pending), "served": self.served, "errors": dict(self.errors),
                 "latency": self.latency.summary(), "draining": self.draining, "endpoints": self.endpoints,
-                "metrics": self.metrics.snapshot(), "backlog": self.outbox.stats(), "incoming": self.incoming.stats(),
+                "metrics": self.metrics.snapshot(), "backlog": self.outbox.stats(), "incoming": {**self.incoming.stats(), **self.address_cap.stats()},
                 "http": self.http.stats() if self.http is not None else {}}
 
 

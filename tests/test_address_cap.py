@@ -1,0 +1,82 @@
+"""The cap on TCP connections per client address (address_cap.py): in-process on real sockets,
+and on a daemon."""
+import logging
+import socket
+
+import zmq
+
+from mcpd.daemon.frontend.address_cap import AddressCap
+from mcpd.protocol import wire
+
+ENDPOINT = b"tcp://127.0.0.1:1"
+
+
+def connection_pairs(count: int) -> tuple[socket.socket, list[tuple[socket.socket, socket.socket]]]:
+    listener = socket.create_server(("127.0.0.1", 0))
+    pairs = []
+    for _ in range(count):
+        client = socket.create_connection(listener.getsockname())
+        pairs.append((client, listener.accept()[0]))
+    return listener, pairs
+
+
+def test_a_connection_past_the_cap_is_cut_and_a_closed_one_frees_its_place():
+    cap = AddressCap(2, logging.getLogger("test"))
+    listener, pairs = connection_pairs(4)
+    try:
+        for _, server in pairs[:3]:
+            cap.accepted(server.fileno(), ENDPOINT)
+        pairs[2][0].settimeout(10)
+        assert pairs[2][0].recv(1) == b""            # the third was cut: the client sees the end
+        assert cap.stats() == {"addresses": 1, "cut_over_address_cap": 1}
+        cap.disconnected(pairs[0][1].fileno())       # the first closes
+        cap.accepted(pairs[3][1].fileno(), ENDPOINT)  # the fourth takes its place
+        pairs[3][1].sendall(b"x")
+        assert pairs[3][0].recv(1) == b"x"
+        assert cap.stats()["cut_over_address_cap"] == 1
+    finally:
+        for pair in pairs:
+            for sock in pair:
+                sock.close()
+        listener.close()
+
+
+def test_ipc_connections_are_not_capped():
+    cap = AddressCap(1, logging.getLogger("test"))
+    cap.accepted(10**6, b"ipc:///run/mcpd/client.ipc")   # never looked at: no descriptor read
+    assert cap.stats() == {"addresses": 0, "cut_over_address_cap": 0}
+
+
+def dealer(endpoint: str) -> zmq.Socket:
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(endpoint)
+    return sock
+
+
+def pinged(sock: zmq.Socket, request_id: int, timeout_ms: int) -> bool:
+    sock.send(wire.encode_request("ping", request_id, {}))
+    return bool(sock.poll(timeout_ms)) and wire.decode_reply(sock.recv())["kind"] == "ok"
+
+
+def test_the_daemon_serves_the_cap_and_cuts_past_it(fresh_daemon):
+    daemon = fresh_daemon(limits={"max_connections_per_address": 4})
+    held = [dealer(daemon.endpoint) for _ in range(4)]
+    assert all(pinged(sock, 1, 10000) for sock in held)
+    extra = dealer(daemon.endpoint)
+    assert not pinged(extra, 1, 2000)                # cut: its request is never answered
+    extra.close()
+    daemon.wait_until(lambda: daemon.status()["requests"]["incoming"]["cut_over_address_cap"] >= 1, 30,
+                      "the cut counted")
+    held.pop().close()
+    served = False
+    for request_id in range(30):                     # once the close is read, a place is free
+        replacement = dealer(daemon.endpoint)
+        served = pinged(replacement, request_id, 1000)
+        replacement.close()
+        if served:
+            break
+    assert served
+    assert all(pinged(sock, 2, 10000) for sock in held)   # the first ones were never touched
+    for sock in held:
+        sock.close()
