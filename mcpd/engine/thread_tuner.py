@@ -7,8 +7,9 @@ contention). Whether fewer threads are faster is for a trial to say: every PERIO
 runs TRIAL steps on one thread more or fewer (alternately, within 1 .. most) and keeps the count
 whose median step was at least GAIN faster (faster at all for a trial that waits brought,
 below). Steps are compared only with steps that computed the same number of tokens (a decode
-batch that did not change), so a new request mid-trial voids the trial instead of deciding it. A trial costs at most TRIAL slow steps per PERIOD: about 3% of the
-steps, slower only while the other count is the worse one.
+batch that did not change), so a new request mid-trial voids the trial instead of deciding it.
+A trial costs at most TRIAL slow steps per PERIOD: about 3% of the steps, slower only while the
+other count is the worse one.
 
 When a neighbour comes is for Linux to say: a team thread that waits for a CPU a CONTENDED share
 of the time (run_delay.py), twice in a row, brings the next trial, a downward one, to now.

@@ -37,7 +37,8 @@ class PeerTracker:
         """Whether a message tells nothing new: false for a client not filed under this descriptor
         yet, and for a fixed routing id (it may have reconnected through the same descriptor
         number); then read the monitor's reports before `seen`. Routing ids libzmq makes (a zero
-        byte first; ids a client sets may not begin so) name one connection for good."""
+        byte first) name one connection for good. A client may set such an id itself (libzmq
+        accepts it: sockets.router), and then misleads the tracker about its own work only."""
         filed = self.connection_of.get(identity)
         return filed is not None and filed[0] == fd and identity[:1] == b"\0"
 

@@ -391,7 +391,8 @@ class FrontEnd:
     def stats(self) -> dict:
         return {"inflight": len(self.pending), "served": self.served, "errors": dict(self.errors),
                 "latency": self.latency.summary(), "draining": self.draining, "endpoints": self.endpoints,
-                "metrics": self.metrics.snapshot(), "backlog": self.outbox.stats(), "incoming": {**self.incoming.stats(), **self.address_cap.stats()},
+                "metrics": self.metrics.snapshot(), "backlog": self.outbox.stats(),
+                "incoming": {**self.incoming.stats(), **self.address_cap.stats()},
                 "http": self.http.stats() if self.http is not None else {}}
 
 
