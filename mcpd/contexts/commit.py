@@ -4,8 +4,8 @@ once by the store for every listener (record.py), and the one way any saved vers
 The map holds owner, id, the version the deltas produce, the fields that version changed and
 deleted (as the context's bookkeeping recorded them: a turn that appended no tokens changes
 `tokens` with no delta), and the deltas' wire entries (codec.to_wire: the same bytes a client
-sent, so persisting costs no re-encoding); the frames are their payloads. Journal records written
-before issue 14 name no changed and deleted fields: replay takes them from the deltas.
+sent, so persisting costs no re-encoding); the frames are their payloads. Older journal records
+name no changed and deleted fields: replay takes them from the deltas.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ class Commit:
     context_id: str
     version: int
     changes: list[FieldDelta]
-    changed: set[str] | None   # None: as the deltas say (a journal record written before issue 14)
+    changed: set[str] | None   # None: as the deltas say (an older journal record)
     deleted: set[str] | None
 
     def apply_to(self, context: Context) -> None:

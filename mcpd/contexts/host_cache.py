@@ -24,8 +24,8 @@ included, are pinned, KV blocks make room for them, and a commit that cannot be 
 before anything changes (put raises ArenaFull before it publishes), which the store turns into
 a refusal of the commit before any reply says it happened.
 
-Room for every tenant (issue 13: one tenant's 1024 contexts of scalar commits filled the cache,
-and every other tenant's open, update and chat turn was refused). Each tenant is charged what
+Room for every tenant: otherwise one tenant's many small contexts could fill the cache and
+every other tenant's open, update and chat turn would be refused. Each tenant is charged what
 its entries really occupy (ShmArena.footprint: block or pages, and slot), and may occupy at most
 cache.max_owner_fraction of the cache's bytes and of its entry slots; past that its commit is
 TOO_LARGE (its own limit: drop contexts), and a delta that would pass it is written as a snapshot

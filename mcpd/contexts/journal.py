@@ -25,7 +25,7 @@ versions, one ERROR line says what was lost, the damaged files are kept in
 <state_dir>/contexts.damaged-<time>/ and a clean snapshot replaces them (journal_recovery.py).
 A journal it cannot use at all never makes the scheduler restart in a loop: it starts, and
 every context change is refused (UNAVAILABLE, or STORAGE_FULL while the disk is full) until a
-snapshot can be written, which each change retries. Format 1 journals (before issue 13) are
+snapshot can be written, which each change retries. Format 1 journals are
 read and migrated: the first start writes them out as a format 2 snapshot.
 
 A full disk: a record that cannot be written is cut off again and the change refused with

@@ -8,12 +8,12 @@ Format 2 (this one), for the snapshot and the journal alike:
 
 Why a marker and a header with its own checksum: format 1 was [length u32][crc32 u32][body], so
 one flipped bit in a length made every later record unreadable, and its reader cut the file
-there (issue 13: a bit in record 12 of 124 lost 3 of 4 contexts). A reader of format 2 that meets
+there: one bit lost every context with a record after it. A reader of format 2 that meets
 a damaged record searches for the next RECORD_MAGIC whose header checksum holds and whose body
 matches its checksum, and goes on from there: damage costs the records it touches, nothing more.
 A false start inside a body would need both checksums to match by chance (about 1 in 2^64).
 
-Format 1 files (no FILE_MAGIC, written before issue 13) are still read, up to their first damaged
+Format 1 files (no FILE_MAGIC) are still read, up to their first damaged
 record (nothing marks where the next one begins); the journal migrates them to format 2 at start.
 A file whose first bytes are damaged is still recognised as format 2 by its records.
 """

@@ -9,8 +9,8 @@ change one, in the order the store made the changes. Replay applies every record
 - "commit" of version v applies to the context at v - 1; version 1 applies to a fresh context
   whatever replay held (its drop and open were lost); a commit after a gap (an earlier version
   was lost to damage) cannot apply, and neither can any later one of that context: the context
-  stays at its last good version and those versions are lost (at most that context's later
-  versions, as issue 13 asks);
+  stays at its last good version and those versions are lost (damage costs at most that
+  context's later versions);
 - "drop" removes the context.
 A record whose checksums held but whose content cannot be applied (a bug, or limits it was never
 checked against) is lost the same way: never a reason not to start. Deltas are replayed under

@@ -5,8 +5,8 @@ The map holds id, owner, version, the per-field version bookkeeping `changes_sin
 each field's name, kind and type (a scalar's value itself); the frames are the other fields'
 bytes in order, as they are (no copy, no compression: the cache rewrites small contexts whole at
 every commit). Arrays come back with their dtype (byte order included), shape and bytes,
-bit-identical. Journal snapshots written before issue 14 held each field as a delta from nothing
-(codec.diff): they are still read.
+bit-identical. Older journal snapshots held each field as a delta from nothing (codec.diff): they
+are still read.
 """
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def decode(record: Record) -> Context:
 
 
 def _from_deltas(meta: dict, frames: list) -> Context:
-    """A journal snapshot record written before issue 14."""
+    """An older journal snapshot record: each field a delta from nothing."""
     changes = codec.from_wire(meta["changes"], frames, REPLAY_LIMITS)
     return _context(meta, {c.name: codec.apply(None, c, REPLAY_LIMITS) for c in changes}, dict(meta["token_count_at"]))
 

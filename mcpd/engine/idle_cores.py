@@ -6,11 +6,8 @@ threads says so: they wait for no CPU either way (run_delay.py sees a neighbour 
 cores say so: Linux counts each CPU's idle time (/proc/stat, in clock ticks; a CPU idle now is
 counted to the moment of reading). A 2-core worker on one thread leaves ~0 of a core idle beside a
 spinning process and ~1 core alone, and during a pause between bursts ~1 core beside it and ~2
-alone. Before, a worker that had gone to one thread beside a neighbour kept it after the neighbour
-left until a periodic trial: bench/peers.py --quick's W2-32, right after the busy W2-8, ran its
-4,000-token prefill and 35 steps on one thread (1.0 s for 2,048 tokens; 831 and 902 tok/s against
-1,118 and 1,150 after a pause of 1.5 s, .probe/w32after.py), and its idle W2-8, right after the
-busy W1, ran on one thread throughout (503-528 tok/s against 786-811 with this).
+alone. Without this, a worker that went to one thread beside a neighbour kept it until the
+tuner's next periodic trial, and ran a long prefill or a burst of decodes at half speed meanwhile.
 """
 from __future__ import annotations
 

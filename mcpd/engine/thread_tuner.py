@@ -51,10 +51,8 @@ CONTENDED = 0.3
 # eight clients brought a trial every RETRY steps, each lost). So each lost trial doubles the
 # gap, up to PERIOD, and a won one or a pause sets it back to RETRY.
 RETRY = 32
-# A pause between steps this long ends a trial under way (resume). The idle W2-8 before a busy one
-# in bench/peers.py ended with its periodic trial of one thread under way, and the busy burst's
-# 1,024-token prefill ran on that one thread: ~500 ms where two threads beside the neighbour take
-# ~400 (.probe/w2trace.py, .probe/w2one.py). Steps of one burst follow each other within
+# A pause between steps this long ends a trial under way (resume), so that the next burst's
+# prefill does not run on the trial's fewer threads. Steps of one burst follow each other within
 # milliseconds; a pause of this length is the work stopping.
 TRIAL_PAUSE_S = 0.1
 # On fewer threads than cores, the idle time of the cores is read at every step and judged over
@@ -224,12 +222,10 @@ class ThreadTuner:
 
     def _void(self) -> None:
         """End the trial undecided (its batch changed, or a pause came): back to the current count.
-        The first void in a row is not a lost trial, so the next waits may bring one at once.
-        Counted as lost, a trial a burst's end started and the next burst's prefill voided held
-        the contention trial off for 2 * RETRY steps: the daemon's W2-8 beside a busy core ran
-        its first ~65 decode steps on both threads (14 ms a step against 9.3 on one;
-        .probe/w2trace.py). Voids in a row (a batch that changes at every step, as W4's) back
-        off as lost trials do."""
+        The first void in a row is not a lost trial, so the next waits may bring one at once:
+        counted as lost, a trial that a burst's end started and the next burst's prefill voided
+        would hold the contention trial off for 2 * RETRY steps of the new burst. Voids in a row
+        (a batch that changes at every step) back off as lost trials do."""
         self.set_threads(self.current)
         if self.voided:
             self.retry, self.trial_ended = min(2 * self.retry, PERIOD), self.steps

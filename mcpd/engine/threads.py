@@ -8,22 +8,20 @@ policy is then whatever the runtime loaded with, which configure() reports by re
 
 Why the wait policy matters: between two parallel regions (two ops of a step) OpenMP's threads
 spin by default. On a core that another process also wants, a spinning thread competes for the
-whole time slice, and every region then waits for the thread the kernel descheduled: the issue
-measured batch-1 decode falling from 76 to 20 tok/s with one core busy elsewhere. A passive
+whole time slice, and every region then waits for the thread the kernel descheduled (batch-1
+decode fell to about a quarter of its speed with one core busy elsewhere). A passive
 thread sleeps instead, so it uses little CPU and the kernel wakes it at once when work comes (a
 sleeper is owed CPU time), at the price of a futex wake-up per region.
 
-That price is not small: a batch-1 decode step of issue 12's model runs 33 parallel regions (four
-products a layer and the LM head), and a passive thread's wake-up cost ~35 us each, about a
-quarter of the step (.probe micro-benchmark: the model's products 5.14 ms a step passive, 4.02
-active). "brief" (the default) spins for BRIEF_SPINS of libgomp's spin loop (GOMP_SPINCOUNT;
+That price is not small: a batch-1 decode step runs a few dozen parallel regions (four products a
+layer and the LM head), and a passive thread's wake-up costs tens of microseconds at each, about a
+quarter of a small model's step. "brief" (the default) spins for BRIEF_SPINS of libgomp's spin loop (GOMP_SPINCOUNT;
 libgomp counts ~100,000 a millisecond) before it sleeps: long enough to bridge the microseconds
 between one step's regions, short enough that a thread sleeps soon after a step ends and leaves a
 neighbour, or the daemon's other processes, the core. OMP_WAIT_POLICY stays unset then, as
 libgomp takes GOMP_SPINCOUNT only without it. Where workers outnumber the cores and share them,
 "brief" is passive: a thread spinning on a shared core takes it from another worker's step
-(bench/versions.py, three workers on two cores: the primary's p50 with a 10% shadow rose 3-22%
-spinning, not at all passive).
+(bench/versions.py runs three workers on two cores: spinning slows the primary beside its shadow).
 """
 from __future__ import annotations
 

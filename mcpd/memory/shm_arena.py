@@ -20,8 +20,8 @@ live blocks of each class are packed into as few pages as they need (`_defragmen
 anything is evicted, so dropped contexts cannot keep the cache's pages.
 
 `footprint(n)` is what an entry of n bytes occupies: its block or pages, and its slot. The
-context cache charges tenants that (issue 13: small commits counted at their field bytes took
-whole pages, 32x more).
+context cache charges tenants that: a small commit counted at its field bytes would take a
+whole page, many times more.
 
 Index: the slot table, one slot per entry (one slot per 2 KiB of segment: 131,072 for 256 MiB,
 room for 65,536 contexts and their delta entries beside the KV blocks). A slot holds an

@@ -1,31 +1,27 @@
 """The kernels on a CUDA device: torch's, with the small ops of a layer fused into Triton kernels
 and decode attention reading the paged KV cache in place.
 
-Why: a decode step of a small batch is a few large products and many small ops. On an H200 a
-1.1B Llama's step ran ~80 kernels a layer, most of them elementwise ops of one row taking 1-2 us
-each: 2.1 ms a token where the weights take 0.5 ms to read (bench/README.md). Here a layer of a
+Why: a decode step of a small batch is a few large products and many small ops, and unfused, the
+small ops' launches cost several times the weights' read. Here a layer of a
 one-sequence decode is seven kernels (eight when attention's context is split): the q/k/v product
 with the norm before it and rope_store after it (attention_inputs), attention, the o product,
 add_rms_norm, the gate/up product, silu_mul, the down product. Inside a CUDA graph each kernel
-costs ~2.5 us beyond its work (on an H200, 89 more kernels of almost no work a token took W1 from
-875 to ~730 tok/s, .probe/l2pf.py), so fewer kernels is the lever at one row; larger batches run
-the unfused ops.
+still costs a few microseconds beyond its work, so fewer kernels is the lever at one row; larger
+batches run the unfused ops.
 
 - add_rms_norm: the residual addition and the RMSNorm of each row, in one program a row.
 - rope_store: each head of each token rotated (queries and keys) and the keys and values written
   into their cache slots, one program a (token, head).
 - silu_mul: silu(gate) * up.
 - linear of one row by a 16-bit matrix of up to ROW_PRODUCT_MOST_OUTPUTS outputs (q/k/v, o,
-  down): a Triton product, one program per 8 outputs. On an H200, cuBLAS took 5.0 us for a 1.1B
-  model's q/k/v and o matrices (1.7-2.1 TB/s of the card's 4.3) and 8.9 for its down matrix; this
-  kernel 3.4, 3.1 and 5.0 (3.1-4.6 TB/s). Larger matrices (gate/up, the LM head) stay cuBLAS's,
-  which was as fast or faster there (bench/README.md).
+  down): a Triton product, one program per 8 outputs, which reads such matrices faster than
+  cuBLAS does at one row. Larger matrices (gate/up, the LM head) stay cuBLAS's, as fast or
+  faster there.
 - attention_inputs at one row: the same product kernel computing its input row from the norm
   (each program the row's scale from the whole row, then each value as add_rms_norm gives it)
   and rotating and storing its outputs as rope_store does (a program then takes 4 values of a
   head's first half and the 4 paired with them): the unfused kernels' bits, one kernel for
-  three. W1 +5-6% on the 1.1B model (H200, paired rounds, .probe/fuseab.py). silu_mul folded
-  into the down product the same way gained nothing there (-1% to -4%) and was left out.
+  three. silu_mul folded into the down product the same way gained nothing and was left out.
 Each rounds where torch's ops round (to the model dtype after every op, from float32 math), so a
 bfloat16 model computes what the torch twin computes, up to the order of a row's sum.
 

@@ -158,10 +158,8 @@ static inline f32x16 exp16(f32x16 x) {
    (past a panel's end: the next panel's start). At 8 rows a tile needs 128 bytes of weights per
    16 multiply-adds, about what one core streams, and without the fetches it ran at two thirds
    of its in-cache rate on weights from memory (the LM head at 8 rows: 50 GFLOP/s, in cache 82).
-   Measured on the bench model's products at 8 rows, old and new alternating (.probe/tilesweep.py,
-   40 rounds): one thread float32 -16% time, two -12%; bfloat16 -25%; 32 rows -5%; 8 lines
-   ahead did nothing, 128 no better than 64 on two threads and worse on one, 256 worse. W2 at 8
-   streams in-process +10% (.probe/abtile.py, 6 rounds). */
+   Nearer fetches came too late and farther ones evicted lines still to be read, on one thread
+   and on two, float32 and bfloat16 alike. */
 #define TILE_AHEAD 64
 #define PANEL 16
 
@@ -354,25 +352,17 @@ static void tile(int dtype, const void *x, int64_t rows, int64_t k, const void *
 /* One row of x (a decode step's product) by ROW_PANELS panels at once. Each output's sum is the
    tile's, term by term in the same order (so the same bits), but four independent multiply-add
    chains where the tile's one row has two: a chain waits out an FMA's latency per step, and
-   with only two the loop could not run far enough ahead of its loads to keep memory busy.
-   Measured (bench/README.md, "one-row products"): float32, the LM head's 65 MB from 48 to 65
-   GB/s, the decoder layers' products from 40 to 49 GB/s, two threads; eight panels were no
-   better. bfloat16 where the CPU has its dot product (else the tile, which emulates it). */
+   with only two the loop could not run far enough ahead of its loads to keep memory busy; eight
+   were no better than four. bfloat16 where the CPU has its dot product (else the tile, which emulates it). */
 #define ROW_PANELS 4
 
 /* Each of the ROW_PANELS streams is fetched into L2 ROW_AHEAD cache lines (1.5 KB) ahead of its
-   reads: the hardware prefetcher alone kept fewer lines in flight than four streams need. The
-   bench model's one-row products (.probe kernel A/B, 12 alternating rounds, 2 MiB pages, memory
-   at ~35 GB/s): +7% (median) on two threads, +4.5% on one; 16 and 32 lines ahead did no better,
-   48 and 64 worse, into L1 worse. */
+   reads: the hardware prefetcher alone kept fewer lines in flight than four streams need. Nearer
+   did no better, farther and into L1 worse. */
 #define ROW_AHEAD 24
 /* Near its end a run's streams fetch the start of the next run's panels instead (`next`: how far
    on, in panel rows, its panels begin; 0 for none): before, each run of 128 KB began with four
-   cold streams, a gap of memory latency every run. Bits unchanged. Measured on the bench
-   model, memory at ~25-34 GB/s, old and new alternating in one process (paired medians): its
-   one-row products +3.2% on one thread and +3.6% on two (.probe/abrow1.py, 24 rounds); a whole
-   float32 greedy token +1.3% to +6.1% over four runs (.probe/abstack.py, fastshare.py), a
-   bfloat16 one +6.8%. On fast memory each core streams at its own ceiling and a gap in one
+   cold streams, a gap of memory latency every run. Bits unchanged. On fast memory each core streams at its own ceiling and a gap in one
    core's stream is not filled by the other's. Each thread's runs are one contiguous share
    (linear_row), so the next run is the thread's own but at the end of its share. */
 INLINE int64_t ahead(int64_t i, int64_t rows, int64_t k, int64_t next) {   /* the panel row to fetch */
@@ -412,14 +402,11 @@ INLINE void row_bf16(const bf16 *x, int64_t k, const bf16 *const q[ROW_PANELS], 
 /* linear() for one row: runs of ROW_PANELS panels, each thread one contiguous share of them. A
    short last run reads its first panel again in place of the missing ones and drops their sums.
    Static shares, not runs handed out two at a time: each thread then streams one stretch of
-   memory, and what `ahead` fetches is its own next run. On fast memory (~60 GB/s, where each core
-   streams at its own ceiling) a float32 greedy token ran 10-14% faster, 0.79-0.81 -> 0.88-0.93 of
-   the read limit; bfloat16 +13%; on slow memory (~34 GB/s) -1% to +4%; also with a 1 ms pause
-   before every step, a sleeping helper thread to wake (.probe/abstack2.py, bench/README.md,
-   2026-11-27 stop 29). Dynamic shares were for a helper woken tens of microseconds late when
-   every product was its own call from Python; the whole stack is one native call now, and
-   its helper spins between products (threads.py, "brief"). Under a neighbour the thread tuner
-   drops to one thread. */
+   memory, and what `ahead` fetches is its own next run; on fast memory, where each core streams
+   at its own ceiling, that is what brings a token near the read limit. Dynamic shares suited a
+   helper woken late when every product was its own call from Python; the whole stack is one
+   native call now, and its helper spins between products (threads.py, "brief"). Under a
+   neighbour the thread tuner drops to one thread. */
 static void linear_row(int dtype, const void *x, int64_t k, const void *packed, const void *bias, int64_t n,
                        void *y, int y_f32) {
     size_t size = dtype == F32 ? 4 : 2;

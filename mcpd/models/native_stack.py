@@ -110,13 +110,10 @@ class NativeStack:
 
     def _scratch(self, rows: int) -> torch.Tensor:
         """The stack's scratch for a step of `rows` rows, not a region of the device pool. Steps of
-        up to REUSED_SCRATCH_ROWS (decodes) share one buffer (1.7 MB for issue 12's 55M model, 7
-        MB for a 7B in bfloat16): a fresh one was a torch.empty and a native call a step, cold
-        after a decode step's weight stream (bench/README.md, 2026-11-27): this method's Python
-        took 94.5 us of a batch-1 step with them, 76.7 without (medians of 1024 steps, the two
-        alternating). Larger steps (prefill chunks) take a fresh one, whose allocation and first
-        touch cost under 0.5% of such a step (0.5 ms for a 2048-token prefill's 28 MB): a buffer
-        kept at the largest step's size would hold 236 MB for a 7B's 2048 tokens. Activations
+        up to REUSED_SCRATCH_ROWS (decodes) share one buffer (a few MB even for a 7B model): a
+        fresh one a step would cost an allocation and cold pages after every weight stream.
+        Larger steps (prefill chunks) take a fresh one, whose cost is small beside such a step,
+        rather than keep a buffer at the largest step's size (hundreds of MB for a 7B). Activations
         need not outlive a worker; on a GPU a pool region would keep them inside the pool's share
         (pool_segment.py)."""
         if rows > REUSED_SCRATCH_ROWS:

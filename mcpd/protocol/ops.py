@@ -5,7 +5,7 @@ them into the op's typed value (args.py, where the defaults are); the scheduler 
 read that value and trust its types and ranges. Each op lists its arguments as (accepted types,
 check, conversion to the typed field).
 Every integer has both bounds: msgpack carries ints up to 2^64-1, and a value that passed here
-but overflowed the engine's int64 tensors would crash a worker (issue 13: top_k = 2^63 did).
+but overflowed the engine's int64 tensors would crash a worker (top_k = 2^63 did).
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ libzmq delivers a multipart message only once its last frame has arrived, and ke
 before that in memory. ZMQ_MAXMSGSIZE caps one frame, but nothing caps the frames of a message,
 nor how many connections may be half-way through one: a peer trickling one huge message, or many
 peers each beginning one and never ending it, made the front-end hold gigabytes before any check
-could see a byte (issue 13). No socket option reaches into libzmq's pipes, so this watches from
+could see a byte. No socket option reaches into libzmq's pipes, so this watches from
 outside, per TCP connection: the kernel counts the bytes received (TCP_INFO tcpi_bytes_received)
 and those still unread in its buffer (FIONREAD); the front-end counts the bytes of the messages
 delivered on it (each message names its descriptor, ZMQ_SRCFD). What is left is held by libzmq

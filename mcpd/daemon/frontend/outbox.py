@@ -1,8 +1,8 @@
 """Replies on their way to clients: never dropped, however slowly a client reads.
 
 A plain ROUTER drops a message without a word when the client's pipe is at its high-water mark
-(the client stopped reading), and it dropped streams' final replies that way (issue 13). The client
-socket is therefore ROUTER_MANDATORY, where such a send fails with EAGAIN instead, and the replies
+(the client stopped reading): a stream's final reply lost that way breaks the one-final promise.
+The client socket is therefore ROUTER_MANDATORY, where such a send fails with EAGAIN instead, and the replies
 of a client whose pipe is full wait here, in order, until it has room again. ZeroMQ does not say
 when one peer's pipe drains, so the front-end calls flush() every few milliseconds (its GUARD_S)
 while anything waits.
