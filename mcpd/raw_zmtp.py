@@ -31,9 +31,6 @@ class RawPeer:
         self.sock.sendall(frame_header(len(ready), COMMAND) + ready)
         self._read_frame()       # the daemon's READY
 
-    def send_frame(self, data: bytes, more: bool) -> None:
-        self.sock.sendall(frame_header(len(data), MORE if more else 0) + data)
-
     def begin_frame(self, size: int, more: bool) -> None:
         """Announce a frame of `size` bytes; its body follows with send_raw (as slowly as you like)."""
         self.sock.sendall(frame_header(size, MORE if more else 0))
@@ -53,15 +50,6 @@ class RawPeer:
             return False
         except OSError:
             return True
-
-    def recv_message(self) -> list[bytes]:
-        frames = []
-        while True:
-            flags, body = self._read_frame()
-            if not flags & COMMAND:
-                frames.append(body)
-                if not flags & MORE:
-                    return frames
 
     def close(self) -> None:
         self.sock.close()

@@ -102,9 +102,6 @@ class ShadowBook:
         self.pairs[primary_rid] = Pair(model)
         self.primary_of[shadow_rid] = primary_rid
 
-    def is_shadow(self, rid: int) -> bool:
-        return rid in self.primary_of
-
     def answered(self, rid: int, result: dict, latency_s: float) -> None:
         """A side of a pair answered well; the pair is compared once both have."""
         shadow = rid in self.primary_of

@@ -188,9 +188,6 @@ class ProcessTable:
     def find(self, role: str, index: int) -> Child | None:
         return next((c for c in self.children if c.spec.role == role and c.spec.index == index), None)
 
-    def sentinels(self) -> list[int]:
-        return [c.process.sentinel for c in self.children if c.alive]
-
     def reap(self) -> list[Child]:
         """Children that exited since the last call; each gets a restart time (with backoff)."""
         died = []
