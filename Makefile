@@ -31,8 +31,9 @@ test: $(VENV)/.test
 	$(PY) -m compileall -q mcpd
 	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 
+# Every benchmark, --quick; each one's figures kept in bench/figures/ and bench/README.md's table rewritten.
 bench: $(VENV)/.test
-	for b in bench/*.py; do $(PY) $$b --quick || exit 1; done
+	$(PY) bench/figures.py run --quick all
 
 setup: $(VENV)/.runtime
 setup-test: $(VENV)/.test

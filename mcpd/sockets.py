@@ -74,7 +74,7 @@ def router(context: zmq.Context) -> zmq.Socket:
     id that begins with a zero byte from a peer), and when the counter reaches it libzmq asserts
     and the process aborts: measured, one DEALER naming itself 00 6b 8b 45 68 and the second
     anonymous connection after it killed a ROUTER's process. rand() seeded from the OS first, the
-    counter's start is a guess in 2**32 (a libzmq bug; what is left: bench/README.md, red team)."""
+    counter's start is a guess in 2**32 (a libzmq bug; bench/redteam.py's claimed_routing_ids plays it)."""
     try:
         ctypes.CDLL(None).srand(int.from_bytes(os.urandom(4), "little"))
     except OSError:

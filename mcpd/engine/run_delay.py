@@ -3,8 +3,7 @@
 Linux counts, for every thread, the time it was ready to run but waited for a CPU (the second
 number of /proc/self/task/TID/schedstat, in nanoseconds). A team thread on a core of its own waits
 microseconds when it wakes; one whose core a busy neighbour also wants waits about as long as it
-runs (bench/README.md, "A neighbour, seen": 2-3% of W1's time idle, ~50% beside a spinning
-process). The thread tuner (thread_tuner.py) reads that share to try fewer threads as soon as a
+runs (a few percent of a decode's time idle, about half beside a spinning process). The thread tuner (thread_tuner.py) reads that share to try fewer threads as soon as a
 neighbour comes, instead of at its periodic trial, up to 128 steps later.
 """
 from __future__ import annotations

@@ -42,7 +42,7 @@ CONTENDED_GAIN = 1.0
 # on one core.
 IDLE_RESET_S = 1.0
 # A team thread waited this share of the time for a CPU, at two readings in a row: a neighbour is on
-# its core. Readings in the daemon (bench/README.md, "A neighbour, seen"): beside a spinning process
+# its core. Readings in the daemon: beside a spinning process
 # 0.43 at the median step; idle, W1 and W2 0.01-0.03 (p99 0.15-0.30), W4's eight clients 0.12 (p99
 # 0.34): one reading over 0.3 comes in idle serving now and then, two in a row seldom.
 CONTENDED = 0.3
@@ -58,7 +58,7 @@ TRIAL_PAUSE_S = 0.1
 # On fewer threads than cores, the idle time of the cores is read at every step and judged over
 # this long (/proc/stat counts in 10 ms ticks: ten a core). The cores the team leaves unused count
 # as free when at most SPARE of a core of them was busy: the daemon's own processes and its
-# clients use a little (readings in bench/README.md, "A neighbour, gone").
+# clients use a little.
 WINDOW_S = 0.1
 SPARE = 0.5
 

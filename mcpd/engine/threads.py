@@ -30,7 +30,7 @@ import sys
 
 from mcpd.config import WAIT_POLICIES
 
-BRIEF_SPINS = 20000   # about 0.2 ms of spinning before a thread sleeps (bench/README.md)
+BRIEF_SPINS = 20000   # about 0.2 ms of spinning before a thread sleeps (bench/engine.py, with one core busy)
 _OWNED: list[int] | None = None   # this process's cores, as configure() found them
 _BINDS = False                    # configure() ran before OpenMP loaded: its binding applies
 _MAIN_PLACE: set[int] | None = None   # the cores OpenMP bound the main thread to (start_team)

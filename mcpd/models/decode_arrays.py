@@ -2,7 +2,7 @@
 
 After a decode step has streamed the weights, each distinct torch call the next step's Python
 makes is cold: timed alone after a 160 MB read, torch.tensor of a short list took 105 us and a
-view 54 (bench/README.md, 2026-11-27). Building a batch-1 step's token ids and attention arrays
+view 54. Building a batch-1 step's token ids and attention arrays
 with torch.tensor took 80-110 us. Here they are copied into one int64 tensor by one memmove, and
 the views the step hands on are made again only when the batch's shape changes (at batch 1,
 once every block_size tokens).

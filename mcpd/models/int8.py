@@ -8,13 +8,13 @@ Per group, r is the ratio of RATIOS whose rounding leaves the least squared erro
 to nearest). Why search: with 127 steps a group's error is the sum of 64 roundings, and a slightly
 larger step lands the weights nearer their levels in some groups than in others; the best of
 16 steps between 1 and 1.03 times the peak's cut the model's squared weight error by 12% and
-its mean KL against the float model by 15% (bench/README.md, "int8 variants"). Ratios below 1
+its mean KL against the float model by 15% (bench/quantized.py). Ratios below 1
 (clipping the peak) won nothing: the peak's error then grows by whole steps, 64 roundings' by
 fractions of one. r >= 1 also keeps every weight within half a step of its value.
 
 Symmetric (no zero point). Groups along the input: one scale per row spreads a row's 127 steps
 over its largest weight, most of its weights then use a few of them; a group's peak is nearer
-its typical weight (bench/README.md, "int8 variants": group size against agreement and speed).
+its typical weight (bench/quantized.py weighs group size against agreement and speed).
 Groups never span rows, so a fused matrix (q/k/v, gate/up) quantizes row by row exactly as its
 separate pieces would. -128 is left out so that negating a row stays exact. The torch twin
 and the native kernel multiply x by the dequantized weight, values * scale rounded to float32

@@ -20,7 +20,7 @@ type (2^-9 relative for bfloat16, under the int8 step's 2^-8). tests/test_int8.p
 the twin within that, and the model's agreement on a GPU (run where one is lent: CI has none).
 
 Tile sizes: fixed per row count (ROWS_TILE, TILES), the fastest of a sweep on an H200 over a 7B
-Llama layer's matrices (bench/README.md, "int8 on a GPU"), rather than autotuned: no tuning at a
+Llama layer's matrices (bench/quantized.py on the card), rather than autotuned: no tuning at a
 worker's first steps, and the same tiles, so the same sums, in every run. Measured there, against
 bfloat16 torch: one row 1.3x faster; 2 to 512 rows 0.89x down to 0.4x (dequantizing in every
 tile costs more than the bytes save once rows share the weights; a dequantize-then-GEMM path

@@ -262,10 +262,10 @@ static inline int64_t group_end(int64_t g0, int64_t k) {
    on it), so the next pair's two panels (the following 2 * k * 16 bytes) are fetched into L2
    while this pair runs, two lines per four steps: a batch-1 pass over the bench model's int8
    matrices went from 3.6-4.0 ms to 2.5-2.9 (medians, one thread, out of cache; prefetching 4 KB
-   ahead within each panel before; into L1 instead of L2: 3.2-3.5), bench/README.md. Here each group's sum
+   ahead within each panel before; into L1 instead of L2: 3.2-3.5). Here each group's sum
    of x * values is scaled once, not each weight: a multiply per 16 weights made the pass 20%
    (groups of 64) to 50% (32) slower than one scale a row; this costs a multiply-add a group
-   (bench/README.md). The same product as tile_int8's, rounded at other places. */
+   (bench/quantized.py). The same product as tile_int8's, rounded at other places. */
 INLINE void row_int8(int dtype, const void *x, int64_t k, const int8_t *p0, const int8_t *p1, const float *c0,
                      const float *c1, f32x16 *a0, f32x16 *a1) {
     *a0 = *a1 = splat(0);

@@ -1,0 +1,182 @@
+"""The current figures: run benchmarks, keep each one's last JSON line with the run's machine, and
+write bench/README.md's table from what is kept.
+
+    python bench/figures.py run [--quick] NAME ... | all     # run, keep, rewrite the table
+    python bench/figures.py table                           # rewrite the table from what is kept
+
+A run keeps bench/figures/NAME.json: the benchmark's JSON line and when, on which commit and which
+machine it ran (CPU model, cores, memory, ISA: AVX-512 with or without bf16, AVX2, or neither;
+the GPU if any; the load average at its start). A benchmark that fails or prints no JSON line
+keeps what it had, and the command exits 1. The table shows each benchmark's figures that have a
+target (TARGETS) with their target and whether the run met it; a figure a benchmark did not print
+shows as "—". The history of the figures is git's: each run rewrites its file.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+KEPT = BENCH / "figures"
+README = BENCH / "README.md"
+BEGIN, END = "<!-- figures: begin (bench/figures.py table) -->", "<!-- figures: end -->"
+RUN_LIMIT_S = 3600
+
+# (benchmark, figure, comparison, target): the figure meets the target when `comparison` holds.
+TARGETS = [
+    ("engine", "w1_decode_roofline_frac", ">=", 0.8),
+    ("engine", "w1_ttft_ms", "<=", 30),
+    ("engine", "prefill_compute_roofline_frac", ">=", 0.6),
+    ("engine", "contention_keep_frac", ">=", 0.7),
+    ("overhead", "noop_p50_ratio_vs_relay", "<=", 1.3),
+    ("overhead", "one_token_server_ms", "<=", 1.5),
+    ("overhead", "curve_p50_ratio_vs_plain", "<=", 1.3),
+    ("batching", "decode_throughput_ratio_32_vs_1", ">=", 8),
+    ("kv", "kv_waste_frac", "<=", 0.04),
+    ("kv", "buddy_internal_waste_frac", "<=", 0.08),
+    ("kv", "pool_internal_waste_frac", "<=", 0.02),
+    ("kv", "pool_external_fragmentation", "<=", 0.2),
+    ("contexts", "ttft_speedup_vs_recompute", ">=", 10),
+    ("contexts", "delta_payload_frac", "<=", 0.03),
+    ("contexts", "delta_sync_speedup", ">=", 10),
+    ("priority", "high_p99_ratio_overload_vs_idle", "<=", 2),
+    ("priority", "unanswered", "==", 0),
+    ("delta_codec", "delta_payload_frac", "<=", 0.03),
+    ("recovery", "unanswered", "==", 0),
+    ("recovery", "recomputed_tokens_after_kill", "==", 0),
+    ("redteam", "broken", "==", 0),
+    ("redteam", "lost", "==", 0),
+    ("redteam", "noisy_neighbour", "<=", 2),
+    ("http_listener", "http_p50_ratio_vs_zmq", "<=", 1.3),
+    ("http_listener", "context_bytes_ratio_vs_resend", ">=", 5),
+    ("persistence", "persist_overhead_frac", "<=", 0.2),
+    ("versions", "failed_during_switch", "==", 0),
+    ("versions", "shadow_p50_overhead_frac", "<=", 0.05),
+    ("versions", "split_max_deviation", "<=", 0.01),
+    ("quantized", "int8_decode_speedup", ">=", 2.5),
+    ("restart", "restart_ratio_vs_recompute", "<=", 0.5),
+    ("gpu_decode", "w1_hbm_roofline_frac", ">=", 0.78),
+    ("peers", "w1_decode_tok_s_ratio_vs_best_peer", ">=", 1),
+    ("peers", "w2_8_tok_s_ratio_vs_best_peer", ">=", 1),
+    ("peers", "w2_32_tok_s_ratio_vs_best_peer", ">=", 1),
+    ("peers", "w3_turn10_ttft_ms_ratio_vs_best_peer", ">=", 1),
+    ("peers", "w4_req_s_ratio_vs_best_peer", ">=", 1),
+]
+COMPARE = {"<=": lambda v, t: v <= t, ">=": lambda v, t: v >= t, "==": lambda v, t: v == t}
+SYMBOL = {"<=": "≤", ">=": "≥", "==": "="}
+
+
+def benchmarks() -> list[str]:
+    return sorted(p.stem for p in BENCH.glob("*.py") if p.stem != "figures")
+
+
+def isa(flags: set[str]) -> str:
+    if "avx512f" in flags:
+        return "AVX-512 + bf16" if "avx512_bf16" in flags else "AVX-512"
+    return "AVX2" if "avx2" in flags else "no AVX2"
+
+
+def machine() -> dict:
+    """What the figures depend on: the CPU and its ISA, cores, memory, a GPU, the load."""
+    cpuinfo = Path("/proc/cpuinfo").read_text()
+    field = lambda name: next((l.split(":", 1)[1].strip() for l in cpuinfo.splitlines() if l.startswith(name)), "")
+    memory_kib = int(Path("/proc/meminfo").read_text().split()[1])
+    gpu = subprocess.run(["sh", "-c", "nvidia-smi -L 2>/dev/null | head -1"], capture_output=True, text=True).stdout
+    return {"cpu": field("model name"), "isa": isa(set(field("flags").split())), "cores": os.cpu_count(),
+            "memory_gib": round(memory_kib / 2**20), "gpu": gpu.strip() or None,
+            "load_average": round(os.getloadavg()[0], 2)}
+
+
+def commit() -> str:
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=BENCH, capture_output=True, text=True).stdout.strip()
+    return git("rev-parse", "--short", "HEAD") + ("+changes" if git("status", "--porcelain", "--", "mcpd") else "")
+
+
+def last_json_line(output: str) -> dict | None:
+    for line in reversed(output.strip().splitlines()):
+        try:
+            found = json.loads(line)
+        except ValueError:
+            continue
+        return found if isinstance(found, dict) else None
+    return None
+
+
+def run(name: str, quick: bool) -> bool:
+    """Run bench/NAME.py, its output passed through; keep its JSON line. False if it gave none."""
+    command = [sys.executable, str(BENCH / f"{name}.py")] + (["--quick"] if quick else [])
+    record = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": commit(),
+              "machine": machine(), "quick": quick}
+    print(f"== {name}: {' '.join(command[1:])}", flush=True)
+    done = subprocess.run(command, stdout=subprocess.PIPE, stderr=None, text=True, timeout=RUN_LIMIT_S)
+    sys.stdout.write(done.stdout)
+    figures = last_json_line(done.stdout)
+    if done.returncode != 0 or figures is None:
+        print(f"== {name}: exit {done.returncode}, {'a' if figures else 'no'} JSON line: nothing kept", flush=True)
+        return False
+    KEPT.mkdir(exist_ok=True)
+    (KEPT / f"{name}.json").write_text(json.dumps({**record, "figures": figures}, indent=1) + "\n")
+    return True
+
+
+def kept() -> dict[str, dict]:
+    return {p.stem: json.loads(p.read_text()) for p in sorted(KEPT.glob("*.json"))}
+
+
+def shown(value) -> str:
+    if value is None:
+        return "—"
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def table(records: dict[str, dict]) -> str:
+    rows = ["| benchmark | figure | value | target | met |", "|---|---|---|---|---|"]
+    for name, figure, comparison, target in TARGETS:
+        value = records.get(name, {}).get("figures", {}).get(figure)
+        met = "—" if not isinstance(value, (int, float)) else "yes" if COMPARE[comparison](value, target) else "**no**"
+        rows.append(f"| `{name}` | `{figure}` | {shown(value)} | {SYMBOL[comparison]} {target} | {met} |")
+    runs = ["| benchmark | when | commit | machine | ISA | load | mode |", "|---|---|---|---|---|---|---|"]
+    for name in benchmarks():
+        record = records.get(name)
+        if record is None:
+            runs.append(f"| `{name}` | not run since figures were kept | | | | | |")
+            continue
+        m = record["machine"]
+        where = f"{m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB" + (f", {m['gpu']}" if m["gpu"] else "")
+        runs.append(f"| `{name}` | {record['date']} | {record['commit']} | {where} | {m['isa']} | "
+                    f"{m['load_average']} | {'--quick' if record['quick'] else 'full'} |")
+    return "\n".join(rows + ["", "The runs behind them:", ""] + runs)
+
+
+def write_table() -> None:
+    text = README.read_text()
+    head, rest = text.split(BEGIN, 1)
+    tail = rest.split(END, 1)[1]
+    README.write_text(f"{head}{BEGIN}\n{table(kept())}\n{END}{tail}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers(dest="command", required=True)
+    runner = sub.add_parser("run", help="run benchmarks, keep their figures, rewrite the table")
+    runner.add_argument("--quick", action="store_true")
+    runner.add_argument("names", nargs="+", choices=benchmarks() + ["all"])
+    sub.add_parser("table", help="rewrite bench/README.md's table from the kept figures")
+    args = parser.parse_args()
+    failed = []
+    if args.command == "run":
+        names = benchmarks() if "all" in args.names else args.names
+        failed = [name for name in names if not run(name, args.quick)]
+    write_table()
+    if failed:
+        sys.exit(f"no figures from: {', '.join(failed)}")
+
+
+if __name__ == "__main__":
+    main()
