@@ -70,7 +70,7 @@ class ContextGetArgs(OpArgs, tag="context.get"):
 class ContextUpdateArgs(OpArgs, tag="context.update"):
     id: str | None = None
     base: int | None = None
-    changes: tuple[Any, ...] = ()   # delta entries: protocol/delta.py checks them against the frames
+    changes: tuple[Any, ...] = ()   # delta entries: protocol/delta checks them against the frames
 
 
 class ContextDropArgs(OpArgs, tag="context.drop"):
