@@ -217,7 +217,7 @@ def test_lock_holder_killed_mid_block_update_is_repaired(make_arena):
     for i in range(3):
         arena.put(CTX, key(i), [b"s" * 100], pinned=True)
     # Killed inside the lock after taking a block it never recorded, and a whole page.
-    child = in_child(arena, "arena._locked().__enter__()\narena._take_block(2)\narena.page_kind[6] = 1\n"
+    child = in_child(arena, "arena._locked().__enter__()\narena.blocks.take(2)\narena.page_kind[6] = 1\n"
                             "print('ready', flush=True)\ntime.sleep(60)")
     kill(child)
     stats = within(10, arena.stats)

@@ -8,20 +8,16 @@ Allocator: two ways to hold an entry, so that small entries stay small.
 - An entry over half a page takes a chain of whole pages (cache.page_bytes) linked through
   `next`: it wastes under one page, and any free page serves any such entry. Chains take free
   pages lowest-address first, so an entry's pages are mostly consecutive and copied as a few
-  long runs. (The buddy allocator in buddy.py keeps its free lists in Python objects, which
-  other processes cannot see.)
-- A smaller entry takes one block of a size class: powers of two from 64 bytes (or page/256)
-  to half a page. A page given to a class is cut into its blocks (a bitmap says which are
-  taken) and goes back to the free pages with its last block. A 200-byte context takes 256
-  bytes, not a 16 KiB page. Block pages are taken from the top of the page range, away from
-  the chains. Power-of-two classes waste under half a block; bench/cache_share.py measures it.
+  long runs. (buddy.py's free lists live in Python objects, which other processes cannot see.)
+- A smaller entry takes one block of a size class (arena_blocks.py): powers of two up to half a
+  page, a page cut into one class's blocks. A 200-byte context takes 256 bytes, not a 16 KiB
+  page. Block pages are taken from the top of the page range, away from the chains.
 Blocks freed here and there leave pages each holding a few: when whole pages run short, the
 live blocks of each class are packed into as few pages as they need (`_defragment`) before
 anything is evicted, so dropped contexts cannot keep the cache's pages.
 
-`footprint(n)` is what an entry of n bytes occupies: its block or pages, and its slot. The
-context cache charges tenants that: a small commit counted at its field bytes would take a
-whole page, many times more.
+`footprint(n)` is what an entry of n bytes occupies, its block or pages and its slot: what the
+context cache charges tenants.
 
 Index: the slot table, one slot per entry (one slot per 2 KiB of segment: 131,072 for 256 MiB,
 room for 65,536 contexts and their delta entries beside the KV blocks). A slot holds an
@@ -58,14 +54,12 @@ from pathlib import Path
 import numpy as np
 
 from mcpd.memory import shm_layout
+from mcpd.memory.arena_blocks import CHAIN, FREE, ArenaBlocks
 from mcpd.memory.file_lock import FileLock
 from mcpd.memory.shm_layout import HEADER, MAGIC, SLOT_BYTES, Layout
 
 EMPTY, WRITING, LIVE = 0, 1, 2        # slot states
-FREE, CHAIN = 0, 1                    # page kinds; a page of class k's blocks is CHAIN + k
 END = 0xFFFFFFFF          # the last page of a chain links here
-MIN_BLOCK = 64
-MAX_BLOCKS_PER_PAGE = 256             # the bitmap's bits
 KINDS = 4   # entries_by_kind counts kinds 0 (unused) to 3, present or not: host_segment names them
 
 
@@ -90,8 +84,7 @@ class ShmArena:
         for name, column in shm_layout.columns(self.mm, layout).items():
             setattr(self, name, column)
         self.pages_at = layout.offsets()[1]
-        self.min_shift = max(MIN_BLOCK, self.page_bytes // MAX_BLOCKS_PER_PAGE).bit_length() - 1
-        self.num_classes = (self.page_bytes // 2).bit_length() - 1 - self.min_shift + 1
+        self.blocks = ArenaBlocks(self.page_bytes, self.page_kind, self.blocks_used, self.bitmap)
         self.mem = memoryview(self.mm)
         self.own_pid = os.getpid()
 
@@ -167,8 +160,8 @@ class ShmArena:
 
     def footprint(self, nbytes: int) -> int:
         """The bytes an entry of nbytes occupies: its block, or its whole pages, and its slot."""
-        klass = self._class_of(nbytes)
-        held = self._block_bytes(klass) if klass else self._pages_for(nbytes) * self.page_bytes
+        klass = self.blocks.class_of(nbytes)
+        held = self.blocks.block_bytes(klass) if klass else self.blocks.pages_for(nbytes) * self.page_bytes
         return held + SLOT_BYTES
 
     @property
@@ -183,7 +176,7 @@ class ShmArena:
                     for name in ("hits", "misses", "evictions", "inserts", "refused", "moved")}
             used_pages = int(np.count_nonzero(self.page_kind))
             stored = int(self.nbytes[live].sum())
-            held = int(self._held_bytes(np.flatnonzero(live)).sum())
+            held = int(self.blocks.held_bytes(self.klass[live], self.npages[live]).sum())
             kinds = np.bincount(self.kind[live], minlength=KINDS)
         lookups = head["hits"] + head["misses"]
         return {"total_bytes": self.num_pages * self.page_bytes, "used_bytes": used_pages * self.page_bytes,
@@ -194,15 +187,15 @@ class ShmArena:
     # -- writing: reserve, copy, publish -------------------------------------------------------
 
     def _reserve(self, kind: int, key: bytes, nbytes: int, pinned: bool, replace: bool) -> int | None:
-        klass = self._class_of(nbytes)
-        npages = 1 if klass else self._pages_for(nbytes)
+        klass = self.blocks.class_of(nbytes)
+        npages = 1 if klass else self.blocks.pages_for(nbytes)
         with self._locked():
             if not replace and self._find(kind, key, LIVE, WRITING) is not None:
                 return None
             self._make_room(klass, npages)
             slot = int(self.state.argmin())   # EMPTY is 0: the first free slot
             if klass:
-                self.first[slot], self.block[slot] = self._take_block(klass)
+                self.first[slot], self.block[slot] = self.blocks.take(klass)
             else:
                 pages = np.flatnonzero(self.page_kind == FREE)[:npages]
                 self.next[pages[:-1]] = pages[1:]
@@ -240,7 +233,7 @@ class ShmArena:
         if self._has_room(klass, npages):
             return
         self._reclaim_dead_writers()
-        if not self._has_room(klass, npages) and self._sparse_classes().size:
+        if not self._has_room(klass, npages) and self.blocks.sparse_classes().size:
             self._defragment()
         if not self._has_room(klass, npages):
             self._evict(klass, npages)
@@ -249,7 +242,7 @@ class ShmArena:
         return self.state.min() == EMPTY and self._pages_short(klass, npages) == 0
 
     def _pages_short(self, klass: int, npages: int) -> int:
-        if klass and self._partial_pages(klass).size:
+        if klass and self.blocks.partial_pages(klass).size:
             return 0
         return max(0, npages - int(np.count_nonzero(self.page_kind == FREE)))
 
@@ -284,9 +277,9 @@ class ShmArena:
         kept = np.flatnonzero((self.state == WRITING) | ((self.state == LIVE) & (self.pinned != 0)))
         chains = kept[self.klass[kept] == 0]
         pages = int(self.npages[chains].sum())
-        for klass, count in enumerate(np.bincount(self.klass[kept], minlength=self.num_classes + 1)):
+        for klass, count in enumerate(np.bincount(self.klass[kept], minlength=self.blocks.num_classes + 1)):
             if klass and count:
-                pages += -(-int(count) // self._blocks_per_page(klass))
+                pages += -(-int(count) // self.blocks.per_page(klass))
         return pages
 
     def _reclaim_dead_writers(self) -> None:
@@ -294,74 +287,19 @@ class ShmArena:
             if not process_alive(int(self.pid[slot])):
                 self._free(int(slot))
 
-    # -- blocks -----------------------------------------------------------------------------------
-
-    def _class_of(self, nbytes: int) -> int:
-        """The size class of an entry of nbytes, 1 for the smallest; 0 for a chain of pages."""
-        if nbytes > self.page_bytes // 2:
-            return 0
-        return max(1, (max(nbytes, 1) - 1).bit_length() - self.min_shift + 1)
-
-    def _block_bytes(self, klass: int) -> int:
-        return 1 << (self.min_shift + klass - 1)
-
-    def _blocks_per_page(self, klass: int) -> int:
-        return self.page_bytes // self._block_bytes(klass)
-
-    def _pages_for(self, nbytes: int) -> int:
-        return max(1, -(-nbytes // self.page_bytes))
-
-    def _partial_pages(self, klass: int) -> np.ndarray:
-        return np.flatnonzero((self.page_kind == CHAIN + klass) & (self.blocks_used < self._blocks_per_page(klass)))
-
-    def _take_block(self, klass: int) -> tuple[int, int]:
-        """A free block of the class: in its fullest page that has one (so sparse pages empty
-        out), else in a fresh page from the top of the range."""
-        partial = self._partial_pages(klass)
-        if partial.size:
-            page = int(partial[np.argmax(self.blocks_used[partial])])
-        else:
-            page = int(np.flatnonzero(self.page_kind == FREE)[-1])
-            self.page_kind[page] = CHAIN + klass
-        block = self._free_block(page, klass)
-        self._set_block(page, block, True)
-        return page, block
-
-    def _free_block(self, page: int, klass: int) -> int:
-        bits = np.unpackbits(self.bitmap[page], bitorder="little")
-        return int(bits[:self._blocks_per_page(klass)].argmin())
-
-    def _set_block(self, page: int, block: int, taken: bool) -> None:
-        if taken:
-            self.bitmap[page, block >> 3] |= 1 << (block & 7)
-        else:
-            self.bitmap[page, block >> 3] &= ~(1 << (block & 7)) & 0xFF
-        self.blocks_used[page] = int(self.blocks_used[page]) + (1 if taken else -1)
-        if not taken and self.blocks_used[page] == 0:
-            self.page_kind[page] = FREE
-
-    def _block_taken(self, page: int, block: int) -> bool:
-        return bool(self.bitmap[page, block >> 3] >> (block & 7) & 1)
-
-    def _sparse_classes(self) -> np.ndarray:
-        """Classes whose live blocks would fit in fewer pages than they hold."""
-        kinds = self.page_kind[self.page_kind > CHAIN].astype(np.int64) - CHAIN
-        pages = np.bincount(kinds, minlength=self.num_classes + 1)
-        used = np.bincount(kinds, weights=self.blocks_used[self.page_kind > CHAIN], minlength=self.num_classes + 1)
-        per_page = self.page_bytes // np.left_shift(1, self.min_shift + np.arange(self.num_classes + 1) - 1).clip(1)
-        return np.flatnonzero(pages > np.ceil(used / per_page))
+    # -- packing blocks ---------------------------------------------------------------------------
 
     def _defragment(self) -> None:
         """Pack each class's live blocks into its fullest pages, freeing the sparse ones. Blocks
         being written stay where they are (their writer copies into them outside the lock)."""
-        for klass in self._sparse_classes().tolist():
+        for klass in self.blocks.sparse_classes().tolist():
             pages = np.flatnonzero(self.page_kind == CHAIN + klass)
             used = self.blocks_used[pages]
-            keep = -(-int(used.sum()) // self._blocks_per_page(klass))
+            keep = -(-int(used.sum()) // self.blocks.per_page(klass))
             sources = pages[np.argsort(-used.astype(np.int64), kind="stable")][keep:]
             movers = np.flatnonzero((self.klass == klass) & (self.state == LIVE) & np.isin(self.first, sources))
             for slot in movers:
-                targets = np.setdiff1d(self._partial_pages(klass), sources, assume_unique=True)
+                targets = np.setdiff1d(self.blocks.partial_pages(klass), sources, assume_unique=True)
                 if not targets.size:
                     break
                 self._move_block(int(slot), int(targets[np.argmax(self.blocks_used[targets])]))
@@ -369,12 +307,12 @@ class ShmArena:
     def _move_block(self, slot: int, page: int) -> None:
         (src, n), = self._spans(slot)
         old_page, old_block = int(self.first[slot]), int(self.block[slot])
-        block = self._free_block(page, int(self.klass[slot]))
-        self._set_block(page, block, True)
-        dst = self.pages_at + page * self.page_bytes + block * self._block_bytes(int(self.klass[slot]))
+        block = self.blocks.first_free(page, int(self.klass[slot]))
+        self.blocks.mark(page, block, True)
+        dst = self.pages_at + page * self.page_bytes + block * self.blocks.block_bytes(int(self.klass[slot]))
         self.mem[dst:dst + n] = self.mem[src:src + n]
         self.first[slot], self.block[slot] = page, block
-        self._set_block(old_page, old_block, False)
+        self.blocks.mark(old_page, old_block, False)
         self._count("moved")
 
     # -- freeing ----------------------------------------------------------------------------------
@@ -382,15 +320,9 @@ class ShmArena:
     def _free(self, slot: int) -> None:
         self.state[slot] = EMPTY   # first: a crash from here on leaves an orphan place, which repair frees
         if self.klass[slot]:
-            self._set_block(int(self.first[slot]), int(self.block[slot]), False)
+            self.blocks.mark(int(self.first[slot]), int(self.block[slot]), False)
         else:
             self.page_kind[self._chain(slot)] = FREE
-
-    def _held_bytes(self, slots: np.ndarray) -> np.ndarray:
-        """What the slots' entries hold of the pages: blocks, or whole pages."""
-        klass = self.klass[slots].astype(np.int64)
-        blocks = np.left_shift(1, self.min_shift + np.maximum(klass, 1) - 1)
-        return np.where(klass > 0, blocks, self.npages[slots].astype(np.int64) * self.page_bytes)
 
     # -- eviction statistics ---------------------------------------------------------------------
 
@@ -420,7 +352,7 @@ class ShmArena:
         """[address, length] of the entry's bytes: its block, or one span per run of consecutive pages."""
         left = int(self.nbytes[slot])
         if self.klass[slot]:
-            at = int(self.first[slot]) * self.page_bytes + int(self.block[slot]) * self._block_bytes(int(self.klass[slot]))
+            at = int(self.first[slot]) * self.page_bytes + int(self.block[slot]) * self.blocks.block_bytes(int(self.klass[slot]))
             return [[self.pages_at + at, left]]
         spans = []
         for first, count in _runs(self._chain(slot)):
@@ -453,11 +385,11 @@ class ShmArena:
 
     def _repair_block(self, slot: int) -> bool:
         page, block, klass = int(self.first[slot]), int(self.block[slot]), int(self.klass[slot])
-        if (klass > self.num_classes or page >= self.num_pages or block >= self._blocks_per_page(klass)
-                or self.page_kind[page] not in (FREE, CHAIN + klass) or self._block_taken(page, block)):
+        if (klass > self.blocks.num_classes or page >= self.num_pages or block >= self.blocks.per_page(klass)
+                or self.page_kind[page] not in (FREE, CHAIN + klass) or self.blocks.taken(page, block)):
             return False
         self.page_kind[page] = CHAIN + klass
-        self._set_block(page, block, True)
+        self.blocks.mark(page, block, True)
         return True
 
     def _count(self, name: str, n: int = 1) -> None:
