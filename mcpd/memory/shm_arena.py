@@ -35,10 +35,9 @@ a block reused every turn of a live chat outlives a burst of one-off prompts, wh
 went quiet fades out. Pinned entries (contexts: committed state) are never evicted; a put that
 cannot fit after evicting everything else raises ArenaFull, having evicted nothing.
 
-Crash safety. All metadata changes happen under a FileLock (the kernel releases it if the holder
-dies). The holder sets `dirty` in the header first and clears it last; whoever next takes the
-lock and finds it set rebuilds the page table from the slots (the source of truth), so a
-SIGKILL mid-update leaves no leaked or doubly owned page or block. Bytes are copied outside the
+Crash safety. Metadata changes under a FileLock (released by the kernel if its holder dies),
+which sets `dirty` first and clears it last; whoever finds it set rebuilds the page table from
+the slots (the source of truth): a SIGKILL mid-update leaks or doubly owns no page or block. Bytes are copied outside the
 lock: a put reserves its place and a slot in state WRITING (invisible to lookups, never evicted
 or moved), copies, then publishes it as LIVE under the lock, replacing an older entry of the same
 key only then. A writer that dies mid-copy leaves a WRITING slot whose pid is gone; the next put
