@@ -27,9 +27,8 @@ then compare the full key.
 
 Eviction: LRFU (Lee et al., 2001), which spans recency and frequency with one parameter. Each
 entry carries a combined recency-frequency value, crf = sum over its past references of
-2^(-age / half_life), where age counts cache accesses (puts and hits) since that reference. A
-one-off entry decays from 1; an entry hit k times recently is worth about k; an entry hit often
-long ago decays like an old one-off. The lowest crf goes first. half_life defaults to a quarter of
+2^(-age / half_life), age counting cache accesses (puts and hits) since that reference: a one-off
+entry decays from 1, one hit k times lately is worth about k. The lowest crf goes first. half_life defaults to a quarter of
 the page count, so a reference's weight halves while about a quarter of the cache turns over:
 a block reused every turn of a live chat outlives a burst of one-off prompts, while a chat that
 went quiet fades out. Pinned entries (contexts: committed state) are never evicted; a put that
