@@ -17,7 +17,7 @@ run: $(VENV)/.runtime
 # file runs meanwhile on the other core. --dist loadfile keeps a module's tests, and so its
 # module-scoped daemon, in one process; every test still runs. Isolation: each Daemon has its
 # own mkdtemp root (runtime dir, state dir, /dev/shm segment named after it) and a free port,
-# and the kernel cache is written by rename (mcpd/models/native.py). --no-loadscope-reorder keeps
+# and the kernel cache is written by rename (mcpd/kernels/native.py). --no-loadscope-reorder keeps
 # the order tests/conftest.py gives (files with slow tests first); xdist's default reorders the
 # files by their number of tests, which started the slowest files last.
 # compileall first: where PYTHONDONTWRITEBYTECODE is set (a common container default) no .pyc of

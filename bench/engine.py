@@ -29,7 +29,7 @@ EOS ignored. Per dtype:
 The roofline is measured right before and after each round (the better of the two, each the
 best of its repeats): this machine is shared, and a limit taken minutes earlier misjudges a
 figure by tens of percent. Figures and fractions are medians over rounds. Threads are set up as
-the worker sets them up (mcpd.engine.threads), before torch is imported. The last line is one
+the worker sets them up (mcpd.cpu.threads), before torch is imported. The last line is one
 JSON object; bf16 figures carry the prefix bf16_.
 """
 from __future__ import annotations
@@ -46,15 +46,15 @@ import time
 from pathlib import Path
 
 from mcpd.config import WorkersConfig
-from mcpd.engine import threads
-from mcpd import cpu_features
+from mcpd.cpu import threads
+from mcpd.cpu import features
 
 
 def default_dtypes() -> str:
     """bfloat16 only where the CPU has bf16 instructions: without them torch's bf16 products run
     at ~0.1 GFLOP/s (a 2048 product took 122 s on an AVX2 EPYC) and the roofline alone would
     take many minutes. Ask for it with --dtypes to measure it anyway."""
-    return "float32,bfloat16" if cpu_features.has_bf16() else "float32"
+    return "float32,bfloat16" if features.has_bf16() else "float32"
 
 
 def parse_args() -> argparse.Namespace:

@@ -40,7 +40,7 @@ import statistics
 import time
 
 from mcpd import config
-from mcpd.engine import threads
+from mcpd.cpu import threads
 
 threads.configure(workers=1, index=0, requested=0, wait_policy=config.WorkersConfig.wait_policy)  # as a worker does
 

@@ -14,7 +14,7 @@ variant is quantized from it at load, as a daemon with model.quantization = "int
   process has the cores, and the load average during the run.
 - Quality, on two checkpoints of that architecture: over prompts and the float32 engine's greedy
   continuations of them, every position's next-token distribution of the int8 model against the
-  float32 one (teacher-forced, mcpd/models/agreement.py): top-1 agreement, mean KL(float ||
+  float32 one (teacher-forced, mcpd/quant/agreement.py): top-1 agreement, mean KL(float ||
   int8) in nats, and the float model's mean top-1 probability (how peaked its distributions are).
   - the random checkpoint above (`int8_top1_agreement`, `int8_mean_kl`: the figures the tests'
     checkpoints resemble), on the decode rounds' prompts. Random weights give flat distributions
@@ -25,7 +25,7 @@ variant is quantized from it at load, as a daemon with model.quantization = "int
     from the repo's README.md, which it was not trained on.
 
 On a GPU (`--device cuda`) the float model is bfloat16, as one serves it there, and the int8
-variant multiplies with the Triton kernel (mcpd/models/int8_cuda.py); the trained checkpoint is
+variant multiplies with the Triton kernel (mcpd/quant/int8_cuda.py); the trained checkpoint is
 not built there (no cache travels). At 55.3M parameters a GPU step is bound by kernel launches,
 not by the weights' bytes, so the W1 ratio says what the kernel costs in launches; the bytes'
 speedup shows on the matrices of a 7B Llama layer (4096 hidden, 11008 intermediate), each product
@@ -45,7 +45,7 @@ import sys
 import time
 from pathlib import Path
 
-from mcpd.engine import threads
+from mcpd.cpu import threads
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -68,7 +68,7 @@ from peerkit import checkpoints, trained  # noqa: E402
 from mcpd.config import Config, EngineConfig, ModelConfig  # noqa: E402
 from mcpd.engine import Engine, SamplingParams  # noqa: E402
 from mcpd.models import load_model  # noqa: E402
-from mcpd.models.agreement import compare  # noqa: E402
+from mcpd.quant.agreement import compare  # noqa: E402
 
 PROMPT_TOKENS = 128
 HELD_OUT = Path(__file__).resolve().parent.parent / "README.md"   # the trained model's prompts
@@ -159,8 +159,8 @@ def product_figures(rows_counts: tuple[int, ...] = (1, 8, 64, 512)) -> dict:
     calls, the median): per row count, the layer's summed time of each and its speedup, and the
     GB/s the int8 and bf16 weights stream at for one row (the bytes that bound a decode step)."""
     import triton.testing
-    from mcpd.models import int8_cuda
-    from mcpd.models.int8 import Int8Weight, quantize
+    from mcpd.quant import int8_cuda
+    from mcpd.quant.int8 import Int8Weight, quantize
     shapes = [(3 * 4096, 4096), (4096, 4096), (2 * 11008, 4096), (4096, 11008)]
     generator = torch.Generator().manual_seed(0)
     matrices = [(torch.randn(n, k, generator=generator) * 0.02) for n, k in shapes]

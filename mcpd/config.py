@@ -113,7 +113,7 @@ class SchedulerConfig:
                               f"({', '.join(self.classes)})")
 
 
-WAIT_POLICIES = ("brief", "passive", "active")   # OpenMP's idle threads (engine/threads.py says how each waits)
+WAIT_POLICIES = ("brief", "passive", "active")   # OpenMP's idle threads (cpu/threads.py says how each waits)
 
 
 @dataclass(frozen=True)
@@ -145,7 +145,7 @@ class ModelConfig:
     path: str = ""              # local Hugging Face directory; "" = the embedded default model
     dtype: str = "auto"         # auto (checkpoint's dtype; float32 on CPU for half types), float32, float16, bfloat16
     max_model_len: int = 4096   # prompt + generated tokens per sequence
-    quantization: str = "none"  # none, or int8: weight-only int8 linear layers (Llama family; models/int8.py)
+    quantization: str = "none"  # none, or int8: weight-only int8 linear layers (Llama family; quant/int8.py)
 
     def check(self) -> None:
         if self.dtype not in ("auto", "float32", "float16", "bfloat16"):

@@ -13,14 +13,14 @@ from mcpd.testing import Daemon
 # The tests that run torch in this process (engine, kernels, parity) share two cores with a second
 # test process and the daemons' processes: OpenMP threads that spin between parallel regions
 # (its default) take those cores from them. Passive waiting, as mcpd's own workers set it
-# (mcpd/engine/threads.py); it must be set before torch loads, and no test module is imported yet.
+# (mcpd/cpu/threads.py); it must be set before torch loads, and no test module is imported yet.
 # It changes no result: the threads and their work are the same. Measured with -n 2 on
 # test_engine, test_models_vs_hf and test_kernels: 24-44 s of CPU without, 15 s with.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 # Each test daemon's CPU worker unbound from its cores. A worker binds OpenMP's threads one to a
-# core of its share (mcpd/engine/threads.py, start_team), its main thread, which runs the Python
+# core of its share (mcpd/cpu/threads.py, start_team), its main thread, which runs the Python
 # side of every step, to the first: core 0 in every daemon. Under `make test` two daemons run at
 # once, one per test process, so both main threads shared core 0 while core 1 had room. What is
 # tested is unchanged (test_threads.py checks the binding in processes of its own); the benches,

@@ -1,4 +1,4 @@
-"""The CUDA kernels in Triton (models/cuda_kernels.py) against their torch twins, on a GPU (CI has
+"""The CUDA kernels in Triton (kernels/cuda_kernels.py) against their torch twins, on a GPU (CI has
 none: run where one is lent). Paged decode attention: every dtype, block size, group of query
 heads per KV head, context lengths around the kernel's tile of TOKENS, tables padded by junk
 blocks, batches small enough to split each context among programs and large enough not to. The
@@ -8,7 +8,7 @@ torch's)."""
 import pytest
 import torch
 
-from mcpd.models.kernels import TORCH
+from mcpd.kernels.torch_kernels import TORCH
 from mcpd.models.layers import AttentionGroup, RotaryEmbedding
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here (CI has none)")
@@ -23,7 +23,7 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 @pytest.mark.parametrize("block_size, heads, kv_heads, head_dim", [(16, 8, 2, 64), (1, 4, 4, 16), (8, 32, 4, 128),
                                                                    (32, 12, 12, 64), (16, 28, 4, 128)])
 def test_paged_decode_attention_matches_the_torch_twin(dtype, copies, block_size, heads, kv_heads, head_dim):
-    from mcpd.models.cuda_kernels import TOKENS, decode_attention, split_count
+    from mcpd.kernels.cuda_kernels import TOKENS, decode_attention, split_count
     generator = torch.Generator().manual_seed(block_size * heads + head_dim)
     lengths = [1, TOKENS - 1, TOKENS, TOKENS + 1, 3 * TOKENS + 5, 7] * copies
     assert (split_count(len(lengths) * kv_heads, torch.device("cuda")) > 1) == (copies == 1)
@@ -56,7 +56,7 @@ def close(out: torch.Tensor, expected: torch.Tensor) -> None:
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows, size", [(1, 2048), (7, 96), (300, 5000)])
 def test_add_rms_norm_matches_the_torch_twin(dtype, rows, size):
-    from mcpd.models.cuda_kernels import CudaKernels
+    from mcpd.kernels.cuda_kernels import CudaKernels
     generator = torch.Generator().manual_seed(rows)
     residual, delta = (torch.randn(rows, size, generator=generator).to(dtype).cuda() for _ in range(2))
     weight = torch.randn(size, generator=generator).to(dtype).cuda()
@@ -70,7 +70,7 @@ def test_add_rms_norm_matches_the_torch_twin(dtype, rows, size):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows, inter", [(1, 5632), (33, 100)])
 def test_silu_mul_matches_the_torch_twin(dtype, rows, inter):
-    from mcpd.models.cuda_kernels import CudaKernels
+    from mcpd.kernels.cuda_kernels import CudaKernels
     gate_up = torch.randn(rows, 2 * inter, generator=torch.Generator().manual_seed(inter)).to(dtype).cuda()
     close(CudaKernels().silu_mul(gate_up), TORCH.silu_mul(gate_up))
 
@@ -78,7 +78,7 @@ def test_silu_mul_matches_the_torch_twin(dtype, rows, inter):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("heads, kv_heads, head_dim, block_size", [(8, 2, 64, 16), (32, 4, 128, 1), (4, 4, 16, 8)])
 def test_rope_store_matches_the_torch_twin(dtype, heads, kv_heads, head_dim, block_size):
-    from mcpd.models.cuda_kernels import CudaKernels
+    from mcpd.kernels.cuda_kernels import CudaKernels
     generator = torch.Generator().manual_seed(heads + head_dim)
     rows = 9
     table = RotaryEmbedding(head_dim, 10000.0, None, torch.device("cuda")).table(512, dtype)
@@ -98,7 +98,7 @@ def test_rope_store_matches_the_torch_twin(dtype, heads, kv_heads, head_dim, blo
 def test_one_row_products_match_torch(dtype, outputs, inputs):
     """One row by a 16-bit matrix runs the Triton product (sums in another order: within a
     rounding); two rows, a bias, float32 or a larger matrix stay torch's, exactly."""
-    from mcpd.models.cuda_kernels import ROW_PRODUCT_MOST_OUTPUTS, CudaKernels
+    from mcpd.kernels.cuda_kernels import ROW_PRODUCT_MOST_OUTPUTS, CudaKernels
     generator = torch.Generator().manual_seed(outputs)
     weight = (torch.randn(outputs, inputs, generator=generator) * 0.02).to(dtype).cuda()
     x = torch.randn(2, inputs, generator=generator).to(dtype).cuda()
@@ -119,7 +119,7 @@ def test_attention_inputs_of_one_row_match_the_unfused_ops(dtype, heads, kv_head
     """attention_inputs at one row is one kernel: the norm's scale from the whole row, each input
     value rounded as add_rms_norm rounds it, the product, then rope_store's rotation and stores. The
     residual's sum comes out of place, the old one untouched. Two rows take the unfused ops."""
-    from mcpd.models.cuda_kernels import CudaKernels
+    from mcpd.kernels.cuda_kernels import CudaKernels
     generator = torch.Generator().manual_seed(heads + hidden)
     residual, delta = (torch.randn(2, hidden, generator=generator).to(dtype).cuda() for _ in range(2))
     norm_weight = torch.randn(hidden, generator=generator).to(dtype).cuda()
@@ -154,8 +154,8 @@ def test_attention_inputs_of_one_row_give_the_unfused_kernels_bits(dtype):
     product's order and rotates as rope_store's kernel does, so where the norm kernel reduces with
     the same warps (rows up to 4096) it gives the unfused kernels' bits: a 16-bit model's greedy
     tokens do not change with the fusion."""
-    from mcpd.models.cuda_kernels import CudaKernels
-    from mcpd.models.kernels import TorchKernels
+    from mcpd.kernels.cuda_kernels import CudaKernels
+    from mcpd.kernels.torch_kernels import TorchKernels
     generator = torch.Generator().manual_seed(7)
     heads, kv_heads, head_dim, hidden = 32, 4, 64, 2048
     residual, delta = (torch.randn(1, hidden, generator=generator).to(dtype).cuda() for _ in range(2))

@@ -220,8 +220,8 @@ def test_clients_send_priority_and_deadline(daemon):
 
 def test_bfloat16_on_a_cpu_without_bf16_instructions_is_served_and_warned_of(fresh_daemon):
     """The operator's dtype is kept; the log says when this CPU will run it far slower."""
-    from mcpd import cpu_features
+    from mcpd.cpu import features
     d = fresh_daemon(model={"dtype": "bfloat16"})
     with d.client() as client:
         assert client.generate("bf16", max_tokens=2, ignore_eos=True).completion_tokens == 2
-    assert ("model.dtype = bfloat16 on a CPU without bf16 instructions" in d.log()) != cpu_features.has_bf16()
+    assert ("model.dtype = bfloat16 on a CPU without bf16 instructions" in d.log()) != features.has_bf16()

@@ -7,7 +7,7 @@ import torch
 from mcpd.config import Config, EngineConfig, ModelConfig
 from mcpd.engine import Engine
 from mcpd.memory import huge_pages
-from mcpd.models.kernel_forms import tensors_of
+from mcpd.kernels.forms import tensors_of
 from test_kv_survival import pool  # noqa: F401  (the fixture)
 from test_prefix_cache import SYSTEM, run_one
 

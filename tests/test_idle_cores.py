@@ -2,7 +2,7 @@
 import os
 import time
 
-from mcpd.engine.idle_cores import IdleCores
+from mcpd.cpu.idle_cores import IdleCores
 
 
 def test_the_cores_idle_time_is_within_what_they_could_idle():

@@ -132,3 +132,49 @@ def test_the_front_end_loads_neither_the_contexts_nor_numpy():
     modules = loaded_after("import mcpd.daemon.frontend.process")
     assert "mcpd.protocol.tenant" in modules   # the probe ran what it should
     assert under(modules, "mcpd.contexts", "numpy", "zstandard") == []
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Each mcpd module's imports of other mcpd modules, those inside functions too; `from
+    package import module` points at the module, not at the package's __init__."""
+    modules = {".".join(p.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__"): p
+               for p in PACKAGE.rglob("*.py")}
+    graph = {name: set() for name in modules}
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                targets = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module
+                           for a in node.names]
+            else:
+                continue
+            graph[name] |= {t for t in targets if t in modules and t != name}
+    return graph
+
+
+def cycle_through(graph: dict[str, set[str]], start: str) -> list[str] | None:
+    """A path of imports from `start` back to it, if there is one (depth first)."""
+    stack, seen = [(start, [start])], set()
+    while stack:
+        name, path = stack.pop()
+        for imported in sorted(graph[name]):
+            if imported == start:
+                return path + [start]
+            if imported not in seen:
+                seen.add(imported)
+                stack.append((imported, path + [imported]))
+    return None
+
+
+def test_the_import_graph_is_found():
+    graph = import_graph()
+    assert "mcpd.kernels.torch_kernels" in graph["mcpd.kernels.cuda_kernels"]
+    assert cycle_through({"a": {"b"}, "b": {"a"}}, "a") == ["a", "b", "a"]
+
+
+def test_no_module_imports_itself_in_a_circle():
+    """A circle makes the rooms impossible to read apart, and works only by the order imports run."""
+    graph = import_graph()
+    circles = [cycle_through(graph, name) for name in sorted(graph)]
+    assert [c for c in circles if c] == []

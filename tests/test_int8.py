@@ -9,9 +9,10 @@ from safetensors.torch import load_file, save_file
 from mcpd.config import Config, EngineConfig, ModelConfig
 from mcpd.engine import Engine, SamplingParams
 from mcpd.engine.kv_records import region_key
-from mcpd.models import UnsupportedModel, int8, load_model
-from mcpd.models.agreement import compare, position_logits
-from mcpd.models.int8 import GROUP, LEVELS, RATIOS, Int8Weight, dequantize, groups, quantize
+from mcpd.models import UnsupportedModel, load_model
+from mcpd.quant import int8
+from mcpd.quant.agreement import compare, position_logits
+from mcpd.quant.int8 import GROUP, LEVELS, RATIOS, Int8Weight, dequantize, groups, quantize
 from tiny_checkpoints import make_checkpoint
 
 CPU = torch.device("cpu")
@@ -216,7 +217,7 @@ def test_the_cuda_kernels_multiply_as_the_twin(dtype, rows):
     multiple of any tile, with a bias. The tile kernel rounds the dequantized weight to dtype
     (float32 to TF32) before the tensor cores: each product errs by at most 2^-8 of |x| |w|;
     then both round the float32 sum to dtype, one step of it apart at most."""
-    from mcpd.models import int8_cuda
+    from mcpd.quant import int8_cuda
     generator = torch.Generator().manual_seed(rows)
     n, k = 203, 3 * GROUP + 17
     values, scales = quantize(torch.randn(n, k, generator=generator) * 0.02)
@@ -232,7 +233,7 @@ def test_the_cuda_kernels_multiply_as_the_twin(dtype, rows):
 
 @needs_cuda
 def test_the_cuda_kernel_takes_leading_dimensions_and_no_bias():
-    from mcpd.models import int8_cuda
+    from mcpd.quant import int8_cuda
     values, scales = quantize(torch.randn(64, 2 * GROUP, generator=torch.Generator().manual_seed(4)))
     weight = Int8Weight(values.cuda(), scales.cuda())
     x = torch.randn(2, 3, 2 * GROUP, device="cuda")

@@ -8,13 +8,15 @@ import os
 import pytest
 import torch
 
-from mcpd import cpu_features
+from mcpd.cpu import features
 from mcpd.config import Config, EngineConfig, ModelConfig
 from mcpd.engine import Engine
-from mcpd.models import kernels, load_model, native
-from mcpd.models.kernel_forms import tensors_of
-from mcpd.models.int8 import Int8Weight, quantize
-from mcpd.models.kernels import NativeKernels, TorchKernels
+from mcpd.models import load_model
+from mcpd.kernels import native
+from mcpd.kernels.forms import tensors_of
+from mcpd.quant.int8 import Int8Weight, quantize
+from mcpd.kernels.native_kernels import NativeKernels
+from mcpd.kernels.torch_kernels import TorchKernels
 from mcpd.models.layers import AttentionMetadata, bind_kv_cache
 from tiny_checkpoints import KINDS, make_checkpoint
 
@@ -267,7 +269,7 @@ def test_auto_takes_the_native_kernels_only_on_a_cpu_with_avx512(avx512, monkeyp
     """Their product tiles spill on AVX2 (prefill 10x slower than torch's there); asked for by
     name they still run on such a CPU."""
     flags = {"avx512f"} if avx512 else set()
-    monkeypatch.setattr(cpu_features, "has", lambda flag: flag in flags)
+    monkeypatch.setattr(features, "has", lambda flag: flag in flags)
     config = Config(engine=EngineConfig(pool_bytes=4 << 20))
     assert Engine(config, torch.device("cpu")).stats()["kernels"] == ("native" if avx512 else "torch")
     asked = Config(engine=EngineConfig(pool_bytes=4 << 20, kernels="native"))

@@ -14,8 +14,8 @@ from mcpd.engine import Engine
 from mcpd.engine.resident_weights import COMPLETE_AT
 from mcpd.memory import pool_segment
 from mcpd.memory.pool_segment import PoolSegment
-from mcpd.models.kernel_forms import tensors_of
-from mcpd.models.kernels import Packed
+from mcpd.kernels.forms import tensors_of
+from mcpd.kernels.native_kernels import Packed
 from test_kv_survival import pool  # noqa: F401  (the fixture)
 from test_prefix_cache import SYSTEM, run_one
 from tiny_checkpoints import make_checkpoint
@@ -137,7 +137,7 @@ import os, signal, sys, torch
 from mcpd.config import Config, EngineConfig, ModelConfig
 from mcpd.engine import Engine
 from mcpd.memory.pool_segment import PoolSegment
-from mcpd.models.kernel_forms import KernelForms
+from mcpd.kernels.forms import KernelForms
 
 forms = KernelForms.kernel_forms
 def dying(model, meta=False):   # SIGKILLed after copying some of the packed weights into the pool

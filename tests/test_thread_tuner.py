@@ -1,5 +1,5 @@
 """The thread tuner's choices, from step times fed to it (no clock: the same every run)."""
-from mcpd.engine.thread_tuner import PERIOD, RETRY, SPARE, TRIAL, WINDOW_S, ThreadTuner
+from mcpd.cpu.thread_tuner import PERIOD, RETRY, SPARE, TRIAL, WINDOW_S, ThreadTuner
 
 
 def serve(tuner: ThreadTuner, seconds_at, steps: int, tokens=lambda step: 4) -> list[int]:

@@ -4,8 +4,8 @@ import sys
 
 import pytest
 
-from mcpd.engine import threads
-from mcpd.engine.threads import plan
+from mcpd.cpu import threads
+from mcpd.cpu.threads import plan
 
 
 @pytest.mark.parametrize("cores, workers, index, requested, expected", [
@@ -25,7 +25,7 @@ def _python(code: str) -> str:
 
 
 def test_openmp_is_set_up_before_torch_loads():
-    out = _python("from mcpd.engine import threads\n"
+    out = _python("from mcpd.cpu import threads\n"
                   "import os\n"
                   "n, applies = threads.configure(1, 0, 1, 'passive')\n"
                   "import torch\n"
@@ -42,7 +42,7 @@ def test_each_wait_policy_sets_openmps_environment(policy, environment, monkeypa
     monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")   # what an operator or the test run may have set
     monkeypatch.setenv("GOMP_SPINCOUNT", "7")
     out = _python("import os\n"
-                  "from mcpd.engine import threads\n"
+                  "from mcpd.cpu import threads\n"
                   f"threads.configure(1, 0, 1, {policy!r})\n"
                   "print(os.environ.get('OMP_WAIT_POLICY', 'unset'), os.environ.get('GOMP_SPINCOUNT', 'unset'))")
     assert out == environment
@@ -50,7 +50,7 @@ def test_each_wait_policy_sets_openmps_environment(policy, environment, monkeypa
 
 def test_workers_sharing_cores_sleep_at_once_however_brief_their_policy():
     out = _python("import os\n"
-                  "from mcpd.engine import threads\n"
+                  "from mcpd.cpu import threads\n"
                   "threads.configure(len(os.sched_getaffinity(0)) + 1, 0, 1, 'brief')\n"
                   "print(os.environ.get('OMP_WAIT_POLICY', 'unset'), os.environ.get('GOMP_SPINCOUNT', 'unset'))")
     assert out == ["PASSIVE", "unset"]
@@ -59,7 +59,7 @@ def test_workers_sharing_cores_sleep_at_once_however_brief_their_policy():
 def test_the_worker_imports_torch_only_after_setting_up_threads():
     out = _python("import sys, mcpd.daemon.worker.process, mcpd.engine\n"
                   "print('torch' in sys.modules)\n"
-                  "from mcpd.engine import threads\n"
+                  "from mcpd.cpu import threads\n"
                   "import torch\n"
                   "print(threads.configure(1, 0, 0, 'passive')[1])")
     assert out == ["False", "False"]   # torch came first: the wait policy no longer applies
@@ -68,7 +68,7 @@ def test_the_worker_imports_torch_only_after_setting_up_threads():
 # A fresh interpreter on (at most) two of this machine's cores, its OpenMP team started as a
 # worker starts it: set up before torch loads, then bound. Prints nothing; `cores` are the two.
 TWO_CORE_TEAM = ("import os\n"
-                 "from mcpd.engine import threads\n"
+                 "from mcpd.cpu import threads\n"
                  "cores = sorted(os.sched_getaffinity(0))[:2]\n"
                  "os.sched_setaffinity(0, cores)\n"
                  "threads.configure(1, 0, 0, 'passive')\n"
@@ -100,8 +100,8 @@ def test_run_delay_sees_a_neighbour_on_a_team_threads_core():
     waits about half the time there (CONTENDED is 0.3)."""
     out = _python(TWO_CORE_TEAM +
                   "import subprocess, sys, threading\n"
-                  "from mcpd.engine.run_delay import RunDelay\n"
-                  "from mcpd.engine.thread_tuner import CONTENDED\n"
+                  "from mcpd.cpu.run_delay import RunDelay\n"
+                  "from mcpd.cpu.thread_tuner import CONTENDED\n"
                   "run_delay = RunDelay.of_team(2)\n"
                   "ids = [int(path.split('/')[4]) for path in run_delay.paths]\n"
                   "helper_core = os.sched_getaffinity(ids[-1])\n"

@@ -2,7 +2,7 @@
 
 The worker process drives an Engine: add_request(), abort(), and step() in a loop while has_work.
 
-Engine and StepOutput are imported lazily, so that mcpd.engine.threads can set up OpenMP's
+Engine and StepOutput are imported lazily, so that mcpd.cpu.threads can set up OpenMP's
 environment in a process that has not imported torch yet.
 """
 from mcpd.engine.sequence import SamplingParams

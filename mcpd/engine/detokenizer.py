@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:   # mcpd.models imports torch, which mcpd.engine.threads must be able to precede
+if TYPE_CHECKING:   # mcpd.models imports torch, which mcpd.cpu.threads must be able to precede
     from mcpd.tokenizer import Tokenizer
 
 _CONTEXT_TOKENS = 5  # prompt tokens that seed the window, so the first output token decodes in context

@@ -17,19 +17,19 @@ from functools import partial
 import torch
 
 from mcpd.config import Config
-from mcpd.engine import threads
+from mcpd.cpu import threads
 from mcpd.engine.batch_scheduler import BatchScheduler
 from mcpd.engine.decode_graphs import DecodeGraphs
 from mcpd.engine.detokenizer import Detokenizer
 from mcpd.engine.host_kv import HostKV
-from mcpd.engine.idle_cores import IdleCores
+from mcpd.cpu.idle_cores import IdleCores
 from mcpd.engine.kv_cache import KVCache
 from mcpd.engine.kv_records import kv_region, region_key
 from mcpd.engine.resident_weights import ResidentWeights
-from mcpd.engine.run_delay import RunDelay
+from mcpd.cpu.run_delay import RunDelay
 from mcpd.engine.sampler import Sampler
 from mcpd.engine.sequence import SamplingParams, Sequence
-from mcpd.engine.thread_tuner import ThreadTuner
+from mcpd.cpu.thread_tuner import ThreadTuner
 from mcpd.engine.weight_pages import onto_huge_pages
 from mcpd.histogram import BATCH_BOUNDS, Histogram
 from mcpd.memory import DevicePool, pool_size

@@ -1,5 +1,5 @@
 """A model's weights in a region of the shared device pool (resident: never evicted), in the form
-its kernels read them (models/kernel_forms.py: the native kernels' packed panels, the torch
+its kernels read them (kernels/forms.py: the native kernels' packed panels, the torch
 kernels' plain matrices), so a worker restarted after a crash runs on them at once: it reads no
 checkpoint and packs nothing, and the weights are in memory once, in the pool.
 
@@ -30,7 +30,7 @@ import torch
 from mcpd.config import ModelConfig
 from mcpd.engine.kv_records import KEY_BYTES, region_key
 from mcpd.memory.pool_segment import WEIGHTS, PoolSegment
-from mcpd.models.kernel_forms import laid_out
+from mcpd.kernels.forms import laid_out
 
 MAGIC = 0x737468676965776D   # "mweights"
 MAGIC_AT, COMPLETE_AT = range(2)   # the record's int64 fields, then `holds`

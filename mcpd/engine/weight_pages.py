@@ -1,7 +1,7 @@
 """The weights a CPU step streams, on 2 MiB pages (memory/huge_pages.py says why: 15-20% of
 the products' time on 4 KiB pages goes to the TLB).
 
-Where the forms the kernels read (models/kernel_forms.py) already lie on 2 MiB pages, nothing
+Where the forms the kernels read (kernels/forms.py) already lie on 2 MiB pages, nothing
 moves. Otherwise they are copied, in one layout, into a private huge-page arena and the model
 runs on that: a privately loaded model's weights are then still in memory once (the loaded
 copies are freed), but a model running on the shared device pool keeps its pool copy too, for
@@ -12,7 +12,7 @@ nothing is copied. engine.huge_pages = false keeps the weights where they are lo
 from __future__ import annotations
 
 from mcpd.memory import huge_pages
-from mcpd.models.kernel_forms import laid_out, tensors_of
+from mcpd.kernels.forms import laid_out, tensors_of
 
 ALIGN = 64   # a cache line: every panel row starts on one
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from mcpd.config import ModelConfig
-from mcpd.models import int8
+from mcpd.quant import int8
 from mcpd.models.architecture import EMBEDDED_NAME as NAME
 from mcpd.models.llama import LlamaForCausalLM
 from mcpd.models.loader import LoadedModel, copy_weights, fill_weights, skeleton

@@ -10,10 +10,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from mcpd.models.architecture import GPT2Args
-from mcpd.models.kernel_forms import KernelForms
-from mcpd.models.kernels import TORCH
+from mcpd.kernels.forms import KernelForms
+from mcpd.kernels.torch_kernels import TORCH
 from mcpd.models.layers import AttentionMetadata, Embedding, PagedAttention
-from mcpd.models.native import NativeUnavailable
+from mcpd.kernels.native import NativeUnavailable
 
 
 class GPT2Attention(nn.Module):

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from mcpd.models.architecture import Llama3RopeScaling
-from mcpd.models.kernels import TORCH, TorchKernels
+from mcpd.kernels.torch_kernels import TORCH, TorchKernels
 
 
 class Embedding(nn.Embedding):

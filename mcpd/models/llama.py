@@ -11,11 +11,13 @@ import torch
 from torch import nn
 
 from mcpd.models.architecture import LlamaArgs
-from mcpd.models.int8 import SCALE_SUFFIX, Int8Weight
-from mcpd.models.kernel_forms import Form, KernelForms
-from mcpd.models.kernels import TORCH, Packed, TorchKernels, choose
+from mcpd.quant.int8 import SCALE_SUFFIX, Int8Weight
+from mcpd.kernels.forms import Form, KernelForms
+from mcpd.kernels.choice import choose
+from mcpd.kernels.native_kernels import Packed
+from mcpd.kernels.torch_kernels import TORCH, TorchKernels
 from mcpd.models.layers import AttentionMetadata, Embedding, PagedAttention, RMSNorm, RotaryEmbedding
-from mcpd.models.native_stack import NativeStack
+from mcpd.kernels.native_stack import NativeStack
 
 
 class LlamaAttention(nn.Module):

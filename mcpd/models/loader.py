@@ -20,10 +20,11 @@ from safetensors import safe_open
 from torch import nn
 
 from mcpd.config import ModelConfig
-from mcpd.models import architecture, int8
+from mcpd.models import architecture
+from mcpd.quant import int8
 from mcpd.models.architecture import LlamaArgs, UnsupportedModel, read_json
 from mcpd.models.gpt2 import GPT2LMHeadModel
-from mcpd.models.kernel_forms import Form
+from mcpd.kernels.forms import Form
 from mcpd.models.layers import AttentionMetadata
 from mcpd.models.llama import LlamaForCausalLM
 from mcpd.tokenizer import HFTokenizer, Tokenizer, eos_token_ids

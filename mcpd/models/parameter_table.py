@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from mcpd.config import ModelConfig
 from mcpd.models import architecture
 from mcpd.models.architecture import Architecture, GPT2Args, LlamaArgs
-from mcpd.models.int8_layout import SCALE_SUFFIX, groups
+from mcpd.quant.int8_layout import SCALE_SUFFIX, groups
 
 ITEM_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1}
 Shape = tuple[int, ...]

@@ -10,7 +10,7 @@ done: spawned, each was a fresh interpreter importing its modules. Measured on t
 machine-wide against 2.54-3.02 spawned, in the same ~2.0-2.1 s (the worker, the long pole,
 now waits for the server's imports before it imports torch); a front-end, scheduler or keeper
 restart ~0.03 s of CPU instead of ~0.25. A worker imports torch after the fork, having set
-OpenMP's environment first (mcpd/engine/threads.py), as before.
+OpenMP's environment first (mcpd/cpu/threads.py), as before.
 
 The fork server is the parent of every child, and part of the supervisor: it exits when the
 supervisor dies (child.start closes the children's hold on it), which takes the children with it

@@ -14,7 +14,8 @@ from functools import partial
 
 import zmq
 
-from mcpd import cpu_features, sockets
+from mcpd import sockets
+from mcpd.cpu import features
 from mcpd.config import LEGACY_NAME, Config
 from mcpd.daemon import channels, child, live_config, messages
 from mcpd.daemon.batch import Batch, each_message
@@ -71,7 +72,7 @@ class Worker:
             count, policy_applies = prepare_threads(self.config, self.index)
         import torch   # imported here: the supervisor and front-end never pay for torch
 
-        from mcpd.engine import threads
+        from mcpd.cpu import threads
         from mcpd.engine import Engine
 
         if device == "cpu":
@@ -88,7 +89,7 @@ class Worker:
                         self._shared_pool(device), owner=self.index)
         self.log.info("model loaded on %s in %.1fs (kernels: %s; %s)", device, time.monotonic() - started,
                       engine.kernels_reason, engine.pages_reason)
-        if device == "cpu" and engine.dtype == torch.bfloat16 and not cpu_features.has_bf16():
+        if device == "cpu" and engine.dtype == torch.bfloat16 and not features.has_bf16():
             # An operator's choice we keep, but never silently: torch's bf16 products ran at
             # 0.14 GFLOP/s on an AVX2 EPYC, some hundred times slower than float32.
             self.log.warning("model.dtype = bfloat16 on a CPU without bf16 instructions (avx512_bf16, "
@@ -160,7 +161,7 @@ _THREADS: tuple[int, bool] | None = None   # prepare_threads' result: once per p
 def prepare_threads(config: Config, index: int) -> tuple[int, bool]:
     """Pin this CPU worker to its cores and set OpenMP's environment, once: a standby did it
     before torch loaded, and pinning again would split the worker's own cores once more."""
-    from mcpd.engine import threads
+    from mcpd.cpu import threads
 
     global _THREADS
     if _THREADS is None:

@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mcpd.models.int8_layout import GROUP, SCALE_SUFFIX, groups
+from mcpd.quant.int8_layout import GROUP, SCALE_SUFFIX, groups
 
 LEVELS = 127
 RATIOS = torch.linspace(1.0, 1.03, 16).tolist()   # steps tried per group, times peak / LEVELS

@@ -26,7 +26,7 @@ class RunDelay:
         runtime (their team would not be torch's), or Linux keeps no schedstat."""
         import torch   # loaded by now: the engine is built
 
-        from mcpd.models import native
+        from mcpd.kernels import native
 
         try:
             library = native.load()

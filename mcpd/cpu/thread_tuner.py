@@ -25,7 +25,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable
 
-from mcpd.engine.idle_cores import IdleCores
+from mcpd.cpu.idle_cores import IdleCores
 
 PERIOD = 128   # steps between trials: a neighbour is noticed within about half a second of decoding
 TRIAL = 4      # steps per trial, and steps of the current count it is compared with

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
-from mcpd.models import int8
-from mcpd.models.int8 import Int8Weight
+from mcpd.quant import int8
+from mcpd.quant.int8 import Int8Weight
 
 Form = object   # a torch.Tensor, or a dataclass whose tensor fields hold the data (kernels.Packed)
 

@@ -32,8 +32,8 @@ import torch
 import triton
 import triton.language as tl
 
-from mcpd.models.int8 import Int8Weight
-from mcpd.models.int8_layout import GROUP
+from mcpd.quant.int8 import Int8Weight
+from mcpd.quant.int8_layout import GROUP
 
 ROWS_KERNEL_MAX = 2      # up to this many rows, _rows_product (each row reads the weights from L2 again)
 ROWS_TILE = dict(BLOCK_N=4, BLOCK_K=1024, num_warps=8)

@@ -21,8 +21,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from mcpd import cpu_features
-from mcpd.models import int8
+from mcpd.cpu import features
+from mcpd.quant import int8
 
 SOURCE = Path(__file__).with_name("kernels.c")
 FLAGS = ["-O3", "-march=native", "-fPIC", "-shared", "-fopenmp", "-lm", f"-DINT8_GROUP={int8.GROUP}"]
@@ -90,7 +90,7 @@ def _build_key() -> str:
     except (OSError, subprocess.SubprocessError) as e:
         raise NativeUnavailable(f"{compiler} --version failed: {e}") from None
     digest = hashlib.sha256(SOURCE.read_bytes())
-    for part in (" ".join(FLAGS).encode(), version, cpu_features.flags_line()):
+    for part in (" ".join(FLAGS).encode(), version, features.flags_line()):
         digest.update(b"\0" + part)
     return digest.hexdigest()[:20]
 

@@ -47,7 +47,7 @@ import torch
 import triton
 import triton.language as tl
 
-from mcpd.models.kernels import TorchKernels
+from mcpd.kernels.torch_kernels import TorchKernels
 
 TOKENS = 64        # tokens a program scores at a time (a tile's columns)
 MOST_SPLITS = 16   # programs one (sequence, KV head) is split among, at most

@@ -1,4 +1,4 @@
-/* Native CPU kernels for the Llama forward pass (mcpd/models/native.py builds and loads them).
+/* Native CPU kernels for the Llama forward pass (mcpd/kernels/native.py builds and loads them).
 
 Why native code: a decode step at batch 1 must stream every weight once, and torch's one-row
 matrix-vector products stream a 32000x512 float32 LM head at a third of the machine's bandwidth
@@ -216,7 +216,7 @@ INLINE void tile_bf16(const bf16 *x, int64_t rows, int64_t k, const bf16 *p0, co
 #endif
 }
 
-/* Weight-only int8 (mcpd/models/int8.py): panels [n/16][k][16] of int8, and float32 scales
+/* Weight-only int8 (mcpd/quant/int8.py): panels [n/16][k][16] of int8, and float32 scales
    [n/16][groups][16], one per output row and INT8_GROUP input columns. Each step converts 16
    integers to float32 in registers (a sign-extending load and a convert), multiplies them by
    their group's 16 scales (the weights int8.dequantize gives, bit for bit) and multiply-adds
@@ -1014,7 +1014,7 @@ int mcpd_max_threads(void) {
 
 /* The kernel's thread id of each thread of an OpenMP team of `most` (tids[i] is thread i's; 0 is
    the caller's), and how many the team had. The engine watches how long they wait for a CPU
-   (/proc/self/task/TID/schedstat, mcpd/engine/run_delay.py): a neighbour on one of their cores. */
+   (/proc/self/task/TID/schedstat, mcpd/cpu/run_delay.py): a neighbour on one of their cores. */
 int mcpd_team_tids(int64_t *tids, int most) {
     int team = 1;
     tids[0] = syscall(SYS_gettid);

@@ -1,0 +1,163 @@
+"""The C kernels of kernels.c on the CPU, for float32 and bfloat16, behind TorchKernels' interface.
+
+Weight matrices are packed once, at load, into the panels kernels.c multiplies (prepare()); the
+products of any number of rows are native. Attention, of decoding sequences and of prefill
+chunks, reads the paged KV cache in place; the whole decoder stack runs as one call a step
+(native_stack.py). Weight-only int8 matrices are read as int8 panels and converted in registers.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from mcpd.kernels import native
+from mcpd.kernels.torch_kernels import TorchKernels
+from mcpd.quant import int8
+from mcpd.quant.int8 import Int8Weight
+
+_DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
+PANEL = 16
+
+
+@dataclass(frozen=True, slots=True)
+class Packed:
+    """A weight matrix [n, k] in kernels.c's panel layout: float32 and int8 [n/16, k, 16],
+    bfloat16 [n/16, k/2, 16, 2] (n padded with zero rows to a multiple of 16); an int8 one has
+    its scales in panels too, float32 [n/16, groups(k), 16] (padding rows' scales 1)."""
+    panels: torch.Tensor
+    n: int
+    k: int
+    scales: torch.Tensor | None = None
+
+    @classmethod
+    def of(cls, weight: torch.Tensor | Int8Weight) -> Packed:
+        if isinstance(weight, Int8Weight):
+            packed = cls.of(weight.values)
+            scales = F.pad(weight.scales, (0, 0, 0, -packed.n % PANEL), value=1.0)
+            scales = scales.view(-1, PANEL, scales.shape[1]).transpose(1, 2).contiguous()
+            return cls(packed.panels, packed.n, packed.k, scales)
+        n, k = weight.shape
+        padded = F.pad(weight, (0, 0, 0, -n % PANEL))
+        if weight.dtype in (torch.float32, torch.int8):
+            panels = padded.view(-1, PANEL, k).transpose(1, 2)
+        else:
+            panels = padded.view(-1, PANEL, k // 2, 2).permute(0, 2, 1, 3)
+        return cls(panels.contiguous(), n, k)
+
+
+class NativeKernels(TorchKernels):
+    name = "native"
+    form = f"panels16-int8group{int8.GROUP}"
+    stacks_layers = True
+
+    def __init__(self) -> None:
+        self.lib = native.load()
+        self.codes = _DTYPE_CODES
+        if self.lib.mcpd_max_threads() != torch.get_num_threads():
+            raise native.NativeUnavailable(
+                f"the kernels see {self.lib.mcpd_max_threads()} OpenMP threads, torch "
+                f"{torch.get_num_threads()}: they did not bind torch's OpenMP runtime")
+
+    @staticmethod
+    def supports(dtype: torch.dtype, device: torch.device, sizes: list[int], head_dim: int, group: int) -> bool:
+        """Whether a model of these dtype, device, matrix sizes, head size and query heads per KV
+        head runs here (the kernels work in 16-wide vectors, on head sizes up to 256)."""
+        return (device.type == "cpu" and dtype in _DTYPE_CODES and all(s % 16 == 0 for s in sizes)
+                and head_dim % 16 == 0 and head_dim <= 256 and group <= 16)
+
+    def prepare(self, weight):
+        return Packed.of(weight)
+
+    def embedding(self, ids, table):
+        if not isinstance(table, Packed):
+            return self._rows(ids, table)
+        out = torch.empty((ids.shape[0], table.k), dtype=table.panels.dtype)   # a tied LM head's rows
+        self.lib.mcpd_embedding(self.codes[out.dtype], table.panels.data_ptr(), table.k, ids.data_ptr(),
+                                ids.shape[0], out.data_ptr())
+        return out
+
+    def _rows(self, ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+        """F.embedding(ids, table) of a plain table, in one native call (mcpd_rows says why)."""
+        if not (table.is_contiguous() and ids.dtype == torch.long and ids.dim() == 1 and ids.is_contiguous()):
+            return F.embedding(ids, table)
+        out = table.new_empty((ids.shape[0], table.shape[1]))
+        if self.lib.mcpd_rows(table.data_ptr(), out.stride(0) * out.element_size(), table.shape[0], ids.data_ptr(),
+                              ids.shape[0], out.data_ptr()):
+            raise IndexError("index out of range in self")   # F.embedding's words
+        return out
+
+    def linear(self, x, weight, bias=None):
+        x = x.contiguous()
+        return self._product(x, weight, bias, x.new_empty((x.shape[0], weight.n)), 0)
+
+    def logits(self, x, weight):
+        x = x.contiguous()   # the rows that sample, picked out of the step's hidden states
+        return self._product(x, weight, None, torch.empty((x.shape[0], weight.n), dtype=torch.float32), 1)
+
+    def argmax(self, logits):
+        """TorchKernels.argmax in one native call (mcpd_argmax says what it saves)."""
+        if logits.dtype != torch.float32:   # logits() gives float32; anything else, torch's way
+            return super().argmax(logits)
+        logits = logits.contiguous()
+        tokens = torch.empty(logits.shape[0], dtype=torch.long)
+        self.lib.mcpd_argmax(logits.data_ptr(), logits.shape[0], logits.shape[1], tokens.data_ptr())
+        return tokens
+
+    def _product(self, x: torch.Tensor, weight: Packed, bias: torch.Tensor | None, y: torch.Tensor,
+                 y_f32: int) -> torch.Tensor:
+        operands = (self.codes[x.dtype], x.data_ptr(), x.shape[0], weight.k, weight.panels.data_ptr())
+        bias_address = bias.data_ptr() if bias is not None else None
+        if weight.scales is None:
+            self.lib.mcpd_linear(*operands, bias_address, weight.n, y.data_ptr(), y_f32)
+        else:
+            self.lib.mcpd_linear_int8(*operands, weight.scales.data_ptr(), bias_address, weight.n, y.data_ptr(),
+                                      y_f32)
+        return y
+
+    def add_rms_norm(self, residual, delta, weight, eps):
+        """In place: residual becomes residual + delta."""
+        out = torch.empty_like(residual)
+        self.lib.mcpd_add_rms_norm(self.codes[residual.dtype], residual.data_ptr(),
+                                   None if delta is None else delta.contiguous().data_ptr(), weight.data_ptr(),
+                                   eps, residual.shape[0], residual.shape[1], out.data_ptr())
+        return residual, out
+
+    def rope_store(self, qkv, heads, kv_heads, head_dim, table, positions, slot_blocks, slot_offsets, kv_cache):
+        self.lib.mcpd_rope_store(self.codes[qkv.dtype], qkv.data_ptr(), qkv.shape[0], heads, kv_heads, head_dim,
+                                 positions.data_ptr(), table.data_ptr(), kv_cache.data_ptr(), kv_cache.stride(0),
+                                 kv_cache.stride(1), slot_blocks.data_ptr(), slot_offsets.data_ptr())
+        return qkv[:, :heads * head_dim].view(-1, heads, head_dim)
+
+    def silu_mul(self, gate_up):
+        inter = gate_up.shape[1] // 2
+        out = torch.empty(gate_up.shape[0], inter, dtype=gate_up.dtype)
+        self.lib.mcpd_silu_mul(self.codes[gate_up.dtype], gate_up.data_ptr(), gate_up.shape[0], inter,
+                               out.data_ptr())
+        return out
+
+    def decode_attention(self, q, kv_cache, group, scale):
+        batch, heads, head_dim = q.shape
+        out = torch.empty(batch, heads * head_dim, dtype=q.dtype)
+        self.lib.mcpd_decode_attention(self.codes[q.dtype], q.data_ptr(), q.stride(0), batch, heads, kv_cache.shape[3],
+                                       head_dim, *_paged(kv_cache, group), group.context_lens.data_ptr(), scale,
+                                       out.data_ptr())
+        return out
+
+    def prefill_attention(self, q, kv_cache, group, scale):
+        rows, heads, head_dim = q.shape
+        out = torch.empty(rows, heads * head_dim, dtype=q.dtype)
+        self.lib.mcpd_prefill_attention(self.codes[q.dtype], q.data_ptr(), q.stride(0), group.block_table.shape[0],
+                                        group.first_rows.data_ptr(), group.starts.data_ptr(), group.counts.data_ptr(),
+                                        heads, kv_cache.shape[3], head_dim, *_paged(kv_cache, group), scale,
+                                        out.data_ptr())
+        return out
+
+
+def _paged(kv_cache: torch.Tensor, group) -> tuple[int, ...]:
+    """A layer's paged cache and a group's block tables as the attention kernels take them: base
+    address, block stride, offset of values after keys, block size, tables, table stride."""
+    table = group.block_table
+    return (kv_cache.data_ptr(), kv_cache.stride(0), kv_cache.stride(1), kv_cache.shape[2], table.data_ptr(),
+            table.stride(0))
