@@ -20,6 +20,7 @@ what the issue says the daemon must do (e.g. memory against the configured limit
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import signal
@@ -963,6 +964,43 @@ def attack_http_idle_connections(run: Run) -> Outcome:
                     "frontend_fds_open": fds_open, "frontend_fds_after_keepalive_timeout": fds_after})
 
 
+def attack_local_identity(run: Run) -> Outcome:
+    """A ZeroMQ client naming itself b"\\x00local", the routing id HTTP requests were once filed
+    under, pings, cancels ids 1..256 and closes while an HTTP stream runs: the stream ends with
+    "length" and the client gets its own replies, every one of them and nothing else."""
+    d = run.shared()
+    body = json.dumps({"model": "mcpd-embedded-llama", "messages": [{"role": "user", "content": "Hi"}],
+                       "max_tokens": 1000, "ignore_eos": True, "stream": True})
+    connection = http.client.HTTPConnection("127.0.0.1", http_port(d), timeout=60)
+    connection.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
+    events = (json.loads(line[6:]) for line in iter(connection.getresponse().readline, b"")
+              if line.startswith(b"data: {"))
+    next(events)   # streaming: the impostor comes while it runs
+    got = impostor_replies(d, cancels=256)
+    finish = [choice["finish_reason"] for event in events for choice in event.get("choices", [])][-1:]
+    connection.close()
+    cancels = {target: {"cancelled": False} for target in range(1, 257)}
+    own = (got.get(0) or {}).get("pong") is True and {i: got[i] for i in got if i != 0} == cancels
+    return Outcome(finish == ["length"] and own, {"stream_finish": finish, "impostor_replies": len(got),
+                                                 "impostor_got_its_own": own})
+
+
+def impostor_replies(d: Daemon, cancels: int) -> dict:
+    """Request id -> result of what a DEALER named b"\\x00local" got back for a ping (id 0) and a
+    cancel of each id 1..cancels (the cancel's own id the same), until all came or one is 5 s late;
+    then it closes."""
+    sock = raw_socket(d, b"\x00local")
+    sock.send(wire.encode_request("ping", 0, {}))
+    for target in range(1, cancels + 1):
+        sock.send(wire.encode_request("cancel", target, {"target": target}))
+    got = {}
+    while len(got) <= cancels and sock.poll(5000):
+        reply = wire.decode_reply(sock.recv())
+        got[reply.get("id")] = reply.get("result", reply.get("code"))
+    sock.close()
+    return got
+
+
 # -- earlier sets: faults -------------------------------------------------------------------------
 
 def attack_kill_worker(run: Run) -> Outcome:
@@ -1047,7 +1085,8 @@ ATTACKS = {
     "slow_consumer": attack_slow_consumer, "many_fields": attack_many_fields,
     "http_oversized_bodies": attack_http_oversized_bodies, "http_slow_bodies": attack_http_slow_bodies,
     "http_bad_json": attack_http_bad_json, "http_header_flood": attack_http_header_flood,
-    "http_idle_connections": attack_http_idle_connections, "poison_request": attack_poison_request,
+    "http_idle_connections": attack_http_idle_connections, "local_identity": attack_local_identity,
+    "poison_request": attack_poison_request,
     # their own daemons
     "claimed_routing_ids": attack_claimed_routing_ids, "connection_flood": attack_connection_flood,
     "priority_inversion": attack_priority_inversion, "cache_filling": attack_cache_filling,
@@ -1060,7 +1099,8 @@ ATTACKS = {
 }
 QUICK = ("garbage_frames", "msgpack_abuse", "zstd_bombs", "cross_tenant", "frontend_huge_message",
          "frontend_slow_senders", "slow_consumer", "many_fields", "http_oversized_bodies", "http_slow_bodies",
-         "http_bad_json", "http_header_flood", "http_idle_connections", "poison_request", "mcpctl_version")
+         "http_bad_json", "http_header_flood", "http_idle_connections", "local_identity", "poison_request",
+         "mcpctl_version")
 
 
 def run_one(run: Run, attack) -> Outcome:

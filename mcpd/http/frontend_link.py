@@ -2,11 +2,10 @@
 and gets their replies: in memory, on the same event loop, with no socket in between.
 
 Each request is encoded as a client would send it (docs/PROTOCOL.md sections 2-3) and goes
-through the front-end's own checks and admission (`FrontEnd.admit_local`) under one reserved
-connection identity, LOCAL_IDENTITY: six bytes starting with a zero byte, which libzmq never
-generates (its ids are five bytes) and no client may choose (a chosen id may not start with
-zero). Replies the front-end would send to that identity come here instead (`deliver`), decoded
-once, into the queue of the request they answer.
+through the front-end's own checks and admission (`FrontEnd.admit_local`) as LOCAL_CALLER: an
+object, not bytes, so it equals no routing id (a client may set any id it likes, even one that
+begins with a zero byte). Replies the front-end would send to it come here instead (`deliver`),
+decoded once, into the queue of the request they answer.
 
 A request the HTTP side gives up on (the client disconnected, the handler was cancelled) is
 cancelled in the front-end like a client's `cancel`, and forgotten here: its late replies find
@@ -21,7 +20,7 @@ from mcpd.client import replies
 from mcpd.protocol import codes, wire
 from mcpd.protocol.codes import MCPDError
 
-LOCAL_IDENTITY = b"\x00local"
+LOCAL_CALLER = object()   # where a client's routing id would be; never equal to one
 
 
 class Call:
@@ -79,7 +78,7 @@ class FrontendLink:
         self._submit(wire.encode_request("cancel", next(self.ids), {"target": request_id}), None)
 
     def deliver(self, header: bytes) -> None:
-        """A reply the front-end sends to LOCAL_IDENTITY."""
+        """A reply the front-end sends to LOCAL_CALLER."""
         reply = wire.decode_reply(header)
         queue = self.queues.get(reply.get("id"))
         if queue is not None:

@@ -34,7 +34,7 @@ from mcpd.daemon.frontend.latency import LatencyWindow
 from mcpd.daemon.frontend.outbox import Outbox
 from mcpd.daemon.frontend.peers import PeerTracker
 from mcpd.daemon.frontend.request_metrics import RequestMetrics
-from mcpd.http.frontend_link import LOCAL_IDENTITY, FrontendLink
+from mcpd.http.frontend_link import LOCAL_CALLER, FrontendLink
 from mcpd.protocol import codes, ops, wire
 from mcpd.protocol.codes import MCPDError
 from mcpd.protocol.tenant import tenant_of
@@ -46,7 +46,7 @@ ALWAYS_ADMITTED = ("ping", "status", "cancel")   # still answered while draining
 
 @dataclass
 class Pending:
-    identity: bytes
+    identity: bytes | object   # a client's routing id, or LOCAL_CALLER
     envelope: tuple[bytes, ...]
     request_id: int | str
     op: str
@@ -74,7 +74,7 @@ class FrontEnd:
         self.from_scheduler = self._socket(zmq.PULL, sockets.FRONTEND_IPC, bind=True)
         self.events = child.EventReporter(self.context, config, "frontend")
         self.pending: dict[int, Pending] = {}
-        self.rid_of: dict[tuple[bytes, int | str], int] = {}
+        self.rid_of: dict[tuple[bytes | object, int | str], int] = {}
         # Unique across restarts: work of a previous front-end may still be running in workers,
         # and its late replies must never match a new client's request.
         self.next_rid = time.time_ns()
@@ -277,7 +277,7 @@ class FrontEnd:
             self._count_error(codes.INTERNAL)
             self._send(identity, envelope, wire.error_reply(None, codes.INTERNAL, f"{type(e).__name__}: {e}"))
 
-    def _admit(self, identity: bytes, request: wire.Request) -> None:
+    def _admit(self, identity: bytes | object, request: wire.Request) -> None:
         try:
             args = ops.validate_args(request.op, request.header["args"], self.config.limits)
             if request.op == "cancel":
@@ -307,22 +307,22 @@ class FrontEnd:
         """A request of the in-process HTTP listener: the checks and admission of a client's; its
         replies go to self.local (see _send). Raises MCPDError for a refusal at the door."""
         try:
-            self._admit(LOCAL_IDENTITY, wire.parse_request((), [frame], self.config.limits))
+            self._admit(LOCAL_CALLER, wire.parse_request((), [frame], self.config.limits))
         except MCPDError as e:
             self._count_error(e.code)
             raise
         finally:
             self.for_scheduler.flush()
 
-    def _cancel(self, identity: bytes, request: wire.Request, target: int | str) -> None:
+    def _cancel(self, identity: bytes | object, request: wire.Request, target: int | str) -> None:
         rid = self.rid_of.get((identity, target))
         if rid is not None:
             self._to_scheduler(messages.encode(messages.Cancel(rid, codes.CANCELLED)))
         self._send(identity, request.envelope, wire.ok_reply(request.request_id, {"cancelled": rid is not None}))
 
-    def _send(self, identity: bytes, envelope: tuple[bytes, ...], header: bytes, payload=(),
+    def _send(self, identity: bytes | object, envelope: tuple[bytes, ...], header: bytes, payload=(),
               rid: int | None = None, chunk: bool = False) -> None:
-        if identity == LOCAL_IDENTITY:
+        if identity is LOCAL_CALLER:
             return self.local.deliver(header)
         if self.outbox.send(identity, envelope, header, payload, rid, chunk):
             self.log.warning("a client's unread replies passed limits.max_client_backlog_bytes: "
@@ -332,29 +332,35 @@ class FrontEnd:
     # -- scheduler side -------------------------------------------------------------------------
 
     def _on_reply(self, frames: list[bytes]) -> None:
-        message, payload = messages.decode(frames)
-        if isinstance(message, (messages.Chunk, messages.Final)):
-            return self._relay(message, payload)
-        if isinstance(message, messages.Reload):
-            return live_config.apply(message, self.events)
-        if isinstance(message, messages.Drain):
-            return self._drain_mode()
-        if isinstance(message, messages.SchedulerLost):
-            return self._fail_all(codes.UNAVAILABLE, "the scheduler restarted; the request was lost, retry it")
-        if isinstance(message, messages.Resume):
-            return self._resume()
+        """One message of the scheduler's. A fault handling it is logged and stops there: the rest
+        of the batch it came in still reaches its clients."""
+        try:
+            message, payload = messages.decode(frames)
+            if isinstance(message, (messages.Chunk, messages.Final)):
+                return self._relay(message, payload)
+            if isinstance(message, messages.Reload):
+                return live_config.apply(message, self.events)
+            if isinstance(message, messages.Drain):
+                return self._drain_mode()
+            if isinstance(message, messages.SchedulerLost):
+                return self._fail_all(codes.UNAVAILABLE, "the scheduler restarted; the request was lost, retry it")
+            if isinstance(message, messages.Resume):
+                return self._resume()
+        except Exception:   # noqa: BLE001 - one bad message must not cost the others theirs
+            self.log.exception("a message from the scheduler could not be handled")
 
     def _relay(self, reply: messages.Chunk | messages.Final, frames: list[bytes]) -> None:
         """A reply for a client: frames are its header and payload, as the client gets them."""
         pending = self.pending.get(reply.rid)
         if pending is None:
             return   # the request was already answered (stopped or cancelled); late chunk
-        chunk = isinstance(reply, messages.Chunk)
-        self._send(pending.identity, pending.envelope, frames[0], frames[1:], reply.rid, chunk)
-        if chunk:
+        if isinstance(reply, messages.Chunk):
+            self._send(pending.identity, pending.envelope, frames[0], frames[1:], reply.rid, chunk=True)
             return self.metrics.chunk_sent(reply.rid)
+        # A final: its request is forgotten first, so that a fault sending it leaves nothing in flight.
         self.metrics.ended(reply.rid, reply.code or "OK")
         self._forget(reply.rid, pending)
+        self._send(pending.identity, pending.envelope, frames[0], frames[1:], reply.rid)
 
     def _forget(self, rid: int, pending: Pending) -> None:
         del self.pending[rid]
