@@ -996,7 +996,8 @@ def attack_http_connection_flood(run: Run) -> Outcome:
     return Outcome(answered and served and kept and http["connections"] <= http["max_connections"],
                    {"other_address_ping_ms": ping_ms if answered else None, "http_served": served,
                     "frontend_restarted": not kept, "frontend_cpu_s_during_flood": cpu_s,
-                    **{k: http[k] for k in ("connections", "max_connections", "idle_shed", "refused", "accept_pauses")}})
+                    **{k: http[k] for k in ("connections", "max_connections", "idle_shed", "refused",
+                                            "accept_pauses")}})
 
 
 # -- earlier sets: faults -------------------------------------------------------------------------

@@ -5,6 +5,7 @@ served (mcpd/http/connections.py, mcpd/http/acceptor.py)."""
 import json
 import selectors
 import socket
+import struct
 import subprocess
 
 import pytest
@@ -15,6 +16,7 @@ from mcpd.testing import free_port
 
 pytestmark = pytest.mark.slow
 OTHER = "127.0.0.2"   # another client address on loopback
+RESET_ON_CLOSE = struct.pack("ii", 1, 0)   # SO_LINGER 0: closed sockets leave no TIME_WAIT behind
 
 
 def http_address(daemon) -> tuple[str, int]:
@@ -24,7 +26,7 @@ def http_address(daemon) -> tuple[str, int]:
 
 def connect(daemon, source: str = "127.0.0.1") -> socket.socket:
     sock = socket.create_connection(http_address(daemon), timeout=10, source_address=(source, 0))
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")   # close: no TIME_WAIT
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, RESET_ON_CLOSE)
     return sock
 
 
@@ -37,7 +39,8 @@ def get_models(sock: socket.socket) -> int:
         assert chunk, "closed before an answer"
         head += chunk
     headers, _, body = head.partition(b"\r\n\r\n")
-    length = int(next(line.split(b":")[1] for line in headers.split(b"\r\n") if line.lower().startswith(b"content-length")))
+    lengths = [line.split(b":")[1] for line in headers.split(b"\r\n") if line.lower().startswith(b"content-length")]
+    length = int(lengths[0])
     while len(body) < length:
         body += sock.recv(65536)
     return int(headers.split(b" ")[1])
@@ -98,7 +101,7 @@ def open_idle(address: tuple[str, int], count: int, batch: int = 100) -> list[so
         selector = selectors.DefaultSelector()
         for _ in range(min(batch, count - start)):
             sock = socket.socket()
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, RESET_ON_CLOSE)
             sock.setblocking(False)
             sock.connect_ex(address)
             selector.register(sock, selectors.EVENT_WRITE)
@@ -108,6 +111,11 @@ def open_idle(address: tuple[str, int], count: int, batch: int = 100) -> list[so
                 selector.unregister(key.fileobj)
         selector.close()
     return opened
+
+
+def turned_away(daemon) -> int:
+    http = daemon.status()["http"]
+    return http["idle_shed"] + http["refused"]
 
 
 def test_a_flood_of_idle_connections_leaves_other_clients_served(fresh_daemon):
@@ -122,8 +130,7 @@ def test_a_flood_of_idle_connections_leaves_other_clients_served(fresh_daemon):
         other = connect(daemon, OTHER)
         assert get_models(other) == 200
         other.close()
-        turned_away = lambda: (lambda http: http["idle_shed"] + http["refused"])(daemon.status()["http"])
-        daemon.wait_until(lambda: turned_away() >= 1100 - 512, 30, "the flood taken")
+        daemon.wait_until(lambda: turned_away(daemon) >= 1100 - 512, 30, "the flood taken")
         http = daemon.status()["http"]
         assert http["max_connections"] == 512                  # half the 1,024 descriptors
         assert http["connections"] <= 512 and http["idle_shed"] > 0

@@ -4,8 +4,8 @@ uvloop's server, when an accept fails for want of descriptors (EMFILE, ENFILE), 
 drops every waiting connection (libuv's reserved-descriptor trick: legitimate clients reset) or,
 once that descriptor is gone too, closes the listening server for good. Owning the accept, such a
 failure stops accepting for PAUSE_S and leaves the waiting connections in the kernel's backlog,
-as asyncio's own loop does; each accepted connection goes to
-`on_accepted`, which decides whether it is served (connections.py).
+as asyncio's own loop does. Each accepted connection goes to `on_accepted`, which decides whether
+it is served (connections.py).
 """
 from __future__ import annotations
 

@@ -3,8 +3,7 @@
 Each address is held to limits.max_connections_per_address, one count with its ZeroMQ
 connections (daemon/frontend/address_cap.py); all addresses together to http.max_connections and
 never more than half the front-end's descriptor limit, read at each accept so a limit lowered
-while running counts: the rest stays for ZeroMQ clients and the front-end's own sockets (1,100
-idle HTTP connections against 1,024 descriptors left none, and every client waited). At the total
+while running counts: the rest stays for ZeroMQ clients and the front-end's own sockets. At the total
 cap a new connection closes the oldest idle one (no request in flight) rather than be refused, so
 idle keep-alive connections give way before anyone is turned away; with none idle it is refused.
 A refused connection gets a 429 in OpenAI's error shape and is closed.
@@ -12,7 +11,6 @@ A refused connection gets a 429 in OpenAI's error shape and is closed.
 from __future__ import annotations
 
 import asyncio
-import logging
 import resource
 import socket
 from typing import Callable
@@ -39,10 +37,8 @@ FULL = _refusal(codes.OVERLOADED, "too many HTTP connections, none idle (http.ma
 
 
 class ConnectionTable:
-    def __init__(self, handler_factory: Callable[[], RequestHandler], address_cap: AddressCap,
-                 max_connections: int, log: logging.Logger):
-        self.handler_factory, self.address_cap, self.max_connections, self.log = (
-            handler_factory, address_cap, max_connections, log)
+    def __init__(self, handler_factory: Callable[[], RequestHandler], address_cap: AddressCap, max_connections: int):
+        self.handler_factory, self.address_cap, self.max_connections = handler_factory, address_cap, max_connections
         self.loop = asyncio.get_running_loop()
         self.open: dict[Connection, None] = {}   # oldest first: the order idle ones are shed in
         self.counted: set[Connection] = set()    # holding a place of its address: until its end

@@ -33,7 +33,7 @@ from aiohttp import web
 from mcpd.config import Config
 from mcpd.daemon import child
 from mcpd.daemon.frontend.address_cap import AddressCap
-from mcpd.http.acceptor import BACKLOG, Acceptor
+from mcpd.http.acceptor import Acceptor
 from mcpd.http.connections import ConnectionTable
 from mcpd.http.errors import HttpError
 from mcpd.http.frontend_link import FrontendLink
@@ -66,7 +66,7 @@ class HttpListener:
         await self.runner.setup()
         host, _, port = config.listen.rpartition(":")
         sock = self._bind(host.strip("[]"), int(port))
-        self.connections = ConnectionTable(self.runner.server, self.address_cap, config.max_connections, self.log)
+        self.connections = ConnectionTable(self.runner.server, self.address_cap, config.max_connections)
         self.acceptor = Acceptor(sock, self.connections.accepted, self.log)
         self.acceptor.start()
         self.address = f"{host}:{sock.getsockname()[1]}"
@@ -87,7 +87,7 @@ class HttpListener:
     def _bind(self, host: str, port: int) -> socket.socket:
         try:
             family = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
-            return socket.create_server((host, port), family=family, backlog=BACKLOG)
+            return socket.create_server((host, port), family=family)   # the Acceptor sets its backlog
         except OSError as e:
             refusal = InUse if e.errno == errno.EADDRINUSE else StartRefused
             child.refuse_start(self.config, "frontend", refusal(f"cannot bind http.listen {self.config.http.listen}: "
