@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import msgpack
+import psutil
 import zmq
 
 from mcpd.client import Client, CurveKeys
@@ -937,11 +938,13 @@ def attack_http_idle_connections(run: Run) -> Outcome:
     d = run.shared()
     port = http_port(d)
     count = 200 if run.quick else 800
-    silent = [socket.create_connection(("127.0.0.1", port)) for _ in range(count)]
+    # from 8 addresses, each under limits.max_connections_per_address (http_connection_flood tries the caps)
+    silent = [socket.create_connection(("127.0.0.1", port), source_address=(f"127.0.0.{10 + i % 8}", 0))
+              for i in range(count)]
     body = json.dumps({"model": "mcpd-embedded-llama", "prompt": "x", "max_tokens": 1}).encode()
     idle = []
-    for _ in range(count):
-        sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    for i in range(count):
+        sock = socket.create_connection(("127.0.0.1", port), timeout=30, source_address=(f"127.0.0.{10 + i % 8}", 0))
         sock.sendall(http_post("/v1/completions", body))
         sock.recv(4096)
         idle.append(sock)
@@ -999,6 +1002,40 @@ def impostor_replies(d: Daemon, cancels: int) -> dict:
         got[reply.get("id")] = reply.get("result", reply.get("code"))
     sock.close()
     return got
+
+
+def attack_http_connection_flood(run: Run) -> Outcome:
+    """1,100 idle HTTP connections from 5 addresses (each under the per-address cap) against a
+    front-end allowed 1,024 descriptors: before the HTTP listener had a total cap they took every
+    descriptor, a ZeroMQ client of another address waited 8 s, and accepts failed in a loop."""
+    d = run.daemon(http={"listen": f"127.0.0.1:{free_port()}"})
+    frontend = d.pid_of("frontend")
+    subprocess.run(["prlimit", "--pid", str(frontend), "--nofile=1024:1024"], check=True)
+    cpu = psutil.Process(frontend)
+    cpu_before = sum(cpu.cpu_times()[:2])
+    flood = []
+    for i in range(11):   # a batch at a time, within the listener's backlog
+        flood += [socket.create_connection(("127.0.0.1", http_port(d)), timeout=30,
+                                           source_address=(f"127.0.0.{10 + i % 5}", 0)) for _ in range(100)]
+    time.sleep(2)   # the flood taken: accepted, idle ones shed
+    cpu_s = round(sum(cpu.cpu_times()[:2]) - cpu_before, 2)
+    victim = zmq.Context.instance().socket(zmq.DEALER)
+    victim.setsockopt(zmq.LINGER, 0)
+    victim.connect(f"tcp://127.0.0.2:0;127.0.0.1:{d.port}")
+    started = time.monotonic()
+    answered = (exchange(victim, [header()], timeout_s=5) or {}).get("kind") == "ok"
+    ping_ms = round((time.monotonic() - started) * 1000, 1)
+    victim.close()
+    served = http_still_serves(http_port(d))
+    listener = d.status()["http"]
+    for sock in flood:
+        sock.close()
+    kept = d.pid_of("frontend") == frontend
+    return Outcome(answered and served and kept and listener["connections"] <= listener["max_connections"],
+                   {"other_address_ping_ms": ping_ms if answered else None, "http_served": served,
+                    "frontend_restarted": not kept, "frontend_cpu_s_during_flood": cpu_s,
+                    **{k: listener[k] for k in ("connections", "max_connections", "idle_shed", "refused",
+                                            "accept_pauses")}})
 
 
 # -- earlier sets: faults -------------------------------------------------------------------------
@@ -1089,6 +1126,7 @@ ATTACKS = {
     "poison_request": attack_poison_request,
     # their own daemons
     "claimed_routing_ids": attack_claimed_routing_ids, "connection_flood": attack_connection_flood,
+    "http_connection_flood": attack_http_connection_flood,
     "priority_inversion": attack_priority_inversion, "cache_filling": attack_cache_filling,
     "damaged_journal": attack_damaged_journal, "damaged_snapshot": attack_damaged_snapshot,
     "journal_is_a_directory": attack_journal_is_a_directory, "journal_over_field_limit": attack_journal_over_field_limit,

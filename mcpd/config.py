@@ -382,6 +382,7 @@ class HttpConfig:
     max_body_bytes: int = 4 << 20      # a request body over this: 413 before anything is parsed
     body_timeout_s: float = 30.0       # a body still arriving after this: 408 (slow senders)
     keepalive_timeout_s: float = 15.0  # an idle keep-alive connection is closed after this
+    max_connections: int = 4096        # open HTTP connections; never more than half the front-end's descriptors
     model_name: str = ""               # the id /v1/models shows; "" = the model's own name
 
     def check(self) -> None:
@@ -394,8 +395,9 @@ class HttpConfig:
             raise ConfigError(f"http.listen = {self.listen!r} is not a loopback address and http.auth = 'off': "
                               "anyone who can reach it could use the daemon. Use http.auth = 'auto' or 'on' "
                               "with keys from `mcpctl keys api-add`, or bind loopback")
-        if self.max_body_bytes < 1:
-            raise ConfigError(f"http.max_body_bytes = {self.max_body_bytes}: must be >= 1")
+        for key in ("max_body_bytes", "max_connections"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"http.{key} = {getattr(self, key)}: must be >= 1")
         for key in ("body_timeout_s", "keepalive_timeout_s"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"http.{key} = {getattr(self, key)}: must be > 0")

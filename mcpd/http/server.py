@@ -15,6 +15,9 @@ needs built in: header line and count limits (uvicorn with httptools took 100,00
 body size cap, keep-alive timeouts, and handler cancellation when a client disconnects (which
 cancels the daemon request).
 
+The listening socket and its accepts are ours (acceptor.py), and which connections are served is
+the connection table's (connections.py): aiohttp serves what they hand it.
+
 A port it cannot bind, or a non-loopback listen with auth on and no API key, stops the daemon
 with the reason (child.refuse_start), as the front-end's tcp port does.
 """
@@ -23,11 +26,15 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import socket
 
 from aiohttp import web
 
 from mcpd.config import Config
 from mcpd.daemon import child
+from mcpd.daemon.frontend.address_cap import AddressCap
+from mcpd.http.acceptor import Acceptor
+from mcpd.http.connections import ConnectionTable
 from mcpd.http.errors import HttpError
 from mcpd.http.frontend_link import FrontendLink
 from mcpd.http.routes import Routes
@@ -38,13 +45,15 @@ from mcpd.security.api_keys import ApiKeys
 
 
 class HttpListener:
-    def __init__(self, config: Config, link: FrontendLink, log: logging.Logger):
-        self.config, self.log = config, log
+    def __init__(self, config: Config, link: FrontendLink, address_cap: AddressCap, log: logging.Logger):
+        self.config, self.address_cap, self.log = config, address_cap, log
         logging.getLogger("aiohttp.server").setLevel(logging.CRITICAL)   # a client's bad request is not our error
         self.routes = Routes(config, link)
         self.responses: dict[str, int] = {}   # {status: count}
         self.address = ""
         self.runner: web.AppRunner | None = None
+        self.connections: ConnectionTable | None = None
+        self.acceptor: Acceptor | None = None
 
     async def start(self) -> None:
         config = self.config.http
@@ -56,22 +65,33 @@ class HttpListener:
                                     keepalive_timeout=config.keepalive_timeout_s)
         await self.runner.setup()
         host, _, port = config.listen.rpartition(":")
-        try:
-            await web.TCPSite(self.runner, host.strip("[]"), int(port), reuse_address=True).start()
-        except OSError as e:
-            refusal = InUse if e.errno == errno.EADDRINUSE else StartRefused
-            child.refuse_start(self.config, "frontend", refusal(f"cannot bind http.listen {config.listen}: "
-                                                                f"{e.strerror}"))
-        self.address = f"{host}:{self.runner.addresses[0][1]}"
+        sock = self._bind(host.strip("[]"), int(port))
+        self.connections = ConnectionTable(self.runner.server, self.address_cap, config.max_connections)
+        self.acceptor = Acceptor(sock, self.connections.accepted, self.log)
+        self.acceptor.start()
+        self.address = f"{host}:{sock.getsockname()[1]}"
         self.log.info("serving HTTP on http://%s (auth %s)", self.address, "on" if self.config.http_auth else "off")
 
     async def stop(self) -> None:
+        if self.acceptor is not None:
+            self.acceptor.close()
         if self.runner is not None:
             await self.runner.cleanup()
 
     def stats(self) -> dict:
+        connections = self.connections.stats() if self.connections is not None else {}
         return {"listen": self.address, "auth": self.config.http_auth, "inflight": self.routes.inflight,
-                "responses": dict(self.responses)}
+                "responses": dict(self.responses), **connections,
+                "accept_pauses": self.acceptor.pauses if self.acceptor is not None else 0}
+
+    def _bind(self, host: str, port: int) -> socket.socket:
+        try:
+            family = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+            return socket.create_server((host, port), family=family)   # the Acceptor sets its backlog
+        except OSError as e:
+            refusal = InUse if e.errno == errno.EADDRINUSE else StartRefused
+            child.refuse_start(self.config, "frontend", refusal(f"cannot bind http.listen {self.config.http.listen}: "
+                                                                f"{e.strerror}"))
 
     def _refuse_open_door(self) -> None:
         config = self.config.http

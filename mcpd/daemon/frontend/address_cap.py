@@ -5,7 +5,9 @@ them took the front-end's descriptors (systemd's default soft limit is 1,024; ou
 600 idle connections against a limit of 400, a client from another address unanswered). And
 connections are what a client that takes libzmq's next routing ids for its own needs many of
 (sockets.router). A connection past the cap is cut as soon as its accept is reported, before it
-is served; the ipc endpoint is not capped (its peers are local users the kernel names)."""
+is served; the ipc endpoint is not capped (its peers are local users the kernel names). One count
+per address covers both the ZeroMQ endpoint and the HTTP listener (mcpd/http/connections.py), as a
+setting named per address promises."""
 from __future__ import annotations
 
 import logging
@@ -29,21 +31,30 @@ class AddressCap:
         address = descriptor.peer_host(fd)
         if address is None:
             return   # closed already
-        if self.held[address] < self.limit:
+        if self.admits(address):
             self.address_of[fd] = address
+        else:
+            descriptor.shut_down(fd)
+
+    def disconnected(self, fd: int) -> None:
+        address = self.address_of.pop(fd, None)
+        if address is not None:
+            self.released(address)
+
+    def admits(self, address: str) -> bool:
+        """Count a new connection from address, or refuse it (False) when the address holds `limit`."""
+        if self.held[address] < self.limit:
             self.held[address] += 1
-            return
+            return True
         if address not in self.cutting:
             self.cutting.add(address)
             self.log.warning("cutting new connections from %s: it holds limits.max_connections_per_address (%d)",
                              address, self.limit)
         self.cut += 1
-        descriptor.shut_down(fd)
+        return False
 
-    def disconnected(self, fd: int) -> None:
-        address = self.address_of.pop(fd, None)
-        if address is None:
-            return
+    def released(self, address: str) -> None:
+        """A connection admits() counted has closed."""
         self.held[address] -= 1
         self.cutting.discard(address)
         if not self.held[address]:

@@ -88,7 +88,7 @@ class FrontEnd:
         # The OpenAI-compatible listener, on this loop (mcpd/http/server.py says why here); its
         # requests are admitted in memory and answered through self.local.
         self.local = FrontendLink(self.admit_local) if config.http.listen else None
-        self.http = _http_listener(config, self.local, self.log) if self.local else None
+        self.http = _http_listener(config, self.local, self.address_cap, self.log) if self.local else None
 
     def _bind_clients(self) -> zmq.Socket:
         sock = sockets.router(self.context)
@@ -402,12 +402,12 @@ class FrontEnd:
                 "http": self.http.stats() if self.http is not None else {}}
 
 
-def _http_listener(config: Config, local: FrontendLink, log):
+def _http_listener(config: Config, local: FrontendLink, address_cap: AddressCap, log):
     """[http] listen's listener. Imported only then: aiohttp is 0.15 s of the front-end's CPU at
     every start, for a listener few daemons open."""
     from mcpd.http.server import HttpListener
 
-    return HttpListener(config, local, log)
+    return HttpListener(config, local, address_cap, log)
 
 
 def run(config: Config) -> None:

@@ -66,7 +66,7 @@ def _models(scheduled: dict, workers: list) -> dict:
 
 def _http(stats: dict) -> dict:
     """The OpenAI-compatible listener in the front-end: off, or its address as bound, whether it
-    needs API keys, generations in flight, and its answers by HTTP status."""
+    needs API keys, generations in flight, its answers by HTTP status, and its connections."""
     if not stats:
         return {"enabled": False}
     return {"enabled": True, "url": f"http://{stats['listen']}", **{k: v for k, v in stats.items() if k != "listen"}}
