@@ -353,9 +353,10 @@ class PersistenceConfig:
 
 
 def _listen_host(key: str, listen: str, example: str) -> str:
-    """The host of a host:port listen address; ConfigError naming `key` if it is not one."""
+    """The host of a host:port listen address; ConfigError naming `key` if it is not one (the
+    port in ASCII digits: int() takes any script's)."""
     host, _, port = listen.rpartition(":")
-    if not host or not port.isdigit() or int(port) > 65535:
+    if not host or not (port.isascii() and port.isdigit() and len(port) <= 5) or int(port) > 65535:
         raise ConfigError(f"{key} = {listen!r}: use host:port, e.g. {example}")
     return host
 
