@@ -5,8 +5,8 @@ Per model there is a primary version (the table's `default`, then what `promote`
 optional split: weights per version. A request that names its version gets that one; else a
 split picks by weighted rendezvous hashing of the request's routing key (its tenant unless it
 names one): every version scores -weight / ln(u), u a uniform draw seeded by (key, version), and
-the highest wins. Weights are divided by the largest when a split is set, so the score stays finite
-for any finite weights (1e308 overflowed to inf, and ties went to one name). The same key lands on the same version for the same weights, the versions'
+the highest wins. Weights are divided by the largest when a split is set: a weight near the float
+maximum would overflow the score to inf, and infinities tie. The same key lands on the same version for the same weights, the versions'
 shares follow the weights, and changing one version's weight moves only keys to or from it.
 
 Every change applies to requests admitted from then on: a request already routed (queued or
