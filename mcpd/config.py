@@ -146,6 +146,7 @@ class ModelConfig:
     dtype: str = "auto"         # auto (checkpoint's dtype; float32 on CPU for half types), float32, float16, bfloat16
     max_model_len: int = 4096   # prompt + generated tokens per sequence
     quantization: str = "none"  # none, or int8: weight-only int8 linear layers (Llama family; quant/int8.py)
+    content_special_tokens: bool = False   # true: special-token text in chat messages gives special tokens
 
     def check(self) -> None:
         if self.dtype not in ("auto", "float32", "float16", "bfloat16"):
@@ -353,9 +354,10 @@ class PersistenceConfig:
 
 
 def _listen_host(key: str, listen: str, example: str) -> str:
-    """The host of a host:port listen address; ConfigError naming `key` if it is not one."""
+    """The host of a host:port listen address; ConfigError naming `key` if it is not one (the
+    port in ASCII digits: int() takes any script's)."""
     host, _, port = listen.rpartition(":")
-    if not host or not port.isdigit() or int(port) > 65535:
+    if not host or not (port.isascii() and port.isdigit() and len(port) <= 5) or int(port) > 65535:
         raise ConfigError(f"{key} = {listen!r}: use host:port, e.g. {example}")
     return host
 

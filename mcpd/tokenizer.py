@@ -4,7 +4,9 @@ tokenizes each prompt once (daemon/scheduler/prompt_tokens.py), the worker's eng
 Chat templates are Jinja programs shipped inside model directories, i.e. untrusted code: they run
 in Jinja's immutable sandbox with the same helpers transformers provides (raise_exception,
 strftime_now, a tojson that does not HTML-escape), so templates written for transformers render
-the same here.
+the same here. Text in the messages never becomes a special token (special_text.py) unless the
+model's config opts out (content_special_tokens); the embedded byte tokenizer has no special
+tokens in text at all: its role markers are plain bytes.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from typing import Protocol
 from tokenizers import Tokenizer as RustTokenizer
 
 from mcpd.config import ModelConfig
+from mcpd.special_text import SpecialText
 
 
 class Tokenizer(Protocol):
@@ -30,6 +33,9 @@ class Tokenizer(Protocol):
 
     def apply_chat_template(self, messages: list[dict]) -> str:
         """The prompt for these messages, ending with the assistant's turn opening."""
+
+    def encode_chat(self, messages: list[dict]) -> list[int]:
+        """The prompt's token ids; the messages' own text gives no special token."""
 
 
 class ByteTokenizer:
@@ -51,12 +57,19 @@ class ByteTokenizer:
         lines = [f"<|{m['role']}|>\n{m['content']}\n" for m in _checked(messages)]
         return "".join(lines) + "<|assistant|>\n"
 
+    def encode_chat(self, messages: list[dict]) -> list[int]:
+        return self.encode(self.apply_chat_template(messages), add_special_tokens=False)
+
 
 class HFTokenizer:
     """A Hugging Face tokenizer.json, with the chat template of tokenizer_config.json."""
 
-    def __init__(self, model_dir: Path, eos_token_ids: set[int]) -> None:
+    def __init__(self, model_dir: Path, eos_token_ids: set[int], content_special_tokens: bool = False) -> None:
+        """content_special_tokens: special-token text in messages gives special tokens (the opt-out)."""
         self.tokenizer = RustTokenizer.from_file(str(model_dir / "tokenizer.json"))
+        self.plain: RustTokenizer | None = None   # a copy that reads special-token text as text; made when needed
+        specials = {t.content: i for i, t in self.tokenizer.get_added_tokens_decoder().items() if t.special}
+        self.special_text = None if content_special_tokens else SpecialText(specials)
         config_path = model_dir / "tokenizer_config.json"
         config = json.loads(config_path.read_text()) if config_path.exists() else {}
         self.bos_token = _token_text(config.get("bos_token"))
@@ -73,6 +86,23 @@ class HFTokenizer:
 
     def decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+
+    def encode_chat(self, messages: list[dict]) -> list[int]:
+        """The rendered prompt's tokens (a template carries its own special tokens, as in
+        transformers); special-token text in the messages is encoded as text."""
+        masked = self.special_text.mask(messages) if self.special_text is not None else None
+        if masked is None:
+            return self.encode(self.apply_chat_template(messages), add_special_tokens=False)
+        ids = []
+        for piece in self.special_text.pieces(self.apply_chat_template(masked.messages), masked):
+            ids += [piece] if isinstance(piece, int) else self._plain().encode(piece, add_special_tokens=False).ids
+        return ids
+
+    def _plain(self) -> RustTokenizer:
+        if self.plain is None:
+            self.plain = RustTokenizer.from_str(self.tokenizer.to_str())
+            self.plain.encode_special_tokens = True
+        return self.plain
 
     def apply_chat_template(self, messages: list[dict]) -> str:
         if self.chat_template is None:
@@ -95,7 +125,8 @@ def load(config: ModelConfig) -> Tokenizer:
     if not config.path:
         return ByteTokenizer()
     path = Path(config.path)
-    return HFTokenizer(path, eos_token_ids(path, json.loads((path / "config.json").read_text())))
+    return HFTokenizer(path, eos_token_ids(path, json.loads((path / "config.json").read_text())),
+                       config.content_special_tokens)
 
 
 def eos_token_ids(path: Path, hf: dict) -> set[int]:

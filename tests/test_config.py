@@ -21,6 +21,7 @@ def test_defaults_are_valid():
     ({"engine": {"max_num_seqs": 64, "max_step_tokens": 32}}, "engine.max_step_tokens = 32 must be >= engine.max_num_seqs"),
     ({"metrics": {"listen": "0.0.0.0:9464"}}, "not a loopback address"),
     ({"metrics": {"listen": "9464"}}, "use host:port"),
+    ({"http": {"listen": "127.0.0.1:\u0668\u0660\u0668\u0660"}}, "use host:port"),   # Arabic-Indic digits
     ({"persistence": {"fsync": "sometimes"}}, "persistence.fsync = 'sometimes'"),
     # TOML has nan and inf; nan passed every range check (a nan batching window held requests forever)
     ({"scheduler": {"window_max_ms": float("nan")}}, "scheduler.window_max_ms = nan: expected a finite number"),

@@ -190,6 +190,18 @@ def test_a_deadline_passed_is_504_and_an_unknown_class_400(served):
     assert raw(served, "POST", "/v1/completions", body, {"mcpd-timeout-ms": "soon"})[0] == 400
 
 
+@pytest.mark.parametrize("value", ["1_000", "١٠٠٠".encode(), "+1000", "1000\u00a0".encode(), "0" * 17 + "1000"],
+                         ids=["underscore", "arabic-indic", "sign", "nbsp", "21-digits"])
+def test_integer_headers_take_ascii_digits_only(served, value):
+    body = {"model": MODEL, "prompt": "Hi", "max_tokens": 2, "temperature": 0}
+    assert raw(served, "POST", "/v1/completions", body, {"mcpd-timeout-ms": "1000"})[0] == 200
+    context = "/v1/contexts/digits/chat/completions"
+    for path, header, sent in (("/v1/completions", "mcpd-timeout-ms", body),
+                               (context, "mcpd-context-base", chat_body())):
+        status, _, answer = raw(served, "POST", path, sent, {header: value})
+        assert (status, answer["error"]["code"], answer["error"]["param"]) == (400, "BAD_REQUEST", header)
+
+
 def test_a_client_that_disconnects_cancels_its_request(served):
     host, port = served.base_url.removeprefix("http://").removesuffix("/v1").split(":")
     body = json.dumps({"model": MODEL, "prompt": "Hi", "max_tokens": 2000, "ignore_eos": True, "stream": True}).encode()

@@ -84,6 +84,19 @@ def test_split_sends_each_routing_key_to_one_version(served):
         served.control("models.rollback", {"model": "tiny"})
 
 
+def test_a_split_of_huge_weights_routes_each_key_as_the_split_of_equal_small_ones(served):
+    keys = [f"key-{i}" for i in range(16)]
+    routed = []
+    for weight in (1e308, 1):
+        served.control("models.split", {"model": "tiny", "weights": {"a": weight, "b": weight}})
+        try:
+            with served.client() as client:
+                routed.append({key: client.generate("x", routing_key=key, **GREEDY).version for key in keys})
+        finally:
+            served.control("models.rollback", {"model": "tiny"})
+    assert routed[0] == routed[1] and set(routed[1].values()) == {"a", "b"}
+
+
 def test_unload_then_load_a_version_stops_and_starts_its_workers(served):
     with pytest.raises(MCPDError) as busy:   # the primary has traffic: it cannot go
         served.control("models.unload", {"model": "tiny", "version": "a"})

@@ -46,6 +46,19 @@ def test_split_follows_the_weights_within_one_percent_and_each_key_stays_put():
     assert [t.route("m", None, k)[1] for k in keys] == first
 
 
+@pytest.mark.parametrize("huge, small", [({"a": 1e308, "b": 1e308}, {"a": 1, "b": 1}),
+                                         ({"a": 3e307, "b": 1e307}, {"a": 3, "b": 1})])
+def test_huge_weights_route_every_key_as_their_proportional_small_weights_do(huge, small):
+    keys = [f"tenant-{i}" for i in range(5000)]
+    routed = []
+    for weights in (huge, small):
+        t = traffic()
+        t.split("m", weights)
+        routed.append([t.route("m", None, k)[1] for k in keys])
+    assert routed[0] == routed[1]
+    assert t.describe()["m"]["split"] == {"a": float(small["a"]), "b": float(small["b"])}   # shown as given
+
+
 def test_raising_one_weight_moves_keys_only_toward_that_version():
     split = (("a", 80.0), ("b", 20.0))
     before = {k: split_choice(k, "m", split) for k in map(str, range(5000))}

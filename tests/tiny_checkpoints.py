@@ -20,6 +20,9 @@ CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}"
                  "{{ raise_exception('unknown role ' + m['role']) }}{% endif %}"
                  "[{{ m['role'] }}] {{ m['content'] }}{{ eos_token }}\n{% endfor %}"
                  "{% if add_generation_prompt %}[assistant] {% endif %}")
+CHATML = ("<|im_start|>", "<|im_end|>")   # role markers that are special tokens, as in Qwen's tokenizers
+CHATML_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                   "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 CORPUS = ["the quick brown fox jumps over the lazy dog", "hello world, hello mcpd",
           "paged attention keeps the kv cache in blocks", "continuous batching runs every sequence",
           "tokens stream out one step at a time", "ünïcödé and 漢字 and emoji 🙂 too"] * 4
@@ -40,12 +43,13 @@ _ARCHITECTURES = {
 KINDS = tuple(_ARCHITECTURES)
 
 
-def tokenizer_json() -> Tokenizer:
-    """A byte-level BPE trained in memory on a few sentences; BOS is prepended to every encoding."""
+def tokenizer_json(chatml: bool = False) -> Tokenizer:
+    """A byte-level BPE trained in memory on a few sentences; BOS is prepended to every encoding.
+    chatml: CHATML's markers are special tokens too."""
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE, special_tokens=[BOS, EOS],
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE, special_tokens=[BOS, EOS, *(CHATML if chatml else ())],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tokenizer.train_from_iterator(CORPUS, trainer)
     tokenizer.post_processor = processors.TemplateProcessing(
@@ -53,9 +57,11 @@ def tokenizer_json() -> Tokenizer:
     return tokenizer
 
 
-def write_tokenizer(directory: Path, chat_template: str | None = CHAT_TEMPLATE) -> Tokenizer:
+def write_tokenizer(directory: Path, chat_template: str | None = CHAT_TEMPLATE, chatml: bool = False) -> Tokenizer:
+    """chatml: CHATML's special tokens and CHATML_TEMPLATE (instead of `chat_template`)."""
     directory.mkdir(parents=True, exist_ok=True)
-    tokenizer = tokenizer_json()
+    tokenizer = tokenizer_json(chatml)
+    chat_template = CHATML_TEMPLATE if chatml else chat_template
     tokenizer.save(str(directory / "tokenizer.json"))
     config = {"bos_token": BOS, "eos_token": {"content": EOS, "special": True}}
     if chat_template is not None:
@@ -76,14 +82,15 @@ def hf_config(kind: str):
 
 
 def make_checkpoint(directory: Path, kind: str, dtype: torch.dtype = torch.float32,
-                    max_shard_size: str | None = None, seed: int = 0) -> Path:
-    """Write a random `kind` model (one of KINDS) and a tokenizer into directory; return it."""
+                    max_shard_size: str | None = None, seed: int = 0, chatml: bool = False) -> Path:
+    """Write a random `kind` model (one of KINDS) and a tokenizer (chatml: write_tokenizer's)
+    into directory; return it."""
     _, model_class, _ = _ARCHITECTURES[kind]
     torch.manual_seed(seed)
     model = model_class(hf_config(kind)).to(dtype)
     kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
     model.save_pretrained(directory, **kwargs)
-    write_tokenizer(directory)
+    write_tokenizer(directory, chatml=chatml)
     return directory
 
 

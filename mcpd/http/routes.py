@@ -38,6 +38,7 @@ MODELS_TTL_S = 5.0
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 DONE = b"data: [DONE]\n\n"
 CONTEXT_VERSION = "mcpd-context-version"
+MAX_INT_HEADER_DIGITS = 19   # an int64's, the most any integer the daemon takes has
 encode = msgspec.json.encode
 
 
@@ -229,13 +230,14 @@ def _json(value: dict, headers: dict | None = None) -> web.Response:
 
 
 def _int_header(request: web.Request, name: str) -> int | None:
+    """ASCII digits only, at most an int64's 19: int() would also take `1_000`, other scripts'
+    digits, a sign and Unicode spaces, and parse a 4,000-digit header."""
     text = request.headers.get(name)
     if text is None:
         return None
-    try:
-        return int(text)
-    except ValueError:
-        raise bad_request(f"header {name!r} must be an integer, not {text[:40]!r}", name) from None
+    if not (0 < len(text) <= MAX_INT_HEADER_DIGITS and text.isascii() and text.isdigit()):
+        raise bad_request(f"header {name!r} must be 1..{MAX_INT_HEADER_DIGITS} ASCII digits, not {text[:40]!r}", name)
+    return int(text)
 
 
 def _too_large(limit: int) -> HttpError:

@@ -26,8 +26,8 @@ def prompt_token_ids(tokenizer: Tokenizer, args: GenerateArgs, opens_sequence: b
     try:
         if args.prompt is not None:
             ids = tokenizer.encode(args.prompt, add_special_tokens=opens_sequence)
-        else:   # a rendered chat template carries its own special tokens (as in transformers)
-            ids = tokenizer.encode(tokenizer.apply_chat_template(list(args.messages)), add_special_tokens=False)
+        else:
+            ids = tokenizer.encode_chat(list(args.messages))
     except ValueError as e:
         raise MCPDError(codes.BAD_REQUEST, str(e)) from None
     if len(ids) > limit:

@@ -5,7 +5,8 @@ Per model there is a primary version (the table's `default`, then what `promote`
 optional split: weights per version. A request that names its version gets that one; else a
 split picks by weighted rendezvous hashing of the request's routing key (its tenant unless it
 names one): every version scores -weight / ln(u), u a uniform draw seeded by (key, version), and
-the highest wins. The same key lands on the same version for the same weights, the versions'
+the highest wins. Weights are divided by the largest when a split is set: a weight near the float
+maximum would overflow the score to inf, and infinities tie. The same key lands on the same version for the same weights, the versions'
 shares follow the weights, and changing one version's weight moves only keys to or from it.
 
 Every change applies to requests admitted from then on: a request already routed (queued or
@@ -31,7 +32,11 @@ SPLIT_SCALE = 2.0 ** 64
 class Policy:
     """Where a model's requests go: the primary, or by weights when a split is set."""
     primary: str
-    split: tuple[tuple[str, float], ...] = ()   # (version, weight), weights > 0
+    split: tuple[tuple[str, float], ...] = ()   # (version, weight), weights > 0, as the operator gave them
+    scaled: tuple[tuple[str, float], ...] = field(init=False, compare=False)   # what routing uses: the largest is 1
+
+    def __post_init__(self):
+        object.__setattr__(self, "scaled", normalised(self.split))
 
     def describe(self) -> dict:
         return {"primary": self.primary, "split": dict(self.split)}
@@ -53,8 +58,15 @@ class ModelTraffic:
         return {v for v, _ in self.policy.split} or {self.policy.primary}
 
 
+def normalised(split: tuple[tuple[str, float], ...]) -> tuple[tuple[str, float], ...]:
+    """The weights over the largest (the same shares); a weight that underflows to 0 leaves."""
+    largest = max((w for _, w in split), default=1.0)
+    return tuple((v, w / largest) for v, w in split if w / largest > 0)
+
+
 def split_choice(key: str, model: str, split: tuple[tuple[str, float], ...]) -> str:
-    """The version weighted rendezvous hashing gives `key` (see the module's comment)."""
+    """The version weighted rendezvous hashing gives `key` (see the module's comment); `split`'s
+    weights at most 1 (Policy.scaled), so -weight / ln(u) cannot overflow."""
     def score(version: str, weight: float) -> float:
         digest = hashlib.blake2b(f"{model}\0{version}\0{key}".encode(), digest_size=8).digest()
         u = (int.from_bytes(digest, "big") + 0.5) / SPLIT_SCALE   # in (0, 1)
@@ -97,7 +109,7 @@ class Traffic:
             version = traffic.fast
             traffic.routed_fast += 1
         elif version is None:
-            version = split_choice(key, name, traffic.policy.split) if traffic.policy.split else traffic.policy.primary
+            version = split_choice(key, name, traffic.policy.scaled) if traffic.policy.split else traffic.policy.primary
         elif version not in traffic.versions:
             raise MCPDError(codes.UNKNOWN_MODEL, f"model {name!r} has no version {version!r}; it has "
                                                  f"{', '.join(traffic.versions)}")
