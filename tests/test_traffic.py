@@ -3,7 +3,7 @@ split by weighted rendezvous hashing, promote, rollback, load and unload."""
 import pytest
 
 from mcpd.config import from_dict
-from mcpd.daemon.scheduler.traffic import Traffic, split_choice
+from mcpd.daemon.scheduler.traffic import Traffic, split_choice, unit_draw
 from mcpd.protocol import codes
 from mcpd.protocol.codes import MCPDError
 
@@ -110,3 +110,8 @@ def test_a_reload_keeps_the_live_policy_unless_the_models_entry_changed():
     config = table(split={"a": 1, "b": 3})
     assert t.configure(config.model_table, config.default_model) == ["m"]
     assert t.describe()["m"]["split"] == {"a": 1.0, "b": 3.0}
+
+
+def test_a_draw_is_strictly_inside_zero_and_one():
+    """-weight / ln(u) needs u < 1; an all-ones digest once rounded to exactly 1.0."""
+    assert 0 < unit_draw(bytes(8)) < unit_draw(b"\x80" + bytes(7)) < unit_draw(b"\xff" * 8) < 1

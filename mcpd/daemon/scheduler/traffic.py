@@ -25,7 +25,7 @@ from mcpd.protocol import codes
 from mcpd.protocol.codes import MCPDError
 
 HISTORY = 16   # policies a model remembers for rollback
-SPLIT_SCALE = 2.0 ** 64
+SPLIT_SCALE = 2.0 ** 53
 
 
 @dataclass(frozen=True)
@@ -64,13 +64,18 @@ def normalised(split: tuple[tuple[str, float], ...]) -> tuple[tuple[str, float],
     return tuple((v, w / largest) for v, w in split if w / largest > 0)
 
 
+def unit_draw(digest: bytes) -> float:
+    """A uniform draw in (0, 1) from 8 digest bytes: their top 53 bits, exact in a float, so never 0
+    nor 1 (all 64 could round up to 1, and ln 1 = 0 divides)."""
+    return ((int.from_bytes(digest, "big") >> 11) + 0.5) / SPLIT_SCALE
+
+
 def split_choice(key: str, model: str, split: tuple[tuple[str, float], ...]) -> str:
     """The version weighted rendezvous hashing gives `key` (see the module's comment); `split`'s
-    weights at most 1 (Policy.scaled), so -weight / ln(u) cannot overflow."""
+    weights at most 1 (normalised), so -weight / ln(u) cannot overflow."""
     def score(version: str, weight: float) -> float:
         digest = hashlib.blake2b(f"{model}\0{version}\0{key}".encode(), digest_size=8).digest()
-        u = (int.from_bytes(digest, "big") + 0.5) / SPLIT_SCALE   # in (0, 1)
-        return -weight / math.log(u)
+        return -weight / math.log(unit_draw(digest))
     return max(split, key=lambda vw: (score(*vw), vw[0]))[0]
 
 
