@@ -25,7 +25,7 @@ from mcpd.protocol import codes
 from mcpd.protocol.codes import MCPDError
 
 HISTORY = 16   # policies a model remembers for rollback
-SPLIT_SCALE = 2.0 ** 53
+SPLIT_SCALE = 2.0 ** 52
 
 
 @dataclass(frozen=True)
@@ -65,9 +65,9 @@ def normalised(split: tuple[tuple[str, float], ...]) -> tuple[tuple[str, float],
 
 
 def unit_draw(digest: bytes) -> float:
-    """A uniform draw in (0, 1) from 8 digest bytes: their top 53 bits, exact in a float, so never 0
+    """A uniform draw in (0, 1) from 8 digest bytes: their top 52 bits and a half, exact in a float, never 0
     nor 1 (all 64 could round up to 1, and ln 1 = 0 divides)."""
-    return ((int.from_bytes(digest, "big") >> 11) + 0.5) / SPLIT_SCALE
+    return ((int.from_bytes(digest, "big") >> 12) + 0.5) / SPLIT_SCALE
 
 
 def split_choice(key: str, model: str, split: tuple[tuple[str, float], ...]) -> str:
