@@ -8,7 +8,7 @@ CONFIG ?= etc/mcpd.toml
 # (seconds); with a GPU let pip take its default, a CUDA build.
 TORCH := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo torch || echo torch==2.13.0)
 
-.PHONY: run test setup setup-test bench clean
+.PHONY: run test setup setup-test bench clean promtool
 run: $(VENV)/.runtime
 	$(VENV)/bin/mcpd --config $(CONFIG)
 
@@ -45,9 +45,23 @@ $(VENV)/.runtime: pyproject.toml
 	$(PY) -m pip install -q -e .
 	touch $@
 
-$(VENV)/.test: $(VENV)/.runtime
+$(VENV)/.test: $(VENV)/.runtime | promtool
 	$(PY) -m pip install -q -e '.[test]'
 	touch $@
+
+# promtool checks and unit-tests etc/prometheus/ (tests/test_operator_files.py). It is taken out
+# of Debian's prometheus package into the venv rather than installing the package, which brings a
+# Prometheus server its postinst starts, a system user and a dozen JavaScript packages. Without
+# apt or the package those tests skip and say why.
+promtool: $(VENV)/.runtime
+	@command -v promtool >/dev/null || test -x $(VENV)/bin/promtool || { \
+	  tmp=$$(mktemp -d); \
+	  (cd $$tmp && { apt-get download -qq prometheus 2>/dev/null || \
+	                 { apt-get update -qq && apt-get download -qq prometheus 2>/dev/null; }; }) && \
+	  dpkg-deb --fsys-tarfile $$tmp/prometheus_*.deb | tar -xO ./usr/bin/promtool > $$tmp/promtool && \
+	  install -m 755 $$tmp/promtool $(VENV)/bin/promtool; \
+	  rm -rf $$tmp; \
+	  test -x $(VENV)/bin/promtool || echo "promtool not installed: tests/test_operator_files.py skips its checks"; }
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

@@ -11,6 +11,8 @@ from bisect import bisect_left
 # Seconds, from sub-millisecond no-op round trips to minute-long generations.
 LATENCY_BOUNDS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
                   10.0, 30.0, 60.0, 120.0)
+# Seconds of one fsync: tens of microseconds on a fast SSD's cache, up to seconds on a failing disk.
+DISK_BOUNDS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 # Sequences per engine step (engine.max_num_seqs defaults to 64).
 BATCH_BOUNDS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 

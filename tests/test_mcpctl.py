@@ -37,6 +37,18 @@ def test_status_json_and_table(d):
     assert ctl(d, "--json", "status")["pid"] == d.process.pid   # --json before the command too
 
 
+def test_status_shows_p50_p90_p99_latency(d):
+    with d.client() as client:
+        for _ in range(20):
+            client.call("ping", {})
+    d.wait_until(lambda: ctl(d, "status", "--json")["requests"]["latency"].get("ping", {}).get("count", 0) >= 20,
+                 30, "pings counted")
+    ping = ctl(d, "status", "--json")["requests"]["latency"]["ping"]
+    assert 0 < ping["p50_ms"] <= ping["p90_ms"] <= ping["p99_ms"]
+    line = next(line for line in ctl(d, "status").splitlines() if line.split()[:1] == ["ping"])
+    assert line.index("p50") < line.index("p90") < line.index("p99")
+
+
 def test_runtime_dir_from_environment(d):
     done = subprocess.run([str(BIN / "mcpctl"), "status", "--json"], capture_output=True, text=True,
                           env={**os.environ, "MCPD_RUNTIME_DIR": str(d.runtime_dir)}, timeout=30)

@@ -108,3 +108,16 @@ def test_requests_are_labelled_by_tenant_with_a_bounded_label_set(d):
         metrics.ended(i, "OK")
     tenants = {row[2] for row in metrics.snapshot()["finished"]}
     assert len(tenants) == MAX_TENANT_LABELS + 1 and OTHER_TENANTS in tenants
+
+
+def test_journal_host_cache_kv_and_queue_limit_figures(d):
+    """What the alert rules read: journal fsync time, cache and KV fill, each queue's limit."""
+    with d.client() as client:
+        client.call("context.open", {"id": "journal-figures"})
+    d.wait_until(lambda: total(scrape(d), "mcpd_journal_fsync_seconds_count") >= 1, 30, "a journal fsync counted")
+    samples = scrape(d)
+    assert total(samples, "mcpd_journal_fsync_seconds_sum") > 0 and total(samples, "mcpd_journal_bytes") > 0
+    assert 0 < total(samples, "mcpd_context_cache_used_bytes") < total(samples, "mcpd_context_cache_bytes")
+    assert 0 <= total(samples, "mcpd_kv_blocks_used", worker="0") < total(samples, "mcpd_kv_blocks", worker="0")
+    assert samples[("mcpd_requests_waiting_max", (("class", "critical"),))] == 256
+    assert ("mcpd_queue_time_p99_seconds", (("class", "normal"),)) in samples

@@ -82,7 +82,8 @@ def render_status(status: dict) -> str:
         lines.append("  classes: " + "  ".join(f"{name} q={c['queued']} window {c['window_ms']:.1f} ms"
                                               for name, c in classes.items()))
     for op, lat in sorted(requests["latency"].items()):
-        lines.append(f"  {op:<10} n={lat['count']:<6} p50 {lat['p50_ms']:.2f} ms  p99 {lat['p99_ms']:.2f} ms")
+        lines.append(f"  {op:<10} n={lat['count']:<6} p50 {lat['p50_ms']:.2f} ms  "
+                     f"p90 {lat['p90_ms']:.2f} ms  p99 {lat['p99_ms']:.2f} ms")
     return "\n".join(lines)
 
 

@@ -45,6 +45,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from pathlib import Path
 
 from mcpd.config import Config
@@ -53,6 +54,7 @@ from mcpd.contexts.context import Context
 from mcpd.contexts.journal_recovery import SNAPSHOT, TEMPORARY, Recovery
 from mcpd.contexts.record import Record
 from mcpd.contexts.store import STORAGE_RETRY_MS, ContextStore, storage_full
+from mcpd.histogram import DISK_BOUNDS, Histogram
 from mcpd.protocol import codes
 from mcpd.protocol.codes import MCPDError
 
@@ -79,6 +81,7 @@ class Journal:
         self.retry_compact_above = 0  # a compaction failed: the journal size to try again at
         self.last_commit: tuple | None = None   # (owner, id, version, size before, size after) of the last record
         self.dirty = False
+        self.sync_time = Histogram(DISK_BOUNDS)   # seconds per fdatasync: a slow disk stalls every commit
         # Guards the fd against the interval fsync thread; reentrant because the SIGTERM handler
         # (close) may run on the main thread while it is inside _append.
         self.lock = threading.RLock()
@@ -196,7 +199,7 @@ class Journal:
             try:
                 _write_all(self.fd, [data])
                 if self.config.fsync == "always":
-                    os.fdatasync(self.fd)
+                    self._sync()
             except OSError as e:
                 self._cut_back()
                 raise _refusal(e) from None
@@ -215,7 +218,7 @@ class Journal:
     def _truncate(self, size: int) -> None:
         os.ftruncate(self.fd, size)
         if self.config.fsync == "always":
-            os.fdatasync(self.fd)
+            self._sync()
         self.size = size
 
     def _compact_threshold(self) -> int:
@@ -286,8 +289,14 @@ class Journal:
         """Make everything written so far durable."""
         with self.lock:
             if self.dirty and self.fd is not None:
-                os.fdatasync(self.fd)
+                self._sync()
                 self.dirty = False
+
+    def _sync(self) -> None:
+        """fdatasync the journal, timed (the caller holds the lock)."""
+        started = time.monotonic()
+        os.fdatasync(self.fd)
+        self.sync_time.observe(time.monotonic() - started)
 
     def close(self) -> None:
         self.stop.set()
@@ -305,7 +314,7 @@ class Journal:
                                                   if self.needs_snapshot else "ok")
         return {"enabled": self.config.enabled, "fsync": self.config.fsync, "restored": self.restored,
                 "journal_bytes": self.size, "generation": self.generation, "damaged_bytes": self.damaged_bytes,
-                "state": state}
+                "state": state, "fsync_seconds": self.sync_time.snapshot()}
 
 
 def _refusal(error: OSError) -> MCPDError:

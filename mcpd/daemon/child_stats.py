@@ -19,7 +19,7 @@ class FrontendStats(msgspec.Struct, frozen=True, kw_only=True, tag="frontend"):
     inflight: int = 0               # requests admitted and not yet answered
     served: int = 0
     errors: dict = {}               # {code: count}
-    latency: dict = {}              # {op: {count, p50_ms, p99_ms}} (latency.py)
+    latency: dict = {}              # {op: {count, p50_ms, p90_ms, p99_ms}} (latency.py)
     draining: bool = False
     endpoints: list = []            # as bound (a tcp port 0 resolved)
     metrics: dict = {}              # RequestMetrics.snapshot(): counters and histograms

@@ -48,6 +48,7 @@ class DaemonCollector:
         scheduler = table.find("scheduler", 0).latest_stats()
         workers = [c for c in table.children if c.spec.role == "worker"]
         yield from _requests(frontend.metrics, scheduler)
+        yield _queue_limits(self.supervisor.config.scheduler.classes)
         yield from _workers(workers)
         yield from _contexts(scheduler)
         yield from _models(scheduler)
@@ -73,6 +74,11 @@ def _requests(front: dict, scheduler: SchedulerStats):
                       [([cls], h) for cls, h in front.get("itl", [])])
     yield _histograms("mcpd_queue_time_seconds", "Time a request waited for a worker", [],
                       [([], scheduler.queue_time)] if scheduler.queue_time is not None else [])
+    queue_p99 = GaugeMetricFamily("mcpd_queue_time_p99_seconds", "Recent queueing p99 the batching window steers, "
+                                  "per class", labels=["class"])
+    for cls, figures in sorted(scheduler.classes.items()):
+        queue_p99.add_metric([cls], figures["queue_p99_ms"] / 1e3)
+    yield queue_p99
     waiting = {name: figures["queued"] for name, figures in scheduler.classes.items()}
     inflight = front.get("inflight", {})
     waiting_family = GaugeMetricFamily("mcpd_requests_waiting", "Requests queued for a worker", labels=["class"])
@@ -83,6 +89,15 @@ def _requests(front: dict, scheduler: SchedulerStats):
         running_family.add_metric([cls], max(0, inflight.get(cls, 0) - waiting.get(cls, 0)))
     yield waiting_family
     yield running_family
+
+
+def _queue_limits(classes: dict):
+    """Each class's max_queue, so that a rule can read how full a queue is, not just how long."""
+    family = GaugeMetricFamily("mcpd_requests_waiting_max", "Requests a class may queue before OVERLOADED",
+                               labels=["class"])
+    for name, cls in sorted(classes.items()):
+        family.add_metric([name], cls.max_queue)
+    return family
 
 
 def _workers(workers):
@@ -97,6 +112,7 @@ def _workers(workers):
         ("internal_waste_frac", "mcpd_pool_internal_waste_ratio", "Bytes handed out beyond what was asked"),
         ("external_fragmentation", "mcpd_pool_fragmentation_ratio", "1 - largest free block / free bytes"),
         ("kv_waste_frac", "mcpd_kv_waste_ratio", "Unused token slots in held KV blocks"),
+        ("kv_blocks_total", "mcpd_kv_blocks", "KV blocks the worker has room for"),
         ("kv_blocks_used", "mcpd_kv_blocks_used", "KV blocks held by sequences"),
         ("running", "mcpd_engine_running_sequences", "Sequences in the engine's running batch"),
         ("waiting", "mcpd_engine_waiting_sequences", "Sequences admitted to the engine, not yet running"))}
@@ -155,10 +171,25 @@ def _contexts(scheduler: SchedulerStats):
         if value is not None:
             yield GaugeMetricFamily(name, text, value=value)
     cache = scheduler.cache   # the host shared-memory cache's arena, which the scheduler reads
-    for key, kind in (("bytes", GaugeMetricFamily), ("entries", GaugeMetricFamily), ("hits", CounterMetricFamily),
-                      ("misses", CounterMetricFamily), ("evictions", CounterMetricFamily)):
+    for key, name, kind, text in (
+            ("total_bytes", "bytes", GaugeMetricFamily, "Host cache size"),
+            ("used_bytes", "used_bytes", GaugeMetricFamily, "Host cache bytes handed out"),
+            ("entries", "entries", GaugeMetricFamily, "Host cache entries"),
+            ("hits", "hits", CounterMetricFamily, "Host cache lookups that found their entry"),
+            ("misses", "misses", CounterMetricFamily, "Host cache lookups that did not"),
+            ("evictions", "evictions", CounterMetricFamily, "Host cache entries evicted for room")):
         if key in cache:
-            yield kind(f"mcpd_context_cache_{key}", f"Context cache {key}", value=cache[key])
+            yield kind(f"mcpd_context_cache_{name}", text, value=cache[key])
+    yield from _journal(scheduler.persistence)
+
+
+def _journal(persistence: dict):
+    if "journal_bytes" in persistence:
+        yield GaugeMetricFamily("mcpd_journal_bytes", "Bytes of the context journal since its snapshot",
+                                value=persistence["journal_bytes"])
+    if "fsync_seconds" in persistence:
+        yield _histograms("mcpd_journal_fsync_seconds", "Time of one fdatasync of the context journal", [],
+                          [([], persistence["fsync_seconds"])])
 
 
 def _histograms(name: str, text: str, labels: list[str], series: list[tuple[list[str], dict]]):
