@@ -6,6 +6,10 @@ of the job's rank or above. A more important job is therefore never held back by
 ones: it goes to the worker anyway, and the engine there preempts a less important sequence if
 its seats or KV blocks are taken.
 
+A tenant running at least `headroom` jobs on a worker leaves that worker's last `headroom` free
+slots of a rank to tenants running fewer there: a flood that fills a worker still leaves a
+newcomer a seat at once, instead of a wait for one of the flood's long requests to end.
+
 A suspect job (one that was running when a worker died or its engine raised) runs alone: it goes
 only to an idle worker, and nothing else goes to a worker while it runs there. If it is what broke
 the first worker, the second failure then costs no other request.
@@ -38,21 +42,33 @@ class WorkerSlot:
     def load_at_or_above(self, rank: int) -> int:
         return sum(1 for job in self.jobs.values() if job.rank >= rank)
 
+    def load_of(self, client: str, rank: int) -> int:
+        return sum(1 for job in self.jobs.values() if job.client == client and job.rank >= rank)
+
     @property
     def runs_suspect(self) -> bool:
         return any(job.suspect for job in self.jobs.values())
 
 
-def room_for(slot: WorkerSlot, job: Job, per_worker: int) -> int:
+def headroom_of(per_worker: int, configured: int) -> int:
+    """The slots kept free of big tenants: at most a quarter, so that one tenant alone still
+    fills three quarters of a worker (and a worker of 1-3 slots keeps none)."""
+    return min(configured, per_worker // 4)
+
+
+def room_for(slot: WorkerSlot, job: Job, per_worker: int, headroom: int = 0) -> int:
     if not slot.ready or slot.runs_suspect:
         return 0
     if job.suspect:
         return 0 if slot.jobs else 1
-    return per_worker - slot.load_at_or_above(job.rank)
+    free = per_worker - slot.load_at_or_above(job.rank)
+    if headroom and slot.load_of(job.client, job.rank) >= headroom:
+        return free - headroom
+    return free
 
 
-def choose(job: Job, slots, per_worker: int) -> WorkerSlot | None:
-    candidates = [s for s in slots if room_for(s, job, per_worker) > 0]
+def choose(job: Job, slots, per_worker: int, headroom: int = 0) -> WorkerSlot | None:
+    candidates = [s for s in slots if room_for(s, job, per_worker, headroom) > 0]
     if not candidates:
         return None
     if job.context is not None:
