@@ -152,3 +152,12 @@ def test_a_full_global_queue_displaces_the_biggest_tenant_of_the_newcomers_class
 def test_tenant_shares_are_checked(share, why):
     with pytest.raises(ConfigError, match=why):
         from_dict({"scheduler": {"tenants": {"a": share}}})
+
+
+def test_tenant_shares_apply_on_reload():
+    core = core_with()
+    flood(core, "a", range(1, 4))
+    reloaded = from_dict({"scheduler": {"tenants": {"a": {"max_queued": 3}}}})
+    assert "scheduler.tenants" in core.apply_config(reloaded)
+    flood(core, "a", [4])
+    assert core.ports.finals()[4]["code"] == codes.OVERLOADED and len(core.queue) == 3

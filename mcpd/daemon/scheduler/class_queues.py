@@ -1,17 +1,17 @@
-"""The waiting requests, one FIFO per priority class, and which one goes next.
+"""The waiting requests, one queue per priority class and lane, and which one goes next.
 
-Next is the head with the highest effective rank, the older on a tie. Effective rank is the
-class's rank plus one for every max_age_s its oldest request has waited (the starvation guard: a
-low-priority request that waited past its class's age limit moves up a class, then another),
-never above the top class. Under the fifo policy every rank counts as equal, so the oldest head goes: arrival order.
+Next is the head of the queue with the highest effective rank, the older on a tie. Effective rank
+is the class's rank plus one for every max_age_s the queue's oldest request has waited (the
+starvation guard: a low-priority request that waited past its class's age limit moves up a
+class, then another), never above the top class. Under the fifo policy every rank counts as
+equal, so the oldest request goes: arrival order.
 
-Each class has one FIFO per lane: the model version its requests were routed to (job.served;
+Each class has one queue per lane: the model version its requests were routed to (job.served;
 None for ops any worker runs). Versions have workers of their own, so a request waiting for a
 busy version must not hold up another version's behind it in its class: the dispatcher names the
 lanes it could not place (peek's `blocked`) and takes the next head of another lane.
 
-Within a class and lane, tenants share fairly (fair_queue.py): the head is the fair queue's next
-job, and aging counts from the oldest job waiting there. Under fifo it is the oldest job.
+Within a queue, tenants share fairly (fair_queue.py): its head is the fair queue's next job.
 """
 from __future__ import annotations
 

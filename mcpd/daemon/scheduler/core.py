@@ -221,8 +221,9 @@ class Scheduler:
             self.admission.price(job)
         if displaced is not None:
             self.queue.remove(displaced)
-            self._fail(displaced, codes.OVERLOADED, f"displaced from the full queue by a request of "
-                       f"class {job.class_name!r}", self.config.scheduler.overloaded_retry_ms)
+            self._fail(displaced, codes.OVERLOADED, f"displaced from the full queue by a request of class "
+                       f"{job.class_name!r}{self._biggest_note(displaced, job)}",
+                       self.config.scheduler.overloaded_retry_ms)
         job.seq = next(self.arrivals)
         self.queue.push(job, self.admission.tenants.weight(job.client))
         self.jobs[job.rid] = job
@@ -230,6 +231,13 @@ class Scheduler:
             self.deadlines.add(job.deadline, job.rid)
         if job.served is not None and args.context is None:
             self._shadow(job, now)
+
+    @staticmethod
+    def _biggest_note(displaced: Job, job: Job) -> str:
+        """Why a request of its own class took its place: its tenant holds the most waiting there."""
+        if displaced.class_name != job.class_name:
+            return ""
+        return f" (tenant {displaced.client!r} holds the most of the class's waiting requests)"
 
     def _shadow(self, job: Job, now: float) -> None:
         """Queue a copy of the job on its model's shadow candidate, if this one is due for it
