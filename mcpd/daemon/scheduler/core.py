@@ -357,16 +357,14 @@ class Scheduler:
         blocked = set()   # lanes (model versions) with no room now: the others still go
         held = {}         # by lane: tenants with no room there now (their caps, the headroom)
         while (job := self.queue.peek(now, blocked, held)) is not None:
-            serving = self._serving(job.served)
-            slot = None if tenants.capped(job.client) else router.choose(job, serving, per_worker, tenants.headroom)
-            if slot is None:
-                if tenants.capped(job.client) or router.choose(job, serving, per_worker):
+            slot, free, room, lane_open = router.choose(job, self._serving(job.served), per_worker, tenants.headroom)
+            if slot is None or tenants.capped(job.client):
+                if lane_open:
                     held.setdefault(job.served, set()).add(job.client)
                 else:
                     blocked.add(job.served)
                 continue
-            room = router.room_for(slot, job, per_worker, tenants.headroom)
-            group = [job] + self.queue.same_bin(job, room - 1, now, tenants.group_filter(slot, job))
+            group = [job] + self.queue.same_bin(job, room - 1, now, tenants.group_filter(slot, job, free))
             if self._hold(group, room, now):
                 return
             if not self._send_jobs(slot, group, now):

@@ -20,8 +20,8 @@ class TenantShares:
         self.configure(config)
 
     def configure(self, config: SchedulerConfig) -> None:
-        self.config, self.per_worker = config, config.max_inflight_per_worker
-        self.headroom = router.headroom_of(self.per_worker, config.tenant_headroom)
+        self.config = config
+        self.headroom = router.headroom_of(config.max_inflight_per_worker, config.tenant_headroom)
 
     def weight(self, tenant: str) -> float:
         return self.config.tenant(tenant).weight
@@ -44,16 +44,19 @@ class TenantShares:
         if (left := self.running.pop(job.client, 0) - 1) > 0:
             self.running[job.client] = left
 
-    def group_filter(self, slot: WorkerSlot, first: Job):
-        """A predicate for the jobs that join `first` on `slot`, counting each one it takes
-        against its tenant's max_running and the slot's headroom (router.py)."""
+    def group_filter(self, slot: WorkerSlot, first: Job, free: int):
+        """A predicate for the jobs that join `first` on `slot` (free: its room for first's rank),
+        counting each one it takes against its tenant's max_running and the slot's headroom
+        (router.py)."""
         chosen = {first.client: 1}
-        free = self.per_worker - slot.load_at_or_above(first.rank)
+        running_there = {}   # by tenant, counted once per group
 
         def fits(job: Job) -> bool:
             mine = chosen.get(job.client, 0)
             left = free - sum(chosen.values())
-            big = slot.load_of(job.client, job.rank) + mine >= self.headroom
+            if job.client not in running_there:
+                running_there[job.client] = slot.load_of(job.client, first.rank)
+            big = running_there[job.client] + mine >= self.headroom
             if self.capped(job.client, mine) or (self.headroom and big and left <= self.headroom):
                 return False
             chosen[job.client] = mine + 1
