@@ -511,15 +511,16 @@ def attack_priority_inversion(run: Run) -> Outcome:
 
 
 def attack_noisy_neighbour(run: Run) -> Outcome:
-    """Tenant a holds 64 long generates in the default class; tenant b's 1-token p99 under that
-    flood must stay within 2x its idle p99 (`noisy_neighbour`), and no request of either may lose
-    its final."""
+    """Tenant a holds a worker's 64 slots and more waiting with long generates in the default
+    class; tenant b's 1-token p99 under that flood must stay within 2x its idle p99
+    (`noisy_neighbour`), and no request of either may lose its final."""
     d = run.daemon(engine={"pool_bytes": 512 * MiB})
     victims = 30 if run.quick else 200
     with d.client(tenant="a") as a, d.client(tenant="b") as b:
         b.generate("warm up", max_tokens=1)
         idle = victim_latencies(b, victims)
-        flood = [a.send("generate", {"prompt": f"flood {i}", "max_tokens": 2048, "ignore_eos": True}) for i in range(64)]
+        flood = [a.send("generate", {"prompt": f"flood {i}", "max_tokens": 2048, "ignore_eos": True})
+                 for i in range(96)]
         d.wait_until(lambda: b.status()["inflight"] == len(flood), 30, "a's flood admitted")
         loaded = victim_latencies(b, victims)
         ended_early = b.status()["inflight"] < len(flood)   # a's flood ran out before b was measured

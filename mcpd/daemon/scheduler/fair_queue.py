@@ -37,7 +37,8 @@ class FairQueue:
         self.size += 1
 
     def push_front(self, job: Job) -> None:
-        """A retried job keeps its old tag (below its tenant's newer ones) and leads its FIFO."""
+        """A retried job leads its tenant's FIFO, with a tag no later than now: it has waited."""
+        job.tag = min(job.tag, self.vtime)
         fifo = self.tenants.setdefault(job.client, OrderedDict())
         fifo[job.rid] = job
         fifo.move_to_end(job.rid, last=False)
