@@ -60,6 +60,18 @@ def test_an_idle_tenant_earns_no_credit_while_away():
     assert [j.client for j in serve(queues, 6)] == ["b", "a"] * 3
 
 
+def test_a_retried_job_goes_first_again_in_a_queue_that_emptied_meanwhile():
+    queues = ClassQueues(CLASSES, fifo=False)
+    queues.push(job(1, "a"))
+    queues.push(job(2, "a"))
+    retried = serve(queues, 2)[1]   # both on a worker; the queue is empty
+    for rid in (3, 4, 5):
+        queues.push(job(rid, "b"))
+    retried.retries += 1             # its worker died: it comes back
+    queues.push_front(retried)
+    assert [j.rid for j in serve(queues, 4)] == [2, 3, 4, 5]
+
+
 def test_aging_counts_from_the_oldest_waiting_job_and_fifo_keeps_arrival_order():
     queues = ClassQueues(CLASSES, fifo=False)
     queues.push(job(1, "a", enqueued=0.0))
