@@ -36,5 +36,5 @@ class Job:
     @property
     def suspect(self) -> bool:
         """It was on a worker that died or failed a step: it runs alone there, so that if it is
-        the cause it fails alone (router.room_for)."""
+        the cause it fails alone (router.rooms)."""
         return self.retries > 0

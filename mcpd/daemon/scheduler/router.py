@@ -50,11 +50,7 @@ def headroom_of(per_worker: int, configured: int) -> int:
     return min(configured, per_worker // 4)
 
 
-def room_for(slot: WorkerSlot, job: Job, per_worker: int, headroom: int = 0) -> int:
-    return rooms(slot, job, per_worker, headroom)[1]
-
-
-def rooms(slot: WorkerSlot, job: Job, per_worker: int, headroom: int) -> tuple[int, int]:
+def rooms(slot: WorkerSlot, job: Job, per_worker: int, headroom: int = 0) -> tuple[int, int]:
     """(room for the job's rank, room for the job's tenant) on the slot, in one pass over its jobs:
     it runs on every dispatch."""
     if not slot.ready:
