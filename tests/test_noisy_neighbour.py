@@ -1,19 +1,19 @@
 """One tenant's flood does not starve another of its class, on a real daemon: tenant a fills the
 worker's slots and the whole queue with long generates; tenant b's 1-token requests are each
-admitted (the first by taking the place of a's newest waiting request) and seated at once (the worker's
-headroom slots), so all of b's end while every one of a's still runs. The order, not the clock:
-a's requests need 256 engine steps each, b's one or two."""
+admitted (the first by taking the place of a's newest waiting request) and seated at once (the
+worker's headroom slots), so all of b's end while every one of a's still runs. The order, not
+the clock: a's requests need 1,024 engine steps each, b's one or two."""
 from mcpd.protocol import codes
 from mcpd.testing import final_reply
 
 FLOOD, QUEUE, PER_WORKER = 72, 8, 64
 HEADROOM = 4   # scheduler.tenant_headroom's default
-LONG = 256
+LONG = 1024
 
 
 def test_a_flooding_tenant_leaves_another_of_its_class_a_place_and_a_seat(fresh_daemon):
     d = fresh_daemon(scheduler={"max_queue": QUEUE, "max_inflight_per_worker": PER_WORKER},
-                     engine={"max_num_seqs": PER_WORKER, "pool_bytes": 256 << 20})
+                     engine={"max_num_seqs": PER_WORKER, "pool_bytes": 512 << 20})
     with d.client(tenant="a") as a, d.client(tenant="b") as b:
         flood = [a.send("generate", {"prompt": f"long {i}", "max_tokens": LONG, "ignore_eos": True})
                  for i in range(FLOOD)]
