@@ -512,6 +512,42 @@ def attack_priority_inversion(run: Run) -> Outcome:
     return Outcome(refused == 0, {"critical": dict(critical_codes), "low": dict(low_codes)})
 
 
+def attack_noisy_neighbour(run: Run) -> Outcome:
+    """Tenant a holds a worker's 64 slots and more waiting with long generates in the default
+    class; tenant b's 1-token p99 under that flood must stay within 2x its idle p99
+    (`noisy_neighbour`), and no request of either may lose its final."""
+    d = run.daemon(engine={"pool_bytes": 512 * MiB})
+    victims = 30 if run.quick else 200
+    with d.client(tenant="a") as a, d.client(tenant="b") as b:
+        b.generate("warm up", max_tokens=1)
+        idle = victim_latencies(b, victims)
+        flood = [a.send("generate", {"prompt": f"flood {i}", "max_tokens": 2048, "ignore_eos": True})
+                 for i in range(96)]
+        d.wait_until(lambda: b.status()["inflight"] == len(flood), 30, "a's flood admitted")
+        loaded = victim_latencies(b, victims)
+        ended_early = b.status()["inflight"] < len(flood)   # a's flood ran out before b was measured
+        for rid in flood:
+            a.cancel(rid)
+        flood_codes = Counter(final_code(a, rid) for rid in flood)
+    p99_idle, p99_flood = percentile(idle, 0.99), percentile(loaded, 0.99)
+    ratio = round(p99_flood / p99_idle, 2)
+    lost = sum(n for code, n in flood_codes.items() if code == codes.TIMEOUT)
+    return Outcome(ratio <= 2 and not ended_early and lost == 0,
+                   {"noisy_neighbour": ratio, "p99_idle_ms": round(p99_idle * 1000, 1),
+                    "p99_flood_ms": round(p99_flood * 1000, 1), "victim_requests": victims,
+                    "flood_finals": dict(flood_codes), "flood_ended_early": ended_early}, lost_finals=lost)
+
+
+def victim_latencies(client: Client, count: int) -> list[float]:
+    """Seconds each of `count` 1-token generates took, one after the other."""
+    seconds = []
+    for i in range(count):
+        started = time.perf_counter()
+        client.generate(f"victim {i}", max_tokens=1)
+        seconds.append(time.perf_counter() - started)
+    return seconds
+
+
 def attack_frontend_huge_message(run: Run) -> Outcome:
     """One multipart message of 30 frames, each just under the frame limit, sent as fast as it
     goes: the front-end must not buffer it whole."""
@@ -1126,7 +1162,7 @@ ATTACKS = {
     "poison_request": attack_poison_request,
     # their own daemons
     "claimed_routing_ids": attack_claimed_routing_ids, "connection_flood": attack_connection_flood,
-    "http_connection_flood": attack_http_connection_flood,
+    "http_connection_flood": attack_http_connection_flood, "noisy_neighbour": attack_noisy_neighbour,
     "priority_inversion": attack_priority_inversion, "cache_filling": attack_cache_filling,
     "damaged_journal": attack_damaged_journal, "damaged_snapshot": attack_damaged_snapshot,
     "journal_is_a_directory": attack_journal_is_a_directory, "journal_over_field_limit": attack_journal_over_field_limit,
@@ -1138,7 +1174,7 @@ ATTACKS = {
 QUICK = ("garbage_frames", "msgpack_abuse", "zstd_bombs", "cross_tenant", "frontend_huge_message",
          "frontend_slow_senders", "slow_consumer", "many_fields", "http_oversized_bodies", "http_slow_bodies",
          "http_bad_json", "http_header_flood", "http_idle_connections", "local_identity", "poison_request",
-         "mcpctl_version")
+         "mcpctl_version", "noisy_neighbour")
 
 
 def run_one(run: Run, attack) -> Outcome:

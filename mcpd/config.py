@@ -63,6 +63,29 @@ class PriorityClass:
 CLASS_NAME = re.compile(r"[a-z0-9_-]{1,32}")
 
 
+@dataclass(frozen=True)
+class TenantShare:
+    """One tenant's share within each class, [scheduler.tenants.<name>]; "*" is every tenant not named."""
+    weight: float = 1.0        # its share of each class's tokens against the others' weights
+    max_queued: int = 0        # its waiting requests, all classes; 0 = no cap of its own
+    max_running: int = 0       # its requests on workers, all of them; 0 = no cap of its own
+
+    def check(self, name: str) -> None:
+        if not 1 <= len(name) <= 64:
+            raise ConfigError(f"scheduler.tenants.{name}: a tenant name is 1..64 characters")
+        if not MIN_TENANT_WEIGHT <= self.weight <= MAX_TENANT_WEIGHT:   # bounded: tags never overflow
+            raise ConfigError(f"scheduler.tenants.{name}.weight = {self.weight}: must be in "
+                              f"[{MIN_TENANT_WEIGHT:g}, {MAX_TENANT_WEIGHT:g}]")
+        for key in ("max_queued", "max_running"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"scheduler.tenants.{name}.{key} = {getattr(self, key)}: must be >= 0")
+
+
+MIN_TENANT_WEIGHT, MAX_TENANT_WEIGHT = 0.001, 1000.0
+OTHER_TENANTS = "*"   # the [scheduler.tenants] entry of every tenant not named
+DEFAULT_SHARE = TenantShare()
+
+
 def _default_classes() -> dict[str, PriorityClass]:
     return {"critical": PriorityClass(rank=3, max_queue=256),
             "high": PriorityClass(rank=2, max_queue=512),
@@ -84,7 +107,12 @@ class SchedulerConfig:
     window_smoothing: float = 0.2      # weight of each new adjustment (EWMA): lower is steadier
     degrade_queue_depth: int = 256     # overload: at least this many requests waiting
     degrade_after_s: float = 5.0       # overload this long: cap max_tokens; twice as long: shed
+    tenant_headroom: int = 4           # a worker's last free slots kept for tenants running fewer there
     classes: dict[str, PriorityClass] = field(default_factory=_default_classes)
+    tenants: dict[str, TenantShare] = field(default_factory=dict)
+
+    def tenant(self, name: str) -> TenantShare:
+        return self.tenants.get(name) or self.tenants.get(OTHER_TENANTS) or DEFAULT_SHARE
 
     def check(self) -> None:
         if self.policy not in ("priority", "fifo"):
@@ -92,7 +120,8 @@ class SchedulerConfig:
         for key in ("max_queue", "max_inflight", "max_inflight_per_worker", "degrade_queue_depth"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"scheduler.{key} = {getattr(self, key)}: must be >= 1")
-        for key in ("overloaded_retry_ms", "window_target_p99_ms", "window_min_ms", "degrade_after_s"):
+        for key in ("tenant_headroom", "overloaded_retry_ms", "window_target_p99_ms", "window_min_ms",
+                    "degrade_after_s"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"scheduler.{key} = {getattr(self, key)}: must be >= 0")
         if self.window_max_ms < self.window_min_ms:
@@ -100,6 +129,8 @@ class SchedulerConfig:
         if not 0 < self.window_smoothing <= 1:
             raise ConfigError(f"scheduler.window_smoothing = {self.window_smoothing}: must be in (0, 1]")
         self._check_classes()
+        for name, share in self.tenants.items():
+            share.check(name)
 
     def _check_classes(self) -> None:
         if not self.classes:

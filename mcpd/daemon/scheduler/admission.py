@@ -10,8 +10,12 @@ with what later steps need: class, client, cost, length bin, deadline and any ma
 The global limits (in flight, all queues) never let less important work lock out more important
 work: when they are reached, a request displaces the least important waiting request if that one
 ranks below it (the newest of those, which has waited least); the caller answers the displaced one
-OVERLOADED with retry_after_ms. Never the other way round, and never across a class's own
-max_queue, which is that class's limit alone.
+OVERLOADED with retry_after_ms. Never the other way round.
+
+Nor does one tenant lock the others out of a class: when a limit is reached (the class's
+max_queue, or a global one with nothing less important waiting), a request displaces the newest
+waiting request of the class's biggest tenant, if that tenant holds at least two more of the
+class's waiting requests than the newcomer's does. A tenant's own max_queued is checked first.
 """
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ from mcpd.daemon.scheduler.degradation import DegradationLadder
 from mcpd.daemon.scheduler.fast_rung import FastRung
 from mcpd.daemon.scheduler.job import Job
 from mcpd.daemon.scheduler.rate_limiter import RateLimiter
+from mcpd.daemon.scheduler.tenant_shares import TenantShares
 from mcpd.protocol import codes
 from mcpd.protocol.args import GenerateArgs
 from mcpd.protocol.codes import MCPDError
@@ -33,11 +38,13 @@ class Admission:
         self.rate_limiter = RateLimiter(config.classes)
         self.ladder = DegradationLadder(config.degrade_queue_depth, config.degrade_after_s)
         self.fast = FastRung()
+        self.tenants = TenantShares(config)
         self.configure(config)
 
     def configure(self, config: SchedulerConfig) -> None:
         self.config = config
         self.rate_limiter.configure(config.classes)
+        self.tenants.configure(config)
         self.ladder.configure(config.degrade_queue_depth, config.degrade_after_s)
 
     def class_of(self, priority: str | None) -> str:
@@ -64,17 +71,25 @@ class Admission:
         retry = self.config.overloaded_retry_ms
         if self.ladder.sheds(cls, now):
             raise MCPDError(codes.OVERLOADED, f"overloaded: class {job.class_name!r} is shed for now", retry)
+        self.tenants.check_queue(job.client, queues.waiting.get(job.client, 0))
         if queues.depth(job.class_name) >= cls.max_queue:
-            raise MCPDError(codes.OVERLOADED, f"queue of class {job.class_name!r} is full "
-                            f"({queues.depth(job.class_name)} waiting)", retry)
+            return self._displace_biggest(job, queues, f"queue of class {job.class_name!r} is full "
+                                                       f"({queues.depth(job.class_name)} waiting)")
         if inflight < self.config.max_inflight and len(queues) < self.config.max_queue:
             return None
-        displaced = queues.least_important_below(queues.effective_rank(job, now), now)
+        displaced = (queues.least_important_below(queues.effective_rank(job, now), now)
+                     or queues.biggest_tenant_newest(job.class_name, job.client))
         if displaced is not None:
             return displaced
         if inflight >= self.config.max_inflight:
             raise MCPDError(codes.OVERLOADED, f"{inflight} requests in flight (scheduler.max_inflight)", retry)
         raise MCPDError(codes.OVERLOADED, f"queue is full ({len(queues)} waiting)", retry)
+
+    def _displace_biggest(self, job: Job, queues: ClassQueues, refusal: str) -> Job:
+        displaced = queues.biggest_tenant_newest(job.class_name, job.client)
+        if displaced is None:
+            raise MCPDError(codes.OVERLOADED, refusal, self.config.overloaded_retry_ms)
+        return displaced
 
     @staticmethod
     def _stamp(job: Job, cap: int | None, now: float) -> None:

@@ -5,7 +5,9 @@ sockets and the process.
 What it decides (policies beside it in this package, one per file):
 - admission: class, limits, in-flight cap, per-client rate limits, degradation (admission.py);
   a request refused is answered at once (OVERLOADED / RATE_LIMITED with retry_after_ms).
-- order: the most important waiting request goes first, with aging (class_queues.py).
+- order: the most important waiting request goes first, with aging (class_queues.py); within a
+  class, tenants share by weight (fair_queue.py), and no tenant takes a worker's last slots from
+  the others nor runs or queues past its own caps (tenant_shares.py, router.py).
 - batching: when the node is busy a prefill may wait up to its class's adaptive window for others
   of its length bin, then they go to a worker together (batching_window.py).
 - models: which version of which model a generate runs on, by the request and the model's
@@ -203,7 +205,7 @@ class Scheduler:
                         code=codes.INTERNAL)
 
     def _admit(self, job: Job) -> None:
-        now = self.clock()
+        now = job.enqueued = self.clock()   # by this clock: admission ranks it by its age
         if self.poison.holds(job.request, now):
             raise MCPDError(codes.INTERNAL, "an identical request from this tenant failed twice on workers "
                             "in the last minutes; it is not run again for now (change it, or report the bug)")
@@ -219,15 +221,23 @@ class Scheduler:
             self.admission.price(job)
         if displaced is not None:
             self.queue.remove(displaced)
-            self._fail(displaced, codes.OVERLOADED, f"displaced from the full queue by a request of "
-                       f"class {job.class_name!r}", self.config.scheduler.overloaded_retry_ms)
-        job.seq, job.enqueued = next(self.arrivals), now
-        self.queue.push(job)
+            self._fail(displaced, codes.OVERLOADED, f"displaced from the full queue by a request of class "
+                       f"{job.class_name!r}{self._biggest_note(displaced, job)}",
+                       self.config.scheduler.overloaded_retry_ms)
+        job.seq = next(self.arrivals)
+        self.queue.push(job, self.admission.tenants.weight(job.client))
         self.jobs[job.rid] = job
         if job.deadline is not None:
             self.deadlines.add(job.deadline, job.rid)
         if job.served is not None and args.context is None:
             self._shadow(job, now)
+
+    @staticmethod
+    def _biggest_note(displaced: Job, job: Job) -> str:
+        """Why a request of its own class took its place: its tenant holds the most waiting there."""
+        if displaced.class_name != job.class_name:
+            return ""
+        return f" (tenant {displaced.client!r} holds the most of the class's waiting requests)"
 
     def _shadow(self, job: Job, now: float) -> None:
         """Queue a copy of the job on its model's shadow candidate, if this one is due for it
@@ -249,7 +259,7 @@ class Scheduler:
                    prompt_ids=job.prompt_ids, served=(model, candidate), compare=True)
         job.compare = True
         self.shadow.start(model, job.rid, rid)
-        self.queue.push(copy)
+        self.queue.push(copy, self.admission.tenants.weight(copy.client))
         self.jobs[rid] = copy
 
     def _tokenize(self, job: Job, args: GenerateArgs) -> None:
@@ -343,14 +353,18 @@ class Scheduler:
         for name, window in self.windows.items():
             self.admission.fast.update(name, self.config.scheduler.classes.get(name), window.recent_p99_ms)
         per_worker = self.config.scheduler.max_inflight_per_worker
+        tenants = self.admission.tenants
         blocked = set()   # lanes (model versions) with no room now: the others still go
-        while (job := self.queue.peek(now, blocked)) is not None:
-            slot = router.choose(job, self._serving(job.served), per_worker)
-            if slot is None:
-                blocked.add(job.served)
+        held = {}         # by lane: tenants with no room there now (their caps, the headroom)
+        while (job := self.queue.peek(now, blocked, held)) is not None:
+            slot, free, room, lane_open = router.choose(job, self._serving(job.served), per_worker, tenants.headroom)
+            if slot is None or tenants.capped(job.client):
+                if lane_open:
+                    held.setdefault(job.served, set()).add(job.client)
+                else:
+                    blocked.add(job.served)
                 continue
-            room = router.room_for(slot, job, per_worker)
-            group = [job] + self.queue.same_bin(job, room - 1, now)
+            group = [job] + self.queue.same_bin(job, room - 1, now, tenants.group_filter(slot, job, free))
             if self._hold(group, room, now):
                 return
             if not self._send_jobs(slot, group, now):
@@ -391,8 +405,9 @@ class Scheduler:
         return messages.encode(dispatch, *([job.history] if job.context else []))
 
     def _dispatched(self, slot: WorkerSlot, job: Job, now: float) -> None:
-        self.queue.remove(job)
+        self.queue.served(job)
         slot.jobs[job.rid] = job
+        self.admission.tenants.started(job)
         job.dispatched = now
         self.dispatched += 1
         if not job.retries:   # a job requeued after its worker died was counted when first sent
@@ -454,7 +469,13 @@ class Scheduler:
 
     def _done(self, slot: WorkerSlot, rid: int) -> Job | None:
         self.jobs.pop(rid, None)
-        return slot.jobs.pop(rid, None)
+        return self._off_worker(slot, rid)
+
+    def _off_worker(self, slot: WorkerSlot, rid: int) -> Job | None:
+        job = slot.jobs.pop(rid, None)
+        if job is not None:
+            self.admission.tenants.ended(job)
+        return job
 
     def _commit_turn(self, slot: WorkerSlot, turn: messages.TurnResult) -> None:
         """A context generate ended well on a worker: commit what it appended (its prompt and its
@@ -476,7 +497,7 @@ class Scheduler:
         self._reply(turn.rid, wire.ok_reply(request_id, {**turn.result, "context": context}))
 
     def _step_failed(self, slot: WorkerSlot, reason: str, rids: list[int]) -> None:
-        jobs = [job for rid in rids if (job := slot.jobs.pop(rid, None))]
+        jobs = [job for rid in rids if (job := self._off_worker(slot, rid))]
         requeued = self._retry_or_answer(jobs, codes.INTERNAL, f"the engine failed while running the request: {reason}",
                                          f"the engine failed twice while running the request (the second time alone): {reason}")
         self.log.warning("worker %d: an engine step failed (%s): %d request(s) requeued, %d answered",
@@ -496,7 +517,7 @@ class Scheduler:
         if slot is None or slot.pid != pid:
             return   # already handled, or the message is about an older incarnation
         slot.ready, slot.pid = False, None
-        jobs, slot.jobs = list(slot.jobs.values()), {}
+        jobs = [self._off_worker(slot, rid) for rid in list(slot.jobs)]
         requeued = self._retry_or_answer(jobs, codes.WORKER_LOST, f"worker {slot.index} died while running the request",
                                          "the request's worker died twice (the second time it ran alone); not retried again")
         self.log.warning("worker %d lost: %d request(s) requeued, %d answered", slot.index, requeued, len(jobs) - requeued)

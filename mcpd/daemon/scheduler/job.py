@@ -21,6 +21,7 @@ class Job:
     deadline: float | None = None     # monotonic; None = no deadline
     max_tokens_cap: int | None = None   # set by the degradation ladder
     seq: int = 0                      # arrival order, daemon-wide
+    tag: float = 0.0                  # its start tag among its class's tenants (fair_queue.py)
     enqueued: float = field(default_factory=time.monotonic)
     rank: int = 0                     # effective rank when dispatched (after aging)
     started_streaming: bool = False
@@ -35,5 +36,5 @@ class Job:
     @property
     def suspect(self) -> bool:
         """It was on a worker that died or failed a step: it runs alone there, so that if it is
-        the cause it fails alone (router.room_for)."""
+        the cause it fails alone (router.rooms)."""
         return self.retries > 0
