@@ -1,6 +1,5 @@
-"""Red team: every attack the daemon must hold (hostile tenants and input, damaged disks, kills, careless
-operators), against the
-real daemon on loopback, each bounded in time.
+"""Red team: every attack the daemon must hold (hostile tenants and input, damaged disks, kills,
+careless operators), against the real daemon on loopback, each bounded in time.
 
     python bench/redteam.py [--quick] [--only NAME ...]
 
