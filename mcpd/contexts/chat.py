@@ -10,16 +10,20 @@ merge tokens across any boundary in the text that is not a special token. Render
 conversation as text and tokenizing it whole is what the stateless client's request does, so no
 argument about where merges may happen is needed: the turn's tokens are those by construction.
 
-The turn then keeps the longest common prefix of the context's tokens and the conversation's, and
-prefills only the rest (the worker's prefix cache holds the KV of what is kept). That prefix is
-everything the context holds when its last answer is the conversation's tokenization of itself:
-an answer ended by the template's own end token (ChatML's `<|im_end|>`, Llama 3's `<|eot_id|>`),
-after which the template's next text starts anew at a special token. It is shorter where the
-stored tail is not what the client would send back: an end token the template does not write
-(the embedded template closes an answer with "\\n", not EOS), an answer cut by `max_tokens` (the
-template closes it, as it closes the partial answer a stateless client sends), or by a stop string,
-or mid-character, or a model's spelling of its answer that the tokenizer would not produce: those
-tail tokens are replaced by the conversation's own.
+The turn then keeps the longest common prefix of the chat's tokens and the conversation's, and
+prefills only the rest (the worker's prefix cache holds the KV of what is kept): it runs on the
+kept tokens, equal to the conversation's first ones, then the conversation's remaining ones, which
+is the conversation's tokens exactly (after the tokens the context held before the chat began,
+none for a context that began with it). That prefix is all the chat's tokens when the last
+answer's tokens are the tokenizer's spelling of its text, the usual case, whether the answer was
+ended by the template's own end token (ChatML's `<|im_end|>`, Llama 3's `<|eot_id|>`) or cut by
+`max_tokens` (the template closes the partial answer, as it closes the one a stateless client
+sends back): the template's text after an answer starts at a special token, where no merge
+reaches across. It is shorter where the stored tail is not what the client sends back: an end
+token the template does not write (the embedded template closes an answer with "\\n", not EOS), the
+tokens of a stop string (not in the text), a character cut in half (U+FFFD in the text), a
+template that rewrites the answer (Llama 3's trims it), a spelling of the answer the tokenizer
+would not produce: those tail tokens are replaced by the conversation's own.
 
 The record is the context field `mcpd.chat` (msgpack: start, end, messages): the chat's tokens are
 tokens[start:end]. A context whose token count is not `end` was changed by something else since
