@@ -14,7 +14,6 @@ from __future__ import annotations
 import numpy as np
 
 from mcpd.contexts import chat
-from mcpd.contexts.chat import ChatTurn
 from mcpd.contexts.context import Context
 from mcpd.contexts.persistence import Persistence
 from mcpd.protocol import args as typed
@@ -71,7 +70,7 @@ class ContextService:
     def end_turn(context: Context) -> None:
         context.busy_with = None
 
-    def commit_turn(self, context: Context, token_ids: list[int], turn: ChatTurn | None = None,
+    def commit_turn(self, context: Context, token_ids: list[int], turn: chat.ChatTurn | None = None,
                     answer: str = "") -> dict:
         """Append the turn's prompt and output tokens (a chat turn: after the tokens it kept, with
         the conversation and its `answer`); returns what the reply says of the context."""

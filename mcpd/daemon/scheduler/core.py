@@ -255,21 +255,23 @@ class Scheduler:
     def _tokenize(self, job: Job, args: GenerateArgs) -> None:
         """The prompt's token ids, once; a context turn's run after the context's tokens, which
         the turn holds from here (and frees if the prompt is refused)."""
-        opens_sequence = True
+        history = None
         if args.context is not None:   # the worker runs it on the context's tokens
             job.context, history = self.contexts.begin_turn(job.request.tenant, args.context, args.base, job.rid)
-            job.history, opens_sequence = history.tobytes(), not len(history)
         limit = self.config.limits.max_prompt_tokens
         try:
-            if job.context is not None and args.messages is not None:   # on the chat's own tokens
+            if history is not None and args.messages is not None:   # a chat turn: on the chat's own tokens
                 job.chat = chat_turn(self._tokenizer(job.served), job.context, args, limit)
-                job.history, job.prompt_ids = job.context.tokens[:job.chat.keep].tobytes(), job.chat.prompt_ids
+                history, job.prompt_ids = history[:job.chat.keep], job.chat.prompt_ids
             else:
+                opens_sequence = history is None or not len(history)
                 job.prompt_ids = prompt_token_ids(self._tokenizer(job.served), args, opens_sequence, limit)
         except BaseException:
             if job.context is not None:
                 self.contexts.end_turn(job.context)
             raise
+        if history is not None:
+            job.history = history.tobytes()
 
     # -- model versions: load and unload (admin.py) -----------------------------------
 
