@@ -25,7 +25,7 @@ class GenerateResult:
     prompt_tokens: int
     completion_tokens: int
     logprobs: list[float] | None = field(default=None)
-    context: dict | None = None   # generate on a context: {"id", "version", "appended_token_ids"}
+    context: dict | None = None   # generate on a context: {"id", "version", "appended_token_ids"[, "kept_tokens"]}
     model: str | None = None      # the model table's names of what ran it
     version: str | None = None
 
