@@ -5,6 +5,7 @@ waits for READY=1, keeping every notification for callers to inspect.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -220,10 +221,14 @@ def final_reply(client: Client, request_id, timeout: float = 60) -> dict:
 
 class SteadyLoad:
     """Closed-loop clients, each sending a short greedy generate after the other until stopped
-    (as a context manager); it keeps the version that answered each and the code of each failure."""
+    (as a context manager); it keeps the version that answered each and the code of each failure.
+    `key_each`: every request has a routing key of its own, so a split spreads each client's
+    requests over its versions (by default a client's tenant keeps it on one)."""
 
-    def __init__(self, daemon: Daemon, clients: int = 8, **generate_args):
+    def __init__(self, daemon: Daemon, clients: int = 8, timeout: float = 120, key_each: bool = False,
+                 **generate_args):
         self.daemon, self.stop = daemon, threading.Event()
+        self.timeout, self.key_each = timeout, key_each
         self.generate_args = generate_args or {"max_tokens": 2, "temperature": 0}
         self.versions: list[str | None] = []
         self.failed: list[str] = []
@@ -232,10 +237,13 @@ class SteadyLoad:
     def _client(self, i: int) -> None:
         from mcpd.protocol.codes import MCPDError
 
-        with self.daemon.client(timeout=120, tenant=f"load-{i}") as client:
-            while not self.stop.is_set():
+        with self.daemon.client(timeout=self.timeout, tenant=f"load-{i}") as client:
+            for n in itertools.count():
+                if self.stop.is_set():
+                    return
+                key = {"routing_key": f"load-{i}-{n}"} if self.key_each else {}
                 try:
-                    self.versions.append(client.generate(f"steady load {i}", **self.generate_args).version)
+                    self.versions.append(client.generate(f"steady load {i}", **key, **self.generate_args).version)
                 except MCPDError as e:
                     self.failed.append(e.code)
 
