@@ -12,7 +12,9 @@ What it decides (policies beside it in this package, one per file):
   traffic policy (traffic.py), decided at admission; it then waits in that version's lane and
   goes only to that version's workers (each says what it serves in its Hello). A share of a
   model's requests may also run on a candidate version, as the least important work there is,
-  and the two answers are compared (shadow.py); the client gets the primary's.
+  and the two answers are compared (shadow.py); the client gets the primary's. A version being
+  unloaded takes no new request and keeps those it has; its workers stop once they are done and
+  their replies reached the front-end (unload.py).
 - routing: context affinity, else least outstanding tokens (router.py). A more important request
   is dispatched even to a worker full of less important ones: the worker's engine gets its
   effective rank as the sequence priority and preempts (by recompute) to seat it.
