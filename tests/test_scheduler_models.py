@@ -82,6 +82,23 @@ def test_a_worker_lost_while_its_version_flushes_holds_no_unload_and_pings_avoid
     assert unload_answers(core) == [(7, False)]
 
 
+def test_an_unload_sent_again_asks_again_and_a_full_worker_queue_is_asked_later(core):
+    hello(core, 0, "a")
+    hello(core, 1, "b")
+    core.ports.worker_room = 0   # b's worker takes nothing for now
+    core.on_inbox(messages.encode(messages.Admin(7, "models.unload", {"model": "m", "version": "b"})))
+    assert flushes(core) == [] and unload_answers(core) == []
+    core.ports.worker_room = None
+    core.tick()
+    assert flushes(core) == [b"w1"]
+    # its marker lost (a front-end restarting, say): the op times out and is sent again
+    core.on_inbox(messages.encode(messages.Admin(8, "models.unload", {"model": "m", "version": "b"})))
+    assert flushes(core) == [b"w1", b"w1"]
+    core.on_inbox(messages.encode(messages.Flushed(1)))
+    core.tick()
+    assert unload_answers(core) == [(7, False), (8, False)]
+
+
 def test_a_context_turn_remembers_the_version_that_holds_its_kv(core):
     hello(core, 0, "a")
     hello(core, 1, "b")

@@ -290,7 +290,9 @@ class Scheduler:
             raise MCPDError(codes.CONFLICT, f"version {version!r} of model {model!r} is its shadow candidate: "
                                             "turn the shadow off first")
         self.traffic.unload(model, version)
-        self.unloading.setdefault((model, version), Unload()).tokens.append(token)
+        unload = self.unloading.setdefault((model, version), Unload())
+        unload.tokens.append(token)
+        unload.flushing = None   # asked again: a marker lost with a restarting front-end must not hold the op
         self._finish_unloads()
 
     def _finish_unloads(self) -> None:
@@ -303,10 +305,17 @@ class Scheduler:
                     self.events.send(messages.AdminAnswer, token, result={"model": served[0], "version": served[1],
                                                                           "loaded": False})
 
-    def _ask_to_flush(self, served: tuple[str, str]) -> set[bytes]:
-        """Send Flush to each of the version's workers; those it reached."""
+    def _ask_to_flush(self, served: tuple[str, str]) -> set[bytes] | None:
+        """Send Flush to each of the version's ready workers: those it reached, or None if one's
+        queue is full for now (they are all asked again on the next tick)."""
         flush = messages.encode(messages.Flush())
-        return {slot.identity for slot in self._serving(served) if slot.ready and self._send_worker(slot, [flush])}
+        asked = set()
+        for slot in self._serving(served):
+            if slot.ready and self._send_worker(slot, [flush]):
+                asked.add(slot.identity)
+            elif slot.ready:
+                return None
+        return asked
 
     def _forget_for_unloads(self, identity: bytes) -> None:
         for unload in self.unloading.values():
