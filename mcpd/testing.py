@@ -293,17 +293,21 @@ def version_storm(daemon: Daemon, load: SteadyLoad) -> dict:
     os.kill(worker_pid, signal.SIGSTOP)   # just forked: it has not reached its model, the pool or its sockets
     try:
         daemon.control("models.split", {"model": "m", "weights": {"a": 1, "b": 1}})
-        daemon.wait_until(lambda: _storm_version_b(daemon)["routed"] == len(load.threads), what="every client waiting for b")
+        daemon.wait_until(lambda: _storm_version_b(daemon)["routed"] == len(load.threads),
+                          what="every client waiting for b")
         for op, args in STORM_SWITCHES:
             daemon.control(op, args)
         os.kill(frontend_pid, signal.SIGSTOP)
         os.kill(worker_pid, signal.SIGCONT)
         with ThreadPoolExecutor(1) as background:
             unload = background.submit(daemon.control, "models.unload", b, 60)
-            # A scheduler that answers the unload on b's Done notes alone reports b unloaded and
-            # idle only after that answer: the supervisor has stopped b's worker by then.
-            daemon.wait_until(lambda: _unloaded_and_idle(_storm_version_b(daemon)), what="b unloaded, its requests done")
-            os.kill(frontend_pid, signal.SIGCONT)
+            try:
+                # A scheduler that answers the unload on b's Done notes alone reports b unloaded
+                # and idle only after that answer: the supervisor has stopped b's worker by then.
+                daemon.wait_until(lambda: _unloaded_and_idle(_storm_version_b(daemon)),
+                                  what="b unloaded, its requests done")
+            finally:
+                os.kill(frontend_pid, signal.SIGCONT)
             return unload.result()
     finally:
         for pid in (frontend_pid, worker_pid):
