@@ -25,7 +25,7 @@ SAMPLES = [
     messages.WorkerLost(0, 1234),
     messages.Dispatch(1, "a", "t", 2, None, False, PingArgs()),
     messages.Dispatch(1, "a", "t", 2, 4, True, GenerateArgs(prompt_token_ids=(1, 2))),
-    messages.Hello(0, 1234, "cpu", "embedded", "float32"), messages.Welcome(),
+    messages.Hello(0, 1234, "cpu", "embedded", "float32"), messages.Welcome(), messages.Flush(), messages.Flushed(3),
     messages.Started(1),
     messages.Done([1, 2, 3]),
     messages.Stats(WorkerStats(index=0, pool={"in_use_bytes": 5})),
