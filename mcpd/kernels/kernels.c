@@ -208,9 +208,15 @@ INLINE void tile_f32(const float *x, int64_t rows, int64_t k, const float *const
     }
 }
 
-/* Without the bf16 dot product each pair is widened in registers: the weights still stream at
-   half float32's bytes. */
-INLINE void tile_bf16(const bf16 *x, int64_t rows, int64_t k, const bf16 *const p[TILE_PANELS], tile_sums a) {
+/* Without the bf16 dot product each pair of weights is widened in registers (they still stream
+   at half float32's bytes), and x is read as float32, widened once by linear(): converting it
+   here cost two scalar conversions per four multiply-adds. */
+#ifdef __AVX512BF16__
+typedef bf16 bf16_x;    /* what a bfloat16 tile reads x as */
+#else
+typedef float bf16_x;
+#endif
+INLINE void tile_bf16(const bf16_x *x, int64_t rows, int64_t k, const bf16 *const p[TILE_PANELS], tile_sums a) {
 #ifdef __AVX512BF16__
     __m512 c[TILE_PANELS][TILE_ROWS];
     for (int j = 0; j < TILE_PANELS; j++)
@@ -244,7 +250,7 @@ INLINE void tile_bf16(const bf16 *x, int64_t rows, int64_t k, const bf16 *const 
             }
         }
         for (int r = 0; r < rows; r++) {
-            float x0 = bf16_to_f32(x[r * k + i]), x1 = bf16_to_f32(x[r * k + i + 1]);
+            float x0 = x[r * k + i], x1 = x[r * k + i + 1];
             for (int j = 0; j < TILE_PANELS; j++)
                 for (int h = 0; h < VPP; h++) a[j][r][h] += x0 * even[j][h] + x1 * odd[j][h];
         }
@@ -387,7 +393,7 @@ static void tile(int dtype, const void *x, int64_t rows, int64_t k, const void *
 #define TILE(R) (c[0] ? (dtype == F32 ? tile_int8(F32, x, R, k, (const int8_t *const *)p, c, a)                \
                                       : tile_int8(BF16, x, R, k, (const int8_t *const *)p, c, a))              \
                  : dtype == F32 ? tile_f32((const float *)x, R, k, (const float *const *)p, a)                \
-                                : tile_bf16((const bf16 *)x, R, k, (const bf16 *const *)p, a))
+                                : tile_bf16((const bf16_x *)x, R, k, (const bf16 *const *)p, a))
     if (rows == TILE_ROWS) TILE(TILE_ROWS);
     else if (rows == 1) TILE(1);
     else TILE(rows);
@@ -485,6 +491,13 @@ static void linear(int dtype, const void *x, int64_t m, int64_t k, const void *p
     int64_t panels = (n + PANEL - 1) / PANEL, strips = (panels + TILE_PANELS - 1) / TILE_PANELS;
     int64_t panel_scales = (k + INT8_GROUP - 1) / INT8_GROUP * PANEL;
     if (m == 1 && !scales && (dtype == F32 || ROW_BF16)) return linear_row(dtype, x, k, packed, bias, n, y, y_f32);
+    size_t x_size = size;
+    float *widened = NULL;   /* bf16_x */
+    if (dtype == BF16 && !scales && sizeof(bf16_x) == sizeof(float)) {
+        widened = malloc(m * k * sizeof(float));
+        for (int64_t i = 0; i < m * k; i++) widened[i] = bf16_to_f32(((const bf16 *)x)[i]);
+        x = widened, x_size = sizeof(float);
+    }
     #pragma omp parallel for schedule(dynamic, 8 / TILE_PANELS) if (strips > 1 && n * k * m >= 32768)
     for (int64_t strip = 0; strip < strips; strip++) {
         int64_t first = strip * TILE_PANELS, count = panels - first < TILE_PANELS ? panels - first : TILE_PANELS;
@@ -498,11 +511,12 @@ static void linear(int dtype, const void *x, int64_t m, int64_t k, const void *p
         for (int64_t row = 0; row < m; row += TILE_ROWS) {
             int64_t rows = m - row < TILE_ROWS ? m - row : TILE_ROWS;
             tile_sums a;
-            tile(dtype, (const char *)x + row * k * size, rows, k, p, c, a);
+            tile(dtype, (const char *)x + row * k * x_size, rows, k, p, c, a);
             for (int64_t j = 0; j < count; j++)
                 store_tile(dtype, y_f32, y, n, row, rows, (first + j) * PANEL, a[j], bias);
         }
     }
+    free(widened);
 }
 
 void mcpd_linear(int dtype, const void *x, int64_t m, int64_t k, const void *packed, const void *bias,
