@@ -3,8 +3,9 @@
 The C file is compiled at first use with the machine's C compiler (`cc`, or $CC) for this CPU
 (-march=native), about a second, into a per-user cache directory (_cache_dir), and loaded with
 ctypes: once per instruction set (ISAS), so a CPU with AVX-512 can run the AVX2 build too, and
-tests and benchmarks reach every set the CPU runs. The cached library is named by a hash of everything that shaped it (source, flags, compiler version,
-the CPU's feature flags), so an edit, a new compiler or a different CPU builds afresh. Where no
+tests and benchmarks reach every set the CPU runs. The cached library is named by a hash of
+everything that shaped it (source, flags, compiler version, the CPU's feature flags), so an
+edit, a new compiler or a different CPU builds afresh. Where no
 compiler works, load() says why and the engine runs the torch kernels instead (tested the same).
 
 A shared library is code this process will run: the cache directory must be ours and private
