@@ -60,11 +60,12 @@ def test_prepare_lays_out_a_meta_weight_as_a_real_one(kernels_, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("m, n, k", [(1, 64, 64), (1, 100, 64), (1, 400, 96), (3, 7, 16), (8, 33, 48), (9, 48, 80),
-                                     (20, 12, 32)])
+@pytest.mark.parametrize("m, n, k", [(1, 64, 64), (1, 100, 64), (1, 400, 96), (3, 7, 16), (4, 40, 32), (5, 33, 48),
+                                     (8, 33, 48), (9, 48, 80), (20, 12, 32)])
 @pytest.mark.parametrize("bias", [False, True])
 def test_linear_on_packed_weights(native_kernels, dtype, m, n, k, bias):
-    # 7, 33, 100: a panel, pair or run of four partly padding; 400 x 96: one row over both threads
+    # 7, 33, 100: a panel, pair or run of four partly padding; 400 x 96: one row over both threads;
+    # m: every row count of a tile (8 rows on AVX-512, 6 on AVX2) and several tiles
     x, w = rand(m, k, dtype=dtype), rand(n, k, dtype=dtype)
     b = rand(n, dtype=dtype) if bias else None
     assert agree(native_kernels.linear(x, native_kernels.prepare(w), b), TORCH.linear(x, w, b))
