@@ -276,6 +276,9 @@ class RoutingConfig:
 LEGACY_NAME = "default"   # the one model, and its one version, that a config with [model] serves
 
 
+KERNEL_SETS = ("auto", "native", "native-avx512", "native-avx2", "torch")   # native-*: kernels/native.py ISAS
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     pool_bytes: float = 256 << 20   # device pool: bytes (> 1), or a fraction (<= 1) of free device memory
@@ -283,14 +286,15 @@ class EngineConfig:
     kv_block_size: int = 16         # tokens per KV block
     max_num_seqs: int = 64          # sequences decoding together in one step
     max_step_tokens: int = 2048     # token budget per step (prefill chunks + decodes)
-    kernels: str = "auto"           # auto (native CPU kernels where they build, else torch), native, torch
+    kernels: str = "auto"           # auto (native CPU kernels where they build, else torch), native, torch,
+                                    # or native-avx512 / native-avx2: that instruction set's native kernels
     huge_pages: bool = True         # CPU: run on a copy of the weights on 2 MiB pages where they are on 4 KiB
     decode_burst: int = 8           # greedy decode steps a lone sequence may run at once, natively (1: off)
     cuda_graphs: bool = True        # CUDA: decode steps as CUDA graph replays (engine/decode_graphs.py)
 
     def check(self) -> None:
-        if self.kernels not in ("auto", "native", "torch"):
-            raise ConfigError(f"engine.kernels = {self.kernels!r}: use auto, native or torch")
+        if self.kernels not in KERNEL_SETS:
+            raise ConfigError(f"engine.kernels = {self.kernels!r}: use one of {', '.join(KERNEL_SETS)}")
         if self.pool_bytes <= 0:
             raise ConfigError(f"engine.pool_bytes = {self.pool_bytes}: must be positive")
         if not 0 < self.kv_fraction <= 1:

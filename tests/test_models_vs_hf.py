@@ -11,12 +11,13 @@ from mcpd.config import Config, EngineConfig, ModelConfig
 from mcpd.engine import Engine, SamplingParams
 from mcpd.models import UnsupportedModel, load_model
 from mcpd.models.layers import AttentionMetadata, bind_kv_cache
+from kernel_sets import NATIVE_SETS
 from tiny_checkpoints import KINDS, VOCAB_SIZE, load_hf, make_checkpoint
 
 CPU = torch.device("cpu")
 LLAMAS = tuple(kind for kind in KINDS if kind != "gpt2")
-# (kind, kernels): every model on torch's ops; the Llama family on the native kernels too.
-CASES = [(kind, "torch") for kind in KINDS] + [(kind, "native") for kind in LLAMAS]
+# (kind, kernels): every model on torch's ops; the Llama family on each native set the CPU runs too.
+CASES = [(kind, "torch") for kind in KINDS] + [(kind, native) for native in NATIVE_SETS for kind in LLAMAS]
 # The last prompt is longer than the native stack's reused scratch (native_stack.REUSED_SCRATCH_ROWS):
 # its prefill takes a fresh one, the decodes after it the reused one.
 PROMPTS = [[0, 5, 9, 20, 33], [0, 17], list(range(40, 77)), [0, 300, 2, 150, 150, 9, 64, 8, 7, 6, 5],
@@ -128,7 +129,8 @@ def _forward(model, chunks, tables, starts, block_size):
     return model.compute_logits(hidden)
 
 
-@pytest.mark.parametrize("kind, kernels", [("llama", "native"), ("llama", "torch"), ("gpt2", "torch")])
+@pytest.mark.parametrize("kind, kernels", [("llama", native) for native in NATIVE_SETS] + [("llama", "torch"),
+                                                                                          ("gpt2", "torch")])
 def test_preemption_keeps_greedy_tokens(kind, kernels, checkpoints, references):
     # Shrink the cache to 6 blocks (96 tokens): the four requests need 10 blocks together.
     block_bytes = make_engine(checkpoints[kind]).kv.tensor[0].nbytes
@@ -139,7 +141,7 @@ def test_preemption_keeps_greedy_tokens(kind, kernels, checkpoints, references):
     assert engine.stats()["preemptions"] > 0
 
 
-@pytest.mark.parametrize("kernels", ["native", "torch"])
+@pytest.mark.parametrize("kernels", [*NATIVE_SETS, "torch"])
 def test_chunked_prefill_keeps_greedy_tokens(kernels, checkpoints, references):
     engine = make_engine(checkpoints["qwen2"], kernels=kernels, max_step_tokens=16, kv_block_size=16)
     assert generate(engine, PROMPTS, MAX_TOKENS) == references["qwen2"]

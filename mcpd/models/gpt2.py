@@ -81,8 +81,8 @@ class GPT2LMHeadModel(KernelForms, nn.Module):
 
     def choose_kernels(self, requested: str) -> str:
         """GPT-2 runs on torch's ops only, on its parameters as they are."""
-        if requested == "native":
-            raise NativeUnavailable("GPT-2 has no native kernels (engine.kernels = native)")
+        if requested.startswith("native"):
+            raise NativeUnavailable(f"GPT-2 has no native kernels (engine.kernels = {requested})")
         return "torch (GPT-2)"
 
     def use_kernels(self, requested: str) -> str:
