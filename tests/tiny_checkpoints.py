@@ -41,6 +41,13 @@ _ARCHITECTURES = {
     "gpt2": (transformers.GPT2Config, transformers.GPT2LMHeadModel, {}),
 }
 KINDS = tuple(_ARCHITECTURES)
+# Variants of the kinds above that real checkpoints use (tests/test_model_variants.py).
+_ARCHITECTURES |= {
+    "gpt2_untied": (transformers.GPT2Config, transformers.GPT2LMHeadModel, {"tie_word_embeddings": False}),
+    "qwen2_untied": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM, {"tie_word_embeddings": False}),
+    "llama_tied": (transformers.LlamaConfig, transformers.LlamaForCausalLM, {"tie_word_embeddings": True}),
+}
+VARIANTS = tuple(kind for kind in _ARCHITECTURES if kind not in KINDS)
 
 
 def tokenizer_json(chatml: bool = False) -> Tokenizer:
@@ -72,9 +79,9 @@ def write_tokenizer(directory: Path, chat_template: str | None = CHAT_TEMPLATE, 
 
 def hf_config(kind: str):
     config_class, _, overrides = _ARCHITECTURES[kind]
-    if kind == "gpt2":
+    if config_class is transformers.GPT2Config:
         return config_class(vocab_size=VOCAB_SIZE, n_embd=64, n_layer=2, n_head=4, n_positions=128,
-                            bos_token_id=0, eos_token_id=1, initializer_range=0.2)
+                            bos_token_id=0, eos_token_id=1, initializer_range=0.2, **overrides)
     return config_class(**{
         "vocab_size": VOCAB_SIZE, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 128,
@@ -83,7 +90,7 @@ def hf_config(kind: str):
 
 def make_checkpoint(directory: Path, kind: str, dtype: torch.dtype = torch.float32,
                     max_shard_size: str | None = None, seed: int = 0, chatml: bool = False) -> Path:
-    """Write a random `kind` model (one of KINDS) and a tokenizer (chatml: write_tokenizer's)
+    """Write a random `kind` model (one of KINDS or VARIANTS) and a tokenizer (chatml: write_tokenizer's)
     into directory; return it."""
     _, model_class, _ = _ARCHITECTURES[kind]
     torch.manual_seed(seed)

@@ -65,6 +65,7 @@ class GPT2Args:
     gelu_approximate: str            # "tanh" (gelu_new) or "none" (exact gelu)
     scale_attn_weights: bool = True
     scale_attn_by_inverse_layer_idx: bool = False
+    tie_embeddings: bool = True      # False: the checkpoint holds its own lm_head.weight
 
 
 # The embedded default model (embedded.py): a small Llama, with GQA.
@@ -242,7 +243,8 @@ def _gpt2_args(hf: dict, architecture: str) -> tuple[GPT2Args, int, int]:
         num_heads=hf["n_head"], inner_size=hf.get("n_inner") or 4 * hf["n_embd"],
         max_positions=hf["n_positions"], layer_norm_eps=hf.get("layer_norm_epsilon", 1e-5),
         gelu_approximate=approximate, scale_attn_weights=hf.get("scale_attn_weights", True),
-        scale_attn_by_inverse_layer_idx=hf.get("scale_attn_by_inverse_layer_idx", False))
+        scale_attn_by_inverse_layer_idx=hf.get("scale_attn_by_inverse_layer_idx", False),
+        tie_embeddings=hf.get("tie_word_embeddings", True))
     return args, args.vocab_size, args.max_positions
 
 

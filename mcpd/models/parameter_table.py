@@ -76,6 +76,8 @@ def _gpt2(a: GPT2Args) -> Listed:
         yield from _linear(block + "mlp.c_fc", hidden, a.inner_size, True)
         yield from _linear(block + "mlp.c_proj", a.inner_size, hidden, True)
     yield from _layer_norm("ln_f", hidden)
+    if not a.tie_embeddings:
+        yield from _linear("lm_head", hidden, a.vocab_size, False)
 
 
 def _layer_norm(name: str, size: int) -> Listed:

@@ -1,0 +1,58 @@
+"""Checkpoint variants that real models use, against transformers on tiny random checkpoints
+(tiny_checkpoints.VARIANTS): the same greedy tokens, alone and batched, and the same logits, on
+each set of kernels that runs the variant."""
+import pytest
+import torch
+
+from mcpd.models import UnsupportedModel, load_model
+from mcpd.config import ModelConfig
+from mcpd.models.layers import bind_kv_cache
+from test_models_vs_hf import CPU, MAX_TOKENS, PROMPTS, _edited_copy, _forward, _hf_greedy, generate, make_engine
+from tiny_checkpoints import VARIANTS, load_hf, make_checkpoint
+
+# The kernels each variant runs on: torch's ops for all, the native ones for the Llama family's.
+KERNELS = {"gpt2_untied": ("torch",), "qwen2_untied": ("torch", "native"), "llama_tied": ("torch", "native")}
+CASES = [(kind, kernels) for kind in VARIANTS for kernels in KERNELS[kind]]
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("variants")
+    return {kind: make_checkpoint(root / kind, kind) for kind in VARIANTS}
+
+
+@pytest.fixture(scope="module")
+def references(checkpoints):
+    return {kind: _hf_greedy(load_hf(path), PROMPTS, MAX_TOKENS) for kind, path in checkpoints.items()}
+
+
+@pytest.mark.parametrize("kind, kernels", CASES)
+def test_greedy_tokens_match_transformers_batched_and_alone(kind, kernels, checkpoints, references):
+    engine = make_engine(checkpoints[kind], kernels=kernels)
+    assert engine.stats()["kernels"] == kernels
+    assert generate(engine, PROMPTS, MAX_TOKENS) == references[kind]
+    for prompt, n, expected in zip(PROMPTS, MAX_TOKENS, references[kind]):
+        assert generate(engine, [prompt], [n]) == [expected]
+
+
+@pytest.mark.parametrize("kind, kernels", CASES)
+def test_prompt_logits_match_transformers(kind, kernels, checkpoints):
+    """Every position's logits of two prompts in one batch."""
+    model = load_model(ModelConfig(path=str(checkpoints[kind]), max_model_len=128), CPU).model
+    model.use_kernels(kernels)
+    bind_kv_cache(model, torch.zeros(28, model.num_layers, 2, 4, model.num_kv_heads, model.head_dim))
+    prompts, tables = [PROMPTS[2], PROMPTS[4]], [list(range(10)), list(range(10, 28))]
+    hf = load_hf(checkpoints[kind])
+    with torch.inference_mode():
+        mine = _forward(model, prompts, tables, [0, 0], 4)
+        expected = torch.cat([hf(torch.tensor([prompt])).logits[0] for prompt in prompts])
+    torch.testing.assert_close(mine, expected, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "qwen2"])
+def test_an_untied_checkpoint_without_its_head_is_refused(kind, tmp_path):
+    """config.json says the head is its own, and the weights hold none: refused, naming it, rather
+    than run with the embedding as the head."""
+    tied = make_checkpoint(tmp_path / "tied", kind)
+    with pytest.raises(UnsupportedModel, match="lacks weights for lm_head.weight"):
+        make_engine(_edited_copy(tied, tmp_path, tie_word_embeddings=False))
