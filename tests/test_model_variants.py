@@ -4,14 +4,17 @@ each set of kernels that runs the variant."""
 import pytest
 import torch
 
-from mcpd.models import UnsupportedModel, load_model
 from mcpd.config import ModelConfig
+from mcpd.kernels.native import NativeUnavailable
+from mcpd.models import UnsupportedModel, load_model
 from mcpd.models.layers import bind_kv_cache
 from test_models_vs_hf import CPU, MAX_TOKENS, PROMPTS, _edited_copy, _forward, _hf_greedy, generate, make_engine
 from tiny_checkpoints import VARIANTS, load_hf, make_checkpoint
 
 # The kernels each variant runs on: torch's ops for all, the native ones for the Llama family's.
-KERNELS = {"gpt2_untied": ("torch",), "qwen2_untied": ("torch", "native"), "llama_tied": ("torch", "native")}
+KERNELS = {"gpt2_untied": ("torch",), "qwen2_untied": ("torch", "native"), "llama_tied": ("torch", "native"),
+           "mistral_window": ("torch",), "qwen2_window": ("torch",)}
+WINDOWED = ("mistral_window", "qwen2_window")
 CASES = [(kind, kernels) for kind in VARIANTS for kernels in KERNELS[kind]]
 
 
@@ -56,3 +59,39 @@ def test_an_untied_checkpoint_without_its_head_is_refused(kind, tmp_path):
     tied = make_checkpoint(tmp_path / "tied", kind)
     with pytest.raises(UnsupportedModel, match="lacks weights for lm_head.weight"):
         make_engine(_edited_copy(tied, tmp_path, tie_word_embeddings=False))
+
+
+@pytest.mark.parametrize("kind", WINDOWED)
+def test_a_sliding_window_keeps_greedy_tokens_chunked_and_preempted(kind, checkpoints, references):
+    """Prompts many windows long, prefilled in chunks of 5 over blocks of 4 tokens, in a cache
+    too small for all of them at once: windows that span chunks, blocks and a recomputation."""
+    block_bytes = make_engine(checkpoints[kind], kv_block_size=4).kv.tensor[0].nbytes
+    engine = make_engine(checkpoints[kind], max_step_tokens=5, kv_block_size=4, pool_bytes=1 << 20,
+                         kv_fraction=24.5 * block_bytes / (1 << 20))
+    assert engine.max_model_len == 128   # the window caps nothing
+    assert generate(engine, PROMPTS, MAX_TOKENS) == references[kind]
+    assert engine.stats()["preemptions"] > 0
+
+
+@pytest.mark.parametrize("kind", WINDOWED)
+def test_the_native_kernels_refuse_a_sliding_window_and_auto_takes_torch(kind, checkpoints):
+    with pytest.raises(NativeUnavailable, match="sliding-window attention"):
+        make_engine(checkpoints[kind], kernels="native")
+    engine = make_engine(checkpoints[kind], kernels="auto")
+    assert engine.stats()["kernels"] == "torch" and "sliding-window attention" in engine.kernels_reason
+
+
+def test_a_window_no_sequence_exceeds_is_full_attention_on_any_kernels(checkpoints):
+    loaded = load_model(ModelConfig(path=str(checkpoints["mistral_window"]), max_model_len=6), CPU, "native")
+    assert loaded.max_model_len == 6 and loaded.kernels_reason == "native kernels"
+
+
+@pytest.mark.parametrize("changes, named", [
+    ({"layer_types": ["sliding_attention"]}, "is not a list of 2 layer types"),
+    ({"layer_types": ["sliding_attention", "chunked_attention"]}, r"layer_types \['chunked_attention'\]"),
+    ({"sliding_window": 0}, "sliding_window 0 is not a whole number"),
+    ({"sliding_window": "9"}, "sliding_window '9' is not a whole number"),
+])
+def test_a_hostile_window_is_refused_by_name(checkpoints, tmp_path, changes, named):
+    with pytest.raises(UnsupportedModel, match=named):
+        make_engine(_edited_copy(checkpoints["qwen2_window"], tmp_path, **changes))

@@ -213,14 +213,6 @@ def test_missing_weight_is_named(checkpoints, tmp_path):
         make_engine(path)
 
 
-def test_sliding_window_caps_max_model_len(checkpoints, tmp_path):
-    path = _edited_copy(checkpoints["mistral"], tmp_path, sliding_window=64)
-    engine = make_engine(path)
-    assert engine.max_model_len == 64
-    with pytest.raises(ValueError, match="max_model_len 64"):
-        engine.add_request("long", list(range(60)), SamplingParams(max_tokens=5))
-
-
 def test_gpt2_max_model_len_is_capped_by_its_positions(checkpoints):
     engine = Engine(Config(model=ModelConfig(path=str(checkpoints["gpt2"]), max_model_len=4096),
                            engine=EngineConfig(pool_bytes=4 << 20)), CPU)

@@ -46,6 +46,10 @@ _ARCHITECTURES |= {
     "gpt2_untied": (transformers.GPT2Config, transformers.GPT2LMHeadModel, {"tie_word_embeddings": False}),
     "qwen2_untied": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM, {"tie_word_embeddings": False}),
     "llama_tied": (transformers.LlamaConfig, transformers.LlamaForCausalLM, {"tie_word_embeddings": True}),
+    # sliding windows far below the prompts' lengths: every layer's, and Qwen2's second layer's only
+    "mistral_window": (transformers.MistralConfig, transformers.MistralForCausalLM, {"sliding_window": 6}),
+    "qwen2_window": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM,
+                     {"use_sliding_window": True, "sliding_window": 9, "max_window_layers": 1}),
 }
 VARIANTS = tuple(kind for kind in _ARCHITECTURES if kind not in KINDS)
 

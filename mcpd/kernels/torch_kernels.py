@@ -106,10 +106,13 @@ class TorchKernels:
     def decode_attention(self, q: torch.Tensor, kv_cache: torch.Tensor, group, scale: float) -> torch.Tensor:
         """One query per sequence, q [B, heads, D], over the first group.context_lens[i] tokens
         of the blocks group.block_table[i] of kv_cache (a layer's [blocks, 2, block_size,
-        kv_heads, D]); returns [B, heads * D]."""
+        kv_heads, D]), from group.first_keys[i] on in a sliding window; returns [B, heads * D]."""
         batch, width = group.block_table.shape
         keys, values = _gather(kv_cache, group.block_table)
-        mask = torch.arange(width * kv_cache.shape[2], device=q.device) < group.context_lens[:, None]
+        key_pos = torch.arange(width * kv_cache.shape[2], device=q.device)
+        mask = key_pos < group.context_lens[:, None]
+        if group.first_keys is not None:
+            mask &= key_pos >= group.first_keys[:, None]
         out = F.scaled_dot_product_attention(q[:, :, None], keys, values, attn_mask=mask[:, None, None],
                                              scale=scale, enable_gqa=True)
         return out.flatten(1)

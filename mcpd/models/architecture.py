@@ -9,6 +9,7 @@ same UnsupportedModel, in the same order.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass, field
@@ -51,6 +52,8 @@ class LlamaArgs:
     o_bias: bool = False        # Llama's attention_bias only
     mlp_bias: bool = False
     tie_embeddings: bool = False
+    sliding_window: int | None = None   # each query of a windowed layer sees itself and window - 1 keys before
+    sliding_layers: tuple[int, ...] = ()   # the layers with the window
 
 
 @dataclass(frozen=True)
@@ -119,6 +122,7 @@ def _of_checkpoint(config: ModelConfig, hf: dict, path: Path, device_type: str) 
     except (TypeError, ZeroDivisionError) as e:   # a count that is not a number, or 0 heads
         raise UnsupportedModel(f"{path / 'config.json'}: unusable sizes ({e})") from None
     _check_sizes(args, model_len, path / "config.json")
+    args = _reachable_window(args, min(config.max_model_len, model_len))
     return Architecture(args, dtype, _quantization(args, config.quantization, path), vocab_size, model_len, hf)
 
 
@@ -140,6 +144,8 @@ def _check_sizes(args: LlamaArgs | GPT2Args, model_len, config_path: Path) -> No
     counts = [(name, getattr(args, name)) for name in SIZE_CAPS if hasattr(args, name)]
     counts.append(("context length", model_len))
     reals = [(name, getattr(args, name)) for name in REALS if hasattr(args, name)]
+    if getattr(args, "sliding_window", None) is not None:
+        counts.append(("sliding_window", args.sliding_window))
     if scaling is not None:
         counts.append(("rope original_max_position_embeddings", scaling.original_max_position_embeddings))
         reals += [(f"rope {name}", getattr(scaling, name))
@@ -214,21 +220,47 @@ def _llama_args(hf: dict, architecture: str) -> tuple[LlamaArgs, int, int]:
         rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
         rope_theta=rope.get("rope_theta", hf.get("rope_theta", 10000.0)), rope_scaling=scaling,
         qkv_bias=qwen2 or attention_bias, o_bias=attention_bias and not qwen2,
-        mlp_bias=hf.get("mlp_bias", False), tie_embeddings=hf.get("tie_word_embeddings", False))
-    # Attention is always full here. Within a sliding window full attention is the same thing, so
-    # the window caps the usable length instead of making the model unusable.
-    window = _sliding_window(hf, qwen2)
-    model_len = min(max_positions, window) if window else max_positions
-    return args, args.vocab_size, model_len
+        mlp_bias=hf.get("mlp_bias", False), tie_embeddings=hf.get("tie_word_embeddings", False),
+        **_sliding_window(hf, architecture, hf["num_hidden_layers"]))
+    return args, args.vocab_size, max_positions
 
 
-def _sliding_window(hf: dict, qwen2: bool) -> int | None:
-    if qwen2 and not hf.get("use_sliding_window", False):
-        return None
+def _sliding_window(hf: dict, architecture: str, num_layers: int) -> dict:
+    """LlamaArgs' sliding_window and sliding_layers, as transformers reads them: Mistral windows
+    every layer; Qwen2 only with use_sliding_window, the layers layer_types names (else those
+    from max_window_layers on); Llama none."""
+    window = hf.get("sliding_window")
+    if architecture == "LlamaForCausalLM" or window is None:
+        return {}
+    if architecture == "MistralForCausalLM":
+        return {"sliding_window": window, "sliding_layers": tuple(range(num_layers))}
+    if not hf.get("use_sliding_window", False):
+        return {}
     layer_types = hf.get("layer_types")
-    if layer_types is not None and "sliding_attention" not in layer_types:
-        return None
-    return hf.get("sliding_window")
+    if layer_types is None:
+        first = hf.get("max_window_layers", 28)
+        layer_types = ["sliding_attention" if i >= first else "full_attention" for i in range(num_layers)]
+    layers = _windowed_layers(layer_types, num_layers)
+    return {"sliding_window": window, "sliding_layers": layers} if layers else {}
+
+
+def _windowed_layers(layer_types, num_layers: int) -> tuple[int, ...]:
+    """The indices of config.json's layer_types that say sliding_attention; UnsupportedModel where it
+    is not one known type per layer."""
+    if not isinstance(layer_types, list) or len(layer_types) != num_layers:
+        raise UnsupportedModel(f"layer_types {layer_types!r} is not a list of {num_layers} layer types")
+    unknown = set(layer_types) - {"full_attention", "sliding_attention"}
+    if unknown:
+        raise UnsupportedModel(f"layer_types {sorted(unknown)!r} (supported: full_attention, sliding_attention)")
+    return tuple(i for i, kind in enumerate(layer_types) if kind == "sliding_attention")
+
+
+def _reachable_window(args: LlamaArgs | GPT2Args, model_len: int) -> LlamaArgs | GPT2Args:
+    """args without a sliding window that no sequence of model_len tokens exceeds: within its
+    window attention is full, which every kernel set runs (only the torch kernels have windows)."""
+    if isinstance(args, LlamaArgs) and args.sliding_window is not None and args.sliding_window >= model_len:
+        return dataclasses.replace(args, sliding_window=None, sliding_layers=())
+    return args
 
 
 def _gpt2_args(hf: dict, architecture: str) -> tuple[GPT2Args, int, int]:

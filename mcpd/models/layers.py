@@ -7,8 +7,9 @@ knowledge travels in AttentionMetadata, built once per step and shared by all la
 """
 from __future__ import annotations
 
+import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -96,10 +97,19 @@ class AttentionGroup:
     mask: torch.Tensor | None = None         # prefill: [B, 1, Q, W * block_size] True where a query may attend
     query_index: torch.Tensor | None = None  # prefill: [B, Q] group row of each query
     output_rows: torch.Tensor | None = None  # prefill: rows of the [B*Q] output that are real tokens
+    first_keys: torch.Tensor | None = None   # decode in a sliding window: [B] first position each may attend to
 
     @property
     def decoding(self) -> bool:
         return self.mask is None
+
+    def windowed(self, window: int) -> AttentionGroup:
+        """This group with each query seeing itself and the window - 1 keys before it only."""
+        if self.decoding:
+            return dataclasses.replace(self, first_keys=(self.context_lens - window).clamp(min=0))
+        query_pos = self.query_index - self.first_rows[:, None] + self.starts[:, None]
+        key_pos = torch.arange(self.mask.shape[-1], device=self.mask.device)
+        return dataclasses.replace(self, mask=self.mask & (key_pos > query_pos[:, :, None] - window)[:, None])
 
 
 @dataclass
@@ -109,6 +119,16 @@ class AttentionMetadata:
     slot_offsets: torch.Tensor  # [T]
     groups: list[AttentionGroup]
     num_positions: int          # 1 + the highest position in the step
+    windows: dict[int, list[AttentionGroup]] = field(default_factory=dict)   # groups by sliding window, made once
+
+    def groups_within(self, window: int | None) -> list[AttentionGroup]:
+        """The groups as a layer with this sliding window (None: none) attends."""
+        if window is None:
+            return self.groups
+        groups = self.windows.get(window)
+        if groups is None:
+            groups = self.windows[window] = [group.windowed(window) for group in self.groups]
+        return groups
 
     @classmethod
     def build(cls, block_tables: list[list[int]], starts: list[int], counts: list[int],
@@ -179,9 +199,10 @@ class PagedAttention(nn.Module):
     KV tensor, handed in by bind_kv_cache(); the module owns no memory of its own.
     """
 
-    def __init__(self, scale: float) -> None:
+    def __init__(self, scale: float, window: int | None = None) -> None:
         super().__init__()
         self.scale = scale
+        self.window = window   # sliding window: each query sees itself and window - 1 keys before
         self.kv_cache: torch.Tensor | None = None
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -195,7 +216,7 @@ class PagedAttention(nn.Module):
         """Attention of q [T, heads, D] over the cache, whose keys and values for this step's
         tokens are already written; returns [T, heads * D]."""
         outputs = [(kernels.decode_attention if g.decoding else kernels.prefill_attention)(
-                       q[g.start:g.end], self.kv_cache, g, self.scale) for g in attn.groups]
+                       q[g.start:g.end], self.kv_cache, g, self.scale) for g in attn.groups_within(self.window)]
         return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
 
 

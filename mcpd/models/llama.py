@@ -13,7 +13,7 @@ from torch import nn
 from mcpd.models.architecture import LlamaArgs
 from mcpd.quant.int8 import SCALE_SUFFIX, Int8Weight
 from mcpd.kernels.forms import Form, KernelForms
-from mcpd.kernels.choice import choose
+from mcpd.kernels.choice import choose, torch_for
 from mcpd.kernels.native_kernels import Packed
 from mcpd.kernels.torch_kernels import TORCH, TorchKernels
 from mcpd.models.layers import AttentionMetadata, Embedding, PagedAttention, RMSNorm, RotaryEmbedding
@@ -21,12 +21,13 @@ from mcpd.kernels.native_stack import NativeStack
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, args: LlamaArgs) -> None:
+    def __init__(self, args: LlamaArgs, layer_index: int) -> None:
         super().__init__()
         q_size, kv_size = args.num_heads * args.head_dim, args.num_kv_heads * args.head_dim
         self.qkv_proj = nn.Linear(args.hidden_size, q_size + 2 * kv_size, bias=args.qkv_bias)
         self.o_proj = nn.Linear(q_size, args.hidden_size, bias=args.o_bias)
-        self.attn = PagedAttention(scale=args.head_dim ** -0.5)
+        window = args.sliding_window if layer_index in args.sliding_layers else None
+        self.attn = PagedAttention(args.head_dim ** -0.5, window)
 
 
 class LlamaMLP(nn.Module):
@@ -37,10 +38,10 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, args: LlamaArgs) -> None:
+    def __init__(self, args: LlamaArgs, layer_index: int) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
-        self.self_attn = LlamaAttention(args)
+        self.self_attn = LlamaAttention(args, layer_index)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.mlp = LlamaMLP(args)
 
@@ -49,7 +50,7 @@ class LlamaModel(nn.Module):
     def __init__(self, args: LlamaArgs) -> None:
         super().__init__()
         self.embed_tokens = Embedding(args.vocab_size, args.hidden_size)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(args) for _ in range(args.num_layers))
+        self.layers = nn.ModuleList(LlamaDecoderLayer(args, i) for i in range(args.num_layers))
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
 
 
@@ -181,8 +182,11 @@ class LlamaForCausalLM(KernelForms, nn.Module):
         sizes = [args.hidden_size, args.intermediate_size, args.num_heads * args.head_dim,
                  args.num_kv_heads * args.head_dim]
         embedding = self.model.embed_tokens.weight
-        self.kernels, reason = choose(requested, embedding.dtype, embedding.device, sizes, args.head_dim,
-                                      args.num_heads // args.num_kv_heads)
+        if args.sliding_window is not None:
+            self.kernels, reason = torch_for(requested, "sliding-window attention")
+        else:
+            self.kernels, reason = choose(requested, embedding.dtype, embedding.device, sizes, args.head_dim,
+                                          args.num_heads // args.num_kv_heads)
         self._weights = None
         qkv = self.model.layers[0].self_attn.qkv_proj.weight
         if self.kernels is TORCH and qkv.dtype == torch.int8 and qkv.device.type == "cpu":
