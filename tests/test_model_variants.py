@@ -13,7 +13,9 @@ from tiny_checkpoints import VARIANTS, load_hf, make_checkpoint
 
 # The kernels each variant runs on: torch's ops for all, the native ones for the Llama family's.
 KERNELS = {"gpt2_untied": ("torch",), "qwen2_untied": ("torch", "native"), "llama_tied": ("torch", "native"),
-           "mistral_window": ("torch",), "qwen2_window": ("torch",)}
+           "mistral_window": ("torch",), "qwen2_window": ("torch",), "llama_linear": ("torch", "native"),
+           "llama_dynamic": ("torch",), "qwen2_yarn": ("torch", "native"), "llama_longrope": ("torch",),
+           "qwen3": ("torch",), "phi3": ("torch",)}
 WINDOWED = ("mistral_window", "qwen2_window")
 CASES = [(kind, kernels) for kind in VARIANTS for kernels in KERNELS[kind]]
 
@@ -95,3 +97,25 @@ def test_a_window_no_sequence_exceeds_is_full_attention_on_any_kernels(checkpoin
 def test_a_hostile_window_is_refused_by_name(checkpoints, tmp_path, changes, named):
     with pytest.raises(UnsupportedModel, match=named):
         make_engine(_edited_copy(checkpoints["qwen2_window"], tmp_path, **changes))
+
+
+@pytest.mark.parametrize("kind, rope, named", [
+    ("llama_longrope", {"rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": [1.0] * 7,
+                        "original_max_position_embeddings": 32}, "8 short and 7 long for 8 frequencies"),
+    ("llama_longrope", {"rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": [1.0] * 7 + [-2.0],
+                        "original_max_position_embeddings": 32}, "rope long_factor -2.0 is not a finite positive"),
+    ("qwen2_yarn", {"rope_type": "yarn", "factor": float("inf"), "original_max_position_embeddings": 32},
+     "rope factor inf is not a finite positive number"),
+    ("llama_dynamic", {"rope_type": "dynamic", "factor": -4.0}, "rope factor -4.0 is not a finite positive number"),
+    ("llama_linear", {"rope_type": "linear", "factor": "2"}, "rope factor '2' is not a finite positive number"),
+])
+def test_a_hostile_rope_scaling_is_refused_by_name(kind, rope, named, checkpoints, tmp_path):
+    with pytest.raises(UnsupportedModel, match=named):
+        make_engine(_edited_copy(checkpoints[kind], tmp_path, rope_parameters=None, rope_scaling=rope))
+
+
+def test_a_rope_scaling_stretches_the_context(checkpoints):
+    """max_position_embeddings (and yarn's original) times the factor, as vLLM reads them."""
+    lengths = {kind: load_model(ModelConfig(path=str(checkpoints[kind]), max_model_len=1 << 20), CPU).max_model_len
+               for kind in ("llama_linear", "llama_dynamic", "qwen2_yarn", "llama_longrope")}
+    assert lengths == {"llama_linear": 128, "llama_dynamic": 128, "qwen2_yarn": 128, "llama_longrope": 128}

@@ -198,7 +198,7 @@ def _edited_copy(source, tmp_path, **changes):
 
 @pytest.mark.parametrize("changes, named", [
     ({"architectures": ["FalconForCausalLM"]}, "FalconForCausalLM"),
-    ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0}}, "yarn"),
+    ({"rope_parameters": {"rope_type": "proportional", "factor": 4.0, "rope_theta": 10000.0}}, "proportional"),
     ({"hidden_act": "gelu"}, "hidden_act"),
     ({"quantization_config": {"quant_method": "awq"}}, "awq"),
 ])

@@ -86,7 +86,7 @@ def test_a_pool_for_several_models_holds_each_workers_parameters(checkpoints):
 
 @pytest.mark.parametrize("changes, named", [
     ({"architectures": ["FalconForCausalLM"]}, "FalconForCausalLM"),
-    ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0}}, "yarn"),
+    ({"rope_parameters": {"rope_type": "proportional", "factor": 4.0, "rope_theta": 10000.0}}, "proportional"),
     ({"hidden_act": "gelu"}, "hidden_act"),
     ({"quantization_config": {"quant_method": "awq"}}, "awq"),
     ({"torch_dtype": "float64"}, "float64"),

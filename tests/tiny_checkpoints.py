@@ -50,6 +50,23 @@ _ARCHITECTURES |= {
     "mistral_window": (transformers.MistralConfig, transformers.MistralForCausalLM, {"sliding_window": 6}),
     "qwen2_window": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM,
                      {"use_sliding_window": True, "sliding_window": 9, "max_window_layers": 1}),
+    # rope scaling, with prompts past the trained length where that length matters
+    "llama_linear": (transformers.LlamaConfig, transformers.LlamaForCausalLM,
+                     {"max_position_embeddings": 64, "rope_scaling": {"rope_type": "linear", "factor": 2.0}}),
+    "llama_dynamic": (transformers.LlamaConfig, transformers.LlamaForCausalLM,
+                      {"max_position_embeddings": 32, "rope_scaling": {"rope_type": "dynamic", "factor": 4.0}}),
+    "qwen2_yarn": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM,
+                   {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}}),
+    "llama_longrope": (transformers.LlamaConfig, transformers.LlamaForCausalLM,
+                       {"rope_scaling": {"rope_type": "longrope", "original_max_position_embeddings": 32,
+                                         "short_factor": [1.0 + i / 8 for i in range(8)],
+                                         "long_factor": [1.0 + i for i in range(8)]}}),
+    # families after Llama and Qwen2
+    "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM, {"head_dim": 16}),
+    "phi3": (transformers.Phi3Config, transformers.Phi3ForCausalLM,
+             {"sliding_window": 12, "original_max_position_embeddings": 32, "pad_token_id": 2,
+              "rope_scaling": {"rope_type": "longrope", "short_factor": [1.0 + i / 8 for i in range(8)],
+                               "long_factor": [1.0 + i for i in range(8)]}}),
 }
 VARIANTS = tuple(kind for kind in _ARCHITECTURES if kind not in KINDS)
 

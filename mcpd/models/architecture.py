@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mcpd.config import Config, ConfigError, ModelConfig
+from mcpd.models import rope_scaling
+from mcpd.models.rope_scaling import RopeScaling
 from mcpd.tokenizer import ByteTokenizer
 
 DTYPES = ("float32", "float16", "bfloat16")   # the dtypes a model runs in (loader.DTYPES: torch's)
@@ -24,16 +26,6 @@ EMBEDDED_NAME = "mcpd-embedded-llama"
 
 class UnsupportedModel(ValueError):
     """A checkpoint mcpd cannot run; the message names the architecture, feature or file."""
-
-
-@dataclass(frozen=True)
-class Llama3RopeScaling:
-    """rope_scaling of type "llama3" (Llama 3.1+): long wavelengths are slowed down by `factor`
-    (layers.llama3_scaled)."""
-    factor: float
-    low_freq_factor: float
-    high_freq_factor: float
-    original_max_position_embeddings: int
 
 
 @dataclass(frozen=True)
@@ -47,13 +39,14 @@ class LlamaArgs:
     head_dim: int
     rms_norm_eps: float
     rope_theta: float
-    rope_scaling: Llama3RopeScaling | None = None
+    rope_scaling: RopeScaling | None = None
     qkv_bias: bool = False      # Qwen2, or Llama's attention_bias
     o_bias: bool = False        # Llama's attention_bias only
     mlp_bias: bool = False
     tie_embeddings: bool = False
     sliding_window: int | None = None   # each query of a windowed layer sees itself and window - 1 keys before
     sliding_layers: tuple[int, ...] = ()   # the layers with the window
+    qk_norm: bool = False       # Qwen3: an RMSNorm over each head of the queries and keys, before rope
 
 
 @dataclass(frozen=True)
@@ -147,9 +140,9 @@ def _check_sizes(args: LlamaArgs | GPT2Args, model_len, config_path: Path) -> No
     if getattr(args, "sliding_window", None) is not None:
         counts.append(("sliding_window", args.sliding_window))
     if scaling is not None:
-        counts.append(("rope original_max_position_embeddings", scaling.original_max_position_embeddings))
-        reals += [(f"rope {name}", getattr(scaling, name))
-                  for name in ("factor", "low_freq_factor", "high_freq_factor")]
+        scaling_counts, scaling_reals = scaling.checked()
+        counts += scaling_counts
+        reals += scaling_reals
     for name, value in counts:
         cap = SIZE_CAPS.get(name, MAX_MODEL_LEN)
         if type(value) is not int or not 1 <= value <= cap:
@@ -198,41 +191,39 @@ def _llama_args(hf: dict, architecture: str) -> tuple[LlamaArgs, int, int]:
         raise UnsupportedModel(f"{architecture}: hidden_act {act!r} (supported: silu)")
     # transformers 5 writes rope_parameters (with rope_theta inside); older configs rope_scaling.
     rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if architecture == "Phi3ForCausalLM":
+        rope = _phi3_rope(rope)
+    heads = hf["num_attention_heads"]
+    head_dim = hf.get("head_dim") or hf["hidden_size"] // heads
+    try:
+        scaling = rope_scaling.read(rope, hf, head_dim)
+    except rope_scaling.UnsupportedRope as e:
+        raise UnsupportedModel(f"{architecture}: {e}") from None
     max_positions = hf.get("max_position_embeddings", 2048)
-    if rope_type == "llama3":
-        scaling = Llama3RopeScaling(rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"],
-                                    rope.get("original_max_position_embeddings", max_positions))
-    elif rope_type == "default":
-        scaling = None
-    else:
-        raise UnsupportedModel(f"{architecture}: rope type {rope_type!r} (supported: default, llama3)")
     if rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0)) != 1.0:
         raise UnsupportedModel(f"{architecture}: partial_rotary_factor (rotary on part of each head)")
     qwen2 = architecture == "Qwen2ForCausalLM"
     attention_bias = hf.get("attention_bias", False)
-    heads = hf["num_attention_heads"]
     args = LlamaArgs(
         vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
         intermediate_size=hf["intermediate_size"], num_layers=hf["num_hidden_layers"],
         num_heads=heads, num_kv_heads=hf.get("num_key_value_heads") or heads,
-        head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
-        rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
+        head_dim=head_dim, rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
         rope_theta=rope.get("rope_theta", hf.get("rope_theta", 10000.0)), rope_scaling=scaling,
         qkv_bias=qwen2 or attention_bias, o_bias=attention_bias and not qwen2,
         mlp_bias=hf.get("mlp_bias", False), tie_embeddings=hf.get("tie_word_embeddings", False),
-        **_sliding_window(hf, architecture, hf["num_hidden_layers"]))
-    return args, args.vocab_size, max_positions
+        qk_norm=architecture == "Qwen3ForCausalLM", **_sliding_window(hf, architecture, hf["num_hidden_layers"]))
+    return args, args.vocab_size, scaling.context_length(max_positions) if scaling else max_positions
 
 
 def _sliding_window(hf: dict, architecture: str, num_layers: int) -> dict:
-    """LlamaArgs' sliding_window and sliding_layers, as transformers reads them: Mistral windows
-    every layer; Qwen2 only with use_sliding_window, the layers layer_types names (else those
-    from max_window_layers on); Llama none."""
+    """LlamaArgs' sliding_window and sliding_layers, as transformers reads them: Mistral and Phi-3
+    window every layer; Qwen2 and Qwen3 only with use_sliding_window, the layers layer_types names
+    (else those from max_window_layers on); Llama none."""
     window = hf.get("sliding_window")
     if architecture == "LlamaForCausalLM" or window is None:
         return {}
-    if architecture == "MistralForCausalLM":
+    if architecture in ("MistralForCausalLM", "Phi3ForCausalLM"):
         return {"sliding_window": window, "sliding_layers": tuple(range(num_layers))}
     if not hf.get("use_sliding_window", False):
         return {}
@@ -242,6 +233,13 @@ def _sliding_window(hf: dict, architecture: str, num_layers: int) -> dict:
         layer_types = ["sliding_attention" if i >= first else "full_attention" for i in range(num_layers)]
     layers = _windowed_layers(layer_types, num_layers)
     return {"sliding_window": window, "sliding_layers": layers} if layers else {}
+
+
+def _phi3_rope(rope: dict) -> dict:
+    """Phi-3's rope dict as transformers' Phi3Config reads it: types "su" and "yarn" are longrope."""
+    if isinstance(rope, dict) and rope.get("rope_type", rope.get("type")) in ("su", "yarn"):
+        return {**rope, "rope_type": "longrope"}
+    return rope
 
 
 def _windowed_layers(layer_types, num_layers: int) -> tuple[int, ...]:
@@ -284,6 +282,8 @@ ARCHITECTURES = {
     "LlamaForCausalLM": _llama_args,
     "MistralForCausalLM": _llama_args,
     "Qwen2ForCausalLM": _llama_args,
+    "Qwen3ForCausalLM": _llama_args,
+    "Phi3ForCausalLM": _llama_args,
     "GPT2LMHeadModel": _gpt2_args,
 }
 

@@ -55,6 +55,9 @@ def _llama(a: LlamaArgs) -> Listed:
         yield layer + "input_layernorm.weight", (hidden,), False
         yield from _linear(layer + "self_attn.qkv_proj", hidden, q_size + 2 * kv_size, a.qkv_bias)
         yield from _linear(layer + "self_attn.o_proj", q_size, hidden, a.o_bias)
+        if a.qk_norm:
+            yield layer + "self_attn.q_norm.weight", (a.head_dim,), False
+            yield layer + "self_attn.k_norm.weight", (a.head_dim,), False
         yield layer + "post_attention_layernorm.weight", (hidden,), False
         yield from _linear(layer + "mlp.gate_up_proj", hidden, 2 * a.intermediate_size, a.mlp_bias)
         yield from _linear(layer + "mlp.down_proj", a.intermediate_size, hidden, a.mlp_bias)
