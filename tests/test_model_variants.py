@@ -15,7 +15,7 @@ from tiny_checkpoints import VARIANTS, load_hf, make_checkpoint
 KERNELS = {"gpt2_untied": ("torch",), "qwen2_untied": ("torch", "native"), "llama_tied": ("torch", "native"),
            "mistral_window": ("torch",), "qwen2_window": ("torch",), "llama_linear": ("torch", "native"),
            "llama_dynamic": ("torch",), "qwen2_yarn": ("torch", "native"), "llama_longrope": ("torch",),
-           "qwen3": ("torch",), "phi3": ("torch",)}
+           "qwen3": ("torch",), "phi3": ("torch",), "gemma2": ("torch",), "gemma3": ("torch",)}
 WINDOWED = ("mistral_window", "qwen2_window")
 CASES = [(kind, kernels) for kind in VARIANTS for kernels in KERNELS[kind]]
 
@@ -119,3 +119,26 @@ def test_a_rope_scaling_stretches_the_context(checkpoints):
     lengths = {kind: load_model(ModelConfig(path=str(checkpoints[kind]), max_model_len=1 << 20), CPU).max_model_len
                for kind in ("llama_linear", "llama_dynamic", "qwen2_yarn", "llama_longrope")}
     assert lengths == {"llama_linear": 128, "llama_dynamic": 128, "qwen2_yarn": 128, "llama_longrope": 128}
+
+
+@pytest.mark.parametrize("kind, changes, named", [
+    ("gemma3", {"use_bidirectional_attention": True}, "Gemma3ForCausalLM: use_bidirectional_attention"),
+    ("gemma2", {"hidden_activation": "gelu"}, "hidden_activation 'gelu'"),
+    ("gemma2", {"attn_logit_softcapping": -1.0}, "attn_softcap -1.0 is not a finite positive number"),
+    ("gemma3", {"rope_parameters": {"full_attention": {"rope_type": "proportional"}}}, "'proportional'"),
+    ("gemma2", {"architectures": ["MixtralForCausalLM"]}, "'MixtralForCausalLM' is not supported"),
+])
+def test_an_unsupported_or_hostile_family_config_is_refused_by_name(kind, changes, named, checkpoints, tmp_path):
+    with pytest.raises(UnsupportedModel, match=named):
+        make_engine(_edited_copy(checkpoints[kind], tmp_path, **changes))
+
+
+@pytest.mark.parametrize("kind", ["gemma2", "gemma3", "qwen3"])
+def test_native_is_refused_for_a_family_only_torch_runs(kind, checkpoints):
+    with pytest.raises(NativeUnavailable, match="native kernels have no"):
+        make_engine(checkpoints[kind], kernels="native")
+
+
+def test_int8_is_refused_for_gemma(checkpoints):
+    with pytest.raises(UnsupportedModel, match="for the Llama family only"):
+        load_model(ModelConfig(path=str(checkpoints["gemma2"]), quantization="int8"), CPU)

@@ -67,6 +67,16 @@ _ARCHITECTURES |= {
              {"sliding_window": 12, "original_max_position_embeddings": 32, "pad_token_id": 2,
               "rope_scaling": {"rope_type": "longrope", "short_factor": [1.0 + i / 8 for i in range(8)],
                                "long_factor": [1.0 + i for i in range(8)]}}),
+    # soft-capped scores and logits, local layers (window 7) between global ones, Gemma 3 with
+    # a scaled rope of its own on the global layers
+    "gemma2": (transformers.Gemma2Config, transformers.Gemma2ForCausalLM,
+               {"head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 7, "num_hidden_layers": 3,
+                "attn_logit_softcapping": 2.0, "final_logit_softcapping": 3.0}),
+    "gemma3": (transformers.Gemma3TextConfig, transformers.Gemma3ForCausalLM,
+               {"head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 7, "num_hidden_layers": 3,
+                "sliding_window_pattern": 2,
+                "rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 50000.0},
+                                    "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}}),
 }
 VARIANTS = tuple(kind for kind in _ARCHITECTURES if kind not in KINDS)
 

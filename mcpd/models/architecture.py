@@ -64,6 +64,35 @@ class GPT2Args:
     tie_embeddings: bool = True      # False: the checkpoint holds its own lm_head.weight
 
 
+@dataclass(frozen=True)
+class GemmaArgs:
+    """Gemma 2 and Gemma 3 (text): (1 + weight) RMSNorms before and after attention and the MLP,
+    GeGLU, the embedding scaled by sqrt(hidden), local (sliding-window) layers between global ones,
+    each kind with its own rope; Gemma 2 soft-caps attention scores and logits, Gemma 3 normalises
+    each query and key head instead."""
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    query_pre_attn_scalar: float            # scores are scaled by its inverse square root
+    sliding_window: int | None
+    sliding_layers: tuple[int, ...]
+    global_rope_theta: float
+    local_rope_theta: float
+    global_rope_scaling: RopeScaling | None = None
+    local_rope_scaling: RopeScaling | None = None
+    attn_softcap: float | None = None       # scores -> tanh(scores / cap) * cap
+    final_softcap: float | None = None      # logits alike
+    qk_norm: bool = False
+    tie_embeddings: bool = True
+
+
+ModelArgs = LlamaArgs | GPT2Args | GemmaArgs
+
 # The embedded default model (embedded.py): a small Llama, with GQA.
 EMBEDDED_ARGS = LlamaArgs(vocab_size=ByteTokenizer.vocab_size, hidden_size=256, intermediate_size=704,
                           num_layers=4, num_heads=4, num_kv_heads=2, head_dim=64, rms_norm_eps=1e-5,
@@ -72,7 +101,7 @@ EMBEDDED_ARGS = LlamaArgs(vocab_size=ByteTokenizer.vocab_size, hidden_size=256, 
 
 @dataclass(frozen=True)
 class Architecture:
-    args: LlamaArgs | GPT2Args
+    args: ModelArgs
     dtype: str            # one of DTYPES: what its parameters are cast to
     quantization: str     # model.quantization: "int8" only for the Llama family
     vocab_size: int
@@ -127,19 +156,20 @@ SIZE_CAPS = {"vocab_size": 1 << 22, "hidden_size": 1 << 17, "intermediate_size":
              "num_heads": 1 << 12, "num_kv_heads": 1 << 12, "head_dim": 1 << 12, "inner_size": 1 << 19,
              "max_positions": 1 << 24}
 MAX_MODEL_LEN = 1 << 24
-REALS = ("rms_norm_eps", "layer_norm_eps", "rope_theta")   # must be finite and positive
+REALS = ("rms_norm_eps", "layer_norm_eps", "rope_theta", "global_rope_theta", "local_rope_theta",
+         "query_pre_attn_scalar", "attn_softcap", "final_softcap")   # must be finite and positive
 
 
-def _check_sizes(args: LlamaArgs | GPT2Args, model_len, config_path: Path) -> None:
+def _check_sizes(args: ModelArgs, model_len, config_path: Path) -> None:
     """UnsupportedModel naming the first count of args that is not a whole number within its
     cap, or real that is not finite and positive, or query heads not shared evenly by KV heads."""
-    scaling = getattr(args, "rope_scaling", None)
+    scalings = [getattr(args, name, None) for name in ("rope_scaling", "global_rope_scaling", "local_rope_scaling")]
     counts = [(name, getattr(args, name)) for name in SIZE_CAPS if hasattr(args, name)]
     counts.append(("context length", model_len))
-    reals = [(name, getattr(args, name)) for name in REALS if hasattr(args, name)]
+    reals = [(name, getattr(args, name)) for name in REALS if getattr(args, name, None) is not None]
     if getattr(args, "sliding_window", None) is not None:
         counts.append(("sliding_window", args.sliding_window))
-    if scaling is not None:
+    for scaling in filter(None, scalings):
         scaling_counts, scaling_reals = scaling.checked()
         counts += scaling_counts
         reals += scaling_reals
@@ -150,7 +180,7 @@ def _check_sizes(args: LlamaArgs | GPT2Args, model_len, config_path: Path) -> No
     for name, value in reals:
         if type(value) not in (int, float) or not 0 < value < math.inf:
             raise UnsupportedModel(f"{config_path}: {name} {value!r} is not a finite positive number")
-    if isinstance(args, LlamaArgs) and args.num_heads % args.num_kv_heads:
+    if not isinstance(args, GPT2Args) and args.num_heads % args.num_kv_heads:
         raise UnsupportedModel(f"{config_path}: {args.num_heads} query heads cannot share "
                                f"{args.num_kv_heads} KV heads evenly")
 
@@ -179,7 +209,7 @@ def resolve_dtype(requested: str, checkpoint: str | None, device_type: str) -> s
     return "float32" if device_type == "cpu" else dtype
 
 
-def _quantization(args: LlamaArgs | GPT2Args, quantization: str, path: Path) -> str:
+def _quantization(args: ModelArgs, quantization: str, path: Path) -> str:
     if quantization != "none" and not isinstance(args, LlamaArgs):
         raise UnsupportedModel(f"{path}: quantization {quantization!r} is for the Llama family only")
     return quantization
@@ -253,10 +283,10 @@ def _windowed_layers(layer_types, num_layers: int) -> tuple[int, ...]:
     return tuple(i for i, kind in enumerate(layer_types) if kind == "sliding_attention")
 
 
-def _reachable_window(args: LlamaArgs | GPT2Args, model_len: int) -> LlamaArgs | GPT2Args:
+def _reachable_window(args: ModelArgs, model_len: int) -> ModelArgs:
     """args without a sliding window that no sequence of model_len tokens exceeds: within its
     window attention is full, which every kernel set runs (only the torch kernels have windows)."""
-    if isinstance(args, LlamaArgs) and args.sliding_window is not None and args.sliding_window >= model_len:
+    if not isinstance(args, GPT2Args) and args.sliding_window is not None and args.sliding_window >= model_len:
         return dataclasses.replace(args, sliding_window=None, sliding_layers=())
     return args
 
@@ -278,12 +308,70 @@ def _gpt2_args(hf: dict, architecture: str) -> tuple[GPT2Args, int, int]:
     return args, args.vocab_size, args.max_positions
 
 
+def _gemma_args(hf: dict, architecture: str) -> tuple[GemmaArgs, int, int]:
+    act = hf.get("hidden_activation") or hf.get("hidden_act", "gelu_pytorch_tanh")
+    if act != "gelu_pytorch_tanh":
+        raise UnsupportedModel(f"{architecture}: hidden_activation {act!r} (supported: gelu_pytorch_tanh)")
+    for flag in ("attention_bias", "use_bidirectional_attention"):
+        if hf.get(flag):
+            raise UnsupportedModel(f"{architecture}: {flag}")
+    gemma3 = architecture == "Gemma3ForCausalLM"
+    num_layers, heads = hf["num_hidden_layers"], hf["num_attention_heads"]
+    head_dim = hf.get("head_dim") or hf["hidden_size"] // heads
+    every = hf.get("sliding_window_pattern", 6) if gemma3 else 2   # every n-th layer is global
+    layer_types = hf.get("layer_types") or ["full_attention" if (i + 1) % every == 0 else "sliding_attention"
+                                            for i in range(num_layers)]
+    window = hf.get("sliding_window")
+    global_rope, local_rope = _gemma_ropes(hf, gemma3)
+    args = GemmaArgs(
+        vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"], intermediate_size=hf["intermediate_size"],
+        num_layers=num_layers, num_heads=heads, num_kv_heads=hf.get("num_key_value_heads") or heads,
+        head_dim=head_dim, rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
+        query_pre_attn_scalar=hf.get("query_pre_attn_scalar", 256), sliding_window=window,
+        sliding_layers=_windowed_layers(layer_types, num_layers) if window else (),
+        global_rope_theta=global_rope.get("rope_theta", 1_000_000.0 if gemma3 else 10_000.0),
+        local_rope_theta=local_rope.get("rope_theta", 10_000.0),
+        global_rope_scaling=_rope_of(global_rope, hf, architecture, head_dim),
+        local_rope_scaling=_rope_of(local_rope, hf, architecture, head_dim),
+        attn_softcap=hf.get("attn_logit_softcapping", None if gemma3 else 50.0),
+        final_softcap=hf.get("final_logit_softcapping", None if gemma3 else 30.0),
+        qk_norm=gemma3, tie_embeddings=hf.get("tie_word_embeddings", True))
+    max_positions = hf.get("max_position_embeddings", 8192)
+    scaling = args.global_rope_scaling
+    return args, args.vocab_size, scaling.context_length(max_positions) if scaling else max_positions
+
+
+def _gemma_ropes(hf: dict, gemma3: bool) -> tuple[dict, dict]:
+    """The rope dicts of Gemma's global and local layers: Gemma 3 nests one per layer type
+    (transformers 5; older configs: rope_scaling for the global layers, rope_local_base_freq),
+    Gemma 2 has one for both."""
+    rope = hf.get("rope_parameters") or {}
+    if gemma3 and "full_attention" in rope:
+        return rope["full_attention"] or {}, rope.get("sliding_attention") or {}
+    if gemma3:
+        global_rope = {**(hf.get("rope_scaling") or {}), "rope_theta": hf.get("rope_theta", 1_000_000.0)}
+        return global_rope, {"rope_theta": hf.get("rope_local_base_freq", 10_000.0)}
+    rope = rope or {**(hf.get("rope_scaling") or {}), "rope_theta": hf.get("rope_theta", 10_000.0)}
+    return rope, rope
+
+
+def _rope_of(rope: dict, hf: dict, architecture: str, head_dim: int) -> RopeScaling | None:
+    if rope.get("partial_rotary_factor", 1.0) != 1.0:
+        raise UnsupportedModel(f"{architecture}: partial_rotary_factor (rotary on part of each head)")
+    try:
+        return rope_scaling.read(rope, hf, head_dim)
+    except rope_scaling.UnsupportedRope as e:
+        raise UnsupportedModel(f"{architecture}: {e}") from None
+
+
 ARCHITECTURES = {
     "LlamaForCausalLM": _llama_args,
     "MistralForCausalLM": _llama_args,
     "Qwen2ForCausalLM": _llama_args,
     "Qwen3ForCausalLM": _llama_args,
     "Phi3ForCausalLM": _llama_args,
+    "Gemma2ForCausalLM": _gemma_args,
+    "Gemma3ForCausalLM": _gemma_args,
     "GPT2LMHeadModel": _gpt2_args,
 }
 

@@ -210,10 +210,11 @@ class PagedAttention(nn.Module):
     KV tensor, handed in by bind_kv_cache(); the module owns no memory of its own.
     """
 
-    def __init__(self, scale: float, window: int | None = None) -> None:
+    def __init__(self, scale: float, window: int | None = None, softcap: float | None = None) -> None:
         super().__init__()
         self.scale = scale
         self.window = window   # sliding window: each query sees itself and window - 1 keys before
+        self.options = {} if softcap is None else {"softcap": softcap}   # only the torch kernels take them
         self.kv_cache: torch.Tensor | None = None
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -227,7 +228,8 @@ class PagedAttention(nn.Module):
         """Attention of q [T, heads, D] over the cache, whose keys and values for this step's
         tokens are already written; returns [T, heads * D]."""
         outputs = [(kernels.decode_attention if g.decoding else kernels.prefill_attention)(
-                       q[g.start:g.end], self.kv_cache, g, self.scale) for g in attn.groups_within(self.window)]
+                       q[g.start:g.end], self.kv_cache, g, self.scale, **self.options)
+                   for g in attn.groups_within(self.window)]
         return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
 
 

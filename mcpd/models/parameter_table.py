@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 from mcpd.config import ModelConfig
 from mcpd.models import architecture
-from mcpd.models.architecture import Architecture, GPT2Args, LlamaArgs
+from mcpd.models.architecture import Architecture, GemmaArgs, GPT2Args, LlamaArgs
 from mcpd.quant.int8_layout import SCALE_SUFFIX, groups
 
 ITEM_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1}
@@ -27,7 +27,8 @@ def parameter_bytes(config: ModelConfig, device: str) -> int:
 
 def parameters(arch: Architecture) -> dict[str, tuple[Shape, str]]:
     """name -> (shape, dtype) of each parameter, as named_parameters() of the loader's skeleton."""
-    listed = _llama(arch.args) if isinstance(arch.args, LlamaArgs) else _gpt2(arch.args)
+    listed = (_llama(arch.args) if isinstance(arch.args, LlamaArgs)
+              else _gemma(arch.args) if isinstance(arch.args, GemmaArgs) else _gpt2(arch.args))
     table = {}
     for name, shape, linear in listed:
         if linear and arch.quantization == "int8":   # int8.use_int8: every nn.Linear's weight
@@ -63,6 +64,28 @@ def _llama(a: LlamaArgs) -> Listed:
         yield from _linear(layer + "mlp.down_proj", a.intermediate_size, hidden, a.mlp_bias)
     yield "model.norm.weight", (hidden,), False
     if not a.tie_embeddings:   # tied: the embedding is the head
+        yield from _linear("lm_head", hidden, a.vocab_size, False)
+
+
+def _gemma(a: GemmaArgs) -> Listed:
+    hidden, q_size, kv_size = a.hidden_size, a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
+    yield "model.embed_tokens.weight", (a.vocab_size, hidden), False
+    for i in range(a.num_layers):
+        layer = f"model.layers.{i}."
+        yield layer + "input_layernorm.weight", (hidden,), False
+        for name, outputs in (("q_proj", q_size), ("k_proj", kv_size), ("v_proj", kv_size)):
+            yield from _linear(layer + "self_attn." + name, hidden, outputs, False)
+        yield from _linear(layer + "self_attn.o_proj", q_size, hidden, False)
+        if a.qk_norm:
+            yield layer + "self_attn.q_norm.weight", (a.head_dim,), False
+            yield layer + "self_attn.k_norm.weight", (a.head_dim,), False
+        for norm in ("post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm"):
+            yield layer + norm + ".weight", (hidden,), False
+        yield from _linear(layer + "mlp.gate_proj", hidden, a.intermediate_size, False)
+        yield from _linear(layer + "mlp.up_proj", hidden, a.intermediate_size, False)
+        yield from _linear(layer + "mlp.down_proj", a.intermediate_size, hidden, False)
+    yield "model.norm.weight", (hidden,), False
+    if not a.tie_embeddings:
         yield from _linear("lm_head", hidden, a.vocab_size, False)
 
 
