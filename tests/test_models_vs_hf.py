@@ -11,12 +11,15 @@ from mcpd.config import Config, EngineConfig, ModelConfig
 from mcpd.engine import Engine, SamplingParams
 from mcpd.models import UnsupportedModel, load_model
 from mcpd.models.layers import AttentionMetadata, bind_kv_cache
-from tiny_checkpoints import KINDS, VOCAB_SIZE, load_hf, make_checkpoint
+from tiny_checkpoints import KINDS, VARIANTS, VOCAB_SIZE, load_hf, make_checkpoint
 
 CPU = torch.device("cpu")
 LLAMAS = tuple(kind for kind in KINDS if kind != "gpt2")
+# The variants the native kernels run too; the others' features only torch's ops have.
+NATIVE_VARIANTS = ("qwen2_untied", "llama_tied", "llama_linear", "qwen2_yarn", "phi3_plain")
 # (kind, kernels): every model on torch's ops; the Llama family on the native kernels too.
-CASES = [(kind, "torch") for kind in KINDS] + [(kind, "native") for kind in LLAMAS]
+CASES = ([(kind, "torch") for kind in (*KINDS, *VARIANTS)]
+         + [(kind, "native") for kind in (*LLAMAS, *NATIVE_VARIANTS)])
 # The last prompt is longer than the native stack's reused scratch (native_stack.REUSED_SCRATCH_ROWS):
 # its prefill takes a fresh one, the decodes after it the reused one.
 PROMPTS = [[0, 5, 9, 20, 33], [0, 17], list(range(40, 77)), [0, 300, 2, 150, 150, 9, 64, 8, 7, 6, 5],
@@ -27,7 +30,7 @@ MAX_TOKENS = [12, 30, 7, 20, 6]
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
     root = tmp_path_factory.mktemp("checkpoints")
-    return {kind: make_checkpoint(root / kind, kind) for kind in KINDS}
+    return {kind: make_checkpoint(root / kind, kind) for kind in (*KINDS, *VARIANTS)}
 
 
 @pytest.fixture(scope="module")

@@ -63,6 +63,7 @@ _ARCHITECTURES |= {
                                          "long_factor": [1.0 + i for i in range(8)]}}),
     # families after Llama and Qwen2
     "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM, {"head_dim": 16}),
+    "phi3_plain": (transformers.Phi3Config, transformers.Phi3ForCausalLM, {"pad_token_id": 2}),
     "phi3": (transformers.Phi3Config, transformers.Phi3ForCausalLM,
              {"sliding_window": 12, "original_max_position_embeddings": 32, "pad_token_id": 2,
               "rope_scaling": {"rope_type": "longrope", "short_factor": [1.0 + i / 8 for i in range(8)],

@@ -110,7 +110,7 @@ class TorchKernels:
         """One query per sequence, q [B, heads, D], over the first group.context_lens[i] tokens
         of the blocks group.block_table[i] of kv_cache (a layer's [blocks, 2, block_size,
         kv_heads, D]), from group.first_keys[i] on in a sliding window; returns [B, heads * D].
-        softcap: scores soft-capped (attention_with_softcap)."""
+        softcap: scores soft-capped (_attention)."""
         batch, width = group.block_table.shape
         keys, values = _gather(kv_cache, group.block_table)
         key_pos = torch.arange(width * kv_cache.shape[2], device=q.device)

@@ -29,7 +29,8 @@ class UnsupportedModel(ValueError):
 
 
 @dataclass(frozen=True)
-class LlamaArgs:
+class DecoderSizes:
+    """What every RMSNorm decoder family (Llama's, Gemma's) is sized by."""
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -38,6 +39,10 @@ class LlamaArgs:
     num_kv_heads: int
     head_dim: int
     rms_norm_eps: float
+
+
+@dataclass(frozen=True)
+class LlamaArgs(DecoderSizes):
     rope_theta: float
     rope_scaling: RopeScaling | None = None
     qkv_bias: bool = False      # Qwen2, or Llama's attention_bias
@@ -65,19 +70,11 @@ class GPT2Args:
 
 
 @dataclass(frozen=True)
-class GemmaArgs:
+class GemmaArgs(DecoderSizes):
     """Gemma 2 and Gemma 3 (text): (1 + weight) RMSNorms before and after attention and the MLP,
     GeGLU, the embedding scaled by sqrt(hidden), local (sliding-window) layers between global ones,
     each kind with its own rope; Gemma 2 soft-caps attention scores and logits, Gemma 3 normalises
     each query and key head instead."""
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    rms_norm_eps: float
     query_pre_attn_scalar: float            # scores are scaled by its inverse square root
     sliding_window: int | None
     sliding_layers: tuple[int, ...]

@@ -7,7 +7,7 @@ parameter; tests/test_parameter_table.py holds it equal to a built skeleton's fo
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from mcpd.config import ModelConfig
 from mcpd.models import architecture
@@ -48,45 +48,52 @@ def _linear(name: str, inputs: int, outputs: int, bias: bool) -> Listed:
         yield f"{name}.bias", (outputs,), False
 
 
+def _decoder(a: LlamaArgs | GemmaArgs, layer: Callable[[str], Listed]) -> Listed:
+    """Embedding, each layer's parameters (layer(its name prefix)), final norm and an untied head."""
+    yield "model.embed_tokens.weight", (a.vocab_size, a.hidden_size), False
+    for i in range(a.num_layers):
+        yield from layer(f"model.layers.{i}.")
+    yield "model.norm.weight", (a.hidden_size,), False
+    if not a.tie_embeddings:   # tied: the embedding is the head
+        yield from _linear("lm_head", a.hidden_size, a.vocab_size, False)
+
+
+def _qk_norms(a: LlamaArgs | GemmaArgs, layer: str) -> Listed:
+    if a.qk_norm:
+        yield layer + "self_attn.q_norm.weight", (a.head_dim,), False
+        yield layer + "self_attn.k_norm.weight", (a.head_dim,), False
+
+
 def _llama(a: LlamaArgs) -> Listed:
     hidden, q_size, kv_size = a.hidden_size, a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
-    yield "model.embed_tokens.weight", (a.vocab_size, hidden), False
-    for i in range(a.num_layers):
-        layer = f"model.layers.{i}."
-        yield layer + "input_layernorm.weight", (hidden,), False
-        yield from _linear(layer + "self_attn.qkv_proj", hidden, q_size + 2 * kv_size, a.qkv_bias)
-        yield from _linear(layer + "self_attn.o_proj", q_size, hidden, a.o_bias)
-        if a.qk_norm:
-            yield layer + "self_attn.q_norm.weight", (a.head_dim,), False
-            yield layer + "self_attn.k_norm.weight", (a.head_dim,), False
-        yield layer + "post_attention_layernorm.weight", (hidden,), False
-        yield from _linear(layer + "mlp.gate_up_proj", hidden, 2 * a.intermediate_size, a.mlp_bias)
-        yield from _linear(layer + "mlp.down_proj", a.intermediate_size, hidden, a.mlp_bias)
-    yield "model.norm.weight", (hidden,), False
-    if not a.tie_embeddings:   # tied: the embedding is the head
-        yield from _linear("lm_head", hidden, a.vocab_size, False)
+
+    def layer(prefix: str) -> Listed:
+        yield prefix + "input_layernorm.weight", (hidden,), False
+        yield from _linear(prefix + "self_attn.qkv_proj", hidden, q_size + 2 * kv_size, a.qkv_bias)
+        yield from _linear(prefix + "self_attn.o_proj", q_size, hidden, a.o_bias)
+        yield from _qk_norms(a, prefix)
+        yield prefix + "post_attention_layernorm.weight", (hidden,), False
+        yield from _linear(prefix + "mlp.gate_up_proj", hidden, 2 * a.intermediate_size, a.mlp_bias)
+        yield from _linear(prefix + "mlp.down_proj", a.intermediate_size, hidden, a.mlp_bias)
+    return _decoder(a, layer)
 
 
 def _gemma(a: GemmaArgs) -> Listed:
     hidden, q_size, kv_size = a.hidden_size, a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
-    yield "model.embed_tokens.weight", (a.vocab_size, hidden), False
-    for i in range(a.num_layers):
-        layer = f"model.layers.{i}."
-        yield layer + "input_layernorm.weight", (hidden,), False
+
+    def layer(prefix: str) -> Listed:
+        yield prefix + "input_layernorm.weight", (hidden,), False
         for name, outputs in (("q_proj", q_size), ("k_proj", kv_size), ("v_proj", kv_size)):
-            yield from _linear(layer + "self_attn." + name, hidden, outputs, False)
-        yield from _linear(layer + "self_attn.o_proj", q_size, hidden, False)
-        if a.qk_norm:
-            yield layer + "self_attn.q_norm.weight", (a.head_dim,), False
-            yield layer + "self_attn.k_norm.weight", (a.head_dim,), False
+            yield from _linear(prefix + "self_attn." + name, hidden, outputs, False)
+        yield from _linear(prefix + "self_attn.o_proj", q_size, hidden, False)
+        yield from _qk_norms(a, prefix)
         for norm in ("post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm"):
-            yield layer + norm + ".weight", (hidden,), False
-        yield from _linear(layer + "mlp.gate_proj", hidden, a.intermediate_size, False)
-        yield from _linear(layer + "mlp.up_proj", hidden, a.intermediate_size, False)
-        yield from _linear(layer + "mlp.down_proj", a.intermediate_size, hidden, False)
-    yield "model.norm.weight", (hidden,), False
-    if not a.tie_embeddings:
-        yield from _linear("lm_head", hidden, a.vocab_size, False)
+            yield prefix + norm + ".weight", (hidden,), False
+        for name, inputs, outputs in (("gate_proj", hidden, a.intermediate_size),
+                                      ("up_proj", hidden, a.intermediate_size),
+                                      ("down_proj", a.intermediate_size, hidden)):
+            yield from _linear(prefix + "mlp." + name, inputs, outputs, False)
+    return _decoder(a, layer)
 
 
 def _gpt2(a: GPT2Args) -> Listed:
