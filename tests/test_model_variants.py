@@ -95,19 +95,24 @@ def test_a_rope_scaling_stretches_the_context(checkpoints):
     ("gemma2", {"hidden_activation": "gelu"}, "hidden_activation 'gelu'"),
     ("gemma2", {"attn_logit_softcapping": -1.0}, "attn_softcap -1.0 is not a finite positive number"),
     ("gemma3", {"rope_parameters": {"full_attention": {"rope_type": "proportional"}}}, "'proportional'"),
-    ("gemma2", {"architectures": ["MixtralForCausalLM"]}, "'MixtralForCausalLM' is not supported"),
+    ("gemma2", {"architectures": ["Qwen2MoeForCausalLM"]}, "'Qwen2MoeForCausalLM' is not supported"),
+    ("mixtral", {"num_local_experts": 0}, "num_local_experts 0 is not a whole number from 1 to 1024"),
+    ("mixtral", {"num_experts_per_tok": 5}, "num_experts_per_tok 5 is not a whole number from 1 to 4"),
+    ("mixtral", {"num_experts_per_tok": 1.5}, "num_experts_per_tok 1.5 is not a whole number"),
 ])
 def test_an_unsupported_or_hostile_family_config_is_refused_by_name(kind, changes, named, checkpoints, tmp_path):
     with pytest.raises(UnsupportedModel, match=named):
         make_engine(_edited_copy(checkpoints[kind], tmp_path, **changes))
 
 
-@pytest.mark.parametrize("kind", ["gemma2", "gemma3", "qwen3"])
+@pytest.mark.parametrize("kind", ["gemma2", "gemma3", "qwen3", "mixtral"])
 def test_native_is_refused_for_a_family_only_torch_runs(kind, checkpoints):
     with pytest.raises(NativeUnavailable, match="native kernels have no"):
         make_engine(checkpoints[kind], kernels="native")
 
 
-def test_int8_is_refused_for_gemma(checkpoints):
-    with pytest.raises(UnsupportedModel, match="for the Llama family only"):
-        load_model(ModelConfig(path=str(checkpoints["gemma2"]), quantization="int8"), CPU)
+@pytest.mark.parametrize("kind, named", [("gemma2", "for the Llama family only"),
+                                         ("mixtral", "of a mixture of experts")])
+def test_int8_is_refused_for_gemma_and_mixtral(kind, named, checkpoints):
+    with pytest.raises(UnsupportedModel, match=named):
+        load_model(ModelConfig(path=str(checkpoints[kind]), quantization="int8"), CPU)

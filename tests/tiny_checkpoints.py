@@ -70,6 +70,8 @@ _ARCHITECTURES |= {
                                "long_factor": [1.0 + i for i in range(8)]}}),
     # soft-capped scores and logits, local layers (window 7) between global ones, Gemma 3 with
     # a scaled rope of its own on the global layers
+    "mixtral": (transformers.MixtralConfig, transformers.MixtralForCausalLM,
+                {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": None}),
     "gemma2": (transformers.Gemma2Config, transformers.Gemma2ForCausalLM,
                {"head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 7, "num_hidden_layers": 3,
                 "attn_logit_softcapping": 2.0, "final_logit_softcapping": 3.0}),

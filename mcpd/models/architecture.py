@@ -52,6 +52,8 @@ class LlamaArgs(DecoderSizes):
     sliding_window: int | None = None   # each query of a windowed layer sees itself and window - 1 keys before
     sliding_layers: tuple[int, ...] = ()   # the layers with the window
     qk_norm: bool = False       # Qwen3: an RMSNorm over each head of the queries and keys, before rope
+    num_experts: int = 0        # Mixtral: a mixture of this many experts in place of each MLP
+    experts_per_token: int = 0
 
 
 @dataclass(frozen=True)
@@ -152,6 +154,7 @@ def _of_checkpoint(config: ModelConfig, hf: dict, path: Path, device_type: str) 
 SIZE_CAPS = {"vocab_size": 1 << 22, "hidden_size": 1 << 17, "intermediate_size": 1 << 19, "num_layers": 1 << 12,
              "num_heads": 1 << 12, "num_kv_heads": 1 << 12, "head_dim": 1 << 12, "inner_size": 1 << 19,
              "max_positions": 1 << 24}
+MAX_EXPERTS = 1 << 10
 MAX_MODEL_LEN = 1 << 24
 REALS = ("rms_norm_eps", "layer_norm_eps", "rope_theta", "global_rope_theta", "local_rope_theta",
          "query_pre_attn_scalar", "attn_softcap", "final_softcap")   # must be finite and positive
@@ -209,6 +212,8 @@ def resolve_dtype(requested: str, checkpoint: str | None, device_type: str) -> s
 def _quantization(args: ModelArgs, quantization: str, path: Path) -> str:
     if quantization != "none" and not isinstance(args, LlamaArgs):
         raise UnsupportedModel(f"{path}: quantization {quantization!r} is for the Llama family only")
+    if quantization != "none" and args.num_experts:
+        raise UnsupportedModel(f"{path}: quantization {quantization!r} of a mixture of experts")
     return quantization
 
 
@@ -239,7 +244,7 @@ def _llama_args(hf: dict, architecture: str) -> tuple[LlamaArgs, int, int]:
         rope_theta=rope.get("rope_theta", hf.get("rope_theta", 10000.0)), rope_scaling=scaling,
         qkv_bias=qwen2 or attention_bias, o_bias=attention_bias and not qwen2,
         mlp_bias=hf.get("mlp_bias", False), tie_embeddings=hf.get("tie_word_embeddings", False),
-        qk_norm=architecture == "Qwen3ForCausalLM", **_sliding_window(hf, architecture, hf["num_hidden_layers"]))
+        qk_norm=architecture == "Qwen3ForCausalLM", **_experts(hf, architecture), **_sliding_window(hf, architecture, hf["num_hidden_layers"]))
     return args, args.vocab_size, scaling.context_length(max_positions) if scaling else max_positions
 
 
@@ -260,6 +265,20 @@ def _sliding_window(hf: dict, architecture: str, num_layers: int) -> dict:
         layer_types = ["sliding_attention" if i >= first else "full_attention" for i in range(num_layers)]
     layers = _windowed_layers(layer_types, num_layers)
     return {"sliding_window": window, "sliding_layers": layers} if layers else {}
+
+
+def _experts(hf: dict, architecture: str) -> dict:
+    """LlamaArgs' num_experts and experts_per_token: Mixtral's, none for the others."""
+    if architecture != "MixtralForCausalLM":
+        return {}
+    num_experts, per_token = hf["num_local_experts"], hf["num_experts_per_tok"]
+    if type(num_experts) is not int or not 1 <= num_experts <= MAX_EXPERTS:
+        raise UnsupportedModel(f"{architecture}: num_local_experts {num_experts!r} is not a whole number "
+                               f"from 1 to {MAX_EXPERTS}")
+    if type(per_token) is not int or not 1 <= per_token <= num_experts:
+        raise UnsupportedModel(f"{architecture}: num_experts_per_tok {per_token!r} is not a whole number "
+                               f"from 1 to {num_experts}")
+    return {"num_experts": num_experts, "experts_per_token": per_token}
 
 
 def _phi3_rope(rope: dict) -> dict:
@@ -367,6 +386,7 @@ ARCHITECTURES = {
     "Qwen2ForCausalLM": _llama_args,
     "Qwen3ForCausalLM": _llama_args,
     "Phi3ForCausalLM": _llama_args,
+    "MixtralForCausalLM": _llama_args,
     "Gemma2ForCausalLM": _gemma_args,
     "Gemma3ForCausalLM": _gemma_args,
     "GPT2LMHeadModel": _gpt2_args,

@@ -1,5 +1,6 @@
 """The Llama family: Llama 2/3, TinyLlama, Mistral, Qwen2/2.5 (Llama with q/k/v bias), Qwen3 (with
-q/k norms) and Phi-3 (whose checkpoints hold q/k/v and gate/up fused already).
+q/k norms), Phi-3 (whose checkpoints hold q/k/v and gate/up fused already) and Mixtral (a
+mixture of experts for each MLP: experts.py).
 
 q/k/v and gate/up projections are fused into one matmul each; map_weight() packs the separate
 checkpoint tensors into them, so module names otherwise follow Hugging Face checkpoints.
@@ -12,6 +13,7 @@ import torch
 from torch import nn
 
 from mcpd.models.architecture import LlamaArgs
+from mcpd.models.experts import MixtureOfExperts
 from mcpd.quant.int8 import SCALE_SUFFIX, Int8Weight
 from mcpd.kernels.forms import Form, KernelForms
 from mcpd.kernels.choice import choose, torch_for
@@ -47,7 +49,11 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.self_attn = LlamaAttention(args, layer_index)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
-        self.mlp = LlamaMLP(args)
+        if args.num_experts:
+            self.block_sparse_moe = MixtureOfExperts(args.hidden_size, args.intermediate_size, args.num_experts,
+                                                     args.experts_per_token)
+        else:
+            self.mlp = LlamaMLP(args)
 
 
 class LlamaModel(nn.Module):
@@ -76,6 +82,7 @@ class LayerWeights:
     down_bias: torch.Tensor | None
     q_norm: torch.Tensor | None   # Qwen3's norms of each query and key head
     k_norm: torch.Tensor | None
+    experts: MixtureOfExperts | None   # Mixtral's, in place of gate_up and down
 
     @classmethod
     def of(cls, layer: LlamaDecoderLayer, prefix: str, forms: dict[str, Form]) -> LayerWeights:
@@ -86,7 +93,8 @@ class LayerWeights:
                    layer.self_attn.attn, form("self_attn.o_proj.weight"), form("self_attn.o_proj.bias"),
                    form("post_attention_layernorm.weight"), form("mlp.gate_up_proj.weight"),
                    form("mlp.gate_up_proj.bias"), form("mlp.down_proj.weight"), form("mlp.down_proj.bias"),
-                   form("self_attn.q_norm.weight"), form("self_attn.k_norm.weight"))
+                   form("self_attn.q_norm.weight"), form("self_attn.k_norm.weight"),
+                   getattr(layer, "block_sparse_moe", None))
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +115,9 @@ class ModelWeights:
 class LlamaForCausalLM(KernelForms, nn.Module):
     # checkpoint projection -> (fused parameter, index of its slice in the fused output rows)
     PACKED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
-              "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
+              "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
+              "w1": ("gate_up_proj", 0), "w3": ("gate_up_proj", 1)}   # a Mixtral expert's gate and up
+    RENAMED = {"w2": "down_proj"}   # a Mixtral expert's down
 
     def __init__(self, args: LlamaArgs, device: torch.device) -> None:
         super().__init__()
@@ -149,7 +159,8 @@ class LlamaForCausalLM(KernelForms, nn.Module):
             residual, q = self._attention_inputs(residual, delta, w, rope, rope_rows, attn)
             residual, x = k.add_rms_norm(residual, k.linear(w.attention.attend(q, attn, k), w.o, w.o_bias),
                                          w.post_norm, eps)
-            delta = k.linear(k.silu_mul(k.linear(x, w.gate_up, w.gate_up_bias)), w.down, w.down_bias)
+            delta = (k.linear(k.silu_mul(k.linear(x, w.gate_up, w.gate_up_bias)), w.down, w.down_bias)
+                     if w.experts is None else w.experts(x, k))
         return k.add_rms_norm(residual, delta, weights.final_norm, eps)[1]
 
     def _attention_inputs(self, residual: torch.Tensor, delta: torch.Tensor | None, w: LayerWeights,
@@ -227,6 +238,8 @@ class LlamaForCausalLM(KernelForms, nn.Module):
             return "sliding-window attention"
         if self.rope.by_length:
             return "rope whose angles follow the sequence's length"
+        if self.args.num_experts:
+            return "mixture-of-experts layers"
         return "q/k norms" if self.args.qk_norm else None
 
     def prepared(self, name: str, param: torch.Tensor) -> bool:
@@ -258,6 +271,9 @@ class LlamaForCausalLM(KernelForms, nn.Module):
             fused, index = self.PACKED[parts[-2]]
             parts[-2] = fused
             return ".".join(parts), self._packed_row(fused, index), tensor
+        if len(parts) >= 2 and parts[-2] in self.RENAMED:
+            parts[-2] = self.RENAMED[parts[-2]]
+            return ".".join(parts), 0, tensor
         return name, 0, tensor
 
     def _packed_row(self, fused: str, index: int) -> int:

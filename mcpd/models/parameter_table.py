@@ -73,9 +73,19 @@ def _llama(a: LlamaArgs) -> Listed:
         yield from _linear(prefix + "self_attn.o_proj", q_size, hidden, a.o_bias)
         yield from _qk_norms(a, prefix)
         yield prefix + "post_attention_layernorm.weight", (hidden,), False
-        yield from _linear(prefix + "mlp.gate_up_proj", hidden, 2 * a.intermediate_size, a.mlp_bias)
-        yield from _linear(prefix + "mlp.down_proj", a.intermediate_size, hidden, a.mlp_bias)
+        if a.num_experts:
+            yield from _experts(a, prefix + "block_sparse_moe.")
+        else:
+            yield from _linear(prefix + "mlp.gate_up_proj", hidden, 2 * a.intermediate_size, a.mlp_bias)
+            yield from _linear(prefix + "mlp.down_proj", a.intermediate_size, hidden, a.mlp_bias)
     return _decoder(a, layer)
+
+
+def _experts(a: LlamaArgs, prefix: str) -> Listed:
+    yield from _linear(prefix + "gate", a.hidden_size, a.num_experts, False)
+    for e in range(a.num_experts):
+        yield from _linear(f"{prefix}experts.{e}.gate_up_proj", a.hidden_size, 2 * a.intermediate_size, False)
+        yield from _linear(f"{prefix}experts.{e}.down_proj", a.intermediate_size, a.hidden_size, False)
 
 
 def _gemma(a: GemmaArgs) -> Listed:
