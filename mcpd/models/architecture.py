@@ -157,7 +157,8 @@ SIZE_CAPS = {"vocab_size": 1 << 22, "hidden_size": 1 << 17, "intermediate_size":
 MAX_EXPERTS = 1 << 10
 MAX_MODEL_LEN = 1 << 24
 REALS = ("rms_norm_eps", "layer_norm_eps", "rope_theta", "global_rope_theta", "local_rope_theta",
-         "query_pre_attn_scalar", "attn_softcap", "final_softcap")   # must be finite and positive
+         "query_pre_attn_scalar")   # must be finite and positive
+OPTIONAL_REALS = ("attn_softcap", "final_softcap")   # None, or as REALS
 
 
 def _check_sizes(args: ModelArgs, model_len, config_path: Path) -> None:
@@ -166,7 +167,8 @@ def _check_sizes(args: ModelArgs, model_len, config_path: Path) -> None:
     scalings = [getattr(args, name, None) for name in ("rope_scaling", "global_rope_scaling", "local_rope_scaling")]
     counts = [(name, getattr(args, name)) for name in SIZE_CAPS if hasattr(args, name)]
     counts.append(("context length", model_len))
-    reals = [(name, getattr(args, name)) for name in REALS if getattr(args, name, None) is not None]
+    reals = [(name, getattr(args, name)) for name in REALS if hasattr(args, name)]
+    reals += [(name, getattr(args, name)) for name in OPTIONAL_REALS if getattr(args, name, None) is not None]
     if getattr(args, "sliding_window", None) is not None:
         counts.append(("sliding_window", args.sliding_window))
     for scaling in filter(None, scalings):
@@ -244,7 +246,8 @@ def _llama_args(hf: dict, architecture: str) -> tuple[LlamaArgs, int, int]:
         rope_theta=rope.get("rope_theta", hf.get("rope_theta", 10000.0)), rope_scaling=scaling,
         qkv_bias=qwen2 or attention_bias, o_bias=attention_bias and not qwen2,
         mlp_bias=hf.get("mlp_bias", False), tie_embeddings=hf.get("tie_word_embeddings", False),
-        qk_norm=architecture == "Qwen3ForCausalLM", **_experts(hf, architecture), **_sliding_window(hf, architecture, hf["num_hidden_layers"]))
+        qk_norm=architecture == "Qwen3ForCausalLM", **_experts(hf, architecture),
+        **_sliding_window(hf, architecture, hf["num_hidden_layers"]))
     return args, args.vocab_size, scaling.context_length(max_positions) if scaling else max_positions
 
 
@@ -263,7 +266,7 @@ def _sliding_window(hf: dict, architecture: str, num_layers: int) -> dict:
     if layer_types is None:
         first = hf.get("max_window_layers", 28)
         layer_types = ["sliding_attention" if i >= first else "full_attention" for i in range(num_layers)]
-    layers = _windowed_layers(layer_types, num_layers)
+    layers = _windowed_layers(layer_types, num_layers, architecture)
     return {"sliding_window": window, "sliding_layers": layers} if layers else {}
 
 
@@ -288,14 +291,15 @@ def _phi3_rope(rope: dict) -> dict:
     return rope
 
 
-def _windowed_layers(layer_types, num_layers: int) -> tuple[int, ...]:
+def _windowed_layers(layer_types, num_layers: int, architecture: str) -> tuple[int, ...]:
     """The indices of config.json's layer_types that say sliding_attention; UnsupportedModel where it
     is not one known type per layer."""
     if not isinstance(layer_types, list) or len(layer_types) != num_layers:
-        raise UnsupportedModel(f"layer_types {layer_types!r} is not a list of {num_layers} layer types")
+        raise UnsupportedModel(f"{architecture}: layer_types {layer_types!r} is not a list of {num_layers} layer types")
     unknown = set(layer_types) - {"full_attention", "sliding_attention"}
     if unknown:
-        raise UnsupportedModel(f"layer_types {sorted(unknown)!r} (supported: full_attention, sliding_attention)")
+        raise UnsupportedModel(f"{architecture}: layer_types {sorted(unknown)!r} "
+                               "(supported: full_attention, sliding_attention)")
     return tuple(i for i, kind in enumerate(layer_types) if kind == "sliding_attention")
 
 
@@ -344,7 +348,7 @@ def _gemma_args(hf: dict, architecture: str) -> tuple[GemmaArgs, int, int]:
         num_layers=num_layers, num_heads=heads, num_kv_heads=hf.get("num_key_value_heads") or heads,
         head_dim=head_dim, rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
         query_pre_attn_scalar=hf.get("query_pre_attn_scalar", 256), sliding_window=window,
-        sliding_layers=_windowed_layers(layer_types, num_layers) if window else (),
+        sliding_layers=_windowed_layers(layer_types, num_layers, architecture) if window else (),
         global_rope_theta=global_rope.get("rope_theta", 1_000_000.0 if gemma3 else 10_000.0),
         local_rope_theta=local_rope.get("rope_theta", 10_000.0),
         global_rope_scaling=_rope_of(global_rope, hf, architecture, head_dim),
