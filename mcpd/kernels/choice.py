@@ -45,3 +45,11 @@ def _cuda_kernels() -> tuple[TorchKernels, str]:
     except ImportError as e:
         return TORCH, f"torch kernels (no Triton for the CUDA ones: {e})"
     return CudaKernels(), "cuda kernels (torch's products, fused layer ops and paged decode attention in Triton)"
+
+
+def torch_for(requested: str, feature: str) -> tuple[TorchKernels, str]:
+    """torch's kernels for a model with a feature only they run; NativeUnavailable where
+    engine.kernels = native asks for the native ones."""
+    if requested.startswith("native"):
+        raise native.NativeUnavailable(f"the native kernels have no {feature} (engine.kernels = {requested})")
+    return TORCH, f"torch kernels (the native and CUDA ones have no {feature})"
