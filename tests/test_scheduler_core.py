@@ -14,7 +14,7 @@ from mcpd.daemon.child_stats import WorkerStats
 from mcpd.daemon.scheduler.core import Scheduler
 from mcpd.protocol import codes
 from mcpd.protocol.args import ContextOpenArgs, GenerateArgs, PingArgs
-from mcpd.protocol.results import GenerateResult, Usage
+from mcpd.protocol.results import Degraded, GenerateResult, Usage
 from mcpd.protocol.sampling import SamplingParams
 
 WORKER = b"w0"
@@ -231,6 +231,28 @@ def test_admission_counts_real_prompt_tokens(core):
     assert core.jobs[2].cost == 3 + 5
     reply = core.ports.finals()[3]
     assert reply["code"] == codes.BAD_REQUEST and "limit is 32768" in reply["message"]
+
+
+def test_under_overload_the_ladder_shortens_the_args_it_dispatches_and_says_so():
+    """The cap is a rewrite of max_tokens in the request's own sampling struct, not a value beside it."""
+    runtime_dir = tempfile.mkdtemp(prefix="mcpd-c-", dir="/tmp")
+    config = from_dict({"server": {"runtime_dir": runtime_dir}, "cache": {"enabled": False},
+                        "persistence": {"enabled": False},
+                        "scheduler": {"degrade_queue_depth": 2, "degrade_after_s": 1.0}})
+    core = Scheduler(config, logging.getLogger("test"), Ports(), Clock())
+    asked = SamplingParams(max_tokens=1000, temperature=0.5, seed=7)
+    for rid in (1, 2):   # no worker yet: they wait, and the queue is at the ladder's depth
+        core.on_inbox(request(rid, GenerateArgs(prompt="x", sampling=asked)))
+    core.tick()
+    core.clock.now += 1.0   # overloaded this long: the ladder caps classes that set degrade_max_tokens
+    core.on_inbox(messages.encode(messages.Request(3, 3, "t", "low", None, GenerateArgs(prompt="x", sampling=asked))))
+    hello(core, 11)
+    core.tick()
+    sent = {d.rid: d for d in dispatched(core)}
+    cap = config.scheduler.classes["low"].degrade_max_tokens
+    assert sent[3].args.sampling == SamplingParams(max_tokens=cap, temperature=0.5, seed=7)
+    assert sent[3].degraded == Degraded(cap, 1000)
+    assert sent[1].args.sampling == asked and sent[1].degraded is None   # its class is never capped
 
 
 def test_apply_config_swaps_classes_and_keeps_queued_work(core):
