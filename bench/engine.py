@@ -1,4 +1,4 @@
-"""The engine alone, in-process, on issue 12's Llama shape, against the roofline measured in the same run.
+"""The engine alone, in-process, on the 55.3M bench Llama's shape, against the roofline measured in the same run.
 
     .venv/bin/python bench/engine.py [--quick] [--dtypes float32,bfloat16] [--kernels auto|native|torch]
 

@@ -1,5 +1,5 @@
-"""Red team: every attack of issue 13 and the earlier hostile-input and fault sets, against the
-real daemon on loopback, each bounded in time.
+"""Red team: every attack the daemon must hold (hostile tenants and input, damaged disks, kills,
+careless operators), against the real daemon on loopback, each bounded in time.
 
     python bench/redteam.py [--quick] [--only NAME ...]
 
@@ -15,7 +15,7 @@ the others start their own.
 listed as skipped. The last line is JSON: `broken` (attacks that did not hold), `lost` (finals
 and acknowledged updates lost, over all attacks), `skipped`, and per attack its figures.
 Baseline: this is a pass/fail audit, not a speed figure; each attack's figure is judged against
-what the issue says the daemon must do (e.g. memory against the configured limits).
+what the daemon promises (e.g. memory against the configured limits).
 """
 from __future__ import annotations
 
@@ -230,7 +230,7 @@ class SlowClient:
         return finals
 
 
-# -- issue 13, Broken -----------------------------------------------------------------------------
+# -- hostile tenants and operators: broken once --------------------------------------------------
 
 def attack_poison_request(run: Run) -> Outcome:
     """generate with top_k = 2^63 (and other out-of-range integers) once a second while another
@@ -466,7 +466,7 @@ def attack_shared_state_dir(run: Run) -> Outcome:
     return Outcome(seen["state"] == "exited" and seen["exit_code"] != 0, seen)
 
 
-# -- issue 13, Degraded ---------------------------------------------------------------------------
+# -- hostile tenants and operators: degraded once ------------------------------------------------
 
 def attack_slow_consumer(run: Run) -> Outcome:
     """A client that stops reading while streams run and thousands of replies pile up: when it
@@ -850,7 +850,7 @@ def attack_cross_tenant(run: Run) -> Outcome:
     return Outcome(held, {**seen, "intact": intact})
 
 
-# -- the HTTP listener (issue 17) ----------------------------------------------------------------
+# -- the HTTP listener ---------------------------------------------------------------------------
 
 def http_port(d: Daemon) -> int:
     return int(d.control("config")["config"]["http"]["listen"].rpartition(":")[2])

@@ -1,6 +1,7 @@
 """A generate request has one type from client to sampler: its sampling fields are declared once
 (protocol/sampling.py), decoded once at the front-end, and read as they are by the scheduler and
 the engine, so `max_tokens` passes through few files."""
+import ast
 import re
 from pathlib import Path
 
@@ -15,11 +16,31 @@ def sources() -> dict[str, str]:
     return {str(path.relative_to(PACKAGE)): path.read_text() for path in sorted(PACKAGE.rglob("*.py"))}
 
 
+def carries_max_tokens(text: str) -> bool:
+    """The code names the value (an attribute, a variable, a keyword, a map key, a message; a cap
+    of it too: `max_tokens_cap`), not only a docstring or comment. `degrade_max_tokens` is the
+    config's own key: a class's cap, not a request's."""
+    tree = ast.parse(text)
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr)}
+    for node in ast.walk(tree):
+        named = (node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name)
+                 else node.arg if isinstance(node, (ast.keyword, ast.arg)) else
+                 node.name if isinstance(node, (ast.FunctionDef, ast.ClassDef)) else "")
+        if named != "degrade_max_tokens" and re.fullmatch(r"(\w+_)?max_tokens(_\w+)?", named or ""):
+            return True
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings \
+                and re.search(r"\bmax_tokens\b", node.value):
+            return True
+    return False
+
+
 def test_max_tokens_travels_through_few_files():
-    """sampling.py declares it, the front-end's HTTP listener and testing's load map OpenAI's and a
-    client's to it, the scheduler prices and caps it (admission, degradation and its config key),
-    the result says a cap (results.py), the engine stops at it."""
-    naming = [name for name, text in sources().items() if "max_tokens" in text]
+    """sampling.py declares it, the HTTP listener and testing's load put a client's in the args,
+    the scheduler prices and caps it (admission; the ladder's cap: degradation), the result says
+    a cap (results.py), the engine stops at it."""
+    naming = [name for name, text in sources().items() if carries_max_tokens(text)]
     assert len(naming) <= MOST_FILES_NAMING_MAX_TOKENS, naming
 
 

@@ -138,8 +138,9 @@ class ContextMirror:
         self.sync()
         result = self.client.generate(prompt, context=self.id, base=self.version, **params)
         appended = np.asarray(result.context["appended_token_ids"], np.int32)
+        kept = result.context.get("kept_tokens")   # a chat turn that replaced the tail (contexts/chat.py)
         for state in (self.synced, self.local):
-            state[TOKENS] = np.concatenate([state[TOKENS], appended])
+            state[TOKENS] = np.concatenate([state[TOKENS][:kept], appended])
         self.version = result.context["version"]
         return result
 

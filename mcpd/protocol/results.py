@@ -31,7 +31,7 @@ class GenerateResult(msgspec.Struct, frozen=True, omit_defaults=True):
     usage: Usage
     logprobs: list[float] | None = None       # only when asked for
     degraded: Degraded | None = None
-    context: dict[str, Any] | None = None     # a context turn: {"id", "version", "appended_token_ids"}
+    context: dict[str, Any] | None = None     # a context turn: {"id", "version", "appended_token_ids"[, "kept_tokens"]}
 
     @property
     def prompt_tokens(self) -> int:

@@ -52,7 +52,7 @@ from mcpd.daemon.scheduler.class_queues import ClassQueues
 from mcpd.daemon.scheduler.deadlines import Deadlines
 from mcpd.daemon.scheduler.job import Job
 from mcpd.daemon.scheduler.poison import PoisonList
-from mcpd.daemon.scheduler.prompt_tokens import prompt_token_ids
+from mcpd.daemon.scheduler.prompt_tokens import chat_turn, prompt_token_ids
 from mcpd.daemon.scheduler.router import WorkerSlot
 from mcpd.daemon.scheduler.shadow import ShadowBook
 from mcpd.daemon.scheduler.traffic import Traffic
@@ -266,17 +266,23 @@ class Scheduler:
     def _tokenize(self, job: Job, args: GenerateArgs) -> None:
         """The prompt's token ids, once; a context turn's run after the context's tokens, which
         the turn holds from here (and frees if the prompt is refused)."""
-        opens_sequence = True
+        history = None
         if args.context is not None:   # the worker runs it on the context's tokens
             job.context, history = self.contexts.begin_turn(job.request.tenant, args.context, args.base, job.rid)
-            job.history, opens_sequence = history.tobytes(), not len(history)
+        limit = self.config.limits.max_prompt_tokens
         try:
-            job.prompt_ids = prompt_token_ids(self._tokenizer(job.served), args, opens_sequence,
-                                              self.config.limits.max_prompt_tokens)
+            if history is not None and args.messages is not None:   # a chat turn: on the chat's own tokens
+                job.chat = chat_turn(self._tokenizer(job.served), job.context, args, limit)
+                history, job.prompt_ids = history[:job.chat.keep], job.chat.prompt_ids
+            else:
+                opens_sequence = history is None or not len(history)
+                job.prompt_ids = prompt_token_ids(self._tokenizer(job.served), args, opens_sequence, limit)
         except BaseException:
             if job.context is not None:
                 self.contexts.end_turn(job.context)
             raise
+        if history is not None:
+            job.history = history.tobytes()
 
     # -- model versions: load and unload (admin.py) -----------------------------------
 
@@ -492,7 +498,7 @@ class Scheduler:
                 self._reply(turn.rid, wire.ok_reply(request_id, turn.result))
             return
         try:
-            context = self.contexts.commit_turn(job.context, turn.appended)
+            context = self.contexts.commit_turn(job.context, turn.appended, job.chat, turn.result.text)
         except MCPDError as e:   # the turn does not fit the context's limits, or storage: nothing committed
             return self._reply(turn.rid, wire.error_reply(request_id, e.code, e.message, e.retry_after_ms), code=e.code)
         self._reply(turn.rid, wire.ok_reply(request_id, msgspec.structs.replace(turn.result, context=context)))

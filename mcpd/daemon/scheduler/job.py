@@ -4,6 +4,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from mcpd.contexts.chat import ChatTurn
 from mcpd.contexts.context import Context
 from mcpd.daemon.messages import Request
 from mcpd.protocol.results import Degraded
@@ -29,6 +30,7 @@ class Job:
     retries: int = 0
     context: Context | None = None    # a generate turn on a context, held until it ends
     history: bytes | None = None      # a turn's context tokens (int32), for its worker
+    chat: ChatTurn | None = None      # a turn of messages: what it keeps of the history, its conversation
     prompt_ids: list[int] = field(default_factory=list)   # a generate's new prompt tokens (prompt_tokens.py)
     served: tuple[str, str] | None = None   # the (model, version) it runs on (traffic.py); None: any worker
     compare: bool = False             # a side of a shadow pair (shadow.py): it answers through the scheduler
