@@ -47,7 +47,7 @@ from mcpd.protocol.codes import MCPDError
 from mcpd.raw_zmtp import RawPeer
 from mcpd.security.keys import generate, read_public
 from mcpd.sockets import client_endpoint
-from mcpd.testing import Daemon, free_port
+from mcpd.testing import STORM_CONFIG, Daemon, SteadyLoad, free_port, version_storm
 
 MiB = 1 << 20
 ATTACK_LIMIT_S = 180
@@ -1150,6 +1150,24 @@ def attack_kill_supervisor(run: Run) -> Outcome:
                    lost_updates=lost)
 
 
+def attack_version_storm(run: Run) -> Outcome:
+    """A careless operator's storm of version switches under 8 closed-loop clients (load b, split
+    to it, unload c, splits, rollback, load c, promote c then a, unload b), its worst ordering
+    forced (mcpd.testing.version_storm): every request gets its final, and each version answered
+    as many requests as were routed to it."""
+    d = run.daemon(**STORM_CONFIG)
+    with SteadyLoad(d, 8, timeout=30, key_each=True, max_tokens=2, temperature=0) as load:
+        load.wait_for(8)
+        unloaded = version_storm(d, load)
+        load.wait_for(8)
+    routed = {v: f["routed"] for v, f in d.status()["models"]["models"]["m"]["versions"].items()}
+    answered = Counter(load.versions)
+    lost = sum(routed.values()) - len(load.versions) - len(load.failed) + load.failed.count(codes.TIMEOUT)
+    return Outcome(lost == 0 and not load.failed and all(answered[v] == n for v, n in routed.items()),
+                   {"routed": routed, "answered": dict(answered), "failed": dict(Counter(load.failed)),
+                    "unload_b": unloaded.get("loaded")}, lost_finals=lost)
+
+
 ATTACKS = {
     # on the shared daemon, cheapest first; poison last of them, since today it restarts the worker
     "garbage_frames": attack_garbage_frames, "msgpack_abuse": attack_msgpack_abuse,
@@ -1170,6 +1188,7 @@ ATTACKS = {
     "planted_runtime_dir": attack_planted_runtime_dir, "shared_state_dir": attack_shared_state_dir,
     "port_in_use": attack_port_in_use, "full_disk": attack_full_disk, "mcpctl_version": attack_mcpctl_version,
     "kill_worker": attack_kill_worker, "kill_scheduler": attack_kill_scheduler, "kill_supervisor": attack_kill_supervisor,
+    "version_storm": attack_version_storm,
 }
 QUICK = ("garbage_frames", "msgpack_abuse", "zstd_bombs", "cross_tenant", "frontend_huge_message",
          "frontend_slow_senders", "slow_consumer", "many_fields", "http_oversized_bodies", "http_slow_bodies",

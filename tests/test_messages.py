@@ -27,7 +27,7 @@ SAMPLES = [
     messages.Dispatch(1, "a", "t", 2, False, PingArgs()),
     messages.Dispatch(1, "a", "t", 2, True, GenerateArgs(prompt_token_ids=(1, 2), sampling=SamplingParams(max_tokens=4)),
                       degraded=Degraded(4, 20)),
-    messages.Hello(0, 1234, "cpu", "embedded", "float32"), messages.Welcome(),
+    messages.Hello(0, 1234, "cpu", "embedded", "float32"), messages.Welcome(), messages.Flush(), messages.Flushed(3),
     messages.Started(1),
     messages.Done([1, 2, 3]),
     messages.Stats(WorkerStats(index=0, pool={"in_use_bytes": 5})),

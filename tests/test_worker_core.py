@@ -107,6 +107,13 @@ def test_a_ping_is_answered_without_the_engine(core):
     assert reply["result"] == {"pong": True, "worker": 3}
 
 
+def test_a_flush_puts_a_flushed_marker_behind_every_reply_sent(core):
+    dispatch(core, 2, PingArgs())
+    core.on_message(messages.encode(messages.Flush()))
+    assert [type(m) for m, _ in core.ports.frontend] == [messages.Final, messages.Flushed]
+    assert core.ports.frontend[1][0] == messages.Flushed(3)
+
+
 def test_a_stream_sends_started_then_chunks_that_add_up_to_the_final(core):
     dispatch(core, 1, greedy(6, stream=True, logprobs=True))
     run_until_idle(core, tick_s=1.0)   # the clock passes each chunk's earliest time: a chunk per step

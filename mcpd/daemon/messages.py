@@ -8,11 +8,12 @@ token ids, a reply header for a client. Where the frames go is channels.py's map
     front-end → scheduler   Request (+ the client's payload)   Cancel
     supervisor → scheduler  WorkerLost  Admin (scheduler/admin.py)  Reload (live_config.py)
     scheduler → worker      Dispatch (its prompt's token ids; + a context turn's history: its
-                            token ids, int32)   Cancel   Welcome (its Hello was read)
+                            token ids, int32)   Cancel   Welcome (its Hello was read)   Flush
     worker → scheduler      Hello  Started  Done  Stats  Failed;  a context turn's Chunk, Final
                             (Reload: the scheduler passes it on to every worker)
                             and TurnResult (Dispatch.turn: the scheduler commits the turn first)
-    worker → front-end      Chunk, Final (+ the reply header for the client, *payload)
+    worker → front-end      Chunk, Final (+ the reply header for the client, *payload)   Flushed
+    front-end → scheduler   Flushed (passed on once the worker's replies before it were relayed)
     scheduler → front-end   Final (+ reply header, *payload)
     supervisor → front-end  Drain  SchedulerLost  Resume  (no body)   Reload
     every child → supervisor  Ready  Report (its typed stats: child_stats.py)  Drained  Refused
@@ -98,6 +99,19 @@ class Welcome(Message):
     it is Ready: Hello and Ready go out on two sockets, so without it the daemon's READY could
     come before the scheduler knew of any worker (an HTTP request's model then looked unknown)."""
     TAG = b"WELCOME"
+
+
+class Flush(Message):
+    """The worker's version is being unloaded and has no request left: put a Flushed marker
+    behind every reply sent so far (scheduler/unload.py)."""
+    TAG = b"FLUSH"
+
+
+class Flushed(Message):
+    """Every reply worker `index` sent before this has reached the front-end, which relays them
+    and then passes this on to the scheduler."""
+    TAG = b"FLUSHED"
+    index: int
 
 
 class Started(Message):
@@ -222,7 +236,8 @@ class Reloaded(Event):
 
 _ENCODER = msgspec.msgpack.Encoder()
 _DECODERS = {kind.TAG: (kind, msgspec.msgpack.Decoder(kind)) for kind in (
-    Request, Cancel, WorkerLost, Dispatch, Hello, Welcome, Started, Done, Stats, Failed, Chunk, Final, TurnResult,
+    Request, Cancel, WorkerLost, Dispatch, Hello, Welcome, Flush, Flushed, Started, Done, Stats, Failed, Chunk,
+    Final, TurnResult,
     Drain, SchedulerLost, Resume, Admin, Reload, Ready, Report, Drained, Refused, AdminAnswer, Reloaded)}
 
 

@@ -14,7 +14,9 @@ What it decides (policies beside it in this package, one per file):
   traffic policy (traffic.py), decided at admission; it then waits in that version's lane and
   goes only to that version's workers (each says what it serves in its Hello). A share of a
   model's requests may also run on a candidate version, as the least important work there is,
-  and the two answers are compared (shadow.py); the client gets the primary's.
+  and the two answers are compared (shadow.py); the client gets the primary's. A version being
+  unloaded takes no new request and keeps those it has; its workers stop once they are done and
+  their replies reached the front-end (unload.py).
 - routing: context affinity, else least outstanding tokens (router.py). A more important request
   is dispatched even to a worker full of less important ones: the worker's engine gets its
   effective rank as the sequence priority and preempts (by recompute) to seat it.
@@ -56,6 +58,7 @@ from mcpd.daemon.scheduler.prompt_tokens import chat_turn, prompt_token_ids
 from mcpd.daemon.scheduler.router import WorkerSlot
 from mcpd.daemon.scheduler.shadow import ShadowBook
 from mcpd.daemon.scheduler.traffic import Traffic
+from mcpd.daemon.scheduler.unload import Unload
 from mcpd.histogram import LATENCY_BOUNDS, Histogram
 from mcpd.memory import host_segment
 from mcpd.protocol import codes, wire
@@ -104,7 +107,7 @@ class Scheduler:
         self.contexts = ContextService(self.persistence)
         self.traffic = Traffic(config.model_table, config.default_model)
         self.tokenizers: dict[tuple[str, str], tokenizer.Tokenizer] = {}   # by (model, version), loaded when first used
-        self.unloading: dict[tuple[str, str], list[int]] = {}   # versions being unloaded: their ops' tokens
+        self.unloading: dict[tuple[str, str], Unload] = {}   # versions being unloaded (unload.py)
         self.shadow = ShadowBook()
         self.shadow_rids = itertools.count(-1, -1)   # shadow copies' rids: the front-end's are >= 0
         self._configure_shadows(config.model_table)
@@ -182,6 +185,8 @@ class Scheduler:
             self._cancel(message.rid, message.code)
         elif isinstance(message, messages.WorkerLost):
             self._worker_lost(channels.worker_identity(message.index), message.pid)
+        elif isinstance(message, messages.Flushed):
+            self._forget_for_unloads(channels.worker_identity(message.index))
         elif isinstance(message, messages.Admin):
             admin.handle(self, message)
         elif isinstance(message, messages.Reload):
@@ -288,26 +293,50 @@ class Scheduler:
 
     def load_version(self, model: str, version: str) -> None:
         self.traffic.load(model, version)
-        for token in self.unloading.pop((model, version), []):   # loaded again before its requests were done
+        unload = self.unloading.pop((model, version), Unload())   # loaded again before its requests were done
+        for token in unload.tokens:
             self.events.send(messages.AdminAnswer, token, code=codes.CONFLICT,
                              message=f"version {version!r} of model {model!r} was loaded again before it unloaded")
 
     def unload_version(self, model: str, version: str, token: int) -> None:
         """No new request goes to the version; the op is answered (and the supervisor stops its
-        workers) once it has none queued or running: an unload drops no request."""
+        workers) once it has none queued or running and its workers' replies all reached the
+        front-end (unload.py): an unload drops no request."""
         if self.shadow.models.get(model) and self.shadow.models[model].candidate == version \
                 and self.shadow.models[model].fraction:
             raise MCPDError(codes.CONFLICT, f"version {version!r} of model {model!r} is its shadow candidate: "
                                             "turn the shadow off first")
         self.traffic.unload(model, version)
-        self.unloading.setdefault((model, version), []).append(token)
+        unload = self.unloading.setdefault((model, version), Unload())
+        unload.tokens.append(token)
+        unload.flushing = None   # asked again: a marker lost with a restarting front-end must not hold the op
         self._finish_unloads()
 
     def _finish_unloads(self) -> None:
-        for served in [s for s in self.unloading if not self._busy(s)]:
-            for token in self.unloading.pop(served):
-                self.events.send(messages.AdminAnswer, token, result={"model": served[0], "version": served[1],
-                                                                      "loaded": False})
+        for served, unload in list(self.unloading.items()):
+            if not unload.asked and not self._busy(served):
+                unload.flushing = self._ask_to_flush(served)
+            if unload.done:
+                del self.unloading[served]
+                for token in unload.tokens:
+                    self.events.send(messages.AdminAnswer, token, result={"model": served[0], "version": served[1],
+                                                                          "loaded": False})
+
+    def _ask_to_flush(self, served: tuple[str, str]) -> set[bytes] | None:
+        """Send Flush to each of the version's ready workers: those it reached, or None if one's
+        queue is full for now (they are all asked again on the next tick)."""
+        flush = messages.encode(messages.Flush())
+        asked = set()
+        for slot in self._serving(served):
+            if slot.ready and self._send_worker(slot, [flush]):
+                asked.add(slot.identity)
+            elif slot.ready:
+                return None
+        return asked
+
+    def _forget_for_unloads(self, identity: bytes) -> None:
+        for unload in self.unloading.values():
+            unload.forget(identity)
 
     def _busy(self, served: tuple[str, str]) -> bool:
         return self.queue.waiting_for(served) > 0 or any(s.jobs for s in self._serving(served))
@@ -378,8 +407,11 @@ class Scheduler:
                 return
 
     def _serving(self, served: tuple[str, str] | None) -> list[WorkerSlot]:
-        """The workers of a model version; every worker for None (ping)."""
-        return [s for s in self.workers.values() if served is None or s.serves == served]
+        """The workers of a model version; for None (ping) every worker but those of a version
+        being unloaded, which take no new request."""
+        if served is None:
+            return [s for s in self.workers.values() if s.serves not in self.unloading]
+        return [s for s in self.workers.values() if s.serves == served]
 
     def _hold(self, group: list[Job], room: int, now: float) -> bool:
         """Keep a partial batch of prefills open for its window, but only while the node is busy
@@ -527,6 +559,7 @@ class Scheduler:
         jobs = [self._off_worker(slot, rid) for rid in list(slot.jobs)]
         requeued = self._retry_or_answer(jobs, codes.WORKER_LOST, f"worker {slot.index} died while running the request",
                                          "the request's worker died twice (the second time it ran alone); not retried again")
+        self._forget_for_unloads(identity)
         self.log.warning("worker %d lost: %d request(s) requeued, %d answered", slot.index, requeued, len(jobs) - requeued)
 
     def _retry_or_answer(self, jobs: list[Job], code: str, why: str, twice: str) -> int:
@@ -568,14 +601,17 @@ class Scheduler:
         self.ports.to_frontend(messages.encode(messages.Final(rid, code), header, *payload))
 
     def models_stats(self) -> dict:
-        """traffic.py's view of each model, with each version's ready workers and waiting requests."""
+        """traffic.py's view of each model, with each version's ready workers and its requests
+        waiting and running."""
         models = self.traffic.describe()
         shadows = self.shadow.describe()
         for name, model in models.items():
             model["shadow"] = shadows.get(name)
             for version, figures in model["versions"].items():
-                figures["workers"] = sorted(s.index for s in self._serving((name, version)) if s.ready)
+                serving = self._serving((name, version))
+                figures["workers"] = sorted(s.index for s in serving if s.ready)
                 figures["queued"] = self.queue.waiting_for((name, version))
+                figures["running"] = sum(len(s.jobs) for s in serving)
         return {"default_model": self.traffic.default_model, "models": models}
 
     def stats(self) -> dict:

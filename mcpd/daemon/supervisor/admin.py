@@ -204,10 +204,10 @@ class Admin:
         return {**result, "workers": [c.spec.index for c in workers]}
 
     def _stop_version(self, args: dict, result: dict) -> dict:
-        """models.unload, once the scheduler has finished the version's last request: stop its
-        workers, tell the scheduler they are gone, and give their regions (weights, KV) back to
-        the device pool, where they coalesce with their free neighbours; a later load of the
-        version loads its weights again."""
+        """models.unload, once the scheduler has finished the version's last request and its last
+        reply reached the front-end (scheduler/unload.py): stop its workers, tell the scheduler
+        they are gone, and give their regions (weights, KV) back to the device pool, where they
+        coalesce with their free neighbours; a later load of the version loads its weights again."""
         workers = self._version_workers(args)
         freed = 0
         for child in workers:

@@ -111,6 +111,8 @@ class WorkerCore:
             self.on_dispatch(message, payload)
         elif isinstance(message, messages.Cancel):
             self.on_cancel(message.rid, message.code)
+        elif isinstance(message, messages.Flush):   # behind every reply sent so far, on the same socket
+            self.ports.to_frontend(messages.encode(messages.Flushed(self.index)))
 
     # -- requests -------------------------------------------------------------------------------
 
