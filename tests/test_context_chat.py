@@ -19,7 +19,7 @@ from mcpd.daemon.scheduler.core import Scheduler
 from mcpd.protocol import codes
 from mcpd.protocol.args import ContextOpenArgs, ContextUpdateArgs, GenerateArgs
 from mcpd.tokenizer import load
-from test_scheduler_core import Clock, Ports, dispatched, from_worker, hello
+from test_scheduler_core import Clock, Ports, dispatched, from_worker, hello, result
 from test_scheduler_core import request as inbound
 from tiny_checkpoints import CHATML_TEMPLATE, CORPUS
 
@@ -102,8 +102,7 @@ class Turns:
     def answer(self, turn: messages.Dispatch, output: list[int]) -> dict:
         """The turn's end as its worker reports it; the context part of the reply."""
         text = self.tokenizer.decode(output)
-        from_worker(self.core, messages.TurnResult(turn.rid, {"text": text, "token_ids": output},
-                                                   turn.prompt_ids + output))
+        from_worker(self.core, messages.TurnResult(turn.rid, result(output, text), turn.prompt_ids + output))
         return self.core.ports.finals()[turn.rid]["result"]["context"]
 
     def output(self, text: str, ending: str) -> list[int]:

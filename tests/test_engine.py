@@ -223,19 +223,6 @@ def test_requests_that_cannot_run_are_refused(engine):
         engine.add_request("dup", [65], GREEDY)
     engine.abort("dup")
     engine.step()
-    with pytest.raises(ValueError, match="top_p"):
-        SamplingParams(top_p=0)
-
-
-@pytest.mark.parametrize("field, value", [
-    ("temperature", float("nan")), ("temperature", float("inf")), ("temperature", -1e-9),
-    ("temperature", "1"), ("top_p", float("nan")), ("top_k", -1), ("top_k", 2.0), ("top_k", True),
-    ("max_tokens", 0), ("max_tokens", 1.5), ("seed", 1 << 64), ("seed", -(1 << 63) - 1), ("seed", 1.0),
-    ("stop", ("",)), ("stop", (b"x",)), ("stop_token_ids", ("1",)),
-])
-def test_sampling_params_the_engine_cannot_run_are_refused(field, value):
-    with pytest.raises(ValueError, match=field.rstrip("s") if field == "stop" else field):
-        SamplingParams(**{field: value})
 
 
 @pytest.mark.parametrize("temperature", [1e-38, 1e-45])

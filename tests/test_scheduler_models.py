@@ -11,7 +11,7 @@ from mcpd.daemon.scheduler.core import Scheduler
 from mcpd.daemon.scheduler.fast_rung import FastRung
 from mcpd.protocol import codes
 from mcpd.protocol.args import ContextOpenArgs, GenerateArgs, PingArgs
-from test_scheduler_core import Clock, Ports, dispatched, request
+from test_scheduler_core import Clock, Ports, dispatched, request, result
 
 
 @pytest.fixture
@@ -108,7 +108,7 @@ def test_a_context_turn_remembers_the_version_that_holds_its_kv(core):
         core.tick()
         context = core.contexts.store.get("t", "c")
         assert context.kv_version == f"m/{version}"
-        core.on_worker([b"w%d" % (rid - 1), *messages.encode(messages.TurnResult(rid, {"text": ""}, [5]))])
+        core.on_worker([b"w%d" % (rid - 1), *messages.encode(messages.TurnResult(rid, result([]), [5]))])
 
 
 def shadowed_core(fraction: float):
@@ -130,11 +130,11 @@ def test_a_shadowed_request_runs_on_both_versions_and_only_the_primary_answers()
     sent = {identity: m for identity, m, _ in core.ports.workers if isinstance(m, messages.Dispatch)}
     primary, shadow = sent[b"w0"], sent[b"w1"]
     assert primary.compare and shadow.compare and shadow.rid < 0 and shadow.args.version == "b"
-    assert not shadow.args.stream and shadow.args.logprobs and shadow.rank < primary.rank
-    core.on_worker([b"w1", *messages.encode(messages.TurnResult(shadow.rid, {"token_ids": [1, 2, 9]}, []))])
+    assert not shadow.args.stream and shadow.args.sampling.logprobs and shadow.rank < primary.rank
+    core.on_worker([b"w1", *messages.encode(messages.TurnResult(shadow.rid, result([1, 2, 9]), []))])
     assert core.ports.finals() == {}   # the shadow's answer goes to no client
-    core.on_worker([b"w0", *messages.encode(messages.TurnResult(1, {"token_ids": [1, 2, 3]}, []))])
-    assert core.ports.finals()[1]["result"] == {"token_ids": [1, 2, 3]}
+    core.on_worker([b"w0", *messages.encode(messages.TurnResult(1, result([1, 2, 3]), []))])
+    assert core.ports.finals()[1]["result"]["token_ids"] == [1, 2, 3]
     figures = core.models_stats()["models"]["m"]["shadow"]
     assert (figures["compared"], figures["identical"], figures["mean_first_divergence"]) == (1, 0, 2.0)
 

@@ -14,6 +14,7 @@ from mcpd.daemon.scheduler.core import Scheduler
 from mcpd.daemon.scheduler.job import Job
 from mcpd.protocol import codes
 from mcpd.protocol.args import GenerateArgs
+from mcpd.protocol.sampling import SamplingParams
 
 CLASSES = {"normal": PriorityClass(rank=1, max_age_s=10.0), "high": PriorityClass(rank=2)}
 
@@ -95,7 +96,8 @@ def core_with(**scheduler) -> Scheduler:
 
 def flood(core: Scheduler, tenant: str, rids, max_tokens: int = 200) -> None:
     for rid in rids:
-        core.on_inbox(request(rid, GenerateArgs(prompt=f"{tenant} {rid}", max_tokens=max_tokens), tenant=tenant))
+        args = GenerateArgs(prompt=f"{tenant} {rid}", sampling=SamplingParams(max_tokens=max_tokens))
+        core.on_inbox(request(rid, args, tenant=tenant))
     core.tick()
 
 

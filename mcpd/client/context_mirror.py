@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from mcpd.client.replies import GenerateResult, result_of
+from mcpd.client.replies import result_of
 from mcpd.protocol import codes
 from mcpd.protocol import delta as codec
 from mcpd.protocol.codes import MCPDError
 from mcpd.protocol.delta import DeltaLimits
+from mcpd.protocol.results import GenerateResult
 
 TOKENS = "tokens"
 SYNC_ATTEMPTS = 4

@@ -37,6 +37,7 @@ import msgspec
 from mcpd.daemon import child_stats
 from mcpd.daemon.child_stats import WorkerStats
 from mcpd.protocol.args import ANY_ARGS, GenerateArgs, PingArgs
+from mcpd.protocol.results import Degraded, GenerateResult
 
 
 class Message(msgspec.Struct, frozen=True, array_like=True):
@@ -74,12 +75,12 @@ class Dispatch(Message):
     request_id: int | str
     tenant: str                 # namespaces the prefix cache: KV blocks are shared within a tenant only
     rank: int                   # the engine priority: the scheduler's effective rank of the request
-    max_tokens_cap: int | None  # the degradation ladder's cap, or None
     turn: bool                  # a context turn: its replies go back through the scheduler
-    args: GenerateArgs | PingArgs
+    args: GenerateArgs | PingArgs   # a generate's sampling as the engine runs it (the ladder may have shortened it)
     prompt_ids: list[int] = []  # a generate's new prompt tokens, tokenized once by the scheduler
     compare: bool = False       # a side of a shadow pair (scheduler/shadow.py): its replies go back
                                 # through the scheduler, which compares the two, as a turn's do
+    degraded: Degraded | None = None   # the ladder shortened it: its result says so
 
 
 class Hello(Message):
@@ -153,7 +154,7 @@ class TurnResult(Message):
     """A context turn ended well on its worker: the scheduler commits it, then builds the reply."""
     TAG = b"TURN"
     rid: int
-    result: dict[str, Any]   # the generate's result, without "context"
+    result: GenerateResult   # without its context: the scheduler adds it once committed
     appended: list[int]      # what the turn adds to the context: its prompt tokens and its output
 
 

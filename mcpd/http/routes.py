@@ -32,6 +32,7 @@ from mcpd.http.errors import HttpError, bad_request
 from mcpd.http.openai_reply import Answer
 from mcpd.protocol import codes
 from mcpd.protocol.codes import MCPDError
+from mcpd.protocol.results import GenerateResult
 from mcpd.security.api_keys import ApiKeys
 
 MODELS_TTL_S = 5.0
@@ -141,10 +142,10 @@ class Routes:
         first = True
         while True:
             if reply["kind"] == "chunk":
-                await response.write(_event(answer.chunk(reply["data"], first, include_usage)))
+                await response.write(_event(answer.chunk(replies.chunk_of(reply), first, include_usage)))
                 first = False
             elif reply["kind"] == "ok":
-                for chunk in answer.last_chunks(reply["result"], include_usage):
+                for chunk in answer.last_chunks(_result(reply), include_usage):
                     await response.write(_event(chunk))
                 break
             else:
@@ -209,16 +210,16 @@ class Routes:
         return self.model_ids
 
 
-def _result(reply: dict) -> dict:
+def _result(reply: dict) -> GenerateResult:
+    """A generate's final reply as its result; an error reply as the HttpError for it."""
     try:
-        return replies.result_of(reply)
+        return replies.generate_result(replies.result_of(reply))
     except MCPDError as e:
         raise HttpError.of(e) from None
 
 
-def _context_headers(result: dict) -> dict:
-    context = result.get("context")
-    return {CONTEXT_VERSION: str(context["version"])} if context else {}
+def _context_headers(result: GenerateResult) -> dict:
+    return {CONTEXT_VERSION: str(result.context["version"])} if result.context else {}
 
 
 def _event(value: dict) -> bytes:

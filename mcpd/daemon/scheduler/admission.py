@@ -5,7 +5,8 @@ the degradation ladder is not shedding the class; the global in-flight cap; the 
 class's queue limits (all OVERLOADED with retry_after_ms); then the client's token bucket
 (RATE_LIMITED with retry_after_ms), last, so that a request refused for capacity costs the client
 no token. A request is refused at once, never dropped silently. Admission also stamps the job
-with what later steps need: class, client, cost, length bin, deadline and any max_tokens cap.
+with what later steps need: class, client, cost, length bin and deadline, and shortens a
+generate the degradation ladder caps (a rewrite of its sampling: the worker runs what it gets).
 
 The global limits (in flight, all queues) never let less important work lock out more important
 work: when they are reached, a request displaces the least important waiting request if that one
@@ -21,6 +22,8 @@ from __future__ import annotations
 
 import math
 
+import msgspec
+
 from mcpd.config import SchedulerConfig
 from mcpd.daemon.scheduler.class_queues import ClassQueues
 from mcpd.daemon.scheduler.degradation import DegradationLadder
@@ -31,6 +34,7 @@ from mcpd.daemon.scheduler.tenant_shares import TenantShares
 from mcpd.protocol import codes
 from mcpd.protocol.args import GenerateArgs
 from mcpd.protocol.codes import MCPDError
+from mcpd.protocol.results import Degraded
 
 
 class Admission:
@@ -95,8 +99,10 @@ class Admission:
     def _stamp(job: Job, cap: int | None, now: float) -> None:
         request = job.request
         job.prefills = isinstance(request.args, GenerateArgs)
-        if job.prefills and cap is not None and request.args.max_tokens > cap:
-            job.max_tokens_cap = cap
+        if job.prefills and cap is not None and request.args.sampling.max_tokens > cap:
+            job.degraded = Degraded(cap, request.args.sampling.max_tokens)
+            args = msgspec.structs.replace(request.args, sampling=request.args.sampling.capped(cap))
+            job.request = msgspec.structs.replace(request, args=args)
         if request.timeout_ms is not None:
             job.deadline = now + request.timeout_ms / 1000
 
@@ -105,5 +111,5 @@ class Admission:
         """A generate's cost and length bin from its prompt's token ids, once it is tokenized
         (after admission's checks: a request refused is never tokenized)."""
         prompt = len(job.prompt_ids)
-        job.cost, job.length_bin = prompt + job.request.args.max_tokens, prompt.bit_length()
+        job.cost, job.length_bin = prompt + job.request.args.sampling.max_tokens, prompt.bit_length()
 

@@ -257,10 +257,11 @@ class Scheduler:
             return
         lowest = min(sched.classes, key=lambda name: sched.classes[name].rank)
         rid = next(self.shadow_rids)
-        args = msgspec.structs.replace(job.request.args, stream=False, logprobs=True, version=candidate)
+        sampling = msgspec.structs.replace(job.request.args.sampling, logprobs=True)
+        args = msgspec.structs.replace(job.request.args, stream=False, sampling=sampling, version=candidate)
         request = msgspec.structs.replace(job.request, rid=rid, priority=lowest, timeout_ms=None, args=args)
         copy = Job(rid, request, [], class_name=lowest, client=job.client, cost=job.cost, length_bin=job.length_bin,
-                   prefills=True, max_tokens_cap=job.max_tokens_cap, seq=next(self.arrivals), enqueued=now,
+                   prefills=True, seq=next(self.arrivals), enqueued=now,
                    prompt_ids=job.prompt_ids, served=(model, candidate), compare=True)
         job.compare = True
         self.shadow.start(model, job.rid, rid)
@@ -438,8 +439,8 @@ class Scheduler:
     @staticmethod
     def _dispatch_of(job: Job) -> list[bytes]:
         request = job.request
-        dispatch = messages.Dispatch(job.rid, request.request_id, request.tenant, job.rank, job.max_tokens_cap,
-                                     job.context is not None, request.args, job.prompt_ids, job.compare)
+        dispatch = messages.Dispatch(job.rid, request.request_id, request.tenant, job.rank, job.context is not None,
+                                     request.args, job.prompt_ids, job.compare, job.degraded)
         return messages.encode(dispatch, *([job.history] if job.context else []))
 
     def _dispatched(self, slot: WorkerSlot, job: Job, now: float) -> None:
@@ -529,10 +530,10 @@ class Scheduler:
                 self._reply(turn.rid, wire.ok_reply(request_id, turn.result))
             return
         try:
-            context = self.contexts.commit_turn(job.context, turn.appended, job.chat, turn.result["text"])
+            context = self.contexts.commit_turn(job.context, turn.appended, job.chat, turn.result.text)
         except MCPDError as e:   # the turn does not fit the context's limits, or storage: nothing committed
             return self._reply(turn.rid, wire.error_reply(request_id, e.code, e.message, e.retry_after_ms), code=e.code)
-        self._reply(turn.rid, wire.ok_reply(request_id, {**turn.result, "context": context}))
+        self._reply(turn.rid, wire.ok_reply(request_id, msgspec.structs.replace(turn.result, context=context)))
 
     def _step_failed(self, slot: WorkerSlot, reason: str, rids: list[int]) -> None:
         jobs = [job for rid in rids if (job := self._off_worker(slot, rid))]

@@ -3,7 +3,7 @@ on tokens.
 
 Each tenant has a FIFO. A job is tagged when it arrives: its start tag is the later of the
 queue's virtual time and its tenant's last finish tag, its finish tag the start plus its cost
-(prompt + max_tokens) over its tenant's weight. The next job is the tenant head with the lowest
+(job.py) over its tenant's weight. The next job is the tenant head with the lowest
 start tag, so a tenant that just arrived goes before the rest of a flood's backlog, and over time
 each busy tenant gets tokens in proportion to its weight. The virtual time is the start tag of
 the job last dispatched: an idle tenant earns no credit while away.

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from mcpd.contexts.chat import ChatTurn
 from mcpd.contexts.context import Context
 from mcpd.daemon.messages import Request
+from mcpd.protocol.results import Degraded
 
 
 @dataclass
@@ -16,11 +17,11 @@ class Job:
     payload: list[bytes]              # the client's payload frames
     class_name: str = ""
     client: str = ""
-    cost: int = 1                     # tokens of work it stands for (prompt tokens + max_tokens)
+    cost: int = 1                     # tokens of work it stands for (its prompt's and the most it may generate)
     length_bin: int = 0               # prompt length rounded up to a power of two (as its bit length)
     prefills: bool = False            # a generate: worth holding a moment to batch with others
     deadline: float | None = None     # monotonic; None = no deadline
-    max_tokens_cap: int | None = None   # set by the degradation ladder
+    degraded: Degraded | None = None  # the degradation ladder shortened it (its args hold the cap)
     seq: int = 0                      # arrival order, daemon-wide
     tag: float = 0.0                  # its start tag among its class's tenants (fair_queue.py)
     enqueued: float = field(default_factory=time.monotonic)
