@@ -14,7 +14,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mcpd.config import Config, ConfigError, ModelConfig
+from mcpd import gguf_file
+from mcpd.config import EMBEDDED_PATH, Config, ConfigError, ModelConfig
 from mcpd.tokenizer import ByteTokenizer
 
 DTYPES = ("float32", "float16", "bfloat16")   # the dtypes a model runs in (loader.DTYPES: torch's)
@@ -86,10 +87,12 @@ class Architecture:
 def of(config: ModelConfig, device_type: str) -> Architecture:
     """The architecture of the model config.path holds (the embedded one where it is empty), run
     on a device of device_type ("cpu", "cuda"); UnsupportedModel where mcpd cannot run it."""
-    if not config.path:
+    if is_embedded(config.path):
         return Architecture(EMBEDDED_ARGS, resolve_dtype(config.dtype, "float32", device_type), config.quantization,
                             EMBEDDED_ARGS.vocab_size, config.max_model_len)
     path = Path(config.path)
+    if gguf_file.is_gguf(config.path):
+        return _of_gguf(config, path, device_type)
     hf = read_json(path / "config.json")
     try:
         return _of_checkpoint(config, hf, path, device_type)
@@ -97,6 +100,27 @@ def of(config: ModelConfig, device_type: str) -> Architecture:
         raise
     except (TypeError, ValueError, AttributeError) as e:   # a value of the wrong type: a list for a name, say
         raise UnsupportedModel(f"{path / 'config.json'}: unusable values ({e})") from None
+
+
+def is_embedded(path: str) -> bool:
+    return path in ("", EMBEDDED_PATH)
+
+
+def _of_gguf(config: ModelConfig, path: Path, device_type: str) -> Architecture:
+    """A GGUF file's model (gguf_architecture.py), checked as a checkpoint's is; its hf dict
+    holds what the loader and the tokenizer want to know of the file."""
+    from mcpd.models import gguf_architecture
+
+    try:
+        reader = gguf_file.open_gguf(path)
+        args, vocab_size, model_len, name = gguf_architecture.args_of(reader)
+        _check_sizes(args, model_len, path)
+        gguf_architecture.check_tensors(reader, args)
+    except gguf_file.BadGGUF as e:
+        raise UnsupportedModel(f"{path}: {e}") from None
+    dtype = resolve_dtype(config.dtype, "float32", device_type)   # dequantized to float32 unless asked
+    return Architecture(args, dtype, _quantization(args, config.quantization, path), vocab_size, model_len,
+                        {"gguf_architecture": name})
 
 
 def _of_checkpoint(config: ModelConfig, hf: dict, path: Path, device_type: str) -> Architecture:
