@@ -1,6 +1,6 @@
 """The tokenizer a GGUF file carries, built as a `tokenizers` Tokenizer from its metadata, with
-its chat template served as a checkpoint's is (tokenizer.HFTokenizer). Free of torch: the
-scheduler tokenizes with it.
+its chat template served as a checkpoint's is (tokenizer.HFTokenizer.from_gguf). Free of torch:
+the scheduler tokenizes with it.
 
 Two kinds, as llama.cpp reads them: tokenizer.ggml.model "gpt2" (byte-level BPE with the file's
 merges, text split first as tokenizer.ggml.pre names) and "llama" (SentencePiece: BPE over "▁"
@@ -10,12 +10,12 @@ digits one by one, as llama.cpp (and SmolLM's own tokenizer.json) do and transfo
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
 from mcpd.gguf_file import BadGGUF, strings, value
-from mcpd.tokenizer import HFTokenizer
 
 CONTROL, USER_DEFINED = 3, 4   # tokenizer.ggml.token_type values
 
@@ -33,17 +33,26 @@ PRE_TOKENIZERS = {
 }
 
 
-class GGUFTokenizer(HFTokenizer):
-    """The tokenizer of the GGUF file `reader` reads (gguf_file.open_gguf(path))."""
+@dataclass
+class GGUFTokenizerParts:
+    """What tokenizer.HFTokenizer.from_gguf serves: the Tokenizer, its special tokens and chat template."""
+    tokenizer: Tokenizer
+    bos_token: str | None
+    eos_token: str | None
+    eos_token_ids: set[int]
+    chat_template: str | None
 
-    def __init__(self, reader, path: Path, content_special_tokens: bool = False) -> None:
-        try:
-            tokenizer, specials = build(reader)
-        except BadGGUF as e:
-            raise ValueError(f"{path}: {e}") from None
-        eos_ids = {i for i in (specials["eos"], specials["eot"]) if i is not None}
-        self._take(tokenizer, _token(specials, "bos"), _token(specials, "eos"), eos_ids,
-                   value(reader, "tokenizer.chat_template", str), content_special_tokens, path)
+
+def parts(reader, path: Path) -> GGUFTokenizerParts:
+    """The tokenizer of the GGUF file `reader` reads (gguf_file.open_gguf(path)); ValueError naming
+    the file where its metadata cannot make one."""
+    try:
+        tokenizer, specials = build(reader)
+        template = value(reader, "tokenizer.chat_template", str)
+    except BadGGUF as e:
+        raise ValueError(f"{path}: {e}") from None
+    eos_ids = {i for i in (specials["eos"], specials["eot"]) if i is not None}
+    return GGUFTokenizerParts(tokenizer, _token(specials, "bos"), _token(specials, "eos"), eos_ids, template)
 
 
 def build(reader) -> tuple[Tokenizer, dict]:

@@ -72,9 +72,23 @@ class HFTokenizer:
                    _token_text(config.get("eos_token")), eos_token_ids, _chat_template_source(model_dir, config),
                    content_special_tokens, model_dir)
 
+    @classmethod
+    def from_gguf(cls, path: Path, content_special_tokens: bool = False) -> "HFTokenizer":
+        """The tokenizer a GGUF file carries (gguf_tokenizer.py builds it from the metadata)."""
+        from mcpd import gguf_file, gguf_tokenizer
+
+        try:
+            built = gguf_tokenizer.parts(gguf_file.open_gguf(path), path)
+        except gguf_file.BadGGUF as e:
+            raise ValueError(f"{path}: {e}") from None
+        tokenizer = cls.__new__(cls)
+        tokenizer._take(built.tokenizer, built.bos_token, built.eos_token, built.eos_token_ids, built.chat_template,
+                        content_special_tokens, path)
+        return tokenizer
+
     def _take(self, tokenizer: RustTokenizer, bos_token: str | None, eos_token: str | None, eos_token_ids: set[int],
               template: str | None, content_special_tokens: bool, source: Path) -> None:
-        """Serve `tokenizer` with these special tokens and chat template (a GGUF's too: gguf_tokenizer.py)."""
+        """Serve `tokenizer` with these special tokens and chat template."""
         self.tokenizer = tokenizer
         self.plain: RustTokenizer | None = None   # a copy that reads special-token text as text; made when needed
         specials = {t.content: i for i, t in self.tokenizer.get_added_tokens_decoder().items() if t.special}
@@ -132,10 +146,7 @@ def load(config: ModelConfig) -> Tokenizer:
         return ByteTokenizer()
     path = Path(config.path)
     if path.suffix == ".gguf":
-        from mcpd import gguf_file
-        from mcpd.gguf_tokenizer import GGUFTokenizer
-
-        return GGUFTokenizer(gguf_file.open_gguf(path), path, config.content_special_tokens)
+        return HFTokenizer.from_gguf(path, config.content_special_tokens)
     return HFTokenizer(path, eos_token_ids(path, json.loads((path / "config.json").read_text())),
                        config.content_special_tokens)
 

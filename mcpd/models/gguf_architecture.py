@@ -140,6 +140,8 @@ def _llama3_scaling(reader, arch: str, freqs, head_dim: int, theta: float) -> Ll
         span = original / slope
         low = -(s1 - slope / w1) * span
         return Llama3RopeScaling(factor, low, low + span, original)
+    if smooth:
+        raise BadGGUF(f"{ROPE_FREQS}: one smoothed frequency does not say where the smoothing starts and ends")
     # No smoothed frequency: any bounds between the kept and the slowed-down wavelengths do.
     kept = max([w for w, d in zip(wavelengths, divisors) if d == 1], default=wavelengths[0] / 2)
     slowed = min(w for w, d in zip(wavelengths, divisors) if d == factor)

@@ -19,10 +19,10 @@ import torch
 
 from mcpd import gguf_file
 from mcpd.config import ModelConfig
-from mcpd.gguf_tokenizer import GGUFTokenizer
 from mcpd.models.architecture import LlamaArgs
 from mcpd.models.gguf_architecture import ROPE_FREQS, hf_name
 from mcpd.models.loader import LoadedModel, copy_weights, fill_weights, skeleton
+from mcpd.tokenizer import HFTokenizer
 
 log = logging.getLogger("mcpd.models")
 FLOAT_TYPES = ("F32", "F16", "BF16")
@@ -35,7 +35,7 @@ def load(config: ModelConfig, device: torch.device, kernels: str = "torch", resi
     reader = gguf_file.open_gguf(path)
     reason = fill_weights(model, path.name, kernels, resident,
                           lambda: copy_weights(model, _tensors(reader, model.args, hf, dtype, path), path))
-    tokenizer = GGUFTokenizer(reader, path, config.content_special_tokens)
+    tokenizer = HFTokenizer.from_gguf(path, config.content_special_tokens)
     return LoadedModel(model, tokenizer, path.name, dtype, vocab_size, min(config.max_model_len, model_len), reason)
 
 
