@@ -113,7 +113,9 @@ def _of_gguf(config: ModelConfig, path: Path, device_type: str) -> Architecture:
 
     try:
         reader = gguf_file.open_gguf(path)
-        args, vocab_size, model_len, name = gguf_architecture.args_of(reader)
+        found, vocab_size, model_len, name = gguf_architecture.llama_args(reader)
+        scaling = found.pop("rope_scaling")
+        args = LlamaArgs(**found, rope_scaling=Llama3RopeScaling(*scaling) if scaling else None)
         _check_sizes(args, model_len, path)
         gguf_architecture.check_tensors(reader, args)
     except gguf_file.BadGGUF as e:

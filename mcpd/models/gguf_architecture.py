@@ -1,6 +1,6 @@
-"""A GGUF file's model as mcpd builds it: LlamaArgs from its metadata (llama.cpp's key names), and
-every tensor's name, shape and type checked against them before anything is allocated. Free of
-torch, as architecture.py.
+"""A GGUF file's model as mcpd builds it: the arguments of its LlamaArgs from its metadata
+(llama.cpp's key names; architecture.py builds them), and every tensor's name, shape and type
+checked against them before anything is allocated. Free of torch, as architecture.py.
 
 Names map onto the Hugging Face ones the engine's models take (llama.py's map_weight), so a GGUF
 fills the same parameters a checkpoint directory does (gguf_weights.py).
@@ -11,7 +11,6 @@ import math
 import re
 
 from mcpd.gguf_file import BadGGUF, value
-from mcpd.models.architecture import LlamaArgs, Llama3RopeScaling
 
 ARCHITECTURES = ("llama", "qwen2")   # Mistral-style files say llama
 # The tensor types this step reads, each dequantized at load to the model's dtype (gguf_weights.py).
@@ -40,10 +39,10 @@ def hf_name(name: str) -> str | None:
     return mapped and f"model.layers.{int(layer)}.{mapped}"
 
 
-def args_of(reader) -> tuple[LlamaArgs, int, int, str]:
-    """(args, vocabulary size, context length, architecture name); BadGGUF where the file's
-    architecture is not one mcpd runs, a value is missing or of the wrong type, or its tensors
-    disagree with its metadata."""
+def llama_args(reader) -> tuple[dict, int, int, str]:
+    """(LlamaArgs' keyword arguments, rope_scaling as Llama3RopeScaling's arguments or None;
+    vocabulary size, context length, architecture name); BadGGUF where the file's architecture
+    is not one mcpd runs or a value is missing or of the wrong type."""
     arch = value(reader, "general.architecture", str)
     if arch not in ARCHITECTURES:
         raise BadGGUF(f"architecture {arch!r} is not supported (supported: {', '.join(ARCHITECTURES)})")
@@ -61,17 +60,17 @@ def args_of(reader) -> tuple[LlamaArgs, int, int, str]:
     embedding_rows = int(tensors["token_embd.weight"].shape[-1])
     head_dim = key("attention.key_length", int, hidden // heads if heads else 0)
     theta = key("rope.freq_base", float, 10000.0)
-    args = LlamaArgs(
+    args = dict(
         vocab_size=key("vocab_size", int, embedding_rows), hidden_size=hidden,
         intermediate_size=key("feed_forward_length"), num_layers=key("block_count"),
         num_heads=heads, num_kv_heads=key("attention.head_count_kv", int, heads), head_dim=head_dim,
         rms_norm_eps=key("attention.layer_norm_rms_epsilon", float), rope_theta=theta,
         rope_scaling=_llama3_scaling(reader, arch, tensors.get(ROPE_FREQS), head_dim, theta),
         qkv_bias=arch == "qwen2", tie_embeddings="output.weight" not in tensors)
-    return args, args.vocab_size, key("context_length"), arch
+    return args, args["vocab_size"], key("context_length"), arch
 
 
-def check_tensors(reader, args: LlamaArgs) -> None:
+def check_tensors(reader, args) -> None:
     """BadGGUF naming the first tensor that is missing, unexpected, of a type not read here, or
     of a shape other than args give it: before the skeleton is built from args."""
     expected = dict(_checkpoint_shapes(args))
@@ -95,7 +94,7 @@ def check_tensors(reader, args: LlamaArgs) -> None:
                                                                    if len(missing) > 5 else ""))
 
 
-def _checkpoint_shapes(a: LlamaArgs):
+def _checkpoint_shapes(a):
     """(Hugging Face name, shape) of each tensor a checkpoint of args holds."""
     q_size, kv_size = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
     yield "model.embed_tokens.weight", (a.vocab_size, a.hidden_size)
@@ -117,8 +116,9 @@ def _checkpoint_shapes(a: LlamaArgs):
             yield f"{layer}mlp.{name}.weight", (rows, columns)
 
 
-def _llama3_scaling(reader, arch: str, freqs, head_dim: int, theta: float) -> Llama3RopeScaling | None:
-    """Llama 3.1's scaling from the per-frequency divisors llama.cpp's converter stores: the
+def _llama3_scaling(reader, arch: str, freqs, head_dim: int, theta: float) -> tuple | None:
+    """Llama3RopeScaling's arguments (factor, low and high frequency factors, original length) for
+    Llama 3.1's scaling from the per-frequency divisors llama.cpp's converter stores: the
     largest is the factor; the smoothed ones between fix where the smoothing starts and ends
     (only their ratio to the original length matters, so that length is taken as given)."""
     if freqs is None:
@@ -139,10 +139,10 @@ def _llama3_scaling(reader, arch: str, freqs, head_dim: int, theta: float) -> Ll
         slope = (s1 - s2) / (1 / w1 - 1 / w2)
         span = original / slope
         low = -(s1 - slope / w1) * span
-        return Llama3RopeScaling(factor, low, low + span, original)
+        return factor, low, low + span, original
     if smooth:
         raise BadGGUF(f"{ROPE_FREQS}: one smoothed frequency does not say where the smoothing starts and ends")
     # No smoothed frequency: any bounds between the kept and the slowed-down wavelengths do.
     kept = max([w for w, d in zip(wavelengths, divisors) if d == 1], default=wavelengths[0] / 2)
     slowed = min(w for w, d in zip(wavelengths, divisors) if d == factor)
-    return Llama3RopeScaling(factor, original / slowed * 1.001, original / kept * 0.999, original)
+    return factor, original / slowed * 1.001, original / kept * 0.999, original
