@@ -130,6 +130,8 @@ class WorkerCore:
         history = np.frombuffer(payload[0], np.int32).tolist() if dispatch.turn else []
         prompt_ids = dispatch.prompt_ids   # tokenized by the scheduler (scheduler/prompt_tokens.py)
         max_tokens = dispatch.max_tokens_cap or args.max_tokens
+        if args.hints and args.hints.get("fit_max_tokens"):   # at most what room the context has left
+            max_tokens = max(1, min(max_tokens, self.engine.max_model_len - len(history) - len(prompt_ids)))
         # The tenant namespaces the prefix cache: KV blocks are shared only within one tenant,
         # and within one version of one model: the host cache is shared by every worker, and
         # another version's KV for the same tokens is not this one's (its turn recomputes).
