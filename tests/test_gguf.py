@@ -187,6 +187,16 @@ def test_an_architecture_not_run_here_is_refused_by_name(tmp_path):
     assert "'phi3' is not supported" in refused(path)
 
 
+def test_a_tokenizer_that_cannot_be_built_is_refused_at_the_config_check(tmp_path):
+    path = write_gguf(tmp_path, "llama", "F32", pre="made-up")
+    with pytest.raises(ConfigError, match="tokenizer.ggml.pre 'made-up' is not supported"):
+        architecture.check_configured(Config(model=ModelConfig(path=str(path))))
+    lying = edited(write_gguf(tmp_path / "eos", "llama", "F32"),
+                   lambda r: r.fields["tokenizer.ggml.eos_token_id"].parts[-1].__setitem__(0, 70000))
+    with pytest.raises(ConfigError, match="eos_token_id = 70000: not one of the"):
+        architecture.check_configured(Config(model=ModelConfig(path=str(lying))))
+
+
 def test_a_truncated_file_is_refused(tmp_path):
     path = write_gguf(tmp_path, "llama", "Q8_0")
     whole = path.read_bytes()

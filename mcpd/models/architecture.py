@@ -190,8 +190,21 @@ def check_configured(config: Config) -> None:
     for key, model in named:
         try:
             of(model, "cpu")   # the device changes only what dtype "auto" resolves to, never a refusal
+            if gguf_file.is_gguf(model.path):
+                _check_gguf_tokenizer(Path(model.path))
         except UnsupportedModel as e:
             raise ConfigError(f"{key}: {e}") from None
+
+
+def _check_gguf_tokenizer(path: Path) -> None:
+    """A GGUF's tokenizer is built from its metadata by the scheduler and every worker: one it
+    cannot build is refused here, once, rather than by each of them at every restart."""
+    from mcpd import gguf_tokenizer
+
+    try:
+        gguf_tokenizer.build(gguf_file.open_gguf(path))
+    except gguf_file.BadGGUF as e:
+        raise UnsupportedModel(f"{path}: {e}") from None
 
 
 def resolve_dtype(requested: str, checkpoint: str | None, device_type: str) -> str:
