@@ -187,6 +187,14 @@ def test_an_architecture_not_run_here_is_refused_by_name(tmp_path):
     assert "'phi3' is not supported" in refused(path)
 
 
+def test_rope_divisors_that_lie_are_refused(tmp_path):
+    divisors = np.ones(16, np.float32)
+    divisors[3] = np.nan
+    assert "divisors must be finite" in refused(write_gguf(tmp_path / "nan", "llama", "F32", rope_freqs=divisors))
+    smoothed_alike = np.array([1.0] * 10 + [2.0, 2.0] + [8.0] * 4, np.float32)   # no slope to read
+    assert "unusable metadata" in refused(write_gguf(tmp_path / "flat", "llama", "F32", rope_freqs=smoothed_alike))
+
+
 def test_a_tokenizer_that_cannot_be_built_is_refused_at_the_config_check(tmp_path):
     path = write_gguf(tmp_path, "llama", "F32", pre="made-up")
     with pytest.raises(ConfigError, match="tokenizer.ggml.pre 'made-up' is not supported"):

@@ -118,8 +118,12 @@ def _of_gguf(config: ModelConfig, path: Path, device_type: str) -> Architecture:
         args = LlamaArgs(**found, rope_scaling=Llama3RopeScaling(*scaling) if scaling else None)
         _check_sizes(args, model_len, path)
         gguf_architecture.check_tensors(reader, args)
+    except UnsupportedModel:
+        raise
     except gguf_file.BadGGUF as e:
         raise UnsupportedModel(f"{path}: {e}") from None
+    except (TypeError, ValueError, ArithmeticError) as e:   # values that lie in a way not foreseen above
+        raise UnsupportedModel(f"{path}: unusable metadata ({e})") from None
     dtype = resolve_dtype(config.dtype, "float32", device_type)   # dequantized to float32 unless asked
     return Architecture(args, dtype, _quantization(args, config.quantization, path), vocab_size, model_len,
                         {"gguf_architecture": name})

@@ -123,6 +123,8 @@ def _llama3_scaling(reader, arch: str, freqs, head_dim: int, theta: float) -> tu
     (only their ratio to the original length matters, so that length is taken as given)."""
     if freqs is None:
         return None
+    if not 0 < theta < math.inf:
+        raise BadGGUF(f"{arch}.rope.freq_base {theta!r} is not a finite positive number")
     if freqs.tensor_type.name != "F32" or int(freqs.n_elements) != head_dim // 2:
         raise BadGGUF(f"{ROPE_FREQS}: expected {head_dim // 2} F32 divisors, one per rotary frequency")
     divisors = [float(d) for d in freqs.data.reshape(-1)]
