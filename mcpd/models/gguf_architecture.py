@@ -3,7 +3,7 @@
 checked against them before anything is allocated. Free of torch, as architecture.py.
 
 Names map onto the Hugging Face ones the engine's models take (llama.py's map_weight), so a GGUF
-fills the same parameters a checkpoint directory does (gguf_weights.py).
+fills the same parameters a checkpoint directory does (gguf_loader.py).
 """
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ import re
 from mcpd.gguf_file import BadGGUF, value
 
 ARCHITECTURES = ("llama", "qwen2")   # Mistral-style files say llama
-# The tensor types this step reads, each dequantized at load to the model's dtype (gguf_weights.py).
+# The tensor types read here, each dequantized at load to the model's dtype (gguf_loader.py).
 TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K")
 ROPE_FREQS = "rope_freqs.weight"   # Llama 3.1's rope scaling, as llama.cpp's converter writes it
-LLAMA3_ORIGINAL_LEN = 8192         # rope_scaling_orig: the file's, or Llama 3's
+LLAMA3_ORIGINAL_LEN = 8192         # Llama 3's context length before scaling, where the file names none
 
 _GLOBAL = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
            "output.weight": "lm_head.weight"}
