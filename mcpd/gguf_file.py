@@ -44,6 +44,12 @@ def open_gguf(path: Path):
     return _opened[key]
 
 
+def forget() -> None:
+    """Drop the kept reader, and with it the map of the file: a worker that has copied the
+    weights out would otherwise keep every page it read resident."""
+    _opened.clear()
+
+
 def _read(path: Path):
     from gguf import GGUFReader   # numpy and the package: only for a GGUF model
 

@@ -43,6 +43,18 @@ def test_greedy_tokens_match_transformers_on_the_same_file(tmp_path, kind, qtype
         assert generate(engine, [prompt], [n]) == [tokens]
 
 
+def test_a_loaded_model_keeps_no_map_of_its_file(tmp_path):
+    """The weights are copied out at load: the file's pages, all read once, must not stay mapped
+    (resident) in the worker for its lifetime."""
+    import gc
+
+    path = write_gguf(tmp_path, "llama", "Q8_0")
+    engine = make_engine(path, kernels="torch")
+    gc.collect()
+    assert engine.model is not None
+    assert str(path) not in open("/proc/self/maps").read()
+
+
 def test_the_q_and_k_rows_are_put_back_in_the_checkpoints_order(tmp_path):
     """llama.cpp's converter permutes a Llama's Q and K rows; loading must undo it exactly: the
     F32 file's model is the checkpoint's, weight for weight."""

@@ -36,6 +36,7 @@ def load(config: ModelConfig, device: torch.device, kernels: str = "torch", resi
     reason = fill_weights(model, path.name, kernels, resident,
                           lambda: copy_weights(model, _tensors(reader, model.args, hf, dtype, path), path))
     tokenizer = HFTokenizer.from_gguf(path, config.content_special_tokens)
+    gguf_file.forget()
     return LoadedModel(model, tokenizer, path.name, dtype, vocab_size, min(config.max_model_len, model_len), reason)
 
 
