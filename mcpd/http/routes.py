@@ -1,6 +1,7 @@
 """The OpenAI routes and mcpd's context routes, as aiohttp handlers.
 
     GET    /v1/models
+    GET    /v1/models/{id}
     POST   /v1/chat/completions
     POST   /v1/completions
     POST   /v1/contexts/{id}/chat/completions    only the new messages; the turn is appended
@@ -53,6 +54,7 @@ class Routes:
 
     def add_to(self, app: web.Application) -> None:
         app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/v1/models/{id}", self.model)
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/contexts/{id}/chat/completions", self.context_chat)
@@ -63,8 +65,14 @@ class Routes:
 
     async def models(self, request: web.Request) -> web.Response:
         header = self._header(request)
-        data = [{"id": name, "object": "model", "created": 0, "owned_by": "mcpd"} for name in await self._models(header)]
-        return _json({"object": "list", "data": data})
+        return _json({"object": "list", "data": [_model(name) for name in await self._models(header)]})
+
+    async def model(self, request: web.Request) -> web.Response:
+        """One served model, as OpenAI's retrieve answers; 404 UNKNOWN_MODEL for any other id."""
+        name = request.match_info["id"]
+        if name not in await self._models(self._header(request)):
+            raise HttpError(404, f"the model {name[:100]!r} does not exist", codes.UNKNOWN_MODEL, "model")
+        return _json(_model(name))
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         body = await self._body(request)
@@ -208,6 +216,10 @@ class Routes:
             self.model_ids = sorted({w["model"] for w in status.get("workers", []) if w.get("model")})
             self.models_at = time.monotonic()
         return self.model_ids
+
+
+def _model(name: str) -> dict:
+    return {"id": name, "object": "model", "created": 0, "owned_by": "mcpd"}
 
 
 def _result(reply: dict) -> GenerateResult:

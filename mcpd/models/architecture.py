@@ -15,7 +15,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mcpd.config import Config, ConfigError, ModelConfig
+from mcpd import gguf_file
+from mcpd.config import EMBEDDED_PATH, Config, ConfigError, ModelConfig
 from mcpd.models import rope_scaling
 from mcpd.models.rope_scaling import RopeScaling
 from mcpd.tokenizer import ByteTokenizer
@@ -111,10 +112,12 @@ class Architecture:
 def of(config: ModelConfig, device_type: str) -> Architecture:
     """The architecture of the model config.path holds (the embedded one where it is empty), run
     on a device of device_type ("cpu", "cuda"); UnsupportedModel where mcpd cannot run it."""
-    if not config.path:
+    if is_embedded(config.path):
         return Architecture(EMBEDDED_ARGS, resolve_dtype(config.dtype, "float32", device_type), config.quantization,
                             EMBEDDED_ARGS.vocab_size, config.max_model_len)
     path = Path(config.path)
+    if gguf_file.is_gguf(config.path):
+        return _of_gguf(config, path, device_type)
     hf = read_json(path / "config.json")
     try:
         return _of_checkpoint(config, hf, path, device_type)
@@ -122,6 +125,33 @@ def of(config: ModelConfig, device_type: str) -> Architecture:
         raise
     except (TypeError, ValueError, AttributeError) as e:   # a value of the wrong type: a list for a name, say
         raise UnsupportedModel(f"{path / 'config.json'}: unusable values ({e})") from None
+
+
+def is_embedded(path: str) -> bool:
+    return path in ("", EMBEDDED_PATH)
+
+
+def _of_gguf(config: ModelConfig, path: Path, device_type: str) -> Architecture:
+    """A GGUF file's model (gguf_architecture.py), checked as a checkpoint's is; its hf dict
+    holds what the loader and the tokenizer want to know of the file."""
+    from mcpd.models import gguf_architecture
+
+    try:
+        reader = gguf_file.open_gguf(path)
+        found, vocab_size, model_len, name = gguf_architecture.llama_args(reader)
+        scaling = found.pop("rope_scaling")
+        args = LlamaArgs(**found, rope_scaling=rope_scaling.Llama3RopeScaling(*scaling) if scaling else None)
+        _check_sizes(args, model_len, path)
+        gguf_architecture.check_tensors(reader, args)
+    except UnsupportedModel:
+        raise
+    except gguf_file.BadGGUF as e:
+        raise UnsupportedModel(f"{path}: {e}") from None
+    except (TypeError, ValueError, ArithmeticError) as e:   # values that lie in a way not foreseen above
+        raise UnsupportedModel(f"{path}: unusable metadata ({e})") from None
+    dtype = resolve_dtype(config.dtype, "float32", device_type)   # dequantized to float32 unless asked
+    return Architecture(args, dtype, _quantization(args, config.quantization, path), vocab_size, model_len,
+                        {"gguf_architecture": name})
 
 
 def _of_checkpoint(config: ModelConfig, hf: dict, path: Path, device_type: str) -> Architecture:
@@ -196,8 +226,21 @@ def check_configured(config: Config) -> None:
     for key, model in named:
         try:
             of(model, "cpu")   # the device changes only what dtype "auto" resolves to, never a refusal
+            if gguf_file.is_gguf(model.path):
+                _check_gguf_tokenizer(Path(model.path))
         except UnsupportedModel as e:
             raise ConfigError(f"{key}: {e}") from None
+
+
+def _check_gguf_tokenizer(path: Path) -> None:
+    """A GGUF's tokenizer is built from its metadata by the scheduler and every worker: one it
+    cannot build is refused here, once, rather than by each of them at every restart."""
+    from mcpd import gguf_tokenizer
+
+    try:
+        gguf_tokenizer.build(gguf_file.open_gguf(path))
+    except gguf_file.BadGGUF as e:
+        raise UnsupportedModel(f"{path}: {e}") from None
 
 
 def resolve_dtype(requested: str, checkpoint: str | None, device_type: str) -> str:

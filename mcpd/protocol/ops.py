@@ -69,7 +69,7 @@ def _routing_key(v, _):
     return None if 0 < len(v) <= MAX_ROUTING_KEY_CHARS else f"must be 1..{MAX_ROUTING_KEY_CHARS} characters"
 
 
-HINTS = ("prefer_speed",)
+HINTS = ("prefer_speed", "fit_max_tokens")
 
 
 def _hints(v, _):

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import mcpd
-from mcpd import config as config_module
+from mcpd import config as config_module, default_model
 from mcpd.config import Config, ConfigError
 from mcpd.daemon import live_config, messages, pool_keeper
 from mcpd.daemon.supervisor.status import build_status
@@ -155,7 +155,7 @@ class Admin:
         timeout_s = FORWARD_TIMEOUT_S if timeout_s is None else timeout_s
         supervisor = self.supervisor
         try:
-            fresh = config_module.load(supervisor.config_path)
+            fresh = default_model.resolved(config_module.load(supervisor.config_path), supervisor.log)
             architecture.check_configured(fresh)
         except ConfigError as e:
             supervisor.log.error("reload: keeping the running configuration: %s", e)

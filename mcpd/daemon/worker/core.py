@@ -132,15 +132,19 @@ class WorkerCore:
     def _start_generate(self, dispatch: messages.Dispatch, args: GenerateArgs, payload: list[bytes]) -> None:
         history = np.frombuffer(payload[0], np.int32).tolist() if dispatch.turn else []
         prompt_ids = dispatch.prompt_ids   # tokenized by the scheduler (scheduler/prompt_tokens.py)
+        sampling = args.sampling
+        if args.hints and args.hints.get("fit_max_tokens"):   # at most what room the context has left
+            room = max(1, self.engine.max_model_len - len(history) - len(prompt_ids))
+            sampling = sampling.capped(min(sampling.max_tokens, room))
         # The tenant namespaces the prefix cache: KV blocks are shared only within one tenant,
         # and within one version of one model: the host cache is shared by every worker, and
         # another version's KV for the same tokens is not this one's (its turn recomputes).
         # The scheduler's effective rank of the request: the engine seats and keeps it before
         # less important sequences (preempting them by recompute when seats or KV run out).
-        self.engine.add_request(dispatch.rid, history + prompt_ids, args.sampling,
+        self.engine.add_request(dispatch.rid, history + prompt_ids, sampling,
                                 priority=dispatch.rank, cache_namespace=f"{self.served_model}/{self.version}/{dispatch.tenant}",
                                 write_through=dispatch.turn)
-        self.active[dispatch.rid] = ActiveRequest(dispatch.request_id, args.stream, args.sampling.logprobs,
+        self.active[dispatch.rid] = ActiveRequest(dispatch.request_id, args.stream, sampling.logprobs,
                                                   dispatch.degraded,
                                                   prompt_ids if dispatch.turn or dispatch.compare else None)
 
