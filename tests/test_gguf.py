@@ -125,8 +125,8 @@ def test_the_architecture_comes_from_the_metadata(tmp_path):
 def test_llama3_rope_scaling_is_read_back_from_rope_freqs(tmp_path):
     """llama.cpp's converter stores Llama 3.1's scaling as one divisor per rotary frequency; the
     scaling read back from them gives the same frequencies as the checkpoint's own."""
-    from mcpd.models.layers import llama3_scaled
-    from mcpd.models.architecture import Llama3RopeScaling
+    from mcpd.models.rope_frequencies import llama3_scaled
+    from mcpd.models.rope_scaling import Llama3RopeScaling
 
     scaling = Llama3RopeScaling(8.0, 1.0, 4.0, 8192)
     head_dim, theta = 32, 10000.0   # the tiny llama's: two of its frequencies fall in the smoothed band
