@@ -27,6 +27,7 @@ class ContextService:
     def __init__(self, persistence: Persistence):
         self.store = persistence.store
         self.cache = persistence.cache
+        self.shared = persistence.shared
 
     def handle(self, tenant: str, args: typed.OpArgs, payload: list[bytes]) -> tuple[dict, list[bytes]]:
         """Run one context op (its args as the front-end checked them); returns (result map,
@@ -78,5 +79,6 @@ class ContextService:
         return {"id": context.id, "version": context.version, "appended_token_ids": token_ids}
 
     def stats(self) -> dict:
-        return {**self.store.stats(), **(self.cache.stats() if self.cache else {})}
+        return {**self.store.stats(), **(self.cache.stats() if self.cache else {}),
+                **({"redis": self.shared.stats()} if self.shared else {})}
 

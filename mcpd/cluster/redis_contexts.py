@@ -1,0 +1,138 @@
+"""Contexts in Redis: a store listener that puts every open, commit and drop there before the
+change is acknowledged, and the loader a node restores a context from when it lacks one.
+
+It is the store's last listener (persistence.py): an open or a commit reaches Redis only once
+the host cache and the journal hold it, so nothing after it can refuse and nothing needs taking
+back from Redis; a drop reaches it first. The records are the journal's, byte for byte
+(journal_file.encode_record of commit.py's and snapshot.py's records), under the keys
+context_keys.py lays out. A context's log is folded into its snapshot once it outweighs both
+cluster.compact_after_bytes and the context itself, so Redis holds at most about twice each
+context plus that much (docs/CLUSTER.md: the memory bound).
+
+Redis unreachable, or over its maxmemory: the change is refused (UNAVAILABLE, or STORAGE_FULL,
+with retry_after_ms) and the store undoes it in the cache and the journal, so no reply names a
+version Redis lacks. Redis behind this node's copy cannot happen; ahead of it means another node
+committed: the change is refused with CONFLICT and the store forgets its copy, so the next
+request restores the context from Redis.
+"""
+from __future__ import annotations
+
+import logging
+from contextlib import contextmanager
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from mcpd.cluster import redis_scripts
+from mcpd.cluster.context_keys import keys_of
+from mcpd.config import ClusterConfig
+from mcpd.contexts import journal_file, snapshot
+from mcpd.contexts.context import Context
+from mcpd.contexts.record import Record
+from mcpd.contexts.replay import Replay
+from mcpd.contexts.store import StaleCopy, storage_full
+from mcpd.protocol import codes
+from mcpd.protocol.codes import MCPDError
+
+# Redis restarts or fails over within a second or two: a client told to wait that long retries
+# into a live one rather than spinning on a dead one.
+REDIS_RETRY_MS = 1000
+
+
+class RedisContexts:
+    def __init__(self, config: ClusterConfig, log: logging.Logger):
+        # One retry at once: the first call after Redis restarts meets a pooled connection it
+        # closed; the scripts make a commit sent twice count once.
+        self.redis = redis.Redis.from_url(config.redis, socket_timeout=config.timeout_s,
+                                          socket_connect_timeout=config.timeout_s, retry=Retry(NoBackoff(), 1))
+        self.commit_script = self.redis.register_script(redis_scripts.COMMIT)
+        self.snapshot_script = self.redis.register_script(redis_scripts.SNAPSHOT)
+        self.compact_after_bytes = config.compact_after_bytes
+        self.log = log
+        self.loaded = 0      # contexts restored from Redis
+        self.folded = 0      # logs folded into snapshots
+        self.refused = 0     # changes refused because Redis could not take them
+
+    # -- StoreListener --------------------------------------------------------------------------
+
+    def opened(self, context: Context) -> None:
+        self.adopted(context)
+
+    def adopted(self, context: Context) -> None:
+        """Hold the context whole, unless Redis holds it at this version or newer already."""
+        with self._refusing("keep the context"):
+            self._write_snapshot(context, "adopt")
+
+    def committed(self, context: Context, record: Record) -> None:
+        keys = keys_of(context.owner, context.id)
+        with self._refusing("commit the change"):
+            held, log_bytes = self.commit_script(keys=[keys.meta, keys.log],
+                                                 args=[context.version, journal_file.encode_record("commit", record)])
+        if not held:
+            raise StaleCopy(f"context {context.id!r} is at version {log_bytes} in the cluster, not "
+                            f"{context.version - 1}: another node changed it; fetch it again and retry")
+        if log_bytes > max(self.compact_after_bytes, context.nbytes):
+            self._fold(context)
+
+    def dropped(self, context: Context) -> None:
+        keys = keys_of(context.owner, context.id)
+        with self._refusing("drop the context"):
+            self.redis.delete(*keys)
+
+    # -- restore --------------------------------------------------------------------------------
+
+    def load(self, owner: str, context_id: str) -> Context | None:
+        """The context as Redis last holds it, or None when Redis holds none of that name."""
+        keys = keys_of(owner, context_id)
+        with self._refusing("read the context"):
+            with self.redis.pipeline(transaction=True) as reading:   # the snapshot and its log as of one moment
+                snap, log = reading.get(keys.snap).lrange(keys.log, 0, -1).execute()
+        if snap is None:
+            return None
+        replay = Replay()
+        for data in [snap, *log]:
+            record = journal_file.decode(data)
+            if record is None or (record.get("owner"), record.get("id")) != (owner, context_id):
+                replay.unusable += 1   # damaged in Redis, or not this context's: its later versions cannot apply
+                break
+            replay.apply(record)
+        context = replay.contexts.get((owner, context_id))
+        if replay.unusable or replay.lost:
+            self.log.error("context %s/%s in Redis has %d unusable record(s): restored at version %s",
+                           owner, context_id, replay.unusable, context.version if context else "none")
+        self.loaded += context is not None
+        return context
+
+    # -- inside ---------------------------------------------------------------------------------
+
+    def _fold(self, context: Context) -> None:
+        """Replace the context's snapshot and log by a snapshot of this version. A failure costs
+        nothing but Redis memory: the log still holds every version, and the next commit retries."""
+        try:
+            self.folded += self._write_snapshot(context, "fold")
+        except redis.RedisError as e:
+            self.log.warning("folding context %s/%s in Redis failed (%s); retried at its next commit",
+                             context.owner, context.id, e)
+
+    def _write_snapshot(self, context: Context, mode: str) -> int:
+        keys = keys_of(context.owner, context.id)
+        data = journal_file.encode_record("context", snapshot.encode(context))
+        return self.snapshot_script(keys=[keys.meta, keys.snap, keys.log], args=[context.version, data, mode])
+
+    @contextmanager
+    def _refusing(self, what: str):
+        """Turn a Redis failure into the refusal the client is told to retry."""
+        try:
+            yield
+        except redis.OutOfMemoryError:
+            self.refused += 1
+            raise storage_full(f"the cluster's Redis is at its maxmemory and cannot {what}; nothing changed: "
+                               "retry later") from None
+        except redis.RedisError as e:
+            self.refused += 1
+            raise MCPDError(codes.UNAVAILABLE, f"the cluster's Redis cannot {what} ({e}); nothing changed: retry",
+                            retry_after_ms=REDIS_RETRY_MS) from None
+
+    def stats(self) -> dict:
+        return {"loaded": self.loaded, "folded": self.folded, "refused": self.refused}
