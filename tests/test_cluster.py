@@ -1,0 +1,83 @@
+"""Real daemons sharing contexts through a real redis-server on loopback: an acknowledged change
+is in Redis before its reply (the scheduler SIGKILLed right after), a second daemon with its own
+state serves the context exactly, and with Redis killed every change is refused retryably, nothing
+acknowledged is lost, and changes go on once it is back."""
+import logging
+import os
+import signal
+
+import numpy as np
+import pytest
+
+from mcpd.cluster.redis_contexts import RedisContexts
+from mcpd.config import ClusterConfig
+from mcpd.protocol import codes
+from mcpd.protocol.codes import MCPDError
+
+pytestmark = pytest.mark.slow
+GREEDY = {"max_tokens": 4, "temperature": 0, "ignore_eos": True}
+
+
+def cluster_node(fresh_daemon, redis_server, name):
+    return fresh_daemon(cluster={"redis": redis_server.url, "node_id": name})
+
+
+def in_redis(redis_server, owner, context_id):
+    return RedisContexts(ClusterConfig(redis=redis_server.url), logging.getLogger("test")).load(owner, context_id)
+
+
+def test_an_acknowledged_change_is_in_redis_when_the_scheduler_dies_right_after(fresh_daemon, redis_server):
+    daemon = cluster_node(fresh_daemon, redis_server, "a")
+    with daemon.client(tenant="acme") as client:
+        ctx = client.context("chat")
+        ctx["w"] = np.arange(1000, dtype=np.float32)
+        ctx.sync()
+        ctx.generate("hello", **GREEDY)
+        os.kill(daemon.pid_of("scheduler"), signal.SIGKILL)
+    held = in_redis(redis_server, "acme", "chat")
+    assert held.version == ctx.version == 2
+    assert np.array_equal(held.fields["w"], ctx["w"]) and np.array_equal(held.tokens, ctx.tokens)
+
+
+def test_a_second_daemon_serves_the_context_exactly(fresh_daemon, redis_server):
+    first, second = cluster_node(fresh_daemon, redis_server, "a"), cluster_node(fresh_daemon, redis_server, "b")
+    with first.client(tenant="acme") as client:
+        ctx = client.context("chat")
+        ctx["profile"] = "ada"
+        ctx["w"] = np.linspace(0, 1, 256, dtype=np.float64)
+        ctx.sync()
+        ctx.generate("hello there", **GREEDY)
+        del ctx["profile"]
+        ctx.sync()
+    with second.client(tenant="acme") as client:
+        there = client.context("chat", create=False)
+        assert there.version == ctx.version == 3 and there.keys() == ["w"]
+        assert np.array_equal(there["w"], ctx["w"]) and np.array_equal(there.tokens, ctx.tokens)
+        turn = there.generate(" and more", **GREEDY)
+        assert turn.context["version"] == 4
+    with pytest.raises(MCPDError) as other_tenant:
+        with second.client(tenant="intruder") as client:
+            client.context("chat", create=False)
+    assert other_tenant.value.code == codes.NOT_FOUND
+
+
+def test_redis_killed_refuses_changes_retryably_loses_nothing_and_changes_go_on(fresh_daemon, redis_server):
+    daemon = cluster_node(fresh_daemon, redis_server, "a")
+    with daemon.client(tenant="acme") as client:
+        ctx = client.context("chat")
+        ctx["n"] = 1
+        ctx.sync()
+        redis_server.kill()
+        ctx["n"] = 2
+        with pytest.raises(MCPDError) as refused:
+            ctx.sync()
+        assert refused.value.code == codes.UNAVAILABLE and refused.value.retry_after_ms > 0
+        with pytest.raises(MCPDError) as turn:
+            ctx.generate("hello", **GREEDY)
+        assert turn.value.code == codes.UNAVAILABLE
+        assert client.call("context.get", {"id": "chat"})["version"] == 1   # nothing changed
+        redis_server.start()
+        assert ctx.sync() == 2
+        ctx.generate("hello", **GREEDY)
+    held = in_redis(redis_server, "acme", "chat")
+    assert held.version == 3 and held.fields["n"] == 2 and np.array_equal(held.tokens, ctx.tokens)
