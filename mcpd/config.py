@@ -365,7 +365,7 @@ class ClusterConfig:
     advertise_tcp: str = ""             # the ZeroMQ endpoint other nodes and clients reach this node at
     advertise_http: str = ""            # its HTTP listener's URL, likewise
     timeout_s: float = 1.0              # a Redis call still unanswered after this refuses the change
-    compact_after_bytes: int = 1 << 20  # a context's commit log in Redis past which it is folded into a snapshot
+    compact_after_bytes: int = 64 << 10  # a context's commit log in Redis past which it is folded into a snapshot
 
     def check(self) -> None:
         if self.redis and not self.redis.startswith(REDIS_SCHEMES):

@@ -129,3 +129,11 @@ def test_redis_down_refuses_every_change_retryably_and_nothing_changes(tmp_path,
     first.store.update("t", "c", 1, [codec.diff("n", None, 2)])
     assert node(tmp_path / "b", redis_server).store.get("t", "c").fields["n"] == 2
     first.journal.close()
+
+
+def test_an_evicting_redis_is_named_in_the_log(tmp_path, redis_server, caplog):
+    node(tmp_path / "a", redis_server).journal.close()
+    assert "maxmemory-policy" not in caplog.text   # the fixture's Redis runs with noeviction
+    redis_server.client().config_set("maxmemory-policy", "allkeys-lru")
+    node(tmp_path / "b", redis_server).journal.close()
+    assert "maxmemory-policy allkeys-lru" in caplog.text

@@ -54,6 +54,17 @@ class RedisContexts:
         self.folded = 0      # logs folded into snapshots
         self.refused = 0     # changes refused because Redis could not take them
 
+    def check_eviction_policy(self) -> None:
+        """Say so in the log when Redis may evict keys: an evicted context is an acknowledged one lost."""
+        try:
+            policy = self.redis.config_get("maxmemory-policy").get("maxmemory-policy")
+        except redis.RedisError as e:   # down for now, or CONFIG renamed away (managed Redis)
+            self.log.warning("could not read Redis's maxmemory-policy (%s): it must be noeviction", e)
+            return
+        if policy != "noeviction":
+            self.log.error("Redis runs with maxmemory-policy %s: at its maxmemory it may evict acknowledged "
+                           "contexts; set it to noeviction (docs/CLUSTER.md)", policy)
+
     # -- StoreListener --------------------------------------------------------------------------
 
     def opened(self, context: Context) -> None:

@@ -68,6 +68,7 @@ def _shared(config: Config, store: ContextStore, log: logging.Logger) -> RedisCo
     from mcpd.cluster.redis_contexts import RedisContexts   # the Redis client loads only where a cluster is on
 
     shared = RedisContexts(config.cluster, log)
+    shared.check_eviction_policy()
     store.listeners.append(shared)
     store.shared = shared
     log.info("cluster node %r: contexts kept in Redis at %s", config.cluster.node_id or socket.gethostname(),
