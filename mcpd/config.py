@@ -11,6 +11,7 @@ import grp
 import math
 import os
 import re
+import socket
 import tomllib
 import types
 import typing
@@ -366,6 +367,9 @@ class ClusterConfig:
     advertise_http: str = ""            # its HTTP listener's URL, likewise
     timeout_s: float = 1.0              # a Redis call still unanswered after this refuses the change
     compact_after_bytes: int = 64 << 10  # a context's commit log in Redis past which it is folded into a snapshot
+    weight: float = 1.0                 # this node's capacity: its share of contexts is its weight over the sum
+    heartbeat_s: float = 1.0            # how often the node tells Redis it is alive, with its load
+    node_ttl_s: float = 3.0             # a node silent this long counts as gone
 
     def check(self) -> None:
         if self.redis and not self.redis.startswith(REDIS_SCHEMES):
@@ -378,10 +382,17 @@ class ClusterConfig:
             raise ConfigError(f"cluster.advertise_http = {self.advertise_http!r}: must start with http:// or https://")
         if not 0 < self.timeout_s <= 60 or self.compact_after_bytes < 1:
             raise ConfigError("cluster.timeout_s must be in (0, 60] and cluster.compact_after_bytes >= 1")
+        if self.weight <= 0 or not 0 < self.heartbeat_s < self.node_ttl_s:
+            raise ConfigError(f"cluster.weight = {self.weight} must be > 0 and cluster.heartbeat_s = "
+                              f"{self.heartbeat_s} in (0, node_ttl_s = {self.node_ttl_s})")
 
     @property
     def enabled(self) -> bool:
         return bool(self.redis)
+
+    @property
+    def node_name(self) -> str:
+        return self.node_id or socket.gethostname()
 
 
 def _listen_host(key: str, listen: str, example: str) -> str:

@@ -81,3 +81,18 @@ def test_redis_killed_refuses_changes_retryably_loses_nothing_and_changes_go_on(
         ctx.generate("hello", **GREEDY)
     held = in_redis(redis_server, "acme", "chat")
     assert held.version == 3 and held.fields["n"] == 2 and np.array_equal(held.tokens, ctx.tokens)
+
+
+def test_nodes_see_each_other_and_a_stopped_node_leaves(fresh_daemon, redis_server):
+    first = fresh_daemon(cluster={"redis": redis_server.url, "node_id": "a", "advertise_tcp": "tcp://127.0.0.1:1"})
+    second = cluster_node(fresh_daemon, redis_server, "b")
+
+    def live_nodes(daemon):
+        return daemon.status()["cluster"]["nodes"]
+    def b_serving(seen):   # b's heartbeat carries its ready worker's model and KV once it reported them
+        return seen.get("b", {}).get("models") == ["default/default"] and seen["b"]["free_kv_blocks"] > 0
+    first.wait_until(lambda: b_serving(live_nodes(first)), what="b live with its model and free KV")
+    seen = live_nodes(first)
+    assert set(seen) == {"a", "b"} and seen["a"]["tcp"] == "tcp://127.0.0.1:1" and seen["a"]["weight"] == 1.0
+    second.stop()
+    first.wait_until(lambda: set(live_nodes(first)) == {"a"}, what="the stopped node gone")

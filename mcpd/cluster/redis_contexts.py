@@ -21,11 +21,10 @@ import logging
 from contextlib import contextmanager
 
 import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from mcpd.cluster import redis_scripts
 from mcpd.cluster.context_keys import keys_of
+from mcpd.cluster.redis_client import connect
 from mcpd.config import ClusterConfig
 from mcpd.contexts import journal_file, snapshot
 from mcpd.contexts.context import Context
@@ -42,10 +41,7 @@ REDIS_RETRY_MS = 1000
 
 class RedisContexts:
     def __init__(self, config: ClusterConfig, log: logging.Logger):
-        # One retry at once: the first call after Redis restarts meets a pooled connection it
-        # closed; the scripts make a commit sent twice count once.
-        self.redis = redis.Redis.from_url(config.redis, socket_timeout=config.timeout_s,
-                                          socket_connect_timeout=config.timeout_s, retry=Retry(NoBackoff(), 1))
+        self.redis = connect(config)
         self.commit_script = self.redis.register_script(redis_scripts.COMMIT)
         self.snapshot_script = self.redis.register_script(redis_scripts.SNAPSHOT)
         self.compact_after_bytes = config.compact_after_bytes

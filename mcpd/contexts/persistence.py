@@ -16,7 +16,6 @@ snapshot at start, so what the store holds is on disk again before any change is
 from __future__ import annotations
 
 import logging
-import socket
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -71,8 +70,7 @@ def _shared(config: Config, store: ContextStore, log: logging.Logger) -> RedisCo
     shared.check_eviction_policy()
     store.listeners.append(shared)
     store.shared = shared
-    log.info("cluster node %r: contexts kept in Redis at %s", config.cluster.node_id or socket.gethostname(),
-             config.cluster.redis)
+    log.info("cluster node %r: contexts kept in Redis at %s", config.cluster.node_name, config.cluster.redis)
     return shared
 
 

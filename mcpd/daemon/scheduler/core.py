@@ -550,6 +550,14 @@ class Scheduler:
                 figures["queued"] = self.queue.waiting_for((name, version))
         return {"default_model": self.traffic.default_model, "models": models}
 
+    def node_load(self) -> dict:
+        """What this node's cluster heartbeat carries: its load, free KV blocks and the models it serves."""
+        free_kv = sum((s.info.get("kv_blocks_total") or 0) - (s.info.get("kv_blocks_used") or 0)
+                      for s in self.workers.values() if s.ready)
+        served = sorted({f"{s.info.get('served_model', '')}/{s.info.get('version', '')}"
+                         for s in self.workers.values() if s.ready})
+        return {"queued": len(self.queue), "inflight": len(self.jobs), "free_kv_blocks": free_kv, "models": served}
+
     def stats(self) -> dict:
         now = self.clock()
         depths = self.queue.depths()
