@@ -370,6 +370,7 @@ class ClusterConfig:
     weight: float = 1.0                 # this node's capacity: its share of contexts is its weight over the sum
     heartbeat_s: float = 1.0            # how often the node tells Redis it is alive, with its load
     node_ttl_s: float = 3.0             # a node silent this long counts as gone
+    when_redis_down: str = "refuse"     # refuse context changes (retryably), or go on with the "journal" alone
 
     def check(self) -> None:
         if self.redis and not self.redis.startswith(REDIS_SCHEMES):
@@ -382,6 +383,8 @@ class ClusterConfig:
             raise ConfigError(f"cluster.advertise_http = {self.advertise_http!r}: must start with http:// or https://")
         if not 0 < self.timeout_s <= 60 or self.compact_after_bytes < 1:
             raise ConfigError("cluster.timeout_s must be in (0, 60] and cluster.compact_after_bytes >= 1")
+        if self.when_redis_down not in ("refuse", "journal"):
+            raise ConfigError(f"cluster.when_redis_down = {self.when_redis_down!r}: use refuse or journal")
         if self.weight <= 0 or not 0 < self.heartbeat_s < self.node_ttl_s:
             raise ConfigError(f"cluster.weight = {self.weight} must be > 0 and cluster.heartbeat_s = "
                               f"{self.heartbeat_s} in (0, node_ttl_s = {self.node_ttl_s})")

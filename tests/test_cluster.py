@@ -96,3 +96,17 @@ def test_nodes_see_each_other_and_a_stopped_node_leaves(fresh_daemon, redis_serv
     assert set(seen) == {"a", "b"} and seen["a"]["tcp"] == "tcp://127.0.0.1:1" and seen["a"]["weight"] == 1.0
     second.stop()
     first.wait_until(lambda: set(live_nodes(first)) == {"a"}, what="the stopped node gone")
+
+
+def test_on_the_journal_alone_redis_down_changes_go_on_and_reach_redis_once_it_is_back(fresh_daemon, redis_server):
+    daemon = fresh_daemon(cluster={"redis": redis_server.url, "node_id": "a", "when_redis_down": "journal"})
+    with daemon.client(tenant="acme") as client:
+        ctx = client.context("chat")
+        redis_server.kill()
+        ctx["n"] = 1
+        assert ctx.sync() == 1
+        ctx.generate("hello", **GREEDY)
+        redis_server.start()
+        daemon.wait_until(lambda: in_redis(redis_server, "acme", "chat").version == 2, what="Redis caught up")
+    held = in_redis(redis_server, "acme", "chat")
+    assert held.fields["n"] == 1 and np.array_equal(held.tokens, ctx.tokens)

@@ -137,3 +137,41 @@ def test_an_evicting_redis_is_named_in_the_log(tmp_path, redis_server, caplog):
     redis_server.client().config_set("maxmemory-policy", "allkeys-lru")
     node(tmp_path / "b", redis_server).journal.close()
     assert "maxmemory-policy allkeys-lru" in caplog.text
+
+
+def test_on_the_journal_alone_changes_go_on_and_redis_catches_up_in_order(tmp_path, redis_server):
+    first = node(tmp_path / "a", redis_server, when_redis_down="journal")
+    first.store.open("t", "early")
+    first.store.update("t", "early", 0, [codec.diff("n", None, 1)])
+    first.store.open("t", "late")
+    redis_server.kill()
+    first.store.update("t", "early", 1, [codec.diff("n", None, 2)])   # acknowledged: in the journal
+    first.store.update("t", "late", 0, [codec.diff("n", None, 10)])
+    with pytest.raises(MCPDError) as unknown:   # a context this node lacks may be in Redis: not made anew
+        first.store.open("t", "elsewhere")
+    assert unknown.value.code == codes.UNAVAILABLE
+    first.store.update("t", "early", 2, [codec.diff("n", None, 3)])
+    with pytest.raises(MCPDError) as refused:   # a drop Redis missed would come back: still refused
+        first.store.drop("t", "late")
+    assert refused.value.code == codes.UNAVAILABLE
+    first.shared.catch_up(0.0)   # Redis still down: nothing written, tried again later
+    assert list(first.shared.behind) == [("t", "early"), ("t", "late")]   # the order they fell behind
+    redis_server.start()
+    first.shared.catch_up(first.shared.next_catch_up)
+    assert first.shared.behind == {}
+    other = node(tmp_path / "b", redis_server)
+    assert other.store.get("t", "early").fields["n"] == 3 and other.store.get("t", "late").fields["n"] == 10
+    first.store.update("t", "early", 3, [codec.diff("n", None, 4)])   # straight to Redis again
+    assert node(tmp_path / "c", redis_server).store.get("t", "early").version == 4
+    first.journal.close()
+
+
+def test_a_redis_behind_this_node_gets_the_whole_context_again(tmp_path, redis_server):
+    first = node(tmp_path / "a", redis_server)
+    first.store.open("t", "c")
+    first.store.update("t", "c", 0, [codec.diff("n", None, 1)])
+    redis_server.client().flushall()   # Redis lost what it held (say, restarted without its AOF)
+    first.store.update("t", "c", 1, [codec.diff("n", None, 2)])
+    restored = node(tmp_path / "b", redis_server).store.get("t", "c")
+    assert restored.version == 2 and restored.fields["n"] == 2
+    first.journal.close()

@@ -11,9 +11,14 @@ context plus that much (docs/CLUSTER.md: the memory bound).
 
 Redis unreachable, or over its maxmemory: the change is refused (UNAVAILABLE, or STORAGE_FULL,
 with retry_after_ms) and the store undoes it in the cache and the journal, so no reply names a
-version Redis lacks. Redis behind this node's copy cannot happen; ahead of it means another node
-committed: the change is refused with CONFLICT and the store forgets its copy, so the next
-request restores the context from Redis.
+version Redis lacks. With cluster.when_redis_down = "journal" an unreachable Redis is noted
+instead: the node goes on with its journal alone, and the scheduler's tick writes each context
+Redis missed, whole, in the order they fell behind, once Redis answers (catch_up).
+
+Redis ahead of this node's copy means another node committed: the change is refused with
+CONFLICT and the store forgets its copy, so the next request restores the context from Redis.
+Redis behind it (it lost writes, or this node restarted while still catching up) gets the whole
+context again.
 """
 from __future__ import annotations
 
@@ -45,6 +50,10 @@ class RedisContexts:
         self.commit_script = self.redis.register_script(redis_scripts.COMMIT)
         self.snapshot_script = self.redis.register_script(redis_scripts.SNAPSHOT)
         self.compact_after_bytes = config.compact_after_bytes
+        self.journal_alone = config.when_redis_down == "journal"
+        # Contexts whose newest version Redis lacks (on the journal alone), in the order they fell behind.
+        self.behind: dict[tuple[str, str], Context] = {}
+        self.next_catch_up = 0.0
         self.log = log
         self.loaded = 0      # contexts restored from Redis
         self.folded = 0      # logs folded into snapshots
@@ -68,24 +77,64 @@ class RedisContexts:
 
     def adopted(self, context: Context) -> None:
         """Hold the context whole, unless Redis holds it at this version or newer already."""
-        with self._refusing("keep the context"):
+        if self._noted_behind(context):
+            return
+        with self._refusing("keep the context", context):
             self._write_snapshot(context, "adopt")
 
     def committed(self, context: Context, record: Record) -> None:
+        if self._noted_behind(context):
+            return
         keys = keys_of(context.owner, context.id)
-        with self._refusing("commit the change"):
-            held, log_bytes = self.commit_script(keys=[keys.meta, keys.log],
-                                                 args=[context.version, journal_file.encode_record("commit", record)])
-        if not held:
-            raise StaleCopy(f"context {context.id!r} is at version {log_bytes} in the cluster, not "
-                            f"{context.version - 1}: another node changed it; fetch it again and retry")
-        if log_bytes > max(self.compact_after_bytes, context.nbytes):
-            self._fold(context)
+        with self._refusing("commit the change", context):
+            appended, figure = self.commit_script(keys=[keys.meta, keys.log],
+                                                  args=[context.version, journal_file.encode_record("commit", record)])
+            if appended:
+                if figure > max(self.compact_after_bytes, context.nbytes):   # the log's bytes
+                    self._fold(context)
+            elif figure < context.version - 1:
+                self._repair(context, figure)
+            else:
+                raise StaleCopy(f"context {context.id!r} is at version {figure} in the cluster, not "
+                                f"{context.version - 1}: another node changed it; fetch it again and retry")
 
     def dropped(self, context: Context) -> None:
         keys = keys_of(context.owner, context.id)
-        with self._refusing("drop the context"):
+        with self._refusing("drop the context"):   # never on the journal alone: a drop Redis missed would come back
             self.redis.delete(*keys)
+        self.behind.pop((context.owner, context.id), None)
+
+    # -- on the journal alone -------------------------------------------------------------------
+
+    def _noted_behind(self, context: Context) -> bool:
+        """Whether Redis lacks an earlier version of this context: then this one waits its turn too."""
+        key = (context.owner, context.id)
+        if key in self.behind:
+            self.behind[key] = context
+            return True
+        return False
+
+    def catch_up(self, now: float) -> None:
+        """Write each context Redis missed while it was down, as it is now, in the order they fell
+        behind; stop at the first failure and try again REDIS_RETRY_MS later."""
+        if not self.behind or now < self.next_catch_up:
+            return
+        while self.behind:
+            key, context = next(iter(self.behind.items()))
+            try:
+                self._write_snapshot(context, "adopt")
+            except redis.RedisError:
+                self.next_catch_up = now + REDIS_RETRY_MS / 1000
+                return
+            del self.behind[key]
+        self.log.info("Redis holds every context again")
+
+    def _repair(self, context: Context, held: int) -> None:
+        """Redis is behind this node's copy (it lost writes, or missed them while this node ran on
+        its journal alone and restarted since): write the whole context."""
+        self.log.warning("context %s/%s is at version %d in Redis, behind this node's %d: written again whole",
+                         context.owner, context.id, held, context.version)
+        self._write_snapshot(context, "adopt")
 
     # -- restore --------------------------------------------------------------------------------
 
@@ -128,8 +177,9 @@ class RedisContexts:
         return self.snapshot_script(keys=[keys.meta, keys.snap, keys.log], args=[context.version, data, mode])
 
     @contextmanager
-    def _refusing(self, what: str):
-        """Turn a Redis failure into the refusal the client is told to retry."""
+    def _refusing(self, what: str, context: Context | None = None):
+        """Turn a Redis failure into the refusal the client is told to retry, or, on the journal
+        alone, note that Redis lacks this version of `context`."""
         try:
             yield
         except redis.OutOfMemoryError:
@@ -137,9 +187,15 @@ class RedisContexts:
             raise storage_full(f"the cluster's Redis is at its maxmemory and cannot {what}; nothing changed: "
                                "retry later") from None
         except redis.RedisError as e:
+            if self.journal_alone and context is not None:
+                if not self.behind:
+                    self.log.error("the cluster's Redis cannot %s (%s): going on with the journal alone, caught "
+                                   "up when Redis answers again", what, e)
+                self.behind[(context.owner, context.id)] = context
+                return
             self.refused += 1
             raise MCPDError(codes.UNAVAILABLE, f"the cluster's Redis cannot {what} ({e}); nothing changed: retry",
                             retry_after_ms=REDIS_RETRY_MS) from None
 
     def stats(self) -> dict:
-        return {"loaded": self.loaded, "folded": self.folded, "refused": self.refused}
+        return {"loaded": self.loaded, "folded": self.folded, "refused": self.refused, "behind": len(self.behind)}

@@ -78,6 +78,10 @@ class ContextService:
             self.end_turn(context)
         return {"id": context.id, "version": context.version, "appended_token_ids": token_ids}
 
+    def catch_up(self, now: float) -> None:
+        if self.shared is not None:
+            self.shared.catch_up(now)
+
     def stats(self) -> dict:
         return {**self.store.stats(), **(self.cache.stats() if self.cache else {}),
                 **({"redis": self.shared.stats()} if self.shared else {})}

@@ -118,12 +118,14 @@ class Scheduler:
                               sched.window_smoothing)
 
     def tick(self) -> None:
-        """After every wake-up: answer or cancel what passed its deadline, then dispatch."""
+        """After every wake-up: answer or cancel what passed its deadline, then dispatch; in a
+        cluster on the journal alone, write what Redis missed once it answers again."""
         now = self.clock()
         self._expire(now)
         self._dispatch(now)
         if self.unloading:
             self._finish_unloads()
+        self.contexts.catch_up(now)
 
     def next_wake(self) -> float | None:
         """When tick has something to do without a message: a batch to release, a deadline."""
