@@ -33,3 +33,12 @@ def test_a_node_that_stops_beating_lapses(redis_server):
 def test_a_node_id_with_braces_keeps_the_membership_s_hash_tag():
     key = node_key("x}{y")
     assert key[key.index("{") + 1:key.index("}")] == "nodes"
+
+
+def test_a_record_that_is_not_a_report_is_left_out(redis_server):
+    client = redis_server.client()
+    watcher = Membership(client, "watcher", 30)
+    watcher.beat({"queued": 0})
+    Membership(client, "forged", 30).beat({})
+    client.hset(node_key("forged"), "report", b"\xc1 not msgpack")
+    assert list(watcher.live()) == ["watcher"]

@@ -60,10 +60,21 @@ class Membership:
 
     def live(self) -> dict[str, dict]:
         """Each live node's last report, by node id."""
-        ids = [raw.decode() for raw in self.live_script(keys=[SET])]
+        ids = [raw.decode(errors="replace") for raw in self.live_script(keys=[SET])]
         with self.redis.pipeline(transaction=False) as reading:
             for node_id in ids:
                 reading.hget(node_key(node_id), "report")
-            reports = reading.execute()
+            reports = [_report(raw) for raw in reading.execute()]
         # A node whose hash lapsed between the two reads is gone: it is left out.
-        return {node_id: msgpack.unpackb(report) for node_id, report in zip(ids, reports) if report is not None}
+        return {node_id: report for node_id, report in zip(ids, reports) if report is not None}
+
+
+def _report(raw: bytes | None) -> dict | None:
+    """A heartbeat's report; None for none, or for one that is not a msgpack map (whoever wrote it)."""
+    if raw is None:
+        return None
+    try:
+        report = msgpack.unpackb(raw)
+    except (ValueError, msgpack.UnpackException):
+        return None
+    return report if isinstance(report, dict) else None
