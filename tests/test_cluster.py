@@ -5,6 +5,7 @@ acknowledged is lost, and changes go on once it is back."""
 import logging
 import os
 import signal
+import urllib.request
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ from mcpd.cluster.redis_contexts import RedisContexts
 from mcpd.config import ClusterConfig
 from mcpd.protocol import codes
 from mcpd.protocol.codes import MCPDError
+from mcpd.testing import free_port
 
 pytestmark = pytest.mark.slow
 GREEDY = {"max_tokens": 4, "temperature": 0, "ignore_eos": True}
@@ -84,7 +86,9 @@ def test_redis_killed_refuses_changes_retryably_loses_nothing_and_changes_go_on(
 
 
 def test_nodes_see_each_other_and_a_stopped_node_leaves(fresh_daemon, redis_server):
-    first = fresh_daemon(cluster={"redis": redis_server.url, "node_id": "a", "advertise_tcp": "tcp://127.0.0.1:1"})
+    metrics_port = free_port()
+    first = fresh_daemon(cluster={"redis": redis_server.url, "node_id": "a", "advertise_tcp": "tcp://127.0.0.1:1"},
+                         metrics={"listen": f"127.0.0.1:{metrics_port}"})
     second = cluster_node(fresh_daemon, redis_server, "b")
 
     def live_nodes(daemon):
@@ -94,6 +98,10 @@ def test_nodes_see_each_other_and_a_stopped_node_leaves(fresh_daemon, redis_serv
     first.wait_until(lambda: b_serving(live_nodes(first)), what="b live with its model and free KV")
     seen = live_nodes(first)
     assert set(seen) == {"a", "b"} and seen["a"]["tcp"] == "tcp://127.0.0.1:1" and seen["a"]["weight"] == 1.0
+    assert "cluster node a  heartbeat ok  live nodes 2: a, b" in first.mcpctl("status").stdout
+    scraped = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=30).read().decode()
+    assert "mcpd_cluster_live_nodes 2.0" in scraped and "mcpd_cluster_heartbeat_ok 1.0" in scraped
+    assert "mcpd_cluster_redis_refusals_total 0.0" in scraped
     second.stop()
     first.wait_until(lambda: set(live_nodes(first)) == {"a"}, what="the stopped node gone")
 

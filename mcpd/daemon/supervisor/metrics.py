@@ -51,6 +51,7 @@ class DaemonCollector:
         yield _queue_limits(self.supervisor.config.scheduler.classes)
         yield from _workers(workers)
         yield from _contexts(scheduler)
+        yield from _cluster(scheduler)
         yield from _models(scheduler)
         yield from _http(frontend.http)
         restarts = CounterMetricFamily("mcpd_process_restarts", "Restarts of a child process", labels=["role", "index"])
@@ -181,6 +182,23 @@ def _contexts(scheduler: SchedulerStats):
         if key in cache:
             yield kind(f"mcpd_context_cache_{name}", text, value=cache[key])
     yield from _journal(scheduler.persistence)
+
+
+def _cluster(scheduler: SchedulerStats):
+    """This node's view of the cluster and its Redis; nothing when [cluster] is off."""
+    if scheduler.cluster:
+        yield GaugeMetricFamily("mcpd_cluster_live_nodes", "Nodes this one saw alive at its last heartbeat",
+                                value=len(scheduler.cluster["nodes"]))
+        yield GaugeMetricFamily("mcpd_cluster_heartbeat_ok", "1 while this node's heartbeat reaches Redis",
+                                value=int(scheduler.cluster["heartbeat"] == "ok"))
+    redis = scheduler.contexts.get("redis", {})
+    for key, name, kind, text in (
+            ("loaded", "contexts_loaded", CounterMetricFamily, "Contexts restored from Redis at first use"),
+            ("folded", "folds", CounterMetricFamily, "Context logs in Redis folded into a snapshot"),
+            ("refused", "redis_refusals", CounterMetricFamily, "Context ops refused because Redis could not take them"),
+            ("behind", "contexts_behind", GaugeMetricFamily, "Contexts whose newest version Redis lacks (journal alone)")):
+        if key in redis:
+            yield kind(f"mcpd_cluster_{name}", text, value=redis[key])
 
 
 def _journal(persistence: dict):
