@@ -13,6 +13,7 @@ from mcpd.contexts.persistence import open_store
 from mcpd.protocol import codes
 from mcpd.protocol import delta as codec
 from mcpd.protocol.codes import MCPDError
+from test_storage_full import files_capped_at
 
 LOG = logging.getLogger("test")
 
@@ -174,4 +175,15 @@ def test_a_redis_behind_this_node_gets_the_whole_context_again(tmp_path, redis_s
     first.store.update("t", "c", 1, [codec.diff("n", None, 2)])
     restored = node(tmp_path / "b", redis_server).store.get("t", "c")
     assert restored.version == 2 and restored.fields["n"] == 2
+    first.journal.close()
+
+
+def test_a_drop_the_full_disk_refuses_leaves_the_context_in_redis_too(tmp_path, redis_server):
+    first = node(tmp_path / "a", redis_server)
+    made = grow(first.store)
+    with files_capped_at(first.journal.size):   # Redis hears the drop first, then the journal refuses it
+        with pytest.raises(MCPDError) as refused:
+            first.store.drop("t", "c")
+    assert refused.value.code == codes.STORAGE_FULL
+    assert same(node(tmp_path / "b", redis_server).store.get("t", "c"), made)
     first.journal.close()
