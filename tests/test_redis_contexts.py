@@ -187,3 +187,17 @@ def test_a_drop_the_full_disk_refuses_leaves_the_context_in_redis_too(tmp_path, 
     assert refused.value.code == codes.STORAGE_FULL
     assert same(node(tmp_path / "b", redis_server).store.get("t", "c"), made)
     first.journal.close()
+
+
+def test_a_context_over_this_node_s_limits_is_not_adopted(tmp_path, redis_server):
+    first = node(tmp_path / "a", redis_server)
+    first.store.open("t", "big")
+    first.store.update("t", "big", 0, [codec.diff("w", None, np.zeros(4096, np.float32))])
+    config = from_dict({"server": {"state_dir": str(tmp_path / "b")}, "contexts": {"max_total_bytes": 8192},
+                        "cluster": {"redis": redis_server.url}})
+    small = open_store(config, None, LOG)
+    with pytest.raises(MCPDError) as refused:
+        small.store.get("t", "big")
+    assert refused.value.code == codes.TOO_LARGE and small.store.total_bytes == 0
+    small.journal.close()
+    first.journal.close()

@@ -120,6 +120,8 @@ class ContextStore:
         if len(self.contexts) >= self.config.max_contexts:
             raise MCPDError(codes.TOO_LARGE, f"the daemon holds {self.config.max_contexts} contexts, the limit "
                                              "(contexts.max_contexts)")
+        if context.nbytes:   # adopted from another node, which may run with larger limits
+            self._growth(Context(context.id, context.owner), context.fields, set(context.fields))
         self._add(context)
         accepted = []
         try:
