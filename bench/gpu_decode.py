@@ -2,7 +2,7 @@
 
     python bench/gpu_decode.py [--quick] [--shape issue|1b] [--dtype bfloat16|float32]
 
---shape 1b (issue 12's GPU figures): a ~1.1B-parameter random Llama (TinyLlama's shape: 22
+--shape 1b: a ~1.1B-parameter random Llama (TinyLlama's shape: 22
 layers, hidden 2048, 32 query / 4 KV heads, intermediate 5632, vocab 32000), bfloat16. The
 roofline is measured in the same run: the card's read bandwidth (the best of several sums over a
 2 GiB tensor), and from it the batch-1 decode limit: tok/s = bandwidth / bytes a token reads
@@ -11,7 +11,7 @@ prompt, 128 tokens generated greedily (EOS ignored): decode tok/s and its fracti
 W2-64: 64 such requests at once: generated tok/s. Each with CUDA graphs (engine.cuda_graphs, the
 default) and without (the same kernels, eager), side by side.
 
---shape issue (default): issue 12's 55.3M Llama, bf16, also against transformers' generate() on
+--shape issue (default): the 55.3M bench Llama, bf16, also against transformers' generate() on
 the same card (W1 and 32 requests): a model this small is bound by kernel launches, not memory.
 
 Decode tok/s counts the tokens after each request's first (its prefill) over the time from the

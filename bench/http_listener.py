@@ -6,12 +6,12 @@
    alternating request by request: over ZeroMQ (a raw pyzmq DEALER on the tcp endpoint, `generate`) and over
    HTTP (a raw keep-alive socket, POST /v1/completions), both with clients that do no more than
    frame and read, so the difference is the server's. http_p50_ratio_vs_zmq: HTTP p50 over
-   ZeroMQ p50 (issue 17: <= 1.3).
+   ZeroMQ p50 (target <= 1.3).
 2. A chat of 10 turns over HTTP, once on a context (POST /v1/contexts/{id}/chat/completions:
    each turn sends only its new user message) and once resending the whole history on
    /v1/chat/completions, as an OpenAI client does; every byte of the requests is counted as
    sent (request line, headers and body). context_bytes_ratio_vs_resend: resend bytes over
-   context bytes (issue 17: >= 5).
+   context bytes (target >= 5).
 3. What the listener, on the front-end's loop, costs ZeroMQ clients: their 1-token p50 while
    two closed-loop HTTP clients run against while two ZeroMQ clients send the same requests
    (alternating rounds): zmq_p50_ratio_http_load_vs_zmq_load, 1 if HTTP costs the loop no more

@@ -90,7 +90,7 @@ def start_relay_chain(client_endpoint: str, ipc_dir: str) -> list[multiprocessin
 
 # The same relay chain with its three internal hops on plain Unix stream sockets (length-prefixed
 # frames, written and read by the process's own thread): what the daemon's latency could come
-# down to with no ZeroMQ I/O thread between its own processes (issue 14's p50; not built yet).
+# down to with no ZeroMQ I/O thread between its own processes (the p50 such sockets would reach; not built).
 def _send_unix(sock: socket.socket, frames: list[bytes]) -> None:
     sock.sendall(b"".join(struct.pack("!I", len(f)) + f for f in [struct.pack("!I", len(frames)), *frames]))
 
@@ -205,7 +205,7 @@ def measure(endpoint: str, count: int, total: int, window: int, curve: CurveKeys
 
 
 def one_token_ms(endpoint: str, count: int) -> float:
-    """p50 round trip of a 1-token generate (a 1-token prompt, max_tokens 1: W4 of issue 12)."""
+    """p50 round trip of a 1-token generate (a 1-token prompt, max_tokens 1: peers.py's W4)."""
     sock = connect(endpoint)
     sequential(sock, 20, "generate", ONE_TOKEN)
     times = sequential(sock, count, "generate", ONE_TOKEN)

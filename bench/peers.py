@@ -45,7 +45,7 @@ printed for context. The per-token work is counted over the weights every token 
 `--http` adds the system "mcpd-http": the same daemon through its OpenAI-compatible listener with
 the peers' requests, W3 on a daemon-side context (/v1/contexts/{id}/chat/completions, only each
 turn's message sent); with vLLM beside it the JSON gains `http_<figure>_ratio_vs_vllm` for W2-8,
-W2-32 and W3 (issue 17; > 1: mcpd over HTTP leads). `--quick` runs mcpd (and mcpd-http) and the roofline alone, one round (under a minute once the checkpoint is
+W2-32 and W3 (> 1: mcpd over HTTP leads). `--quick` runs mcpd (and mcpd-http) and the roofline alone, one round (under a minute once the checkpoint is
 built). The last line is one JSON object: mcpd's figures at the top level, every system's under
 "systems", and, when peers ran, `<figure>_ratio_vs_best_peer`, where > 1 always means mcpd leads:
 mcpd / best peer for rates (tok/s, req/s, fractions) and best peer / mcpd for times (ms).

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/quantized.py [--quick] [--device cuda]
 
-The model: issue 12's 55.3M Llama of bench/peerkit/checkpoints.py (8 layers, hidden 512, 8/2
+The model: the 55.3M bench Llama of bench/peerkit/checkpoints.py (8 layers, hidden 512, 8/2
 heads, intermediate 1408, vocab 32000, random Normal(0, 0.02) weights), float32 on disk; the int8
 variant is quantized from it at load, as a daemon with model.quantization = "int8" would.
 

@@ -1,5 +1,5 @@
-"""Red team: every attack of issue 13 and the earlier hostile-input and fault sets, against the
-real daemon on loopback, each bounded in time.
+"""Red team: every attack the daemon must hold (hostile tenants and input, damaged disks, kills,
+careless operators), against the real daemon on loopback, each bounded in time.
 
     python bench/redteam.py [--quick] [--only NAME ...]
 
@@ -15,7 +15,7 @@ the others start their own.
 listed as skipped. The last line is JSON: `broken` (attacks that did not hold), `lost` (finals
 and acknowledged updates lost, over all attacks), `skipped`, and per attack its figures.
 Baseline: this is a pass/fail audit, not a speed figure; each attack's figure is judged against
-what the issue says the daemon must do (e.g. memory against the configured limits).
+what the daemon promises (e.g. memory against the configured limits).
 """
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ from mcpd.protocol.codes import MCPDError
 from mcpd.raw_zmtp import RawPeer
 from mcpd.security.keys import generate, read_public
 from mcpd.sockets import client_endpoint
-from mcpd.testing import Daemon, free_port
+from mcpd.testing import STORM_CONFIG, Daemon, SteadyLoad, free_port, version_storm
 
 MiB = 1 << 20
 ATTACK_LIMIT_S = 180
@@ -230,7 +230,7 @@ class SlowClient:
         return finals
 
 
-# -- issue 13, Broken -----------------------------------------------------------------------------
+# -- hostile tenants and operators: broken once --------------------------------------------------
 
 def attack_poison_request(run: Run) -> Outcome:
     """generate with top_k = 2^63 (and other out-of-range integers) once a second while another
@@ -466,7 +466,7 @@ def attack_shared_state_dir(run: Run) -> Outcome:
     return Outcome(seen["state"] == "exited" and seen["exit_code"] != 0, seen)
 
 
-# -- issue 13, Degraded ---------------------------------------------------------------------------
+# -- hostile tenants and operators: degraded once ------------------------------------------------
 
 def attack_slow_consumer(run: Run) -> Outcome:
     """A client that stops reading while streams run and thousands of replies pile up: when it
@@ -510,6 +510,42 @@ def attack_priority_inversion(run: Run) -> Outcome:
         low_codes = Counter(final_code(client, rid) for rid in lows)
     refused = sum(n for code, n in critical_codes.items() if code != "ok")
     return Outcome(refused == 0, {"critical": dict(critical_codes), "low": dict(low_codes)})
+
+
+def attack_noisy_neighbour(run: Run) -> Outcome:
+    """Tenant a holds a worker's 64 slots and more waiting with long generates in the default
+    class; tenant b's 1-token p99 under that flood must stay within 2x its idle p99
+    (`noisy_neighbour`), and no request of either may lose its final."""
+    d = run.daemon(engine={"pool_bytes": 512 * MiB})
+    victims = 30 if run.quick else 200
+    with d.client(tenant="a") as a, d.client(tenant="b") as b:
+        b.generate("warm up", max_tokens=1)
+        idle = victim_latencies(b, victims)
+        flood = [a.send("generate", {"prompt": f"flood {i}", "max_tokens": 2048, "ignore_eos": True})
+                 for i in range(96)]
+        d.wait_until(lambda: b.status()["inflight"] == len(flood), 30, "a's flood admitted")
+        loaded = victim_latencies(b, victims)
+        ended_early = b.status()["inflight"] < len(flood)   # a's flood ran out before b was measured
+        for rid in flood:
+            a.cancel(rid)
+        flood_codes = Counter(final_code(a, rid) for rid in flood)
+    p99_idle, p99_flood = percentile(idle, 0.99), percentile(loaded, 0.99)
+    ratio = round(p99_flood / p99_idle, 2)
+    lost = sum(n for code, n in flood_codes.items() if code == codes.TIMEOUT)
+    return Outcome(ratio <= 2 and not ended_early and lost == 0,
+                   {"noisy_neighbour": ratio, "p99_idle_ms": round(p99_idle * 1000, 1),
+                    "p99_flood_ms": round(p99_flood * 1000, 1), "victim_requests": victims,
+                    "flood_finals": dict(flood_codes), "flood_ended_early": ended_early}, lost_finals=lost)
+
+
+def victim_latencies(client: Client, count: int) -> list[float]:
+    """Seconds each of `count` 1-token generates took, one after the other."""
+    seconds = []
+    for i in range(count):
+        started = time.perf_counter()
+        client.generate(f"victim {i}", max_tokens=1)
+        seconds.append(time.perf_counter() - started)
+    return seconds
 
 
 def attack_frontend_huge_message(run: Run) -> Outcome:
@@ -814,7 +850,7 @@ def attack_cross_tenant(run: Run) -> Outcome:
     return Outcome(held, {**seen, "intact": intact})
 
 
-# -- the HTTP listener (issue 17) ----------------------------------------------------------------
+# -- the HTTP listener ---------------------------------------------------------------------------
 
 def http_port(d: Daemon) -> int:
     return int(d.control("config")["config"]["http"]["listen"].rpartition(":")[2])
@@ -1114,6 +1150,24 @@ def attack_kill_supervisor(run: Run) -> Outcome:
                    lost_updates=lost)
 
 
+def attack_version_storm(run: Run) -> Outcome:
+    """A careless operator's storm of version switches under 8 closed-loop clients (load b, split
+    to it, unload c, splits, rollback, load c, promote c then a, unload b), its worst ordering
+    forced (mcpd.testing.version_storm): every request gets its final, and each version answered
+    as many requests as were routed to it."""
+    d = run.daemon(**STORM_CONFIG)
+    with SteadyLoad(d, 8, timeout=30, key_each=True, max_tokens=2, temperature=0) as load:
+        load.wait_for(8)
+        unloaded = version_storm(d, load)
+        load.wait_for(8)
+    routed = {v: f["routed"] for v, f in d.status()["models"]["models"]["m"]["versions"].items()}
+    answered = Counter(load.versions)
+    lost = sum(routed.values()) - len(load.versions) - len(load.failed) + load.failed.count(codes.TIMEOUT)
+    return Outcome(lost == 0 and not load.failed and all(answered[v] == n for v, n in routed.items()),
+                   {"routed": routed, "answered": dict(answered), "failed": dict(Counter(load.failed)),
+                    "unload_b": unloaded.get("loaded")}, lost_finals=lost)
+
+
 ATTACKS = {
     # on the shared daemon, cheapest first; poison last of them, since today it restarts the worker
     "garbage_frames": attack_garbage_frames, "msgpack_abuse": attack_msgpack_abuse,
@@ -1126,7 +1180,7 @@ ATTACKS = {
     "poison_request": attack_poison_request,
     # their own daemons
     "claimed_routing_ids": attack_claimed_routing_ids, "connection_flood": attack_connection_flood,
-    "http_connection_flood": attack_http_connection_flood,
+    "http_connection_flood": attack_http_connection_flood, "noisy_neighbour": attack_noisy_neighbour,
     "priority_inversion": attack_priority_inversion, "cache_filling": attack_cache_filling,
     "damaged_journal": attack_damaged_journal, "damaged_snapshot": attack_damaged_snapshot,
     "journal_is_a_directory": attack_journal_is_a_directory, "journal_over_field_limit": attack_journal_over_field_limit,
@@ -1134,11 +1188,12 @@ ATTACKS = {
     "planted_runtime_dir": attack_planted_runtime_dir, "shared_state_dir": attack_shared_state_dir,
     "port_in_use": attack_port_in_use, "full_disk": attack_full_disk, "mcpctl_version": attack_mcpctl_version,
     "kill_worker": attack_kill_worker, "kill_scheduler": attack_kill_scheduler, "kill_supervisor": attack_kill_supervisor,
+    "version_storm": attack_version_storm,
 }
 QUICK = ("garbage_frames", "msgpack_abuse", "zstd_bombs", "cross_tenant", "frontend_huge_message",
          "frontend_slow_senders", "slow_consumer", "many_fields", "http_oversized_bodies", "http_slow_bodies",
          "http_bad_json", "http_header_flood", "http_idle_connections", "local_identity", "poison_request",
-         "mcpctl_version")
+         "mcpctl_version", "noisy_neighbour")
 
 
 def run_one(run: Run, attack) -> Outcome:

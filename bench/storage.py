@@ -1,11 +1,11 @@
-"""Context storage against a hostile tenant and a damaged disk (issue 13), each beside its baseline.
+"""Context storage against a hostile tenant and a damaged disk, each beside its baseline.
 
     python bench/storage.py [--quick]
 
 1. Host cache per tenant: one tenant's 1024 contexts, each committed a few scalars, on the
    default cache (256 MiB, 16 KiB pages). What the store counts (field bytes), what the cache
    charges the tenant (footprints: block or pages, and slot), what the arena really holds for it
-   (pages in use and slots), and what the page-per-entry allocator before issue 13 held for the
+   (pages in use and slots), and what the page-per-entry allocator of the first format held for the
    same entries (one page each).
 2. Contexts reachable: empty contexts opened (64 tenants x 1024) on the default cache until
    refused, against the pages the page-per-entry arena had (one empty context each).
@@ -88,7 +88,7 @@ def contexts_reachable(workdir: Path, tenants: int) -> dict:
                 opened += 1
             if refused:
                 break
-        # The arena before issue 13 gave each entry an 85-byte slot and a whole page.
+        # The first arena gave each entry an 85-byte slot and a whole page.
         old_pages = (CACHE_BYTES - 3 * 4096) // (PAGE + 85)
         return {"reachable": opened, "refused": refused, "page_per_entry": old_pages,
                 "seconds": time.perf_counter() - started}

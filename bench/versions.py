@@ -19,7 +19,7 @@ its weight (target <= 0.01); each tenant routed twice must land on the same vers
 (`split_stable`), and moving the weights from 90/10 to 80/20 should move about a tenth of them,
 all toward b (`split_moved_frac`, `split_moved_only_toward_raised`).
 
-Last, the int8 variant of issue 12's 55.3M Llama against its float32 model, in this process
+Last, the int8 variant of the 55.3M bench Llama against its float32 model, in this process
 (bench/quantized.py's measure(): alternating rounds of batch-1 greedy decode, and teacher-forced
 agreement): `int8_decode_speedup` (target >= 2.5) and `int8_top1_agreement` (>= 0.98), with
 `int8_mean_kl`, on the random checkpoint; the same quality figures `*_trained` on a briefly

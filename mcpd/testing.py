@@ -5,6 +5,7 @@ waits for READY=1, keeping every notification for callers to inspect.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -15,6 +16,8 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import suppress
 from pathlib import Path
 
 from mcpd.cli import control
@@ -220,10 +223,14 @@ def final_reply(client: Client, request_id, timeout: float = 60) -> dict:
 
 class SteadyLoad:
     """Closed-loop clients, each sending a short greedy generate after the other until stopped
-    (as a context manager); it keeps the version that answered each and the code of each failure."""
+    (as a context manager); it keeps the version that answered each and the code of each failure.
+    `key_each`: every request has a routing key of its own, so a split spreads each client's
+    requests over its versions (by default a client's tenant keeps it on one)."""
 
-    def __init__(self, daemon: Daemon, clients: int = 8, **generate_args):
+    def __init__(self, daemon: Daemon, clients: int = 8, timeout: float = 120, key_each: bool = False,
+                 **generate_args):
         self.daemon, self.stop = daemon, threading.Event()
+        self.timeout, self.key_each = timeout, key_each
         self.generate_args = generate_args or {"max_tokens": 2, "temperature": 0}
         self.versions: list[str | None] = []
         self.failed: list[str] = []
@@ -232,10 +239,13 @@ class SteadyLoad:
     def _client(self, i: int) -> None:
         from mcpd.protocol.codes import MCPDError
 
-        with self.daemon.client(timeout=120, tenant=f"load-{i}") as client:
-            while not self.stop.is_set():
+        with self.daemon.client(timeout=self.timeout, tenant=f"load-{i}") as client:
+            for n in itertools.count():
+                if self.stop.is_set():
+                    return
+                key = {"routing_key": f"load-{i}-{n}"} if self.key_each else {}
                 try:
-                    self.versions.append(client.generate(f"steady load {i}", **self.generate_args).version)
+                    self.versions.append(client.generate(f"steady load {i}", **key, **self.generate_args).version)
                 except MCPDError as e:
                     self.failed.append(e.code)
 
@@ -254,6 +264,64 @@ class SteadyLoad:
         target, deadline = len(self.versions) + answers, time.monotonic() + timeout
         while len(self.versions) < target and time.monotonic() < deadline:
             time.sleep(0.01)
+
+
+# The version-switch storm of the daemon tests and the red team: model m serves a (primary), c,
+# and b configured unloaded. STORM_SWITCHES move m's traffic about while requests wait for b.
+# Private pools: in a shared one, c's worker loaded again while b's starts may find no free block
+# large enough for its KV (POOL_TOO_SMALL), a matter of the pool's, not of the switches.
+STORM_CONFIG = {"models.m": {"default": "a"}, "models.m.versions.a": {}, "models.m.versions.b": {"loaded": False},
+                "models.m.versions.c": {}, "pool": {"shared": False}}
+STORM_SWITCHES = [("models.unload", {"model": "m", "version": "c"}),
+                  ("models.split", {"model": "m", "weights": {"a": 2, "b": 1}}),
+                  ("models.split", {"model": "m", "weights": {"a": 1, "b": 2}}),
+                  ("models.rollback", {"model": "m"}),
+                  ("models.load", {"model": "m", "version": "c"}),
+                  ("models.promote", {"model": "m", "version": "c"}),
+                  ("models.promote", {"model": "m", "version": "a"})]
+
+
+def version_storm(daemon: Daemon, load: SteadyLoad) -> dict:
+    """Load b, with its worker held (SIGSTOP) as it starts, and split m's traffic a=1 b=1; once every
+    client of `load` (key_each) waits for b, STORM_SWITCHES. Then freeze the front-end, let b's
+    worker go and unload b: the worker meets the front-end frozen, so whatever it answers stays in
+    it until the front-end runs again. Returns the unload's answer, once b's requests are done and
+    the front-end runs again."""
+    b = {"model": "m", "version": "b"}
+    worker = daemon.control("models.load", b)["workers"][0]
+    worker_pid, frontend_pid = daemon.pid_of("worker", worker), daemon.pid_of("frontend")
+    os.kill(worker_pid, signal.SIGSTOP)   # just forked: it has not reached its model, the pool or its sockets
+    try:
+        daemon.control("models.split", {"model": "m", "weights": {"a": 1, "b": 1}})
+        daemon.wait_until(lambda: _storm_version_b(daemon)["routed"] == len(load.threads),
+                          what="every client waiting for b")
+        for op, args in STORM_SWITCHES:
+            daemon.control(op, args)
+        os.kill(frontend_pid, signal.SIGSTOP)
+        os.kill(worker_pid, signal.SIGCONT)
+        with ThreadPoolExecutor(1) as background:
+            unload = background.submit(daemon.control, "models.unload", b, 60)
+            try:
+                # A scheduler that answers the unload on b's Done notes alone reports b unloaded
+                # and idle only after that answer: the supervisor has stopped b's worker by then.
+                daemon.wait_until(lambda: _unloaded_and_idle(_storm_version_b(daemon)),
+                                  what="b unloaded, its requests done")
+            finally:
+                os.kill(frontend_pid, signal.SIGCONT)
+            return unload.result()
+    finally:
+        for pid in (frontend_pid, worker_pid):
+            with suppress(ProcessLookupError):   # b's worker is gone once b is unloaded
+                os.kill(pid, signal.SIGCONT)
+
+
+def _storm_version_b(daemon: Daemon) -> dict:
+    """b's figures as the scheduler last reported them (status() would wait for a frozen front-end)."""
+    return daemon.control("status")["models"]["models"]["m"]["versions"]["b"]
+
+
+def _unloaded_and_idle(version: dict) -> bool:
+    return not version["loaded"] and version["queued"] == version["running"] == 0
 
 
 class RedisServer:

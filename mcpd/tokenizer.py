@@ -17,7 +17,7 @@ from typing import Protocol
 
 from tokenizers import Tokenizer as RustTokenizer
 
-from mcpd.config import ModelConfig
+from mcpd.config import EMBEDDED_PATH, ModelConfig
 from mcpd.special_text import SpecialText
 
 
@@ -66,20 +66,39 @@ class HFTokenizer:
 
     def __init__(self, model_dir: Path, eos_token_ids: set[int], content_special_tokens: bool = False) -> None:
         """content_special_tokens: special-token text in messages gives special tokens (the opt-out)."""
-        self.tokenizer = RustTokenizer.from_file(str(model_dir / "tokenizer.json"))
+        config_path = model_dir / "tokenizer_config.json"
+        config = json.loads(config_path.read_text()) if config_path.exists() else {}
+        self._take(RustTokenizer.from_file(str(model_dir / "tokenizer.json")), _token_text(config.get("bos_token")),
+                   _token_text(config.get("eos_token")), eos_token_ids, _chat_template_source(model_dir, config),
+                   content_special_tokens, model_dir)
+
+    @classmethod
+    def from_gguf(cls, path: Path, content_special_tokens: bool = False) -> "HFTokenizer":
+        """The tokenizer a GGUF file carries (gguf_tokenizer.py builds it from the metadata)."""
+        from mcpd import gguf_file, gguf_tokenizer
+
+        try:
+            built = gguf_tokenizer.parts(gguf_file.open_gguf(path), path)
+        except gguf_file.BadGGUF as e:
+            raise ValueError(f"{path}: {e}") from None
+        tokenizer = cls.__new__(cls)
+        tokenizer._take(built.tokenizer, built.bos_token, built.eos_token, built.eos_token_ids, built.chat_template,
+                        content_special_tokens, path)
+        return tokenizer
+
+    def _take(self, tokenizer: RustTokenizer, bos_token: str | None, eos_token: str | None, eos_token_ids: set[int],
+              template: str | None, content_special_tokens: bool, source: Path) -> None:
+        """Serve `tokenizer` with these special tokens and chat template."""
+        self.tokenizer = tokenizer
         self.plain: RustTokenizer | None = None   # a copy that reads special-token text as text; made when needed
         specials = {t.content: i for i, t in self.tokenizer.get_added_tokens_decoder().items() if t.special}
         self.special_text = None if content_special_tokens else SpecialText(specials)
-        config_path = model_dir / "tokenizer_config.json"
-        config = json.loads(config_path.read_text()) if config_path.exists() else {}
-        self.bos_token = _token_text(config.get("bos_token"))
-        self.eos_token = _token_text(config.get("eos_token"))
+        self.bos_token, self.eos_token = bos_token, eos_token
         self.bos_token_id = self._id_of(self.bos_token)
         eos_id = self._id_of(self.eos_token)
         self.eos_token_ids = eos_token_ids | ({eos_id} if eos_id is not None else set())
-        source = _chat_template_source(model_dir, config)
-        self.chat_template = _sandbox().from_string(source) if source else None
-        self.model_dir = model_dir
+        self.chat_template = _sandbox().from_string(template) if template else None
+        self.model_dir = source
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
@@ -121,10 +140,13 @@ class HFTokenizer:
 
 
 def load(config: ModelConfig) -> Tokenizer:
-    """The tokenizer of the model in config.path, or the embedded model's when the path is empty."""
-    if not config.path:
+    """The tokenizer of the model in config.path (a checkpoint directory or a GGUF file), or the
+    embedded model's."""
+    if config.path in ("", EMBEDDED_PATH):
         return ByteTokenizer()
     path = Path(config.path)
+    if path.suffix == ".gguf":
+        return HFTokenizer.from_gguf(path, config.content_special_tokens)
     return HFTokenizer(path, eos_token_ids(path, json.loads((path / "config.json").read_text())),
                        config.content_special_tokens)
 

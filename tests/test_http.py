@@ -54,6 +54,22 @@ def test_models_lists_the_served_model(sdk):
     assert [m.id for m in sdk.models.list()] == [MODEL]
 
 
+def test_a_model_is_retrieved_by_its_id(served, sdk):
+    model = sdk.models.retrieve(MODEL)
+    assert (model.id, model.object, model.owned_by) == (MODEL, "model", "mcpd")
+    status, _, body = raw(served, "GET", "/v1/models/no-such-model")
+    assert status == 404 and body["error"]["code"] == "UNKNOWN_MODEL" and body["error"]["param"] == "model"
+
+
+def test_a_chat_without_max_tokens_gets_the_room_the_context_has_left(sdk):
+    """As vLLM: a long prompt and no max_tokens is not refused for prompt + max_new_tokens
+    exceeding max_model_len (4096 here); the answer ends where the context does."""
+    answer = sdk.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "a" * 4060}],
+                                         temperature=0)
+    assert answer.usage.prompt_tokens > 4060 - 2048
+    assert answer.usage.prompt_tokens + answer.usage.completion_tokens <= 4096
+
+
 def test_chat_matches_the_zeromq_answer(served, sdk):
     answer = sdk.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=5,
                                          temperature=0)

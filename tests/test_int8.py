@@ -13,6 +13,7 @@ from mcpd.models import UnsupportedModel, load_model
 from mcpd.quant import int8
 from mcpd.quant.agreement import compare, position_logits
 from mcpd.quant.int8 import GROUP, LEVELS, RATIOS, Int8Weight, dequantize, groups, quantize
+from kernel_sets import NATIVE_SETS
 from tiny_checkpoints import make_checkpoint
 
 CPU = torch.device("cpu")
@@ -100,9 +101,10 @@ def loaded(path, quantization: str, kernels: str = "auto", device: torch.device 
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "mistral"])   # qwen2: a tied head (stays float)
-def test_engine_generates_with_int8_close_to_the_float_model(tmp_path, kind):
+@pytest.mark.parametrize("native_set", NATIVE_SETS)
+def test_engine_generates_with_int8_close_to_the_float_model(tmp_path, kind, native_set):
     path = make_checkpoint(tmp_path / kind, kind)
-    native, portable = generate(engine(path, "int8", "native")), generate(engine(path, "int8", "torch"))
+    native, portable = generate(engine(path, "int8", native_set)), generate(engine(path, "int8", "torch"))
     # The two kernels sum in other orders; on these checkpoints no greedy choice is that close.
     assert native == portable
     float_sequences = generate(engine(path, "none", "auto"))
@@ -152,7 +154,8 @@ def quantize_per_row(weight):
     return torch.round(weight / scales[:, None]).to(torch.int8), scales
 
 
-def test_a_per_row_int8_checkpoint_loads_with_its_scale_in_every_group(tmp_path):
+@pytest.mark.parametrize("native_set", NATIVE_SETS)
+def test_a_per_row_int8_checkpoint_loads_with_its_scale_in_every_group(tmp_path, native_set):
     target = tmp_path / "int8"
     tensors = write_int8_checkpoint(make_checkpoint(tmp_path / "float", "llama"), target, quantize_per_row)
     model = loaded(target, "int8", "torch")
@@ -161,7 +164,7 @@ def test_a_per_row_int8_checkpoint_loads_with_its_scale_in_every_group(tmp_path)
     name = "model.layers.1.mlp.down_proj.weight"
     per_row = tensors[name].float() * tensors[name + "_scale"][:, None]
     assert torch.equal(dequantize(down.weight, down.weight_scale), per_row)
-    assert generate(engine(target, "int8", "native")) == generate(engine(target, "int8", "torch"))
+    assert generate(engine(target, "int8", native_set)) == generate(engine(target, "int8", "torch"))
 
 
 def test_an_int8_checkpoint_is_refused_without_quantization(tmp_path):

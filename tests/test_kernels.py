@@ -18,9 +18,10 @@ from mcpd.quant.int8 import Int8Weight, quantize
 from mcpd.kernels.native_kernels import NativeKernels
 from mcpd.kernels.torch_kernels import TorchKernels
 from mcpd.models.layers import AttentionMetadata, bind_kv_cache
+from kernel_sets import NATIVE_SETS
 from tiny_checkpoints import KINDS, make_checkpoint
 
-NATIVE, TORCH = NativeKernels(), TorchKernels()
+NATIVES, TORCH = {name: NativeKernels(name.removeprefix("native-")) for name in NATIVE_SETS}, TorchKernels()
 CPU = torch.device("cpu")
 DTYPES = [torch.float32, torch.bfloat16]
 
@@ -37,12 +38,18 @@ def agree(mine: torch.Tensor, expected: torch.Tensor, steps: int = 1, rowwise: b
     return bool(((a - b).abs() <= steps * spacing).all())
 
 
+@pytest.fixture(params=NATIVE_SETS)
+def native_kernels(request) -> NativeKernels:
+    """Each native kernel set this CPU runs, in turn."""
+    return NATIVES[request.param]
+
+
 def rand(*shape, dtype=torch.float32, scale=1.0):
     return (torch.randn(*shape, generator=torch.Generator().manual_seed(sum(shape))) * scale).to(dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("kernels_", [NATIVE, TORCH], ids=["native", "torch"])
+@pytest.mark.parametrize("kernels_", [*NATIVES.values(), TORCH], ids=[*NATIVES, "torch"])
 def test_prepare_lays_out_a_meta_weight_as_a_real_one(kernels_, dtype):
     """The device pool sizes and places the prepared weights from meta tensors, before reading any."""
     real, meta = kernels_.prepare(rand(33, 48, dtype=dtype)), kernels_.prepare(torch.empty(33, 48, dtype=dtype,
@@ -53,38 +60,39 @@ def test_prepare_lays_out_a_meta_weight_as_a_real_one(kernels_, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("m, n, k", [(1, 64, 64), (1, 100, 64), (1, 400, 96), (3, 7, 16), (8, 33, 48), (9, 48, 80),
-                                     (20, 12, 32)])
+@pytest.mark.parametrize("m, n, k", [(1, 64, 64), (1, 100, 64), (1, 400, 96), (3, 7, 16), (4, 40, 32), (5, 33, 48),
+                                     (8, 33, 48), (9, 48, 80), (20, 12, 32)])
 @pytest.mark.parametrize("bias", [False, True])
-def test_linear_on_packed_weights(dtype, m, n, k, bias):
-    # 7, 33, 100: a panel, pair or run of four partly padding; 400 x 96: one row over both threads
+def test_linear_on_packed_weights(native_kernels, dtype, m, n, k, bias):
+    # 7, 33, 100: a panel, pair or run of four partly padding; 400 x 96: one row over both threads;
+    # m: every row count of a tile (8 rows on AVX-512, 6 on AVX2) and several tiles
     x, w = rand(m, k, dtype=dtype), rand(n, k, dtype=dtype)
     b = rand(n, dtype=dtype) if bias else None
-    assert agree(NATIVE.linear(x, NATIVE.prepare(w), b), TORCH.linear(x, w, b))
+    assert agree(native_kernels.linear(x, native_kernels.prepare(w), b), TORCH.linear(x, w, b))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_a_row_alone_gives_the_bits_it_gets_in_a_batch(dtype):
+def test_a_row_alone_gives_the_bits_it_gets_in_a_batch(native_kernels, dtype):
     """One row goes through its own kernel (four panels at once, a decode step's product), rows
     in a batch through the tile: each output is the same sum in the same order, so a sequence's
     logits do not depend on what it is batched with."""
-    x, w, b = rand(9, 400, dtype=dtype), NATIVE.prepare(rand(1000, 400, dtype=dtype)), rand(1000, dtype=dtype)
-    batched, logits = NATIVE.linear(x, w, b), NATIVE.logits(x, w)
+    x, w, b = rand(9, 400, dtype=dtype), native_kernels.prepare(rand(1000, 400, dtype=dtype)), rand(1000, dtype=dtype)
+    batched, logits = native_kernels.linear(x, w, b), native_kernels.logits(x, w)
     for row in range(x.shape[0]):
-        assert torch.equal(NATIVE.linear(x[row:row + 1], w, b), batched[row:row + 1])
-        assert torch.equal(NATIVE.logits(x[row:row + 1], w), logits[row:row + 1])
+        assert torch.equal(native_kernels.linear(x[row:row + 1], w, b), batched[row:row + 1])
+        assert torch.equal(native_kernels.logits(x[row:row + 1], w), logits[row:row + 1])
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_logits_are_float32_holding_the_model_dtype(dtype):
+def test_logits_are_float32_holding_the_model_dtype(native_kernels, dtype):
     x, w = rand(2, 64, dtype=dtype), rand(300, 64, dtype=dtype)
-    logits = NATIVE.logits(x, NATIVE.prepare(w))
+    logits = native_kernels.logits(x, native_kernels.prepare(w))
     assert logits.dtype == torch.float32 and torch.equal(logits, logits.to(dtype).float())
     assert agree(logits.to(dtype), TORCH.logits(x, w).to(dtype))
 
 
 @pytest.mark.parametrize("n", [1, 15, 16, 300, 32000])
-def test_argmax_is_numpys_on_ties_nan_and_infinities(n):
+def test_argmax_is_numpys_on_ties_nan_and_infinities(native_kernels, n):
     """The greedy token: the first of equal maxima, the first NaN of a row that has one; rows of
     every length, the maximum in the vector part, the tail, or both."""
     rows = rand(9, n)
@@ -97,35 +105,35 @@ def test_argmax_is_numpys_on_ties_nan_and_infinities(n):
     rows[7, 0] = float("inf")
     rows[8] = float("nan")
     expected = torch.from_numpy(rows.numpy().argmax(axis=-1))
-    assert torch.equal(NATIVE.argmax(rows), expected)
+    assert torch.equal(native_kernels.argmax(rows), expected)
     assert torch.equal(TORCH.argmax(rows), expected)
-    assert torch.equal(NATIVE.argmax(rows[::2]), expected[::2])           # rows not contiguous
-    assert torch.equal(NATIVE.argmax(rows.double()), expected)             # not float32: torch's way
+    assert torch.equal(native_kernels.argmax(rows[::2]), expected[::2])           # rows not contiguous
+    assert torch.equal(native_kernels.argmax(rows.double()), expected)             # not float32: torch's way
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_embedding_rows_of_a_packed_matrix(dtype):
+def test_embedding_rows_of_a_packed_matrix(native_kernels, dtype):
     table, ids = rand(40, 32, dtype=dtype), torch.tensor([0, 39, 17, 16, 15, 17])
-    assert torch.equal(NATIVE.embedding(ids, NATIVE.prepare(table)), TORCH.embedding(ids, table))
+    assert torch.equal(native_kernels.embedding(ids, native_kernels.prepare(table)), TORCH.embedding(ids, table))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_embedding_rows_of_a_plain_table(dtype):
+def test_embedding_rows_of_a_plain_table(native_kernels, dtype):
     """An embedding not tied to the LM head stays a plain table: its rows, copied natively."""
     table, ids = rand(40, 32, dtype=dtype), torch.tensor([0, 39, 17, 16, 15, 17])
-    assert torch.equal(NATIVE.embedding(ids, table), TORCH.embedding(ids, table))
+    assert torch.equal(native_kernels.embedding(ids, table), TORCH.embedding(ids, table))
     for bad in ([40], [0, -1]):   # refused before anything is read, as F.embedding refuses
         with pytest.raises(IndexError):
-            NATIVE.embedding(torch.tensor(bad), table)
+            native_kernels.embedding(torch.tensor(bad), table)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("with_delta", [False, True])
-def test_add_rms_norm(dtype, with_delta):
+def test_add_rms_norm(native_kernels, dtype, with_delta):
     residual, weight = rand(5, 64, dtype=dtype, scale=3), rand(64, dtype=dtype)
     delta = rand(5, 64, dtype=dtype) if with_delta else None
     expected_residual, expected = TORCH.add_rms_norm(residual.clone(), delta, weight, 1e-5)
-    mine_residual, mine = NATIVE.add_rms_norm(residual.clone(), delta, weight, 1e-5)
+    mine_residual, mine = native_kernels.add_rms_norm(residual.clone(), delta, weight, 1e-5)
     assert torch.equal(mine_residual, expected_residual)   # an elementwise add rounds as torch does
     assert agree(mine, expected)
 
@@ -137,7 +145,7 @@ def _cache(blocks: int, block_size: int, kv_heads: int, head_dim: int, dtype) ->
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("head_dim", [16, 64])
-def test_rope_store(dtype, head_dim):
+def test_rope_store(native_kernels, dtype, head_dim):
     heads, kv_heads, tokens, block_size = 4, 2, 20, 4
     qkv = rand(tokens, (heads + 2 * kv_heads) * head_dim, dtype=dtype)
     positions = torch.arange(30, 30 + tokens)
@@ -145,7 +153,7 @@ def test_rope_store(dtype, head_dim):
     slot_blocks, slot_offsets = order[positions // block_size - 7], positions % block_size
     table = torch.stack((torch.rand(64, head_dim), torch.rand(64, head_dim)), dim=1).to(dtype).float()
     results = []
-    for impl in (NATIVE, TORCH):
+    for impl in (native_kernels, TORCH):
         cache, rows = _cache(8, block_size, kv_heads, head_dim, dtype), qkv.clone()
         q = impl.rope_store(rows, heads, kv_heads, head_dim, table, positions, slot_blocks, slot_offsets, cache)
         results.append((q.reshape(tokens, -1).clone(), cache))
@@ -157,10 +165,10 @@ def test_rope_store(dtype, head_dim):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_silu_mul(dtype):
+def test_silu_mul(native_kernels, dtype):
     gate_up = rand(3, 2 * 48, dtype=dtype, scale=4)
     gate_up[0, :4] = torch.tensor([-100.0, 100.0, 0.0, -0.0])   # exp under- and overflow, zeros
-    assert agree(NATIVE.silu_mul(gate_up), TORCH.silu_mul(gate_up))
+    assert agree(native_kernels.silu_mul(gate_up), TORCH.silu_mul(gate_up))
 
 
 def _scattered_tables(lens: list[int], block_size: int, blocks: int) -> list[list[int]]:
@@ -177,19 +185,19 @@ def _scattered_tables(lens: list[int], block_size: int, blocks: int) -> list[lis
 # (8, 2, 64), (8, 1, 64), (8, 2, 128), (2, 2, 128): the shapes the kernel compiles with constant sizes.
 @pytest.mark.parametrize("heads, kv_heads, head_dim", [(4, 2, 16), (8, 1, 64), (2, 2, 32), (8, 2, 64), (8, 2, 128),
                                                        (2, 2, 128)])
-def test_decode_attention_reads_the_paged_cache_in_place(dtype, heads, kv_heads, head_dim):
+def test_decode_attention_reads_the_paged_cache_in_place(native_kernels, dtype, heads, kv_heads, head_dim):
     block_size, lens = 4, [1, 17, 100, 64]   # 100 and 64 cross the kernel's 64-key chunks
     cache = _cache(100, block_size, kv_heads, head_dim, dtype)
     tables = _scattered_tables(lens, block_size, 100)
     attn = AttentionMetadata.build(tables, [n - 1 for n in lens], [1] * len(lens), block_size, CPU)
     q = rand(len(lens), heads, head_dim, dtype=dtype)
     args = (cache, attn.groups[0], head_dim ** -0.5)
-    assert agree(NATIVE.decode_attention(q, *args), TORCH.decode_attention(q, *args), rowwise=True)
+    assert agree(native_kernels.decode_attention(q, *args), TORCH.decode_attention(q, *args), rowwise=True)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("heads, kv_heads, head_dim", [(4, 2, 16), (8, 1, 64), (32, 2, 32)])
-def test_prefill_attention_is_causal_over_the_paged_cache(dtype, heads, kv_heads, head_dim):
+def test_prefill_attention_is_causal_over_the_paged_cache(native_kernels, dtype, heads, kv_heads, head_dim):
     """Chunks of several sequences: one from position 0, one after a cached history, one of 70
     queries (past a 64-row work unit), one of 2; keys and queries cross 16-key chunks unaligned."""
     block_size, starts, counts = 4, [0, 37, 3, 90], [21, 9, 70, 2]
@@ -198,12 +206,13 @@ def test_prefill_attention_is_causal_over_the_paged_cache(dtype, heads, kv_heads
     attn = AttentionMetadata.build(_scattered_tables(lens, block_size, 80), starts, counts, block_size, CPU)
     q = rand(sum(counts), heads, head_dim, dtype=dtype)
     args = (cache, attn.groups[0], head_dim ** -0.5)
-    assert agree(NATIVE.prefill_attention(q, *args), TORCH.prefill_attention(q, *args), rowwise=True)
+    assert agree(native_kernels.prefill_attention(q, *args), TORCH.prefill_attention(q, *args), rowwise=True)
 
 
 @pytest.mark.parametrize("kind", [kind for kind in KINDS if kind != "gpt2"])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_the_native_decoder_stack_equals_the_torch_kernels_layer_by_layer(kind, dtype, tmp_path):
+@pytest.mark.parametrize("native_set", NATIVE_SETS)
+def test_the_native_decoder_stack_equals_the_torch_kernels_layer_by_layer(kind, dtype, native_set, tmp_path):
     """One step of decodes, a prefill chunk after a cached history, and a decode after it (three
     attention groups) through the whole model: mcpd_decoder_stack against the torch kernels."""
     path = make_checkpoint(tmp_path, kind)
@@ -212,7 +221,7 @@ def test_the_native_decoder_stack_equals_the_torch_kernels_layer_by_layer(kind, 
     attn = AttentionMetadata.build(tables, starts, counts, block_size, CPU)
     ids = rand(sum(counts), scale=100).abs().long() % 300
     hidden = {}
-    for name in ("native", "torch"):
+    for name in (native_set, "torch"):
         model = load_model(ModelConfig(path=str(path), dtype=str(dtype).removeprefix("torch.")), CPU).model
         model.use_kernels(name)
         cache = _cache(24, block_size, model.num_kv_heads, model.head_dim, dtype)
@@ -222,7 +231,7 @@ def test_the_native_decoder_stack_equals_the_torch_kernels_layer_by_layer(kind, 
     assert len(attn.groups) == 3
     # bfloat16: each product's sum in another order may round one step the other way, and the
     # layers carry those steps on (3 of the row's largest value seen here).
-    assert agree(hidden["native"], hidden["torch"], steps=4, rowwise=True)
+    assert agree(hidden[native_set], hidden["torch"], steps=4, rowwise=True)
 
 
 @pytest.fixture
@@ -257,34 +266,49 @@ def test_a_library_others_may_write_is_not_loaded(tmp_path):
 
 def test_without_a_compiler_auto_falls_back_to_torch_and_native_refuses(cache_home, monkeypatch):
     tmp_path = cache_home
-    monkeypatch.setattr(native, "_loaded", None)
+    monkeypatch.setattr(native, "_loaded", {})
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
     assert Engine(Config(engine=EngineConfig(pool_bytes=4 << 20)), torch.device("cpu")).stats()["kernels"] == "torch"
     with pytest.raises(native.NativeUnavailable, match="no C compiler"):
         Engine(Config(engine=EngineConfig(pool_bytes=4 << 20, kernels="native")), torch.device("cpu"))
 
 
-@pytest.mark.parametrize("avx512", [False, True])
-def test_auto_takes_the_native_kernels_only_on_a_cpu_with_avx512(avx512, monkeypatch):
-    """Their product tiles spill on AVX2 (prefill 10x slower than torch's there); asked for by
-    name they still run on such a CPU."""
-    flags = {"avx512f"} if avx512 else set()
+@pytest.mark.parametrize("flags, chosen", [({"avx512f", "avx2", "fma"}, "native-avx512"),
+                                           ({"avx2", "fma"}, "native-avx2"), ({"avx2"}, "torch"), (set(), "torch")])
+def test_auto_and_native_take_the_best_kernel_set_the_cpu_runs(flags, chosen, monkeypatch):
+    """AVX-512 where the CPU has it, else AVX2 + FMA, else torch's kernels (native refuses); a
+    set asked for by name the CPU lacks is refused. The flags are those of a CPU this one can
+    stand in for (a subset of its own)."""
+    if not all(features.has(flag) for flag in flags):
+        pytest.skip(f"this CPU lacks some of {sorted(flags)}")
     monkeypatch.setattr(features, "has", lambda flag: flag in flags)
-    config = Config(engine=EngineConfig(pool_bytes=4 << 20))
-    assert Engine(config, torch.device("cpu")).stats()["kernels"] == ("native" if avx512 else "torch")
-    asked = Config(engine=EngineConfig(pool_bytes=4 << 20, kernels="native"))
-    assert Engine(asked, torch.device("cpu")).stats()["kernels"] == "native"
+
+    def engine(kernels: str) -> Engine:
+        return Engine(Config(engine=EngineConfig(pool_bytes=4 << 20, kernels=kernels)), torch.device("cpu"))
+
+    assert engine("auto").stats()["kernels"] == chosen
+    if chosen == "torch":
+        with pytest.raises(native.NativeUnavailable, match="this CPU has neither"):
+            engine("native")
+    else:
+        assert engine("native").stats()["kernels"] == chosen
+    for isa in native.ISAS:
+        if native.runs_here(isa):
+            assert engine(f"native-{isa}").stats()["kernels"] == f"native-{isa}"
+        else:
+            with pytest.raises(native.NativeUnavailable, match="this CPU lacks them"):
+                engine(f"native-{isa}")
 
 
 def test_the_library_is_built_once_and_cached(cache_home, monkeypatch):
     tmp_path = cache_home
-    monkeypatch.setattr(native, "_loaded", None)
-    native.load()
+    monkeypatch.setattr(native, "_loaded", {})
+    native.load(native.best_isa())
     built = list((tmp_path / "mcpd" / "kernels").iterdir())
     assert len(built) == 1 and built[0].suffix == ".so" and built[0].stat().st_mode & 0o077 == 0
     first = built[0].stat()
-    monkeypatch.setattr(native, "_loaded", None)
-    native.load()
+    monkeypatch.setattr(native, "_loaded", {})
+    native.load(native.best_isa())
     again = list((tmp_path / "mcpd" / "kernels").iterdir())
     assert again == built and (again[0].stat().st_ino, again[0].stat().st_mtime_ns) == (first.st_ino, first.st_mtime_ns)
 
@@ -293,7 +317,7 @@ def test_the_library_is_built_once_and_cached(cache_home, monkeypatch):
 @pytest.mark.parametrize("m, n, k", [(1, 64, 64), (1, 33, 52), (3, 7, 16), (8, 48, 80), (11, 40, 32),
                                      (1, 48, 200), (5, 48, 200)])
 @pytest.mark.parametrize("bias", [False, True])
-def test_int8_linear_native_against_the_torch_twin(dtype, m, n, k, bias):
+def test_int8_linear_native_against_the_torch_twin(native_kernels, dtype, m, n, k, bias):
     """Both multiply x by the same dequantized weights (values * group scale, in float32): they
     differ in the order of sums only (one row sums in four runs), so agree() as for float weights
     holds. n = 33, 7, 40: a panel or pair partly padding; k = 52: the one-row kernel's tail;
@@ -301,12 +325,12 @@ def test_int8_linear_native_against_the_torch_twin(dtype, m, n, k, bias):
     x, w = rand(m, k, dtype=dtype), rand(n, k, scale=0.05)
     weight = Int8Weight(*quantize(w))
     b = rand(n, dtype=dtype) if bias else None
-    assert agree(NATIVE.linear(x, NATIVE.prepare(weight), b), TORCH.linear(x, weight, b))
+    assert agree(native_kernels.linear(x, native_kernels.prepare(weight), b), TORCH.linear(x, weight, b))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_int8_logits_native_against_the_torch_twin(dtype):
+def test_int8_logits_native_against_the_torch_twin(native_kernels, dtype):
     x, weight = rand(2, 64, dtype=dtype), Int8Weight(*quantize(rand(300, 64)))
-    logits = NATIVE.logits(x, NATIVE.prepare(weight))
+    logits = native_kernels.logits(x, native_kernels.prepare(weight))
     assert logits.dtype == torch.float32 and torch.equal(logits, logits.to(dtype).float())
     assert agree(logits.to(dtype), TORCH.logits(x, weight).to(dtype))

@@ -8,24 +8,26 @@ import pytest
 from mcpd.config import LimitsConfig
 from mcpd.daemon import messages
 from mcpd.daemon.child_stats import FrontendStats, SchedulerStats, WorkerStats
-from mcpd.daemon.worker.core import sampling_params
 from mcpd.engine import SamplingParams
-from mcpd.protocol import ops
+from mcpd.protocol import codes, ops
+from mcpd.protocol.codes import MCPDError
 from mcpd.protocol.args import BY_OP, CancelArgs, ContextUpdateArgs, GenerateArgs, PingArgs
+from mcpd.protocol.results import Degraded, GenerateResult, Usage
 
 PROTOCOL = Path(__file__).resolve().parent.parent / "docs" / "PROTOCOL.md"
 LIMITS = LimitsConfig()
 
 SENDER = messages.Sender("worker", 1, 4321)
 SAMPLES = [
-    messages.Request(1, "a", "t", "high", 5, GenerateArgs(prompt="x", stop=("s",))),
+    messages.Request(1, "a", "t", "high", 5, GenerateArgs(prompt="x", sampling=SamplingParams(stop=("s",)))),
     messages.Request(2, 7, "t", None, None, ContextUpdateArgs(id="c", base=3, changes=({"name": "f", "frame": 0},))),
     messages.Request(3, 8, "t", None, None, CancelArgs(target="a")),
     messages.Cancel(1, "CANCELLED"),
     messages.WorkerLost(0, 1234),
-    messages.Dispatch(1, "a", "t", 2, None, False, PingArgs()),
-    messages.Dispatch(1, "a", "t", 2, 4, True, GenerateArgs(prompt_token_ids=(1, 2))),
-    messages.Hello(0, 1234, "cpu", "embedded", "float32"), messages.Welcome(),
+    messages.Dispatch(1, "a", "t", 2, False, PingArgs()),
+    messages.Dispatch(1, "a", "t", 2, True, GenerateArgs(prompt_token_ids=(1, 2), sampling=SamplingParams(max_tokens=4)),
+                      degraded=Degraded(4, 20)),
+    messages.Hello(0, 1234, "cpu", "embedded", "float32"), messages.Welcome(), messages.Flush(), messages.Flushed(3),
     messages.Started(1),
     messages.Done([1, 2, 3]),
     messages.Stats(WorkerStats(index=0, pool={"in_use_bytes": 5})),
@@ -33,7 +35,7 @@ SAMPLES = [
     messages.Chunk(9),
     messages.Final(9, None),
     messages.Final(9, "OVERLOADED"),
-    messages.TurnResult(9, {"text": "hi", "token_ids": [1]}, [7, 1]),
+    messages.TurnResult(9, GenerateResult("hi", [1], "stop", "m", "v", Usage(1, 1), [-0.5]), [7, 1]),
     messages.Drain(), messages.SchedulerLost(), messages.Resume(),
     messages.Admin(3, "contexts.drop", {"owner": "t", "id": "c"}),
     messages.Reload(4, {"server": {"log_level": "debug"}}),
@@ -62,17 +64,33 @@ def test_every_message_type_has_a_sample_and_its_own_tag():
 
 def test_validated_args_are_typed_and_filled_with_the_declared_defaults():
     args = ops.validate_args("generate", {"prompt": "x", "temperature": 0, "stop": ["a"], "seed": None}, LIMITS)
-    assert args == GenerateArgs(prompt="x", temperature=0.0, stop=("a",))
-    assert type(args.temperature) is float and args.op == "generate"
+    assert args == GenerateArgs(prompt="x", sampling=SamplingParams(temperature=0.0, stop=("a",)))
+    assert type(args.sampling.temperature) is float and args.op == "generate"
     assert set(BY_OP) == set(ops.OPS)
+
+
+@pytest.mark.parametrize("field, value", [
+    ("temperature", float("nan")), ("temperature", float("inf")), ("temperature", -1e-9), ("temperature", 100.5),
+    ("temperature", "1"), ("top_p", float("nan")), ("top_p", 0), ("top_k", -1), ("top_k", 2.0), ("top_k", True),
+    ("top_k", 1 << 63), ("max_tokens", 0), ("max_tokens", 1.5), ("max_tokens", LIMITS.max_new_tokens + 1),
+    ("seed", 1 << 63), ("seed", -(1 << 63) - 1), ("seed", 1.0), ("stop", [""]), ("stop", [b"x"]),
+    ("stop", ["x"] * 17), ("stop_token_ids", ["1"]), ("stop_token_ids", [1 << 31]), ("ignore_eos", 1),
+])
+def test_sampling_values_the_engine_cannot_run_are_refused_at_the_front_end_naming_the_field(field, value):
+    with pytest.raises(MCPDError) as refused:
+        ops.validate_args("generate", {"prompt": "x", field: value}, LIMITS)
+    assert refused.value.code == codes.BAD_REQUEST and field in refused.value.message
 
 
 def test_protocol_doc_states_the_generate_defaults_the_code_has():
     table = PROTOCOL.read_text().split("Generate text from a prompt.", 1)[1].split("\n\n", 2)[1]
     rows = re.findall(r"^\| `(\w+)` \| [^|]+ \| ([^|]+) \|", table, re.M)
-    assert len(rows) == len(GenerateArgs.__struct_fields__) - 2   # context and base: documented in §8
+    # context and base: documented in §8; sampling: its fields are the args
+    assert len(rows) == len(GenerateArgs.__struct_fields__) - 3 + len(SamplingParams.__struct_fields__)
     for name, documented in rows:
-        assert documented.strip() in doc_spellings(getattr(GenerateArgs(), name)), name
+        default = getattr(SamplingParams(), name) if name in SamplingParams.__struct_fields__ else \
+            getattr(GenerateArgs(), name)
+        assert documented.strip() in doc_spellings(default), name
 
 
 def doc_spellings(default) -> tuple[str, ...]:
@@ -83,10 +101,11 @@ def doc_spellings(default) -> tuple[str, ...]:
     return ("`[]`",) if default == () else (f"`{default}`",)
 
 
-def test_sampling_params_come_from_the_typed_args_in_one_place():
-    args = ops.validate_args("generate", {"prompt": "x", "temperature": 1, "top_p": 1, "stop": ["a"],
+def test_the_engine_gets_the_sampling_struct_the_front_end_decoded():
+    args = ops.validate_args("generate", {"prompt": "x", "max_tokens": 4, "temperature": 1, "top_p": 1, "stop": ["a"],
                                           "stop_token_ids": [3], "seed": -1, "logprobs": True}, LIMITS)
-    params = sampling_params(args, max_tokens=4)
-    assert params == SamplingParams(max_tokens=4, temperature=1.0, top_p=1.0, stop=("a",), stop_token_ids=(3,),
-                                    seed=-1, logprobs=True)
-    assert math.isclose(params.temperature, 1.0) and isinstance(params.stop, tuple)
+    assert args.sampling == SamplingParams(max_tokens=4, temperature=1.0, top_p=1.0, stop=("a",), stop_token_ids=(3,),
+                                           seed=-1, logprobs=True)
+    assert math.isclose(args.sampling.temperature, 1.0) and isinstance(args.sampling.stop, tuple)
+    dispatch, _ = messages.decode(messages.encode(messages.Dispatch(1, "a", "t", 0, False, args)))
+    assert type(dispatch.args.sampling) is SamplingParams and dispatch.args.sampling == args.sampling

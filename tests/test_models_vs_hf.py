@@ -11,12 +11,16 @@ from mcpd.config import Config, EngineConfig, ModelConfig
 from mcpd.engine import Engine, SamplingParams
 from mcpd.models import UnsupportedModel, load_model
 from mcpd.models.layers import AttentionMetadata, bind_kv_cache
-from tiny_checkpoints import KINDS, VOCAB_SIZE, load_hf, make_checkpoint
+from kernel_sets import NATIVE_SETS
+from tiny_checkpoints import KINDS, VARIANTS, VOCAB_SIZE, load_hf, make_checkpoint
 
 CPU = torch.device("cpu")
 LLAMAS = tuple(kind for kind in KINDS if kind != "gpt2")
-# (kind, kernels): every model on torch's ops; the Llama family on the native kernels too.
-CASES = [(kind, "torch") for kind in KINDS] + [(kind, "native") for kind in LLAMAS]
+# The variants the native kernels run too; the others' features only torch's ops have.
+NATIVE_VARIANTS = ("qwen2_untied", "llama_tied", "llama_linear", "qwen2_yarn", "phi3_plain")
+# (kind, kernels): every model on torch's ops; the Llama family on each native set the CPU runs too.
+CASES = ([(kind, "torch") for kind in (*KINDS, *VARIANTS)]
+         + [(kind, native) for native in NATIVE_SETS for kind in (*LLAMAS, *NATIVE_VARIANTS)])
 # The last prompt is longer than the native stack's reused scratch (native_stack.REUSED_SCRATCH_ROWS):
 # its prefill takes a fresh one, the decodes after it the reused one.
 PROMPTS = [[0, 5, 9, 20, 33], [0, 17], list(range(40, 77)), [0, 300, 2, 150, 150, 9, 64, 8, 7, 6, 5],
@@ -27,7 +31,7 @@ MAX_TOKENS = [12, 30, 7, 20, 6]
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
     root = tmp_path_factory.mktemp("checkpoints")
-    return {kind: make_checkpoint(root / kind, kind) for kind in KINDS}
+    return {kind: make_checkpoint(root / kind, kind) for kind in (*KINDS, *VARIANTS)}
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +132,8 @@ def _forward(model, chunks, tables, starts, block_size):
     return model.compute_logits(hidden)
 
 
-@pytest.mark.parametrize("kind, kernels", [("llama", "native"), ("llama", "torch"), ("gpt2", "torch")])
+@pytest.mark.parametrize("kind, kernels", [("llama", native) for native in NATIVE_SETS] + [("llama", "torch"),
+                                                                                          ("gpt2", "torch")])
 def test_preemption_keeps_greedy_tokens(kind, kernels, checkpoints, references):
     # Shrink the cache to 6 blocks (96 tokens): the four requests need 10 blocks together.
     block_bytes = make_engine(checkpoints[kind]).kv.tensor[0].nbytes
@@ -139,7 +144,7 @@ def test_preemption_keeps_greedy_tokens(kind, kernels, checkpoints, references):
     assert engine.stats()["preemptions"] > 0
 
 
-@pytest.mark.parametrize("kernels", ["native", "torch"])
+@pytest.mark.parametrize("kernels", [*NATIVE_SETS, "torch"])
 def test_chunked_prefill_keeps_greedy_tokens(kernels, checkpoints, references):
     engine = make_engine(checkpoints["qwen2"], kernels=kernels, max_step_tokens=16, kv_block_size=16)
     assert generate(engine, PROMPTS, MAX_TOKENS) == references["qwen2"]
@@ -198,7 +203,7 @@ def _edited_copy(source, tmp_path, **changes):
 
 @pytest.mark.parametrize("changes, named", [
     ({"architectures": ["FalconForCausalLM"]}, "FalconForCausalLM"),
-    ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0}}, "yarn"),
+    ({"rope_parameters": {"rope_type": "proportional", "factor": 4.0, "rope_theta": 10000.0}}, "proportional"),
     ({"hidden_act": "gelu"}, "hidden_act"),
     ({"quantization_config": {"quant_method": "awq"}}, "awq"),
 ])
@@ -211,14 +216,6 @@ def test_missing_weight_is_named(checkpoints, tmp_path):
     path = _edited_copy(checkpoints["llama"], tmp_path, num_hidden_layers=3)
     with pytest.raises(UnsupportedModel, match="layers.2"):
         make_engine(path)
-
-
-def test_sliding_window_caps_max_model_len(checkpoints, tmp_path):
-    path = _edited_copy(checkpoints["mistral"], tmp_path, sliding_window=64)
-    engine = make_engine(path)
-    assert engine.max_model_len == 64
-    with pytest.raises(ValueError, match="max_model_len 64"):
-        engine.add_request("long", list(range(60)), SamplingParams(max_tokens=5))
 
 
 def test_gpt2_max_model_len_is_capped_by_its_positions(checkpoints):

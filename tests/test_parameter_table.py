@@ -13,7 +13,7 @@ from mcpd.daemon import pool_keeper
 from mcpd.memory import pool_size
 from mcpd.models import UnsupportedModel, architecture, skeleton
 from mcpd.models.parameter_table import parameter_bytes, parameters
-from tiny_checkpoints import KINDS, make_checkpoint
+from tiny_checkpoints import KINDS, VARIANTS, make_checkpoint
 
 CPU = torch.device("cpu")
 LLAMAS = tuple(kind for kind in KINDS if kind != "gpt2")
@@ -24,7 +24,7 @@ LLAMA_EDITS = {"biases": {"attention_bias": True, "mlp_bias": True}, "tied": {"t
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
     root = tmp_path_factory.mktemp("checkpoints")
-    made = {kind: make_checkpoint(root / kind, kind) for kind in KINDS}
+    made = {kind: make_checkpoint(root / kind, kind) for kind in (*KINDS, *VARIANTS)}
     made["bf16"] = make_checkpoint(root / "bf16", "llama", dtype=torch.bfloat16)
     for name, changes in LLAMA_EDITS.items():
         made[name] = _edited_copy(made["llama"], root / name, **changes)
@@ -50,7 +50,7 @@ def skeleton_bytes(config: ModelConfig) -> int:
     return sum(p.numel() * p.element_size() for p in skeleton(config, CPU).parameters())
 
 
-CASES = ([(kind, "none", dtype) for kind in (*KINDS, *LLAMA_EDITS, "bf16", "embedded")
+CASES = ([(kind, "none", dtype) for kind in (*KINDS, *VARIANTS, *LLAMA_EDITS, "bf16", "embedded")
           for dtype in ("auto", "float16", "bfloat16")]
          + [(kind, "int8", "auto") for kind in (*LLAMAS, *LLAMA_EDITS, "embedded")])
 
@@ -86,7 +86,7 @@ def test_a_pool_for_several_models_holds_each_workers_parameters(checkpoints):
 
 @pytest.mark.parametrize("changes, named", [
     ({"architectures": ["FalconForCausalLM"]}, "FalconForCausalLM"),
-    ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0}}, "yarn"),
+    ({"rope_parameters": {"rope_type": "proportional", "factor": 4.0, "rope_theta": 10000.0}}, "proportional"),
     ({"hidden_act": "gelu"}, "hidden_act"),
     ({"quantization_config": {"quant_method": "awq"}}, "awq"),
     ({"torch_dtype": "float64"}, "float64"),

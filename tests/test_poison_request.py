@@ -17,7 +17,7 @@ from mcpd.daemon import channels, child, messages
 from mcpd.daemon.scheduler.job import Job
 from mcpd.daemon.scheduler.poison import PoisonList
 from mcpd.daemon.scheduler.process import SchedulerProcess
-from mcpd.daemon.scheduler.router import WorkerSlot, room_for
+from mcpd.daemon.scheduler.router import WorkerSlot, rooms
 from mcpd.protocol import codes, ops
 from mcpd.protocol.args import GenerateArgs
 from mcpd.testing import final_reply
@@ -236,11 +236,11 @@ def test_an_engine_that_fails_every_step_restarts_its_worker(node):
 def test_a_suspect_runs_alone_on_a_worker():
     slot = WorkerSlot(0, b"w0", ready=True)
     fresh, suspect = Job(1, None, []), Job(2, None, [], retries=1)
-    assert room_for(slot, suspect, 8) == 1 and room_for(slot, fresh, 8) == 8
+    assert rooms(slot, suspect, 8) == (1, 1) and rooms(slot, fresh, 8) == (8, 8)
     slot.jobs[1] = fresh
-    assert room_for(slot, suspect, 8) == 0   # waits for an idle worker
+    assert rooms(slot, suspect, 8) == (0, 0)   # waits for an idle worker
     slot.jobs = {2: suspect}
-    assert room_for(slot, fresh, 8) == 0     # and nothing joins it there
+    assert rooms(slot, fresh, 8) == (0, 0)     # and nothing joins it there
 
 
 def test_poison_list_forgets_after_its_ttl_and_keeps_a_bounded_table():

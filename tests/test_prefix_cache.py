@@ -5,6 +5,7 @@ import torch
 
 from mcpd.config import Config, EngineConfig, ModelConfig
 from mcpd.engine import Engine, SamplingParams
+from kernel_sets import NATIVE_SETS
 from tiny_checkpoints import load_hf, make_checkpoint
 
 CPU = torch.device("cpu")
@@ -160,8 +161,9 @@ def llama(tmp_path_factory):
     return make_checkpoint(tmp_path_factory.mktemp("checkpoints") / "llama", "llama")
 
 
-def test_cache_hit_matches_transformers(llama):
-    engine = make_engine(str(llama), pool_bytes=4 << 20)
+@pytest.mark.parametrize("kernels", ["auto", *NATIVE_SETS])
+def test_cache_hit_matches_transformers(llama, kernels):
+    engine = make_engine(str(llama), pool_bytes=4 << 20, kernels=kernels)
     turn1 = [0] + list(range(40, 70))
     reply, _ = run_one(engine, turn1)
     turn2 = turn1 + reply + [5, 6, 7]

@@ -14,6 +14,8 @@ from mcpd.daemon.child_stats import WorkerStats
 from mcpd.daemon.scheduler.core import Scheduler
 from mcpd.protocol import codes
 from mcpd.protocol.args import ContextOpenArgs, GenerateArgs, PingArgs
+from mcpd.protocol.results import Degraded, GenerateResult, Usage
+from mcpd.protocol.sampling import SamplingParams
 
 WORKER = b"w0"
 
@@ -80,12 +82,17 @@ def from_worker(core, message, *payload) -> None:
     core.on_worker([WORKER, *messages.encode(message, *payload)])
 
 
+def result(token_ids: list[int], text: str = "") -> GenerateResult:
+    """A worker's generate result, as a turn's TurnResult carries it."""
+    return GenerateResult(text, token_ids, "length", "default", "default", Usage(1, len(token_ids)))
+
+
 def dispatched(core) -> list[messages.Dispatch]:
     return [m for _, m, _ in core.ports.workers if isinstance(m, messages.Dispatch)]
 
 
 def test_a_request_waits_for_a_worker_then_goes_to_it_as_a_typed_dispatch(core):
-    args = GenerateArgs(prompt="hello", max_tokens=3)
+    args = GenerateArgs(prompt="hello", sampling=SamplingParams(max_tokens=3))
     core.on_inbox(request(1, args))
     core.tick()
     assert dispatched(core) == [] and len(core.queue) == 1
@@ -93,7 +100,7 @@ def test_a_request_waits_for_a_worker_then_goes_to_it_as_a_typed_dispatch(core):
     core.tick()
     rank = core.config.scheduler.classes[core.config.scheduler.default_class].rank
     bos_hello = [256, *b"hello"]   # tokenized here, once: the embedded model's byte tokenizer
-    assert dispatched(core) == [messages.Dispatch(1, 1, "t", rank, None, False, args, bos_hello)]
+    assert dispatched(core) == [messages.Dispatch(1, 1, "t", rank, False, args, bos_hello)]
 
 
 def test_a_workers_hello_is_welcomed_and_so_is_a_worker_a_restarted_scheduler_meets_by_its_stats(core):
@@ -180,7 +187,7 @@ def test_a_context_turn_runs_on_the_history_and_is_committed_before_its_reply(co
     assert turn.turn and core.ports.workers[1][2] == [b""]   # [0]: the Welcome; an empty history: one empty int32 frame
     core.on_inbox(request(3, GenerateArgs(prompt="again", context="chat")))   # busy with the turn
     assert core.ports.finals()[3]["code"] == codes.CONFLICT
-    from_worker(core, messages.TurnResult(2, {"text": "ok", "token_ids": [7]}, [104, 105, 7]))
+    from_worker(core, messages.TurnResult(2, result([7], "ok"), [104, 105, 7]))
     reply = core.ports.finals()[2]
     assert reply["result"]["context"] == {"id": "chat", "version": 1, "appended_token_ids": [104, 105, 7]}
     core.on_inbox(request(4, GenerateArgs(context="chat")))   # free again; runs on the committed tokens
@@ -195,7 +202,7 @@ def test_a_turn_on_a_history_is_tokenized_without_bos_and_a_refused_one_frees_th
     core.on_inbox(request(2, GenerateArgs(prompt="hi", context="chat", base=0)))
     core.tick()
     assert dispatched(core)[0].prompt_ids == [256, *b"hi"]   # the first turn opens the sequence
-    from_worker(core, messages.TurnResult(2, {"text": "ok", "token_ids": [7]}, [256, *b"hi", 7]))
+    from_worker(core, messages.TurnResult(2, result([7], "ok"), [256, *b"hi", 7]))
     core.on_inbox(request(3, GenerateArgs(prompt="x" * 40_000, context="chat")))   # over max_prompt_tokens
     assert core.ports.finals()[3]["code"] == codes.BAD_REQUEST
     core.on_inbox(request(4, GenerateArgs(prompt="more", context="chat")))   # the refusal ended its turn
@@ -216,13 +223,36 @@ def test_a_restarted_scheduler_learns_a_worker_from_its_typed_stats(core):
 
 
 def test_admission_counts_real_prompt_tokens(core):
-    core.on_inbox(request(1, GenerateArgs(prompt="é" * 10, max_tokens=5)))   # 10 characters, 20 bytes
-    core.on_inbox(request(2, GenerateArgs(prompt_token_ids=[1, 2, 3], max_tokens=5)))
+    five = SamplingParams(max_tokens=5)
+    core.on_inbox(request(1, GenerateArgs(prompt="é" * 10, sampling=five)))   # 10 characters, 20 bytes
+    core.on_inbox(request(2, GenerateArgs(prompt_token_ids=[1, 2, 3], sampling=five)))
     core.on_inbox(request(3, GenerateArgs(prompt="x" * 40_000)))
     assert core.jobs[1].cost == 1 + 20 + 5 and core.jobs[1].length_bin == (21).bit_length()
     assert core.jobs[2].cost == 3 + 5
     reply = core.ports.finals()[3]
     assert reply["code"] == codes.BAD_REQUEST and "limit is 32768" in reply["message"]
+
+
+def test_under_overload_the_ladder_shortens_the_args_it_dispatches_and_says_so():
+    """The cap is a rewrite of max_tokens in the request's own sampling struct, not a value beside it."""
+    runtime_dir = tempfile.mkdtemp(prefix="mcpd-c-", dir="/tmp")
+    config = from_dict({"server": {"runtime_dir": runtime_dir}, "cache": {"enabled": False},
+                        "persistence": {"enabled": False},
+                        "scheduler": {"degrade_queue_depth": 2, "degrade_after_s": 1.0}})
+    core = Scheduler(config, logging.getLogger("test"), Ports(), Clock())
+    asked = SamplingParams(max_tokens=1000, temperature=0.5, seed=7)
+    for rid in (1, 2):   # no worker yet: they wait, and the queue is at the ladder's depth
+        core.on_inbox(request(rid, GenerateArgs(prompt="x", sampling=asked)))
+    core.tick()
+    core.clock.now += 1.0   # overloaded this long: the ladder caps classes that set degrade_max_tokens
+    core.on_inbox(messages.encode(messages.Request(3, 3, "t", "low", None, GenerateArgs(prompt="x", sampling=asked))))
+    hello(core, 11)
+    core.tick()
+    sent = {d.rid: d for d in dispatched(core)}
+    cap = config.scheduler.classes["low"].degrade_max_tokens
+    assert sent[3].args.sampling == SamplingParams(max_tokens=cap, temperature=0.5, seed=7)
+    assert sent[3].degraded == Degraded(cap, 1000)
+    assert sent[1].args.sampling == asked and sent[1].degraded is None   # its class is never capped
 
 
 def test_apply_config_swaps_classes_and_keeps_queued_work(core):
@@ -265,9 +295,9 @@ def windowed_core(window_max_ms: float) -> Scheduler:
 def test_a_prefill_waits_out_an_open_window_while_the_worker_is_busy():
     core = windowed_core(10.0)
     hello(core, 11)
-    core.on_inbox(request(1, GenerateArgs(prompt="first", max_tokens=50)))   # idle node: never held
+    core.on_inbox(request(1, GenerateArgs(prompt="first", sampling=SamplingParams(max_tokens=50))))   # idle: never held
     core.tick()
-    core.on_inbox(request(2, GenerateArgs(prompt="second", max_tokens=1)))
+    core.on_inbox(request(2, GenerateArgs(prompt="second", sampling=SamplingParams(max_tokens=1))))
     core.tick()
     assert [d.rid for d in dispatched(core)] == [1]
     core.clock.now += 0.011
@@ -280,8 +310,8 @@ def test_by_default_a_prefill_goes_to_a_busy_worker_at_once():
     core = windowed_core(0.0)
     assert core.config.scheduler.window_max_ms == from_dict({}).scheduler.window_max_ms == 0
     hello(core, 11)
-    core.on_inbox(request(1, GenerateArgs(prompt="first", max_tokens=50)))
+    core.on_inbox(request(1, GenerateArgs(prompt="first", sampling=SamplingParams(max_tokens=50))))
     core.tick()
-    core.on_inbox(request(2, GenerateArgs(prompt="second", max_tokens=1)))
+    core.on_inbox(request(2, GenerateArgs(prompt="second", sampling=SamplingParams(max_tokens=1))))
     core.tick()
     assert [d.rid for d in dispatched(core)] == [1, 2]

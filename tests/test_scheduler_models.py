@@ -10,8 +10,8 @@ from mcpd.daemon import messages
 from mcpd.daemon.scheduler.core import Scheduler
 from mcpd.daemon.scheduler.fast_rung import FastRung
 from mcpd.protocol import codes
-from mcpd.protocol.args import ContextOpenArgs, GenerateArgs
-from test_scheduler_core import Clock, Ports, dispatched, request
+from mcpd.protocol.args import ContextOpenArgs, GenerateArgs, PingArgs
+from test_scheduler_core import Clock, Ports, dispatched, request, result
 
 
 @pytest.fixture
@@ -41,7 +41,15 @@ def test_requests_go_to_their_versions_workers_and_a_full_version_blocks_no_othe
     assert sent_to(core) == {1: b"w1", 3: b"w0"} and core.queue.waiting_for(("m", "b")) == 1
 
 
-def test_an_unload_is_answered_once_the_versions_requests_are_done(core):
+def unload_answers(core) -> list[tuple[int, bool]]:
+    return [(e.token, e.result["loaded"]) for e in core.ports.events.sent if isinstance(e, messages.AdminAnswer)]
+
+
+def flushes(core) -> list[bytes]:
+    return [identity for identity, m, _ in core.ports.workers if isinstance(m, messages.Flush)]
+
+
+def test_an_unload_is_answered_once_the_versions_requests_are_done_and_their_finals_relayed(core):
     hello(core, 0, "a")
     hello(core, 1, "b")
     core.on_inbox(request(1, GenerateArgs(prompt="x", version="b")))
@@ -50,13 +58,45 @@ def test_an_unload_is_answered_once_the_versions_requests_are_done(core):
     core.on_inbox(messages.encode(messages.Admin(7, "models.unload", {"model": "m", "version": "b"})))
     core.on_inbox(request(3, GenerateArgs(prompt="x", version="b")))   # after the op: refused
     assert core.ports.finals()[3]["code"] == codes.UNKNOWN_MODEL
-    answers = lambda: [e for e in core.ports.events.sent if isinstance(e, messages.AdminAnswer)]
     core.on_worker([b"w1", *messages.encode(messages.Done([1]))])
     core.tick()   # request 2, queued before the op, still runs on b
-    assert answers() == [] and sent_to(core)[2] == b"w1"
+    assert unload_answers(core) == [] and sent_to(core)[2] == b"w1"
     core.on_worker([b"w1", *messages.encode(messages.Done([2]))])
+    core.tick()   # its final may still be on its way to the front-end
+    assert unload_answers(core) == [] and flushes(core) == [b"w1"]
+    core.on_inbox(messages.encode(messages.Flushed(1)))
     core.tick()
-    assert [(a.token, a.result["loaded"]) for a in answers()] == [(7, False)]
+    assert unload_answers(core) == [(7, False)]
+
+
+def test_a_worker_lost_while_its_version_flushes_holds_no_unload_and_pings_avoid_it(core):
+    hello(core, 0, "b")   # the first a ping would go to
+    hello(core, 1, "a")
+    core.on_inbox(messages.encode(messages.Admin(7, "models.unload", {"model": "m", "version": "b"})))
+    assert flushes(core) == [b"w0"]
+    core.on_inbox(request(1, PingArgs()))
+    core.tick()
+    assert sent_to(core) == {1: b"w1"}   # not to b's worker: its Flushed must come after its last reply
+    core.on_inbox(messages.encode(messages.WorkerLost(0, 100)))
+    core.tick()
+    assert unload_answers(core) == [(7, False)]
+
+
+def test_an_unload_sent_again_asks_again_and_a_full_worker_queue_is_asked_later(core):
+    hello(core, 0, "a")
+    hello(core, 1, "b")
+    core.ports.worker_room = 0   # b's worker takes nothing for now
+    core.on_inbox(messages.encode(messages.Admin(7, "models.unload", {"model": "m", "version": "b"})))
+    assert flushes(core) == [] and unload_answers(core) == []
+    core.ports.worker_room = None
+    core.tick()
+    assert flushes(core) == [b"w1"]
+    # its marker lost (a front-end restarting, say): the op times out and is sent again
+    core.on_inbox(messages.encode(messages.Admin(8, "models.unload", {"model": "m", "version": "b"})))
+    assert flushes(core) == [b"w1", b"w1"]
+    core.on_inbox(messages.encode(messages.Flushed(1)))
+    core.tick()
+    assert unload_answers(core) == [(7, False), (8, False)]
 
 
 def test_a_context_turn_remembers_the_version_that_holds_its_kv(core):
@@ -68,7 +108,7 @@ def test_a_context_turn_remembers_the_version_that_holds_its_kv(core):
         core.tick()
         context = core.contexts.store.get("t", "c")
         assert context.kv_version == f"m/{version}"
-        core.on_worker([b"w%d" % (rid - 1), *messages.encode(messages.TurnResult(rid, {"text": ""}, [5]))])
+        core.on_worker([b"w%d" % (rid - 1), *messages.encode(messages.TurnResult(rid, result([]), [5]))])
 
 
 def shadowed_core(fraction: float):
@@ -90,11 +130,11 @@ def test_a_shadowed_request_runs_on_both_versions_and_only_the_primary_answers()
     sent = {identity: m for identity, m, _ in core.ports.workers if isinstance(m, messages.Dispatch)}
     primary, shadow = sent[b"w0"], sent[b"w1"]
     assert primary.compare and shadow.compare and shadow.rid < 0 and shadow.args.version == "b"
-    assert not shadow.args.stream and shadow.args.logprobs and shadow.rank < primary.rank
-    core.on_worker([b"w1", *messages.encode(messages.TurnResult(shadow.rid, {"token_ids": [1, 2, 9]}, []))])
+    assert not shadow.args.stream and shadow.args.sampling.logprobs and shadow.rank < primary.rank
+    core.on_worker([b"w1", *messages.encode(messages.TurnResult(shadow.rid, result([1, 2, 9]), []))])
     assert core.ports.finals() == {}   # the shadow's answer goes to no client
-    core.on_worker([b"w0", *messages.encode(messages.TurnResult(1, {"token_ids": [1, 2, 3]}, []))])
-    assert core.ports.finals()[1]["result"] == {"token_ids": [1, 2, 3]}
+    core.on_worker([b"w0", *messages.encode(messages.TurnResult(1, result([1, 2, 3]), []))])
+    assert core.ports.finals()[1]["result"]["token_ids"] == [1, 2, 3]
     figures = core.models_stats()["models"]["m"]["shadow"]
     assert (figures["compared"], figures["identical"], figures["mean_first_divergence"]) == (1, 0, 2.0)
 

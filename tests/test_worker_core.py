@@ -16,6 +16,8 @@ from mcpd.daemon.worker.core import DONE_FLUSH_S, MAX_FAILED_STEPS, WorkerCore
 from mcpd.engine import Engine
 from mcpd.protocol import codes
 from mcpd.protocol.args import GenerateArgs, PingArgs
+from mcpd.protocol.results import Degraded, GenerateResult, Usage
+from mcpd.protocol.sampling import SamplingParams
 
 CONFIG = Config(model=ModelConfig(max_model_len=512), engine=EngineConfig(pool_bytes=16 << 20),
                 limits=LimitsConfig(max_prompt_tokens=64))
@@ -54,11 +56,12 @@ def core(engine):
     assert not engine.has_work and engine.stats()["kv_blocks_used"] == 0   # every test leaves it clean
 
 
-def dispatch(core, rid: int, args, turn: bool = False, history: list[int] | None = None, cap: int | None = None):
+def dispatch(core, rid: int, args, turn: bool = False, history: list[int] | None = None,
+             degraded: Degraded | None = None):
     """As the scheduler sends it: the prompt tokenized there (a turn's without BOS)."""
     ids = prompt_token_ids(core.engine.tokenizer, args, not history, CONFIG.limits.max_prompt_tokens) \
         if isinstance(args, GenerateArgs) else []
-    message = messages.Dispatch(rid, f"req-{rid}", "t", 0, cap, turn, args, ids)
+    message = messages.Dispatch(rid, f"req-{rid}", "t", 0, turn, args, ids, degraded=degraded)
     payload = [np.asarray(history or [], np.int32).tobytes()] if turn else []
     core.on_message(messages.encode(message, *payload))
 
@@ -78,9 +81,9 @@ def of_kind(sent, kind) -> list[messages.Message]:
     return [m for m, _ in sent if isinstance(m, kind)]
 
 
-def greedy(max_tokens: int, **args) -> GenerateArgs:
-    return GenerateArgs(prompt=args.pop("prompt", "hello"), max_tokens=max_tokens, temperature=0.0,
-                        ignore_eos=True, **args)
+def greedy(max_tokens: int, prompt: str = "hello", stream: bool = False, logprobs: bool = False) -> GenerateArgs:
+    sampling = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, logprobs=logprobs)
+    return GenerateArgs(prompt=prompt, sampling=sampling, stream=stream)
 
 
 def test_a_generate_runs_to_a_final_for_the_frontend_and_a_done_note(core, engine):
@@ -102,6 +105,13 @@ def test_a_ping_is_answered_without_the_engine(core):
     assert not core.has_work
     [(final, reply)] = replies(core.ports.frontend, messages.Final)
     assert reply["result"] == {"pong": True, "worker": 3}
+
+
+def test_a_flush_puts_a_flushed_marker_behind_every_reply_sent(core):
+    dispatch(core, 2, PingArgs())
+    core.on_message(messages.encode(messages.Flush()))
+    assert [type(m) for m, _ in core.ports.frontend] == [messages.Final, messages.Flushed]
+    assert core.ports.frontend[1][0] == messages.Flushed(3)
 
 
 def test_a_stream_sends_started_then_chunks_that_add_up_to_the_final(core):
@@ -138,7 +148,7 @@ def test_a_cancel_frees_the_request_and_answers_with_its_code(core, engine):
 
 
 def test_a_request_the_engine_refuses_is_answered_bad_request(core):
-    dispatch(core, 1, GenerateArgs(prompt_token_ids=[1, 100_000], max_tokens=2))
+    dispatch(core, 1, GenerateArgs(prompt_token_ids=[1, 100_000], sampling=SamplingParams(max_tokens=2)))
     dispatch(core, 2, greedy(600))   # over max_model_len
     finals = replies(core.ports.frontend, messages.Final)
     assert [(m.rid, m.code, reply["code"]) for m, reply in finals] == \
@@ -155,23 +165,37 @@ def test_a_context_turn_answers_through_the_scheduler_with_what_it_appends(core,
     assert core.ports.frontend == []   # nothing bypasses the scheduler's commit
     [turn] = of_kind(core.ports.scheduler, messages.TurnResult)
     added = engine.tokenizer.encode(" and now", add_special_tokens=False)   # no BOS inside a history
-    assert turn.appended == added + turn.result["token_ids"]
-    assert turn.result["usage"]["prompt_tokens"] == len(history) + len(added)
+    assert turn.appended == added + turn.result.token_ids
+    assert turn.result.prompt_tokens == len(history) + len(added)
     assert of_kind(core.ports.scheduler, messages.Chunk) and not of_kind(core.ports.scheduler, messages.Done)
 
 
 def test_a_turn_refused_ends_through_the_scheduler(core):
-    dispatch(core, 1, GenerateArgs(prompt_token_ids=[100_000], max_tokens=2), turn=True, history=[1, 2])
+    dispatch(core, 1, GenerateArgs(prompt_token_ids=[100_000], sampling=SamplingParams(max_tokens=2)), turn=True,
+             history=[1, 2])
     [(final, reply)] = replies(core.ports.scheduler, messages.Final)
     assert final.code == reply["code"] == codes.BAD_REQUEST and core.ports.frontend == []
 
 
-def test_the_degradation_cap_is_applied_and_said(core):
-    dispatch(core, 1, greedy(20), cap=3)
+def test_the_degradation_cap_is_run_from_the_args_and_said(core):
+    """The scheduler shortened the args (Admission); the worker runs them and passes its note on."""
+    dispatch(core, 1, greedy(3), degraded=Degraded(3, 20))
     run_until_idle(core)
     [(_, reply)] = replies(core.ports.frontend, messages.Final)
     assert len(reply["result"]["token_ids"]) == 3
     assert reply["result"]["degraded"] == {"max_tokens": 3, "requested_max_tokens": 20}
+
+
+def test_a_generate_result_is_the_typed_struct_and_its_documented_map(core, engine):
+    """A turn's result crosses to the scheduler as a GenerateResult, not a map; to a client it is
+    the map docs/PROTOCOL.md lists, the fields left at their default (logprobs, degraded) left out."""
+    dispatch(core, 1, greedy(3, prompt=" more"), turn=True, history=engine.tokenizer.encode("before"))
+    dispatch(core, 2, greedy(3))
+    run_until_idle(core)
+    [turn] = of_kind(core.ports.scheduler, messages.TurnResult)
+    assert type(turn.result) is GenerateResult and type(turn.result.usage) is Usage
+    [(_, reply)] = replies(core.ports.frontend, messages.Final)
+    assert sorted(reply["result"]) == ["finish_reason", "model", "text", "token_ids", "usage", "version"]
 
 
 def test_done_notes_wait_while_the_engine_is_busy_then_go_together(core):

@@ -41,6 +41,47 @@ _ARCHITECTURES = {
     "gpt2": (transformers.GPT2Config, transformers.GPT2LMHeadModel, {}),
 }
 KINDS = tuple(_ARCHITECTURES)
+# Variants of the kinds above that real checkpoints use (tests/test_model_variants.py).
+_ARCHITECTURES |= {
+    "gpt2_untied": (transformers.GPT2Config, transformers.GPT2LMHeadModel, {"tie_word_embeddings": False}),
+    "qwen2_untied": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM, {"tie_word_embeddings": False}),
+    "llama_tied": (transformers.LlamaConfig, transformers.LlamaForCausalLM, {"tie_word_embeddings": True}),
+    # sliding windows far below the prompts' lengths: every layer's, and Qwen2's second layer's only
+    "mistral_window": (transformers.MistralConfig, transformers.MistralForCausalLM, {"sliding_window": 6}),
+    "qwen2_window": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM,
+                     {"use_sliding_window": True, "sliding_window": 9, "max_window_layers": 1}),
+    # rope scaling, with prompts past the trained length where that length matters
+    "llama_linear": (transformers.LlamaConfig, transformers.LlamaForCausalLM,
+                     {"max_position_embeddings": 64, "rope_scaling": {"rope_type": "linear", "factor": 2.0}}),
+    "llama_dynamic": (transformers.LlamaConfig, transformers.LlamaForCausalLM,
+                      {"max_position_embeddings": 32, "rope_scaling": {"rope_type": "dynamic", "factor": 4.0}}),
+    "qwen2_yarn": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM,
+                   {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}}),
+    "llama_longrope": (transformers.LlamaConfig, transformers.LlamaForCausalLM,
+                       {"rope_scaling": {"rope_type": "longrope", "original_max_position_embeddings": 32,
+                                         "short_factor": [1.0 + i / 8 for i in range(8)],
+                                         "long_factor": [1.0 + i for i in range(8)]}}),
+    # families after Llama and Qwen2
+    "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM, {"head_dim": 16}),
+    "phi3_plain": (transformers.Phi3Config, transformers.Phi3ForCausalLM, {"pad_token_id": 2}),
+    "phi3": (transformers.Phi3Config, transformers.Phi3ForCausalLM,
+             {"sliding_window": 12, "original_max_position_embeddings": 32, "pad_token_id": 2,
+              "rope_scaling": {"rope_type": "longrope", "short_factor": [1.0 + i / 8 for i in range(8)],
+                               "long_factor": [1.0 + i for i in range(8)]}}),
+    # soft-capped scores and logits, local layers (window 7) between global ones, Gemma 3 with
+    # a scaled rope of its own on the global layers
+    "mixtral": (transformers.MixtralConfig, transformers.MixtralForCausalLM,
+                {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": None}),
+    "gemma2": (transformers.Gemma2Config, transformers.Gemma2ForCausalLM,
+               {"head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 7, "num_hidden_layers": 3,
+                "attn_logit_softcapping": 2.0, "final_logit_softcapping": 3.0}),
+    "gemma3": (transformers.Gemma3TextConfig, transformers.Gemma3ForCausalLM,
+               {"head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 7, "num_hidden_layers": 3,
+                "sliding_window_pattern": 2,
+                "rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 50000.0},
+                                    "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}}),
+}
+VARIANTS = tuple(kind for kind in _ARCHITECTURES if kind not in KINDS)
 
 
 def tokenizer_json(chatml: bool = False) -> Tokenizer:
@@ -72,9 +113,9 @@ def write_tokenizer(directory: Path, chat_template: str | None = CHAT_TEMPLATE, 
 
 def hf_config(kind: str):
     config_class, _, overrides = _ARCHITECTURES[kind]
-    if kind == "gpt2":
+    if config_class is transformers.GPT2Config:
         return config_class(vocab_size=VOCAB_SIZE, n_embd=64, n_layer=2, n_head=4, n_positions=128,
-                            bos_token_id=0, eos_token_id=1, initializer_range=0.2)
+                            bos_token_id=0, eos_token_id=1, initializer_range=0.2, **overrides)
     return config_class(**{
         "vocab_size": VOCAB_SIZE, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 128,
@@ -83,7 +124,7 @@ def hf_config(kind: str):
 
 def make_checkpoint(directory: Path, kind: str, dtype: torch.dtype = torch.float32,
                     max_shard_size: str | None = None, seed: int = 0, chatml: bool = False) -> Path:
-    """Write a random `kind` model (one of KINDS) and a tokenizer (chatml: write_tokenizer's)
+    """Write a random `kind` model (one of KINDS or VARIANTS) and a tokenizer (chatml: write_tokenizer's)
     into directory; return it."""
     _, model_class, _ = _ARCHITECTURES[kind]
     torch.manual_seed(seed)

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/peerkit/checkpoints.py [--cache-dir DIR] [--dtype float32|bfloat16] [--small]
 
-The shape is issue 12's: 8 layers, hidden 512, 8 query / 2 KV heads (head_dim 64), intermediate
+The shape: 8 layers, hidden 512, 8 query / 2 KV heads (head_dim 64), intermediate
 1408, vocab 32000, untied embeddings: 55.3M parameters, seeded random weights. Every server in the
 comparison loads the same directory (llama.cpp a GGUF converted from it), so they run the same
 model on the same tokens.

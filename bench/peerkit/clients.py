@@ -165,7 +165,7 @@ class HttpTarget:
 
 
 class McpdHttpTarget(HttpTarget):
-    """mcpd through its OpenAI-compatible listener (issue 17): the peers' requests, but a chat on a
+    """mcpd through its OpenAI-compatible listener: the peers' requests, but a chat on a
     daemon-side context (/v1/contexts/{id}/chat/completions) sending only each turn's message."""
 
     def __init__(self, port: int):

@@ -11,7 +11,7 @@ import zmq.asyncio
 
 from mcpd.client import replies
 from mcpd.client.curve import CurveKeys
-from mcpd.client.replies import Chunk, GenerateResult
+from mcpd.protocol.results import GenerateChunk, GenerateResult
 from mcpd.protocol import wire
 
 
@@ -113,4 +113,4 @@ class AsyncClient:
         await self.close()
 
 
-__all__ = ["AsyncClient", "Chunk", "GenerateResult"]
+__all__ = ["AsyncClient", "GenerateChunk", "GenerateResult"]

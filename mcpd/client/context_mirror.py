@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from mcpd.client.replies import GenerateResult, result_of
+from mcpd.client.replies import result_of
 from mcpd.protocol import codes
 from mcpd.protocol import delta as codec
 from mcpd.protocol.codes import MCPDError
 from mcpd.protocol.delta import DeltaLimits
+from mcpd.protocol.results import GenerateResult
 
 TOKENS = "tokens"
 SYNC_ATTEMPTS = 4
@@ -137,8 +138,9 @@ class ContextMirror:
         self.sync()
         result = self.client.generate(prompt, context=self.id, base=self.version, **params)
         appended = np.asarray(result.context["appended_token_ids"], np.int32)
+        kept = result.context.get("kept_tokens")   # a chat turn that replaced the tail (contexts/chat.py)
         for state in (self.synced, self.local):
-            state[TOKENS] = np.concatenate([state[TOKENS], appended])
+            state[TOKENS] = np.concatenate([state[TOKENS][:kept], appended])
         self.version = result.context["version"]
         return result
 

@@ -1,33 +1,13 @@
 """What both clients share: building generate arguments and turning reply headers into results."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import msgspec
 
 from mcpd.protocol import codes
 from mcpd.protocol.codes import MCPDError
+from mcpd.protocol.results import GenerateChunk, GenerateResult
 
 DEFAULT_ENDPOINT = "tcp://127.0.0.1:7070"
-
-
-@dataclass(frozen=True)
-class Chunk:
-    """One streamed piece of a generation."""
-    text: str
-    token_ids: list[int]
-    logprobs: list[float] | None = None
-
-
-@dataclass(frozen=True)
-class GenerateResult:
-    text: str
-    token_ids: list[int]
-    finish_reason: str
-    prompt_tokens: int
-    completion_tokens: int
-    logprobs: list[float] | None = field(default=None)
-    context: dict | None = None   # generate on a context: {"id", "version", "appended_token_ids"}
-    model: str | None = None      # the model table's names of what ran it
-    version: str | None = None
 
 
 def generate_args(prompt, messages, prompt_token_ids, stream: bool, params: dict) -> dict:
@@ -57,15 +37,19 @@ def result_of(reply: dict) -> dict:
 
 
 def generate_result(result: dict) -> GenerateResult:
-    usage = result.get("usage", {})
-    return GenerateResult(result["text"], result["token_ids"], result["finish_reason"],
-                          usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0), result.get("logprobs"),
-                          result.get("context"), result.get("model"), result.get("version"))
+    return _typed(result, GenerateResult)
 
 
-def chunk_of(reply: dict) -> Chunk:
-    data = reply.get("data", {})
-    return Chunk(data.get("text", ""), data.get("token_ids", []), data.get("logprobs"))
+def chunk_of(reply: dict) -> GenerateChunk:
+    return _typed(reply.get("data"), GenerateChunk)
+
+
+def _typed(value, kind: type[msgspec.Struct]):
+    """The reply's map as the struct the daemon built it from; a daemon that sent another shape fails INTERNAL."""
+    try:
+        return msgspec.convert(value, kind)
+    except msgspec.ValidationError as e:
+        raise MCPDError(codes.INTERNAL, f"the daemon's {kind.__name__} does not decode: {e}") from None
 
 
 def timeout_error(request_id, seconds: float) -> MCPDError:

@@ -12,7 +12,7 @@ import zmq
 from mcpd import sockets
 from mcpd.client import replies
 from mcpd.client.curve import CurveKeys
-from mcpd.client.replies import Chunk, GenerateResult
+from mcpd.protocol.results import GenerateChunk, GenerateResult
 from mcpd.protocol import wire
 from mcpd.protocol.codes import MCPDError
 
@@ -53,8 +53,8 @@ class Client:
                  prompt_token_ids: list[int] | None = None, stream: bool = False,
                  timeout: float | None = None, priority: str | None = None, timeout_ms: int | None = None,
                  **params) -> GenerateResult | "Stream":
-        """Generate from a prompt, chat messages or token ids. Params: max_tokens, temperature,
-        top_k, top_p, seed, stop, stop_token_ids, ignore_eos, logprobs. `priority` names a class
+        """Generate from a prompt, chat messages or token ids. Params: the fields of
+        protocol/sampling.py's SamplingParams, and generate's others. `priority` names a class
         (the daemon's default otherwise); `timeout_ms` is the daemon-side deadline (`timeout`, in
         seconds, only bounds this client's wait). With stream=True returns a Stream that yields
         Chunks; otherwise the GenerateResult."""
@@ -160,4 +160,4 @@ class Stream:
         return "".join(chunk.text for chunk in self)
 
 
-__all__ = ["Client", "Stream", "Chunk", "GenerateResult", "MCPDError"]
+__all__ = ["Client", "Stream", "GenerateChunk", "GenerateResult", "MCPDError"]

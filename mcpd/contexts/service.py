@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from mcpd.contexts import chat
 from mcpd.contexts.context import Context
 from mcpd.contexts.persistence import Persistence
 from mcpd.protocol import args as typed
@@ -70,13 +71,19 @@ class ContextService:
     def end_turn(context: Context) -> None:
         context.busy_with = None
 
-    def commit_turn(self, context: Context, token_ids: list[int]) -> dict:
-        """Append the turn's prompt and output tokens; returns what the reply says of the context."""
+    def commit_turn(self, context: Context, token_ids: list[int], turn: chat.ChatTurn | None = None,
+                    answer: str = "") -> dict:
+        """Append the turn's prompt and output tokens (a chat turn: after the tokens it kept, with
+        the conversation and its `answer`); returns what the reply says of the context."""
+        held = len(context.tokens)
+        keep = held if turn is None else turn.keep
+        fields = {} if turn is None else {chat.FIELD: turn.record(answer, keep + len(token_ids))}
         try:
-            self.store.append_tokens(context, token_ids)   # may refuse: TOO_LARGE
+            self.store.commit_turn(context, keep, token_ids, fields)   # may refuse: TOO_LARGE
         finally:
             self.end_turn(context)
-        return {"id": context.id, "version": context.version, "appended_token_ids": token_ids}
+        reply = {"id": context.id, "version": context.version, "appended_token_ids": token_ids}
+        return reply if keep == held else {**reply, "kept_tokens": keep}
 
     def catch_up(self, now: float) -> None:
         if self.shared is not None:

@@ -161,10 +161,15 @@ class ContextStore:
 
     def append_tokens(self, context: Context, token_ids: list[int]) -> None:
         """Commit a generate turn: the prompt it added and the tokens it produced."""
-        fields = dict(context.fields)
-        fields[TOKENS] = np.concatenate([context.tokens, np.asarray(token_ids, np.int32)])
-        change = codec.diff(TOKENS, context.tokens, fields[TOKENS])
-        self._install(context, fields, {TOKENS}, set(), [change] if change else [])
+        self.commit_turn(context, len(context.tokens), token_ids, {})
+
+    def commit_turn(self, context: Context, keep: int, token_ids: list[int], fields: dict) -> None:
+        """Commit a generate turn that kept the first `keep` tokens and added `token_ids` after
+        them, with other `fields` it set (a chat turn's record) in the same version."""
+        new = dict(context.fields, **fields)
+        new[TOKENS] = np.concatenate([context.tokens[:keep], np.asarray(token_ids, np.int32)])
+        changes = [codec.diff(name, context.fields.get(name), new[name]) for name in (TOKENS, *fields)]
+        self._install(context, new, {TOKENS, *fields}, set(), [c for c in changes if c])
 
     def writable(self, owner: str, context_id: str, base: int | None) -> Context:
         """The context, if a change based on `base` may be applied to it now."""

@@ -28,8 +28,11 @@ class RunDelay:
 
         from mcpd.kernels import native
 
+        isa = native.best_isa()
+        if isa is None:
+            return None
         try:
-            library = native.load()
+            library = native.load(isa)
         except native.NativeUnavailable:
             return None
         if library.mcpd_max_threads() != torch.get_num_threads():

@@ -8,11 +8,12 @@ token ids, a reply header for a client. Where the frames go is channels.py's map
     front-end → scheduler   Request (+ the client's payload)   Cancel
     supervisor → scheduler  WorkerLost  Admin (scheduler/admin.py)  Reload (live_config.py)
     scheduler → worker      Dispatch (its prompt's token ids; + a context turn's history: its
-                            token ids, int32)   Cancel   Welcome (its Hello was read)
+                            token ids, int32)   Cancel   Welcome (its Hello was read)   Flush
     worker → scheduler      Hello  Started  Done  Stats  Failed;  a context turn's Chunk, Final
                             (Reload: the scheduler passes it on to every worker)
                             and TurnResult (Dispatch.turn: the scheduler commits the turn first)
-    worker → front-end      Chunk, Final (+ the reply header for the client, *payload)
+    worker → front-end      Chunk, Final (+ the reply header for the client, *payload)   Flushed
+    front-end → scheduler   Flushed (passed on once the worker's replies before it were relayed)
     scheduler → front-end   Final (+ reply header, *payload)
     supervisor → front-end  Drain  SchedulerLost  Resume  (no body)   Reload
     every child → supervisor  Ready  Report (its typed stats: child_stats.py)  Drained  Refused
@@ -36,6 +37,7 @@ import msgspec
 from mcpd.daemon import child_stats
 from mcpd.daemon.child_stats import WorkerStats
 from mcpd.protocol.args import ANY_ARGS, GenerateArgs, PingArgs
+from mcpd.protocol.results import Degraded, GenerateResult
 
 
 class Message(msgspec.Struct, frozen=True, array_like=True):
@@ -73,12 +75,12 @@ class Dispatch(Message):
     request_id: int | str
     tenant: str                 # namespaces the prefix cache: KV blocks are shared within a tenant only
     rank: int                   # the engine priority: the scheduler's effective rank of the request
-    max_tokens_cap: int | None  # the degradation ladder's cap, or None
     turn: bool                  # a context turn: its replies go back through the scheduler
-    args: GenerateArgs | PingArgs
+    args: GenerateArgs | PingArgs   # a generate's sampling as the engine runs it (the ladder may have shortened it)
     prompt_ids: list[int] = []  # a generate's new prompt tokens, tokenized once by the scheduler
     compare: bool = False       # a side of a shadow pair (scheduler/shadow.py): its replies go back
                                 # through the scheduler, which compares the two, as a turn's do
+    degraded: Degraded | None = None   # the ladder shortened it: its result says so
 
 
 class Hello(Message):
@@ -97,6 +99,19 @@ class Welcome(Message):
     it is Ready: Hello and Ready go out on two sockets, so without it the daemon's READY could
     come before the scheduler knew of any worker (an HTTP request's model then looked unknown)."""
     TAG = b"WELCOME"
+
+
+class Flush(Message):
+    """The worker's version is being unloaded and has no request left: put a Flushed marker
+    behind every reply sent so far (scheduler/unload.py)."""
+    TAG = b"FLUSH"
+
+
+class Flushed(Message):
+    """Every reply worker `index` sent before this has reached the front-end, which relays them
+    and then passes this on to the scheduler."""
+    TAG = b"FLUSHED"
+    index: int
 
 
 class Started(Message):
@@ -139,7 +154,7 @@ class TurnResult(Message):
     """A context turn ended well on its worker: the scheduler commits it, then builds the reply."""
     TAG = b"TURN"
     rid: int
-    result: dict[str, Any]   # the generate's result, without "context"
+    result: GenerateResult   # without its context: the scheduler adds it once committed
     appended: list[int]      # what the turn adds to the context: its prompt tokens and its output
 
 
@@ -221,7 +236,8 @@ class Reloaded(Event):
 
 _ENCODER = msgspec.msgpack.Encoder()
 _DECODERS = {kind.TAG: (kind, msgspec.msgpack.Decoder(kind)) for kind in (
-    Request, Cancel, WorkerLost, Dispatch, Hello, Welcome, Started, Done, Stats, Failed, Chunk, Final, TurnResult,
+    Request, Cancel, WorkerLost, Dispatch, Hello, Welcome, Flush, Flushed, Started, Done, Stats, Failed, Chunk,
+    Final, TurnResult,
     Drain, SchedulerLost, Resume, Admin, Reload, Ready, Report, Drained, Refused, AdminAnswer, Reloaded)}
 
 

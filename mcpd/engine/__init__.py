@@ -5,7 +5,7 @@ The worker process drives an Engine: add_request(), abort(), and step() in a loo
 Engine and StepOutput are imported lazily, so that mcpd.cpu.threads can set up OpenMP's
 environment in a process that has not imported torch yet.
 """
-from mcpd.engine.sequence import SamplingParams
+from mcpd.protocol.sampling import SamplingParams   # the one request type, as the front-end decoded it
 
 __all__ = ["Engine", "SamplingParams", "StepOutput"]
 

@@ -28,7 +28,7 @@ from mcpd.engine.kv_records import kv_region, region_key
 from mcpd.engine.resident_weights import ResidentWeights
 from mcpd.cpu.run_delay import RunDelay
 from mcpd.engine.sampler import Sampler
-from mcpd.engine.sequence import SamplingParams, Sequence
+from mcpd.engine.sequence import Sequence
 from mcpd.cpu.thread_tuner import ThreadTuner
 from mcpd.engine.weight_pages import onto_huge_pages
 from mcpd.histogram import BATCH_BOUNDS, Histogram
@@ -37,6 +37,7 @@ from mcpd.memory.pool_segment import PoolSegment
 from mcpd.models import load_model
 from mcpd.models.decode_arrays import DecodeArrays
 from mcpd.models.layers import AttentionMetadata, bind_kv_cache
+from mcpd.protocol.sampling import SamplingParams
 
 
 @dataclass

@@ -107,10 +107,13 @@ def region_key(model: ModelConfig, model_name: str, layout: tuple) -> bytes:
     """A digest of what the KV bytes depend on: the model (its config, and each file's name,
     size and mtime, so a checkpoint replaced in place is another model) and the cache layout."""
     files = []
-    if model.path:
-        for entry in sorted(Path(model.path).iterdir()):
-            st = os.stat(entry)
-            files.append((entry.name, st.st_size, st.st_mtime_ns))
+    if os.path.isdir(model.path):   # a checkpoint directory's files; a GGUF file is one file
+        entries = sorted(Path(model.path).iterdir())
+    else:
+        entries = [Path(model.path)] if os.path.isfile(model.path) else []
+    for entry in entries:
+        st = os.stat(entry)
+        files.append((entry.name, st.st_size, st.st_mtime_ns))
     # An int8 model's KV differs from the float one's; "none" adds nothing, so older keys stay valid.
     quantized = () if model.quantization == "none" else (model.quantization,)
     text = repr((model.path, model.dtype, model_name, files, layout) + quantized)

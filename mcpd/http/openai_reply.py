@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 import time
 
+from mcpd.protocol.results import GenerateChunk, GenerateResult
+
 
 class Answer:
     """The fixed parts of one request's answer: its id, creation time, model and kind."""
@@ -24,29 +26,28 @@ class Answer:
         kind = ("chat.completion" + (".chunk" if chunk else "")) if self.chat else "text_completion"
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
 
-    def whole(self, result: dict) -> dict:
+    def whole(self, result: GenerateResult) -> dict:
         """The non-streamed answer from generate's final result."""
-        choice = {"index": 0, "finish_reason": result["finish_reason"],
-                  "logprobs": _logprobs(self.chat, result["token_ids"], result.get("logprobs"))}
+        choice = {"index": 0, "finish_reason": result.finish_reason,
+                  "logprobs": _logprobs(self.chat, result.token_ids, result.logprobs)}
         if self.chat:
-            choice["message"] = {"role": "assistant", "content": result["text"]}
+            choice["message"] = {"role": "assistant", "content": result.text}
         else:
-            choice["text"] = result["text"]
+            choice["text"] = result.text
         return {**self._head(False), "choices": [choice], "usage": usage(result), **_context(result)}
 
-    def chunk(self, data: dict, first: bool, include_usage: bool) -> dict:
+    def chunk(self, data: GenerateChunk, first: bool, include_usage: bool) -> dict:
         """One streamed piece (generate's chunk data)."""
-        choice = {"index": 0, "finish_reason": None,
-                  "logprobs": _logprobs(self.chat, data.get("token_ids", []), data.get("logprobs"))}
+        choice = {"index": 0, "finish_reason": None, "logprobs": _logprobs(self.chat, data.token_ids, data.logprobs)}
         if self.chat:
-            choice["delta"] = {"role": "assistant", "content": data["text"]} if first else {"content": data["text"]}
+            choice["delta"] = {"role": "assistant", "content": data.text} if first else {"content": data.text}
         else:
-            choice["text"] = data["text"]
+            choice["text"] = data.text
         return {**self._head(True), "choices": [choice], **({"usage": None} if include_usage else {})}
 
-    def last_chunks(self, result: dict, include_usage: bool) -> list[dict]:
+    def last_chunks(self, result: GenerateResult, include_usage: bool) -> list[dict]:
         """The closing chunk (finish_reason) and, if asked, the usage chunk."""
-        choice = {"index": 0, "finish_reason": result["finish_reason"], "logprobs": None}
+        choice = {"index": 0, "finish_reason": result.finish_reason, "logprobs": None}
         if self.chat:
             choice["delta"] = {}
         else:
@@ -58,14 +59,13 @@ class Answer:
         return chunks
 
 
-def usage(result: dict) -> dict:
-    figures = result.get("usage", {})
-    prompt, completion = figures.get("prompt_tokens", 0), figures.get("completion_tokens", 0)
+def usage(result: GenerateResult) -> dict:
+    prompt, completion = result.prompt_tokens, result.completion_tokens
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-def _context(result: dict) -> dict:
-    context = result.get("context")
+def _context(result: GenerateResult) -> dict:
+    context = result.context
     return {"mcpd_context": {"id": context["id"], "version": context["version"]}} if context else {}
 
 

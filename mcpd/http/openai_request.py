@@ -47,7 +47,10 @@ def chat(body: dict, default_max_tokens: int) -> Completion:
     if _get(body, "top_logprobs", int):
         raise bad_request("'top_logprobs' is not supported (the engine reports only the chosen token's)",
                           "top_logprobs")
-    return _completion(body, args, default_max_tokens if max_tokens is None else max_tokens, logprobs)
+    completion = _completion(body, args, default_max_tokens if max_tokens is None else max_tokens, logprobs)
+    if max_tokens is None:   # as vLLM: what room the context has left, not a 400 for a long prompt
+        completion.args["hints"] = {**completion.args.get("hints", {}), "fit_max_tokens": True}
+    return completion
 
 
 def completion(body: dict, default_max_tokens: int) -> Completion:

@@ -1,6 +1,7 @@
 """The OpenAI routes and mcpd's context routes, as aiohttp handlers.
 
     GET    /v1/models
+    GET    /v1/models/{id}
     POST   /v1/chat/completions
     POST   /v1/completions
     POST   /v1/contexts/{id}/chat/completions    only the new messages; the turn is appended
@@ -32,6 +33,7 @@ from mcpd.http.errors import HttpError, bad_request
 from mcpd.http.openai_reply import Answer
 from mcpd.protocol import codes
 from mcpd.protocol.codes import MCPDError
+from mcpd.protocol.results import GenerateResult
 from mcpd.security.api_keys import ApiKeys
 
 MODELS_TTL_S = 5.0
@@ -52,6 +54,7 @@ class Routes:
 
     def add_to(self, app: web.Application) -> None:
         app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/v1/models/{id}", self.model)
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/contexts/{id}/chat/completions", self.context_chat)
@@ -62,8 +65,14 @@ class Routes:
 
     async def models(self, request: web.Request) -> web.Response:
         header = self._header(request)
-        data = [{"id": name, "object": "model", "created": 0, "owned_by": "mcpd"} for name in await self._models(header)]
-        return _json({"object": "list", "data": data})
+        return _json({"object": "list", "data": [_model(name) for name in await self._models(header)]})
+
+    async def model(self, request: web.Request) -> web.Response:
+        """One served model, as OpenAI's retrieve answers; 404 UNKNOWN_MODEL for any other id."""
+        name = request.match_info["id"]
+        if name not in await self._models(self._header(request)):
+            raise HttpError(404, f"the model {name[:100]!r} does not exist", codes.UNKNOWN_MODEL, "model")
+        return _json(_model(name))
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         body = await self._body(request)
@@ -141,10 +150,10 @@ class Routes:
         first = True
         while True:
             if reply["kind"] == "chunk":
-                await response.write(_event(answer.chunk(reply["data"], first, include_usage)))
+                await response.write(_event(answer.chunk(replies.chunk_of(reply), first, include_usage)))
                 first = False
             elif reply["kind"] == "ok":
-                for chunk in answer.last_chunks(reply["result"], include_usage):
+                for chunk in answer.last_chunks(_result(reply), include_usage):
                     await response.write(_event(chunk))
                 break
             else:
@@ -209,16 +218,20 @@ class Routes:
         return self.model_ids
 
 
-def _result(reply: dict) -> dict:
+def _model(name: str) -> dict:
+    return {"id": name, "object": "model", "created": 0, "owned_by": "mcpd"}
+
+
+def _result(reply: dict) -> GenerateResult:
+    """A generate's final reply as its result; an error reply as the HttpError for it."""
     try:
-        return replies.result_of(reply)
+        return replies.generate_result(replies.result_of(reply))
     except MCPDError as e:
         raise HttpError.of(e) from None
 
 
-def _context_headers(result: dict) -> dict:
-    context = result.get("context")
-    return {CONTEXT_VERSION: str(context["version"])} if context else {}
+def _context_headers(result: GenerateResult) -> dict:
+    return {CONTEXT_VERSION: str(result.context["version"])} if result.context else {}
 
 
 def _event(value: dict) -> bytes:

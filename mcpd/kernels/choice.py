@@ -1,9 +1,8 @@
-"""Which kernel set runs a model (engine.kernels = auto, native or torch), and why, for the log."""
+"""Which kernel set runs a model (engine.kernels = auto, native, native-<isa> or torch), and why, for the log."""
 from __future__ import annotations
 
 import torch
 
-from mcpd.cpu import features
 from mcpd.kernels import native
 from mcpd.kernels.native_kernels import NativeKernels
 from mcpd.kernels.torch_kernels import TORCH, TorchKernels
@@ -11,27 +10,29 @@ from mcpd.kernels.torch_kernels import TORCH, TorchKernels
 
 def choose(requested: str, dtype: torch.dtype, device: torch.device, sizes: list[int], head_dim: int,
            group: int) -> tuple[TorchKernels, str]:
-    """The kernels for engine.kernels = requested (auto, native, torch), and why, for the log.
-    auto takes native where it supports the model, builds here and the CPU has AVX-512, else
-    torch; native refuses (NativeUnavailable) where it cannot run."""
+    """The kernels for engine.kernels = requested (auto, native, native-<isa>, torch), and why,
+    for the log. auto and native take the native kernels of the best instruction set this CPU
+    runs (native.ISAS), native-<isa> those of that one; auto falls back to torch where they do not
+    support the model or build here, the others refuse (NativeUnavailable)."""
     if requested == "torch":
         return TORCH, "engine.kernels = torch"
     if requested == "auto" and device.type == "cuda":
         return _cuda_kernels()
-    if requested == "auto" and device.type == "cpu" and not features.has("avx512f"):
-        # The product tiles hold their sums in 32 AVX-512 registers; with AVX2's 16 they spill:
-        # on an AVX2 EPYC a 128-token prefill took 1.5 s against torch's (MKL) 0.14 s, and batched
-        # decode was as slow, for 12% more batch-1 decode. bench/engine.py --kernels native shows it.
-        return TORCH, "torch kernels (the native ones want AVX-512; this CPU has none)"
+    isa = requested.removeprefix("native-") if requested.startswith("native-") else native.best_isa()
+    if isa is None:
+        reason = "torch kernels (the native ones want AVX2 + FMA or AVX-512; this CPU has neither)"
+        if requested != "auto":
+            raise native.NativeUnavailable(reason)
+        return TORCH, reason
     if not NativeKernels.supports(dtype, device, sizes, head_dim, group):
         reason = f"native kernels do not support {dtype} on {device.type} with these sizes"
-        if requested == "native":
+        if requested != "auto":
             raise native.NativeUnavailable(reason)
         return TORCH, reason
     try:
-        return NativeKernels(), "native kernels"
+        return NativeKernels(isa), f"native kernels ({isa})"
     except (native.NativeUnavailable, OSError) as e:
-        if requested == "native":
+        if requested != "auto":
             raise native.NativeUnavailable(str(e)) from None
         return TORCH, f"native kernels unavailable ({e})"
 
@@ -44,3 +45,11 @@ def _cuda_kernels() -> tuple[TorchKernels, str]:
     except ImportError as e:
         return TORCH, f"torch kernels (no Triton for the CUDA ones: {e})"
     return CudaKernels(), "cuda kernels (torch's products, fused layer ops and paged decode attention in Triton)"
+
+
+def torch_for(requested: str, feature: str) -> tuple[TorchKernels, str]:
+    """torch's kernels for a model with a feature only they run; NativeUnavailable where
+    engine.kernels = native asks for the native ones."""
+    if requested.startswith("native"):
+        raise native.NativeUnavailable(f"the native kernels have no {feature} (engine.kernels = {requested})")
+    return TORCH, f"torch kernels (the native and CUDA ones have no {feature})"

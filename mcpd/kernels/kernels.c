@@ -11,11 +11,22 @@ Numerics follow transformers op by op: float32 accumulation, and in bfloat16 mod
 bfloat16 wherever transformers rounds (after each matmul, add, norm step, rotary product), so
 greedy tokens match it. Only summation order differs.
 
-Portable C: GCC vector extensions compile to AVX-512 (or AVX2, or SSE) under -march=native; the
-avx512_bf16 dot-product instruction is used when the CPU has it. Threads come from OpenMP, the
+Portable C: GCC vector extensions of the CPU's own width, LANES floats: 16 (a zmm register)
+where it has AVX-512F, else 8 (ymm: AVX2 and FMA); native.py builds a library of each width the
+CPU runs. Wider vectors than the hardware's are no shortcut: GCC keeps them in memory, five
+times slower. The avx512_bf16 dot-product instruction is used when the CPU has it. Threads come from OpenMP, the
 same runtime (libgomp.so.1) torch loaded, so torch.set_num_threads() governs both.
 
 dtype codes: 0 = float32, 1 = bfloat16 (stored as uint16).
+
+Panels and tiles of each instruction set (a new weight format reuses them):
+  weights     panels of 16 output rows (PANEL), the same bytes for every set (NativeKernels.form):
+              float32 and int8 [n/16][k][16], bfloat16 [n/16][k/2][16][2], int8 scales
+              [n/16][groups][16]. A panel's row of 16 is 1 vector (AVX-512) or 2 (AVX2).
+  AVX-512F    LANES 16, 32 zmm registers: product tile 8 rows x 2 panels (8x32, 16 accumulators);
+              one row: 4 panels at once; prefill attention 8 query rows x 32 keys.
+  AVX2 + FMA  LANES 8, 16 ymm registers: product tile 6 rows x 1 panel (6x16, 12 accumulators);
+              one row: 4 panels at once; prefill attention 6 query rows x 16 keys.
 */
 #include <math.h>
 #include <stdint.h>
@@ -23,50 +34,54 @@ dtype codes: 0 = float32, 1 = bfloat16 (stored as uint16).
 #include <string.h>
 #include <sys/syscall.h>
 #include <unistd.h>
-#if defined(__AVX512BF16__) || defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
-typedef float f32x16 __attribute__((vector_size(64)));
-typedef int32_t i32x16 __attribute__((vector_size(64)));
-typedef uint32_t u32x16 __attribute__((vector_size(64)));
-typedef uint16_t u16x16 __attribute__((vector_size(32)));
+#ifdef __AVX512F__
+#define LANES 16
+#else
+#define LANES 8
+#endif
+typedef float f32v __attribute__((vector_size(4 * LANES)));
+typedef int32_t i32v __attribute__((vector_size(4 * LANES)));
+typedef uint32_t u32v __attribute__((vector_size(4 * LANES)));
+typedef uint16_t u16v __attribute__((vector_size(2 * LANES)));
 typedef uint16_t bf16;
 
 enum { F32 = 0, BF16 = 1 };
-#define LANES 16
 #define MAX_HEAD_DIM 256
 #define MAX_GROUP 16          /* query heads per KV head */
 #define ATTN_CHUNK 64         /* keys scored at a time (online softmax) */
 
 /* ---- vectors ------------------------------------------------------------------------------ */
 
-static inline f32x16 load_f32(const float *p) { f32x16 v; memcpy(&v, p, sizeof v); return v; }
-static inline void store_f32(float *p, f32x16 v) { memcpy(p, &v, sizeof v); }
-static inline f32x16 splat(float x) { return (f32x16){0} + x; }
+static inline f32v load_f32(const float *p) { f32v v; memcpy(&v, p, sizeof v); return v; }
+static inline void store_f32(float *p, f32v v) { memcpy(p, &v, sizeof v); }
+static inline f32v splat(float x) { return (f32v){0} + x; }
 
-static inline f32x16 load_bf16(const bf16 *p) {
-    u16x16 h;
+static inline f32v load_bf16(const bf16 *p) {
+    u16v h;
     memcpy(&h, p, sizeof h);
-    u32x16 w = __builtin_convertvector(h, u32x16) << 16;
-    f32x16 f;
+    u32v w = __builtin_convertvector(h, u32v) << 16;
+    f32v f;
     memcpy(&f, &w, sizeof f);
     return f;
 }
 
 /* float32 -> bfloat16, round to nearest even, NaN kept a quiet NaN: c10::BFloat16's rounding. */
-static inline u16x16 to_bf16(f32x16 f) {
-    u32x16 u;
+static inline u16v to_bf16(f32v f) {
+    u32v u;
     memcpy(&u, &f, sizeof u);
-    u32x16 rounded = (u + (((u >> 16) & 1) + 0x7fff)) >> 16;
-    u32x16 nan = (u32x16)(f != f);
-    return __builtin_convertvector((rounded & ~nan) | (0x7fc0 & nan), u16x16);
+    u32v rounded = (u + (((u >> 16) & 1) + 0x7fff)) >> 16;
+    u32v nan = (u32v)(f != f);
+    return __builtin_convertvector((rounded & ~nan) | (0x7fc0 & nan), u16v);
 }
 
-static inline void store_bf16(bf16 *p, f32x16 v) { u16x16 h = to_bf16(v); memcpy(p, &h, sizeof h); }
+static inline void store_bf16(bf16 *p, f32v v) { u16v h = to_bf16(v); memcpy(p, &h, sizeof h); }
 
-static inline f32x16 round_bf16(f32x16 f) {
-    u32x16 w = __builtin_convertvector(to_bf16(f), u32x16) << 16;
+static inline f32v round_bf16(f32v f) {
+    u32v w = __builtin_convertvector(to_bf16(f), u32v) << 16;
     memcpy(&f, &w, sizeof f);
     return f;
 }
@@ -80,19 +95,19 @@ static inline bf16 f32_to_bf16(float f) {
     return (bf16)((u + (((u >> 16) & 1) + 0x7fff)) >> 16);
 }
 
-/* Load 16 values of a row of either dtype as float32; store back, rounding when bfloat16. */
-static inline f32x16 load_any(int dtype, const void *p, int64_t i) {
+/* Load LANES values of a row of either dtype as float32; store back, rounding when bfloat16. */
+static inline f32v load_any(int dtype, const void *p, int64_t i) {
     return dtype == F32 ? load_f32((const float *)p + i) : load_bf16((const bf16 *)p + i);
 }
-static inline void store_any(int dtype, void *p, int64_t i, f32x16 v) {
+static inline void store_any(int dtype, void *p, int64_t i, f32v v) {
     if (dtype == F32) store_f32((float *)p + i, v); else store_bf16((bf16 *)p + i, v);
 }
 /* What the model dtype makes of a float32 result: itself, or its bfloat16 rounding. */
-static inline f32x16 in_dtype(int dtype, f32x16 v) { return dtype == F32 ? v : round_bf16(v); }
+static inline f32v in_dtype(int dtype, f32v v) { return dtype == F32 ? v : round_bf16(v); }
 
 /* a where mask, else b (mask lanes all ones or all zeros, as vector comparisons give them) */
-static inline f32x16 where(i32x16 mask, f32x16 a, f32x16 b) {
-    return (f32x16)(((i32x16)a & mask) | ((i32x16)b & ~mask));
+static inline f32v where(i32v mask, f32v a, f32v b) {
+    return (f32v)(((i32v)a & mask) | ((i32v)b & ~mask));
 }
 
 /* Each kernel's body is written once for both dtypes and called with the dtype as a constant,
@@ -101,45 +116,49 @@ static inline f32x16 where(i32x16 mask, f32x16 a, f32x16 b) {
 #define BY_DTYPE(body, ...) \
     do { if (dtype == F32) body(F32, __VA_ARGS__); else body(BF16, __VA_ARGS__); } while (0)
 
-static inline float hsum(f32x16 v) {
-    f32x16 a = v + __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
-    a = a + __builtin_shufflevector(a, a, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11);
-    a = a + __builtin_shufflevector(a, a, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
-    a = a + __builtin_shufflevector(a, a, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
-    return a[0];
-}
+static inline f32v vmax(f32v a, f32v b) { return where(a > b, a, b); }
 
-static inline f32x16 vmax(f32x16 a, f32x16 b) { return where(a > b, a, b); }
-
-static inline float hmax(f32x16 v) {
-    f32x16 a = vmax(v, __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7));
-    a = vmax(a, __builtin_shufflevector(a, a, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11));
-    a = vmax(a, __builtin_shufflevector(a, a, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13));
-    a = vmax(a, __builtin_shufflevector(a, a, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14));
-    return a[0];
-}
+/* A vector's lanes combined by op (+ or vmax), halving: each lane with the one 8, 4, 2, 1 away. */
+#if LANES == 16
+#define REDUCE(op, v)                                                                                  \
+    f32v a = op(v, __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7));   \
+    a = op(a, __builtin_shufflevector(a, a, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11));        \
+    a = op(a, __builtin_shufflevector(a, a, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13));        \
+    a = op(a, __builtin_shufflevector(a, a, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14));        \
+    return a[0]
+#else
+#define REDUCE(op, v)                                                          \
+    f32v a = op(v, __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3));     \
+    a = op(a, __builtin_shufflevector(a, a, 2, 3, 0, 1, 6, 7, 4, 5));          \
+    a = op(a, __builtin_shufflevector(a, a, 1, 0, 3, 2, 5, 4, 7, 6));          \
+    return a[0]
+#endif
+static inline f32v vadd(f32v a, f32v b) { return a + b; }
+static inline float hsum(f32v v) { REDUCE(vadd, v); }
+static inline float hmax(f32v v) { REDUCE(vmax, v); }
+#undef REDUCE
 
 /* exp(x), Cephes' polynomial (about 1 ulp); exp of -inf and of anything below -87.3 is 0. */
-static inline f32x16 exp16(f32x16 x) {
-    const f32x16 hi = splat(88.3762626647949f), lo = splat(-87.3365478515625f);
-    i32x16 under = x < lo;
+static inline f32v vexp(f32v x) {
+    const f32v hi = splat(88.3762626647949f), lo = splat(-87.3365478515625f);
+    i32v under = x < lo;
     x = where(x > hi, hi, x);
     x = where(under, lo, x);
-    f32x16 fx = x * 1.44269504088896341f;
+    f32v fx = x * 1.44269504088896341f;
     fx = (fx + 12582912.0f) - 12582912.0f;           /* round to nearest integer */
     x = x - fx * 0.693359375f - fx * -2.12194440e-4f;
-    f32x16 y = splat(1.9875691500e-4f);
+    f32v y = splat(1.9875691500e-4f);
     y = y * x + 1.3981999507e-3f;
     y = y * x + 8.3334519073e-3f;
     y = y * x + 4.1665795894e-2f;
     y = y * x + 1.6666665459e-1f;
     y = y * x + 5.0000001201e-1f;
     y = y * (x * x) + x + 1.0f;
-    i32x16 scale = (__builtin_convertvector(fx, i32x16) + 127) << 23;
-    f32x16 pow2;
+    i32v scale = (__builtin_convertvector(fx, i32v) + 127) << 23;
+    f32v pow2;
     memcpy(&pow2, &scale, sizeof pow2);
     y = y * pow2;
-    return (f32x16)((i32x16)y & ~under);
+    return (f32v)((i32v)y & ~under);
 }
 
 /* ---- linear: y[m, n] = x[m, :] . w[n, :] (+ bias[n]) --------------------------------------- */
@@ -152,8 +171,17 @@ static inline f32x16 exp16(f32x16 x) {
    sums, and 16 multiply-adds per 64-byte load. A tile is two panels (32 outputs) by up to 8
    rows of x: 16 accumulators, 2 weight loads and 8 broadcasts per 16 multiply-adds, which keeps
    the FMA units busy (measured ~110 GFLOP/s float32 and ~220 bfloat16 per core, above torch's
-   GEMM at every row count here) and, at one row, reads weights as fast as a plain sum. */
+   GEMM at every row count here) and, at one row, reads weights as fast as a plain sum.
+   AVX2 has 16 registers of 8 floats, a panel's 16 columns two of them: its tile is one panel by
+   6 rows, 12 accumulators, 2 weight loads and a broadcast (the 6x16 of BLIS's Haswell kernel);
+   the 8x2-panel tile's 32 accumulators spilled there. The panels are the same for both. */
+#ifdef __AVX512F__
 #define TILE_ROWS 8
+#define TILE_PANELS 2
+#else
+#define TILE_ROWS 6
+#define TILE_PANELS 1
+#endif
 /* A tile fetches each panel's stream into L2 TILE_AHEAD cache lines (4 KB) ahead of its reads
    (past a panel's end: the next panel's start). At 8 rows a tile needs 128 bytes of weights per
    16 multiply-adds, about what one core streams, and without the fetches it ran at two thirds
@@ -162,55 +190,78 @@ static inline f32x16 exp16(f32x16 x) {
    and on two, float32 and bfloat16 alike. */
 #define TILE_AHEAD 64
 #define PANEL 16
+#define VPP (PANEL / LANES)   /* vectors a panel's row of 16 takes: 1 (AVX-512) or 2 (AVX2) */
 
-INLINE void tile_f32(const float *x, int64_t rows, int64_t k, const float *p0, const float *p1,
-                     f32x16 a0[TILE_ROWS], f32x16 a1[TILE_ROWS]) {
-    for (int r = 0; r < TILE_ROWS; r++) a0[r] = a1[r] = splat(0);
+typedef f32v panel_sums[VPP];                        /* one row of x times one panel */
+typedef panel_sums tile_sums[TILE_PANELS][TILE_ROWS];
+
+static inline void zero_tile(tile_sums a) {
+    for (int j = 0; j < TILE_PANELS; j++)
+        for (int r = 0; r < TILE_ROWS; r++)
+            for (int h = 0; h < VPP; h++) a[j][r][h] = splat(0);
+}
+
+INLINE void tile_f32(const float *x, int64_t rows, int64_t k, const float *const p[TILE_PANELS], tile_sums a) {
+    zero_tile(a);
     for (int64_t i = 0; i < k; i++) {
-        __builtin_prefetch(p0 + (i + TILE_AHEAD) * PANEL, 0, 2);
-        __builtin_prefetch(p1 + (i + TILE_AHEAD) * PANEL, 0, 2);
-        f32x16 w0 = load_f32(p0 + i * PANEL), w1 = load_f32(p1 + i * PANEL);
+        f32v w[TILE_PANELS][VPP];
+        for (int j = 0; j < TILE_PANELS; j++) {
+            __builtin_prefetch(p[j] + (i + TILE_AHEAD) * PANEL, 0, 2);
+            for (int h = 0; h < VPP; h++) w[j][h] = load_f32(p[j] + i * PANEL + h * LANES);
+        }
         for (int r = 0; r < rows; r++) {
             float xv = x[r * k + i];
-            a0[r] += xv * w0;
-            a1[r] += xv * w1;
+            for (int j = 0; j < TILE_PANELS; j++)
+                for (int h = 0; h < VPP; h++) a[j][r][h] += xv * w[j][h];
         }
     }
 }
 
-INLINE void tile_bf16(const bf16 *x, int64_t rows, int64_t k, const bf16 *p0, const bf16 *p1,
-                      f32x16 a0[TILE_ROWS], f32x16 a1[TILE_ROWS]) {
+/* Without the bf16 dot product each pair of weights is widened in registers (they still stream
+   at half float32's bytes), and x is read as float32, widened once by linear(): converting it
+   here cost two scalar conversions per four multiply-adds. */
 #ifdef __AVX512BF16__
-    __m512 c0[TILE_ROWS], c1[TILE_ROWS];
-    for (int r = 0; r < TILE_ROWS; r++) c0[r] = c1[r] = _mm512_setzero_ps();
+typedef bf16 bf16_x;    /* what a bfloat16 tile reads x as */
+#else
+typedef float bf16_x;
+#endif
+INLINE void tile_bf16(const bf16_x *x, int64_t rows, int64_t k, const bf16 *const p[TILE_PANELS], tile_sums a) {
+#ifdef __AVX512BF16__
+    __m512 c[TILE_PANELS][TILE_ROWS];
+    for (int j = 0; j < TILE_PANELS; j++)
+        for (int r = 0; r < TILE_ROWS; r++) c[j][r] = _mm512_setzero_ps();
     for (int64_t i = 0; i < k; i += 2) {
-        __builtin_prefetch(p0 + (i + 2 * TILE_AHEAD) * PANEL, 0, 2);
-        __builtin_prefetch(p1 + (i + 2 * TILE_AHEAD) * PANEL, 0, 2);
-        __m512bh w0 = (__m512bh)_mm512_loadu_si512(p0 + i * PANEL);
-        __m512bh w1 = (__m512bh)_mm512_loadu_si512(p1 + i * PANEL);
+        __m512bh w[TILE_PANELS];
+        for (int j = 0; j < TILE_PANELS; j++) {
+            __builtin_prefetch(p[j] + (i + 2 * TILE_AHEAD) * PANEL, 0, 2);
+            w[j] = (__m512bh)_mm512_loadu_si512(p[j] + i * PANEL);
+        }
         for (int r = 0; r < rows; r++) {
             int32_t pair;
             memcpy(&pair, x + r * k + i, sizeof pair);
             __m512bh xv = (__m512bh)_mm512_set1_epi32(pair);
-            c0[r] = _mm512_dpbf16_ps(c0[r], w0, xv);
-            c1[r] = _mm512_dpbf16_ps(c1[r], w1, xv);
+            for (int j = 0; j < TILE_PANELS; j++) c[j][r] = _mm512_dpbf16_ps(c[j][r], w[j], xv);
         }
     }
-    memcpy(a0, c0, sizeof c0);
-    memcpy(a1, c1, sizeof c1);
+    memcpy(a, c, sizeof c);
 #else
-    for (int r = 0; r < TILE_ROWS; r++) a0[r] = a1[r] = splat(0);
+    zero_tile(a);
     for (int64_t i = 0; i < k; i += 2) {   /* a 64-byte panel step: 16 pairs (w[i], w[i+1]) */
-        u32x16 u0, u1;
-        memcpy(&u0, p0 + i * PANEL, sizeof u0);
-        memcpy(&u1, p1 + i * PANEL, sizeof u1);
-        f32x16 even0, odd0, even1, odd1;
-        u32x16 e0 = u0 << 16, o0 = u0 & 0xffff0000u, e1 = u1 << 16, o1 = u1 & 0xffff0000u;
-        memcpy(&even0, &e0, 64); memcpy(&odd0, &o0, 64); memcpy(&even1, &e1, 64); memcpy(&odd1, &o1, 64);
+        f32v even[TILE_PANELS][VPP], odd[TILE_PANELS][VPP];
+        for (int j = 0; j < TILE_PANELS; j++) {
+            __builtin_prefetch(p[j] + (i + 2 * TILE_AHEAD) * PANEL, 0, 2);
+            for (int h = 0; h < VPP; h++) {
+                u32v u, e, o;
+                memcpy(&u, p[j] + i * PANEL + 2 * h * LANES, sizeof u);
+                e = u << 16, o = u & 0xffff0000u;
+                memcpy(&even[j][h], &e, sizeof e);
+                memcpy(&odd[j][h], &o, sizeof o);
+            }
+        }
         for (int r = 0; r < rows; r++) {
-            float x0 = bf16_to_f32(x[r * k + i]), x1 = bf16_to_f32(x[r * k + i + 1]);
-            a0[r] += x0 * even0 + x1 * odd0;
-            a1[r] += x0 * even1 + x1 * odd1;
+            float x0 = x[r * k + i], x1 = x[r * k + i + 1];
+            for (int j = 0; j < TILE_PANELS; j++)
+                for (int h = 0; h < VPP; h++) a[j][r][h] += x0 * even[j][h] + x1 * odd[j][h];
         }
     }
 #endif
@@ -228,21 +279,23 @@ INLINE void tile_bf16(const bf16 *x, int64_t rows, int64_t k, const bf16 *p0, co
 #ifndef INT8_GROUP
 #error "INT8_GROUP: native.py compiles this file with int8.GROUP"
 #endif
-typedef int8_t i8x16 __attribute__((vector_size(16)));
+typedef int8_t i8v __attribute__((vector_size(LANES)));
 
-/* 16 int8 as float32. GCC 12 turns __builtin_convertvector of 16 int8 into 16 scalar
-   conversions (5x slower than float32 weights); AVX-512 has it as two instructions. */
-static inline f32x16 load_int8(const int8_t *p) {
+/* LANES int8 as float32. GCC 12 turns __builtin_convertvector of int8 into scalar conversions
+   (5x slower than float32 weights); AVX-512 and AVX2 have it as two instructions. */
+static inline f32v load_int8(const int8_t *p) {
 #ifdef __AVX512F__
     __m512 f = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
-    f32x16 v;
+#elif defined(__AVX2__)
+    __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+#else
+    i8v q;
+    memcpy(&q, p, sizeof q);
+    f32v f = __builtin_convertvector(q, f32v);
+#endif
+    f32v v;
     memcpy(&v, &f, sizeof v);
     return v;
-#else
-    i8x16 q;
-    memcpy(&q, p, sizeof q);
-    return __builtin_convertvector(q, f32x16);
-#endif
 }
 
 static inline float x_at(int dtype, const void *x, int64_t i) {
@@ -259,54 +312,60 @@ static inline int64_t group_end(int64_t g0, int64_t k) {
    panel, added at the end, keep the multiply-adds independent. The pass is bound by reading the
    weights (out of cache int8 reaches a lower rate than float32's streams: a panel's int8 stream
    is a quarter of a float32 one's, 8 KB at k = 512, and the hardware prefetcher ramps up too late
-   on it), so the next pair's two panels (the following 2 * k * 16 bytes) are fetched into L2
-   while this pair runs, two lines per four steps: a batch-1 pass over the bench model's int8
+   on it), so the next tile's panels (the following TILE_PANELS * k * 16 bytes) are fetched into
+   L2 while this one runs, a line per panel per four steps: a batch-1 pass over the bench model's int8
    matrices went from 3.6-4.0 ms to 2.5-2.9 (medians, one thread, out of cache; prefetching 4 KB
    ahead within each panel before; into L1 instead of L2: 3.2-3.5). Here each group's sum
    of x * values is scaled once, not each weight: a multiply per 16 weights made the pass 20%
    (groups of 64) to 50% (32) slower than one scale a row; this costs a multiply-add a group
    (bench/quantized.py). The same product as tile_int8's, rounded at other places. */
-INLINE void row_int8(int dtype, const void *x, int64_t k, const int8_t *p0, const int8_t *p1, const float *c0,
-                     const float *c1, f32x16 *a0, f32x16 *a1) {
-    *a0 = *a1 = splat(0);
-    const int8_t *next = p0 + 2 * k * PANEL;
-    for (int64_t g0 = 0; g0 < k; g0 += INT8_GROUP, c0 += PANEL, c1 += PANEL) {
-        f32x16 s0[4] = {{0}}, s1[4] = {{0}};
+INLINE void row_int8(int dtype, const void *x, int64_t k, const int8_t *const p[TILE_PANELS],
+                     const float *const c[TILE_PANELS], tile_sums a) {
+    const int8_t *next = p[0] + TILE_PANELS * k * PANEL;
+    for (int j = 0; j < TILE_PANELS; j++)
+        for (int h = 0; h < VPP; h++) a[j][0][h] = splat(0);
+    for (int64_t g0 = 0; g0 < k; g0 += INT8_GROUP) {
+        f32v s[TILE_PANELS][4][VPP] = {{{{0}}}};
         int64_t i = g0, end = group_end(g0, k);
         for (; i + 4 <= end; i += 4) {
-            __builtin_prefetch(next + i * 2 * PANEL, 0, 2);
-            __builtin_prefetch(next + i * 2 * PANEL + 64, 0, 2);
+            for (int j = 0; j < TILE_PANELS; j++) __builtin_prefetch(next + i * TILE_PANELS * PANEL + 64 * j, 0, 2);
             for (int u = 0; u < 4; u++) {
                 float xv = x_at(dtype, x, i + u);
-                s0[u] += xv * load_int8(p0 + (i + u) * PANEL);
-                s1[u] += xv * load_int8(p1 + (i + u) * PANEL);
+                for (int j = 0; j < TILE_PANELS; j++)
+                    for (int h = 0; h < VPP; h++) s[j][u][h] += xv * load_int8(p[j] + (i + u) * PANEL + h * LANES);
             }
         }
         for (; i < end; i++) {
             float xv = x_at(dtype, x, i);
-            s0[0] += xv * load_int8(p0 + i * PANEL);
-            s1[0] += xv * load_int8(p1 + i * PANEL);
+            for (int j = 0; j < TILE_PANELS; j++)
+                for (int h = 0; h < VPP; h++) s[j][0][h] += xv * load_int8(p[j] + i * PANEL + h * LANES);
         }
-        *a0 += ((s0[0] + s0[1]) + (s0[2] + s0[3])) * load_f32(c0);
-        *a1 += ((s1[0] + s1[1]) + (s1[2] + s1[3])) * load_f32(c1);
+        for (int j = 0; j < TILE_PANELS; j++)
+            for (int h = 0; h < VPP; h++)
+                a[j][0][h] += ((s[j][0][h] + s[j][1][h]) + (s[j][2][h] + s[j][3][h]))
+                              * load_f32(c[j] + g0 / INT8_GROUP * PANEL + h * LANES);
     }
 }
 
-INLINE void tile_int8(int dtype, const void *x, int64_t rows, int64_t k, const int8_t *p0, const int8_t *p1,
-                      const float *c0, const float *c1, f32x16 a0[TILE_ROWS], f32x16 a1[TILE_ROWS]) {
+INLINE void tile_int8(int dtype, const void *x, int64_t rows, int64_t k, const int8_t *const p[TILE_PANELS],
+                      const float *const c[TILE_PANELS], tile_sums a) {
     if (rows == 1) {
-        row_int8(dtype, x, k, p0, p1, c0, c1, a0, a1);
+        row_int8(dtype, x, k, p, c, a);
         return;
     }
-    for (int r = 0; r < TILE_ROWS; r++) a0[r] = a1[r] = splat(0);
-    for (int64_t g0 = 0; g0 < k; g0 += INT8_GROUP, c0 += PANEL, c1 += PANEL) {
-        f32x16 scale0 = load_f32(c0), scale1 = load_f32(c1);
+    zero_tile(a);
+    for (int64_t g0 = 0; g0 < k; g0 += INT8_GROUP) {
+        f32v scale[TILE_PANELS][VPP];
+        for (int j = 0; j < TILE_PANELS; j++)
+            for (int h = 0; h < VPP; h++) scale[j][h] = load_f32(c[j] + g0 / INT8_GROUP * PANEL + h * LANES);
         for (int64_t i = g0, end = group_end(g0, k); i < end; i++) {
-            f32x16 w0 = load_int8(p0 + i * PANEL) * scale0, w1 = load_int8(p1 + i * PANEL) * scale1;
+            f32v w[TILE_PANELS][VPP];
+            for (int j = 0; j < TILE_PANELS; j++)
+                for (int h = 0; h < VPP; h++) w[j][h] = load_int8(p[j] + i * PANEL + h * LANES) * scale[j][h];
             for (int r = 0; r < rows; r++) {
                 float xv = x_at(dtype, x, r * k + i);
-                a0[r] += xv * w0;
-                a1[r] += xv * w1;
+                for (int j = 0; j < TILE_PANELS; j++)
+                    for (int h = 0; h < VPP; h++) a[j][r][h] += xv * w[j][h];
             }
         }
     }
@@ -315,36 +374,45 @@ INLINE void tile_int8(int dtype, const void *x, int64_t rows, int64_t k, const i
 /* Store a tile's accumulators: + bias, rounded to dtype (or to dtype and back to float32 when
    y_f32: logits), for the columns below n. */
 static void store_tile(int dtype, int y_f32, void *y, int64_t n, int64_t row0, int64_t rows, int64_t col0,
-                       const f32x16 *acc, const void *bias) {
+                       const panel_sums *acc, const void *bias) {
     int64_t cols = n - col0 < PANEL ? n - col0 : PANEL;
-    f32x16 b = splat(0);
+    float b[PANEL] = {0};
     if (bias)
         for (int64_t j = 0; j < cols; j++) b[j] = dtype == F32 ? ((const float *)bias)[col0 + j]
                                                               : bf16_to_f32(((const bf16 *)bias)[col0 + j]);
-    for (int64_t r = 0; r < rows; r++) {
-        f32x16 v = acc[r] + b;
-        int64_t at = (row0 + r) * n + col0;
-        if (dtype == BF16) v = round_bf16(v);
-        if (cols == PANEL && (dtype == F32 || y_f32)) store_f32((float *)y + at, v);
-        else if (cols == PANEL) store_bf16((bf16 *)y + at, v);
-        else
-            for (int64_t j = 0; j < cols; j++) {
-                if (dtype == F32 || y_f32) ((float *)y)[at + j] = v[j];
-                else ((bf16 *)y)[at + j] = f32_to_bf16(v[j]);
-            }
-    }
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t h = 0; h < VPP; h++) {   /* columns h * LANES ... of the panel */
+            f32v v = acc[r][h] + load_f32(b + h * LANES);
+            int64_t at = (row0 + r) * n + col0 + h * LANES, left = cols - h * LANES;
+            if (dtype == BF16) v = round_bf16(v);
+            if (cols == PANEL && (dtype == F32 || y_f32)) store_f32((float *)y + at, v);
+            else if (cols == PANEL) store_bf16((bf16 *)y + at, v);
+            else
+                for (int64_t j = 0; j < LANES && j < left; j++) {
+                    if (dtype == F32 || y_f32) ((float *)y)[at + j] = v[j];
+                    else ((bf16 *)y)[at + j] = f32_to_bf16(v[j]);
+                }
+        }
 }
 
-/* The tile with rows known at compile time for the usual counts; int8 weights when c0 (their
-   scales' panels, c1 the second's). */
-static void tile(int dtype, const void *x, int64_t rows, int64_t k, const void *p0, const void *p1,
-                 const float *c0, const float *c1, f32x16 a0[TILE_ROWS], f32x16 a1[TILE_ROWS]) {
-#define TILE(R) (c0 ? (dtype == F32 ? tile_int8(F32, x, R, k, p0, p1, c0, c1, a0, a1)                   \
-                                    : tile_int8(BF16, x, R, k, p0, p1, c0, c1, a0, a1))                 \
-                 : dtype == F32 ? tile_f32((const float *)x, R, k, (const float *)p0, (const float *)p1, a0, a1) \
-                                : tile_bf16((const bf16 *)x, R, k, (const bf16 *)p0, (const bf16 *)p1, a0, a1))
+/* The tile with rows known at compile time for the usual counts, so that its sums stay in
+   registers; on AVX2 every count (a small batch, a batch's last rows: 8 are 6 + 2), which made
+   int8 products of 2 to 8 rows 15-40% faster there. On AVX-512 the same made the 8-row tile up
+   to twice as slow. int8 weights when c[0] (their scales' panels, one per panel of p). */
+static void tile(int dtype, const void *x, int64_t rows, int64_t k, const void *const p[TILE_PANELS],
+                 const float *const c[TILE_PANELS], tile_sums a) {
+#define TILE(R) (c[0] ? (dtype == F32 ? tile_int8(F32, x, R, k, (const int8_t *const *)p, c, a)                \
+                                      : tile_int8(BF16, x, R, k, (const int8_t *const *)p, c, a))              \
+                 : dtype == F32 ? tile_f32((const float *)x, R, k, (const float *const *)p, a)                \
+                                : tile_bf16((const bf16_x *)x, R, k, (const bf16 *const *)p, a))
     if (rows == TILE_ROWS) TILE(TILE_ROWS);
     else if (rows == 1) TILE(1);
+#if TILE_ROWS == 6
+    else if (rows == 2) TILE(2);
+    else if (rows == 3) TILE(3);
+    else if (rows == 4) TILE(4);
+    else if (rows == 5) TILE(5);
+#endif
     else TILE(rows);
 #undef TILE
 }
@@ -370,19 +438,21 @@ INLINE int64_t ahead(int64_t i, int64_t rows, int64_t k, int64_t next) {   /* th
 }
 
 INLINE void row_f32(const float *x, int64_t k, const float *const q[ROW_PANELS], int64_t next,
-                    f32x16 acc[ROW_PANELS]) {
-    for (int j = 0; j < ROW_PANELS; j++) acc[j] = splat(0);
+                    panel_sums acc[ROW_PANELS]) {
+    for (int j = 0; j < ROW_PANELS; j++)
+        for (int h = 0; h < VPP; h++) acc[j][h] = splat(0);
     for (int64_t i = 0; i < k; i++) {
         float xv = x[i];
         for (int j = 0; j < ROW_PANELS; j++) __builtin_prefetch(q[j] + ahead(i, ROW_AHEAD, k, next) * PANEL, 0, 2);
-        for (int j = 0; j < ROW_PANELS; j++) acc[j] += xv * load_f32(q[j] + i * PANEL);
+        for (int j = 0; j < ROW_PANELS; j++)
+            for (int h = 0; h < VPP; h++) acc[j][h] += xv * load_f32(q[j] + i * PANEL + h * LANES);
     }
 }
 
 #ifdef __AVX512BF16__
 #define ROW_BF16 1
 INLINE void row_bf16(const bf16 *x, int64_t k, const bf16 *const q[ROW_PANELS], int64_t next,
-                     f32x16 acc[ROW_PANELS]) {
+                     panel_sums acc[ROW_PANELS]) {
     __m512 c[ROW_PANELS];
     for (int j = 0; j < ROW_PANELS; j++) c[j] = _mm512_setzero_ps();
     for (int64_t i = 0; i < k; i += 2) {
@@ -418,7 +488,7 @@ static void linear_row(int dtype, const void *x, int64_t k, const void *packed, 
         for (int j = 0; j < ROW_PANELS; j++)
             q[j] = (const char *)packed + (first + (j < count ? j : 0)) * k * PANEL * size;
         int64_t next = run + 1 < runs && count == ROW_PANELS ? ROW_PANELS * k : 0;
-        f32x16 acc[ROW_PANELS];
+        panel_sums acc[ROW_PANELS];
 #if ROW_BF16
         if (dtype == BF16) row_bf16((const bf16 *)x, k, (const bf16 *const *)q, next, acc);
         else
@@ -430,30 +500,40 @@ static void linear_row(int dtype, const void *x, int64_t k, const void *packed, 
 
 /* x: [m, k] of dtype, packed: w of [n, k] packed as above (int8 when scales, its scales'
    panels), bias: [n] or NULL; y: [m, n] of dtype, or float32 holding dtype-rounded
-   values when y_f32 (logits). Threads take contiguous runs of panel pairs, so each streams its
-   share of the weights once. */
+   values when y_f32 (logits). Threads take contiguous runs of strips (a tile's TILE_PANELS
+   panels), so each streams its share of the weights once. */
 static void linear(int dtype, const void *x, int64_t m, int64_t k, const void *packed, const float *scales,
                    const void *bias, int64_t n, void *y, int y_f32) {
     size_t size = dtype == F32 ? 4 : 2, weight_size = scales ? 1 : size;
-    int64_t panels = (n + PANEL - 1) / PANEL, pairs = (panels + 1) / 2;
+    int64_t panels = (n + PANEL - 1) / PANEL, strips = (panels + TILE_PANELS - 1) / TILE_PANELS;
     int64_t panel_scales = (k + INT8_GROUP - 1) / INT8_GROUP * PANEL;
     if (m == 1 && !scales && (dtype == F32 || ROW_BF16)) return linear_row(dtype, x, k, packed, bias, n, y, y_f32);
-    #pragma omp parallel for schedule(dynamic, 4) if (pairs > 1 && n * k * m >= 32768)
-    for (int64_t pair = 0; pair < pairs; pair++) {
-        const char *p0 = (const char *)packed + 2 * pair * k * PANEL * weight_size;
-        int second = 2 * pair + 1 < panels;   /* without a second panel, p0 twice: its sums are dropped */
-        const char *p1 = second ? p0 + k * PANEL * weight_size : p0;
-        const float *c0 = scales ? scales + 2 * pair * panel_scales : NULL;
-        const float *c1 = scales && second ? c0 + panel_scales : c0;
+    size_t x_size = size;
+    float *widened = NULL;   /* bf16_x */
+    if (dtype == BF16 && !scales && sizeof(bf16_x) == sizeof(float)) {
+        widened = malloc(m * k * sizeof(float));
+        for (int64_t i = 0; i < m * k; i++) widened[i] = bf16_to_f32(((const bf16 *)x)[i]);
+        x = widened, x_size = sizeof(float);
+    }
+    #pragma omp parallel for schedule(dynamic, 8 / TILE_PANELS) if (strips > 1 && n * k * m >= 32768)
+    for (int64_t strip = 0; strip < strips; strip++) {
+        int64_t first = strip * TILE_PANELS, count = panels - first < TILE_PANELS ? panels - first : TILE_PANELS;
+        const void *p[TILE_PANELS];
+        const float *c[TILE_PANELS];
+        for (int j = 0; j < TILE_PANELS; j++) {   /* a missing panel: the first again, its sums dropped */
+            int64_t panel = first + (j < count ? j : 0);
+            p[j] = (const char *)packed + panel * k * PANEL * weight_size;
+            c[j] = scales ? scales + panel * panel_scales : NULL;
+        }
         for (int64_t row = 0; row < m; row += TILE_ROWS) {
             int64_t rows = m - row < TILE_ROWS ? m - row : TILE_ROWS;
-            f32x16 a0[TILE_ROWS], a1[TILE_ROWS];
-            tile(dtype, (const char *)x + row * k * size, rows, k, p0, p1, c0, c1, a0, a1);
-            store_tile(dtype, y_f32, y, n, row, rows, 2 * pair * PANEL, a0, bias);
-            if (!second) continue;
-            store_tile(dtype, y_f32, y, n, row, rows, (2 * pair + 1) * PANEL, a1, bias);
+            tile_sums a;
+            tile(dtype, (const char *)x + row * k * x_size, rows, k, p, c, a);
+            for (int64_t j = 0; j < count; j++)
+                store_tile(dtype, y_f32, y, n, row, rows, (first + j) * PANEL, a[j], bias);
         }
     }
+    free(widened);
 }
 
 void mcpd_linear(int dtype, const void *x, int64_t m, int64_t k, const void *packed, const void *bias,
@@ -500,9 +580,9 @@ INLINE void add_rms_norm_body(int dtype, void *residual, const void *delta, cons
     #pragma omp parallel for schedule(static) if (m * n >= 65536)
     for (int64_t r = 0; r < m; r++) {
         int64_t row = r * n;
-        f32x16 squares = splat(0);
+        f32v squares = splat(0);
         for (int64_t i = 0; i < n; i += LANES) {
-            f32x16 v = load_any(dtype, residual, row + i);
+            f32v v = load_any(dtype, residual, row + i);
             if (delta) {
                 v = in_dtype(dtype, v + load_any(dtype, delta, row + i));
                 store_any(dtype, residual, row + i, v);
@@ -511,7 +591,7 @@ INLINE void add_rms_norm_body(int dtype, void *residual, const void *delta, cons
         }
         float scale = 1.0f / sqrtf(hsum(squares) / (float)n + eps);
         for (int64_t i = 0; i < n; i += LANES) {
-            f32x16 v = in_dtype(dtype, load_any(dtype, residual, row + i) * scale);
+            f32v v = in_dtype(dtype, load_any(dtype, residual, row + i) * scale);
             store_any(dtype, out, row + i, load_any(dtype, weight, i) * v);
         }
     }
@@ -576,9 +656,9 @@ INLINE void silu_mul_body(int dtype, const void *gate_up, int64_t m, int64_t int
     #pragma omp parallel for schedule(static) if (m * inter >= 65536)
     for (int64_t r = 0; r < m; r++)
         for (int64_t i = 0; i < inter; i += LANES) {
-            f32x16 g = load_any(dtype, gate_up, r * 2 * inter + i);
-            f32x16 u = load_any(dtype, gate_up, r * 2 * inter + inter + i);
-            f32x16 silu = in_dtype(dtype, g / (1.0f + exp16(-g)));
+            f32v g = load_any(dtype, gate_up, r * 2 * inter + i);
+            f32v u = load_any(dtype, gate_up, r * 2 * inter + inter + i);
+            f32v silu = in_dtype(dtype, g / (1.0f + vexp(-g)));
             store_any(dtype, out, r * inter + i, silu * u);
         }
 }
@@ -589,32 +669,38 @@ void mcpd_silu_mul(int dtype, const void *gate_up, int64_t m, int64_t inter, voi
 
 /* ---- attention of one query per sequence over its paged KV ---------------------------------- */
 
-/* Sixteen vectors' horizontal sums as one vector: out[c] = the sum of v[c]'s lanes. Each of four
-   levels of two-vector shuffles halves the partial sums a key keeps and doubles the keys a
-   vector holds, keys staying in order: 15 shuffle pairs for 16 keys, where 16 horizontal sums
-   took about four times the instructions (and scored one key at a time). */
-#define SUM16_LEVEL(n, lo, hi) \
+/* LANES vectors' horizontal sums as one vector: out[c] = the sum of v[c]'s lanes. Each level of
+   two-vector shuffles halves the partial sums a key keeps and doubles the keys a vector holds,
+   keys staying in order: 15 shuffle pairs for 16 keys, where 16 horizontal sums took about four
+   times the instructions (and scored one key at a time). */
+#define SUM_LEVEL(n, lo, hi) \
     for (int i = 0; i < (n) / 2; i++) \
-        v[i] = __builtin_shuffle(v[2 * i], v[2 * i + 1], (i32x16)lo) + \
-               __builtin_shuffle(v[2 * i], v[2 * i + 1], (i32x16)hi)
-static inline f32x16 sum16(f32x16 v[LANES]) {
-    SUM16_LEVEL(16, ((i32x16){0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23}),
-                    ((i32x16){8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31}));
-    SUM16_LEVEL(8, ((i32x16){0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27}),
-                   ((i32x16){4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31}));
-    SUM16_LEVEL(4, ((i32x16){0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29}),
-                   ((i32x16){2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31}));
-    SUM16_LEVEL(2, ((i32x16){0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30}),
-                   ((i32x16){1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31}));
+        v[i] = __builtin_shuffle(v[2 * i], v[2 * i + 1], (i32v)lo) + \
+               __builtin_shuffle(v[2 * i], v[2 * i + 1], (i32v)hi)
+static inline f32v sum_lanes(f32v v[LANES]) {
+#if LANES == 16
+    SUM_LEVEL(16, ((i32v){0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23}),
+                  ((i32v){8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31}));
+    SUM_LEVEL(8, ((i32v){0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27}),
+                 ((i32v){4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31}));
+    SUM_LEVEL(4, ((i32v){0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29}),
+                 ((i32v){2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31}));
+    SUM_LEVEL(2, ((i32v){0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30}),
+                 ((i32v){1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31}));
+#else
+    SUM_LEVEL(8, ((i32v){0, 1, 2, 3, 8, 9, 10, 11}), ((i32v){4, 5, 6, 7, 12, 13, 14, 15}));
+    SUM_LEVEL(4, ((i32v){0, 1, 4, 5, 8, 9, 12, 13}), ((i32v){2, 3, 6, 7, 10, 11, 14, 15}));
+    SUM_LEVEL(2, ((i32v){0, 2, 4, 6, 8, 10, 12, 14}), ((i32v){1, 3, 5, 7, 9, 11, 13, 15}));
+#endif
     return v[0];
 }
-#undef SUM16_LEVEL
+#undef SUM_LEVEL
 
 /* One KV head of one sequence: its `group` query heads (q: group * d values) over the first
    len tokens of the paged cache (kv points at this KV head's slot in block 0; tables as below).
    Online softmax over chunks of keys (flash-decoding), float32 throughout; in bfloat16 the
    probabilities are rounded before they weight the values, as torch's CPU flash attention
-   does. Scores come 16 keys at a time (sum16), and the value sums stay in registers when group
+   does. Scores come LANES keys at a time (sum_lanes), and the value sums stay in registers when group
    and d are constants here, as decode_attention_body makes them for the usual shapes: the
    kernel was ~80 cycles per key and query group before, bound by stores and horizontal sums. */
 INLINE void decode_one(int dtype, int64_t group, int64_t d, const void *q, const char *kv, int64_t block_stride,
@@ -623,7 +709,7 @@ INLINE void decode_one(int dtype, int64_t group, int64_t d, const void *q, const
     size_t size = dtype == F32 ? 4 : 2;
     int64_t vecs = d / LANES;
     /* Sized by group and vecs: with both constant the compiler keeps query and acc in registers. */
-    f32x16 query[group][vecs], acc[group][vecs];
+    f32v query[group][vecs], acc[group][vecs];
     float scores[group][ATTN_CHUNK] __attribute__((aligned(64))), best[group], total[group];
     for (int64_t h = 0; h < group; h++) {
             for (int64_t j = 0; j < vecs; j++) {
@@ -644,22 +730,22 @@ INLINE void decode_one(int dtype, int64_t group, int64_t d, const void *q, const
         for (int64_t c = count; c < count + LANES; c++) keys[c] = keys[0];   /* a tail's padding: scores dropped */
             for (int64_t h = 0; h < group; h++)
             for (int64_t c16 = 0; c16 < count; c16 += LANES) {
-                f32x16 dots[LANES];
+                f32v dots[LANES];
                 for (int c = 0; c < LANES; c++) {
-                    f32x16 dot = splat(0);
+                    f32v dot = splat(0);
                                     for (int64_t j = 0; j < vecs; j++) dot += query[h][j] * load_any(dtype, keys[c16 + c], j * LANES);
                     dots[c] = dot;
                 }
-                store_f32(scores[h] + c16, sum16(dots) * scale);
+                store_f32(scores[h] + c16, sum_lanes(dots) * scale);
             }
             for (int64_t h = 0; h < group; h++) {
             float high = best[h];
             for (int64_t c = 0; c < count; c++) high = scores[h][c] > high ? scores[h][c] : high;
-            float rescale = best[h] == -INFINITY ? 0.0f : exp16(splat(best[h] - high))[0];
+            float rescale = best[h] == -INFINITY ? 0.0f : vexp(splat(best[h] - high))[0];
             best[h] = high;
-            f32x16 sum = splat(0);
+            f32v sum = splat(0);
             for (int64_t c = 0; c < count; c += LANES) {
-                f32x16 p = exp16(load_f32(scores[h] + c) - high);
+                f32v p = vexp(load_f32(scores[h] + c) - high);
                 if (count - c < LANES)
                     for (int64_t z = count - c; z < LANES; z++) p[z] = 0;
                 sum += p;
@@ -671,7 +757,7 @@ INLINE void decode_one(int dtype, int64_t group, int64_t d, const void *q, const
         for (int64_t c = 0; c < count; c++) {
             const char *value = keys[c] + v_offset * size;
                     for (int64_t j = 0; j < vecs; j++) {
-                f32x16 v = load_any(dtype, value, j * LANES);
+                f32v v = load_any(dtype, value, j * LANES);
                             for (int64_t h = 0; h < group; h++) acc[h][j] += scores[h][c] * v;
             }
         }
@@ -720,10 +806,15 @@ void mcpd_decode_attention(int dtype, const void *q, int64_t q_stride, int64_t b
 
 /* ---- attention of prefill chunks over their paged KV ------------------------------------------ */
 
-#define KEYS 32               /* keys per step: two vectors of scores per query row */
-static const f32x16 lane_index = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+#define KEYS (2 * LANES)     /* keys per step: two vectors of scores per query row */
 #define MAX_ROWS 64           /* query rows (queries x heads of one KV head) per work unit */
+#if LANES == 16
+static const f32v lane_index = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
 #define ROW_GROUP 8           /* rows whose accumulators stay in registers together */
+#else
+static const f32v lane_index = {0, 1, 2, 3, 4, 5, 6, 7};
+#define ROW_GROUP 6           /* 12 accumulators and 2 keys of AVX2's 16 registers */
+#endif
 
 /* The keys and values of one KV head at positions c0 .. c0 + n - 1 as float32: keys transposed
    into kt[d][KEYS], so that a query row's scores for all of them are d broadcast multiply-adds;
@@ -740,7 +831,7 @@ static void load_chunk(int dtype, const char *kv, const int64_t *table, int64_t 
         int64_t pos = c0 + c;
         const char *key = kv + (table[pos / block_size] * block_stride + (pos % block_size) * slot + g * d) * size;
         for (int64_t j = 0; j < d; j += LANES) {
-            f32x16 k = load_any(dtype, key, j);
+            f32v k = load_any(dtype, key, j);
             for (int i = 0; i < LANES; i++) kt[(j + i) * KEYS + c] = k[i];
             store_f32(vt + c * d + j, load_any(dtype, key + v_offset * size, j));
         }
@@ -792,9 +883,9 @@ INLINE void prefill_attention_body(int dtype, const void *q, int64_t q_stride, i
             load_chunk(dtype, (const char *)kv, table, block_size, block_stride, v_offset, slot, g, d, c0, n,
                        kt, vt);
             for (int64_t r0 = 0; r0 < padded; r0 += ROW_GROUP) {
-                f32x16 lo[ROW_GROUP] = {{0}}, hi[ROW_GROUP] = {{0}};
+                f32v lo[ROW_GROUP] = {{0}}, hi[ROW_GROUP] = {{0}};
                 for (int64_t j = 0; j < d; j++) {
-                    f32x16 k0 = load_f32(kt + j * KEYS), k1 = load_f32(kt + j * KEYS + LANES);
+                    f32v k0 = load_f32(kt + j * KEYS), k1 = load_f32(kt + j * KEYS + LANES);
                     for (int r = 0; r < ROW_GROUP; r++) {
                         float x = query[(r0 + r) * d + j];
                         lo[r] += x * k0;
@@ -807,7 +898,7 @@ INLINE void prefill_attention_body(int dtype, const void *q, int64_t q_stride, i
                 }
             }
             for (int64_t r = 0; r < rows; r++) {
-                f32x16 s0 = load_f32(scores + r * KEYS), s1 = load_f32(scores + r * KEYS + LANES);
+                f32v s0 = load_f32(scores + r * KEYS), s1 = load_f32(scores + r * KEYS + LANES);
                 float visible = first_pos + r / group - c0 + 1;   /* causal: keys up to the query's position */
                 if (visible < KEYS) {
                     s0 = where(lane_index < visible, s0, splat(-INFINITY));
@@ -816,7 +907,7 @@ INLINE void prefill_attention_body(int dtype, const void *q, int64_t q_stride, i
                 float high = hmax(vmax(s0, s1));
                 high = high > best[r] ? high : best[r];
                 float rescale = best[r] == -INFINITY ? 0.0f : expf(best[r] - high);
-                f32x16 p0 = exp16(s0 - high), p1 = exp16(s1 - high);
+                f32v p0 = vexp(s0 - high), p1 = vexp(s1 - high);
                 total[r] = total[r] * rescale + hsum(p0 + p1);
                 best[r] = high;
                 store_f32(scores + r * KEYS, dtype == F32 ? p0 : round_bf16(p0));
@@ -827,10 +918,10 @@ INLINE void prefill_attention_body(int dtype, const void *q, int64_t q_stride, i
             }
             for (int64_t j = 0; j < d; j += LANES)
                 for (int64_t r0 = 0; r0 < padded; r0 += ROW_GROUP) {
-                    f32x16 a[ROW_GROUP];
+                    f32v a[ROW_GROUP];
                     for (int r = 0; r < ROW_GROUP; r++) a[r] = load_f32(acc + (r0 + r) * d + j);
                     for (int64_t c = 0; c < n; c++) {
-                        f32x16 v = load_f32(vt + c * d + j);
+                        f32v v = load_f32(vt + c * d + j);
                         for (int r = 0; r < ROW_GROUP; r++) a[r] += scores[(r0 + r) * KEYS + c] * v;
                     }
                     for (int r = 0; r < ROW_GROUP; r++) store_f32(acc + (r0 + r) * d + j, a[r]);
@@ -931,17 +1022,17 @@ void mcpd_decoder_stack(int dtype, const mcpd_shape *s, const mcpd_layer *layers
    the issues' 2-vCPU EPYC (cold Python after the weights' stream; the argmax itself ~18 us). */
 void mcpd_argmax(const float *y, int64_t m, int64_t n, int64_t *out) {
     for (int64_t r = 0; r < m; r++, y += n) {
-        f32x16 best = splat(-INFINITY);
-        i32x16 nan = {0};
+        f32v best = splat(-INFINITY);
+        i32v nan = {0};
         int64_t i = 0;
-        for (; i + 16 <= n; i += 16) {
-            f32x16 v = load_f32(y + i);
+        for (; i + LANES <= n; i += LANES) {
+            f32v v = load_f32(y + i);
             nan |= v != v;
             best = vmax(v, best);   /* a NaN compares false: kept out of the maximum */
         }
         float top = hmax(best);
         int any_nan = 0;
-        for (int j = 0; j < 16; j++) any_nan |= nan[j];
+        for (int j = 0; j < LANES; j++) any_nan |= nan[j];
         for (int64_t j = i; j < n; j++) {
             any_nan |= y[j] != y[j];
             if (y[j] > top) top = y[j];

@@ -2,9 +2,10 @@
 
 The C file is compiled at first use with the machine's C compiler (`cc`, or $CC) for this CPU
 (-march=native), about a second, into a per-user cache directory (_cache_dir), and loaded with
-ctypes. The
-cached library is named by a hash of everything that shaped it (source, flags, compiler version,
-the CPU's feature flags), so an edit, a new compiler or a different CPU builds afresh. Where no
+ctypes: once per instruction set (ISAS), so a CPU with AVX-512 can run the AVX2 build too, and
+tests and benchmarks reach every set the CPU runs. The cached library is named by a hash of
+everything that shaped it (source, flags, compiler version, the CPU's feature flags), so an
+edit, a new compiler or a different CPU builds afresh. Where no
 compiler works, load() says why and the engine runs the torch kernels instead (tested the same).
 
 A shared library is code this process will run: the cache directory must be ours and private
@@ -26,6 +27,9 @@ from mcpd.quant import int8
 
 SOURCE = Path(__file__).with_name("kernels.c")
 FLAGS = ["-O3", "-march=native", "-fPIC", "-shared", "-fopenmp", "-lm", f"-DINT8_GROUP={int8.GROUP}"]
+# Each set: the flags it adds, and the CPU flags it needs. avx2 leaves out every AVX-512
+# extension (-mno-avx512f takes them all), so kernels.c takes its AVX2 tiles.
+ISAS = {"avx512": ([], ("avx512f",)), "avx2": (["-mno-avx512f"], ("avx2", "fma"))}
 BUILD_TIMEOUT_S = 120
 
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
@@ -56,24 +60,37 @@ class NativeUnavailable(RuntimeError):
     """The kernels could not be built or loaded here; the message says why."""
 
 
-_loaded: ctypes.CDLL | None = None
+_loaded: dict[str, ctypes.CDLL] = {}
 
 
-def load() -> ctypes.CDLL:
-    """The kernels library, built on first use; raises NativeUnavailable."""
-    global _loaded
-    if _loaded is None:
-        path = _cache_dir() / f"kernels-{_build_key()}.so"
+def runs_here(isa: str) -> bool:
+    """Whether this CPU has what the kernels built for isa (a key of ISAS) execute."""
+    return all(features.has(flag) for flag in ISAS[isa][1])
+
+
+def best_isa() -> str | None:
+    """The fastest set this CPU runs (ISAS in order of preference), or None."""
+    return next((isa for isa in ISAS if runs_here(isa)), None)
+
+
+def load(isa: str) -> ctypes.CDLL:
+    """The kernels library built for isa, built on first use; raises NativeUnavailable,
+    also where this CPU cannot run that set."""
+    if not runs_here(isa):
+        raise NativeUnavailable(f"the {isa} kernels want {' + '.join(ISAS[isa][1])}; this CPU lacks them")
+    if isa not in _loaded:
+        flags = FLAGS + ISAS[isa][0]
+        path = _cache_dir() / f"kernels-{_build_key(flags)}.so"
         if not path.exists():
-            _build(path)
+            _build(path, flags)
         _check_private(path, is_dir=False)
         library = ctypes.CDLL(str(path))
         for name, argtypes in _SIGNATURES.items():
             function = getattr(library, name)
             function.argtypes = argtypes
             function.restype = _RESTYPES.get(name)
-        _loaded = library
-    return _loaded
+        _loaded[isa] = library
+    return _loaded[isa]
 
 
 def _compiler() -> str:
@@ -83,14 +100,14 @@ def _compiler() -> str:
     return compiler
 
 
-def _build_key() -> str:
+def _build_key(flags: list[str]) -> str:
     compiler = _compiler()
     try:
         version = subprocess.run([compiler, "--version"], capture_output=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError) as e:
         raise NativeUnavailable(f"{compiler} --version failed: {e}") from None
     digest = hashlib.sha256(SOURCE.read_bytes())
-    for part in (" ".join(FLAGS).encode(), version, features.flags_line()):
+    for part in (" ".join(flags).encode(), version, features.flags_line()):
         digest.update(b"\0" + part)
     return digest.hexdigest()[:20]
 
@@ -115,13 +132,13 @@ def _check_private(path: Path, is_dir: bool) -> None:
                                 f"(mode {stat.filemode(info.st_mode)}, uid {info.st_uid}): not loaded")
 
 
-def _build(path: Path) -> None:
+def _build(path: Path, flags: list[str]) -> None:
     """Compile into a temporary file beside path, then rename: concurrent builders (workers
     starting together) each get a whole library, and the last rename wins harmlessly."""
     fd, temporary = tempfile.mkstemp(dir=path.parent, suffix=".so.tmp")
     os.close(fd)
     try:
-        result = subprocess.run([_compiler(), str(SOURCE), "-o", temporary, *FLAGS],
+        result = subprocess.run([_compiler(), str(SOURCE), "-o", temporary, *flags],
                                 capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
         if result.returncode != 0:
             raise NativeUnavailable(f"building {SOURCE.name} failed: {result.stderr.strip()[-2000:]}")

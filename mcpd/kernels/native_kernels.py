@@ -48,12 +48,13 @@ class Packed:
 
 
 class NativeKernels(TorchKernels):
-    name = "native"
-    form = f"panels16-int8group{int8.GROUP}"
+    form = f"panels16-int8group{int8.GROUP}"   # every instruction set's tiles read these panels
     stacks_layers = True
 
-    def __init__(self) -> None:
-        self.lib = native.load()
+    def __init__(self, isa: str) -> None:
+        """isa: the instruction set they are built for (a key of native.ISAS); name says it."""
+        self.name = f"native-{isa}"
+        self.lib = native.load(isa)
         self.codes = _DTYPE_CODES
         if self.lib.mcpd_max_threads() != torch.get_num_threads():
             raise native.NativeUnavailable(

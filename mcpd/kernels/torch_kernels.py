@@ -11,6 +11,8 @@ Weight-only int8 matrices (quant/int8.py): the torch twin converts the integers 
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -103,26 +105,44 @@ class TorchKernels:
         gate, up = gate_up.chunk(2, dim=-1)
         return F.silu(gate) * up
 
-    def decode_attention(self, q: torch.Tensor, kv_cache: torch.Tensor, group, scale: float) -> torch.Tensor:
+    def decode_attention(self, q: torch.Tensor, kv_cache: torch.Tensor, group, scale: float,
+                         softcap: float | None = None) -> torch.Tensor:
         """One query per sequence, q [B, heads, D], over the first group.context_lens[i] tokens
         of the blocks group.block_table[i] of kv_cache (a layer's [blocks, 2, block_size,
-        kv_heads, D]); returns [B, heads * D]."""
+        kv_heads, D]), from group.first_keys[i] on in a sliding window; returns [B, heads * D].
+        softcap: scores soft-capped (_attention)."""
         batch, width = group.block_table.shape
         keys, values = _gather(kv_cache, group.block_table)
-        mask = torch.arange(width * kv_cache.shape[2], device=q.device) < group.context_lens[:, None]
-        out = F.scaled_dot_product_attention(q[:, :, None], keys, values, attn_mask=mask[:, None, None],
-                                             scale=scale, enable_gqa=True)
+        key_pos = torch.arange(width * kv_cache.shape[2], device=q.device)
+        mask = key_pos < group.context_lens[:, None]
+        if group.first_keys is not None:
+            mask &= key_pos >= group.first_keys[:, None]
+        out = _attention(q[:, :, None], keys, values, mask[:, None, None], scale, softcap)
         return out.flatten(1)
 
-    def prefill_attention(self, q: torch.Tensor, kv_cache: torch.Tensor, group, scale: float) -> torch.Tensor:
+    def prefill_attention(self, q: torch.Tensor, kv_cache: torch.Tensor, group, scale: float,
+                          softcap: float | None = None) -> torch.Tensor:
         """The group's new tokens, q [rows, heads, D], each over its sequence's tokens up to
         itself (causal); returns [rows, heads * D]. Chunks are padded to the longest (group.mask
         keeps each query causal, group.output_rows drops the padding)."""
         keys, values = _gather(kv_cache, group.block_table)
         queries = q[group.query_index].transpose(1, 2)          # [B, heads, Q, D]
-        out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=group.mask, scale=scale,
-                                             enable_gqa=True)
+        out = _attention(queries, keys, values, group.mask, scale, softcap)
         return out.transpose(1, 2).flatten(2).flatten(0, 1)[group.output_rows]
+
+
+def _attention(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, scale: float,
+               softcap: float | None) -> torch.Tensor:
+    """Masked attention, [B, heads, Q, D] over [B, kv_heads, S, D]: torch's fused kernel, or with
+    soft-capped scores (tanh(scores / cap) * cap, Gemma 2), which it cannot do, step by step in
+    transformers' order."""
+    if softcap is None:
+        return F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=scale, enable_gqa=True)
+    group = queries.shape[1] // keys.shape[1]
+    keys, values = keys.repeat_interleave(group, dim=1), values.repeat_interleave(group, dim=1)
+    scores = torch.tanh(queries @ keys.transpose(2, 3) * scale / softcap) * softcap
+    weights = scores.masked_fill(~mask, -math.inf).softmax(dim=-1, dtype=torch.float32).to(queries.dtype)
+    return weights @ values
 
 
 def _gather(kv_cache: torch.Tensor, block_table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -31,12 +31,14 @@ def __getattr__(name: str):
 
 
 def load_model(config: ModelConfig, device: torch.device, kernels: str = "torch", resident=None) -> LoadedModel:
-    """The model in config.path, or the embedded default model when the path is empty, running on
-    the kernels engine.kernels = kernels picks. resident: where the weights may be already, in
-    the form those kernels read, and are kept (engine/resident_weights.py)."""
-    from mcpd.models import embedded, loader
+    """The model in config.path (a checkpoint directory or a GGUF file), or the embedded default
+    model, running on the kernels engine.kernels = kernels picks. resident: where the weights may
+    be already, in the form those kernels read, and are kept (engine/resident_weights.py)."""
+    from mcpd import gguf_file
+    from mcpd.models import architecture, embedded, gguf_loader, loader
 
-    load = loader.load_checkpoint if config.path else embedded.load
+    load = (embedded.load if architecture.is_embedded(config.path)
+            else gguf_loader.load if gguf_file.is_gguf(config.path) else loader.load_checkpoint)
     return load(config, device, kernels, resident)
 
 

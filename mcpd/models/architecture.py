@@ -9,12 +9,16 @@ same UnsupportedModel, in the same order.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mcpd.config import Config, ConfigError, ModelConfig
+from mcpd import gguf_file
+from mcpd.config import EMBEDDED_PATH, Config, ConfigError, ModelConfig
+from mcpd.models import rope_scaling
+from mcpd.models.rope_scaling import RopeScaling
 from mcpd.tokenizer import ByteTokenizer
 
 DTYPES = ("float32", "float16", "bfloat16")   # the dtypes a model runs in (loader.DTYPES: torch's)
@@ -26,17 +30,8 @@ class UnsupportedModel(ValueError):
 
 
 @dataclass(frozen=True)
-class Llama3RopeScaling:
-    """rope_scaling of type "llama3" (Llama 3.1+): long wavelengths are slowed down by `factor`
-    (layers.llama3_scaled)."""
-    factor: float
-    low_freq_factor: float
-    high_freq_factor: float
-    original_max_position_embeddings: int
-
-
-@dataclass(frozen=True)
-class LlamaArgs:
+class DecoderSizes:
+    """What every RMSNorm decoder family (Llama's, Gemma's) is sized by."""
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -45,12 +40,21 @@ class LlamaArgs:
     num_kv_heads: int
     head_dim: int
     rms_norm_eps: float
+
+
+@dataclass(frozen=True)
+class LlamaArgs(DecoderSizes):
     rope_theta: float
-    rope_scaling: Llama3RopeScaling | None = None
+    rope_scaling: RopeScaling | None = None
     qkv_bias: bool = False      # Qwen2, or Llama's attention_bias
     o_bias: bool = False        # Llama's attention_bias only
     mlp_bias: bool = False
     tie_embeddings: bool = False
+    sliding_window: int | None = None   # each query of a windowed layer sees itself and window - 1 keys before
+    sliding_layers: tuple[int, ...] = ()   # the layers with the window
+    qk_norm: bool = False       # Qwen3: an RMSNorm over each head of the queries and keys, before rope
+    num_experts: int = 0        # Mixtral: a mixture of this many experts in place of each MLP
+    experts_per_token: int = 0
 
 
 @dataclass(frozen=True)
@@ -65,7 +69,29 @@ class GPT2Args:
     gelu_approximate: str            # "tanh" (gelu_new) or "none" (exact gelu)
     scale_attn_weights: bool = True
     scale_attn_by_inverse_layer_idx: bool = False
+    tie_embeddings: bool = True      # False: the checkpoint holds its own lm_head.weight
 
+
+@dataclass(frozen=True)
+class GemmaArgs(DecoderSizes):
+    """Gemma 2 and Gemma 3 (text): (1 + weight) RMSNorms before and after attention and the MLP,
+    GeGLU, the embedding scaled by sqrt(hidden), local (sliding-window) layers between global ones,
+    each kind with its own rope; Gemma 2 soft-caps attention scores and logits, Gemma 3 normalises
+    each query and key head instead."""
+    query_pre_attn_scalar: float            # scores are scaled by its inverse square root
+    sliding_window: int | None
+    sliding_layers: tuple[int, ...]
+    global_rope_theta: float
+    local_rope_theta: float
+    global_rope_scaling: RopeScaling | None = None
+    local_rope_scaling: RopeScaling | None = None
+    attn_softcap: float | None = None       # scores -> tanh(scores / cap) * cap
+    final_softcap: float | None = None      # logits alike
+    qk_norm: bool = False
+    tie_embeddings: bool = True
+
+
+ModelArgs = LlamaArgs | GPT2Args | GemmaArgs
 
 # The embedded default model (embedded.py): a small Llama, with GQA.
 EMBEDDED_ARGS = LlamaArgs(vocab_size=ByteTokenizer.vocab_size, hidden_size=256, intermediate_size=704,
@@ -75,7 +101,7 @@ EMBEDDED_ARGS = LlamaArgs(vocab_size=ByteTokenizer.vocab_size, hidden_size=256, 
 
 @dataclass(frozen=True)
 class Architecture:
-    args: LlamaArgs | GPT2Args
+    args: ModelArgs
     dtype: str            # one of DTYPES: what its parameters are cast to
     quantization: str     # model.quantization: "int8" only for the Llama family
     vocab_size: int
@@ -86,10 +112,12 @@ class Architecture:
 def of(config: ModelConfig, device_type: str) -> Architecture:
     """The architecture of the model config.path holds (the embedded one where it is empty), run
     on a device of device_type ("cpu", "cuda"); UnsupportedModel where mcpd cannot run it."""
-    if not config.path:
+    if is_embedded(config.path):
         return Architecture(EMBEDDED_ARGS, resolve_dtype(config.dtype, "float32", device_type), config.quantization,
                             EMBEDDED_ARGS.vocab_size, config.max_model_len)
     path = Path(config.path)
+    if gguf_file.is_gguf(config.path):
+        return _of_gguf(config, path, device_type)
     hf = read_json(path / "config.json")
     try:
         return _of_checkpoint(config, hf, path, device_type)
@@ -97,6 +125,33 @@ def of(config: ModelConfig, device_type: str) -> Architecture:
         raise
     except (TypeError, ValueError, AttributeError) as e:   # a value of the wrong type: a list for a name, say
         raise UnsupportedModel(f"{path / 'config.json'}: unusable values ({e})") from None
+
+
+def is_embedded(path: str) -> bool:
+    return path in ("", EMBEDDED_PATH)
+
+
+def _of_gguf(config: ModelConfig, path: Path, device_type: str) -> Architecture:
+    """A GGUF file's model (gguf_architecture.py), checked as a checkpoint's is; its hf dict
+    holds what the loader and the tokenizer want to know of the file."""
+    from mcpd.models import gguf_architecture
+
+    try:
+        reader = gguf_file.open_gguf(path)
+        found, vocab_size, model_len, name = gguf_architecture.llama_args(reader)
+        scaling = found.pop("rope_scaling")
+        args = LlamaArgs(**found, rope_scaling=rope_scaling.Llama3RopeScaling(*scaling) if scaling else None)
+        _check_sizes(args, model_len, path)
+        gguf_architecture.check_tensors(reader, args)
+    except UnsupportedModel:
+        raise
+    except gguf_file.BadGGUF as e:
+        raise UnsupportedModel(f"{path}: {e}") from None
+    except (TypeError, ValueError, ArithmeticError) as e:   # values that lie in a way not foreseen above
+        raise UnsupportedModel(f"{path}: unusable metadata ({e})") from None
+    dtype = resolve_dtype(config.dtype, "float32", device_type)   # dequantized to float32 unless asked
+    return Architecture(args, dtype, _quantization(args, config.quantization, path), vocab_size, model_len,
+                        {"gguf_architecture": name})
 
 
 def _of_checkpoint(config: ModelConfig, hf: dict, path: Path, device_type: str) -> Architecture:
@@ -118,6 +173,7 @@ def _of_checkpoint(config: ModelConfig, hf: dict, path: Path, device_type: str) 
     except (TypeError, ZeroDivisionError) as e:   # a count that is not a number, or 0 heads
         raise UnsupportedModel(f"{path / 'config.json'}: unusable sizes ({e})") from None
     _check_sizes(args, model_len, path / "config.json")
+    args = _reachable_window(args, min(config.max_model_len, model_len))
     return Architecture(args, dtype, _quantization(args, config.quantization, path), vocab_size, model_len, hf)
 
 
@@ -128,21 +184,27 @@ def _of_checkpoint(config: ModelConfig, hf: dict, path: Path, device_type: str) 
 SIZE_CAPS = {"vocab_size": 1 << 22, "hidden_size": 1 << 17, "intermediate_size": 1 << 19, "num_layers": 1 << 12,
              "num_heads": 1 << 12, "num_kv_heads": 1 << 12, "head_dim": 1 << 12, "inner_size": 1 << 19,
              "max_positions": 1 << 24}
+MAX_EXPERTS = 1 << 10
 MAX_MODEL_LEN = 1 << 24
-REALS = ("rms_norm_eps", "layer_norm_eps", "rope_theta")   # must be finite and positive
+REALS = ("rms_norm_eps", "layer_norm_eps", "rope_theta", "global_rope_theta", "local_rope_theta",
+         "query_pre_attn_scalar")   # must be finite and positive
+OPTIONAL_REALS = ("attn_softcap", "final_softcap")   # None, or as REALS
 
 
-def _check_sizes(args: LlamaArgs | GPT2Args, model_len, config_path: Path) -> None:
+def _check_sizes(args: ModelArgs, model_len, config_path: Path) -> None:
     """UnsupportedModel naming the first count of args that is not a whole number within its
     cap, or real that is not finite and positive, or query heads not shared evenly by KV heads."""
-    scaling = getattr(args, "rope_scaling", None)
+    scalings = [getattr(args, name, None) for name in ("rope_scaling", "global_rope_scaling", "local_rope_scaling")]
     counts = [(name, getattr(args, name)) for name in SIZE_CAPS if hasattr(args, name)]
     counts.append(("context length", model_len))
     reals = [(name, getattr(args, name)) for name in REALS if hasattr(args, name)]
-    if scaling is not None:
-        counts.append(("rope original_max_position_embeddings", scaling.original_max_position_embeddings))
-        reals += [(f"rope {name}", getattr(scaling, name))
-                  for name in ("factor", "low_freq_factor", "high_freq_factor")]
+    reals += [(name, getattr(args, name)) for name in OPTIONAL_REALS if getattr(args, name, None) is not None]
+    if getattr(args, "sliding_window", None) is not None:
+        counts.append(("sliding_window", args.sliding_window))
+    for scaling in filter(None, scalings):
+        scaling_counts, scaling_reals = scaling.checked()
+        counts += scaling_counts
+        reals += scaling_reals
     for name, value in counts:
         cap = SIZE_CAPS.get(name, MAX_MODEL_LEN)
         if type(value) is not int or not 1 <= value <= cap:
@@ -150,7 +212,7 @@ def _check_sizes(args: LlamaArgs | GPT2Args, model_len, config_path: Path) -> No
     for name, value in reals:
         if type(value) not in (int, float) or not 0 < value < math.inf:
             raise UnsupportedModel(f"{config_path}: {name} {value!r} is not a finite positive number")
-    if isinstance(args, LlamaArgs) and args.num_heads % args.num_kv_heads:
+    if not isinstance(args, GPT2Args) and args.num_heads % args.num_kv_heads:
         raise UnsupportedModel(f"{config_path}: {args.num_heads} query heads cannot share "
                                f"{args.num_kv_heads} KV heads evenly")
 
@@ -164,8 +226,21 @@ def check_configured(config: Config) -> None:
     for key, model in named:
         try:
             of(model, "cpu")   # the device changes only what dtype "auto" resolves to, never a refusal
+            if gguf_file.is_gguf(model.path):
+                _check_gguf_tokenizer(Path(model.path))
         except UnsupportedModel as e:
             raise ConfigError(f"{key}: {e}") from None
+
+
+def _check_gguf_tokenizer(path: Path) -> None:
+    """A GGUF's tokenizer is built from its metadata by the scheduler and every worker: one it
+    cannot build is refused here, once, rather than by each of them at every restart."""
+    from mcpd import gguf_tokenizer
+
+    try:
+        gguf_tokenizer.build(gguf_file.open_gguf(path))
+    except gguf_file.BadGGUF as e:
+        raise UnsupportedModel(f"{path}: {e}") from None
 
 
 def resolve_dtype(requested: str, checkpoint: str | None, device_type: str) -> str:
@@ -179,9 +254,11 @@ def resolve_dtype(requested: str, checkpoint: str | None, device_type: str) -> s
     return "float32" if device_type == "cpu" else dtype
 
 
-def _quantization(args: LlamaArgs | GPT2Args, quantization: str, path: Path) -> str:
+def _quantization(args: ModelArgs, quantization: str, path: Path) -> str:
     if quantization != "none" and not isinstance(args, LlamaArgs):
         raise UnsupportedModel(f"{path}: quantization {quantization!r} is for the Llama family only")
+    if quantization != "none" and args.num_experts:
+        raise UnsupportedModel(f"{path}: quantization {quantization!r} of a mixture of experts")
     return quantization
 
 
@@ -191,43 +268,90 @@ def _llama_args(hf: dict, architecture: str) -> tuple[LlamaArgs, int, int]:
         raise UnsupportedModel(f"{architecture}: hidden_act {act!r} (supported: silu)")
     # transformers 5 writes rope_parameters (with rope_theta inside); older configs rope_scaling.
     rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if architecture == "Phi3ForCausalLM":
+        rope = _phi3_rope(rope)
+    heads = hf["num_attention_heads"]
+    head_dim = hf.get("head_dim") or hf["hidden_size"] // heads
+    try:
+        scaling = rope_scaling.read(rope, hf, head_dim)
+    except rope_scaling.UnsupportedRope as e:
+        raise UnsupportedModel(f"{architecture}: {e}") from None
     max_positions = hf.get("max_position_embeddings", 2048)
-    if rope_type == "llama3":
-        scaling = Llama3RopeScaling(rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"],
-                                    rope.get("original_max_position_embeddings", max_positions))
-    elif rope_type == "default":
-        scaling = None
-    else:
-        raise UnsupportedModel(f"{architecture}: rope type {rope_type!r} (supported: default, llama3)")
     if rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0)) != 1.0:
         raise UnsupportedModel(f"{architecture}: partial_rotary_factor (rotary on part of each head)")
     qwen2 = architecture == "Qwen2ForCausalLM"
     attention_bias = hf.get("attention_bias", False)
-    heads = hf["num_attention_heads"]
     args = LlamaArgs(
         vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
         intermediate_size=hf["intermediate_size"], num_layers=hf["num_hidden_layers"],
         num_heads=heads, num_kv_heads=hf.get("num_key_value_heads") or heads,
-        head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
-        rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
+        head_dim=head_dim, rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
         rope_theta=rope.get("rope_theta", hf.get("rope_theta", 10000.0)), rope_scaling=scaling,
         qkv_bias=qwen2 or attention_bias, o_bias=attention_bias and not qwen2,
-        mlp_bias=hf.get("mlp_bias", False), tie_embeddings=hf.get("tie_word_embeddings", False))
-    # Attention is always full here. Within a sliding window full attention is the same thing, so
-    # the window caps the usable length instead of making the model unusable.
-    window = _sliding_window(hf, qwen2)
-    model_len = min(max_positions, window) if window else max_positions
-    return args, args.vocab_size, model_len
+        mlp_bias=hf.get("mlp_bias", False), tie_embeddings=hf.get("tie_word_embeddings", False),
+        qk_norm=architecture == "Qwen3ForCausalLM", **_experts(hf, architecture),
+        **_sliding_window(hf, architecture, hf["num_hidden_layers"]))
+    return args, args.vocab_size, scaling.context_length(max_positions) if scaling else max_positions
 
 
-def _sliding_window(hf: dict, qwen2: bool) -> int | None:
-    if qwen2 and not hf.get("use_sliding_window", False):
-        return None
+def _sliding_window(hf: dict, architecture: str, num_layers: int) -> dict:
+    """LlamaArgs' sliding_window and sliding_layers, as transformers reads them: Mistral and Phi-3
+    window every layer; Qwen2 and Qwen3 only with use_sliding_window, the layers layer_types names
+    (else those from max_window_layers on); Llama none."""
+    window = hf.get("sliding_window")
+    if architecture == "LlamaForCausalLM" or window is None:
+        return {}
+    if architecture in ("MistralForCausalLM", "Phi3ForCausalLM"):
+        return {"sliding_window": window, "sliding_layers": tuple(range(num_layers))}
+    if not hf.get("use_sliding_window", False):
+        return {}
     layer_types = hf.get("layer_types")
-    if layer_types is not None and "sliding_attention" not in layer_types:
-        return None
-    return hf.get("sliding_window")
+    if layer_types is None:
+        first = hf.get("max_window_layers", 28)
+        layer_types = ["sliding_attention" if i >= first else "full_attention" for i in range(num_layers)]
+    layers = _windowed_layers(layer_types, num_layers, architecture)
+    return {"sliding_window": window, "sliding_layers": layers} if layers else {}
+
+
+def _experts(hf: dict, architecture: str) -> dict:
+    """LlamaArgs' num_experts and experts_per_token: Mixtral's, none for the others."""
+    if architecture != "MixtralForCausalLM":
+        return {}
+    num_experts, per_token = hf["num_local_experts"], hf["num_experts_per_tok"]
+    if type(num_experts) is not int or not 1 <= num_experts <= MAX_EXPERTS:
+        raise UnsupportedModel(f"{architecture}: num_local_experts {num_experts!r} is not a whole number "
+                               f"from 1 to {MAX_EXPERTS}")
+    if type(per_token) is not int or not 1 <= per_token <= num_experts:
+        raise UnsupportedModel(f"{architecture}: num_experts_per_tok {per_token!r} is not a whole number "
+                               f"from 1 to {num_experts}")
+    return {"num_experts": num_experts, "experts_per_token": per_token}
+
+
+def _phi3_rope(rope: dict) -> dict:
+    """Phi-3's rope dict as transformers' Phi3Config reads it: types "su" and "yarn" are longrope."""
+    if isinstance(rope, dict) and rope.get("rope_type", rope.get("type")) in ("su", "yarn"):
+        return {**rope, "rope_type": "longrope"}
+    return rope
+
+
+def _windowed_layers(layer_types, num_layers: int, architecture: str) -> tuple[int, ...]:
+    """The indices of config.json's layer_types that say sliding_attention; UnsupportedModel where it
+    is not one known type per layer."""
+    if not isinstance(layer_types, list) or len(layer_types) != num_layers:
+        raise UnsupportedModel(f"{architecture}: layer_types {layer_types!r} is not a list of {num_layers} layer types")
+    unknown = set(layer_types) - {"full_attention", "sliding_attention"}
+    if unknown:
+        raise UnsupportedModel(f"{architecture}: layer_types {sorted(unknown)!r} "
+                               "(supported: full_attention, sliding_attention)")
+    return tuple(i for i, kind in enumerate(layer_types) if kind == "sliding_attention")
+
+
+def _reachable_window(args: ModelArgs, model_len: int) -> ModelArgs:
+    """args without a sliding window that no sequence of model_len tokens exceeds: within its
+    window attention is full, which every kernel set runs (only the torch kernels have windows)."""
+    if not isinstance(args, GPT2Args) and args.sliding_window is not None and args.sliding_window >= model_len:
+        return dataclasses.replace(args, sliding_window=None, sliding_layers=())
+    return args
 
 
 def _gpt2_args(hf: dict, architecture: str) -> tuple[GPT2Args, int, int]:
@@ -242,14 +366,76 @@ def _gpt2_args(hf: dict, architecture: str) -> tuple[GPT2Args, int, int]:
         num_heads=hf["n_head"], inner_size=hf.get("n_inner") or 4 * hf["n_embd"],
         max_positions=hf["n_positions"], layer_norm_eps=hf.get("layer_norm_epsilon", 1e-5),
         gelu_approximate=approximate, scale_attn_weights=hf.get("scale_attn_weights", True),
-        scale_attn_by_inverse_layer_idx=hf.get("scale_attn_by_inverse_layer_idx", False))
+        scale_attn_by_inverse_layer_idx=hf.get("scale_attn_by_inverse_layer_idx", False),
+        tie_embeddings=hf.get("tie_word_embeddings", True))
     return args, args.vocab_size, args.max_positions
+
+
+def _gemma_args(hf: dict, architecture: str) -> tuple[GemmaArgs, int, int]:
+    act = hf.get("hidden_activation") or hf.get("hidden_act", "gelu_pytorch_tanh")
+    if act != "gelu_pytorch_tanh":
+        raise UnsupportedModel(f"{architecture}: hidden_activation {act!r} (supported: gelu_pytorch_tanh)")
+    for flag in ("attention_bias", "use_bidirectional_attention"):
+        if hf.get(flag):
+            raise UnsupportedModel(f"{architecture}: {flag}")
+    gemma3 = architecture == "Gemma3ForCausalLM"
+    num_layers, heads = hf["num_hidden_layers"], hf["num_attention_heads"]
+    head_dim = hf.get("head_dim") or hf["hidden_size"] // heads
+    every = hf.get("sliding_window_pattern", 6) if gemma3 else 2   # every n-th layer is global
+    layer_types = hf.get("layer_types") or ["full_attention" if (i + 1) % every == 0 else "sliding_attention"
+                                            for i in range(num_layers)]
+    window = hf.get("sliding_window")
+    global_rope, local_rope = _gemma_ropes(hf, gemma3)
+    args = GemmaArgs(
+        vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"], intermediate_size=hf["intermediate_size"],
+        num_layers=num_layers, num_heads=heads, num_kv_heads=hf.get("num_key_value_heads") or heads,
+        head_dim=head_dim, rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
+        query_pre_attn_scalar=hf.get("query_pre_attn_scalar", 256), sliding_window=window,
+        sliding_layers=_windowed_layers(layer_types, num_layers, architecture) if window else (),
+        global_rope_theta=global_rope.get("rope_theta", 1_000_000.0 if gemma3 else 10_000.0),
+        local_rope_theta=local_rope.get("rope_theta", 10_000.0),
+        global_rope_scaling=_rope_of(global_rope, hf, architecture, head_dim),
+        local_rope_scaling=_rope_of(local_rope, hf, architecture, head_dim),
+        attn_softcap=hf.get("attn_logit_softcapping", None if gemma3 else 50.0),
+        final_softcap=hf.get("final_logit_softcapping", None if gemma3 else 30.0),
+        qk_norm=gemma3, tie_embeddings=hf.get("tie_word_embeddings", True))
+    max_positions = hf.get("max_position_embeddings", 8192)
+    scaling = args.global_rope_scaling
+    return args, args.vocab_size, scaling.context_length(max_positions) if scaling else max_positions
+
+
+def _gemma_ropes(hf: dict, gemma3: bool) -> tuple[dict, dict]:
+    """The rope dicts of Gemma's global and local layers: Gemma 3 nests one per layer type
+    (transformers 5; older configs: rope_scaling for the global layers, rope_local_base_freq),
+    Gemma 2 has one for both."""
+    rope = hf.get("rope_parameters") or {}
+    if gemma3 and "full_attention" in rope:
+        return rope["full_attention"] or {}, rope.get("sliding_attention") or {}
+    if gemma3:
+        global_rope = {**(hf.get("rope_scaling") or {}), "rope_theta": hf.get("rope_theta", 1_000_000.0)}
+        return global_rope, {"rope_theta": hf.get("rope_local_base_freq", 10_000.0)}
+    rope = rope or {**(hf.get("rope_scaling") or {}), "rope_theta": hf.get("rope_theta", 10_000.0)}
+    return rope, rope
+
+
+def _rope_of(rope: dict, hf: dict, architecture: str, head_dim: int) -> RopeScaling | None:
+    if rope.get("partial_rotary_factor", 1.0) != 1.0:
+        raise UnsupportedModel(f"{architecture}: partial_rotary_factor (rotary on part of each head)")
+    try:
+        return rope_scaling.read(rope, hf, head_dim)
+    except rope_scaling.UnsupportedRope as e:
+        raise UnsupportedModel(f"{architecture}: {e}") from None
 
 
 ARCHITECTURES = {
     "LlamaForCausalLM": _llama_args,
     "MistralForCausalLM": _llama_args,
     "Qwen2ForCausalLM": _llama_args,
+    "Qwen3ForCausalLM": _llama_args,
+    "Phi3ForCausalLM": _llama_args,
+    "MixtralForCausalLM": _llama_args,
+    "Gemma2ForCausalLM": _gemma_args,
+    "Gemma3ForCausalLM": _gemma_args,
     "GPT2LMHeadModel": _gpt2_args,
 }
 

@@ -1,4 +1,5 @@
-"""GPT-2: learned positions, LayerNorm, fused c_attn, GELU MLP, lm_head tied to the embeddings.
+"""GPT-2: learned positions, LayerNorm, fused c_attn, GELU MLP, lm_head tied to the embeddings
+unless config.json says tie_word_embeddings = false (then the checkpoint holds its own).
 
 Checkpoints store the projections as Conv1D weights, [in, out]; map_weight() transposes them into
 nn.Linear's [out, in] once at load time.
@@ -67,6 +68,8 @@ class GPT2LMHeadModel(KernelForms, nn.Module):
         self.wpe = Embedding(args.max_positions, args.hidden_size)
         self.h = nn.ModuleList(GPT2Block(args, i) for i in range(args.num_layers))
         self.ln_f = nn.LayerNorm(args.hidden_size, eps=args.layer_norm_eps)
+        # Tied: no lm_head at all (a shared Parameter would not survive to_empty()).
+        self.lm_head = None if args.tie_embeddings else nn.Linear(args.hidden_size, args.vocab_size, bias=False)
         self.kernels = TORCH
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
@@ -77,12 +80,13 @@ class GPT2LMHeadModel(KernelForms, nn.Module):
         return self.ln_f(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden, self.wte.weight).float()  # the lm_head is the embedding matrix
+        head = self.wte if self.lm_head is None else self.lm_head
+        return F.linear(hidden, head.weight).float()
 
     def choose_kernels(self, requested: str) -> str:
         """GPT-2 runs on torch's ops only, on its parameters as they are."""
-        if requested == "native":
-            raise NativeUnavailable("GPT-2 has no native kernels (engine.kernels = native)")
+        if requested.startswith("native"):
+            raise NativeUnavailable(f"GPT-2 has no native kernels (engine.kernels = {requested})")
         return "torch (GPT-2)"
 
     def use_kernels(self, requested: str) -> str:
@@ -91,8 +95,8 @@ class GPT2LMHeadModel(KernelForms, nn.Module):
     def map_weight(self, name: str, tensor: torch.Tensor) -> tuple[str, int, torch.Tensor] | None:
         """Checkpoint tensor -> (parameter name, first row it fills, tensor); None to skip it."""
         name = name.removeprefix("transformer.")
-        # lm_head duplicates wte; attn.bias / attn.masked_bias are causal-mask buffers.
-        if name == "lm_head.weight" or name.endswith((".attn.bias", ".attn.masked_bias")):
+        # A tied lm_head duplicates wte; attn.bias / attn.masked_bias are causal-mask buffers.
+        if (name == "lm_head.weight" and self.lm_head is None) or name.endswith((".attn.bias", ".attn.masked_bias")):
             return None
         if name.endswith(self.CONV1D):
             tensor = tensor.t()

@@ -7,13 +7,14 @@ knowledge travels in AttentionMetadata, built once per step and shared by all la
 """
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
-from mcpd.models.architecture import Llama3RopeScaling
+from mcpd.models import rope_frequencies
+from mcpd.models.rope_scaling import RopeScaling
 from mcpd.kernels.torch_kernels import TORCH, TorchKernels
 
 
@@ -36,18 +37,6 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
 
-def llama3_scaled(inv_freq: torch.Tensor, scaling: Llama3RopeScaling) -> torch.Tensor:
-    """inv_freq with rope scaling of type "llama3" (Llama 3.1+): long wavelengths are slowed down
-    by scaling.factor, short ones kept, the ones between smoothed."""
-    old_len = scaling.original_max_position_embeddings
-    wavelen = 2 * math.pi / inv_freq
-    scaled = torch.where(wavelen > old_len / scaling.low_freq_factor, inv_freq / scaling.factor, inv_freq)
-    smooth = (old_len / wavelen - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor)
-    smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
-    medium = (wavelen >= old_len / scaling.high_freq_factor) & (wavelen <= old_len / scaling.low_freq_factor)
-    return torch.where(medium, smoothed, scaled)
-
-
 class RotaryEmbedding(nn.Module):
     """Rotary position embedding in the "rotate half" layout of Hugging Face checkpoints.
 
@@ -55,13 +44,18 @@ class RotaryEmbedding(nn.Module):
     meta device and then filled from checkpoints, and a buffer would be left uninitialised.
     """
 
-    def __init__(self, head_dim: int, theta: float, scaling: Llama3RopeScaling | None,
-                 device: torch.device) -> None:
+    def __init__(self, head_dim: int, theta: float, scaling: RopeScaling | None, device: torch.device) -> None:
         super().__init__()
-        inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim)
-        self.inv_freq = llama3_scaled(inv_freq, scaling) if scaling else inv_freq
-
+        self.head_dim, self.theta, self.scaling = head_dim, theta, scaling
+        self.inv_freq = rope_frequencies.inverse_frequencies(head_dim, theta, scaling, device)
+        self.attention_factor = rope_frequencies.attention_factor(scaling)
         self.tables: dict[torch.dtype, torch.Tensor] = {}
+
+    @property
+    def by_length(self) -> bool:
+        """Whether a row's angles depend on its sequence's length at the step (dynamic, longrope):
+        then for_step's table is the step's own, not a table by position."""
+        return self.scaling is not None and self.scaling.by_length
 
     def table(self, positions: int, dtype: torch.dtype) -> torch.Tensor:
         """[P, 2, head_dim] float32: cos and sin of positions 0 .. P-1 (P >= positions, grown by
@@ -69,11 +63,24 @@ class RotaryEmbedding(nn.Module):
         table = self.tables.get(dtype)
         if table is None or table.shape[0] < positions:
             length = 1 << max(positions - 1, 1).bit_length()
-            freqs = torch.arange(length, device=self.inv_freq.device).float()[:, None] * self.inv_freq
-            angles = torch.cat((freqs, freqs), dim=-1)
-            table = torch.stack((angles.cos(), angles.sin()), dim=1).to(dtype).float()
+            table = self._cos_sin(torch.arange(length, device=self.inv_freq.device).float()[:, None] * self.inv_freq,
+                                  dtype)
             self.tables[dtype] = table
         return table
+
+    def for_step(self, attn: AttentionMetadata, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """(table, rows): the cos and sin of each row of the step are table[rows[i]]."""
+        if not self.by_length:
+            return self.table(attn.num_positions, dtype), attn.positions
+        inv_freq = rope_frequencies.by_length(self.head_dim, self.theta, self.scaling, attn.sequence_lengths(),
+                                              self.inv_freq)
+        rows = torch.arange(len(attn.positions), device=attn.positions.device)
+        return self._cos_sin(attn.positions.float()[:, None] * inv_freq, dtype), rows
+
+    def _cos_sin(self, freqs: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        angles = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = angles.cos() * self.attention_factor, angles.sin() * self.attention_factor
+        return torch.stack((cos, sin), dim=1).to(dtype).float()
 
 
 @dataclass
@@ -96,10 +103,19 @@ class AttentionGroup:
     mask: torch.Tensor | None = None         # prefill: [B, 1, Q, W * block_size] True where a query may attend
     query_index: torch.Tensor | None = None  # prefill: [B, Q] group row of each query
     output_rows: torch.Tensor | None = None  # prefill: rows of the [B*Q] output that are real tokens
+    first_keys: torch.Tensor | None = None   # decode in a sliding window: [B] first position each may attend to
 
     @property
     def decoding(self) -> bool:
         return self.mask is None
+
+    def windowed(self, window: int) -> AttentionGroup:
+        """This group with each query seeing itself and the window - 1 keys before it only."""
+        if self.decoding:
+            return dataclasses.replace(self, first_keys=(self.context_lens - window).clamp(min=0))
+        query_pos = self.query_index - self.first_rows[:, None] + self.starts[:, None]
+        key_pos = torch.arange(self.mask.shape[-1], device=self.mask.device)
+        return dataclasses.replace(self, mask=self.mask & (key_pos > query_pos[:, :, None] - window)[:, None])
 
 
 @dataclass
@@ -109,6 +125,21 @@ class AttentionMetadata:
     slot_offsets: torch.Tensor  # [T]
     groups: list[AttentionGroup]
     num_positions: int          # 1 + the highest position in the step
+    windows: dict[int, list[AttentionGroup]] = field(default_factory=dict)   # groups by sliding window, made once
+
+    def sequence_lengths(self) -> torch.Tensor:
+        """[T]: each row's sequence's length at the end of the step."""
+        lengths = [g.context_lens if g.decoding else g.context_lens.repeat_interleave(g.counts) for g in self.groups]
+        return lengths[0] if len(lengths) == 1 else torch.cat(lengths)
+
+    def groups_within(self, window: int | None) -> list[AttentionGroup]:
+        """The groups as a layer with this sliding window (None: none) attends."""
+        if window is None:
+            return self.groups
+        groups = self.windows.get(window)
+        if groups is None:
+            groups = self.windows[window] = [group.windowed(window) for group in self.groups]
+        return groups
 
     @classmethod
     def build(cls, block_tables: list[list[int]], starts: list[int], counts: list[int],
@@ -179,9 +210,11 @@ class PagedAttention(nn.Module):
     KV tensor, handed in by bind_kv_cache(); the module owns no memory of its own.
     """
 
-    def __init__(self, scale: float) -> None:
+    def __init__(self, scale: float, window: int | None = None, softcap: float | None = None) -> None:
         super().__init__()
         self.scale = scale
+        self.window = window   # sliding window: each query sees itself and window - 1 keys before
+        self.options = {} if softcap is None else {"softcap": softcap}   # only the torch kernels take them
         self.kv_cache: torch.Tensor | None = None
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -195,7 +228,8 @@ class PagedAttention(nn.Module):
         """Attention of q [T, heads, D] over the cache, whose keys and values for this step's
         tokens are already written; returns [T, heads * D]."""
         outputs = [(kernels.decode_attention if g.decoding else kernels.prefill_attention)(
-                       q[g.start:g.end], self.kv_cache, g, self.scale) for g in attn.groups]
+                       q[g.start:g.end], self.kv_cache, g, self.scale, **self.options)
+                   for g in attn.groups_within(self.window)]
         return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
 
 

@@ -1,4 +1,6 @@
-"""The Llama family: Llama 2/3, TinyLlama, Mistral, and Qwen2/2.5 (Llama with q/k/v bias).
+"""The Llama family: Llama 2/3, TinyLlama, Mistral, Qwen2/2.5 (Llama with q/k/v bias), Qwen3 (with
+q/k norms), Phi-3 (whose checkpoints hold q/k/v and gate/up fused already) and Mixtral (a
+mixture of experts for each MLP: experts.py).
 
 q/k/v and gate/up projections are fused into one matmul each; map_weight() packs the separate
 checkpoint tensors into them, so module names otherwise follow Hugging Face checkpoints.
@@ -11,9 +13,10 @@ import torch
 from torch import nn
 
 from mcpd.models.architecture import LlamaArgs
+from mcpd.models.experts import MixtureOfExperts
 from mcpd.quant.int8 import SCALE_SUFFIX, Int8Weight
 from mcpd.kernels.forms import Form, KernelForms
-from mcpd.kernels.choice import choose
+from mcpd.kernels.choice import choose, torch_for
 from mcpd.kernels.native_kernels import Packed
 from mcpd.kernels.torch_kernels import TORCH, TorchKernels
 from mcpd.models.layers import AttentionMetadata, Embedding, PagedAttention, RMSNorm, RotaryEmbedding
@@ -21,12 +24,16 @@ from mcpd.kernels.native_stack import NativeStack
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, args: LlamaArgs) -> None:
+    def __init__(self, args: LlamaArgs, layer_index: int) -> None:
         super().__init__()
         q_size, kv_size = args.num_heads * args.head_dim, args.num_kv_heads * args.head_dim
         self.qkv_proj = nn.Linear(args.hidden_size, q_size + 2 * kv_size, bias=args.qkv_bias)
         self.o_proj = nn.Linear(q_size, args.hidden_size, bias=args.o_bias)
-        self.attn = PagedAttention(scale=args.head_dim ** -0.5)
+        window = args.sliding_window if layer_index in args.sliding_layers else None
+        self.attn = PagedAttention(args.head_dim ** -0.5, window)
+        if args.qk_norm:
+            self.q_norm = RMSNorm(args.head_dim, args.rms_norm_eps)
+            self.k_norm = RMSNorm(args.head_dim, args.rms_norm_eps)
 
 
 class LlamaMLP(nn.Module):
@@ -37,19 +44,23 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, args: LlamaArgs) -> None:
+    def __init__(self, args: LlamaArgs, layer_index: int) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
-        self.self_attn = LlamaAttention(args)
+        self.self_attn = LlamaAttention(args, layer_index)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
-        self.mlp = LlamaMLP(args)
+        if args.num_experts:
+            self.block_sparse_moe = MixtureOfExperts(args.hidden_size, args.intermediate_size, args.num_experts,
+                                                     args.experts_per_token)
+        else:
+            self.mlp = LlamaMLP(args)
 
 
 class LlamaModel(nn.Module):
     def __init__(self, args: LlamaArgs) -> None:
         super().__init__()
         self.embed_tokens = Embedding(args.vocab_size, args.hidden_size)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(args) for _ in range(args.num_layers))
+        self.layers = nn.ModuleList(LlamaDecoderLayer(args, i) for i in range(args.num_layers))
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
 
 
@@ -69,6 +80,9 @@ class LayerWeights:
     gate_up_bias: torch.Tensor | None
     down: torch.Tensor | Int8Weight | Packed
     down_bias: torch.Tensor | None
+    q_norm: torch.Tensor | None   # Qwen3's norms of each query and key head
+    k_norm: torch.Tensor | None
+    experts: MixtureOfExperts | None   # Mixtral's, in place of gate_up and down
 
     @classmethod
     def of(cls, layer: LlamaDecoderLayer, prefix: str, forms: dict[str, Form]) -> LayerWeights:
@@ -78,7 +92,9 @@ class LayerWeights:
         return cls(form("input_layernorm.weight"), form("self_attn.qkv_proj.weight"), form("self_attn.qkv_proj.bias"),
                    layer.self_attn.attn, form("self_attn.o_proj.weight"), form("self_attn.o_proj.bias"),
                    form("post_attention_layernorm.weight"), form("mlp.gate_up_proj.weight"),
-                   form("mlp.gate_up_proj.bias"), form("mlp.down_proj.weight"), form("mlp.down_proj.bias"))
+                   form("mlp.gate_up_proj.bias"), form("mlp.down_proj.weight"), form("mlp.down_proj.bias"),
+                   form("self_attn.q_norm.weight"), form("self_attn.k_norm.weight"),
+                   getattr(layer, "block_sparse_moe", None))
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +115,9 @@ class ModelWeights:
 class LlamaForCausalLM(KernelForms, nn.Module):
     # checkpoint projection -> (fused parameter, index of its slice in the fused output rows)
     PACKED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
-              "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
+              "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
+              "w1": ("gate_up_proj", 0), "w3": ("gate_up_proj", 1)}   # a Mixtral expert's gate and up
+    RENAMED = {"w2": "down_proj"}   # a Mixtral expert's down
 
     def __init__(self, args: LlamaArgs, device: torch.device) -> None:
         super().__init__()
@@ -132,19 +150,37 @@ class LlamaForCausalLM(KernelForms, nn.Module):
         """Each layer: x = norm(residual); residual += attention(x); x = norm(residual);
         residual += mlp(x), with each residual addition fused into the norm that follows it. The
         native kernels run this loop in C (NativeStack), the same kernels in the same order."""
-        k, a, eps, weights = self.kernels, self.args, self.args.rms_norm_eps, self.weights
+        k, eps, weights = self.kernels, self.args.rms_norm_eps, self.weights
         residual, delta = k.embedding(input_ids, weights.embedding), None
-        rope = self.rope.table(attn.num_positions, residual.dtype)
+        rope, rope_rows = self.rope.for_step(attn, residual.dtype)
         if k.stacks_layers:
             return self._native_stack().run(residual, rope, attn)
         for w in weights.layers:
-            residual, q = k.attention_inputs(residual, delta, w.input_norm, eps, w.qkv, w.qkv_bias, a.num_heads,
-                                             a.num_kv_heads, a.head_dim, rope, attn.positions, attn.slot_blocks,
-                                             attn.slot_offsets, w.attention.kv_cache)
+            residual, q = self._attention_inputs(residual, delta, w, rope, rope_rows, attn)
             residual, x = k.add_rms_norm(residual, k.linear(w.attention.attend(q, attn, k), w.o, w.o_bias),
                                          w.post_norm, eps)
-            delta = k.linear(k.silu_mul(k.linear(x, w.gate_up, w.gate_up_bias)), w.down, w.down_bias)
+            delta = (k.linear(k.silu_mul(k.linear(x, w.gate_up, w.gate_up_bias)), w.down, w.down_bias)
+                     if w.experts is None else w.experts(x, k))
         return k.add_rms_norm(residual, delta, weights.final_norm, eps)[1]
+
+    def _attention_inputs(self, residual: torch.Tensor, delta: torch.Tensor | None, w: LayerWeights,
+                          rope: torch.Tensor, rope_rows: torch.Tensor,
+                          attn: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+        """(residual + delta, the queries), keys and values stored: the kernels' attention_inputs,
+        or step by step with Qwen3's q/k norms between the product and rope."""
+        k, a, eps = self.kernels, self.args, self.args.rms_norm_eps
+        if w.q_norm is None:
+            return k.attention_inputs(residual, delta, w.input_norm, eps, w.qkv, w.qkv_bias, a.num_heads,
+                                      a.num_kv_heads, a.head_dim, rope, rope_rows, attn.slot_blocks,
+                                      attn.slot_offsets, w.attention.kv_cache)
+        residual, x = k.add_rms_norm(residual, delta, w.input_norm, eps)
+        q_size, kv_size = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
+        q, key, v = k.linear(x, w.qkv, w.qkv_bias).split((q_size, kv_size, kv_size), dim=-1)
+        q = k.add_rms_norm(q.reshape(-1, a.num_heads, a.head_dim), None, w.q_norm, eps)[1]
+        key = k.add_rms_norm(key.reshape(-1, a.num_kv_heads, a.head_dim), None, w.k_norm, eps)[1]
+        qkv = torch.cat((q.flatten(1), key.flatten(1), v), dim=-1)
+        return residual, k.rope_store(qkv, a.num_heads, a.num_kv_heads, a.head_dim, rope, rope_rows,
+                                      attn.slot_blocks, attn.slot_offsets, w.attention.kv_cache)
 
     def _native_stack(self) -> NativeStack:
         """The layers as one native call, described once the KV cache is bound (anew if it was
@@ -181,8 +217,12 @@ class LlamaForCausalLM(KernelForms, nn.Module):
         sizes = [args.hidden_size, args.intermediate_size, args.num_heads * args.head_dim,
                  args.num_kv_heads * args.head_dim]
         embedding = self.model.embed_tokens.weight
-        self.kernels, reason = choose(requested, embedding.dtype, embedding.device, sizes, args.head_dim,
-                                      args.num_heads // args.num_kv_heads)
+        torch_only = self._torch_only_feature()
+        if torch_only:
+            self.kernels, reason = torch_for(requested, torch_only)
+        else:
+            self.kernels, reason = choose(requested, embedding.dtype, embedding.device, sizes, args.head_dim,
+                                          args.num_heads // args.num_kv_heads)
         self._weights = None
         qkv = self.model.layers[0].self_attn.qkv_proj.weight
         if self.kernels is TORCH and qkv.dtype == torch.int8 and qkv.device.type == "cpu":
@@ -191,6 +231,16 @@ class LlamaForCausalLM(KernelForms, nn.Module):
             # on CUDA, int8_cuda's).
             reason += "; int8 weights on the torch kernels run slower than float ones"
         return reason
+
+    def _torch_only_feature(self) -> str | None:
+        """What of this model only the torch kernels run, if anything."""
+        if self.args.sliding_window is not None:
+            return "sliding-window attention"
+        if self.rope.by_length:
+            return "rope whose angles follow the sequence's length"
+        if self.args.num_experts:
+            return "mixture-of-experts layers"
+        return "q/k norms" if self.args.qk_norm else None
 
     def prepared(self, name: str, param: torch.Tensor) -> bool:
         """The weight matrices the kernels multiply; the embedding table too when it is the head.
@@ -221,6 +271,9 @@ class LlamaForCausalLM(KernelForms, nn.Module):
             fused, index = self.PACKED[parts[-2]]
             parts[-2] = fused
             return ".".join(parts), self._packed_row(fused, index), tensor
+        if len(parts) >= 2 and parts[-2] in self.RENAMED:
+            parts[-2] = self.RENAMED[parts[-2]]
+            return ".".join(parts), 0, tensor
         return name, 0, tensor
 
     def _packed_row(self, fused: str, index: int) -> int:

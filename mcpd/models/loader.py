@@ -1,6 +1,6 @@
 """Load a causal LM from a local Hugging Face directory: config.json, *.safetensors, tokenizer.json.
 
-Supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, GPT2LMHeadModel in float32,
+Supported: the architectures of architecture.ARCHITECTURES (docs/MODELS.md lists them) in float32,
 float16 or bfloat16. Everything else is refused up front with UnsupportedModel naming the exact
 feature, rather than loading and then generating garbage (config.json's refusals: architecture.py).
 
@@ -22,7 +22,8 @@ from torch import nn
 from mcpd.config import ModelConfig
 from mcpd.models import architecture
 from mcpd.quant import int8
-from mcpd.models.architecture import LlamaArgs, UnsupportedModel, read_json
+from mcpd.models.architecture import GemmaArgs, LlamaArgs, UnsupportedModel, read_json
+from mcpd.models.gemma import GemmaForCausalLM
 from mcpd.models.gpt2 import GPT2LMHeadModel
 from mcpd.kernels.forms import Form
 from mcpd.models.layers import AttentionMetadata
@@ -106,8 +107,12 @@ def skeleton(config: ModelConfig, device: torch.device) -> tuple[nn.Module, dict
     the embedded model), dtype, vocabulary size and context length."""
     arch = architecture.of(config, device.type)
     with torch.device("meta"):  # parameters get memory below: no time spent on random init
-        model = (LlamaForCausalLM(arch.args, device) if isinstance(arch.args, LlamaArgs)
-                 else GPT2LMHeadModel(arch.args))
+        if isinstance(arch.args, LlamaArgs):
+            model = LlamaForCausalLM(arch.args, device)
+        elif isinstance(arch.args, GemmaArgs):
+            model = GemmaForCausalLM(arch.args, device)
+        else:
+            model = GPT2LMHeadModel(arch.args)
     model = on_device(model.to(DTYPES[arch.dtype]), device).eval().requires_grad_(False)
     if arch.quantization == "int8":
         int8.use_int8(model)

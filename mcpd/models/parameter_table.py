@@ -7,11 +7,11 @@ parameter; tests/test_parameter_table.py holds it equal to a built skeleton's fo
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from mcpd.config import ModelConfig
 from mcpd.models import architecture
-from mcpd.models.architecture import Architecture, GPT2Args, LlamaArgs
+from mcpd.models.architecture import Architecture, GemmaArgs, GPT2Args, LlamaArgs
 from mcpd.quant.int8_layout import SCALE_SUFFIX, groups
 
 ITEM_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1}
@@ -27,7 +27,8 @@ def parameter_bytes(config: ModelConfig, device: str) -> int:
 
 def parameters(arch: Architecture) -> dict[str, tuple[Shape, str]]:
     """name -> (shape, dtype) of each parameter, as named_parameters() of the loader's skeleton."""
-    listed = _llama(arch.args) if isinstance(arch.args, LlamaArgs) else _gpt2(arch.args)
+    listed = (_llama(arch.args) if isinstance(arch.args, LlamaArgs)
+              else _gemma(arch.args) if isinstance(arch.args, GemmaArgs) else _gpt2(arch.args))
     table = {}
     for name, shape, linear in listed:
         if linear and arch.quantization == "int8":   # int8.use_int8: every nn.Linear's weight
@@ -47,20 +48,62 @@ def _linear(name: str, inputs: int, outputs: int, bias: bool) -> Listed:
         yield f"{name}.bias", (outputs,), False
 
 
+def _decoder(a: LlamaArgs | GemmaArgs, layer: Callable[[str], Listed]) -> Listed:
+    """Embedding, each layer's parameters (layer(its name prefix)), final norm and an untied head."""
+    yield "model.embed_tokens.weight", (a.vocab_size, a.hidden_size), False
+    for i in range(a.num_layers):
+        yield from layer(f"model.layers.{i}.")
+    yield "model.norm.weight", (a.hidden_size,), False
+    if not a.tie_embeddings:   # tied: the embedding is the head
+        yield from _linear("lm_head", a.hidden_size, a.vocab_size, False)
+
+
+def _qk_norms(a: LlamaArgs | GemmaArgs, layer: str) -> Listed:
+    if a.qk_norm:
+        yield layer + "self_attn.q_norm.weight", (a.head_dim,), False
+        yield layer + "self_attn.k_norm.weight", (a.head_dim,), False
+
+
 def _llama(a: LlamaArgs) -> Listed:
     hidden, q_size, kv_size = a.hidden_size, a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
-    yield "model.embed_tokens.weight", (a.vocab_size, hidden), False
-    for i in range(a.num_layers):
-        layer = f"model.layers.{i}."
-        yield layer + "input_layernorm.weight", (hidden,), False
-        yield from _linear(layer + "self_attn.qkv_proj", hidden, q_size + 2 * kv_size, a.qkv_bias)
-        yield from _linear(layer + "self_attn.o_proj", q_size, hidden, a.o_bias)
-        yield layer + "post_attention_layernorm.weight", (hidden,), False
-        yield from _linear(layer + "mlp.gate_up_proj", hidden, 2 * a.intermediate_size, a.mlp_bias)
-        yield from _linear(layer + "mlp.down_proj", a.intermediate_size, hidden, a.mlp_bias)
-    yield "model.norm.weight", (hidden,), False
-    if not a.tie_embeddings:   # tied: the embedding is the head
-        yield from _linear("lm_head", hidden, a.vocab_size, False)
+
+    def layer(prefix: str) -> Listed:
+        yield prefix + "input_layernorm.weight", (hidden,), False
+        yield from _linear(prefix + "self_attn.qkv_proj", hidden, q_size + 2 * kv_size, a.qkv_bias)
+        yield from _linear(prefix + "self_attn.o_proj", q_size, hidden, a.o_bias)
+        yield from _qk_norms(a, prefix)
+        yield prefix + "post_attention_layernorm.weight", (hidden,), False
+        if a.num_experts:
+            yield from _experts(a, prefix + "block_sparse_moe.")
+        else:
+            yield from _linear(prefix + "mlp.gate_up_proj", hidden, 2 * a.intermediate_size, a.mlp_bias)
+            yield from _linear(prefix + "mlp.down_proj", a.intermediate_size, hidden, a.mlp_bias)
+    return _decoder(a, layer)
+
+
+def _experts(a: LlamaArgs, prefix: str) -> Listed:
+    yield from _linear(prefix + "gate", a.hidden_size, a.num_experts, False)
+    for e in range(a.num_experts):
+        yield from _linear(f"{prefix}experts.{e}.gate_up_proj", a.hidden_size, 2 * a.intermediate_size, False)
+        yield from _linear(f"{prefix}experts.{e}.down_proj", a.intermediate_size, a.hidden_size, False)
+
+
+def _gemma(a: GemmaArgs) -> Listed:
+    hidden, q_size, kv_size = a.hidden_size, a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
+
+    def layer(prefix: str) -> Listed:
+        yield prefix + "input_layernorm.weight", (hidden,), False
+        for name, outputs in (("q_proj", q_size), ("k_proj", kv_size), ("v_proj", kv_size)):
+            yield from _linear(prefix + "self_attn." + name, hidden, outputs, False)
+        yield from _linear(prefix + "self_attn.o_proj", q_size, hidden, False)
+        yield from _qk_norms(a, prefix)
+        for norm in ("post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm"):
+            yield prefix + norm + ".weight", (hidden,), False
+        for name, inputs, outputs in (("gate_proj", hidden, a.intermediate_size),
+                                      ("up_proj", hidden, a.intermediate_size),
+                                      ("down_proj", a.intermediate_size, hidden)):
+            yield from _linear(prefix + "mlp." + name, inputs, outputs, False)
+    return _decoder(a, layer)
 
 
 def _gpt2(a: GPT2Args) -> Listed:
@@ -76,6 +119,8 @@ def _gpt2(a: GPT2Args) -> Listed:
         yield from _linear(block + "mlp.c_fc", hidden, a.inner_size, True)
         yield from _linear(block + "mlp.c_proj", a.inner_size, hidden, True)
     yield from _layer_norm("ln_f", hidden)
+    if not a.tie_embeddings:
+        yield from _linear("lm_head", hidden, a.vocab_size, False)
 
 
 def _layer_norm(name: str, size: int) -> Listed:

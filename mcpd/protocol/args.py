@@ -4,13 +4,15 @@ ops.py checks a client's "args" map and builds one of these; from then on every 
 the fields, never the map: nothing downstream checks types, ranges or defaults again. Each is a
 msgspec Struct tagged with its op, so the internal messages carry it as it is (daemon/messages.py)
 and the tag says which op a request is. A field left out (or nil) takes the default declared
-here, the only place a default lives.
+here (a sampling field's in sampling.py), the only place a default lives.
 """
 from __future__ import annotations
 
 from typing import Any, Union
 
 import msgspec
+
+from mcpd.protocol.sampling import SamplingParams
 
 
 class OpArgs(msgspec.Struct, frozen=True, array_like=True, tag_field="op"):
@@ -31,15 +33,7 @@ class GenerateArgs(OpArgs, tag="generate"):
     prompt: str | None = None
     prompt_token_ids: tuple[int, ...] | None = None
     messages: tuple[dict[str, Any], ...] | None = None
-    max_tokens: int = 16
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    stop_token_ids: tuple[int, ...] = ()
-    ignore_eos: bool = False
-    logprobs: bool = False
+    sampling: SamplingParams = SamplingParams()   # the sampling arguments, as the engine reads them
     stream: bool = False
     context: str | None = None   # run on this context's tokens and append the turn
     base: int | None = None      # with context: the version the turn expects

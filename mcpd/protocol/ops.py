@@ -3,9 +3,8 @@
 The front-end validates args here, once, before any other process sees the request, and turns
 them into the op's typed value (args.py, where the defaults are); the scheduler and the workers
 read that value and trust its types and ranges. Each op lists its arguments as (accepted types,
-check, conversion to the typed field).
-Every integer has both bounds: msgpack carries ints up to 2^64-1, and a value that passed here
-but overflowed the engine's int64 tensors would crash a worker (top_k = 2^63 did).
+check, conversion to the typed field); a generate's sampling arguments are sampling.py's struct,
+decoded with the bounds declared there. Every integer has both bounds (sampling.py says why).
 """
 from __future__ import annotations
 
@@ -13,16 +12,12 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from mcpd.protocol import args as typed
-from mcpd.protocol import codes
+from mcpd.protocol import codes, sampling
 from mcpd.protocol.codes import MCPDError
 from mcpd.protocol.limits import LimitsConfig
+from mcpd.protocol.sampling import INT64_MAX, MAX_TOKEN_ID
 
-MAX_STOP_STRINGS = 16
-MAX_STOP_CHARS = 256
 MAX_MESSAGES = 1024
-MAX_TOKEN_ID = (1 << 31) - 1
-MAX_TOP_K = (1 << 31) - 1     # any top_k at or above the vocabulary size means "off"
-INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 MAX_CONTEXT_ID_CHARS = 128
 MAX_CHANGES = 1024
 MAX_MODEL_NAME_CHARS = 64     # as a model's or version's name in [models] (config.py)
@@ -40,45 +35,11 @@ def _nonneg(v, _):
     return None if 0 <= v <= INT64_MAX else f"must be between 0 and {INT64_MAX}"
 
 
-def _top_k(v, _):
-    return None if 0 <= v <= MAX_TOP_K else f"must be between 0 and {MAX_TOP_K} (0 = off)"
-
-
-def _seed(v, _):
-    return None if INT64_MIN <= v <= INT64_MAX else f"must be between {INT64_MIN} and {INT64_MAX}"
-
-
-def _temperature(v, _):
-    return None if 0 <= v <= 100 else "must be between 0 and 100"
-
-
-def _probability(v, _):
-    return None if 0 < v <= 1 else "must be in (0, 1]"
-
-
-def _max_tokens(v, limits):
-    return None if 1 <= v <= limits.max_new_tokens else f"must be between 1 and {limits.max_new_tokens}"
-
-
 def _token_ids(v, limits):
     if len(v) > limits.max_prompt_tokens:
         return f"has {len(v)} tokens; the limit is {limits.max_prompt_tokens}"
     if not all(type(t) is int and 0 <= t <= MAX_TOKEN_ID for t in v):
         return "must be a list of non-negative integers"
-    return None
-
-
-def _stop_strings(v, _):
-    if len(v) > MAX_STOP_STRINGS:
-        return f"at most {MAX_STOP_STRINGS} stop strings"
-    if not all(isinstance(s, str) and 0 < len(s) <= MAX_STOP_CHARS for s in v):
-        return f"each stop string must be a non-empty string of at most {MAX_STOP_CHARS} characters"
-    return None
-
-
-def _stop_token_ids(v, _):
-    if len(v) > MAX_STOP_STRINGS or not all(type(t) is int and 0 <= t <= MAX_TOKEN_ID for t in v):
-        return f"must be at most {MAX_STOP_STRINGS} non-negative integers"
     return None
 
 
@@ -108,7 +69,7 @@ def _routing_key(v, _):
     return None if 0 < len(v) <= MAX_ROUTING_KEY_CHARS else f"must be 1..{MAX_ROUTING_KEY_CHARS} characters"
 
 
-HINTS = ("prefer_speed",)
+HINTS = ("prefer_speed", "fit_max_tokens")
 
 
 def _hints(v, _):
@@ -117,20 +78,10 @@ def _hints(v, _):
     return None
 
 
-NUMBER = (int, float)
 GENERATE_ARGS = {
     "prompt": Arg((str,)),
     "prompt_token_ids": Arg((list,), _token_ids, tuple),
     "messages": Arg((list,), _messages, tuple),
-    "max_tokens": Arg((int,), _max_tokens),
-    "temperature": Arg(NUMBER, _temperature, float),
-    "top_k": Arg((int,), _top_k),
-    "top_p": Arg(NUMBER, _probability, float),
-    "seed": Arg((int,), _seed),
-    "stop": Arg((list,), _stop_strings, tuple),
-    "stop_token_ids": Arg((list,), _stop_token_ids, tuple),
-    "ignore_eos": Arg((bool,)),
-    "logprobs": Arg((bool,)),
     "stream": Arg((bool,)),
     "context": Arg((str,), _context_id),
     "base": Arg((int,), _nonneg),
@@ -159,7 +110,11 @@ OPS: dict[str, dict[str, Arg]] = {
     "context.drop": {"id": CONTEXT_ID},
     "context.list": {},
 }
-assert all(set(OPS[op]) == set(kind.__struct_fields__) for op, kind in typed.BY_OP.items()), "ops.py and args.py disagree"
+# A generate's sampling arguments arrive beside the others and become one field (sampling.py).
+ACCEPTED = {op: frozenset(schema) | (frozenset(sampling.FIELDS) if op == "generate" else frozenset())
+            for op, schema in OPS.items()}
+assert all(set(OPS[op]) | ({"sampling"} if op == "generate" else set()) == set(kind.__struct_fields__)
+           for op, kind in typed.BY_OP.items()), "ops.py and args.py disagree"
 
 
 def validate_args(op: str, args: dict, limits: LimitsConfig) -> typed.OpArgs:
@@ -169,7 +124,7 @@ def validate_args(op: str, args: dict, limits: LimitsConfig) -> typed.OpArgs:
         raise MCPDError(codes.UNKNOWN_OP, f"unknown op {op!r}; known ops: {', '.join(OPS)}")
     if not all(isinstance(name, str) for name in args):
         raise MCPDError(codes.BAD_REQUEST, f"{op}: argument names must be strings")
-    unknown = set(args) - set(schema)
+    unknown = args.keys() - ACCEPTED[op]
     if unknown:
         raise MCPDError(codes.BAD_REQUEST, f"{op}: unknown argument(s) {sorted(unknown)}")
     given = {}
@@ -184,6 +139,8 @@ def validate_args(op: str, args: dict, limits: LimitsConfig) -> typed.OpArgs:
         if problem:
             raise MCPDError(codes.BAD_REQUEST, f"{op}: argument {name!r} {problem}")
         given[name] = arg.convert(value) if arg.convert else value
+    if op == "generate":
+        given["sampling"] = sampling.decode(op, args, limits)
     checked = typed.BY_OP[op](**given)
     _check_required(checked)
     return checked

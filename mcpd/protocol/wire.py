@@ -13,10 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import msgpack
+import msgspec
 
 from mcpd.protocol import codes
 from mcpd.protocol.codes import MCPDError
 from mcpd.protocol.limits import LimitsConfig
+from mcpd.protocol.results import GenerateChunk
 
 VERSION = 1
 SUPPORTED_VERSIONS = (1,)
@@ -25,6 +27,7 @@ MAX_MAP_ITEMS = 4096         # per msgpack map in a header
 MAX_REPLY_ITEMS = 1 << 22    # client side: token ids and logprobs of a long generation
 MAX_STR_BYTES = 1 << 20      # one string in a header (a prompt); the header cap bounds the total
 MAX_TIMEOUT_MS = (1 << 63) - 1   # what an int64 holds: every integer the daemon takes is bounded
+_ENCODER = msgspec.msgpack.Encoder()
 
 
 @dataclass(frozen=True)
@@ -133,12 +136,13 @@ def encode_request(op: str, request_id: int | str, args: dict | None = None, **f
     return msgpack.packb({"v": VERSION, "op": op, "id": request_id, "args": args or {}, **fields})
 
 
-def ok_reply(request_id, result: dict) -> bytes:
-    return msgpack.packb({"v": VERSION, "id": request_id, "kind": "ok", "result": result})
+def ok_reply(request_id, result: dict | msgspec.Struct) -> bytes:
+    """A final ok reply; a result struct (results.py) encodes as its map."""
+    return _ENCODER.encode({"v": VERSION, "id": request_id, "kind": "ok", "result": result})
 
 
-def chunk_reply(request_id, seq: int, data: dict) -> bytes:
-    return msgpack.packb({"v": VERSION, "id": request_id, "kind": "chunk", "seq": seq, "data": data})
+def chunk_reply(request_id, seq: int, data: GenerateChunk) -> bytes:
+    return _ENCODER.encode({"v": VERSION, "id": request_id, "kind": "chunk", "seq": seq, "data": data})
 
 
 def merge_chunks(first: bytes, then: bytes) -> bytes:

@@ -338,6 +338,8 @@ class FrontEnd:
             message, payload = messages.decode(frames)
             if isinstance(message, (messages.Chunk, messages.Final)):
                 return self._relay(message, payload)
+            if isinstance(message, messages.Flushed):   # the worker's replies before it are relayed: tell the scheduler
+                return self._to_scheduler(messages.encode(message))
             if isinstance(message, messages.Reload):
                 return live_config.apply(message, self.events)
             if isinstance(message, messages.Drain):

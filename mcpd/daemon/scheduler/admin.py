@@ -4,8 +4,9 @@ live reload (Reload).
 The supervisor owns the control socket but the contexts live here, so it forwards these ops on
 sched.ipc; answers go back as events on the EventReporter, matched by the supervisor's token.
 Nothing here waits: a reply is one event, so a slow mcpctl never holds up scheduling. One op is
-answered later: `models.unload`, once the version has no request left (Scheduler.tick sends it);
-the supervisor then stops the version's workers (admin.py).
+answered later: `models.unload`, once the version has no request left and its workers' replies
+reached the front-end (unload.py; Scheduler.tick sends it); the supervisor then stops the
+version's workers (admin.py).
 """
 from __future__ import annotations
 
@@ -79,7 +80,7 @@ def load_version(scheduler, args: dict, _token: int) -> dict:
 
 
 def unload_version(scheduler, args: dict, token: int):
-    """Takes no new request from now on; answered once those it has are done."""
+    """Takes no new request from now on; answered once those it has are done and relayed (unload.py)."""
     scheduler.unload_version(args["model"], args["version"], token)
     return LATER
 

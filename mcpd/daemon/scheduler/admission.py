@@ -5,17 +5,24 @@ the degradation ladder is not shedding the class; the global in-flight cap; the 
 class's queue limits (all OVERLOADED with retry_after_ms); then the client's token bucket
 (RATE_LIMITED with retry_after_ms), last, so that a request refused for capacity costs the client
 no token. A request is refused at once, never dropped silently. Admission also stamps the job
-with what later steps need: class, client, cost, length bin, deadline and any max_tokens cap.
+with what later steps need: class, client, cost, length bin and deadline, and shortens a
+generate the degradation ladder caps (a rewrite of its sampling: the worker runs what it gets).
 
 The global limits (in flight, all queues) never let less important work lock out more important
 work: when they are reached, a request displaces the least important waiting request if that one
 ranks below it (the newest of those, which has waited least); the caller answers the displaced one
-OVERLOADED with retry_after_ms. Never the other way round, and never across a class's own
-max_queue, which is that class's limit alone.
+OVERLOADED with retry_after_ms. Never the other way round.
+
+Nor does one tenant lock the others out of a class: when a limit is reached (the class's
+max_queue, or a global one with nothing less important waiting), a request displaces the newest
+waiting request of the class's biggest tenant, if that tenant holds at least two more of the
+class's waiting requests than the newcomer's does. A tenant's own max_queued is checked first.
 """
 from __future__ import annotations
 
 import math
+
+import msgspec
 
 from mcpd.config import SchedulerConfig
 from mcpd.daemon.scheduler.class_queues import ClassQueues
@@ -23,9 +30,11 @@ from mcpd.daemon.scheduler.degradation import DegradationLadder
 from mcpd.daemon.scheduler.fast_rung import FastRung
 from mcpd.daemon.scheduler.job import Job
 from mcpd.daemon.scheduler.rate_limiter import RateLimiter
+from mcpd.daemon.scheduler.tenant_shares import TenantShares
 from mcpd.protocol import codes
 from mcpd.protocol.args import GenerateArgs
 from mcpd.protocol.codes import MCPDError
+from mcpd.protocol.results import Degraded
 
 
 class Admission:
@@ -33,11 +42,13 @@ class Admission:
         self.rate_limiter = RateLimiter(config.classes)
         self.ladder = DegradationLadder(config.degrade_queue_depth, config.degrade_after_s)
         self.fast = FastRung()
+        self.tenants = TenantShares(config)
         self.configure(config)
 
     def configure(self, config: SchedulerConfig) -> None:
         self.config = config
         self.rate_limiter.configure(config.classes)
+        self.tenants.configure(config)
         self.ladder.configure(config.degrade_queue_depth, config.degrade_after_s)
 
     def class_of(self, priority: str | None) -> str:
@@ -64,24 +75,34 @@ class Admission:
         retry = self.config.overloaded_retry_ms
         if self.ladder.sheds(cls, now):
             raise MCPDError(codes.OVERLOADED, f"overloaded: class {job.class_name!r} is shed for now", retry)
+        self.tenants.check_queue(job.client, queues.waiting.get(job.client, 0))
         if queues.depth(job.class_name) >= cls.max_queue:
-            raise MCPDError(codes.OVERLOADED, f"queue of class {job.class_name!r} is full "
-                            f"({queues.depth(job.class_name)} waiting)", retry)
+            return self._displace_biggest(job, queues, f"queue of class {job.class_name!r} is full "
+                                                       f"({queues.depth(job.class_name)} waiting)")
         if inflight < self.config.max_inflight and len(queues) < self.config.max_queue:
             return None
-        displaced = queues.least_important_below(queues.effective_rank(job, now), now)
+        displaced = (queues.least_important_below(queues.effective_rank(job, now), now)
+                     or queues.biggest_tenant_newest(job.class_name, job.client))
         if displaced is not None:
             return displaced
         if inflight >= self.config.max_inflight:
             raise MCPDError(codes.OVERLOADED, f"{inflight} requests in flight (scheduler.max_inflight)", retry)
         raise MCPDError(codes.OVERLOADED, f"queue is full ({len(queues)} waiting)", retry)
 
+    def _displace_biggest(self, job: Job, queues: ClassQueues, refusal: str) -> Job:
+        displaced = queues.biggest_tenant_newest(job.class_name, job.client)
+        if displaced is None:
+            raise MCPDError(codes.OVERLOADED, refusal, self.config.overloaded_retry_ms)
+        return displaced
+
     @staticmethod
     def _stamp(job: Job, cap: int | None, now: float) -> None:
         request = job.request
         job.prefills = isinstance(request.args, GenerateArgs)
-        if job.prefills and cap is not None and request.args.max_tokens > cap:
-            job.max_tokens_cap = cap
+        if job.prefills and cap is not None and request.args.sampling.max_tokens > cap:
+            job.degraded = Degraded(cap, request.args.sampling.max_tokens)
+            args = msgspec.structs.replace(request.args, sampling=request.args.sampling.capped(cap))
+            job.request = msgspec.structs.replace(request, args=args)
         if request.timeout_ms is not None:
             job.deadline = now + request.timeout_ms / 1000
 
@@ -90,5 +111,5 @@ class Admission:
         """A generate's cost and length bin from its prompt's token ids, once it is tokenized
         (after admission's checks: a request refused is never tokenized)."""
         prompt = len(job.prompt_ids)
-        job.cost, job.length_bin = prompt + job.request.args.max_tokens, prompt.bit_length()
+        job.cost, job.length_bin = prompt + job.request.args.sampling.max_tokens, prompt.bit_length()
 

@@ -5,14 +5,18 @@ sockets and the process.
 What it decides (policies beside it in this package, one per file):
 - admission: class, limits, in-flight cap, per-client rate limits, degradation (admission.py);
   a request refused is answered at once (OVERLOADED / RATE_LIMITED with retry_after_ms).
-- order: the most important waiting request goes first, with aging (class_queues.py).
+- order: the most important waiting request goes first, with aging (class_queues.py); within a
+  class, tenants share by weight (fair_queue.py), and no tenant takes a worker's last slots from
+  the others nor runs or queues past its own caps (tenant_shares.py, router.py).
 - batching: when the node is busy a prefill may wait up to its class's adaptive window for others
   of its length bin, then they go to a worker together (batching_window.py).
 - models: which version of which model a generate runs on, by the request and the model's
   traffic policy (traffic.py), decided at admission; it then waits in that version's lane and
   goes only to that version's workers (each says what it serves in its Hello). A share of a
   model's requests may also run on a candidate version, as the least important work there is,
-  and the two answers are compared (shadow.py); the client gets the primary's.
+  and the two answers are compared (shadow.py); the client gets the primary's. A version being
+  unloaded takes no new request and keeps those it has; its workers stop once they are done and
+  their replies reached the front-end (unload.py).
 - routing: context affinity, else least outstanding tokens (router.py). A more important request
   is dispatched even to a worker full of less important ones: the worker's engine gets its
   effective rank as the sequence priority and preempts (by recompute) to seat it.
@@ -50,10 +54,11 @@ from mcpd.daemon.scheduler.class_queues import ClassQueues
 from mcpd.daemon.scheduler.deadlines import Deadlines
 from mcpd.daemon.scheduler.job import Job
 from mcpd.daemon.scheduler.poison import PoisonList
-from mcpd.daemon.scheduler.prompt_tokens import prompt_token_ids
+from mcpd.daemon.scheduler.prompt_tokens import chat_turn, prompt_token_ids
 from mcpd.daemon.scheduler.router import WorkerSlot
 from mcpd.daemon.scheduler.shadow import ShadowBook
 from mcpd.daemon.scheduler.traffic import Traffic
+from mcpd.daemon.scheduler.unload import Unload
 from mcpd.histogram import LATENCY_BOUNDS, Histogram
 from mcpd.memory import host_segment
 from mcpd.protocol import codes, wire
@@ -102,7 +107,7 @@ class Scheduler:
         self.contexts = ContextService(self.persistence)
         self.traffic = Traffic(config.model_table, config.default_model)
         self.tokenizers: dict[tuple[str, str], tokenizer.Tokenizer] = {}   # by (model, version), loaded when first used
-        self.unloading: dict[tuple[str, str], list[int]] = {}   # versions being unloaded: their ops' tokens
+        self.unloading: dict[tuple[str, str], Unload] = {}   # versions being unloaded (unload.py)
         self.shadow = ShadowBook()
         self.shadow_rids = itertools.count(-1, -1)   # shadow copies' rids: the front-end's are >= 0
         self._configure_shadows(config.model_table)
@@ -182,6 +187,8 @@ class Scheduler:
             self._cancel(message.rid, message.code)
         elif isinstance(message, messages.WorkerLost):
             self._worker_lost(channels.worker_identity(message.index), message.pid)
+        elif isinstance(message, messages.Flushed):
+            self._forget_for_unloads(channels.worker_identity(message.index))
         elif isinstance(message, messages.Admin):
             admin.handle(self, message)
         elif isinstance(message, messages.Reload):
@@ -205,7 +212,7 @@ class Scheduler:
                         code=codes.INTERNAL)
 
     def _admit(self, job: Job) -> None:
-        now = self.clock()
+        now = job.enqueued = self.clock()   # by this clock: admission ranks it by its age
         if self.poison.holds(job.request, now):
             raise MCPDError(codes.INTERNAL, "an identical request from this tenant failed twice on workers "
                             "in the last minutes; it is not run again for now (change it, or report the bug)")
@@ -221,15 +228,23 @@ class Scheduler:
             self.admission.price(job)
         if displaced is not None:
             self.queue.remove(displaced)
-            self._fail(displaced, codes.OVERLOADED, f"displaced from the full queue by a request of "
-                       f"class {job.class_name!r}", self.config.scheduler.overloaded_retry_ms)
-        job.seq, job.enqueued = next(self.arrivals), now
-        self.queue.push(job)
+            self._fail(displaced, codes.OVERLOADED, f"displaced from the full queue by a request of class "
+                       f"{job.class_name!r}{self._biggest_note(displaced, job)}",
+                       self.config.scheduler.overloaded_retry_ms)
+        job.seq = next(self.arrivals)
+        self.queue.push(job, self.admission.tenants.weight(job.client))
         self.jobs[job.rid] = job
         if job.deadline is not None:
             self.deadlines.add(job.deadline, job.rid)
         if job.served is not None and args.context is None:
             self._shadow(job, now)
+
+    @staticmethod
+    def _biggest_note(displaced: Job, job: Job) -> str:
+        """Why a request of its own class took its place: its tenant holds the most waiting there."""
+        if displaced.class_name != job.class_name:
+            return ""
+        return f" (tenant {displaced.client!r} holds the most of the class's waiting requests)"
 
     def _shadow(self, job: Job, now: float) -> None:
         """Queue a copy of the job on its model's shadow candidate, if this one is due for it
@@ -244,55 +259,86 @@ class Scheduler:
             return
         lowest = min(sched.classes, key=lambda name: sched.classes[name].rank)
         rid = next(self.shadow_rids)
-        args = msgspec.structs.replace(job.request.args, stream=False, logprobs=True, version=candidate)
+        sampling = msgspec.structs.replace(job.request.args.sampling, logprobs=True)
+        args = msgspec.structs.replace(job.request.args, stream=False, sampling=sampling, version=candidate)
         request = msgspec.structs.replace(job.request, rid=rid, priority=lowest, timeout_ms=None, args=args)
         copy = Job(rid, request, [], class_name=lowest, client=job.client, cost=job.cost, length_bin=job.length_bin,
-                   prefills=True, max_tokens_cap=job.max_tokens_cap, seq=next(self.arrivals), enqueued=now,
+                   prefills=True, seq=next(self.arrivals), enqueued=now,
                    prompt_ids=job.prompt_ids, served=(model, candidate), compare=True)
         job.compare = True
         self.shadow.start(model, job.rid, rid)
-        self.queue.push(copy)
+        self.queue.push(copy, self.admission.tenants.weight(copy.client))
         self.jobs[rid] = copy
 
     def _tokenize(self, job: Job, args: GenerateArgs) -> None:
         """The prompt's token ids, once; a context turn's run after the context's tokens, which
         the turn holds from here (and frees if the prompt is refused)."""
-        opens_sequence = True
+        history = None
         if args.context is not None:   # the worker runs it on the context's tokens
             job.context, history = self.contexts.begin_turn(job.request.tenant, args.context, args.base, job.rid)
-            job.history, opens_sequence = history.tobytes(), not len(history)
+        limit = self.config.limits.max_prompt_tokens
         try:
-            job.prompt_ids = prompt_token_ids(self._tokenizer(job.served), args, opens_sequence,
-                                              self.config.limits.max_prompt_tokens)
+            if history is not None and args.messages is not None:   # a chat turn: on the chat's own tokens
+                job.chat = chat_turn(self._tokenizer(job.served), job.context, args, limit)
+                history, job.prompt_ids = history[:job.chat.keep], job.chat.prompt_ids
+            else:
+                opens_sequence = history is None or not len(history)
+                job.prompt_ids = prompt_token_ids(self._tokenizer(job.served), args, opens_sequence, limit)
         except BaseException:
             if job.context is not None:
                 self.contexts.end_turn(job.context)
             raise
+        if history is not None:
+            job.history = history.tobytes()
 
     # -- model versions: load and unload (admin.py) -----------------------------------
 
     def load_version(self, model: str, version: str) -> None:
         self.traffic.load(model, version)
-        for token in self.unloading.pop((model, version), []):   # loaded again before its requests were done
+        unload = self.unloading.pop((model, version), Unload())   # loaded again before its requests were done
+        for token in unload.tokens:
             self.events.send(messages.AdminAnswer, token, code=codes.CONFLICT,
                              message=f"version {version!r} of model {model!r} was loaded again before it unloaded")
 
     def unload_version(self, model: str, version: str, token: int) -> None:
         """No new request goes to the version; the op is answered (and the supervisor stops its
-        workers) once it has none queued or running: an unload drops no request."""
+        workers) once it has none queued or running and its workers' replies all reached the
+        front-end (unload.py): an unload drops no request."""
         if self.shadow.models.get(model) and self.shadow.models[model].candidate == version \
                 and self.shadow.models[model].fraction:
             raise MCPDError(codes.CONFLICT, f"version {version!r} of model {model!r} is its shadow candidate: "
                                             "turn the shadow off first")
         self.traffic.unload(model, version)
-        self.unloading.setdefault((model, version), []).append(token)
+        unload = self.unloading.setdefault((model, version), Unload())
+        unload.tokens.append(token)
+        unload.flushing = None   # asked again: a marker lost with a restarting front-end must not hold the op
         self._finish_unloads()
 
     def _finish_unloads(self) -> None:
-        for served in [s for s in self.unloading if not self._busy(s)]:
-            for token in self.unloading.pop(served):
-                self.events.send(messages.AdminAnswer, token, result={"model": served[0], "version": served[1],
-                                                                      "loaded": False})
+        for served, unload in list(self.unloading.items()):
+            if not unload.asked and not self._busy(served):
+                unload.flushing = self._ask_to_flush(served)
+            if unload.done:
+                del self.unloading[served]
+                for token in unload.tokens:
+                    self.events.send(messages.AdminAnswer, token, result={"model": served[0], "version": served[1],
+                                                                          "loaded": False})
+
+    def _ask_to_flush(self, served: tuple[str, str]) -> set[bytes] | None:
+        """Send Flush to each of the version's ready workers: those it reached, or None if one's
+        queue is full for now (they are all asked again on the next tick)."""
+        flush = messages.encode(messages.Flush())
+        asked = set()
+        for slot in self._serving(served):
+            if slot.ready and self._send_worker(slot, [flush]):
+                asked.add(slot.identity)
+            elif slot.ready:
+                return None
+        return asked
+
+    def _forget_for_unloads(self, identity: bytes) -> None:
+        for unload in self.unloading.values():
+            unload.forget(identity)
 
     def _busy(self, served: tuple[str, str]) -> bool:
         return self.queue.waiting_for(served) > 0 or any(s.jobs for s in self._serving(served))
@@ -345,22 +391,29 @@ class Scheduler:
         for name, window in self.windows.items():
             self.admission.fast.update(name, self.config.scheduler.classes.get(name), window.recent_p99_ms)
         per_worker = self.config.scheduler.max_inflight_per_worker
+        tenants = self.admission.tenants
         blocked = set()   # lanes (model versions) with no room now: the others still go
-        while (job := self.queue.peek(now, blocked)) is not None:
-            slot = router.choose(job, self._serving(job.served), per_worker)
-            if slot is None:
-                blocked.add(job.served)
+        held = {}         # by lane: tenants with no room there now (their caps, the headroom)
+        while (job := self.queue.peek(now, blocked, held)) is not None:
+            slot, free, room, lane_open = router.choose(job, self._serving(job.served), per_worker, tenants.headroom)
+            if slot is None or tenants.capped(job.client):
+                if lane_open:
+                    held.setdefault(job.served, set()).add(job.client)
+                else:
+                    blocked.add(job.served)
                 continue
-            room = router.room_for(slot, job, per_worker)
-            group = [job] + self.queue.same_bin(job, room - 1, now)
+            group = [job] + self.queue.same_bin(job, room - 1, now, tenants.group_filter(slot, job, free))
             if self._hold(group, room, now):
                 return
             if not self._send_jobs(slot, group, now):
                 return
 
     def _serving(self, served: tuple[str, str] | None) -> list[WorkerSlot]:
-        """The workers of a model version; every worker for None (ping)."""
-        return [s for s in self.workers.values() if served is None or s.serves == served]
+        """The workers of a model version; for None (ping) every worker but those of a version
+        being unloaded, which take no new request."""
+        if served is None:
+            return [s for s in self.workers.values() if s.serves not in self.unloading]
+        return [s for s in self.workers.values() if s.serves == served]
 
     def _hold(self, group: list[Job], room: int, now: float) -> bool:
         """Keep a partial batch of prefills open for its window, but only while the node is busy
@@ -388,13 +441,14 @@ class Scheduler:
     @staticmethod
     def _dispatch_of(job: Job) -> list[bytes]:
         request = job.request
-        dispatch = messages.Dispatch(job.rid, request.request_id, request.tenant, job.rank, job.max_tokens_cap,
-                                     job.context is not None, request.args, job.prompt_ids, job.compare)
+        dispatch = messages.Dispatch(job.rid, request.request_id, request.tenant, job.rank, job.context is not None,
+                                     request.args, job.prompt_ids, job.compare, job.degraded)
         return messages.encode(dispatch, *([job.history] if job.context else []))
 
     def _dispatched(self, slot: WorkerSlot, job: Job, now: float) -> None:
-        self.queue.remove(job)
+        self.queue.served(job)
         slot.jobs[job.rid] = job
+        self.admission.tenants.started(job)
         job.dispatched = now
         self.dispatched += 1
         if not job.retries:   # a job requeued after its worker died was counted when first sent
@@ -456,7 +510,13 @@ class Scheduler:
 
     def _done(self, slot: WorkerSlot, rid: int) -> Job | None:
         self.jobs.pop(rid, None)
-        return slot.jobs.pop(rid, None)
+        return self._off_worker(slot, rid)
+
+    def _off_worker(self, slot: WorkerSlot, rid: int) -> Job | None:
+        job = slot.jobs.pop(rid, None)
+        if job is not None:
+            self.admission.tenants.ended(job)
+        return job
 
     def _commit_turn(self, slot: WorkerSlot, turn: messages.TurnResult) -> None:
         """A context generate ended well on a worker: commit what it appended (its prompt and its
@@ -472,13 +532,13 @@ class Scheduler:
                 self._reply(turn.rid, wire.ok_reply(request_id, turn.result))
             return
         try:
-            context = self.contexts.commit_turn(job.context, turn.appended)
+            context = self.contexts.commit_turn(job.context, turn.appended, job.chat, turn.result.text)
         except MCPDError as e:   # the turn does not fit the context's limits, or storage: nothing committed
             return self._reply(turn.rid, wire.error_reply(request_id, e.code, e.message, e.retry_after_ms), code=e.code)
-        self._reply(turn.rid, wire.ok_reply(request_id, {**turn.result, "context": context}))
+        self._reply(turn.rid, wire.ok_reply(request_id, msgspec.structs.replace(turn.result, context=context)))
 
     def _step_failed(self, slot: WorkerSlot, reason: str, rids: list[int]) -> None:
-        jobs = [job for rid in rids if (job := slot.jobs.pop(rid, None))]
+        jobs = [job for rid in rids if (job := self._off_worker(slot, rid))]
         requeued = self._retry_or_answer(jobs, codes.INTERNAL, f"the engine failed while running the request: {reason}",
                                          f"the engine failed twice while running the request (the second time alone): {reason}")
         self.log.warning("worker %d: an engine step failed (%s): %d request(s) requeued, %d answered",
@@ -498,9 +558,10 @@ class Scheduler:
         if slot is None or slot.pid != pid:
             return   # already handled, or the message is about an older incarnation
         slot.ready, slot.pid = False, None
-        jobs, slot.jobs = list(slot.jobs.values()), {}
+        jobs = [self._off_worker(slot, rid) for rid in list(slot.jobs)]
         requeued = self._retry_or_answer(jobs, codes.WORKER_LOST, f"worker {slot.index} died while running the request",
                                          "the request's worker died twice (the second time it ran alone); not retried again")
+        self._forget_for_unloads(identity)
         self.log.warning("worker %d lost: %d request(s) requeued, %d answered", slot.index, requeued, len(jobs) - requeued)
 
     def _retry_or_answer(self, jobs: list[Job], code: str, why: str, twice: str) -> int:
@@ -542,14 +603,17 @@ class Scheduler:
         self.ports.to_frontend(messages.encode(messages.Final(rid, code), header, *payload))
 
     def models_stats(self) -> dict:
-        """traffic.py's view of each model, with each version's ready workers and waiting requests."""
+        """traffic.py's view of each model, with each version's ready workers and its requests
+        waiting and running."""
         models = self.traffic.describe()
         shadows = self.shadow.describe()
         for name, model in models.items():
             model["shadow"] = shadows.get(name)
             for version, figures in model["versions"].items():
-                figures["workers"] = sorted(s.index for s in self._serving((name, version)) if s.ready)
+                serving = self._serving((name, version))
+                figures["workers"] = sorted(s.index for s in serving if s.ready)
                 figures["queued"] = self.queue.waiting_for((name, version))
+                figures["running"] = sum(len(s.jobs) for s in serving)
         return {"default_model": self.traffic.default_model, "models": models}
 
     def node_load(self) -> dict:

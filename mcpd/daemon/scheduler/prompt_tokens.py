@@ -8,6 +8,8 @@ ids travel in the Dispatch, so the worker does not tokenize again.
 """
 from __future__ import annotations
 
+from mcpd.contexts import chat
+from mcpd.contexts.context import Context
 from mcpd.protocol import codes
 from mcpd.protocol.args import GenerateArgs
 from mcpd.protocol.codes import MCPDError
@@ -30,6 +32,20 @@ def prompt_token_ids(tokenizer: Tokenizer, args: GenerateArgs, opens_sequence: b
             ids = tokenizer.encode_chat(list(args.messages))
     except ValueError as e:
         raise MCPDError(codes.BAD_REQUEST, str(e)) from None
+    return _within(ids, limit)
+
+
+def chat_turn(tokenizer: Tokenizer, context: Context, args: GenerateArgs, limit: int) -> chat.ChatTurn:
+    """A turn of messages on a context (contexts/chat.py); `limit` bounds the tokens it adds."""
+    try:
+        turn = chat.next_turn(tokenizer, context, list(args.messages))
+    except ValueError as e:
+        raise MCPDError(codes.BAD_REQUEST, str(e)) from None
+    _within(turn.prompt_ids, limit)
+    return turn
+
+
+def _within(ids: list[int], limit: int) -> list[int]:
     if len(ids) > limit:
         raise MCPDError(codes.BAD_REQUEST, f"prompt is {len(ids)} tokens; the limit is {limit}")
     return ids

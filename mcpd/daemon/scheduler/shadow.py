@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from mcpd.histogram import LATENCY_BOUNDS, Histogram
+from mcpd.protocol.results import GenerateResult
 
 
 @dataclass
@@ -102,14 +103,14 @@ class ShadowBook:
         self.pairs[primary_rid] = Pair(model)
         self.primary_of[shadow_rid] = primary_rid
 
-    def answered(self, rid: int, result: dict, latency_s: float) -> None:
+    def answered(self, rid: int, result: GenerateResult, latency_s: float) -> None:
         """A side of a pair answered well; the pair is compared once both have."""
         shadow = rid in self.primary_of
         primary_rid = self.primary_of.pop(rid) if shadow else rid
         pair = self.pairs.get(primary_rid)
         if pair is None:
             return   # its other side failed or was shed
-        side = {"token_ids": result.get("token_ids", []), "logprobs": result.get("logprobs"), "latency_s": latency_s}
+        side = {"token_ids": result.token_ids, "logprobs": result.logprobs, "latency_s": latency_s}
         if shadow:
             pair.shadow = side
         else:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import mcpd
-from mcpd import config as config_module
+from mcpd import config as config_module, default_model
 from mcpd.config import Config, ConfigError
 from mcpd.daemon import live_config, messages, pool_keeper
 from mcpd.daemon.supervisor.status import build_status
@@ -155,7 +155,7 @@ class Admin:
         timeout_s = FORWARD_TIMEOUT_S if timeout_s is None else timeout_s
         supervisor = self.supervisor
         try:
-            fresh = config_module.load(supervisor.config_path)
+            fresh = default_model.resolved(config_module.load(supervisor.config_path), supervisor.log)
             architecture.check_configured(fresh)
         except ConfigError as e:
             supervisor.log.error("reload: keeping the running configuration: %s", e)
@@ -204,10 +204,10 @@ class Admin:
         return {**result, "workers": [c.spec.index for c in workers]}
 
     def _stop_version(self, args: dict, result: dict) -> dict:
-        """models.unload, once the scheduler has finished the version's last request: stop its
-        workers, tell the scheduler they are gone, and give their regions (weights, KV) back to
-        the device pool, where they coalesce with their free neighbours; a later load of the
-        version loads its weights again."""
+        """models.unload, once the scheduler has finished the version's last request and its last
+        reply reached the front-end (scheduler/unload.py): stop its workers, tell the scheduler
+        they are gone, and give their regions (weights, KV) back to the device pool, where they
+        coalesce with their free neighbours; a later load of the version loads its weights again."""
         workers = self._version_workers(args)
         freed = 0
         for child in workers:

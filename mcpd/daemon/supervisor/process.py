@@ -20,7 +20,7 @@ from pathlib import Path
 import zmq
 
 import mcpd
-from mcpd import config as config_module, refusal, sockets
+from mcpd import config as config_module, default_model, refusal, sockets
 from mcpd.config import LEGACY_NAME, Config, ConfigError
 from mcpd.daemon import channels, child as children, child_stats, log, messages, pool_keeper
 from mcpd.daemon.supervisor.admin import Admin
@@ -98,8 +98,9 @@ def visible_gpus(installed: int, visible_devices: str | None) -> int:
 
 class Supervisor:
     def __init__(self, config: Config, config_path: str | None):
-        self.config, self.config_path = config, config_path
         self.log = log.setup("supervisor", config.server.log_level)
+        config = default_model.resolved(config, self.log)
+        self.config, self.config_path = config, config_path
         self.started = time.monotonic()
         self.notifier = SystemdNotifier()
         self.stopping = False

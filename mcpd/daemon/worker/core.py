@@ -27,6 +27,7 @@ from mcpd.daemon import channels, messages
 from mcpd.daemon.child_stats import WorkerStats
 from mcpd.protocol import codes, wire
 from mcpd.protocol.args import GenerateArgs, PingArgs
+from mcpd.protocol.results import Degraded, GenerateChunk, GenerateResult, Usage
 
 # DONE notes to the scheduler are held this long and sent together: its load counts lag by at
 # most this, and a busy worker saves it one wake-up per request. A worker that has just run out
@@ -54,7 +55,7 @@ class ActiveRequest:
     request_id: int | str
     stream: bool
     want_logprobs: bool
-    degraded: dict | None = None   # the scheduler capped max_tokens: said so in the final result
+    degraded: Degraded | None = None   # the scheduler shortened it: said so in the final result
     turn_ids: list[int] | None = None   # a context turn (Dispatch.turn): the prompt tokens it adds;
                                         # also set for a side of a shadow pair: it answers the scheduler
     chunks_sent: int = 0
@@ -110,6 +111,8 @@ class WorkerCore:
             self.on_dispatch(message, payload)
         elif isinstance(message, messages.Cancel):
             self.on_cancel(message.rid, message.code)
+        elif isinstance(message, messages.Flush):   # behind every reply sent so far, on the same socket
+            self.ports.to_frontend(messages.encode(messages.Flushed(self.index)))
 
     # -- requests -------------------------------------------------------------------------------
 
@@ -129,18 +132,20 @@ class WorkerCore:
     def _start_generate(self, dispatch: messages.Dispatch, args: GenerateArgs, payload: list[bytes]) -> None:
         history = np.frombuffer(payload[0], np.int32).tolist() if dispatch.turn else []
         prompt_ids = dispatch.prompt_ids   # tokenized by the scheduler (scheduler/prompt_tokens.py)
-        max_tokens = dispatch.max_tokens_cap or args.max_tokens
+        sampling = args.sampling
+        if args.hints and args.hints.get("fit_max_tokens"):   # at most what room the context has left
+            room = max(1, self.engine.max_model_len - len(history) - len(prompt_ids))
+            sampling = sampling.capped(min(sampling.max_tokens, room))
         # The tenant namespaces the prefix cache: KV blocks are shared only within one tenant,
         # and within one version of one model: the host cache is shared by every worker, and
         # another version's KV for the same tokens is not this one's (its turn recomputes).
         # The scheduler's effective rank of the request: the engine seats and keeps it before
         # less important sequences (preempting them by recompute when seats or KV run out).
-        self.engine.add_request(dispatch.rid, history + prompt_ids, sampling_params(args, max_tokens),
+        self.engine.add_request(dispatch.rid, history + prompt_ids, sampling,
                                 priority=dispatch.rank, cache_namespace=f"{self.served_model}/{self.version}/{dispatch.tenant}",
                                 write_through=dispatch.turn)
-        degraded = None if dispatch.max_tokens_cap is None else \
-            {"max_tokens": dispatch.max_tokens_cap, "requested_max_tokens": args.max_tokens}
-        self.active[dispatch.rid] = ActiveRequest(dispatch.request_id, args.stream, args.logprobs, degraded,
+        self.active[dispatch.rid] = ActiveRequest(dispatch.request_id, args.stream, sampling.logprobs,
+                                                  dispatch.degraded,
                                                   prompt_ids if dispatch.turn or dispatch.compare else None)
 
     def on_cancel(self, rid: int, code: str) -> None:
@@ -213,9 +218,8 @@ class WorkerCore:
         chunks (nothing is dropped), so a small model cannot flood the front-end and the client
         with a message per token."""
         texts, tokens, logprobs = request.streamed
-        data = {"text": "".join(request.text[texts:]), "token_ids": request.token_ids[tokens:]}
-        if request.want_logprobs:
-            data["logprobs"] = request.logprobs[logprobs:]
+        data = GenerateChunk("".join(request.text[texts:]), request.token_ids[tokens:],
+                             request.logprobs[logprobs:] if request.want_logprobs else None)
         request.streamed = (len(request.text), len(request.token_ids), len(request.logprobs))
         request.next_chunk_at = self.clock() + 1 / self.config.limits.max_stream_chunks_per_s
         message = messages.encode(messages.Chunk(rid), wire.chunk_reply(request.request_id, request.chunks_sent, data))
@@ -227,17 +231,12 @@ class WorkerCore:
             self.ports.to_frontend(message)
         request.chunks_sent += 1
 
-    def _result(self, request: ActiveRequest, out) -> dict:
-        result = {"text": "".join(request.text), "token_ids": request.token_ids,
-                  "finish_reason": out.finish_reason, "model": self.served_model, "version": self.version,
-                  "usage": {"prompt_tokens": out.prompt_tokens, "completion_tokens": out.completion_tokens}}
-        if request.want_logprobs:
-            result["logprobs"] = request.logprobs
-        if request.degraded:
-            result["degraded"] = request.degraded
-        return result
+    def _result(self, request: ActiveRequest, out) -> GenerateResult:
+        return GenerateResult("".join(request.text), request.token_ids, out.finish_reason, self.served_model,
+                              self.version, Usage(out.prompt_tokens, out.completion_tokens),
+                              request.logprobs if request.want_logprobs else None, request.degraded)
 
-    def _finished(self, rid: int, request: ActiveRequest, result: dict) -> None:
+    def _finished(self, rid: int, request: ActiveRequest, result: GenerateResult) -> None:
         if request.turn_ids is None:
             return self._send_final(rid, False, wire.ok_reply(request.request_id, result))
         # A context turn: the scheduler commits it and answers the client.
@@ -256,11 +255,3 @@ class WorkerCore:
             self.done_due = self.clock() + DONE_FLUSH_S
         self.done.append(rid)
 
-
-def sampling_params(args: GenerateArgs, max_tokens: int):
-    """The engine's sampling parameters of a generate request: the one place they are derived."""
-    from mcpd.engine import SamplingParams   # the engine's module imports torch: the worker loads it first
-
-    return SamplingParams(max_tokens=max_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                          seed=args.seed, stop=args.stop, stop_token_ids=args.stop_token_ids,
-                          ignore_eos=args.ignore_eos, logprobs=args.logprobs)

@@ -1,0 +1,162 @@
+"""Rope scaling as config.json describes it (rope_parameters, or rope_scaling in older configs), read
+without torch: each type's parameters and the context length it gives. The frequencies themselves
+are rope_frequencies.py's, in transformers' formulas (modeling_rope_utils)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3")
+
+
+def _times(length: int, factor) -> int:
+    """length * factor as a context length; length itself for a factor that is no finite positive
+    number, which architecture._check_sizes then refuses by name."""
+    return int(length * factor) if type(factor) in (int, float) and 0 < factor < math.inf else length
+
+
+class UnsupportedRope(ValueError):
+    """A rope type or parameter mcpd cannot run; architecture.py names the model with it."""
+
+
+@dataclass(frozen=True)
+class Llama3RopeScaling:
+    """rope_scaling of type "llama3" (Llama 3.1+): long wavelengths are slowed down by `factor`
+    (rope_frequencies.llama3_scaled)."""
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+    by_length: ClassVar[bool] = False   # whether the frequencies depend on the sequence's length
+
+    def context_length(self, max_positions: int) -> int:
+        return max_positions
+
+    def checked(self) -> tuple[list, list]:
+        """(counts, reals): the values architecture._check_sizes holds to their bounds."""
+        return ([("rope original_max_position_embeddings", self.original_max_position_embeddings)],
+                [(f"rope {name}", getattr(self, name)) for name in ("factor", "low_freq_factor", "high_freq_factor")])
+
+
+@dataclass(frozen=True)
+class LinearRope:
+    """Positions divided by factor: the context is factor times the trained one."""
+    factor: float
+    by_length: ClassVar[bool] = False
+
+    def context_length(self, max_positions: int) -> int:
+        return _times(max_positions, self.factor)
+
+    def checked(self) -> tuple[list, list]:
+        return [], [("rope factor", self.factor)]
+
+
+@dataclass(frozen=True)
+class DynamicRope:
+    """NTK scaling: past max_positions the base grows with the sequence's length, so the
+    frequencies of a step depend on how long its sequence is then."""
+    factor: float
+    max_positions: int
+    by_length: ClassVar[bool] = True
+
+    def context_length(self, max_positions: int) -> int:
+        return _times(max_positions, self.factor)
+
+    def checked(self) -> tuple[list, list]:
+        return [], [("rope factor", self.factor)]
+
+
+@dataclass(frozen=True)
+class YarnRope:
+    """YaRN: high frequencies kept, low ones interpolated by factor, a ramp between (beta_fast,
+    beta_slow rotations), and cos and sin scaled by attention_factor."""
+    factor: float
+    original_max_position_embeddings: int
+    beta_fast: float
+    beta_slow: float
+    attention_factor: float
+    truncate: bool
+    by_length: ClassVar[bool] = False
+
+    def context_length(self, max_positions: int) -> int:
+        return _times(self.original_max_position_embeddings, self.factor)
+
+    def checked(self) -> tuple[list, list]:
+        return ([("rope original_max_position_embeddings", self.original_max_position_embeddings)],
+                [(f"rope {name}", getattr(self, name)) for name in ("factor", "beta_fast", "beta_slow",
+                                                                     "attention_factor")])
+
+
+@dataclass(frozen=True)
+class LongRope:
+    """LongRoPE (Phi-3): a factor per frequency, short_factor while the sequence is within
+    original_max_position_embeddings, long_factor past it (by length), cos and sin scaled by
+    attention_factor."""
+    short_factor: tuple[float, ...]
+    long_factor: tuple[float, ...]
+    original_max_position_embeddings: int
+    attention_factor: float
+    by_length: ClassVar[bool] = True
+
+    def context_length(self, max_positions: int) -> int:
+        return max_positions
+
+    def checked(self) -> tuple[list, list]:
+        return ([("rope original_max_position_embeddings", self.original_max_position_embeddings)],
+                [("rope attention_factor", self.attention_factor)]
+                + [("rope short_factor", f) for f in self.short_factor]
+                + [("rope long_factor", f) for f in self.long_factor])
+
+
+RopeScaling = Llama3RopeScaling | LinearRope | DynamicRope | YarnRope | LongRope
+
+
+def read(rope: dict, hf: dict, head_dim: int) -> RopeScaling | None:
+    """The scaling config.json's rope dict describes (None: plain rope); hf is all of config.json.
+    UnsupportedRope for another type."""
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    max_positions = hf.get("max_position_embeddings", 2048)
+    # Phi-3 keeps the pretrained length outside the rope dict, and transformers prefers it there.
+    original = hf.get("original_max_position_embeddings") or rope.get("original_max_position_embeddings",
+                                                                       max_positions)
+    if rope_type == "default":
+        return None
+    if rope_type == "llama3":
+        return Llama3RopeScaling(rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"], original)
+    if rope_type == "linear":
+        return LinearRope(rope["factor"])
+    if rope_type == "dynamic":
+        return DynamicRope(rope["factor"], max_positions)
+    if rope_type == "yarn":
+        return _yarn(rope, original, max_positions)
+    if rope_type == "longrope":
+        return _longrope(rope, original, max_positions, head_dim)
+    raise UnsupportedRope(f"rope type {rope_type!r} (supported: {', '.join(TYPES)})")
+
+
+def _yarn(rope: dict, original: int, max_positions: int) -> YarnRope:
+    factor = rope.get("factor") or max_positions / original
+    attention_factor = rope.get("attention_factor")
+    if attention_factor is None:
+        mscale, mscale_all_dim = rope.get("mscale"), rope.get("mscale_all_dim")
+        attention_factor = (_mscale(factor, mscale) / _mscale(factor, mscale_all_dim) if mscale and mscale_all_dim
+                            else _mscale(factor, 1))
+    return YarnRope(factor, original, rope.get("beta_fast") or 32, rope.get("beta_slow") or 1,
+                    float(attention_factor), bool(rope.get("truncate", True)))
+
+
+def _mscale(scale: float, mscale: float) -> float:
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def _longrope(rope: dict, original: int, max_positions: int, head_dim: int) -> LongRope:
+    short, long = tuple(rope["short_factor"]), tuple(rope["long_factor"])
+    if len(short) != head_dim // 2 or len(long) != head_dim // 2:
+        raise UnsupportedRope(f"longrope factors: {len(short)} short and {len(long)} long for "
+                              f"{head_dim // 2} frequencies")
+    factor = rope.get("factor") or max_positions / original
+    attention_factor = rope.get("attention_factor")
+    if attention_factor is None:
+        attention_factor = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    return LongRope(short, long, original, float(attention_factor))
