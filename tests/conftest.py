@@ -5,10 +5,11 @@ started=False only writes its config (for tests that start mcpd themselves, expe
 refuse, or edit the file first), umask= is the one mcpd starts under. Every daemon made is
 stopped and its directory removed afterwards, also when its start failed."""
 import os
+import shutil
 
 import pytest
 
-from mcpd.testing import Daemon
+from mcpd.testing import Daemon, RedisServer
 
 # The tests that run torch in this process (engine, kernels, parity) share two cores with a second
 # test process and the daemons' processes: OpenMP threads that spin between parallel regions
@@ -58,6 +59,18 @@ def fresh_daemon():
 def daemon(module_daemon):
     """The plain daemon most daemon tests share (small message limits, for the hostile-input tests)."""
     return module_daemon(limits={"max_message_bytes": 1 << 20, "max_header_bytes": 8192})
+
+
+@pytest.fixture
+def redis_server():
+    """A real redis-server of the test's own (mcpd.testing.RedisServer), removed afterwards."""
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed (`make setup-test` installs Debian's package)")
+    server = RedisServer()
+    try:
+        yield server.start()
+    finally:
+        server.cleanup()
 
 
 def pytest_collection_modifyitems(items):

@@ -6,6 +6,7 @@ from mcpd.config import ConfigError, from_dict
 def test_defaults_are_valid():
     config = from_dict({})
     assert config.engine.kv_block_size == 16 and config.workers.count == 1
+    assert not config.cluster.enabled   # one node on its own unless [cluster] names a Redis
 
 
 @pytest.mark.parametrize("raw, message", [
@@ -31,6 +32,10 @@ def test_defaults_are_valid():
     ({"supervisor": {"stats_interval_s": 2.0 ** 63}}, "supervisor.stats_interval_s = 9.223372036854776e+18: must be"),
     ({"supervisor": {"stats_interval_s": 0}}, "supervisor.stats_interval_s = 0"),
     ({"http": {"listen": "127.0.0.1:8000", "max_connections": 0}}, "http.max_connections = 0: must be >= 1"),
+    ({"cluster": {"redis": "http://127.0.0.1:6379"}}, "cluster.redis = 'http://127.0.0.1:6379'"),
+    ({"cluster": {"node_id": "a\nb"}}, "cluster.node_id = 'a\\nb'"),
+    ({"cluster": {"advertise_tcp": "127.0.0.1:7070"}}, "cluster.advertise_tcp = '127.0.0.1:7070'"),
+    ({"cluster": {"redis": "redis://127.0.0.1:6379", "timeout_s": 0}}, "cluster.timeout_s must be in (0, 60]"),
 ])
 def test_bad_values_name_the_key(raw, message):
     with pytest.raises(ConfigError) as raised:

@@ -74,6 +74,10 @@ def render_status(status: dict) -> str:
                      f"contexts {cache['contexts']} (+{cache['context_deltas']} deltas)  "
                      f"kv blocks {cache['kv_blocks']}  hits {cache['hits']}  "
                      f"misses {cache['misses']}  hit rate {cache['hit_rate']:.1%}  evictions {cache['evictions']}")
+    cluster = status.get("cluster") or {}
+    if cluster:
+        lines.append(f"cluster node {cluster['node']}  heartbeat {cluster['heartbeat']}  live nodes "
+                      f"{len(cluster['nodes'])}: " + ", ".join(sorted(cluster["nodes"])))
     requests = status["requests"]
     lines += [f"queue depth {status['queue']['depth']}  in flight {status['queue']['inflight']}  "
               f"served {requests['served']}  errors {sum(requests['errors'].values())}"]

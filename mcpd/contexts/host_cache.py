@@ -77,6 +77,10 @@ class ContextCache:
         key = _key(context.owner, context.id)
         self._snapshot(key, context, self.chains.get(key))   # version 0: its first snapshot
 
+    def adopted(self, context: Context) -> None:
+        """A whole context from elsewhere (the cluster's copy): its snapshot, as an open writes one."""
+        self.opened(context)
+
     def committed(self, context: Context, record: Record) -> None:
         key = _key(context.owner, context.id)
         parts = cache_entry.pack(record)

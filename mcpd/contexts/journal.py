@@ -163,6 +163,11 @@ class Journal:
     def opened(self, context: Context) -> None:
         self._append(journal_file.encode({"op": "open", "owner": context.owner, "id": context.id}))
 
+    def adopted(self, context: Context) -> None:
+        """A whole context from elsewhere (the cluster's copy): one snapshot record, which replay
+        takes as it stands whatever came before it."""
+        self._append(journal_file.encode_record("context", snapshot.encode(context), generation=self.generation))
+
     def committed(self, context: Context, record: Record) -> None:
         before = self.size
         self._append(journal_file.encode_record("commit", record))

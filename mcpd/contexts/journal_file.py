@@ -53,6 +53,12 @@ def encode(body_map: dict) -> bytes:
     return head + struct.pack("<I", zlib.crc32(head)) + body
 
 
+def decode(data: bytes) -> dict | None:
+    """The map of one record as encode() made it, or None when its checksums or body do not hold."""
+    found = _record_at(data, 0)
+    return found[0] if found is not None and found[1] == len(data) else None
+
+
 def read(path: Path) -> Contents:
     """Every record of the file whose checksums hold, and the byte ranges that held none."""
     data = path.read_bytes()

@@ -5,8 +5,10 @@ Two keep a copy of every committed version: the host cache (shared memory: it ou
 scheduler restart, not the daemon) and the journal (disk: it outlives both). Their order:
 - the cache hears an open or a commit first: when it refuses (the cache is full, or the tenant's
   share is used up), no other listener has recorded it;
-- the journal last: drops go to the listeners last to first, so the journal, the one that can
-  refuse a drop (a full disk), hears it before the cache deletes anything.
+- the journal after it: drops go to the listeners last to first, so the journal, which can
+  refuse a drop (a full disk), hears it before the cache deletes anything;
+- in a cluster, Redis last (mcpd/cluster/redis_contexts.py): a version reaches it once this
+  node holds it, and a context this node lacks is restored from it at first use.
 Restore takes each context's newest version from either. The cache is ahead of the journal only
 when a crash came between their writes (a version no reply named yet); the journal then writes a
 snapshot at start, so what the store holds is on disk again before any change is acknowledged.
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from mcpd.config import Config
 from mcpd.contexts.context import Context
@@ -23,12 +26,16 @@ from mcpd.contexts.journal import Journal
 from mcpd.contexts.store import ContextStore
 from mcpd.memory.shm_arena import ShmArena
 
+if TYPE_CHECKING:
+    from mcpd.cluster.redis_contexts import RedisContexts
+
 
 @dataclass
 class Persistence:
     store: ContextStore
     cache: ContextCache | None   # None without a host cache
     journal: Journal             # closed (writes nothing, says so) with persistence off
+    shared: RedisContexts | None = None   # the cluster's copy in Redis, when [cluster] is on
 
 
 def open_store(config: Config, arena: ShmArena | None, log: logging.Logger) -> Persistence:
@@ -51,7 +58,20 @@ def open_store(config: Config, arena: ShmArena | None, log: logging.Logger) -> P
     if config.persistence.enabled:
         journal.start(store, behind)
         store.listeners.append(journal)
-    return Persistence(store, cache, journal)
+    shared = _shared(config, store, log) if config.cluster.enabled else None
+    return Persistence(store, cache, journal, shared)
+
+
+def _shared(config: Config, store: ContextStore, log: logging.Logger) -> RedisContexts:
+    """Redis as the store's last listener and its shared copy."""
+    from mcpd.cluster.redis_contexts import RedisContexts   # the Redis client loads only where a cluster is on
+
+    shared = RedisContexts(config.cluster, log)
+    shared.check_eviction_policy()
+    store.listeners.append(shared)
+    store.shared = shared
+    log.info("cluster node %r: contexts kept in Redis at %s", config.cluster.node_name, config.cluster.redis)
+    return shared
 
 
 def _newest(cached: list[Context], on_disk: list[Context]) -> tuple[list[Context], int, bool]:

@@ -28,6 +28,7 @@ class ContextService:
     def __init__(self, persistence: Persistence):
         self.store = persistence.store
         self.cache = persistence.cache
+        self.shared = persistence.shared
 
     def handle(self, tenant: str, args: typed.OpArgs, payload: list[bytes]) -> tuple[dict, list[bytes]]:
         """Run one context op (its args as the front-end checked them); returns (result map,
@@ -84,6 +85,11 @@ class ContextService:
         reply = {"id": context.id, "version": context.version, "appended_token_ids": token_ids}
         return reply if keep == held else {**reply, "kept_tokens": keep}
 
+    def catch_up(self, now: float) -> None:
+        if self.shared is not None:
+            self.shared.catch_up(now)
+
     def stats(self) -> dict:
-        return {**self.store.stats(), **(self.cache.stats() if self.cache else {})}
+        return {**self.store.stats(), **(self.cache.stats() if self.cache else {}),
+                **({"redis": self.shared.stats()} if self.shared else {})}
 

@@ -19,6 +19,12 @@ version a restart would lose, and a refused one never comes back:
   can refuse a drop, hears it before the cache deletes anything.
 `restore` puts a saved copy back (at start, before any change) without telling them again.
 
+In a cluster (docs/CLUSTER.md) `shared` is the copy every node shares (Redis, a listener too): a
+context this node lacks is looked up there at first use and adopted (every listener hears
+`adopted` and keeps it whole). When the shared copy is ahead of this node's (another node
+committed), the commit is refused with StaleCopy and this node forgets its copy, so the next
+request adopts the shared one.
+
 Commits cost what they change: the context's byte count is kept up to date from the fields a
 version touches, and contexts.max_fields bounds how many a context may have (a context of 307k
 scalar fields took 156 ms a commit when every commit summed every field).
@@ -47,6 +53,17 @@ def storage_full(message: str) -> MCPDError:
     return MCPDError(codes.STORAGE_FULL, message, retry_after_ms=STORAGE_RETRY_MS)
 
 
+class StaleCopy(MCPDError):
+    """A listener holds a newer version than this node's copy: another node committed one."""
+
+    def __init__(self, message: str):
+        super().__init__(codes.CONFLICT, message)
+
+
+class SharedContexts(Protocol):
+    def load(self, owner: str, context_id: str) -> Context | None: ...
+
+
 class StoreListener(Protocol):
     def opened(self, context: Context) -> None: ...
 
@@ -55,6 +72,8 @@ class StoreListener(Protocol):
     def reverted(self, context: Context) -> None: ...   # the commit after context.version was refused
 
     def dropped(self, context: Context) -> None: ...
+
+    def adopted(self, context: Context) -> None: ...   # a whole context from elsewhere (the shared copy)
 
 
 class ContextStore:
@@ -66,38 +85,54 @@ class ContextStore:
         self.owned: dict[str, dict[str, Context]] = {}   # the same contexts by owner, then id
         self.total_bytes = 0                 # of all contexts, kept up to date on every commit
         self.bytes_of: dict[str, int] = {}   # of each owner's contexts
+        self.shared: SharedContexts | None = None   # where a context this node lacks is looked up
 
     def open(self, owner: str, context_id: str, create: bool = True) -> tuple[Context, bool]:
-        found = self.contexts.get((owner, context_id))
+        found = self._find(owner, context_id)
         if found is not None:
             return found, False
         if not create:
             raise self._not_found(context_id)
-        if len(self.owned.get(owner, ())) >= self.config.max_per_owner:
+        context = Context(context_id, owner)
+        self._announce(context, "opened")   # an opened context is acknowledged state too: it must outlive a restart
+        return context, True
+
+    def get(self, owner: str, context_id: str) -> Context:
+        context = self._find(owner, context_id)
+        if context is None:
+            raise self._not_found(context_id)
+        return context
+
+    def _find(self, owner: str, context_id: str) -> Context | None:
+        """This node's copy, or else the shared one, adopted."""
+        context = self.contexts.get((owner, context_id))
+        if context is None and self.shared is not None:
+            context = self.shared.load(owner, context_id)
+            if context is not None:
+                self._announce(context, "adopted")
+        return context
+
+    def _announce(self, context: Context, event: str) -> None:
+        """Hold a new context if there is room and every listener takes it (`event`: opened or adopted)."""
+        if len(self.owned.get(context.owner, ())) >= self.config.max_per_owner:
             raise MCPDError(codes.TOO_LARGE, f"tenant holds {self.config.max_per_owner} contexts, the limit "
                                              "(contexts.max_per_owner)")
         if len(self.contexts) >= self.config.max_contexts:
             raise MCPDError(codes.TOO_LARGE, f"the daemon holds {self.config.max_contexts} contexts, the limit "
                                              "(contexts.max_contexts)")
-        context = Context(context_id, owner)
+        if context.nbytes:   # adopted from another node, which may run with larger limits
+            self._growth(Context(context.id, context.owner), context.fields, set(context.fields))
         self._add(context)
         accepted = []
-        try:   # an opened context is acknowledged state too: it must outlive a restart
+        try:
             for listener in self.listeners:
-                listener.opened(context)
+                getattr(listener, event)(context)
                 accepted.append(listener)
         except BaseException:
             self._remove(context)
             for listener in reversed(accepted):
                 listener.dropped(context)
             raise
-        return context, True
-
-    def get(self, owner: str, context_id: str) -> Context:
-        context = self.contexts.get((owner, context_id))
-        if context is None:
-            raise self._not_found(context_id)
-        return context
 
     def update(self, owner: str, context_id: str, base: int, changes: list[FieldDelta]) -> Context:
         context = self.writable(owner, context_id, base)
@@ -147,13 +182,20 @@ class ContextStore:
         return context
 
     def drop(self, owner: str, context_id: str) -> bool:
-        context = self.contexts.get((owner, context_id))
+        context = self._find(owner, context_id)
         if context is None:
             return False
         if context.busy_with is not None:
             raise MCPDError(codes.CONFLICT, f"context {context_id!r} is busy with a generate")
-        for listener in reversed(self.listeners):
-            listener.dropped(context)
+        taken = []
+        try:
+            for listener in reversed(self.listeners):
+                listener.dropped(context)
+                taken.append(listener)
+        except BaseException:
+            for listener in taken:   # the shared copy, dropped before the journal refused: back again
+                listener.adopted(context)
+            raise
         self._remove(context)
         return True
 
@@ -232,11 +274,13 @@ class ContextStore:
             for listener in self.listeners:
                 listener.committed(context, record)
                 accepted.append(listener)
-        except BaseException:
+        except BaseException as refusal:
             context.roll_back(saved)
             undo_in_place()
             for listener in reversed(accepted):
                 listener.reverted(context)
+            if isinstance(refusal, StaleCopy):
+                self._remove(context)
             raise
         self._account(context.owner, growth)
 

@@ -123,12 +123,14 @@ class Scheduler:
                               sched.window_smoothing)
 
     def tick(self) -> None:
-        """After every wake-up: answer or cancel what passed its deadline, then dispatch."""
+        """After every wake-up: answer or cancel what passed its deadline, then dispatch; in a
+        cluster on the journal alone, write what Redis missed once it answers again."""
         now = self.clock()
         self._expire(now)
         self._dispatch(now)
         if self.unloading:
             self._finish_unloads()
+        self.contexts.catch_up(now)
 
     def next_wake(self) -> float | None:
         """When tick has something to do without a message: a batch to release, a deadline."""
@@ -613,6 +615,14 @@ class Scheduler:
                 figures["queued"] = self.queue.waiting_for((name, version))
                 figures["running"] = sum(len(s.jobs) for s in serving)
         return {"default_model": self.traffic.default_model, "models": models}
+
+    def node_load(self) -> dict:
+        """What this node's cluster heartbeat carries: its load, free KV blocks and the models it serves."""
+        free_kv = sum((s.info.get("kv_blocks_total") or 0) - (s.info.get("kv_blocks_used") or 0)
+                      for s in self.workers.values() if s.ready)
+        served = sorted({f"{s.info.get('served_model', '')}/{s.info.get('version', '')}"
+                         for s in self.workers.values() if s.ready})
+        return {"queued": len(self.queue), "inflight": len(self.jobs), "free_kv_blocks": free_kv, "models": served}
 
     def stats(self) -> dict:
         now = self.clock()

@@ -72,6 +72,7 @@ class SchedulerProcess:
             raise
         self.parent_pid = os.getppid()
         self.stats_interval_s = config.supervisor.stats_interval_s
+        self.heartbeat = _heartbeat(config, log) if config.cluster.enabled else None
 
     def serve(self) -> None:
         poller = zmq.Poller()
@@ -90,8 +91,21 @@ class SchedulerProcess:
             self.scheduler.tick()
             self.sockets.for_frontend.flush()
             if time.monotonic() >= next_stats:
-                self.sockets.events.send(messages.Report, SchedulerStats(**self.scheduler.stats()))
+                self._report()
                 next_stats = time.monotonic() + self.stats_interval_s
+
+    def _report(self) -> None:
+        cluster = {}
+        if self.heartbeat is not None:
+            self.heartbeat.update(self.scheduler.node_load())
+            cluster = self.heartbeat.stats()
+        self.sockets.events.send(messages.Report, SchedulerStats(**self.scheduler.stats(), cluster=cluster))
+
+    def close(self) -> None:
+        """At a stop: leave the cluster, make the journal durable."""
+        if self.heartbeat is not None:
+            self.heartbeat.close()
+        self.scheduler.persistence.journal.close()
 
     def _poll_timeout_ms(self) -> float:
         wake = self.scheduler.next_wake()
@@ -100,7 +114,12 @@ class SchedulerProcess:
         return min(IDLE_POLL_MS, max(0.0, (wake - time.monotonic()) * 1000))
 
 
+def _heartbeat(config: Config, log: logging.Logger):
+    from mcpd.cluster.heartbeat import Heartbeat   # the Redis client loads only where a cluster is on
+    return Heartbeat(config.cluster, log).start()
+
+
 def run(config: Config) -> None:
     process = SchedulerProcess(config, child.start("scheduler", config))
-    child.exit_on_sigterm(process.scheduler.persistence.journal.close)   # a stop makes the journal durable first
+    child.exit_on_sigterm(process.close)
     process.serve()

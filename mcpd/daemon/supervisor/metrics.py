@@ -51,6 +51,7 @@ class DaemonCollector:
         yield _queue_limits(self.supervisor.config.scheduler.classes)
         yield from _workers(workers)
         yield from _contexts(scheduler)
+        yield from _cluster(scheduler)
         yield from _models(scheduler)
         yield from _http(frontend.http)
         restarts = CounterMetricFamily("mcpd_process_restarts", "Restarts of a child process", labels=["role", "index"])
@@ -170,17 +171,36 @@ def _contexts(scheduler: SchedulerStats):
                                scheduler.persistence.get("restored"))):
         if value is not None:
             yield GaugeMetricFamily(name, text, value=value)
-    cache = scheduler.cache   # the host shared-memory cache's arena, which the scheduler reads
-    for key, name, kind, text in (
-            ("total_bytes", "bytes", GaugeMetricFamily, "Host cache size"),
-            ("used_bytes", "used_bytes", GaugeMetricFamily, "Host cache bytes handed out"),
-            ("entries", "entries", GaugeMetricFamily, "Host cache entries"),
-            ("hits", "hits", CounterMetricFamily, "Host cache lookups that found their entry"),
-            ("misses", "misses", CounterMetricFamily, "Host cache lookups that did not"),
-            ("evictions", "evictions", CounterMetricFamily, "Host cache entries evicted for room")):
-        if key in cache:
-            yield kind(f"mcpd_context_cache_{name}", text, value=cache[key])
+    # The host shared-memory cache's arena, which the scheduler reads.
+    yield from _reported("mcpd_context_cache_", scheduler.cache, (
+        ("total_bytes", "bytes", GaugeMetricFamily, "Host cache size"),
+        ("used_bytes", "used_bytes", GaugeMetricFamily, "Host cache bytes handed out"),
+        ("entries", "entries", GaugeMetricFamily, "Host cache entries"),
+        ("hits", "hits", CounterMetricFamily, "Host cache lookups that found their entry"),
+        ("misses", "misses", CounterMetricFamily, "Host cache lookups that did not"),
+        ("evictions", "evictions", CounterMetricFamily, "Host cache entries evicted for room")))
     yield from _journal(scheduler.persistence)
+
+
+def _cluster(scheduler: SchedulerStats):
+    """This node's view of the cluster and its Redis; nothing when [cluster] is off."""
+    if scheduler.cluster:
+        yield GaugeMetricFamily("mcpd_cluster_live_nodes", "Nodes this one saw alive at its last heartbeat",
+                                value=len(scheduler.cluster["nodes"]))
+        yield GaugeMetricFamily("mcpd_cluster_heartbeat_ok", "1 while this node's heartbeat reaches Redis",
+                                value=int(scheduler.cluster["heartbeat"] == "ok"))
+    yield from _reported("mcpd_cluster_", scheduler.contexts.get("redis", {}), (
+        ("loaded", "contexts_loaded", CounterMetricFamily, "Contexts restored from Redis at first use"),
+        ("folded", "folds", CounterMetricFamily, "Context logs in Redis folded into a snapshot"),
+        ("refused", "redis_refusals", CounterMetricFamily, "Context ops refused because Redis could not take them"),
+        ("behind", "contexts_behind", GaugeMetricFamily, "Contexts whose newest version Redis lacks (journal alone)")))
+
+
+def _reported(prefix: str, figures: dict, table: tuple):
+    """One metric per (key, name, kind, help text) of `table` whose key `figures` holds."""
+    for key, name, kind, text in table:
+        if key in figures:
+            yield kind(prefix + name, text, value=figures[key])
 
 
 def _journal(persistence: dict):

@@ -1,0 +1,82 @@
+"""The cluster's first figures (docs/CLUSTER.md): ownership balance in-process, and what keeping
+contexts in Redis costs a context commit on a real daemon.
+
+    python bench/cluster.py [--quick]
+
+1. Rendezvous ownership (mcpd/cluster/ownership.py) of 1M contexts (--quick: 200k) over 100
+   equal nodes: the busiest node's count over the mean (`ownership_balance`), and the fraction of
+   contexts that move when one node leaves, times N (`moved_frac_times_n`; 1.0 is ideal).
+2. One daemon with [cluster] on (a real redis-server on loopback, AOF fsynced at every write, as
+   docs/CLUSTER.md asks) against the same daemon with it off: p50 of one context.update of a
+   scalar from one client (`redis_commit_overhead`: on over off), the journal fsynced at every
+   commit in both (persistence.fsync = "always", the default). Interleaved rounds.
+Last line JSON with the figures.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import numpy as np
+
+from mcpd.cluster.ownership import Ownership, context_hash
+from mcpd.testing import Daemon, RedisServer
+
+NODES = [f"node-{i}" for i in range(100)]
+
+
+def ownership(contexts: int) -> dict:
+    keys = np.array([context_hash("tenant", f"ctx-{i}") for i in range(contexts)], np.uint64)
+    before = Ownership(dict.fromkeys(NODES, 1.0))
+    was = before.owners(keys)
+    counts = np.bincount(was, minlength=len(NODES))
+    after = Ownership({n: 1.0 for n in NODES if n != "node-42"})
+    now = np.array([before.nodes.index(n) for n in after.nodes])[after.owners(keys)]
+    return {"contexts": contexts, "nodes": len(NODES), "ownership_balance": round(float(counts.max() / counts.mean()), 4),
+            "moved_frac_times_n": round(float((was != now).mean() * len(NODES)), 4)}
+
+
+def commit_times(daemon: Daemon, context_id: str, commits: int) -> list[float]:
+    times = []
+    with daemon.client(tenant="bench") as client:
+        ctx = client.context(context_id)
+        for n in range(commits):
+            ctx["n"] = n
+            started = time.perf_counter()
+            ctx.sync()
+            times.append(time.perf_counter() - started)
+    return times
+
+
+def commit_overhead(rounds: int, commits: int) -> dict:
+    redis = RedisServer().start()
+    plain, clustered = Daemon(), Daemon(cluster={"redis": redis.url, "node_id": "bench"})
+    try:
+        plain.start()
+        clustered.start()
+        off, on = [], []
+        for r in range(rounds):
+            off += commit_times(plain, f"c{r}", commits)
+            on += commit_times(clustered, f"c{r}", commits)
+    finally:
+        for daemon in (plain, clustered):
+            daemon.stop()
+            daemon.cleanup()
+        redis.cleanup()
+    off_p50, on_p50 = statistics.median(off), statistics.median(on)
+    return {"commits": len(on), "commit_p50_ms_off": round(off_p50 * 1e3, 3), "commit_p50_ms_on": round(on_p50 * 1e3, 3),
+            "redis_commit_overhead": round(on_p50 / off_p50, 3)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true")
+    quick = parser.parse_args().quick
+    figures = {**ownership(200_000 if quick else 1_000_000), **commit_overhead(3 if quick else 10, 100 if quick else 300)}
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()

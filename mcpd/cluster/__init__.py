@@ -1,0 +1,1 @@
+"""Several mcpd nodes sharing contexts through Redis (docs/CLUSTER.md)."""

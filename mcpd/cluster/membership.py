@@ -1,0 +1,80 @@
+"""The live nodes of a cluster, in Redis: each node registers with a heartbeat carrying its
+endpoints, weight, load, free KV and models, and counts as alive until node_ttl_s after its last.
+
+    mcpd:{nodes}          sorted set: node id -> the Redis time (ms) its registration lapses
+    mcpd:{nodes}:<id>     hash: the node's last heartbeat (msgpack under "report"), expiring with it
+
+Redis's own clock stamps every heartbeat (TIME inside the script), so nodes whose clocks differ
+still agree on who is alive. The keys share one hash tag: on Redis Cluster the scripts that touch
+the set and a node's hash run on one shard.
+"""
+from __future__ import annotations
+
+import msgpack
+import redis
+
+SET = "mcpd:{nodes}"
+
+# KEYS: the set, the node's hash. ARGV: node id, report, ttl ms.
+BEAT = """
+local now = redis.call('TIME')
+local lapses = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000) + tonumber(ARGV[3])
+redis.call('ZADD', KEYS[1], lapses, ARGV[1])
+redis.call('HSET', KEYS[2], 'report', ARGV[2])
+redis.call('PEXPIRE', KEYS[2], ARGV[3])
+return lapses
+"""
+
+# KEYS: the set. Forgets the lapsed nodes; returns the ids of the others.
+LIVE = """
+local now = redis.call('TIME')
+local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ms)
+return redis.call('ZRANGE', KEYS[1], 0, -1)
+"""
+
+# KEYS: the set, the node's hash. ARGV: node id.
+LEAVE = """
+redis.call('ZREM', KEYS[1], ARGV[1])
+return redis.call('DEL', KEYS[2])
+"""
+
+
+def node_key(node_id: str) -> str:
+    return f"{SET}:{node_id}"
+
+
+class Membership:
+    def __init__(self, client: redis.Redis, node_id: str, ttl_s: float):
+        self.redis, self.node_id, self.ttl_ms = client, node_id, max(1, round(ttl_s * 1000))
+        self.beat_script = client.register_script(BEAT)
+        self.live_script = client.register_script(LIVE)
+        self.leave_script = client.register_script(LEAVE)
+
+    def beat(self, report: dict) -> None:
+        """Register this node (again) with its report; raises redis.RedisError when Redis cannot take it."""
+        self.beat_script(keys=[SET, node_key(self.node_id)], args=[self.node_id, msgpack.packb(report), self.ttl_ms])
+
+    def leave(self) -> None:
+        self.leave_script(keys=[SET, node_key(self.node_id)], args=[self.node_id])
+
+    def live(self) -> dict[str, dict]:
+        """Each live node's last report, by node id."""
+        ids = [raw.decode(errors="replace") for raw in self.live_script(keys=[SET])]
+        with self.redis.pipeline(transaction=False) as reading:
+            for node_id in ids:
+                reading.hget(node_key(node_id), "report")
+            reports = [_report(raw) for raw in reading.execute()]
+        # A node whose hash lapsed between the two reads is gone: it is left out.
+        return {node_id: report for node_id, report in zip(ids, reports) if report is not None}
+
+
+def _report(raw: bytes | None) -> dict | None:
+    """A heartbeat's report; None for none, or for one that is not a msgpack map (whoever wrote it)."""
+    if raw is None:
+        return None
+    try:
+        report = msgpack.unpackb(raw)
+    except (ValueError, msgpack.UnpackException):
+        return None
+    return report if isinstance(report, dict) else None

@@ -1,0 +1,44 @@
+"""Cluster membership in a real redis-server (mcpd/cluster/membership.py), in this process: a
+heartbeat registers a node with its report, a node that leaves is gone at once, one that stops
+beating lapses after its TTL, and hostile node ids stay in the membership's hash tag."""
+import time
+
+from mcpd.cluster.membership import Membership, node_key
+
+
+def test_nodes_register_with_their_reports_and_leave(redis_server):
+    client = redis_server.client()
+    a, b = Membership(client, "a", 30), Membership(client, "b", 30)
+    a.beat({"queued": 3, "models": ["default/default"]})
+    b.beat({"queued": 0, "models": []})
+    assert a.live() == {"a": {"queued": 3, "models": ["default/default"]}, "b": {"queued": 0, "models": []}}
+    a.beat({"queued": 1, "models": []})
+    assert b.live()["a"]["queued"] == 1   # the newest report
+    b.leave()
+    assert list(a.live()) == ["a"] and not client.exists(node_key("b"))
+
+
+def test_a_node_that_stops_beating_lapses(redis_server):
+    client = redis_server.client()
+    Membership(client, "silent", 0.2).beat({})
+    watcher = Membership(client, "watcher", 30)
+    watcher.beat({})
+    deadline = time.monotonic() + 10
+    while "silent" in watcher.live():
+        assert time.monotonic() < deadline, "a node that stopped beating is still live"
+        time.sleep(0.05)
+    assert list(watcher.live()) == ["watcher"] and client.zscore("mcpd:{nodes}", "silent") is None
+
+
+def test_a_node_id_with_braces_keeps_the_membership_s_hash_tag():
+    key = node_key("x}{y")
+    assert key[key.index("{") + 1:key.index("}")] == "nodes"
+
+
+def test_a_record_that_is_not_a_report_is_left_out(redis_server):
+    client = redis_server.client()
+    watcher = Membership(client, "watcher", 30)
+    watcher.beat({"queued": 0})
+    Membership(client, "forged", 30).beat({})
+    client.hset(node_key("forged"), "report", b"\xc1 not msgpack")
+    assert list(watcher.live()) == ["watcher"]
