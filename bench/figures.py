@@ -18,6 +18,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -27,7 +28,8 @@ README = BENCH / "README.md"
 BEGIN, END = "<!-- figures: begin (bench/figures.py table) -->", "<!-- figures: end -->"
 RUN_LIMIT_S = 3600
 
-# (benchmark, figure, comparison, target): the figure meets the target when `comparison` holds.
+# (benchmark, figure, comparison, target): the figure meets the target when `comparison` holds; a
+# dotted figure is a path into nested maps of the JSON line.
 TARGETS = [
     ("engine", "w1_decode_roofline_frac", ">=", 0.8),
     ("engine", "w1_ttft_ms", "<=", 30),
@@ -51,7 +53,7 @@ TARGETS = [
     ("recovery", "recomputed_tokens_after_kill", "==", 0),
     ("redteam", "broken", "==", 0),
     ("redteam", "lost", "==", 0),
-    ("redteam", "noisy_neighbour", "<=", 2),
+    ("redteam", "attacks.noisy_neighbour.noisy_neighbour", "<=", 2),
     ("http_listener", "http_p50_ratio_vs_zmq", "<=", 1.3),
     ("http_listener", "context_bytes_ratio_vs_resend", ">=", 5),
     ("persistence", "persist_overhead_frac", "<=", 0.2),
@@ -117,19 +119,39 @@ def run(name: str, quick: bool) -> bool:
     record = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": commit(),
               "machine": machine(), "quick": quick}
     print(f"== {name}: {' '.join(command[1:])}", flush=True)
-    done = subprocess.run(command, stdout=subprocess.PIPE, stderr=None, text=True, timeout=RUN_LIMIT_S)
-    sys.stdout.write(done.stdout)
-    figures = last_json_line(done.stdout)
-    if done.returncode != 0 or figures is None:
-        print(f"== {name}: exit {done.returncode}, {'a' if figures else 'no'} JSON line: nothing kept", flush=True)
+    returncode, output = passed_through(command)
+    figures = last_json_line(output)
+    if returncode != 0 or figures is None:
+        print(f"== {name}: exit {returncode}, {'a' if figures else 'no'} JSON line: nothing kept", flush=True)
         return False
     KEPT.mkdir(exist_ok=True)
     (KEPT / f"{name}.json").write_text(json.dumps({**record, "figures": figures}, indent=1) + "\n")
     return True
 
 
+def passed_through(command: list[str]) -> tuple[int, str]:
+    """Run `command`, its output shown line by line as it comes (long benchmarks print progress),
+    and kept; killed past RUN_LIMIT_S."""
+    lines = []
+    with subprocess.Popen(command, stdout=subprocess.PIPE, text=True) as process:
+        timer = threading.Timer(RUN_LIMIT_S, process.kill)
+        timer.start()
+        for line in process.stdout:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            lines.append(line)
+        timer.cancel()
+    return process.returncode, "".join(lines)
+
+
 def kept() -> dict[str, dict]:
     return {p.stem: json.loads(p.read_text()) for p in sorted(KEPT.glob("*.json"))}
+
+
+def figure_of(figures: dict, path: str):
+    for key in path.split("."):
+        figures = figures.get(key) if isinstance(figures, dict) else None
+    return figures
 
 
 def shown(value) -> str:
@@ -141,7 +163,7 @@ def shown(value) -> str:
 def table(records: dict[str, dict]) -> str:
     rows = ["| benchmark | figure | value | target | met |", "|---|---|---|---|---|"]
     for name, figure, comparison, target in TARGETS:
-        value = records.get(name, {}).get("figures", {}).get(figure)
+        value = figure_of(records.get(name, {}).get("figures", {}), figure)
         met = "—" if not isinstance(value, (int, float)) else "yes" if COMPARE[comparison](value, target) else "**no**"
         rows.append(f"| `{name}` | `{figure}` | {shown(value)} | {SYMBOL[comparison]} {target} | {met} |")
     runs = ["| benchmark | when | commit | machine | ISA | load | mode |", "|---|---|---|---|---|---|---|"]

@@ -1,6 +1,7 @@
 """bench/README.md's table is written from the kept JSON lines alone (bench/figures.py), so a
 figure in it always names the run, commit and machine it came from."""
 import importlib.util
+import sys
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
@@ -42,6 +43,12 @@ def test_a_figure_is_judged_against_its_target():
     assert row_of(text, "overhead", "noop_p50_ratio_vs_relay")[2:] == ["—", "≤ 1.3", "—"]
 
 
+def test_a_dotted_figure_is_read_from_nested_maps():
+    nested = record({"broken": 0, "attacks": {"noisy_neighbour": {"noisy_neighbour": 1.5}}})
+    text = figures.table({"redteam": nested})
+    assert row_of(text, "redteam", "attacks.noisy_neighbour.noisy_neighbour")[2:] == ["1.5", "≤ 2", "yes"]
+
+
 def test_each_run_names_its_commit_machine_and_isa():
     text = figures.table({"kv": record({"kv_waste_frac": 0.01}, isa="AVX-512 + bf16")})
     run = next(l for l in text.splitlines() if l.startswith("| `kv` | 2026"))
@@ -60,3 +67,10 @@ def test_isa_names_what_the_kernels_choose_by():
     assert figures.isa({"avx2", "avx512f"}) == "AVX-512"
     assert figures.isa({"avx2", "fma"}) == "AVX2"
     assert figures.isa({"sse4_2"}) == "no AVX2"
+
+
+def test_a_benchmarks_output_is_shown_and_kept(capsys):
+    code = "import json; print('round 1', flush=True); print(json.dumps({'lost': 0}))"
+    returncode, output = figures.passed_through([sys.executable, "-c", code])
+    assert returncode == 0 and figures.last_json_line(output) == {"lost": 0}
+    assert capsys.readouterr().out == output == 'round 1\n{"lost": 0}\n'
