@@ -19,7 +19,8 @@ from mcpd.daemon.scheduler.core import Scheduler
 from mcpd.protocol import codes
 from mcpd.protocol.args import ContextOpenArgs, ContextUpdateArgs, GenerateArgs
 from mcpd.tokenizer import load
-from test_scheduler_core import Clock, Ports, dispatched, from_worker, hello, result
+from fakes import Clock, Ports
+from test_scheduler_core import dispatched, from_worker, hello, result
 from test_scheduler_core import request as inbound
 from tiny_checkpoints import CHATML_TEMPLATE, CORPUS
 

@@ -3,7 +3,6 @@ crosses processes (real kills, restarts, replies reaching clients) stays with th
 import logging
 import tempfile
 
-import msgpack
 import msgspec
 import numpy as np
 import pytest
@@ -16,49 +15,9 @@ from mcpd.protocol import codes
 from mcpd.protocol.args import ContextOpenArgs, GenerateArgs, PingArgs
 from mcpd.protocol.results import Degraded, GenerateResult, Usage
 from mcpd.protocol.sampling import SamplingParams
+from fakes import Clock, Ports
 
 WORKER = b"w0"
-
-
-class Events:
-    """The events the scheduler sent the supervisor, as typed messages (child.EventReporter's)."""
-
-    def __init__(self):
-        self.sent = []
-
-    def send(self, kind, *fields, **named) -> None:
-        self.sent.append(kind(messages.Sender("scheduler", 0, 1), *fields, **named))
-
-
-class Ports:
-    """What the scheduler sent, decoded: finals for the front-end, dispatches and cancels per worker."""
-
-    def __init__(self):
-        self.events = Events()
-        self.frontend: list[tuple[messages.Message, list[bytes]]] = []
-        self.workers: list[tuple[bytes, messages.Message, list[bytes]]] = []
-        self.worker_sends = 0   # to_worker calls: each one ZeroMQ send (a batch) on the real socket
-        self.worker_room: int | None = None   # how many messages a worker's queue takes now; None: all
-
-    def to_frontend(self, frames):
-        self.frontend.append(messages.decode(frames))
-
-    def to_worker(self, identity, sends):
-        self.worker_sends += 1
-        taken = sends[:self.worker_room]
-        self.workers += [(identity, *messages.decode(frames)) for frames in taken]
-        return len(taken)
-
-    def finals(self) -> dict[int, dict]:
-        return {m.rid: msgpack.unpackb(frames[0]) for m, frames in self.frontend if isinstance(m, messages.Final)}
-
-
-class Clock:
-    def __init__(self):
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture

@@ -11,7 +11,8 @@ from mcpd.daemon.scheduler.core import Scheduler
 from mcpd.daemon.scheduler.fast_rung import FastRung
 from mcpd.protocol import codes
 from mcpd.protocol.args import ContextOpenArgs, GenerateArgs, PingArgs
-from test_scheduler_core import Clock, Ports, dispatched, request, result
+from fakes import Clock, Ports
+from test_scheduler_core import request, result
 
 
 @pytest.fixture

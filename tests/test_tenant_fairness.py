@@ -5,7 +5,8 @@ import logging
 import tempfile
 
 import pytest
-from test_scheduler_core import Clock, Ports, dispatched, from_worker, hello, request
+from fakes import Clock, Ports
+from test_scheduler_core import dispatched, from_worker, hello, request
 
 from mcpd.config import ConfigError, PriorityClass, from_dict
 from mcpd.daemon import messages

@@ -18,31 +18,10 @@ from mcpd.protocol import codes
 from mcpd.protocol.args import GenerateArgs, PingArgs
 from mcpd.protocol.results import Degraded, GenerateResult, Usage
 from mcpd.protocol.sampling import SamplingParams
+from fakes import Clock, Ports
 
 CONFIG = Config(model=ModelConfig(max_model_len=512), engine=EngineConfig(pool_bytes=16 << 20),
                 limits=LimitsConfig(max_prompt_tokens=64))
-
-
-class Ports:
-    """What the core sent, decoded, in order, per destination."""
-
-    def __init__(self):
-        self.scheduler: list[tuple[messages.Message, list[bytes]]] = []
-        self.frontend: list[tuple[messages.Message, list[bytes]]] = []
-
-    def to_scheduler(self, frames):
-        self.scheduler.append(messages.decode(frames))
-
-    def to_frontend(self, frames):
-        self.frontend.append(messages.decode(frames))
-
-
-class Clock:
-    def __init__(self):
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,56 @@
+"""The one set of fakes the socket-free cores are tested with: Ports records what a core sends,
+decoded, per destination (as the process modules would put it on their sockets), and Clock is
+the time a core reads, moved by the test."""
+from __future__ import annotations
+
+import msgpack
+
+from mcpd.daemon import messages
+
+
+class Events:
+    """The events a core sent the supervisor, as typed messages (child.EventReporter's)."""
+
+    def __init__(self, role: str = "scheduler"):
+        self.role = role
+        self.sent = []
+
+    def send(self, kind, *fields, **named) -> None:
+        self.sent.append(kind(messages.Sender(self.role, 0, 1), *fields, **named))
+
+
+class Ports:
+    """What a core sent, decoded, in order, per destination: the front-end, the scheduler, each
+    worker (a worker's queue takes `worker_room` messages at a time; None: all), the supervisor."""
+
+    def __init__(self):
+        self.events = Events()
+        self.frontend: list[tuple[messages.Message, list[bytes]]] = []
+        self.scheduler: list[tuple[messages.Message, list[bytes]]] = []
+        self.workers: list[tuple[bytes, messages.Message, list[bytes]]] = []
+        self.worker_sends = 0   # to_worker calls: each one ZeroMQ send (a batch) on the real socket
+        self.worker_room: int | None = None
+
+    def to_frontend(self, frames):
+        self.frontend.append(messages.decode(frames))
+
+    def to_scheduler(self, frames):
+        self.scheduler.append(messages.decode(frames))
+
+    def to_worker(self, identity, sends):
+        self.worker_sends += 1
+        taken = sends[:self.worker_room]
+        self.workers += [(identity, *messages.decode(frames)) for frames in taken]
+        return len(taken)
+
+    def finals(self) -> dict[int, dict]:
+        """The front-end's final replies by rid, their headers decoded."""
+        return {m.rid: msgpack.unpackb(frames[0]) for m, frames in self.frontend if isinstance(m, messages.Final)}
+
+
+class Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
