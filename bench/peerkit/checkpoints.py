@@ -130,7 +130,7 @@ def load_vocab(cache_dir: Path) -> tuple[Vocab, str]:
     try:
         return llama2_vocab(vocab_file), f"Llama-2 SentencePiece vocab from {vocab_file}"
     except ImportError:
-        return byte_vocab(), "byte-level fallback vocab (the `gguf` package is missing: pip install -e '.[bench]')"
+        return byte_vocab(), "byte-level fallback vocab (the `gguf` package is missing: pip install -e .)"
 
 
 def spm_merges(vocab: Vocab) -> list[tuple[str, str]]:

@@ -74,6 +74,7 @@ def setup(cache_dir: Path) -> None:
     """Everything the peers need, each step skipped when already done; one failing peer does not
     stop the other. Long and CPU-heavy: runs niced."""
     os.nice(19)
+    install_bench_extra(cache_dir)
     fetch_sdist(cache_dir)
     for peer in PEERS:
         try:
@@ -88,6 +89,15 @@ def setup(cache_dir: Path) -> None:
             print(f"GGUF {gguf_for(cache_dir, directory, dtype)}")
         except RuntimeError as e:
             print(f"GGUF for {dtype}: {e}")
+
+
+def install_bench_extra(cache_dir: Path) -> None:
+    """mcpd's own `bench` extra, into this interpreter (llama.cpp's converter needs sentencepiece):
+    without it the checkpoint builder would fall back to the byte-level vocab."""
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    repo = Path(__file__).resolve().parents[2]
+    run_logged([sys.executable, "-m", "pip", "install", "-q", "-e", f"{repo}[bench]"], cache_dir / "setup.log")
+    print("bench extra installed (sentencepiece)")
 
 
 def fetch_sdist(cache_dir: Path) -> Path:
