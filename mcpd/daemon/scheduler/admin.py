@@ -103,5 +103,5 @@ def reload(scheduler, reload: messages.Reload) -> None:
     applied = live_config.apply_log_level(config) + scheduler.apply_config(config)
     for slot in scheduler.workers.values():
         if slot.ready:
-            scheduler._send_worker(slot, [messages.encode(reload)])
+            scheduler.send_worker(slot, [messages.encode(reload)])
     scheduler.events.send(messages.Reloaded, reload.token, applied)

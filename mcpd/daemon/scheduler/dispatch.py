@@ -1,0 +1,79 @@
+"""Placement of waiting jobs on workers: the most important first, in length-bin groups, each
+group to the worker router.py picks, held open for its batching window while the node is busy."""
+from __future__ import annotations
+
+from mcpd.daemon import messages
+from mcpd.daemon.scheduler import router
+from mcpd.daemon.scheduler.job import Job
+from mcpd.daemon.scheduler.router import WorkerSlot
+
+
+def dispatch_waiting(scheduler, now: float) -> None:
+    """Hand out waiting jobs, most important first, in length-bin groups, while workers have room."""
+    scheduler.hold_until = None
+    scheduler.admission.ladder.update(len(scheduler.queue), now)
+    for name, window in scheduler.windows.items():
+        scheduler.admission.fast.update(name, scheduler.config.scheduler.classes.get(name), window.recent_p99_ms)
+    per_worker = scheduler.config.scheduler.max_inflight_per_worker
+    tenants = scheduler.admission.tenants
+    blocked = set()   # lanes (model versions) with no room now: the others still go
+    held = {}         # by lane: tenants with no room there now (their caps, the headroom)
+    while (job := scheduler.queue.peek(now, blocked, held)) is not None:
+        slot, free, room, lane_open = router.choose(job, scheduler.serving(job.served), per_worker, tenants.headroom)
+        if slot is None or tenants.capped(job.client):
+            if lane_open:
+                held.setdefault(job.served, set()).add(job.client)
+            else:
+                blocked.add(job.served)
+            continue
+        group = [job] + scheduler.queue.same_bin(job, room - 1, now, tenants.group_filter(slot, job, free))
+        if _hold(scheduler, group, room, now):
+            return
+        if not _send_jobs(scheduler, slot, group, now):
+            return
+
+
+def _hold(scheduler, group: list[Job], room: int, now: float) -> bool:
+    """Keep a partial batch of prefills open for its window, but only while the node is busy
+    anyway. Other ops (ping, status) have nothing to batch and never wait."""
+    first = group[0]
+    window = scheduler.windows.get(first.class_name)
+    if not first.prefills or window is None or window.window_ms <= 0 or len(group) >= room:
+        return False
+    if not any(slot.jobs for slot in scheduler.workers.values()):
+        return False   # an idle node never makes a request wait
+    release = first.enqueued + window.window_ms / 1000
+    if now >= release:
+        return False
+    scheduler.hold_until = release
+    return True
+
+
+def _send_jobs(scheduler, slot: WorkerSlot, group: list[Job], now: float) -> bool:
+    """Dispatch a group to its worker in one send (batch.py: one wake-up of the worker for all
+    of them). What did not fit in the worker's queue stays queued where it was; False then."""
+    sent = scheduler.send_worker(slot, [_dispatch_of(job) for job in group])
+    for job in group[:sent]:
+        _dispatched(scheduler, slot, job, now)
+    return sent == len(group)
+
+
+def _dispatch_of(job: Job) -> list[bytes]:
+    request = job.request
+    message = messages.Dispatch(job.rid, request.request_id, request.tenant, job.rank, job.context is not None,
+                                request.args, job.prompt_ids, job.compare, job.degraded)
+    return messages.encode(message, *([job.history] if job.context else []))
+
+
+def _dispatched(scheduler, slot: WorkerSlot, job: Job, now: float) -> None:
+    scheduler.queue.served(job)
+    slot.jobs[job.rid] = job
+    scheduler.admission.tenants.started(job)
+    job.dispatched = now
+    scheduler.dispatched += 1
+    if not job.retries:   # a job requeued after its worker died was counted when first sent
+        scheduler.queue_time.observe(now - job.enqueued)
+    if job.class_name in scheduler.windows:
+        scheduler.windows[job.class_name].observe((now - job.enqueued) * 1000)
+    if job.context is not None:
+        job.context.worker_hint, job.context.kv_version = slot.index, "/".join(job.served)

@@ -1,0 +1,44 @@
+"""The scheduler's status report: what `status`, the supervisor's stats and the cluster heartbeat
+read of it, built from its queue, its workers and its policies."""
+from __future__ import annotations
+
+
+def models_stats(scheduler) -> dict:
+    """traffic.py's view of each model, with each version's ready workers and its requests
+    waiting and running."""
+    models = scheduler.traffic.describe()
+    shadows = scheduler.shadow.describe()
+    for name, model in models.items():
+        model["shadow"] = shadows.get(name)
+        for version, figures in model["versions"].items():
+            serving = scheduler.serving((name, version))
+            figures["workers"] = sorted(s.index for s in serving if s.ready)
+            figures["queued"] = scheduler.queue.waiting_for((name, version))
+            figures["running"] = sum(len(s.jobs) for s in serving)
+    return {"default_model": scheduler.traffic.default_model, "models": models}
+
+
+def node_load(scheduler) -> dict:
+    """What this node's cluster heartbeat carries: its load, free KV blocks and the models it serves."""
+    ready = [s for s in scheduler.workers.values() if s.ready]
+    free_kv = sum((s.info.get("kv_blocks_total") or 0) - (s.info.get("kv_blocks_used") or 0) for s in ready)
+    served = sorted({f"{s.info.get('served_model', '')}/{s.info.get('version', '')}" for s in ready})
+    return {"queued": len(scheduler.queue), "inflight": len(scheduler.jobs), "free_kv_blocks": free_kv,
+            "models": served}
+
+
+def stats(scheduler) -> dict:
+    now = scheduler.clock()
+    depths = scheduler.queue.depths()
+    return {"queue_depth": len(scheduler.queue), "dispatched": scheduler.dispatched, "inflight": len(scheduler.jobs),
+            "policy": scheduler.config.scheduler.policy, "degradation_level": scheduler.admission.ladder.level(now),
+            "fast_rung": scheduler.admission.fast.describe(),
+            "classes": {name: {"queued": depths.get(name, 0), "window_ms": round(w.window_ms, 3),
+                               "queue_p99_ms": round(w.p99_ms(), 3)} for name, w in scheduler.windows.items()},
+            "errors": {name: dict(by_code) for name, by_code in scheduler.errors.items()},
+            "contexts": scheduler.contexts.stats(), "models": models_stats(scheduler),
+            "cache": scheduler.host_cache.stats() if scheduler.host_cache else {},
+            "persistence": scheduler.persistence.journal.stats(), "queue_time": scheduler.queue_time.snapshot(),
+            "workers": [{"index": s.index, "pid": s.pid, "ready": s.ready, "inflight": len(s.jobs),
+                         "outstanding_tokens": s.outstanding_tokens, **s.info}
+                        for s in sorted(scheduler.workers.values(), key=lambda s: s.index)]}
