@@ -272,13 +272,8 @@ def _llama_args(hf: dict, architecture: str) -> tuple[LlamaArgs, int, int]:
         rope = _phi3_rope(rope)
     heads = hf["num_attention_heads"]
     head_dim = hf.get("head_dim") or hf["hidden_size"] // heads
-    try:
-        scaling = rope_scaling.read(rope, hf, head_dim)
-    except rope_scaling.UnsupportedRope as e:
-        raise UnsupportedModel(f"{architecture}: {e}") from None
+    scaling = _rope_of(rope, hf, architecture, head_dim)
     max_positions = hf.get("max_position_embeddings", 2048)
-    if rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0)) != 1.0:
-        raise UnsupportedModel(f"{architecture}: partial_rotary_factor (rotary on part of each head)")
     qwen2 = architecture == "Qwen2ForCausalLM"
     attention_bias = hf.get("attention_bias", False)
     args = LlamaArgs(
@@ -419,7 +414,7 @@ def _gemma_ropes(hf: dict, gemma3: bool) -> tuple[dict, dict]:
 
 
 def _rope_of(rope: dict, hf: dict, architecture: str, head_dim: int) -> RopeScaling | None:
-    if rope.get("partial_rotary_factor", 1.0) != 1.0:
+    if rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0)) != 1.0:
         raise UnsupportedModel(f"{architecture}: partial_rotary_factor (rotary on part of each head)")
     try:
         return rope_scaling.read(rope, hf, head_dim)
