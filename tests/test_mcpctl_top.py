@@ -1,6 +1,11 @@
 """`mcpctl top` against a real daemon: its frame shows the models, the classes and the requests in
 flight longest, and a bad --interval is refused before anything is asked."""
+import signal
+import subprocess
+
 import pytest
+
+from mcpd.testing import BIN
 
 LONG_TOKENS = 20_000   # outlasts the test: the embedded model writes ~2,000 tokens a second at best
 HOSTILE_TENANT = "mallory\x1b[2J"   # a clear-screen sequence a client put in its tenant
@@ -54,3 +59,21 @@ def test_bad_interval_is_refused(d, interval):
     assert "--interval" in done.stderr and "give seconds from 0.1 to 3600" in done.stderr
     assert done.stdout == ""
 
+
+
+@pytest.mark.parametrize("command", [["top", "--interval", "0.2"], ["status", "--watch", "--interval", "0.2"]])
+def test_redraws_until_interrupted(d, tmp_path, command):
+    """Off a terminal each frame follows the last, without the screen-clearing sequence; Ctrl-C ends it with 0."""
+    out = tmp_path / "frames"
+    frame_head = f"mcpd {d.status()['version']}"
+    with out.open("w") as sink:
+        watching = subprocess.Popen([str(BIN / "mcpctl"), "--runtime-dir", str(d.runtime_dir), *command],
+                                    stdout=sink, stderr=subprocess.PIPE, text=True)
+        try:
+            d.wait_until(lambda: out.read_text().count(frame_head) >= 2, 30, "two frames")
+            watching.send_signal(signal.SIGINT)
+            assert watching.wait(timeout=30) == 0, watching.stderr.read()
+        finally:
+            watching.kill()
+            watching.wait()
+    assert "\x1b" not in out.read_text()

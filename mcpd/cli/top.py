@@ -7,13 +7,10 @@ so a request cannot write escape sequences into the operator's terminal.
 from __future__ import annotations
 
 import argparse
-import sys
-import time
 
 from mcpd.cli import control
-from mcpd.cli.render import emit, table
+from mcpd.cli.render import emit, redraw_until_interrupted, table
 
-CLEAR = "\033[H\033[2J"
 MIN_INTERVAL_S = 0.1   # below this, redrawing is all a terminal would do
 MAX_INTERVAL_S = 3600.0
 
@@ -41,17 +38,8 @@ def cmd_top(args) -> int:
     if args.once:
         emit(args, control.call(args, "status"), render_top)
         return control.EXIT_OK
-    redraw = not args.json and sys.stdout.isatty()
-    try:
-        while True:
-            status = control.call(args, "status")
-            if redraw:
-                print(CLEAR, end="")
-            emit(args, status, render_top)
-            sys.stdout.flush()
-            time.sleep(args.interval)
-    except KeyboardInterrupt:
-        return control.EXIT_OK
+    redraw_until_interrupted(args, lambda: control.call(args, "status"), render_top, args.interval)
+    return control.EXIT_OK
 
 
 def render_top(status: dict) -> str:
