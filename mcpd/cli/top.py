@@ -69,9 +69,9 @@ def _classes_table(classes: dict) -> str:
 
 
 def _slowest_table(slowest: list, default_model: str | None) -> str:
-    return table(["SLOWEST IN FLIGHT", "TENANT", "OP", "MODEL", "AGE"],
-                 [[r["rid"], _safe(r["tenant"]), _safe(r["op"]), _safe(r["model"] or default_model or "-"),
-                   f"{r['age_ms'] / 1000:.1f}s"] for r in slowest])
+    rows = [[r["rid"], _safe(r["tenant"]), _safe(r["op"]), _safe(r["model"] or default_model or "-"),
+             f"{r['age_ms'] / 1000:.1f}s"] for r in slowest]
+    return "slowest requests in flight\n" + table(["RID", "TENANT", "OP", "MODEL", "AGE"], rows)
 
 
 def _ms(value) -> str:
