@@ -2,11 +2,31 @@
 from __future__ import annotations
 
 import json
+import sys
+import time
+
+CLEAR = "\033[H\033[2J"
 
 
 def emit(args, data, human) -> None:
     """Print `data` as JSON (--json) or as human(data)."""
     print(json.dumps(data, indent=2) if args.json else human(data))
+
+
+def redraw_until_interrupted(args, fetch, human, interval_s: float) -> None:
+    """Print fetch()'s data every interval_s until Ctrl-C; on a terminal each frame replaces the
+    last (ANSI clear), elsewhere frames follow one another."""
+    clear = not args.json and sys.stdout.isatty()
+    try:
+        while True:
+            data = fetch()
+            if clear:
+                print(CLEAR, end="")
+            emit(args, data, human)
+            sys.stdout.flush()
+            time.sleep(interval_s)
+    except KeyboardInterrupt:
+        return
 
 
 def table(header: list[str], rows: list[list]) -> str:

@@ -1,14 +1,9 @@
 """mcpctl status (once or --watch), ping, config and version: reading the daemon's state."""
 from __future__ import annotations
 
-import sys
-import time
-
 import mcpd
 from mcpd.cli import control, models
-from mcpd.cli.render import emit, mib, table
-
-CLEAR = "\033[H\033[2J"
+from mcpd.cli.render import emit, mib, redraw_until_interrupted, table
 
 
 def register(sub, common) -> None:
@@ -27,16 +22,8 @@ def cmd_status(args) -> int:
         status = control.call(args, "status")
         emit(args, status, render_status)
         return control.EXIT_OK if status["healthy"] else control.EXIT_FAILED
-    try:
-        while True:
-            status = control.call(args, "status")
-            if not args.json and sys.stdout.isatty():
-                print(CLEAR, end="")
-            emit(args, status, render_status)
-            sys.stdout.flush()
-            time.sleep(args.interval)
-    except KeyboardInterrupt:
-        return control.EXIT_OK
+    redraw_until_interrupted(args, lambda: control.call(args, "status"), render_status, args.interval)
+    return control.EXIT_OK
 
 
 def render_status(status: dict) -> str:

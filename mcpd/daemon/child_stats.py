@@ -26,6 +26,7 @@ class FrontendStats(msgspec.Struct, frozen=True, kw_only=True, tag="frontend"):
     backlog: dict = {}              # Outbox.stats()
     incoming: dict = {}             # IncomingBytes.stats()
     http: dict = {}                 # HttpListener.stats(); empty when it is off
+    slowest: list = []              # the requests in flight longest: {rid, tenant, op, model, age_ms}
 
 
 class SchedulerStats(msgspec.Struct, frozen=True, kw_only=True, tag="scheduler"):
@@ -35,7 +36,7 @@ class SchedulerStats(msgspec.Struct, frozen=True, kw_only=True, tag="scheduler")
     policy: str = ""
     degradation_level: int = 0
     fast_rung: dict = {}            # FastRung.describe(): classes routed to fast versions now
-    classes: dict = {}              # {class: {queued, window_ms, queue_p99_ms}}
+    classes: dict = {}              # {class: {queued, max_queue, window_ms, queue_p99_ms}}
     errors: dict = {}               # {class: {code: count}}, the errors the scheduler decided
     contexts: dict = {}             # ContextService.stats(): contexts, bytes
     cache: dict = {}                # the host cache arena's figures; empty when it is off

@@ -1,7 +1,9 @@
-"""Recent request latencies per op, for p50/p90/p99 in `mcpctl status` (a sliding window, not forever)."""
+"""Recent request latencies per op (the front-end) or per model version (the scheduler), for
+p50/p90/p99 in `mcpctl status` and `mcpctl top` (a sliding window, not forever)."""
 from __future__ import annotations
 
 from collections import defaultdict, deque
+from collections.abc import Hashable
 
 from mcpd.percentile import percentile
 
@@ -11,14 +13,14 @@ QUANTILES = (0.5, 0.9, 0.99)
 
 class LatencyWindow:
     def __init__(self, window: int = WINDOW):
-        self._samples: dict[str, deque[float]] = defaultdict(lambda: deque(maxlen=window))
+        self._samples: dict[Hashable, deque[float]] = defaultdict(lambda: deque(maxlen=window))
 
-    def record(self, op: str, seconds: float) -> None:
-        self._samples[op].append(seconds)
+    def record(self, key: Hashable, seconds: float) -> None:
+        self._samples[key].append(seconds)
 
-    def summary(self) -> dict[str, dict[str, float]]:
-        """{op: {"count", "p50_ms", "p90_ms", "p99_ms"}} over the window."""
-        return {op: _quantiles(sorted(samples)) for op, samples in self._samples.items() if samples}
+    def summary(self) -> dict[Hashable, dict[str, float]]:
+        """{key: {"count", "p50_ms", "p90_ms", "p99_ms"}} over the window."""
+        return {key: _quantiles(sorted(samples)) for key, samples in self._samples.items() if samples}
 
 
 def _quantiles(ordered: list[float]) -> dict[str, float]:

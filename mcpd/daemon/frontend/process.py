@@ -12,6 +12,7 @@ are watched and cut past their limits (incoming.py), every GUARD_S.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import os
 import signal
 import time
@@ -42,6 +43,7 @@ from mcpd.protocol.tenant import tenant_of
 GUARD_S = 0.02   # how often the backlogs are retried and the unfinished messages checked
 BATCH = 256   # messages taken from one socket before looking at the other (fairness)
 ALWAYS_ADMITTED = ("ping", "status", "cancel")   # still answered while draining
+SLOWEST_SHOWN = 10   # requests in flight the status report lists, the oldest first
 
 
 @dataclass
@@ -51,6 +53,8 @@ class Pending:
     request_id: int | str
     op: str
     started: float
+    tenant: str
+    model: str | None   # as the request names it; None: the default model
 
 
 class FrontEnd:
@@ -295,10 +299,12 @@ class FrontEnd:
             raise
         rid = self.next_rid
         self.next_rid += 1
-        self.pending[rid] = Pending(identity, request.envelope, request.request_id, request.op, time.monotonic())
-        self.rid_of[key] = rid
         header = request.header
-        admitted = messages.Request(rid, request.request_id, tenant_of(header), header.get("priority"),
+        tenant = tenant_of(header)
+        self.pending[rid] = Pending(identity, request.envelope, request.request_id, request.op, time.monotonic(),
+                                    tenant, getattr(args, "model", None))
+        self.rid_of[key] = rid
+        admitted = messages.Request(rid, request.request_id, tenant, header.get("priority"),
                                     header.get("timeout_ms"), args)
         self.metrics.started(rid, request.op, admitted.priority, admitted.tenant)
         self._to_scheduler(messages.encode(admitted, *request.payload))
@@ -401,7 +407,14 @@ class FrontEnd:
                 "latency": self.latency.summary(), "draining": self.draining, "endpoints": self.endpoints,
                 "metrics": self.metrics.snapshot(), "backlog": self.outbox.stats(),
                 "incoming": {**self.incoming.stats(), **self.address_cap.stats()},
-                "http": self.http.stats() if self.http is not None else {}}
+                "http": self.http.stats() if self.http is not None else {}, "slowest": self._slowest()}
+
+    def _slowest(self) -> list[dict]:
+        """The requests in flight longest, for `mcpctl top`: found once per report, off the message path."""
+        now = time.monotonic()
+        oldest = heapq.nsmallest(SLOWEST_SHOWN, self.pending.items(), key=lambda item: item[1].started)
+        return [{"rid": rid, "tenant": p.tenant, "op": p.op, "model": p.model,
+                 "age_ms": round((now - p.started) * 1000, 1)} for rid, p in oldest]
 
 
 def _http_listener(config: Config, local: FrontendLink, address_cap: AddressCap, log):

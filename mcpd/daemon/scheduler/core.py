@@ -51,6 +51,7 @@ from mcpd.contexts import service as contexts
 from mcpd.contexts.persistence import open_store
 from mcpd.contexts.service import ContextService
 from mcpd.daemon import channels, child, messages
+from mcpd.daemon.frontend.latency import LatencyWindow
 from mcpd.daemon.scheduler import admin, model_versions, status, worker_events
 from mcpd.daemon.scheduler.admission import Admission
 from mcpd.daemon.scheduler.batching_window import BatchingWindow
@@ -105,6 +106,9 @@ class Scheduler:
         self.windows = {name: self._window(sched) for name in sched.classes}
         self.deadlines = Deadlines()
         self.jobs: dict[int, Job] = {}   # every admitted request until its final reply
+        # Per (model, version): requests its workers answered, and their recent admission-to-answer times.
+        self.answered: dict[tuple[str, str], int] = {}
+        self.answer_latency = LatencyWindow()
         self.poison = PoisonList()
         self.workers: dict[bytes, WorkerSlot] = {}
         self.host_cache = host_segment.attach(config)

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 
 def models_stats(scheduler) -> dict:
-    """traffic.py's view of each model, with each version's ready workers and its requests
-    waiting and running."""
+    """traffic.py's view of each model, with each version's ready workers, its requests waiting,
+    running and answered, and its answers' recent latency."""
     models = scheduler.traffic.describe()
     shadows = scheduler.shadow.describe()
+    latency = scheduler.answer_latency.summary()
     for name, model in models.items():
         model["shadow"] = shadows.get(name)
         for version, figures in model["versions"].items():
@@ -15,6 +16,8 @@ def models_stats(scheduler) -> dict:
             figures["workers"] = sorted(s.index for s in serving if s.ready)
             figures["queued"] = scheduler.queue.waiting_for((name, version))
             figures["running"] = sum(len(s.jobs) for s in serving)
+            figures["answered"] = scheduler.answered.get((name, version), 0)
+            figures["latency"] = latency.get((name, version))
     return {"default_model": scheduler.traffic.default_model, "models": models}
 
 
@@ -33,8 +36,9 @@ def stats(scheduler) -> dict:
     return {"queue_depth": len(scheduler.queue), "dispatched": scheduler.dispatched, "inflight": len(scheduler.jobs),
             "policy": scheduler.config.scheduler.policy, "degradation_level": scheduler.admission.ladder.level(now),
             "fast_rung": scheduler.admission.fast.describe(),
-            "classes": {name: {"queued": depths.get(name, 0), "window_ms": round(w.window_ms, 3),
-                               "queue_p99_ms": round(w.p99_ms(), 3)} for name, w in scheduler.windows.items()},
+            "classes": {name: {"queued": depths.get(name, 0), "max_queue": _max_queue(scheduler, name),
+                               "window_ms": round(w.window_ms, 3), "queue_p99_ms": round(w.p99_ms(), 3)}
+                        for name, w in scheduler.windows.items()},
             "errors": {name: dict(by_code) for name, by_code in scheduler.errors.items()},
             "contexts": scheduler.contexts.stats(), "models": models_stats(scheduler),
             "cache": scheduler.host_cache.stats() if scheduler.host_cache else {},
@@ -42,3 +46,9 @@ def stats(scheduler) -> dict:
             "workers": [{"index": s.index, "pid": s.pid, "ready": s.ready, "inflight": len(s.jobs),
                          "outstanding_tokens": s.outstanding_tokens, **s.info}
                         for s in sorted(scheduler.workers.values(), key=lambda s: s.index)]}
+
+
+def _max_queue(scheduler, name: str) -> int | None:
+    """A class's queue cap; None for one a reload removed (its window stays for its last requests)."""
+    cls = scheduler.config.scheduler.classes.get(name)
+    return cls.max_queue if cls else None

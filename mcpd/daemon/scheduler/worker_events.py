@@ -22,7 +22,11 @@ def started(slot: WorkerSlot, rid: int) -> bool:
 
 def done(scheduler, slot: WorkerSlot, rid: int) -> Job | None:
     scheduler.jobs.pop(rid, None)
-    return off_worker(scheduler, slot, rid)
+    job = off_worker(scheduler, slot, rid)
+    if job is not None and job.served and rid >= 0:   # a shadow copy (rid < 0) answers nobody
+        scheduler.answered[job.served] = scheduler.answered.get(job.served, 0) + 1
+        scheduler.answer_latency.record(job.served, scheduler.clock() - job.enqueued)
+    return job
 
 
 def off_worker(scheduler, slot: WorkerSlot, rid: int) -> Job | None:

@@ -37,7 +37,7 @@ def build_status(supervisor) -> dict:
         "pools": [_pool(keeper) for keeper in table.children if keeper.spec.role == "keeper"],
         "queue": {"depth": scheduler.queue_depth, "inflight": frontend.inflight},
         "cache": _cache(scheduler.cache, [w.latest_stats() for w in workers]),
-        # Per priority class: queued, batching window_ms, queue_p99_ms; errors the scheduler
+        # Per priority class: queued, max_queue, batching window_ms, queue_p99_ms; errors the scheduler
         # decided, by class then code; the degradation ladder's step (0 none, 1 cap, 2 shed).
         "scheduler": {"policy": scheduler.policy, "classes": scheduler.classes, "errors": scheduler.errors,
                       "degradation_level": scheduler.degradation_level, "fast_rung": scheduler.fast_rung},
@@ -48,7 +48,8 @@ def build_status(supervisor) -> dict:
         "requests": {"served": frontend.served, "errors": frontend.errors, "latency": frontend.latency,
                      # Replies waiting for clients that do not read; client connections watched
                      # for unfinished messages, and those cut for holding too much.
-                     "backlog": frontend.backlog, "incoming": frontend.incoming},
+                     "backlog": frontend.backlog, "incoming": frontend.incoming,
+                     "slowest": frontend.slowest},   # the requests in flight longest, the oldest first
     }
 
 
