@@ -1,4 +1,4 @@
-"""The error a configuration file or value raises, apart from config.py so that the protocol's
+"""The error a configuration file or value raises, apart from mcpd/config/ so that the protocol's
 limits can raise it without loading the TOML loader."""
 from __future__ import annotations
 

@@ -1,12 +1,14 @@
-"""Comments in mcpd/ explain the code as it is: a reason a reader can check against the code.
-Where a figure came from (a scratch script, an issue's number) belongs in git's history and
+"""Code in mcpd/ reads whole: files and functions short enough to read at once, and comments
+that explain the code as it is, a reason a reader can check against the code. Where a figure came from (a scratch script, an issue's number) belongs in git's history and
 bench/README.md, where it can be dated; in the code it goes stale and points at nothing."""
+import ast
 import re
 from pathlib import Path
 
 import mcpd
 
 PACKAGE = Path(mcpd.__file__).parent
+MAX_FILE_LINES, MAX_FUNCTION_LINES = 450, 60
 NARRATION = re.compile(r"\.probe/|\.probe |\bissues? #?\d+\b", re.IGNORECASE)
 
 
@@ -23,3 +25,19 @@ def test_no_scratch_scripts_or_issue_numbers_in_the_code():
     found = [f"{p.relative_to(PACKAGE)}:{n}: {line.strip()}" for p in sources()
              for n, line in enumerate(p.read_text(errors="replace").splitlines(), 1) if NARRATION.search(line)]
     assert found == [], "\n".join(found)
+
+
+def test_files_and_functions_stay_short():
+    """One noun per file and short functions: no mcpd/ Python file over MAX_FILE_LINES lines, no
+    function over MAX_FUNCTION_LINES (kernels.c, C, is measured by its own comments)."""
+    long_files, long_functions = [], []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        text = path.read_text()
+        if text.count("\n") > MAX_FILE_LINES:
+            long_files.append(f"{path.relative_to(PACKAGE)}: {text.count(chr(10))} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    long_functions.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {node.name}: {lines} lines")
+    assert long_files == [] and long_functions == [], "\n".join(long_files + long_functions)

@@ -54,7 +54,7 @@ class WorkerStats(msgspec.Struct, frozen=True, kw_only=True, tag="worker"):
     pid: int | None = None
     device: str | None = None
     model: str | None = None
-    served_model: str | None = None   # the model table's name (config.py), and the version it serves
+    served_model: str | None = None   # the model table's name (config/models.py), and the version it serves
     version: str | None = None
     dtype: str | None = None
     quantization: str | None = None   # "none" or "int8"

@@ -90,7 +90,7 @@ class Hello(Message):
     device: str
     model: str                 # the checkpoint's own name
     dtype: str
-    served_model: str = ""     # the model table's name of what it serves (config.py), and its version
+    served_model: str = ""     # the model table's name of what it serves (config/models.py), and its version
     version: str = ""
 
 

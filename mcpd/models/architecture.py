@@ -3,9 +3,8 @@ fixed here): the arguments its module is built from, the dtype it runs in, its v
 context length, read without torch.
 
 The loader builds its skeleton from this (loader.skeleton), and the pool keeper sizes a pool
-from it (parameter_table.py) without importing torch, which costs a CPU keeper about a second of
-CPU at every start. Every refusal of a checkpoint's description is made here, so both meet the
-same UnsupportedModel, in the same order.
+from it (parameter_table.py) without torch (a second of CPU at every start). Every refusal of a
+checkpoint's description is made here, so both meet the same UnsupportedModel, in the same order.
 """
 from __future__ import annotations
 

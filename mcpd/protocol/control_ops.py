@@ -83,7 +83,7 @@ class ControlOp:
 
 TENANT_NAME = dict(low=1, high=64)    # as the header's `tenant` (PROTOCOL.md section 2)
 CONTEXT_ID = dict(low=1, high=256)
-MODEL_NAME = dict(low=1, high=64)     # as a name in [models] (config.py)
+MODEL_NAME = dict(low=1, high=64)     # as a name in [models] (config/models.py)
 MODEL_VERSION = (Arg("model", str, required=True, **MODEL_NAME), Arg("version", str, required=True, **MODEL_NAME))
 LIST_LIMIT = 1000                     # contexts one `contexts.list` returns when not told; the total is always given
 

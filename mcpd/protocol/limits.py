@@ -1,6 +1,6 @@
 """[limits]: what one request may hold, the part of the configuration the protocol itself checks.
 
-It lives beside the protocol, not in config.py, so that the client library, which parses
+It lives beside the protocol, not in mcpd/config/, so that the client library, which parses
 replies with the same wire code, never loads the daemon's TOML loader.
 """
 from __future__ import annotations

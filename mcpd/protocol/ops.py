@@ -20,7 +20,7 @@ from mcpd.protocol.sampling import INT64_MAX, MAX_TOKEN_ID
 MAX_MESSAGES = 1024
 MAX_CONTEXT_ID_CHARS = 128
 MAX_CHANGES = 1024
-MAX_MODEL_NAME_CHARS = 64     # as a model's or version's name in [models] (config.py)
+MAX_MODEL_NAME_CHARS = 64     # as a model's or version's name in [models] (config/models.py)
 MAX_ROUTING_KEY_CHARS = 256
 
 

@@ -33,7 +33,7 @@ class WorkerSlot:
 
     @property
     def serves(self) -> tuple[str, str]:
-        """(model, version) of the model table (config.py), as the worker's Hello said."""
+        """(model, version) of the model table (config/models.py), as the worker's Hello said."""
         return self.info.get("served_model", ""), self.info.get("version", "")
 
     @property

@@ -1,4 +1,4 @@
-"""Which version of which model a request runs on: the model table (config.py's [models]) and
+"""Which version of which model a request runs on: the model table (config/models.py's [models]) and
 the traffic policies an operator changes live (`mcpctl models ...`, or a reload).
 
 Per model there is a primary version (the table's `default`, then what `promote` names) and an

@@ -5,7 +5,7 @@ latest of them into metric families at scrape time, so no child serves HTTP, not
 between processes, and a scrape costs the children nothing. Counters that a child keeps restart
 from zero with it, which Prometheus reads as a counter reset (rate() copes).
 
-Off by default ([metrics] listen = ""), loopback only unless allowed (config.py checks): the
+Off by default ([metrics] listen = ""), loopback only unless allowed (config/listeners.py checks): the
 figures name tenants' request rates. GPU utilisation and memory come from NVML when pynvml is
 installed and a driver answers; otherwise those families are simply absent.
 """

@@ -77,7 +77,7 @@ class WorkerCore:
                  clock=time.monotonic, serves: tuple[str, str] = (LEGACY_NAME, LEGACY_NAME)):
         self.config, self.index, self.engine, self.log, self.ports, self.clock = \
             config, index, engine, log, ports, clock
-        self.served_model, self.version = serves   # the model table's names (config.py)
+        self.served_model, self.version = serves   # the model table's names (config/models.py)
         self.active: dict[int, ActiveRequest] = {}
         self.done: list[int] = []     # rids answered since the last Done note to the scheduler
         self.done_due = 0.0
