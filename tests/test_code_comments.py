@@ -1,6 +1,7 @@
 """Code in mcpd/ reads whole: files and functions short enough to read at once, and comments
-that explain the code as it is, a reason a reader can check against the code. Where a figure came from (a scratch script, an issue's number) belongs in git's history and
-bench/README.md, where it can be dated; in the code it goes stale and points at nothing."""
+that explain the code as it is, a reason a reader can check against the code. Where a figure
+came from (a scratch script, an issue's number) belongs in git's history and bench/README.md,
+where it can be dated; in the code it goes stale and points at nothing."""
 import ast
 import re
 from pathlib import Path
