@@ -78,6 +78,7 @@ class WorkerStats(msgspec.Struct, frozen=True, kw_only=True, tag="worker"):
     host_kv_loaded: int | None = None
     host_kv_saved: int | None = None
     batch_size: dict | None = None  # a Histogram snapshot of sequences per step
+    result_cache: dict | None = None   # a handler worker's ResultCache.stats(); None: no cache
 
     def reported(self, names: tuple[str, ...]) -> dict:
         """{name: value} of those of `names` that are figures of a worker and were reported."""
