@@ -10,7 +10,16 @@ import numpy as np
 from mcpd.handlers.examples.risk_scorer import RiskRules
 
 RAISE, WRONG_ROWS, HANG = 666.0, 777.0, 888.0
-_forever = threading.Event()
+_released = threading.Event()   # clear: a HANG row hangs its predict until it is set
+
+
+def release_hung() -> None:
+    """Let every hung predict of this process return, and later ones not hang (a teardown)."""
+    _released.set()
+
+
+def hang_again() -> None:
+    _released.clear()
 
 
 class Faulty(RiskRules):
@@ -19,7 +28,7 @@ class Faulty(RiskRules):
         if (first == RAISE).any():
             raise RuntimeError("this handler raises on purpose")
         if (first == HANG).any():
-            _forever.wait()
+            _released.wait()
         outputs = super().predict(batch)
         if (first == WRONG_ROWS).any():
             return {"score": outputs["score"][:-1]}

@@ -1,8 +1,6 @@
 """Handler models through the real daemon: the `infer` op from a client's socket to a handler's
 worker and back, batched; every hostile input answered with its code while good requests go on
 and the worker survives; a hanging handler's worker restarted; the other kind's op refused."""
-import os
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -16,22 +14,27 @@ from mcpd.protocol import codes
 from mcpd.protocol.codes import MCPDError
 from mcpd.testing import Daemon
 import faulty_handlers
+from conftest import DAEMON_ENVIRONMENT
 
 REPO = Path(__file__).resolve().parent.parent
 SCORER = "mcpd.handlers.examples.risk_scorer:RiskScorer"
 FAULTY = "faulty_handlers:Faulty"
 HANG_TIMEOUT_S = 3.0
+BULK_BATCH = 8
 
 
 @pytest.fixture(scope="module")
 def daemon():
-    d = Daemon(environment={"PYTHONPATH": f"{REPO}:{REPO / 'tests'}"}, **{
+    d = Daemon(environment={**DAEMON_ENVIRONMENT, "PYTHONPATH": f"{REPO}:{REPO / 'tests'}"}, **{
         "pool": {"shared": False},
         "models.chat": {}, "models.chat.versions.v1": {},   # the embedded language model
         "models.risk": {"default": "v1"},
         "models.risk.versions.v1": {"handler": SCORER},
         "models.risk.versions.v1.settings": {"seed": 3},
-        "models.risk.versions.v1.batching": {"max_batch_size": 64, "max_queue_delay_ms": 20.0},
+        # Batches of exactly 8 rows: a batch never goes out for its delay, whatever the machine's pace.
+        "models.bulk": {}, "models.bulk.versions.v1": {"handler": SCORER},
+        "models.bulk.versions.v1.settings": {"seed": 3},
+        "models.bulk.versions.v1.batching": {"max_batch_size": BULK_BATCH, "max_queue_delay_ms": 10_000.0},
         "models.risk.versions.v2": {"handler": SCORER},
         "models.risk.versions.v2.settings": {"seed": 7},
         "models.faulty": {}, "models.faulty.versions.v1": {"handler": FAULTY},
@@ -54,7 +57,7 @@ def features(rows: int, seed: int = 0) -> np.ndarray:
 
 
 def worker_pid(daemon, model: str) -> int:
-    index = daemon.control("status")["models"]["models"][model]["versions"]["v1"]["workers"][0]
+    index = daemon.client().status()["models"]["models"][model]["versions"]["v1"]["workers"][0]
     return daemon.pid_of("worker", index)
 
 
@@ -67,7 +70,7 @@ def test_infer_round_trip_scores_as_the_handler_in_process(daemon):
 
 
 def test_status_shows_each_versions_kind_and_signature(daemon):
-    versions = daemon.control("status")["models"]["models"]
+    versions = daemon.client().status()["models"]["models"]   # the scheduler's own, not a report of it
     assert versions["chat"]["versions"]["v1"]["kind"] == "language"
     risk = versions["risk"]["versions"]["v1"]
     assert risk["kind"] == "handler"
@@ -76,28 +79,23 @@ def test_status_shows_each_versions_kind_and_signature(daemon):
 
 
 def test_concurrent_requests_run_in_batches(daemon):
-    daemon.wait_until(lambda: _risk_worker_stats(daemon)["rows"] is not None, timeout=30, what="a report")
-    before = _risk_worker_stats(daemon)
-    requests = 48
-    with ThreadPoolExecutor(16) as pool:
-        results = list(pool.map(lambda i: daemon.client().infer("risk", {"features": features(1, i)}, version="v1"),
+    requests = 6 * BULK_BATCH
+    with ThreadPoolExecutor(2 * BULK_BATCH) as pool:
+        results = list(pool.map(lambda i: daemon.client().infer("bulk", {"features": features(1, i)}),
                                 range(requests)))
     expected = scorer(3)
     for i, result in enumerate(results):
         np.testing.assert_allclose(result.outputs["score"], expected.predict({"features": features(1, i)})["score"],
                                    rtol=1e-5)
-    daemon.wait_until(lambda: _risk_worker_stats(daemon)["rows"] == before["rows"] + requests, timeout=30,
+    daemon.wait_until(lambda: _bulk_worker_stats(daemon).get("rows") == requests, timeout=30,
                       what="the worker's report of the rows it ran")
-    batches = _risk_worker_stats(daemon)["batches"] - before["batches"]
-    assert batches < requests, batches   # several requests' rows in one predict
+    stats = _bulk_worker_stats(daemon)
+    assert (stats["batches"], stats["mean_batch_rows"]) == (6, BULK_BATCH)
 
 
-def _risk_worker_stats(daemon) -> dict:
-    """The scheduler's latest figures of risk v1's worker (its Stats, every stats_interval_s)."""
-    for worker in daemon.client().status()["workers"]:
-        if (worker.get("served_model"), worker.get("version")) == ("risk", "v1") and worker.get("batches") is not None:
-            return worker
-    return {"rows": None, "batches": None}
+def _bulk_worker_stats(daemon) -> dict:
+    """The scheduler's latest figures of the bulk model's worker (its Stats, every stats_interval_s)."""
+    return next(w for w in daemon.client().status()["workers"] if w.get("served_model") == "bulk")
 
 
 def test_a_split_between_two_handler_versions_answers_from_each(daemon):
@@ -195,3 +193,12 @@ def _restarted(daemon, pid: int) -> bool:
         return worker_pid(daemon, "stuck") not in (pid, None)
     except (IndexError, KeyError):
         return False   # between the old worker's loss and the new one's hello
+
+
+def test_a_handler_that_cannot_load_refuses_the_start_with_the_reason(fresh_daemon):
+    d = fresh_daemon(started=False, **{"pool": {"shared": False}, "models.risk": {},
+                                      "models.risk.versions.v1": {"handler": "mcpd.handlers.examples.risk_scorer:Nope"}})
+    d.start(wait=False)
+    assert d.process.wait(120) == 2
+    assert "handler 'mcpd.handlers.examples.risk_scorer:Nope'" in d.log()
+    assert "has no Handler subclass Nope" in d.log()

@@ -64,14 +64,14 @@ class VersionConfig(ModelConfig):
         return "handler" if self.handler else "language"
 
     def check_as(self, where: str) -> None:
+        if self.handler:   # first: a language model's path on a handler version is the mistake to name
+            self._check_handler(where)
         try:
             self.check()
         except ConfigError as e:   # ModelConfig's messages name [model]; here it is this version
             raise ConfigError(str(e).replace("model.", f"{where}.", 1)) from None
         if not 1 <= self.workers <= MAX_MODEL_WORKERS:
             raise ConfigError(f"{where}.workers = {self.workers}: must be between 1 and {MAX_MODEL_WORKERS}")
-        if self.handler:
-            self._check_handler(where)
 
     def _check_handler(self, where: str) -> None:
         """What the config alone can tell; the worker imports the class (a bad one refuses its start)."""

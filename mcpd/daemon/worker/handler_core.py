@@ -28,7 +28,7 @@ import numpy as np
 from mcpd.config import Config
 from mcpd.daemon import channels, messages
 from mcpd.daemon.child_stats import WorkerStats
-from mcpd.daemon.worker.core import DONE_FLUSH_COUNT, DONE_FLUSH_S, MAX_REASON_CHARS, Ports
+from mcpd.daemon.worker.core import DONE_FLUSH_COUNT, DONE_FLUSH_S, MAX_REASON_CHARS, Ports, take_message
 from mcpd.handlers import batch_tensors, tensors
 from mcpd.handlers.batcher import DynamicBatcher, Pending
 from mcpd.handlers.handler import Handler
@@ -112,13 +112,7 @@ class HandlerCore:
         return max(0.0, min(waits))
 
     def on_message(self, frames: list[bytes]) -> None:
-        message, payload = messages.decode(frames)
-        if isinstance(message, messages.Dispatch):
-            self.on_dispatch(message, payload)
-        elif isinstance(message, messages.Cancel):
-            self.on_cancel(message.rid, message.code)
-        elif isinstance(message, messages.Flush):
-            self.ports.to_frontend(messages.encode(messages.Flushed(self.index)))
+        take_message(self, frames)
 
     # -- requests -------------------------------------------------------------------------------
 

@@ -65,7 +65,8 @@ class Worker:
         self.events = child.EventReporter(self.context, config, "worker", index)
         self.sockets = WorkerSockets(self.context, config, index)
         self._prepare_torch(device)
-        if config.model.handler:   # a handler model: no engine, no tokenizer (handler_core.py)
+        model, version = serves
+        if config.model_table[model].versions[version].handler:   # no engine, no tokenizer (handler_core.py)
             self.core = HandlerCore(config, index, load_ready_handler(config.model, device), device, self.log,
                                     self.sockets, serves=serves)
         else:

@@ -5,7 +5,7 @@ test can build the same model in-process and compare scores.
 
     [models.risk.versions.v1]
     handler = "mcpd.handlers.examples.risk_scorer:RiskScorer"
-    settings = { features = 256, hidden = 64, seed = 0 }
+    settings = { hidden = 64, seed = 0 }
 """
 from __future__ import annotations
 
