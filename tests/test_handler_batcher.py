@@ -4,8 +4,11 @@ share one (length bins, rows never split), and how a batch is assembled and spli
 import numpy as np
 import pytest
 
-from mcpd.handlers.batcher import DynamicBatcher, Pending, assemble, length_dim, split
+from mcpd.handlers.batch_tensors import assemble, split
+from mcpd.handlers.batcher import DynamicBatcher, Pending
 from mcpd.handlers.tensors import TensorSpec
+from mcpd.protocol import codes
+from mcpd.protocol.codes import MCPDError
 
 
 def pending(key, rows=1, length=0, rank=0, arrived=0.0, item=None):
@@ -80,7 +83,7 @@ def test_between_length_bins_the_group_whose_head_ranks_highest_goes_first():
     assert keys(batcher.next_batch(1.0)) == [1]
 
 
-def test_requests_of_different_length_bins_never_share_a_batch_and_padding_is_counted():
+def test_requests_of_different_length_bins_never_share_a_batch():
     batcher = DynamicBatcher(max_batch_size=8, max_queue_delay_ms=5, length_bins=[16, 32])
     batcher.add(pending(1, length=10, arrived=0.0))
     batcher.add(pending(2, length=30, arrived=0.0))
@@ -88,8 +91,6 @@ def test_requests_of_different_length_bins_never_share_a_batch_and_padding_is_co
     batcher.add(pending(4, length=500, arrived=0.0))   # past the largest bin: a group of its own
     batches = sorted(keys(batcher.next_batch(0.005)) for _ in range(3))
     assert batches == [[1, 3], [2], [4]]
-    # [1, 3]: 3 rows padded to 12 (2 positions of padding); [2] and [4] alone: none
-    assert batcher.padding() == pytest.approx(2 / (3 * 12 + 30 + 500))
 
 
 def test_a_request_that_would_not_fit_leaves_the_batch_full_enough_to_go():
@@ -129,50 +130,35 @@ def test_a_cancelled_request_leaves_the_queue():
         batcher.add(pending(3))
 
 
-@pytest.mark.parametrize("kwargs", [dict(max_batch_size=4, max_queue_delay_ms=1, preferred_batch_sizes=[8]),
-                                    dict(max_batch_size=-1, max_queue_delay_ms=1),
-                                    dict(max_batch_size=4, max_queue_delay_ms=1, length_bins=[0, 8])])
-def test_settings_that_cannot_work_are_refused(kwargs):
-    with pytest.raises(ValueError):
-        DynamicBatcher(**kwargs)
-
-
 SPECS = {"ids": TensorSpec("INT64", (-1, -1)), "features": TensorSpec("FP32", (-1, 3)),
          "text": TensorSpec("BYTES", (-1, -1))}
 
 
-def request(key, rows, length):
-    item = {"ids": np.arange(rows * length, dtype=np.int64).reshape(rows, length) + 1,
+def inputs(key, rows, length):
+    return {"ids": np.arange(rows * length, dtype=np.int64).reshape(rows, length) + 1,
             "features": np.full((rows, 3), key, np.float32),
             "text": np.array([[b"w"] * length] * rows, object).reshape(rows, length)}
-    return pending(key, rows=rows, length=length, item=item)
 
 
 def test_assemble_concatenates_rows_pads_the_variable_dim_with_zeros_and_gives_lengths():
-    batch = [request(1, 1, 2), request(2, 2, 3)]
-    batch_inputs = assemble(batch, SPECS)
-    assert batch_inputs["ids"].tolist() == [[1, 2, 0], [1, 2, 3], [4, 5, 6]]
-    assert batch_inputs["ids.lengths"].dtype == np.int64 and batch_inputs["ids.lengths"].tolist() == [2, 3, 3]
-    assert batch_inputs["features"].tolist() == [[1.0] * 3, [2.0] * 3, [2.0] * 3]
-    assert "features.lengths" not in batch_inputs
-    assert batch_inputs["text"].tolist() == [[b"w", b"w", b""], [b"w"] * 3, [b"w"] * 3]
+    batch, padded, total = assemble([inputs(1, 1, 2), inputs(2, 2, 3)], SPECS)
+    assert batch["ids"].tolist() == [[1, 2, 0], [1, 2, 3], [4, 5, 6]]
+    assert batch["ids.lengths"].dtype == np.int64 and batch["ids.lengths"].tolist() == [2, 3, 3]
+    assert batch["features"].tolist() == [[1.0] * 3, [2.0] * 3, [2.0] * 3]
+    assert "features.lengths" not in batch
+    assert batch["text"].tolist() == [[b"w", b"w", b""], [b"w"] * 3, [b"w"] * 3]
+    assert (padded, total) == (2, 18)   # one padded element in each of ids and text, of 9 each
 
 
 def test_split_gives_each_request_its_rows():
-    batch = [request(1, 1, 2), request(2, 2, 3)]
-    parts = split({"score": np.array([[10.0], [20.0], [30.0]])}, batch)
+    parts = split({"score": np.array([[10.0], [20.0], [30.0]])}, [1, 2])
     assert [part["score"].tolist() for part in parts] == [[[10.0]], [[20.0], [30.0]]]
 
 
 @pytest.mark.parametrize("outputs, says", [({"score": np.zeros(2)}, "handler returned 2 rows for 3"),
-                                           ({"score": np.float32(1)}, "not rows of an array"),
-                                           ({"score": [1, 2, 3]}, "not rows of an array")])
+                                           ({"score": np.float32(1)}, "dict of numpy arrays"),
+                                           ({"score": [1, 2, 3]}, "dict of numpy arrays")])
 def test_split_refuses_outputs_whose_rows_are_not_the_batch(outputs, says):
-    with pytest.raises(ValueError, match=says):
-        split(outputs, [request(1, 1, 2), request(2, 2, 3)])
-
-
-def test_an_input_may_have_one_variable_dim_beside_its_rows():
-    assert length_dim(TensorSpec("FP32", (-1, 4, -1))) == 2 and length_dim(TensorSpec("FP32", (-1, 4))) is None
-    with pytest.raises(ValueError, match="one variable dim"):
-        length_dim(TensorSpec("FP32", (-1, -1, -1)))
+    with pytest.raises(MCPDError, match=says) as e:
+        split(outputs, [1, 2])
+    assert e.value.code == codes.INTERNAL
