@@ -64,6 +64,8 @@ class Worker:
         self.engine = self._load_engine(device)
         self.sockets = WorkerSockets(self.context, config, index)
         self.core = WorkerCore(config, index, self.engine, self.log, self.sockets, serves=serves)
+        if self.core.tracing is not None:   # a stop is a SIGTERM: export the spans held first
+            child.exit_on_sigterm(self.core.tracing.close)
         self.welcomed = False
 
     def _load_engine(self, device: str):

@@ -1,0 +1,46 @@
+"""The front-end's spans: each request's root (from admission to its final reply sent), its
+admission, and the relay of its final reply."""
+from __future__ import annotations
+
+import time
+
+import msgspec
+from opentelemetry import trace
+
+from mcpd.daemon.messages import Request
+from mcpd.tracing import spans, traceparent
+from mcpd.tracing.provider import Provider
+
+
+class FrontendSpans:
+    def __init__(self, provider: Provider):
+        self.provider, self.tracer = provider, provider.tracer
+        self.roots: dict[int, trace.Span] = {}   # rid -> root span, until its final reply
+
+    def admitted(self, request: Request, client_traceparent, started: float) -> Request:
+        """Open the request's root span, under the client's traceparent if it sent a valid one,
+        and record its admission (since `started`). The request carries the root's traceparent
+        on, or goes as it was when the sampler leaves it out."""
+        parent = traceparent.parse(client_traceparent)
+        context = spans.context_of(parent) if parent is not None else None
+        root = self.tracer.start_span("mcpd.request", context, kind=trace.SpanKind.SERVER,
+                                      start_time=spans.wall_ns(started),
+                                      attributes={"mcpd.op": request.args.op, "mcpd.rid": request.rid,
+                                                  "mcpd.tenant": request.tenant})
+        if not root.is_recording():
+            return request
+        self.roots[request.rid] = root
+        spans.record(self.tracer, "frontend.admit", trace.set_span_in_context(root), started, time.monotonic())
+        return msgspec.structs.replace(request, trace=spans.traceparent_of(root))
+
+    def replied(self, rid: int, code: str | None, answered: float) -> None:
+        """The final reply of `rid` went out; the front-end had it since `answered`."""
+        root = self.roots.pop(rid, None)
+        if root is None:
+            return
+        now = time.monotonic()
+        spans.record(self.tracer, "frontend.reply", trace.set_span_in_context(root), answered, now)
+        spans.end_span(root, now, code)
+
+    def close(self) -> None:
+        self.provider.close()

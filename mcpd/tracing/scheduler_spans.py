@@ -1,0 +1,46 @@
+"""The scheduler's spans of a traced request: its admission here (class, limits, route, prompt
+tokens), its wait in the queue, its dispatch to a worker, and a context turn's commit."""
+from __future__ import annotations
+
+import time
+
+from mcpd.daemon import messages
+from mcpd.daemon.scheduler import worker_events
+from mcpd.daemon.scheduler.job import Job
+from mcpd.tracing import spans
+from mcpd.tracing.provider import Provider
+
+
+class SchedulerSpans:
+    def __init__(self, provider: Provider):
+        self.provider, self.tracer = provider, provider.tracer
+
+    def admitted(self, job: Job) -> None:
+        """The job is in its queue: admitted since job.enqueued."""
+        if job.request.trace is None:
+            return
+        job.queued = time.monotonic()
+        spans.record(self.tracer, "scheduler.admit", spans.context_of_message(job.request.trace), job.enqueued,
+                     job.queued, {"mcpd.rid": job.rid, "mcpd.class": job.class_name})
+
+    def dispatched(self, job: Job, worker: int, since: float) -> None:
+        """The job went to `worker` in the dispatch pass that began at `since`."""
+        if job.request.trace is None:
+            return
+        parent = spans.context_of_message(job.request.trace)
+        spans.record(self.tracer, "scheduler.queue", parent, job.queued or job.enqueued, since,
+                     {"mcpd.rid": job.rid, "mcpd.class": job.class_name, "mcpd.retries": job.retries})
+        spans.record(self.tracer, "scheduler.dispatch", parent, since, time.monotonic(),
+                     {"mcpd.rid": job.rid, "mcpd.worker": worker})
+
+    def commit_turn(self, scheduler, slot, turn: messages.TurnResult) -> None:
+        """worker_events.commit_turn, as a span of its request."""
+        job = scheduler.jobs.get(turn.rid)
+        started = time.monotonic()
+        worker_events.commit_turn(scheduler, slot, turn)
+        if job is not None and job.request.trace is not None:
+            spans.record(self.tracer, "scheduler.commit", spans.context_of_message(job.request.trace), started,
+                         time.monotonic(), {"mcpd.rid": turn.rid})
+
+    def close(self) -> None:
+        self.provider.close()
