@@ -26,7 +26,7 @@ class FrontendSpans:
         root = self.tracer.start_span("mcpd.request", context, kind=trace.SpanKind.SERVER,
                                       start_time=spans.wall_ns(started),
                                       attributes={"mcpd.op": request.args.op, "mcpd.rid": request.rid,
-                                                  "mcpd.tenant": request.tenant})
+                                                  "mcpd.request_id": request.request_id, "mcpd.tenant": request.tenant})
         if not root.is_recording():
             return request
         self.roots[request.rid] = root

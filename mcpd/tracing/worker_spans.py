@@ -37,6 +37,7 @@ class WorkerSpans:
         if dispatch.trace is None:
             return
         span = self.tracer.start_span("worker.generate", spans.context_of_message(dispatch.trace),
+                                      start_time=spans.wall_ns(time.monotonic()),
                                       attributes={"mcpd.rid": dispatch.rid, "mcpd.prompt_tokens": prompt_tokens})
         self.traced[dispatch.rid] = Traced(span, trace.set_span_in_context(span))
 

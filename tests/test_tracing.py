@@ -1,0 +1,149 @@
+"""Tracing on a real daemon (127.0.0.1) with the file exporter: each request one trace across the
+front-end, scheduler and worker processes, with the right parents, under a client's traceparent
+from a ZeroMQ header or an HTTP header, a malformed one ignored; with tracing off, no file.
+
+The traffic runs once (module fixture), then the daemon stops, which exports what each process
+still held; the tests read the spans it wrote. Each scenario runs as a tenant of its own, and
+the root span names its tenant, so each test finds its own trace."""
+import json
+import time
+import urllib.request
+from collections import defaultdict
+
+import pytest
+
+from mcpd.testing import free_port
+
+pytestmark = pytest.mark.slow
+MODEL = "mcpd-embedded-llama"
+TRACE, SPAN = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+PARENTS = {"zmq-parent": f"00-{TRACE}-{SPAN}-01", "http-parent": f"00-{TRACE[::-1]}-{SPAN}-01"}
+MALFORMED = {"bad-version": f"ff-{TRACE}-{SPAN}-01", "bad-zero": f"00-{'0' * 32}-{SPAN}-01",
+             "bad-long": f"01-{TRACE}-{SPAN}-01-" + "x" * 1000, "bad-type": 12345}
+EVERY_REQUEST_SPAN = {"mcpd.request", "frontend.admit", "scheduler.admit", "scheduler.queue", "scheduler.dispatch",
+                      "worker.generate", "worker.prefill", "worker.decode", "frontend.reply"}
+MAX_TOKENS = 8
+
+
+def read_spans(path) -> list[dict]:
+    with open(path) as f:
+        return [json.loads(line) for line in f]
+
+
+def http_completion(daemon, tenant: str, headers: dict) -> int:
+    body = json.dumps({"model": MODEL, "prompt": "Hello", "max_tokens": 4, "temperature": 0}).encode()
+    request = urllib.request.Request(f"{daemon.base_url}/completions", data=body, method="POST",
+                                     headers={"Content-Type": "application/json", "mcpd-tenant": tenant, **headers})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return response.status
+
+
+@pytest.fixture(scope="module")
+def traced(module_daemon, tmp_path_factory):
+    """(the spans written, the client's measured seconds of the plain generate)."""
+    path = tmp_path_factory.mktemp("tracing") / "spans.jsonl"
+    daemon = module_daemon(tracing={"enabled": True, "exporter": "file", "path": str(path)},
+                           engine={"pool_bytes": 64 << 20, "decode_burst": 1},
+                           http={"listen": f"127.0.0.1:{free_port()}"})
+    daemon.base_url = f"http://{daemon.control('config')['config']['http']['listen']}/v1"
+    with daemon.client(tenant="plain") as client:
+        client.generate("Hello", max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True)
+    with daemon.client(tenant="stream") as client:
+        assert client.generate("Hello", max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True, stream=True).text()
+    with daemon.client(tenant="turn") as client:
+        client.context("chat").generate("Hi there", max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True)
+    with daemon.client(tenant="zmq-parent") as client:
+        client.call("generate", {"prompt": "Hello", "max_tokens": 4}, traceparent=PARENTS["zmq-parent"])
+    for tenant, value in MALFORMED.items():
+        with daemon.client(tenant=tenant) as client:
+            assert client.call("generate", {"prompt": "Hello", "max_tokens": 4}, traceparent=value)["text"] is not None
+    assert http_completion(daemon, "http-parent", {"traceparent": PARENTS["http-parent"]}) == 200
+    assert http_completion(daemon, "http-bad", {"traceparent": f"00-{TRACE}-{SPAN}"}) == 200
+    daemon.stop()
+    return read_spans(path)
+
+
+def trace_of(spans: list[dict], tenant: str, op: str = "generate") -> list[dict]:
+    """Every span of the one trace whose root names `tenant` and `op`."""
+    roots = [s for s in spans if s["name"] == "mcpd.request" and s["attributes"]["mcpd.tenant"] == tenant
+             and s["attributes"]["mcpd.op"] == op]
+    assert len(roots) == 1, roots
+    return [s for s in spans if s["trace_id"] == roots[0]["trace_id"]]
+
+
+def one(trace: list[dict], name: str) -> dict:
+    found = [s for s in trace if s["name"] == name]
+    assert len(found) == 1, (name, found)
+    return found[0]
+
+
+def within(child: dict, parent: dict) -> bool:
+    return parent["start_ns"] <= child["start_ns"] <= child["end_ns"] <= parent["end_ns"]
+
+
+@pytest.mark.parametrize("tenant", ["plain", "stream", "turn"])
+def test_a_generate_is_one_trace_across_three_processes_with_the_right_parents(traced, tenant):
+    trace = trace_of(traced, tenant)
+    assert len(trace) >= 6 and EVERY_REQUEST_SPAN <= {s["name"] for s in trace}
+    assert len({(s["resource"]["mcpd.process"], s["resource"]["process.pid"]) for s in trace}) >= 3
+    root, worker = one(trace, "mcpd.request"), one(trace, "worker.generate")
+    assert root["parent_span_id"] is None and root["status"] != "ERROR"
+    for span in trace:
+        process = span["resource"]["mcpd.process"]
+        if span["name"] in ("worker.prefill", "worker.decode"):
+            assert span["parent_span_id"] == worker["span_id"] and within(span, worker)
+        elif span is not root:
+            assert span["parent_span_id"] == root["span_id"], span["name"]
+        if span["name"].startswith("frontend.") or span is root:
+            assert process == "frontend" and within(span, root)
+        else:
+            assert process == span["name"].split(".")[0] + ("0" if span["name"].startswith("worker.") else "")
+
+
+def test_a_context_turn_has_its_commit_in_the_scheduler(traced):
+    commit = one(trace_of(traced, "turn"), "scheduler.commit")
+    assert commit["resource"]["mcpd.process"] == "scheduler"
+
+
+def test_decode_steps_are_grouped_into_stretches_not_a_span_per_token(traced):
+    """decode_burst 1: each of the 7 tokens after the prefill's first is a step of its own."""
+    trace = trace_of(traced, "plain")
+    decodes = [s for s in trace if s["name"] == "worker.decode"]
+    assert sum(s["attributes"]["mcpd.tokens"] for s in decodes) == MAX_TOKENS - 1
+    assert sum(s["attributes"]["mcpd.steps"] for s in decodes) == MAX_TOKENS - 1
+    assert len(decodes) < MAX_TOKENS - 1
+    assert sum(s["attributes"]["mcpd.tokens"] for s in trace if s["name"] == "worker.prefill") == \
+        one(trace, "worker.generate")["attributes"]["mcpd.prompt_tokens"]
+
+
+@pytest.mark.parametrize("tenant", PARENTS)
+def test_a_clients_traceparent_is_the_parent_of_the_requests_root(traced, tenant):
+    trace = trace_of(traced, tenant)
+    root = one(trace, "mcpd.request")
+    assert f"00-{root['trace_id']}-{root['parent_span_id']}-01" == PARENTS[tenant]
+    assert len({s["resource"]["mcpd.process"] for s in trace}) == 3
+
+
+@pytest.mark.parametrize("tenant", [*MALFORMED, "http-bad"])
+def test_a_malformed_traceparent_is_ignored_and_the_request_traced_on_its_own(traced, tenant):
+    trace = trace_of(traced, tenant)
+    root = one(trace, "mcpd.request")
+    assert root["trace_id"] not in (TRACE, TRACE[::-1]) and root["parent_span_id"] is None and root["status"] != "ERROR"
+    assert EVERY_REQUEST_SPAN - {"worker.decode"} <= {s["name"] for s in trace}
+
+
+def test_every_span_is_exported_once(traced):
+    assert len({s["span_id"] for s in traced}) == len(traced)
+    by_trace = defaultdict(list)
+    for span in traced:
+        by_trace[span["trace_id"]].append(span)
+    assert all(sum(s["name"] == "mcpd.request" for s in spans) == 1 for spans in by_trace.values())
+
+
+def test_tracing_off_writes_nothing(fresh_daemon, tmp_path):
+    path = tmp_path / "spans.jsonl"
+    daemon = fresh_daemon(tracing={"enabled": False, "exporter": "file", "path": str(path)})
+    with daemon.client() as client:
+        assert client.generate("Hello", max_tokens=4, temperature=0).text is not None
+    daemon.stop()
+    assert not path.exists()
