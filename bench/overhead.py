@@ -17,6 +17,10 @@ curve_p50_ratio_vs_plain (aim <= 1.3) compares its ping p50 with the plaintext d
 Last, a 1-token generate (1-token prompt, max_tokens 1) on the daemon's model (the embedded one:
 a step of the engine, not a big model's weight read): one_token_server_ms is its p50 round trip
 less the raw echo's, what the daemon adds to a socket round trip (target <= 1.5 ms).
+Tracing: two more daemons with [tracing] on (the file exporter), at sample_ratio 1.0 and 0, take the
+same 1-token generate in rounds interleaved with the plain daemon's: tracing_p50_overhead is the
+p50 with every request traced over the p50 with tracing off (target <= 1.1), and
+tracing_ratio0_overhead that with tracing on and no request sampled over off (aim: within the noise).
 mcpd_cpu_us_per_ping is the CPU time (user + system, every thread) the front-end, scheduler and
 worker spend per pipelined ping: on a machine shared with other work it moves far less than the
 ratios, which divide two noisy timings.
@@ -213,6 +217,18 @@ def one_token_ms(endpoint: str, count: int) -> float:
     return statistics.median(times) * 1e3
 
 
+def tracing_p50_ratios(daemons: list[Daemon], count: int) -> list[float]:
+    """The 1-token generate's p50 on each daemon over that on the first, in interleaved rounds."""
+    rounds = [[one_token_ms(d.endpoint, count) for d in daemons] for _ in range(ROUNDS)]
+    p50s = [statistics.median(r[i] for r in rounds) for i in range(len(daemons))]
+    return [p50 / p50s[0] for p50 in p50s[1:]]
+
+
+def traced_daemon(spans_dir: str, ratio: float) -> Daemon:
+    tracing = {"enabled": True, "sample_ratio": ratio, "exporter": "file", "path": f"{spans_dir}/spans-{ratio}.jsonl"}
+    return Daemon(tracing=tracing).start()
+
+
 def cpu_us_per_ping(daemon: Daemon, total: int, window: int) -> float:
     """CPU microseconds the daemon's front-end, scheduler and worker spend per pipelined ping."""
     processes = [psutil.Process(daemon.pid_of(role)) for role in ("frontend", "scheduler", "worker")]
@@ -259,6 +275,7 @@ def main() -> None:
     daemon = Daemon().start()
     secure = Daemon(security={"curve": "on"}).start()
     keys = secure.curve_keys("bench")
+    traced, traced0 = traced_daemon(ipc_dir, 1.0), traced_daemon(ipc_dir, 0.0)
     targets = [(raw_endpoint, None), (chain_endpoint, None), (daemon.endpoint, None), (secure.endpoint, keys),
                (unix_chain_endpoint, None)]
     try:
@@ -268,7 +285,11 @@ def main() -> None:
         client_us = client_p50_us(daemon.endpoint, count // 4)
         one_token = one_token_ms(daemon.endpoint, count // 4)
         cpu_us = cpu_us_per_ping(daemon, total, window)
+        tracing_overhead, ratio0_overhead = tracing_p50_ratios([daemon, traced, traced0], count // 4)
     finally:
+        for other in (traced, traced0):
+            other.stop()
+            other.cleanup()
         secure.stop()
         secure.cleanup()
         for process in helpers:
@@ -286,6 +307,8 @@ def main() -> None:
     print(f"daemon CPU per pipelined ping (front-end + scheduler + worker): {cpu_us:.1f} us")
     one_token_server = one_token - raw["p50_us"] / 1e3
     print(f"1-token generate: p50 {one_token:.2f} ms, of which the server (beyond a raw echo) {one_token_server:.2f} ms")
+    print(f"1-token generate p50 with tracing over off: {tracing_overhead:.3f} (every request traced), "
+          f"{ratio0_overhead:.3f} (sample_ratio 0)")
     figures = {"rounds": ROUNDS,
         "noop_p50_ratio_vs_relay": round(mcpd["p50_us"] / chain["p50_us"], 3),
         "noop_p50_ratio_vs_raw": round(mcpd["p50_us"] / raw["p50_us"], 3),
@@ -302,6 +325,7 @@ def main() -> None:
         "curve_throughput_frac_of_plain": round(curve["throughput_rps"] / mcpd["throughput_rps"], 3),
         "curve_p50_us": round(curve["p50_us"], 1),
         "one_token_p50_ms": round(one_token, 3), "one_token_server_ms": round(one_token_server, 3),
+        "tracing_p50_overhead": round(tracing_overhead, 3), "tracing_ratio0_overhead": round(ratio0_overhead, 3),
         "quick": args.quick,
     }
     print(json.dumps(figures))

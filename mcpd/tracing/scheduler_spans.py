@@ -1,5 +1,6 @@
 """The scheduler's spans of a traced request: its admission here (class, limits, route, prompt
-tokens), its wait in the queue, its dispatch to a worker, and a context turn's commit."""
+tokens), its wait in the queue, its dispatch to a worker, and a context turn's commit. They are
+made once the request has gone to its worker: before that only its moments are noted."""
 from __future__ import annotations
 
 import time
@@ -15,20 +16,21 @@ class SchedulerSpans:
     def __init__(self, provider: Provider):
         self.provider, self.tracer = provider, provider.tracer
 
-    def admitted(self, job: Job) -> None:
+    @staticmethod
+    def admitted(job: Job) -> None:
         """The job is in its queue: admitted since job.enqueued."""
-        if job.request.trace is None:
-            return
         job.queued = time.monotonic()
-        spans.record(self.tracer, "scheduler.admit", spans.context_of_message(job.request.trace), job.enqueued,
-                     job.queued, {"mcpd.rid": job.rid, "mcpd.class": job.class_name})
 
     def dispatched(self, job: Job, worker: int, since: float) -> None:
         """The job went to `worker` in the dispatch pass that began at `since`."""
         if job.request.trace is None:
             return
         parent = spans.context_of_message(job.request.trace)
-        spans.record(self.tracer, "scheduler.queue", parent, job.queued or job.enqueued, since,
+        queued = job.queued or job.enqueued
+        if not job.retries:   # a retry was admitted once
+            spans.record(self.tracer, "scheduler.admit", parent, job.enqueued, queued,
+                         {"mcpd.rid": job.rid, "mcpd.class": job.class_name})
+        spans.record(self.tracer, "scheduler.queue", parent, queued, since,
                      {"mcpd.rid": job.rid, "mcpd.class": job.class_name, "mcpd.retries": job.retries})
         spans.record(self.tracer, "scheduler.dispatch", parent, since, time.monotonic(),
                      {"mcpd.rid": job.rid, "mcpd.worker": worker})

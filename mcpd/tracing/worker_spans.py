@@ -1,14 +1,16 @@
 """The worker's spans of a traced generate: the whole of it on the worker, and under that each
 prefill chunk and each decode stretch. A stretch is a run of decode steps, closed by a prefill
 (the sequence was preempted and is recomputed), by the request's end, or after STRETCH_S: a span
-per token would cost more than the token on a small model, and say less."""
+per token would cost more than the token on a small model, and say less.
+
+While a request runs only its moments are noted; its spans are made once its final reply has
+left the worker (export(), after the loop's sends), so no reply waits on tracing."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from opentelemetry import trace
-from opentelemetry.context import Context
 
 from mcpd.daemon.messages import Dispatch
 from mcpd.tracing import spans
@@ -18,28 +20,36 @@ STRETCH_S = 1.0
 
 
 @dataclass
+class Stretch:
+    start: float
+    end: float
+    tokens: int = 0
+    steps: int = 0
+
+
+@dataclass
 class Traced:
-    """A traced request on this worker: its span here, and the decode stretch open, if any."""
-    span: trace.Span
-    context: Context           # with `span` as the parent of its prefill and decode spans
-    stretch_start: float | None = None
-    stretch_end: float = 0.0
-    stretch_tokens: int = 0
-    stretch_steps: int = 0
+    """A traced request on this worker: what it did, in the order it did it."""
+    parent: str                 # its root span's traceparent
+    rid: int
+    prompt_tokens: int
+    start: float
+    prefills: list[tuple[float, float, int]] = field(default_factory=list)   # (start, end, tokens)
+    stretches: list[Stretch] = field(default_factory=list)
+    stretch_open: bool = False
+    end: float = 0.0
+    code: str | None = None
 
 
 class WorkerSpans:
     def __init__(self, provider: Provider):
         self.provider, self.tracer = provider, provider.tracer
         self.traced: dict[int, Traced] = {}
+        self.finished: list[Traced] = []
 
     def started(self, dispatch: Dispatch, prompt_tokens: int) -> None:
-        if dispatch.trace is None:
-            return
-        span = self.tracer.start_span("worker.generate", spans.context_of_message(dispatch.trace),
-                                      start_time=spans.wall_ns(time.monotonic()),
-                                      attributes={"mcpd.rid": dispatch.rid, "mcpd.prompt_tokens": prompt_tokens})
-        self.traced[dispatch.rid] = Traced(span, trace.set_span_in_context(span))
+        if dispatch.trace is not None:
+            self.traced[dispatch.rid] = Traced(dispatch.trace, dispatch.rid, prompt_tokens, time.monotonic())
 
     def step(self, engine) -> list:
         """engine.step(), with its prefill chunks and decode steps counted to the traced requests."""
@@ -58,33 +68,47 @@ class WorkerSpans:
             # A decode runs one token of a sequence that had sampled before this step (a burst
             # runs several steps as one); anything else computes prompt tokens: a prefill chunk.
             if count == 1 and seq.num_completion_tokens > 1:
-                self._decoded(traced, produced.get(seq.key, 0), started, ended)
+                _decoded(traced, produced.get(seq.key, 0), started, ended)
             else:
-                self._close_stretch(traced)
-                spans.record(self.tracer, "worker.prefill", traced.context, started, ended, {"mcpd.tokens": count})
+                traced.stretch_open = False
+                traced.prefills.append((started, ended, count))
         return outputs
 
     def ended(self, rid: int, code: str | None = None) -> None:
         traced = self.traced.pop(rid, None)
         if traced is not None:
-            self._close_stretch(traced)
-            spans.end_span(traced.span, time.monotonic(), code)
+            traced.end, traced.code = time.monotonic(), code
+            self.finished.append(traced)
+
+    def export(self) -> None:
+        """The spans of the requests that ended since the last call."""
+        for traced in self.finished:
+            self._export(traced)
+        self.finished = []
 
     def close(self) -> None:
+        self.export()
         self.provider.close()
 
-    def _decoded(self, traced: Traced, tokens: int, started: float, ended: float) -> None:
-        if traced.stretch_start is not None and ended - traced.stretch_start > STRETCH_S:
-            self._close_stretch(traced)
-        if traced.stretch_start is None:
-            traced.stretch_start, traced.stretch_tokens, traced.stretch_steps = started, 0, 0
-        traced.stretch_end = ended
-        traced.stretch_tokens += tokens
-        traced.stretch_steps += 1
+    def _export(self, traced: Traced) -> None:
+        span = self.tracer.start_span("worker.generate", spans.context_of_message(traced.parent),
+                                      start_time=spans.wall_ns(traced.start),
+                                      attributes={"mcpd.rid": traced.rid, "mcpd.prompt_tokens": traced.prompt_tokens})
+        context = trace.set_span_in_context(span)
+        for start, end, tokens in traced.prefills:
+            spans.record(self.tracer, "worker.prefill", context, start, end, {"mcpd.tokens": tokens})
+        for stretch in traced.stretches:
+            spans.record(self.tracer, "worker.decode", context, stretch.start, stretch.end,
+                         {"mcpd.tokens": stretch.tokens, "mcpd.steps": stretch.steps})
+        spans.end_span(span, traced.end, traced.code)
 
-    def _close_stretch(self, traced: Traced) -> None:
-        if traced.stretch_start is None:
-            return
-        spans.record(self.tracer, "worker.decode", traced.context, traced.stretch_start, traced.stretch_end,
-                     {"mcpd.tokens": traced.stretch_tokens, "mcpd.steps": traced.stretch_steps})
-        traced.stretch_start = None
+
+def _decoded(traced: Traced, tokens: int, started: float, ended: float) -> None:
+    stretch = traced.stretches[-1] if traced.stretch_open else None
+    if stretch is None or ended - stretch.start > STRETCH_S:
+        stretch = Stretch(started, ended)
+        traced.stretches.append(stretch)
+        traced.stretch_open = True
+    stretch.end = ended
+    stretch.tokens += tokens
+    stretch.steps += 1

@@ -137,6 +137,8 @@ class Worker:
                 self._report()
                 next_stats = time.monotonic() + self.config.supervisor.stats_interval_s
             self.sockets.flush()   # before the loop may block
+            if self.core.tracing is not None:   # the spans of what was answered: after the answers
+                self.core.tracing.export()
 
     def _welcomed(self) -> None:
         """Ready once the scheduler has our Hello (messages.Welcome); a restarted scheduler's
