@@ -325,7 +325,8 @@ def main() -> None:
         "curve_throughput_frac_of_plain": round(curve["throughput_rps"] / mcpd["throughput_rps"], 3),
         "curve_p50_us": round(curve["p50_us"], 1),
         "one_token_p50_ms": round(one_token, 3), "one_token_server_ms": round(one_token_server, 3),
-        "tracing_p50_overhead": round(tracing_overhead, 3), "tracing_ratio0_overhead": round(ratio0_overhead, 3),
+        "tracing_p50_overhead": round(tracing_overhead, 3),
+        "tracing_ratio0_overhead": round(ratio0_overhead, 3),
         "quick": args.quick,
     }
     print(json.dumps(figures))

@@ -2,7 +2,8 @@
 
 A request's root span opens in the front-end; its traceparent travels on the typed messages
 (Request.trace, Dispatch.trace) to the scheduler and the worker, which add their spans under it.
-Each process has its own tracer provider, exporting in batches from a thread of its own.
+Each process has its own tracer provider, exporting in batches from a thread of its own; spans
+are made finished, after the fact, off the path of the replies (spans.py).
 
 Off, nothing of OpenTelemetry is imported: start() returns None, and each process's hot path
 checks that one attribute.
@@ -22,6 +23,7 @@ def start(config: Config, role: str, name: str | None = None):
     if not config.tracing.enabled:
         return None
     from mcpd.tracing.provider import Provider
+    from mcpd.tracing.spans import Spans
 
     recorder = getattr(importlib.import_module(f"mcpd.tracing.{role}_spans"), _RECORDERS[role])
-    return recorder(Provider(config.tracing, name or role))
+    return recorder(Spans(Provider(config.tracing, name or role)))

@@ -8,13 +8,13 @@ import time
 from mcpd.daemon import messages
 from mcpd.daemon.scheduler import worker_events
 from mcpd.daemon.scheduler.job import Job
-from mcpd.tracing import spans
-from mcpd.tracing.provider import Provider
+from mcpd.tracing import traceparent
+from mcpd.tracing.spans import Spans
 
 
 class SchedulerSpans:
-    def __init__(self, provider: Provider):
-        self.provider, self.tracer = provider, provider.tracer
+    def __init__(self, spans: Spans):
+        self.spans = spans
 
     @staticmethod
     def admitted(job: Job) -> None:
@@ -25,14 +25,14 @@ class SchedulerSpans:
         """The job went to `worker` in the dispatch pass that began at `since`."""
         if job.request.trace is None:
             return
-        parent = spans.context_of_message(job.request.trace)
+        root, spans = traceparent.parse(job.request.trace), self.spans
         queued = job.queued or job.enqueued
         if not job.retries:   # a retry was admitted once
-            spans.record(self.tracer, "scheduler.admit", parent, job.enqueued, queued,
+            spans.record("scheduler.admit", spans.child_of(root), root.span_id, job.enqueued, queued,
                          {"mcpd.rid": job.rid, "mcpd.class": job.class_name})
-        spans.record(self.tracer, "scheduler.queue", parent, queued, since,
+        spans.record("scheduler.queue", spans.child_of(root), root.span_id, queued, since,
                      {"mcpd.rid": job.rid, "mcpd.class": job.class_name, "mcpd.retries": job.retries})
-        spans.record(self.tracer, "scheduler.dispatch", parent, since, time.monotonic(),
+        spans.record("scheduler.dispatch", spans.child_of(root), root.span_id, since, time.monotonic(),
                      {"mcpd.rid": job.rid, "mcpd.worker": worker})
 
     def commit_turn(self, scheduler, slot, turn: messages.TurnResult) -> None:
@@ -41,8 +41,9 @@ class SchedulerSpans:
         started = time.monotonic()
         worker_events.commit_turn(scheduler, slot, turn)
         if job is not None and job.request.trace is not None:
-            spans.record(self.tracer, "scheduler.commit", spans.context_of_message(job.request.trace), started,
-                         time.monotonic(), {"mcpd.rid": turn.rid})
+            root = traceparent.parse(job.request.trace)
+            self.spans.record("scheduler.commit", self.spans.child_of(root), root.span_id, started, time.monotonic(),
+                              {"mcpd.rid": turn.rid})
 
     def close(self) -> None:
-        self.provider.close()
+        self.spans.close()

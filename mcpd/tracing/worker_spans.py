@@ -10,11 +10,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from opentelemetry import trace
-
 from mcpd.daemon.messages import Dispatch
-from mcpd.tracing import spans
-from mcpd.tracing.provider import Provider
+from mcpd.tracing import traceparent
+from mcpd.tracing.spans import Spans
 
 STRETCH_S = 1.0
 
@@ -42,8 +40,8 @@ class Traced:
 
 
 class WorkerSpans:
-    def __init__(self, provider: Provider):
-        self.provider, self.tracer = provider, provider.tracer
+    def __init__(self, spans: Spans):
+        self.spans = spans
         self.traced: dict[int, Traced] = {}
         self.finished: list[Traced] = []
 
@@ -88,19 +86,19 @@ class WorkerSpans:
 
     def close(self) -> None:
         self.export()
-        self.provider.close()
+        self.spans.close()
 
     def _export(self, traced: Traced) -> None:
-        span = self.tracer.start_span("worker.generate", spans.context_of_message(traced.parent),
-                                      start_time=spans.wall_ns(traced.start),
-                                      attributes={"mcpd.rid": traced.rid, "mcpd.prompt_tokens": traced.prompt_tokens})
-        context = trace.set_span_in_context(span)
+        spans, root = self.spans, traceparent.parse(traced.parent)
+        generate = spans.child_of(root)
+        spans.record("worker.generate", generate, root.span_id, traced.start, traced.end,
+                     {"mcpd.rid": traced.rid, "mcpd.prompt_tokens": traced.prompt_tokens}, traced.code)
         for start, end, tokens in traced.prefills:
-            spans.record(self.tracer, "worker.prefill", context, start, end, {"mcpd.tokens": tokens})
+            spans.record("worker.prefill", spans.child_of(generate), generate.span_id, start, end,
+                         {"mcpd.tokens": tokens})
         for stretch in traced.stretches:
-            spans.record(self.tracer, "worker.decode", context, stretch.start, stretch.end,
+            spans.record("worker.decode", spans.child_of(generate), generate.span_id, stretch.start, stretch.end,
                          {"mcpd.tokens": stretch.tokens, "mcpd.steps": stretch.steps})
-        spans.end_span(span, traced.end, traced.code)
 
 
 def _decoded(traced: Traced, tokens: int, started: float, ended: float) -> None:
