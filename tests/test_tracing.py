@@ -1,12 +1,14 @@
 """Tracing on a real daemon (127.0.0.1) with the file exporter: each request one trace across the
 front-end, scheduler and worker processes, with the right parents, under a client's traceparent
-from a ZeroMQ header or an HTTP header, a malformed one ignored; with tracing off, no file.
+from a ZeroMQ header or an HTTP header, a malformed one ignored; with tracing off, no file. And
+the OTLP exporter, to a receiver on loopback.
 
 The traffic runs once (module fixture), then the daemon stops, which exports what each process
 still held; the tests read the spans it wrote. Each scenario runs as a tenant of its own, and
 the root span names its tenant, so each test finds its own trace."""
+import http.server
 import json
-import time
+import threading
 import urllib.request
 from collections import defaultdict
 
@@ -147,3 +149,46 @@ def test_tracing_off_writes_nothing(fresh_daemon, tmp_path):
         assert client.generate("Hello", max_tokens=4, temperature=0).text is not None
     daemon.stop()
     assert not path.exists()
+
+
+class Collector:
+    """An OTLP/HTTP receiver on loopback: the spans of every export request it was sent."""
+
+    def __init__(self):
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+        received = self.received = []   # (path, process, span name, trace id)
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                export = ExportTraceServiceRequest.FromString(self.rfile.read(int(self.headers["Content-Length"])))
+                for resource_spans in export.resource_spans:
+                    process = {a.key: a.value for a in resource_spans.resource.attributes}["mcpd.process"].string_value
+                    received.extend((self.path, process, span.name, span.trace_id.hex())
+                                    for scope in resource_spans.scope_spans for span in scope.spans)
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}/v1/traces"
+
+
+def test_the_otlp_exporter_sends_every_processs_spans_to_the_configured_endpoint(fresh_daemon):
+    collector = Collector()
+    try:
+        daemon = fresh_daemon(tracing={"enabled": True, "endpoint": collector.endpoint})
+        with daemon.client(tenant="otlp") as client:
+            client.call("generate", {"prompt": "Hello", "max_tokens": 4}, traceparent=PARENTS["zmq-parent"])
+        daemon.stop()
+    finally:
+        collector.server.shutdown()
+    ours = [(path, process, name) for path, process, name, trace_id in collector.received if trace_id == TRACE]
+    assert {path for path, _, _ in ours} == {"/v1/traces"}
+    assert {process for _, process, _ in ours} == {"frontend", "scheduler", "worker0"}
+    assert EVERY_REQUEST_SPAN - {"worker.decode"} <= {name for _, _, name in ours}
