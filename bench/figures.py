@@ -40,6 +40,7 @@ TARGETS = [
     ("overhead", "curve_p50_ratio_vs_plain", "<=", 1.3),
     ("overhead", "tracing_p50_overhead", "<=", 1.1),
     ("overhead", "tracing_ratio0_overhead", "<=", 1.05),
+    ("overhead", "tracing_turn_spans_frac", ">=", 0.9),
     ("batching", "decode_throughput_ratio_32_vs_1", ">=", 8),
     ("kv", "kv_waste_frac", "<=", 0.04),
     ("kv", "buddy_internal_waste_frac", "<=", 0.08),

@@ -21,6 +21,12 @@ Tracing: two more daemons with [tracing] on (the file exporter), at sample_ratio
 same 1-token generate in rounds interleaved with the plain daemon's: tracing_p50_overhead is the
 p50 with every request traced over the p50 with tracing off (target <= 1.1), and
 tracing_ratio0_overhead that with tracing on and no request sampled over off (aim: within the noise).
+Then context turns (W3's shape: a turn on a context that holds earlier turns) on the traced
+daemon: each trace's spans (tracing_turn_spans) and processes (tracing_turn_processes), at
+least, and the durations of the spans on a turn's path (admission, queue, dispatch, the
+worker's, the commit, the reply: TURN_PATH) added up over the client's measured time, the median
+of the turns (tracing_turn_spans_frac, target >= 0.9: the rest is the hops between processes
+and the client's own time).
 mcpd_cpu_us_per_ping is the CPU time (user + system, every thread) the front-end, scheduler and
 worker spend per pipelined ping: on a machine shared with other work it moves far less than the
 ratios, which divide two noisy timings.
@@ -233,6 +239,43 @@ def tracing_p50_ratios(daemons: list[Daemon], count: int) -> list[float]:
     return [p50 / p50s[0] for p50 in p50s[1:]]
 
 
+TURN_PATH = ("frontend.admit", "scheduler.admit", "scheduler.queue", "scheduler.dispatch", "worker.generate",
+             "scheduler.commit", "frontend.reply")
+TURN_TENANT = "bench-trace"
+TURNS = 10
+
+
+def traced_turn_seconds(daemon: Daemon, turns: int) -> list[float]:
+    """The client's time for each of `turns` turns on one context, after a first that builds it."""
+    times = []
+    with Client(daemon.endpoint, tenant=TURN_TENANT) as client:
+        context = client.context("chat")
+        for turn in range(turns + 1):
+            started = time.perf_counter()
+            result = client.generate(f" Turn {turn}: tell me about the sea.", context="chat", base=context.version,
+                                     max_tokens=8, temperature=0, ignore_eos=True)
+            times.append(time.perf_counter() - started)
+            context.version = result.context["version"]
+    return times[1:]
+
+
+def turn_trace_figures(spans_path: str, client_times: list[float]) -> dict:
+    """The traced turns' traces against the client's times, medians over the turns (the daemon
+    stopped: everything is exported). The turns ran one after another: their roots in start order."""
+    with open(spans_path) as f:
+        spans = [json.loads(line) for line in f]
+    roots = sorted((s for s in spans if s["name"] == "mcpd.request" and s["attributes"]["mcpd.op"] == "generate"
+                    and s["attributes"]["mcpd.tenant"] == TURN_TENANT), key=lambda s: s["start_ns"])
+    traces = [[s for s in spans if s["trace_id"] == root["trace_id"]] for root in roots[-len(client_times):]]
+    on_path = [sum(s["end_ns"] - s["start_ns"] for s in trace if s["name"] in TURN_PATH) / 1e9 for trace in traces]
+    root_s = [(root["end_ns"] - root["start_ns"]) / 1e9 for root in roots[-len(client_times):]]
+    return {"tracing_turn_spans": min(len(trace) for trace in traces),
+            "tracing_turn_processes": min(len({s["resource"]["mcpd.process"] for s in trace}) for trace in traces),
+            "tracing_turn_root_frac": round(statistics.median(r / c for r, c in zip(root_s, client_times)), 3),
+            "tracing_turn_spans_frac": round(statistics.median(p / c for p, c in zip(on_path, client_times)), 3),
+            "tracing_turn_client_ms": round(statistics.median(client_times) * 1e3, 2)}
+
+
 def traced_daemon(spans_dir: str, ratio: float) -> Daemon:
     tracing = {"enabled": True, "sample_ratio": ratio, "exporter": "file", "path": f"{spans_dir}/spans-{ratio}.jsonl"}
     return Daemon(tracing=tracing).start()
@@ -295,6 +338,9 @@ def main() -> None:
         one_token = one_token_ms(daemon.endpoint, count // 4)
         cpu_us = cpu_us_per_ping(daemon, total, window)
         tracing_overhead, ratio0_overhead = tracing_p50_ratios([daemon, traced, traced0], count)
+        turn_times = traced_turn_seconds(traced, TURNS)
+        traced.stop()   # exports what its processes still hold
+        turn_figures = turn_trace_figures(f"{ipc_dir}/spans-1.0.jsonl", turn_times)
     finally:
         for other in (traced, traced0):
             other.stop()
@@ -318,6 +364,10 @@ def main() -> None:
     print(f"1-token generate: p50 {one_token:.2f} ms, of which the server (beyond a raw echo) {one_token_server:.2f} ms")
     print(f"1-token generate p50 with tracing over off: {tracing_overhead:.3f} (every request traced), "
           f"{ratio0_overhead:.3f} (sample_ratio 0)")
+    turn = turn_figures
+    print(f"a traced context turn: {turn['tracing_turn_spans']} spans in {turn['tracing_turn_processes']} processes; "
+          f"the spans on its path add up to {turn['tracing_turn_spans_frac']:.3f} of the client's time "
+          f"({turn['tracing_turn_client_ms']} ms), medians of {TURNS} turns")
     figures = {"rounds": ROUNDS,
         "noop_p50_ratio_vs_relay": round(mcpd["p50_us"] / chain["p50_us"], 3),
         "noop_p50_ratio_vs_raw": round(mcpd["p50_us"] / raw["p50_us"], 3),
@@ -335,7 +385,7 @@ def main() -> None:
         "curve_p50_us": round(curve["p50_us"], 1),
         "one_token_p50_ms": round(one_token, 3), "one_token_server_ms": round(one_token_server, 3),
         "tracing_p50_overhead": round(tracing_overhead, 3),
-        "tracing_ratio0_overhead": round(ratio0_overhead, 3),
+        "tracing_ratio0_overhead": round(ratio0_overhead, 3), **turn_figures,
         "quick": args.quick,
     }
     print(json.dumps(figures))
