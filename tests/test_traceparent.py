@@ -79,3 +79,31 @@ print(sorted(m for m in sys.modules if m.startswith("opentelemetry")))
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+def sampler(tmp_path, ratio: float):
+    from mcpd.config.tracing import TracingConfig
+    from mcpd.tracing.provider import Provider
+    from mcpd.tracing.spans import Spans
+
+    config = TracingConfig(enabled=True, exporter="file", path=str(tmp_path / "spans.jsonl"), sample_ratio=ratio)
+    spans = Spans(Provider(config, "test"))
+    spans.ids.seed(7)   # the draws are the same at every run
+    return spans
+
+
+@pytest.mark.parametrize("ratio", [0.0, 0.25, 1.0])
+def test_a_request_is_sampled_by_its_trace_ids_low_bits_and_a_client_decides_for_its_own(tmp_path, ratio):
+    spans = sampler(tmp_path, ratio)
+    try:
+        roots = [spans.root(None) for _ in range(4000)]
+        sampled = [root for root in roots if root is not None]
+        assert all(root.trace_id & (2**64 - 1) < ratio * 2**64 for root in sampled)
+        fraction = len(sampled) / len(roots)
+        assert fraction == ratio if ratio in (0.0, 1.0) else 0.2 < fraction < 0.3
+        client = traceparent.parse(f"00-{TRACE}-{SPAN}-01")
+        root = spans.root(client)
+        assert root.trace_id == client.trace_id and root.span_id != client.span_id and root.sampled
+        assert spans.root(traceparent.parse(f"00-{TRACE}-{SPAN}-00")) is None
+    finally:
+        spans.close()
