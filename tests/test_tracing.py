@@ -25,6 +25,8 @@ MALFORMED = {"bad-version": f"ff-{TRACE}-{SPAN}-01", "bad-zero": f"00-{'0' * 32}
 EVERY_REQUEST_SPAN = {"mcpd.request", "frontend.admit", "scheduler.admit", "scheduler.queue", "scheduler.dispatch",
                       "worker.generate", "worker.prefill", "worker.decode", "frontend.reply"}
 MAX_TOKENS = 8
+STEP_TOKENS = 16   # engine.max_step_tokens: a longer prompt is prefilled in chunks of this many tokens
+LONG_PROMPT = list(range(65, 105))   # 40 token ids: chunks of 16, 16 and 8
 
 
 def read_spans(path) -> list[dict]:
@@ -45,13 +47,16 @@ def traced(module_daemon, tmp_path_factory):
     """(the spans written, the client's measured seconds of the plain generate)."""
     path = tmp_path_factory.mktemp("tracing") / "spans.jsonl"
     daemon = module_daemon(tracing={"enabled": True, "exporter": "file", "path": str(path)},
-                           engine={"pool_bytes": 64 << 20, "decode_burst": 1},
+                           engine={"pool_bytes": 64 << 20, "decode_burst": 1, "max_step_tokens": STEP_TOKENS,
+                                   "max_num_seqs": 4},
                            http={"listen": f"127.0.0.1:{free_port()}"})
     daemon.base_url = f"http://{daemon.control('config')['config']['http']['listen']}/v1"
     with daemon.client(tenant="plain") as client:
         client.generate("Hello", max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True)
     with daemon.client(tenant="stream") as client:
         assert client.generate("Hello", max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True, stream=True).text()
+    with daemon.client(tenant="chunked") as client:
+        client.generate(prompt_token_ids=LONG_PROMPT, max_tokens=2, temperature=0, ignore_eos=True)
     with daemon.client(tenant="turn") as client:
         client.context("chat").generate("Hi there", max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True)
     with daemon.client(tenant="zmq-parent") as client:
@@ -116,6 +121,13 @@ def test_decode_steps_are_grouped_into_stretches_not_a_span_per_token(traced):
     assert len(decodes) < MAX_TOKENS - 1
     assert sum(s["attributes"]["mcpd.tokens"] for s in trace if s["name"] == "worker.prefill") == \
         one(trace, "worker.generate")["attributes"]["mcpd.prompt_tokens"]
+
+
+def test_each_prefill_chunk_is_a_span_of_its_own(traced):
+    trace = trace_of(traced, "chunked")
+    chunks = sorted((s for s in trace if s["name"] == "worker.prefill"), key=lambda s: s["start_ns"])
+    assert [s["attributes"]["mcpd.tokens"] for s in chunks] == [16, 16, 8]
+    assert all(a["end_ns"] <= b["start_ns"] for a, b in zip(chunks, chunks[1:]))
 
 
 @pytest.mark.parametrize("tenant", PARENTS)
