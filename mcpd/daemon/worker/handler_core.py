@@ -22,6 +22,7 @@ import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -33,7 +34,7 @@ from mcpd.handlers import batch_tensors, tensors
 from mcpd.handlers.batcher import DynamicBatcher, Pending
 from mcpd.handlers.handler import Handler
 from mcpd.handlers.result_cache import CacheKey, CachedResult, ResultCache, cache_key
-from mcpd.handlers.warmup_file import read_warmup
+from mcpd.handlers.warmup_file import WarmInput, read_warmup
 from mcpd.protocol import codes, wire
 from mcpd.protocol.args import InferArgs, PingArgs
 from mcpd.protocol.codes import MCPDError
@@ -52,6 +53,14 @@ class InferRequest:
     inputs: dict               # preprocessed, as the batch takes them
     rows: int
     cache_key: CacheKey | None = None   # its result goes into the result cache under this key
+
+
+class _WarmEntry(NamedTuple):
+    """A warm-up file's request, accepted and preprocessed; `at`: its place in the file."""
+    at: int
+    request: WarmInput
+    prepared: dict
+    rows: int
 
 
 @dataclass
@@ -105,7 +114,7 @@ class HandlerCore:
                            waiting=len(self.batcher), batches=self.batches, rows=self.rows,
                            mean_batch_rows=self.rows / self.batches if self.batches else None,
                            padding_ratio=self.padded / self.padded_of if self.padded_of else 0.0,
-                           result_cache=self.cache.stats() if self.cache else None)
+                           result_cache=self.cache.stats() if self.cache is not None else None)
 
     def poll_timeout_ms(self, idle_ms: float) -> float:
         now, waits = self.clock(), [idle_ms]
@@ -280,8 +289,9 @@ class HandlerCore:
 
     def _warm(self, path: str) -> None:
         """Run a warm-up file's requests through the model before the first request, in batches
-        of up to max_batch_size rows, and cache their results; an entry the model refuses, or a
-        batch that fails, is skipped (logged), since serving without it is still correct."""
+        of up to max_batch_size rows, and cache their results. An entry the model refuses is
+        skipped (logged), since serving without it is still correct; as in serving, a batch that
+        fails runs again one entry at a time, so only the entry that fails it is skipped."""
         try:
             requests = read_warmup(path)
         except ValueError as e:
@@ -290,21 +300,27 @@ class HandlerCore:
         for at, request in enumerate(requests):
             try:
                 inputs, rows = self._decoded(request.headers, request.frames)
-                accepted.append((request, self._preprocessed(inputs, rows), rows))
+                accepted.append(_WarmEntry(at, request, self._preprocessed(inputs, rows), rows))
             except Exception as e:   # noqa: BLE001 - the file's entry or the handler's preprocess
                 skipped.append(f"entry {at}: {e}")
         for batch in _batches(accepted, max(self.batcher.max_batch_size, 1)):
             try:
-                assembled = batch_tensors.assemble([prepared for _, prepared, _ in batch], self.handler.inputs)[0]
-                parts = batch_tensors.split(self.handler.predict(assembled), [rows for *_, rows in batch])
-                results = [_encoded(shown, shown) for shown in map(self.handler.postprocess, parts)]
-            except Exception as e:   # noqa: BLE001 - the handler's code
-                skipped.append(f"a batch of {len(batch)}: {type(e).__name__}: {e}")
-                continue
-            self.cache.warm((cache_key(request.tenant, self.served_model, self.version, request.headers,
-                                       request.frames), result) for (request, _, _), result in zip(batch, results))
+                self._warm_batch(batch)
+            except Exception:   # noqa: BLE001 - the handler's code: find the entry that fails it
+                for entry in batch:
+                    try:
+                        self._warm_batch([entry])
+                    except Exception as e:   # noqa: BLE001
+                        skipped.append(f"entry {entry.at}: {type(e).__name__}: {e}")
         note = f"; {len(skipped)} skipped, the first: {skipped[0]}" if skipped else ""
         self.log.info("result cache warmed from %s: %d of %d requests cached%s", path, len(self.cache), len(requests), note)
+
+    def _warm_batch(self, batch: list[_WarmEntry]) -> None:
+        assembled = batch_tensors.assemble([entry.prepared for entry in batch], self.handler.inputs)[0]
+        parts = batch_tensors.split(self.handler.predict(assembled), [entry.rows for entry in batch])
+        results = [_encoded(shown, shown) for shown in map(self.handler.postprocess, parts)]
+        self.cache.warm((cache_key(entry.request.tenant, self.served_model, self.version, entry.request.headers,
+                                   entry.request.frames), result) for entry, result in zip(batch, results))
 
     @staticmethod
     def _internal(request_id, stage: str, e: Exception) -> bytes:
@@ -330,14 +346,14 @@ def _encoded(shown: dict[str, np.ndarray], names) -> CachedResult:
     return CachedResult(tuple(header for header, _ in encoded), tuple(frame for _, frame in encoded))
 
 
-def _batches(accepted: list, limit: int):
-    """The warm-up requests in batches of at most `limit` rows (one alone when larger), in order."""
+def _batches(accepted: list[_WarmEntry], limit: int):
+    """The warm-up entries in batches of at most `limit` rows (one alone when larger), in order."""
     batch, rows = [], 0
     for entry in accepted:
-        if batch and rows + entry[2] > limit:
+        if batch and rows + entry.rows > limit:
             yield batch
             batch, rows = [], 0
         batch.append(entry)
-        rows += entry[2]
+        rows += entry.rows
     if batch:
         yield batch
