@@ -113,6 +113,14 @@ def test_a_split_between_two_handler_versions_answers_from_each(daemon):
         np.testing.assert_allclose(answered[version], scorer(seed).predict({"features": x})["score"], rtol=1e-5)
 
 
+def test_mcpctl_lists_each_versions_kind(daemon):
+    listed = daemon.mcpctl("models")
+    assert listed.returncode == 0, listed.stderr
+    rows = [line.split() for line in listed.stdout.splitlines()[1:]]
+    kinds = {(row[0], row[2] if row[1] == "(default)" else row[1]): row[-1] for row in rows}
+    assert kinds[("chat", "v1")] == "language" and kinds[("risk", "v1")] == "handler"
+
+
 def test_the_other_kinds_op_is_refused(daemon):
     client = daemon.client()
     with pytest.raises(MCPDError) as refused:
