@@ -1,6 +1,7 @@
 """Handler models through the real daemon: the `infer` op from a client's socket to a handler's
 worker and back, batched; every hostile input answered with its code while good requests go on
 and the worker survives; a hanging handler's worker restarted; the other kind's op refused."""
+import asyncio
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import numpy as np
 import pytest
 import zmq
 
+from mcpd.client import AsyncClient
 from mcpd.handlers.examples.risk_scorer import RiskScorer
 from mcpd.protocol import codes
 from mcpd.protocol.codes import MCPDError
@@ -67,6 +69,16 @@ def test_infer_round_trip_scores_as_the_handler_in_process(daemon):
     assert (result.model, result.version, result.cached) == ("risk", "v1", False)
     assert result.outputs["score"].dtype == np.float32 and result.outputs["score"].shape == (5,)
     np.testing.assert_allclose(result.outputs["score"], scorer(3).predict({"features": x})["score"], rtol=1e-5)
+
+
+def test_the_async_client_infers_too(daemon):
+    async def run():
+        async with AsyncClient(daemon.endpoint) as client:
+            return await asyncio.gather(*(client.infer("risk", {"features": features(2, i)}, version="v1")
+                                          for i in range(4)))
+    for i, result in enumerate(asyncio.run(run())):
+        np.testing.assert_allclose(result.outputs["score"], scorer(3).predict({"features": features(2, i)})["score"],
+                                   rtol=1e-5)
 
 
 def test_status_shows_each_versions_kind_and_signature(daemon):
