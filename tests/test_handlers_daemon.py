@@ -17,6 +17,7 @@ from mcpd.protocol.codes import MCPDError
 from mcpd.testing import Daemon
 import faulty_handlers
 from conftest import DAEMON_ENVIRONMENT
+from test_metrics import scrape, total
 
 REPO = Path(__file__).resolve().parent.parent
 SCORER = "mcpd.handlers.examples.risk_scorer:RiskScorer"
@@ -28,7 +29,7 @@ BULK_BATCH = 8
 @pytest.fixture(scope="module")
 def daemon():
     d = Daemon(environment={**DAEMON_ENVIRONMENT, "PYTHONPATH": f"{REPO}:{REPO / 'tests'}"}, **{
-        "pool": {"shared": False},
+        "pool": {"shared": False}, "metrics": {"listen": "127.0.0.1:0"},
         "models.chat": {}, "models.chat.versions.v1": {},   # the embedded language model
         "models.risk": {"default": "v1"},
         "models.risk.versions.v1": {"handler": SCORER},
@@ -103,6 +104,10 @@ def test_concurrent_requests_run_in_batches(daemon):
                       what="the worker's report of the rows it ran")
     stats = _bulk_worker_stats(daemon)
     assert (stats["batches"], stats["mean_batch_rows"]) == (6, BULK_BATCH)
+    worker = str(stats["index"])
+    daemon.wait_until(lambda: total(scrape(daemon), "mcpd_handler_rows_total", worker=worker) == requests, timeout=30,
+                      what="the rows in the Prometheus figures")
+    assert total(scrape(daemon), "mcpd_handler_batches_total", worker=worker) == 6
 
 
 def _bulk_worker_stats(daemon) -> dict:
