@@ -1,14 +1,9 @@
 """The dynamic batcher in-process, with a clock passed in: when a batch goes out (full, a preferred
 size, cannot grow, the oldest's delay run out), in which order (rank, then age), which requests
-share one (length bins, rows never split), and how a batch is assembled and split back."""
-import numpy as np
+share one (length bins, rows never split). Assembling a batch's tensors is test_batch_tensors.py's."""
 import pytest
 
-from mcpd.handlers.batch_tensors import assemble, split
 from mcpd.handlers.batcher import DynamicBatcher, Pending
-from mcpd.handlers.tensors import TensorSpec
-from mcpd.protocol import codes
-from mcpd.protocol.codes import MCPDError
 
 
 def pending(key, rows=1, length=0, rank=0, arrived=0.0, item=None):
@@ -129,36 +124,3 @@ def test_a_cancelled_request_leaves_the_queue():
     with pytest.raises(ValueError, match="already waiting"):
         batcher.add(pending(3))
 
-
-SPECS = {"ids": TensorSpec("INT64", (-1, -1)), "features": TensorSpec("FP32", (-1, 3)),
-         "text": TensorSpec("BYTES", (-1, -1))}
-
-
-def inputs(key, rows, length):
-    return {"ids": np.arange(rows * length, dtype=np.int64).reshape(rows, length) + 1,
-            "features": np.full((rows, 3), key, np.float32),
-            "text": np.array([[b"w"] * length] * rows, object).reshape(rows, length)}
-
-
-def test_assemble_concatenates_rows_pads_the_variable_dim_with_zeros_and_gives_lengths():
-    batch, padded, total = assemble([inputs(1, 1, 2), inputs(2, 2, 3)], SPECS)
-    assert batch["ids"].tolist() == [[1, 2, 0], [1, 2, 3], [4, 5, 6]]
-    assert batch["ids.lengths"].dtype == np.int64 and batch["ids.lengths"].tolist() == [2, 3, 3]
-    assert batch["features"].tolist() == [[1.0] * 3, [2.0] * 3, [2.0] * 3]
-    assert "features.lengths" not in batch
-    assert batch["text"].tolist() == [[b"w", b"w", b""], [b"w"] * 3, [b"w"] * 3]
-    assert (padded, total) == (2, 18)   # one padded element in each of ids and text, of 9 each
-
-
-def test_split_gives_each_request_its_rows():
-    parts = split({"score": np.array([[10.0], [20.0], [30.0]])}, [1, 2])
-    assert [part["score"].tolist() for part in parts] == [[[10.0]], [[20.0], [30.0]]]
-
-
-@pytest.mark.parametrize("outputs, says", [({"score": np.zeros(2)}, "handler returned 2 rows for 3"),
-                                           ({"score": np.float32(1)}, "dict of numpy arrays"),
-                                           ({"score": [1, 2, 3]}, "dict of numpy arrays")])
-def test_split_refuses_outputs_whose_rows_are_not_the_batch(outputs, says):
-    with pytest.raises(MCPDError, match=says) as e:
-        split(outputs, [1, 2])
-    assert e.value.code == codes.INTERNAL

@@ -90,6 +90,7 @@ class HandlerCore:
         self.done: list[int] = []
         self.done_due = 0.0
         self.batches = self.rows = self.padded = self.padded_of = 0
+        self.tracing = None   # handler requests make no spans; worker/process.py asks either core
         self.cache = ResultCache(version.cache.max_bytes) if version.cache.max_bytes else None
         if version.cache.warmup:
             self._warm(version.cache.warmup)
