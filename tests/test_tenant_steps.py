@@ -77,3 +77,17 @@ def test_bounded_steps_give_the_flood_the_tokens_it_gets_alone():
     assert widest == {False: 20, True: BOUND}
     assert results[True] == results[False]
     assert all(len(ids) == LONG.max_tokens for ids in results[True].values())
+
+
+def test_a_tenant_per_request_is_forgotten_a_second_later():
+    """With authentication off a client may name a new tenant for every request: the engine
+    remembers a tenant's last request for ACTIVE_S only, whatever else is active."""
+    engine, clock = make_engine()
+    flood(engine, 2)
+    engine.add_request(("b", 0), engine.tokenizer.encode("victim"), LONG, cache_namespace="b")
+    for i in range(500):
+        engine.add_request(("x", i), [1, 2, 3], ONE, cache_namespace=f"x{i}")
+        engine.abort(("x", i))
+    clock.now += ACTIVE_S + 0.01
+    engine.step()
+    assert set(engine.tenants.last_arrival) <= {"a", "b"} and set(engine.tenants.live) == {"a", "b"}

@@ -7,6 +7,7 @@ short for the next one rather than for none (Engine.most_decodes).
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 
 ACTIVE_S = 1.0   # a tenant's last request this recent: it is active, and likely to send another
@@ -15,12 +16,15 @@ ACTIVE_S = 1.0   # a tenant's last request this recent: it is active, and likely
 class ActiveTenants:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
-        self.live: dict[str, int] = {}          # tenant -> its sequences in the engine
-        self.last_arrival: dict[str, float] = {}
+        self.live: dict[str, int] = {}   # tenant -> its sequences in the engine
+        # tenant -> its last request's time, oldest first: those past ACTIVE_S leave from the front,
+        # so a client naming a new tenant for every request cannot grow it beyond a second's worth.
+        self.last_arrival: OrderedDict[str, float] = OrderedDict()
 
     def arrived(self, tenant: str) -> None:
         self.live[tenant] = self.live.get(tenant, 0) + 1
         self.last_arrival[tenant] = self.clock()
+        self.last_arrival.move_to_end(tenant)
 
     def left(self, tenant: str) -> None:
         if (count := self.live.pop(tenant) - 1) > 0:
@@ -28,10 +32,7 @@ class ActiveTenants:
 
     def several(self) -> bool:
         """Whether more than one tenant is active."""
-        if len(self.live) > 1:
-            return True
         since = self.clock() - ACTIVE_S
-        for tenant, at in list(self.last_arrival.items()):
-            if at < since:
-                del self.last_arrival[tenant]
-        return len(self.live.keys() | self.last_arrival.keys()) > 1
+        while self.last_arrival and next(iter(self.last_arrival.values())) < since:
+            self.last_arrival.popitem(last=False)
+        return len(self.live) > 1 or len(self.live.keys() | self.last_arrival.keys()) > 1
