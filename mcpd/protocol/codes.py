@@ -19,12 +19,13 @@ UNAVAILABLE = "UNAVAILABLE"                  # daemon draining or stopping
 WORKER_LOST = "WORKER_LOST"                  # the worker running the request died mid-way
 STORAGE_FULL = "STORAGE_FULL"                # no room to keep a change (disk, host cache): nothing changed; retry_after_ms
 UNKNOWN_MODEL = "UNKNOWN_MODEL"              # the request names a model or version not served now (unknown, unloaded)
+BAD_INPUT = "BAD_INPUT"                      # an infer input's datatype, shape, bytes or name is not what the model takes
 INTERNAL = "INTERNAL"                        # a bug on our side; the message says what
 TIMEOUT = "TIMEOUT"                          # client side only: no reply within the client's timeout
 
 ALL = (BAD_REQUEST, UNSUPPORTED_VERSION, UNKNOWN_OP, TOO_LARGE, RATE_LIMITED, OVERLOADED,
        DEADLINE_EXCEEDED, CONFLICT, NOT_FOUND, CANCELLED, UNAUTHORIZED, UNAVAILABLE, WORKER_LOST,
-       STORAGE_FULL, UNKNOWN_MODEL, INTERNAL, TIMEOUT)
+       STORAGE_FULL, UNKNOWN_MODEL, BAD_INPUT, INTERNAL, TIMEOUT)
 
 
 class MCPDError(Exception):

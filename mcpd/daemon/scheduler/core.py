@@ -45,14 +45,14 @@ from typing import Protocol
 
 import msgspec
 
-from mcpd import tokenizer
+from mcpd import tokenizer, tracing
 from mcpd.config import Config, SchedulerConfig
 from mcpd.contexts import service as contexts
 from mcpd.contexts.persistence import open_store
 from mcpd.contexts.service import ContextService
 from mcpd.daemon import channels, child, messages
 from mcpd.daemon.frontend.latency import LatencyWindow
-from mcpd.daemon.scheduler import admin, model_versions, status, worker_events
+from mcpd.daemon.scheduler import admin, handler_lanes, model_versions, status, worker_events
 from mcpd.daemon.scheduler.admission import Admission
 from mcpd.daemon.scheduler.batching_window import BatchingWindow
 from mcpd.daemon.scheduler.class_queues import ClassQueues
@@ -68,7 +68,7 @@ from mcpd.daemon.scheduler.unload import Unload
 from mcpd.histogram import LATENCY_BOUNDS, Histogram
 from mcpd.memory import host_segment
 from mcpd.protocol import codes, wire
-from mcpd.protocol.args import GenerateArgs
+from mcpd.protocol.args import GenerateArgs, InferArgs
 from mcpd.protocol.codes import MCPDError
 
 
@@ -116,6 +116,7 @@ class Scheduler:
         self.contexts = ContextService(self.persistence)
         self.traffic = Traffic(config.model_table, config.default_model)
         self.tokenizers: dict[tuple[str, str], tokenizer.Tokenizer] = {}   # by (model, version), loaded when first used
+        self.signatures: dict[tuple[str, str], dict] = {}   # a handler version's inputs and outputs, from its Hello
         self.unloading: dict[tuple[str, str], Unload] = {}   # versions being unloaded (unload.py)
         self.shadow = ShadowBook()
         self.shadow_rids = itertools.count(-1, -1)   # shadow copies' rids: the front-end's are >= 0
@@ -125,6 +126,7 @@ class Scheduler:
         self.errors: dict[str, dict[str, int]] = {}   # the scheduler's own error replies: class -> code -> n
         self.hold_until: float | None = None   # a batch is held open until then
         self.queue_time = Histogram(LATENCY_BOUNDS)
+        self.tracing = tracing.start(config, "scheduler")   # None with tracing off
 
     @staticmethod
     def _window(sched: SchedulerConfig) -> BatchingWindow:
@@ -202,19 +204,24 @@ class Scheduler:
 
     def _admit(self, job: Job) -> None:
         now = job.enqueued = self.clock()   # by this clock: admission ranks it by its age
-        if self.poison.holds(job.request, now):
+        if self.poison.holds(job.request, now, job.payload):
             raise MCPDError(codes.INTERNAL, "an identical request from this tenant failed twice on workers "
                             "in the last minutes; it is not run again for now (change it, or report the bug)")
         if len(self.queue) >= self.config.scheduler.max_queue:
             dispatch_waiting(self, now)   # a burst may be refused only if the workers have no room either
         displaced = self.admission.admit(job, self.queue, len(self.jobs), now)
         args = job.request.args
-        if isinstance(args, GenerateArgs):
+        if isinstance(args, (GenerateArgs, InferArgs)):
             cls = self.config.scheduler.classes[job.class_name]
             job.served = self.traffic.route(args.model, args.version, args.routing_key or job.request.tenant,
                                             self.admission.fast.goes_fast(job.class_name, cls, args.hints))
+            handler_lanes.check_kind(self.config, job.served, args)
+        if isinstance(args, GenerateArgs):
             self._tokenize(job, args)
             self.admission.price(job)
+        elif isinstance(args, InferArgs):
+            handler_lanes.resolve_context_inputs(self, job, args)
+            handler_lanes.price(job, args)
         if displaced is not None:
             self.queue.remove(displaced)
             self.fail(displaced, codes.OVERLOADED, f"displaced from the full queue by a request of class "
@@ -225,8 +232,10 @@ class Scheduler:
         self.jobs[job.rid] = job
         if job.deadline is not None:
             self.deadlines.add(job.deadline, job.rid)
-        if job.served is not None and args.context is None:
+        if isinstance(args, GenerateArgs) and args.context is None:   # an infer is not shadowed
             model_versions.queue_shadow_copy(self, job, now)
+        if self.tracing is not None:
+            self.tracing.admitted(job)
 
     @staticmethod
     def _biggest_note(displaced: Job, job: Job) -> str:
@@ -336,6 +345,8 @@ class Scheduler:
             if worker_events.started(slot, message.rid):
                 self.ports.to_frontend(frames[1:])
         elif isinstance(message, messages.TurnResult):
+            if self.tracing is not None:
+                return self.tracing.commit_turn(self, slot, message)
             worker_events.commit_turn(self, slot, message)
         elif isinstance(message, messages.Final):   # a context turn (or a shadow pair's side) that ended in an error
             job = worker_events.done(self, slot, message.rid)
