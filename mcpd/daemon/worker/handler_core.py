@@ -48,6 +48,7 @@ class InferRequest:
     outputs: tuple[str, ...]   # what the client gets, in this order
     inputs: dict               # preprocessed, as the batch takes them
     rows: int
+    context_version: int | None = None   # its inputs came from a context at this version: the reply says so
 
 
 @dataclass
@@ -158,7 +159,7 @@ class HandlerCore:
         prepared = self.handler.preprocess(inputs)
         if any(not isinstance(a, np.ndarray) or a.ndim < 1 or a.shape[0] != count for a in prepared.values()):
             raise MCPDError(codes.INTERNAL, f"handler's preprocess must keep the request's {count} rows")
-        return InferRequest(dispatch.rid, dispatch.request_id, wanted, prepared, count)
+        return InferRequest(dispatch.rid, dispatch.request_id, wanted, prepared, count, dispatch.context_version)
 
     def on_cancel(self, rid: int, code: str) -> None:
         """Answer a request now, waiting or in the running batch (whose result it then drops)."""
@@ -243,6 +244,8 @@ class HandlerCore:
             self.log.exception("postprocess failed for request %s", request.request_id)
             return self._final(request.rid, self._internal(request.request_id, "postprocess", e), codes.INTERNAL)
         result = {"model": self.served_model, "version": self.version, "outputs": described, "cached": False}
+        if request.context_version is not None:
+            result["context_version"] = request.context_version
         self._final(request.rid, wire.ok_reply(request.request_id, result), None, frames)
 
     @staticmethod
