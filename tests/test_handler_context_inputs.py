@@ -2,8 +2,6 @@
 scores as sending it does, an append keeps a sliding window of events one context version per
 request and answers on the window, the window survives a killed scheduler, and another tenant
 can neither read nor append to it. The scheduler's side in-process: tests/test_context_inputs.py."""
-import os
-import signal
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +13,7 @@ from mcpd.protocol import codes
 from mcpd.protocol.codes import MCPDError
 from mcpd.testing import Daemon
 from conftest import DAEMON_ENVIRONMENT
+from test_storage_daemon import kill_scheduler
 
 REPO = Path(__file__).resolve().parent.parent
 WINDOW = 4
@@ -101,12 +100,3 @@ def test_the_window_survives_a_killed_scheduler_and_grows_on(daemon):
         assert result.context_version == version + 1
         np.testing.assert_array_equal(result.outputs["total"], events(1, WINDOW).sum(axis=0)[np.newaxis])
 
-
-def kill_scheduler(d: Daemon) -> None:
-    old = d.pid_of("scheduler")
-    os.kill(old, signal.SIGKILL)
-    d.wait_until(lambda: d.pid_of("scheduler") not in (None, old) and d.status()["state"] == "ready", 120,
-                 "scheduler restarted")
-    with d.client() as client:
-        d.wait_until(lambda: all(w["ready"] for w in client.status()["workers"]) and len(client.status()["workers"]) == 2,
-                     60, "workers known again")

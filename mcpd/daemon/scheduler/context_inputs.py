@@ -8,8 +8,9 @@ window of the user's last events). The worker then gets plain inputs and frames,
   version through the store, as a context.update is (the journal, the host cache and a
   cluster's Redis hear it); the field, not the sent rows, is then that input.
 The shape rule: a field used as an input is one row of it, [1, *the field's shape], repeated for
-each row of the request's other sent inputs (a profile [256] is [1, 256] alone, [n, 256] beside
-n candidates; a window of events [w, 8] is [1, w, 8]).
+each row of the request's first other sent input (a profile [256] is [1, 256] alone, [n, 256]
+beside n candidates; a window of events [w, 8] is [1, w, 8]). No handler's signature is needed
+to read it, so a request is resolved the same before and after its model's workers started.
 A context another tenant holds is NOT_FOUND, as for every context op. Reading does not wait for
 a generate on the context (it changes only the tokens); an append is CONFLICT then, as an update
 is. The append is committed at admission: a request that then fails or expires keeps it."""
@@ -23,7 +24,7 @@ import numpy as np
 from mcpd.contexts import field_window
 from mcpd.contexts.store import ContextStore
 from mcpd.handlers import tensors
-from mcpd.handlers.tensor_header import MAX_RANK
+from mcpd.handlers.tensor_header import MAX_RANK, TensorHeader
 from mcpd.protocol import codes
 from mcpd.protocol.args import InferArgs
 from mcpd.protocol.codes import MCPDError
@@ -37,34 +38,38 @@ class Resolved:
 
 
 def resolve(store: ContextStore, tenant: str, args: InferArgs, payload: list[bytes], max_bytes: int) -> Resolved:
-    """The args and frames the worker takes; max_bytes bounds the inputs made from fields."""
+    """The args and frames the worker takes; max_bytes bounds the inputs made from fields.
+    Everything is checked before the append is committed: a refusal changes nothing."""
     appends = args.context_append or {}
     field_of = _appended_inputs(appends)
     sent = {header.name: (header, frame) for header, frame in zip(args.inputs, payload)}
-    kept = [header for header in args.inputs if header.name not in field_of]
-    rows = kept[0].shape[0] if kept else 1
     context = store.writable(tenant, args.context, None) if appends else store.get(tenant, args.context)
     windows = {field: field_window.appended(field, context.fields.get(field), tensors.decode(*sent[append.input]),
                                             append.input, append.window)
                for field, append in appends.items()}
-    field_of.update(args.context_inputs or {})
     fields = {**context.fields, **windows}
-    values = {name: _tensor(args.context, field, name, fields) for name, field in field_of.items()}
-    made = sum(rows * value.nbytes for value in values.values())
-    if made > max_bytes:
-        raise MCPDError(codes.TOO_LARGE, f"the inputs read from context {args.context!r} would be {made} bytes for "
-                                         f"{rows} row(s); the limit is {max_bytes} (limits.max_message_bytes)")
+    values = {name: _one_row(args.context, field, name, fields)
+              for name, field in {**field_of, **(args.context_inputs or {})}.items()}
+    rows = next((header.shape[0] for header in args.inputs if header.name not in field_of), 1)
+    _check_bytes(args.context, values, rows, max_bytes)
     if windows:
         store.commit_fields(context, windows)
-    headers, frames = [], []
-    for name in [*sent, *(args.context_inputs or ())]:
-        header, frame = tensors.encode(name, np.broadcast_to(values[name], (rows, *values[name].shape[1:]))) \
-            if name in values else sent[name]
-        headers.append(header)
-        frames.append(frame)
-    resolved = msgspec.structs.replace(args, inputs=tuple(headers), context=None, context_inputs=None,
-                                       context_append=None)
-    return Resolved(resolved, frames, context.version)
+    headers, frames = zip(*(_repeated(name, values[name], rows) if name in values else sent[name]
+                            for name in [*sent, *(args.context_inputs or ())]))
+    resolved = msgspec.structs.replace(args, inputs=headers, context=None, context_inputs=None, context_append=None)
+    return Resolved(resolved, list(frames), context.version)
+
+
+def _check_bytes(context_id: str, values: dict[str, np.ndarray], rows: int, max_bytes: int) -> None:
+    """Before the rows are made: a field repeated for many sent rows must not outgrow a request."""
+    made = sum(rows * value.nbytes for value in values.values())
+    if made > max_bytes:
+        raise MCPDError(codes.TOO_LARGE, f"the inputs read from context {context_id!r} would be {made} bytes for "
+                                         f"{rows} row(s); the limit is {max_bytes} (limits.max_message_bytes)")
+
+
+def _repeated(name: str, row: np.ndarray, rows: int) -> tuple[TensorHeader, bytes]:
+    return tensors.encode(name, np.broadcast_to(row, (rows, *row.shape[1:])))
 
 
 def _appended_inputs(appends: dict) -> dict[str, str]:
@@ -78,7 +83,7 @@ def _appended_inputs(appends: dict) -> dict[str, str]:
     return field_of
 
 
-def _tensor(context_id: str, field: str, name: str, fields: dict) -> np.ndarray:
+def _one_row(context_id: str, field: str, name: str, fields: dict) -> np.ndarray:
     """The field as one row of input `name`; BAD_INPUT when it cannot be one."""
     if field not in fields:
         raise MCPDError(codes.BAD_INPUT, f"context {context_id!r} has no field {field!r} (for input {name!r})")
