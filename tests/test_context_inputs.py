@@ -18,21 +18,28 @@ from mcpd.protocol.args import ContextAppend, ContextOpenArgs, ContextUpdateArgs
 from fakes import Clock, Ports
 
 FEATURES = 4
-SIGNATURE = {"inputs": {"features": {"datatype": "FP32", "shape": [-1, FEATURES]}},
-             "outputs": {"score": {"datatype": "FP32", "shape": [-1]}}}
+MAX_FIELD_BYTES = 8192
+ROWS = {"datatype": "FP32", "shape": [-1, FEATURES]}
+SIGNATURES = {   # what each handler model takes, as its worker's Hello tells the scheduler
+    "risk": {"features": ROWS},
+    "pair": {"item": ROWS, "profile": ROWS},
+    "window": {"events": {"datatype": "FP32", "shape": [-1, -1, FEATURES]}},
+}
 
 
 @pytest.fixture
 def core():
+    handler = {"versions": {"v1": {"handler": "mcpd.handlers.examples.risk_scorer:RiskRules"}}}
     config = from_dict({
         "server": {"runtime_dir": tempfile.mkdtemp(prefix="mcpd-c-", dir="/tmp")}, "cache": {"enabled": False},
         "persistence": {"enabled": False}, "limits": {"max_message_bytes": 1 << 16, "max_header_bytes": 8192},
-        "routing": {"default_model": "risk"},
-        "models": {"chat": {"versions": {"v1": {}}},
-                   "risk": {"versions": {"v1": {"handler": "mcpd.handlers.examples.risk_scorer:RiskRules"}}}}})
+        "contexts": {"max_field_bytes": MAX_FIELD_BYTES}, "routing": {"default_model": "risk"},
+        "models": {"chat": {"versions": {"v1": {}}}, **{model: handler for model in SIGNATURES}}})
     core = Scheduler(config, logging.getLogger("test"), Ports(), Clock())
     core.on_worker([b"w0", *messages.encode(messages.Hello(0, 100, "cpu", "x", "float32", "chat", "v1"))])
-    core.on_worker([b"w1", *messages.encode(messages.Hello(1, 101, "cpu", "h", "", "risk", "v1", SIGNATURE))])
+    for index, (model, inputs) in enumerate(SIGNATURES.items(), start=1):
+        hello = messages.Hello(index, 100 + index, "cpu", "h", "", model, "v1", {"inputs": inputs, "outputs": {}})
+        core.on_worker([b"w%d" % index, *messages.encode(hello)])
     return core
 
 
@@ -91,15 +98,10 @@ def test_a_field_read_as_an_input_reaches_the_worker_as_if_it_were_sent(user):
     assert context(user).version == 1
 
 
-def test_a_field_is_one_row_repeated_for_each_row_sent_beside_it(core):
-    core.on_worker([b"w2", *messages.encode(messages.Hello(2, 102, "cpu", "h", "", "risk", "v1", {
-        "inputs": {"item": {"datatype": "FP32", "shape": [-1, FEATURES]},
-                   "profile": {"datatype": "FP32", "shape": [-1, FEATURES]}}, "outputs": {}}))])
-    send(core, 1, ContextOpenArgs(id="u1"))
-    update(core, 2, "u1", 0, profile=profile())
+def test_a_field_is_one_row_repeated_for_each_row_sent_beside_it(user):
     items = np.ones((3, FEATURES), np.float32)
-    infer(core, 10, {"item": items}, context="u1", context_inputs={"profile": "profile"})
-    got = inputs_of(core, 10)
+    infer(user, 10, {"item": items}, model="pair", context="u1", context_inputs={"profile": "profile"})
+    got = inputs_of(user, 10)
     assert list(got) == ["item", "profile"]
     np.testing.assert_array_equal(got["item"], items)
     np.testing.assert_array_equal(got["profile"], np.tile(profile(), (3, 1)))
@@ -108,13 +110,13 @@ def test_a_field_is_one_row_repeated_for_each_row_sent_beside_it(core):
 def test_an_append_keeps_the_last_window_rows_one_version_each_and_stands_for_the_input(user):
     events = np.arange(7 * FEATURES, dtype=np.float32).reshape(7, FEATURES)
     for rid, (start, end) in enumerate(((0, 2), (2, 3), (3, 7)), start=10):
-        infer(user, rid, {"features": events[start:end]}, context="u1",
-              context_append={"window": ContextAppend("features", 3)})
+        infer(user, rid, {"events": events[start:end]}, model="window", context="u1",
+              context_append={"window": ContextAppend("events", 3)})
         kept = events[max(0, end - 3):end]
         dispatch, _ = dispatch_of(user, rid)
         assert dispatch.context_version == context(user).version == rid - 8
         np.testing.assert_array_equal(context(user).fields["window"], kept)
-        np.testing.assert_array_equal(inputs_of(user, rid)["features"], kept[np.newaxis])   # one row: [1, w, 4]
+        np.testing.assert_array_equal(inputs_of(user, rid)["events"], kept[np.newaxis])   # one row: [1, w, 4]
     assert dispatch.args.context is None and dispatch.args.context_append is None
 
 
@@ -135,9 +137,16 @@ def test_an_append_keeps_the_last_window_rows_one_version_each_and_stands_for_th
      {"features": np.ones((1,), np.int32)}, codes.BAD_REQUEST, "only generate appends"),
     ({"context": "u1", "context_append": {"profile": ContextAppend("features", 4)}},
      {"features": np.ones((1, FEATURES), np.float32)}, codes.BAD_INPUT, "(float32 rows of shape [4])"),
-    ({"context": "u1", "context_append": {"w": ContextAppend("features", 1 << 20)}},   # 16 KiB, for each of 8 rows
-     {"item": np.ones((8, FEATURES), np.float32), "features": np.ones((1 << 10, FEATURES), np.float32)},
-     codes.TOO_LARGE, "limits.max_message_bytes"),
+    ({"model": "pair", "context": "u1", "context_append": {"w": ContextAppend("profile", 1 << 20)}},
+     {"item": np.ones((8, FEATURES), np.float32), "profile": np.ones((1 << 10, FEATURES), np.float32)},
+     codes.TOO_LARGE, "limits.max_message_bytes"),   # 16 KiB of window, for each of 8 rows
+    ({"model": "window", "context": "u1", "context_append": {"w": ContextAppend("events", 1 << 20)}},
+     {"events": np.ones((MAX_FIELD_BYTES // 16 + 1, FEATURES), np.float32)}, codes.TOO_LARGE,
+     "contexts.max_field_bytes"),
+    ({"context": "u1", "context_append": {"w": ContextAppend("features", 4)}},   # the window is one row [1, 1, 4]
+     {"features": np.ones((1, FEATURES), np.float32)}, codes.BAD_INPUT, "model takes [-1, 4]"),
+    ({"context": "u1", "context_inputs": {"unknown": "profile"}, "model": "window"}, {}, codes.BAD_INPUT,
+     "no input 'unknown'"),
 ])
 def test_refusals_name_what_is_wrong_and_leave_the_context_as_it_was(user, args, sent, code, words):
     infer(user, 10, sent, **args)
@@ -158,8 +167,8 @@ def test_another_tenants_context_is_not_found_and_stays_unchanged(user):
 def test_a_generate_on_the_context_refuses_appends_but_not_reads(user):
     send(user, 10, GenerateArgs(prompt="x", context="u1", model="chat"))
     assert dispatch_of(user, 10)[0].turn
-    infer(user, 11, {"features": np.ones((1, FEATURES), np.float32)}, context="u1",
-          context_append={"window": ContextAppend("features", 2)})
+    infer(user, 11, {"events": np.ones((1, FEATURES), np.float32)}, model="window", context="u1",
+          context_append={"window": ContextAppend("events", 2)})
     reply = error_of(user, 11)
     assert reply["code"] == codes.CONFLICT and "busy with a generate" in reply["message"]
     infer(user, 12, {}, context="u1", context_inputs={"features": "profile"})
@@ -170,7 +179,7 @@ def test_a_generate_on_the_context_refuses_appends_but_not_reads(user):
 def test_a_big_endian_field_takes_little_endian_rows_and_keeps_its_dtype(user):
     update(user, 3, "u1", 1, window=np.arange(2 * FEATURES, dtype=">f4").reshape(2, FEATURES))
     rows = np.full((1, FEATURES), 9, np.float32)
-    infer(user, 10, {"features": rows}, context="u1", context_append={"window": ContextAppend("features", 2)})
+    infer(user, 10, {"events": rows}, model="window", context="u1", context_append={"window": ContextAppend("events", 2)})
     window = context(user).fields["window"]
     assert window.dtype.str == ">f4"
     np.testing.assert_array_equal(window, [np.arange(FEATURES, 2 * FEATURES), rows[0]])

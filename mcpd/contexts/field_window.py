@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from mcpd.contexts.context import TOKENS
 from mcpd.protocol import codes
 from mcpd.protocol.codes import MCPDError
 
@@ -13,6 +14,9 @@ def appended(field: str, old, rows: np.ndarray, input_name: str, window: int) ->
     """The field's next value: its rows, then `rows`, the last `window` of them, as a fresh array
     (never a view of the request's frame, which the scheduler frees). BAD_INPUT naming both the
     input and the field when the rows cannot join it."""
+    if field == TOKENS:
+        raise MCPDError(codes.BAD_REQUEST, "the tokens field is the context's token history: only generate "
+                                           "appends to it")
     _check_rows(rows, input_name)
     if old is None:
         old = rows[:0]

@@ -170,12 +170,9 @@ class ContextStore:
         self._commit_values(context, {TOKENS: tokens, **fields})
 
     def commit_fields(self, context: Context, values: dict[str, np.ndarray]) -> None:
-        """Commit new arrays for some fields (not tokens) as one version: an infer's appended
-        windows. The daemon built them, so they are checked here as a client's deltas are."""
+        """Commit new arrays for some fields (never tokens: field_window.py refuses it) as one
+        version: an infer's appended windows, held to the field limit as a client's deltas are."""
         for name, value in values.items():
-            if name == TOKENS:
-                raise MCPDError(codes.BAD_REQUEST, "the tokens field is the context's token history: "
-                                                   "only generate appends to it")
             if value.nbytes > self.limits.max_field_bytes:
                 raise MCPDError(codes.TOO_LARGE, f"field {name!r} would hold {value.nbytes} bytes; the limit is "
                                                  f"{self.limits.max_field_bytes} (contexts.max_field_bytes)")

@@ -25,6 +25,7 @@ from mcpd.contexts import field_window
 from mcpd.contexts.store import ContextStore
 from mcpd.handlers import tensors
 from mcpd.handlers.tensor_header import MAX_RANK, TensorHeader
+from mcpd.handlers.tensors import TensorSpec
 from mcpd.protocol import codes
 from mcpd.protocol.args import InferArgs
 from mcpd.protocol.codes import MCPDError
@@ -37,9 +38,11 @@ class Resolved:
     context_version: int   # the version the fields were read from (after the append)
 
 
-def resolve(store: ContextStore, tenant: str, args: InferArgs, payload: list[bytes], max_bytes: int) -> Resolved:
-    """The args and frames the worker takes; max_bytes bounds the inputs made from fields.
-    Everything is checked before the append is committed: a refusal changes nothing."""
+def resolve(store: ContextStore, tenant: str, args: InferArgs, payload: list[bytes], max_bytes: int,
+            signature: dict | None) -> Resolved:
+    """The args and frames the worker takes; max_bytes bounds the inputs made from fields, and
+    the model's signature (None until a worker of it said hello) is what they must be. All is
+    checked before the append is committed: a refusal changes nothing."""
     appends = args.context_append or {}
     field_of = _appended_inputs(appends)
     sent = {header.name: (header, frame) for header, frame in zip(args.inputs, payload)}
@@ -52,6 +55,7 @@ def resolve(store: ContextStore, tenant: str, args: InferArgs, payload: list[byt
               for name, field in {**field_of, **(args.context_inputs or {})}.items()}
     rows = next((header.shape[0] for header in args.inputs if header.name not in field_of), 1)
     _check_bytes(args.context, values, rows, max_bytes)
+    _check_signature(signature, values, rows)
     if windows:
         store.commit_fields(context, windows)
     headers, frames = zip(*(_repeated(name, values[name], rows) if name in values else sent[name]
@@ -66,6 +70,19 @@ def _check_bytes(context_id: str, values: dict[str, np.ndarray], rows: int, max_
     if made > max_bytes:
         raise MCPDError(codes.TOO_LARGE, f"the inputs read from context {context_id!r} would be {made} bytes for "
                                          f"{rows} row(s); the limit is {max_bytes} (limits.max_message_bytes)")
+
+
+def _check_signature(signature: dict | None, values: dict[str, np.ndarray], rows: int) -> None:
+    """The worker's checks of the inputs made from fields (handlers/tensors.py), run here too, so
+    that no append is committed for a request the model refuses."""
+    if signature is None:
+        return
+    declared = signature["inputs"]
+    for name, row in values.items():
+        if name not in declared:
+            raise MCPDError(codes.BAD_INPUT, f"the model has no input {name!r}; its inputs: {', '.join(declared)}")
+        spec = TensorSpec(declared[name]["datatype"], tuple(declared[name]["shape"]))
+        spec.check(name, np.broadcast_to(row, (rows, *row.shape[1:])))
 
 
 def _repeated(name: str, row: np.ndarray, rows: int) -> tuple[TensorHeader, bytes]:

@@ -40,7 +40,8 @@ def resolve_context_inputs(scheduler, job: Job, args: InferArgs) -> InferArgs:
     if args.context is None:
         return args
     resolved = context_inputs.resolve(scheduler.contexts.store, job.request.tenant, args, job.payload,
-                                      scheduler.config.limits.max_message_bytes)
+                                      scheduler.config.limits.max_message_bytes,
+                                      scheduler.signatures.get(job.served))
     job.request = msgspec.structs.replace(job.request, args=resolved.args)
     job.payload, job.context_version = resolved.payload, resolved.context_version
     return resolved.args
