@@ -27,12 +27,12 @@ SIGNATURES = {   # what each handler model takes, as its worker's Hello tells th
 }
 
 
-@pytest.fixture
-def core():
+def make_core(**limits) -> Scheduler:
     handler = {"versions": {"v1": {"handler": "mcpd.handlers.examples.risk_scorer:RiskRules"}}}
     config = from_dict({
         "server": {"runtime_dir": tempfile.mkdtemp(prefix="mcpd-c-", dir="/tmp")}, "cache": {"enabled": False},
-        "persistence": {"enabled": False}, "limits": {"max_message_bytes": 1 << 16, "max_header_bytes": 8192},
+        "persistence": {"enabled": False},
+        "limits": {"max_message_bytes": 1 << 16, "max_header_bytes": 8192, **limits},
         "contexts": {"max_field_bytes": MAX_FIELD_BYTES}, "routing": {"default_model": "risk"},
         "models": {"chat": {"versions": {"v1": {}}}, **{model: handler for model in SIGNATURES}}})
     core = Scheduler(config, logging.getLogger("test"), Ports(), Clock())
@@ -41,6 +41,11 @@ def core():
         hello = messages.Hello(index, 100 + index, "cpu", "h", "", model, "v1", {"inputs": inputs, "outputs": {}})
         core.on_worker([b"w%d" % index, *messages.encode(hello)])
     return core
+
+
+@pytest.fixture
+def core():
+    return make_core()
 
 
 def send(core, rid: int, args, frames=(), tenant: str = "alice") -> None:
@@ -153,6 +158,18 @@ def test_refusals_name_what_is_wrong_and_leave_the_context_as_it_was(user, args,
     reply = error_of(user, 10)
     assert reply["code"] == code and words in reply["message"], reply
     assert context(user).version == 1 and set(context(user).fields) == {"tokens", "profile", "note", "counts"}
+
+
+def test_a_window_grown_past_the_elements_a_request_may_send_is_refused_before_its_commit():
+    core = make_core(max_tensor_elements=4 * FEATURES)
+    send(core, 1, ContextOpenArgs(id="u1"))
+    for rid in (10, 11, 12):   # two rows each, every request within the limit; the window is not
+        infer(core, rid, {"events": np.ones((2, FEATURES), np.float32)}, model="window", context="u1",
+              context_append={"window": ContextAppend("events", 100)})
+    assert [dispatch_of(core, rid)[0].context_version for rid in (10, 11)] == [1, 2]
+    reply = error_of(core, 12)
+    assert reply["code"] == codes.BAD_INPUT and "limits.max_tensor_elements" in reply["message"], reply
+    assert context(core).version == 2 and context(core).fields["window"].shape == (4, FEATURES)
 
 
 def test_another_tenants_context_is_not_found_and_stays_unchanged(user):

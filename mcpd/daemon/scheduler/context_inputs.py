@@ -29,6 +29,7 @@ from mcpd.handlers.tensors import TensorSpec
 from mcpd.protocol import codes
 from mcpd.protocol.args import InferArgs
 from mcpd.protocol.codes import MCPDError
+from mcpd.protocol.limits import LimitsConfig
 
 
 @dataclass(frozen=True)
@@ -38,10 +39,10 @@ class Resolved:
     context_version: int   # the version the fields were read from (after the append)
 
 
-def resolve(store: ContextStore, tenant: str, args: InferArgs, payload: list[bytes], max_bytes: int,
+def resolve(store: ContextStore, tenant: str, args: InferArgs, payload: list[bytes], limits: LimitsConfig,
             signature: dict | None) -> Resolved:
-    """The args and frames the worker takes; max_bytes bounds the inputs made from fields, and
-    the model's signature (None until a worker of it said hello) is what they must be. All is
+    """The args and frames the worker takes; the inputs made from fields are held to the limits
+    of sent ones, and to the model's signature (None until a worker of it said hello). All is
     checked before the append is committed: a refusal changes nothing."""
     appends = args.context_append or {}
     field_of = _appended_inputs(appends)
@@ -54,7 +55,7 @@ def resolve(store: ContextStore, tenant: str, args: InferArgs, payload: list[byt
     values = {name: _one_row(args.context, field, name, fields)
               for name, field in {**field_of, **(args.context_inputs or {})}.items()}
     rows = next((header.shape[0] for header in args.inputs if header.name not in field_of), 1)
-    _check_bytes(args.context, values, rows, max_bytes)
+    _check_sizes(args.context, values, rows, limits)
     _check_signature(signature, values, rows)
     if windows:
         store.commit_fields(context, windows)
@@ -64,12 +65,19 @@ def resolve(store: ContextStore, tenant: str, args: InferArgs, payload: list[byt
     return Resolved(resolved, list(frames), context.version)
 
 
-def _check_bytes(context_id: str, values: dict[str, np.ndarray], rows: int, max_bytes: int) -> None:
-    """Before the rows are made: a field repeated for many sent rows must not outgrow a request."""
+def _check_sizes(context_id: str, values: dict[str, np.ndarray], rows: int, limits: LimitsConfig) -> None:
+    """Before the rows are made: a field repeated for many sent rows, or a window grown over many
+    requests, must not outgrow what a request may send."""
     made = sum(rows * value.nbytes for value in values.values())
-    if made > max_bytes:
+    if made > limits.max_message_bytes:
         raise MCPDError(codes.TOO_LARGE, f"the inputs read from context {context_id!r} would be {made} bytes for "
-                                         f"{rows} row(s); the limit is {max_bytes} (limits.max_message_bytes)")
+                                         f"{rows} row(s); the limit is {limits.max_message_bytes} "
+                                         "(limits.max_message_bytes)")
+    for name, row in values.items():
+        if rows * row.size > limits.max_tensor_elements:
+            raise MCPDError(codes.BAD_INPUT, f"input {name!r}: {rows} row(s) of shape {list(row.shape[1:])} from "
+                                             f"context {context_id!r} hold more than {limits.max_tensor_elements} "
+                                             "elements (limits.max_tensor_elements)")
 
 
 def _check_signature(signature: dict | None, values: dict[str, np.ndarray], rows: int) -> None:
