@@ -193,6 +193,22 @@ def test_a_generate_on_the_context_refuses_appends_but_not_reads(user):
     assert context(user).version == 1
 
 
+def test_a_context_infer_that_broke_two_workers_is_refused_when_sent_again_before_its_append(user):
+    rows = {"events": np.ones((1, FEATURES), np.float32)}
+    append = {"model": "window", "context": "u1", "context_append": {"window": ContextAppend("events", 4)}}
+    window_worker = 1 + list(SIGNATURES).index("window")
+    infer(user, 10, rows, **append)
+    for pid in (200, 201):   # its worker dies; it runs again alone on the restarted one, which dies too
+        user.on_inbox(messages.encode(messages.WorkerLost(window_worker, user.workers[b"w%d" % window_worker].pid)))
+        hello = messages.Hello(window_worker, pid, "cpu", "h", "", "window", "v1",
+                               {"inputs": SIGNATURES["window"], "outputs": {}})
+        user.on_worker([b"w%d" % window_worker, *messages.encode(hello)])
+        user.tick()
+    assert error_of(user, 10)["code"] == codes.WORKER_LOST and context(user).version == 2
+    infer(user, 11, rows, **append)   # the same request again: known, refused, nothing appended
+    assert error_of(user, 11)["code"] == codes.INTERNAL and context(user).version == 2
+
+
 def test_a_big_endian_field_takes_little_endian_rows_and_keeps_its_dtype(user):
     update(user, 3, "u1", 1, window=np.arange(2 * FEATURES, dtype=">f4").reshape(2, FEATURES))
     rows = np.full((1, FEATURES), 9, np.float32)

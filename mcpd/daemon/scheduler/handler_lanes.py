@@ -48,6 +48,7 @@ def resolve_context_inputs(scheduler, job: Job, args: InferArgs) -> InferArgs:
         return args
     resolved = context_inputs.resolve(scheduler.contexts.store, job.request.tenant, args, job.payload,
                                       scheduler.config.limits, scheduler.signatures.get(job.served))
+    job.as_sent = (job.request, job.payload)
     job.request = msgspec.structs.replace(job.request, args=resolved.args)
     job.payload, job.context_version = resolved.payload, resolved.context_version
     return resolved.args
