@@ -9,9 +9,9 @@ length-prefixed), so they pass as they are. Outputs come back as JSON `data`, or
 after the JSON header when asked (`binary_data` per output, `binary_data_output` for all).
 
 numpy-free, as the front-end is (tests/test_import_direction.py): JSON data is packed with
-struct. Checked here: types, and every byte count against the body that arrived, so no shape
-allocates more than the body; a shape's rank and dims and the model's signature are the
-daemon's checks, as for a ZeroMQ client.
+struct. Checked here: types, each input's header as the daemon checks a ZeroMQ client's, and
+every byte count against the body that arrived, so no shape allocates more than the body; the
+model's signature is the daemon's check.
 """
 from __future__ import annotations
 
@@ -20,9 +20,12 @@ from dataclasses import dataclass, field
 
 import msgspec
 
+from mcpd.handlers.tensor_header import TensorHeader, check_header, element_count
 from mcpd.http.errors import HttpError, bad_request
 from mcpd.http.openai_request import parse_json
 from mcpd.protocol import codes
+from mcpd.protocol.codes import MCPDError
+from mcpd.protocol.infer_args import MAX_NAME_CHARS
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 MAX_HEADER_LENGTH_DIGITS = 19
@@ -62,7 +65,7 @@ def infer_request(body: bytes, header_length: str | None, model: str, version: s
         raise bad_request("'inputs' must be a non-empty array", "inputs")
     headers, payload, at = [], [], 0
     for index, item in enumerate(inputs):
-        header, frame, at = _input(_typed(item, dict, f"inputs[{index}]"), index, binary, at, len(body))
+        header, frame, at = _input(_typed(item, dict, f"inputs[{index}]"), index, binary, at)
         headers.append(header)
         payload.append(frame)
     if at != len(binary):
@@ -129,14 +132,10 @@ def _split(body: bytes, header_length: str | None) -> tuple[bytes, memoryview]:
     return bytes(view[:length]), view[length:]
 
 
-def _input(item: dict, index: int, binary: memoryview, at: int, body_bytes: int) -> tuple[dict, bytes, int]:
+def _input(item: dict, index: int, binary: memoryview, at: int) -> tuple[dict, bytes, int]:
     """Input `index`'s header for the infer op, its frame, and where the next binary data starts."""
-    name = _typed(item.get("name"), str, f"inputs[{index}].name")
-    datatype = _typed(item.get("datatype"), str, f"inputs[{index}].datatype")
-    if datatype not in JSON_TYPES:
-        raise _bad_input(name, f"datatype {datatype[:20]!r}; use one of {', '.join(JSON_TYPES)}")
-    shape = _shape(item.get("shape"), name)
-    count = _element_count(shape, body_bytes)
+    header = _header(item, index)
+    name, datatype, count = header.name, header.datatype, element_count(header.shape)
     parameters = _typed(item.get("parameters", {}), dict, f"inputs[{index}].parameters")
     size = parameters.get("binary_data_size")
     data = item.get("data")
@@ -150,38 +149,38 @@ def _input(item: dict, index: int, binary: memoryview, at: int, body_bytes: int)
             raise _bad_input(name, f"binary_data_size {str(size)[:20]} runs past the body's "
                                    f"{len(binary)} bytes of binary data")
         frame = bytes(binary[at:at + size])
-        _check_raw_size(name, datatype, shape, count, size)
+        _check_raw_size(header, count, size)
         at += size
-    return {"name": name, "datatype": datatype, "shape": shape}, frame, at
+    return header.describe(), frame, at
 
 
-def _shape(value, name: str) -> list[int]:
-    if not isinstance(value, list) or not all(type(d) is int and d >= 0 for d in value):
-        raise _bad_input(name, "'shape' must be an array of integers >= 0")
-    return value
+def _header(item: dict, index: int) -> TensorHeader:
+    """The input's name, datatype and shape, checked as the daemon checks a ZeroMQ client's (so a
+    shape's element count is a small number of bits before anything is counted)."""
+    name = _typed(item.get("name"), str, f"inputs[{index}].name")
+    if name is None or not 0 < len(name) <= MAX_NAME_CHARS:
+        raise bad_request(f"'inputs[{index}].name' must be a string of 1..{MAX_NAME_CHARS} characters",
+                          f"inputs[{index}].name")
+    datatype = _typed(item.get("datatype"), str, f"inputs[{index}].datatype")
+    shape = item.get("shape")
+    header = TensorHeader(name, datatype, tuple(shape) if isinstance(shape, list) else ())
+    try:
+        check_header(header)
+    except MCPDError as e:
+        raise HttpError(400, e.message, e.code, "inputs") from None
+    return header
 
 
-def _element_count(shape: list[int], body_bytes: int) -> int:
-    """The shape's element count; past body_bytes it stops counting (no body holds that many,
-    and a hostile shape's product could be a number of millions of digits)."""
-    if 0 in shape:
-        return 0
-    count = 1
-    for dim in shape:
-        count *= dim
-        if count > body_bytes:
-            return body_bytes + 1
-    return count
-
-
-def _check_raw_size(name: str, datatype: str, shape: list[int], count: int, size: int) -> None:
-    if datatype == BYTES:
+def _check_raw_size(header: TensorHeader, count: int, size: int) -> None:
+    shape = list(header.shape)
+    if header.datatype == BYTES:
         if count * LENGTH.size > size:   # each element takes at least its length prefix
-            raise _bad_input(name, f"shape {shape} of BYTES cannot fit in {size} bytes")
+            raise _bad_input(header.name, f"shape {shape} of BYTES cannot fit in {size} bytes")
         return   # its elements' lengths are the worker's to read (handlers/tensors.py)
-    expected = count * struct.calcsize(FORMATS[datatype])
+    expected = count * struct.calcsize(FORMATS[header.datatype])
     if expected != size:
-        raise _bad_input(name, f"shape {shape} of {datatype} is {expected} bytes; binary_data_size is {size}")
+        raise _bad_input(header.name, f"shape {shape} of {header.datatype} is {expected} bytes; "
+                                      f"binary_data_size is {size}")
 
 
 def _flat(data: list) -> list:
