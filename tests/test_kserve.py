@@ -11,6 +11,7 @@ from tritonclient.http import InferenceServerClient, InferInput, InferRequestedO
 from tritonclient.utils import InferenceServerException
 
 from mcpd.testing import free_port
+from test_metrics import scrape, total
 
 pytestmark = pytest.mark.slow
 SCORER = "mcpd.handlers.examples.risk_scorer:RiskScorer"
@@ -166,3 +167,36 @@ def test_a_body_over_the_listeners_limit_is_413_in_oips_body(served):
     status, _, body = raw(served, "POST", "/v2/models/risk/infer", b"{" + b" " * (1 << 16) + b"}",
                           {"Content-Type": "application/json"})
     assert status == 413 and body["code"] == "TOO_LARGE" and "max_body_bytes" in body["error"]
+
+
+# -- API keys ------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def guarded(module_daemon):
+    daemon = module_daemon(**{"pool": {"shared": False}, "security": {"curve": "on"},   # http.auth: auto, so on
+                              "models.risk": {}, "models.risk.versions.v1": {"handler": SCORER},
+                              "http": {"listen": f"127.0.0.1:{free_port()}"},
+                              "metrics": {"listen": f"127.0.0.1:{free_port()}"}})
+    daemon.listen = daemon.control("config")["config"]["http"]["listen"]
+    return daemon
+
+
+def test_api_keys_guard_every_route_but_liveness_and_name_the_tenant(guarded):
+    client = InferenceServerClient(guarded.listen, network_timeout=60)
+    try:
+        assert client.is_server_live()
+        for path in ("/v2", "/v2/health/ready", "/v2/models/risk", "/v2/models/risk/ready"):
+            status, _, body = raw(guarded, "GET", path)
+            assert status == 401 and body["code"] == "UNAUTHORIZED", path
+        with pytest.raises(InferenceServerException) as caught:
+            client.infer("risk", [features_input(FEATURES, True)], headers={"Authorization": "Bearer wrong"})
+        assert caught.value.status() == "401"
+        auth = {"Authorization": f"Bearer {guarded.control('keys.api.add', {'name': 'carol'})['api_key']}"}
+        assert client.is_model_ready("risk", headers=auth)
+        answer = client.infer("risk", [features_input(FEATURES, True)], headers={**auth, "mcpd-tenant": "mallory"})
+        assert answer.as_numpy("score").shape == (4,)
+    finally:
+        client.close()
+    guarded.wait_until(lambda: total(scrape(guarded), "mcpd_requests_total", op="infer", tenant="carol",
+                                     code="OK") == 1, 30, "carol's infer counted")
+    assert total(scrape(guarded), "mcpd_requests_total", tenant="mallory") == 0   # a header cannot claim another
