@@ -161,8 +161,8 @@ def binary_body(inputs: list[dict], data: bytes) -> tuple[bytes, str]:
      "does not fit INT8"),
     (json_body([{"name": "x", "datatype": "INT64", "shape": [1], "data": [1 << 63]}]), None, codes.BAD_INPUT,
      "does not fit INT64"),
-    (json_body([{"name": "x", "datatype": "BYTES", "shape": [1], "data": ["\ud800"]}]), None, codes.BAD_INPUT,
-     "does not fit BYTES"),
+    (json_body([{"name": "x", "datatype": "BYTES", "shape": [1], "data": ["\ud800"]}]), None, codes.BAD_REQUEST,
+     "not valid JSON"),   # a lone surrogate: no UTF-8 string
     (json_body([{"name": "x", "datatype": "FP32", "shape": [1]}]), None, codes.BAD_INPUT, "either 'data'"),
     (json_body([{"name": "x", "datatype": "FP32", "shape": [1], "data": [1.0],
                  "parameters": {"binary_data_size": 4}}]), None, codes.BAD_INPUT, "not both"),

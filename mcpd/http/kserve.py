@@ -59,7 +59,7 @@ class InferRequest:
 def infer_request(body: bytes, header_length: str | None, model: str, version: str | None) -> InferRequest:
     """The infer op for an OIP body; HttpError (400) naming what is wrong."""
     head, binary = _split(body, header_length)
-    request = parse_json(head)
+    request = parse_json(head, msgspec.json.decode)   # tensor data: its floats parse ~8x faster than json's
     inputs = _typed(request.get("inputs"), list, "inputs")
     if not inputs:
         raise bad_request("'inputs' must be a non-empty array", "inputs")
@@ -143,7 +143,7 @@ def _input(item: dict, index: int, binary: memoryview, at: int) -> tuple[dict, b
         raise _bad_input(name, "give either 'data' or parameters.binary_data_size (with binary data after the "
                                f"{HEADER_LENGTH} bytes of JSON), not both or neither")
     if size is None:
-        frame = _packed(name, datatype, _flat(_typed(data, list, f"inputs[{index}].data")), count)
+        frame = _packed(name, datatype, _typed(data, list, f"inputs[{index}].data"), count)
     else:
         if type(size) is not int or not 0 <= size <= len(binary) - at:
             raise _bad_input(name, f"binary_data_size {str(size)[:20]} runs past the body's "
@@ -184,9 +184,7 @@ def _check_raw_size(header: TensorHeader, count: int, size: int) -> None:
 
 
 def _flat(data: list) -> list:
-    """OIP data in row-major order, flat or nested (any depth: no recursion)."""
-    if not any(type(x) is list for x in data):
-        return data
+    """Nested OIP data in row-major order, flat (any depth: no recursion)."""
     flat, stack = [], [iter(data)]
     while stack:
         for x in stack[-1]:
@@ -200,16 +198,20 @@ def _flat(data: list) -> list:
 
 
 def _packed(name: str, datatype: str, values: list, count: int) -> bytes:
-    """JSON `data` as the raw bytes of its datatype."""
+    """JSON `data`, flat or nested, as the raw bytes of its datatype."""
+    kinds = set(map(type, values))   # one pass in C, not a generator step per element
+    if list in kinds:
+        values = _flat(values)
+        kinds = set(map(type, values))
     if len(values) != count:
         raise _bad_input(name, f"'data' has {len(values)} elements; its shape has {count}")
-    if not set(map(type, values)) <= JSON_TYPES[datatype]:
+    if not kinds <= JSON_TYPES[datatype]:
         raise _bad_input(name, f"{datatype} data must be {DATA_KINDS.get(datatype, 'integers')}")
     try:
         if datatype == BYTES:
             return b"".join(LENGTH.pack(len(b)) + b for b in (v.encode() for v in values))
         return struct.pack(f"<{count}{FORMATS[datatype]}", *values)
-    except (struct.error, OverflowError, UnicodeEncodeError) as e:   # out of range, a lone surrogate
+    except (struct.error, OverflowError) as e:   # out of the datatype's range
         raise _bad_input(name, f"a value does not fit {datatype}: {str(e)[:100]}") from None
 
 
