@@ -86,6 +86,15 @@ def test_request_parameters_become_mcpd_args_and_outputs_say_how_they_come_back(
     assert not request.wants_binary("unnamed")   # binary_data_output is not set when outputs are named
 
 
+def test_null_parameters_and_id_are_absent_ones():
+    body = json_body([{"name": "x", "datatype": "INT32", "shape": [1], "data": [5], "parameters": None}],
+                     outputs=[{"name": "y", "parameters": None}], parameters=None, id=None)
+    request = kserve.infer_request(body, None, "m", None)
+    assert request.args == {"model": "m", "inputs": [{"name": "x", "datatype": "INT32", "shape": [1]}],
+                            "outputs": ["y"]}
+    assert request.id is None and not request.wants_binary("y")
+
+
 # -- responses -------------------------------------------------------------------------------------
 
 def daemon_reply(outputs: dict[str, np.ndarray], **extra) -> tuple[dict, list[bytes]]:
