@@ -9,7 +9,7 @@ so that `tritonclient.http` and KServe clients work unchanged.
     POST /v2/models/{name}[/versions/{v}]/infer     the `infer` op (kserve.py is the codec)
 
 Requests are admitted as the OpenAI routes' are (routes.py): the tenant from the API key (or
-`mcpd-tenant`), `mcpd-priority`, `mcpd-timeout-ms`. Metadata and readiness come from `status`:
+`mcpd-tenant`), `mcpd-priority`, `mcpd-timeout-ms`, `traceparent`. Metadata and readiness come from `status`:
 the tensors a version takes are its workers' signatures, so the front-end never imports a handler.
 Errors under /v2 have OIP's body (server.py asks `is_oip_path`).
 """
