@@ -3,7 +3,6 @@
 handlers/tensors.py's own encoding), the op's replies into responses that tritonclient reads back,
 and every hostile body refused with a 400 naming what is wrong, before anything is allocated."""
 import json
-import time
 
 import numpy as np
 import pytest
@@ -200,15 +199,13 @@ def test_a_hostile_body_is_a_400_naming_what_is_wrong(body, header_length, code,
 
 
 @pytest.mark.parametrize("shape", [[1 << 40], [(1 << 31) - 1] * 8, [1 << 30] * 100_000, [1 << 20, 0, 1 << 40]])
-def test_a_huge_shape_is_refused_at_once(shape):
-    """A 2^40 dim, 2^248 elements, and a rank whose element count would have millions of digits
-    cost no memory or time: the header's checks, then the byte count against the body."""
+def test_a_huge_shape_is_refused_before_anything_is_allocated(shape):
+    """A 2^40 dim, 2^248 elements, and a rank whose element count would have millions of digits:
+    the header's checks, then the byte count against the body (pytest's timeout bounds the rest)."""
     data = b"\0" * 4
-    started = time.perf_counter()
     for body, header_length in [binary_body([{"name": "x", "datatype": "FP32", "shape": shape,
                                              "parameters": {"binary_data_size": 4}}], data),
                                 (json_body([{"name": "x", "datatype": "FP32", "shape": shape, "data": [1.0]}]), None)]:
         error = refused(body, header_length)
-        assert error.code == codes.BAD_INPUT
-    assert time.perf_counter() - started < 1.0
+        assert error.code == codes.BAD_INPUT and error.message.startswith("input 'x'")
 
