@@ -4,6 +4,7 @@ risk model of two handler versions (RiskScorer, and RiskRules as v2), whose answ
 must be the ZeroMQ `infer`'s."""
 import http.client
 import json
+import socket
 
 import numpy as np
 import pytest
@@ -28,7 +29,12 @@ def served(module_daemon):
                               "models.risk.versions.v1.settings": {"seed": 3},
                               "models.risk.versions.v2": {"handler": RULES},
                               "models.risk.versions.v2.settings": {"seed": 3},
-                              "http": {"listen": f"127.0.0.1:{free_port()}", "max_body_bytes": 1 << 16}})
+                              # a request of fewer than 8 rows waits in its worker's batcher for 10 s
+                              "models.risk.versions.slow": {"handler": RULES},
+                              "models.risk.versions.slow.batching": {"max_batch_size": 8,
+                                                                     "max_queue_delay_ms": 10_000.0},
+                              "http": {"listen": f"127.0.0.1:{free_port()}", "max_body_bytes": 1 << 16},
+                              "metrics": {"listen": f"127.0.0.1:{free_port()}"}})
     daemon.listen = daemon.control("config")["config"]["http"]["listen"]
     return daemon
 
@@ -67,7 +73,7 @@ def test_the_server_is_live_ready_and_says_what_it_speaks(triton):
 
 def test_model_metadata_is_each_versions_handler_signature(triton):
     metadata = triton.get_model_metadata("risk")
-    assert (metadata["name"], metadata["platform"], metadata["versions"]) == ("risk", "mcpd", ["v1", "v2"])
+    assert (metadata["name"], metadata["platform"], metadata["versions"]) == ("risk", "mcpd", ["v1", "v2", "slow"])
     assert metadata["inputs"] == [{"name": "features", "datatype": "FP32", "shape": [-1, 256]}]
     assert metadata["outputs"] == [{"name": "score", "datatype": "FP32", "shape": [-1]}]
     assert triton.get_model_metadata("risk", "v2")["inputs"] == metadata["inputs"]
@@ -152,6 +158,24 @@ def test_a_bad_input_is_a_400_naming_it_and_the_model_goes_on(served, triton):
                           {"Inference-Header-Content-Length": str(len(head))})   # the codec's check
     assert status == 400 and body["code"] == "BAD_INPUT" and "'features'" in body["error"]
     assert triton.infer("risk", [features_input(FEATURES, True)]).as_numpy("score").shape == (4,)
+
+
+def test_a_client_that_disconnects_cancels_its_infer(served):
+    head = json.dumps({"inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 256],
+                                   "parameters": {"binary_data_size": 1024}}]}).encode()
+    host, port = served.listen.split(":")
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(b"POST /v2/models/risk/versions/slow/infer HTTP/1.1\r\nHost: x\r\n"
+                     b"Inference-Header-Content-Length: %d\r\nContent-Length: %d\r\n\r\n%s"
+                     % (len(head), len(head) + 1024, head + FEATURES[:1].tobytes()))
+        served.wait_until(lambda: slow_version(served)["running"] == 1, 60, "the infer waiting in its batcher")
+    served.wait_until(lambda: total(scrape(served), "mcpd_requests_total", op="infer", code="CANCELLED") == 1, 60,
+                      "the abandoned infer cancelled")
+    assert slow_version(served)["running"] == 0
+
+
+def slow_version(daemon) -> dict:
+    return daemon.status()["models"]["models"]["risk"]["versions"]["slow"]
 
 
 def test_admission_reads_the_same_headers_as_the_openai_routes(triton):
