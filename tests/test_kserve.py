@@ -29,6 +29,7 @@ def served(module_daemon):
                               "models.risk.versions.v1.settings": {"seed": 3},
                               "models.risk.versions.v2": {"handler": RULES},
                               "models.risk.versions.v2.settings": {"seed": 3},
+                              "models.risk.versions.v2.cache": {"max_bytes": 1 << 20},
                               # a request of fewer than 8 rows waits in its worker's batcher for 10 s
                               "models.risk.versions.slow": {"handler": RULES},
                               "models.risk.versions.slow.batching": {"max_batch_size": 8,
@@ -134,6 +135,16 @@ def test_a_routing_key_parameter_picks_the_version_the_zeromq_one_does(served, t
     finally:
         served.control("models.rollback", {"model": "risk"})
     assert over_http == native and set(native.values()) == {"v1", "v2"}
+
+
+def test_the_response_says_when_the_result_cache_answered_and_a_parameter_bypasses_it(triton):
+    x = np.random.default_rng(11).normal(size=(2, 256)).astype(np.float32)
+
+    def cached(**parameters) -> bool:
+        answer = triton.infer("risk", [features_input(x, True)], model_version="v2", parameters=parameters or None)
+        return answer.get_response()["parameters"]["cached"]
+
+    assert [cached(cache=False), cached(), cached(), cached(cache=False)] == [False, False, True, False]
 
 
 def test_a_language_model_has_no_tensors_and_refuses_infer(served, triton):
