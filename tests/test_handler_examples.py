@@ -12,7 +12,8 @@ from transformers import BertForSequenceClassification, BertModel
 from mcpd.handlers.examples.sentence_embedder import SentenceEmbedder
 from mcpd.handlers.examples.text_classifier import TextClassifier
 from mcpd.handlers.examples.wordpiece import PAD_ID, build_tokenizer, token_ids, vocabulary
-from mcpd.handlers.int8 import agreement, quantize_linear_int8
+from mcpd.handlers.handler import Handler
+from mcpd.handlers.int8 import agreement, quantize_handler, quantize_linear_int8
 from mcpd.handlers.tensors import datatype_of
 
 SETTINGS = {"layers": 2, "hidden": 64, "heads": 4, "max_tokens": 48, "seed": 3}
@@ -161,6 +162,19 @@ def test_int8_quantizes_every_linear_and_leaves_the_float_model_be(classifier):
     assert sum(isinstance(m, torch.nn.Linear) for m in classifier.model.modules()) == float_linears
     with pytest.raises(ValueError, match="runs on the CPU"):
         quantize_linear_int8(torch.nn.Linear(4, 4, device="meta"))
+
+
+def test_an_int8_handler_predicts_with_its_quantized_model():
+    handler = TextClassifier()
+    handler.setup("cpu", {**SETTINGS, "labels": 4})
+    sample = handler.preprocess({"text": texts(4)})
+    float_logits = handler.predict(sample)["logits"]
+    quantize_handler(handler)
+    assert any(isinstance(m, DynamicInt8Linear) for m in handler.model.modules())
+    int8_logits = handler.predict(sample)["logits"]
+    assert not np.array_equal(int8_logits, float_logits) and np.allclose(int8_logits, float_logits, atol=0.5)
+    with pytest.raises(ValueError, match="kept none in self.model"):
+        quantize_handler(Handler())   # a handler without a torch model (a numpy rule table, say)
 
 
 # Random weights leave many texts' top two logits within int8's noise of each other (a trained

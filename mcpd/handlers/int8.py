@@ -23,6 +23,15 @@ def quantize_linear_int8(module: nn.Module) -> nn.Module:
         return torch.ao.quantization.quantize_dynamic(module, {nn.Linear}, dtype=torch.qint8)
 
 
+def quantize_handler(handler) -> None:
+    """quantization = "int8" on a handler version: its `model` (set by setup) quantized in place
+    of the float one, which predict then runs."""
+    if not isinstance(handler.model, nn.Module):
+        raise ValueError("quantization = \"int8\" quantizes the handler's torch model, and its setup "
+                         "kept none in self.model")
+    handler.model = quantize_linear_int8(handler.model)
+
+
 def top1_agreement(reference: np.ndarray, candidate: np.ndarray) -> float:
     """A classifier's: the share of rows whose highest logit is the same label."""
     return float(np.mean(reference.argmax(-1) == candidate.argmax(-1)))
