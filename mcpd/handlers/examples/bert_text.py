@@ -33,6 +33,7 @@ class BertTextHandler(Handler):
                             num_hidden_layers=values["layers"], num_attention_heads=values["heads"],
                             intermediate_size=4 * values["hidden"], max_position_embeddings=values["max_tokens"],
                             pad_token_id=PAD_ID, initializer_range=INIT_RANGE, **self.config_extras(values))
+        self.outputs = self.outputs_for(values)
         with torch.random.fork_rng(devices=[]):   # the seed decides the weights, and leaves the caller's RNG be
             torch.manual_seed(values["seed"])
             self.model = self.build_model(config).eval().to(self.device)
@@ -41,7 +42,12 @@ class BertTextHandler(Handler):
         raise NotImplementedError
 
     def config_extras(self, values: dict) -> dict:
+        """BertConfig's keys that a subclass's settings decide."""
         return {}
+
+    def outputs_for(self, values: dict) -> dict[str, TensorSpec]:
+        """The outputs with the dims the settings decide."""
+        raise NotImplementedError
 
     def preprocess(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return {"input_ids": token_ids(self.tokenizer, inputs["text"])}

@@ -15,9 +15,8 @@ from mcpd.handlers.tensors import TensorSpec
 class SentenceEmbedder(BertTextHandler):
     outputs = {"embedding": TensorSpec("FP32", (-1, -1))}
 
-    def config_extras(self, values: dict) -> dict:
-        self.outputs = {"embedding": TensorSpec("FP32", (-1, values["hidden"]))}
-        return {}
+    def outputs_for(self, values: dict) -> dict[str, TensorSpec]:
+        return {"embedding": TensorSpec("FP32", (-1, values["hidden"]))}
 
     def build_model(self, config: BertConfig) -> torch.nn.Module:
         return BertModel(config, add_pooling_layer=False)

@@ -16,8 +16,10 @@ class TextClassifier(BertTextHandler):
     extra_settings = {"labels": (2, 2, 4096)}
 
     def config_extras(self, values: dict) -> dict:
-        self.outputs = {"logits": TensorSpec("FP32", (-1, values["labels"])), "label": TensorSpec("INT64", (-1,))}
         return {"num_labels": values["labels"]}
+
+    def outputs_for(self, values: dict) -> dict[str, TensorSpec]:
+        return {"logits": TensorSpec("FP32", (-1, values["labels"])), "label": TensorSpec("INT64", (-1,))}
 
     def build_model(self, config: BertConfig) -> torch.nn.Module:
         return BertForSequenceClassification(config)
