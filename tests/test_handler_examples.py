@@ -2,6 +2,7 @@
 against transformers' own forward, the embedder's pooling, a batch's rows against the same rows
 alone (padding must change nothing), and int8 (mcpd/handlers/int8.py) with its agreement."""
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -9,6 +10,8 @@ import torch
 from torch.ao.nn.quantized.dynamic import Linear as DynamicInt8Linear
 from transformers import BertForSequenceClassification, BertModel
 
+from mcpd.config import load
+from mcpd.handlers.batch_tensors import assemble
 from mcpd.handlers.examples.sentence_embedder import SentenceEmbedder
 from mcpd.handlers.examples.text_classifier import TextClassifier
 from mcpd.handlers.examples.wordpiece import PAD_ID, build_tokenizer, token_ids, vocabulary
@@ -16,6 +19,7 @@ from mcpd.handlers.handler import Handler
 from mcpd.handlers.int8 import agreement, quantize_handler, quantize_linear_int8
 from mcpd.handlers.tensors import datatype_of
 
+EXAMPLES = Path(__file__).resolve().parent.parent / "etc" / "examples" / "handlers.toml"
 SETTINGS = {"layers": 2, "hidden": 64, "heads": 4, "max_tokens": 48, "seed": 3}
 
 
@@ -28,13 +32,9 @@ def texts(count: int, seed: int = 0) -> np.ndarray:
     return array
 
 
-def batch_of(requests: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """Preprocessed requests as predict gets them: rows concatenated, the token dim zero-padded
-    to the longest, its lengths beside it."""
-    longest = max(r["input_ids"].shape[1] for r in requests)
-    ids = np.concatenate([np.pad(r["input_ids"], ((0, 0), (0, longest - r["input_ids"].shape[1]))) for r in requests])
-    lengths = np.concatenate([np.full(len(r["input_ids"]), r["input_ids"].shape[1], np.int64) for r in requests])
-    return {"input_ids": ids, "input_ids.lengths": lengths}
+def batch_of(handler, requests: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Preprocessed requests as a worker hands them to predict (padded, with their lengths)."""
+    return assemble(requests, handler.inputs)[0]
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +49,14 @@ def embedder():
     handler = SentenceEmbedder()
     handler.setup("cpu", SETTINGS)
     return handler
+
+
+def test_the_shipped_examples_file_is_a_config_mcpd_takes():
+    config = load(EXAMPLES)
+    risk, classify = config.models["risk"], config.models["classify"]
+    assert risk.fast == "rules" and risk.versions["rules"].handler.endswith(":RiskRules")
+    assert classify.versions["v1-int8"].quantization == "int8" and classify.versions["v1"].quantization == "none"
+    assert {v.kind for m in config.models.values() for v in m.versions.values()} == {"handler"}
 
 
 def test_the_vocabulary_and_ids_are_the_same_on_every_build():
@@ -97,7 +105,8 @@ def test_the_classifier_equals_transformers_forward_on_the_same_weights(classifi
     reference.load_state_dict(classifier.model.state_dict())
     tokenizer = build_tokenizer(SETTINGS["max_tokens"])
     sample = texts(12, seed=1)
-    got = classifier.predict(batch_of([classifier.preprocess({"text": sample[i:i + 1]}) for i in range(12)]))
+    requests = [classifier.preprocess({"text": sample[i:i + 1]}) for i in range(12)]
+    got = classifier.predict(batch_of(classifier, requests))
     with torch.inference_mode():
         want = torch.cat([reference(torch.tensor([tokenizer.encode(t.decode()).ids])).logits for t in sample])
     np.testing.assert_allclose(got["logits"], want.numpy(), rtol=1e-4, atol=1e-5)
@@ -112,7 +121,7 @@ def test_batched_rows_equal_each_row_alone(request, fixture, output):
     sample = texts(9, seed=2)
     requests = [handler.preprocess({"text": sample[i:j]}) for i, j in ((0, 1), (1, 5), (5, 6), (6, 9))]
     assert len({r["input_ids"].shape[1] for r in requests}) > 1
-    batched = handler.predict(batch_of(requests))[output]
+    batched = handler.predict(batch_of(handler, requests))[output]
     alone = np.concatenate([handler.predict(handler.preprocess({"text": sample[i:i + 1]}))[output] for i in range(9)])
     np.testing.assert_allclose(batched, alone, rtol=1e-4, atol=1e-5)
 
@@ -121,7 +130,8 @@ def test_the_embedding_is_the_normalised_mean_of_the_real_tokens(embedder):
     reference = BertModel(embedder.model.config, add_pooling_layer=False).eval()
     reference.load_state_dict(embedder.model.state_dict())
     sample = texts(6, seed=3)
-    got = embedder.predict(batch_of([embedder.preprocess({"text": sample[i:i + 1]}) for i in range(6)]))["embedding"]
+    requests = [embedder.preprocess({"text": sample[i:i + 1]}) for i in range(6)]
+    got = embedder.predict(batch_of(embedder, requests))["embedding"]
     tokenizer = build_tokenizer(SETTINGS["max_tokens"])
     with torch.inference_mode():
         means = torch.cat([reference(torch.tensor([tokenizer.encode(t.decode()).ids])).last_hidden_state.mean(1)
