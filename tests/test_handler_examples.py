@@ -12,6 +12,7 @@ from transformers import BertForSequenceClassification, BertModel
 
 from mcpd.config import load
 from mcpd.handlers.batch_tensors import assemble
+from mcpd.handlers.examples.bert_text import CHUNK_ROWS
 from mcpd.handlers.examples.sentence_embedder import SentenceEmbedder
 from mcpd.handlers.examples.text_classifier import TextClassifier
 from mcpd.handlers.examples.wordpiece import PAD_ID, build_tokenizer, token_ids, vocabulary
@@ -124,6 +125,18 @@ def test_batched_rows_equal_each_row_alone(request, fixture, output):
     batched = handler.predict(batch_of(handler, requests))[output]
     alone = np.concatenate([handler.predict(handler.preprocess({"text": sample[i:i + 1]}))[output] for i in range(9)])
     np.testing.assert_allclose(batched, alone, rtol=1e-4, atol=1e-5)
+
+
+def test_a_request_of_many_rows_runs_in_chunks_and_none_is_answered_empty(classifier):
+    """A request of more rows than max_batch_size runs alone: predict takes it CHUNK_ROWS at a
+    time (bounded activations), each row still as it is alone."""
+    sample = texts(2 * CHUNK_ROWS + 5, seed=7)
+    whole = classifier.predict(classifier.preprocess({"text": sample}))["logits"]
+    alone = [classifier.predict(classifier.preprocess({"text": sample[i:i + 1]}))["logits"] for i in range(len(sample))]
+    np.testing.assert_allclose(whole, np.concatenate(alone), rtol=1e-4, atol=1e-5)
+    empty = classifier.predict(classifier.preprocess({"text": np.empty(0, object)}))
+    assert {name: (a.dtype, a.shape) for name, a in empty.items()} == {
+        "logits": (np.float32, (0, 4)), "label": (np.int64, (0,))}
 
 
 def test_the_embedding_is_the_normalised_mean_of_the_real_tokens(embedder):

@@ -9,7 +9,7 @@ from transformers import BertConfig
 
 from mcpd.handlers.examples.wordpiece import PAD_ID, build_tokenizer, token_ids, vocabulary
 from mcpd.handlers.handler import Handler
-from mcpd.handlers.tensors import TensorSpec
+from mcpd.handlers.tensors import DTYPES, TensorSpec
 
 # settings key -> (default, lowest, highest): an operator's typo must refuse the start, not
 # build a model that fills the machine
@@ -18,6 +18,9 @@ SETTINGS = {"layers": (2, 1, 24), "hidden": (128, 8, 4096), "heads": (4, 1, 64),
 # BERT's own 0.02 gives every text nearly the same output (a classifier then labels all texts
 # alike); 0.1 spreads random-weight outputs over the labels as a trained model's are spread
 INIT_RANGE = 0.1
+# Rows per forward: a request of more rows than max_batch_size runs alone, and its activations
+# (rows x tokens x hidden, attention rows x heads x tokens^2) must not grow with it
+CHUNK_ROWS = 64
 
 
 class BertTextHandler(Handler):
@@ -52,13 +55,25 @@ class BertTextHandler(Handler):
     def preprocess(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return {"input_ids": token_ids(self.tokenizer, inputs["text"])}
 
-    def token_batch(self, batch: dict[str, np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
-        """The batch's ids and their attention mask. The mask marks the ids that are not PAD_ID,
-        rather than reading "input_ids.lengths": a request of several rows arrives padded to its
-        own longest by preprocess, so the batcher's length of such a row is not its own; no text
-        tokenizes to PAD_ID."""
-        ids = torch.from_numpy(np.ascontiguousarray(batch["input_ids"], np.int64)).to(self.device)
-        return ids, (ids != PAD_ID).long()
+    @torch.inference_mode()   # predict runs on the worker's predict thread: grad mode is per thread
+    def predict(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """forward over CHUNK_ROWS rows at a time, each chunk cut to its longest row. The mask
+        marks the ids that are not PAD_ID, rather than reading "input_ids.lengths": a request
+        of several rows arrives padded to its own longest by preprocess, so the batcher's length
+        of such a row is its request's; no text tokenizes to PAD_ID."""
+        ids = torch.from_numpy(np.ascontiguousarray(batch["input_ids"], np.int64))
+        if not len(ids):
+            return {name: np.zeros((0, *spec.shape[1:]), DTYPES[spec.datatype]) for name, spec in self.outputs.items()}
+        parts = []
+        for chunk in ids.split(CHUNK_ROWS):
+            mask = chunk != PAD_ID
+            longest = int(mask.sum(1).max())
+            parts.append(self.forward(chunk[:, :longest].to(self.device), mask[:, :longest].long().to(self.device)))
+        return {name: torch.cat([part[name] for part in parts]).cpu().numpy() for name in parts[0]}
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The outputs of a chunk of rows: token ids and their attention mask."""
+        raise NotImplementedError
 
 
 def checked_settings(settings: dict, allowed: dict[str, tuple[int, int, int]]) -> dict[str, int]:

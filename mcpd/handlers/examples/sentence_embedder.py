@@ -3,7 +3,6 @@ from a seed), its last hidden states averaged over each row's real tokens (paddi
 and L2-normalised. "text" (one UTF-8 string a row) in; "embedding" FP32 [rows, hidden] out."""
 from __future__ import annotations
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from transformers import BertConfig, BertModel
@@ -21,11 +20,9 @@ class SentenceEmbedder(BertTextHandler):
     def build_model(self, config: BertConfig) -> torch.nn.Module:
         return BertModel(config, add_pooling_layer=False)
 
-    @torch.inference_mode()
-    def predict(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        ids, mask = self.token_batch(batch)
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
         hidden = self.model(input_ids=ids, attention_mask=mask).last_hidden_state.float()
-        return {"embedding": mean_pool(hidden, mask).cpu().numpy()}
+        return {"embedding": mean_pool(hidden, mask)}
 
 
 def mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -3,7 +3,6 @@ BertForSequenceClassification, random weights from a seed) over the examples' Wo
 "text" (one UTF-8 string a row) in; each row's "logits" and its "label" (the argmax) out."""
 from __future__ import annotations
 
-import numpy as np
 import torch
 from transformers import BertConfig, BertForSequenceClassification
 
@@ -24,8 +23,6 @@ class TextClassifier(BertTextHandler):
     def build_model(self, config: BertConfig) -> torch.nn.Module:
         return BertForSequenceClassification(config)
 
-    @torch.inference_mode()
-    def predict(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        ids, mask = self.token_batch(batch)
-        logits = self.model(input_ids=ids, attention_mask=mask).logits.float().cpu()
-        return {"logits": logits.numpy(), "label": logits.argmax(-1).numpy().astype(np.int64)}
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
+        logits = self.model(input_ids=ids, attention_mask=mask).logits.float()
+        return {"logits": logits, "label": logits.argmax(-1)}
