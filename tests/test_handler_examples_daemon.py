@@ -1,6 +1,6 @@
 """The shipped handler examples through the real daemon, served from etc/examples/handlers.toml
 itself: the classifier and the embedder over the ZeroMQ `infer` op answer as the same handler
-run in-process, batched with texts of other lengths; the int8 version answers and agrees with
+run in-process, whatever texts of other lengths they are batched with; the int8 version answers and agrees with
 the float model; the risk model's fast version (its rule table) answers `prefer_speed`
 requests while their class is slow, the reply naming it."""
 import time
@@ -16,7 +16,6 @@ from mcpd.handlers.examples.risk_scorer import RiskRules, RiskScorer
 from mcpd.handlers.examples.sentence_embedder import SentenceEmbedder
 from mcpd.handlers.examples.text_classifier import TextClassifier
 from mcpd.handlers.int8 import agreement
-from mcpd.testing import Daemon
 from test_handler_examples import MIN_TOP1_INT8, texts
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "etc" / "examples" / "handlers.toml"
@@ -37,14 +36,11 @@ def sections(table: dict, prefix: str = "") -> dict[str, dict]:
 
 
 @pytest.fixture(scope="module")
-def daemon():
-    d = Daemon(**sections(SHIPPED), **CLASSES)
-    d.start()
+def daemon(module_daemon):
+    d = module_daemon(**sections(SHIPPED), **CLASSES)
     d.wait_until(lambda: all(v.get("signature") for v in versions(d)), timeout=120,
                  what="every version's worker up (its Hello carries its signature)")
-    yield d
-    d.stop()
-    d.cleanup()
+    return d
 
 
 def versions(daemon) -> list[dict]:
@@ -75,8 +71,8 @@ def test_status_shows_the_examples_signatures(daemon):
 @pytest.mark.parametrize("model, handler_class, outputs", [
     ("classify", TextClassifier, ("logits", "label")), ("embed", SentenceEmbedder, ("embedding",))])
 def test_concurrent_texts_answer_as_the_handler_in_process(daemon, model, handler_class, outputs):
-    """Requests of 1..40 words (one of several rows) at once: batched together with padding,
-    each gets what the handler gives its texts alone."""
+    """Requests of 1..40 words (one of several rows) at once: whichever the worker batches
+    together, padded to the longest, each gets what the handler gives its texts alone."""
     sample = texts(24, seed=5)
     requests = [sample[i:i + 1] for i in range(20)] + [sample[20:24]]
     with ThreadPoolExecutor(8) as pool:
