@@ -50,6 +50,7 @@ class DaemonCollector:
         yield from _requests(frontend.metrics, scheduler)
         yield _queue_limits(self.supervisor.config.scheduler.classes)
         yield from _workers(workers)
+        yield from _result_caches(workers)
         yield from _contexts(scheduler)
         yield from _cluster(scheduler)
         yield from _models(scheduler)
@@ -106,7 +107,9 @@ def _workers(workers):
     counters = {key: CounterMetricFamily(name, text, labels=labels) for key, name, text in (
         ("tokens_prefilled", "mcpd_prompt_tokens", "Prompt tokens computed (prefix-cache hits excluded)"),
         ("tokens_generated", "mcpd_generation_tokens", "Tokens generated"),
-        ("preemptions", "mcpd_preemptions", "Sequences preempted for KV space"))}
+        ("preemptions", "mcpd_preemptions", "Sequences preempted for KV space"),
+        ("batches", "mcpd_handler_batches", "Predicts a handler model's worker ran"),
+        ("rows", "mcpd_handler_rows", "Rows those predicts ran"))}
     gauges = {key: GaugeMetricFamily(name, text, labels=labels) for key, name, text in (
         ("in_use_bytes", "mcpd_pool_in_use_bytes", "Device pool bytes handed out (the KV region included)"),
         ("total_bytes", "mcpd_pool_bytes", "Device pool size"),
@@ -116,7 +119,8 @@ def _workers(workers):
         ("kv_blocks_total", "mcpd_kv_blocks", "KV blocks the worker has room for"),
         ("kv_blocks_used", "mcpd_kv_blocks_used", "KV blocks held by sequences"),
         ("running", "mcpd_engine_running_sequences", "Sequences in the engine's running batch"),
-        ("waiting", "mcpd_engine_waiting_sequences", "Sequences admitted to the engine, not yet running"))}
+        ("waiting", "mcpd_engine_waiting_sequences", "Sequences admitted to the engine, not yet running"),
+        ("padding_ratio", "mcpd_handler_padding_ratio", "Padding's share of a handler's padded input elements"))}
     batch = []
     for worker in workers:
         stats = worker.stats
@@ -132,6 +136,27 @@ def _workers(workers):
     yield from counters.values()
     yield from gauges.values()
     yield _histograms("mcpd_batch_size", "Sequences per engine step", labels, batch)
+
+
+def _result_caches(workers):
+    """Each handler worker's result cache, labelled with the model version it serves."""
+    labels = ["model", "version", "worker"]
+    families = {key: kind(f"mcpd_result_cache_{name}", text, labels=labels) for key, name, kind, text in (
+        ("hits", "hits", CounterMetricFamily, "Handler requests answered from the result cache"),
+        ("misses", "misses", CounterMetricFamily, "Handler requests the result cache did not hold"),
+        ("evictions", "evictions", CounterMetricFamily, "Results evicted for a more often asked-for one"),
+        ("refused", "refused", CounterMetricFamily, "Results not cached: asked for less often than their victims"),
+        ("entries", "entries", GaugeMetricFamily, "Results held"),
+        ("bytes", "bytes", GaugeMetricFamily, "Bytes the held results and their keys cost"),
+        ("hit_rate", "hit_ratio", GaugeMetricFamily, "Hits over lookups since the worker started"))}
+    for worker in workers:
+        stats = worker.stats
+        if stats is None or stats.result_cache is None:
+            continue
+        key = [stats.served_model or "", stats.version or "", str(worker.spec.index)]
+        for name, family in families.items():
+            family.add_metric(key, stats.result_cache[name])
+    yield from families.values()
 
 
 def _http(listener: dict):
