@@ -72,8 +72,6 @@ class Running:
 
 
 class HandlerCore:
-    tracing = None   # the worker loop's span exporter (WorkerCore's): a handler's requests export none
-
     def __init__(self, config: Config, index: int, handler: Handler, device: str, log: logging.Logger,
                  ports: Ports, clock=time.monotonic, serves: tuple[str, str] = ("", "")):
         self.config, self.index, self.handler, self.device, self.log, self.ports, self.clock = \
