@@ -16,6 +16,7 @@ from pathlib import Path
 
 SUFFIX = ".gguf"
 HEADER_BYTES = 24   # magic, version, tensor count, metadata count
+KEPT_QUANTIZED = "kept_quantized"   # Architecture.hf's key: parameter name -> "int8" or "int4", the forms kept
 _opened: dict[tuple, object] = {}   # one reader per file: a worker reads it for the skeleton, weights and tokenizer
 
 

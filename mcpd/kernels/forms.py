@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import torch
 
 from mcpd.quant import int8
+from mcpd.quant.int4 import Int4Weight
+from mcpd.quant.int4_layout import MINS_SUFFIX, SCALES_SUFFIX
 from mcpd.quant.int8 import Int8Weight
 
 Form = object   # a torch.Tensor, or a dataclass whose tensor fields hold the data (kernels.Packed)
@@ -50,18 +52,20 @@ class KernelForms:
         holds one prepared copy at most. meta: the forms' shapes and dtypes only, computed on
         the meta device (a layout, known before any weight is read). An int8 matrix is prepared
         with its scales (int8.py: the parameter "<name>_scale" beside it), which also stay
-        a form of their own."""
+        a form of their own; a 4-bit one with its scales and mins (int4.py), which are held by
+        its form only (their own are empty: they would be the matrix's size again in 4-bit)."""
         params = dict(self.named_parameters())
 
         def held(param: torch.Tensor) -> torch.Tensor:   # not empty_like: loader.on_device says why
             return torch.empty(param.shape, dtype=param.dtype, device="meta") if meta else param
 
         for name, param in params.items():
-            if not self.prepared(name, param):
+            if name.endswith((SCALES_SUFFIX, MINS_SUFFIX)):
+                yield name, held(param).new_empty(0)
+            elif not self.prepared(name, param):
                 yield name, held(param)
-                continue
-            scales = params.get(name + int8.SCALE_SUFFIX)
-            yield name, self.kernels.prepare(held(param) if scales is None else Int8Weight(held(param), held(scales)))
+            else:
+                yield name, self.kernels.prepare(_matrix(params, name, held))
 
     def use_forms(self, forms: dict[str, Form]) -> None:
         """Run on forms (kernel_forms' names and shapes, held anywhere): a parameter read in
@@ -75,6 +79,17 @@ class KernelForms:
                     param.data = form
             elif not any(tensor is param for tensor in tensors_of(form).values()):
                 param.data = param.data.new_empty(0)   # read in another form only (an Int8Weight keeps it)
+
+
+def _matrix(params: dict[str, torch.Tensor], name: str, held) -> torch.Tensor | Int8Weight | Int4Weight:
+    """Matrix parameter `name` as prepare() takes it, each tensor through held: the tensor, or
+    with its int8 scales, or with its 4-bit scales and mins (aliases: their parameters are emptied)."""
+    param = held(params[name])
+    if name + int8.SCALE_SUFFIX in params:
+        return Int8Weight(param, held(params[name + int8.SCALE_SUFFIX]))
+    if name + SCALES_SUFFIX in params:
+        return Int4Weight(param, held(params[name + SCALES_SUFFIX]).detach(), held(params[name + MINS_SUFFIX]).detach())
+    return param
 
 
 Place = tuple[int, tuple[int, ...], torch.dtype]   # a tensor's byte offset in a buffer, shape, dtype
