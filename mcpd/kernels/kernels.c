@@ -267,12 +267,13 @@ INLINE void tile_bf16(const bf16_x *x, int64_t rows, int64_t k, const bf16 *cons
 #endif
 }
 
-/* A weight matrix as the products read it (NativeKernels' Packed): panels of the model dtype when
-   scales is NULL; weight-only int8 when mins is NULL (scales float32, `group` columns each);
-   4-bit otherwise (scales and mins float16, one each per Q4_BLOCK columns). */
+/* A weight matrix as the products read it (NativeKernels' Packed), of one of these kinds: panels
+   of the model dtype; weight-only int8 (float32 scales, one per `group` columns); 4-bit (float16
+   scales d, and for Q4_1 mins m, one per Q4_BLOCK columns). */
+enum { PLAIN = 0, INT8 = 1, Q4_0 = 2, Q4_1 = 3 };
 typedef struct {
-    const void *panels, *scales, *mins;
-    int64_t group;
+    const void *panels, *scales, *mins;   /* scales and mins NULL where the kind has none */
+    int64_t kind, group;
 } mcpd_matrix;
 
 /* Weight-only int8 (mcpd/quant/int8.py): panels [n/16][k][16] of int8, and float32 scales
@@ -379,8 +380,8 @@ INLINE void tile_int8(int dtype, const void *x, int64_t rows, int64_t k, int64_t
 
 /* 4-bit weights (GGUF's Q4_0 and Q4_1: mcpd/quant/int4.py): panels [n/16][k/32][16][16] of
    bytes, byte [p][b][i][r] holding row 16p + r's columns 32b + i (low nibble) and 32b + 16 + i
-   (high), the order a GGUF block keeps them in; float16 scales d and mins m [n/16][k/32][16]:
-   w = d * q + m (Q4_0's m is -8 d). Half a byte a weight and 4 bytes a block: the file's own size. */
+   (high), the order a GGUF block keeps them in; float16 scales d and (Q4_1) mins m
+   [n/16][k/32][16]: w = d * q + m, Q4_0's m being -8 d. The file's own bytes a block. */
 #define Q4_BLOCK 32
 #define Q4_HALF (Q4_BLOCK / 2)
 
@@ -420,7 +421,7 @@ static inline void load_nibbles(const uint8_t *p, f32v *lo, f32v *hi) {
    once by d, plus m times the block's sum of x: a multiply-add a block rather than converting
    every weight, as row_int8 scales its groups' sums. The same product as tile_int4's, rounded
    at other places. */
-INLINE void row_int4(int dtype, const void *x, int64_t k, const uint8_t *const p[TILE_PANELS],
+INLINE void row_int4(int dtype, int has_min, const void *x, int64_t k, const uint8_t *const p[TILE_PANELS],
                      const uint16_t *const d[TILE_PANELS], const uint16_t *const m[TILE_PANELS], tile_sums a) {
     const uint8_t *next = p[0] + TILE_PANELS * k / 2 * PANEL;
     for (int j = 0; j < TILE_PANELS; j++)
@@ -440,19 +441,22 @@ INLINE void row_int4(int dtype, const void *x, int64_t k, const uint8_t *const p
                 }
         }
         for (int j = 0; j < TILE_PANELS; j++)
-            for (int h = 0; h < VPP; h++)
-                a[j][0][h] += (lo_sum[j][h] + hi_sum[j][h]) * load_f16(d[j] + b * PANEL + h * LANES)
-                              + x_sum * load_f16(m[j] + b * PANEL + h * LANES);
+            for (int h = 0; h < VPP; h++) {
+                f32v scale = load_f16(d[j] + b * PANEL + h * LANES);
+                f32v min = has_min ? load_f16(m[j] + b * PANEL + h * LANES) : scale * -8.0f;
+                a[j][0][h] += (lo_sum[j][h] + hi_sum[j][h]) * scale + x_sum * min;
+            }
     }
 }
 
 /* Several rows: each block's weights dequantized in registers (d * q + m, the weights
    int4.dequantize gives, bit for bit: d * q is exact) and multiply-added like float32 ones,
    the conversion shared by the tile's rows. */
-INLINE void tile_int4(int dtype, const void *x, int64_t rows, int64_t k, const uint8_t *const p[TILE_PANELS],
-                      const uint16_t *const d[TILE_PANELS], const uint16_t *const m[TILE_PANELS], tile_sums a) {
+INLINE void tile_int4(int dtype, int has_min, const void *x, int64_t rows, int64_t k,
+                      const uint8_t *const p[TILE_PANELS], const uint16_t *const d[TILE_PANELS],
+                      const uint16_t *const m[TILE_PANELS], tile_sums a) {
     if (rows == 1) {
-        row_int4(dtype, x, k, p, d, m, a);
+        row_int4(dtype, has_min, x, k, p, d, m, a);
         return;
     }
     zero_tile(a);
@@ -461,7 +465,7 @@ INLINE void tile_int4(int dtype, const void *x, int64_t rows, int64_t k, const u
         for (int j = 0; j < TILE_PANELS; j++)
             for (int h = 0; h < VPP; h++) {
                 scale[j][h] = load_f16(d[j] + b * PANEL + h * LANES);
-                min[j][h] = load_f16(m[j] + b * PANEL + h * LANES);
+                min[j][h] = has_min ? load_f16(m[j] + b * PANEL + h * LANES) : scale[j][h] * -8.0f;
             }
         for (int i = 0; i < Q4_HALF; i++) {
             f32v lo[TILE_PANELS][VPP], hi[TILE_PANELS][VPP];
@@ -507,14 +511,15 @@ static void store_tile(int dtype, int y_f32, void *y, int64_t n, int64_t row0, i
 /* The tile with rows known at compile time for the usual counts, so that its sums stay in
    registers; on AVX2 every count (a small batch, a batch's last rows: 8 are 6 + 2), which made
    int8 products of 2 to 8 rows 15-40% faster there. On AVX-512 the same made the 8-row tile up
-   to twice as slow. p, c, mn: each panel's weights, scales and mins (mcpd_matrix says which
-   kind the weights are by which of them there are). */
-static void tile(int dtype, const void *x, int64_t rows, int64_t k, int64_t group, const void *const p[TILE_PANELS],
-                 const void *const c[TILE_PANELS], const void *const mn[TILE_PANELS], tile_sums a) {
-#define QUANTIZED(D, R) (mn[0] ? tile_int4(D, x, R, k, (const uint8_t *const *)p, (const uint16_t *const *)c,   \
-                                           (const uint16_t *const *)mn, a)                                       \
-                               : tile_int8(D, x, R, k, group, (const int8_t *const *)p, (const float *const *)c, a))
-#define TILE(R) (c[0] ? (dtype == F32 ? QUANTIZED(F32, R) : QUANTIZED(BF16, R))                                \
+   to twice as slow. p, c, mn: each panel's weights, scales and mins (w's kind says which there are). */
+static void tile(int dtype, const void *x, int64_t rows, int64_t k, const mcpd_matrix *w,
+                 const void *const p[TILE_PANELS], const void *const c[TILE_PANELS], const void *const mn[TILE_PANELS],
+                 tile_sums a) {
+#define INT4(D, M, R) tile_int4(D, M, x, R, k, (const uint8_t *const *)p, (const uint16_t *const *)c,              \
+                                (const uint16_t *const *)mn, a)
+#define QUANTIZED(D, R) (w->kind == Q4_1 ? INT4(D, 1, R) : w->kind == Q4_0 ? INT4(D, 0, R)                        \
+                         : tile_int8(D, x, R, k, w->group, (const int8_t *const *)p, (const float *const *)c, a))
+#define TILE(R) (w->kind != PLAIN ? (dtype == F32 ? QUANTIZED(F32, R) : QUANTIZED(BF16, R))                    \
                  : dtype == F32 ? tile_f32((const float *)x, R, k, (const float *const *)p, a)                \
                                 : tile_bf16((const bf16_x *)x, R, k, (const bf16 *const *)p, a))
     if (rows == TILE_ROWS) TILE(TILE_ROWS);
@@ -528,6 +533,7 @@ static void tile(int dtype, const void *x, int64_t rows, int64_t k, int64_t grou
     else TILE(rows);
 #undef TILE
 #undef QUANTIZED
+#undef INT4
 }
 
 /* One row of x (a decode step's product) by ROW_PANELS panels at once. Each output's sum is the
@@ -614,9 +620,9 @@ static void linear_row(int dtype, const void *x, int64_t k, const void *packed, 
 /* Bytes of one panel of w's weights, scales and mins (a missing kind: 0). */
 static void panel_bytes(int dtype, const mcpd_matrix *w, int64_t k, int64_t bytes[3]) {
     int64_t blocks = k / Q4_BLOCK;
-    bytes[0] = !w->scales ? k * PANEL * (dtype == F32 ? 4 : 2) : w->mins ? k / 2 * PANEL : k * PANEL;
-    bytes[1] = !w->scales ? 0 : w->mins ? blocks * PANEL * 2 : (k + w->group - 1) / w->group * PANEL * 4;
-    bytes[2] = w->mins ? blocks * PANEL * 2 : 0;
+    bytes[0] = w->kind == PLAIN ? k * PANEL * (dtype == F32 ? 4 : 2) : w->kind == INT8 ? k * PANEL : k / 2 * PANEL;
+    bytes[1] = w->kind == PLAIN ? 0 : w->kind == INT8 ? (k + w->group - 1) / w->group * PANEL * 4 : blocks * PANEL * 2;
+    bytes[2] = w->kind == Q4_1 ? blocks * PANEL * 2 : 0;
 }
 
 /* x: [m, k] of dtype, w: a matrix of [n, k] packed as above, bias: [n] or NULL; y: [m, n] of
@@ -627,10 +633,10 @@ static void linear(int dtype, const void *x, int64_t m, int64_t k, const mcpd_ma
     size_t size = dtype == F32 ? 4 : 2;
     int64_t panels = (n + PANEL - 1) / PANEL, strips = (panels + TILE_PANELS - 1) / TILE_PANELS, bytes[3];
     panel_bytes(dtype, w, k, bytes);
-    if (m == 1 && !w->scales && (dtype == F32 || ROW_BF16)) return linear_row(dtype, x, k, w->panels, bias, n, y, y_f32);
+    if (m == 1 && w->kind == PLAIN && (dtype == F32 || ROW_BF16)) return linear_row(dtype, x, k, w->panels, bias, n, y, y_f32);
     size_t x_size = size;
     float *widened = NULL;   /* bf16_x */
-    if (dtype == BF16 && !w->scales && sizeof(bf16_x) == sizeof(float)) {
+    if (dtype == BF16 && w->kind == PLAIN && sizeof(bf16_x) == sizeof(float)) {
         widened = malloc(m * k * sizeof(float));
         for (int64_t i = 0; i < m * k; i++) widened[i] = bf16_to_f32(((const bf16 *)x)[i]);
         x = widened, x_size = sizeof(float);
@@ -642,13 +648,13 @@ static void linear(int dtype, const void *x, int64_t m, int64_t k, const mcpd_ma
         for (int j = 0; j < TILE_PANELS; j++) {   /* a missing panel: the first again, its sums dropped */
             int64_t panel = first + (j < count ? j : 0);
             p[j] = (const char *)w->panels + panel * bytes[0];
-            c[j] = w->scales ? (const char *)w->scales + panel * bytes[1] : NULL;
-            mn[j] = w->mins ? (const char *)w->mins + panel * bytes[2] : NULL;
+            c[j] = bytes[1] ? (const char *)w->scales + panel * bytes[1] : NULL;
+            mn[j] = bytes[2] ? (const char *)w->mins + panel * bytes[2] : NULL;
         }
         for (int64_t row = 0; row < m; row += TILE_ROWS) {
             int64_t rows = m - row < TILE_ROWS ? m - row : TILE_ROWS;
             tile_sums a;
-            tile(dtype, (const char *)x + row * k * x_size, rows, k, w->group, p, c, mn, a);
+            tile(dtype, (const char *)x + row * k * x_size, rows, k, w, p, c, mn, a);
             for (int64_t j = 0; j < count; j++)
                 store_tile(dtype, y_f32, y, n, row, rows, (first + j) * PANEL, a[j], bias);
         }
@@ -665,13 +671,13 @@ void mcpd_linear(int dtype, const void *x, int64_t m, int64_t k, const mcpd_matr
 static float weight_at(int dtype, const mcpd_matrix *w, int64_t k, int64_t row, int64_t i) {
     int64_t panel = row / PANEL, j = row % PANEL, bytes[3];
     panel_bytes(dtype, w, k, bytes);
-    if (w->mins) {   /* [panel][i / 32][i % 16][j], the high nibble for i % 32 >= 16 */
+    if (w->kind == Q4_0 || w->kind == Q4_1) {   /* [panel][i / 32][i % 16][j], the high nibble for i % 32 >= 16 */
         int64_t b = i / Q4_BLOCK, at = panel * bytes[1] / 2 + b * PANEL + j;
         uint8_t both = ((const uint8_t *)w->panels)[panel * bytes[0] + (b * Q4_HALF + i % Q4_HALF) * PANEL + j];
-        float q = i % Q4_BLOCK < Q4_HALF ? both & 15 : both >> 4;
-        return q * (float)((const _Float16 *)w->scales)[at] + (float)((const _Float16 *)w->mins)[at];
+        float q = i % Q4_BLOCK < Q4_HALF ? both & 15 : both >> 4, d = (float)((const _Float16 *)w->scales)[at];
+        return q * d + (w->kind == Q4_1 ? (float)((const _Float16 *)w->mins)[at] : d * -8.0f);
     }
-    if (w->scales)
+    if (w->kind == INT8)
         return ((const int8_t *)w->panels)[(panel * k + i) * PANEL + j]
                * ((const float *)w->scales)[panel * bytes[1] / 4 + i / w->group * PANEL + j];
     if (dtype == F32) return ((const float *)w->panels)[(panel * k + i) * PANEL + j];

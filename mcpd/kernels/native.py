@@ -56,8 +56,10 @@ _RESTYPES = {"mcpd_rows": ctypes.c_int, "mcpd_max_threads": ctypes.c_int, "mcpd_
 
 class Matrix(ctypes.Structure):
     """kernels.c's mcpd_matrix: a packed weight matrix's panels, and its scales and mins where
-    it is quantized (scales alone: int8 in groups of `group` columns; both: 4-bit)."""
-    _fields_ = [("panels", _P), ("scales", _P), ("mins", _P), ("group", _I)]
+    its kind (PLAIN, INT8: in groups of `group` columns, Q4_0, Q4_1) has them."""
+    _fields_ = [("panels", _P), ("scales", _P), ("mins", _P), ("kind", _I), ("group", _I)]
+
+    PLAIN, INT8, Q4_0, Q4_1 = range(4)
 
 
 class NativeUnavailable(RuntimeError):

@@ -30,7 +30,7 @@ class Packed:
     bfloat16 [n/16, k/2, 16, 2] (n padded with zero rows to a multiple of 16); an int8 one has
     its scales in panels too, float32 [n/16, groups(k), 16] (padding rows' scales 1); a 4-bit
     one is bytes [n/16, k/32, 16, 16] (int4.py's bytes of a block, each for 16 rows), its
-    scales and mins float16 [n/16, k/32, 16]."""
+    scales and (Q4_1) mins float16 [n/16, k/32, 16]."""
     panels: torch.Tensor
     n: int
     k: int
@@ -59,14 +59,19 @@ class Packed:
         (n, k), pad = weight.shape, -weight.shape[0] % PANEL
         blocks = k // BLOCK
         panels = F.pad(weight.values, (0, 0, 0, pad)).view(-1, PANEL, blocks, BLOCK // 2).permute(0, 2, 3, 1)
-        scales, mins = (F.pad(t, (0, 0, 0, pad)).view(-1, PANEL, blocks).transpose(1, 2).contiguous()
+        scales, mins = (None if t is None else F.pad(t, (0, 0, 0, pad)).view(-1, PANEL, blocks).transpose(1, 2).contiguous()
                         for t in (weight.scales, weight.mins))
         return cls(panels.contiguous(), n, k, scales, mins)
 
     def matrix(self) -> native.Matrix:
         """The record kernels.c's products take."""
-        group = 0 if self.scales is None else group_of(self.k, self.scales.shape[1])
-        return native.Matrix(self.panels.data_ptr(), _address(self.scales), _address(self.mins), group)
+        if self.scales is None:
+            kind, group = native.Matrix.PLAIN, 0
+        elif self.panels.dtype == torch.int8:
+            kind, group = native.Matrix.INT8, group_of(self.k, self.scales.shape[1])
+        else:
+            kind, group = native.Matrix.Q4_0 if self.mins is None else native.Matrix.Q4_1, BLOCK
+        return native.Matrix(self.panels.data_ptr(), _address(self.scales), _address(self.mins), kind, group)
 
 
 def _address(tensor: torch.Tensor | None) -> int | None:

@@ -1,6 +1,6 @@
 """GGUF's quantized blocks as the forms that keep them (quant/int8.py, quant/int4.py), in numpy:
 a Q8_0 tensor as int8 values and float32 scales in groups of 32, a Q4_0 or Q4_1 one as its bytes
-and float16 scales and mins. Rows first, as the engine's parameters; nothing is dequantized.
+and float16 scales (and Q4_1's mins). Rows first, as the engine's parameters; nothing is dequantized.
 
 Bytes of a block (ggml-common.h): Q8_0 d (float16) then 32 int8; Q4_0 d then 16 bytes of
 nibbles; Q4_1 d, m, then the nibbles.
@@ -23,7 +23,7 @@ def pieces(data: np.ndarray, type_name: str, rows: int) -> dict[str, np.ndarray]
     if type_name == "Q8_0":
         return dict(zip(("", SCALE_SUFFIX), _int8_with_positive_scales(blocks[:, :, 2:].view(np.int8), d)))
     if type_name == "Q4_0":
-        return {"": blocks[:, :, 2:].reshape(rows, -1), SCALES_SUFFIX: d, MINS_SUFFIX: d * np.float16(-8)}
+        return {"": blocks[:, :, 2:].reshape(rows, -1), SCALES_SUFFIX: d}
     return {"": blocks[:, :, 4:].reshape(rows, -1), SCALES_SUFFIX: d, MINS_SUFFIX: _float16(blocks[:, :, 2:4])}
 
 

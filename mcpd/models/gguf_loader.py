@@ -45,8 +45,12 @@ def load(config: ModelConfig, device: torch.device, kernels: str = "torch", resi
 
 def _tensors(reader, args: LlamaArgs, hf: dict, dtype: torch.dtype, path: Path) -> Iterator[tuple[str, torch.Tensor]]:
     kept = hf[gguf_file.KEPT_QUANTIZED]
-    dequantized = sorted({t.tensor_type.name for t in reader.tensors if fused_name(hf_name(t.name) or "") not in kept}
-                         - set(FLOAT_TYPES))
+    is_kept = {t.name: fused_name(hf_name(t.name) or "") in kept for t in reader.tensors}
+    quantized = [t for t in reader.tensors if t.tensor_type.name not in FLOAT_TYPES]
+    kept_types = sorted({t.tensor_type.name for t in quantized if is_kept[t.name]})
+    dequantized = sorted({t.tensor_type.name for t in quantized if not is_kept[t.name]})
+    if kept_types:
+        log.info("%s: %s tensors stay quantized in memory", path.name, ", ".join(kept_types))
     if dequantized:
         log.warning("%s: %s tensors dequantized to %s at load (no kernels read them quantized)",
                     path.name, ", ".join(dequantized), str(dtype).removeprefix("torch."))
@@ -55,9 +59,8 @@ def _tensors(reader, args: LlamaArgs, hf: dict, dtype: torch.dtype, path: Path) 
         if tensor.name == ROPE_FREQS:   # read into the rope scaling (gguf_architecture.py)
             continue
         name = hf_name(tensor.name)
-        rows = int(tensor.shape[-1])
-        pieces = (gguf_blocks.pieces(tensor.data, tensor.tensor_type.name, rows) if fused_name(name) in kept
-                  else {"": _dequantized(tensor)})
+        pieces = (gguf_blocks.pieces(tensor.data, tensor.tensor_type.name, int(tensor.shape[-1]))
+                  if is_kept[tensor.name] else {"": _dequantized(tensor)})
         for suffix, weights in pieces.items():
             if permuted and (".attn_q." in tensor.name or ".attn_k." in tensor.name):
                 heads = args.num_heads if ".attn_q." in tensor.name else args.num_kv_heads
