@@ -22,7 +22,9 @@ dtype codes: 0 = float32, 1 = bfloat16 (stored as uint16).
 Panels and tiles of each instruction set (a new weight format reuses them):
   weights     panels of 16 output rows (PANEL), the same bytes for every set (NativeKernels.form):
               float32 and int8 [n/16][k][16], bfloat16 [n/16][k/2][16][2], int8 scales
-              [n/16][groups][16]. A panel's row of 16 is 1 vector (AVX-512) or 2 (AVX2).
+              [n/16][groups][16]; 4-bit bytes [n/16][k/32][16][16], their float16 scales and
+              mins [n/16][k/32][16] (mcpd_matrix). A panel's row of 16 is 1 vector (AVX-512)
+              or 2 (AVX2).
   AVX-512F    LANES 16, 32 zmm registers: product tile 8 rows x 2 panels (8x32, 16 accumulators);
               one row: 4 panels at once; prefill attention 8 query rows x 32 keys.
   AVX2 + FMA  LANES 8, 16 ymm registers: product tile 6 rows x 1 panel (6x16, 12 accumulators);
