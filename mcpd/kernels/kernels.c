@@ -421,8 +421,8 @@ static inline void load_nibbles(const uint8_t *p, f32v *lo, f32v *hi) {
 
 /* One row: each block's sum of x * q per panel (two chains: the low and the high nibbles), scaled
    once by d, plus m times the block's sum of x: a multiply-add a block rather than converting
-   every weight, as row_int8 scales its groups' sums. The same product as tile_int4's, rounded
-   at other places. */
+   every weight, as row_int8 scales its groups' sums; and as there, the next strip's panels are
+   fetched into L2 while this one runs. The same product as tile_int4's, rounded at other places. */
 INLINE void row_int4(int dtype, int has_min, const void *x, int64_t k, const uint8_t *const p[TILE_PANELS],
                      const uint16_t *const d[TILE_PANELS], const uint16_t *const m[TILE_PANELS], tile_sums a) {
     const uint8_t *next = p[0] + TILE_PANELS * k / 2 * PANEL;
@@ -431,7 +431,8 @@ INLINE void row_int4(int dtype, int has_min, const void *x, int64_t k, const uin
     for (int64_t b = 0; b < k / Q4_BLOCK; b++) {
         f32v lo_sum[TILE_PANELS][VPP] = {{0}}, hi_sum[TILE_PANELS][VPP] = {{0}};
         float x_sum = 0;
-        for (int j = 0; j < TILE_PANELS; j++) __builtin_prefetch(next + b * TILE_PANELS * Q4_HALF * PANEL + 64 * j, 0, 2);
+        for (int l = 0; l < TILE_PANELS * Q4_HALF * PANEL / 64; l++)   /* the next strip's block b: as much as this one's */
+            __builtin_prefetch(next + (b * TILE_PANELS * Q4_HALF * PANEL + 64 * l), 0, 2);
         for (int i = 0; i < Q4_HALF; i++) {
             float x0 = x_at(dtype, x, b * Q4_BLOCK + i), x1 = x_at(dtype, x, b * Q4_BLOCK + Q4_HALF + i);
             x_sum += x0 + x1;
