@@ -62,6 +62,11 @@ class Matrix(ctypes.Structure):
     PLAIN, INT8, Q4_0, Q4_1 = range(4)
 
 
+def address(tensor) -> int | None:
+    """A torch tensor's data address for a pointer argument, NULL for None."""
+    return None if tensor is None else tensor.data_ptr()
+
+
 class NativeUnavailable(RuntimeError):
     """The kernels could not be built or loaded here; the message says why."""
 

@@ -71,11 +71,7 @@ class Packed:
             kind, group = native.Matrix.INT8, group_of(self.k, self.scales.shape[1])
         else:
             kind, group = native.Matrix.Q4_0 if self.mins is None else native.Matrix.Q4_1, BLOCK
-        return native.Matrix(self.panels.data_ptr(), _address(self.scales), _address(self.mins), kind, group)
-
-
-def _address(tensor: torch.Tensor | None) -> int | None:
-    return None if tensor is None else tensor.data_ptr()
+        return native.Matrix(self.panels.data_ptr(), native.address(self.scales), native.address(self.mins), kind, group)
 
 
 class NativeKernels(TorchKernels):
@@ -140,7 +136,7 @@ class NativeKernels(TorchKernels):
     def _product(self, x: torch.Tensor, weight: Packed, bias: torch.Tensor | None, y: torch.Tensor,
                  y_f32: int) -> torch.Tensor:
         self.lib.mcpd_linear(self.codes[x.dtype], x.data_ptr(), x.shape[0], weight.k, ctypes.byref(weight.matrix()),
-                             _address(bias), weight.n, y.data_ptr(), y_f32)
+                             native.address(bias), weight.n, y.data_ptr(), y_f32)
         return y
 
     def add_rms_norm(self, residual, delta, weight, eps):

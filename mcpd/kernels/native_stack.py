@@ -14,7 +14,7 @@ import ctypes
 
 import torch
 
-from mcpd.kernels.native import Matrix
+from mcpd.kernels.native import Matrix, address
 from mcpd.models.layers import AttentionMetadata
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64
@@ -43,10 +43,6 @@ class Group(ctypes.Structure):
                [(name, _P) for name in ("table", "lens", "first_rows", "starts", "counts")]
 
 
-def _address(tensor: torch.Tensor | None) -> int | None:
-    return None if tensor is None else tensor.data_ptr()
-
-
 class NativeStack:
     def __init__(self, kernels, weights, args) -> None:
         """weights: the model's ModelWeights packed for kernels (NativeKernels); args: LlamaArgs.
@@ -56,8 +52,8 @@ class NativeStack:
         self.cache_address = first_cache.data_ptr()
         self.layers = (Layer * len(weights.layers))(*(
             Layer(w.qkv.matrix(), w.o.matrix(), w.gate_up.matrix(), w.down.matrix(), w.input_norm.data_ptr(),
-                  _address(w.qkv_bias), _address(w.o_bias), w.post_norm.data_ptr(), _address(w.gate_up_bias),
-                  _address(w.down_bias), w.attention.kv_cache.data_ptr())
+                  address(w.qkv_bias), address(w.o_bias), w.post_norm.data_ptr(), address(w.gate_up_bias),
+                  address(w.down_bias), w.attention.kv_cache.data_ptr())
             for w in weights.layers))
         self.shape = Shape(args.hidden_size, args.intermediate_size, args.num_heads, args.num_kv_heads,
                            args.head_dim, first_cache.stride(0), first_cache.stride(1), first_cache.shape[2],
@@ -76,7 +72,7 @@ class NativeStack:
         out = torch.empty_like(residual)
         groups = (Group * len(attn.groups))(*(
             Group(g.decoding, g.start, g.block_table.shape[0], g.block_table.stride(0), g.block_table.data_ptr(),
-                  g.context_lens.data_ptr(), _address(g.first_rows), _address(g.starts), _address(g.counts))
+                  g.context_lens.data_ptr(), address(g.first_rows), address(g.starts), address(g.counts))
             for g in attn.groups))
         self.lib.mcpd_decoder_stack(self.code, ctypes.byref(self.shape), self.layers, len(self.layers), rows,
                                     residual.data_ptr(), rope.data_ptr(), attn.positions.data_ptr(),
