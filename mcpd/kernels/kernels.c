@@ -514,29 +514,56 @@ static void store_tile(int dtype, int y_f32, void *y, int64_t n, int64_t row0, i
 /* The tile with rows known at compile time for the usual counts, so that its sums stay in
    registers; on AVX2 every count (a small batch, a batch's last rows: 8 are 6 + 2), which made
    int8 products of 2 to 8 rows 15-40% faster there. On AVX-512 the same made the 8-row tile up
-   to twice as slow. p, c, mn: each panel's weights, scales and mins (w's kind says which there are). */
-static void tile(int dtype, const void *x, int64_t rows, int64_t k, const mcpd_matrix *w,
+   to twice as slow. int8's groups of 64 (mcpd's) and 32 (GGUF's) are known at compile time too,
+   so that a group's loop unrolls. All of it inlined into linear(): a tile's sums written through
+   a pointer into a function not inlined may alias x and the weights (a vector type aliases its
+   element type), so they went to memory every step (the float32 8-row tile at half its speed). */
+#if TILE_ROWS == 6
+#define SMALL_ROWS(TILE) else if (rows == 2) TILE(2); else if (rows == 3) TILE(3); \
+                         else if (rows == 4) TILE(4); else if (rows == 5) TILE(5);
+#else
+#define SMALL_ROWS(TILE)
+#endif
+#define BY_ROWS(TILE) \
+    do { if (rows == TILE_ROWS) TILE(TILE_ROWS); else if (rows == 1) TILE(1); SMALL_ROWS(TILE) else TILE(rows); } while (0)
+INLINE void tile_plain(int dtype, const void *x, int64_t rows, int64_t k, const void *const p[TILE_PANELS],
+                         tile_sums a) {
+#define TILE(R) (dtype == F32 ? tile_f32((const float *)x, R, k, (const float *const *)p, a) \
+                              : tile_bf16((const bf16_x *)x, R, k, (const bf16 *const *)p, a))
+    BY_ROWS(TILE);
+#undef TILE
+}
+
+INLINE void tile_int8_groups(int dtype, const void *x, int64_t rows, int64_t k, int64_t group,
+                               const void *const p[TILE_PANELS], const void *const c[TILE_PANELS], tile_sums a) {
+#define INT8(D, G, R) tile_int8(D, x, R, k, G, (const int8_t *const *)p, (const float *const *)c, a)
+#define BY_GROUP(D, R) (group == 64 ? INT8(D, 64, R) : group == 32 ? INT8(D, 32, R) : INT8(D, group, R))
+#define TILE(R) (dtype == F32 ? BY_GROUP(F32, R) : BY_GROUP(BF16, R))
+    BY_ROWS(TILE);
+#undef TILE
+#undef BY_GROUP
+#undef INT8
+}
+
+INLINE void tile_int4_kinds(int dtype, int has_min, const void *x, int64_t rows, int64_t k,
+                              const void *const p[TILE_PANELS], const void *const c[TILE_PANELS],
+                              const void *const mn[TILE_PANELS], tile_sums a) {
+#define INT4(D, M, R) tile_int4(D, M, x, R, k, (const uint8_t *const *)p, (const uint16_t *const *)c, \
+                                (const uint16_t *const *)mn, a)
+#define TILE(R) (dtype == F32 ? (has_min ? INT4(F32, 1, R) : INT4(F32, 0, R)) \
+                              : (has_min ? INT4(BF16, 1, R) : INT4(BF16, 0, R)))
+    BY_ROWS(TILE);
+#undef TILE
+#undef INT4
+}
+
+/* p, c, mn: each panel's weights, scales and mins (w's kind says which there are). */
+INLINE void tile(int dtype, const void *x, int64_t rows, int64_t k, const mcpd_matrix *w,
                  const void *const p[TILE_PANELS], const void *const c[TILE_PANELS], const void *const mn[TILE_PANELS],
                  tile_sums a) {
-#define INT4(D, M, R) tile_int4(D, M, x, R, k, (const uint8_t *const *)p, (const uint16_t *const *)c,              \
-                                (const uint16_t *const *)mn, a)
-#define QUANTIZED(D, R) (w->kind == Q4_1 ? INT4(D, 1, R) : w->kind == Q4_0 ? INT4(D, 0, R)                        \
-                         : tile_int8(D, x, R, k, w->group, (const int8_t *const *)p, (const float *const *)c, a))
-#define TILE(R) (w->kind != PLAIN ? (dtype == F32 ? QUANTIZED(F32, R) : QUANTIZED(BF16, R))                    \
-                 : dtype == F32 ? tile_f32((const float *)x, R, k, (const float *const *)p, a)                \
-                                : tile_bf16((const bf16_x *)x, R, k, (const bf16 *const *)p, a))
-    if (rows == TILE_ROWS) TILE(TILE_ROWS);
-    else if (rows == 1) TILE(1);
-#if TILE_ROWS == 6
-    else if (rows == 2) TILE(2);
-    else if (rows == 3) TILE(3);
-    else if (rows == 4) TILE(4);
-    else if (rows == 5) TILE(5);
-#endif
-    else TILE(rows);
-#undef TILE
-#undef QUANTIZED
-#undef INT4
+    if (w->kind == PLAIN) tile_plain(dtype, x, rows, k, p, a);
+    else if (w->kind == INT8) tile_int8_groups(dtype, x, rows, k, w->group, p, c, a);
+    else tile_int4_kinds(dtype, w->kind == Q4_1, x, rows, k, p, c, mn, a);
 }
 
 /* One row of x (a decode step's product) by ROW_PANELS panels at once. Each output's sum is the
