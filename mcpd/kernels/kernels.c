@@ -452,9 +452,10 @@ INLINE void row_int4(int dtype, int has_min, const void *x, int64_t k, const uin
     }
 }
 
-/* Several rows: each block's weights dequantized in registers (d * q + m, the weights
-   int4.dequantize gives, bit for bit: d * q is exact) and multiply-added like float32 ones,
-   the conversion shared by the tile's rows. */
+/* Several rows: each block's weights dequantized once for the tile's rows (d * q + m, the
+   weights int4.dequantize gives, bit for bit: d * q is exact) into a block panel in L1, then
+   multiply-added as float32 ones in column order. Dequantizing in registers beside the sums
+   spilled on AVX2 (6 x 2 sums, and scales, mins, low and high nibbles: over 16 registers). */
 INLINE void tile_int4(int dtype, int has_min, const void *x, int64_t rows, int64_t k,
                       const uint8_t *const p[TILE_PANELS], const uint16_t *const d[TILE_PANELS],
                       const uint16_t *const m[TILE_PANELS], tile_sums a) {
@@ -464,24 +465,26 @@ INLINE void tile_int4(int dtype, int has_min, const void *x, int64_t rows, int64
     }
     zero_tile(a);
     for (int64_t b = 0; b < k / Q4_BLOCK; b++) {
-        f32v scale[TILE_PANELS][VPP], min[TILE_PANELS][VPP];
+        float w[TILE_PANELS][Q4_BLOCK][PANEL];
         for (int j = 0; j < TILE_PANELS; j++)
             for (int h = 0; h < VPP; h++) {
-                scale[j][h] = load_f16(d[j] + b * PANEL + h * LANES);
-                min[j][h] = has_min ? load_f16(m[j] + b * PANEL + h * LANES) : scale[j][h] * -8.0f;
-            }
-        for (int i = 0; i < Q4_HALF; i++) {
-            f32v lo[TILE_PANELS][VPP], hi[TILE_PANELS][VPP];
-            for (int j = 0; j < TILE_PANELS; j++)
-                for (int h = 0; h < VPP; h++) {
-                    load_nibbles(p[j] + (b * Q4_HALF + i) * PANEL + h * LANES, &lo[j][h], &hi[j][h]);
-                    lo[j][h] = lo[j][h] * scale[j][h] + min[j][h];
-                    hi[j][h] = hi[j][h] * scale[j][h] + min[j][h];
+                f32v scale = load_f16(d[j] + b * PANEL + h * LANES);
+                f32v min = has_min ? load_f16(m[j] + b * PANEL + h * LANES) : scale * -8.0f;
+                for (int i = 0; i < Q4_HALF; i++) {
+                    f32v lo, hi;
+                    load_nibbles(p[j] + (b * Q4_HALF + i) * PANEL + h * LANES, &lo, &hi);
+                    store_f32(w[j][i] + h * LANES, lo * scale + min);
+                    store_f32(w[j][Q4_HALF + i] + h * LANES, hi * scale + min);
                 }
+            }
+        for (int i = 0; i < Q4_BLOCK; i++) {
+            f32v wv[TILE_PANELS][VPP];
+            for (int j = 0; j < TILE_PANELS; j++)
+                for (int h = 0; h < VPP; h++) wv[j][h] = load_f32(w[j][i] + h * LANES);
             for (int r = 0; r < rows; r++) {
-                float x0 = x_at(dtype, x, r * k + b * Q4_BLOCK + i), x1 = x_at(dtype, x, r * k + b * Q4_BLOCK + Q4_HALF + i);
+                float xv = x_at(dtype, x, r * k + b * Q4_BLOCK + i);
                 for (int j = 0; j < TILE_PANELS; j++)
-                    for (int h = 0; h < VPP; h++) a[j][r][h] += x0 * lo[j][h] + x1 * hi[j][h];
+                    for (int h = 0; h < VPP; h++) a[j][r][h] += xv * wv[j][h];
             }
         }
     }
