@@ -16,6 +16,7 @@ from pathlib import Path
 
 SUFFIX = ".gguf"
 HEADER_BYTES = 24   # magic, version, tensor count, metadata count
+KEPT_QUANTIZED = "kept_quantized"   # Architecture.hf's key: parameter name -> "int8", "q4_0" or "q4_1", its form
 _opened: dict[tuple, object] = {}   # one reader per file: a worker reads it for the skeleton, weights and tokenizer
 
 

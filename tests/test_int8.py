@@ -206,7 +206,10 @@ def test_embedded_model_runs_int8_with_the_float_weights_quantized():
     top-1 agreement, KL 0.04, measured; the checkpoints above are the figures.)"""
     int8_model = loaded("", "int8")
     float_qkv = load_model(ModelConfig(), CPU).model.model.layers[2].self_attn.qkv_proj.weight
-    assert torch.equal(int8_model.model.layers[2].self_attn.qkv_proj.weight_scale, quantize(float_qkv)[1])
+    form = int8_model.forms["model.layers.2.self_attn.qkv_proj.weight"]   # the scales are its form's only
+    scales = form.scales if isinstance(form, Int8Weight) else \
+        form.scales.transpose(1, 2).flatten(0, 1)[:form.n]   # Packed: [n/16, groups, 16] panels
+    assert torch.equal(scales, quantize(float_qkv)[1])
     for prompt, tokens in zip(PROMPTS, generate(Engine(Config(model=ModelConfig(quantization="int8")), CPU))):
         choices = position_logits(int8_model, tokens).argmax(-1).tolist()
         assert choices[len(prompt) - 1:-1] == tokens[len(prompt):]

@@ -114,17 +114,18 @@ def test_argmax_is_numpys_on_ties_nan_and_infinities(native_kernels, n):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_embedding_rows_of_a_packed_matrix(native_kernels, dtype):
     table, ids = rand(40, 32, dtype=dtype), torch.tensor([0, 39, 17, 16, 15, 17])
-    assert torch.equal(native_kernels.embedding(ids, native_kernels.prepare(table)), TORCH.embedding(ids, table))
+    assert torch.equal(native_kernels.embedding(ids, native_kernels.prepare(table), dtype),
+                       TORCH.embedding(ids, table, dtype))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_embedding_rows_of_a_plain_table(native_kernels, dtype):
     """An embedding not tied to the LM head stays a plain table: its rows, copied natively."""
     table, ids = rand(40, 32, dtype=dtype), torch.tensor([0, 39, 17, 16, 15, 17])
-    assert torch.equal(native_kernels.embedding(ids, table), TORCH.embedding(ids, table))
+    assert torch.equal(native_kernels.embedding(ids, table, dtype), TORCH.embedding(ids, table, dtype))
     for bad in ([40], [0, -1]):   # refused before anything is read, as F.embedding refuses
         with pytest.raises(IndexError):
-            native_kernels.embedding(torch.tensor(bad), table)
+            native_kernels.embedding(torch.tensor(bad), table, table.dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import torch
 
 from mcpd.quant import int8
+from mcpd.quant.int4 import Int4Weight
+from mcpd.quant.int4_layout import MINS_SUFFIX, SCALES_SUFFIX
 from mcpd.quant.int8 import Int8Weight
 
 Form = object   # a torch.Tensor, or a dataclass whose tensor fields hold the data (kernels.Packed)
@@ -49,19 +51,27 @@ class KernelForms:
         """(name, form) of each parameter, one at a time: a caller that moves each form elsewhere
         holds one prepared copy at most. meta: the forms' shapes and dtypes only, computed on
         the meta device (a layout, known before any weight is read). An int8 matrix is prepared
-        with its scales (int8.py: the parameter "<name>_scale" beside it), which also stay
-        a form of their own."""
-        params = dict(self.named_parameters())
+        with its scales (int8.py: the parameter "<name>_scale" beside it), a 4-bit one with its
+        scales and mins (int4.py). Their own forms are the same tensors where the matrix's form
+        holds them (the torch kernels': laid_out places them once), else empty (the native
+        kernels copy them into panels): held twice, a Q8_0 file's scales would add a tenth to its size."""
+        params, memo, in_matrices = dict(self.named_parameters()), {}, set()
 
-        def held(param: torch.Tensor) -> torch.Tensor:   # not empty_like: loader.on_device says why
-            return torch.empty(param.shape, dtype=param.dtype, device="meta") if meta else param
+        def held(name: str) -> torch.Tensor:   # not empty_like: loader.on_device says why
+            if name not in memo:
+                param = params[name]
+                memo[name] = torch.empty(param.shape, dtype=param.dtype, device="meta") if meta else param
+            return memo[name]
 
         for name, param in params.items():
-            if not self.prepared(name, param):
-                yield name, held(param)
-                continue
-            scales = params.get(name + int8.SCALE_SUFFIX)
-            yield name, self.kernels.prepare(held(param) if scales is None else Int8Weight(held(param), held(scales)))
+            if name.endswith((int8.SCALE_SUFFIX, SCALES_SUFFIX, MINS_SUFFIX)):   # after their matrix's
+                yield name, held(name) if id(held(name)) in in_matrices else held(name).new_empty(0)
+            elif not self.prepared(name, param):
+                yield name, held(name)
+            else:
+                form = self.kernels.prepare(_matrix(params, name, held))
+                in_matrices.update(id(t) for t in tensors_of(form).values())
+                yield name, form
 
     def use_forms(self, forms: dict[str, Form]) -> None:
         """Run on forms (kernel_forms' names and shapes, held anywhere): a parameter read in
@@ -75,6 +85,17 @@ class KernelForms:
                     param.data = form
             elif not any(tensor is param for tensor in tensors_of(form).values()):
                 param.data = param.data.new_empty(0)   # read in another form only (an Int8Weight keeps it)
+
+
+def _matrix(params: dict[str, torch.Tensor], name: str, held) -> torch.Tensor | Int8Weight | Int4Weight:
+    """Matrix parameter `name` as prepare() takes it, each tensor held(its name): the tensor, or
+    with its int8 scales, or with its 4-bit scales and mins."""
+    if name + int8.SCALE_SUFFIX in params:
+        return Int8Weight(held(name), held(name + int8.SCALE_SUFFIX))
+    if name + SCALES_SUFFIX in params:
+        mins = held(name + MINS_SUFFIX) if name + MINS_SUFFIX in params else None
+        return Int4Weight(held(name), held(name + SCALES_SUFFIX), mins)
+    return held(name)
 
 
 Place = tuple[int, tuple[int, ...], torch.dtype]   # a tensor's byte offset in a buffer, shape, dtype
@@ -105,15 +126,18 @@ class FormLayout:
 
 
 def laid_out(forms: Iterable[tuple[str, Form]], start: int, align: int) -> FormLayout:
-    """Each form's tensors one after another from byte start, each at a multiple of align.
-    forms may be meta forms: a layout needs shapes and dtypes only."""
-    places, at = {}, start
+    """Each form's tensors one after another from byte start, each at a multiple of align; a
+    tensor two forms hold (a matrix's scales, KernelForms) once. forms may be meta forms: a
+    layout needs shapes and dtypes only."""
+    places, at, placed = {}, start, {}   # placed: id of a tensor laid out -> its place (the forms keep it alive)
     for name, form in forms:
         fields = {}
         for field, tensor in tensors_of(form).items():
-            at = -(-at // align) * align
-            fields[field] = (at, tuple(tensor.shape), tensor.dtype)
-            at += tensor.numel() * tensor.element_size()
+            if id(tensor) not in placed:
+                at = -(-at // align) * align
+                placed[id(tensor)] = (at, tuple(tensor.shape), tensor.dtype)
+                at += tensor.numel() * tensor.element_size()
+            fields[field] = placed[id(tensor)]
         places[name] = (form, fields)
     return FormLayout(places, at)
 

@@ -22,7 +22,9 @@ dtype codes: 0 = float32, 1 = bfloat16 (stored as uint16).
 Panels and tiles of each instruction set (a new weight format reuses them):
   weights     panels of 16 output rows (PANEL), the same bytes for every set (NativeKernels.form):
               float32 and int8 [n/16][k][16], bfloat16 [n/16][k/2][16][2], int8 scales
-              [n/16][groups][16]. A panel's row of 16 is 1 vector (AVX-512) or 2 (AVX2).
+              [n/16][groups][16]; 4-bit bytes [n/16][k/32][16][16], their float16 scales and
+              mins [n/16][k/32][16] (mcpd_matrix). A panel's row of 16 is 1 vector (AVX-512)
+              or 2 (AVX2).
   AVX-512F    LANES 16, 32 zmm registers: product tile 8 rows x 2 panels (8x32, 16 accumulators);
               one row: 4 panels at once; prefill attention 8 query rows x 32 keys.
   AVX2 + FMA  LANES 8, 16 ymm registers: product tile 6 rows x 1 panel (6x16, 12 accumulators);
@@ -267,8 +269,18 @@ INLINE void tile_bf16(const bf16_x *x, int64_t rows, int64_t k, const bf16 *cons
 #endif
 }
 
+/* A weight matrix as the products read it (NativeKernels' Packed), of one of these kinds: panels
+   of the model dtype; weight-only int8 (float32 scales, one per `group` columns); 4-bit (float16
+   scales d, and for Q4_1 mins m, one per Q4_BLOCK columns). */
+enum { PLAIN = 0, INT8 = 1, Q4_0 = 2, Q4_1 = 3 };
+typedef struct {
+    const void *panels, *scales, *mins;   /* scales and mins NULL where the kind has none */
+    int64_t kind, group;
+} mcpd_matrix;
+
 /* Weight-only int8 (mcpd/quant/int8.py): panels [n/16][k][16] of int8, and float32 scales
-   [n/16][groups][16], one per output row and INT8_GROUP input columns. Each step converts 16
+   [n/16][groups][16], one per output row and `group` input columns (64 as mcpd quantizes, 32 as
+   a GGUF Q8_0 block holds them). Each step converts 16
    integers to float32 in registers (a sign-extending load and a convert), multiplies them by
    their group's 16 scales (the weights int8.dequantize gives, bit for bit) and multiply-adds
    them like float32 weights (one row: row_int8 scales each group's sum instead). Why not int8
@@ -276,9 +288,6 @@ INLINE void tile_bf16(const bf16_x *x, int64_t rows, int64_t k, const bf16 *cons
    cuts to a quarter either way, while the conversion costs three instructions per 16 weights
    shared by all rows of the tile; quantizing activations would add a second error for no speed
    at batch 1 (bench/quantized.py measures both speed and agreement with the float model). */
-#ifndef INT8_GROUP
-#error "INT8_GROUP: native.py compiles this file with int8.GROUP"
-#endif
 typedef int8_t i8v __attribute__((vector_size(LANES)));
 
 /* LANES int8 as float32. GCC 12 turns __builtin_convertvector of int8 into scalar conversions
@@ -302,9 +311,9 @@ static inline float x_at(int dtype, const void *x, int64_t i) {
     return dtype == F32 ? ((const float *)x)[i] : bf16_to_f32(((const bf16 *)x)[i]);
 }
 
-/* The end of the group that starts at column g0. */
-static inline int64_t group_end(int64_t g0, int64_t k) {
-    return k - g0 < INT8_GROUP ? k : g0 + INT8_GROUP;
+/* The end of the group of `group` columns that starts at column g0. */
+static inline int64_t group_end(int64_t g0, int64_t k, int64_t group) {
+    return k - g0 < group ? k : g0 + group;
 }
 
 /* One row (a decode step at batch 1): with one sum per panel each multiply-add waits for the
@@ -319,14 +328,14 @@ static inline int64_t group_end(int64_t g0, int64_t k) {
    of x * values is scaled once, not each weight: a multiply per 16 weights made the pass 20%
    (groups of 64) to 50% (32) slower than one scale a row; this costs a multiply-add a group
    (bench/quantized.py). The same product as tile_int8's, rounded at other places. */
-INLINE void row_int8(int dtype, const void *x, int64_t k, const int8_t *const p[TILE_PANELS],
+INLINE void row_int8(int dtype, const void *x, int64_t k, int64_t group, const int8_t *const p[TILE_PANELS],
                      const float *const c[TILE_PANELS], tile_sums a) {
     const int8_t *next = p[0] + TILE_PANELS * k * PANEL;
     for (int j = 0; j < TILE_PANELS; j++)
         for (int h = 0; h < VPP; h++) a[j][0][h] = splat(0);
-    for (int64_t g0 = 0; g0 < k; g0 += INT8_GROUP) {
+    for (int64_t g0 = 0; g0 < k; g0 += group) {
         f32v s[TILE_PANELS][4][VPP] = {{{{0}}}};
-        int64_t i = g0, end = group_end(g0, k);
+        int64_t i = g0, end = group_end(g0, k, group);
         for (; i + 4 <= end; i += 4) {
             for (int j = 0; j < TILE_PANELS; j++) __builtin_prefetch(next + i * TILE_PANELS * PANEL + 64 * j, 0, 2);
             for (int u = 0; u < 4; u++) {
@@ -343,22 +352,22 @@ INLINE void row_int8(int dtype, const void *x, int64_t k, const int8_t *const p[
         for (int j = 0; j < TILE_PANELS; j++)
             for (int h = 0; h < VPP; h++)
                 a[j][0][h] += ((s[j][0][h] + s[j][1][h]) + (s[j][2][h] + s[j][3][h]))
-                              * load_f32(c[j] + g0 / INT8_GROUP * PANEL + h * LANES);
+                              * load_f32(c[j] + g0 / group * PANEL + h * LANES);
     }
 }
 
-INLINE void tile_int8(int dtype, const void *x, int64_t rows, int64_t k, const int8_t *const p[TILE_PANELS],
-                      const float *const c[TILE_PANELS], tile_sums a) {
+INLINE void tile_int8(int dtype, const void *x, int64_t rows, int64_t k, int64_t group,
+                      const int8_t *const p[TILE_PANELS], const float *const c[TILE_PANELS], tile_sums a) {
     if (rows == 1) {
-        row_int8(dtype, x, k, p, c, a);
+        row_int8(dtype, x, k, group, p, c, a);
         return;
     }
     zero_tile(a);
-    for (int64_t g0 = 0; g0 < k; g0 += INT8_GROUP) {
+    for (int64_t g0 = 0; g0 < k; g0 += group) {
         f32v scale[TILE_PANELS][VPP];
         for (int j = 0; j < TILE_PANELS; j++)
-            for (int h = 0; h < VPP; h++) scale[j][h] = load_f32(c[j] + g0 / INT8_GROUP * PANEL + h * LANES);
-        for (int64_t i = g0, end = group_end(g0, k); i < end; i++) {
+            for (int h = 0; h < VPP; h++) scale[j][h] = load_f32(c[j] + g0 / group * PANEL + h * LANES);
+        for (int64_t i = g0, end = group_end(g0, k, group); i < end; i++) {
             f32v w[TILE_PANELS][VPP];
             for (int j = 0; j < TILE_PANELS; j++)
                 for (int h = 0; h < VPP; h++) w[j][h] = load_int8(p[j] + i * PANEL + h * LANES) * scale[j][h];
@@ -366,6 +375,116 @@ INLINE void tile_int8(int dtype, const void *x, int64_t rows, int64_t k, const i
                 float xv = x_at(dtype, x, r * k + i);
                 for (int j = 0; j < TILE_PANELS; j++)
                     for (int h = 0; h < VPP; h++) a[j][r][h] += xv * w[j][h];
+            }
+        }
+    }
+}
+
+/* 4-bit weights (GGUF's Q4_0 and Q4_1: mcpd/quant/int4.py): panels [n/16][k/32][16][16] of
+   bytes, byte [p][b][i][r] holding row 16p + r's columns 32b + i (low nibble) and 32b + 16 + i
+   (high), the order a GGUF block keeps them in; float16 scales d and (Q4_1) mins m
+   [n/16][k/32][16]: w = d * q + m, Q4_0's m being -8 d. The file's own bytes a block. */
+#define Q4_BLOCK 32
+#define Q4_HALF (Q4_BLOCK / 2)
+
+/* LANES float16 as float32 (F16C; AVX-512F has it too). */
+static inline f32v load_f16(const uint16_t *p) {
+    f32v v;
+#ifdef __AVX512F__
+    __m512 f = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+    memcpy(&v, &f, sizeof v);
+#elif defined(__F16C__)
+    __m256 f = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+    memcpy(&v, &f, sizeof v);
+#else
+    for (int i = 0; i < LANES; i++) v[i] = (float)((const _Float16 *)p)[i];
+#endif
+    return v;
+}
+
+/* LANES bytes' low and high nibbles as float32. */
+static inline void load_nibbles(const uint8_t *p, f32v *lo, f32v *hi) {
+#ifdef __AVX512F__
+    __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
+    __m512 l = _mm512_cvtepi32_ps(_mm512_and_si512(b, _mm512_set1_epi32(15)));
+    __m512 u = _mm512_cvtepi32_ps(_mm512_srli_epi32(b, 4));
+    memcpy(lo, &l, sizeof *lo), memcpy(hi, &u, sizeof *hi);
+#elif defined(__AVX2__)
+    __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+    __m256 l = _mm256_cvtepi32_ps(_mm256_and_si256(b, _mm256_set1_epi32(15)));
+    __m256 u = _mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4));
+    memcpy(lo, &l, sizeof *lo), memcpy(hi, &u, sizeof *hi);
+#else
+    for (int i = 0; i < LANES; i++) (*lo)[i] = p[i] & 15, (*hi)[i] = p[i] >> 4;
+#endif
+}
+
+/* One row: each block's sum of x * q per panel (two chains: the low and the high nibbles), scaled
+   once by d, plus m times the block's sum of x: a multiply-add a block rather than converting
+   every weight, as row_int8 scales its groups' sums; and as there, the next strip's panels are
+   fetched into L2 while this one runs. The same product as tile_int4's, rounded at other places. */
+INLINE void row_int4(int dtype, int has_min, const void *x, int64_t k, const uint8_t *const p[TILE_PANELS],
+                     const uint16_t *const d[TILE_PANELS], const uint16_t *const m[TILE_PANELS], tile_sums a) {
+    const uint8_t *next = p[0] + TILE_PANELS * k / 2 * PANEL;
+    for (int j = 0; j < TILE_PANELS; j++)
+        for (int h = 0; h < VPP; h++) a[j][0][h] = splat(0);
+    for (int64_t b = 0; b < k / Q4_BLOCK; b++) {
+        f32v lo_sum[TILE_PANELS][VPP] = {{0}}, hi_sum[TILE_PANELS][VPP] = {{0}};
+        float x_sum = 0;
+        for (int l = 0; l < TILE_PANELS * Q4_HALF * PANEL / 64; l++)   /* the next strip's block b: as much as this one's */
+            __builtin_prefetch(next + (b * TILE_PANELS * Q4_HALF * PANEL + 64 * l), 0, 2);
+        for (int i = 0; i < Q4_HALF; i++) {
+            float x0 = x_at(dtype, x, b * Q4_BLOCK + i), x1 = x_at(dtype, x, b * Q4_BLOCK + Q4_HALF + i);
+            x_sum += x0 + x1;
+            for (int j = 0; j < TILE_PANELS; j++)
+                for (int h = 0; h < VPP; h++) {
+                    f32v lo, hi;
+                    load_nibbles(p[j] + (b * Q4_HALF + i) * PANEL + h * LANES, &lo, &hi);
+                    lo_sum[j][h] += x0 * lo, hi_sum[j][h] += x1 * hi;
+                }
+        }
+        for (int j = 0; j < TILE_PANELS; j++)
+            for (int h = 0; h < VPP; h++) {
+                f32v scale = load_f16(d[j] + b * PANEL + h * LANES);
+                f32v min = has_min ? load_f16(m[j] + b * PANEL + h * LANES) : scale * -8.0f;
+                a[j][0][h] += (lo_sum[j][h] + hi_sum[j][h]) * scale + x_sum * min;
+            }
+    }
+}
+
+/* Several rows: each block's weights dequantized once for the tile's rows (d * q + m, the
+   weights int4.dequantize gives, bit for bit: d * q is exact) into a block panel in L1, then
+   multiply-added as float32 ones in column order. Dequantizing in registers beside the sums
+   spilled on AVX2 (6 x 2 sums, and scales, mins, low and high nibbles: over 16 registers). */
+INLINE void tile_int4(int dtype, int has_min, const void *x, int64_t rows, int64_t k,
+                      const uint8_t *const p[TILE_PANELS], const uint16_t *const d[TILE_PANELS],
+                      const uint16_t *const m[TILE_PANELS], tile_sums a) {
+    if (rows == 1) {
+        row_int4(dtype, has_min, x, k, p, d, m, a);
+        return;
+    }
+    zero_tile(a);
+    for (int64_t b = 0; b < k / Q4_BLOCK; b++) {
+        float w[TILE_PANELS][Q4_BLOCK][PANEL];
+        for (int j = 0; j < TILE_PANELS; j++)
+            for (int h = 0; h < VPP; h++) {
+                f32v scale = load_f16(d[j] + b * PANEL + h * LANES);
+                f32v min = has_min ? load_f16(m[j] + b * PANEL + h * LANES) : scale * -8.0f;
+                for (int i = 0; i < Q4_HALF; i++) {
+                    f32v lo, hi;
+                    load_nibbles(p[j] + (b * Q4_HALF + i) * PANEL + h * LANES, &lo, &hi);
+                    store_f32(w[j][i] + h * LANES, lo * scale + min);
+                    store_f32(w[j][Q4_HALF + i] + h * LANES, hi * scale + min);
+                }
+            }
+        for (int i = 0; i < Q4_BLOCK; i++) {
+            f32v wv[TILE_PANELS][VPP];
+            for (int j = 0; j < TILE_PANELS; j++)
+                for (int h = 0; h < VPP; h++) wv[j][h] = load_f32(w[j][i] + h * LANES);
+            for (int r = 0; r < rows; r++) {
+                float xv = x_at(dtype, x, r * k + b * Q4_BLOCK + i);
+                for (int j = 0; j < TILE_PANELS; j++)
+                    for (int h = 0; h < VPP; h++) a[j][r][h] += xv * wv[j][h];
             }
         }
     }
@@ -398,23 +517,56 @@ static void store_tile(int dtype, int y_f32, void *y, int64_t n, int64_t row0, i
 /* The tile with rows known at compile time for the usual counts, so that its sums stay in
    registers; on AVX2 every count (a small batch, a batch's last rows: 8 are 6 + 2), which made
    int8 products of 2 to 8 rows 15-40% faster there. On AVX-512 the same made the 8-row tile up
-   to twice as slow. int8 weights when c[0] (their scales' panels, one per panel of p). */
-static void tile(int dtype, const void *x, int64_t rows, int64_t k, const void *const p[TILE_PANELS],
-                 const float *const c[TILE_PANELS], tile_sums a) {
-#define TILE(R) (c[0] ? (dtype == F32 ? tile_int8(F32, x, R, k, (const int8_t *const *)p, c, a)                \
-                                      : tile_int8(BF16, x, R, k, (const int8_t *const *)p, c, a))              \
-                 : dtype == F32 ? tile_f32((const float *)x, R, k, (const float *const *)p, a)                \
-                                : tile_bf16((const bf16_x *)x, R, k, (const bf16 *const *)p, a))
-    if (rows == TILE_ROWS) TILE(TILE_ROWS);
-    else if (rows == 1) TILE(1);
+   to twice as slow. int8's groups of 64 (mcpd's) and 32 (GGUF's) are known at compile time too,
+   so that a group's loop unrolls. All of it inlined into linear(): a tile's sums written through
+   a pointer into a function not inlined may alias x and the weights (a vector type aliases its
+   element type), so they went to memory every step (the float32 8-row tile at half its speed). */
 #if TILE_ROWS == 6
-    else if (rows == 2) TILE(2);
-    else if (rows == 3) TILE(3);
-    else if (rows == 4) TILE(4);
-    else if (rows == 5) TILE(5);
+#define SMALL_ROWS(TILE) else if (rows == 2) TILE(2); else if (rows == 3) TILE(3); \
+                         else if (rows == 4) TILE(4); else if (rows == 5) TILE(5);
+#else
+#define SMALL_ROWS(TILE)
 #endif
-    else TILE(rows);
+#define BY_ROWS(TILE) \
+    do { if (rows == TILE_ROWS) TILE(TILE_ROWS); else if (rows == 1) TILE(1); SMALL_ROWS(TILE) else TILE(rows); } while (0)
+INLINE void tile_plain(int dtype, const void *x, int64_t rows, int64_t k, const void *const p[TILE_PANELS],
+                         tile_sums a) {
+#define TILE(R) (dtype == F32 ? tile_f32((const float *)x, R, k, (const float *const *)p, a) \
+                              : tile_bf16((const bf16_x *)x, R, k, (const bf16 *const *)p, a))
+    BY_ROWS(TILE);
 #undef TILE
+}
+
+INLINE void tile_int8_groups(int dtype, const void *x, int64_t rows, int64_t k, int64_t group,
+                               const void *const p[TILE_PANELS], const void *const c[TILE_PANELS], tile_sums a) {
+#define INT8(D, G, R) tile_int8(D, x, R, k, G, (const int8_t *const *)p, (const float *const *)c, a)
+#define BY_GROUP(D, R) (group == 64 ? INT8(D, 64, R) : group == 32 ? INT8(D, 32, R) : INT8(D, group, R))
+#define TILE(R) (dtype == F32 ? BY_GROUP(F32, R) : BY_GROUP(BF16, R))
+    BY_ROWS(TILE);
+#undef TILE
+#undef BY_GROUP
+#undef INT8
+}
+
+INLINE void tile_int4_kinds(int dtype, int has_min, const void *x, int64_t rows, int64_t k,
+                              const void *const p[TILE_PANELS], const void *const c[TILE_PANELS],
+                              const void *const mn[TILE_PANELS], tile_sums a) {
+#define INT4(D, M, R) tile_int4(D, M, x, R, k, (const uint8_t *const *)p, (const uint16_t *const *)c, \
+                                (const uint16_t *const *)mn, a)
+#define TILE(R) (dtype == F32 ? (has_min ? INT4(F32, 1, R) : INT4(F32, 0, R)) \
+                              : (has_min ? INT4(BF16, 1, R) : INT4(BF16, 0, R)))
+    BY_ROWS(TILE);
+#undef TILE
+#undef INT4
+}
+
+/* p, c, mn: each panel's weights, scales and mins (w's kind says which there are). */
+INLINE void tile(int dtype, const void *x, int64_t rows, int64_t k, const mcpd_matrix *w,
+                 const void *const p[TILE_PANELS], const void *const c[TILE_PANELS], const void *const mn[TILE_PANELS],
+                 tile_sums a) {
+    if (w->kind == PLAIN) tile_plain(dtype, x, rows, k, p, a);
+    else if (w->kind == INT8) tile_int8_groups(dtype, x, rows, k, w->group, p, c, a);
+    else tile_int4_kinds(dtype, w->kind == Q4_1, x, rows, k, p, c, mn, a);
 }
 
 /* One row of x (a decode step's product) by ROW_PANELS panels at once. Each output's sum is the
@@ -498,19 +650,26 @@ static void linear_row(int dtype, const void *x, int64_t k, const void *packed, 
     }
 }
 
-/* x: [m, k] of dtype, packed: w of [n, k] packed as above (int8 when scales, its scales'
-   panels), bias: [n] or NULL; y: [m, n] of dtype, or float32 holding dtype-rounded
-   values when y_f32 (logits). Threads take contiguous runs of strips (a tile's TILE_PANELS
-   panels), so each streams its share of the weights once. */
-static void linear(int dtype, const void *x, int64_t m, int64_t k, const void *packed, const float *scales,
-                   const void *bias, int64_t n, void *y, int y_f32) {
-    size_t size = dtype == F32 ? 4 : 2, weight_size = scales ? 1 : size;
-    int64_t panels = (n + PANEL - 1) / PANEL, strips = (panels + TILE_PANELS - 1) / TILE_PANELS;
-    int64_t panel_scales = (k + INT8_GROUP - 1) / INT8_GROUP * PANEL;
-    if (m == 1 && !scales && (dtype == F32 || ROW_BF16)) return linear_row(dtype, x, k, packed, bias, n, y, y_f32);
+/* Bytes of one panel of w's weights, scales and mins (a missing kind: 0). */
+static void panel_bytes(int dtype, const mcpd_matrix *w, int64_t k, int64_t bytes[3]) {
+    int64_t blocks = k / Q4_BLOCK;
+    bytes[0] = w->kind == PLAIN ? k * PANEL * (dtype == F32 ? 4 : 2) : w->kind == INT8 ? k * PANEL : k / 2 * PANEL;
+    bytes[1] = w->kind == PLAIN ? 0 : w->kind == INT8 ? (k + w->group - 1) / w->group * PANEL * 4 : blocks * PANEL * 2;
+    bytes[2] = w->kind == Q4_1 ? blocks * PANEL * 2 : 0;
+}
+
+/* x: [m, k] of dtype, w: a matrix of [n, k] packed as above, bias: [n] or NULL; y: [m, n] of
+   dtype, or float32 holding dtype-rounded values when y_f32 (logits). Threads take contiguous
+   runs of strips (a tile's TILE_PANELS panels), so each streams its share of the weights once. */
+static void linear(int dtype, const void *x, int64_t m, int64_t k, const mcpd_matrix *w, const void *bias,
+                   int64_t n, void *y, int y_f32) {
+    size_t size = dtype == F32 ? 4 : 2;
+    int64_t panels = (n + PANEL - 1) / PANEL, strips = (panels + TILE_PANELS - 1) / TILE_PANELS, bytes[3];
+    panel_bytes(dtype, w, k, bytes);
+    if (m == 1 && w->kind == PLAIN && (dtype == F32 || ROW_BF16)) return linear_row(dtype, x, k, w->panels, bias, n, y, y_f32);
     size_t x_size = size;
     float *widened = NULL;   /* bf16_x */
-    if (dtype == BF16 && !scales && sizeof(bf16_x) == sizeof(float)) {
+    if (dtype == BF16 && w->kind == PLAIN && sizeof(bf16_x) == sizeof(float)) {
         widened = malloc(m * k * sizeof(float));
         for (int64_t i = 0; i < m * k; i++) widened[i] = bf16_to_f32(((const bf16 *)x)[i]);
         x = widened, x_size = sizeof(float);
@@ -518,17 +677,17 @@ static void linear(int dtype, const void *x, int64_t m, int64_t k, const void *p
     #pragma omp parallel for schedule(dynamic, 8 / TILE_PANELS) if (strips > 1 && n * k * m >= 32768)
     for (int64_t strip = 0; strip < strips; strip++) {
         int64_t first = strip * TILE_PANELS, count = panels - first < TILE_PANELS ? panels - first : TILE_PANELS;
-        const void *p[TILE_PANELS];
-        const float *c[TILE_PANELS];
+        const void *p[TILE_PANELS], *c[TILE_PANELS], *mn[TILE_PANELS];
         for (int j = 0; j < TILE_PANELS; j++) {   /* a missing panel: the first again, its sums dropped */
             int64_t panel = first + (j < count ? j : 0);
-            p[j] = (const char *)packed + panel * k * PANEL * weight_size;
-            c[j] = scales ? scales + panel * panel_scales : NULL;
+            p[j] = (const char *)w->panels + panel * bytes[0];
+            c[j] = bytes[1] ? (const char *)w->scales + panel * bytes[1] : NULL;
+            mn[j] = bytes[2] ? (const char *)w->mins + panel * bytes[2] : NULL;
         }
         for (int64_t row = 0; row < m; row += TILE_ROWS) {
             int64_t rows = m - row < TILE_ROWS ? m - row : TILE_ROWS;
             tile_sums a;
-            tile(dtype, (const char *)x + row * k * x_size, rows, k, p, c, a);
+            tile(dtype, (const char *)x + row * k * x_size, rows, k, w, p, c, mn, a);
             for (int64_t j = 0; j < count; j++)
                 store_tile(dtype, y_f32, y, n, row, rows, (first + j) * PANEL, a[j], bias);
         }
@@ -536,28 +695,37 @@ static void linear(int dtype, const void *x, int64_t m, int64_t k, const void *p
     free(widened);
 }
 
-void mcpd_linear(int dtype, const void *x, int64_t m, int64_t k, const void *packed, const void *bias,
+void mcpd_linear(int dtype, const void *x, int64_t m, int64_t k, const mcpd_matrix *w, const void *bias,
                  int64_t n, void *y, int y_f32) {
-    linear(dtype, x, m, k, packed, NULL, bias, n, y, y_f32);
+    linear(dtype, x, m, k, w, bias, n, y, y_f32);
 }
 
-void mcpd_linear_int8(int dtype, const void *x, int64_t m, int64_t k, const void *packed, const float *scales,
-                      const void *bias, int64_t n, void *y, int y_f32) {
-    linear(dtype, x, m, k, packed, scales, bias, n, y, y_f32);
-}
-
-/* out[t] = row ids[t] of the packed [n, k] matrix w (a tied embedding and LM head). */
-void mcpd_embedding(int dtype, const void *packed, int64_t k, const int64_t *ids, int64_t t, void *out) {
-    for (int64_t r = 0; r < t; r++) {
-        int64_t panel = ids[r] / PANEL, j = ids[r] % PANEL;
-        for (int64_t i = 0; i < k; i++) {
-            if (dtype == F32)
-                ((float *)out)[r * k + i] = ((const float *)packed)[(panel * k + i) * PANEL + j];
-            else   /* [panel][i / 2][j][i % 2] */
-                ((bf16 *)out)[r * k + i] =
-                    ((const bf16 *)packed)[((panel * k / 2 + i / 2) * PANEL + j) * 2 + i % 2];
-        }
+/* Weight i of row `row` of w [n, k], as float32 (the dequantized weight of a quantized one). */
+static float weight_at(int dtype, const mcpd_matrix *w, int64_t k, int64_t row, int64_t i) {
+    int64_t panel = row / PANEL, j = row % PANEL, bytes[3];
+    panel_bytes(dtype, w, k, bytes);
+    if (w->kind == Q4_0 || w->kind == Q4_1) {   /* [panel][i / 32][i % 16][j], the high nibble for i % 32 >= 16 */
+        int64_t b = i / Q4_BLOCK, at = panel * bytes[1] / 2 + b * PANEL + j;
+        uint8_t both = ((const uint8_t *)w->panels)[panel * bytes[0] + (b * Q4_HALF + i % Q4_HALF) * PANEL + j];
+        float q = i % Q4_BLOCK < Q4_HALF ? both & 15 : both >> 4, d = (float)((const _Float16 *)w->scales)[at];
+        return q * d + (w->kind == Q4_1 ? (float)((const _Float16 *)w->mins)[at] : d * -8.0f);
     }
+    if (w->kind == INT8)
+        return ((const int8_t *)w->panels)[(panel * k + i) * PANEL + j]
+               * ((const float *)w->scales)[panel * bytes[1] / 4 + i / w->group * PANEL + j];
+    if (dtype == F32) return ((const float *)w->panels)[(panel * k + i) * PANEL + j];
+    return bf16_to_f32(((const bf16 *)w->panels)[((panel * k / 2 + i / 2) * PANEL + j) * 2 + i % 2]);   /* [panel][i / 2][j][i % 2] */
+}
+
+/* out[t] = row ids[t] of the packed [n, k] matrix w (a tied embedding and LM head, or a quantized
+   embedding), in dtype. */
+void mcpd_embedding(int dtype, const mcpd_matrix *w, int64_t k, const int64_t *ids, int64_t t, void *out) {
+    for (int64_t r = 0; r < t; r++)
+        for (int64_t i = 0; i < k; i++) {
+            float v = weight_at(dtype, w, k, ids[r], i);
+            if (dtype == F32) ((float *)out)[r * k + i] = v;
+            else ((bf16 *)out)[r * k + i] = f32_to_bf16(v);
+        }
 }
 
 /* out[t] = row ids[t] of a plain [n, row_bytes] table (an embedding not tied to the LM head); -1,
@@ -953,9 +1121,9 @@ void mcpd_prefill_attention(int dtype, const void *q, int64_t q_stride, int64_t 
    does with the torch kernels, on scratch rows reused by every layer. */
 
 typedef struct {          /* one decoder layer: packed weight matrices, biases or NULL, norms, KV */
-    const void *input_norm, *qkv, *qkv_bias, *o, *o_bias, *post_norm, *gate_up, *gate_up_bias, *down, *down_bias;
+    mcpd_matrix qkv, o, gate_up, down;
+    const void *input_norm, *qkv_bias, *o_bias, *post_norm, *gate_up_bias, *down_bias;
     void *kv;             /* the layer's paged cache (layout as in mcpd_rope_store) */
-    const float *qkv_scale, *o_scale, *gate_up_scale, *down_scale;   /* int8 weights' scales, or NULL */
 } mcpd_layer;
 
 typedef struct {          /* the model's sizes and the cache's layout, the same for every layer */
@@ -989,7 +1157,7 @@ void mcpd_decoder_stack(int dtype, const mcpd_shape *s, const mcpd_layer *layers
     for (int64_t l = 0; l < num_layers; l++) {
         const mcpd_layer *w = layers + l;
         mcpd_add_rms_norm(dtype, residual, pending, w->input_norm, s->eps, t, s->hidden, x);
-        linear(dtype, x, t, s->hidden, w->qkv, w->qkv_scale, w->qkv_bias, qkv_n, qkv, 0);
+        linear(dtype, x, t, s->hidden, &w->qkv, w->qkv_bias, qkv_n, qkv, 0);
         mcpd_rope_store(dtype, qkv, t, s->heads, s->kv_heads, d, positions, rope, w->kv, s->block_stride,
                         s->v_offset, slot_blocks, slot_offsets);
         for (int64_t i = 0; i < num_groups; i++) {
@@ -1004,11 +1172,11 @@ void mcpd_decoder_stack(int dtype, const mcpd_shape *s, const mcpd_layer *layers
                                        s->kv_heads, d, w->kv, s->block_stride, s->v_offset, s->block_size,
                                        g->table, g->table_stride, s->scale, o);
         }
-        linear(dtype, attended, t, q_size, w->o, w->o_scale, w->o_bias, s->hidden, delta, 0);
+        linear(dtype, attended, t, q_size, &w->o, w->o_bias, s->hidden, delta, 0);
         mcpd_add_rms_norm(dtype, residual, delta, w->post_norm, s->eps, t, s->hidden, x);
-        linear(dtype, x, t, s->hidden, w->gate_up, w->gate_up_scale, w->gate_up_bias, 2 * s->inter, gate_up, 0);
+        linear(dtype, x, t, s->hidden, &w->gate_up, w->gate_up_bias, 2 * s->inter, gate_up, 0);
         mcpd_silu_mul(dtype, gate_up, t, s->inter, act);
-        linear(dtype, act, t, s->inter, w->down, w->down_scale, w->down_bias, s->hidden, delta, 0);
+        linear(dtype, act, t, s->inter, &w->down, w->down_bias, s->hidden, delta, 0);
         pending = delta;
     }
     mcpd_add_rms_norm(dtype, residual, pending, final_norm, s->eps, t, s->hidden, out);
@@ -1046,10 +1214,9 @@ void mcpd_argmax(const float *y, int64_t m, int64_t n, int64_t *out) {
 /* ---- greedy decode steps ----------------------------------------------------------------------- */
 
 typedef struct {          /* what a greedy step reads besides the layers (NativeStack.greedy_steps) */
-    const void *embedding;            /* plain [rows, hidden] table, or the packed tied head when rows == 0 */
-    int64_t rows;
-    const void *head;                 /* packed [vocab, hidden]; int8 when head_scales */
-    const float *head_scales;
+    mcpd_matrix embedding;            /* panels of a plain [rows, hidden] table (plain), else packed */
+    int64_t rows, plain;
+    mcpd_matrix head;                 /* packed [vocab, hidden] */
     int64_t vocab;
     const void *final_norm;
     const float *rope;
@@ -1069,25 +1236,24 @@ int64_t mcpd_greedy_steps(int dtype, const mcpd_shape *s, const mcpd_layer *laye
                           const int64_t *stops, int64_t num_stops, void *scratch, void *residual, void *hidden,
                           float *logits, int64_t *out_tokens) {
     int64_t row_bytes = s->hidden * (dtype == F32 ? 4 : 2);
-    int64_t embedding_rows = g->rows ? g->rows : g->vocab;
-    if (token < 0 || token >= embedding_rows || steps < 0 || position < 0
+    if (token < 0 || token >= g->rows || steps < 0 || position < 0
         || position > g->table_len * s->block_size - steps)   /* no overflow for any position */
         return -1;
     int64_t lens, slot_block, slot_offset;
     mcpd_group one = {1, 0, 1, g->table_len, g->table, &lens, NULL, NULL, NULL};
     for (int64_t n = 0; n < steps; n++) {
         int64_t at = position + n;
-        if (g->rows) mcpd_rows(g->embedding, row_bytes, g->rows, &token, 1, residual);   /* in range: checked */
-        else mcpd_embedding(dtype, g->embedding, s->hidden, &token, 1, residual);
+        if (g->plain) mcpd_rows(g->embedding.panels, row_bytes, g->rows, &token, 1, residual);   /* in range: checked */
+        else mcpd_embedding(dtype, &g->embedding, s->hidden, &token, 1, residual);
         slot_block = g->table[at / s->block_size], slot_offset = at % s->block_size, lens = at + 1;
         mcpd_decoder_stack(dtype, s, layers, num_layers, 1, residual, g->rope, &at, &slot_block, &slot_offset, &one,
                            1, scratch, g->final_norm, hidden);
-        linear(dtype, hidden, 1, s->hidden, g->head, g->head_scales, NULL, g->vocab, logits, 1);
+        linear(dtype, hidden, 1, s->hidden, &g->head, NULL, g->vocab, logits, 1);
         mcpd_argmax(logits, 1, g->vocab, &token);
         out_tokens[n] = token;
         for (int64_t i = 0; i < num_stops; i++)
             if (token == stops[i]) return n + 1;
-        if (token >= embedding_rows) return n + 1;   /* a head wider than the embedding: no next input */
+        if (token >= g->rows) return n + 1;   /* a head wider than the embedding: no next input */
     }
     return steps;
 }

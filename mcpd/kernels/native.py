@@ -23,10 +23,9 @@ import tempfile
 from pathlib import Path
 
 from mcpd.cpu import features
-from mcpd.quant import int8
 
 SOURCE = Path(__file__).with_name("kernels.c")
-FLAGS = ["-O3", "-march=native", "-fPIC", "-shared", "-fopenmp", "-lm", f"-DINT8_GROUP={int8.GROUP}"]
+FLAGS = ["-O3", "-march=native", "-fPIC", "-shared", "-fopenmp", "-lm"]
 # Each set: the flags it adds, and the CPU flags it needs. avx2 leaves out every AVX-512
 # extension (-mno-avx512f takes them all), so kernels.c takes its AVX2 tiles.
 ISAS = {"avx512": ([], ("avx512f",)), "avx2": (["-mno-avx512f"], ("avx2", "fma"))}
@@ -35,7 +34,6 @@ BUILD_TIMEOUT_S = 120
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 _SIGNATURES = {
     "mcpd_linear": [ctypes.c_int, _P, _I, _I, _P, _P, _I, _P, ctypes.c_int],
-    "mcpd_linear_int8": [ctypes.c_int, _P, _I, _I, _P, _P, _P, _I, _P, ctypes.c_int],
     "mcpd_embedding": [ctypes.c_int, _P, _I, _P, _I, _P],
     "mcpd_rows": [_P, _I, _I, _P, _I, _P],
     "mcpd_add_rms_norm": [ctypes.c_int, _P, _P, _P, _F, _I, _I, _P],
@@ -54,6 +52,19 @@ _SIGNATURES = {
 
 _RESTYPES = {"mcpd_rows": ctypes.c_int, "mcpd_max_threads": ctypes.c_int, "mcpd_team_tids": ctypes.c_int,
              "mcpd_has_avx512_bf16": ctypes.c_int, "mcpd_stack_scratch_bytes": _I, "mcpd_greedy_steps": _I}
+
+
+class Matrix(ctypes.Structure):
+    """kernels.c's mcpd_matrix: a packed weight matrix's panels, and its scales and mins where
+    its kind (PLAIN, INT8: in groups of `group` columns, Q4_0, Q4_1) has them."""
+    _fields_ = [("panels", _P), ("scales", _P), ("mins", _P), ("kind", _I), ("group", _I)]
+
+    PLAIN, INT8, Q4_0, Q4_1 = range(4)
+
+
+def address(tensor) -> int | None:
+    """A torch tensor's data address for a pointer argument, NULL for None."""
+    return None if tensor is None else tensor.data_ptr()
 
 
 class NativeUnavailable(RuntimeError):

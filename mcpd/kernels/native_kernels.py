@@ -3,10 +3,11 @@
 Weight matrices are packed once, at load, into the panels kernels.c multiplies (prepare()); the
 products of any number of rows are native. Attention, of decoding sequences and of prefill
 chunks, reads the paged KV cache in place; the whole decoder stack runs as one call a step
-(native_stack.py). Weight-only int8 matrices are read as int8 panels and converted in registers.
+(native_stack.py). Weight-only int8 and 4-bit matrices are read as such and converted in registers.
 """
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass
 
 import torch
@@ -14,8 +15,10 @@ import torch.nn.functional as F
 
 from mcpd.kernels import native
 from mcpd.kernels.torch_kernels import TorchKernels
-from mcpd.quant import int8
+from mcpd.quant.int4 import Int4Weight
+from mcpd.quant.int4_layout import BLOCK
 from mcpd.quant.int8 import Int8Weight
+from mcpd.quant.int8_layout import group_of
 
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 PANEL = 16
@@ -25,14 +28,19 @@ PANEL = 16
 class Packed:
     """A weight matrix [n, k] in kernels.c's panel layout: float32 and int8 [n/16, k, 16],
     bfloat16 [n/16, k/2, 16, 2] (n padded with zero rows to a multiple of 16); an int8 one has
-    its scales in panels too, float32 [n/16, groups(k), 16] (padding rows' scales 1)."""
+    its scales in panels too, float32 [n/16, groups(k), 16] (padding rows' scales 1); a 4-bit
+    one is bytes [n/16, k/32, 16, 16] (int4.py's bytes of a block, each for 16 rows), its
+    scales and (Q4_1) mins float16 [n/16, k/32, 16]."""
     panels: torch.Tensor
     n: int
     k: int
     scales: torch.Tensor | None = None
+    mins: torch.Tensor | None = None
 
     @classmethod
-    def of(cls, weight: torch.Tensor | Int8Weight) -> Packed:
+    def of(cls, weight: torch.Tensor | Int8Weight | Int4Weight) -> Packed:
+        if isinstance(weight, Int4Weight):
+            return cls._of_int4(weight)
         if isinstance(weight, Int8Weight):
             packed = cls.of(weight.values)
             scales = F.pad(weight.scales, (0, 0, 0, -packed.n % PANEL), value=1.0)
@@ -46,9 +54,28 @@ class Packed:
             panels = padded.view(-1, PANEL, k // 2, 2).permute(0, 2, 1, 3)
         return cls(panels.contiguous(), n, k)
 
+    @classmethod
+    def _of_int4(cls, weight: Int4Weight) -> Packed:
+        (n, k), pad = weight.shape, -weight.shape[0] % PANEL
+        blocks = k // BLOCK
+        panels = F.pad(weight.values, (0, 0, 0, pad)).view(-1, PANEL, blocks, BLOCK // 2).permute(0, 2, 3, 1)
+        scales, mins = (None if t is None else F.pad(t, (0, 0, 0, pad)).view(-1, PANEL, blocks).transpose(1, 2).contiguous()
+                        for t in (weight.scales, weight.mins))
+        return cls(panels.contiguous(), n, k, scales, mins)
+
+    def matrix(self) -> native.Matrix:
+        """The record kernels.c's products take."""
+        if self.scales is None:
+            kind, group = native.Matrix.PLAIN, 0
+        elif self.panels.dtype == torch.int8:
+            kind, group = native.Matrix.INT8, group_of(self.k, self.scales.shape[1])
+        else:
+            kind, group = native.Matrix.Q4_0 if self.mins is None else native.Matrix.Q4_1, BLOCK
+        return native.Matrix(self.panels.data_ptr(), native.address(self.scales), native.address(self.mins), kind, group)
+
 
 class NativeKernels(TorchKernels):
-    form = f"panels16-int8group{int8.GROUP}"   # every instruction set's tiles read these panels
+    form = "panels16-int8-int4b32"   # every instruction set's tiles read these panels
     stacks_layers = True
 
     def __init__(self, isa: str) -> None:
@@ -71,11 +98,11 @@ class NativeKernels(TorchKernels):
     def prepare(self, weight):
         return Packed.of(weight)
 
-    def embedding(self, ids, table):
+    def embedding(self, ids, table, dtype):
         if not isinstance(table, Packed):
             return self._rows(ids, table)
-        out = torch.empty((ids.shape[0], table.k), dtype=table.panels.dtype)   # a tied LM head's rows
-        self.lib.mcpd_embedding(self.codes[out.dtype], table.panels.data_ptr(), table.k, ids.data_ptr(),
+        out = torch.empty((ids.shape[0], table.k), dtype=dtype)   # a tied LM head's rows, or a quantized table's
+        self.lib.mcpd_embedding(self.codes[out.dtype], ctypes.byref(table.matrix()), table.k, ids.data_ptr(),
                                 ids.shape[0], out.data_ptr())
         return out
 
@@ -108,13 +135,8 @@ class NativeKernels(TorchKernels):
 
     def _product(self, x: torch.Tensor, weight: Packed, bias: torch.Tensor | None, y: torch.Tensor,
                  y_f32: int) -> torch.Tensor:
-        operands = (self.codes[x.dtype], x.data_ptr(), x.shape[0], weight.k, weight.panels.data_ptr())
-        bias_address = bias.data_ptr() if bias is not None else None
-        if weight.scales is None:
-            self.lib.mcpd_linear(*operands, bias_address, weight.n, y.data_ptr(), y_f32)
-        else:
-            self.lib.mcpd_linear_int8(*operands, weight.scales.data_ptr(), bias_address, weight.n, y.data_ptr(),
-                                      y_f32)
+        self.lib.mcpd_linear(self.codes[x.dtype], x.data_ptr(), x.shape[0], weight.k, ctypes.byref(weight.matrix()),
+                             native.address(bias), weight.n, y.data_ptr(), y_f32)
         return y
 
     def add_rms_norm(self, residual, delta, weight, eps):

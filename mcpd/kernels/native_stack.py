@@ -14,6 +14,7 @@ import ctypes
 
 import torch
 
+from mcpd.kernels.native import Matrix, address
 from mcpd.models.layers import AttentionMetadata
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64
@@ -21,9 +22,9 @@ REUSED_SCRATCH_ROWS = 64   # steps of up to this many rows share one scratch buf
 
 
 class Layer(ctypes.Structure):
-    _fields_ = [(name, _P) for name in ("input_norm", "qkv", "qkv_bias", "o", "o_bias", "post_norm", "gate_up",
-                                        "gate_up_bias", "down", "down_bias", "kv", "qkv_scale", "o_scale",
-                                        "gate_up_scale", "down_scale")]
+    _fields_ = ([(name, Matrix) for name in ("qkv", "o", "gate_up", "down")]
+                + [(name, _P) for name in ("input_norm", "qkv_bias", "o_bias", "post_norm", "gate_up_bias", "down_bias",
+                                           "kv")])
 
 
 class Shape(ctypes.Structure):
@@ -33,17 +34,13 @@ class Shape(ctypes.Structure):
 
 
 class Greedy(ctypes.Structure):
-    _fields_ = [("embedding", _P), ("rows", _I), ("head", _P), ("head_scales", _P), ("vocab", _I),
+    _fields_ = [("embedding", Matrix), ("rows", _I), ("plain", _I), ("head", Matrix), ("vocab", _I),
                 ("final_norm", _P), ("rope", _P), ("table", _P), ("table_len", _I)]
 
 
 class Group(ctypes.Structure):
     _fields_ = [(name, _I) for name in ("decoding", "start", "b", "table_stride")] + \
                [(name, _P) for name in ("table", "lens", "first_rows", "starts", "counts")]
-
-
-def _address(tensor: torch.Tensor | None) -> int | None:
-    return None if tensor is None else tensor.data_ptr()
 
 
 class NativeStack:
@@ -54,10 +51,9 @@ class NativeStack:
         first_cache = weights.layers[0].attention.kv_cache
         self.cache_address = first_cache.data_ptr()
         self.layers = (Layer * len(weights.layers))(*(
-            Layer(w.input_norm.data_ptr(), w.qkv.panels.data_ptr(), _address(w.qkv_bias), w.o.panels.data_ptr(),
-                  _address(w.o_bias), w.post_norm.data_ptr(), w.gate_up.panels.data_ptr(), _address(w.gate_up_bias),
-                  w.down.panels.data_ptr(), _address(w.down_bias), w.attention.kv_cache.data_ptr(),
-                  _address(w.qkv.scales), _address(w.o.scales), _address(w.gate_up.scales), _address(w.down.scales))
+            Layer(w.qkv.matrix(), w.o.matrix(), w.gate_up.matrix(), w.down.matrix(), w.input_norm.data_ptr(),
+                  address(w.qkv_bias), address(w.o_bias), w.post_norm.data_ptr(), address(w.gate_up_bias),
+                  address(w.down_bias), w.attention.kv_cache.data_ptr())
             for w in weights.layers))
         self.shape = Shape(args.hidden_size, args.intermediate_size, args.num_heads, args.num_kv_heads,
                            args.head_dim, first_cache.stride(0), first_cache.stride(1), first_cache.shape[2],
@@ -76,7 +72,7 @@ class NativeStack:
         out = torch.empty_like(residual)
         groups = (Group * len(attn.groups))(*(
             Group(g.decoding, g.start, g.block_table.shape[0], g.block_table.stride(0), g.block_table.data_ptr(),
-                  g.context_lens.data_ptr(), _address(g.first_rows), _address(g.starts), _address(g.counts))
+                  g.context_lens.data_ptr(), address(g.first_rows), address(g.starts), address(g.counts))
             for g in attn.groups))
         self.lib.mcpd_decoder_stack(self.code, ctypes.byref(self.shape), self.layers, len(self.layers), rows,
                                     residual.data_ptr(), rope.data_ptr(), attn.positions.data_ptr(),
@@ -95,11 +91,11 @@ class NativeStack:
             self.greedy_buffers = (torch.empty(2, self.final_norm.shape[0], dtype=self.final_norm.dtype),
                                    torch.empty(head.n, dtype=torch.float32))
         rows, logits = self.greedy_buffers
-        tied = not isinstance(embedding, torch.Tensor)   # a tied head's packed panels
+        plain = isinstance(embedding, torch.Tensor)   # else packed: a tied head's panels, or a quantized table's
         table, stop_ids, tokens = array.array("q", block_table), array.array("q", stops), array.array("q", bytes(8 * steps))
-        described = Greedy(embedding.panels.data_ptr() if tied else embedding.data_ptr(), 0 if tied else embedding.shape[0],
-                           head.panels.data_ptr(), _address(head.scales), head.n, self.final_norm.data_ptr(),
-                           rope.data_ptr(), table.buffer_info()[0], len(table))
+        described = Greedy(Matrix(embedding.data_ptr()) if plain else embedding.matrix(),
+                           embedding.shape[0] if plain else embedding.n, plain, head.matrix(), head.n,
+                           self.final_norm.data_ptr(), rope.data_ptr(), table.buffer_info()[0], len(table))
         count = self.lib.mcpd_greedy_steps(self.code, ctypes.byref(self.shape), self.layers, len(self.layers),
                                            ctypes.byref(described), token, position, steps, stop_ids.buffer_info()[0],
                                            len(stop_ids), self._scratch(1).data_ptr(), rows[0].data_ptr(),

@@ -7,7 +7,8 @@ Each op mirrors the order of roundings of transformers' Llama, so that every ker
 transformers' greedy tokens in float32 and in bfloat16.
 
 Weight-only int8 matrices (quant/int8.py): the torch twin converts the integers at each product
-(int8.linear); on a CUDA device a Triton kernel does the same (quant/int8_cuda.py).
+(int8.linear); on a CUDA device a Triton kernel does the same (quant/int8_cuda.py). 4-bit ones
+(quant/int4.py): int4.linear, a panel of rows at a time, on any device.
 """
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from mcpd.quant import int8
+from mcpd.quant import int4, int8
+from mcpd.quant.int4 import Int4Weight
 from mcpd.quant.int8 import Int8Weight
 
 
@@ -38,11 +40,18 @@ class TorchKernels:
         on a meta tensor too (giving the form's shapes): the pool lays weights out before reading any."""
         return weight
 
-    def embedding(self, ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    def embedding(self, ids: torch.Tensor, table, dtype: torch.dtype) -> torch.Tensor:
+        """Rows ids of table in dtype, the model's (a quantized table's dequantized)."""
+        if isinstance(table, Int8Weight):
+            return int8.rows(ids, table).to(dtype)
+        if isinstance(table, Int4Weight):
+            return int4.rows(ids, table).to(dtype)
         return F.embedding(ids, table)
 
-    def linear(self, x: torch.Tensor, weight: torch.Tensor | Int8Weight,
+    def linear(self, x: torch.Tensor, weight: torch.Tensor | Int8Weight | Int4Weight,
                bias: torch.Tensor | None = None) -> torch.Tensor:
+        if isinstance(weight, Int4Weight):
+            return int4.linear(x, weight, bias)
         if isinstance(weight, Int8Weight):
             if x.is_cuda:   # imported here: Triton comes with torch's CUDA builds, not the CPU ones
                 from mcpd.quant import int8_cuda

@@ -141,16 +141,16 @@ def _of_gguf(config: ModelConfig, path: Path, device_type: str) -> Architecture:
         scaling = found.pop("rope_scaling")
         args = LlamaArgs(**found, rope_scaling=rope_scaling.Llama3RopeScaling(*scaling) if scaling else None)
         _check_sizes(args, model_len, path)
-        gguf_architecture.check_tensors(reader, args)
+        kept = gguf_architecture.check_tensors(reader, args)   # and the matrices that stay quantized
     except UnsupportedModel:
         raise
     except gguf_file.BadGGUF as e:
         raise UnsupportedModel(f"{path}: {e}") from None
     except (TypeError, ValueError, ArithmeticError) as e:   # values that lie in a way not foreseen above
         raise UnsupportedModel(f"{path}: unusable metadata ({e})") from None
-    dtype = resolve_dtype(config.dtype, "float32", device_type)   # dequantized to float32 unless asked
-    return Architecture(args, dtype, _quantization(args, config.quantization, path), vocab_size, model_len,
-                        {"gguf_architecture": name})
+    quantization = _quantization(args, config.quantization, path)   # int8: every matrix requantized
+    hf = {"gguf_architecture": name, gguf_file.KEPT_QUANTIZED: kept if quantization == "none" else {}}
+    return Architecture(args, resolve_dtype(config.dtype, "float32", device_type), quantization, vocab_size, model_len, hf)
 
 
 def _of_checkpoint(config: ModelConfig, hf: dict, path: Path, device_type: str) -> Architecture:

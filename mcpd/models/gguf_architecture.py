@@ -10,11 +10,16 @@ from __future__ import annotations
 import math
 import re
 
+from gguf.constants import GGML_QUANT_SIZES
+
 from mcpd.gguf_file import BadGGUF, value
 
 ARCHITECTURES = ("llama", "qwen2")   # Mistral-style files say llama
-# The tensor types read here, each dequantized at load to the model's dtype (gguf_loader.py).
+# The tensor types read here: KEPT ones stay so in memory, the others are dequantized at load
+# to the model's dtype (gguf_loader.py).
 TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K")
+KEPT = {"Q8_0": "int8", "Q4_0": "q4_0", "Q4_1": "q4_1"}   # type -> the form that holds it (quant/)
+_FUSED = ((re.compile(r"\.[qkv]_proj\."), ".qkv_proj."), (re.compile(r"\.(gate|up)_proj\."), ".gate_up_proj."))
 ROPE_FREQS = "rope_freqs.weight"   # Llama 3.1's rope scaling, as llama.cpp's converter writes it
 LLAMA3_ORIGINAL_LEN = 8192         # Llama 3's context length before scaling, where the file names none
 
@@ -70,9 +75,28 @@ def llama_args(reader) -> tuple[dict, int, int, str]:
     return args, args["vocab_size"], key("context_length"), arch
 
 
-def check_tensors(reader, args) -> None:
+def kept_quantized(reader) -> dict[str, str]:
+    """The engine's parameter name -> its form (KEPT's) for each matrix kept quantized: its GGUF
+    tensors (q, k and v make one matrix, gate and up another) all of types of that one form."""
+    forms: dict[str, set] = {}
+    for tensor in reader.tensors:
+        name = hf_name(tensor.name)
+        if name is not None:
+            forms.setdefault(fused_name(name), set()).add(KEPT.get(tensor.tensor_type.name))
+    return {name: kinds.pop() for name, kinds in forms.items() if len(kinds) == 1 and None not in kinds}
+
+
+def fused_name(name: str) -> str:
+    """The engine's parameter a Hugging Face tensor `name` fills (llama.py fuses q/k/v, gate/up)."""
+    for pattern, fused in _FUSED:
+        name = pattern.sub(fused, name)
+    return name
+
+
+def check_tensors(reader, args) -> dict[str, str]:
     """BadGGUF naming the first tensor that is missing, unexpected, of a type not read here, or
-    of a shape other than args give it: before the skeleton is built from args."""
+    of a shape other than args give it: before the skeleton is built from args. Returns
+    kept_quantized(reader)."""
     expected = dict(_checkpoint_shapes(args))
     seen = set()
     for tensor in reader.tensors:
@@ -85,6 +109,9 @@ def check_tensors(reader, args) -> None:
             raise BadGGUF(f"tensor {tensor.name!r} has type {tensor.tensor_type.name} "
                           f"(supported: {', '.join(TYPES)})")
         shape = tuple(int(n) for n in reversed(tensor.shape))   # GGUF lists the fastest dimension first
+        block = GGML_QUANT_SIZES[tensor.tensor_type][0]
+        if shape[-1] % block:
+            raise BadGGUF(f"tensor {tensor.name!r} has rows of {shape[-1]} values, not whole blocks of {block}")
         if shape != expected[name]:
             raise BadGGUF(f"tensor {tensor.name!r} has shape {shape}, the metadata gives {expected[name]}")
         seen.add(name)
@@ -92,6 +119,7 @@ def check_tensors(reader, args) -> None:
     if missing:
         raise BadGGUF(f"no tensor for {', '.join(missing[:5])}" + (f" and {len(missing) - 5} more"
                                                                    if len(missing) > 5 else ""))
+    return kept_quantized(reader)
 
 
 def _checkpoint_shapes(a):

@@ -1,8 +1,10 @@
 """Load a model from a GGUF file: the skeleton its metadata describes (gguf_architecture.py),
 filled with its tensors under their Hugging Face names, and the tokenizer it carries.
 
-Quantized tensors are dequantized here, at load, to the model's dtype, with one warning line
-naming the types; kernels that read them quantized are a later step.
+Q8_0, Q4_0 and Q4_1 matrices stay quantized (gguf_blocks.py: as the skeleton's int8 and 4-bit
+parameters hold them, gguf_file.KEPT_QUANTIZED); other quantized tensors (Q4_K, Q6_K, a
+matrix whose pieces mix types) are dequantized here, at load, to the model's dtype, with one
+warning line naming the types.
 
 llama.cpp's converter permutes the rows of a Llama model's Q and K projections into the
 interleaved rotary layout its kernels use; the engine, like transformers, rotates halves, so
@@ -19,8 +21,9 @@ import torch
 
 from mcpd import gguf_file
 from mcpd.config import ModelConfig
+from mcpd.models import gguf_blocks
 from mcpd.models.architecture import LlamaArgs
-from mcpd.models.gguf_architecture import ROPE_FREQS, hf_name
+from mcpd.models.gguf_architecture import ROPE_FREQS, fused_name, hf_name
 from mcpd.models.loader import LoadedModel, copy_weights, fill_weights, skeleton
 from mcpd.tokenizer import HFTokenizer
 
@@ -41,19 +44,28 @@ def load(config: ModelConfig, device: torch.device, kernels: str = "torch", resi
 
 
 def _tensors(reader, args: LlamaArgs, hf: dict, dtype: torch.dtype, path: Path) -> Iterator[tuple[str, torch.Tensor]]:
-    quantized = sorted({t.tensor_type.name for t in reader.tensors} - set(FLOAT_TYPES))
-    if quantized:
-        log.warning("%s: %s tensors dequantized to %s at load (no kernels read them quantized yet)",
-                    path.name, ", ".join(quantized), str(dtype).removeprefix("torch."))
+    kept = hf[gguf_file.KEPT_QUANTIZED]
+    is_kept = {t.name: fused_name(hf_name(t.name) or "") in kept for t in reader.tensors}
+    quantized = [t for t in reader.tensors if t.tensor_type.name not in FLOAT_TYPES]
+    kept_types = sorted({t.tensor_type.name for t in quantized if is_kept[t.name]})
+    dequantized = sorted({t.tensor_type.name for t in quantized if not is_kept[t.name]})
+    if kept_types:
+        log.info("%s: %s tensors stay quantized in memory", path.name, ", ".join(kept_types))
+    if dequantized:
+        log.warning("%s: %s tensors dequantized to %s at load (no kernels read them quantized)",
+                    path.name, ", ".join(dequantized), str(dtype).removeprefix("torch."))
     permuted = hf["gguf_architecture"] == "llama"
     for tensor in reader.tensors:
         if tensor.name == ROPE_FREQS:   # read into the rope scaling (gguf_architecture.py)
             continue
-        weights = _dequantized(tensor)
-        if permuted and (".attn_q." in tensor.name or ".attn_k." in tensor.name):
-            heads = args.num_heads if ".attn_q." in tensor.name else args.num_kv_heads
-            weights = _rotate_halves(weights, heads)
-        yield hf_name(tensor.name), torch.from_numpy(weights)
+        name = hf_name(tensor.name)
+        pieces = (gguf_blocks.pieces(tensor.data, tensor.tensor_type.name, int(tensor.shape[-1]))
+                  if is_kept[tensor.name] else {"": _dequantized(tensor)})
+        for suffix, weights in pieces.items():
+            if permuted and (".attn_q." in tensor.name or ".attn_k." in tensor.name):
+                heads = args.num_heads if ".attn_q." in tensor.name else args.num_kv_heads
+                weights = _rotate_halves(weights, heads)
+            yield name + suffix, torch.from_numpy(weights)
 
 
 def _dequantized(tensor) -> np.ndarray:

@@ -151,7 +151,7 @@ class LlamaForCausalLM(KernelForms, nn.Module):
         residual += mlp(x), with each residual addition fused into the norm that follows it. The
         native kernels run this loop in C (NativeStack), the same kernels in the same order."""
         k, eps, weights = self.kernels, self.args.rms_norm_eps, self.weights
-        residual, delta = k.embedding(input_ids, weights.embedding), None
+        residual, delta = k.embedding(input_ids, weights.embedding, weights.final_norm.dtype), None
         rope, rope_rows = self.rope.for_step(attn, residual.dtype)
         if k.stacks_layers:
             return self._native_stack().run(residual, rope, attn)
@@ -216,12 +216,12 @@ class LlamaForCausalLM(KernelForms, nn.Module):
         args = self.args
         sizes = [args.hidden_size, args.intermediate_size, args.num_heads * args.head_dim,
                  args.num_kv_heads * args.head_dim]
-        embedding = self.model.embed_tokens.weight
+        norm = self.model.norm.weight   # the model dtype's (a GGUF's embedding may be quantized)
         torch_only = self._torch_only_feature()
         if torch_only:
             self.kernels, reason = torch_for(requested, torch_only)
         else:
-            self.kernels, reason = choose(requested, embedding.dtype, embedding.device, sizes, args.head_dim,
+            self.kernels, reason = choose(requested, norm.dtype, norm.device, sizes, args.head_dim,
                                           args.num_heads // args.num_kv_heads)
         self._weights = None
         qkv = self.model.layers[0].self_attn.qkv_proj.weight
@@ -243,10 +243,12 @@ class LlamaForCausalLM(KernelForms, nn.Module):
         return "q/k norms" if self.args.qk_norm else None
 
     def prepared(self, name: str, param: torch.Tensor) -> bool:
-        """The weight matrices the kernels multiply; the embedding table too when it is the head.
-        Not an int8 matrix's scales (2-D too): they are prepared with it."""
+        """The weight matrices the kernels multiply; the embedding table too when it is the head
+        or quantized (the kernels read its rows). Not an int8 matrix's scales (2-D too): they
+        are prepared with it."""
         return (param.dim() == 2 and not name.endswith(SCALE_SUFFIX)
-                and (name != "model.embed_tokens.weight" or self.lm_head is None))
+                and (name != "model.embed_tokens.weight" or self.lm_head is None
+                     or param.dtype in (torch.int8, torch.uint8)))
 
     def use_forms(self, forms: dict[str, Form]) -> None:
         super().use_forms(forms)

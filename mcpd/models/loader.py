@@ -19,9 +19,11 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
+from mcpd import gguf_file
 from mcpd.config import ModelConfig
 from mcpd.models import architecture
-from mcpd.quant import int8
+from mcpd.quant import int4, int8
+from mcpd.quant.int8_layout import GGUF_GROUP
 from mcpd.models.architecture import GemmaArgs, LlamaArgs, UnsupportedModel, read_json
 from mcpd.models.gemma import GemmaForCausalLM
 from mcpd.models.gpt2 import GPT2LMHeadModel
@@ -116,6 +118,12 @@ def skeleton(config: ModelConfig, device: torch.device) -> tuple[nn.Module, dict
     model = on_device(model.to(DTYPES[arch.dtype]), device).eval().requires_grad_(False)
     if arch.quantization == "int8":
         int8.use_int8(model)
+    for name, form in arch.hf.get(gguf_file.KEPT_QUANTIZED, {}).items():   # a GGUF's quantized matrices
+        module = model.get_submodule(name.removesuffix(".weight"))
+        if form == "int8":
+            int8.hold_int8(module, GGUF_GROUP)
+        else:
+            int4.hold_int4(module, with_mins=form == "q4_1")
     return model, arch.hf, DTYPES[arch.dtype], arch.vocab_size, arch.model_len
 
 

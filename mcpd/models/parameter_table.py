@@ -9,12 +9,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 
+from mcpd import gguf_file
 from mcpd.config import ModelConfig
 from mcpd.models import architecture
 from mcpd.models.architecture import Architecture, GemmaArgs, GPT2Args, LlamaArgs
-from mcpd.quant.int8_layout import SCALE_SUFFIX, groups
+from mcpd.quant import int4_layout
+from mcpd.quant.int8_layout import GGUF_GROUP, GROUP, SCALE_SUFFIX, groups
 
-ITEM_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1}
+ITEM_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1, "uint8": 1}
 Shape = tuple[int, ...]
 
 
@@ -30,10 +32,17 @@ def parameters(arch: Architecture) -> dict[str, tuple[Shape, str]]:
     listed = (_llama(arch.args) if isinstance(arch.args, LlamaArgs)
               else _gemma(arch.args) if isinstance(arch.args, GemmaArgs) else _gpt2(arch.args))
     table = {}
+    kept = arch.hf.get(gguf_file.KEPT_QUANTIZED, {})   # a GGUF's quantized matrices (int8.hold_int8, int4.hold_int4)
     for name, shape, linear in listed:
-        if linear and arch.quantization == "int8":   # int8.use_int8: every nn.Linear's weight
+        if kept.get(name, "").startswith("q4"):
+            values, blocks = int4_layout.shapes(*shape)
+            table[name] = values, "uint8"
+            table[name + int4_layout.SCALES_SUFFIX] = blocks, "float16"
+            if kept[name] == "q4_1":
+                table[name + int4_layout.MINS_SUFFIX] = blocks, "float16"
+        elif name in kept or (linear and arch.quantization == "int8"):   # int8.use_int8: every nn.Linear's weight
             table[name] = shape, "int8"
-            table[name + SCALE_SUFFIX] = (shape[0], groups(shape[1])), "float32"
+            table[name + SCALE_SUFFIX] = (shape[0], groups(shape[1], GGUF_GROUP if name in kept else GROUP)), "float32"
         else:
             table[name] = shape, arch.dtype
     return table

