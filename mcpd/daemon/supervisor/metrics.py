@@ -177,7 +177,7 @@ def _http(listener: dict):
 def _models(scheduler: SchedulerStats):
     """Per model version: requests routed to it; per class: whether its fast rung is on; per
     model with a shadow: pairs compared and the identical ones."""
-    routed = CounterMetricFamily("mcpd_model_requests", "Generate requests routed per model version",
+    routed = CounterMetricFamily("mcpd_model_requests", "Generate and infer requests routed per model version",
                                  labels=["model", "version"])
     compared = CounterMetricFamily("mcpd_shadow_compared", "Shadow pairs compared", labels=["model", "candidate"])
     identical = CounterMetricFamily("mcpd_shadow_identical", "Shadow pairs with identical tokens",
