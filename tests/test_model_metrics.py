@@ -1,11 +1,12 @@
 """/metrics by model, version and class, on a real daemon serving a language model and a handler
-model: requests and their latency labelled with the model they named (only a configured one: a
-client's invented names share one label), handler batches by model version, queue time by class."""
+model: requests and their latency labelled with the model and class they named (only configured
+ones: a client's invented names share one label), handler batches by model version, queue time by
+class."""
 import numpy as np
 import pytest
 
 from mcpd.client import Client
-from mcpd.daemon.frontend.model_labels import UNKNOWN
+from mcpd.daemon.frontend.request_labels import UNKNOWN
 from mcpd.histogram import LATENCY_BOUNDS
 from mcpd.protocol import codes
 from mcpd.protocol.codes import MCPDError
@@ -14,6 +15,7 @@ from test_metrics import scrape, total
 
 SCORER = "mcpd.handlers.examples.risk_scorer:RiskScorer"
 MODEL_LABELS = {"chat", "risk", UNKNOWN, ""}   # the configured models, the invented ones, ops without a model
+CLASS_LABELS = {"critical", "high", "normal", "low", UNKNOWN}   # the default classes, the invented ones
 
 
 @pytest.fixture(scope="module")
@@ -76,6 +78,20 @@ def test_a_model_name_no_config_has_makes_no_label_of_its_own(daemon):
     for family in ("mcpd_requests_total", "mcpd_request_duration_seconds_count"):
         labels = {dict(items)["model"] for name, items in samples if name == family}
         assert labels <= MODEL_LABELS, (family, labels - MODEL_LABELS)
+
+
+def test_a_class_no_config_has_makes_no_label_of_its_own(daemon):
+    invented = 20
+    with Client(daemon.endpoint, tenant="eve") as client:
+        for i in range(invented):
+            with pytest.raises(MCPDError) as refused:
+                client.call("ping", {}, priority=f"made-up-{i}")
+            assert refused.value.code == codes.BAD_REQUEST
+    samples = wait_for(daemon, "mcpd_requests_total", invented, "the invented classes' refusals", tenant="eve",
+                       code=codes.BAD_REQUEST, **{"class": UNKNOWN})
+    for family in ("mcpd_requests_total", "mcpd_request_duration_seconds_count"):
+        labels = {dict(items)["class"] for name, items in samples if name == family}
+        assert labels <= CLASS_LABELS, (family, labels - CLASS_LABELS)
 
 
 def test_queue_time_is_a_histogram_per_class(daemon):

@@ -4,8 +4,8 @@ and inter-token latency histograms.
 
 Tenants label the counts (the authenticated identity once CURVE is on), but only the first
 MAX_TENANT_LABELS of them: without authentication a client can name any tenant, and each new
-label would be memory that grows with hostile input. Later ones count as "other". Models label
-them only by configured name (model_labels.py says why).
+label would be memory that grows with hostile input. Later ones count as "other". Models and
+classes label them only by configured name (request_labels.py).
 
 The front-end sees every request start and end, and every streamed chunk, so it measures them
 as a client would. Time to first token and inter-token latency exist only for streamed
@@ -35,8 +35,7 @@ class Live:
 
 
 class RequestMetrics:
-    def __init__(self, default_class: str):
-        self.default_class = default_class   # of requests that name no priority class
+    def __init__(self):
         self.live: dict[int, Live] = {}
         self.tenants: set[str] = set()
         self.finished: dict[tuple[str, str, str, str, str], int] = defaultdict(int)
@@ -44,9 +43,8 @@ class RequestMetrics:
         self.ttft: dict[str, Histogram] = {}
         self.itl: dict[str, Histogram] = {}
 
-    def started(self, rid: int, op: str, priority, tenant: str, model: str) -> None:
-        """model: a ModelLabels label, never a name straight from the request."""
-        cls = priority if isinstance(priority, str) and priority else self.default_class
+    def started(self, rid: int, op: str, cls: str, tenant: str, model: str) -> None:
+        """cls, model: RequestLabels' labels, never names straight from the request."""
         self.live[rid] = Live(op, cls, self._tenant_label(tenant), model, time.monotonic())
 
     def _tenant_label(self, tenant: str) -> str:
