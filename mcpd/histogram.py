@@ -31,3 +31,11 @@ class Histogram:
     def snapshot(self) -> dict:
         """{"bounds", "counts" (per bucket, +Inf last), "sum"}: msgpack-able."""
         return {"bounds": list(self.bounds), "counts": list(self.counts), "sum": self.sum}
+
+
+def keyed(table: dict, key, bounds: tuple[float, ...] = LATENCY_BOUNDS) -> Histogram:
+    """The histogram `table` holds for `key` (its labels' values), made at its first observation."""
+    found = table.get(key)
+    if found is None:
+        found = table[key] = Histogram(bounds)
+    return found

@@ -22,5 +22,5 @@ def test_a_figure_a_child_does_not_declare_fails_in_the_child():
 
 
 def test_before_the_first_report_each_kind_is_empty():
-    assert child_stats.empty("scheduler") == SchedulerStats() and SchedulerStats().queue_time is None
+    assert child_stats.empty("scheduler") == SchedulerStats() and SchedulerStats().queue_time == {}
     assert WorkerStats().reported(("device", "running")) == {}

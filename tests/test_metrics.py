@@ -102,9 +102,9 @@ def test_requests_are_labelled_by_tenant_with_a_bounded_label_set(d):
         client.generate("t", max_tokens=2, ignore_eos=True)
     d.wait_until(lambda: total(scrape(d), "mcpd_requests_total", tenant="alice", code="OK") >= 1, 30,
                  "alice's request counted")
-    metrics = RequestMetrics("normal")   # a client may name any tenant: the labels stay bounded
+    metrics = RequestMetrics()   # a client may name any tenant: the labels stay bounded
     for i in range(MAX_TENANT_LABELS + 50):
-        metrics.started(i, "ping", None, f"made-up-{i}")
+        metrics.started(i, "ping", "normal", f"made-up-{i}", "")
         metrics.ended(i, "OK")
     tenants = {row[2] for row in metrics.snapshot()["finished"]}
     assert len(tenants) == MAX_TENANT_LABELS + 1 and OTHER_TENANTS in tenants

@@ -24,7 +24,7 @@ RULES_TEST = ETC / "prometheus" / "mcpd-rules.test.yml"
 METRIC_NAME = re.compile(r"(?<![A-Za-z0-9_:])mcpd[_:][A-Za-z0-9_:]*")
 SAMPLE_SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum"), "gauge": ("",)}
 # Grafana's variables, as the dashboard's queries use them, replaced by what Prometheus can parse.
-GRAFANA_VARIABLES = {"$__rate_interval": "5m", "$instance": ".*"}
+GRAFANA_VARIABLES = {"$__rate_interval": "5m", "$instance": ".*", "$model": ".*"}
 
 
 @pytest.fixture(scope="module")
@@ -72,6 +72,8 @@ def names_in(expression: str) -> set[str]:
 
 def test_dashboards_are_grafana_imports_with_a_prometheus_input():
     assert DASHBOARDS, "no dashboard under etc/grafana/"
+    uids = [json.loads(path.read_text())["uid"] for path in DASHBOARDS]
+    assert len(set(uids)) == len(uids), f"an import would replace another dashboard: {uids}"
     for path in DASHBOARDS:
         dashboard = json.loads(path.read_text())
         assert dashboard["uid"] and dashboard["title"] and dashboard["schemaVersion"] >= 30, path

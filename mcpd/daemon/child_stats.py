@@ -41,7 +41,7 @@ class SchedulerStats(msgspec.Struct, frozen=True, kw_only=True, tag="scheduler")
     contexts: dict = {}             # ContextService.stats(): contexts, bytes
     cache: dict = {}                # the host cache arena's figures; empty when it is off
     persistence: dict = {}          # the journal's
-    queue_time: dict | None = None  # a Histogram snapshot
+    queue_time: dict = {}           # {class: a Histogram snapshot}
     workers: list = []
     models: dict = {}               # Scheduler.models_stats(): policies, versions, their workers
     cluster: dict = {}              # Heartbeat.stats(): this node and the live nodes it last saw; empty when off

@@ -34,6 +34,7 @@ from mcpd.daemon.frontend.incoming import IncomingBytes, give_large_buffers_back
 from mcpd.daemon.frontend.latency import LatencyWindow
 from mcpd.daemon.frontend.outbox import Outbox
 from mcpd.daemon.frontend.peers import PeerTracker
+from mcpd.daemon.frontend.request_labels import RequestLabels
 from mcpd.daemon.frontend.request_metrics import RequestMetrics
 from mcpd.http.frontend_link import LOCAL_CALLER, FrontendLink
 from mcpd.protocol import codes, infer_args, ops, wire
@@ -86,7 +87,8 @@ class FrontEnd:
         self.served = 0
         self.errors: dict[str, int] = {}
         self.latency = LatencyWindow()
-        self.metrics = RequestMetrics(config.scheduler.default_class)
+        self.metrics = RequestMetrics()
+        self.labels = RequestLabels(config)
         self.parent_pid = os.getppid()
         self.endpoints = self._endpoints()
         # The OpenAI-compatible listener, on this loop (mcpd/http/server.py says why here); its
@@ -312,7 +314,8 @@ class FrontEnd:
                                     header.get("timeout_ms"), args)
         if self.tracing is not None:
             admitted = self.tracing.admitted(admitted, header.get("traceparent"), started)
-        self.metrics.started(rid, request.op, admitted.priority, admitted.tenant)
+        self.metrics.started(rid, request.op, self.labels.class_of(admitted.priority), admitted.tenant,
+                             self.labels.model_of(args))
         self._to_scheduler(messages.encode(admitted, *request.payload))
 
     def admit_local(self, frames: list[bytes]) -> None:
@@ -353,7 +356,7 @@ class FrontEnd:
             if isinstance(message, messages.Flushed):   # the worker's replies before it are relayed: tell the scheduler
                 return self._to_scheduler(messages.encode(message))
             if isinstance(message, messages.Reload):
-                return live_config.apply(message, self.events)
+                return self.labels.reconfigure(live_config.apply(message, self.events))
             if isinstance(message, messages.Drain):
                 return self._drain_mode()
             if isinstance(message, messages.SchedulerLost):

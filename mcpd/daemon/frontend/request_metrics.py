@@ -1,10 +1,11 @@
 """Per-request figures the front-end keeps for the metrics endpoint: counts by op, priority
-class, tenant and final code, and end-to-end, time-to-first-token and inter-token latency
-histograms.
+class, tenant, model and final code, and end-to-end (by op, class and model), time-to-first-token
+and inter-token latency histograms.
 
 Tenants label the counts (the authenticated identity once CURVE is on), but only the first
 MAX_TENANT_LABELS of them: without authentication a client can name any tenant, and each new
-label would be memory that grows with hostile input. Later ones count as "other".
+label would be memory that grows with hostile input. Later ones count as "other". Models and
+classes label them only by configured name (request_labels.py).
 
 The front-end sees every request start and end, and every streamed chunk, so it measures them
 as a client would. Time to first token and inter-token latency exist only for streamed
@@ -17,7 +18,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass
 
-from mcpd.histogram import LATENCY_BOUNDS, Histogram
+from mcpd.histogram import Histogram, keyed
 
 MAX_TENANT_LABELS = 256
 OTHER_TENANTS = "other"
@@ -28,23 +29,23 @@ class Live:
     op: str
     cls: str
     tenant: str
+    model: str
     started: float
     last_chunk: float | None = None
 
 
 class RequestMetrics:
-    def __init__(self, default_class: str):
-        self.default_class = default_class   # of requests that name no priority class
+    def __init__(self):
         self.live: dict[int, Live] = {}
         self.tenants: set[str] = set()
-        self.finished: dict[tuple[str, str, str, str], int] = defaultdict(int)
-        self.latency: dict[tuple[str, str], Histogram] = {}
+        self.finished: dict[tuple[str, str, str, str, str], int] = defaultdict(int)
+        self.latency: dict[tuple[str, str, str], Histogram] = {}
         self.ttft: dict[str, Histogram] = {}
         self.itl: dict[str, Histogram] = {}
 
-    def started(self, rid: int, op: str, priority, tenant: str) -> None:
-        cls = priority if isinstance(priority, str) and priority else self.default_class
-        self.live[rid] = Live(op, cls, self._tenant_label(tenant), time.monotonic())
+    def started(self, rid: int, op: str, cls: str, tenant: str, model: str) -> None:
+        """cls, model: RequestLabels' labels, never names straight from the request."""
+        self.live[rid] = Live(op, cls, self._tenant_label(tenant), model, time.monotonic())
 
     def _tenant_label(self, tenant: str) -> str:
         if tenant not in self.tenants and len(self.tenants) >= MAX_TENANT_LABELS:
@@ -59,32 +60,25 @@ class RequestMetrics:
             return
         now = time.monotonic()
         if live.last_chunk is None:
-            _histogram(self.ttft, live.cls).observe(now - live.started)
+            keyed(self.ttft, live.cls).observe(now - live.started)
         else:
-            _histogram(self.itl, live.cls).observe(now - live.last_chunk)
+            keyed(self.itl, live.cls).observe(now - live.last_chunk)
         live.last_chunk = now
 
     def ended(self, rid: int, code: str) -> None:
         live = self.live.pop(rid, None)
         if live is None:
             return
-        self.finished[(live.op, live.cls, live.tenant, code)] += 1
-        _histogram(self.latency, (live.op, live.cls)).observe(time.monotonic() - live.started)
+        self.finished[(live.op, live.cls, live.tenant, live.model, code)] += 1
+        keyed(self.latency, (live.op, live.cls, live.model)).observe(time.monotonic() - live.started)
 
     def snapshot(self) -> dict:
         inflight: dict[str, int] = defaultdict(int)
         for live in self.live.values():
             inflight[live.cls] += 1
-        return {"finished": [[op, cls, tenant, code, n] for (op, cls, tenant, code), n in self.finished.items()],
-                "latency": [[op, cls, h.snapshot()] for (op, cls), h in self.latency.items()],
+        return {"finished": [[*key, n] for key, n in self.finished.items()],
+                "latency": [[*key, h.snapshot()] for key, h in self.latency.items()],
                 "ttft": [[cls, h.snapshot()] for cls, h in self.ttft.items()],
                 "itl": [[cls, h.snapshot()] for cls, h in self.itl.items()],
                 "inflight": dict(inflight)}
-
-
-def _histogram(table: dict, key) -> Histogram:
-    found = table.get(key)
-    if found is None:
-        found = table[key] = Histogram(LATENCY_BOUNDS)
-    return found
 

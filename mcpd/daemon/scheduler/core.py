@@ -65,7 +65,7 @@ from mcpd.daemon.scheduler.router import WorkerSlot
 from mcpd.daemon.scheduler.shadow import ShadowBook
 from mcpd.daemon.scheduler.traffic import Traffic
 from mcpd.daemon.scheduler.unload import Unload
-from mcpd.histogram import LATENCY_BOUNDS, Histogram
+from mcpd.histogram import Histogram
 from mcpd.memory import host_segment
 from mcpd.protocol import codes, wire
 from mcpd.protocol.args import GenerateArgs, InferArgs
@@ -125,7 +125,7 @@ class Scheduler:
         self.dispatched = 0
         self.errors: dict[str, dict[str, int]] = {}   # the scheduler's own error replies: class -> code -> n
         self.hold_until: float | None = None   # a batch is held open until then
-        self.queue_time = Histogram(LATENCY_BOUNDS)
+        self.queue_time: dict[str, Histogram] = {}   # by class: a class's wait is what its users feel
         self.tracing = tracing.start(config, "scheduler")   # None with tracing off
 
     @staticmethod

@@ -6,6 +6,7 @@ from mcpd.daemon import messages
 from mcpd.daemon.scheduler import handler_lanes, router
 from mcpd.daemon.scheduler.job import Job
 from mcpd.daemon.scheduler.router import WorkerSlot
+from mcpd.histogram import keyed
 from mcpd.protocol.args import InferArgs
 
 
@@ -84,7 +85,7 @@ def _dispatched(scheduler, slot: WorkerSlot, job: Job, now: float) -> None:
     job.dispatched = now
     scheduler.dispatched += 1
     if not job.retries:   # a job requeued after its worker died was counted when first sent
-        scheduler.queue_time.observe(now - job.enqueued)
+        keyed(scheduler.queue_time, job.class_name).observe(now - job.enqueued)
     if job.class_name in scheduler.windows:
         scheduler.windows[job.class_name].observe((now - job.enqueued) * 1000)
     if job.context is not None:

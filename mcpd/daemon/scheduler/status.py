@@ -46,7 +46,8 @@ def stats(scheduler) -> dict:
             "errors": {name: dict(by_code) for name, by_code in scheduler.errors.items()},
             "contexts": scheduler.contexts.stats(), "models": models_stats(scheduler),
             "cache": scheduler.host_cache.stats() if scheduler.host_cache else {},
-            "persistence": scheduler.persistence.journal.stats(), "queue_time": scheduler.queue_time.snapshot(),
+            "persistence": scheduler.persistence.journal.stats(),
+            "queue_time": {name: h.snapshot() for name, h in scheduler.queue_time.items()},
             "workers": [{"index": s.index, "pid": s.pid, "ready": s.ready, "inflight": len(s.jobs),
                          "outstanding_tokens": s.outstanding_tokens, **s.info}
                         for s in sorted(scheduler.workers.values(), key=lambda s: s.index)]}

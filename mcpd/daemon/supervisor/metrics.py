@@ -50,7 +50,7 @@ class DaemonCollector:
         yield from _requests(frontend.metrics, scheduler)
         yield _queue_limits(self.supervisor.config.scheduler.classes)
         yield from _workers(workers)
-        yield from _result_caches(workers)
+        yield from _handlers(workers)
         yield from _contexts(scheduler)
         yield from _cluster(scheduler)
         yield from _models(scheduler)
@@ -63,19 +63,19 @@ class DaemonCollector:
 
 
 def _requests(front: dict, scheduler: SchedulerStats):
-    finished = CounterMetricFamily("mcpd_requests", "Requests by op, priority class, tenant and final code",
-                                   labels=["op", "class", "tenant", "code"])
-    for op, cls, tenant, code, count in front.get("finished", []):
-        finished.add_metric([op, cls, tenant, code], count)
+    finished = CounterMetricFamily("mcpd_requests", "Requests by op, priority class, tenant, model and final code",
+                                   labels=["op", "class", "tenant", "model", "code"])
+    for *labels, count in front.get("finished", []):
+        finished.add_metric(labels, count)
     yield finished
     yield _histograms("mcpd_request_duration_seconds", "End-to-end request latency, at the front-end",
-                      ["op", "class"], [(row[:2], row[2]) for row in front.get("latency", [])])
+                      ["op", "class", "model"], [(row[:3], row[3]) for row in front.get("latency", [])])
     yield _histograms("mcpd_time_to_first_token_seconds", "Time to the first streamed chunk", ["class"],
                       [([cls], h) for cls, h in front.get("ttft", [])])
     yield _histograms("mcpd_inter_token_latency_seconds", "Time between streamed chunks", ["class"],
                       [([cls], h) for cls, h in front.get("itl", [])])
-    yield _histograms("mcpd_queue_time_seconds", "Time a request waited for a worker", [],
-                      [([], scheduler.queue_time)] if scheduler.queue_time is not None else [])
+    yield _histograms("mcpd_queue_time_seconds", "Time a request waited for a worker, per priority class",
+                      ["class"], [([cls], h) for cls, h in sorted(scheduler.queue_time.items())])
     queue_p99 = GaugeMetricFamily("mcpd_queue_time_p99_seconds", "Recent queueing p99 the batching window steers, "
                                   "per class", labels=["class"])
     for cls, figures in sorted(scheduler.classes.items()):
@@ -107,9 +107,7 @@ def _workers(workers):
     counters = {key: CounterMetricFamily(name, text, labels=labels) for key, name, text in (
         ("tokens_prefilled", "mcpd_prompt_tokens", "Prompt tokens computed (prefix-cache hits excluded)"),
         ("tokens_generated", "mcpd_generation_tokens", "Tokens generated"),
-        ("preemptions", "mcpd_preemptions", "Sequences preempted for KV space"),
-        ("batches", "mcpd_handler_batches", "Predicts a handler model's worker ran"),
-        ("rows", "mcpd_handler_rows", "Rows those predicts ran"))}
+        ("preemptions", "mcpd_preemptions", "Sequences preempted for KV space"))}
     gauges = {key: GaugeMetricFamily(name, text, labels=labels) for key, name, text in (
         ("in_use_bytes", "mcpd_pool_in_use_bytes", "Device pool bytes handed out (the KV region included)"),
         ("total_bytes", "mcpd_pool_bytes", "Device pool size"),
@@ -119,8 +117,7 @@ def _workers(workers):
         ("kv_blocks_total", "mcpd_kv_blocks", "KV blocks the worker has room for"),
         ("kv_blocks_used", "mcpd_kv_blocks_used", "KV blocks held by sequences"),
         ("running", "mcpd_engine_running_sequences", "Sequences in the engine's running batch"),
-        ("waiting", "mcpd_engine_waiting_sequences", "Sequences admitted to the engine, not yet running"),
-        ("padding_ratio", "mcpd_handler_padding_ratio", "Padding's share of a handler's padded input elements"))}
+        ("waiting", "mcpd_engine_waiting_sequences", "Sequences admitted to the engine, not yet running"))}
     batch = []
     for worker in workers:
         stats = worker.stats
@@ -138,10 +135,15 @@ def _workers(workers):
     yield _histograms("mcpd_batch_size", "Sequences per engine step", labels, batch)
 
 
-def _result_caches(workers):
-    """Each handler worker's result cache, labelled with the model version it serves."""
+def _handlers(workers):
+    """Each handler worker's batches and result cache, labelled with the model version it serves
+    (a dashboard shows them by model; the worker label alone would need a join)."""
     labels = ["model", "version", "worker"]
-    families = {key: kind(f"mcpd_result_cache_{name}", text, labels=labels) for key, name, kind, text in (
+    batching = {key: kind(f"mcpd_handler_{key}", text, labels=labels) for key, kind, text in (
+        ("batches", CounterMetricFamily, "Predicts a handler model's worker ran"),
+        ("rows", CounterMetricFamily, "Rows those predicts ran"),
+        ("padding_ratio", GaugeMetricFamily, "Padding's share of a handler's padded input elements"))}
+    caches = {key: kind(f"mcpd_result_cache_{name}", text, labels=labels) for key, name, kind, text in (
         ("hits", "hits", CounterMetricFamily, "Handler requests answered from the result cache"),
         ("misses", "misses", CounterMetricFamily, "Handler requests the result cache did not hold"),
         ("evictions", "evictions", CounterMetricFamily, "Results evicted for a more often asked-for one"),
@@ -151,12 +153,16 @@ def _result_caches(workers):
         ("hit_rate", "hit_ratio", GaugeMetricFamily, "Hits over lookups since the worker started"))}
     for worker in workers:
         stats = worker.stats
-        if stats is None or stats.result_cache is None:
+        if stats is None:
             continue
         key = [stats.served_model or "", stats.version or "", str(worker.spec.index)]
-        for name, family in families.items():
-            family.add_metric(key, stats.result_cache[name])
-    yield from families.values()
+        for name, value in stats.reported(tuple(batching)).items():
+            batching[name].add_metric(key, value)
+        if stats.result_cache is not None:
+            for name, family in caches.items():
+                family.add_metric(key, stats.result_cache[name])
+    yield from batching.values()
+    yield from caches.values()
 
 
 def _http(listener: dict):
@@ -171,7 +177,7 @@ def _http(listener: dict):
 def _models(scheduler: SchedulerStats):
     """Per model version: requests routed to it; per class: whether its fast rung is on; per
     model with a shadow: pairs compared and the identical ones."""
-    routed = CounterMetricFamily("mcpd_model_requests", "Generate requests routed per model version",
+    routed = CounterMetricFamily("mcpd_model_requests", "Generate and infer requests routed per model version",
                                  labels=["model", "version"])
     compared = CounterMetricFamily("mcpd_shadow_compared", "Shadow pairs compared", labels=["model", "candidate"])
     identical = CounterMetricFamily("mcpd_shadow_identical", "Shadow pairs with identical tokens",
