@@ -3,9 +3,13 @@ decoded, per destination (as the process modules would put it on their sockets),
 the time a core reads, moved by the test."""
 from __future__ import annotations
 
+import itertools
+import signal
+
 import msgpack
 
 from mcpd.daemon import messages
+from mcpd.daemon.supervisor.process_table import ChildSpec, Standby
 
 
 class Events:
@@ -54,3 +58,55 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
+
+
+class ChildProcess:
+    """A child as the supervisor's core sees one: a pid, alive until it exits (`exit`, or a signal)."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+        self.exitcode: int | None = None
+        self.promoted = False   # a standby's: told to take its child's place
+
+    def is_alive(self) -> bool:
+        return self.exitcode is None
+
+    def exit(self, status: int) -> None:
+        if self.exitcode is None:
+            self.exitcode = status
+
+    def terminate(self) -> None:
+        self.exit(-signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.exit(-signal.SIGKILL)
+
+    def join(self, timeout: float | None = None) -> None:
+        pass
+
+
+class SupervisorPorts(Ports):
+    """The supervisor core's ports: Ports' destinations, and mcpctl's replies, systemd's notes and
+    the children (and standbys) started, in order."""
+
+    def __init__(self):
+        super().__init__()
+        self.control: list[list[bytes]] = []
+        self.notified: list[dict] = []
+        self.started: list[tuple[ChildSpec, ChildProcess]] = []
+        self.pids = itertools.count(1000)
+
+    def to_control(self, frames):
+        self.control.append(frames)
+
+    def notify(self, **fields):
+        self.notified.append(fields)
+
+    def start_child(self, spec):
+        process = ChildProcess(next(self.pids))
+        self.started.append((spec, process))
+        return process
+
+    def start_standby(self, spec):
+        process = ChildProcess(next(self.pids))
+        return Standby(process, lambda: setattr(process, "promoted", True))
