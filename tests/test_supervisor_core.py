@@ -46,7 +46,7 @@ def ready_all(core: SupervisorCore) -> None:
 
 
 def call(core: SupervisorCore, op: str, request_id, identity: bytes = b"A", args: dict | None = None) -> None:
-    core.on_control([identity, wire.encode_request(op, request_id, args)], OPERATOR, CONFIG.limits)
+    core.on_control([identity, wire.encode_request(op, request_id, args)], OPERATOR)
 
 
 def replies(core: SupervisorCore) -> list[tuple[bytes, dict]]:
@@ -224,7 +224,7 @@ def test_the_status_shows_each_childs_latest_stats_from_its_running_process():
 def test_an_unauthorized_caller_is_refused_a_privileged_op():
     core = make_core()
     stranger = PeerCred(uid=os.getuid() + 1, gid=os.getgid() + 1, pid=2)
-    core.on_control([b"Z", wire.encode_request("drain", 4)], stranger, CONFIG.limits)
+    core.on_control([b"Z", wire.encode_request("drain", 4)], stranger)
     [(identity, reply)] = replies(core)
     assert (identity, reply["id"], reply["code"]) == (b"Z", 4, codes.UNAUTHORIZED)
     assert core.ports.frontend == []
@@ -239,3 +239,19 @@ def test_a_dead_pool_keeper_takes_its_devices_workers_with_it():
     assert worker.exitcode == -signal.SIGKILL   # none may map a pool nobody keeps
     core.tick()
     assert sent(core.ports.scheduler) == [messages.WorkerLost(0, worker.pid)]
+
+
+def test_a_reload_answers_its_caller_once_every_running_child_confirmed():
+    core = make_core()
+    ready_all(core)
+    call(core, "reload", 5, identity=b"R")
+    reload = sent(core.ports.scheduler)[-1]
+    assert isinstance(reload, messages.Reload) and sent(core.ports.frontend)[-1] == reload
+    for role in ("frontend", "scheduler"):
+        event(core, messages.Reloaded, role, reload.token, [])
+    assert core.ports.control == []   # worker 0 has not confirmed yet
+    event(core, messages.Reloaded, "worker", reload.token, [])
+    [(identity, reply)] = replies(core)
+    assert (identity, reply["id"], reply["result"]["confirmed"]) == (b"R", 5, ["frontend 0", "scheduler 0", "worker 0"])
+    assert "workers.restart_backoff_s" in reply["result"]["applied"]   # the file (the defaults) says 0.5
+    assert core.config.workers.restart_backoff_s == 0.5

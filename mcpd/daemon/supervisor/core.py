@@ -108,7 +108,8 @@ class SupervisorCore:
     def _stop_when_reason_known(self, child: Child) -> None:
         """Stop the daemon with the refused child's reason, once it came or waiting longer is pointless."""
         report = self.refusal_reports.get((child.spec.role, child.spec.index, child.process.pid))
-        self.refused_seen_at = self.refused_seen_at if self.refused_seen_at is not None else self.clock()
+        if self.refused_seen_at is None:
+            self.refused_seen_at = self.clock()
         if report is None and self.clock() - self.refused_seen_at < REFUSAL_REPORT_WAIT_S:
             return
         reason = report.reason if report else "no reason reported; its log line above says why"
@@ -167,14 +168,14 @@ class SupervisorCore:
 
     # -- mcpctl ---------------------------------------------------------------------------------
 
-    def on_control(self, frames: list[bytes], peer: peers.PeerCred | None, limits) -> None:
+    def on_control(self, frames: list[bytes], peer: peers.PeerCred | None) -> None:
         """One control request, [identity, *envelope, body]; answered now, or later by the admin
         when a forwarded op's answer comes."""
         identity = frames[0]
         envelope, body = wire.split_envelope(frames[1:])
         request_id = None
         try:
-            request = wire.parse_request(envelope, body, limits)
+            request = wire.parse_request(envelope, body, self.config.limits)
             request_id = request.request_id
             peers.authorize_control(request.op, peer, self.admin_gid)
             result = self.admin.handle(identity, request)
@@ -187,7 +188,7 @@ class SupervisorCore:
 
     def reload(self) -> None:
         """SIGHUP: the same reload as `mcpctl reload`; its outcome goes to the log."""
-        self.ports.notify(RELOADING=1, MONOTONIC_USEC=time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000)
+        self.ports.notify(RELOADING=1, MONOTONIC_USEC=int(self.clock() * 1_000_000))   # CLOCK_MONOTONIC in the process
         try:
             self.admin.reload_config(None)
         except MCPDError:

@@ -202,7 +202,7 @@ class Supervisor:
 
     def _on_control(self, frames: list[zmq.Frame]) -> None:
         peer = peers.peer_of(frames[0])
-        self.core.on_control([frame.bytes for frame in frames], peer, self.core.config.limits)
+        self.core.on_control([frame.bytes for frame in frames], peer)
 
     # -- signals, stop --------------------------------------------------------------------------
 
