@@ -8,6 +8,7 @@ import signal
 
 import msgpack
 
+from mcpd.config import Config
 from mcpd.daemon import messages
 from mcpd.daemon.supervisor.process_table import ChildSpec, Standby
 
@@ -87,10 +88,12 @@ class ChildProcess:
 
 class SupervisorPorts(Ports):
     """The supervisor core's ports: Ports' destinations, and mcpctl's replies, systemd's notes and
-    the children (and standbys) started, in order."""
+    the children (and standbys) started, in order; the config file holds `config_file`."""
 
-    def __init__(self):
+    def __init__(self, config_file: Config | None = None):
         super().__init__()
+        self.config_file = config_file or Config()
+        self.reclaimed: list[tuple[str, int]] = []   # (device, worker index)
         self.control: list[list[bytes]] = []
         self.notified: list[dict] = []
         self.started: list[tuple[ChildSpec, ChildProcess]] = []
@@ -106,6 +109,13 @@ class SupervisorPorts(Ports):
         process = ChildProcess(next(self.pids))
         self.started.append((spec, process))
         return process
+
+    def read_config(self):
+        return self.config_file
+
+    def reclaim_pool(self, config, device, owner):
+        self.reclaimed.append((device, owner))
+        return 0
 
     def start_standby(self, spec):
         process = ChildProcess(next(self.pids))

@@ -15,6 +15,7 @@ from mcpd.daemon.supervisor.admin import FORWARD_TIMEOUT_S
 from mcpd.daemon.supervisor.core import REFUSAL_REPORT_WAIT_S, SupervisorCore
 from mcpd.daemon.supervisor.process_table import STABLE_AFTER_S
 from mcpd.protocol import codes, wire
+from mcpd.security.keys import KeyStore
 from mcpd.security.peer import PeerCred
 from fakes import Clock, SupervisorPorts
 
@@ -23,8 +24,8 @@ OPERATOR = PeerCred(uid=os.getuid(), gid=os.getgid(), pid=1)
 
 
 def make_core(watchdog_interval_s: float | None = None) -> SupervisorCore:
-    core = SupervisorCore(CONFIG, None, ["cpu"], logging.getLogger("test"), SupervisorPorts(), Clock(),
-                          watchdog_interval_s=watchdog_interval_s)
+    core = SupervisorCore(CONFIG, None, ["cpu"], logging.getLogger("test"), SupervisorPorts(),
+                          KeyStore(CONFIG.keys_dir), Clock(), watchdog_interval_s=watchdog_interval_s)
     core.start()
     return core
 
@@ -253,5 +254,23 @@ def test_a_reload_answers_its_caller_once_every_running_child_confirmed():
     event(core, messages.Reloaded, "worker", reload.token, [])
     [(identity, reply)] = replies(core)
     assert (identity, reply["id"], reply["result"]["confirmed"]) == (b"R", 5, ["frontend 0", "scheduler 0", "worker 0"])
-    assert "workers.restart_backoff_s" in reply["result"]["applied"]   # the file (the defaults) says 0.5
+    assert "workers.restart_backoff_s" in reply["result"]["applied"]   # the file (the defaults) says 0.5, live
     assert core.config.workers.restart_backoff_s == 0.5
+
+
+def test_an_unloaded_versions_workers_stop_for_good_and_give_their_pool_regions_back():
+    core = make_core()
+    ready_all(core)
+    worker = child(core, "worker")
+    process = worker.process
+    call(core, "models.unload", 6, args={"model": worker.spec.model, "version": worker.spec.version})
+    asked = sent(core.ports.scheduler)[-1]
+    assert process.is_alive()   # the scheduler finishes the version's requests first
+    event(core, messages.AdminAnswer, "scheduler", asked.token, {"unloaded": True})
+    [(identity, reply)] = replies(core)
+    assert reply["result"] == {"unloaded": True, "workers": [0], "pool_regions_freed": 0}
+    assert process.exitcode == -signal.SIGTERM and core.ports.reclaimed == [("cpu", 0)]
+    assert sent(core.ports.scheduler)[-1] == messages.WorkerLost(0, process.pid)
+    core.clock.now += 60
+    core.tick()
+    assert worker.process is process and worker.state == "unloaded"   # not restarted

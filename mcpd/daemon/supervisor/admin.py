@@ -17,12 +17,10 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import mcpd
-from mcpd import config as config_module, default_model
 from mcpd.config import Config, ConfigError
-from mcpd.daemon import live_config, messages, pool_keeper
+from mcpd.daemon import live_config, messages
 from mcpd.daemon.supervisor.status import build_status
 from mcpd.memory.pool_segment import PoolBusy
-from mcpd.models import architecture
 from mcpd.protocol import codes, control_ops, wire
 from mcpd.protocol.codes import MCPDError
 from mcpd.security import key_ops
@@ -150,8 +148,7 @@ class Admin:
         timeout_s = FORWARD_TIMEOUT_S if timeout_s is None else timeout_s
         supervisor = self.supervisor
         try:
-            fresh = default_model.resolved(config_module.load(supervisor.config_path), supervisor.log)
-            architecture.check_configured(fresh)
+            fresh = supervisor.ports.read_config()
         except ConfigError as e:
             supervisor.log.error("reload: keeping the running configuration: %s", e)
             raise MCPDError(codes.BAD_REQUEST, f"config not reloaded: {e}") from None
@@ -215,7 +212,7 @@ class Admin:
     def _reclaim(self, child) -> int:
         """A parked worker's pool regions back to its device's pool (0 on a private pool)."""
         try:
-            return pool_keeper.reclaim(self.supervisor.config, child.spec.device, child.spec.index)
+            return self.supervisor.ports.reclaim_pool(self.supervisor.config, child.spec.device, child.spec.index)
         except PoolBusy as e:   # it outlived park's SIGKILL: its regions stay, never handed on while it lives
             self.supervisor.log.warning("%s: pool regions kept: %s", child.spec.name, e)
             return 0

@@ -20,8 +20,8 @@ from mcpd.daemon.supervisor.process_table import Child, ChildSpec, Launcher, Pro
 from mcpd.protocol import wire
 from mcpd.protocol.codes import MCPDError
 from mcpd.refusal import StartRefused
-from mcpd.security import peer as peers
 from mcpd.security.keys import KeyStore
+from mcpd.security import peer as peers
 
 REFUSAL_REPORT_WAIT_S = 1.0   # a refusing child's reason is sent before it exits; this bounds the wait
 
@@ -39,6 +39,12 @@ class Ports(Launcher, Protocol):
 
     def notify(self, **fields: str | int) -> None:
         """systemd's notify protocol (READY=1, STATUS=...)."""
+
+    def read_config(self) -> Config:
+        """The config file read again, its default model resolved; ConfigError if it cannot serve."""
+
+    def reclaim_pool(self, config: Config, device: str, owner: int) -> int:
+        """Worker `owner`'s regions back to `device`'s pool (pool_keeper.reclaim); how many."""
 
 
 def child_specs(config: Config, devices: list[str]) -> list[ChildSpec]:
@@ -61,8 +67,8 @@ class SupervisorCore:
     messages and child starts out through its ports; no socket, signal or fork of its own."""
 
     def __init__(self, config: Config, config_path: str | None, devices: list[str], log: logging.Logger,
-                 ports: Ports, clock: Callable[[], float] = time.monotonic, watchdog_interval_s: float | None = None,
-                 admin_gid: int | None = None):
+                 ports: Ports, keys: KeyStore, clock: Callable[[], float] = time.monotonic,
+                 watchdog_interval_s: float | None = None, admin_gid: int | None = None):
         self.config, self.config_path, self.devices = config, config_path, devices
         self.log, self.ports, self.clock = log, ports, clock
         self.watchdog_interval_s, self.admin_gid = watchdog_interval_s, admin_gid
@@ -77,7 +83,7 @@ class SupervisorCore:
         for child in self.table.children:   # versions configured unloaded start when `models load` says
             if child.spec.role == "worker" and not config.model_table[child.spec.model].versions[child.spec.version].loaded:
                 child.parked = True
-        self.keys = KeyStore(config.keys_dir)
+        self.keys = keys
         self.admin = Admin(self)
 
     def start(self) -> None:

@@ -11,6 +11,7 @@ each is locked for its lifetime (instance_lock.py).
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
 import sys
@@ -30,6 +31,7 @@ from mcpd.memory import host_segment, pool_segment
 from mcpd.models import architecture
 from mcpd.refusal import StartRefused
 from mcpd.security import peer as peers
+from mcpd.security.keys import KeyStore
 from mcpd.security.trusted_path import make_private_dir
 
 DEFAULT_CONFIG = "/etc/mcpd/mcpd.toml"
@@ -94,9 +96,17 @@ def visible_gpus(installed: int, visible_devices: str | None) -> int:
 class SupervisorPorts:
     """The core's ports: its sockets (bound and connected by `open`), systemd and the fork server."""
 
-    def __init__(self, notifier: SystemdNotifier, launcher: ForkServerLauncher):
+    def __init__(self, notifier: SystemdNotifier, launcher: ForkServerLauncher, config_path: str | None,
+                 log: logging.Logger):
         self.notify = notifier.notify
         self.start_child, self.start_standby = launcher.start_child, launcher.start_standby
+        self.config_path, self.log = config_path, log
+        self.reclaim_pool = pool_keeper.reclaim
+
+    def read_config(self) -> Config:
+        fresh = default_model.resolved(config_module.load(self.config_path), self.log)
+        architecture.check_configured(fresh)
+        return fresh
 
     def open(self, config: Config, admin_gid: int | None) -> None:
         runtime_dir = config.runtime_dir
@@ -135,9 +145,9 @@ class Supervisor:
         notifier = SystemdNotifier()
         self.devices = worker_devices(config)
         launcher = ForkServerLauncher()
-        self.ports = SupervisorPorts(notifier, launcher)
+        self.ports = SupervisorPorts(notifier, launcher, config_path, self.log)
         self.admin_gid = peers.admin_gid(config.security.admin_group)
-        self.core = SupervisorCore(config, config_path, self.devices, self.log, self.ports,
+        self.core = SupervisorCore(config, config_path, self.devices, self.log, self.ports, KeyStore(config.keys_dir),
                                    watchdog_interval_s=notifier.watchdog_interval_s, admin_gid=self.admin_gid)
         launcher.preload(child.spec for child in self.core.table.children)
 
