@@ -3,9 +3,14 @@ decoded, per destination (as the process modules would put it on their sockets),
 the time a core reads, moved by the test."""
 from __future__ import annotations
 
+import itertools
+import signal
+
 import msgpack
 
+from mcpd.config import Config
 from mcpd.daemon import messages
+from mcpd.daemon.supervisor.process_table import ChildSpec, Standby
 
 
 class Events:
@@ -54,3 +59,64 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
+
+
+class ChildProcess:
+    """A child as the supervisor's core sees one: a pid, alive until it exits (`exit`, or a signal)."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+        self.exitcode: int | None = None
+        self.promoted = False   # a standby's: told to take its child's place
+
+    def is_alive(self) -> bool:
+        return self.exitcode is None
+
+    def exit(self, status: int) -> None:
+        if self.exitcode is None:
+            self.exitcode = status
+
+    def terminate(self) -> None:
+        self.exit(-signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.exit(-signal.SIGKILL)
+
+    def join(self, timeout: float | None = None) -> None:
+        pass
+
+
+class SupervisorPorts(Ports):
+    """The supervisor core's ports: Ports' destinations, and mcpctl's replies, systemd's notes and
+    the children (and standbys) started, in order; the config file holds `config_file`."""
+
+    def __init__(self, config_file: Config | None = None):
+        super().__init__()
+        self.config_file = config_file or Config()
+        self.reclaimed: list[tuple[str, int]] = []   # (device, worker index)
+        self.control: list[list[bytes]] = []
+        self.notified: list[dict] = []
+        self.started: list[tuple[ChildSpec, ChildProcess]] = []
+        self.pids = itertools.count(1000)
+
+    def to_control(self, frames):
+        self.control.append(frames)
+
+    def notify(self, **fields):
+        self.notified.append(fields)
+
+    def start_child(self, spec):
+        process = ChildProcess(next(self.pids))
+        self.started.append((spec, process))
+        return process
+
+    def read_config(self):
+        return self.config_file
+
+    def reclaim_pool(self, config, device, owner):
+        self.reclaimed.append((device, owner))
+        return 0
+
+    def start_standby(self, spec):
+        process = ChildProcess(next(self.pids))
+        return Standby(process, lambda: setattr(process, "promoted", True))

@@ -1,7 +1,7 @@
 """The supervisor dying (SIGKILL, no chance to clean up) takes every child with it, and what it
 could not clean up (its host cache segment in /dev/shm) is reclaimed: by its next start on the
 same runtime dir, and by the test's cleanup. The fork server the children come from
-(supervisor/process_table.py) lives and dies with the supervisor and takes them along."""
+(supervisor/launcher.py) lives and dies with the supervisor and takes them along."""
 import os
 import pathlib
 import shutil
@@ -14,7 +14,7 @@ import psutil
 
 import pytest
 
-from mcpd.daemon.supervisor.process_table import keep_fork_server_in
+from mcpd.daemon.supervisor.launcher import keep_fork_server_in
 from mcpd.memory import host_segment, pool_segment
 
 pytestmark = pytest.mark.slow   # each test starts a daemon and kills its supervisor
@@ -100,7 +100,7 @@ def test_a_start_removes_only_what_looks_like_a_dead_fork_servers_directory(monk
 
 
 def test_the_fork_server_ignores_sigterm_takes_the_children_when_killed_and_goes_with_a_stop(fresh_daemon):
-    """The fork server (supervisor/process_table.py) is every child's parent. A SIGTERM to the
+    """The fork server (supervisor/launcher.py) is every child's parent. A SIGTERM to the
     daemon's whole process group (`timeout`, a shell's `kill %1`) must not kill it, and so every
     child mid-cleanup, while the children still stop on theirs. SIGKILLed, it takes the children
     with it and the supervisor restarts them through a new one. A stopped daemon leaves neither.

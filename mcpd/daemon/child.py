@@ -31,7 +31,7 @@ class Entry:
     """A child's entry point by name: the supervisor starts the front-end, scheduler and workers
     without importing what they run (aiohttp, the tokenizer, the engine's modules: 0.25 s of its
     CPU before it could start anyone, at every start); the fork server imports the modules, once
-    (supervisor/process_table.py)."""
+    (supervisor/launcher.py)."""
     module: str
     function: str = "run"
 
@@ -50,7 +50,7 @@ def start(role: str, config: Config) -> logging.Logger:
 
 def _die_with_parent() -> None:
     # If the supervisor is SIGKILLed no one else will stop us, and we would hold the GPU and ports.
-    # Our parent is the fork server (process_table.py), which lives while anyone holds its "alive"
+    # Our parent is the fork server (supervisor/launcher.py), which lives while anyone holds its "alive"
     # pipe: multiprocessing gives every forked child a copy, for children that start processes
     # themselves. Ours start none, and holding it kept the server, so every child, alive after a
     # SIGKILLed supervisor: let go, the server exits with the supervisor and we with it.

@@ -1,4 +1,5 @@
-"""The supervisor, the `mcpd` process itself (process.py): it starts and watches the others
-(process_table.py, through a fork server), answers mcpctl (admin.py, status.py), serves
-metrics (metrics.py), and speaks to systemd (sdnotify.py) under one lock per runtime and state
-directory (instance_lock.py)."""
+"""The supervisor, the `mcpd` process itself: a core that decides (core.py: the children's
+restarts in process_table.py, mcpctl's answers in admin.py and status.py) and a process that owns
+its sockets, signals and directories (process.py), starts children through a fork server
+(launcher.py), serves metrics (metrics.py), and speaks to systemd (sdnotify.py) under one lock
+per runtime and state directory (instance_lock.py)."""

@@ -13,18 +13,14 @@ import dataclasses
 import itertools
 import os
 import platform
-import signal
-import time
 from dataclasses import dataclass, field
 from typing import Callable
 
 import mcpd
-from mcpd import config as config_module, default_model
 from mcpd.config import Config, ConfigError
-from mcpd.daemon import live_config, messages, pool_keeper
+from mcpd.daemon import live_config, messages
 from mcpd.daemon.supervisor.status import build_status
 from mcpd.memory.pool_segment import PoolBusy
-from mcpd.models import architecture
 from mcpd.protocol import codes, control_ops, wire
 from mcpd.protocol.codes import MCPDError
 from mcpd.security import key_ops
@@ -101,24 +97,21 @@ class Admin:
             raise MCPDError(codes.NOT_FOUND, f"no worker {index!r}")
         self.supervisor.reap_children()   # one that died since the loop's last turn: restart it now
         if child.restart_at is not None:
-            child.restart_at = time.monotonic()   # the supervisor's next turn starts it
+            child.restart_at = self.supervisor.clock()   # the supervisor's next turn starts it
             return {"index": child.spec.index, "old_pid": None, "restarts": child.restarts}
         if not child.alive:
             raise MCPDError(codes.CONFLICT, f"worker {child.spec.index} is not running ({child.state})")
         pid = child.process.pid
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass   # it died this instant: the loop reaps it and starts it again all the same
+        child.process.terminate()   # if it died this instant, the loop reaps it and starts it again all the same
         return {"index": child.spec.index, "old_pid": pid, "restarts": child.restarts}
 
     def drain(self, _call) -> dict:
-        self.supervisor.to_frontend.send_multipart(messages.encode(messages.Drain()))
+        self.supervisor.ports.to_frontend(messages.encode(messages.Drain()))
         return {"draining": True}
 
     def resume(self, _call) -> dict:
         self.supervisor.drained = False
-        self.supervisor.to_frontend.send_multipart(messages.encode(messages.Resume()))
+        self.supervisor.ports.to_frontend(messages.encode(messages.Resume()))
         return {"draining": False}
 
     def keys_list(self, _call) -> dict:
@@ -141,8 +134,8 @@ class Admin:
     def _forward(self, call: ControlCall) -> None:
         token = next(self.tokens)
         after = {"models.load": self._start_version, "models.unload": self._stop_version}.get(call.op.name)
-        self.pending[token] = Pending(call.reply_to, time.monotonic() + FORWARD_TIMEOUT_S, after=after, args=call.args)
-        self.supervisor.to_scheduler.send_multipart(messages.encode(messages.Admin(token, call.op.name, call.args)))
+        self.pending[token] = Pending(call.reply_to, self.supervisor.clock() + FORWARD_TIMEOUT_S, after=after, args=call.args)
+        self.supervisor.ports.to_scheduler(messages.encode(messages.Admin(token, call.op.name, call.args)))
 
     def reload(self, call: ControlCall) -> dict | None:
         return self.reload_config(call.reply_to, call.args["timeout_s"])
@@ -155,8 +148,7 @@ class Admin:
         timeout_s = FORWARD_TIMEOUT_S if timeout_s is None else timeout_s
         supervisor = self.supervisor
         try:
-            fresh = default_model.resolved(config_module.load(supervisor.config_path), supervisor.log)
-            architecture.check_configured(fresh)
+            fresh = supervisor.ports.read_config()
         except ConfigError as e:
             supervisor.log.error("reload: keeping the running configuration: %s", e)
             raise MCPDError(codes.BAD_REQUEST, f"config not reloaded: {e}") from None
@@ -166,13 +158,13 @@ class Admin:
         self._adopt(fresh, applied)
         token = next(self.tokens)
         message = messages.encode(messages.Reload(token, fresh.to_dict()))
-        supervisor.to_scheduler.send_multipart(message)
-        supervisor.to_frontend.send_multipart(message)
+        supervisor.ports.to_scheduler(message)
+        supervisor.ports.to_frontend(message)
         # A pool keeper runs no configurable part: it is not sent the reload.
         waiting = {(c.spec.role, c.spec.index) for c in supervisor.table.children
                    if c.alive and c.ready and c.spec.role != "keeper"}
         summary = {"path": supervisor.config_path, "changed": changed, "applied": applied, "confirmed": []}
-        self.pending[token] = Pending(reply_to, time.monotonic() + timeout_s, waiting, summary, fresh)
+        self.pending[token] = Pending(reply_to, supervisor.clock() + timeout_s, waiting, summary, fresh)
         if timeout_s == 0 or not waiting:
             return self._finish(token)
         return None
@@ -186,14 +178,14 @@ class Admin:
         supervisor.config = with_keys(supervisor.config, fresh, keys)
         supervisor.table.config = supervisor.config
         for child in supervisor.table.children:
-            child.spec.args = (supervisor.config, *child.spec.args[1:])
+            child.spec.config = supervisor.config
         supervisor.table.drop_standbys()   # they hold the old config; new ones come with the new
 
     # -- model versions: the scheduler routes, the supervisor starts and stops their workers ------
 
     def _version_workers(self, args: dict) -> list:
         return [c for c in self.supervisor.table.children if c.spec.role == "worker"
-                and c.spec.args[3:5] == (args["model"], args["version"])]
+                and (c.spec.model, c.spec.version) == (args["model"], args["version"])]
 
     def _start_version(self, args: dict, result: dict) -> dict:
         """models.load, once the scheduler routes to the version: start its workers (requests
@@ -213,14 +205,14 @@ class Admin:
         for child in workers:
             pid = self.supervisor.table.park(child)
             if pid is not None:
-                self.supervisor.to_scheduler.send_multipart(messages.encode(messages.WorkerLost(child.spec.index, pid)))
+                self.supervisor.ports.to_scheduler(messages.encode(messages.WorkerLost(child.spec.index, pid)))
             freed += self._reclaim(child)
         return {**result, "workers": [c.spec.index for c in workers], "pool_regions_freed": freed}
 
     def _reclaim(self, child) -> int:
         """A parked worker's pool regions back to its device's pool (0 on a private pool)."""
         try:
-            return pool_keeper.reclaim(self.supervisor.config, child.spec.args[2], child.spec.index)
+            return self.supervisor.ports.reclaim_pool(self.supervisor.config, child.spec.device, child.spec.index)
         except PoolBusy as e:   # it outlived park's SIGKILL: its regions stay, never handed on while it lives
             self.supervisor.log.warning("%s: pool regions kept: %s", child.spec.name, e)
             return 0
@@ -249,7 +241,7 @@ class Admin:
 
     def expire(self) -> None:
         """Answer ops whose time ran out: forwarded ones with UNAVAILABLE, reloads with what came."""
-        now = time.monotonic()
+        now = self.supervisor.clock()
         for token, pending in list(self.pending.items()):
             if now < pending.deadline:
                 continue
@@ -274,7 +266,7 @@ class Admin:
     def answer(self, reply_to: tuple, result: dict | None, code: str | None = None, message: str = "") -> None:
         identity, envelope, request_id = reply_to
         reply = wire.ok_reply(request_id, result) if code is None else wire.error_reply(request_id, code, message)
-        self.supervisor.control.send_multipart([identity, *envelope, reply])
+        self.supervisor.ports.to_control([identity, *envelope, reply])
 
 
 def changed_keys(old: dict, new: dict) -> list[str]:

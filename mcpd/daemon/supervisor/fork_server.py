@@ -1,4 +1,4 @@
-"""Imported by the fork server alone, among the modules it preloads (process_table.py), never by
+"""Imported by the fork server alone, among the modules it preloads (launcher.py), never by
 the supervisor: it makes the server ignore SIGTERM.
 
 A SIGTERM sent to the daemon's whole process group (`timeout`, a shell's `kill %1`; systemd's

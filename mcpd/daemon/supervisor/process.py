@@ -1,36 +1,34 @@
-"""`mcpd`: the supervisor. Loads the config, starts and watches the children, talks to systemd,
-drains and stops on SIGTERM/SIGINT, and answers `mcpctl` on the control socket.
+"""`mcpd`: the supervisor process. Loads the config, claims its directories, owns the sockets,
+the signals and the fork server, and feeds the supervisor's core (core.py), which decides what
+its children do and answers `mcpctl`; it drains and stops on SIGTERM/SIGINT, reloads on SIGHUP.
 
 Start-up is where the daemon claims its places, and refuses (refusal.py: exit status and reason
 on stderr) rather than share or trust them blindly: it runs under umask 0077 whatever it was
 started with, so nothing it or its children create is ever more open than owner-only unless
 given a mode on purpose; the runtime and state directories must be its own (trusted_path.py);
-each is locked for its lifetime (instance_lock.py). A child that exits with child.EXIT_REFUSED
-(its tcp port taken, say) is not restarted: the daemon stops with that child's reason.
+each is locked for its lifetime (instance_lock.py).
 """
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
 import sys
-import time
 from pathlib import Path
 
 import zmq
 
 import mcpd
 from mcpd import config as config_module, default_model, refusal, sockets
-from mcpd.config import LEGACY_NAME, Config, ConfigError
-from mcpd.daemon import channels, child as children, child_stats, log, messages, pool_keeper
-from mcpd.daemon.supervisor.admin import Admin
+from mcpd.config import Config, ConfigError
+from mcpd.daemon import channels, log, pool_keeper
+from mcpd.daemon.supervisor.core import SupervisorCore
 from mcpd.daemon.supervisor.instance_lock import InstanceLock
-from mcpd.daemon.supervisor.process_table import Child, ChildSpec, ProcessTable, keep_fork_server_in
+from mcpd.daemon.supervisor.launcher import ForkServerLauncher, keep_fork_server_in
 from mcpd.daemon.supervisor.sdnotify import SystemdNotifier
 from mcpd.memory import host_segment, pool_segment
 from mcpd.models import architecture
-from mcpd.protocol import wire
-from mcpd.protocol.codes import MCPDError
 from mcpd.refusal import StartRefused
 from mcpd.security import peer as peers
 from mcpd.security.keys import KeyStore
@@ -41,7 +39,6 @@ LOOP_POLL_MS = 200
 DAEMON_UMASK = 0o077
 PRIVATE_DIR_MODE = 0o700
 REACHABLE_DIR_MODE = 0o711    # others may reach client.ipc / control.ipc by name, not list the dir
-REFUSAL_REPORT_WAIT_S = 1.0   # a refusing child's reason is sent before it exits; this bounds the wait
 NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")
 
 
@@ -96,38 +93,63 @@ def visible_gpus(installed: int, visible_devices: str | None) -> int:
     return len(seen)
 
 
+class SupervisorPorts:
+    """The core's ports: its sockets (bound and connected by `open`), systemd and the fork server."""
+
+    def __init__(self, notifier: SystemdNotifier, launcher: ForkServerLauncher, config_path: str | None,
+                 log: logging.Logger):
+        self.notify = notifier.notify
+        self.start_child, self.start_standby = launcher.start_child, launcher.start_standby
+        self.config_path, self.log = config_path, log
+        self.reclaim_pool = pool_keeper.reclaim
+
+    def read_config(self) -> Config:
+        fresh = default_model.resolved(config_module.load(self.config_path), self.log)
+        architecture.check_configured(fresh)
+        return fresh
+
+    def open(self, config: Config, admin_gid: int | None) -> None:
+        runtime_dir = config.runtime_dir
+        self.context = zmq.Context()
+        self.events = channels.internal_socket(self.context, runtime_dir, zmq.PULL, sockets.EVENTS_IPC, bind=True)
+        self.control = sockets.router(self.context)
+        self.control.setsockopt(zmq.MAXMSGSIZE, 1 << 20)
+        control_path = runtime_dir / sockets.CONTROL_IPC
+        channels.bind_ipc(self.control, control_path, peers.CONTROL_SOCKET_MODE)
+        peers.restrict_control_socket(control_path, admin_gid)
+        self.scheduler = self._push(runtime_dir, sockets.SCHED_IPC)
+        self.frontend = self._push(runtime_dir, sockets.FRONTEND_IPC)
+
+    def _push(self, runtime_dir: Path, name: str) -> zmq.Socket:
+        sock = self.context.socket(zmq.PUSH)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(channels.endpoint(runtime_dir, name))
+        return sock
+
+    def to_scheduler(self, frames: list[bytes]) -> None:
+        self.scheduler.send_multipart(frames)
+
+    def to_frontend(self, frames: list[bytes]) -> None:
+        self.frontend.send_multipart(frames)
+
+    def to_control(self, frames: list[bytes]) -> None:
+        self.control.send_multipart(frames)
+
+
 class Supervisor:
     def __init__(self, config: Config, config_path: str | None):
         self.log = log.setup("supervisor", config.server.log_level)
         config = default_model.resolved(config, self.log)
-        self.config, self.config_path = config, config_path
-        self.started = time.monotonic()
-        self.notifier = SystemdNotifier()
-        self.stopping = False
-        self.drained = False
-        self.announced_ready = False
-        self.reload_requested = False
-        self.refusal: StartRefused | None = None
-        self.refusal_reports: dict[tuple[str, int, int], messages.Refused] = {}   # by (role, index, pid)
-        self.last_watchdog = 0.0
-        devices = worker_devices(config)
-        self.devices = devices
-        specs = [ChildSpec("frontend", 0, children.Entry("mcpd.daemon.frontend.process"), (config,)),
-                 ChildSpec("scheduler", 0, children.Entry("mcpd.daemon.scheduler.process"), (config,))]
-        specs += [ChildSpec("keeper", i, pool_keeper.run, (config, i, d, devices.count(d)))
-                  for i, d in enumerate(pool_keeper.shared_pool_devices(config, devices))]
-        # [model] alone on GPUs: one worker per GPU, all of the one model's one version.
-        versions = config.worker_versions() if config.models else [(config.default_model, LEGACY_NAME)] * len(devices)
-        specs += [ChildSpec("worker", i, children.Entry("mcpd.daemon.worker.process"), (config, i, d, *versions[i]),
-                            standby=config.workers.standby)
-                  for i, d in enumerate(devices)]
-        self.table = ProcessTable(config, specs, self.log)
-        for child in self.table.children:   # versions configured unloaded start when `models load` says
-            if child.spec.role == "worker" and not config.model_table[child.spec.args[3]].versions[child.spec.args[4]].loaded:
-                child.parked = True
-        self.keys = KeyStore(config.keys_dir)
+        self.config = config
+        self.stop_requested = self.reload_requested = False
+        notifier = SystemdNotifier()
+        self.devices = worker_devices(config)
+        launcher = ForkServerLauncher()
+        self.ports = SupervisorPorts(notifier, launcher, config_path, self.log)
         self.admin_gid = peers.admin_gid(config.security.admin_group)
-        self.admin = Admin(self)
+        self.core = SupervisorCore(config, config_path, self.devices, self.log, self.ports, KeyStore(config.keys_dir),
+                                   watchdog_interval_s=notifier.watchdog_interval_s, admin_gid=self.admin_gid)
+        launcher.preload(child.spec for child in self.core.table.children)
 
     # -- start ----------------------------------------------------------------------------------
 
@@ -151,19 +173,11 @@ class Supervisor:
             host_segment.create(self.config)
         if self.config.curve:   # made here, so a keys dir we cannot write stops the start, clearly
             try:
-                self.log.info("CURVE on; server public key %s", self.keys.ensure_server_keys())
+                self.log.info("CURVE on; server public key %s", self.core.keys.ensure_server_keys())
             except OSError as e:
                 raise ConfigError(f"security.keys_dir {self.config.keys_dir}: {e}") from None
-        self.context = zmq.Context()
-        self.events = channels.internal_socket(self.context, runtime_dir, zmq.PULL, sockets.EVENTS_IPC, bind=True)
-        self.control = sockets.router(self.context)
-        self.control.setsockopt(zmq.MAXMSGSIZE, 1 << 20)
-        control_path = runtime_dir / sockets.CONTROL_IPC
-        channels.bind_ipc(self.control, control_path, peers.CONTROL_SOCKET_MODE)
-        peers.restrict_control_socket(control_path, self.admin_gid)
-        self.to_scheduler = self._push(sockets.SCHED_IPC)
-        self.to_frontend = self._push(sockets.FRONTEND_IPC)
-        self.metrics_address = self._serve_metrics()
+        self.ports.open(self.config, self.admin_gid)
+        self.core.metrics_address = self._serve_metrics()
 
     def _serve_metrics(self) -> str | None:
         """The Prometheus endpoint's address where [metrics] listen is set, else None. Imported
@@ -172,13 +186,7 @@ class Supervisor:
             return None
         from mcpd.daemon.supervisor import metrics
 
-        return metrics.serve(self, self.log)
-
-    def _push(self, name: str) -> zmq.Socket:
-        sock = self.context.socket(zmq.PUSH)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.connect(channels.endpoint(self.config.runtime_dir, name))
-        return sock
+        return metrics.serve(self.core, self.log)
 
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_stop_signal)
@@ -186,159 +194,52 @@ class Supervisor:
         signal.signal(signal.SIGHUP, self._on_reload_signal)
         self.log.info("mcpd %s starting: runtime dir %s, %d worker(s) on %s", mcpd.__version__,
                       self.config.runtime_dir, len(self.devices), ", ".join(sorted(set(self.devices))))
-        self.notifier.notify(STATUS="starting children")
-        self.table.start_all()
+        self.core.start()
         poller = zmq.Poller()
-        poller.register(self.events, zmq.POLLIN)
-        poller.register(self.control, zmq.POLLIN)
-        while not self.stopping:
+        poller.register(self.ports.events, zmq.POLLIN)
+        poller.register(self.ports.control, zmq.POLLIN)
+        while not (self.stop_requested or self.core.stopping):
             ready = dict(poller.poll(LOOP_POLL_MS))
-            if self.events in ready:
-                channels.drain(self.events, self._on_event)
-            if self.control in ready:
-                channels.drain(self.control, self._on_control, receive=channels.frames_of)
-            self._watch_children()
+            if self.ports.events in ready:
+                channels.drain(self.ports.events, self.core.on_event)
+            if self.ports.control in ready:
+                channels.drain(self.ports.control, self._on_control, receive=channels.frames_of)
+            if self.reload_requested:
+                self.reload_requested = False
+                self.core.reload()
+            self.core.tick()
         return self._shutdown(poller)
-
-    def _watch_children(self) -> None:
-        self.table.kill_stuck()
-        refused = self._refused_child()
-        if refused is not None:
-            return self._stop_refused(refused)
-        self.reap_children()
-        self.table.restart_due()
-        self.table.replenish_standbys()
-        if self.reload_requested:
-            self._reload()
-        self.admin.expire()
-        self._announce_readiness()
-        self._feed_watchdog()
-
-    def _refused_child(self) -> Child | None:
-        """A child that exited saying a restart would not help (child.refuse_start), not yet reaped."""
-        return next((c for c in self.table.children if c.process is not None and c.restart_at is None
-                     and not c.alive and c.process.exitcode == children.EXIT_REFUSED), None)
-
-    def _stop_refused(self, child: Child) -> None:
-        key = (child.spec.role, child.spec.index, child.process.pid)
-        deadline = time.monotonic() + REFUSAL_REPORT_WAIT_S
-        while key not in self.refusal_reports and time.monotonic() < deadline:
-            if self.events.poll(LOOP_POLL_MS):
-                channels.drain(self.events, self._on_event)
-        report = self.refusal_reports.get(key)
-        reason = report.reason if report else "no reason reported; its log line above says why"
-        self.refusal = refusal.by_status(report.status if report else None)(f"{child.spec.name} cannot start: {reason}")
-        self.log.error("%s; not restarting it, stopping", self.refusal)
-        self.notifier.notify(STATUS=str(self.refusal))
-        self.stopping = True
-
-    def _announce_readiness(self) -> None:
-        if not self.announced_ready and self.table.all_ready():
-            self.announced_ready = True
-            self.log.info("ready: %d worker(s) serving", len(self.devices))
-            self.notifier.notify(READY=1, STATUS=f"serving with {len(self.devices)} worker(s)")
-
-    def _feed_watchdog(self) -> None:
-        # WATCHDOG=1 only while every child runs: a wedged or crash-looping daemon gets restarted.
-        interval = self.notifier.watchdog_interval_s
-        if interval and self.table.healthy() and time.monotonic() - self.last_watchdog >= interval:
-            self.notifier.notify(WATCHDOG=1)
-            self.last_watchdog = time.monotonic()
-
-    def reap_children(self) -> None:
-        """Children that exited since the last call get a restart time, and the processes that
-        must know hear of it. Each loop turn does this; an admin op may too, so that it never
-        sees a child that has died but is not reaped yet."""
-        for child in self.table.reap():
-            if child.spec.role == "worker":
-                lost = messages.WorkerLost(child.spec.index, child.process.pid)
-                self.to_scheduler.send_multipart(messages.encode(lost))
-            elif child.spec.role == "scheduler":
-                self.to_frontend.send_multipart(messages.encode(messages.SchedulerLost()))
-            elif child.spec.role == "keeper":   # its successor makes a fresh pool: none may map the old one
-                self.table.kill_workers_on(child.spec.args[2])
-            self.notifier.notify(STATUS=f"{child.spec.name} {child.last_exit}; restarting")
-
-    # -- events from children -------------------------------------------------------------------
-
-    def _on_event(self, frames: list[bytes]) -> None:
-        event, _ = messages.decode(frames)
-        sender = event.sender
-        if isinstance(event, messages.Refused):   # read after the child is gone: kept by incarnation
-            self.refusal_reports[(sender.role, sender.index, sender.pid)] = event
-            return
-        child = self.table.find(sender.role, sender.index)
-        if child is None or not child.alive or child.process.pid != sender.pid:
-            return   # from an incarnation that is gone
-        if isinstance(event, messages.Ready):
-            child.ready = True
-            self.log.info("%s ready", child.spec.name)
-        elif isinstance(event, messages.Report) and isinstance(event.stats, child_stats.KINDS[child.spec.role]):
-            child.stats = event.stats
-            child.reports += 1
-        elif isinstance(event, messages.Drained):
-            self.drained = True
-        elif isinstance(event, (messages.AdminAnswer, messages.Reloaded)):
-            self.admin.on_event(event)
-
-    # -- control socket (mcpctl) ----------------------------------------------------------------
 
     def _on_control(self, frames: list[zmq.Frame]) -> None:
         peer = peers.peer_of(frames[0])
-        frames = [frame.bytes for frame in frames]
-        identity = frames[0]
-        envelope, body = wire.split_envelope(frames[1:])
-        request_id = None
-        try:
-            request = wire.parse_request(envelope, body, self.config.limits)
-            request_id = request.request_id
-            peers.authorize_control(request.op, peer, self.admin_gid)
-            result = self.admin.handle(identity, request)
-            if result is None:
-                return   # forwarded: the admin answers when the children report back
-            reply = wire.ok_reply(request_id, result)
-        except MCPDError as e:
-            reply = wire.error_reply(request_id if request_id is not None else e.request_id, e.code, e.message)
-        self.control.send_multipart([identity, *envelope, reply])
+        self.core.on_control([frame.bytes for frame in frames], peer)
 
-    # -- signals, reload, stop ------------------------------------------------------------------
+    # -- signals, stop --------------------------------------------------------------------------
 
     def _on_stop_signal(self, signum, _frame) -> None:
-        if not self.stopping:
+        if not self.stop_requested:
             self.log.info("%s received: draining, then stopping", signal.Signals(signum).name)
-        self.stopping = True
+        self.stop_requested = True
 
     def _on_reload_signal(self, _signum, _frame) -> None:
         self.reload_requested = True
 
-    def _reload(self) -> None:
-        """SIGHUP: the same reload as `mcpctl reload`; its outcome goes to the log."""
-        self.reload_requested = False
-        self.notifier.notify(RELOADING=1, MONOTONIC_USEC=time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000)
-        try:
-            self.admin.reload_config(None)
-        except MCPDError:
-            pass   # logged by reload; the running configuration stays
-        self.notifier.notify(READY=1)
-
     def _shutdown(self, poller: zmq.Poller) -> int:
-        self.notifier.notify(STOPPING=1, STATUS="draining")
-        self.drained = False   # an earlier `mcpctl drain` said so of other requests
-        self.to_frontend.send_multipart(messages.encode(messages.Drain()))
-        deadline = time.monotonic() + self.config.supervisor.stop_grace_s
-        while not self.drained and time.monotonic() < deadline and self.table.find("frontend", 0).alive:
-            if dict(poller.poll(LOOP_POLL_MS)).get(self.events):
-                channels.drain(self.events, self._on_event)
-        if not self.drained:
+        deadline = self.core.begin_stop()
+        while self.core.still_draining(deadline):
+            if dict(poller.poll(LOOP_POLL_MS)).get(self.ports.events):
+                channels.drain(self.ports.events, self.core.on_event)
+        if not self.core.drained:
             self.log.warning("grace period over: stopping with requests still in flight")
-        self.table.stop_all()
-        host_segment.unlink(self.config)
-        for device in pool_keeper.shared_pool_devices(self.config, self.devices):   # a keeper SIGKILLed before it could
-            pool_segment.segment_path(self.config.runtime_dir, device).unlink(missing_ok=True)
-        self.context.destroy(linger=0)
+        self.core.table.stop_all()
+        config = self.core.config
+        host_segment.unlink(config)
+        for device in pool_keeper.shared_pool_devices(config, self.devices):   # a keeper SIGKILLed before it could
+            pool_segment.segment_path(config.runtime_dir, device).unlink(missing_ok=True)
+        self.ports.context.destroy(linger=0)
         self.log.info("stopped")
-        if self.refusal is not None:
-            raise self.refusal
+        if self.core.refusal is not None:
+            raise self.core.refusal
         return 0
 
 

@@ -1,66 +1,46 @@
-"""The supervisor's view of its children: start, restart with backoff, stop.
-
-Children are forked by multiprocessing's fork server, never by the supervisor: a child forked
-from the supervisor would inherit its ZeroMQ context and I/O threads, which are not fork-safe.
-The fork server is a process of its own, started with the first child, that imports the modules
-the children run (their entry points: no torch, no CUDA, no ZeroMQ context or thread at import)
-and nothing else, then forks each child from that state. A child so starts with its imports
-done: spawned, each was a fresh interpreter importing its modules. Measured on the issues'
-2-vCPU machine: a start, a ping and a stop of a test daemon cost 2.51-2.55 s of CPU
-machine-wide against 2.54-3.02 spawned, in the same ~2.0-2.1 s (the worker, the long pole,
-now waits for the server's imports before it imports torch); a front-end, scheduler or keeper
-restart ~0.03 s of CPU instead of ~0.25. A worker imports torch after the fork, having set
-OpenMP's environment first (mcpd/cpu/threads.py), as before.
-
-The fork server is the parent of every child, and part of the supervisor: it exits when the
-supervisor dies (child.start closes the children's hold on it), which takes the children with it
-(their death signal); if it alone is killed the children die, the supervisor restarts them and
-multiprocessing starts a new fork server. It ignores SIGTERM (fork_server.py).
+"""The supervisor's view of its children: which run, when each starts again after an exit (with
+backoff), which stop for good. It decides and keeps the record; a Launcher (launcher.py in the
+daemon, a fake in tests) makes the processes, and the clock it is given says the time.
 """
 from __future__ import annotations
 
 import logging
-import multiprocessing
-import os
-import shutil
 import signal
-import tempfile
 import time
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple, Protocol
 
 from mcpd.config import Config
 from mcpd.daemon import child_stats
 from mcpd.daemon.child_stats import FrontendStats, SchedulerStats, WorkerStats
-from mcpd.sockets import UNIX_PATH_MAX
 
-FORK_SERVER = multiprocessing.get_context("forkserver")
 STABLE_AFTER_S = 30.0   # a child that lived this long resets its restart backoff
-# The fork server's socket under its directory: "/pymp-" and 8 characters, "/listener-" and 8.
-FORK_SERVER_SOCKET_SUFFIX = 32
 
 
-def keep_fork_server_in(runtime_dir: Path) -> None:
-    """multiprocessing puts the fork server's socket in a pymp-* directory made with tempfile and
-    removed at a clean exit: a SIGKILLed supervisor left one in /tmp for good. It goes under the
-    runtime dir instead, where the next start removes a dead daemon's (the caller holds the
-    runtime dir's instance lock: no live daemon uses it). Where the socket's path would not fit
-    AF_UNIX, it stays in the temp dir. The supervisor itself makes no other temp file."""
-    for stale in runtime_dir.glob("pymp-*"):
-        if _is_fork_server_dir(stale):   # an operator's own directory of that name is left alone
-            shutil.rmtree(stale, ignore_errors=True)
-    if len(os.fsencode(runtime_dir)) + FORK_SERVER_SOCKET_SUFFIX <= UNIX_PATH_MAX:
-        tempfile.tempdir = str(runtime_dir)
+class ChildProcess(Protocol):
+    """A started child (multiprocessing.Process is one)."""
+    pid: int | None
+    exitcode: int | None
+
+    def is_alive(self) -> bool: ...
+
+    def terminate(self) -> None: ...
+
+    def kill(self) -> None: ...
+
+    def join(self, timeout: float | None = None) -> None: ...
 
 
-def _is_fork_server_dir(path: Path) -> bool:
-    """A directory (not a link) holding nothing but multiprocessing's listener sockets."""
-    try:
-        return path.is_dir() and not path.is_symlink() and all(
-            entry.name.startswith("listener-") and entry.is_socket() for entry in path.iterdir())
-    except OSError:
-        return False
+class Standby(NamedTuple):
+    """A spare process of a child, ready to take its place: `promote()` lets it go on."""
+    process: ChildProcess
+    promote: Callable[[], None]
+
+
+class Launcher(Protocol):
+    def start_child(self, spec: "ChildSpec") -> ChildProcess: ...
+
+    def start_standby(self, spec: "ChildSpec") -> Standby: ...
 
 
 @dataclass
@@ -68,18 +48,31 @@ class ChildSpec:
     role: str                  # frontend, scheduler, keeper (a device's pool), worker
     index: int
     target: Callable
-    args: tuple
+    config: Config
+    device: str = ""           # a keeper's or a worker's
+    model: str = ""            # a worker's model and version
+    version: str = ""
+    pool_workers: int = 0      # a keeper's: the workers that share its device's pool
     standby: bool = False      # keep a standby process to promote when this one dies (workers.standby)
 
     @property
     def name(self) -> str:
         return self.role if self.role in ("frontend", "scheduler") else f"{self.role} {self.index}"
 
+    @property
+    def args(self) -> tuple:
+        """The entry point's arguments, as its role's `run` takes them."""
+        if self.role == "keeper":
+            return (self.config, self.index, self.device, self.pool_workers)
+        if self.role == "worker":
+            return (self.config, self.index, self.device, self.model, self.version)
+        return (self.config,)
+
 
 @dataclass
 class Child:
     spec: ChildSpec
-    process: multiprocessing.Process | None = None
+    process: ChildProcess | None = None
     started: float = 0.0
     ready: bool = False
     restarts: int = 0
@@ -88,7 +81,7 @@ class Child:
     last_exit: str = ""
     stats: FrontendStats | SchedulerStats | WorkerStats | None = None   # None until the first report
     reports: int = 0   # stats reports from this process (its pid): a reader can wait for a newer one
-    spare: tuple | None = None   # (process, its promotion Event): a standby, while the child runs
+    spare: Standby | None = None   # a standby, while the child runs
     parked: bool = False   # a worker of an unloaded model version: stopped on purpose, not restarted
 
     def latest_stats(self):
@@ -109,18 +102,17 @@ class Child:
             return "stopped"
         return "running" if self.ready else "starting"
 
-    def describe(self) -> dict:
+    def describe(self, now: float) -> dict:
         return {"role": self.spec.role, "index": self.spec.index, "pid": self.process.pid if self.alive else None,
-                "state": self.state, "uptime_s": round(time.monotonic() - self.started, 1) if self.alive else 0,
+                "state": self.state, "uptime_s": round(now - self.started, 1) if self.alive else 0,
                 "restarts": self.restarts, "last_exit": self.last_exit, "stats_reports": self.reports}
 
 
 class ProcessTable:
-    def __init__(self, config: Config, specs: list[ChildSpec], log: logging.Logger):
-        self.config, self.log = config, log
+    def __init__(self, config: Config, specs: list[ChildSpec], log: logging.Logger, launcher: Launcher,
+                 clock: Callable[[], float] = time.monotonic):
+        self.config, self.log, self.launcher, self.clock = config, log, launcher, clock
         self.children = [Child(spec, backoff_s=config.workers.restart_backoff_s) for spec in specs]
-        FORK_SERVER.set_forkserver_preload([*sorted({_module_of(spec.target) for spec in specs}),
-                                            "mcpd.daemon.supervisor.fork_server"])
 
     def start_all(self) -> None:
         for child in self.children:
@@ -132,7 +124,7 @@ class ProcessTable:
         `timeout_s`; reap leaves it stopped. Returns the pid it had, or None if none ran."""
         child.parked, child.restart_at = True, None
         if child.spare is not None:
-            child.spare[0].terminate()
+            child.spare.process.terminate()
             child.spare = None
         if not child.alive:
             return None
@@ -154,35 +146,30 @@ class ProcessTable:
 
     def _start(self, child: Child) -> None:
         spec = child.spec
-        if child.spare is not None and child.spare[0].is_alive():
-            child.process, promoted = child.spare
-            promoted.set()   # it has its process, torch and imports already
+        if child.spare is not None and child.spare.process.is_alive():
+            child.process = child.spare.process
+            child.spare.promote()   # it has its process, torch and imports already
             what = "promoted the standby of"
         else:
-            child.process = FORK_SERVER.Process(target=spec.target, args=spec.args, name=f"mcpd-{spec.name}")
-            child.process.start()
+            child.process = self.launcher.start_child(spec)
             what = "started"
         child.spare = None
-        child.started, child.ready, child.restart_at = time.monotonic(), False, None
+        child.started, child.ready, child.restart_at = self.clock(), False, None
         self.log.info("%s %s (pid %d)", what, spec.name, child.process.pid)
 
     def replenish_standbys(self) -> None:
         """A standby for every running child that keeps one, once it is ready: a standby started
         beside a starting child would slow that start down."""
         for child in self.children:
-            if child.spec.standby and child.alive and child.ready and (child.spare is None or not child.spare[0].is_alive()):
-                promoted = FORK_SERVER.Event()
-                process = FORK_SERVER.Process(target=child.spec.target, args=(*child.spec.args, promoted),
-                                        name=f"mcpd-{child.spec.name}-standby")
-                process.start()
-                child.spare = (process, promoted)
+            if child.spec.standby and child.alive and child.ready and (child.spare is None or not child.spare.process.is_alive()):
+                child.spare = self.launcher.start_standby(child.spec)
 
     def drop_standbys(self) -> None:
         """Stop every standby (the config changed: a promoted one would run the old one)."""
         for child in self.children:
             if child.spare is not None:
-                child.spare[0].terminate()
-                child.spare[0].join(1.0)
+                child.spare.process.terminate()
+                child.spare.process.join(1.0)
                 child.spare = None
 
     def find(self, role: str, index: int) -> Child | None:
@@ -195,10 +182,10 @@ class ProcessTable:
             if child.process is None or child.restart_at is not None or child.alive or child.parked:
                 continue
             child.last_exit = _exit_reason(child.process.exitcode)
-            lived = time.monotonic() - child.started
+            lived = self.clock() - child.started
             if lived >= STABLE_AFTER_S:
                 child.backoff_s = self.config.workers.restart_backoff_s
-            child.restart_at = time.monotonic() + child.backoff_s
+            child.restart_at = self.clock() + child.backoff_s
             self.log.warning("%s (pid %d) %s after %.1fs; restarting in %.1fs", child.spec.name,
                              child.process.pid, child.last_exit, lived, child.backoff_s)
             child.backoff_s = min(child.backoff_s * 2, self.config.workers.restart_backoff_max_s)
@@ -209,19 +196,19 @@ class ProcessTable:
         """A child that never reports ready (a hung model load, say) is killed; reap restarts it."""
         limit = self.config.supervisor.ready_timeout_s
         for child in self.children:
-            if child.alive and not child.ready and time.monotonic() - child.started > limit:
+            if child.alive and not child.ready and self.clock() - child.started > limit:
                 self.log.error("%s not ready after %.0fs; killing it", child.spec.name, limit)
                 child.process.kill()
 
     def kill_workers_on(self, device: str) -> None:
         """SIGKILL the workers of a device (its pool keeper died); reap restarts them."""
         for child in self.children:
-            if child.spec.role == "worker" and child.spec.args[2] == device and child.alive:
+            if child.spec.role == "worker" and child.spec.device == device and child.alive:
                 self.log.warning("%s: its device's pool keeper is gone; killing it", child.spec.name)
                 child.process.kill()
 
     def restart_due(self) -> None:
-        now = time.monotonic()
+        now = self.clock()
         for child in self.children:
             if child.restart_at is not None and now >= child.restart_at:
                 child.restarts += 1
@@ -240,19 +227,14 @@ class ProcessTable:
             child.restart_at = None
             if child.alive:
                 child.process.terminate()
-        deadline = time.monotonic() + timeout_s
+        deadline = self.clock() + timeout_s
         for child in self.children:
             if child.process is not None:
-                child.process.join(max(0.0, deadline - time.monotonic()))
+                child.process.join(max(0.0, deadline - self.clock()))
                 if child.process.is_alive():
                     self.log.warning("%s did not stop in %.0fs; killing it", child.spec.name, timeout_s)
                     child.process.kill()
                     child.process.join(1.0)
-
-
-def _module_of(target: Callable) -> str:
-    """The module a child's entry point lives in, for the fork server to import beforehand."""
-    return getattr(target, "module", None) or target.__module__
 
 
 def _exit_reason(exitcode: int | None) -> str:

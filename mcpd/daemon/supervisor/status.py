@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import time
 
 import mcpd
 from mcpd.daemon import channels
@@ -27,14 +26,14 @@ def build_status(supervisor) -> dict:
         "state": _state(supervisor),
         "healthy": table.healthy() and not supervisor.stopping,
         "draining": frontend.draining,
-        "uptime_s": round(time.monotonic() - supervisor.started, 1),
+        "uptime_s": round(supervisor.clock() - supervisor.started, 1),
         "runtime_dir": str(supervisor.config.runtime_dir),
         "endpoints": frontend.endpoints or _configured_endpoints(supervisor),
         "metrics": supervisor.metrics_address and f"http://{supervisor.metrics_address}/metrics",
         "http": _http(frontend.http),
         "processes": [{"role": "supervisor", "index": 0, "pid": os.getpid(), "state": "running",
-                       "uptime_s": round(time.monotonic() - supervisor.started, 1), "restarts": 0,
-                       "last_exit": ""}] + [c.describe() for c in table.children],
+                       "uptime_s": round(supervisor.clock() - supervisor.started, 1), "restarts": 0,
+                       "last_exit": ""}] + [c.describe(supervisor.clock()) for c in table.children],
         "devices": [{"worker": w.spec.index, **w.latest_stats().reported(DEVICE_FIGURES)} for w in workers],
         "pools": [_pool(keeper) for keeper in table.children if keeper.spec.role == "keeper"],
         "queue": {"depth": scheduler.queue_depth, "inflight": frontend.inflight},
@@ -61,10 +60,10 @@ def _models(scheduled: dict, workers: list) -> dict:
     models = {name: dict(model, versions={v: dict(f) for v, f in model["versions"].items()})
               for name, model in scheduled.get("models", {}).items()}
     for worker in workers:
-        _, index, _, model, version = worker.spec.args
-        figures = models.get(model, {}).get("versions", {}).get(version)
+        spec = worker.spec
+        figures = models.get(spec.model, {}).get("versions", {}).get(spec.version)
         if figures is not None:
-            figures.setdefault("processes", []).append({"index": index, "state": worker.state})
+            figures.setdefault("processes", []).append({"index": spec.index, "state": worker.state})
             _add_result_cache(figures, worker.latest_stats().result_cache)
     return {"default_model": scheduled.get("default_model"), "models": models}
 
@@ -92,7 +91,7 @@ def _pool(keeper) -> dict:
     """A device pool, its keeper (the owner of the memory) and its regions, each with the worker
     that owns it."""
     stats = keeper.latest_stats()
-    return {"device": keeper.spec.args[2], "keeper": keeper.spec.index,
+    return {"device": keeper.spec.device, "keeper": keeper.spec.index,
             "keeper_pid": keeper.process.pid if keeper.alive else None, "path": stats.path, **stats.pool}
 
 
