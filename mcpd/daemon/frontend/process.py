@@ -86,7 +86,7 @@ class FrontEnd:
     def _bind_clients(self) -> zmq.Socket:
         sock = sockets.router(self.context)
         sock.setsockopt(zmq.LINGER, 0)
-        # libzmq drops a peer that sends a frame over MAXMSGSIZE; our own check below answers
+        # libzmq drops a peer that sends a frame over MAXMSGSIZE; the core's own check answers
         # TOO_LARGE for messages that are too large in total or have too many frames.
         sock.setsockopt(zmq.MAXMSGSIZE, self.config.limits.max_message_bytes)
         # A send to a client whose pipe is full fails (EAGAIN) instead of vanishing: outbox.py.
