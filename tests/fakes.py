@@ -26,7 +26,9 @@ class Events:
 
 class Ports:
     """What a core sent, decoded, in order, per destination: the front-end, the scheduler, each
-    worker (a worker's queue takes `worker_room` messages at a time; None: all), the supervisor."""
+    worker (a worker's queue takes `worker_room` messages at a time; None: all), the supervisor,
+    each client (those in `over_backlog` have more unread replies than their limit; the next
+    reply to one in `going_over` takes it over, said once) and the in-process HTTP listener."""
 
     def __init__(self):
         self.events = Events()
@@ -35,6 +37,10 @@ class Ports:
         self.workers: list[tuple[bytes, messages.Message, list[bytes]]] = []
         self.worker_sends = 0   # to_worker calls: each one ZeroMQ send (a batch) on the real socket
         self.worker_room: int | None = None
+        self.clients: list[tuple[bytes, tuple[bytes, ...], dict, tuple[bytes, ...]]] = []   # id, envelope, header, payload
+        self.local: list[tuple[dict, tuple[bytes, ...]]] = []
+        self.over_backlog: set[bytes] = set()
+        self.going_over: set[bytes] = set()
 
     def to_frontend(self, frames):
         self.frontend.append(messages.decode(frames))
@@ -47,6 +53,19 @@ class Ports:
         taken = sends[:self.worker_room]
         self.workers += [(identity, *messages.decode(frames)) for frames in taken]
         return len(taken)
+
+    def to_client(self, identity, envelope, header, payload=(), rid=None, chunk=False) -> bool:
+        self.clients.append((identity, tuple(envelope), msgpack.unpackb(header), tuple(payload)))
+        if identity in self.going_over:
+            self.going_over.remove(identity)
+            return True
+        return False
+
+    def backlogged(self, identity) -> bool:
+        return identity in self.over_backlog
+
+    def to_local(self, header, payload) -> None:
+        self.local.append((msgpack.unpackb(header), tuple(payload)))
 
     def finals(self) -> dict[int, dict]:
         """The front-end's final replies by rid, their headers decoded."""

@@ -2,7 +2,7 @@
 and gets their replies: in memory, on the same event loop, with no socket in between.
 
 Each request is encoded as a client would send it (docs/PROTOCOL.md sections 2-3) and goes
-through the front-end's own checks and admission (`FrontEnd.admit_local`) as LOCAL_CALLER: an
+through the front-end's own checks and admission (`FrontEndCore.admit_local`) as LOCAL_CALLER: an
 object, not bytes, so it equals no routing id (a client may set any id it likes, even one that
 begins with a zero byte). Replies the front-end would send to it come here instead (`deliver`),
 decoded once, into the queue of the request they answer.

@@ -89,18 +89,19 @@ class Gate:
             return ""
         return self.authenticator.tenant(user_id) or ""
 
-    def stamp(self, request: wire.Request, tenant: str | None) -> wire.Request:
-        """The request with its header's tenant set to the authenticated one (as is with CURVE off)."""
-        if tenant is None:
-            return request
-        claimed = request.header.get("tenant")
-        if not tenant:
-            raise _unauthorized(request, "this connection's key is not (or no longer) allowed under the name "
-                                         "it connected as; connect again with an allowed key")
-        if claimed is not None and claimed != tenant:
-            raise _unauthorized(request, f'header "tenant" is {claimed!r} but this connection authenticated '
-                                         f'as {tenant!r}; leave "tenant" out or make them match')
-        return dataclasses.replace(request, header={**request.header, "tenant": tenant})
+
+def stamp(request: wire.Request, tenant: str | None) -> wire.Request:
+    """The request with its header's tenant set to the authenticated one (as is with CURVE off)."""
+    if tenant is None:
+        return request
+    claimed = request.header.get("tenant")
+    if not tenant:
+        raise _unauthorized(request, "this connection's key is not (or no longer) allowed under the name "
+                                     "it connected as; connect again with an allowed key")
+    if claimed is not None and claimed != tenant:
+        raise _unauthorized(request, f'header "tenant" is {claimed!r} but this connection authenticated '
+                                     f'as {tenant!r}; leave "tenant" out or make them match')
+    return dataclasses.replace(request, header={**request.header, "tenant": tenant})
 
 
 def _unauthorized(request: wire.Request, message: str) -> MCPDError:

@@ -1,9 +1,9 @@
-"""The front-end process: the only socket clients reach, and the gate every request passes.
-
-It validates each message (sizes, msgpack limits, header, op arguments) before anything else
-sees it, answers bad input itself, tracks which client owns each in-flight request, and relays
-the scheduler's replies. asyncio on uvloop; each wake-up drains every ready message from both
-sockets, so pipelined traffic pays the event loop's cost once per batch, not once per message.
+"""The front-end process: the only socket clients reach, and the loop that feeds the front-end's
+core (core.py), which validates each message before anything else sees it, answers bad input
+itself, tracks which client owns each in-flight request, and relays the scheduler's replies.
+This owns the sockets, reads and decodes their messages, and hosts the HTTP listener. asyncio on
+uvloop; each wake-up drains every ready message from both sockets, so pipelined traffic pays the
+event loop's cost once per batch, not once per message.
 
 What a client can make it hold is bounded both ways: replies for a client that does not read wait
 in its backlog, never dropped (outbox.py), and the unfinished messages libzmq holds for clients
@@ -12,53 +12,51 @@ are watched and cut past their limits (incoming.py), every GUARD_S.
 from __future__ import annotations
 
 import asyncio
-import heapq
 import os
 import signal
-import time
 from functools import partial
-from dataclasses import dataclass
 
 import uvloop
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
-from mcpd import sockets, tracing
+from mcpd import sockets
 from mcpd.config import Config
-from mcpd.daemon import channels, child, live_config, messages
+from mcpd.daemon import channels, child, messages
 from mcpd.daemon.batch import Batch, each_message
 from mcpd.daemon.child_stats import FrontendStats
 from mcpd.daemon.frontend.address_cap import AddressCap
+from mcpd.daemon.frontend.core import FrontEndCore
 from mcpd.daemon.frontend.gate import Gate
 from mcpd.daemon.frontend.incoming import IncomingBytes, give_large_buffers_back
-from mcpd.daemon.frontend.latency import LatencyWindow
 from mcpd.daemon.frontend.outbox import Outbox
 from mcpd.daemon.frontend.peers import PeerTracker
-from mcpd.daemon.frontend.request_labels import RequestLabels
-from mcpd.daemon.frontend.request_metrics import RequestMetrics
-from mcpd.http.frontend_link import LOCAL_CALLER, FrontendLink
-from mcpd.protocol import codes, infer_args, ops, wire
-from mcpd.protocol.codes import MCPDError
-from mcpd.protocol.tenant import tenant_of
+from mcpd.http.frontend_link import FrontendLink
 
 GUARD_S = 0.02   # how often the backlogs are retried and the unfinished messages checked
 BATCH = 256   # messages taken from one socket before looking at the other (fairness)
-ALWAYS_ADMITTED = ("ping", "status", "cancel")   # still answered while draining
-SLOWEST_SHOWN = 10   # requests in flight the status report lists, the oldest first
 
 
-@dataclass
-class Pending:
-    identity: bytes | object   # a client's routing id, or LOCAL_CALLER
-    envelope: tuple[bytes, ...]
-    request_id: int | str
-    op: str
-    started: float
-    tenant: str
-    model: str | None   # as the request names it; None: the default model
+class CorePorts:
+    """The core's ports on the process's sockets: their own bound methods, no layer between.
+
+    What goes to the scheduler waits in `for_scheduler` and is sent in batches once per pass of
+    the loop, never blocking: the scheduler blocks on its replies to the front-end when their
+    pipe is full, so a front-end blocked on the scheduler would deadlock the two (a burst of
+    requests the scheduler refuses did). What finds its pipe full waits there, in order, and
+    clients are not read meanwhile: the pressure goes back to them."""
+
+    def __init__(self, outbox: Outbox, for_scheduler: Batch, events: child.EventReporter,
+                 local: FrontendLink | None):
+        self.to_client, self.backlogged = outbox.send, outbox.over_limit
+        self.to_scheduler = for_scheduler.add
+        self.events = events
+        self.to_local = local.deliver if local is not None else None
 
 
 class FrontEnd:
+    """The sockets and the loop; every decision is the core's."""
+
     def __init__(self, config: Config):
         self.config = config
         self.log = child.start("frontend", config)
@@ -74,33 +72,21 @@ class FrontEnd:
         self.incoming = IncomingBytes(limits.max_message_bytes, limits.max_incoming_bytes, self.gate.auth, self.log)
         self.address_cap = AddressCap(limits.max_connections_per_address, self.log)
         self.to_scheduler = self._socket(zmq.PUSH, sockets.SCHED_IPC, bind=False)
-        # What goes to the scheduler, sent in batches once per pass of _pump (_to_scheduler says why never blocking)
         self.for_scheduler = Batch(partial(channels.send_frames, self.to_scheduler, flags=channels.NOBLOCK))
         self.from_scheduler = self._socket(zmq.PULL, sockets.FRONTEND_IPC, bind=True)
         self.events = child.EventReporter(self.context, config, "frontend")
-        self.pending: dict[int, Pending] = {}
-        self.rid_of: dict[tuple[bytes | object, int | str], int] = {}
-        # Unique across restarts: work of a previous front-end may still be running in workers,
-        # and its late replies must never match a new client's request.
-        self.next_rid = time.time_ns()
-        self.draining = False
-        self.served = 0
-        self.errors: dict[str, int] = {}
-        self.latency = LatencyWindow()
-        self.metrics = RequestMetrics()
-        self.labels = RequestLabels(config)
         self.parent_pid = os.getppid()
         self.endpoints = self._endpoints()
         # The OpenAI-compatible listener, on this loop (mcpd/http/server.py says why here); its
         # requests are admitted in memory and answered through self.local.
-        self.local = FrontendLink(self.admit_local) if config.http.listen else None
+        self.local = FrontendLink(self._admit_local) if config.http.listen else None
         self.http = _http_listener(config, self.local, self.address_cap, self.log) if self.local else None
-        self.tracing = tracing.start(config, "frontend")   # None with tracing off
+        self.core = FrontEndCore(config, self.log, CorePorts(self.outbox, self.for_scheduler, self.events, self.local))
 
     def _bind_clients(self) -> zmq.Socket:
         sock = sockets.router(self.context)
         sock.setsockopt(zmq.LINGER, 0)
-        # libzmq drops a peer that sends a frame over MAXMSGSIZE; our own check below answers
+        # libzmq drops a peer that sends a frame over MAXMSGSIZE; the core's own check answers
         # TOO_LARGE for messages that are too large in total or have too many frames.
         sock.setsockopt(zmq.MAXMSGSIZE, self.config.limits.max_message_bytes)
         # A send to a client whose pipe is full fails (EAGAIN) instead of vanishing: outbox.py.
@@ -177,20 +163,13 @@ class FrontEnd:
         while self.gate.serve():
             pass
 
-    def _to_scheduler(self, frames: list[bytes]) -> None:
-        """Never blocks: the scheduler blocks on its replies to the front-end when their pipe is
-        full, so a front-end blocked on the scheduler would deadlock the two (a burst of requests
-        the scheduler refuses did). What finds its pipe full waits in for_scheduler, in order,
-        and clients are not read meanwhile: the pressure goes back to them."""
-        self.for_scheduler.add(frames)
-
     def _tick(self) -> None:
         try:
             self._pump()   # belt and braces against a missed edge
             if not child.parent_alive(self.parent_pid):
                 self._stop()
             self.events.send(messages.Report, FrontendStats(**self.stats()))
-            if self.draining and not self.pending:
+            if self.core.drained:
                 self.events.send(messages.Drained)
         finally:
             asyncio.get_running_loop().call_later(self.config.supervisor.stats_interval_s, self._tick)
@@ -204,12 +183,8 @@ class FrontEnd:
         finally:
             asyncio.get_running_loop().call_later(GUARD_S, self._guard)
 
-    def _fail_all(self, code: str, message: str) -> None:
-        for rid in list(self.pending):
-            self._finish_with_error(rid, code, message)
-
     def _stop(self) -> None:
-        self._fail_all(codes.UNAVAILABLE, "the daemon is stopping")
+        self.core.stop()
         if not self.stopped.done():
             self.stopped.set_result(None)
 
@@ -259,90 +234,19 @@ class FrontEnd:
     def _client_gone(self, identity: bytes) -> None:
         """Its connection closed: nobody will read the replies, so stop the work (frees KV too)."""
         self.outbox.forget(identity)
-        self._end_requests_of(identity, codes.CANCELLED)
-
-    def _end_requests_of(self, identity: bytes, code: str) -> None:
-        for (owner, _), rid in self.rid_of.items():
-            if owner == identity:
-                self._to_scheduler(messages.encode(messages.Cancel(rid, code)))
+        self.core.client_gone(identity)
 
     def _on_client(self, message: tuple[list[bytes], list[int], str | None] | None) -> None:
-        if message is None:
-            return
-        frames, sizes, tenant = message
-        identity = frames[0]
-        envelope, body = wire.split_envelope(frames[1:])
-        try:
-            wire.check_sizes(sizes[len(envelope):], self.config.limits)
-            request = self.gate.stamp(wire.parse_request(envelope, body, self.config.limits), tenant)
-            self._admit(identity, request)
-        except MCPDError as e:
-            self._count_error(e.code)
-            self._send(identity, envelope, wire.error_reply(e.request_id, e.code, e.message, e.retry_after_ms))
-        except Exception as e:   # noqa: BLE001 - whatever a client sends, it gets an answer
-            self.log.exception("unexpected failure handling a client message")
-            self._count_error(codes.INTERNAL)
-            self._send(identity, envelope, wire.error_reply(None, codes.INTERNAL, f"{type(e).__name__}: {e}"))
+        if message is not None:
+            frames, sizes, tenant = message
+            self.core.on_client(frames[0], frames[1:], sizes, tenant)
 
-    def _admit(self, identity: bytes | object, request: wire.Request) -> None:
-        started = time.monotonic()
+    def _admit_local(self, frames: list[bytes]) -> None:
+        """The HTTP listener's request (FrontendLink's admit): sent on at once, not at the next pass."""
         try:
-            args = ops.validate_args(request.op, request.header["args"], self.config.limits)
-            if request.op == "infer":
-                infer_args.check_frames(args, len(request.payload))
-            if request.op == "cancel":
-                return self._cancel(identity, request, args.target)
-            if self.outbox.over_limit(identity):
-                raise MCPDError(codes.OVERLOADED, "this connection does not read its replies: they exceed "
-                                "limits.max_client_backlog_bytes", self.config.scheduler.overloaded_retry_ms)
-            if self.draining and request.op not in ALWAYS_ADMITTED:
-                raise MCPDError(codes.UNAVAILABLE, "the daemon is draining and takes no new work")
-            key = (identity, request.request_id)
-            if key in self.rid_of:
-                raise MCPDError(codes.CONFLICT, f"request id {request.request_id!r} is already in flight")
-        except MCPDError as e:
-            e.request_id = request.request_id
-            raise
-        rid = self.next_rid
-        self.next_rid += 1
-        header = request.header
-        tenant = tenant_of(header)
-        self.pending[rid] = Pending(identity, request.envelope, request.request_id, request.op, started,
-                                    tenant, getattr(args, "model", None))
-        self.rid_of[key] = rid
-        admitted = messages.Request(rid, request.request_id, tenant, header.get("priority"),
-                                    header.get("timeout_ms"), args)
-        if self.tracing is not None:
-            admitted = self.tracing.admitted(admitted, header.get("traceparent"), started)
-        self.metrics.started(rid, request.op, self.labels.class_of(admitted.priority), admitted.tenant,
-                             self.labels.model_of(args))
-        self._to_scheduler(messages.encode(admitted, *request.payload))
-
-    def admit_local(self, frames: list[bytes]) -> None:
-        """A request of the in-process HTTP listener: the checks and admission of a client's; its
-        replies go to self.local (see _send). Raises MCPDError for a refusal at the door."""
-        try:
-            self._admit(LOCAL_CALLER, wire.parse_request((), frames, self.config.limits))
-        except MCPDError as e:
-            self._count_error(e.code)
-            raise
+            self.core.admit_local(frames)
         finally:
             self.for_scheduler.flush()
-
-    def _cancel(self, identity: bytes | object, request: wire.Request, target: int | str) -> None:
-        rid = self.rid_of.get((identity, target))
-        if rid is not None:
-            self._to_scheduler(messages.encode(messages.Cancel(rid, codes.CANCELLED)))
-        self._send(identity, request.envelope, wire.ok_reply(request.request_id, {"cancelled": rid is not None}))
-
-    def _send(self, identity: bytes | object, envelope: tuple[bytes, ...], header: bytes, payload=(),
-              rid: int | None = None, chunk: bool = False) -> None:
-        if identity is LOCAL_CALLER:
-            return self.local.deliver(header, payload)
-        if self.outbox.send(identity, envelope, header, payload, rid, chunk):
-            self.log.warning("a client's unread replies passed limits.max_client_backlog_bytes: "
-                             "ending its requests in flight")
-            self._end_requests_of(identity, codes.OVERLOADED)
 
     # -- scheduler side -------------------------------------------------------------------------
 
@@ -350,65 +254,9 @@ class FrontEnd:
         """One message of the scheduler's. A fault handling it is logged and stops there: the rest
         of the batch it came in still reaches its clients."""
         try:
-            message, payload = messages.decode(frames)
-            if isinstance(message, (messages.Chunk, messages.Final)):
-                return self._relay(message, payload)
-            if isinstance(message, messages.Flushed):   # the worker's replies before it are relayed: tell the scheduler
-                return self._to_scheduler(messages.encode(message))
-            if isinstance(message, messages.Reload):
-                return self.labels.reconfigure(live_config.apply(message, self.events))
-            if isinstance(message, messages.Drain):
-                return self._drain_mode()
-            if isinstance(message, messages.SchedulerLost):
-                return self._fail_all(codes.UNAVAILABLE, "the scheduler restarted; the request was lost, retry it")
-            if isinstance(message, messages.Resume):
-                return self._resume()
+            self.core.on_scheduler(*messages.decode(frames))
         except Exception:   # noqa: BLE001 - one bad message must not cost the others theirs
             self.log.exception("a message from the scheduler could not be handled")
-
-    def _relay(self, reply: messages.Chunk | messages.Final, frames: list[bytes]) -> None:
-        """A reply for a client: frames are its header and payload, as the client gets them."""
-        pending = self.pending.get(reply.rid)
-        if pending is None:
-            return   # the request was already answered (stopped or cancelled); late chunk
-        if isinstance(reply, messages.Chunk):
-            self._send(pending.identity, pending.envelope, frames[0], frames[1:], reply.rid, chunk=True)
-            return self.metrics.chunk_sent(reply.rid)
-        # A final: its request is forgotten first, so that a fault sending it leaves nothing in flight.
-        self.metrics.ended(reply.rid, reply.code or "OK")
-        answered = self._forget(reply.rid, pending)
-        self._send(pending.identity, pending.envelope, frames[0], frames[1:], reply.rid)
-        if self.tracing is not None:
-            self.tracing.replied(reply.rid, reply.code, answered)
-
-    def _forget(self, rid: int, pending: Pending) -> float:
-        """Returns the moment it was answered."""
-        del self.pending[rid]
-        del self.rid_of[(pending.identity, pending.request_id)]
-        self.served += 1
-        now = time.monotonic()
-        self.latency.record(pending.op, now - pending.started)
-        return now
-
-    def _finish_with_error(self, rid: int, code: str, message: str) -> None:
-        pending = self.pending[rid]
-        self._count_error(code)
-        self.metrics.ended(rid, code)
-        self._send(pending.identity, pending.envelope, wire.error_reply(pending.request_id, code, message), (), rid)
-        answered = self._forget(rid, pending)
-        if self.tracing is not None:
-            self.tracing.replied(rid, code, answered)
-
-    def _count_error(self, code: str) -> None:
-        self.errors[code] = self.errors.get(code, 0) + 1
-
-    def _resume(self) -> None:
-        self.draining = False
-        self.log.info("resumed: admitting new work")
-
-    def _drain_mode(self) -> None:
-        self.draining = True
-        self.log.info("draining: no new work admitted, %d request(s) in flight", len(self.pending))
 
     # -- reporting ------------------------------------------------------------------------------
 
@@ -419,18 +267,9 @@ class FrontEnd:
         return found
 
     def stats(self) -> dict:
-        return {"inflight": len(self.pending), "served": self.served, "errors": dict(self.errors),
-                "latency": self.latency.summary(), "draining": self.draining, "endpoints": self.endpoints,
-                "metrics": self.metrics.snapshot(), "backlog": self.outbox.stats(),
+        return {**self.core.stats(), "endpoints": self.endpoints, "backlog": self.outbox.stats(),
                 "incoming": {**self.incoming.stats(), **self.address_cap.stats()},
-                "http": self.http.stats() if self.http is not None else {}, "slowest": self._slowest()}
-
-    def _slowest(self) -> list[dict]:
-        """The requests in flight longest, for `mcpctl top`: found once per report, off the message path."""
-        now = time.monotonic()
-        oldest = heapq.nsmallest(SLOWEST_SHOWN, self.pending.items(), key=lambda item: item[1].started)
-        return [{"rid": rid, "tenant": p.tenant, "op": p.op, "model": p.model,
-                 "age_ms": round((now - p.started) * 1000, 1)} for rid, p in oldest]
+                "http": self.http.stats() if self.http is not None else {}}
 
 
 def _http_listener(config: Config, local: FrontendLink, address_cap: AddressCap, log):
@@ -444,7 +283,7 @@ def _http_listener(config: Config, local: FrontendLink, address_cap: AddressCap,
 def run(config: Config) -> None:
     frontend = FrontEnd(config)
     uvloop.run(frontend.serve())
-    if frontend.tracing is not None:
-        frontend.tracing.close()
+    if frontend.core.tracing is not None:
+        frontend.core.tracing.close()
     frontend.log.info("stopped")
     frontend.context.destroy(linger=200)

@@ -1,0 +1,252 @@
+"""The front-end's core: every decision the gate makes, with no socket. It takes a client's
+message or the HTTP listener's request, the scheduler's typed messages and time (`clock`), and
+sends through its ports; process.py owns the sockets, the loop and the decoding of frames.
+
+What it decides:
+- admission: a request's arguments are checked once here (ops.py, infer_args.py); a client over
+  its reply backlog is refused OVERLOADED, a new request while draining UNAVAILABLE (ping, status
+  and cancel still answered), a request id already in flight for that caller CONFLICT.
+- the pending table: each admitted request gets a rid, unique across restarts (work of a previous
+  front-end may still be running in workers, and its late replies must never match a new
+  client's request), and is filed under its caller (a client's routing id, or LOCAL_CALLER for
+  the HTTP listener) and its own request id, until its final reply.
+- relay: a worker's chunk goes to its caller; a final forgets the request first, so that a fault
+  sending it leaves nothing in flight; a reply for a request no longer pending is dropped.
+- endings: a client gone has its requests cancelled (CANCELLED), a client over its backlog
+  (OVERLOADED); a scheduler lost or a stop answers every pending request UNAVAILABLE.
+"""
+from __future__ import annotations
+
+import heapq
+import logging
+import time
+from dataclasses import dataclass
+from typing import Protocol
+
+from mcpd import tracing
+from mcpd.config import Config
+from mcpd.daemon import child, live_config, messages
+from mcpd.daemon.frontend.gate import stamp
+from mcpd.daemon.frontend.latency import LatencyWindow
+from mcpd.daemon.frontend.request_labels import RequestLabels
+from mcpd.daemon.frontend.request_metrics import RequestMetrics
+from mcpd.http.frontend_link import LOCAL_CALLER
+from mcpd.protocol import codes, infer_args, ops, wire
+from mcpd.protocol.codes import MCPDError
+from mcpd.protocol.tenant import tenant_of
+
+ALWAYS_ADMITTED = ("ping", "status", "cancel")   # still answered while draining
+SLOWEST_SHOWN = 10   # requests in flight the status report lists, the oldest first
+
+
+class Ports(Protocol):
+    """Where the core's messages go: sockets and the HTTP link in the process, lists in tests."""
+    events: child.EventReporter
+
+    def to_client(self, identity: bytes, envelope: tuple[bytes, ...], header: bytes, payload=(),
+                  rid: int | None = None, chunk: bool = False) -> bool:
+        """Sends a reply now or queues it behind the client's unread ones; True when this reply
+        takes the client over its backlog limit (said once, until the backlog drains)."""
+
+    def backlogged(self, identity: bytes) -> bool:
+        """Whether the client's unread replies are over its backlog limit."""
+
+    def to_local(self, header: bytes, payload: tuple[bytes, ...]) -> None:
+        """A reply for the in-process HTTP listener."""
+
+    def to_scheduler(self, frames: list[bytes]) -> None: ...
+
+
+@dataclass
+class Pending:
+    identity: bytes | object   # a client's routing id, or LOCAL_CALLER
+    envelope: tuple[bytes, ...]
+    request_id: int | str
+    op: str
+    started: float
+    tenant: str
+    model: str | None   # as the request names it; None: the default model
+
+
+class FrontEndCore:
+    def __init__(self, config: Config, log: logging.Logger, ports: Ports, clock=time.monotonic,
+                 first_rid: int | None = None):
+        self.config, self.limits, self.log, self.ports, self.clock = config, config.limits, log, ports, clock
+        self.pending: dict[int, Pending] = {}
+        self.rid_of: dict[tuple[bytes | object, int | str], int] = {}
+        self.next_rid = time.time_ns() if first_rid is None else first_rid
+        self.draining = False
+        self.served = 0
+        self.errors: dict[str, int] = {}
+        self.latency = LatencyWindow()
+        self.metrics = RequestMetrics()
+        self.labels = RequestLabels(config)
+        self.tracing = tracing.start(config, "frontend")   # None with tracing off
+
+    # -- requests -------------------------------------------------------------------------------
+
+    def on_client(self, identity: bytes, frames: list[bytes], sizes: list[int], tenant: str | None) -> None:
+        """One client message, its routing id left out: `sizes` are its frames' (those past the
+        size limits were dropped on reading), `tenant` its connection's (None with CURVE off, see
+        gate.py). Whatever a client sends, it gets an answer."""
+        envelope, body = wire.split_envelope(frames)
+        try:
+            wire.check_sizes(sizes[len(envelope):], self.limits)
+            self._admit(identity, stamp(wire.parse_request(envelope, body, self.limits), tenant))
+        except MCPDError as e:
+            self._count_error(e.code)
+            self._send(identity, envelope, wire.error_reply(e.request_id, e.code, e.message, e.retry_after_ms))
+        except Exception as e:   # noqa: BLE001 - whatever a client sends, it gets an answer
+            self.log.exception("unexpected failure handling a client message")
+            self._count_error(codes.INTERNAL)
+            self._send(identity, envelope, wire.error_reply(None, codes.INTERNAL, f"{type(e).__name__}: {e}"))
+
+    def admit_local(self, frames: list[bytes]) -> None:
+        """A request of the in-process HTTP listener: the checks and admission of a client's; its
+        replies go to the ports' to_local. Raises MCPDError for a refusal at the door."""
+        try:
+            self._admit(LOCAL_CALLER, wire.parse_request((), frames, self.limits))
+        except MCPDError as e:
+            self._count_error(e.code)
+            raise
+
+    def _admit(self, identity: bytes | object, request: wire.Request) -> None:
+        started = self.clock()
+        try:
+            args = ops.validate_args(request.op, request.header["args"], self.limits)
+            if request.op == "infer":
+                infer_args.check_frames(args, len(request.payload))
+            if request.op == "cancel":
+                return self._cancel(identity, request, args.target)
+            self._refuse_at_the_door(identity, request)
+        except MCPDError as e:
+            e.request_id = request.request_id
+            raise
+        rid = self.next_rid
+        self.next_rid += 1
+        header = request.header
+        tenant = tenant_of(header)
+        self.pending[rid] = Pending(identity, request.envelope, request.request_id, request.op, started,
+                                    tenant, getattr(args, "model", None))
+        self.rid_of[(identity, request.request_id)] = rid
+        admitted = messages.Request(rid, request.request_id, tenant, header.get("priority"),
+                                    header.get("timeout_ms"), args)
+        if self.tracing is not None:
+            admitted = self.tracing.admitted(admitted, header.get("traceparent"), started)
+        self.metrics.started(rid, request.op, self.labels.class_of(admitted.priority), admitted.tenant,
+                             self.labels.model_of(args))
+        self.ports.to_scheduler(messages.encode(admitted, *request.payload))
+
+    def _refuse_at_the_door(self, identity: bytes | object, request: wire.Request) -> None:
+        if identity is not LOCAL_CALLER and self.ports.backlogged(identity):
+            raise MCPDError(codes.OVERLOADED, "this connection does not read its replies: they exceed "
+                            "limits.max_client_backlog_bytes", self.config.scheduler.overloaded_retry_ms)
+        if self.draining and request.op not in ALWAYS_ADMITTED:
+            raise MCPDError(codes.UNAVAILABLE, "the daemon is draining and takes no new work")
+        if (identity, request.request_id) in self.rid_of:
+            raise MCPDError(codes.CONFLICT, f"request id {request.request_id!r} is already in flight")
+
+    def _cancel(self, identity: bytes | object, request: wire.Request, target: int | str) -> None:
+        rid = self.rid_of.get((identity, target))
+        if rid is not None:
+            self.ports.to_scheduler(messages.encode(messages.Cancel(rid, codes.CANCELLED)))
+        self._send(identity, request.envelope, wire.ok_reply(request.request_id, {"cancelled": rid is not None}))
+
+    def _send(self, identity: bytes | object, envelope: tuple[bytes, ...], header: bytes, payload=(),
+              rid: int | None = None, chunk: bool = False) -> None:
+        if identity is LOCAL_CALLER:
+            return self.ports.to_local(header, payload)
+        if self.ports.to_client(identity, envelope, header, payload, rid, chunk):
+            self.log.warning("a client's unread replies passed limits.max_client_backlog_bytes: "
+                             "ending its requests in flight")
+            self._end_requests_of(identity, codes.OVERLOADED)
+
+    # -- clients and the daemon's state ---------------------------------------------------------
+
+    def client_gone(self, identity: bytes) -> None:
+        """Its connection closed: nobody will read the replies, so stop the work (frees KV too)."""
+        self._end_requests_of(identity, codes.CANCELLED)
+
+    def _end_requests_of(self, identity: bytes, code: str) -> None:
+        for (owner, _), rid in self.rid_of.items():
+            if owner == identity:
+                self.ports.to_scheduler(messages.encode(messages.Cancel(rid, code)))
+
+    def stop(self) -> None:
+        self._fail_all(codes.UNAVAILABLE, "the daemon is stopping")
+
+    @property
+    def drained(self) -> bool:
+        return self.draining and not self.pending
+
+    def _fail_all(self, code: str, message: str) -> None:
+        for rid in list(self.pending):
+            self._finish_with_error(rid, code, message)
+
+    # -- the scheduler's messages ---------------------------------------------------------------
+
+    def on_scheduler(self, message: messages.Message, payload: list[bytes]) -> None:
+        if isinstance(message, (messages.Chunk, messages.Final)):
+            return self._relay(message, payload)
+        if isinstance(message, messages.Flushed):   # the worker's replies before it are relayed: tell the scheduler
+            return self.ports.to_scheduler(messages.encode(message))
+        if isinstance(message, messages.Reload):
+            return self.labels.reconfigure(live_config.apply(message, self.ports.events))
+        if isinstance(message, messages.Drain):
+            self.draining = True
+            return self.log.info("draining: no new work admitted, %d request(s) in flight", len(self.pending))
+        if isinstance(message, messages.SchedulerLost):
+            return self._fail_all(codes.UNAVAILABLE, "the scheduler restarted; the request was lost, retry it")
+        if isinstance(message, messages.Resume):
+            self.draining = False
+            self.log.info("resumed: admitting new work")
+
+    def _relay(self, reply: messages.Chunk | messages.Final, frames: list[bytes]) -> None:
+        """A reply for a client: frames are its header and payload, as the client gets them."""
+        pending = self.pending.get(reply.rid)
+        if pending is None:
+            return   # the request was already answered (stopped or cancelled); late chunk
+        if isinstance(reply, messages.Chunk):
+            self._send(pending.identity, pending.envelope, frames[0], frames[1:], reply.rid, chunk=True)
+            return self.metrics.chunk_sent(reply.rid)
+        # A final: its request is forgotten first, so that a fault sending it leaves nothing in flight.
+        self.metrics.ended(reply.rid, reply.code or "OK")
+        answered = self._forget(reply.rid, pending)
+        self._send(pending.identity, pending.envelope, frames[0], frames[1:], reply.rid)
+        if self.tracing is not None:
+            self.tracing.replied(reply.rid, reply.code, answered)
+
+    def _forget(self, rid: int, pending: Pending) -> float:
+        """Returns the moment it was answered."""
+        del self.pending[rid]
+        del self.rid_of[(pending.identity, pending.request_id)]
+        self.served += 1
+        now = self.clock()
+        self.latency.record(pending.op, now - pending.started)
+        return now
+
+    def _finish_with_error(self, rid: int, code: str, message: str) -> None:
+        pending = self.pending[rid]
+        self._count_error(code)
+        self.metrics.ended(rid, code)
+        self._send(pending.identity, pending.envelope, wire.error_reply(pending.request_id, code, message), (), rid)
+        answered = self._forget(rid, pending)
+        if self.tracing is not None:
+            self.tracing.replied(rid, code, answered)
+
+    def _count_error(self, code: str) -> None:
+        self.errors[code] = self.errors.get(code, 0) + 1
+
+    # -- reporting ------------------------------------------------------------------------------
+
+    def stats(self) -> dict:
+        return {"inflight": len(self.pending), "served": self.served, "errors": dict(self.errors),
+                "latency": self.latency.summary(), "draining": self.draining,
+                "metrics": self.metrics.snapshot(), "slowest": self._slowest()}
+
+    def _slowest(self) -> list[dict]:
+        """The requests in flight longest, for `mcpctl top`: found once per report, off the message path."""
+        now = self.clock()
+        oldest = heapq.nsmallest(SLOWEST_SHOWN, self.pending.items(), key=lambda item: item[1].started)
+        return [{"rid": rid, "tenant": p.tenant, "op": p.op, "model": p.model,
+                 "age_ms": round((now - p.started) * 1000, 1)} for rid, p in oldest]

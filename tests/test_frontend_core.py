@@ -1,0 +1,195 @@
+"""The front-end's core in-process: clients' messages, the HTTP listener's requests, the
+scheduler's typed messages and a clock in; replies and typed messages out, no sockets. What
+crosses processes (real clients, backlogs on real pipes, the scheduler's restart) stays with the
+daemon tests (test_daemon.py, test_hostile_input.py, test_overload.py, test_http.py)."""
+import logging
+
+import pytest
+
+from mcpd.config import from_dict
+from mcpd.daemon import messages
+from mcpd.daemon.frontend.core import FrontEndCore
+from mcpd.protocol import codes, wire
+from mcpd.protocol.codes import MCPDError
+from mcpd.protocol.args import GenerateArgs, PingArgs
+from fakes import Clock, Ports
+
+FIRST_RID = 1000
+MAX_MESSAGE_BYTES = 1 << 16
+CLIENT, OTHER = b"\x00client", b"\x00other"
+
+
+@pytest.fixture
+def core():
+    config = from_dict({"limits": {"max_message_bytes": MAX_MESSAGE_BYTES, "max_header_bytes": MAX_MESSAGE_BYTES}})
+    return FrontEndCore(config, logging.getLogger("test"), Ports(), Clock(), first_rid=FIRST_RID)
+
+
+def send(core, identity: bytes, op: str, request_id, args: dict, *payload: bytes, tenant=None, **header) -> None:
+    """A client's message as the process reads it: frames past the routing id, their sizes."""
+    frames = [wire.encode_request(op, request_id, args, **header), *payload]
+    core.on_client(identity, frames, [len(frame) for frame in frames], tenant)
+
+
+def generate(core, identity: bytes, request_id, **header) -> None:
+    send(core, identity, "generate", request_id, {"prompt": "hi", "max_tokens": 2}, **header)
+
+
+def admitted(core) -> list[messages.Request]:
+    return [m for m, _ in core.ports.scheduler if isinstance(m, messages.Request)]
+
+
+def cancels(core) -> list[messages.Cancel]:
+    return [m for m, _ in core.ports.scheduler if isinstance(m, messages.Cancel)]
+
+
+def replies(core) -> list[tuple[bytes, dict]]:
+    return [(identity, header) for identity, _, header, _ in core.ports.clients]
+
+
+def final(rid: int, request_id, code: str | None = None) -> tuple[messages.Final, list[bytes]]:
+    header = wire.error_reply(request_id, code, "failed") if code else wire.ok_reply(request_id, {"text": "ok"})
+    return messages.Final(rid, code), [header]
+
+
+@pytest.mark.parametrize("op, args, payload, tenant, code, answered_id", [
+    ("generate", {"prompt": "hi", "max_tokens": -1}, (), None, codes.BAD_REQUEST, 7),
+    ("nosuch", {}, (), None, codes.UNKNOWN_OP, 7),
+    ("ping", {}, (b"x" * MAX_MESSAGE_BYTES,), None, codes.TOO_LARGE, None),   # refused before its header is read
+    ("ping", {}, (), "", codes.UNAUTHORIZED, 7),   # CURVE on: this connection's key no longer allowed
+])
+def test_a_request_that_fails_a_check_is_answered_with_its_code_and_never_reaches_the_scheduler(
+        core, op, args, payload, tenant, code, answered_id):
+    send(core, CLIENT, op, 7, args, *payload, tenant=tenant)
+    assert [(identity, header["id"], header["code"]) for identity, header in replies(core)] == \
+        [(CLIENT, answered_id, code)]
+    assert core.ports.scheduler == [] and core.pending == {} and core.errors == {code: 1}
+
+
+def test_an_admitted_request_goes_to_the_scheduler_typed_with_a_fresh_rid_and_waits_for_its_reply(core):
+    generate(core, CLIENT, 1)
+    send(core, CLIENT, "ping", 2, {})
+    requests = admitted(core)
+    assert [(m.rid, m.request_id, type(m.args)) for m in requests] == \
+        [(FIRST_RID, 1, GenerateArgs), (FIRST_RID + 1, 2, PingArgs)]
+    assert requests[0].args.sampling.max_tokens == 2
+    assert replies(core) == [] and sorted(core.pending) == [FIRST_RID, FIRST_RID + 1]
+
+
+def test_a_request_id_in_flight_is_refused_conflict_for_its_client_only(core):
+    generate(core, CLIENT, 5)
+    generate(core, CLIENT, 5)
+    generate(core, OTHER, 5)   # another client's ids are its own
+    assert [m.request_id for m in admitted(core)] == [5, 5]
+    assert [(identity, header["code"]) for identity, header in replies(core)] == [(CLIENT, codes.CONFLICT)]
+
+
+def test_a_client_over_its_backlog_is_refused_and_one_that_goes_over_has_its_requests_ended(core):
+    generate(core, CLIENT, 1)
+    generate(core, CLIENT, 2)
+    generate(core, OTHER, 1)
+    core.ports.going_over.add(CLIENT)
+    chunk_header = wire.chunk_reply(1, 0, {"text": "a", "token_ids": [1]})
+    core.on_scheduler(messages.Chunk(FIRST_RID), [chunk_header])   # this reply takes it over its limit
+    assert sorted((m.rid, m.code) for m in cancels(core)) == \
+        [(FIRST_RID, codes.OVERLOADED), (FIRST_RID + 1, codes.OVERLOADED)]
+    core.ports.over_backlog.add(CLIENT)
+    generate(core, CLIENT, 3)
+    generate(core, OTHER, 3)
+    refusals = [(identity, header) for identity, header in replies(core) if header["kind"] == "error"]
+    assert [(identity, header["id"], header["code"]) for identity, header in refusals] == [(CLIENT, 3, codes.OVERLOADED)]
+    assert refusals[0][1]["retry_after_ms"] > 0 and [m.request_id for m in admitted(core)] == [1, 2, 1, 3]
+
+
+def test_chunks_and_the_final_reach_the_requests_client_with_its_envelope_and_the_final_forgets_it(core):
+    frames = [b"", wire.encode_request("generate", 9, {"prompt": "hi", "max_tokens": 2, "stream": True})]
+    core.on_client(CLIENT, frames, [len(frame) for frame in frames], None)   # a REQ client: its delimiter
+    chunk_header = wire.chunk_reply(9, 0, {"text": "a", "token_ids": [1]})
+    core.on_scheduler(messages.Chunk(FIRST_RID), [chunk_header, b"payload"])
+    core.on_scheduler(*final(FIRST_RID, 9))
+    core.on_scheduler(messages.Chunk(FIRST_RID), [chunk_header])   # late: its request was answered
+    assert [(identity, envelope, header["kind"], payload) for identity, envelope, header, payload
+            in core.ports.clients] == [(CLIENT, (b"",), "chunk", (b"payload",)), (CLIENT, (b"",), "ok", ())]
+    assert core.pending == {} and core.rid_of == {} and core.served == 1
+    generate(core, CLIENT, 9)   # its id is free again
+    assert [m.request_id for m in admitted(core)] == [9, 9]
+
+
+def test_a_cancel_reaches_the_scheduler_for_the_callers_own_request_only(core):
+    generate(core, CLIENT, 1)
+    send(core, OTHER, "cancel", 2, {"target": 1})
+    send(core, CLIENT, "cancel", 3, {"target": 1})
+    assert [(m.rid, m.code) for m in cancels(core)] == [(FIRST_RID, codes.CANCELLED)]
+    assert [(identity, header["result"]) for identity, header in replies(core)] == \
+        [(OTHER, {"cancelled": False}), (CLIENT, {"cancelled": True})]
+
+
+def test_a_gone_clients_requests_are_cancelled_and_the_others_kept(core):
+    generate(core, CLIENT, 1)
+    generate(core, OTHER, 1)
+    core.client_gone(CLIENT)
+    assert [(m.rid, m.code) for m in cancels(core)] == [(FIRST_RID, codes.CANCELLED)]
+
+
+def test_draining_refuses_new_work_answers_ping_and_is_drained_once_nothing_is_in_flight(core):
+    generate(core, CLIENT, 1)
+    core.on_scheduler(messages.Drain(), [])
+    generate(core, CLIENT, 2)
+    send(core, CLIENT, "ping", 3, {})
+    assert [(header["id"], header["code"]) for _, header in replies(core)] == [(2, codes.UNAVAILABLE)]
+    assert [m.request_id for m in admitted(core)] == [1, 3]
+    core.on_scheduler(*final(FIRST_RID, 1))
+    assert not core.drained   # the ping is still in flight
+    core.on_scheduler(*final(FIRST_RID + 1, 3))
+    assert core.drained and core.stats()["draining"]
+    core.on_scheduler(messages.Resume(), [])
+    generate(core, CLIENT, 4)
+    assert not core.drained and [m.request_id for m in admitted(core)] == [1, 3, 4]
+
+
+def test_a_lost_scheduler_answers_every_request_in_flight_unavailable(core):
+    generate(core, CLIENT, 1)
+    generate(core, OTHER, 2)
+    core.admit_local([wire.encode_request("ping", 3, {})])
+    core.on_scheduler(messages.SchedulerLost(), [])
+    assert sorted((identity, header["id"], header["code"]) for identity, header in replies(core)) == \
+        [(CLIENT, 1, codes.UNAVAILABLE), (OTHER, 2, codes.UNAVAILABLE)]
+    assert [(header["id"], header["code"]) for header, _ in core.ports.local] == [(3, codes.UNAVAILABLE)]
+    assert core.pending == {} and core.rid_of == {} and core.errors == {codes.UNAVAILABLE: 3}
+
+
+def test_the_http_listeners_requests_share_no_routing_id_with_any_client(core):
+    """The listener's caller is an object: no client's routing id equals it, whatever bytes it
+    picks, so neither can take the other's request ids, cancel, or replies."""
+    for identity in (CLIENT, b"", b"local", b"\x00\x00\x00\x00\x01"):
+        generate(core, identity, 1)
+    core.admit_local([wire.encode_request("generate", 1, {"prompt": "hi", "max_tokens": 2})])
+    assert [m.request_id for m in admitted(core)] == [1] * 5 and replies(core) == []
+    send(core, CLIENT, "cancel", 2, {"target": 1})
+    local_rid = admitted(core)[-1].rid
+    assert local_rid not in [m.rid for m in cancels(core)]
+    core.on_scheduler(*final(local_rid, 1))
+    assert [header["kind"] for header, _ in core.ports.local] == ["ok"]
+    assert [header["id"] for _, header in replies(core)] == [2]   # only CLIENT's cancel answer
+
+
+def test_a_local_request_refused_at_the_door_raises_its_code_and_is_counted(core):
+    core.on_scheduler(messages.Drain(), [])
+    with pytest.raises(MCPDError) as refused:
+        core.admit_local([wire.encode_request("generate", 1, {"prompt": "hi", "max_tokens": 2})])
+    assert refused.value.code == codes.UNAVAILABLE and core.errors == {codes.UNAVAILABLE: 1}
+    assert admitted(core) == [] and core.ports.local == []
+
+
+def test_the_status_report_lists_the_oldest_requests_in_flight_by_the_clock(core):
+    generate(core, CLIENT, 1)
+    core.clock.now += 2.0
+    send(core, CLIENT, "ping", 2, {})
+    core.clock.now += 0.5
+    slowest = core.stats()["slowest"]
+    assert [(row["op"], row["age_ms"]) for row in slowest] == [("generate", 2500.0), ("ping", 500.0)]
+
+
+def test_a_flushed_note_is_passed_on_to_the_scheduler(core):
+    core.on_scheduler(messages.Flushed(2), [])
+    assert [m for m, _ in core.ports.scheduler] == [messages.Flushed(2)]
