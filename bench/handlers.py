@@ -2,7 +2,7 @@
 serving the same Handler on this machine, and mcpd's own batching, priorities and result cache.
 
     .venv/bin/python bench/handlers.py --setup     # once, outside CI: LitServe's and MLServer's venvs
-    .venv/bin/python bench/handlers.py [--quick] [--peers litserve,mlserver] [--cache-dir DIR]
+    .venv/bin/python bench/handlers.py [--quick] [--peers litserve,mlserver] [--peer-threads 1] [--cache-dir DIR]
 
 Every server runs the same code: the example Handler through its preprocess, predict on the
 batch, postprocess (peerkit/handler_runner.py in the peers, HandlerCore in mcpd), each with its
@@ -18,9 +18,11 @@ Figures (each a search: open-loop Poisson arrivals at rates bisected between 5% 
 closed-loop capacity; a rate is held when every request is answered ok and the p99 is <= 50 ms):
   handler_<model>_rps_ratio_vs_best_peer       mcpd's held rate over the best peer's (> 1: mcpd leads)
   handler_<model>_http_rps_ratio_vs_best_peer  the same for mcpd-http (the peers' own transport)
-  batching_speedup    risk scorer: mcpd's held rate with batching over max_batch_size = 0
-  handler_high_p99_ratio   risk scorer, 10% `high` / 90% `low` at 2x capacity: high's p99 over
-                      its p99 alone at 0.2x capacity; handler_unanswered must be 0
+  batching_speedup    text classifier: mcpd's held rate with batching over max_batch_size = 0
+                      (batching_speedup_<model> for each model: the risk MLP's predict is too
+                      cheap for batching to matter, BATCHING_MODEL says why)
+  handler_high_p99_ratio   risk scorer, 10% `high` / 90% `low` at 2x the closed-loop capacity:
+                      high's p99 over its p99 alone at 0.2x; handler_unanswered must be 0
   cache_hit_rate, cache_rps_ratio   text classifier, a Zipf(1.1) stream over 100k distinct
                       inputs, the cache warmed at start from a file of the 20k most frequent:
                       the share answered from the cache, and the held rate over the cache off
@@ -37,6 +39,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,7 +55,11 @@ from peerkit.load import closed_loop, max_rate, open_loop, p99_ms
 P99_LIMIT_MS = 50.0
 BATCHING = {"max_batch_size": 64, "max_queue_delay_ms": 2.0}
 CAPACITY_CLIENTS = 64
+WARM_UP_S = 1.0
 CHECKED_INPUTS = 8
+# batching_speedup's model: the risk MLP's predict takes microseconds a batch, so the daemon's
+# per-request path bounds it batched or not (its speedup is reported beside, as batching_speedup_risk).
+BATCHING_MODEL = "text"
 ZIPF_S, ZIPF_INPUTS, WARM_INPUTS = 1.1, 100_000, 20_000   # the 20k most frequent: 93% of the draws
 CACHE_BYTES = 256 << 20
 
@@ -85,6 +92,7 @@ def uniform(count: int):
 
 
 async def search(target, sizes: Sizes, pick) -> dict:
+    await closed_loop(target, CAPACITY_CLIENTS, WARM_UP_S, pick, seed=98)   # first calls allocate, threads settle
     capacity = await closed_loop(target, CAPACITY_CLIENTS, sizes.capacity_s, pick, seed=99)
     found = await max_rate(target, capacity, sizes.probes, sizes.probe_s, P99_LIMIT_MS, pick)
     return {"capacity_rps": round(capacity, 1), "rps": round(found["rps"], 1), "probes": found["probes"]}
@@ -127,13 +135,14 @@ async def measure_mcpd(name: str, model: Model, inputs: TensorInputs, reference,
         server.stop()
 
 
-async def measure_peer(peer: str, cache_dir: Path, name: str, model: Model, inputs: TensorInputs, reference,
-                       sizes: Sizes) -> dict:
+async def measure_peer(peer: str, cache_dir: Path, threads: int, name: str, model: Model, inputs: TensorInputs,
+                       reference, sizes: Sizes) -> dict:
     reason = servers.missing_reason(cache_dir, peer, Path(), "float32")
     if reason:
         return {"missing": reason}
     try:
-        server = handler_servers.PEER_SERVERS[peer](cache_dir, name, model.handler, model.settings, BATCHING).start()
+        server = handler_servers.PEER_SERVERS[peer](cache_dir, name, model.handler, model.settings, BATCHING,
+                                                    threads).start()
     except RuntimeError as e:
         return {"missing": f"did not start: {e}"}
     try:
@@ -159,13 +168,15 @@ async def batching_off(name: str, model: Model, inputs: TensorInputs, sizes: Siz
 async def priority_burst(target: McpdZmq, capacity: float, sizes: Sizes) -> dict:
     pick = uniform(1 << 20)
     idle = await open_loop(target, 0.2 * capacity, sizes.burst_s, pick, seed=7, high_frac=1.0)
+    started = time.perf_counter()
     burst = await open_loop(target, 2.0 * capacity, sizes.burst_s, pick, seed=8, high_frac=0.1)
+    answered_s = time.perf_counter() - started
     counts: dict[str, dict[str, int]] = {}
     for outcome in burst:
         by_class = counts.setdefault(outcome.priority, {})
         by_class[outcome.outcome] = by_class.get(outcome.outcome, 0) + 1
     return {"idle_high_p99_ms": round(p99_ms(idle, "high"), 2), "burst_high_p99_ms": round(p99_ms(burst, "high"), 2),
-            "offered_rps": round(2.0 * capacity, 1),
+            "offered_rps": round(2.0 * capacity, 1), "burst_s": sizes.burst_s, "last_answer_s": round(answered_s, 1),
             "unanswered": sum(o.outcome == "unanswered" for o in idle + burst), "codes": counts}
 
 
@@ -209,6 +220,7 @@ async def cache_run(name: str, model: Model, sizes: Sizes, cache_on: bool) -> di
 async def zipf_stream(target: McpdZmq, sizes: Sizes) -> dict:
     """The held rate, and the share answered from the cache at half the capacity."""
     pick = zipf_pick(ZIPF_INPUTS, ZIPF_S)
+    await closed_loop(target, CAPACITY_CLIENTS, WARM_UP_S, pick, seed=98)
     capacity = await closed_loop(target, CAPACITY_CLIENTS, sizes.capacity_s, pick, seed=99)
     outcomes = await open_loop(target, 0.5 * capacity, sizes.probe_s, pick, seed=5)
     found = await max_rate(target, capacity, sizes.probes, sizes.probe_s, P99_LIMIT_MS, pick)
@@ -232,8 +244,9 @@ def figures_of(measured: dict) -> dict:
     for name, systems in measured["models"].items():
         out[f"handler_{name}_rps_ratio_vs_best_peer"] = rps_ratio(systems, "mcpd")
         out[f"handler_{name}_http_rps_ratio_vs_best_peer"] = rps_ratio(systems, "mcpd-http")
-    on, off = measured["models"]["risk"]["mcpd"]["rps"], measured["batching_off"]["rps"]
-    out["batching_speedup"] = round(on / off, 2) if off else None
+        on, off = systems["mcpd"]["rps"], systems["mcpd-unbatched"]["rps"]
+        out[f"batching_speedup_{name}"] = round(on / off, 2) if off else None
+    out["batching_speedup"] = out[f"batching_speedup_{BATCHING_MODEL}"]
     burst = measured["burst"]
     out["handler_high_p99_ratio"] = round(burst["burst_high_p99_ms"] / burst["idle_high_p99_ms"], 3)
     out["handler_unanswered"] = burst["unanswered"]
@@ -261,11 +274,12 @@ async def run(args) -> dict:
         found = await measure_mcpd(name, model, inputs, reference, sizes, burst=name == "risk")
         if name == "risk":
             measured["burst"] = found.pop("burst")
-            print(f"{name}: mcpd, batching off ...", flush=True)
-            measured["batching_off"] = await batching_off(name, model, inputs, sizes)
+        print(f"{name}: mcpd, batching off ...", flush=True)
+        found["mcpd-unbatched"] = await batching_off(name, model, inputs, sizes)
         for peer in args.peers:
             print(f"{name}: {peer} ...", flush=True)
-            found[peer] = await measure_peer(peer, args.cache_dir, name, model, inputs, reference, sizes)
+            found[peer] = await measure_peer(peer, args.cache_dir, args.peer_threads, name, model, inputs, reference,
+                                             sizes)
         measured["models"][name] = found
         print(json.dumps({name: {system: {k: v for k, v in f.items() if k != "probes"} for system, f in found.items()}}),
               flush=True)
@@ -281,6 +295,8 @@ def main() -> None:
     parser.add_argument("--setup", action="store_true", help="install LitServe and MLServer in their venvs, then exit")
     parser.add_argument("--quick", action="store_true", help="short searches (a few minutes in all)")
     parser.add_argument("--peers", default=",".join(handler_servers.HANDLER_PEERS), help="comma-separated subset")
+    parser.add_argument("--peer-threads", type=int, default=1,
+                        help="the peers' torch threads (1: their best on a busy 2-core machine; mcpd picks its own)")
     parser.add_argument("--cache-dir", type=Path, default=checkpoints.DEFAULT_CACHE)
     args = parser.parse_args()
     args.peers = [p for p in args.peers.split(",") if p]
@@ -295,7 +311,8 @@ def main() -> None:
     print(json.dumps({**figures_of(measured), **measured,
                       "versions": {peer: servers.version(args.cache_dir, peer) for peer in args.peers},
                       "machine": kept_figures.machine(), "load_avg": [load_before, round(os.getloadavg()[0], 2)],
-                      "p99_limit_ms": P99_LIMIT_MS, "batching": BATCHING, "quick": args.quick}))
+                      "p99_limit_ms": P99_LIMIT_MS, "batching": BATCHING, "peer_threads": args.peer_threads,
+                      "quick": args.quick}))
 
 
 def setup(cache_dir: Path) -> None:

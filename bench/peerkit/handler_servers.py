@@ -26,9 +26,9 @@ REPO = Path(__file__).resolve().parents[2]
 HANDLER_PEERS = ("litserve", "mlserver")
 
 
-def peer_env() -> dict:
-    threads = str(len(servers.cores()))
-    return {**os.environ, "PYTHONPATH": f"{REPO}:{REPO / 'bench'}", "OMP_NUM_THREADS": threads,
+def peer_env(threads: int) -> dict:
+    """torch's threads are the peer's own knob (OMP_NUM_THREADS): mcpd's worker picks its count itself."""
+    return {**os.environ, "PYTHONPATH": f"{REPO}:{REPO / 'bench'}", "OMP_NUM_THREADS": str(threads),
             "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 
@@ -51,16 +51,16 @@ class ReadyServer(servers.HttpServer):
             connection.close()
 
 
-def litserve(cache_dir: Path, model: str, handler: str, settings: dict, batching: dict) -> ReadyServer:
+def litserve(cache_dir: Path, model: str, handler: str, settings: dict, batching: dict, threads: int) -> ReadyServer:
     port = free_port()
     command = [str(servers.venv_dir(cache_dir, "litserve") / "bin/python"), "-m", "peerkit.litserve_app",
                "--port", str(port), "--model", model, "--handler", handler, "--settings", json.dumps(settings),
                "--max-batch-size", str(batching["max_batch_size"]),
                "--batch-timeout", str(batching["max_queue_delay_ms"] / 1e3)]
-    return ReadyServer("litserve", command, peer_env(), servers.log_path(cache_dir, "litserve-server"), "/health", port)
+    return ReadyServer("litserve", command, peer_env(threads), servers.log_path(cache_dir, "litserve-server"), "/health", port)
 
 
-def mlserver(cache_dir: Path, model: str, handler: str, settings: dict, batching: dict) -> ReadyServer:
+def mlserver(cache_dir: Path, model: str, handler: str, settings: dict, batching: dict, threads: int) -> ReadyServer:
     port = free_port()
     folder = Path(tempfile.mkdtemp(prefix="mlserver-", dir=servers.log_path(cache_dir, "x").parent))
     (folder / "settings.json").write_text(json.dumps({
@@ -71,7 +71,7 @@ def mlserver(cache_dir: Path, model: str, handler: str, settings: dict, batching
         "max_batch_size": batching["max_batch_size"], "max_batch_time": batching["max_queue_delay_ms"] / 1e3,
         "parameters": {"extra": {"handler": handler, "settings": settings}}}))
     command = [str(servers.venv_dir(cache_dir, "mlserver") / "bin/mlserver"), "start", str(folder)]
-    return ReadyServer("mlserver", command, peer_env(), servers.log_path(cache_dir, "mlserver-server"),
+    return ReadyServer("mlserver", command, peer_env(threads), servers.log_path(cache_dir, "mlserver-server"),
                        f"/v2/models/{model}/ready", port)
 
 

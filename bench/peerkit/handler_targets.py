@@ -14,7 +14,7 @@ import numpy as np
 import zmq
 import zmq.asyncio
 
-from mcpd.handlers import tensors
+from mcpd.client import infer
 from mcpd.handlers.tensors import TensorSpec
 from mcpd.protocol import wire
 from peerkit import v2_json
@@ -39,10 +39,10 @@ class TensorInputs:
         return {name: draw(spec, rng) for name, spec in self.specs.items()}
 
     def frames(self, index: int) -> tuple[list, list[bytes]]:
-        """The `infer` header's inputs and their payload frames."""
+        """The `infer` args' inputs and their payload frames, as mcpd's client encodes them."""
         if index not in self._frames:
-            encoded = [tensors.encode(name, array) for name, array in self.arrays(index).items()]
-            self._frames[index] = [header.describe() for header, _ in encoded], [frame for _, frame in encoded]
+            args, frames = infer.request(None, self.arrays(index), {})
+            self._frames[index] = args["inputs"], frames
         return self._frames[index]
 
     def json_body(self, index: int) -> bytes:
@@ -103,8 +103,7 @@ class McpdZmq:
         reply, payload = await future
         if reply["kind"] != "ok":
             raise RuntimeError(f"{self.name}: {reply['code']}: {reply['message']}")
-        return {t["name"]: tensors.decode(tensors.TensorHeader(t["name"], t["datatype"], tuple(t["shape"])), frame)
-                for t, frame in zip(reply["result"]["outputs"], payload)}
+        return infer.result(reply["result"], payload).outputs
 
     def _connect(self) -> None:
         self.socket = zmq.asyncio.Context.instance().socket(zmq.DEALER)
