@@ -299,10 +299,7 @@ def main() -> None:
                         help="the peers' torch threads (1: their best on a busy 2-core machine; mcpd picks its own)")
     parser.add_argument("--cache-dir", type=Path, default=checkpoints.DEFAULT_CACHE)
     args = parser.parse_args()
-    args.peers = [p for p in args.peers.split(",") if p]
-    unknown = set(args.peers) - set(handler_servers.HANDLER_PEERS)
-    if unknown:
-        parser.error(f"unknown peers {sorted(unknown)}; known: {', '.join(handler_servers.HANDLER_PEERS)}")
+    args.peers = servers.chosen(parser, args.peers, handler_servers.HANDLER_PEERS)
     if args.setup:
         setup(args.cache_dir)
         return

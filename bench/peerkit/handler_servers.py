@@ -78,32 +78,19 @@ def mlserver(cache_dir: Path, model: str, handler: str, settings: dict, batching
 PEER_SERVERS = {"litserve": litserve, "mlserver": mlserver}
 
 
-class McpdServer:
+class McpdServer(servers.McpdServer):
     """The real daemon serving the handler as model `model` version v1, its KServe HTTP route on."""
-    name = "mcpd"
 
-    def __init__(self, model: str, handler: str, settings: dict, batching: dict, cache: dict | None = None,
-                 extra: dict | None = None):
+    def __init__(self, model: str, handler: str, settings: dict, batching: dict, cache: dict | None = None):
         self.http_port = free_port()
         version = f"models.{model}.versions.v1"
         sections = {version: {"handler": handler, "workers": 1}, f"{version}.batching": batching,
                     # Reports at the shipped interval, not the tests' 0.1 s: the peers run as shipped too.
                     "supervisor": {"stats_interval_s": SupervisorConfig.stats_interval_s},
-                    "http": {"listen": f"127.0.0.1:{self.http_port}"}, **(extra or {})}
+                    "http": {"listen": f"127.0.0.1:{self.http_port}"}}
         if settings:
             sections[f"{version}.settings"] = settings
         if cache:
             sections[f"{version}.cache"] = cache
         self.daemon = Daemon(**sections)
         self.endpoint = self.daemon.endpoint
-
-    def start(self) -> "McpdServer":
-        self.daemon.start()
-        return self
-
-    def pid(self) -> int:
-        return self.daemon.process.pid
-
-    def stop(self) -> None:
-        self.daemon.stop()
-        self.daemon.cleanup()

