@@ -46,6 +46,7 @@ from pathlib import Path
 import numpy as np
 
 import figures as kept_figures
+from mcpd.client import Client
 from mcpd.handlers.handler import load_handler
 from peerkit import checkpoints, handler_servers, servers
 from peerkit.handler_runner import HandlerRunner
@@ -60,6 +61,7 @@ CHECKED_INPUTS = 8
 # batching_speedup's model: the risk MLP's predict takes microseconds a batch, so the daemon's
 # per-request path bounds it batched or not (its speedup is reported beside, as batching_speedup_risk).
 BATCHING_MODEL = "text"
+CONTEXT_ID, CONTEXT_REQUESTS = "profile-0", 16
 ZIPF_S, ZIPF_INPUTS, WARM_INPUTS = 1.1, 100_000, 20_000   # the 20k most frequent: 93% of the draws
 CACHE_BYTES = 256 << 20
 
@@ -113,8 +115,9 @@ def reference_outputs(model: Model, inputs: TensorInputs) -> list[dict]:
 
 # -- the systems ----------------------------------------------------------------------------------
 
-async def measure_mcpd(name: str, model: Model, inputs: TensorInputs, reference, sizes: Sizes, burst: bool) -> dict:
-    """mcpd over ZeroMQ and over its KServe route; with `burst`, the priority burst too."""
+async def measure_mcpd(name: str, model: Model, inputs: TensorInputs, reference, sizes: Sizes, extras: bool) -> dict:
+    """mcpd over ZeroMQ and over its KServe route; with `extras`, the priority burst and the
+    context's bytes too."""
     server = handler_servers.McpdServer(name, model.handler, model.settings, BATCHING).start()
     try:
         zmq_target = McpdZmq("mcpd", server.endpoint, name, inputs)
@@ -126,8 +129,9 @@ async def measure_mcpd(name: str, model: Model, inputs: TensorInputs, reference,
                                   **await search(http_target, sizes, uniform(1 << 20))}
         except (RuntimeError, OSError) as e:
             found["mcpd-http"] = {"missing": f"{type(e).__name__}: {e}"[:300]}
-        if burst:
+        if extras:
             found["burst"] = await priority_burst(zmq_target, found["mcpd"]["capacity_rps"], sizes)
+            found["context"] = await context_bytes(server.endpoint, name, inputs)
         await zmq_target.close()
         await http_target.close()
         return found
@@ -257,9 +261,30 @@ def figures_of(measured: dict) -> dict:
     return out
 
 
-def context_bytes() -> dict:
-    return {"context_bytes_ratio": None,
-            "context_note": "contexts as inputs (infer's context_inputs) is not served by this daemon yet"}
+async def context_bytes(endpoint: str, model: str, inputs: TensorInputs) -> dict:
+    """Client bytes per request: a profile (input 0) sent each time against named as a context's
+    fields (infer's context_inputs), both ways answered alike."""
+    profile = inputs.arrays(0)
+    with Client(endpoint) as client:
+        context = client.context(CONTEXT_ID)
+        for name, array in profile.items():
+            context[name] = array
+        context.sync()
+    resend = McpdZmq("resend", endpoint, model, inputs)
+    named = McpdZmq("context", endpoint, model, TensorInputs({}),
+                    extra={"context": CONTEXT_ID, "context_inputs": {name: name for name in profile}})
+    try:
+        for _ in range(CONTEXT_REQUESTS):
+            sent, read = await resend.outputs(0), await named.outputs(0)
+    except RuntimeError as e:
+        return {"context_bytes_ratio": None, "context_note": f"contexts as inputs refused: {e}"[:300]}
+    finally:
+        await resend.close()
+        await named.close()
+    return {"context_bytes_ratio": round(resend.sent_bytes / named.sent_bytes, 2),
+            "context_bytes_per_request": {"resend": resend.sent_bytes // CONTEXT_REQUESTS,
+                                          "context": named.sent_bytes // CONTEXT_REQUESTS},
+            "context_outputs_match": all(np.array_equal(sent[n], read[n]) for n in sent)}
 
 
 # -- the run --------------------------------------------------------------------------------------
@@ -271,9 +296,9 @@ async def run(args) -> dict:
         inputs = TensorInputs(load_handler(model.handler).inputs)
         reference = reference_outputs(model, inputs)
         print(f"{name}: mcpd ...", flush=True)
-        found = await measure_mcpd(name, model, inputs, reference, sizes, burst=name == "risk")
+        found = await measure_mcpd(name, model, inputs, reference, sizes, extras=name == "risk")
         if name == "risk":
-            measured["burst"] = found.pop("burst")
+            measured["burst"], measured["context"] = found.pop("burst"), found.pop("context")
         print(f"{name}: mcpd, batching off ...", flush=True)
         found["mcpd-unbatched"] = await batching_off(name, model, inputs, sizes)
         for peer in args.peers:
@@ -286,7 +311,6 @@ async def run(args) -> dict:
     print("cache: on, then off ...", flush=True)
     measured["cache_on"] = await cache_run("text", MODELS["text"], sizes, cache_on=True)
     measured["cache_off"] = await cache_run("text", MODELS["text"], sizes, cache_on=False)
-    measured["context"] = context_bytes()
     return measured
 
 

@@ -67,43 +67,41 @@ def draw(spec: TensorSpec, rng: np.random.Generator) -> np.ndarray:
 
 
 class McpdZmq:
-    """mcpd's `infer` on one DEALER socket, many requests in flight."""
+    """mcpd's `infer` on one DEALER socket, many requests in flight; `extra`: more of infer's
+    args (a context to read inputs from, say). Counts the bytes it sends."""
 
-    def __init__(self, name: str, endpoint: str, model: str, inputs: TensorInputs, cache: bool = True):
-        self.name, self.endpoint, self.model, self.inputs, self.cache = name, endpoint, model, inputs, cache
+    def __init__(self, name: str, endpoint: str, model: str, inputs: TensorInputs, cache: bool = True,
+                 extra: dict | None = None):
+        self.name, self.endpoint, self.model, self.inputs = name, endpoint, model, inputs
+        self.args = {"model": model, "cache": cache, **(extra or {})}
         self.socket = None
         self.ids = itertools.count(1)
         self.waiting: dict[int, asyncio.Future] = {}
         self.sent_bytes = 0
 
     async def infer(self, index: int, priority: str) -> tuple[str, bool]:
-        if self.socket is None:
-            self._connect()
-        request_id = next(self.ids)
-        future = self.waiting[request_id] = asyncio.get_running_loop().create_future()
-        header, frames = self.inputs.frames(index)
-        args = {"model": self.model, "inputs": header, "cache": self.cache}
-        message = [wire.encode_request("infer", request_id, args, priority=priority, timeout_ms=DEADLINE_MS), *frames]
-        self.sent_bytes += sum(map(len, message))
-        await self.socket.send_multipart(message)
-        reply, _ = await future
+        reply, _ = await self._call(index, priority=priority, timeout_ms=DEADLINE_MS)
         if reply["kind"] == "ok":
             return "ok", bool(reply["result"].get("cached"))
         return reply["code"], False
 
     async def outputs(self, index: int) -> dict[str, np.ndarray]:
         """Input i's outputs as the daemon answers them (the check that every server computes alike)."""
+        reply, payload = await self._call(index)
+        if reply["kind"] != "ok":
+            raise RuntimeError(f"{self.name}: {reply['code']}: {reply['message']}")
+        return infer.result(reply["result"], payload).outputs
+
+    async def _call(self, index: int, **header_fields) -> tuple[dict, list[bytes]]:
         if self.socket is None:
             self._connect()
         request_id = next(self.ids)
         future = self.waiting[request_id] = asyncio.get_running_loop().create_future()
-        header, frames = self.inputs.frames(index)
-        args = {"model": self.model, "inputs": header, "cache": False}
-        await self.socket.send_multipart([wire.encode_request("infer", request_id, args), *frames])
-        reply, payload = await future
-        if reply["kind"] != "ok":
-            raise RuntimeError(f"{self.name}: {reply['code']}: {reply['message']}")
-        return infer.result(reply["result"], payload).outputs
+        inputs, frames = self.inputs.frames(index)
+        message = [wire.encode_request("infer", request_id, {**self.args, "inputs": inputs}, **header_fields), *frames]
+        self.sent_bytes += sum(map(len, message))
+        await self.socket.send_multipart(message)
+        return await future
 
     def _connect(self) -> None:
         self.socket = zmq.asyncio.Context.instance().socket(zmq.DEALER)
