@@ -107,6 +107,10 @@ class Waiter:
         self.fd = select.poll()
         self.fd.register(sock.getsockopt(zmq.FD), select.POLLIN)
 
+    def watch(self, fd: int) -> None:
+        """Also wake when `fd` is readable (a thread's note that its work is done)."""
+        self.fd.register(fd, select.POLLIN)
+
     def wait(self, timeout_ms: float) -> bool:
         """True when a message may wait (drain says for sure), within `timeout_ms`."""
         if _get(self.sock, EVENTS) & POLLIN:

@@ -64,6 +64,17 @@ class Client:
             return Stream(self, request_id, timeout)
         return replies.generate_result(replies.result_of(self.receive(request_id, timeout)))
 
+    def infer(self, model: str | None, inputs: dict, *, version: str | None = None, outputs: list[str] | None = None,
+              timeout: float | None = None, priority: str | None = None, timeout_ms: int | None = None, **args):
+        """Run a handler model (None: the default model) on named numpy arrays; returns an
+        InferResult (client/infer.py) whose `outputs` are named arrays. `args`: infer's others
+        (routing_key, hints, context, context_inputs, context_append, cache)."""
+        from mcpd.client import infer
+
+        sent, frames = infer.request(model, inputs, {"version": version, "outputs": outputs, **args})
+        reply, out = self.call_with_payload("infer", sent, frames, timeout, **replies.request_header(priority, timeout_ms))
+        return infer.result(reply, out)
+
     def call(self, op: str, args: dict, timeout: float | None = None, **header_fields) -> dict:
         """One request, one final reply: its result, or MCPDError with the reply's code."""
         return self.call_with_payload(op, args, (), timeout, **header_fields)[0]

@@ -90,6 +90,10 @@ def _build_section(section: str, cls: type, values: dict):
 
 
 def _build_value(path: str, value, hint):
+    if dataclasses.is_dataclass(hint):   # a sub-table, e.g. [models.<name>.versions.<v>.batching]
+        return _build_section(path, hint, value)
+    if typing.get_origin(hint) is tuple:   # a list of values, e.g. length_bins
+        return tuple(value)
     if typing.get_origin(hint) is dict and not dataclasses.is_dataclass(typing.get_args(hint)[1]):
         item = typing.get_args(hint)[1]   # a table of values, e.g. models.<name>.split
         for name, item_value in value.items():
@@ -108,6 +112,11 @@ def _build_value(path: str, value, hint):
 def _matches(value, hint) -> bool:
     if isinstance(value, bool):  # bool is an int in Python; never accept it for numbers
         return hint is bool
+    if dataclasses.is_dataclass(hint):
+        return isinstance(value, dict)
+    if typing.get_origin(hint) is tuple:   # tuple[X, ...]: TOML's array of X
+        item = typing.get_args(hint)[0]
+        return isinstance(value, (list, tuple)) and all(_matches(v, item) for v in value)
     if hint is float:   # nan passes every range check (nan < 0 is false) and inf overflows them
         return isinstance(value, (int, float)) and math.isfinite(value)
     if isinstance(hint, types.UnionType):
@@ -116,5 +125,8 @@ def _matches(value, hint) -> bool:
 
 
 def _type_name(hint) -> str:
+    if typing.get_origin(hint) is tuple:
+        item = typing.get_args(hint)[0]
+        return "a list of " + {int: "integers", float: "finite numbers", str: "strings"}.get(item, str(item))
     return {int: "an integer", float: "a finite number", str: "a string", bool: "true or false"}.get(
-        hint, "a table" if typing.get_origin(hint) is dict else str(hint))
+        hint, "a table" if typing.get_origin(hint) is dict or dataclasses.is_dataclass(hint) else str(hint))

@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mcpd.config.handlers import BatchingConfig, ResultCacheConfig
 from mcpd.config_error import ConfigError
 
 
@@ -50,14 +51,39 @@ class VersionConfig(ModelConfig):
     how many workers serve it."""
     workers: int = 1        # CPU workers of this version (on CUDA: spread over the GPUs)
     loaded: bool = True     # false: configured but not started; `mcpctl models load` starts it
+    # A model other than a language model: "package.module:Class", a handlers.Handler its
+    # workers load (path stays unset); settings go to its setup.
+    handler: str = ""
+    settings: dict = field(default_factory=dict)
+    handler_timeout_s: float = 30.0   # a predict running longer: its worker exits and is restarted
+    batching: BatchingConfig = field(default_factory=BatchingConfig)
+    cache: ResultCacheConfig = field(default_factory=ResultCacheConfig)
+
+    @property
+    def kind(self) -> str:
+        return "handler" if self.handler else "language"
 
     def check_as(self, where: str) -> None:
+        if self.handler:   # first: a language model's path on a handler version is the mistake to name
+            self._check_handler(where)
         try:
             self.check()
         except ConfigError as e:   # ModelConfig's messages name [model]; here it is this version
             raise ConfigError(str(e).replace("model.", f"{where}.", 1)) from None
         if not 1 <= self.workers <= MAX_MODEL_WORKERS:
             raise ConfigError(f"{where}.workers = {self.workers}: must be between 1 and {MAX_MODEL_WORKERS}")
+
+    def _check_handler(self, where: str) -> None:
+        """What the config alone can tell; the worker imports the class (a bad one refuses its start)."""
+        module, _, name = self.handler.partition(":")
+        if not (module and name.isidentifier() and all(part.isidentifier() for part in module.split("."))):
+            raise ConfigError(f"{where}.handler = {self.handler!r}: name it as \"package.module:Class\"")
+        if self.path:
+            raise ConfigError(f"{where}: a handler version has no path (path = {self.path!r} is a language model's)")
+        if not 0 < self.handler_timeout_s <= 3600:
+            raise ConfigError(f"{where}.handler_timeout_s = {self.handler_timeout_s}: must be in (0, 3600]")
+        self.batching.check(f"{where}.batching")
+        self.cache.check(f"{where}.cache")
 
 
 @dataclass(frozen=True)

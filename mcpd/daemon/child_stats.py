@@ -78,6 +78,10 @@ class WorkerStats(msgspec.Struct, frozen=True, kw_only=True, tag="worker"):
     host_kv_loaded: int | None = None
     host_kv_saved: int | None = None
     batch_size: dict | None = None  # a Histogram snapshot of sequences per step
+    batches: int | None = None      # a handler worker's: predicts run, the rows they ran, and the
+    rows: int | None = None         #   share of their padded inputs' elements that was padding
+    mean_batch_rows: float | None = None
+    padding_ratio: float | None = None
 
     def reported(self, names: tuple[str, ...]) -> dict:
         """{name: value} of those of `names` that are figures of a worker and were reported."""

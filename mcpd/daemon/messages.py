@@ -36,7 +36,7 @@ import msgspec
 
 from mcpd.daemon import child_stats
 from mcpd.daemon.child_stats import WorkerStats
-from mcpd.protocol.args import ANY_ARGS, GenerateArgs, PingArgs
+from mcpd.protocol.args import ANY_ARGS, GenerateArgs, InferArgs, PingArgs
 from mcpd.protocol.results import Degraded, GenerateResult
 
 
@@ -76,7 +76,8 @@ class Dispatch(Message):
     tenant: str                 # namespaces the prefix cache: KV blocks are shared within a tenant only
     rank: int                   # the engine priority: the scheduler's effective rank of the request
     turn: bool                  # a context turn: its replies go back through the scheduler
-    args: GenerateArgs | PingArgs   # a generate's sampling as the engine runs it (the ladder may have shortened it)
+    args: GenerateArgs | InferArgs | PingArgs   # a generate's sampling as the engine runs it (the ladder may
+                                                # have shortened it); an infer's input i is payload frame i
     prompt_ids: list[int] = []  # a generate's new prompt tokens, tokenized once by the scheduler
     compare: bool = False       # a side of a shadow pair (scheduler/shadow.py): its replies go back
                                 # through the scheduler, which compares the two, as a turn's do
@@ -92,6 +93,7 @@ class Hello(Message):
     dtype: str
     served_model: str = ""     # the model table's name of what it serves (config/models.py), and its version
     version: str = ""
+    signature: dict | None = None   # a handler's inputs and outputs: {"inputs": {name: {datatype, shape}}, "outputs": ...}
 
 
 class Welcome(Message):

@@ -13,12 +13,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mcpd.handlers.tensor_header import TensorHeader, check_header, element_count  # noqa: F401 (theirs too)
 from mcpd.protocol import codes
 from mcpd.protocol.codes import MCPDError
 
 BAD_INPUT = codes.BAD_INPUT
-MAX_RANK = 8
-MAX_DIM = (1 << 31) - 1
 VARIABLE = -1   # in a declared shape: any size (the batch dim, or a length-binned one)
 
 DTYPES: dict[str, np.dtype] = {
@@ -53,17 +52,6 @@ class TensorSpec:
                                        f"{list(self.shape)} (-1: any)")
 
 
-@dataclass(frozen=True)
-class TensorHeader:
-    """One tensor's description in a request or reply header; its bytes are a payload frame."""
-    name: str
-    datatype: str
-    shape: tuple[int, ...]
-
-    def describe(self) -> dict:
-        return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
-
-
 def datatype_of(array: np.ndarray) -> str:
     if array.dtype == object:
         return "BYTES"
@@ -71,22 +59,6 @@ def datatype_of(array: np.ndarray) -> str:
     if name is None:
         raise ValueError(f"numpy dtype {array.dtype} has no KServe datatype")
     return name
-
-
-def check_header(header: TensorHeader) -> None:
-    """The checks a header passes before its frame is read (the front-end runs them)."""
-    if header.datatype not in DTYPES:
-        raise MCPDError(BAD_INPUT, f"input {header.name!r}: datatype {header.datatype!r}; use one of "
-                                   f"{', '.join(DTYPES)}")
-    if not 0 < len(header.shape) <= MAX_RANK or not all(type(d) is int and 0 <= d <= MAX_DIM for d in header.shape):
-        raise MCPDError(BAD_INPUT, f"input {header.name!r}: a shape is 1..{MAX_RANK} integers 0..{MAX_DIM}")
-
-
-def element_count(shape: tuple[int, ...]) -> int:
-    count = 1
-    for dim in shape:
-        count *= dim   # Python integers: a hostile 2^40-element shape is a number, not an allocation
-    return count
 
 
 def decode(header: TensorHeader, frame: bytes) -> np.ndarray:

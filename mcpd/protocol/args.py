@@ -12,7 +12,14 @@ from typing import Any, Union
 
 import msgspec
 
+from mcpd.handlers.tensor_header import TensorHeader
 from mcpd.protocol.sampling import SamplingParams
+
+
+class ContextAppend(msgspec.Struct, frozen=True, array_like=True):
+    """An infer's append to a context field: the sent input's rows, keeping the last `window`."""
+    input: str
+    window: int
 
 
 class OpArgs(msgspec.Struct, frozen=True, array_like=True, tag_field="op"):
@@ -47,6 +54,26 @@ class GenerateArgs(OpArgs, tag="generate"):
         return self.prompt is not None or self.prompt_token_ids is not None or self.messages is not None
 
 
+class InferArgs(OpArgs, tag="infer"):
+    """A handler model's inference: input i's bytes are payload frame i (handlers/tensors.py).
+    context_inputs and context_append name a context's fields that stand for inputs."""
+    inputs: tuple[TensorHeader, ...] = ()
+    outputs: tuple[str, ...] | None = None   # the outputs to return (None: all the model has)
+    model: str | None = None
+    version: str | None = None
+    routing_key: str | None = None
+    hints: dict[str, bool] | None = None
+    context: str | None = None
+    context_inputs: dict[str, str] | None = None          # input name -> the context's field read as it
+    context_append: dict[str, ContextAppend] | None = None   # field name -> the sent input appended to it
+    cache: bool = True   # false: neither read nor fill the model's result cache
+
+    @property
+    def rows(self) -> int:
+        """The request's rows: what its batch and its fair share count (the first input's first dim)."""
+        return self.inputs[0].shape[0] if self.inputs else 1
+
+
 class CancelArgs(OpArgs, tag="cancel"):
     target: int | str | None = None
 
@@ -75,6 +102,6 @@ class ContextListArgs(OpArgs, tag="context.list"):
     pass
 
 
-ANY_ARGS = Union[PingArgs, StatusArgs, GenerateArgs, CancelArgs, ContextOpenArgs, ContextGetArgs,
+ANY_ARGS = Union[PingArgs, StatusArgs, GenerateArgs, InferArgs, CancelArgs, ContextOpenArgs, ContextGetArgs,
                  ContextUpdateArgs, ContextDropArgs, ContextListArgs]
 BY_OP: dict[str, type[OpArgs]] = {t.__struct_config__.tag: t for t in ANY_ARGS.__args__}

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from mcpd.protocol import args as typed
-from mcpd.protocol import codes, sampling
+from mcpd.protocol import codes, infer_args, sampling
 from mcpd.protocol.codes import MCPDError
 from mcpd.protocol.limits import LimitsConfig
 from mcpd.protocol.sampling import INT64_MAX, MAX_TOKEN_ID
@@ -91,6 +91,18 @@ GENERATE_ARGS = {
     "hints": Arg((dict,), _hints),
 }
 PROMPT_KINDS = ("prompt", "prompt_token_ids", "messages")
+INFER_ARGS = {
+    "inputs": Arg((list,), infer_args.inputs, infer_args.to_headers),
+    "outputs": Arg((list,), infer_args.outputs, tuple),
+    "model": Arg((str,), _model_name),
+    "version": Arg((str,), _model_name),
+    "routing_key": Arg((str,), _routing_key),
+    "hints": Arg((dict,), _hints),
+    "context": Arg((str,), _context_id),
+    "context_inputs": Arg((dict,), infer_args.context_inputs),
+    "context_append": Arg((dict,), infer_args.context_append, infer_args.to_appends),
+    "cache": Arg((bool,)),
+}
 
 
 def _changes(v, _):
@@ -103,6 +115,7 @@ OPS: dict[str, dict[str, Arg]] = {
     "ping": {},
     "status": {},
     "generate": GENERATE_ARGS,
+    "infer": INFER_ARGS,
     "cancel": {"target": Arg((int, str), _request_id)},
     "context.open": {"id": CONTEXT_ID, "create": Arg((bool,))},
     "context.get": {"id": CONTEXT_ID, "since": Arg((int,), _nonneg)},
@@ -149,6 +162,8 @@ def validate_args(op: str, args: dict, limits: LimitsConfig) -> typed.OpArgs:
 def _check_required(args: typed.OpArgs) -> None:
     if isinstance(args, typed.GenerateArgs):
         return _check_generate(args)
+    if isinstance(args, typed.InferArgs):
+        return infer_args.check(args)
     required = {"cancel": ("target",), "context.update": ("id", "base")}.get(
         args.op, ("id",) if "id" in OPS[args.op] else ())
     missing = [name for name in required if getattr(args, name) is None]

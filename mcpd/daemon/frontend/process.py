@@ -36,7 +36,7 @@ from mcpd.daemon.frontend.outbox import Outbox
 from mcpd.daemon.frontend.peers import PeerTracker
 from mcpd.daemon.frontend.request_metrics import RequestMetrics
 from mcpd.http.frontend_link import LOCAL_CALLER, FrontendLink
-from mcpd.protocol import codes, ops, wire
+from mcpd.protocol import codes, infer_args, ops, wire
 from mcpd.protocol.codes import MCPDError
 from mcpd.protocol.tenant import tenant_of
 
@@ -284,6 +284,8 @@ class FrontEnd:
     def _admit(self, identity: bytes | object, request: wire.Request) -> None:
         try:
             args = ops.validate_args(request.op, request.header["args"], self.config.limits)
+            if request.op == "infer":
+                infer_args.check_frames(args, len(request.payload))
             if request.op == "cancel":
                 return self._cancel(identity, request, args.target)
             if self.outbox.over_limit(identity):

@@ -52,7 +52,7 @@ from mcpd.contexts.persistence import open_store
 from mcpd.contexts.service import ContextService
 from mcpd.daemon import channels, child, messages
 from mcpd.daemon.frontend.latency import LatencyWindow
-from mcpd.daemon.scheduler import admin, model_versions, status, worker_events
+from mcpd.daemon.scheduler import admin, handler_lanes, model_versions, status, worker_events
 from mcpd.daemon.scheduler.admission import Admission
 from mcpd.daemon.scheduler.batching_window import BatchingWindow
 from mcpd.daemon.scheduler.class_queues import ClassQueues
@@ -68,7 +68,7 @@ from mcpd.daemon.scheduler.unload import Unload
 from mcpd.histogram import LATENCY_BOUNDS, Histogram
 from mcpd.memory import host_segment
 from mcpd.protocol import codes, wire
-from mcpd.protocol.args import GenerateArgs
+from mcpd.protocol.args import GenerateArgs, InferArgs
 from mcpd.protocol.codes import MCPDError
 
 
@@ -116,6 +116,7 @@ class Scheduler:
         self.contexts = ContextService(self.persistence)
         self.traffic = Traffic(config.model_table, config.default_model)
         self.tokenizers: dict[tuple[str, str], tokenizer.Tokenizer] = {}   # by (model, version), loaded when first used
+        self.signatures: dict[tuple[str, str], dict] = {}   # a handler version's inputs and outputs, from its Hello
         self.unloading: dict[tuple[str, str], Unload] = {}   # versions being unloaded (unload.py)
         self.shadow = ShadowBook()
         self.shadow_rids = itertools.count(-1, -1)   # shadow copies' rids: the front-end's are >= 0
@@ -202,19 +203,24 @@ class Scheduler:
 
     def _admit(self, job: Job) -> None:
         now = job.enqueued = self.clock()   # by this clock: admission ranks it by its age
-        if self.poison.holds(job.request, now):
+        if self.poison.holds(job.request, now, job.payload):
             raise MCPDError(codes.INTERNAL, "an identical request from this tenant failed twice on workers "
                             "in the last minutes; it is not run again for now (change it, or report the bug)")
         if len(self.queue) >= self.config.scheduler.max_queue:
             dispatch_waiting(self, now)   # a burst may be refused only if the workers have no room either
         displaced = self.admission.admit(job, self.queue, len(self.jobs), now)
         args = job.request.args
-        if isinstance(args, GenerateArgs):
+        if isinstance(args, (GenerateArgs, InferArgs)):
             cls = self.config.scheduler.classes[job.class_name]
             job.served = self.traffic.route(args.model, args.version, args.routing_key or job.request.tenant,
                                             self.admission.fast.goes_fast(job.class_name, cls, args.hints))
+            handler_lanes.check_kind(self.config, job.served, args)
+        if isinstance(args, GenerateArgs):
             self._tokenize(job, args)
             self.admission.price(job)
+        elif isinstance(args, InferArgs):
+            handler_lanes.resolve_context_inputs(self, job, args)
+            handler_lanes.price(job, args)
         if displaced is not None:
             self.queue.remove(displaced)
             self.fail(displaced, codes.OVERLOADED, f"displaced from the full queue by a request of class "
@@ -225,7 +231,7 @@ class Scheduler:
         self.jobs[job.rid] = job
         if job.deadline is not None:
             self.deadlines.add(job.deadline, job.rid)
-        if job.served is not None and args.context is None:
+        if isinstance(args, GenerateArgs) and args.context is None:   # an infer is not shadowed
             model_versions.queue_shadow_copy(self, job, now)
 
     @staticmethod

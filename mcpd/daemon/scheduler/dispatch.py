@@ -3,9 +3,10 @@ group to the worker router.py picks, held open for its batching window while the
 from __future__ import annotations
 
 from mcpd.daemon import messages
-from mcpd.daemon.scheduler import router
+from mcpd.daemon.scheduler import handler_lanes, router
 from mcpd.daemon.scheduler.job import Job
 from mcpd.daemon.scheduler.router import WorkerSlot
+from mcpd.protocol.args import InferArgs
 
 
 def dispatch_waiting(scheduler, now: float) -> None:
@@ -15,11 +16,14 @@ def dispatch_waiting(scheduler, now: float) -> None:
     for name, window in scheduler.windows.items():
         scheduler.admission.fast.update(name, scheduler.config.scheduler.classes.get(name), window.recent_p99_ms)
     per_worker = scheduler.config.scheduler.max_inflight_per_worker
+    config = scheduler.config
     tenants = scheduler.admission.tenants
     blocked = set()   # lanes (model versions) with no room now: the others still go
     held = {}         # by lane: tenants with no room there now (their caps, the headroom)
     while (job := scheduler.queue.peek(now, blocked, held)) is not None:
-        slot, free, room, lane_open = router.choose(job, scheduler.serving(job.served), per_worker, tenants.headroom)
+        slot, free, room, lane_open = router.choose(job, scheduler.serving(job.served),
+                                                    handler_lanes.inflight_cap(config, job.served, per_worker),
+                                                    tenants.headroom)
         if slot is None or tenants.capped(job.client):
             if lane_open:
                 held.setdefault(job.served, set()).add(job.client)
@@ -62,7 +66,14 @@ def _dispatch_of(job: Job) -> list[bytes]:
     request = job.request
     message = messages.Dispatch(job.rid, request.request_id, request.tenant, job.rank, job.context is not None,
                                 request.args, job.prompt_ids, job.compare, job.degraded)
-    return messages.encode(message, *([job.history] if job.context else []))
+    return messages.encode(message, *_frames_of(job))
+
+
+def _frames_of(job: Job) -> list[bytes]:
+    """What goes with a Dispatch: a context turn's tokens, or an infer's input frames."""
+    if job.context is not None:
+        return [job.history]
+    return list(job.payload) if isinstance(job.request.args, InferArgs) else []
 
 
 def _dispatched(scheduler, slot: WorkerSlot, job: Job, now: float) -> None:

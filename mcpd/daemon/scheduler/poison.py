@@ -22,11 +22,11 @@ TTL_S = 600.0
 CAPACITY = 1024
 
 
-def fingerprint(request: Request) -> bytes:
+def fingerprint(request: Request, payload=()) -> bytes:
     """What identifies a request across resends: not its id, deadline or class, which a resend
     changes. The typed args name their op and hold every default, so leaving an argument out and
-    sending its default are the same request."""
-    body = msgspec.msgpack.encode((request.tenant, request.args))
+    sending its default are the same request; an infer's inputs are its payload frames."""
+    body = msgspec.msgpack.encode((request.tenant, request.args, list(payload)))
     return hashlib.blake2b(body, digest_size=16).digest()
 
 
@@ -38,16 +38,16 @@ class PoisonList:
     def __len__(self) -> int:
         return len(self.expiry)
 
-    def add(self, request: Request, now: float) -> None:
-        key = fingerprint(request)
+    def add(self, request: Request, now: float, payload=()) -> None:
+        key = fingerprint(request, payload)
         self.expiry.pop(key, None)
         self.expiry[key] = now + self.ttl_s
         while len(self.expiry) > self.capacity:
             self.expiry.popitem(last=False)
 
-    def holds(self, request: Request, now: float) -> bool:
+    def holds(self, request: Request, now: float, payload=()) -> bool:
         if not self.expiry:   # the common case costs no hashing
             return False
         while self.expiry and next(iter(self.expiry.values())) <= now:
             self.expiry.popitem(last=False)
-        return fingerprint(request) in self.expiry
+        return fingerprint(request, payload) in self.expiry

@@ -2,6 +2,8 @@
 read of it, built from its queue, its workers and its policies."""
 from __future__ import annotations
 
+from mcpd.daemon.scheduler import handler_lanes
+
 
 def models_stats(scheduler) -> dict:
     """traffic.py's view of each model, with each version's ready workers, its requests waiting,
@@ -18,6 +20,8 @@ def models_stats(scheduler) -> dict:
             figures["running"] = sum(len(s.jobs) for s in serving)
             figures["answered"] = scheduler.answered.get((name, version), 0)
             figures["latency"] = latency.get((name, version))
+            figures["kind"] = handler_lanes.kind_of(scheduler.config, (name, version))
+            figures["signature"] = scheduler.signatures.get((name, version))
     return {"default_model": scheduler.traffic.default_model, "models": models}
 
 

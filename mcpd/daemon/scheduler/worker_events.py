@@ -71,6 +71,8 @@ def hello(scheduler, identity: bytes, message: messages.Hello) -> None:
         lost(scheduler, identity, slot.pid)   # restarted before the supervisor told us
     slot = scheduler.workers.setdefault(identity, WorkerSlot(message.index, identity))
     slot.pid, slot.ready, slot.info = message.pid, True, msgspec.structs.asdict(message)
+    if message.signature is not None:
+        scheduler.signatures[(message.served_model, message.version)] = message.signature
     scheduler.log.info("worker %d ready (pid %d, %s)", slot.index, slot.pid, message.device)
     scheduler.send_worker(slot, [messages.encode(messages.Welcome())])
 
@@ -97,7 +99,7 @@ def _retry_or_answer(scheduler, jobs: list[Job], code: str, why: str, twice: str
     now, requeued = scheduler.clock(), 0
     for job in reversed(jobs):   # requeued at the head, in the order they had
         if job.suspect:
-            scheduler.poison.add(job.request, now)
+            scheduler.poison.add(job.request, now, job.payload)
             scheduler.fail(job, code, twice)
         elif job.started_streaming:
             scheduler.fail(job, code, why)

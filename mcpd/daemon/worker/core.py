@@ -70,6 +70,17 @@ class ActiveRequest:
         return (len(self.text), len(self.token_ids)) != self.streamed[:2]
 
 
+def take_message(core, frames: list[bytes]) -> None:
+    """A scheduler's message to a worker's core (this WorkerCore, or handler_core's)."""
+    message, payload = messages.decode(frames)
+    if isinstance(message, messages.Dispatch):
+        core.on_dispatch(message, payload)
+    elif isinstance(message, messages.Cancel):
+        core.on_cancel(message.rid, message.code)
+    elif isinstance(message, messages.Flush):   # behind every reply sent so far, on the same socket
+        core.ports.to_frontend(messages.encode(messages.Flushed(core.index)))
+
+
 class WorkerCore:
     """Takes messages and time, drives the engine, sends messages through its ports; owns no socket."""
 
@@ -106,13 +117,7 @@ class WorkerCore:
         return idle_ms
 
     def on_message(self, frames: list[bytes]) -> None:
-        message, payload = messages.decode(frames)
-        if isinstance(message, messages.Dispatch):
-            self.on_dispatch(message, payload)
-        elif isinstance(message, messages.Cancel):
-            self.on_cancel(message.rid, message.code)
-        elif isinstance(message, messages.Flush):   # behind every reply sent so far, on the same socket
-            self.ports.to_frontend(messages.encode(messages.Flushed(self.index)))
+        take_message(self, frames)
 
     # -- requests -------------------------------------------------------------------------------
 

@@ -20,9 +20,11 @@ from mcpd.config import LEGACY_NAME, Config
 from mcpd.daemon import channels, child, live_config, messages
 from mcpd.daemon.batch import Batch, each_message
 from mcpd.daemon.worker.core import WorkerCore
+from mcpd.daemon.worker.handler_core import HandlerCore, HandlerHung
 from mcpd.refusal import StartRefused
 
 IDLE_POLL_MS = 100
+EXIT_HUNG = 70   # EX_SOFTWARE: any status but child.EXIT_REFUSED restarts the worker
 STANDBY_POLL_S = 0.5   # how often a standby checks that the supervisor still runs
 
 
@@ -61,25 +63,35 @@ class Worker:
         self.parent_pid = os.getppid()
         self.context = zmq.Context()
         self.events = child.EventReporter(self.context, config, "worker", index)
-        self.engine = self._load_engine(device)
         self.sockets = WorkerSockets(self.context, config, index)
-        self.core = WorkerCore(config, index, self.engine, self.log, self.sockets, serves=serves)
+        self._prepare_torch(device)
+        model, version = serves
+        if config.model_table[model].versions[version].handler:   # no engine, no tokenizer (handler_core.py)
+            self.core = HandlerCore(config, index, load_ready_handler(config.model, device), device, self.log,
+                                    self.sockets, serves=serves)
+        else:
+            self.engine = self._load_engine(device)
+            self.core = WorkerCore(config, index, self.engine, self.log, self.sockets, serves=serves)
         self.welcomed = False
 
-    def _load_engine(self, device: str):
+    def _prepare_torch(self, device: str) -> None:
         workers = self.config.workers
         if device == "cpu":   # before torch: OpenMP reads its environment once, when it loads
             count, policy_applies = prepare_threads(self.config, self.index)
         import torch   # imported here: the supervisor and front-end never pay for torch
 
         from mcpd.cpu import threads
-        from mcpd.engine import Engine
 
         if device == "cpu":
             torch.set_num_threads(count)
             threads.start_team()
             self.log.info("%d threads on cores %s, OpenMP wait policy %s", count, threads.owned_cores(),
                           workers.wait_policy if policy_applies else "as loaded (torch came first)")
+
+    def _load_engine(self, device: str):
+        import torch
+
+        from mcpd.engine import Engine
         from mcpd.engine.host_kv import HostKV
         from mcpd.memory import host_segment
 
@@ -125,6 +137,8 @@ class Worker:
         self.sockets.flush()
         next_stats = 0.0
         waiter = channels.Waiter(self.sockets.scheduler)
+        if isinstance(self.core, HandlerCore):   # a predict's end wakes the loop
+            waiter.watch(self.core.wake_fd)
         while child.parent_alive(self.parent_pid):
             if waiter.wait(self.core.poll_timeout_ms(IDLE_POLL_MS)):
                 channels.drain(self.sockets.scheduler, each_message(self._on_message))
@@ -146,6 +160,10 @@ class Worker:
     def _step(self) -> None:
         try:
             self.core.step()
+        except HandlerHung as e:   # its predict thread cannot be stopped: nor joined at exit
+            self.log.error("%s", e)
+            self.sockets.flush()
+            os._exit(EXIT_HUNG)
         except SystemExit:   # the engine is broken: the Failed note that says so goes first
             self.sockets.flush()
             raise
@@ -198,6 +216,19 @@ def stand_by(config: Config, index: int, device: str, promoted) -> None:
     while not promoted.wait(STANDBY_POLL_S):
         if not child.parent_alive(parent_pid):
             raise SystemExit(0)
+
+
+def load_ready_handler(version, device: str):
+    """The version's handler, set up on `device`; StartRefused with the reason when its class
+    cannot be loaded or its setup raises (a restart would meet the same code)."""
+    from mcpd.handlers.handler import load_handler
+
+    try:
+        handler = load_handler(version.handler)
+        handler.setup(device, dict(version.settings))
+    except Exception as e:   # noqa: BLE001 - whatever the handler's code raises, the operator reads why
+        raise StartRefused(f"handler {version.handler!r}: {type(e).__name__}: {e}") from None
+    return handler
 
 
 def run(config: Config, index: int, device: str, model: str, version: str, promoted=None) -> None:

@@ -1,0 +1,47 @@
+"""What the scheduler does differently for a handler version (config: `handler`, handlers/): an
+infer job is routed like a generate but never tokenized; it costs its rows in fair queueing;
+its lane lets each worker hold enough requests to fill a batch. An op meant for the other kind
+of model is refused, naming the kind."""
+from __future__ import annotations
+
+from mcpd.config import Config
+from mcpd.daemon.scheduler.job import Job
+from mcpd.protocol import codes
+from mcpd.protocol.args import InferArgs
+from mcpd.protocol.codes import MCPDError
+
+
+def kind_of(config: Config, served: tuple[str, str]) -> str:
+    model, version = served
+    return config.model_table[model].versions[version].kind if config.models else "language"
+
+
+def check_kind(config: Config, served: tuple[str, str], args) -> None:
+    """BAD_REQUEST for an infer on a language model or a generate on a handler model."""
+    kind = kind_of(config, served)
+    infer = isinstance(args, InferArgs)
+    if infer and kind != "handler":
+        raise MCPDError(codes.BAD_REQUEST, f"model {served[0]!r} is a language model: use generate")
+    if not infer and kind == "handler":
+        raise MCPDError(codes.BAD_REQUEST, f"model {served[0]!r} is a handler model: use infer")
+
+
+def price(job: Job, args: InferArgs) -> None:
+    """An infer's cost is its rows: what its share of a batch is."""
+    job.cost, job.length_bin = max(1, args.rows), 0
+
+
+def resolve_context_inputs(scheduler, job: Job, args: InferArgs) -> None:
+    """Where an infer's context fields become inputs: those named by context_inputs read, and
+    context_append's rows committed first. Until the scheduler resolves them they are refused."""
+    if args.context_inputs or args.context_append:
+        raise MCPDError(codes.BAD_REQUEST, "infer: context_inputs and context_append are not served yet")
+
+
+def inflight_cap(config: Config, served: tuple[str, str] | None, per_worker: int) -> int:
+    """Requests a worker of the lane may hold: a handler's, at least two batches' worth, so one
+    batch fills while the other runs."""
+    if served is None or not config.models:
+        return per_worker
+    version = config.models[served[0]].versions[served[1]]
+    return max(per_worker, 2 * version.batching.max_batch_size) if version.handler else per_worker

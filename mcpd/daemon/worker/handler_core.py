@@ -1,0 +1,262 @@
+"""The worker's core for a handler model (handlers/handler.py): the same ports, messages and
+loop as core.py's WorkerCore, with a handler where the engine was.
+
+A Dispatch's inputs are decoded and checked against the handler's (BAD_INPUT naming the input),
+preprocessed, and wait in the dynamic batcher (handlers/batcher.py). Each step starts the next
+ready batch's predict on one background thread when none runs: torch releases the GIL, so the
+next requests' arrival, decoding and preprocessing overlap this batch's predict. When it ends
+(the thread wakes the loop through `wake_fd`), its rows go back to their requests, through
+postprocess, as final replies with the outputs' bytes as payload frames.
+
+A predict that raises, or returns the wrong number of rows, costs its request INTERNAL, never
+the worker nor its batch's other requests: a batch that fails is run again one request at a
+time (before anything else waiting), so only the request that makes it fail fails. One that hangs: the requests' deadlines answer them (a Cancel answers a request even in
+the batch that runs), and once it has run handler_timeout_s the worker exits (HandlerHung) so
+the supervisor restarts it.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from mcpd.config import Config
+from mcpd.daemon import channels, messages
+from mcpd.daemon.child_stats import WorkerStats
+from mcpd.daemon.worker.core import DONE_FLUSH_COUNT, DONE_FLUSH_S, MAX_REASON_CHARS, Ports, take_message
+from mcpd.handlers import batch_tensors, tensors
+from mcpd.handlers.batcher import DynamicBatcher, Pending
+from mcpd.handlers.handler import Handler
+from mcpd.protocol import codes, wire
+from mcpd.protocol.args import InferArgs, PingArgs
+from mcpd.protocol.codes import MCPDError
+
+
+class HandlerHung(SystemExit):
+    """A predict ran past handler_timeout_s: only a new process gets the thread back."""
+
+
+@dataclass
+class InferRequest:
+    rid: int
+    request_id: int | str
+    outputs: tuple[str, ...]   # what the client gets, in this order
+    inputs: dict               # preprocessed, as the batch takes them
+    rows: int
+
+
+@dataclass
+class Running:
+    """The batch on the predict thread."""
+    future: Future
+    requests: list[InferRequest]
+    started: float
+
+
+class HandlerCore:
+    def __init__(self, config: Config, index: int, handler: Handler, device: str, log: logging.Logger,
+                 ports: Ports, clock=time.monotonic, serves: tuple[str, str] = ("", "")):
+        self.config, self.index, self.handler, self.device, self.log, self.ports, self.clock = \
+            config, index, handler, device, log, ports, clock
+        self.served_model, self.version = serves
+        version = config.model
+        self.timeout_s = version.handler_timeout_s
+        batching = version.batching
+        self.batcher = DynamicBatcher(batching.max_batch_size, batching.max_queue_delay_ms,
+                                      batching.preferred_batch_sizes, batching.length_bins)
+        self.predictor = ThreadPoolExecutor(1, thread_name_prefix="predict")
+        self.wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self.running: Running | None = None
+        self.live: dict[int, InferRequest] = {}   # waiting or running, not yet answered
+        self.alone: deque[InferRequest] = deque()   # a failed batch's requests, to run one at a time
+        self.done: list[int] = []
+        self.done_due = 0.0
+        self.batches = self.rows = self.padded = self.padded_of = 0
+
+    @property
+    def has_work(self) -> bool:
+        return self.running is not None or len(self.batcher) > 0 or bool(self.alone)
+
+    def signature(self) -> dict:
+        def described(specs):
+            return {name: {"datatype": s.datatype, "shape": list(s.shape)} for name, s in specs.items()}
+        return {"inputs": described(self.handler.inputs), "outputs": described(self.handler.outputs)}
+
+    def hello(self) -> messages.Hello:
+        return messages.Hello(self.index, os.getpid(), self.device, self.config.model.handler, "",
+                              self.served_model, self.version, self.signature())
+
+    def stats(self) -> WorkerStats:
+        return WorkerStats(index=self.index, pid=os.getpid(), device=self.device, model=self.config.model.handler,
+                           served_model=self.served_model, version=self.version,
+                           quantization=self.config.model.quantization, running=len(self.live) - len(self.batcher),
+                           waiting=len(self.batcher), batches=self.batches, rows=self.rows,
+                           mean_batch_rows=self.rows / self.batches if self.batches else None,
+                           padding_ratio=self.padded / self.padded_of if self.padded_of else 0.0)
+
+    def poll_timeout_ms(self, idle_ms: float) -> float:
+        now, waits = self.clock(), [idle_ms]
+        if self.running is not None:   # its end wakes the loop (wake_fd); its hang, this
+            waits.append((self.running.started + self.timeout_s - now) * 1e3)
+        elif self.alone:
+            waits.append(0.0)
+        elif len(self.batcher):
+            waits.append((self.batcher.due() - now) * 1e3)
+        if self.done:
+            waits.append((self.done_due - now) * 1e3)
+        return max(0.0, min(waits))
+
+    def on_message(self, frames: list[bytes]) -> None:
+        take_message(self, frames)
+
+    # -- requests -------------------------------------------------------------------------------
+
+    def on_dispatch(self, dispatch: messages.Dispatch, payload: list[bytes]) -> None:
+        if isinstance(dispatch.args, PingArgs):
+            return self._final(dispatch.rid, wire.ok_reply(dispatch.request_id, {"pong": True, "worker": self.index}))
+        try:
+            request = self._accept(dispatch, dispatch.args, payload)
+        except MCPDError as e:
+            return self._final(dispatch.rid, wire.error_reply(dispatch.request_id, e.code, e.message), e.code)
+        except Exception as e:   # noqa: BLE001 - a handler's preprocess that raises costs its request only
+            self.log.exception("preprocess failed for request %s", dispatch.request_id)
+            return self._final(dispatch.rid, self._internal(dispatch.request_id, "preprocess", e), codes.INTERNAL)
+        self.live[dispatch.rid] = request
+        length = batch_tensors.length_of(request.inputs, self.handler.inputs)
+        self.batcher.add(Pending(dispatch.rid, request.rows, length, dispatch.rank, self.clock(), request))
+
+    def _accept(self, dispatch: messages.Dispatch, args: InferArgs, payload: list[bytes]) -> InferRequest:
+        """The request's inputs decoded, checked against the handler's and preprocessed."""
+        declared = self.handler.inputs
+        unknown = [h.name for h in args.inputs if h.name not in declared]
+        if unknown:
+            raise MCPDError(codes.BAD_INPUT, f"model {self.served_model!r} has no input {unknown[0]!r}; "
+                                             f"its inputs: {', '.join(declared)}")
+        missing = [name for name in declared if name not in {h.name for h in args.inputs}]
+        if missing:
+            raise MCPDError(codes.BAD_INPUT, f"input {missing[0]!r} is missing; model {self.served_model!r} "
+                                             f"takes {', '.join(declared)}")
+        wanted = args.outputs or tuple(self.handler.outputs)
+        strange = [name for name in wanted if name not in self.handler.outputs]
+        if strange:
+            raise MCPDError(codes.BAD_INPUT, f"model {self.served_model!r} has no output {strange[0]!r}; "
+                                             f"its outputs: {', '.join(self.handler.outputs)}")
+        inputs = {}
+        for header, frame in zip(args.inputs, payload):
+            inputs[header.name] = tensors.decode(header, frame)
+            declared[header.name].check(header.name, inputs[header.name])
+        rows = {array.shape[0] for array in inputs.values()}
+        if len(rows) != 1:
+            raise MCPDError(codes.BAD_INPUT, f"the inputs' first dims (rows) differ: {sorted(rows)}")
+        count = rows.pop()
+        prepared = self.handler.preprocess(inputs)
+        if any(not isinstance(a, np.ndarray) or a.ndim < 1 or a.shape[0] != count for a in prepared.values()):
+            raise MCPDError(codes.INTERNAL, f"handler's preprocess must keep the request's {count} rows")
+        return InferRequest(dispatch.rid, dispatch.request_id, wanted, prepared, count)
+
+    def on_cancel(self, rid: int, code: str) -> None:
+        """Answer a request now, waiting or in the running batch (whose result it then drops)."""
+        request = self.live.pop(rid, None)
+        if request is None:
+            return
+        self.batcher.remove(rid)
+        retry = self.config.scheduler.overloaded_retry_ms if code == codes.OVERLOADED else None
+        self._final(rid, wire.error_reply(request.request_id, code, f"{channels.CANCEL_REASONS[code]} (while running)",
+                                          retry), code)
+
+    # -- batches --------------------------------------------------------------------------------
+
+    def step(self) -> None:
+        """Finish the batch whose predict ended, then start the next ready one. Raises HandlerHung
+        when a predict has run past handler_timeout_s."""
+        running = self.running
+        if running is not None and running.future.done():
+            self._clear_wake()
+            self.running = None
+            self._finish(running)
+        elif running is not None:
+            if self.clock() - running.started > self.timeout_s:
+                raise HandlerHung(f"a predict has run over handler_timeout_s = {self.timeout_s:g}: restarting the worker")
+            return
+        while self.alone:
+            request = self.alone.popleft()
+            if request.rid in self.live:   # not cancelled meanwhile
+                return self._start([request])
+        batch = self.batcher.next_batch(self.clock())
+        if batch:
+            self._start([pending.item for pending in batch])
+
+    def _start(self, requests: list[InferRequest]) -> None:
+        batch, padded, of = batch_tensors.assemble([r.inputs for r in requests], self.handler.inputs)
+        self.padded, self.padded_of = self.padded + padded, self.padded_of + of
+        self.batches += 1
+        self.rows += sum(r.rows for r in requests)
+        future = self.predictor.submit(self.handler.predict, batch)
+        future.add_done_callback(self._wake)
+        self.running = Running(future, requests, self.clock())
+
+    def _wake(self, _future: Future) -> None:
+        os.eventfd_write(self.wake_fd, 1)
+
+    def _clear_wake(self) -> None:
+        try:
+            os.eventfd_read(self.wake_fd)
+        except BlockingIOError:
+            pass
+
+    def _finish(self, running: Running) -> None:
+        try:
+            parts = batch_tensors.split(running.future.result(), [r.rows for r in running.requests])
+        except MCPDError as e:
+            return self._fail_batch(running.requests, e.message)
+        except Exception as e:   # noqa: BLE001 - a handler that raises costs its batch, not the worker
+            self.log.exception("predict failed for a batch of %d request(s)", len(running.requests))
+            return self._fail_batch(running.requests, f"predict raised {type(e).__name__}: {e}")
+        for request, outputs in zip(running.requests, parts):
+            if self.live.pop(request.rid, None) is not None:
+                self._answer(request, outputs)
+
+    def _fail_batch(self, requests: list[InferRequest], reason: str) -> None:
+        """A request that failed alone gets INTERNAL; a batch's requests run again one by one."""
+        if len(requests) > 1:
+            return self.alone.extend(requests)
+        for request in requests:
+            if self.live.pop(request.rid, None) is not None:
+                self._final(request.rid, wire.error_reply(request.request_id, codes.INTERNAL, reason[:MAX_REASON_CHARS]),
+                            codes.INTERNAL)
+
+    def _answer(self, request: InferRequest, outputs: dict[str, np.ndarray]) -> None:
+        try:
+            shown = self.handler.postprocess(outputs)
+            described, frames = [], []
+            for name in request.outputs:
+                header, frame = tensors.encode(name, shown[name])
+                described.append(header.describe())
+                frames.append(frame)
+        except Exception as e:   # noqa: BLE001 - postprocess is the handler's code
+            self.log.exception("postprocess failed for request %s", request.request_id)
+            return self._final(request.rid, self._internal(request.request_id, "postprocess", e), codes.INTERNAL)
+        result = {"model": self.served_model, "version": self.version, "outputs": described, "cached": False}
+        self._final(request.rid, wire.ok_reply(request.request_id, result), None, frames)
+
+    @staticmethod
+    def _internal(request_id, stage: str, e: Exception) -> bytes:
+        return wire.error_reply(request_id, codes.INTERNAL, f"{stage} raised {type(e).__name__}: {e}"[:MAX_REASON_CHARS])
+
+    # -- replies --------------------------------------------------------------------------------
+
+    def _final(self, rid: int, header: bytes, code: str | None = None, frames: list[bytes] = ()) -> None:
+        self.ports.to_frontend(messages.encode(messages.Final(rid, code), header, *frames))
+        if not self.done:
+            self.done_due = self.clock() + DONE_FLUSH_S
+        self.done.append(rid)
+
+    def flush_done(self) -> None:
+        if self.done and (len(self.done) >= DONE_FLUSH_COUNT or self.clock() >= self.done_due or not self.has_work):
+            self.ports.to_scheduler(messages.encode(messages.Done(self.done)))
+            self.done = []

@@ -1,0 +1,217 @@
+"""The handler worker's core in-process: typed messages and a clock in, typed messages out, the
+handler's predict on the core's own thread (a test waits for it, then steps). What crosses
+processes (replies reaching clients, a hung worker's restart) is tests/test_handlers_daemon.py's."""
+import logging
+from concurrent.futures import wait
+
+import msgpack
+import numpy as np
+import pytest
+
+import faulty_handlers
+from fakes import Clock, Ports
+from mcpd.config import Config, VersionConfig
+from mcpd.config.handlers import BatchingConfig
+from mcpd.daemon import messages
+from mcpd.daemon.worker.handler_core import HandlerCore, HandlerHung
+from mcpd.handlers import tensors
+from mcpd.handlers.tensor_header import TensorHeader
+from mcpd.protocol import codes
+from mcpd.protocol.args import InferArgs, PingArgs
+
+RULES = "mcpd.handlers.examples.risk_scorer:RiskRules"
+DELAY_S = 0.010
+
+
+def make_core(max_batch_size: int = 4, timeout_s: float = 30.0) -> HandlerCore:
+    version = VersionConfig(handler=RULES, handler_timeout_s=timeout_s,
+                            batching=BatchingConfig(max_batch_size=max_batch_size, max_queue_delay_ms=DELAY_S * 1000))
+    handler = faulty_handlers.Faulty()
+    handler.setup("cpu", {})
+    return HandlerCore(Config(model=version), 0, handler, "cpu", logging.getLogger("test"), Ports(), Clock(),
+                       serves=("risk", "v1"))
+
+
+@pytest.fixture
+def core():
+    core = make_core()
+    yield core
+    faulty_handlers.release_hung()
+    core.predictor.shutdown()
+
+
+def features(rows: int, seed: int, trigger: float | None = None) -> np.ndarray:
+    x = np.random.default_rng(seed).normal(size=(rows, 256)).astype(np.float32)
+    if trigger is not None:
+        x[0, 0] = trigger
+    return x
+
+
+def send(core, rid: int, inputs: dict, **args) -> None:
+    headers, frames = [], []
+    for name, array in inputs.items():
+        header, frame = tensors.encode(name, array)
+        headers.append(header)
+        frames.append(frame)
+    dispatch = messages.Dispatch(rid, f"req-{rid}", "t", 0, False, InferArgs(inputs=tuple(headers), **args))
+    core.on_message(messages.encode(dispatch, *frames))
+
+
+def finish_running(core) -> None:
+    """Wait for the predict in flight, then step: its replies go out, the next batch starts."""
+    assert core.running is not None
+    wait([core.running.future], timeout=30)
+    core.step()
+
+
+def run_until_idle(core) -> None:
+    while core.has_work:
+        if core.running is None:
+            core.clock.now += DELAY_S
+            core.step()
+        else:
+            finish_running(core)
+
+
+def finals(core) -> dict[int, tuple[dict, list[bytes]]]:
+    return {m.rid: (msgpack.unpackb(frames[0]), frames[1:]) for m, frames in core.ports.frontend
+            if isinstance(m, messages.Final)}
+
+
+def scores(reply: tuple[dict, list[bytes]]) -> np.ndarray:
+    header, frames = reply
+    assert header["kind"] == "ok", header
+    (described,) = header["result"]["outputs"]
+    return tensors.decode(TensorHeader(described["name"], described["datatype"], tuple(described["shape"])), frames[0])
+
+
+def expected(x: np.ndarray) -> np.ndarray:
+    rules = faulty_handlers.Faulty()
+    rules.setup("cpu", {})
+    return rules.predict({"features": x})["score"]
+
+
+def test_requests_wait_for_the_delay_then_run_as_one_batch(core):
+    xs = {rid: features(1, rid) for rid in range(3)}
+    for rid, x in xs.items():
+        send(core, rid, {"features": x})
+    core.step()
+    assert core.running is None and core.poll_timeout_ms(100) == pytest.approx(DELAY_S * 1000)
+    core.clock.now += DELAY_S
+    core.step()
+    finish_running(core)
+    replies = finals(core)
+    for rid, x in xs.items():
+        np.testing.assert_allclose(scores(replies[rid]), expected(x), rtol=1e-6)
+        assert replies[rid][0]["result"]["model"] == "risk" and replies[rid][0]["result"]["version"] == "v1"
+    stats = core.stats()
+    assert (stats.batches, stats.rows, stats.mean_batch_rows) == (1, 3, 3.0)
+
+
+def test_a_full_batch_goes_at_once(core):
+    for rid in range(2):
+        send(core, rid, {"features": features(2, rid)})
+    core.step()   # 4 rows: max_batch_size, no wait for the delay
+    assert core.running is not None and len(core.running.requests) == 2
+
+
+def test_the_next_batch_forms_while_a_predict_runs(core):
+    send(core, 0, {"features": features(4, 0)})
+    core.step()
+    running = core.running
+    send(core, 1, {"features": features(4, 1)})   # arrives, is decoded and waits meanwhile
+    assert core.running is running and len(core.batcher) == 1
+    finish_running(core)
+    assert 0 in finals(core) and core.running is not None and core.running.requests[0].rid == 1
+
+
+@pytest.mark.parametrize("inputs, message", [
+    ({"salary": features(1, 0)}, "has no input 'salary'"),
+    ({"features": features(1, 0).astype(np.float64)}, "input 'features' is FP64"),
+    ({"features": features(1, 0)[:, :100]}, "input 'features' has shape [1, 100]"),
+])
+def test_bad_inputs_are_refused_naming_the_input(core, inputs, message):
+    send(core, 7, inputs)
+    header, _ = finals(core)[7]
+    assert header["code"] == codes.BAD_INPUT and message in header["message"], header
+    assert not core.has_work
+
+
+def test_a_frame_of_the_wrong_size_is_bad_input(core):
+    header = TensorHeader("features", "FP32", (2, 256))
+    dispatch = messages.Dispatch(1, "r", "t", 0, False, InferArgs(inputs=(header,)))
+    core.on_message(messages.encode(dispatch, features(1, 0).tobytes()))
+    reply, _ = finals(core)[1]
+    assert reply["code"] == codes.BAD_INPUT and "2048 bytes; its frame has 1024" in reply["message"]
+
+
+def test_an_output_the_model_lacks_is_bad_input(core):
+    send(core, 1, {"features": features(1, 0)}, outputs=("score", "reason"))
+    reply, _ = finals(core)[1]
+    assert reply["code"] == codes.BAD_INPUT and "no output 'reason'" in reply["message"]
+
+
+@pytest.mark.parametrize("trigger, message", [
+    (faulty_handlers.RAISE, "predict raised RuntimeError: this handler raises on purpose"),
+    (faulty_handlers.WRONG_ROWS, "handler returned 1 rows for 2"),   # its own run, alone
+])
+def test_a_failing_batch_costs_only_the_request_that_fails(core, trigger, message):
+    good = {0: features(2, 0), 2: features(1, 2)}
+    send(core, 0, {"features": good[0]})
+    send(core, 1, {"features": features(2, 1, trigger)})
+    send(core, 2, {"features": good[2]})
+    run_until_idle(core)
+    replies = finals(core)
+    assert replies[1][0]["code"] == codes.INTERNAL and message in replies[1][0]["message"], replies[1][0]
+    for rid, x in good.items():
+        np.testing.assert_allclose(scores(replies[rid]), expected(x), rtol=1e-6)
+
+
+def test_a_cancel_answers_a_waiting_request_and_one_in_the_running_batch(core):
+    send(core, 0, {"features": features(2, 0)})
+    send(core, 1, {"features": features(2, 1)})
+    core.step()                                        # 0 and 1 run
+    send(core, 2, {"features": features(1, 2)})        # 2 waits
+    core.on_message(messages.encode(messages.Cancel(2, codes.CANCELLED)))
+    core.on_message(messages.encode(messages.Cancel(1, codes.DEADLINE_EXCEEDED)))
+    replies = finals(core)
+    assert replies[2][0]["code"] == codes.CANCELLED and replies[1][0]["code"] == codes.DEADLINE_EXCEEDED
+    run_until_idle(core)
+    replies = finals(core)
+    assert scores(replies[0]).shape == (2,)
+    assert [m.rid for m, _ in core.ports.frontend].count(1) == 1   # its result, when it came, went nowhere
+
+
+def test_a_hung_predict_is_answered_by_its_deadline_then_stops_the_worker():
+    core = make_core(timeout_s=5.0)
+    faulty_handlers.hang_again()
+    try:
+        send(core, 0, {"features": features(1, 0, faulty_handlers.HANG)})
+        core.clock.now += DELAY_S
+        core.step()
+        core.on_message(messages.encode(messages.Cancel(0, codes.DEADLINE_EXCEEDED)))
+        assert finals(core)[0][0]["code"] == codes.DEADLINE_EXCEEDED
+        core.clock.now += 4.0
+        core.step()   # still within handler_timeout_s
+        core.flush_done()
+        assert core.poll_timeout_ms(10_000) == pytest.approx(1000)   # the loop wakes when it runs out
+        core.clock.now += 1.1
+        with pytest.raises(HandlerHung):
+            core.step()
+    finally:
+        faulty_handlers.release_hung()
+        core.predictor.shutdown()
+
+
+def test_ping_and_done_notes(core):
+    core.on_message(messages.encode(messages.Dispatch(5, "p", "t", 0, False, PingArgs())))
+    assert finals(core)[5][0]["result"]["pong"] is True
+    core.flush_done()   # nothing else to do: the note goes at once
+    assert [m.rids for m, _ in core.ports.scheduler if isinstance(m, messages.Done)] == [[5]]
+
+
+def test_hello_carries_the_handlers_signature(core):
+    hello = core.hello()
+    assert (hello.served_model, hello.version, hello.model) == ("risk", "v1", RULES)
+    assert hello.signature == {"inputs": {"features": {"datatype": "FP32", "shape": [-1, 256]}},
+                               "outputs": {"score": {"datatype": "FP32", "shape": [-1]}}}
