@@ -2,7 +2,7 @@
 serving the same Handler on this machine, and mcpd's own batching, priorities and result cache.
 
     .venv/bin/python bench/handlers.py --setup     # once, outside CI: LitServe's and MLServer's venvs
-    .venv/bin/python bench/handlers.py [--quick] [--peers litserve,mlserver] [--peer-threads 1] [--cache-dir DIR]
+    .venv/bin/python bench/handlers.py [--quick] [--peers litserve,mlserver] [--threads 1] [--cache-dir DIR]
 
 Every server runs the same code: the example Handler through its preprocess, predict on the
 batch, postprocess (peerkit/handler_runner.py in the peers, HandlerCore in mcpd), each with its
@@ -54,10 +54,10 @@ from peerkit.handler_targets import HttpV2, McpdZmq, TensorInputs
 from peerkit.load import closed_loop, max_rate, open_loop, p99_ms
 
 P99_LIMIT_MS = 50.0
-BATCHING = {"max_batch_size": 64, "max_queue_delay_ms": 2.0}
 CAPACITY_CLIENTS = 64
 WARM_UP_S = 1.0
 CHECKED_INPUTS = 8
+INPUT_POOL = 2048   # distinct inputs of a search (no cache is on there: repeats cost what new ones do)
 # batching_speedup's model: the risk MLP's predict takes microseconds a batch, so the daemon's
 # per-request path bounds it batched or not (its speedup is reported beside, as batching_speedup_risk).
 BATCHING_MODEL = "text"
@@ -70,11 +70,16 @@ CACHE_BYTES = 256 << 20
 class Model:
     handler: str
     settings: dict
+    batching: dict    # every server's: the most rows a predict takes, and how long the first waits
+    length_bins: tuple[int, ...] = ()   # mcpd's own (the peers have none)
 
 
 MODELS = {
-    "risk": Model("mcpd.handlers.examples.risk_scorer:RiskScorer", {"hidden": 64, "seed": 0}),
-    "text": Model("mcpd.handlers.examples.text_classifier:TextClassifier", {"seed": 0}),
+    "risk": Model("mcpd.handlers.examples.risk_scorer:RiskScorer", {"hidden": 64, "seed": 0},
+                  {"max_batch_size": 64, "max_queue_delay_ms": 2.0}),
+    # A batch of 64 texts takes longer than the 50 ms p99 on one busy core: 8 rows hold it.
+    "text": Model("mcpd.handlers.examples.text_classifier:TextClassifier", {"seed": 0},
+                  {"max_batch_size": 8, "max_queue_delay_ms": 2.0}, length_bins=(16, 32, 48, 64, 96, 128)),
 }
 
 
@@ -89,11 +94,19 @@ class Sizes:
 QUICK, FULL = Sizes(1.5, 4, 1.5, 4.0), Sizes(4.0, 7, 5.0, 15.0)
 
 
+def mcpd_batching(model: Model) -> dict:
+    return {**model.batching, "length_bins": list(model.length_bins)} if model.length_bins else model.batching
+
+
 def uniform(count: int):
     return lambda rng: rng.randrange(count)
 
 
-async def search(target, sizes: Sizes, pick) -> dict:
+async def search(target, sizes: Sizes) -> dict:
+    """The closed-loop capacity and the held rate; requests draw from INPUT_POOL inputs encoded
+    beforehand (the client's encoding must not be timed)."""
+    target.prepare(INPUT_POOL)
+    pick = uniform(INPUT_POOL)
     await closed_loop(target, CAPACITY_CLIENTS, WARM_UP_S, pick, seed=98)   # first calls allocate, threads settle
     capacity = await closed_loop(target, CAPACITY_CLIENTS, sizes.capacity_s, pick, seed=99)
     found = await max_rate(target, capacity, sizes.probes, sizes.probe_s, P99_LIMIT_MS, pick)
@@ -115,18 +128,19 @@ def reference_outputs(model: Model, inputs: TensorInputs) -> list[dict]:
 
 # -- the systems ----------------------------------------------------------------------------------
 
-async def measure_mcpd(name: str, model: Model, inputs: TensorInputs, reference, sizes: Sizes, extras: bool) -> dict:
+async def measure_mcpd(name: str, model: Model, inputs: TensorInputs, reference, sizes: Sizes, threads: int,
+                       extras: bool) -> dict:
     """mcpd over ZeroMQ and over its KServe route; with `extras`, the priority burst and the
     context's bytes too."""
-    server = handler_servers.McpdServer(name, model.handler, model.settings, BATCHING).start()
+    server = handler_servers.McpdServer(name, model.handler, model.settings, mcpd_batching(model), threads).start()
     try:
         zmq_target = McpdZmq("mcpd", server.endpoint, name, inputs)
         http_target = HttpV2("mcpd-http", server.http_port, f"/v2/models/{name}/infer", inputs)
-        found = {"mcpd": {**await search(zmq_target, sizes, uniform(1 << 20)),
+        found = {"mcpd": {**await search(zmq_target, sizes),
                           "outputs_match": await outputs_match(zmq_target, inputs, reference)}}
         try:
             found["mcpd-http"] = {"outputs_match": await outputs_match(http_target, inputs, reference),
-                                  **await search(http_target, sizes, uniform(1 << 20))}
+                                  **await search(http_target, sizes)}
         except (RuntimeError, OSError) as e:
             found["mcpd-http"] = {"missing": f"{type(e).__name__}: {e}"[:300]}
         if extras:
@@ -145,24 +159,24 @@ async def measure_peer(peer: str, cache_dir: Path, threads: int, name: str, mode
     if reason:
         return {"missing": reason}
     try:
-        server = handler_servers.PEER_SERVERS[peer](cache_dir, name, model.handler, model.settings, BATCHING,
+        server = handler_servers.PEER_SERVERS[peer](cache_dir, name, model.handler, model.settings, model.batching,
                                                     threads).start()
     except RuntimeError as e:
         return {"missing": f"did not start: {e}"}
     try:
         target = HttpV2(peer, server.port, f"/v2/models/{name}/infer", inputs)
-        found = {"outputs_match": await outputs_match(target, inputs, reference), **await search(target, sizes, uniform(1 << 20))}
+        found = {"outputs_match": await outputs_match(target, inputs, reference), **await search(target, sizes)}
         await target.close()
         return found
     finally:
         server.stop()
 
 
-async def batching_off(name: str, model: Model, inputs: TensorInputs, sizes: Sizes) -> dict:
-    server = handler_servers.McpdServer(name, model.handler, model.settings, {"max_batch_size": 0}).start()
+async def batching_off(name: str, model: Model, inputs: TensorInputs, sizes: Sizes, threads: int) -> dict:
+    server = handler_servers.McpdServer(name, model.handler, model.settings, {"max_batch_size": 0}, threads).start()
     try:
         target = McpdZmq("mcpd", server.endpoint, name, inputs)
-        found = await search(target, sizes, uniform(1 << 20))
+        found = await search(target, sizes)
         await target.close()
         return found
     finally:
@@ -170,7 +184,7 @@ async def batching_off(name: str, model: Model, inputs: TensorInputs, sizes: Siz
 
 
 async def priority_burst(target: McpdZmq, capacity: float, sizes: Sizes) -> dict:
-    pick = uniform(1 << 20)
+    pick = uniform(INPUT_POOL)
     idle = await open_loop(target, 0.2 * capacity, sizes.burst_s, pick, seed=7, high_frac=1.0)
     started = time.perf_counter()
     burst = await open_loop(target, 2.0 * capacity, sizes.burst_s, pick, seed=8, high_frac=0.1)
@@ -205,12 +219,12 @@ def warmup_file(inputs: TensorInputs, count: int, directory: Path) -> Path:
     return path
 
 
-async def cache_run(name: str, model: Model, sizes: Sizes, cache_on: bool) -> dict:
+async def cache_run(name: str, model: Model, sizes: Sizes, threads: int, cache_on: bool) -> dict:
     """The Zipf stream on a daemon with the cache on (warmed from a file) or off."""
     inputs = TensorInputs(load_handler(model.handler).inputs, seed=1)
     with tempfile.TemporaryDirectory(prefix="mcpd-bench-cache-") as directory:
         cache = {"max_bytes": CACHE_BYTES, "warmup": str(warmup_file(inputs, WARM_INPUTS, Path(directory)))}
-        server = handler_servers.McpdServer(name, model.handler, model.settings, BATCHING,
+        server = handler_servers.McpdServer(name, model.handler, model.settings, mcpd_batching(model), threads,
                                             cache=cache if cache_on else None).start()
         try:
             target = McpdZmq("mcpd", server.endpoint, name, inputs, cache=cache_on)
@@ -223,6 +237,7 @@ async def cache_run(name: str, model: Model, sizes: Sizes, cache_on: bool) -> di
 
 async def zipf_stream(target: McpdZmq, sizes: Sizes) -> dict:
     """The held rate, and the share answered from the cache at half the capacity."""
+    target.prepare(ZIPF_INPUTS)
     pick = zipf_pick(ZIPF_INPUTS, ZIPF_S)
     await closed_loop(target, CAPACITY_CLIENTS, WARM_UP_S, pick, seed=98)
     capacity = await closed_loop(target, CAPACITY_CLIENTS, sizes.capacity_s, pick, seed=99)
@@ -296,21 +311,21 @@ async def run(args) -> dict:
         inputs = TensorInputs(load_handler(model.handler).inputs)
         reference = reference_outputs(model, inputs)
         print(f"{name}: mcpd ...", flush=True)
-        found = await measure_mcpd(name, model, inputs, reference, sizes, extras=name == "risk")
+        found = await measure_mcpd(name, model, inputs, reference, sizes, args.threads, extras=name == "risk")
         if name == "risk":
             measured["burst"], measured["context"] = found.pop("burst"), found.pop("context")
         print(f"{name}: mcpd, batching off ...", flush=True)
-        found["mcpd-unbatched"] = await batching_off(name, model, inputs, sizes)
+        found["mcpd-unbatched"] = await batching_off(name, model, inputs, sizes, args.threads)
         for peer in args.peers:
             print(f"{name}: {peer} ...", flush=True)
-            found[peer] = await measure_peer(peer, args.cache_dir, args.peer_threads, name, model, inputs, reference,
+            found[peer] = await measure_peer(peer, args.cache_dir, args.threads, name, model, inputs, reference,
                                              sizes)
         measured["models"][name] = found
         print(json.dumps({name: {system: {k: v for k, v in f.items() if k != "probes"} for system, f in found.items()}}),
               flush=True)
     print("cache: on, then off ...", flush=True)
-    measured["cache_on"] = await cache_run("text", MODELS["text"], sizes, cache_on=True)
-    measured["cache_off"] = await cache_run("text", MODELS["text"], sizes, cache_on=False)
+    measured["cache_on"] = await cache_run("text", MODELS["text"], sizes, args.threads, cache_on=True)
+    measured["cache_off"] = await cache_run("text", MODELS["text"], sizes, args.threads, cache_on=False)
     return measured
 
 
@@ -319,8 +334,8 @@ def main() -> None:
     parser.add_argument("--setup", action="store_true", help="install LitServe and MLServer in their venvs, then exit")
     parser.add_argument("--quick", action="store_true", help="short searches (a few minutes in all)")
     parser.add_argument("--peers", default=",".join(handler_servers.HANDLER_PEERS), help="comma-separated subset")
-    parser.add_argument("--peer-threads", type=int, default=1,
-                        help="the peers' torch threads (1: their best on a busy 2-core machine; mcpd picks its own)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads of every server (mcpd: workers.threads); 1: the best on a busy 2-core machine")
     parser.add_argument("--cache-dir", type=Path, default=checkpoints.DEFAULT_CACHE)
     args = parser.parse_args()
     args.peers = servers.chosen(parser, args.peers, handler_servers.HANDLER_PEERS)
@@ -332,7 +347,8 @@ def main() -> None:
     print(json.dumps({**figures_of(measured), **measured,
                       "versions": {peer: servers.version(args.cache_dir, peer) for peer in args.peers},
                       "machine": kept_figures.machine(), "load_avg": [load_before, round(os.getloadavg()[0], 2)],
-                      "p99_limit_ms": P99_LIMIT_MS, "batching": BATCHING, "peer_threads": args.peer_threads,
+                      "p99_limit_ms": P99_LIMIT_MS,
+                      "batching": {name: mcpd_batching(model) for name, model in MODELS.items()}, "threads": args.threads,
                       "quick": args.quick}))
 
 

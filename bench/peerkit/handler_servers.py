@@ -27,7 +27,7 @@ HANDLER_PEERS = ("litserve", "mlserver")
 
 
 def peer_env(threads: int) -> dict:
-    """torch's threads are the peer's own knob (OMP_NUM_THREADS): mcpd's worker picks its count itself."""
+    """torch's threads: OMP_NUM_THREADS, as many as mcpd's worker gets (workers.threads)."""
     return {**os.environ, "PYTHONPATH": f"{REPO}:{REPO / 'bench'}", "OMP_NUM_THREADS": str(threads),
             "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
@@ -81,13 +81,14 @@ PEER_SERVERS = {"litserve": litserve, "mlserver": mlserver}
 class McpdServer(servers.McpdServer):
     """The real daemon serving the handler as model `model` version v1, its KServe HTTP route on."""
 
-    def __init__(self, model: str, handler: str, settings: dict, batching: dict, cache: dict | None = None):
+    def __init__(self, model: str, handler: str, settings: dict, batching: dict, threads: int, cache: dict | None = None):
         self.http_port = free_port()
         version = f"models.{model}.versions.v1"
         sections = {version: {"handler": handler, "workers": 1}, f"{version}.batching": batching,
                     # Reports at the shipped interval, not the tests' 0.1 s: the peers run as shipped too.
                     "supervisor": {"stats_interval_s": SupervisorConfig.stats_interval_s},
-                    "http": {"listen": f"127.0.0.1:{self.http_port}"}}
+                    "http": {"listen": f"127.0.0.1:{self.http_port}"},
+                    "workers": {"device": "cpu", "threads": threads}}
         if settings:
             sections[f"{version}.settings"] = settings
         if cache:

@@ -31,8 +31,9 @@ async def timed(target, index: int, priority: str, started: float | None = None)
     client's own loop delayed counts against the server's time too, not for it)."""
     started = time.perf_counter() if started is None else started
     try:
-        outcome, cached = await asyncio.wait_for(target.infer(index, priority), CLIENT_TIMEOUT_S)
-    except asyncio.TimeoutError:
+        async with asyncio.timeout(CLIENT_TIMEOUT_S):   # no task of its own, as wait_for makes
+            outcome, cached = await target.infer(index, priority)
+    except TimeoutError:
         outcome, cached = "unanswered", False
     return Outcome(priority, outcome, time.perf_counter() - started, cached)
 
