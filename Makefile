@@ -50,7 +50,7 @@ $(VENV)/.runtime: pyproject.toml
 	touch $@
 
 $(VENV)/.test: $(VENV)/.runtime | promtool redis-server
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[test,tracing]'
 	touch $@
 
 # promtool checks and unit-tests etc/prometheus/ (tests/test_operator_files.py). It is taken out

@@ -17,6 +17,16 @@ curve_p50_ratio_vs_plain (aim <= 1.3) compares its ping p50 with the plaintext d
 Last, a 1-token generate (1-token prompt, max_tokens 1) on the daemon's model (the embedded one:
 a step of the engine, not a big model's weight read): one_token_server_ms is its p50 round trip
 less the raw echo's, what the daemon adds to a socket round trip (target <= 1.5 ms).
+Tracing: two more daemons with [tracing] on (the file exporter), at sample_ratio 1.0 and 0, take the
+same 1-token generate in rounds interleaved with the plain daemon's: tracing_p50_overhead is the
+p50 with every request traced over the p50 with tracing off (target <= 1.1), and
+tracing_ratio0_overhead that with tracing on and no request sampled over off (aim: within the noise).
+Then context turns (W3's shape: a turn on a context that holds earlier turns) on the traced
+daemon: each trace's spans (tracing_turn_spans) and processes (tracing_turn_processes), at
+least, and the durations of the spans on a turn's path (admission, queue, dispatch, the
+worker's, the commit, the reply: TURN_PATH) added up over the client's measured time, the median
+of the turns (tracing_turn_spans_frac, target >= 0.9: the rest is the hops between processes
+and the client's own time).
 mcpd_cpu_us_per_ping is the CPU time (user + system, every thread) the front-end, scheduler and
 worker spend per pipelined ping: on a machine shared with other work it moves far less than the
 ratios, which divide two noisy timings.
@@ -213,6 +223,64 @@ def one_token_ms(endpoint: str, count: int) -> float:
     return statistics.median(times) * 1e3
 
 
+def tracing_p50_ratios(daemons: list[Daemon], count: int) -> list[float]:
+    """The 1-token generate's p50 on each daemon over that on the first. The daemons take turns
+    request by request, so that a busy moment of a shared machine hits them alike."""
+    socks = [connect(d.endpoint) for d in daemons]
+    for sock in socks:
+        sequential(sock, 20, "generate", ONE_TOKEN)
+    times = [[] for _ in daemons]
+    for _ in range(count):
+        for sock, kept in zip(socks, times):
+            kept += sequential(sock, 1, "generate", ONE_TOKEN)
+    for sock in socks:
+        sock.close()
+    p50s = [statistics.median(kept) for kept in times]
+    return [p50 / p50s[0] for p50 in p50s[1:]]
+
+
+TURN_PATH = ("frontend.admit", "scheduler.admit", "scheduler.queue", "scheduler.dispatch", "worker.generate",
+             "scheduler.commit", "frontend.reply")
+TURN_TENANT = "bench-trace"
+TURNS = 10
+
+
+def traced_turn_seconds(daemon: Daemon, turns: int) -> list[float]:
+    """The client's time for each of `turns` turns on one context, after a first that builds it."""
+    times = []
+    with Client(daemon.endpoint, tenant=TURN_TENANT) as client:
+        context = client.context("chat")
+        for turn in range(turns + 1):
+            started = time.perf_counter()
+            result = client.generate(f" Turn {turn}: tell me about the sea.", context="chat", base=context.version,
+                                     max_tokens=8, temperature=0, ignore_eos=True)
+            times.append(time.perf_counter() - started)
+            context.version = result.context["version"]
+    return times[1:]
+
+
+def turn_trace_figures(spans_path: str, client_times: list[float]) -> dict:
+    """The traced turns' traces against the client's times, medians over the turns (the daemon
+    stopped: everything is exported). The turns ran one after another: their roots in start order."""
+    with open(spans_path) as f:
+        spans = [json.loads(line) for line in f]
+    roots = sorted((s for s in spans if s["name"] == "mcpd.request" and s["attributes"]["mcpd.op"] == "generate"
+                    and s["attributes"]["mcpd.tenant"] == TURN_TENANT), key=lambda s: s["start_ns"])
+    traces = [[s for s in spans if s["trace_id"] == root["trace_id"]] for root in roots[-len(client_times):]]
+    on_path = [sum(s["end_ns"] - s["start_ns"] for s in trace if s["name"] in TURN_PATH) / 1e9 for trace in traces]
+    root_s = [(root["end_ns"] - root["start_ns"]) / 1e9 for root in roots[-len(client_times):]]
+    return {"tracing_turn_spans": min(len(trace) for trace in traces),
+            "tracing_turn_processes": min(len({s["resource"]["mcpd.process"] for s in trace}) for trace in traces),
+            "tracing_turn_root_frac": round(statistics.median(r / c for r, c in zip(root_s, client_times)), 3),
+            "tracing_turn_spans_frac": round(statistics.median(p / c for p, c in zip(on_path, client_times)), 3),
+            "tracing_turn_client_ms": round(statistics.median(client_times) * 1e3, 2)}
+
+
+def traced_daemon(spans_dir: str, ratio: float) -> Daemon:
+    tracing = {"enabled": True, "sample_ratio": ratio, "exporter": "file", "path": f"{spans_dir}/spans-{ratio}.jsonl"}
+    return Daemon(tracing=tracing).start()
+
+
 def cpu_us_per_ping(daemon: Daemon, total: int, window: int) -> float:
     """CPU microseconds the daemon's front-end, scheduler and worker spend per pipelined ping."""
     processes = [psutil.Process(daemon.pid_of(role)) for role in ("frontend", "scheduler", "worker")]
@@ -259,6 +327,7 @@ def main() -> None:
     daemon = Daemon().start()
     secure = Daemon(security={"curve": "on"}).start()
     keys = secure.curve_keys("bench")
+    traced, traced0 = traced_daemon(ipc_dir, 1.0), traced_daemon(ipc_dir, 0.0)
     targets = [(raw_endpoint, None), (chain_endpoint, None), (daemon.endpoint, None), (secure.endpoint, keys),
                (unix_chain_endpoint, None)]
     try:
@@ -268,7 +337,14 @@ def main() -> None:
         client_us = client_p50_us(daemon.endpoint, count // 4)
         one_token = one_token_ms(daemon.endpoint, count // 4)
         cpu_us = cpu_us_per_ping(daemon, total, window)
+        tracing_overhead, ratio0_overhead = tracing_p50_ratios([daemon, traced, traced0], count)
+        turn_times = traced_turn_seconds(traced, TURNS)
+        traced.stop()   # exports what its processes still hold
+        turn_figures = turn_trace_figures(f"{ipc_dir}/spans-1.0.jsonl", turn_times)
     finally:
+        for other in (traced, traced0):
+            other.stop()
+            other.cleanup()
         secure.stop()
         secure.cleanup()
         for process in helpers:
@@ -286,6 +362,12 @@ def main() -> None:
     print(f"daemon CPU per pipelined ping (front-end + scheduler + worker): {cpu_us:.1f} us")
     one_token_server = one_token - raw["p50_us"] / 1e3
     print(f"1-token generate: p50 {one_token:.2f} ms, of which the server (beyond a raw echo) {one_token_server:.2f} ms")
+    print(f"1-token generate p50 with tracing over off: {tracing_overhead:.3f} (every request traced), "
+          f"{ratio0_overhead:.3f} (sample_ratio 0)")
+    turn = turn_figures
+    print(f"a traced context turn: {turn['tracing_turn_spans']} spans in {turn['tracing_turn_processes']} processes; "
+          f"the spans on its path add up to {turn['tracing_turn_spans_frac']:.3f} of the client's time "
+          f"({turn['tracing_turn_client_ms']} ms), medians of {TURNS} turns")
     figures = {"rounds": ROUNDS,
         "noop_p50_ratio_vs_relay": round(mcpd["p50_us"] / chain["p50_us"], 3),
         "noop_p50_ratio_vs_raw": round(mcpd["p50_us"] / raw["p50_us"], 3),
@@ -302,6 +384,8 @@ def main() -> None:
         "curve_throughput_frac_of_plain": round(curve["throughput_rps"] / mcpd["throughput_rps"], 3),
         "curve_p50_us": round(curve["p50_us"], 1),
         "one_token_p50_ms": round(one_token, 3), "one_token_server_ms": round(one_token_server, 3),
+        "tracing_p50_overhead": round(tracing_overhead, 3),
+        "tracing_ratio0_overhead": round(ratio0_overhead, 3), **turn_figures,
         "quick": args.quick,
     }
     print(json.dumps(figures))

@@ -1,6 +1,7 @@
 """Handler models through the real daemon: the `infer` op from a client's socket to a handler's
 worker and back, batched; every hostile input answered with its code while good requests go on
 and the worker survives; a hanging handler's worker restarted; the other kind's op refused."""
+import asyncio
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -9,12 +10,14 @@ import numpy as np
 import pytest
 import zmq
 
+from mcpd.client import AsyncClient
 from mcpd.handlers.examples.risk_scorer import RiskScorer
 from mcpd.protocol import codes
 from mcpd.protocol.codes import MCPDError
 from mcpd.testing import Daemon
 import faulty_handlers
 from conftest import DAEMON_ENVIRONMENT
+from test_metrics import scrape, total
 
 REPO = Path(__file__).resolve().parent.parent
 SCORER = "mcpd.handlers.examples.risk_scorer:RiskScorer"
@@ -26,7 +29,7 @@ BULK_BATCH = 8
 @pytest.fixture(scope="module")
 def daemon():
     d = Daemon(environment={**DAEMON_ENVIRONMENT, "PYTHONPATH": f"{REPO}:{REPO / 'tests'}"}, **{
-        "pool": {"shared": False},
+        "pool": {"shared": False}, "metrics": {"listen": "127.0.0.1:0"},
         "models.chat": {}, "models.chat.versions.v1": {},   # the embedded language model
         "models.risk": {"default": "v1"},
         "models.risk.versions.v1": {"handler": SCORER},
@@ -69,6 +72,16 @@ def test_infer_round_trip_scores_as_the_handler_in_process(daemon):
     np.testing.assert_allclose(result.outputs["score"], scorer(3).predict({"features": x})["score"], rtol=1e-5)
 
 
+def test_the_async_client_infers_too(daemon):
+    async def run():
+        async with AsyncClient(daemon.endpoint) as client:
+            return await asyncio.gather(*(client.infer("risk", {"features": features(2, i)}, version="v1")
+                                          for i in range(4)))
+    for i, result in enumerate(asyncio.run(run())):
+        np.testing.assert_allclose(result.outputs["score"], scorer(3).predict({"features": features(2, i)})["score"],
+                                   rtol=1e-5)
+
+
 def test_status_shows_each_versions_kind_and_signature(daemon):
     versions = daemon.client().status()["models"]["models"]   # the scheduler's own, not a report of it
     assert versions["chat"]["versions"]["v1"]["kind"] == "language"
@@ -91,6 +104,10 @@ def test_concurrent_requests_run_in_batches(daemon):
                       what="the worker's report of the rows it ran")
     stats = _bulk_worker_stats(daemon)
     assert (stats["batches"], stats["mean_batch_rows"]) == (6, BULK_BATCH)
+    worker = str(stats["index"])
+    daemon.wait_until(lambda: total(scrape(daemon), "mcpd_handler_rows_total", worker=worker) == requests, timeout=30,
+                      what="the rows in the Prometheus figures")
+    assert total(scrape(daemon), "mcpd_handler_batches_total", worker=worker) == 6
 
 
 def _bulk_worker_stats(daemon) -> dict:
@@ -111,6 +128,14 @@ def test_a_split_between_two_handler_versions_answers_from_each(daemon):
     assert set(answered) == {"v1", "v2"}
     for version, seed in (("v1", 3), ("v2", 7)):
         np.testing.assert_allclose(answered[version], scorer(seed).predict({"features": x})["score"], rtol=1e-5)
+
+
+def test_mcpctl_lists_each_versions_kind(daemon):
+    listed = daemon.mcpctl("models")
+    assert listed.returncode == 0, listed.stderr
+    rows = [line.split() for line in listed.stdout.splitlines()[1:]]
+    kinds = {(row[0], row[2] if row[1] == "(default)" else row[1]): row[-1] for row in rows}
+    assert kinds[("chat", "v1")] == "language" and kinds[("risk", "v1")] == "handler"
 
 
 def test_the_other_kinds_op_is_refused(daemon):

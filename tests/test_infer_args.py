@@ -31,6 +31,8 @@ def test_args_become_typed_with_their_defaults():
     ([{**FEATURES, "datatype": "BF16"}], codes.BAD_INPUT, "datatype 'BF16'"),
     ([{**FEATURES, "datatype": "float"}], codes.BAD_INPUT, "datatype 'float'"),
     ([{**FEATURES, "shape": [1 << 40, 1]}], codes.BAD_INPUT, "integers 0..2147483647"),
+    ([{**FEATURES, "shape": [1 << 20, 1 << 20]}], codes.BAD_INPUT, "more than 16777216 elements"),
+    ([{**FEATURES, "shape": [1 << 24, 2]}], codes.BAD_INPUT, "more than 16777216 elements"),
     ([{**FEATURES, "shape": [-1, 256]}], codes.BAD_INPUT, "integers 0.."),
     ([{**FEATURES, "shape": []}], codes.BAD_INPUT, "a shape is 1..8"),
     ([{**FEATURES, "shape": [1] * 9}], codes.BAD_INPUT, "a shape is 1..8"),

@@ -61,8 +61,9 @@ def render_models(models: dict) -> str:
                 role = f"split {model['split'].get(version, 0):g}"
             processes = ", ".join(f"{p['index']} {p['state']}" for p in v.get("processes", [])) or "-"
             rows.append([name + (" (default)" if name == models.get("default_model") else ""), version,
-                         "yes" if v["loaded"] else "no", role or "-", v["routed"], v["queued"], processes])
-    return table(["MODEL", "VERSION", "LOADED", "TRAFFIC", "ROUTED", "QUEUED", "WORKERS"], rows)
+                         "yes" if v["loaded"] else "no", role or "-", v["routed"], v["queued"], processes,
+                         v.get("kind", "language")])
+    return table(["MODEL", "VERSION", "LOADED", "TRAFFIC", "ROUTED", "QUEUED", "WORKERS", "KIND"], rows)
 
 
 def _versioned(op: str):

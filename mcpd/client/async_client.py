@@ -18,7 +18,7 @@ from mcpd.protocol import wire
 class AsyncClient:
     def __init__(self, endpoint: str = replies.DEFAULT_ENDPOINT, timeout: float = 60.0, tenant: str | None = None,
                  curve: CurveKeys | None = None):
-        """Generation and the other header-only ops; contexts with data frames need `Client`.
+        """Generation, infer and the other ops but contexts' data frames (those need `Client`).
         `tenant` and `curve` as for `Client`."""
         self.endpoint, self.timeout = endpoint, timeout
         self._tenant = {"tenant": tenant} if tenant else {}
@@ -62,17 +62,33 @@ class AsyncClient:
                 return
             yield replies.chunk_of(reply)
 
+    async def infer(self, model: str | None, inputs: dict, *, version: str | None = None,
+                    outputs: list[str] | None = None, timeout: float | None = None, priority: str | None = None,
+                    timeout_ms: int | None = None, **args):
+        """As Client.infer."""
+        from mcpd.client import infer
+
+        sent, frames = infer.request(model, inputs, {"version": version, "outputs": outputs, **args})
+        request_id = await self.send("infer", sent, frames, **replies.request_header(priority, timeout_ms))
+        reply, out = await self._receive(request_id, timeout)
+        return infer.result(replies.result_of(reply), out)
+
     async def call(self, op: str, args: dict, timeout: float | None = None) -> dict:
         return replies.result_of(await self.receive(await self.send(op, args), timeout))
 
-    async def send(self, op: str, args: dict, **header_fields) -> int:
+    async def send(self, op: str, args: dict, payload=(), **header_fields) -> int:
         self._ensure_reader()
         request_id = next(self._ids)
         self._queues[request_id] = asyncio.Queue()
-        await self._socket.send_multipart([wire.encode_request(op, request_id, args, **self._tenant, **header_fields)])
+        await self._socket.send_multipart([wire.encode_request(op, request_id, args, **self._tenant, **header_fields),
+                                           *payload])
         return request_id
 
     async def receive(self, request_id: int, timeout: float | None = None) -> dict:
+        return (await self._receive(request_id, timeout))[0]
+
+    async def _receive(self, request_id: int, timeout: float | None) -> tuple[dict, list[bytes]]:
+        """The next reply for request_id and its payload frames."""
         seconds = self.timeout if timeout is None else timeout
         try:
             reply = await asyncio.wait_for(self._queues[request_id].get(), seconds)
@@ -84,7 +100,7 @@ class AsyncClient:
             except zmq.Again:
                 pass   # no connection to cancel on: the request went nowhere either
             raise replies.timeout_error(request_id, seconds) from None
-        if reply.get("kind") != "chunk":
+        if reply[0].get("kind") != "chunk":
             self._queues.pop(request_id, None)
         return reply
 
@@ -98,7 +114,7 @@ class AsyncClient:
             reply = wire.decode_reply(frames[0])
             queue = self._queues.get(replies.owner_of(reply, self._queues))
             if queue is not None:
-                queue.put_nowait(reply)
+                queue.put_nowait((reply, frames[1:]))
 
     async def close(self) -> None:
         if self._reader is not None:

@@ -14,6 +14,7 @@ from mcpd.config.models import (AUTO_PATH, EMBEDDED_PATH, LEGACY_NAME, ModelConf
                                 VersionConfig)
 from mcpd.config.processes import WAIT_POLICIES, SupervisorConfig, WorkersConfig
 from mcpd.config.scheduler import PriorityClass, SchedulerConfig, TenantShare
+from mcpd.config.tracing import TracingConfig
 from mcpd.config.tree import Config
 # Defined apart so that the protocol and the client need not load this package and its TOML loader.
 from mcpd.config_error import ConfigError
@@ -22,5 +23,5 @@ from mcpd.protocol.limits import LimitsConfig
 __all__ = ["AUTO_PATH", "EMBEDDED_PATH", "LEGACY_NAME", "WAIT_POLICIES", "CacheConfig", "ClusterConfig", "Config",
            "ConfigError", "ContextsConfig", "EngineConfig", "HttpConfig", "LimitsConfig", "MetricsConfig",
            "ModelConfig", "ModelEntry", "PersistenceConfig", "PoolConfig", "PriorityClass", "RoutingConfig",
-           "SchedulerConfig", "SecurityConfig", "ServerConfig", "SupervisorConfig", "TenantShare", "VersionConfig",
+           "SchedulerConfig", "SecurityConfig", "ServerConfig", "SupervisorConfig", "TenantShare", "TracingConfig", "VersionConfig",
            "WorkersConfig", "from_dict", "is_loopback", "load"]

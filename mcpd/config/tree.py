@@ -12,6 +12,7 @@ from mcpd.config.listeners import HttpConfig, MetricsConfig, SecurityConfig, Ser
 from mcpd.config.models import LEGACY_NAME, ModelConfig, ModelEntry, RoutingConfig, VersionConfig
 from mcpd.config.processes import SupervisorConfig, WorkersConfig
 from mcpd.config.scheduler import SchedulerConfig
+from mcpd.config.tracing import TracingConfig
 from mcpd.protocol.limits import LimitsConfig
 
 
@@ -34,6 +35,7 @@ class Config:
     http: HttpConfig = field(default_factory=HttpConfig)
     security: SecurityConfig = field(default_factory=SecurityConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    tracing: TracingConfig = field(default_factory=TracingConfig)
 
     @property
     def runtime_dir(self) -> Path:

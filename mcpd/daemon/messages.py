@@ -53,6 +53,7 @@ class Request(Message):
     priority: str | None      # the class the client asked for: the scheduler judges it (it may reload)
     timeout_ms: int | None
     args: ANY_ARGS
+    trace: str | None = None   # the traceparent of its root span, when traced (mcpd/tracing/)
 
 
 class Cancel(Message):
@@ -82,6 +83,7 @@ class Dispatch(Message):
     compare: bool = False       # a side of a shadow pair (scheduler/shadow.py): its replies go back
                                 # through the scheduler, which compares the two, as a turn's do
     degraded: Degraded | None = None   # the ladder shortened it: its result says so
+    trace: str | None = None    # the traceparent of its request's root span, when traced
 
 
 class Hello(Message):

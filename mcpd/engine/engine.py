@@ -114,6 +114,7 @@ class Engine:
         self.steps = self.tokens_prefilled = self.tokens_generated = 0
         self.last_step_end = 0.0   # perf_counter: the thread tuner resets after a pause
         self.batch_sizes = Histogram(BATCH_BOUNDS)   # sequences per step, for the metrics endpoint
+        self.last_batch: list[tuple[Sequence, int]] = []   # the last step's (sequence, tokens run): for tracing
 
     @staticmethod
     def _thread_tuner() -> ThreadTuner:
@@ -179,7 +180,7 @@ class Engine:
 
     def _step(self) -> list[StepOutput]:
         outputs, self.aborted = self.aborted, []
-        batch = self.scheduler.schedule()
+        batch = self.last_batch = self.scheduler.schedule()
         if not batch:
             return outputs
         self.steps += 1

@@ -11,7 +11,8 @@
 Request headers (all optional): `Authorization: Bearer <key>` (required with http.auth on: the
 key names the tenant), `mcpd-tenant` (with auth off only), `mcpd-priority` (a class name),
 `mcpd-timeout-ms` (the daemon's deadline), `mcpd-context-base` (the version a context turn
-expects: another one gets 409). Answers on a context carry `mcpd-context-version`.
+expects: another one gets 409), `traceparent` (W3C: the parent of the request's spans when
+tracing is on; a malformed one is ignored). Answers on a context carry `mcpd-context-version`.
 
 A streamed answer's headers wait for its first chunk, so a refusal before any token (429, 504,
 409, ...) still gets its own status; an error after that is sent as a last `data: {"error": ...}`
@@ -35,6 +36,7 @@ from mcpd.protocol import codes
 from mcpd.protocol.codes import MCPDError
 from mcpd.protocol.results import GenerateResult
 from mcpd.security.api_keys import ApiKeys
+from mcpd.tracing import traceparent
 
 MODELS_TTL_S = 5.0
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -183,7 +185,7 @@ class Routes:
         return openai_request.parse_json(body)
 
     def _header(self, request: web.Request) -> dict:
-        """The daemon request header's tenant, priority and deadline for this HTTP request."""
+        """The daemon request header's tenant, priority, deadline and traceparent for this HTTP request."""
         header = {}
         tenant = self._tenant(request)
         if tenant is not None:
@@ -194,6 +196,9 @@ class Routes:
         timeout_ms = _int_header(request, "mcpd-timeout-ms")
         if timeout_ms is not None:
             header["timeout_ms"] = timeout_ms
+        parent = request.headers.get("traceparent")
+        if parent is not None and len(parent) <= traceparent.MAX_CHARS:   # longer: malformed, ignored
+            header["traceparent"] = parent
         return header
 
     def _tenant(self, request: web.Request) -> str | None:

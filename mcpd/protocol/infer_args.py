@@ -4,7 +4,7 @@ context fields that stand for inputs. A bad datatype or shape is BAD_INPUT namin
 map of the wrong form is BAD_REQUEST, as for every op."""
 from __future__ import annotations
 
-from mcpd.handlers.tensor_header import TensorHeader, check_header
+from mcpd.handlers.tensor_header import TensorHeader, check_header, element_count
 from mcpd.protocol import codes
 from mcpd.protocol.args import ContextAppend, InferArgs
 from mcpd.protocol.codes import MCPDError
@@ -32,7 +32,11 @@ def inputs(value: list, limits: LimitsConfig) -> str | None:
         if not isinstance(item["datatype"], str) or not isinstance(item["shape"], list):
             return f'input {item["name"]!r}: "datatype" is a string and "shape" a list'
         names.add(item["name"])
-        check_header(TensorHeader(item["name"], item["datatype"], tuple(item["shape"])))
+        header = TensorHeader(item["name"], item["datatype"], tuple(item["shape"]))
+        check_header(header)
+        if element_count(header.shape) > limits.max_tensor_elements:
+            raise MCPDError(codes.BAD_INPUT, f"input {header.name!r}: shape {item['shape']} holds more than "
+                                             f"{limits.max_tensor_elements} elements (limits.max_tensor_elements)")
     return None
 
 

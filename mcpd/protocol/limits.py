@@ -21,11 +21,12 @@ class LimitsConfig:
     max_client_backlog_bytes: int = 64 << 20  # replies waiting for one client that does not read
     max_incoming_bytes: int = 256 << 20       # unfinished requests of all TCP clients together
     max_connections_per_address: int = 256    # TCP connections one client address holds open
+    max_tensor_elements: int = 1 << 24        # elements of one infer input (its shape's product)
 
     def check(self) -> None:
         for name in ("max_message_bytes", "max_header_bytes", "max_frames", "max_prompt_tokens",
                      "max_new_tokens", "max_stream_chunks_per_s", "max_client_backlog_bytes",
-                     "max_incoming_bytes", "max_connections_per_address"):
+                     "max_incoming_bytes", "max_connections_per_address", "max_tensor_elements"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"limits.{name} = {getattr(self, name)}: must be positive")
         if self.max_header_bytes > self.max_message_bytes:

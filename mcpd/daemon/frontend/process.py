@@ -23,7 +23,7 @@ import uvloop
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
-from mcpd import sockets
+from mcpd import sockets, tracing
 from mcpd.config import Config
 from mcpd.daemon import channels, child, live_config, messages
 from mcpd.daemon.batch import Batch, each_message
@@ -93,6 +93,7 @@ class FrontEnd:
         # requests are admitted in memory and answered through self.local.
         self.local = FrontendLink(self.admit_local) if config.http.listen else None
         self.http = _http_listener(config, self.local, self.address_cap, self.log) if self.local else None
+        self.tracing = tracing.start(config, "frontend")   # None with tracing off
 
     def _bind_clients(self) -> zmq.Socket:
         sock = sockets.router(self.context)
@@ -282,6 +283,7 @@ class FrontEnd:
             self._send(identity, envelope, wire.error_reply(None, codes.INTERNAL, f"{type(e).__name__}: {e}"))
 
     def _admit(self, identity: bytes | object, request: wire.Request) -> None:
+        started = time.monotonic()
         try:
             args = ops.validate_args(request.op, request.header["args"], self.config.limits)
             if request.op == "infer":
@@ -303,11 +305,13 @@ class FrontEnd:
         self.next_rid += 1
         header = request.header
         tenant = tenant_of(header)
-        self.pending[rid] = Pending(identity, request.envelope, request.request_id, request.op, time.monotonic(),
+        self.pending[rid] = Pending(identity, request.envelope, request.request_id, request.op, started,
                                     tenant, getattr(args, "model", None))
         self.rid_of[key] = rid
         admitted = messages.Request(rid, request.request_id, tenant, header.get("priority"),
                                     header.get("timeout_ms"), args)
+        if self.tracing is not None:
+            admitted = self.tracing.admitted(admitted, header.get("traceparent"), started)
         self.metrics.started(rid, request.op, admitted.priority, admitted.tenant)
         self._to_scheduler(messages.encode(admitted, *request.payload))
 
@@ -369,21 +373,28 @@ class FrontEnd:
             return self.metrics.chunk_sent(reply.rid)
         # A final: its request is forgotten first, so that a fault sending it leaves nothing in flight.
         self.metrics.ended(reply.rid, reply.code or "OK")
-        self._forget(reply.rid, pending)
+        answered = self._forget(reply.rid, pending)
         self._send(pending.identity, pending.envelope, frames[0], frames[1:], reply.rid)
+        if self.tracing is not None:
+            self.tracing.replied(reply.rid, reply.code, answered)
 
-    def _forget(self, rid: int, pending: Pending) -> None:
+    def _forget(self, rid: int, pending: Pending) -> float:
+        """Returns the moment it was answered."""
         del self.pending[rid]
         del self.rid_of[(pending.identity, pending.request_id)]
         self.served += 1
-        self.latency.record(pending.op, time.monotonic() - pending.started)
+        now = time.monotonic()
+        self.latency.record(pending.op, now - pending.started)
+        return now
 
     def _finish_with_error(self, rid: int, code: str, message: str) -> None:
         pending = self.pending[rid]
         self._count_error(code)
         self.metrics.ended(rid, code)
         self._send(pending.identity, pending.envelope, wire.error_reply(pending.request_id, code, message), (), rid)
-        self._forget(rid, pending)
+        answered = self._forget(rid, pending)
+        if self.tracing is not None:
+            self.tracing.replied(rid, code, answered)
 
     def _count_error(self, code: str) -> None:
         self.errors[code] = self.errors.get(code, 0) + 1
@@ -430,5 +441,7 @@ def _http_listener(config: Config, local: FrontendLink, address_cap: AddressCap,
 def run(config: Config) -> None:
     frontend = FrontEnd(config)
     uvloop.run(frontend.serve())
+    if frontend.tracing is not None:
+        frontend.tracing.close()
     frontend.log.info("stopped")
     frontend.context.destroy(linger=200)

@@ -45,7 +45,7 @@ from typing import Protocol
 
 import msgspec
 
-from mcpd import tokenizer
+from mcpd import tokenizer, tracing
 from mcpd.config import Config, SchedulerConfig
 from mcpd.contexts import service as contexts
 from mcpd.contexts.persistence import open_store
@@ -126,6 +126,7 @@ class Scheduler:
         self.errors: dict[str, dict[str, int]] = {}   # the scheduler's own error replies: class -> code -> n
         self.hold_until: float | None = None   # a batch is held open until then
         self.queue_time = Histogram(LATENCY_BOUNDS)
+        self.tracing = tracing.start(config, "scheduler")   # None with tracing off
 
     @staticmethod
     def _window(sched: SchedulerConfig) -> BatchingWindow:
@@ -233,6 +234,8 @@ class Scheduler:
             self.deadlines.add(job.deadline, job.rid)
         if isinstance(args, GenerateArgs) and args.context is None:   # an infer is not shadowed
             model_versions.queue_shadow_copy(self, job, now)
+        if self.tracing is not None:
+            self.tracing.admitted(job)
 
     @staticmethod
     def _biggest_note(displaced: Job, job: Job) -> str:
@@ -342,6 +345,8 @@ class Scheduler:
             if worker_events.started(slot, message.rid):
                 self.ports.to_frontend(frames[1:])
         elif isinstance(message, messages.TurnResult):
+            if self.tracing is not None:
+                return self.tracing.commit_turn(self, slot, message)
             worker_events.commit_turn(self, slot, message)
         elif isinstance(message, messages.Final):   # a context turn (or a shadow pair's side) that ended in an error
             job = worker_events.done(self, slot, message.rid)

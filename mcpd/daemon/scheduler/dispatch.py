@@ -65,7 +65,7 @@ def _send_jobs(scheduler, slot: WorkerSlot, group: list[Job], now: float) -> boo
 def _dispatch_of(job: Job) -> list[bytes]:
     request = job.request
     message = messages.Dispatch(job.rid, request.request_id, request.tenant, job.rank, job.context is not None,
-                                request.args, job.prompt_ids, job.compare, job.degraded)
+                                request.args, job.prompt_ids, job.compare, job.degraded, request.trace)
     return messages.encode(message, *_frames_of(job))
 
 
@@ -88,3 +88,5 @@ def _dispatched(scheduler, slot: WorkerSlot, job: Job, now: float) -> None:
         scheduler.windows[job.class_name].observe((now - job.enqueued) * 1000)
     if job.context is not None:
         job.context.worker_hint, job.context.kv_version = slot.index, "/".join(job.served)
+    if scheduler.tracing is not None:
+        scheduler.tracing.dispatched(job, slot.index, now)

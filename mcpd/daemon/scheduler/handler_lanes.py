@@ -4,16 +4,23 @@ its lane lets each worker hold enough requests to fill a batch. An op meant for 
 of model is refused, naming the kind."""
 from __future__ import annotations
 
-from mcpd.config import Config
+from mcpd.config import Config, VersionConfig
 from mcpd.daemon.scheduler.job import Job
 from mcpd.protocol import codes
 from mcpd.protocol.args import InferArgs
 from mcpd.protocol.codes import MCPDError
 
 
+def version_config(config: Config, served: tuple[str, str]) -> VersionConfig | None:
+    """The version's config; None for [model] alone, or a model a reload removed (its last
+    requests may still be queued)."""
+    entry = config.models.get(served[0])
+    return entry.versions.get(served[1]) if entry else None
+
+
 def kind_of(config: Config, served: tuple[str, str]) -> str:
-    model, version = served
-    return config.model_table[model].versions[version].kind if config.models else "language"
+    version = version_config(config, served)
+    return version.kind if version else "language"
 
 
 def check_kind(config: Config, served: tuple[str, str], args) -> None:
@@ -41,7 +48,5 @@ def resolve_context_inputs(scheduler, job: Job, args: InferArgs) -> None:
 def inflight_cap(config: Config, served: tuple[str, str] | None, per_worker: int) -> int:
     """Requests a worker of the lane may hold: a handler's, at least two batches' worth, so one
     batch fills while the other runs."""
-    if served is None or not config.models:
-        return per_worker
-    version = config.models[served[0]].versions[served[1]]
-    return max(per_worker, 2 * version.batching.max_batch_size) if version.handler else per_worker
+    version = version_config(config, served) if served is not None else None
+    return max(per_worker, 2 * version.batching.max_batch_size) if version and version.handler else per_worker

@@ -35,6 +35,7 @@ class Job:
     served: tuple[str, str] | None = None   # the (model, version) it runs on (traffic.py); None: any worker
     compare: bool = False             # a side of a shadow pair (shadow.py): it answers through the scheduler
     dispatched: float = 0.0           # when it went to its worker (monotonic)
+    queued: float = 0.0               # traced only: when its wait in the queue began (after admission)
 
     @property
     def suspect(self) -> bool:

@@ -102,10 +102,12 @@ class SchedulerProcess:
         self.sockets.events.send(messages.Report, SchedulerStats(**self.scheduler.stats(), cluster=cluster))
 
     def close(self) -> None:
-        """At a stop: leave the cluster, make the journal durable."""
+        """At a stop: leave the cluster, make the journal durable, export the spans held."""
         if self.heartbeat is not None:
             self.heartbeat.close()
         self.scheduler.persistence.journal.close()
+        if self.scheduler.tracing is not None:
+            self.scheduler.tracing.close()
 
     def _poll_timeout_ms(self) -> float:
         wake = self.scheduler.next_wake()

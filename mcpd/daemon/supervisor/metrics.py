@@ -106,7 +106,9 @@ def _workers(workers):
     counters = {key: CounterMetricFamily(name, text, labels=labels) for key, name, text in (
         ("tokens_prefilled", "mcpd_prompt_tokens", "Prompt tokens computed (prefix-cache hits excluded)"),
         ("tokens_generated", "mcpd_generation_tokens", "Tokens generated"),
-        ("preemptions", "mcpd_preemptions", "Sequences preempted for KV space"))}
+        ("preemptions", "mcpd_preemptions", "Sequences preempted for KV space"),
+        ("batches", "mcpd_handler_batches", "Predicts a handler model's worker ran"),
+        ("rows", "mcpd_handler_rows", "Rows those predicts ran"))}
     gauges = {key: GaugeMetricFamily(name, text, labels=labels) for key, name, text in (
         ("in_use_bytes", "mcpd_pool_in_use_bytes", "Device pool bytes handed out (the KV region included)"),
         ("total_bytes", "mcpd_pool_bytes", "Device pool size"),
@@ -116,7 +118,8 @@ def _workers(workers):
         ("kv_blocks_total", "mcpd_kv_blocks", "KV blocks the worker has room for"),
         ("kv_blocks_used", "mcpd_kv_blocks_used", "KV blocks held by sequences"),
         ("running", "mcpd_engine_running_sequences", "Sequences in the engine's running batch"),
-        ("waiting", "mcpd_engine_waiting_sequences", "Sequences admitted to the engine, not yet running"))}
+        ("waiting", "mcpd_engine_waiting_sequences", "Sequences admitted to the engine, not yet running"),
+        ("padding_ratio", "mcpd_handler_padding_ratio", "Padding's share of a handler's padded input elements"))}
     batch = []
     for worker in workers:
         stats = worker.stats

@@ -22,6 +22,7 @@ from typing import Protocol
 
 import numpy as np
 
+from mcpd import tracing
 from mcpd.config import LEGACY_NAME, Config
 from mcpd.daemon import channels, messages
 from mcpd.daemon.child_stats import WorkerStats
@@ -93,6 +94,7 @@ class WorkerCore:
         self.done: list[int] = []     # rids answered since the last Done note to the scheduler
         self.done_due = 0.0
         self.failed_steps = 0         # in a row
+        self.tracing = tracing.start(config, "worker", f"worker{index}")   # None with tracing off
 
     @property
     def has_work(self) -> bool:
@@ -152,6 +154,8 @@ class WorkerCore:
         self.active[dispatch.rid] = ActiveRequest(dispatch.request_id, args.stream, sampling.logprobs,
                                                   dispatch.degraded,
                                                   prompt_ids if dispatch.turn or dispatch.compare else None)
+        if self.tracing is not None:
+            self.tracing.started(dispatch, len(history) + len(prompt_ids))
 
     def on_cancel(self, rid: int, code: str) -> None:
         """Stop a request and free its KV now: the client cancelled (or went away, or does not read its
@@ -172,7 +176,7 @@ class WorkerCore:
             return
         ran_requests = bool(self.active)   # not only the outputs of aborted ones
         try:
-            outputs = self.engine.step()
+            outputs = self.engine.step() if self.tracing is None else self.tracing.step(self.engine)
         except Exception as e:   # noqa: BLE001 - whatever the engine raises must not cost the worker
             self.log.exception("engine step failed with %d request(s) in the engine", len(self.active))
             self._hand_back(f"{type(e).__name__}: {e}"[:MAX_REASON_CHARS])
@@ -199,6 +203,8 @@ class WorkerCore:
         rids = list(self.active)
         for rid in rids:
             self.engine.abort(rid)
+            if self.tracing is not None:
+                self.tracing.ended(rid, codes.INTERNAL)
         self.active.clear()
         self.ports.to_scheduler(messages.encode(messages.Failed(reason, rids)))
 
@@ -245,6 +251,8 @@ class WorkerCore:
         if request.turn_ids is None:
             return self._send_final(rid, False, wire.ok_reply(request.request_id, result))
         # A context turn: the scheduler commits it and answers the client.
+        if self.tracing is not None:
+            self.tracing.ended(rid)
         self.ports.to_scheduler(messages.encode(messages.TurnResult(rid, result, request.turn_ids + request.token_ids)))
 
     def _final(self, dispatch: messages.Dispatch, header: bytes, code: str | None = None) -> None:
@@ -252,6 +260,8 @@ class WorkerCore:
         self._send_final(dispatch.rid, dispatch.turn or dispatch.compare, header, code)
 
     def _send_final(self, rid: int, turn: bool, header: bytes, code: str | None = None) -> None:
+        if self.tracing is not None:
+            self.tracing.ended(rid, code)
         message = messages.encode(messages.Final(rid, code), header)
         if turn:   # the scheduler ends the turn and passes the reply on
             return self.ports.to_scheduler(message)

@@ -77,6 +77,7 @@ class HandlerCore:
         self.done: list[int] = []
         self.done_due = 0.0
         self.batches = self.rows = self.padded = self.padded_of = 0
+        self.tracing = None   # handler requests make no spans; worker/process.py asks either core
 
     @property
     def has_work(self) -> bool:

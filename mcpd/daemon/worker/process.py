@@ -72,6 +72,8 @@ class Worker:
         else:
             self.engine = self._load_engine(device)
             self.core = WorkerCore(config, index, self.engine, self.log, self.sockets, serves=serves)
+            if self.core.tracing is not None:   # a stop is a SIGTERM: export the spans held first
+                child.exit_on_sigterm(self.core.tracing.close)
         self.welcomed = False
 
     def _prepare_torch(self, device: str) -> None:
@@ -149,6 +151,8 @@ class Worker:
                 self._report()
                 next_stats = time.monotonic() + self.config.supervisor.stats_interval_s
             self.sockets.flush()   # before the loop may block
+            if self.core.tracing is not None:   # the spans of what was answered: after the answers
+                self.core.tracing.export()
 
     def _welcomed(self) -> None:
         """Ready once the scheduler has our Hello (messages.Welcome); a restarted scheduler's

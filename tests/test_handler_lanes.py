@@ -1,0 +1,84 @@
+"""The scheduler's core with a handler model beside a language model, in-process: an infer goes
+to its version's workers with its input frames, costs its rows, and a handler lane holds enough
+requests per worker to fill batches; each kind's op is refused on the other kind."""
+import logging
+import tempfile
+
+import pytest
+
+from mcpd.config import from_dict
+from mcpd.daemon import messages
+from mcpd.daemon.scheduler.core import Scheduler
+from mcpd.daemon.scheduler.poison import PoisonList
+from mcpd.handlers.tensor_header import TensorHeader
+from mcpd.protocol import codes
+from mcpd.protocol.args import ContextAppend, GenerateArgs, InferArgs
+from fakes import Clock, Ports
+from test_scheduler_core import request
+
+MAX_BATCH = 8
+SIGNATURE = {"inputs": {"features": {"datatype": "FP32", "shape": [-1, 4]}},
+             "outputs": {"score": {"datatype": "FP32", "shape": [-1]}}}
+
+
+@pytest.fixture
+def core():
+    config = from_dict({
+        "server": {"runtime_dir": tempfile.mkdtemp(prefix="mcpd-c-", dir="/tmp")}, "cache": {"enabled": False},
+        "persistence": {"enabled": False}, "scheduler": {"max_inflight_per_worker": 2},
+        "routing": {"default_model": "risk"},
+        "models": {"chat": {"versions": {"v1": {}}},
+                   "risk": {"versions": {"v1": {"handler": "mcpd.handlers.examples.risk_scorer:RiskRules",
+                                                "batching": {"max_batch_size": MAX_BATCH}}}}}})
+    core = Scheduler(config, logging.getLogger("test"), Ports(), Clock())
+    core.on_worker([b"w0", *messages.encode(messages.Hello(0, 100, "cpu", "x", "float32", "chat", "v1"))])
+    core.on_worker([b"w1", *messages.encode(messages.Hello(1, 101, "cpu", "h", "", "risk", "v1", SIGNATURE))])
+    return core
+
+
+def infer(rows: int, **args) -> InferArgs:
+    return InferArgs(inputs=(TensorHeader("features", "FP32", (rows, 4)),), **args)
+
+
+def test_an_infer_goes_to_its_handlers_worker_with_its_frames_and_costs_its_rows(core):
+    frame = bytes(3 * 4 * 4)
+    core.on_inbox(request(1, infer(3)) + [frame])   # no model: the default, a handler model
+    core.tick()
+    [(identity, dispatch, payload)] = [w for w in core.ports.workers if isinstance(w[1], messages.Dispatch)]
+    assert identity == b"w1" and dispatch.args == infer(3) and payload == [frame]
+    assert core.workers[b"w1"].outstanding_tokens == 3
+
+
+def test_a_handler_lane_holds_two_batches_per_worker(core):
+    for rid in range(3 * MAX_BATCH):
+        core.on_inbox(request(rid, infer(1)) + [bytes(16)])
+    core.tick()
+    assert len(core.workers[b"w1"].jobs) == 2 * MAX_BATCH   # not scheduler.max_inflight_per_worker (2)
+    assert core.queue.waiting_for(("risk", "v1")) == MAX_BATCH
+
+
+@pytest.mark.parametrize("args, words", [
+    (infer(1, model="chat"), "model 'chat' is a language model: use generate"),
+    (GenerateArgs(prompt="x", model="risk"), "model 'risk' is a handler model: use infer"),
+    (infer(1, context="c", context_append={"f": ContextAppend("features", 4)}), "not served yet"),
+])
+def test_an_op_for_the_other_kind_is_refused_naming_it(core, args, words):
+    core.on_inbox(request(1, args))
+    final = core.ports.finals()[1]
+    assert final["code"] == codes.BAD_REQUEST and words in final["message"], final
+    assert not core.jobs
+
+
+def test_status_shows_each_versions_kind_and_the_handlers_signature(core):
+    models = core.stats()["models"]["models"]
+    assert models["chat"]["versions"]["v1"]["kind"] == "language"
+    assert models["chat"]["versions"]["v1"]["signature"] is None
+    assert models["risk"]["versions"]["v1"]["kind"] == "handler"
+    assert models["risk"]["versions"]["v1"]["signature"] == SIGNATURE
+
+
+def test_a_poisoned_infer_is_known_by_its_inputs_bytes_not_its_header_alone():
+    poison, admitted = PoisonList(), messages.Request(1, 1, "t", None, None, infer(1))
+    poison.add(admitted, now=0.0, payload=[b"breaks the worker"])
+    assert poison.holds(admitted, 1.0, [b"breaks the worker"])
+    assert not poison.holds(admitted, 1.0, [b"another row of the same shape"])
