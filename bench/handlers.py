@@ -350,7 +350,7 @@ async def measure_model(args, sizes: Sizes, name: str, model: Model, inputs: Ten
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--setup", action="store_true", help="install LitServe and MLServer in their venvs, then exit")
-    parser.add_argument("--quick", action="store_true", help="short searches (a few minutes in all)")
+    parser.add_argument("--quick", action="store_true", help="short searches (5-10 minutes in all: every server still starts)")
     parser.add_argument("--peers", default=",".join(handler_servers.HANDLER_PEERS), help="comma-separated subset")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads of every server (mcpd: workers.threads); 1: the best on a busy 2-core machine")
