@@ -281,6 +281,8 @@ def figures_of(measured: dict) -> dict:
     cache_on, cache_off = measured.get("cache_on", {}), measured.get("cache_off", {})
     out["cache_hit_rate"] = cache_on.get("hit_rate")
     out["cache_rps_ratio"] = ratio(cache_on.get("rps"), cache_off.get("rps"))
+    if cache_on.get("hit_rate") == 0:
+        out["cache_note"] = "no reply was marked cached: the hit rate and the ratio measure no cache"
     out.update(measured.get("context", {"context_bytes_ratio": None}))
     return out
 
