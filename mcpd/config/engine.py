@@ -19,6 +19,7 @@ class EngineConfig:
     kernels: str = "auto"           # auto (native CPU kernels where they build, else torch), native, torch,
                                     # or native-avx512 / native-avx2: that instruction set's native kernels
     huge_pages: bool = True         # CPU: run on a copy of the weights on 2 MiB pages where they are on 4 KiB
+    shared_step_decodes: int = 16   # CPU: sequences decoding in one step while tenants share it (0: all)
     decode_burst: int = 8           # greedy decode steps a lone sequence may run at once, natively (1: off)
     cuda_graphs: bool = True        # CUDA: decode steps as CUDA graph replays (engine/decode_graphs.py)
 
@@ -33,6 +34,8 @@ class EngineConfig:
             raise ConfigError(f"engine.kv_block_size = {self.kv_block_size}: must be a power of two")
         if self.max_num_seqs < 1 or self.max_step_tokens < self.kv_block_size:
             raise ConfigError("engine.max_num_seqs must be >= 1 and max_step_tokens >= kv_block_size")
+        if self.shared_step_decodes < 0:
+            raise ConfigError(f"engine.shared_step_decodes = {self.shared_step_decodes}: must be >= 0")
         if not 1 <= self.decode_burst <= 64:
             raise ConfigError(f"engine.decode_burst = {self.decode_burst}: must be in 1 .. 64")
         if self.max_step_tokens < self.max_num_seqs:

@@ -82,6 +82,7 @@ class WorkerStats(msgspec.Struct, frozen=True, kw_only=True, tag="worker"):
     rows: int | None = None         #   share of their padded inputs' elements that was padding
     mean_batch_rows: float | None = None
     padding_ratio: float | None = None
+    result_cache: dict | None = None   # a handler worker's ResultCache.stats(); None: no cache
 
     def reported(self, names: tuple[str, ...]) -> dict:
         """{name: value} of those of `names` that are figures of a worker and were reported."""

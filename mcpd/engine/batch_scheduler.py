@@ -14,6 +14,9 @@ Each step, under a budget of max_step_tokens:
    so the recompute may be short). Requests are delayed, never failed. A step that preempted
    admits only sequences more important than every victim, so no victim is re-admitted into the
    blocks it just gave up, and equals never preempt each other back and forth.
+4. A step may decode at most `most_decodes` running sequences (while tenants share the engine, so
+   that a newcomer waits for a short step, not for a whole batch): the most important, then those
+   longest without a turn, so they all take turns. Prefill chunks and admissions are not bounded.
 Every sequence fits the whole cache on its own (Engine.add_request checks), so the most important
 sequence always makes progress and preemption cannot loop forever.
 """
@@ -35,6 +38,7 @@ class BatchScheduler:
         self.waiting: list[Sequence] = []  # both lists sorted by Sequence.order
         self.running: list[Sequence] = []
         self.preemptions = 0
+        self.turns = 0   # sequences scheduled so far, each one's place in the order bounded steps take turns in
 
     def add(self, seq: Sequence) -> None:
         bisect.insort(self.waiting, seq, key=lambda s: s.order)
@@ -45,14 +49,17 @@ class BatchScheduler:
         self.kv.release(seq)
         seq.status = Status.FINISHED
 
-    def schedule(self) -> list[tuple[Sequence, int]]:
-        """(sequence, tokens to compute) pairs, decodes first. Blocks for them are reserved."""
+    def schedule(self, most_decodes: int = 0) -> list[tuple[Sequence, int]]:
+        """(sequence, tokens to compute) pairs, decodes first. Blocks for them are reserved.
+        most_decodes: at most this many sequences decode in the step (0: every one)."""
         batch: dict[Sequence, int] = {}
         budget = self.max_step_tokens
+        decodes_left = most_decodes or len(self.running)
         floor = -math.inf   # the highest priority preempted this step: only those above it are admitted
-        for seq in sorted(self.running, key=lambda s: s.num_pending > 1):  # stable: keeps order
-            if seq.status is not Status.RUNNING or budget == 0:
-                continue  # preempted by a sequence before it, or no budget left for its chunk
+        for seq in sorted(self.running, key=self._turns if most_decodes else self._decodes_first):
+            decode = seq.num_pending == 1
+            if seq.status is not Status.RUNNING or budget == 0 or (decode and decodes_left == 0):
+                continue  # preempted by a sequence before it, or no budget left for its chunk or decode
             count = min(seq.num_pending, budget)
             while not self.kv.can_grow(seq, seq.num_computed + count):
                 victim = self.running[-1]
@@ -64,8 +71,22 @@ class BatchScheduler:
                 self.kv.grow(seq, seq.num_computed + count)
                 batch[seq] = count
                 budget -= count
+                decodes_left -= decode
+                self._took_turn(seq)
         self._admit(batch, budget, floor)
         return list(batch.items())
+
+    def _took_turn(self, seq: Sequence) -> None:
+        self.turns += 1
+        seq.last_turn = self.turns
+
+    @staticmethod
+    def _decodes_first(seq: Sequence) -> bool:
+        return seq.num_pending > 1   # a stable sort: the running order within each
+
+    @staticmethod
+    def _turns(seq: Sequence) -> tuple[int, bool, int]:
+        return -seq.priority, seq.num_pending > 1, seq.last_turn
 
     def _admit(self, batch: dict[Sequence, int], budget: int, floor: float) -> None:
         while self.waiting and budget > 0:
@@ -81,6 +102,7 @@ class BatchScheduler:
                 bisect.insort(self.running, seq, key=lambda s: s.order)
                 batch[seq] = count
                 budget -= count
+                self._took_turn(seq)
                 continue
             victim = self.running[-1] if self.running else None
             if victim is None or victim.priority >= seq.priority:

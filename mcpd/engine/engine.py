@@ -18,6 +18,7 @@ import torch
 
 from mcpd.config import Config
 from mcpd.cpu import threads
+from mcpd.engine.active_tenants import ActiveTenants
 from mcpd.engine.batch_scheduler import BatchScheduler
 from mcpd.engine.decode_graphs import DecodeGraphs
 from mcpd.engine.detokenizer import Detokenizer
@@ -108,6 +109,10 @@ class Engine:
                              if self.device.type == "cpu" and config.workers.adaptive_threads and PROCESS_THREADS > 1
                              else None)
         self.sequences: dict[Hashable, Sequence] = {}
+        # A GPU's step takes about as long for one sequence as for a full batch: bounding it would
+        # cost the batch its throughput and shorten nobody's wait.
+        self.shared_step_decodes = config.engine.shared_step_decodes if self.device.type == "cpu" else 0
+        self.tenants = ActiveTenants()   # by cache namespace: one per tenant of this model version
         self.write_through: set[Hashable] = set()   # keys of context turns: their KV goes to the host tier
         self.aborted: list[StepOutput] = []  # reported by the next step()
         self.arrivals = itertools.count()
@@ -149,6 +154,7 @@ class Engine:
         seq = Sequence(key, prompt_token_ids, params, priority, next(self.arrivals), detokenizer,
                        cache_namespace)
         self.sequences[key] = seq
+        self.tenants.arrived(cache_namespace)
         if write_through:
             self.write_through.add(key)
         self.scheduler.add(seq)
@@ -159,6 +165,7 @@ class Engine:
         if seq is None:
             return False
         self.scheduler.finish(seq)
+        self.tenants.left(seq.cache_namespace)
         self.write_through.discard(key)
         self.aborted.append(StepOutput(key, [], "", [] if seq.params.logprobs else None, True, "abort",
                                        seq.num_prompt_tokens, seq.num_completion_tokens))
@@ -180,7 +187,7 @@ class Engine:
 
     def _step(self) -> list[StepOutput]:
         outputs, self.aborted = self.aborted, []
-        batch = self.last_batch = self.scheduler.schedule()
+        batch = self.last_batch = self.scheduler.schedule(self.most_decodes())
         if not batch:
             return outputs
         self.steps += 1
@@ -200,6 +207,13 @@ class Engine:
         for i, (seq, token) in enumerate(zip(sampling, tokens)):
             outputs.append(self._append(seq, token, logprobs[i] if seq.params.logprobs else None))
         return outputs
+
+    def most_decodes(self) -> int:
+        """How many sequences the next step may decode (0: all). While several tenants are active,
+        a CPU step of one tenant's full batch (64 decodes of a 55M model: 5-12 ms on two cores)
+        would make another's one-token request wait for it and then share it; steps of
+        engine.shared_step_decodes keep both short, the batch's sequences taking turns."""
+        return self.shared_step_decodes if self.shared_step_decodes and self.tenants.several() else 0
 
     def _burst_length(self, batch: list[tuple[Sequence, int]]) -> int:
         """How many greedy decode steps this step runs at once in native code (1: one step, the
@@ -296,6 +310,7 @@ class Engine:
                 self.write_through.remove(seq.key)
                 self.kv.write_through(seq)
             self.scheduler.finish(seq)
+            self.tenants.left(seq.cache_namespace)
             del self.sequences[seq.key]
         return StepOutput(seq.key, [token], text, None if logprob is None else [logprob], finished, reason,
                           seq.num_prompt_tokens, seq.num_completion_tokens)

@@ -28,6 +28,7 @@ class Sequence:
         self.cache_namespace = cache_namespace  # KV blocks are shared only within one namespace
         self.block_hashes: list[bytes] = []  # chained hashes of its leading full blocks, as needed
         self.status = Status.WAITING
+        self.last_turn = 0                  # BatchScheduler.turns when it was last scheduled
         self.detokenizer = detokenizer
 
     @property

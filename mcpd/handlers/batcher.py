@@ -1,90 +1,119 @@
-"""DynamicBatcher: which waiting requests a handler's next predict runs, as Triton's dynamic
-batcher decides it. Socket-free: it takes the time (`now`) and holds what the caller adds.
+"""The dynamic batcher of a handler's worker, as Triton's: requests wait a moment so that several
+go to `predict` together, and a batch goes out as soon as waiting longer cannot make it better.
 
-A batch goes out as soon as it reaches max_batch_size, or a preferred size when no larger
-preferred size can be reached with what waits, else once its oldest request has waited
-max_queue_delay_ms. Requests batch only with those of their length bin (the smallest bin at
-least their length), the more important (higher rank) first, then the older; a request's rows
-are never split, and one with more rows than max_batch_size runs alone.
+A batch goes out when its rows reach max_batch_size, or reach a preferred size (the largest the
+waiting requests reach), or cannot grow (the next request would not fit), else when its oldest
+request has waited max_queue_delay_ms. Requests wait in priority order (the scheduler's rank:
+higher goes first, then the older), a request's rows are never split, one with more rows than
+max_batch_size runs alone, and max_batch_size 0 runs every request alone at once. Requests whose
+variable dim falls in different length bins never share a batch, so a short one is not padded to
+a long one's length (past the largest bin, all are one group). The settings are checked where
+they are read (config/handlers.py). Socket-free: the caller passes `now`.
 """
 from __future__ import annotations
 
 import bisect
+import itertools
 from dataclasses import dataclass
 
 
 @dataclass
 class Pending:
+    """A request waiting for its batch: `length` is its variable dim's size (0: none), `rank` the
+    scheduler's effective rank (higher goes first), `item` the caller's."""
     key: int
     rows: int
-    length: int        # its variable dim's size (0: none)
-    rank: int          # the scheduler's effective rank: higher goes first
+    length: int
+    rank: int
     arrived: float
     item: object
 
 
 class DynamicBatcher:
-    def __init__(self, max_batch_size: int, max_queue_delay_ms: float, preferred_batch_sizes=(), length_bins=()):
-        self.max_rows = max_batch_size
-        self.delay_s = max_queue_delay_ms / 1000
-        self.preferred = sorted(preferred_batch_sizes)
-        self.bins = sorted(length_bins)
-        self.waiting: dict[int, Pending] = {}   # in arrival order
+    def __init__(self, max_batch_size: int, max_queue_delay_ms: float, preferred_batch_sizes=(),
+                 length_bins=()):
+        self.max_batch_size = max_batch_size
+        self.delay = max_queue_delay_ms / 1000.0
+        self.preferred = frozenset(preferred_batch_sizes)
+        self.length_bins = sorted(set(length_bins))
+        self._groups: dict[int, list[tuple[tuple, Pending]]] = {}   # bin -> waiting, in the order they go
+        self._where: dict[int, tuple[int, tuple]] = {}              # key -> (bin, its order)
+        self._seq = itertools.count()
 
     def __len__(self) -> int:
-        return len(self.waiting)
+        return len(self._where)
 
     def add(self, pending: Pending) -> None:
-        self.waiting[pending.key] = pending
+        if pending.key in self._where:
+            raise ValueError(f"request {pending.key} is already waiting")
+        order = (-pending.rank, pending.arrived, next(self._seq))
+        group = self._bin_of(pending.length)
+        bisect.insort(self._groups.setdefault(group, []), (order, pending), key=lambda entry: entry[0])
+        self._where[pending.key] = (group, order)
 
-    def remove(self, key) -> Pending | None:
-        return self.waiting.pop(key, None)
-
-    def bin_of(self, length: int) -> int:
-        """The smallest bin >= length; past the largest bin, the length itself."""
-        at = bisect.bisect_left(self.bins, length)
-        return self.bins[at] if at < len(self.bins) else length
-
-    def due(self) -> float | None:
-        oldest = next(iter(self.waiting.values()), None)
-        return None if oldest is None else oldest.arrived + self.delay_s
+    def remove(self, key: int) -> Pending | None:
+        """Take a waiting request out (it was cancelled); None if it is not waiting."""
+        where = self._where.pop(key, None)
+        if where is None:
+            return None
+        group, order = where
+        waiting = self._groups[group]
+        at = bisect.bisect_left(waiting, order, key=lambda entry: entry[0])
+        pending = waiting.pop(at)[1]
+        if not waiting:
+            del self._groups[group]
+        return pending
 
     def next_batch(self, now: float) -> list[Pending] | None:
-        """The batch ready now, else None: the most important request's, or, when that one's
-        is not ready, the oldest request's once its delay ran out (due() says when)."""
-        if not self.waiting:
+        """The batch that goes now (taken out of the waiting), or None: nothing is ready."""
+        best = None   # (its head's order, group, count): the ready group whose head goes first
+        for group, waiting in self._groups.items():
+            count = self._ready_count(waiting, now)
+            if count and (best is None or waiting[0][0] < best[0]):
+                best = (waiting[0][0], group, count)
+        if best is None:
             return None
-        first = max(self.waiting.values(), key=lambda p: (p.rank, -p.arrived))
-        oldest = next(iter(self.waiting.values()))
-        for leader in (first, oldest):
-            batch = self._batch_of(leader, now)
-            if batch:
-                return self._take(batch)
-        return None
-
-    def _batch_of(self, leader: Pending, now: float) -> list[Pending] | None:
-        if self.max_rows <= 0 or leader.rows >= self.max_rows:
-            return [leader]
-        group = sorted((p for p in self.waiting.values() if self.bin_of(p.length) == self.bin_of(leader.length)),
-                       key=lambda p: (-p.rank, p.arrived))
-        batch, rows = [], 0
-        for pending in group:
-            if rows + pending.rows <= self.max_rows:
-                batch.append(pending)
-                rows += pending.rows
-        oldest = min(p.arrived for p in group)
-        if rows == self.max_rows or now >= oldest + self.delay_s or self._preferred_now(rows, group):
-            return batch
-        return None
-
-    def _preferred_now(self, rows: int, group: list[Pending]) -> bool:
-        """rows is a preferred size and no larger one can be reached with what waits."""
-        if rows not in self.preferred:
-            return False
-        waiting_rows = min(sum(p.rows for p in group), self.max_rows)
-        return not any(rows < size <= waiting_rows for size in self.preferred)
-
-    def _take(self, batch: list[Pending]) -> list[Pending]:
+        _, group, count = best
+        waiting = self._groups[group]
+        batch = [pending for _, pending in waiting[:count]]
+        del waiting[:count]
+        if not waiting:
+            del self._groups[group]
         for pending in batch:
-            del self.waiting[pending.key]
+            del self._where[pending.key]
         return batch
+
+    def due(self) -> float | None:
+        """When the oldest waiting request's delay runs out (a batch is ready by then); None: none waits."""
+        if not self._where:
+            return None
+        return min(pending.arrived for waiting in self._groups.values() for _, pending in waiting) + self.delay
+
+    def _bin_of(self, length: int) -> int:
+        """The smallest bin that holds `length`; past the largest bin, one group for all the longer."""
+        if not self.length_bins:
+            return 0
+        at = bisect.bisect_left(self.length_bins, length)
+        return self.length_bins[at] if at < len(self.length_bins) else -1
+
+    def _ready_count(self, waiting: list[tuple[tuple, Pending]], now: float) -> int:
+        """How many of a group's first requests go now (0: the group waits)."""
+        if self.max_batch_size == 0 or waiting[0][1].rows >= self.max_batch_size:
+            return 1
+        rows, count, preferred, grows = 0, 0, 0, True
+        for _, pending in waiting:
+            if rows + pending.rows > self.max_batch_size:
+                grows = False
+                break
+            rows += pending.rows
+            count += 1
+            if rows in self.preferred:
+                preferred = count
+        if rows == self.max_batch_size:
+            return count
+        if preferred:
+            return preferred
+        if not grows:
+            return count   # the next request does not fit: waiting longer would not help
+        oldest = min(pending.arrived for _, pending in waiting)
+        return count if now >= oldest + self.delay else 0

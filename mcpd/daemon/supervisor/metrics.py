@@ -50,6 +50,7 @@ class DaemonCollector:
         yield from _requests(frontend.metrics, scheduler)
         yield _queue_limits(self.supervisor.config.scheduler.classes)
         yield from _workers(workers)
+        yield from _result_caches(workers)
         yield from _contexts(scheduler)
         yield from _cluster(scheduler)
         yield from _models(scheduler)
@@ -135,6 +136,27 @@ def _workers(workers):
     yield from counters.values()
     yield from gauges.values()
     yield _histograms("mcpd_batch_size", "Sequences per engine step", labels, batch)
+
+
+def _result_caches(workers):
+    """Each handler worker's result cache, labelled with the model version it serves."""
+    labels = ["model", "version", "worker"]
+    families = {key: kind(f"mcpd_result_cache_{name}", text, labels=labels) for key, name, kind, text in (
+        ("hits", "hits", CounterMetricFamily, "Handler requests answered from the result cache"),
+        ("misses", "misses", CounterMetricFamily, "Handler requests the result cache did not hold"),
+        ("evictions", "evictions", CounterMetricFamily, "Results evicted for a more often asked-for one"),
+        ("refused", "refused", CounterMetricFamily, "Results not cached: asked for less often than their victims"),
+        ("entries", "entries", GaugeMetricFamily, "Results held"),
+        ("bytes", "bytes", GaugeMetricFamily, "Bytes the held results and their keys cost"),
+        ("hit_rate", "hit_ratio", GaugeMetricFamily, "Hits over lookups since the worker started"))}
+    for worker in workers:
+        stats = worker.stats
+        if stats is None or stats.result_cache is None:
+            continue
+        key = [stats.served_model or "", stats.version or "", str(worker.spec.index)]
+        for name, family in families.items():
+            family.add_metric(key, stats.result_cache[name])
+    yield from families.values()
 
 
 def _http(listener: dict):

@@ -13,6 +13,8 @@ DEVICE_FIGURES = ("device", "model", "served_model", "version", "dtype", "quanti
                   "kv_blocks_used", "kv_waste_frac", "pool", "tokens_generated", "tokens_prefilled",
                   "prefix_cache_queries", "prefix_cache_hits", "host_kv_loaded", "host_kv_saved")
 
+RESULT_CACHE_FIGURES = ("entries", "bytes", "max_bytes", "hits", "misses", "evictions", "refused")
+
 
 def build_status(supervisor) -> dict:
     table = supervisor.table
@@ -63,7 +65,19 @@ def _models(scheduled: dict, workers: list) -> dict:
         figures = models.get(model, {}).get("versions", {}).get(version)
         if figures is not None:
             figures.setdefault("processes", []).append({"index": index, "state": worker.state})
+            _add_result_cache(figures, worker.latest_stats().result_cache)
     return {"default_model": scheduled.get("default_model"), "models": models}
+
+
+def _add_result_cache(figures: dict, cache: dict | None) -> None:
+    """A handler version's result cache: its workers' caches summed, and the hit rate of all."""
+    if cache is None:
+        return
+    total = figures.setdefault("result_cache", dict.fromkeys(RESULT_CACHE_FIGURES, 0))
+    for name in RESULT_CACHE_FIGURES:
+        total[name] += cache[name]
+    asked = total["hits"] + total["misses"]
+    total["hit_rate"] = total["hits"] / asked if asked else 0.0
 
 
 def _http(stats: dict) -> dict:

@@ -22,6 +22,7 @@ import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -32,9 +33,12 @@ from mcpd.daemon.worker.core import DONE_FLUSH_COUNT, DONE_FLUSH_S, MAX_REASON_C
 from mcpd.handlers import batch_tensors, tensors
 from mcpd.handlers.batcher import DynamicBatcher, Pending
 from mcpd.handlers.handler import Handler
+from mcpd.handlers.result_cache import CacheKey, CachedResult, ResultCache, cache_key
+from mcpd.handlers.warmup_file import WarmInput, read_warmup
 from mcpd.protocol import codes, wire
 from mcpd.protocol.args import InferArgs, PingArgs
 from mcpd.protocol.codes import MCPDError
+from mcpd.refusal import StartRefused
 
 
 class HandlerHung(SystemExit):
@@ -47,6 +51,15 @@ class InferRequest:
     request_id: int | str
     outputs: tuple[str, ...]   # what the client gets, in this order
     inputs: dict               # preprocessed, as the batch takes them
+    rows: int
+    cache_key: CacheKey | None = None   # its result goes into the result cache under this key
+
+
+class _WarmEntry(NamedTuple):
+    """A warm-up file's request, accepted and preprocessed; `at`: its place in the file."""
+    at: int
+    request: WarmInput
+    prepared: dict
     rows: int
 
 
@@ -78,6 +91,9 @@ class HandlerCore:
         self.done_due = 0.0
         self.batches = self.rows = self.padded = self.padded_of = 0
         self.tracing = None   # handler requests make no spans; worker/process.py asks either core
+        self.cache = ResultCache(version.cache.max_bytes) if version.cache.max_bytes else None
+        if version.cache.warmup:
+            self._warm(version.cache.warmup)
 
     @property
     def has_work(self) -> bool:
@@ -98,7 +114,8 @@ class HandlerCore:
                            quantization=self.config.model.quantization, running=len(self.live) - len(self.batcher),
                            waiting=len(self.batcher), batches=self.batches, rows=self.rows,
                            mean_batch_rows=self.rows / self.batches if self.batches else None,
-                           padding_ratio=self.padded / self.padded_of if self.padded_of else 0.0)
+                           padding_ratio=self.padded / self.padded_of if self.padded_of else 0.0,
+                           result_cache=self.cache.stats() if self.cache is not None else None)
 
     def poll_timeout_ms(self, idle_ms: float) -> float:
         now, waits = self.clock(), [idle_ms]
@@ -127,38 +144,55 @@ class HandlerCore:
         except Exception as e:   # noqa: BLE001 - a handler's preprocess that raises costs its request only
             self.log.exception("preprocess failed for request %s", dispatch.request_id)
             return self._final(dispatch.rid, self._internal(dispatch.request_id, "preprocess", e), codes.INTERNAL)
+        if request is None:   # answered from the result cache
+            return
         self.live[dispatch.rid] = request
         length = batch_tensors.length_of(request.inputs, self.handler.inputs)
         self.batcher.add(Pending(dispatch.rid, request.rows, length, dispatch.rank, self.clock(), request))
 
-    def _accept(self, dispatch: messages.Dispatch, args: InferArgs, payload: list[bytes]) -> InferRequest:
-        """The request's inputs decoded, checked against the handler's and preprocessed."""
-        declared = self.handler.inputs
-        unknown = [h.name for h in args.inputs if h.name not in declared]
-        if unknown:
-            raise MCPDError(codes.BAD_INPUT, f"model {self.served_model!r} has no input {unknown[0]!r}; "
-                                             f"its inputs: {', '.join(declared)}")
-        missing = [name for name in declared if name not in {h.name for h in args.inputs}]
-        if missing:
-            raise MCPDError(codes.BAD_INPUT, f"input {missing[0]!r} is missing; model {self.served_model!r} "
-                                             f"takes {', '.join(declared)}")
+    def _accept(self, dispatch: messages.Dispatch, args: InferArgs, payload: list[bytes]) -> InferRequest | None:
+        """The request's inputs decoded, checked against the handler's and preprocessed; None
+        when the result cache answered it (the same inputs' bytes were accepted before)."""
         wanted = args.outputs or tuple(self.handler.outputs)
         strange = [name for name in wanted if name not in self.handler.outputs]
         if strange:
             raise MCPDError(codes.BAD_INPUT, f"model {self.served_model!r} has no output {strange[0]!r}; "
                                              f"its outputs: {', '.join(self.handler.outputs)}")
+        key = None
+        if self.cache is not None and args.cache:
+            key = cache_key(dispatch.tenant, self.served_model, self.version, args.inputs, payload)
+            cached = self.cache.get(key)
+            if cached is not None:
+                self._reply(dispatch.rid, dispatch.request_id, wanted, cached, True)
+                return None
+        inputs, rows = self._decoded(args.inputs, payload)
+        return InferRequest(dispatch.rid, dispatch.request_id, wanted, self._preprocessed(inputs, rows), rows, key)
+
+    def _decoded(self, headers, payload: list[bytes]) -> tuple[dict[str, np.ndarray], int]:
+        """The inputs as arrays, each checked against the handler's, and their rows."""
+        declared = self.handler.inputs
+        unknown = [h.name for h in headers if h.name not in declared]
+        if unknown:
+            raise MCPDError(codes.BAD_INPUT, f"model {self.served_model!r} has no input {unknown[0]!r}; "
+                                             f"its inputs: {', '.join(declared)}")
+        missing = [name for name in declared if name not in {h.name for h in headers}]
+        if missing:
+            raise MCPDError(codes.BAD_INPUT, f"input {missing[0]!r} is missing; model {self.served_model!r} "
+                                             f"takes {', '.join(declared)}")
         inputs = {}
-        for header, frame in zip(args.inputs, payload):
+        for header, frame in zip(headers, payload):
             inputs[header.name] = tensors.decode(header, frame)
             declared[header.name].check(header.name, inputs[header.name])
         rows = {array.shape[0] for array in inputs.values()}
         if len(rows) != 1:
             raise MCPDError(codes.BAD_INPUT, f"the inputs' first dims (rows) differ: {sorted(rows)}")
-        count = rows.pop()
+        return inputs, rows.pop()
+
+    def _preprocessed(self, inputs: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
         prepared = self.handler.preprocess(inputs)
-        if any(not isinstance(a, np.ndarray) or a.ndim < 1 or a.shape[0] != count for a in prepared.values()):
-            raise MCPDError(codes.INTERNAL, f"handler's preprocess must keep the request's {count} rows")
-        return InferRequest(dispatch.rid, dispatch.request_id, wanted, prepared, count)
+        if any(not isinstance(a, np.ndarray) or a.ndim < 1 or a.shape[0] != rows for a in prepared.values()):
+            raise MCPDError(codes.INTERNAL, f"handler's preprocess must keep the request's {rows} rows")
+        return prepared
 
     def on_cancel(self, rid: int, code: str) -> None:
         """Answer a request now, waiting or in the running batch (whose result it then drops)."""
@@ -234,16 +268,60 @@ class HandlerCore:
     def _answer(self, request: InferRequest, outputs: dict[str, np.ndarray]) -> None:
         try:
             shown = self.handler.postprocess(outputs)
-            described, frames = [], []
-            for name in request.outputs:
-                header, frame = tensors.encode(name, shown[name])
-                described.append(header.describe())
-                frames.append(frame)
+            # What the cache keeps serves any later choice of outputs: all of them
+            result = _encoded(shown, shown if request.cache_key else request.outputs)
         except Exception as e:   # noqa: BLE001 - postprocess is the handler's code
             self.log.exception("postprocess failed for request %s", request.request_id)
             return self._final(request.rid, self._internal(request.request_id, "postprocess", e), codes.INTERNAL)
-        result = {"model": self.served_model, "version": self.version, "outputs": described, "cached": False}
-        self._final(request.rid, wire.ok_reply(request.request_id, result), None, frames)
+        if request.cache_key is not None:
+            self.cache.put(request.cache_key, result)
+        self._reply(request.rid, request.request_id, request.outputs, result, False)
+
+    def _reply(self, rid: int, request_id, wanted: tuple[str, ...], result: CachedResult, cached: bool) -> None:
+        """The final reply with the `wanted` outputs of `result`, in that order."""
+        at = {header.name: i for i, header in enumerate(result.headers)}
+        lacking = [name for name in wanted if name not in at]
+        if lacking:
+            message = f"handler's postprocess returned no output {lacking[0]!r}"
+            return self._final(rid, wire.error_reply(request_id, codes.INTERNAL, message), codes.INTERNAL)
+        described = [result.headers[at[name]].describe() for name in wanted]
+        reply = {"model": self.served_model, "version": self.version, "outputs": described, "cached": cached}
+        self._final(rid, wire.ok_reply(request_id, reply), None, [result.frames[at[name]] for name in wanted])
+
+    def _warm(self, path: str) -> None:
+        """Run a warm-up file's requests through the model before the first request, in batches
+        of up to max_batch_size rows, and cache their results. An entry the model refuses is
+        skipped (logged), since serving without it is still correct; as in serving, a batch that
+        fails runs again one entry at a time, so only the entry that fails it is skipped."""
+        try:
+            requests = read_warmup(path)
+        except ValueError as e:
+            raise StartRefused(str(e)) from None
+        accepted, skipped = [], []
+        for at, request in enumerate(requests):
+            try:
+                inputs, rows = self._decoded(request.headers, request.frames)
+                accepted.append(_WarmEntry(at, request, self._preprocessed(inputs, rows), rows))
+            except Exception as e:   # noqa: BLE001 - the file's entry or the handler's preprocess
+                skipped.append(f"entry {at}: {e}")
+        for batch in _batches(accepted, max(self.batcher.max_batch_size, 1)):
+            try:
+                self._warm_batch(batch)
+            except Exception:   # noqa: BLE001 - the handler's code: find the entry that fails it
+                for entry in batch:
+                    try:
+                        self._warm_batch([entry])
+                    except Exception as e:   # noqa: BLE001
+                        skipped.append(f"entry {entry.at}: {type(e).__name__}: {e}")
+        note = f"; {len(skipped)} skipped, the first: {skipped[0]}" if skipped else ""
+        self.log.info("result cache warmed from %s: %d of %d requests cached%s", path, len(self.cache), len(requests), note)
+
+    def _warm_batch(self, batch: list[_WarmEntry]) -> None:
+        assembled = batch_tensors.assemble([entry.prepared for entry in batch], self.handler.inputs)[0]
+        parts = batch_tensors.split(self.handler.predict(assembled), [entry.rows for entry in batch])
+        results = [_encoded(shown, shown) for shown in map(self.handler.postprocess, parts)]
+        self.cache.warm((cache_key(entry.request.tenant, self.served_model, self.version, entry.request.headers,
+                                   entry.request.frames), result) for entry, result in zip(batch, results))
 
     @staticmethod
     def _internal(request_id, stage: str, e: Exception) -> bytes:
@@ -261,3 +339,22 @@ class HandlerCore:
         if self.done and (len(self.done) >= DONE_FLUSH_COUNT or self.clock() >= self.done_due or not self.has_work):
             self.ports.to_scheduler(messages.encode(messages.Done(self.done)))
             self.done = []
+
+
+def _encoded(shown: dict[str, np.ndarray], names) -> CachedResult:
+    """The outputs `names` of postprocess's `shown` as reply headers and frames."""
+    encoded = [tensors.encode(name, shown[name]) for name in names]
+    return CachedResult(tuple(header for header, _ in encoded), tuple(frame for _, frame in encoded))
+
+
+def _batches(accepted: list[_WarmEntry], limit: int):
+    """The warm-up entries in batches of at most `limit` rows (one alone when larger), in order."""
+    batch, rows = [], 0
+    for entry in accepted:
+        if batch and rows + entry.rows > limit:
+            yield batch
+            batch, rows = [], 0
+        batch.append(entry)
+        rows += entry.rows
+    if batch:
+        yield batch
