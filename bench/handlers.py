@@ -66,6 +66,7 @@ BATCHING_MODEL = "text"
 CONTEXT_ID, CONTEXT_REQUESTS = "profile-0", 16
 ZIPF_S, ZIPF_INPUTS, WARM_INPUTS = 1.1, 100_000, 20_000   # the 20k most frequent: 93% of the draws
 CACHE_BYTES = 256 << 20
+WARM_START_S = 900   # the warm-up runs 20k texts through the model before the daemon is ready
 
 
 @dataclass(frozen=True)
@@ -227,7 +228,7 @@ async def cache_run(name: str, model: Model, sizes: Sizes, threads: int, cache_o
     with tempfile.TemporaryDirectory(prefix="mcpd-bench-cache-") as directory:
         cache = {"max_bytes": CACHE_BYTES, "warmup": str(warmup_file(inputs, WARM_INPUTS, Path(directory)))}
         server = handler_servers.McpdServer(name, model.handler, model.settings, mcpd_batching(model), threads,
-                                            cache=cache if cache_on else None).start()
+                                            cache=cache if cache_on else None).start_within(WARM_START_S)
         try:
             target = McpdZmq("mcpd", server.endpoint, name, inputs, cache=cache_on)
             found = await zipf_stream(target, sizes)

@@ -95,3 +95,10 @@ class McpdServer(servers.McpdServer):
             sections[f"{version}.cache"] = cache
         self.daemon = Daemon(**sections)
         self.endpoint = self.daemon.endpoint
+
+    def start_within(self, seconds: float) -> "McpdServer":
+        """Start, waiting up to `seconds` for ready: a cache warm-up runs its file through the model first."""
+        self.daemon.start(wait=False)
+        self.daemon.wait_for_notification("READY=1", seconds)
+        return self
+
