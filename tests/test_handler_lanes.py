@@ -12,7 +12,7 @@ from mcpd.daemon.scheduler.core import Scheduler
 from mcpd.daemon.scheduler.poison import PoisonList
 from mcpd.handlers.tensor_header import TensorHeader
 from mcpd.protocol import codes
-from mcpd.protocol.args import ContextAppend, GenerateArgs, InferArgs
+from mcpd.protocol.args import GenerateArgs, InferArgs
 from fakes import Clock, Ports
 from test_scheduler_core import request
 
@@ -60,7 +60,6 @@ def test_a_handler_lane_holds_two_batches_per_worker(core):
 @pytest.mark.parametrize("args, words", [
     (infer(1, model="chat"), "model 'chat' is a language model: use generate"),
     (GenerateArgs(prompt="x", model="risk"), "model 'risk' is a handler model: use infer"),
-    (infer(1, context="c", context_append={"f": ContextAppend("features", 4)}), "not served yet"),
 ])
 def test_an_op_for_the_other_kind_is_refused_naming_it(core, args, words):
     core.on_inbox(request(1, args))

@@ -65,13 +65,19 @@ class Client:
         return replies.generate_result(replies.result_of(self.receive(request_id, timeout)))
 
     def infer(self, model: str | None, inputs: dict, *, version: str | None = None, outputs: list[str] | None = None,
-              timeout: float | None = None, priority: str | None = None, timeout_ms: int | None = None, **args):
+              context: str | None = None, context_inputs: dict[str, str] | None = None,
+              context_append: dict[str, dict] | None = None, timeout: float | None = None,
+              priority: str | None = None, timeout_ms: int | None = None, **args):
         """Run a handler model (None: the default model) on named numpy arrays; returns an
-        InferResult (client/infer.py) whose `outputs` are named arrays. `args`: infer's others
-        (routing_key, hints, context, context_inputs, context_append, cache)."""
+        InferResult (client/infer.py) whose `outputs` are named arrays. With `context`, inputs
+        the daemon reads from its fields: context_inputs {input: field}, and context_append
+        {field: {"input": sent input, "window": rows kept}} (docs/PROTOCOL.md §4 infer).
+        `args`: infer's others (routing_key, hints, cache)."""
         from mcpd.client import infer
 
-        sent, frames = infer.request(model, inputs, {"version": version, "outputs": outputs, **args})
+        sent, frames = infer.request(model, inputs, {"version": version, "outputs": outputs, "context": context,
+                                                     "context_inputs": context_inputs,
+                                                     "context_append": context_append, **args})
         reply, out = self.call_with_payload("infer", sent, frames, timeout, **replies.request_header(priority, timeout_ms))
         return infer.result(reply, out)
 

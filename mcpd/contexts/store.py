@@ -166,10 +166,22 @@ class ContextStore:
     def commit_turn(self, context: Context, keep: int, token_ids: list[int], fields: dict) -> None:
         """Commit a generate turn that kept the first `keep` tokens and added `token_ids` after
         them, with other `fields` it set (a chat turn's record) in the same version."""
-        new = dict(context.fields, **fields)
-        new[TOKENS] = np.concatenate([context.tokens[:keep], np.asarray(token_ids, np.int32)])
-        changes = [codec.diff(name, context.fields.get(name), new[name]) for name in (TOKENS, *fields)]
-        self._install(context, new, {TOKENS, *fields}, set(), [c for c in changes if c])
+        tokens = np.concatenate([context.tokens[:keep], np.asarray(token_ids, np.int32)])
+        self._commit_values(context, {TOKENS: tokens, **fields})
+
+    def commit_fields(self, context: Context, values: dict[str, np.ndarray]) -> None:
+        """Commit new arrays for some fields (never tokens: field_window.py refuses it) as one
+        version: an infer's appended windows, held to the field limit as a client's deltas are."""
+        for name, value in values.items():
+            if value.nbytes > self.limits.max_field_bytes:
+                raise MCPDError(codes.TOO_LARGE, f"field {name!r} would hold {value.nbytes} bytes; the limit is "
+                                                 f"{self.limits.max_field_bytes} (contexts.max_field_bytes)")
+        self._commit_values(context, values)
+
+    def _commit_values(self, context: Context, values: dict) -> None:
+        """Commit the fields' new values as the next version, each recorded as its smallest delta."""
+        changes = [codec.diff(name, context.fields.get(name), value) for name, value in values.items()]
+        self._install(context, dict(context.fields, **values), set(values), set(), [c for c in changes if c])
 
     def writable(self, owner: str, context_id: str, base: int | None) -> Context:
         """The context, if a change based on `base` may be applied to it now."""

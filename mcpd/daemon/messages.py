@@ -84,6 +84,7 @@ class Dispatch(Message):
                                 # through the scheduler, which compares the two, as a turn's do
     degraded: Degraded | None = None   # the ladder shortened it: its result says so
     trace: str | None = None    # the traceparent of its request's root span, when traced
+    context_version: int | None = None   # an infer whose inputs came from a context: its version, for the reply
 
 
 class Hello(Message):

@@ -220,7 +220,7 @@ class Scheduler:
             self._tokenize(job, args)
             self.admission.price(job)
         elif isinstance(args, InferArgs):
-            handler_lanes.resolve_context_inputs(self, job, args)
+            args = handler_lanes.resolve_context_inputs(self, job, args)
             handler_lanes.price(job, args)
         if displaced is not None:
             self.queue.remove(displaced)

@@ -65,7 +65,8 @@ def _send_jobs(scheduler, slot: WorkerSlot, group: list[Job], now: float) -> boo
 def _dispatch_of(job: Job) -> list[bytes]:
     request = job.request
     message = messages.Dispatch(job.rid, request.request_id, request.tenant, job.rank, job.context is not None,
-                                request.args, job.prompt_ids, job.compare, job.degraded, request.trace)
+                                request.args, job.prompt_ids, job.compare, job.degraded, request.trace,
+                                job.context_version)
     return messages.encode(message, *_frames_of(job))
 
 

@@ -4,7 +4,10 @@ its lane lets each worker hold enough requests to fill a batch. An op meant for 
 of model is refused, naming the kind."""
 from __future__ import annotations
 
+import msgspec
+
 from mcpd.config import Config, VersionConfig
+from mcpd.daemon.scheduler import context_inputs
 from mcpd.daemon.scheduler.job import Job
 from mcpd.protocol import codes
 from mcpd.protocol.args import InferArgs
@@ -38,11 +41,17 @@ def price(job: Job, args: InferArgs) -> None:
     job.cost, job.length_bin = max(1, args.rows), 0
 
 
-def resolve_context_inputs(scheduler, job: Job, args: InferArgs) -> None:
-    """Where an infer's context fields become inputs: those named by context_inputs read, and
-    context_append's rows committed first. Until the scheduler resolves them they are refused."""
-    if args.context_inputs or args.context_append:
-        raise MCPDError(codes.BAD_REQUEST, "infer: context_inputs and context_append are not served yet")
+def resolve_context_inputs(scheduler, job: Job, args: InferArgs) -> InferArgs:
+    """An infer's args as its worker takes them: the context fields it names made inputs, its
+    appends committed first (context_inputs.py); the job then carries those and their frames."""
+    if args.context is None:
+        return args
+    resolved = context_inputs.resolve(scheduler.contexts.store, job.request.tenant, args, job.payload,
+                                      scheduler.config.limits, scheduler.signatures.get(job.served))
+    job.as_sent = (job.request, job.payload)
+    job.request = msgspec.structs.replace(job.request, args=resolved.args)
+    job.payload, job.context_version = resolved.payload, resolved.context_version
+    return resolved.args
 
 
 def inflight_cap(config: Config, served: tuple[str, str] | None, per_worker: int) -> int:

@@ -30,6 +30,10 @@ class Job:
     retries: int = 0
     context: Context | None = None    # a generate turn on a context, held until it ends
     history: bytes | None = None      # a turn's context tokens (int32), for its worker
+    context_version: int | None = None   # an infer's context: the version its fields were read from
+    # An infer whose context fields were resolved: the request and payload as the client sent
+    # them, which is what a resend is checked against in the poison list (poison.py).
+    as_sent: tuple[Request, list[bytes]] | None = None
     chat: ChatTurn | None = None      # a turn of messages: what it keeps of the history, its conversation
     prompt_ids: list[int] = field(default_factory=list)   # a generate's new prompt tokens (prompt_tokens.py)
     served: tuple[str, str] | None = None   # the (model, version) it runs on (traffic.py); None: any worker

@@ -99,7 +99,8 @@ def _retry_or_answer(scheduler, jobs: list[Job], code: str, why: str, twice: str
     now, requeued = scheduler.clock(), 0
     for job in reversed(jobs):   # requeued at the head, in the order they had
         if job.suspect:
-            scheduler.poison.add(job.request, now, job.payload)
+            request, payload = job.as_sent or (job.request, job.payload)
+            scheduler.poison.add(request, now, payload)
             scheduler.fail(job, code, twice)
         elif job.started_streaming:
             scheduler.fail(job, code, why)

@@ -53,6 +53,7 @@ class InferRequest:
     inputs: dict               # preprocessed, as the batch takes them
     rows: int
     cache_key: CacheKey | None = None   # its result goes into the result cache under this key
+    context_version: int | None = None   # its inputs came from a context at this version: the reply says so
 
 
 class _WarmEntry(NamedTuple):
@@ -163,10 +164,11 @@ class HandlerCore:
             key = cache_key(dispatch.tenant, self.served_model, self.version, args.inputs, payload)
             cached = self.cache.get(key)
             if cached is not None:
-                self._reply(dispatch.rid, dispatch.request_id, wanted, cached, True)
+                self._reply(dispatch.rid, dispatch.request_id, wanted, cached, True, dispatch.context_version)
                 return None
         inputs, rows = self._decoded(args.inputs, payload)
-        return InferRequest(dispatch.rid, dispatch.request_id, wanted, self._preprocessed(inputs, rows), rows, key)
+        return InferRequest(dispatch.rid, dispatch.request_id, wanted, self._preprocessed(inputs, rows), rows, key,
+                            dispatch.context_version)
 
     def _decoded(self, headers, payload: list[bytes]) -> tuple[dict[str, np.ndarray], int]:
         """The inputs as arrays, each checked against the handler's, and their rows."""
@@ -275,9 +277,10 @@ class HandlerCore:
             return self._final(request.rid, self._internal(request.request_id, "postprocess", e), codes.INTERNAL)
         if request.cache_key is not None:
             self.cache.put(request.cache_key, result)
-        self._reply(request.rid, request.request_id, request.outputs, result, False)
+        self._reply(request.rid, request.request_id, request.outputs, result, False, request.context_version)
 
-    def _reply(self, rid: int, request_id, wanted: tuple[str, ...], result: CachedResult, cached: bool) -> None:
+    def _reply(self, rid: int, request_id, wanted: tuple[str, ...], result: CachedResult, cached: bool,
+               context_version: int | None = None) -> None:
         """The final reply with the `wanted` outputs of `result`, in that order."""
         at = {header.name: i for i, header in enumerate(result.headers)}
         lacking = [name for name in wanted if name not in at]
@@ -286,6 +289,8 @@ class HandlerCore:
             return self._final(rid, wire.error_reply(request_id, codes.INTERNAL, message), codes.INTERNAL)
         described = [result.headers[at[name]].describe() for name in wanted]
         reply = {"model": self.served_model, "version": self.version, "outputs": described, "cached": cached}
+        if context_version is not None:
+            reply["context_version"] = context_version
         self._final(rid, wire.ok_reply(request_id, reply), None, [result.frames[at[name]] for name in wanted])
 
     def _warm(self, path: str) -> None:
