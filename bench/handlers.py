@@ -295,7 +295,7 @@ async def context_bytes(endpoint: str, model: str, inputs: TensorInputs) -> dict
     with Client(endpoint) as client:
         context = client.context(CONTEXT_ID)
         for name, array in profile.items():
-            context[name] = array
+            context[name] = array[0]   # a field is one row: the daemon adds the batch dim
         context.sync()
     resend = McpdZmq("resend", endpoint, model, inputs)
     named = McpdZmq("context", endpoint, model, TensorInputs({}),
