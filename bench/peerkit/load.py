@@ -82,12 +82,13 @@ def held(outcomes: list[Outcome], p99_limit_ms: float) -> bool:
 async def max_rate(target, capacity: float, probes: int, probe_s: float, p99_limit_ms: float, pick) -> dict:
     """The highest offered rate (requests/s) that `target` held: every request ok and p99 within
     the limit. A bisection on a log scale between SEARCH_LOW and SEARCH_HIGH times the closed-loop
-    capacity, `probes` rates of `probe_s` seconds each; a rate that fails is tried once more (this
-    machine's neighbours come and go), each try's rate, p99 and verdict kept."""
+    capacity, starting in the middle, `probes` rates of `probe_s` seconds each; a rate that fails
+    is tried once more (this machine's neighbours come and go), each try's rate, p99 and verdict
+    kept. No single probe ends the search: a neighbour's burst costs one step, not the result."""
     low, high = SEARCH_LOW * capacity, SEARCH_HIGH * capacity
     best, tried = 0.0, []
     for probe in range(probes):
-        rate = (low * high) ** 0.5 if probe else low
+        rate = (low * high) ** 0.5
         for attempt in range(TRIES):
             outcomes = await open_loop(target, rate, probe_s, pick, seed=probe * TRIES + attempt)
             ok = held(outcomes, p99_limit_ms)
@@ -96,8 +97,6 @@ async def max_rate(target, capacity: float, probes: int, probe_s: float, p99_lim
                 break
         if ok:
             best, low = max(best, rate), rate
-        elif probe:
-            high = rate
         else:
-            break   # not even the lowest rate held
+            high = rate
     return {"rps": best, "probes": tried}
