@@ -16,7 +16,8 @@ STATUS_OF = {
     codes.BAD_REQUEST: 400, codes.UNSUPPORTED_VERSION: 500, codes.UNKNOWN_OP: 500, codes.TOO_LARGE: 413,
     codes.RATE_LIMITED: 429, codes.OVERLOADED: 429, codes.DEADLINE_EXCEEDED: 504, codes.CONFLICT: 409,
     codes.NOT_FOUND: 404, codes.CANCELLED: 499, codes.UNAUTHORIZED: 401, codes.UNAVAILABLE: 503,
-    codes.WORKER_LOST: 500, codes.STORAGE_FULL: 507, codes.UNKNOWN_MODEL: 404, codes.INTERNAL: 500, codes.TIMEOUT: 504,
+    codes.WORKER_LOST: 500, codes.STORAGE_FULL: 507, codes.UNKNOWN_MODEL: 404, codes.BAD_INPUT: 400,
+    codes.INTERNAL: 500, codes.TIMEOUT: 504,
 }
 TYPE_OF = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
            408: "invalid_request_error", 409: "conflict_error", 413: "invalid_request_error",

@@ -24,13 +24,15 @@ LOCAL_CALLER = object()   # where a client's routing id would be; never equal to
 
 
 class Call:
-    """One daemon request: its replies one at a time, cancelled if left before its final reply."""
+    """One daemon request: its replies one at a time, cancelled if left before its final reply.
+    `payload` holds the frames that came with the last reply (an infer's outputs)."""
 
     def __init__(self, link: "FrontendLink", request_id: int, queue: asyncio.Queue):
         self.link, self.request_id, self.queue, self.finished = link, request_id, queue, False
+        self.payload: tuple[bytes, ...] = ()
 
     async def next_reply(self) -> dict:
-        reply = await self.queue.get()
+        reply, self.payload = await self.queue.get()
         if reply.get("kind") != "chunk":
             self.finished = True
             self.link.queues.pop(self.request_id, None)
@@ -51,19 +53,19 @@ class Call:
 
 class FrontendLink:
     def __init__(self, admit):
-        """`admit(frame)`: the front-end's admission of one request frame (raises MCPDError)."""
+        """`admit(frames)`: the front-end's admission of one request's frames (raises MCPDError)."""
         self.admit = admit
         self.ids = itertools.count(1)
         self.queues: dict[int, asyncio.Queue] = {}
 
-    async def start(self, op: str, args: dict, header: dict) -> Call:
+    async def start(self, op: str, args: dict, header: dict, payload: list[bytes] = ()) -> Call:
         request_id = next(self.ids)
         try:
             frame = wire.encode_request(op, request_id, args, **header)
         except (UnicodeEncodeError, OverflowError) as e:   # JSON allows lone surrogates and huge ints
             raise MCPDError(codes.BAD_REQUEST, f"a value cannot be sent to the daemon: {e}") from None
         queue = self.queues[request_id] = asyncio.Queue()
-        self._submit(frame, request_id)
+        self._submit([frame, *payload], request_id)
         return Call(self, request_id, queue)
 
     async def call(self, op: str, args: dict, header: dict) -> dict:
@@ -75,21 +77,21 @@ class FrontendLink:
 
     def cancel(self, request_id: int) -> None:
         self.queues.pop(request_id, None)
-        self._submit(wire.encode_request("cancel", next(self.ids), {"target": request_id}), None)
+        self._submit([wire.encode_request("cancel", next(self.ids), {"target": request_id})], None)
 
-    def deliver(self, header: bytes) -> None:
-        """A reply the front-end sends to LOCAL_CALLER."""
+    def deliver(self, header: bytes, payload: tuple[bytes, ...] = ()) -> None:
+        """A reply the front-end sends to LOCAL_CALLER, with its payload frames."""
         reply = wire.decode_reply(header)
         queue = self.queues.get(reply.get("id"))
         if queue is not None:
-            queue.put_nowait(reply)
+            queue.put_nowait((reply, payload))
 
-    def _submit(self, frame: bytes, request_id: int | None) -> None:
+    def _submit(self, frames: list[bytes], request_id: int | None) -> None:
         try:
-            self.admit(frame)
+            self.admit(frames)
         except MCPDError as e:   # refused at the door (draining, a bad header field): answered at once
             queue = self.queues.get(request_id)
             if queue is not None:
-                queue.put_nowait({"kind": "error", "code": e.code, "message": e.message,
-                                  "retry_after_ms": e.retry_after_ms})
+                queue.put_nowait(({"kind": "error", "code": e.code, "message": e.message,
+                                   "retry_after_ms": e.retry_after_ms}, ()))
 

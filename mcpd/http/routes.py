@@ -66,13 +66,13 @@ class Routes:
     # -- handlers -------------------------------------------------------------------------------
 
     async def models(self, request: web.Request) -> web.Response:
-        header = self._header(request)
+        header = self.request_header(request)
         return _json({"object": "list", "data": [_model(name) for name in await self._models(header)]})
 
     async def model(self, request: web.Request) -> web.Response:
         """One served model, as OpenAI's retrieve answers; 404 UNKNOWN_MODEL for any other id."""
         name = request.match_info["id"]
-        if name not in await self._models(self._header(request)):
+        if name not in await self._models(self.request_header(request)):
             raise HttpError(404, f"the model {name[:100]!r} does not exist", codes.UNKNOWN_MODEL, "model")
         return _json(_model(name))
 
@@ -95,19 +95,20 @@ class Routes:
 
     async def context_show(self, request: web.Request) -> web.Response:
         result = await self.link.call("context.open", {"id": request.match_info["id"], "create": False},
-                                      self._header(request))
+                                      self.request_header(request))
         return _json({"id": result["id"], "object": "mcpd.context", "version": result["version"],
                       "tokens": result["tokens"]}, headers={CONTEXT_VERSION: str(result["version"])})
 
     async def context_drop(self, request: web.Request) -> web.Response:
-        result = await self.link.call("context.drop", {"id": request.match_info["id"]}, self._header(request))
+        result = await self.link.call("context.drop", {"id": request.match_info["id"]},
+                                      self.request_header(request))
         return _json({"id": request.match_info["id"], "object": "mcpd.context", "deleted": result["dropped"]})
 
     # -- generation -----------------------------------------------------------------------------
 
     async def _generate(self, request: web.Request, completion: openai_request.Completion,
                         chat: bool) -> web.StreamResponse:
-        header = self._header(request)
+        header = self.request_header(request)
         if completion.model not in await self._models(header):
             raise HttpError(404, f"the model {completion.model!r} does not exist; GET /v1/models lists them",
                             codes.NOT_FOUND, "model")
@@ -170,7 +171,10 @@ class Routes:
     # -- request parts --------------------------------------------------------------------------
 
     async def _body(self, request: web.Request) -> dict:
-        """The JSON body, its size bounded before anything is read and its arrival in time."""
+        return openai_request.parse_json(await self.read_body(request))
+
+    async def read_body(self, request: web.Request) -> bytes:
+        """The body, its size bounded before anything is read and its arrival in time."""
         limit = self.config.http.max_body_bytes
         if request.content_length is not None and request.content_length > limit:
             raise _too_large(limit)
@@ -182,9 +186,9 @@ class Routes:
         except TimeoutError:
             raise HttpError(408, f"the body did not arrive within http.body_timeout_s "
                                  f"({self.config.http.body_timeout_s:g} s)", codes.TIMEOUT) from None
-        return openai_request.parse_json(body)
+        return body
 
-    def _header(self, request: web.Request) -> dict:
+    def request_header(self, request: web.Request) -> dict:
         """The daemon request header's tenant, priority, deadline and traceparent for this HTTP request."""
         header = {}
         tenant = self._tenant(request)

@@ -37,6 +37,8 @@ from mcpd.http.acceptor import Acceptor
 from mcpd.http.connections import ConnectionTable
 from mcpd.http.errors import HttpError
 from mcpd.http.frontend_link import FrontendLink
+from mcpd.http.kserve import error_body
+from mcpd.http.kserve_routes import KServeRoutes, is_oip_path
 from mcpd.http.routes import Routes
 from mcpd.protocol import codes
 from mcpd.protocol.codes import MCPDError
@@ -49,6 +51,7 @@ class HttpListener:
         self.config, self.address_cap, self.log = config, address_cap, log
         logging.getLogger("aiohttp.server").setLevel(logging.CRITICAL)   # a client's bad request is not our error
         self.routes = Routes(config, link)
+        self.kserve = KServeRoutes(self.routes)
         self.responses: dict[str, int] = {}   # {status: count}
         self.address = ""
         self.runner: web.AppRunner | None = None
@@ -60,6 +63,7 @@ class HttpListener:
         self._refuse_open_door()
         app = web.Application(client_max_size=config.max_body_bytes, middlewares=[self._answer_errors])
         self.routes.add_to(app)
+        self.kserve.add_to(app)
         # shutdown_timeout: at stop the front-end has answered every request already.
         self.runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=1.0,
                                     keepalive_timeout=config.keepalive_timeout_s)
@@ -103,27 +107,30 @@ class HttpListener:
 
     @web.middleware
     async def _answer_errors(self, request: web.Request, handler) -> web.StreamResponse:
+        oip = is_oip_path(request.path)
         try:
             response = await handler(request)
         except HttpError as e:
-            response = _error_response(e)
+            response = _error_response(e, oip)
         except MCPDError as e:
-            response = _error_response(HttpError.of(e))
+            response = _error_response(HttpError.of(e), oip)
         except web.HTTPException as e:   # aiohttp's own: unknown path (404), wrong method (405)
             response = _error_response(HttpError(e.status, e.reason, codes.NOT_FOUND if e.status == 404
-                                                 else codes.BAD_REQUEST))
+                                                 else codes.BAD_REQUEST), oip)
         except (asyncio.CancelledError, ConnectionError):
             raise   # the client is gone: nobody to answer
         except Exception as e:   # noqa: BLE001 - whatever goes wrong, the client gets an answer
             self.log.exception("unexpected failure answering %s %s", request.method, request.path)
-            response = _error_response(HttpError(500, f"{type(e).__name__}: {e}", codes.INTERNAL))
+            response = _error_response(HttpError(500, f"{type(e).__name__}: {e}", codes.INTERNAL), oip)
         key = str(response.status)
         self.responses[key] = self.responses.get(key, 0) + 1
         return response
 
 
-def _error_response(error: HttpError) -> web.Response:
-    response = web.Response(status=error.status, body=error.json_bytes(), content_type="application/json",
+def _error_response(error: HttpError, oip: bool) -> web.Response:
+    """OpenAI's error body, or the Open Inference Protocol's under its paths (kserve_routes.py)."""
+    body = error_body(error.message, error.code) if oip else error.json_bytes()
+    response = web.Response(status=error.status, body=body, content_type="application/json",
                             headers=error.headers())
     if error.status in (408, 413):   # the rest of the body was never read: the connection cannot go on
         response.force_close()

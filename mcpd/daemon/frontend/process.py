@@ -315,11 +315,11 @@ class FrontEnd:
         self.metrics.started(rid, request.op, admitted.priority, admitted.tenant)
         self._to_scheduler(messages.encode(admitted, *request.payload))
 
-    def admit_local(self, frame: bytes) -> None:
+    def admit_local(self, frames: list[bytes]) -> None:
         """A request of the in-process HTTP listener: the checks and admission of a client's; its
         replies go to self.local (see _send). Raises MCPDError for a refusal at the door."""
         try:
-            self._admit(LOCAL_CALLER, wire.parse_request((), [frame], self.config.limits))
+            self._admit(LOCAL_CALLER, wire.parse_request((), frames, self.config.limits))
         except MCPDError as e:
             self._count_error(e.code)
             raise
@@ -335,7 +335,7 @@ class FrontEnd:
     def _send(self, identity: bytes | object, envelope: tuple[bytes, ...], header: bytes, payload=(),
               rid: int | None = None, chunk: bool = False) -> None:
         if identity is LOCAL_CALLER:
-            return self.local.deliver(header)
+            return self.local.deliver(header, payload)
         if self.outbox.send(identity, envelope, header, payload, rid, chunk):
             self.log.warning("a client's unread replies passed limits.max_client_backlog_bytes: "
                              "ending its requests in flight")

@@ -223,13 +223,17 @@ def stand_by(config: Config, index: int, device: str, promoted) -> None:
 
 
 def load_ready_handler(version, device: str):
-    """The version's handler, set up on `device`; StartRefused with the reason when its class
-    cannot be loaded or its setup raises (a restart would meet the same code)."""
+    """The version's handler, set up on `device` (its model in int8 with quantization = "int8");
+    StartRefused with the reason when its class cannot be loaded or its setup raises (a restart
+    would meet the same code)."""
     from mcpd.handlers.handler import load_handler
+    from mcpd.handlers.int8 import quantize_handler
 
     try:
         handler = load_handler(version.handler)
         handler.setup(device, dict(version.settings))
+        if version.quantization == "int8":
+            quantize_handler(handler)
     except Exception as e:   # noqa: BLE001 - whatever the handler's code raises, the operator reads why
         raise StartRefused(f"handler {version.handler!r}: {type(e).__name__}: {e}") from None
     return handler
