@@ -135,8 +135,9 @@ async def measure_mcpd(name: str, model: Model, inputs: TensorInputs, reference,
                        extras: bool) -> dict:
     """mcpd over ZeroMQ and over its KServe route; with `extras`, the priority burst and the
     context's bytes too."""
-    server = handler_servers.McpdServer(name, model.handler, model.settings, mcpd_batching(model), threads).start()
-    try:
+    server = handler_servers.McpdServer(name, model.handler, model.settings, mcpd_batching(model), threads)
+    try:   # stop() in finally also ends a daemon that did not get ready in time
+        server.start()
         zmq_target = McpdZmq("mcpd", server.endpoint, name, inputs)
         http_target = HttpV2("mcpd-http", server.http_port, f"/v2/models/{name}/infer", inputs)
         found = {"mcpd": {**await search(zmq_target, sizes),
@@ -176,8 +177,9 @@ async def measure_peer(peer: str, cache_dir: Path, threads: int, name: str, mode
 
 
 async def batching_off(name: str, model: Model, inputs: TensorInputs, sizes: Sizes, threads: int) -> dict:
-    server = handler_servers.McpdServer(name, model.handler, model.settings, {"max_batch_size": 0}, threads).start()
+    server = handler_servers.McpdServer(name, model.handler, model.settings, {"max_batch_size": 0}, threads)
     try:
+        server.start()
         target = McpdZmq("mcpd", server.endpoint, name, inputs)
         found = await search(target, sizes)
         await target.close()
@@ -228,8 +230,9 @@ async def cache_run(name: str, model: Model, sizes: Sizes, threads: int, cache_o
     with tempfile.TemporaryDirectory(prefix="mcpd-bench-cache-") as directory:
         cache = {"max_bytes": CACHE_BYTES, "warmup": str(warmup_file(inputs, WARM_INPUTS, Path(directory)))}
         server = handler_servers.McpdServer(name, model.handler, model.settings, mcpd_batching(model), threads,
-                                            cache=cache if cache_on else None).start_within(WARM_START_S)
+                                            cache=cache if cache_on else None)
         try:
+            server.start_within(WARM_START_S)
             target = McpdZmq("mcpd", server.endpoint, name, inputs, cache=cache_on)
             found = await zipf_stream(target, sizes)
             await target.close()
