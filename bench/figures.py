@@ -74,6 +74,14 @@ TARGETS = [
     ("peers", "w2_32_tok_s_ratio_vs_best_peer", ">=", 1),
     ("peers", "w3_turn10_ttft_ms_ratio_vs_best_peer", ">=", 1),
     ("peers", "w4_req_s_ratio_vs_best_peer", ">=", 1),
+    ("handlers", "handler_risk_rps_ratio_vs_best_peer", ">=", 1.5),
+    ("handlers", "handler_text_rps_ratio_vs_best_peer", ">=", 1.5),
+    ("handlers", "batching_speedup", ">=", 5),
+    ("handlers", "handler_high_p99_ratio", "<=", 2),
+    ("handlers", "handler_unanswered", "==", 0),
+    ("handlers", "cache_hit_rate", ">=", 0.9),
+    ("handlers", "cache_rps_ratio", ">=", 3),
+    ("handlers", "context_bytes_ratio", ">=", 10),
 ]
 COMPARE = {"<=": lambda v, t: v <= t, ">=": lambda v, t: v >= t, "==": lambda v, t: v == t}
 SYMBOL = {"<=": "≤", ">=": "≥", "==": "="}

@@ -390,10 +390,7 @@ def main() -> None:
                                                            "(system mcpd-http; W3 on a context)")
     parser.add_argument("--cache-dir", type=Path, default=checkpoints.DEFAULT_CACHE)
     args = parser.parse_args()
-    args.peers = [p for p in args.peers.split(",") if p]
-    unknown = set(args.peers) - set(peer_servers.PEERS)
-    if unknown:
-        parser.error(f"unknown peers {sorted(unknown)}; known: {', '.join(peer_servers.PEERS)}")
+    args.peers = peer_servers.chosen(parser, args.peers, peer_servers.PEERS)
     if args.setup:
         peer_servers.setup(args.cache_dir)
         return

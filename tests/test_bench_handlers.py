@@ -1,0 +1,67 @@
+"""What bench/handlers.py's comparison rests on, in-process and in seconds (the benchmark itself
+needs LitServe's and MLServer's venvs): the Open Inference Protocol JSON every HTTP server gets
+carries each datatype's values unchanged, a peer's HandlerRunner answers each request as the
+handler alone does, the inputs are the same for every server, and the figures point the right way."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import handlers  # noqa: E402
+from peerkit import v2_json  # noqa: E402
+from peerkit.handler_runner import HandlerRunner  # noqa: E402
+from peerkit.handler_targets import TensorInputs  # noqa: E402
+from mcpd.handlers.tensors import TensorSpec  # noqa: E402
+
+RISK = handlers.MODELS["risk"]
+
+
+@pytest.mark.parametrize("datatype", [d for d in v2_json.DATATYPES if d != "BYTES"])
+def test_json_bodies_carry_every_numeric_datatype_unchanged(datatype):
+    array = TensorInputs({"x": TensorSpec(datatype, (-1, 3, -1))}).arrays(5)["x"]
+    body = json.loads(v2_json.request_body({"x": array}))
+    back = v2_json.inputs_of(body)["x"]
+    assert body["inputs"][0]["datatype"] == datatype and back.dtype == array.dtype
+    assert np.array_equal(back, array)
+
+
+def test_json_bodies_carry_text_as_bytes():
+    texts = np.empty(2, dtype=object)
+    texts[:] = ["naïve café".encode(), b"plain"]
+    back = v2_json.inputs_of(json.loads(v2_json.request_body({"text": texts})))["text"]
+    assert back.dtype == object and list(back) == list(texts)
+
+
+def test_input_i_is_the_same_for_every_server_and_differs_from_input_j():
+    specs = {"features": TensorSpec("FP32", (-1, 256))}
+    first, again, other = TensorInputs(specs).arrays(3), TensorInputs(specs).arrays(3), TensorInputs(specs).arrays(4)
+    assert np.array_equal(first["features"], again["features"])
+    assert not np.array_equal(first["features"], other["features"])
+
+
+def test_a_peers_batch_answers_each_request_as_the_handler_alone_does():
+    runner = HandlerRunner(RISK.handler, RISK.settings)
+    inputs = TensorInputs(runner.handler.inputs)
+    requests = [inputs.arrays(i) for i in range(5)]
+    together = runner.run(requests)
+    for request, answer in zip(requests, together):
+        alone = runner.handler.predict(request)
+        assert answer.keys() == alone.keys()
+        assert np.allclose(answer["score"], alone["score"], rtol=1e-5, atol=1e-6)
+
+
+def test_ratios_point_to_mcpd_leading_and_are_null_for_what_did_not_run():
+    measured = {"models": {"risk": {"mcpd": {"rps": 300.0}, "mcpd-unbatched": {"rps": 60.0},
+                                    "litserve": {"rps": 100.0}, "mlserver": {"rps": 150.0}}},
+                "burst": {"burst_high_p99_ms": 30.0, "idle_high_p99_ms": 10.0, "unanswered": 0}}
+    figures = handlers.figures_of(measured)
+    assert figures["handler_risk_rps_ratio_vs_best_peer"] == 2.0
+    assert figures["batching_speedup_risk"] == 5.0
+    assert figures["handler_high_p99_ratio"] == 3.0
+    assert figures["handler_text_rps_ratio_vs_best_peer"] is None
+    assert figures["cache_hit_rate"] is None and figures["context_bytes_ratio"] is None
