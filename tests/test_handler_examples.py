@@ -21,7 +21,7 @@ from mcpd.handlers.int8 import agreement, quantize_handler, quantize_linear_int8
 from mcpd.handlers.tensors import datatype_of
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "etc" / "examples" / "handlers.toml"
-SETTINGS = {"layers": 2, "hidden": 64, "heads": 4, "max_tokens": 48, "seed": 3}
+SETTINGS = {"layers": 2, "hidden": 64, "heads": 4, "max_length": 48, "seed": 3}
 
 
 def texts(count: int, seed: int = 0) -> np.ndarray:
@@ -82,7 +82,7 @@ def test_text_cannot_forge_a_special_token_and_any_bytes_tokenize():
 
 @pytest.mark.parametrize("settings, says", [
     ({"layer": 2}, "settings layer: not one of"), ({"hidden": 100, "heads": 3}, "a multiple of settings.heads"),
-    ({"labels": 1}, "settings.labels = 1"), ({"max_tokens": "128"}, "settings.max_tokens"),
+    ({"labels": 1}, "settings.labels = 1"), ({"max_length": "128"}, "settings.max_length"),
     ({"layers": 10 ** 6}, "settings.layers"),
 ])
 def test_bad_settings_are_refused_with_the_key(settings, says):
@@ -104,7 +104,7 @@ def test_the_classifier_equals_transformers_forward_on_the_same_weights(classifi
     handler's weights, against the handler's padded batch of all of them."""
     reference = BertForSequenceClassification(classifier.model.config).eval()
     reference.load_state_dict(classifier.model.state_dict())
-    tokenizer = build_tokenizer(SETTINGS["max_tokens"])
+    tokenizer = build_tokenizer(SETTINGS["max_length"])
     sample = texts(12, seed=1)
     requests = [classifier.preprocess({"text": sample[i:i + 1]}) for i in range(12)]
     got = classifier.predict(batch_of(classifier, requests))
@@ -145,7 +145,7 @@ def test_the_embedding_is_the_normalised_mean_of_the_real_tokens(embedder):
     sample = texts(6, seed=3)
     requests = [embedder.preprocess({"text": sample[i:i + 1]}) for i in range(6)]
     got = embedder.predict(batch_of(embedder, requests))["embedding"]
-    tokenizer = build_tokenizer(SETTINGS["max_tokens"])
+    tokenizer = build_tokenizer(SETTINGS["max_length"])
     with torch.inference_mode():
         means = torch.cat([reference(torch.tensor([tokenizer.encode(t.decode()).ids])).last_hidden_state.mean(1)
                            for t in sample])

@@ -13,7 +13,7 @@ from mcpd.handlers.tensors import DTYPES, TensorSpec
 
 # settings key -> (default, lowest, highest): an operator's typo must refuse the start, not
 # build a model that fills the machine
-SETTINGS = {"layers": (2, 1, 24), "hidden": (128, 8, 4096), "heads": (4, 1, 64), "max_tokens": (128, 4, 8192),
+SETTINGS = {"layers": (2, 1, 24), "hidden": (128, 8, 4096), "heads": (4, 1, 64), "max_length": (128, 4, 8192),
             "seed": (0, 0, (1 << 63) - 1)}
 # BERT's own 0.02 gives every text nearly the same output (a classifier then labels all texts
 # alike); 0.1 spreads random-weight outputs over the labels as a trained model's are spread
@@ -31,10 +31,10 @@ class BertTextHandler(Handler):
     def setup(self, device: str, settings: dict) -> None:
         values = checked_settings(settings, {**SETTINGS, **self.extra_settings})
         self.device = torch.device(device)
-        self.tokenizer = build_tokenizer(values["max_tokens"])
+        self.tokenizer = build_tokenizer(values["max_length"])
         config = BertConfig(vocab_size=len(vocabulary()), hidden_size=values["hidden"],
                             num_hidden_layers=values["layers"], num_attention_heads=values["heads"],
-                            intermediate_size=4 * values["hidden"], max_position_embeddings=values["max_tokens"],
+                            intermediate_size=4 * values["hidden"], max_position_embeddings=values["max_length"],
                             pad_token_id=PAD_ID, initializer_range=INIT_RANGE, **self.config_extras(values))
         self.outputs = self.outputs_for(values)
         with torch.random.fork_rng(devices=[]):   # the seed decides the weights, and leaves the caller's RNG be

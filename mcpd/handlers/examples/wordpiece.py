@@ -28,15 +28,15 @@ def vocabulary() -> dict[str, int]:
     return {token: i for i, token in enumerate(tokens)}
 
 
-def build_tokenizer(max_tokens: int) -> Tokenizer:
-    """Lower-cased, accents stripped, [CLS] text [SEP], cut to max_tokens ids (the model's positions)."""
+def build_tokenizer(max_length: int) -> Tokenizer:
+    """Lower-cased, accents stripped, [CLS] text [SEP], cut to max_length ids (the model's positions)."""
     vocab = vocabulary()
     tokenizer = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]", max_input_chars_per_word=100))
     tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
     tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tokenizer.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]", special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])])
-    tokenizer.enable_truncation(max_tokens)
+    tokenizer.enable_truncation(max_length)
     return tokenizer
 
 
