@@ -32,8 +32,9 @@ class Handler:
     def predict(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The outputs for a batch: the requests' rows concatenated on dim 0, a variable dim padded
         with zeros to the batch's longest, with "<input>.lengths" (int64, per row) beside each
-        padded input. Each output has one row per batch row."""
-        raise NotImplementedError
+        padded input. Each output has one row per batch row. The one method a handler must
+        write: a subclass without it fails each batch with this reason (INTERNAL, per request)."""
+        raise NotImplementedError(f"{type(self).__name__} does not define predict")
 
     def postprocess(self, outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """One request's rows of the outputs as the client gets them."""

@@ -3,6 +3,8 @@ the version's settings, built with random weights from a seed (no download), the
 tokenizer (wordpiece.py) as preprocess, and the attention mask of a padded batch."""
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 import numpy as np
 import torch
 from transformers import BertConfig
@@ -23,7 +25,7 @@ INIT_RANGE = 0.1
 CHUNK_ROWS = 64
 
 
-class BertTextHandler(Handler):
+class BertTextHandler(Handler, ABC):
     """One UTF-8 string per row in, a BERT-shaped model over its token ids."""
     inputs = {"text": TensorSpec("BYTES", (-1,))}
     extra_settings: dict[str, tuple[int, int, int]] = {}   # a subclass's own keys, as SETTINGS
@@ -41,16 +43,17 @@ class BertTextHandler(Handler):
             torch.manual_seed(values["seed"])
             self.model = self.build_model(config).eval().to(self.device)
 
+    @abstractmethod
     def build_model(self, config: BertConfig) -> torch.nn.Module:
-        raise NotImplementedError
+        """The transformers model the subclass runs, built from `config`."""
 
     def config_extras(self, values: dict) -> dict:
         """BertConfig's keys that a subclass's settings decide."""
         return {}
 
+    @abstractmethod
     def outputs_for(self, values: dict) -> dict[str, TensorSpec]:
         """The outputs with the dims the settings decide."""
-        raise NotImplementedError
 
     def preprocess(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return {"input_ids": token_ids(self.tokenizer, inputs["text"])}
@@ -71,9 +74,9 @@ class BertTextHandler(Handler):
             parts.append(self.forward(chunk[:, :longest].to(self.device), mask[:, :longest].long().to(self.device)))
         return {name: torch.cat([part[name] for part in parts]).cpu().numpy() for name in parts[0]}
 
+    @abstractmethod
     def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
         """The outputs of a chunk of rows: token ids and their attention mask."""
-        raise NotImplementedError
 
 
 def checked_settings(settings: dict, allowed: dict[str, tuple[int, int, int]]) -> dict[str, int]:
