@@ -20,7 +20,7 @@ from pathlib import Path
 import zmq
 
 import mcpd
-from mcpd import config as config_module, default_model, refusal, sockets
+from mcpd import config as config_module, default_model, refusal, sockets, tracing
 from mcpd.config import Config, ConfigError
 from mcpd.daemon import channels, log, pool_keeper
 from mcpd.daemon.supervisor.core import SupervisorCore
@@ -145,6 +145,7 @@ class Supervisor:
         notifier = SystemdNotifier()
         self.devices = worker_devices(config)
         launcher = ForkServerLauncher()
+        tracing.share_wall_offset()   # before the fork server: every child inherits it
         self.ports = SupervisorPorts(notifier, launcher, config_path, self.log)
         self.admin_gid = peers.admin_gid(config.security.admin_group)
         self.core = SupervisorCore(config, config_path, self.devices, self.log, self.ports, KeyStore(config.keys_dir),
