@@ -13,20 +13,10 @@ checks that one attribute.
 from __future__ import annotations
 
 import importlib
-import os
-import time
 
 from mcpd.config import Config
 
-# monotonic -> wall clock nanoseconds, drawn once by the supervisor for all of its children, so that
-# spans of different processes (a hop's two ends) line up to the nanosecond.
-WALL_OFFSET_ENV = "MCPD_WALL_OFFSET_NS"
 _RECORDERS = {"frontend": "FrontendSpans", "scheduler": "SchedulerSpans", "worker": "WorkerSpans"}
-
-
-def share_wall_offset() -> None:
-    """Draw the wall offset for the children this process starts (they inherit the environment)."""
-    os.environ[WALL_OFFSET_ENV] = str(time.time_ns() - time.monotonic_ns())
 
 
 def start(config: Config, role: str, name: str | None = None):

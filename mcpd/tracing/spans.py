@@ -3,20 +3,16 @@ makes a request's spans, finished, once their end is known (as wall-clock nanose
 OpenTelemetry wants). A span is named by a traceparent.Parent: its trace id, its own span id."""
 from __future__ import annotations
 
-import os
 import random
-import time
 
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.sampling import TraceIdRatioBased
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-from mcpd.tracing import WALL_OFFSET_ENV, traceparent
+from mcpd.tracing import traceparent, wall_clock
 from mcpd.tracing.provider import Provider
 
-# monotonic -> wall clock, fixed at start: spans never move against each other when the wall clock
-# is stepped. The supervisor's children share the one it drew (share_wall_offset).
-WALL_OFFSET_NS = int(os.environ.get(WALL_OFFSET_ENV) or time.time_ns() - time.monotonic_ns())
+WALL_OFFSET_NS = wall_clock.offset_ns()
 SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 UNSET = Status(StatusCode.UNSET)
 
