@@ -17,8 +17,8 @@ Each step, under a budget of max_step_tokens:
 4. A step may decode at most `most_decodes` running sequences (while tenants share the engine, so
    that a newcomer waits for a short step, not for a whole batch): the most important, then those
    longest without a turn, so they all take turns. Prefill chunks and admissions are not bounded.
-   While they are bounded, a waiting sequence of a tenant with nothing running is admitted in a
-   step of its own: its first token costs its prefill, not its prefill plus the others' decodes.
+   While they are bounded, waiting sequences of tenants with nothing running are admitted in a
+   step of their own: a newcomer's first token costs its prefill, not that plus others' decodes.
 Every sequence fits the whole cache on its own (Engine.add_request checks), so the most important
 sequence always makes progress and preemption cannot loop forever.
 """
@@ -107,14 +107,18 @@ class BatchScheduler:
             floor = max(floor, victim.priority)
 
     def _admit_newcomer(self, batch: dict[Sequence, int]) -> bool:
-        """Admit the first waiting sequence alone if its tenant has nothing running and a seat and
-        blocks are free for it (never by preempting: a step of its own must not cost others more)."""
-        if not self.waiting:
-            return False
-        seq = self.waiting[0]
-        if any(other.cache_namespace == seq.cache_namespace for other in self.running):
-            return False
-        return self._seat(seq, batch, self.max_step_tokens) > 0
+        """Admit the first waiting sequences, in order, while each one's tenant has nothing running
+        and a seat and blocks are free for it (never by preempting: a step of their own must not
+        cost the others more). Whether any was admitted."""
+        budget = self.max_step_tokens
+        while self.waiting and budget > 0:
+            namespace = self.waiting[0].cache_namespace
+            if any(other.cache_namespace == namespace for other in self.running):
+                break
+            if not (count := self._seat(self.waiting[0], batch, budget)):
+                break
+            budget -= count
+        return bool(batch)
 
     def _seat(self, seq: Sequence, batch: dict[Sequence, int], budget: int) -> int:
         """Move the first waiting sequence, seq, to running with its first chunk in the batch if a
