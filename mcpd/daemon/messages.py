@@ -54,6 +54,7 @@ class Request(Message):
     timeout_ms: int | None
     args: ANY_ARGS
     trace: str | None = None   # the traceparent of its root span, when traced (mcpd/tracing/)
+    sent: float | None = None   # when its sender sent it (time.monotonic()), for a traced request's hop span
 
 
 class Cancel(Message):
@@ -85,6 +86,7 @@ class Dispatch(Message):
     degraded: Degraded | None = None   # the ladder shortened it: its result says so
     trace: str | None = None    # the traceparent of its request's root span, when traced
     context_version: int | None = None   # an infer whose inputs came from a context: its version, for the reply
+    sent: float | None = None   # when its sender sent it (time.monotonic()), for a traced request's hop span
 
 
 class Hello(Message):
@@ -153,6 +155,7 @@ class Final(Message):
     TAG = b"FINAL"
     rid: int
     code: str | None = None
+    sent: float | None = None   # when its sender sent it (time.monotonic()), for a traced request's hop span
 
 
 class TurnResult(Message):
@@ -161,6 +164,7 @@ class TurnResult(Message):
     rid: int
     result: GenerateResult   # without its context: the scheduler adds it once committed
     appended: list[int]      # what the turn adds to the context: its prompt tokens and its output
+    sent: float | None = None   # when its sender sent it (time.monotonic()), for a traced request's hop span
 
 
 class Drain(Message):

@@ -214,7 +214,7 @@ class FrontEndCore:
         answered = self._forget(reply.rid, pending)
         self._send(pending.identity, pending.envelope, frames[0], frames[1:], reply.rid)
         if self.tracing is not None:
-            self.tracing.replied(reply.rid, reply.code, answered)
+            self.tracing.replied(reply.rid, reply.code, answered, reply.sent)
 
     def _forget(self, rid: int, pending: Pending) -> float:
         """Returns the moment it was answered."""

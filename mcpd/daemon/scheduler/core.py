@@ -377,7 +377,8 @@ class Scheduler:
 
     def reply(self, rid: int, header: bytes, payload: list[bytes] = (), code: str | None = None) -> None:
         """The final reply of `rid`: header and payload for the client; code: an error's, or None."""
-        self.ports.to_frontend(messages.encode(messages.Final(rid, code), header, *payload))
+        sent = time.monotonic() if self.tracing is not None else None   # the hop's start, for a traced request
+        self.ports.to_frontend(messages.encode(messages.Final(rid, code, sent), header, *payload))
 
     # -- the status report (status.py) ---------------------------------------------------------
 

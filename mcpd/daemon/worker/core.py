@@ -253,7 +253,12 @@ class WorkerCore:
         # A context turn: the scheduler commits it and answers the client.
         if self.tracing is not None:
             self.tracing.ended(rid)
-        self.ports.to_scheduler(messages.encode(messages.TurnResult(rid, result, request.turn_ids + request.token_ids)))
+        self.ports.to_scheduler(messages.encode(messages.TurnResult(rid, result, request.turn_ids + request.token_ids,
+                                                                    self._sent())))
+
+    def _sent(self) -> float | None:
+        """A reply's sending moment, for a traced request's hop span (None with tracing off)."""
+        return time.monotonic() if self.tracing is not None else None
 
     def _final(self, dispatch: messages.Dispatch, header: bytes, code: str | None = None) -> None:
         """A request answered before the engine ran it."""
@@ -262,7 +267,7 @@ class WorkerCore:
     def _send_final(self, rid: int, turn: bool, header: bytes, code: str | None = None) -> None:
         if self.tracing is not None:
             self.tracing.ended(rid, code)
-        message = messages.encode(messages.Final(rid, code), header)
+        message = messages.encode(messages.Final(rid, code, self._sent()), header)
         if turn:   # the scheduler ends the turn and passes the reply on
             return self.ports.to_scheduler(message)
         self.ports.to_frontend(message)
