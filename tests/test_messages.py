@@ -12,6 +12,7 @@ from mcpd.engine import SamplingParams
 from mcpd.protocol import codes, ops
 from mcpd.protocol.codes import MCPDError
 from mcpd.protocol.args import BY_OP, CancelArgs, ContextUpdateArgs, GenerateArgs, PingArgs
+from mcpd.protocol.control_args import ContextRef
 from mcpd.protocol.results import Degraded, GenerateResult, Usage
 
 PROTOCOL = Path(__file__).resolve().parent.parent / "docs" / "PROTOCOL.md"
@@ -37,7 +38,7 @@ SAMPLES = [
     messages.Final(9, "OVERLOADED"),
     messages.TurnResult(9, GenerateResult("hi", [1], "stop", "m", "v", Usage(1, 1), [-0.5]), [7, 1]),
     messages.Drain(), messages.SchedulerLost(), messages.Resume(),
-    messages.Admin(3, "contexts.drop", {"owner": "t", "id": "c"}),
+    messages.Admin(3, "contexts.drop", ContextRef(owner="t", id="c")),
     messages.Reload(4, {"server": {"log_level": "debug"}}),
     messages.Ready(SENDER), messages.Drained(SENDER),
     messages.Report(SENDER, FrontendStats(served=3)), messages.Report(SENDER, SchedulerStats(queue_depth=2)),

@@ -187,7 +187,7 @@ def test_a_forwarded_ops_answer_reaches_the_caller_that_asked():
     call(core, "contexts.list", 1, identity=b"A")
     call(core, "contexts.list", "b", identity=b"B", args={"limit": 5})
     asked = sent(core.ports.scheduler)
-    assert [(m.op, m.args["limit"]) for m in asked] == [("contexts.list", 1000), ("contexts.list", 5)]
+    assert [(m.op, m.args.limit) for m in asked] == [("contexts.list", 1000), ("contexts.list", 5)]
     assert core.ports.control == []   # both wait for the scheduler
     event(core, messages.AdminAnswer, "scheduler", asked[1].token, {"contexts": ["x"]})
     event(core, messages.AdminAnswer, "scheduler", asked[0].token, None, codes.NOT_FOUND, "no such owner")

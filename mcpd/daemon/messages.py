@@ -36,6 +36,7 @@ import msgspec
 
 from mcpd.daemon import child_stats
 from mcpd.daemon.child_stats import WorkerStats
+from mcpd.protocol import control_args
 from mcpd.protocol.args import ANY_ARGS, GenerateArgs, InferArgs, PingArgs
 from mcpd.protocol.results import Degraded, GenerateResult
 
@@ -176,12 +177,12 @@ class Resume(Message):
 
 
 class Admin(Message):
-    """An mcpctl op that runs in the scheduler (the control-op table's), its args checked by the
+    """An mcpctl op that runs in the scheduler (the control-op table's), its args decoded by the
     supervisor; answered by an AdminAnswer event with the same token."""
     TAG = b"ADMIN"
     token: int
     op: str
-    args: dict[str, Any]
+    args: control_args.ANY
 
 
 class Reload(Message):
