@@ -38,6 +38,7 @@ from mcpd.daemon import child_stats
 from mcpd.daemon.child_stats import WorkerStats
 from mcpd.protocol import control_args
 from mcpd.protocol.args import ANY_ARGS, GenerateArgs, InferArgs, PingArgs
+from mcpd.protocol.error import ErrorReply
 from mcpd.protocol.results import Degraded, GenerateResult
 
 
@@ -226,12 +227,11 @@ class Refused(Event):
 
 
 class AdminAnswer(Event):
-    """The scheduler's answer to Admin: a result, or an error code and message."""
+    """The scheduler's answer to Admin: a result, or an error."""
     TAG = b"ANSWER"
     token: int
     result: Any = None
-    code: str | None = None
-    message: str | None = None
+    error: ErrorReply | None = None
 
 
 class Reloaded(Event):

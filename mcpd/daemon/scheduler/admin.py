@@ -14,6 +14,7 @@ from mcpd.contexts.context import Context
 from mcpd.daemon import live_config, messages
 from mcpd.protocol import codes, control_ops
 from mcpd.protocol.codes import MCPDError
+from mcpd.protocol.error import ErrorReply
 from mcpd.protocol.control_args import ContextListing, ContextRef, ModelRef, ModelVersion, ShadowPlan, TrafficSplit
 
 
@@ -29,10 +30,10 @@ def handle(scheduler, request: messages.Admin) -> None:
         if result is not LATER:
             scheduler.events.send(messages.AdminAnswer, token, result=result)
     except MCPDError as e:
-        scheduler.events.send(messages.AdminAnswer, token, code=e.code, message=e.message)
+        scheduler.events.send(messages.AdminAnswer, token, error=ErrorReply.of(e))
     except Exception as e:   # a bug in one op answers that op; it must not take the scheduler down
         scheduler.log.exception("control op %r failed", request.op)
-        scheduler.events.send(messages.AdminAnswer, token, code=codes.INTERNAL, message=f"{type(e).__name__}: {e}")
+        scheduler.events.send(messages.AdminAnswer, token, error=ErrorReply.internal(e))
 
 
 LATER = object()   # a handler's result: it answers the op itself, later

@@ -24,6 +24,7 @@ from mcpd.memory.pool_segment import PoolBusy
 from mcpd.protocol import codes, control_ops, wire
 from mcpd.protocol.codes import MCPDError
 from mcpd.protocol.control_args import ControlArgs, ModelVersion, NoArgs
+from mcpd.protocol.error import ErrorReply
 from mcpd.security import key_ops
 
 FORWARD_TIMEOUT_S = 30.0   # the most a forwarded op waits, and a reload when the caller names no timeout
@@ -227,9 +228,9 @@ class Admin:
         if isinstance(event, messages.AdminAnswer):
             self.pending.pop(event.token)
             result = event.result
-            if pending.after is not None and event.code is None:
+            if pending.after is not None and event.error is None:
                 result = pending.after(pending.args, result)
-            self.answer(pending.reply_to, result, event.code, event.message)
+            self.answer(pending.reply_to, result, event.error)
             return
         sender = event.sender
         pending.waiting_for.discard((sender.role, sender.index))
@@ -250,7 +251,7 @@ class Admin:
                 self._finish(token)
             else:
                 del self.pending[token]
-                self.answer(pending.reply_to, None, codes.UNAVAILABLE, "the scheduler did not answer in time")
+                self.answer(pending.reply_to, None, ErrorReply(codes.UNAVAILABLE, "the scheduler did not answer in time"))
 
     def _finish(self, token: int) -> dict:
         pending = self.pending.pop(token)
@@ -264,9 +265,9 @@ class Admin:
             self.answer(pending.reply_to, summary)
         return summary
 
-    def answer(self, reply_to: tuple, result: dict | None, code: str | None = None, message: str = "") -> None:
+    def answer(self, reply_to: tuple, result: dict | None, error: ErrorReply | None = None) -> None:
         identity, envelope, request_id = reply_to
-        reply = wire.ok_reply(request_id, result) if code is None else wire.error_reply(request_id, code, message)
+        reply = wire.ok_reply(request_id, result) if error is None else wire.error_reply(request_id, error)
         self.supervisor.ports.to_control([identity, *envelope, reply])
 
 
