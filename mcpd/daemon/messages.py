@@ -36,7 +36,9 @@ import msgspec
 
 from mcpd.daemon import child_stats
 from mcpd.daemon.child_stats import WorkerStats
+from mcpd.protocol import control_args
 from mcpd.protocol.args import ANY_ARGS, GenerateArgs, InferArgs, PingArgs
+from mcpd.protocol.error import ErrorReply
 from mcpd.protocol.results import Degraded, GenerateResult
 
 
@@ -180,12 +182,12 @@ class Resume(Message):
 
 
 class Admin(Message):
-    """An mcpctl op that runs in the scheduler (the control-op table's), its args checked by the
+    """An mcpctl op that runs in the scheduler (the control-op table's), its args decoded by the
     supervisor; answered by an AdminAnswer event with the same token."""
     TAG = b"ADMIN"
     token: int
     op: str
-    args: dict[str, Any]
+    args: control_args.ANY
 
 
 class Reload(Message):
@@ -229,12 +231,11 @@ class Refused(Event):
 
 
 class AdminAnswer(Event):
-    """The scheduler's answer to Admin: a result, or an error code and message."""
+    """The scheduler's answer to Admin: a result, or an error."""
     TAG = b"ANSWER"
     token: int
     result: Any = None
-    code: str | None = None
-    message: str | None = None
+    error: ErrorReply | None = None
 
 
 class Reloaded(Event):
