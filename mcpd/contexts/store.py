@@ -112,6 +112,14 @@ class ContextStore:
                 self._announce(context, "adopted")
         return context
 
+    def adopt(self, context: Context) -> bool:
+        """Hold a context read from the shared copy ahead of its first use (a prefetch), unless this
+        node holds one of that name already; whether it did."""
+        if (context.owner, context.id) in self.contexts:
+            return False
+        self._announce(context, "adopted")
+        return True
+
     def _announce(self, context: Context, event: str) -> None:
         """Hold a new context if there is room and every listener takes it (`event`: opened or adopted)."""
         if len(self.owned.get(context.owner, ())) >= self.config.max_per_owner:
