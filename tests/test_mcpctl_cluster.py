@@ -8,6 +8,7 @@ import signal
 import pytest
 
 from mcpd.cli.cluster import OFF
+from mcpd.cluster.membership import Membership
 from mcpd.cluster.ownership import Ownership, context_hash
 
 pytestmark = pytest.mark.slow
@@ -58,6 +59,13 @@ def test_nodes_their_load_their_share_of_recent_contexts_and_a_killed_node_gone(
     assert table["a"][1:2] == ["yes"] and table["a"][3:5] == ["tcp://127.0.0.1:7001", "http://127.0.0.1:7002"]
     assert table["a"][-1] == str(owners["a"]) and table["b"][-1] == str(owners["b"])
     assert table["b"][-2] == "default/default"   # the models b's ready worker serves
+    # A heartbeat anyone with Redis's address could write: shown quoted, never as control sequences.
+    forged = Membership(redis_server.client(), "forged\x1b[2J", 30)
+    forged.beat({"tcp": "\x1b]0;owned\x07", "weight": "heavy", "models": 7})
+    b.wait_until(lambda: "forged\x1b[2J" in ctl(b, "--json")["nodes"], what="b saw the forged node")
+    text = ctl(b)
+    assert "\x1b" not in text and rows(text)["'forged\\x1b[2J'"][3] == "'\\x1b]0;owned\\x07'"
+    forged.leave()
     os.kill(a.process.pid, signal.SIGKILL)
     a.process.wait()
     b.wait_until(lambda: "a" in ctl(b, "--json")["gone"], what="b saw a gone")

@@ -46,11 +46,19 @@ def render_cluster(view: dict) -> str:
 
 
 def _row(node_id: str, report: dict, alive: str, age: str, owned) -> list:
-    return [node_id, alive, age, report.get("tcp") or "-", report.get("http") or "-", report.get("weight", "-"),
-            report.get("queued", "-"), report.get("inflight", "-"), report.get("free_kv_blocks", "-"),
-            _models(report.get("models")), owned]
+    cells = [node_id, report.get("tcp") or "-", report.get("http") or "-", report.get("weight", "-"),
+             report.get("queued", "-"), report.get("inflight", "-"), report.get("free_kv_blocks", "-"),
+             _models(report.get("models"))]
+    node_id, tcp, http, *load = map(_shown, cells)
+    return [node_id, alive, age, tcp, http, *load, owned]
 
 
 def _models(models) -> str:
-    """A heartbeat's models, whatever another node wrote there."""
     return ",".join(map(str, models)) if isinstance(models, list) and models else "-"
+
+
+def _shown(value) -> str:
+    """A heartbeat's value as text, quoted when it is not printable: any node (or anyone who can
+    write to Redis) wrote it, and a terminal must not take it for control sequences."""
+    text = str(value)
+    return text if text.isprintable() and " " not in text else repr(text)
