@@ -15,6 +15,7 @@ pytestmark = pytest.mark.slow
 GREEDY = {"max_tokens": 4, "temperature": 0, "ignore_eos": True}
 FAST_BEATS = {"heartbeat_s": 0.2, "node_ttl_s": 1.0}
 IDS = [f"chat-{i}" for i in range(8)]
+FIELD_FLOATS = 1 << 18   # 1 MiB a context: what Redis would hear again if a prefetch wrote it back
 
 
 def node(fresh_daemon, redis_server, name):
@@ -22,11 +23,12 @@ def node(fresh_daemon, redis_server, name):
 
 
 def chat_on(daemon, ids):
-    """Two turns on each context; their token histories by id."""
+    """A field and two turns on each context; their token histories by id."""
     with daemon.client(tenant="acme") as client:
         histories = {}
         for context_id in ids:
             ctx = client.context(context_id)
+            ctx["w"] = np.full(FIELD_FLOATS, len(histories), np.float32)
             ctx.generate("hello", **GREEDY)
             ctx.generate(" and then", **GREEDY)
             histories[context_id] = ctx.tokens.copy()
@@ -72,8 +74,11 @@ def test_a_peer_sigkilled_its_contexts_are_prefetched_before_any_request_and_the
     a.wait_until(lambda: redis_server.client().zcard(RECENT) == len(IDS), what="the contexts indexed")
     # Entries no node writes: not UTF-8, two colons, a bad escape, and a well-formed name Redis holds no context of.
     redis_server.client().zadd(RECENT, {b"\xff:x": 1e15, b"acme:a:b": 1e15, b"acme%zz:x": 1e15, b"acme:ghost": 1e15})
+    received = redis_server.client().info("stats")["total_net_input_bytes"]
     sigkill(a)
     b.wait_until(lambda: cluster_of(b)["prefetch"]["prefetched"] == len(IDS), what="a's contexts prefetched")
+    # Only heartbeats reached Redis meanwhile: the contexts read from it were not written back.
+    assert redis_server.client().info("stats")["total_net_input_bytes"] - received < FIELD_FLOATS * 4
     status = b.status()
     assert "a" in status["cluster"]["gone"] and status["contexts"]["redis"]["loaded"] == 0
     assert status["cluster"]["prefetch"]["last_pass"]["trigger"] == "nodes left: a"
@@ -81,7 +86,8 @@ def test_a_peer_sigkilled_its_contexts_are_prefetched_before_any_request_and_the
     with b.client(tenant="acme") as client:
         for context_id in IDS:
             there = client.context(context_id, create=False)
-            assert there.version == 2 and np.array_equal(there.tokens, histories[context_id])
+            assert there.version == 3 and np.array_equal(there.tokens, histories[context_id])
+            assert np.array_equal(there["w"], np.full(FIELD_FLOATS, IDS.index(context_id), np.float32))
             turn = there.generate(" more", **GREEDY)
             # The same history in a context of its own, made on b from its token ids, answers alike.
             twin = client.context(context_id + "-twin")
