@@ -140,6 +140,12 @@ class RedisContexts:
 
     def load(self, owner: str, context_id: str) -> Context | None:
         """The context as Redis last holds it, or None when Redis holds none of that name."""
+        context = self.read(owner, context_id)
+        self.loaded += context is not None
+        return context
+
+    def read(self, owner: str, context_id: str) -> Context | None:
+        """As load, uncounted: safe from a thread of its own (prefetch.py)."""
         keys = keys_of(owner, context_id)
         with self._refusing("read the context"):
             with self.redis.pipeline(transaction=True) as reading:   # the snapshot and its log as of one moment
@@ -157,7 +163,6 @@ class RedisContexts:
         if replay.unusable or replay.lost:
             self.log.error("context %s/%s in Redis has %d unusable record(s): restored at version %s",
                            owner, context_id, replay.unusable, context.version if context else "none")
-        self.loaded += context is not None
         return context
 
     # -- inside ---------------------------------------------------------------------------------

@@ -56,6 +56,7 @@ class PersistenceConfig:
 
 MAX_NODE_ID_CHARS = 64
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+MAX_RECENT_CONTEXTS = 1 << 20   # the recency index is read whole at a takeover: about 140 MB of Redis at most
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,8 @@ class ClusterConfig:
     heartbeat_s: float = 1.0            # how often the node tells Redis it is alive, with its load
     node_ttl_s: float = 3.0             # a node silent this long counts as gone
     when_redis_down: str = "refuse"     # refuse context changes (retryably), or go on with the "journal" alone
+    prefetch_contexts: int = 64         # at start or takeover, load this many recently used contexts it owns; 0 = off
+    recent_contexts: int = 16384        # the cluster's recency index keeps this many contexts (size it >= prefetch x nodes)
 
     def check(self) -> None:
         if self.redis and not self.redis.startswith(REDIS_SCHEMES):
@@ -85,6 +88,9 @@ class ClusterConfig:
             raise ConfigError("cluster.timeout_s must be in (0, 60] and cluster.compact_after_bytes >= 1")
         if self.when_redis_down not in ("refuse", "journal"):
             raise ConfigError(f"cluster.when_redis_down = {self.when_redis_down!r}: use refuse or journal")
+        if not 0 <= self.prefetch_contexts <= self.recent_contexts <= MAX_RECENT_CONTEXTS:
+            raise ConfigError(f"cluster.prefetch_contexts = {self.prefetch_contexts} and recent_contexts = "
+                              f"{self.recent_contexts}: need 0 <= prefetch <= recent <= {MAX_RECENT_CONTEXTS}")
         if self.weight <= 0 or not 0 < self.heartbeat_s < self.node_ttl_s:
             raise ConfigError(f"cluster.weight = {self.weight} must be > 0 and cluster.heartbeat_s = "
                               f"{self.heartbeat_s} in (0, node_ttl_s = {self.node_ttl_s})")
