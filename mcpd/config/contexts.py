@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass
 
+from mcpd.cluster import redis_url
 from mcpd.config_error import ConfigError
 
 
@@ -55,13 +56,12 @@ class PersistenceConfig:
 
 
 MAX_NODE_ID_CHARS = 64
-REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 
 
 @dataclass(frozen=True)
 class ClusterConfig:
     """Several nodes sharing contexts through Redis (docs/CLUSTER.md); off while `redis` is ""."""
-    redis: str = ""                     # redis://host:port/db, rediss:// (TLS) or unix://path; "" = off
+    redis: str = ""                     # a server's URL, redis+cluster:// or redis+sentinel:// (docs/CLUSTER.md); "" = off
     node_id: str = ""                   # this node's name among the others; "" = the host name
     advertise_tcp: str = ""             # the ZeroMQ endpoint other nodes and clients reach this node at
     advertise_http: str = ""            # its HTTP listener's URL, likewise
@@ -73,8 +73,13 @@ class ClusterConfig:
     when_redis_down: str = "refuse"     # refuse context changes (retryably), or go on with the "journal" alone
 
     def check(self) -> None:
-        if self.redis and not self.redis.startswith(REDIS_SCHEMES):
-            raise ConfigError(f"cluster.redis = {self.redis!r}: use redis://host:port/db, rediss://... or unix://path")
+        if self.redis:
+            try:
+                redis_url.parse(self.redis)
+            except ValueError as e:
+                raise ConfigError(f"cluster.redis = {self.redis!r}: {e}; use redis://host:port/db, rediss://..., "
+                                  "unix://path, redis+cluster://host:port,host:port or "
+                                  "redis+sentinel://host:port,host:port/service") from None
         if len(self.node_id) > MAX_NODE_ID_CHARS or not self.node_id.isprintable():
             raise ConfigError(f"cluster.node_id = {self.node_id!r}: at most {MAX_NODE_ID_CHARS} printable characters")
         if self.advertise_tcp and not self.advertise_tcp.startswith("tcp://"):
