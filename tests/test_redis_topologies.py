@@ -14,7 +14,9 @@ from mcpd.cluster.redis_client import connect
 from mcpd.config import from_dict
 from mcpd.config_error import ConfigError
 from mcpd.contexts.persistence import open_store
+from mcpd.protocol import codes
 from mcpd.protocol import delta as codec
+from mcpd.protocol.codes import MCPDError
 from mcpd.testing import RedisServer, free_port
 from test_redis_contexts import grow, same
 
@@ -76,8 +78,9 @@ class RedisClusterServers:
     """Three real redis-servers with cluster-enabled, joined into one Redis Cluster (every slot served)."""
 
     def __init__(self):
-        self.servers = [RedisServer("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
-                        for _ in range(3)]
+        # The bus port named: Redis's default, the port + 10000, fails past 55535 or may be taken.
+        self.servers = [RedisServer("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                                    "--cluster-port", str(free_port())) for _ in range(3)]
         try:
             for server in self.servers:
                 server.start()
@@ -143,3 +146,31 @@ def test_contexts_and_membership_work_through_cluster_and_sentinel_urls(topology
     assert membership.live() == {"n1": {"weight": 1.0}}
     for node in (first, second, third):
         node.journal.close()
+
+
+def _servers_of(topology, request) -> list[RedisServer]:
+    return request.getfixturevalue(topology).servers if topology == "redis_cluster" else [
+        request.getfixturevalue("redis_server")]
+
+
+@pytest.mark.parametrize("topology", ["sentinel", "redis_cluster"])
+def test_with_every_server_down_changes_are_refused_retryably_and_go_on_once_back(topology, tmp_path, request):
+    url = request.getfixturevalue(topology).url
+    first = open_store(config_with(tmp_path / "a", url), None, LOG)
+    first.store.open("t", "c")
+    servers = _servers_of(topology, request)
+    for server in servers:
+        server.kill()
+    with pytest.raises(MCPDError) as refused:
+        first.store.update("t", "c", 0, [codec.diff("n", None, 1)])
+    assert refused.value.code == codes.UNAVAILABLE and first.store.get("t", "c").version == 0
+    for server in servers:
+        server.start()
+    for server in servers:
+        _wait_for(lambda: _answers(["-p", str(server.port), "info", "persistence"], "loading:0"), "the server")
+    if topology == "redis_cluster":
+        for server in servers:
+            _wait_for(lambda: _answers(["-p", str(server.port), "cluster", "info"], "cluster_state:ok"), "the cluster")
+    first.store.update("t", "c", 0, [codec.diff("n", None, 1)])
+    assert open_store(config_with(tmp_path / "b", url), None, LOG).store.get("t", "c").fields["n"] == 1
+    first.journal.close()

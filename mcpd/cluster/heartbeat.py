@@ -10,10 +10,8 @@ from __future__ import annotations
 import logging
 import threading
 
-import redis
-
 from mcpd.cluster.membership import Membership
-from mcpd.cluster.redis_client import connect
+from mcpd.cluster.redis_client import REDIS_ERRORS, connect
 from mcpd.config import ClusterConfig
 
 
@@ -42,7 +40,7 @@ class Heartbeat:
         self.thread.join(self.interval_s + 1)
         try:
             self.membership.leave()
-        except redis.RedisError as e:
+        except REDIS_ERRORS as e:
             self.log.warning("could not leave the cluster's live nodes (%s): this node lapses after its TTL", e)
 
     def _run(self) -> None:
@@ -54,7 +52,7 @@ class Heartbeat:
         try:
             self.membership.beat({**self.identity, **self.load})
             self.nodes = self.membership.live()
-        except redis.RedisError as e:
+        except REDIS_ERRORS as e:
             if self.failing is None:
                 self.log.error("cluster heartbeat cannot reach Redis (%s): other nodes will count this one gone", e)
             self.failing = str(e)

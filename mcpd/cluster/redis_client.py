@@ -6,11 +6,16 @@ from __future__ import annotations
 import redis
 from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode, RedisCluster
+from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 from redis.sentinel import Sentinel
 
 from mcpd.cluster import redis_url
 from mcpd.config import ClusterConfig
+
+# What a call raises when Redis cannot answer it: RedisCluster raises the second, no RedisError,
+# when none of the cluster's nodes can be reached.
+REDIS_ERRORS = (redis.RedisError, RedisClusterException)
 
 
 def connect(config: ClusterConfig) -> redis.Redis | RedisCluster:

@@ -33,7 +33,7 @@ import redis
 
 from mcpd.cluster import redis_scripts
 from mcpd.cluster.context_keys import keys_of
-from mcpd.cluster.redis_client import connect
+from mcpd.cluster.redis_client import REDIS_ERRORS, connect
 from mcpd.config import ClusterConfig
 from mcpd.contexts import journal_file, snapshot
 from mcpd.contexts.context import Context
@@ -72,7 +72,7 @@ class RedisContexts:
         """Say so in the log when Redis may evict keys: an evicted context is an acknowledged one lost."""
         try:
             policy = self.redis.config_get("maxmemory-policy").get("maxmemory-policy")
-        except redis.RedisError as e:   # down for now, or CONFIG renamed away (managed Redis)
+        except REDIS_ERRORS as e:   # down for now, or CONFIG renamed away (managed Redis)
             self.log.warning("could not read Redis's maxmemory-policy (%s): it must be noeviction", e)
             return
         if policy != "noeviction":
@@ -124,7 +124,7 @@ class RedisContexts:
         try:
             if sending.result()[0]:
                 self.uncommit_script(keys=[keys.meta, keys.log], args=[context.version, data])
-        except redis.RedisError as e:
+        except REDIS_ERRORS as e:
             self.log.error("context %s/%s: the journal refused version %d but Redis may hold it (%s)",
                            context.owner, context.id, context.version, e)
 
@@ -153,7 +153,7 @@ class RedisContexts:
             key, context = next(iter(self.behind.items()))
             try:
                 self._write_snapshot(context, "adopt")
-            except redis.RedisError:
+            except REDIS_ERRORS:
                 self.next_catch_up = now + REDIS_RETRY_MS / 1000
                 return
             del self.behind[key]
@@ -197,7 +197,7 @@ class RedisContexts:
         nothing but Redis memory: the log still holds every version, and the next commit retries."""
         try:
             self.folded += self._write_snapshot(context, "fold")
-        except redis.RedisError as e:
+        except REDIS_ERRORS as e:
             self.log.warning("folding context %s/%s in Redis failed (%s); retried at its next commit",
                              context.owner, context.id, e)
 
@@ -216,7 +216,7 @@ class RedisContexts:
             self.refused += 1
             raise storage_full(f"the cluster's Redis is at its maxmemory and cannot {what}; nothing changed: "
                                "retry later") from None
-        except redis.RedisError as e:
+        except REDIS_ERRORS as e:
             if self.journal_alone and context is not None:
                 if not self.behind:
                     self.log.error("the cluster's Redis cannot %s (%s): going on with the journal alone, caught "
