@@ -44,6 +44,17 @@ def test_the_data_nodes_credentials_are_read_from_the_url():
     assert (where.username, where.password, where.tls) == ("mcpd", "p@ss", True)
 
 
+@pytest.mark.parametrize("url, shown", [
+    ("redis://:s3cret@h:1/0", "redis://:***@h:1/0"),
+    ("redis+cluster://mcpd:s3cret@h:1,h:2", "redis+cluster://mcpd:***@h:1,h:2"),
+    ("redis+sentinel://a:s3c:ret@h:1/prime", "redis+sentinel://a:***@h:1/prime"),
+    ("unix:///run/redis.sock?db=0&password=s3cret", "unix:///run/redis.sock?db=0&password=***"),
+    ("redis://h:1/0", "redis://h:1/0"),
+])
+def test_the_logged_url_shows_no_password(url, shown):
+    assert redis_url.redacted(url) == shown
+
+
 @pytest.mark.parametrize("url", [
     "redis+cluster://h", "redis+cluster://h:0", "redis+cluster://h:65536", "redis+cluster://:1",
     "redis+cluster://h:1,", "redis+cluster://h:1/0", "redis+sentinel://h:1", "redis+sentinel://h:1/",

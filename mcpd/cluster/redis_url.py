@@ -12,6 +12,7 @@ the config is checked: a URL from a config file is checked here before any clien
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from urllib.parse import unquote
 
@@ -69,3 +70,9 @@ def _host_port(text: str) -> tuple[str, int]:
     if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"{text!r} is not host:port")
     return host, int(port)
+
+
+def redacted(url: str) -> str:
+    """The URL as a log line may show it: its password, in the user part or the query, replaced."""
+    url = re.sub(r"(://[^/@]*?:)[^/@]*@", r"\1***@", url)
+    return re.sub(r"(password=)[^&]*", r"\1***", url)

@@ -66,13 +66,14 @@ def open_store(config: Config, arena: ShmArena | None, log: logging.Logger) -> P
 def _shared(config: Config, store: ContextStore, journal: Journal, log: logging.Logger) -> RedisContexts:
     """Redis as the store's last listener and its shared copy."""
     from mcpd.cluster.redis_contexts import RedisContexts   # the Redis client loads only where a cluster is on
+    from mcpd.cluster.redis_url import redacted
 
     journal.sync_commits = False
     shared = RedisContexts(config.cluster, log, sync_locally=journal.sync_commit)
     shared.check_eviction_policy()
     store.listeners.append(shared)
     store.shared = shared
-    log.info("cluster node %r: contexts kept in Redis at %s", config.cluster.node_name, config.cluster.redis)
+    log.info("cluster node %r: contexts kept in Redis at %s", config.cluster.node_name, redacted(config.cluster.redis))
     return shared
 
 
