@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 
 import redis
@@ -34,6 +33,7 @@ import redis
 from mcpd.cluster import redis_scripts
 from mcpd.cluster.context_keys import keys_of
 from mcpd.cluster.redis_client import REDIS_ERRORS, connect
+from mcpd.cluster.script_call import ScriptCall
 from mcpd.config import ClusterConfig
 from mcpd.contexts import journal_file, snapshot
 from mcpd.contexts.context import Context
@@ -53,9 +53,7 @@ class RedisContexts:
         self.redis = connect(config)
         self.commit_script = self.redis.register_script(redis_scripts.COMMIT)
         self.uncommit_script = self.redis.register_script(redis_scripts.UNCOMMIT)
-        # Commits go to Redis from this thread while the scheduler's makes them durable on disk
-        # (sync_locally: the journal's fsync), so a commit waits for the slower of the two fsyncs.
-        self.sender = ThreadPoolExecutor(1, thread_name_prefix="redis-commit")
+        # The journal's fsync, run between sending a commit to Redis and reading its answer.
         self.sync_locally = sync_locally
         self.snapshot_script = self.redis.register_script(redis_scripts.SNAPSHOT)
         self.compact_after_bytes = config.compact_after_bytes
@@ -99,7 +97,7 @@ class RedisContexts:
             return
         keys = keys_of(context.owner, context.id)
         data = journal_file.encode_record("commit", record)
-        sending = self.sender.submit(self.commit_script, keys=[keys.meta, keys.log], args=[context.version, data])
+        sending = ScriptCall(self.redis, self.commit_script, [keys.meta, keys.log], [context.version, data])
         try:
             self.sync_locally()
         except MCPDError:
@@ -116,7 +114,7 @@ class RedisContexts:
                 raise StaleCopy(f"context {context.id!r} is at version {figure} in the cluster, not "
                                 f"{context.version - 1}: another node changed it; fetch it again and retry")
 
-    def _take_back(self, sending: Future, context: Context, data: bytes) -> None:
+    def _take_back(self, sending: ScriptCall, context: Context, data: bytes) -> None:
         """The journal refused the commit Redis is taking: once Redis answers, take it back there
         too. When Redis cannot, it keeps a version the client was refused, as when the reply to a
         commit is lost: sent again, the change counts once; a different one is refused CONFLICT."""
