@@ -5,7 +5,8 @@ It is the store's last listener (persistence.py): an open or a commit reaches Re
 the host cache and the journal hold it, so nothing after it can refuse; a drop reaches it first.
 A commit's journal record is written, not yet fsynced, when Redis hears it: the journal's fsync
 runs while Redis takes the commit (so a commit waits for the slower fsync, not both), and a
-failing fsync takes the commit back from Redis (redis_scripts.UNCOMMIT) before it is refused. The records are the journal's, byte for byte
+failing fsync takes the commit back from Redis (redis_scripts.UNCOMMIT) before it is refused.
+The records are the journal's, byte for byte
 (journal_file.encode_record of commit.py's and snapshot.py's records), under the keys
 context_keys.py lays out. A context's log is folded into its snapshot once it outweighs both
 cluster.compact_after_bytes and the context itself, so Redis holds at most about twice each

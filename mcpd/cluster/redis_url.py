@@ -7,8 +7,8 @@ that Redis Sentinel watches (docs/CLUSTER.md).
     redis+sentinel://[user:password@]host:port,host:port/service[/db]
                                                          the sentinels, and the name they know the primary by
 
-The user and password are the data nodes' (the sentinels are asked without). Parsed once, when
-the config is checked: a URL from a config file is checked here before any client sees it.
+The user and password are the data nodes' (the sentinels are asked without). The config check
+parses it too, so a malformed URL stops the daemon at start, before any client sees it.
 """
 from __future__ import annotations
 

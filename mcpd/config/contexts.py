@@ -61,7 +61,7 @@ MAX_NODE_ID_CHARS = 64
 @dataclass(frozen=True)
 class ClusterConfig:
     """Several nodes sharing contexts through Redis (docs/CLUSTER.md); off while `redis` is ""."""
-    redis: str = ""                     # a server's URL, redis+cluster:// or redis+sentinel:// (docs/CLUSTER.md); "" = off
+    redis: str = ""                     # one server's URL, redis+cluster://, redis+sentinel:// (CLUSTER.md); "" = off
     node_id: str = ""                   # this node's name among the others; "" = the host name
     advertise_tcp: str = ""             # the ZeroMQ endpoint other nodes and clients reach this node at
     advertise_http: str = ""            # its HTTP listener's URL, likewise
