@@ -224,3 +224,18 @@ def test_a_commit_the_journal_cannot_fsync_is_taken_back_from_redis(tmp_path, re
     on_disk = open_store(from_dict({"server": {"state_dir": str(tmp_path / "a")}}), None, LOG)
     assert on_disk.store.get("t", "c").version == 2 and on_disk.store.get("t", "c").fields["n"] == 3
     on_disk.journal.close()
+
+
+def test_a_commit_the_full_disk_refuses_never_reaches_redis(tmp_path, redis_server):
+    first = node(tmp_path / "a", redis_server)
+    first.store.open("t", "c")
+    first.store.update("t", "c", 0, [codec.diff("n", None, 1)])
+    with files_capped_at(first.journal.size):   # the journal writes the record before Redis hears of it
+        with pytest.raises(MCPDError) as refused:
+            first.store.update("t", "c", 1, [codec.diff("n", None, 2)])
+    assert refused.value.code == codes.STORAGE_FULL
+    redis, keys = redis_server.client(), keys_of("t", "c")
+    assert int(redis.hget(keys.meta, "version")) == 1 and redis.llen(keys.log) == 1
+    first.store.update("t", "c", 1, [codec.diff("n", None, 3)])
+    assert node(tmp_path / "b", redis_server).store.get("t", "c").fields["n"] == 3
+    first.journal.close()
