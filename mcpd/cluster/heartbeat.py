@@ -20,6 +20,7 @@ import redis
 
 from mcpd.cluster.membership import Membership
 from mcpd.cluster.recency import RecentContexts
+from mcpd.cluster.redis_client import REDIS_ERRORS
 from mcpd.config import ClusterConfig
 
 REMEMBERED_GONE = 16   # nodes seen to leave that `status` still lists
@@ -61,7 +62,7 @@ class Heartbeat:
         self.thread.join(self.interval_s + 1)
         try:
             self.membership.leave()
-        except redis.RedisError as e:
+        except REDIS_ERRORS as e:
             self.log.warning("could not leave the cluster's live nodes (%s): this node lapses after its TTL", e)
 
     def _run(self) -> None:
@@ -76,7 +77,7 @@ class Heartbeat:
             nodes = self.membership.live()
             self.rtt_ms = round((time.perf_counter() - started) * 1000, 3)
             self._write_used()
-        except redis.RedisError as e:
+        except REDIS_ERRORS as e:
             if self.failing is None:
                 self.log.error("cluster heartbeat cannot reach Redis (%s): other nodes will count this one gone", e)
             self.failing = str(e)

@@ -55,7 +55,8 @@ class Membership:
         self.leave_script = client.register_script(LEAVE)
 
     def beat(self, report: dict) -> None:
-        """Register this node (again) with its report; raises redis.RedisError when Redis cannot take it."""
+        """Register this node (again) with its report; raises one of redis_client.REDIS_ERRORS when
+        Redis cannot take it."""
         self.beat_script(keys=[SET, node_key(self.node_id)], args=[self.node_id, msgpack.packb(report), self.ttl_ms])
 
     def leave(self) -> None:

@@ -19,11 +19,11 @@ import time
 from collections.abc import Callable
 
 import numpy as np
-import redis
 import zmq
 
 from mcpd.cluster.ownership import Ownership, context_hash
 from mcpd.cluster.recency import RecentContexts
+from mcpd.cluster.redis_client import REDIS_ERRORS
 from mcpd.cluster.redis_contexts import RedisContexts
 from mcpd.contexts.context import Context
 from mcpd.protocol.codes import MCPDError
@@ -99,7 +99,7 @@ class Prefetch:
             owned = self._count_owners(recent, Ownership(weights))
             if trigger is not None:
                 self._prefetch(owned, trigger, waking)
-        except (redis.RedisError, MCPDError) as e:
+        except (*REDIS_ERRORS, MCPDError) as e:
             self.log.warning("cluster prefetch: Redis could not be read (%s); the next takeover tries again", e)
 
     def _count_owners(self, recent: list[tuple[str, str]], ownership: Ownership) -> list[tuple[str, str]]:
