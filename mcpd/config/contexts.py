@@ -71,6 +71,8 @@ class ClusterConfig:
     heartbeat_s: float = 1.0            # how often the node tells Redis it is alive, with its load
     node_ttl_s: float = 3.0             # a node silent this long counts as gone
     when_redis_down: str = "refuse"     # refuse context changes (retryably), or go on with the "journal" alone
+    forward: bool = True                # send a request for a context another node owns to that node
+    peer_tenants: tuple[str, ...] = ()  # with CURVE on: the key names of the other nodes, trusted to forward for any tenant
 
     def check(self) -> None:
         if self.redis and not self.redis.startswith(REDIS_SCHEMES):

@@ -95,10 +95,13 @@ class SchedulerProcess:
                 next_stats = time.monotonic() + self.stats_interval_s
 
     def _report(self) -> None:
+        """The stats to the supervisor; with a cluster, the live nodes to the front-end too (it routes by them)."""
         cluster = {}
         if self.heartbeat is not None:
+            from mcpd.cluster.routing import owner_nodes   # loads only where a cluster is on
             self.heartbeat.update(self.scheduler.node_load())
             cluster = self.heartbeat.stats()
+            self.sockets.to_frontend(messages.encode(messages.Members(owner_nodes(cluster["nodes"]))))
         self.sockets.events.send(messages.Report, SchedulerStats(**self.scheduler.stats(), cluster=cluster))
 
     def close(self) -> None:
