@@ -123,3 +123,19 @@ def test_the_owner_killed_mid_stream_leaves_a_final_and_the_context_goes_on_else
         retried = client.generate("go on", context=context_id, base=ctx.version, **GREEDY)   # served by b, from Redis
         assert retried.context["version"] == ctx.version + 1
     assert routing(b)["owner_lost"] == 1 and routing(b)["owner_unreachable"] >= 1
+
+
+def test_with_curve_only_a_cluster_peer_may_carry_a_forwarded_requests_tenant(fresh_daemon):
+    """A client holding its own key and forging the hop marker gets no more than its own tenant."""
+    node = fresh_daemon(security={"curve": "on"}, cluster={"peer_tenants": ["node-b"]})
+    with node.client(curve=node.curve_keys("mallory")) as mallory:
+        with pytest.raises(MCPDError) as forged:
+            mallory.call("context.open", {"id": "chat"}, hop="b", tenant=TENANT)
+        assert forged.value.code == codes.UNAUTHORIZED
+    with node.client(curve=node.curve_keys("node-b")) as peer:
+        with pytest.raises(MCPDError) as unmarked:   # a peer's key without the marker is its own tenant only
+            peer.call("context.open", {"id": "chat"}, tenant=TENANT)
+        assert unmarked.value.code == codes.UNAUTHORIZED
+        assert peer.call("context.open", {"id": "chat"}, hop="b", tenant=TENANT)["version"] == 0
+    with node.client(curve=node.curve_keys(TENANT)) as owner:
+        assert owner.call("context.get", {"id": "chat"})["version"] == 0   # made in acme's name
