@@ -10,6 +10,9 @@ contexts in Redis costs a context commit on a real daemon.
    docs/CLUSTER.md asks) against the same daemon with it off: p50 of one context.update of a
    scalar from one client (`redis_commit_overhead`: on over off), the journal fsynced at every
    commit in both (persistence.fsync = "always", the default). Interleaved rounds.
+3. Two nodes and one Redis: p50 of a 1-token generate on a context that node a owns, sent to node b
+   (which forwards it to a) over sent to a itself (`forward_p50_ratio`), interleaved, two
+   contexts a owns, fresh ones every round so that their history stays short.
 Last line JSON with the figures.
 """
 from __future__ import annotations
@@ -22,7 +25,7 @@ import time
 import numpy as np
 
 from mcpd.cluster.ownership import Ownership, context_hash
-from mcpd.testing import Daemon, RedisServer
+from mcpd.testing import Daemon, RedisServer, contexts_owned_by, forwarding_node, wait_linked
 
 NODES = [f"node-{i}" for i in range(100)]
 
@@ -70,11 +73,43 @@ def commit_overhead(rounds: int, commits: int) -> dict:
             "redis_commit_overhead": round(on_p50 / off_p50, 3)}
 
 
+def turn_times(daemon: Daemon, context_id: str, turns: int) -> list[float]:
+    times = []
+    with daemon.client(tenant="bench") as client:
+        client.call("context.open", {"id": context_id})
+        for _ in range(turns):
+            started = time.perf_counter()
+            client.generate("hi", context=context_id, max_tokens=1, temperature=0)
+            times.append(time.perf_counter() - started)
+    return times
+
+
+def forward_cost(rounds: int, turns: int) -> dict:
+    redis = RedisServer().start()
+    a, b = (forwarding_node(Daemon, redis.url, name) for name in ("a", "b"))
+    try:
+        wait_linked([a.start(), b.start()])
+        ids = contexts_owned_by("a", ["a", "b"], "bench", 2 * rounds)
+        direct, forwarded = [], []
+        for r in range(rounds):
+            direct += turn_times(a, ids[2 * r], turns)
+            forwarded += turn_times(b, ids[2 * r + 1], turns)
+    finally:
+        for daemon in (a, b):
+            daemon.stop()
+            daemon.cleanup()
+        redis.cleanup()
+    direct_p50, forwarded_p50 = statistics.median(direct), statistics.median(forwarded)
+    return {"turns": len(direct), "turn_p50_ms_owner": round(direct_p50 * 1e3, 3),
+            "turn_p50_ms_forwarded": round(forwarded_p50 * 1e3, 3), "forward_p50_ratio": round(forwarded_p50 / direct_p50, 3)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
     quick = parser.parse_args().quick
-    figures = {**ownership(200_000 if quick else 1_000_000), **commit_overhead(3 if quick else 10, 100 if quick else 300)}
+    figures = {**ownership(200_000 if quick else 1_000_000), **commit_overhead(3 if quick else 10, 100 if quick else 300),
+               **forward_cost(3 if quick else 10, 50 if quick else 100)}
     print(json.dumps(figures))
 
 

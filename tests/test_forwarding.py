@@ -7,59 +7,34 @@ import json
 import os
 import signal
 import urllib.request
+from functools import partial
 
 import numpy as np
 import pytest
 
-from mcpd.cluster.ownership import Ownership, context_hash
 from mcpd.protocol import codes
 from mcpd.protocol.codes import MCPDError
-from mcpd.testing import free_port
+from mcpd.testing import contexts_owned_by, forwarding_node, routing, wait_linked
 
 pytestmark = pytest.mark.slow
 GREEDY = {"max_tokens": 4, "temperature": 0, "ignore_eos": True}
 TENANT = "acme"
 
 
-def cluster_node(fresh_daemon, redis_server, name, **sections):
-    """A node advertising the ZeroMQ endpoint it serves on, as the others forward to it."""
-    endpoint = f"tcp://127.0.0.1:{free_port()}"
-    node = fresh_daemon(started=False, server={"tcp": endpoint},
-                        cluster={"redis": redis_server.url, "node_id": name, "advertise_tcp": endpoint}, **sections)
-    node.endpoint = endpoint
-    return node.start()
-
-
-def routing(node) -> dict:
-    return node.status()["cluster"]["routing"]
-
-
-def linked(*nodes) -> None:
-    """Every node routes by all of them and has a complete connection to each other one."""
-    names = sorted(n.name for n in nodes)
-    for node in nodes:
-        others = [name for name in names if name != node.name]
-        node.wait_until(lambda: routing(node)["owners"] == names and routing(node)["connected"] == others,
-                        what=f"{node.name} routing by {names}")
-
-
-def owned_by(owner: str, nodes: list[str], count: int = 1) -> list[str]:
-    """Context ids of TENANT's that `owner` owns among `nodes` (rendezvous hashing is deterministic)."""
-    ownership = Ownership({name: 1.0 for name in nodes})
-    ids = (f"ctx-{i}" for i in range(10_000))
-    return [cid for cid in ids if ownership.owner(context_hash(TENANT, cid)) == owner][:count]
-
-
 def two_nodes(fresh_daemon, redis_server, **sections):
-    a, b = (cluster_node(fresh_daemon, redis_server, name, **sections) for name in ("a", "b"))
-    a.name, b.name = "a", "b"
-    linked(a, b)
+    a, b = (forwarding_node(partial(fresh_daemon, started=False), redis_server.url, name, **sections).start()
+            for name in ("a", "b"))
+    wait_linked([a, b])
     return a, b
+
+
+def owned_by_a(count: int = 1) -> list[str]:
+    return contexts_owned_by("a", ["a", "b"], TENANT, count)
 
 
 def test_a_context_used_through_another_node_runs_on_its_owner_with_the_same_tokens(fresh_daemon, redis_server):
     a, b = two_nodes(fresh_daemon, redis_server)
-    through_b, direct = owned_by("a", ["a", "b"], count=2)
+    through_b, direct = owned_by_a(2)
     with b.client(tenant=TENANT) as client:
         ctx = client.context(through_b)
         ctx["w"] = np.arange(16, dtype=np.float32)
@@ -80,7 +55,7 @@ def test_a_context_used_through_another_node_runs_on_its_owner_with_the_same_tok
 def test_a_forwarded_request_is_served_where_it_lands(fresh_daemon, redis_server):
     """The hop marker: b serves a request another node forwarded, though a owns its context."""
     a, b = two_nodes(fresh_daemon, redis_server)
-    (context_id,) = owned_by("a", ["a", "b"])
+    (context_id,) = owned_by_a()
     with b.client(tenant=TENANT) as client:
         assert client.call("context.open", {"id": context_id}, hop="a")["version"] == 0
     assert routing(b)["received"] == 1 and routing(b)["forwarded"] == 0 and routing(a)["received"] == 0
@@ -99,7 +74,7 @@ def test_an_http_request_for_a_context_is_forwarded_to_its_owner(fresh_daemon, r
     a, b = two_nodes(fresh_daemon, redis_server, http={"listen": "127.0.0.1:0"})
     for node in (a, b):
         node.base_url = f"{node.status()['http']['url']}/v1"
-    through_b, direct = owned_by("a", ["a", "b"], count=2)
+    through_b, direct = owned_by_a(2)
     forwarded, version = http_chat(b, through_b)
     served_here, _ = http_chat(a, direct)
     assert version == "1" and forwarded["choices"][0]["message"] == served_here["choices"][0]["message"]
@@ -109,7 +84,7 @@ def test_an_http_request_for_a_context_is_forwarded_to_its_owner(fresh_daemon, r
 
 def test_the_owner_killed_mid_stream_leaves_a_final_and_the_context_goes_on_elsewhere(fresh_daemon, redis_server):
     a, b = two_nodes(fresh_daemon, redis_server)
-    (context_id,) = owned_by("a", ["a", "b"])
+    (context_id,) = owned_by_a()
     with b.client(tenant=TENANT) as client:
         ctx = client.context(context_id)
         ctx.generate("hello", **GREEDY)
