@@ -18,9 +18,11 @@ Last line JSON with the figures.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import time
+from contextlib import ExitStack
 
 import numpy as np
 
@@ -85,22 +87,20 @@ def turn_times(daemon: Daemon, context_id: str, turns: int) -> list[float]:
 
 
 def forward_cost(rounds: int, turns: int) -> dict:
-    redis = RedisServer().start()
-    a, b = (forwarding_node(Daemon, redis.url, name) for name in ("a", "b"))
-    try:
-        wait_linked([a.start(), b.start()])
-        ids = contexts_owned_by("a", ["a", "b"], "bench", 2 * rounds)
-        direct, forwarded = [], []
-        for r in range(rounds):
-            direct += turn_times(a, ids[2 * r], turns)
-            forwarded += turn_times(b, ids[2 * r + 1], turns)
-    finally:
-        for daemon in (a, b):
-            daemon.stop()
-            daemon.cleanup()
-        redis.cleanup()
-    direct_p50, forwarded_p50 = statistics.median(direct), statistics.median(forwarded)
-    return {"turns": len(direct), "turn_p50_ms_owner": round(direct_p50 * 1e3, 3),
+    with ExitStack() as teardown:   # LIFO: each node stops before its directory goes, Redis last
+        redis = RedisServer().start()
+        teardown.callback(redis.cleanup)
+        nodes = [forwarding_node(Daemon, redis.url, name) for name in ("a", "b")]
+        for node in nodes:
+            teardown.callback(node.cleanup)
+            teardown.callback(node.stop)
+        wait_linked([node.start() for node in nodes])
+        ids = iter(contexts_owned_by("a", ["a", "b"], "bench", 2 * rounds))
+        times = {"a": [], "b": []}   # sent to the owner, sent to b (forwarded to a)
+        for _, node in itertools.product(range(rounds), nodes):
+            times[node.node_id] += turn_times(node, next(ids), turns)
+    direct_p50, forwarded_p50 = statistics.median(times["a"]), statistics.median(times["b"])
+    return {"turns": len(times["a"]), "turn_p50_ms_owner": round(direct_p50 * 1e3, 3),
             "turn_p50_ms_forwarded": round(forwarded_p50 * 1e3, 3), "forward_p50_ratio": round(forwarded_p50 / direct_p50, 3)}
 
 
