@@ -4,7 +4,8 @@ The front-end decides, not the scheduler: the front-end holds the client's conne
 request's frames, so a request bound elsewhere leaves from there without crossing to the
 scheduler and back. The scheduler's heartbeat thread sees the live nodes; the scheduler hands them
 to the front-end as a Members message at each stats report (owner_nodes). A request that names no
-context, or a cluster of this node alone, costs one attribute test.
+context, or a cluster of this node alone, costs one attribute test; one that names a context, a
+hash and one numpy pass over the nodes (numpy loads in the front-end only with a cluster).
 
 Socket-free: frontend/forwarding.py sends, frontend/peer_links.py holds the sockets.
 """

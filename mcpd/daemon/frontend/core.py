@@ -23,12 +23,11 @@ import heapq
 import logging
 import time
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from mcpd import tracing
 from mcpd.config import Config
 from mcpd.daemon import child, live_config, messages
-from mcpd.daemon.frontend.forwarding import Forwarding, Links, relabelled
 from mcpd.daemon.frontend.gate import stamp
 from mcpd.daemon.frontend.latency import LatencyWindow
 from mcpd.daemon.frontend.request_labels import RequestLabels
@@ -37,6 +36,9 @@ from mcpd.http.frontend_link import LOCAL_CALLER
 from mcpd.protocol import codes, infer_args, ops, wire
 from mcpd.protocol.codes import MCPDError
 from mcpd.protocol.tenant import tenant_of
+
+if TYPE_CHECKING:
+    from mcpd.daemon.frontend.forwarding import Links
 
 ALWAYS_ADMITTED = ("ping", "status", "cancel")   # still answered while draining
 SLOWEST_SHOWN = 10   # requests in flight the status report lists, the oldest first
@@ -59,7 +61,7 @@ class Ports(Protocol):
 
     def to_scheduler(self, frames: list[bytes]) -> None: ...
 
-    peers: Links | None   # the connections to the other nodes; None with [cluster] off
+    peers: "Links | None"   # the connections to the other nodes; None with [cluster] off
 
 
 @dataclass
@@ -88,7 +90,7 @@ class FrontEndCore:
         self.labels = RequestLabels(config)
         self.tracing = tracing.start(config, "frontend")   # None with tracing off
         self.peer_tenants = frozenset(config.cluster.peer_tenants)
-        self.forwarding = Forwarding(config.cluster.node_name, ports.peers) if ports.peers is not None else None
+        self.forwarding = _forwarding(config, ports.peers) if ports.peers is not None else None
 
     # -- requests -------------------------------------------------------------------------------
 
@@ -250,7 +252,7 @@ class FrontEndCore:
             return   # a cancel's answer, or a reply for a request already ended here
         rid, header, final = answered
         pending = self.pending[rid]
-        reply = relabelled(header, pending.request_id)
+        reply = self.forwarding.relabelled(header, pending.request_id)
         if not final:
             self._send(pending.identity, pending.envelope, reply, frames[1:], rid, chunk=True)
             return self.metrics.chunk_sent(rid)
@@ -308,3 +310,10 @@ class FrontEndCore:
         oldest = heapq.nsmallest(SLOWEST_SHOWN, self.pending.items(), key=lambda item: item[1].started)
         return [{"rid": rid, "tenant": p.tenant, "op": p.op, "model": p.model,
                  "age_ms": round((now - p.started) * 1000, 1)} for rid, p in oldest]
+
+
+def _forwarding(config: Config, peers: "Links"):
+    """Imported only with a cluster: ownership's hashing loads numpy, which a lone front-end never needs."""
+    from mcpd.daemon.frontend.forwarding import Forwarding
+
+    return Forwarding(config.cluster.node_name, peers)

@@ -98,11 +98,11 @@ class Forwarding:
         self.counts["owner_lost"] += len(rids)
         return rids
 
+    @staticmethod
+    def relabelled(header: dict, request_id: int | str) -> bytes:
+        """A peer's reply header, named for the caller's own request id."""
+        return msgpack.packb({**header, "id": request_id})
+
     def stats(self) -> dict:
         return {"owners": sorted(self.routing.nodes), "connected": self.links.connected(), "away": len(self.away),
                 **self.counts}
-
-
-def relabelled(header: dict, request_id: int | str) -> bytes:
-    """A peer's reply header, named for the caller's own request id."""
-    return msgpack.packb({**header, "id": request_id})
