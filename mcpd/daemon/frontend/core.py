@@ -248,10 +248,10 @@ class FrontEndCore:
             answered = self.forwarding.reply(frames[0])
         except MCPDError:
             return self.log.warning("a reply from another node does not decode: dropped")
-        if answered is None:
-            return   # a cancel's answer, or a reply for a request already ended here
+        pending = self.pending.get(answered[0]) if answered is not None else None
+        if pending is None:
+            return   # a cancel's answer, or a reply for a request already ended here (a stop answered it)
         rid, header, final = answered
-        pending = self.pending[rid]
         reply = self.forwarding.relabelled(header, pending.request_id)
         if not final:
             self._send(pending.identity, pending.envelope, reply, frames[1:], rid, chunk=True)
