@@ -374,12 +374,12 @@ class RedisServer:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-def forwarding_node(make, redis_url: str, node_id: str, **sections) -> Daemon:
+def forwarding_node(make, redis_url: str, node_id: str, cluster: dict | None = None, **sections) -> Daemon:
     """A cluster node made by `make(**sections)` and not started, serving on and advertising one
     loopback endpoint, so that the other nodes forward its contexts' requests to it."""
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     node = make(server={"tcp": endpoint}, **sections,
-                cluster={"redis": redis_url, "node_id": node_id, "advertise_tcp": endpoint})
+                cluster={"redis": redis_url, "node_id": node_id, "advertise_tcp": endpoint, **(cluster or {})})
     node.endpoint, node.node_id = endpoint, node_id
     return node
 

@@ -14,6 +14,7 @@ import pytest
 
 from mcpd.protocol import codes
 from mcpd.protocol.codes import MCPDError
+from mcpd.security.keys import read_public
 from mcpd.testing import contexts_owned_by, forwarding_node, routing, wait_linked
 
 pytestmark = pytest.mark.slow
@@ -124,3 +125,19 @@ def test_with_curve_only_a_cluster_peer_may_carry_a_forwarded_requests_tenant(fr
         assert peer.call("context.open", {"id": "chat"}, hop="b", tenant=TENANT)["version"] == 0
     with node.client(curve=node.curve_keys(TENANT)) as owner:
         assert owner.call("context.get", {"id": "chat"})["version"] == 0   # made in acme's name
+
+
+def test_with_curve_nodes_forward_as_cluster_peers_and_the_owner_serves_the_clients_tenant(fresh_daemon, redis_server):
+    a, b = (forwarding_node(partial(fresh_daemon, started=False), redis_server.url, name, security={"curve": "on"},
+                            cluster={"peer_tenants": ["node-a", "node-b"]}).start() for name in ("a", "b"))
+    for node, other in ((a, b), (b, a)):   # each allows the other's server key under its peer name
+        node.control("keys.allow", {"name": f"node-{other.node_id}",
+                                    "public_key": read_public(other.root / "state/keys/server.key")})
+    wait_linked([a, b])
+    (context_id,) = owned_by_a()
+    with b.client(curve=b.curve_keys(TENANT)) as client:
+        assert client.call("context.open", {"id": context_id})["version"] == 0
+    b.wait_until(lambda: routing(b)["forwarded"] == 1 and routing(a)["received"] == 1, what="a serving it for b")
+    with a.client(curve=a.curve_keys(TENANT)) as client:
+        assert client.call("context.get", {"id": context_id})["version"] == 0   # made on a, in acme's name
+    assert held(a) == 1 and held(b) == 0

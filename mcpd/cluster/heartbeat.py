@@ -18,10 +18,12 @@ from mcpd.config import ClusterConfig
 
 
 class Heartbeat:
-    def __init__(self, config: ClusterConfig, log: logging.Logger):
+    def __init__(self, config: ClusterConfig, log: logging.Logger, curve_key: str = ""):
+        """`curve_key`: this node's CURVE server key with CURVE on, for the nodes that forward to it."""
         self.membership = Membership(connect(config), config.node_name, config.node_ttl_s)
         self.interval_s = config.heartbeat_s
-        self.identity = {"tcp": config.advertise_tcp, "http": config.advertise_http, "weight": config.weight}
+        self.identity = {"tcp": config.advertise_tcp, "http": config.advertise_http, "weight": config.weight,
+                         "curve_key": curve_key}
         self.log = log
         self.load: dict = {}
         self.nodes: dict[str, dict] = {}   # the live nodes as last seen, by id

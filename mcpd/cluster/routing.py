@@ -16,6 +16,7 @@ import math
 from mcpd.cluster.ownership import Ownership, context_hash
 from mcpd.daemon.messages import OwnerNode
 from mcpd.protocol import args as typed
+from mcpd.security.keys import BadKey, check_public_key
 
 MAX_ENDPOINT_CHARS = 256
 NAMES_ITS_CONTEXT_BY_ID = (typed.ContextOpenArgs, typed.ContextGetArgs, typed.ContextUpdateArgs, typed.ContextDropArgs)
@@ -36,11 +37,21 @@ def owner_nodes(reports: dict[str, dict]) -> dict[str, OwnerNode]:
     Reports come from Redis, written by whoever can write there: each value is checked."""
     owners = {}
     for node_id, report in reports.items():
-        tcp, weight = report.get("tcp"), report.get("weight")
+        tcp, weight, curve_key = report.get("tcp"), report.get("weight"), _curve_key(report.get("curve_key", ""))
         if isinstance(tcp, str) and tcp.startswith("tcp://") and len(tcp) <= MAX_ENDPOINT_CHARS and \
-                isinstance(weight, (int, float)) and math.isfinite(weight) and weight > 0:
-            owners[node_id] = OwnerNode(tcp, float(weight))
+                isinstance(weight, (int, float)) and math.isfinite(weight) and weight > 0 and curve_key is not None:
+            owners[node_id] = OwnerNode(tcp, float(weight), curve_key)
     return owners
+
+
+def _curve_key(key) -> str | None:
+    """A node's advertised CURVE server key: "" for none, None for one that is not a key."""
+    if key == "":
+        return key
+    try:
+        return check_public_key(key)
+    except BadKey:
+        return None
 
 
 class ContextRouting:

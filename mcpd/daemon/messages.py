@@ -166,6 +166,7 @@ class TurnResult(Message):
 class OwnerNode(msgspec.Struct, frozen=True, array_like=True):
     tcp: str        # where its front-end is reached (cluster.advertise_tcp)
     weight: float   # its capacity: its share of contexts
+    curve_key: str = ""   # its CURVE server key (Z85) with CURVE on; "" off
 
 
 class Members(Message):

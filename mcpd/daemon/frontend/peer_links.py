@@ -6,8 +6,11 @@ cluster.advertise_tcp, carrying the requests forwarded there (forwarding.py) and
 - A monitor per socket reports the connection's end (a node that dies has its sockets closed by
   the kernel), and ZMTP heartbeats end a connection whose node stopped answering: either way the
   requests there get their final at once (the listener's peer_lost).
-- CURVE: the links are made only with CURVE off for now; with it on, each request is served where
-  it lands (the other nodes would need this node's key allowed, and their server keys shared).
+- CURVE on: a link authenticates with this node's own server key pair, against the server key the
+  other node advertises in its heartbeat; the other node must allow this node's key under a name
+  in its cluster.peer_tenants (gate.py). A node advertising no key gets no link (served here).
+  libzmq never retries a handshake the other node refused: such a link is made again at the next
+  membership update (the scheduler's stats interval), so allowing the key later is enough.
 """
 from __future__ import annotations
 
@@ -24,7 +27,8 @@ from mcpd.sockets import NOBLOCK, drain, send_frames
 
 HEARTBEAT_IVL_MS = 1000       # a ZMTP ping this often on an idle link
 HEARTBEAT_TIMEOUT_MS = 3000   # a node silent this long has its link, and its requests from here, ended
-WATCHED = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
+REFUSED = zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+WATCHED = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | REFUSED
 
 
 class Listener(Protocol):
@@ -38,24 +42,26 @@ class Listener(Protocol):
 
 @dataclass
 class Link:
-    tcp: str
+    node: OwnerNode
     sock: zmq.Socket
     monitor: zmq.Socket
     connected: bool = False
+    refused: bool = False   # the other node refused the handshake: libzmq gave up on it
 
 
 class PeerLinks:
-    def __init__(self, context: zmq.Context, node_id: str, listener: Listener):
-        self.context, self.node_id, self.listener = context, node_id, listener
+    def __init__(self, context: zmq.Context, node_id: str, listener: Listener, own_keys: tuple[str, str] | None):
+        """`own_keys`: this node's CURVE server key pair (public, secret) with CURVE on, else None."""
+        self.context, self.node_id, self.listener, self.own_keys = context, node_id, listener, own_keys
         self.links: dict[str, Link] = {}
 
     def sync(self, nodes: dict[str, OwnerNode]) -> None:
         for node_id, link in list(self.links.items()):
-            if node_id not in nodes or nodes[node_id].tcp != link.tcp:
+            if nodes.get(node_id) != link.node or link.refused:
                 self._close(node_id)
         for node_id, node in nodes.items():
-            if node_id != self.node_id and node_id not in self.links:
-                self._open(node_id, node.tcp)
+            if node_id != self.node_id and node_id not in self.links and (self.own_keys is None or node.curve_key):
+                self._open(node_id, node)
 
     def send(self, node_id: str, frames: list[bytes]) -> bool:
         link = self.links.get(node_id)
@@ -84,15 +90,18 @@ class PeerLinks:
             self._watch(node_id)
             self.read(node_id)
 
-    def _open(self, node_id: str, tcp: str) -> None:
+    def _open(self, node_id: str, node: OwnerNode) -> None:
         sock = self.context.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
+        if self.own_keys is not None:
+            sock.curve_serverkey = node.curve_key.encode()
+            sock.curve_publickey, sock.curve_secretkey = (key.encode() for key in self.own_keys)
         sock.setsockopt(zmq.IMMEDIATE, 1)
         sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
         sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
         monitor = sock.get_monitor_socket(WATCHED)
-        sock.connect(tcp)
-        self.links[node_id] = Link(tcp, sock, monitor)
+        sock.connect(node.tcp)
+        self.links[node_id] = Link(node, sock, monitor)
         loop = asyncio.get_running_loop()
         loop.add_reader(sock.getsockopt(zmq.FD), partial(self.read, node_id))
         loop.add_reader(monitor.getsockopt(zmq.FD), partial(self._watch, node_id))
@@ -116,5 +125,6 @@ class PeerLinks:
     def _on_event(self, link: Link, node_id: str, frames: list[bytes]) -> None:
         event = parse_monitor_message(frames)["event"]
         link.connected = event == zmq.EVENT_HANDSHAKE_SUCCEEDED
+        link.refused = link.refused or bool(event & REFUSED)   # a disconnect follows a refusal
         if not link.connected:
             self.listener.peer_lost(node_id)

@@ -84,8 +84,8 @@ class FrontEnd:
         self.local = FrontendLink(self._admit_local) if config.http.listen else None
         self.http = _http_listener(config, self.local, self.address_cap, self.log) if self.local else None
         # The other nodes of a cluster, for the requests whose context another node owns (forwarding.py).
-        self.peer_links = PeerLinks(self.context, config.cluster.node_name, self) \
-            if config.cluster.enabled and config.cluster.forward and not config.curve else None
+        self.peer_links = PeerLinks(self.context, config.cluster.node_name, self, self._own_keys()) \
+            if config.cluster.enabled and config.cluster.forward else None
         self.core = FrontEndCore(config, self.log, CorePorts(self.outbox, self.for_scheduler, self.events, self.local,
                                                              self.peer_links))
 
@@ -99,6 +99,11 @@ class FrontEnd:
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.gate.bind(sock)
         return sock
+
+    def _own_keys(self) -> tuple[str, str] | None:
+        """This node's CURVE server key pair, which its links to other nodes authenticate with; None with CURVE off."""
+        keys = self.gate.keys
+        return (keys.server_public(), keys.server_secret()) if self.config.curve else None
 
     def _watch_connections(self) -> zmq.Socket:
         """The client socket's accepts and disconnects (peers.py, incoming.py). When the monitor's

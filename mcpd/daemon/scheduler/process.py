@@ -19,6 +19,7 @@ from mcpd.daemon import channels, child, messages
 from mcpd.daemon.batch import Batch, each_message, each_routed_message
 from mcpd.daemon.child_stats import SchedulerStats
 from mcpd.daemon.scheduler.core import Scheduler, WorkerGone
+from mcpd.security.keys import KeyStore
 
 IDLE_POLL_MS = 100
 
@@ -121,7 +122,8 @@ class SchedulerProcess:
 
 def _heartbeat(config: Config, log: logging.Logger):
     from mcpd.cluster.heartbeat import Heartbeat   # the Redis client loads only where a cluster is on
-    return Heartbeat(config.cluster, log).start()
+    curve_key = KeyStore(config.keys_dir).server_public() if config.curve else ""
+    return Heartbeat(config.cluster, log, curve_key).start()
 
 
 def run(config: Config) -> None:
