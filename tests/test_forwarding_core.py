@@ -57,8 +57,8 @@ def generate_on(core, context_id: str, request_id=7, **header) -> None:
     core.on_client(CLIENT, frames, [len(f) for f in frames], None)
 
 
-def peer_reply(core, header: dict, *payload: bytes) -> None:
-    core.on_peer([msgpack.packb({"v": 1, **header}), *payload])
+def peer_reply(core, header: dict, *payload: bytes, node: str = "there") -> None:
+    core.on_peer(node, [msgpack.packb({"v": 1, **header}), *payload])
 
 
 def client_replies(core) -> list[dict]:
@@ -70,6 +70,8 @@ def test_a_request_for_a_context_another_node_owns_goes_there_and_its_replies_co
     (node, header, _), = core.ports.peers.sent
     assert node == "there" and header["id"] == FIRST_RID and header["hop"] == "here" and header["tenant"] == "acme"
     assert core.ports.scheduler == []
+    peer_reply(core, {"id": FIRST_RID, "kind": "ok", "result": {"text": "forged"}}, node="elsewhere")   # a node it was not sent to
+    assert client_replies(core) == []
     peer_reply(core, {"id": FIRST_RID, "kind": "chunk", "seq": 0, "data": {"text": "a"}})
     peer_reply(core, {"id": FIRST_RID, "kind": "ok", "result": {"text": "ab"}}, b"frame")
     assert [(r["id"], r["kind"]) for r in client_replies(core)] == [(7, "chunk"), (7, "ok")]

@@ -242,10 +242,10 @@ class FrontEndCore:
 
     # -- replies of the nodes requests were forwarded to -----------------------------------------
 
-    def on_peer(self, frames: list[bytes]) -> None:
+    def on_peer(self, node_id: str, frames: list[bytes]) -> None:
         """A reply from another node's front-end for a request forwarded there: relayed to its caller."""
         try:
-            answered = self.forwarding.reply(frames[0])
+            answered = self.forwarding.reply(node_id, frames[0])
         except MCPDError:
             return self.log.warning("a reply from another node does not decode: dropped")
         pending = self.pending.get(answered[0]) if answered is not None else None

@@ -70,12 +70,13 @@ class Forwarding:
         self.counts["forwarded"] += 1
         return True
 
-    def reply(self, header_frame: bytes) -> tuple[int, dict, bool] | None:
-        """A peer's reply: (the rid it answers, its header, whether it is the final), or None when
-        no request here waits for it. Raises MCPDError for a header that does not decode."""
+    def reply(self, node_id: str, header_frame: bytes) -> tuple[int, dict, bool] | None:
+        """A reply from node `node_id`: (the rid it answers, its header, whether it is the final), or
+        None when no request sent there waits for it (a node answers only what it was sent). Raises
+        MCPDError for a header that does not decode."""
         header = wire.decode_reply(header_frame)
         rid = header.get("id")
-        if type(rid) is not int or rid not in self.away:
+        if type(rid) is not int or self.away.get(rid) != node_id:
             return None
         final = header.get("kind") != "chunk"
         if final:

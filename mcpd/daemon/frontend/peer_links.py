@@ -32,7 +32,7 @@ WATCHED = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | REFUSED
 
 
 class Listener(Protocol):
-    def peer_reply(self, frames: list[bytes]) -> None: ...
+    def peer_reply(self, node_id: str, frames: list[bytes]) -> None: ...
 
     def peer_lost(self, node_id: str) -> None: ...
 
@@ -81,7 +81,7 @@ class PeerLinks:
 
     def read(self, node_id: str) -> None:
         link = self.links.get(node_id)
-        if link is not None and drain(link.sock, self.listener.peer_reply):
+        if link is not None and drain(link.sock, partial(self.listener.peer_reply, node_id)):
             self.listener.peer_read_done()
 
     def read_all(self) -> None:

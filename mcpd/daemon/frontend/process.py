@@ -273,9 +273,9 @@ class FrontEnd:
 
     # -- other nodes (PeerLinks' listener) ------------------------------------------------------
 
-    def peer_reply(self, frames: list[bytes]) -> None:
+    def peer_reply(self, node_id: str, frames: list[bytes]) -> None:
         try:
-            self.core.on_peer(frames)
+            self.core.on_peer(node_id, frames)
         except Exception:   # noqa: BLE001 - one bad reply must not cost the others theirs
             self.log.exception("a reply from another node could not be handled")
 
