@@ -12,7 +12,9 @@ contexts in Redis costs a context commit on a real daemon.
    commit in both (persistence.fsync = "always", the default). Interleaved rounds.
 3. Two nodes and one Redis: p50 of a 1-token generate on a context that node a owns, sent to node b
    (which forwards it to a) over sent to a itself (`forward_p50_ratio`), interleaved, two
-   contexts a owns, fresh ones every round so that their history stays short.
+   contexts a owns, fresh ones every round so that their history stays short. A turn's commit
+   fsyncs the journal and Redis's AOF, which the hop's cost hides in; the same ratio for a
+   `context.get`, which commits nothing, shows the hop alone (`forward_get_p50_ratio`).
 Last line JSON with the figures.
 """
 from __future__ import annotations
@@ -75,15 +77,19 @@ def commit_overhead(rounds: int, commits: int) -> dict:
             "redis_commit_overhead": round(on_p50 / off_p50, 3)}
 
 
-def turn_times(daemon: Daemon, context_id: str, turns: int) -> list[float]:
-    times = []
+def turn_times(daemon: Daemon, context_id: str, turns: int) -> tuple[list[float], list[float]]:
+    """The times of `turns` 1-token generates on the context, and of a context.get after each."""
+    generates, gets = [], []
     with daemon.client(tenant="bench") as client:
         client.call("context.open", {"id": context_id})
         for _ in range(turns):
             started = time.perf_counter()
             client.generate("hi", context=context_id, max_tokens=1, temperature=0)
-            times.append(time.perf_counter() - started)
-    return times
+            generated = time.perf_counter()
+            client.call("context.get", {"id": context_id, "since": 0})
+            generates.append(generated - started)
+            gets.append(time.perf_counter() - generated)
+    return generates, gets
 
 
 def forward_cost(rounds: int, turns: int) -> dict:
@@ -96,12 +102,17 @@ def forward_cost(rounds: int, turns: int) -> dict:
             teardown.callback(node.stop)
         wait_linked([node.start() for node in nodes])
         ids = iter(contexts_owned_by("a", ["a", "b"], "bench", 2 * rounds))
-        times = {"a": [], "b": []}   # sent to the owner, sent to b (forwarded to a)
+        times = {(node.node_id, op): [] for node in nodes for op in ("turn", "get")}   # a: the owner; b forwards to a
         for _, node in itertools.product(range(rounds), nodes):
-            times[node.node_id] += turn_times(node, next(ids), turns)
-    direct_p50, forwarded_p50 = statistics.median(times["a"]), statistics.median(times["b"])
-    return {"turns": len(times["a"]), "turn_p50_ms_owner": round(direct_p50 * 1e3, 3),
-            "turn_p50_ms_forwarded": round(forwarded_p50 * 1e3, 3), "forward_p50_ratio": round(forwarded_p50 / direct_p50, 3)}
+            generates, gets = turn_times(node, next(ids), turns)
+            times[node.node_id, "turn"] += generates
+            times[node.node_id, "get"] += gets
+    p50 = {key: statistics.median(values) for key, values in times.items()}
+    return {"turns": len(times["a", "turn"]), "turn_p50_ms_owner": round(p50["a", "turn"] * 1e3, 3),
+            "turn_p50_ms_forwarded": round(p50["b", "turn"] * 1e3, 3),
+            "forward_p50_ratio": round(p50["b", "turn"] / p50["a", "turn"], 3),
+            "get_p50_ms_owner": round(p50["a", "get"] * 1e3, 3), "get_p50_ms_forwarded": round(p50["b", "get"] * 1e3, 3),
+            "forward_get_p50_ratio": round(p50["b", "get"] / p50["a", "get"], 3)}
 
 
 def main() -> None:
