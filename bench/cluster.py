@@ -10,19 +10,26 @@ contexts in Redis costs a context commit on a real daemon.
    docs/CLUSTER.md asks) against the same daemon with it off: p50 of one context.update of a
    scalar from one client (`redis_commit_overhead`: on over off), the journal fsynced at every
    commit in both (persistence.fsync = "always", the default). Interleaved rounds.
+3. Two nodes and one Redis: p50 of a 1-token generate on a context that node a owns, sent to node b
+   (which forwards it to a) over sent to a itself (`forward_p50_ratio`), interleaved, two
+   contexts a owns, fresh ones every round so that their history stays short. A turn's commit
+   fsyncs the journal and Redis's AOF, which the hop's cost hides in; the same ratio for a
+   `context.get`, which commits nothing, shows the hop alone (`forward_get_p50_ratio`).
 Last line JSON with the figures.
 """
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import time
+from contextlib import ExitStack
 
 import numpy as np
 
 from mcpd.cluster.ownership import Ownership, context_hash
-from mcpd.testing import Daemon, RedisServer
+from mcpd.testing import Daemon, RedisServer, contexts_owned_by, forwarding_node, wait_linked
 
 NODES = [f"node-{i}" for i in range(100)]
 
@@ -70,11 +77,50 @@ def commit_overhead(rounds: int, commits: int) -> dict:
             "redis_commit_overhead": round(on_p50 / off_p50, 3)}
 
 
+def turn_times(daemon: Daemon, context_id: str, turns: int) -> tuple[list[float], list[float]]:
+    """The times of `turns` 1-token generates on the context, and of a context.get after each."""
+    generates, gets = [], []
+    with daemon.client(tenant="bench") as client:
+        client.call("context.open", {"id": context_id})
+        for _ in range(turns):
+            started = time.perf_counter()
+            client.generate("hi", context=context_id, max_tokens=1, temperature=0)
+            generated = time.perf_counter()
+            client.call("context.get", {"id": context_id, "since": 0})
+            generates.append(generated - started)
+            gets.append(time.perf_counter() - generated)
+    return generates, gets
+
+
+def forward_cost(rounds: int, turns: int) -> dict:
+    with ExitStack() as teardown:   # LIFO: each node stops before its directory goes, Redis last
+        redis = RedisServer().start()
+        teardown.callback(redis.cleanup)
+        nodes = [forwarding_node(Daemon, redis.url, name) for name in ("a", "b")]
+        for node in nodes:
+            teardown.callback(node.cleanup)
+            teardown.callback(node.stop)
+        wait_linked([node.start() for node in nodes])
+        ids = iter(contexts_owned_by("a", ["a", "b"], "bench", 2 * rounds))
+        times = {(node.node_id, op): [] for node in nodes for op in ("turn", "get")}   # a: the owner; b forwards to a
+        for _, node in itertools.product(range(rounds), nodes):
+            generates, gets = turn_times(node, next(ids), turns)
+            times[node.node_id, "turn"] += generates
+            times[node.node_id, "get"] += gets
+    p50 = {key: statistics.median(values) for key, values in times.items()}
+    return {"turns": len(times["a", "turn"]), "turn_p50_ms_owner": round(p50["a", "turn"] * 1e3, 3),
+            "turn_p50_ms_forwarded": round(p50["b", "turn"] * 1e3, 3),
+            "forward_p50_ratio": round(p50["b", "turn"] / p50["a", "turn"], 3),
+            "get_p50_ms_owner": round(p50["a", "get"] * 1e3, 3), "get_p50_ms_forwarded": round(p50["b", "get"] * 1e3, 3),
+            "forward_get_p50_ratio": round(p50["b", "get"] / p50["a", "get"], 3)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
     quick = parser.parse_args().quick
-    figures = {**ownership(200_000 if quick else 1_000_000), **commit_overhead(3 if quick else 10, 100 if quick else 300)}
+    figures = {**ownership(200_000 if quick else 1_000_000), **commit_overhead(3 if quick else 10, 100 if quick else 300),
+               **forward_cost(3 if quick else 10, 50 if quick else 100)}
     print(json.dumps(figures))
 
 

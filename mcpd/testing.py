@@ -374,3 +374,35 @@ class RedisServer:
     def cleanup(self) -> None:
         self.stop()
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def forwarding_node(make, redis_url: str, node_id: str, cluster: dict | None = None, **sections) -> Daemon:
+    """A cluster node made by `make(**sections)` and not started, serving on and advertising one
+    loopback endpoint, so that the other nodes forward its contexts' requests to it."""
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    node = make(server={"tcp": endpoint}, **sections,
+                cluster={"redis": redis_url, "node_id": node_id, "advertise_tcp": endpoint, **(cluster or {})})
+    node.endpoint, node.node_id = endpoint, node_id
+    return node
+
+
+def routing(node: Daemon) -> dict:
+    """Where the node's front-end routes contexts: its owners, connected nodes and counts."""
+    return node.status()["cluster"]["routing"]
+
+
+def wait_linked(nodes: list[Daemon]) -> None:
+    """Until every node routes by all of them and is connected to each other one."""
+    names = sorted(node.node_id for node in nodes)
+    for node in nodes:
+        others = [name for name in names if name != node.node_id]
+        node.wait_until(lambda: routing(node)["owners"] == names and routing(node)["connected"] == others,
+                        what=f"{node.node_id} routing by {names}")
+
+
+def contexts_owned_by(owner: str, nodes: list[str], tenant: str, count: int) -> list[str]:
+    """`count` context ids of the tenant's that `owner` owns among equal `nodes` (rendezvous is deterministic)."""
+    from mcpd.cluster.ownership import Ownership, context_hash   # numpy: only where a cluster is tried
+    ownership = Ownership(dict.fromkeys(nodes, 1.0))
+    ids = (f"ctx-{i}" for i in itertools.count())
+    return list(itertools.islice((cid for cid in ids if ownership.owner(context_hash(tenant, cid)) == owner), count))

@@ -41,6 +41,7 @@ class Ports:
         self.local: list[tuple[dict, tuple[bytes, ...]]] = []
         self.over_backlog: set[bytes] = set()
         self.going_over: set[bytes] = set()
+        self.peers = None   # the front-end's links to other nodes: none unless a test gives some
 
     def to_frontend(self, frames):
         self.frontend.append(messages.decode(frames))

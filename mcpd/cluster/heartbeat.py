@@ -28,12 +28,14 @@ REMEMBERED_GONE = 16   # nodes seen to leave that `status` still lists
 
 class Heartbeat:
     def __init__(self, config: ClusterConfig, client: redis.Redis, recent: RecentContexts, observer,
-                 log: logging.Logger):
-        """`observer(nodes, trigger)` hears the live nodes after each beat (Prefetch.observe)."""
+                 log: logging.Logger, curve_key: str = ""):
+        """`observer(nodes, trigger)` hears the live nodes after each beat (Prefetch.observe);
+        `curve_key`: this node's CURVE server key with CURVE on, for the nodes that forward to it."""
         self.membership = Membership(client, config.node_name, config.node_ttl_s)
         self.recent, self.observer = recent, observer
         self.interval_s = config.heartbeat_s
-        self.identity = {"tcp": config.advertise_tcp, "http": config.advertise_http, "weight": config.weight}
+        self.identity = {"tcp": config.advertise_tcp, "http": config.advertise_http, "weight": config.weight,
+                         "curve_key": curve_key}
         self.log = log
         self.load: dict = {}
         self.used: queue.SimpleQueue = queue.SimpleQueue()   # (used, dropped) lists from the loop

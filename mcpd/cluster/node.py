@@ -21,7 +21,7 @@ from mcpd.protocol.codes import MCPDError
 
 class ClusterNode:
     def __init__(self, config: ClusterConfig, persistence: Persistence, zmq_context: zmq.Context,
-                 log: logging.Logger):
+                 log: logging.Logger, curve_key: str = ""):
         client = connect(config)
         recent = RecentContexts(client, config.recent_contexts)
         self.store, self.log = persistence.store, log
@@ -31,7 +31,7 @@ class ClusterNode:
                                  self.store.contexts.__contains__, config.heartbeat_s, log)
         self.wakeup = self.prefetch.wakeup
         self.prefetched = 0   # contexts adopted from a prefetch
-        self.heartbeat = Heartbeat(config, client, recent, self.prefetch.observe, log)
+        self.heartbeat = Heartbeat(config, client, recent, self.prefetch.observe, log, curve_key)
         self.prefetch.start()
         self.heartbeat.start()
 

@@ -11,6 +11,7 @@ Socket-free: the live nodes and their weights come from the membership records i
 from __future__ import annotations
 
 import hashlib
+import math
 
 import msgpack
 import numpy as np
@@ -35,10 +36,18 @@ class Ownership:
         self.nodes = sorted(weights)   # a fixed order: equal scores (never seen) break the same way everywhere
         self.seeds = np.array([node_hash(n) for n in self.nodes], np.uint64)
         self.weights = np.array([weights[n] for n in self.nodes], np.float64)
+        self.scored = [(n, node_hash(n), float(weights[n])) for n in self.nodes]
 
     def owner(self, key: int) -> str:
-        """The node owning the context of hash `key` (context_hash)."""
-        return self.nodes[int(np.argmax(self.weights / -np.log(_uniform(self.seeds ^ np.uint64(key)))))]
+        """The node owning the context of hash `key` (context_hash). Plain Python, the same
+        arithmetic as owners(): the front-end asks per request, where numpy's per-call cost on
+        arrays of a few nodes was ~20 calls of a few µs each."""
+        best, owner = -math.inf, self.nodes[0]
+        for node, seed, weight in self.scored:
+            score = weight / -math.log(_uniform_one(seed ^ key))
+            if score > best:   # the first of equal scores wins, as argmax's does
+                best, owner = score, node
+        return owner
 
     def owners(self, keys: np.ndarray) -> np.ndarray:
         """The owners of many contexts at once (uint64 hashes), as indices into self.nodes."""
@@ -58,6 +67,14 @@ def _uniform(x: np.ndarray) -> np.ndarray:
         x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
         x = x ^ (x >> np.uint64(31))
     return ((x >> np.uint64(11)).astype(np.float64) + 0.5) / float(1 << 53)
+
+
+def _uniform_one(x: int) -> float:
+    """_uniform for one uint64, in Python integers (masked to 64 bits as numpy's wrap)."""
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
+    x ^= x >> 31
+    return ((x >> 11) + 0.5) / float(1 << 53)
 
 
 def _digest(data: bytes, person: bytes) -> int:

@@ -74,6 +74,8 @@ class ClusterConfig:
     when_redis_down: str = "refuse"     # refuse context changes (retryably), or go on with the "journal" alone
     prefetch_contexts: int = 64         # at start or takeover, load this many recently used contexts it owns; 0 = off
     recent_contexts: int = 16384        # the cluster's recency index keeps this many contexts (size it >= prefetch x nodes)
+    forward: bool = True                # send a request for a context another node owns to that node
+    peer_tenants: tuple[str, ...] = ()  # with CURVE on: the key names of the other nodes, trusted to forward for any tenant
 
     def check(self) -> None:
         if self.redis:

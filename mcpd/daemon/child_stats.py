@@ -27,6 +27,7 @@ class FrontendStats(msgspec.Struct, frozen=True, kw_only=True, tag="frontend"):
     incoming: dict = {}             # IncomingBytes.stats()
     http: dict = {}                 # HttpListener.stats(); empty when it is off
     slowest: list = []              # the requests in flight longest: {rid, tenant, op, model, age_ms}
+    cluster: dict = {}              # {"routing": Forwarding.stats() and the peers connected}; empty when off
 
 
 class SchedulerStats(msgspec.Struct, frozen=True, kw_only=True, tag="scheduler"):

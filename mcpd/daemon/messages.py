@@ -14,7 +14,7 @@ token ids, a reply header for a client. Where the frames go is channels.py's map
                             and TurnResult (Dispatch.turn: the scheduler commits the turn first)
     worker → front-end      Chunk, Final (+ the reply header for the client, *payload)   Flushed
     front-end → scheduler   Flushed (passed on once the worker's replies before it were relayed)
-    scheduler → front-end   Final (+ reply header, *payload)
+    scheduler → front-end   Final (+ reply header, *payload)   Members (the cluster's, at each stats report)
     supervisor → front-end  Drain  SchedulerLost  Resume  (no body)   Reload
     every child → supervisor  Ready  Report (its typed stats: child_stats.py)  Drained  Refused
                             AdminAnswer (the scheduler's, to Admin)  Reloaded (each process's, to Reload)
@@ -169,6 +169,19 @@ class TurnResult(Message):
     sent: float | None = None   # when its sender sent it (time.monotonic()), for a traced request's hop span
 
 
+class OwnerNode(msgspec.Struct, frozen=True, array_like=True):
+    tcp: str        # where its front-end is reached (cluster.advertise_tcp)
+    weight: float   # its capacity: its share of contexts
+    curve_key: str = ""   # its CURVE server key (Z85) with CURVE on; "" off
+
+
+class Members(Message):
+    """The live nodes that may own contexts, as the scheduler's heartbeat last saw them: the
+    front-end routes each context's requests to its owner by them (frontend/forwarding.py)."""
+    TAG = b"MEMBERS"
+    nodes: dict[str, OwnerNode]
+
+
 class Drain(Message):
     TAG = b"DRAIN"
 
@@ -247,7 +260,7 @@ class Reloaded(Event):
 _ENCODER = msgspec.msgpack.Encoder()
 _DECODERS = {kind.TAG: (kind, msgspec.msgpack.Decoder(kind)) for kind in (
     Request, Cancel, WorkerLost, Dispatch, Hello, Welcome, Flush, Flushed, Started, Done, Stats, Failed, Chunk,
-    Final, TurnResult,
+    Final, TurnResult, Members,
     Drain, SchedulerLost, Resume, Admin, Reload, Ready, Report, Drained, Refused, AdminAnswer, Reloaded)}
 
 

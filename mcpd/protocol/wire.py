@@ -118,6 +118,9 @@ def _check_header(header: dict) -> None:
     tenant = header.get("tenant")
     if tenant is not None and not (isinstance(tenant, str) and 0 < len(tenant) <= MAX_ID_CHARS):
         raise MCPDError(codes.BAD_REQUEST, f'header field "tenant" must be a string of 1..{MAX_ID_CHARS} characters')
+    hop = header.get("hop")   # a node's id: the request was forwarded by that node (gate.py says who may)
+    if hop is not None and not (isinstance(hop, str) and 0 < len(hop) <= MAX_ID_CHARS):
+        raise MCPDError(codes.BAD_REQUEST, f'header field "hop" must be a node id of 1..{MAX_ID_CHARS} characters')
     priority = header.get("priority")   # the class name is the scheduler's to judge (it may reload)
     if priority is not None and not (isinstance(priority, str) and 0 < len(priority) <= MAX_ID_CHARS):
         raise MCPDError(codes.BAD_REQUEST, f'header field "priority" must be a class name of 1..{MAX_ID_CHARS} characters')

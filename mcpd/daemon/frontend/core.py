@@ -14,6 +14,8 @@ What it decides:
   sending it leaves nothing in flight; a reply for a request no longer pending is dropped.
 - endings: a client gone has its requests cancelled (CANCELLED), a client over its backlog
   (OVERLOADED); a scheduler lost or a stop answers every pending request UNAVAILABLE.
+- cluster: a request for a context another node owns goes there instead of to the scheduler, and
+  its replies come back through on_peer (forwarding.py).
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ import heapq
 import logging
 import time
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from mcpd import tracing
 from mcpd.config import Config
@@ -35,6 +37,9 @@ from mcpd.protocol import codes, infer_args, ops, wire
 from mcpd.protocol.codes import MCPDError
 from mcpd.protocol.error import ErrorReply
 from mcpd.protocol.tenant import tenant_of
+
+if TYPE_CHECKING:
+    from mcpd.daemon.frontend.forwarding import Links
 
 ALWAYS_ADMITTED = ("ping", "status", "cancel")   # still answered while draining
 SLOWEST_SHOWN = 10   # requests in flight the status report lists, the oldest first
@@ -56,6 +61,8 @@ class Ports(Protocol):
         """A reply for the in-process HTTP listener."""
 
     def to_scheduler(self, frames: list[bytes]) -> None: ...
+
+    peers: "Links | None"   # the connections to the other nodes; None with [cluster] off
 
 
 @dataclass
@@ -83,6 +90,8 @@ class FrontEndCore:
         self.metrics = RequestMetrics()
         self.labels = RequestLabels(config)
         self.tracing = tracing.start(config, "frontend")   # None with tracing off
+        self.peer_tenants = frozenset(config.cluster.peer_tenants)
+        self.forwarding = _forwarding(config, ports.peers) if ports.peers is not None else None
 
     # -- requests -------------------------------------------------------------------------------
 
@@ -93,7 +102,7 @@ class FrontEndCore:
         envelope, body = wire.split_envelope(frames)
         try:
             wire.check_sizes(sizes[len(envelope):], self.limits)
-            self._admit(identity, stamp(wire.parse_request(envelope, body, self.limits), tenant))
+            self._admit(identity, stamp(wire.parse_request(envelope, body, self.limits), tenant, self.peer_tenants))
         except MCPDError as e:
             self._count_error(e.code)
             self._send(identity, envelope, wire.error_reply(e.request_id, ErrorReply.of(e)))
@@ -136,6 +145,8 @@ class FrontEndCore:
             admitted = self.tracing.admitted(admitted, header.get("traceparent"), started)
         self.metrics.started(rid, request.op, self.labels.class_of(admitted.priority), admitted.tenant,
                              self.labels.model_of(args))
+        if self.forwarding is not None and self.forwarding.forward(rid, header, request.payload, tenant, args):
+            return
         self.ports.to_scheduler(messages.encode(admitted, *request.payload))
 
     def _refuse_at_the_door(self, identity: bytes | object, request: wire.Request) -> None:
@@ -150,8 +161,14 @@ class FrontEndCore:
     def _cancel(self, identity: bytes | object, request: wire.Request, target: int | str) -> None:
         rid = self.rid_of.get((identity, target))
         if rid is not None:
-            self.ports.to_scheduler(messages.encode(messages.Cancel(rid, codes.CANCELLED)))
+            self._stop_request(rid, codes.CANCELLED)
         self._send(identity, request.envelope, wire.ok_reply(request.request_id, {"cancelled": rid is not None}))
+
+    def _stop_request(self, rid: int, code: str) -> None:
+        """Its final is `code`: the scheduler's to send, or sent here for a request forwarded to its owner."""
+        if self.forwarding is not None and self.forwarding.cancel(rid):
+            return self._finish_with_error(rid, code, f"the request was stopped ({code})")
+        self.ports.to_scheduler(messages.encode(messages.Cancel(rid, code)))
 
     def _send(self, identity: bytes | object, envelope: tuple[bytes, ...], header: bytes, payload=(),
               rid: int | None = None, chunk: bool = False) -> None:
@@ -169,9 +186,9 @@ class FrontEndCore:
         self._end_requests_of(identity, codes.CANCELLED)
 
     def _end_requests_of(self, identity: bytes, code: str) -> None:
-        for (owner, _), rid in self.rid_of.items():
+        for (owner, _), rid in list(self.rid_of.items()):
             if owner == identity:
-                self.ports.to_scheduler(messages.encode(messages.Cancel(rid, code)))
+                self._stop_request(rid, code)
 
     def stop(self) -> None:
         self._fail_all(codes.UNAVAILABLE, "the daemon is stopping")
@@ -197,7 +214,14 @@ class FrontEndCore:
             self.draining = True
             return self.log.info("draining: no new work admitted, %d request(s) in flight", len(self.pending))
         if isinstance(message, messages.SchedulerLost):
-            return self._fail_all(codes.UNAVAILABLE, "the scheduler restarted; the request was lost, retry it")
+            away = self.forwarding.away if self.forwarding is not None else {}
+            for rid in [rid for rid in self.pending if rid not in away]:   # those at their owner go on there
+                self._finish_with_error(rid, codes.UNAVAILABLE, "the scheduler restarted; the request was lost, retry it")
+            return
+        if isinstance(message, messages.Members):
+            if self.forwarding is not None:
+                self.forwarding.update(message.nodes)
+            return
         if isinstance(message, messages.Resume):
             self.draining = False
             self.log.info("resumed: admitting new work")
@@ -217,6 +241,40 @@ class FrontEndCore:
         if self.tracing is not None:
             self.tracing.replied(reply.rid, reply.code, answered, reply.sent)
 
+    # -- replies of the nodes requests were forwarded to -----------------------------------------
+
+    def on_peer(self, node_id: str, frames: list[bytes]) -> None:
+        """A reply from another node's front-end for a request forwarded there: relayed to its caller."""
+        try:
+            answered = self.forwarding.reply(node_id, frames[0])
+        except MCPDError:
+            return self.log.warning("a reply from another node does not decode: dropped")
+        pending = self.pending.get(answered[0]) if answered is not None else None
+        if pending is None:
+            return   # a cancel's answer, or a reply for a request already ended here (a stop answered it)
+        rid, header, final = answered
+        reply = self.forwarding.relabelled(header, pending.request_id)
+        if not final:
+            self._send(pending.identity, pending.envelope, reply, frames[1:], rid, chunk=True)
+            return self.metrics.chunk_sent(rid)
+        code = header.get("code") if header.get("kind") == "error" else None
+        if code is not None:
+            self._count_error(str(code))
+        self.metrics.ended(rid, str(code or "OK"))
+        answered_at = self._forget(rid, pending)
+        self._send(pending.identity, pending.envelope, reply, frames[1:], rid)
+        if self.tracing is not None:
+            self.tracing.replied(rid, code, answered_at)
+
+    def peer_lost(self, node_id: str) -> None:
+        """The connection to a node ended: its requests from here end, retryably (forwarding.py says why not rerun)."""
+        if self.forwarding is None:
+            return
+        for rid in self.forwarding.lost(node_id):
+            self._finish_with_error(rid, codes.UNAVAILABLE, f"the node owning the context ({node_id}) went away "
+                                    "during the request; it may have run there: retry it",
+                                    round(self.config.cluster.heartbeat_s * 1000))
+
     def _forget(self, rid: int, pending: Pending) -> float:
         """Returns the moment it was answered."""
         del self.pending[rid]
@@ -226,12 +284,12 @@ class FrontEndCore:
         self.latency.record(pending.op, now - pending.started)
         return now
 
-    def _finish_with_error(self, rid: int, code: str, message: str) -> None:
+    def _finish_with_error(self, rid: int, code: str, message: str, retry_after_ms: int | None = None) -> None:
         pending = self.pending[rid]
         self._count_error(code)
         self.metrics.ended(rid, code)
-        self._send(pending.identity, pending.envelope, wire.error_reply(pending.request_id, ErrorReply(code, message)),
-                   (), rid)
+        self._send(pending.identity, pending.envelope,
+                   wire.error_reply(pending.request_id, ErrorReply(code, message, retry_after_ms)), (), rid)
         answered = self._forget(rid, pending)
         if self.tracing is not None:
             self.tracing.replied(rid, code, answered)
@@ -244,7 +302,8 @@ class FrontEndCore:
     def stats(self) -> dict:
         return {"inflight": len(self.pending), "served": self.served, "errors": dict(self.errors),
                 "latency": self.latency.summary(), "draining": self.draining,
-                "metrics": self.metrics.snapshot(), "slowest": self._slowest()}
+                "metrics": self.metrics.snapshot(), "slowest": self._slowest(),
+                "cluster": {"routing": self.forwarding.stats()} if self.forwarding is not None else {}}
 
     def _slowest(self) -> list[dict]:
         """The requests in flight longest, for `mcpctl top`: found once per report, off the message path."""
@@ -252,3 +311,10 @@ class FrontEndCore:
         oldest = heapq.nsmallest(SLOWEST_SHOWN, self.pending.items(), key=lambda item: item[1].started)
         return [{"rid": rid, "tenant": p.tenant, "op": p.op, "model": p.model,
                  "age_ms": round((now - p.started) * 1000, 1)} for rid, p in oldest]
+
+
+def _forwarding(config: Config, peers: "Links"):
+    """Imported only with a cluster: ownership's hashing loads numpy, which a lone front-end never needs."""
+    from mcpd.daemon.frontend.forwarding import Forwarding
+
+    return Forwarding(config.cluster.node_name, peers)

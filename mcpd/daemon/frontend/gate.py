@@ -90,14 +90,22 @@ class Gate:
         return self.authenticator.tenant(user_id) or ""
 
 
-def stamp(request: wire.Request, tenant: str | None) -> wire.Request:
-    """The request with its header's tenant set to the authenticated one (as is with CURVE off)."""
+def stamp(request: wire.Request, tenant: str | None, peers: frozenset[str]) -> wire.Request:
+    """The request with its header's tenant set to the authenticated one (as is with CURVE off).
+    A request another node forwarded (header "hop") keeps the tenant its header names, the one that
+    node admitted it as, but only from a connection authenticated as one of `peers` (the other
+    nodes' key names): anyone else would use the marker to act as any tenant."""
     if tenant is None:
         return request
     claimed = request.header.get("tenant")
     if not tenant:
         raise _unauthorized(request, "this connection's key is not (or no longer) allowed under the name "
                                      "it connected as; connect again with an allowed key")
+    if request.header.get("hop") is not None:
+        if tenant not in peers:
+            raise _unauthorized(request, f'header "hop" marks a request forwarded by another node, and {tenant!r} '
+                                         'is not a cluster peer (cluster.peer_tenants)')
+        return request
     if claimed is not None and claimed != tenant:
         raise _unauthorized(request, f'header "tenant" is {claimed!r} but this connection authenticated '
                                      f'as {tenant!r}; leave "tenant" out or make them match')

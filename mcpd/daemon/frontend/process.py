@@ -30,6 +30,7 @@ from mcpd.daemon.frontend.core import FrontEndCore
 from mcpd.daemon.frontend.gate import Gate
 from mcpd.daemon.frontend.incoming import IncomingBytes, give_large_buffers_back
 from mcpd.daemon.frontend.outbox import Outbox
+from mcpd.daemon.frontend.peer_links import PeerLinks
 from mcpd.daemon.frontend.peers import PeerTracker
 from mcpd.http.frontend_link import FrontendLink
 
@@ -47,11 +48,12 @@ class CorePorts:
     clients are not read meanwhile: the pressure goes back to them."""
 
     def __init__(self, outbox: Outbox, for_scheduler: Batch, events: child.EventReporter,
-                 local: FrontendLink | None):
+                 local: FrontendLink | None, peers: PeerLinks | None):
         self.to_client, self.backlogged = outbox.send, outbox.over_limit
         self.to_scheduler = for_scheduler.add
         self.events = events
         self.to_local = local.deliver if local is not None else None
+        self.peers = peers
 
 
 class FrontEnd:
@@ -81,7 +83,11 @@ class FrontEnd:
         # requests are admitted in memory and answered through self.local.
         self.local = FrontendLink(self._admit_local) if config.http.listen else None
         self.http = _http_listener(config, self.local, self.address_cap, self.log) if self.local else None
-        self.core = FrontEndCore(config, self.log, CorePorts(self.outbox, self.for_scheduler, self.events, self.local))
+        # The other nodes of a cluster, for the requests whose context another node owns (forwarding.py).
+        self.peer_links = PeerLinks(self.context, config.cluster.node_name, self, self._own_keys()) \
+            if config.cluster.enabled and config.cluster.forward else None
+        self.core = FrontEndCore(config, self.log, CorePorts(self.outbox, self.for_scheduler, self.events, self.local,
+                                                             self.peer_links))
 
     def _bind_clients(self) -> zmq.Socket:
         sock = sockets.router(self.context)
@@ -93,6 +99,11 @@ class FrontEnd:
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.gate.bind(sock)
         return sock
+
+    def _own_keys(self) -> tuple[str, str] | None:
+        """This node's CURVE server key pair, which its links to other nodes authenticate with; None with CURVE off."""
+        keys = self.gate.keys
+        return (keys.server_public(), keys.server_secret()) if self.config.curve else None
 
     def _watch_connections(self) -> zmq.Socket:
         """The client socket's accepts and disconnects (peers.py, incoming.py). When the monitor's
@@ -141,6 +152,8 @@ class FrontEnd:
         self._pump_gate()
         self._pump_connections()
         self._pump_replies()
+        if self.peer_links is not None:
+            self.peer_links.read_all()
 
     def _pump_clients(self) -> None:
         """Clients' requests, and what they asked of the scheduler as one message. Clients are not
@@ -257,6 +270,20 @@ class FrontEnd:
             self.core.on_scheduler(*messages.decode(frames))
         except Exception:   # noqa: BLE001 - one bad message must not cost the others theirs
             self.log.exception("a message from the scheduler could not be handled")
+
+    # -- other nodes (PeerLinks' listener) ------------------------------------------------------
+
+    def peer_reply(self, node_id: str, frames: list[bytes]) -> None:
+        try:
+            self.core.on_peer(node_id, frames)
+        except Exception:   # noqa: BLE001 - one bad reply must not cost the others theirs
+            self.log.exception("a reply from another node could not be handled")
+
+    def peer_lost(self, node_id: str) -> None:
+        self.core.peer_lost(node_id)
+
+    def peer_read_done(self) -> None:
+        self._pump_clients()
 
     # -- reporting ------------------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ from mcpd.daemon import channels, child, messages
 from mcpd.daemon.batch import Batch, each_message, each_routed_message
 from mcpd.daemon.child_stats import SchedulerStats
 from mcpd.daemon.scheduler.core import Scheduler, WorkerGone
+from mcpd.security.keys import KeyStore
 
 IDLE_POLL_MS = 100
 
@@ -99,7 +100,12 @@ class SchedulerProcess:
                 next_stats = time.monotonic() + self.stats_interval_s
 
     def _report(self) -> None:
-        cluster = self.cluster.report(self.scheduler.node_load()) if self.cluster is not None else {}
+        """The stats to the supervisor; with a cluster, the live nodes to the front-end too (it routes by them)."""
+        cluster = {}
+        if self.cluster is not None:
+            from mcpd.cluster.routing import owner_nodes   # loads only where a cluster is on
+            cluster = self.cluster.report(self.scheduler.node_load())
+            self.sockets.to_frontend(messages.encode(messages.Members(owner_nodes(cluster["nodes"]))))
         self.sockets.events.send(messages.Report, SchedulerStats(**self.scheduler.stats(), cluster=cluster))
 
     def close(self) -> None:
@@ -119,7 +125,8 @@ class SchedulerProcess:
 
 def _cluster_node(config: Config, scheduler: Scheduler, context: zmq.Context, log: logging.Logger):
     from mcpd.cluster.node import ClusterNode   # the Redis client loads only where a cluster is on
-    return ClusterNode(config.cluster, scheduler.persistence, context, log)
+    curve_key = KeyStore(config.keys_dir).server_public() if config.curve else ""
+    return ClusterNode(config.cluster, scheduler.persistence, context, log, curve_key)
 
 
 def run(config: Config) -> None:

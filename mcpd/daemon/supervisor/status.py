@@ -43,7 +43,8 @@ def build_status(supervisor) -> dict:
         "scheduler": {"policy": scheduler.policy, "classes": scheduler.classes, "errors": scheduler.errors,
                       "degradation_level": scheduler.degradation_level, "fast_rung": scheduler.fast_rung},
         "models": _models(scheduler.models, workers),
-        "cluster": scheduler.cluster,   # this node and the live nodes it last saw; {} when [cluster] is off
+        # This node, the live nodes it last saw and where it routed contexts' requests; {} when [cluster] is off.
+        "cluster": {**scheduler.cluster, **frontend.cluster},
         "contexts": {**(scheduler.contexts or {"contexts": 0, "bytes": 0}), "restored": scheduler.persistence.get("restored", 0),
                      "persistence": scheduler.persistence},
         "requests": {"served": frontend.served, "errors": frontend.errors, "latency": frontend.latency,
