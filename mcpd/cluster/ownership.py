@@ -11,6 +11,7 @@ Socket-free: the live nodes and their weights come from the membership records i
 from __future__ import annotations
 
 import hashlib
+import math
 
 import msgpack
 import numpy as np
@@ -25,6 +26,18 @@ def context_hash(owner: str, context_id: str) -> int:
 
 def node_hash(node_id: str) -> int:
     return _digest(node_id.encode(), b"mcpd-owner-node")
+
+
+def serving(reports: dict[str, dict]) -> dict[str, float]:
+    """The nodes ownership is computed over, with their weights, from the live nodes' last
+    heartbeats (by id): those serving a model, of a positive finite weight. A node still loading
+    its models owns nothing yet: a context moved to it would wait out the load."""
+    weights = {}
+    for node_id, report in reports.items():
+        weight, models = report.get("weight"), report.get("models")
+        if type(weight) in (int, float) and 0 < weight < math.inf and isinstance(models, list) and models:
+            weights[node_id] = float(weight)
+    return weights
 
 
 class Ownership:
