@@ -10,6 +10,10 @@ contexts in Redis costs a context commit on a real daemon.
    docs/CLUSTER.md asks) against the same daemon with it off: p50 of one context.update of a
    scalar from one client (`redis_commit_overhead`: on over off), the journal fsynced at every
    commit in both (persistence.fsync = "always", the default). Interleaved rounds.
+3. Chaos (chaoskit/chaos_run.py): three nodes on one Redis, 16 cluster-aware clients chatting on
+   64 contexts; a node SIGKILLed and restarted every 20 s (--quick: 2 kills), Redis SIGKILLed and
+   restarted once: acknowledged turns lost, turns unanswered, turns answered otherwise than one
+   uninterrupted node answers, kill to a moved context's next answer, turns/s around the kills.
 Last line JSON with the figures.
 """
 from __future__ import annotations
@@ -20,6 +24,8 @@ import statistics
 import time
 
 import numpy as np
+
+from chaoskit import chaos_run
 
 from mcpd.cluster.ownership import Ownership, context_hash
 from mcpd.testing import Daemon, RedisServer
@@ -74,7 +80,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
     quick = parser.parse_args().quick
-    figures = {**ownership(200_000 if quick else 1_000_000), **commit_overhead(3 if quick else 10, 100 if quick else 300)}
+    figures = {**ownership(200_000 if quick else 1_000_000), **commit_overhead(3 if quick else 10, 100 if quick else 300),
+               **chaos_run.run(quick)}
     print(json.dumps(figures))
 
 
