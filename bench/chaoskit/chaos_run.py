@@ -7,7 +7,7 @@ Figures: `lost_acked_updates` (an acknowledged turn missing from its context aft
 tokens differ from what one uninterrupted node answers to the same history, greedy),
 `failover_first_token_s_max`/`_p50` (a node's kill to the next answer on each context it owned:
 turns are 4 tokens, so the answer is the first token's upper bound), and turns/s before, during
-and after the kills.
+and after the kills. The nodes run the default model (the embedded one, a token a byte).
 """
 from __future__ import annotations
 

@@ -95,7 +95,7 @@ class ChatClient:
                 if all(c.full for c in self.contexts):
                     return
                 continue
-            self.turn(context, f" Turn {len(context.turns)}: say a number.")
+            self.turn(context, f" Q{len(context.turns)}.")   # short: the embedded model reads bytes
 
     def turn(self, context: ChatContext, prompt: str) -> None:
         started = time.monotonic()
