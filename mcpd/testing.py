@@ -330,16 +330,18 @@ class RedisServer:
     noeviction (docs/CLUSTER.md). start() after kill() or stop() brings it back on the same
     directory and port."""
 
-    def __init__(self):
+    def __init__(self, *options: str):
         self.root = Path(tempfile.mkdtemp(prefix="mcpd-redis-", dir="/tmp"))
         self.port = free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.options = options   # more redis-server options (--cluster-enabled yes, ...)
         self.process: subprocess.Popen | None = None
 
     def start(self) -> "RedisServer":
         self.process = subprocess.Popen(
             ["redis-server", "--bind", "127.0.0.1", "--port", str(self.port), "--dir", str(self.root),
-             "--appendonly", "yes", "--appendfsync", "always", "--save", "", "--maxmemory-policy", "noeviction"],
+             "--appendonly", "yes", "--appendfsync", "always", "--save", "", "--maxmemory-policy", "noeviction",
+             *self.options],
             stdout=open(self.root / "redis.log", "ab"), stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 30
         while not self._answers():

@@ -61,9 +61,7 @@ def daemon(module_daemon):
     return module_daemon(limits={"max_message_bytes": 1 << 20, "max_header_bytes": 8192})
 
 
-@pytest.fixture
-def redis_server():
-    """A real redis-server of the test's own (mcpd.testing.RedisServer), removed afterwards."""
+def _redis():
     if shutil.which("redis-server") is None:
         pytest.skip("redis-server is not installed (`make setup-test` installs Debian's package)")
     server = RedisServer()
@@ -71,6 +69,18 @@ def redis_server():
         yield server.start()
     finally:
         server.cleanup()
+
+
+@pytest.fixture
+def redis_server():
+    """A real redis-server of the test's own (mcpd.testing.RedisServer), removed afterwards."""
+    yield from _redis()
+
+
+@pytest.fixture(scope="module")
+def module_redis_server():
+    """One real redis-server for a test file's module-scoped daemons."""
+    yield from _redis()
 
 
 def pytest_collection_modifyitems(items):

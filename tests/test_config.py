@@ -36,6 +36,8 @@ def test_defaults_are_valid():
     ({"cluster": {"node_id": "a\nb"}}, "cluster.node_id = 'a\\nb'"),
     ({"cluster": {"advertise_tcp": "127.0.0.1:7070"}}, "cluster.advertise_tcp = '127.0.0.1:7070'"),
     ({"cluster": {"redis": "redis://127.0.0.1:6379", "timeout_s": 0}}, "cluster.timeout_s must be in (0, 60]"),
+    ({"cluster": {"prefetch_contexts": 100, "recent_contexts": 10}}, "cluster.prefetch_contexts = 100 and recent"),
+    ({"cluster": {"prefetch_contexts": -1}}, "cluster.prefetch_contexts = -1"),
 ])
 def test_bad_values_name_the_key(raw, message):
     with pytest.raises(ConfigError) as raised:

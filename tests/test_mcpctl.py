@@ -60,20 +60,29 @@ def test_ping(d):
     assert f"supervisor pid {d.process.pid}" in ctl(d, "ping")
 
 
+HOSTILE_CONTROL_ARGS = [
+    ("contexts.show", {"id": 7}, "`$.id`"), ("contexts.drop", {}, "field `id`"),
+    ("contexts.list", {"limit": True}, "`$.limit`"), ("workers.restart", {"index": "0"}, "`$.index`"),
+    ("ping", {"x": 1}, "field `x`"), ("reload", {"timeout_s": float("nan")}, "`$.timeout_s`"),
+    ("models.split", {"model": "embedded", "weights": {"a": float("inf")}}, "`$.weights[...]`"),
+    ("models.shadow", {"model": "embedded", "fraction": 2}, "`$.fraction`"),
+]
+
+
 def test_control_args_are_checked_by_the_daemon(d):
-    """A control client other than mcpctl gets BAD_REQUEST for args the table refuses, and the
-    scheduler, where context ops run, is never handed them."""
+    """A control client other than mcpctl gets BAD_REQUEST naming the argument the table refuses,
+    and the scheduler, where context and model ops run, is never handed it."""
     context = zmq.Context()
     sock = context.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     try:
         sock.connect(f"ipc://{d.runtime_dir}/control.ipc")
-        for request_id, (op, args) in enumerate([("contexts.show", {"id": 7}), ("contexts.drop", {}),
-                                                 ("workers.restart", {"index": "0"}), ("ping", {"x": 1})]):
+        for request_id, (op, args, named) in enumerate(HOSTILE_CONTROL_ARGS):
             sock.send(wire.encode_request(op, request_id, args))
             assert sock.poll(30_000)
             reply = wire.decode_reply(sock.recv())
-            assert (reply["id"], reply["kind"], reply["code"]) == (request_id, "error", codes.BAD_REQUEST)
+            assert (reply["id"], reply["kind"], reply["code"]) == (request_id, "error", codes.BAD_REQUEST), reply
+            assert named in reply["message"] and repr(op) in reply["message"], reply
     finally:
         sock.close()
         context.term()

@@ -3,6 +3,7 @@ import math
 import re
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from mcpd.config import LimitsConfig
@@ -12,6 +13,8 @@ from mcpd.engine import SamplingParams
 from mcpd.protocol import codes, ops
 from mcpd.protocol.codes import MCPDError
 from mcpd.protocol.args import BY_OP, CancelArgs, ContextUpdateArgs, GenerateArgs, PingArgs
+from mcpd.protocol.control_args import ContextRef
+from mcpd.protocol.error import ErrorReply
 from mcpd.protocol.results import Degraded, GenerateResult, Usage
 
 PROTOCOL = Path(__file__).resolve().parent.parent / "docs" / "PROTOCOL.md"
@@ -37,13 +40,13 @@ SAMPLES = [
     messages.Final(9, "OVERLOADED"),
     messages.TurnResult(9, GenerateResult("hi", [1], "stop", "m", "v", Usage(1, 1), [-0.5]), [7, 1]),
     messages.Drain(), messages.SchedulerLost(), messages.Resume(),
-    messages.Admin(3, "contexts.drop", {"owner": "t", "id": "c"}),
+    messages.Admin(3, "contexts.drop", ContextRef(owner="t", id="c")),
     messages.Reload(4, {"server": {"log_level": "debug"}}),
     messages.Ready(SENDER), messages.Drained(SENDER),
     messages.Report(SENDER, FrontendStats(served=3)), messages.Report(SENDER, SchedulerStats(queue_depth=2)),
     messages.Report(SENDER, WorkerStats(running=1, batch_size={"sum": 3})),
     messages.Refused(SENDER, "port 80 in use", 69),
-    messages.AdminAnswer(SENDER, 3, result={"dropped": True}), messages.AdminAnswer(SENDER, 3, code="NOT_FOUND", message="no"),
+    messages.AdminAnswer(SENDER, 3, result={"dropped": True}), messages.AdminAnswer(SENDER, 3, error=ErrorReply("NOT_FOUND", "no", 5)),
     messages.Reloaded(SENDER, 4, ["server.log_level"]),
 ]
 
@@ -109,3 +112,28 @@ def test_the_engine_gets_the_sampling_struct_the_front_end_decoded():
     assert math.isclose(args.sampling.temperature, 1.0) and isinstance(args.sampling.stop, tuple)
     dispatch, _ = messages.decode(messages.encode(messages.Dispatch(1, "a", "t", 0, False, args)))
     assert type(dispatch.args.sampling) is SamplingParams and dispatch.args.sampling == args.sampling
+
+
+def _loose(kind: msgspec.inspect.Type) -> bool:
+    if isinstance(kind, msgspec.inspect.UnionType):
+        return any(map(_loose, kind.types))
+    return isinstance(kind, (msgspec.inspect.AnyType, msgspec.inspect.DictType))
+
+
+# The plain maps left on the boundary, each for a reason: a handler's signature and the config are
+# trees of the config's own types, and a control op's result is relayed to mcpctl as it is.
+LOOSE_FIELDS = [("Hello", "signature"), ("Reload", "config"), ("AdminAnswer", "result")]
+
+
+def test_no_message_carries_a_plain_map_but_the_few_named():
+    """Control-op args and errors cross processes as their structs (control_args.py, error.py)."""
+    loose = [(kind.__name__, field.name) for kind, _ in messages._DECODERS.values()
+             for field in msgspec.inspect.type_info(kind).fields if _loose(field.type)]
+    assert sorted(loose) == sorted(LOOSE_FIELDS)
+
+
+def test_an_admin_op_with_a_bare_args_map_does_not_decode():
+    """The scheduler reads the struct the supervisor decoded, tagged with its type; a map is not one."""
+    frames = [messages.Admin.TAG, msgspec.msgpack.encode([3, "contexts.drop", {"owner": "t", "id": "c"}])]
+    with pytest.raises(msgspec.ValidationError):
+        messages.decode(frames)

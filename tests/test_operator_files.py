@@ -28,10 +28,13 @@ GRAFANA_VARIABLES = {"$__rate_interval": "5m", "$instance": ".*", "$model": ".*"
 
 
 @pytest.fixture(scope="module")
-def exported(module_daemon) -> set[str]:
+def exported(module_daemon, module_redis_server) -> set[str]:
     """Every sample name the daemon's endpoint declares, including families without samples yet
-    (a histogram before its first observation still has its _bucket, _count and _sum)."""
-    d = module_daemon(metrics={"listen": "127.0.0.1:0"}, http={"listen": f"127.0.0.1:{free_port()}"})
+    (a histogram before its first observation still has its _bucket, _count and _sum), with the
+    HTTP listener and the cluster on so that their families are there too."""
+    d = module_daemon(metrics={"listen": "127.0.0.1:0"}, http={"listen": f"127.0.0.1:{free_port()}"},
+                      cluster={"redis": module_redis_server.url, "node_id": "a"})
+    d.wait_until(lambda: d.status()["cluster"].get("nodes"), what="the first cluster heartbeat reported")
     with urllib.request.urlopen(d.status()["metrics"], timeout=30) as response:
         families = list(text_string_to_metric_families(response.read().decode()))
     names = {sample.name for family in families for sample in family.samples}

@@ -2,6 +2,7 @@
 persistence and journal, in this process, against a real redis-server: what Redis holds after
 each change, a second node's restore, folding, a node behind another, and Redis down."""
 import logging
+import os
 
 import numpy as np
 import pytest
@@ -200,4 +201,41 @@ def test_a_context_over_this_node_s_limits_is_not_adopted(tmp_path, redis_server
         small.store.get("t", "big")
     assert refused.value.code == codes.TOO_LARGE and small.store.total_bytes == 0
     small.journal.close()
+    first.journal.close()
+
+
+def test_a_commit_the_journal_cannot_fsync_is_taken_back_from_redis(tmp_path, redis_server):
+    first = node(tmp_path / "a", redis_server)
+    first.store.open("t", "c")
+    first.store.update("t", "c", 0, [codec.diff("n", None, 1)])
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, first.journal.fd)   # writes still succeed; fdatasync fails (EINVAL) while Redis takes the commit
+    os.close(null)
+    with pytest.raises(MCPDError) as refused:
+        first.store.update("t", "c", 1, [codec.diff("n", None, 2)])
+    assert refused.value.code == codes.UNAVAILABLE and refused.value.retry_after_ms > 0
+    redis, keys = redis_server.client(), keys_of("t", "c")
+    assert int(redis.hget(keys.meta, "version")) == 1 and redis.llen(keys.log) == 1
+    assert first.store.get("t", "c").fields["n"] == 1
+    first.store.update("t", "c", 1, [codec.diff("n", None, 3)])   # the journal wrote a snapshot since: on again
+    restored = node(tmp_path / "b", redis_server).store.get("t", "c")
+    assert restored.version == 2 and restored.fields["n"] == 3
+    first.journal.close()
+    on_disk = open_store(from_dict({"server": {"state_dir": str(tmp_path / "a")}}), None, LOG)
+    assert on_disk.store.get("t", "c").version == 2 and on_disk.store.get("t", "c").fields["n"] == 3
+    on_disk.journal.close()
+
+
+def test_a_commit_the_full_disk_refuses_never_reaches_redis(tmp_path, redis_server):
+    first = node(tmp_path / "a", redis_server)
+    first.store.open("t", "c")
+    first.store.update("t", "c", 0, [codec.diff("n", None, 1)])
+    with files_capped_at(first.journal.size):   # the journal writes the record before Redis hears of it
+        with pytest.raises(MCPDError) as refused:
+            first.store.update("t", "c", 1, [codec.diff("n", None, 2)])
+    assert refused.value.code == codes.STORAGE_FULL
+    redis, keys = redis_server.client(), keys_of("t", "c")
+    assert int(redis.hget(keys.meta, "version")) == 1 and redis.llen(keys.log) == 1
+    first.store.update("t", "c", 1, [codec.diff("n", None, 3)])
+    assert node(tmp_path / "b", redis_server).store.get("t", "c").fields["n"] == 3
     first.journal.close()

@@ -13,6 +13,7 @@ from mcpd.daemon.child_stats import WorkerStats
 from mcpd.daemon.scheduler.core import Scheduler
 from mcpd.protocol import codes
 from mcpd.protocol.args import ContextOpenArgs, GenerateArgs, PingArgs
+from mcpd.protocol.control_args import ContextListing, ContextRef
 from mcpd.protocol.results import Degraded, GenerateResult, Usage
 from mcpd.protocol.sampling import SamplingParams
 from fakes import Clock, Ports
@@ -235,10 +236,10 @@ def test_a_control_op_that_raises_answers_internal_and_the_scheduler_goes_on(cor
     core.contexts.store.open("t", "kept", True)
     monkeypatch.setattr(core.contexts.store, "drop", broken_drop)
     admin = lambda token, op, args: core.on_inbox(messages.encode(messages.Admin(token, op, args)))   # noqa: E731
-    admin(1, "contexts.drop", {"owner": "t", "id": "kept"})
-    admin(2, "contexts.list", {"owner": "t", "limit": 10})
+    admin(1, "contexts.drop", ContextRef(owner="t", id="kept"))
+    admin(2, "contexts.list", ContextListing(owner="t", limit=10))
     replies = {e.token: e for e in core.ports.events.sent if isinstance(e, messages.AdminAnswer)}
-    assert replies[1].code == codes.INTERNAL and "injected fault" in replies[1].message
+    assert replies[1].error.code == codes.INTERNAL and "injected fault" in replies[1].error.message
     assert replies[2].result["total"] == 1
 
 

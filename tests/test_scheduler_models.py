@@ -11,6 +11,7 @@ from mcpd.daemon.scheduler.core import Scheduler
 from mcpd.daemon.scheduler.fast_rung import FastRung
 from mcpd.protocol import codes
 from mcpd.protocol.args import ContextOpenArgs, GenerateArgs, PingArgs
+from mcpd.protocol.control_args import ModelVersion
 from fakes import Clock, Ports
 from test_scheduler_core import request, result
 
@@ -56,7 +57,7 @@ def test_an_unload_is_answered_once_the_versions_requests_are_done_and_their_fin
     core.on_inbox(request(1, GenerateArgs(prompt="x", version="b")))
     core.on_inbox(request(2, GenerateArgs(prompt="x", version="b")))
     core.tick()
-    core.on_inbox(messages.encode(messages.Admin(7, "models.unload", {"model": "m", "version": "b"})))
+    core.on_inbox(messages.encode(messages.Admin(7, "models.unload", ModelVersion("m", "b"))))
     core.on_inbox(request(3, GenerateArgs(prompt="x", version="b")))   # after the op: refused
     assert core.ports.finals()[3]["code"] == codes.UNKNOWN_MODEL
     core.on_worker([b"w1", *messages.encode(messages.Done([1]))])
@@ -73,7 +74,7 @@ def test_an_unload_is_answered_once_the_versions_requests_are_done_and_their_fin
 def test_a_worker_lost_while_its_version_flushes_holds_no_unload_and_pings_avoid_it(core):
     hello(core, 0, "b")   # the first a ping would go to
     hello(core, 1, "a")
-    core.on_inbox(messages.encode(messages.Admin(7, "models.unload", {"model": "m", "version": "b"})))
+    core.on_inbox(messages.encode(messages.Admin(7, "models.unload", ModelVersion("m", "b"))))
     assert flushes(core) == [b"w0"]
     core.on_inbox(request(1, PingArgs()))
     core.tick()
@@ -87,13 +88,13 @@ def test_an_unload_sent_again_asks_again_and_a_full_worker_queue_is_asked_later(
     hello(core, 0, "a")
     hello(core, 1, "b")
     core.ports.worker_room = 0   # b's worker takes nothing for now
-    core.on_inbox(messages.encode(messages.Admin(7, "models.unload", {"model": "m", "version": "b"})))
+    core.on_inbox(messages.encode(messages.Admin(7, "models.unload", ModelVersion("m", "b"))))
     assert flushes(core) == [] and unload_answers(core) == []
     core.ports.worker_room = None
     core.tick()
     assert flushes(core) == [b"w1"]
     # its marker lost (a front-end restarting, say): the op times out and is sent again
-    core.on_inbox(messages.encode(messages.Admin(8, "models.unload", {"model": "m", "version": "b"})))
+    core.on_inbox(messages.encode(messages.Admin(8, "models.unload", ModelVersion("m", "b"))))
     assert flushes(core) == [b"w1", b"w1"]
     core.on_inbox(messages.encode(messages.Flushed(1)))
     core.tick()

@@ -15,6 +15,7 @@ from mcpd.daemon.supervisor.admin import FORWARD_TIMEOUT_S
 from mcpd.daemon.supervisor.core import REFUSAL_REPORT_WAIT_S, SupervisorCore
 from mcpd.daemon.supervisor.process_table import STABLE_AFTER_S
 from mcpd.protocol import codes, wire
+from mcpd.protocol.error import ErrorReply
 from mcpd.security.keys import KeyStore
 from mcpd.security.peer import PeerCred
 from fakes import Clock, SupervisorPorts
@@ -187,10 +188,11 @@ def test_a_forwarded_ops_answer_reaches_the_caller_that_asked():
     call(core, "contexts.list", 1, identity=b"A")
     call(core, "contexts.list", "b", identity=b"B", args={"limit": 5})
     asked = sent(core.ports.scheduler)
-    assert [(m.op, m.args["limit"]) for m in asked] == [("contexts.list", 1000), ("contexts.list", 5)]
+    assert [(m.op, m.args.limit) for m in asked] == [("contexts.list", 1000), ("contexts.list", 5)]
     assert core.ports.control == []   # both wait for the scheduler
     event(core, messages.AdminAnswer, "scheduler", asked[1].token, {"contexts": ["x"]})
-    event(core, messages.AdminAnswer, "scheduler", asked[0].token, None, codes.NOT_FOUND, "no such owner")
+    event(core, messages.AdminAnswer, "scheduler", asked[0].token, None,
+          ErrorReply(codes.NOT_FOUND, "no such owner"))
     assert [(identity, reply["id"], reply.get("result"), reply.get("code")) for identity, reply in replies(core)] == [
         (b"B", "b", {"contexts": ["x"]}, None), (b"A", 1, None, codes.NOT_FOUND)]
 

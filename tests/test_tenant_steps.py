@@ -36,14 +36,34 @@ def tenants_in_step(outputs) -> dict[str, int]:
     return counts
 
 
-def test_a_newcomers_first_token_comes_from_a_short_step_not_the_floods_batch():
+def test_a_newcomers_first_token_comes_from_a_step_of_its_own_not_the_floods_batch():
     engine, _ = make_engine()
     flood(engine)
     assert tenants_in_step(engine.step()) == {"a": FLOOD}   # alone, a's batch runs whole
     engine.add_request(("b", 0), engine.tokenizer.encode("victim"), ONE, cache_namespace="b")
     first = engine.step()
-    assert tenants_in_step(first) == {"a": BOUND, "b": 1}
-    assert [out.finished for out in first if out.key[0] == "b"] == [True]
+    assert tenants_in_step(first) == {"b": 1}
+    assert [out.finished for out in first] == [True]
+    assert tenants_in_step(engine.step()) == {"a": BOUND}   # b lately active: a's steps stay short
+
+
+def test_a_tenant_with_a_sequence_running_is_no_newcomer():
+    engine, _ = make_engine()
+    flood(engine)
+    engine.add_request(("b", 0), engine.tokenizer.encode("victim"), LONG, cache_namespace="b")
+    assert tenants_in_step(engine.step()) == {"b": 1}
+    engine.add_request(("b", 1), engine.tokenizer.encode("second"), ONE, cache_namespace="b")
+    step = engine.step()   # b's second request joins a bounded step; b's decode waits for its turn like a's
+    assert tenants_in_step(step) == {"a": BOUND, "b": 1}
+    assert [out.key for out in step if out.key[0] == "b"] == [("b", 1)]
+
+
+def test_a_newcomer_without_a_free_seat_waits_and_the_others_go_on():
+    engine = Engine(Config(model=ModelConfig(max_model_len=512),
+                           engine=EngineConfig(pool_bytes=64 << 20, max_num_seqs=FLOOD)), torch.device("cpu"))
+    flood(engine)
+    engine.add_request(("b", 0), engine.tokenizer.encode("victim"), ONE, cache_namespace="b")
+    assert tenants_in_step(engine.step()) == {"a": BOUND}
 
 
 def test_the_floods_sequences_take_turns_while_another_tenant_is_active():
@@ -51,7 +71,7 @@ def test_the_floods_sequences_take_turns_while_another_tenant_is_active():
     flood(engine)
     engine.add_request(("b", 0), engine.tokenizer.encode("victim"), ONE, cache_namespace="b")
     advanced = {("a", i): 0 for i in range(FLOOD)}
-    for _ in range(5):   # b's one step, then b away but lately active: 5 steps of 16 = 2 tokens each of a's 40
+    for _ in range(6):   # b's own step, then b away but lately active: 5 steps of 16 = 2 tokens each of a's 40
         for out in engine.step():
             if out.key[0] == "a":
                 advanced[out.key] += 1

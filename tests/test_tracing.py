@@ -23,7 +23,8 @@ PARENTS = {"zmq-parent": f"00-{TRACE}-{SPAN}-01", "http-parent": f"00-{TRACE[::-
 MALFORMED = {"bad-version": f"ff-{TRACE}-{SPAN}-01", "bad-zero": f"00-{'0' * 32}-{SPAN}-01",
              "bad-long": f"01-{TRACE}-{SPAN}-01-" + "x" * 1000, "bad-type": 12345}
 EVERY_REQUEST_SPAN = {"mcpd.request", "frontend.admit", "scheduler.admit", "scheduler.queue", "scheduler.dispatch",
-                      "worker.generate", "worker.prefill", "worker.decode", "frontend.reply"}
+                      "worker.generate", "worker.prefill", "worker.decode", "frontend.reply",
+                      "hop.to_scheduler", "hop.to_worker", "hop.to_frontend"}
 MAX_TOKENS = 8
 STEP_TOKENS = 16   # engine.max_step_tokens: a longer prompt is prefilled in chunks of this many tokens
 LONG_PROMPT = list(range(65, 105))   # 40 token ids: chunks of 16, 16 and 8
@@ -104,12 +105,37 @@ def test_a_generate_is_one_trace_across_three_processes_with_the_right_parents(t
         if span["name"].startswith("frontend.") or span is root:
             assert process == "frontend" and within(span, root)
         else:
-            assert process == span["name"].split(".")[0] + ("0" if span["name"].startswith("worker.") else "")
+            assert process == recorder(span["name"])
+
+
+def recorder(name: str) -> str:
+    """The process that records a span: a hop's receiver, else the one its name begins with."""
+    where = name.removeprefix("hop.to_") if name.startswith("hop.") else name.split(".")[0]
+    return where + ("0" if where == "worker" else "")
 
 
 def test_a_context_turn_has_its_commit_in_the_scheduler(traced):
     commit = one(trace_of(traced, "turn"), "scheduler.commit")
     assert commit["resource"]["mcpd.process"] == "scheduler"
+
+
+def test_a_turns_hops_join_each_process_span_to_the_next(traced):
+    """Each hop runs from its sender's moment of sending to its receiver's span: the time between
+    processes is in the trace too, not only what each process did."""
+    trace = trace_of(traced, "turn")
+    hops = {(s["name"], s["attributes"].get("mcpd.from")): s for s in trace if s["name"].startswith("hop.")}
+    assert set(hops) == {("hop.to_scheduler", "frontend"), ("hop.to_worker", "scheduler"),
+                         ("hop.to_scheduler", "worker"), ("hop.to_frontend", None)}
+    admit, dispatch = one(trace, "frontend.admit"), one(trace, "scheduler.dispatch")
+    generate, commit, reply = one(trace, "worker.generate"), one(trace, "scheduler.commit"), one(trace, "frontend.reply")
+    assert hops[("hop.to_scheduler", "frontend")]["start_ns"] == admit["end_ns"]
+    assert hops[("hop.to_scheduler", "frontend")]["end_ns"] == one(trace, "scheduler.admit")["start_ns"]
+    assert dispatch["start_ns"] <= hops[("hop.to_worker", "scheduler")]["start_ns"] <= dispatch["end_ns"]
+    assert hops[("hop.to_worker", "scheduler")]["end_ns"] == generate["start_ns"]
+    assert generate["end_ns"] <= hops[("hop.to_scheduler", "worker")]["start_ns"]
+    assert hops[("hop.to_scheduler", "worker")]["end_ns"] == commit["start_ns"]
+    assert commit["start_ns"] <= hops[("hop.to_frontend", None)]["start_ns"] <= commit["end_ns"]   # its last act
+    assert hops[("hop.to_frontend", None)]["end_ns"] == reply["start_ns"]
 
 
 def test_decode_steps_are_grouped_into_stretches_not_a_span_per_token(traced):

@@ -57,7 +57,7 @@ def call(args, op: str, op_args: dict | None = None, timeout_s: float | None = N
 def call_at(runtime_dir: Path, op: str, op_args: dict | None = None, timeout_s: float = CALL_TIMEOUT_S) -> dict:
     """One control op; its result, or MCPDError with the daemon's code. The op and its args are
     checked against the control-op table before anything is sent (BAD_REQUEST, UNKNOWN_OP)."""
-    control_ops.find(op).checked_args(op_args or {})
+    control_ops.find(op).decode_args(op_args or {})
     if not (runtime_dir / sockets.CONTROL_IPC).exists():
         raise Unreachable(f"no control socket at {runtime_dir / sockets.CONTROL_IPC}: is mcpd running?")
     check_placed_by_trusted_user(runtime_dir)

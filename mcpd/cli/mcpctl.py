@@ -8,13 +8,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from mcpd.cli import contexts, control, keys, lifecycle, models, status, top, workers
+from mcpd.cli import cluster, contexts, control, keys, lifecycle, models, status, top, workers
 from mcpd.config import ConfigError
 from mcpd.protocol.codes import MCPDError
 from mcpd.refusal import UnsafePath
 from mcpd.security.keys import BadKey
 
-COMMAND_GROUPS = (status, top, workers, models, contexts, lifecycle, keys)
+COMMAND_GROUPS = (status, top, workers, models, contexts, cluster, lifecycle, keys)
 EPILOG = """exit codes: 0 done (status: healthy), 1 failed (status: unhealthy, the daemon refused
 the op, or the runtime directory is not safe to talk to), 2 usage error, 3 daemon not reachable, 4 timed out waiting (--wait).
 The daemon is found by --runtime-dir, $MCPD_RUNTIME_DIR, the config's server.runtime_dir, or /run/mcpd."""

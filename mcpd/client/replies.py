@@ -5,6 +5,7 @@ import msgspec
 
 from mcpd.protocol import codes
 from mcpd.protocol.codes import MCPDError
+from mcpd.protocol.error import ErrorReply
 from mcpd.protocol.results import GenerateChunk, GenerateResult
 
 DEFAULT_ENDPOINT = "tcp://127.0.0.1:7070"
@@ -30,7 +31,7 @@ def result_of(reply: dict) -> dict:
     """The "result" map of a final ok reply; an error reply raises MCPDError with its code."""
     kind = reply.get("kind")
     if kind == "error":
-        raise MCPDError(reply.get("code", codes.INTERNAL), reply.get("message", ""), reply.get("retry_after_ms"))
+        raise ErrorReply.read(reply).exception()
     if kind != "ok":
         raise MCPDError(codes.INTERNAL, f"unexpected reply kind {kind!r}")
     return reply.get("result", {})

@@ -2,7 +2,8 @@
 endpoints, weight, load, free KV and models, and counts as alive until node_ttl_s after its last.
 
     mcpd:{nodes}          sorted set: node id -> the Redis time (ms) its registration lapses
-    mcpd:{nodes}:<id>     hash: the node's last heartbeat (msgpack under "report"), expiring with it
+    mcpd:{nodes}:<id>     hash: the node's last heartbeat (msgpack under "report") and the Redis
+                          time (ms) it came ("at"), expiring with it
 
 Redis's own clock stamps every heartbeat (TIME inside the script), so nodes whose clocks differ
 still agree on who is alive. The keys share one hash tag: on Redis Cluster the scripts that touch
@@ -20,17 +21,19 @@ BEAT = """
 local now = redis.call('TIME')
 local lapses = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000) + tonumber(ARGV[3])
 redis.call('ZADD', KEYS[1], lapses, ARGV[1])
-redis.call('HSET', KEYS[2], 'report', ARGV[2])
+redis.call('HSET', KEYS[2], 'report', ARGV[2], 'at', lapses - tonumber(ARGV[3]))
 redis.call('PEXPIRE', KEYS[2], ARGV[3])
 return lapses
 """
 
-# KEYS: the set. Forgets the lapsed nodes; returns the ids of the others.
+# KEYS: the set. Forgets the lapsed nodes; returns Redis's time (ms), then the ids of the others.
 LIVE = """
 local now = redis.call('TIME')
 local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ms)
-return redis.call('ZRANGE', KEYS[1], 0, -1)
+local live = redis.call('ZRANGE', KEYS[1], 0, -1)
+table.insert(live, 1, ms)
+return live
 """
 
 # KEYS: the set, the node's hash. ARGV: node id.
@@ -52,29 +55,34 @@ class Membership:
         self.leave_script = client.register_script(LEAVE)
 
     def beat(self, report: dict) -> None:
-        """Register this node (again) with its report; raises redis.RedisError when Redis cannot take it."""
+        """Register this node (again) with its report; raises one of redis_client.REDIS_ERRORS when
+        Redis cannot take it."""
         self.beat_script(keys=[SET, node_key(self.node_id)], args=[self.node_id, msgpack.packb(report), self.ttl_ms])
 
     def leave(self) -> None:
         self.leave_script(keys=[SET, node_key(self.node_id)], args=[self.node_id])
 
     def live(self) -> dict[str, dict]:
-        """Each live node's last report, by node id."""
-        ids = [raw.decode(errors="replace") for raw in self.live_script(keys=[SET])]
+        """Each live node's last report, by node id, with the age of its heartbeat ("age_ms")."""
+        now, *listed = self.live_script(keys=[SET])
+        ids = [raw.decode(errors="replace") for raw in listed]
         with self.redis.pipeline(transaction=False) as reading:
             for node_id in ids:
-                reading.hget(node_key(node_id), "report")
-            reports = [_report(raw) for raw in reading.execute()]
+                reading.hmget(node_key(node_id), "report", "at")
+            reports = [_report(raw, at, now) for raw, at in reading.execute()]
         # A node whose hash lapsed between the two reads is gone: it is left out.
         return {node_id: report for node_id, report in zip(ids, reports) if report is not None}
 
 
-def _report(raw: bytes | None) -> dict | None:
-    """A heartbeat's report; None for none, or for one that is not a msgpack map (whoever wrote it)."""
+def _report(raw: bytes | None, at: bytes | None, now: int) -> dict | None:
+    """A heartbeat's report and its age; None for none, or for one that is not a msgpack map
+    (whoever wrote it). The age is the script's own stamp against Redis's clock; None if unreadable."""
     if raw is None:
         return None
     try:
         report = msgpack.unpackb(raw)
     except (ValueError, msgpack.UnpackException):
         return None
-    return report if isinstance(report, dict) else None
+    if not isinstance(report, dict):
+        return None
+    return {**report, "age_ms": now - int(at) if at is not None and at.isdigit() else None}

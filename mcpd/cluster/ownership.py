@@ -28,16 +28,23 @@ def node_hash(node_id: str) -> int:
     return _digest(node_id.encode(), b"mcpd-owner-node")
 
 
-def serving(reports: dict[str, dict]) -> dict[str, float]:
-    """The nodes ownership is computed over, with their weights, from the live nodes' last
-    heartbeats (by id): those serving a model, of a positive finite weight. A node still loading
-    its models owns nothing yet: a context moved to it would wait out the load."""
-    weights = {}
+def weights(reports: dict[str, dict]) -> dict[str, float]:
+    """Each live node's weight, as its last heartbeat (by id) says; a node whose weight is not a
+    positive finite number (whoever wrote it) owns nothing."""
+    found = {}
     for node_id, report in reports.items():
-        weight, models = report.get("weight"), report.get("models")
-        if type(weight) in (int, float) and 0 < weight < math.inf and isinstance(models, list) and models:
-            weights[node_id] = float(weight)
-    return weights
+        weight = report.get("weight")
+        if isinstance(weight, (int, float)) and not isinstance(weight, bool) and 0 < weight < math.inf:
+            found[node_id] = float(weight)
+    return found
+
+
+def serving(reports: dict[str, dict]) -> dict[str, float]:
+    """The nodes a client's requests go to by ownership, with their weights: those of `weights`
+    whose heartbeat names a model they serve. A node still loading its models owns nothing yet:
+    a context moved to it would wait out the load."""
+    return {node_id: weight for node_id, weight in weights(reports).items()
+            if isinstance(models := reports[node_id].get("models"), list) and models}
 
 
 class Ownership:

@@ -2,8 +2,11 @@
 change is acknowledged, and the loader a node restores a context from when it lacks one.
 
 It is the store's last listener (persistence.py): an open or a commit reaches Redis only once
-the host cache and the journal hold it, so nothing after it can refuse and nothing needs taking
-back from Redis; a drop reaches it first. The records are the journal's, byte for byte
+the host cache and the journal hold it, so nothing after it can refuse; a drop reaches it first.
+A commit's journal record is written, not yet fsynced, when Redis hears it: the journal's fsync
+runs while Redis takes the commit (so a commit waits for the slower fsync, not both), and a
+failing fsync takes the commit back from Redis (redis_scripts.UNCOMMIT) before it is refused.
+The records are the journal's, byte for byte
 (journal_file.encode_record of commit.py's and snapshot.py's records), under the keys
 context_keys.py lays out. A context's log is folded into its snapshot once it outweighs both
 cluster.compact_after_bytes and the context itself, so Redis holds at most about twice each
@@ -23,13 +26,15 @@ context again.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from contextlib import contextmanager
 
 import redis
 
 from mcpd.cluster import redis_scripts
 from mcpd.cluster.context_keys import keys_of
-from mcpd.cluster.redis_client import connect
+from mcpd.cluster.redis_client import REDIS_ERRORS, connect
+from mcpd.cluster.script_call import ScriptCall
 from mcpd.config import ClusterConfig
 from mcpd.contexts import journal_file, snapshot
 from mcpd.contexts.context import Context
@@ -45,9 +50,12 @@ REDIS_RETRY_MS = 1000
 
 
 class RedisContexts:
-    def __init__(self, config: ClusterConfig, log: logging.Logger):
+    def __init__(self, config: ClusterConfig, log: logging.Logger, sync_locally: Callable[[], None] = lambda: None):
         self.redis = connect(config)
         self.commit_script = self.redis.register_script(redis_scripts.COMMIT)
+        self.uncommit_script = self.redis.register_script(redis_scripts.UNCOMMIT)
+        # The journal's fsync, run between sending a commit to Redis and reading its answer.
+        self.sync_locally = sync_locally
         self.snapshot_script = self.redis.register_script(redis_scripts.SNAPSHOT)
         self.compact_after_bytes = config.compact_after_bytes
         self.journal_alone = config.when_redis_down == "journal"
@@ -63,7 +71,7 @@ class RedisContexts:
         """Say so in the log when Redis may evict keys: an evicted context is an acknowledged one lost."""
         try:
             policy = self.redis.config_get("maxmemory-policy").get("maxmemory-policy")
-        except redis.RedisError as e:   # down for now, or CONFIG renamed away (managed Redis)
+        except REDIS_ERRORS as e:   # down for now, or CONFIG renamed away (managed Redis)
             self.log.warning("could not read Redis's maxmemory-policy (%s): it must be noeviction", e)
             return
         if policy != "noeviction":
@@ -83,12 +91,21 @@ class RedisContexts:
             self._write_snapshot(context, "adopt")
 
     def committed(self, context: Context, record: Record) -> None:
+        """Send the commit to Redis, make the journal durable while Redis takes it (their fsyncs
+        overlap), then wait for Redis's answer."""
         if self._noted_behind(context):
+            self.sync_locally()
             return
         keys = keys_of(context.owner, context.id)
+        data = journal_file.encode_record("commit", record)
+        sending = ScriptCall(self.redis, self.commit_script, [keys.meta, keys.log], [context.version, data])
+        try:
+            self.sync_locally()
+        except MCPDError:
+            self._take_back(sending, context, data)
+            raise
         with self._refusing("commit the change", context):
-            appended, figure = self.commit_script(keys=[keys.meta, keys.log],
-                                                  args=[context.version, journal_file.encode_record("commit", record)])
+            appended, figure = sending.result()
             if appended:
                 if figure > max(self.compact_after_bytes, context.nbytes):   # the log's bytes
                     self._fold(context)
@@ -97,6 +114,18 @@ class RedisContexts:
             else:
                 raise StaleCopy(f"context {context.id!r} is at version {figure} in the cluster, not "
                                 f"{context.version - 1}: another node changed it; fetch it again and retry")
+
+    def _take_back(self, sending: ScriptCall, context: Context, data: bytes) -> None:
+        """The journal refused the commit Redis is taking: once Redis answers, take it back there
+        too. When Redis cannot, it keeps a version the client was refused, as when the reply to a
+        commit is lost: sent again, the change counts once; a different one is refused CONFLICT."""
+        keys = keys_of(context.owner, context.id)
+        try:
+            if sending.result()[0]:
+                self.uncommit_script(keys=[keys.meta, keys.log], args=[context.version, data])
+        except REDIS_ERRORS as e:
+            self.log.error("context %s/%s: the journal refused version %d but Redis may hold it (%s)",
+                           context.owner, context.id, context.version, e)
 
     def dropped(self, context: Context) -> None:
         keys = keys_of(context.owner, context.id)
@@ -123,7 +152,7 @@ class RedisContexts:
             key, context = next(iter(self.behind.items()))
             try:
                 self._write_snapshot(context, "adopt")
-            except redis.RedisError:
+            except REDIS_ERRORS:
                 self.next_catch_up = now + REDIS_RETRY_MS / 1000
                 return
             del self.behind[key]
@@ -140,6 +169,12 @@ class RedisContexts:
 
     def load(self, owner: str, context_id: str) -> Context | None:
         """The context as Redis last holds it, or None when Redis holds none of that name."""
+        context = self.read(owner, context_id)
+        self.loaded += context is not None
+        return context
+
+    def read(self, owner: str, context_id: str) -> Context | None:
+        """As load, uncounted: safe from a thread of its own (prefetch.py)."""
         keys = keys_of(owner, context_id)
         with self._refusing("read the context"):
             with self.redis.pipeline(transaction=True) as reading:   # the snapshot and its log as of one moment
@@ -157,7 +192,6 @@ class RedisContexts:
         if replay.unusable or replay.lost:
             self.log.error("context %s/%s in Redis has %d unusable record(s): restored at version %s",
                            owner, context_id, replay.unusable, context.version if context else "none")
-        self.loaded += context is not None
         return context
 
     # -- inside ---------------------------------------------------------------------------------
@@ -167,7 +201,7 @@ class RedisContexts:
         nothing but Redis memory: the log still holds every version, and the next commit retries."""
         try:
             self.folded += self._write_snapshot(context, "fold")
-        except redis.RedisError as e:
+        except REDIS_ERRORS as e:
             self.log.warning("folding context %s/%s in Redis failed (%s); retried at its next commit",
                              context.owner, context.id, e)
 
@@ -186,7 +220,7 @@ class RedisContexts:
             self.refused += 1
             raise storage_full(f"the cluster's Redis is at its maxmemory and cannot {what}; nothing changed: "
                                "retry later") from None
-        except redis.RedisError as e:
+        except REDIS_ERRORS as e:
             if self.journal_alone and context is not None:
                 if not self.behind:
                     self.log.error("the cluster's Redis cannot %s (%s): going on with the journal alone, caught "

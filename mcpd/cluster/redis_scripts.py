@@ -37,3 +37,17 @@ redis.call('DEL', KEYS[3])
 redis.call('HSET', KEYS[1], 'version', version, 'log_bytes', 0)
 return 1
 """
+
+# KEYS: meta, log. ARGV: version, record.
+# Takes back a commit this node could not make durable on its own disk, only while it is still
+# the newest in Redis. Returns 1 when taken back, 0 when not.
+UNCOMMIT = """
+if tonumber(redis.call('HGET', KEYS[1], 'version')) ~= tonumber(ARGV[1])
+   or redis.call('LINDEX', KEYS[2], -1) ~= ARGV[2] then
+  return 0
+end
+redis.call('RPOP', KEYS[2])
+redis.call('HSET', KEYS[1], 'version', ARGV[1] - 1)
+redis.call('HINCRBY', KEYS[1], 'log_bytes', -#ARGV[2])
+return 1
+"""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass
 
+from mcpd.cluster import redis_url
 from mcpd.config_error import ConfigError
 
 
@@ -55,13 +56,13 @@ class PersistenceConfig:
 
 
 MAX_NODE_ID_CHARS = 64
-REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+MAX_RECENT_CONTEXTS = 1 << 20   # the recency index is read whole at a takeover: about 140 MB of Redis at most
 
 
 @dataclass(frozen=True)
 class ClusterConfig:
     """Several nodes sharing contexts through Redis (docs/CLUSTER.md); off while `redis` is ""."""
-    redis: str = ""                     # redis://host:port/db, rediss:// (TLS) or unix://path; "" = off
+    redis: str = ""                     # one server's URL, redis+cluster://, redis+sentinel:// (CLUSTER.md); "" = off
     node_id: str = ""                   # this node's name among the others; "" = the host name
     advertise_tcp: str = ""             # the ZeroMQ endpoint other nodes and clients reach this node at
     advertise_http: str = ""            # its HTTP listener's URL, likewise
@@ -71,10 +72,17 @@ class ClusterConfig:
     heartbeat_s: float = 1.0            # how often the node tells Redis it is alive, with its load
     node_ttl_s: float = 3.0             # a node silent this long counts as gone
     when_redis_down: str = "refuse"     # refuse context changes (retryably), or go on with the "journal" alone
+    prefetch_contexts: int = 64         # at start or takeover, load this many recently used contexts it owns; 0 = off
+    recent_contexts: int = 16384        # the cluster's recency index keeps this many contexts (size it >= prefetch x nodes)
 
     def check(self) -> None:
-        if self.redis and not self.redis.startswith(REDIS_SCHEMES):
-            raise ConfigError(f"cluster.redis = {self.redis!r}: use redis://host:port/db, rediss://... or unix://path")
+        if self.redis:
+            try:
+                redis_url.parse(self.redis)
+            except ValueError as e:
+                raise ConfigError(f"cluster.redis = {self.redis!r}: {e}; use redis://host:port/db, rediss://..., "
+                                  "unix://path, redis+cluster://host:port,host:port or "
+                                  "redis+sentinel://host:port,host:port/service") from None
         if len(self.node_id) > MAX_NODE_ID_CHARS or not self.node_id.isprintable():
             raise ConfigError(f"cluster.node_id = {self.node_id!r}: at most {MAX_NODE_ID_CHARS} printable characters")
         if self.advertise_tcp and not self.advertise_tcp.startswith("tcp://"):
@@ -85,6 +93,9 @@ class ClusterConfig:
             raise ConfigError("cluster.timeout_s must be in (0, 60] and cluster.compact_after_bytes >= 1")
         if self.when_redis_down not in ("refuse", "journal"):
             raise ConfigError(f"cluster.when_redis_down = {self.when_redis_down!r}: use refuse or journal")
+        if not 0 <= self.prefetch_contexts <= self.recent_contexts <= MAX_RECENT_CONTEXTS:
+            raise ConfigError(f"cluster.prefetch_contexts = {self.prefetch_contexts} and recent_contexts = "
+                              f"{self.recent_contexts}: need 0 <= prefetch <= recent <= {MAX_RECENT_CONTEXTS}")
         if self.weight <= 0 or not 0 < self.heartbeat_s < self.node_ttl_s:
             raise ConfigError(f"cluster.weight = {self.weight} must be > 0 and cluster.heartbeat_s = "
                               f"{self.heartbeat_s} in (0, node_ttl_s = {self.node_ttl_s})")

@@ -81,6 +81,8 @@ class Journal:
         self.retry_compact_above = 0  # a compaction failed: the journal size to try again at
         self.last_commit: tuple | None = None   # (owner, id, version, size before, size after) of the last record
         self.dirty = False
+        # False in a cluster: the Redis listener fsyncs each commit (sync_commit) while Redis takes it.
+        self.sync_commits = True
         self.sync_time = Histogram(DISK_BOUNDS)   # seconds per fdatasync: a slow disk stalls every commit
         # Guards the fd against the interval fsync thread; reentrant because the SIGTERM handler
         # (close) may run on the main thread while it is inside _append.
@@ -170,7 +172,7 @@ class Journal:
 
     def committed(self, context: Context, record: Record) -> None:
         before = self.size
-        self._append(journal_file.encode_record("commit", record))
+        self._append(journal_file.encode_record("commit", record), sync=self.sync_commits)
         self.last_commit = (context.owner, context.id, context.version, before, self.size)
 
     def reverted(self, context: Context) -> None:
@@ -191,8 +193,9 @@ class Journal:
         # The store still holds the context: a snapshot written first would hold it too.
         self._append(journal_file.encode({"op": "drop", "owner": context.owner, "id": context.id}), in_snapshot=False)
 
-    def _append(self, data: bytes, in_snapshot: bool = True) -> None:
-        """Write the record before the change is acknowledged, or refuse the change."""
+    def _append(self, data: bytes, in_snapshot: bool = True, sync: bool = True) -> None:
+        """Write the record before the change is acknowledged, or refuse the change; `sync` False
+        leaves the fsync to sync_commit."""
         if self.unusable:
             raise MCPDError(codes.UNAVAILABLE, f"the context journal cannot be used ({self.unusable}); nothing "
                                                "changed; see the daemon's log", retry_after_ms=STORAGE_RETRY_MS)
@@ -203,7 +206,7 @@ class Journal:
         with self.lock:
             try:
                 _write_all(self.fd, [data])
-                if self.config.fsync == "always":
+                if self.config.fsync == "always" and sync:
                     self._sync()
             except OSError as e:
                 self._cut_back()
@@ -296,6 +299,16 @@ class Journal:
             if self.dirty and self.fd is not None:
                 self._sync()
                 self.dirty = False
+
+    def sync_commit(self) -> None:
+        """With sync_commits off, make the last commit as durable as the fsync policy asks, or
+        refuse it: the store then reverts it here as when a later listener refuses."""
+        if self.config.fsync != "always":
+            return
+        try:
+            self.flush()
+        except OSError as e:
+            raise _refusal(e) from None
 
     def _sync(self) -> None:
         """fdatasync the journal, timed (the caller holds the lock)."""

@@ -8,7 +8,8 @@ scheduler restart, not the daemon) and the journal (disk: it outlives both). The
 - the journal after it: drops go to the listeners last to first, so the journal, which can
   refuse a drop (a full disk), hears it before the cache deletes anything;
 - in a cluster, Redis last (mcpd/cluster/redis_contexts.py): a version reaches it once this
-  node holds it, and a context this node lacks is restored from it at first use.
+  node holds it, and a context this node lacks is restored from it at first use. It fsyncs the
+  journal's commit records itself, while Redis takes the same commit.
 Restore takes each context's newest version from either. The cache is ahead of the journal only
 when a crash came between their writes (a version no reply named yet); the journal then writes a
 snapshot at start, so what the store holds is on disk again before any change is acknowledged.
@@ -58,19 +59,21 @@ def open_store(config: Config, arena: ShmArena | None, log: logging.Logger) -> P
     if config.persistence.enabled:
         journal.start(store, behind)
         store.listeners.append(journal)
-    shared = _shared(config, store, log) if config.cluster.enabled else None
+    shared = _shared(config, store, journal, log) if config.cluster.enabled else None
     return Persistence(store, cache, journal, shared)
 
 
-def _shared(config: Config, store: ContextStore, log: logging.Logger) -> RedisContexts:
+def _shared(config: Config, store: ContextStore, journal: Journal, log: logging.Logger) -> RedisContexts:
     """Redis as the store's last listener and its shared copy."""
     from mcpd.cluster.redis_contexts import RedisContexts   # the Redis client loads only where a cluster is on
+    from mcpd.cluster.redis_url import redacted
 
-    shared = RedisContexts(config.cluster, log)
+    journal.sync_commits = False
+    shared = RedisContexts(config.cluster, log, sync_locally=journal.sync_commit)
     shared.check_eviction_policy()
     store.listeners.append(shared)
     store.shared = shared
-    log.info("cluster node %r: contexts kept in Redis at %s", config.cluster.node_name, config.cluster.redis)
+    log.info("cluster node %r: contexts kept in Redis at %s", config.cluster.node_name, redacted(config.cluster.redis))
     return shared
 
 

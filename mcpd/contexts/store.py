@@ -20,7 +20,7 @@ version a restart would lose, and a refused one never comes back:
 `restore` puts a saved copy back (at start, before any change) without telling them again.
 
 In a cluster (docs/CLUSTER.md) `shared` is the copy every node shares (Redis, a listener too): a
-context this node lacks is looked up there at first use and adopted (every listener hears
+context this node lacks is looked up there at first use and adopted (every other listener hears
 `adopted` and keeps it whole). When the shared copy is ahead of this node's (another node
 committed), the commit is refused with StaleCopy and this node forgets its copy, so the next
 request adopts the shared one; a request naming a version newer than this node's copy (a base, a
@@ -126,6 +126,14 @@ class ContextStore:
                 self._announce(context, "adopted")
         return context
 
+    def adopt(self, context: Context) -> bool:
+        """Hold a context read from the shared copy ahead of its first use (a prefetch), unless this
+        node holds one of that name already; whether it did."""
+        if (context.owner, context.id) in self.contexts:
+            return False
+        self._announce(context, "adopted")
+        return True
+
     def _announce(self, context: Context, event: str) -> None:
         """Hold a new context if there is room and every listener takes it (`event`: opened or adopted)."""
         if len(self.owned.get(context.owner, ())) >= self.config.max_per_owner:
@@ -140,6 +148,10 @@ class ContextStore:
         accepted = []
         try:
             for listener in self.listeners:
+                # The shared copy is not told of what it just gave: writing the context back would cost
+                # its whole size again, and would bring back a context another node dropped meanwhile.
+                if event == "adopted" and listener is self.shared:
+                    continue
                 getattr(listener, event)(context)
                 accepted.append(listener)
         except BaseException:

@@ -44,7 +44,7 @@ class SchedulerStats(msgspec.Struct, frozen=True, kw_only=True, tag="scheduler")
     queue_time: dict = {}           # {class: a Histogram snapshot}
     workers: list = []
     models: dict = {}               # Scheduler.models_stats(): policies, versions, their workers
-    cluster: dict = {}              # Heartbeat.stats(): this node and the live nodes it last saw; empty when off
+    cluster: dict = {}              # ClusterNode.report(): this node, the live nodes it last saw, its prefetch; empty when off
 
 
 class WorkerStats(msgspec.Struct, frozen=True, kw_only=True, tag="worker"):

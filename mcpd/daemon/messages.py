@@ -36,7 +36,9 @@ import msgspec
 
 from mcpd.daemon import child_stats
 from mcpd.daemon.child_stats import WorkerStats
+from mcpd.protocol import control_args
 from mcpd.protocol.args import ANY_ARGS, GenerateArgs, InferArgs, PingArgs
+from mcpd.protocol.error import ErrorReply
 from mcpd.protocol.results import Degraded, GenerateResult
 
 
@@ -54,6 +56,7 @@ class Request(Message):
     timeout_ms: int | None
     args: ANY_ARGS
     trace: str | None = None   # the traceparent of its root span, when traced (mcpd/tracing/)
+    sent: float | None = None   # when its sender sent it (time.monotonic()), for a traced request's hop span
 
 
 class Cancel(Message):
@@ -85,6 +88,7 @@ class Dispatch(Message):
     degraded: Degraded | None = None   # the ladder shortened it: its result says so
     trace: str | None = None    # the traceparent of its request's root span, when traced
     context_version: int | None = None   # an infer whose inputs came from a context: its version, for the reply
+    sent: float | None = None   # when its sender sent it (time.monotonic()), for a traced request's hop span
 
 
 class Hello(Message):
@@ -153,6 +157,7 @@ class Final(Message):
     TAG = b"FINAL"
     rid: int
     code: str | None = None
+    sent: float | None = None   # when its sender sent it (time.monotonic()), for a traced request's hop span
 
 
 class TurnResult(Message):
@@ -161,6 +166,7 @@ class TurnResult(Message):
     rid: int
     result: GenerateResult   # without its context: the scheduler adds it once committed
     appended: list[int]      # what the turn adds to the context: its prompt tokens and its output
+    sent: float | None = None   # when its sender sent it (time.monotonic()), for a traced request's hop span
 
 
 class Drain(Message):
@@ -176,12 +182,12 @@ class Resume(Message):
 
 
 class Admin(Message):
-    """An mcpctl op that runs in the scheduler (the control-op table's), its args checked by the
+    """An mcpctl op that runs in the scheduler (the control-op table's), its args decoded by the
     supervisor; answered by an AdminAnswer event with the same token."""
     TAG = b"ADMIN"
     token: int
     op: str
-    args: dict[str, Any]
+    args: control_args.ANY
 
 
 class Reload(Message):
@@ -225,12 +231,11 @@ class Refused(Event):
 
 
 class AdminAnswer(Event):
-    """The scheduler's answer to Admin: a result, or an error code and message."""
+    """The scheduler's answer to Admin: a result, or an error."""
     TAG = b"ANSWER"
     token: int
     result: Any = None
-    code: str | None = None
-    message: str | None = None
+    error: ErrorReply | None = None
 
 
 class Reloaded(Event):

@@ -17,6 +17,8 @@ Each step, under a budget of max_step_tokens:
 4. A step may decode at most `most_decodes` running sequences (while tenants share the engine, so
    that a newcomer waits for a short step, not for a whole batch): the most important, then those
    longest without a turn, so they all take turns. Prefill chunks and admissions are not bounded.
+   While they are bounded, waiting sequences of tenants with nothing running are admitted in a
+   step of their own: a newcomer's first token costs its prefill, not that plus others' decodes.
 Every sequence fits the whole cache on its own (Engine.add_request checks), so the most important
 sequence always makes progress and preemption cannot loop forever.
 """
@@ -53,6 +55,8 @@ class BatchScheduler:
         """(sequence, tokens to compute) pairs, decodes first. Blocks for them are reserved.
         most_decodes: at most this many sequences decode in the step (0: every one)."""
         batch: dict[Sequence, int] = {}
+        if most_decodes and self._admit_newcomer(batch):
+            return list(batch.items())
         budget = self.max_step_tokens
         decodes_left = most_decodes or len(self.running)
         floor = -math.inf   # the highest priority preempted this step: only those above it are admitted
@@ -93,22 +97,43 @@ class BatchScheduler:
             seq = self.waiting[0]
             if seq.priority <= floor:
                 return
-            cached = self.kv.lookup(seq)
-            count = min(len(seq.token_ids) - len(cached) * self.kv.block_size, budget)
-            if len(self.running) < self.max_num_seqs and self.kv.can_admit(cached, count):
-                del self.waiting[0]
-                self.kv.admit(seq, cached, count)
-                seq.status = Status.RUNNING
-                bisect.insort(self.running, seq, key=lambda s: s.order)
-                batch[seq] = count
+            if count := self._seat(seq, batch, budget):
                 budget -= count
-                self._took_turn(seq)
                 continue
             victim = self.running[-1] if self.running else None
             if victim is None or victim.priority >= seq.priority:
                 return   # it waits for a seat or blocks like everyone else
             budget += self._preempt_in_step(victim, batch)
             floor = max(floor, victim.priority)
+
+    def _admit_newcomer(self, batch: dict[Sequence, int]) -> bool:
+        """Admit the first waiting sequences, in order, while each one's tenant has nothing running
+        and a seat and blocks are free for it (never by preempting: a step of their own must not
+        cost the others more). Whether any was admitted."""
+        budget = self.max_step_tokens
+        while self.waiting and budget > 0:
+            namespace = self.waiting[0].cache_namespace
+            if any(other.cache_namespace == namespace for other in self.running):
+                break
+            if not (count := self._seat(self.waiting[0], batch, budget)):
+                break
+            budget -= count
+        return bool(batch)
+
+    def _seat(self, seq: Sequence, batch: dict[Sequence, int], budget: int) -> int:
+        """Move the first waiting sequence, seq, to running with its first chunk in the batch if a
+        seat and blocks are free; returns the chunk's tokens (0: not admitted)."""
+        cached = self.kv.lookup(seq)
+        count = min(len(seq.token_ids) - len(cached) * self.kv.block_size, budget)
+        if len(self.running) >= self.max_num_seqs or not self.kv.can_admit(cached, count):
+            return 0
+        del self.waiting[0]
+        self.kv.admit(seq, cached, count)
+        seq.status = Status.RUNNING
+        bisect.insort(self.running, seq, key=lambda s: s.order)
+        batch[seq] = count
+        self._took_turn(seq)
+        return count
 
     def _preempt_in_step(self, victim: Sequence, batch: dict[Sequence, int]) -> int:
         """Preempt victim, taking it out of this step's batch; returns the budget it gives back."""

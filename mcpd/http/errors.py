@@ -10,7 +10,7 @@ import json
 import math
 
 from mcpd.protocol import codes
-from mcpd.protocol.codes import MCPDError
+from mcpd.protocol.error import ErrorReply
 
 STATUS_OF = {
     codes.BAD_REQUEST: 400, codes.UNSUPPORTED_VERSION: 500, codes.UNKNOWN_OP: 500, codes.TOO_LARGE: 413,
@@ -33,7 +33,8 @@ class HttpError(Exception):
         self.status, self.message, self.code, self.param, self.retry_after_ms = status, message, code, param, retry_after_ms
 
     @classmethod
-    def of(cls, error: MCPDError) -> "HttpError":
+    def of(cls, error: ErrorReply) -> "HttpError":
+        """The daemon's error as OpenAI shapes it, its code's status from STATUS_OF."""
         return cls(STATUS_OF.get(error.code, 500), error.message, error.code, retry_after_ms=error.retry_after_ms)
 
     def body(self) -> dict:

@@ -19,6 +19,7 @@ import itertools
 from mcpd.client import replies
 from mcpd.protocol import codes, wire
 from mcpd.protocol.codes import MCPDError
+from mcpd.protocol.error import ErrorReply
 
 LOCAL_CALLER = object()   # where a client's routing id would be; never equal to one
 
@@ -92,6 +93,5 @@ class FrontendLink:
         except MCPDError as e:   # refused at the door (draining, a bad header field): answered at once
             queue = self.queues.get(request_id)
             if queue is not None:
-                queue.put_nowait(({"kind": "error", "code": e.code, "message": e.message,
-                                   "retry_after_ms": e.retry_after_ms}, ()))
+                queue.put_nowait((wire.decode_reply(wire.error_reply(request_id, ErrorReply.of(e))), ()))
 

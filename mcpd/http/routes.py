@@ -34,6 +34,7 @@ from mcpd.http.errors import HttpError, bad_request
 from mcpd.http.openai_reply import Answer
 from mcpd.protocol import codes
 from mcpd.protocol.codes import MCPDError
+from mcpd.protocol.error import ErrorReply
 from mcpd.protocol.results import GenerateResult
 from mcpd.security.api_keys import ApiKeys
 from mcpd.tracing import traceparent
@@ -160,7 +161,7 @@ class Routes:
                     await response.write(_event(chunk))
                 break
             else:
-                error = HttpError.of(MCPDError(reply.get("code", codes.INTERNAL), reply.get("message", "")))
+                error = HttpError.of(ErrorReply.read(reply))
                 await response.write(_event(error.body()))
                 break
             reply = await call.next_reply()
@@ -236,7 +237,7 @@ def _result(reply: dict) -> GenerateResult:
     try:
         return replies.generate_result(replies.result_of(reply))
     except MCPDError as e:
-        raise HttpError.of(e) from None
+        raise HttpError.of(ErrorReply.of(e)) from None
 
 
 def _context_headers(result: GenerateResult) -> dict:

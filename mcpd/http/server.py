@@ -42,6 +42,7 @@ from mcpd.http.kserve_routes import KServeRoutes, is_oip_path
 from mcpd.http.routes import Routes
 from mcpd.protocol import codes
 from mcpd.protocol.codes import MCPDError
+from mcpd.protocol.error import ErrorReply
 from mcpd.refusal import InUse, StartRefused
 from mcpd.security.api_keys import ApiKeys
 
@@ -113,7 +114,7 @@ class HttpListener:
         except HttpError as e:
             response = _error_response(e, oip)
         except MCPDError as e:
-            response = _error_response(HttpError.of(e), oip)
+            response = _error_response(HttpError.of(ErrorReply.of(e)), oip)
         except web.HTTPException as e:   # aiohttp's own: unknown path (404), wrong method (405)
             response = _error_response(HttpError(e.status, e.reason, codes.NOT_FOUND if e.status == 404
                                                  else codes.BAD_REQUEST), oip)

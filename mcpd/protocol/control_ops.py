@@ -3,25 +3,25 @@
 Each op says what it takes, who may call it, where it runs and what answers it; `mcpctl`, the
 supervisor's dispatch (daemon/supervisor/admin.py), the scheduler's (daemon/scheduler/admin.py),
 the authorization check (security/peer.py) and PROTOCOL.md section 9 all follow this table, and
-tests hold them to it (tests/test_control_ops.py). Adding an op is one entry here, its handler,
-its `mcpctl` command and its row in the doc.
+tests hold them to it (tests/test_control_ops.py). Adding an op is one entry here, its args
+struct (unless it takes none), its handler, its `mcpctl` command and its row in the doc.
 
+`arg_struct` declares the op's args (control_args.py): the supervisor decodes them into it once.
 `handler` names the function that answers the op: for an op that runs in the scheduler, a
-function of mcpd.daemon.scheduler.admin, called with (store, args); for every other op, a
-method of mcpd.daemon.supervisor.admin.Admin, called with a ControlCall (the supervisor answers
-it, itself or after relaying it to the front-end or to every process). Names rather than functions keep this module
+function of mcpd.daemon.scheduler.admin, called with (scheduler, args struct, token); for every
+other op, a method of mcpd.daemon.supervisor.admin.Admin, called with a ControlCall (the
+supervisor answers it, itself or after relaying it to the front-end or to every process). Names rather than functions keep this module
 free of the daemon, so that `mcpctl` can read the table without loading it.
 """
 from __future__ import annotations
 
 import enum
-import math
 from dataclasses import dataclass
-from typing import Any
 
-from mcpd.protocol import codes
+from mcpd.protocol import codes, control_args
 from mcpd.protocol.codes import MCPDError
-from mcpd.protocol.tenant import DEFAULT_TENANT
+from mcpd.protocol.control_args import (ContextListing, ContextRef, ControlArgs, KeyGrant, KeyName, ModelRef,
+                                        ModelVersion, NoArgs, ReloadTimeout, ShadowPlan, TrafficSplit, WorkerIndex)
 
 
 class Access(enum.Enum):
@@ -37,55 +37,18 @@ class Place(enum.Enum):
 
 
 @dataclass(frozen=True)
-class Arg:
-    """One argument: its msgpack type, whether it must be given, its default, and its bounds (a
-    number's range, or a string's length)."""
-    name: str
-    kind: type
-    required: bool = False
-    default: Any = None
-    low: float | None = None
-    high: float | None = None
-
-    def checked(self, value: Any) -> Any:
-        if value is None:
-            if self.required:
-                raise _bad(f"argument {self.name!r} is required")
-            return self.default
-        if not _is(value, self.kind):
-            raise _bad(f"argument {self.name!r} must be {self.kind.__name__}, not {type(value).__name__}")
-        if self.kind is float and not math.isfinite(value):   # nan passes every range check
-            raise _bad(f"argument {self.name!r} must be a finite number, not {value}")
-        size = len(value) if self.kind is str else value
-        if (self.low is not None and size < self.low) or (self.high is not None and size > self.high):
-            what = "length" if self.kind is str else "value"
-            raise _bad(f"argument {self.name!r}: {what} {size} is outside [{self.low}, {self.high}]")
-        return float(value) if self.kind is float else value
-
-
-@dataclass(frozen=True)
 class ControlOp:
     name: str
     summary: str
     access: Access
     runs_in: Place
     handler: str
-    args: tuple[Arg, ...] = ()
+    arg_struct: type[ControlArgs] = NoArgs
 
-    def checked_args(self, args: dict) -> dict:
-        """Every declared argument, checked, with its default where it was not given;
-        BAD_REQUEST for one that is not declared (as on the client socket, section 2)."""
-        unknown = sorted(str(name) for name in args if name not in {a.name for a in self.args})
-        if unknown:
-            raise _bad(f"control op {self.name!r} takes no argument {', '.join(map(repr, unknown))}")
-        return {a.name: a.checked(args.get(a.name)) for a in self.args}
+    def decode_args(self, args: dict) -> ControlArgs:
+        """The op's args struct, or BAD_REQUEST naming the argument."""
+        return control_args.decode(self.name, args, self.arg_struct)
 
-
-TENANT_NAME = dict(low=1, high=64)    # as the header's `tenant` (PROTOCOL.md section 2)
-CONTEXT_ID = dict(low=1, high=256)
-MODEL_NAME = dict(low=1, high=64)     # as a name in [models] (config/models.py)
-MODEL_VERSION = (Arg("model", str, required=True, **MODEL_NAME), Arg("version", str, required=True, **MODEL_NAME))
-LIST_LIMIT = 1000                     # contexts one `contexts.list` returns when not told; the total is always given
 
 OPS = {op.name: op for op in (
     ControlOp("ping", "is the supervisor there", Access.ANYONE, Place.SUPERVISOR, "ping"),
@@ -94,45 +57,39 @@ OPS = {op.name: op for op in (
     ControlOp("config", "the effective configuration", Access.PRIVILEGED, Place.SUPERVISOR, "config"),
     ControlOp("workers", "every worker and its device", Access.PRIVILEGED, Place.SUPERVISOR, "workers"),
     ControlOp("workers.restart", "restart one worker", Access.PRIVILEGED, Place.SUPERVISOR, "restart_worker",
-              (Arg("index", int, required=True, low=0, high=255),)),
+              WorkerIndex),
     ControlOp("drain", "stop admitting new work", Access.PRIVILEGED, Place.FRONTEND, "drain"),
     ControlOp("resume", "admit new work again", Access.PRIVILEGED, Place.FRONTEND, "resume"),
     ControlOp("reload", "re-read the config file and apply what can change live", Access.PRIVILEGED,
-              Place.EVERY_PROCESS, "reload", (Arg("timeout_s", float, low=0, high=3600),)),
+              Place.EVERY_PROCESS, "reload", ReloadTimeout),
     ControlOp("contexts.list", "contexts of every tenant, or of one", Access.PRIVILEGED, Place.SCHEDULER,
-              "list_contexts", (Arg("owner", str, **TENANT_NAME), Arg("limit", int, default=LIST_LIMIT, low=1,
-                                                                       high=1_000_000))),
+              "list_contexts", ContextListing),
     ControlOp("contexts.show", "one context's version, fields and sizes", Access.PRIVILEGED, Place.SCHEDULER,
-              "show_context", (Arg("owner", str, default=DEFAULT_TENANT, **TENANT_NAME),
-                               Arg("id", str, required=True, **CONTEXT_ID))),
+              "show_context", ContextRef),
     ControlOp("contexts.drop", "delete one context and its journal entries", Access.PRIVILEGED, Place.SCHEDULER,
-              "drop_context", (Arg("owner", str, default=DEFAULT_TENANT, **TENANT_NAME),
-                               Arg("id", str, required=True, **CONTEXT_ID))),
+              "drop_context", ContextRef),
     ControlOp("models.promote", "send every new request of a model to one version", Access.PRIVILEGED,
-              Place.SCHEDULER, "promote_version", MODEL_VERSION),
+              Place.SCHEDULER, "promote_version", ModelVersion),
     ControlOp("models.split", "spread a model's new requests over versions by weight", Access.PRIVILEGED,
-              Place.SCHEDULER, "split_versions", (Arg("model", str, required=True, **MODEL_NAME),
-                                                  Arg("weights", dict, required=True))),
+              Place.SCHEDULER, "split_versions", TrafficSplit),
     ControlOp("models.rollback", "back to a model's policy before its last promote or split", Access.PRIVILEGED,
-              Place.SCHEDULER, "roll_back_version", (Arg("model", str, required=True, **MODEL_NAME),)),
+              Place.SCHEDULER, "roll_back_version", ModelRef),
     ControlOp("models.shadow", "run a share of a model's requests on a candidate version too, and compare",
-              Access.PRIVILEGED, Place.SCHEDULER, "shadow_version",
-              (Arg("model", str, required=True, **MODEL_NAME), Arg("version", str, **MODEL_NAME),
-               Arg("fraction", float, default=0.1, low=0, high=1))),
+              Access.PRIVILEGED, Place.SCHEDULER, "shadow_version", ShadowPlan),
     ControlOp("models.load", "start a version's workers; it takes requests", Access.PRIVILEGED, Place.SCHEDULER,
-              "load_version", MODEL_VERSION),
+              "load_version", ModelVersion),
     ControlOp("models.unload", "stop a version's workers once its requests are done", Access.PRIVILEGED,
-              Place.SCHEDULER, "unload_version", MODEL_VERSION),
+              Place.SCHEDULER, "unload_version", ModelVersion),
     ControlOp("keys.list", "the server's public key and the allowed client keys", Access.PRIVILEGED,
               Place.SUPERVISOR, "keys_list"),
     ControlOp("keys.allow", "let the holder of a public key connect as a tenant", Access.PRIVILEGED,
-              Place.SUPERVISOR, "keys_allow", (Arg("name", str, required=True), Arg("public_key", str, required=True))),
+              Place.SUPERVISOR, "keys_allow", KeyGrant),
     ControlOp("keys.revoke", "refuse a client key from now on", Access.PRIVILEGED, Place.SUPERVISOR,
-              "keys_revoke", (Arg("name", str, required=True),)),
+              "keys_revoke", KeyName),
     ControlOp("keys.api.add", "a new HTTP API key for a tenant (shown once, stored hashed)", Access.PRIVILEGED,
-              Place.SUPERVISOR, "keys_api_add", (Arg("name", str, required=True),)),
+              Place.SUPERVISOR, "keys_api_add", KeyName),
     ControlOp("keys.api.revoke", "refuse a tenant's HTTP API key from now on", Access.PRIVILEGED,
-              Place.SUPERVISOR, "keys_api_revoke", (Arg("name", str, required=True),)),
+              Place.SUPERVISOR, "keys_api_revoke", KeyName),
 )}
 
 
@@ -149,12 +106,3 @@ def open_to_anyone(name: str) -> bool:
     its entry says otherwise)."""
     return name in OPS and OPS[name].access is Access.ANYONE
 
-
-def _is(value: Any, kind: type) -> bool:
-    if isinstance(value, bool):   # msgpack's true is not 1
-        return kind is bool
-    return isinstance(value, (int, float)) if kind is float else isinstance(value, kind)
-
-
-def _bad(message: str) -> MCPDError:
-    return MCPDError(codes.BAD_REQUEST, message)

@@ -17,6 +17,7 @@ import msgspec
 
 from mcpd.protocol import codes
 from mcpd.protocol.codes import MCPDError
+from mcpd.protocol.error import ErrorReply
 from mcpd.protocol.limits import LimitsConfig
 from mcpd.protocol.results import GenerateChunk
 
@@ -162,11 +163,12 @@ def renumber_chunk(chunk: bytes, shift: int) -> bytes:
     return msgpack.packb(reply)
 
 
-def error_reply(request_id, code: str, message: str, retry_after_ms: int | None = None) -> bytes:
-    reply = {"v": VERSION, "id": request_id, "kind": "error", "code": code, "message": message}
-    if retry_after_ms is not None:
-        reply["retry_after_ms"] = retry_after_ms
-    return msgpack.packb(reply)
+def error_reply(request_id, error: ErrorReply) -> bytes:
+    """A final error reply: the error's fields flat in the header, retry_after_ms only when set."""
+    reply = {"v": VERSION, "id": request_id, "kind": "error", "code": error.code, "message": error.message}
+    if error.retry_after_ms is not None:
+        reply["retry_after_ms"] = error.retry_after_ms
+    return _ENCODER.encode(reply)
 
 
 def decode_reply(raw: bytes) -> dict:

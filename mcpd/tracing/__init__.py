@@ -2,6 +2,8 @@
 
 A request's root span opens in the front-end; its traceparent travels on the typed messages
 (Request.trace, Dispatch.trace) to the scheduler and the worker, which add their spans under it.
+A traced request's messages also carry their moment of sending (`sent`): the receiver records the
+hop from there to its own span.
 Each process has its own tracer provider, exporting in batches from a thread of its own; spans
 are made finished, after the fact, off the path of the replies (spans.py).
 

@@ -37,12 +37,14 @@ class FrontendSpans:
             return request
         attributes = {"mcpd.op": request.args.op, "mcpd.rid": request.rid, "mcpd.request_id": request.request_id,
                       "mcpd.tenant": request.tenant}
+        admitted = time.monotonic()
         self.open[request.rid] = Open(root, client.span_id if client is not None else None, attributes, started,
-                                      time.monotonic())
-        return msgspec.structs.replace(request, trace=traceparent.encode(*root))
+                                      admitted)
+        return msgspec.structs.replace(request, trace=traceparent.encode(*root), sent=admitted)
 
-    def replied(self, rid: int, code: str | None, answered: float) -> None:
-        """The final reply of `rid` went out; the front-end had it since `answered`."""
+    def replied(self, rid: int, code: str | None, answered: float, sent: float | None = None) -> None:
+        """The final reply of `rid` went out; the front-end had it since `answered`, and its
+        sender (scheduler or worker) sent it at `sent` (None: the front-end answered itself)."""
         traced = self.open.pop(rid, None)
         if traced is None:
             return
@@ -51,6 +53,8 @@ class FrontendSpans:
                      SpanKind.SERVER)
         spans.record("frontend.admit", spans.child_of(root), root.span_id, traced.started, traced.admitted)
         spans.record("frontend.reply", spans.child_of(root), root.span_id, answered, now)
+        if sent is not None:
+            spans.record("hop.to_frontend", spans.child_of(root), root.span_id, sent, answered)
 
     def close(self) -> None:
         self.spans.close()

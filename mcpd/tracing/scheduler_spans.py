@@ -28,6 +28,9 @@ class SchedulerSpans:
         root, spans = traceparent.parse(job.request.trace), self.spans
         queued = job.queued or job.enqueued
         if not job.retries:   # a retry was admitted once
+            if job.request.sent is not None:
+                spans.record("hop.to_scheduler", spans.child_of(root), root.span_id, job.request.sent, job.enqueued,
+                             {"mcpd.from": "frontend"})
             spans.record("scheduler.admit", spans.child_of(root), root.span_id, job.enqueued, queued,
                          {"mcpd.rid": job.rid, "mcpd.class": job.class_name})
         spans.record("scheduler.queue", spans.child_of(root), root.span_id, queued, since,
@@ -42,6 +45,9 @@ class SchedulerSpans:
         worker_events.commit_turn(scheduler, slot, turn)
         if job is not None and job.request.trace is not None:
             root = traceparent.parse(job.request.trace)
+            if turn.sent is not None:
+                self.spans.record("hop.to_scheduler", self.spans.child_of(root), root.span_id, turn.sent, started,
+                                  {"mcpd.from": "worker"})
             self.spans.record("scheduler.commit", self.spans.child_of(root), root.span_id, started, time.monotonic(),
                               {"mcpd.rid": turn.rid})
 

@@ -4,18 +4,15 @@ OpenTelemetry wants). A span is named by a traceparent.Parent: its trace id, its
 from __future__ import annotations
 
 import random
-import time
 
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.sampling import TraceIdRatioBased
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-from mcpd.tracing import traceparent
+from mcpd.tracing import traceparent, wall_clock
 from mcpd.tracing.provider import Provider
 
-# monotonic -> wall clock, fixed at start: spans of one process never move against each other
-# when the wall clock is stepped, and every process's wall clock is the same one.
-WALL_OFFSET_NS = time.time_ns() - time.monotonic_ns()
+WALL_OFFSET_NS = wall_clock.offset_ns()
 SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 UNSET = Status(StatusCode.UNSET)
 

@@ -32,6 +32,7 @@ class Traced:
     rid: int
     prompt_tokens: int
     start: float
+    sent: float | None          # when the scheduler sent its Dispatch
     prefills: list[tuple[float, float, int]] = field(default_factory=list)   # (start, end, tokens)
     stretches: list[Stretch] = field(default_factory=list)
     stretch_open: bool = False
@@ -47,7 +48,8 @@ class WorkerSpans:
 
     def started(self, dispatch: Dispatch, prompt_tokens: int) -> None:
         if dispatch.trace is not None:
-            self.traced[dispatch.rid] = Traced(dispatch.trace, dispatch.rid, prompt_tokens, time.monotonic())
+            self.traced[dispatch.rid] = Traced(dispatch.trace, dispatch.rid, prompt_tokens, time.monotonic(),
+                                               dispatch.sent)
 
     def step(self, engine) -> list:
         """engine.step(), with its prefill chunks and decode steps counted to the traced requests."""
@@ -91,6 +93,9 @@ class WorkerSpans:
     def _export(self, traced: Traced) -> None:
         spans, root = self.spans, traceparent.parse(traced.parent)
         generate = spans.child_of(root)
+        if traced.sent is not None:
+            spans.record("hop.to_worker", spans.child_of(root), root.span_id, traced.sent, traced.start,
+                         {"mcpd.from": "scheduler"})
         spans.record("worker.generate", generate, root.span_id, traced.start, traced.end,
                      {"mcpd.rid": traced.rid, "mcpd.prompt_tokens": traced.prompt_tokens}, traced.code)
         for start, end, tokens in traced.prefills:

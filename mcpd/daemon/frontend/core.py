@@ -33,6 +33,7 @@ from mcpd.daemon.frontend.request_metrics import RequestMetrics
 from mcpd.http.frontend_link import LOCAL_CALLER
 from mcpd.protocol import codes, infer_args, ops, wire
 from mcpd.protocol.codes import MCPDError
+from mcpd.protocol.error import ErrorReply
 from mcpd.protocol.tenant import tenant_of
 
 ALWAYS_ADMITTED = ("ping", "status", "cancel")   # still answered while draining
@@ -95,11 +96,11 @@ class FrontEndCore:
             self._admit(identity, stamp(wire.parse_request(envelope, body, self.limits), tenant))
         except MCPDError as e:
             self._count_error(e.code)
-            self._send(identity, envelope, wire.error_reply(e.request_id, e.code, e.message, e.retry_after_ms))
+            self._send(identity, envelope, wire.error_reply(e.request_id, ErrorReply.of(e)))
         except Exception as e:   # noqa: BLE001 - whatever a client sends, it gets an answer
             self.log.exception("unexpected failure handling a client message")
             self._count_error(codes.INTERNAL)
-            self._send(identity, envelope, wire.error_reply(None, codes.INTERNAL, f"{type(e).__name__}: {e}"))
+            self._send(identity, envelope, wire.error_reply(None, ErrorReply.internal(e)))
 
     def admit_local(self, frames: list[bytes]) -> None:
         """A request of the in-process HTTP listener: the checks and admission of a client's; its
@@ -214,7 +215,7 @@ class FrontEndCore:
         answered = self._forget(reply.rid, pending)
         self._send(pending.identity, pending.envelope, frames[0], frames[1:], reply.rid)
         if self.tracing is not None:
-            self.tracing.replied(reply.rid, reply.code, answered)
+            self.tracing.replied(reply.rid, reply.code, answered, reply.sent)
 
     def _forget(self, rid: int, pending: Pending) -> float:
         """Returns the moment it was answered."""
@@ -229,7 +230,8 @@ class FrontEndCore:
         pending = self.pending[rid]
         self._count_error(code)
         self.metrics.ended(rid, code)
-        self._send(pending.identity, pending.envelope, wire.error_reply(pending.request_id, code, message), (), rid)
+        self._send(pending.identity, pending.envelope, wire.error_reply(pending.request_id, ErrorReply(code, message)),
+                   (), rid)
         answered = self._forget(rid, pending)
         if self.tracing is not None:
             self.tracing.replied(rid, code, answered)

@@ -14,11 +14,13 @@ from mcpd.contexts.context import Context
 from mcpd.daemon import live_config, messages
 from mcpd.protocol import codes, control_ops
 from mcpd.protocol.codes import MCPDError
+from mcpd.protocol.error import ErrorReply
+from mcpd.protocol.control_args import ContextListing, ContextRef, ModelRef, ModelVersion, ShadowPlan, TrafficSplit
 
 
 def handle(scheduler, request: messages.Admin) -> None:
-    """Run one Admin op from the supervisor. Its args were checked against the control-op table
-    there; its handler here is the function the table names."""
+    """Run one Admin op from the supervisor. Its args were decoded into the op's struct there;
+    its handler here is the function the table names."""
     token = request.token
     try:
         op = control_ops.find(request.op)
@@ -28,60 +30,56 @@ def handle(scheduler, request: messages.Admin) -> None:
         if result is not LATER:
             scheduler.events.send(messages.AdminAnswer, token, result=result)
     except MCPDError as e:
-        scheduler.events.send(messages.AdminAnswer, token, code=e.code, message=e.message)
+        scheduler.events.send(messages.AdminAnswer, token, error=ErrorReply.of(e))
     except Exception as e:   # a bug in one op answers that op; it must not take the scheduler down
         scheduler.log.exception("control op %r failed", request.op)
-        scheduler.events.send(messages.AdminAnswer, token, code=codes.INTERNAL, message=f"{type(e).__name__}: {e}")
+        scheduler.events.send(messages.AdminAnswer, token, error=ErrorReply.internal(e))
 
 
 LATER = object()   # a handler's result: it answers the op itself, later
 
 
-def list_contexts(scheduler, args: dict, _token: int) -> dict:
-    owner = args["owner"]
+def list_contexts(scheduler, args: ContextListing, _token: int) -> dict:
+    owner = args.owner
     found = sorted((c for c in scheduler.contexts.store.contexts.values() if owner in (None, c.owner)), key=lambda c: (c.owner, c.id))
-    return {"total": len(found), "contexts": [_summary(c) for c in found[:args["limit"]]]}
+    return {"total": len(found), "contexts": [_summary(c) for c in found[:args.limit]]}
 
 
-def show_context(scheduler, args: dict, _token: int) -> dict:
-    context = scheduler.contexts.store.get(args["owner"], args["id"])
+def show_context(scheduler, args: ContextRef, _token: int) -> dict:
+    context = scheduler.contexts.store.get(args.owner, args.id)
     return {**_summary(context),
             "fields": [_field(context, name, value) for name, value in sorted(context.fields.items())]}
 
 
-def drop_context(scheduler, args: dict, _token: int) -> dict:
-    return {"dropped": scheduler.contexts.store.drop(args["owner"], args["id"])}
+def drop_context(scheduler, args: ContextRef, _token: int) -> dict:
+    return {"dropped": scheduler.contexts.store.drop(args.owner, args.id)}
 
 
-def promote_version(scheduler, args: dict, _token: int) -> dict:
-    return scheduler.traffic.promote(args["model"], args["version"])
+def promote_version(scheduler, args: ModelVersion, _token: int) -> dict:
+    return scheduler.traffic.promote(args.model, args.version)
 
 
-def split_versions(scheduler, args: dict, _token: int) -> dict:
-    weights = args["weights"]
-    if not all(isinstance(v, str) and isinstance(w, (int, float)) and not isinstance(w, bool)
-               for v, w in weights.items()):
-        raise MCPDError(codes.BAD_REQUEST, "argument 'weights' must map version names to numbers")
-    return scheduler.traffic.split(args["model"], {v: float(w) for v, w in weights.items()})
+def split_versions(scheduler, args: TrafficSplit, _token: int) -> dict:
+    return scheduler.traffic.split(args.model, args.weights)
 
 
-def roll_back_version(scheduler, args: dict, _token: int) -> dict:
-    return scheduler.traffic.rollback(args["model"])
+def roll_back_version(scheduler, args: ModelRef, _token: int) -> dict:
+    return scheduler.traffic.rollback(args.model)
 
 
-def shadow_version(scheduler, args: dict, _token: int) -> dict:
-    return scheduler.set_shadow(args["model"], args["version"], args["fraction"])
+def shadow_version(scheduler, args: ShadowPlan, _token: int) -> dict:
+    return scheduler.set_shadow(args.model, args.version, args.fraction)
 
 
-def load_version(scheduler, args: dict, _token: int) -> dict:
+def load_version(scheduler, args: ModelVersion, _token: int) -> dict:
     """Takes requests from now on (they wait for its workers, which the supervisor starts)."""
-    scheduler.load_version(args["model"], args["version"])
-    return {"model": args["model"], "version": args["version"], "loaded": True}
+    scheduler.load_version(args.model, args.version)
+    return {"model": args.model, "version": args.version, "loaded": True}
 
 
-def unload_version(scheduler, args: dict, token: int):
+def unload_version(scheduler, args: ModelVersion, token: int):
     """Takes no new request from now on; answered once those it has are done and relayed (unload.py)."""
-    scheduler.unload_version(args["model"], args["version"], token)
+    scheduler.unload_version(args.model, args.version, token)
     return LATER
 
 

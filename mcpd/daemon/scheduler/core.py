@@ -70,6 +70,7 @@ from mcpd.memory import host_segment
 from mcpd.protocol import codes, wire
 from mcpd.protocol.args import GenerateArgs, InferArgs
 from mcpd.protocol.codes import MCPDError
+from mcpd.protocol.error import ErrorReply
 
 
 
@@ -196,11 +197,10 @@ class Scheduler:
             self._admit(job)
         except MCPDError as e:
             self._count_error(job.class_name or "-", e.code)
-            self.reply(job.rid, wire.error_reply(request.request_id, e.code, e.message, e.retry_after_ms), code=e.code)
+            self.reply(job.rid, wire.error_reply(request.request_id, ErrorReply.of(e)), code=e.code)
         except Exception as e:   # noqa: BLE001 - a bug must cost one request, not every context
             self.log.exception("request %s failed", request.request_id)
-            self.reply(job.rid, wire.error_reply(request.request_id, codes.INTERNAL, f"{type(e).__name__}: {e}"),
-                       code=codes.INTERNAL)
+            self.reply(job.rid, wire.error_reply(request.request_id, ErrorReply.internal(e)), code=codes.INTERNAL)
 
     def _admit(self, job: Job) -> None:
         now = job.enqueued = self.clock()   # by this clock: admission ranks it by its age
@@ -369,7 +369,7 @@ class Scheduler:
         self._count_error(job.class_name, code)
         if job.context is not None:
             self.contexts.end_turn(job.context)
-        self.reply(job.rid, wire.error_reply(job.request.request_id, code, message, retry_after_ms), code=code)
+        self.reply(job.rid, wire.error_reply(job.request.request_id, ErrorReply(code, message, retry_after_ms)), code=code)
 
     def _count_error(self, class_name: str, code: str) -> None:
         by_code = self.errors.setdefault(class_name, {})
@@ -377,7 +377,8 @@ class Scheduler:
 
     def reply(self, rid: int, header: bytes, payload: list[bytes] = (), code: str | None = None) -> None:
         """The final reply of `rid`: header and payload for the client; code: an error's, or None."""
-        self.ports.to_frontend(messages.encode(messages.Final(rid, code), header, *payload))
+        sent = time.monotonic() if self.tracing is not None else None   # the hop's start, for a traced request
+        self.ports.to_frontend(messages.encode(messages.Final(rid, code, sent), header, *payload))
 
     # -- the status report (status.py) ---------------------------------------------------------
 

@@ -2,6 +2,8 @@
 group to the worker router.py picks, held open for its batching window while the node is busy."""
 from __future__ import annotations
 
+import time
+
 from mcpd.daemon import messages
 from mcpd.daemon.scheduler import handler_lanes, router
 from mcpd.daemon.scheduler.job import Job
@@ -67,7 +69,7 @@ def _dispatch_of(job: Job) -> list[bytes]:
     request = job.request
     message = messages.Dispatch(job.rid, request.request_id, request.tenant, job.rank, job.context is not None,
                                 request.args, job.prompt_ids, job.compare, job.degraded, request.trace,
-                                job.context_version)
+                                job.context_version, time.monotonic() if request.trace else None)
     return messages.encode(message, *_frames_of(job))
 
 

@@ -14,6 +14,7 @@ from mcpd.daemon.scheduler.shadow import ShadowBook
 from mcpd.daemon.scheduler.unload import Unload
 from mcpd.protocol import codes
 from mcpd.protocol.codes import MCPDError
+from mcpd.protocol.error import ErrorReply
 
 
 def apply_models(scheduler, config: Config) -> list[str]:
@@ -81,8 +82,8 @@ def load(scheduler, model: str, version: str) -> None:
     scheduler.traffic.load(model, version)
     unload = scheduler.unloading.pop((model, version), Unload())   # loaded again before its requests were done
     for token in unload.tokens:
-        scheduler.events.send(messages.AdminAnswer, token, code=codes.CONFLICT,
-                              message=f"version {version!r} of model {model!r} was loaded again before it unloaded")
+        scheduler.events.send(messages.AdminAnswer, token, error=ErrorReply(
+            codes.CONFLICT, f"version {version!r} of model {model!r} was loaded again before it unloaded"))
 
 
 def unload(scheduler, model: str, version: str, token: int) -> None:

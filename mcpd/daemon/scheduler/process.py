@@ -72,12 +72,14 @@ class SchedulerProcess:
             raise
         self.parent_pid = os.getppid()
         self.stats_interval_s = config.supervisor.stats_interval_s
-        self.heartbeat = _heartbeat(config, log) if config.cluster.enabled else None
+        self.cluster = _cluster_node(config, self.scheduler, self.context, log) if config.cluster.enabled else None
 
     def serve(self) -> None:
         poller = zmq.Poller()
         poller.register(self.sockets.inbox, zmq.POLLIN)
         poller.register(self.sockets.workers, zmq.POLLIN)
+        if self.cluster is not None:
+            poller.register(self.cluster.wakeup, zmq.POLLIN)
         self.sockets.events.send(messages.Ready)
         next_stats = 0.0
         while child.parent_alive(self.parent_pid):
@@ -88,6 +90,8 @@ class SchedulerProcess:
                 channels.drain(self.sockets.workers, each_routed_message(self.scheduler.on_worker))
             if self.sockets.inbox in ready:
                 channels.drain(self.sockets.inbox, each_message(self.scheduler.on_inbox))
+            if self.cluster is not None and self.cluster.wakeup in ready:
+                self.cluster.adopt_prefetched()
             self.scheduler.tick()
             self.sockets.for_frontend.flush()
             if time.monotonic() >= next_stats:
@@ -95,16 +99,13 @@ class SchedulerProcess:
                 next_stats = time.monotonic() + self.stats_interval_s
 
     def _report(self) -> None:
-        cluster = {}
-        if self.heartbeat is not None:
-            self.heartbeat.update(self.scheduler.node_load())
-            cluster = self.heartbeat.stats()
+        cluster = self.cluster.report(self.scheduler.node_load()) if self.cluster is not None else {}
         self.sockets.events.send(messages.Report, SchedulerStats(**self.scheduler.stats(), cluster=cluster))
 
     def close(self) -> None:
         """At a stop: leave the cluster, make the journal durable, export the spans held."""
-        if self.heartbeat is not None:
-            self.heartbeat.close()
+        if self.cluster is not None:
+            self.cluster.close()
         self.scheduler.persistence.journal.close()
         if self.scheduler.tracing is not None:
             self.scheduler.tracing.close()
@@ -116,9 +117,9 @@ class SchedulerProcess:
         return min(IDLE_POLL_MS, max(0.0, (wake - time.monotonic()) * 1000))
 
 
-def _heartbeat(config: Config, log: logging.Logger):
-    from mcpd.cluster.heartbeat import Heartbeat   # the Redis client loads only where a cluster is on
-    return Heartbeat(config.cluster, log).start()
+def _cluster_node(config: Config, scheduler: Scheduler, context: zmq.Context, log: logging.Logger):
+    from mcpd.cluster.node import ClusterNode   # the Redis client loads only where a cluster is on
+    return ClusterNode(config.cluster, scheduler.persistence, context, log)
 
 
 def run(config: Config) -> None:

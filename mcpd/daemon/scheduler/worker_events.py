@@ -11,6 +11,7 @@ from mcpd.daemon.scheduler.job import Job
 from mcpd.daemon.scheduler.router import WorkerSlot
 from mcpd.protocol import codes, wire
 from mcpd.protocol.codes import MCPDError
+from mcpd.protocol.error import ErrorReply
 
 
 def started(slot: WorkerSlot, rid: int) -> bool:
@@ -52,7 +53,7 @@ def commit_turn(scheduler, slot: WorkerSlot, turn: messages.TurnResult) -> None:
     try:
         context = scheduler.contexts.commit_turn(job.context, turn.appended, job.chat, turn.result.text)
     except MCPDError as e:   # the turn does not fit the context's limits, or storage: nothing committed
-        return scheduler.reply(turn.rid, wire.error_reply(request_id, e.code, e.message, e.retry_after_ms), code=e.code)
+        return scheduler.reply(turn.rid, wire.error_reply(request_id, ErrorReply.of(e)), code=e.code)
     scheduler.reply(turn.rid, wire.ok_reply(request_id, msgspec.structs.replace(turn.result, context=context)))
 
 

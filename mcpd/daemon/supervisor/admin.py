@@ -23,6 +23,8 @@ from mcpd.daemon.supervisor.status import build_status
 from mcpd.memory.pool_segment import PoolBusy
 from mcpd.protocol import codes, control_ops, wire
 from mcpd.protocol.codes import MCPDError
+from mcpd.protocol.control_args import ControlArgs, ModelVersion, NoArgs
+from mcpd.protocol.error import ErrorReply
 from mcpd.security import key_ops
 
 FORWARD_TIMEOUT_S = 30.0   # the most a forwarded op waits, and a reload when the caller names no timeout
@@ -38,15 +40,15 @@ class Pending:
     waiting_for: set = field(default_factory=set)   # (role, index) still to confirm a reload
     summary: dict = field(default_factory=dict)     # a reload's report so far
     fresh: Config | None = None                     # a reload's newly read config
-    after: Callable[[dict, dict], dict] | None = None   # a forwarded op's own step once the scheduler agreed
-    args: dict = field(default_factory=dict)        # the forwarded op's
+    after: Callable[[ModelVersion, dict], dict] | None = None   # a forwarded op's own step once the scheduler agreed
+    args: ControlArgs = NoArgs()                    # the forwarded op's
 
 
 @dataclass(frozen=True)
 class ControlCall:
-    """One control request, its op found and its args checked against the table."""
+    """One control request, its op found and its args decoded into the op's struct."""
     op: control_ops.ControlOp
-    args: dict
+    args: ControlArgs
     reply_to: tuple   # (identity, envelope, request_id)
 
 
@@ -62,7 +64,7 @@ class Admin:
         """The op's result now, or None when the answer comes later (sent by `answer`). The op
         and its handler come from the control-op table (protocol/control_ops.py)."""
         op = control_ops.find(request.op)
-        call = ControlCall(op, op.checked_args(request.header["args"]),
+        call = ControlCall(op, op.decode_args(request.header["args"]),
                            (identity, request.envelope, request.request_id))
         if op.runs_in is control_ops.Place.SCHEDULER:
             return self._forward(call)
@@ -91,7 +93,7 @@ class Admin:
         waiting out its restart backoff is started now (old_pid None): the operator who fixed
         what made it fail need not wait up to restart_backoff_max_s for it. So is one that died since
         the supervisor's last turn."""
-        index = call.args["index"]
+        index = call.args.index
         child = self.supervisor.table.find("worker", index)
         if child is None:
             raise MCPDError(codes.NOT_FOUND, f"no worker {index!r}")
@@ -118,16 +120,16 @@ class Admin:
         return key_ops.list_keys(self.supervisor.keys, self.supervisor.config.curve)
 
     def keys_api_add(self, call: ControlCall) -> dict:
-        return key_ops.api_add(self.supervisor.keys, call.args["name"])
+        return key_ops.api_add(self.supervisor.keys, call.args.name)
 
     def keys_api_revoke(self, call: ControlCall) -> dict:
-        return key_ops.api_revoke(self.supervisor.keys, call.args["name"])
+        return key_ops.api_revoke(self.supervisor.keys, call.args.name)
 
     def keys_allow(self, call: ControlCall) -> dict:
-        return key_ops.allow(self.supervisor.keys, call.args["name"], call.args["public_key"])
+        return key_ops.allow(self.supervisor.keys, call.args.name, call.args.public_key)
 
     def keys_revoke(self, call: ControlCall) -> dict:
-        return key_ops.revoke(self.supervisor.keys, call.args["name"])
+        return key_ops.revoke(self.supervisor.keys, call.args.name)
 
     # -- forwarded ops --------------------------------------------------------------------------
 
@@ -138,7 +140,7 @@ class Admin:
         self.supervisor.ports.to_scheduler(messages.encode(messages.Admin(token, call.op.name, call.args)))
 
     def reload(self, call: ControlCall) -> dict | None:
-        return self.reload_config(call.reply_to, call.args["timeout_s"])
+        return self.reload_config(call.reply_to, call.args.timeout_s)
 
     def reload_config(self, reply_to: tuple | None, timeout_s: float | None = None) -> dict | None:
         """Re-read the config file, apply what can change live and say what needs a restart.
@@ -183,11 +185,11 @@ class Admin:
 
     # -- model versions: the scheduler routes, the supervisor starts and stops their workers ------
 
-    def _version_workers(self, args: dict) -> list:
+    def _version_workers(self, args: ModelVersion) -> list:
         return [c for c in self.supervisor.table.children if c.spec.role == "worker"
-                and (c.spec.model, c.spec.version) == (args["model"], args["version"])]
+                and (c.spec.model, c.spec.version) == (args.model, args.version)]
 
-    def _start_version(self, args: dict, result: dict) -> dict:
+    def _start_version(self, args: ModelVersion, result: dict) -> dict:
         """models.load, once the scheduler routes to the version: start its workers (requests
         for it wait in its lane until they say hello)."""
         workers = self._version_workers(args)
@@ -195,7 +197,7 @@ class Admin:
             self.supervisor.table.unpark(child)
         return {**result, "workers": [c.spec.index for c in workers]}
 
-    def _stop_version(self, args: dict, result: dict) -> dict:
+    def _stop_version(self, args: ModelVersion, result: dict) -> dict:
         """models.unload, once the scheduler has finished the version's last request and its last
         reply reached the front-end (scheduler/unload.py): stop its workers, tell the scheduler
         they are gone, and give their regions (weights, KV) back to the device pool, where they
@@ -226,9 +228,9 @@ class Admin:
         if isinstance(event, messages.AdminAnswer):
             self.pending.pop(event.token)
             result = event.result
-            if pending.after is not None and event.code is None:
+            if pending.after is not None and event.error is None:
                 result = pending.after(pending.args, result)
-            self.answer(pending.reply_to, result, event.code, event.message)
+            self.answer(pending.reply_to, result, event.error)
             return
         sender = event.sender
         pending.waiting_for.discard((sender.role, sender.index))
@@ -249,7 +251,7 @@ class Admin:
                 self._finish(token)
             else:
                 del self.pending[token]
-                self.answer(pending.reply_to, None, codes.UNAVAILABLE, "the scheduler did not answer in time")
+                self.answer(pending.reply_to, None, ErrorReply(codes.UNAVAILABLE, "the scheduler did not answer in time"))
 
     def _finish(self, token: int) -> dict:
         pending = self.pending.pop(token)
@@ -263,9 +265,9 @@ class Admin:
             self.answer(pending.reply_to, summary)
         return summary
 
-    def answer(self, reply_to: tuple, result: dict | None, code: str | None = None, message: str = "") -> None:
+    def answer(self, reply_to: tuple, result: dict | None, error: ErrorReply | None = None) -> None:
         identity, envelope, request_id = reply_to
-        reply = wire.ok_reply(request_id, result) if code is None else wire.error_reply(request_id, code, message)
+        reply = wire.ok_reply(request_id, result) if error is None else wire.error_reply(request_id, error)
         self.supervisor.ports.to_control([identity, *envelope, reply])
 
 

@@ -19,6 +19,7 @@ from mcpd.daemon.supervisor.admin import Admin
 from mcpd.daemon.supervisor.process_table import Child, ChildSpec, Launcher, ProcessTable
 from mcpd.protocol import wire
 from mcpd.protocol.codes import MCPDError
+from mcpd.protocol.error import ErrorReply
 from mcpd.refusal import StartRefused
 from mcpd.security.keys import KeyStore
 from mcpd.security import peer as peers
@@ -189,7 +190,7 @@ class SupervisorCore:
                 return   # forwarded: the admin answers when the children report back
             reply = wire.ok_reply(request_id, result)
         except MCPDError as e:
-            reply = wire.error_reply(request_id if request_id is not None else e.request_id, e.code, e.message)
+            reply = wire.error_reply(request_id if request_id is not None else e.request_id, ErrorReply.of(e))
         self.ports.to_control([identity, *envelope, reply])
 
     def reload(self) -> None:

@@ -220,6 +220,11 @@ def _cluster(scheduler: SchedulerStats):
                                 value=len(scheduler.cluster["nodes"]))
         yield GaugeMetricFamily("mcpd_cluster_heartbeat_ok", "1 while this node's heartbeat reaches Redis",
                                 value=int(scheduler.cluster["heartbeat"] == "ok"))
+        yield CounterMetricFamily("mcpd_cluster_contexts_prefetched", "Contexts loaded from Redis ahead of their "
+                                  "first use, at start or takeover", value=scheduler.cluster["prefetch"]["prefetched"])
+        if scheduler.cluster["redis_rtt_ms"] is not None:
+            yield GaugeMetricFamily("mcpd_cluster_heartbeat_rtt_seconds", "Round trips of this node's last "
+                                    "heartbeat to Redis", value=scheduler.cluster["redis_rtt_ms"] / 1000)
     yield from _reported("mcpd_cluster_", scheduler.contexts.get("redis", {}), (
         ("loaded", "contexts_loaded", CounterMetricFamily, "Contexts restored from Redis at first use"),
         ("folded", "folds", CounterMetricFamily, "Context logs in Redis folded into a snapshot"),

@@ -33,6 +33,7 @@ from mcpd.refusal import StartRefused
 from mcpd.security import peer as peers
 from mcpd.security.keys import KeyStore
 from mcpd.security.trusted_path import make_private_dir
+from mcpd.tracing import wall_clock
 
 DEFAULT_CONFIG = "/etc/mcpd/mcpd.toml"
 LOOP_POLL_MS = 200
@@ -145,6 +146,7 @@ class Supervisor:
         notifier = SystemdNotifier()
         self.devices = worker_devices(config)
         launcher = ForkServerLauncher()
+        wall_clock.share_offset()   # before the fork server: every child inherits it
         self.ports = SupervisorPorts(notifier, launcher, config_path, self.log)
         self.admin_gid = peers.admin_gid(config.security.admin_group)
         self.core = SupervisorCore(config, config_path, self.devices, self.log, self.ports, KeyStore(config.keys_dir),

@@ -28,6 +28,7 @@ from mcpd.daemon import channels, messages
 from mcpd.daemon.child_stats import WorkerStats
 from mcpd.protocol import codes, wire
 from mcpd.protocol.args import GenerateArgs, PingArgs
+from mcpd.protocol.error import ErrorReply
 from mcpd.protocol.results import Degraded, GenerateChunk, GenerateResult, Usage
 
 # DONE notes to the scheduler are held this long and sent together: its load counts lag by at
@@ -130,11 +131,11 @@ class WorkerCore:
         try:
             self._start_generate(dispatch, dispatch.args, payload)
         except ValueError as e:   # the engine refuses what it cannot run (too long, bad token ids)
-            self._final(dispatch, wire.error_reply(dispatch.request_id, codes.BAD_REQUEST, str(e)), codes.BAD_REQUEST)
+            self._final(dispatch, wire.error_reply(dispatch.request_id, ErrorReply(codes.BAD_REQUEST, str(e))),
+                        codes.BAD_REQUEST)
         except Exception as e:   # noqa: BLE001 - a bug must cost one request, not the worker
             self.log.exception("request %s failed", dispatch.request_id)
-            self._final(dispatch, wire.error_reply(dispatch.request_id, codes.INTERNAL, f"{type(e).__name__}: {e}"),
-                        codes.INTERNAL)
+            self._final(dispatch, wire.error_reply(dispatch.request_id, ErrorReply.internal(e)), codes.INTERNAL)
 
     def _start_generate(self, dispatch: messages.Dispatch, args: GenerateArgs, payload: list[bytes]) -> None:
         history = np.frombuffer(payload[0], np.int32).tolist() if dispatch.turn else []
@@ -164,8 +165,8 @@ class WorkerCore:
         if request is not None:
             self.engine.abort(rid)
             retry = self.config.scheduler.overloaded_retry_ms if code == codes.OVERLOADED else None
-            self._send_final(rid, request.turn_ids is not None, wire.error_reply(
-                request.request_id, code, f"{channels.CANCEL_REASONS[code]} (while running)", retry), code)
+            self._send_final(rid, request.turn_ids is not None, wire.error_reply(request.request_id, ErrorReply(
+                code, f"{channels.CANCEL_REASONS[code]} (while running)", retry)), code)
 
     # -- results --------------------------------------------------------------------------------
 
@@ -253,7 +254,12 @@ class WorkerCore:
         # A context turn: the scheduler commits it and answers the client.
         if self.tracing is not None:
             self.tracing.ended(rid)
-        self.ports.to_scheduler(messages.encode(messages.TurnResult(rid, result, request.turn_ids + request.token_ids)))
+        self.ports.to_scheduler(messages.encode(messages.TurnResult(rid, result, request.turn_ids + request.token_ids,
+                                                                    self._sent())))
+
+    def _sent(self) -> float | None:
+        """A reply's sending moment, for a traced request's hop span (None with tracing off)."""
+        return time.monotonic() if self.tracing is not None else None
 
     def _final(self, dispatch: messages.Dispatch, header: bytes, code: str | None = None) -> None:
         """A request answered before the engine ran it."""
@@ -262,7 +268,7 @@ class WorkerCore:
     def _send_final(self, rid: int, turn: bool, header: bytes, code: str | None = None) -> None:
         if self.tracing is not None:
             self.tracing.ended(rid, code)
-        message = messages.encode(messages.Final(rid, code), header)
+        message = messages.encode(messages.Final(rid, code, self._sent()), header)
         if turn:   # the scheduler ends the turn and passes the reply on
             return self.ports.to_scheduler(message)
         self.ports.to_frontend(message)

@@ -38,6 +38,7 @@ from mcpd.handlers.warmup_file import WarmInput, read_warmup
 from mcpd.protocol import codes, wire
 from mcpd.protocol.args import InferArgs, PingArgs
 from mcpd.protocol.codes import MCPDError
+from mcpd.protocol.error import ErrorReply
 from mcpd.refusal import StartRefused
 
 
@@ -141,7 +142,7 @@ class HandlerCore:
         try:
             request = self._accept(dispatch, dispatch.args, payload)
         except MCPDError as e:
-            return self._final(dispatch.rid, wire.error_reply(dispatch.request_id, e.code, e.message), e.code)
+            return self._final(dispatch.rid, wire.error_reply(dispatch.request_id, ErrorReply.of(e)), e.code)
         except Exception as e:   # noqa: BLE001 - a handler's preprocess that raises costs its request only
             self.log.exception("preprocess failed for request %s", dispatch.request_id)
             return self._final(dispatch.rid, self._internal(dispatch.request_id, "preprocess", e), codes.INTERNAL)
@@ -203,8 +204,8 @@ class HandlerCore:
             return
         self.batcher.remove(rid)
         retry = self.config.scheduler.overloaded_retry_ms if code == codes.OVERLOADED else None
-        self._final(rid, wire.error_reply(request.request_id, code, f"{channels.CANCEL_REASONS[code]} (while running)",
-                                          retry), code)
+        self._final(rid, wire.error_reply(request.request_id, ErrorReply(
+            code, f"{channels.CANCEL_REASONS[code]} (while running)", retry)), code)
 
     # -- batches --------------------------------------------------------------------------------
 
@@ -264,8 +265,8 @@ class HandlerCore:
             return self.alone.extend(requests)
         for request in requests:
             if self.live.pop(request.rid, None) is not None:
-                self._final(request.rid, wire.error_reply(request.request_id, codes.INTERNAL, reason[:MAX_REASON_CHARS]),
-                            codes.INTERNAL)
+                self._final(request.rid, wire.error_reply(request.request_id, ErrorReply(
+                    codes.INTERNAL, reason[:MAX_REASON_CHARS])), codes.INTERNAL)
 
     def _answer(self, request: InferRequest, outputs: dict[str, np.ndarray]) -> None:
         try:
@@ -286,7 +287,7 @@ class HandlerCore:
         lacking = [name for name in wanted if name not in at]
         if lacking:
             message = f"handler's postprocess returned no output {lacking[0]!r}"
-            return self._final(rid, wire.error_reply(request_id, codes.INTERNAL, message), codes.INTERNAL)
+            return self._final(rid, wire.error_reply(request_id, ErrorReply(codes.INTERNAL, message)), codes.INTERNAL)
         described = [result.headers[at[name]].describe() for name in wanted]
         reply = {"model": self.served_model, "version": self.version, "outputs": described, "cached": cached}
         if context_version is not None:
@@ -330,7 +331,8 @@ class HandlerCore:
 
     @staticmethod
     def _internal(request_id, stage: str, e: Exception) -> bytes:
-        return wire.error_reply(request_id, codes.INTERNAL, f"{stage} raised {type(e).__name__}: {e}"[:MAX_REASON_CHARS])
+        return wire.error_reply(request_id, ErrorReply(codes.INTERNAL,
+                                                       f"{stage} raised {type(e).__name__}: {e}"[:MAX_REASON_CHARS]))
 
     # -- replies --------------------------------------------------------------------------------
 
