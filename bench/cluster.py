@@ -15,6 +15,10 @@ contexts in Redis costs a context commit on a real daemon.
    contexts a owns, fresh ones every round so that their history stays short. A turn's commit
    fsyncs the journal and Redis's AOF, which the hop's cost hides in; the same ratio for a
    `context.get`, which commits nothing, shows the hop alone (`forward_get_p50_ratio`).
+4. Chaos (chaoskit/chaos_run.py): three nodes on one Redis, 16 cluster-aware clients chatting on
+   64 contexts; a node SIGKILLed and restarted every 20 s (--quick: 2 kills), Redis SIGKILLed and
+   restarted once: acknowledged turns lost, turns unanswered, turns answered otherwise than one
+   uninterrupted node answers, kill to a moved context's next answer, turns/s around the kills.
 Last line JSON with the figures.
 """
 from __future__ import annotations
@@ -27,6 +31,8 @@ import time
 from contextlib import ExitStack
 
 import numpy as np
+
+from chaoskit import chaos_run
 
 from mcpd.cluster.ownership import Ownership, context_hash
 from mcpd.testing import Daemon, RedisServer, contexts_owned_by, forwarding_node, wait_linked
@@ -120,7 +126,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     quick = parser.parse_args().quick
     figures = {**ownership(200_000 if quick else 1_000_000), **commit_overhead(3 if quick else 10, 100 if quick else 300),
-               **forward_cost(3 if quick else 10, 50 if quick else 100)}
+               **forward_cost(3 if quick else 10, 50 if quick else 100), **chaos_run.run(quick)}
     print(json.dumps(figures))
 
 

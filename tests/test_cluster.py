@@ -118,3 +118,25 @@ def test_on_the_journal_alone_redis_down_changes_go_on_and_reach_redis_once_it_i
         daemon.wait_until(lambda: in_redis(redis_server, "acme", "chat").version == 2, what="Redis caught up")
     held = in_redis(redis_server, "acme", "chat")
     assert held.fields["n"] == 1 and np.array_equal(held.tokens, ctx.tokens)
+
+
+def test_a_node_behind_takes_the_newer_copy_when_a_client_names_a_newer_version(fresh_daemon, redis_server):
+    """Node a holds two contexts at version 1 while b moves them on (as when a was down and is
+    back): a turn based on b's version, and a context.get since it, are served from b's."""
+    first, second = cluster_node(fresh_daemon, redis_server, "a"), cluster_node(fresh_daemon, redis_server, "b")
+    with first.client(tenant="acme") as client:
+        for name in ("chat", "notes"):
+            client.context(name).generate("hello", **GREEDY)
+    with second.client(tenant="acme") as client:
+        moved = {name: client.context(name, create=False) for name in ("chat", "notes")}
+        for there in moved.values():
+            there.generate(" and more", **GREEDY)
+            assert there.version == 2
+    with first.client(tenant="acme") as client:
+        turn = client.generate(" again", context="chat", base=2, **GREEDY)
+        assert turn.context["version"] == 3
+        notes, frames = client.call_with_payload("context.get", {"id": "notes", "since": 2})
+        assert notes["version"] == 2 and notes["changes"] == []
+        chat = client.context("chat", create=False)
+    assert np.array_equal(chat.tokens[:len(moved["chat"].tokens)], moved["chat"].tokens)
+    assert np.array_equal(in_redis(redis_server, "acme", "chat").tokens, chat.tokens)

@@ -12,7 +12,6 @@ indexed contexts each live node owns (for `mcpctl cluster`).
 from __future__ import annotations
 
 import logging
-import math
 import queue
 import threading
 import time
@@ -21,7 +20,7 @@ from collections.abc import Callable
 import numpy as np
 import zmq
 
-from mcpd.cluster.ownership import Ownership, context_hash
+from mcpd.cluster.ownership import Ownership, context_hash, weights as node_weights
 from mcpd.cluster.recency import RecentContexts
 from mcpd.cluster.redis_client import REDIS_ERRORS
 from mcpd.cluster.redis_contexts import RedisContexts
@@ -91,7 +90,7 @@ class Prefetch:
         with self.trigger_lock:
             trigger, self.trigger = self.trigger, None
         nodes = self.nodes
-        weights = _weights(nodes)
+        weights = node_weights(nodes)
         if self.stopping.is_set() or self.node_id not in weights:
             return
         try:
@@ -134,13 +133,3 @@ class Prefetch:
             return True
         return False
 
-
-def _weights(nodes: dict[str, dict]) -> dict[str, float]:
-    """Each live node's weight, as its heartbeat says; a node whose weight is not a positive
-    number (whoever wrote it) owns nothing."""
-    weights = {}
-    for node_id, report in nodes.items():
-        weight = report.get("weight")
-        if isinstance(weight, (int, float)) and not isinstance(weight, bool) and 0 < weight < math.inf:
-            weights[node_id] = float(weight)
-    return weights

@@ -11,9 +11,7 @@ Socket-free: frontend/forwarding.py sends, frontend/peer_links.py holds the sock
 """
 from __future__ import annotations
 
-import math
-
-from mcpd.cluster.ownership import Ownership, context_hash
+from mcpd.cluster.ownership import Ownership, context_hash, serving
 from mcpd.daemon.messages import OwnerNode
 from mcpd.protocol import args as typed
 from mcpd.security.keys import BadKey, check_public_key
@@ -32,15 +30,15 @@ def context_named(args) -> str | None:
 
 
 def owner_nodes(reports: dict[str, dict]) -> dict[str, OwnerNode]:
-    """The live nodes that may own contexts: those advertising a ZeroMQ endpoint to forward to, with
-    a usable weight. Every node applies the same rule to the same reports, so all agree on owners.
-    Reports come from Redis, written by whoever can write there: each value is checked."""
+    """The live nodes that may own contexts: those serving a model with a usable weight
+    (ownership.serving) and advertising a ZeroMQ endpoint to forward to. Every node applies the
+    same rule to the same reports, so all agree on owners. Reports come from Redis, written by
+    whoever can write there: each value is checked."""
     owners = {}
-    for node_id, report in reports.items():
-        tcp, weight, curve_key = report.get("tcp"), report.get("weight"), _curve_key(report.get("curve_key", ""))
-        if isinstance(tcp, str) and tcp.startswith("tcp://") and len(tcp) <= MAX_ENDPOINT_CHARS and \
-                isinstance(weight, (int, float)) and math.isfinite(weight) and weight > 0 and curve_key is not None:
-            owners[node_id] = OwnerNode(tcp, float(weight), curve_key)
+    for node_id, weight in serving(reports).items():
+        tcp, curve_key = reports[node_id].get("tcp"), _curve_key(reports[node_id].get("curve_key", ""))
+        if isinstance(tcp, str) and tcp.startswith("tcp://") and len(tcp) <= MAX_ENDPOINT_CHARS and curve_key is not None:
+            owners[node_id] = OwnerNode(tcp, weight, curve_key)
     return owners
 
 

@@ -41,8 +41,8 @@ class ContextService:
         return {**context.describe(), "created": created}, []
 
     def _get(self, owner: str, args: typed.ContextGetArgs, _payload) -> tuple[dict, list[bytes]]:
-        context = self.store.get(owner, args.id)
         since = args.since or 0
+        context = self.store.get(owner, args.id, since)
         if since > context.version:
             raise MCPDError(codes.BAD_REQUEST, f"since = {since} is newer than the context ({context.version})")
         entries, frames = codec.to_wire(context.changes_since(since))

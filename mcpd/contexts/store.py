@@ -23,7 +23,8 @@ In a cluster (docs/CLUSTER.md) `shared` is the copy every node shares (Redis, a 
 context this node lacks is looked up there at first use and adopted (every other listener hears
 `adopted` and keeps it whole). When the shared copy is ahead of this node's (another node
 committed), the commit is refused with StaleCopy and this node forgets its copy, so the next
-request adopts the shared one.
+request adopts the shared one; a request naming a version newer than this node's copy (a base, a
+`since`) adopts it at once.
 
 Commits cost what they change: the context's byte count is kept up to date from the fields a
 version touches, and contexts.max_fields bounds how many a context may have (a context of 307k
@@ -97,11 +98,24 @@ class ContextStore:
         self._announce(context, "opened")   # an opened context is acknowledged state too: it must outlive a restart
         return context, True
 
-    def get(self, owner: str, context_id: str) -> Context:
+    def get(self, owner: str, context_id: str, known: int = 0) -> Context:
+        """`known`: a version of the context a client was answered. A copy older than it is behind
+        (another node committed since this one last held it): the shared copy replaces it."""
         context = self._find(owner, context_id)
         if context is None:
             raise self._not_found(context_id)
+        if context.version < known and self.shared is not None and context.busy_with is None:
+            return self._take_shared(context)
         return context
+
+    def _take_shared(self, behind: Context) -> Context:
+        """The shared copy in place of this node's, when it is newer; this node's otherwise."""
+        shared = self.shared.load(behind.owner, behind.id)
+        if shared is None or shared.version <= behind.version:
+            return behind
+        self._remove(behind)
+        self._announce(shared, "adopted")
+        return shared
 
     def _find(self, owner: str, context_id: str) -> Context | None:
         """This node's copy, or else the shared one, adopted."""
@@ -197,7 +211,7 @@ class ContextStore:
 
     def writable(self, owner: str, context_id: str, base: int | None) -> Context:
         """The context, if a change based on `base` may be applied to it now."""
-        context = self.get(owner, context_id)
+        context = self.get(owner, context_id, base or 0)
         if context.busy_with is not None:
             raise MCPDError(codes.CONFLICT, f"context {context_id!r} is busy with a generate; retry when it ends")
         if base is not None and base != context.version:
