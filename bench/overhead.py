@@ -16,7 +16,8 @@ message's User-Id and re-packs its header) and is measured in the same rounds:
 curve_p50_ratio_vs_plain (aim <= 1.3) compares its ping p50 with the plaintext daemon's.
 Last, a 1-token generate (1-token prompt, max_tokens 1) on the daemon's model (the embedded one:
 a step of the engine, not a big model's weight read): one_token_server_ms is its p50 round trip
-less the raw echo's, what the daemon adds to a socket round trip (target <= 1.5 ms).
+less the raw echo's, what the daemon adds to a socket round trip (target <= 1.5 ms), measured with
+no other daemon running: an idle daemon's processes still wake on the same two cores.
 Tracing: two more daemons with [tracing] on (the file exporter), at sample_ratio 1.0 and 0, take the
 same 1-token generate in rounds interleaved with the plain daemon's: tracing_p50_overhead is the
 p50 with every request traced over the p50 with tracing off (target <= 1.1), and
@@ -327,24 +328,27 @@ def main() -> None:
     daemon = Daemon().start()
     secure = Daemon(security={"curve": "on"}).start()
     keys = secure.curve_keys("bench")
-    traced, traced0 = traced_daemon(ipc_dir, 1.0), traced_daemon(ipc_dir, 0.0)
+    traced = traced0 = None
     targets = [(raw_endpoint, None), (chain_endpoint, None), (daemon.endpoint, None), (secure.endpoint, keys),
                (unix_chain_endpoint, None)]
     try:
         # Rounds interleave the five so that a noisy moment hits them alike; medians are reported.
         rounds = [[measure(e, count, total, window, curve) for e, curve in targets] for _ in range(ROUNDS)]
         raw, chain, mcpd, curve, unix_chain = (median_of([r[i] for r in rounds]) for i in range(len(targets)))
+        secure.stop()   # the 1-token figure with no other daemon's processes waking on these cores
         client_us = client_p50_us(daemon.endpoint, count // 4)
         one_token = one_token_ms(daemon.endpoint, count // 4)
         cpu_us = cpu_us_per_ping(daemon, total, window)
+        traced, traced0 = traced_daemon(ipc_dir, 1.0), traced_daemon(ipc_dir, 0.0)
         tracing_overhead, ratio0_overhead = tracing_p50_ratios([daemon, traced, traced0], count)
         turn_times = traced_turn_seconds(traced, TURNS)
         traced.stop()   # exports what its processes still hold
         turn_figures = turn_trace_figures(f"{ipc_dir}/spans-1.0.jsonl", turn_times)
     finally:
         for other in (traced, traced0):
-            other.stop()
-            other.cleanup()
+            if other is not None:
+                other.stop()
+                other.cleanup()
         secure.stop()
         secure.cleanup()
         for process in helpers:
