@@ -19,7 +19,7 @@ import torch
 
 from mcpd.quant import int8
 from mcpd.quant.int4 import Int4Weight
-from mcpd.quant.int4_layout import MINS_SUFFIX, SCALES_SUFFIX
+from mcpd.quant.int4_layout import MINS_SUFFIX, SCALES_SUFFIX, SUPERS_SUFFIX
 from mcpd.quant.int8 import Int8Weight
 
 Form = object   # a torch.Tensor, or a dataclass whose tensor fields hold the data (kernels.Packed)
@@ -89,12 +89,12 @@ class KernelForms:
 
 def _matrix(params: dict[str, torch.Tensor], name: str, held) -> torch.Tensor | Int8Weight | Int4Weight:
     """Matrix parameter `name` as prepare() takes it, each tensor held(its name): the tensor, or
-    with its int8 scales, or with its 4-bit scales and mins."""
+    with its int8 scales, or with its 4-bit scales, mins and (Q4_K) supers."""
     if name + int8.SCALE_SUFFIX in params:
         return Int8Weight(held(name), held(name + int8.SCALE_SUFFIX))
     if name + SCALES_SUFFIX in params:
-        mins = held(name + MINS_SUFFIX) if name + MINS_SUFFIX in params else None
-        return Int4Weight(held(name), held(name + SCALES_SUFFIX), mins)
+        mins, supers = (held(name + suffix) if name + suffix in params else None for suffix in (MINS_SUFFIX, SUPERS_SUFFIX))
+        return Int4Weight(held(name), held(name + SCALES_SUFFIX), mins, supers)
     return held(name)
 
 

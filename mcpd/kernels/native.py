@@ -56,10 +56,10 @@ _RESTYPES = {"mcpd_rows": ctypes.c_int, "mcpd_max_threads": ctypes.c_int, "mcpd_
 
 class Matrix(ctypes.Structure):
     """kernels.c's mcpd_matrix: a packed weight matrix's panels, and its scales and mins where
-    its kind (PLAIN, INT8: in groups of `group` columns, Q4_0, Q4_1) has them."""
-    _fields_ = [("panels", _P), ("scales", _P), ("mins", _P), ("kind", _I), ("group", _I)]
+    its kind (PLAIN, INT8: in groups of `group` columns, Q4_0, Q4_1, Q4_K: with supers) has them."""
+    _fields_ = [("panels", _P), ("scales", _P), ("mins", _P), ("kind", _I), ("group", _I), ("supers", _P)]
 
-    PLAIN, INT8, Q4_0, Q4_1 = range(4)
+    PLAIN, INT8, Q4_0, Q4_1, Q4_K = range(5)
 
 
 def address(tensor) -> int | None:
