@@ -89,28 +89,34 @@ def log_path(cache_dir: Path, name: str) -> Path:
 
 def setup(cache_dir: Path) -> None:
     """Everything the peers need, each step skipped when already done; one failing peer does not
-    stop the other. Long and CPU-heavy: runs niced."""
+    stop the other, but the set-up then exits non-zero naming what failed. Never a fallback: a
+    checkpoint without the Llama-2 vocab (what the peers' GGUF needs) stops it. Long and
+    CPU-heavy: runs niced."""
     os.nice(19)
     install_bench_extra(cache_dir)
     fetch_sdist(cache_dir)
+    failed = []
     for peer in PEERS:
         try:
             install(cache_dir, peer)
             print(f"{peer}: installed in {venv_dir(cache_dir, peer)}")
         except RuntimeError as e:
             print(f"{peer}: install failed: {e}")
+            failed.append(peer)
     for dtype in ("float32", "bfloat16"):
         directory, source = checkpoints.checkpoint(cache_dir, dtype_of(dtype))
+        if "llama2" not in directory.name:
+            raise SystemExit(f"set-up failed: checkpoint {directory} has the {source}")
         print(f"checkpoint {directory} ({source})")
-        try:
-            print(f"GGUF {gguf_for(cache_dir, directory, dtype)}")
-        except RuntimeError as e:
-            print(f"GGUF for {dtype}: {e}")
+        print(f"GGUF {gguf_for(cache_dir, directory, dtype)}")
+    if failed:
+        raise SystemExit(f"set-up incomplete: {', '.join(failed)} did not install (see {cache_dir / 'logs'})")
 
 
 def install_bench_extra(cache_dir: Path) -> None:
-    """mcpd's own `bench` extra, into this interpreter (llama.cpp's converter needs sentencepiece):
-    without it the checkpoint builder would fall back to the byte-level vocab."""
+    """mcpd with its `bench` extra, into this interpreter (the gguf package reads the Llama-2
+    vocab file, llama.cpp's converter needs sentencepiece): the checkpoint builder cannot read
+    the vocab without them."""
     cache_dir.mkdir(parents=True, exist_ok=True)
     repo = Path(__file__).resolve().parents[2]
     run_logged([sys.executable, "-m", "pip", "install", "-q", "-e", f"{repo}[bench]"], cache_dir / "setup.log")
