@@ -1,6 +1,6 @@
-"""A small Q4_K quantizer for tests (the gguf package dequantizes Q4_K but cannot quantize it):
-per block of 32 a scale and a min from its range, each super-block's d and dmin from the
-largest, all rounded as the format stores them. Not llama.cpp's search for the best scales; the
+"""Small Q4_K and Q6_K quantizers for tests (the gguf package dequantizes them but cannot
+quantize them): per block a scale (Q4_K: and a min) from its range, each super-block's d (and
+dmin) from the largest, all rounded as the format stores them. Not llama.cpp's search for the best scales; the
 tests compare the kept weights with the gguf package's dequantize of these very bytes."""
 from __future__ import annotations
 
@@ -40,3 +40,26 @@ def _packed_scales(sc: np.ndarray, m: np.ndarray) -> np.ndarray:
     second = m[..., :4] | ((m[..., 4:] >> 4) << 6)
     third = (sc[..., 4:] & 15) | ((m[..., 4:] & 15) << 4)
     return np.concatenate((first, second, third), axis=-1)
+
+
+def quantize_q6_k(weights: np.ndarray) -> np.ndarray:
+    """float32 [rows, k] (k a multiple of 256) -> the Q6_K bytes [rows, k / 256 * 210]:
+    w = d * scale * (q - 32), a scale of 16 columns."""
+    rows = weights.shape[0]
+    x = weights.astype(np.float32).reshape(rows, -1, SUPER // 16, 16)
+    scale = np.abs(x).max(axis=-1) / 31
+    d = (scale.max(axis=-1) / 127).astype(np.float16)
+    unit = d.astype(np.float32)[..., None]
+    sc = np.rint(np.where(unit > 0, scale / np.where(unit > 0, unit, 1), 0)).clip(-128, 127).astype(np.int8)
+    step = (unit * sc)[..., None]
+    q = (np.where(step > 0, np.rint(x / np.where(step > 0, step, 1)), 0).clip(-32, 31) + 32).astype(np.uint8)
+    q = q.reshape(rows, -1, 2, 128)                                  # halves of 128 columns
+    ql = (q[..., :64] & 15) | ((q[..., 64:] & 15) << 4)              # [.., 2, 64]
+    top = (q >> 4).reshape(rows, -1, 2, 4, 32)                       # [.., half, s, i]: column 32s + i
+    qh = top[:, :, :, 0] | (top[:, :, :, 1] << 2) | (top[:, :, :, 2] << 4) | (top[:, :, :, 3] << 6)
+    blocks = np.concatenate((ql.reshape(rows, -1, 128), qh.reshape(rows, -1, 64), sc.view(np.uint8),
+                             d[..., None].view(np.uint8)), axis=-1)
+    return blocks.reshape(rows, -1)
+
+
+QUANTIZERS = {"Q4_K": quantize_q4_k, "Q6_K": quantize_q6_k}

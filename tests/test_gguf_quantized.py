@@ -1,4 +1,4 @@
-"""A GGUF's Q8_0, Q4_0, Q4_1 and Q4_K matrices stay quantized in memory (int8 in groups of 32, 4-bit
+"""A GGUF's Q8_0, Q4_0, Q4_1, Q4_K and Q6_K matrices stay quantized in memory (int8 in groups of 32, 4-bit
 as the file's blocks), on every kernel set: the weights the engine holds take no more than 1.1x
 the file's tensor bytes. (That they generate transformers' greedy tokens: tests/test_gguf.py.)"""
 import gguf
@@ -11,9 +11,9 @@ from kernel_sets import NATIVE_SETS
 from test_models_vs_hf import make_engine
 from tiny_gguf import write_gguf
 
-FORMS = {"Q8_0": Int8Weight, "Q4_0": Int4Weight, "Q4_1": Int4Weight, "Q4_K": Int4Weight}
-# (type, kind): qwen2's head is its embedding (tied); Q4_K's super-blocks need inputs of 256s.
-CASES = [(q, kind) for q in ("Q8_0", "Q4_0", "Q4_1") for kind in ("llama", "qwen2")] + [("Q4_K", "llama_wide")]
+FORMS = {"Q8_0": Int8Weight, "Q4_0": Int4Weight, "Q4_1": Int4Weight, "Q4_K": Int4Weight, "Q6_K": Int4Weight}
+# (type, kind): qwen2's head is its embedding (tied); k-quants' super-blocks need inputs of 256s.
+CASES = [(q, kind) for q in ("Q8_0", "Q4_0", "Q4_1") for kind in ("llama", "qwen2")] + [(q, "llama_wide") for q in ("Q4_K", "Q6_K")]
 
 
 def held_bytes(model) -> int:

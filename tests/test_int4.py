@@ -1,5 +1,5 @@
-"""GGUF's quantized blocks kept as they are: Q4_0, Q4_1 and Q4_K as 4-bit weights (quant/int4.py),
-Q8_0 as int8 in groups of 32 (quant/int8.py). Their weights are the gguf package's dequantized ones bit
+"""GGUF's quantized blocks kept as they are: Q4_0, Q4_1, Q4_K and Q6_K as 4-bit weights (quant/int4.py,
+Q6_K's with their top two bits beside), Q8_0 as int8 in groups of 32 (quant/int8.py). Their weights are the gguf package's dequantized ones bit
 for bit, and every kernel set (each native set this CPU runs, and the torch twin) multiplies by
 them as the float product of those weights does, in float32 to float32 rounding (only the order
 of sums differs), in bfloat16 to a bfloat16 step of each row's largest value."""
@@ -14,15 +14,15 @@ from mcpd.kernels.torch_kernels import TorchKernels
 from mcpd.models import gguf_blocks
 from mcpd.quant import int4, int8
 from mcpd.quant.int4 import Int4Weight
-from mcpd.quant.int4_layout import MINS_SUFFIX, SCALES_SUFFIX, SUPERS_SUFFIX
+from mcpd.quant.int4_layout import HIGHS_SUFFIX, MINS_SUFFIX, SCALES_SUFFIX, SUPERS_SUFFIX
 from mcpd.quant.int8 import Int8Weight
 from mcpd.quant.int8_layout import SCALE_SUFFIX
-from k_quants import quantize_q4_k
+from k_quants import QUANTIZERS
 from kernel_sets import NATIVE_SETS
 
 KERNELS = {**{name: NativeKernels(name.removeprefix("native-")) for name in NATIVE_SETS}, "torch": TorchKernels()}
-TYPES = ("Q4_0", "Q4_1", "Q4_K", "Q8_0")
-COLUMNS = {"Q4_K": 512}   # inputs of the test matrices: two super-blocks of 256; the others 96, three blocks
+TYPES = ("Q4_0", "Q4_1", "Q4_K", "Q6_K", "Q8_0")
+COLUMNS = {"Q4_K": 512, "Q6_K": 512}   # inputs of the test matrices: two super-blocks of 256; the others 96, three blocks
 
 
 def gguf_weights(rows: int, qtype: str, seed: int = 0) -> tuple[object, torch.Tensor]:
@@ -31,7 +31,7 @@ def gguf_weights(rows: int, qtype: str, seed: int = 0) -> tuple[object, torch.Te
     columns = COLUMNS.get(qtype, 96)
     weights = np.random.default_rng(seed).standard_normal((rows, columns)).astype(np.float32)
     kind = gguf.GGMLQuantizationType[qtype]
-    raw = quantize_q4_k(weights) if qtype == "Q4_K" else gguf.quants.quantize(weights, kind)
+    raw = QUANTIZERS[qtype](weights) if qtype in QUANTIZERS else gguf.quants.quantize(weights, kind)
     return kept_form(raw, qtype, rows), torch.from_numpy(gguf.quants.dequantize(raw, kind).reshape(rows, columns))
 
 
@@ -40,7 +40,8 @@ def kept_form(raw: np.ndarray, qtype: str, rows: int):
               for suffix, array in gguf_blocks.pieces(raw, qtype, rows).items()}
     if qtype == "Q8_0":
         return Int8Weight(pieces[""], pieces[SCALE_SUFFIX])
-    return Int4Weight(pieces[""], pieces[SCALES_SUFFIX], pieces.get(MINS_SUFFIX), pieces.get(SUPERS_SUFFIX))
+    return Int4Weight(pieces[""], pieces[SCALES_SUFFIX], pieces.get(MINS_SUFFIX), pieces.get(SUPERS_SUFFIX),
+                      pieces.get(HIGHS_SUFFIX))
 
 
 def dequantized(weight) -> torch.Tensor:
@@ -53,19 +54,24 @@ def test_the_kept_weights_are_the_gguf_packages_dequantized_ones(qtype):
     assert torch.equal(dequantized(weight), expected)
 
 
+# (bytes a super-block, where its float16s lie): Q4_K's d and dmin first, Q6_K's d last
+SUPER_BLOCKS = {"Q4_K": (144, slice(0, 4)), "Q6_K": (210, slice(208, 210))}
+
+
+@pytest.mark.parametrize("qtype", SUPER_BLOCKS)
 @pytest.mark.parametrize("kernels", KERNELS)
-def test_any_q4_k_bytes_are_kept_as_the_gguf_packages_dequantized_ones(kernels):
-    """Every 6-bit scale and min pattern, not only those a quantizer writes: random bytes with
-    finite float16 d and dmin, on the torch twin and through each native set's rows."""
-    rows, supers = 40, 4
+def test_any_k_quant_bytes_are_kept_as_the_gguf_packages_dequantized_ones(kernels, qtype):
+    """Every scale, min and top-bit pattern, not only those a quantizer writes: random bytes with
+    finite float16s, on the torch twin and through each native set's rows."""
+    rows, supers, (size, halves) = 40, 4, SUPER_BLOCKS[qtype]
     rng = np.random.default_rng(1)
-    raw = rng.integers(0, 256, (rows, supers, 144), dtype=np.uint8)
-    raw[:, :, :4] = rng.standard_normal((rows, supers, 2)).astype(np.float16).view(np.uint8)
+    raw = rng.integers(0, 256, (rows, supers, size), dtype=np.uint8)
+    raw[:, :, halves] = rng.standard_normal((rows, supers, (halves.stop - halves.start) // 2)).astype(np.float16).view(np.uint8)
     raw = raw.reshape(rows, -1)
-    expected = torch.from_numpy(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q4_K).reshape(rows, -1))
+    expected = torch.from_numpy(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[qtype]).reshape(rows, -1))
     k = KERNELS[kernels]
     ids = torch.arange(rows)
-    assert torch.equal(k.embedding(ids, k.prepare(kept_form(raw, "Q4_K", rows)), torch.float32), expected)
+    assert torch.equal(k.embedding(ids, k.prepare(kept_form(raw, qtype, rows)), torch.float32), expected)
 
 
 def test_a_q8_0_block_of_negative_or_zero_scale_keeps_its_weights_with_a_positive_one():
