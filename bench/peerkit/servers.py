@@ -204,12 +204,19 @@ def copy_vocab_scores(gguf_path: Path, vocab_file: Path) -> None:
 
 # -- why a peer cannot run ------------------------------------------------------------------------
 
-def missing_reason(cache_dir: Path, peer: str, checkpoint_dir: Path, dtype: str) -> str | None:
+def not_installed(cache_dir: Path, peer: str) -> str | None:
+    """Why peer is not installed; None where it is."""
     venv = venv_dir(cache_dir, peer)
-    if not (venv / ".bench-installed").exists():
-        log = log_path(cache_dir, f"{INSTALLS[peer][0]}-install")
-        why = f"install failed, see {log}" if log.exists() else "not installed"
-        return f"{why} (bench/peers.py --setup installs it into {venv})"
+    if (venv / ".bench-installed").exists():
+        return None
+    log = log_path(cache_dir, f"{INSTALLS[peer][0]}-install")
+    why = f"install failed, see {log}" if log.exists() else "not installed"
+    return f"{why} (bench/peers.py --setup installs it into {venv})"
+
+
+def missing_reason(cache_dir: Path, peer: str, checkpoint_dir: Path, dtype: str) -> str | None:
+    if reason := not_installed(cache_dir, peer):
+        return reason
     if peer == "llama.cpp":
         try:
             gguf_for(cache_dir, checkpoint_dir, dtype)
@@ -317,9 +324,14 @@ def vllm_server(cache_dir: Path, checkpoint_dir: Path, dtype: str) -> HttpServer
 
 
 def llama_cpp_server(cache_dir: Path, checkpoint_dir: Path, dtype: str) -> HttpServer:
+    return llama_cpp_serving(cache_dir, gguf_for(cache_dir, checkpoint_dir, dtype))
+
+
+def llama_cpp_serving(cache_dir: Path, model: Path) -> HttpServer:
+    """llama.cpp's server on the GGUF file model."""
     venv = venv_dir(cache_dir, "llama.cpp")
     threads = str(len(cores()))   # its default is half the cores
-    command = [str(venv / "bin/python"), "-m", "llama_cpp.server", "--model", str(gguf_for(cache_dir, checkpoint_dir, dtype)),
+    command = [str(venv / "bin/python"), "-m", "llama_cpp.server", "--model", str(model),
                "--model_alias", MODEL_NAME, "--host", "127.0.0.1", "--port", str(free_port()),
                "--n_ctx", str(MAX_MODEL_LEN), "--n_threads", threads, "--n_threads_batch", threads,
                "--cache", "true", "--cache_size", str(LLAMA_CACHE_BYTES)]
