@@ -491,7 +491,7 @@ static inline void load_six_bits(const uint8_t *p, const uint8_t *highs, int shi
 #else
     for (int i = 0; i < LANES; i++) {
         int top = highs[i] >> shift;
-        (*lo)[i] = (p[i] & 15 | (top & 3) << 4) - 32, (*hi)[i] = (p[i] >> 4 | (top >> 4 & 3) << 4) - 32;
+        (*lo)[i] = ((p[i] & 15) | ((top & 3) << 4)) - 32, (*hi)[i] = ((p[i] >> 4) | (((top >> 4) & 3) << 4)) - 32;
     }
 #endif
 }
