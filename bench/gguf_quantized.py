@@ -134,7 +134,7 @@ def side_by_side(path: Path, rounds: int, quick: bool) -> dict:
 
     workloads = (peers.w1, lambda t, p: peers.w2(t, p, 8), lambda t, p: peers.w2(t, p, 32), peers.w3,
                  lambda t, p: peers.w4(t, 1.5 if quick else 4.0))
-    prompts = peers.Prompts(HFTokenizer.from_gguf(path, set()))
+    prompts = peers.Prompts(HFTokenizer.from_gguf(path))
     started = {"mcpd": servers.McpdServer(path, "float32"), "llama.cpp": servers.llama_cpp_serving(DEFAULT_CACHE, path)}
     try:
         for server in started.values():
