@@ -50,6 +50,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--kernels", default="auto", help="engine.kernels for both variants")
     parser.add_argument("--also", type=Path, nargs="*", default=[],
                         help="more GGUF files to run side by side with llama.cpp (named NAME.QUANT.gguf)")
+    parser.add_argument("--llamacpp-plain-buffers", action="store_true",
+                        help="llama.cpp without its AMX and repacked weight buffers (where its build traps on AMX)")
     return parser.parse_args()
 
 
@@ -124,7 +126,7 @@ def held_bytes(model) -> int:
 SIDE_BY_SIDE = ("w1_decode_tok_s", "w1_ttft_ms", "w2_8_tok_s", "w2_32_tok_s", "w3_turn10_ttft_ms", "w4_req_s")
 
 
-def side_by_side(path: Path, rounds: int, quick: bool) -> dict:
+def side_by_side(path: Path, rounds: int, quick: bool, extra_bufts: bool) -> dict:
     """mcpd's daemon and llama.cpp's server on the file: each figure's median per system, and
     the ratios (the module's doc)."""
     import peers
@@ -135,7 +137,8 @@ def side_by_side(path: Path, rounds: int, quick: bool) -> dict:
     workloads = (peers.w1, lambda t, p: peers.w2(t, p, 8), lambda t, p: peers.w2(t, p, 32), peers.w3,
                  lambda t, p: peers.w4(t, 1.5 if quick else 4.0))
     prompts = peers.Prompts(HFTokenizer.from_gguf(path))
-    started = {"mcpd": servers.McpdServer(path, "float32"), "llama.cpp": servers.llama_cpp_serving(DEFAULT_CACHE, path)}
+    started = {"mcpd": servers.McpdServer(path, "float32"),
+               "llama.cpp": servers.llama_cpp_serving(DEFAULT_CACHE, path, extra_bufts)}
     try:
         for server in started.values():
             server.start()
@@ -161,13 +164,14 @@ def side_by_side(path: Path, rounds: int, quick: bool) -> dict:
     return {**ratios, f"gguf_{quant}_systems": medians}
 
 
-def llamacpp_figures(paths: list[Path], quick: bool) -> dict:
+def llamacpp_figures(paths: list[Path], quick: bool, extra_bufts: bool) -> dict:
     from peerkit import servers
     if reason := servers.not_installed(DEFAULT_CACHE, "llama.cpp"):
         return {"llamacpp": f"not run: {reason}"}
-    figures = {"llamacpp": servers.version(DEFAULT_CACHE, "llama.cpp")}
+    plain = "" if extra_bufts else ", without its extra (AMX, repacked) weight buffers"
+    figures = {"llamacpp": servers.version(DEFAULT_CACHE, "llama.cpp") + plain}
     for path in paths:
-        figures.update(side_by_side(path, 1 if quick else 3, quick))
+        figures.update(side_by_side(path, 1 if quick else 3, quick, extra_bufts))
     return figures
 
 
@@ -214,7 +218,8 @@ def measure(quick: bool, kernels: str) -> dict:
 
 def main() -> None:
     figures = measure(ARGS.quick, ARGS.kernels)
-    figures.update(llamacpp_figures([default_model.installed_file(), *ARGS.also], ARGS.quick))
+    figures.update(llamacpp_figures([default_model.installed_file(), *ARGS.also], ARGS.quick,
+                                    not ARGS.llamacpp_plain_buffers))
     for name, value in figures.items():
         print(f"  {name:30} {value:12.6g}" if isinstance(value, float) else f"  {name:30} {value}")
     print(json.dumps({k: float(f"{v:.6g}") if isinstance(v, float) else v for k, v in figures.items()}))

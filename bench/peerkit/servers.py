@@ -327,11 +327,20 @@ def llama_cpp_server(cache_dir: Path, checkpoint_dir: Path, dtype: str) -> HttpS
     return llama_cpp_serving(cache_dir, gguf_for(cache_dir, checkpoint_dir, dtype))
 
 
-def llama_cpp_serving(cache_dir: Path, model: Path) -> HttpServer:
-    """llama.cpp's server on the GGUF file model."""
+# llama-cpp-python's server with the model parameter use_extra_bufts off (it has no option for
+# it): no AMX or repacked weight buffers, for a machine whose -march=native build traps on AMX.
+PLAIN_BUFFERS = ("import runpy, llama_cpp.llama_cpp as low; default = low.llama_model_default_params\n"
+                 "def plain():\n    params = default(); params.use_extra_bufts = False; return params\n"
+                 "low.llama_model_default_params = plain\n"
+                 "runpy.run_module('llama_cpp.server', run_name='__main__')")
+
+
+def llama_cpp_serving(cache_dir: Path, model: Path, extra_bufts: bool = True) -> HttpServer:
+    """llama.cpp's server on the GGUF file model; extra_bufts False: PLAIN_BUFFERS."""
     venv = venv_dir(cache_dir, "llama.cpp")
     threads = str(len(cores()))   # its default is half the cores
-    command = [str(venv / "bin/python"), "-m", "llama_cpp.server", "--model", str(model),
+    launch = ["-m", "llama_cpp.server"] if extra_bufts else ["-c", PLAIN_BUFFERS]
+    command = [str(venv / "bin/python"), *launch, "--model", str(model),
                "--model_alias", MODEL_NAME, "--host", "127.0.0.1", "--port", str(free_port()),
                "--n_ctx", str(MAX_MODEL_LEN), "--n_threads", threads, "--n_threads_batch", threads,
                "--cache", "true", "--cache_size", str(LLAMA_CACHE_BYTES)]
