@@ -414,20 +414,23 @@ static inline f32v load_f16(const uint16_t *p) {
     return v;
 }
 
-/* LANES bytes as float32. */
-static inline f32v load_u8(const uint8_t *p) {
-    f32v v;
+/* LANES bytes widened to int32 (one instruction; GCC's generic conversion goes scalar). */
+static inline i32v widen_u8(const uint8_t *p) {
+    i32v v;
 #ifdef __AVX512F__
-    __m512 f = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)));
-    memcpy(&v, &f, sizeof v);
+    __m512i w = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
+    memcpy(&v, &w, sizeof v);
 #elif defined(__AVX2__)
-    __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)));
-    memcpy(&v, &f, sizeof v);
+    __m256i w = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+    memcpy(&v, &w, sizeof v);
 #else
     for (int i = 0; i < LANES; i++) v[i] = p[i];
 #endif
     return v;
 }
+
+/* LANES bytes as float32. */
+static inline f32v load_u8(const uint8_t *p) { return __builtin_convertvector(widen_u8(p), f32v); }
 
 /* Block b's scales (of its low and high halves: the same but for Q6_K) and mins of lanes h of a
    panel (d, m, s: its scales, mins and supers). */
@@ -472,28 +475,9 @@ static inline void load_nibbles(const uint8_t *p, f32v *lo, f32v *hi) {
    nibbles, shift + 4, shift + 5 for the high ones), less 32, as float32: put together as
    integers, one conversion each. */
 static inline void load_six_bits(const uint8_t *p, const uint8_t *highs, int shift, f32v *lo, f32v *hi) {
-#ifdef __AVX512F__
-    __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
-    __m512i t = _mm512_srlv_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)highs)), _mm512_set1_epi32(shift));
-    __m512i three = _mm512_set1_epi32(3), fifteen = _mm512_set1_epi32(15), bias = _mm512_set1_epi32(32);
-    __m512i l = _mm512_or_si512(_mm512_and_si512(b, fifteen), _mm512_slli_epi32(_mm512_and_si512(t, three), 4));
-    __m512i u = _mm512_or_si512(_mm512_srli_epi32(b, 4), _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(t, 4), three), 4));
-    __m512 lf = _mm512_cvtepi32_ps(_mm512_sub_epi32(l, bias)), uf = _mm512_cvtepi32_ps(_mm512_sub_epi32(u, bias));
-    memcpy(lo, &lf, sizeof *lo), memcpy(hi, &uf, sizeof *hi);
-#elif defined(__AVX2__)
-    __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
-    __m256i t = _mm256_srlv_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)highs)), _mm256_set1_epi32(shift));
-    __m256i three = _mm256_set1_epi32(3), fifteen = _mm256_set1_epi32(15), bias = _mm256_set1_epi32(32);
-    __m256i l = _mm256_or_si256(_mm256_and_si256(b, fifteen), _mm256_slli_epi32(_mm256_and_si256(t, three), 4));
-    __m256i u = _mm256_or_si256(_mm256_srli_epi32(b, 4), _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(t, 4), three), 4));
-    __m256 lf = _mm256_cvtepi32_ps(_mm256_sub_epi32(l, bias)), uf = _mm256_cvtepi32_ps(_mm256_sub_epi32(u, bias));
-    memcpy(lo, &lf, sizeof *lo), memcpy(hi, &uf, sizeof *hi);
-#else
-    for (int i = 0; i < LANES; i++) {
-        int top = highs[i] >> shift;
-        (*lo)[i] = ((p[i] & 15) | ((top & 3) << 4)) - 32, (*hi)[i] = ((p[i] >> 4) | (((top >> 4) & 3) << 4)) - 32;
-    }
-#endif
+    i32v b = widen_u8(p), top = widen_u8(highs) >> shift;
+    *lo = __builtin_convertvector(((b & 15) | ((top & 3) << 4)) - 32, f32v);
+    *hi = __builtin_convertvector(((b >> 4) | (((top >> 4) & 3) << 4)) - 32, f32v);
 }
 
 /* Row i (< Q4_HALF) of block b's low and high halves, lanes h, as float32 q: the nibbles, for
