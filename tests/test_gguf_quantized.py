@@ -1,4 +1,4 @@
-"""A GGUF's Q8_0, Q4_0 and Q4_1 matrices stay quantized in memory (int8 in groups of 32, 4-bit
+"""A GGUF's Q8_0, Q4_0, Q4_1, Q4_K and Q6_K matrices stay quantized in memory (int8 in groups of 32, 4-bit
 as the file's blocks), on every kernel set: the weights the engine holds take no more than 1.1x
 the file's tensor bytes. (That they generate transformers' greedy tokens: tests/test_gguf.py.)"""
 import gguf
@@ -11,7 +11,9 @@ from kernel_sets import NATIVE_SETS
 from test_models_vs_hf import make_engine
 from tiny_gguf import write_gguf
 
-FORMS = {"Q8_0": Int8Weight, "Q4_0": Int4Weight, "Q4_1": Int4Weight}
+FORMS = {"Q8_0": Int8Weight, "Q4_0": Int4Weight, "Q4_1": Int4Weight, "Q4_K": Int4Weight, "Q6_K": Int4Weight}
+# (type, kind): qwen2's head is its embedding (tied); k-quants' super-blocks need inputs of 256s.
+CASES = [(q, kind) for q in ("Q8_0", "Q4_0", "Q4_1") for kind in ("llama", "qwen2")] + [(q, "llama_wide") for q in ("Q4_K", "Q6_K")]
 
 
 def held_bytes(model) -> int:
@@ -25,18 +27,17 @@ def file_tensor_bytes(path) -> int:
 
 
 @pytest.mark.parametrize("kernels", ["torch", *NATIVE_SETS])
-@pytest.mark.parametrize("kind", ["llama", "qwen2"])   # qwen2's head is its embedding (tied)
-@pytest.mark.parametrize("qtype", FORMS)
+@pytest.mark.parametrize("qtype, kind", CASES)
 def test_weights_in_memory_take_at_most_1_1x_the_files_tensor_bytes(tmp_path, qtype, kind, kernels):
     path = write_gguf(tmp_path, kind, qtype)
     engine = make_engine(path, kernels=kernels)
     assert held_bytes(engine.model) <= 1.1 * file_tensor_bytes(path)
 
 
-@pytest.mark.parametrize("qtype", FORMS)
-def test_each_matrix_and_the_embedding_keep_their_files_form(tmp_path, qtype):
+@pytest.mark.parametrize("qtype, kind", [case for case in CASES if case[1] != "qwen2"])
+def test_each_matrix_and_the_embedding_keep_their_files_form(tmp_path, qtype, kind):
     """On the torch kernels the forms are the quantized weights themselves."""
-    engine = make_engine(write_gguf(tmp_path, "llama", qtype), kernels="torch")
+    engine = make_engine(write_gguf(tmp_path, kind, qtype), kernels="torch")
     forms = engine.model.forms
     matrices = [name for name in forms if name.endswith(("proj.weight", "embed_tokens.weight", "lm_head.weight"))]
     assert len(matrices) == 2 + 2 * 4

@@ -1,5 +1,5 @@
-"""GGUF's quantized blocks kept as they are: Q4_0 and Q4_1 as 4-bit weights (quant/int4.py), Q8_0
-as int8 in groups of 32 (quant/int8.py). Their weights are the gguf package's dequantized ones bit
+"""GGUF's quantized blocks kept as they are: Q4_0, Q4_1, Q4_K and Q6_K as 4-bit weights (quant/int4.py,
+Q6_K's with their top two bits beside), Q8_0 as int8 in groups of 32 (quant/int8.py). Their weights are the gguf package's dequantized ones bit
 for bit, and every kernel set (each native set this CPU runs, and the torch twin) multiplies by
 them as the float product of those weights does, in float32 to float32 rounding (only the order
 of sums differs), in bfloat16 to a bfloat16 step of each row's largest value."""
@@ -14,26 +14,34 @@ from mcpd.kernels.torch_kernels import TorchKernels
 from mcpd.models import gguf_blocks
 from mcpd.quant import int4, int8
 from mcpd.quant.int4 import Int4Weight
-from mcpd.quant.int4_layout import MINS_SUFFIX, SCALES_SUFFIX
+from mcpd.quant.int4_layout import HIGHS_SUFFIX, MINS_SUFFIX, SCALES_SUFFIX, SUPERS_SUFFIX
 from mcpd.quant.int8 import Int8Weight
 from mcpd.quant.int8_layout import SCALE_SUFFIX
+from k_quants import QUANTIZERS
 from kernel_sets import NATIVE_SETS
 
 KERNELS = {**{name: NativeKernels(name.removeprefix("native-")) for name in NATIVE_SETS}, "torch": TorchKernels()}
-TYPES = ("Q4_0", "Q4_1", "Q8_0")
+TYPES = ("Q4_0", "Q4_1", "Q4_K", "Q6_K", "Q8_0")
+COLUMNS = {"Q4_K": 512, "Q6_K": 512}   # inputs of the test matrices: two super-blocks of 256; the others 96, three blocks
 
 
-def gguf_weights(rows: int, columns: int, qtype: str, seed: int = 0) -> tuple[object, torch.Tensor]:
+def gguf_weights(rows: int, qtype: str, seed: int = 0) -> tuple[object, torch.Tensor]:
     """(the form a GGUF's `qtype` tensor of random weights is kept in, the gguf package's
-    dequantized weights float32 [rows, columns])."""
+    dequantized weights float32 [rows, COLUMNS])."""
+    columns = COLUMNS.get(qtype, 96)
     weights = np.random.default_rng(seed).standard_normal((rows, columns)).astype(np.float32)
     kind = gguf.GGMLQuantizationType[qtype]
-    raw = gguf.quants.quantize(weights, kind)
-    pieces = {suffix: torch.from_numpy(array) for suffix, array in gguf_blocks.pieces(raw, qtype, rows).items()}
-    expected = torch.from_numpy(gguf.quants.dequantize(raw, kind).reshape(rows, columns))
+    raw = QUANTIZERS[qtype](weights) if qtype in QUANTIZERS else gguf.quants.quantize(weights, kind)
+    return kept_form(raw, qtype, rows), torch.from_numpy(gguf.quants.dequantize(raw, kind).reshape(rows, columns))
+
+
+def kept_form(raw: np.ndarray, qtype: str, rows: int):
+    pieces = {suffix: torch.from_numpy(np.ascontiguousarray(array))
+              for suffix, array in gguf_blocks.pieces(raw, qtype, rows).items()}
     if qtype == "Q8_0":
-        return Int8Weight(pieces[""], pieces[SCALE_SUFFIX]), expected
-    return Int4Weight(pieces[""], pieces[SCALES_SUFFIX], pieces.get(MINS_SUFFIX)), expected
+        return Int8Weight(pieces[""], pieces[SCALE_SUFFIX])
+    return Int4Weight(pieces[""], pieces[SCALES_SUFFIX], pieces.get(MINS_SUFFIX), pieces.get(SUPERS_SUFFIX),
+                      pieces.get(HIGHS_SUFFIX))
 
 
 def dequantized(weight) -> torch.Tensor:
@@ -42,8 +50,28 @@ def dequantized(weight) -> torch.Tensor:
 
 @pytest.mark.parametrize("qtype", TYPES)
 def test_the_kept_weights_are_the_gguf_packages_dequantized_ones(qtype):
-    weight, expected = gguf_weights(40, 96, qtype)
+    weight, expected = gguf_weights(40, qtype)
     assert torch.equal(dequantized(weight), expected)
+
+
+# (bytes a super-block, where its float16s lie): Q4_K's d and dmin first, Q6_K's d last
+SUPER_BLOCKS = {"Q4_K": (144, slice(0, 4)), "Q6_K": (210, slice(208, 210))}
+
+
+@pytest.mark.parametrize("qtype", SUPER_BLOCKS)
+@pytest.mark.parametrize("kernels", KERNELS)
+def test_any_k_quant_bytes_are_kept_as_the_gguf_packages_dequantized_ones(kernels, qtype):
+    """Every scale, min and top-bit pattern, not only those a quantizer writes: random bytes with
+    finite float16s, on the torch twin and through each native set's rows."""
+    rows, supers, (size, halves) = 40, 4, SUPER_BLOCKS[qtype]
+    rng = np.random.default_rng(1)
+    raw = rng.integers(0, 256, (rows, supers, size), dtype=np.uint8)
+    raw[:, :, halves] = rng.standard_normal((rows, supers, (halves.stop - halves.start) // 2)).astype(np.float16).view(np.uint8)
+    raw = raw.reshape(rows, -1)
+    expected = torch.from_numpy(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[qtype]).reshape(rows, -1))
+    k = KERNELS[kernels]
+    ids = torch.arange(rows)
+    assert torch.equal(k.embedding(ids, k.prepare(kept_form(raw, qtype, rows)), torch.float32), expected)
 
 
 def test_a_q8_0_block_of_negative_or_zero_scale_keeps_its_weights_with_a_positive_one():
@@ -67,9 +95,9 @@ def test_a_q8_0_block_of_negative_or_zero_scale_keeps_its_weights_with_a_positiv
 @pytest.mark.parametrize("qtype", TYPES)
 @pytest.mark.parametrize("kernels", KERNELS)
 def test_products_are_the_dequantized_weights_float_product(kernels, qtype, dtype, rows):
-    """40 outputs: two panels and a short one (padding rows); 96 inputs: three blocks."""
-    weight, expected_weights = gguf_weights(40, 96, qtype, seed=rows)
-    x = torch.randn(rows, 96, generator=torch.Generator().manual_seed(rows)).to(dtype)
+    """40 outputs: two panels and a short one (padding rows)."""
+    weight, expected_weights = gguf_weights(40, qtype, seed=rows)
+    x = torch.randn(rows, expected_weights.shape[1], generator=torch.Generator().manual_seed(rows)).to(dtype)
     bias = torch.randn(40, generator=torch.Generator().manual_seed(7)).to(dtype)
     k = KERNELS[kernels]
     y = k.linear(x, k.prepare(weight), bias)
@@ -83,7 +111,7 @@ def test_products_are_the_dequantized_weights_float_product(kernels, qtype, dtyp
 @pytest.mark.parametrize("qtype", TYPES)
 @pytest.mark.parametrize("kernels", KERNELS)
 def test_embedding_rows_of_a_kept_table_are_its_dequantized_rows(kernels, qtype, dtype):
-    weight, expected = gguf_weights(40, 96, qtype)
+    weight, expected = gguf_weights(40, qtype)
     ids = torch.tensor([0, 39, 17, 16, 15, 17])
     k = KERNELS[kernels]
     assert torch.equal(k.embedding(ids, k.prepare(weight), dtype), expected[ids].to(dtype))
@@ -92,7 +120,7 @@ def test_embedding_rows_of_a_kept_table_are_its_dequantized_rows(kernels, qtype,
 @pytest.mark.parametrize("qtype", TYPES)
 def test_a_meta_weight_is_prepared_as_a_real_one(qtype):
     """The device pool lays prepared weights out from meta tensors, before reading any."""
-    weight, _ = gguf_weights(40, 96, qtype)
+    weight, _ = gguf_weights(40, qtype)
     meta = rebuilt(weight, {f: torch.empty(t.shape, dtype=t.dtype, device="meta") for f, t in tensors_of(weight).items()})
     for k in KERNELS.values():
         real, laid_out = k.prepare(weight), k.prepare(meta)

@@ -82,6 +82,10 @@ _ARCHITECTURES |= {
                                     "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}}),
 }
 VARIANTS = tuple(kind for kind in _ARCHITECTURES if kind not in KINDS)
+# Neither a kind nor a variant: every matrix's inputs a multiple of 256, for GGUF's k-quant
+# super-blocks (tests/tiny_gguf.py).
+_ARCHITECTURES["llama_wide"] = (transformers.LlamaConfig, transformers.LlamaForCausalLM,
+                                {"hidden_size": 256, "intermediate_size": 512, "head_dim": 64})
 
 
 def tokenizer_json(chatml: bool = False) -> Tokenizer:

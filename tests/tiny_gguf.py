@@ -12,9 +12,10 @@ import gguf
 import numpy as np
 from safetensors.numpy import load_file
 
+from k_quants import QUANTIZERS
 from tiny_checkpoints import CHAT_TEMPLATE, hf_config, make_checkpoint, tokenizer_json
 
-ARCH = {"llama": "llama", "qwen2": "qwen2", "mistral": "llama"}
+ARCH = {"llama": "llama", "qwen2": "qwen2", "mistral": "llama", "llama_wide": "llama"}
 LAYER_NAMES = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
                "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
                "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
@@ -39,7 +40,7 @@ def permute(weights: np.ndarray, heads: int) -> np.ndarray:
 
 def write_gguf(directory: Path, kind: str, qtype: str = "F32", pre: str = "default", seed: int = 0,
                sentencepiece: bool = False, rope_freqs: np.ndarray | None = None, arch: str | None = None) -> Path:
-    """A GGUF of a random `kind` model (llama, qwen2, mistral), its matrices in type `qtype`
+    """A GGUF of a random `kind` model (llama, qwen2, mistral; llama_wide for Q4_K and Q6_K), its matrices in type `qtype`
     (norms and biases stay F32, as llama.cpp keeps them). Returns the file's path; the
     checkpoint it was made from is in directory / "hf". rope_freqs: Llama 3.1's divisors, as
     llama.cpp's converter stores them; arch: another general.architecture to claim."""
@@ -86,6 +87,8 @@ def add_tensor(writer: gguf.GGUFWriter, name: str, weights: np.ndarray, qtype: s
         writer.add_tensor(name, weights.astype(np.float32))
     elif qtype == "F16":
         writer.add_tensor(name, weights.astype(np.float16))
+    elif qtype in QUANTIZERS:   # what the gguf package cannot quantize
+        writer.add_tensor(name, QUANTIZERS[qtype](weights), raw_dtype=kind)
     else:
         writer.add_tensor(name, gguf.quants.quantize(weights.astype(np.float32), kind), raw_dtype=kind)
 

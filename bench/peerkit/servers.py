@@ -89,28 +89,34 @@ def log_path(cache_dir: Path, name: str) -> Path:
 
 def setup(cache_dir: Path) -> None:
     """Everything the peers need, each step skipped when already done; one failing peer does not
-    stop the other. Long and CPU-heavy: runs niced."""
+    stop the other, but the set-up then exits non-zero naming what failed. Never a fallback: a
+    checkpoint without the Llama-2 vocab (what the peers' GGUF needs) stops it. Long and
+    CPU-heavy: runs niced."""
     os.nice(19)
     install_bench_extra(cache_dir)
     fetch_sdist(cache_dir)
+    failed = []
     for peer in PEERS:
         try:
             install(cache_dir, peer)
             print(f"{peer}: installed in {venv_dir(cache_dir, peer)}")
         except RuntimeError as e:
             print(f"{peer}: install failed: {e}")
+            failed.append(peer)
     for dtype in ("float32", "bfloat16"):
         directory, source = checkpoints.checkpoint(cache_dir, dtype_of(dtype))
+        if "llama2" not in directory.name:
+            raise SystemExit(f"set-up failed: checkpoint {directory} has the {source}")
         print(f"checkpoint {directory} ({source})")
-        try:
-            print(f"GGUF {gguf_for(cache_dir, directory, dtype)}")
-        except RuntimeError as e:
-            print(f"GGUF for {dtype}: {e}")
+        print(f"GGUF {gguf_for(cache_dir, directory, dtype)}")
+    if failed:
+        raise SystemExit(f"set-up incomplete: {', '.join(failed)} did not install (see {cache_dir / 'logs'})")
 
 
 def install_bench_extra(cache_dir: Path) -> None:
-    """mcpd's own `bench` extra, into this interpreter (llama.cpp's converter needs sentencepiece):
-    without it the checkpoint builder would fall back to the byte-level vocab."""
+    """mcpd with its `bench` extra, into this interpreter (the gguf package reads the Llama-2
+    vocab file, llama.cpp's converter needs sentencepiece): the checkpoint builder cannot read
+    the vocab without them."""
     cache_dir.mkdir(parents=True, exist_ok=True)
     repo = Path(__file__).resolve().parents[2]
     run_logged([sys.executable, "-m", "pip", "install", "-q", "-e", f"{repo}[bench]"], cache_dir / "setup.log")
@@ -198,12 +204,19 @@ def copy_vocab_scores(gguf_path: Path, vocab_file: Path) -> None:
 
 # -- why a peer cannot run ------------------------------------------------------------------------
 
-def missing_reason(cache_dir: Path, peer: str, checkpoint_dir: Path, dtype: str) -> str | None:
+def not_installed(cache_dir: Path, peer: str) -> str | None:
+    """Why peer is not installed; None where it is."""
     venv = venv_dir(cache_dir, peer)
-    if not (venv / ".bench-installed").exists():
-        log = log_path(cache_dir, f"{INSTALLS[peer][0]}-install")
-        why = f"install failed, see {log}" if log.exists() else "not installed"
-        return f"{why} (bench/peers.py --setup installs it into {venv})"
+    if (venv / ".bench-installed").exists():
+        return None
+    log = log_path(cache_dir, f"{INSTALLS[peer][0]}-install")
+    why = f"install failed, see {log}" if log.exists() else "not installed"
+    return f"{why} (bench/peers.py --setup installs it into {venv})"
+
+
+def missing_reason(cache_dir: Path, peer: str, checkpoint_dir: Path, dtype: str) -> str | None:
+    if reason := not_installed(cache_dir, peer):
+        return reason
     if peer == "llama.cpp":
         try:
             gguf_for(cache_dir, checkpoint_dir, dtype)
@@ -311,9 +324,23 @@ def vllm_server(cache_dir: Path, checkpoint_dir: Path, dtype: str) -> HttpServer
 
 
 def llama_cpp_server(cache_dir: Path, checkpoint_dir: Path, dtype: str) -> HttpServer:
+    return llama_cpp_serving(cache_dir, gguf_for(cache_dir, checkpoint_dir, dtype))
+
+
+# llama-cpp-python's server with the model parameter use_extra_bufts off (it has no option for
+# it): no AMX or repacked weight buffers, for a machine whose -march=native build traps on AMX.
+PLAIN_BUFFERS = ("import runpy, llama_cpp.llama_cpp as low; default = low.llama_model_default_params\n"
+                 "def plain():\n    params = default(); params.use_extra_bufts = False; return params\n"
+                 "low.llama_model_default_params = plain\n"
+                 "runpy.run_module('llama_cpp.server', run_name='__main__')")
+
+
+def llama_cpp_serving(cache_dir: Path, model: Path, extra_bufts: bool = True) -> HttpServer:
+    """llama.cpp's server on the GGUF file model; extra_bufts False: PLAIN_BUFFERS."""
     venv = venv_dir(cache_dir, "llama.cpp")
     threads = str(len(cores()))   # its default is half the cores
-    command = [str(venv / "bin/python"), "-m", "llama_cpp.server", "--model", str(gguf_for(cache_dir, checkpoint_dir, dtype)),
+    launch = ["-m", "llama_cpp.server"] if extra_bufts else ["-c", PLAIN_BUFFERS]
+    command = [str(venv / "bin/python"), *launch, "--model", str(model),
                "--model_alias", MODEL_NAME, "--host", "127.0.0.1", "--port", str(free_port()),
                "--n_ctx", str(MAX_MODEL_LEN), "--n_threads", threads, "--n_threads_batch", threads,
                "--cache", "true", "--cache_size", str(LLAMA_CACHE_BYTES)]

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 import torch
 
-from mcpd.quant import int8
+from mcpd.quant import int4_layout, int8
 from mcpd.quant.int4 import Int4Weight
-from mcpd.quant.int4_layout import MINS_SUFFIX, SCALES_SUFFIX
+from mcpd.quant.int4_layout import HIGHS_SUFFIX, MINS_SUFFIX, SCALES_SUFFIX, SUPERS_SUFFIX
 from mcpd.quant.int8 import Int8Weight
 
 Form = object   # a torch.Tensor, or a dataclass whose tensor fields hold the data (kernels.Packed)
@@ -52,7 +52,7 @@ class KernelForms:
         holds one prepared copy at most. meta: the forms' shapes and dtypes only, computed on
         the meta device (a layout, known before any weight is read). An int8 matrix is prepared
         with its scales (int8.py: the parameter "<name>_scale" beside it), a 4-bit one with its
-        scales and mins (int4.py). Their own forms are the same tensors where the matrix's form
+        scales, mins, supers and highs (int4.py). Their own forms are the same tensors where the matrix's form
         holds them (the torch kernels': laid_out places them once), else empty (the native
         kernels copy them into panels): held twice, a Q8_0 file's scales would add a tenth to its size."""
         params, memo, in_matrices = dict(self.named_parameters()), {}, set()
@@ -64,7 +64,7 @@ class KernelForms:
             return memo[name]
 
         for name, param in params.items():
-            if name.endswith((int8.SCALE_SUFFIX, SCALES_SUFFIX, MINS_SUFFIX)):   # after their matrix's
+            if name.endswith((int8.SCALE_SUFFIX, *int4_layout.SUFFIXES)):   # after their matrix's
                 yield name, held(name) if id(held(name)) in in_matrices else held(name).new_empty(0)
             elif not self.prepared(name, param):
                 yield name, held(name)
@@ -89,12 +89,13 @@ class KernelForms:
 
 def _matrix(params: dict[str, torch.Tensor], name: str, held) -> torch.Tensor | Int8Weight | Int4Weight:
     """Matrix parameter `name` as prepare() takes it, each tensor held(its name): the tensor, or
-    with its int8 scales, or with its 4-bit scales and mins."""
+    with its int8 scales, or with its 4-bit scales, mins, supers and highs."""
     if name + int8.SCALE_SUFFIX in params:
         return Int8Weight(held(name), held(name + int8.SCALE_SUFFIX))
     if name + SCALES_SUFFIX in params:
-        mins = held(name + MINS_SUFFIX) if name + MINS_SUFFIX in params else None
-        return Int4Weight(held(name), held(name + SCALES_SUFFIX), mins)
+        mins, supers, highs = (held(name + suffix) if name + suffix in params else None
+                               for suffix in (MINS_SUFFIX, SUPERS_SUFFIX, HIGHS_SUFFIX))
+        return Int4Weight(held(name), held(name + SCALES_SUFFIX), mins, supers, highs)
     return held(name)
 
 

@@ -23,7 +23,9 @@ Panels and tiles of each instruction set (a new weight format reuses them):
   weights     panels of 16 output rows (PANEL), the same bytes for every set (NativeKernels.form):
               float32 and int8 [n/16][k][16], bfloat16 [n/16][k/2][16][2], int8 scales
               [n/16][groups][16]; 4-bit bytes [n/16][k/32][16][16], their float16 scales and
-              mins [n/16][k/32][16] (mcpd_matrix). A panel's row of 16 is 1 vector (AVX-512)
+              mins [n/16][k/32][16] (Q4_K: uint8, and float16 supers [n/16][k/256][2][16];
+              Q6_K: int8 scales [n/16][k/16][16], highs [n/16][k/4][16], supers
+              [n/16][k/256][1][16]) (mcpd_matrix). A panel's row of 16 is 1 vector (AVX-512)
               or 2 (AVX2).
   AVX-512F    LANES 16, 32 zmm registers: product tile 8 rows x 2 panels (8x32, 16 accumulators);
               one row: 4 panels at once; prefill attention 8 query rows x 32 keys.
@@ -271,11 +273,14 @@ INLINE void tile_bf16(const bf16_x *x, int64_t rows, int64_t k, const bf16 *cons
 
 /* A weight matrix as the products read it (NativeKernels' Packed), of one of these kinds: panels
    of the model dtype; weight-only int8 (float32 scales, one per `group` columns); 4-bit (float16
-   scales d, and for Q4_1 mins m, one per Q4_BLOCK columns). */
-enum { PLAIN = 0, INT8 = 1, Q4_0 = 2, Q4_1 = 3 };
+   scales d, and for Q4_1 mins m, one per Q4_BLOCK columns; Q4_K: 6-bit scales and mins as
+   bytes, and supers, each Q4K_SUPER columns' float16 d and dmin; Q6_K: int8 scales of 16
+   columns, supers (d), and highs, each weight's top two bits). */
+enum { PLAIN = 0, INT8 = 1, Q4_0 = 2, Q4_1 = 3, Q4_K = 4, Q6_K = 5 };
 typedef struct {
     const void *panels, *scales, *mins;   /* scales and mins NULL where the kind has none */
     int64_t kind, group;
+    const void *supers, *highs;           /* Q4_K's and Q6_K's; NULL for the others */
 } mcpd_matrix;
 
 /* Weight-only int8 (mcpd/quant/int8.py): panels [n/16][k][16] of int8, and float32 scales
@@ -383,9 +388,16 @@ INLINE void tile_int8(int dtype, const void *x, int64_t rows, int64_t k, int64_t
 /* 4-bit weights (GGUF's Q4_0 and Q4_1: mcpd/quant/int4.py): panels [n/16][k/32][16][16] of
    bytes, byte [p][b][i][r] holding row 16p + r's columns 32b + i (low nibble) and 32b + 16 + i
    (high), the order a GGUF block keeps them in; float16 scales d and (Q4_1) mins m
-   [n/16][k/32][16]: w = d * q + m, Q4_0's m being -8 d. The file's own bytes a block. */
+   [n/16][k/32][16]: w = d * q + m, Q4_0's m being -8 d. The file's own bytes a block. Q4_K
+   (its nibbles put in this order at load): byte scales sc and mins mb [n/16][k/32][16], and
+   float16 supers [n/16][k/256][2][16] (D, Dmin): d = D * sc and m = -Dmin * mb, both exact.
+   Q6_K: the low nibbles so, highs [n/16][k/32][8][16] (byte [b][i][r]: row r's columns 32b + i,
+   + 8, + 16, + 24 at bits 0, 2, 4, 6), int8 scales [n/16][k/16][16] and supers D
+   [n/16][k/256][1][16]: w = (D * scale) * (q - 32), each half block (16 columns) its own scale. */
 #define Q4_BLOCK 32
 #define Q4_HALF (Q4_BLOCK / 2)
+#define Q4K_SUPER 256
+#define Q6_HIGH_BYTES 8   /* a block's highs, per row */
 
 /* LANES float16 as float32 (F16C; AVX-512F has it too). */
 static inline f32v load_f16(const uint16_t *p) {
@@ -400,6 +412,46 @@ static inline f32v load_f16(const uint16_t *p) {
     for (int i = 0; i < LANES; i++) v[i] = (float)((const _Float16 *)p)[i];
 #endif
     return v;
+}
+
+/* LANES bytes widened to int32 (one instruction; GCC's generic conversion goes scalar). */
+static inline i32v widen_u8(const uint8_t *p) {
+    i32v v;
+#ifdef __AVX512F__
+    __m512i w = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
+    memcpy(&v, &w, sizeof v);
+#elif defined(__AVX2__)
+    __m256i w = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+    memcpy(&v, &w, sizeof v);
+#else
+    for (int i = 0; i < LANES; i++) v[i] = p[i];
+#endif
+    return v;
+}
+
+/* LANES bytes as float32. */
+static inline f32v load_u8(const uint8_t *p) { return __builtin_convertvector(widen_u8(p), f32v); }
+
+/* Block b's scales (of its low and high halves: the same but for Q6_K) and mins of lanes h of a
+   panel (d, m, s: its scales, mins and supers). */
+INLINE void q4_scale_min(int kind, const void *d, const void *m, const uint16_t *s, int64_t b, int h,
+                         f32v *scale, f32v *scale_hi, f32v *min) {
+    int64_t at = b * PANEL + h * LANES;
+    if (kind == Q6_K) {   /* two scales a block: [2b] and [2b + 1] */
+        f32v super = load_f16(s + b / (Q4K_SUPER / Q4_BLOCK) * PANEL + h * LANES);
+        const int8_t *halves = (const int8_t *)d + 2 * b * PANEL + h * LANES;
+        *scale = super * load_int8(halves), *scale_hi = super * load_int8(halves + PANEL), *min = splat(0);
+        return;
+    }
+    if (kind == Q4_K) {
+        const uint16_t *super = s + b / (Q4K_SUPER / Q4_BLOCK) * 2 * PANEL + h * LANES;
+        *scale = load_f16(super) * load_u8((const uint8_t *)d + at);
+        *min = -(load_f16(super + PANEL) * load_u8((const uint8_t *)m + at));
+    } else {
+        *scale = load_f16((const uint16_t *)d + at);
+        *min = kind == Q4_1 ? load_f16((const uint16_t *)m + at) : *scale * -8.0f;
+    }
+    *scale_hi = *scale;
 }
 
 /* LANES bytes' low and high nibbles as float32. */
@@ -419,12 +471,32 @@ static inline void load_nibbles(const uint8_t *p, f32v *lo, f32v *hi) {
 #endif
 }
 
+/* LANES bytes' nibbles with their top two bits (bits shift, shift + 1 of highs for the low
+   nibbles, shift + 4, shift + 5 for the high ones), less 32, as float32: put together as
+   integers, one conversion each. */
+static inline void load_six_bits(const uint8_t *p, const uint8_t *highs, int shift, f32v *lo, f32v *hi) {
+    i32v b = widen_u8(p), top = widen_u8(highs) >> shift;
+    *lo = __builtin_convertvector(((b & 15) | ((top & 3) << 4)) - 32, f32v);
+    *hi = __builtin_convertvector(((b >> 4) | (((top >> 4) & 3) << 4)) - 32, f32v);
+}
+
+/* Row i (< Q4_HALF) of block b's low and high halves, lanes h, as float32 q: the nibbles, for
+   Q6_K with their top two bits (from hb, its highs) and less 32. */
+INLINE void q4_values(int kind, const uint8_t *p, const void *hb, int64_t b, int i, int h, f32v *lo, f32v *hi) {
+    const uint8_t *at = p + (b * Q4_HALF + i) * PANEL + h * LANES;
+    if (kind == Q6_K)
+        load_six_bits(at, (const uint8_t *)hb + (b * Q6_HIGH_BYTES + i % 8) * PANEL + h * LANES, 2 * (i / 8), lo, hi);
+    else
+        load_nibbles(at, lo, hi);
+}
+
 /* One row: each block's sum of x * q per panel (two chains: the low and the high nibbles), scaled
    once by d, plus m times the block's sum of x: a multiply-add a block rather than converting
    every weight, as row_int8 scales its groups' sums; and as there, the next strip's panels are
    fetched into L2 while this one runs. The same product as tile_int4's, rounded at other places. */
-INLINE void row_int4(int dtype, int has_min, const void *x, int64_t k, const uint8_t *const p[TILE_PANELS],
-                     const uint16_t *const d[TILE_PANELS], const uint16_t *const m[TILE_PANELS], tile_sums a) {
+INLINE void row_int4(int dtype, int kind, const void *x, int64_t k, const uint8_t *const p[TILE_PANELS],
+                     const void *const d[TILE_PANELS], const void *const m[TILE_PANELS],
+                     const uint16_t *const s[TILE_PANELS], tile_sums a) {
     const uint8_t *next = p[0] + TILE_PANELS * k / 2 * PANEL;
     for (int j = 0; j < TILE_PANELS; j++)
         for (int h = 0; h < VPP; h++) a[j][0][h] = splat(0);
@@ -439,15 +511,16 @@ INLINE void row_int4(int dtype, int has_min, const void *x, int64_t k, const uin
             for (int j = 0; j < TILE_PANELS; j++)
                 for (int h = 0; h < VPP; h++) {
                     f32v lo, hi;
-                    load_nibbles(p[j] + (b * Q4_HALF + i) * PANEL + h * LANES, &lo, &hi);
+                    q4_values(kind, p[j], m[j], b, i, h, &lo, &hi);
                     lo_sum[j][h] += x0 * lo, hi_sum[j][h] += x1 * hi;
                 }
         }
         for (int j = 0; j < TILE_PANELS; j++)
             for (int h = 0; h < VPP; h++) {
-                f32v scale = load_f16(d[j] + b * PANEL + h * LANES);
-                f32v min = has_min ? load_f16(m[j] + b * PANEL + h * LANES) : scale * -8.0f;
-                a[j][0][h] += (lo_sum[j][h] + hi_sum[j][h]) * scale + x_sum * min;
+                f32v scale, scale_hi, min;
+                q4_scale_min(kind, d[j], m[j], s[j], b, h, &scale, &scale_hi, &min);
+                a[j][0][h] += kind == Q6_K ? lo_sum[j][h] * scale + hi_sum[j][h] * scale_hi
+                                           : (lo_sum[j][h] + hi_sum[j][h]) * scale + x_sum * min;
             }
     }
 }
@@ -456,11 +529,11 @@ INLINE void row_int4(int dtype, int has_min, const void *x, int64_t k, const uin
    weights int4.dequantize gives, bit for bit: d * q is exact) into a block panel in L1, then
    multiply-added as float32 ones in column order. Dequantizing in registers beside the sums
    spilled on AVX2 (6 x 2 sums, and scales, mins, low and high nibbles: over 16 registers). */
-INLINE void tile_int4(int dtype, int has_min, const void *x, int64_t rows, int64_t k,
-                      const uint8_t *const p[TILE_PANELS], const uint16_t *const d[TILE_PANELS],
-                      const uint16_t *const m[TILE_PANELS], tile_sums a) {
+INLINE void tile_int4(int dtype, int kind, const void *x, int64_t rows, int64_t k,
+                      const uint8_t *const p[TILE_PANELS], const void *const d[TILE_PANELS],
+                      const void *const m[TILE_PANELS], const uint16_t *const s[TILE_PANELS], tile_sums a) {
     if (rows == 1) {
-        row_int4(dtype, has_min, x, k, p, d, m, a);
+        row_int4(dtype, kind, x, k, p, d, m, s, a);
         return;
     }
     zero_tile(a);
@@ -468,13 +541,13 @@ INLINE void tile_int4(int dtype, int has_min, const void *x, int64_t rows, int64
         float w[TILE_PANELS][Q4_BLOCK][PANEL];
         for (int j = 0; j < TILE_PANELS; j++)
             for (int h = 0; h < VPP; h++) {
-                f32v scale = load_f16(d[j] + b * PANEL + h * LANES);
-                f32v min = has_min ? load_f16(m[j] + b * PANEL + h * LANES) : scale * -8.0f;
+                f32v scale, scale_hi, min;
+                q4_scale_min(kind, d[j], m[j], s[j], b, h, &scale, &scale_hi, &min);
                 for (int i = 0; i < Q4_HALF; i++) {
                     f32v lo, hi;
-                    load_nibbles(p[j] + (b * Q4_HALF + i) * PANEL + h * LANES, &lo, &hi);
+                    q4_values(kind, p[j], m[j], b, i, h, &lo, &hi);
                     store_f32(w[j][i] + h * LANES, lo * scale + min);
-                    store_f32(w[j][Q4_HALF + i] + h * LANES, hi * scale + min);
+                    store_f32(w[j][Q4_HALF + i] + h * LANES, hi * scale_hi + min);
                 }
             }
         for (int i = 0; i < Q4_BLOCK; i++) {
@@ -548,25 +621,27 @@ INLINE void tile_int8_groups(int dtype, const void *x, int64_t rows, int64_t k, 
 #undef INT8
 }
 
-INLINE void tile_int4_kinds(int dtype, int has_min, const void *x, int64_t rows, int64_t k,
+INLINE void tile_int4_kinds(int dtype, int kind, const void *x, int64_t rows, int64_t k,
                               const void *const p[TILE_PANELS], const void *const c[TILE_PANELS],
-                              const void *const mn[TILE_PANELS], tile_sums a) {
-#define INT4(D, M, R) tile_int4(D, M, x, R, k, (const uint8_t *const *)p, (const uint16_t *const *)c, \
-                                (const uint16_t *const *)mn, a)
-#define TILE(R) (dtype == F32 ? (has_min ? INT4(F32, 1, R) : INT4(F32, 0, R)) \
-                              : (has_min ? INT4(BF16, 1, R) : INT4(BF16, 0, R)))
+                              const void *const mn[TILE_PANELS], const void *const s[TILE_PANELS], tile_sums a) {
+#define INT4(D, K, R) tile_int4(D, K, x, R, k, (const uint8_t *const *)p, c, mn, (const uint16_t *const *)s, a)
+#define BY_KIND(D, R) (kind == Q6_K ? INT4(D, Q6_K, R) : kind == Q4_K ? INT4(D, Q4_K, R) \
+                       : kind == Q4_1 ? INT4(D, Q4_1, R) : INT4(D, Q4_0, R))
+#define TILE(R) (dtype == F32 ? BY_KIND(F32, R) : BY_KIND(BF16, R))
     BY_ROWS(TILE);
 #undef TILE
+#undef BY_KIND
 #undef INT4
 }
 
-/* p, c, mn: each panel's weights, scales and mins (w's kind says which there are). */
+/* p, c, mn, s: each panel's weights, scales, mins (Q6_K: highs) and supers (w's kind says which
+   there are). */
 INLINE void tile(int dtype, const void *x, int64_t rows, int64_t k, const mcpd_matrix *w,
                  const void *const p[TILE_PANELS], const void *const c[TILE_PANELS], const void *const mn[TILE_PANELS],
-                 tile_sums a) {
+                 const void *const s[TILE_PANELS], tile_sums a) {
     if (w->kind == PLAIN) tile_plain(dtype, x, rows, k, p, a);
     else if (w->kind == INT8) tile_int8_groups(dtype, x, rows, k, w->group, p, c, a);
-    else tile_int4_kinds(dtype, w->kind == Q4_1, x, rows, k, p, c, mn, a);
+    else tile_int4_kinds(dtype, w->kind, x, rows, k, p, c, mn, s, a);
 }
 
 /* One row of x (a decode step's product) by ROW_PANELS panels at once. Each output's sum is the
@@ -650,12 +725,15 @@ static void linear_row(int dtype, const void *x, int64_t k, const void *packed, 
     }
 }
 
-/* Bytes of one panel of w's weights, scales and mins (a missing kind: 0). */
-static void panel_bytes(int dtype, const mcpd_matrix *w, int64_t k, int64_t bytes[3]) {
-    int64_t blocks = k / Q4_BLOCK;
+/* Bytes of one panel of w's weights, scales, mins (Q6_K: highs) and supers (a missing kind: 0). */
+static void panel_bytes(int dtype, const mcpd_matrix *w, int64_t k, int64_t bytes[4]) {
+    int64_t blocks = k / Q4_BLOCK, scale_size = w->kind == Q4_K ? 1 : 2;
     bytes[0] = w->kind == PLAIN ? k * PANEL * (dtype == F32 ? 4 : 2) : w->kind == INT8 ? k * PANEL : k / 2 * PANEL;
-    bytes[1] = w->kind == PLAIN ? 0 : w->kind == INT8 ? (k + w->group - 1) / w->group * PANEL * 4 : blocks * PANEL * 2;
-    bytes[2] = w->kind == Q4_1 ? blocks * PANEL * 2 : 0;
+    bytes[1] = w->kind == PLAIN ? 0 : w->kind == INT8 ? (k + w->group - 1) / w->group * PANEL * 4
+             : blocks * PANEL * scale_size;   /* Q6_K: two int8 a block */
+    bytes[2] = w->kind == Q4_1 || w->kind == Q4_K ? blocks * PANEL * scale_size
+             : w->kind == Q6_K ? blocks * Q6_HIGH_BYTES * PANEL : 0;
+    bytes[3] = w->kind == Q4_K || w->kind == Q6_K ? k / Q4K_SUPER * (w->kind == Q4_K ? 2 : 1) * PANEL * 2 : 0;
 }
 
 /* x: [m, k] of dtype, w: a matrix of [n, k] packed as above, bias: [n] or NULL; y: [m, n] of
@@ -664,7 +742,7 @@ static void panel_bytes(int dtype, const mcpd_matrix *w, int64_t k, int64_t byte
 static void linear(int dtype, const void *x, int64_t m, int64_t k, const mcpd_matrix *w, const void *bias,
                    int64_t n, void *y, int y_f32) {
     size_t size = dtype == F32 ? 4 : 2;
-    int64_t panels = (n + PANEL - 1) / PANEL, strips = (panels + TILE_PANELS - 1) / TILE_PANELS, bytes[3];
+    int64_t panels = (n + PANEL - 1) / PANEL, strips = (panels + TILE_PANELS - 1) / TILE_PANELS, bytes[4];
     panel_bytes(dtype, w, k, bytes);
     if (m == 1 && w->kind == PLAIN && (dtype == F32 || ROW_BF16)) return linear_row(dtype, x, k, w->panels, bias, n, y, y_f32);
     size_t x_size = size;
@@ -677,17 +755,18 @@ static void linear(int dtype, const void *x, int64_t m, int64_t k, const mcpd_ma
     #pragma omp parallel for schedule(dynamic, 8 / TILE_PANELS) if (strips > 1 && n * k * m >= 32768)
     for (int64_t strip = 0; strip < strips; strip++) {
         int64_t first = strip * TILE_PANELS, count = panels - first < TILE_PANELS ? panels - first : TILE_PANELS;
-        const void *p[TILE_PANELS], *c[TILE_PANELS], *mn[TILE_PANELS];
+        const void *p[TILE_PANELS], *c[TILE_PANELS], *mn[TILE_PANELS], *s[TILE_PANELS];
         for (int j = 0; j < TILE_PANELS; j++) {   /* a missing panel: the first again, its sums dropped */
             int64_t panel = first + (j < count ? j : 0);
             p[j] = (const char *)w->panels + panel * bytes[0];
             c[j] = bytes[1] ? (const char *)w->scales + panel * bytes[1] : NULL;
-            mn[j] = bytes[2] ? (const char *)w->mins + panel * bytes[2] : NULL;
+            mn[j] = bytes[2] ? (const char *)(w->kind == Q6_K ? w->highs : w->mins) + panel * bytes[2] : NULL;
+            s[j] = bytes[3] ? (const char *)w->supers + panel * bytes[3] : NULL;
         }
         for (int64_t row = 0; row < m; row += TILE_ROWS) {
             int64_t rows = m - row < TILE_ROWS ? m - row : TILE_ROWS;
             tile_sums a;
-            tile(dtype, (const char *)x + row * k * x_size, rows, k, w, p, c, mn, a);
+            tile(dtype, (const char *)x + row * k * x_size, rows, k, w, p, c, mn, s, a);
             for (int64_t j = 0; j < count; j++)
                 store_tile(dtype, y_f32, y, n, row, rows, (first + j) * PANEL, a[j], bias);
         }
@@ -702,12 +781,25 @@ void mcpd_linear(int dtype, const void *x, int64_t m, int64_t k, const mcpd_matr
 
 /* Weight i of row `row` of w [n, k], as float32 (the dequantized weight of a quantized one). */
 static float weight_at(int dtype, const mcpd_matrix *w, int64_t k, int64_t row, int64_t i) {
-    int64_t panel = row / PANEL, j = row % PANEL, bytes[3];
+    int64_t panel = row / PANEL, j = row % PANEL, bytes[4];
     panel_bytes(dtype, w, k, bytes);
-    if (w->kind == Q4_0 || w->kind == Q4_1) {   /* [panel][i / 32][i % 16][j], the high nibble for i % 32 >= 16 */
-        int64_t b = i / Q4_BLOCK, at = panel * bytes[1] / 2 + b * PANEL + j;
+    if (w->kind >= Q4_0) {   /* [panel][i / 32][i % 16][j], the high nibble for i % 32 >= 16 */
+        int64_t b = i / Q4_BLOCK, at = panel * PANEL * (k / Q4_BLOCK) + b * PANEL + j;
         uint8_t both = ((const uint8_t *)w->panels)[panel * bytes[0] + (b * Q4_HALF + i % Q4_HALF) * PANEL + j];
-        float q = i % Q4_BLOCK < Q4_HALF ? both & 15 : both >> 4, d = (float)((const _Float16 *)w->scales)[at];
+        float q = i % Q4_BLOCK < Q4_HALF ? both & 15 : both >> 4;
+        if (w->kind == Q6_K) {
+            int64_t c = i % Q4_BLOCK;
+            uint8_t high = ((const uint8_t *)w->highs)[panel * bytes[2] + (b * Q6_HIGH_BYTES + c % 8) * PANEL + j];
+            float d = (float)((const _Float16 *)w->supers)[panel * bytes[3] / 2 + i / Q4K_SUPER * PANEL + j];
+            float scale = d * ((const int8_t *)w->scales)[panel * bytes[1] + i / 16 * PANEL + j];
+            return (q + ((high >> (2 * (c / 8))) & 3) * 16.0f - 32.0f) * scale;
+        }
+        if (w->kind == Q4_K) {
+            const _Float16 *super = (const _Float16 *)w->supers + panel * bytes[3] / 2 + i / Q4K_SUPER * 2 * PANEL + j;
+            return q * ((float)super[0] * ((const uint8_t *)w->scales)[at])
+                   - (float)super[PANEL] * ((const uint8_t *)w->mins)[at];
+        }
+        float d = (float)((const _Float16 *)w->scales)[at];
         return q * d + (w->kind == Q4_1 ? (float)((const _Float16 *)w->mins)[at] : d * -8.0f);
     }
     if (w->kind == INT8)

@@ -56,10 +56,12 @@ _RESTYPES = {"mcpd_rows": ctypes.c_int, "mcpd_max_threads": ctypes.c_int, "mcpd_
 
 class Matrix(ctypes.Structure):
     """kernels.c's mcpd_matrix: a packed weight matrix's panels, and its scales and mins where
-    its kind (PLAIN, INT8: in groups of `group` columns, Q4_0, Q4_1) has them."""
-    _fields_ = [("panels", _P), ("scales", _P), ("mins", _P), ("kind", _I), ("group", _I)]
+    its kind (PLAIN, INT8: in groups of `group` columns, Q4_0, Q4_1, Q4_K: with supers, Q6_K:
+    with supers and highs) has them."""
+    _fields_ = [("panels", _P), ("scales", _P), ("mins", _P), ("kind", _I), ("group", _I), ("supers", _P),
+                ("highs", _P)]
 
-    PLAIN, INT8, Q4_0, Q4_1 = range(4)
+    PLAIN, INT8, Q4_0, Q4_1, Q4_K, Q6_K = range(6)
 
 
 def address(tensor) -> int | None:

@@ -30,12 +30,16 @@ class Packed:
     bfloat16 [n/16, k/2, 16, 2] (n padded with zero rows to a multiple of 16); an int8 one has
     its scales in panels too, float32 [n/16, groups(k), 16] (padding rows' scales 1); a 4-bit
     one is bytes [n/16, k/32, 16, 16] (int4.py's bytes of a block, each for 16 rows), its
-    scales and (Q4_1) mins float16 [n/16, k/32, 16]."""
+    scales and (Q4_1) mins float16 [n/16, k/32, 16] (Q4_K: uint8, and supers float16
+    [n/16, k/256, 2, 16]; Q6_K: scales int8 [n/16, k/16, 16], highs [n/16, k/4, 16], supers
+    [n/16, k/256, 1, 16])."""
     panels: torch.Tensor
     n: int
     k: int
     scales: torch.Tensor | None = None
     mins: torch.Tensor | None = None
+    supers: torch.Tensor | None = None
+    highs: torch.Tensor | None = None
 
     @classmethod
     def of(cls, weight: torch.Tensor | Int8Weight | Int4Weight) -> Packed:
@@ -59,9 +63,13 @@ class Packed:
         (n, k), pad = weight.shape, -weight.shape[0] % PANEL
         blocks = k // BLOCK
         panels = F.pad(weight.values, (0, 0, 0, pad)).view(-1, PANEL, blocks, BLOCK // 2).permute(0, 2, 3, 1)
-        scales, mins = (None if t is None else F.pad(t, (0, 0, 0, pad)).view(-1, PANEL, blocks).transpose(1, 2).contiguous()
-                        for t in (weight.scales, weight.mins))
-        return cls(panels.contiguous(), n, k, scales, mins)
+        scales, mins, highs = (None if t is None else
+                               F.pad(t, (0, 0, 0, pad)).view(-1, PANEL, t.shape[1]).transpose(1, 2).contiguous()
+                               for t in (weight.scales, weight.mins, weight.highs))
+        supers = weight.supers
+        if supers is not None:   # [n/16, k/256, 2 or 1, 16]
+            supers = F.pad(supers, (0, 0, 0, 0, 0, pad)).view(-1, PANEL, *supers.shape[1:]).permute(0, 2, 3, 1).contiguous()
+        return cls(panels.contiguous(), n, k, scales, mins, supers, highs)
 
     def matrix(self) -> native.Matrix:
         """The record kernels.c's products take."""
@@ -70,8 +78,11 @@ class Packed:
         elif self.panels.dtype == torch.int8:
             kind, group = native.Matrix.INT8, group_of(self.k, self.scales.shape[1])
         else:
-            kind, group = native.Matrix.Q4_0 if self.mins is None else native.Matrix.Q4_1, BLOCK
-        return native.Matrix(self.panels.data_ptr(), native.address(self.scales), native.address(self.mins), kind, group)
+            kind = (native.Matrix.Q6_K if self.highs is not None else native.Matrix.Q4_K if self.supers is not None
+                    else native.Matrix.Q4_0 if self.mins is None else native.Matrix.Q4_1)
+            group = BLOCK
+        return native.Matrix(self.panels.data_ptr(), native.address(self.scales), native.address(self.mins), kind, group,
+                             native.address(self.supers), native.address(self.highs))
 
 
 class NativeKernels(TorchKernels):

@@ -18,7 +18,7 @@ ARCHITECTURES = ("llama", "qwen2")   # Mistral-style files say llama
 # The tensor types read here: KEPT ones stay so in memory, the others are dequantized at load
 # to the model's dtype (gguf_loader.py).
 TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K")
-KEPT = {"Q8_0": "int8", "Q4_0": "q4_0", "Q4_1": "q4_1"}   # type -> the form that holds it (quant/)
+KEPT = {"Q8_0": "int8", "Q4_0": "q4_0", "Q4_1": "q4_1", "Q4_K": "q4_k", "Q6_K": "q6_k"}   # type -> the form that holds it (quant/)
 _FUSED = ((re.compile(r"\.[qkv]_proj\."), ".qkv_proj."), (re.compile(r"\.(gate|up)_proj\."), ".gate_up_proj."))
 ROPE_FREQS = "rope_freqs.weight"   # Llama 3.1's rope scaling, as llama.cpp's converter writes it
 LLAMA3_ORIGINAL_LEN = 8192         # Llama 3's context length before scaling, where the file names none

@@ -123,7 +123,7 @@ def skeleton(config: ModelConfig, device: torch.device) -> tuple[nn.Module, dict
         if form == "int8":
             int8.hold_int8(module, GGUF_GROUP)
         else:
-            int4.hold_int4(module, with_mins=form == "q4_1")
+            int4.hold_int4(module, form)
     return model, arch.hf, DTYPES[arch.dtype], arch.vocab_size, arch.model_len
 
 

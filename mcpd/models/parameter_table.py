@@ -34,12 +34,8 @@ def parameters(arch: Architecture) -> dict[str, tuple[Shape, str]]:
     table = {}
     kept = arch.hf.get(gguf_file.KEPT_QUANTIZED, {})   # a GGUF's quantized matrices (int8.hold_int8, int4.hold_int4)
     for name, shape, linear in listed:
-        if kept.get(name, "").startswith("q4"):
-            values, blocks = int4_layout.shapes(*shape)
-            table[name] = values, "uint8"
-            table[name + int4_layout.SCALES_SUFFIX] = blocks, "float16"
-            if kept[name] == "q4_1":
-                table[name + int4_layout.MINS_SUFFIX] = blocks, "float16"
+        if kept.get(name) in int4_layout.FORMS:
+            table.update({name + suffix: piece for suffix, piece in int4_layout.pieces(kept[name], *shape).items()})
         elif name in kept or (linear and arch.quantization == "int8"):   # int8.use_int8: every nn.Linear's weight
             table[name] = shape, "int8"
             table[name + SCALE_SUFFIX] = (shape[0], groups(shape[1], GGUF_GROUP if name in kept else GROUP)), "float32"
