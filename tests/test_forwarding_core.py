@@ -150,6 +150,7 @@ def plain(core, op: str, request_id: int, **header) -> None:
 
 def test_a_plain_request_on_a_node_over_its_threshold_goes_to_the_least_loaded_node_under_it(loaded):
     loaded.on_scheduler(messages.Members(THREE, {"here": 5, "there": 4, "third": 3}), [])
+    assert loaded.stats()["cluster"]["routing"]["offloading_to"] == "third"
     for request_id, op in enumerate(("generate", "infer", "generate", "generate")):
         plain(loaded, op, request_id)
     # third (3) first; then both at 4, the tie to the first by name; each one sent counts on its load here
@@ -157,6 +158,7 @@ def test_a_plain_request_on_a_node_over_its_threshold_goes_to_the_least_loaded_n
         ("third", "generate", "here"), ("there", "infer", "here"), ("third", "generate", "here")]
     assert len(loaded.ports.scheduler) == 1   # every other node then over the threshold: served here
     assert loaded.stats()["cluster"]["routing"]["offloaded"] == 3
+    assert loaded.stats()["cluster"]["routing"]["offloading_to"] is None
 
 
 def test_a_plain_request_on_a_node_under_its_threshold_is_served_here(loaded):

@@ -125,4 +125,4 @@ class Forwarding:
 
     def stats(self) -> dict:
         return {"owners": sorted(self.routing.nodes), "connected": self.links.connected(), "away": len(self.away),
-                **self.counts}
+                "offloading_to": self.offload.target, **self.counts}
