@@ -63,7 +63,7 @@ class Forwarding:
             return False
         context_id = context_named(args)
         if context_id is None:
-            return self.offload.target is not None and isinstance(args, PLAIN) and self._offload(rid, header, payload, tenant)
+            return self.offload.target is not None and self._offload(rid, header, payload, tenant, args)
         owner = self.routing.owner_elsewhere(tenant, context_id)
         if owner is None:
             return False
@@ -73,10 +73,10 @@ class Forwarding:
         self.counts["forwarded"] += 1
         return True
 
-    def _offload(self, rid: int, header: dict, payload: tuple[bytes, ...], tenant: str) -> bool:
-        """No connection to the chosen node: served here (the next report may choose another)."""
+    def _offload(self, rid: int, header: dict, payload: tuple[bytes, ...], tenant: str, args) -> bool:
+        """A plain request to the node chosen; no connection to it: served here (the next report may choose another)."""
         target = self.offload.target
-        if not self._send(target, rid, header, payload, tenant):
+        if not isinstance(args, PLAIN) or not self._send(target, rid, header, payload, tenant):
             return False
         self.offload.sent(target)
         self.counts["offloaded"] += 1
