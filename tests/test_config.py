@@ -38,6 +38,7 @@ def test_defaults_are_valid():
     ({"cluster": {"redis": "redis://127.0.0.1:6379", "timeout_s": 0}}, "cluster.timeout_s must be in (0, 60]"),
     ({"cluster": {"prefetch_contexts": 100, "recent_contexts": 10}}, "cluster.prefetch_contexts = 100 and recent"),
     ({"cluster": {"prefetch_contexts": -1}}, "cluster.prefetch_contexts = -1"),
+    ({"cluster": {"offload_queued": -1}}, "cluster.offload_queued = -1"),
 ])
 def test_bad_values_name_the_key(raw, message):
     with pytest.raises(ConfigError) as raised:

@@ -75,6 +75,7 @@ class ClusterConfig:
     prefetch_contexts: int = 64         # at start or takeover, load this many recently used contexts it owns; 0 = off
     recent_contexts: int = 16384        # the cluster's recency index keeps this many contexts (size it >= prefetch x nodes)
     forward: bool = True                # send a request for a context another node owns to that node
+    offload_queued: int = 64            # queued requests over which a plain request goes to a less loaded node; 0 = off
     peer_tenants: tuple[str, ...] = ()  # with CURVE on: the key names of the other nodes, trusted to forward for any tenant
 
     def check(self) -> None:
@@ -98,6 +99,8 @@ class ClusterConfig:
         if not 0 <= self.prefetch_contexts <= self.recent_contexts <= MAX_RECENT_CONTEXTS:
             raise ConfigError(f"cluster.prefetch_contexts = {self.prefetch_contexts} and recent_contexts = "
                               f"{self.recent_contexts}: need 0 <= prefetch <= recent <= {MAX_RECENT_CONTEXTS}")
+        if self.offload_queued < 0:
+            raise ConfigError(f"cluster.offload_queued = {self.offload_queued}: must be >= 0 (0 = off)")
         if self.weight <= 0 or not 0 < self.heartbeat_s < self.node_ttl_s:
             raise ConfigError(f"cluster.weight = {self.weight} must be > 0 and cluster.heartbeat_s = "
                               f"{self.heartbeat_s} in (0, node_ttl_s = {self.node_ttl_s})")

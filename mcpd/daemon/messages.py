@@ -177,9 +177,11 @@ class OwnerNode(msgspec.Struct, frozen=True, array_like=True):
 
 class Members(Message):
     """The live nodes that may own contexts, as the scheduler's heartbeat last saw them: the
-    front-end routes each context's requests to its owner by them (frontend/forwarding.py)."""
+    front-end routes each context's requests to its owner by them (frontend/forwarding.py), and
+    plain requests away from this node while it is loaded by `queued` (cluster/offload.py)."""
     TAG = b"MEMBERS"
     nodes: dict[str, OwnerNode]
+    queued: dict[str, int]   # the nodes' queued requests: others' as they last reported, this one's now
 
 
 class Drain(Message):

@@ -14,8 +14,9 @@ What it decides:
   sending it leaves nothing in flight; a reply for a request no longer pending is dropped.
 - endings: a client gone has its requests cancelled (CANCELLED), a client over its backlog
   (OVERLOADED); a scheduler lost or a stop answers every pending request UNAVAILABLE.
-- cluster: a request for a context another node owns goes there instead of to the scheduler, and
-  its replies come back through on_peer (forwarding.py).
+- cluster: a request for a context another node owns goes there instead of to the scheduler, as
+  does a plain one while this node is over its load threshold; their replies come back through
+  on_peer (forwarding.py).
 """
 from __future__ import annotations
 
@@ -220,7 +221,7 @@ class FrontEndCore:
             return
         if isinstance(message, messages.Members):
             if self.forwarding is not None:
-                self.forwarding.update(message.nodes)
+                self.forwarding.update(message.nodes, message.queued)
             return
         if isinstance(message, messages.Resume):
             self.draining = False
@@ -317,4 +318,4 @@ def _forwarding(config: Config, peers: "Links"):
     """Imported only with a cluster: ownership's hashing loads numpy, which a lone front-end never needs."""
     from mcpd.daemon.frontend.forwarding import Forwarding
 
-    return Forwarding(config.cluster.node_name, peers)
+    return Forwarding(config.cluster.node_name, peers, config.cluster.offload_queued)

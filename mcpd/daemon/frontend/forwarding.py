@@ -1,5 +1,6 @@
-"""Requests for a context that another node owns: sent to that node's front-end, and its replies
-relayed back to the caller under the caller's own request id (core.py relays them).
+"""Requests for a context that another node owns, and plain requests while this node is over its
+load threshold (cluster/offload.py): sent to that node's front-end, and its replies relayed back to
+the caller under the caller's own request id (core.py relays them).
 
 A forwarded request's header carries "hop" (this node's id) and the tenant it was admitted as.
 The node receiving it serves it whatever its own view of ownership (two nodes' views may differ
@@ -22,6 +23,7 @@ from typing import Protocol
 
 import msgpack
 
+from mcpd.cluster.offload import PLAIN, Offload
 from mcpd.cluster.routing import ContextRouting, context_named
 from mcpd.daemon.messages import OwnerNode
 from mcpd.protocol import wire
@@ -41,33 +43,50 @@ class Links(Protocol):
 
 
 class Forwarding:
-    def __init__(self, node_id: str, links: Links):
+    def __init__(self, node_id: str, links: Links, offload_queued: int):
         self.routing = ContextRouting(node_id)
+        self.offload = Offload(node_id, offload_queued)
         self.links = links
         self.away: dict[int, str] = {}   # rid -> the node serving it
-        self.counts = dict.fromkeys(("forwarded", "received", "owner_unreachable", "owner_lost"), 0)
+        self.counts = dict.fromkeys(("forwarded", "offloaded", "received", "owner_unreachable", "owner_lost"), 0)
 
-    def update(self, nodes: dict[str, OwnerNode]) -> None:
+    def update(self, nodes: dict[str, OwnerNode], queued: dict[str, int]) -> None:
         self.routing.update(nodes)
         self.links.sync(nodes)
+        self.offload.update(nodes, queued)
 
     def forward(self, rid: int, header: dict, payload: tuple[bytes, ...], tenant: str, args) -> bool:
-        """Sends the request to its context's owner when that is another node; False: serve it here."""
+        """Sends the request to its context's owner when that is another node, or a plain one to a
+        less loaded node while this one is over its threshold; False: serve it here."""
         if header.get(HOP) is not None:
             self.counts["received"] += 1
             return False
         context_id = context_named(args)
         if context_id is None:
-            return False
+            return self.offload.target is not None and self._offload(rid, header, payload, tenant, args)
         owner = self.routing.owner_elsewhere(tenant, context_id)
         if owner is None:
             return False
-        hop = {**header, "id": rid, "tenant": tenant, HOP: self.routing.node_id}
-        if not self.links.send(owner, [msgpack.packb(hop), *payload]):
+        if not self._send(owner, rid, header, payload, tenant):
             self.counts["owner_unreachable"] += 1
             return False
-        self.away[rid] = owner
         self.counts["forwarded"] += 1
+        return True
+
+    def _offload(self, rid: int, header: dict, payload: tuple[bytes, ...], tenant: str, args) -> bool:
+        """A plain request to the node chosen; no connection to it: served here (the next report may choose another)."""
+        target = self.offload.target
+        if not isinstance(args, PLAIN) or not self._send(target, rid, header, payload, tenant):
+            return False
+        self.offload.sent(target)
+        self.counts["offloaded"] += 1
+        return True
+
+    def _send(self, node_id: str, rid: int, header: dict, payload: tuple[bytes, ...], tenant: str) -> bool:
+        hop = {**header, "id": rid, "tenant": tenant, HOP: self.routing.node_id}
+        if not self.links.send(node_id, [msgpack.packb(hop), *payload]):
+            return False
+        self.away[rid] = node_id
         return True
 
     def reply(self, node_id: str, header_frame: bytes) -> tuple[int, dict, bool] | None:
@@ -106,4 +125,4 @@ class Forwarding:
 
     def stats(self) -> dict:
         return {"owners": sorted(self.routing.nodes), "connected": self.links.connected(), "away": len(self.away),
-                **self.counts}
+                "offloading_to": self.offload.target, **self.counts}

@@ -73,6 +73,7 @@ class SchedulerProcess:
             raise
         self.parent_pid = os.getppid()
         self.stats_interval_s = config.supervisor.stats_interval_s
+        self.node_id = config.cluster.node_name
         self.cluster = _cluster_node(config, self.scheduler, self.context, log) if config.cluster.enabled else None
 
     def serve(self) -> None:
@@ -103,9 +104,12 @@ class SchedulerProcess:
         """The stats to the supervisor; with a cluster, the live nodes to the front-end too (it routes by them)."""
         cluster = {}
         if self.cluster is not None:
-            from mcpd.cluster.routing import owner_nodes   # loads only where a cluster is on
-            cluster = self.cluster.report(self.scheduler.node_load())
-            self.sockets.to_frontend(messages.encode(messages.Members(owner_nodes(cluster["nodes"]))))
+            from mcpd.cluster.offload import queued_by_node   # loads only where a cluster is on
+            from mcpd.cluster.routing import owner_nodes
+            load = self.scheduler.node_load()
+            cluster = self.cluster.report(load)
+            queued = queued_by_node(cluster["nodes"], self.node_id, load["queued"])
+            self.sockets.to_frontend(messages.encode(messages.Members(owner_nodes(cluster["nodes"]), queued)))
         self.sockets.events.send(messages.Report, SchedulerStats(**self.scheduler.stats(), cluster=cluster))
 
     def close(self) -> None:
