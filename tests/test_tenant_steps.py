@@ -2,12 +2,14 @@
 embedded model: a newcomer's first token comes from a short step, not from one with another
 tenant's whole batch; the batch's sequences take turns and produce the tokens they would alone;
 a lone tenant's steps stay whole, and so do they again once the other tenant has been away."""
+import pytest
 import torch
 from fakes import Clock
 
 from mcpd.config import Config, EngineConfig, ModelConfig
 from mcpd.engine import Engine, SamplingParams
 from mcpd.engine.active_tenants import ACTIVE_S
+from mcpd.engine.engine import PROCESS_THREADS
 
 FLOOD, BOUND = 40, 16
 LONG = SamplingParams(max_tokens=200, temperature=0, ignore_eos=True)
@@ -111,3 +113,16 @@ def test_a_tenant_per_request_is_forgotten_a_second_later():
     clock.now += ACTIVE_S + 0.01
     engine.step()
     assert set(engine.tenants.last_arrival) <= {"a", "b"} and set(engine.tenants.live) == {"a", "b"}
+
+
+@pytest.mark.skipif(PROCESS_THREADS < 2, reason="one thread: no core to leave")
+def test_while_tenants_share_the_engine_its_steps_leave_a_core_to_the_other_processes():
+    engine, clock = make_engine()
+    flood(engine)
+    assert torch.get_num_threads() == PROCESS_THREADS   # a lone tenant: every thread
+    engine.add_request(("b", 0), engine.tokenizer.encode("victim"), ONE, cache_namespace="b")
+    engine.step()
+    assert torch.get_num_threads() == PROCESS_THREADS - 1
+    clock.now += ACTIVE_S + 0.01
+    engine.step()
+    assert torch.get_num_threads() == PROCESS_THREADS

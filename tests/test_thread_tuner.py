@@ -288,3 +288,28 @@ def test_a_pause_with_every_core_idle_starts_the_next_burst_on_every_thread():
     cores.idle = [2.0]                      # both cores idle all through the pause
     tuner.resume(0.3)
     assert tuner.current == 2 and set_to == [2]
+
+
+def test_a_cap_drops_the_team_to_it_at_once_and_trials_stay_within_it():
+    tuner = ThreadTuner(2, None)
+    set_to = []
+    tuner.set_threads = set_to.append
+    tuner.cap(1)
+    assert set_to == [1] and tuner.current == 1 and not tuner.measuring
+    assert serve(tuner, {1: 0.010, 2: 0.001}.get, 3 * PERIOD) == []   # two would be faster: never tried
+    set_to = []
+    tuner.set_threads = set_to.append
+    tuner.cap(2)
+    assert set_to == [2] and tuner.current == 2
+
+
+def test_a_cap_ends_a_trial_under_way_and_lifting_it_starts_over_on_every_thread():
+    tuner = ThreadTuner(4, None)
+    serve(tuner, {3: 0.010, 4: 0.010}.get, PERIOD + 1)
+    assert tuner.trying == 3
+    set_to = []
+    tuner.set_threads = set_to.append
+    tuner.cap(2)
+    assert set_to == [2] and (tuner.current, tuner.trying) == (2, None)
+    tuner.cap(4)
+    assert set_to == [2, 4] and tuner.current == 4

@@ -19,7 +19,7 @@ class EngineConfig:
     kernels: str = "auto"           # auto (native CPU kernels where they build, else torch), native, torch,
                                     # or native-avx512 / native-avx2: that instruction set's native kernels
     huge_pages: bool = True         # CPU: run on a copy of the weights on 2 MiB pages where they are on 4 KiB
-    shared_step_decodes: int = 16   # CPU: sequences decoding in one step while tenants share it (0: all)
+    shared_step_decodes: int = 16   # CPU: decodes per step while tenants share it, on a thread fewer (0: off)
     decode_burst: int = 8           # greedy decode steps a lone sequence may run at once, natively (1: off)
     cuda_graphs: bool = True        # CUDA: decode steps as CUDA graph replays (engine/decode_graphs.py)
 

@@ -70,6 +70,7 @@ class ThreadTuner:
         waited for a CPU (RunDelay.share); idle: the idle time of the cores the worker may run on
         (IdleCores); each None where it cannot be known."""
         self.most, self.set_threads, self.waited, self.idle = most, set_threads, waited, idle
+        self.limit = most                       # the most threads it may use now (cap)
         self.current = most
         self.trying: int | None = None          # the count on trial, if one runs
         self.baseline: list[tuple[int, float]] = []   # (tokens, seconds) of recent steps at current
@@ -100,11 +101,26 @@ class ThreadTuner:
         elif idle_seconds >= TRIAL_PAUSE_S and self.trying is not None:
             self._void()
 
+    def cap(self, limit: int) -> None:
+        """Use at most `limit` threads from now on (1 .. most). Lowered, the team drops to it at
+        once and trials stay within it; raised back to `most`, the team starts over on every
+        thread, as after a pause."""
+        limit = max(1, min(limit, self.most))
+        if limit == self.limit:
+            return
+        self.limit = limit
+        if limit == self.most:
+            return self._start_over()
+        if self.current > limit or self.trying is not None:
+            self.set_threads(min(self.current, limit))
+        self.current, self.trying, self.baseline, self.trial = min(self.current, limit), None, [], []
+        self.idle_window = None
+
     def _start_over(self) -> None:
-        """Every thread, as on an idle machine: what a neighbour did before says nothing about now."""
-        if self.current != self.most or self.trying is not None:
-            self.set_threads(self.most)
-        self.current, self.trying, self.baseline, self.trial = self.most, None, [], []
+        """Every thread it may use, as on an idle machine: what a neighbour did before says nothing about now."""
+        if self.current != self.limit or self.trying is not None:
+            self.set_threads(self.limit)
+        self.current, self.trying, self.baseline, self.trial = self.limit, None, [], []
         # blind, the trial starts after TRIAL + 1 steps: the burst's first is a prefill, like no step after it
         self.steps = 0 if self.waited is not None else PERIOD - TRIAL - 1
         self.trial_ended, self.retry, self.downward, self.waited_before = -RETRY, RETRY, True, False
@@ -122,7 +138,7 @@ class ThreadTuner:
         bursts would stretch those to ~TRIAL bursts' tokens (a W1 request after a pause ran its
         first ~45 tokens on both threads beside a busy neighbour: busy W1 103-115 tok/s, against
         142-184 on one thread), and mix bursts and single steps, whose tokens cost apart."""
-        return self.most > 1 and (self.trying is not None or self.steps % PERIOD >= PERIOD - TRIAL - 1)
+        return self.limit > 1 and (self.trying is not None or self.steps % PERIOD >= PERIOD - TRIAL - 1)
 
     def skip(self, steps: int) -> None:
         """A burst of `steps` decode steps ran (Engine._run_burst): they bring the next trial
@@ -144,7 +160,7 @@ class ThreadTuner:
             return self._start_over()
         if self.trying is None:
             self.baseline = (self.baseline + [(tokens, seconds)])[-TRIAL:]
-            if self.steps % PERIOD == 0 and self.most > 1:
+            if self.steps % PERIOD == 0 and self.limit > 1:
                 self._start_trial()
             elif contended:
                 self._bring_trial_forward()
@@ -168,7 +184,7 @@ class ThreadTuner:
         the last WINDOW_S: the neighbour left. Read at every step then (a pause is judged from
         the last step's end), but a trial's steps (another thread count) and the first reading
         only start the window."""
-        if self.idle is None or self.current == self.most:
+        if self.idle is None or self.current == self.limit:
             self.idle_window = None
             return False
         idle, seconds = self.idle.since()
@@ -201,7 +217,7 @@ class ThreadTuner:
 
     def _start_trial(self) -> None:
         candidate = self.current - 1 if self.downward else self.current + 1
-        if not 1 <= candidate <= self.most:
+        if not 1 <= candidate <= self.limit:
             candidate = self.current + 1 if self.downward else self.current - 1
         self.downward = not self.downward
         self.trying, self.trial = candidate, []

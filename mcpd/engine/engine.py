@@ -113,6 +113,7 @@ class Engine:
         # cost the batch its throughput and shorten nobody's wait.
         self.shared_step_decodes = config.engine.shared_step_decodes if self.device.type == "cpu" else 0
         self.tenants = ActiveTenants()   # by cache namespace: one per tenant of this model version
+        self.thread_limit = PROCESS_THREADS   # threads the steps may use now (_share_cores)
         self.write_through: set[Hashable] = set()   # keys of context turns: their KV goes to the host tier
         self.aborted: list[StepOutput] = []  # reported by the next step()
         self.arrivals = itertools.count()
@@ -187,7 +188,9 @@ class Engine:
 
     def _step(self) -> list[StepOutput]:
         outputs, self.aborted = self.aborted, []
-        batch = self.last_batch = self.scheduler.schedule(self.most_decodes())
+        most_decodes = self.most_decodes()
+        self._share_cores(most_decodes > 0)
+        batch = self.last_batch = self.scheduler.schedule(most_decodes)
         if not batch:
             return outputs
         self.steps += 1
@@ -214,6 +217,20 @@ class Engine:
         would make another's one-token request wait for it and then share it; steps of
         engine.shared_step_decodes keep both short, the batch's sequences taking turns."""
         return self.shared_step_decodes if self.shared_step_decodes and self.tenants.several() else 0
+
+    def _share_cores(self, shared: bool) -> None:
+        """While tenants share this CPU worker (its steps bounded), its team leaves one of its
+        cores to the daemon's other processes: the front-end and the scheduler carry the other
+        tenant's short requests, and behind a team on every core each of their hops waited for one.
+        A lone tenant's steps run on every thread again."""
+        limit = PROCESS_THREADS - 1 if shared else PROCESS_THREADS
+        if limit == self.thread_limit or limit < 1:
+            return
+        self.thread_limit = limit
+        if self.thread_tuner is not None:
+            self.thread_tuner.cap(limit)
+        else:
+            threads.set_count(limit, most=PROCESS_THREADS)
 
     def _burst_length(self, batch: list[tuple[Sequence, int]]) -> int:
         """How many greedy decode steps this step runs at once in native code (1: one step, the
