@@ -238,11 +238,11 @@ class McpdServer:
     """The real daemon, one CPU worker, its model at the checkpoint, on loopback."""
     name = "mcpd"
 
-    def __init__(self, checkpoint_dir: Path, dtype: str):
+    def __init__(self, checkpoint_dir: Path, dtype: str, kernels: str = "auto"):
         # Its OpenAI-compatible listener too, under the peers' model name: the "mcpd-http" system.
         self.http_port = free_port()
         self.daemon = Daemon(model={"path": str(checkpoint_dir), "dtype": dtype, "max_model_len": MAX_MODEL_LEN},
-                             workers={"count": 1, "device": "cpu"}, engine={"pool_bytes": 512 << 20},
+                             workers={"count": 1, "device": "cpu"}, engine={"pool_bytes": 512 << 20, "kernels": kernels},
                              # Reports at the shipped interval, not the tests' 0.1 s (mcpd.testing): ten
                              # reports a second cost every process CPU the decode's threads wanted
                              # (W1 142 -> 153 tok/s on 2 vCPUs; the peers, too, run as shipped).
