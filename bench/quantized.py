@@ -1,6 +1,6 @@
 """int8 weight-only quantization (model.quantization = "int8") against the float32 model, side by side.
 
-    .venv/bin/python bench/quantized.py [--quick] [--device cuda]
+    .venv/bin/python bench/quantized.py [--quick] [--device cuda] [--kernels auto|native-avx2|...]
 
 The model: the 55.3M bench Llama of bench/peerkit/checkpoints.py (8 layers, hidden 512, 8/2
 heads, intermediate 1408, vocab 32000, random Normal(0, 0.02) weights), float32 on disk; the int8
@@ -52,6 +52,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="3 rounds of 48 tokens (under a minute)")
     parser.add_argument("--threads", type=int, default=0, help="engine threads; 0: as a worker picks them")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument("--kernels", default="auto", help="engine.kernels of both variants (native-avx2: the AVX2 "
+                                                          "kernels on an AVX-512 machine)")
     return parser.parse_args()
 
 
@@ -80,10 +82,10 @@ def float_dtype(device: torch.device) -> str:
     return "float32" if device.type == "cpu" else "bfloat16"
 
 
-def engine(path: Path, quantization: str, device: torch.device) -> Engine:
+def engine(path: Path, quantization: str, device: torch.device, kernels: str) -> Engine:
     config = Config(model=ModelConfig(path=str(path), dtype=float_dtype(device), max_model_len=1024,
                                       quantization=quantization),
-                    engine=EngineConfig(pool_bytes=256 << 20))
+                    engine=EngineConfig(pool_bytes=256 << 20, kernels=kernels))
     return Engine(config, device)
 
 
@@ -101,10 +103,10 @@ def w1(bench: Engine, prompt: list[int], generated: int) -> tuple[float, list[fl
 
 
 def decode_rounds(path: Path, prompts: list[list[int]], generated: int,
-                  device: torch.device) -> tuple[dict, dict, list[list[int]]]:
+                  device: torch.device, kernels: str) -> tuple[dict, dict, list[list[int]]]:
     """Alternating W1 rounds of both variants (one per prompt): their rates, all their decode
     steps' seconds, and the float engine's sequences."""
-    engines = {q: engine(path, q, device) for q in VARIANTS}
+    engines = {q: engine(path, q, device, kernels) for q in VARIANTS}
     for bench in engines.values():   # first-call costs (allocation, page faults) out of the way
         w1(bench, prompts[0][:16], 8)
     rates, steps, sequences = {q: [] for q in VARIANTS}, {q: [] for q in VARIANTS}, []
@@ -125,19 +127,19 @@ def fast_decile(seconds: list[float]) -> float:
     return sorted(seconds)[len(seconds) // 10]
 
 
-def quality(path: Path, sequences: list[list[int]], device: torch.device, suffix: str = "") -> dict:
+def quality(path: Path, sequences: list[list[int]], device: torch.device, kernels: str, suffix: str = "") -> dict:
     models = {}
     for quantization in VARIANTS:
         models[quantization] = load_model(ModelConfig(path=str(path), dtype=float_dtype(device),
                                                       quantization=quantization), device).model
-        models[quantization].use_kernels("auto")
+        models[quantization].use_kernels(kernels)
     agreement = compare(models["none"], models["int8"], sequences)
     return {f"int8_top1_agreement{suffix}": agreement.top1, f"int8_mean_kl{suffix}": agreement.mean_kl,
             f"{float_dtype(device)}_top1_prob{suffix}": agreement.reference_top1_prob,
             f"quality_positions{suffix}": agreement.positions}
 
 
-def trained_quality(rounds: int, generated: int, quick: bool) -> dict:
+def trained_quality(rounds: int, generated: int, quick: bool, kernels: str) -> dict:
     """quality() on the trained checkpoint: prompts of PROMPT_TOKENS tokens cut from README.md
     at even offsets, each with the float32 engine's greedy continuation. --quick never trains (it
     must stay under a minute): without a cached checkpoint it reports no *_trained figures."""
@@ -149,8 +151,8 @@ def trained_quality(rounds: int, generated: int, quick: bool) -> dict:
     stride = (len(ids) - PROMPT_TOKENS) // rounds
     prompts = [ids[i * stride:i * stride + PROMPT_TOKENS] for i in range(rounds)]
     cpu = torch.device("cpu")
-    reference = engine(path, "none", cpu)
-    return quality(path, [w1(reference, prompt, generated)[2] for prompt in prompts], cpu, "_trained")
+    reference = engine(path, "none", cpu, kernels)
+    return quality(path, [w1(reference, prompt, generated)[2] for prompt in prompts], cpu, kernels, "_trained")
 
 
 def product_figures(rows_counts: tuple[int, ...] = (1, 8, 64, 512)) -> dict:
@@ -182,14 +184,14 @@ def product_figures(rows_counts: tuple[int, ...] = (1, 8, 64, 512)) -> dict:
     return figures
 
 
-def measure(quick: bool, device: torch.device = torch.device("cpu")) -> dict:
+def measure(quick: bool, device: torch.device = torch.device("cpu"), kernels: str = "auto") -> dict:
     path, _ = checkpoints.checkpoint()
     rounds, generated = (3, 48) if quick else (8, 128)
     rng = random.Random(0)
     vocab = checkpoints.ISSUE_SHAPE.vocab
     prompts = [[rng.randrange(3, vocab) for _ in range(PROMPT_TOKENS)] for _ in range(rounds)]
     load_before = os.getloadavg()[0]
-    rates, steps, sequences = decode_rounds(path, prompts, generated, device)
+    rates, steps, sequences = decode_rounds(path, prompts, generated, device, kernels)
     median = statistics.median
     float_name = float_dtype(device)
     on_gpu = device.type == "cuda"
@@ -198,15 +200,15 @@ def measure(quick: bool, device: torch.device = torch.device("cpu")) -> dict:
             f"{float_name}_step_ms_fast_decile": fast_decile(steps["none"]) * 1e3,
             "int8_step_ms_fast_decile": fast_decile(steps["int8"]) * 1e3,
             "int8_decode_speedup_fast_decile": fast_decile(steps["none"]) / fast_decile(steps["int8"]),
-            **quality(path, sequences, device),
-            **(product_figures() if on_gpu else trained_quality(rounds, generated, quick)),
+            **quality(path, sequences, device, kernels),
+            **(product_figures() if on_gpu else trained_quality(rounds, generated, quick, kernels)),
             "device": torch.cuda.get_device_name() if on_gpu else "cpu",
-            "rounds": rounds, "generated_per_round": generated,
+            "kernels": kernels, "rounds": rounds, "generated_per_round": generated,
             "threads": torch.get_num_threads(), "load_average": max(load_before, os.getloadavg()[0])}
 
 
 def main() -> None:
-    figures = measure(ARGS.quick, torch.device(ARGS.device))
+    figures = measure(ARGS.quick, torch.device(ARGS.device), ARGS.kernels)
     for name, value in figures.items():
         print(f"  {name:32} {value:12.6g}" if isinstance(value, float) else f"  {name:32} {value:12}")
     print(json.dumps({k: float(f"{v:.6g}") if isinstance(v, float) else v for k, v in figures.items()}))
