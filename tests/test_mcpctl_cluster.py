@@ -10,6 +10,7 @@ import pytest
 from mcpd.cli.cluster import OFF
 from mcpd.cluster.membership import Membership
 from mcpd.cluster.ownership import Ownership, context_hash
+from mcpd.testing import RedisServer
 
 pytestmark = pytest.mark.slow
 IDS = [f"c{i}" for i in range(10)]
@@ -32,6 +33,21 @@ def test_clustering_off_says_so(fresh_daemon):
     daemon = fresh_daemon()
     assert ctl(daemon).strip() == OFF
     assert ctl(daemon, "--json") == {"enabled": False, "contexts_behind": 0}
+
+
+def test_config_masks_the_redis_password(fresh_daemon):
+    """`config` (and `mcpctl config`) shows the effective configuration: not Redis's password."""
+    server = RedisServer("--requirepass", "pw-s3cret").start()
+    try:
+        daemon = fresh_daemon(cluster={"redis": f"redis://:pw-s3cret@127.0.0.1:{server.port}/0", "node_id": "a"})
+        with daemon.client(tenant="acme") as client:
+            client.context("c0")   # the node really talks to Redis with that password
+        config = daemon.control("config")["config"]
+        assert config["cluster"]["redis"] == f"redis://:***@127.0.0.1:{server.port}/0"
+        shown = daemon.mcpctl("config", "--json")
+        assert shown.returncode == 0 and "pw-s3cret" not in shown.stdout and "***" in shown.stdout
+    finally:
+        server.cleanup()
 
 
 def test_nodes_their_load_their_share_of_recent_contexts_and_a_killed_node_gone(fresh_daemon, redis_server):

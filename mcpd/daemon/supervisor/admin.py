@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import mcpd
+from mcpd.cluster.redis_url import redacted
 from mcpd.config import Config, ConfigError
 from mcpd.daemon import live_config, messages
 from mcpd.daemon.supervisor.status import build_status
@@ -80,7 +81,10 @@ class Admin:
         return {"version": mcpd.__version__, "protocol": wire.VERSION, "python": platform.python_version()}
 
     def config(self, _call) -> dict:
-        return {"path": self.supervisor.config_path, "config": self.supervisor.config.to_dict()}
+        """The effective configuration, the Redis URL's password masked as in the log."""
+        config = self.supervisor.config.to_dict()
+        config["cluster"]["redis"] = redacted(config["cluster"]["redis"])
+        return {"path": self.supervisor.config_path, "config": config}
 
     def workers(self, _call) -> dict:
         status = build_status(self.supervisor)
