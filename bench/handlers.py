@@ -3,6 +3,7 @@ serving the same Handler on this machine, and mcpd's own batching, priorities an
 
     .venv/bin/python bench/handlers.py --setup     # once, outside CI: LitServe's and MLServer's venvs
     .venv/bin/python bench/handlers.py [--quick] [--peers litserve,mlserver] [--threads 1] [--cache-dir DIR]
+    .venv/bin/python bench/handlers.py --burst-only [--quick] [--burst-clients 2]   # the priority burst alone
 
 Every server runs the same code: the example Handler through its preprocess, predict on the
 batch, postprocess (peerkit/handler_runner.py in the peers, HandlerCore in mcpd), each with its
@@ -22,7 +23,9 @@ closed-loop capacity; a rate is held when every request is answered ok and the p
                       (batching_speedup_<model> for each model: the risk MLP's predict is too
                       cheap for batching to matter, BATCHING_MODEL says why)
   handler_high_p99_ratio   risk scorer, 10% `high` / 90% `low` at 2x the closed-loop capacity:
-                      high's p99 over its p99 alone at 0.2x; handler_unanswered must be 0
+                      high's p99 over its p99 alone at 0.2x; handler_unanswered must be 0. All
+                      three offered by --burst-clients processes; generator_lag_p99_ms says how
+                      late they sent (a note when later than high's idle p99)
   cache_hit_rate, cache_rps_ratio   text classifier, a Zipf(1.1) stream over 100k distinct
                       inputs, the cache warmed at start from a file of the 20k most frequent:
                       the share answered from the cache, and the held rate over the cache off
@@ -56,7 +59,7 @@ from peerkit import checkpoints, handler_servers, servers
 from peerkit.handler_runner import HandlerRunner
 from peerkit.handler_targets import HttpV2, McpdZmq, TensorInputs
 from peerkit.client_processes import ClientProcesses
-from peerkit.load import Outcome, closed_loop, generator_figures, max_rate, open_loop, p99_ms
+from peerkit.load import Outcome, Uniform, closed_loop, generator_figures, max_rate, open_loop, p99_ms
 
 P99_LIMIT_MS = 50.0
 CAPACITY_CLIENTS = 64
@@ -106,15 +109,11 @@ def mcpd_batching(model: Model) -> dict:
     return {**model.batching, "length_bins": list(model.length_bins)} if model.length_bins else model.batching
 
 
-def uniform(count: int):
-    return lambda rng: rng.randrange(count)
-
-
 async def search(target, sizes: Sizes) -> dict:
     """The closed-loop capacity and the held rate; requests draw from INPUT_POOL inputs encoded
     beforehand (the client's encoding must not be timed)."""
     target.prepare(INPUT_POOL)
-    pick = uniform(INPUT_POOL)
+    pick = Uniform(INPUT_POOL)
     await closed_loop(target, CAPACITY_CLIENTS, WARM_UP_S, pick, seed=98)   # first calls allocate, threads settle
     capacity = await closed_loop(target, CAPACITY_CLIENTS, sizes.capacity_s, pick, seed=99)
     found = await max_rate(target, capacity, sizes.probes, sizes.probe_s, P99_LIMIT_MS, pick)
@@ -153,8 +152,7 @@ async def measure_mcpd(name: str, model: Model, inputs: TensorInputs, reference,
         except (RuntimeError, OSError) as e:
             found["mcpd-http"] = {"missing": f"{type(e).__name__}: {e}"[:300]}
         if burst_clients:
-            found["burst"] = await priority_burst(server, name, inputs, found["mcpd"]["capacity_rps"], sizes,
-                                                  burst_clients)
+            found["burst"] = await priority_burst(server, name, inputs, sizes, burst_clients)
             found["context"] = await context_bytes(server.endpoint, name, inputs)
         await zmq_target.close()
         await http_target.close()
@@ -194,15 +192,18 @@ async def batching_off(name: str, model: Model, inputs: TensorInputs, sizes: Siz
         server.stop()
 
 
-async def priority_burst(server: handler_servers.McpdServer, name: str, inputs: TensorInputs, capacity: float,
-                         sizes: Sizes, clients: int) -> dict:
-    """High's p99 alone at 0.2x the capacity, then in a 10% high / 90% low burst at 2x, both
-    offered by `clients` processes (one cannot send 2x a fast server's rate on time); the
-    generator's own lag is reported beside, and high's p99 from the send as well as from the
-    scheduled arrival. The scheduler's own view of high's queueing says where a high waited."""
-    pick = uniform(INPUT_POOL)
+async def priority_burst(server: handler_servers.McpdServer, name: str, inputs: TensorInputs, sizes: Sizes,
+                         clients: int) -> dict:
+    """The closed-loop capacity, high's p99 alone at 0.2x it, then in a 10% high / 90% low burst
+    at 2x, all offered by `clients` processes (one cannot send 2x a fast server's rate on time,
+    nor always saturate it); the generator's own lag is reported beside, and high's p99 from the
+    send as well as from the scheduled arrival. The scheduler's view of high's queueing says how
+    much of high's wait was in its queue."""
+    pick = Uniform(INPUT_POOL)
     make_target = functools.partial(McpdZmq, "mcpd", server.endpoint, name, inputs)
     with ClientProcesses(make_target, clients, INPUT_POOL) as processes:
+        await processes.closed_loop(CAPACITY_CLIENTS, WARM_UP_S, pick, seed=98)
+        capacity = await processes.closed_loop(CAPACITY_CLIENTS, sizes.capacity_s, pick, seed=99)
         idle = await processes.open_loop(0.2 * capacity, sizes.burst_s, pick, seed=7, high_frac=1.0)
         started = time.perf_counter()
         burst = await processes.open_loop(2.0 * capacity, sizes.burst_s, pick, seed=8, high_frac=0.1)
@@ -212,13 +213,13 @@ async def priority_burst(server: handler_servers.McpdServer, name: str, inputs: 
     for outcome in burst:
         by_class = counts.setdefault(outcome.priority, {})
         by_class[outcome.outcome] = by_class.get(outcome.outcome, 0) + 1
-    return {"idle_high_p99_ms": round(p99_ms(idle, "high"), 2), "burst_high_p99_ms": round(p99_ms(burst, "high"), 2),
+    return {"capacity_rps": round(capacity, 1), "clients": clients,
+            "idle_high_p99_ms": round(p99_ms(idle, "high"), 2), "burst_high_p99_ms": round(p99_ms(burst, "high"), 2),
             "burst_high_p99_from_send_ms": round(p99_ms(from_send(burst), "high"), 2),
             "scheduler_high_queue_p99_ms": scheduler.get("classes", {}).get("high", {}).get("queue_p99_ms"),
-            "clients": clients, "idle": generator_figures(idle, sizes.burst_s),
-            "generator": generator_figures(burst, sizes.burst_s), "burst_s": sizes.burst_s,
-            "last_answer_s": round(answered_s, 1), "unanswered": sum(o.outcome == "unanswered" for o in idle + burst),
-            "codes": counts}
+            "idle": generator_figures(idle, sizes.burst_s), "generator": generator_figures(burst, sizes.burst_s),
+            "burst_s": sizes.burst_s, "last_answer_s": round(answered_s, 1),
+            "unanswered": sum(o.outcome == "unanswered" for o in idle + burst), "codes": counts}
 
 
 def from_send(outcomes: list[Outcome]) -> list[Outcome]:
@@ -366,22 +367,16 @@ async def run(args) -> dict:
 
 
 async def burst_only(args, sizes: Sizes) -> dict:
-    """The priority burst alone, at twice the closed-loop capacity it measures first."""
+    """The priority burst alone."""
     model = MODELS[BURST_MODEL]
     inputs = TensorInputs(load_handler(model.handler).inputs)
     server = handler_servers.McpdServer(BURST_MODEL, model.handler, model.settings, mcpd_batching(model), args.threads)
     try:
         server.start()
-        target = McpdZmq("mcpd", server.endpoint, BURST_MODEL, inputs)
-        target.prepare(INPUT_POOL)
-        pick = uniform(INPUT_POOL)
-        await closed_loop(target, CAPACITY_CLIENTS, WARM_UP_S, pick, seed=98)
-        capacity = await closed_loop(target, CAPACITY_CLIENTS, sizes.capacity_s, pick, seed=99)
-        await target.close()
-        burst = await priority_burst(server, BURST_MODEL, inputs, capacity, sizes, args.burst_clients)
+        return {"models": {}, "missing": {},
+                "burst": await priority_burst(server, BURST_MODEL, inputs, sizes, args.burst_clients)}
     finally:
         server.stop()
-    return {"models": {BURST_MODEL: {"mcpd": {"capacity_rps": round(capacity, 1)}}}, "missing": {}, "burst": burst}
 
 
 async def measure_model(args, sizes: Sizes, name: str, model: Model, inputs: TensorInputs, measured: dict) -> dict:

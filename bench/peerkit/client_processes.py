@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 
-from peerkit.load import CLIENT_TIMEOUT_S, Arrival, Outcome, arrivals, clock, send_on_schedule
+from peerkit.load import CLIENT_TIMEOUT_S, Outcome, arrivals, clock, closed_loop, send_on_schedule
 
 START_LEAD_S = 0.5     # a schedule starts this long after it is handed out: every process has it by then
 READY_TIMEOUT_S = 120  # a process imports numpy, zmq and mcpd, and encodes its inputs, before it is ready
@@ -42,10 +42,19 @@ class ClientProcesses:
         start = clock() + START_LEAD_S
         count = len(self.pipes)
         for at, pipe in enumerate(self.pipes):
-            pipe.send((schedule[at::count], start))
+            pipe.send(("open", schedule[at::count], start))
         limit = START_LEAD_S + seconds + CLIENT_TIMEOUT_S + REPLY_MARGIN_S
         shares = await asyncio.gather(*(asyncio.to_thread(_received, pipe, limit) for pipe in self.pipes))
         return sorted((outcome for share in shares for outcome in share), key=lambda o: o.scheduled_s)
+
+    async def closed_loop(self, clients: int, seconds: float, pick, seed: int) -> float:
+        """load.closed_loop's requests/s with `clients` spread over the processes, summed: the
+        capacity of a server one process's clients cannot saturate. `pick` must pickle."""
+        count = len(self.pipes)
+        for at, pipe in enumerate(self.pipes):
+            pipe.send(("closed", (clients + at) // count, seconds, pick, seed + at))
+        limit = seconds + CLIENT_TIMEOUT_S + REPLY_MARGIN_S
+        return sum(await asyncio.gather(*(asyncio.to_thread(_received, pipe, limit) for pipe in self.pipes)))
 
     def close(self) -> None:
         for pipe in self.pipes:
@@ -70,7 +79,10 @@ def _received(pipe, timeout_s: float):
     """The process's next answer; its failure raised here, in the benchmark."""
     if not pipe.poll(timeout_s):
         raise RuntimeError(f"a client process did not answer within {timeout_s:g} s")
-    answer = pipe.recv()
+    try:
+        answer = pipe.recv()
+    except EOFError:
+        raise RuntimeError("a client process exited") from None
     if isinstance(answer, BaseException):
         raise RuntimeError(f"a client process failed: {answer!r}")
     return answer
@@ -90,7 +102,7 @@ async def _serve(pipe, make_target, prepare: int) -> None:
     pipe.send("ready")
     try:
         while (job := await asyncio.to_thread(pipe.recv)) is not None:
-            share: list[Arrival] = job[0]
-            pipe.send(await send_on_schedule(target, share, job[1]))
+            kind, *args = job
+            pipe.send(await (send_on_schedule if kind == "open" else closed_loop)(target, *args))
     finally:
         await target.close()

@@ -56,6 +56,15 @@ async def timed(target, index: int, priority: str, start: float | None = None, a
     return Outcome(priority, outcome, clock() - due, cached, at, sent - due + at)
 
 
+@dataclass(frozen=True)
+class Uniform:
+    """A pick of any of `count` inputs alike; a class, not a lambda, so client processes get it too."""
+    count: int
+
+    def __call__(self, rng: random.Random) -> int:
+        return rng.randrange(self.count)
+
+
 def arrivals(rate: float, seconds: float, pick, seed: int, high_frac: float = 0.0) -> list[Arrival]:
     """Poisson arrivals at `rate`/s for `seconds`; `pick(rng)` names each request's input; a
     `high_frac` share is "high" and the rest "low" (all "normal" when 0)."""
