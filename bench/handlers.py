@@ -223,7 +223,8 @@ async def priority_burst(server: handler_servers.McpdServer, name: str, inputs: 
 
 
 def from_send(outcomes: list[Outcome]) -> list[Outcome]:
-    """The outcomes timed from when the generator really sent them (the server's part alone)."""
+    """The outcomes timed from when the generator really sent them: the server's part, and the
+    generator's own reading of the replies."""
     return [dataclasses.replace(o, seconds=o.seconds - o.lag) for o in outcomes]
 
 
@@ -309,7 +310,7 @@ def figures_of(measured: dict) -> dict:
     lag = out["generator_lag_p99_ms"] = burst.get("generator", {}).get("generator_lag_p99_ms")
     if lag is not None and lag > burst["idle_high_p99_ms"]:
         out["handler_high_p99_note"] = ("the generator sent later than high's idle p99: the ratio counts the "
-                                        "generator's lag too (burst_high_p99_from_send_ms is the server's part)")
+                                        "generator's lag too (burst_high_p99_from_send_ms leaves the sending lag out)")
     cache_on, cache_off = measured.get("cache_on", {}), measured.get("cache_off", {})
     out["cache_hit_rate"] = cache_on.get("hit_rate")
     out["cache_rps_ratio"] = ratio(cache_on.get("rps"), cache_off.get("rps"))
