@@ -3,6 +3,7 @@ serving the same Handler on this machine, and mcpd's own batching, priorities an
 
     .venv/bin/python bench/handlers.py --setup     # once, outside CI: LitServe's and MLServer's venvs
     .venv/bin/python bench/handlers.py [--quick] [--peers litserve,mlserver] [--threads 1] [--cache-dir DIR]
+    .venv/bin/python bench/handlers.py --burst-only [--quick] [--burst-clients 2]   # the priority burst alone
 
 Every server runs the same code: the example Handler through its preprocess, predict on the
 batch, postprocess (peerkit/handler_runner.py in the peers, HandlerCore in mcpd), each with its
@@ -22,7 +23,9 @@ closed-loop capacity; a rate is held when every request is answered ok and the p
                       (batching_speedup_<model> for each model: the risk MLP's predict is too
                       cheap for batching to matter, BATCHING_MODEL says why)
   handler_high_p99_ratio   risk scorer, 10% `high` / 90% `low` at 2x the closed-loop capacity:
-                      high's p99 over its p99 alone at 0.2x; handler_unanswered must be 0
+                      high's p99 over its p99 alone at 0.2x; handler_unanswered must be 0. All
+                      three offered by --burst-clients processes; generator_lag_p99_ms says how
+                      late they sent (a note when later than high's idle p99)
   cache_hit_rate, cache_rps_ratio   text classifier, a Zipf(1.1) stream over 100k distinct
                       inputs, the cache warmed at start from a file of the 20k most frequent:
                       the share answered from the cache, and the held rate over the cache off
@@ -37,6 +40,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
+import functools
 import json
 import os
 import sys
@@ -53,7 +58,8 @@ from mcpd.handlers.handler import load_handler
 from peerkit import checkpoints, handler_servers, servers
 from peerkit.handler_runner import HandlerRunner
 from peerkit.handler_targets import HttpV2, McpdZmq, TensorInputs
-from peerkit.load import closed_loop, max_rate, open_loop, p99_ms
+from peerkit.client_processes import ClientProcesses
+from peerkit.load import Outcome, Uniform, closed_loop, generator_figures, max_rate, open_loop, p99_ms
 
 P99_LIMIT_MS = 50.0
 CAPACITY_CLIENTS = 64
@@ -67,6 +73,8 @@ CONTEXT_ID, CONTEXT_REQUESTS = "profile-0", 16
 ZIPF_S, ZIPF_INPUTS, WARM_INPUTS = 1.1, 100_000, 20_000   # the 20k most frequent: 93% of the draws
 CACHE_BYTES = 256 << 20
 WARM_START_S = 900   # the warm-up runs 20k texts through the model before the daemon is ready
+BURST_MODEL = "risk"
+BURST_CLIENTS = 2    # processes offering the burst: one Python process cannot send 2x mcpd's capacity on time
 
 
 @dataclass(frozen=True)
@@ -101,15 +109,11 @@ def mcpd_batching(model: Model) -> dict:
     return {**model.batching, "length_bins": list(model.length_bins)} if model.length_bins else model.batching
 
 
-def uniform(count: int):
-    return lambda rng: rng.randrange(count)
-
-
 async def search(target, sizes: Sizes) -> dict:
     """The closed-loop capacity and the held rate; requests draw from INPUT_POOL inputs encoded
     beforehand (the client's encoding must not be timed)."""
     target.prepare(INPUT_POOL)
-    pick = uniform(INPUT_POOL)
+    pick = Uniform(INPUT_POOL)
     await closed_loop(target, CAPACITY_CLIENTS, WARM_UP_S, pick, seed=98)   # first calls allocate, threads settle
     capacity = await closed_loop(target, CAPACITY_CLIENTS, sizes.capacity_s, pick, seed=99)
     found = await max_rate(target, capacity, sizes.probes, sizes.probe_s, P99_LIMIT_MS, pick)
@@ -132,9 +136,9 @@ def reference_outputs(model: Model, inputs: TensorInputs) -> list[dict]:
 # -- the systems ----------------------------------------------------------------------------------
 
 async def measure_mcpd(name: str, model: Model, inputs: TensorInputs, reference, sizes: Sizes, threads: int,
-                       extras: bool) -> dict:
-    """mcpd over ZeroMQ and over its KServe route; with `extras`, the priority burst and the
-    context's bytes too."""
+                       burst_clients: int | None) -> dict:
+    """mcpd over ZeroMQ and over its KServe route; with `burst_clients`, the priority burst (sent
+    by that many processes) and the context's bytes too."""
     server = handler_servers.McpdServer(name, model.handler, model.settings, mcpd_batching(model), threads)
     try:   # stop() in finally also ends a daemon that did not get ready in time
         server.start()
@@ -147,8 +151,8 @@ async def measure_mcpd(name: str, model: Model, inputs: TensorInputs, reference,
                                   **await search(http_target, sizes)}
         except (RuntimeError, OSError) as e:
             found["mcpd-http"] = {"missing": f"{type(e).__name__}: {e}"[:300]}
-        if extras:
-            found["burst"] = await priority_burst(zmq_target, found["mcpd"]["capacity_rps"], sizes)
+        if burst_clients:
+            found["burst"] = await priority_burst(server, name, inputs, sizes, burst_clients)
             found["context"] = await context_bytes(server.endpoint, name, inputs)
         await zmq_target.close()
         await http_target.close()
@@ -188,19 +192,40 @@ async def batching_off(name: str, model: Model, inputs: TensorInputs, sizes: Siz
         server.stop()
 
 
-async def priority_burst(target: McpdZmq, capacity: float, sizes: Sizes) -> dict:
-    pick = uniform(INPUT_POOL)
-    idle = await open_loop(target, 0.2 * capacity, sizes.burst_s, pick, seed=7, high_frac=1.0)
-    started = time.perf_counter()
-    burst = await open_loop(target, 2.0 * capacity, sizes.burst_s, pick, seed=8, high_frac=0.1)
-    answered_s = time.perf_counter() - started
+async def priority_burst(server: handler_servers.McpdServer, name: str, inputs: TensorInputs, sizes: Sizes,
+                         clients: int) -> dict:
+    """The closed-loop capacity, high's p99 alone at 0.2x it, then in a 10% high / 90% low burst
+    at 2x, all offered by `clients` processes (one cannot send 2x a fast server's rate on time,
+    nor always saturate it); the generator's own lag is reported beside, and high's p99 from the
+    send as well as from the scheduled arrival. The scheduler's view of high's queueing says how
+    much of high's wait was in its queue."""
+    pick = Uniform(INPUT_POOL)
+    make_target = functools.partial(McpdZmq, "mcpd", server.endpoint, name, inputs)
+    with ClientProcesses(make_target, clients, INPUT_POOL) as processes:
+        await processes.closed_loop(CAPACITY_CLIENTS, WARM_UP_S, pick, seed=98)
+        capacity = await processes.closed_loop(CAPACITY_CLIENTS, sizes.capacity_s, pick, seed=99)
+        idle = await processes.open_loop(0.2 * capacity, sizes.burst_s, pick, seed=7, high_frac=1.0)
+        started = time.perf_counter()
+        burst = await processes.open_loop(2.0 * capacity, sizes.burst_s, pick, seed=8, high_frac=0.1)
+        answered_s = time.perf_counter() - started
+    scheduler = server.daemon.status().get("scheduler", {})
     counts: dict[str, dict[str, int]] = {}
     for outcome in burst:
         by_class = counts.setdefault(outcome.priority, {})
         by_class[outcome.outcome] = by_class.get(outcome.outcome, 0) + 1
-    return {"idle_high_p99_ms": round(p99_ms(idle, "high"), 2), "burst_high_p99_ms": round(p99_ms(burst, "high"), 2),
-            "offered_rps": round(2.0 * capacity, 1), "burst_s": sizes.burst_s, "last_answer_s": round(answered_s, 1),
+    return {"capacity_rps": round(capacity, 1), "clients": clients,
+            "idle_high_p99_ms": round(p99_ms(idle, "high"), 2), "burst_high_p99_ms": round(p99_ms(burst, "high"), 2),
+            "burst_high_p99_from_send_ms": round(p99_ms(from_send(burst), "high"), 2),
+            "scheduler_high_queue_p99_ms": scheduler.get("classes", {}).get("high", {}).get("queue_p99_ms"),
+            "idle": generator_figures(idle, sizes.burst_s), "generator": generator_figures(burst, sizes.burst_s),
+            "burst_s": sizes.burst_s, "last_answer_s": round(answered_s, 1),
             "unanswered": sum(o.outcome == "unanswered" for o in idle + burst), "codes": counts}
+
+
+def from_send(outcomes: list[Outcome]) -> list[Outcome]:
+    """The outcomes timed from when the generator really sent them: the server's part, and the
+    generator's own reading of the replies."""
+    return [dataclasses.replace(o, seconds=o.seconds - o.lag) for o in outcomes]
 
 
 # -- the cache ------------------------------------------------------------------------------------
@@ -282,6 +307,10 @@ def figures_of(measured: dict) -> dict:
     burst = measured.get("burst", {})
     out["handler_high_p99_ratio"] = ratio(burst.get("burst_high_p99_ms"), burst.get("idle_high_p99_ms"), 3)
     out["handler_unanswered"] = burst.get("unanswered")
+    lag = out["generator_lag_p99_ms"] = burst.get("generator", {}).get("generator_lag_p99_ms")
+    if lag is not None and lag > burst["idle_high_p99_ms"]:
+        out["handler_high_p99_note"] = ("the generator sent later than high's idle p99: the ratio counts the "
+                                        "generator's lag too (burst_high_p99_from_send_ms leaves the sending lag out)")
     cache_on, cache_off = measured.get("cache_on", {}), measured.get("cache_off", {})
     out["cache_hit_rate"] = cache_on.get("hit_rate")
     out["cache_rps_ratio"] = ratio(cache_on.get("rps"), cache_off.get("rps"))
@@ -321,6 +350,8 @@ async def context_bytes(endpoint: str, model: str, inputs: TensorInputs) -> dict
 
 async def run(args) -> dict:
     sizes = QUICK if args.quick else FULL
+    if args.burst_only:
+        return await burst_only(args, sizes)
     measured = {"models": {}, "missing": {}}
     for name, model in MODELS.items():
         try:
@@ -336,12 +367,26 @@ async def run(args) -> dict:
     return measured
 
 
+async def burst_only(args, sizes: Sizes) -> dict:
+    """The priority burst alone."""
+    model = MODELS[BURST_MODEL]
+    inputs = TensorInputs(load_handler(model.handler).inputs)
+    server = handler_servers.McpdServer(BURST_MODEL, model.handler, model.settings, mcpd_batching(model), args.threads)
+    try:
+        server.start()
+        return {"models": {}, "missing": {},
+                "burst": await priority_burst(server, BURST_MODEL, inputs, sizes, args.burst_clients)}
+    finally:
+        server.stop()
+
+
 async def measure_model(args, sizes: Sizes, name: str, model: Model, inputs: TensorInputs, measured: dict) -> dict:
     """Every system on one model; the risk scorer's run keeps the burst and the context's bytes."""
     reference = reference_outputs(model, inputs)
     print(f"{name}: mcpd ...", flush=True)
-    found = await measure_mcpd(name, model, inputs, reference, sizes, args.threads, extras=name == "risk")
-    if name == "risk":
+    found = await measure_mcpd(name, model, inputs, reference, sizes, args.threads,
+                               args.burst_clients if name == BURST_MODEL else None)
+    if name == BURST_MODEL:
         measured["burst"], measured["context"] = found.pop("burst"), found.pop("context")
     print(f"{name}: mcpd, batching off ...", flush=True)
     found["mcpd-unbatched"] = await batching_off(name, model, inputs, sizes, args.threads)
@@ -361,6 +406,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads of every server (mcpd: workers.threads); 1: the best on a busy 2-core machine")
     parser.add_argument("--cache-dir", type=Path, default=checkpoints.DEFAULT_CACHE)
+    parser.add_argument("--burst-only", action="store_true", help="only the priority burst (its capacity measured first)")
+    parser.add_argument("--burst-clients", type=int, default=BURST_CLIENTS,
+                        help="client processes that offer the burst together (each its own socket)")
     args = parser.parse_args()
     args.peers = servers.chosen(parser, args.peers, handler_servers.HANDLER_PEERS)
     if args.setup:

@@ -124,3 +124,12 @@ def test_a_cancelled_request_leaves_the_queue():
     with pytest.raises(ValueError, match="already waiting"):
         batcher.add(pending(3))
 
+
+
+def test_a_request_of_an_urgent_rank_goes_at_once_with_those_waiting_and_a_lesser_one_waits():
+    batcher = DynamicBatcher(max_batch_size=8, max_queue_delay_ms=10, urgent_rank=2)
+    batcher.add(pending(1, rank=1, arrived=0.0))
+    assert batcher.next_batch(0.001) is None and batcher.due() == pytest.approx(0.010)
+    batcher.add(pending(2, rank=2, arrived=0.002))
+    assert batcher.due() == pytest.approx(0.002)
+    assert keys(batcher.next_batch(0.002)) == [2, 1]   # the urgent one first, the waiting one with it

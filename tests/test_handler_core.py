@@ -47,13 +47,13 @@ def features(rows: int, seed: int, trigger: float | None = None) -> np.ndarray:
     return x
 
 
-def send(core, rid: int, inputs: dict, **args) -> None:
+def send(core, rid: int, inputs: dict, rank: int = 0, **args) -> None:
     headers, frames = [], []
     for name, array in inputs.items():
         header, frame = tensors.encode(name, array)
         headers.append(header)
         frames.append(frame)
-    dispatch = messages.Dispatch(rid, f"req-{rid}", "t", 0, False, InferArgs(inputs=tuple(headers), **args))
+    dispatch = messages.Dispatch(rid, f"req-{rid}", "t", rank, False, InferArgs(inputs=tuple(headers), **args))
     core.on_message(messages.encode(dispatch, *frames))
 
 
@@ -113,6 +113,19 @@ def test_a_full_batch_goes_at_once(core):
         send(core, rid, {"features": features(2, rid)})
     core.step()   # 4 rows: max_batch_size, no wait for the delay
     assert core.running is not None and len(core.running.requests) == 2
+
+
+def test_a_request_of_a_class_above_the_default_runs_at_once_and_takes_the_waiting_with_it(core):
+    classes = core.config.scheduler.classes
+    default, high = classes[core.config.scheduler.default_class].rank, classes["high"].rank
+    send(core, 1, {"features": features(1, 1)}, rank=default)
+    core.step()
+    assert core.running is None   # the default class waits for others to join it
+    send(core, 2, {"features": features(1, 2)}, rank=high)
+    core.step()
+    assert core.running is not None and [r.rid for r in core.running.requests] == [2, 1]
+    finish_running(core)
+    assert set(finals(core)) == {1, 2}
 
 
 def test_the_next_batch_forms_while_a_predict_runs(core):

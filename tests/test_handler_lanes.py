@@ -1,6 +1,7 @@
 """The scheduler's core with a handler model beside a language model, in-process: an infer goes
 to its version's workers with its input frames, costs its rows, and a handler lane holds enough
-requests per worker to fill batches; each kind's op is refused on the other kind."""
+requests per worker to fill batches; each kind's op is refused on the other kind; a flood on a
+full queue is refused without a pass over the workers' jobs for each arrival."""
 import logging
 import tempfile
 
@@ -8,6 +9,7 @@ import pytest
 
 from mcpd.config import from_dict
 from mcpd.daemon import messages
+from mcpd.daemon.scheduler import core as scheduler_core
 from mcpd.daemon.scheduler.core import Scheduler
 from mcpd.daemon.scheduler.poison import PoisonList
 from mcpd.handlers.tensor_header import TensorHeader
@@ -81,3 +83,45 @@ def test_a_poisoned_infer_is_known_by_its_inputs_bytes_not_its_header_alone():
     poison.add(admitted, now=0.0, payload=[b"breaks the worker"])
     assert poison.holds(admitted, 1.0, [b"breaks the worker"])
     assert not poison.holds(admitted, 1.0, [b"another row of the same shape"])
+
+
+FLOOD_QUEUE = 4   # scheduler.max_queue of the flood's core: small, so that a few requests fill it
+
+
+@pytest.fixture
+def flooded(monkeypatch):
+    """A handler lane whose worker holds its two batches and whose queue is full; the core's
+    looks at the waiting jobs during admission (dispatch_waiting, the real one) are counted."""
+    config = from_dict({
+        "server": {"runtime_dir": tempfile.mkdtemp(prefix="mcpd-c-", dir="/tmp")}, "cache": {"enabled": False},
+        "persistence": {"enabled": False}, "scheduler": {"max_queue": FLOOD_QUEUE, "max_inflight_per_worker": 2},
+        "models": {"risk": {"versions": {"v1": {"handler": "mcpd.handlers.examples.risk_scorer:RiskRules",
+                                                "batching": {"max_batch_size": MAX_BATCH}}}}}})
+    core = Scheduler(config, logging.getLogger("test"), Ports(), Clock())
+    core.on_worker([b"w1", *messages.encode(messages.Hello(1, 101, "cpu", "h", "", "risk", "v1", SIGNATURE))])
+    for rid in range(2 * MAX_BATCH + FLOOD_QUEUE):
+        core.on_inbox(request(rid, infer(1, model="risk")) + [bytes(16)])
+    core.tick()
+    assert len(core.workers[b"w1"].jobs) == 2 * MAX_BATCH and len(core.queue) == FLOOD_QUEUE
+    looks = []
+    real = scheduler_core.dispatch_waiting
+    monkeypatch.setattr(scheduler_core, "dispatch_waiting", lambda *args: looks.append(1) or real(*args))
+    return core, looks
+
+
+def refused(core, rid: int) -> bool:
+    return any(isinstance(m, messages.Final) and m.rid == rid and m.code == codes.OVERLOADED
+               for m, _ in core.ports.frontend)
+
+
+def test_a_flood_on_a_full_queue_is_refused_without_a_look_at_the_workers_until_one_frees_room(flooded):
+    core, looks = flooded
+    flood = range(100, 100 + 50)
+    for rid in flood:
+        core.on_inbox(request(rid, infer(1, model="risk")) + [bytes(16)])
+    assert all(refused(core, rid) for rid in flood)
+    assert looks == []   # nothing freed a worker's room since the last look: no pass over its jobs
+    core.on_worker([b"w1", *messages.encode(messages.Done([0]))])
+    core.on_inbox(request(200, infer(1, model="risk")) + [bytes(16)])
+    assert looks == [1] and not refused(core, 200)   # a waiting job took the seat; the newcomer its place
+    assert 200 in core.jobs and len(core.workers[b"w1"].jobs) == 2 * MAX_BATCH

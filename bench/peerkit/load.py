@@ -1,7 +1,13 @@
 """The load of bench/handlers.py: open loop (Poisson arrivals at a set rate, each request sent on
 time whatever the server does) and closed loop (clients back to back), against any target with
 `async infer(index, priority) -> (outcome, cached)`; and the search for the highest rate a server
-holds with its p99 within a bound and every request answered ok."""
+holds with its p99 within a bound and every request answered ok.
+
+An open loop is a schedule (arrivals) sent by one event loop (send_on_schedule); one process
+that cannot keep up sends late, so every outcome keeps when it was due and when it went out, and
+generator_figures says how far behind the generator fell (client_processes.py splits one
+schedule over several processes when one is not enough). Times are time.monotonic, the clock
+every process on the machine shares."""
 from __future__ import annotations
 
 import asyncio
@@ -17,57 +23,103 @@ SEARCH_LOW = 0.05       # the search's rates, as fractions of the closed-loop ca
 SEARCH_HIGH = 1.2
 TRIES = 2               # per rate: a neighbour's burst must not fail a rate the server holds
 
+clock = time.monotonic
+Arrival = tuple[float, int, str]   # (seconds after the schedule's start, input index, priority)
+
 
 @dataclass
 class Outcome:
     priority: str
     outcome: str     # "ok", an error code, "HTTP <status>" or "unanswered"
-    seconds: float
+    seconds: float   # from the scheduled arrival (open loop) or the send (closed loop) to the reply
     cached: bool
+    scheduled_s: float = 0.0   # open loop: when it was due and when it went out, after the start
+    sent_s: float = 0.0
+
+    @property
+    def lag(self) -> float:
+        """How late the generator sent it: time that is the client's, not the server's."""
+        return self.sent_s - self.scheduled_s
 
 
-async def timed(target, index: int, priority: str, started: float | None = None) -> Outcome:
-    """One request; its time runs from `started` (an open loop's scheduled arrival: a send the
-    client's own loop delayed counts against the server's time too, not for it)."""
-    started = time.perf_counter() if started is None else started
+async def timed(target, index: int, priority: str, start: float | None = None, at: float = 0.0) -> Outcome:
+    """One request; its time runs from `start` + `at` (an open loop's scheduled arrival: a send the
+    client's own loop delayed counts against the server's time too, not for it, and is kept as
+    the outcome's lag)."""
+    sent = clock()
+    due = sent if start is None else start + at
     try:
         async with asyncio.timeout(CLIENT_TIMEOUT_S):   # no task of its own, as wait_for makes
             outcome, cached = await target.infer(index, priority)
     except TimeoutError:
         outcome, cached = "unanswered", False
-    return Outcome(priority, outcome, time.perf_counter() - started, cached)
+    return Outcome(priority, outcome, clock() - due, cached, at, sent - due + at)
 
 
-async def open_loop(target, rate: float, seconds: float, pick, seed: int, high_frac: float = 0.0) -> list[Outcome]:
-    """Poisson arrivals at `rate`/s for `seconds`; `pick(rng)` names each request's input. Waits
-    for every reply (or CLIENT_TIMEOUT_S)."""
+@dataclass(frozen=True)
+class Uniform:
+    """A pick of any of `count` inputs alike; a class, not a lambda, so client processes get it too."""
+    count: int
+
+    def __call__(self, rng: random.Random) -> int:
+        return rng.randrange(self.count)
+
+
+def arrivals(rate: float, seconds: float, pick, seed: int, high_frac: float = 0.0) -> list[Arrival]:
+    """Poisson arrivals at `rate`/s for `seconds`; `pick(rng)` names each request's input; a
+    `high_frac` share is "high" and the rest "low" (all "normal" when 0)."""
     rng = random.Random(seed)
-    tasks, start, at = [], time.perf_counter(), 0.0
+    schedule, at = [], 0.0
     while True:
         at += rng.expovariate(rate)
         if at > seconds:
-            break
-        delay = start + at - time.perf_counter()
+            return schedule
+        priority = "high" if rng.random() < high_frac else "low" if high_frac else "normal"
+        schedule.append((at, pick(rng), priority))
+
+
+async def send_on_schedule(target, schedule: list[Arrival], start: float) -> list[Outcome]:
+    """Each arrival sent at `start` + its time, whatever the replies do; waits for every reply
+    (or CLIENT_TIMEOUT_S)."""
+    tasks = []
+    for at, index, priority in schedule:
+        delay = start + at - clock()
         if delay > 0:
             await asyncio.sleep(delay)
-        priority = "high" if rng.random() < high_frac else "low" if high_frac else "normal"
-        tasks.append(asyncio.ensure_future(timed(target, pick(rng), priority, start + at)))
+        tasks.append(asyncio.ensure_future(timed(target, index, priority, start, at)))
     return list(await asyncio.gather(*tasks))
+
+
+async def open_loop(target, rate: float, seconds: float, pick, seed: int, high_frac: float = 0.0) -> list[Outcome]:
+    """Poisson arrivals at `rate`/s for `seconds`, sent by this process's loop."""
+    return await send_on_schedule(target, arrivals(rate, seconds, pick, seed, high_frac), clock())
+
+
+def generator_figures(outcomes: list[Outcome], seconds: float) -> dict:
+    """The rate the schedule offered, the rate the generator really sent at, and how late it sent
+    (a lag p99 near the server's p99 means the figure measured the generator)."""
+    if not outcomes:
+        return {"offered_rps": 0.0, "sent_rps": 0.0, "generator_lag_p50_ms": None, "generator_lag_p99_ms": None}
+    lags = [o.lag for o in outcomes]
+    return {"offered_rps": round(len(outcomes) / seconds, 1),
+            "sent_rps": round(len(outcomes) / max(seconds, max(o.sent_s for o in outcomes)), 1),
+            "generator_lag_p50_ms": round(percentile(lags, 0.5) * 1e3, 2),
+            "generator_lag_p99_ms": round(percentile(lags, 0.99) * 1e3, 2)}
 
 
 async def closed_loop(target, clients: int, seconds: float, pick, seed: int) -> float:
     """Requests/s answered ok by `clients` clients sending back to back for `seconds`."""
     rng = random.Random(seed)
-    deadline = time.perf_counter() + seconds
+    deadline = clock() + seconds
     answered = itertools.count()
 
     async def client() -> None:
-        while time.perf_counter() < deadline:
+        while clock() < deadline:
             if (await timed(target, pick(rng), "normal")).outcome == "ok":
                 next(answered)
-    started = time.perf_counter()
+    started = clock()
     await asyncio.gather(*[client() for _ in range(clients)])
-    return next(answered) / (time.perf_counter() - started)
+    return next(answered) / (clock() - started)
 
 
 def p99_ms(outcomes: list[Outcome], priority: str | None = None) -> float:

@@ -4,7 +4,9 @@ go to `predict` together, and a batch goes out as soon as waiting longer cannot 
 A batch goes out when its rows reach max_batch_size, or reach a preferred size (the largest the
 waiting requests reach), or cannot grow (the next request would not fit), else when its oldest
 request has waited max_queue_delay_ms. Requests wait in priority order (the scheduler's rank:
-higher goes first, then the older), a request's rows are never split, one with more rows than
+higher goes first, then the older), and a group led by a request of `urgent_rank` or above goes
+without waiting for the delay (the worker passes the ranks above the default class: an important
+request is not held for others to join it). A request's rows are never split, one with more rows than
 max_batch_size runs alone, and max_batch_size 0 runs every request alone at once. Requests whose
 variable dim falls in different length bins never share a batch, so a short one is not padded to
 a long one's length (past the largest bin, all are one group). The settings are checked where
@@ -31,9 +33,10 @@ class Pending:
 
 class DynamicBatcher:
     def __init__(self, max_batch_size: int, max_queue_delay_ms: float, preferred_batch_sizes=(),
-                 length_bins=()):
+                 length_bins=(), urgent_rank: float = float("inf")):
         self.max_batch_size = max_batch_size
         self.delay = max_queue_delay_ms / 1000.0
+        self.urgent_rank = urgent_rank
         self.preferred = frozenset(preferred_batch_sizes)
         self.length_bins = sorted(set(length_bins))
         self._groups: dict[int, list[tuple[tuple, Pending]]] = {}   # bin -> waiting, in the order they go
@@ -84,10 +87,12 @@ class DynamicBatcher:
         return batch
 
     def due(self) -> float | None:
-        """When the oldest waiting request's delay runs out (a batch is ready by then); None: none waits."""
+        """When the oldest waiting request's delay runs out (a batch is ready by then; an urgent
+        request's, when it arrived); None: none waits."""
         if not self._where:
             return None
-        return min(pending.arrived for waiting in self._groups.values() for _, pending in waiting) + self.delay
+        return min(pending.arrived + (0.0 if pending.rank >= self.urgent_rank else self.delay)
+                   for waiting in self._groups.values() for _, pending in waiting)
 
     def _bin_of(self, length: int) -> int:
         """The smallest bin that holds `length`; past the largest bin, one group for all the longer."""
@@ -113,7 +118,7 @@ class DynamicBatcher:
             return count
         if preferred:
             return preferred
-        if not grows:
-            return count   # the next request does not fit: waiting longer would not help
+        if not grows or waiting[0][1].rank >= self.urgent_rank:
+            return count   # the next request does not fit, or the head may not wait for others
         oldest = min(pending.arrived for _, pending in waiting)
         return count if now >= oldest + self.delay else 0

@@ -126,6 +126,11 @@ class Scheduler:
         self.dispatched = 0
         self.errors: dict[str, dict[str, int]] = {}   # the scheduler's own error replies: class -> code -> n
         self.hold_until: float | None = None   # a batch is held open until then
+        # Since dispatch_waiting last looked, a worker gained room (or came) or a job joined the
+        # queue: only then may a full queue make room by dispatching. Under a flood of refused
+        # arrivals neither happens, and looking again for each (a pass over the workers' jobs)
+        # made admission the bottleneck that high requests queued behind in the inbox.
+        self.may_place = True
         self.queue_time: dict[str, Histogram] = {}   # by class: a class's wait is what its users feel
         self.tracing = tracing.start(config, "scheduler")   # None with tracing off
 
@@ -157,6 +162,7 @@ class Scheduler:
         changed = [f"scheduler.{f.name}" for f in dataclasses.fields(SchedulerConfig)
                    if getattr(old, f.name) != getattr(new, f.name)]
         self.config = dataclasses.replace(self.config, scheduler=new)
+        self.may_place = True   # max_inflight_per_worker may have grown
         self.queue.configure(new.classes)
         self.queue.fifo = new.policy == "fifo"
         self.admission.configure(new)
@@ -207,7 +213,7 @@ class Scheduler:
         if self.poison.holds(job.request, now, job.payload):
             raise MCPDError(codes.INTERNAL, "an identical request from this tenant failed twice on workers "
                             "in the last minutes; it is not run again for now (change it, or report the bug)")
-        if len(self.queue) >= self.config.scheduler.max_queue:
+        if len(self.queue) >= self.config.scheduler.max_queue and self.may_place:
             dispatch_waiting(self, now)   # a burst may be refused only if the workers have no room either
         displaced = self.admission.admit(job, self.queue, len(self.jobs), now)
         args = job.request.args
@@ -229,6 +235,7 @@ class Scheduler:
                       self.config.scheduler.overloaded_retry_ms)
         job.seq = next(self.arrivals)
         self.queue.push(job, self.admission.tenants.weight(job.client))
+        self.may_place = True
         self.jobs[job.rid] = job
         if job.deadline is not None:
             self.deadlines.add(job.deadline, job.rid)

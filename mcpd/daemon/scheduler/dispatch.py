@@ -15,6 +15,7 @@ from mcpd.protocol.args import InferArgs
 def dispatch_waiting(scheduler, now: float) -> None:
     """Hand out waiting jobs, most important first, in length-bin groups, while workers have room."""
     scheduler.hold_until = None
+    scheduler.may_place = False
     scheduler.admission.ladder.update(len(scheduler.queue), now)
     for name, window in scheduler.windows.items():
         scheduler.admission.fast.update(name, scheduler.config.scheduler.classes.get(name), window.recent_p99_ms)

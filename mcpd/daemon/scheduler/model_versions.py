@@ -75,6 +75,7 @@ def queue_shadow_copy(scheduler, job: Job, now: float) -> None:
     job.compare = True
     scheduler.shadow.start(model, job.rid, rid)
     scheduler.queue.push(copy, scheduler.admission.tenants.weight(copy.client))
+    scheduler.may_place = True
     scheduler.jobs[rid] = copy
 
 

@@ -34,6 +34,7 @@ def off_worker(scheduler, slot: WorkerSlot, rid: int) -> Job | None:
     job = slot.jobs.pop(rid, None)
     if job is not None:
         scheduler.admission.tenants.ended(job)
+        scheduler.may_place = True
     return job
 
 
@@ -72,6 +73,7 @@ def hello(scheduler, identity: bytes, message: messages.Hello) -> None:
         lost(scheduler, identity, slot.pid)   # restarted before the supervisor told us
     slot = scheduler.workers.setdefault(identity, WorkerSlot(message.index, identity))
     slot.pid, slot.ready, slot.info = message.pid, True, msgspec.structs.asdict(message)
+    scheduler.may_place = True
     if message.signature is not None:
         scheduler.signatures[(message.served_model, message.version)] = message.signature
     scheduler.log.info("worker %d ready (pid %d, %s)", slot.index, slot.pid, message.device)

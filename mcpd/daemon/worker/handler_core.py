@@ -82,8 +82,10 @@ class HandlerCore:
         version = config.model
         self.timeout_s = version.handler_timeout_s
         batching = version.batching
+        classes = config.scheduler
         self.batcher = DynamicBatcher(batching.max_batch_size, batching.max_queue_delay_ms,
-                                      batching.preferred_batch_sizes, batching.length_bins)
+                                      batching.preferred_batch_sizes, batching.length_bins,
+                                      urgent_rank=classes.classes[classes.default_class].rank + 1)
         self.predictor = ThreadPoolExecutor(1, thread_name_prefix="predict")
         self.wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self.running: Running | None = None
