@@ -8,7 +8,8 @@ could see a byte. No socket option reaches into libzmq's pipes, so this watches 
 outside, per TCP connection: the kernel counts the bytes received (TCP_INFO tcpi_bytes_received)
 and those still unread in its buffer (FIONREAD); the front-end counts the bytes of the messages
 delivered on it (each message names its descriptor, ZMQ_SRCFD). What is left is held by libzmq
-for messages not delivered yet.
+for messages not delivered yet. A connection is counted from its first byte (its handshake is
+well under SLACK), so what libzmq read before the front-end heard of the accept counts too.
 
 - A connection holding more than a whole request may carry (limits.max_message_bytes) is sending
   a message that would be refused anyway: it is cut. shutdown(2) on libzmq's descriptor makes
@@ -25,17 +26,17 @@ receives, and those are looked at. The kernel reports an arrival only while its 
 unread, and libzmq may read them first, so a connection found part-way through a message (more
 than SLACK held) is looked at again every LOOK_S until it finishes or is cut, arrivals reported
 or not. After each look the loop stops listening for LOOK_S, so that small requests cost one
-look per LOOK_S, not one each. A sender gets past the limit by what libzmq reads in about
-LOOK_S, once it is part-way; a sender whose first arrivals all go unseen is left to the scan.
+look per LOOK_S, not one each. Nothing makes libzmq wait for a look, so a sender still gets past
+the limit by what libzmq reads between two (about LOOK_S once it is part-way, and the pause
+before); one whose first arrivals all go unseen is left to the scan below.
 
-The second rule needs every connection's count, a few system calls each, so it runs when the
-process grew by SCAN_GROWTH bytes since the last scan (a fast sender), and at least every SCAN_S
+The scan applies both rules to every connection, a few system calls each, so it runs when the
+process grew by SCAN_GROWTH bytes since the last one (a fast sender), and at least every SCAN_S
 (a slow one).
 
 Not covered: the ipc endpoint (no such counters for Unix sockets; its peers are local users the
-kernel names, `uid:<n>`). A connection is counted from its first byte, handshake included (well
-under SLACK). A client's ZMTP heartbeats (off unless it asks) count as held, about ten bytes
-each: months before they matter.
+kernel names, `uid:<n>`). A client's ZMTP heartbeats (off unless it asks) count as held, about
+ten bytes each: months before they matter.
 """
 from __future__ import annotations
 
