@@ -3,6 +3,7 @@ message and many half-sent ones are cut off once they pass their limits, measure
 front-end's resident memory. The peers speak ZMTP by hand (mcpd.raw_zmtp): libzmq itself never
 sends part of a message."""
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -50,6 +51,43 @@ def test_one_huge_multipart_message_is_cut_near_its_limit(d):
     d.wait_until(lambda: cut_count(d) >= 1, 10, "the cut counted")
     with d.client() as client:
         assert client.ping()["pong"]
+
+
+def test_a_sender_part_way_through_a_message_is_cut_near_the_limit_however_fast_it_goes_on(d):
+    """A message begun, paused, then rushed on: the front-end looks at a connection as its bytes
+    arrive, not when a timer or its own growth says, so the rush gets little past the limit.
+    Three senders, one after the other: each meets the front-end at another moment."""
+    for _ in range(3):
+        memory = FrontendMemory(d)
+        before = cut_count(d)
+        peer = RawPeer("127.0.0.1", d.port)
+        frame = MESSAGE_LIMIT - 64 * 1024
+        peer.begin_frame(frame, more=True)
+        peer.send_raw(b"x" * (3 * MiB))   # under the limit: held, not cut
+        time.sleep(0.6)   # paused: longer than the front-end's periodic checks are apart
+        assert cut_count(d) == before
+        assert rush(peer, frame - 3 * MiB, frames=12), "a 28 MiB message was never cut"
+        peer.close()
+        growth = memory.peak_growth()
+        assert growth < MESSAGE_LIMIT + 6 * MiB, f"the front-end grew by {growth / MiB:.1f} MiB"
+        d.wait_until(lambda: cut_count(d) == before + 1, 10, "the cut counted")
+    with d.client() as client:
+        assert client.ping()["pong"]
+
+
+def rush(peer: RawPeer, rest_of_frame: int, frames: int) -> bool:
+    """The rest of the open frame, then `frames` frames of 2 MiB, half a MiB a millisecond; True
+    once the daemon cuts the connection."""
+    try:
+        peer.send_raw(b"x" * rest_of_frame)
+        for _ in range(frames):
+            peer.begin_frame(2 * MiB, more=True)
+            for _ in range(4):
+                peer.send_raw(b"x" * (MiB // 2))
+                time.sleep(0.001)
+        return False
+    except OSError:
+        return True
 
 
 def test_many_slow_senders_hold_no_more_than_the_incoming_limit(d):

@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-from mcpd.daemon.frontend.incoming import IncomingBytes
+from mcpd.daemon.frontend.incoming import SLACK, IncomingBytes
 
 
 def closed_descriptor() -> int:
@@ -40,3 +40,90 @@ def test_an_open_connection_is_watched():
     finally:
         for sock in (client, server, listener):
             sock.close()
+
+
+LIMIT = 1 << 20
+
+
+class Connection:
+    """A loopback TCP connection whose server end this process reads as libzmq would: what it
+    has read and not delivered is what the watch counts as held."""
+
+    def __init__(self):
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.client = socket.create_connection(self.listener.getsockname())
+        self.server, _ = self.listener.accept()
+        self.fd = self.server.fileno()
+
+    def carry(self, nbytes: int, unread: int = 0) -> None:
+        """`nbytes` sent and read; `unread` more sent and left in the kernel (bytes arriving)."""
+        self.client.sendall(b"x" * (nbytes + unread))
+        got = 0
+        while got < nbytes:
+            got += len(self.server.recv(nbytes - got))
+
+    def cut(self) -> bool:
+        """Whether the server end was shut down (the client reads the end of the stream)."""
+        self.client.settimeout(5)
+        return self.client.recv(1 << 20) == b""
+
+    def close(self) -> None:
+        for sock in (self.client, self.server, self.listener):
+            sock.close()
+
+
+@pytest.fixture
+def connection():
+    made = Connection()
+    yield made
+    made.close()
+
+
+def watch(connection: Connection) -> IncomingBytes:
+    incoming = IncomingBytes(LIMIT, 1 << 30, False, logging.getLogger("test"))
+    incoming.accepted(connection.fd, b"tcp://127.0.0.1:1")
+    return incoming
+
+
+def nothing() -> None:
+    """A before_scan with no complete message to take."""
+
+
+def test_a_connection_past_the_limit_is_cut_at_the_first_look_after_its_bytes_arrive(connection):
+    incoming = watch(connection)
+    connection.carry(LIMIT + SLACK + 1, unread=1)
+    incoming.look(before_scan=nothing)
+    assert incoming.cut == 1 and connection.fd not in incoming.connections
+    assert connection.cut()
+
+
+def test_a_connection_under_way_is_looked_at_again_though_its_next_bytes_were_read_unreported(connection):
+    """libzmq reads what arrives at once, often before the loop's look: the kernel then reports
+    nothing, and only the connection's being under way gets it looked at."""
+    incoming = watch(connection)
+    connection.carry(SLACK + 1, unread=1)
+    incoming.look(before_scan=nothing)
+    assert incoming.under_way == {connection.fd} and incoming.cut == 0
+    connection.carry(LIMIT + 1)
+    incoming.look(before_scan=nothing)
+    assert incoming.cut == 1 and incoming.under_way == set()
+    assert connection.cut()
+
+
+def test_complete_messages_taken_before_the_cut_are_not_held(connection):
+    """Past the limit, the loop first takes every complete message libzmq has (before_scan):
+    a client sending fast is not cut for the messages the front-end had not read yet."""
+    incoming = watch(connection)
+    sizes = [LIMIT // 2 - 9] * 3   # three frames with their 9-byte headers: 1.5 MiB on the wire
+    connection.carry(sum(size + 9 for size in sizes), unread=1)
+    incoming.look(before_scan=lambda: incoming.delivered(connection.fd, sizes))
+    assert incoming.cut == 0 and incoming.under_way == set()
+
+
+def test_bytes_read_before_the_accept_was_reported_count(connection):
+    """libzmq reads a connection before the front-end hears of its accept; those bytes are held too."""
+    connection.carry(LIMIT + SLACK + 1)
+    incoming = watch(connection)
+    incoming.check(before_scan=nothing)
+    assert incoming.cut == 1
+    assert connection.cut()

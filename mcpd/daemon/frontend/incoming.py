@@ -8,7 +8,8 @@ could see a byte. No socket option reaches into libzmq's pipes, so this watches 
 outside, per TCP connection: the kernel counts the bytes received (TCP_INFO tcpi_bytes_received)
 and those still unread in its buffer (FIONREAD); the front-end counts the bytes of the messages
 delivered on it (each message names its descriptor, ZMQ_SRCFD). What is left is held by libzmq
-for messages not delivered yet.
+for messages not delivered yet. A connection is counted from its first byte (its handshake is
+well under SLACK), so what libzmq read before the front-end heard of the accept counts too.
 
 - A connection holding more than a whole request may carry (limits.max_message_bytes) is sending
   a message that would be refused anyway: it is cut. shutdown(2) on libzmq's descriptor makes
@@ -17,13 +18,25 @@ for messages not delivered yet.
 - All connections together may hold limits.max_incoming_bytes; past that, those holding most are
   cut until the rest fit.
 
-A scan costs a few system calls per connection, so it runs when the process grew by SCAN_GROWTH
-bytes since the last one (a fast sender), and at least every SCAN_S (a slow one).
+libzmq's I/O thread reads as fast as the peer sends, whatever the front-end's loop is doing, so
+a check on a timer lets a fast sender past the limit by whatever arrives between two checks
+(tens of MiB at loopback speed). The first rule is therefore checked as bytes arrive: an
+edge-triggered epoll over libzmq's TCP descriptors (`arrivals`) wakes the loop when any of them
+receives, and those are looked at. The kernel reports an arrival only while its bytes are still
+unread, and libzmq may read them first, so a connection found part-way through a message (more
+than SLACK held) is looked at again every LOOK_S until it finishes or is cut, arrivals reported
+or not. After each look the loop stops listening for LOOK_S, so that small requests cost one
+look per LOOK_S, not one each. Nothing makes libzmq wait for a look, so a sender still gets past
+the limit by what libzmq reads between two (about LOOK_S once it is part-way, and the pause
+before); one whose first arrivals all go unseen is left to the scan below.
+
+The scan applies both rules to every connection, a few system calls each, so it runs when the
+process grew by SCAN_GROWTH bytes since the last one (a fast sender), and at least every SCAN_S
+(a slow one).
 
 Not covered: the ipc endpoint (no such counters for Unix sockets; its peers are local users the
-kernel names, `uid:<n>`), and the bytes of a message begun in the moment between a connection's
-accept and the front-end hearing of it. A client's ZMTP heartbeats (off unless it asks) count as
-held, about ten bytes each: months before they matter.
+kernel names, `uid:<n>`). A client's ZMTP heartbeats (off unless it asks) count as held, about
+ten bytes each: months before they matter.
 """
 from __future__ import annotations
 
@@ -32,6 +45,7 @@ import ctypes
 import fcntl
 import logging
 import os
+import select
 import socket
 import struct
 import termios
@@ -42,6 +56,7 @@ from mcpd.daemon.frontend import descriptor
 
 SCAN_S = 0.5
 SCAN_GROWTH = 8 << 20
+LOOK_S = 0.002
 SLACK = 64 << 10   # handshake and frame headers: a connection may hold a whole request and this
 TCPI_BYTES_RECEIVED = 128      # offset of tcpi_bytes_received in struct tcp_info (Linux >= 4.1)
 TCP_INFO_BYTES = TCPI_BYTES_RECEIVED + 8
@@ -64,14 +79,15 @@ def give_large_buffers_back() -> None:
 
 @dataclass
 class Connection:
-    counted_from: int     # bytes received before we heard of the connection (not ours to judge)
-    delivered: int = 0    # wire bytes of the messages delivered on it since
+    delivered: int = 0    # wire bytes of the messages delivered on it
 
 
 class IncomingBytes:
     def __init__(self, per_connection: int, total: int, curve: bool, log: logging.Logger):
         self.per_connection, self.total, self.curve, self.log = per_connection, total, curve, log
         self.connections: dict[int, Connection] = {}
+        self.arrivals = select.epoll()   # readable when a watched connection received bytes
+        self.under_way: set[int] = set()   # connections part-way through a message at the last look
         self.cut = 0   # connections cut since start
         self.statm = os.open("/proc/self/statm", os.O_RDONLY)   # read every GUARD_S: one pread
         self.last_scan, self.rss_at_scan = 0.0, self._rss()
@@ -79,18 +95,35 @@ class IncomingBytes:
     def accepted(self, fd: int, endpoint: bytes) -> None:
         if not endpoint.startswith(b"tcp://"):
             return
-        counters = _counters(fd)
-        if counters is not None:
-            received, unread = counters
-            self.connections[fd] = Connection(received - unread)
+        try:
+            self.arrivals.register(fd, select.EPOLLIN | select.EPOLLET)
+        except OSError:
+            return   # closed already: its disconnect report follows
+        self.connections[fd] = Connection()
 
     def disconnected(self, fd: int) -> None:
-        self.connections.pop(fd, None)
+        self.under_way.discard(fd)
+        if self.connections.pop(fd, None) is not None:
+            try:
+                self.arrivals.unregister(fd)
+            except OSError:
+                pass   # closed: the kernel has unregistered it (a descriptor reused since is not registered yet)
 
     def delivered(self, fd: int, frame_sizes: list[int]) -> None:
         connection = self.connections.get(fd)
         if connection is not None:
             connection.delivered += sum(self._wire_bytes(size) for size in frame_sizes)
+
+    def look(self, before_scan) -> None:
+        """Apply the first rule to the connections reported receiving since the last look and to
+        those under way then (see the module's doc); `under_way` says which are now."""
+        fds = self.under_way.union(fd for fd, _ in self.arrivals.poll(0))
+        held = self._held_of(fds)
+        if any(nbytes > self.per_connection + SLACK for nbytes in held.values()):
+            before_scan()   # takes every complete message: what libzmq still holds is unfinished
+            held = self._held_of(fds)
+            self._cut_over_message_limit(held)
+        self.under_way = {fd for fd, nbytes in held.items() if nbytes > SLACK}
 
     def check(self, before_scan) -> None:
         """Cut whatever connections hold too much (see the module's doc); cheap unless it scans.
@@ -102,9 +135,9 @@ class IncomingBytes:
             return
         before_scan()
         self.last_scan, self.rss_at_scan = now, rss
-        held = {fd: self._held(fd, connection) for fd, connection in self.connections.items()}
-        for fd in [fd for fd, nbytes in held.items() if nbytes > self.per_connection + SLACK]:
-            self._cut(fd, held.pop(fd), f"more than limits.max_message_bytes ({self.per_connection})")
+        held = self._held_of(self.connections)
+        self._cut_over_message_limit(held)
+        self.under_way.update(fd for fd, nbytes in held.items() if nbytes > SLACK)
         for fd in sorted(held, key=held.get, reverse=True):
             if sum(held.values()) <= self.total:
                 break
@@ -113,17 +146,26 @@ class IncomingBytes:
     def stats(self) -> dict:
         return {"connections": len(self.connections), "cut": self.cut}
 
+    def _held_of(self, fds) -> dict[int, int]:
+        """What libzmq holds of each connection still watched (a pump before may have ended some)."""
+        return {fd: self._held(fd, self.connections[fd]) for fd in list(fds) if fd in self.connections}
+
+    def _cut_over_message_limit(self, held: dict[int, int]) -> None:
+        """Cut the connections in `held` past the first rule, and leave the rest in it."""
+        for fd in [fd for fd, nbytes in held.items() if nbytes > self.per_connection + SLACK]:
+            self._cut(fd, held.pop(fd), f"more than limits.max_message_bytes ({self.per_connection})")
+
     def _held(self, fd: int, connection: Connection) -> int:
         counters = _counters(fd)
         if counters is None:
             return 0
         received, unread = counters
-        return max(0, received - unread - connection.counted_from - connection.delivered)
+        return max(0, received - unread - connection.delivered)
 
     def _cut(self, fd: int, nbytes: int, why: str) -> None:
         self.log.warning("cut a client connection holding %d bytes of unfinished messages: %s", nbytes, why)
         self.cut += 1
-        del self.connections[fd]   # its disconnect report follows
+        self.disconnected(fd)   # libzmq's disconnect report follows
         descriptor.shut_down(fd)
 
     def _rss(self) -> int:

@@ -7,7 +7,7 @@ event loop's cost once per batch, not once per message.
 
 What a client can make it hold is bounded both ways: replies for a client that does not read wait
 in its backlog, never dropped (outbox.py), and the unfinished messages libzmq holds for clients
-are watched and cut past their limits (incoming.py), every GUARD_S.
+are watched and cut past their limits (incoming.py) as their bytes arrive.
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from mcpd.daemon.child_stats import FrontendStats
 from mcpd.daemon.frontend.address_cap import AddressCap
 from mcpd.daemon.frontend.core import FrontEndCore
 from mcpd.daemon.frontend.gate import Gate
-from mcpd.daemon.frontend.incoming import IncomingBytes, give_large_buffers_back
+from mcpd.daemon.frontend.incoming import LOOK_S, IncomingBytes, give_large_buffers_back
 from mcpd.daemon.frontend.outbox import Outbox
 from mcpd.daemon.frontend.peer_links import PeerLinks
 from mcpd.daemon.frontend.peers import PeerTracker
@@ -130,6 +130,7 @@ class FrontEnd:
                    self.connections: self._pump_connections, **{s: self._pump_gate for s in self.gate.sockets}}
         for sock, reader in readers.items():
             loop.add_reader(sock.getsockopt(zmq.FD), reader)
+        loop.add_reader(self.incoming.arrivals.fileno(), self._look_at_arrivals)
         loop.add_signal_handler(signal.SIGTERM, self._stop)
         if self.http is not None:
             await self.http.start()
@@ -196,6 +197,20 @@ class FrontEnd:
         finally:
             asyncio.get_running_loop().call_later(GUARD_S, self._guard)
 
+    def _look_at_arrivals(self) -> None:
+        """Bytes reached client connections: look at them (incoming.py), and stop listening for
+        LOOK_S, after which look again at once if a message was under way, else listen again."""
+        loop = asyncio.get_running_loop()
+        loop.remove_reader(self.incoming.arrivals.fileno())
+        loop.call_later(LOOK_S, self._after_look)
+        self.incoming.look(before_scan=self._pump)
+
+    def _after_look(self) -> None:
+        if self.incoming.under_way:
+            self._look_at_arrivals()
+        else:
+            asyncio.get_running_loop().add_reader(self.incoming.arrivals.fileno(), self._look_at_arrivals)
+
     def _stop(self) -> None:
         self.core.stop()
         if not self.stopped.done():
@@ -219,11 +234,11 @@ class FrontEnd:
             if len(sizes) <= limits.max_frames + 1 and total <= limits.max_message_bytes:   # + a REQ delimiter
                 frames.append(frame.bytes)
         fd = first.get(zmq.SRCFD)
-        self.incoming.delivered(fd, sizes)
         if not self.peers.knows(frames[0], fd):
             self._read_connection_events()   # peers.py: before filing a client under its connection
             if not self.peers.seen(frames[0], fd):
                 return None   # its connection closed already: nobody would read the reply
+        self.incoming.delivered(fd, sizes)   # after its accept is read: a connection is counted from its first byte
         return frames, sizes, self.gate.tenant_of(first)
 
     def _read_connection_events(self) -> None:
