@@ -222,3 +222,26 @@ def test_int8_agreement_over_generated_texts(classifier, embedder, capsys):
     with capsys.disabled():
         print(f"\nint8 agreement over 300 texts: {figures}")
     assert figures["top1"] >= MIN_TOP1_INT8 and figures["cosine"] >= MIN_COSINE_INT8
+
+
+@pytest.mark.parametrize("fixture", ["classifier", "embedder"])
+def test_predict_runs_a_traced_graph_not_transformers_python(request, fixture):
+    """transformers' Python costs about as much per call as a small model's compute: a batch
+    runs the graph traced at setup, so no module of the model is called from Python (their
+    hooks never fire), and a batch of one unpadded row still equals transformers' forward."""
+    handler = request.getfixturevalue(fixture)
+    called = []
+    hooks = [module.register_forward_pre_hook(lambda module, args: called.append(module))
+             for module in handler.model.modules()]
+    try:
+        outputs = handler.predict(batch_of(handler, [handler.preprocess({"text": texts(3, seed=5)}),
+                                                     handler.preprocess({"text": texts(1, seed=6)})]))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert called == [] and len(next(iter(outputs.values()))) == 4
+    ids = torch.tensor(handler.preprocess({"text": texts(1, seed=8)})["input_ids"])
+    with torch.inference_mode():
+        untraced = handler.forward(ids, torch.ones_like(ids))
+    for name, array in handler.predict({"input_ids": ids.numpy()}).items():
+        np.testing.assert_array_equal(array, untraced[name].numpy())

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 from transformers import BertConfig
 
+from mcpd.handlers.examples.traced_forward import traced_forward
 from mcpd.handlers.examples.wordpiece import PAD_ID, build_tokenizer, token_ids, vocabulary
 from mcpd.handlers.handler import Handler
 from mcpd.handlers.tensors import DTYPES, TensorSpec
@@ -29,6 +30,17 @@ class BertTextHandler(Handler, ABC):
     """One UTF-8 string per row in, a BERT-shaped model over its token ids."""
     inputs = {"text": TensorSpec("BYTES", (-1,))}
     extra_settings: dict[str, tuple[int, int, int]] = {}   # a subclass's own keys, as SETTINGS
+    _model: torch.nn.Module | None = None
+
+    @property
+    def model(self) -> torch.nn.Module | None:
+        return self._model
+
+    @model.setter
+    def model(self, model: torch.nn.Module) -> None:
+        """Setup builds it, quantization = "int8" replaces it: predict runs the graph of this one."""
+        self._model = model
+        self._graph = traced_forward(model, self.forward, vocabulary()["[CLS]"], self.device)
 
     def setup(self, device: str, settings: dict) -> None:
         values = checked_settings(settings, {**SETTINGS, **self.extra_settings})
@@ -71,12 +83,13 @@ class BertTextHandler(Handler, ABC):
         for chunk in ids.split(CHUNK_ROWS):
             mask = chunk != PAD_ID
             longest = int(mask.sum(1).max())
-            parts.append(self.forward(chunk[:, :longest].to(self.device), mask[:, :longest].long().to(self.device)))
+            parts.append(self._graph(chunk[:, :longest].to(self.device), mask[:, :longest].long().to(self.device)))
         return {name: torch.cat([part[name] for part in parts]).cpu().numpy() for name in parts[0]}
 
     @abstractmethod
     def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
-        """The outputs of a chunk of rows: token ids and their attention mask."""
+        """The outputs of a chunk of rows: token ids and their attention mask. Traced once
+        (traced_forward.py): its Python runs only then, so it must not branch on the values."""
 
 
 def checked_settings(settings: dict, allowed: dict[str, tuple[int, int, int]]) -> dict[str, int]:
