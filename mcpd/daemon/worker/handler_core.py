@@ -27,6 +27,7 @@ from typing import NamedTuple
 import numpy as np
 
 from mcpd.config import Config
+from mcpd.cpu import threads
 from mcpd.daemon import channels, messages
 from mcpd.daemon.child_stats import WorkerStats
 from mcpd.daemon.worker.core import DONE_FLUSH_COUNT, DONE_FLUSH_S, MAX_REASON_CHARS, Ports, take_message
@@ -86,7 +87,8 @@ class HandlerCore:
         self.batcher = DynamicBatcher(batching.max_batch_size, batching.max_queue_delay_ms,
                                       batching.preferred_batch_sizes, batching.length_bins,
                                       urgent_rank=classes.classes[classes.default_class].rank + 1)
-        self.predictor = ThreadPoolExecutor(1, thread_name_prefix="predict")
+        _on_every_core()
+        self.predictor = ThreadPoolExecutor(1, thread_name_prefix="predict", initializer=_on_every_core)
         self.wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self.running: Running | None = None
         self.live: dict[int, InferRequest] = {}   # waiting or running, not yet answered
@@ -348,6 +350,18 @@ class HandlerCore:
         if self.done and (len(self.done) >= DONE_FLUSH_COUNT or self.clock() >= self.done_due or not self.has_work):
             self.ports.to_scheduler(messages.encode(messages.Done(self.done)))
             self.done = []
+
+
+def _on_every_core() -> None:
+    """Let this thread run on any of the worker's cores when torch runs fewer threads than it
+    has. OpenMP binds the thread that loads it to the first core (cpu/threads.py), and threads
+    started later inherit that: a one-thread predict and the loop that feeds it then queue for
+    that one core while another sits idle."""
+    import torch   # the worker loaded it before the core
+
+    owned = threads.owned_cores()
+    if torch.get_num_threads() < len(owned):
+        os.sched_setaffinity(0, owned)
 
 
 def _encoded(shown: dict[str, np.ndarray], names) -> CachedResult:
