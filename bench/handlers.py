@@ -2,7 +2,7 @@
 serving the same Handler on this machine, and mcpd's own batching, priorities and result cache.
 
     .venv/bin/python bench/handlers.py --setup     # once, outside CI: LitServe's and MLServer's venvs
-    .venv/bin/python bench/handlers.py [--quick] [--peers litserve,mlserver] [--threads 1] [--cache-dir DIR]
+    .venv/bin/python bench/handlers.py [--quick] [--models risk,text] [--peers litserve,mlserver] [--threads 1] [--cache-dir DIR]
     .venv/bin/python bench/handlers.py --burst-only [--quick] [--burst-clients 2]   # the priority burst alone
 
 Every server runs the same code: the example Handler through its preprocess, predict on the
@@ -354,13 +354,15 @@ async def run(args) -> dict:
         return await burst_only(args, sizes)
     measured = {"models": {}, "missing": {}}
     for name, model in MODELS.items():
+        if name not in args.models:
+            continue
         try:
             inputs = TensorInputs(load_handler(model.handler).inputs)
         except ValueError as e:   # an example not shipped in this tree: its figures are None
             measured["missing"][name] = str(e)
             continue
         measured["models"][name] = await measure_model(args, sizes, name, model, inputs, measured)
-    if "text" not in measured["missing"]:
+    if "text" in args.models and "text" not in measured["missing"]:
         print("cache: on, then off ...", flush=True)
         measured["cache_on"] = await cache_run("text", MODELS["text"], sizes, args.threads, cache_on=True)
         measured["cache_off"] = await cache_run("text", MODELS["text"], sizes, args.threads, cache_on=False)
@@ -403,6 +405,7 @@ def main() -> None:
     parser.add_argument("--setup", action="store_true", help="install LitServe and MLServer in their venvs, then exit")
     parser.add_argument("--quick", action="store_true", help="short searches (5-10 minutes in all: every server still starts)")
     parser.add_argument("--peers", default=",".join(handler_servers.HANDLER_PEERS), help="comma-separated subset")
+    parser.add_argument("--models", default=",".join(MODELS), help="comma-separated subset of the models")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads of every server (mcpd: workers.threads); 1: the best on a busy 2-core machine")
     parser.add_argument("--cache-dir", type=Path, default=checkpoints.DEFAULT_CACHE)
@@ -411,6 +414,9 @@ def main() -> None:
                         help="client processes that offer the burst together (each its own socket)")
     args = parser.parse_args()
     args.peers = servers.chosen(parser, args.peers, handler_servers.HANDLER_PEERS)
+    args.models = [name for name in args.models.split(",") if name]
+    if set(args.models) - set(MODELS):
+        parser.error(f"unknown models {sorted(set(args.models) - set(MODELS))}; known: {', '.join(MODELS)}")
     if args.setup:
         setup(args.cache_dir)
         return
