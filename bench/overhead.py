@@ -311,6 +311,21 @@ def client_p50_us(endpoint: str, count: int) -> float:
     return statistics.median(times) * 1e6
 
 
+def stop_helpers(helpers: list[multiprocessing.Process], ipc_dir: str, daemon: Daemon) -> None:
+    for process in helpers:
+        process.terminate()
+    shutil.rmtree(ipc_dir, ignore_errors=True)
+    daemon.stop()
+    daemon.cleanup()
+
+
+def print_table(rows) -> None:
+    """(name, measure()'s figures) per row."""
+    print(f"{'':<28}{'p50 us':>10}{'p99 us':>10}{'req/s':>12}")
+    for name, m in rows:
+        print(f"{name:<28}{m['p50_us']:>10.1f}{m['p99_us']:>10.1f}{m['throughput_rps']:>12.0f}")
+
+
 def noop_only(count: int, total: int, window: int, quick: bool) -> None:
     """The ping against the raw echo and the bare relay chain alone, in the same interleaved rounds:
     the no-op ratio without the minutes the other daemons take."""
@@ -325,14 +340,8 @@ def noop_only(count: int, total: int, window: int, quick: bool) -> None:
         rounds = [[measure(e, count, total, window) for e in targets] for _ in range(ROUNDS)]
         raw, chain, mcpd = (median_of([r[i] for r in rounds]) for i in range(len(targets)))
     finally:
-        for process in helpers:
-            process.terminate()
-        shutil.rmtree(ipc_dir, ignore_errors=True)
-        daemon.stop()
-        daemon.cleanup()
-    print(f"{'':<28}{'p50 us':>10}{'p99 us':>10}{'req/s':>12}")
-    for name, m in (("raw pyzmq echo (1 hop)", raw), ("bare relay chain (5 hops)", chain), ("mcpd ping (5 hops)", mcpd)):
-        print(f"{name:<28}{m['p50_us']:>10.1f}{m['p99_us']:>10.1f}{m['throughput_rps']:>12.0f}")
+        stop_helpers(helpers, ipc_dir, daemon)
+    print_table((("raw pyzmq echo (1 hop)", raw), ("bare relay chain (5 hops)", chain), ("mcpd ping (5 hops)", mcpd)))
     print(json.dumps({"rounds": ROUNDS, "noop_p50_ratio_vs_relay": round(mcpd["p50_us"] / chain["p50_us"], 3),
                       "noop_p50_ratio_vs_raw": round(mcpd["p50_us"] / raw["p50_us"], 3),
                       "floor_p50_ratio_vs_raw": round(chain["p50_us"] / raw["p50_us"], 3),
@@ -384,17 +393,11 @@ def main() -> None:
                 other.cleanup()
         secure.stop()
         secure.cleanup()
-        for process in helpers:
-            process.terminate()
-        shutil.rmtree(ipc_dir, ignore_errors=True)
-        daemon.stop()
-        daemon.cleanup()
+        stop_helpers(helpers, ipc_dir, daemon)
 
-    print(f"{'':<28}{'p50 us':>10}{'p99 us':>10}{'req/s':>12}")
-    for name, m in (("raw pyzmq echo (1 hop)", raw), ("bare relay chain (5 hops)", chain),
-                    ("relay, internal hops Unix", unix_chain), ("mcpd ping (5 hops)", mcpd),
-                    ("mcpd ping, CURVE on", curve)):
-        print(f"{name:<28}{m['p50_us']:>10.1f}{m['p99_us']:>10.1f}{m['throughput_rps']:>12.0f}")
+    print_table((("raw pyzmq echo (1 hop)", raw), ("bare relay chain (5 hops)", chain),
+                 ("relay, internal hops Unix", unix_chain), ("mcpd ping (5 hops)", mcpd),
+                 ("mcpd ping, CURVE on", curve)))
     print(f"mcpd ping with the bundled Client: p50 {client_us:.1f} us")
     print(f"daemon CPU per pipelined ping (front-end + scheduler + worker): {cpu_us:.1f} us")
     one_token_server = one_token - raw["p50_us"] / 1e3
