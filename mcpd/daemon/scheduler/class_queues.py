@@ -77,7 +77,10 @@ class ClassQueues:
         self.remove(job)
 
     def _queue_of(self, job: Job) -> FairQueue:
-        return self.queues.setdefault((job.class_name, job.served), FairQueue())
+        queue = self.queues.get((job.class_name, job.served))
+        if queue is None:   # made only when missing: setdefault would build one on every push
+            queue = self.queues[job.class_name, job.served] = FairQueue()
+        return queue
 
     def waiting_for(self, lane) -> int:
         """Jobs waiting in `lane` (a model version), of every class."""
