@@ -1,7 +1,7 @@
 """No-op overhead: `ping` through front-end -> scheduler -> worker -> back, against a raw pyzmq
 DEALER/ROUTER echo measured in the same run (same client code, same machine, same moment).
 
-    python bench/overhead.py [--quick]
+    python bench/overhead.py [--quick] [--only noop]
 
 Prints p50/p99 of sequential round trips and the throughput of pipelined requests, then one
 JSON line. The target is noop_p50_ratio_vs_relay <= 1.3: the ping's p50 over that of a bare
@@ -311,11 +311,53 @@ def client_p50_us(endpoint: str, count: int) -> float:
     return statistics.median(times) * 1e6
 
 
+def stop_helpers(helpers: list[multiprocessing.Process], ipc_dir: str, daemon: Daemon) -> None:
+    for process in helpers:
+        process.terminate()
+    shutil.rmtree(ipc_dir, ignore_errors=True)
+    daemon.stop()
+    daemon.cleanup()
+
+
+def print_table(rows) -> None:
+    """(name, measure()'s figures) per row."""
+    print(f"{'':<28}{'p50 us':>10}{'p99 us':>10}{'req/s':>12}")
+    for name, m in rows:
+        print(f"{name:<28}{m['p50_us']:>10.1f}{m['p99_us']:>10.1f}{m['throughput_rps']:>12.0f}")
+
+
+def noop_only(count: int, total: int, window: int, quick: bool) -> None:
+    """The ping against the raw echo and the bare relay chain alone, in the same interleaved rounds:
+    the no-op ratio without the minutes the other daemons take."""
+    raw_endpoint, chain_endpoint = (f"tcp://127.0.0.1:{free_port()}" for _ in range(2))
+    ipc_dir = tempfile.mkdtemp(prefix="mcpd-bench-", dir="/tmp")
+    helpers = [multiprocessing.get_context("spawn").Process(target=echo_server, args=(raw_endpoint,), daemon=True)]
+    helpers[0].start()
+    helpers += start_relay_chain(chain_endpoint, ipc_dir)
+    daemon = Daemon().start()
+    try:
+        targets = (raw_endpoint, chain_endpoint, daemon.endpoint)
+        rounds = [[measure(e, count, total, window) for e in targets] for _ in range(ROUNDS)]
+        raw, chain, mcpd = (median_of([r[i] for r in rounds]) for i in range(len(targets)))
+    finally:
+        stop_helpers(helpers, ipc_dir, daemon)
+    print_table((("raw pyzmq echo (1 hop)", raw), ("bare relay chain (5 hops)", chain), ("mcpd ping (5 hops)", mcpd)))
+    print(json.dumps({"rounds": ROUNDS, "noop_p50_ratio_vs_relay": round(mcpd["p50_us"] / chain["p50_us"], 3),
+                      "noop_p50_ratio_vs_raw": round(mcpd["p50_us"] / raw["p50_us"], 3),
+                      "floor_p50_ratio_vs_raw": round(chain["p50_us"] / raw["p50_us"], 3),
+                      "raw_p50_us": round(raw["p50_us"], 1), "relay_p50_us": round(chain["p50_us"], 1),
+                      "mcpd_p50_us": round(mcpd["p50_us"], 1), "mcpd_rps": round(mcpd["throughput_rps"]),
+                      "quick": quick, "only": "noop"}))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer requests (well under a minute)")
+    parser.add_argument("--only", choices=("noop",), help="noop: the ping against the echo and the relay chain alone")
     args = parser.parse_args()
     count, total, window = (1000, 10000, 128) if args.quick else (10000, 100000, 128)
+    if args.only == "noop":
+        return noop_only(count, total, window, args.quick)
 
     raw_endpoint = f"tcp://127.0.0.1:{free_port()}"
     chain_endpoint = f"tcp://127.0.0.1:{free_port()}"
@@ -351,17 +393,11 @@ def main() -> None:
                 other.cleanup()
         secure.stop()
         secure.cleanup()
-        for process in helpers:
-            process.terminate()
-        shutil.rmtree(ipc_dir, ignore_errors=True)
-        daemon.stop()
-        daemon.cleanup()
+        stop_helpers(helpers, ipc_dir, daemon)
 
-    print(f"{'':<28}{'p50 us':>10}{'p99 us':>10}{'req/s':>12}")
-    for name, m in (("raw pyzmq echo (1 hop)", raw), ("bare relay chain (5 hops)", chain),
-                    ("relay, internal hops Unix", unix_chain), ("mcpd ping (5 hops)", mcpd),
-                    ("mcpd ping, CURVE on", curve)):
-        print(f"{name:<28}{m['p50_us']:>10.1f}{m['p99_us']:>10.1f}{m['throughput_rps']:>12.0f}")
+    print_table((("raw pyzmq echo (1 hop)", raw), ("bare relay chain (5 hops)", chain),
+                 ("relay, internal hops Unix", unix_chain), ("mcpd ping (5 hops)", mcpd),
+                 ("mcpd ping, CURVE on", curve)))
     print(f"mcpd ping with the bundled Client: p50 {client_us:.1f} us")
     print(f"daemon CPU per pipelined ping (front-end + scheduler + worker): {cpu_us:.1f} us")
     one_token_server = one_token - raw["p50_us"] / 1e3

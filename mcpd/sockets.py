@@ -24,8 +24,7 @@ RUNTIME_SOCKETS = (CLIENT_IPC, CONTROL_IPC, EVENTS_IPC, SCHED_IPC, FRONTEND_IPC,
 UNIX_PATH_MAX = 107
 RUNTIME_DIR_MAX_BYTES = UNIX_PATH_MAX - 1 - max(len(name) for name in RUNTIME_SOCKETS)
 # Plain ints: pyzmq's enum flags cost a Flag construction per `&` or `|` (about 2 µs each).
-EVENTS, POLLIN, NOBLOCK, SNDMORE, RCVMORE = (int(flag) for flag in (zmq.EVENTS, zmq.POLLIN, zmq.NOBLOCK,
-                                                                    zmq.SNDMORE, zmq.RCVMORE))
+EVENTS, POLLIN, NOBLOCK, SNDMORE = (int(flag) for flag in (zmq.EVENTS, zmq.POLLIN, zmq.NOBLOCK, zmq.SNDMORE))
 # pyzmq's own send and recv, under its Python conveniences (routing ids, type checks, enum flags):
 # send_multipart and recv_multipart cost about twice what the frames' own calls do.
 _send, _recv, _get = zmq.backend.Socket.send, zmq.backend.Socket.recv, zmq.backend.Socket.get
@@ -60,10 +59,13 @@ def send_frames(sock: zmq.Socket, frames: list[bytes], flags: int = 0) -> None:
 
 
 def recv_frames(sock: zmq.Socket) -> list[bytes]:
-    """recv_multipart(NOBLOCK), cheaper."""
-    frames = [_recv(sock, NOBLOCK)]
-    while _get(sock, RCVMORE):
-        frames.append(_recv(sock, NOBLOCK))
+    """recv_multipart(NOBLOCK), cheaper: a zmq.Frame carries its RCVMORE, read in C, where asking
+    the socket for it builds an option enum per frame (a 3-frame message: 4.8 against 7 µs)."""
+    frame = _recv(sock, NOBLOCK, False)
+    frames = [frame.bytes]
+    while frame.more:
+        frame = _recv(sock, NOBLOCK, False)
+        frames.append(frame.bytes)
     return frames
 
 

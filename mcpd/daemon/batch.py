@@ -46,6 +46,8 @@ class Batch:
 
     def _next_count(self) -> int:
         """How many of the held messages, from the first, go in the next batch (at least one)."""
+        if len(self.held) == 1:   # a request alone (a ping's every hop): no sizes to add up
+            return 1
         total = 0
         for count, frames in enumerate(self.held[:MAX_MESSAGES]):
             total += sum(len(frame) for frame in frames)

@@ -159,13 +159,15 @@ def validate_args(op: str, args: dict, limits: LimitsConfig) -> typed.OpArgs:
     return checked
 
 
+_REQUIRED = {"cancel": ("target",), "context.update": ("id", "base")}   # else "id" where the op takes one
+
+
 def _check_required(args: typed.OpArgs) -> None:
     if isinstance(args, typed.GenerateArgs):
         return _check_generate(args)
     if isinstance(args, typed.InferArgs):
         return infer_args.check(args)
-    required = {"cancel": ("target",), "context.update": ("id", "base")}.get(
-        args.op, ("id",) if "id" in OPS[args.op] else ())
+    required = _REQUIRED.get(args.op, ("id",) if "id" in OPS[args.op] else ())
     missing = [name for name in required if getattr(args, name) is None]
     if missing:
         raise MCPDError(codes.BAD_REQUEST, f"{args.op}: argument(s) {missing} required")

@@ -40,6 +40,11 @@ class Waiting:
     def nbytes(self) -> int:
         return len(self.header) + sum(len(frame) for frame in self.payload)
 
+    @property
+    def frames(self) -> tuple[tuple[bytes, ...], bytes, tuple[bytes, ...]]:
+        """(envelope, header, payload): what Outbox._try sends."""
+        return self.envelope, self.header, self.payload
+
 
 class Backlog:
     """One client's replies that its pipe had no room for, oldest first."""
@@ -85,13 +90,12 @@ class Outbox:
         shift = self.merged.get(rid, 0) if chunk else self.merged.pop(rid, 0)
         if chunk and shift:
             header = wire.renumber_chunk(header, shift)
-        entry = Waiting(rid, envelope, header, tuple(payload), chunk)
         backlog = self.backlogs.get(identity)
         if backlog is None:
-            sent = self._try(identity, entry)
-            if sent is not None:
+            if self._try(identity, envelope, header, payload) is not None:
                 return False
             backlog = self.backlogs[identity] = Backlog()
+        entry = Waiting(rid, envelope, header, tuple(payload), chunk)
         was_over = backlog.nbytes > self.limit
         if backlog.add(entry):
             self.merged[rid] = shift + 1
@@ -105,7 +109,7 @@ class Outbox:
         """Send what waits, per client in order, until a client's pipe is full again."""
         for identity in list(self.backlogs):
             backlog = self.backlogs[identity]
-            while backlog.queue and (sent := self._try(identity, backlog.queue[0])) is True:
+            while backlog.queue and (sent := self._try(identity, *backlog.queue[0].frames)) is True:
                 backlog.pop()
             if not backlog.queue or sent is False:
                 del self.backlogs[identity]
@@ -118,10 +122,10 @@ class Outbox:
         return {"clients": len(self.backlogs), "replies": sum(len(b.queue) for b in self.backlogs.values()),
                 "bytes": sum(b.nbytes for b in self.backlogs.values())}
 
-    def _try(self, identity: bytes, entry: Waiting) -> bool | None:
+    def _try(self, identity: bytes, envelope: tuple[bytes, ...], header: bytes, payload) -> bool | None:
         """True: sent. None: the client's pipe is full. False: the client is gone (dropped)."""
         try:
-            send_frames(self.sock, [identity, *entry.envelope, entry.header, *entry.payload], NOBLOCK)
+            send_frames(self.sock, [identity, *envelope, header, *payload], NOBLOCK)
             return True
         except zmq.Again:
             return None

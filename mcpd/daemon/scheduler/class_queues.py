@@ -27,6 +27,7 @@ class ClassQueues:
         self.fifo = fifo
         self.queues: dict[tuple, FairQueue] = {}   # by (class, lane)
         self.waiting: dict[str, int] = {}          # by tenant, all classes
+        self.size = 0                              # all of them: read on every dispatch and admission
         self.configure(classes)
 
     def configure(self, classes: dict[str, PriorityClass]) -> None:
@@ -35,7 +36,7 @@ class ClassQueues:
         self.top_rank = max(c.rank for c in classes.values())
 
     def __len__(self) -> int:
-        return sum(len(q) for q in self.queues.values())
+        return self.size
 
     def depth(self, class_name: str) -> int:
         return sum(len(q) for (name, _), q in self.queues.items() if name == class_name)
@@ -49,16 +50,19 @@ class ClassQueues:
     def push(self, job: Job, weight: float = 1.0) -> None:
         self._queue_of(job).push(job, weight)
         self.waiting[job.client] = self.waiting.get(job.client, 0) + 1
+        self.size += 1
 
     def push_front(self, job: Job) -> None:
         """A retried job goes back to the head of its tenant's queue: it has waited already."""
         self._queue_of(job).push_front(job)
         self.waiting[job.client] = self.waiting.get(job.client, 0) + 1
+        self.size += 1
 
     def remove(self, job: Job) -> bool:
         queue = self.queues.get((job.class_name, job.served))
         if queue is None or not queue.remove(job):
             return False
+        self.size -= 1
         if not queue:
             del self.queues[job.class_name, job.served]
         if (left := self.waiting.pop(job.client) - 1) > 0:
@@ -73,7 +77,10 @@ class ClassQueues:
         self.remove(job)
 
     def _queue_of(self, job: Job) -> FairQueue:
-        return self.queues.setdefault((job.class_name, job.served), FairQueue())
+        queue = self.queues.get((job.class_name, job.served))
+        if queue is None:   # made only when missing: setdefault would build one on every push
+            queue = self.queues[job.class_name, job.served] = FairQueue()
+        return queue
 
     def waiting_for(self, lane) -> int:
         """Jobs waiting in `lane` (a model version), of every class."""
@@ -117,8 +124,10 @@ class ClassQueues:
 
     def _rank_above(self, rank: int, steps: int) -> int:
         """The rank `steps` classes above `rank` (ranks need not be consecutive)."""
+        if not steps:
+            return rank
         above = sorted(c.rank for c in self.classes.values() if c.rank > rank)
-        return above[min(steps, len(above)) - 1] if steps and above else rank
+        return above[min(steps, len(above)) - 1] if above else rank
 
     def biggest_tenant_newest(self, class_name: str, tenant: str) -> Job | None:
         """The newest waiting job of the tenant with the most waiting in `class_name`, if that
@@ -141,6 +150,8 @@ class ClassQueues:
         the order they would go (no suspect: it runs alone)."""
         found = []
         queue = self.queues[first.class_name, first.served]
+        if limit <= 0 or len(queue) < 2:   # nothing could join it: a lone request pays no scan
+            return found
         jobs = queue.in_arrival_order() if self.fifo else queue.in_order()
         for i, job in enumerate(jobs):
             if len(found) >= limit or i >= GROUP_SCAN:

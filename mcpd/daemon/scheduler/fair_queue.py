@@ -33,7 +33,10 @@ class FairQueue:
         start = max(self.vtime, self.finish.get(job.client, 0.0))
         job.tag = start
         self.finish[job.client] = start + job.cost / weight
-        self.tenants.setdefault(job.client, OrderedDict())[job.rid] = job
+        fifo = self.tenants.get(job.client)
+        if fifo is None:
+            fifo = self.tenants[job.client] = OrderedDict()
+        fifo[job.rid] = job
         self.size += 1
 
     def push_front(self, job: Job) -> None:

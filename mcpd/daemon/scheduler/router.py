@@ -84,6 +84,8 @@ def choose(job: Job, slots, per_worker: int, headroom: int = 0) -> Placement:
             candidates.append(Placement(slot, free, room, True))
     if not candidates:
         return Placement(None, 0, 0, lane_open)
+    if len(candidates) == 1:   # the usual node: one worker per lane
+        return candidates[0]
     if job.context is not None:
         for placement in candidates:
             if placement.slot.index == job.context.worker_hint:
