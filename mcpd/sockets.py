@@ -60,7 +60,7 @@ def send_frames(sock: zmq.Socket, frames: list[bytes], flags: int = 0) -> None:
 
 def recv_frames(sock: zmq.Socket) -> list[bytes]:
     """recv_multipart(NOBLOCK), cheaper: a zmq.Frame carries its RCVMORE, read in C, where asking
-    the socket for it builds an option enum per frame (a 3-frame message: 4.8 against 7 µs)."""
+    the socket for it builds an option enum and calls into libzmq once per frame."""
     frame = _recv(sock, NOBLOCK, False)
     frames = [frame.bytes]
     while frame.more:
