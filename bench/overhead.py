@@ -1,7 +1,7 @@
 """No-op overhead: `ping` through front-end -> scheduler -> worker -> back, against a raw pyzmq
 DEALER/ROUTER echo measured in the same run (same client code, same machine, same moment).
 
-    python bench/overhead.py [--quick] [--only noop]
+    python bench/overhead.py [--quick] [--only noop] [--kernels auto|native-avx2|...]
 
 Prints p50/p99 of sequential round trips and the throughput of pipelined requests, then one
 JSON line. The target is noop_p50_ratio_vs_relay <= 1.3: the ping's p50 over that of a bare
@@ -354,6 +354,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer requests (well under a minute)")
     parser.add_argument("--only", choices=("noop",), help="noop: the ping against the echo and the relay chain alone")
+    parser.add_argument("--kernels", default="auto", help="engine.kernels of the plain daemon, whose worker runs the "
+                                                          "1-token generate (native-avx2: AVX2 on an AVX-512 machine)")
     args = parser.parse_args()
     count, total, window = (1000, 10000, 128) if args.quick else (10000, 100000, 128)
     if args.only == "noop":
@@ -367,7 +369,7 @@ def main() -> None:
     helpers[0].start()
     helpers += start_relay_chain(chain_endpoint, ipc_dir)
     helpers += start_unix_relay_chain(unix_chain_endpoint, ipc_dir)
-    daemon = Daemon().start()
+    daemon = Daemon(engine={"kernels": args.kernels}).start()
     secure = Daemon(security={"curve": "on"}).start()
     keys = secure.curve_keys("bench")
     traced = traced0 = None
@@ -426,7 +428,7 @@ def main() -> None:
         "one_token_p50_ms": round(one_token, 3), "one_token_server_ms": round(one_token_server, 3),
         "tracing_p50_overhead": round(tracing_overhead, 3),
         "tracing_ratio0_overhead": round(ratio0_overhead, 3), **turn_figures,
-        "quick": args.quick,
+        "quick": args.quick, "kernels": args.kernels,
     }
     print(json.dumps(figures))
 
