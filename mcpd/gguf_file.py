@@ -48,8 +48,10 @@ def open_gguf(path: Path):
 
 
 def part_name(name: str, index: int) -> str:
-    """The parameter holding part `index` of a matrix kept in parts (models/split_linear.py)."""
-    return f"{name.removesuffix('.weight')}.parts.{index}.weight"
+    """Parameter `name` ("x.weight", or a piece beside it: "x.weight_q4d") of part `index` of a
+    matrix kept in parts (models/split_linear.py): "x.parts.<index>.weight"."""
+    module, _, parameter = name.rpartition(".")
+    return f"{module}.parts.{index}.{parameter}"
 
 
 def forget() -> None:

@@ -86,8 +86,7 @@ def kept_quantized(reader) -> dict[str, str | tuple[tuple[str, int], ...]]:
     for tensor in reader.tensors:
         name = hf_name(tensor.name)
         if name is not None:
-            piece = (_PIECES.index(name.split(".")[-2]) if name.split(".")[-2] in _PIECES else 0,
-                     KEPT.get(tensor.tensor_type.name), int(tensor.shape[-1]))
+            piece = (_piece_order(name), KEPT.get(tensor.tensor_type.name), int(tensor.shape[-1]))
             pieces.setdefault(fused_name(name), []).append(piece)
     kept = {}
     for name, listed in pieces.items():
@@ -95,6 +94,12 @@ def kept_quantized(reader) -> dict[str, str | tuple[tuple[str, int], ...]]:
         if all(form is not None for form, _ in runs):
             kept[name] = runs[0][0] if len(runs) == 1 else runs
     return kept
+
+
+def _piece_order(name: str) -> int:
+    """Where a Hugging Face tensor's rows go in its fused matrix, among the other pieces'."""
+    projection = name.split(".")[-2]
+    return _PIECES.index(projection) if projection in _PIECES else 0
 
 
 def _runs(pieces: list[tuple[str | None, int]]) -> tuple[tuple[str | None, int], ...]:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from mcpd.gguf_file import part_name
 from mcpd.models.architecture import LlamaArgs
 from mcpd.models.experts import MixtureOfExperts
 from mcpd.quant.int8 import SCALE_SUFFIX, Int8Weight
@@ -293,7 +294,7 @@ class LlamaForCausalLM(KernelForms, nn.Module):
         if not isinstance(module, SplitLinear) or parameter == "bias":
             return target, row
         index, start = module.part_at(row)
-        return f"{module_name}.parts.{index}.{parameter}", row - start
+        return part_name(target, index), row - start
 
     def _packed_row(self, fused: str, index: int) -> int:
         args = self.args

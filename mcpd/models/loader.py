@@ -119,13 +119,13 @@ def skeleton(config: ModelConfig, device: torch.device) -> tuple[nn.Module, dict
     if arch.quantization == "int8":
         int8.use_int8(model)
     for name, form in arch.hf.get(gguf_file.KEPT_QUANTIZED, {}).items():   # a GGUF's quantized matrices
-        module = model.get_submodule(name.removesuffix(".weight"))
+        module_name = name.removesuffix(".weight")
         if isinstance(form, tuple):   # parts of different forms
-            module = split_linear.split(model, name.removesuffix(".weight"), tuple(rows for _, rows in form))
-            for part, (part_form, _) in zip(module.parts, form):
+            split = split_linear.split(model, module_name, tuple(rows for _, rows in form))
+            for part, (part_form, _) in zip(split.parts, form):
                 _hold(part, part_form)
         else:
-            _hold(module, form)
+            _hold(model.get_submodule(module_name), form)
     return model, arch.hf, DTYPES[arch.dtype], arch.vocab_size, arch.model_len
 
 
