@@ -27,6 +27,10 @@ mcpd's native kernels, from the same file format, in the same process.
   workloads (W1 decode and first token, W2 at 8 and 32 clients, W3 turn 10, W4), rounds
   interleaving the two; `gguf_<quant>_<figure>_ratio_vs_llamacpp` > 1 means mcpd leads (rates:
   mcpd / llama.cpp, times: llama.cpp / mcpd), <quant> the file name's last part (q4_1, q4_k_m).
+  Beside SmolLM2's file, a Q4_K_M of the peers' 55.3M checkpoint (bench/peers.py's, converted by
+  llama.cpp's converter) made by llama.cpp's own quantizer (llama_model_quantize, in its venv;
+  written once, cached): Q4_K and Q6_K, and Q5_0 and Q8_0 where its 1408-wide ffn_down is not
+  whole super-blocks; `gguf_q4_k_m_resident_weight_ratio` as above, for that file.
 
 The last line is one JSON object.
 """
@@ -164,15 +168,45 @@ def side_by_side(path: Path, rounds: int, quick: bool, extra_bufts: bool) -> dic
     return {**ratios, f"gguf_{quant}_systems": medians}
 
 
-def llamacpp_figures(paths: list[Path], quick: bool, extra_bufts: bool) -> dict:
+def llamacpp_figures(paths: list[Path], quick: bool, extra_bufts: bool, kernels: str) -> dict:
     from peerkit import servers
     if reason := servers.not_installed(DEFAULT_CACHE, "llama.cpp"):
         return {"llamacpp": f"not run: {reason}"}
     plain = "" if extra_bufts else ", without its extra (AMX, repacked) weight buffers"
-    figures = {"llamacpp": servers.version(DEFAULT_CACHE, "llama.cpp") + plain}
-    for path in paths:
+    peers_q4_k_m = llamacpp_q4_k_m()
+    figures = {"llamacpp": servers.version(DEFAULT_CACHE, "llama.cpp") + plain,
+               "gguf_q4_k_m_resident_weight_ratio": resident_weight_ratio(peers_q4_k_m, kernels)}
+    for path in (paths[0], peers_q4_k_m, *paths[1:]):
         figures.update(side_by_side(path, 1 if quick else 3, quick, extra_bufts))
     return figures
+
+
+QUANTIZE = """import ctypes, sys, llama_cpp
+params = llama_cpp.llama_model_quantize_default_params()
+params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M
+sys.exit(llama_cpp.llama_model_quantize(sys.argv[1].encode(), sys.argv[2].encode(), ctypes.byref(params)))"""
+
+
+def llamacpp_q4_k_m() -> Path:
+    """The peers' 55.3M checkpoint as a Q4_K_M written by llama.cpp's quantizer (the module's doc)."""
+    from peerkit import checkpoints, servers
+    checkpoint_dir, _ = checkpoints.checkpoint(DEFAULT_CACHE, torch.float32)
+    target = DEFAULT_CACHE / "gguf" / f"{checkpoint_dir.name}.Q4_K_M.gguf"
+    if not target.exists():
+        source, partial = servers.gguf_for(DEFAULT_CACHE, checkpoint_dir, "float32"), target.with_suffix(".partial")
+        servers.run_logged([str(servers.venv_dir(DEFAULT_CACHE, "llama.cpp") / "bin/python"), "-c", QUANTIZE,
+                            str(source), str(partial)], servers.log_path(DEFAULT_CACHE, "gguf-quantize"))
+        os.replace(partial, target)
+    return target
+
+
+def resident_weight_ratio(path: Path, kernels: str) -> float:
+    """The bytes of the weights an engine on path runs on over the file's tensor bytes."""
+    return held_bytes(engine(path, kernels).model) / file_tensor_bytes(path)
+
+
+def file_tensor_bytes(path: Path) -> int:
+    return sum(int(t.n_bytes) for t in gguf.GGUFReader(path).tensors)
 
 
 def measure(quick: bool, kernels: str) -> dict:
@@ -198,7 +232,7 @@ def measure(quick: bool, kernels: str) -> dict:
     for model in models.values():
         model.use_kernels(kernels)
     agreement = compare(models["float"], models["q4"], [ids[i * WINDOW:(i + 1) * WINDOW] for i in range(windows)])
-    file_bytes = sum(int(t.n_bytes) for t in gguf.GGUFReader(quantized_path).tensors)
+    file_bytes = file_tensor_bytes(quantized_path)
     figures = {"model": quantized_path.name, "kernels": engines["q4"].kernels_reason,
                "cpu_isa": native.best_isa() or "neither AVX-512F nor AVX2 + FMA"}
     for name in engines:
@@ -219,7 +253,7 @@ def measure(quick: bool, kernels: str) -> dict:
 def main() -> None:
     figures = measure(ARGS.quick, ARGS.kernels)
     figures.update(llamacpp_figures([default_model.installed_file(), *ARGS.also], ARGS.quick,
-                                    not ARGS.llamacpp_plain_buffers))
+                                    not ARGS.llamacpp_plain_buffers, ARGS.kernels))
     for name, value in figures.items():
         print(f"  {name:30} {value:12.6g}" if isinstance(value, float) else f"  {name:30} {value}")
     print(json.dumps({k: float(f"{v:.6g}") if isinstance(v, float) else v for k, v in figures.items()}))

@@ -16,7 +16,9 @@ from pathlib import Path
 
 SUFFIX = ".gguf"
 HEADER_BYTES = 24   # magic, version, tensor count, metadata count
-KEPT_QUANTIZED = "kept_quantized"   # Architecture.hf's key: parameter name -> "int8", "q4_0" or "q4_1", its form
+# Architecture.hf's key: matrix parameter name -> its form ("int8", "q4_0", ... "q6_k"), or for a
+# fused matrix whose pieces mix forms, ((form, rows), ...) of its parts in row order (part_name).
+KEPT_QUANTIZED = "kept_quantized"
 _opened: dict[tuple, object] = {}   # one reader per file: a worker reads it for the skeleton, weights and tokenizer
 
 
@@ -43,6 +45,13 @@ def open_gguf(path: Path):
         _opened.clear()
         _opened[key] = _read(path)
     return _opened[key]
+
+
+def part_name(name: str, index: int) -> str:
+    """Parameter `name` ("x.weight", or a piece beside it: "x.weight_q4d") of part `index` of a
+    matrix kept in parts (models/split_linear.py): "x.parts.<index>.weight"."""
+    module, _, parameter = name.rpartition(".")
+    return f"{module}.parts.{index}.{parameter}"
 
 
 def forget() -> None:

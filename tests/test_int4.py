@@ -1,5 +1,6 @@
 """GGUF's quantized blocks kept as they are: Q4_0, Q4_1, Q4_K and Q6_K as 4-bit weights (quant/int4.py,
-Q6_K's with their top two bits beside), Q8_0 as int8 in groups of 32 (quant/int8.py). Their weights are the gguf package's dequantized ones bit
+Q6_K's with their top two bits beside), Q8_0 and Q5_0 as int8 in groups of 32 (quant/int8.py), a
+matrix of parts in different ones as one (kernels/row_parts.py). Their weights are the gguf package's dequantized ones bit
 for bit, and every kernel set (each native set this CPU runs, and the torch twin) multiplies by
 them as the float product of those weights does, in float32 to float32 rounding (only the order
 of sums differs), in bfloat16 to a bfloat16 step of each row's largest value."""
@@ -10,6 +11,7 @@ import torch
 
 from mcpd.kernels.forms import rebuilt, tensors_of
 from mcpd.kernels.native_kernels import NativeKernels
+from mcpd.kernels.row_parts import RowParts
 from mcpd.kernels.torch_kernels import TorchKernels
 from mcpd.models import gguf_blocks
 from mcpd.quant import int4, int8
@@ -21,14 +23,15 @@ from k_quants import QUANTIZERS
 from kernel_sets import NATIVE_SETS
 
 KERNELS = {**{name: NativeKernels(name.removeprefix("native-")) for name in NATIVE_SETS}, "torch": TorchKernels()}
-TYPES = ("Q4_0", "Q4_1", "Q4_K", "Q6_K", "Q8_0")
+TYPES = ("Q4_0", "Q4_1", "Q4_K", "Q6_K", "Q8_0", "Q5_0")
+INT8_TYPES = ("Q8_0", "Q5_0")
 COLUMNS = {"Q4_K": 512, "Q6_K": 512}   # inputs of the test matrices: two super-blocks of 256; the others 96, three blocks
 
 
-def gguf_weights(rows: int, qtype: str, seed: int = 0) -> tuple[object, torch.Tensor]:
+def gguf_weights(rows: int, qtype: str, seed: int = 0, columns: int | None = None) -> tuple[object, torch.Tensor]:
     """(the form a GGUF's `qtype` tensor of random weights is kept in, the gguf package's
-    dequantized weights float32 [rows, COLUMNS])."""
-    columns = COLUMNS.get(qtype, 96)
+    dequantized weights float32 [rows, columns or COLUMNS])."""
+    columns = columns or COLUMNS.get(qtype, 96)
     weights = np.random.default_rng(seed).standard_normal((rows, columns)).astype(np.float32)
     kind = gguf.GGMLQuantizationType[qtype]
     raw = QUANTIZERS[qtype](weights) if qtype in QUANTIZERS else gguf.quants.quantize(weights, kind)
@@ -38,7 +41,7 @@ def gguf_weights(rows: int, qtype: str, seed: int = 0) -> tuple[object, torch.Te
 def kept_form(raw: np.ndarray, qtype: str, rows: int):
     pieces = {suffix: torch.from_numpy(np.ascontiguousarray(array))
               for suffix, array in gguf_blocks.pieces(raw, qtype, rows).items()}
-    if qtype == "Q8_0":
+    if qtype in INT8_TYPES:
         return Int8Weight(pieces[""], pieces[SCALE_SUFFIX])
     return Int4Weight(pieces[""], pieces[SCALES_SUFFIX], pieces.get(MINS_SUFFIX), pieces.get(SUPERS_SUFFIX),
                       pieces.get(HIGHS_SUFFIX))
@@ -104,6 +107,26 @@ def test_products_are_the_dequantized_weights_float_product(kernels, qtype, dtyp
     expected = x.double() @ expected_weights.double().T + bias.double()
     size = (x.double().abs() @ expected_weights.double().abs().T).amax(dim=-1, keepdim=True)
     assert y.dtype == dtype and y.shape == (rows, 40)
+    assert ((y.double() - expected).abs() <= size * (1e-5 if dtype == torch.float32 else 2 ** -7)).all()
+
+
+@pytest.mark.parametrize("rows", [1, 5])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kernels", KERNELS)
+def test_a_matrix_in_parts_of_different_types_multiplies_as_one(kernels, dtype, rows):
+    """A Q4_K_M's q/k/v: parts of 40 (Q4_K), 24 (Q6_K) and 20 (Q5_0) rows, one product, each
+    part's columns (and bias) exactly its own product's, the whole the float product's."""
+    parts = [gguf_weights(n, qtype, seed=n, columns=512) for n, qtype in ((40, "Q4_K"), (24, "Q6_K"), (20, "Q5_0"))]
+    x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(rows)).to(dtype)
+    bias = torch.randn(84, generator=torch.Generator().manual_seed(7)).to(dtype)
+    k = KERNELS[kernels]
+    prepared = [k.prepare(weight) for weight, _ in parts]
+    y = k.linear(x, RowParts(tuple(prepared), (40, 24, 20)), bias)
+    assert y.dtype == dtype and y.shape == (rows, 84)
+    assert torch.equal(y, torch.cat([k.linear(x, part, b) for part, b in zip(prepared, bias.split((40, 24, 20)))], 1))
+    weights = torch.cat([expected for _, expected in parts]).double()
+    expected = x.double() @ weights.T + bias.double()
+    size = (x.double().abs() @ weights.abs().T).amax(dim=-1, keepdim=True)
     assert ((y.double() - expected).abs() <= size * (1e-5 if dtype == torch.float32 else 2 ** -7)).all()
 
 

@@ -14,6 +14,7 @@ from mcpd.memory import pool_size
 from mcpd.models import UnsupportedModel, architecture, skeleton
 from mcpd.models.parameter_table import parameter_bytes, parameters
 from tiny_checkpoints import KINDS, VARIANTS, make_checkpoint
+from tiny_gguf import write_gguf
 
 CPU = torch.device("cpu")
 LLAMAS = tuple(kind for kind in KINDS if kind != "gpt2")
@@ -59,6 +60,14 @@ CASES = ([(kind, "none", dtype) for kind in (*KINDS, *VARIANTS, *LLAMA_EDITS, "b
 def test_the_table_is_the_skeleton(checkpoints, kind, quantization, dtype):
     path = "" if kind == "embedded" else str(checkpoints[kind])
     config = ModelConfig(path=path, dtype=dtype, quantization=quantization)
+    assert parameters(architecture.of(config, "cpu")) == built(config, CPU)
+    assert parameter_bytes(config, "cpu") == skeleton_bytes(config)
+
+
+@pytest.mark.parametrize("kind, qtype", [("llama_wide", "Q4_K_M_Q5_0"), ("qwen2", "Q4_0_Q8_0"), ("llama", "Q5_0")])
+def test_the_table_is_the_skeleton_of_a_gguf_whose_fused_matrices_mix_types(tmp_path, kind, qtype):
+    """Fused matrices kept in parts of different forms (split_linear.py), qwen2's with the bias."""
+    config = ModelConfig(path=str(write_gguf(tmp_path, kind, qtype)))
     assert parameters(architecture.of(config, "cpu")) == built(config, CPU)
     assert parameter_bytes(config, "cpu") == skeleton_bytes(config)
 

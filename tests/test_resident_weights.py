@@ -16,9 +16,11 @@ from mcpd.memory import pool_segment
 from mcpd.memory.pool_segment import PoolSegment
 from mcpd.kernels.forms import tensors_of
 from mcpd.kernels.native_kernels import Packed
+from mcpd.kernels.row_parts import RowParts
 from test_kv_survival import pool  # noqa: F401  (the fixture)
 from test_prefix_cache import SYSTEM, run_one
 from tiny_checkpoints import make_checkpoint
+from tiny_gguf import write_gguf
 
 CPU = torch.device("cpu")
 
@@ -49,6 +51,7 @@ def in_segment(engine: Engine, segment: PoolSegment) -> bool:
     forms = [engine.model.weights.embedding, engine.model.weights.head, engine.model.weights.final_norm]
     for layer in engine.model.weights.layers:
         forms += [layer.input_norm, layer.qkv, layer.o, layer.post_norm, layer.gate_up, layer.down]
+    forms = [part for form in forms for part in (form.parts if isinstance(form, RowParts) else (form,))]
     tensors = [t for form in forms for t in tensors_of(form).values()]
     tensors += [p for p in engine.model.parameters() if p.numel()]
     return all(start <= t.data_ptr() < start + len(segment.mm) for t in tensors)
@@ -88,6 +91,21 @@ def test_the_native_kernels_packed_panels_are_the_pool_resident(pool, path, tmp_
     successor = Engine(config(path, "native"), CPU, shared_pool=segment)
     assert successor.resident.from_pool and in_segment(successor, segment)
     assert run_one(successor, SYSTEM[:40])[0] == tokens == run_one(Engine(config(path, "native"), CPU), SYSTEM[:40])[0]
+
+
+@pytest.mark.parametrize("kernels", ["torch", "native"])
+def test_a_q4_k_m_files_matrices_in_parts_are_pool_resident_for_the_successor(pool, tmp_path, kernels):  # noqa: F811
+    """A fused matrix held in parts of different forms (split_linear.py): each part's form lies
+    in the pool, and the successor joins the parts it finds there."""
+    path = str(write_gguf(tmp_path, "llama_wide", "Q4_K_M"))
+    first_segment, segment = pool(), pool()
+    first = Engine(config(path, kernels), CPU, shared_pool=first_segment)
+    assert isinstance(first.model.weights.layers[0].qkv, RowParts) and in_segment(first, first_segment)
+    tokens, _ = run_one(first, SYSTEM[:40])
+    successor = Engine(config(path, kernels), CPU, shared_pool=segment)
+    assert successor.resident.from_pool and in_segment(successor, segment)
+    assert isinstance(successor.model.weights.layers[0].qkv, RowParts)
+    assert run_one(successor, SYSTEM[:40])[0] == tokens
 
 
 def test_int8_weights_are_kept_apart_from_the_float_ones_and_taken_from_the_pool(pool):  # noqa: F811

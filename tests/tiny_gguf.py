@@ -24,6 +24,18 @@ GLOBAL_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.we
                 "lm_head.weight": "output.weight"}
 
 
+# Files whose matrices mix types, as llama.cpp's mixes do: type -> each matrix's type by its GGUF
+# name. A Q4_K_M keeps attn_v and ffn_down of some layers and the head in Q6_K (here layer 0's);
+# where a matrix's inputs are not whole super-blocks llama.cpp falls back to Q5_0 (and Q8_0).
+MIXES = {
+    "Q4_K_M": lambda name: "Q6_K" if name == "output.weight" or name in ("blk.0.attn_v.weight", "blk.0.ffn_down.weight")
+    else "Q4_K",
+    "Q4_K_M_Q5_0": lambda name: "Q5_0" if ".ffn_down." in name or name == "blk.1.ffn_up.weight"
+    else "Q6_K" if name in ("output.weight", "blk.0.attn_v.weight") else "Q4_K",
+    "Q4_0_Q8_0": lambda name: "Q8_0" if ".attn_v." in name else "Q4_0",
+}
+
+
 def gguf_name(name: str) -> str:
     if name in GLOBAL_NAMES:
         return GLOBAL_NAMES[name]
@@ -41,7 +53,7 @@ def permute(weights: np.ndarray, heads: int) -> np.ndarray:
 def write_gguf(directory: Path, kind: str, qtype: str = "F32", pre: str = "default", seed: int = 0,
                sentencepiece: bool = False, rope_freqs: np.ndarray | None = None, arch: str | None = None) -> Path:
     """A GGUF of a random `kind` model (llama, qwen2, mistral; llama_wide for Q4_K and Q6_K), its matrices in type `qtype`
-    (norms and biases stay F32, as llama.cpp keeps them). Returns the file's path; the
+    or as the mix MIXES names (norms and biases stay F32, as llama.cpp keeps them). Returns the file's path; the
     checkpoint it was made from is in directory / "hf". rope_freqs: Llama 3.1's divisors, as
     llama.cpp's converter stores them; arch: another general.architecture to claim."""
     checkpoint = make_checkpoint(directory / "hf", kind, seed=seed)
@@ -73,7 +85,8 @@ def write_gguf(directory: Path, kind: str, qtype: str = "F32", pre: str = "defau
             weights = permute(weights, heads)
         elif arch == "llama" and ".k_proj.weight" in name:
             weights = permute(weights, kv_heads)
-        add_tensor(writer, gguf_name(name), weights, qtype if weights.ndim == 2 else "F32")
+        matrix_type = MIXES[qtype](gguf_name(name)) if qtype in MIXES else qtype
+        add_tensor(writer, gguf_name(name), weights, matrix_type if weights.ndim == 2 else "F32")
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

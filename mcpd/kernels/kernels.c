@@ -275,12 +275,16 @@ INLINE void tile_bf16(const bf16_x *x, int64_t rows, int64_t k, const bf16 *cons
    of the model dtype; weight-only int8 (float32 scales, one per `group` columns); 4-bit (float16
    scales d, and for Q4_1 mins m, one per Q4_BLOCK columns; Q4_K: 6-bit scales and mins as
    bytes, and supers, each Q4K_SUPER columns' float16 d and dmin; Q6_K: int8 scales of 16
-   columns, supers (d), and highs, each weight's top two bits). */
+   columns, supers (d), and highs, each weight's top two bits). A matrix whose rows come in parts
+   of different kinds (a fused q/k/v of a Q4_K_M file) is its first part, `rows` rows, and `next`,
+   the rest: the products write each part's columns of y. */
 enum { PLAIN = 0, INT8 = 1, Q4_0 = 2, Q4_1 = 3, Q4_K = 4, Q6_K = 5 };
-typedef struct {
+typedef struct mcpd_matrix {
     const void *panels, *scales, *mins;   /* scales and mins NULL where the kind has none */
     int64_t kind, group;
     const void *supers, *highs;           /* Q4_K's and Q6_K's; NULL for the others */
+    const struct mcpd_matrix *next;       /* the rows after this part's; NULL for a matrix of one kind */
+    int64_t rows;                         /* this part's rows where next is not NULL */
 } mcpd_matrix;
 
 /* Weight-only int8 (mcpd/quant/int8.py): panels [n/16][k][16] of int8, and float32 scales
@@ -564,8 +568,8 @@ INLINE void tile_int4(int dtype, int kind, const void *x, int64_t rows, int64_t 
 }
 
 /* Store a tile's accumulators: + bias, rounded to dtype (or to dtype and back to float32 when
-   y_f32: logits), for the columns below n. */
-static void store_tile(int dtype, int y_f32, void *y, int64_t n, int64_t row0, int64_t rows, int64_t col0,
+   y_f32: logits), for the columns below n, rows of y ld apart. */
+static void store_tile(int dtype, int y_f32, void *y, int64_t n, int64_t ld, int64_t row0, int64_t rows, int64_t col0,
                        const panel_sums *acc, const void *bias) {
     int64_t cols = n - col0 < PANEL ? n - col0 : PANEL;
     float b[PANEL] = {0};
@@ -575,7 +579,7 @@ static void store_tile(int dtype, int y_f32, void *y, int64_t n, int64_t row0, i
     for (int64_t r = 0; r < rows; r++)
         for (int64_t h = 0; h < VPP; h++) {   /* columns h * LANES ... of the panel */
             f32v v = acc[r][h] + load_f32(b + h * LANES);
-            int64_t at = (row0 + r) * n + col0 + h * LANES, left = cols - h * LANES;
+            int64_t at = (row0 + r) * ld + col0 + h * LANES, left = cols - h * LANES;
             if (dtype == BF16) v = round_bf16(v);
             if (cols == PANEL && (dtype == F32 || y_f32)) store_f32((float *)y + at, v);
             else if (cols == PANEL) store_bf16((bf16 *)y + at, v);
@@ -705,7 +709,7 @@ INLINE void row_bf16(const bf16 *x, int64_t k, const bf16 *const q[ROW_PANELS], 
    native call now, and its helper spins between products (threads.py, "brief"). Under a
    neighbour the thread tuner drops to one thread. */
 static void linear_row(int dtype, const void *x, int64_t k, const void *packed, const void *bias, int64_t n,
-                       void *y, int y_f32) {
+                       void *y, int64_t ld, int y_f32) {
     size_t size = dtype == F32 ? 4 : 2;
     int64_t panels = (n + PANEL - 1) / PANEL, runs = (panels + ROW_PANELS - 1) / ROW_PANELS;
     #pragma omp parallel for schedule(static) if (runs > 1 && n * k >= 32768)
@@ -721,7 +725,7 @@ static void linear_row(int dtype, const void *x, int64_t k, const void *packed, 
         else
 #endif
         row_f32((const float *)x, k, (const float *const *)q, next, acc);
-        for (int64_t j = 0; j < count; j++) store_tile(dtype, y_f32, y, n, 0, 1, (first + j) * PANEL, &acc[j], bias);
+        for (int64_t j = 0; j < count; j++) store_tile(dtype, y_f32, y, n, ld, 0, 1, (first + j) * PANEL, &acc[j], bias);
     }
 }
 
@@ -736,15 +740,16 @@ static void panel_bytes(int dtype, const mcpd_matrix *w, int64_t k, int64_t byte
     bytes[3] = w->kind == Q4_K || w->kind == Q6_K ? k / Q4K_SUPER * (w->kind == Q4_K ? 2 : 1) * PANEL * 2 : 0;
 }
 
-/* x: [m, k] of dtype, w: a matrix of [n, k] packed as above, bias: [n] or NULL; y: [m, n] of
-   dtype, or float32 holding dtype-rounded values when y_f32 (logits). Threads take contiguous
-   runs of strips (a tile's TILE_PANELS panels), so each streams its share of the weights once. */
-static void linear(int dtype, const void *x, int64_t m, int64_t k, const mcpd_matrix *w, const void *bias,
-                   int64_t n, void *y, int y_f32) {
+/* x: [m, k] of dtype, w: a matrix of [n, k] of one kind packed as above, bias: [n] or NULL; y:
+   [m, n] of dtype, rows ld apart, or float32 holding dtype-rounded values when y_f32 (logits).
+   Threads take contiguous runs of strips (a tile's TILE_PANELS panels), so each streams its
+   share of the weights once. */
+static void linear_part(int dtype, const void *x, int64_t m, int64_t k, const mcpd_matrix *w, const void *bias,
+                        int64_t n, void *y, int64_t ld, int y_f32) {
     size_t size = dtype == F32 ? 4 : 2;
     int64_t panels = (n + PANEL - 1) / PANEL, strips = (panels + TILE_PANELS - 1) / TILE_PANELS, bytes[4];
     panel_bytes(dtype, w, k, bytes);
-    if (m == 1 && w->kind == PLAIN && (dtype == F32 || ROW_BF16)) return linear_row(dtype, x, k, w->panels, bias, n, y, y_f32);
+    if (m == 1 && w->kind == PLAIN && (dtype == F32 || ROW_BF16)) return linear_row(dtype, x, k, w->panels, bias, n, y, ld, y_f32);
     size_t x_size = size;
     float *widened = NULL;   /* bf16_x */
     if (dtype == BF16 && w->kind == PLAIN && sizeof(bf16_x) == sizeof(float)) {
@@ -768,10 +773,22 @@ static void linear(int dtype, const void *x, int64_t m, int64_t k, const mcpd_ma
             tile_sums a;
             tile(dtype, (const char *)x + row * k * x_size, rows, k, w, p, c, mn, s, a);
             for (int64_t j = 0; j < count; j++)
-                store_tile(dtype, y_f32, y, n, row, rows, (first + j) * PANEL, a[j], bias);
+                store_tile(dtype, y_f32, y, n, ld, row, rows, (first + j) * PANEL, a[j], bias);
         }
     }
     free(widened);
+}
+
+/* linear_part of each of w's parts, into its columns of y [m, n] (and of the bias). */
+static void linear(int dtype, const void *x, int64_t m, int64_t k, const mcpd_matrix *w, const void *bias,
+                   int64_t n, void *y, int y_f32) {
+    size_t size = dtype == F32 ? 4 : 2, y_size = y_f32 ? 4 : size;
+    for (int64_t at = 0; w; w = w->next) {
+        int64_t rows = w->next ? w->rows : n - at;
+        linear_part(dtype, x, m, k, w, bias ? (const char *)bias + at * size : NULL, rows, (char *)y + at * y_size,
+                    n, y_f32);
+        at += rows;
+    }
 }
 
 void mcpd_linear(int dtype, const void *x, int64_t m, int64_t k, const mcpd_matrix *w, const void *bias,

@@ -58,10 +58,12 @@ class Matrix(ctypes.Structure):
     """kernels.c's mcpd_matrix: a packed weight matrix's panels, and its scales and mins where
     its kind (PLAIN, INT8: in groups of `group` columns, Q4_0, Q4_1, Q4_K: with supers, Q6_K:
     with supers and highs) has them."""
-    _fields_ = [("panels", _P), ("scales", _P), ("mins", _P), ("kind", _I), ("group", _I), ("supers", _P),
-                ("highs", _P)]
-
     PLAIN, INT8, Q4_0, Q4_1, Q4_K, Q6_K = range(6)
+
+
+# next: the rows after this part's (a matrix in parts of different kinds: row_parts.py), rows: this part's.
+Matrix._fields_ = [("panels", _P), ("scales", _P), ("mins", _P), ("kind", _I), ("group", _I), ("supers", _P),
+                   ("highs", _P), ("next", ctypes.POINTER(Matrix)), ("rows", _I)]
 
 
 def address(tensor) -> int | None:

@@ -17,6 +17,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from mcpd.kernels.row_parts import RowParts
 from mcpd.quant import int4, int8
 from mcpd.quant.int4 import Int4Weight
 from mcpd.quant.int8 import Int8Weight
@@ -48,8 +49,10 @@ class TorchKernels:
             return int4.rows(ids, table).to(dtype)
         return F.embedding(ids, table)
 
-    def linear(self, x: torch.Tensor, weight: torch.Tensor | Int8Weight | Int4Weight,
+    def linear(self, x: torch.Tensor, weight: torch.Tensor | Int8Weight | Int4Weight | RowParts,
                bias: torch.Tensor | None = None) -> torch.Tensor:
+        if isinstance(weight, RowParts):
+            return weight.linear(self, x, bias)
         if isinstance(weight, Int4Weight):
             return int4.linear(x, weight, bias)
         if isinstance(weight, Int8Weight):

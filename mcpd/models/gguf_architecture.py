@@ -17,8 +17,10 @@ from mcpd.gguf_file import BadGGUF, value
 ARCHITECTURES = ("llama", "qwen2")   # Mistral-style files say llama
 # The tensor types read here: KEPT ones stay so in memory, the others are dequantized at load
 # to the model's dtype (gguf_loader.py).
-TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K")
-KEPT = {"Q8_0": "int8", "Q4_0": "q4_0", "Q4_1": "q4_1", "Q4_K": "q4_k", "Q6_K": "q6_k"}   # type -> the form that holds it (quant/)
+TYPES = ("F32", "F16", "BF16", "Q8_0", "Q5_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K")
+KEPT = {"Q8_0": "int8", "Q5_0": "int8", "Q4_0": "q4_0", "Q4_1": "q4_1", "Q4_K": "q4_k",
+        "Q6_K": "q6_k"}   # type -> the form that holds it (quant/): Q5_0's weights are integers in [-16, 15]
+_PIECES = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")   # a fused matrix's pieces, in its row order
 _FUSED = ((re.compile(r"\.[qkv]_proj\."), ".qkv_proj."), (re.compile(r"\.(gate|up)_proj\."), ".gate_up_proj."))
 ROPE_FREQS = "rope_freqs.weight"   # Llama 3.1's rope scaling, as llama.cpp's converter writes it
 LLAMA3_ORIGINAL_LEN = 8192         # Llama 3's context length before scaling, where the file names none
@@ -75,15 +77,40 @@ def llama_args(reader) -> tuple[dict, int, int, str]:
     return args, args["vocab_size"], key("context_length"), arch
 
 
-def kept_quantized(reader) -> dict[str, str]:
+def kept_quantized(reader) -> dict[str, str | tuple[tuple[str, int], ...]]:
     """The engine's parameter name -> its form (KEPT's) for each matrix kept quantized: its GGUF
-    tensors (q, k and v make one matrix, gate and up another) all of types of that one form."""
-    forms: dict[str, set] = {}
+    tensors (q, k and v make one matrix, gate and up another) all of types KEPT has. A matrix
+    whose pieces' forms differ (a Q4_K_M's Q6_K attn_v beside Q4_K q and k) is kept in parts:
+    ((form, rows), ...), each run of pieces of one form in row order (gguf_file.KEPT_QUANTIZED)."""
+    pieces: dict[str, list] = {}
     for tensor in reader.tensors:
         name = hf_name(tensor.name)
         if name is not None:
-            forms.setdefault(fused_name(name), set()).add(KEPT.get(tensor.tensor_type.name))
-    return {name: kinds.pop() for name, kinds in forms.items() if len(kinds) == 1 and None not in kinds}
+            piece = (_piece_order(name), KEPT.get(tensor.tensor_type.name), int(tensor.shape[-1]))
+            pieces.setdefault(fused_name(name), []).append(piece)
+    kept = {}
+    for name, listed in pieces.items():
+        runs = _runs([(form, rows) for _, form, rows in sorted(listed, key=lambda piece: piece[0])])
+        if all(form is not None for form, _ in runs):
+            kept[name] = runs[0][0] if len(runs) == 1 else runs
+    return kept
+
+
+def _piece_order(name: str) -> int:
+    """Where a Hugging Face tensor's rows go in its fused matrix, among the other pieces'."""
+    projection = name.split(".")[-2]
+    return _PIECES.index(projection) if projection in _PIECES else 0
+
+
+def _runs(pieces: list[tuple[str | None, int]]) -> tuple[tuple[str | None, int], ...]:
+    """(form, rows) of each run of consecutive pieces of one form."""
+    runs = []
+    for form, rows in pieces:
+        if runs and runs[-1][0] == form:
+            runs[-1] = (form, runs[-1][1] + rows)
+        else:
+            runs.append((form, rows))
+    return tuple(runs)
 
 
 def fused_name(name: str) -> str:

@@ -1,12 +1,13 @@
 """GGUF's quantized blocks as the forms that keep them (quant/int8.py, quant/int4.py), in numpy:
-a Q8_0 tensor as int8 values and float32 scales in groups of 32, a Q4_0 or Q4_1 one as its bytes
+a Q8_0 or Q5_0 tensor as int8 values and float32 scales in groups of 32, a Q4_0 or Q4_1 one as its bytes
 and float16 scales (and Q4_1's mins), a Q4_K one as Q4_1-ordered bytes, its 6-bit scales and mins
 a byte each and its super-blocks' float16 d and dmin, a Q6_K one as Q4_1-ordered low nibbles,
 their top two bits, int8 scales of 16 and the super-blocks' d. Rows first, as the engine's
 parameters; nothing is dequantized.
 
 Bytes of a block (ggml-common.h): Q8_0 d (float16) then 32 int8; Q4_0 d then 16 bytes of
-nibbles; Q4_1 d, m, then the nibbles. A Q4_K super-block of 256: d, dmin, 12 bytes packing eight
+nibbles; Q4_1 d, m, then the nibbles; Q5_0 d, 4 bytes of fifth bits, then the nibbles: w = d * (q - 16),
+q in [0, 31], so an int8 group of 32 holds it exactly. A Q4_K super-block of 256: d, dmin, 12 bytes packing eight
 6-bit scales and eight 6-bit mins, then 128 bytes whose low nibbles are columns 64c..64c+31 and
 high nibbles 64c+32..64c+63 for each 32 bytes c. A Q6_K super-block of 256: 128 bytes of low
 nibbles (each half of 128 columns: 64 bytes, low nibbles its first 64, high its last 64), 64
@@ -20,7 +21,7 @@ import numpy as np
 from mcpd.quant.int4_layout import HIGHS_SUFFIX, MINS_SUFFIX, SCALES_SUFFIX, SUPERS_SUFFIX
 from mcpd.quant.int8_layout import SCALE_SUFFIX
 
-_BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20, "Q4_K": 144, "Q6_K": 210}
+_BLOCK_BYTES = {"Q8_0": 34, "Q5_0": 22, "Q4_0": 18, "Q4_1": 20, "Q4_K": 144, "Q6_K": 210}
 
 
 def pieces(data: np.ndarray, type_name: str, rows: int) -> dict[str, np.ndarray]:
@@ -34,6 +35,8 @@ def pieces(data: np.ndarray, type_name: str, rows: int) -> dict[str, np.ndarray]
     d = _float16(blocks[:, :, 0:2])
     if type_name == "Q8_0":
         return dict(zip(("", SCALE_SUFFIX), _int8_with_positive_scales(blocks[:, :, 2:].view(np.int8), d)))
+    if type_name == "Q5_0":
+        return dict(zip(("", SCALE_SUFFIX), _int8_with_positive_scales(_five_bit(blocks[:, :, 2:]), d)))
     if type_name == "Q4_0":
         return {"": blocks[:, :, 2:].reshape(rows, -1), SCALES_SUFFIX: d}
     return {"": blocks[:, :, 4:].reshape(rows, -1), SCALES_SUFFIX: d, MINS_SUFFIX: _float16(blocks[:, :, 2:4])}
@@ -62,6 +65,16 @@ def _q6_k(blocks: np.ndarray) -> dict[str, np.ndarray]:
     return {"": _q4_1_order(low.reshape(rows, -1, 32)), HIGHS_SUFFIX: highs.reshape(rows, -1),
             SCALES_SUFFIX: np.ascontiguousarray(blocks[:, :, 192:208]).view(np.int8).reshape(rows, -1),
             SUPERS_SUFFIX: np.ascontiguousarray(blocks[:, :, 208:210]).view(np.float16)}
+
+
+def _five_bit(blocks: np.ndarray) -> np.ndarray:
+    """Q5_0 blocks after d [rows, blocks, 20] -> their weights q - 16 as int8 [rows, blocks, 32]:
+    column c's low 4 bits in byte 4 + c % 16 (low nibble for c < 16), its fifth bit bit c of
+    the little-endian 32 bits in bytes 0-3."""
+    high = (np.ascontiguousarray(blocks[:, :, :4]).view("<u4") >> np.arange(32, dtype=np.uint32)) & 1
+    qs = blocks[:, :, 4:]
+    low = np.concatenate((qs & 15, qs >> 4), axis=2)
+    return ((low | (high.astype(np.uint8) << 4)).astype(np.int8) - 16).astype(np.int8)
 
 
 def _q4_1_order(q: np.ndarray) -> np.ndarray:

@@ -1,9 +1,11 @@
 """Load a model from a GGUF file: the skeleton its metadata describes (gguf_architecture.py),
 filled with its tensors under their Hugging Face names, and the tokenizer it carries.
 
-Q8_0, Q4_0, Q4_1, Q4_K and Q6_K matrices stay quantized (gguf_blocks.py: as the skeleton's int8
-and 4-bit parameters hold them, gguf_file.KEPT_QUANTIZED); a matrix whose pieces mix types is
-dequantized here, at load, to the model's dtype, with one warning line naming the types.
+Q8_0, Q5_0, Q4_0, Q4_1, Q4_K and Q6_K matrices stay quantized (gguf_blocks.py: as the skeleton's
+int8 and 4-bit parameters hold them, gguf_file.KEPT_QUANTIZED; a fused matrix whose pieces mix
+them, in parts: split_linear.py); a matrix with a piece of another type (a float one among
+quantized ones) is dequantized here, at load, to the model's dtype, with one warning line naming
+the types.
 
 llama.cpp's converter permutes the rows of a Llama model's Q and K projections into the
 interleaved rotary layout its kernels use; the engine, like transformers, rotates halves, so

@@ -12,14 +12,17 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from mcpd.gguf_file import part_name
 from mcpd.models.architecture import LlamaArgs
 from mcpd.models.experts import MixtureOfExperts
 from mcpd.quant.int8 import SCALE_SUFFIX, Int8Weight
 from mcpd.kernels.forms import Form, KernelForms
 from mcpd.kernels.choice import choose, torch_for
 from mcpd.kernels.native_kernels import Packed
+from mcpd.kernels.row_parts import RowParts
 from mcpd.kernels.torch_kernels import TORCH, TorchKernels
 from mcpd.models.layers import AttentionMetadata, Embedding, PagedAttention, RMSNorm, RotaryEmbedding
+from mcpd.models.split_linear import SplitLinear
 from mcpd.kernels.native_stack import NativeStack
 
 
@@ -70,13 +73,13 @@ class LayerWeights:
     multiply (kernels.prepare: packed for the native ones): reaching them through nn.Module's
     attribute lookup costs microseconds each, hundreds of times per step."""
     input_norm: torch.Tensor
-    qkv: torch.Tensor | Int8Weight | Packed
+    qkv: torch.Tensor | Int8Weight | Packed | RowParts
     qkv_bias: torch.Tensor | None
     attention: PagedAttention
     o: torch.Tensor | Int8Weight | Packed
     o_bias: torch.Tensor | None
     post_norm: torch.Tensor
-    gate_up: torch.Tensor | Int8Weight | Packed
+    gate_up: torch.Tensor | Int8Weight | Packed | RowParts
     gate_up_bias: torch.Tensor | None
     down: torch.Tensor | Int8Weight | Packed
     down_bias: torch.Tensor | None
@@ -89,9 +92,14 @@ class LayerWeights:
         """forms: every parameter's form by name (KernelForms); prefix: this layer's names'."""
         def form(name: str) -> Form | None:   # None: a bias the model has not
             return forms.get(prefix + name)
-        return cls(form("input_layernorm.weight"), form("self_attn.qkv_proj.weight"), form("self_attn.qkv_proj.bias"),
+
+        def fused(module: nn.Module, name: str) -> Form | None:   # a split one's parts joined
+            return module.form(forms, prefix + name) if isinstance(module, SplitLinear) else form(name)
+        mlp = getattr(layer, "mlp", None)
+        return cls(form("input_layernorm.weight"), fused(layer.self_attn.qkv_proj, "self_attn.qkv_proj.weight"),
+                   form("self_attn.qkv_proj.bias"),
                    layer.self_attn.attn, form("self_attn.o_proj.weight"), form("self_attn.o_proj.bias"),
-                   form("post_attention_layernorm.weight"), form("mlp.gate_up_proj.weight"),
+                   form("post_attention_layernorm.weight"), fused(mlp and mlp.gate_up_proj, "mlp.gate_up_proj.weight"),
                    form("mlp.gate_up_proj.bias"), form("mlp.down_proj.weight"), form("mlp.down_proj.bias"),
                    form("self_attn.q_norm.weight"), form("self_attn.k_norm.weight"),
                    getattr(layer, "block_sparse_moe", None))
@@ -224,7 +232,7 @@ class LlamaForCausalLM(KernelForms, nn.Module):
             self.kernels, reason = choose(requested, norm.dtype, norm.device, sizes, args.head_dim,
                                           args.num_heads // args.num_kv_heads)
         self._weights = None
-        qkv = self.model.layers[0].self_attn.qkv_proj.weight
+        qkv = next(self.model.layers[0].self_attn.qkv_proj.parameters())   # a split one's first part's
         if self.kernels is TORCH and qkv.dtype == torch.int8 and qkv.device.type == "cpu":
             # int8.linear converts every weight at every product: correct, and on a CPU several
             # times slower than the float model; the speed of int8 is the native kernels' (and
@@ -272,11 +280,21 @@ class LlamaForCausalLM(KernelForms, nn.Module):
         if len(parts) >= 2 and parts[-2] in self.PACKED:
             fused, index = self.PACKED[parts[-2]]
             parts[-2] = fused
-            return ".".join(parts), self._packed_row(fused, index), tensor
+            return (*self._in_part(".".join(parts), self._packed_row(fused, index)), tensor)
         if len(parts) >= 2 and parts[-2] in self.RENAMED:
             parts[-2] = self.RENAMED[parts[-2]]
             return ".".join(parts), 0, tensor
         return name, 0, tensor
+
+    def _in_part(self, target: str, row: int) -> tuple[str, int]:
+        """(parameter, row) of a fused matrix's row `row` (target: the fused parameter): in its
+        part where the matrix is split (split_linear.py), the bias being the whole's."""
+        module_name, _, parameter = target.rpartition(".")
+        module = self.get_submodule(module_name)
+        if not isinstance(module, SplitLinear) or parameter == "bias":
+            return target, row
+        index, start = module.part_at(row)
+        return part_name(target, index), row - start
 
     def _packed_row(self, fused: str, index: int) -> int:
         args = self.args

@@ -21,7 +21,7 @@ from torch import nn
 
 from mcpd import gguf_file
 from mcpd.config import ModelConfig
-from mcpd.models import architecture
+from mcpd.models import architecture, split_linear
 from mcpd.quant import int4, int8
 from mcpd.quant.int8_layout import GGUF_GROUP
 from mcpd.models.architecture import GemmaArgs, LlamaArgs, UnsupportedModel, read_json
@@ -119,12 +119,22 @@ def skeleton(config: ModelConfig, device: torch.device) -> tuple[nn.Module, dict
     if arch.quantization == "int8":
         int8.use_int8(model)
     for name, form in arch.hf.get(gguf_file.KEPT_QUANTIZED, {}).items():   # a GGUF's quantized matrices
-        module = model.get_submodule(name.removesuffix(".weight"))
-        if form == "int8":
-            int8.hold_int8(module, GGUF_GROUP)
+        module_name = name.removesuffix(".weight")
+        if isinstance(form, tuple):   # parts of different forms
+            split = split_linear.split(model, module_name, tuple(rows for _, rows in form))
+            for part, (part_form, _) in zip(split.parts, form):
+                _hold(part, part_form)
         else:
-            int4.hold_int4(module, form)
+            _hold(model.get_submodule(module_name), form)
     return model, arch.hf, DTYPES[arch.dtype], arch.vocab_size, arch.model_len
+
+
+def _hold(module: nn.Module, form: str) -> None:
+    """Give module's weight the memory of a GGUF form (int8 in the file's groups, or 4-bit)."""
+    if form == "int8":
+        int8.hold_int8(module, GGUF_GROUP)
+    else:
+        int4.hold_int4(module, form)
 
 
 def on_device(model: nn.Module, device: torch.device) -> nn.Module:

@@ -34,14 +34,25 @@ def parameters(arch: Architecture) -> dict[str, tuple[Shape, str]]:
     table = {}
     kept = arch.hf.get(gguf_file.KEPT_QUANTIZED, {})   # a GGUF's quantized matrices (int8.hold_int8, int4.hold_int4)
     for name, shape, linear in listed:
-        if kept.get(name) in int4_layout.FORMS:
-            table.update({name + suffix: piece for suffix, piece in int4_layout.pieces(kept[name], *shape).items()})
-        elif name in kept or (linear and arch.quantization == "int8"):   # int8.use_int8: every nn.Linear's weight
+        form = kept.get(name)
+        if isinstance(form, tuple):   # split_linear.py: parts of different forms
+            for index, (part_form, rows) in enumerate(form):
+                table.update(_kept(gguf_file.part_name(name, index), part_form, (rows, shape[1])))
+        elif form is not None:
+            table.update(_kept(name, form, shape))
+        elif linear and arch.quantization == "int8":   # int8.use_int8: every nn.Linear's weight
             table[name] = shape, "int8"
-            table[name + SCALE_SUFFIX] = (shape[0], groups(shape[1], GGUF_GROUP if name in kept else GROUP)), "float32"
+            table[name + SCALE_SUFFIX] = (shape[0], groups(shape[1], GROUP)), "float32"
         else:
             table[name] = shape, arch.dtype
     return table
+
+
+def _kept(name: str, form: str, shape: Shape) -> dict[str, tuple[Shape, str]]:
+    """The parameters of a matrix a GGUF keeps in form: int8 in its groups, or 4-bit."""
+    if form in int4_layout.FORMS:
+        return {name + suffix: piece for suffix, piece in int4_layout.pieces(form, *shape).items()}
+    return {name: (shape, "int8"), name + SCALE_SUFFIX: ((shape[0], groups(shape[1], GGUF_GROUP)), "float32")}
 
 
 Listed = Iterator[tuple[str, Shape, bool]]   # name, shape, whether it is an nn.Linear's weight
