@@ -108,6 +108,22 @@ def test_products_are_the_dequantized_weights_float_product(kernels, qtype, dtyp
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("qtype", ("Q4_0", "Q4_1", "Q4_K", "Q6_K"))
+@pytest.mark.parametrize("kernels", NATIVE_SETS)
+def test_a_rows_4_bit_product_is_the_same_bits_alone_and_in_any_batch(kernels, qtype, dtype):
+    """A prompt's logits must not depend on which requests shared its step: each row of a 13-row
+    product (tiles of 8 or 6 and a short one) against that row alone and the first rows batched."""
+    weight, expected_weights = gguf_weights(40, qtype)
+    x = torch.randn(13, expected_weights.shape[1], generator=torch.Generator().manual_seed(3)).to(dtype)
+    k = KERNELS[kernels]
+    packed = k.prepare(weight)
+    batched = k.linear(x, packed)
+    for rows in range(1, 13):
+        assert torch.equal(k.linear(x[rows - 1:rows], packed), batched[rows - 1:rows]), f"row {rows - 1} alone"
+        assert torch.equal(k.linear(x[:rows], packed), batched[:rows]), f"the first {rows} rows"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("qtype", TYPES)
 @pytest.mark.parametrize("kernels", KERNELS)
 def test_embedding_rows_of_a_kept_table_are_its_dequantized_rows(kernels, qtype, dtype):

@@ -490,76 +490,83 @@ INLINE void q4_values(int kind, const uint8_t *p, const void *hb, int64_t b, int
         load_nibbles(at, lo, hi);
 }
 
-/* One row: each block's sum of x * q per panel (two chains: the low and the high nibbles), scaled
-   once by d, plus m times the block's sum of x: a multiply-add a block rather than converting
-   every weight, as row_int8 scales its groups' sums; and as there, the next strip's panels are
-   fetched into L2 while this one runs. The same product as tile_int4's, rounded at other places. */
-INLINE void row_int4(int dtype, int kind, const void *x, int64_t k, const uint8_t *const p[TILE_PANELS],
-                     const void *const d[TILE_PANELS], const void *const m[TILE_PANELS],
-                     const uint16_t *const s[TILE_PANELS], tile_sums a) {
+/* A tile's rows pass over the 4-bit panels INT4_ROWS at a time: each pass converts a block's
+   nibbles once and multiply-adds them into two chains (the low and the high nibbles) a row,
+   2 * TILE_PANELS * VPP * INT4_ROWS sums in registers (16 on AVX-512, 8 on AVX2). */
+#ifdef __AVX512F__
+#define INT4_ROWS 4
+#else
+#define INT4_ROWS 2
+#endif
+
+/* Each row's sum of x over each block: x_sum[r][b] = sum of x[r][32b + i] + x[r][32b + 16 + i]
+   over i in order (what a row's product adds m times). Once a product, not once a strip: in a
+   tile's loop the two scalar adds an input value were as many instructions as its multiply-adds. */
+static float *int4_x_sums(int dtype, const void *x, int64_t m, int64_t k) {
+    int64_t blocks = k / Q4_BLOCK;
+    float *sums = malloc(m * blocks * sizeof(float));
+    for (int64_t r = 0; r < m; r++)
+        for (int64_t b = 0; b < blocks; b++) {
+            float sum = 0;
+            for (int i = 0; i < Q4_HALF; i++)
+                sum += x_at(dtype, x, r * k + b * Q4_BLOCK + i) + x_at(dtype, x, r * k + b * Q4_BLOCK + Q4_HALF + i);
+            sums[r * blocks + b] = sum;
+        }
+    return sums;
+}
+
+/* `rows` (<= INT4_ROWS) rows of x from row r0 on: each block's sum of x * q per panel (two chains:
+   the low and the high nibbles), scaled once by d, plus m times the block's sum of x (x_sums): a
+   multiply-add a block rather than converting every weight, as row_int8 scales its groups' sums;
+   the nibbles converted once for all the pass's rows. A row's sums are the same bits whatever
+   rows share its tile (a prompt's logits do not depend on the batch it ran in). The next strip's
+   panels are fetched into L2 while this one runs, as row_int8 does. */
+INLINE void rows_int4(int dtype, int kind, const void *x, const float *x_sums, int64_t r0, int64_t rows, int64_t k,
+                      const uint8_t *const p[TILE_PANELS], const void *const d[TILE_PANELS],
+                      const void *const m[TILE_PANELS], const uint16_t *const s[TILE_PANELS], tile_sums a) {
     const uint8_t *next = p[0] + TILE_PANELS * k / 2 * PANEL;
-    for (int j = 0; j < TILE_PANELS; j++)
-        for (int h = 0; h < VPP; h++) a[j][0][h] = splat(0);
-    for (int64_t b = 0; b < k / Q4_BLOCK; b++) {
-        f32v lo_sum[TILE_PANELS][VPP] = {{0}}, hi_sum[TILE_PANELS][VPP] = {{0}};
-        float x_sum = 0;
+    int64_t blocks = k / Q4_BLOCK;
+    for (int r = 0; r < rows; r++)
+        for (int j = 0; j < TILE_PANELS; j++)
+            for (int h = 0; h < VPP; h++) a[j][r0 + r][h] = splat(0);
+    for (int64_t b = 0; b < blocks; b++) {
+        f32v lo_sum[INT4_ROWS][TILE_PANELS][VPP] = {{{0}}}, hi_sum[INT4_ROWS][TILE_PANELS][VPP] = {{{0}}};
         for (int l = 0; l < TILE_PANELS * Q4_HALF * PANEL / 64; l++)   /* the next strip's block b: as much as this one's */
             __builtin_prefetch(next + (b * TILE_PANELS * Q4_HALF * PANEL + 64 * l), 0, 2);
-        for (int i = 0; i < Q4_HALF; i++) {
-            float x0 = x_at(dtype, x, b * Q4_BLOCK + i), x1 = x_at(dtype, x, b * Q4_BLOCK + Q4_HALF + i);
-            x_sum += x0 + x1;
+        for (int i = 0; i < Q4_HALF; i++)
             for (int j = 0; j < TILE_PANELS; j++)
                 for (int h = 0; h < VPP; h++) {
                     f32v lo, hi;
                     q4_values(kind, p[j], m[j], b, i, h, &lo, &hi);
-                    lo_sum[j][h] += x0 * lo, hi_sum[j][h] += x1 * hi;
+                    for (int r = 0; r < rows; r++) {
+                        int64_t at = (r0 + r) * k + b * Q4_BLOCK + i;
+                        lo_sum[r][j][h] += x_at(dtype, x, at) * lo, hi_sum[r][j][h] += x_at(dtype, x, at + Q4_HALF) * hi;
+                    }
                 }
-        }
         for (int j = 0; j < TILE_PANELS; j++)
             for (int h = 0; h < VPP; h++) {
                 f32v scale, scale_hi, min;
                 q4_scale_min(kind, d[j], m[j], s[j], b, h, &scale, &scale_hi, &min);
-                a[j][0][h] += kind == Q6_K ? lo_sum[j][h] * scale + hi_sum[j][h] * scale_hi
-                                           : (lo_sum[j][h] + hi_sum[j][h]) * scale + x_sum * min;
+                for (int r = 0; r < rows; r++)
+                    a[j][r0 + r][h] += kind == Q6_K ? lo_sum[r][j][h] * scale + hi_sum[r][j][h] * scale_hi
+                                                    : (lo_sum[r][j][h] + hi_sum[r][j][h]) * scale
+                                                      + x_sums[(r0 + r) * blocks + b] * min;
             }
     }
 }
 
-/* Several rows: each block's weights dequantized once for the tile's rows (d * q + m, the
-   weights int4.dequantize gives, bit for bit: d * q is exact) into a block panel in L1, then
-   multiply-added as float32 ones in column order. Dequantizing in registers beside the sums
-   spilled on AVX2 (6 x 2 sums, and scales, mins, low and high nibbles: over 16 registers). */
-INLINE void tile_int4(int dtype, int kind, const void *x, int64_t rows, int64_t k,
+/* Several rows: passes of INT4_ROWS, the last pass's count known at compile time too. */
+INLINE void tile_int4(int dtype, int kind, const void *x, const float *x_sums, int64_t rows, int64_t k,
                       const uint8_t *const p[TILE_PANELS], const void *const d[TILE_PANELS],
                       const void *const m[TILE_PANELS], const uint16_t *const s[TILE_PANELS], tile_sums a) {
-    if (rows == 1) {
-        row_int4(dtype, kind, x, k, p, d, m, s, a);
-        return;
-    }
-    zero_tile(a);
-    for (int64_t b = 0; b < k / Q4_BLOCK; b++) {
-        float w[TILE_PANELS][Q4_BLOCK][PANEL];
-        for (int j = 0; j < TILE_PANELS; j++)
-            for (int h = 0; h < VPP; h++) {
-                f32v scale, scale_hi, min;
-                q4_scale_min(kind, d[j], m[j], s[j], b, h, &scale, &scale_hi, &min);
-                for (int i = 0; i < Q4_HALF; i++) {
-                    f32v lo, hi;
-                    q4_values(kind, p[j], m[j], b, i, h, &lo, &hi);
-                    store_f32(w[j][i] + h * LANES, lo * scale + min);
-                    store_f32(w[j][Q4_HALF + i] + h * LANES, hi * scale_hi + min);
-                }
-            }
-        for (int i = 0; i < Q4_BLOCK; i++) {
-            f32v wv[TILE_PANELS][VPP];
-            for (int j = 0; j < TILE_PANELS; j++)
-                for (int h = 0; h < VPP; h++) wv[j][h] = load_f32(w[j][i] + h * LANES);
-            for (int r = 0; r < rows; r++) {
-                float xv = x_at(dtype, x, r * k + b * Q4_BLOCK + i);
-                for (int j = 0; j < TILE_PANELS; j++)
-                    for (int h = 0; h < VPP; h++) a[j][r][h] += xv * wv[j][h];
-            }
-        }
+    int64_t r0 = 0;
+    for (; r0 + INT4_ROWS <= rows; r0 += INT4_ROWS) rows_int4(dtype, kind, x, x_sums, r0, INT4_ROWS, k, p, d, m, s, a);
+    switch (rows - r0) {
+    case 1: rows_int4(dtype, kind, x, x_sums, r0, 1, k, p, d, m, s, a); break;
+#if INT4_ROWS > 2
+    case 2: rows_int4(dtype, kind, x, x_sums, r0, 2, k, p, d, m, s, a); break;
+    case 3: rows_int4(dtype, kind, x, x_sums, r0, 3, k, p, d, m, s, a); break;
+#endif
     }
 }
 
@@ -621,10 +628,10 @@ INLINE void tile_int8_groups(int dtype, const void *x, int64_t rows, int64_t k, 
 #undef INT8
 }
 
-INLINE void tile_int4_kinds(int dtype, int kind, const void *x, int64_t rows, int64_t k,
+INLINE void tile_int4_kinds(int dtype, int kind, const void *x, const float *x_sums, int64_t rows, int64_t k,
                               const void *const p[TILE_PANELS], const void *const c[TILE_PANELS],
                               const void *const mn[TILE_PANELS], const void *const s[TILE_PANELS], tile_sums a) {
-#define INT4(D, K, R) tile_int4(D, K, x, R, k, (const uint8_t *const *)p, c, mn, (const uint16_t *const *)s, a)
+#define INT4(D, K, R) tile_int4(D, K, x, x_sums, R, k, (const uint8_t *const *)p, c, mn, (const uint16_t *const *)s, a)
 #define BY_KIND(D, R) (kind == Q6_K ? INT4(D, Q6_K, R) : kind == Q4_K ? INT4(D, Q4_K, R) \
                        : kind == Q4_1 ? INT4(D, Q4_1, R) : INT4(D, Q4_0, R))
 #define TILE(R) (dtype == F32 ? BY_KIND(F32, R) : BY_KIND(BF16, R))
@@ -635,13 +642,13 @@ INLINE void tile_int4_kinds(int dtype, int kind, const void *x, int64_t rows, in
 }
 
 /* p, c, mn, s: each panel's weights, scales, mins (Q6_K: highs) and supers (w's kind says which
-   there are). */
-INLINE void tile(int dtype, const void *x, int64_t rows, int64_t k, const mcpd_matrix *w,
+   there are); x_sums: a 4-bit matrix's int4_x_sums of x's rows. */
+INLINE void tile(int dtype, const void *x, const float *x_sums, int64_t rows, int64_t k, const mcpd_matrix *w,
                  const void *const p[TILE_PANELS], const void *const c[TILE_PANELS], const void *const mn[TILE_PANELS],
                  const void *const s[TILE_PANELS], tile_sums a) {
     if (w->kind == PLAIN) tile_plain(dtype, x, rows, k, p, a);
     else if (w->kind == INT8) tile_int8_groups(dtype, x, rows, k, w->group, p, c, a);
-    else tile_int4_kinds(dtype, w->kind, x, rows, k, p, c, mn, s, a);
+    else tile_int4_kinds(dtype, w->kind, x, x_sums, rows, k, p, c, mn, s, a);
 }
 
 /* One row of x (a decode step's product) by ROW_PANELS panels at once. Each output's sum is the
@@ -752,6 +759,7 @@ static void linear(int dtype, const void *x, int64_t m, int64_t k, const mcpd_ma
         for (int64_t i = 0; i < m * k; i++) widened[i] = bf16_to_f32(((const bf16 *)x)[i]);
         x = widened, x_size = sizeof(float);
     }
+    float *x_sums = w->kind >= Q4_0 && w->kind != Q6_K ? int4_x_sums(dtype, x, m, k) : NULL;
     #pragma omp parallel for schedule(dynamic, 8 / TILE_PANELS) if (strips > 1 && n * k * m >= 32768)
     for (int64_t strip = 0; strip < strips; strip++) {
         int64_t first = strip * TILE_PANELS, count = panels - first < TILE_PANELS ? panels - first : TILE_PANELS;
@@ -766,12 +774,14 @@ static void linear(int dtype, const void *x, int64_t m, int64_t k, const mcpd_ma
         for (int64_t row = 0; row < m; row += TILE_ROWS) {
             int64_t rows = m - row < TILE_ROWS ? m - row : TILE_ROWS;
             tile_sums a;
-            tile(dtype, (const char *)x + row * k * x_size, rows, k, w, p, c, mn, s, a);
+            tile(dtype, (const char *)x + row * k * x_size, x_sums ? x_sums + row * (k / Q4_BLOCK) : NULL, rows, k,
+                 w, p, c, mn, s, a);
             for (int64_t j = 0; j < count; j++)
                 store_tile(dtype, y_f32, y, n, row, rows, (first + j) * PANEL, a[j], bias);
         }
     }
     free(widened);
+    free(x_sums);
 }
 
 void mcpd_linear(int dtype, const void *x, int64_t m, int64_t k, const mcpd_matrix *w, const void *bias,
