@@ -27,10 +27,12 @@ Panels and tiles of each instruction set (a new weight format reuses them):
               Q6_K: int8 scales [n/16][k/16][16], highs [n/16][k/4][16], supers
               [n/16][k/256][1][16]) (mcpd_matrix). A panel's row of 16 is 1 vector (AVX-512)
               or 2 (AVX2).
-  AVX-512F    LANES 16, 32 zmm registers: product tile 8 rows x 2 panels (8x32, 16 accumulators);
-              one row: 4 panels at once; prefill attention 8 query rows x 32 keys.
-  AVX2 + FMA  LANES 8, 16 ymm registers: product tile 6 rows x 1 panel (6x16, 12 accumulators);
-              one row: 4 panels at once; prefill attention 6 query rows x 16 keys.
+  AVX-512F    LANES 16, 32 zmm registers: product tile 8 rows x 2 panels (8x32, 16 accumulators),
+              4-bit ones in passes of 4 rows; one row: 4 panels at once; prefill attention 8
+              query rows x 32 keys.
+  AVX2 + FMA  LANES 8, 16 ymm registers: product tile 6 rows x 1 panel (6x16, 12 accumulators),
+              4-bit ones in passes of 2 rows; one row: 4 panels at once; prefill attention 6
+              query rows x 16 keys.
 */
 #include <math.h>
 #include <stdint.h>
