@@ -546,7 +546,8 @@ INLINE void rows_int4(int dtype, int kind, const void *x, const float *x_sums, i
                     q4_values(kind, p[j], m[j], b, i, h, &lo, &hi);
                     for (int r = 0; r < rows; r++) {
                         int64_t at = (r0 + r) * k + b * Q4_BLOCK + i;
-                        lo_sum[r][j - j0][h] += x_at(dtype, x, at) * lo, hi_sum[r][j - j0][h] += x_at(dtype, x, at + Q4_HALF) * hi;
+                        lo_sum[r][j - j0][h] += x_at(dtype, x, at) * lo;
+                        hi_sum[r][j - j0][h] += x_at(dtype, x, at + Q4_HALF) * hi;
                     }
                 }
         for (int j = j0; j < j0 + panels; j++)
@@ -561,7 +562,7 @@ INLINE void rows_int4(int dtype, int kind, const void *x, const float *x_sums, i
     }
 }
 
-/* A pass of a count of rows known at compile time (below INT4_SUMS: up to 8 on AVX-512). */
+/* A pass of a count of rows known at compile time (up to INT4_SUMS), so that its sums stay in registers. */
 INLINE void rows_int4_fixed(int dtype, int kind, const void *x, const float *x_sums, int64_t r0, int64_t rows, int j0,
                             int panels, int64_t k, const uint8_t *const p[TILE_PANELS], const void *const d[TILE_PANELS],
                             const void *const m[TILE_PANELS], const uint16_t *const s[TILE_PANELS], tile_sums a) {
