@@ -28,11 +28,11 @@ Panels and tiles of each instruction set (a new weight format reuses them):
               [n/16][k/256][1][16]) (mcpd_matrix). A panel's row of 16 is 1 vector (AVX-512)
               or 2 (AVX2).
   AVX-512F    LANES 16, 32 zmm registers: product tile 8 rows x 2 panels (8x32, 16 accumulators),
-              4-bit ones in passes of up to 4 rows x 2 panels or 8 x 1; one row: 4 panels at
-              once; prefill attention 8 query rows x 32 keys.
+              4-bit ones of up to 4 rows by the nibbles as they are; one row: 4 panels at once;
+              prefill attention 8 query rows x 32 keys.
   AVX2 + FMA  LANES 8, 16 ymm registers: product tile 6 rows x 1 panel (6x16, 12 accumulators),
-              4-bit ones in passes of 2 rows; one row: 4 panels at once; prefill attention 6
-              query rows x 16 keys.
+              4-bit ones of up to 2 rows by the nibbles as they are; one row: 4 panels at once;
+              prefill attention 6 query rows x 16 keys.
 */
 #include <math.h>
 #include <stdint.h>
@@ -492,17 +492,13 @@ INLINE void q4_values(int kind, const uint8_t *p, const void *hb, int64_t b, int
         load_nibbles(at, lo, hi);
 }
 
-/* A tile's rows pass over the 4-bit panels: each pass converts a block's nibbles once and
-   multiply-adds them into two chains (the low and the high nibbles) a row and panel, 16 sums in
-   registers on AVX-512 (a few rows over both panels, or up to 8 over one), 8 on AVX2. */
+/* Up to INT4_ROWS rows multiply the 4-bit panels as they are (rows_int4): 2 sums a row, panel
+   and vector in registers, 16 on AVX-512, 8 on AVX2. */
 #ifdef __AVX512F__
-#define INT4_ROWS 8        /* rows of a pass over one panel */
-#define INT4_WIDE_ROWS 4   /* rows of a pass over the tile's panels: a decode's chains, four */
+#define INT4_ROWS 4
 #else
 #define INT4_ROWS 2
-#define INT4_WIDE_ROWS 2
 #endif
-#define INT4_SUMS (INT4_ROWS > INT4_WIDE_ROWS ? INT4_ROWS : INT4_WIDE_ROWS)
 
 /* Each row's sum of x over each block: x_sum[r][b] = sum of x[r][32b + i] + x[r][32b + 16 + i]
    over i in order (what a row's product adds m times). Once a product, not once a strip: in a
@@ -520,81 +516,103 @@ static float *int4_x_sums(int dtype, const void *x, int64_t m, int64_t k) {
     return sums;
 }
 
-/* `rows` rows of x from row r0 on by `panels` panels from panel j0 on: each block's sum of x * q
-   per panel (two chains: the low and the high nibbles), scaled once by d, plus m times the block's
+/* A decode's row, or a step's few rows (one-token prompts batched): each block's sum of x * q per
+   panel (two chains: the low and the high nibbles), scaled once by d, plus m times the block's
    sum of x (x_sums): a multiply-add a block rather than converting every weight, as row_int8
-   scales its groups' sums. Each sum's terms come in the same order whatever the pass's rows and
-   panels, so a row's product is the same bits alone or in any batch (a prompt's logits do not
-   depend on the requests that shared its step). The next strip's panels are fetched into L2
-   while this one runs, as row_int8 does. */
-INLINE void rows_int4(int dtype, int kind, const void *x, const float *x_sums, int64_t r0, int64_t rows, int j0,
-                      int panels, int64_t k, const uint8_t *const p[TILE_PANELS], const void *const d[TILE_PANELS],
+   scales its groups' sums, and each block's nibbles converted once for all the rows. A row's
+   sums add the same terms in the same order whatever rows share its tile: up to INT4_ROWS
+   one-token prompts get the logits each gets alone. The next strip's panels are fetched into L2
+   while this one runs, as row_int8 does. The same product as tile_int4's, rounded at other places. */
+INLINE void rows_int4(int dtype, int kind, const void *x, const float *x_sums, int64_t rows, int64_t k,
+                      const uint8_t *const p[TILE_PANELS], const void *const d[TILE_PANELS],
                       const void *const m[TILE_PANELS], const uint16_t *const s[TILE_PANELS], tile_sums a) {
     const uint8_t *next = p[0] + TILE_PANELS * k / 2 * PANEL;
     int64_t blocks = k / Q4_BLOCK;
     for (int r = 0; r < rows; r++)
-        for (int j = j0; j < j0 + panels; j++)
-            for (int h = 0; h < VPP; h++) a[j][r0 + r][h] = splat(0);
+        for (int j = 0; j < TILE_PANELS; j++)
+            for (int h = 0; h < VPP; h++) a[j][r][h] = splat(0);
     for (int64_t b = 0; b < blocks; b++) {
-        f32v lo_sum[INT4_SUMS][TILE_PANELS][VPP] = {{{0}}}, hi_sum[INT4_SUMS][TILE_PANELS][VPP] = {{{0}}};
+        f32v lo_sum[INT4_ROWS][TILE_PANELS][VPP] = {{{0}}}, hi_sum[INT4_ROWS][TILE_PANELS][VPP] = {{{0}}};
         for (int l = 0; l < TILE_PANELS * Q4_HALF * PANEL / 64; l++)   /* the next strip's block b: as much as this one's */
             __builtin_prefetch(next + (b * TILE_PANELS * Q4_HALF * PANEL + 64 * l), 0, 2);
         for (int i = 0; i < Q4_HALF; i++)
-            for (int j = j0; j < j0 + panels; j++)
+            for (int j = 0; j < TILE_PANELS; j++)
                 for (int h = 0; h < VPP; h++) {
                     f32v lo, hi;
                     q4_values(kind, p[j], m[j], b, i, h, &lo, &hi);
                     for (int r = 0; r < rows; r++) {
-                        int64_t at = (r0 + r) * k + b * Q4_BLOCK + i;
-                        lo_sum[r][j - j0][h] += x_at(dtype, x, at) * lo;
-                        hi_sum[r][j - j0][h] += x_at(dtype, x, at + Q4_HALF) * hi;
+                        lo_sum[r][j][h] += x_at(dtype, x, r * k + b * Q4_BLOCK + i) * lo;
+                        hi_sum[r][j][h] += x_at(dtype, x, r * k + b * Q4_BLOCK + Q4_HALF + i) * hi;
                     }
                 }
-        for (int j = j0; j < j0 + panels; j++)
+        for (int j = 0; j < TILE_PANELS; j++)
             for (int h = 0; h < VPP; h++) {
                 f32v scale, scale_hi, min;
                 q4_scale_min(kind, d[j], m[j], s[j], b, h, &scale, &scale_hi, &min);
                 for (int r = 0; r < rows; r++)
-                    a[j][r0 + r][h] += kind == Q6_K ? lo_sum[r][j - j0][h] * scale + hi_sum[r][j - j0][h] * scale_hi
-                                                    : (lo_sum[r][j - j0][h] + hi_sum[r][j - j0][h]) * scale
-                                                      + x_sums[(r0 + r) * blocks + b] * min;
+                    a[j][r][h] += kind == Q6_K ? lo_sum[r][j][h] * scale + hi_sum[r][j][h] * scale_hi
+                                               : (lo_sum[r][j][h] + hi_sum[r][j][h]) * scale + x_sums[r * blocks + b] * min;
             }
     }
 }
 
-/* A pass of a count of rows known at compile time (up to INT4_SUMS), so that its sums stay in registers. */
-INLINE void rows_int4_fixed(int dtype, int kind, const void *x, const float *x_sums, int64_t r0, int64_t rows, int j0,
-                            int panels, int64_t k, const uint8_t *const p[TILE_PANELS], const void *const d[TILE_PANELS],
-                            const void *const m[TILE_PANELS], const uint16_t *const s[TILE_PANELS], tile_sums a) {
-#define PASS(R) rows_int4(dtype, kind, x, x_sums, r0, R, j0, panels, k, p, d, m, s, a)
+/* rows_int4 of a count of rows known at compile time, so that its sums stay in registers. Not
+   inlined: inside linear() beside the dequantizing tile it made that tile 7% slower at 8 rows and
+   a prompt's 128 (its own sums are local, so the call costs nothing per weight). */
+static __attribute__((noinline)) void rows_int4_fixed(int dtype, int kind, const void *x, const float *x_sums,
+                                                      int64_t rows, int64_t k, const uint8_t *const p[TILE_PANELS],
+                                                      const void *const d[TILE_PANELS], const void *const m[TILE_PANELS],
+                                                      const uint16_t *const s[TILE_PANELS], tile_sums a) {
+#define ROWS(R) rows_int4(dtype, kind, x, x_sums, R, k, p, d, m, s, a)
     switch (rows) {
-    case 1: PASS(1); break;
-    case 2: PASS(2); break;
-#if INT4_SUMS > 2
-    case 3: PASS(3); break;
-    case 4: PASS(4); break;
-    case 5: PASS(5); break;
-    case 6: PASS(6); break;
-    case 7: PASS(7); break;
-    case 8: PASS(8); break;
+    case 1: ROWS(1); break;
+    case 2: ROWS(2); break;
+#if INT4_ROWS > 2
+    case 3: ROWS(3); break;
+    case 4: ROWS(4); break;
 #endif
     }
-#undef PASS
+#undef ROWS
 }
 
-/* Up to INT4_WIDE_ROWS rows in one pass over the tile's panels (a decode's row: four chains);
-   more a panel at a time, INT4_ROWS rows a pass. */
+/* More rows (a prompt's): each block's weights dequantized once for the tile's rows (d * q + m,
+   the weights int4.dequantize gives, bit for bit: d * q is exact) into a block panel in L1, then
+   multiply-added as float32 ones in column order: at 8 rows 6-8% faster than rows_int4's way in
+   passes (its sums of two panels fill the registers at 4 rows). Dequantizing in registers
+   beside the sums spilled on AVX2 (6 x 2 sums, and scales, mins, low and high nibbles: over 16
+   registers). */
 INLINE void tile_int4(int dtype, int kind, const void *x, const float *x_sums, int64_t rows, int64_t k,
                       const uint8_t *const p[TILE_PANELS], const void *const d[TILE_PANELS],
                       const void *const m[TILE_PANELS], const uint16_t *const s[TILE_PANELS], tile_sums a) {
-    if (rows <= INT4_WIDE_ROWS) {
-        rows_int4_fixed(dtype, kind, x, x_sums, 0, rows, 0, TILE_PANELS, k, p, d, m, s, a);
+    if (rows <= INT4_ROWS) {
+        rows_int4_fixed(dtype, kind, x, x_sums, rows, k, p, d, m, s, a);
         return;
     }
-    for (int j = 0; j < TILE_PANELS; j++)
-        for (int64_t r0 = 0; r0 < rows; r0 += INT4_ROWS)
-            rows_int4_fixed(dtype, kind, x, x_sums, r0, rows - r0 < INT4_ROWS ? rows - r0 : INT4_ROWS, j, 1, k, p, d, m,
-                            s, a);
+    zero_tile(a);
+    for (int64_t b = 0; b < k / Q4_BLOCK; b++) {
+        float w[TILE_PANELS][Q4_BLOCK][PANEL];
+        for (int j = 0; j < TILE_PANELS; j++)
+            for (int h = 0; h < VPP; h++) {
+                f32v scale, scale_hi, min;
+                q4_scale_min(kind, d[j], m[j], s[j], b, h, &scale, &scale_hi, &min);
+                for (int i = 0; i < Q4_HALF; i++) {
+                    f32v lo, hi;
+                    q4_values(kind, p[j], m[j], b, i, h, &lo, &hi);
+                    store_f32(w[j][i] + h * LANES, lo * scale + min);
+                    store_f32(w[j][Q4_HALF + i] + h * LANES, hi * scale_hi + min);
+                }
+            }
+        for (int i = 0; i < Q4_BLOCK; i++) {
+            f32v wv[TILE_PANELS][VPP];
+            for (int j = 0; j < TILE_PANELS; j++)
+                for (int h = 0; h < VPP; h++) wv[j][h] = load_f32(w[j][i] + h * LANES);
+            for (int r = 0; r < rows; r++) {
+                float xv = x_at(dtype, x, r * k + b * Q4_BLOCK + i);
+                for (int j = 0; j < TILE_PANELS; j++)
+                    for (int h = 0; h < VPP; h++) a[j][r][h] += xv * wv[j][h];
+            }
+        }
+    }
 }
 
 /* Store a tile's accumulators: + bias, rounded to dtype (or to dtype and back to float32 when
