@@ -151,11 +151,12 @@ async def measure_mcpd(name: str, model: Model, inputs: TensorInputs, reference,
                                   **await search(http_target, sizes)}
         except (RuntimeError, OSError) as e:
             found["mcpd-http"] = {"missing": f"{type(e).__name__}: {e}"[:300]}
+        # Closed first: the burst's processes connect from the same address, within the daemon's per-address cap.
+        await zmq_target.close()
+        await http_target.close()
         if burst_clients:
             found["burst"] = await priority_burst(server, name, inputs, sizes, burst_clients)
             found["context"] = await context_bytes(server.endpoint, name, inputs)
-        await zmq_target.close()
-        await http_target.close()
         return found
     finally:
         server.stop()
