@@ -1,7 +1,7 @@
 """A BERT-shaped handler's forward as a TorchScript graph, traced once per model. transformers'
-modules spend about 2 ms a call in Python (config look-ups, output dataclasses, mask helpers),
-as long as a small model computes over a few rows: traced, that cost leaves every batch, and a
-batch's cost is close to its rows' compute.
+modules spend a fixed Python cost on every call (config look-ups, output dataclasses, mask
+helpers), as much as a small model's compute over a few rows: traced, that cost leaves every
+batch, and a batch's cost is close to its rows' compute.
 
 The example is traced with a padded row, so the graph always applies the attention mask; a batch
 without padding applies it as all ones, which gives the outputs the untraced forward gives."""
@@ -12,8 +12,8 @@ from collections.abc import Callable
 
 import torch
 
-# TorchScript profiles and optimises a graph on its first runs (about 70 and 20 ms of CPU here):
-# run here, not on the first requests a worker serves
+# TorchScript profiles and optimises a graph on its first runs: run here, not on the first
+# requests a worker serves
 WARM_RUNS = 2
 
 Forward = Callable[[torch.Tensor, torch.Tensor], dict[str, torch.Tensor]]
