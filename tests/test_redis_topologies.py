@@ -53,6 +53,8 @@ def test_the_data_nodes_credentials_are_read_from_the_url():
     ("redis+sentinel://a:s3c:ret@h:1/prime", "redis+sentinel://a:***@h:1/prime"),
     ("unix:///run/redis.sock?db=0&password=s3cret", "unix:///run/redis.sock?db=0&password=***"),
     ("redis://h:1/0", "redis://h:1/0"),
+    ("redis+cluster://mcpd:p@ss@h:1", "redis+cluster://mcpd:***@h:1"),   # an @ left unquoted in the password
+    ("redis://m@cpd:s3cret@h:1/0", "redis://m@cpd:***@h:1/0"),
 ])
 def test_the_logged_url_shows_no_password(url, shown):
     assert redis_url.redacted(url) == shown

@@ -74,5 +74,5 @@ def _host_port(text: str) -> tuple[str, int]:
 
 def redacted(url: str) -> str:
     """The URL as a log line may show it: its password, in the user part or the query, replaced."""
-    url = re.sub(r"(://[^/@]*?:)[^/@]*@", r"\1***@", url)
+    url = re.sub(r"(://[^/:]*:)[^/]*@", r"\1***@", url)   # the password runs to the last @, as parse() reads it
     return re.sub(r"(password=)[^&]*", r"\1***", url)
