@@ -1,12 +1,13 @@
 """The current figures: run benchmarks, keep each one's last JSON line with the run's machine, and
 write bench/README.md's table from what is kept.
 
-    python bench/figures.py run [--quick] NAME ... | all     # run, keep, rewrite the table
-    python bench/figures.py table                           # rewrite the table from what is kept
+    python bench/figures.py run [--quick] NAME ... | all [-- FLAG ...]   # run, keep, rewrite the table
+    python bench/figures.py table                                       # rewrite the table from what is kept
 
-A run keeps bench/figures/NAME.json: the benchmark's JSON line and when, on which commit and which
-machine it ran (CPU model, cores, memory, ISA: AVX-512 with or without bf16, AVX2, or neither;
-the GPU if any; the load average at its start). A benchmark that fails or prints no JSON line
+Flags after `--` go to each benchmark named, as its own (`run gguf_quantized -- --isa avx2`).
+A run keeps bench/figures/NAME.json: the benchmark's JSON line and when, with which flags, on
+which commit and which machine it ran (CPU model, cores, memory, ISA: AVX-512 with or without
+bf16, AVX2, or neither; the GPU if any; the load average at its start). A benchmark that fails or prints no JSON line
 keeps what it had, and the command exits 1. The table shows each benchmark's figures that have a
 target (TARGETS) with their target and whether the run met it; a figure a benchmark did not print
 shows as "—". The history of the figures is git's: each run rewrites its file.
@@ -79,6 +80,11 @@ TARGETS = [
     ("peers", "w2_32_tok_s_ratio_vs_best_peer", ">=", 1),
     ("peers", "w3_turn10_ttft_ms_ratio_vs_best_peer", ">=", 1),
     ("peers", "w4_req_s_ratio_vs_best_peer", ">=", 1),
+    *(("gguf_quantized", f"gguf_{quant}_{figure}_ratio_vs_llamacpp", ">=", 1) for quant in ("q4_1", "q4_k_m")
+      for figure in ("w1_decode_tok_s", "w1_ttft_ms", "w2_8_tok_s", "w2_32_tok_s", "w3_turn10_ttft_ms", "w4_req_s")),
+    ("gguf_quantized", "q4_top1_agreement", ">=", 0.99),
+    ("gguf_quantized", "resident_weight_ratio", "<=", 1.1),
+    ("gguf_quantized", "gguf_q4_k_m_resident_weight_ratio", "<=", 1.1),
     ("handlers", "handler_risk_rps_ratio_vs_best_peer", ">=", 1.5),
     ("handlers", "handler_text_rps_ratio_vs_best_peer", ">=", 1.5),
     ("handlers", "batching_speedup", ">=", 5),
@@ -129,11 +135,11 @@ def last_json_line(output: str) -> dict | None:
     return None
 
 
-def run(name: str, quick: bool) -> bool:
-    """Run bench/NAME.py, its output passed through; keep its JSON line. False if it gave none."""
-    command = [sys.executable, str(BENCH / f"{name}.py")] + (["--quick"] if quick else [])
+def run(name: str, quick: bool, flags: list[str]) -> bool:
+    """Run bench/NAME.py with flags, its output passed through; keep its JSON line. False if it gave none."""
+    command = [sys.executable, str(BENCH / f"{name}.py")] + (["--quick"] if quick else []) + flags
     record = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": commit(),
-              "machine": machine(), "quick": quick}
+              "machine": machine(), "quick": quick, "flags": flags}
     print(f"== {name}: {' '.join(command[1:])}", flush=True)
     returncode, output = passed_through(command)
     figures = last_json_line(output)
@@ -182,7 +188,7 @@ def table(records: dict[str, dict]) -> str:
         value = figure_of(records.get(name, {}).get("figures", {}), figure)
         met = "—" if not isinstance(value, (int, float)) else "yes" if COMPARE[comparison](value, target) else "**no**"
         rows.append(f"| `{name}` | `{figure}` | {shown(value)} | {SYMBOL[comparison]} {target} | {met} |")
-    runs = ["| benchmark | when | commit | machine | ISA | load | mode |", "|---|---|---|---|---|---|---|"]
+    runs = ["| benchmark | when | commit | machine | ISA | load | flags |", "|---|---|---|---|---|---|---|"]
     for name in benchmarks():
         record = records.get(name)
         if record is None:
@@ -191,8 +197,13 @@ def table(records: dict[str, dict]) -> str:
         m = record["machine"]
         where = f"{m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB" + (f", {m['gpu']}" if m["gpu"] else "")
         runs.append(f"| `{name}` | {record['date']} | {record['commit']} | {where} | {m['isa']} | "
-                    f"{m['load_average']} | {'--quick' if record['quick'] else 'full'} |")
+                    f"{m['load_average']} | {flags_shown(record)} |")
     return "\n".join(rows + ["", "The runs behind them:", ""] + runs)
+
+
+def flags_shown(record: dict) -> str:
+    """The flags the benchmark ran with; "full" for none (not --quick)."""
+    return " ".join((["--quick"] if record["quick"] else []) + record.get("flags", [])) or "full"
 
 
 def write_table() -> None:
@@ -202,18 +213,28 @@ def write_table() -> None:
     README.write_text(f"{head}{BEGIN}\n{table(kept())}\n{END}{tail}")
 
 
-def main() -> None:
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """figures.py's own arguments, and in `flags` what follows `--`: the benchmarks'."""
+    ours, flags = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="command", required=True)
     runner = sub.add_parser("run", help="run benchmarks, keep their figures, rewrite the table")
     runner.add_argument("--quick", action="store_true")
     runner.add_argument("names", nargs="+", choices=benchmarks() + ["all"])
     sub.add_parser("table", help="rewrite bench/README.md's table from the kept figures")
-    args = parser.parse_args()
+    args = parser.parse_args(ours)
+    if flags and args.command != "run":
+        parser.error("flags after -- are for `run`")
+    args.flags = flags
+    return args
+
+
+def main() -> None:
+    args = parse_args(sys.argv[1:])
     failed = []
     if args.command == "run":
         names = benchmarks() if "all" in args.names else args.names
-        failed = [name for name in names if not run(name, args.quick)]
+        failed = [name for name in names if not run(name, args.quick, args.flags)]
     write_table()
     if failed:
         sys.exit(f"no figures from: {', '.join(failed)}")
