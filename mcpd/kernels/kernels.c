@@ -560,22 +560,26 @@ INLINE void rows_int4(int dtype, int kind, const void *x, const float *x_sums, i
     }
 }
 
-/* rows_int4 of a count of rows known at compile time, so that its sums stay in registers. Not
-   inlined: inside linear() beside the dequantizing tile it made that tile 7% slower at 8 rows and
-   a prompt's 128 (its own sums are local, so the call costs nothing per weight). */
+/* rows_int4 of a count of rows, a dtype and a kind known at compile time, so that its sums stay
+   in registers and its loop tests neither dtype nor kind per weight. Not inlined: inside linear()
+   beside the dequantizing tile it made that tile 7% slower at 8 rows and a prompt's 128 (its own
+   sums are local, so the call costs nothing per weight). */
 static __attribute__((noinline)) void rows_int4_fixed(int dtype, int kind, const void *x, const float *x_sums,
                                                       int64_t rows, int64_t k, const uint8_t *const p[TILE_PANELS],
                                                       const void *const d[TILE_PANELS], const void *const m[TILE_PANELS],
                                                       const uint16_t *const s[TILE_PANELS], tile_sums a) {
-#define ROWS(R) rows_int4(dtype, kind, x, x_sums, R, k, p, d, m, s, a)
+#define ROWS(D, K, R) rows_int4(D, K, x, x_sums, R, k, p, d, m, s, a)
+#define BY_KIND(D, R) (kind == Q6_K ? ROWS(D, Q6_K, R) : kind == Q4_K ? ROWS(D, Q4_K, R) \
+                       : kind == Q4_1 ? ROWS(D, Q4_1, R) : ROWS(D, Q4_0, R))
     switch (rows) {
-    case 1: ROWS(1); break;
-    case 2: ROWS(2); break;
+    case 1: BY_DTYPE(BY_KIND, 1); break;
+    case 2: BY_DTYPE(BY_KIND, 2); break;
 #if INT4_ROWS > 2
-    case 3: ROWS(3); break;
-    case 4: ROWS(4); break;
+    case 3: BY_DTYPE(BY_KIND, 3); break;
+    case 4: BY_DTYPE(BY_KIND, 4); break;
 #endif
     }
+#undef BY_KIND
 #undef ROWS
 }
 
