@@ -482,8 +482,8 @@ static inline void load_nibbles(const uint8_t *p, f32v *lo, f32v *hi) {
    integers, one conversion each. */
 static inline void load_six_bits(const uint8_t *p, const uint8_t *highs, int shift, f32v *lo, f32v *hi) {
     i32v b = widen_u8(p), top = widen_u8(highs) >> shift;
-    *lo = __builtin_convertvector(((b & 15) | ((top & 3) << 4)) - 32, f32v);
-    *hi = __builtin_convertvector(((b >> 4) | (((top >> 4) & 3) << 4)) - 32, f32v);
+    *lo = __builtin_convertvector(((b & 15) | ((top << 4) & 0x30)) - 32, f32v);
+    *hi = __builtin_convertvector(((b >> 4) | (top & 0x30)) - 32, f32v);
 }
 
 /* Row i (< Q4_HALF) of block b's low and high halves, lanes h, as float32 q: the nibbles, for
@@ -539,16 +539,18 @@ INLINE void rows_int4(int dtype, int kind, const void *x, const float *x_sums, i
             f32v lo_sum[INT4_ROWS][TILE_PANELS][VPP] = {{{0}}}, hi_sum[INT4_ROWS][TILE_PANELS][VPP] = {{{0}}};
             for (int l = 0; l < TILE_PANELS * Q4_HALF * PANEL / 64; l++)   /* the next strip's block b: as much as this one's */
                 __builtin_prefetch(next + (b * TILE_PANELS * Q4_HALF * PANEL + 64 * l), 0, 2);
-            for (int i = 0; i < Q4_HALF; i++)
-                for (int j = 0; j < TILE_PANELS; j++)
-                    for (int v = 0; v < hs; v++) {
-                        f32v lo, hi;
-                        q4_values(kind, p[j], m[j], b, i, h0 + v, &lo, &hi);
-                        for (int r = 0; r < rows; r++) {
-                            lo_sum[r][j][v] += x_at(dtype, x, r * k + b * Q4_BLOCK + i) * lo;
-                            hi_sum[r][j][v] += x_at(dtype, x, r * k + b * Q4_BLOCK + Q4_HALF + i) * hi;
+#pragma GCC unroll 2   /* each half's Q6_K highs shift a constant */
+            for (int i8 = 0; i8 < Q4_HALF; i8 += Q6_HIGH_BYTES)
+                for (int i = i8; i < i8 + Q6_HIGH_BYTES; i++)
+                    for (int j = 0; j < TILE_PANELS; j++)
+                        for (int v = 0; v < hs; v++) {
+                            f32v lo, hi;
+                            q4_values(kind, p[j], m[j], b, i, h0 + v, &lo, &hi);
+                            for (int r = 0; r < rows; r++) {
+                                lo_sum[r][j][v] += x_at(dtype, x, r * k + b * Q4_BLOCK + i) * lo;
+                                hi_sum[r][j][v] += x_at(dtype, x, r * k + b * Q4_BLOCK + Q4_HALF + i) * hi;
+                            }
                         }
-                    }
             for (int j = 0; j < TILE_PANELS; j++)
                 for (int v = 0; v < hs; v++) {
                     f32v scale, scale_hi, min;
