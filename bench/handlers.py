@@ -57,8 +57,9 @@ from mcpd.client import Client
 from mcpd.handlers.handler import load_handler
 from peerkit import checkpoints, handler_servers, servers
 from peerkit.handler_runner import HandlerRunner
-from peerkit.handler_targets import HttpV2, McpdZmq, TensorInputs
+from peerkit.handler_targets import DEADLINE_MS, HttpV2, McpdZmq, TensorInputs
 from peerkit.client_processes import ClientProcesses
+from peerkit.frame_sender import FrameSender
 from peerkit.load import Outcome, Uniform, closed_loop, generator_figures, max_rate, open_loop, p99_ms
 
 P99_LIMIT_MS = 50.0
@@ -201,13 +202,13 @@ async def priority_burst(server: handler_servers.McpdServer, name: str, inputs: 
     send as well as from the scheduled arrival. The scheduler's view of high's queueing says how
     much of high's wait was in its queue."""
     pick = Uniform(INPUT_POOL)
-    make_target = functools.partial(McpdZmq, "mcpd", server.endpoint, name, inputs)
-    with ClientProcesses(make_target, clients, INPUT_POOL) as processes:
+    make_sender = functools.partial(FrameSender, server.endpoint, name, inputs, DEADLINE_MS)
+    with ClientProcesses(make_sender, clients, INPUT_POOL) as processes:
         await processes.closed_loop(CAPACITY_CLIENTS, WARM_UP_S, pick, seed=98)
         capacity = await processes.closed_loop(CAPACITY_CLIENTS, sizes.capacity_s, pick, seed=99)
-        idle = await processes.open_loop(0.2 * capacity, sizes.burst_s, pick, seed=7, high_frac=1.0)
+        idle, idle_cpu_s = await processes.open_loop(0.2 * capacity, sizes.burst_s, pick, seed=7, high_frac=1.0)
         started = time.perf_counter()
-        burst = await processes.open_loop(2.0 * capacity, sizes.burst_s, pick, seed=8, high_frac=0.1)
+        burst, burst_cpu_s = await processes.open_loop(2.0 * capacity, sizes.burst_s, pick, seed=8, high_frac=0.1)
         answered_s = time.perf_counter() - started
     scheduler = server.daemon.status().get("scheduler", {})
     counts: dict[str, dict[str, int]] = {}
@@ -218,7 +219,8 @@ async def priority_burst(server: handler_servers.McpdServer, name: str, inputs: 
             "idle_high_p99_ms": round(p99_ms(idle, "high"), 2), "burst_high_p99_ms": round(p99_ms(burst, "high"), 2),
             "burst_high_p99_from_send_ms": round(p99_ms(from_send(burst), "high"), 2),
             "scheduler_high_queue_p99_ms": scheduler.get("classes", {}).get("high", {}).get("queue_p99_ms"),
-            "idle": generator_figures(idle, sizes.burst_s), "generator": generator_figures(burst, sizes.burst_s),
+            "idle": generator_figures(idle, sizes.burst_s, idle_cpu_s),
+            "generator": generator_figures(burst, sizes.burst_s, burst_cpu_s),
             "burst_s": sizes.burst_s, "last_answer_s": round(answered_s, 1),
             "unanswered": sum(o.outcome == "unanswered" for o in idle + burst), "codes": counts}
 
