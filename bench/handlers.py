@@ -22,6 +22,9 @@ closed-loop capacity; a rate is held when every request is answered ok and the p
   batching_speedup    text classifier: mcpd's held rate with batching over max_batch_size = 0
                       (batching_speedup_<model> for each model: the risk MLP's predict is too
                       cheap for batching to matter, BATCHING_MODEL says why)
+  batching_ceiling_<model>   the model's own gain from batching on this CPU, in this process:
+                      predict()'s time per row at batch 1 over at max_batch_size (peerkit/
+                      batching_ceiling.py); batching_speedup_<model> cannot pass it
   handler_high_p99_ratio   risk scorer, 10% `high` / 90% `low` at 2x the closed-loop capacity:
                       high's p99 over its p99 alone at 0.2x; handler_unanswered must be 0. All
                       three offered by --burst-clients processes; generator_lag_p99_ms says how
@@ -56,6 +59,7 @@ import figures as kept_figures
 from mcpd.client import Client
 from mcpd.handlers.handler import load_handler
 from peerkit import checkpoints, handler_servers, servers
+from peerkit.batching_ceiling import batching_ceiling
 from peerkit.handler_runner import HandlerRunner
 from peerkit.handler_targets import DEADLINE_MS, HttpV2, McpdZmq, TensorInputs
 from peerkit.client_processes import ClientProcesses
@@ -74,6 +78,7 @@ CONTEXT_ID, CONTEXT_REQUESTS = "profile-0", 16
 ZIPF_S, ZIPF_INPUTS, WARM_INPUTS = 1.1, 100_000, 20_000   # the 20k most frequent: 93% of the draws
 CACHE_BYTES = 256 << 20
 WARM_START_S = 900   # the warm-up runs 20k texts through the model before the daemon is ready
+CEILING_INPUTS = 256   # rows predict() runs at batch 1 and in full batches for the batching ceiling
 BURST_MODEL = "risk"
 BURST_CLIENTS = 2    # processes offering the burst: one Python process cannot send 2x mcpd's capacity on time
 
@@ -127,11 +132,6 @@ async def outputs_match(target, inputs: TensorInputs, reference: list[dict]) -> 
         if set(got) != set(expected) or not all(np.allclose(got[n], expected[n], rtol=1e-3, atol=1e-4) for n in got):
             return False
     return True
-
-
-def reference_outputs(model: Model, inputs: TensorInputs) -> list[dict]:
-    runner = HandlerRunner(model.handler, model.settings)
-    return [runner.run([inputs.arrays(i)])[0] for i in range(CHECKED_INPUTS)]
 
 
 # -- the systems ----------------------------------------------------------------------------------
@@ -306,6 +306,7 @@ def figures_of(measured: dict) -> dict:
         out[f"handler_{name}_http_rps_ratio_vs_best_peer"] = rps_ratio(systems, "mcpd-http")
         out[f"batching_speedup_{name}"] = ratio(systems.get("mcpd", {}).get("rps"),
                                                 systems.get("mcpd-unbatched", {}).get("rps"))
+        out[f"batching_ceiling_{name}"] = systems.get("model-alone", {}).get("ceiling")
     out["batching_speedup"] = out[f"batching_speedup_{BATCHING_MODEL}"]
     burst = measured.get("burst", {})
     out["handler_high_p99_ratio"] = ratio(burst.get("burst_high_p99_ms"), burst.get("idle_high_p99_ms"), 3)
@@ -387,12 +388,17 @@ async def burst_only(args, sizes: Sizes) -> dict:
 
 async def measure_model(args, sizes: Sizes, name: str, model: Model, inputs: TensorInputs, measured: dict) -> dict:
     """Every system on one model; the risk scorer's run keeps the burst and the context's bytes."""
-    reference = reference_outputs(model, inputs)
+    runner = HandlerRunner(model.handler, model.settings)
+    reference = [runner.run([inputs.arrays(i)])[0] for i in range(CHECKED_INPUTS)]
+    print(f"{name}: the model's own batching ceiling ...", flush=True)
+    found_ceiling = batching_ceiling(runner, [inputs.arrays(i) for i in range(CEILING_INPUTS)],
+                                     model.batching["max_batch_size"], args.threads)
     print(f"{name}: mcpd ...", flush=True)
     found = await measure_mcpd(name, model, inputs, reference, sizes, args.threads,
                                args.burst_clients if name == BURST_MODEL else None)
     if name == BURST_MODEL:
         measured["burst"], measured["context"] = found.pop("burst"), found.pop("context")
+    found["model-alone"] = found_ceiling
     print(f"{name}: mcpd, batching off ...", flush=True)
     found["mcpd-unbatched"] = await batching_off(name, model, inputs, sizes, args.threads)
     for peer in args.peers:
