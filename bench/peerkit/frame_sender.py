@@ -89,6 +89,7 @@ class FrameSender:
         reply followed by the next request, inputs drawn by `pick(rng)`."""
         rng = random.Random(seed)
         deadline = time.monotonic() + seconds
+        base = self.next_id
         for _ in range(clients):
             self._send_one(pick(rng), 0, self._new_id())
         in_flight, ok = clients, 0
@@ -98,11 +99,13 @@ class FrameSender:
                     header, *payload = self.socket.recv_multipart(zmq.NOBLOCK)
                 except zmq.Again:
                     break
+                reply = msgpack.unpackb(header)
+                if not (type(reply.get("id")) is int and reply["id"] >= base):
+                    continue   # an earlier run's late reply
                 in_flight -= 1
-                now = time.monotonic()
-                if now > deadline:
+                if time.monotonic() > deadline:
                     continue
-                ok += self._outcome(msgpack.unpackb(header), payload) == OK
+                ok += self._outcome(reply, payload) == OK
                 self._send_one(pick(rng), 0, self._new_id())
                 in_flight += 1
         return ok / seconds
