@@ -94,12 +94,7 @@ class FrameSender:
             self._send_one(pick(rng), 0, self._new_id())
         in_flight, ok = clients, 0
         while in_flight and self.socket.poll(timeout_s * 1e3, zmq.POLLIN):
-            for _ in range(DRAIN_BATCH):
-                try:
-                    header, *payload = self.socket.recv_multipart(zmq.NOBLOCK)
-                except zmq.Again:
-                    break
-                reply = msgpack.unpackb(header)
+            for reply, payload in self._replies():
                 if not (type(reply.get("id")) is int and reply["id"] >= base):
                     continue   # an earlier run's late reply
                 in_flight -= 1
@@ -133,13 +128,17 @@ class FrameSender:
         self.socket.send_multipart(self.payloads[index], zmq.NOBLOCK)
 
     def _drain(self, run: "_Run") -> None:
+        for reply, payload in self._replies():
+            run.record(reply.get("id"), self._outcome(reply, payload), time.monotonic(), reply)
+
+    def _replies(self):
+        """(decoded header, payload frames) of each reply waiting now, DRAIN_BATCH at most."""
         for _ in range(DRAIN_BATCH):
             try:
                 header, *payload = self.socket.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            reply = msgpack.unpackb(header)
-            run.record(reply.get("id"), self._outcome(reply, payload), time.monotonic(), reply)
+            yield msgpack.unpackb(header), payload
 
     def _outcome(self, reply: dict, payload: list[bytes]) -> int:
         if reply.get("kind") != "ok":
