@@ -342,8 +342,8 @@ static inline int64_t group_end(int64_t g0, int64_t k, int64_t group) {
    (bench/quantized.py). A row's sums add the same terms in the same order whatever rows share
    the pass, so a one-token prompt gets the logits it gets alone. The same product as
    tile_int8's, rounded at other places. INT8_ROWS: the rows whose four sums fit the registers
-   beside a stream's values (AVX2: 3 x 4 of 16; AVX-512's 8 x 4 spill a little, and were still
-   faster at 8 rows than the tile or two passes of 4). */
+   beside a stream's values (AVX2: 3 x 4 of 16; AVX-512's 8 x 4 of 32 do not quite, yet at 8 rows
+   took no longer than the tile, and less than two passes of 4). */
 #ifdef __AVX512F__
 #define INT8_ROWS 8
 #else
