@@ -1,6 +1,7 @@
 """A GGUF kept quantized against the same file dequantized, side by side: SmolLM2-135M-Instruct Q4_1.
 
-    .venv/bin/python bench/gguf_quantized.py [--quick] [--threads N] [--kernels auto|native-avx2|...]
+    .venv/bin/python bench/gguf_quantized.py [--quick] [--threads N] [--isa native|avx2]
+                                             [--kernels auto|native-avx2|...] [--llamacpp-plain-buffers]
 
 (Not bench/gguf.py: a script runs with bench/ first on sys.path, and that name would hide the
 gguf package mcpd reads GGUF files with.)
@@ -19,8 +20,11 @@ mcpd's native kernels, from the same file format, in the same process.
   tensors, each once) over the file's tensor bytes (the target is <= 1.1).
 - `q4_top1_agreement`: teacher-forced over README.md in windows of 256 tokens, the share of
   positions where the quantized model's next token is the float one's (the target is >= 0.99).
-- `kernels`: the kernel set both ran on (`--kernels`, engine.kernels: auto takes the best native
-  set, so native-avx2 measures the AVX2 tiles on an AVX-512 CPU); `cpu_isa`: the best this CPU has.
+- `mcpd_kernels`: the kernel set both variants and the daemon ran on (`--kernels`, engine.kernels:
+  auto takes the best native set, so native-avx2 measures the AVX2 tiles on an AVX-512 CPU), and
+  `kernels` why. `--isa avx2` stands in for an AVX2-only CPU as bench/peers.py's does
+  (bench/peerkit/isa.py: native-avx2, torch, oneDNN and MKL capped at AVX2; llama.cpp keeps
+  AVX-512); `cpu_isa` says which the run had.
 - llama.cpp side by side, where llama-cpp-python is installed (bench/peers.py --setup builds it,
   minutes of compiling; without it `llamacpp` says why and no ratio is reported): the real daemon
   and llama.cpp's server on the same file (SmolLM2's, and each `--also` GGUF), bench/peers.py's
@@ -52,22 +56,28 @@ import time
 from pathlib import Path
 
 from mcpd.cpu import threads
+from peerkit import isa
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="3 rounds of 32 tokens, 2 agreement windows")
     parser.add_argument("--threads", type=int, default=0, help="engine threads; 0: as a worker picks them")
-    parser.add_argument("--kernels", default="auto", help="engine.kernels for both variants")
+    parser.add_argument("--isa", choices=isa.CHOICES, default="native",
+                        help="avx2: mcpd on its AVX2 kernels and torch capped at AVX2 (see above)")
+    parser.add_argument("--kernels", help="engine.kernels for both variants and the daemon (default: as --isa says)")
     parser.add_argument("--also", type=Path, nargs="*", default=[],
                         help="more GGUF files to run side by side with llama.cpp (named NAME.QUANT.gguf)")
     parser.add_argument("--llamacpp-plain-buffers", action="store_true",
                         help="llama.cpp without its AMX and repacked weight buffers (where its build traps on AMX)")
-    return parser.parse_args()
+    args = parser.parse_args(argv)
+    args.kernels = args.kernels or isa.mcpd_kernels(args.isa)
+    return args
 
 
 if __name__ == "__main__":   # before torch: OpenMP reads its environment once, at load
     ARGS = parse_args()
+    isa.cap(ARGS.isa)
     threads.configure(workers=1, index=0, requested=ARGS.threads, wait_policy="passive")
 
 import gguf  # noqa: E402
@@ -80,7 +90,6 @@ from peerkit.checkpoints import DEFAULT_CACHE  # noqa: E402
 from mcpd import default_model  # noqa: E402
 from mcpd.config import Config, EngineConfig, ModelConfig  # noqa: E402
 from mcpd.engine import Engine, SamplingParams  # noqa: E402
-from mcpd.kernels import native  # noqa: E402
 from mcpd.kernels.forms import tensors_of  # noqa: E402
 from mcpd.models import load_model  # noqa: E402
 from mcpd.quant.agreement import compare  # noqa: E402
@@ -138,7 +147,14 @@ def held_bytes(model) -> int:
 SIDE_BY_SIDE = ("w1_decode_tok_s", "w1_ttft_ms", "w2_8_tok_s", "w2_32_tok_s", "w3_turn10_ttft_ms", "w4_req_s")
 
 
-def side_by_side(path: Path, rounds: int, quick: bool, extra_bufts: bool) -> dict:
+def systems(path: Path, extra_bufts: bool, kernels: str) -> dict:
+    """mcpd's daemon on kernels and llama.cpp's server, each on the file; not started."""
+    from peerkit import servers
+    return {"mcpd": servers.McpdServer(path, "float32", kernels),
+            "llama.cpp": servers.llama_cpp_serving(DEFAULT_CACHE, path, extra_bufts)}
+
+
+def side_by_side(path: Path, rounds: int, quick: bool, extra_bufts: bool, kernels: str) -> dict:
     """mcpd's daemon and llama.cpp's server on the file: each figure's median per system, and
     the ratios (the module's doc)."""
     import peers
@@ -149,8 +165,7 @@ def side_by_side(path: Path, rounds: int, quick: bool, extra_bufts: bool) -> dic
     workloads = (peers.w1, lambda t, p: peers.w2(t, p, 8), lambda t, p: peers.w2(t, p, 32), peers.w3,
                  lambda t, p: peers.w4(t, 1.5 if quick else 4.0))
     prompts = peers.Prompts(HFTokenizer.from_gguf(path))
-    started = {"mcpd": servers.McpdServer(path, "float32"),
-               "llama.cpp": servers.llama_cpp_serving(DEFAULT_CACHE, path, extra_bufts)}
+    started = systems(path, extra_bufts, kernels)
     try:
         for server in started.values():
             server.start()
@@ -187,7 +202,7 @@ def llamacpp_figures(paths: list[Path], quick: bool, extra_bufts: bool, kernels:
                "gguf_q4_k_m_resident_weight_ratio": resident_weight_ratio(peers_q4_k_m, kernels),
                "read_gbps": roofline.read_gbps(repeats=10)}
     for path in (paths[0], peers_q4_k_m, peers_q8_0, *paths[1:]):
-        figures.update(side_by_side(path, 1 if quick else 3, quick, extra_bufts))
+        figures.update(side_by_side(path, 1 if quick else 3, quick, extra_bufts, kernels))
         quant = quant_of(path)
         decode = figures[f"gguf_{quant}_systems"]["mcpd"]["w1_decode_tok_s"]
         figures[f"w1_read_frac_{quant}"] = decode * token_read_bytes(path) / (figures["read_gbps"] * 1e9)
@@ -280,8 +295,7 @@ def measure(quick: bool, kernels: str) -> dict:
         model.use_kernels(kernels)
     agreement = compare(models["float"], models["q4"], [ids[i * WINDOW:(i + 1) * WINDOW] for i in range(windows)])
     file_bytes = file_tensor_bytes(quantized_path)
-    figures = {"model": quantized_path.name, "kernels": engines["q4"].kernels_reason,
-               "cpu_isa": native.best_isa() or "neither AVX-512F nor AVX2 + FMA"}
+    figures = {"model": quantized_path.name, "kernels": engines["q4"].kernels_reason}
     for name in engines:
         figures[f"{name}_decode_tok_s"] = median(rate for rate, _ in results[name])
         figures[f"{name}_first_token_ms"] = median(first for _, first in results[name]) * 1e3
@@ -298,7 +312,7 @@ def measure(quick: bool, kernels: str) -> dict:
 
 
 def main() -> None:
-    figures = measure(ARGS.quick, ARGS.kernels)
+    figures = {"cpu_isa": isa.described(ARGS.isa), "mcpd_kernels": ARGS.kernels, **measure(ARGS.quick, ARGS.kernels)}
     figures.update(llamacpp_figures([default_model.installed_file(), *ARGS.also], ARGS.quick,
                                     not ARGS.llamacpp_plain_buffers, ARGS.kernels))
     for name, value in figures.items():

@@ -54,7 +54,7 @@ mcpd / best peer for rates (tok/s, req/s, fractions) and best peer / mcpd for ti
 `--isa avx2` on an AVX-512 machine stands in for an AVX2-only one as far as software can: mcpd
 runs its AVX2 kernels (engine.kernels = native-avx2), and every process of the run (mcpd, vLLM,
 the roofline) is started with torch's, oneDNN's and MKL's instruction sets capped at AVX2
-(ISA_CAP_ENV). llama.cpp's build (-march=native) has no such switch and keeps AVX-512, so its
+(bench/peerkit/isa.py). llama.cpp's build (-march=native) has no such switch and keeps AVX-512, so its
 ratios are a lower bound for mcpd. `cpu_isa` and `mcpd_kernels` in the JSON say what ran.
 """
 from __future__ import annotations
@@ -64,7 +64,6 @@ import itertools
 import json
 import os
 import statistics
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -74,9 +73,8 @@ import psutil
 import torch
 
 import roofline
-from mcpd.cpu import features
 from mcpd.tokenizer import HFTokenizer
-from peerkit import checkpoints, servers as peer_servers
+from peerkit import checkpoints, isa, servers as peer_servers
 from peerkit.clients import HttpTarget, McpdHttpTarget, McpdTarget
 
 W1_PROMPT_TOKENS = 128
@@ -95,8 +93,6 @@ READ_REPEATS = 10   # best of: each round's read (bench/roofline.py)
 W1_READ_REPEATS = 3   # best of: the reads beside W1 (short: they must be of W1's moment)
 STEADY_READ_CHANGE = 0.1   # the most the reads before and after W1 may differ for its round to count
 OURS = ("mcpd", "mcpd-http")   # mcpd's own systems: never a peer
-# What caps torch (ATen's own kernels), oneDNN and MKL at AVX2; read when each library loads.
-ISA_CAP_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
 FIGURES = {"w1_decode_tok_s": True, "w1_ttft_ms": False, "w2_8_tok_s": True, "w2_32_tok_s": True,
            "w3_turn10_ttft_ms": False, "w4_req_s": True, "w1_busy_decode_tok_s": True,
            "contention_keep_frac": True, "w2_8_busy_tok_s": True, "w2_8_contention_keep_frac": True,
@@ -344,7 +340,7 @@ def start_systems(args, checkpoint_dir: Path) -> tuple[dict, dict, dict]:
                 reason = f"did not start: {e}"
         missing[peer] = reason
         print(f"{peer}: missing: {reason}", flush=True)
-    servers["mcpd"] = peer_servers.McpdServer(checkpoint_dir, args.dtype, mcpd_kernels(args)).start()
+    servers["mcpd"] = peer_servers.McpdServer(checkpoint_dir, args.dtype, isa.mcpd_kernels(args.isa)).start()
     ours = {"mcpd": McpdTarget(servers["mcpd"].endpoint)}
     if args.http:
         ours["mcpd-http"] = McpdHttpTarget(servers["mcpd"].http_port)
@@ -400,11 +396,10 @@ def main() -> None:
     parser.add_argument("--http", action="store_true", help="also mcpd over its OpenAI-compatible HTTP listener "
                                                            "(system mcpd-http; W3 on a context)")
     parser.add_argument("--cache-dir", type=Path, default=checkpoints.DEFAULT_CACHE)
-    parser.add_argument("--isa", choices=("native", "avx2"), default="native",
+    parser.add_argument("--isa", choices=isa.CHOICES, default="native",
                         help="avx2: mcpd on its AVX2 kernels and every library capped at AVX2 (see above)")
     args = parser.parse_args()
-    if args.isa == "avx2":
-        cap_isa()
+    isa.cap(args.isa)
     args.peers = peer_servers.chosen(parser, args.peers, peer_servers.PEERS)
     if args.setup:
         peer_servers.setup(args.cache_dir)
@@ -412,16 +407,6 @@ def main() -> None:
     checkpoint_dir, vocab = checkpoints.checkpoint(args.cache_dir, getattr(torch, args.dtype))
     print(f"checkpoint {checkpoint_dir}: {vocab}", flush=True)
     report(args, run(args, checkpoint_dir), vocab)
-
-
-def cap_isa() -> None:
-    """Runs this script again with ISA_CAP_ENV set, unless it is: torch has read it at import."""
-    if any(os.environ.get(name) != value for name, value in ISA_CAP_ENV.items()):
-        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **ISA_CAP_ENV})
-
-
-def mcpd_kernels(args) -> str:
-    return "native-avx2" if args.isa == "avx2" else "auto"
 
 
 def run(args, checkpoint_dir: Path) -> Run:
@@ -458,14 +443,6 @@ def machine() -> str:
     return f"{model}, {len(peer_servers.cores())} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB"
 
 
-def cpu_isa(args) -> str:
-    """The instruction sets the run had: the CPU's, or AVX2 with AVX-512 masked (--isa avx2)."""
-    native_isa = "AVX-512" if features.has("avx512f") else "AVX2" if features.has("avx2") else "neither AVX2 nor AVX-512"
-    if args.isa == "avx2" and native_isa == "AVX-512":
-        return "AVX2 (AVX-512 masked for mcpd, torch, oneDNN and MKL; llama.cpp keeps it)"
-    return native_isa
-
-
 def report(args, result: Run, vocab: str) -> None:
     systems = result.systems
     ratios = ratios_vs_best_peer(systems)
@@ -495,7 +472,7 @@ def report(args, result: Run, vocab: str) -> None:
                      "weight_bytes_per_token": limits["weight_bytes_per_token"],
                      "flops_per_token": limits["flops_per_token"]},
         "greedy_text_same_as_mcpd": same_text, "idle_cpu_percent": result.idle, "missing_peers": result.missing,
-        "versions": versions, "machine": machine(), "cpu_isa": cpu_isa(args), "mcpd_kernels": mcpd_kernels(args),
+        "versions": versions, "machine": machine(), "cpu_isa": isa.described(args.isa), "mcpd_kernels": isa.mcpd_kernels(args.isa),
         "vocab": vocab, "dtype": args.dtype, "rounds": rounds,
         "quick": args.quick, "load_avg": result.loads}))
 

@@ -31,7 +31,7 @@ Panels and tiles of each instruction set (a new weight format reuses them):
               4-bit ones of up to 4 rows by the nibbles as they are; one row: 4 panels at once;
               prefill attention 8 query rows x 32 keys.
   AVX2 + FMA  LANES 8, 16 ymm registers: product tile 6 rows x 1 panel (6x16, 12 accumulators),
-              4-bit ones of up to 2 rows by the nibbles as they are; one row: 4 panels at once;
+              4-bit ones of up to 4 rows by the nibbles as they are; one row: 4 panels at once;
               prefill attention 6 query rows x 16 keys.
 */
 #include <math.h>
@@ -524,8 +524,8 @@ static inline void load_nibbles(const uint8_t *p, f32v *lo, f32v *hi) {
    integers, one conversion each. */
 static inline void load_six_bits(const uint8_t *p, const uint8_t *highs, int shift, f32v *lo, f32v *hi) {
     i32v b = widen_u8(p), top = widen_u8(highs) >> shift;
-    *lo = __builtin_convertvector(((b & 15) | ((top & 3) << 4)) - 32, f32v);
-    *hi = __builtin_convertvector(((b >> 4) | (((top >> 4) & 3) << 4)) - 32, f32v);
+    *lo = __builtin_convertvector(((b & 15) | ((top << 4) & 0x30)) - 32, f32v);
+    *hi = __builtin_convertvector(((b >> 4) | (top & 0x30)) - 32, f32v);
 }
 
 /* Row i (< Q4_HALF) of block b's low and high halves, lanes h, as float32 q: the nibbles, for
@@ -539,12 +539,10 @@ INLINE void q4_values(int kind, const uint8_t *p, const void *hb, int64_t b, int
 }
 
 /* Up to INT4_ROWS rows multiply the 4-bit panels as they are (rows_int4): 2 sums a row, panel
-   and vector in registers, 16 on AVX-512, 8 on AVX2. */
-#ifdef __AVX512F__
+   and vector in registers, 16 on AVX-512, 8 on AVX2, where past 2 rows each of a panel's two
+   vectors takes a pass of its own (the same sums: each lane's terms in the same order). At 5 and
+   6 rows, passes were slower than the dequantizing tile (Q6_K's six bits spill). */
 #define INT4_ROWS 4
-#else
-#define INT4_ROWS 2
-#endif
 
 /* Each row's sum of x over each block: x_sum[r][b] = sum of x[r][32b + i] + x[r][32b + 16 + i]
    over i in order (what a row's product adds m times). Once a product, not once a strip: in a
@@ -574,50 +572,56 @@ INLINE void rows_int4(int dtype, int kind, const void *x, const float *x_sums, i
                       const void *const m[TILE_PANELS], const uint16_t *const s[TILE_PANELS], tile_sums a) {
     const uint8_t *next = p[0] + TILE_PANELS * k / 2 * PANEL;
     int64_t blocks = k / Q4_BLOCK;
+    const int hs = rows <= 2 ? VPP : 1;   /* a panel row's vectors a pass: all, or one past 2 rows */
     for (int r = 0; r < rows; r++)
         for (int j = 0; j < TILE_PANELS; j++)
             for (int h = 0; h < VPP; h++) a[j][r][h] = splat(0);
-    for (int64_t b = 0; b < blocks; b++) {
-        f32v lo_sum[INT4_ROWS][TILE_PANELS][VPP] = {{{0}}}, hi_sum[INT4_ROWS][TILE_PANELS][VPP] = {{{0}}};
-        for (int l = 0; l < TILE_PANELS * Q4_HALF * PANEL / 64; l++)   /* the next strip's block b: as much as this one's */
-            __builtin_prefetch(next + (b * TILE_PANELS * Q4_HALF * PANEL + 64 * l), 0, 2);
-        for (int i = 0; i < Q4_HALF; i++)
+    for (int h0 = 0; h0 < VPP; h0 += hs)
+        for (int64_t b = 0; b < blocks; b++) {
+            f32v lo_sum[INT4_ROWS][TILE_PANELS][VPP] = {{{0}}}, hi_sum[INT4_ROWS][TILE_PANELS][VPP] = {{{0}}};
+            for (int l = 0; l < TILE_PANELS * Q4_HALF * PANEL / 64; l++)   /* the next strip's block b: as much as this one's */
+                __builtin_prefetch(next + (b * TILE_PANELS * Q4_HALF * PANEL + 64 * l), 0, 2);
+#pragma GCC unroll 2   /* each half's Q6_K highs shift a constant */
+            for (int i8 = 0; i8 < Q4_HALF; i8 += Q6_HIGH_BYTES)
+                for (int i = i8; i < i8 + Q6_HIGH_BYTES; i++)
+                    for (int j = 0; j < TILE_PANELS; j++)
+                        for (int v = 0; v < hs; v++) {
+                            f32v lo, hi;
+                            q4_values(kind, p[j], m[j], b, i, h0 + v, &lo, &hi);
+                            for (int r = 0; r < rows; r++) {
+                                lo_sum[r][j][v] += x_at(dtype, x, r * k + b * Q4_BLOCK + i) * lo;
+                                hi_sum[r][j][v] += x_at(dtype, x, r * k + b * Q4_BLOCK + Q4_HALF + i) * hi;
+                            }
+                        }
             for (int j = 0; j < TILE_PANELS; j++)
-                for (int h = 0; h < VPP; h++) {
-                    f32v lo, hi;
-                    q4_values(kind, p[j], m[j], b, i, h, &lo, &hi);
-                    for (int r = 0; r < rows; r++) {
-                        lo_sum[r][j][h] += x_at(dtype, x, r * k + b * Q4_BLOCK + i) * lo;
-                        hi_sum[r][j][h] += x_at(dtype, x, r * k + b * Q4_BLOCK + Q4_HALF + i) * hi;
-                    }
+                for (int v = 0; v < hs; v++) {
+                    f32v scale, scale_hi, min;
+                    q4_scale_min(kind, d[j], m[j], s[j], b, h0 + v, &scale, &scale_hi, &min);
+                    for (int r = 0; r < rows; r++)
+                        a[j][r][h0 + v] += kind == Q6_K ? lo_sum[r][j][v] * scale + hi_sum[r][j][v] * scale_hi
+                                                        : (lo_sum[r][j][v] + hi_sum[r][j][v]) * scale + x_sums[r * blocks + b] * min;
                 }
-        for (int j = 0; j < TILE_PANELS; j++)
-            for (int h = 0; h < VPP; h++) {
-                f32v scale, scale_hi, min;
-                q4_scale_min(kind, d[j], m[j], s[j], b, h, &scale, &scale_hi, &min);
-                for (int r = 0; r < rows; r++)
-                    a[j][r][h] += kind == Q6_K ? lo_sum[r][j][h] * scale + hi_sum[r][j][h] * scale_hi
-                                               : (lo_sum[r][j][h] + hi_sum[r][j][h]) * scale + x_sums[r * blocks + b] * min;
-            }
-    }
+        }
 }
 
-/* rows_int4 of a count of rows known at compile time, so that its sums stay in registers. Not
-   inlined: inside linear() beside the dequantizing tile it made that tile 7% slower at 8 rows and
-   a prompt's 128 (its own sums are local, so the call costs nothing per weight). */
+/* rows_int4 of a count of rows, a dtype and a kind known at compile time, so that its sums stay
+   in registers and its loop tests neither dtype nor kind per weight. Not inlined: inside linear()
+   beside the dequantizing tile it made that tile 7% slower at 8 rows and a prompt's 128 (its own
+   sums are local, so the call costs nothing per weight). */
 static __attribute__((noinline)) void rows_int4_fixed(int dtype, int kind, const void *x, const float *x_sums,
                                                       int64_t rows, int64_t k, const uint8_t *const p[TILE_PANELS],
                                                       const void *const d[TILE_PANELS], const void *const m[TILE_PANELS],
                                                       const uint16_t *const s[TILE_PANELS], tile_sums a) {
-#define ROWS(R) rows_int4(dtype, kind, x, x_sums, R, k, p, d, m, s, a)
+#define ROWS(D, K, R) rows_int4(D, K, x, x_sums, R, k, p, d, m, s, a)
+#define BY_KIND(D, R) (kind == Q6_K ? ROWS(D, Q6_K, R) : kind == Q4_K ? ROWS(D, Q4_K, R) \
+                       : kind == Q4_1 ? ROWS(D, Q4_1, R) : ROWS(D, Q4_0, R))
     switch (rows) {
-    case 1: ROWS(1); break;
-    case 2: ROWS(2); break;
-#if INT4_ROWS > 2
-    case 3: ROWS(3); break;
-    case 4: ROWS(4); break;
-#endif
+    case 1: BY_DTYPE(BY_KIND, 1); break;
+    case 2: BY_DTYPE(BY_KIND, 2); break;
+    case 3: BY_DTYPE(BY_KIND, 3); break;
+    case 4: BY_DTYPE(BY_KIND, 4); break;
     }
+#undef BY_KIND
 #undef ROWS
 }
 
