@@ -5,7 +5,8 @@ write bench/README.md's table from what is kept.
     python bench/figures.py table                                       # rewrite the table from what is kept
 
 Flags after `--` go to each benchmark named, as its own (`run gguf_quantized -- --isa avx2`).
-A run keeps bench/figures/NAME.json: the benchmark's JSON line and when, with which flags, on
+A run keeps bench/figures/NAME.json (NAME@avx2.json for a run on the AVX2 kernels, so that each
+instruction set's figures stand side by side): the benchmark's JSON line and when, with which flags, on
 which commit and which machine it ran (CPU model, cores, memory, ISA: AVX-512 with or without
 bf16, AVX2, or neither; the GPU if any; the load average at its start). A benchmark that fails or prints no JSON line
 keeps what it had, and the command exits 1. The table shows each benchmark's figures that have a
@@ -29,6 +30,7 @@ README = BENCH / "README.md"
 BEGIN, END = "<!-- figures: begin (bench/figures.py table) -->", "<!-- figures: end -->"
 RUN_LIMIT_S = 3600
 
+GGUF_QUANTS = ("q4_1", "q4_k_m", "q8_0")
 # (benchmark, figure, comparison, target): the figure meets the target when `comparison` holds; a
 # dotted figure is a path into nested maps of the JSON line.
 TARGETS = [
@@ -80,8 +82,12 @@ TARGETS = [
     ("peers", "w2_32_tok_s_ratio_vs_best_peer", ">=", 1),
     ("peers", "w3_turn10_ttft_ms_ratio_vs_best_peer", ">=", 1),
     ("peers", "w4_req_s_ratio_vs_best_peer", ">=", 1),
-    *(("gguf_quantized", f"gguf_{quant}_{figure}_ratio_vs_llamacpp", ">=", 1) for quant in ("q4_1", "q4_k_m")
+    ("peers", "w1_decode_roofline_frac", ">=", 0.8),
+    ("peers", "w2_32_work_compute_frac", ">=", 0.6),
+    *(("gguf_quantized", f"gguf_{quant}_{figure}_ratio_vs_llamacpp", ">=", 1) for quant in GGUF_QUANTS
       for figure in ("w1_decode_tok_s", "w1_ttft_ms", "w2_8_tok_s", "w2_32_tok_s", "w3_turn10_ttft_ms", "w4_req_s")),
+    *(("gguf_quantized", f"w1_read_frac_{quant}", ">=", 0.8) for quant in GGUF_QUANTS),
+    ("gguf_quantized", "tokenizer_exact", "==", True),
     ("gguf_quantized", "q4_top1_agreement", ">=", 0.99),
     ("gguf_quantized", "resident_weight_ratio", "<=", 1.1),
     ("gguf_quantized", "gguf_q4_k_m_resident_weight_ratio", "<=", 1.1),
@@ -147,8 +153,16 @@ def run(name: str, quick: bool, flags: list[str]) -> bool:
         print(f"== {name}: exit {returncode}, {'a' if figures else 'no'} JSON line: nothing kept", flush=True)
         return False
     KEPT.mkdir(exist_ok=True)
-    (KEPT / f"{name}.json").write_text(json.dumps({**record, "figures": figures}, indent=1) + "\n")
+    (KEPT / f"{kept_name(name, flags)}.json").write_text(json.dumps({**record, "figures": figures}, indent=1) + "\n")
     return True
+
+
+def kept_name(name: str, flags: list[str]) -> str:
+    """NAME, or NAME@avx2 for a run on the AVX2 kernels (`--isa avx2`, `--kernels native-avx2`):
+    each instruction set's figures are kept side by side."""
+    words = [part for flag in flags for part in flag.split("=", 1)]
+    pairs = set(zip(words, words[1:]))
+    return f"{name}@avx2" if {("--isa", "avx2"), ("--kernels", "native-avx2")} & pairs else name
 
 
 def passed_through(command: list[str]) -> tuple[int, str]:
@@ -185,20 +199,27 @@ def shown(value) -> str:
 def table(records: dict[str, dict]) -> str:
     rows = ["| benchmark | figure | value | target | met |", "|---|---|---|---|---|"]
     for name, figure, comparison, target in TARGETS:
-        value = figure_of(records.get(name, {}).get("figures", {}), figure)
-        met = "—" if not isinstance(value, (int, float)) else "yes" if COMPARE[comparison](value, target) else "**no**"
-        rows.append(f"| `{name}` | `{figure}` | {shown(value)} | {SYMBOL[comparison]} {target} | {met} |")
+        for key in variants(name, records):
+            value = figure_of(records.get(key, {}).get("figures", {}), figure)
+            met = "—" if not isinstance(value, (int, float)) else "yes" if COMPARE[comparison](value, target) else "**no**"
+            rows.append(f"| `{key}` | `{figure}` | {shown(value)} | {SYMBOL[comparison]} {target} | {met} |")
     runs = ["| benchmark | when | commit | machine | ISA | load | flags |", "|---|---|---|---|---|---|---|"]
-    for name in benchmarks():
+    for name in [key for bench in benchmarks() for key in variants(bench, records)]:
         record = records.get(name)
         if record is None:
             runs.append(f"| `{name}` | not run since figures were kept | | | | | |")
             continue
         m = record["machine"]
         where = f"{m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB" + (f", {m['gpu']}" if m["gpu"] else "")
-        runs.append(f"| `{name}` | {record['date']} | {record['commit']} | {where} | {m['isa']} | "
+        isa_run = m["isa"] + (", AVX2 kernels" if name.endswith("@avx2") else "")
+        runs.append(f"| `{name}` | {record['date']} | {record['commit']} | {where} | {isa_run} | "
                     f"{m['load_average']} | {flags_shown(record)} |")
     return "\n".join(rows + ["", "The runs behind them:", ""] + runs)
+
+
+def variants(name: str, records: dict[str, dict]) -> list[str]:
+    """The kept names of a benchmark's runs: its own, and NAME@avx2 where one is kept."""
+    return [name] + ([f"{name}@avx2"] if f"{name}@avx2" in records else [])
 
 
 def flags_shown(record: dict) -> str:

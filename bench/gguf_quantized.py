@@ -34,7 +34,14 @@ mcpd's native kernels, from the same file format, in the same process.
   Beside SmolLM2's file, a Q4_K_M of the peers' 55.3M checkpoint (bench/peers.py's, converted by
   llama.cpp's converter) made by llama.cpp's own quantizer (llama_model_quantize, in its venv;
   written once, cached): Q4_K and Q6_K, and Q5_0 and Q8_0 where its 1408-wide ffn_down is not
-  whole super-blocks; `gguf_q4_k_m_resident_weight_ratio` as above, for that file.
+  whole super-blocks; `gguf_q4_k_m_resident_weight_ratio` as above, for that file. And a Q8_0 of
+  the same checkpoint by the same quantizer.
+- `w1_read_frac_<quant>`: mcpd's W1 decode tok/s times the bytes a token reads (the file's
+  tensors, less the embedding where an output matrix of its own is the head: a token reads one
+  embedding row) over the machine's read limit (bench/roofline.py, measured before the rounds).
+- `tokenizer_exact`: mcpd's tokenizer from SmolLM2's file gives llama.cpp's tokens (its vocab-only
+  load) on README.md and docs/PROTOCOL.md, with special-token text parsed (a `prompt`) and as
+  plain text (chat content) alike.
 
 The last line is one JSON object.
 """
@@ -77,6 +84,7 @@ import gguf  # noqa: E402
 import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import roofline  # noqa: E402
 from peerkit.checkpoints import DEFAULT_CACHE  # noqa: E402
 
 from mcpd import default_model  # noqa: E402
@@ -176,7 +184,7 @@ def side_by_side(path: Path, rounds: int, quick: bool, extra_bufts: bool, kernel
         for server in started.values():
             server.stop()
     medians = {name: {f: statistics.median(samples[name][f]) for f in SIDE_BY_SIDE} for name in samples}
-    quant = path.stem.rsplit(".", 1)[-1].lower()
+    quant = quant_of(path)
     ours, theirs = medians["mcpd"], medians["llama.cpp"]
     ratios = {f"gguf_{quant}_{f}_ratio_vs_llamacpp": ours[f] / theirs[f] if peers.FIGURES[f] else theirs[f] / ours[f]
               for f in SIDE_BY_SIDE}
@@ -188,31 +196,70 @@ def llamacpp_figures(paths: list[Path], quick: bool, extra_bufts: bool, kernels:
     if reason := servers.not_installed(DEFAULT_CACHE, "llama.cpp"):
         return {"llamacpp": f"not run: {reason}"}
     plain = "" if extra_bufts else ", without its extra (AMX, repacked) weight buffers"
-    peers_q4_k_m = llamacpp_q4_k_m()
+    peers_q4_k_m, peers_q8_0 = llamacpp_quantized("Q4_K_M"), llamacpp_quantized("Q8_0")
     figures = {"llamacpp": servers.version(DEFAULT_CACHE, "llama.cpp") + plain,
-               "gguf_q4_k_m_resident_weight_ratio": resident_weight_ratio(peers_q4_k_m, kernels)}
-    for path in (paths[0], peers_q4_k_m, *paths[1:]):
+               "tokenizer_exact": tokenizer_exact(paths[0]),
+               "gguf_q4_k_m_resident_weight_ratio": resident_weight_ratio(peers_q4_k_m, kernels),
+               "read_gbps": roofline.read_gbps(repeats=10)}
+    for path in (paths[0], peers_q4_k_m, peers_q8_0, *paths[1:]):
         figures.update(side_by_side(path, 1 if quick else 3, quick, extra_bufts, kernels))
+        quant = quant_of(path)
+        decode = figures[f"gguf_{quant}_systems"]["mcpd"]["w1_decode_tok_s"]
+        figures[f"w1_read_frac_{quant}"] = decode * token_read_bytes(path) / (figures["read_gbps"] * 1e9)
     return figures
 
 
 QUANTIZE = """import ctypes, sys, llama_cpp
 params = llama_cpp.llama_model_quantize_default_params()
-params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M
+params.ftype = getattr(llama_cpp, "LLAMA_FTYPE_MOSTLY_" + sys.argv[3])
 sys.exit(llama_cpp.llama_model_quantize(sys.argv[1].encode(), sys.argv[2].encode(), ctypes.byref(params)))"""
 
 
-def llamacpp_q4_k_m() -> Path:
-    """The peers' 55.3M checkpoint as a Q4_K_M written by llama.cpp's quantizer (the module's doc)."""
+def llamacpp_quantized(ftype: str) -> Path:
+    """The peers' 55.3M checkpoint as `ftype` (Q4_K_M, Q8_0) written by llama.cpp's quantizer."""
     from peerkit import checkpoints, servers
     checkpoint_dir, _ = checkpoints.checkpoint(DEFAULT_CACHE, torch.float32)
-    target = DEFAULT_CACHE / "gguf" / f"{checkpoint_dir.name}.Q4_K_M.gguf"
+    target = DEFAULT_CACHE / "gguf" / f"{checkpoint_dir.name}.{ftype}.gguf"
     if not target.exists():
         source, partial = servers.gguf_for(DEFAULT_CACHE, checkpoint_dir, "float32"), target.with_suffix(".partial")
         servers.run_logged([str(servers.venv_dir(DEFAULT_CACHE, "llama.cpp") / "bin/python"), "-c", QUANTIZE,
-                            str(source), str(partial)], servers.log_path(DEFAULT_CACHE, "gguf-quantize"))
+                            str(source), str(partial), ftype], servers.log_path(DEFAULT_CACHE, "gguf-quantize"))
         os.replace(partial, target)
     return target
+
+
+def quant_of(path: Path) -> str:
+    return path.stem.rsplit(".", 1)[-1].lower()
+
+
+def token_read_bytes(path: Path) -> int:
+    """The bytes of the file's tensors one decoded token reads: all, but one row of the embedding
+    where the head is a matrix of its own."""
+    tensors = {t.name: int(t.n_bytes) for t in gguf.GGUFReader(path).tensors}
+    untied_embedding = tensors.get("token_embd.weight", 0) if "output.weight" in tensors else 0
+    return sum(tensors.values()) - untied_embedding
+
+
+TOKENIZE = """import json, sys, llama_cpp
+model = llama_cpp.Llama(model_path=sys.argv[1], vocab_only=True, verbose=False)
+texts = [open(p, "rb").read() for p in sys.argv[2:]]
+print(json.dumps([[model.tokenize(t, add_bos=False, special=special) for t in texts] for special in (True, False)]))"""
+
+
+def tokenizer_exact(path: Path) -> bool:
+    """mcpd's tokens equal llama.cpp's on the docs (the module's doc)."""
+    import subprocess
+
+    from peerkit import servers
+    from mcpd.tokenizer import HFTokenizer
+    docs = [README, README.parent / "docs" / "PROTOCOL.md"]
+    python = servers.venv_dir(DEFAULT_CACHE, "llama.cpp") / "bin/python"
+    done = subprocess.run([str(python), "-c", TOKENIZE, str(path), *map(str, docs)], capture_output=True, check=True)
+    with_specials, plain = json.loads(done.stdout)
+    tokenizer = HFTokenizer.from_gguf(path)
+    texts = [doc.read_text() for doc in docs]
+    return (with_specials == [tokenizer.encode(text, add_special_tokens=False) for text in texts]
+            and plain == [tokenizer.encode_text(text) for text in texts])
 
 
 def resident_weight_ratio(path: Path, kernels: str) -> float:

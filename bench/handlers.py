@@ -22,6 +22,9 @@ closed-loop capacity; a rate is held when every request is answered ok and the p
   batching_speedup    text classifier: mcpd's held rate with batching over max_batch_size = 0
                       (batching_speedup_<model> for each model: the risk MLP's predict is too
                       cheap for batching to matter, BATCHING_MODEL says why)
+  batching_ceiling_<model>   the model's own gain from batching on this CPU, in this process:
+                      predict()'s time per row at batch 1 over at max_batch_size (peerkit/
+                      batching_ceiling.py); batching_speedup_<model> cannot pass it
   handler_high_p99_ratio   risk scorer, 10% `high` / 90% `low` at 2x the closed-loop capacity:
                       high's p99 over its p99 alone at 0.2x; handler_unanswered must be 0. All
                       three offered by --burst-clients processes; generator_lag_p99_ms says how
@@ -56,9 +59,11 @@ import figures as kept_figures
 from mcpd.client import Client
 from mcpd.handlers.handler import load_handler
 from peerkit import checkpoints, handler_servers, servers
+from peerkit.batching_ceiling import batching_ceiling
 from peerkit.handler_runner import HandlerRunner
-from peerkit.handler_targets import HttpV2, McpdZmq, TensorInputs
+from peerkit.handler_targets import DEADLINE_MS, HttpV2, McpdZmq, TensorInputs
 from peerkit.client_processes import ClientProcesses
+from peerkit.frame_sender import FrameSender
 from peerkit.load import Outcome, Uniform, closed_loop, generator_figures, max_rate, open_loop, p99_ms
 
 P99_LIMIT_MS = 50.0
@@ -73,6 +78,7 @@ CONTEXT_ID, CONTEXT_REQUESTS = "profile-0", 16
 ZIPF_S, ZIPF_INPUTS, WARM_INPUTS = 1.1, 100_000, 20_000   # the 20k most frequent: 93% of the draws
 CACHE_BYTES = 256 << 20
 WARM_START_S = 900   # the warm-up runs 20k texts through the model before the daemon is ready
+CEILING_INPUTS = 256   # rows predict() runs at batch 1 and in full batches for the batching ceiling
 BURST_MODEL = "risk"
 BURST_CLIENTS = 2    # processes offering the burst: one Python process cannot send 2x mcpd's capacity on time
 
@@ -126,11 +132,6 @@ async def outputs_match(target, inputs: TensorInputs, reference: list[dict]) -> 
         if set(got) != set(expected) or not all(np.allclose(got[n], expected[n], rtol=1e-3, atol=1e-4) for n in got):
             return False
     return True
-
-
-def reference_outputs(model: Model, inputs: TensorInputs) -> list[dict]:
-    runner = HandlerRunner(model.handler, model.settings)
-    return [runner.run([inputs.arrays(i)])[0] for i in range(CHECKED_INPUTS)]
 
 
 # -- the systems ----------------------------------------------------------------------------------
@@ -201,13 +202,13 @@ async def priority_burst(server: handler_servers.McpdServer, name: str, inputs: 
     send as well as from the scheduled arrival. The scheduler's view of high's queueing says how
     much of high's wait was in its queue."""
     pick = Uniform(INPUT_POOL)
-    make_target = functools.partial(McpdZmq, "mcpd", server.endpoint, name, inputs)
-    with ClientProcesses(make_target, clients, INPUT_POOL) as processes:
+    make_sender = functools.partial(FrameSender, server.endpoint, name, inputs, DEADLINE_MS)
+    with ClientProcesses(make_sender, clients, INPUT_POOL) as processes:
         await processes.closed_loop(CAPACITY_CLIENTS, WARM_UP_S, pick, seed=98)
         capacity = await processes.closed_loop(CAPACITY_CLIENTS, sizes.capacity_s, pick, seed=99)
-        idle = await processes.open_loop(0.2 * capacity, sizes.burst_s, pick, seed=7, high_frac=1.0)
+        idle, idle_cpu_s = await processes.open_loop(0.2 * capacity, sizes.burst_s, pick, seed=7, high_frac=1.0)
         started = time.perf_counter()
-        burst = await processes.open_loop(2.0 * capacity, sizes.burst_s, pick, seed=8, high_frac=0.1)
+        burst, burst_cpu_s = await processes.open_loop(2.0 * capacity, sizes.burst_s, pick, seed=8, high_frac=0.1)
         answered_s = time.perf_counter() - started
     scheduler = server.daemon.status().get("scheduler", {})
     counts: dict[str, dict[str, int]] = {}
@@ -218,7 +219,8 @@ async def priority_burst(server: handler_servers.McpdServer, name: str, inputs: 
             "idle_high_p99_ms": round(p99_ms(idle, "high"), 2), "burst_high_p99_ms": round(p99_ms(burst, "high"), 2),
             "burst_high_p99_from_send_ms": round(p99_ms(from_send(burst), "high"), 2),
             "scheduler_high_queue_p99_ms": scheduler.get("classes", {}).get("high", {}).get("queue_p99_ms"),
-            "idle": generator_figures(idle, sizes.burst_s), "generator": generator_figures(burst, sizes.burst_s),
+            "idle": generator_figures(idle, sizes.burst_s, idle_cpu_s),
+            "generator": generator_figures(burst, sizes.burst_s, burst_cpu_s),
             "burst_s": sizes.burst_s, "last_answer_s": round(answered_s, 1),
             "unanswered": sum(o.outcome == "unanswered" for o in idle + burst), "codes": counts}
 
@@ -304,6 +306,7 @@ def figures_of(measured: dict) -> dict:
         out[f"handler_{name}_http_rps_ratio_vs_best_peer"] = rps_ratio(systems, "mcpd-http")
         out[f"batching_speedup_{name}"] = ratio(systems.get("mcpd", {}).get("rps"),
                                                 systems.get("mcpd-unbatched", {}).get("rps"))
+        out[f"batching_ceiling_{name}"] = systems.get("model-alone", {}).get("ceiling")
     out["batching_speedup"] = out[f"batching_speedup_{BATCHING_MODEL}"]
     burst = measured.get("burst", {})
     out["handler_high_p99_ratio"] = ratio(burst.get("burst_high_p99_ms"), burst.get("idle_high_p99_ms"), 3)
@@ -385,12 +388,17 @@ async def burst_only(args, sizes: Sizes) -> dict:
 
 async def measure_model(args, sizes: Sizes, name: str, model: Model, inputs: TensorInputs, measured: dict) -> dict:
     """Every system on one model; the risk scorer's run keeps the burst and the context's bytes."""
-    reference = reference_outputs(model, inputs)
+    runner = HandlerRunner(model.handler, model.settings)
+    reference = [runner.run([inputs.arrays(i)])[0] for i in range(CHECKED_INPUTS)]
+    print(f"{name}: the model's own batching ceiling ...", flush=True)
+    found_ceiling = batching_ceiling(runner, [inputs.arrays(i) for i in range(CEILING_INPUTS)],
+                                     model.batching["max_batch_size"], args.threads)
     print(f"{name}: mcpd ...", flush=True)
     found = await measure_mcpd(name, model, inputs, reference, sizes, args.threads,
                                args.burst_clients if name == BURST_MODEL else None)
     if name == BURST_MODEL:
         measured["burst"], measured["context"] = found.pop("burst"), found.pop("context")
+    found["model-alone"] = found_ceiling
     print(f"{name}: mcpd, batching off ...", flush=True)
     found["mcpd-unbatched"] = await batching_off(name, model, inputs, sizes, args.threads)
     for peer in args.peers:

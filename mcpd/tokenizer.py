@@ -114,8 +114,12 @@ class HFTokenizer:
             return self.encode(self.apply_chat_template(messages), add_special_tokens=False)
         ids = []
         for piece in self.special_text.pieces(self.apply_chat_template(masked.messages), masked):
-            ids += [piece] if isinstance(piece, int) else self._plain().encode(piece, add_special_tokens=False).ids
+            ids += [piece] if isinstance(piece, int) else self.encode_text(piece)
         return ids
+
+    def encode_text(self, text: str) -> list[int]:
+        """`text`'s tokens with special-token text in it encoded as text (no BOS/EOS either)."""
+        return self._plain().encode(text, add_special_tokens=False).ids
 
     def _plain(self) -> RustTokenizer:
         if self.plain is None:

@@ -87,9 +87,20 @@ def test_a_runs_flags_reach_the_benchmark_and_its_row(tmp_path, monkeypatch):
     monkeypatch.setattr(figures, "BENCH", tmp_path)
     monkeypatch.setattr(figures, "KEPT", tmp_path / "kept")
     assert figures.run("echo", True, ["--isa", "avx2"])
-    kept = figures.kept()["echo"]
+    kept = figures.kept()["echo@avx2"]
     assert kept["figures"] == {"argv": ["--quick", "--isa", "avx2"]}
-    text = figures.table({"echo": kept, "kv": record({"kv_waste_frac": 0.01})})
-    assert next(l for l in text.splitlines() if l.startswith("| `echo` | 20")).endswith("| --quick --isa avx2 |")
+    text = figures.table({"echo@avx2": kept, "kv": record({"kv_waste_frac": 0.01})})
+    assert next(l for l in text.splitlines() if l.startswith("| `echo@avx2` | 20")).endswith("| --quick --isa avx2 |")
     full = {**record({}), "quick": False}
     assert figures.flags_shown(full) == "full" and figures.flags_shown({**full, "flags": ["--isa", "avx2"]}) == "--isa avx2"
+
+
+def test_a_run_on_the_avx2_kernels_is_kept_beside_the_native_one():
+    assert figures.kept_name("peers", ["--isa", "avx2", "--rounds", "1"]) == "peers@avx2"
+    assert figures.kept_name("quantized", ["--kernels=native-avx2"]) == "quantized@avx2"
+    assert figures.kept_name("peers", ["--rounds", "1"]) == figures.kept_name("peers", ["--isa", "native"]) == "peers"
+    text = figures.table({"quantized": record({"int8_decode_speedup": 3.1}, isa="AVX-512"),
+                          "quantized@avx2": record({"int8_decode_speedup": 2.2}, isa="AVX-512")})
+    assert row_of(text, "quantized", "int8_decode_speedup")[2:] == ["3.1", "≥ 2.5", "yes"]
+    assert row_of(text, "quantized@avx2", "int8_decode_speedup")[2:] == ["2.2", "≥ 2.5", "**no**"]
+    assert "| `quantized@avx2` | 2026-11-28 17:00 UTC | abc1234 | EPYC, 2 cores, 24 GiB | AVX-512, AVX2 kernels |" in text

@@ -14,11 +14,13 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import handlers  # noqa: E402
 from peerkit import v2_json  # noqa: E402
+from peerkit.batching_ceiling import batching_ceiling  # noqa: E402
 from peerkit.handler_runner import HandlerRunner  # noqa: E402
 from peerkit.handler_targets import TensorInputs  # noqa: E402
 from mcpd.handlers.tensors import TensorSpec  # noqa: E402
 
 RISK = handlers.MODELS["risk"]
+TEXT = handlers.MODELS["text"]
 
 
 @pytest.mark.parametrize("datatype", [d for d in v2_json.DATATYPES if d != "BYTES"])
@@ -57,11 +59,40 @@ def test_a_peers_batch_answers_each_request_as_the_handler_alone_does():
 
 def test_ratios_point_to_mcpd_leading_and_are_null_for_what_did_not_run():
     measured = {"models": {"risk": {"mcpd": {"rps": 300.0}, "mcpd-unbatched": {"rps": 60.0},
-                                    "litserve": {"rps": 100.0}, "mlserver": {"rps": 150.0}}},
+                                    "litserve": {"rps": 100.0}, "mlserver": {"rps": 150.0},
+                                    "model-alone": {"ceiling": 7.5}}},
                 "burst": {"burst_high_p99_ms": 30.0, "idle_high_p99_ms": 10.0, "unanswered": 0}}
     figures = handlers.figures_of(measured)
     assert figures["handler_risk_rps_ratio_vs_best_peer"] == 2.0
     assert figures["batching_speedup_risk"] == 5.0
+    assert figures["batching_ceiling_risk"] == 7.5 and figures["batching_ceiling_text"] is None
     assert figures["handler_high_p99_ratio"] == 3.0
     assert figures["handler_text_rps_ratio_vs_best_peer"] is None
     assert figures["cache_hit_rate"] is None and figures["context_bytes_ratio"] is None
+
+
+class PredictSpy:
+    """Records the batches the real handler's predict gets (their rows, and the padded length)."""
+
+    def __init__(self, handler):
+        self.predict, self.seen = handler.predict, []
+        handler.predict = self
+
+    def __call__(self, batch):
+        first = next(iter(batch.values()))
+        self.seen.append((len(first), first.shape[1] if first.ndim > 1 else 0))
+        return self.predict(batch)
+
+
+@pytest.mark.parametrize("model", [RISK, TEXT], ids=["risk", "text"])
+def test_the_batching_ceiling_times_predict_on_the_same_rows_alone_and_in_full_batches(model):
+    runner = HandlerRunner(model.handler, model.settings)
+    spy = PredictSpy(runner.handler)
+    inputs = TensorInputs(runner.handler.inputs)
+    found = batching_ceiling(runner, [inputs.arrays(i) for i in range(12)], max_batch=4, threads=1)
+    rounds = [spy.seen[at:at + 15] for at in range(0, len(spy.seen), 15)]
+    assert len(rounds) == 5 and all(rows == [1] * 12 + [4, 4, 4] for rows in ([r for r, _ in turn] for turn in rounds))
+    full_lengths = [length for _, length in rounds[0][12:]]
+    assert full_lengths == sorted(full_lengths)   # full batches of similar length, as length bins make them
+    assert found["batch_1_us_per_row"] > 0 and found["batch_4_us_per_row"] > 0
+    assert found["ceiling"] == pytest.approx(found["batch_1_us_per_row"] / found["batch_4_us_per_row"], rel=0.02)

@@ -40,11 +40,24 @@ def hf_gguf_model(path):
     return model
 
 
+@pytest.fixture(scope="module")
+def transformers_greedy(tmp_path_factory):
+    """(kind, tensor type) -> (a file of it, transformers' greedy tokens from it), made at first
+    use: every kernel set of one type is held to the same file and tokens."""
+    made = {}
+
+    def of(kind: str, qtype: str):
+        if (kind, qtype) not in made:
+            path = write_gguf(tmp_path_factory.mktemp(f"{kind}-{qtype}"), kind, qtype)
+            made[kind, qtype] = path, _hf_greedy(hf_gguf_model(path), PROMPTS, MAX_TOKENS)
+        return made[kind, qtype]
+    return of
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind, qtype, kernels", CASES)
-def test_greedy_tokens_match_transformers_on_the_same_file(tmp_path, kind, qtype, kernels):
-    path = write_gguf(tmp_path, kind, qtype)
-    expected = _hf_greedy(hf_gguf_model(path), PROMPTS, MAX_TOKENS)
+def test_greedy_tokens_match_transformers_on_the_same_file(transformers_greedy, kind, qtype, kernels):
+    path, expected = transformers_greedy(kind, qtype)
     engine = make_engine(path, kernels=kernels)
     assert generate(engine, PROMPTS, MAX_TOKENS) == expected
     for prompt, n, tokens in zip(PROMPTS, MAX_TOKENS, expected):

@@ -13,6 +13,7 @@ from fakes import Clock, Ports
 from mcpd.config import Config, VersionConfig
 from mcpd.config.handlers import BatchingConfig
 from mcpd.daemon import messages
+from mcpd.daemon.worker.done_notes import DONE_FLUSH_S
 from mcpd.daemon.worker.handler_core import HandlerCore, HandlerHung
 from mcpd.handlers import tensors
 from mcpd.handlers.tensor_header import TensorHeader
@@ -216,10 +217,13 @@ def test_a_hung_predict_is_answered_by_its_deadline_then_stops_the_worker():
         core.predictor.shutdown()
 
 
-def test_ping_and_done_notes(core):
+def test_a_pings_done_note_waits_for_company_then_goes(core):
     core.on_message(messages.encode(messages.Dispatch(5, "p", "t", 0, False, PingArgs())))
     assert finals(core)[5][0]["result"]["pong"] is True
-    core.flush_done()   # nothing else to do: the note goes at once
+    core.flush_done()   # a ping is no work: its note waits for others (done_notes.py)
+    assert [m.rids for m, _ in core.ports.scheduler if isinstance(m, messages.Done)] == []
+    core.clock.now += DONE_FLUSH_S
+    core.flush_done()
     assert [m.rids for m, _ in core.ports.scheduler if isinstance(m, messages.Done)] == [[5]]
 
 

@@ -335,3 +335,27 @@ def test_int8_logits_native_against_the_torch_twin(native_kernels, dtype):
     logits = native_kernels.logits(x, native_kernels.prepare(weight))
     assert logits.dtype == torch.float32 and torch.equal(logits, logits.to(dtype).float())
     assert agree(logits.to(dtype), TORCH.logits(x, weight).to(dtype))
+
+
+# Rows of one-token prompts that the int8 products take through the one-row kernel's sums (a
+# tile of those rows, each weight converted once for all of them); more go through the tile.
+INT8_STEP_ROWS = {"native-avx512": 8, "native-avx2": 3}
+
+
+@pytest.mark.parametrize("group", [64, 32])
+def test_a_row_in_a_step_of_few_int8_rows_gets_the_bits_it_gets_alone(native_kernels, group):
+    """A step of a few one-token prompts multiplies each row as a decode step of it alone would,
+    term by term in the same order: its logits do not depend on what it is batched with. k = 200:
+    groups of 64 (mcpd's) or 32 (a GGUF Q8_0's), the last one short. float32, where a sum in
+    another order shows; bfloat16 rows take the same code (the agreement tests above cover it)."""
+    most, k = INT8_STEP_ROWS[native_kernels.name], 200
+    x = rand(most, k)
+    values = torch.randint(-127, 128, (400, k), dtype=torch.int8, generator=torch.Generator().manual_seed(1))
+    weight = native_kernels.prepare(Int8Weight(values, rand(400, -(-k // group), scale=0.01).abs()))
+    b = rand(400)
+    alone = [(native_kernels.linear(x[r:r + 1], weight, b), native_kernels.logits(x[r:r + 1], weight))
+             for r in range(most)]
+    for rows in range(2, most + 1):
+        batched, logits = native_kernels.linear(x[:rows], weight, b), native_kernels.logits(x[:rows], weight)
+        for row in range(rows):
+            assert torch.equal(batched[row:row + 1], alone[row][0]) and torch.equal(logits[row:row + 1], alone[row][1])

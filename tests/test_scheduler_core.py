@@ -275,3 +275,15 @@ def test_by_default_a_prefill_goes_to_a_busy_worker_at_once():
     core.on_inbox(request(2, GenerateArgs(prompt="second", sampling=SamplingParams(max_tokens=1))))
     core.tick()
     assert [d.rid for d in dispatched(core)] == [1, 2]
+
+
+def test_pings_in_flight_leave_the_worker_idle_for_the_window():
+    """A ping's Done note may come a moment late (worker/done_notes.py): the pings still in the
+    books are no work, and a prefill on that worker is not held."""
+    core = windowed_core(10.0)
+    hello(core, 11)
+    core.on_inbox(request(1, PingArgs()))
+    core.tick()
+    core.on_inbox(request(2, GenerateArgs(prompt="second", sampling=SamplingParams(max_tokens=1))))
+    core.tick()
+    assert [d.rid for d in dispatched(core)] == [1, 2]

@@ -12,7 +12,8 @@ from mcpd.config import Config, EngineConfig, LimitsConfig, ModelConfig
 from mcpd.daemon import messages
 from mcpd.daemon.child_stats import WorkerStats
 from mcpd.daemon.scheduler.prompt_tokens import prompt_token_ids
-from mcpd.daemon.worker.core import DONE_FLUSH_S, MAX_FAILED_STEPS, WorkerCore
+from mcpd.daemon.worker.core import MAX_FAILED_STEPS, WorkerCore
+from mcpd.daemon.worker.done_notes import DONE_FLUSH_S
 from mcpd.engine import Engine
 from mcpd.protocol import codes
 from mcpd.protocol.args import GenerateArgs, PingArgs
@@ -189,6 +190,21 @@ def test_done_notes_wait_while_the_engine_is_busy_then_go_together(core):
     assert of_kind(core.ports.scheduler, messages.Done) == [messages.Done([1])]
     run_until_idle(core)
     assert of_kind(core.ports.scheduler, messages.Done) == [messages.Done([1]), messages.Done([2])]
+
+
+def test_a_pings_done_note_waits_for_company_and_goes_with_work_that_ends_the_engines(core):
+    """A ping is no work (done_notes.py): its note waits, and a generate that leaves the engine
+    idle takes it along at once."""
+    dispatch(core, 1, PingArgs())
+    core.flush_done()
+    assert of_kind(core.ports.scheduler, messages.Done) == [] and core.poll_timeout_ms(100) == pytest.approx(DONE_FLUSH_S * 1e3)
+    dispatch(core, 2, greedy(2))
+    run_until_idle(core)
+    assert of_kind(core.ports.scheduler, messages.Done) == [messages.Done([1, 2])]
+    dispatch(core, 3, PingArgs())
+    core.clock.now += DONE_FLUSH_S
+    core.flush_done()
+    assert of_kind(core.ports.scheduler, messages.Done)[1:] == [messages.Done([3])]
 
 
 class FailingSteps:

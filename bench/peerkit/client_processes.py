@@ -1,8 +1,9 @@
 """Client processes that offer one open-loop schedule together, for rates one Python process
-cannot send on time (a burst at twice a fast server's capacity): each process has its own event
-loop and its own target (its own sockets), and sends every n-th arrival of the schedule at the
-same start; their outcomes are merged. Each outcome keeps its lag, so a run where the processes
-still fall behind shows in generator_figures (load.py) instead of passing for server latency.
+cannot send on time (a burst at twice a fast server's capacity): each process has its own
+FrameSender (its own socket, its frames built before the run), and sends every n-th arrival of
+the schedule at the same start; their outcomes are merged. Each outcome keeps its lag, and each
+run its CPU seconds, so a run where the processes still fall behind shows in generator_figures
+(load.py) instead of passing for server latency.
 
 Processes start with `spawn` (a forked copy of a ZeroMQ context is not safe), once, and serve
 every schedule handed to them until closed."""
@@ -10,25 +11,29 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import time
 
-from peerkit.load import CLIENT_TIMEOUT_S, Outcome, arrivals, clock, closed_loop, send_on_schedule
+import numpy as np
+
+from peerkit.frame_sender import OK, PRIORITIES
+from peerkit.load import CLIENT_TIMEOUT_S, Outcome, arrivals, clock
 
 START_LEAD_S = 0.5     # a schedule starts this long after it is handed out: every process has it by then
-READY_TIMEOUT_S = 120  # a process imports numpy, zmq and mcpd, and encodes its inputs, before it is ready
+READY_TIMEOUT_S = 120  # a process imports numpy, zmq and mcpd, and builds its frames, before it is ready
 WARM_INDEX = 0         # each process's first request, before it is ready: its socket is connected then
 REPLY_MARGIN_S = 60    # past the schedule's end and the last reply's timeout: the process is stuck
 
 
 class ClientProcesses:
-    """`count` processes, each sending through `make_target()` (picklable: built in the process)
-    after encoding inputs 0..prepare-1."""
+    """`count` processes, each sending through `make_sender()` (a FrameSender; picklable: built
+    in the process) after building the frames of inputs 0..prepare-1."""
 
-    def __init__(self, make_target, count: int, prepare: int):
+    def __init__(self, make_sender, count: int, prepare: int):
         context = multiprocessing.get_context("spawn")
         self.pipes, self.processes = [], []
         for _ in range(count):
             ours, theirs = context.Pipe()
-            process = context.Process(target=_client_main, args=(theirs, make_target, prepare), daemon=True)
+            process = context.Process(target=_client_main, args=(theirs, make_sender, prepare), daemon=True)
             process.start()
             theirs.close()
             self.pipes.append(ours)
@@ -36,16 +41,23 @@ class ClientProcesses:
         for pipe in self.pipes:
             _received(pipe, READY_TIMEOUT_S)
 
-    async def open_loop(self, rate: float, seconds: float, pick, seed: int, high_frac: float = 0.0) -> list[Outcome]:
-        """load.open_loop's schedule, every process sending its share; outcomes in schedule order."""
+    async def open_loop(self, rate: float, seconds: float, pick, seed: int,
+                        high_frac: float = 0.0) -> tuple[list[Outcome], float]:
+        """load.open_loop's schedule, every process sending its share: (outcomes in schedule
+        order, the CPU seconds the processes spent sending and reading)."""
         schedule = arrivals(rate, seconds, pick, seed, high_frac)
+        at = np.array([arrival[0] for arrival in schedule], np.float64)
+        index = np.array([arrival[1] for arrival in schedule], np.int64)
+        priority = np.array([PRIORITIES.index(arrival[2]) for arrival in schedule], np.int8)
         start = clock() + START_LEAD_S
         count = len(self.pipes)
-        for at, pipe in enumerate(self.pipes):
-            pipe.send(("open", schedule[at::count], start))
+        for k, pipe in enumerate(self.pipes):
+            pipe.send(("open", at[k::count], index[k::count], priority[k::count], start))
         limit = START_LEAD_S + seconds + CLIENT_TIMEOUT_S + REPLY_MARGIN_S
         shares = await asyncio.gather(*(asyncio.to_thread(_received, pipe, limit) for pipe in self.pipes))
-        return sorted((outcome for share in shares for outcome in share), key=lambda o: o.scheduled_s)
+        outcomes = [outcome for k, share in enumerate(shares)
+                    for outcome in _outcomes(share, at[k::count], priority[k::count], start)]
+        return sorted(outcomes, key=lambda o: o.scheduled_s), sum(share["cpu_s"] for share in shares)
 
     async def closed_loop(self, clients: int, seconds: float, pick, seed: int) -> float:
         """load.closed_loop's requests/s with `clients` spread over the processes, summed: the
@@ -88,21 +100,36 @@ def _received(pipe, timeout_s: float):
     return answer
 
 
-def _client_main(pipe, make_target, prepare: int) -> None:
+def _outcomes(share: dict, at: np.ndarray, priority: np.ndarray, start: float) -> list[Outcome]:
+    """One process's arrays as outcomes; an unanswered request's time is the client's timeout."""
+    due = start + at
+    answered = ~np.isnan(share["replied"])
+    seconds = np.where(answered, share["replied"], share["sent"] + CLIENT_TIMEOUT_S) - due
+    return [Outcome(PRIORITIES[p], share["codes"][o], float(s), bool(c), float(a), float(sent))
+            for p, o, s, c, a, sent in zip(priority, share["outcome"], seconds, share["cached"], at,
+                                           share["sent"] - start)]
+
+
+def _client_main(pipe, make_sender, prepare: int) -> None:
     try:
-        asyncio.run(_serve(pipe, make_target, prepare))
+        _serve(pipe, make_sender, prepare)
     except Exception as e:   # noqa: BLE001 - reported to the benchmark, which raises it
         pipe.send(RuntimeError(f"{type(e).__name__}: {e}"))
 
 
-async def _serve(pipe, make_target, prepare: int) -> None:
-    target = make_target()
-    target.prepare(prepare)
-    await target.infer(WARM_INDEX, "normal")
-    pipe.send("ready")
+def _serve(pipe, make_sender, prepare: int) -> None:
+    sender = make_sender()
+    sender.prepare(prepare)
+    sender.connect()
     try:
-        while (job := await asyncio.to_thread(pipe.recv)) is not None:
+        first = sender.open_loop(np.zeros(1), np.full(1, WARM_INDEX), np.zeros(1, np.int8), time.monotonic(),
+                                 CLIENT_TIMEOUT_S)
+        if first["outcome"][0] != OK:
+            raise RuntimeError(f"the first request was answered {first['codes'][first['outcome'][0]]}")
+        pipe.send("ready")
+        while (job := pipe.recv()) is not None:
             kind, *args = job
-            pipe.send(await (send_on_schedule if kind == "open" else closed_loop)(target, *args))
+            run = sender.open_loop if kind == "open" else sender.closed_loop
+            pipe.send(run(*args, CLIENT_TIMEOUT_S))
     finally:
-        await target.close()
+        sender.close()

@@ -95,16 +95,18 @@ async def open_loop(target, rate: float, seconds: float, pick, seed: int, high_f
     return await send_on_schedule(target, arrivals(rate, seconds, pick, seed, high_frac), clock())
 
 
-def generator_figures(outcomes: list[Outcome], seconds: float) -> dict:
-    """The rate the schedule offered, the rate the generator really sent at, and how late it sent
-    (a lag p99 near the server's p99 means the figure measured the generator)."""
+def generator_figures(outcomes: list[Outcome], seconds: float, cpu_s: float | None = None) -> dict:
+    """The rate the schedule offered, the rate the generator really sent at, how late it sent
+    (a lag p99 near the server's p99 means the figure measured the generator), and with `cpu_s`
+    (the generator's CPU seconds on the run) its CPU per request."""
     if not outcomes:
         return {"offered_rps": 0.0, "sent_rps": 0.0, "generator_lag_p50_ms": None, "generator_lag_p99_ms": None}
     lags = [o.lag for o in outcomes]
+    cpu = {} if cpu_s is None else {"generator_cpu_us_per_request": round(cpu_s / len(outcomes) * 1e6, 1)}
     return {"offered_rps": round(len(outcomes) / seconds, 1),
             "sent_rps": round(len(outcomes) / max(seconds, max(o.sent_s for o in outcomes)), 1),
             "generator_lag_p50_ms": round(percentile(lags, 0.5) * 1e3, 2),
-            "generator_lag_p99_ms": round(percentile(lags, 0.99) * 1e3, 2)}
+            "generator_lag_p99_ms": round(percentile(lags, 0.99) * 1e3, 2), **cpu}
 
 
 async def closed_loop(target, clients: int, seconds: float, pick, seed: int) -> float:

@@ -6,7 +6,6 @@ mostly grow, are sent as an append whenever they only grew since v.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -50,7 +49,6 @@ class Context:
     # "model/version" whose KV its last turn left: a turn on another version does not reuse it
     # (workers namespace KV by version: daemon/worker/core.py), it recomputes.
     kv_version: str | None = None
-    last_used: float = field(default_factory=time.monotonic)
     # Kept up to date by commit, which touches only the fields a version changed: a commit to a
     # context of many fields costs what it changes, not what the context holds.
     nbytes: int = field(init=False)
@@ -96,7 +94,6 @@ class Context:
             self.tokens_rewritten_at = self.version
         self.token_count_at[self.version] = len(self.tokens)
         self.token_count_at.pop(self.version - TOKEN_HISTORY, None)
-        self.last_used = time.monotonic()
 
     def changes_since(self, version: int) -> list[FieldDelta]:
         """What a client at `version` needs to reach the current version."""

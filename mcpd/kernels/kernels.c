@@ -327,9 +327,10 @@ static inline int64_t group_end(int64_t g0, int64_t k, int64_t group) {
     return k - g0 < group ? k : g0 + group;
 }
 
-/* One row (a decode step at batch 1): with one sum per panel each multiply-add waits for the
-   last (4 cycles), which bounds the product below what int8's smaller reads allow; four sums per
-   panel, added at the end, keep the multiply-adds independent. The pass is bound by reading the
+/* One row (a decode step at batch 1), or a step's few rows (one-token prompts batched, up to
+   INT8_ROWS): with one sum per stream each multiply-add waits for the last (4 cycles), which
+   bounds the product below what int8's smaller reads allow; four sums per stream and row, added
+   at the end, keep the multiply-adds independent. The pass is bound by reading the
    weights (out of cache int8 reaches a lower rate than float32's streams: a panel's int8 stream
    is a quarter of a float32 one's, 8 KB at k = 512, and the hardware prefetcher ramps up too late
    on it), so the next tile's panels (the following TILE_PANELS * k * 16 bytes) are fetched into
@@ -338,32 +339,73 @@ static inline int64_t group_end(int64_t g0, int64_t k, int64_t group) {
    ahead within each panel before; into L1 instead of L2: 3.2-3.5). Here each group's sum
    of x * values is scaled once, not each weight: a multiply per 16 weights made the pass 20%
    (groups of 64) to 50% (32) slower than one scale a row; this costs a multiply-add a group
-   (bench/quantized.py). The same product as tile_int8's, rounded at other places. */
-INLINE void row_int8(int dtype, const void *x, int64_t k, int64_t group, const int8_t *const p[TILE_PANELS],
-                     const float *const c[TILE_PANELS], tile_sums a) {
-    const int8_t *next = p[0] + TILE_PANELS * k * PANEL;
-    for (int j = 0; j < TILE_PANELS; j++)
-        for (int h = 0; h < VPP; h++) a[j][0][h] = splat(0);
+   (bench/quantized.py). A row's sums add the same terms in the same order whatever rows share
+   the pass, so a one-token prompt gets the logits it gets alone. The same product as
+   tile_int8's, rounded at other places. INT8_ROWS: the rows whose four sums fit the registers
+   beside a stream's values (AVX2: 3 x 4 of 16; AVX-512's 8 x 4 of 32 do not quite, yet at 8 rows
+   took no longer than the tile, and less than two passes of 4). */
+#ifdef __AVX512F__
+#define INT8_ROWS 8
+#else
+#define INT8_ROWS 3
+#endif
+#define STRIP_STREAMS (TILE_PANELS * VPP)   /* a strip's vectors of LANES columns */
+typedef f32v stream_sums[STRIP_STREAMS];
+
+/* rows of x times `streams` streams of LANES columns each (q: their int8 values, a panel row
+   PANEL apart; sc: their scales), into out[r][t]; fetching `next` (NULL: nothing) into L2. */
+INLINE void int8_streams(int dtype, const void *x, int64_t rows, int64_t k, int64_t group, int streams,
+                         const int8_t *const q[STRIP_STREAMS], const float *const sc[STRIP_STREAMS],
+                         const int8_t *next, stream_sums out[INT8_ROWS]) {
+    for (int r = 0; r < rows; r++)
+        for (int t = 0; t < streams; t++) out[r][t] = splat(0);
     for (int64_t g0 = 0; g0 < k; g0 += group) {
-        f32v s[TILE_PANELS][4][VPP] = {{{{0}}}};
+        f32v s[INT8_ROWS][STRIP_STREAMS][4] = {{{{0}}}};
         int64_t i = g0, end = group_end(g0, k, group);
         for (; i + 4 <= end; i += 4) {
-            for (int j = 0; j < TILE_PANELS; j++) __builtin_prefetch(next + i * TILE_PANELS * PANEL + 64 * j, 0, 2);
-            for (int u = 0; u < 4; u++) {
-                float xv = x_at(dtype, x, i + u);
-                for (int j = 0; j < TILE_PANELS; j++)
-                    for (int h = 0; h < VPP; h++) s[j][u][h] += xv * load_int8(p[j] + (i + u) * PANEL + h * LANES);
+            if (next)
+                for (int j = 0; j < TILE_PANELS; j++) __builtin_prefetch(next + i * TILE_PANELS * PANEL + 64 * j, 0, 2);
+#pragma GCC unroll 4
+            for (int u = 0; u < 4; u++)
+#pragma GCC unroll 2
+                for (int t = 0; t < streams; t++) {
+                    f32v v = load_int8(q[t] + (i + u) * PANEL);
+#pragma GCC unroll 8
+                    for (int r = 0; r < rows; r++) s[r][t][u] += x_at(dtype, x, r * k + i + u) * v;
+                }
+        }
+        for (; i < end; i++)
+            for (int t = 0; t < streams; t++) {
+                f32v v = load_int8(q[t] + i * PANEL);
+                for (int r = 0; r < rows; r++) s[r][t][0] += x_at(dtype, x, r * k + i) * v;
             }
-        }
-        for (; i < end; i++) {
-            float xv = x_at(dtype, x, i);
-            for (int j = 0; j < TILE_PANELS; j++)
-                for (int h = 0; h < VPP; h++) s[j][0][h] += xv * load_int8(p[j] + i * PANEL + h * LANES);
-        }
-        for (int j = 0; j < TILE_PANELS; j++)
-            for (int h = 0; h < VPP; h++)
-                a[j][0][h] += ((s[j][0][h] + s[j][1][h]) + (s[j][2][h] + s[j][3][h]))
-                              * load_f32(c[j] + g0 / group * PANEL + h * LANES);
+        for (int r = 0; r < rows; r++)
+            for (int t = 0; t < streams; t++)
+                out[r][t] += ((s[r][t][0] + s[r][t][1]) + (s[r][t][2] + s[r][t][3])) * load_f32(sc[t] + g0 / group * PANEL);
+    }
+}
+
+/* One row: all the strip's streams at once, so that their memory reads overlap. */
+INLINE void row_int8(int dtype, const void *x, int64_t k, int64_t group, const int8_t *const p[TILE_PANELS],
+                     const float *const c[TILE_PANELS], tile_sums a) {
+    const int8_t *q[STRIP_STREAMS];
+    const float *sc[STRIP_STREAMS];
+    for (int t = 0; t < STRIP_STREAMS; t++) q[t] = p[t / VPP] + t % VPP * LANES, sc[t] = c[t / VPP] + t % VPP * LANES;
+    stream_sums out[INT8_ROWS];
+    int8_streams(dtype, x, 1, k, group, STRIP_STREAMS, q, sc, p[0] + TILE_PANELS * k * PANEL, out);
+    for (int t = 0; t < STRIP_STREAMS; t++) a[t / VPP][0][t % VPP] = out[0][t];
+}
+
+/* 2 to INT8_ROWS rows (a step of one-token prompts): a pass per stream, each weight converted
+   once for all the rows, whose 4 sums a row fill the registers. */
+INLINE void rows_int8(int dtype, const void *x, int64_t rows, int64_t k, int64_t group,
+                      const int8_t *const p[TILE_PANELS], const float *const c[TILE_PANELS], tile_sums a) {
+    for (int t = 0; t < STRIP_STREAMS; t++) {
+        const int8_t *q[STRIP_STREAMS] = {p[t / VPP] + t % VPP * LANES};
+        const float *sc[STRIP_STREAMS] = {c[t / VPP] + t % VPP * LANES};
+        stream_sums out[INT8_ROWS];
+        int8_streams(dtype, x, rows, k, group, 1, q, sc, t ? NULL : p[0] + TILE_PANELS * k * PANEL, out);
+        for (int r = 0; r < rows; r++) a[t / VPP][r][t % VPP] = out[r][0];
     }
 }
 
@@ -670,8 +712,31 @@ INLINE void tile_plain(int dtype, const void *x, int64_t rows, int64_t k, const 
 #undef TILE
 }
 
+/* rows_int8 of a count of rows and a group known at compile time, so that its sums stay in
+   registers. Not inlined, as rows_int4_fixed. */
+static __attribute__((noinline)) void rows_int8_fixed(int dtype, const void *x, int64_t rows, int64_t k,
+                                                      int64_t group, const int8_t *const p[TILE_PANELS],
+                                                      const float *const c[TILE_PANELS], tile_sums a) {
+#define ROWS(D, G, R) rows_int8(D, x, R, k, G, p, c, a)
+#define BY_GROUP(D, R) (group == 64 ? ROWS(D, 64, R) : group == 32 ? ROWS(D, 32, R) : ROWS(D, group, R))
+#define CASE(R) case R: dtype == F32 ? BY_GROUP(F32, R) : BY_GROUP(BF16, R); break;
+    switch (rows) {
+    CASE(2) CASE(3)
+#if INT8_ROWS > 3
+    CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
+#endif
+    }
+#undef CASE
+#undef BY_GROUP
+#undef ROWS
+}
+
 INLINE void tile_int8_groups(int dtype, const void *x, int64_t rows, int64_t k, int64_t group,
                                const void *const p[TILE_PANELS], const void *const c[TILE_PANELS], tile_sums a) {
+    if (rows > 1 && rows <= INT8_ROWS) {
+        rows_int8_fixed(dtype, x, rows, k, group, (const int8_t *const *)p, (const float *const *)c, a);
+        return;
+    }
 #define INT8(D, G, R) tile_int8(D, x, R, k, G, (const int8_t *const *)p, (const float *const *)c, a)
 #define BY_GROUP(D, R) (group == 64 ? INT8(D, 64, R) : group == 32 ? INT8(D, 32, R) : INT8(D, group, R))
 #define TILE(R) (dtype == F32 ? BY_GROUP(F32, R) : BY_GROUP(BF16, R))

@@ -47,13 +47,16 @@ class Request:
         return self.header["id"]
 
 
-def parse_request(envelope: tuple[bytes, ...], frames: list[bytes], limits: LimitsConfig) -> Request:
+def parse_request(envelope: tuple[bytes, ...], frames: list[bytes], limits: LimitsConfig,
+                  sizes: list[int] | None = None) -> Request:
     """Validate a client message (identity and envelope already split off). Raises MCPDError.
+    `sizes`: its frames' sizes as received, where frames past the size limits were dropped on
+    reading (by default, those of `frames`).
 
     When the error is raised after the header decoded, `e.request_id` holds the client's id so
     the reply can still name the request.
     """
-    check_sizes([len(f) for f in frames], limits)
+    check_sizes([len(f) for f in frames] if sizes is None else sizes, limits)
     header_bytes = frames[0]
     if len(header_bytes) > limits.max_header_bytes:
         raise MCPDError(codes.TOO_LARGE,

@@ -18,9 +18,10 @@ its typical weight (bench/quantized.py weighs group size against agreement and s
 Groups never span rows, so a fused matrix (q/k/v, gate/up) quantizes row by row exactly as its
 separate pieces would. -128 is left out so that negating a row stays exact. The torch twin
 and the native kernel multiply x by the dequantized weight, values * scale rounded to float32
-(the native one in registers); the native kernel's one-row case (a decode step) scales each
-group's sum instead, a multiply a group rather than a weight: the same product, rounded at
-other places, as the kernels' orders of summing differ anyway (tests/test_kernels.py).
+(the native one in registers); the native kernel's one-row case (a decode step, and a step's
+few one-token prompts) scales each group's sum instead, a multiply a group rather than a
+weight: the same product, rounded at other places, as the kernels' orders of summing differ
+anyway (tests/test_kernels.py).
 
 Which tensors: every nn.Linear of a Llama-family model (q/k/v, o, gate/up, down) and the LM
 head. The embedding stays in the model dtype: a step reads one of its rows per token, not the
@@ -94,7 +95,7 @@ def rows(ids: torch.Tensor, weight: Int8Weight) -> torch.Tensor:
 
 def linear(x: torch.Tensor, weight: Int8Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x . w^T (+ bias) in x's dtype, multiplied in float32 by the dequantized weight, as the
-    native kernel (kernels.c, tile_int8) does for several rows, so both round alike. The torch twin of it: it
+    native kernel (kernels.c, tile_int8) does for a prompt's rows, so both round alike. The torch twin of it: it
     converts the values on every call, which is slow, but it runs on any device and keeps
     memory at one byte a weight (and a scale per GROUP)."""
     y = F.linear(x.float(), dequantize(weight.values, weight.scales))

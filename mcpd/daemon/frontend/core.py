@@ -102,8 +102,8 @@ class FrontEndCore:
         gate.py). Whatever a client sends, it gets an answer."""
         envelope, body = wire.split_envelope(frames)
         try:
-            wire.check_sizes(sizes[len(envelope):], self.limits)
-            self._admit(identity, stamp(wire.parse_request(envelope, body, self.limits), tenant, self.peer_tenants))
+            request = wire.parse_request(envelope, body, self.limits, sizes[len(envelope):])
+            self._admit(identity, stamp(request, tenant, self.peer_tenants))
         except MCPDError as e:
             self._count_error(e.code)
             self._send(identity, envelope, wire.error_reply(e.request_id, ErrorReply.of(e)))
@@ -235,10 +235,14 @@ class FrontEndCore:
         if isinstance(reply, messages.Chunk):
             self._send(pending.identity, pending.envelope, frames[0], frames[1:], reply.rid, chunk=True)
             return self.metrics.chunk_sent(reply.rid)
-        # A final: its request is forgotten first, so that a fault sending it leaves nothing in flight.
-        self.metrics.ended(reply.rid, reply.code or "OK")
-        answered = self._forget(reply.rid, pending)
-        self._send(pending.identity, pending.envelope, frames[0], frames[1:], reply.rid)
+        # A final: its request is forgotten first, so that a fault sending it leaves nothing in
+        # flight; its figures are kept after the send, off the reply's way to its client.
+        self._unfile(reply.rid, pending)
+        try:
+            self._send(pending.identity, pending.envelope, frames[0], frames[1:], reply.rid)
+        finally:
+            self.metrics.ended(reply.rid, reply.code or "OK")
+            answered = self._answered(pending)
         if self.tracing is not None:
             self.tracing.replied(reply.rid, reply.code, answered, reply.sent)
 
@@ -278,8 +282,15 @@ class FrontEndCore:
 
     def _forget(self, rid: int, pending: Pending) -> float:
         """Returns the moment it was answered."""
+        self._unfile(rid, pending)
+        return self._answered(pending)
+
+    def _unfile(self, rid: int, pending: Pending) -> None:
         del self.pending[rid]
         del self.rid_of[(pending.identity, pending.request_id)]
+
+    def _answered(self, pending: Pending) -> float:
+        """Counts an answered request and its latency; returns the moment it was answered."""
         self.served += 1
         now = self.clock()
         self.latency.record(pending.op, now - pending.started)

@@ -33,7 +33,6 @@ class ClassQueues:
     def configure(self, classes: dict[str, PriorityClass]) -> None:
         """New classes (a reload). A removed class keeps its queue until it drains: no work dropped."""
         self.classes = classes
-        self.top_rank = max(c.rank for c in classes.values())
 
     def __len__(self) -> int:
         return self.size

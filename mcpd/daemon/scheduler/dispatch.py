@@ -9,7 +9,7 @@ from mcpd.daemon.scheduler import handler_lanes, router
 from mcpd.daemon.scheduler.job import Job
 from mcpd.daemon.scheduler.router import WorkerSlot
 from mcpd.histogram import keyed
-from mcpd.protocol.args import InferArgs
+from mcpd.protocol.args import InferArgs, PingArgs
 
 
 def dispatch_waiting(scheduler, now: float) -> None:
@@ -48,13 +48,19 @@ def _hold(scheduler, group: list[Job], room: int, now: float) -> bool:
     window = scheduler.windows.get(first.class_name)
     if not first.prefills or window is None or window.window_ms <= 0 or len(group) >= room:
         return False
-    if not any(slot.jobs for slot in scheduler.workers.values()):
+    if not any(_is_work(job) for slot in scheduler.workers.values() for job in slot.jobs.values()):
         return False   # an idle node never makes a request wait
     release = first.enqueued + window.window_ms / 1000
     if now >= release:
         return False
     scheduler.hold_until = release
     return True
+
+
+def _is_work(job: Job) -> bool:
+    """Whether a job in flight keeps its worker busy: a ping does not (its Done note may come a
+    moment late, worker/done_notes.py)."""
+    return not isinstance(job.request.args, PingArgs)
 
 
 def _send_jobs(scheduler, slot: WorkerSlot, group: list[Job], now: float) -> bool:

@@ -77,15 +77,12 @@ class SchedulerProcess:
         self.cluster = _cluster_node(config, self.scheduler, self.context, log) if config.cluster.enabled else None
 
     def serve(self) -> None:
-        poller = zmq.Poller()
-        poller.register(self.sockets.inbox, zmq.POLLIN)
-        poller.register(self.sockets.workers, zmq.POLLIN)
-        if self.cluster is not None:
-            poller.register(self.cluster.wakeup, zmq.POLLIN)
+        extra = (self.cluster.wakeup,) if self.cluster is not None else ()
+        waiter = channels.Waiter(self.sockets.workers, self.sockets.inbox, *extra)
         self.sockets.events.send(messages.Ready)
         next_stats = 0.0
         while child.parent_alive(self.parent_pid):
-            ready = dict(poller.poll(self._poll_timeout_ms()))
+            ready = waiter.ready(self._poll_timeout_ms())
             # Workers first: what a dead worker sent before dying (Started, Done) must count
             # before the supervisor's WorkerLost note decides what to retry.
             if self.sockets.workers in ready:

@@ -26,17 +26,12 @@ from mcpd import tracing
 from mcpd.config import LEGACY_NAME, Config
 from mcpd.daemon import channels, messages
 from mcpd.daemon.child_stats import WorkerStats
+from mcpd.daemon.worker.done_notes import DoneNotes
 from mcpd.protocol import codes, wire
 from mcpd.protocol.args import GenerateArgs, PingArgs
 from mcpd.protocol.error import ErrorReply
 from mcpd.protocol.results import Degraded, GenerateChunk, GenerateResult, Usage
 
-# DONE notes to the scheduler are held this long and sent together: its load counts lag by at
-# most this, and a busy worker saves it one wake-up per request. A worker that has just run out
-# of work says so at once: the scheduler must not take an idle node for a busy one (it would
-# hold the next request open for a batching window).
-DONE_FLUSH_S = 0.002
-DONE_FLUSH_COUNT = 64
 MAX_REASON_CHARS = 500   # of a failed step's exception, as the scheduler passes it to clients
 # Steps failing one after another, with no good step between, mean the engine itself is broken
 # (a lost device context, say), not one request: the worker exits and its restart reloads it.
@@ -92,8 +87,7 @@ class WorkerCore:
             config, index, engine, log, ports, clock
         self.served_model, self.version = serves   # the model table's names (config/models.py)
         self.active: dict[int, ActiveRequest] = {}
-        self.done: list[int] = []     # rids answered since the last Done note to the scheduler
-        self.done_due = 0.0
+        self.done = DoneNotes(clock)  # rids answered since the last Done note to the scheduler
         self.failed_steps = 0         # in a row
         self.tracing = tracing.start(config, "worker", f"worker{index}")   # None with tracing off
 
@@ -115,9 +109,8 @@ class WorkerCore:
         """How long the loop may wait for a message before the core has something to do."""
         if self.engine.has_work:
             return 0
-        if self.done:
-            return max(0.0, (self.done_due - self.clock()) * 1e3)
-        return idle_ms
+        done_ms = self.done.wait_ms()
+        return idle_ms if done_ms is None else done_ms
 
     def on_message(self, frames: list[bytes]) -> None:
         take_message(self, frames)
@@ -127,7 +120,8 @@ class WorkerCore:
     def on_dispatch(self, dispatch: messages.Dispatch, payload: list[bytes]) -> None:
         """Start a request; its args passed the front-end's checks (protocol/ops.py)."""
         if isinstance(dispatch.args, PingArgs):
-            return self._final(dispatch, wire.ok_reply(dispatch.request_id, {"pong": True, "worker": self.index}))
+            return self._final(dispatch, wire.ok_reply(dispatch.request_id, {"pong": True, "worker": self.index}),
+                               work=False)
         try:
             self._start_generate(dispatch, dispatch.args, payload)
         except ValueError as e:   # the engine refuses what it cannot run (too long, bad token ids)
@@ -190,11 +184,10 @@ class WorkerCore:
         self._emit(outputs)
 
     def flush_done(self) -> None:
-        """Send the Done note when it is due, full, or the engine ran out of work."""
-        if self.done and (len(self.done) >= DONE_FLUSH_COUNT or self.clock() >= self.done_due
-                          or not self.engine.has_work):
-            self.ports.to_scheduler(messages.encode(messages.Done(self.done)))
-            self.done = []
+        """Send the Done note when it is due (done_notes.py)."""
+        note = self.done.take(idle=not self.engine.has_work)
+        if note is not None:
+            self.ports.to_scheduler(messages.encode(note))
 
     def _hand_back(self, reason: str) -> None:
         """Abort every request in the engine (the step that failed may have run any of them) and
@@ -261,18 +254,16 @@ class WorkerCore:
         """A reply's sending moment, for a traced request's hop span (None with tracing off)."""
         return time.monotonic() if self.tracing is not None else None
 
-    def _final(self, dispatch: messages.Dispatch, header: bytes, code: str | None = None) -> None:
-        """A request answered before the engine ran it."""
-        self._send_final(dispatch.rid, dispatch.turn or dispatch.compare, header, code)
+    def _final(self, dispatch: messages.Dispatch, header: bytes, code: str | None = None, work: bool = True) -> None:
+        """A request answered before the engine ran it; `work`: one that counts as work (done_notes.py)."""
+        self._send_final(dispatch.rid, dispatch.turn or dispatch.compare, header, code, work)
 
-    def _send_final(self, rid: int, turn: bool, header: bytes, code: str | None = None) -> None:
+    def _send_final(self, rid: int, turn: bool, header: bytes, code: str | None = None, work: bool = True) -> None:
         if self.tracing is not None:
             self.tracing.ended(rid, code)
         message = messages.encode(messages.Final(rid, code, self._sent()), header)
         if turn:   # the scheduler ends the turn and passes the reply on
             return self.ports.to_scheduler(message)
         self.ports.to_frontend(message)
-        if not self.done:
-            self.done_due = self.clock() + DONE_FLUSH_S
-        self.done.append(rid)
+        self.done.add(rid, work)
 

@@ -30,7 +30,8 @@ from mcpd.config import Config
 from mcpd.cpu import threads
 from mcpd.daemon import channels, messages
 from mcpd.daemon.child_stats import WorkerStats
-from mcpd.daemon.worker.core import DONE_FLUSH_COUNT, DONE_FLUSH_S, MAX_REASON_CHARS, Ports, take_message
+from mcpd.daemon.worker.core import MAX_REASON_CHARS, Ports, take_message
+from mcpd.daemon.worker.done_notes import DoneNotes
 from mcpd.handlers import batch_tensors, tensors
 from mcpd.handlers.batcher import DynamicBatcher, Pending
 from mcpd.handlers.handler import Handler
@@ -93,8 +94,7 @@ class HandlerCore:
         self.running: Running | None = None
         self.live: dict[int, InferRequest] = {}   # waiting or running, not yet answered
         self.alone: deque[InferRequest] = deque()   # a failed batch's requests, to run one at a time
-        self.done: list[int] = []
-        self.done_due = 0.0
+        self.done = DoneNotes(clock)   # rids answered since the last Done note to the scheduler
         self.batches = self.rows = self.padded = self.padded_of = 0
         self.tracing = None   # handler requests make no spans; worker/process.py asks either core
         self.cache = ResultCache(version.cache.max_bytes) if version.cache.max_bytes else None
@@ -132,7 +132,7 @@ class HandlerCore:
         elif len(self.batcher):
             waits.append((self.batcher.due() - now) * 1e3)
         if self.done:
-            waits.append((self.done_due - now) * 1e3)
+            waits.append(self.done.wait_ms())
         return max(0.0, min(waits))
 
     def on_message(self, frames: list[bytes]) -> None:
@@ -142,7 +142,8 @@ class HandlerCore:
 
     def on_dispatch(self, dispatch: messages.Dispatch, payload: list[bytes]) -> None:
         if isinstance(dispatch.args, PingArgs):
-            return self._final(dispatch.rid, wire.ok_reply(dispatch.request_id, {"pong": True, "worker": self.index}))
+            return self._final(dispatch.rid, wire.ok_reply(dispatch.request_id, {"pong": True, "worker": self.index}),
+                               work=False)
         try:
             request = self._accept(dispatch, dispatch.args, payload)
         except MCPDError as e:
@@ -340,16 +341,16 @@ class HandlerCore:
 
     # -- replies --------------------------------------------------------------------------------
 
-    def _final(self, rid: int, header: bytes, code: str | None = None, frames: list[bytes] = ()) -> None:
+    def _final(self, rid: int, header: bytes, code: str | None = None, frames: list[bytes] = (),
+               work: bool = True) -> None:
+        """`work`: a request that counts as work (done_notes.py)."""
         self.ports.to_frontend(messages.encode(messages.Final(rid, code), header, *frames))
-        if not self.done:
-            self.done_due = self.clock() + DONE_FLUSH_S
-        self.done.append(rid)
+        self.done.add(rid, work)
 
     def flush_done(self) -> None:
-        if self.done and (len(self.done) >= DONE_FLUSH_COUNT or self.clock() >= self.done_due or not self.has_work):
-            self.ports.to_scheduler(messages.encode(messages.Done(self.done)))
-            self.done = []
+        note = self.done.take(idle=not self.has_work)
+        if note is not None:
+            self.ports.to_scheduler(messages.encode(note))
 
 
 def _on_every_core() -> None:

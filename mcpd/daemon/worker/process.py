@@ -143,8 +143,7 @@ class Worker:
             waiter.watch(self.core.wake_fd)
         while child.parent_alive(self.parent_pid):
             if waiter.wait(self.core.poll_timeout_ms(IDLE_POLL_MS)):
-                channels.drain(self.sockets.scheduler, each_message(self._on_message))
-                self.sockets.flush()   # answers (a ping's) before the step, which may be long
+                self._take_messages()
             self._step()
             self.core.flush_done()
             if time.monotonic() >= next_stats:
@@ -153,6 +152,16 @@ class Worker:
             self.sockets.flush()   # before the loop may block
             if self.core.tracing is not None:   # the spans of what was answered: after the answers
                 self.core.tracing.export()
+
+    def _take_messages(self) -> None:
+        """Every waiting message, and the answers given at once (a ping's) sent before the step,
+        which may be long. The first message's go before the loop asks for more: each ask is a
+        poll and a getpid, which a lone request would wait for."""
+        handle = each_message(self._on_message)
+        if channels.drain(self.sockets.scheduler, handle, 1):
+            self.sockets.flush()
+            channels.drain(self.sockets.scheduler, handle)
+            self.sockets.flush()
 
     def _welcomed(self) -> None:
         """Ready once the scheduler has our Hello (messages.Welcome); a restarted scheduler's
