@@ -1,6 +1,7 @@
 """A GGUF file (llama.cpp's model format) opened for reading with the gguf package's reader, and
 its metadata values read with their types checked. Free of torch: the scheduler builds its
-tokenizer from the file and the pool keeper sizes its pool from it.
+tokenizer from the file and the pool keeper sizes its pool from it. The daemon reads a file's
+header once: the other processes take it from the copy kept in the runtime directory (gguf_cache.py).
 
 A GGUF is a file an operator was handed: every way it can lie (a truncated file, tensor data past
 its end, an array longer than the file, a type id the package does not know, a device or a
@@ -9,17 +10,25 @@ arrays as views of the map, so a length that lies fails on the bounds, not on an
 """
 from __future__ import annotations
 
+import logging
 import os
 import stat
 import struct
+import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from mcpd.gguf_metadata import GGUFMetadata
 
 SUFFIX = ".gguf"
 HEADER_BYTES = 24   # magic, version, tensor count, metadata count
 # Architecture.hf's key: matrix parameter name -> its form ("int8", "q4_0", ... "q6_k"), or for a
 # fused matrix whose pieces mix forms, ((form, rows), ...) of its parts in row order (part_name).
 KEPT_QUANTIZED = "kept_quantized"
-_opened: dict[tuple, object] = {}   # one reader per file: a worker reads it for the skeleton, weights and tokenizer
+SLOW_READ_S = 1.0   # a read of the metadata that took longer says how long
+log = logging.getLogger("mcpd.gguf")
+_opened: dict[tuple, "GGUFMetadata"] = {}   # one file's: a worker reads it for the skeleton, weights and tokenizer
 
 
 class BadGGUF(ValueError):
@@ -30,8 +39,10 @@ def is_gguf(path: str) -> bool:
     return path.endswith(SUFFIX)
 
 
-def open_gguf(path: Path):
-    """The gguf package's GGUFReader over path (kept for the next call while the file is unchanged)."""
+def open_gguf(path: Path) -> "GGUFMetadata":
+    """The file's metadata and tensor table (gguf_metadata.py): kept from the last call while the
+    file is unchanged, else from the copy another process kept (gguf_cache.py), else read with the
+    gguf package's reader (and kept for the others)."""
     try:
         info = os.stat(path)   # follows a symlink: a link to /dev/zero is a character device
     except OSError as e:
@@ -42,8 +53,10 @@ def open_gguf(path: Path):
         raise BadGGUF(f"truncated ({info.st_size} bytes, shorter than a GGUF header)")
     key = (os.path.realpath(path), info.st_ino, info.st_size, info.st_mtime_ns)
     if key not in _opened:
+        from mcpd import gguf_cache
+
         _opened.clear()
-        _opened[key] = _read(path)
+        _opened[key] = gguf_cache.load(Path(path), info) or _read(Path(path), info)
     return _opened[key]
 
 
@@ -55,32 +68,36 @@ def part_name(name: str, index: int) -> str:
 
 
 def forget() -> None:
-    """Drop the kept reader, and with it the map of the file: a worker that has copied the
+    """Drop the kept metadata, and with it the map of the file: a worker that has copied the
     weights out would otherwise keep every page it read resident."""
     _opened.clear()
 
 
-def _read(path: Path):
+def _read(path: Path, info: os.stat_result) -> "GGUFMetadata":
     from gguf import GGUFReader   # numpy and the package: only for a GGUF model
 
+    from mcpd import gguf_cache, gguf_metadata
+
+    log.info("%s: reading its metadata", path.name)
+    started = time.monotonic()
     try:
-        return GGUFReader(path)
+        metadata = gguf_metadata.from_reader(GGUFReader(path), path)
     except (ValueError, KeyError, IndexError, TypeError, OverflowError, struct.error, OSError) as e:
         # ValueError: bad magic, an unknown type id ("99 is not a valid GGMLQuantizationType"),
         # data past the end (a view that does not fit); KeyError/ValueError: a duplicate name.
         raise BadGGUF(f"not a readable GGUF file ({e})") from None
+    if time.monotonic() - started > SLOW_READ_S:
+        log.info("%s: metadata read in %.1f s", path.name, time.monotonic() - started)
+    gguf_cache.store(metadata, info)
+    return metadata
 
 
-def value(reader, key: str, kind: type, default=None):
+def value(metadata, key: str, kind: type, default=None):
     """Metadata `key` as `kind` (int, float, str, bool or list); default where absent, BadGGUF
     where it has another type."""
-    field = reader.fields.get(key)
-    if field is None:
+    got = metadata.value(key)
+    if got is None:
         return default
-    try:
-        got = field.contents()
-    except (ValueError, IndexError) as e:   # a string that is not UTF-8
-        raise BadGGUF(f"{key}: unreadable ({e})") from None
     if kind is float and type(got) is int:
         got = float(got)
     if type(got) is not kind:
@@ -88,9 +105,9 @@ def value(reader, key: str, kind: type, default=None):
     return got
 
 
-def strings(reader, key: str) -> list[str] | None:
+def strings(metadata, key: str) -> list[str] | None:
     """The string array `key`, or None where absent; BadGGUF where it holds anything else."""
-    got = value(reader, key, list)
+    got = value(metadata, key, list)
     if got is not None and not all(type(s) is str for s in got):
         raise BadGGUF(f"metadata {key}: expected an array of strings")
     return got

@@ -43,44 +43,44 @@ class GGUFTokenizerParts:
     chat_template: str | None
 
 
-def parts(reader, path: Path) -> GGUFTokenizerParts:
-    """The tokenizer of the GGUF file `reader` reads (gguf_file.open_gguf(path)); ValueError naming
+def parts(metadata, path: Path) -> GGUFTokenizerParts:
+    """The tokenizer of the GGUF file `metadata` reads (gguf_file.open_gguf(path)); ValueError naming
     the file where its metadata cannot make one."""
     try:
-        tokenizer, specials = build(reader)
-        template = value(reader, "tokenizer.chat_template", str)
+        tokenizer, specials = build(metadata)
+        template = value(metadata, "tokenizer.chat_template", str)
     except BadGGUF as e:
         raise ValueError(f"{path}: {e}") from None
     eos_ids = {i for i in (specials["eos"], specials["eot"]) if i is not None}
     return GGUFTokenizerParts(tokenizer, _token(specials, "bos"), _token(specials, "eos"), eos_ids, template)
 
 
-def build(reader) -> tuple[Tokenizer, dict]:
+def build(metadata) -> tuple[Tokenizer, dict]:
     """The Tokenizer, and the special token ids the file names (bos, eos, eot, unk, pad: None where
     it names none) with its "tokens"; BadGGUF where the metadata is missing, lies or names a kind
     of tokenizer not built here."""
-    kind = value(reader, "tokenizer.ggml.model", str)
-    tokens = strings(reader, "tokenizer.ggml.tokens")
+    kind = value(metadata, "tokenizer.ggml.model", str)
+    tokens = strings(metadata, "tokenizer.ggml.tokens")
     if not tokens:
         raise BadGGUF("no tokenizer.ggml.tokens")
-    types = value(reader, "tokenizer.ggml.token_type", list, [])
-    merges = strings(reader, "tokenizer.ggml.merges")
+    types = value(metadata, "tokenizer.ggml.token_type", list, [])
+    merges = strings(metadata, "tokenizer.ggml.merges")
     if kind == "gpt2":
-        tokenizer = _byte_level(tokens, merges or [], value(reader, "tokenizer.ggml.pre", str, "default"))
+        tokenizer = _byte_level(tokens, merges or [], value(metadata, "tokenizer.ggml.pre", str, "default"))
     elif kind == "llama":
-        scores = value(reader, "tokenizer.ggml.scores", list)
+        scores = value(metadata, "tokenizer.ggml.scores", list)
         if merges is None and (scores is None or len(scores) != len(tokens)):
             raise BadGGUF("a llama tokenizer needs tokenizer.ggml.merges or one score per token")
-        tokenizer = _sentencepiece(tokens, merges, scores, value(reader, "tokenizer.ggml.add_space_prefix", bool, True))
+        tokenizer = _sentencepiece(tokens, merges, scores, value(metadata, "tokenizer.ggml.add_space_prefix", bool, True))
     else:
         raise BadGGUF(f"tokenizer.ggml.model {kind!r} is not supported (supported: gpt2, llama)")
-    specials = {name: _token_id(reader, f"tokenizer.ggml.{key}_token_id", len(tokens))
+    specials = {name: _token_id(metadata, f"tokenizer.ggml.{key}_token_id", len(tokens))
                 for name, key in (("bos", "bos"), ("eos", "eos"), ("eot", "eot"), ("unk", "unknown"),
                                   ("pad", "padding"))}
     specials["tokens"] = tokens
     _add_special_tokens(tokenizer, tokens, types, specials, byte_level=kind == "gpt2")
-    _add_bos_eos(tokenizer, specials, value(reader, "tokenizer.ggml.add_bos_token", bool, kind == "llama"),
-                 value(reader, "tokenizer.ggml.add_eos_token", bool, False))
+    _add_bos_eos(tokenizer, specials, value(metadata, "tokenizer.ggml.add_bos_token", bool, kind == "llama"),
+                 value(metadata, "tokenizer.ggml.add_eos_token", bool, False))
     return tokenizer, specials
 
 
@@ -157,8 +157,8 @@ def _add_bos_eos(tokenizer: Tokenizer, specials: dict, add_bos: bool, add_eos: b
         single=single, special_tokens=[(t, tokenizer.token_to_id(t)) for t in {bos, eos} - {None}])
 
 
-def _token_id(reader, key: str, count: int) -> int | None:
-    token_id = value(reader, key, int)
+def _token_id(metadata, key: str, count: int) -> int | None:
+    token_id = value(metadata, key, int)
     if token_id is not None and not 0 <= token_id < count:
         raise BadGGUF(f"{key} = {token_id}: not one of the {count} tokens")
     return token_id

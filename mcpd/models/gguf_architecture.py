@@ -46,17 +46,17 @@ def hf_name(name: str) -> str | None:
     return mapped and f"model.layers.{int(layer)}.{mapped}"
 
 
-def llama_args(reader) -> tuple[dict, int, int, str]:
+def llama_args(metadata) -> tuple[dict, int, int, str]:
     """(LlamaArgs' keyword arguments, rope_scaling as Llama3RopeScaling's arguments or None;
     vocabulary size, context length, architecture name); BadGGUF where the file's architecture
     is not one mcpd runs or a value is missing or of the wrong type."""
-    arch = value(reader, "general.architecture", str)
+    arch = value(metadata, "general.architecture", str)
     if arch not in ARCHITECTURES:
         raise BadGGUF(f"architecture {arch!r} is not supported (supported: {', '.join(ARCHITECTURES)})")
-    tensors = {t.name: t for t in reader.tensors}
+    tensors = {t.name: t for t in metadata.tensors}
 
     def key(name, kind=int, default=None):
-        got = value(reader, f"{arch}.{name}", kind, default)
+        got = value(metadata, f"{arch}.{name}", kind, default)
         if got is None:
             raise BadGGUF(f"metadata lacks {arch}.{name}")
         return got
@@ -72,18 +72,18 @@ def llama_args(reader) -> tuple[dict, int, int, str]:
         intermediate_size=key("feed_forward_length"), num_layers=key("block_count"),
         num_heads=heads, num_kv_heads=key("attention.head_count_kv", int, heads), head_dim=head_dim,
         rms_norm_eps=key("attention.layer_norm_rms_epsilon", float), rope_theta=theta,
-        rope_scaling=_llama3_scaling(reader, arch, tensors.get(ROPE_FREQS), head_dim, theta),
+        rope_scaling=_llama3_scaling(metadata, arch, tensors.get(ROPE_FREQS), head_dim, theta),
         qkv_bias=arch == "qwen2", tie_embeddings="output.weight" not in tensors)
     return args, args["vocab_size"], key("context_length"), arch
 
 
-def kept_quantized(reader) -> dict[str, str | tuple[tuple[str, int], ...]]:
+def kept_quantized(metadata) -> dict[str, str | tuple[tuple[str, int], ...]]:
     """The engine's parameter name -> its form (KEPT's) for each matrix kept quantized: its GGUF
     tensors (q, k and v make one matrix, gate and up another) all of types KEPT has. A matrix
     whose pieces' forms differ (a Q4_K_M's Q6_K attn_v beside Q4_K q and k) is kept in parts:
     ((form, rows), ...), each run of pieces of one form in row order (gguf_file.KEPT_QUANTIZED)."""
     pieces: dict[str, list] = {}
-    for tensor in reader.tensors:
+    for tensor in metadata.tensors:
         name = hf_name(tensor.name)
         if name is not None:
             piece = (_piece_order(name), KEPT.get(tensor.tensor_type.name), int(tensor.shape[-1]))
@@ -120,13 +120,13 @@ def fused_name(name: str) -> str:
     return name
 
 
-def check_tensors(reader, args) -> dict[str, str]:
+def check_tensors(metadata, args) -> dict[str, str]:
     """BadGGUF naming the first tensor that is missing, unexpected, of a type not read here, or
     of a shape other than args give it: before the skeleton is built from args. Returns
-    kept_quantized(reader)."""
+    kept_quantized(metadata)."""
     expected = dict(_checkpoint_shapes(args))
     seen = set()
-    for tensor in reader.tensors:
+    for tensor in metadata.tensors:
         name = hf_name(tensor.name)
         if tensor.name == ROPE_FREQS:
             continue
@@ -146,7 +146,7 @@ def check_tensors(reader, args) -> dict[str, str]:
     if missing:
         raise BadGGUF(f"no tensor for {', '.join(missing[:5])}" + (f" and {len(missing) - 5} more"
                                                                    if len(missing) > 5 else ""))
-    return kept_quantized(reader)
+    return kept_quantized(metadata)
 
 
 def _checkpoint_shapes(a):
@@ -171,7 +171,7 @@ def _checkpoint_shapes(a):
             yield f"{layer}mlp.{name}.weight", (rows, columns)
 
 
-def _llama3_scaling(reader, arch: str, freqs, head_dim: int, theta: float) -> tuple | None:
+def _llama3_scaling(metadata, arch: str, freqs, head_dim: int, theta: float) -> tuple | None:
     """Llama3RopeScaling's arguments (factor, low and high frequency factors, original length) for
     Llama 3.1's scaling from the per-frequency divisors llama.cpp's converter stores: the
     largest is the factor; the smoothed ones between fix where the smoothing starts and ends
@@ -182,13 +182,13 @@ def _llama3_scaling(reader, arch: str, freqs, head_dim: int, theta: float) -> tu
         raise BadGGUF(f"{arch}.rope.freq_base {theta!r} is not a finite positive number")
     if freqs.tensor_type.name != "F32" or int(freqs.n_elements) != head_dim // 2:
         raise BadGGUF(f"{ROPE_FREQS}: expected {head_dim // 2} F32 divisors, one per rotary frequency")
-    divisors = [float(d) for d in freqs.data.reshape(-1)]
+    divisors = [float(d) for d in metadata.data(freqs).reshape(-1)]
     if not all(math.isfinite(d) and d >= 1 for d in divisors):
         raise BadGGUF(f"{ROPE_FREQS}: divisors must be finite and >= 1")
     factor = max(divisors)
     if factor == 1:
         return None
-    original = value(reader, f"{arch}.rope.scaling.original_context_length", int, LLAMA3_ORIGINAL_LEN)
+    original = value(metadata, f"{arch}.rope.scaling.original_context_length", int, LLAMA3_ORIGINAL_LEN)
     wavelengths = [2 * math.pi * theta ** (2 * i / head_dim) for i in range(len(divisors))]
     smooth = [(w, (1 / d - 1 / factor) / (1 - 1 / factor)) for w, d in zip(wavelengths, divisors) if 1 < d < factor]
     if len(smooth) >= 2:   # smooth = original / (wavelength * (high - low)) - low / (high - low)

@@ -36,18 +36,18 @@ def load(config: ModelConfig, device: torch.device, kernels: str = "torch", resi
     """kernels, resident: as loader.load_checkpoint."""
     path = Path(config.path)
     model, hf, dtype, vocab_size, model_len = skeleton(config, device)
-    reader = gguf_file.open_gguf(path)
+    metadata = gguf_file.open_gguf(path)
     reason = fill_weights(model, path.name, kernels, resident,
-                          lambda: copy_weights(model, _tensors(reader, model.args, hf, dtype, path), path))
+                          lambda: copy_weights(model, _tensors(metadata, model.args, hf, dtype, path), path))
     tokenizer = HFTokenizer.from_gguf(path, config.content_special_tokens)
     gguf_file.forget()
     return LoadedModel(model, tokenizer, path.name, dtype, vocab_size, min(config.max_model_len, model_len), reason)
 
 
-def _tensors(reader, args: LlamaArgs, hf: dict, dtype: torch.dtype, path: Path) -> Iterator[tuple[str, torch.Tensor]]:
+def _tensors(metadata, args: LlamaArgs, hf: dict, dtype: torch.dtype, path: Path) -> Iterator[tuple[str, torch.Tensor]]:
     kept = hf[gguf_file.KEPT_QUANTIZED]
-    is_kept = {t.name: fused_name(hf_name(t.name) or "") in kept for t in reader.tensors}
-    quantized = [t for t in reader.tensors if t.tensor_type.name not in FLOAT_TYPES]
+    is_kept = {t.name: fused_name(hf_name(t.name) or "") in kept for t in metadata.tensors}
+    quantized = [t for t in metadata.tensors if t.tensor_type.name not in FLOAT_TYPES]
     kept_types = sorted({t.tensor_type.name for t in quantized if is_kept[t.name]})
     dequantized = sorted({t.tensor_type.name for t in quantized if not is_kept[t.name]})
     if kept_types:
@@ -56,12 +56,13 @@ def _tensors(reader, args: LlamaArgs, hf: dict, dtype: torch.dtype, path: Path) 
         log.warning("%s: %s tensors dequantized to %s at load (no kernels read them quantized)",
                     path.name, ", ".join(dequantized), str(dtype).removeprefix("torch."))
     permuted = hf["gguf_architecture"] == "llama"
-    for tensor in reader.tensors:
+    for tensor in metadata.tensors:
         if tensor.name == ROPE_FREQS:   # read into the rope scaling (gguf_architecture.py)
             continue
         name = hf_name(tensor.name)
-        pieces = (gguf_blocks.pieces(tensor.data, tensor.tensor_type.name, int(tensor.shape[-1]))
-                  if is_kept[tensor.name] else {"": _dequantized(tensor)})
+        data = metadata.data(tensor)
+        pieces = (gguf_blocks.pieces(data, tensor.tensor_type.name, int(tensor.shape[-1]))
+                  if is_kept[tensor.name] else {"": _dequantized(tensor, data)})
         for suffix, weights in pieces.items():
             if permuted and (".attn_q." in tensor.name or ".attn_k." in tensor.name):
                 heads = args.num_heads if ".attn_q." in tensor.name else args.num_kv_heads
@@ -69,14 +70,14 @@ def _tensors(reader, args: LlamaArgs, hf: dict, dtype: torch.dtype, path: Path) 
             yield name + suffix, torch.from_numpy(weights)
 
 
-def _dequantized(tensor) -> np.ndarray:
+def _dequantized(tensor, data: np.ndarray) -> np.ndarray:
     """The tensor as float32 (a float one as it is), in its Hugging Face shape (rows first)."""
     from gguf.quants import dequantize
 
     shape = tuple(int(n) for n in reversed(tensor.shape))
     if tensor.tensor_type.name == "F32":
-        return np.array(tensor.data, dtype=np.float32).reshape(shape)   # a copy: the map is read-only
-    return dequantize(tensor.data, tensor.tensor_type).reshape(shape)
+        return np.array(data, dtype=np.float32).reshape(shape)   # a copy: the map is read-only
+    return dequantize(data, tensor.tensor_type).reshape(shape)
 
 
 def _rotate_halves(weights: np.ndarray, heads: int) -> np.ndarray:

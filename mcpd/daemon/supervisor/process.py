@@ -20,7 +20,7 @@ from pathlib import Path
 import zmq
 
 import mcpd
-from mcpd import config as config_module, default_model, refusal, sockets
+from mcpd import config as config_module, default_model, gguf_cache, refusal, sockets
 from mcpd.config import Config, ConfigError
 from mcpd.daemon import channels, log, pool_keeper
 from mcpd.daemon.supervisor.core import SupervisorCore
@@ -156,7 +156,6 @@ class Supervisor:
     # -- start ----------------------------------------------------------------------------------
 
     def prepare(self) -> None:
-        architecture.check_configured(self.config)
         runtime_dir, state_dir = self.config.runtime_dir, self.config.state_dir
         # Its sockets' paths would not fit AF_UNIX: refused here, not by a bind's traceback.
         if len(os.fsencode(runtime_dir)) > sockets.RUNTIME_DIR_MAX_BYTES:
@@ -169,6 +168,8 @@ class Supervisor:
                          "runtime directory (server.runtime_dir)")
         InstanceLock(runtime_dir, "runtime directory", "server.runtime_dir").acquire()
         keep_fork_server_in(runtime_dir)
+        gguf_cache.keep_in(runtime_dir)   # the model's metadata, read here once, for the children
+        architecture.check_configured(self.config)
         make_private_dir(state_dir, PRIVATE_DIR_MODE, "state directory (server.state_dir)")
         InstanceLock(state_dir, "state directory", "server.state_dir").acquire()
         if self.config.cache.enabled:   # after the lock: a stale segment is ours to replace
