@@ -62,15 +62,16 @@ def store(metadata: "GGUFMetadata", info: os.stat_result) -> None:
     if copy is None:
         return
     body = json.dumps(_body(metadata), ensure_ascii=False, separators=(",", ":")).encode()
-    head = {"format": FORMAT, "size": info.st_size, "mtime_ns": info.st_mtime_ns,
-            "header_bytes": metadata.header_bytes, "header_sha256": _header_digest(metadata.path, metadata.header_bytes),
-            "body_sha256": hashlib.sha256(body).hexdigest()}
     scratch = copy.with_name(f".{copy.name}.{os.getpid()}")
     try:
+        head = {"format": FORMAT, "size": info.st_size, "mtime_ns": info.st_mtime_ns,
+                "header_bytes": metadata.header_bytes,
+                "header_sha256": _header_digest(metadata.path, metadata.header_bytes),
+                "body_sha256": hashlib.sha256(body).hexdigest()}
         with os.fdopen(open_private_file(scratch, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "wb") as f:
             f.write(json.dumps(head).encode() + b"\n" + body)
         os.replace(scratch, copy)   # whole or not at all, for a process reading it now
-    except (OSError, UnsafePath) as e:
+    except (OSError, UnsafePath, Unusable) as e:   # Unusable: the file shrank since it was read
         scratch.unlink(missing_ok=True)
         log.warning("%s: its metadata cannot be kept in %s (%s)", metadata.path.name, copy, e)
 
