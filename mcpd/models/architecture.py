@@ -217,9 +217,8 @@ def _check_sizes(args: ModelArgs, model_len, config_path: Path) -> None:
 
 
 def check_configured(config: Config) -> None:
-    """ConfigError where the model, or any version of [models] (loaded or not), is one mcpd cannot
-    run. The supervisor asks at start and on reload: found there it stops the start (exit 2) or
-    keeps the running config; found by a worker it would fail and restart every 30 s."""
+    """ConfigError where the model, or any version of [models] (loaded or not), is one mcpd cannot run. The
+    supervisor asks at start and on reload (exit 2, or the running config kept), not each worker at every restart."""
     named = ([(f"models.{m}.versions.{v}", c) for m, e in config.models.items() for v, c in e.versions.items()]
              if config.models else [("model", config.model)])
     for key, model in named:
@@ -229,13 +228,12 @@ def check_configured(config: Config) -> None:
                 _check_gguf_tokenizer(Path(model.path))
         except UnsupportedModel as e:
             raise ConfigError(f"{key}: {e}") from None
-        finally:
-            gguf_file.forget()   # the supervisor keeps no file's metadata: the children take it from the runtime dir
+        finally:   # the supervisor keeps no file's metadata in memory: the children take it from the runtime dir
+            gguf_file.forget()
 
 
 def _check_gguf_tokenizer(path: Path) -> None:
-    """A GGUF's tokenizer is built from its metadata by the scheduler and every worker: one it
-    cannot build is refused here, once, rather than by each of them at every restart."""
+    """A GGUF's tokenizer the scheduler and workers could not build: refused here, once, not at each restart."""
     from mcpd import gguf_tokenizer
 
     try:
