@@ -1,7 +1,8 @@
 """Tracing on a real daemon (127.0.0.1) with the file exporter: each request one trace across the
 front-end, scheduler and worker processes, with the right parents, under a client's traceparent
 from a ZeroMQ header or an HTTP header, a malformed one ignored; with tracing off, no file. And
-the OTLP exporter, to a receiver on loopback.
+the OTLP exporter, to a receiver on loopback. An infer on a handler model is traced the same way,
+with its wait in the batcher, its batch and its predict on the worker.
 
 The traffic runs once (module fixture), then the daemon stops, which exports what each process
 still held; the tests read the spans it wrote. Each scenario runs as a tenant of its own, and
@@ -11,7 +12,9 @@ import json
 import threading
 import urllib.request
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import pytest
 
 from mcpd.testing import free_port
@@ -178,6 +181,54 @@ def test_every_span_is_exported_once(traced):
     for span in traced:
         by_trace[span["trace_id"]].append(span)
     assert all(sum(s["name"] == "mcpd.request" for s in spans) == 1 for spans in by_trace.values())
+
+
+EVERY_INFER_SPAN = (EVERY_REQUEST_SPAN - {"worker.generate", "worker.prefill", "worker.decode"}
+                    | {"worker.infer", "worker.queue", "worker.batch", "worker.predict"})
+SCORER = "mcpd.handlers.examples.risk_scorer:RiskScorer"
+
+
+def features(rows: int) -> np.ndarray:
+    return np.ones((rows, 256), np.float32)
+
+
+@pytest.fixture(scope="module")
+def traced_infers(module_daemon, tmp_path_factory):
+    """The spans of infers on a handler model whose batches go out only when full (2 rows): one
+    request of 2 rows, and two of 1 row each, sent at once, which make one batch."""
+    path = tmp_path_factory.mktemp("tracing") / "spans.jsonl"
+    daemon = module_daemon(tracing={"enabled": True, "exporter": "file", "path": str(path)}, pool={"shared": False},
+                           **{"models.risk": {}, "models.risk.versions.v1": {"handler": SCORER},
+                              "models.risk.versions.v1.batching": {"max_batch_size": 2, "max_queue_delay_ms": 10_000.0}})
+    with daemon.client(tenant="infer") as client:
+        assert client.infer("risk", {"features": features(2)}).outputs["score"].shape == (2,)
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(lambda tenant: daemon.client(tenant=tenant).infer("risk", {"features": features(1)}),
+                      ["batched-a", "batched-b"]))
+    daemon.stop()
+    return read_spans(path)
+
+
+def test_an_infer_is_one_trace_with_its_queue_batch_and_predict_on_the_worker(traced_infers):
+    trace = trace_of(traced_infers, "infer", "infer")
+    assert EVERY_INFER_SPAN <= {s["name"] for s in trace}
+    root, infer = one(trace, "mcpd.request"), one(trace, "worker.infer")
+    queue, batch, predict = one(trace, "worker.queue"), one(trace, "worker.batch"), one(trace, "worker.predict")
+    for span in trace:
+        if span in (queue, batch, predict):
+            assert span["parent_span_id"] == infer["span_id"] and within(span, infer)
+        elif span is not root:
+            assert span["parent_span_id"] == root["span_id"], span["name"]
+            assert span["resource"]["mcpd.process"] == recorder(span["name"])
+    assert queue["end_ns"] <= batch["start_ns"] <= batch["end_ns"] <= predict["start_ns"]
+    assert predict["attributes"] == {"mcpd.batch_requests": 1, "mcpd.batch_rows": 2}
+
+
+def test_requests_batched_together_share_the_batchs_spans_each_in_its_own_trace(traced_infers):
+    predicts = [one(trace_of(traced_infers, tenant, "infer"), "worker.predict") for tenant in ("batched-a", "batched-b")]
+    assert predicts[0]["trace_id"] != predicts[1]["trace_id"]
+    assert all(p["attributes"] == {"mcpd.batch_requests": 2, "mcpd.batch_rows": 2} for p in predicts)
+    assert predicts[0]["start_ns"] == predicts[1]["start_ns"] and predicts[0]["end_ns"] == predicts[1]["end_ns"]
 
 
 def test_tracing_off_writes_nothing(fresh_daemon, tmp_path):

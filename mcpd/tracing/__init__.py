@@ -16,12 +16,14 @@ import importlib
 
 from mcpd.config import Config
 
-_RECORDERS = {"frontend": "FrontendSpans", "scheduler": "SchedulerSpans", "worker": "WorkerSpans"}
+_RECORDERS = {"frontend": "FrontendSpans", "scheduler": "SchedulerSpans", "worker": "WorkerSpans",
+              "handler": "HandlerSpans"}
 
 
 def start(config: Config, role: str, name: str | None = None):
-    """The span recorder of this process (`role`: frontend, scheduler or worker; `name`: the
-    process as its spans' resource names it, default the role), or None with tracing off."""
+    """The span recorder of this process (`role`: frontend, scheduler, worker or handler, a
+    handler model's worker; `name`: the process as its spans' resource names it, default the
+    role), or None with tracing off."""
     if not config.tracing.enabled:
         return None
     from mcpd.tracing.provider import Provider

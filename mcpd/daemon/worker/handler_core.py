@@ -26,6 +26,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from mcpd import tracing
 from mcpd.config import Config
 from mcpd.cpu import threads
 from mcpd.daemon import channels, messages
@@ -96,7 +97,7 @@ class HandlerCore:
         self.alone: deque[InferRequest] = deque()   # a failed batch's requests, to run one at a time
         self.done = DoneNotes(clock)   # rids answered since the last Done note to the scheduler
         self.batches = self.rows = self.padded = self.padded_of = 0
-        self.tracing = None   # handler requests make no spans; worker/process.py asks either core
+        self.tracing = tracing.start(config, "handler", f"worker{index}")   # None with tracing off
         self.cache = ResultCache(version.cache.max_bytes) if version.cache.max_bytes else None
         if version.cache.warmup:
             self._warm(version.cache.warmup)
@@ -144,6 +145,8 @@ class HandlerCore:
         if isinstance(dispatch.args, PingArgs):
             return self._final(dispatch.rid, wire.ok_reply(dispatch.request_id, {"pong": True, "worker": self.index}),
                                work=False)
+        if self.tracing is not None:
+            self.tracing.started(dispatch)
         try:
             request = self._accept(dispatch, dispatch.args, payload)
         except MCPDError as e:
@@ -156,6 +159,8 @@ class HandlerCore:
         self.live[dispatch.rid] = request
         length = batch_tensors.length_of(request.inputs, self.handler.inputs)
         self.batcher.add(Pending(dispatch.rid, request.rows, length, dispatch.rank, self.clock(), request))
+        if self.tracing is not None:
+            self.tracing.queued(dispatch.rid)
 
     def _accept(self, dispatch: messages.Dispatch, args: InferArgs, payload: list[bytes]) -> InferRequest | None:
         """The request's inputs decoded, checked against the handler's and preprocessed; None
@@ -235,6 +240,7 @@ class HandlerCore:
             self._start([pending.item for pending in batch])
 
     def _start(self, requests: list[InferRequest]) -> None:
+        started = time.monotonic()
         batch, padded, of = batch_tensors.assemble([r.inputs for r in requests], self.handler.inputs)
         self.padded, self.padded_of = self.padded + padded, self.padded_of + of
         self.batches += 1
@@ -242,6 +248,8 @@ class HandlerCore:
         future = self.predictor.submit(self.handler.predict, batch)
         future.add_done_callback(self._wake)
         self.running = Running(future, requests, self.clock())
+        if self.tracing is not None:
+            self.tracing.batch_started([r.rid for r in requests], started, sum(r.rows for r in requests))
 
     def _wake(self, _future: Future) -> None:
         os.eventfd_write(self.wake_fd, 1)
@@ -253,6 +261,8 @@ class HandlerCore:
             pass
 
     def _finish(self, running: Running) -> None:
+        if self.tracing is not None:
+            self.tracing.batch_ended([r.rid for r in running.requests])
         try:
             parts = batch_tensors.split(running.future.result(), [r.rows for r in running.requests])
         except MCPDError as e:
@@ -344,7 +354,11 @@ class HandlerCore:
     def _final(self, rid: int, header: bytes, code: str | None = None, frames: list[bytes] = (),
                work: bool = True) -> None:
         """`work`: a request that counts as work (done_notes.py)."""
-        self.ports.to_frontend(messages.encode(messages.Final(rid, code), header, *frames))
+        sent = None
+        if self.tracing is not None:   # and the moment it is sent, for the hop's span
+            self.tracing.ended(rid, code)
+            sent = time.monotonic()
+        self.ports.to_frontend(messages.encode(messages.Final(rid, code, sent), header, *frames))
         self.done.add(rid, work)
 
     def flush_done(self) -> None:

@@ -72,8 +72,8 @@ class Worker:
         else:
             self.engine = self._load_engine(device)
             self.core = WorkerCore(config, index, self.engine, self.log, self.sockets, serves=serves)
-            if self.core.tracing is not None:   # a stop is a SIGTERM: export the spans held first
-                child.exit_on_sigterm(self.core.tracing.close)
+        if self.core.tracing is not None:   # a stop is a SIGTERM: export the spans held first
+            child.exit_on_sigterm(self.core.tracing.close)
         self.welcomed = False
 
     def _prepare_torch(self, device: str) -> None:
