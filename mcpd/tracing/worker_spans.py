@@ -1,18 +1,15 @@
 """The worker's spans of a traced generate: the whole of it on the worker, and under that each
 prefill chunk and each decode stretch. A stretch is a run of decode steps, closed by a prefill
 (the sequence was preempted and is recomputed), by the request's end, or after STRETCH_S: a span
-per token would cost more than the token on a small model, and say less.
-
-While a request runs only its moments are noted; its spans are made once its final reply has
-left the worker (export(), after the loop's sends), so no reply waits on tracing."""
+per token would cost more than the token on a small model, and say less. Made after the reply,
+as traced_requests.py says."""
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
 
 from mcpd.daemon.messages import Dispatch
-from mcpd.tracing import traceparent
-from mcpd.tracing.spans import Spans
+from mcpd.tracing.traced_requests import TracedRequests
 
 STRETCH_S = 1.0
 
@@ -40,12 +37,7 @@ class Traced:
     code: str | None = None
 
 
-class WorkerSpans:
-    def __init__(self, spans: Spans):
-        self.spans = spans
-        self.traced: dict[int, Traced] = {}
-        self.finished: list[Traced] = []
-
+class WorkerSpans(TracedRequests):
     def started(self, dispatch: Dispatch, prompt_tokens: int) -> None:
         if dispatch.trace is not None:
             self.traced[dispatch.rid] = Traced(dispatch.trace, dispatch.rid, prompt_tokens, time.monotonic(),
@@ -74,30 +66,10 @@ class WorkerSpans:
                 traced.prefills.append((started, ended, count))
         return outputs
 
-    def ended(self, rid: int, code: str | None = None) -> None:
-        traced = self.traced.pop(rid, None)
-        if traced is not None:
-            traced.end, traced.code = time.monotonic(), code
-            self.finished.append(traced)
-
-    def export(self) -> None:
-        """The spans of the requests that ended since the last call."""
-        for traced in self.finished:
-            self._export(traced)
-        self.finished = []
-
-    def close(self) -> None:
-        self.export()
-        self.spans.close()
-
     def _export(self, traced: Traced) -> None:
-        spans, root = self.spans, traceparent.parse(traced.parent)
-        generate = spans.child_of(root)
-        if traced.sent is not None:
-            spans.record("hop.to_worker", spans.child_of(root), root.span_id, traced.sent, traced.start,
-                         {"mcpd.from": "scheduler"})
-        spans.record("worker.generate", generate, root.span_id, traced.start, traced.end,
-                     {"mcpd.rid": traced.rid, "mcpd.prompt_tokens": traced.prompt_tokens}, traced.code)
+        spans = self.spans
+        generate = self._request_span(traced, "worker.generate",
+                                      {"mcpd.rid": traced.rid, "mcpd.prompt_tokens": traced.prompt_tokens})
         for start, end, tokens in traced.prefills:
             spans.record("worker.prefill", spans.child_of(generate), generate.span_id, start, end,
                          {"mcpd.tokens": tokens})
