@@ -14,7 +14,7 @@ from __future__ import annotations
 from mcpd.config import PriorityClass, SchedulerConfig
 from mcpd.daemon import messages
 
-MIN_LATE = 16   # fewer late in a row say the scheduler was descheduled a moment, not that a backlog waits
+MIN_LATE = 64   # fewer late in a row may be one burst met by a scheduler descheduled a moment, not a backlog
 LEASE_S = 1.0
 
 
