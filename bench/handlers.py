@@ -60,6 +60,7 @@ from mcpd.client import Client
 from mcpd.handlers.handler import load_handler
 from peerkit import checkpoints, handler_servers, servers
 from peerkit.batching_ceiling import batching_ceiling
+from peerkit.burst_stages import BurstStages
 from peerkit.handler_runner import HandlerRunner
 from peerkit.handler_targets import DEADLINE_MS, HttpV2, McpdZmq, TensorInputs
 from peerkit.client_processes import ClientProcesses
@@ -207,10 +208,12 @@ async def priority_burst(server: handler_servers.McpdServer, name: str, inputs: 
         await processes.closed_loop(CAPACITY_CLIENTS, WARM_UP_S, pick, seed=98)
         capacity = await processes.closed_loop(CAPACITY_CLIENTS, sizes.capacity_s, pick, seed=99)
         idle, idle_cpu_s = await processes.open_loop(0.2 * capacity, sizes.burst_s, pick, seed=7, high_frac=1.0)
+        stages = BurstStages(server.daemon)
+        stages.start()
         started = time.perf_counter()
         burst, burst_cpu_s = await processes.open_loop(2.0 * capacity, sizes.burst_s, pick, seed=8, high_frac=0.1)
         answered_s = time.perf_counter() - started
-    scheduler = server.daemon.status().get("scheduler", {})
+        stage_figures = stages.figures()
     counts: dict[str, dict[str, int]] = {}
     for outcome in burst:
         by_class = counts.setdefault(outcome.priority, {})
@@ -218,7 +221,8 @@ async def priority_burst(server: handler_servers.McpdServer, name: str, inputs: 
     return {"capacity_rps": round(capacity, 1), "clients": clients,
             "idle_high_p99_ms": round(p99_ms(idle, "high"), 2), "burst_high_p99_ms": round(p99_ms(burst, "high"), 2),
             "burst_high_p99_from_send_ms": round(p99_ms(from_send(burst), "high"), 2),
-            "scheduler_high_queue_p99_ms": scheduler.get("classes", {}).get("high", {}).get("queue_p99_ms"),
+            "scheduler_high_queue_p99_ms": stage_figures["scheduler_queue_p99_ms"].get("high"),
+            "stages": stage_figures,
             "idle": generator_figures(idle, sizes.burst_s, idle_cpu_s),
             "generator": generator_figures(burst, sizes.burst_s, burst_cpu_s),
             "burst_s": sizes.burst_s, "last_answer_s": round(answered_s, 1),

@@ -193,3 +193,22 @@ def test_the_status_report_lists_the_oldest_requests_in_flight_by_the_clock(core
 def test_a_flushed_note_is_passed_on_to_the_scheduler(core):
     core.on_scheduler(messages.Flushed(2), [])
     assert [m for m, _ in core.ports.scheduler] == [messages.Flushed(2)]
+
+
+def test_a_shed_class_is_refused_at_the_door_unforwarded_for_its_lease_and_other_work_passes(core):
+    core.on_scheduler(messages.Shed(["low"], 250, 1000), [])
+    generate(core, CLIENT, 1, priority="low")
+    generate(core, CLIENT, 2, priority="high")
+    generate(core, CLIENT, 3)   # the default class, normal
+    send(core, CLIENT, "ping", 4, {}, priority="low")   # only generate and infer are shed
+    assert [(header["id"], header["code"], header["retry_after_ms"]) for _, header in replies(core)] == \
+        [(1, codes.OVERLOADED, 250)]
+    assert [m.request_id for m in admitted(core)] == [2, 3, 4]
+    assert all(m.received == core.clock.now for m in admitted(core))   # the scheduler's measure of the wait
+    core.clock.now += 1.0   # the lease ran out, not renewed
+    generate(core, CLIENT, 5, priority="low")
+    assert [m.request_id for m in admitted(core)] == [2, 3, 4, 5]
+    core.on_scheduler(messages.Shed(["low"], 250, 1000), [])
+    core.on_scheduler(messages.SchedulerLost(), [])   # a restarted scheduler starts with nothing shed
+    generate(core, CLIENT, 6, priority="low")
+    assert [m.request_id for m in admitted(core)][-1] == 6

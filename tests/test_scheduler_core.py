@@ -11,6 +11,7 @@ from mcpd.config import from_dict
 from mcpd.daemon import messages
 from mcpd.daemon.child_stats import WorkerStats
 from mcpd.daemon.scheduler.core import Scheduler
+from mcpd.daemon.scheduler.edge_shedding import LEASE_S, MIN_LATE
 from mcpd.protocol import codes
 from mcpd.protocol.args import ContextOpenArgs, GenerateArgs, PingArgs
 from mcpd.protocol.control_args import ContextListing, ContextRef
@@ -287,3 +288,37 @@ def test_pings_in_flight_leave_the_worker_idle_for_the_window():
     core.on_inbox(request(2, GenerateArgs(prompt="second", sampling=SamplingParams(max_tokens=1))))
     core.tick()
     assert [d.rid for d in dispatched(core)] == [1, 2]
+
+
+def arrival(rid: int, priority: str, received: float) -> list[bytes]:
+    """A request the front-end read at `received` (the scheduler's clock: both are CLOCK_MONOTONIC)."""
+    return messages.encode(messages.Request(rid, rid, "t", priority, None, PingArgs(), received=received))
+
+
+def refused(core) -> dict[int, str]:
+    return {rid: reply["code"] for rid, reply in core.ports.finals().items()}
+
+
+def test_a_backlog_on_the_way_to_the_scheduler_sheds_low_here_and_at_the_front_end_and_never_high(core):
+    """The wait is the front-end's stamp to this read: MIN_LATE requests in a row that waited past
+    shed_wait_ms are a backlog, and every low behind them is refused while high still queues."""
+    late = core.clock.now - 2 * core.config.scheduler.shed_wait_ms / 1000
+    first = MIN_LATE
+    for rid in range(first):   # one late fewer than MIN_LATE, then one on time: a scheduler descheduled a moment
+        core.on_inbox(arrival(rid, "low", core.clock.now if rid == first - 1 else late))
+    core.tick()
+    assert refused(core) == {} and core.ports.frontend == []
+    found = first + MIN_LATE - 1   # MIN_LATE late in a row: a backlog, found on the last, shed at once
+    for rid in range(first, found + 1):
+        core.on_inbox(arrival(rid, "low", late))
+    core.on_inbox(arrival(100, "high", late))
+    core.on_inbox(arrival(101, "low", core.clock.now))   # fresh, but behind the backlog: shed all the same
+    core.tick()
+    assert refused(core) == {found: codes.OVERLOADED, 101: codes.OVERLOADED}
+    assert [m for m, _ in core.ports.frontend if isinstance(m, messages.Shed)] == \
+        [messages.Shed(["low"], core.config.scheduler.overloaded_retry_ms, round(LEASE_S * 1000))]
+    assert core.queue.depth("high") == 1 and core.queue.depth("low") == found
+    assert core.stats()["edge_shed"] == {"active": True, "entered": 1}
+    core.clock.now += LEASE_S   # no backlog since: the lease ends by itself
+    core.on_inbox(arrival(102, "low", core.clock.now))
+    assert 102 not in refused(core) and core.stats()["edge_shed"]["active"] is False

@@ -78,6 +78,7 @@ class SchedulerConfig:
     window_smoothing: float = 0.2      # weight of each new adjustment (EWMA): lower is steadier
     degrade_queue_depth: int = 256     # overload: at least this many requests waiting
     degrade_after_s: float = 5.0       # overload this long: cap max_tokens; twice as long: shed
+    shed_wait_ms: float = 10.0         # requests waited this long to reach the scheduler: shed classes refused at the edge; 0 = never
     tenant_headroom: int = 4           # a worker's last free slots kept for tenants running fewer there
     classes: dict[str, PriorityClass] = field(default_factory=_default_classes)
     tenants: dict[str, TenantShare] = field(default_factory=dict)
@@ -92,7 +93,7 @@ class SchedulerConfig:
             if getattr(self, key) < 1:
                 raise ConfigError(f"scheduler.{key} = {getattr(self, key)}: must be >= 1")
         for key in ("tenant_headroom", "overloaded_retry_ms", "window_target_p99_ms", "window_min_ms",
-                    "degrade_after_s"):
+                    "degrade_after_s", "shed_wait_ms"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"scheduler.{key} = {getattr(self, key)}: must be >= 0")
         if self.window_max_ms < self.window_min_ms:

@@ -37,6 +37,7 @@ class SchedulerStats(msgspec.Struct, frozen=True, kw_only=True, tag="scheduler")
     policy: str = ""
     degradation_level: int = 0
     fast_rung: dict = {}            # FastRung.describe(): classes routed to fast versions now
+    edge_shed: dict = {}            # EdgeShedding.describe(): shed classes refused at the front-end now
     classes: dict = {}              # {class: {queued, max_queue, window_ms, queue_p99_ms}}
     errors: dict = {}               # {class: {code: count}}, the errors the scheduler decided
     contexts: dict = {}             # ContextService.stats(): contexts, bytes

@@ -15,6 +15,7 @@ token ids, a reply header for a client. Where the frames go is channels.py's map
     worker → front-end      Chunk, Final (+ the reply header for the client, *payload)   Flushed
     front-end → scheduler   Flushed (passed on once the worker's replies before it were relayed)
     scheduler → front-end   Final (+ reply header, *payload)   Members (the cluster's, at each stats report)
+                            Shed (classes to refuse at the edge, for a lease)
     supervisor → front-end  Drain  SchedulerLost  Resume  (no body)   Reload
     every child → supervisor  Ready  Report (its typed stats: child_stats.py)  Drained  Refused
                             AdminAnswer (the scheduler's, to Admin)  Reloaded (each process's, to Reload)
@@ -57,6 +58,7 @@ class Request(Message):
     args: ANY_ARGS
     trace: str | None = None   # the traceparent of its root span, when traced (mcpd/tracing/)
     sent: float | None = None   # when its sender sent it (time.monotonic()), for a traced request's hop span
+    received: float | None = None   # when the front-end read it (time.monotonic()): its wait on the way (edge_shedding.py)
 
 
 class Cancel(Message):
@@ -184,6 +186,16 @@ class Members(Message):
     queued: dict[str, int]   # the nodes' queued requests: others' as they last reported, this one's now
 
 
+class Shed(Message):
+    """Refuse new generate and infer requests of these classes at the front-end, OVERLOADED with
+    retry_after_ms, without forwarding them, for lease_ms (scheduler/edge_shedding.py decides,
+    frontend/shed_table.py refuses): a scheduler that stops renewing it cannot leave a class shed."""
+    TAG = b"SHED"
+    classes: list[str]
+    retry_after_ms: int
+    lease_ms: int
+
+
 class Drain(Message):
     TAG = b"DRAIN"
 
@@ -262,7 +274,7 @@ class Reloaded(Event):
 _ENCODER = msgspec.msgpack.Encoder()
 _DECODERS = {kind.TAG: (kind, msgspec.msgpack.Decoder(kind)) for kind in (
     Request, Cancel, WorkerLost, Dispatch, Hello, Welcome, Flush, Flushed, Started, Done, Stats, Failed, Chunk,
-    Final, TurnResult, Members,
+    Final, TurnResult, Members, Shed,
     Drain, SchedulerLost, Resume, Admin, Reload, Ready, Report, Drained, Refused, AdminAnswer, Reloaded)}
 
 

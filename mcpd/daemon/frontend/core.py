@@ -33,6 +33,7 @@ from mcpd.daemon.frontend.gate import stamp
 from mcpd.daemon.frontend.latency import LatencyWindow
 from mcpd.daemon.frontend.request_labels import RequestLabels
 from mcpd.daemon.frontend.request_metrics import RequestMetrics
+from mcpd.daemon.frontend.shed_table import ShedTable
 from mcpd.http.frontend_link import LOCAL_CALLER
 from mcpd.protocol import codes, infer_args, ops, wire
 from mcpd.protocol.codes import MCPDError
@@ -90,6 +91,7 @@ class FrontEndCore:
         self.latency = LatencyWindow()
         self.metrics = RequestMetrics()
         self.labels = RequestLabels(config)
+        self.shed = ShedTable()   # classes the scheduler asked to refuse here
         self.tracing = tracing.start(config, "frontend")   # None with tracing off
         self.peer_tenants = frozenset(config.cluster.peer_tenants)
         self.forwarding = _forwarding(config, ports.peers) if ports.peers is not None else None
@@ -124,6 +126,8 @@ class FrontEndCore:
     def _admit(self, identity: bytes | object, request: wire.Request) -> None:
         started = self.clock()
         try:
+            if self.shed.classes:   # before the arguments' checks: a flood's refusal must be cheap
+                self.shed.check(request.op, self.labels.class_of(request.header.get("priority")), started)
             args = ops.validate_args(request.op, request.header["args"], self.limits)
             if request.op == "infer":
                 infer_args.check_frames(args, len(request.payload))
@@ -141,7 +145,7 @@ class FrontEndCore:
                                     tenant, getattr(args, "model", None))
         self.rid_of[(identity, request.request_id)] = rid
         admitted = messages.Request(rid, request.request_id, tenant, header.get("priority"),
-                                    header.get("timeout_ms"), args)
+                                    header.get("timeout_ms"), args, received=started)
         if self.tracing is not None:
             admitted = self.tracing.admitted(admitted, header.get("traceparent"), started)
         self.metrics.started(rid, request.op, self.labels.class_of(admitted.priority), admitted.tenant,
@@ -214,7 +218,10 @@ class FrontEndCore:
         if isinstance(message, messages.Drain):
             self.draining = True
             return self.log.info("draining: no new work admitted, %d request(s) in flight", len(self.pending))
+        if isinstance(message, messages.Shed):
+            return self.shed.update(message, self.clock())
         if isinstance(message, messages.SchedulerLost):
+            self.shed.clear()
             away = self.forwarding.away if self.forwarding is not None else {}
             for rid in [rid for rid in self.pending if rid not in away]:   # those at their owner go on there
                 self._finish_with_error(rid, codes.UNAVAILABLE, "the scheduler restarted; the request was lost, retry it")

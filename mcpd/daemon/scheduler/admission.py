@@ -1,7 +1,7 @@
 """Admission control: which class a request belongs to, and whether it may wait for a worker.
 
 Checks, cheapest and most final first: the class exists (BAD_REQUEST naming the known ones);
-the degradation ladder is not shedding the class; the global in-flight cap; the global and the
+neither the degradation ladder nor edge shedding (edge_shedding.py) sheds the class; the global in-flight cap; the global and the
 class's queue limits (all OVERLOADED with retry_after_ms); then the client's token bucket
 (RATE_LIMITED with retry_after_ms), last, so that a request refused for capacity costs the client
 no token. A request is refused at once, never dropped silently. Admission also stamps the job
@@ -27,6 +27,7 @@ import msgspec
 from mcpd.config import SchedulerConfig
 from mcpd.daemon.scheduler.class_queues import ClassQueues
 from mcpd.daemon.scheduler.degradation import DegradationLadder
+from mcpd.daemon.scheduler.edge_shedding import EdgeShedding
 from mcpd.daemon.scheduler.fast_rung import FastRung
 from mcpd.daemon.scheduler.job import Job
 from mcpd.daemon.scheduler.rate_limiter import RateLimiter
@@ -42,6 +43,7 @@ class Admission:
         self.rate_limiter = RateLimiter(config.classes)
         self.ladder = DegradationLadder(config.degrade_queue_depth, config.degrade_after_s)
         self.fast = FastRung()
+        self.edge = EdgeShedding()
         self.tenants = TenantShares(config)
         self.configure(config)
 
@@ -75,6 +77,9 @@ class Admission:
         retry = self.config.overloaded_retry_ms
         if self.ladder.sheds(cls, now):
             raise MCPDError(codes.OVERLOADED, f"overloaded: class {job.class_name!r} is shed for now", retry)
+        if self.edge.sheds(cls, now):
+            raise MCPDError(codes.OVERLOADED, f"overloaded: class {job.class_name!r} is shed for now "
+                            "(requests wait on their way to the scheduler)", retry)
         self.tenants.check_queue(job.client, queues.waiting.get(job.client, 0))
         if queues.depth(job.class_name) >= cls.max_queue:
             return self._displace_biggest(job, queues, f"queue of class {job.class_name!r} is full "

@@ -140,11 +140,15 @@ class Scheduler:
                               sched.window_smoothing)
 
     def tick(self) -> None:
-        """After every wake-up: answer or cancel what passed its deadline, then dispatch; in a
-        cluster on the journal alone, write what Redis missed once it answers again."""
+        """After every wake-up: answer or cancel what passed its deadline, then dispatch, then tell
+        the front-end to shed at the edge if the read found a backlog; in a cluster on the journal
+        alone, write what Redis missed once it answers again."""
         now = self.clock()
         self._expire(now)
         dispatch_waiting(self, now)
+        shed = self.admission.edge.look(self.config.scheduler)
+        if shed is not None:
+            self.ports.to_frontend(messages.encode(shed))
         if self.unloading:
             model_versions.finish_unloads(self)
         self.contexts.catch_up(now)
@@ -180,6 +184,9 @@ class Scheduler:
     def on_inbox(self, frames: list[bytes]) -> None:
         message, payload = messages.decode(frames)
         if isinstance(message, messages.Request):
+            if message.received is not None:
+                now = self.clock()
+                self.admission.edge.arrived(now - message.received, self.config.scheduler.shed_wait_ms, now)
             self._enqueue(Job(message.rid, message, payload))
         elif isinstance(message, messages.Cancel):
             self._cancel(message.rid, message.code)

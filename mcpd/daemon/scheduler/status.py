@@ -39,7 +39,7 @@ def stats(scheduler) -> dict:
     depths = scheduler.queue.depths()
     return {"queue_depth": len(scheduler.queue), "dispatched": scheduler.dispatched, "inflight": len(scheduler.jobs),
             "policy": scheduler.config.scheduler.policy, "degradation_level": scheduler.admission.ladder.level(now),
-            "fast_rung": scheduler.admission.fast.describe(),
+            "fast_rung": scheduler.admission.fast.describe(), "edge_shed": scheduler.admission.edge.describe(now),
             "classes": {name: {"queued": depths.get(name, 0), "max_queue": _max_queue(scheduler, name),
                                "window_ms": round(w.window_ms, 3), "queue_p99_ms": round(w.p99_ms(), 3)}
                         for name, w in scheduler.windows.items()},

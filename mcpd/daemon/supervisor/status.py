@@ -41,7 +41,8 @@ def build_status(supervisor) -> dict:
         # Per priority class: queued, max_queue, batching window_ms, queue_p99_ms; errors the scheduler
         # decided, by class then code; the degradation ladder's step (0 none, 1 cap, 2 shed).
         "scheduler": {"policy": scheduler.policy, "classes": scheduler.classes, "errors": scheduler.errors,
-                      "degradation_level": scheduler.degradation_level, "fast_rung": scheduler.fast_rung},
+                      "degradation_level": scheduler.degradation_level, "fast_rung": scheduler.fast_rung,
+                      "edge_shed": scheduler.edge_shed},
         "models": _models(scheduler.models, workers),
         # This node, the live nodes it last saw and where it routed contexts' requests; {} when [cluster] is off.
         "cluster": {**scheduler.cluster, **frontend.cluster},
