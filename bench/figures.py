@@ -94,6 +94,7 @@ TARGETS = [
     ("handlers", "handler_risk_rps_ratio_vs_best_peer", ">=", 1.5),
     ("handlers", "handler_text_rps_ratio_vs_best_peer", ">=", 1.5),
     ("handlers", "batching_speedup", ">=", 5),
+    ("handlers", "batching_ceiling_frac", ">=", 0.9),
     ("handlers", "handler_high_p99_ratio", "<=", 2),
     ("handlers", "handler_unanswered", "==", 0),
     ("handlers", "cache_hit_rate", ">=", 0.9),

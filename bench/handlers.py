@@ -25,6 +25,9 @@ closed-loop capacity; a rate is held when every request is answered ok and the p
   batching_ceiling_<model>   the model's own gain from batching on this CPU, in this process:
                       predict()'s time per row at batch 1 over at max_batch_size (peerkit/
                       batching_ceiling.py); batching_speedup_<model> cannot pass it
+  batching_ceiling_frac   batching_speedup over its model's batching_ceiling: what the daemon keeps
+                      of the model's own gain. The CPU's target; batching_speedup's >= 5 needs a
+                      device where a batch costs about what a row does (a GPU)
   handler_high_p99_ratio   risk scorer, 10% `high` / 90% `low` at 2x the closed-loop capacity:
                       high's p99 over its p99 alone at 0.2x; handler_unanswered must be 0. All
                       three offered by --burst-clients processes; generator_lag_p99_ms says how
@@ -312,6 +315,7 @@ def figures_of(measured: dict) -> dict:
                                                 systems.get("mcpd-unbatched", {}).get("rps"))
         out[f"batching_ceiling_{name}"] = systems.get("model-alone", {}).get("ceiling")
     out["batching_speedup"] = out[f"batching_speedup_{BATCHING_MODEL}"]
+    out["batching_ceiling_frac"] = ratio(out["batching_speedup"], out[f"batching_ceiling_{BATCHING_MODEL}"])
     burst = measured.get("burst", {})
     out["handler_high_p99_ratio"] = ratio(burst.get("burst_high_p99_ms"), burst.get("idle_high_p99_ms"), 3)
     out["handler_unanswered"] = burst.get("unanswered")

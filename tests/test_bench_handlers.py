@@ -60,12 +60,15 @@ def test_a_peers_batch_answers_each_request_as_the_handler_alone_does():
 def test_ratios_point_to_mcpd_leading_and_are_null_for_what_did_not_run():
     measured = {"models": {"risk": {"mcpd": {"rps": 300.0}, "mcpd-unbatched": {"rps": 60.0},
                                     "litserve": {"rps": 100.0}, "mlserver": {"rps": 150.0},
-                                    "model-alone": {"ceiling": 7.5}}},
+                                    "model-alone": {"ceiling": 7.5}},
+                           "text": {"mcpd": {"rps": 90.0}, "mcpd-unbatched": {"rps": 50.0},
+                                    "model-alone": {"ceiling": 2.0}}},
                 "burst": {"burst_high_p99_ms": 30.0, "idle_high_p99_ms": 10.0, "unanswered": 0}}
     figures = handlers.figures_of(measured)
     assert figures["handler_risk_rps_ratio_vs_best_peer"] == 2.0
     assert figures["batching_speedup_risk"] == 5.0
-    assert figures["batching_ceiling_risk"] == 7.5 and figures["batching_ceiling_text"] is None
+    assert figures["batching_ceiling_risk"] == 7.5
+    assert figures["batching_speedup"] == 1.8 and figures["batching_ceiling_frac"] == 0.9
     assert figures["handler_high_p99_ratio"] == 3.0
     assert figures["handler_text_rps_ratio_vs_best_peer"] is None
     assert figures["cache_hit_rate"] is None and figures["context_bytes_ratio"] is None
