@@ -3,7 +3,8 @@ Q6_K's with their top two bits beside), Q8_0 and Q5_0 as int8 in groups of 32 (q
 matrix of parts in different ones as one (kernels/row_parts.py). Their weights are the gguf package's dequantized ones bit
 for bit, and every kernel set (each native set this CPU runs, and the torch twin) multiplies by
 them as the float product of those weights does, in float32 to float32 rounding (only the order
-of sums differs), in bfloat16 to a bfloat16 step of each row's largest value."""
+of sums differs), in bfloat16 to a bfloat16 step of each row's largest value: int8 weights by x
+itself, 4-bit ones by x quantized to int16 blocks (activations_q16)."""
 import gguf
 import numpy as np
 import pytest
@@ -14,7 +15,7 @@ from mcpd.kernels.native_kernels import NativeKernels
 from mcpd.kernels.row_parts import RowParts
 from mcpd.kernels.torch_kernels import TorchKernels
 from mcpd.models import gguf_blocks
-from mcpd.quant import int4, int8
+from mcpd.quant import activations_q16, int4, int8
 from mcpd.quant.int4 import Int4Weight
 from mcpd.quant.int4_layout import HIGHS_SUFFIX, MINS_SUFFIX, SCALES_SUFFIX, SUPERS_SUFFIX
 from mcpd.quant.int8 import Int8Weight
@@ -104,10 +105,28 @@ def test_products_are_the_dequantized_weights_float_product(kernels, qtype, dtyp
     bias = torch.randn(40, generator=torch.Generator().manual_seed(7)).to(dtype)
     k = KERNELS[kernels]
     y = k.linear(x, k.prepare(weight), bias)
-    expected = x.double() @ expected_weights.double().T + bias.double()
+    x_taken = x if qtype in INT8_TYPES else activations_q16.quantized(x)
+    expected = x_taken.double() @ expected_weights.double().T + bias.double()
     size = (x.double().abs() @ expected_weights.double().abs().T).amax(dim=-1, keepdim=True)
     assert y.dtype == dtype and y.shape == (rows, 40)
     assert ((y.double() - expected).abs() <= size * (1e-5 if dtype == torch.float32 else 2 ** -7)).all()
+
+
+@pytest.mark.parametrize("rows", [1, 8])
+@pytest.mark.parametrize("qtype", ("Q4_0", "Q4_1", "Q4_K", "Q6_K"))
+@pytest.mark.parametrize("kernels", KERNELS)
+def test_4_bit_products_take_x_in_int16_steps_of_each_blocks_largest(kernels, qtype, rows):
+    """Values under half a step (max |x| / 32767) of their block's largest count as zero, on
+    every set alike: x is rounded to int16 blocks of 32 (activations_q16) before the product."""
+    weight, expected_weights = gguf_weights(40, qtype, seed=rows)
+    x = torch.randn(rows, expected_weights.shape[1], generator=torch.Generator().manual_seed(rows))
+    x[:, ::32] = 1000.0                     # each block's largest: a step of 1000 / 32767
+    small = torch.zeros_like(x, dtype=torch.bool)
+    small[:, 1::32] = True
+    x[small] = 0.01                         # under half a step (0.0153)
+    k = KERNELS[kernels]
+    packed = k.prepare(weight)
+    assert torch.equal(k.linear(x, packed), k.linear(x.masked_fill(small, 0.0), packed))
 
 
 @pytest.mark.parametrize("rows", [1, 5])
@@ -125,24 +144,25 @@ def test_a_matrix_in_parts_of_different_types_multiplies_as_one(kernels, dtype, 
     assert y.dtype == dtype and y.shape == (rows, 84)
     assert torch.equal(y, torch.cat([k.linear(x, part, b) for part, b in zip(prepared, bias.split((40, 24, 20)))], 1))
     weights = torch.cat([expected for _, expected in parts]).double()
-    expected = x.double() @ weights.T + bias.double()
+    x_taken = activations_q16.quantized(x).double()   # by the 4-bit parts; the Q5_0 one (int8) takes x
+    expected = torch.cat([x_taken @ weights[:64].T, x.double() @ weights[64:].T], 1) + bias.double()
     size = (x.double().abs() @ weights.abs().T).amax(dim=-1, keepdim=True)
     assert ((y.double() - expected).abs() <= size * (1e-5 if dtype == torch.float32 else 2 ** -7)).all()
 
 
-FEW_ROWS = 4   # kernels.c's INT4_ROWS: a tile's rows multiplied as one, on every set
+ROW_COUNTS = range(2, 14)   # kernels.c's INT4_ROWS (4) and past it: tiles of 8 (AVX-512) and 6 (AVX2), and their ends
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("qtype", ("Q4_0", "Q4_1", "Q4_K", "Q6_K"))
 @pytest.mark.parametrize("kernels", NATIVE_SETS)
-def test_a_few_rows_4_bit_products_are_the_same_bits_as_each_rows_alone(kernels, qtype, dtype):
-    """One-token prompts batched into one step get the logits each gets alone."""
+def test_4_bit_products_of_many_rows_are_the_same_bits_as_each_rows_alone(kernels, qtype, dtype):
+    """One-token prompts batched into one step, and a prompt's rows, get the logits each gets alone."""
     weight, expected_weights = gguf_weights(40, qtype)
-    x = torch.randn(FEW_ROWS, expected_weights.shape[1], generator=torch.Generator().manual_seed(3)).to(dtype)
+    x = torch.randn(max(ROW_COUNTS), expected_weights.shape[1], generator=torch.Generator().manual_seed(3)).to(dtype)
     k = KERNELS[kernels]
     packed = k.prepare(weight)
-    for rows in range(2, FEW_ROWS + 1):
+    for rows in ROW_COUNTS:
         batched = k.linear(x[:rows], packed)
         for row in range(rows):
             assert torch.equal(batched[row:row + 1], k.linear(x[row:row + 1], packed)), f"row {row} of {rows}"

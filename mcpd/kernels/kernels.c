@@ -22,17 +22,17 @@ dtype codes: 0 = float32, 1 = bfloat16 (stored as uint16).
 Panels and tiles of each instruction set (a new weight format reuses them):
   weights     panels of 16 output rows (PANEL), the same bytes for every set (NativeKernels.form):
               float32 and int8 [n/16][k][16], bfloat16 [n/16][k/2][16][2], int8 scales
-              [n/16][groups][16]; 4-bit bytes [n/16][k/32][16][16], their float16 scales and
+              [n/16][groups][16]; 4-bit bytes [n/16][k/32][4][16][4], their float16 scales and
               mins [n/16][k/32][16] (Q4_K: uint8, and float16 supers [n/16][k/256][2][16];
-              Q6_K: int8 scales [n/16][k/16][16], highs [n/16][k/4][16], supers
+              Q6_K: int8 scales [n/16][k/16][16], highs [n/16][k/32][2][16][4], supers
               [n/16][k/256][1][16]) (mcpd_matrix). A panel's row of 16 is 1 vector (AVX-512)
               or 2 (AVX2).
   AVX-512F    LANES 16, 32 zmm registers: product tile 8 rows x 2 panels (8x32, 16 accumulators),
-              4-bit ones of up to 4 rows by the nibbles as they are; one row: 4 panels at once;
-              prefill attention 8 query rows x 32 keys.
+              4-bit ones 4 rows at a time by int16 x (vpdpwssd where AVX512_VNNI is); one
+              row: 4 panels at once; prefill attention 8 query rows x 32 keys.
   AVX2 + FMA  LANES 8, 16 ymm registers: product tile 6 rows x 1 panel (6x16, 12 accumulators),
-              4-bit ones of up to 4 rows by the nibbles as they are; one row: 4 panels at once;
-              prefill attention 6 query rows x 16 keys.
+              4-bit ones 4 rows at a time by int16 x (vpmaddwd, no VNNI); one
+              row: 4 panels at once; prefill attention 6 query rows x 16 keys.
 */
 #include <math.h>
 #include <stdint.h>
@@ -433,19 +433,21 @@ INLINE void tile_int8(int dtype, const void *x, int64_t rows, int64_t k, int64_t
     }
 }
 
-/* 4-bit weights (GGUF's Q4_0 and Q4_1: mcpd/quant/int4.py): panels [n/16][k/32][16][16] of
-   bytes, byte [p][b][i][r] holding row 16p + r's columns 32b + i (low nibble) and 32b + 16 + i
-   (high), the order a GGUF block keeps them in; float16 scales d and (Q4_1) mins m
-   [n/16][k/32][16]: w = d * q + m, Q4_0's m being -8 d. The file's own bytes a block. Q4_K
-   (its nibbles put in this order at load): byte scales sc and mins mb [n/16][k/32][16], and
+/* 4-bit weights (GGUF's Q4_0 and Q4_1: mcpd/quant/int4.py): panels [n/16][k/32][4][16][4] of
+   bytes, byte [p][b][t][r][u] holding row 16p + r's columns 32b + 4t + u (low nibble) and
+   32b + 16 + 4t + u (high): a GGUF block's bytes, each row's four at a time side by side, so that
+   a vector's 32-bit lane is one row's four columns (two vpmaddwd pairs: x_q16_quad);
+   float16 scales d and (Q4_1) mins m [n/16][k/32][16]: w = d * q + m, Q4_0's m being -8 d.
+   Q4_K (its nibbles put in this order at load): byte scales sc and mins mb [n/16][k/32][16], and
    float16 supers [n/16][k/256][2][16] (D, Dmin): d = D * sc and m = -Dmin * mb, both exact.
-   Q6_K: the low nibbles so, highs [n/16][k/32][8][16] (byte [b][i][r]: row r's columns 32b + i,
-   + 8, + 16, + 24 at bits 0, 2, 4, 6), int8 scales [n/16][k/16][16] and supers D
+   Q6_K: the low nibbles so, highs [n/16][k/32][2][16][4] (byte [b][g][r][u]: row r's columns
+   32b + 4g + u, + 8, + 16, + 24 at bits 0, 2, 4, 6), int8 scales [n/16][k/16][16] and supers D
    [n/16][k/256][1][16]: w = (D * scale) * (q - 32), each half block (16 columns) its own scale. */
 #define Q4_BLOCK 32
 #define Q4_HALF (Q4_BLOCK / 2)
 #define Q4K_SUPER 256
 #define Q6_HIGH_BYTES 8   /* a block's highs, per row */
+#define QUADS (Q4_HALF / 4)   /* a half block's groups of four columns */
 
 /* LANES float16 as float32 (F16C; AVX-512F has it too). */
 static inline f32v load_f16(const uint16_t *p) {
@@ -502,74 +504,118 @@ INLINE void q4_scale_min(int kind, const void *d, const void *m, const uint16_t 
     *scale_hi = *scale;
 }
 
-/* LANES bytes' low and high nibbles as float32. */
-static inline void load_nibbles(const uint8_t *p, f32v *lo, f32v *hi) {
-#ifdef __AVX512F__
-    __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
-    __m512 l = _mm512_cvtepi32_ps(_mm512_and_si512(b, _mm512_set1_epi32(15)));
-    __m512 u = _mm512_cvtepi32_ps(_mm512_srli_epi32(b, 4));
-    memcpy(lo, &l, sizeof *lo), memcpy(hi, &u, sizeof *hi);
+/* The 4-bit products take x quantized once a product, each row in blocks of Q4_BLOCK columns, to
+   int16 q = round(x / d), d = max |x| / 32767 (ties to even, as quant/activations_q16.py does), so
+   that a block's weights and x meet as integers: a weight's nibble times q, two at a time into
+   int32 lanes (vpmaddwd; vpdpwssd where AVX512_VNNI is), and one float multiply-add per block
+   (d_w * d_x, Q4_K's sub-block scale, Q6_K's per-16 scale) instead of a conversion and a float
+   multiply-add per weight, which kept one row's product compute-bound. Not int8 x as llama.cpp
+   takes it (vpmaddubsw / vpdpbusd, four a lane): on SmolLM2 Q4_1 that took next-token top-1
+   agreement with the float model from 1.0 to 0.96 (llama.cpp's own Q4_1: 0.967), and its
+   greedy chat off the answer; int16 keeps 0.998. The mins (and Q6_K's -32) need each half
+   block's sum of q. */
+typedef struct {
+    const int16_t *q;       /* [m][k], each four columns as 0, 2, 1, 3: a lane's pairs */
+    const float *d;         /* [m][k/32] */
+    const int32_t *sums;    /* [m][k/16]: each half block's sum of q */
+} x_q16;
+
+/* x_q16 of x's m rows, in one allocation (free its q). */
+static x_q16 x_q16_quantize(int dtype, const void *x, int64_t m, int64_t k) {
+    int64_t blocks = m * k / Q4_BLOCK;
+    char *memory = malloc(m * k * sizeof(int16_t) + blocks * (sizeof(float) + 2 * sizeof(int32_t)));
+    int16_t *q = (int16_t *)memory;
+    float *d = (float *)(q + m * k);
+    int32_t *sums = (int32_t *)(d + blocks);
+    for (int64_t b = 0; b < blocks; b++) {
+        float v[Q4_BLOCK], amax = 0;
+        for (int i = 0; i < Q4_BLOCK; i++) {
+            v[i] = x_at(dtype, x, b * Q4_BLOCK + i);
+            float a = fabsf(v[i]);
+            amax = a > amax ? a : amax;
+        }
+        float scale = amax / 32767.0f, inverse = scale != 0 ? 1.0f / scale : 0.0f;
+        for (int half = 0; half < 2; half++) {
+            int32_t sum = 0;
+            for (int i = half * Q4_HALF; i < (half + 1) * Q4_HALF; i++) {
+                int16_t qi = (int16_t)(int32_t)nearbyintf(v[i] * inverse);
+                q[b * Q4_BLOCK + i / 4 * 4 + (i % 2) * 2 + i % 4 / 2] = qi, sum += qi;
+            }
+            sums[2 * b + half] = sum;
+        }
+        d[b] = scale;
+    }
+    return (x_q16){q, d, sums};
+}
+
+/* The x_q16 of rows from `row` on. */
+static inline x_q16 x_q16_rows(x_q16 all, int64_t row, int64_t k) {
+    return (x_q16){all.q + row * k, all.d + row * (k / Q4_BLOCK), all.sums + row * (k / Q4_HALF)};
+}
+
+typedef uint8_t u8v __attribute__((vector_size(4 * LANES)));    /* LANES rows' four columns of bytes */
+typedef uint16_t u16x2v __attribute__((vector_size(4 * LANES)));   /* LANES rows' two columns */
+
+/* acc + each lane's two int16 of w times the two int16 of x2, summed: vpdpwssd where the CPU
+   has AVX512_VNNI, else vpmaddwd and an add. The AVX2 set never uses VNNI: AMD Zen 2 and 3
+   lack it. w at most 63 and x 32767 in size: a block's 32 products sum within int32. */
+static inline i32v x_q16_dot(i32v acc, u16x2v w, int32_t x2) {
+    i32v out;
+#if LANES == 16 && defined(__AVX512VNNI__)
+    __m512i r = _mm512_dpwssd_epi32((__m512i)acc, (__m512i)w, _mm512_set1_epi32(x2));
+    memcpy(&out, &r, sizeof out);
+#elif LANES == 16 && defined(__AVX512BW__)
+    __m512i r = _mm512_add_epi32((__m512i)acc, _mm512_madd_epi16((__m512i)w, _mm512_set1_epi32(x2)));
+    memcpy(&out, &r, sizeof out);
 #elif defined(__AVX2__)
-    __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
-    __m256 l = _mm256_cvtepi32_ps(_mm256_and_si256(b, _mm256_set1_epi32(15)));
-    __m256 u = _mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4));
-    memcpy(lo, &l, sizeof *lo), memcpy(hi, &u, sizeof *hi);
+    __m256i r = _mm256_add_epi32((__m256i)acc, _mm256_madd_epi16((__m256i)w, _mm256_set1_epi32(x2)));
+    memcpy(&out, &r, sizeof out);
 #else
-    for (int i = 0; i < LANES; i++) (*lo)[i] = p[i] & 15, (*hi)[i] = p[i] >> 4;
+    int16_t x[2];
+    memcpy(x, &x2, sizeof x);
+    out = acc;
+    for (int l = 0; l < LANES; l++) out[l] += (int16_t)w[2 * l] * x[0] + (int16_t)w[2 * l + 1] * x[1];
 #endif
+    return out;
 }
 
-/* LANES bytes' nibbles with their top two bits (bits shift, shift + 1 of highs for the low
-   nibbles, shift + 4, shift + 5 for the high ones), less 32, as float32: put together as
-   integers, one conversion each. */
-static inline void load_six_bits(const uint8_t *p, const uint8_t *highs, int shift, f32v *lo, f32v *hi) {
-    i32v b = widen_u8(p), top = widen_u8(highs) >> shift;
-    *lo = __builtin_convertvector(((b & 15) | ((top << 4) & 0x30)) - 32, f32v);
-    *hi = __builtin_convertvector(((b >> 4) | (top & 0x30)) - 32, f32v);
+/* acc + a quad of bytes (each lane's four columns 0-3) times x's quad (stored 0, 2, 1, 3):
+   columns 0 and 2 as the low bytes of each lane's two int16, 1 and 3 as the high ones. */
+static inline i32v x_q16_quad(i32v acc, u8v w, const int16_t *x) {
+    int32_t even, odd;
+    memcpy(&even, x, sizeof even), memcpy(&odd, x + 2, sizeof odd);
+    u16x2v pairs = (u16x2v)w;
+    return x_q16_dot(x_q16_dot(acc, pairs & 0xff, even), pairs >> 8, odd);
 }
 
-/* Row i (< Q4_HALF) of block b's low and high halves, lanes h, as float32 q: the nibbles, for
-   Q6_K with their top two bits (from hb, its highs) and less 32. */
-INLINE void q4_values(int kind, const uint8_t *p, const void *hb, int64_t b, int i, int h, f32v *lo, f32v *hi) {
-    const uint8_t *at = p + (b * Q4_HALF + i) * PANEL + h * LANES;
-    if (kind == Q6_K)
-        load_six_bits(at, (const uint8_t *)hb + (b * Q6_HIGH_BYTES + i % 8) * PANEL + h * LANES, 2 * (i / 8), lo, hi);
-    else
-        load_nibbles(at, lo, hi);
+static inline u8v load_u8v(const uint8_t *p) { u8v v; memcpy(&v, p, sizeof v); return v; }
+
+/* Quad t of block b's low and high halves, lanes h, as unsigned bytes q: the nibbles, for Q6_K
+   with their top two bits from hb, its highs (less 32 at the block's end, by x's sums). */
+INLINE void q4_quads(int kind, const uint8_t *p, const void *hb, int64_t b, int t, int h, u8v *lo, u8v *hi) {
+    u8v w = load_u8v(p + (b * Q4_HALF + 4 * t) * PANEL + h * 4 * LANES);
+    *lo = w & 15, *hi = w >> 4;
+    if (kind == Q6_K) {   /* quads 0, 1: bits 0-1 (low) and 4-5 (high) of highs' groups 0, 1; quads 2, 3: bits 2-3, 6-7 */
+        int shift = 2 * (t / 2);
+        u8v top = load_u8v((const uint8_t *)hb + (b * Q6_HIGH_BYTES + 4 * (t % 2)) * PANEL + h * 4 * LANES);
+        *lo |= (top << (4 - shift)) & 0x30, *hi |= (top >> shift) & 0x30;
+    }
 }
 
-/* Up to INT4_ROWS rows multiply the 4-bit panels as they are (rows_int4): 2 sums a row, panel
-   and vector in registers, 16 on AVX-512, 8 on AVX2, where past 2 rows each of a panel's two
-   vectors takes a pass of its own (the same sums: each lane's terms in the same order). At 5 and
-   6 rows, passes were slower than the dequantizing tile (Q6_K's six bits spill). */
+/* Up to INT4_ROWS rows at a time multiply the 4-bit panels (rows_int4): each block's integer sums
+   of a row in registers, 16 on AVX-512, 8 on AVX2, where past 2 rows each of a panel's two
+   vectors takes a pass of its own (the same sums: each lane's terms in the same order). */
 #define INT4_ROWS 4
 
-/* Each row's sum of x over each block: x_sum[r][b] = sum of x[r][32b + i] + x[r][32b + 16 + i]
-   over i in order (what a row's product adds m times). Once a product, not once a strip: in a
-   tile's loop the two scalar adds an input value were as many instructions as its multiply-adds. */
-static float *int4_x_sums(int dtype, const void *x, int64_t m, int64_t k) {
-    int64_t blocks = k / Q4_BLOCK;
-    float *sums = malloc(m * blocks * sizeof(float));
-    for (int64_t r = 0; r < m; r++)
-        for (int64_t b = 0; b < blocks; b++) {
-            float sum = 0;
-            for (int i = 0; i < Q4_HALF; i++)
-                sum += x_at(dtype, x, r * k + b * Q4_BLOCK + i) + x_at(dtype, x, r * k + b * Q4_BLOCK + Q4_HALF + i);
-            sums[r * blocks + b] = sum;
-        }
-    return sums;
-}
-
-/* A decode's row, or a step's few rows (one-token prompts batched): each block's sum of x * q per
-   panel (two chains: the low and the high nibbles), scaled once by d, plus m times the block's
-   sum of x (x_sums): a multiply-add a block rather than converting every weight, as row_int8
-   scales its groups' sums, and each block's nibbles converted once for all the rows. A row's
-   sums add the same terms in the same order whatever rows share its tile: up to INT4_ROWS
-   one-token prompts get the logits each gets alone. The next strip's panels are fetched into L2
-   while this one runs, as row_int8 does. The same product as tile_int4's, rounded at other places. */
-INLINE void rows_int4(int dtype, int kind, const void *x, const float *x_sums, int64_t rows, int64_t k,
-                      const uint8_t *const p[TILE_PANELS], const void *const d[TILE_PANELS],
-                      const void *const m[TILE_PANELS], const uint16_t *const s[TILE_PANELS], tile_sums a) {
+/* Rows of x (quantized: xq) by the strip's panels: per block, each row's integer sums of its
+   low and high halves (one, but for Q6_K, whose halves have their own scales), then
+   sum * (d_w * d_x) + m_w * (d_x * the block's sum of q): the nibbles of each block unpacked
+   once for all the rows. A row's sums add the same terms in the same order whatever rows share
+   its tile: a one-token prompt gets the logits it gets alone. The next strip's panels are
+   fetched into L2 while this one runs, as row_int8 does. */
+INLINE void rows_int4(int kind, x_q16 xq, int64_t rows, int64_t k, const uint8_t *const p[TILE_PANELS],
+                      const void *const d[TILE_PANELS], const void *const m[TILE_PANELS],
+                      const uint16_t *const s[TILE_PANELS], tile_sums a) {
     const uint8_t *next = p[0] + TILE_PANELS * k / 2 * PANEL;
     int64_t blocks = k / Q4_BLOCK;
     const int hs = rows <= 2 ? VPP : 1;   /* a panel row's vectors a pass: all, or one past 2 rows */
@@ -578,90 +624,70 @@ INLINE void rows_int4(int dtype, int kind, const void *x, const float *x_sums, i
             for (int h = 0; h < VPP; h++) a[j][r][h] = splat(0);
     for (int h0 = 0; h0 < VPP; h0 += hs)
         for (int64_t b = 0; b < blocks; b++) {
-            f32v lo_sum[INT4_ROWS][TILE_PANELS][VPP] = {{{0}}}, hi_sum[INT4_ROWS][TILE_PANELS][VPP] = {{{0}}};
+            i32v lo_sum[INT4_ROWS][TILE_PANELS][VPP] = {{{0}}}, hi_sum[INT4_ROWS][TILE_PANELS][VPP] = {{{0}}};
             for (int l = 0; l < TILE_PANELS * Q4_HALF * PANEL / 64; l++)   /* the next strip's block b: as much as this one's */
                 __builtin_prefetch(next + (b * TILE_PANELS * Q4_HALF * PANEL + 64 * l), 0, 2);
-#pragma GCC unroll 2   /* each half's Q6_K highs shift a constant */
-            for (int i8 = 0; i8 < Q4_HALF; i8 += Q6_HIGH_BYTES)
-                for (int i = i8; i < i8 + Q6_HIGH_BYTES; i++)
-                    for (int j = 0; j < TILE_PANELS; j++)
-                        for (int v = 0; v < hs; v++) {
-                            f32v lo, hi;
-                            q4_values(kind, p[j], m[j], b, i, h0 + v, &lo, &hi);
-                            for (int r = 0; r < rows; r++) {
-                                lo_sum[r][j][v] += x_at(dtype, x, r * k + b * Q4_BLOCK + i) * lo;
-                                hi_sum[r][j][v] += x_at(dtype, x, r * k + b * Q4_BLOCK + Q4_HALF + i) * hi;
-                            }
+#pragma GCC unroll 4   /* each quad's Q6_K highs shift a constant */
+            for (int t = 0; t < QUADS; t++)
+                for (int j = 0; j < TILE_PANELS; j++)
+                    for (int v = 0; v < hs; v++) {
+                        u8v lo, hi;
+                        q4_quads(kind, p[j], m[j], b, t, h0 + v, &lo, &hi);
+                        for (int r = 0; r < rows; r++) {
+                            const int16_t *xr = xq.q + r * k + b * Q4_BLOCK + 4 * t;
+                            lo_sum[r][j][v] = x_q16_quad(lo_sum[r][j][v], lo, xr);
+                            if (kind == Q6_K) hi_sum[r][j][v] = x_q16_quad(hi_sum[r][j][v], hi, xr + Q4_HALF);
+                            else lo_sum[r][j][v] = x_q16_quad(lo_sum[r][j][v], hi, xr + Q4_HALF);
                         }
+                    }
             for (int j = 0; j < TILE_PANELS; j++)
                 for (int v = 0; v < hs; v++) {
                     f32v scale, scale_hi, min;
                     q4_scale_min(kind, d[j], m[j], s[j], b, h0 + v, &scale, &scale_hi, &min);
-                    for (int r = 0; r < rows; r++)
-                        a[j][r][h0 + v] += kind == Q6_K ? lo_sum[r][j][v] * scale + hi_sum[r][j][v] * scale_hi
-                                                        : (lo_sum[r][j][v] + hi_sum[r][j][v]) * scale + x_sums[r * blocks + b] * min;
+                    for (int r = 0; r < rows; r++) {
+                        float dx = xq.d[r * blocks + b];
+                        const int32_t *halves = xq.sums + r * 2 * blocks + 2 * b;
+                        if (kind == Q6_K)
+                            a[j][r][h0 + v] += __builtin_convertvector(lo_sum[r][j][v] - 32 * halves[0], f32v) * (scale * dx)
+                                             + __builtin_convertvector(hi_sum[r][j][v] - 32 * halves[1], f32v) * (scale_hi * dx);
+                        else
+                            a[j][r][h0 + v] += __builtin_convertvector(lo_sum[r][j][v], f32v) * (scale * dx)
+                                             + min * (dx * (float)(halves[0] + halves[1]));
+                    }
                 }
         }
 }
 
-/* rows_int4 of a count of rows, a dtype and a kind known at compile time, so that its sums stay
-   in registers and its loop tests neither dtype nor kind per weight. Not inlined: inside linear()
-   beside the dequantizing tile it made that tile 7% slower at 8 rows and a prompt's 128 (its own
-   sums are local, so the call costs nothing per weight). */
-static __attribute__((noinline)) void rows_int4_fixed(int dtype, int kind, const void *x, const float *x_sums,
-                                                      int64_t rows, int64_t k, const uint8_t *const p[TILE_PANELS],
+/* rows_int4 of a count of rows and a kind known at compile time, so that its sums stay in
+   registers and its loop tests no kind per weight. Not inlined: inside linear() it made the
+   plain tiles beside it slower (its own sums are local, so the call costs nothing per weight). */
+static __attribute__((noinline)) void rows_int4_fixed(int kind, x_q16 xq, int64_t rows, int64_t k,
+                                                      const uint8_t *const p[TILE_PANELS],
                                                       const void *const d[TILE_PANELS], const void *const m[TILE_PANELS],
                                                       const uint16_t *const s[TILE_PANELS], tile_sums a) {
-#define ROWS(D, K, R) rows_int4(D, K, x, x_sums, R, k, p, d, m, s, a)
-#define BY_KIND(D, R) (kind == Q6_K ? ROWS(D, Q6_K, R) : kind == Q4_K ? ROWS(D, Q4_K, R) \
-                       : kind == Q4_1 ? ROWS(D, Q4_1, R) : ROWS(D, Q4_0, R))
+#define ROWS(K, R) rows_int4(K, xq, R, k, p, d, m, s, a)
+#define BY_KIND(R) (kind == Q6_K ? ROWS(Q6_K, R) : kind == Q4_K ? ROWS(Q4_K, R) : kind == Q4_1 ? ROWS(Q4_1, R) : ROWS(Q4_0, R))
     switch (rows) {
-    case 1: BY_DTYPE(BY_KIND, 1); break;
-    case 2: BY_DTYPE(BY_KIND, 2); break;
-    case 3: BY_DTYPE(BY_KIND, 3); break;
-    case 4: BY_DTYPE(BY_KIND, 4); break;
+    case 1: BY_KIND(1); break;
+    case 2: BY_KIND(2); break;
+    case 3: BY_KIND(3); break;
+    case 4: BY_KIND(4); break;
     }
 #undef BY_KIND
 #undef ROWS
 }
 
-/* More rows (a prompt's): each block's weights dequantized once for the tile's rows (d * q + m,
-   the weights int4.dequantize gives, bit for bit: d * q is exact) into a block panel in L1, then
-   multiply-added as float32 ones in column order: at 8 rows 6-8% faster than rows_int4's way in
-   passes (its sums of two panels fill the registers at 4 rows). Dequantizing in registers
-   beside the sums spilled on AVX2 (6 x 2 sums, and scales, mins, low and high nibbles: over 16
-   registers). */
-INLINE void tile_int4(int dtype, int kind, const void *x, const float *x_sums, int64_t rows, int64_t k,
-                      const uint8_t *const p[TILE_PANELS], const void *const d[TILE_PANELS],
-                      const void *const m[TILE_PANELS], const uint16_t *const s[TILE_PANELS], tile_sums a) {
-    if (rows <= INT4_ROWS) {
-        rows_int4_fixed(dtype, kind, x, x_sums, rows, k, p, d, m, s, a);
-        return;
-    }
-    zero_tile(a);
-    for (int64_t b = 0; b < k / Q4_BLOCK; b++) {
-        float w[TILE_PANELS][Q4_BLOCK][PANEL];
+/* A tile's rows, INT4_ROWS at a time: the strip's weights, read again for each, are in cache by
+   then, and every row gets the same sums in any batch. */
+INLINE void tile_int4(int kind, x_q16 xq, int64_t rows, int64_t k, const uint8_t *const p[TILE_PANELS],
+                      const void *const d[TILE_PANELS], const void *const m[TILE_PANELS],
+                      const uint16_t *const s[TILE_PANELS], tile_sums a) {
+    for (int64_t row = 0; row < rows; row += INT4_ROWS) {
+        tile_sums part;
+        int64_t count = rows - row < INT4_ROWS ? rows - row : INT4_ROWS;
+        rows_int4_fixed(kind, x_q16_rows(xq, row, k), count, k, p, d, m, s, part);
         for (int j = 0; j < TILE_PANELS; j++)
-            for (int h = 0; h < VPP; h++) {
-                f32v scale, scale_hi, min;
-                q4_scale_min(kind, d[j], m[j], s[j], b, h, &scale, &scale_hi, &min);
-                for (int i = 0; i < Q4_HALF; i++) {
-                    f32v lo, hi;
-                    q4_values(kind, p[j], m[j], b, i, h, &lo, &hi);
-                    store_f32(w[j][i] + h * LANES, lo * scale + min);
-                    store_f32(w[j][Q4_HALF + i] + h * LANES, hi * scale_hi + min);
-                }
-            }
-        for (int i = 0; i < Q4_BLOCK; i++) {
-            f32v wv[TILE_PANELS][VPP];
-            for (int j = 0; j < TILE_PANELS; j++)
-                for (int h = 0; h < VPP; h++) wv[j][h] = load_f32(w[j][i] + h * LANES);
-            for (int r = 0; r < rows; r++) {
-                float xv = x_at(dtype, x, r * k + b * Q4_BLOCK + i);
-                for (int j = 0; j < TILE_PANELS; j++)
-                    for (int h = 0; h < VPP; h++) a[j][r][h] += xv * wv[j][h];
-            }
-        }
+            for (int r = 0; r < count; r++) memcpy(a[j][row + r], part[j][r], sizeof part[j][r]);
     }
 }
 
@@ -746,27 +772,14 @@ INLINE void tile_int8_groups(int dtype, const void *x, int64_t rows, int64_t k, 
 #undef INT8
 }
 
-INLINE void tile_int4_kinds(int dtype, int kind, const void *x, const float *x_sums, int64_t rows, int64_t k,
-                              const void *const p[TILE_PANELS], const void *const c[TILE_PANELS],
-                              const void *const mn[TILE_PANELS], const void *const s[TILE_PANELS], tile_sums a) {
-#define INT4(D, K, R) tile_int4(D, K, x, x_sums, R, k, (const uint8_t *const *)p, c, mn, (const uint16_t *const *)s, a)
-#define BY_KIND(D, R) (kind == Q6_K ? INT4(D, Q6_K, R) : kind == Q4_K ? INT4(D, Q4_K, R) \
-                       : kind == Q4_1 ? INT4(D, Q4_1, R) : INT4(D, Q4_0, R))
-#define TILE(R) (dtype == F32 ? BY_KIND(F32, R) : BY_KIND(BF16, R))
-    BY_ROWS(TILE);
-#undef TILE
-#undef BY_KIND
-#undef INT4
-}
-
 /* p, c, mn, s: each panel's weights, scales, mins (Q6_K: highs) and supers (w's kind says which
-   there are); x_sums: a 4-bit matrix's int4_x_sums of x's rows. */
-INLINE void tile(int dtype, const void *x, const float *x_sums, int64_t rows, int64_t k, const mcpd_matrix *w,
+   there are); xq: a 4-bit matrix's x_q16 of x's rows. */
+INLINE void tile(int dtype, const void *x, x_q16 xq, int64_t rows, int64_t k, const mcpd_matrix *w,
                  const void *const p[TILE_PANELS], const void *const c[TILE_PANELS], const void *const mn[TILE_PANELS],
                  const void *const s[TILE_PANELS], tile_sums a) {
     if (w->kind == PLAIN) tile_plain(dtype, x, rows, k, p, a);
     else if (w->kind == INT8) tile_int8_groups(dtype, x, rows, k, w->group, p, c, a);
-    else tile_int4_kinds(dtype, w->kind, x, x_sums, rows, k, p, c, mn, s, a);
+    else tile_int4(w->kind, xq, rows, k, (const uint8_t *const *)p, c, mn, (const uint16_t *const *)s, a);
 }
 
 /* One row of x (a decode step's product) by ROW_PANELS panels at once. Each output's sum is the
@@ -878,7 +891,8 @@ static void linear_part(int dtype, const void *x, int64_t m, int64_t k, const mc
         for (int64_t i = 0; i < m * k; i++) widened[i] = bf16_to_f32(((const bf16 *)x)[i]);
         x = widened, x_size = sizeof(float);
     }
-    float *x_sums = w->kind >= Q4_0 && w->kind != Q6_K ? int4_x_sums(dtype, x, m, k) : NULL;
+    int four_bit = w->kind >= Q4_0;
+    x_q16 xq = four_bit ? x_q16_quantize(dtype, x, m, k) : (x_q16){0};
     #pragma omp parallel for schedule(dynamic, 8 / TILE_PANELS) if (strips > 1 && n * k * m >= 32768)
     for (int64_t strip = 0; strip < strips; strip++) {
         int64_t first = strip * TILE_PANELS, count = panels - first < TILE_PANELS ? panels - first : TILE_PANELS;
@@ -893,14 +907,14 @@ static void linear_part(int dtype, const void *x, int64_t m, int64_t k, const mc
         for (int64_t row = 0; row < m; row += TILE_ROWS) {
             int64_t rows = m - row < TILE_ROWS ? m - row : TILE_ROWS;
             tile_sums a;
-            tile(dtype, (const char *)x + row * k * x_size, x_sums ? x_sums + row * (k / Q4_BLOCK) : NULL, rows, k,
-                 w, p, c, mn, s, a);
+            tile(dtype, (const char *)x + row * k * x_size, four_bit ? x_q16_rows(xq, row, k) : xq, rows, k, w, p, c, mn,
+                 s, a);
             for (int64_t j = 0; j < count; j++)
                 store_tile(dtype, y_f32, y, n, ld, row, rows, (first + j) * PANEL, a[j], bias);
         }
     }
     free(widened);
-    free(x_sums);
+    free((void *)xq.q);
 }
 
 /* linear_part of each of w's parts, into its columns of y [m, n] (and of the bias). */
@@ -920,17 +934,20 @@ void mcpd_linear(int dtype, const void *x, int64_t m, int64_t k, const mcpd_matr
     linear(dtype, x, m, k, w, bias, n, y, y_f32);
 }
 
+/* Where column c's byte of panel row j lies in a block's quads ([c / 4][j][c % 4]). */
+static inline int64_t quad_byte(int64_t c, int64_t j) { return (c / 4 * PANEL + j) * 4 + c % 4; }
+
 /* Weight i of row `row` of w [n, k], as float32 (the dequantized weight of a quantized one). */
 static float weight_at(int dtype, const mcpd_matrix *w, int64_t k, int64_t row, int64_t i) {
     int64_t panel = row / PANEL, j = row % PANEL, bytes[4];
     panel_bytes(dtype, w, k, bytes);
-    if (w->kind >= Q4_0) {   /* [panel][i / 32][i % 16][j], the high nibble for i % 32 >= 16 */
+    if (w->kind >= Q4_0) {   /* [panel][i / 32] quad_byte(i % 16, j), the high nibble for i % 32 >= 16 */
         int64_t b = i / Q4_BLOCK, at = panel * PANEL * (k / Q4_BLOCK) + b * PANEL + j;
-        uint8_t both = ((const uint8_t *)w->panels)[panel * bytes[0] + (b * Q4_HALF + i % Q4_HALF) * PANEL + j];
+        uint8_t both = ((const uint8_t *)w->panels)[panel * bytes[0] + b * Q4_HALF * PANEL + quad_byte(i % Q4_HALF, j)];
         float q = i % Q4_BLOCK < Q4_HALF ? both & 15 : both >> 4;
         if (w->kind == Q6_K) {
             int64_t c = i % Q4_BLOCK;
-            uint8_t high = ((const uint8_t *)w->highs)[panel * bytes[2] + (b * Q6_HIGH_BYTES + c % 8) * PANEL + j];
+            uint8_t high = ((const uint8_t *)w->highs)[panel * bytes[2] + b * Q6_HIGH_BYTES * PANEL + quad_byte(c % 8, j)];
             float d = (float)((const _Float16 *)w->supers)[panel * bytes[3] / 2 + i / Q4K_SUPER * PANEL + j];
             float scale = d * ((const int8_t *)w->scales)[panel * bytes[1] + i / 16 * PANEL + j];
             return (q + ((high >> (2 * (c / 8))) & 3) * 16.0f - 32.0f) * scale;

@@ -29,10 +29,10 @@ class Packed:
     """A weight matrix [n, k] in kernels.c's panel layout: float32 and int8 [n/16, k, 16],
     bfloat16 [n/16, k/2, 16, 2] (n padded with zero rows to a multiple of 16); an int8 one has
     its scales in panels too, float32 [n/16, groups(k), 16] (padding rows' scales 1); a 4-bit
-    one is bytes [n/16, k/32, 16, 16] (int4.py's bytes of a block, each for 16 rows), its
-    scales and (Q4_1) mins float16 [n/16, k/32, 16] (Q4_K: uint8, and supers float16
-    [n/16, k/256, 2, 16]; Q6_K: scales int8 [n/16, k/16, 16], highs [n/16, k/4, 16], supers
-    [n/16, k/256, 1, 16])."""
+    one is bytes [n/16, k/32, 4, 16, 4] (int4.py's bytes of a block, four of each of 16 rows
+    at a time), its scales and (Q4_1) mins float16 [n/16, k/32, 16] (Q4_K: uint8, and supers
+    float16 [n/16, k/256, 2, 16]; Q6_K: scales int8 [n/16, k/16, 16], highs [n/16, k/32, 2, 16, 4],
+    supers [n/16, k/256, 1, 16])."""
     panels: torch.Tensor
     n: int
     k: int
@@ -62,14 +62,15 @@ class Packed:
     def _of_int4(cls, weight: Int4Weight) -> Packed:
         (n, k), pad = weight.shape, -weight.shape[0] % PANEL
         blocks = k // BLOCK
-        panels = F.pad(weight.values, (0, 0, 0, pad)).view(-1, PANEL, blocks, BLOCK // 2).permute(0, 2, 3, 1)
-        scales, mins, highs = (None if t is None else
-                               F.pad(t, (0, 0, 0, pad)).view(-1, PANEL, t.shape[1]).transpose(1, 2).contiguous()
-                               for t in (weight.scales, weight.mins, weight.highs))
+        panels = _in_quads(F.pad(weight.values, (0, 0, 0, pad)), blocks)
+        scales, mins = (None if t is None else
+                        F.pad(t, (0, 0, 0, pad)).view(-1, PANEL, t.shape[1]).transpose(1, 2).contiguous()
+                        for t in (weight.scales, weight.mins))
+        highs = None if weight.highs is None else _in_quads(F.pad(weight.highs, (0, 0, 0, pad)), blocks)
         supers = weight.supers
         if supers is not None:   # [n/16, k/256, 2 or 1, 16]
             supers = F.pad(supers, (0, 0, 0, 0, 0, pad)).view(-1, PANEL, *supers.shape[1:]).permute(0, 2, 3, 1).contiguous()
-        return cls(panels.contiguous(), n, k, scales, mins, supers, highs)
+        return cls(panels, n, k, scales, mins, supers, highs)
 
     def matrix(self) -> native.Matrix:
         """The record kernels.c's products take."""
@@ -85,8 +86,14 @@ class Packed:
                              native.address(self.supers), native.address(self.highs))
 
 
+def _in_quads(block_bytes: torch.Tensor, blocks: int) -> torch.Tensor:
+    """Bytes [n, blocks * 4c] as [n/16, blocks, c, 16, 4]: each row's four bytes side by side, a
+    32-bit lane of the integer dot products (kernels.c, x_q8_dot)."""
+    return block_bytes.view(-1, PANEL, blocks, block_bytes.shape[1] // blocks // 4, 4).permute(0, 2, 3, 1, 4).contiguous()
+
+
 class NativeKernels(TorchKernels):
-    form = "panels16-int8-int4b32"   # every instruction set's tiles read these panels
+    form = "panels16-int8-int4b32x4"   # every instruction set's tiles read these panels
     stacks_layers = True
 
     def __init__(self, isa: str) -> None:

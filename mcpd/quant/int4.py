@@ -16,9 +16,10 @@ Q6_K's d * scale is exact too, and its product with q - 32 rounds once, as the g
 Q4_K's and Q6_K's nibbles are reordered at load into Q4_1's order (gguf_blocks.py), so one
 kernel reads them all.
 
-The torch twin multiplies by the dequantized weight a panel of rows at a time, never the whole
-matrix (it would be eight times the weights' memory); the native kernels (kernels.c, tile_int4)
-dequantize in registers.
+Products take x quantized to int16 in blocks of 32 (activations_q16.py). The
+torch twin multiplies those values by the dequantized weight a panel of rows at a time, never the
+whole matrix (it would be eight times the weights' memory); the native kernels (kernels.c,
+rows_int4) multiply the integers and scale each block's sum once.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from mcpd.quant import activations_q16
 from mcpd.quant.int4_layout import BLOCK, Q6_GROUP, SUPER_BLOCK, pieces
 
 ROWS_AT_ONCE = 256   # rows the torch twin dequantizes at once: 512 KB of float32 at 512 columns
@@ -82,10 +84,11 @@ def block_scales(w: Int4Weight, rows: slice = slice(None)) -> tuple[torch.Tensor
 
 
 def linear(x: torch.Tensor, w: Int4Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x . w^T (+ bias) in x's dtype, multiplied in float32 by the dequantized weights,
-    ROWS_AT_ONCE output rows at a time."""
+    """x . w^T (+ bias) in x's dtype: x quantized to int16 blocks as the native kernels take it
+    (activations_q16), multiplied in float32 by the dequantized weights, ROWS_AT_ONCE output rows
+    at a time."""
     n = w.shape[0]
-    x32 = x.float()
+    x32 = activations_q16.quantized(x)
     y = torch.empty(*x.shape[:-1], n, dtype=torch.float32, device=x.device)
     for start in range(0, n, ROWS_AT_ONCE):
         rows = slice(start, min(start + ROWS_AT_ONCE, n))
