@@ -141,13 +141,15 @@ class Waiter:
     def ready(self, timeout_ms: float) -> list:
         """The sockets that may hold a message (drain says for sure) and the watched descriptors
         that are readable, as soon as there is one; none once `timeout_ms` passed. A socket not
-        named has no message, or is quiet and named by its descriptor at the next call."""
+        named has no message. Quiet sockets are named by their descriptors, also beside others
+        found (one poll): a busy socket must not keep a quiet one waiting."""
         found = [sock for sock in self.socks if sock not in self.quiet and _get(sock, EVENTS) & POLLIN]
-        if found or timeout_ms <= 0 and not self.quiet:
+        if not self.quiet and (found or timeout_ms <= 0):
             return found
-        found = [self.socket_of.get(fd, fd) for fd, _ in self.fd.poll(math.ceil(max(0.0, timeout_ms)))]
-        self.quiet.difference_update(found)   # their drain takes the command that woke the descriptor
-        return found
+        timeout = 0 if found else math.ceil(max(0.0, timeout_ms))
+        woke = [self.socket_of.get(fd, fd) for fd, _ in self.fd.poll(timeout)]
+        self.quiet.difference_update(woke)   # their drain takes the command that woke the descriptor
+        return found + [each for each in woke if each not in found]
 
 
 def frames_of(sock: zmq.Socket) -> list[zmq.Frame]:

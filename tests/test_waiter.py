@@ -1,6 +1,7 @@
 """sockets.Waiter over real ZeroMQ sockets on ipc (each message crosses both I/O threads): it names
 the sockets that hold a message and the watched descriptors that are readable, and nothing else."""
 import os
+import select
 import tempfile
 
 import pytest
@@ -133,3 +134,17 @@ def test_a_send_on_a_quiet_socket_makes_the_waiter_ask_it_again(events_asked):
         for name in os.listdir(directory):
             os.unlink(f"{directory}/{name}")
         os.rmdir(directory)
+
+
+def test_a_quiet_socket_with_a_message_is_named_beside_a_busy_one(pulls):
+    """A loop that takes the named sockets only would otherwise leave the quiet one waiting for as
+    long as the other has messages."""
+    (a, push_a), (b, push_b) = pulls
+    waiter = Waiter(a, b)
+    waiter.drain(a, [].append)
+    push_a.send(b"to a")
+    push_b.send(b"to b")
+    for sock in (a, b):   # both arrived: their descriptors say so (asking EVENTS would take a's command)
+        assert select.select([sock.getsockopt(zmq.FD)], [], [], LONG_MS / 1000)[0]
+    assert waiter.ready(LONG_MS) == [b, a]
+    assert taken(a) == [[b"to a"]] and taken(b) == [[b"to b"]]
