@@ -102,12 +102,17 @@ class Waiter:
     """Blocks until one of its sockets has a message, as zmq.Poller does, in fewer system calls: a
     zmq_poll polls every descriptor twice and asks EVENTS of every socket twice (each a poll and
     a getpid inside libzmq), several microseconds apiece on a VM. EVENTS first: it processes the
-    socket's pending commands, after which the descriptor is readable only when a new one arrives."""
+    socket's pending commands, after which the descriptor is readable only when a new one arrives.
+
+    A socket drained here until EVENTS said it holds nothing is quiet: its descriptor alone says
+    when a message comes, so it is not asked again (pyzmq builds an option enum on each ask too).
+    A send on it may take that message's command, so it is quiet no more once sent on here."""
 
     def __init__(self, *socks: zmq.Socket):
         self.socks = socks
         self.fd = select.poll()
         self.socket_of: dict[int, zmq.Socket] = {}
+        self.quiet: set[zmq.Socket] = set()
         for sock in socks:
             fd = sock.getsockopt(zmq.FD)
             self.fd.register(fd, select.POLLIN)
@@ -117,6 +122,18 @@ class Waiter:
         """Also wake when `fd` is readable (a thread's note that its work is done)."""
         self.fd.register(fd, select.POLLIN)
 
+    def drain(self, sock: zmq.Socket, handle, limit: int = 1 << 30) -> int:
+        """`drain` (below); a socket it emptied is quiet."""
+        taken = drain(sock, handle, limit)
+        if taken < limit:
+            self.quiet.add(sock)
+        return taken
+
+    def send_frames(self, sock: zmq.Socket, frames: list[bytes], flags: int = 0) -> None:
+        """`send_frames` (below) on one of the sockets, which may take its commands: not quiet."""
+        self.quiet.discard(sock)
+        send_frames(sock, frames, flags)
+
     def wait(self, timeout_ms: float) -> bool:
         """True when a message may wait (drain says for sure), within `timeout_ms`."""
         return bool(self.ready(timeout_ms))
@@ -124,11 +141,15 @@ class Waiter:
     def ready(self, timeout_ms: float) -> list:
         """The sockets that may hold a message (drain says for sure) and the watched descriptors
         that are readable, as soon as there is one; none once `timeout_ms` passed. A socket not
-        named has no message: the loop need not ask it again (each ask is a poll and a getpid)."""
-        found = [sock for sock in self.socks if _get(sock, EVENTS) & POLLIN]
-        if found or timeout_ms <= 0:
+        named has no message. Quiet sockets are named by their descriptors, also beside others
+        found (one poll): a busy socket must not keep a quiet one waiting."""
+        found = [sock for sock in self.socks if sock not in self.quiet and _get(sock, EVENTS) & POLLIN]
+        if not self.quiet and (found or timeout_ms <= 0):
             return found
-        return [self.socket_of.get(fd, fd) for fd, _ in self.fd.poll(math.ceil(timeout_ms))]
+        timeout = 0 if found else math.ceil(max(0.0, timeout_ms))
+        woke = [self.socket_of.get(fd, fd) for fd, _ in self.fd.poll(timeout)]
+        self.quiet.difference_update(woke)   # their drain takes the command that woke the descriptor
+        return found + [each for each in woke if each not in found]
 
 
 def frames_of(sock: zmq.Socket) -> list[zmq.Frame]:

@@ -1,11 +1,13 @@
 """sockets.Waiter over real ZeroMQ sockets on ipc (each message crosses both I/O threads): it names
 the sockets that hold a message and the watched descriptors that are readable, and nothing else."""
 import os
+import select
 import tempfile
 
 import pytest
 import zmq
 
+from mcpd import sockets
 from mcpd.sockets import Waiter, drain
 
 LONG_MS = 30_000   # a bound for a wait that ends when the message arrives, never reached
@@ -76,3 +78,73 @@ def test_a_watched_descriptor_is_named_when_readable_and_none_once_the_time_pass
     finally:
         os.close(read_end)
         os.close(write_end)
+
+
+@pytest.fixture
+def events_asked(monkeypatch):
+    """How many times each socket was asked EVENTS (the real ask, counted on its way through)."""
+    counts = {}
+    real = sockets._get
+
+    def counted(sock, option):
+        if option == sockets.EVENTS:
+            counts[sock] = counts.get(sock, 0) + 1
+        return real(sock, option)
+    monkeypatch.setattr(sockets, "_get", counted)
+    return counts
+
+
+def test_a_socket_the_waiter_emptied_is_not_asked_again_and_still_wakes_it(pulls, events_asked):
+    (a, push_a), (b, _) = pulls
+    waiter = Waiter(a, b)
+    push_a.send(b"first")
+    assert waiter.ready(LONG_MS) == [a]
+    found = []
+    assert waiter.drain(a, found.append) == 1 and found == [[b"first"]]
+    events_asked.clear()
+    assert waiter.ready(0) == []
+    assert events_asked == {b: 1}   # a is quiet: its descriptor alone is polled
+    push_a.send(b"second")
+    assert waiter.ready(LONG_MS) == [a]
+    assert taken(a) == [[b"second"]]
+
+
+def test_a_send_on_a_quiet_socket_makes_the_waiter_ask_it_again(events_asked):
+    """A send processes the socket's commands, and may take the one a message's arrival left on its
+    descriptor: only EVENTS can say that message is there."""
+    context = zmq.Context()
+    directory = tempfile.mkdtemp(prefix="mcpd-w-", dir="/tmp")
+    try:
+        mine, peer = context.socket(zmq.PAIR), context.socket(zmq.PAIR)
+        mine.bind(f"ipc://{directory}/pair")
+        peer.connect(f"ipc://{directory}/pair")
+        waiter = Waiter(mine)
+        peer.send(b"hello")
+        assert mine.recv() == b"hello"   # connected: no command of the connection's setup is still on its way
+        assert waiter.drain(mine, [].append) == 0 and mine in waiter.quiet
+        peer.send(b"meanwhile")
+        waiter.send_frames(mine, [b"to the peer"])
+        assert peer.recv() == b"to the peer"
+        events_asked.clear()
+        assert waiter.ready(LONG_MS) == [mine]
+        assert events_asked == {mine: 1}
+        assert taken(mine) == [[b"meanwhile"]]
+    finally:
+        context.destroy(linger=0)
+        for name in os.listdir(directory):
+            os.unlink(f"{directory}/{name}")
+        os.rmdir(directory)
+
+
+def test_a_quiet_socket_with_a_message_is_named_beside_a_busy_one(pulls):
+    """A loop that takes the named sockets only would otherwise leave the quiet one waiting for as
+    long as the other has messages."""
+    (a, push_a), (b, push_b) = pulls
+    waiter = Waiter(a, b)
+    waiter.drain(a, [].append)
+    push_a.send(b"to a")
+    push_b.send(b"to b")
+    for sock in (a, b):   # both arrived: their descriptors say so (asking EVENTS would take a's command)
+        assert select.select([sock.getsockopt(zmq.FD)], [], [], LONG_MS / 1000)[0]
+    assert waiter.ready(LONG_MS) == [b, a]
+    assert taken(a) == [[b"to a"]] and taken(b) == [[b"to b"]]

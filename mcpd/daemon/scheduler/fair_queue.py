@@ -65,6 +65,9 @@ class FairQueue:
     def head(self, held=(), by_arrival: bool = False) -> Job | None:
         """The next job of a tenant not in `held`: the lowest start tag of their heads (by_arrival:
         the oldest)."""
+        if len(self.tenants) == 1:   # one tenant waiting (the usual queue): its FIFO's first, unless held
+            tenant, fifo = next(iter(self.tenants.items()))
+            return None if tenant in held else next(iter(fifo.values()))
         best, best_key = None, None
         for tenant, fifo in self.tenants.items():
             if tenant not in held:
@@ -76,6 +79,8 @@ class FairQueue:
 
     def oldest(self) -> Job | None:
         """The job that waited longest: each FIFO is in arrival order (a retried job is older)."""
+        if len(self.tenants) == 1:
+            return next(iter(next(iter(self.tenants.values())).values()))
         heads = (next(iter(fifo.values())) for fifo in self.tenants.values())
         return min(heads, key=lambda job: job.seq, default=None)
 

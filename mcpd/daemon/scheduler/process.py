@@ -88,7 +88,7 @@ class SchedulerProcess:
             if self.sockets.workers in ready:
                 channels.drain(self.sockets.workers, each_routed_message(self.scheduler.on_worker))
             if self.sockets.inbox in ready:
-                channels.drain(self.sockets.inbox, each_message(self.scheduler.on_inbox))
+                waiter.drain(self.sockets.inbox, each_message(self.scheduler.on_inbox))   # never sent on: stays quiet
             if self.cluster is not None and self.cluster.wakeup in ready:
                 self.cluster.adopt_prefetched()
             self.scheduler.tick()

@@ -30,7 +30,8 @@ STANDBY_POLL_S = 0.5   # how often a standby checks that the supervisor still ru
 
 class WorkerSockets:
     """The core's ports on real sockets: a DEALER to the scheduler, a PUSH to the front-end. What
-    the core sends in a turn of the loop is held (batch.py) until the loop flushes."""
+    the core sends in a turn of the loop is held (batch.py) until the loop flushes. The loop waits
+    for the scheduler's messages on `waiter`, which sends to it too (it knows when it is quiet)."""
 
     def __init__(self, context: zmq.Context, config: Config, index: int):
         self.scheduler = context.socket(zmq.DEALER)
@@ -40,7 +41,8 @@ class WorkerSockets:
         self.frontend = context.socket(zmq.PUSH)
         self.frontend.setsockopt(zmq.LINGER, 0)
         self.frontend.connect(channels.endpoint(config.runtime_dir, sockets.FRONTEND_IPC))
-        self.for_scheduler = Batch(partial(channels.send_frames, self.scheduler))
+        self.waiter = channels.Waiter(self.scheduler)
+        self.for_scheduler = Batch(partial(self.waiter.send_frames, self.scheduler))
         self.for_frontend = Batch(partial(channels.send_frames, self.frontend))
 
     def to_scheduler(self, frames: list[bytes]) -> None:
@@ -138,7 +140,7 @@ class Worker:
         self.sockets.to_scheduler(messages.encode(self.core.hello()))   # Ready follows its Welcome
         self.sockets.flush()
         next_stats = 0.0
-        waiter = channels.Waiter(self.sockets.scheduler)
+        waiter = self.sockets.waiter
         if isinstance(self.core, HandlerCore):   # a predict's end wakes the loop
             waiter.watch(self.core.wake_fd)
         while child.parent_alive(self.parent_pid):
@@ -158,9 +160,10 @@ class Worker:
         which may be long. The first message's go before the loop asks for more: each ask is a
         poll and a getpid, which a lone request would wait for."""
         handle = each_message(self._on_message)
-        if channels.drain(self.sockets.scheduler, handle, 1):
+        waiter = self.sockets.waiter
+        if waiter.drain(self.sockets.scheduler, handle, 1):
             self.sockets.flush()
-            channels.drain(self.sockets.scheduler, handle)
+            waiter.drain(self.sockets.scheduler, handle)
             self.sockets.flush()
 
     def _welcomed(self) -> None:
