@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from mcpd.bad_gguf import BadGGUF
+
 if TYPE_CHECKING:
     from mcpd.gguf_metadata import GGUFMetadata
 
@@ -29,10 +31,6 @@ KEPT_QUANTIZED = "kept_quantized"
 SLOW_READ_S = 1.0   # a read of the metadata that took longer says how long
 log = logging.getLogger("mcpd.gguf")
 _opened: dict[tuple, "GGUFMetadata"] = {}   # one file's: a worker reads it for the skeleton, weights and tokenizer
-
-
-class BadGGUF(ValueError):
-    """A GGUF file that cannot be read as one, or whose metadata lies; its reader prefixes the path."""
 
 
 def is_gguf(path: str) -> bool:

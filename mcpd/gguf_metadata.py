@@ -15,7 +15,7 @@ import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import quant_shape_to_byte_shape
 
-from mcpd.gguf_file import BadGGUF
+from mcpd.bad_gguf import BadGGUF
 
 # Tensor types the reader views as their numbers; it views every other type as bytes.
 NUMBER_TYPES = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "I8": np.int8, "I16": np.int16,

@@ -15,7 +15,8 @@ from pathlib import Path
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
-from mcpd.gguf_file import BadGGUF, strings, value
+from mcpd.bad_gguf import BadGGUF
+from mcpd.gguf_file import strings, value
 
 CONTROL, USER_DEFINED = 3, 4   # tokenizer.ggml.token_type values
 

@@ -12,7 +12,8 @@ import re
 
 from gguf.constants import GGML_QUANT_SIZES
 
-from mcpd.gguf_file import BadGGUF, value
+from mcpd.bad_gguf import BadGGUF
+from mcpd.gguf_file import value
 
 ARCHITECTURES = ("llama", "qwen2")   # Mistral-style files say llama
 # The tensor types read here: KEPT ones stay so in memory, the others are dequantized at load
