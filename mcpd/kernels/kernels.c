@@ -416,10 +416,31 @@ static inline i32v madd_pairs(i32v acc, i32v w, i32v xs) {
 #endif
 }
 
+typedef i32v int8_sums[TILE_PANELS][VPP];   /* one row's int32 sums of a group */
+
+/* One pair step (columns i, i + 1) of rows of x (int16) times the tile's panels, into s[r]; a line
+   of each panel of the next strip fetched into L2 every four columns (`next`). */
+INLINE void int8_pair_step(const int16_t *x, int64_t rows, int64_t k, int64_t i, const int8_t *const p[TILE_PANELS],
+                           const int8_t *next, int8_sums s[]) {
+    if (i % 4 == 0)
+        for (int j = 0; j < TILE_PANELS; j++) __builtin_prefetch(next + i * TILE_PANELS * PANEL + 64 * j, 0, 2);
+    i32v w[TILE_PANELS][VPP];
+    for (int j = 0; j < TILE_PANELS; j++)
+        for (int h = 0; h < VPP; h++) w[j][h] = load_pairs(p[j] + i * PANEL + h * 2 * LANES);
+    for (int r = 0; r < rows; r++) {
+        int32_t pair;
+        memcpy(&pair, x + r * k + i, sizeof pair);
+        i32v both = (i32v){0} + pair;
+        for (int j = 0; j < TILE_PANELS; j++)
+            for (int h = 0; h < VPP; h++) s[r][j][h] = madd_pairs(s[r][j][h], w[j][h], both);
+    }
+}
+
 /* rows of x (int16, x_int16_rows' [rows, k], scales xs) times the tile's panels. The next
    strip's panels (the following TILE_PANELS * k * 16 bytes) are fetched into L2 while this one
-   runs, a line per panel per four columns: a decode step is bound by reading the weights, and the
-   hardware prefetcher ramps up too late on a panel's short stream. */
+   runs: a decode step is bound by reading the weights, and the hardware prefetcher ramps up too
+   late on a panel's short stream. A lone row sums alternate pair steps in two chains, as
+   vpdpwssd's latency (5 cycles) would otherwise bound it; integer sums, so the same bits. */
 INLINE void tile_int8(const int16_t *x, const float *xs, int64_t rows, int64_t k, int64_t group,
                       const int8_t *const p[TILE_PANELS], const float *const c[TILE_PANELS], tile_sums a) {
     const int8_t *next = p[0] + TILE_PANELS * k * PANEL;
@@ -428,26 +449,16 @@ INLINE void tile_int8(const int16_t *x, const float *xs, int64_t rows, int64_t k
         f32v scale[TILE_PANELS][VPP];
         for (int j = 0; j < TILE_PANELS; j++)
             for (int h = 0; h < VPP; h++) scale[j][h] = load_f32(c[j] + g0 / group * PANEL + h * LANES);
-        for (int64_t c0 = g0, end = group_end(g0, k, group); c0 < end; c0 += EXACT_COLUMNS) {
-            i32v s[TILE_ROWS][TILE_PANELS][VPP] = {{{{0}}}};
-            for (int64_t i = c0, c1 = end - c0 < EXACT_COLUMNS ? end : c0 + EXACT_COLUMNS; i < c1; i += 2) {
-                if (i % 4 == 0)
-                    for (int j = 0; j < TILE_PANELS; j++) __builtin_prefetch(next + i * TILE_PANELS * PANEL + 64 * j, 0, 2);
-                i32v w[TILE_PANELS][VPP];
-                for (int j = 0; j < TILE_PANELS; j++)
-                    for (int h = 0; h < VPP; h++) w[j][h] = load_pairs(p[j] + i * PANEL + h * 2 * LANES);
-                for (int r = 0; r < rows; r++) {
-                    int32_t pair;
-                    memcpy(&pair, x + r * k + i, sizeof pair);
-                    i32v both = (i32v){0} + pair;
-                    for (int j = 0; j < TILE_PANELS; j++)
-                        for (int h = 0; h < VPP; h++) s[r][j][h] = madd_pairs(s[r][j][h], w[j][h], both);
-                }
-            }
-            for (int r = 0; r < rows; r++)
-                for (int j = 0; j < TILE_PANELS; j++)
-                    for (int h = 0; h < VPP; h++) a[j][r][h] += __builtin_convertvector(s[r][j][h], f32v) * scale[j][h];
-        }
+        int8_sums s[TILE_ROWS] = {{{{0}}}};
+        int64_t i = g0, end = group_end(g0, k, group);
+        if (rows == 1)
+            for (; i + 4 <= end; i += 4) int8_pair_step(x, 1, k, i, p, next, s), int8_pair_step(x, 1, k, i + 2, p, next, s + 1);
+        for (; i < end; i += 2) int8_pair_step(x, rows, k, i, p, next, s);
+        for (int j = 0; j < TILE_PANELS && rows == 1; j++)
+            for (int h = 0; h < VPP; h++) s[0][j][h] += s[1][j][h];
+        for (int r = 0; r < rows; r++)
+            for (int j = 0; j < TILE_PANELS; j++)
+                for (int h = 0; h < VPP; h++) a[j][r][h] += __builtin_convertvector(s[r][j][h], f32v) * scale[j][h];
     }
     for (int r = 0; r < rows; r++)
         for (int j = 0; j < TILE_PANELS; j++)
