@@ -337,18 +337,14 @@ def test_int8_logits_native_against_the_torch_twin(native_kernels, dtype):
     assert agree(logits.to(dtype), TORCH.logits(x, weight).to(dtype))
 
 
-# Rows of one-token prompts that the int8 products take through the one-row kernel's sums (a
-# tile of those rows, each weight converted once for all of them); more go through the tile.
-INT8_STEP_ROWS = {"native-avx512": 8, "native-avx2": 3}
-
-
 @pytest.mark.parametrize("group", [64, 32])
-def test_a_row_in_a_step_of_few_int8_rows_gets_the_bits_it_gets_alone(native_kernels, group):
-    """A step of a few one-token prompts multiplies each row as a decode step of it alone would,
-    term by term in the same order: its logits do not depend on what it is batched with. k = 200:
-    groups of 64 (mcpd's) or 32 (a GGUF Q8_0's), the last one short. float32, where a sum in
+def test_a_row_of_an_int8_product_gets_the_bits_it_gets_alone_at_any_row_count(native_kernels, group):
+    """Whatever rows share a product (a step of one-token prompts, a tile's rows, the rows past a
+    tile: 2 to 17 spans AVX-512's 8-row tile and AVX2's 6-row one twice), each row's outputs are
+    those of a decode step of it alone: a row's int8 sums are integers, in any order the same. k =
+    200: groups of 64 (mcpd's) or 32 (a GGUF Q8_0's), the last one short. float32, where a sum in
     another order shows; bfloat16 rows take the same code (the agreement tests above cover it)."""
-    most, k = INT8_STEP_ROWS[native_kernels.name], 200
+    most, k = 17, 200
     x = rand(most, k)
     values = torch.randint(-127, 128, (400, k), dtype=torch.int8, generator=torch.Generator().manual_seed(1))
     weight = native_kernels.prepare(Int8Weight(values, rand(400, -(-k // group), scale=0.01).abs()))
@@ -359,3 +355,31 @@ def test_a_row_in_a_step_of_few_int8_rows_gets_the_bits_it_gets_alone(native_ker
         batched, logits = native_kernels.linear(x[:rows], weight, b), native_kernels.logits(x[:rows], weight)
         for row in range(rows):
             assert torch.equal(batched[row:row + 1], alone[row][0]) and torch.equal(logits[row:row + 1], alone[row][1])
+
+
+@pytest.mark.parametrize("kernels_", [*NATIVES.values(), TORCH], ids=[*NATIVES, "torch"])
+def test_int8_products_round_each_activation_row_to_int16(kernels_):
+    """Each row of x is rounded to int16 levels of its own largest value (32767 levels) before
+    the int8 product, in the native kernels and the torch twin alike. Row 0's largest is 32767,
+    so its step is exactly 1 and 0.25 rounds to 0: the product is 32767 * column 0, exactly (a
+    float product would add 0.25 * column 1). Row 1 is row 0 over 2^17: its own step, so the
+    same levels, not zeros. Row 2 holds a NaN: all its outputs are NaN, as a float product's."""
+    k = 64
+    values = torch.randint(-127, 128, (48, k), dtype=torch.int8, generator=torch.Generator().manual_seed(3))
+    weight = Int8Weight(values, torch.ones(48, 1))
+    x = torch.zeros(3, k)
+    x[0, 0], x[0, 1] = 32767.0, 0.25
+    x[1] = x[0] / 2.0 ** 17
+    x[2, 5] = float("nan")
+    y = kernels_.linear(x, kernels_.prepare(weight))
+    expected = 32767.0 * values[:, 0].float()
+    assert torch.equal(y[0], expected) and torch.equal(y[1], expected / 2.0 ** 17)
+    assert bool(y[2].isnan().all())
+
+
+def test_an_int8_matrix_of_an_odd_number_of_columns_is_refused_by_the_native_kernels():
+    """The native int8 panels hold each output's inputs in pairs."""
+    values = torch.ones(16, 31, dtype=torch.int8)
+    for kernels_ in NATIVES.values():
+        with pytest.raises(ValueError, match="31 columns: the native kernels take pairs"):
+            kernels_.prepare(Int8Weight(values, torch.ones(16, 1)))

@@ -21,17 +21,17 @@ dtype codes: 0 = float32, 1 = bfloat16 (stored as uint16).
 
 Panels and tiles of each instruction set (a new weight format reuses them):
   weights     panels of 16 output rows (PANEL), the same bytes for every set (NativeKernels.form):
-              float32 and int8 [n/16][k][16], bfloat16 [n/16][k/2][16][2], int8 scales
+              float32 [n/16][k][16], bfloat16 and int8 [n/16][k/2][16][2], int8 scales
               [n/16][groups][16]; 4-bit bytes [n/16][k/32][4][16][4], their float16 scales and
               mins [n/16][k/32][16] (Q4_K: uint8, and float16 supers [n/16][k/256][2][16];
               Q6_K: int8 scales [n/16][k/16][16], highs [n/16][k/32][2][16][4], supers
               [n/16][k/256][1][16]) (mcpd_matrix). A panel's row of 16 is 1 vector (AVX-512)
               or 2 (AVX2).
   AVX-512F    LANES 16, 32 zmm registers: product tile 8 rows x 2 panels (8x32, 16 accumulators),
-              4-bit ones 4 rows at a time by int16 x (vpdpwssd where AVX512_VNNI is); one
+              int8 and 4-bit ones by int16 x (vpdpwssd where AVX512_VNNI is; 4-bit: 4 rows at a time); one
               row: 4 panels at once; prefill attention 8 query rows x 32 keys.
   AVX2 + FMA  LANES 8, 16 ymm registers: product tile 6 rows x 1 panel (6x16, 12 accumulators),
-              4-bit ones 4 rows at a time by int16 x (vpmaddwd, no VNNI); one
+              int8 and 4-bit ones by int16 x (vpmaddwd, no VNNI; 4-bit: 4 rows at a time); one
               row: 4 panels at once; prefill attention 6 query rows x 16 keys.
 */
 #include <math.h>
@@ -289,16 +289,22 @@ typedef struct mcpd_matrix {
     int64_t rows;                         /* this part's rows where next is not NULL */
 } mcpd_matrix;
 
-/* Weight-only int8 (mcpd/quant/int8.py): panels [n/16][k][16] of int8, and float32 scales
-   [n/16][groups][16], one per output row and `group` input columns (64 as mcpd quantizes, 32 as
-   a GGUF Q8_0 block holds them). Each step converts 16
-   integers to float32 in registers (a sign-extending load and a convert), multiplies them by
-   their group's 16 scales (the weights int8.dequantize gives, bit for bit) and multiply-adds
-   them like float32 weights (one row: row_int8 scales each group's sum instead). Why not int8
-   activations and VNNI (vpdpbusd): a decode step is bound by reading the weights, which int8
-   cuts to a quarter either way, while the conversion costs three instructions per 16 weights
-   shared by all rows of the tile; quantizing activations would add a second error for no speed
-   at batch 1 (bench/quantized.py measures both speed and agreement with the float model). */
+/* Weight-only int8 (mcpd/quant/int8.py) times int16 activations. Weights: panels
+   [n/16][k/2][16][2] of int8, each output's consecutive inputs side by side (the pairs vpmaddwd
+   multiplies), and float32 scales [n/16][groups][16], one per output row and `group` input
+   columns (64 as mcpd quantizes, 32 as a GGUF Q8_0 block holds them). Activations: each row of x
+   is quantized once per product to int16 with one float32 scale (x_int16_rows). A pair step
+   sign-extends a panel row's 16 pairs to int16 once for all rows of the tile; each row multiplies
+   them by its broadcast pair of activations and sums in int32 (vpmaddwd + vpaddd on AVX2, as
+   Zen 2/3 have no VNNI; vpdpwssd where AVX512_VNNI exists). A group's integer sum is exact
+   (|127 * 32767 * 64| < 2^31, groups past 64 columns summed in spans of 64) and scaled once in
+   float32, the row's scale once at the end.
+   Why (the lead's decision): converting every weight to float32 (sign-extend, convert,
+   multiply-add) bounded a decode step below what int8's reads allow; the pairs halve the
+   instructions a weight. The activation rounding, about 2^-15 of a row's largest value, is far
+   below the int8 weights' own (2^-8 of a group's largest); bench/quantized.py measures agreement
+   with the float model. Integer sums do not depend on their order, so a row gets the same bits
+   whatever rows share its tile (a one-token prompt batched gets the logits it gets alone). */
 typedef int8_t i8v __attribute__((vector_size(LANES)));
 
 /* LANES int8 as float32. GCC 12 turns __builtin_convertvector of int8 into scalar conversions
@@ -327,110 +333,136 @@ static inline int64_t group_end(int64_t g0, int64_t k, int64_t group) {
     return k - g0 < group ? k : g0 + group;
 }
 
-/* One row (a decode step at batch 1), or a step's few rows (one-token prompts batched, up to
-   INT8_ROWS): with one sum per stream each multiply-add waits for the last (4 cycles), which
-   bounds the product below what int8's smaller reads allow; four sums per stream and row, added
-   at the end, keep the multiply-adds independent. The pass is bound by reading the
-   weights (out of cache int8 reaches a lower rate than float32's streams: a panel's int8 stream
-   is a quarter of a float32 one's, 8 KB at k = 512, and the hardware prefetcher ramps up too late
-   on it), so the next tile's panels (the following TILE_PANELS * k * 16 bytes) are fetched into
-   L2 while this one runs, a line per panel per four steps: a batch-1 pass over the bench model's int8
-   matrices went from 3.6-4.0 ms to 2.5-2.9 (medians, one thread, out of cache; prefetching 4 KB
-   ahead within each panel before; into L1 instead of L2: 3.2-3.5). Here each group's sum
-   of x * values is scaled once, not each weight: a multiply per 16 weights made the pass 20%
-   (groups of 64) to 50% (32) slower than one scale a row; this costs a multiply-add a group
-   (bench/quantized.py). A row's sums add the same terms in the same order whatever rows share
-   the pass, so a one-token prompt gets the logits it gets alone. The same product as
-   tile_int8's, rounded at other places. INT8_ROWS: the rows whose four sums fit the registers
-   beside a stream's values (AVX2: 3 x 4 of 16; AVX-512's 8 x 4 of 32 do not quite, yet at 8 rows
-   took no longer than the tile, and less than two passes of 4). */
+#define INT16_LEVELS 32767
+#define EXACT_COLUMNS 64   /* columns whose int8 x int16 products an int32 sums exactly */
+
+/* LANES floats rounded to the nearest integer, ties to even (torch.round's rule). */
+static inline i32v round_to_i32(f32v v) {
 #ifdef __AVX512F__
-#define INT8_ROWS 8
+    return (i32v)_mm512_cvtps_epi32((__m512)v);
+#elif defined(__AVX2__)
+    return (i32v)_mm256_cvtps_epi32((__m256)v);
 #else
-#define INT8_ROWS 3
+    i32v r;
+    for (int l = 0; l < LANES; l++) r[l] = (int32_t)lrintf(v[l]);
+    return r;
 #endif
-#define STRIP_STREAMS (TILE_PANELS * VPP)   /* a strip's vectors of LANES columns */
-typedef f32v stream_sums[STRIP_STREAMS];
+}
 
-/* rows of x times `streams` streams of LANES columns each (q: their int8 values, a panel row
-   PANEL apart; sc: their scales), into out[r][t]; fetching `next` (NULL: nothing) into L2. */
-INLINE void int8_streams(int dtype, const void *x, int64_t rows, int64_t k, int64_t group, int streams,
-                         const int8_t *const q[STRIP_STREAMS], const float *const sc[STRIP_STREAMS],
-                         const int8_t *next, stream_sums out[INT8_ROWS]) {
-    for (int r = 0; r < rows; r++)
-        for (int t = 0; t < streams; t++) out[r][t] = splat(0);
-    for (int64_t g0 = 0; g0 < k; g0 += group) {
-        f32v s[INT8_ROWS][STRIP_STREAMS][4] = {{{{0}}}};
-        int64_t i = g0, end = group_end(g0, k, group);
-        for (; i + 4 <= end; i += 4) {
-            if (next)
-                for (int j = 0; j < TILE_PANELS; j++) __builtin_prefetch(next + i * TILE_PANELS * PANEL + 64 * j, 0, 2);
-#pragma GCC unroll 4
-            for (int u = 0; u < 4; u++)
-#pragma GCC unroll 2
-                for (int t = 0; t < streams; t++) {
-                    f32v v = load_int8(q[t] + (i + u) * PANEL);
-#pragma GCC unroll 8
-                    for (int r = 0; r < rows; r++) s[r][t][u] += x_at(dtype, x, r * k + i + u) * v;
-                }
+/* |v|'s largest lane, NaN if any lane is NaN (then the row's products are NaN, as float ones). */
+static inline float abs_max(f32v v) {
+    f32v a = (f32v)((i32v)v & 0x7fffffff);
+    float most = 0;
+    for (int l = 0; l < LANES; l++) most = a[l] > most || a[l] != a[l] ? a[l] : most;
+    return most;
+}
+
+/* Each row of x [m, k] (dtype) as int16, q = round(x * (32767 / max|x|)), into a new [m, k]
+   buffer, and the row's scale max|x| / 32767 into scales[m] (a row of zeros: 0). int8.linear
+   (the torch twin) rounds the same way. */
+static int16_t *x_int16_rows(int dtype, const void *x, int64_t m, int64_t k, float *scales) {
+    int16_t *q = malloc(m * k * sizeof(int16_t));
+    for (int64_t r = 0; r < m; r++) {
+        int64_t row = r * k, i = 0;
+        float most = 0;
+        for (; i + LANES <= k; i += LANES) {
+            float a = abs_max(load_any(dtype, x, row + i));
+            most = a > most || a != a ? a : most;
         }
-        for (; i < end; i++)
-            for (int t = 0; t < streams; t++) {
-                f32v v = load_int8(q[t] + i * PANEL);
-                for (int r = 0; r < rows; r++) s[r][t][0] += x_at(dtype, x, r * k + i) * v;
-            }
-        for (int r = 0; r < rows; r++)
-            for (int t = 0; t < streams; t++)
-                out[r][t] += ((s[r][t][0] + s[r][t][1]) + (s[r][t][2] + s[r][t][3])) * load_f32(sc[t] + g0 / group * PANEL);
+        for (; i < k; i++) {
+            float a = fabsf(x_at(dtype, x, row + i));
+            most = a > most || a != a ? a : most;
+        }
+        float inv = most > 0 ? INT16_LEVELS / most : 0;
+        scales[r] = most / INT16_LEVELS;
+        for (i = 0; i + LANES <= k; i += LANES) {
+            i32v v = round_to_i32(load_any(dtype, x, row + i) * inv);
+            for (int l = 0; l < LANES; l++) q[row + i + l] = (int16_t)v[l];
+        }
+        for (; i < k; i++) q[row + i] = (int16_t)lrintf(x_at(dtype, x, row + i) * inv);
+    }
+    return q;
+}
+
+/* A panel row's LANES pairs of int8 weights (2 * LANES bytes) as int16, a pair a 32-bit lane. */
+static inline i32v load_pairs(const int8_t *p) {
+#if defined(__AVX512BW__)
+    return (i32v)_mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)p));
+#elif defined(__AVX2__) && !defined(__AVX512F__)
+    return (i32v)_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)p));
+#else
+    int16_t w[2 * LANES];
+    for (int l = 0; l < 2 * LANES; l++) w[l] = p[l];
+    i32v v;
+    memcpy(&v, w, sizeof v);
+    return v;
+#endif
+}
+
+/* acc + each lane's pair of int16 weights times the pair of int16 activations xs. */
+static inline i32v madd_pairs(i32v acc, i32v w, i32v xs) {
+#if defined(__AVX512VNNI__)
+    return (i32v)_mm512_dpwssd_epi32((__m512i)acc, (__m512i)w, (__m512i)xs);
+#elif defined(__AVX512BW__)
+    return acc + (i32v)_mm512_madd_epi16((__m512i)w, (__m512i)xs);
+#elif defined(__AVX2__) && !defined(__AVX512F__)
+    return acc + (i32v)_mm256_madd_epi16((__m256i)w, (__m256i)xs);
+#else
+    int16_t a[2 * LANES], b[2 * LANES];
+    memcpy(a, &w, sizeof a);
+    memcpy(b, &xs, sizeof b);
+    for (int l = 0; l < LANES; l++) acc[l] += a[2 * l] * b[2 * l] + a[2 * l + 1] * b[2 * l + 1];
+    return acc;
+#endif
+}
+
+typedef i32v int8_sums[TILE_PANELS][VPP];   /* one row's int32 sums of a group */
+
+/* One pair step (columns i, i + 1) of rows of x (int16) times the tile's panels, into s[r]; a line
+   of each panel of the next strip fetched into L2 every four columns (`next`). */
+INLINE void int8_pair_step(const int16_t *x, int64_t rows, int64_t k, int64_t i, const int8_t *const p[TILE_PANELS],
+                           const int8_t *next, int8_sums s[]) {
+    if (i % 4 == 0)
+        for (int j = 0; j < TILE_PANELS; j++) __builtin_prefetch(next + i * TILE_PANELS * PANEL + 64 * j, 0, 2);
+    i32v w[TILE_PANELS][VPP];
+    for (int j = 0; j < TILE_PANELS; j++)
+        for (int h = 0; h < VPP; h++) w[j][h] = load_pairs(p[j] + i * PANEL + h * 2 * LANES);
+    for (int r = 0; r < rows; r++) {
+        int32_t pair;
+        memcpy(&pair, x + r * k + i, sizeof pair);
+        i32v both = (i32v){0} + pair;
+        for (int j = 0; j < TILE_PANELS; j++)
+            for (int h = 0; h < VPP; h++) s[r][j][h] = madd_pairs(s[r][j][h], w[j][h], both);
     }
 }
 
-/* One row: all the strip's streams at once, so that their memory reads overlap. */
-INLINE void row_int8(int dtype, const void *x, int64_t k, int64_t group, const int8_t *const p[TILE_PANELS],
-                     const float *const c[TILE_PANELS], tile_sums a) {
-    const int8_t *q[STRIP_STREAMS];
-    const float *sc[STRIP_STREAMS];
-    for (int t = 0; t < STRIP_STREAMS; t++) q[t] = p[t / VPP] + t % VPP * LANES, sc[t] = c[t / VPP] + t % VPP * LANES;
-    stream_sums out[INT8_ROWS];
-    int8_streams(dtype, x, 1, k, group, STRIP_STREAMS, q, sc, p[0] + TILE_PANELS * k * PANEL, out);
-    for (int t = 0; t < STRIP_STREAMS; t++) a[t / VPP][0][t % VPP] = out[0][t];
-}
-
-/* 2 to INT8_ROWS rows (a step of one-token prompts): a pass per stream, each weight converted
-   once for all the rows, whose 4 sums a row fill the registers. */
-INLINE void rows_int8(int dtype, const void *x, int64_t rows, int64_t k, int64_t group,
+/* rows of x (int16, x_int16_rows' [rows, k], scales xs) times the tile's panels. The next
+   strip's panels (the following TILE_PANELS * k * 16 bytes) are fetched into L2 while this one
+   runs: a decode step is bound by reading the weights, and the hardware prefetcher ramps up too
+   late on a panel's short stream. A lone row sums alternate pair steps in two chains, as
+   vpdpwssd's latency (5 cycles) would otherwise bound it; integer sums, so the same bits. */
+INLINE void tile_int8(const int16_t *x, const float *xs, int64_t rows, int64_t k, int64_t group,
                       const int8_t *const p[TILE_PANELS], const float *const c[TILE_PANELS], tile_sums a) {
-    for (int t = 0; t < STRIP_STREAMS; t++) {
-        const int8_t *q[STRIP_STREAMS] = {p[t / VPP] + t % VPP * LANES};
-        const float *sc[STRIP_STREAMS] = {c[t / VPP] + t % VPP * LANES};
-        stream_sums out[INT8_ROWS];
-        int8_streams(dtype, x, rows, k, group, 1, q, sc, t ? NULL : p[0] + TILE_PANELS * k * PANEL, out);
-        for (int r = 0; r < rows; r++) a[t / VPP][r][t % VPP] = out[r][0];
-    }
-}
-
-INLINE void tile_int8(int dtype, const void *x, int64_t rows, int64_t k, int64_t group,
-                      const int8_t *const p[TILE_PANELS], const float *const c[TILE_PANELS], tile_sums a) {
-    if (rows == 1) {
-        row_int8(dtype, x, k, group, p, c, a);
-        return;
-    }
+    const int8_t *next = p[0] + TILE_PANELS * k * PANEL;
     zero_tile(a);
     for (int64_t g0 = 0; g0 < k; g0 += group) {
         f32v scale[TILE_PANELS][VPP];
         for (int j = 0; j < TILE_PANELS; j++)
             for (int h = 0; h < VPP; h++) scale[j][h] = load_f32(c[j] + g0 / group * PANEL + h * LANES);
-        for (int64_t i = g0, end = group_end(g0, k, group); i < end; i++) {
-            f32v w[TILE_PANELS][VPP];
+        int8_sums s[TILE_ROWS] = {{{{0}}}};
+        int64_t i = g0, end = group_end(g0, k, group);
+        if (rows == 1)
+            for (; i + 4 <= end; i += 4) int8_pair_step(x, 1, k, i, p, next, s), int8_pair_step(x, 1, k, i + 2, p, next, s + 1);
+        for (; i < end; i += 2) int8_pair_step(x, rows, k, i, p, next, s);
+        for (int j = 0; j < TILE_PANELS && rows == 1; j++)
+            for (int h = 0; h < VPP; h++) s[0][j][h] += s[1][j][h];
+        for (int r = 0; r < rows; r++)
             for (int j = 0; j < TILE_PANELS; j++)
-                for (int h = 0; h < VPP; h++) w[j][h] = load_int8(p[j] + i * PANEL + h * LANES) * scale[j][h];
-            for (int r = 0; r < rows; r++) {
-                float xv = x_at(dtype, x, r * k + i);
-                for (int j = 0; j < TILE_PANELS; j++)
-                    for (int h = 0; h < VPP; h++) a[j][r][h] += xv * w[j][h];
-            }
-        }
+                for (int h = 0; h < VPP; h++) a[j][r][h] += __builtin_convertvector(s[r][j][h], f32v) * scale[j][h];
     }
+    for (int r = 0; r < rows; r++)
+        for (int j = 0; j < TILE_PANELS; j++)
+            for (int h = 0; h < VPP; h++) a[j][r][h] *= xs[r];
 }
 
 /* 4-bit weights (GGUF's Q4_0 and Q4_1: mcpd/quant/int4.py): panels [n/16][k/32][4][16][4] of
@@ -612,7 +644,7 @@ INLINE void q4_quads(int kind, const uint8_t *p, const void *hb, int64_t b, int 
    sum * (d_w * d_x) + m_w * (d_x * the block's sum of q): the nibbles of each block unpacked
    once for all the rows. A row's sums add the same terms in the same order whatever rows share
    its tile: a one-token prompt gets the logits it gets alone. The next strip's panels are
-   fetched into L2 while this one runs, as row_int8 does. */
+   fetched into L2 while this one runs, as tile_int8 does. */
 INLINE void rows_int4(int kind, x_q16 xq, int64_t rows, int64_t k, const uint8_t *const p[TILE_PANELS],
                       const void *const d[TILE_PANELS], const void *const m[TILE_PANELS],
                       const uint16_t *const s[TILE_PANELS], tile_sums a) {
@@ -738,47 +770,33 @@ INLINE void tile_plain(int dtype, const void *x, int64_t rows, int64_t k, const 
 #undef TILE
 }
 
-/* rows_int8 of a count of rows and a group known at compile time, so that its sums stay in
-   registers. Not inlined, as rows_int4_fixed. */
-static __attribute__((noinline)) void rows_int8_fixed(int dtype, const void *x, int64_t rows, int64_t k,
+/* tile_int8 of a count of rows and a group known at compile time (1 to TILE_ROWS; 64, mcpd's, or
+   32, GGUF's), so that its integer sums stay in registers and a group's loop unrolls. Not
+   inlined, as rows_int4_fixed: its sums are locals, written to the tile once a span. */
+static __attribute__((noinline)) void tile_int8_fixed(const int16_t *x, const float *xs, int64_t rows, int64_t k,
                                                       int64_t group, const int8_t *const p[TILE_PANELS],
                                                       const float *const c[TILE_PANELS], tile_sums a) {
-#define ROWS(D, G, R) rows_int8(D, x, R, k, G, p, c, a)
-#define BY_GROUP(D, R) (group == 64 ? ROWS(D, 64, R) : group == 32 ? ROWS(D, 32, R) : ROWS(D, group, R))
-#define CASE(R) case R: dtype == F32 ? BY_GROUP(F32, R) : BY_GROUP(BF16, R); break;
+#define INT8(G, R) tile_int8(x, xs, R, k, G, p, c, a)
+#define CASE(R) case R: group == 64 ? INT8(64, R) : group == 32 ? INT8(32, R) : INT8(group, R); break;
     switch (rows) {
-    CASE(2) CASE(3)
-#if INT8_ROWS > 3
-    CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
+    CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6)
+#if TILE_ROWS > 6
+    CASE(7) CASE(8)
 #endif
     }
 #undef CASE
-#undef BY_GROUP
-#undef ROWS
-}
-
-INLINE void tile_int8_groups(int dtype, const void *x, int64_t rows, int64_t k, int64_t group,
-                               const void *const p[TILE_PANELS], const void *const c[TILE_PANELS], tile_sums a) {
-    if (rows > 1 && rows <= INT8_ROWS) {
-        rows_int8_fixed(dtype, x, rows, k, group, (const int8_t *const *)p, (const float *const *)c, a);
-        return;
-    }
-#define INT8(D, G, R) tile_int8(D, x, R, k, G, (const int8_t *const *)p, (const float *const *)c, a)
-#define BY_GROUP(D, R) (group == 64 ? INT8(D, 64, R) : group == 32 ? INT8(D, 32, R) : INT8(D, group, R))
-#define TILE(R) (dtype == F32 ? BY_GROUP(F32, R) : BY_GROUP(BF16, R))
-    BY_ROWS(TILE);
-#undef TILE
-#undef BY_GROUP
 #undef INT8
 }
 
 /* p, c, mn, s: each panel's weights, scales, mins (Q6_K: highs) and supers (w's kind says which
-   there are); xq: a 4-bit matrix's x_q16 of x's rows. */
-INLINE void tile(int dtype, const void *x, x_q16 xq, int64_t rows, int64_t k, const mcpd_matrix *w,
-                 const void *const p[TILE_PANELS], const void *const c[TILE_PANELS], const void *const mn[TILE_PANELS],
-                 const void *const s[TILE_PANELS], tile_sums a) {
+   there are); xq: a 4-bit matrix's x_q16 of x's rows; an int8 one's x is x_int16_rows' and
+   x_scales their scales. */
+INLINE void tile(int dtype, const void *x, const float *x_scales, x_q16 xq, int64_t rows, int64_t k,
+                 const mcpd_matrix *w, const void *const p[TILE_PANELS], const void *const c[TILE_PANELS],
+                 const void *const mn[TILE_PANELS], const void *const s[TILE_PANELS], tile_sums a) {
     if (w->kind == PLAIN) tile_plain(dtype, x, rows, k, p, a);
-    else if (w->kind == INT8) tile_int8_groups(dtype, x, rows, k, w->group, p, c, a);
+    else if (w->kind == INT8)
+        tile_int8_fixed(x, x_scales, rows, k, w->group, (const int8_t *const *)p, (const float *const *)c, a);
     else tile_int4(w->kind, xq, rows, k, (const uint8_t *const *)p, c, mn, (const uint16_t *const *)s, a);
 }
 
@@ -893,6 +911,12 @@ static void linear_part(int dtype, const void *x, int64_t m, int64_t k, const mc
     }
     int four_bit = w->kind >= Q4_0;
     x_q16 xq = four_bit ? x_q16_quantize(dtype, x, m, k) : (x_q16){0};
+    float *x_scales = NULL;   /* an int8 matrix's: each row's x_int16_rows scale */
+    int16_t *x16 = NULL;
+    if (w->kind == INT8) {
+        x_scales = malloc(m * sizeof(float));
+        x = x16 = x_int16_rows(dtype, x, m, k, x_scales), x_size = sizeof(int16_t);
+    }
     #pragma omp parallel for schedule(dynamic, 8 / TILE_PANELS) if (strips > 1 && n * k * m >= 32768)
     for (int64_t strip = 0; strip < strips; strip++) {
         int64_t first = strip * TILE_PANELS, count = panels - first < TILE_PANELS ? panels - first : TILE_PANELS;
@@ -907,14 +931,16 @@ static void linear_part(int dtype, const void *x, int64_t m, int64_t k, const mc
         for (int64_t row = 0; row < m; row += TILE_ROWS) {
             int64_t rows = m - row < TILE_ROWS ? m - row : TILE_ROWS;
             tile_sums a;
-            tile(dtype, (const char *)x + row * k * x_size, four_bit ? x_q16_rows(xq, row, k) : xq, rows, k, w, p, c, mn,
-                 s, a);
+            tile(dtype, (const char *)x + row * k * x_size, x_scales ? x_scales + row : NULL,
+                 four_bit ? x_q16_rows(xq, row, k) : xq, rows, k, w, p, c, mn, s, a);
             for (int64_t j = 0; j < count; j++)
                 store_tile(dtype, y_f32, y, n, ld, row, rows, (first + j) * PANEL, a[j], bias);
         }
     }
     free(widened);
     free((void *)xq.q);
+    free(x16);
+    free(x_scales);
 }
 
 /* linear_part of each of w's parts, into its columns of y [m, n] (and of the bias). */
@@ -961,7 +987,7 @@ static float weight_at(int dtype, const mcpd_matrix *w, int64_t k, int64_t row, 
         return q * d + (w->kind == Q4_1 ? (float)((const _Float16 *)w->mins)[at] : d * -8.0f);
     }
     if (w->kind == INT8)
-        return ((const int8_t *)w->panels)[(panel * k + i) * PANEL + j]
+        return ((const int8_t *)w->panels)[((panel * k / 2 + i / 2) * PANEL + j) * 2 + i % 2]   /* [panel][i / 2][j][i % 2] */
                * ((const float *)w->scales)[panel * bytes[1] / 4 + i / w->group * PANEL + j];
     if (dtype == F32) return ((const float *)w->panels)[(panel * k + i) * PANEL + j];
     return bf16_to_f32(((const bf16 *)w->panels)[((panel * k / 2 + i / 2) * PANEL + j) * 2 + i % 2]);   /* [panel][i / 2][j][i % 2] */

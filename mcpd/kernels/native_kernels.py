@@ -3,7 +3,8 @@
 Weight matrices are packed once, at load, into the panels kernels.c multiplies (prepare()); the
 products of any number of rows are native. Attention, of decoding sequences and of prefill
 chunks, reads the paged KV cache in place; the whole decoder stack runs as one call a step
-(native_stack.py). Weight-only int8 and 4-bit matrices are read as such and converted in registers.
+(native_stack.py). Weight-only int8 and 4-bit matrices are read as such and converted in registers
+(int8 ones multiplied by activations rounded to int16, as int8.linear does).
 """
 from __future__ import annotations
 
@@ -26,8 +27,9 @@ PANEL = 16
 
 @dataclass(frozen=True, slots=True)
 class Packed:
-    """A weight matrix [n, k] in kernels.c's panel layout: float32 and int8 [n/16, k, 16],
-    bfloat16 [n/16, k/2, 16, 2] (n padded with zero rows to a multiple of 16); an int8 one has
+    """A weight matrix [n, k] in kernels.c's panel layout: float32 [n/16, k, 16], bfloat16 and
+    int8 [n/16, k/2, 16, 2] (each output's consecutive inputs side by side, the pairs the
+    bfloat16 dot product and vpmaddwd take; n padded with zero rows to a multiple of 16); an int8 one has
     its scales in panels too, float32 [n/16, groups(k), 16] (padding rows' scales 1); a 4-bit
     one is bytes [n/16, k/32, 4, 16, 4] (int4.py's bytes of a block, four of each of 16 rows
     at a time), its scales and (Q4_1) mins float16 [n/16, k/32, 16] (Q4_K: uint8, and supers
@@ -46,13 +48,15 @@ class Packed:
         if isinstance(weight, Int4Weight):
             return cls._of_int4(weight)
         if isinstance(weight, Int8Weight):
+            if weight.values.shape[1] % 2:
+                raise ValueError(f"an int8 matrix of {weight.values.shape[1]} columns: the native kernels take pairs")
             packed = cls.of(weight.values)
             scales = F.pad(weight.scales, (0, 0, 0, -packed.n % PANEL), value=1.0)
             scales = scales.view(-1, PANEL, scales.shape[1]).transpose(1, 2).contiguous()
             return cls(packed.panels, packed.n, packed.k, scales)
         n, k = weight.shape
         padded = F.pad(weight, (0, 0, 0, -n % PANEL))
-        if weight.dtype in (torch.float32, torch.int8):
+        if weight.dtype == torch.float32:
             panels = padded.view(-1, PANEL, k).transpose(1, 2)
         else:
             panels = padded.view(-1, PANEL, k // 2, 2).permute(0, 2, 1, 3)
@@ -88,12 +92,12 @@ class Packed:
 
 def _in_quads(block_bytes: torch.Tensor, blocks: int) -> torch.Tensor:
     """Bytes [n, blocks * 4c] as [n/16, blocks, c, 16, 4]: each row's four bytes side by side, a
-    32-bit lane of the integer dot products (kernels.c, x_q8_dot)."""
+    32-bit lane of the integer dot products (kernels.c, x_q16_dot)."""
     return block_bytes.view(-1, PANEL, blocks, block_bytes.shape[1] // blocks // 4, 4).permute(0, 2, 3, 1, 4).contiguous()
 
 
 class NativeKernels(TorchKernels):
-    form = "panels16-int8-int4b32x4"   # every instruction set's tiles read these panels
+    form = "panels16-int8pairs-int4b32x4"   # every instruction set's tiles read these panels
     stacks_layers = True
 
     def __init__(self, isa: str) -> None:

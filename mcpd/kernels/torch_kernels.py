@@ -6,8 +6,9 @@ this interface; choice.py picks one for a model.
 Each op mirrors the order of roundings of transformers' Llama, so that every kernel set gives
 transformers' greedy tokens in float32 and in bfloat16.
 
-Weight-only int8 matrices (quant/int8.py): the torch twin converts the integers at each product
-(int8.linear); on a CUDA device a Triton kernel does the same (quant/int8_cuda.py). 4-bit ones
+Weight-only int8 matrices (quant/int8.py): the torch twin rounds x to int16 and converts the
+integers at each product (int8.linear), as the native kernels multiply them; on a CUDA device a
+Triton kernel takes x as it is (quant/int8_cuda.py). 4-bit ones
 (quant/int4.py): int4.linear, a panel of rows at a time, on any device.
 """
 from __future__ import annotations

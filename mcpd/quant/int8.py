@@ -16,12 +16,13 @@ Symmetric (no zero point). Groups along the input: one scale per row spreads a r
 over its largest weight, most of its weights then use a few of them; a group's peak is nearer
 its typical weight (bench/quantized.py weighs group size against agreement and speed).
 Groups never span rows, so a fused matrix (q/k/v, gate/up) quantizes row by row exactly as its
-separate pieces would. -128 is left out so that negating a row stays exact. The torch twin
-and the native kernel multiply x by the dequantized weight, values * scale rounded to float32
-(the native one in registers); the native kernel's one-row case (a decode step, and a step's
-few one-token prompts) scales each group's sum instead, a multiply a group rather than a
-weight: the same product, rounded at other places, as the kernels' orders of summing differ
-anyway (tests/test_kernels.py).
+separate pieces would. -128 is left out so that negating a row stays exact.
+
+Activations: the torch twin and the native kernel multiply each row of x rounded to int16 (one
+float32 scale a row, max|x| / 32767: int16_rows), the native one in integers a group at a time
+(vpmaddwd) and each group's sum scaled once; the twin by the dequantized weight, values * scale
+rounded to float32. The same product, rounded at other places (tests/test_kernels.py). The
+rounding, about 2^-15 of a row's largest value, is far below the weights' own 2^-8.
 
 Which tensors: every nn.Linear of a Llama-family model (q/k/v, o, gate/up, down) and the LM
 head. The embedding stays in the model dtype: a step reads one of its rows per token, not the
@@ -43,6 +44,7 @@ from torch import nn
 from mcpd.quant.int8_layout import GROUP, SCALE_SUFFIX, group_of, groups
 
 LEVELS = 127
+INT16_LEVELS = 32767      # an activation's int16 levels each side of zero (int16_rows)
 RATIOS = torch.linspace(1.0, 1.03, 16).tolist()   # steps tried per group, times peak / LEVELS
 ROWS_AT_ONCE = 256        # rows searched together: their candidates' roundings stay in cache
 
@@ -93,12 +95,22 @@ def rows(ids: torch.Tensor, weight: Int8Weight) -> torch.Tensor:
     return dequantize(weight.values[ids], weight.scales[ids])
 
 
+def int16_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(each row of x rounded to int16 levels, as float32 [..., k]; its float32 scale [..., 1]):
+    q = round(x * (32767 / max|x|)), ties to even, x ~= q * scale. kernels.c's x_int16_rows,
+    operation for operation in float32. A row of zeros: scale 0; a NaN in a row: its scale NaN."""
+    most = x.float().abs().amax(dim=-1, keepdim=True)
+    inverse = torch.where(most > 0, INT16_LEVELS / most, torch.zeros_like(most))
+    return torch.round(x.float() * inverse), most / INT16_LEVELS
+
+
 def linear(x: torch.Tensor, weight: Int8Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x . w^T (+ bias) in x's dtype, multiplied in float32 by the dequantized weight, as the
-    native kernel (kernels.c, tile_int8) does for a prompt's rows, so both round alike. The torch twin of it: it
-    converts the values on every call, which is slow, but it runs on any device and keeps
-    memory at one byte a weight (and a scale per GROUP)."""
-    y = F.linear(x.float(), dequantize(weight.values, weight.scales))
+    """x . w^T (+ bias) in x's dtype: x's rows rounded to int16 (int16_rows) times the dequantized
+    weight, in float32, then the row's scale, as the native kernel (kernels.c, tile_int8) computes
+    it. The torch twin of it: it converts the values on every call, which is slow, but it runs on
+    any device and keeps memory at one byte a weight (and a scale per GROUP)."""
+    levels, scale = int16_rows(x)
+    y = F.linear(levels, dequantize(weight.values, weight.scales)) * scale
     if bias is not None:
         y = y + bias.float()
     return y.to(x.dtype)
