@@ -100,7 +100,7 @@ def test_a_q8_0_block_of_negative_or_zero_scale_keeps_its_weights_with_a_positiv
 @pytest.mark.parametrize("kernels", KERNELS)
 def test_products_are_the_dequantized_weights_float_product(kernels, qtype, dtype, rows):
     """40 outputs: two panels and a short one (padding rows). Q8_0 and Q5_0 take the int8 path,
-    whose activations are rounded to int16 levels of their row's largest (int8.int16_rows):
+    whose activations are rounded to int16 levels of their row's largest (activations_q16.int16_rows):
     half a level a weight more."""
     weight, expected_weights = gguf_weights(40, qtype, seed=rows)
     x = torch.randn(rows, expected_weights.shape[1], generator=torch.Generator().manual_seed(rows)).to(dtype)
@@ -110,7 +110,7 @@ def test_products_are_the_dequantized_weights_float_product(kernels, qtype, dtyp
     x_taken = x if qtype in INT8_TYPES else activations_q16.quantized(x)
     expected = x_taken.double() @ expected_weights.double().T + bias.double()
     size = (x.double().abs() @ expected_weights.double().abs().T).amax(dim=-1, keepdim=True)
-    level = x.double().abs().amax(dim=-1, keepdim=True) / int8.INT16_LEVELS if qtype in INT8_TYPES else 0
+    level = x.double().abs().amax(dim=-1, keepdim=True) / activations_q16.INT16_LEVELS if qtype in INT8_TYPES else 0
     rounding = level / 2 * expected_weights.double().abs().sum(dim=1)
     assert y.dtype == dtype and y.shape == (rows, 40)
     assert ((y.double() - expected).abs() <= size * (1e-5 if dtype == torch.float32 else 2 ** -7) + rounding).all()

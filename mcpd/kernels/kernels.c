@@ -537,7 +537,7 @@ INLINE void q4_scale_min(int kind, const void *d, const void *m, const uint16_t 
 }
 
 /* The 4-bit products take x quantized once a product, each row in blocks of Q4_BLOCK columns, to
-   int16 q = round(x / d), d = max |x| / 32767 (ties to even, as quant/activations_q16.py does), so
+   int16 as x_int16_rows rounds a row (quant/activations_q16.py: q = round(x * (32767 / max |x|))), so
    that a block's weights and x meet as integers: a weight's nibble times q, two at a time into
    int32 lanes (vpmaddwd; vpdpwssd where AVX512_VNNI is), and one float multiply-add per block
    (d_w * d_x, Q4_K's sub-block scale, Q6_K's per-16 scale) instead of a conversion and a float
@@ -566,7 +566,7 @@ static x_q16 x_q16_quantize(int dtype, const void *x, int64_t m, int64_t k) {
             float a = fabsf(v[i]);
             amax = a > amax ? a : amax;
         }
-        float scale = amax / 32767.0f, inverse = scale != 0 ? 1.0f / scale : 0.0f;
+        float scale = amax / INT16_LEVELS, inverse = amax > 0 ? INT16_LEVELS / amax : 0.0f;
         for (int half = 0; half < 2; half++) {
             int32_t sum = 0;
             for (int i = half * Q4_HALF; i < (half + 1) * Q4_HALF; i++) {

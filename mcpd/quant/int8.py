@@ -41,10 +41,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mcpd.quant.activations_q16 import int16_rows
 from mcpd.quant.int8_layout import GROUP, SCALE_SUFFIX, group_of, groups
 
 LEVELS = 127
-INT16_LEVELS = 32767      # an activation's int16 levels each side of zero (int16_rows)
 RATIOS = torch.linspace(1.0, 1.03, 16).tolist()   # steps tried per group, times peak / LEVELS
 ROWS_AT_ONCE = 256        # rows searched together: their candidates' roundings stay in cache
 
@@ -93,15 +93,6 @@ def dequantize(values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
 def rows(ids: torch.Tensor, weight: Int8Weight) -> torch.Tensor:
     """float32 [len(ids), k]: the rows ids of the matrix (an embedding table's)."""
     return dequantize(weight.values[ids], weight.scales[ids])
-
-
-def int16_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(each row of x rounded to int16 levels, as float32 [..., k]; its float32 scale [..., 1]):
-    q = round(x * (32767 / max|x|)), ties to even, x ~= q * scale. kernels.c's x_int16_rows,
-    operation for operation in float32. A row of zeros: scale 0; a NaN in a row: its scale NaN."""
-    most = x.float().abs().amax(dim=-1, keepdim=True)
-    inverse = torch.where(most > 0, INT16_LEVELS / most, torch.zeros_like(most))
-    return torch.round(x.float() * inverse), most / INT16_LEVELS
 
 
 def linear(x: torch.Tensor, weight: Int8Weight, bias: torch.Tensor | None = None) -> torch.Tensor:

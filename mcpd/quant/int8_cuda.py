@@ -14,7 +14,7 @@ Two kernels, by the number of rows:
   share a scale per output, so a tile dequantizes with one multiply a weight and rounds it to x's
   dtype (bfloat16 or float16, the tensor cores' inputs; a float32 x goes in as TF32, exact for
   x's 16-bit twins and 2^-11 relative on the weight).
-Rounding: the twin multiplies x rounded to int16 (int8.int16_rows, as the native CPU kernels)
+Rounding: the twin multiplies x rounded to int16 (activations_q16.int16_rows, as the native CPU kernels)
 by the float32 dequantized matrix; these kernels take x as it is. The rows kernel differs from
 it by that rounding (2^-16 of a row's largest value a weight at most) and the order of float32
 sums, the tile kernel also by the weight's rounding to the dot's type (2^-9 relative for
