@@ -66,6 +66,15 @@ def test_a_request_that_fails_a_check_is_answered_with_its_code_and_never_reache
     assert core.ports.scheduler == [] and core.pending == {} and core.errors == {code: 1}
 
 
+@pytest.mark.parametrize("op, args", [
+    ("ping", {b"x": 1}), ("generate", {"prompt": "hi", b"max_tokens": 2}), ("ping", {b"x": 1, "nosuch": 2})])
+def test_an_argument_name_that_is_not_a_string_is_refused_as_such_whatever_else_the_args_hold(core, op, args):
+    send(core, CLIENT, op, 7, args)
+    [(_, header)] = replies(core)
+    assert (header["code"], header["message"]) == (codes.BAD_REQUEST, f"{op}: argument names must be strings")
+    assert core.ports.scheduler == []
+
+
 def test_an_admitted_request_goes_to_the_scheduler_typed_with_a_fresh_rid_and_waits_for_its_reply(core):
     generate(core, CLIENT, 1)
     send(core, CLIENT, "ping", 2, {})

@@ -126,6 +126,8 @@ OPS: dict[str, dict[str, Arg]] = {
 # A generate's sampling arguments arrive beside the others and become one field (sampling.py).
 ACCEPTED = {op: frozenset(schema) | (frozenset(sampling.FIELDS) if op == "generate" else frozenset())
             for op, schema in OPS.items()}
+# The args of the ops that take none, built once: they are frozen, and ping and status come often.
+NO_ARGS = {op: typed.BY_OP[op]() for op, schema in OPS.items() if not schema}
 assert all(set(OPS[op]) | ({"sampling"} if op == "generate" else set()) == set(kind.__struct_fields__)
            for op, kind in typed.BY_OP.items()), "ops.py and args.py disagree"
 
@@ -135,10 +137,12 @@ def validate_args(op: str, args: dict, limits: LimitsConfig) -> typed.OpArgs:
     schema = OPS.get(op)
     if schema is None:
         raise MCPDError(codes.UNKNOWN_OP, f"unknown op {op!r}; known ops: {', '.join(OPS)}")
-    if not all(isinstance(name, str) for name in args):
-        raise MCPDError(codes.BAD_REQUEST, f"{op}: argument names must be strings")
-    unknown = args.keys() - ACCEPTED[op]
+    if not args and op in NO_ARGS:
+        return NO_ARGS[op]
+    unknown = args.keys() - ACCEPTED[op]   # holds any name that is not a string, too
     if unknown:
+        if not all(isinstance(name, str) for name in unknown):
+            raise MCPDError(codes.BAD_REQUEST, f"{op}: argument names must be strings")
         raise MCPDError(codes.BAD_REQUEST, f"{op}: unknown argument(s) {sorted(unknown)}")
     given = {}
     for name, arg in schema.items():

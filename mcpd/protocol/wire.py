@@ -10,8 +10,6 @@ with hard container limits, and nothing is allocated on the strength of a length
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import msgpack
 import msgspec
 
@@ -31,20 +29,14 @@ MAX_TIMEOUT_MS = (1 << 63) - 1   # what an int64 holds: every integer the daemon
 _ENCODER = msgspec.msgpack.Encoder()
 
 
-@dataclass(frozen=True)
-class Request:
-    """A request whose envelope and header passed validation (args are checked per op)."""
+class Request(msgspec.Struct, frozen=True):
+    """A request whose envelope and header passed validation (args are checked per op); a struct
+    because one is built per client message."""
     envelope: tuple[bytes, ...]   # () for DEALER peers, (b"",) for REQ peers
     header: dict
     payload: tuple[bytes, ...]
-
-    @property
-    def op(self) -> str:
-        return self.header["op"]
-
-    @property
-    def request_id(self) -> int | str:
-        return self.header["id"]
+    op: str                 # the header's, read once
+    request_id: int | str
 
 
 def parse_request(envelope: tuple[bytes, ...], frames: list[bytes], limits: LimitsConfig,
@@ -69,7 +61,7 @@ def parse_request(envelope: tuple[bytes, ...], frames: list[bytes], limits: Limi
     except MCPDError as e:
         e.request_id = request_id if _valid_id(request_id) else None
         raise
-    return Request(envelope, header, tuple(frames[1:]))
+    return Request(envelope, header, tuple(frames[1:]), header["op"], request_id)
 
 
 def check_sizes(frame_sizes: list[int], limits: LimitsConfig) -> None:

@@ -67,7 +67,7 @@ class Ports(Protocol):
     peers: "Links | None"   # the connections to the other nodes; None with [cluster] off
 
 
-@dataclass
+@dataclass(slots=True)
 class Pending:
     identity: bytes | object   # a client's routing id, or LOCAL_CALLER
     envelope: tuple[bytes, ...]
@@ -125,31 +125,31 @@ class FrontEndCore:
 
     def _admit(self, identity: bytes | object, request: wire.Request) -> None:
         started = self.clock()
+        op, request_id, header = request.op, request.request_id, request.header
+        priority = header.get("priority")
         try:
             if self.shed.classes:   # before the arguments' checks: a flood's refusal must be cheap
-                self.shed.check(request.op, self.labels.class_of(request.header.get("priority")), started)
-            args = ops.validate_args(request.op, request.header["args"], self.limits)
-            if request.op == "infer":
+                self.shed.check(op, self.labels.class_of(priority), started)
+            args = ops.validate_args(op, header["args"], self.limits)
+            if op == "infer":
                 infer_args.check_frames(args, len(request.payload))
-            if request.op == "cancel":
+            if op == "cancel":
                 return self._cancel(identity, request, args.target)
             self._refuse_at_the_door(identity, request)
         except MCPDError as e:
-            e.request_id = request.request_id
+            e.request_id = request_id
             raise
         rid = self.next_rid
         self.next_rid += 1
-        header = request.header
         tenant = tenant_of(header)
-        self.pending[rid] = Pending(identity, request.envelope, request.request_id, request.op, started,
+        self.pending[rid] = Pending(identity, request.envelope, request_id, op, started,
                                     tenant, getattr(args, "model", None))
-        self.rid_of[(identity, request.request_id)] = rid
-        admitted = messages.Request(rid, request.request_id, tenant, header.get("priority"),
-                                    header.get("timeout_ms"), args, received=started)
+        self.rid_of[(identity, request_id)] = rid
+        admitted = messages.Request(rid, request_id, tenant, priority, header.get("timeout_ms"), args,
+                                    received=started)
         if self.tracing is not None:
             admitted = self.tracing.admitted(admitted, header.get("traceparent"), started)
-        self.metrics.started(rid, request.op, self.labels.class_of(admitted.priority), admitted.tenant,
-                             self.labels.model_of(args))
+        self.metrics.started(rid, op, self.labels.class_of(priority), tenant, self.labels.model_of(args))
         if self.forwarding is not None and self.forwarding.forward(rid, header, request.payload, tenant, args):
             return
         self.ports.to_scheduler(messages.encode(admitted, *request.payload))

@@ -24,9 +24,9 @@ cannot be bound (tcp port taken, address not on this host) stops the daemon with
 """
 from __future__ import annotations
 
-import dataclasses
 import errno
 
+import msgspec
 import zmq
 
 from mcpd import sockets
@@ -109,7 +109,7 @@ def stamp(request: wire.Request, tenant: str | None, peers: frozenset[str]) -> w
     if claimed is not None and claimed != tenant:
         raise _unauthorized(request, f'header "tenant" is {claimed!r} but this connection authenticated '
                                      f'as {tenant!r}; leave "tenant" out or make them match')
-    return dataclasses.replace(request, header={**request.header, "tenant": tenant})
+    return msgspec.structs.replace(request, header={**request.header, "tenant": tenant})
 
 
 def _unauthorized(request: wire.Request, message: str) -> MCPDError:

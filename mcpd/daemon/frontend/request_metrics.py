@@ -24,7 +24,7 @@ MAX_TENANT_LABELS = 256
 OTHER_TENANTS = "other"
 
 
-@dataclass
+@dataclass(slots=True)
 class Live:
     op: str
     cls: str
