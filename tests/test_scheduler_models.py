@@ -169,20 +169,36 @@ def test_the_fast_rung_sends_a_slow_class_to_the_fast_version_and_leaves_with_hy
     assert rung.goes_fast("low", everyone, None)
 
 
-def test_requests_that_prefer_speed_go_fast_while_their_class_waits_too_long():
-    runtime_dir = tempfile.mkdtemp(prefix="mcpd-c-", dir="/tmp")
-    classes = {"normal": {"rank": 1, "fast_above_ms": 5.0}}
-    config = from_dict({"server": {"runtime_dir": runtime_dir}, "cache": {"enabled": False},
-                        "persistence": {"enabled": False}, "scheduler": {"classes": classes},
-                        "models": {"m": {"default": "a", "fast": "b", "versions": {"a": {}, "b": {}}}}})
+def fast_model_config(runtime_dir: str, fast_above_ms: float):
+    classes = {"normal": {"rank": 1, "fast_above_ms": fast_above_ms}}
+    return from_dict({"server": {"runtime_dir": runtime_dir}, "cache": {"enabled": False},
+                      "persistence": {"enabled": False}, "scheduler": {"classes": classes},
+                      "models": {"m": {"default": "a", "fast": "b", "versions": {"a": {}, "b": {}}}}})
+
+
+def class_waited_20_ms(fast_above_ms: float) -> Scheduler:
+    """A core whose class "normal" measured a queueing p99 of 20 ms: one window adjustment's worth
+    of requests, each dispatched 20 ms after it came."""
+    config = fast_model_config(tempfile.mkdtemp(prefix="mcpd-c-", dir="/tmp"), fast_above_ms)
     core = Scheduler(config, logging.getLogger("test"), Ports(), Clock())
     hello(core, 0, "a")
     hello(core, 1, "b")
-    for rid in range(1, 17):   # one adjustment's worth of samples, each waited 20 ms
+    for rid in range(1, 17):
         core.on_inbox(request(rid, GenerateArgs(prompt="x")))
     core.clock.now += 0.020
-    core.tick()
-    core.tick()   # the rung reads the class's p99 as of its last adjustment
+    core.tick()   # the window adjusts on the 16th dispatch, and the rung follows it at once
+    return core
+
+
+def test_a_reload_that_lowers_a_classs_fast_target_below_its_p99_puts_it_on_the_rung_at_once():
+    core = class_waited_20_ms(fast_above_ms=0.0)   # no target: never fast
+    core.apply_config(fast_model_config(str(core.config.server.runtime_dir), fast_above_ms=5.0))
+    core.on_inbox(request(17, GenerateArgs(prompt="x", hints={"prefer_speed": True})))
+    assert core.jobs[17].served == ("m", "b")
+
+
+def test_requests_that_prefer_speed_go_fast_while_their_class_waits_too_long():
+    core = class_waited_20_ms(fast_above_ms=5.0)
     core.on_inbox(request(17, GenerateArgs(prompt="x", hints={"prefer_speed": True})))
     core.on_inbox(request(18, GenerateArgs(prompt="x")))
     assert core.jobs[17].served == ("m", "b") and core.jobs[18].served == ("m", "a")

@@ -36,12 +36,15 @@ class BatchingWindow:
         self.target_ms, self.min_ms, self.max_ms, self.smoothing = target_p99_ms, min_ms, max_ms, smoothing
         self.window_ms = min(max(self.window_ms, min_ms), max_ms)
 
-    def observe(self, delay_ms: float) -> None:
+    def observe(self, delay_ms: float) -> bool:
+        """True when this sample moved the window, and recent_p99_ms with it."""
         self.delays_ms.append(delay_ms)
         self.unadjusted += 1
-        if self.unadjusted >= ADJUST_EVERY:
-            self.unadjusted = 0
-            self._adjust()
+        if self.unadjusted < ADJUST_EVERY:
+            return False
+        self.unadjusted = 0
+        self._adjust()
+        return True
 
     def p99_ms(self) -> float:
         return percentile(self.delays_ms, 0.99) if self.delays_ms else 0.0

@@ -41,7 +41,7 @@ import dataclasses
 import itertools
 import logging
 import time
-from typing import Protocol
+from typing import Collection, Protocol
 
 import msgspec
 
@@ -172,8 +172,9 @@ class Scheduler:
         self.admission.configure(new)
         for name in new.classes:
             self.windows.setdefault(name, self._window(new))
-        for window in self.windows.values():
+        for name, window in self.windows.items():
             window.configure(new.window_target_p99_ms, new.window_min_ms, new.window_max_ms, new.window_smoothing)
+            self.admission.fast.update(name, new.classes.get(name), window.recent_p99_ms)   # targets may have moved
         changed += model_versions.apply_models(self, config)
         if changed:
             self.log.info("reload: applied %s", ", ".join(changed))
@@ -319,10 +320,12 @@ class Scheduler:
 
     # -- to and from workers --------------------------------------------------------------------
 
-    def serving(self, served: tuple[str, str] | None) -> list[WorkerSlot]:
+    def serving(self, served: tuple[str, str] | None) -> Collection[WorkerSlot]:
         """The workers of a model version; for None (ping) every worker but those of a version
         being unloaded, which take no new request."""
         if served is None:
+            if not self.unloading:   # the usual node: a ping's every dispatch
+                return self.workers.values()
             return [s for s in self.workers.values() if s.serves not in self.unloading]
         return [s for s in self.workers.values() if s.serves == served]
 

@@ -17,8 +17,6 @@ def dispatch_waiting(scheduler, now: float) -> None:
     scheduler.hold_until = None
     scheduler.may_place = False
     scheduler.admission.ladder.update(len(scheduler.queue), now)
-    for name, window in scheduler.windows.items():
-        scheduler.admission.fast.update(name, scheduler.config.scheduler.classes.get(name), window.recent_p99_ms)
     per_worker = scheduler.config.scheduler.max_inflight_per_worker
     config = scheduler.config
     tenants = scheduler.admission.tenants
@@ -95,8 +93,10 @@ def _dispatched(scheduler, slot: WorkerSlot, job: Job, now: float) -> None:
     scheduler.dispatched += 1
     if not job.retries:   # a job requeued after its worker died was counted when first sent
         keyed(scheduler.queue_time, job.class_name).observe(now - job.enqueued)
-    if job.class_name in scheduler.windows:
-        scheduler.windows[job.class_name].observe((now - job.enqueued) * 1000)
+    window = scheduler.windows.get(job.class_name)
+    if window is not None and window.observe((now - job.enqueued) * 1000):   # its p99 moved: the fast rung follows
+        scheduler.admission.fast.update(job.class_name, scheduler.config.scheduler.classes.get(job.class_name),
+                                        window.recent_p99_ms)
     if job.context is not None:
         job.context.worker_hint, job.context.kv_version = slot.index, "/".join(job.served)
     if scheduler.tracing is not None:
