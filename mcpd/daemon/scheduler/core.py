@@ -155,8 +155,10 @@ class Scheduler:
 
     def next_wake(self) -> float | None:
         """When tick has something to do without a message: a batch to release, a deadline."""
-        wake = [t for t in (self.hold_until, self.deadlines.next_at()) if t is not None]
-        return min(wake) if wake else None
+        hold, deadline = self.hold_until, self.deadlines.next_at()
+        if hold is None or deadline is None:
+            return deadline if hold is None else hold
+        return min(hold, deadline)
 
     def apply_config(self, config: Config) -> list[str]:
         """Swap in a reloaded [scheduler] section (all of it is live) without dropping queued or

@@ -17,6 +17,8 @@ def dispatch_waiting(scheduler, now: float) -> None:
     scheduler.hold_until = None
     scheduler.may_place = False
     scheduler.admission.ladder.update(len(scheduler.queue), now)
+    if not scheduler.queue:   # most ticks: a wake-up for a worker's note
+        return
     per_worker = scheduler.config.scheduler.max_inflight_per_worker
     config = scheduler.config
     tenants = scheduler.admission.tenants

@@ -10,7 +10,7 @@ from mcpd.daemon.messages import Request
 from mcpd.protocol.results import Degraded
 
 
-@dataclass
+@dataclass(slots=True)
 class Job:
     rid: int
     request: Request | None           # None only in tests of the queues, which never read it
