@@ -81,7 +81,8 @@ class Admission:
             raise MCPDError(codes.OVERLOADED, f"overloaded: class {job.class_name!r} is shed for now "
                             "(requests wait on their way to the scheduler)", retry)
         self.tenants.check_queue(job.client, queues.waiting.get(job.client, 0))
-        if len(queues) >= cls.max_queue and queues.depth(job.class_name) >= cls.max_queue:   # the sum only when it may tell
+        # A class holds no more than all of them: its depth is summed only when that could reach its cap.
+        if len(queues) >= cls.max_queue and queues.depth(job.class_name) >= cls.max_queue:
             return self._displace_biggest(job, queues, f"queue of class {job.class_name!r} is full "
                                                        f"({queues.depth(job.class_name)} waiting)")
         if inflight < self.config.max_inflight and len(queues) < self.config.max_queue:
