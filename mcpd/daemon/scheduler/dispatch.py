@@ -34,7 +34,9 @@ def dispatch_waiting(scheduler, now: float) -> None:
             else:
                 blocked.add(job.served)
             continue
-        group = [job] + scheduler.queue.same_bin(job, room - 1, now, tenants.group_filter(slot, job, free))
+        group = [job]
+        if len(scheduler.queue) > 1:   # else nothing could join it, and its filter need not be built
+            group += scheduler.queue.same_bin(job, room - 1, now, tenants.group_filter(slot, job, free))
         if _hold(scheduler, group, room, now):
             return
         if not _send_jobs(scheduler, slot, group, now):
