@@ -76,6 +76,7 @@ class FrontEnd:
         self.to_scheduler = self._socket(zmq.PUSH, sockets.SCHED_IPC, bind=False)
         self.for_scheduler = Batch(partial(channels.send_frames, self.to_scheduler, flags=channels.NOBLOCK))
         self.from_scheduler = self._socket(zmq.PULL, sockets.FRONTEND_IPC, bind=True)
+        self.on_replies = each_message(self._on_reply)   # built once: a drain runs per reply
         self.events = child.EventReporter(self.context, config, "frontend")
         self.parent_pid = os.getppid()
         self.endpoints = self._endpoints()
@@ -165,7 +166,7 @@ class FrontEnd:
         self.for_scheduler.flush()
 
     def _pump_replies(self) -> None:
-        if channels.drain(self.from_scheduler, each_message(self._on_reply), BATCH) == BATCH:
+        if channels.drain(self.from_scheduler, self.on_replies, BATCH) == BATCH:
             asyncio.get_running_loop().call_soon(self._pump_replies)
         self._pump_clients()
 

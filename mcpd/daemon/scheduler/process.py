@@ -79,6 +79,7 @@ class SchedulerProcess:
     def serve(self) -> None:
         extra = (self.cluster.wakeup,) if self.cluster is not None else ()
         waiter = channels.Waiter(self.sockets.workers, self.sockets.inbox, *extra)
+        from_workers, from_inbox = each_routed_message(self.scheduler.on_worker), each_message(self.scheduler.on_inbox)
         self.sockets.events.send(messages.Ready)
         next_stats = 0.0
         while child.parent_alive(self.parent_pid):
@@ -86,9 +87,9 @@ class SchedulerProcess:
             # Workers first: what a dead worker sent before dying (Started, Done) must count
             # before the supervisor's WorkerLost note decides what to retry.
             if self.sockets.workers in ready:
-                channels.drain(self.sockets.workers, each_routed_message(self.scheduler.on_worker))
+                channels.drain(self.sockets.workers, from_workers)
             if self.sockets.inbox in ready:
-                waiter.drain(self.sockets.inbox, each_message(self.scheduler.on_inbox))   # never sent on: stays quiet
+                waiter.drain(self.sockets.inbox, from_inbox)   # never sent on: stays quiet
             if self.cluster is not None and self.cluster.wakeup in ready:
                 self.cluster.adopt_prefetched()
             self.scheduler.tick()
