@@ -139,6 +139,19 @@ def test_the_next_batch_forms_while_a_predict_runs(core):
     assert 0 in finals(core) and core.running is not None and core.running.requests[0].rid == 1
 
 
+def test_the_next_batch_starts_before_the_ended_batchs_replies_are_sent(core):
+    """The predict thread is not left idle while the ended batch's replies are built and sent."""
+    send(core, 0, {"features": features(4, 0)})
+    core.step()
+    send(core, 1, {"features": features(4, 1)})
+    predicting_at_reply = []
+    sent = core.ports.to_frontend
+    core.ports.to_frontend = lambda frames: (predicting_at_reply.append(core.running is not None), sent(frames))
+    finish_running(core)
+    assert 0 in finals(core) and predicting_at_reply == [True]
+    assert core.running.requests[0].rid == 1
+
+
 @pytest.mark.parametrize("inputs, message", [
     ({"salary": features(1, 0)}, "has no input 'salary'"),
     ({"features": features(1, 0).astype(np.float64)}, "input 'features' is FP64"),
