@@ -146,6 +146,11 @@ class HandlerCore:
         return max(0.0, min(waits))
 
     def on_message(self, frames: list[bytes]) -> None:
+        """A message, after the next batch is started if the predict thread just went idle: the
+        loop takes every waiting message before it steps, and a burst of them must not keep the
+        thread waiting."""
+        if self.running is not None and self.running.future.done():
+            self.step()
         take_message(self, frames)
 
     # -- requests -------------------------------------------------------------------------------
