@@ -130,13 +130,38 @@ def test_a_request_of_a_class_above_the_default_runs_at_once_and_takes_the_waiti
 
 
 def test_the_next_batch_forms_while_a_predict_runs(core):
-    send(core, 0, {"features": features(4, 0)})
+    faulty_handlers.hang_again()   # the predict runs until released
+    send(core, 0, {"features": features(4, 0, faulty_handlers.HANG)})
     core.step()
     running = core.running
     send(core, 1, {"features": features(4, 1)})   # arrives, is decoded and waits meanwhile
     assert core.running is running and len(core.batcher) == 1
+    faulty_handlers.release_hung()
     finish_running(core)
     assert 0 in finals(core) and core.running is not None and core.running.requests[0].rid == 1
+
+
+def test_the_next_batch_starts_before_the_ended_batchs_replies_are_sent(core):
+    """The predict thread is not left idle while the ended batch's replies are built and sent."""
+    send(core, 0, {"features": features(4, 0)})
+    send(core, 1, {"features": features(4, 1)})
+    core.step()
+    predicting_at_reply = []
+    sent = core.ports.to_frontend
+    core.ports.to_frontend = lambda frames: (predicting_at_reply.append(core.running is not None), sent(frames))
+    finish_running(core)
+    assert 0 in finals(core) and predicting_at_reply == [True]
+    assert core.running.requests[0].rid == 1
+
+
+def test_a_message_that_comes_after_a_predict_ends_waits_for_the_next_batch_to_start(core):
+    send(core, 0, {"features": features(4, 0)})
+    send(core, 1, {"features": features(4, 1)})
+    core.step()
+    wait([core.running.future], timeout=30)
+    send(core, 2, {"features": features(1, 2)})   # taken before the loop steps
+    assert 0 in finals(core) and [r.rid for r in core.running.requests] == [1]
+    assert len(core.batcher) == 1
 
 
 @pytest.mark.parametrize("inputs, message", [
@@ -182,7 +207,8 @@ def test_a_failing_batch_costs_only_the_request_that_fails(core, trigger, messag
 
 
 def test_a_cancel_answers_a_waiting_request_and_one_in_the_running_batch(core):
-    send(core, 0, {"features": features(2, 0)})
+    faulty_handlers.hang_again()   # the batch runs until released
+    send(core, 0, {"features": features(2, 0, faulty_handlers.HANG)})
     send(core, 1, {"features": features(2, 1)})
     core.step()                                        # 0 and 1 run
     send(core, 2, {"features": features(1, 2)})        # 2 waits
@@ -190,6 +216,7 @@ def test_a_cancel_answers_a_waiting_request_and_one_in_the_running_batch(core):
     core.on_message(messages.encode(messages.Cancel(1, codes.DEADLINE_EXCEEDED)))
     replies = finals(core)
     assert replies[2][0]["code"] == codes.CANCELLED and replies[1][0]["code"] == codes.DEADLINE_EXCEEDED
+    faulty_handlers.release_hung()
     run_until_idle(core)
     replies = finals(core)
     assert scores(replies[0]).shape == (2,)

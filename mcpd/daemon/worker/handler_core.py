@@ -5,8 +5,9 @@ A Dispatch's inputs are decoded and checked against the handler's (BAD_INPUT nam
 preprocessed, and wait in the dynamic batcher (handlers/batcher.py). Each step starts the next
 ready batch's predict on one background thread when none runs: torch releases the GIL, so the
 next requests' arrival, decoding and preprocessing overlap this batch's predict. When it ends
-(the thread wakes the loop through `wake_fd`), its rows go back to their requests, through
-postprocess, as final replies with the outputs' bytes as payload frames.
+(the thread wakes the loop through `wake_fd`), the next ready batch starts first, then the ended
+one's rows go back to their requests, through postprocess, as final replies with the outputs'
+bytes as payload frames: the predict thread does not wait for the replies' Python.
 
 A predict that raises, or returns the wrong number of rows, costs its request INTERNAL, never
 the worker nor its batch's other requests: a batch that fails is run again one request at a
@@ -66,6 +67,14 @@ class _WarmEntry(NamedTuple):
     request: WarmInput
     prepared: dict
     rows: int
+
+
+class EndedBatch(NamedTuple):
+    """A batch whose predict ended: each request's rows of the outputs, or (a request that failed
+    alone) None and the reason it gets INTERNAL with."""
+    requests: list[InferRequest]
+    parts: list[dict[str, np.ndarray]] | None
+    reason: str = ""
 
 
 @dataclass
@@ -137,6 +146,11 @@ class HandlerCore:
         return max(0.0, min(waits))
 
     def on_message(self, frames: list[bytes]) -> None:
+        """A message, after the next batch is started if the predict thread just went idle: the
+        loop takes every waiting message before it steps, and a burst of them must not keep the
+        thread waiting."""
+        if self.running is not None and self.running.future.done():
+            self.step()
         take_message(self, frames)
 
     # -- requests -------------------------------------------------------------------------------
@@ -220,17 +234,43 @@ class HandlerCore:
     # -- batches --------------------------------------------------------------------------------
 
     def step(self) -> None:
-        """Finish the batch whose predict ended, then start the next ready one. Raises HandlerHung
-        when a predict has run past handler_timeout_s."""
+        """Start the next ready batch as soon as the predict thread is free, then answer the batch
+        whose predict ended: its replies are built and sent while the next predict runs. Raises
+        HandlerHung when a predict has run past handler_timeout_s."""
+        ended = self._ended()
+        if self.running is None:
+            self._start_next()
+        if ended is not None:
+            self._answer_batch(ended)
+
+    def _ended(self) -> EndedBatch | None:
+        """The batch whose predict ended, taken off the thread. None: none ended, or it failed
+        with several requests, which go back to run one at a time."""
         running = self.running
-        if running is not None and running.future.done():
-            self._clear_wake()
-            self.running = None
-            self._finish(running)
-        elif running is not None:
+        if running is None:
+            return None
+        if not running.future.done():
             if self.clock() - running.started > self.timeout_s:
                 raise HandlerHung(f"a predict has run over handler_timeout_s = {self.timeout_s:g}: restarting the worker")
-            return
+            return None
+        self._clear_wake()
+        self.running = None
+        if self.tracing is not None:
+            self.tracing.batch_ended([r.rid for r in running.requests])
+        try:
+            return EndedBatch(running.requests, batch_tensors.split(running.future.result(),
+                                                                    [r.rows for r in running.requests]))
+        except MCPDError as e:
+            reason = e.message
+        except Exception as e:   # noqa: BLE001 - a handler that raises costs its batch, not the worker
+            self.log.exception("predict failed for a batch of %d request(s)", len(running.requests))
+            reason = f"predict raised {type(e).__name__}: {e}"
+        if len(running.requests) > 1:   # run again one by one, before anything else waiting
+            self.alone.extend(running.requests)
+            return None
+        return EndedBatch(running.requests, None, reason)
+
+    def _start_next(self) -> None:
         while self.alone:
             request = self.alone.popleft()
             if request.rid in self.live:   # not cancelled meanwhile
@@ -260,28 +300,16 @@ class HandlerCore:
         except BlockingIOError:
             pass
 
-    def _finish(self, running: Running) -> None:
-        if self.tracing is not None:
-            self.tracing.batch_ended([r.rid for r in running.requests])
-        try:
-            parts = batch_tensors.split(running.future.result(), [r.rows for r in running.requests])
-        except MCPDError as e:
-            return self._fail_batch(running.requests, e.message)
-        except Exception as e:   # noqa: BLE001 - a handler that raises costs its batch, not the worker
-            self.log.exception("predict failed for a batch of %d request(s)", len(running.requests))
-            return self._fail_batch(running.requests, f"predict raised {type(e).__name__}: {e}")
-        for request, outputs in zip(running.requests, parts):
-            if self.live.pop(request.rid, None) is not None:
-                self._answer(request, outputs)
-
-    def _fail_batch(self, requests: list[InferRequest], reason: str) -> None:
-        """A request that failed alone gets INTERNAL; a batch's requests run again one by one."""
-        if len(requests) > 1:
-            return self.alone.extend(requests)
-        for request in requests:
-            if self.live.pop(request.rid, None) is not None:
+    def _answer_batch(self, ended: EndedBatch) -> None:
+        """Each request of an ended batch answered (one cancelled meanwhile was answered then)."""
+        for at, request in enumerate(ended.requests):
+            if self.live.pop(request.rid, None) is None:
+                continue
+            if ended.parts is not None:
+                self._answer(request, ended.parts[at])
+            else:
                 self._final(request.rid, wire.error_reply(request.request_id, ErrorReply(
-                    codes.INTERNAL, reason[:MAX_REASON_CHARS])), codes.INTERNAL)
+                    codes.INTERNAL, ended.reason[:MAX_REASON_CHARS])), codes.INTERNAL)
 
     def _answer(self, request: InferRequest, outputs: dict[str, np.ndarray]) -> None:
         try:
