@@ -112,7 +112,9 @@ class Sizes:
     burst_s: float
 
 
-QUICK, FULL = Sizes(1.5, 4, 1.5, 4.0), Sizes(4.0, 7, 5.0, 15.0)
+# Six probes: the search's steps are then about 5% of the rate (four left 22%, and a ratio of two
+# held rates, such as batching_ceiling_frac, could move by that much on one step).
+QUICK, FULL = Sizes(1.5, 6, 1.5, 4.0), Sizes(4.0, 7, 5.0, 15.0)
 
 
 def mcpd_batching(model: Model) -> dict:
