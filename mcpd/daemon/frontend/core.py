@@ -76,6 +76,7 @@ class Pending:
     started: float
     tenant: str
     model: str | None   # as the request names it; None: the default model
+    cls: str            # its class's label (request_labels.py)
 
 
 class FrontEndCore:
@@ -125,9 +126,10 @@ class FrontEndCore:
 
     def _admit(self, identity: bytes | object, request: wire.Request) -> None:
         started = self.clock()
+        cls = self.labels.class_of(request.header.get("priority"))
         try:
             if self.shed.classes:   # before the arguments' checks: a flood's refusal must be cheap
-                self.shed.check(request.op, self.labels.class_of(request.header.get("priority")), started)
+                self.shed.check(request.op, cls, started)
             args = ops.validate_args(request.op, request.header["args"], self.limits)
             if request.op == "infer":
                 infer_args.check_frames(args, len(request.payload))
@@ -142,14 +144,14 @@ class FrontEndCore:
         header = request.header
         tenant = tenant_of(header)
         self.pending[rid] = Pending(identity, request.envelope, request.request_id, request.op, started,
-                                    tenant, getattr(args, "model", None))
+                                    tenant, getattr(args, "model", None), cls)
         self.rid_of[(identity, request.request_id)] = rid
+        self.shed.admitted(request.op, cls)
         admitted = messages.Request(rid, request.request_id, tenant, header.get("priority"),
                                     header.get("timeout_ms"), args, received=started)
         if self.tracing is not None:
             admitted = self.tracing.admitted(admitted, header.get("traceparent"), started)
-        self.metrics.started(rid, request.op, self.labels.class_of(admitted.priority), admitted.tenant,
-                             self.labels.model_of(args))
+        self.metrics.started(rid, request.op, cls, admitted.tenant, self.labels.model_of(args))
         if self.forwarding is not None and self.forwarding.forward(rid, header, request.payload, tenant, args):
             return
         self.ports.to_scheduler(messages.encode(admitted, *request.payload))
@@ -295,6 +297,7 @@ class FrontEndCore:
     def _unfile(self, rid: int, pending: Pending) -> None:
         del self.pending[rid]
         del self.rid_of[(pending.identity, pending.request_id)]
+        self.shed.answered(pending.op, pending.cls)
 
     def _answered(self, pending: Pending) -> float:
         """Counts an answered request and its latency; returns the moment it was answered."""
