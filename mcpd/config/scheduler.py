@@ -79,7 +79,7 @@ class SchedulerConfig:
     degrade_queue_depth: int = 256     # overload: at least this many requests waiting
     degrade_after_s: float = 5.0       # overload this long: cap max_tokens; twice as long: shed
     shed_wait_ms: float = 10.0         # requests waited this long to reach the scheduler: shed classes refused at the edge; 0 = never
-    shed_in_flight: int = 8            # meanwhile the front-end still admits this many of a shed class in flight
+    shed_in_flight: int = 4            # meanwhile the front-end still admits this many of a shed class in flight
     tenant_headroom: int = 4           # a worker's last free slots kept for tenants running fewer there
     classes: dict[str, PriorityClass] = field(default_factory=_default_classes)
     tenants: dict[str, TenantShare] = field(default_factory=dict)
