@@ -6,7 +6,7 @@ more of them than that, and that many are still served. Each refusal holds the l
 still outruns what the workers finish), for HOLD_S past the scheduler's last word at most: a
 stream of more than `in_flight` that the workers would keep up with is capped no longer. A lease
 not held ends, and a lost scheduler clears it. Nothing shed: a request pays one truth test of
-`classes` (the caller's).
+`classes` (the caller's), and a generate or infer a count up and one down.
 """
 from __future__ import annotations
 
