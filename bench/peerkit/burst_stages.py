@@ -29,12 +29,13 @@ class BurstStages:
     def figures(self) -> dict:
         """Each process's share of one core since start(), then the daemon's stage figures."""
         wall = time.perf_counter() - self.started
+        busy = (_machine_busy_s() - self.machine_busy_s) / wall
         shares = {name: round((_cpu_s(process) - self.cpu_s[name]) / wall, 2)
                   for name, process in self.processes.items()}
         status = self.daemon.status()
         classes = status.get("scheduler", {}).get("classes", {})
         return {"cpu_core_share": shares,
-                "machine_busy_cores": round((_machine_busy_s() - self.machine_busy_s) / wall, 2),
+                "machine_busy_cores": round(busy, 2),
                 "frontend_infer_latency": status.get("requests", {}).get("latency", {}).get("infer"),
                 "scheduler_queue_p99_ms": {name: c.get("queue_p99_ms") for name, c in classes.items()},
                 "scheduler_errors": status.get("scheduler", {}).get("errors", {}),
