@@ -251,3 +251,16 @@ def test_refusals_hold_a_lease_only_so_long_past_the_schedulers_word(core):
     core.clock.now = told + HOLD_S   # the last refusal's lease would last longer: held no further
     generate(core, CLIENT, refusals + 1, priority="low")
     assert [m.request_id for m in admitted(core)] == [0, refusals + 1]
+
+
+def test_under_a_lease_a_shed_request_is_refused_on_its_op_id_and_priority_alone(core):
+    """A flood's refusal must cost far less than an admission: the rest of the header goes
+    unchecked. Everything else is checked in full, and a revoked key is still told so."""
+    core.on_scheduler(messages.Shed(["low"], 250, 1000, 0), [])
+    bad_timeout = {"timeout_ms": -1}   # the full check refuses it BAD_REQUEST
+    generate(core, CLIENT, 1, priority="low", **bad_timeout)
+    generate(core, CLIENT, 2, priority="high", **bad_timeout)
+    send(core, CLIENT, "generate", 3, {"prompt": "hi"}, tenant="", priority="low")   # CURVE on, key revoked
+    assert [(header["id"], header["code"]) for _, header in replies(core)] == \
+        [(1, codes.OVERLOADED), (2, codes.BAD_REQUEST), (3, codes.UNAUTHORIZED)]
+    assert admitted(core) == [] and core.errors == {codes.OVERLOADED: 1, codes.BAD_REQUEST: 1, codes.UNAUTHORIZED: 1}

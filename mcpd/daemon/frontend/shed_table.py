@@ -38,15 +38,20 @@ class ShedTable:
     def clear(self) -> None:
         self.classes = frozenset()
 
-    def check(self, op: str, class_name: str, now: float) -> None:
-        """Raises OVERLOADED for a generate or infer of a shed class with `kept` in flight while
-        the lease lasts, and holds the lease for as long again (up to held_until)."""
+    def refuses(self, op: str, class_name: str, now: float) -> bool:
+        """Whether a generate or infer of a shed class with `kept` in flight is refused: while the
+        lease lasts, which a refusal holds for as long again (up to held_until)."""
         if now >= self.until:
             self.classes = frozenset()
-        elif class_name in self.classes and op in SHED_OPS and self.in_flight[class_name] >= self.kept:
+            return False
+        if class_name in self.classes and op in SHED_OPS and self.in_flight[class_name] >= self.kept:
             self.until = max(self.until, min(now + self.lease_s, self.held_until))
-            raise MCPDError(codes.OVERLOADED, f"overloaded: class {class_name!r} is shed for now (requests wait "
-                            "on their way to the scheduler)", self.retry_after_ms)
+            return True
+        return False
+
+    def refusal(self, class_name: str) -> MCPDError:
+        return MCPDError(codes.OVERLOADED, f"overloaded: class {class_name!r} is shed for now (requests wait "
+                         "on their way to the scheduler)", self.retry_after_ms)
 
     def admitted(self, op: str, class_name: str) -> None:
         if op in SHED_OPS:
