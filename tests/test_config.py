@@ -29,6 +29,8 @@ def test_defaults_are_valid():
     ({"scheduler": {"window_max_ms": float("nan")}}, "scheduler.window_max_ms = nan: expected a finite number"),
     ({"supervisor": {"stop_grace_s": float("inf")}}, "supervisor.stop_grace_s = inf: expected a finite number"),
     ({"scheduler": {"window_min_ms": 5.0}}, "scheduler.window_max_ms = 0.0: must be >= window_min_ms"),
+    # 0 would refuse every one of a shed class, and nothing would show the lease's end (shed_table.py)
+    ({"scheduler": {"shed_in_flight": 0}}, "scheduler.shed_in_flight = 0: must be >= 1"),
     ({"supervisor": {"stats_interval_s": 2.0 ** 63}}, "supervisor.stats_interval_s = 9.223372036854776e+18: must be"),
     ({"supervisor": {"stats_interval_s": 0}}, "supervisor.stats_interval_s = 0"),
     ({"http": {"listen": "127.0.0.1:8000", "max_connections": 0}}, "http.max_connections = 0: must be >= 1"),

@@ -9,6 +9,7 @@ import pytest
 from mcpd.config import from_dict
 from mcpd.daemon import messages
 from mcpd.daemon.frontend.core import FrontEndCore
+from mcpd.daemon.frontend.shed_table import HOLD_S
 from mcpd.protocol import codes, wire
 from mcpd.protocol.codes import MCPDError
 from mcpd.protocol.args import GenerateArgs, PingArgs
@@ -205,7 +206,7 @@ def test_a_flushed_note_is_passed_on_to_the_scheduler(core):
 
 
 def test_a_shed_class_is_refused_at_the_door_unforwarded_for_its_lease_and_other_work_passes(core):
-    core.on_scheduler(messages.Shed(["low"], 250, 1000), [])
+    core.on_scheduler(messages.Shed(["low"], 250, 1000, 0), [])   # none of it kept in flight
     generate(core, CLIENT, 1, priority="low")
     generate(core, CLIENT, 2, priority="high")
     generate(core, CLIENT, 3)   # the default class, normal
@@ -217,7 +218,58 @@ def test_a_shed_class_is_refused_at_the_door_unforwarded_for_its_lease_and_other
     core.clock.now += 1.0   # the lease ran out, not renewed
     generate(core, CLIENT, 5, priority="low")
     assert [m.request_id for m in admitted(core)] == [2, 3, 4, 5]
-    core.on_scheduler(messages.Shed(["low"], 250, 1000), [])
+    core.on_scheduler(messages.Shed(["low"], 250, 1000, 0), [])
     core.on_scheduler(messages.SchedulerLost(), [])   # a restarted scheduler starts with nothing shed
     generate(core, CLIENT, 6, priority="low")
     assert [m.request_id for m in admitted(core)][-1] == 6
+
+
+def test_a_shed_class_keeps_its_in_flight_share_served_and_each_refusal_holds_the_lease(core):
+    """Under a lease the door admits a shed class up to `in_flight` unanswered, so lows are still
+    served at what the workers finish; a refusal means demand still outruns that, and holds the lease."""
+    core.on_scheduler(messages.Shed(["low"], 250, 1000, 2), [])
+    for request_id in (1, 2, 3):
+        generate(core, CLIENT, request_id, priority="low")
+    core.on_scheduler(*final(FIRST_RID, 1))   # one of the two kept answered: room for one more
+    generate(core, CLIENT, 4, priority="low")
+    generate(core, CLIENT, 5, priority="low")
+    assert [m.request_id for m in admitted(core)] == [1, 2, 4]
+    assert [(header["id"], header.get("code")) for _, header in replies(core)] == \
+        [(3, codes.OVERLOADED), (1, None), (5, codes.OVERLOADED)]
+    core.clock.now += 0.9
+    generate(core, CLIENT, 6, priority="low")   # refused near the lease's end: held for as long again
+    core.clock.now += 0.9
+    generate(core, CLIENT, 7, priority="low")
+    assert [header["id"] for _, header in replies(core)][-2:] == [6, 7]
+    core.clock.now += 1.0   # no refusal for a lease: it ends, and the door admits them all again
+    generate(core, CLIENT, 8, priority="low")
+    assert [m.request_id for m in admitted(core)] == [1, 2, 4, 8]
+
+
+def test_refusals_hold_a_lease_only_so_long_past_the_schedulers_word(core):
+    """A stream of more of a shed class than it keeps in flight, which the workers might take,
+    is capped at most HOLD_S after the scheduler last found a backlog."""
+    told = core.clock.now
+    core.on_scheduler(messages.Shed(["low"], 250, 1000, 1), [])
+    generate(core, CLIENT, 0, priority="low")   # kept: from here on the door refuses
+    refusals = int(HOLD_S / 0.9)   # each 0.9 s after the last, within the lease it holds
+    for request_id in range(1, refusals + 1):
+        core.clock.now += 0.9
+        generate(core, CLIENT, request_id, priority="low")
+    assert [m.request_id for m in admitted(core)] == [0] and len(replies(core)) == refusals
+    core.clock.now = told + HOLD_S   # the last refusal's lease would last longer: held no further
+    generate(core, CLIENT, refusals + 1, priority="low")
+    assert [m.request_id for m in admitted(core)] == [0, refusals + 1]
+
+
+def test_under_a_lease_a_shed_request_is_refused_on_its_op_id_and_priority_alone(core):
+    """A flood's refusal must cost far less than an admission: the rest of the header goes
+    unchecked. Everything else is checked in full, and a revoked key is still told so."""
+    core.on_scheduler(messages.Shed(["low"], 250, 1000, 0), [])
+    bad_timeout = {"timeout_ms": -1}   # the full check refuses it BAD_REQUEST
+    generate(core, CLIENT, 1, priority="low", **bad_timeout)
+    generate(core, CLIENT, 2, priority="high", **bad_timeout)
+    send(core, CLIENT, "generate", 3, {"prompt": "hi"}, tenant="", priority="low")   # CURVE on, key revoked
+    assert [(header["id"], header["code"]) for _, header in replies(core)] == \
+        [(1, codes.OVERLOADED), (2, codes.BAD_REQUEST), (3, codes.UNAUTHORIZED)]
+    assert admitted(core) == [] and core.errors == {codes.OVERLOADED: 1, codes.BAD_REQUEST: 1, codes.UNAUTHORIZED: 1}

@@ -41,7 +41,7 @@ SAMPLES = [
     messages.Members({"a": messages.OwnerNode("tcp://127.0.0.1:7001", 1.0), "b": messages.OwnerNode("tcp://127.0.0.2:7001", 2.5)},
                      {"a": 3, "b": 0}),
     messages.TurnResult(9, GenerateResult("hi", [1], "stop", "m", "v", Usage(1, 1), [-0.5]), [7, 1]),
-    messages.Shed(["low"], 100, 1000),
+    messages.Shed(["low"], 100, 1000, 64),
     messages.Drain(), messages.SchedulerLost(), messages.Resume(),
     messages.Admin(3, "contexts.drop", ContextRef(owner="t", id="c")),
     messages.Reload(4, {"server": {"log_level": "debug"}}),

@@ -301,7 +301,8 @@ def refused(core) -> dict[int, str]:
 
 def test_a_backlog_on_the_way_to_the_scheduler_sheds_low_here_and_at_the_front_end_and_never_high(core):
     """The wait is the front-end's stamp to this read: MIN_LATE requests in a row that waited past
-    shed_wait_ms are a backlog, and every low behind them is refused while high still queues."""
+    shed_wait_ms are a backlog, and every late low behind them is refused while high still queues;
+    a low read on time found the backlog gone (the front-end's cap keeps it so) and is queued."""
     late = core.clock.now - 2 * core.config.scheduler.shed_wait_ms / 1000
     first = MIN_LATE
     for rid in range(first):   # one late fewer than MIN_LATE, then one on time: a scheduler descheduled a moment
@@ -312,13 +313,15 @@ def test_a_backlog_on_the_way_to_the_scheduler_sheds_low_here_and_at_the_front_e
     for rid in range(first, found + 1):
         core.on_inbox(arrival(rid, "low", late))
     core.on_inbox(arrival(100, "high", late))
-    core.on_inbox(arrival(101, "low", core.clock.now))   # fresh, but behind the backlog: shed all the same
+    core.on_inbox(arrival(101, "low", late))
+    core.on_inbox(arrival(102, "low", core.clock.now))   # on time: admitted under the front-end's cap, served
     core.tick()
     assert refused(core) == {found: codes.OVERLOADED, 101: codes.OVERLOADED}
+    sched = core.config.scheduler
     assert [m for m, _ in core.ports.frontend if isinstance(m, messages.Shed)] == \
-        [messages.Shed(["low"], core.config.scheduler.overloaded_retry_ms, round(LEASE_S * 1000))]
-    assert core.queue.depth("high") == 1 and core.queue.depth("low") == found
+        [messages.Shed(["low"], sched.overloaded_retry_ms, round(LEASE_S * 1000), sched.shed_in_flight)]
+    assert core.queue.depth("high") == 1 and core.queue.depth("low") == found + 1
     assert core.stats()["edge_shed"] == {"active": True, "entered": 1}
     core.clock.now += LEASE_S   # no backlog since: the lease ends by itself
-    core.on_inbox(arrival(102, "low", core.clock.now))
-    assert 102 not in refused(core) and core.stats()["edge_shed"]["active"] is False
+    core.on_inbox(arrival(103, "low", late))
+    assert 103 not in refused(core) and core.stats()["edge_shed"]["active"] is False

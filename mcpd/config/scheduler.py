@@ -79,6 +79,7 @@ class SchedulerConfig:
     degrade_queue_depth: int = 256     # overload: at least this many requests waiting
     degrade_after_s: float = 5.0       # overload this long: cap max_tokens; twice as long: shed
     shed_wait_ms: float = 10.0         # requests waited this long to reach the scheduler: shed classes refused at the edge; 0 = never
+    shed_in_flight: int = 4            # meanwhile the front-end still admits this many of a shed class in flight
     tenant_headroom: int = 4           # a worker's last free slots kept for tenants running fewer there
     classes: dict[str, PriorityClass] = field(default_factory=_default_classes)
     tenants: dict[str, TenantShare] = field(default_factory=dict)
@@ -89,7 +90,7 @@ class SchedulerConfig:
     def check(self) -> None:
         if self.policy not in ("priority", "fifo"):
             raise ConfigError(f"scheduler.policy = {self.policy!r}: use priority or fifo")
-        for key in ("max_queue", "max_inflight", "max_inflight_per_worker", "degrade_queue_depth"):
+        for key in ("max_queue", "max_inflight", "max_inflight_per_worker", "degrade_queue_depth", "shed_in_flight"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"scheduler.{key} = {getattr(self, key)}: must be >= 1")
         for key in ("tenant_headroom", "overloaded_retry_ms", "window_target_p99_ms", "window_min_ms",

@@ -187,13 +187,15 @@ class Members(Message):
 
 
 class Shed(Message):
-    """Refuse new generate and infer requests of these classes at the front-end, OVERLOADED with
-    retry_after_ms, without forwarding them, for lease_ms (scheduler/edge_shedding.py decides,
-    frontend/shed_table.py refuses): a scheduler that stops renewing it cannot leave a class shed."""
+    """Refuse new generate and infer requests of these classes at the front-end past `in_flight`
+    of each, OVERLOADED with retry_after_ms, without forwarding them, for lease_ms
+    (scheduler/edge_shedding.py decides, frontend/shed_table.py refuses and holds the lease while
+    it does): a lease nothing holds ends by itself, so it cannot leave a class shed."""
     TAG = b"SHED"
     classes: list[str]
     retry_after_ms: int
     lease_ms: int
+    in_flight: int
 
 
 class Drain(Message):

@@ -59,7 +59,7 @@ def parse_request(envelope: tuple[bytes, ...], frames: list[bytes], limits: Limi
     try:
         _check_header(header)
     except MCPDError as e:
-        e.request_id = request_id if _valid_id(request_id) else None
+        e.request_id = request_id if valid_id(request_id) else None
         raise
     return Request(envelope, header, tuple(frames[1:]), header["op"], request_id)
 
@@ -103,7 +103,7 @@ def _check_header(header: dict) -> None:
     if version not in SUPPORTED_VERSIONS:
         raise MCPDError(codes.UNSUPPORTED_VERSION,
                         f"protocol version {version} is not supported; this daemon speaks {list(SUPPORTED_VERSIONS)}")
-    if not _valid_id(header.get("id")):
+    if not valid_id(header.get("id")):
         raise MCPDError(codes.BAD_REQUEST,
                         f'header field "id" must be an integer >= 0 or a string of 1..{MAX_ID_CHARS} characters')
     if not isinstance(header.get("op"), str):
@@ -124,7 +124,7 @@ def _check_header(header: dict) -> None:
         raise MCPDError(codes.BAD_REQUEST, f'header field "timeout_ms" must be an integer in 1..{MAX_TIMEOUT_MS}')
 
 
-def _valid_id(value) -> bool:
+def valid_id(value) -> bool:
     if type(value) is int:
         return value >= 0
     return isinstance(value, str) and 0 < len(value) <= MAX_ID_CHARS

@@ -76,6 +76,7 @@ class Pending:
     started: float
     tenant: str
     model: str | None   # as the request names it; None: the default model
+    cls: str            # its class's label (request_labels.py)
 
 
 class FrontEndCore:
@@ -104,6 +105,8 @@ class FrontEndCore:
         gate.py). Whatever a client sends, it gets an answer."""
         envelope, body = wire.split_envelope(frames)
         try:
+            if self.shed.classes and tenant != "" and self._shed_early(identity, envelope, body, sizes[len(envelope):]):
+                return
             request = wire.parse_request(envelope, body, self.limits, sizes[len(envelope):])
             self._admit(identity, stamp(request, tenant, self.peer_tenants))
         except MCPDError as e:
@@ -123,13 +126,37 @@ class FrontEndCore:
             self._count_error(e.code)
             raise
 
+    def _shed_early(self, identity: bytes, envelope: tuple[bytes, ...], body: list[bytes], sizes: list[int]) -> bool:
+        """While a class is shed, a generate or infer of it is refused on its header's op, id and
+        priority alone, the rest unchecked: under a flood the front-end reads mostly these, and a
+        refusal must cost it far less than an admission. False: the request takes the full path
+        (also any message over the size limits, and a header that does not decode on its own)."""
+        limits = self.limits
+        if not body or len(body[0]) > limits.max_header_bytes or len(sizes) > limits.max_frames \
+                or sum(sizes) > limits.max_message_bytes:
+            return False
+        try:
+            header = wire.decode_header(body[0])
+        except MCPDError:
+            return False
+        op, request_id, priority = header.get("op"), header.get("id"), header.get("priority")
+        if type(op) is not str or not wire.valid_id(request_id) or not (priority is None or type(priority) is str):
+            return False
+        cls = self.labels.class_of(priority)
+        if not self.shed.refuses(op, cls, self.clock()):
+            return False
+        self._count_error(codes.OVERLOADED)
+        self._send(identity, envelope, wire.error_reply(request_id, ErrorReply.of(self.shed.refusal(cls))))
+        return True
+
     def _admit(self, identity: bytes | object, request: wire.Request) -> None:
         started = self.clock()
         op, request_id, header = request.op, request.request_id, request.header
         priority = header.get("priority")
+        cls = self.labels.class_of(priority)
         try:
-            if self.shed.classes:   # before the arguments' checks: a flood's refusal must be cheap
-                self.shed.check(op, self.labels.class_of(priority), started)
+            if self.shed.classes and self.shed.refuses(op, cls, started):   # before the arguments' checks
+                raise self.shed.refusal(cls)
             args = ops.validate_args(op, header["args"], self.limits)
             if op == "infer":
                 infer_args.check_frames(args, len(request.payload))
@@ -143,13 +170,14 @@ class FrontEndCore:
         self.next_rid += 1
         tenant = tenant_of(header)
         self.pending[rid] = Pending(identity, request.envelope, request_id, op, started,
-                                    tenant, getattr(args, "model", None))
+                                    tenant, getattr(args, "model", None), cls)
         self.rid_of[(identity, request_id)] = rid
+        self.shed.admitted(op, cls)
         admitted = messages.Request(rid, request_id, tenant, priority, header.get("timeout_ms"), args,
                                     received=started)
         if self.tracing is not None:
             admitted = self.tracing.admitted(admitted, header.get("traceparent"), started)
-        self.metrics.started(rid, op, self.labels.class_of(priority), tenant, self.labels.model_of(args))
+        self.metrics.started(rid, op, cls, tenant, self.labels.model_of(args))
         if self.forwarding is not None and self.forwarding.forward(rid, header, request.payload, tenant, args):
             return
         self.ports.to_scheduler(messages.encode(admitted, *request.payload))
@@ -295,6 +323,7 @@ class FrontEndCore:
     def _unfile(self, rid: int, pending: Pending) -> None:
         del self.pending[rid]
         del self.rid_of[(pending.identity, pending.request_id)]
+        self.shed.answered(pending.op, pending.cls)
 
     def _answered(self, pending: Pending) -> float:
         """Counts an answered request and its latency; returns the moment it was answered."""

@@ -77,7 +77,7 @@ class Admission:
         retry = self.config.overloaded_retry_ms
         if self.ladder.sheds(cls, now):
             raise MCPDError(codes.OVERLOADED, f"overloaded: class {job.class_name!r} is shed for now", retry)
-        if self.edge.sheds(cls, now):
+        if self.edge.sheds(cls, _waited_s(job, now), self.config.shed_wait_ms, now):
             raise MCPDError(codes.OVERLOADED, f"overloaded: class {job.class_name!r} is shed for now "
                             "(requests wait on their way to the scheduler)", retry)
         self.tenants.check_queue(job.client, queues.waiting.get(job.client, 0))
@@ -119,3 +119,8 @@ class Admission:
         prompt = len(job.prompt_ids)
         job.cost, job.length_bin = prompt + job.request.args.sampling.max_tokens, prompt.bit_length()
 
+
+def _waited_s(job: Job, now: float) -> float:
+    """How long the request waited on its way from the front-end (0 when it was not stamped)."""
+    received = job.request.received
+    return 0.0 if received is None else now - received

@@ -2,12 +2,15 @@
 front-end's pipe and the scheduler's inbox, FIFOs where a high request waits behind every low
 one. The front-end stamps each request when it reads it; the scheduler notes how long each it
 reads waited on the way. Once MIN_LATE requests in a row waited past scheduler.shed_wait_ms,
-those behind them waited longer still: the FIFO holds a backlog. Then the classes marked `shed`
-(by default only low) are refused OVERLOADED: those read here from then on, and new ones by the
-front-end at once, told for a lease, so they stop filling the FIFO. A class not marked `shed` is never refused here.
+those behind them waited longer still: the FIFO holds a backlog. Then, for a lease, the classes
+marked `shed` (by default only low) are refused OVERLOADED: here those that waited past
+shed_wait_ms (the backlog; one read on time found the FIFO clear), and at the front-end, told at
+once, every new one past scheduler.shed_in_flight of its class in flight, so that they stop
+filling the FIFO while that many are still served. A class not marked `shed` is never refused here.
 
-The lease is renewed while reads still find a backlog, and ends by itself otherwise: a scheduler
-gone or restarted never leaves a class shed.
+The scheduler renews the lease while reads still find a backlog, the front-end while it still
+refuses (demand beyond what it keeps in flight; frontend/shed_table.py bounds how long); otherwise
+it ends by itself: a scheduler gone or restarted never leaves a class shed.
 """
 from __future__ import annotations
 
@@ -42,10 +45,14 @@ class EdgeShedding:
             return None
         self.tell = False
         classes = sorted(name for name, cls in config.classes.items() if cls.shed)
-        return messages.Shed(classes, config.overloaded_retry_ms, round(LEASE_S * 1000)) if classes else None
+        if not classes:
+            return None
+        return messages.Shed(classes, config.overloaded_retry_ms, round(LEASE_S * 1000), config.shed_in_flight)
 
-    def sheds(self, cls: PriorityClass, now: float) -> bool:
-        return cls.shed and now < self.until
+    def sheds(self, cls: PriorityClass, waited_s: float, shed_wait_ms: float, now: float) -> bool:
+        """Whether a request of `cls` that waited `waited_s` on its way here is refused: only one
+        of the backlog; one the front-end admitted under its cap arrives on time and is served."""
+        return cls.shed and now < self.until and waited_s * 1000 > shed_wait_ms
 
     def describe(self, now: float) -> dict:
         return {"active": now < self.until, "entered": self.entered}
