@@ -663,7 +663,11 @@ INLINE void q4_quads(int kind, const uint8_t *p, const void *hb, int64_t b, int 
 /* Up to INT4_ROWS rows at a time multiply the 4-bit panels (rows_int4): each block's integer sums
    of a row in registers, 16 on AVX-512, 8 on AVX2, where past 2 rows each of a panel's two
    vectors takes a pass of its own (the same sums: each lane's terms in the same order). */
+#if LANES == 16   /* a whole tile: 32 registers hold its sums, and its nibbles are unpacked once, not a pass per 4 rows */
+#define INT4_ROWS 8
+#else
 #define INT4_ROWS 4
+#endif
 
 /* Rows of x (quantized: xq) by the strip's panels: per block, each row's integer sums of its
    low and high halves (one, but for Q6_K, whose halves have their own scales), then
@@ -730,6 +734,12 @@ static __attribute__((noinline)) void rows_int4_fixed(int kind, x_q16 xq, int64_
     case 2: BY_KIND(2); break;
     case 3: BY_KIND(3); break;
     case 4: BY_KIND(4); break;
+#if INT4_ROWS > 4
+    case 5: BY_KIND(5); break;
+    case 6: BY_KIND(6); break;
+    case 7: BY_KIND(7); break;
+    case 8: BY_KIND(8); break;
+#endif
     }
 #undef BY_KIND
 #undef ROWS
