@@ -1255,9 +1255,13 @@ void mcpd_decode_attention(int dtype, const void *q, int64_t q_stride, int64_t b
 #if LANES == 16
 static const f32v lane_index = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
 #define ROW_GROUP 8           /* rows whose accumulators stay in registers together */
+#define VALUE_VECS 1          /* vectors of a row's values summed at once */
 #else
 static const f32v lane_index = {0, 1, 2, 3, 4, 5, 6, 7};
 #define ROW_GROUP 6           /* 12 accumulators and 2 keys of AVX2's 16 registers */
+/* The value sums 2 vectors of a row at once (head sizes are multiples of 16): 12 accumulators,
+   where 6 chains left half of AVX2's FMA throughput waiting on its latency. */
+#define VALUE_VECS 2
 #endif
 
 /* The keys and values of one KV head at positions c0 .. c0 + n - 1 as float32: keys transposed
@@ -1360,15 +1364,21 @@ INLINE void prefill_attention_body(int dtype, const void *q, int64_t q_stride, i
                     for (int64_t j = 0; j < d; j += LANES)
                         store_f32(acc + r * d + j, load_f32(acc + r * d + j) * rescale);
             }
-            for (int64_t j = 0; j < d; j += LANES)
+            for (int64_t j = 0; j < d; j += VALUE_VECS * LANES)
                 for (int64_t r0 = 0; r0 < padded; r0 += ROW_GROUP) {
-                    f32v a[ROW_GROUP];
-                    for (int r = 0; r < ROW_GROUP; r++) a[r] = load_f32(acc + (r0 + r) * d + j);
+                    f32v a[ROW_GROUP][VALUE_VECS];
+                    for (int r = 0; r < ROW_GROUP; r++)
+                        for (int h = 0; h < VALUE_VECS; h++) a[r][h] = load_f32(acc + (r0 + r) * d + j + h * LANES);
                     for (int64_t c = 0; c < n; c++) {
-                        f32v v = load_f32(vt + c * d + j);
-                        for (int r = 0; r < ROW_GROUP; r++) a[r] += scores[(r0 + r) * KEYS + c] * v;
+                        f32v v[VALUE_VECS];
+                        for (int h = 0; h < VALUE_VECS; h++) v[h] = load_f32(vt + c * d + j + h * LANES);
+                        for (int r = 0; r < ROW_GROUP; r++) {
+                            float p = scores[(r0 + r) * KEYS + c];
+                            for (int h = 0; h < VALUE_VECS; h++) a[r][h] += p * v[h];
+                        }
                     }
-                    for (int r = 0; r < ROW_GROUP; r++) store_f32(acc + (r0 + r) * d + j, a[r]);
+                    for (int r = 0; r < ROW_GROUP; r++)
+                        for (int h = 0; h < VALUE_VECS; h++) store_f32(acc + (r0 + r) * d + j + h * LANES, a[r][h]);
                 }
         }
         for (int64_t r = 0; r < rows; r++) {
