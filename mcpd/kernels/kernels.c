@@ -1316,7 +1316,8 @@ INLINE void prefill_attention_body(int dtype, const void *q, int64_t q_stride, i
         /* heap, not stack: up to ~170 KB, more than a thread's stack may hold */
         float *query = calloc(padded * d * 2 + d * KEYS * 2 + padded * KEYS, sizeof(float));
         float *acc = query + padded * d, *kt = acc + padded * d, *vt = kt + d * KEYS, *scores = vt + d * KEYS;
-        float best[MAX_ROWS], total[MAX_ROWS];
+        float best[MAX_ROWS], total[MAX_ROWS], rescales[MAX_ROWS + ROW_GROUP];
+        for (int64_t r = 0; r < padded; r++) rescales[r] = 1.0f;   /* padding rows: never rescaled */
         for (int64_t r = 0; r < rows; r++) {   /* row r: query q0 + r / group, head g * group + r % group */
             int64_t row = q_rows[s] + q0 + r / group, head = g * group + r % group;
             const char *src = (const char *)q + (row * q_stride + head * d) * size;
@@ -1360,15 +1361,14 @@ INLINE void prefill_attention_body(int dtype, const void *q, int64_t q_stride, i
                 best[r] = high;
                 store_f32(scores + r * KEYS, dtype == F32 ? p0 : round_bf16(p0));
                 store_f32(scores + r * KEYS + LANES, dtype == F32 ? p1 : round_bf16(p1));
-                if (rescale != 1.0f)
-                    for (int64_t j = 0; j < d; j += LANES)
-                        store_f32(acc + r * d + j, load_f32(acc + r * d + j) * rescale);
+                rescales[r] = rescale;
             }
             for (int64_t j = 0; j < d; j += VALUE_VECS * LANES)
                 for (int64_t r0 = 0; r0 < padded; r0 += ROW_GROUP) {
                     f32v a[ROW_GROUP][VALUE_VECS];
-                    for (int r = 0; r < ROW_GROUP; r++)
-                        for (int h = 0; h < VALUE_VECS; h++) a[r][h] = load_f32(acc + (r0 + r) * d + j + h * LANES);
+                    for (int r = 0; r < ROW_GROUP; r++)   /* rescaled as loaded: one pass over acc a chunk */
+                        for (int h = 0; h < VALUE_VECS; h++)
+                            a[r][h] = load_f32(acc + (r0 + r) * d + j + h * LANES) * rescales[r0 + r];
                     for (int64_t c = 0; c < n; c++) {
                         f32v v[VALUE_VECS];
                         for (int h = 0; h < VALUE_VECS; h++) v[h] = load_f32(vt + c * d + j + h * LANES);
