@@ -180,7 +180,9 @@ static inline f32v vexp(f32v x) {
    GEMM at every row count here) and, at one row, reads weights as fast as a plain sum.
    AVX2 has 16 registers of 8 floats, a panel's 16 columns two of them: its tile is one panel by
    6 rows, 12 accumulators, 2 weight loads and a broadcast (the 6x16 of BLIS's Haswell kernel);
-   the 8x2-panel tile's 32 accumulators spilled there. The panels are the same for both. */
+   the 8x2-panel tile's 32 accumulators spilled there. It runs at ~85% of a core's FMA peak, as
+   oneDNN's AVX2 GEMM does; a 3-row x 2-panel tile was 20% slower, and x repacked so that a
+   tile's broadcasts read one stream no faster. The panels are the same for both. */
 #ifdef __AVX512F__
 #define TILE_ROWS 8
 #define TILE_PANELS 2
@@ -1291,9 +1293,13 @@ void mcpd_decode_attention(int dtype, const void *q, int64_t q_stride, int64_t b
 #if LANES == 16
 static const f32v lane_index = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
 #define ROW_GROUP 8           /* rows whose accumulators stay in registers together */
+#define VALUE_VECS 1          /* vectors of a row's values summed at once */
 #else
 static const f32v lane_index = {0, 1, 2, 3, 4, 5, 6, 7};
 #define ROW_GROUP 6           /* 12 accumulators and 2 keys of AVX2's 16 registers */
+/* The value sums 2 vectors of a row at once (head sizes are multiples of 16): 12 accumulators,
+   where 6 chains left half of AVX2's FMA throughput waiting on its latency. */
+#define VALUE_VECS 2
 #endif
 
 /* The keys and values of one KV head at positions c0 .. c0 + n - 1 as float32: keys transposed
@@ -1348,7 +1354,8 @@ INLINE void prefill_attention_body(int dtype, const void *q, int64_t q_stride, i
         /* heap, not stack: up to ~170 KB, more than a thread's stack may hold */
         float *query = calloc(padded * d * 2 + d * KEYS * 2 + padded * KEYS, sizeof(float));
         float *acc = query + padded * d, *kt = acc + padded * d, *vt = kt + d * KEYS, *scores = vt + d * KEYS;
-        float best[MAX_ROWS], total[MAX_ROWS];
+        float best[MAX_ROWS], total[MAX_ROWS], rescales[MAX_ROWS + ROW_GROUP];
+        for (int64_t r = 0; r < padded; r++) rescales[r] = 1.0f;   /* padding rows: never rescaled */
         for (int64_t r = 0; r < rows; r++) {   /* row r: query q0 + r / group, head g * group + r % group */
             int64_t row = q_rows[s] + q0 + r / group, head = g * group + r % group;
             const char *src = (const char *)q + (row * q_stride + head * d) * size;
@@ -1392,19 +1399,24 @@ INLINE void prefill_attention_body(int dtype, const void *q, int64_t q_stride, i
                 best[r] = high;
                 store_f32(scores + r * KEYS, dtype == F32 ? p0 : round_bf16(p0));
                 store_f32(scores + r * KEYS + LANES, dtype == F32 ? p1 : round_bf16(p1));
-                if (rescale != 1.0f)
-                    for (int64_t j = 0; j < d; j += LANES)
-                        store_f32(acc + r * d + j, load_f32(acc + r * d + j) * rescale);
+                rescales[r] = rescale;
             }
-            for (int64_t j = 0; j < d; j += LANES)
+            for (int64_t j = 0; j < d; j += VALUE_VECS * LANES)
                 for (int64_t r0 = 0; r0 < padded; r0 += ROW_GROUP) {
-                    f32v a[ROW_GROUP];
-                    for (int r = 0; r < ROW_GROUP; r++) a[r] = load_f32(acc + (r0 + r) * d + j);
+                    f32v a[ROW_GROUP][VALUE_VECS];
+                    for (int r = 0; r < ROW_GROUP; r++)   /* rescaled as loaded: one pass over acc a chunk */
+                        for (int h = 0; h < VALUE_VECS; h++)
+                            a[r][h] = load_f32(acc + (r0 + r) * d + j + h * LANES) * rescales[r0 + r];
                     for (int64_t c = 0; c < n; c++) {
-                        f32v v = load_f32(vt + c * d + j);
-                        for (int r = 0; r < ROW_GROUP; r++) a[r] += scores[(r0 + r) * KEYS + c] * v;
+                        f32v v[VALUE_VECS];
+                        for (int h = 0; h < VALUE_VECS; h++) v[h] = load_f32(vt + c * d + j + h * LANES);
+                        for (int r = 0; r < ROW_GROUP; r++) {
+                            float p = scores[(r0 + r) * KEYS + c];
+                            for (int h = 0; h < VALUE_VECS; h++) a[r][h] += p * v[h];
+                        }
                     }
-                    for (int r = 0; r < ROW_GROUP; r++) store_f32(acc + (r0 + r) * d + j, a[r]);
+                    for (int r = 0; r < ROW_GROUP; r++)
+                        for (int h = 0; h < VALUE_VECS; h++) store_f32(acc + (r0 + r) * d + j + h * LANES, a[r][h]);
                 }
         }
         for (int64_t r = 0; r < rows; r++) {
