@@ -44,8 +44,7 @@ def test_avx2_serves_llamacpp_from_its_avx2_build_and_native_from_the_native_one
     assert servers.installed_as("llama.cpp", "avx2") == "llama.cpp-avx2"
     assert servers.installed_as("llama.cpp", "native") == "llama.cpp"
     assert servers.installed_as("vllm", "avx2") == "vllm"
-    avx2 = servers.PEER_SERVERS["llama.cpp-avx2"].keywords["install"]
-    serving = servers.llama_cpp_serving(tmp_path, tmp_path / "m.gguf", install=avx2)
+    serving = servers.llama_cpp_serving(tmp_path, tmp_path / "m.gguf", install=servers.installed_as("llama.cpp", "avx2"))
     assert serving.command[0] == str(tmp_path / "venvs" / "llamacpp-avx2" / "bin" / "python")
     assert servers.llama_cpp_serving(tmp_path, tmp_path / "m.gguf").command[0] == str(
         tmp_path / "venvs" / "llamacpp" / "bin" / "python")

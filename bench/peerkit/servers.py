@@ -85,7 +85,8 @@ def cores() -> list[int]:
 
 
 def installed_as(peer: str, isa: str) -> str:
-    """The install a peer runs from under --isa: llama.cpp's own build for each, the others' one."""
+    """The install a peer runs from under --isa: llama.cpp has a build for each ISA, the other
+    peers one install for both."""
     return LLAMA_CPP_INSTALLS[isa] if peer == "llama.cpp" else peer
 
 
