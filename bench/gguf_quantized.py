@@ -23,10 +23,11 @@ mcpd's native kernels, from the same file format, in the same process.
 - `mcpd_kernels`: the kernel set both variants and the daemon ran on (`--kernels`, engine.kernels:
   auto takes the best native set, so native-avx2 measures the AVX2 tiles on an AVX-512 CPU), and
   `kernels` why. `--isa avx2` stands in for an AVX2-only CPU as bench/peers.py's does
-  (bench/peerkit/isa.py: native-avx2, torch, oneDNN and MKL capped at AVX2; llama.cpp keeps
-  AVX-512); `cpu_isa` says which the run had.
+  (bench/peerkit/isa.py: native-avx2, torch, oneDNN and MKL capped at AVX2; llama.cpp from its
+  AVX2 build); `cpu_isa` says which the run had, `llamacpp_build` which llama.cpp (native, avx2).
 - llama.cpp side by side, where llama-cpp-python is installed (bench/peers.py --setup builds it,
-  minutes of compiling; without it `llamacpp` says why and no ratio is reported): the real daemon
+  and its AVX2 build, minutes of compiling; without the one --isa picks, `llamacpp` says why and
+  no ratio is reported, never the other build in its place): the real daemon
   and llama.cpp's server on the same file (SmolLM2's, and each `--also` GGUF), bench/peers.py's
   workloads (W1 decode and first token, W2 at 8 and 32 clients, W3 turn 10, W4), rounds
   interleaving the two; `gguf_<quant>_<figure>_ratio_vs_llamacpp` > 1 means mcpd leads (rates:
@@ -147,14 +148,15 @@ def held_bytes(model) -> int:
 SIDE_BY_SIDE = ("w1_decode_tok_s", "w1_ttft_ms", "w2_8_tok_s", "w2_32_tok_s", "w3_turn10_ttft_ms", "w4_req_s")
 
 
-def systems(path: Path, extra_bufts: bool, kernels: str) -> dict:
-    """mcpd's daemon on kernels and llama.cpp's server, each on the file; not started."""
+def systems(path: Path, extra_bufts: bool, kernels: str, llamacpp: str) -> dict:
+    """mcpd's daemon on kernels and llama.cpp's server from the install llamacpp, each on the
+    file; not started."""
     from peerkit import servers
     return {"mcpd": servers.McpdServer(path, "float32", kernels),
-            "llama.cpp": servers.llama_cpp_serving(DEFAULT_CACHE, path, extra_bufts)}
+            "llama.cpp": servers.llama_cpp_serving(DEFAULT_CACHE, path, extra_bufts, llamacpp)}
 
 
-def side_by_side(path: Path, rounds: int, quick: bool, extra_bufts: bool, kernels: str) -> dict:
+def side_by_side(path: Path, rounds: int, quick: bool, extra_bufts: bool, kernels: str, llamacpp: str) -> dict:
     """mcpd's daemon and llama.cpp's server on the file: each figure's median per system, and
     the ratios (the module's doc)."""
     import peers
@@ -165,7 +167,7 @@ def side_by_side(path: Path, rounds: int, quick: bool, extra_bufts: bool, kernel
     workloads = (peers.w1, lambda t, p: peers.w2(t, p, 8), lambda t, p: peers.w2(t, p, 32), peers.w3,
                  lambda t, p: peers.w4(t, 1.5 if quick else 4.0))
     prompts = peers.Prompts(HFTokenizer.from_gguf(path))
-    started = systems(path, extra_bufts, kernels)
+    started = systems(path, extra_bufts, kernels, llamacpp)
     try:
         for server in started.values():
             server.start()
@@ -191,18 +193,19 @@ def side_by_side(path: Path, rounds: int, quick: bool, extra_bufts: bool, kernel
     return {**ratios, f"gguf_{quant}_systems": medians}
 
 
-def llamacpp_figures(paths: list[Path], quick: bool, extra_bufts: bool, kernels: str) -> dict:
+def llamacpp_figures(paths: list[Path], quick: bool, extra_bufts: bool, kernels: str, isa_choice: str) -> dict:
     from peerkit import servers
-    if reason := servers.not_installed(DEFAULT_CACHE, "llama.cpp"):
+    llamacpp = servers.installed_as("llama.cpp", isa_choice)
+    if reason := servers.not_installed(DEFAULT_CACHE, llamacpp):
         return {"llamacpp": f"not run: {reason}"}
     plain = "" if extra_bufts else ", without its extra (AMX, repacked) weight buffers"
-    peers_q4_k_m, peers_q8_0 = llamacpp_quantized("Q4_K_M"), llamacpp_quantized("Q8_0")
-    figures = {"llamacpp": servers.version(DEFAULT_CACHE, "llama.cpp") + plain,
-               "tokenizer_exact": tokenizer_exact(paths[0]),
+    peers_q4_k_m, peers_q8_0 = llamacpp_quantized("Q4_K_M", llamacpp), llamacpp_quantized("Q8_0", llamacpp)
+    figures = {"llamacpp": servers.version(DEFAULT_CACHE, llamacpp) + plain, "llamacpp_build": isa_choice,
+               "tokenizer_exact": tokenizer_exact(paths[0], llamacpp),
                "gguf_q4_k_m_resident_weight_ratio": resident_weight_ratio(peers_q4_k_m, kernels),
                "read_gbps": roofline.read_gbps(repeats=10)}
     for path in (paths[0], peers_q4_k_m, peers_q8_0, *paths[1:]):
-        figures.update(side_by_side(path, 1 if quick else 3, quick, extra_bufts, kernels))
+        figures.update(side_by_side(path, 1 if quick else 3, quick, extra_bufts, kernels, llamacpp))
         quant = quant_of(path)
         decode = figures[f"gguf_{quant}_systems"]["mcpd"]["w1_decode_tok_s"]
         figures[f"w1_read_frac_{quant}"] = decode * token_read_bytes(path) / (figures["read_gbps"] * 1e9)
@@ -215,14 +218,15 @@ params.ftype = getattr(llama_cpp, "LLAMA_FTYPE_MOSTLY_" + sys.argv[3])
 sys.exit(llama_cpp.llama_model_quantize(sys.argv[1].encode(), sys.argv[2].encode(), ctypes.byref(params)))"""
 
 
-def llamacpp_quantized(ftype: str) -> Path:
-    """The peers' 55.3M checkpoint as `ftype` (Q4_K_M, Q8_0) written by llama.cpp's quantizer."""
+def llamacpp_quantized(ftype: str, llamacpp: str) -> Path:
+    """The peers' 55.3M checkpoint as `ftype` (Q4_K_M, Q8_0) written by llama.cpp's quantizer
+    (the install llamacpp's)."""
     from peerkit import checkpoints, servers
     checkpoint_dir, _ = checkpoints.checkpoint(DEFAULT_CACHE, torch.float32)
     target = DEFAULT_CACHE / "gguf" / f"{checkpoint_dir.name}.{ftype}.gguf"
     if not target.exists():
         source, partial = servers.gguf_for(DEFAULT_CACHE, checkpoint_dir, "float32"), target.with_suffix(".partial")
-        servers.run_logged([str(servers.venv_dir(DEFAULT_CACHE, "llama.cpp") / "bin/python"), "-c", QUANTIZE,
+        servers.run_logged([str(servers.venv_dir(DEFAULT_CACHE, llamacpp) / "bin/python"), "-c", QUANTIZE,
                             str(source), str(partial), ftype], servers.log_path(DEFAULT_CACHE, "gguf-quantize"))
         os.replace(partial, target)
     return target
@@ -246,14 +250,14 @@ texts = [open(p, "rb").read() for p in sys.argv[2:]]
 print(json.dumps([[model.tokenize(t, add_bos=False, special=special) for t in texts] for special in (True, False)]))"""
 
 
-def tokenizer_exact(path: Path) -> bool:
-    """mcpd's tokens equal llama.cpp's on the docs (the module's doc)."""
+def tokenizer_exact(path: Path, llamacpp: str) -> bool:
+    """mcpd's tokens equal llama.cpp's (the install llamacpp's) on the docs (the module's doc)."""
     import subprocess
 
     from peerkit import servers
     from mcpd.tokenizer import HFTokenizer
     docs = [README, README.parent / "docs" / "PROTOCOL.md"]
-    python = servers.venv_dir(DEFAULT_CACHE, "llama.cpp") / "bin/python"
+    python = servers.venv_dir(DEFAULT_CACHE, llamacpp) / "bin/python"
     done = subprocess.run([str(python), "-c", TOKENIZE, str(path), *map(str, docs)], capture_output=True, check=True)
     with_specials, plain = json.loads(done.stdout)
     tokenizer = HFTokenizer.from_gguf(path)
@@ -314,7 +318,7 @@ def measure(quick: bool, kernels: str) -> dict:
 def main() -> None:
     figures = {"cpu_isa": isa.described(ARGS.isa), "mcpd_kernels": ARGS.kernels, **measure(ARGS.quick, ARGS.kernels)}
     figures.update(llamacpp_figures([default_model.installed_file(), *ARGS.also], ARGS.quick,
-                                    not ARGS.llamacpp_plain_buffers, ARGS.kernels))
+                                    not ARGS.llamacpp_plain_buffers, ARGS.kernels, ARGS.isa))
     for name, value in figures.items():
         print(f"  {name:30} {value:12.6g}" if isinstance(value, float) else f"  {name:30} {value}")
     print(json.dumps({k: float(f"{v:.6g}") if isinstance(v, float) else v for k, v in figures.items()}))

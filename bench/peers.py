@@ -54,8 +54,9 @@ mcpd / best peer for rates (tok/s, req/s, fractions) and best peer / mcpd for ti
 `--isa avx2` on an AVX-512 machine stands in for an AVX2-only one as far as software can: mcpd
 runs its AVX2 kernels (engine.kernels = native-avx2), and every process of the run (mcpd, vLLM,
 the roofline) is started with torch's, oneDNN's and MKL's instruction sets capped at AVX2
-(bench/peerkit/isa.py). llama.cpp's build (-march=native) has no such switch and keeps AVX-512, so its
-ratios are a lower bound for mcpd. `cpu_isa` and `mcpd_kernels` in the JSON say what ran.
+(bench/peerkit/isa.py). llama.cpp runs from its AVX2 build (`--setup` compiles it beside the
+-march=native one; without it llama.cpp does not run and `missing_peers` says why).
+`cpu_isa`, `mcpd_kernels` and `llamacpp_build` (native or avx2) in the JSON say what ran.
 """
 from __future__ import annotations
 
@@ -329,11 +330,12 @@ def start_systems(args, checkpoint_dir: Path) -> tuple[dict, dict, dict]:
     start: nothing else may run meanwhile). Returns servers, targets, and why peers are missing."""
     servers, targets, missing = {}, {}, {}
     for peer in ([] if args.quick else args.peers):
-        reason = peer_servers.missing_reason(args.cache_dir, peer, checkpoint_dir, args.dtype)
+        install = peer_servers.installed_as(peer, args.isa)
+        reason = peer_servers.missing_reason(args.cache_dir, install, checkpoint_dir, args.dtype)
         if reason is None:
-            print(f"starting {peer} ...", flush=True)
+            print(f"starting {install} ...", flush=True)
             try:
-                servers[peer] = peer_servers.PEER_SERVERS[peer](args.cache_dir, checkpoint_dir, args.dtype).start()
+                servers[peer] = peer_servers.PEER_SERVERS[install](args.cache_dir, checkpoint_dir, args.dtype).start()
                 targets[peer] = HttpTarget(peer, servers[peer].port)
                 continue
             except RuntimeError as e:
@@ -447,7 +449,8 @@ def report(args, result: Run, vocab: str) -> None:
     systems = result.systems
     ratios = ratios_vs_best_peer(systems)
     rounds = len(result.loads) - 1
-    print(f"\nmedians of {rounds} round(s), {args.dtype}; ± is half the spread (max - min) / median")
+    built = f"; llama.cpp's {args.isa} build" if "llama.cpp" in systems else ""
+    print(f"\nmedians of {rounds} round(s), {args.dtype}{built}; ± is half the spread (max - min) / median")
     print(table(systems, result.spreads, ratios))
     limits = result.limits
     rounds_read = ", ".join(f"{read:.1f}" for read in limits["read_gbps_per_round"])
@@ -459,7 +462,8 @@ def report(args, result: Run, vocab: str) -> None:
     print(f"greedy text identical to mcpd's on a probe: {same_text}")
     for peer, reason in result.missing.items():
         print(f"{peer} did not run: {reason}")
-    versions = {peer: peer_servers.version(args.cache_dir, peer) for peer in systems if peer not in OURS}
+    versions = {peer: peer_servers.version(args.cache_dir, peer_servers.installed_as(peer, args.isa))
+                for peer in systems if peer not in OURS}
     print(json.dumps({
         **rounded(systems["mcpd"], 4),
         **rounded(ratios, 3),
@@ -473,6 +477,7 @@ def report(args, result: Run, vocab: str) -> None:
                      "flops_per_token": limits["flops_per_token"]},
         "greedy_text_same_as_mcpd": same_text, "idle_cpu_percent": result.idle, "missing_peers": result.missing,
         "versions": versions, "machine": machine(), "cpu_isa": isa.described(args.isa), "mcpd_kernels": isa.mcpd_kernels(args.isa),
+        **({"llamacpp_build": args.isa} if "llama.cpp" in systems else {}),
         "vocab": vocab, "dtype": args.dtype, "rounds": rounds,
         "quick": args.quick, "load_avg": result.loads}))
 

