@@ -46,10 +46,12 @@ def verify(venv: Path) -> None:
         raise RuntimeError(f"no llama.cpp libraries under {venv}")
     for library in libraries:
         if count := avx512_instructions(output(["objdump", "-d", str(library)])):
-            raise RuntimeError(f"{library.name} holds {count} AVX-512 instructions: not an AVX2-only build")
+            raise RuntimeError(f"{library.name} holds {count} AVX-512 instructions: not an AVX2-only build "
+                               f"(remove {venv} and run --setup again)")
     system_info = output([str(venv / "bin/python"), "-c", SYSTEM_INFO]).strip()
     if flaws := system_info_flaws(system_info):
-        raise RuntimeError(f"llama.cpp's system_info says {', '.join(flaws)}: not an AVX2-only build ({system_info})")
+        raise RuntimeError(f"llama.cpp's system_info says {', '.join(flaws)}: not an AVX2-only build ({system_info}; "
+                           f"remove {venv} and run --setup again)")
 
 
 def output(command: list[str]) -> str:
