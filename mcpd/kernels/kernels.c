@@ -552,7 +552,9 @@ typedef struct {
     const int32_t *sums;    /* [m][k/16]: each half block's sum of q */
 } x_q16;
 
-/* x_q16 of x's m rows, in one allocation (free its q). */
+/* x_q16 of x's m rows, in one allocation (free its q). A block holding a NaN or an infinity gets
+   the scale NaN (and q 0), so that every output of its row is NaN, as the float product's is,
+   not a block of steps measured from the rest. */
 static x_q16 x_q16_quantize(int dtype, const void *x, int64_t m, int64_t k) {
     int64_t blocks = m * k / Q4_BLOCK;
     char *memory = malloc(m * k * sizeof(int16_t) + blocks * (sizeof(float) + 2 * sizeof(int32_t)));
@@ -560,22 +562,27 @@ static x_q16 x_q16_quantize(int dtype, const void *x, int64_t m, int64_t k) {
     float *d = (float *)(q + m * k);
     int32_t *sums = (int32_t *)(d + blocks);
     for (int64_t b = 0; b < blocks; b++) {
-        float v[Q4_BLOCK], amax = 0;
-        for (int i = 0; i < Q4_BLOCK; i++) {
-            v[i] = x_at(dtype, x, b * Q4_BLOCK + i);
-            float a = fabsf(v[i]);
-            amax = a > amax ? a : amax;
+        f32v v[Q4_BLOCK / LANES];
+        float amax = 0;
+        for (int i = 0; i < Q4_BLOCK / LANES; i++) {
+            v[i] = load_any(dtype, x, b * Q4_BLOCK + i * LANES);
+            float a = abs_max(v[i]);
+            amax = a > amax || a != a ? a : amax;
         }
-        float scale = amax / INT16_LEVELS, inverse = amax > 0 ? INT16_LEVELS / amax : 0.0f;
+        int finite = isfinite(amax);
+        float inverse = finite && amax > 0 ? INT16_LEVELS / amax : 0.0f;
+        int32_t levels[Q4_BLOCK];
+        for (int i = 0; i < Q4_BLOCK / LANES; i++) {
+            i32v r = finite ? round_to_i32(v[i] * inverse) : (i32v){0};
+            memcpy(levels + i * LANES, &r, sizeof r);
+        }
         for (int half = 0; half < 2; half++) {
             int32_t sum = 0;
-            for (int i = half * Q4_HALF; i < (half + 1) * Q4_HALF; i++) {
-                int16_t qi = (int16_t)(int32_t)nearbyintf(v[i] * inverse);
-                q[b * Q4_BLOCK + i / 4 * 4 + (i % 2) * 2 + i % 4 / 2] = qi, sum += qi;
-            }
+            for (int i = half * Q4_HALF; i < (half + 1) * Q4_HALF; i++)
+                q[b * Q4_BLOCK + i / 4 * 4 + (i % 2) * 2 + i % 4 / 2] = (int16_t)levels[i], sum += levels[i];
             sums[2 * b + half] = sum;
         }
-        d[b] = scale;
+        d[b] = finite ? amax / INT16_LEVELS : NAN;
     }
     return (x_q16){q, d, sums};
 }
