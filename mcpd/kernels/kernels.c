@@ -642,8 +642,9 @@ INLINE void q4_quads(int kind, const uint8_t *p, const void *hb, int64_t b, int 
 }
 
 /* Up to INT4_ROWS rows at a time multiply the 4-bit panels (rows_int4): each block's integer sums
-   of a row in registers, 16 on AVX-512, 8 on AVX2, where past 2 rows each of a panel's two
-   vectors takes a pass of its own (the same sums: each lane's terms in the same order). */
+   of a row in registers, 16 on AVX-512, 8 at LANES 8, where past 2 rows each of a panel's two
+   vectors takes a pass of its own (the same sums: each lane's terms in the same order). AVX2 has
+   its own (rows_int4_avx2). */
 #define INT4_ROWS 4
 
 /* Rows of x (quantized: xq) by the strip's panels: per block, each row's integer sums of its
