@@ -191,3 +191,21 @@ def test_a_meta_weight_is_prepared_as_a_real_one(qtype):
         real, laid_out = k.prepare(weight), k.prepare(meta)
         assert {f: (t.shape, t.dtype) for f, t in tensors_of(real).items()} == \
             {f: (t.shape, t.dtype) for f, t in tensors_of(laid_out).items()}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("qtype", TYPES)
+@pytest.mark.parametrize("kernels", KERNELS)
+def test_a_non_finite_activation_makes_every_output_of_its_row_nan(kernels, qtype, dtype):
+    """A NaN, inf or -inf in x gives NaN in every output of its row, as the float product of NaN
+    does, not a block of x quantized around it (its int16 steps measured from the finite values,
+    or from inf); the row beside them gets what it gets beside finite rows."""
+    weight, expected_weights = gguf_weights(40, qtype)
+    x = torch.randn(4, expected_weights.shape[1], generator=torch.Generator().manual_seed(5)).to(dtype)
+    x[1, 33], x[2, 7], x[3, 70] = float("nan"), float("inf"), float("-inf")
+    k = KERNELS[kernels]
+    packed = k.prepare(weight)
+    y = k.linear(x, packed)
+    assert y[1:].isnan().all()
+    assert torch.equal(y[0], k.linear(x.index_fill(0, torch.tensor([1, 2, 3]), 0.0), packed)[0])
+    assert y[0].isfinite().all()

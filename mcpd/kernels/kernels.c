@@ -558,12 +558,17 @@ typedef struct {
 typedef int16_t i16v __attribute__((vector_size(2 * LANES)));
 
 /* Block b of x_q16_quantize a half block a vector, to the same values as its lane-by-lane loop
-   (which took a tenth of an eight-row prefill's products): the max skips NaN as its compare
-   does, and the conversion gives a NaN or out-of-range value the same INT_MIN. */
+   (which took a tenth of an eight-row prefill's products): |x|'s bits compared as integers order
+   as the floats do, and put a NaN or an infinity above every finite value; such a block's
+   inverse is 0, so each of its q converts to 0 (NaN -> INT_MIN, stored as the int16 0). */
 static inline void x_q16_block(int dtype, const void *x, int64_t b, int16_t *q, float *d, int32_t *sums) {
-    f32v v[2] = {load_any(dtype, x, b * Q4_BLOCK), load_any(dtype, x, b * Q4_BLOCK + Q4_HALF)}, most = splat(0);
-    for (int h = 0; h < 2; h++) most = vmax((f32v)((i32v)v[h] & 0x7fffffff), most);
-    float amax = hmax(most), inverse = amax > 0 ? INT16_LEVELS / amax : 0.0f;
+    f32v v[2] = {load_any(dtype, x, b * Q4_BLOCK), load_any(dtype, x, b * Q4_BLOCK + Q4_HALF)};
+    int32_t top = _mm512_reduce_max_epi32(_mm512_max_epi32((__m512i)((i32v)v[0] & 0x7fffffff),
+                                                           (__m512i)((i32v)v[1] & 0x7fffffff)));
+    float amax;
+    memcpy(&amax, &top, sizeof amax);
+    int finite = top < 0x7f800000;
+    float inverse = finite && amax > 0 ? INT16_LEVELS / amax : 0.0f;
     for (int h = 0; h < 2; h++) {
         i32v r = round_to_i32(v[h] * inverse);
         r = (r << 16) >> 16;   /* the int16 it is stored as */
@@ -572,11 +577,13 @@ static inline void x_q16_block(int dtype, const void *x, int64_t b, int16_t *q, 
                                                                       13, 15), i16v);
         memcpy(q + b * Q4_BLOCK + h * Q4_HALF, &stored, sizeof stored);
     }
-    d[b] = amax / INT16_LEVELS;
+    d[b] = finite ? amax / INT16_LEVELS : NAN;
 }
 #endif
 
-/* x_q16 of x's m rows, in one allocation (free its q). */
+/* x_q16 of x's m rows, in one allocation (free its q). A block holding a NaN or an infinity gets
+   the scale NaN (and q 0), so that every output of its row is NaN, as the float product's is,
+   not a block of steps measured from the rest. */
 static x_q16 x_q16_quantize(int dtype, const void *x, int64_t m, int64_t k) {
     int64_t blocks = m * k / Q4_BLOCK;
     char *memory = malloc(m * k * sizeof(int16_t) + blocks * (sizeof(float) + 2 * sizeof(int32_t)));
@@ -587,22 +594,27 @@ static x_q16 x_q16_quantize(int dtype, const void *x, int64_t m, int64_t k) {
     for (int64_t b = 0; b < blocks; b++) x_q16_block(dtype, x, b, q, d, sums);
 #else
     for (int64_t b = 0; b < blocks; b++) {
-        float v[Q4_BLOCK], amax = 0;
-        for (int i = 0; i < Q4_BLOCK; i++) {
-            v[i] = x_at(dtype, x, b * Q4_BLOCK + i);
-            float a = fabsf(v[i]);
-            amax = a > amax ? a : amax;
+        f32v v[Q4_BLOCK / LANES];
+        float amax = 0;
+        for (int i = 0; i < Q4_BLOCK / LANES; i++) {
+            v[i] = load_any(dtype, x, b * Q4_BLOCK + i * LANES);
+            float a = abs_max(v[i]);
+            amax = a > amax || a != a ? a : amax;
         }
-        float scale = amax / INT16_LEVELS, inverse = amax > 0 ? INT16_LEVELS / amax : 0.0f;
+        int finite = isfinite(amax);
+        float inverse = finite && amax > 0 ? INT16_LEVELS / amax : 0.0f;
+        int32_t levels[Q4_BLOCK];
+        for (int i = 0; i < Q4_BLOCK / LANES; i++) {
+            i32v r = finite ? round_to_i32(v[i] * inverse) : (i32v){0};
+            memcpy(levels + i * LANES, &r, sizeof r);
+        }
         for (int half = 0; half < 2; half++) {
             int32_t sum = 0;
-            for (int i = half * Q4_HALF; i < (half + 1) * Q4_HALF; i++) {
-                int16_t qi = (int16_t)(int32_t)nearbyintf(v[i] * inverse);
-                q[b * Q4_BLOCK + i / 4 * 4 + (i % 2) * 2 + i % 4 / 2] = qi, sum += qi;
-            }
+            for (int i = half * Q4_HALF; i < (half + 1) * Q4_HALF; i++)
+                q[b * Q4_BLOCK + i / 4 * 4 + (i % 2) * 2 + i % 4 / 2] = (int16_t)levels[i], sum += levels[i];
             sums[2 * b + half] = sum;
         }
-        d[b] = scale;
+        d[b] = finite ? amax / INT16_LEVELS : NAN;
     }
 #endif
     return (x_q16){q, d, sums};
@@ -663,9 +675,9 @@ INLINE void q4_quads(int kind, const uint8_t *p, const void *hb, int64_t b, int 
 }
 
 /* Up to INT4_ROWS rows at a time multiply the 4-bit panels (rows_int4): each block's integer sums
-   of a row in registers, 16 on AVX-512, 8 on AVX2, where past 2 rows each of a panel's two
-   vectors takes a pass of its own (the same sums: each lane's terms in the same order). */
-#if LANES == 16   /* a whole tile: 32 registers hold its sums, and its nibbles are unpacked once, not a pass per 4 rows */
+   of a row in registers: on AVX-512 a whole tile (32 registers hold its sums, and its nibbles are
+   unpacked once, not a pass per 4 rows). AVX2 has its own (rows_int4_avx2). */
+#if LANES == 16
 #define INT4_ROWS 8
 #else
 #define INT4_ROWS 4
@@ -722,6 +734,111 @@ INLINE void rows_int4(int kind, x_q16 xq, int64_t rows, int64_t k, const uint8_t
         }
 }
 
+#if LANES == 8 && defined(__AVX2__)
+/* rows_int4 on AVX2: the same integer sums (each lane's terms in another order: the same bits),
+   kept in 16 ymm registers. Past one row, each of a panel row's two vectors is a pass of its own
+   over a block (its four lines stay in L1 for the second), so that up to INT4_ROWS rows' sums fit
+   and one read of the panel serves them all. A 16-bit half of a lane holds four nibbles: columns
+   0 and 16 of x_q16's pair in its low byte, 1 and 17 in its high one. At one or two rows two
+   masks and two shifts make int16 of them, columns 16 and 1 times 16 (w & 0xf0, (w >> 4) & 0xf0),
+   summed apart and shifted back once a block: an operation a vector fewer than splitting bytes,
+   and exact (a block's terms are at most 16 * 15 * 32767, 16 to a lane: far within int32). Q6_K's
+   6-bit values split bytes: times 16 they could overflow. */
+static inline __m256i x_pair(const int16_t *x) {   /* two int16 of x in every lane */
+    int32_t pair;
+    memcpy(&pair, x, sizeof pair);
+    return _mm256_set1_epi32(pair);
+}
+
+/* acc + w0 . x0 + w1 . x1 (vpmaddwd), the sum held in a register as it is: GCC otherwise regroups a
+   block's additions into a tree whose partial sums outnumber the 16 registers (spilled). */
+static inline __m256i madd2(__m256i acc, __m256i w0, const int16_t *x0, __m256i w1, const int16_t *x1) {
+    acc = _mm256_add_epi32(acc, _mm256_add_epi32(_mm256_madd_epi16(w0, x_pair(x0)), _mm256_madd_epi16(w1, x_pair(x1))));
+    __asm__("" : "+x"(acc));
+    return acc;
+}
+
+/* Quad t of block b's Q6_K values, lanes v, into each row's low-half (lo) and high-half (hi) sums. */
+INLINE void q6_quad_avx2(x_q16 xq, int64_t rows, int64_t k, const uint8_t *p, const uint8_t *hb, int64_t b,
+                         int t, int v, __m256i lo[INT4_ROWS], __m256i hi[INT4_ROWS]) {
+    const __m256i nibbles = _mm256_set1_epi8(15), top_bits = _mm256_set1_epi8(0x30), bytes = _mm256_set1_epi16(0xff);
+    int shift = 2 * (t / 2);
+    __m256i w = _mm256_loadu_si256((const __m256i *)(p + (b * Q4_HALF + 4 * t) * PANEL + v * 4 * LANES));
+    __m256i top = _mm256_loadu_si256((const __m256i *)(hb + (b * Q6_HIGH_BYTES + 4 * (t % 2)) * PANEL + v * 4 * LANES));
+    __m256i low = _mm256_or_si256(_mm256_and_si256(w, nibbles), _mm256_and_si256(_mm256_slli_epi16(top, 4 - shift), top_bits));
+    __m256i high = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(w, 4), nibbles),
+                                   _mm256_and_si256(_mm256_srli_epi16(top, shift), top_bits));
+    __m256i low_even = _mm256_and_si256(low, bytes), low_odd = _mm256_srli_epi16(low, 8);
+    __m256i high_even = _mm256_and_si256(high, bytes), high_odd = _mm256_srli_epi16(high, 8);
+    for (int r = 0; r < rows; r++) {
+        const int16_t *x = xq.q + r * k + b * Q4_BLOCK + 4 * t;
+        lo[r] = madd2(lo[r], low_even, x, low_odd, x + 2);
+        hi[r] = madd2(hi[r], high_even, x + Q4_HALF, high_odd, x + Q4_HALF + 2);
+    }
+}
+
+/* Quad t of block b's 4-bit values, lanes v, into each row's sums: of columns 0 and 17 (ones) and of
+   16 and 1 times 16 (sixteens) where `apart`, else all into ones (past 2 rows, whose sums would
+   not fit the registers twice over: a shift more a vector, shared by the rows). */
+INLINE void q4_quad_avx2(x_q16 xq, int64_t rows, int64_t k, const uint8_t *p, int64_t b, int t, int v, int apart,
+                         __m256i ones[INT4_ROWS], __m256i sixteens[INT4_ROWS]) {
+    const __m256i low = _mm256_set1_epi16(0x000f), next = _mm256_set1_epi16(0x00f0);
+    __m256i w = _mm256_loadu_si256((const __m256i *)(p + (b * Q4_HALF + 4 * t) * PANEL + v * 4 * LANES));
+    __m256i col0 = _mm256_and_si256(w, low), col17 = _mm256_srli_epi16(w, 12);
+    __m256i col16 = apart ? _mm256_and_si256(w, next) : _mm256_and_si256(_mm256_srli_epi16(w, 4), low);
+    __m256i col1 = _mm256_and_si256(_mm256_srli_epi16(w, apart ? 4 : 8), apart ? next : low);
+    for (int r = 0; r < rows; r++) {
+        const int16_t *x = xq.q + r * k + b * Q4_BLOCK + 4 * t;
+        ones[r] = madd2(ones[r], col0, x, col17, x + Q4_HALF + 2);
+        if (apart) sixteens[r] = madd2(sixteens[r], col16, x + Q4_HALF, col1, x + 2);
+        else ones[r] = madd2(ones[r], col16, x + Q4_HALF, col1, x + 2);
+    }
+}
+
+/* rows_int4's product, AVX2's way (above). */
+INLINE void rows_int4_avx2(int kind, x_q16 xq, int64_t rows, int64_t k, const uint8_t *const p[TILE_PANELS],
+                           const void *const d[TILE_PANELS], const void *const m[TILE_PANELS],
+                           const uint16_t *const s[TILE_PANELS], tile_sums a) {
+    const uint8_t *next = p[0] + k / 2 * PANEL;
+    int64_t blocks = k / Q4_BLOCK;
+    const int together = rows == 1 ? VPP : 1, apart = rows <= 2;   /* a panel row's vectors a pass: both, or one */
+    for (int r = 0; r < rows; r++)
+        for (int v = 0; v < VPP; v++) a[0][r][v] = splat(0);
+    for (int64_t b = 0; b < blocks; b++) {
+        for (int l = 0; l < Q4_HALF * PANEL / 64; l++)   /* the next strip's block b */
+            __builtin_prefetch(next + b * Q4_HALF * PANEL + 64 * l, 0, 2);
+        for (int v0 = 0; v0 < VPP; v0 += together) {
+            __m256i lo[VPP][INT4_ROWS], hi[VPP][INT4_ROWS];   /* Q6_K: its halves' sums; the others: ones, sixteens */
+            for (int v = 0; v < together; v++)
+                for (int r = 0; r < rows; r++) lo[v][r] = hi[v][r] = _mm256_setzero_si256();
+#pragma GCC unroll 4   /* each quad's Q6_K highs shift a constant */
+            for (int t = 0; t < QUADS; t++)
+                for (int v = 0; v < together; v++) {
+                    if (kind == Q6_K) q6_quad_avx2(xq, rows, k, p[0], m[0], b, t, v0 + v, lo[v], hi[v]);
+                    else q4_quad_avx2(xq, rows, k, p[0], b, t, v0 + v, apart, lo[v], hi[v]);
+                }
+            for (int v = 0; v < together; v++) {
+                f32v scale, scale_hi, min;
+                q4_scale_min(kind, d[0], m[0], s[0], b, v0 + v, &scale, &scale_hi, &min);
+                for (int r = 0; r < rows; r++) {
+                    float dx = xq.d[r * blocks + b];
+                    const int32_t *halves = xq.sums + r * 2 * blocks + 2 * b;
+                    if (kind == Q6_K)
+                        a[0][r][v0 + v] += __builtin_convertvector((i32v)lo[v][r] - 32 * halves[0], f32v) * (scale * dx)
+                                         + __builtin_convertvector((i32v)hi[v][r] - 32 * halves[1], f32v) * (scale_hi * dx);
+                    else
+                        a[0][r][v0 + v] += __builtin_convertvector((i32v)lo[v][r] + ((i32v)hi[v][r] >> 4), f32v) * (scale * dx)
+                                         + min * (dx * (float)(halves[0] + halves[1]));
+                }
+            }
+        }
+    }
+}
+#define ROWS_INT4 rows_int4_avx2
+#else
+#define ROWS_INT4 rows_int4
+#endif
+
 /* rows_int4 of a count of rows and a kind known at compile time, so that its sums stay in
    registers and its loop tests no kind per weight. Not inlined: inside linear() it made the
    plain tiles beside it slower (its own sums are local, so the call costs nothing per weight). */
@@ -729,7 +846,7 @@ static __attribute__((noinline)) void rows_int4_fixed(int kind, x_q16 xq, int64_
                                                       const uint8_t *const p[TILE_PANELS],
                                                       const void *const d[TILE_PANELS], const void *const m[TILE_PANELS],
                                                       const uint16_t *const s[TILE_PANELS], tile_sums a) {
-#define ROWS(K, R) rows_int4(K, xq, R, k, p, d, m, s, a)
+#define ROWS(K, R) ROWS_INT4(K, xq, R, k, p, d, m, s, a)
 #define BY_KIND(R) (kind == Q6_K ? ROWS(Q6_K, R) : kind == Q4_K ? ROWS(Q4_K, R) : kind == Q4_1 ? ROWS(Q4_1, R) : ROWS(Q4_0, R))
     switch (rows) {
     case 1: BY_KIND(1); break;
