@@ -3,7 +3,7 @@ core (core.py), which validates each message before anything else sees it, answe
 itself, tracks which client owns each in-flight request, and relays the scheduler's replies.
 This owns the sockets, reads and decodes their messages, and hosts the HTTP listener. asyncio on
 uvloop; each wake-up drains every ready message from both sockets, so pipelined traffic pays the
-event loop's cost once per batch, not once per message.
+event loop's cost once per batch, not once per message (clients' in slices: client_drain.py).
 
 What a client can make it hold is bounded both ways: replies for a client that does not read wait
 in its backlog, never dropped (outbox.py), and the unfinished messages libzmq holds for clients
