@@ -1,14 +1,14 @@
 """How one wake-up of the front-end reads its clients: in slices of SLICE messages. After each
-slice what it admitted goes on to the scheduler and the scheduler's replies waiting are taken,
-so that neither waits for a whole turn of client messages: under a flood of requests refused at
-the door (tens of µs each) a turn of BATCH is milliseconds of work, and a high request admitted
-early in it, or the reply of one admitted before, waited all of it. The scheduler's pipe full
-stops the reading (its pressure goes back to the clients)."""
+slice what it admitted goes on to the scheduler and the scheduler's replies waiting are taken:
+under a flood of requests refused at the door (tens of µs each) a turn of BATCH is milliseconds
+of work, which a high request admitted early in it, or the reply of one admitted before, would
+otherwise wait out whole. A slice costs a send and a look at the replies' socket, a fraction of
+a µs a message. The scheduler's pipe full stops the reading (its pressure goes back to clients)."""
 from __future__ import annotations
 
 from typing import Callable
 
-BATCH = 256   # client messages one turn takes before the loop's other readers get theirs (fairness)
+BATCH = 256   # messages one turn takes from a socket before the loop's other readers get theirs (fairness)
 SLICE = 16    # client messages taken before what they admitted goes on and the replies are taken
 
 
