@@ -1577,18 +1577,35 @@ typedef struct {          /* one attention group of the step (layers.AttentionGr
     const int64_t *table, *lens, *first_rows, *starts, *counts;
 } mcpd_group;
 
+/* The rows the last layer carries on past its keys and values: those whose hidden state the step
+   wants (the rows that sample). No other row's attention, MLP or final norm feeds anything, so a
+   prompt's last layer computes one row of them, not all. */
+typedef struct {
+    int64_t rows;                 /* how many */
+    const int64_t *at;            /* their rows of the step, ascending */
+    const mcpd_group *groups;     /* their attention, rows renumbered 0 .. rows - 1 in that order */
+    int64_t num_groups;
+} mcpd_kept;
+
 /* Bytes of scratch mcpd_decoder_stack needs for t rows. */
 int64_t mcpd_stack_scratch_bytes(int dtype, const mcpd_shape *s, int64_t t) {
     int64_t q_size = s->heads * s->head_dim, qkv_n = q_size + 2 * s->kv_heads * s->head_dim;
     return t * (2 * s->hidden + qkv_n + q_size + 3 * s->inter) * (dtype == F32 ? 4 : 2);
 }
 
+/* Rows at[0 .. n - 1] of rows of `width` bytes moved to rows 0 .. n - 1, in place (at ascending). */
+static void keep_rows(char *rows, int64_t width, const int64_t *at, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        if (at[i] != i) memcpy(rows + i * width, rows + at[i] * width, width);
+}
+
 /* residual: [t, hidden], the embeddings, updated in place; out: [t, hidden], the final norm of
-   the last residual. rope, positions and slots as mcpd_rope_store takes them. */
+   the last residual. rope, positions and slots as mcpd_rope_store takes them. kept: NULL for
+   every row, else the rows out gets ([kept->rows, hidden]); residual's first rows are then theirs. */
 void mcpd_decoder_stack(int dtype, const mcpd_shape *s, const mcpd_layer *layers, int64_t num_layers, int64_t t,
                         void *residual, const float *rope, const int64_t *positions, const int64_t *slot_blocks,
-                        const int64_t *slot_offsets, const mcpd_group *groups, int64_t num_groups, void *scratch,
-                        const void *final_norm, void *out) {
+                        const int64_t *slot_offsets, const mcpd_group *groups, int64_t num_groups,
+                        const mcpd_kept *kept, void *scratch, const void *final_norm, void *out) {
     size_t size = dtype == F32 ? 4 : 2;
     int64_t d = s->head_dim, q_size = s->heads * d, qkv_n = q_size + 2 * s->kv_heads * d;
     char *x = scratch, *delta = x + t * s->hidden * size, *qkv = delta + t * s->hidden * size;
@@ -1601,6 +1618,11 @@ void mcpd_decoder_stack(int dtype, const mcpd_shape *s, const mcpd_layer *layers
         linear(dtype, x, t, s->hidden, &w->qkv, w->qkv_bias, qkv_n, qkv, 0);
         mcpd_rope_store(dtype, qkv, t, s->heads, s->kv_heads, d, positions, rope, w->kv, s->block_stride,
                         s->v_offset, slot_blocks, slot_offsets);
+        if (kept && l == num_layers - 1) {   /* every row's keys and values are stored: on with the kept rows */
+            keep_rows(residual, s->hidden * size, kept->at, kept->rows);
+            keep_rows(qkv, qkv_n * size, kept->at, kept->rows);
+            t = kept->rows, groups = kept->groups, num_groups = kept->num_groups;
+        }
         for (int64_t i = 0; i < num_groups; i++) {
             const mcpd_group *g = groups + i;
             const char *q = qkv + g->start * qkv_n * size;
@@ -1688,7 +1710,7 @@ int64_t mcpd_greedy_steps(int dtype, const mcpd_shape *s, const mcpd_layer *laye
         else mcpd_embedding(dtype, &g->embedding, s->hidden, &token, 1, residual);
         slot_block = g->table[at / s->block_size], slot_offset = at % s->block_size, lens = at + 1;
         mcpd_decoder_stack(dtype, s, layers, num_layers, 1, residual, g->rope, &at, &slot_block, &slot_offset, &one,
-                           1, scratch, g->final_norm, hidden);
+                           1, NULL, scratch, g->final_norm, hidden);
         linear(dtype, hidden, 1, s->hidden, &g->head, NULL, g->vocab, logits, 1);
         mcpd_argmax(logits, 1, g->vocab, &token);
         out_tokens[n] = token;
