@@ -37,7 +37,7 @@ from mcpd.memory import DevicePool, pool_size
 from mcpd.memory.pool_segment import PoolSegment
 from mcpd.models import load_model
 from mcpd.models.decode_arrays import DecodeArrays
-from mcpd.models.layers import AttentionMetadata, bind_kv_cache
+from mcpd.models.layers import AttentionMetadata, bind_kv_cache, long_tensor
 from mcpd.protocol.sampling import SamplingParams
 
 
@@ -314,7 +314,7 @@ class Engine:
         if self.device.type == "cpu" and len(input_ids) == len(batch):
             return self.decode_arrays.build(input_ids, tables, starts, self.kv.block_size)
         attn = AttentionMetadata.build(tables, starts, [count for _, count in batch], self.kv.block_size, self.device)
-        return torch.tensor(input_ids, device=self.device), attn
+        return long_tensor(input_ids, self.device), attn
 
     def _append(self, seq: Sequence, token: int, logprob: float | None) -> StepOutput:
         seq.token_ids.append(token)
