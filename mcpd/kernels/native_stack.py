@@ -15,7 +15,7 @@ import ctypes
 import torch
 
 from mcpd.kernels.native import Matrix, address
-from mcpd.models.layers import AttentionGroup, AttentionMetadata
+from mcpd.models.layers import AttentionMetadata
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 REUSED_SCRATCH_ROWS = 64   # steps of up to this many rows share one scratch buffer (_scratch)
@@ -41,10 +41,6 @@ class Greedy(ctypes.Structure):
 class Group(ctypes.Structure):
     _fields_ = [(name, _I) for name in ("decoding", "start", "b", "table_stride")] + \
                [(name, _P) for name in ("table", "lens", "first_rows", "starts", "counts")]
-
-
-class Kept(ctypes.Structure):
-    _fields_ = [("rows", _I), ("at", _P), ("groups", _P), ("num_groups", _I)]
 
 
 class NativeStack:
@@ -76,14 +72,16 @@ class NativeStack:
         samples), or of every row (None). The last layer computes only those rows past storing
         every row's keys and values."""
         scratch = self._scratch(residual.shape[0])
-        groups = _records(attn.groups)
-        kept = None if rows is None else _kept(attn.groups, rows)
         out = residual.new_empty((residual.shape[0] if rows is None else rows.shape[0], residual.shape[1]))
+        groups = (Group * len(attn.groups))(*(
+            Group(g.decoding, g.start, g.block_table.shape[0], g.block_table.stride(0), g.block_table.data_ptr(),
+                  g.context_lens.data_ptr(), address(g.first_rows), address(g.starts), address(g.counts))
+            for g in attn.groups))
         self.lib.mcpd_decoder_stack(self.code, ctypes.byref(self.shape), self.layers, len(self.layers),
                                     residual.shape[0], residual.data_ptr(), rope.data_ptr(),
                                     attn.positions.data_ptr(), attn.slot_blocks.data_ptr(),
                                     attn.slot_offsets.data_ptr(), groups, len(attn.groups),
-                                    None if kept is None else ctypes.byref(kept[0]), scratch.data_ptr(),
+                                    -1 if rows is None else rows.shape[0], address(rows), scratch.data_ptr(),
                                     self.final_norm.data_ptr(), out.data_ptr())
         return out
 
@@ -123,41 +121,3 @@ class NativeStack:
         if self.reused_scratch is None:
             self.reused_scratch = torch.empty(REUSED_SCRATCH_ROWS * self.scratch_row_bytes, dtype=torch.uint8)
         return self.reused_scratch
-
-
-def _records(groups: list[AttentionGroup]) -> ctypes.Array:
-    """The step's attention groups as kernels.c's mcpd_group records."""
-    return (Group * len(groups))(*(
-        Group(g.decoding, g.start, g.block_table.shape[0], g.block_table.stride(0), g.block_table.data_ptr(),
-              g.context_lens.data_ptr(), address(g.first_rows), address(g.starts), address(g.counts))
-        for g in groups))
-
-
-def _kept(groups: list[AttentionGroup], rows: torch.Tensor) -> tuple[Kept, list]:
-    """kernels.c's mcpd_kept of the rows given (each the last row of its sequence in the step),
-    and the arrays it points into, to be held through the call."""
-    records, held, start = [], [rows], 0
-    for g in groups:
-        arrays = _kept_arrays(g, rows[(rows >= g.start) & (rows < g.end)] - g.start)
-        if arrays is None:
-            continue
-        held += arrays
-        table, lens, *prefill = arrays
-        records.append(Group(g.decoding, start, table.shape[0], table.stride(0), table.data_ptr(), lens.data_ptr(),
-                             *(a.data_ptr() for a in prefill)))
-        start += table.shape[0]
-    array = (Group * len(records))(*records)
-    return Kept(rows.shape[0], rows.data_ptr(), ctypes.addressof(array), len(records)), [array, *held]
-
-
-def _kept_arrays(g: AttentionGroup, inside: torch.Tensor) -> list[torch.Tensor] | None:
-    """Of g's sequences whose last row is one of `inside` (rows of the group), as a group of one
-    query each: its table and context lengths, and a prefill group's first rows (0, 1, ...),
-    starts and counts; None for none."""
-    if not inside.numel():
-        return None
-    if g.decoding:
-        return [g.block_table[inside], g.context_lens[inside]]
-    which = torch.nonzero(torch.isin(g.first_rows + g.counts - 1, inside)).flatten()
-    last = (g.starts + g.counts - 1)[which]
-    return [g.block_table[which], last + 1, torch.arange(len(which)), last, torch.ones_like(last)]
