@@ -79,7 +79,7 @@ def test_between_length_bins_the_group_whose_head_ranks_highest_goes_first():
     assert keys(batcher.next_batch(1.0)) == [1]
 
 
-def test_requests_of_different_length_bins_never_share_a_batch():
+def test_requests_of_different_length_bins_share_no_batch_while_the_predicts_cost_is_unknown():
     batcher = DynamicBatcher(max_batch_size=8, max_queue_delay_ms=5, length_bins=[16, 32])
     batcher.add(pending(1, length=10, arrived=0.0))
     batcher.add(pending(2, length=30, arrived=0.0))
