@@ -7,7 +7,9 @@ ready batch's predict on one background thread when none runs: torch releases th
 next requests' arrival, decoding and preprocessing overlap this batch's predict. When it ends
 (the thread wakes the loop through `wake_fd`), the next ready batch starts first, then the ended
 one's rows go back to their requests, through postprocess, as final replies with the outputs'
-bytes as payload frames: the predict thread does not wait for the replies' Python.
+bytes as payload frames: the predict thread does not wait for the replies' Python. Each predict
+is timed on its thread, and the batcher learns from those times what a predict costs
+(handlers/predict_cost.py), to decide how long a batch waits and which length bins share one.
 
 A predict that raises, or returns the wrong number of rows, costs its request INTERNAL, never
 the worker nor its batch's other requests: a batch that fails is run again one request at a
@@ -37,7 +39,6 @@ from mcpd.daemon.worker.done_notes import DoneNotes
 from mcpd.handlers import batch_tensors, tensors
 from mcpd.handlers.batcher import DynamicBatcher, Pending, padded_elements
 from mcpd.handlers.handler import Handler
-from mcpd.handlers.predict_cost import PredictCost
 from mcpd.handlers.result_cache import CacheKey, CachedResult, ResultCache, cache_key
 from mcpd.handlers.warmup_file import WarmInput, read_warmup
 from mcpd.protocol import codes, wire
@@ -100,8 +101,7 @@ class HandlerCore:
         classes = config.scheduler
         self.batcher = DynamicBatcher(batching.max_batch_size, batching.max_queue_delay_ms,
                                       batching.preferred_batch_sizes, batching.length_bins,
-                                      urgent_rank=classes.classes[classes.default_class].rank + 1,
-                                      cost=PredictCost())
+                                      urgent_rank=classes.classes[classes.default_class].rank + 1)
         _on_every_core()
         self.predictor = ThreadPoolExecutor(1, thread_name_prefix="predict", initializer=_on_every_core)
         self.wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
