@@ -32,6 +32,9 @@ mcpd's native kernels, from the same file format, in the same process.
   workloads (W1 decode and first token, W2 at 8 and 32 clients, W3 turn 10, W4), rounds
   interleaving the two; `gguf_<quant>_<figure>_ratio_vs_llamacpp` > 1 means mcpd leads (rates:
   mcpd / llama.cpp, times: llama.cpp / mcpd), <quant> the file name's last part (q4_1, q4_k_m).
+  W1 and W4 are the median of at least SAMPLES samples per system, --quick too (one sample of
+  each swung a ratio by a third between runs), the two systems' samples interleaved;
+  `gguf_<quant>_spread` gives each figure's (max - min) / median over its samples, per system.
   Beside SmolLM2's file, a Q4_K_M of the peers' 55.3M checkpoint (bench/peers.py's, converted by
   llama.cpp's converter) made by llama.cpp's own quantizer (llama_model_quantize, in its venv;
   written once, cached): Q4_K and Q6_K, and Q5_0 and Q8_0 where its 1408-wide ffn_down is not
@@ -145,6 +148,7 @@ def held_bytes(model) -> int:
     return sum(t.numel() * t.element_size() for t in held.values())
 
 
+SAMPLES = 3   # of W1 and W4 per system, at least (the module's doc)
 SIDE_BY_SIDE = ("w1_decode_tok_s", "w1_ttft_ms", "w2_8_tok_s", "w2_32_tok_s", "w3_turn10_ttft_ms", "w4_req_s")
 
 
@@ -156,6 +160,14 @@ def systems(path: Path, extra_bufts: bool, kernels: str, llamacpp: str) -> dict:
             "llama.cpp": servers.llama_cpp_serving(DEFAULT_CACHE, path, extra_bufts, llamacpp)}
 
 
+def sampled_workloads(rounds: int, quick: bool) -> list[tuple]:
+    """(workload, samples of it per round and system): W1 and W4 SAMPLES over the rounds at least."""
+    import peers
+    repeats = -(-SAMPLES // rounds)
+    return [(peers.w1, repeats), (lambda t, p: peers.w2(t, p, 8), 1), (lambda t, p: peers.w2(t, p, 32), 1),
+            (peers.w3, 1), (lambda t, p: peers.w4(t, 1.5 if quick else 4.0), repeats)]
+
+
 def side_by_side(path: Path, rounds: int, quick: bool, extra_bufts: bool, kernels: str, llamacpp: str) -> dict:
     """mcpd's daemon and llama.cpp's server on the file: each figure's median per system, and
     the ratios (the module's doc)."""
@@ -164,8 +176,7 @@ def side_by_side(path: Path, rounds: int, quick: bool, extra_bufts: bool, kernel
     from peerkit import servers
     from peerkit.clients import HttpTarget, McpdTarget
 
-    workloads = (peers.w1, lambda t, p: peers.w2(t, p, 8), lambda t, p: peers.w2(t, p, 32), peers.w3,
-                 lambda t, p: peers.w4(t, 1.5 if quick else 4.0))
+    workloads = sampled_workloads(rounds, quick)
     prompts = peers.Prompts(HFTokenizer.from_gguf(path))
     started = systems(path, extra_bufts, kernels, llamacpp)
     try:
@@ -177,11 +188,12 @@ def side_by_side(path: Path, rounds: int, quick: bool, extra_bufts: bool, kernel
         pids = [server.pid() for server in started.values()]
         samples = {name: {} for name in targets}
         for _ in range(rounds):
-            for workload in workloads:
-                for name, target in targets.items():
-                    servers.settle(pids)
-                    for figure, value in workload(target, prompts).items():
-                        samples[name].setdefault(figure, []).append(value)
+            for workload, times in workloads:
+                for _ in range(times):
+                    for name, target in targets.items():
+                        servers.settle(pids)
+                        for figure, value in workload(target, prompts).items():
+                            samples[name].setdefault(figure, []).append(value)
     finally:
         for server in started.values():
             server.stop()
@@ -190,7 +202,14 @@ def side_by_side(path: Path, rounds: int, quick: bool, extra_bufts: bool, kernel
     ours, theirs = medians["mcpd"], medians["llama.cpp"]
     ratios = {f"gguf_{quant}_{f}_ratio_vs_llamacpp": ours[f] / theirs[f] if peers.FIGURES[f] else theirs[f] / ours[f]
               for f in SIDE_BY_SIDE}
-    return {**ratios, f"gguf_{quant}_systems": medians}
+    return {**ratios, f"gguf_{quant}_systems": medians, f"gguf_{quant}_spread": spreads(samples)}
+
+
+def spreads(samples: dict) -> dict:
+    """Per system, (max - min) / median of each side-by-side figure sampled more than once."""
+    return {name: {f: (max(values) - min(values)) / statistics.median(values)
+                   for f, values in figures.items() if f in SIDE_BY_SIDE and len(values) > 1}
+            for name, figures in samples.items()}
 
 
 def llamacpp_figures(paths: list[Path], quick: bool, extra_bufts: bool, kernels: str, isa_choice: str) -> dict:

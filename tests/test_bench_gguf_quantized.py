@@ -26,3 +26,19 @@ def test_the_daemon_beside_llamacpp_runs_the_kernels_asked_for(tmp_path):
         assert device["kernels"] == "native-avx2"
     finally:
         mcpd.stop()
+
+
+def test_w1_and_w4_take_three_samples_a_system_in_quick_and_full_runs_alike():
+    import peers
+    for rounds in (1, 3):
+        plan = gguf_quantized.sampled_workloads(rounds, quick=rounds == 1)
+        assert [times * rounds for _, times in plan] == [3, rounds, rounds, rounds, 3]
+        assert plan[0][0] is peers.w1
+
+
+def test_the_spread_is_each_repeated_figures_range_over_its_median():
+    samples = {"mcpd": {"w1_decode_tok_s": [100.0, 150.0, 120.0], "w4_req_s": [300.0], "w2_8_tok_s": [500.0]},
+               "llama.cpp": {"w1_decode_tok_s": [80.0, 80.0, 80.0], "w4_req_s": [330.0, 300.0, 360.0],
+                             "w2_8_tok_s": [90.0]}}
+    assert gguf_quantized.spreads(samples) == {"mcpd": {"w1_decode_tok_s": 50.0 / 120.0},
+                                               "llama.cpp": {"w1_decode_tok_s": 0.0, "w4_req_s": 60.0 / 330.0}}

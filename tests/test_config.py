@@ -31,6 +31,10 @@ def test_defaults_are_valid():
     ({"scheduler": {"window_min_ms": 5.0}}, "scheduler.window_max_ms = 0.0: must be >= window_min_ms"),
     # 0 would refuse every one of a shed class, and nothing would show the lease's end (shed_table.py)
     ({"scheduler": {"shed_in_flight": 0}}, "scheduler.shed_in_flight = 0: must be >= 1"),
+    ({"engine": {"gather_max_ms": -1.0}}, "engine.gather_max_ms = -1.0: must be in 0 .. 1000"),
+    ({"engine": {"gather_max_ms": float("nan")}}, "engine.gather_max_ms = nan: expected a finite number"),
+    ({"engine": {"gather_max_ms": -1.0}}, "engine.gather_max_ms = -1.0: must be in 0 .. 1000"),
+    ({"engine": {"gather_max_ms": float("nan")}}, "engine.gather_max_ms = nan: expected a finite number"),
     ({"supervisor": {"stats_interval_s": 2.0 ** 63}}, "supervisor.stats_interval_s = 9.223372036854776e+18: must be"),
     ({"supervisor": {"stats_interval_s": 0}}, "supervisor.stats_interval_s = 0"),
     ({"http": {"listen": "127.0.0.1:8000", "max_connections": 0}}, "http.max_connections = 0: must be >= 1"),

@@ -259,3 +259,61 @@ def test_hello_and_stats_name_the_worker_and_its_engine(core, engine):
     assert (stats.index, stats.model, stats.running, stats.kv_blocks_total) == \
         (3, engine.model_name, 0, engine.stats()["kv_blocks_total"])
     assert set(engine.stats()) <= set(WorkerStats.__struct_fields__)
+
+
+def steps_of(engine) -> int:
+    return engine.stats()["steps"]
+
+
+def test_prompts_returning_from_a_step_wait_for_each_other_up_to_that_steps_time(core, engine):
+    for rid in (1, 2, 3):   # a closed loop's clients, answered together
+        dispatch(core, rid, greedy(1))
+    core.step()
+    core.flush_done()   # as the worker's loop does after each step: the engine is idle, the note goes
+    assert len(engine.last_batch) == 3 and not core.has_work
+    dispatch(core, 4, greedy(1))   # the first to come back does not run alone
+    before = steps_of(engine)
+    core.step()
+    assert steps_of(engine) == before
+    bound_ms = min(engine.last_step_s, CONFIG.engine.gather_max_ms / 1000) * 1000   # the last step's time
+    assert core.poll_timeout_ms(100) == pytest.approx(bound_ms)
+    core.clock.now += bound_ms / 2000
+    assert core.poll_timeout_ms(100) == pytest.approx(bound_ms / 2)
+    dispatch(core, 5, greedy(1))
+    dispatch(core, 6, greedy(1))
+    core.step()   # all three came: one step
+    assert steps_of(engine) == before + 1 and sorted(s.key for s, _ in engine.last_batch) == [4, 5, 6]
+    assert len(replies(core.ports.frontend, messages.Final)) == 6
+
+
+def test_a_wait_runs_out_lowers_the_peak_and_a_late_prompt_or_one_beside_a_decode_never_waits(core, engine):
+    for rid in (1, 2, 3):
+        dispatch(core, rid, greedy(1))
+    core.step()
+    dispatch(core, 4, greedy(1))
+    core.step()
+    assert core.has_work   # waiting for the other two
+    bound_s = min(engine.last_step_s, CONFIG.engine.gather_max_ms / 1000)
+    core.clock.now += bound_s   # they did not come: it runs alone, and the peak is now 1
+    core.step()
+    assert [s.key for s, _ in engine.last_batch] == [4] and not core.has_work
+    dispatch(core, 5, greedy(1))
+    assert core.poll_timeout_ms(100) == 0
+    core.step()
+    assert [s.key for s, _ in engine.last_batch] == [5]
+    for rid in (6, 7):   # the peak is 2 again
+        dispatch(core, rid, greedy(1))
+    core.step()
+    core.clock.now += 1.0   # a prompt long after the last step is nobody's return: it runs at once
+    dispatch(core, 8, greedy(1))
+    core.step()
+    assert [s.key for s, _ in engine.last_batch] == [8] and not core.has_work
+    dispatch(core, 9, greedy(4))
+    core.clock.now += 1.0
+    core.step()   # 9 runs alone (it came late) and keeps decoding
+    dispatch(core, 10, greedy(1))
+    assert core.poll_timeout_ms(100) == 0
+    core.step()   # a decode runs anyway: the prompt joins it
+    assert sorted(s.key for s, _ in engine.last_batch) == [9, 10]
+    run_until_idle(core)
+

@@ -21,6 +21,7 @@ class EngineConfig:
     huge_pages: bool = True         # CPU: run on a copy of the weights on 2 MiB pages where they are on 4 KiB
     shared_step_decodes: int = 16   # CPU: decodes per step while tenants share it, on a thread fewer (0: off)
     decode_burst: int = 8           # greedy decode steps a lone sequence may run at once, natively (1: off)
+    gather_max_ms: float = 5.0      # most a step of prompts alone waits for those returning (0: off)
     cuda_graphs: bool = True        # CUDA: decode steps as CUDA graph replays (engine/decode_graphs.py)
 
     def check(self) -> None:
@@ -36,6 +37,8 @@ class EngineConfig:
             raise ConfigError("engine.max_num_seqs must be >= 1 and max_step_tokens >= kv_block_size")
         if self.shared_step_decodes < 0:
             raise ConfigError(f"engine.shared_step_decodes = {self.shared_step_decodes}: must be >= 0")
+        if not 0 <= self.gather_max_ms <= 1000:
+            raise ConfigError(f"engine.gather_max_ms = {self.gather_max_ms}: must be in 0 .. 1000")
         if not 1 <= self.decode_burst <= 64:
             raise ConfigError(f"engine.decode_burst = {self.decode_burst}: must be in 1 .. 64")
         if self.max_step_tokens < self.max_num_seqs:

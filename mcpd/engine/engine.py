@@ -119,6 +119,7 @@ class Engine:
         self.arrivals = itertools.count()
         self.steps = self.tokens_prefilled = self.tokens_generated = 0
         self.last_step_end = 0.0   # perf_counter: the thread tuner resets after a pause
+        self.last_step_s = 0.0     # the last step's model and sampling time
         self.batch_sizes = Histogram(BATCH_BOUNDS)   # sequences per step, for the metrics endpoint
         self.last_batch: list[tuple[Sequence, int]] = []   # the last step's (sequence, tokens run): for tracing
 
@@ -176,6 +177,12 @@ class Engine:
     def has_work(self) -> bool:
         return bool(self.sequences or self.aborted)
 
+    @property
+    def admits_only(self) -> bool:
+        """The next step would only admit waiting prompts: nothing runs, no abort waits to be reported."""
+        return not self.scheduler.running and not self.aborted
+
+
     def step(self) -> list[StepOutput]:
         """One step of every scheduled sequence, in inference mode: entered here unless the caller
         already is. The worker enters it once for its loop: entering it each step is cold torch
@@ -207,6 +214,7 @@ class Engine:
         if self.thread_tuner is not None:
             self.thread_tuner.observe(sum(count for _, count in batch), self.last_step_end - started)
         tokens, logprobs = self.sampler(logits, sampling) if sampling else ([], None)
+        self.last_step_s = time.perf_counter() - started
         for i, (seq, token) in enumerate(zip(sampling, tokens)):
             outputs.append(self._append(seq, token, logprobs[i] if seq.params.logprobs else None))
         return outputs
@@ -263,6 +271,7 @@ class Engine:
         tokens = self.model.greedy_steps(seq.token_ids[-1], seq.num_computed, seq.block_table, steps, stops)
         self.kv.step_ran()
         self.last_step_end = time.perf_counter()
+        self.last_step_s = self.last_step_end - started
         if self.thread_tuner is not None:
             self.thread_tuner.skip(len(tokens))
         outputs = []

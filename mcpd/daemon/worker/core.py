@@ -27,6 +27,7 @@ from mcpd.config import LEGACY_NAME, Config
 from mcpd.daemon import channels, messages
 from mcpd.daemon.child_stats import WorkerStats
 from mcpd.daemon.worker.done_notes import DoneNotes
+from mcpd.daemon.worker.prompt_gather import PromptGather
 from mcpd.protocol import codes, wire
 from mcpd.protocol.args import GenerateArgs, PingArgs
 from mcpd.protocol.error import ErrorReply
@@ -89,6 +90,7 @@ class WorkerCore:
         self.active: dict[int, ActiveRequest] = {}
         self.done = DoneNotes(clock)  # rids answered since the last Done note to the scheduler
         self.failed_steps = 0         # in a row
+        self.gather = PromptGather(config.engine.gather_max_ms / 1000, clock)
         self.tracing = tracing.start(config, "worker", f"worker{index}")   # None with tracing off
 
     @property
@@ -107,9 +109,10 @@ class WorkerCore:
 
     def poll_timeout_ms(self, idle_ms: float) -> float:
         """How long the loop may wait for a message before the core has something to do."""
-        if self.engine.has_work:
-            return 0
         done_ms = self.done.wait_ms()
+        if self.engine.has_work:
+            gather_ms = self._gather_s() * 1000
+            return gather_ms if done_ms is None else min(gather_ms, done_ms)
         return idle_ms if done_ms is None else done_ms
 
     def on_message(self, frames: list[bytes]) -> None:
@@ -149,6 +152,7 @@ class WorkerCore:
         self.active[dispatch.rid] = ActiveRequest(dispatch.request_id, args.stream, sampling.logprobs,
                                                   dispatch.degraded,
                                                   prompt_ids if dispatch.turn or dispatch.compare else None)
+        self.gather.arrived()
         if self.tracing is not None:
             self.tracing.started(dispatch, len(history) + len(prompt_ids))
 
@@ -167,9 +171,10 @@ class WorkerCore:
     def step(self) -> None:
         """One engine step, if the engine has work, and what it produced sent on. Raises
         SystemExit after MAX_FAILED_STEPS failed steps in a row."""
-        if not self.engine.has_work:
+        if not self.engine.has_work or self._gather_s():
             return
         ran_requests = bool(self.active)   # not only the outputs of aborted ones
+        sequences = len(self.engine.sequences)
         try:
             outputs = self.engine.step() if self.tracing is None else self.tracing.step(self.engine)
         except Exception as e:   # noqa: BLE001 - whatever the engine raises must not cost the worker
@@ -181,7 +186,14 @@ class WorkerCore:
             return
         if ran_requests:
             self.failed_steps = 0
+        self.gather.stepped(sequences, self.engine.last_step_s)
         self._emit(outputs)
+
+    def _gather_s(self) -> float:
+        """How long the next step waits for more prompts (prompt_gather.py); 0: it runs now."""
+        if not self.engine.admits_only:
+            return 0.0
+        return self.gather.wait_s(len(self.engine.scheduler.waiting))
 
     def flush_done(self) -> None:
         """Send the Done note when it is due (done_notes.py)."""
