@@ -1067,8 +1067,10 @@ static void panel_bytes(int dtype, const mcpd_matrix *w, int64_t k, int64_t byte
 
 /* x: [m, k] of dtype, w: a matrix of [n, k] of one kind packed as above, bias: [n] or NULL; y:
    [m, n] of dtype, rows ld apart, or float32 holding dtype-rounded values when y_f32 (logits).
-   Threads take contiguous runs of strips (a tile's TILE_PANELS panels), so each streams its
-   share of the weights once. */
+   Each thread takes one contiguous share of the strips (a tile's TILE_PANELS panels), as even as
+   they divide, so it streams its share of the weights once and the next strip its tiles fetch
+   is its own (runs of 8 panels handed out in turn would split 576 outputs 24/12 panels between
+   two threads, 192 outputs 8/4). */
 static void linear_part(int dtype, const void *x, int64_t m, int64_t k, const mcpd_matrix *w, const void *bias,
                         int64_t n, void *y, int64_t ld, int y_f32) {
     size_t size = dtype == F32 ? 4 : 2;
