@@ -692,6 +692,18 @@ INLINE void q4_quads(int kind, const uint8_t *p, const void *hb, int64_t b, int 
     }
 }
 
+/* Fetch into L2 block b's highs and scales of the next strip's Q6_K panels (those after the
+   TILE_PANELS panels h and d point into), beside its weights (rows_int4's `next`): streams of
+   their own, a third of a Q6_K panel's bytes, that the hardware prefetcher would find afresh at
+   every strip. The other kinds' scales and mins, a tenth of their bytes, are left to it. */
+INLINE void fetch_next_q6_sides(const void *d, const void *h, int64_t blocks, int64_t b) {
+    for (int64_t j = TILE_PANELS; j < 2 * TILE_PANELS; j++) {
+        __builtin_prefetch((const char *)d + (j * blocks + b) * PANEL * 2, 0, 2);   /* two int8 a row */
+        for (int l = 0; l < Q6_HIGH_BYTES * PANEL / 64; l++)
+            __builtin_prefetch((const char *)h + (j * blocks + b) * Q6_HIGH_BYTES * PANEL + 64 * l, 0, 2);
+    }
+}
+
 /* Up to INT4_ROWS rows at a time multiply the 4-bit panels (rows_int4): each block's integer sums
    of a row in registers: on AVX-512 a whole tile (32 registers hold its sums, and its nibbles are
    unpacked once, not a pass per 4 rows). AVX2 has its own (rows_int4_avx2). */
@@ -721,6 +733,7 @@ INLINE void rows_int4(int kind, x_q16 xq, int64_t rows, int64_t k, const uint8_t
             i32v lo_sum[INT4_ROWS][TILE_PANELS][VPP] = {{{0}}}, hi_sum[INT4_ROWS][TILE_PANELS][VPP] = {{{0}}};
             for (int l = 0; l < TILE_PANELS * Q4_HALF * PANEL / 64; l++)   /* the next strip's block b: as much as this one's */
                 __builtin_prefetch(next + (b * TILE_PANELS * Q4_HALF * PANEL + 64 * l), 0, 2);
+            if (kind == Q6_K && h0 == 0) fetch_next_q6_sides(d[0], m[0], blocks, b);
 #pragma GCC unroll 4   /* each quad's Q6_K highs shift a constant */
             for (int t = 0; t < QUADS; t++)
                 for (int j = 0; j < TILE_PANELS; j++)
@@ -825,6 +838,7 @@ INLINE void rows_int4_avx2(int kind, x_q16 xq, int64_t rows, int64_t k, const ui
     for (int64_t b = 0; b < blocks; b++) {
         for (int l = 0; l < Q4_HALF * PANEL / 64; l++)   /* the next strip's block b */
             __builtin_prefetch(next + b * Q4_HALF * PANEL + 64 * l, 0, 2);
+        if (kind == Q6_K) fetch_next_q6_sides(d[0], m[0], blocks, b);
         for (int v0 = 0; v0 < VPP; v0 += together) {
             __m256i lo[VPP][INT4_ROWS], hi[VPP][INT4_ROWS];   /* Q6_K: its halves' sums; the others: ones, sixteens */
             for (int v = 0; v < together; v++)
