@@ -833,8 +833,11 @@ INLINE void rows_int4_avx2(int kind, x_q16 xq, int64_t rows, int64_t k, const ui
     const uint8_t *next = p[0] + k / 2 * PANEL;
     int64_t blocks = k / Q4_BLOCK;
     const int together = rows == 1 ? VPP : 1, apart = rows <= 2;   /* a panel row's vectors a pass: both, or one */
+    /* One row's sums in registers (a tile's may alias the weights, bytes, so they stay in memory);
+       past one row they would not fit beside the block sums. */
+    panel_sums one[1], *sums = rows == 1 ? one : a[0];
     for (int r = 0; r < rows; r++)
-        for (int v = 0; v < VPP; v++) a[0][r][v] = splat(0);
+        for (int v = 0; v < VPP; v++) sums[r][v] = splat(0);
     for (int64_t b = 0; b < blocks; b++) {
         for (int l = 0; l < Q4_HALF * PANEL / 64; l++)   /* the next strip's block b */
             __builtin_prefetch(next + b * Q4_HALF * PANEL + 64 * l, 0, 2);
@@ -856,15 +859,16 @@ INLINE void rows_int4_avx2(int kind, x_q16 xq, int64_t rows, int64_t k, const ui
                     float dx = xq.d[r * blocks + b];
                     const int32_t *halves = xq.sums + r * 2 * blocks + 2 * b;
                     if (kind == Q6_K)
-                        a[0][r][v0 + v] += __builtin_convertvector((i32v)lo[v][r] - 32 * halves[0], f32v) * (scale * dx)
+                        sums[r][v0 + v] += __builtin_convertvector((i32v)lo[v][r] - 32 * halves[0], f32v) * (scale * dx)
                                          + __builtin_convertvector((i32v)hi[v][r] - 32 * halves[1], f32v) * (scale_hi * dx);
                     else
-                        a[0][r][v0 + v] += __builtin_convertvector((i32v)lo[v][r] + ((i32v)hi[v][r] >> 4), f32v) * (scale * dx)
+                        sums[r][v0 + v] += __builtin_convertvector((i32v)lo[v][r] + ((i32v)hi[v][r] >> 4), f32v) * (scale * dx)
                                          + min * (dx * (float)(halves[0] + halves[1]));
                 }
             }
         }
     }
+    if (rows == 1) memcpy(a[0], one, sizeof one);
 }
 #define ROWS_INT4 rows_int4_avx2
 #else
