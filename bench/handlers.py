@@ -3,7 +3,7 @@ serving the same Handler on this machine, and mcpd's own batching, priorities an
 
     .venv/bin/python bench/handlers.py --setup     # once, outside CI: LitServe's and MLServer's venvs
     .venv/bin/python bench/handlers.py [--quick] [--models risk,text] [--peers litserve,mlserver] [--threads 1] [--cache-dir DIR]
-    .venv/bin/python bench/handlers.py --burst-only [--quick] [--burst-clients 2]   # the priority burst alone
+    .venv/bin/python bench/handlers.py --burst-only [--quick] [--burst-clients 2] [--burst-spans 0.2]   # the priority burst alone
 
 Every server runs the same code: the example Handler through its preprocess, predict on the
 batch, postprocess (peerkit/handler_runner.py in the peers, HandlerCore in mcpd), each with its
@@ -63,7 +63,7 @@ from mcpd.client import Client
 from mcpd.handlers.handler import load_handler
 from peerkit import checkpoints, handler_servers, servers
 from peerkit.batching_ceiling import batching_ceiling
-from peerkit.burst_stages import BurstStages
+from peerkit.burst_stages import BurstStages, high_spans_ms
 from peerkit.handler_runner import HandlerRunner
 from peerkit.handler_targets import DEADLINE_MS, HttpV2, McpdZmq, TensorInputs
 from peerkit.client_processes import ClientProcesses
@@ -384,16 +384,22 @@ async def run(args) -> dict:
 
 
 async def burst_only(args, sizes: Sizes) -> dict:
-    """The priority burst alone."""
+    """The priority burst alone; with --burst-spans, high's time split span by span as well."""
     model = MODELS[BURST_MODEL]
     inputs = TensorInputs(load_handler(model.handler).inputs)
-    server = handler_servers.McpdServer(BURST_MODEL, model.handler, model.settings, mcpd_batching(model), args.threads)
+    spans = Path(tempfile.mkdtemp(prefix="burst-spans-")) / "spans.jsonl" if args.burst_spans else None
+    tracing = {"enabled": True, "exporter": "file", "path": str(spans), "sample_ratio": args.burst_spans} if spans else None
+    server = handler_servers.McpdServer(BURST_MODEL, model.handler, model.settings, mcpd_batching(model), args.threads,
+                                        tracing=tracing)
     try:
         server.start()
-        return {"models": {}, "missing": {},
-                "burst": await priority_burst(server, BURST_MODEL, inputs, sizes, args.burst_clients)}
+        burst = await priority_burst(server, BURST_MODEL, inputs, sizes, args.burst_clients)
     finally:
-        server.stop()
+        server.stop()   # the processes' last spans are written as they stop
+    if spans:
+        burst["stages"]["high_spans_ms"] = high_spans_ms(spans, burst["stages"]["started_ns"])
+        burst["stages"]["spans_file"] = str(spans)
+    return {"models": {}, "missing": {}, "burst": burst}
 
 
 async def measure_model(args, sizes: Sizes, name: str, model: Model, inputs: TensorInputs, measured: dict) -> dict:
@@ -431,9 +437,14 @@ def main() -> None:
     parser.add_argument("--burst-only", action="store_true", help="only the priority burst (its capacity measured first)")
     parser.add_argument("--burst-clients", type=int, default=BURST_CLIENTS,
                         help="client processes that offer the burst together (each its own socket)")
+    parser.add_argument("--burst-spans", type=float, default=0.0,
+                        help="with --burst-only: the share of requests the daemon traces, and high's time split by "
+                             "span in burst.stages.high_spans_ms (tracing costs the daemon: not for kept figures)")
     args = parser.parse_args()
     args.peers = servers.chosen(parser, args.peers, handler_servers.HANDLER_PEERS)
     args.models = [name for name in args.models.split(",") if name]
+    if not 0.0 <= args.burst_spans <= 1.0:
+        parser.error(f"--burst-spans {args.burst_spans}: a share of requests, 0 to 1")
     if set(args.models) - set(MODELS):
         parser.error(f"unknown models {sorted(set(args.models) - set(MODELS))}; known: {', '.join(MODELS)}")
     if args.setup:

@@ -8,6 +8,9 @@ JSON line. The target is noop_p50_ratio_vs_relay <= 1.3: the ping's p50 over tha
 relay chain of three pyzmq processes with the daemon's five hops (ROUTER -> PUSH -> PULL/PUSH ->
 PULL/PUSH -> PULL -> ROUTER) and no logic at all, measured in the same rounds, so what is hop
 count and what is mcpd's code are told apart (floor_p50_ratio_vs_raw: the hops alone).
+The sequential pings run in LATENCY_ROUNDS short rounds that alternate between the targets; a p50
+ratio is the median of the rounds' own ratios, printed with the middle half of them (_q1, _q3):
+a shared machine's busy moments move a whole run's p50s far more than they move a round's ratio.
 The same chain with its three internal hops on plain Unix stream sockets (read and written by
 each process's own thread, no ZeroMQ I/O thread between them) shows what replacing the daemon's
 internal ZeroMQ sockets could win at most (unix_floor_p50_ratio_vs_raw).
@@ -52,7 +55,8 @@ from mcpd.percentile import percentile
 from mcpd.protocol import wire
 from mcpd.testing import Daemon, free_port
 
-ROUNDS = 3
+ROUNDS = 3            # pipelined (throughput) rounds; the sequential pings a target: ROUNDS * count
+LATENCY_ROUNDS = 30   # the sequential pings in short alternating rounds, a ratio per round
 
 
 def echo_server(endpoint: str) -> None:
@@ -205,14 +209,48 @@ def pipelined(sock: zmq.Socket, total: int, window: int) -> float:
     return total / (time.perf_counter() - started)
 
 
-def measure(endpoint: str, count: int, total: int, window: int, curve: CurveKeys | None = None) -> dict:
-    sock = connect(endpoint, curve)
-    sequential(sock, 200)   # warm up connections and caches
-    times = sorted(sequential(sock, count))
-    rate = pipelined(sock, total, window)
-    sock.close()
-    return {"p50_us": statistics.median(times) * 1e6, "p99_us": percentile(times, 0.99) * 1e6,
-            "throughput_rps": rate}
+def latency_rounds(targets: list[tuple[str, CurveKeys | None]], rounds: int, per_round: int) -> list[list[list[float]]]:
+    """Round-trip seconds of `per_round` sequential pings on each target, in `rounds` short rounds
+    that take turns (the order reversed every other round): a busy moment of a shared machine
+    hits a round's targets alike, and the ratios are taken within each round. [round][target]."""
+    socks = [connect(endpoint, curve) for endpoint, curve in targets]
+    for sock in socks:
+        sequential(sock, 200)   # warm up connections and caches
+    samples = []
+    for number in range(rounds):
+        times: list[list[float]] = [[] for _ in socks]
+        order = range(len(socks)) if number % 2 == 0 else reversed(range(len(socks)))
+        for i in order:
+            times[i] = sequential(socks[i], per_round)
+        samples.append(times)
+    for sock in socks:
+        sock.close()
+    return samples
+
+
+def latency_of(samples: list[list[list[float]]], target: int) -> dict:
+    """p50 and p99 (µs) of one target's round trips, all rounds together."""
+    times = [t for round_times in samples for t in round_times[target]]
+    return {"p50_us": statistics.median(times) * 1e6, "p99_us": percentile(times, 0.99) * 1e6}
+
+
+def round_ratios(samples: list[list[list[float]]], target: int, base: int) -> dict:
+    """The target's p50 over the base's, round by round: the median of the rounds' ratios and
+    their quartiles (the spread a single ratio would swing over)."""
+    ratios = [statistics.median(times[target]) / statistics.median(times[base]) for times in samples]
+    return {"median": statistics.median(ratios), "q1": percentile(ratios, 0.25), "q3": percentile(ratios, 0.75)}
+
+
+def throughputs(targets: list[tuple[str, CurveKeys | None]], total: int, window: int) -> list[float]:
+    """Pipelined requests per second of each target, the median of ROUNDS alternating rounds."""
+    rates: list[list[float]] = [[] for _ in targets]
+    for _ in range(ROUNDS):
+        for (endpoint, curve), kept in zip(targets, rates):
+            sock = connect(endpoint, curve)
+            sequential(sock, 20)
+            kept.append(pipelined(sock, total, window))
+            sock.close()
+    return [statistics.median(kept) for kept in rates]
 
 
 def one_token_ms(endpoint: str, count: int) -> float:
@@ -297,8 +335,16 @@ def cpu_us_per_ping(daemon: Daemon, total: int, window: int) -> float:
     return used / total * 1e6
 
 
-def median_of(measurements: list[dict]) -> dict:
-    return {key: statistics.median(m[key] for m in measurements) for key in measurements[0]}
+def measure_all(targets: list[tuple[str, CurveKeys | None]], count: int, total: int, window: int):
+    """(the latency rounds' samples, each target's p50_us, p99_us and throughput_rps): ROUNDS * count
+    sequential pings a target, in LATENCY_ROUNDS interleaved rounds, then the pipelined rounds."""
+    samples = latency_rounds(targets, LATENCY_ROUNDS, ROUNDS * count // LATENCY_ROUNDS)
+    rates = throughputs(targets, total, window)
+    return samples, [{**latency_of(samples, i), "throughput_rps": rate} for i, rate in enumerate(rates)]
+
+
+def spread_line(name: str, ratio: dict) -> str:
+    return f"{name}: {ratio['median']:.3f}, the middle half of the {LATENCY_ROUNDS} rounds {ratio['q1']:.3f}-{ratio['q3']:.3f}"
 
 
 def client_p50_us(endpoint: str, count: int) -> float:
@@ -320,7 +366,7 @@ def stop_helpers(helpers: list[multiprocessing.Process], ipc_dir: str, daemon: D
 
 
 def print_table(rows) -> None:
-    """(name, measure()'s figures) per row."""
+    """(name, measure_all()'s figures) per row."""
     print(f"{'':<28}{'p50 us':>10}{'p99 us':>10}{'req/s':>12}")
     for name, m in rows:
         print(f"{name:<28}{m['p50_us']:>10.1f}{m['p99_us']:>10.1f}{m['throughput_rps']:>12.0f}")
@@ -336,15 +382,18 @@ def noop_only(count: int, total: int, window: int, quick: bool) -> None:
     helpers += start_relay_chain(chain_endpoint, ipc_dir)
     daemon = Daemon().start()
     try:
-        targets = (raw_endpoint, chain_endpoint, daemon.endpoint)
-        rounds = [[measure(e, count, total, window) for e in targets] for _ in range(ROUNDS)]
-        raw, chain, mcpd = (median_of([r[i] for r in rounds]) for i in range(len(targets)))
+        targets = [(raw_endpoint, None), (chain_endpoint, None), (daemon.endpoint, None)]
+        samples, (raw, chain, mcpd) = measure_all(targets, count, total, window)
     finally:
         stop_helpers(helpers, ipc_dir, daemon)
+    vs_relay, vs_raw, floor = round_ratios(samples, 2, 1), round_ratios(samples, 2, 0), round_ratios(samples, 1, 0)
     print_table((("raw pyzmq echo (1 hop)", raw), ("bare relay chain (5 hops)", chain), ("mcpd ping (5 hops)", mcpd)))
-    print(json.dumps({"rounds": ROUNDS, "noop_p50_ratio_vs_relay": round(mcpd["p50_us"] / chain["p50_us"], 3),
-                      "noop_p50_ratio_vs_raw": round(mcpd["p50_us"] / raw["p50_us"], 3),
-                      "floor_p50_ratio_vs_raw": round(chain["p50_us"] / raw["p50_us"], 3),
+    print(spread_line("mcpd ping p50 over the relay chain's", vs_relay))
+    print(json.dumps({"rounds": LATENCY_ROUNDS, "noop_p50_ratio_vs_relay": round(vs_relay["median"], 3),
+                      "noop_p50_ratio_vs_relay_q1": round(vs_relay["q1"], 3),
+                      "noop_p50_ratio_vs_relay_q3": round(vs_relay["q3"], 3),
+                      "noop_p50_ratio_vs_raw": round(vs_raw["median"], 3),
+                      "floor_p50_ratio_vs_raw": round(floor["median"], 3),
                       "raw_p50_us": round(raw["p50_us"], 1), "relay_p50_us": round(chain["p50_us"], 1),
                       "mcpd_p50_us": round(mcpd["p50_us"], 1), "mcpd_rps": round(mcpd["throughput_rps"]),
                       "quick": quick, "only": "noop"}))
@@ -376,9 +425,7 @@ def main() -> None:
     targets = [(raw_endpoint, None), (chain_endpoint, None), (daemon.endpoint, None), (secure.endpoint, keys),
                (unix_chain_endpoint, None)]
     try:
-        # Rounds interleave the five so that a noisy moment hits them alike; medians are reported.
-        rounds = [[measure(e, count, total, window, curve) for e, curve in targets] for _ in range(ROUNDS)]
-        raw, chain, mcpd, curve, unix_chain = (median_of([r[i] for r in rounds]) for i in range(len(targets)))
+        samples, (raw, chain, mcpd, curve, unix_chain) = measure_all(targets, count, total, window)
         secure.stop()   # the 1-token figure with no other daemon's processes waking on these cores
         client_us = client_p50_us(daemon.endpoint, count // 4)
         one_token = one_token_ms(daemon.endpoint, count // 4)
@@ -400,6 +447,8 @@ def main() -> None:
     print_table((("raw pyzmq echo (1 hop)", raw), ("bare relay chain (5 hops)", chain),
                  ("relay, internal hops Unix", unix_chain), ("mcpd ping (5 hops)", mcpd),
                  ("mcpd ping, CURVE on", curve)))
+    vs_relay = round_ratios(samples, 2, 1)
+    print(spread_line("mcpd ping p50 over the relay chain's", vs_relay))
     print(f"mcpd ping with the bundled Client: p50 {client_us:.1f} us")
     print(f"daemon CPU per pipelined ping (front-end + scheduler + worker): {cpu_us:.1f} us")
     one_token_server = one_token - raw["p50_us"] / 1e3
@@ -410,19 +459,20 @@ def main() -> None:
     print(f"a traced context turn: {turn['tracing_turn_spans']} spans in {turn['tracing_turn_processes']} processes; "
           f"the spans on its path add up to {turn['tracing_turn_spans_frac']:.3f} of the client's time "
           f"({turn['tracing_turn_client_ms']} ms), medians of {TURNS} turns")
-    figures = {"rounds": ROUNDS,
-        "noop_p50_ratio_vs_relay": round(mcpd["p50_us"] / chain["p50_us"], 3),
-        "noop_p50_ratio_vs_raw": round(mcpd["p50_us"] / raw["p50_us"], 3),
+    figures = {"rounds": LATENCY_ROUNDS,
+        "noop_p50_ratio_vs_relay": round(vs_relay["median"], 3),
+        "noop_p50_ratio_vs_relay_q1": round(vs_relay["q1"], 3), "noop_p50_ratio_vs_relay_q3": round(vs_relay["q3"], 3),
+        "noop_p50_ratio_vs_raw": round(round_ratios(samples, 2, 0)["median"], 3),
         "noop_p99_ratio_vs_raw": round(mcpd["p99_us"] / raw["p99_us"], 3),
         "noop_throughput_frac_of_raw": round(mcpd["throughput_rps"] / raw["throughput_rps"], 3),
-        "floor_p50_ratio_vs_raw": round(chain["p50_us"] / raw["p50_us"], 3),
+        "floor_p50_ratio_vs_raw": round(round_ratios(samples, 1, 0)["median"], 3),
         "floor_throughput_frac_of_raw": round(chain["throughput_rps"] / raw["throughput_rps"], 3),
-        "unix_floor_p50_ratio_vs_raw": round(unix_chain["p50_us"] / raw["p50_us"], 3),
+        "unix_floor_p50_ratio_vs_raw": round(round_ratios(samples, 4, 0)["median"], 3),
         "unix_floor_throughput_frac_of_raw": round(unix_chain["throughput_rps"] / raw["throughput_rps"], 3),
         "raw_p50_us": round(raw["p50_us"], 1), "mcpd_p50_us": round(mcpd["p50_us"], 1),
         "raw_rps": round(raw["throughput_rps"]), "mcpd_rps": round(mcpd["throughput_rps"]),
         "client_p50_us": round(client_us, 1), "mcpd_cpu_us_per_ping": round(cpu_us, 1),
-        "curve_p50_ratio_vs_plain": round(curve["p50_us"] / mcpd["p50_us"], 3),
+        "curve_p50_ratio_vs_plain": round(round_ratios(samples, 3, 2)["median"], 3),
         "curve_throughput_frac_of_plain": round(curve["throughput_rps"] / mcpd["throughput_rps"], 3),
         "curve_p50_us": round(curve["p50_us"], 1),
         "one_token_p50_ms": round(one_token, 3), "one_token_server_ms": round(one_token_server, 3),

@@ -13,7 +13,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import handlers  # noqa: E402
-from peerkit import v2_json  # noqa: E402
+from peerkit import burst_stages, v2_json  # noqa: E402
 from peerkit.batching_ceiling import batching_ceiling  # noqa: E402
 from peerkit.handler_runner import HandlerRunner  # noqa: E402
 from peerkit.handler_targets import TensorInputs  # noqa: E402
@@ -99,3 +99,26 @@ def test_the_batching_ceiling_times_predict_on_the_same_rows_alone_and_in_full_b
     assert full_lengths == sorted(full_lengths)   # full batches of similar length, as length bins make them
     assert found["batch_1_us_per_row"] > 0 and found["batch_4_us_per_row"] > 0
     assert found["ceiling"] == pytest.approx(found["batch_1_us_per_row"] / found["batch_4_us_per_row"], rel=0.02)
+
+
+def _span(trace: str, name: str, start_ms: float, end_ms: float, **attributes) -> dict:
+    """A span as the daemon's file exporter writes it (mcpd/tracing/file_exporter.py's line_of)."""
+    return {"name": name, "trace_id": trace, "start_ns": int(start_ms * 1e6), "end_ns": int(end_ms * 1e6),
+            "attributes": attributes}
+
+
+def test_high_spans_split_only_the_high_requests_traced_from_the_bursts_start(tmp_path):
+    spans = [
+        _span("idle", "mcpd.request", 1, 5), _span("idle", "scheduler.admit", 2, 3, **{"mcpd.class": "high"}),
+        _span("low", "mcpd.request", 10, 90), _span("low", "scheduler.admit", 11, 12, **{"mcpd.class": "low"}),
+        _span("high-a", "mcpd.request", 10, 14), _span("high-a", "scheduler.admit", 11, 11.5, **{"mcpd.class": "high"}),
+        _span("high-a", "hop.to_frontend", 12, 13),
+        _span("high-b", "mcpd.request", 20, 40), _span("high-b", "scheduler.admit", 21, 21.5, **{"mcpd.class": "high"}),
+        _span("high-b", "hop.to_frontend", 22, 38),
+    ]
+    path = tmp_path / "spans.jsonl"
+    path.write_text("".join(json.dumps(span) + "\n" for span in spans))
+    split = burst_stages.high_spans_ms(path, since_ns=int(10 * 1e6))
+    assert split == {"mcpd.request": {"n": 2, "p50": 4.0, "p99": 20.0},
+                     "scheduler.admit": {"n": 2, "p50": 0.5, "p99": 0.5},
+                     "hop.to_frontend": {"n": 2, "p50": 1.0, "p99": 16.0}}

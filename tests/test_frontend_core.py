@@ -4,10 +4,12 @@ crosses processes (real clients, backlogs on real pipes, the scheduler's restart
 daemon tests (test_daemon.py, test_hostile_input.py, test_overload.py, test_http.py)."""
 import logging
 
+import msgpack
 import pytest
 
 from mcpd.config import from_dict
 from mcpd.daemon import messages
+from mcpd.daemon.frontend import shed_header
 from mcpd.daemon.frontend.core import FrontEndCore
 from mcpd.daemon.frontend.shed_table import HOLD_S
 from mcpd.protocol import codes, wire
@@ -273,3 +275,42 @@ def test_under_a_lease_a_shed_request_is_refused_on_its_op_id_and_priority_alone
     assert [(header["id"], header["code"]) for _, header in replies(core)] == \
         [(1, codes.OVERLOADED), (2, codes.BAD_REQUEST), (3, codes.UNAUTHORIZED)]
     assert admitted(core) == [] and core.errors == {codes.OVERLOADED: 1, codes.BAD_REQUEST: 1, codes.UNAUTHORIZED: 1}
+
+
+def _map(*pairs) -> bytes:
+    """A msgpack map of `pairs` as given, a repeated key or a key of any type kept."""
+    return bytes([0x80 | len(pairs)]) + b"".join(msgpack.packb(key) + msgpack.packb(value) for key, value in pairs)
+
+
+SHED_FIELDS = (("op", "infer"), ("id", 7), ("priority", "low"))
+
+
+@pytest.mark.parametrize("raw", [
+    msgpack.packb(["infer", 7, "low"]),                      # not a map
+    _map(*SHED_FIELDS, (1, 2)),                              # a key that is not a string
+    _map(("op", 5), ("id", 7), ("priority", "low")),
+    _map(("op", "infer"), ("id", 7.0), ("priority", "low")),
+    _map(("op", "infer"), ("id", True), ("priority", "low")),
+    _map(("op", "infer"), ("id", 7), ("priority", 1)),
+    _map(("op", "infer"), ("priority", "low")),               # no id
+    _map(*SHED_FIELDS) + b"\x00",                            # bytes left over
+    _map(*SHED_FIELDS)[:-2],                                 # cut short
+    bytes([0x84]) + b"".join(msgpack.packb(x) for pair in SHED_FIELDS for x in pair)
+    + msgpack.packb("args") + b"\x91" * 100_000 + b"\xc0",   # nested past any decoder's depth
+    b"\x83\xa2op\xa2\xff\xfe\xa2id\x07\xa8priority\xa3low",   # op not UTF-8
+], ids=["array", "int-key", "int-op", "float-id", "bool-id", "int-priority", "no-id", "trailing", "truncated",
+        "deep", "bad-utf8"])
+def test_a_shed_header_that_does_not_decode_to_op_id_and_priority_is_left_to_the_full_parse(raw):
+    assert shed_header.peek(raw) is None
+
+
+@pytest.mark.parametrize("first, last", [("high", "low"), ("low", "high")])
+def test_a_repeated_priority_reads_the_same_at_the_door_as_in_the_full_parse(core, first, last):
+    """A client cannot show the door one class and the scheduler another."""
+    raw = _map(("v", 1), ("op", "generate"), ("id", 7), ("args", {"prompt": "hi", "max_tokens": 2}),
+               ("priority", first), ("priority", last))
+    assert shed_header.peek(raw).priority == wire.decode_header(raw)["priority"] == last
+    core.on_scheduler(messages.Shed(["low"], 250, 1000, 0), [])
+    core.on_client(CLIENT, [raw], [len(raw)], None)
+    assert [m.request_id for m in admitted(core)] == ([7] if last == "high" else [])
+    assert [header.get("code") for _, header in replies(core)] == ([] if last == "high" else [codes.OVERLOADED])

@@ -4,6 +4,7 @@ share one (length bins, rows never split). Assembling a batch's tensors is test_
 import pytest
 
 from mcpd.handlers.batcher import DynamicBatcher, Pending
+from mcpd.handlers.predict_cost import PredictCost
 
 
 def pending(key, rows=1, length=0, rank=0, arrived=0.0, item=None):
@@ -78,7 +79,7 @@ def test_between_length_bins_the_group_whose_head_ranks_highest_goes_first():
     assert keys(batcher.next_batch(1.0)) == [1]
 
 
-def test_requests_of_different_length_bins_never_share_a_batch():
+def test_requests_of_different_length_bins_share_no_batch_while_the_predicts_cost_is_unknown():
     batcher = DynamicBatcher(max_batch_size=8, max_queue_delay_ms=5, length_bins=[16, 32])
     batcher.add(pending(1, length=10, arrived=0.0))
     batcher.add(pending(2, length=30, arrived=0.0))
@@ -133,3 +134,75 @@ def test_a_request_of_an_urgent_rank_goes_at_once_with_those_waiting_and_a_lesse
     batcher.add(pending(2, rank=2, arrived=0.002))
     assert batcher.due() == pytest.approx(0.002)
     assert keys(batcher.next_batch(0.002)) == [2, 1]   # the urgent one first, the waiting one with it
+
+
+def measured(fixed_s: float, per_element_s: float) -> PredictCost:
+    """A cost learned from predicts that took exactly fixed_s + per_element_s a padded element."""
+    cost = PredictCost()
+    for elements in (8, 64, 512):
+        cost.observe(elements, fixed_s + per_element_s * elements)
+    return cost
+
+
+def arrivals(batcher: DynamicBatcher, gap_s: float, count: int) -> float:
+    """`count` requests `gap_s` apart, each answered at once (only the arrival rate stays); when
+    the next one is due."""
+    for at in range(count):
+        batcher.add(pending(1000 + at, arrived=at * gap_s))
+        batcher.remove(1000 + at)
+    return count * gap_s
+
+
+def test_the_cost_of_a_predict_is_learned_as_a_fixed_part_and_a_part_per_padded_element():
+    cost = measured(fixed_s=0.002, per_element_s=1e-5)
+    assert cost.known
+    assert cost.fixed_s == pytest.approx(0.002) and cost.per_element_s == pytest.approx(1e-5)
+    assert cost.padding_pays(190) and not cost.padding_pays(210)   # 200 elements cost what a predict's fixed part does
+
+
+def test_predicts_all_of_one_size_leave_the_cost_unknown_and_no_padding_pays():
+    cost = PredictCost()
+    for _ in range(10):
+        cost.observe(64, 0.003)
+    assert not cost.known and not cost.padding_pays(0)
+
+
+def test_a_batch_waits_only_while_the_rows_due_within_a_predicts_fixed_cost_outnumber_its_own():
+    slow = DynamicBatcher(max_batch_size=8, max_queue_delay_ms=10, cost=measured(0.001, 1e-6))
+    now = arrivals(slow, gap_s=0.005, count=40)   # 0.2 requests per fixed cost: waiting would not pay
+    slow.add(pending(1, arrived=now))
+    assert slow.due() == pytest.approx(now)
+    assert keys(slow.next_batch(now)) == [1]
+
+    busy = DynamicBatcher(max_batch_size=8, max_queue_delay_ms=10, cost=measured(0.001, 1e-6))
+    now = arrivals(busy, gap_s=0.0002, count=40)   # 5 requests per fixed cost: one waiting waits for them
+    busy.add(pending(1, arrived=now))
+    assert busy.due() == pytest.approx(now + 0.010)
+    assert busy.next_batch(now) is None and keys(busy.next_batch(now + 0.010)) == [1]
+
+
+def test_length_bins_share_a_batch_only_when_the_padding_costs_less_than_the_predict_it_saves():
+    def batches(cost):
+        batcher = DynamicBatcher(max_batch_size=8, max_queue_delay_ms=5, length_bins=[16, 32, 128], cost=cost)
+        batcher.add(pending(1, length=30, arrived=0.0))
+        batcher.add(pending(2, length=10, rows=2, arrived=0.001))
+        batcher.add(pending(3, length=100, arrived=0.002))
+        found = []
+        while len(batcher):
+            found.append(keys(batcher.next_batch(1.0)))
+        return found
+
+    # 2 rows padded 10 -> 30: 40 elements; a row of 100 pads the three others by 170 + 70
+    assert batches(measured(fixed_s=0.001, per_element_s=1e-5)) == [[1, 2], [3]]
+    assert batches(measured(fixed_s=0.001, per_element_s=1e-6)) == [[1, 2, 3]]
+    assert batches(measured(fixed_s=0.001, per_element_s=1e-4)) == [[1], [2], [3]]
+    assert batches(PredictCost()) == [[1], [2], [3]]   # not measured yet: bins stay apart
+
+
+def test_a_group_that_does_not_fit_the_batchs_rows_stays_for_a_batch_of_its_own():
+    batcher = DynamicBatcher(max_batch_size=4, max_queue_delay_ms=5, length_bins=[16, 32],
+                             cost=measured(fixed_s=0.001, per_element_s=1e-7))
+    batcher.add(pending(1, length=30, rows=2, arrived=0.0))
+    batcher.add(pending(2, length=10, rows=3, arrived=0.001))
+    assert keys(batcher.next_batch(1.0)) == [1]
+    assert keys(batcher.next_batch(1.0)) == [2]

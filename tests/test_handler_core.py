@@ -109,6 +109,23 @@ def test_requests_wait_for_the_delay_then_run_as_one_batch(core):
     assert (stats.batches, stats.rows, stats.mean_batch_rows) == (1, 3, 3.0)
 
 
+def test_once_its_predicts_are_measured_a_lone_request_on_a_quiet_worker_goes_without_waiting_the_delay(core):
+    send(core, 1, {"features": features(1, 1)})
+    core.clock.now += DELAY_S
+    core.step()
+    finish_running(core)
+    send(core, 2, {"features": features(1, 2)})
+    send(core, 3, {"features": features(1, 3)})
+    core.clock.now += DELAY_S
+    core.step()
+    finish_running(core)   # predicts of two sizes: the worker knows what one costs
+    assert core.batcher.cost.known
+    core.clock.now += 1.0   # a request a second: none would join it in a predict's time
+    send(core, 4, {"features": features(1, 4)})
+    core.step()
+    assert core.running is not None and [r.rid for r in core.running.requests] == [4]
+
+
 def test_a_full_batch_goes_at_once(core):
     for rid in range(2):
         send(core, rid, {"features": features(2, rid)})

@@ -235,6 +235,35 @@ def test_the_native_decoder_stack_equals_the_torch_kernels_layer_by_layer(kind, 
     assert agree(hidden[native_set], hidden["torch"], steps=4, rowwise=True)
 
 
+@pytest.mark.parametrize("rows", [[0, 10, 17], [10], []])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("native_set", NATIVE_SETS)
+def test_the_native_stack_gives_the_rows_asked_for_the_bits_of_the_whole_steps(rows, dtype, native_set, tmp_path):
+    """A step of a decode, a prompt's one-token chunk, a prompt's last chunk, a prompt's middle
+    chunk and a decode: the rows that sample (each the last of its sequence) come out of the stack
+    with the bits they have among every row's, and every row's keys and values are stored alike.
+    [10]: both decode groups have none of the rows; []: no row samples (a step of middle chunks)."""
+    path = make_checkpoint(tmp_path, "llama")
+    starts, counts, block_size = [5, 8, 0, 3, 11], [1, 1, 9, 6, 1], 4
+    tables = _scattered_tables([s + n for s, n in zip(starts, counts)], block_size, 24)
+    attn = AttentionMetadata.build(tables, starts, counts, block_size, CPU)
+    ids = rand(sum(counts), scale=100).abs().long() % 300
+    model = load_model(ModelConfig(path=str(path), dtype=str(dtype).removeprefix("torch.")), CPU).model
+    model.use_kernels(native_set)
+    cache = _cache(24, block_size, model.num_kv_heads, model.head_dim, dtype)
+    every_layers = cache[:, None].expand(-1, model.num_layers, -1, -1, -1, -1).contiguous()
+    bind_kv_cache(model, every_layers)
+    history = every_layers.clone()
+    with torch.inference_mode():
+        every = model(ids, attn.positions, attn)
+        stored = every_layers.clone()
+        every_layers.copy_(history)
+        asked = model(ids, attn.positions, attn, torch.tensor(rows, dtype=torch.long))
+    assert len(attn.groups) == 3
+    assert torch.equal(asked, every[rows])
+    assert torch.equal(every_layers, stored)
+
+
 @pytest.fixture
 def cache_home(tmp_path, monkeypatch):
     """The kernels' cache under tmp_path (and not systemd's, if the tests run under a unit)."""

@@ -168,7 +168,7 @@ class InProcessNode:
         return got
 
     def close(self) -> None:
-        self.worker.parent_pid = self.scheduler.parent_pid = -1   # their loops end at the next turn
+        self.worker.parent_pid = self.scheduler.parent_pid = -1   # their loops end at their next orphan check
         for thread in self.threads:
             thread.join(10)
         for process in (self.worker, self.scheduler):

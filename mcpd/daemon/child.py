@@ -63,7 +63,7 @@ def _die_with_parent() -> None:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     except OSError:
-        pass  # not Linux/glibc: parent_alive() polling in the loops still catches it
+        pass  # not Linux/glibc: the loops' parent_alive(), on their stats timers, still catches it
     if os.getppid() == 1:
         os._exit(1)  # the parent died before prctl took effect
 

@@ -37,7 +37,7 @@ from mcpd.memory import DevicePool, pool_size
 from mcpd.memory.pool_segment import PoolSegment
 from mcpd.models import load_model
 from mcpd.models.decode_arrays import DecodeArrays
-from mcpd.models.layers import AttentionMetadata, bind_kv_cache
+from mcpd.models.layers import AttentionMetadata, bind_kv_cache, long_tensor
 from mcpd.protocol.sampling import SamplingParams
 
 
@@ -288,15 +288,15 @@ class Engine:
         if graphs is not None and len(sample_rows) == len(input_ids) == len(batch) <= graphs.max_batch:
             return sampling, self._run_graph(batch, input_ids)   # one token each, every one sampling
         ids, attn = self._inputs(batch, input_ids)
+        # Only the rows that sample go on to the logits (every row, in order, in a decode step).
+        rows = (None if len(sample_rows) == len(input_ids)
+                else torch.tensor(sample_rows, dtype=torch.long, device=self.device))
         # forward, not the module's __call__: its hook and mode checks, never used here, are
         # cold after a step's weight stream (batch-1 step's Python 17-55 us less, alternating).
-        hidden = self.model.forward(ids, attn.positions, attn)
+        hidden = self.model.forward(ids, attn.positions, attn, rows)
         for seq, count in batch:
             seq.num_computed += count
-        if len(sample_rows) == len(input_ids):   # every row samples, in order (a decode step): no gather
-            return sampling, self.model.compute_logits(hidden)
-        rows = torch.tensor(sample_rows, dtype=torch.long, device=self.device)
-        return sampling, self.model.compute_logits(hidden[rows])
+        return sampling, self.model.compute_logits(hidden)
 
     def _run_graph(self, batch: list[tuple[Sequence, int]], input_ids: list[int]) -> torch.Tensor:
         """The logits of a step of single tokens, from a CUDA graph's replay (decode_graphs.py)."""
@@ -314,7 +314,7 @@ class Engine:
         if self.device.type == "cpu" and len(input_ids) == len(batch):
             return self.decode_arrays.build(input_ids, tables, starts, self.kv.block_size)
         attn = AttentionMetadata.build(tables, starts, [count for _, count in batch], self.kv.block_size, self.device)
-        return torch.tensor(input_ids, device=self.device), attn
+        return long_tensor(input_ids, self.device), attn
 
     def _append(self, seq: Sequence, token: int, logprob: float | None) -> StepOutput:
         seq.token_ids.append(token)

@@ -1083,12 +1083,26 @@ static void panel_bytes(int dtype, const mcpd_matrix *w, int64_t k, int64_t byte
     bytes[3] = w->kind == Q4_K || w->kind == Q6_K ? k / Q4K_SUPER * (w->kind == Q4_K ? 2 : 1) * PANEL * 2 : 0;
 }
 
+int mcpd_max_threads(void);
+
+/* Strips a thread of linear_part takes at a time. Up to 4 tiles of rows the product streams its
+   weights: each thread one contiguous share, as even as the strips divide, so that it streams its
+   share once and the next strip its tiles fetch is its own (runs of 8 handed out in turn split
+   576 outputs 24/12 panels between two threads, 192 outputs 8/4); a share left by a late thread
+   goes to the other whole. Past that it is compute-bound, and the runs shorten as the rows grow,
+   to 1 strip at a prompt's 128, so that a thread waits little for the other's last run: runs of
+   8 left 4 to share out on a 512-output product, ~3 ms of a 128-token AVX2 prefill (more where a
+   neighbour slows one of the threads). */
+static inline int64_t strip_chunk(int64_t m, int64_t strips) {
+    int64_t threads = mcpd_max_threads(), most = 8 / TILE_PANELS, rows = 4 * TILE_ROWS;
+    if (m <= rows) return (strips + threads - 1) / threads;
+    int64_t chunk = most * rows / m;
+    return chunk > 1 ? chunk : 1;
+}
+
 /* x: [m, k] of dtype, w: a matrix of [n, k] of one kind packed as above, bias: [n] or NULL; y:
    [m, n] of dtype, rows ld apart, or float32 holding dtype-rounded values when y_f32 (logits).
-   Each thread takes one contiguous share of the strips (a tile's TILE_PANELS panels), as even as
-   they divide, so it streams its share of the weights once and the next strip its tiles fetch
-   is its own (runs of 8 panels handed out in turn would split 576 outputs 24/12 panels between
-   two threads, 192 outputs 8/4). */
+   Threads take runs of strips (a tile's TILE_PANELS panels: strip_chunk says how many). */
 static void linear_part(int dtype, const void *x, int64_t m, int64_t k, const mcpd_matrix *w, const void *bias,
                         int64_t n, void *y, int64_t ld, int y_f32) {
     size_t size = dtype == F32 ? 4 : 2;
@@ -1110,7 +1124,7 @@ static void linear_part(int dtype, const void *x, int64_t m, int64_t k, const mc
         x_scales = malloc(m * sizeof(float));
         x = x16 = x_int16_rows(dtype, x, m, k, x_scales), x_size = sizeof(int16_t);
     }
-    #pragma omp parallel for schedule(static) if (strips > 1 && n * k * m >= 32768)
+    #pragma omp parallel for schedule(dynamic, strip_chunk(m, strips)) if (strips > 1 && n * k * m >= 32768)
     for (int64_t strip = 0; strip < strips; strip++) {
         int64_t first = strip * TILE_PANELS, count = panels - first < TILE_PANELS ? panels - first : TILE_PANELS;
         const void *p[TILE_PANELS], *c[TILE_PANELS], *mn[TILE_PANELS], *s[TILE_PANELS];
@@ -1621,24 +1635,73 @@ int64_t mcpd_stack_scratch_bytes(int dtype, const mcpd_shape *s, int64_t t) {
     return t * (2 * s->hidden + qkv_n + q_size + 3 * s->inter) * (dtype == F32 ? 4 : 2);
 }
 
+/* Rows at[0 .. n - 1] of rows of `width` bytes moved to rows 0 .. n - 1, in place (at ascending). */
+static void keep_rows(char *rows, int64_t width, const int64_t *at, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        if (at[i] != i) memcpy(rows + i * width, rows + at[i] * width, width);
+}
+
+/* The attention groups of the kept rows at[0 .. n - 1] (ascending, each the last row of its
+   sequence in the step): of each group, the sequences whose last row is kept, one query each,
+   their rows renumbered 0 .. n - 1. Their tables and lengths are copied into `arrays`, at least
+   n * (the widest table + 4) elements. Returns how many groups went to out (at most num_groups). */
+static int64_t kept_groups(const mcpd_group *groups, int64_t num_groups, const int64_t *at, int64_t n,
+                           int64_t *arrays, mcpd_group *out) {
+    int64_t made = 0, next = 0;   /* next: the first kept row not yet placed */
+    for (const mcpd_group *g = groups; g < groups + num_groups; g++) {
+        int64_t kept[n], b = 0;   /* the group's sequences kept */
+        for (int64_t seq = 0; seq < g->b && next < n; seq++)
+            if (at[next] == g->start + (g->decoding ? seq : g->first_rows[seq] + g->counts[seq] - 1))
+                kept[b++] = seq, next++;
+        if (!b) continue;
+        int64_t *table = arrays, *lens = table + b * g->table_stride, *firsts = lens + b, *starts = firsts + b;
+        int64_t *counts = starts + b;
+        for (int64_t i = 0; i < b; i++) {
+            int64_t seq = kept[i], last = g->lens[seq] - 1;   /* the position of its last row */
+            memcpy(table + i * g->table_stride, g->table + seq * g->table_stride, g->table_stride * sizeof *table);
+            lens[i] = last + 1, firsts[i] = i, starts[i] = last, counts[i] = 1;
+        }
+        out[made++] = (mcpd_group){g->decoding, next - b, b, g->table_stride, table, lens, firsts, starts, counts};
+        arrays = counts + b;
+    }
+    return made;
+}
+
 /* residual: [t, hidden], the embeddings, updated in place; out: [t, hidden], the final norm of
-   the last residual. rope, positions and slots as mcpd_rope_store takes them. */
+   the last residual. rope, positions and slots as mcpd_rope_store takes them. kept: -1 for every
+   row, else how many rows out gets: kept_rows, ascending, each the last of its sequence in the
+   step (rows that sample; none in a prompt's middle chunk). No other row's attention, MLP or
+   final norm feeds anything, so the last layer carries only those on past storing every row's
+   keys and values; residual's first rows are then theirs. */
 void mcpd_decoder_stack(int dtype, const mcpd_shape *s, const mcpd_layer *layers, int64_t num_layers, int64_t t,
                         void *residual, const float *rope, const int64_t *positions, const int64_t *slot_blocks,
-                        const int64_t *slot_offsets, const mcpd_group *groups, int64_t num_groups, void *scratch,
-                        const void *final_norm, void *out) {
+                        const int64_t *slot_offsets, const mcpd_group *groups, int64_t num_groups, int64_t kept,
+                        const int64_t *kept_rows, void *scratch, const void *final_norm, void *out) {
     size_t size = dtype == F32 ? 4 : 2;
     int64_t d = s->head_dim, q_size = s->heads * d, qkv_n = q_size + 2 * s->kv_heads * d;
     char *x = scratch, *delta = x + t * s->hidden * size, *qkv = delta + t * s->hidden * size;
     char *attended = qkv + t * qkv_n * size, *gate_up = attended + t * q_size * size;
     char *act = gate_up + t * 2 * s->inter * size;
     const void *pending = NULL;   /* the delta the next norm adds to the residual first */
+    int64_t widest = 0;
+    for (int64_t i = 0; kept > 0 && i < num_groups; i++)
+        widest = groups[i].table_stride > widest ? groups[i].table_stride : widest;
+    mcpd_group kept_records[num_groups];
+    int64_t *kept_arrays = kept > 0 ? malloc(kept * (widest + 4) * sizeof *kept_arrays) : NULL;
     for (int64_t l = 0; l < num_layers; l++) {
         const mcpd_layer *w = layers + l;
         mcpd_add_rms_norm(dtype, residual, pending, w->input_norm, s->eps, t, s->hidden, x);
         linear(dtype, x, t, s->hidden, &w->qkv, w->qkv_bias, qkv_n, qkv, 0);
         mcpd_rope_store(dtype, qkv, t, s->heads, s->kv_heads, d, positions, rope, w->kv, s->block_stride,
                         s->v_offset, slot_blocks, slot_offsets);
+        if (kept >= 0 && l == num_layers - 1) {   /* every row's keys and values are stored: on with the kept */
+            t = kept;
+            if (!t) break;
+            keep_rows(residual, s->hidden * size, kept_rows, kept);
+            keep_rows(qkv, qkv_n * size, kept_rows, kept);
+            num_groups = kept_groups(groups, num_groups, kept_rows, kept, kept_arrays, kept_records);
+            groups = kept_records;
+        }
         for (int64_t i = 0; i < num_groups; i++) {
             const mcpd_group *g = groups + i;
             const char *q = qkv + g->start * qkv_n * size;
@@ -1659,6 +1722,7 @@ void mcpd_decoder_stack(int dtype, const mcpd_shape *s, const mcpd_layer *layers
         pending = delta;
     }
     mcpd_add_rms_norm(dtype, residual, pending, final_norm, s->eps, t, s->hidden, out);
+    free(kept_arrays);
 }
 
 /* ---- greedy choice -------------------------------------------------------------------------- */
@@ -1726,7 +1790,7 @@ int64_t mcpd_greedy_steps(int dtype, const mcpd_shape *s, const mcpd_layer *laye
         else mcpd_embedding(dtype, &g->embedding, s->hidden, &token, 1, residual);
         slot_block = g->table[at / s->block_size], slot_offset = at % s->block_size, lens = at + 1;
         mcpd_decoder_stack(dtype, s, layers, num_layers, 1, residual, g->rope, &at, &slot_block, &slot_offset, &one,
-                           1, scratch, g->final_norm, hidden);
+                           1, -1, NULL, scratch, g->final_norm, hidden);
         linear(dtype, hidden, 1, s->hidden, &g->head, NULL, g->vocab, logits, 1);
         mcpd_argmax(logits, 1, g->vocab, &token);
         out_tokens[n] = token;

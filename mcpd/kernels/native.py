@@ -42,7 +42,7 @@ _SIGNATURES = {
     "mcpd_decode_attention": [ctypes.c_int, _P, _I, _I, _I, _I, _I, _P, _I, _I, _I, _P, _I, _P, _F, _P],
     "mcpd_prefill_attention": [ctypes.c_int, _P, _I, _I, _P, _P, _P, _I, _I, _I, _P, _I, _I, _I, _P, _I, _F, _P],
     "mcpd_stack_scratch_bytes": [ctypes.c_int, _P, _I],
-    "mcpd_decoder_stack": [ctypes.c_int, _P, _P, _I, _I, _P, _P, _P, _P, _P, _P, _I, _P, _P, _P],
+    "mcpd_decoder_stack": [ctypes.c_int, _P, _P, _I, _I, _P, _P, _P, _P, _P, _P, _I, _I, _P, _P, _P, _P],
     "mcpd_argmax": [_P, _I, _I, _P],
     "mcpd_greedy_steps": [ctypes.c_int, _P, _P, _I, _P, _I, _I, _I, _P, _I, _P, _P, _P, _P, _P],
     "mcpd_max_threads": [],

@@ -65,20 +65,24 @@ class NativeStack:
         self.reused_scratch: torch.Tensor | None = None
         self.greedy_buffers: tuple[torch.Tensor, torch.Tensor] | None = None
 
-    def run(self, residual: torch.Tensor, rope: torch.Tensor, attn: AttentionMetadata) -> torch.Tensor:
-        """residual: the step's embeddings [T, hidden] (updated in place); returns the final norm."""
-        rows = residual.shape[0]
-        scratch = self._scratch(rows)
-        out = torch.empty_like(residual)
+    def run(self, residual: torch.Tensor, rope: torch.Tensor, attn: AttentionMetadata,
+            rows: torch.Tensor | None = None) -> torch.Tensor:
+        """residual: the step's embeddings [T, hidden] (updated in place); returns the final norm
+        of the rows given (ascending, each the last of its sequence in the step: a row that
+        samples), or of every row (None). The last layer computes only those rows past storing
+        every row's keys and values."""
+        scratch = self._scratch(residual.shape[0])
+        out = residual.new_empty((residual.shape[0] if rows is None else rows.shape[0], residual.shape[1]))
         groups = (Group * len(attn.groups))(*(
             Group(g.decoding, g.start, g.block_table.shape[0], g.block_table.stride(0), g.block_table.data_ptr(),
                   g.context_lens.data_ptr(), address(g.first_rows), address(g.starts), address(g.counts))
             for g in attn.groups))
-        self.lib.mcpd_decoder_stack(self.code, ctypes.byref(self.shape), self.layers, len(self.layers), rows,
-                                    residual.data_ptr(), rope.data_ptr(), attn.positions.data_ptr(),
-                                    attn.slot_blocks.data_ptr(), attn.slot_offsets.data_ptr(), groups,
-                                    len(attn.groups), scratch.data_ptr(), self.final_norm.data_ptr(),
-                                    out.data_ptr())
+        self.lib.mcpd_decoder_stack(self.code, ctypes.byref(self.shape), self.layers, len(self.layers),
+                                    residual.shape[0], residual.data_ptr(), rope.data_ptr(),
+                                    attn.positions.data_ptr(), attn.slot_blocks.data_ptr(),
+                                    attn.slot_offsets.data_ptr(), groups, len(attn.groups),
+                                    -1 if rows is None else rows.shape[0], address(rows), scratch.data_ptr(),
+                                    self.final_norm.data_ptr(), out.data_ptr())
         return out
 
     def greedy_steps(self, embedding, head, rope: torch.Tensor, token: int, position: int, block_table: list[int],

@@ -100,14 +100,16 @@ class GemmaForCausalLM(KernelForms, nn.Module):
         self.lm_head = None if args.tie_embeddings else nn.Linear(args.hidden_size, args.vocab_size, bias=False)
         self.kernels = TORCH
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                attn: AttentionMetadata) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata,
+                rows: torch.Tensor | None = None) -> torch.Tensor:
+        """The final hidden states of `rows` (None: of every row)."""
         embedding = self.model.embed_tokens.weight
         # sqrt(hidden) as transformers holds it: a float32 tensor, rounded to the model dtype
         x = F.embedding(input_ids, embedding) * torch.tensor(self.args.hidden_size ** 0.5).to(embedding.dtype)
         ropes = {False: self.global_rope.for_step(attn, x.dtype), True: self.local_rope.for_step(attn, x.dtype)}
         for layer in self.model.layers:
             x = layer(x, ropes[layer.self_attn.local], attn)
+        x = x if rows is None else x[rows]
         return gemma_norm(x, self.model.norm.weight, self.args.rms_norm_eps)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -72,11 +72,13 @@ class GPT2LMHeadModel(KernelForms, nn.Module):
         self.lm_head = None if args.tie_embeddings else nn.Linear(args.hidden_size, args.vocab_size, bias=False)
         self.kernels = TORCH
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                attn: AttentionMetadata) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata,
+                rows: torch.Tensor | None = None) -> torch.Tensor:
+        """The final hidden states of `rows` (None: of every row)."""
         x = self.wte(input_ids) + self.wpe(positions)
         for block in self.h:
             x = block(x, attn)
+        x = x if rows is None else x[rows]
         return self.ln_f(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -7,6 +7,7 @@ knowledge travels in AttentionMetadata, built once per step and shared by all la
 """
 from __future__ import annotations
 
+import array
 import dataclasses
 from dataclasses import dataclass, field
 
@@ -163,9 +164,15 @@ class AttentionMetadata:
             groups.append(build(tables, group_starts, group_counts, row, block_size, device))
             row = groups[-1].end
             begin = end
-        positions_tensor = torch.tensor(positions, device=device)
-        return cls(positions_tensor, torch.tensor(slot_blocks, device=device), positions_tensor % block_size,
+        positions_tensor = long_tensor(positions, device)
+        return cls(positions_tensor, long_tensor(slot_blocks, device), positions_tensor % block_size,
                    groups, max(s + n for s, n in zip(starts, counts)))
+
+
+def long_tensor(values: list[int], device: torch.device) -> torch.Tensor:
+    """torch.tensor(values) of a non-empty list of Python ints, through an array: torch.tensor reads
+    a list item by item, ~0.7 us each, a third of a millisecond a 128-token prompt's step."""
+    return torch.frombuffer(array.array("q", values), dtype=torch.long).to(device)
 
 
 def _padded_table(block_tables: list[list[int]], width: int, device: torch.device) -> torch.Tensor:

@@ -153,22 +153,26 @@ class LlamaForCausalLM(KernelForms, nn.Module):
         self._weights = None
         return super()._apply(fn, recurse)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                attn: AttentionMetadata) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata,
+                rows: torch.Tensor | None = None) -> torch.Tensor:
         """Each layer: x = norm(residual); residual += attention(x); x = norm(residual);
         residual += mlp(x), with each residual addition fused into the norm that follows it. The
-        native kernels run this loop in C (NativeStack), the same kernels in the same order."""
+        native kernels run this loop in C (NativeStack), the same kernels in the same order, and
+        the last layer past its keys and values only for `rows`. rows: the rows whose final
+        hidden state is wanted, ascending, each the last of its sequence (None: every row)."""
         k, eps, weights = self.kernels, self.args.rms_norm_eps, self.weights
         residual, delta = k.embedding(input_ids, weights.embedding, weights.final_norm.dtype), None
         rope, rope_rows = self.rope.for_step(attn, residual.dtype)
         if k.stacks_layers:
-            return self._native_stack().run(residual, rope, attn)
+            return self._native_stack().run(residual, rope, attn, rows)
         for w in weights.layers:
             residual, q = self._attention_inputs(residual, delta, w, rope, rope_rows, attn)
             residual, x = k.add_rms_norm(residual, k.linear(w.attention.attend(q, attn, k), w.o, w.o_bias),
                                          w.post_norm, eps)
             delta = (k.linear(k.silu_mul(k.linear(x, w.gate_up, w.gate_up_bias)), w.down, w.down_bias)
                      if w.experts is None else w.experts(x, k))
+        if rows is not None:
+            residual, delta = residual[rows], delta[rows]
         return k.add_rms_norm(residual, delta, weights.final_norm, eps)[1]
 
     def _attention_inputs(self, residual: torch.Tensor, delta: torch.Tensor | None, w: LayerWeights,

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Protocol
 from mcpd import tracing
 from mcpd.config import Config
 from mcpd.daemon import child, live_config, messages
+from mcpd.daemon.frontend import shed_header
 from mcpd.daemon.frontend.gate import stamp
 from mcpd.daemon.frontend.latency import LatencyWindow
 from mcpd.daemon.frontend.request_labels import RequestLabels
@@ -135,18 +136,14 @@ class FrontEndCore:
         if not body or len(body[0]) > limits.max_header_bytes or len(sizes) > limits.max_frames \
                 or sum(sizes) > limits.max_message_bytes:
             return False
-        try:
-            header = wire.decode_header(body[0])
-        except MCPDError:
+        header = shed_header.peek(body[0])
+        if header is None or not wire.valid_id(header.id):
             return False
-        op, request_id, priority = header.get("op"), header.get("id"), header.get("priority")
-        if type(op) is not str or not wire.valid_id(request_id) or not (priority is None or type(priority) is str):
-            return False
-        cls = self.labels.class_of(priority)
-        if not self.shed.refuses(op, cls, self.clock()):
+        cls = self.labels.class_of(header.priority)
+        if not self.shed.refuses(header.op, cls, self.clock()):
             return False
         self._count_error(codes.OVERLOADED)
-        self._send(identity, envelope, wire.error_reply(request_id, ErrorReply.of(self.shed.refusal(cls))))
+        self._send(identity, envelope, wire.error_reply(header.id, ErrorReply.of(self.shed.refusal(cls))))
         return True
 
     def _admit(self, identity: bytes | object, request: wire.Request) -> None:

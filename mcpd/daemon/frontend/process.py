@@ -3,7 +3,7 @@ core (core.py), which validates each message before anything else sees it, answe
 itself, tracks which client owns each in-flight request, and relays the scheduler's replies.
 This owns the sockets, reads and decodes their messages, and hosts the HTTP listener. asyncio on
 uvloop; each wake-up drains every ready message from both sockets, so pipelined traffic pays the
-event loop's cost once per batch, not once per message.
+event loop's cost once per batch, not once per message (clients' in slices: client_drain.py).
 
 What a client can make it hold is bounded both ways: replies for a client that does not read wait
 in its backlog, never dropped (outbox.py), and the unfinished messages libzmq holds for clients
@@ -26,6 +26,7 @@ from mcpd.daemon import channels, child, messages
 from mcpd.daemon.batch import Batch, each_message
 from mcpd.daemon.child_stats import FrontendStats
 from mcpd.daemon.frontend.address_cap import AddressCap
+from mcpd.daemon.frontend.client_drain import BATCH, ClientDrain
 from mcpd.daemon.frontend.core import FrontEndCore
 from mcpd.daemon.frontend.gate import Gate
 from mcpd.daemon.frontend.incoming import LOOK_S, IncomingBytes, give_large_buffers_back
@@ -35,7 +36,6 @@ from mcpd.daemon.frontend.peers import PeerTracker
 from mcpd.http.frontend_link import FrontendLink
 
 GUARD_S = 0.02   # how often the backlogs are retried and the unfinished messages checked
-BATCH = 256   # messages taken from one socket before looking at the other (fairness)
 
 
 class CorePorts:
@@ -77,6 +77,7 @@ class FrontEnd:
         self.for_scheduler = Batch(partial(channels.send_frames, self.to_scheduler, flags=channels.NOBLOCK))
         self.from_scheduler = self._socket(zmq.PULL, sockets.FRONTEND_IPC, bind=True)
         self.on_replies = each_message(self._on_reply)   # built once: a drain runs per reply
+        self.client_drain = ClientDrain(self._take_clients, self.for_scheduler.flush, self._take_replies)
         self.events = child.EventReporter(self.context, config, "frontend")
         self.parent_pid = os.getppid()
         self.endpoints = self._endpoints()
@@ -158,17 +159,21 @@ class FrontEnd:
             self.peer_links.read_all()
 
     def _pump_clients(self) -> None:
-        """Clients' requests, and what they asked of the scheduler as one message. Clients are not
-        read while the scheduler's pipe is full (the guard pumps again in GUARD_S)."""
-        if self.for_scheduler.flush() and \
-                channels.drain(self.clients, self._on_client, BATCH, self._receive_client) == BATCH:
+        """Clients' requests, in slices (client_drain.py). Clients are not read while the
+        scheduler's pipe is full (the guard pumps again in GUARD_S)."""
+        if self.client_drain.turn():
             asyncio.get_running_loop().call_soon(self._pump_clients)   # more may wait: after the others' turn
-        self.for_scheduler.flush()
+
+    def _take_clients(self, limit: int) -> int:
+        return channels.drain(self.clients, self._on_client, limit, self._receive_client)
 
     def _pump_replies(self) -> None:
+        self._take_replies()
+        self._pump_clients()
+
+    def _take_replies(self) -> None:
         if channels.drain(self.from_scheduler, self.on_replies, BATCH) == BATCH:
             asyncio.get_running_loop().call_soon(self._pump_replies)
-        self._pump_clients()
 
     def _pump_connections(self) -> None:
         self._read_connection_events()

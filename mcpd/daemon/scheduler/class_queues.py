@@ -62,7 +62,7 @@ class ClassQueues:
         if queue is None or not queue.remove(job):
             return False
         self.size -= 1
-        if not queue:
+        if not queue.size:
             del self.queues[job.class_name, job.served]
         if (left := self.waiting.pop(job.client) - 1) > 0:
             self.waiting[job.client] = left
@@ -149,7 +149,7 @@ class ClassQueues:
         the order they would go (no suspect: it runs alone)."""
         found = []
         queue = self.queues[first.class_name, first.served]
-        if limit <= 0 or len(queue) < 2:   # nothing could join it: a lone request pays no scan
+        if limit <= 0 or queue.size < 2:   # nothing could join it: a lone request pays no scan
             return found
         jobs = queue.in_arrival_order() if self.fifo else queue.in_order()
         for i, job in enumerate(jobs):

@@ -223,7 +223,7 @@ class Scheduler:
         if self.poison.holds(job.request, now, job.payload):
             raise MCPDError(codes.INTERNAL, "an identical request from this tenant failed twice on workers "
                             "in the last minutes; it is not run again for now (change it, or report the bug)")
-        if len(self.queue) >= self.config.scheduler.max_queue and self.may_place:
+        if self.queue.size >= self.config.scheduler.max_queue and self.may_place:
             dispatch_waiting(self, now)   # a burst may be refused only if the workers have no room either
         displaced = self.admission.admit(job, self.queue, len(self.jobs), now)
         args = job.request.args

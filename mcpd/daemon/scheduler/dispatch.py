@@ -16,8 +16,9 @@ def dispatch_waiting(scheduler, now: float) -> None:
     """Hand out waiting jobs, most important first, in length-bin groups, while workers have room."""
     scheduler.hold_until = None
     scheduler.may_place = False
-    scheduler.admission.ladder.update(len(scheduler.queue), now)
-    if not scheduler.queue:   # most ticks: a wake-up for a worker's note
+    waiting = scheduler.queue.size   # an attribute read: len() would call ClassQueues.__len__, every tick
+    scheduler.admission.ladder.update(waiting, now)
+    if not waiting:   # most ticks: a wake-up for a worker's note
         return
     per_worker = scheduler.config.scheduler.max_inflight_per_worker
     config = scheduler.config
@@ -35,7 +36,7 @@ def dispatch_waiting(scheduler, now: float) -> None:
                 blocked.add(job.served)
             continue
         group = [job]
-        if len(scheduler.queue) > 1:   # else nothing could join it, and its filter need not be built
+        if scheduler.queue.size > 1:   # else nothing could join it, and its filter need not be built
             group += scheduler.queue.same_bin(job, room - 1, now, tenants.group_filter(slot, job, free))
         if _hold(scheduler, group, room, now):
             return

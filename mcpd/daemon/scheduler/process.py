@@ -81,8 +81,8 @@ class SchedulerProcess:
         waiter = channels.Waiter(self.sockets.workers, self.sockets.inbox, *extra)
         from_workers, from_inbox = each_routed_message(self.scheduler.on_worker), each_message(self.scheduler.on_inbox)
         self.sockets.events.send(messages.Ready)
-        next_stats = 0.0
-        while child.parent_alive(self.parent_pid):
+        next_stats, orphan = 0.0, False
+        while not orphan:
             ready = waiter.ready(self._poll_timeout_ms())
             # Workers first: what a dead worker sent before dying (Started, Done) must count
             # before the supervisor's WorkerLost note decides what to retry.
@@ -94,7 +94,8 @@ class SchedulerProcess:
                 self.cluster.adopt_prefetched()
             self.scheduler.tick()
             self.sockets.for_frontend.flush()
-            if time.monotonic() >= next_stats:
+            if time.monotonic() >= next_stats:   # the orphan check on the stats timer, as the front-end's
+                orphan = not child.parent_alive(self.parent_pid)
                 self._report()
                 next_stats = time.monotonic() + self.stats_interval_s
 

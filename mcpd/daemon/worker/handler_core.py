@@ -7,7 +7,9 @@ ready batch's predict on one background thread when none runs: torch releases th
 next requests' arrival, decoding and preprocessing overlap this batch's predict. When it ends
 (the thread wakes the loop through `wake_fd`), the next ready batch starts first, then the ended
 one's rows go back to their requests, through postprocess, as final replies with the outputs'
-bytes as payload frames: the predict thread does not wait for the replies' Python.
+bytes as payload frames: the predict thread does not wait for the replies' Python. Each predict
+is timed on its thread, and the batcher learns from those times what a predict costs
+(handlers/predict_cost.py), to decide how long a batch waits and which length bins share one.
 
 A predict that raises, or returns the wrong number of rows, costs its request INTERNAL, never
 the worker nor its batch's other requests: a batch that fails is run again one request at a
@@ -35,7 +37,7 @@ from mcpd.daemon.child_stats import WorkerStats
 from mcpd.daemon.worker.core import MAX_REASON_CHARS, Ports, take_message
 from mcpd.daemon.worker.done_notes import DoneNotes
 from mcpd.handlers import batch_tensors, tensors
-from mcpd.handlers.batcher import DynamicBatcher, Pending
+from mcpd.handlers.batcher import DynamicBatcher, Pending, padded_elements
 from mcpd.handlers.handler import Handler
 from mcpd.handlers.result_cache import CacheKey, CachedResult, ResultCache, cache_key
 from mcpd.handlers.warmup_file import WarmInput, read_warmup
@@ -79,10 +81,12 @@ class EndedBatch(NamedTuple):
 
 @dataclass
 class Running:
-    """The batch on the predict thread."""
+    """The batch on the predict thread; `elements`: its padded size, for the batcher's cost of a
+    predict (None: a request run alone after its batch failed, not a batch the batcher made)."""
     future: Future
     requests: list[InferRequest]
     started: float
+    elements: int | None = None
 
 
 class HandlerCore:
@@ -258,8 +262,10 @@ class HandlerCore:
         if self.tracing is not None:
             self.tracing.batch_ended([r.rid for r in running.requests])
         try:
-            return EndedBatch(running.requests, batch_tensors.split(running.future.result(),
-                                                                    [r.rows for r in running.requests]))
+            outputs, seconds = running.future.result()
+            if running.elements is not None:
+                self.batcher.cost.observe(running.elements, seconds)
+            return EndedBatch(running.requests, batch_tensors.split(outputs, [r.rows for r in running.requests]))
         except MCPDError as e:
             reason = e.message
         except Exception as e:   # noqa: BLE001 - a handler that raises costs its batch, not the worker
@@ -277,17 +283,17 @@ class HandlerCore:
                 return self._start([request])
         batch = self.batcher.next_batch(self.clock())
         if batch:
-            self._start([pending.item for pending in batch])
+            self._start([pending.item for pending in batch], padded_elements(batch))
 
-    def _start(self, requests: list[InferRequest]) -> None:
+    def _start(self, requests: list[InferRequest], elements: int | None = None) -> None:
         started = time.monotonic()
         batch, padded, of = batch_tensors.assemble([r.inputs for r in requests], self.handler.inputs)
         self.padded, self.padded_of = self.padded + padded, self.padded_of + of
         self.batches += 1
         self.rows += sum(r.rows for r in requests)
-        future = self.predictor.submit(self.handler.predict, batch)
+        future = self.predictor.submit(_timed, self.handler.predict, batch)
         future.add_done_callback(self._wake)
-        self.running = Running(future, requests, self.clock())
+        self.running = Running(future, requests, self.clock(), elements)
         if self.tracing is not None:
             self.tracing.batch_started([r.rid for r in requests], started, sum(r.rows for r in requests))
 
@@ -405,6 +411,14 @@ def _on_every_core() -> None:
     owned = threads.owned_cores()
     if torch.get_num_threads() < len(owned):
         os.sched_setaffinity(0, owned)
+
+
+def _timed(predict, batch: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], float]:
+    """predict's outputs and its seconds, timed on the predict thread: the loop sees the end only
+    when it next looks."""
+    started = time.perf_counter()
+    outputs = predict(batch)
+    return outputs, time.perf_counter() - started
 
 
 def _encoded(shown: dict[str, np.ndarray], names) -> CachedResult:

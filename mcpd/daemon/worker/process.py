@@ -139,16 +139,17 @@ class Worker:
     def _serve(self) -> None:
         self.sockets.to_scheduler(messages.encode(self.core.hello()))   # Ready follows its Welcome
         self.sockets.flush()
-        next_stats = 0.0
+        next_stats, orphan = 0.0, False
         waiter = self.sockets.waiter
         if isinstance(self.core, HandlerCore):   # a predict's end wakes the loop
             waiter.watch(self.core.wake_fd)
-        while child.parent_alive(self.parent_pid):
+        while not orphan:
             if waiter.wait(self.core.poll_timeout_ms(IDLE_POLL_MS)):
                 self._take_messages()
             self._step()
             self.core.flush_done()
-            if time.monotonic() >= next_stats:
+            if time.monotonic() >= next_stats:   # the orphan check on the stats timer, as the front-end's
+                orphan = not child.parent_alive(self.parent_pid)
                 self._report()
                 next_stats = time.monotonic() + self.config.supervisor.stats_interval_s
             self.sockets.flush()   # before the loop may block
