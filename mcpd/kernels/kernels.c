@@ -351,26 +351,67 @@ static inline i32v round_to_i32(f32v v) {
 #endif
 }
 
-/* |v|'s largest lane, NaN if any lane is NaN (then the row's products are NaN, as float ones). */
-static inline float abs_max(f32v v) {
-    f32v a = (f32v)((i32v)v & 0x7fffffff);
-    float most = 0;
-    for (int l = 0; l < LANES; l++) most = a[l] > most || a[l] != a[l] ? a[l] : most;
+/* |v|'s bits, compared as integers: they order as |v| does and put a NaN above an infinity above
+   every finite value, so that a row's or a block's largest is found a vector at a time (compared
+   lane by lane as floats, it took most of a one-row product's quantizing on AVX2). */
+static inline i32v abs_bits(f32v v) { return (i32v)v & 0x7fffffff; }
+#ifdef __AVX512F__
+static inline i32v max_i32(i32v a, i32v b) { return (i32v)_mm512_max_epi32((__m512i)a, (__m512i)b); }
+static inline int32_t largest_lane(i32v v) { return _mm512_reduce_max_epi32((__m512i)v); }
+static inline int32_t lanes_sum(i32v v) { return _mm512_reduce_add_epi32((__m512i)v); }
+#elif defined(__AVX2__)
+static inline i32v max_i32(i32v a, i32v b) { return (i32v)_mm256_max_epi32((__m256i)a, (__m256i)b); }
+static inline int32_t largest_lane(i32v v) {   /* each lane with the one 4, 2, 1 away */
+    __m256i m = _mm256_max_epi32((__m256i)v, _mm256_permute2x128_si256((__m256i)v, (__m256i)v, 1));
+    m = _mm256_max_epi32(m, _mm256_shuffle_epi32(m, 0x4e));
+    return _mm256_cvtsi256_si32(_mm256_max_epi32(m, _mm256_shuffle_epi32(m, 0xb1)));
+}
+static inline int32_t lanes_sum(i32v v) {
+    __m256i s = _mm256_add_epi32((__m256i)v, _mm256_permute2x128_si256((__m256i)v, (__m256i)v, 1));
+    s = _mm256_add_epi32(s, _mm256_shuffle_epi32(s, 0x4e));
+    return _mm256_cvtsi256_si32(_mm256_add_epi32(s, _mm256_shuffle_epi32(s, 0xb1)));
+}
+#else
+static inline i32v max_i32(i32v a, i32v b) { i32v more = a > b; return (a & more) | (b & ~more); }
+static inline int32_t largest_lane(i32v v) {
+    int32_t most = v[0];
+    for (int l = 1; l < LANES; l++) most = v[l] > most ? v[l] : most;
     return most;
 }
+static inline int32_t lanes_sum(i32v v) {
+    int32_t sum = 0;
+    for (int l = 0; l < LANES; l++) sum += v[l];
+    return sum;
+}
+#endif
+static inline float from_bits(int32_t bits) { float f; memcpy(&f, &bits, sizeof f); return f; }
+
+typedef int16_t i16v __attribute__((vector_size(2 * LANES)));
+/* v's LANES int32, in the lane order `...`, stored at p as int16, each truncated (a NaN's INT_MIN as 0). */
+#define STORE_I16(p, v, ...)                                                                          \
+    do {                                                                                             \
+        i16v stored_ = __builtin_convertvector(__builtin_shufflevector(v, v, __VA_ARGS__), i16v);     \
+        memcpy(p, &stored_, sizeof stored_);                                                         \
+    } while (0)
+#if LANES == 16
+#define IN_ORDER 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15
+#define QUAD_ORDER 0, 2, 1, 3, 4, 6, 5, 7, 8, 10, 9, 11, 12, 14, 13, 15   /* each four columns as 0, 2, 1, 3 */
+#else
+#define IN_ORDER 0, 1, 2, 3, 4, 5, 6, 7
+#define QUAD_ORDER 0, 2, 1, 3, 4, 6, 5, 7
+#endif
 
 /* Each row of x [m, k] (dtype) as int16, q = round(x * (32767 / max|x|)), into a new [m, k]
-   buffer, and the row's scale max|x| / 32767 into scales[m] (a row of zeros: 0). int8.linear
-   (the torch twin) rounds the same way. */
+   buffer, and the row's scale max|x| / 32767 into scales[m] (a row of zeros: 0; a row with a
+   NaN: NaN, so that its products are NaN, as float ones). int8.linear (the torch twin) rounds
+   the same way. */
 static int16_t *x_int16_rows(int dtype, const void *x, int64_t m, int64_t k, float *scales) {
     int16_t *q = malloc(m * k * sizeof(int16_t));
     for (int64_t r = 0; r < m; r++) {
         int64_t row = r * k, i = 0;
-        float most = 0;
-        for (; i + LANES <= k; i += LANES) {
-            float a = abs_max(load_any(dtype, x, row + i));
-            most = a > most || a != a ? a : most;
-        }
+        i32v top = {0};
+        for (; i + LANES <= k; i += LANES) top = max_i32(top, abs_bits(load_any(dtype, x, row + i)));
+        float most = from_bits(largest_lane(top));
         for (; i < k; i++) {
             float a = fabsf(x_at(dtype, x, row + i));
             most = a > most || a != a ? a : most;
@@ -379,7 +420,7 @@ static int16_t *x_int16_rows(int dtype, const void *x, int64_t m, int64_t k, flo
         scales[r] = most / INT16_LEVELS;
         for (i = 0; i + LANES <= k; i += LANES) {
             i32v v = round_to_i32(load_any(dtype, x, row + i) * inv);
-            for (int l = 0; l < LANES; l++) q[row + i + l] = (int16_t)v[l];
+            STORE_I16(q + row + i, v, IN_ORDER);
         }
         for (; i < k; i++) q[row + i] = (int16_t)lrintf(x_at(dtype, x, row + i) * inv);
     }
@@ -554,32 +595,35 @@ typedef struct {
     const int32_t *sums;    /* [m][k/16]: each half block's sum of q */
 } x_q16;
 
-#if LANES == 16
-typedef int16_t i16v __attribute__((vector_size(2 * LANES)));
-
-/* Block b of x_q16_quantize a half block a vector, to the same values as its lane-by-lane loop
-   (which took a tenth of an eight-row prefill's products): |x|'s bits compared as integers order
-   as the floats do, and put a NaN or an infinity above every finite value; such a block's
-   inverse is 0, so each of its q converts to 0 (NaN -> INT_MIN, stored as the int16 0). */
+/* Block b of x (a row's 32 columns) into x_q16_quantize's buffers, a vector at a time: |x|'s bits
+   compared as integers (abs_bits) put a NaN or an infinity above every finite value; such a
+   block's inverse is 0, so each of its q converts to 0 (NaN -> INT_MIN, stored as the int16 0).
+   Lane by lane it took a tenth of an eight-row prefill's products, and on AVX2 more than a
+   one-row product's weights at 576 columns. */
 static inline void x_q16_block(int dtype, const void *x, int64_t b, int16_t *q, float *d, int32_t *sums) {
-    f32v v[2] = {load_any(dtype, x, b * Q4_BLOCK), load_any(dtype, x, b * Q4_BLOCK + Q4_HALF)};
-    int32_t top = _mm512_reduce_max_epi32(_mm512_max_epi32((__m512i)((i32v)v[0] & 0x7fffffff),
-                                                           (__m512i)((i32v)v[1] & 0x7fffffff)));
-    float amax;
-    memcpy(&amax, &top, sizeof amax);
-    int finite = top < 0x7f800000;
+    enum { HALF_VECTORS = Q4_HALF / LANES };
+    f32v v[2 * HALF_VECTORS];
+    i32v top = {0};
+    for (int i = 0; i < 2 * HALF_VECTORS; i++) {
+        v[i] = load_any(dtype, x, b * Q4_BLOCK + i * LANES);
+        top = max_i32(top, abs_bits(v[i]));
+    }
+    int32_t most = largest_lane(top);
+    float amax = from_bits(most);
+    int finite = most < 0x7f800000;
     float inverse = finite && amax > 0 ? INT16_LEVELS / amax : 0.0f;
     for (int h = 0; h < 2; h++) {
-        i32v r = round_to_i32(v[h] * inverse);
-        r = (r << 16) >> 16;   /* the int16 it is stored as */
-        sums[2 * b + h] = _mm512_reduce_add_epi32((__m512i)r);
-        i16v stored = __builtin_convertvector(__builtin_shufflevector(r, r, 0, 2, 1, 3, 4, 6, 5, 7, 8, 10, 9, 11, 12, 14,
-                                                                      13, 15), i16v);
-        memcpy(q + b * Q4_BLOCK + h * Q4_HALF, &stored, sizeof stored);
+        i32v sum = {0};
+        for (int i = 0; i < HALF_VECTORS; i++) {
+            i32v r = round_to_i32(v[h * HALF_VECTORS + i] * inverse);
+            r = (r << 16) >> 16;   /* the int16 it is stored as */
+            sum += r;
+            STORE_I16(q + b * Q4_BLOCK + h * Q4_HALF + i * LANES, r, QUAD_ORDER);
+        }
+        sums[2 * b + h] = lanes_sum(sum);
     }
     d[b] = finite ? amax / INT16_LEVELS : NAN;
 }
-#endif
 
 /* x_q16 of x's m rows, in one allocation (free its q). A block holding a NaN or an infinity gets
    the scale NaN (and q 0), so that every output of its row is NaN, as the float product's is,
@@ -590,33 +634,7 @@ static x_q16 x_q16_quantize(int dtype, const void *x, int64_t m, int64_t k) {
     int16_t *q = (int16_t *)memory;
     float *d = (float *)(q + m * k);
     int32_t *sums = (int32_t *)(d + blocks);
-#if LANES == 16
     for (int64_t b = 0; b < blocks; b++) x_q16_block(dtype, x, b, q, d, sums);
-#else
-    for (int64_t b = 0; b < blocks; b++) {
-        f32v v[Q4_BLOCK / LANES];
-        float amax = 0;
-        for (int i = 0; i < Q4_BLOCK / LANES; i++) {
-            v[i] = load_any(dtype, x, b * Q4_BLOCK + i * LANES);
-            float a = abs_max(v[i]);
-            amax = a > amax || a != a ? a : amax;
-        }
-        int finite = isfinite(amax);
-        float inverse = finite && amax > 0 ? INT16_LEVELS / amax : 0.0f;
-        int32_t levels[Q4_BLOCK];
-        for (int i = 0; i < Q4_BLOCK / LANES; i++) {
-            i32v r = finite ? round_to_i32(v[i] * inverse) : (i32v){0};
-            memcpy(levels + i * LANES, &r, sizeof r);
-        }
-        for (int half = 0; half < 2; half++) {
-            int32_t sum = 0;
-            for (int i = half * Q4_HALF; i < (half + 1) * Q4_HALF; i++)
-                q[b * Q4_BLOCK + i / 4 * 4 + (i % 2) * 2 + i % 4 / 2] = (int16_t)levels[i], sum += levels[i];
-            sums[2 * b + half] = sum;
-        }
-        d[b] = finite ? amax / INT16_LEVELS : NAN;
-    }
-#endif
     return (x_q16){q, d, sums};
 }
 
@@ -674,6 +692,18 @@ INLINE void q4_quads(int kind, const uint8_t *p, const void *hb, int64_t b, int 
     }
 }
 
+/* Fetch into L2 block b's highs and scales of the next strip's Q6_K panels (those after the
+   TILE_PANELS panels h and d point into), beside its weights (rows_int4's `next`): streams of
+   their own, a third of a Q6_K panel's bytes, that the hardware prefetcher would find afresh at
+   every strip. The other kinds' scales and mins, a tenth of their bytes, are left to it. */
+INLINE void fetch_next_q6_sides(const void *d, const void *h, int64_t blocks, int64_t b) {
+    for (int64_t j = TILE_PANELS; j < 2 * TILE_PANELS; j++) {
+        __builtin_prefetch((const char *)d + (j * blocks + b) * PANEL * 2, 0, 2);   /* two int8 a row */
+        for (int l = 0; l < Q6_HIGH_BYTES * PANEL / 64; l++)
+            __builtin_prefetch((const char *)h + (j * blocks + b) * Q6_HIGH_BYTES * PANEL + 64 * l, 0, 2);
+    }
+}
+
 /* Up to INT4_ROWS rows at a time multiply the 4-bit panels (rows_int4): each block's integer sums
    of a row in registers: on AVX-512 a whole tile (32 registers hold its sums, and its nibbles are
    unpacked once, not a pass per 4 rows). AVX2 has its own (rows_int4_avx2). */
@@ -703,6 +733,7 @@ INLINE void rows_int4(int kind, x_q16 xq, int64_t rows, int64_t k, const uint8_t
             i32v lo_sum[INT4_ROWS][TILE_PANELS][VPP] = {{{0}}}, hi_sum[INT4_ROWS][TILE_PANELS][VPP] = {{{0}}};
             for (int l = 0; l < TILE_PANELS * Q4_HALF * PANEL / 64; l++)   /* the next strip's block b: as much as this one's */
                 __builtin_prefetch(next + (b * TILE_PANELS * Q4_HALF * PANEL + 64 * l), 0, 2);
+            if (kind == Q6_K && h0 == 0) fetch_next_q6_sides(d[0], m[0], blocks, b);
 #pragma GCC unroll 4   /* each quad's Q6_K highs shift a constant */
             for (int t = 0; t < QUADS; t++)
                 for (int j = 0; j < TILE_PANELS; j++)
@@ -802,11 +833,15 @@ INLINE void rows_int4_avx2(int kind, x_q16 xq, int64_t rows, int64_t k, const ui
     const uint8_t *next = p[0] + k / 2 * PANEL;
     int64_t blocks = k / Q4_BLOCK;
     const int together = rows == 1 ? VPP : 1, apart = rows <= 2;   /* a panel row's vectors a pass: both, or one */
+    /* One row's sums in registers (a tile's may alias the weights, bytes, so they stay in memory);
+       past one row they would not fit beside the block sums. */
+    panel_sums one[1], *sums = rows == 1 ? one : a[0];
     for (int r = 0; r < rows; r++)
-        for (int v = 0; v < VPP; v++) a[0][r][v] = splat(0);
+        for (int v = 0; v < VPP; v++) sums[r][v] = splat(0);
     for (int64_t b = 0; b < blocks; b++) {
         for (int l = 0; l < Q4_HALF * PANEL / 64; l++)   /* the next strip's block b */
             __builtin_prefetch(next + b * Q4_HALF * PANEL + 64 * l, 0, 2);
+        if (kind == Q6_K) fetch_next_q6_sides(d[0], m[0], blocks, b);
         for (int v0 = 0; v0 < VPP; v0 += together) {
             __m256i lo[VPP][INT4_ROWS], hi[VPP][INT4_ROWS];   /* Q6_K: its halves' sums; the others: ones, sixteens */
             for (int v = 0; v < together; v++)
@@ -824,15 +859,16 @@ INLINE void rows_int4_avx2(int kind, x_q16 xq, int64_t rows, int64_t k, const ui
                     float dx = xq.d[r * blocks + b];
                     const int32_t *halves = xq.sums + r * 2 * blocks + 2 * b;
                     if (kind == Q6_K)
-                        a[0][r][v0 + v] += __builtin_convertvector((i32v)lo[v][r] - 32 * halves[0], f32v) * (scale * dx)
+                        sums[r][v0 + v] += __builtin_convertvector((i32v)lo[v][r] - 32 * halves[0], f32v) * (scale * dx)
                                          + __builtin_convertvector((i32v)hi[v][r] - 32 * halves[1], f32v) * (scale_hi * dx);
                     else
-                        a[0][r][v0 + v] += __builtin_convertvector((i32v)lo[v][r] + ((i32v)hi[v][r] >> 4), f32v) * (scale * dx)
+                        sums[r][v0 + v] += __builtin_convertvector((i32v)lo[v][r] + ((i32v)hi[v][r] >> 4), f32v) * (scale * dx)
                                          + min * (dx * (float)(halves[0] + halves[1]));
                 }
             }
         }
     }
+    if (rows == 1) memcpy(a[0], one, sizeof one);
 }
 #define ROWS_INT4 rows_int4_avx2
 #else
@@ -1047,21 +1083,26 @@ static void panel_bytes(int dtype, const mcpd_matrix *w, int64_t k, int64_t byte
     bytes[3] = w->kind == Q4_K || w->kind == Q6_K ? k / Q4K_SUPER * (w->kind == Q4_K ? 2 : 1) * PANEL * 2 : 0;
 }
 
-/* Strips a thread of linear_part takes at a time. Up to 4 tiles of rows, runs of 8 strips: the
-   product streams its weights, and a contiguous run read faster than strips one at a time (1-3%
-   at 8-32 rows on AVX2). Past that it is compute-bound, and the runs shorten as the rows grow, to
-   1 strip at a prompt's 128, so that a thread waits little for the other's last run: runs of 8
-   left 4 to share out on a 512-output product, ~3 ms of a 128-token AVX2 prefill (more where a
+int mcpd_max_threads(void);
+
+/* Strips a thread of linear_part takes at a time. Up to 4 tiles of rows the product streams its
+   weights: each thread one contiguous share, as even as the strips divide, so that it streams its
+   share once and the next strip its tiles fetch is its own (runs of 8 handed out in turn split
+   576 outputs 24/12 panels between two threads, 192 outputs 8/4); a share left by a late thread
+   goes to the other whole. Past that it is compute-bound, and the runs shorten as the rows grow,
+   to 1 strip at a prompt's 128, so that a thread waits little for the other's last run: runs of
+   8 left 4 to share out on a 512-output product, ~3 ms of a 128-token AVX2 prefill (more where a
    neighbour slows one of the threads). */
-static inline int64_t strip_chunk(int64_t m) {
-    int64_t most = 8 / TILE_PANELS, rows = 4 * TILE_ROWS, chunk = m > rows ? most * rows / m : most;
+static inline int64_t strip_chunk(int64_t m, int64_t strips) {
+    int64_t threads = mcpd_max_threads(), most = 8 / TILE_PANELS, rows = 4 * TILE_ROWS;
+    if (m <= rows) return (strips + threads - 1) / threads;
+    int64_t chunk = most * rows / m;
     return chunk > 1 ? chunk : 1;
 }
 
 /* x: [m, k] of dtype, w: a matrix of [n, k] of one kind packed as above, bias: [n] or NULL; y:
    [m, n] of dtype, rows ld apart, or float32 holding dtype-rounded values when y_f32 (logits).
-   Threads take contiguous runs of strips (a tile's TILE_PANELS panels), so each streams its
-   share of the weights once. */
+   Threads take runs of strips (a tile's TILE_PANELS panels: strip_chunk says how many). */
 static void linear_part(int dtype, const void *x, int64_t m, int64_t k, const mcpd_matrix *w, const void *bias,
                         int64_t n, void *y, int64_t ld, int y_f32) {
     size_t size = dtype == F32 ? 4 : 2;
@@ -1083,7 +1124,7 @@ static void linear_part(int dtype, const void *x, int64_t m, int64_t k, const mc
         x_scales = malloc(m * sizeof(float));
         x = x16 = x_int16_rows(dtype, x, m, k, x_scales), x_size = sizeof(int16_t);
     }
-    #pragma omp parallel for schedule(dynamic, strip_chunk(m)) if (strips > 1 && n * k * m >= 32768)
+    #pragma omp parallel for schedule(dynamic, strip_chunk(m, strips)) if (strips > 1 && n * k * m >= 32768)
     for (int64_t strip = 0; strip < strips; strip++) {
         int64_t first = strip * TILE_PANELS, count = panels - first < TILE_PANELS ? panels - first : TILE_PANELS;
         const void *p[TILE_PANELS], *c[TILE_PANELS], *mn[TILE_PANELS], *s[TILE_PANELS];
