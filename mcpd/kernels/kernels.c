@@ -587,8 +587,9 @@ INLINE void q4_scale_min(int kind, const void *d, const void *m, const uint16_t 
    multiply-add per weight, which kept one row's product compute-bound. Not int8 x as llama.cpp
    takes it (vpmaddubsw / vpdpbusd, four a lane): on SmolLM2 Q4_1 that took next-token top-1
    agreement with the float model from 1.0 to 0.96 (llama.cpp's own Q4_1: 0.967), and its
-   greedy chat off the answer; int16 keeps 0.998. The mins (and Q6_K's -32) need each half
-   block's sum of q. */
+   greedy chat off the answer; int16 keeps 0.998. Nor do int8 blocks of 16 (0.92), or int8 for
+   the q/k/v and gate/up products alone (0.97), reach 0.99. The mins (and Q6_K's -32) need each
+   half block's sum of q. */
 typedef struct {
     const int16_t *q;       /* [m][k], each four columns as 0, 2, 1, 3: a lane's pairs */
     const float *d;         /* [m][k/32] */
