@@ -63,7 +63,7 @@ from mcpd.client import Client
 from mcpd.handlers.handler import load_handler
 from peerkit import checkpoints, handler_servers, servers
 from peerkit.batching_ceiling import batching_ceiling
-from peerkit.burst_stages import BurstStages, high_spans_ms
+from peerkit.burst_stages import BurstStages, high_spans_ms, request_parts_ms
 from peerkit.handler_runner import HandlerRunner
 from peerkit.handler_targets import DEADLINE_MS, HttpV2, McpdZmq, TensorInputs
 from peerkit.client_processes import ClientProcesses
@@ -200,23 +200,33 @@ async def batching_off(name: str, model: Model, inputs: TensorInputs, sizes: Siz
         server.stop()
 
 
+@dataclass
+class BurstPhase:
+    """One open loop of the burst: its outcomes, and its start (monotonic) their times count from."""
+    outcomes: list[Outcome]
+    started: float
+
+
 async def priority_burst(server: handler_servers.McpdServer, name: str, inputs: TensorInputs, sizes: Sizes,
-                         clients: int) -> dict:
+                         clients: int, phases: dict[str, BurstPhase] | None = None) -> dict:
     """The closed-loop capacity, high's p99 alone at 0.2x it, then in a 10% high / 90% low burst
     at 2x, all offered by `clients` processes (one cannot send 2x a fast server's rate on time,
     nor always saturate it); the generator's own lag is reported beside, and high's p99 from the
     send as well as from the scheduled arrival. The scheduler's view of high's queueing says how
-    much of high's wait was in its queue."""
+    much of high's wait was in its queue. `phases`, when given, gets the "idle" and "burst" runs."""
     pick = Uniform(INPUT_POOL)
     make_sender = functools.partial(FrameSender, server.endpoint, name, inputs, DEADLINE_MS)
+    phases = {} if phases is None else phases
     with ClientProcesses(make_sender, clients, INPUT_POOL) as processes:
         await processes.closed_loop(CAPACITY_CLIENTS, WARM_UP_S, pick, seed=98)
         capacity = await processes.closed_loop(CAPACITY_CLIENTS, sizes.capacity_s, pick, seed=99)
         idle, idle_cpu_s = await processes.open_loop(0.2 * capacity, sizes.burst_s, pick, seed=7, high_frac=1.0)
+        phases["idle"] = BurstPhase(idle, processes.started)
         stages = BurstStages(server.daemon)
         stages.start()
         started = time.perf_counter()
         burst, burst_cpu_s = await processes.open_loop(2.0 * capacity, sizes.burst_s, pick, seed=8, high_frac=0.1)
+        phases["burst"] = BurstPhase(burst, processes.started)
         answered_s = time.perf_counter() - started
         stage_figures = stages.figures()
     counts: dict[str, dict[str, int]] = {}
@@ -391,14 +401,18 @@ async def burst_only(args, sizes: Sizes) -> dict:
     tracing = {"enabled": True, "exporter": "file", "path": str(spans), "sample_ratio": args.burst_spans} if spans else None
     server = handler_servers.McpdServer(BURST_MODEL, model.handler, model.settings, mcpd_batching(model), args.threads,
                                         tracing=tracing)
+    phases: dict[str, BurstPhase] = {}
     try:
         server.start()
-        burst = await priority_burst(server, BURST_MODEL, inputs, sizes, args.burst_clients)
+        burst = await priority_burst(server, BURST_MODEL, inputs, sizes, args.burst_clients, phases)
     finally:
         server.stop()   # the processes' last spans are written as they stop
     if spans:
-        burst["stages"]["high_spans_ms"] = high_spans_ms(spans, burst["stages"]["started_ns"])
-        burst["stages"]["spans_file"] = str(spans)
+        stages = burst["stages"]
+        stages["high_spans_ms"] = high_spans_ms(spans, stages["started_ns"])
+        stages["high_parts_ms"] = {name: request_parts_ms(spans, phase.outcomes, phase.started, stages["offset_ns"],
+                                                          "high") for name, phase in phases.items()}
+        stages["spans_file"] = str(spans)
     return {"models": {}, "missing": {}, "burst": burst}
 
 

@@ -22,6 +22,7 @@ START_LEAD_S = 0.5     # a schedule starts this long after it is handed out: eve
 READY_TIMEOUT_S = 120  # a process imports numpy, zmq and mcpd, and builds its frames, before it is ready
 WARM_INDEX = 0         # each process's first request, before it is ready: its socket is connected then
 REPLY_MARGIN_S = 60    # past the schedule's end and the last reply's timeout: the process is stuck
+ID_SPAN = 1 << 28      # each process's request ids start this far apart: a daemon's span names one request
 
 
 class ClientProcesses:
@@ -31,9 +32,11 @@ class ClientProcesses:
     def __init__(self, make_sender, count: int, prepare: int):
         context = multiprocessing.get_context("spawn")
         self.pipes, self.processes = [], []
-        for _ in range(count):
+        self.started = 0.0   # the last open loop's start (monotonic): its outcomes' times count from it
+        for k in range(count):
             ours, theirs = context.Pipe()
-            process = context.Process(target=_client_main, args=(theirs, make_sender, prepare), daemon=True)
+            process = context.Process(target=_client_main, args=(theirs, make_sender, prepare, k * ID_SPAN),
+                                      daemon=True)
             process.start()
             theirs.close()
             self.pipes.append(ours)
@@ -49,7 +52,7 @@ class ClientProcesses:
         at = np.array([arrival[0] for arrival in schedule], np.float64)
         index = np.array([arrival[1] for arrival in schedule], np.int64)
         priority = np.array([PRIORITIES.index(arrival[2]) for arrival in schedule], np.int8)
-        start = clock() + START_LEAD_S
+        start = self.started = clock() + START_LEAD_S
         count = len(self.pipes)
         for k, pipe in enumerate(self.pipes):
             pipe.send(("open", at[k::count], index[k::count], priority[k::count], start))
@@ -105,20 +108,20 @@ def _outcomes(share: dict, at: np.ndarray, priority: np.ndarray, start: float) -
     due = start + at
     answered = ~np.isnan(share["replied"])
     seconds = np.where(answered, share["replied"], share["sent"] + CLIENT_TIMEOUT_S) - due
-    return [Outcome(PRIORITIES[p], share["codes"][o], float(s), bool(c), float(a), float(sent))
-            for p, o, s, c, a, sent in zip(priority, share["outcome"], seconds, share["cached"], at,
-                                           share["sent"] - start)]
+    return [Outcome(PRIORITIES[p], share["codes"][o], float(s), bool(c), float(a), float(sent), share["first_id"] + k)
+            for k, (p, o, s, c, a, sent) in enumerate(zip(priority, share["outcome"], seconds, share["cached"], at,
+                                                          share["sent"] - start))]
 
 
-def _client_main(pipe, make_sender, prepare: int) -> None:
+def _client_main(pipe, make_sender, prepare: int, first_id: int) -> None:
     try:
-        _serve(pipe, make_sender, prepare)
+        _serve(pipe, make_sender, prepare, first_id)
     except Exception as e:   # noqa: BLE001 - reported to the benchmark, which raises it
         pipe.send(RuntimeError(f"{type(e).__name__}: {e}"))
 
 
-def _serve(pipe, make_sender, prepare: int) -> None:
-    sender = make_sender()
+def _serve(pipe, make_sender, prepare: int, first_id: int) -> None:
+    sender = make_sender(first_id=first_id)
     sender.prepare(prepare)
     sender.connect()
     try:

@@ -34,12 +34,12 @@ LAST_REPLIES_POLL_MS = 10           # everything sent: how long one wait for the
 class FrameSender:
     """`infer` of `model` at `endpoint` on one DEALER socket; input i's frames from `inputs`."""
 
-    def __init__(self, endpoint: str, model: str, inputs, deadline_ms: int, cache: bool = True):
+    def __init__(self, endpoint: str, model: str, inputs, deadline_ms: int, cache: bool = True, first_id: int = 0):
         self.endpoint, self.model, self.inputs, self.deadline_ms, self.cache = endpoint, model, inputs, deadline_ms, cache
         self.templates: list[list[tuple[bytes, bytes]]] = []   # [input][priority] -> (before id, after id)
         self.payloads: list[list[bytes]] = []
         self.codes = ["unanswered", "ok", "bad result"]
-        self.next_id = 0
+        self.next_id = first_id
         self.socket = None
 
     def prepare(self, count: int) -> None:
@@ -66,8 +66,8 @@ class FrameSender:
                   timeout_s: float) -> dict:
         """Arrival k (input index[k], priority code priority[k]) sent at `start` + at[k]; waits
         for every reply, or `timeout_s` past the last send. Arrays back: sent and replied
-        (monotonic seconds; NaN when no reply came), outcome codes (`codes` names them), cached;
-        and the CPU seconds this process spent on the run."""
+        (monotonic seconds; NaN when no reply came), outcome codes (`codes` names them), cached,
+        the first arrival's id (arrival k's is that + k); and the CPU seconds this process spent on the run."""
         count = len(at)
         base, self.next_id = self.next_id, self.next_id + count
         run = _Run(count, base)
@@ -82,7 +82,7 @@ class FrameSender:
             elif run.waiting:
                 self.socket.poll(LAST_REPLIES_POLL_MS, zmq.POLLIN)
         return {"sent": run.sent, "replied": run.replied, "outcome": run.outcome, "cached": run.cached,
-                "codes": list(self.codes), "cpu_s": time.process_time() - cpu}
+                "codes": list(self.codes), "first_id": base, "cpu_s": time.process_time() - cpu}
 
     def closed_loop(self, clients: int, seconds: float, pick, seed: int, timeout_s: float) -> float:
         """Requests/s answered ok within `seconds`: `clients` requests always in flight, each
