@@ -18,6 +18,7 @@ from peerkit.batching_ceiling import batching_ceiling  # noqa: E402
 from peerkit.handler_runner import HandlerRunner  # noqa: E402
 from peerkit.handler_targets import TensorInputs  # noqa: E402
 from peerkit.load import Outcome  # noqa: E402
+from mcpd.config.loader import from_dict  # noqa: E402
 from mcpd.handlers.tensors import TensorSpec  # noqa: E402
 
 RISK = handlers.MODELS["risk"]
@@ -146,3 +147,8 @@ def test_a_traced_requests_parts_join_the_clients_times_to_the_daemons_spans_by_
                                    "worker.predict": 10, "reply_to_client": 5, **{name: 0 for name in parts if name
                                    not in ("total", "generator_lag", "to_frontend_read", "mcpd.request",
                                            "worker.predict", "reply_to_client")}}, abs=1e-3)
+
+
+def test_the_bursts_control_is_a_fifo_scheduler_without_edge_shedding():
+    config = from_dict({"scheduler": handlers.CONTROL_SCHEDULER})
+    assert config.scheduler.policy == "fifo" and not config.scheduler.shed_wait_ms
