@@ -219,8 +219,9 @@ class BurstPhase:
 async def priority_burst(server: handler_servers.McpdServer, name: str, inputs: TensorInputs, sizes: Sizes,
                          clients: int, phases: dict[str, BurstPhase] | None = None) -> dict:
     """The closed-loop capacity, high's p99 alone at 0.2x it, then in a 10% high / 90% low burst
-    at 2x, all offered by `clients` processes (one cannot send 2x a fast server's rate on time,
-    nor always saturate it); the generator's own lag is reported beside, and high's p99 from the
+    at 2x: the capacity and the lows offered by `clients` processes (one cannot send 2x a fast
+    server's rate on time, nor always saturate it), every high by one more on its own connection,
+    as tenant PREMIUM_TENANT; the generator's own lag is reported beside, and high's p99 from the
     send as well as from the scheduled arrival. The scheduler's view of high's queueing says how
     much of high's wait was in its queue. `phases`, when given, gets the "idle" and "burst" runs."""
     pick = Uniform(INPUT_POOL)

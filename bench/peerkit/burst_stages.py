@@ -73,8 +73,8 @@ def high_spans_ms(path: Path, since_ns: int) -> dict[str, dict]:
             for name, ms in sorted(durations.items())}
 
 
-# A traced request's parts, in order, as (name, start, end): "request" is the daemon's root span
-# (mcpd.request, the front-end's admission to its final reply sent); the others are its spans.
+# A traced request's parts: those outside the daemon (the client's times against its root span,
+# mcpd.request: the front-end's admission to its final reply sent), and the daemon's own spans.
 OUTSIDE_PARTS = ("generator_lag", "to_frontend_read", "reply_to_client")
 DAEMON_PARTS = ("frontend.admit", "hop.to_scheduler", "scheduler.admit", "scheduler.queue", "scheduler.dispatch",
                 "hop.to_worker", "worker.queue", "worker.batch", "worker.predict", "hop.to_frontend",

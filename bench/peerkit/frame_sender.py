@@ -4,7 +4,7 @@ before the run (a header per input and priority with its id left as four bytes t
 payload frames per input), one raw DEALER socket sends with NOBLOCK and reads replies in batches,
 and a run keeps only arrays (when each request went out, when its reply came, its outcome). A
 reply is stamped as the socket yields it, before any is decoded, and a wait for the next send
-wakes for a reply: the time a reply waits in this process is its own, not the server's.
+wakes for a reply: the sender's own work delays no reply's stamp.
 
 A reply counts as ok only when it is a real result: kind "ok" with outputs that describe its
 payload frames (the client's own check, infer.result). Ids grow across runs, so a late reply to
