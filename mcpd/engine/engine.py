@@ -286,6 +286,8 @@ class Engine:
             outputs.append(self._append(seq, token, None))
             if outputs[-1].finished:
                 break
+        if len(outputs) == 1:
+            return outputs[0]
         return dataclasses.replace(outputs[-1], token_ids=[t for out in outputs for t in out.token_ids],
                                    text="".join(out.text for out in outputs))
 
