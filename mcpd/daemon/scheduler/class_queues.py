@@ -119,12 +119,10 @@ class ClassQueues:
         if not cls.max_age_s:
             return cls.rank
         steps = int((now - job.enqueued) / cls.max_age_s)
-        return self._rank_above(cls.rank, steps)
+        return self._rank_above(cls.rank, steps) if steps else cls.rank
 
     def _rank_above(self, rank: int, steps: int) -> int:
-        """The rank `steps` classes above `rank` (ranks need not be consecutive)."""
-        if not steps:
-            return rank
+        """The rank `steps` (> 0) classes above `rank` (ranks need not be consecutive)."""
         above = sorted(c.rank for c in self.classes.values() if c.rank > rank)
         return above[min(steps, len(above)) - 1] if above else rank
 
