@@ -96,7 +96,7 @@ class ClassQueues:
             key = (self.effective_rank(oldest, now), -oldest.seq)
             if best_key is not None and key <= best_key:
                 continue
-            head = queue.head(held.get(lane, ()) if held else (), by_arrival=self.fifo)
+            head = queue.head(oldest, held.get(lane, ()) if held else (), by_arrival=self.fifo)
             if head is not None:
                 head.rank, best, best_key = key[0], head, key
         return best

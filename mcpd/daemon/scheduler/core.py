@@ -360,7 +360,7 @@ class Scheduler:
                 hello = messages.Hello(stats.index, stats.pid, stats.device, stats.model, stats.dtype,
                                        stats.served_model, stats.version)
                 return worker_events.hello(self, identity, hello)
-            slot.info = msgspec.structs.asdict(stats)
+            slot.heard(msgspec.structs.asdict(stats))
         elif slot is None:
             return
         elif isinstance(message, messages.Started):
