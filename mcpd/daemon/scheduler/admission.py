@@ -66,7 +66,7 @@ class Admission:
         job.class_name, job.client = self.class_of(job.request.priority), job.request.tenant
         cls = self.config.classes[job.class_name]
         displaced = self._check_capacity(job, cls, queues, inflight, now)
-        wait_s = self.rate_limiter.check(job.client, job.class_name, now)
+        wait_s = self.rate_limiter.check(job.client, job.class_name, now) if cls.rate else 0.0   # 0: no limit
         if wait_s:
             raise MCPDError(codes.RATE_LIMITED, f"client {job.client!r} is over the rate of class "
                             f"{job.class_name!r} ({cls.rate:g}/s)", max(1, math.ceil(wait_s * 1000)))
