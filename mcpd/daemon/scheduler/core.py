@@ -188,10 +188,10 @@ class Scheduler:
     def on_inbox(self, frames: list[bytes]) -> None:
         message, payload = messages.decode(frames)
         if isinstance(message, messages.Request):
+            now = self.clock()   # its arrival, by this clock: its wait on the way, its age in the queue
             if message.received is not None:
-                now = self.clock()
                 self.admission.edge.arrived(now - message.received, self.config.scheduler.shed_wait_ms, now)
-            self._enqueue(Job(message.rid, message, payload))
+            self._enqueue(Job(message.rid, message, payload, enqueued=now))
         elif isinstance(message, messages.Cancel):
             self._cancel(message.rid, message.code)
         elif isinstance(message, messages.WorkerLost):
@@ -221,7 +221,7 @@ class Scheduler:
             self.reply(job.rid, wire.error_reply(request.request_id, ErrorReply.internal(e)), code=codes.INTERNAL)
 
     def _admit(self, job: Job) -> None:
-        now = job.enqueued = self.clock()   # by this clock: admission ranks it by its age
+        now = job.enqueued
         if self.poison.holds(job.request, now, job.payload):
             raise MCPDError(codes.INTERNAL, "an identical request from this tenant failed twice on workers "
                             "in the last minutes; it is not run again for now (change it, or report the bug)")
