@@ -36,6 +36,7 @@ class Outcome:
     cached: bool
     scheduled_s: float = 0.0   # open loop: when it was due and when it went out, after the start
     sent_s: float = 0.0
+    request_id: int | None = None   # client processes' open loop: the id it was sent with
 
     @property
     def lag(self) -> float:
