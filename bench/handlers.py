@@ -70,7 +70,7 @@ from peerkit.handler_runner import HandlerRunner
 from peerkit.handler_targets import DEADLINE_MS, HttpV2, McpdZmq, TensorInputs
 from peerkit.client_processes import ClientProcesses
 from peerkit.frame_sender import FrameSender
-from peerkit.load import Outcome, Uniform, closed_loop, generator_figures, max_rate, open_loop, p99_ms
+from peerkit.load import Outcome, Uniform, closed_loop, freeze_what_lives, generator_figures, max_rate, open_loop, p99_ms
 
 P99_LIMIT_MS = 50.0
 CAPACITY_CLIENTS = 64
@@ -134,6 +134,7 @@ async def search(target, sizes: Sizes) -> dict:
     """The closed-loop capacity and the held rate; requests draw from INPUT_POOL inputs encoded
     beforehand (the client's encoding must not be timed)."""
     target.prepare(INPUT_POOL)
+    freeze_what_lives()
     pick = Uniform(INPUT_POOL)
     await closed_loop(target, CAPACITY_CLIENTS, WARM_UP_S, pick, seed=98)   # first calls allocate, threads settle
     capacity = await closed_loop(target, CAPACITY_CLIENTS, sizes.capacity_s, pick, seed=99)
@@ -302,6 +303,7 @@ async def cache_run(name: str, model: Model, sizes: Sizes, threads: int, cache_o
 async def zipf_stream(target: McpdZmq, sizes: Sizes) -> dict:
     """The held rate, and the share answered from the cache at half the capacity."""
     target.prepare(ZIPF_INPUTS)
+    freeze_what_lives()
     pick = zipf_pick(ZIPF_INPUTS, ZIPF_S)
     await closed_loop(target, CAPACITY_CLIENTS, WARM_UP_S, pick, seed=98)
     capacity = await closed_loop(target, CAPACITY_CLIENTS, sizes.capacity_s, pick, seed=99)

@@ -4,6 +4,8 @@ carries each datatype's values unchanged, a peer's HandlerRunner answers each re
 handler alone does, the inputs are the same for every server, and the figures point the right way."""
 from __future__ import annotations
 
+import asyncio
+import gc
 import json
 import sys
 from pathlib import Path
@@ -74,6 +76,30 @@ def test_ratios_point_to_mcpd_leading_and_are_null_for_what_did_not_run():
     assert figures["handler_high_p99_ratio"] == 3.0
     assert figures["handler_text_rps_ratio_vs_best_peer"] is None
     assert figures["cache_hit_rate"] is None and figures["context_bytes_ratio"] is None
+
+
+class PreparedTarget:
+    """Answers every request ok at once; its prepared inputs are objects the generator holds."""
+
+    def prepare(self, count: int) -> None:
+        self.prepared = [{"index": i} for i in range(count)]
+
+    async def infer(self, index: int, priority: str) -> tuple[str, bool]:
+        return "ok", False
+
+
+def test_the_search_puts_what_the_generator_holds_out_of_the_collectors_reach(monkeypatch):
+    """A full collection over the client's torch, model and inputs stalls the probes' loop."""
+    monkeypatch.setattr(handlers, "WARM_UP_S", 0.05)
+    target = PreparedTarget()
+    try:
+        found = asyncio.run(handlers.search(target, handlers.Sizes(0.05, 1, 0.05, 0.05)))
+        assert found["rps"] > 0
+        assert gc.get_freeze_count() >= handlers.INPUT_POOL
+        first = target.prepared[0]
+        assert not any(o is first for o in gc.get_objects())   # frozen: in no generation a collection walks
+    finally:
+        gc.unfreeze()
 
 
 class PredictSpy:
