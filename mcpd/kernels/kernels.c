@@ -1126,6 +1126,9 @@ static void linear_part(int dtype, const void *x, int64_t m, int64_t k, const mc
         x_scales = malloc(m * sizeof(float));
         x = x16 = x_int16_rows(dtype, x, m, k, x_scales), x_size = sizeof(int16_t);
     }
+    /* A 4-bit tile unpacks its nibbles once a pass of INT4_ROWS rows: AVX2's tiles of 6 made 8 rows
+       three passes (4 + 2, 2), where tiles of 4 make two. */
+    int64_t tile_rows = four_bit ? INT4_ROWS : TILE_ROWS;
     #pragma omp parallel for schedule(dynamic, strip_chunk(m, strips)) if (strips > 1 && n * k * m >= 32768)
     for (int64_t strip = 0; strip < strips; strip++) {
         int64_t first = strip * TILE_PANELS, count = panels - first < TILE_PANELS ? panels - first : TILE_PANELS;
@@ -1137,8 +1140,8 @@ static void linear_part(int dtype, const void *x, int64_t m, int64_t k, const mc
             mn[j] = bytes[2] ? (const char *)(w->kind == Q6_K ? w->highs : w->mins) + panel * bytes[2] : NULL;
             s[j] = bytes[3] ? (const char *)w->supers + panel * bytes[3] : NULL;
         }
-        for (int64_t row = 0; row < m; row += TILE_ROWS) {
-            int64_t rows = m - row < TILE_ROWS ? m - row : TILE_ROWS;
+        for (int64_t row = 0; row < m; row += tile_rows) {
+            int64_t rows = m - row < tile_rows ? m - row : tile_rows;
             tile_sums a;
             tile(dtype, (const char *)x + row * k * x_size, x_scales ? x_scales + row : NULL,
                  four_bit ? x_q16_rows(xq, row, k) : xq, rows, k, w, p, c, mn, s, a);
