@@ -902,20 +902,6 @@ static __attribute__((noinline)) void rows_int4_fixed(int kind, x_q16 xq, int64_
 #undef ROWS
 }
 
-/* A tile's rows, INT4_ROWS at a time: the strip's weights, read again for each, are in cache by
-   then, and every row gets the same sums in any batch. */
-INLINE void tile_int4(int kind, x_q16 xq, int64_t rows, int64_t k, const uint8_t *const p[TILE_PANELS],
-                      const void *const d[TILE_PANELS], const void *const m[TILE_PANELS],
-                      const uint16_t *const s[TILE_PANELS], tile_sums a) {
-    for (int64_t row = 0; row < rows; row += INT4_ROWS) {
-        tile_sums part;
-        int64_t count = rows - row < INT4_ROWS ? rows - row : INT4_ROWS;
-        rows_int4_fixed(kind, x_q16_rows(xq, row, k), count, k, p, d, m, s, part);
-        for (int j = 0; j < TILE_PANELS; j++)
-            for (int r = 0; r < count; r++) memcpy(a[j][row + r], part[j][r], sizeof part[j][r]);
-    }
-}
-
 /* Store a tile's accumulators: + bias, rounded to dtype (or to dtype and back to float32 when
    y_f32: logits), for the columns below n, rows of y ld apart. */
 static void store_tile(int dtype, int y_f32, void *y, int64_t n, int64_t ld, int64_t row0, int64_t rows, int64_t col0,
@@ -990,7 +976,7 @@ INLINE void tile(int dtype, const void *x, const float *x_scales, x_q16 xq, int6
     if (w->kind == PLAIN) tile_plain(dtype, x, rows, k, p, a);
     else if (w->kind == INT8)
         tile_int8_fixed(x, x_scales, rows, k, w->group, (const int8_t *const *)p, (const float *const *)c, a);
-    else tile_int4(w->kind, xq, rows, k, (const uint8_t *const *)p, c, mn, (const uint16_t *const *)s, a);
+    else rows_int4_fixed(w->kind, xq, rows, k, (const uint8_t *const *)p, c, mn, (const uint16_t *const *)s, a);
 }
 
 /* One row of x (a decode step's product) by ROW_PANELS panels at once. Each output's sum is the
@@ -1126,8 +1112,8 @@ static void linear_part(int dtype, const void *x, int64_t m, int64_t k, const mc
         x_scales = malloc(m * sizeof(float));
         x = x16 = x_int16_rows(dtype, x, m, k, x_scales), x_size = sizeof(int16_t);
     }
-    /* A 4-bit tile unpacks its nibbles once a pass of INT4_ROWS rows: AVX2's tiles of 6 made 8 rows
-       three passes (4 + 2, 2), where tiles of 4 make two. */
+    /* A 4-bit tile is INT4_ROWS rows, whose sums its registers hold: it unpacks the strip's nibbles
+       once for them. On AVX2 tiles of TILE_ROWS (6) unpacked 8 rows' three times (4 + 2, then 2). */
     int64_t tile_rows = four_bit ? INT4_ROWS : TILE_ROWS;
     #pragma omp parallel for schedule(dynamic, strip_chunk(m, strips)) if (strips > 1 && n * k * m >= 32768)
     for (int64_t strip = 0; strip < strips; strip++) {
