@@ -710,9 +710,12 @@ INLINE void fetch_next_q6_sides(const void *d, const void *h, int64_t blocks, in
    unpacked once, not a pass per 4 rows). AVX2 has its own (rows_int4_avx2). */
 #if LANES == 16
 #define INT4_ROWS 8
+#define Q6_K_ROWS 8
 #else
-#define INT4_ROWS 4
+#define INT4_ROWS 6   /* a sum a row in a register, beside the block's four vectors of nibbles */
+#define Q6_K_ROWS 4   /* two sums a row (its halves' scales): 6 rows' would not fit */
 #endif
+_Static_assert(INT4_ROWS <= TILE_ROWS, "a 4-bit tile's sums are a tile_sums");
 
 /* Rows of x (quantized: xq) by the strip's panels: per block, each row's integer sums of its
    low and high halves (one, but for Q6_K, whose halves have their own scales), then
@@ -769,7 +772,7 @@ INLINE void rows_int4(int kind, x_q16 xq, int64_t rows, int64_t k, const uint8_t
 #if LANES == 8 && defined(__AVX2__)
 /* rows_int4 on AVX2: the same integer sums (each lane's terms in another order: the same bits),
    kept in 16 ymm registers. Past one row, each of a panel row's two vectors is a pass of its own
-   over a block (its four lines stay in L1 for the second), so that up to INT4_ROWS rows' sums fit
+   over a block (its four lines stay in L1 for the second), so that up to INT4_ROWS rows' sums (Q6_K's: Q6_K_ROWS) fit
    and one read of the panel serves them all. A 16-bit half of a lane holds four nibbles: columns
    0 and 16 of x_q16's pair in its low byte, 1 and 17 in its high one. At one or two rows two
    masks and two shifts make int16 of them, columns 16 and 1 times 16 (w & 0xf0, (w >> 4) & 0xf0),
@@ -894,26 +897,14 @@ static __attribute__((noinline)) void rows_int4_fixed(int kind, x_q16 xq, int64_
 #if INT4_ROWS > 4
     case 5: BY_KIND(5); break;
     case 6: BY_KIND(6); break;
+#endif
+#if INT4_ROWS > 6
     case 7: BY_KIND(7); break;
     case 8: BY_KIND(8); break;
 #endif
     }
 #undef BY_KIND
 #undef ROWS
-}
-
-/* A tile's rows, INT4_ROWS at a time: the strip's weights, read again for each, are in cache by
-   then, and every row gets the same sums in any batch. */
-INLINE void tile_int4(int kind, x_q16 xq, int64_t rows, int64_t k, const uint8_t *const p[TILE_PANELS],
-                      const void *const d[TILE_PANELS], const void *const m[TILE_PANELS],
-                      const uint16_t *const s[TILE_PANELS], tile_sums a) {
-    for (int64_t row = 0; row < rows; row += INT4_ROWS) {
-        tile_sums part;
-        int64_t count = rows - row < INT4_ROWS ? rows - row : INT4_ROWS;
-        rows_int4_fixed(kind, x_q16_rows(xq, row, k), count, k, p, d, m, s, part);
-        for (int j = 0; j < TILE_PANELS; j++)
-            for (int r = 0; r < count; r++) memcpy(a[j][row + r], part[j][r], sizeof part[j][r]);
-    }
 }
 
 /* Store a tile's accumulators: + bias, rounded to dtype (or to dtype and back to float32 when
@@ -990,7 +981,7 @@ INLINE void tile(int dtype, const void *x, const float *x_scales, x_q16 xq, int6
     if (w->kind == PLAIN) tile_plain(dtype, x, rows, k, p, a);
     else if (w->kind == INT8)
         tile_int8_fixed(x, x_scales, rows, k, w->group, (const int8_t *const *)p, (const float *const *)c, a);
-    else tile_int4(w->kind, xq, rows, k, (const uint8_t *const *)p, c, mn, (const uint16_t *const *)s, a);
+    else rows_int4_fixed(w->kind, xq, rows, k, (const uint8_t *const *)p, c, mn, (const uint16_t *const *)s, a);
 }
 
 /* One row of x (a decode step's product) by ROW_PANELS panels at once. Each output's sum is the
@@ -1126,6 +1117,9 @@ static void linear_part(int dtype, const void *x, int64_t m, int64_t k, const mc
         x_scales = malloc(m * sizeof(float));
         x = x16 = x_int16_rows(dtype, x, m, k, x_scales), x_size = sizeof(int16_t);
     }
+    /* A 4-bit tile is as many rows as its sums' registers hold: it unpacks the strip's nibbles once
+       for them all (on AVX2 passes of 4 unpacked 8 rows' three times: 4 + 2, then 2). */
+    int64_t tile_rows = !four_bit ? TILE_ROWS : w->kind == Q6_K ? Q6_K_ROWS : INT4_ROWS;
     #pragma omp parallel for schedule(dynamic, strip_chunk(m, strips)) if (strips > 1 && n * k * m >= 32768)
     for (int64_t strip = 0; strip < strips; strip++) {
         int64_t first = strip * TILE_PANELS, count = panels - first < TILE_PANELS ? panels - first : TILE_PANELS;
@@ -1137,8 +1131,8 @@ static void linear_part(int dtype, const void *x, int64_t m, int64_t k, const mc
             mn[j] = bytes[2] ? (const char *)(w->kind == Q6_K ? w->highs : w->mins) + panel * bytes[2] : NULL;
             s[j] = bytes[3] ? (const char *)w->supers + panel * bytes[3] : NULL;
         }
-        for (int64_t row = 0; row < m; row += TILE_ROWS) {
-            int64_t rows = m - row < TILE_ROWS ? m - row : TILE_ROWS;
+        for (int64_t row = 0; row < m; row += tile_rows) {
+            int64_t rows = m - row < tile_rows ? m - row : tile_rows;
             tile_sums a;
             tile(dtype, (const char *)x + row * k * x_size, x_scales ? x_scales + row : NULL,
                  four_bit ? x_q16_rows(xq, row, k) : xq, rows, k, w, p, c, mn, s, a);
