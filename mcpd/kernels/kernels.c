@@ -1744,21 +1744,14 @@ static int one_quantized_row(const mcpd_layer *layers, int64_t num_layers, int64
     return 1;
 }
 
-static inline int thread_index(void) {
+/* The calling thread's index in its OpenMP team, and the team's size. */
+static inline void team_place(int *thread, int *threads) {
 #ifdef _OPENMP
     extern int omp_get_thread_num(void);
-    return omp_get_thread_num();
-#else
-    return 0;
-#endif
-}
-
-static inline int team_size(void) {
-#ifdef _OPENMP
     extern int omp_get_num_threads(void);
-    return omp_get_num_threads();
+    *thread = omp_get_thread_num(), *threads = omp_get_num_threads();
 #else
-    return 1;
+    *thread = 0, *threads = 1;
 #endif
 }
 
@@ -1780,7 +1773,8 @@ INLINE void one_row_stack_body(int dtype, const mcpd_shape *s, const mcpd_layer 
     const float *cos = rope + position * 2 * d;
     #pragma omp parallel
     {
-        int thread = thread_index(), threads = team_size();
+        int thread, threads;
+        team_place(&thread, &threads);
         char *mine = malloc(2 * hidden + s->inter * size), *x = mine + hidden, *act = x + hidden;
         const void *pending = NULL;
         memcpy(mine, residual, hidden);
