@@ -44,8 +44,9 @@ mcpd's native kernels, from the same file format, in the same process.
   tensors, less the embedding where an output matrix of its own is the head, and one embedding
   row: the token's) over the machine's read limit at that sample's moment, the median over W1's
   samples. The limit is bench/peers.py's beside W1 (w1_beside_reads): a streaming read of 512 MiB
-  on 2 MiB pages, best of W1_READ_REPEATS, on this process's threads (the daemon's worker's
-  count), just before and just after the sample, averaged; `gguf_<quant>_w1_read_gbps` lists
+  on 2 MiB pages, best of W1_READ_REPEATS, on the daemon's worker's thread count (set again
+  after the in-process rounds, whose engines' thread tuner may leave 1: the last kept runs read
+  on one thread), just before and just after the sample, averaged; `gguf_<quant>_w1_read_gbps` lists
   them. One read before the rounds swung the fraction with whatever else the machine ran then
   (11.3 to 14.2 GB/s between runs): a rate and the limit of its own moment rise and fall together.
 - `tokenizer_exact`: mcpd's tokenizer from SmolLM2's file gives llama.cpp's tokens (its vocab-only
@@ -87,7 +88,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 if __name__ == "__main__":   # before torch: OpenMP reads its environment once, at load
     ARGS = parse_args()
     isa.cap(ARGS.isa)
-    threads.configure(workers=1, index=0, requested=ARGS.threads, wait_policy="passive")
+    THREADS, _ = threads.configure(workers=1, index=0, requested=ARGS.threads, wait_policy="passive")
 
 import gguf  # noqa: E402
 import torch  # noqa: E402
@@ -348,6 +349,7 @@ def measure(quick: bool, kernels: str) -> dict:
 
 def main() -> None:
     figures = {"cpu_isa": isa.described(ARGS.isa), "mcpd_kernels": ARGS.kernels, **measure(ARGS.quick, ARGS.kernels)}
+    torch.set_num_threads(THREADS)   # the reads beside W1 on the daemon's worker's count, not one an engine's tuner left
     figures.update(llamacpp_figures([default_model.installed_file(), *ARGS.also], ARGS.quick,
                                     not ARGS.llamacpp_plain_buffers, ARGS.kernels, ARGS.isa))
     for name, value in figures.items():
