@@ -3,7 +3,7 @@ serving the same Handler on this machine, and mcpd's own batching, priorities an
 
     .venv/bin/python bench/handlers.py --setup     # once, outside CI: LitServe's and MLServer's venvs
     .venv/bin/python bench/handlers.py [--quick] [--models risk,text] [--peers litserve,mlserver] [--threads 1] [--cache-dir DIR]
-    .venv/bin/python bench/handlers.py --burst-only [--quick] [--burst-clients 2] [--burst-spans 0.2]   # the priority burst alone
+    .venv/bin/python bench/handlers.py --burst-only [--quick] [--burst-clients 2] [--burst-spans 0.2] [--burst-control]
 
 Every server runs the same code: the example Handler through its preprocess, predict on the
 batch, postprocess (peerkit/handler_runner.py in the peers, HandlerCore in mcpd), each with its
@@ -29,9 +29,11 @@ closed-loop capacity; a rate is held when every request is answered ok and the p
                       of the model's own gain. The CPU's target; batching_speedup's >= 5 needs a
                       device where a batch costs about what a row does (a GPU)
   handler_high_p99_ratio   risk scorer, 10% `high` / 90% `low` at 2x the closed-loop capacity:
-                      high's p99 over its p99 alone at 0.2x; handler_unanswered must be 0. All
-                      three offered by --burst-clients processes; generator_lag_p99_ms says how
-                      late they sent (a note when later than high's idle p99)
+                      high's p99 over its p99 alone at 0.2x; handler_unanswered must be 0. The
+                      lows offered by --burst-clients processes, the highs by one more on its own
+                      connection as another tenant's client (burst.load says so); generator_lag_p99_ms
+                      says how late they sent (a note when later than high's idle p99).
+                      --burst-control runs it with priorities off (FIFO, no edge shedding): far over 2
   cache_hit_rate, cache_rps_ratio   text classifier, a Zipf(1.1) stream over 100k distinct
                       inputs, the cache warmed at start from a file of the 20k most frequent:
                       the share answered from the cache, and the held rate over the cache off
@@ -63,12 +65,12 @@ from mcpd.client import Client
 from mcpd.handlers.handler import load_handler
 from peerkit import checkpoints, handler_servers, servers
 from peerkit.batching_ceiling import batching_ceiling
-from peerkit.burst_stages import BurstStages, high_spans_ms
+from peerkit.burst_stages import BurstStages, high_spans_ms, request_parts_ms
 from peerkit.handler_runner import HandlerRunner
 from peerkit.handler_targets import DEADLINE_MS, HttpV2, McpdZmq, TensorInputs
 from peerkit.client_processes import ClientProcesses
 from peerkit.frame_sender import FrameSender
-from peerkit.load import Outcome, Uniform, closed_loop, generator_figures, max_rate, open_loop, p99_ms
+from peerkit.load import Outcome, Uniform, closed_loop, freeze_what_lives, generator_figures, max_rate, open_loop, p99_ms
 
 P99_LIMIT_MS = 50.0
 CAPACITY_CLIENTS = 64
@@ -85,6 +87,13 @@ WARM_START_S = 900   # the warm-up runs 20k texts through the model before the d
 CEILING_INPUTS = 256   # rows predict() runs at batch 1 and in full batches for the batching ceiling
 BURST_MODEL = "risk"
 BURST_CLIENTS = 2    # processes offering the burst: one Python process cannot send 2x mcpd's capacity on time
+PREMIUM_TENANT = "premium"
+BURST_LOAD = ("open-loop Poisson arrivals; the capacity closed-loop from the flood's processes; every high "
+              f"request from one more process, its own connection, tenant {PREMIUM_TENANT!r} (idle: it alone), "
+              "the lows split over the flood's processes; replies stamped as the socket yields them")
+# The control: high waits as low does (one FIFO, no edge shedding). Its ratio must be far over 2,
+# or the figure does not measure what the daemon does for high.
+CONTROL_SCHEDULER = {"policy": "fifo", "shed_wait_ms": 0.0}
 
 
 @dataclass(frozen=True)
@@ -125,6 +134,7 @@ async def search(target, sizes: Sizes) -> dict:
     """The closed-loop capacity and the held rate; requests draw from INPUT_POOL inputs encoded
     beforehand (the client's encoding must not be timed)."""
     target.prepare(INPUT_POOL)
+    freeze_what_lives()
     pick = Uniform(INPUT_POOL)
     await closed_loop(target, CAPACITY_CLIENTS, WARM_UP_S, pick, seed=98)   # first calls allocate, threads settle
     capacity = await closed_loop(target, CAPACITY_CLIENTS, sizes.capacity_s, pick, seed=99)
@@ -200,30 +210,42 @@ async def batching_off(name: str, model: Model, inputs: TensorInputs, sizes: Siz
         server.stop()
 
 
+@dataclass
+class BurstPhase:
+    """One open loop of the burst: its outcomes, and its start (monotonic) their times count from."""
+    outcomes: list[Outcome]
+    started: float
+
+
 async def priority_burst(server: handler_servers.McpdServer, name: str, inputs: TensorInputs, sizes: Sizes,
-                         clients: int) -> dict:
+                         clients: int, phases: dict[str, BurstPhase] | None = None) -> dict:
     """The closed-loop capacity, high's p99 alone at 0.2x it, then in a 10% high / 90% low burst
-    at 2x, all offered by `clients` processes (one cannot send 2x a fast server's rate on time,
-    nor always saturate it); the generator's own lag is reported beside, and high's p99 from the
+    at 2x: the capacity and the lows offered by `clients` processes (one cannot send 2x a fast
+    server's rate on time, nor always saturate it), every high by one more on its own connection,
+    as tenant PREMIUM_TENANT; the generator's own lag is reported beside, and high's p99 from the
     send as well as from the scheduled arrival. The scheduler's view of high's queueing says how
-    much of high's wait was in its queue."""
+    much of high's wait was in its queue. `phases`, when given, gets the "idle" and "burst" runs."""
     pick = Uniform(INPUT_POOL)
     make_sender = functools.partial(FrameSender, server.endpoint, name, inputs, DEADLINE_MS)
-    with ClientProcesses(make_sender, clients, INPUT_POOL) as processes:
+    make_premium = functools.partial(make_sender, tenant=PREMIUM_TENANT)
+    phases = {} if phases is None else phases
+    with ClientProcesses(make_sender, clients, INPUT_POOL, make_premium) as processes:
         await processes.closed_loop(CAPACITY_CLIENTS, WARM_UP_S, pick, seed=98)
         capacity = await processes.closed_loop(CAPACITY_CLIENTS, sizes.capacity_s, pick, seed=99)
         idle, idle_cpu_s = await processes.open_loop(0.2 * capacity, sizes.burst_s, pick, seed=7, high_frac=1.0)
+        phases["idle"] = BurstPhase(idle, processes.started)
         stages = BurstStages(server.daemon)
         stages.start()
         started = time.perf_counter()
         burst, burst_cpu_s = await processes.open_loop(2.0 * capacity, sizes.burst_s, pick, seed=8, high_frac=0.1)
+        phases["burst"] = BurstPhase(burst, processes.started)
         answered_s = time.perf_counter() - started
         stage_figures = stages.figures()
     counts: dict[str, dict[str, int]] = {}
     for outcome in burst:
         by_class = counts.setdefault(outcome.priority, {})
         by_class[outcome.outcome] = by_class.get(outcome.outcome, 0) + 1
-    return {"capacity_rps": round(capacity, 1), "clients": clients,
+    return {"capacity_rps": round(capacity, 1), "clients": clients, "load": BURST_LOAD,
             "idle_high_p99_ms": round(p99_ms(idle, "high"), 2), "burst_high_p99_ms": round(p99_ms(burst, "high"), 2),
             "burst_high_p99_from_send_ms": round(p99_ms(from_send(burst), "high"), 2),
             "scheduler_high_queue_p99_ms": stage_figures["scheduler_queue_p99_ms"].get("high"),
@@ -281,6 +303,7 @@ async def cache_run(name: str, model: Model, sizes: Sizes, threads: int, cache_o
 async def zipf_stream(target: McpdZmq, sizes: Sizes) -> dict:
     """The held rate, and the share answered from the cache at half the capacity."""
     target.prepare(ZIPF_INPUTS)
+    freeze_what_lives()
     pick = zipf_pick(ZIPF_INPUTS, ZIPF_S)
     await closed_loop(target, CAPACITY_CLIENTS, WARM_UP_S, pick, seed=98)
     capacity = await closed_loop(target, CAPACITY_CLIENTS, sizes.capacity_s, pick, seed=99)
@@ -390,15 +413,20 @@ async def burst_only(args, sizes: Sizes) -> dict:
     spans = Path(tempfile.mkdtemp(prefix="burst-spans-")) / "spans.jsonl" if args.burst_spans else None
     tracing = {"enabled": True, "exporter": "file", "path": str(spans), "sample_ratio": args.burst_spans} if spans else None
     server = handler_servers.McpdServer(BURST_MODEL, model.handler, model.settings, mcpd_batching(model), args.threads,
-                                        tracing=tracing)
+                                        tracing=tracing, scheduler=CONTROL_SCHEDULER if args.burst_control else None)
+    phases: dict[str, BurstPhase] = {}
     try:
         server.start()
-        burst = await priority_burst(server, BURST_MODEL, inputs, sizes, args.burst_clients)
+        burst = await priority_burst(server, BURST_MODEL, inputs, sizes, args.burst_clients, phases)
     finally:
         server.stop()   # the processes' last spans are written as they stop
     if spans:
-        burst["stages"]["high_spans_ms"] = high_spans_ms(spans, burst["stages"]["started_ns"])
-        burst["stages"]["spans_file"] = str(spans)
+        stages = burst["stages"]
+        stages["high_spans_ms"] = high_spans_ms(spans, stages["started_ns"])
+        stages["high_parts_ms"] = {name: request_parts_ms(spans, phase.outcomes, phase.started, stages["offset_ns"],
+                                                          "high") for name, phase in phases.items()}
+        stages["spans_file"] = str(spans)
+    burst["scheduler"] = CONTROL_SCHEDULER if args.burst_control else "as shipped"
     return {"models": {}, "missing": {}, "burst": burst}
 
 
@@ -440,6 +468,9 @@ def main() -> None:
     parser.add_argument("--burst-spans", type=float, default=0.0,
                         help="with --burst-only: the share of requests the daemon traces, and high's time split by "
                              "span in burst.stages.high_spans_ms (tracing costs the daemon: not for kept figures)")
+    parser.add_argument("--burst-control", action="store_true",
+                        help="with --burst-only: the daemon's scheduler FIFO with edge shedding off, where high waits "
+                             "as low does: the ratio must be far over 2, or the burst does not measure priorities")
     args = parser.parse_args()
     args.peers = servers.chosen(parser, args.peers, handler_servers.HANDLER_PEERS)
     args.models = [name for name in args.models.split(",") if name]

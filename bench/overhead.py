@@ -34,12 +34,16 @@ rest is the client's own time and its socket's).
 mcpd_cpu_us_per_ping is the CPU time (user + system, every thread) the front-end, scheduler and
 worker spend per pipelined ping: on a machine shared with other work it moves far less than the
 ratios, which divide two noisy timings.
+--only noop also prints each process's CPU per sequential ping (cpu_us_per_ping, every thread),
+the daemon's beside the relay chain's process in the same place (its first process stands for the
+front-end, its second for the scheduler, its third for the worker): which hop holds the difference.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import multiprocessing
+import os
 import shutil
 import socket
 import statistics
@@ -335,6 +339,32 @@ def cpu_us_per_ping(daemon: Daemon, total: int, window: int) -> float:
     return used / total * 1e6
 
 
+ROLES = ("frontend", "scheduler", "worker")   # the daemon's processes a ping crosses, in the chain's order
+
+
+def cpu_ns(pid: int) -> int:
+    """On-CPU nanoseconds of every thread of `pid` so far (schedstat: psutil counts clock ticks,
+    10 ms, coarser than a round of pings)."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as stat:
+                total += int(stat.read().split()[0])
+        except FileNotFoundError:   # a thread that ended meanwhile
+            pass
+    return total
+
+
+def cpu_us_per_sequential_ping(endpoint: str, pids: list[int], count: int) -> dict[str, float]:
+    """Each process's CPU microseconds per ping sent one after another, by ROLES."""
+    sock = connect(endpoint)
+    sequential(sock, 50)
+    before = [cpu_ns(pid) for pid in pids]
+    sequential(sock, count)
+    sock.close()
+    return {role: round((cpu_ns(pid) - start) / count / 1e3, 1) for role, pid, start in zip(ROLES, pids, before)}
+
+
 def measure_all(targets: list[tuple[str, CurveKeys | None]], count: int, total: int, window: int):
     """(the latency rounds' samples, each target's p50_us, p99_us and throughput_rps): ROUNDS * count
     sequential pings a target, in LATENCY_ROUNDS interleaved rounds, then the pipelined rounds."""
@@ -384,11 +414,15 @@ def noop_only(count: int, total: int, window: int, quick: bool) -> None:
     try:
         targets = [(raw_endpoint, None), (chain_endpoint, None), (daemon.endpoint, None)]
         samples, (raw, chain, mcpd) = measure_all(targets, count, total, window)
+        cpu = {"mcpd": cpu_us_per_sequential_ping(daemon.endpoint, [daemon.pid_of(role) for role in ROLES], count),
+               "relay": cpu_us_per_sequential_ping(chain_endpoint, [process.pid for process in helpers[1:]], count)}
     finally:
         stop_helpers(helpers, ipc_dir, daemon)
     vs_relay, vs_raw, floor = round_ratios(samples, 2, 1), round_ratios(samples, 2, 0), round_ratios(samples, 1, 0)
     print_table((("raw pyzmq echo (1 hop)", raw), ("bare relay chain (5 hops)", chain), ("mcpd ping (5 hops)", mcpd)))
     print(spread_line("mcpd ping p50 over the relay chain's", vs_relay))
+    print("CPU us per sequential ping, mcpd (relay chain): " +
+          ", ".join(f"{role} {cpu['mcpd'][role]} ({cpu['relay'][role]})" for role in ROLES))
     print(json.dumps({"rounds": LATENCY_ROUNDS, "noop_p50_ratio_vs_relay": round(vs_relay["median"], 3),
                       "noop_p50_ratio_vs_relay_q1": round(vs_relay["q1"], 3),
                       "noop_p50_ratio_vs_relay_q3": round(vs_relay["q3"], 3),
@@ -396,7 +430,7 @@ def noop_only(count: int, total: int, window: int, quick: bool) -> None:
                       "floor_p50_ratio_vs_raw": round(floor["median"], 3),
                       "raw_p50_us": round(raw["p50_us"], 1), "relay_p50_us": round(chain["p50_us"], 1),
                       "mcpd_p50_us": round(mcpd["p50_us"], 1), "mcpd_rps": round(mcpd["throughput_rps"]),
-                      "quick": quick, "only": "noop"}))
+                      "cpu_us_per_ping": cpu, "quick": quick, "only": "noop"}))
 
 
 def main() -> None:

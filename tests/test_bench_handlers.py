@@ -4,6 +4,8 @@ carries each datatype's values unchanged, a peer's HandlerRunner answers each re
 handler alone does, the inputs are the same for every server, and the figures point the right way."""
 from __future__ import annotations
 
+import asyncio
+import gc
 import json
 import sys
 from pathlib import Path
@@ -17,6 +19,8 @@ from peerkit import burst_stages, v2_json  # noqa: E402
 from peerkit.batching_ceiling import batching_ceiling  # noqa: E402
 from peerkit.handler_runner import HandlerRunner  # noqa: E402
 from peerkit.handler_targets import TensorInputs  # noqa: E402
+from peerkit.load import Outcome  # noqa: E402
+from mcpd.config.loader import from_dict  # noqa: E402
 from mcpd.handlers.tensors import TensorSpec  # noqa: E402
 
 RISK = handlers.MODELS["risk"]
@@ -74,6 +78,30 @@ def test_ratios_point_to_mcpd_leading_and_are_null_for_what_did_not_run():
     assert figures["cache_hit_rate"] is None and figures["context_bytes_ratio"] is None
 
 
+class PreparedTarget:
+    """Answers every request ok at once; its prepared inputs are objects the generator holds."""
+
+    def prepare(self, count: int) -> None:
+        self.prepared = [{"index": i} for i in range(count)]
+
+    async def infer(self, index: int, priority: str) -> tuple[str, bool]:
+        return "ok", False
+
+
+def test_the_search_puts_what_the_generator_holds_out_of_the_collectors_reach(monkeypatch):
+    """A full collection over the client's torch, model and inputs stalls the probes' loop."""
+    monkeypatch.setattr(handlers, "WARM_UP_S", 0.05)
+    target = PreparedTarget()
+    try:
+        found = asyncio.run(handlers.search(target, handlers.Sizes(0.05, 1, 0.05, 0.05)))
+        assert found["rps"] > 0
+        assert gc.get_freeze_count() >= handlers.INPUT_POOL
+        first = target.prepared[0]
+        assert not any(o is first for o in gc.get_objects())   # frozen: in no generation a collection walks
+    finally:
+        gc.unfreeze()
+
+
 class PredictSpy:
     """Records the batches the real handler's predict gets (their rows, and the padded length)."""
 
@@ -122,3 +150,31 @@ def test_high_spans_split_only_the_high_requests_traced_from_the_bursts_start(tm
     assert split == {"mcpd.request": {"n": 2, "p50": 4.0, "p99": 20.0},
                      "scheduler.admit": {"n": 2, "p50": 0.5, "p99": 0.5},
                      "hop.to_frontend": {"n": 2, "p50": 1.0, "p99": 16.0}}
+
+
+def test_a_traced_requests_parts_join_the_clients_times_to_the_daemons_spans_by_request_id(tmp_path):
+    # The client's clock: due at 1.000 s, sent at 1.002 s, its reply stamped at 1.030 s, after a
+    # start of 100 s; the daemon stamps spans offset by 5 s: its mcpd.request runs 106.005-106.025 s.
+    def ms(seconds: float) -> float:
+        return (100 + 5 + seconds) * 1e3
+    spans = [_span("t1", "mcpd.request", ms(1.005), ms(1.025), **{"mcpd.request_id": 7}),
+             _span("t1", "worker.predict", ms(1.010), ms(1.020)),
+             _span("t2", "mcpd.request", ms(2.0), ms(2.001), **{"mcpd.request_id": 8}),   # another run's id 8
+             _span("t3", "mcpd.request", ms(1.0), ms(1.01), **{"mcpd.request_id": 9})]    # a low one
+    path = tmp_path / "spans.jsonl"
+    path.write_text("".join(json.dumps(span) + "\n" for span in spans))
+    outcomes = [Outcome("high", "ok", 0.030, False, 1.0, 1.002, request_id=7),
+                Outcome("high", "ok", 0.030, False, 1.0, 1.002, request_id=8),
+                Outcome("low", "ok", 0.030, False, 1.0, 1.002, request_id=9)]
+    found = burst_stages.request_parts_ms(path, outcomes, started=100.0, offset_ns=int(5e9), priority="high")
+    assert found["n"] == 1
+    parts = {name: part["p50"] for name, part in found["parts"].items()}
+    assert parts == pytest.approx({"total": 30, "generator_lag": 2, "to_frontend_read": 3, "mcpd.request": 20,
+                                   "worker.predict": 10, "reply_to_client": 5, **{name: 0 for name in parts if name
+                                   not in ("total", "generator_lag", "to_frontend_read", "mcpd.request",
+                                           "worker.predict", "reply_to_client")}}, abs=1e-3)
+
+
+def test_the_bursts_control_is_a_fifo_scheduler_without_edge_shedding():
+    config = from_dict({"scheduler": handlers.CONTROL_SCHEDULER})
+    assert config.scheduler.policy == "fifo" and not config.scheduler.shed_wait_ms

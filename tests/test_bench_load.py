@@ -15,7 +15,7 @@ import msgpack
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-from peerkit.client_processes import ClientProcesses  # noqa: E402
+from peerkit.client_processes import ID_SPAN, ClientProcesses  # noqa: E402
 from peerkit.frame_sender import BAD_RESULT, OK, PRIORITIES, FrameSender  # noqa: E402
 from peerkit.handler_targets import TensorInputs  # noqa: E402
 from peerkit.load import Uniform, arrivals, generator_figures, send_on_schedule  # noqa: E402
@@ -65,7 +65,23 @@ def test_client_processes_send_one_schedule_together_each_arrival_once(module_da
     assert cpu_s > 0 and capacity > 0
 
 
-def test_a_prebuilt_header_with_its_id_patched_is_the_header_mcpds_client_encodes():
+def test_a_premium_process_sends_every_high_arrival_of_an_open_loop(module_daemon):
+    daemon = module_daemon(**{"models.risk": {}, "models.risk.versions.v1": {"handler": SCORER}})
+    make_sender = functools.partial(FrameSender, daemon.endpoint, "risk", TensorInputs(RiskScorer.inputs), 10_000)
+    pick = Uniform(16)
+    expected = arrivals(200.0, 0.5, pick, seed=5, high_frac=0.3)
+    with ClientProcesses(make_sender, 2, prepare=16,
+                         make_premium=functools.partial(make_sender, tenant="premium")) as processes:
+        outcomes, _ = asyncio.run(processes.open_loop(200.0, 0.5, pick, seed=5, high_frac=0.3))
+        capacity = asyncio.run(processes.closed_loop(4, 0.3, pick, seed=6))
+    assert [(o.scheduled_s, o.priority) for o in outcomes] == [(at, priority) for at, _, priority in expected]
+    assert all(o.outcome == "ok" for o in outcomes) and capacity > 0
+    premium = {o.request_id // ID_SPAN for o in outcomes if o.priority == "high"}
+    flood = {o.request_id // ID_SPAN for o in outcomes if o.priority == "low"}
+    assert premium == {2} and flood == {0, 1}   # the processes' ids are ID_SPAN apart, the premium one's last
+
+
+def test_a_prebuilt_header_with_its_id_patched_is_the_header_mcpds_client_encodes_with_its_tenant():
     inputs = TensorInputs(RiskScorer.inputs)
     sender = FrameSender("tcp://127.0.0.1:1", "risk", inputs, 5_000)
     sender.prepare(3)
@@ -77,6 +93,10 @@ def test_a_prebuilt_header_with_its_id_patched_is_the_header_mcpds_client_encode
             expected = wire.encode_request("infer", request_id, {"model": "risk", "cache": True, "inputs": described},
                                            priority=priority, timeout_ms=5_000)
             assert msgpack.unpackb(patched) == msgpack.unpackb(expected)
+    tenant = FrameSender("tcp://127.0.0.1:1", "risk", inputs, 5_000, tenant="premium")
+    tenant.prepare(1)
+    before, after = tenant.templates[0][PRIORITIES.index("high")]
+    assert msgpack.unpackb(before + (5).to_bytes(4, "big") + after)["tenant"] == "premium"
     assert sender.payloads[2] == frames
 
 

@@ -20,6 +20,10 @@ def test_only_noop_prints_the_ping_against_the_relay_chain_as_one_json_line(caps
     # The ratio is the median of the rounds' ratios, printed with the middle half of them.
     ratio, q1, q3 = (figures[f"noop_p50_ratio_vs_relay{end}"] for end in ("", "_q1", "_q3"))
     assert 0 < q1 <= ratio <= q3
+    # Each process's CPU per sequential ping, the daemon's beside the chain's process in its place.
+    assert set(figures["cpu_us_per_ping"]) == {"mcpd", "relay"}
+    for processes in figures["cpu_us_per_ping"].values():
+        assert set(processes) == set(overhead.ROLES) and min(processes.values()) > 0
 
 
 def test_a_ratio_is_the_median_of_the_rounds_own_ratios():

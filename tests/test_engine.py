@@ -293,6 +293,36 @@ def test_a_lone_greedy_sequence_bursts_to_the_tokens_and_cache_of_single_steps(p
     assert results[8][4] < results[1][4]
 
 
+@pytest.mark.parametrize("cached_blocks", [0, 1])
+@pytest.mark.parametrize("kernels", NATIVE_SETS)
+def test_a_lone_prompt_token_runs_as_one_native_greedy_step(cached_blocks, kernels):
+    """A lone greedy prompt with one token left to run (a 1-token prompt, or the one its cached
+    prefix leaves) runs through the native greedy call, not the step's Python forward: the same
+    tokens, text, cached blocks and counts as the Python step, its first token out alone."""
+    params = SamplingParams(max_tokens=5, temperature=0, ignore_eos=True)
+    results = {}
+    for burst in (1, 8):
+        engine = make_engine(kernels=kernels, decode_burst=burst)
+        prompt = engine.tokenizer.encode("the cache holds all of this prompt but its last token")
+        prompt = prompt[:cached_blocks * engine.kv.block_size + 1]
+        engine.add_request("warm", prompt, SamplingParams(max_tokens=1, temperature=0, ignore_eos=True))
+        while engine.has_work:
+            engine.step()
+        forward, forwards = engine.model.forward, []
+        engine.model.forward = lambda *args: forwards.append(args) or forward(*args)
+        engine.add_request("r", prompt, params)
+        outputs = engine.step()
+        assert len(forwards) == (1 if burst == 1 else 0)
+        assert [len(out.token_ids) for out in outputs] == [1]
+        while engine.has_work:
+            outputs += engine.step()
+        stats = engine.stats()
+        results[burst] = (tokens(outputs), text(outputs), outputs[-1].finish_reason, dict(engine.kv.cached),
+                          stats["tokens_prefilled"], stats["tokens_generated"], stats["prefix_cache_hits"])
+    assert results[8] == results[1]
+    assert results[1][0] and results[1][6] == cached_blocks * engine.kv.block_size
+
+
 @pytest.mark.parametrize("kernels", NATIVE_SETS)
 def test_no_burst_while_a_request_waits_or_samples(kernels):
     """Bursts hold a newcomer back and cannot sample: with two requests, or temperature, or

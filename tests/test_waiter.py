@@ -148,3 +148,18 @@ def test_a_quiet_socket_with_a_message_is_named_beside_a_busy_one(pulls):
         assert select.select([sock.getsockopt(zmq.FD)], [], [], LONG_MS / 1000)[0]
     assert waiter.ready(LONG_MS) == [b, a]
     assert taken(a) == [[b"to a"]] and taken(b) == [[b"to b"]]
+
+
+def test_a_socket_added_later_wakes_the_waiter_and_is_quiet_once_emptied(pulls, events_asked):
+    """The scheduler adds the cluster's wake-up socket to the waiter its sockets made."""
+    (a, _), (b, push_b) = pulls
+    waiter = Waiter(a)
+    waiter.add(b)
+    push_b.send(b"to b")
+    assert waiter.ready(LONG_MS) == [b]
+    assert waiter.drain(b, [].append) == 1 and b in waiter.quiet
+    waiter.drain(a, [].append)
+    events_asked.clear()
+    assert waiter.ready(0) == [] and events_asked == {}   # both quiet: their descriptors alone are polled
+    push_b.send(b"again")
+    assert waiter.ready(LONG_MS) == [b]

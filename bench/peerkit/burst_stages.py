@@ -6,7 +6,10 @@ scheduler and back, and the scheduler's own class queue. The cores the whole mac
 meanwhile say how much of it went to other work on a shared machine (the daemon's processes and
 the generator's are within it). With the daemon tracing a share of its requests to a file
 (`--burst-spans`), high_spans_ms splits the traced high requests' time span by span: each hop
-between processes and each process's own part."""
+between processes and each process's own part, and request_parts_ms joins each traced request to
+the client's own times for it (by request id), so the parts outside the daemon are split too:
+the generator's lag sending it, the kernel's and the front-end socket's hold before the
+front-end reads it, and the reply's way back until the client stamps it."""
 from __future__ import annotations
 
 import json
@@ -14,9 +17,11 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+import numpy as np
 import psutil
 
 from mcpd.percentile import percentile
+from mcpd.tracing import wall_clock
 
 
 class BurstStages:
@@ -28,6 +33,7 @@ class BurstStages:
         self.machine_busy_s = 0.0
         self.started = 0.0
         self.started_ns = 0   # the wall clock's, as the daemon's spans are stamped
+        self.offset_ns = _wall_offset_ns(self.processes.values())
 
     def start(self) -> None:
         self.cpu_s = {name: _cpu_s(process) for name, process in self.processes.items()}
@@ -42,7 +48,7 @@ class BurstStages:
                   for name, process in self.processes.items()}
         status = self.daemon.status()
         classes = status.get("scheduler", {}).get("classes", {})
-        return {"cpu_core_share": shares, "started_ns": self.started_ns,
+        return {"cpu_core_share": shares, "started_ns": self.started_ns, "offset_ns": self.offset_ns,
                 "machine_busy_cores": round(busy, 2),
                 "frontend_infer_latency": status.get("requests", {}).get("latency", {}).get("infer"),
                 "scheduler_queue_p99_ms": {name: c.get("queue_p99_ms") for name, c in classes.items()},
@@ -65,6 +71,79 @@ def high_spans_ms(path: Path, since_ns: int) -> dict[str, dict]:
                 durations[span["name"]].append((span["end_ns"] - span["start_ns"]) / 1e6)
     return {name: {"n": len(ms), "p50": round(percentile(ms, 0.5), 3), "p99": round(percentile(ms, 0.99), 3)}
             for name, ms in sorted(durations.items())}
+
+
+# A traced request's parts: those outside the daemon (the client's times against its root span,
+# mcpd.request: the front-end's admission to its final reply sent), and the daemon's own spans.
+OUTSIDE_PARTS = ("generator_lag", "to_frontend_read", "reply_to_client")
+DAEMON_PARTS = ("frontend.admit", "hop.to_scheduler", "scheduler.admit", "scheduler.queue", "scheduler.dispatch",
+                "hop.to_worker", "worker.queue", "worker.batch", "worker.predict", "hop.to_frontend",
+                "frontend.reply")
+PARTS_OF_DAEMON = frozenset({"mcpd.request", *DAEMON_PARTS})
+TAIL = 0.95   # the tail's parts: the mean of each over the requests at or past this quantile of the total
+
+
+def request_parts_ms(path: Path, outcomes: list, started: float, offset_ns: int, priority: str) -> dict:
+    """Each traced `priority` request of one open loop split into parts, p50 and p99 of each (ms),
+    and the parts' means over the requests in the tail of the client's total: the generator's lag
+    (due to sent), to_frontend_read (sent to the front-end's admission: the kernel, the socket's
+    queue, the front-end's loop before it reads), the daemon's spans, and reply_to_client (the
+    reply sent to the client's stamp of it). `outcomes` carry request ids and times from
+    `started` (monotonic); `offset_ns` turns the daemon's monotonic into its span stamps."""
+    spans = _traces_by_request_id(path)
+    rows = [parts for o in outcomes
+            if o.priority == priority and o.outcome == "ok" and o.request_id in spans
+            for parts in [_parts_ms(o, started, offset_ns, spans[o.request_id])] if parts is not None]
+    if not rows:
+        return {"n": 0}
+    names = ["total", *OUTSIDE_PARTS[:2], "mcpd.request", *DAEMON_PARTS, OUTSIDE_PARTS[2]]
+    table = np.array([[row.get(name, 0.0) for name in names] for row in rows])
+    tail = table[table[:, 0] >= np.quantile(table[:, 0], TAIL)]
+    return {"n": len(rows), "tail_quantile": TAIL,
+            "parts": {name: {"p50": round(float(np.quantile(table[:, i], 0.5)), 3),
+                             "p99": round(float(np.quantile(table[:, i], 0.99)), 3),
+                             "tail_mean": round(float(tail[:, i].mean()), 3)} for i, name in enumerate(names)}}
+
+
+def _traces_by_request_id(path: Path) -> dict[int, dict[str, tuple[int, int]]]:
+    """Each traced request's spans by name, (start_ns, end_ns), keyed by its request id."""
+    traces: dict[str, dict[str, tuple[int, int]]] = defaultdict(dict)
+    ids: dict[str, int] = {}
+    with path.open() as lines:
+        for line in lines:
+            span = json.loads(line)
+            traces[span["trace_id"]][span["name"]] = (span["start_ns"], span["end_ns"])
+            if span["name"] == "mcpd.request":
+                ids[span["trace_id"]] = span["attributes"].get("mcpd.request_id")
+    return {request_id: traces[trace] for trace, request_id in ids.items() if type(request_id) is int}
+
+
+def _parts_ms(outcome, started: float, offset_ns: int, spans: dict[str, tuple[int, int]]) -> dict | None:
+    """One request's parts (ms); None when its spans do not fall within the client's times for it
+    (another run's request of the same id)."""
+    due_ns = (started + outcome.scheduled_s) * 1e9 + offset_ns
+    sent_ns = (started + outcome.sent_s) * 1e9 + offset_ns
+    replied_ns = due_ns + outcome.seconds * 1e9
+    request = spans["mcpd.request"]
+    if not sent_ns <= request[0] <= request[1] <= replied_ns:
+        return None
+    parts = {"total": replied_ns - due_ns, "generator_lag": sent_ns - due_ns, "to_frontend_read": request[0] - sent_ns,
+             "reply_to_client": replied_ns - request[1]}
+    parts.update({name: end - start for name, (start, end) in spans.items() if name in PARTS_OF_DAEMON})
+    return {name: ns / 1e6 for name, ns in parts.items()}
+
+
+def _wall_offset_ns(processes) -> int:
+    """The offset the daemon's processes stamp their spans with (mcpd/tracing/wall_clock.py), from
+    a child's environment; this process's own offset when none is readable (microseconds apart)."""
+    for process in processes:
+        try:
+            offset = process.environ().get(wall_clock.OFFSET_ENV)
+        except (psutil.Error, OSError):
+            continue
+        if offset:
+            return int(offset)
+    return wall_clock.offset_ns()
 
 
 def _high_from(spans: list[dict], since_ns: int) -> bool:

@@ -5,6 +5,10 @@ the schedule at the same start; their outcomes are merged. Each outcome keeps it
 run its CPU seconds, so a run where the processes still fall behind shows in generator_figures
 (load.py) instead of passing for server latency.
 
+With a premium sender, one more process sends every "high" arrival of an open loop, on its own
+connection, as another tenant's client would: a premium client is not one of the flood's
+connections, and its replies are not read by a process busy sending the flood.
+
 Processes start with `spawn` (a forked copy of a ZeroMQ context is not safe), once, and serve
 every schedule handed to them until closed."""
 from __future__ import annotations
@@ -22,18 +26,23 @@ START_LEAD_S = 0.5     # a schedule starts this long after it is handed out: eve
 READY_TIMEOUT_S = 120  # a process imports numpy, zmq and mcpd, and builds its frames, before it is ready
 WARM_INDEX = 0         # each process's first request, before it is ready: its socket is connected then
 REPLY_MARGIN_S = 60    # past the schedule's end and the last reply's timeout: the process is stuck
+ID_SPAN = 1 << 28      # each process's request ids start this far apart: a daemon's span names one request
 
 
 class ClientProcesses:
     """`count` processes, each sending through `make_sender()` (a FrameSender; picklable: built
-    in the process) after building the frames of inputs 0..prepare-1."""
+    in the process) after building the frames of inputs 0..prepare-1; with `make_premium`, one
+    more through that, for the open loops' high arrivals alone (closed loops: the `count` alone)."""
 
-    def __init__(self, make_sender, count: int, prepare: int):
+    def __init__(self, make_sender, count: int, prepare: int, make_premium=None):
         context = multiprocessing.get_context("spawn")
         self.pipes, self.processes = [], []
-        for _ in range(count):
+        self.flood = count   # the first `count` pipes; a premium process's is last
+        self.started = 0.0   # the last open loop's start (monotonic): its outcomes' times count from it
+        makers = [make_sender] * count + ([make_premium] if make_premium is not None else [])
+        for k, make in enumerate(makers):
             ours, theirs = context.Pipe()
-            process = context.Process(target=_client_main, args=(theirs, make_sender, prepare), daemon=True)
+            process = context.Process(target=_client_main, args=(theirs, make, prepare, k * ID_SPAN), daemon=True)
             process.start()
             theirs.close()
             self.pipes.append(ours)
@@ -49,24 +58,32 @@ class ClientProcesses:
         at = np.array([arrival[0] for arrival in schedule], np.float64)
         index = np.array([arrival[1] for arrival in schedule], np.int64)
         priority = np.array([PRIORITIES.index(arrival[2]) for arrival in schedule], np.int8)
-        start = clock() + START_LEAD_S
-        count = len(self.pipes)
-        for k, pipe in enumerate(self.pipes):
-            pipe.send(("open", at[k::count], index[k::count], priority[k::count], start))
+        start = self.started = clock() + START_LEAD_S
+        parts = self._parts(priority)
+        for pipe, part in zip(self.pipes, parts):
+            pipe.send(("open", at[part], index[part], priority[part], start))
         limit = START_LEAD_S + seconds + CLIENT_TIMEOUT_S + REPLY_MARGIN_S
         shares = await asyncio.gather(*(asyncio.to_thread(_received, pipe, limit) for pipe in self.pipes))
-        outcomes = [outcome for k, share in enumerate(shares)
-                    for outcome in _outcomes(share, at[k::count], priority[k::count], start)]
+        outcomes = [outcome for part, share in zip(parts, shares)
+                    for outcome in _outcomes(share, at[part], priority[part], start)]
         return sorted(outcomes, key=lambda o: o.scheduled_s), sum(share["cpu_s"] for share in shares)
+
+    def _parts(self, priority: np.ndarray) -> list[np.ndarray]:
+        """Each process's arrivals (indices into the schedule): every n-th over the flood's, and
+        with a premium process the high ones its alone."""
+        premium = len(self.pipes) > self.flood
+        high = priority == PRIORITIES.index("high")
+        rest = np.flatnonzero(~high) if premium else np.arange(len(priority))
+        return [rest[k::self.flood] for k in range(self.flood)] + ([np.flatnonzero(high)] if premium else [])
 
     async def closed_loop(self, clients: int, seconds: float, pick, seed: int) -> float:
         """load.closed_loop's requests/s with `clients` spread over the processes, summed: the
         capacity of a server one process's clients cannot saturate. `pick` must pickle."""
-        count = len(self.pipes)
-        for at, pipe in enumerate(self.pipes):
-            pipe.send(("closed", (clients + at) // count, seconds, pick, seed + at))
+        flood = self.pipes[:self.flood]
+        for at, pipe in enumerate(flood):
+            pipe.send(("closed", (clients + at) // self.flood, seconds, pick, seed + at))
         limit = seconds + CLIENT_TIMEOUT_S + REPLY_MARGIN_S
-        return sum(await asyncio.gather(*(asyncio.to_thread(_received, pipe, limit) for pipe in self.pipes)))
+        return sum(await asyncio.gather(*(asyncio.to_thread(_received, pipe, limit) for pipe in flood)))
 
     def close(self) -> None:
         for pipe in self.pipes:
@@ -105,20 +122,20 @@ def _outcomes(share: dict, at: np.ndarray, priority: np.ndarray, start: float) -
     due = start + at
     answered = ~np.isnan(share["replied"])
     seconds = np.where(answered, share["replied"], share["sent"] + CLIENT_TIMEOUT_S) - due
-    return [Outcome(PRIORITIES[p], share["codes"][o], float(s), bool(c), float(a), float(sent))
-            for p, o, s, c, a, sent in zip(priority, share["outcome"], seconds, share["cached"], at,
-                                           share["sent"] - start)]
+    return [Outcome(PRIORITIES[p], share["codes"][o], float(s), bool(c), float(a), float(sent), share["first_id"] + k)
+            for k, (p, o, s, c, a, sent) in enumerate(zip(priority, share["outcome"], seconds, share["cached"], at,
+                                                          share["sent"] - start))]
 
 
-def _client_main(pipe, make_sender, prepare: int) -> None:
+def _client_main(pipe, make_sender, prepare: int, first_id: int) -> None:
     try:
-        _serve(pipe, make_sender, prepare)
+        _serve(pipe, make_sender, prepare, first_id)
     except Exception as e:   # noqa: BLE001 - reported to the benchmark, which raises it
         pipe.send(RuntimeError(f"{type(e).__name__}: {e}"))
 
 
-def _serve(pipe, make_sender, prepare: int) -> None:
-    sender = make_sender()
+def _serve(pipe, make_sender, prepare: int, first_id: int) -> None:
+    sender = make_sender(first_id=first_id)
     sender.prepare(prepare)
     sender.connect()
     try:

@@ -2,7 +2,9 @@
 must offer on time (a burst at twice a fast server's capacity): every request's frames are built
 before the run (a header per input and priority with its id left as four bytes to patch, the
 payload frames per input), one raw DEALER socket sends with NOBLOCK and reads replies in batches,
-and a run keeps only arrays (when each request went out, when its reply came, its outcome).
+and a run keeps only arrays (when each request went out, when its reply came, its outcome). A
+reply is stamped as the socket yields it, before any is decoded, and a wait for the next send
+wakes for a reply: the sender's own work delays no reply's stamp.
 
 A reply counts as ok only when it is a real result: kind "ok" with outputs that describe its
 payload frames (the client's own check, infer.result). Ids grow across runs, so a late reply to
@@ -10,6 +12,7 @@ an earlier run's request is never taken for this run's."""
 from __future__ import annotations
 
 import random
+import select
 import struct
 import time
 
@@ -27,19 +30,20 @@ PRIORITIES = ("normal", "high", "low")
 UNANSWERED, OK, BAD_RESULT = 0, 1, 2   # outcome codes; an error reply's code is added to `codes` as seen
 DRAIN_BATCH = 256                   # replies read per turn before the schedule is looked at again
 SEND_HWM = 1 << 20                  # no send waits on ZeroMQ's queue: a late send is the generator's lag
-POLL_FLOOR_S = 1e-3                 # zmq's poll counts whole ms: a shorter wait sleeps instead
 LAST_REPLIES_POLL_MS = 10           # everything sent: how long one wait for the last replies is
 
 
 class FrameSender:
     """`infer` of `model` at `endpoint` on one DEALER socket; input i's frames from `inputs`."""
 
-    def __init__(self, endpoint: str, model: str, inputs, deadline_ms: int, cache: bool = True):
+    def __init__(self, endpoint: str, model: str, inputs, deadline_ms: int, cache: bool = True, first_id: int = 0,
+                 tenant: str | None = None):
         self.endpoint, self.model, self.inputs, self.deadline_ms, self.cache = endpoint, model, inputs, deadline_ms, cache
+        self.tenant = tenant   # the header's (None: left out, the daemon's default)
         self.templates: list[list[tuple[bytes, bytes]]] = []   # [input][priority] -> (before id, after id)
         self.payloads: list[list[bytes]] = []
         self.codes = ["unanswered", "ok", "bad result"]
-        self.next_id = 0
+        self.next_id = first_id
         self.socket = None
 
     def prepare(self, count: int) -> None:
@@ -47,7 +51,7 @@ class FrameSender:
         for index in range(len(self.templates), count):
             described, frames = self.inputs.frames(index)
             args = {"model": self.model, "cache": self.cache, "inputs": described}
-            self.templates.append([_template(args, priority, self.deadline_ms) for priority in PRIORITIES])
+            self.templates.append([_template(args, priority, self.deadline_ms, self.tenant) for priority in PRIORITIES])
             self.payloads.append(frames)
 
     def connect(self) -> None:
@@ -66,8 +70,8 @@ class FrameSender:
                   timeout_s: float) -> dict:
         """Arrival k (input index[k], priority code priority[k]) sent at `start` + at[k]; waits
         for every reply, or `timeout_s` past the last send. Arrays back: sent and replied
-        (monotonic seconds; NaN when no reply came), outcome codes (`codes` names them), cached;
-        and the CPU seconds this process spent on the run."""
+        (monotonic seconds; NaN when no reply came), outcome codes (`codes` names them), cached,
+        the first arrival's id (arrival k's is that + k); and the CPU seconds this process spent on the run."""
         count = len(at)
         base, self.next_id = self.next_id, self.next_id + count
         run = _Run(count, base)
@@ -82,7 +86,7 @@ class FrameSender:
             elif run.waiting:
                 self.socket.poll(LAST_REPLIES_POLL_MS, zmq.POLLIN)
         return {"sent": run.sent, "replied": run.replied, "outcome": run.outcome, "cached": run.cached,
-                "codes": list(self.codes), "cpu_s": time.process_time() - cpu}
+                "codes": list(self.codes), "first_id": base, "cpu_s": time.process_time() - cpu}
 
     def closed_loop(self, clients: int, seconds: float, pick, seed: int, timeout_s: float) -> float:
         """Requests/s answered ok within `seconds`: `clients` requests always in flight, each
@@ -94,7 +98,8 @@ class FrameSender:
             self._send_one(pick(rng), 0, self._new_id())
         in_flight, ok = clients, 0
         while in_flight and self.socket.poll(timeout_s * 1e3, zmq.POLLIN):
-            for reply, payload in self._replies():
+            for _, header, payload in self._received():
+                reply = msgpack.unpackb(header)
                 if not (type(reply.get("id")) is int and reply["id"] >= base):
                     continue   # an earlier run's late reply
                 in_flight -= 1
@@ -128,17 +133,21 @@ class FrameSender:
         self.socket.send_multipart(self.payloads[index], zmq.NOBLOCK)
 
     def _drain(self, run: "_Run") -> None:
-        for reply, payload in self._replies():
-            run.record(reply.get("id"), self._outcome(reply, payload), time.monotonic(), reply)
+        for stamp, header, payload in self._received():
+            reply = msgpack.unpackb(header)
+            run.record(reply.get("id"), self._outcome(reply, payload), stamp, reply)
 
-    def _replies(self):
-        """(decoded header, payload frames) of each reply waiting now, DRAIN_BATCH at most."""
+    def _received(self) -> list[tuple[float, bytes, list[bytes]]]:
+        """(when it was read, header, payload frames) of each reply waiting now, DRAIN_BATCH at
+        most, all read before any is decoded."""
+        received = []
         for _ in range(DRAIN_BATCH):
             try:
                 header, *payload = self.socket.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
-                return
-            yield msgpack.unpackb(header), payload
+                break
+            received.append((time.monotonic(), header, payload))
+        return received
 
     def _outcome(self, reply: dict, payload: list[bytes]) -> int:
         if reply.get("kind") != "ok":
@@ -173,9 +182,10 @@ class _Run:
         self.waiting -= 1
 
 
-def _template(args: dict, priority: str, deadline_ms: int) -> tuple[bytes, bytes]:
+def _template(args: dict, priority: str, deadline_ms: int, tenant: str | None) -> tuple[bytes, bytes]:
     """A request's header split around its id's four bytes."""
-    header = wire.encode_request("infer", ID_MARK, args, priority=priority, timeout_ms=deadline_ms)
+    fields = {"tenant": tenant} if tenant is not None else {}
+    header = wire.encode_request("infer", ID_MARK, args, priority=priority, timeout_ms=deadline_ms, **fields)
     before, mark, after = header.partition(b"\xce" + ID_BYTES.pack(ID_MARK))
     if not mark or ID_BYTES.pack(ID_MARK) in after:
         raise ValueError("the id's place in a request header is not unique")
@@ -183,8 +193,8 @@ def _template(args: dict, priority: str, deadline_ms: int) -> tuple[bytes, bytes
 
 
 def _wait(socket, seconds: float) -> None:
-    """Until the next arrival is due: on the socket when that is a poll's whole ms away, else asleep."""
-    if seconds >= POLL_FLOOR_S:
-        socket.poll(int(seconds * 1e3), zmq.POLLIN)
-    elif seconds > 0:
-        time.sleep(seconds)
+    """Until the next arrival is due or a reply comes, whichever is first: on the socket's
+    descriptor (zmq's poll counts whole ms, and a sleep would not wake for a reply). The
+    descriptor is edge-triggered; reading EVENTS first re-arms it, so no reply slips between."""
+    if seconds > 0 and not socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+        select.select([socket.getsockopt(zmq.FD)], [], [], seconds)

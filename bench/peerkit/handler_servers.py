@@ -82,7 +82,7 @@ class McpdServer(servers.McpdServer):
     """The real daemon serving the handler as model `model` version v1, its KServe HTTP route on."""
 
     def __init__(self, model: str, handler: str, settings: dict, batching: dict, threads: int, cache: dict | None = None,
-                 tracing: dict | None = None):
+                 tracing: dict | None = None, scheduler: dict | None = None):
         self.http_port = free_port()
         version = f"models.{model}.versions.v1"
         sections = {version: {"handler": handler, "workers": 1}, f"{version}.batching": batching,
@@ -96,6 +96,8 @@ class McpdServer(servers.McpdServer):
             sections[f"{version}.cache"] = cache
         if tracing:
             sections["tracing"] = tracing
+        if scheduler:
+            sections["scheduler"] = scheduler
         self.daemon = Daemon(**sections)
         self.endpoint = self.daemon.endpoint
 

@@ -206,7 +206,7 @@ class Engine:
         if self.thread_tuner is not None:
             self.thread_tuner.resume(started - self.last_step_end)
         burst = self._burst_length(batch)
-        if burst > 1:
+        if burst:
             return outputs + [self._run_burst(batch[0][0], burst, started)]
         sampling, logits = self._run_model(batch)
         self.kv.step_ran()
@@ -241,20 +241,25 @@ class Engine:
             threads.set_count(limit, most=PROCESS_THREADS)
 
     def _burst_length(self, batch: list[tuple[Sequence, int]]) -> int:
-        """How many greedy decode steps this step runs at once in native code (1: one step, the
+        """How many greedy steps this step runs at once in native code (0: none, the step runs the
         usual way). A step's Python costs ~0.5 ms against a 55M model's 3-4 ms of products, and
         a lone sequence's next step cannot start before it: engine.decode_burst steps at a time
-        take it out of all but one. Only for one greedy sequence with nobody waiting (a burst
-        holds a newcomer back by its length), no logprobs (they are Python's), and only over the
-        slots its blocks already have, none filling a block: a full block is cached under the
-        hash of its tokens when it is scheduled (KVCache.grow), before the burst has chosen them.
-        Not while the thread tuner measures (ThreadTuner.measuring)."""
+        take it out of all but one. A lone prompt token (a 1-token prompt, or the one its cached
+        prefix leaves) runs as one such step: the same kernels, without the step's Python around
+        them, and its first token goes out before any other is chosen. Only for one greedy
+        sequence with nobody waiting (a burst holds a newcomer back by its length), no logprobs
+        (they are Python's), and only over the slots its blocks already have, none filling a
+        block: a full block is cached under the hash of its tokens when it is scheduled
+        (KVCache.grow), before the burst has chosen them. Not while the thread tuner measures
+        (ThreadTuner.measuring)."""
         if (self.decode_burst < 2 or len(batch) != 1 or self.scheduler.waiting
                 or (self.thread_tuner is not None and self.thread_tuner.measuring)):
-            return 1
+            return 0
         seq, count = batch[0]
         params = seq.params
-        if count != 1 or seq.num_pending != 1 or not seq.num_completion_tokens or not params.greedy or params.logprobs:
+        if count != 1 or seq.num_pending != 1 or not params.greedy or params.logprobs:
+            return 0
+        if not seq.num_completion_tokens:
             return 1
         block_size, slots = self.kv.block_size, len(seq.block_table) * self.kv.block_size
         most = min(self.decode_burst, params.max_tokens - seq.num_completion_tokens)
@@ -267,6 +272,7 @@ class Engine:
         """Up to `steps` greedy tokens of seq from one native call, appended as that many steps
         would append them (ending where one finishes it), reported as one output."""
         params = seq.params
+        self.tokens_prefilled += 0 if seq.num_completion_tokens else 1
         stops = params.stop_token_ids + (() if params.ignore_eos else tuple(self.tokenizer.eos_token_ids))
         tokens = self.model.greedy_steps(seq.token_ids[-1], seq.num_computed, seq.block_table, steps, stops)
         self.kv.step_ran()
@@ -280,6 +286,8 @@ class Engine:
             outputs.append(self._append(seq, token, None))
             if outputs[-1].finished:
                 break
+        if len(outputs) == 1:
+            return outputs[0]
         return dataclasses.replace(outputs[-1], token_ids=[t for out in outputs for t in out.token_ids],
                                    text="".join(out.text for out in outputs))
 

@@ -587,8 +587,9 @@ INLINE void q4_scale_min(int kind, const void *d, const void *m, const uint16_t 
    multiply-add per weight, which kept one row's product compute-bound. Not int8 x as llama.cpp
    takes it (vpmaddubsw / vpdpbusd, four a lane): on SmolLM2 Q4_1 that took next-token top-1
    agreement with the float model from 1.0 to 0.96 (llama.cpp's own Q4_1: 0.967), and its
-   greedy chat off the answer; int16 keeps 0.998. The mins (and Q6_K's -32) need each half
-   block's sum of q. */
+   greedy chat off the answer; int16 keeps 0.998. Nor do int8 blocks of 16 (0.92), or int8 for
+   the q/k/v and gate/up products alone (0.97), reach 0.99. The mins (and Q6_K's -32) need each
+   half block's sum of q. */
 typedef struct {
     const int16_t *q;       /* [m][k], each four columns as 0, 2, 1, 3: a lane's pairs */
     const float *d;         /* [m][k/32] */
@@ -774,7 +775,8 @@ INLINE void rows_int4(int kind, x_q16 xq, int64_t rows, int64_t k, const uint8_t
    masks and two shifts make int16 of them, columns 16 and 1 times 16 (w & 0xf0, (w >> 4) & 0xf0),
    summed apart and shifted back once a block: an operation a vector fewer than splitting bytes,
    and exact (a block's terms are at most 16 * 15 * 32767, 16 to a lane: far within int32). Q6_K's
-   6-bit values split bytes: times 16 they could overflow. */
+   6-bit values split bytes: times 16 they could overflow. Not float x times each panel dequantized
+   once for all rows: an FMA makes 8 products where vpmaddwd makes 16, slower at every row count. */
 static inline __m256i x_pair(const int16_t *x) {   /* two int16 of x in every lane */
     int32_t pair;
     memcpy(&pair, x, sizeof pair);

@@ -66,7 +66,7 @@ class Admission:
         job.class_name, job.client = self.class_of(job.request.priority), job.request.tenant
         cls = self.config.classes[job.class_name]
         displaced = self._check_capacity(job, cls, queues, inflight, now)
-        wait_s = self.rate_limiter.check(job.client, job.class_name, now)
+        wait_s = self.rate_limiter.check(job.client, job.class_name, now) if cls.rate else 0.0   # 0: no limit
         if wait_s:
             raise MCPDError(codes.RATE_LIMITED, f"client {job.client!r} is over the rate of class "
                             f"{job.class_name!r} ({cls.rate:g}/s)", max(1, math.ceil(wait_s * 1000)))
@@ -75,17 +75,14 @@ class Admission:
 
     def _check_capacity(self, job: Job, cls, queues: ClassQueues, inflight: int, now: float) -> Job | None:
         retry = self.config.overloaded_retry_ms
-        if self.ladder.sheds(cls, now):
-            raise MCPDError(codes.OVERLOADED, f"overloaded: class {job.class_name!r} is shed for now", retry)
-        if self.edge.sheds(cls, _waited_s(job, now), self.config.shed_wait_ms, now):
-            raise MCPDError(codes.OVERLOADED, f"overloaded: class {job.class_name!r} is shed for now "
-                            "(requests wait on their way to the scheduler)", retry)
+        if cls.shed:   # neither the ladder nor the edge sheds a class not marked shed
+            self._check_shed(job, cls, now)
         self.tenants.check_queue(job.client, queues.waiting.get(job.client, 0))
         # A class holds no more than all of them: its depth is summed only when that could reach its cap.
-        if len(queues) >= cls.max_queue and queues.depth(job.class_name) >= cls.max_queue:
+        if queues.size >= cls.max_queue and queues.depth(job.class_name) >= cls.max_queue:
             return self._displace_biggest(job, queues, f"queue of class {job.class_name!r} is full "
                                                        f"({queues.depth(job.class_name)} waiting)")
-        if inflight < self.config.max_inflight and len(queues) < self.config.max_queue:
+        if inflight < self.config.max_inflight and queues.size < self.config.max_queue:
             return None
         displaced = (queues.least_important_below(queues.effective_rank(job, now), now)
                      or queues.biggest_tenant_newest(job.class_name, job.client))
@@ -93,7 +90,15 @@ class Admission:
             return displaced
         if inflight >= self.config.max_inflight:
             raise MCPDError(codes.OVERLOADED, f"{inflight} requests in flight (scheduler.max_inflight)", retry)
-        raise MCPDError(codes.OVERLOADED, f"queue is full ({len(queues)} waiting)", retry)
+        raise MCPDError(codes.OVERLOADED, f"queue is full ({queues.size} waiting)", retry)
+
+    def _check_shed(self, job: Job, cls, now: float) -> None:
+        retry = self.config.overloaded_retry_ms
+        if self.ladder.sheds(cls, now):
+            raise MCPDError(codes.OVERLOADED, f"overloaded: class {job.class_name!r} is shed for now", retry)
+        if self.edge.sheds(cls, _waited_s(job, now), self.config.shed_wait_ms, now):
+            raise MCPDError(codes.OVERLOADED, f"overloaded: class {job.class_name!r} is shed for now "
+                            "(requests wait on their way to the scheduler)", retry)
 
     def _displace_biggest(self, job: Job, queues: ClassQueues, refusal: str) -> Job:
         displaced = queues.biggest_tenant_newest(job.class_name, job.client)

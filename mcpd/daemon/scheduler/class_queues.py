@@ -96,7 +96,7 @@ class ClassQueues:
             key = (self.effective_rank(oldest, now), -oldest.seq)
             if best_key is not None and key <= best_key:
                 continue
-            head = queue.head(held.get(lane, ()) if held else (), by_arrival=self.fifo)
+            head = queue.head(oldest, held.get(lane, ()) if held else (), by_arrival=self.fifo)
             if head is not None:
                 head.rank, best, best_key = key[0], head, key
         return best
@@ -119,12 +119,10 @@ class ClassQueues:
         if not cls.max_age_s:
             return cls.rank
         steps = int((now - job.enqueued) / cls.max_age_s)
-        return self._rank_above(cls.rank, steps)
+        return self._rank_above(cls.rank, steps) if steps else cls.rank
 
     def _rank_above(self, rank: int, steps: int) -> int:
-        """The rank `steps` classes above `rank` (ranks need not be consecutive)."""
-        if not steps:
-            return rank
+        """The rank `steps` (> 0) classes above `rank` (ranks need not be consecutive)."""
         above = sorted(c.rank for c in self.classes.values() if c.rank > rank)
         return above[min(steps, len(above)) - 1] if above else rank
 

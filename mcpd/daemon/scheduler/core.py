@@ -144,7 +144,8 @@ class Scheduler:
         the front-end to shed at the edge if the read found a backlog; in a cluster on the journal
         alone, write what Redis missed once it answers again."""
         now = self.clock()
-        self._expire(now)
+        for rid in self.deadlines.due(now):
+            self._cancel(rid, codes.DEADLINE_EXCEEDED)
         dispatch_waiting(self, now)
         shed = self.admission.edge.look(self.config.scheduler)
         if shed is not None:
@@ -187,10 +188,10 @@ class Scheduler:
     def on_inbox(self, frames: list[bytes]) -> None:
         message, payload = messages.decode(frames)
         if isinstance(message, messages.Request):
+            now = self.clock()   # its arrival, by this clock: its wait on the way, its age in the queue
             if message.received is not None:
-                now = self.clock()
                 self.admission.edge.arrived(now - message.received, self.config.scheduler.shed_wait_ms, now)
-            self._enqueue(Job(message.rid, message, payload))
+            self._enqueue(Job(message.rid, message, payload, enqueued=now))
         elif isinstance(message, messages.Cancel):
             self._cancel(message.rid, message.code)
         elif isinstance(message, messages.WorkerLost):
@@ -205,9 +206,10 @@ class Scheduler:
     def _enqueue(self, job: Job) -> None:
         request = job.request
         try:
-            if request.args.op == "status":
+            op = request.args.op
+            if op == "status":
                 return self.reply(job.rid, wire.ok_reply(request.request_id, self.stats()))
-            if request.args.op in contexts.OPS:
+            if op in contexts.OPS:
                 result, frames = self.contexts.handle(request.tenant, request.args, job.payload)
                 return self.reply(job.rid, wire.ok_reply(request.request_id, result), frames)
             self._admit(job)
@@ -219,7 +221,7 @@ class Scheduler:
             self.reply(job.rid, wire.error_reply(request.request_id, ErrorReply.internal(e)), code=codes.INTERNAL)
 
     def _admit(self, job: Job) -> None:
-        now = job.enqueued = self.clock()   # by this clock: admission ranks it by its age
+        now = job.enqueued
         if self.poison.holds(job.request, now, job.payload):
             raise MCPDError(codes.INTERNAL, "an identical request from this tenant failed twice on workers "
                             "in the last minutes; it is not run again for now (change it, or report the bug)")
@@ -227,15 +229,13 @@ class Scheduler:
             dispatch_waiting(self, now)   # a burst may be refused only if the workers have no room either
         displaced = self.admission.admit(job, self.queue, len(self.jobs), now)
         args = job.request.args
-        if isinstance(args, (GenerateArgs, InferArgs)):
-            cls = self.config.scheduler.classes[job.class_name]
-            job.served = self.traffic.route(args.model, args.version, args.routing_key or job.request.tenant,
-                                            self.admission.fast.goes_fast(job.class_name, cls, args.hints))
-            handler_lanes.check_kind(self.config, job.served, args)
-        if isinstance(args, GenerateArgs):
+        generates = isinstance(args, GenerateArgs)
+        if generates:
+            self._route(job, args)
             self._tokenize(job, args)
             self.admission.price(job)
         elif isinstance(args, InferArgs):
+            self._route(job, args)
             args = handler_lanes.resolve_context_inputs(self, job, args)
             handler_lanes.price(job, args)
         if displaced is not None:
@@ -249,10 +249,17 @@ class Scheduler:
         self.jobs[job.rid] = job
         if job.deadline is not None:
             self.deadlines.add(job.deadline, job.rid)
-        if isinstance(args, GenerateArgs) and args.context is None:   # an infer is not shadowed
+        if generates and args.context is None:   # an infer is not shadowed
             model_versions.queue_shadow_copy(self, job, now)
         if self.tracing is not None:
             self.tracing.admitted(job)
+
+    def _route(self, job: Job, args: GenerateArgs | InferArgs) -> None:
+        """The model version the job runs on, decided once (traffic.py), and whether it serves the op."""
+        cls = self.config.scheduler.classes[job.class_name]
+        job.served = self.traffic.route(args.model, args.version, args.routing_key or job.request.tenant,
+                                        self.admission.fast.goes_fast(job.class_name, cls, args.hints))
+        handler_lanes.check_kind(self.config, job.served, args)
 
     @staticmethod
     def _biggest_note(displaced: Job, job: Job) -> str:
@@ -313,10 +320,6 @@ class Scheduler:
                 self._count_error(job.class_name, code)
             self.send_worker(slot, [messages.encode(messages.Cancel(rid, code))])
 
-    def _expire(self, now: float) -> None:
-        for rid in self.deadlines.due(now):
-            self._cancel(rid, codes.DEADLINE_EXCEEDED)
-
     def _slot_of(self, rid: int) -> WorkerSlot | None:
         return next((s for s in self.workers.values() if rid in s.jobs), None)
 
@@ -344,6 +347,11 @@ class Scheduler:
         identity = frames[0]
         message, payload = messages.decode(frames[1:])
         slot = self.workers.get(identity)
+        if isinstance(message, messages.Done):   # the usual note, looked for first: every request ends with one
+            if slot is not None:
+                for rid in message.rids:
+                    worker_events.done(self, slot, rid)
+            return
         if isinstance(message, messages.Hello):
             return worker_events.hello(self, identity, message)
         if isinstance(message, messages.Stats):
@@ -352,12 +360,9 @@ class Scheduler:
                 hello = messages.Hello(stats.index, stats.pid, stats.device, stats.model, stats.dtype,
                                        stats.served_model, stats.version)
                 return worker_events.hello(self, identity, hello)
-            slot.info = msgspec.structs.asdict(stats)
+            slot.heard(msgspec.structs.asdict(stats))
         elif slot is None:
             return
-        elif isinstance(message, messages.Done):
-            for rid in message.rids:
-                worker_events.done(self, slot, rid)
         elif isinstance(message, messages.Started):
             worker_events.started(slot, message.rid)
         elif isinstance(message, messages.Chunk):   # a context turn's chunk: same path as its final

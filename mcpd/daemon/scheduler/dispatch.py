@@ -25,7 +25,8 @@ def dispatch_waiting(scheduler, now: float) -> None:
     tenants = scheduler.admission.tenants
     blocked = set()   # lanes (model versions) with no room now: the others still go
     held = {}         # by lane: tenants with no room there now (their caps, the headroom)
-    while (job := scheduler.queue.peek(now, blocked, held)) is not None:
+    # queue.size: once the last waiting job went, no pass over the queues to find none left.
+    while scheduler.queue.size and (job := scheduler.queue.peek(now, blocked, held)) is not None:
         slot, free, room, lane_open = router.choose(job, scheduler.serving(job.served),
                                                     handler_lanes.inflight_cap(config, job.served, per_worker),
                                                     tenants.headroom)
@@ -38,7 +39,7 @@ def dispatch_waiting(scheduler, now: float) -> None:
         group = [job]
         if scheduler.queue.size > 1:   # else nothing could join it, and its filter need not be built
             group += scheduler.queue.same_bin(job, room - 1, now, tenants.group_filter(slot, job, free))
-        if _hold(scheduler, group, room, now):
+        if job.prefills and _hold(scheduler, group, room, now):
             return
         if not _send_jobs(scheduler, slot, group, now):
             return
@@ -46,10 +47,10 @@ def dispatch_waiting(scheduler, now: float) -> None:
 
 def _hold(scheduler, group: list[Job], room: int, now: float) -> bool:
     """Keep a partial batch of prefills open for its window, but only while the node is busy
-    anyway. Other ops (ping, status) have nothing to batch and never wait."""
+    anyway. Other ops (ping, status) have nothing to batch and never wait: not asked."""
     first = group[0]
     window = scheduler.windows.get(first.class_name)
-    if not first.prefills or window is None or window.window_ms <= 0 or len(group) >= room:
+    if window is None or window.window_ms <= 0 or len(group) >= room:
         return False
     if not any(_is_work(job) for slot in scheduler.workers.values() for job in slot.jobs.values()):
         return False   # an idle node never makes a request wait

@@ -62,12 +62,11 @@ class FairQueue:
         """`job` went to a worker: virtual time moves on to its start tag."""
         self.vtime = max(self.vtime, job.tag)
 
-    def head(self, held=(), by_arrival: bool = False) -> Job | None:
+    def head(self, oldest: Job, held=(), by_arrival: bool = False) -> Job | None:
         """The next job of a tenant not in `held`: the lowest start tag of their heads (by_arrival:
-        the oldest)."""
-        if len(self.tenants) == 1:   # one tenant waiting (the usual queue): its FIFO's first, unless held
-            tenant, fifo = next(iter(self.tenants.items()))
-            return None if tenant in held else next(iter(fifo.values()))
+        the oldest). `oldest`: this queue's, which the caller has already."""
+        if len(self.tenants) == 1:   # one tenant waiting (the usual queue): its oldest, unless held
+            return None if oldest.client in held else oldest
         best, best_key = None, None
         for tenant, fifo in self.tenants.items():
             if tenant not in held:

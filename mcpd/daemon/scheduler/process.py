@@ -37,6 +37,8 @@ class SchedulerSockets:
             self.workers.setsockopt(zmq.ROUTER_HANDOVER, 1)
             self.workers.setsockopt(zmq.ROUTER_MANDATORY, 1)
             self.frontend = self._socket(config, zmq.PUSH, sockets.FRONTEND_IPC, bind=False)
+            # Both drained until empty and the workers' sent on through it: a quiet one costs no ask per turn.
+            self.waiter = channels.Waiter(self.workers, self.inbox)
             self.for_frontend = Batch(partial(channels.send_frames, self.frontend))   # sent once per turn of the loop
             self.events = child.EventReporter(self.context, config, "scheduler")
         except BaseException:
@@ -52,7 +54,7 @@ class SchedulerSockets:
     def to_worker(self, identity: bytes, sends: list[list[bytes]]) -> int:
         """Sends the messages as one batch (or as few as batch.py's bounds allow); how many went
         (fewer when the worker's queue is full for now). WorkerGone when it went away."""
-        batch = Batch(lambda frames: channels.send_frames(self.workers, [identity, *frames], channels.NOBLOCK))
+        batch = Batch(lambda frames: self.waiter.send_frames(self.workers, [identity, *frames], channels.NOBLOCK))
         for frames in sends:
             batch.add(frames)
         try:
@@ -77,8 +79,9 @@ class SchedulerProcess:
         self.cluster = _cluster_node(config, self.scheduler, self.context, log) if config.cluster.enabled else None
 
     def serve(self) -> None:
-        extra = (self.cluster.wakeup,) if self.cluster is not None else ()
-        waiter = channels.Waiter(self.sockets.workers, self.sockets.inbox, *extra)
+        waiter = self.sockets.waiter
+        if self.cluster is not None:
+            waiter.add(self.cluster.wakeup)
         from_workers, from_inbox = each_routed_message(self.scheduler.on_worker), each_message(self.scheduler.on_inbox)
         self.sockets.events.send(messages.Ready)
         next_stats, orphan = 0.0, False
@@ -87,9 +90,9 @@ class SchedulerProcess:
             # Workers first: what a dead worker sent before dying (Started, Done) must count
             # before the supervisor's WorkerLost note decides what to retry.
             if self.sockets.workers in ready:
-                channels.drain(self.sockets.workers, from_workers)
+                waiter.drain(self.sockets.workers, from_workers)
             if self.sockets.inbox in ready:
-                waiter.drain(self.sockets.inbox, from_inbox)   # never sent on: stays quiet
+                waiter.drain(self.sockets.inbox, from_inbox)
             if self.cluster is not None and self.cluster.wakeup in ready:
                 self.cluster.adopt_prefetched()
             self.scheduler.tick()

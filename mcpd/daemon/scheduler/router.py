@@ -30,11 +30,13 @@ class WorkerSlot:
     ready: bool = False
     jobs: dict[int, Job] = field(default_factory=dict)
     info: dict = field(default_factory=dict)
+    serves: tuple[str, str] = ("", "")   # (model, version) of the model table (config/models.py), as it said
 
-    @property
-    def serves(self) -> tuple[str, str]:
-        """(model, version) of the model table (config/models.py), as the worker's Hello said."""
-        return self.info.get("served_model", ""), self.info.get("version", "")
+    def heard(self, info: dict) -> None:
+        """What the worker said of itself (its Hello, then its stats); what it serves is read out
+        once here, since every dispatch of a model version asks."""
+        self.info = info
+        self.serves = info.get("served_model", ""), info.get("version", "")
 
     @property
     def outstanding_tokens(self) -> int:

@@ -7,6 +7,7 @@ its max_queued is refused OVERLOADED, whatever room the queues have.
 from __future__ import annotations
 
 from mcpd.config import SchedulerConfig
+from mcpd.config.scheduler import OTHER_TENANTS
 from mcpd.daemon.scheduler import router
 from mcpd.daemon.scheduler.job import Job
 from mcpd.daemon.scheduler.router import WorkerSlot
@@ -21,20 +22,22 @@ class TenantShares:
 
     def configure(self, config: SchedulerConfig) -> None:
         self.config = config
+        # Resolved once per config: the share a tenant without an entry of its own gets.
+        self.shares, self.unnamed = config.tenants, config.tenant(OTHER_TENANTS)
         self.headroom = router.headroom_of(config.max_inflight_per_worker, config.tenant_headroom)
 
     def weight(self, tenant: str) -> float:
-        return self.config.tenant(tenant).weight
+        return self.shares.get(tenant, self.unnamed).weight
 
     def check_queue(self, tenant: str, waiting: int) -> None:
-        cap = self.config.tenant(tenant).max_queued
+        cap = self.shares.get(tenant, self.unnamed).max_queued
         if cap and waiting >= cap:
             raise MCPDError(codes.OVERLOADED, f"tenant {tenant!r} has {waiting} requests waiting (its max_queued)",
                             self.config.overloaded_retry_ms)
 
     def capped(self, tenant: str, chosen: int = 0) -> bool:
         """Whether the tenant may not start another request, `chosen` more of its own on their way."""
-        cap = self.config.tenant(tenant).max_running
+        cap = self.shares.get(tenant, self.unnamed).max_running
         return bool(cap) and self.running.get(tenant, 0) + chosen >= cap
 
     def started(self, job: Job) -> None:

@@ -72,7 +72,8 @@ def hello(scheduler, identity: bytes, message: messages.Hello) -> None:
     if slot and slot.pid not in (None, message.pid):
         lost(scheduler, identity, slot.pid)   # restarted before the supervisor told us
     slot = scheduler.workers.setdefault(identity, WorkerSlot(message.index, identity))
-    slot.pid, slot.ready, slot.info = message.pid, True, msgspec.structs.asdict(message)
+    slot.pid, slot.ready = message.pid, True
+    slot.heard(msgspec.structs.asdict(message))
     scheduler.may_place = True
     if message.signature is not None:
         scheduler.signatures[(message.served_model, message.version)] = message.signature
