@@ -41,8 +41,14 @@ mcpd's native kernels, from the same file format, in the same process.
   whole super-blocks; `gguf_q4_k_m_resident_weight_ratio` as above, for that file. And a Q8_0 of
   the same checkpoint by the same quantizer.
 - `w1_read_frac_<quant>`: mcpd's W1 decode tok/s times the bytes a token reads (the file's
-  tensors, less the embedding where an output matrix of its own is the head: a token reads one
-  embedding row) over the machine's read limit (bench/roofline.py, measured before the rounds).
+  tensors, less the embedding where an output matrix of its own is the head, and one embedding
+  row: the token's) over the machine's read limit at that sample's moment, the median over W1's
+  samples. The limit is bench/peers.py's beside W1 (w1_beside_reads): a streaming read of 512 MiB
+  on 2 MiB pages, best of W1_READ_REPEATS, on the daemon's worker's thread count (set again
+  after the in-process rounds, whose engines' thread tuner may leave 1: the last kept runs read
+  on one thread), just before and just after the sample, averaged; `gguf_<quant>_w1_read_gbps` lists
+  them. One read before the rounds swung the fraction with whatever else the machine ran then
+  (11.3 to 14.2 GB/s between runs): a rate and the limit of its own moment rise and fall together.
 - `tokenizer_exact`: mcpd's tokenizer from SmolLM2's file gives llama.cpp's tokens (its vocab-only
   load) on README.md and docs/PROTOCOL.md, with special-token text parsed (a `prompt`) and as
   plain text (chat content) alike.
@@ -82,13 +88,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 if __name__ == "__main__":   # before torch: OpenMP reads its environment once, at load
     ARGS = parse_args()
     isa.cap(ARGS.isa)
-    threads.configure(workers=1, index=0, requested=ARGS.threads, wait_policy="passive")
+    THREADS, _ = threads.configure(workers=1, index=0, requested=ARGS.threads, wait_policy="passive")
 
 import gguf  # noqa: E402
 import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import roofline  # noqa: E402
 from peerkit.checkpoints import DEFAULT_CACHE  # noqa: E402
 
 from mcpd import default_model  # noqa: E402
@@ -164,7 +169,7 @@ def sampled_workloads(rounds: int, quick: bool) -> list[tuple]:
     """(workload, samples of it per round and system): W1 and W4 SAMPLES over the rounds at least."""
     import peers
     repeats = -(-SAMPLES // rounds)
-    return [(peers.w1, repeats), (lambda t, p: peers.w2(t, p, 8), 1), (lambda t, p: peers.w2(t, p, 32), 1),
+    return [(peers.w1_beside_reads, repeats), (lambda t, p: peers.w2(t, p, 8), 1), (lambda t, p: peers.w2(t, p, 32), 1),
             (peers.w3, 1), (lambda t, p: peers.w4(t, 1.5 if quick else 4.0), repeats)]
 
 
@@ -202,7 +207,16 @@ def side_by_side(path: Path, rounds: int, quick: bool, extra_bufts: bool, kernel
     ours, theirs = medians["mcpd"], medians["llama.cpp"]
     ratios = {f"gguf_{quant}_{f}_ratio_vs_llamacpp": ours[f] / theirs[f] if peers.FIGURES[f] else theirs[f] / ours[f]
               for f in SIDE_BY_SIDE}
-    return {**ratios, f"gguf_{quant}_systems": medians, f"gguf_{quant}_spread": spreads(samples)}
+    return {**ratios, f"gguf_{quant}_systems": medians, f"gguf_{quant}_spread": spreads(samples),
+            f"w1_read_frac_{quant}": read_fraction(samples["mcpd"], token_read_bytes(path)),
+            f"gguf_{quant}_w1_read_gbps": samples["mcpd"]["w1_read_gbps"]}
+
+
+def read_fraction(samples: dict, token_bytes: int) -> float:
+    """The median over W1's samples of its tok/s times token_bytes over the read limit beside it
+    (the module's doc)."""
+    return statistics.median(rate * token_bytes / (gbps * 1e9)
+                             for rate, gbps in zip(samples["w1_decode_tok_s"], samples["w1_read_gbps"]))
 
 
 def spreads(samples: dict) -> dict:
@@ -221,13 +235,9 @@ def llamacpp_figures(paths: list[Path], quick: bool, extra_bufts: bool, kernels:
     peers_q4_k_m, peers_q8_0 = llamacpp_quantized("Q4_K_M", llamacpp), llamacpp_quantized("Q8_0", llamacpp)
     figures = {"llamacpp": servers.version(DEFAULT_CACHE, llamacpp) + plain, "llamacpp_build": isa_choice,
                "tokenizer_exact": tokenizer_exact(paths[0], llamacpp),
-               "gguf_q4_k_m_resident_weight_ratio": resident_weight_ratio(peers_q4_k_m, kernels),
-               "read_gbps": roofline.read_gbps(repeats=10)}
+               "gguf_q4_k_m_resident_weight_ratio": resident_weight_ratio(peers_q4_k_m, kernels)}
     for path in (paths[0], peers_q4_k_m, peers_q8_0, *paths[1:]):
         figures.update(side_by_side(path, 1 if quick else 3, quick, extra_bufts, kernels, llamacpp))
-        quant = quant_of(path)
-        decode = figures[f"gguf_{quant}_systems"]["mcpd"]["w1_decode_tok_s"]
-        figures[f"w1_read_frac_{quant}"] = decode * token_read_bytes(path) / (figures["read_gbps"] * 1e9)
     return figures
 
 
@@ -256,11 +266,14 @@ def quant_of(path: Path) -> str:
 
 
 def token_read_bytes(path: Path) -> int:
-    """The bytes of the file's tensors one decoded token reads: all, but one row of the embedding
-    where the head is a matrix of its own."""
-    tensors = {t.name: int(t.n_bytes) for t in gguf.GGUFReader(path).tensors}
-    untied_embedding = tensors.get("token_embd.weight", 0) if "output.weight" in tensors else 0
-    return sum(tensors.values()) - untied_embedding
+    """The bytes of the file's tensors one decoded token reads: all (a tied head reads the whole
+    embedding), less the embedding where the head is a matrix of its own, and the token's row of
+    the embedding."""
+    tensors = {t.name: t for t in gguf.GGUFReader(path).tensors}
+    embedding = tensors["token_embd.weight"]
+    untied_embedding = int(embedding.n_bytes) if "output.weight" in tensors else 0
+    row = int(embedding.n_bytes) // int(embedding.shape[-1])   # gguf's shape: [columns, rows]
+    return sum(int(t.n_bytes) for t in tensors.values()) - untied_embedding + row
 
 
 TOKENIZE = """import json, sys, llama_cpp
@@ -336,6 +349,7 @@ def measure(quick: bool, kernels: str) -> dict:
 
 def main() -> None:
     figures = {"cpu_isa": isa.described(ARGS.isa), "mcpd_kernels": ARGS.kernels, **measure(ARGS.quick, ARGS.kernels)}
+    torch.set_num_threads(THREADS)   # the reads beside W1 on the daemon's worker's count, not one an engine's tuner left
     figures.update(llamacpp_figures([default_model.installed_file(), *ARGS.also], ARGS.quick,
                                     not ARGS.llamacpp_plain_buffers, ARGS.kernels, ARGS.isa))
     for name, value in figures.items():

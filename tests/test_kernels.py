@@ -20,6 +20,7 @@ from mcpd.kernels.torch_kernels import TorchKernels
 from mcpd.models.layers import AttentionMetadata, bind_kv_cache
 from kernel_sets import NATIVE_SETS
 from tiny_checkpoints import KINDS, make_checkpoint
+from tiny_gguf import write_gguf
 
 NATIVES, TORCH = {name: NativeKernels(name.removeprefix("native-")) for name in NATIVE_SETS}, TorchKernels()
 CPU = torch.device("cpu")
@@ -235,6 +236,16 @@ def test_the_native_decoder_stack_equals_the_torch_kernels_layer_by_layer(kind, 
     assert agree(hidden[native_set], hidden["torch"], steps=4, rowwise=True)
 
 
+def _on_a_cache(path, dtype, native_set: str, block_size: int):
+    """The model at path on native_set, and the cache of 24 blocks bound to every layer."""
+    model = load_model(ModelConfig(path=str(path), dtype=str(dtype).removeprefix("torch.")), CPU).model
+    model.use_kernels(native_set)
+    cache = _cache(24, block_size, model.num_kv_heads, model.head_dim, dtype)
+    every_layers = cache[:, None].expand(-1, model.num_layers, -1, -1, -1, -1).contiguous()
+    bind_kv_cache(model, every_layers)
+    return model, every_layers
+
+
 @pytest.mark.parametrize("rows", [[0, 10, 17], [10], []])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("native_set", NATIVE_SETS)
@@ -248,11 +259,7 @@ def test_the_native_stack_gives_the_rows_asked_for_the_bits_of_the_whole_steps(r
     tables = _scattered_tables([s + n for s, n in zip(starts, counts)], block_size, 24)
     attn = AttentionMetadata.build(tables, starts, counts, block_size, CPU)
     ids = rand(sum(counts), scale=100).abs().long() % 300
-    model = load_model(ModelConfig(path=str(path), dtype=str(dtype).removeprefix("torch.")), CPU).model
-    model.use_kernels(native_set)
-    cache = _cache(24, block_size, model.num_kv_heads, model.head_dim, dtype)
-    every_layers = cache[:, None].expand(-1, model.num_layers, -1, -1, -1, -1).contiguous()
-    bind_kv_cache(model, every_layers)
+    model, every_layers = _on_a_cache(path, dtype, native_set, block_size)
     history = every_layers.clone()
     with torch.inference_mode():
         every = model(ids, attn.positions, attn)
@@ -262,6 +269,34 @@ def test_the_native_stack_gives_the_rows_asked_for_the_bits_of_the_whole_steps(r
     assert len(attn.groups) == 3
     assert torch.equal(asked, every[rows])
     assert torch.equal(every_layers, stored)
+
+
+@pytest.mark.parametrize("qtype, kind", [("Q4_1", "llama"), ("Q8_0", "qwen2"), ("Q4_K_M", "llama_wide"),
+                                         ("Q4_0_Q8_0", "qwen2")])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("native_set", NATIVE_SETS)
+def test_a_lone_decode_through_a_quantized_stack_has_the_bits_it_has_beside_another(qtype, kind, dtype, native_set,
+                                                                                    tmp_path):
+    """A decode step of one sequence over quantized layers (the stack's one-row region, its own
+    norms, shares of each product and KV heads per thread), alone and with rows asked for, gives
+    the hidden state and stores the keys and values that a step of two decodes gives it."""
+    path = write_gguf(tmp_path, kind, qtype)
+    starts, block_size = [5, 8], 4
+    tables = _scattered_tables([n + 1 for n in starts], block_size, 24)
+    ids = torch.tensor([17, 250])
+    model, every_layers = _on_a_cache(path, dtype, native_set, block_size)
+    history = every_layers.clone()
+    with torch.inference_mode():
+        both_attn = AttentionMetadata.build(tables, starts, [1, 1], block_size, CPU)
+        both = model(ids, both_attn.positions, both_attn)
+        stored = every_layers.clone()
+        for rows in (None, torch.tensor([0])):
+            every_layers.copy_(history)
+            for i in range(2):
+                attn = AttentionMetadata.build(tables[i:i + 1], starts[i:i + 1], [1], block_size, CPU)
+                alone = model(ids[i:i + 1], attn.positions, attn, rows)
+                assert torch.equal(alone, both[i:i + 1])
+            assert torch.equal(every_layers, stored)
 
 
 @pytest.fixture

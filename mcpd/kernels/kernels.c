@@ -1093,57 +1093,77 @@ static inline int64_t strip_chunk(int64_t m, int64_t strips) {
     return chunk > 1 ? chunk : 1;
 }
 
-/* x: [m, k] of dtype, w: a matrix of [n, k] of one kind packed as above, bias: [n] or NULL; y:
-   [m, n] of dtype, rows ld apart, or float32 holding dtype-rounded values when y_f32 (logits).
-   Threads take runs of strips (a tile's TILE_PANELS panels: strip_chunk says how many). */
-static void linear_part(int dtype, const void *x, int64_t m, int64_t k, const mcpd_matrix *w, const void *bias,
-                        int64_t n, void *y, int64_t ld, int y_f32) {
-    size_t size = dtype == F32 ? 4 : 2;
-    int64_t panels = (n + PANEL - 1) / PANEL, strips = (panels + TILE_PANELS - 1) / TILE_PANELS, bytes[4];
-    panel_bytes(dtype, w, k, bytes);
-    if (m == 1 && w->kind == PLAIN && (dtype == F32 || ROW_BF16)) return linear_row(dtype, x, k, w->panels, bias, n, y, ld, y_f32);
-    size_t x_size = size;
-    float *widened = NULL;   /* bf16_x */
-    if (dtype == BF16 && w->kind == PLAIN && sizeof(bf16_x) == sizeof(float)) {
-        widened = malloc(m * k * sizeof(float));
+/* x of a product as its matrix's kind reads it: as given, widened (bfloat16 x of a plain matrix
+   without the bf16 dot product: bf16_x), as int16 rows and their scales (int8), or quantized (4-bit:
+   xq). Each thread of the one-row stack makes its own: the same values, and no wait for another. */
+typedef struct {
+    const void *x;
+    size_t size;         /* bytes of an element of x */
+    float *scales;       /* int8's: each row's x_int16_rows scale */
+    x_q16 xq;
+    void *owned;         /* the widened or int16 copy */
+} product_x;
+
+static product_x product_x_of(int dtype, const void *x, int64_t m, int64_t k, int kind) {
+    product_x px = {x, dtype == F32 ? 4 : 2, NULL, {0}, NULL};
+    if (dtype == BF16 && kind == PLAIN && sizeof(bf16_x) == sizeof(float)) {
+        float *widened = malloc(m * k * sizeof(float));
         for (int64_t i = 0; i < m * k; i++) widened[i] = bf16_to_f32(((const bf16 *)x)[i]);
-        x = widened, x_size = sizeof(float);
+        px.x = px.owned = widened, px.size = sizeof(float);
     }
-    int four_bit = w->kind >= Q4_0;
-    x_q16 xq = four_bit ? x_q16_quantize(dtype, x, m, k) : (x_q16){0};
-    float *x_scales = NULL;   /* an int8 matrix's: each row's x_int16_rows scale */
-    int16_t *x16 = NULL;
-    if (w->kind == INT8) {
-        x_scales = malloc(m * sizeof(float));
-        x = x16 = x_int16_rows(dtype, x, m, k, x_scales), x_size = sizeof(int16_t);
+    if (kind >= Q4_0) px.xq = x_q16_quantize(dtype, x, m, k);
+    if (kind == INT8) {
+        px.scales = malloc(m * sizeof(float));
+        px.x = px.owned = x_int16_rows(dtype, x, m, k, px.scales), px.size = sizeof(int16_t);
+    }
+    return px;
+}
+
+static void product_x_free(product_x px) {
+    free(px.owned);
+    free((void *)px.xq.q);
+    free(px.scales);
+}
+
+/* Strip `strip` (a tile's TILE_PANELS panels) of x's m rows by w [n, k]: into y's columns of it. */
+static void strip_product(int dtype, product_x px, int64_t m, int64_t k, const mcpd_matrix *w, const int64_t bytes[4],
+                          int64_t strip, const void *bias, int64_t n, void *y, int64_t ld, int y_f32) {
+    int64_t panels = (n + PANEL - 1) / PANEL, first = strip * TILE_PANELS;
+    int64_t count = panels - first < TILE_PANELS ? panels - first : TILE_PANELS;
+    const void *p[TILE_PANELS], *c[TILE_PANELS], *mn[TILE_PANELS], *s[TILE_PANELS];
+    for (int j = 0; j < TILE_PANELS; j++) {   /* a missing panel: the first again, its sums dropped */
+        int64_t panel = first + (j < count ? j : 0);
+        p[j] = (const char *)w->panels + panel * bytes[0];
+        c[j] = bytes[1] ? (const char *)w->scales + panel * bytes[1] : NULL;
+        mn[j] = bytes[2] ? (const char *)(w->kind == Q6_K ? w->highs : w->mins) + panel * bytes[2] : NULL;
+        s[j] = bytes[3] ? (const char *)w->supers + panel * bytes[3] : NULL;
     }
     /* A 4-bit tile is as many rows as its sums' registers hold: it unpacks the strip's nibbles once
        for them all (on AVX2 passes of 4 unpacked 8 rows' three times: 4 + 2, then 2). */
-    int64_t tile_rows = !four_bit ? TILE_ROWS : w->kind == Q6_K ? Q6_K_ROWS : INT4_ROWS;
-    #pragma omp parallel for schedule(dynamic, strip_chunk(m, strips)) if (strips > 1 && n * k * m >= 32768)
-    for (int64_t strip = 0; strip < strips; strip++) {
-        int64_t first = strip * TILE_PANELS, count = panels - first < TILE_PANELS ? panels - first : TILE_PANELS;
-        const void *p[TILE_PANELS], *c[TILE_PANELS], *mn[TILE_PANELS], *s[TILE_PANELS];
-        for (int j = 0; j < TILE_PANELS; j++) {   /* a missing panel: the first again, its sums dropped */
-            int64_t panel = first + (j < count ? j : 0);
-            p[j] = (const char *)w->panels + panel * bytes[0];
-            c[j] = bytes[1] ? (const char *)w->scales + panel * bytes[1] : NULL;
-            mn[j] = bytes[2] ? (const char *)(w->kind == Q6_K ? w->highs : w->mins) + panel * bytes[2] : NULL;
-            s[j] = bytes[3] ? (const char *)w->supers + panel * bytes[3] : NULL;
-        }
-        for (int64_t row = 0; row < m; row += tile_rows) {
-            int64_t rows = m - row < tile_rows ? m - row : tile_rows;
-            tile_sums a;
-            tile(dtype, (const char *)x + row * k * x_size, x_scales ? x_scales + row : NULL,
-                 four_bit ? x_q16_rows(xq, row, k) : xq, rows, k, w, p, c, mn, s, a);
-            for (int64_t j = 0; j < count; j++)
-                store_tile(dtype, y_f32, y, n, ld, row, rows, (first + j) * PANEL, a[j], bias);
-        }
+    int64_t tile_rows = w->kind < Q4_0 ? TILE_ROWS : w->kind == Q6_K ? Q6_K_ROWS : INT4_ROWS;
+    for (int64_t row = 0; row < m; row += tile_rows) {
+        int64_t rows = m - row < tile_rows ? m - row : tile_rows;
+        tile_sums a;
+        tile(dtype, (const char *)px.x + row * k * px.size, px.scales ? px.scales + row : NULL,
+             w->kind >= Q4_0 ? x_q16_rows(px.xq, row, k) : px.xq, rows, k, w, p, c, mn, s, a);
+        for (int64_t j = 0; j < count; j++)
+            store_tile(dtype, y_f32, y, n, ld, row, rows, (first + j) * PANEL, a[j], bias);
     }
-    free(widened);
-    free((void *)xq.q);
-    free(x16);
-    free(x_scales);
+}
+
+/* x: [m, k] of dtype, w: a matrix of [n, k] of one kind packed as above, bias: [n] or NULL; y:
+   [m, n] of dtype, rows ld apart, or float32 holding dtype-rounded values when y_f32 (logits).
+   Threads take runs of strips (strip_chunk says how many). */
+static void linear_part(int dtype, const void *x, int64_t m, int64_t k, const mcpd_matrix *w, const void *bias,
+                        int64_t n, void *y, int64_t ld, int y_f32) {
+    int64_t panels = (n + PANEL - 1) / PANEL, strips = (panels + TILE_PANELS - 1) / TILE_PANELS, bytes[4];
+    panel_bytes(dtype, w, k, bytes);
+    if (m == 1 && w->kind == PLAIN && (dtype == F32 || ROW_BF16)) return linear_row(dtype, x, k, w->panels, bias, n, y, ld, y_f32);
+    product_x px = product_x_of(dtype, x, m, k, w->kind);
+    #pragma omp parallel for schedule(dynamic, strip_chunk(m, strips)) if (strips > 1 && n * k * m >= 32768)
+    for (int64_t strip = 0; strip < strips; strip++)
+        strip_product(dtype, px, m, k, w, bytes, strip, bias, n, y, ld, y_f32);
+    product_x_free(px);
 }
 
 /* linear_part of each of w's parts, into its columns of y [m, n] (and of the bias). */
@@ -1222,26 +1242,29 @@ int mcpd_rows(const void *table, int64_t row_bytes, int64_t n, const int64_t *id
 
 /* For each of m rows of n: residual += delta (when delta is given, rounded to dtype), then
    out = weight * dtype(residual * rsqrt(mean(residual^2) + eps)), as LlamaRMSNorm computes it. */
+/* Row `row` (its first element's index) of add_rms_norm_body. */
+INLINE void add_rms_norm_row(int dtype, void *residual, const void *delta, const void *weight, float eps,
+                             int64_t n, int64_t row, void *out) {
+    f32v squares = splat(0);
+    for (int64_t i = 0; i < n; i += LANES) {
+        f32v v = load_any(dtype, residual, row + i);
+        if (delta) {
+            v = in_dtype(dtype, v + load_any(dtype, delta, row + i));
+            store_any(dtype, residual, row + i, v);
+        }
+        squares += v * v;
+    }
+    float scale = 1.0f / sqrtf(hsum(squares) / (float)n + eps);
+    for (int64_t i = 0; i < n; i += LANES) {
+        f32v v = in_dtype(dtype, load_any(dtype, residual, row + i) * scale);
+        store_any(dtype, out, row + i, load_any(dtype, weight, i) * v);
+    }
+}
+
 INLINE void add_rms_norm_body(int dtype, void *residual, const void *delta, const void *weight, float eps,
                               int64_t m, int64_t n, void *out) {
     #pragma omp parallel for schedule(static) if (m * n >= 65536)
-    for (int64_t r = 0; r < m; r++) {
-        int64_t row = r * n;
-        f32v squares = splat(0);
-        for (int64_t i = 0; i < n; i += LANES) {
-            f32v v = load_any(dtype, residual, row + i);
-            if (delta) {
-                v = in_dtype(dtype, v + load_any(dtype, delta, row + i));
-                store_any(dtype, residual, row + i, v);
-            }
-            squares += v * v;
-        }
-        float scale = 1.0f / sqrtf(hsum(squares) / (float)n + eps);
-        for (int64_t i = 0; i < n; i += LANES) {
-            f32v v = in_dtype(dtype, load_any(dtype, residual, row + i) * scale);
-            store_any(dtype, out, row + i, load_any(dtype, weight, i) * v);
-        }
-    }
+    for (int64_t r = 0; r < m; r++) add_rms_norm_row(dtype, residual, delta, weight, eps, n, r * n, out);
 }
 
 void mcpd_add_rms_norm(int dtype, void *residual, const void *delta, const void *weight, float eps, int64_t m,
@@ -1256,6 +1279,21 @@ static inline float load1(int dtype, const void *p, int64_t i) {
 }
 static inline float in_dtype1(int dtype, float v) { return dtype == F32 ? v : bf16_to_f32(f32_to_bf16(v)); }
 
+/* One head's d values x rotated in place by cos and sin (cos + d) of its position. */
+INLINE void rotate_head(int dtype, char *x, int64_t d, const float *cos) {
+    const float *sin = cos + d;
+    int64_t half = d / 2;
+    float rotated[MAX_HEAD_DIM];
+    for (int64_t j = 0; j < half; j++) {
+        float x1 = load1(dtype, x, j), x2 = load1(dtype, x, j + half);
+        rotated[j] = in_dtype1(dtype, in_dtype1(dtype, x1 * cos[j]) + in_dtype1(dtype, -x2 * sin[j]));
+        rotated[j + half] = in_dtype1(dtype, in_dtype1(dtype, x2 * cos[j + half])
+                                             + in_dtype1(dtype, x1 * sin[j + half]));
+    }
+    if (dtype == F32) memcpy(x, rotated, d * 4);
+    else for (int64_t j = 0; j < d; j++) ((bf16 *)x)[j] = f32_to_bf16(rotated[j]);
+}
+
 /* qkv: [t, (heads + 2 kv_heads) * d] rows (q, k, v side by side). Rotates q and k in place
    ("rotate half": x * cos + cat(-x2, x1) * sin, each product and the sum in dtype) with cos and
    sin of each token's position from table [positions, 2, d] (float32 holding dtype values), and
@@ -1265,24 +1303,13 @@ static inline float in_dtype1(int dtype, float v) { return dtype == F32 ? v : bf
 INLINE void rope_store_body(int dtype, void *qkv, int64_t t, int64_t heads, int64_t kv_heads, int64_t d,
                             const int64_t *positions, const float *table, void *kv, int64_t block_stride,
                             int64_t v_offset, const int64_t *slot_blocks, const int64_t *slot_offsets) {
-    int64_t width = (heads + 2 * kv_heads) * d, half = d / 2, slot = kv_heads * d;
+    int64_t width = (heads + 2 * kv_heads) * d, slot = kv_heads * d;
     size_t size = dtype == F32 ? 4 : 2;
     #pragma omp parallel for schedule(static) if (t >= 16)
     for (int64_t i = 0; i < t; i++) {
-        const float *cos = table + positions[i] * 2 * d, *sin = cos + d;
+        const float *cos = table + positions[i] * 2 * d;
         char *row = (char *)qkv + i * width * size;
-        for (int64_t h = 0; h < heads + kv_heads; h++) {
-            char *x = row + h * d * size;
-            float rotated[MAX_HEAD_DIM];
-            for (int64_t j = 0; j < half; j++) {
-                float x1 = load1(dtype, x, j), x2 = load1(dtype, x, j + half);
-                rotated[j] = in_dtype1(dtype, in_dtype1(dtype, x1 * cos[j]) + in_dtype1(dtype, -x2 * sin[j]));
-                rotated[j + half] = in_dtype1(dtype, in_dtype1(dtype, x2 * cos[j + half])
-                                                     + in_dtype1(dtype, x1 * sin[j + half]));
-            }
-            if (dtype == F32) memcpy(x, rotated, d * 4);
-            else for (int64_t j = 0; j < d; j++) ((bf16 *)x)[j] = f32_to_bf16(rotated[j]);
-        }
+        for (int64_t h = 0; h < heads + kv_heads; h++) rotate_head(dtype, row + h * d * size, d, cos);
         char *dst = (char *)kv + (slot_blocks[i] * block_stride + slot_offsets[i] * slot) * size;
         memcpy(dst, row + heads * d * size, slot * size);
         memcpy(dst + v_offset * size, row + (heads + kv_heads) * d * size, slot * size);
@@ -1298,16 +1325,20 @@ void mcpd_rope_store(int dtype, void *qkv, int64_t t, int64_t heads, int64_t kv_
 
 /* ---- SiLU(gate) * up ------------------------------------------------------------------------ */
 
+/* One row of silu_mul_body: gate_up [2 * inter], out [inter]. */
+INLINE void silu_mul_row(int dtype, const void *gate_up, int64_t inter, void *out) {
+    for (int64_t i = 0; i < inter; i += LANES) {
+        f32v g = load_any(dtype, gate_up, i), u = load_any(dtype, gate_up, inter + i);
+        f32v silu = in_dtype(dtype, g / (1.0f + vexp(-g)));
+        store_any(dtype, out, i, silu * u);
+    }
+}
+
 /* gate_up: [m, 2 * inter] (gate then up); out: [m, inter] = dtype(dtype(silu(gate)) * up). */
 INLINE void silu_mul_body(int dtype, const void *gate_up, int64_t m, int64_t inter, void *out) {
     #pragma omp parallel for schedule(static) if (m * inter >= 65536)
-    for (int64_t r = 0; r < m; r++)
-        for (int64_t i = 0; i < inter; i += LANES) {
-            f32v g = load_any(dtype, gate_up, r * 2 * inter + i);
-            f32v u = load_any(dtype, gate_up, r * 2 * inter + inter + i);
-            f32v silu = in_dtype(dtype, g / (1.0f + vexp(-g)));
-            store_any(dtype, out, r * inter + i, silu * u);
-        }
+    for (int64_t r = 0; r < m; r++) silu_mul_row(dtype, (const char *)gate_up + r * 2 * inter * (dtype == F32 ? 4 : 2),
+                                                 inter, (char *)out + r * inter * (dtype == F32 ? 4 : 2));
 }
 
 void mcpd_silu_mul(int dtype, const void *gate_up, int64_t m, int64_t inter, void *out) {
@@ -1413,6 +1444,26 @@ INLINE void decode_one(int dtype, int64_t group, int64_t d, const void *q, const
             for (int64_t j = 0; j < vecs; j++) store_any(dtype, out, h * d + j * LANES, acc[h][j] / total[h]);
 }
 
+/* KV head g of sequence s (table: its blocks, len: its tokens) for decode_attention_body. */
+INLINE void decode_kv_head(int dtype, const void *q, int64_t q_stride, int64_t heads, int64_t kv_heads, int64_t d,
+                           const void *kv, int64_t block_stride, int64_t v_offset, int64_t block_size,
+                           const int64_t *table, int64_t len, float scale, void *out, int64_t s, int64_t g) {
+    int64_t group = heads / kv_heads, slot = kv_heads * d;
+    size_t size = dtype == F32 ? 4 : 2;
+    const char *query = (const char *)q + (s * q_stride + g * group * d) * size;
+    const char *cache = (const char *)kv + g * d * size;
+    char *o = (char *)out + (s * heads + g * group) * d * size;
+#define DECODE_ONE(G, D) decode_one(dtype, G, D, query, cache, block_stride, v_offset, block_size, slot, table, \
+                                    len, scale, o)
+    /* Constant shapes for the common models, so the sums stay in registers. */
+    if (group == 4 && d == 64) DECODE_ONE(4, 64);
+    else if (group == 8 && d == 64) DECODE_ONE(8, 64);
+    else if (group == 4 && d == 128) DECODE_ONE(4, 128);
+    else if (group == 1 && d == 128) DECODE_ONE(1, 128);
+    else DECODE_ONE(group, d);
+#undef DECODE_ONE
+}
+
 /* q: [b, ...] rows of q_stride elements, heads * d queries first in each row. Sequence s attends
    to its first lens[s] tokens, held in blocks tables[s * table_stride + ...] of block_size token
    slots (cache layout as in mcpd_rope_store). out: [b, heads * d]. */
@@ -1420,27 +1471,14 @@ INLINE void decode_attention_body(int dtype, const void *q, int64_t q_stride, in
                                   int64_t kv_heads, int64_t d, const void *kv, int64_t block_stride,
                                   int64_t v_offset, int64_t block_size, const int64_t *tables,
                                   int64_t table_stride, const int64_t *lens, float scale, void *out) {
-    int64_t group = heads / kv_heads, slot = kv_heads * d, keys = 0;
-    size_t size = dtype == F32 ? 4 : 2;
+    int64_t keys = 0;
     for (int64_t s = 0; s < b; s++) keys += lens[s];
     /* Threads only for enough work: waking a sleeping thread costs more than a short context. */
     #pragma omp parallel for collapse(2) schedule(static) if (b * kv_heads > 1 && keys * heads * d >= (1 << 20))
     for (int64_t s = 0; s < b; s++)
-        for (int64_t g = 0; g < kv_heads; g++) {
-            const char *query = (const char *)q + (s * q_stride + g * group * d) * size;
-            const char *cache = (const char *)kv + g * d * size;
-            char *o = (char *)out + (s * heads + g * group) * d * size;
-            const int64_t *table = tables + s * table_stride;
-#define DECODE_ONE(G, D) decode_one(dtype, G, D, query, cache, block_stride, v_offset, block_size, slot, table, \
-                                    lens[s], scale, o)
-            /* Constant shapes for the common models, so the sums stay in registers. */
-            if (group == 4 && d == 64) DECODE_ONE(4, 64);
-            else if (group == 8 && d == 64) DECODE_ONE(8, 64);
-            else if (group == 4 && d == 128) DECODE_ONE(4, 128);
-            else if (group == 1 && d == 128) DECODE_ONE(1, 128);
-            else DECODE_ONE(group, d);
-#undef DECODE_ONE
-        }
+        for (int64_t g = 0; g < kv_heads; g++)
+            decode_kv_head(dtype, q, q_stride, heads, kv_heads, d, kv, block_stride, v_offset, block_size,
+                           tables + s * table_stride, lens[s], scale, out, s, g);
 }
 
 void mcpd_decode_attention(int dtype, const void *q, int64_t q_stride, int64_t b, int64_t heads,
@@ -1663,6 +1701,112 @@ static int64_t kept_groups(const mcpd_group *groups, int64_t num_groups, const i
     return made;
 }
 
+/* This thread's contiguous share of the strips of each part of w (as linear: its columns of y
+   [1, n] and of the bias) times x's one row, x prepared by this thread. */
+static void row_share(int dtype, const void *x, int64_t k, const mcpd_matrix *w, const void *bias, int64_t n, void *y,
+                      int thread, int threads) {
+    size_t size = dtype == F32 ? 4 : 2;
+    for (int64_t at = 0; w; w = w->next) {
+        int64_t rows = w->next ? w->rows : n - at, strips = (rows + PANEL * TILE_PANELS - 1) / (PANEL * TILE_PANELS);
+        int64_t share = (strips + threads - 1) / threads, first = thread * share;
+        int64_t last = first + share < strips ? first + share : strips, bytes[4];
+        if (first < last) {
+            panel_bytes(dtype, w, k, bytes);
+            product_x px = product_x_of(dtype, x, 1, k, w->kind);
+            for (int64_t strip = first; strip < last; strip++)
+                strip_product(dtype, px, 1, k, w, bytes, strip, bias ? (const char *)bias + at * size : NULL, rows,
+                              (char *)y + at * size, n, 0);
+            product_x_free(px);
+        }
+        at += rows;
+    }
+}
+
+static int kind_quantized(const mcpd_matrix *w) {
+    for (; w; w = w->next)
+        if (w->kind == PLAIN) return 0;
+    return 1;
+}
+
+/* Whether the stack's step is one decoding row over layers whose products are all quantized
+   (one_row_stack's case: its products take the tile path, which linear takes for those kinds). */
+static int one_quantized_row(const mcpd_layer *layers, int64_t num_layers, int64_t t, const mcpd_group *groups,
+                             int64_t num_groups, int64_t kept, const int64_t *kept_rows) {
+    if (t != 1 || num_groups != 1 || !groups[0].decoding || groups[0].b != 1 || !(kept < 0 || (kept == 1 && !kept_rows[0])))
+        return 0;
+    for (const mcpd_layer *w = layers; w < layers + num_layers; w++)
+        if (!kind_quantized(&w->qkv) || !kind_quantized(&w->o) || !kind_quantized(&w->gate_up) || !kind_quantized(&w->down))
+            return 0;
+    return 1;
+}
+
+/* The calling thread's index in its OpenMP team, and the team's size. */
+static inline void team_place(int *thread, int *threads) {
+#ifdef _OPENMP
+    extern int omp_get_thread_num(void);
+    extern int omp_get_num_threads(void);
+    *thread = omp_get_thread_num(), *threads = omp_get_num_threads();
+#else
+    *thread = 0, *threads = 1;
+#endif
+}
+
+/* mcpd_decoder_stack for one_quantized_row: one parallel region for the whole stack, not one for
+   each of a layer's four products (a fork and a join each). Each thread keeps its own copy of the
+   row's residual and does the row's norms and SiLU itself (microseconds, the same values), so the
+   only waits are the five for what every thread needs whole: q/k/v, the attention, o, gate/up and
+   down. A thread rotates, stores and attends its own KV heads with no wait between, where one
+   thread attended every head while the others waited. Per value, the kernels, inputs and order of
+   the general path: the same bits. Scratch: delta, qkv, attended, gate_up of the one row. */
+INLINE void one_row_stack_body(int dtype, const mcpd_shape *s, const mcpd_layer *layers, int64_t num_layers,
+                               void *residual, const float *rope, int64_t position, int64_t slot_block,
+                               int64_t slot_offset, const mcpd_group *g, void *scratch, const void *final_norm,
+                               void *out) {
+    size_t size = dtype == F32 ? 4 : 2;
+    int64_t d = s->head_dim, group = s->heads / s->kv_heads, q_size = s->heads * d, slot = s->kv_heads * d;
+    int64_t qkv_n = q_size + 2 * slot, hidden = s->hidden * size;
+    char *delta = scratch, *qkv = delta + hidden, *attended = qkv + qkv_n * size, *gate_up = attended + q_size * size;
+    const float *cos = rope + position * 2 * d;
+    #pragma omp parallel
+    {
+        int thread, threads;
+        team_place(&thread, &threads);
+        char *mine = malloc(2 * hidden + s->inter * size), *x = mine + hidden, *act = x + hidden;
+        const void *pending = NULL;
+        memcpy(mine, residual, hidden);
+        for (const mcpd_layer *w = layers; w < layers + num_layers; w++) {
+            add_rms_norm_row(dtype, mine, pending, w->input_norm, s->eps, s->hidden, 0, x);
+            row_share(dtype, x, s->hidden, &w->qkv, w->qkv_bias, qkv_n, qkv, thread, threads);
+            #pragma omp barrier
+            for (int64_t h = thread; h < s->kv_heads; h += threads) {
+                char *key = qkv + (q_size + h * d) * size;
+                char *cached = (char *)w->kv + (slot_block * s->block_stride + slot_offset * slot + h * d) * size;
+                for (int64_t j = 0; j < group; j++) rotate_head(dtype, qkv + (h * group + j) * d * size, d, cos);
+                rotate_head(dtype, key, d, cos);
+                memcpy(cached, key, d * size);
+                memcpy(cached + s->v_offset * size, key + slot * size, d * size);
+                decode_kv_head(dtype, qkv, qkv_n, s->heads, s->kv_heads, d, w->kv, s->block_stride, s->v_offset,
+                               s->block_size, g->table, g->lens[0], s->scale, attended, 0, h);
+            }
+            #pragma omp barrier
+            row_share(dtype, attended, q_size, &w->o, w->o_bias, s->hidden, delta, thread, threads);
+            #pragma omp barrier
+            add_rms_norm_row(dtype, mine, delta, w->post_norm, s->eps, s->hidden, 0, x);
+            row_share(dtype, x, s->hidden, &w->gate_up, w->gate_up_bias, 2 * s->inter, gate_up, thread, threads);
+            #pragma omp barrier
+            silu_mul_row(dtype, gate_up, s->inter, act);
+            row_share(dtype, act, s->inter, &w->down, w->down_bias, s->hidden, delta, thread, threads);
+            #pragma omp barrier
+            pending = delta;
+        }
+        if (thread == 0) {
+            memcpy(residual, mine, hidden);
+            add_rms_norm_row(dtype, residual, pending, final_norm, s->eps, s->hidden, 0, out);
+        }
+        free(mine);
+    }
+}
+
 /* residual: [t, hidden], the embeddings, updated in place; out: [t, hidden], the final norm of
    the last residual. rope, positions and slots as mcpd_rope_store takes them. kept: -1 for every
    row, else how many rows out gets: kept_rows, ascending, each the last of its sequence in the
@@ -1673,6 +1817,11 @@ void mcpd_decoder_stack(int dtype, const mcpd_shape *s, const mcpd_layer *layers
                         void *residual, const float *rope, const int64_t *positions, const int64_t *slot_blocks,
                         const int64_t *slot_offsets, const mcpd_group *groups, int64_t num_groups, int64_t kept,
                         const int64_t *kept_rows, void *scratch, const void *final_norm, void *out) {
+    if (one_quantized_row(layers, num_layers, t, groups, num_groups, kept, kept_rows)) {
+        BY_DTYPE(one_row_stack_body, s, layers, num_layers, residual, rope, positions[0], slot_blocks[0],
+                 slot_offsets[0], groups, scratch, final_norm, out);
+        return;
+    }
     size_t size = dtype == F32 ? 4 : 2;
     int64_t d = s->head_dim, q_size = s->heads * d, qkv_n = q_size + 2 * s->kv_heads * d;
     char *x = scratch, *delta = x + t * s->hidden * size, *qkv = delta + t * s->hidden * size;
