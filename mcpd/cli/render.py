@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import json
+import signal
 import sys
-import time
+import threading
 
 CLEAR = "\033[H\033[2J"
 
@@ -15,18 +16,22 @@ def emit(args, data, human) -> None:
 
 def redraw_until_interrupted(args, fetch, human, interval_s: float) -> None:
     """Print fetch()'s data every interval_s until Ctrl-C; on a terminal each frame replaces the
-    last (ANSI clear), elsewhere frames follow one another."""
+    last (ANSI clear), elsewhere frames follow one another. Ctrl-C ends the watch between frames:
+    raised inside a control call it could land in libzmq's context teardown and leave the process
+    hung at exit."""
     clear = not args.json and sys.stdout.isatty()
+    interrupted = threading.Event()
+    previous = signal.signal(signal.SIGINT, lambda *_: interrupted.set())
     try:
-        while True:
+        while not interrupted.is_set():
             data = fetch()
             if clear:
                 print(CLEAR, end="")
             emit(args, data, human)
             sys.stdout.flush()
-            time.sleep(interval_s)
-    except KeyboardInterrupt:
-        return
+            interrupted.wait(interval_s)
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def table(header: list[str], rows: list[list]) -> str:
