@@ -272,7 +272,8 @@ class Engine:
         """Up to `steps` greedy tokens of seq from one native call, appended as that many steps
         would append them (ending where one finishes it), reported as one output."""
         params = seq.params
-        self.tokens_prefilled += 0 if seq.num_completion_tokens else 1
+        if not seq.num_completion_tokens:   # the lone prompt token this call computes
+            self.tokens_prefilled += 1
         stops = params.stop_token_ids + (() if params.ignore_eos else tuple(self.tokenizer.eos_token_ids))
         tokens = self.model.greedy_steps(seq.token_ids[-1], seq.num_computed, seq.block_table, steps, stops)
         self.kv.step_ran()

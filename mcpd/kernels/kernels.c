@@ -1138,8 +1138,7 @@ static void strip_product(int dtype, product_x px, int64_t m, int64_t k, const m
         mn[j] = bytes[2] ? (const char *)(w->kind == Q6_K ? w->highs : w->mins) + panel * bytes[2] : NULL;
         s[j] = bytes[3] ? (const char *)w->supers + panel * bytes[3] : NULL;
     }
-    /* A 4-bit tile is as many rows as its sums' registers hold: it unpacks the strip's nibbles once
-       for them all (on AVX2 passes of 4 unpacked 8 rows' three times: 4 + 2, then 2). */
+    /* A 4-bit tile is as many rows as its sums' registers hold: it unpacks the strip's nibbles once for them all. */
     int64_t tile_rows = w->kind < Q4_0 ? TILE_ROWS : w->kind == Q6_K ? Q6_K_ROWS : INT4_ROWS;
     for (int64_t row = 0; row < m; row += tile_rows) {
         int64_t rows = m - row < tile_rows ? m - row : tile_rows;
