@@ -34,6 +34,8 @@ closed-loop capacity; a rate is held when every request is answered ok and the p
                       connection as another tenant's client (burst.load says so); generator_lag_p99_ms
                       says how late they sent (a note when later than high's idle p99).
                       --burst-control runs it with priorities off (FIFO, no edge shedding): far over 2
+                      burst.burst_high_p99_by_send_time: high's p99 by when in the burst it was sent
+                      (finer at the start, where a backlog builds before shedding), and the first low refused
   cache_hit_rate, cache_rps_ratio   text classifier, a Zipf(1.1) stream over 100k distinct
                       inputs, the cache warmed at start from a file of the 20k most frequent:
                       the share answered from the cache, and the held rate over the cache off
@@ -65,7 +67,7 @@ from mcpd.client import Client
 from mcpd.handlers.handler import load_handler
 from peerkit import checkpoints, handler_servers, servers
 from peerkit.batching_ceiling import batching_ceiling
-from peerkit.burst_stages import BurstStages, high_spans_ms, request_parts_ms
+from peerkit.burst_stages import BurstStages, high_p99_by_send_time, high_spans_ms, request_parts_ms
 from peerkit.handler_runner import HandlerRunner
 from peerkit.handler_targets import DEADLINE_MS, HttpV2, McpdZmq, TensorInputs
 from peerkit.client_processes import CLIENT_NICE, ClientProcesses
@@ -249,6 +251,7 @@ async def priority_burst(server: handler_servers.McpdServer, name: str, inputs: 
     return {"capacity_rps": round(capacity, 1), "clients": clients, "load": BURST_LOAD,
             "idle_high_p99_ms": round(p99_ms(idle, "high"), 2), "burst_high_p99_ms": round(p99_ms(burst, "high"), 2),
             "burst_high_p99_from_send_ms": round(p99_ms(from_send(burst), "high"), 2),
+            "burst_high_p99_by_send_time": high_p99_by_send_time(burst, sizes.burst_s),
             "scheduler_high_queue_p99_ms": stage_figures["scheduler_queue_p99_ms"].get("high"),
             "stages": stage_figures,
             "idle": generator_figures(idle, sizes.burst_s, idle_cpu_s),

@@ -175,6 +175,23 @@ def test_a_traced_requests_parts_join_the_clients_times_to_the_daemons_spans_by_
                                            "worker.predict", "reply_to_client")}}, abs=1e-3)
 
 
+def test_highs_are_split_by_when_in_the_burst_they_were_sent_beside_the_first_low_refused():
+    # (priority, outcome, seconds from due, sent after the start, sent late by): p99s from the send
+    sent = [("high", "ok", 0.102, 0.1, 0.002), ("high", "ok", 0.300, 0.3, 0.0), ("high", "ok", 0.010, 0.3, 0.0),
+            ("high", "OVERLOADED", 0.001, 0.4, 0.0), ("low", "ok", 0.05, 0.2, 0.0),
+            ("low", "OVERLOADED", 0.001, 0.45, 0.0), ("low", "OVERLOADED", 0.001, 1.5, 0.0),
+            ("high", "ok", 0.004, 3.0, 0.0)]
+    outcomes = [Outcome(priority, code, seconds, False, at - lag, at) for priority, code, seconds, at, lag in sent]
+    found = burst_stages.high_p99_by_send_time(outcomes, burst_s=4.0)
+    assert found["first_low_refused_s"] == 0.45
+    windows = found["windows"]
+    assert list(windows) == ["0-0.25s", "0.25-0.5s", "0.5-1s", "1-2s", "2s-end"]
+    assert windows["0-0.25s"] == {"n": 1, "p99": 100.0}
+    assert windows["0.25-0.5s"] == {"n": 2, "p99": 300.0}   # nearest rank: the slower one
+    assert windows["0.5-1s"] == {"n": 0, "p99": None} and windows["2s-end"] == {"n": 1, "p99": 4.0}
+    assert list(burst_stages.high_p99_by_send_time(outcomes, burst_s=0.4)["windows"]) == ["0-0.25s", "0.25s-end"]
+
+
 def test_the_bursts_control_is_a_fifo_scheduler_without_edge_shedding():
     config = from_dict({"scheduler": handlers.CONTROL_SCHEDULER})
     assert config.scheduler.policy == "fifo" and not config.scheduler.shed_wait_ms

@@ -9,7 +9,8 @@ the generator's are within it). With the daemon tracing a share of its requests 
 between processes and each process's own part, and request_parts_ms joins each traced request to
 the client's own times for it (by request id), so the parts outside the daemon are split too:
 the generator's lag sending it, the kernel's and the front-end socket's hold before the
-front-end reads it, and the reply's way back until the client stamps it."""
+front-end reads it, and the reply's way back until the client stamps it. high_p99_by_send_time
+says when in the burst the slow high requests were sent, beside when the first low was refused."""
 from __future__ import annotations
 
 import json
@@ -103,6 +104,24 @@ def request_parts_ms(path: Path, outcomes: list, started: float, offset_ns: int,
             "parts": {name: {"p50": round(float(np.quantile(table[:, i], 0.5)), 3),
                              "p99": round(float(np.quantile(table[:, i], 0.99)), 3),
                              "tail_mean": round(float(tail[:, i].mean()), 3)} for i, name in enumerate(names)}}
+
+
+# The burst's start, split finer: a backlog builds there before edge shedding starts
+SEND_TIME_EDGES_S = (0.25, 0.5, 1.0, 2.0)
+
+
+def high_p99_by_send_time(outcomes: list, burst_s: float) -> dict:
+    """When in the burst its slow high requests were sent: high's count and p99 from the send
+    (ms) per window of send time (from the burst's start, finer at the start), and when the first
+    low was refused (s; None: none was), which is about when shedding began."""
+    edges = [0.0, *(edge for edge in SEND_TIME_EDGES_S if edge < burst_s), float("inf")]
+    windows = {}
+    for start, end in zip(edges, edges[1:]):
+        ms = [(o.seconds - o.lag) * 1e3 for o in outcomes
+              if o.priority == "high" and o.outcome == "ok" and start <= o.sent_s < end]
+        windows[f"{start:g}-{end:g}s" if end < float("inf") else f"{start:g}s-end"] = {"n": len(ms), "p99": round(percentile(ms, 0.99), 2) if ms else None}
+    refused = [o.sent_s for o in outcomes if o.priority == "low" and o.outcome != "ok"]
+    return {"windows": windows, "first_low_refused_s": round(min(refused), 3) if refused else None}
 
 
 def _traces_by_request_id(path: Path) -> dict[int, dict[str, tuple[int, int]]]:
