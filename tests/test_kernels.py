@@ -85,6 +85,25 @@ def test_a_row_alone_gives_the_bits_it_gets_in_a_batch(native_kernels, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_a_products_bits_do_not_depend_on_which_threads_took_its_strips(native_kernels, dtype):
+    """Each thread owns a share of a product's strips and, done with it, takes the others' from
+    the back (beside a busy neighbour one thread takes most): a strip is the same sums whichever
+    thread computes it, so the bits do not change with who took what, nor with the thread count
+    the thread tuner picks. Three rows of 100 outputs are below the threads' threshold: one
+    thread takes its own share, then every other share from the back; nine rows run on the team."""
+    x, w, b = rand(9, 64, dtype=dtype), native_kernels.prepare(rand(100, 64, dtype=dtype)), rand(100, dtype=dtype)
+    team = native_kernels.linear(x, w, b)
+    assert torch.equal(native_kernels.linear(x[:3], w, b), team[:3])
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        alone = native_kernels.linear(x, w, b)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(alone, team)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_logits_are_float32_holding_the_model_dtype(native_kernels, dtype):
     x, w = rand(2, 64, dtype=dtype), rand(300, 64, dtype=dtype)
     logits = native_kernels.logits(x, native_kernels.prepare(w))

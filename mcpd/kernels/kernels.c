@@ -1078,19 +1078,51 @@ static void panel_bytes(int dtype, const mcpd_matrix *w, int64_t k, int64_t byte
 
 int mcpd_max_threads(void);
 
-/* Strips a thread of linear_part takes at a time. Up to 4 tiles of rows the product streams its
-   weights: each thread one contiguous share, as even as the strips divide, so that it streams its
-   share once and the next strip its tiles fetch is its own (runs of 8 handed out in turn split
-   576 outputs 24/12 panels between two threads, 192 outputs 8/4); a share left by a late thread
-   goes to the other whole. Past that it is compute-bound, and the runs shorten as the rows grow,
-   to 1 strip at a prompt's 128, so that a thread waits little for the other's last run: runs of
-   8 left 4 to share out on a 512-output product, ~3 ms of a 128-token AVX2 prefill (more where a
-   neighbour slows one of the threads). */
-static inline int64_t strip_chunk(int64_t m, int64_t strips) {
-    int64_t threads = mcpd_max_threads(), most = 8 / TILE_PANELS, rows = 4 * TILE_ROWS;
-    if (m <= rows) return (strips + threads - 1) / threads;
-    int64_t chunk = most * rows / m;
-    return chunk > 1 ? chunk : 1;
+/* The calling thread's index in its OpenMP team, and the team's size. */
+static inline void team_place(int *thread, int *threads) {
+#ifdef _OPENMP
+    extern int omp_get_thread_num(void);
+    extern int omp_get_num_threads(void);
+    *thread = omp_get_thread_num(), *threads = omp_get_num_threads();
+#else
+    *thread = 0, *threads = 1;
+#endif
+}
+
+/* How linear_part's threads split a product's strips: each owns one contiguous share, as even as
+   the strips divide, and takes it from the front, so that it streams its share of the weights
+   once and the next strip its tiles fetch is its own. A thread done with its share takes the
+   other shares' strips from the back, STOLEN_STRIPS at a time: with fixed shares every product
+   waits for its slowest thread, and beside a busy neighbour the thread that shares its core runs
+   at about half speed while the other sits idle. An owner's and its thieves' claims meet in one
+   word per share (front in the low half, end in the high half), so that a strip is taken once. */
+#define STOLEN_STRIPS 1   /* a strip is microseconds of work: a thief that took more could leave the owner the wait */
+#define MAX_SHARES 64
+typedef struct {
+    uint64_t range;     /* front | end << 32: the strips not yet taken */
+} __attribute__((aligned(64))) strip_share;   /* a cache line each: one owner's claims do not stall another's */
+
+static void split_strips(strip_share *shares, int count, int64_t strips) {
+    for (int i = 0; i < count; i++) {
+        uint64_t front = strips * i / count, end = strips * (i + 1) / count;
+        shares[i].range = front | end << 32;
+    }
+}
+
+/* Takes up to `most` strips of the share, from its front (the owner) or its back (a thief): sets
+   *first to the first of them and returns how many (0: none left). */
+static int64_t take_strips(strip_share *share, int from_back, uint64_t most, int64_t *first) {
+    uint64_t range = __atomic_load_n(&share->range, __ATOMIC_RELAXED);
+    for (;;) {
+        uint64_t front = range & 0xffffffffu, end = range >> 32;
+        if (front >= end) return 0;
+        uint64_t count = end - front < most ? end - front : most;
+        uint64_t rest = from_back ? front | (end - count) << 32 : (front + count) | end << 32;
+        if (__atomic_compare_exchange_n(&share->range, &range, rest, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+            *first = (int64_t)(from_back ? end - count : front);
+            return (int64_t)count;
+        }
+    }
 }
 
 /* x of a product as its matrix's kind reads it: as given, widened (bfloat16 x of a plain matrix
@@ -1150,18 +1182,36 @@ static void strip_product(int dtype, product_x px, int64_t m, int64_t k, const m
     }
 }
 
+/* The strips of linear_part this thread takes (split_strips): its own share's from the front,
+   then the other shares' from the back. */
+static void take_and_multiply(int dtype, product_x px, int64_t m, int64_t k, const mcpd_matrix *w,
+                              const int64_t bytes[4], strip_share *shares, int count, const void *bias, int64_t n,
+                              void *y, int64_t ld, int y_f32) {
+    int thread, threads;
+    team_place(&thread, &threads);
+    int64_t first, taken;
+    while (take_strips(&shares[thread], 0, 1, &first))
+        strip_product(dtype, px, m, k, w, bytes, first, bias, n, y, ld, y_f32);
+    for (int other = 1; other < count; other++)
+        while ((taken = take_strips(&shares[(thread + other) % count], 1, STOLEN_STRIPS, &first)))
+            for (int64_t strip = first; strip < first + taken; strip++)
+                strip_product(dtype, px, m, k, w, bytes, strip, bias, n, y, ld, y_f32);
+}
+
 /* x: [m, k] of dtype, w: a matrix of [n, k] of one kind packed as above, bias: [n] or NULL; y:
    [m, n] of dtype, rows ld apart, or float32 holding dtype-rounded values when y_f32 (logits).
-   Threads take runs of strips (strip_chunk says how many). */
+   Threads take the strips as split_strips says. */
 static void linear_part(int dtype, const void *x, int64_t m, int64_t k, const mcpd_matrix *w, const void *bias,
                         int64_t n, void *y, int64_t ld, int y_f32) {
     int64_t panels = (n + PANEL - 1) / PANEL, strips = (panels + TILE_PANELS - 1) / TILE_PANELS, bytes[4];
     panel_bytes(dtype, w, k, bytes);
     if (m == 1 && w->kind == PLAIN && (dtype == F32 || ROW_BF16)) return linear_row(dtype, x, k, w->panels, bias, n, y, ld, y_f32);
     product_x px = product_x_of(dtype, x, m, k, w->kind);
-    #pragma omp parallel for schedule(dynamic, strip_chunk(m, strips)) if (strips > 1 && n * k * m >= 32768)
-    for (int64_t strip = 0; strip < strips; strip++)
-        strip_product(dtype, px, m, k, w, bytes, strip, bias, n, y, ld, y_f32);
+    int count = mcpd_max_threads() < MAX_SHARES ? mcpd_max_threads() : MAX_SHARES;
+    strip_share shares[count];
+    split_strips(shares, count, strips);
+    #pragma omp parallel num_threads(count) if (strips > 1 && n * k * m >= 32768)
+    take_and_multiply(dtype, px, m, k, w, bytes, shares, count, bias, n, y, ld, y_f32);
     product_x_free(px);
 }
 
@@ -1737,17 +1787,6 @@ static int one_quantized_row(const mcpd_layer *layers, int64_t num_layers, int64
         if (!kind_quantized(&w->qkv) || !kind_quantized(&w->o) || !kind_quantized(&w->gate_up) || !kind_quantized(&w->down))
             return 0;
     return 1;
-}
-
-/* The calling thread's index in its OpenMP team, and the team's size. */
-static inline void team_place(int *thread, int *threads) {
-#ifdef _OPENMP
-    extern int omp_get_thread_num(void);
-    extern int omp_get_num_threads(void);
-    *thread = omp_get_thread_num(), *threads = omp_get_num_threads();
-#else
-    *thread = 0, *threads = 1;
-#endif
 }
 
 /* mcpd_decoder_stack for one_quantized_row: one parallel region for the whole stack, not one for
