@@ -63,8 +63,9 @@ def test_the_keeper_is_a_process_and_status_shows_its_pool_and_regions(fresh_dae
 def test_turn_11_after_a_sigkill_reuses_the_device_kv(fresh_daemon, device):
     """Chat A runs ten turns; the worker is SIGKILLed while it writes another sequence's blocks;
     turn 11 on its successor (weights from the pool, not the disk) recomputes nothing an uninterrupted run would not (chat B, the same
-    turns in another tenant, never interrupted), loads nothing from the host cache, and replies
-    with the same tokens."""
+    turns in another tenant, never interrupted) but the rows of turn 10's partial last block (not
+    in the validity records: kv_records.py holds whole blocks), loads nothing from the host
+    cache, and replies with the same tokens."""
     d = fresh_daemon(workers={"device": device})
     texts = [f" turn {i}: tell me more about pools" for i in range(11)]
     with d.client(tenant="alice") as alice, d.client(tenant="bob") as bob:
@@ -84,7 +85,9 @@ def test_turn_11_after_a_sigkill_reuses_the_device_kv(fresh_daemon, device):
         tokens, moved = turn(d, chat_a, texts[10])
     assert successor["kv_blocks_adopted"] > 0 and successor["weights_from_pool"]
     assert tokens == expected_tokens
-    assert moved == expected and moved["host_kv_loaded"] == 0 and moved["prefix_cache_hits"] > 0
+    tail_rows = expected["prefix_cache_hits"] - moved["prefix_cache_hits"]
+    assert 0 <= tail_rows < 16 and moved["tokens_prefilled"] == expected["tokens_prefilled"] + tail_rows
+    assert moved["host_kv_loaded"] == 0 and moved["prefix_cache_hits"] > 0
 
 
 def test_a_pool_too_small_for_the_model_refuses_to_start_with_the_numbers(fresh_daemon):

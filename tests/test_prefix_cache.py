@@ -10,6 +10,7 @@ from tiny_checkpoints import load_hf, make_checkpoint
 
 CPU = torch.device("cpu")
 GREEDY = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
+ONE = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)   # computes the prompt only
 SYSTEM = [(7 * i + 3) % 250 for i in range(160)]  # ten full blocks of 16 tokens
 
 
@@ -59,16 +60,18 @@ def test_shared_prefix_prefills_only_the_uncached_suffix():
     assert tokens == cold(second)
     stats = engine.stats()
     assert stats["kv_blocks_used"] == 0 and stats["kv_waste_frac"] == 0  # idle cache is not waste
-    assert stats["cached_blocks"] == 10 + 1 + 1  # the prefix, and one full block of each request
+    # The prefix, then one full block and the partial tail of each request.
+    assert stats["cached_blocks"] == 10 + 2 * (1 + 1)
 
 
-def test_a_fully_cached_prompt_still_computes_its_last_block():
+def test_a_fully_cached_prompt_still_computes_its_last_token():
     engine = make_engine()
     prompt = SYSTEM[:32]
     first, _ = run_one(engine, prompt)
     again, moved = run_one(engine, prompt)
-    # The last token's logits are needed, so its block (not shared: it would be written) is computed.
-    assert moved["prefix_cache_hits"] == 16 and moved["tokens_prefilled"] == 16
+    # The last token's logits are needed: its block is not shared (it would be written), its other
+    # 15 rows are copied into the sequence's own block.
+    assert moved["prefix_cache_hits"] == 31 and moved["tokens_prefilled"] == 1
     assert again == first == cold(prompt)
 
 
@@ -79,10 +82,10 @@ def test_next_chat_turn_reuses_the_generated_tokens_too():
     reply, _ = run_one(engine, turn1, SamplingParams(max_tokens=40, temperature=0, ignore_eos=True))
     turn2 = turn1 + reply + [40, 41, 42, 43, 44, 45]
     tokens, moved = run_one(engine, turn2)
-    # Every block turn 1 computed (all but its last sampled token) comes from the cache.
-    assert moved["prefix_cache_hits"] == (len(turn1) + len(reply) - 1) // 16 * 16 == 80
-    assert moved["prefix_cache_hits"] > len(turn1)
-    assert moved["tokens_prefilled"] == len(turn2) - 80
+    # Every token turn 1 computed (all but its last sampled one) comes from the cache: 80 in
+    # shared blocks, 9 copied from turn 1's partial last block.
+    assert moved["prefix_cache_hits"] == len(turn1) + len(reply) - 1 == 89
+    assert moved["tokens_prefilled"] == len(turn2) - 89
     assert tokens == cold(turn2)
 
 
@@ -127,7 +130,7 @@ def test_pool_pressure_evicts_idle_blocks_and_everything_completes():
     others = {f"o{i}": (SYSTEM[i:i + 60][::-1], params) for i in range(1, 4)}
     engine = small_engine()
     first_tokens, _ = run_one(engine, first, params)
-    assert engine.stats()["cached_blocks"] == 4  # 79 computed tokens
+    assert engine.stats()["cached_blocks"] == 5  # 79 computed tokens: 4 full blocks and a tail
     generated = run(engine, others)  # 7 blocks each, 8 in all: the cache must give blocks back
     assert generated == {key: cold(prompt, params) for key, (prompt, _) in others.items()}
     stats = engine.stats()
@@ -156,6 +159,13 @@ def test_preempting_a_sharer_leaves_the_other_intact():
     assert generated == {key: cold(prompts[key], params[key]) for key in prompts}
 
 
+def hf_greedy(checkpoint, prompt: list[int], max_new_tokens: int) -> list[int]:
+    ids = torch.tensor([prompt])
+    with torch.inference_mode():
+        return load_hf(checkpoint).generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                                            do_sample=False, pad_token_id=1)[0, len(prompt):].tolist()
+
+
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):
     return make_checkpoint(tmp_path_factory.mktemp("checkpoints") / "llama", "llama")
@@ -168,12 +178,8 @@ def test_cache_hit_matches_transformers(llama, kernels):
     reply, _ = run_one(engine, turn1)
     turn2 = turn1 + reply + [5, 6, 7]
     tokens, moved = run_one(engine, turn2)
-    assert moved["prefix_cache_hits"] == 48
-    ids = torch.tensor([turn2])
-    with torch.inference_mode():
-        expected = load_hf(llama).generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=20,
-                                           do_sample=False, pad_token_id=1)[0, len(turn2):].tolist()
-    assert tokens == expected
+    assert moved["prefix_cache_hits"] == 50   # 48 in shared blocks, 2 copied from turn 1's tail
+    assert tokens == hf_greedy(llama, turn2, 20)
 
 
 @pytest.mark.slow
@@ -223,3 +229,69 @@ def test_blocks_shared_in_the_step_their_owner_is_preempted_are_still_computed()
     # A later request reusing b's blocks reads keys and values that were computed.
     follow_up = requests["b"][0] + generated["b"][:5]
     assert run_one(engine, follow_up)[0] == cold(follow_up)
+
+
+def test_a_repeated_two_token_prompt_prefills_one_row():
+    # One request's partial last block stays cached when it finishes; the next with the same first
+    # token copies that row and runs only its last token, as llama.cpp's slot reuse does.
+    engine = make_engine()
+    prompt = [256, 72]
+    first, moved = run_one(engine, prompt, ONE)
+    assert moved["tokens_prefilled"] == 2
+    again, moved = run_one(engine, prompt, ONE)
+    assert moved == {"tokens_prefilled": 1, "prefix_cache_queries": 2, "prefix_cache_hits": 1}
+    assert again == first == cold(prompt, ONE)
+
+
+def test_a_batch_copies_rows_from_a_tail_and_from_a_cached_full_block():
+    engine = make_engine()
+    run_one(engine, SYSTEM[:41], ONE)   # blocks 0 and 1 full and cached, then a tail of 9 rows
+    prompts = {"in-tail": SYSTEM[:37] + [9], "past-tail": SYSTEM[:41] + [1, 2],
+               "in-full-block": SYSTEM[:20] + [5, 6], "twice": SYSTEM[:36], "again": SYSTEM[:36]}
+    before = engine.stats()
+    generated = run(engine, {key: (prompt, GREEDY) for key, prompt in prompts.items()})
+    after = engine.stats()
+    # Shared blocks, then rows copied: 5 of the tail to "in-tail" (its 6th token differs), all 9 to
+    # "past-tail", 4 of block 1 to "in-full-block"; "twice" and "again" copy 3 of the tail each.
+    hits = {"in-tail": 32 + 5, "past-tail": 32 + 9, "in-full-block": 16 + 4, "twice": 32 + 3, "again": 32 + 3}
+    assert sum(len(prompts[key]) - hit for key, hit in hits.items()) == 1 + 2 + 2 + 1 + 1
+    assert after["prefix_cache_hits"] - before["prefix_cache_hits"] == sum(hits.values())
+    assert (after["tokens_prefilled"] - before["tokens_prefilled"]
+            == sum(len(prompts[key]) - hit for key, hit in hits.items()))
+    assert generated == {key: cold(prompt) for key, prompt in prompts.items()}
+
+
+def test_a_tail_handed_out_as_the_block_it_is_copied_into():
+    # The prompt fills the 8-block cache: its 7 full blocks and its tail are all that is idle, and
+    # the resend shares the 7, so the one block it needs is the tail, its own source.
+    engine = small_engine()
+    prompt = SYSTEM[:120]
+    first, _ = run_one(engine, prompt, ONE)
+    assert engine.stats()["cached_blocks"] == 8
+    again, moved = run_one(engine, prompt, ONE)
+    assert moved["prefix_cache_hits"] == 119 and moved["tokens_prefilled"] == 1
+    assert again == first == cold(prompt, ONE)
+
+
+def test_chunked_prefill_after_copied_rows():
+    engine = make_engine(max_step_tokens=16)
+    run_one(engine, SYSTEM[:39], ONE)   # a tail of 7 rows in block 2
+    prompt = SYSTEM[:36] + [(5 * i) % 250 for i in range(40)]
+    tokens, moved = run_one(engine, prompt)
+    assert moved["prefix_cache_hits"] == 32 + 4 and moved["tokens_prefilled"] == len(prompt) - 36
+    assert tokens == cold(prompt)
+
+
+@pytest.mark.parametrize("kernels", ["auto", *NATIVE_SETS])
+def test_copied_rows_match_transformers_alone_and_batched(llama, kernels):
+    engine = make_engine(str(llama), pool_bytes=4 << 20, kernels=kernels)
+    params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    run_one(engine, [0, 42, 43, 44], ONE)   # a tail of 4 rows
+    prompts = {"alone": [0, 42, 43, 44]}
+    batch = {"short": [0, 42], "longer": [0, 42, 43, 9, 10], "past": [0, 42, 43, 44, 45, 46, 8]}
+    for group in (prompts, batch):
+        before = engine.stats()["tokens_prefilled"]
+        generated = run(engine, {key: (prompt, params) for key, prompt in group.items()})
+        copied = {"alone": 3, "short": 1, "longer": 3, "past": 4}
+        assert engine.stats()["tokens_prefilled"] - before == sum(len(p) - copied[k] for k, p in group.items())
+        assert generated == {key: hf_greedy(llama, prompt, 4) for key, prompt in group.items()}

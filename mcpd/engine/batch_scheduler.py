@@ -6,8 +6,8 @@ Each step, under a budget of max_step_tokens:
 2. Waiting sequences are admitted in order while the budget, a seat (max_num_seqs) and free KV
    blocks allow. A waiting sequence more important than the least important running one takes
    that one's seat and blocks when it lacks either (preempted as in 3), so an urgent request
-   never waits behind a full batch of less important ones. A sequence shares the cached blocks of its longest cached prefix (kv_cache) and
-   computes only the rest; a remainder longer than the budget is prefilled in chunks over steps.
+   never waits behind a full batch of less important ones. A sequence shares the cached blocks of its longest cached prefix (kv_cache), copies
+   the cached rows of the tokens after them, and computes only the rest; a remainder longer than the budget is prefilled in chunks over steps.
 3. A running sequence that needs a block when none is free preempts the least important running
    sequence (lowest priority, then newest), possibly itself: it lets go of its blocks and waits to
    recompute prompt + generated tokens (its full blocks stay cached while nobody needs the room,
@@ -124,7 +124,7 @@ class BatchScheduler:
         """Move the first waiting sequence, seq, to running with its first chunk in the batch if a
         seat and blocks are free; returns the chunk's tokens (0: not admitted)."""
         cached = self.kv.lookup(seq)
-        count = min(len(seq.token_ids) - len(cached) * self.kv.block_size, budget)
+        count = min(len(seq.token_ids) - cached.num_tokens, budget)
         if len(self.running) >= self.max_num_seqs or not self.kv.can_admit(cached, count):
             return 0
         del self.waiting[0]

@@ -22,7 +22,12 @@ position 0, hence equal keys and values. When a sequence is admitted, the longes
 leading blocks whose hashes are cached is shared (reference counted) instead of recomputed, so a
 chat's next turn prefills only what is new. Blocks are only ever shared when full, and a sequence
 writes only past its last full block, so a shared block is never written and needs no copy.
+Below the block (partial_blocks.py): the leading rows of a cached block, or of the partial last
+block a sequence leaves behind, are found token by token; a prompt whose tokens go on past its
+shared blocks into such rows gets a copy of them in its own last block (a copy: that block is
+the one it writes, and the source may be another's or cached) and prefills only the rest.
 When the last sequence holding a block lets go, a hashed block stays findable, idle, in LRU order;
+so does its partial last block if its rows hold tokens no other block registered (a tail);
 allocation takes never-used and unhashed blocks first and evicts the least recently used idle
 block only when none is left. Idle blocks are therefore free memory that still remembers.
 
@@ -47,12 +52,28 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections import OrderedDict
+from dataclasses import dataclass
 
 import torch
 
 from mcpd.engine.host_kv import HostKV
 from mcpd.engine.kv_records import KVRecords
+from mcpd.engine.partial_blocks import PartialBlocks
 from mcpd.engine.sequence import Sequence
+
+
+@dataclass
+class CachedPrefix:
+    """What the cache holds of a prompt's leading tokens (KVCache.lookup): whole blocks to share,
+    then `rows` rows of `source` to copy into the prompt's own next block."""
+    blocks: list[int]
+    source: int | None
+    rows: int
+    block_size: int
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.blocks) * self.block_size + self.rows
 
 
 class KVCache:
@@ -81,6 +102,7 @@ class KVCache:
         self.cached: dict[bytes, int] = {}          # hash -> the block that holds those tokens
         self.idle: OrderedDict[int, None] = OrderedDict()  # hashed blocks nobody holds, LRU first
         self.pending: dict[int, Sequence] = {}      # cached blocks this step computes -> the sequence computing them
+        self.partial = PartialBlocks()              # leading rows of cached blocks and tails, token by token
         self.prefix_cache_queries = 0               # tokens of admitted sequences
         self.prefix_cache_hits = 0                  # of those, tokens found in the cache
         self.host = host
@@ -125,9 +147,18 @@ class KVCache:
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
-    def lookup(self, seq: Sequence) -> list[int]:
-        """The cached blocks that hold seq's leading tokens, longest run first to last. The block
-        with seq's last token is never one: that token must run through the model for its logits."""
+    def lookup(self, seq: Sequence) -> CachedPrefix:
+        """The cached blocks that hold seq's leading tokens, longest run first to last, and the
+        block whose leading rows hold most of the tokens after them. seq's last token is never
+        among them: it must run through the model for its logits."""
+        blocks = self._shared_run(seq)
+        start = len(blocks) * self.block_size
+        after = seq.token_ids[start:min(start + self.block_size, len(seq.token_ids)) - 1]
+        source, rows = self.partial.longest(self._parent(seq, len(blocks)), after,
+                                            lambda block: block not in self.pending)
+        return CachedPrefix(blocks, source, rows, self.block_size)
+
+    def _shared_run(self, seq: Sequence) -> list[int]:
         blocks = []
         for index in range((len(seq.token_ids) - 1) // self.block_size):
             key = self._block_hash(seq, index)
@@ -176,22 +207,34 @@ class KVCache:
             self._evict(victim)
         return victim
 
-    def can_admit(self, cached: list[int], num_new_tokens: int) -> bool:
-        """Whether a waiting sequence can share `cached` (from lookup) and compute num_new_tokens."""
-        needed = self.blocks_for(len(cached) * self.block_size + num_new_tokens) - len(cached)
-        revived = sum(1 for block in cached if self.ref_counts[block] == 0)  # idle: in num_free now
+    def can_admit(self, cached: CachedPrefix, num_new_tokens: int) -> bool:
+        """Whether a waiting sequence can take `cached` (from lookup) and compute num_new_tokens."""
+        needed = self.blocks_for(cached.num_tokens + num_new_tokens) - len(cached.blocks)
+        revived = sum(1 for block in cached.blocks if self.ref_counts[block] == 0)  # idle: in num_free now
         return needed <= self.num_free - revived
 
-    def admit(self, seq: Sequence, cached: list[int], num_new_tokens: int) -> None:
-        for block in cached:
+    def admit(self, seq: Sequence, cached: CachedPrefix, num_new_tokens: int) -> None:
+        for block in cached.blocks:
             if self.ref_counts[block] == 0:
                 del self.idle[block]
             self.ref_counts[block] += 1
-        seq.block_table = list(cached)
-        seq.num_computed = len(cached) * self.block_size
+        seq.block_table = list(cached.blocks)
+        seq.num_computed = len(cached.blocks) * self.block_size
+        self.grow(seq, cached.num_tokens + num_new_tokens)
+        if cached.rows:
+            self._copy_rows(cached.source, seq.block_table[len(cached.blocks)], cached.rows)
+            seq.num_computed += cached.rows
         self.prefix_cache_queries += len(seq.token_ids)
         self.prefix_cache_hits += seq.num_computed
-        self.grow(seq, seq.num_computed + num_new_tokens)
+
+    def _copy_rows(self, source: int, block: int, rows: int) -> None:
+        """The first rows of source into block, every layer. grow() may just have handed source
+        out (idle, it counts as free), even as this very block: allocation writes no block that
+        held anything, and nothing runs before the copy, so its rows are still whole."""
+        if source != block:
+            self.tensor[block, :, :, :rows] = self.tensor[source, :, :, :rows]
+        if source in self.idle:
+            self.idle.move_to_end(source)
 
     def can_grow(self, seq: Sequence, num_tokens: int) -> bool:
         """Whether seq can hold num_tokens tokens after grow()."""
@@ -212,6 +255,8 @@ class KVCache:
                 self.cached[key] = block
                 self.block_hashes[block] = key
                 self.pending[block] = seq
+                start = index * self.block_size
+                self.partial.add(block, self._parent(seq, index), seq.token_ids[start:start + self.block_size - 1])
 
     def step_ran(self) -> None:
         """The scheduled step ran: the blocks it was to compute are computed (and committed)."""
@@ -228,8 +273,9 @@ class KVCache:
         was to compute in this step that other sequences share: they stay cached, pending on seq,
         and the scheduler must hand them over to a sharer, which computes them in this step."""
         shared_pending = []
+        tail_index = seq.num_computed // self.block_size if seq.num_computed % self.block_size else -1
         # Tail first, so that when idle the tail is evicted before the blocks its hash chains from.
-        for block in reversed(seq.block_table):
+        for index, block in reversed(list(enumerate(seq.block_table))):
             if self.pending.get(block) is seq:   # cached by grow(), but seq's step will not run
                 if self.ref_counts[block] > 1:
                     shared_pending.append(block)
@@ -238,13 +284,20 @@ class KVCache:
                     self._forget(block)
             self.ref_counts[block] -= 1
             if self.ref_counts[block] == 0:
-                if self.block_hashes[block] is None:
-                    self.free_blocks.append(block)
-                else:
+                if self.block_hashes[block] is not None or (index == tail_index and self._keep_tail(seq, index)):
                     self.idle[block] = None
+                else:
+                    self.free_blocks.append(block)
         seq.block_table = []
         seq.num_computed = 0
         return shared_pending
+
+    def _keep_tail(self, seq: Sequence, index: int) -> bool:
+        """Register the computed rows of seq's partial last block, block `index`; whether it holds
+        tokens no other block registered (else it is freed plainly)."""
+        start = index * self.block_size
+        return self.partial.add(seq.block_table[index], self._parent(seq, index),
+                                seq.token_ids[start:seq.num_computed])
 
     def waste_frac(self, seqs: list[Sequence]) -> float:
         """Unused token slots over the slots of blocks held by seqs (all live sequences). A shared
@@ -269,7 +322,11 @@ class KVCache:
         return block
 
     def _evict(self, block: int) -> None:
-        """Forget an idle cached block, keeping its keys and values in the host tier if there is one."""
+        """Forget an idle cached block or tail, keeping a hashed block's keys and values in the
+        host tier if there is one."""
+        if self.block_hashes[block] is None:   # a tail: never hashed, never committed
+            self.partial.drop(block)
+            return
         if self.host is not None:
             self.host.save(self.block_hashes[block], self.tensor[block])
         self._forget(block)
@@ -277,6 +334,7 @@ class KVCache:
     def _forget(self, block: int) -> None:
         if self.records is not None:   # first: the block's bytes may change from now on
             self.records.retract(block)
+        self.partial.drop(block)
         del self.cached[self.block_hashes[block]]
         self.block_hashes[block] = None
 
@@ -288,11 +346,16 @@ class KVCache:
         """Hash of seq's full block `index`; the chain is computed once per sequence and kept."""
         hashes = seq.block_hashes
         while len(hashes) <= index:
-            parent = hashes[-1] if hashes else _digest(seq.cache_namespace.encode())
+            parent = self._parent(seq, len(hashes))
             start = len(hashes) * self.block_size
             token_ids = array("q", seq.token_ids[start:start + self.block_size])
             hashes.append(_digest(parent + token_ids.tobytes()))
         return hashes[index]
+
+
+    def _parent(self, seq: Sequence, index: int) -> bytes:
+        """What the hash of seq's block `index` chains from: the block before's, or the namespace's."""
+        return self._block_hash(seq, index - 1) if index else _digest(seq.cache_namespace.encode())
 
 
 def _digest(data: bytes) -> bytes:
