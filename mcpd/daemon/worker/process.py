@@ -8,7 +8,6 @@ the loop blocks on the socket instead of spinning. What the core sends is sent i
 """
 from __future__ import annotations
 
-import gc
 import os
 import time
 from functools import partial
@@ -137,7 +136,7 @@ class Worker:
         # torch, the model and their libraries are some 350k objects that live as long as the
         # process: frozen, a full collection walks only what serving made, not a stall of
         # 50-500 ms that every request in flight waits for
-        gc.freeze()
+        child.freeze_start_up()
         with torch.inference_mode():   # once for the loop, not each step (Engine.step says why)
             self._serve()
 
