@@ -93,6 +93,35 @@ def test_the_team_is_bound_and_the_main_thread_goes_free_below_every_thread():
     assert out == ["2", "True", "1", "True", "2", "True"]   # owned_cores: the worker's, not the bound main thread's
 
 
+
+def test_the_main_thread_is_held_to_its_core_only_while_the_engine_has_work():
+    """main_thread_works frees the main thread on every owned core once the engine has had no work
+    for FREE_AFTER_IDLE_S (an idle worker's loop; a shorter lull keeps it), and puts it back where
+    steps run as work comes: its core, or every core once set_count() took a thread off, a choice
+    set_count() may make while the thread is free. The clock is the caller's."""
+    out = _python(TWO_CORE_TEAM +
+                  "place = sorted(os.sched_getaffinity(0))\n"
+                  "def idle_for(seconds):\n"
+                  "    threads.main_thread_works(False, 0.0)\n"
+                  "    threads.main_thread_works(False, seconds)\n"
+                  "    return sorted(os.sched_getaffinity(0))\n"
+                  "lull = idle_for(threads.FREE_AFTER_IDLE_S / 2)\n"
+                  "idle = idle_for(threads.FREE_AFTER_IDLE_S)\n"
+                  "threads.main_thread_works(True, 1.0)\n"
+                  "working = sorted(os.sched_getaffinity(0))\n"
+                  "idle_for(threads.FREE_AFTER_IDLE_S)\n"
+                  "threads.set_count(1, 2)\n"
+                  "idle_fewer = sorted(os.sched_getaffinity(0))\n"
+                  "threads.main_thread_works(True, 2.0)\n"
+                  "working_fewer = sorted(os.sched_getaffinity(0))\n"
+                  "threads.set_count(2, 2)\n"
+                  "print(len(cores), len(place), lull == place, idle == cores, working == place, "
+                  "idle_fewer == cores, working_fewer == cores, sorted(os.sched_getaffinity(0)) == place)")
+    if out[0] == "1":
+        pytest.skip("one core: nothing to bind apart")
+    assert out == ["2", "1", "True", "True", "True", "True", "True", "True"]
+
+
 def test_run_delay_sees_a_neighbour_on_a_team_threads_core():
     """RunDelay.of_team() finds the team's threads (the caller's first, each once), and a busy
     process on one helper's core makes that helper wait for a CPU a large share of the time: the

@@ -34,6 +34,12 @@ BRIEF_SPINS = 20000   # about 0.2 ms of spinning before a thread sleeps (bench/e
 _OWNED: list[int] | None = None   # this process's cores, as configure() found them
 _BINDS = False                    # configure() ran before OpenMP loaded: its binding applies
 _MAIN_PLACE: set[int] | None = None   # the cores OpenMP bound the main thread to (start_team)
+_STEP_PLACE: set[int] | None = None   # where the main thread runs steps: _MAIN_PLACE, or every owned core (set_count)
+_WAITING = False                      # the main thread is free of its place: the engine has had no work a while
+_IDLE_SINCE: float | None = None      # when the engine last ran out of work (main_thread_works' clock)
+# How long the engine is idle before its main thread leaves its core: requests that follow each other
+# closer than this keep it there (each move is a system call and a migration), a lull frees it.
+FREE_AFTER_IDLE_S = 0.01
 
 
 def plan(cores: list[int], workers: int, index: int, requested: int) -> tuple[list[int], int]:
@@ -87,13 +93,13 @@ def start_team() -> None:
     back (it woke on the helper's core), so both stay bound while the step runs on every thread.
     Below that count (the thread tuner's answer to a neighbour on a core) set_count() frees the
     main thread, so it leaves the neighbour's core whichever core that is."""
-    global _MAIN_PLACE
+    global _MAIN_PLACE, _STEP_PLACE
     if _OWNED is None or not _BINDS:
         return
     import torch   # loaded by now: this runs right after torch's import, before other parallel work
 
     torch.ones(1 << 20).add_(1)   # a parallel region: OpenMP starts (and binds) its team
-    _MAIN_PLACE = os.sched_getaffinity(0)
+    _MAIN_PLACE = _STEP_PLACE = os.sched_getaffinity(0)
 
 
 def owned_cores() -> list[int]:
@@ -107,6 +113,29 @@ def set_count(count: int, most: int) -> None:
     thread bound to its core at `most`, free to go to any of the worker's cores below it."""
     import torch   # loaded by now: the tuner runs steps
 
+    global _STEP_PLACE
     torch.set_num_threads(count)
     if _MAIN_PLACE is not None:
-        os.sched_setaffinity(0, _MAIN_PLACE if count == most else _OWNED)
+        _STEP_PLACE = _MAIN_PLACE if count == most else set(_OWNED)
+        if not _WAITING:
+            os.sched_setaffinity(0, _STEP_PLACE)
+
+
+def main_thread_works(works: bool, now: float) -> None:
+    """The main thread in its place for steps (start_team, set_count) while the engine has work,
+    and free on every core of the worker once it has had none for FREE_AFTER_IDLE_S: what it does
+    then (a ping's answer, a request taken in) is a moment's Python that should run on whichever
+    core is idle, not wait for its own core behind another process. Only a move costs a system call."""
+    global _WAITING, _IDLE_SINCE
+    if _STEP_PLACE is None:   # no place of its own (not a CPU worker, or OpenMP loaded first)
+        return
+    if works:
+        _IDLE_SINCE = None
+        if _WAITING:
+            os.sched_setaffinity(0, _STEP_PLACE)
+            _WAITING = False
+    elif _IDLE_SINCE is None:
+        _IDLE_SINCE = now
+    elif not _WAITING and now - _IDLE_SINCE >= FREE_AFTER_IDLE_S:
+        os.sched_setaffinity(0, _OWNED)
+        _WAITING = True

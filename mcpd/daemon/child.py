@@ -7,6 +7,7 @@ the supervisor stops the daemon with that reason instead of restarting the child
 from __future__ import annotations
 
 import ctypes
+import gc
 import importlib
 import logging
 import os
@@ -75,6 +76,18 @@ def exit_on_sigterm(cleanup) -> None:
         cleanup()
         os._exit(0)
     signal.signal(signal.SIGTERM, handler)
+
+
+def freeze_start_up() -> None:
+    """Keep every object start-up made (modules, config, sockets: tens of thousands, alive as
+    long as the process) out of the garbage collector's passes: a full collection while serving
+    then walks only what serving made, not a stall that every message in flight waits out."""
+    gc.freeze()
+
+
+def frozen_objects() -> int:
+    """How many objects freeze_start_up kept out of the collector's reach (a stats figure)."""
+    return gc.get_freeze_count()
 
 
 def parent_alive(parent_pid: int) -> bool:

@@ -28,6 +28,7 @@ class FrontendStats(msgspec.Struct, frozen=True, kw_only=True, tag="frontend"):
     http: dict = {}                 # HttpListener.stats(); empty when it is off
     slowest: list = []              # the requests in flight longest: {rid, tenant, op, model, age_ms}
     cluster: dict = {}              # {"routing": Forwarding.stats() and the peers connected}; empty when off
+    frozen_objects: int = 0         # objects start-up made, kept out of the garbage collector's passes (child.py)
 
 
 class SchedulerStats(msgspec.Struct, frozen=True, kw_only=True, tag="scheduler"):
@@ -47,6 +48,7 @@ class SchedulerStats(msgspec.Struct, frozen=True, kw_only=True, tag="scheduler")
     workers: list = []
     models: dict = {}               # Scheduler.models_stats(): policies, versions, their workers
     cluster: dict = {}              # ClusterNode.report(): this node, the live nodes it last saw, its prefetch; empty when off
+    frozen_objects: int = 0         # objects start-up made, kept out of the garbage collector's passes (child.py)
 
 
 class WorkerStats(msgspec.Struct, frozen=True, kw_only=True, tag="worker"):

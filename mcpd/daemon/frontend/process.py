@@ -136,6 +136,7 @@ class FrontEnd:
         loop.add_signal_handler(signal.SIGTERM, self._stop)
         if self.http is not None:
             await self.http.start()
+        child.freeze_start_up()
         self.events.send(messages.Ready)
         self.log.info("serving on %s", ", ".join(self.endpoints))
         loop.call_soon(self._tick)
@@ -317,7 +318,7 @@ class FrontEnd:
     def stats(self) -> dict:
         return {**self.core.stats(), "endpoints": self.endpoints, "backlog": self.outbox.stats(),
                 "incoming": {**self.incoming.stats(), **self.address_cap.stats()},
-                "http": self.http.stats() if self.http is not None else {}}
+                "http": self.http.stats() if self.http is not None else {}, "frozen_objects": child.frozen_objects()}
 
 
 def _http_listener(config: Config, local: FrontendLink, address_cap: AddressCap, log):

@@ -83,6 +83,7 @@ class SchedulerProcess:
         if self.cluster is not None:
             waiter.add(self.cluster.wakeup)
         from_workers, from_inbox = each_routed_message(self.scheduler.on_worker), each_message(self.scheduler.on_inbox)
+        child.freeze_start_up()
         self.sockets.events.send(messages.Ready)
         next_stats, orphan = 0.0, False
         while not orphan:
@@ -112,7 +113,8 @@ class SchedulerProcess:
             cluster = self.cluster.report(load)
             queued = queued_by_node(cluster["nodes"], self.node_id, load["queued"])
             self.sockets.to_frontend(messages.encode(messages.Members(owner_nodes(cluster["nodes"]), queued)))
-        self.sockets.events.send(messages.Report, SchedulerStats(**self.scheduler.stats(), cluster=cluster))
+        self.sockets.events.send(messages.Report, SchedulerStats(**self.scheduler.stats(), cluster=cluster,
+                                                                 frozen_objects=child.frozen_objects()))
 
     def close(self) -> None:
         """At a stop: leave the cluster, make the journal durable, export the spans held."""

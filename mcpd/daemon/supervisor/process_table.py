@@ -15,6 +15,7 @@ from mcpd.daemon import child_stats
 from mcpd.daemon.child_stats import FrontendStats, SchedulerStats, WorkerStats
 
 STABLE_AFTER_S = 30.0   # a child that lived this long resets its restart backoff
+FREEZING_ROLES = ("frontend", "scheduler")   # children whose stats report frozen_objects (the worker freezes too, unreported)
 
 
 class ChildProcess(Protocol):
@@ -103,9 +104,12 @@ class Child:
         return "running" if self.ready else "starting"
 
     def describe(self, now: float) -> dict:
-        return {"role": self.spec.role, "index": self.spec.index, "pid": self.process.pid if self.alive else None,
-                "state": self.state, "uptime_s": round(now - self.started, 1) if self.alive else 0,
-                "restarts": self.restarts, "last_exit": self.last_exit, "stats_reports": self.reports}
+        described = {"role": self.spec.role, "index": self.spec.index, "pid": self.process.pid if self.alive else None,
+                     "state": self.state, "uptime_s": round(now - self.started, 1) if self.alive else 0,
+                     "restarts": self.restarts, "last_exit": self.last_exit, "stats_reports": self.reports}
+        if self.spec.role in FREEZING_ROLES:
+            described["frozen_objects"] = self.latest_stats().frozen_objects
+        return described
 
 
 class ProcessTable:

@@ -8,7 +8,6 @@ the loop blocks on the socket instead of spinning. What the core sends is sent i
 """
 from __future__ import annotations
 
-import gc
 import os
 import time
 from functools import partial
@@ -16,7 +15,7 @@ from functools import partial
 import zmq
 
 from mcpd import sockets
-from mcpd.cpu import features
+from mcpd.cpu import features, threads
 from mcpd.config import LEGACY_NAME, Config
 from mcpd.daemon import channels, child, live_config, messages
 from mcpd.daemon.batch import Batch, each_message
@@ -85,8 +84,6 @@ class Worker:
             count, policy_applies = prepare_threads(self.config, self.index)
         import torch   # imported here: the supervisor and front-end never pay for torch
 
-        from mcpd.cpu import threads
-
         if device == "cpu":
             torch.set_num_threads(count)
             threads.start_team()
@@ -137,7 +134,7 @@ class Worker:
         # torch, the model and their libraries are some 350k objects that live as long as the
         # process: frozen, a full collection walks only what serving made, not a stall of
         # 50-500 ms that every request in flight waits for
-        gc.freeze()
+        child.freeze_start_up()
         with torch.inference_mode():   # once for the loop, not each step (Engine.step says why)
             self._serve()
 
@@ -152,7 +149,9 @@ class Worker:
         while not orphan:
             if waiter.wait(self.core.poll_timeout_ms(IDLE_POLL_MS)):
                 self._take_messages(handle)
+            threads.main_thread_works(self.core.has_work, time.monotonic())   # work came: steps run in its place
             self._step()
+            threads.main_thread_works(self.core.has_work, time.monotonic())   # none left a while: it goes anywhere
             self.core.flush_done()
             if time.monotonic() >= next_stats:   # the orphan check on the stats timer, as the front-end's
                 orphan = not child.parent_alive(self.parent_pid)
@@ -209,8 +208,6 @@ _THREADS: tuple[int, bool] | None = None   # prepare_threads' result: once per p
 def prepare_threads(config: Config, index: int) -> tuple[int, bool]:
     """Pin this CPU worker to its cores and set OpenMP's environment, once: a standby did it
     before torch loaded, and pinning again would split the worker's own cores once more."""
-    from mcpd.cpu import threads
-
     global _THREADS
     if _THREADS is None:
         workers = config.workers
