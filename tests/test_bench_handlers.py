@@ -102,6 +102,34 @@ def test_the_search_puts_what_the_generator_holds_out_of_the_collectors_reach(mo
         gc.unfreeze()
 
 
+class BurstTarget(PreparedTarget):
+    """Answers ok, except every request while `bursting` (a neighbour's burst took the machine)."""
+    bursting = False
+
+    async def infer(self, index: int, priority: str) -> tuple[str, bool]:
+        return ("HTTP 503", False) if self.bursting else ("ok", False)
+
+
+def test_a_search_round_that_a_burst_spoiled_does_not_cap_the_held_rate(monkeypatch):
+    """Every system gets the same rounds and keeps its best: a burst over a whole round (both
+    tries of every rate fail) leaves the other round's held rate as the figure."""
+    monkeypatch.setattr(handlers, "WARM_UP_S", 0.05)
+    target, real_max_rate, rounds_run = BurstTarget(), handlers.max_rate, []
+
+    async def burst_in_the_first_round(*args, **kwargs):
+        target.bursting = not rounds_run
+        rounds_run.append(kwargs.get("seed"))
+        return await real_max_rate(*args, **kwargs)
+
+    monkeypatch.setattr(handlers, "max_rate", burst_in_the_first_round)
+    try:
+        found = asyncio.run(handlers.search(target, handlers.Sizes(0.05, 2, 0.05, 0.05, rounds=2)))
+    finally:
+        gc.unfreeze()
+    assert len(set(rounds_run)) == 2   # each round its own arrivals
+    assert found["rounds_rps"][0] == 0 and found["rps"] == found["rounds_rps"][1] > 0
+
+
 class PredictSpy:
     """Records the batches the real handler's predict gets (their rows, and the padded length)."""
 

@@ -144,18 +144,20 @@ def held(outcomes: list[Outcome], p99_limit_ms: float) -> bool:
     return bool(outcomes) and all(o.outcome == "ok" for o in outcomes) and p99_ms(outcomes) <= p99_limit_ms
 
 
-async def max_rate(target, capacity: float, probes: int, probe_s: float, p99_limit_ms: float, pick) -> dict:
+async def max_rate(target, capacity: float, probes: int, probe_s: float, p99_limit_ms: float, pick,
+                   seed: int = 0) -> dict:
     """The highest offered rate (requests/s) that `target` held: every request ok and p99 within
     the limit. A bisection on a log scale between SEARCH_LOW and SEARCH_HIGH times the closed-loop
     capacity, starting in the middle, `probes` rates of `probe_s` seconds each; a rate that fails
     is tried once more (this machine's neighbours come and go), each try's rate, p99 and verdict
-    kept. No single probe ends the search: a neighbour's burst costs one step, not the result."""
+    kept. No single probe ends the search: a neighbour's burst costs one step, not the result.
+    `seed` offsets the arrivals' seeds (a second search draws other arrivals)."""
     low, high = SEARCH_LOW * capacity, SEARCH_HIGH * capacity
     best, tried = 0.0, []
     for probe in range(probes):
         rate = (low * high) ** 0.5
         for attempt in range(TRIES):
-            outcomes = await open_loop(target, rate, probe_s, pick, seed=probe * TRIES + attempt)
+            outcomes = await open_loop(target, rate, probe_s, pick, seed=seed + probe * TRIES + attempt)
             ok = held(outcomes, p99_limit_ms)
             tried.append([round(rate, 1), round(p99_ms(outcomes), 2), ok])
             if ok:
