@@ -16,7 +16,9 @@ inputs must equal the handler's own in this process (`outputs_match`). Systems:
   mlserver   MLServer, adaptive batching, the same JSON
 
 Figures (each a search: open-loop Poisson arrivals at rates bisected between 5% and 120% of the
-closed-loop capacity, each rate tried twice before it counts as failed; a rate is held when every
+closed-loop capacity, the top doubled while no rate has failed and one within 25% of it held (a
+server may hold an open loop above its closed-loop reading), each rate tried twice before it
+counts as failed; a rate is held when every
 request is answered ok and the p99 is <= 50 ms. Every system gets the same search, run in ROUNDS
 one after another on the same warmed server, and its held rate is the best round's: a
 neighbour's burst on a shared machine can fail both tries of a rate a system holds, capping that

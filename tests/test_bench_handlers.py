@@ -15,7 +15,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import handlers  # noqa: E402
-from peerkit import burst_stages, v2_json  # noqa: E402
+from peerkit import burst_stages, load, v2_json  # noqa: E402
 from peerkit.batching_ceiling import batching_ceiling  # noqa: E402
 from peerkit.handler_runner import HandlerRunner  # noqa: E402
 from peerkit.handler_targets import TensorInputs  # noqa: E402
@@ -128,6 +128,23 @@ def test_a_search_round_that_a_burst_spoiled_does_not_cap_the_held_rate(monkeypa
         gc.unfreeze()
     assert len(set(rounds_run)) == 2   # each round its own arrivals
     assert found["rounds_rps"][0] == 0 and found["rps"] == found["rounds_rps"][1] > 0
+
+
+def test_a_system_that_holds_every_rate_tried_is_read_past_its_closed_loop_capacity(monkeypatch):
+    """The search's top (SEARCH_HIGH times the capacity read closed-loop) is not a bound until a
+    rate fails there: a server that holds an open loop above its closed-loop reading is read so."""
+    monkeypatch.setattr(handlers, "WARM_UP_S", 0.05)
+    low_reading = 50.0
+
+    async def closed_loop_read_low(*args, **kwargs):
+        return low_reading
+
+    monkeypatch.setattr(handlers, "closed_loop", closed_loop_read_low)
+    try:
+        found = asyncio.run(handlers.search(PreparedTarget(), handlers.Sizes(0.05, 6, 0.2, 0.05, rounds=1)))
+    finally:
+        gc.unfreeze()
+    assert found["rps"] > load.SEARCH_HIGH * low_reading, found
 
 
 class PredictSpy:

@@ -22,6 +22,9 @@ from mcpd.percentile import percentile
 CLIENT_TIMEOUT_S = 30   # far past any deadline: no reply by then is "unanswered"
 SEARCH_LOW = 0.05       # the search's rates, as fractions of the closed-loop capacity
 SEARCH_HIGH = 1.2
+# A held rate this close under a top no rate has failed at raises the top: a server can hold an
+# open loop above its closed-loop capacity reading, and the search must not stop at the reading
+TOP_MARGIN = 1.25
 TRIES = 2               # per rate: a neighbour's burst must not fail a rate the server holds
 
 clock = time.monotonic
@@ -151,9 +154,10 @@ async def max_rate(target, capacity: float, probes: int, probe_s: float, p99_lim
     capacity, starting in the middle, `probes` rates of `probe_s` seconds each; a rate that fails
     is tried once more (this machine's neighbours come and go), each try's rate, p99 and verdict
     kept. No single probe ends the search: a neighbour's burst costs one step, not the result.
-    `seed` offsets the arrivals' seeds (a second search draws other arrivals)."""
+    Until a rate fails, a rate held within TOP_MARGIN of the top doubles the top. `seed` offsets
+    the arrivals' seeds (a second search draws other arrivals)."""
     low, high = SEARCH_LOW * capacity, SEARCH_HIGH * capacity
-    best, tried = 0.0, []
+    best, tried, top_failed = 0.0, [], False
     for probe in range(probes):
         rate = (low * high) ** 0.5
         for attempt in range(TRIES):
@@ -164,6 +168,8 @@ async def max_rate(target, capacity: float, probes: int, probe_s: float, p99_lim
                 break
         if ok:
             best, low = max(best, rate), rate
+            if not top_failed and high < rate * TOP_MARGIN:
+                high *= 2
         else:
-            high = rate
+            high, top_failed = rate, True
     return {"rps": best, "probes": tried}
