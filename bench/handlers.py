@@ -18,12 +18,11 @@ inputs must equal the handler's own in this process (`outputs_match`). Systems:
 Figures (each a search: open-loop Poisson arrivals at rates bisected between 5% and 120% of the
 closed-loop capacity, the top doubled while no rate has failed and one within 25% of it held (a
 server may hold an open loop above its closed-loop reading), each rate tried twice before it
-counts as failed; a rate is held when every
-request is answered ok and the p99 is <= 50 ms. Every system gets the same search, run in ROUNDS
-one after another on the same warmed server, and its held rate is the best round's: a
-neighbour's burst on a shared machine can fail both tries of a rate a system holds, capping that
-round's bisection below it, so one round can under-read a system by half; `rounds_rps` keeps
-each round's):
+counts as failed; a rate is held when every request is answered ok and the p99 is <= 50 ms.
+Every system gets the same search, run Sizes.rounds times one after another on the same warmed
+server, and its held rate is the best round's: a neighbour's burst on a shared machine can fail
+both tries of a rate a system holds, capping that round's bisection below it, so one round can
+under-read a system by half; `rounds_rps` keeps each round's):
   handler_<model>_rps_ratio_vs_best_peer       mcpd's held rate over the best peer's (> 1: mcpd leads)
   handler_<model>_http_rps_ratio_vs_best_peer  the same for mcpd-http (the peers' own transport)
   batching_speedup    text classifier: mcpd's held rate with batching over max_batch_size = 0
