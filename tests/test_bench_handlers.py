@@ -15,7 +15,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import handlers  # noqa: E402
-from peerkit import burst_stages, v2_json  # noqa: E402
+from peerkit import burst_stages, load, v2_json  # noqa: E402
 from peerkit.batching_ceiling import batching_ceiling  # noqa: E402
 from peerkit.handler_runner import HandlerRunner  # noqa: E402
 from peerkit.handler_targets import TensorInputs  # noqa: E402
@@ -100,6 +100,51 @@ def test_the_search_puts_what_the_generator_holds_out_of_the_collectors_reach(mo
         assert not any(o is first for o in gc.get_objects())   # frozen: in no generation a collection walks
     finally:
         gc.unfreeze()
+
+
+class BurstTarget(PreparedTarget):
+    """Answers ok, except every request while `bursting` (a neighbour's burst took the machine)."""
+    bursting = False
+
+    async def infer(self, index: int, priority: str) -> tuple[str, bool]:
+        return ("HTTP 503", False) if self.bursting else ("ok", False)
+
+
+def test_a_search_round_that_a_burst_spoiled_does_not_cap_the_held_rate(monkeypatch):
+    """Every system gets the same rounds and keeps its best: a burst over a whole round (both
+    tries of every rate fail) leaves the other round's held rate as the figure."""
+    monkeypatch.setattr(handlers, "WARM_UP_S", 0.05)
+    target, real_max_rate, rounds_run = BurstTarget(), handlers.max_rate, []
+
+    async def burst_in_the_first_round(*args, **kwargs):
+        target.bursting = not rounds_run
+        rounds_run.append(kwargs.get("seed"))
+        return await real_max_rate(*args, **kwargs)
+
+    monkeypatch.setattr(handlers, "max_rate", burst_in_the_first_round)
+    try:
+        found = asyncio.run(handlers.search(target, handlers.Sizes(0.05, 2, 0.05, 0.05, rounds=2)))
+    finally:
+        gc.unfreeze()
+    assert len(set(rounds_run)) == 2   # each round its own arrivals
+    assert found["rounds_rps"][0] == 0 and found["rps"] == found["rounds_rps"][1] > 0
+
+
+def test_a_system_that_holds_every_rate_tried_is_read_past_its_closed_loop_capacity(monkeypatch):
+    """The search's top (SEARCH_HIGH times the capacity read closed-loop) is not a bound until a
+    rate fails there: a server that holds an open loop above its closed-loop reading is read so."""
+    monkeypatch.setattr(handlers, "WARM_UP_S", 0.05)
+    low_reading = 50.0
+
+    async def closed_loop_read_low(*args, **kwargs):
+        return low_reading
+
+    monkeypatch.setattr(handlers, "closed_loop", closed_loop_read_low)
+    try:
+        found = asyncio.run(handlers.search(PreparedTarget(), handlers.Sizes(0.05, 6, 0.2, 0.05, rounds=1)))
+    finally:
+        gc.unfreeze()
+    assert found["rps"] > load.SEARCH_HIGH * low_reading, found
 
 
 class PredictSpy:

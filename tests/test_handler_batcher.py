@@ -26,6 +26,16 @@ def test_a_full_batch_goes_at_once_and_the_rest_waits_for_the_delay():
     assert batcher.next_batch(1.0) is None and batcher.due() is None and len(batcher) == 0
 
 
+def test_full_only_takes_a_full_batch_or_a_request_too_large_for_one_and_leaves_a_ready_partial_one():
+    batcher = DynamicBatcher(max_batch_size=4, max_queue_delay_ms=10)
+    batcher.add(pending(0, rows=3, arrived=0.0))
+    assert batcher.next_batch(1.0, full_only=True) is None and len(batcher) == 1   # ready, not full
+    batcher.add(pending(1, rows=1, arrived=0.0))
+    assert keys(batcher.next_batch(0.0, full_only=True)) == [0, 1]
+    batcher.add(pending(2, rows=9, arrived=0.0))
+    assert keys(batcher.next_batch(0.0, full_only=True)) == [2]
+
+
 def test_the_delay_counts_from_the_oldest_request():
     batcher = DynamicBatcher(max_batch_size=8, max_queue_delay_ms=2)
     batcher.add(pending(1, arrived=1.000))

@@ -158,6 +158,28 @@ def test_the_next_batch_forms_while_a_predict_runs(core):
     assert 0 in finals(core) and core.running is not None and core.running.requests[0].rid == 1
 
 
+def test_a_full_batch_queues_behind_the_running_predict_and_runs_without_the_loop(core):
+    """A partial batch waits for the predict thread (more rows may join it); a full one is
+    queued on the thread and runs when the predict ahead of it ends, before the loop steps."""
+    faulty_handlers.hang_again()
+    send(core, 0, {"features": features(1, 0, faulty_handlers.HANG)})
+    core.clock.now += DELAY_S
+    core.step()
+    send(core, 1, {"features": features(2, 1)})
+    core.clock.now += DELAY_S
+    core.step()
+    assert len(core.batcher) == 1   # 2 rows of 4: it waits for the thread
+    send(core, 2, {"features": features(2, 2)})
+    core.step()
+    assert len(core.batcher) == 0 and len(core.predictor.in_flight) == 2
+    faulty_handlers.release_hung()
+    wait([running.future for running in core.predictor.in_flight], timeout=30)   # no step between
+    core.step()
+    replies = finals(core)
+    assert set(replies) == {0, 1, 2} and not core.has_work
+    np.testing.assert_allclose(scores(replies[2]), expected(features(2, 2)), rtol=1e-6)
+
+
 def test_the_next_batch_starts_before_the_ended_batchs_replies_are_sent(core):
     """The predict thread is not left idle while the ended batch's replies are built and sent."""
     send(core, 0, {"features": features(4, 0)})

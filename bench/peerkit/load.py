@@ -22,6 +22,9 @@ from mcpd.percentile import percentile
 CLIENT_TIMEOUT_S = 30   # far past any deadline: no reply by then is "unanswered"
 SEARCH_LOW = 0.05       # the search's rates, as fractions of the closed-loop capacity
 SEARCH_HIGH = 1.2
+# A held rate this close under a top no rate has failed at raises the top: a server can hold an
+# open loop above its closed-loop capacity reading, and the search must not stop at the reading
+TOP_MARGIN = 1.25
 TRIES = 2               # per rate: a neighbour's burst must not fail a rate the server holds
 
 clock = time.monotonic
@@ -144,24 +147,29 @@ def held(outcomes: list[Outcome], p99_limit_ms: float) -> bool:
     return bool(outcomes) and all(o.outcome == "ok" for o in outcomes) and p99_ms(outcomes) <= p99_limit_ms
 
 
-async def max_rate(target, capacity: float, probes: int, probe_s: float, p99_limit_ms: float, pick) -> dict:
+async def max_rate(target, capacity: float, probes: int, probe_s: float, p99_limit_ms: float, pick,
+                   seed: int = 0) -> dict:
     """The highest offered rate (requests/s) that `target` held: every request ok and p99 within
     the limit. A bisection on a log scale between SEARCH_LOW and SEARCH_HIGH times the closed-loop
     capacity, starting in the middle, `probes` rates of `probe_s` seconds each; a rate that fails
     is tried once more (this machine's neighbours come and go), each try's rate, p99 and verdict
-    kept. No single probe ends the search: a neighbour's burst costs one step, not the result."""
+    kept. No single probe ends the search: a neighbour's burst costs one step, not the result.
+    Until a rate fails, a rate held within TOP_MARGIN of the top doubles the top. `seed` offsets
+    the arrivals' seeds (a second search draws other arrivals)."""
     low, high = SEARCH_LOW * capacity, SEARCH_HIGH * capacity
-    best, tried = 0.0, []
+    best, tried, top_failed = 0.0, [], False
     for probe in range(probes):
         rate = (low * high) ** 0.5
         for attempt in range(TRIES):
-            outcomes = await open_loop(target, rate, probe_s, pick, seed=probe * TRIES + attempt)
+            outcomes = await open_loop(target, rate, probe_s, pick, seed=seed + probe * TRIES + attempt)
             ok = held(outcomes, p99_limit_ms)
             tried.append([round(rate, 1), round(p99_ms(outcomes), 2), ok])
             if ok:
                 break
         if ok:
             best, low = max(best, rate), rate
+            if not top_failed and high < rate * TOP_MARGIN:
+                high *= 2
         else:
-            high = rate
+            high, top_failed = rate, True
     return {"rps": best, "probes": tried}

@@ -92,8 +92,10 @@ class DynamicBatcher:
             del self._groups[group]
         return pending
 
-    def next_batch(self, now: float) -> list[Pending] | None:
-        """The batch that goes now (taken out of the waiting), or None: nothing is ready."""
+    def next_batch(self, now: float, full_only: bool = False) -> list[Pending] | None:
+        """The batch that goes now (taken out of the waiting), or None: nothing is ready. With
+        `full_only`, only when that batch holds max_batch_size rows (or more, a request alone):
+        the worker queues it behind a running predict, where a smaller one would gather more."""
         best = None   # (its head's order, group, count): the ready group whose head goes first
         for group, waiting in self._groups.items():
             count = self._ready_count(waiting, now)
@@ -102,10 +104,15 @@ class DynamicBatcher:
         if best is None:
             return None
         _, group, count = best
+        if full_only and not self._is_full(self._groups[group][:count]):
+            return None
         batch = self._take(group, count)
         if self.max_batch_size:
             batch += self._joining(batch)
         return batch
+
+    def _is_full(self, entries: list[tuple[tuple, Pending]]) -> bool:
+        return self.max_batch_size > 0 and sum(pending.rows for _, pending in entries) >= self.max_batch_size
 
     def _take(self, group: int, count: int) -> list[Pending]:
         waiting = self._groups[group]

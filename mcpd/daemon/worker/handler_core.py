@@ -3,11 +3,12 @@ loop as core.py's WorkerCore, with a handler where the engine was.
 
 A Dispatch's inputs are decoded and checked against the handler's (BAD_INPUT naming the input),
 preprocessed, and wait in the dynamic batcher (handlers/batcher.py). Each step starts the next
-ready batch's predict on one background thread when none runs: torch releases the GIL, so the
-next requests' arrival, decoding and preprocessing overlap this batch's predict. When it ends
-(the thread wakes the loop through `wake_fd`), the next ready batch starts first, then the ended
-one's rows go back to their requests, through postprocess, as final replies with the outputs'
-bytes as payload frames: the predict thread does not wait for the replies' Python. Each predict
+ready batch's predict on one background thread (predict_thread.py) when none runs, and queues a
+full batch behind the one that runs: torch releases the GIL, so the next requests' arrival,
+decoding and preprocessing overlap this batch's predict, and a full next batch starts without
+waiting for the loop. When a predict ends (the thread wakes the loop through `wake_fd`), the
+next ready batch starts first, then the ended one's rows go back to their requests, through
+postprocess, as final replies with the outputs' bytes as payload frames. Each predict
 is timed on its thread, and the batcher learns from those times what a predict costs
 (handlers/predict_cost.py), to decide how long a batch waits and which length bins share one.
 
@@ -23,7 +24,6 @@ import logging
 import os
 import time
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -31,11 +31,11 @@ import numpy as np
 
 from mcpd import tracing
 from mcpd.config import Config
-from mcpd.cpu import threads
 from mcpd.daemon import channels, messages
 from mcpd.daemon.child_stats import WorkerStats
 from mcpd.daemon.worker.core import MAX_REASON_CHARS, Ports, take_message
 from mcpd.daemon.worker.done_notes import DoneNotes
+from mcpd.daemon.worker.predict_thread import PredictThread, Running
 from mcpd.handlers import batch_tensors, tensors
 from mcpd.handlers.batcher import DynamicBatcher, Pending, padded_elements
 from mcpd.handlers.handler import Handler
@@ -79,16 +79,6 @@ class EndedBatch(NamedTuple):
     reason: str = ""
 
 
-@dataclass
-class Running:
-    """The batch on the predict thread; `elements`: its padded size, for the batcher's cost of a
-    predict (None: a request run alone after its batch failed, not a batch the batcher made)."""
-    future: Future
-    requests: list[InferRequest]
-    started: float
-    elements: int | None = None
-
-
 class HandlerCore:
     def __init__(self, config: Config, index: int, handler: Handler, device: str, log: logging.Logger,
                  ports: Ports, clock=time.monotonic, serves: tuple[str, str] = ("", "")):
@@ -102,10 +92,8 @@ class HandlerCore:
         self.batcher = DynamicBatcher(batching.max_batch_size, batching.max_queue_delay_ms,
                                       batching.preferred_batch_sizes, batching.length_bins,
                                       urgent_rank=classes.classes[classes.default_class].rank + 1)
-        _on_every_core()
-        self.predictor = ThreadPoolExecutor(1, thread_name_prefix="predict", initializer=_on_every_core)
-        self.wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-        self.running: Running | None = None
+        self.predictor = PredictThread(clock)
+        self.wake_fd = self.predictor.wake_fd
         self.live: dict[int, InferRequest] = {}   # waiting or running, not yet answered
         self.alone: deque[InferRequest] = deque()   # a failed batch's requests, to run one at a time
         self.done = DoneNotes(clock)   # rids answered since the last Done note to the scheduler
@@ -114,6 +102,10 @@ class HandlerCore:
         self.cache = ResultCache(version.cache.max_bytes) if version.cache.max_bytes else None
         if version.cache.warmup:
             self._warm(version.cache.warmup)
+
+    @property
+    def running(self) -> Running | None:
+        return self.predictor.running
 
     @property
     def has_work(self) -> bool:
@@ -238,27 +230,21 @@ class HandlerCore:
     # -- batches --------------------------------------------------------------------------------
 
     def step(self) -> None:
-        """Start the next ready batch as soon as the predict thread is free, then answer the batch
-        whose predict ended: its replies are built and sent while the next predict runs. Raises
-        HandlerHung when a predict has run past handler_timeout_s."""
-        ended = self._ended()
-        if self.running is None:
-            self._start_next()
-        if ended is not None:
-            self._answer_batch(ended)
-
-    def _ended(self) -> EndedBatch | None:
-        """The batch whose predict ended, taken off the thread. None: none ended, or it failed
-        with several requests, which go back to run one at a time."""
+        """Start the next ready batch as soon as the predict thread is free (or queue a full one
+        behind the running predict), then answer the batches whose predict ended: their replies
+        are built and sent while the next predict runs. Raises HandlerHung when a predict has run
+        past handler_timeout_s."""
+        ended = [batch for running in self.predictor.ended() if (batch := self._outcome(running)) is not None]
         running = self.running
-        if running is None:
-            return None
-        if not running.future.done():
-            if self.clock() - running.started > self.timeout_s:
-                raise HandlerHung(f"a predict has run over handler_timeout_s = {self.timeout_s:g}: restarting the worker")
-            return None
-        self._clear_wake()
-        self.running = None
+        if running is not None and not running.future.done() and self.clock() - running.started > self.timeout_s:
+            raise HandlerHung(f"a predict has run over handler_timeout_s = {self.timeout_s:g}: restarting the worker")
+        self._start_next()
+        for batch in ended:
+            self._answer_batch(batch)
+
+    def _outcome(self, running: Running) -> EndedBatch | None:
+        """A batch whose predict ended, as its requests' rows. None: it failed with several
+        requests, which go back to run one at a time."""
         if self.tracing is not None:
             self.tracing.batch_ended([r.rid for r in running.requests])
         try:
@@ -277,11 +263,20 @@ class HandlerCore:
         return EndedBatch(running.requests, None, reason)
 
     def _start_next(self) -> None:
+        """Any ready batch when the predict thread is free; behind a running predict, only a full
+        one (a batch that waits for the thread gathers more rows meanwhile), and none while a
+        failed batch's requests wait to run alone."""
+        if self.running is not None:
+            if self.predictor.has_room and not self.alone:
+                self._start_batch(self.batcher.next_batch(self.clock(), full_only=True))
+            return
         while self.alone:
             request = self.alone.popleft()
             if request.rid in self.live:   # not cancelled meanwhile
                 return self._start([request])
-        batch = self.batcher.next_batch(self.clock())
+        self._start_batch(self.batcher.next_batch(self.clock()))
+
+    def _start_batch(self, batch: list[Pending] | None) -> None:
         if batch:
             self._start([pending.item for pending in batch], padded_elements(batch))
 
@@ -291,20 +286,9 @@ class HandlerCore:
         self.padded, self.padded_of = self.padded + padded, self.padded_of + of
         self.batches += 1
         self.rows += sum(r.rows for r in requests)
-        future = self.predictor.submit(_timed, self.handler.predict, batch)
-        future.add_done_callback(self._wake)
-        self.running = Running(future, requests, self.clock(), elements)
+        self.predictor.submit(self.handler.predict, batch, requests, elements)
         if self.tracing is not None:
             self.tracing.batch_started([r.rid for r in requests], started, sum(r.rows for r in requests))
-
-    def _wake(self, _future: Future) -> None:
-        os.eventfd_write(self.wake_fd, 1)
-
-    def _clear_wake(self) -> None:
-        try:
-            os.eventfd_read(self.wake_fd)
-        except BlockingIOError:
-            pass
 
     def _answer_batch(self, ended: EndedBatch) -> None:
         """Each request of an ended batch answered (one cancelled meanwhile was answered then)."""
@@ -399,26 +383,6 @@ class HandlerCore:
         note = self.done.take(idle=not self.has_work)
         if note is not None:
             self.ports.to_scheduler(messages.encode(note))
-
-
-def _on_every_core() -> None:
-    """Let this thread run on any of the worker's cores when torch runs fewer threads than it
-    has. OpenMP binds the thread that loads it to the first core (cpu/threads.py), and threads
-    started later inherit that: a one-thread predict and the loop that feeds it then queue for
-    that one core while another sits idle."""
-    import torch   # the worker loaded it before the core
-
-    owned = threads.owned_cores()
-    if torch.get_num_threads() < len(owned):
-        os.sched_setaffinity(0, owned)
-
-
-def _timed(predict, batch: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], float]:
-    """predict's outputs and its seconds, timed on the predict thread: the loop sees the end only
-    when it next looks."""
-    started = time.perf_counter()
-    outputs = predict(batch)
-    return outputs, time.perf_counter() - started
 
 
 def _encoded(shown: dict[str, np.ndarray], names) -> CachedResult:
