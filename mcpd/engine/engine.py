@@ -182,12 +182,10 @@ class Engine:
         """The next step would only admit waiting prompts: nothing runs, no abort waits to be reported."""
         return not self.scheduler.running and not self.aborted
 
-
     def step(self) -> list[StepOutput]:
         """One step of every scheduled sequence, in inference mode: entered here unless the caller
         already is. The worker enters it once for its loop: entering it each step is cold torch
-        code after the step's weight stream, ~50 us of a batch-1 decode step (the step's Python,
-        wall time less the native calls, 626 -> 575 and 658 -> 611 us, the two alternating)."""
+        code after the step's weight stream, a measurable part of a batch-1 decode step's Python."""
         if torch.is_inference_mode_enabled():
             return self._step()
         with torch.inference_mode():
