@@ -11,7 +11,9 @@ EOS ignored (llama.cpp: min_tokens = max_tokens), the same prompts and token cou
 system; each server is warmed up first, and the warm-up checks that every server counts the same
 prompt tokens and generates the same greedy text as mcpd. Workloads:
 
-  W1  1 client, 128-token prompt, 128 generated, streamed: decode tok/s, time to first token
+  W1  1 client, 128-token prompt, 128 generated, streamed: decode tok/s, time to first token (the
+      median of W1's own and TTFT_SAMPLES - 1 more prompts of its length streamed for one token:
+      one prefill a round swings by a third on this shared machine)
   W2  8 and 32 concurrent clients, the same requests: generated tok/s
   W3  10-turn chat, ~160 new tokens a turn, 16 generated: turn 10's time to first token. mcpd keeps
       the chat in a daemon-side context; the peers get the whole history again (/v1/chat/completions)
@@ -80,6 +82,7 @@ from peerkit.clients import HttpTarget, McpdHttpTarget, McpdTarget
 
 W1_PROMPT_TOKENS = 128
 W1_MAX_TOKENS = 128
+TTFT_SAMPLES = 5
 W3_TURNS = 10
 W3_TURN_TOKENS = 160
 W3_MAX_TOKENS = 16
@@ -164,11 +167,19 @@ def w1(target, prompts: Prompts) -> dict:
 
 def w1_beside_reads(target, prompts: Prompts) -> dict:
     """W1 with the read limit measured just before and just after it (the module's doc says why):
-    their mean, and how far apart they are."""
+    their mean, and how far apart they are; then W1's first token sampled again."""
     before = roofline.read_gbps(repeats=W1_READ_REPEATS)
     figures = w1(target, prompts)
     after = roofline.read_gbps(repeats=W1_READ_REPEATS)
-    return {**figures, "w1_read_gbps": (before + after) / 2, "w1_read_change": abs(after - before) / max(before, after)}
+    return {**figures, **ttft_samples(target, prompts, figures["w1_ttft_ms"]),
+            "w1_read_gbps": (before + after) / 2, "w1_read_change": abs(after - before) / max(before, after)}
+
+
+def ttft_samples(target, prompts: Prompts, w1_ttft_ms: float) -> dict:
+    """W1's first token as the median of its own and more one-token streams of new W1 prompts."""
+    samples = [w1_ttft_ms] + [target.stream(prompts.text(W1_PROMPT_TOKENS), 1).first_token_s * 1e3
+                              for _ in range(TTFT_SAMPLES - 1)]
+    return {"w1_ttft_ms": statistics.median(samples)}
 
 
 def w2(target, prompts: Prompts, clients: int) -> dict:
