@@ -94,9 +94,10 @@ def drain(sock: zmq.Socket, handle, limit: int = 1 << 30, receive=None) -> int:
     Asking EVENTS is cheaper than letting recv raise zmq.Again, and it also re-arms the
     edge-triggered FD that event loops wait on. Returns how many messages were handled.
     """
+    receive = receive or recv_frames
     taken = 0
     while taken < limit and _get(sock, EVENTS) & POLLIN:
-        handle((receive or recv_frames)(sock))
+        handle(receive(sock))
         taken += 1
     return taken
 
@@ -157,7 +158,7 @@ class Waiter:
         timeout = 0 if found else math.ceil(max(0.0, timeout_ms))
         woke = [self.socket_of.get(fd, fd) for fd, _ in self.fd.poll(timeout)]
         self.quiet.difference_update(woke)   # their drain takes the command that woke the descriptor
-        return found + [each for each in woke if each not in found]
+        return found + [each for each in woke if each not in found] if found else woke
 
 
 def frames_of(sock: zmq.Socket) -> list[zmq.Frame]:

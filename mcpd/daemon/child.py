@@ -78,16 +78,23 @@ def exit_on_sigterm(cleanup) -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
+_frozen_at_start = 0   # freeze_start_up's count, kept: counting walks every frozen object
+
+
 def freeze_start_up() -> None:
     """Keep every object start-up made (modules, config, sockets: tens of thousands, alive as
     long as the process) out of the garbage collector's passes: a full collection while serving
     then walks only what serving made, not a stall that every message in flight waits out."""
+    global _frozen_at_start
     gc.freeze()
+    _frozen_at_start = gc.get_freeze_count()
 
 
 def frozen_objects() -> int:
-    """How many objects freeze_start_up kept out of the collector's reach (a stats figure)."""
-    return gc.get_freeze_count()
+    """How many objects freeze_start_up kept out of the collector's reach (a stats figure), as
+    counted then: gc.get_freeze_count walks the whole frozen list, milliseconds that every stats
+    report would otherwise take from the messages it delays."""
+    return _frozen_at_start
 
 
 def parent_alive(parent_pid: int) -> bool:

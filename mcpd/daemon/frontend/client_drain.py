@@ -25,6 +25,8 @@ class ClientDrain:
         taken = 0
         while taken < BATCH and self.send_on():
             count = self.take_clients(SLICE)
+            if not count:   # none admitted: nothing more to send on (the look after each reply)
+                return False
             taken += count
             if not self.send_on() or count < SLICE:
                 return False

@@ -54,6 +54,8 @@ class SchedulerSockets:
     def to_worker(self, identity: bytes, sends: list[list[bytes]]) -> int:
         """Sends the messages as one batch (or as few as batch.py's bounds allow); how many went
         (fewer when the worker's queue is full for now). WorkerGone when it went away."""
+        if len(sends) == 1:   # a lone dispatch (every request on an idle node): no batch to build on its way
+            return self._send_lone(identity, sends[0])
         batch = Batch(lambda frames: self.waiter.send_frames(self.workers, [identity, *frames], channels.NOBLOCK))
         for frames in sends:
             batch.add(frames)
@@ -62,6 +64,15 @@ class SchedulerSockets:
         except zmq.ZMQError as e:   # EHOSTUNREACH (a full queue, zmq.Again, stops the flush instead)
             raise WorkerGone(identity, len(sends) - len(batch.held)) from e
         return len(sends) - len(batch.held)
+
+    def _send_lone(self, identity: bytes, frames: list[bytes]) -> int:
+        try:
+            self.waiter.send_frames(self.workers, [identity, *frames], channels.NOBLOCK)
+        except zmq.Again:   # the worker's queue is full for now
+            return 0
+        except zmq.ZMQError as e:   # EHOSTUNREACH
+            raise WorkerGone(identity) from e
+        return 1
 
 
 class SchedulerProcess:

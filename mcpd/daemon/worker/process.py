@@ -168,8 +168,8 @@ class Worker:
         waiter = self.sockets.waiter
         if waiter.drain(self.sockets.scheduler, handle, 1):
             self.sockets.flush()
-            waiter.drain(self.sockets.scheduler, handle)
-            self.sockets.flush()
+            if waiter.drain(self.sockets.scheduler, handle):
+                self.sockets.flush()
 
     def _welcomed(self) -> None:
         """Ready once the scheduler has our Hello (messages.Welcome); a restarted scheduler's
