@@ -89,6 +89,8 @@ class IncomingBytes:
         self.arrivals = select.epoll()   # readable when a watched connection received bytes
         self.under_way: set[int] = set()   # connections part-way through a message at the last look
         self.cut = 0   # connections cut since start
+        self.taken = 0   # wire bytes of the messages delivered on all of them (socket_backlog.py)
+        self.recent: set[int] = set()   # connections delivered on since the last waiting()
         self.statm = os.open("/proc/self/statm", os.O_RDONLY)   # read every GUARD_S: one pread
         self.last_scan, self.rss_at_scan = 0.0, self._rss()
 
@@ -112,7 +114,23 @@ class IncomingBytes:
     def delivered(self, fd: int, frame_sizes: list[int]) -> None:
         connection = self.connections.get(fd)
         if connection is not None:
-            connection.delivered += sum(self._wire_bytes(size) for size in frame_sizes)
+            nbytes = sum(self._wire_bytes(size) for size in frame_sizes)
+            connection.delivered += nbytes
+            self.taken += nbytes
+            self.recent.add(fd)
+
+    def waiting(self) -> int:
+        """Bytes the connections delivered on since the last call received and the front-end has
+        not taken yet (in the kernel's buffer or libzmq's pipe): one with a backlog is among them,
+        as libzmq takes from every connection with a message in turn."""
+        total = 0
+        for fd in self.recent:
+            connection = self.connections.get(fd)
+            counters = _counters(fd) if connection is not None else None
+            if counters is not None:
+                total += max(0, counters[0] - connection.delivered)
+        self.recent.clear()
+        return total
 
     def look(self, before_scan) -> None:
         """Apply the first rule to the connections reported receiving since the last look and to
