@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import time
 from functools import partial
 
 import uvloop
@@ -165,9 +164,9 @@ class FrontEnd:
     def _pump_clients(self) -> None:
         """Clients' requests, in slices (client_drain.py). Clients are not read while the
         scheduler's pipe is full (the guard pumps again in GUARD_S)."""
-        self.socket_backlog.reading(time.monotonic())
+        self.socket_backlog.reading()
         if self.client_drain.turn():
-            if self.socket_backlog.look(time.monotonic(), self.core.config.scheduler.shed_wait_ms):
+            if self.socket_backlog.look(self.core.config.scheduler.shed_wait_ms):
                 self.core.socket_backlog()
             asyncio.get_running_loop().call_soon(self._pump_clients)   # more may wait: after the others' turn
         elif self.client_drain.emptied:
