@@ -3,7 +3,7 @@ the bytes taken and waiting are numbers the test sets, the clock is the test's. 
 processes (real connections, the kernel's counters) is test_socket_backlog.py's."""
 import pytest
 
-from mcpd.daemon.frontend.socket_backlog import LOOK_S, LOOK_SHARE, SocketBacklog
+from mcpd.daemon.frontend.socket_backlog import LOOK_S, LOOK_SHARE, SETTLE_S, SocketBacklog
 from fakes import Clock
 
 REQUEST_BYTES = 100
@@ -17,7 +17,7 @@ class Sockets:
 
     def __init__(self, clock: Clock):
         self.clock = clock
-        self.taken_bytes, self.waiting_bytes, self.asked, self.ask_s = 0, 0, 0, 0.0
+        self.taken_bytes, self.waiting_bytes, self.asked, self.ask_s, self.settled = 0, 0, 0, 0.0, 0
 
     def taken(self) -> int:
         return self.taken_bytes
@@ -27,6 +27,9 @@ class Sockets:
         self.clock.now += self.ask_s
         return self.waiting_bytes
 
+    def settle(self) -> None:
+        self.settled += 1
+
 
 @pytest.fixture
 def sockets():
@@ -35,7 +38,7 @@ def sockets():
 
 @pytest.fixture
 def backlog(sockets):
-    return SocketBacklog(sockets.taken, sockets.waiting, sockets.clock)
+    return SocketBacklog(sockets.taken, sockets.waiting, sockets.settle, sockets.clock)
 
 
 def turn(backlog: SocketBacklog, sockets: Sockets, seconds: float, requests: int, left: int) -> None:
@@ -87,3 +90,15 @@ def test_looks_that_cost_more_are_spaced_out_to_a_small_share_of_the_reading(bac
     assert not backlog.look(SHED_WAIT_MS) and sockets.asked == 1
     turn(backlog, sockets, LOOK_S, 256, left=10_000)
     assert backlog.look(SHED_WAIT_MS) and sockets.asked == 2
+
+
+def test_reading_found_done_settles_the_connections_counts_at_most_every_settle_s(backlog, sockets):
+    """Off a request's path: a lone request's turn ends in an empty socket every time."""
+    for _ in range(3):
+        turn(backlog, sockets, 0.001, 1, left=0)
+        backlog.emptied()
+    assert sockets.settled == 1
+    sockets.clock.now += SETTLE_S
+    turn(backlog, sockets, 0.001, 1, left=0)
+    backlog.emptied()
+    assert sockets.settled == 2

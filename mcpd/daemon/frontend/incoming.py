@@ -57,6 +57,7 @@ from mcpd.daemon.frontend import descriptor
 SCAN_S = 0.5
 SCAN_GROWTH = 8 << 20
 LOOK_S = 0.002
+HANDSHAKE_BYTES = 1024   # a connection's ZMTP greeting and handshake (about 100 bytes; CURVE's about 600)
 SLACK = 64 << 10   # handshake and frame headers: a connection may hold a whole request and this
 TCPI_BYTES_RECEIVED = 128      # offset of tcpi_bytes_received in struct tcp_info (Linux >= 4.1)
 TCP_INFO_BYTES = TCPI_BYTES_RECEIVED + 8
@@ -80,6 +81,9 @@ def give_large_buffers_back() -> None:
 @dataclass
 class Connection:
     delivered: int = 0    # wire bytes of the messages delivered on it
+    # Received bytes no message delivered accounts for (its handshake, heartbeats, a message under
+    # way), as of the last time the front-end had taken all it could of it: not waiting to be read.
+    unmatched: int = HANDSHAKE_BYTES
 
 
 class IncomingBytes:
@@ -120,17 +124,24 @@ class IncomingBytes:
             self.recent.add(fd)
 
     def waiting(self) -> int:
-        """Bytes the connections delivered on since the last call received and the front-end has
-        not taken yet (in the kernel's buffer or libzmq's pipe): one with a backlog is among them,
-        as libzmq takes from every connection with a message in turn."""
+        """Bytes of requests the connections delivered on since the last call (or settle) received
+        and the front-end has not taken yet (in the kernel's buffer or libzmq's pipe): one with a
+        backlog is among them, as libzmq takes from every connection with a message in turn."""
         total = 0
-        for fd in self.recent:
-            connection = self.connections.get(fd)
-            received = _received(fd) if connection is not None else None
-            if received is not None:
-                total += max(0, received - connection.delivered)
-        self.recent.clear()
+        for connection, received in self._recent_received():
+            total += max(0, received - connection.delivered - connection.unmatched)
         return total
+
+    def settle(self) -> None:
+        """The client socket was found empty: every whole message of the connections delivered on
+        since the last call (or waiting) has been taken, so what they received beyond is not a request."""
+        for connection, received in self._recent_received():
+            connection.unmatched = received - connection.delivered
+
+    def _recent_received(self) -> list[tuple[Connection, int]]:
+        found = [(self.connections[fd], _received(fd)) for fd in self.recent if fd in self.connections]
+        self.recent.clear()
+        return [(connection, received) for connection, received in found if received is not None]
 
     def look(self, before_scan) -> None:
         """Apply the first rule to the connections reported receiving since the last look and to

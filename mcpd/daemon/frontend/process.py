@@ -74,7 +74,7 @@ class FrontEnd:
         self.outbox = Outbox(self.clients, limits.max_client_backlog_bytes)
         self.incoming = IncomingBytes(limits.max_message_bytes, limits.max_incoming_bytes, self.gate.auth, self.log)
         self.address_cap = AddressCap(limits.max_connections_per_address, self.log)
-        self.socket_backlog = SocketBacklog(lambda: self.incoming.taken, self.incoming.waiting)
+        self.socket_backlog = SocketBacklog(lambda: self.incoming.taken, self.incoming.waiting, self.incoming.settle)
         self.to_scheduler = self._socket(zmq.PUSH, sockets.SCHED_IPC, bind=False)
         self.for_scheduler = Batch(partial(channels.send_frames, self.to_scheduler, flags=channels.NOBLOCK))
         self.from_scheduler = self._socket(zmq.PULL, sockets.FRONTEND_IPC, bind=True)

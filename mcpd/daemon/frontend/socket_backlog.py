@@ -17,17 +17,21 @@ import time
 from typing import Callable
 
 LOOK_S = 0.002     # between looks while reading
+SETTLE_S = 1.0     # between settles when reading ends: off a request's path, a heartbeat's bytes a second apart
 LOOK_SHARE = 0.05  # of the reading's time, looks take at most this (a look is a system call per connection)
 
 
 class SocketBacklog:
-    def __init__(self, taken: Callable[[], int], waiting: Callable[[], int], clock=time.monotonic):
+    def __init__(self, taken: Callable[[], int], waiting: Callable[[], int], settle: Callable[[], None],
+                 clock=time.monotonic):
         self.taken = taken       # wire bytes taken from the client connections so far
-        self.waiting = waiting   # wire bytes received on the connections read since its last call, not yet taken
+        self.waiting = waiting   # wire bytes of requests received on the connections read since its last call, not yet taken
+        self.settle = settle     # all was taken: what those connections received beyond is no request (incoming.py)
         self.clock = clock
         self.began: float | None = None   # when the reading began, the socket last found empty before it
         self.taken_then = 0
         self.next_look = 0.0
+        self.next_settle = 0.0
         self.inside = False   # the last look found a backlog
         self.found = 0        # backlogs found since start (status)
 
@@ -40,6 +44,10 @@ class SocketBacklog:
     def emptied(self) -> None:
         """The turn found the client socket empty: whatever waited has been read."""
         self.began, self.inside = None, False
+        now = self.clock()
+        if now >= self.next_settle:
+            self.settle()
+            self.next_settle = now + max(SETTLE_S, (self.clock() - now) / LOOK_SHARE)
 
     def look(self, shed_wait_ms: float) -> bool:
         """After a turn that left requests waiting: whether a request arriving now would wait past
