@@ -235,9 +235,10 @@ class FrontEndCore:
 
     def socket_backlog(self) -> None:
         """The clients' socket holds a backlog (socket_backlog.py): the lease the scheduler starts
-        on one found on the way to it, started here, at once."""
+        on one found on the way to it, started here, at once; not while no request of a shed
+        class is in flight (a flood of others: the lease would only cost each a look at its header)."""
         shed = edge_shedding.lease(self.config.scheduler)
-        if shed is not None:
+        if shed is not None and any(self.shed.in_flight[name] for name in shed.classes):
             self.shed.update(shed, self.clock())
 
     # -- the scheduler's messages ---------------------------------------------------------------
