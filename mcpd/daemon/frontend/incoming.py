@@ -94,7 +94,7 @@ class IncomingBytes:
         self.under_way: set[int] = set()   # connections part-way through a message at the last look
         self.cut = 0   # connections cut since start
         self.taken = 0   # wire bytes of the messages delivered on all of them (socket_backlog.py)
-        self.recent: set[int] = set()   # connections delivered on since the last waiting()
+        self.recent: set[int] = set()   # connections delivered on since the last waiting() or settle()
         self.statm = os.open("/proc/self/statm", os.O_RDONLY)   # read every GUARD_S: one pread
         self.last_scan, self.rss_at_scan = 0.0, self._rss()
 
@@ -216,7 +216,7 @@ _TCP_INFO_LENGTH = ctypes.c_uint32()
 def _received(fd: int) -> int | None:
     """Bytes the kernel received on this TCP socket; None when it is closed or the kernel does not
     count them. getsockopt(2) straight on the descriptor: a look runs it for every connection read
-    from, while the front-end is busiest, and a Python socket around it costs twice the call."""
+    from, while the front-end is busiest, and a Python socket around it costs more than the call."""
     _TCP_INFO_LENGTH.value = TCP_INFO_BYTES
     if _LIBC.getsockopt(fd, socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO, ctypes.byref(_TCP_INFO_LENGTH)) != 0:
         return None
