@@ -314,3 +314,27 @@ def test_a_repeated_priority_reads_the_same_at_the_door_as_in_the_full_parse(cor
     core.on_client(CLIENT, [raw], [len(raw)], None)
     assert [m.request_id for m in admitted(core)] == ([7] if last == "high" else [])
     assert [header.get("code") for _, header in replies(core)] == ([] if last == "high" else [codes.OVERLOADED])
+
+
+def test_a_backlog_in_the_client_socket_starts_the_lease_at_the_door_on_the_classes_marked_shed(core):
+    """socket_backlog.py found requests waiting before the front-end's read: the lease the
+    scheduler would start, at once, from the front-end's own copy of the live [scheduler] section."""
+    generate(core, CLIENT, 1, priority="high")
+    core.socket_backlog()   # a flood without a shed class in flight: no lease
+    assert not core.shed.classes
+    generate(core, CLIENT, 2, priority="low")
+    core.socket_backlog()
+    for request_id in range(3, 7):
+        generate(core, CLIENT, request_id, priority="low")
+    generate(core, CLIENT, 7, priority="high")
+    kept = core.config.scheduler.shed_in_flight
+    assert [m.request_id for m in admitted(core)] == [1, *range(2, kept + 2), 7]
+    assert [(header["id"], header["code"], header["retry_after_ms"]) for _, header in replies(core)] == \
+        [(request_id, codes.OVERLOADED, core.config.scheduler.overloaded_retry_ms) for request_id in range(kept + 2, 7)]
+    core.clock.now += 6.0   # the lease is over (refusals hold it HOLD_S at most)
+    unshed = core.config.to_dict()
+    unshed["scheduler"]["classes"]["low"]["shed"] = False
+    core.on_scheduler(messages.Reload(1, unshed), [])
+    core.socket_backlog()   # no class is marked shed now: nothing is refused
+    generate(core, CLIENT, 8, priority="low")
+    assert [m.request_id for m in admitted(core)][-1] == 8

@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-from mcpd.daemon.frontend.incoming import SLACK, IncomingBytes
+from mcpd.daemon.frontend.incoming import HANDSHAKE_BYTES, SLACK, IncomingBytes
 
 
 def closed_descriptor() -> int:
@@ -127,3 +127,19 @@ def test_bytes_read_before_the_accept_was_reported_count(connection):
     incoming.check(before_scan=nothing)
     assert incoming.cut == 1
     assert connection.cut()
+
+
+def test_bytes_received_and_not_taken_are_waiting_beyond_what_no_message_accounts_for(connection):
+    """socket_backlog.py's count: a connection's requests received (read by "libzmq" or still in
+    the kernel) and not yet delivered, less its handshake or heartbeats, which a settle measures
+    once everything whole was taken."""
+    incoming = watch(connection)
+    connection.carry(HANDSHAKE_BYTES)   # fewer than that unaccounted for: not counted before a settle
+    incoming.delivered(connection.fd, [7])   # a 7-byte request taken (9 bytes on the wire)
+    assert incoming.taken == 9 and incoming.waiting() == 0
+    incoming.delivered(connection.fd, [7])
+    incoming.settle()   # all whole messages taken: the rest is the handshake and the like
+    connection.carry(900, unread=100)   # 1,000 bytes of requests arrive
+    incoming.delivered(connection.fd, [91])   # one 93-byte request taken of them
+    assert incoming.waiting() == 1000 - 93
+    assert incoming.waiting() == 0   # only connections delivered on since the last call are asked

@@ -18,17 +18,19 @@ class ClientDrain:
         self.take_clients = take_clients   # handles up to that many client messages; how many it did
         self.send_on = send_on             # sends what was admitted; False while the scheduler's pipe is full
         self.take_replies = take_replies   # relays the scheduler's replies waiting now
+        self.emptied = False   # the last turn found the clients' socket empty
 
     def turn(self) -> bool:
         """One turn of reading; True when clients may have more waiting (the caller lets the
         loop's other readers go first, then calls again)."""
-        taken = 0
+        taken, self.emptied = 0, False
         while taken < BATCH and self.send_on():
             count = self.take_clients(SLICE)
+            self.emptied = count < SLICE
             if not count:   # none admitted: nothing more to send on (the look after each reply)
                 return False
             taken += count
-            if not self.send_on() or count < SLICE:
+            if not self.send_on() or self.emptied:
                 return False
             self.take_replies()
         return taken >= BATCH

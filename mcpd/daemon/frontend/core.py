@@ -20,6 +20,7 @@ What it decides:
 """
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import logging
 import time
@@ -35,6 +36,7 @@ from mcpd.daemon.frontend.latency import LatencyWindow
 from mcpd.daemon.frontend.request_labels import RequestLabels
 from mcpd.daemon.frontend.request_metrics import RequestMetrics
 from mcpd.daemon.frontend.shed_table import ShedTable
+from mcpd.daemon.scheduler import edge_shedding
 from mcpd.http.frontend_link import LOCAL_CALLER
 from mcpd.protocol import codes, infer_args, ops, wire
 from mcpd.protocol.codes import MCPDError
@@ -231,6 +233,14 @@ class FrontEndCore:
         for rid in list(self.pending):
             self._finish_with_error(rid, code, message)
 
+    def socket_backlog(self) -> None:
+        """The clients' socket holds a backlog (socket_backlog.py): the lease the scheduler starts
+        on one found on the way to it, started here, at once; not while no request of a shed
+        class is in flight (a flood of others: the lease would only cost each a look at its header)."""
+        shed = edge_shedding.lease(self.config.scheduler)
+        if shed is not None and any(self.shed.in_flight[name] for name in shed.classes):
+            self.shed.update(shed, self.clock())
+
     # -- the scheduler's messages ---------------------------------------------------------------
 
     def on_scheduler(self, message: messages.Message, payload: list[bytes]) -> None:
@@ -239,7 +249,9 @@ class FrontEndCore:
         if isinstance(message, messages.Flushed):   # the worker's replies before it are relayed: tell the scheduler
             return self.ports.to_scheduler(messages.encode(message))
         if isinstance(message, messages.Reload):
-            return self.labels.reconfigure(live_config.apply(message, self.ports.events))
+            config = live_config.apply(message, self.ports.events)
+            self.config = dataclasses.replace(self.config, scheduler=config.scheduler)   # live, as the scheduler takes it
+            return self.labels.reconfigure(config)
         if isinstance(message, messages.Drain):
             self.draining = True
             return self.log.info("draining: no new work admitted, %d request(s) in flight", len(self.pending))

@@ -57,6 +57,7 @@ from mcpd.daemon.frontend import descriptor
 SCAN_S = 0.5
 SCAN_GROWTH = 8 << 20
 LOOK_S = 0.002
+HANDSHAKE_BYTES = 1024   # a connection's ZMTP greeting and handshake (about 100 bytes; CURVE's about 600)
 SLACK = 64 << 10   # handshake and frame headers: a connection may hold a whole request and this
 TCPI_BYTES_RECEIVED = 128      # offset of tcpi_bytes_received in struct tcp_info (Linux >= 4.1)
 TCP_INFO_BYTES = TCPI_BYTES_RECEIVED + 8
@@ -80,6 +81,9 @@ def give_large_buffers_back() -> None:
 @dataclass
 class Connection:
     delivered: int = 0    # wire bytes of the messages delivered on it
+    # Received bytes no message delivered accounts for (its handshake, heartbeats, a message under
+    # way), as of the last time the front-end had taken all it could of it: not waiting to be read.
+    unmatched: int = HANDSHAKE_BYTES
 
 
 class IncomingBytes:
@@ -89,6 +93,8 @@ class IncomingBytes:
         self.arrivals = select.epoll()   # readable when a watched connection received bytes
         self.under_way: set[int] = set()   # connections part-way through a message at the last look
         self.cut = 0   # connections cut since start
+        self.taken = 0   # wire bytes of the messages delivered on all of them (socket_backlog.py)
+        self.recent: set[int] = set()   # connections delivered on since the last waiting() or settle()
         self.statm = os.open("/proc/self/statm", os.O_RDONLY)   # read every GUARD_S: one pread
         self.last_scan, self.rss_at_scan = 0.0, self._rss()
 
@@ -112,7 +118,30 @@ class IncomingBytes:
     def delivered(self, fd: int, frame_sizes: list[int]) -> None:
         connection = self.connections.get(fd)
         if connection is not None:
-            connection.delivered += self._wire_bytes(frame_sizes)
+            nbytes = self._wire_bytes(frame_sizes)
+            connection.delivered += nbytes
+            self.taken += nbytes
+            self.recent.add(fd)
+
+    def waiting(self) -> int:
+        """Bytes of requests the connections delivered on since the last call (or settle) received
+        and the front-end has not taken yet (in the kernel's buffer or libzmq's pipe): one with a
+        backlog is among them, as libzmq takes from every connection with a message in turn."""
+        total = 0
+        for connection, received in self._recent_received():
+            total += max(0, received - connection.delivered - connection.unmatched)
+        return total
+
+    def settle(self) -> None:
+        """The client socket was found empty: every whole message of the connections delivered on
+        since the last call (or waiting) has been taken, so what they received beyond is not a request."""
+        for connection, received in self._recent_received():
+            connection.unmatched = received - connection.delivered
+
+    def _recent_received(self) -> list[tuple[Connection, int]]:
+        found = [(self.connections[fd], _received(fd)) for fd in self.recent if fd in self.connections]
+        self.recent.clear()
+        return [(connection, received) for connection, received in found if received is not None]
 
     def look(self, before_scan) -> None:
         """Apply the first rule to the connections reported receiving since the last look and to
@@ -181,6 +210,23 @@ class IncomingBytes:
             size += wrapping
             total += size + (2 if size <= 255 else 9)
         return total
+
+
+_LIBC = ctypes.CDLL(None, use_errno=True)
+_TCP_INFO = ctypes.create_string_buffer(TCP_INFO_BYTES)
+_TCP_INFO_LENGTH = ctypes.c_uint32()
+
+
+def _received(fd: int) -> int | None:
+    """Bytes the kernel received on this TCP socket; None when it is closed or the kernel does not
+    count them. getsockopt(2) straight on the descriptor: a look runs it for every connection read
+    from, while the front-end is busiest, and a Python socket around it costs more than the call."""
+    _TCP_INFO_LENGTH.value = TCP_INFO_BYTES
+    if _LIBC.getsockopt(fd, socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO, ctypes.byref(_TCP_INFO_LENGTH)) != 0:
+        return None
+    if _TCP_INFO_LENGTH.value < TCP_INFO_BYTES:
+        return None   # a kernel older than 4.1 does not count received bytes
+    return struct.unpack_from("=Q", _TCP_INFO, TCPI_BYTES_RECEIVED)[0]
 
 
 def _counters(fd: int) -> tuple[int, int] | None:

@@ -33,6 +33,7 @@ from mcpd.daemon.frontend.incoming import LOOK_S, IncomingBytes, give_large_buff
 from mcpd.daemon.frontend.outbox import Outbox
 from mcpd.daemon.frontend.peer_links import PeerLinks
 from mcpd.daemon.frontend.peers import PeerTracker
+from mcpd.daemon.frontend.socket_backlog import SocketBacklog
 from mcpd.http.frontend_link import FrontendLink
 
 GUARD_S = 0.02   # how often the backlogs are retried and the unfinished messages checked
@@ -73,6 +74,7 @@ class FrontEnd:
         self.outbox = Outbox(self.clients, limits.max_client_backlog_bytes)
         self.incoming = IncomingBytes(limits.max_message_bytes, limits.max_incoming_bytes, self.gate.auth, self.log)
         self.address_cap = AddressCap(limits.max_connections_per_address, self.log)
+        self.socket_backlog = SocketBacklog(lambda: self.incoming.taken, self.incoming.waiting, self.incoming.settle)
         self.to_scheduler = self._socket(zmq.PUSH, sockets.SCHED_IPC, bind=False)
         self.for_scheduler = Batch(partial(channels.send_frames, self.to_scheduler, flags=channels.NOBLOCK))
         self.from_scheduler = self._socket(zmq.PULL, sockets.FRONTEND_IPC, bind=True)
@@ -162,8 +164,13 @@ class FrontEnd:
     def _pump_clients(self) -> None:
         """Clients' requests, in slices (client_drain.py). Clients are not read while the
         scheduler's pipe is full (the guard pumps again in GUARD_S)."""
+        self.socket_backlog.reading()
         if self.client_drain.turn():
+            if self.socket_backlog.look(self.core.config.scheduler.shed_wait_ms):
+                self.core.socket_backlog()
             asyncio.get_running_loop().call_soon(self._pump_clients)   # more may wait: after the others' turn
+        elif self.client_drain.emptied:
+            self.socket_backlog.emptied()
 
     def _take_clients(self, limit: int) -> int:
         return channels.drain(self.clients, self._on_client, limit, self._receive_client)
@@ -317,7 +324,7 @@ class FrontEnd:
 
     def stats(self) -> dict:
         return {**self.core.stats(), "endpoints": self.endpoints, "backlog": self.outbox.stats(),
-                "incoming": {**self.incoming.stats(), **self.address_cap.stats()},
+                "incoming": {**self.incoming.stats(), **self.address_cap.stats(), "backlogs": self.socket_backlog.found},
                 "http": self.http.stats() if self.http is not None else {}, "frozen_objects": child.frozen_objects()}
 
 

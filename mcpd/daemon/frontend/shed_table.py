@@ -1,9 +1,9 @@
 """The classes the scheduler asked the front-end to shed (scheduler/edge_shedding.py says when),
-and how many generate and infer requests of each class are in flight here. While the lease lasts,
+or the front-end's own look at its client socket did (socket_backlog.py), and how many generate and infer requests of each class are in flight here. While the lease lasts,
 one of a shed class past its `in_flight` is refused at once, OVERLOADED with the scheduler's
 retry_after_ms, and never forwarded: the FIFO to the scheduler that high requests share holds no
 more of them than that, and that many are still served. Each refusal holds the lease (demand
-still outruns what the workers finish), for HOLD_S past the scheduler's last word at most: a
+still outruns what the workers finish), for HOLD_S past the last word (the scheduler's or that look's) at most: a
 stream of more than `in_flight` that the workers would keep up with is capped no longer. A lease
 not held ends, and a lost scheduler clears it. Nothing shed: a request pays one truth test of
 `classes` (the caller's), and a generate or infer a count up and one down.

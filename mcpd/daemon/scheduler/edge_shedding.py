@@ -7,6 +7,8 @@ marked `shed` (by default only low) are refused OVERLOADED: here those that wait
 shed_wait_ms (the backlog; one read on time found the FIFO clear), and at the front-end, told at
 once, every new one past scheduler.shed_in_flight of its class in flight, so that they stop
 filling the FIFO while that many are still served. A class not marked `shed` is never refused here.
+A backlog before the front-end's read, which no stamp times, the front-end finds itself and starts
+the same lease there (frontend/socket_backlog.py).
 
 The scheduler renews the lease while reads still find a backlog, the front-end while it still
 refuses (demand beyond what it keeps in flight; frontend/shed_table.py bounds how long); otherwise
@@ -19,6 +21,14 @@ from mcpd.daemon import messages
 
 MIN_LATE = 64   # fewer late in a row may be one burst met by a scheduler descheduled a moment, not a backlog
 LEASE_S = 1.0
+
+
+def lease(config: SchedulerConfig) -> messages.Shed | None:
+    """The front-end's lease on the classes marked `shed`; None when none is."""
+    classes = sorted(name for name, cls in config.classes.items() if cls.shed)
+    if not classes:
+        return None
+    return messages.Shed(classes, config.overloaded_retry_ms, round(LEASE_S * 1000), config.shed_in_flight)
 
 
 class EdgeShedding:
@@ -44,10 +54,7 @@ class EdgeShedding:
         if not self.tell:
             return None
         self.tell = False
-        classes = sorted(name for name, cls in config.classes.items() if cls.shed)
-        if not classes:
-            return None
-        return messages.Shed(classes, config.overloaded_retry_ms, round(LEASE_S * 1000), config.shed_in_flight)
+        return lease(config)
 
     def sheds(self, cls: PriorityClass, waited_s: float, shed_wait_ms: float, now: float) -> bool:
         """Whether a request of `cls` that waited `waited_s` on its way here is refused: only one
