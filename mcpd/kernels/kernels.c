@@ -1065,7 +1065,7 @@ static void row_runs(int dtype, const void *x, int64_t k, const void *packed, co
         const char *q[ROW_PANELS];
         for (int j = 0; j < ROW_PANELS; j++)
             q[j] = (const char *)packed + (first + (j < count ? j : 0)) * k * PANEL * size;
-        int64_t next = first + ROW_PANELS < panels ? ROW_PANELS * k : 0;
+        int64_t next = run + 1 < end_run && count == ROW_PANELS ? ROW_PANELS * k : 0;
         panel_sums acc[ROW_PANELS];
 #if ROW_BF16
         if (dtype == BF16) row_bf16((const bf16 *)x, k, (const bf16 *const *)q, next, acc);
@@ -1773,59 +1773,30 @@ static int64_t kept_groups(const mcpd_group *groups, int64_t num_groups, const i
     return made;
 }
 
-/* The units a one-row product's part of `rows` outputs is split in: row_runs' runs or strips. */
-static int64_t row_units(int dtype, const mcpd_matrix *w, int64_t rows) {
-    int64_t outputs = PANEL * (takes_row_runs(dtype, w) ? ROW_PANELS : TILE_PANELS);
-    return (rows + outputs - 1) / outputs;
-}
-
-/* This thread's part of each part of w (as linear: its columns of y [1, n] and of the bias) times
-   x's one row, x prepared by this thread: the units (row_units) of its own share from the front,
-   then the other shares' from the back, as linear_part's threads take strips. shares: count a
-   part, split_strips'd; returns the next product's. */
-static strip_share *row_share(int dtype, const void *x, int64_t k, const mcpd_matrix *w, const void *bias, int64_t n,
-                              void *y, strip_share *shares, int count, int thread) {
+/* This thread's contiguous share of the runs (row_runs) or strips of each part of w (as linear: its
+   columns of y [1, n] and of the bias) times x's one row, x prepared by this thread. */
+static void row_share(int dtype, const void *x, int64_t k, const mcpd_matrix *w, const void *bias, int64_t n, void *y,
+                      int thread, int threads) {
     size_t size = dtype == F32 ? 4 : 2;
-    for (int64_t at = 0; w; w = w->next, shares += count) {
-        int64_t rows = w->next ? w->rows : n - at, unit, bytes[4];
+    for (int64_t at = 0; w; w = w->next) {
+        int64_t rows = w->next ? w->rows : n - at, first, end, bytes[4];
         const void *part_bias = bias ? (const char *)bias + at * size : NULL;
         char *part_y = (char *)y + at * size;
-        product_x px = {0};
-        panel_bytes(dtype, w, k, bytes);
-        for (int other = 0; other < count; other++)
-            while (take_strips(&shares[(thread + other) % count], other > 0, 1, &unit)) {
-                if (takes_row_runs(dtype, w)) {
-                    row_runs(dtype, x, k, w->panels, part_bias, rows, part_y, n, 0, unit, unit + 1);
-                    continue;
-                }
-                if (!px.x) px = product_x_of(dtype, x, 1, k, w->kind);
-                strip_product(dtype, px, 1, k, w, bytes, unit, part_bias, rows, part_y, n, 0);
+        if (takes_row_runs(dtype, w)) {
+            contiguous_share((rows + PANEL * ROW_PANELS - 1) / (PANEL * ROW_PANELS), thread, threads, &first, &end);
+            row_runs(dtype, x, k, w->panels, part_bias, rows, part_y, n, 0, first, end);
+        } else {
+            contiguous_share((rows + PANEL * TILE_PANELS - 1) / (PANEL * TILE_PANELS), thread, threads, &first, &end);
+            if (first < end) {
+                panel_bytes(dtype, w, k, bytes);
+                product_x px = product_x_of(dtype, x, 1, k, w->kind);
+                for (int64_t strip = first; strip < end; strip++)
+                    strip_product(dtype, px, 1, k, w, bytes, strip, part_bias, rows, part_y, n, 0);
+                product_x_free(px);
             }
-        if (px.x) product_x_free(px);
+        }
         at += rows;
     }
-    return shares;
-}
-
-/* The shares (split_strips, count a part) of every part of every product of the one-row stack, in
-   the order its threads take them (row_share); aligned_alloc'd. */
-static strip_share *stack_shares(int dtype, const mcpd_shape *s, const mcpd_layer *layers, int64_t num_layers,
-                                 int count) {
-    int64_t n[4] = {(s->heads + 2 * s->kv_heads) * s->head_dim, s->hidden, 2 * s->inter, s->hidden}, parts = 0;
-    for (const mcpd_layer *w = layers; w < layers + num_layers; w++)
-        for (const mcpd_matrix *const *p = (const mcpd_matrix *[]){&w->qkv, &w->o, &w->gate_up, &w->down, NULL}; *p; p++)
-            for (const mcpd_matrix *part = *p; part; part = part->next) parts++;
-    strip_share *shares = aligned_alloc(64, parts * count * sizeof *shares), *at = shares;
-    for (const mcpd_layer *w = layers; w < layers + num_layers; w++) {
-        const mcpd_matrix *products[4] = {&w->qkv, &w->o, &w->gate_up, &w->down};
-        for (int product = 0; product < 4; product++)
-            for (int64_t done = 0, rows; products[product]; products[product] = products[product]->next, at += count) {
-                rows = products[product]->next ? products[product]->rows : n[product] - done;
-                split_strips(at, count, row_units(dtype, products[product], rows));
-                done += rows;
-            }
-    }
-    return shares;
 }
 
 /* Whether the stack's step is one decoding row (one_row_stack's case). */
@@ -1840,11 +1811,8 @@ static int one_decoding_row(int64_t t, const mcpd_group *groups, int64_t num_gro
    row's residual and does the row's norms and SiLU itself (microseconds, the same values), so the
    only waits are the five for what every thread needs whole: q/k/v, the attention, o, gate/up and
    down. A thread rotates, stores and attends its own KV heads with no wait between, where one
-   thread attended every head while the others waited. Each product's units are taken as
-   linear_part's strips are (row_share): a thread done with its share takes the others' from the
-   back, so a wait is not the whole share of a thread a neighbour has descheduled. Per value, the
-   kernels, inputs and order of the general path: the same bits. Scratch: delta, qkv, attended,
-   gate_up of the one row. */
+   thread attended every head while the others waited. Per value, the kernels, inputs and order of
+   the general path: the same bits. Scratch: delta, qkv, attended, gate_up of the one row. */
 INLINE void one_row_stack_body(int dtype, const mcpd_shape *s, const mcpd_layer *layers, int64_t num_layers,
                                void *residual, const float *rope, int64_t position, int64_t slot_block,
                                int64_t slot_offset, const mcpd_group *g, void *scratch, const void *final_norm,
@@ -1854,19 +1822,16 @@ INLINE void one_row_stack_body(int dtype, const mcpd_shape *s, const mcpd_layer 
     int64_t qkv_n = q_size + 2 * slot, hidden = s->hidden * size;
     char *delta = scratch, *qkv = delta + hidden, *attended = qkv + qkv_n * size, *gate_up = attended + q_size * size;
     const float *cos = rope + position * 2 * d;
-    int count = mcpd_max_threads() < MAX_SHARES ? mcpd_max_threads() : MAX_SHARES;
-    strip_share *all_shares = stack_shares(dtype, s, layers, num_layers, count);
-    #pragma omp parallel num_threads(count)
+    #pragma omp parallel
     {
         int thread, threads;
         team_place(&thread, &threads);
-        strip_share *shares = all_shares;
         char *mine = malloc(2 * hidden + s->inter * size), *x = mine + hidden, *act = x + hidden;
         const void *pending = NULL;
         memcpy(mine, residual, hidden);
         for (const mcpd_layer *w = layers; w < layers + num_layers; w++) {
             add_rms_norm_row(dtype, mine, pending, w->input_norm, s->eps, s->hidden, 0, x);
-            shares = row_share(dtype, x, s->hidden, &w->qkv, w->qkv_bias, qkv_n, qkv, shares, count, thread);
+            row_share(dtype, x, s->hidden, &w->qkv, w->qkv_bias, qkv_n, qkv, thread, threads);
             #pragma omp barrier
             for (int64_t h = thread; h < s->kv_heads; h += threads) {
                 char *key = qkv + (q_size + h * d) * size;
@@ -1879,14 +1844,13 @@ INLINE void one_row_stack_body(int dtype, const mcpd_shape *s, const mcpd_layer 
                                s->block_size, g->table, g->lens[0], s->scale, attended, 0, h);
             }
             #pragma omp barrier
-            shares = row_share(dtype, attended, q_size, &w->o, w->o_bias, s->hidden, delta, shares, count, thread);
+            row_share(dtype, attended, q_size, &w->o, w->o_bias, s->hidden, delta, thread, threads);
             #pragma omp barrier
             add_rms_norm_row(dtype, mine, delta, w->post_norm, s->eps, s->hidden, 0, x);
-            shares = row_share(dtype, x, s->hidden, &w->gate_up, w->gate_up_bias, 2 * s->inter, gate_up, shares, count,
-                               thread);
+            row_share(dtype, x, s->hidden, &w->gate_up, w->gate_up_bias, 2 * s->inter, gate_up, thread, threads);
             #pragma omp barrier
             silu_mul_row(dtype, gate_up, s->inter, act);
-            shares = row_share(dtype, act, s->inter, &w->down, w->down_bias, s->hidden, delta, shares, count, thread);
+            row_share(dtype, act, s->inter, &w->down, w->down_bias, s->hidden, delta, thread, threads);
             #pragma omp barrier
             pending = delta;
         }
@@ -1896,7 +1860,6 @@ INLINE void one_row_stack_body(int dtype, const mcpd_shape *s, const mcpd_layer 
         }
         free(mine);
     }
-    free(all_shares);
 }
 
 /* residual: [t, hidden], the embeddings, updated in place; out: [t, hidden], the final norm of
