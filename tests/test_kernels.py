@@ -291,15 +291,15 @@ def test_the_native_stack_gives_the_rows_asked_for_the_bits_of_the_whole_steps(r
 
 
 @pytest.mark.parametrize("qtype, kind", [("Q4_1", "llama"), ("Q8_0", "qwen2"), ("Q4_K_M", "llama_wide"),
-                                         ("Q4_0_Q8_0", "qwen2")])
+                                         ("Q4_0_Q8_0", "qwen2"), ("float", "llama"), ("float", "qwen2")])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("native_set", NATIVE_SETS)
-def test_a_lone_decode_through_a_quantized_stack_has_the_bits_it_has_beside_another(qtype, kind, dtype, native_set,
-                                                                                    tmp_path):
-    """A decode step of one sequence over quantized layers (the stack's one-row region, its own
-    norms, shares of each product and KV heads per thread), alone and with rows asked for, gives
-    the hidden state and stores the keys and values that a step of two decodes gives it."""
-    path = write_gguf(tmp_path, kind, qtype)
+def test_a_lone_decode_through_the_stack_has_the_bits_it_has_beside_another(qtype, kind, dtype, native_set, tmp_path):
+    """A decode step of one sequence (the stack's one-row region: its own norms, shares of each
+    product and KV heads per thread), over quantized layers or plain ones, alone and with rows
+    asked for, gives the hidden state and stores the keys and values that a step of two decodes
+    gives it."""
+    path = make_checkpoint(tmp_path, kind) if qtype == "float" else write_gguf(tmp_path, kind, qtype)
     starts, block_size = [5, 8], 4
     tables = _scattered_tables([n + 1 for n in starts], block_size, 24)
     ids = torch.tensor([17, 250])

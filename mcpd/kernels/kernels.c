@@ -984,6 +984,17 @@ INLINE void tile(int dtype, const void *x, const float *x_scales, x_q16 xq, int6
     else rows_int4_fixed(w->kind, xq, rows, k, (const uint8_t *const *)p, c, mn, (const uint16_t *const *)s, a);
 }
 
+/* The calling thread's index in its OpenMP team, and the team's size. */
+static inline void team_place(int *thread, int *threads) {
+#ifdef _OPENMP
+    extern int omp_get_thread_num(void);
+    extern int omp_get_num_threads(void);
+    *thread = omp_get_thread_num(), *threads = omp_get_num_threads();
+#else
+    *thread = 0, *threads = 1;
+#endif
+}
+
 /* One row of x (a decode step's product) by ROW_PANELS panels at once. Each output's sum is the
    tile's, term by term in the same order (so the same bits), but four independent multiply-add
    chains where the tile's one row has two: a chain waits out an FMA's latency per step, and
@@ -1036,7 +1047,8 @@ INLINE void row_bf16(const bf16 *x, int64_t k, const bf16 *const q[ROW_PANELS], 
 #define ROW_BF16 0
 #endif
 
-/* linear() for one row: runs of ROW_PANELS panels, each thread one contiguous share of them. A
+/* linear() for one row: runs of ROW_PANELS panels, each thread one contiguous share of them
+   (row_runs does runs first_run .. end_run - 1; linear_row and the one-row stack share them out). A
    short last run reads its first panel again in place of the missing ones and drops their sums.
    Static shares, not runs handed out two at a time: each thread then streams one stretch of
    memory, and what `ahead` fetches is its own next run; on fast memory, where each core streams
@@ -1044,17 +1056,16 @@ INLINE void row_bf16(const bf16 *x, int64_t k, const bf16 *const q[ROW_PANELS], 
    helper woken late when every product was its own call from Python; the whole stack is one
    native call now, and its helper spins between products (threads.py, "brief"). Under a
    neighbour the thread tuner drops to one thread. */
-static void linear_row(int dtype, const void *x, int64_t k, const void *packed, const void *bias, int64_t n,
-                       void *y, int64_t ld, int y_f32) {
+static void row_runs(int dtype, const void *x, int64_t k, const void *packed, const void *bias, int64_t n, void *y,
+                     int64_t ld, int y_f32, int64_t first_run, int64_t end_run) {
     size_t size = dtype == F32 ? 4 : 2;
-    int64_t panels = (n + PANEL - 1) / PANEL, runs = (panels + ROW_PANELS - 1) / ROW_PANELS;
-    #pragma omp parallel for schedule(static) if (runs > 1 && n * k >= 32768)
-    for (int64_t run = 0; run < runs; run++) {
+    int64_t panels = (n + PANEL - 1) / PANEL;
+    for (int64_t run = first_run; run < end_run; run++) {
         int64_t first = run * ROW_PANELS, count = panels - first < ROW_PANELS ? panels - first : ROW_PANELS;
         const char *q[ROW_PANELS];
         for (int j = 0; j < ROW_PANELS; j++)
             q[j] = (const char *)packed + (first + (j < count ? j : 0)) * k * PANEL * size;
-        int64_t next = run + 1 < runs && count == ROW_PANELS ? ROW_PANELS * k : 0;
+        int64_t next = run + 1 < end_run && count == ROW_PANELS ? ROW_PANELS * k : 0;
         panel_sums acc[ROW_PANELS];
 #if ROW_BF16
         if (dtype == BF16) row_bf16((const bf16 *)x, k, (const bf16 *const *)q, next, acc);
@@ -1062,6 +1073,29 @@ static void linear_row(int dtype, const void *x, int64_t k, const void *packed, 
 #endif
         row_f32((const float *)x, k, (const float *const *)q, next, acc);
         for (int64_t j = 0; j < count; j++) store_tile(dtype, y_f32, y, n, ld, 0, 1, (first + j) * PANEL, &acc[j], bias);
+    }
+}
+
+/* Whether a one-row product by a matrix of this kind takes row_runs (else the tile). */
+static inline int takes_row_runs(int dtype, const mcpd_matrix *w) { return w->kind == PLAIN && (dtype == F32 || ROW_BF16); }
+
+/* The first and end run (or strip) of `units` that thread `thread` of `threads` owns. */
+static inline void contiguous_share(int64_t units, int thread, int threads, int64_t *first, int64_t *end) {
+    int64_t share = (units + threads - 1) / threads;
+    *first = thread * share < units ? thread * share : units;
+    *end = *first + share < units ? *first + share : units;
+}
+
+static void linear_row(int dtype, const void *x, int64_t k, const void *packed, const void *bias, int64_t n,
+                       void *y, int64_t ld, int y_f32) {
+    int64_t runs = (n + PANEL * ROW_PANELS - 1) / (PANEL * ROW_PANELS);
+    #pragma omp parallel if (runs > 1 && n * k >= 32768)
+    {
+        int thread, threads;
+        int64_t first, end;
+        team_place(&thread, &threads);
+        contiguous_share(runs, thread, threads, &first, &end);
+        row_runs(dtype, x, k, packed, bias, n, y, ld, y_f32, first, end);
     }
 }
 
@@ -1077,17 +1111,6 @@ static void panel_bytes(int dtype, const mcpd_matrix *w, int64_t k, int64_t byte
 }
 
 int mcpd_max_threads(void);
-
-/* The calling thread's index in its OpenMP team, and the team's size. */
-static inline void team_place(int *thread, int *threads) {
-#ifdef _OPENMP
-    extern int omp_get_thread_num(void);
-    extern int omp_get_num_threads(void);
-    *thread = omp_get_thread_num(), *threads = omp_get_num_threads();
-#else
-    *thread = 0, *threads = 1;
-#endif
-}
 
 /* How linear_part's threads split a product's strips: each owns one contiguous share, as even as
    the strips divide, and takes it from the front, so that it streams its share of the weights
@@ -1205,7 +1228,7 @@ static void linear_part(int dtype, const void *x, int64_t m, int64_t k, const mc
                         int64_t n, void *y, int64_t ld, int y_f32) {
     int64_t panels = (n + PANEL - 1) / PANEL, strips = (panels + TILE_PANELS - 1) / TILE_PANELS, bytes[4];
     panel_bytes(dtype, w, k, bytes);
-    if (m == 1 && w->kind == PLAIN && (dtype == F32 || ROW_BF16)) return linear_row(dtype, x, k, w->panels, bias, n, y, ld, y_f32);
+    if (m == 1 && takes_row_runs(dtype, w)) return linear_row(dtype, x, k, w->panels, bias, n, y, ld, y_f32);
     product_x px = product_x_of(dtype, x, m, k, w->kind);
     int count = mcpd_max_threads() < MAX_SHARES ? mcpd_max_threads() : MAX_SHARES;
     strip_share shares[count];
@@ -1750,46 +1773,40 @@ static int64_t kept_groups(const mcpd_group *groups, int64_t num_groups, const i
     return made;
 }
 
-/* This thread's contiguous share of the strips of each part of w (as linear: its columns of y
-   [1, n] and of the bias) times x's one row, x prepared by this thread. */
+/* This thread's contiguous share of the runs (row_runs) or strips of each part of w (as linear: its
+   columns of y [1, n] and of the bias) times x's one row, x prepared by this thread. */
 static void row_share(int dtype, const void *x, int64_t k, const mcpd_matrix *w, const void *bias, int64_t n, void *y,
                       int thread, int threads) {
     size_t size = dtype == F32 ? 4 : 2;
     for (int64_t at = 0; w; w = w->next) {
-        int64_t rows = w->next ? w->rows : n - at, strips = (rows + PANEL * TILE_PANELS - 1) / (PANEL * TILE_PANELS);
-        int64_t share = (strips + threads - 1) / threads, first = thread * share;
-        int64_t last = first + share < strips ? first + share : strips, bytes[4];
-        if (first < last) {
-            panel_bytes(dtype, w, k, bytes);
-            product_x px = product_x_of(dtype, x, 1, k, w->kind);
-            for (int64_t strip = first; strip < last; strip++)
-                strip_product(dtype, px, 1, k, w, bytes, strip, bias ? (const char *)bias + at * size : NULL, rows,
-                              (char *)y + at * size, n, 0);
-            product_x_free(px);
+        int64_t rows = w->next ? w->rows : n - at, first, end, bytes[4];
+        const void *part_bias = bias ? (const char *)bias + at * size : NULL;
+        char *part_y = (char *)y + at * size;
+        if (takes_row_runs(dtype, w)) {
+            contiguous_share((rows + PANEL * ROW_PANELS - 1) / (PANEL * ROW_PANELS), thread, threads, &first, &end);
+            row_runs(dtype, x, k, w->panels, part_bias, rows, part_y, n, 0, first, end);
+        } else {
+            contiguous_share((rows + PANEL * TILE_PANELS - 1) / (PANEL * TILE_PANELS), thread, threads, &first, &end);
+            if (first < end) {
+                panel_bytes(dtype, w, k, bytes);
+                product_x px = product_x_of(dtype, x, 1, k, w->kind);
+                for (int64_t strip = first; strip < end; strip++)
+                    strip_product(dtype, px, 1, k, w, bytes, strip, part_bias, rows, part_y, n, 0);
+                product_x_free(px);
+            }
         }
         at += rows;
     }
 }
 
-static int kind_quantized(const mcpd_matrix *w) {
-    for (; w; w = w->next)
-        if (w->kind == PLAIN) return 0;
-    return 1;
+/* Whether the stack's step is one decoding row (one_row_stack's case). */
+static int one_decoding_row(int64_t t, const mcpd_group *groups, int64_t num_groups, int64_t kept,
+                            const int64_t *kept_rows) {
+    return t == 1 && num_groups == 1 && groups[0].decoding && groups[0].b == 1
+           && (kept < 0 || (kept == 1 && !kept_rows[0]));
 }
 
-/* Whether the stack's step is one decoding row over layers whose products are all quantized
-   (one_row_stack's case: its products take the tile path, which linear takes for those kinds). */
-static int one_quantized_row(const mcpd_layer *layers, int64_t num_layers, int64_t t, const mcpd_group *groups,
-                             int64_t num_groups, int64_t kept, const int64_t *kept_rows) {
-    if (t != 1 || num_groups != 1 || !groups[0].decoding || groups[0].b != 1 || !(kept < 0 || (kept == 1 && !kept_rows[0])))
-        return 0;
-    for (const mcpd_layer *w = layers; w < layers + num_layers; w++)
-        if (!kind_quantized(&w->qkv) || !kind_quantized(&w->o) || !kind_quantized(&w->gate_up) || !kind_quantized(&w->down))
-            return 0;
-    return 1;
-}
-
-/* mcpd_decoder_stack for one_quantized_row: one parallel region for the whole stack, not one for
+/* mcpd_decoder_stack for one_decoding_row: one parallel region for the whole stack, not one for
    each of a layer's four products (a fork and a join each). Each thread keeps its own copy of the
    row's residual and does the row's norms and SiLU itself (microseconds, the same values), so the
    only waits are the five for what every thread needs whole: q/k/v, the attention, o, gate/up and
@@ -1855,7 +1872,7 @@ void mcpd_decoder_stack(int dtype, const mcpd_shape *s, const mcpd_layer *layers
                         void *residual, const float *rope, const int64_t *positions, const int64_t *slot_blocks,
                         const int64_t *slot_offsets, const mcpd_group *groups, int64_t num_groups, int64_t kept,
                         const int64_t *kept_rows, void *scratch, const void *final_norm, void *out) {
-    if (one_quantized_row(layers, num_layers, t, groups, num_groups, kept, kept_rows)) {
+    if (one_decoding_row(t, groups, num_groups, kept, kept_rows)) {
         BY_DTYPE(one_row_stack_body, s, layers, num_layers, residual, rope, positions[0], slot_blocks[0],
                  slot_offsets[0], groups, scratch, final_norm, out);
         return;
