@@ -594,7 +594,8 @@ typedef struct {
     const int16_t *q;       /* [m][k], each four columns as 0, 2, 1, 3: a lane's pairs */
     const float *d;         /* [m][k/32] */
     const int32_t *sums;    /* [m][k/16]: each half block's sum of q */
-    const float *d_sums;    /* [m][k/32]: d times the block's sum of q, what its mins multiply */
+    const float *d_sums;    /* [m][k/32]: d times the block's sum of q, what its mins multiply: read by
+                               AVX2's epilogue, short of vector slots; AVX-512's computes it in place */
 } x_q16;
 
 /* Block b of x (a row's 32 columns) into x_q16_quantize's buffers, a vector at a time: |x|'s bits
@@ -767,7 +768,7 @@ INLINE void rows_int4(int kind, x_q16 xq, int64_t rows, int64_t k, const uint8_t
                                              + __builtin_convertvector(hi_sum[r][j][v] - 32 * halves[1], f32v) * (scale_hi * dx);
                         else
                             a[j][r][h0 + v] += __builtin_convertvector(lo_sum[r][j][v], f32v) * (scale * dx)
-                                             + min * xq.d_sums[r * blocks + b];
+                                             + min * (dx * (float)(halves[0] + halves[1]));
                     }
                 }
         }
