@@ -594,6 +594,8 @@ typedef struct {
     const int16_t *q;       /* [m][k], each four columns as 0, 2, 1, 3: a lane's pairs */
     const float *d;         /* [m][k/32] */
     const int32_t *sums;    /* [m][k/16]: each half block's sum of q */
+    const float *d_sums;    /* [m][k/32]: d times the block's sum of q, what its mins multiply: read by
+                               AVX2's epilogue, short of vector slots; AVX-512's computes it in place */
 } x_q16;
 
 /* Block b of x (a row's 32 columns) into x_q16_quantize's buffers, a vector at a time: |x|'s bits
@@ -601,7 +603,8 @@ typedef struct {
    block's inverse is 0, so each of its q converts to 0 (NaN -> INT_MIN, stored as the int16 0).
    Lane by lane it took a tenth of an eight-row prefill's products, and on AVX2 more than a
    one-row product's weights at 576 columns. */
-static inline void x_q16_block(int dtype, const void *x, int64_t b, int16_t *q, float *d, int32_t *sums) {
+static inline void x_q16_block(int dtype, const void *x, int64_t b, int16_t *q, float *d, int32_t *sums,
+                               float *d_sums) {
     enum { HALF_VECTORS = Q4_HALF / LANES };
     f32v v[2 * HALF_VECTORS];
     i32v top = {0};
@@ -624,6 +627,7 @@ static inline void x_q16_block(int dtype, const void *x, int64_t b, int16_t *q, 
         sums[2 * b + h] = lanes_sum(sum);
     }
     d[b] = finite ? amax / INT16_LEVELS : NAN;
+    d_sums[b] = d[b] * (float)(sums[2 * b] + sums[2 * b + 1]);
 }
 
 /* x_q16 of x's m rows, in one allocation (free its q). A block holding a NaN or an infinity gets
@@ -631,17 +635,18 @@ static inline void x_q16_block(int dtype, const void *x, int64_t b, int16_t *q, 
    not a block of steps measured from the rest. */
 static x_q16 x_q16_quantize(int dtype, const void *x, int64_t m, int64_t k) {
     int64_t blocks = m * k / Q4_BLOCK;
-    char *memory = malloc(m * k * sizeof(int16_t) + blocks * (sizeof(float) + 2 * sizeof(int32_t)));
+    char *memory = malloc(m * k * sizeof(int16_t) + blocks * (2 * sizeof(float) + 2 * sizeof(int32_t)));
     int16_t *q = (int16_t *)memory;
-    float *d = (float *)(q + m * k);
-    int32_t *sums = (int32_t *)(d + blocks);
-    for (int64_t b = 0; b < blocks; b++) x_q16_block(dtype, x, b, q, d, sums);
-    return (x_q16){q, d, sums};
+    float *d = (float *)(q + m * k), *d_sums = d + blocks;
+    int32_t *sums = (int32_t *)(d_sums + blocks);
+    for (int64_t b = 0; b < blocks; b++) x_q16_block(dtype, x, b, q, d, sums, d_sums);
+    return (x_q16){q, d, sums, d_sums};
 }
 
 /* The x_q16 of rows from `row` on. */
 static inline x_q16 x_q16_rows(x_q16 all, int64_t row, int64_t k) {
-    return (x_q16){all.q + row * k, all.d + row * (k / Q4_BLOCK), all.sums + row * (k / Q4_HALF)};
+    return (x_q16){all.q + row * k, all.d + row * (k / Q4_BLOCK), all.sums + row * (k / Q4_HALF),
+                   all.d_sums + row * (k / Q4_BLOCK)};
 }
 
 typedef uint8_t u8v __attribute__((vector_size(4 * LANES)));    /* LANES rows' four columns of bytes */
@@ -868,7 +873,7 @@ INLINE void rows_int4_avx2(int kind, x_q16 xq, int64_t rows, int64_t k, const ui
                                          + __builtin_convertvector((i32v)hi[v][r] - 32 * halves[1], f32v) * (scale_hi * dx);
                     else
                         sums[r][v0 + v] += __builtin_convertvector((i32v)lo[v][r] + ((i32v)hi[v][r] >> 4), f32v) * (scale * dx)
-                                         + min * (dx * (float)(halves[0] + halves[1]));
+                                         + min * xq.d_sums[r * blocks + b];
                 }
             }
         }
