@@ -77,11 +77,9 @@ TARGETS = [
     ("cluster", "unanswered", "==", 0),
     ("cluster", "wrong_version_answers", "==", 0),
     ("cluster", "failover_first_token_s_max", "<=", 2),
-    ("peers", "w1_decode_tok_s_ratio_vs_best_peer", ">=", 1),
-    ("peers", "w2_8_tok_s_ratio_vs_best_peer", ">=", 1),
-    ("peers", "w2_32_tok_s_ratio_vs_best_peer", ">=", 1),
-    ("peers", "w3_turn10_ttft_ms_ratio_vs_best_peer", ">=", 1),
-    ("peers", "w4_req_s_ratio_vs_best_peer", ">=", 1),
+    *(("peers", f"{figure}_ratio_vs_best_peer", ">=", 1)
+      for figure in ("w1_decode_tok_s", "w1_ttft_ms", "w2_8_tok_s", "w2_32_tok_s", "w3_turn10_ttft_ms", "w4_req_s",
+                     "w1_busy_decode_tok_s", "contention_keep_frac", "w2_8_busy_tok_s", "w2_8_contention_keep_frac")),
     ("peers", "w1_decode_roofline_frac", ">=", 0.8),
     ("peers", "w2_32_work_compute_frac", ">=", 0.6),
     *(("gguf_quantized", f"gguf_{quant}_{figure}_ratio_vs_llamacpp", ">=", 1) for quant in GGUF_QUANTS
