@@ -8,6 +8,9 @@ A keeper that dies takes its device's workers with it (the supervisor kills them
 makes a fresh segment, and a worker must never go on writing into a pool nobody keeps, nor two
 workers of one device map different pools. Workers wait for the segment of a live keeper
 (pool_segment.attach_when_kept), so the start order does not matter.
+
+`run` is the process: it owns the segment and the events socket; what it reports, and when, is
+keeper_core.py's.
 """
 from __future__ import annotations
 
@@ -17,8 +20,8 @@ import time
 import zmq
 
 from mcpd.config import Config
-from mcpd.daemon import child, messages
-from mcpd.daemon.child_stats import KeeperStats
+from mcpd.daemon import child
+from mcpd.daemon.keeper_core import KeeperCore
 from mcpd.memory import pool_segment
 from mcpd.memory.pool_segment import PoolSegment
 from mcpd.refusal import StartRefused
@@ -80,8 +83,8 @@ def run(config: Config, index: int, device: str, workers: int) -> None:
     child.exit_on_sigterm(lambda: path.unlink(missing_ok=True))
     log.info("device pool for %s: %d bytes at %s, for %d worker(s)", device, segment.total_bytes, path, workers)
     events = child.EventReporter(zmq.Context(), config, "keeper", index)
-    events.send(messages.Ready)
+    core = KeeperCore(device, str(path), config.supervisor.stats_interval_s, events, segment.stats)
+    core.start()
     parent_pid = os.getppid()
-    while child.parent_alive(parent_pid):
-        events.send(messages.Report, KeeperStats(device=device, path=str(path), pool=segment.stats()))
-        time.sleep(config.supervisor.stats_interval_s)
+    while (wait := core.tick(time.monotonic(), child.parent_alive(parent_pid))) is not None:
+        time.sleep(wait)
