@@ -14,6 +14,7 @@ from mcpd.protocol import codes, ops
 from mcpd.protocol.codes import MCPDError
 from mcpd.protocol.args import BY_OP, CancelArgs, ContextUpdateArgs, GenerateArgs, PingArgs
 from mcpd.protocol.control_args import ContextRef
+from mcpd.protocol.control_results import ContextDetail, ContextDropped, ContextField
 from mcpd.protocol.error import ErrorReply
 from mcpd.protocol.results import Degraded, GenerateResult, Usage
 
@@ -49,7 +50,10 @@ SAMPLES = [
     messages.Report(SENDER, FrontendStats(served=3)), messages.Report(SENDER, SchedulerStats(queue_depth=2)),
     messages.Report(SENDER, WorkerStats(running=1, batch_size={"sum": 3})),
     messages.Refused(SENDER, "port 80 in use", 69),
-    messages.AdminAnswer(SENDER, 3, result={"dropped": True}), messages.AdminAnswer(SENDER, 3, error=ErrorReply("NOT_FOUND", "no", 5)),
+    messages.AdminAnswer(SENDER, 3, result=ContextDropped(True)),
+    messages.AdminAnswer(SENDER, 3, result=ContextDetail(
+        "t", "c", 2, 5, [ContextField("f", "ndarray", "float32", [2], 1)], 8, False, None)),
+    messages.AdminAnswer(SENDER, 3, error=ErrorReply("NOT_FOUND", "no", 5)),
     messages.Reloaded(SENDER, 4, ["server.log_level"]),
 ]
 
@@ -126,15 +130,26 @@ def _loose(kind: msgspec.inspect.Type) -> bool:
 
 
 # The plain maps left on the boundary, each for a reason: a handler's signature and the config are
-# trees of the config's own types, and a control op's result is relayed to mcpctl as it is.
-LOOSE_FIELDS = [("Hello", "signature"), ("Reload", "config"), ("AdminAnswer", "result")]
+# trees of the config's own types.
+LOOSE_FIELDS = [("Hello", "signature"), ("Reload", "config")]
 
 
 def test_no_message_carries_a_plain_map_but_the_few_named():
-    """Control-op args and errors cross processes as their structs (control_args.py, error.py)."""
+    """Control-op args, results and errors cross processes as their structs (control_args.py,
+    control_results.py, error.py)."""
     loose = [(kind.__name__, field.name) for kind, _ in messages._DECODERS.values()
              for field in msgspec.inspect.type_info(kind).fields if _loose(field.type)]
     assert sorted(loose) == sorted(LOOSE_FIELDS)
+
+
+@pytest.mark.parametrize("message", [
+    messages.AdminAnswer(SENDER, 3, result={"dropped": True}),   # untagged: which op's result is it?
+    messages.AdminAnswer(SENDER, 3, result={"result_of": "ContextDropped", "dropped": "yes"}),
+    messages.AdminAnswer(SENDER, 3, result={"result_of": "TrafficPolicy", "model": "m", "primary": "a"}),
+], ids=lambda m: type(m).__name__)
+def test_a_field_of_the_wrong_shape_does_not_decode(message):
+    with pytest.raises(msgspec.ValidationError):
+        messages.decode(messages.encode(message))
 
 
 def test_an_admin_op_with_a_bare_args_map_does_not_decode():

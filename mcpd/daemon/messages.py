@@ -37,7 +37,7 @@ import msgspec
 
 from mcpd.daemon import child_stats
 from mcpd.daemon.child_stats import WorkerStats
-from mcpd.protocol import control_args
+from mcpd.protocol import control_args, control_results
 from mcpd.protocol.args import ANY_ARGS, GenerateArgs, InferArgs, PingArgs
 from mcpd.protocol.error import ErrorReply
 from mcpd.protocol.results import Degraded, GenerateResult
@@ -260,10 +260,10 @@ class Refused(Event):
 
 
 class AdminAnswer(Event):
-    """The scheduler's answer to Admin: a result, or an error."""
+    """The scheduler's answer to Admin: a result (its op's struct, control_results.py), or an error."""
     TAG = b"ANSWER"
     token: int
-    result: Any = None
+    result: control_results.ANY | None = None
     error: ErrorReply | None = None
 
 
