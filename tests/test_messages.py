@@ -31,7 +31,10 @@ SAMPLES = [
     messages.Dispatch(1, "a", "t", 2, False, PingArgs()),
     messages.Dispatch(1, "a", "t", 2, True, GenerateArgs(prompt_token_ids=(1, 2), sampling=SamplingParams(max_tokens=4)),
                       degraded=Degraded(4, 20)),
-    messages.Hello(0, 1234, "cpu", "embedded", "float32"), messages.Welcome(), messages.Flush(), messages.Flushed(3),
+    messages.Hello(0, 1234, "cpu", "embedded", "float32"),
+    messages.Hello(1, 1235, "cpu", "h", "", "risk", "v1", messages.Signature(
+        {"features": messages.TensorMetadata("FP32", [-1, 4])}, {"score": messages.TensorMetadata("FP32", [-1])})),
+    messages.Welcome(), messages.Flush(), messages.Flushed(3),
     messages.Started(1),
     messages.Done([1, 2, 3]),
     messages.Stats(WorkerStats(index=0, pool={"in_use_bytes": 5})),
@@ -129,20 +132,20 @@ def _loose(kind: msgspec.inspect.Type) -> bool:
     return isinstance(kind, msgspec.inspect.AnyType)
 
 
-# The plain maps left on the boundary, each for a reason: a handler's signature and the config are
-# trees of the config's own types.
-LOOSE_FIELDS = [("Hello", "signature"), ("Reload", "config")]
+# The plain maps left on the boundary, each for a reason: the config is a tree of its own types.
+LOOSE_FIELDS = [("Reload", "config")]
 
 
 def test_no_message_carries_a_plain_map_but_the_few_named():
-    """Control-op args, results and errors cross processes as their structs (control_args.py,
-    control_results.py, error.py)."""
+    """Control-op args, results and errors, and signatures cross processes as their types."""
     loose = [(kind.__name__, field.name) for kind, _ in messages._DECODERS.values()
              for field in msgspec.inspect.type_info(kind).fields if _loose(field.type)]
     assert sorted(loose) == sorted(LOOSE_FIELDS)
 
 
 @pytest.mark.parametrize("message", [
+    messages.Hello(1, 1235, "cpu", "h", "", "risk", "v1", {"inputs": {"x": {"datatype": "FP32"}}, "outputs": {}}),
+    messages.Hello(1, 1235, "cpu", "h", "", "risk", "v1", {"inputs": {"x": ["FP32", [-1]]}, "outputs": {}}),
     messages.AdminAnswer(SENDER, 3, result={"dropped": True}),   # untagged: which op's result is it?
     messages.AdminAnswer(SENDER, 3, result={"result_of": "ContextDropped", "dropped": "yes"}),
     messages.AdminAnswer(SENDER, 3, result={"result_of": "TrafficPolicy", "model": "m", "primary": "a"}),

@@ -93,6 +93,18 @@ class Dispatch(Message):
     sent: float | None = None   # when its sender sent it (time.monotonic()), for a traced request's hop span
 
 
+class TensorMetadata(msgspec.Struct, frozen=True):
+    """A handler's declared input or output (handlers/tensors.py's TensorSpec); a map, as the
+    status and the KServe metadata show it."""
+    datatype: str
+    shape: list[int]   # -1: any
+
+
+class Signature(msgspec.Struct, frozen=True):
+    inputs: dict[str, TensorMetadata]
+    outputs: dict[str, TensorMetadata]
+
+
 class Hello(Message):
     TAG = b"HELLO"
     index: int
@@ -102,7 +114,7 @@ class Hello(Message):
     dtype: str
     served_model: str = ""     # the model table's name of what it serves (config/models.py), and its version
     version: str = ""
-    signature: dict | None = None   # a handler's inputs and outputs: {"inputs": {name: {datatype, shape}}, "outputs": ...}
+    signature: Signature | None = None   # a handler's; None: a language model's worker
 
 
 class Welcome(Message):

@@ -117,7 +117,7 @@ class Scheduler:
         self.contexts = ContextService(self.persistence)
         self.traffic = Traffic(config.model_table, config.default_model)
         self.tokenizers: dict[tuple[str, str], tokenizer.Tokenizer] = {}   # by (model, version), loaded when first used
-        self.signatures: dict[tuple[str, str], dict] = {}   # a handler version's inputs and outputs, from its Hello
+        self.signatures: dict[tuple[str, str], messages.Signature] = {}   # a handler version's, from its Hello
         self.unloading: dict[tuple[str, str], Unload] = {}   # versions being unloaded (unload.py)
         self.shadow = ShadowBook()
         self.shadow_rids = itertools.count(-1, -1)   # shadow copies' rids: the front-end's are >= 0
