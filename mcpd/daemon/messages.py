@@ -31,12 +31,13 @@ raises.
 """
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import msgspec
 
 from mcpd.daemon import child_stats
 from mcpd.daemon.child_stats import WorkerStats
+from mcpd.config import Config
 from mcpd.protocol import control_args, control_results
 from mcpd.protocol.args import ANY_ARGS, GenerateArgs, InferArgs, PingArgs
 from mcpd.protocol.error import ErrorReply
@@ -232,10 +233,10 @@ class Admin(Message):
 
 
 class Reload(Message):
-    """The re-read config (Config.to_dict()): each process applies what it can and confirms."""
+    """The re-read config: each process applies what it can and confirms."""
     TAG = b"RELOAD"
     token: int
-    config: dict[str, Any]
+    config: Config   # its dataclasses, checked on decode; the supervisor checked their values
 
 
 class Sender(msgspec.Struct, frozen=True, array_like=True):

@@ -99,8 +99,7 @@ def _field(context: Context, name: str, value) -> ContextField:
 def reload(scheduler, reload: messages.Reload) -> None:
     """Log level here, the [scheduler] section through apply_config, and the same message on to
     every worker (they confirm on their own)."""
-    config = live_config.config_of(reload)
-    applied = live_config.apply_log_level(config) + scheduler.apply_config(config)
+    applied = live_config.apply_log_level(reload.config) + scheduler.apply_config(reload.config)
     for slot in scheduler.workers.values():
         if slot.ready:
             scheduler.send_worker(slot, [messages.encode(reload)])

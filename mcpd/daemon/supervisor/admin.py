@@ -164,7 +164,7 @@ class Admin:
         live_config.apply_log_level(fresh)
         self._adopt(fresh, applied)
         token = next(self.tokens)
-        message = messages.encode(messages.Reload(token, fresh.to_dict()))
+        message = messages.encode(messages.Reload(token, fresh))
         supervisor.ports.to_scheduler(message)
         supervisor.ports.to_frontend(message)
         # A pool keeper runs no configurable part: it is not sent the reload.
