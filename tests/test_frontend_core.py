@@ -334,7 +334,7 @@ def test_a_backlog_in_the_client_socket_starts_the_lease_at_the_door_on_the_clas
     core.clock.now += 6.0   # the lease is over (refusals hold it HOLD_S at most)
     unshed = core.config.to_dict()
     unshed["scheduler"]["classes"]["low"]["shed"] = False
-    core.on_scheduler(messages.Reload(1, unshed), [])
+    core.on_scheduler(messages.Reload(1, from_dict(unshed)), [])
     core.socket_backlog()   # no class is marked shed now: nothing is refused
     generate(core, CLIENT, 8, priority="low")
     assert [m.request_id for m in admitted(core)][-1] == 8

@@ -296,5 +296,5 @@ def test_a_pings_done_note_waits_for_company_then_goes(core):
 def test_hello_carries_the_handlers_signature(core):
     hello = core.hello()
     assert (hello.served_model, hello.version, hello.model) == ("risk", "v1", RULES)
-    assert hello.signature == {"inputs": {"features": {"datatype": "FP32", "shape": [-1, 256]}},
-                               "outputs": {"score": {"datatype": "FP32", "shape": [-1]}}}
+    assert hello.signature == messages.Signature({"features": messages.TensorMetadata("FP32", [-1, 256])},
+                                                 {"score": messages.TensorMetadata("FP32", [-1])})

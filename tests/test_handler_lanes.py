@@ -19,8 +19,8 @@ from fakes import Clock, Ports
 from test_scheduler_core import request
 
 MAX_BATCH = 8
-SIGNATURE = {"inputs": {"features": {"datatype": "FP32", "shape": [-1, 4]}},
-             "outputs": {"score": {"datatype": "FP32", "shape": [-1]}}}
+SIGNATURE = messages.Signature({"features": messages.TensorMetadata("FP32", [-1, 4])},
+                               {"score": messages.TensorMetadata("FP32", [-1])})
 
 
 @pytest.fixture

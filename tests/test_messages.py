@@ -6,7 +6,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from mcpd.config import LimitsConfig
+from mcpd.config import LimitsConfig, from_dict
 from mcpd.daemon import messages
 from mcpd.daemon.child_stats import FrontendStats, SchedulerStats, WorkerStats
 from mcpd.engine import SamplingParams
@@ -14,6 +14,7 @@ from mcpd.protocol import codes, ops
 from mcpd.protocol.codes import MCPDError
 from mcpd.protocol.args import BY_OP, CancelArgs, ContextUpdateArgs, GenerateArgs, PingArgs
 from mcpd.protocol.control_args import ContextRef
+from mcpd.protocol.control_results import ContextDetail, ContextDropped, ContextField
 from mcpd.protocol.error import ErrorReply
 from mcpd.protocol.results import Degraded, GenerateResult, Usage
 
@@ -30,7 +31,10 @@ SAMPLES = [
     messages.Dispatch(1, "a", "t", 2, False, PingArgs()),
     messages.Dispatch(1, "a", "t", 2, True, GenerateArgs(prompt_token_ids=(1, 2), sampling=SamplingParams(max_tokens=4)),
                       degraded=Degraded(4, 20)),
-    messages.Hello(0, 1234, "cpu", "embedded", "float32"), messages.Welcome(), messages.Flush(), messages.Flushed(3),
+    messages.Hello(0, 1234, "cpu", "embedded", "float32"),
+    messages.Hello(1, 1235, "cpu", "h", "", "risk", "v1", messages.Signature(
+        {"features": messages.TensorMetadata("FP32", [-1, 4])}, {"score": messages.TensorMetadata("FP32", [-1])})),
+    messages.Welcome(), messages.Flush(), messages.Flushed(3),
     messages.Started(1),
     messages.Done([1, 2, 3]),
     messages.Stats(WorkerStats(index=0, pool={"in_use_bytes": 5})),
@@ -44,12 +48,16 @@ SAMPLES = [
     messages.Shed(["low"], 100, 1000, 64),
     messages.Drain(), messages.SchedulerLost(), messages.Resume(),
     messages.Admin(3, "contexts.drop", ContextRef(owner="t", id="c")),
-    messages.Reload(4, {"server": {"log_level": "debug"}}),
+    messages.Reload(4, from_dict({"server": {"log_level": "debug"}, "models": {"m": {"default": "a", "versions": {
+        "a": {}, "b": {"batching": {"max_batch_size": 4}}}, "split": {"a": 1, "b": 3}}}})),
     messages.Ready(SENDER), messages.Drained(SENDER),
     messages.Report(SENDER, FrontendStats(served=3)), messages.Report(SENDER, SchedulerStats(queue_depth=2)),
     messages.Report(SENDER, WorkerStats(running=1, batch_size={"sum": 3})),
     messages.Refused(SENDER, "port 80 in use", 69),
-    messages.AdminAnswer(SENDER, 3, result={"dropped": True}), messages.AdminAnswer(SENDER, 3, error=ErrorReply("NOT_FOUND", "no", 5)),
+    messages.AdminAnswer(SENDER, 3, result=ContextDropped(True)),
+    messages.AdminAnswer(SENDER, 3, result=ContextDetail(
+        "t", "c", 2, 5, [ContextField("f", "ndarray", "float32", [2], 1)], 8, False, None)),
+    messages.AdminAnswer(SENDER, 3, error=ErrorReply("NOT_FOUND", "no", 5)),
     messages.Reloaded(SENDER, 4, ["server.log_level"]),
 ]
 
@@ -125,16 +133,25 @@ def _loose(kind: msgspec.inspect.Type) -> bool:
     return isinstance(kind, msgspec.inspect.AnyType)
 
 
-# The plain maps left on the boundary, each for a reason: a handler's signature and the config are
-# trees of the config's own types, and a control op's result is relayed to mcpctl as it is.
-LOOSE_FIELDS = [("Hello", "signature"), ("Reload", "config"), ("AdminAnswer", "result")]
-
-
-def test_no_message_carries_a_plain_map_but_the_few_named():
-    """Control-op args and errors cross processes as their structs (control_args.py, error.py)."""
+def test_no_message_carries_a_plain_map():
+    """Control-op args, results and errors, signatures and the config cross processes as their types."""
     loose = [(kind.__name__, field.name) for kind, _ in messages._DECODERS.values()
              for field in msgspec.inspect.type_info(kind).fields if _loose(field.type)]
-    assert sorted(loose) == sorted(LOOSE_FIELDS)
+    assert loose == []
+
+
+@pytest.mark.parametrize("message", [
+    messages.Hello(1, 1235, "cpu", "h", "", "risk", "v1", {"inputs": {"x": {"datatype": "FP32"}}, "outputs": {}}),
+    messages.Hello(1, 1235, "cpu", "h", "", "risk", "v1", {"inputs": {"x": ["FP32", [-1]]}, "outputs": {}}),
+    messages.Reload(4, {"server": {"log_level": 5}}),
+    messages.Reload(4, {"scheduler": {"classes": {"low": {"rank": "1"}}}}),
+    messages.AdminAnswer(SENDER, 3, result={"dropped": True}),   # untagged: which op's result is it?
+    messages.AdminAnswer(SENDER, 3, result={"result_of": "ContextDropped", "dropped": "yes"}),
+    messages.AdminAnswer(SENDER, 3, result={"result_of": "TrafficPolicy", "model": "m", "primary": "a"}),
+], ids=lambda m: type(m).__name__)
+def test_a_field_of_the_wrong_shape_does_not_decode(message):
+    with pytest.raises(msgspec.ValidationError):
+        messages.decode(messages.encode(message))
 
 
 def test_an_admin_op_with_a_bare_args_map_does_not_decode():

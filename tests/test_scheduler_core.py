@@ -241,7 +241,7 @@ def test_a_control_op_that_raises_answers_internal_and_the_scheduler_goes_on(cor
     admin(2, "contexts.list", ContextListing(owner="t", limit=10))
     replies = {e.token: e for e in core.ports.events.sent if isinstance(e, messages.AdminAnswer)}
     assert replies[1].error.code == codes.INTERNAL and "injected fault" in replies[1].error.message
-    assert replies[2].result["total"] == 1
+    assert replies[2].result.total == 1
 
 
 def windowed_core(window_max_ms: float) -> Scheduler:

@@ -44,7 +44,7 @@ def test_requests_go_to_their_versions_workers_and_a_full_version_blocks_no_othe
 
 
 def unload_answers(core) -> list[tuple[int, bool]]:
-    return [(e.token, e.result["loaded"]) for e in core.ports.events.sent if isinstance(e, messages.AdminAnswer)]
+    return [(e.token, e.result.loaded) for e in core.ports.events.sent if isinstance(e, messages.AdminAnswer)]
 
 
 def flushes(core) -> list[bytes]:

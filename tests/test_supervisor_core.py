@@ -15,6 +15,7 @@ from mcpd.daemon.supervisor.admin import FORWARD_TIMEOUT_S
 from mcpd.daemon.supervisor.core import REFUSAL_REPORT_WAIT_S, SupervisorCore
 from mcpd.daemon.supervisor.process_table import STABLE_AFTER_S
 from mcpd.protocol import codes, wire
+from mcpd.protocol.control_results import ContextList, ContextSummary, VersionState
 from mcpd.protocol.error import ErrorReply
 from mcpd.security.keys import KeyStore
 from mcpd.security.peer import PeerCred
@@ -190,11 +191,14 @@ def test_a_forwarded_ops_answer_reaches_the_caller_that_asked():
     asked = sent(core.ports.scheduler)
     assert [(m.op, m.args.limit) for m in asked] == [("contexts.list", 1000), ("contexts.list", 5)]
     assert core.ports.control == []   # both wait for the scheduler
-    event(core, messages.AdminAnswer, "scheduler", asked[1].token, {"contexts": ["x"]})
+    listed = ContextList(1, [ContextSummary("t", "x", 2, 5, ["f"], 64, False, None)])
+    event(core, messages.AdminAnswer, "scheduler", asked[1].token, listed)
     event(core, messages.AdminAnswer, "scheduler", asked[0].token, None,
           ErrorReply(codes.NOT_FOUND, "no such owner"))
     assert [(identity, reply["id"], reply.get("result"), reply.get("code")) for identity, reply in replies(core)] == [
-        (b"B", "b", {"contexts": ["x"]}, None), (b"A", 1, None, codes.NOT_FOUND)]
+        (b"B", "b", {"total": 1, "contexts": [{"owner": "t", "id": "x", "version": 2, "tokens": 5, "fields": ["f"],
+                                              "bytes": 64, "busy": False, "kv_version": None}]}, None),
+        (b"A", 1, None, codes.NOT_FOUND)]   # mcpctl gets the result's map, without the message's tag
 
 
 def test_a_forwarded_op_the_scheduler_never_answers_times_out():
@@ -208,7 +212,7 @@ def test_a_forwarded_op_the_scheduler_never_answers_times_out():
     core.tick()
     identity, reply = replies(core)[0]
     assert (identity, reply["id"], reply["code"]) == (b"C", 3, codes.UNAVAILABLE)
-    event(core, messages.AdminAnswer, "scheduler", sent(core.ports.scheduler)[0].token, {})
+    event(core, messages.AdminAnswer, "scheduler", sent(core.ports.scheduler)[0].token, ContextList(0, []))
     assert len(core.ports.control) == 1   # a late answer is not a second reply
 
 
@@ -268,9 +272,11 @@ def test_an_unloaded_versions_workers_stop_for_good_and_give_their_pool_regions_
     call(core, "models.unload", 6, args={"model": worker.spec.model, "version": worker.spec.version})
     asked = sent(core.ports.scheduler)[-1]
     assert process.is_alive()   # the scheduler finishes the version's requests first
-    event(core, messages.AdminAnswer, "scheduler", asked.token, {"unloaded": True})
+    unloaded = VersionState(worker.spec.model, worker.spec.version, loaded=False)
+    event(core, messages.AdminAnswer, "scheduler", asked.token, unloaded)
     [(identity, reply)] = replies(core)
-    assert reply["result"] == {"unloaded": True, "workers": [0], "pool_regions_freed": 0}
+    assert reply["result"] == {"model": worker.spec.model, "version": worker.spec.version, "loaded": False,
+                               "workers": [0], "pool_regions_freed": 0}
     assert process.exitcode == -signal.SIGTERM and core.ports.reclaimed == [("cpu", 0)]
     assert sent(core.ports.scheduler)[-1] == messages.WorkerLost(0, process.pid)
     core.clock.now += 60

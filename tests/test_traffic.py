@@ -6,6 +6,7 @@ from mcpd.config import from_dict
 from mcpd.daemon.scheduler.traffic import Traffic, split_choice, unit_draw
 from mcpd.protocol import codes
 from mcpd.protocol.codes import MCPDError
+from mcpd.protocol.control_results import TrafficPolicy
 
 
 def table(**model):
@@ -69,11 +70,11 @@ def test_raising_one_weight_moves_keys_only_toward_that_version():
 
 def test_promote_then_rollback_then_rollback_of_a_split():
     t = traffic()
-    assert t.promote("m", "b")["primary"] == "b"
+    assert t.promote("m", "b").primary == "b"
     assert t.route(None, None, "k") == ("m", "b")
-    assert t.rollback("m")["primary"] == "a"
+    assert t.rollback("m").primary == "a"
     t.split("m", {"a": 1, "b": 1})
-    assert t.rollback("m") == {"model": "m", "primary": "a", "split": {}}
+    assert t.rollback("m") == TrafficPolicy("m", "a", {})
     with pytest.raises(MCPDError) as nothing:
         t.rollback("m")
     assert nothing.value.code == codes.CONFLICT

@@ -9,16 +9,11 @@ from __future__ import annotations
 
 import logging
 
-from mcpd import config as config_module
 from mcpd.config import Config
 from mcpd.daemon import messages
 from mcpd.daemon.child import EventReporter
 
 EVERY_PROCESS = ("server.log_level",)
-
-
-def config_of(reload: messages.Reload) -> Config:
-    return config_module.from_dict(reload.config)
 
 
 def apply_log_level(config: Config) -> list[str]:
@@ -28,6 +23,5 @@ def apply_log_level(config: Config) -> list[str]:
 
 def apply(reload: messages.Reload, events: EventReporter) -> Config:
     """What the front-end and the workers do with a Reload: the log level, then confirm."""
-    config = config_of(reload)
-    events.send(messages.Reloaded, reload.token, apply_log_level(config))
-    return config
+    events.send(messages.Reloaded, reload.token, apply_log_level(reload.config))
+    return reload.config

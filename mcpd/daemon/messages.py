@@ -31,13 +31,14 @@ raises.
 """
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import msgspec
 
 from mcpd.daemon import child_stats
 from mcpd.daemon.child_stats import WorkerStats
-from mcpd.protocol import control_args
+from mcpd.config import Config
+from mcpd.protocol import control_args, control_results
 from mcpd.protocol.args import ANY_ARGS, GenerateArgs, InferArgs, PingArgs
 from mcpd.protocol.error import ErrorReply
 from mcpd.protocol.results import Degraded, GenerateResult
@@ -93,6 +94,18 @@ class Dispatch(Message):
     sent: float | None = None   # when its sender sent it (time.monotonic()), for a traced request's hop span
 
 
+class TensorMetadata(msgspec.Struct, frozen=True):
+    """A handler's declared input or output (handlers/tensors.py's TensorSpec); a map, as the
+    status and the KServe metadata show it."""
+    datatype: str
+    shape: list[int]   # -1: any
+
+
+class Signature(msgspec.Struct, frozen=True):
+    inputs: dict[str, TensorMetadata]
+    outputs: dict[str, TensorMetadata]
+
+
 class Hello(Message):
     TAG = b"HELLO"
     index: int
@@ -102,7 +115,7 @@ class Hello(Message):
     dtype: str
     served_model: str = ""     # the model table's name of what it serves (config/models.py), and its version
     version: str = ""
-    signature: dict | None = None   # a handler's inputs and outputs: {"inputs": {name: {datatype, shape}}, "outputs": ...}
+    signature: Signature | None = None   # a handler's; None: a language model's worker
 
 
 class Welcome(Message):
@@ -220,10 +233,10 @@ class Admin(Message):
 
 
 class Reload(Message):
-    """The re-read config (Config.to_dict()): each process applies what it can and confirms."""
+    """The re-read config: each process applies what it can and confirms."""
     TAG = b"RELOAD"
     token: int
-    config: dict[str, Any]
+    config: Config   # its dataclasses, checked on decode; the supervisor checked their values
 
 
 class Sender(msgspec.Struct, frozen=True, array_like=True):
@@ -260,10 +273,10 @@ class Refused(Event):
 
 
 class AdminAnswer(Event):
-    """The scheduler's answer to Admin: a result, or an error."""
+    """The scheduler's answer to Admin: a result (its op's struct, control_results.py), or an error."""
     TAG = b"ANSWER"
     token: int
-    result: Any = None
+    result: control_results.ANY | None = None
     error: ErrorReply | None = None
 
 

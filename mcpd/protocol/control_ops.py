@@ -4,7 +4,8 @@ Each op says what it takes, who may call it, where it runs and what answers it; 
 supervisor's dispatch (daemon/supervisor/admin.py), the scheduler's (daemon/scheduler/admin.py),
 the authorization check (security/peer.py) and PROTOCOL.md section 9 all follow this table, and
 tests hold them to it (tests/test_control_ops.py). Adding an op is one entry here, its args
-struct (unless it takes none), its handler, its `mcpctl` command and its row in the doc.
+struct (unless it takes none), its result struct if it runs in the scheduler (control_results.py),
+its handler, its `mcpctl` command and its row in the doc.
 
 `arg_struct` declares the op's args (control_args.py): the supervisor decodes them into it once.
 `handler` names the function that answers the op: for an op that runs in the scheduler, a

@@ -16,6 +16,8 @@ from mcpd.protocol import codes, control_ops
 from mcpd.protocol.codes import MCPDError
 from mcpd.protocol.error import ErrorReply
 from mcpd.protocol.control_args import ContextListing, ContextRef, ModelRef, ModelVersion, ShadowPlan, TrafficSplit
+from mcpd.protocol.control_results import (ContextDetail, ContextDropped, ContextField, ContextList, ContextSummary,
+                                           ShadowSetting, TrafficPolicy, VersionState)
 
 
 def handle(scheduler, request: messages.Admin) -> None:
@@ -39,42 +41,42 @@ def handle(scheduler, request: messages.Admin) -> None:
 LATER = object()   # a handler's result: it answers the op itself, later
 
 
-def list_contexts(scheduler, args: ContextListing, _token: int) -> dict:
+def list_contexts(scheduler, args: ContextListing, _token: int) -> ContextList:
     owner = args.owner
     found = sorted((c for c in scheduler.contexts.store.contexts.values() if owner in (None, c.owner)), key=lambda c: (c.owner, c.id))
-    return {"total": len(found), "contexts": [_summary(c) for c in found[:args.limit]]}
+    return ContextList(len(found), [ContextSummary(**_summary(c)) for c in found[:args.limit]])
 
 
-def show_context(scheduler, args: ContextRef, _token: int) -> dict:
+def show_context(scheduler, args: ContextRef, _token: int) -> ContextDetail:
     context = scheduler.contexts.store.get(args.owner, args.id)
-    return {**_summary(context),
-            "fields": [_field(context, name, value) for name, value in sorted(context.fields.items())]}
+    fields = [_field(context, name, value) for name, value in sorted(context.fields.items())]
+    return ContextDetail(**{**_summary(context), "fields": fields})
 
 
-def drop_context(scheduler, args: ContextRef, _token: int) -> dict:
-    return {"dropped": scheduler.contexts.store.drop(args.owner, args.id)}
+def drop_context(scheduler, args: ContextRef, _token: int) -> ContextDropped:
+    return ContextDropped(scheduler.contexts.store.drop(args.owner, args.id))
 
 
-def promote_version(scheduler, args: ModelVersion, _token: int) -> dict:
+def promote_version(scheduler, args: ModelVersion, _token: int) -> TrafficPolicy:
     return scheduler.traffic.promote(args.model, args.version)
 
 
-def split_versions(scheduler, args: TrafficSplit, _token: int) -> dict:
+def split_versions(scheduler, args: TrafficSplit, _token: int) -> TrafficPolicy:
     return scheduler.traffic.split(args.model, args.weights)
 
 
-def roll_back_version(scheduler, args: ModelRef, _token: int) -> dict:
+def roll_back_version(scheduler, args: ModelRef, _token: int) -> TrafficPolicy:
     return scheduler.traffic.rollback(args.model)
 
 
-def shadow_version(scheduler, args: ShadowPlan, _token: int) -> dict:
+def shadow_version(scheduler, args: ShadowPlan, _token: int) -> ShadowSetting:
     return scheduler.set_shadow(args.model, args.version, args.fraction)
 
 
-def load_version(scheduler, args: ModelVersion, _token: int) -> dict:
+def load_version(scheduler, args: ModelVersion, _token: int) -> VersionState:
     """Takes requests from now on (they wait for its workers, which the supervisor starts)."""
     scheduler.load_version(args.model, args.version)
-    return {"model": args.model, "version": args.version, "loaded": True}
+    return VersionState(args.model, args.version, loaded=True)
 
 
 def unload_version(scheduler, args: ModelVersion, token: int):
@@ -88,17 +90,16 @@ def _summary(context: Context) -> dict:
             "kv_version": context.kv_version}
 
 
-def _field(context: Context, name: str, value) -> dict:
+def _field(context: Context, name: str, value) -> ContextField:
     shape = getattr(value, "shape", None)
-    return {"name": name, "type": type(value).__name__, "dtype": str(getattr(value, "dtype", "")) or None,
-            "shape": list(shape) if shape is not None else None, "version": context.changed_at.get(name, 0)}
+    return ContextField(name, type(value).__name__, str(getattr(value, "dtype", "")) or None,
+                        list(shape) if shape is not None else None, context.changed_at.get(name, 0))
 
 
 def reload(scheduler, reload: messages.Reload) -> None:
     """Log level here, the [scheduler] section through apply_config, and the same message on to
     every worker (they confirm on their own)."""
-    config = live_config.config_of(reload)
-    applied = live_config.apply_log_level(config) + scheduler.apply_config(config)
+    applied = live_config.apply_log_level(reload.config) + scheduler.apply_config(reload.config)
     for slot in scheduler.workers.values():
         if slot.ready:
             scheduler.send_worker(slot, [messages.encode(reload)])

@@ -67,7 +67,7 @@ from mcpd.daemon.scheduler.traffic import Traffic
 from mcpd.daemon.scheduler.unload import Unload
 from mcpd.histogram import Histogram
 from mcpd.memory import host_segment
-from mcpd.protocol import codes, wire
+from mcpd.protocol import codes, control_results, wire
 from mcpd.protocol.args import GenerateArgs, InferArgs
 from mcpd.protocol.codes import MCPDError
 from mcpd.protocol.error import ErrorReply
@@ -117,7 +117,7 @@ class Scheduler:
         self.contexts = ContextService(self.persistence)
         self.traffic = Traffic(config.model_table, config.default_model)
         self.tokenizers: dict[tuple[str, str], tokenizer.Tokenizer] = {}   # by (model, version), loaded when first used
-        self.signatures: dict[tuple[str, str], dict] = {}   # a handler version's inputs and outputs, from its Hello
+        self.signatures: dict[tuple[str, str], messages.Signature] = {}   # a handler version's, from its Hello
         self.unloading: dict[tuple[str, str], Unload] = {}   # versions being unloaded (unload.py)
         self.shadow = ShadowBook()
         self.shadow_rids = itertools.count(-1, -1)   # shadow copies' rids: the front-end's are >= 0
@@ -303,7 +303,7 @@ class Scheduler:
     def unload_version(self, model: str, version: str, token: int) -> None:
         model_versions.unload(self, model, version, token)
 
-    def set_shadow(self, model: str, version: str | None, fraction: float) -> dict:
+    def set_shadow(self, model: str, version: str | None, fraction: float) -> control_results.ShadowSetting:
         return model_versions.set_shadow(self, model, version, fraction)
 
     def _cancel(self, rid: int, code: str) -> None:

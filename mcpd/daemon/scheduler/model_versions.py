@@ -14,6 +14,7 @@ from mcpd.daemon.scheduler.shadow import ShadowBook
 from mcpd.daemon.scheduler.unload import Unload
 from mcpd.protocol import codes
 from mcpd.protocol.codes import MCPDError
+from mcpd.protocol.control_results import ShadowSetting, VersionState
 from mcpd.protocol.error import ErrorReply
 
 
@@ -44,7 +45,7 @@ def configure_shadows(shadow: ShadowBook, table: dict) -> None:
         shadow.set(name, entry.shadow, entry.shadow_fraction)
 
 
-def set_shadow(scheduler, model: str, version: str | None, fraction: float) -> dict:
+def set_shadow(scheduler, model: str, version: str | None, fraction: float) -> ShadowSetting:
     """Shadow `fraction` of `model`'s requests on `version` (a loaded one; None: off)."""
     if version is not None:
         scheduler.traffic.check_loaded(model, version)
@@ -109,8 +110,7 @@ def finish_unloads(scheduler) -> None:
         if pending.done:
             del scheduler.unloading[served]
             for token in pending.tokens:
-                scheduler.events.send(messages.AdminAnswer, token, result={"model": served[0], "version": served[1],
-                                                                           "loaded": False})
+                scheduler.events.send(messages.AdminAnswer, token, result=VersionState(*served, loaded=False))
 
 
 def forget_worker(scheduler, identity: bytes) -> None:

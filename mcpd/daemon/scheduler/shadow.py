@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from mcpd.histogram import LATENCY_BOUNDS, Histogram
+from mcpd.protocol.control_results import ShadowSetting
 from mcpd.protocol.results import GenerateResult
 
 
@@ -79,7 +80,7 @@ class ShadowBook:
         self.pairs: dict[int, Pair] = {}
         self.primary_of: dict[int, int] = {}   # shadow rid -> primary rid
 
-    def set(self, model: str, candidate: str, fraction: float) -> dict:
+    def set(self, model: str, candidate: str, fraction: float) -> ShadowSetting:
         """Shadow `fraction` of `model`'s requests on `candidate` ("": off; the last candidate's
         figures stay). The figures start again when the candidate changes."""
         agreement = self.models.get(model)
@@ -87,7 +88,7 @@ class ShadowBook:
             agreement = self.models[model] = Agreement(candidate)
         if agreement is not None:
             agreement.fraction = fraction if candidate else 0.0
-        return {"model": model, "candidate": candidate or None, "fraction": fraction if candidate else 0.0}
+        return ShadowSetting(model, candidate or None, fraction if candidate else 0.0)
 
     def candidate(self, model: str) -> str | None:
         """The version to shadow this request of `model` on, or None."""

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from mcpd.config import ModelEntry
 from mcpd.protocol import codes
 from mcpd.protocol.codes import MCPDError
+from mcpd.protocol.control_results import TrafficPolicy
 
 HISTORY = 16   # policies a model remembers for rollback
 SPLIT_SCALE = 2.0 ** 52
@@ -40,6 +41,10 @@ class Policy:
 
     def describe(self) -> dict:
         return {"primary": self.primary, "split": dict(self.split)}
+
+    def result(self, model: str) -> TrafficPolicy:
+        """The answer to the control op that set it."""
+        return TrafficPolicy(model, self.primary, dict(self.split))
 
 
 @dataclass
@@ -126,12 +131,12 @@ class Traffic:
 
     # -- policies, changed live -----------------------------------------------------------------
 
-    def promote(self, model: str, version: str) -> dict:
+    def promote(self, model: str, version: str) -> TrafficPolicy:
         """Every new request of `model` to `version` (a split ends)."""
         traffic = self.check_loaded(model, version)
         return self._set(model, traffic, Policy(version))
 
-    def split(self, model: str, weights: dict[str, float]) -> dict:
+    def split(self, model: str, weights: dict[str, float]) -> TrafficPolicy:
         """New requests of `model` spread over versions by weight (the primary stays as it was:
         a split that ends by rollback goes back to it)."""
         traffic = self.check_model(model)
@@ -144,7 +149,7 @@ class Traffic:
             raise MCPDError(codes.BAD_REQUEST, "split: at least one version needs a weight > 0")
         return self._set(model, traffic, Policy(traffic.policy.primary, chosen))
 
-    def rollback(self, model: str) -> dict:
+    def rollback(self, model: str) -> TrafficPolicy:
         """Back to the policy before the last promote or split."""
         traffic = self.check_model(model)
         if len(traffic.history) < 2:
@@ -157,12 +162,12 @@ class Traffic:
             raise MCPDError(codes.CONFLICT, f"model {model!r}: the earlier policy sends traffic to "
                                             f"{', '.join(sorted(missing))}, which is not loaded; load it first")
         traffic.policy = earlier
-        return {"model": model, **earlier.describe()}
+        return earlier.result(model)
 
-    def _set(self, model: str, traffic: ModelTraffic, policy: Policy) -> dict:
+    def _set(self, model: str, traffic: ModelTraffic, policy: Policy) -> TrafficPolicy:
         traffic.policy = policy
         traffic.history = [*traffic.history, policy][-HISTORY:]
-        return {"model": model, **policy.describe()}
+        return policy.result(model)
 
     def load(self, model: str, version: str) -> None:
         self._version(model, version)

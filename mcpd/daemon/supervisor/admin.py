@@ -25,6 +25,7 @@ from mcpd.memory.pool_segment import PoolBusy
 from mcpd.protocol import codes, control_ops, wire
 from mcpd.protocol.codes import MCPDError
 from mcpd.protocol.control_args import ControlArgs, ModelVersion, NoArgs
+from mcpd.protocol.control_results import VersionState, as_map
 from mcpd.protocol.error import ErrorReply
 from mcpd.security import key_ops
 
@@ -41,7 +42,7 @@ class Pending:
     waiting_for: set = field(default_factory=set)   # (role, index) still to confirm a reload
     summary: dict = field(default_factory=dict)     # a reload's report so far
     fresh: Config | None = None                     # a reload's newly read config
-    after: Callable[[ModelVersion, dict], dict] | None = None   # a forwarded op's own step once the scheduler agreed
+    after: Callable[[ModelVersion, VersionState], dict] | None = None   # a forwarded op's own step, once agreed
     args: ControlArgs = NoArgs()                    # the forwarded op's
 
 
@@ -163,7 +164,7 @@ class Admin:
         live_config.apply_log_level(fresh)
         self._adopt(fresh, applied)
         token = next(self.tokens)
-        message = messages.encode(messages.Reload(token, fresh.to_dict()))
+        message = messages.encode(messages.Reload(token, fresh))
         supervisor.ports.to_scheduler(message)
         supervisor.ports.to_frontend(message)
         # A pool keeper runs no configurable part: it is not sent the reload.
@@ -193,15 +194,15 @@ class Admin:
         return [c for c in self.supervisor.table.children if c.spec.role == "worker"
                 and (c.spec.model, c.spec.version) == (args.model, args.version)]
 
-    def _start_version(self, args: ModelVersion, result: dict) -> dict:
+    def _start_version(self, args: ModelVersion, result: VersionState) -> dict:
         """models.load, once the scheduler routes to the version: start its workers (requests
         for it wait in its lane until they say hello)."""
         workers = self._version_workers(args)
         for child in workers:
             self.supervisor.table.unpark(child)
-        return {**result, "workers": [c.spec.index for c in workers]}
+        return {**as_map(result), "workers": [c.spec.index for c in workers]}
 
-    def _stop_version(self, args: ModelVersion, result: dict) -> dict:
+    def _stop_version(self, args: ModelVersion, result: VersionState) -> dict:
         """models.unload, once the scheduler has finished the version's last request and its last
         reply reached the front-end (scheduler/unload.py): stop its workers, tell the scheduler
         they are gone, and give their regions (weights, KV) back to the device pool, where they
@@ -213,7 +214,7 @@ class Admin:
             if pid is not None:
                 self.supervisor.ports.to_scheduler(messages.encode(messages.WorkerLost(child.spec.index, pid)))
             freed += self._reclaim(child)
-        return {**result, "workers": [c.spec.index for c in workers], "pool_regions_freed": freed}
+        return {**as_map(result), "workers": [c.spec.index for c in workers], "pool_regions_freed": freed}
 
     def _reclaim(self, child) -> int:
         """A parked worker's pool regions back to its device's pool (0 on a private pool)."""
@@ -231,11 +232,7 @@ class Admin:
             return   # answered already (timed out)
         if isinstance(event, messages.AdminAnswer):
             self.pending.pop(event.token)
-            result = event.result
-            if pending.after is not None and event.error is None:
-                result = pending.after(pending.args, result)
-            self.answer(pending.reply_to, result, event.error)
-            return
+            return self._relay(pending, event)
         sender = event.sender
         pending.waiting_for.discard((sender.role, sender.index))
         pending.summary["confirmed"].append(f"{sender.role} {sender.index}")
@@ -244,6 +241,15 @@ class Admin:
         self._adopt(pending.fresh, new_keys)
         if not pending.waiting_for:
             self._finish(event.token)
+
+    def _relay(self, pending: Pending, event: messages.AdminAnswer) -> None:
+        """The scheduler's answer to its caller: the error, or the result's map (and the op's own step's keys)."""
+        if event.error is not None:
+            self.answer(pending.reply_to, None, event.error)
+        elif pending.after is not None:
+            self.answer(pending.reply_to, pending.after(pending.args, event.result))
+        else:
+            self.answer(pending.reply_to, as_map(event.result))
 
     def expire(self) -> None:
         """Answer ops whose time ran out: forwarded ones with UNAVAILABLE, reloads with what came."""

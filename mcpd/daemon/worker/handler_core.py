@@ -111,10 +111,10 @@ class HandlerCore:
     def has_work(self) -> bool:
         return self.running is not None or len(self.batcher) > 0 or bool(self.alone)
 
-    def signature(self) -> dict:
+    def signature(self) -> messages.Signature:
         def described(specs):
-            return {name: {"datatype": s.datatype, "shape": list(s.shape)} for name, s in specs.items()}
-        return {"inputs": described(self.handler.inputs), "outputs": described(self.handler.outputs)}
+            return {name: messages.TensorMetadata(s.datatype, list(s.shape)) for name, s in specs.items()}
+        return messages.Signature(described(self.handler.inputs), described(self.handler.outputs))
 
     def hello(self) -> messages.Hello:
         return messages.Hello(self.index, os.getpid(), self.device, self.config.model.handler, "",
