@@ -125,19 +125,66 @@ def test_the_engine_gets_the_sampling_struct_the_front_end_decoded():
     assert type(dispatch.args.sampling) is SamplingParams and dispatch.args.sampling == args.sampling
 
 
-def _loose(kind: msgspec.inspect.Type) -> bool:
+# Fields still declared loose, each with why; the list only shrinks.
+LOOSE_FOR_NOW = {
+    "GenerateArgs.messages": "a chat's messages as the client sent them; the chat template reads them",
+    "ContextUpdateArgs.changes": "delta entries as the client sent them; protocol/delta checks them",
+    "GenerateResult.context": "the turn's context figures; not yet a struct",
+    "VersionConfig.settings": "a handler's own settings, passed to its setup unread",
+    "FrontendStats.errors": "its producer's stats() map, not declared yet",
+    "FrontendStats.latency": "its producer's stats() map, not declared yet",
+    "FrontendStats.endpoints": "its producer's stats() map, not declared yet",
+    "FrontendStats.metrics": "its producer's stats() map, not declared yet",
+    "FrontendStats.backlog": "its producer's stats() map, not declared yet",
+    "FrontendStats.incoming": "its producer's stats() map, not declared yet",
+    "FrontendStats.http": "its producer's stats() map, not declared yet",
+    "FrontendStats.slowest": "its producer's stats() map, not declared yet",
+    "FrontendStats.cluster": "its producer's stats() map, not declared yet",
+    "SchedulerStats.fast_rung": "its producer's stats() map, not declared yet",
+    "SchedulerStats.edge_shed": "its producer's stats() map, not declared yet",
+    "SchedulerStats.classes": "its producer's stats() map, not declared yet",
+    "SchedulerStats.errors": "its producer's stats() map, not declared yet",
+    "SchedulerStats.contexts": "its producer's stats() map, not declared yet",
+    "SchedulerStats.cache": "its producer's stats() map, not declared yet",
+    "SchedulerStats.persistence": "its producer's stats() map, not declared yet",
+    "SchedulerStats.queue_time": "its producer's stats() map, not declared yet",
+    "SchedulerStats.workers": "its producer's stats() map, not declared yet",
+    "SchedulerStats.models": "its producer's stats() map, not declared yet",
+    "SchedulerStats.cluster": "its producer's stats() map, not declared yet",
+    "WorkerStats.pool": "its producer's stats() map, not declared yet",
+    "WorkerStats.batch_size": "its producer's stats() map, not declared yet",
+    "WorkerStats.result_cache": "its producer's stats() map, not declared yet",
+    "KeeperStats.pool": "its producer's stats() map, not declared yet",
+}
+
+
+def _loose_fields(kind: msgspec.inspect.Type, where: str, seen: set) -> list[str]:
+    """The fields under `kind` typed Any, object, or an untyped dict or list; each struct and
+    dataclass looked at once (a type may hold itself)."""
+    if isinstance(kind, msgspec.inspect.AnyType):
+        return [where]
     if isinstance(kind, msgspec.inspect.UnionType):
-        return any(map(_loose, kind.types))
-    if isinstance(kind, msgspec.inspect.DictType):   # a map of declared values (dict[str, OwnerNode]) is typed
-        return _loose(kind.value_type)
-    return isinstance(kind, msgspec.inspect.AnyType)
+        return [name for member in kind.types for name in _loose_fields(member, where, seen)]
+    if isinstance(kind, msgspec.inspect.DictType):
+        return _loose_fields(kind.key_type, where, seen) + _loose_fields(kind.value_type, where, seen)
+    if isinstance(kind, (msgspec.inspect.ListType, msgspec.inspect.SetType, msgspec.inspect.FrozenSetType,
+                         msgspec.inspect.VarTupleType)):
+        return _loose_fields(kind.item_type, where, seen)
+    if isinstance(kind, msgspec.inspect.TupleType):
+        return [name for item in kind.item_types for name in _loose_fields(item, where, seen)]
+    if isinstance(kind, (msgspec.inspect.StructType, msgspec.inspect.DataclassType)) and kind.cls not in seen:
+        seen.add(kind.cls)
+        return [name for field in kind.fields
+                for name in _loose_fields(field.type, f"{kind.cls.__qualname__}.{field.name}", seen)]
+    return []
 
 
-def test_no_message_carries_a_plain_map():
-    """Control-op args, results and errors, signatures and the config cross processes as their types."""
-    loose = [(kind.__name__, field.name) for kind, _ in messages._DECODERS.values()
-             for field in msgspec.inspect.type_info(kind).fields if _loose(field.type)]
-    assert loose == []
+def test_no_message_carries_a_plain_map_at_any_depth():
+    """Everything a message holds, down to the stats' figures, crosses processes as its declared type."""
+    seen = set()
+    loose = sorted({name for kind, _ in messages._DECODERS.values()
+                    for name in _loose_fields(msgspec.inspect.type_info(kind), kind.__name__, seen)})
+    assert loose == sorted(LOOSE_FOR_NOW)
 
 
 @pytest.mark.parametrize("message", [
