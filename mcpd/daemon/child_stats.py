@@ -14,15 +14,19 @@ from __future__ import annotations
 
 import msgspec
 
+from mcpd.contexts.journal_stats import JournalStats
+from mcpd.daemon.frontend.request_metrics import MetricsSnapshot
+from mcpd.histogram import Snapshot
+
 
 class FrontendStats(msgspec.Struct, frozen=True, kw_only=True, tag="frontend"):
     inflight: int = 0               # requests admitted and not yet answered
     served: int = 0
-    errors: dict = {}               # {code: count}
+    errors: dict[str, int] = {}     # by code
     latency: dict = {}              # {op: {count, p50_ms, p90_ms, p99_ms}} (latency.py)
     draining: bool = False
-    endpoints: list = []            # as bound (a tcp port 0 resolved)
-    metrics: dict = {}              # RequestMetrics.snapshot(): counters and histograms
+    endpoints: list[str] = []       # as bound (a tcp port 0 resolved)
+    metrics: MetricsSnapshot = msgspec.field(default_factory=MetricsSnapshot)   # counters and histograms
     backlog: dict = {}              # Outbox.stats()
     incoming: dict = {}             # IncomingBytes.stats()
     http: dict = {}                 # HttpListener.stats(); empty when it is off
@@ -40,11 +44,11 @@ class SchedulerStats(msgspec.Struct, frozen=True, kw_only=True, tag="scheduler")
     fast_rung: dict = {}            # FastRung.describe(): classes routed to fast versions now
     edge_shed: dict = {}            # EdgeShedding.describe(): shed classes refused at the front-end now
     classes: dict = {}              # {class: {queued, max_queue, window_ms, queue_p99_ms}}
-    errors: dict = {}               # {class: {code: count}}, the errors the scheduler decided
+    errors: dict[str, dict[str, int]] = {}   # by class, then code: the errors the scheduler decided
     contexts: dict = {}             # ContextService.stats(): contexts, bytes
     cache: dict = {}                # the host cache arena's figures; empty when it is off
-    persistence: dict = {}          # the journal's
-    queue_time: dict = {}           # {class: a Histogram snapshot}
+    persistence: JournalStats | None = None   # None: not reported yet
+    queue_time: dict[str, Snapshot] = {}   # by class
     workers: list = []
     models: dict = {}               # Scheduler.models_stats(): policies, versions, their workers
     cluster: dict = {}              # ClusterNode.report(): this node, the live nodes it last saw, its prefetch; empty when off
@@ -81,7 +85,7 @@ class WorkerStats(msgspec.Struct, frozen=True, kw_only=True, tag="worker"):
     prefix_cache_hits: int | None = None   # prompt tokens served from device KV blocks
     host_kv_loaded: int | None = None
     host_kv_saved: int | None = None
-    batch_size: dict | None = None  # a Histogram snapshot of sequences per step
+    batch_size: Snapshot | None = None   # sequences per step
     batches: int | None = None      # a handler worker's: predicts run, the rows they ran, and the
     rows: int | None = None         #   share of their padded inputs' elements that was padding
     mean_batch_rows: float | None = None

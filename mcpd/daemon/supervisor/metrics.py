@@ -16,7 +16,10 @@ import logging
 from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.exposition import start_http_server
 
+from mcpd.contexts.journal_stats import JournalStats
 from mcpd.daemon.child_stats import SchedulerStats
+from mcpd.daemon.frontend.request_metrics import MetricsSnapshot
+from mcpd.histogram import Snapshot
 
 
 
@@ -62,18 +65,18 @@ class DaemonCollector:
         yield from self.gpus.collect()
 
 
-def _requests(front: dict, scheduler: SchedulerStats):
+def _requests(front: MetricsSnapshot, scheduler: SchedulerStats):
     finished = CounterMetricFamily("mcpd_requests", "Requests by op, priority class, tenant, model and final code",
                                    labels=["op", "class", "tenant", "model", "code"])
-    for *labels, count in front.get("finished", []):
+    for *labels, count in front.finished:
         finished.add_metric(labels, count)
     yield finished
     yield _histograms("mcpd_request_duration_seconds", "End-to-end request latency, at the front-end",
-                      ["op", "class", "model"], [(row[:3], row[3]) for row in front.get("latency", [])])
+                      ["op", "class", "model"], [(row[:3], row[3]) for row in front.latency])
     yield _histograms("mcpd_time_to_first_token_seconds", "Time to the first streamed chunk", ["class"],
-                      [([cls], h) for cls, h in front.get("ttft", [])])
+                      [([cls], h) for cls, h in front.ttft])
     yield _histograms("mcpd_inter_token_latency_seconds", "Time between streamed chunks", ["class"],
-                      [([cls], h) for cls, h in front.get("itl", [])])
+                      [([cls], h) for cls, h in front.itl])
     yield _histograms("mcpd_queue_time_seconds", "Time a request waited for a worker, per priority class",
                       ["class"], [([cls], h) for cls, h in sorted(scheduler.queue_time.items())])
     queue_p99 = GaugeMetricFamily("mcpd_queue_time_p99_seconds", "Recent queueing p99 the batching window steers, "
@@ -82,7 +85,7 @@ def _requests(front: dict, scheduler: SchedulerStats):
         queue_p99.add_metric([cls], figures["queue_p99_ms"] / 1e3)
     yield queue_p99
     waiting = {name: figures["queued"] for name, figures in scheduler.classes.items()}
-    inflight = front.get("inflight", {})
+    inflight = front.inflight
     waiting_family = GaugeMetricFamily("mcpd_requests_waiting", "Requests queued for a worker", labels=["class"])
     running_family = GaugeMetricFamily("mcpd_requests_running", "Requests admitted and not waiting in the queue",
                                        labels=["class"])
@@ -199,7 +202,7 @@ def _contexts(scheduler: SchedulerStats):
     for name, text, value in (("mcpd_contexts", "Contexts held", scheduler.contexts.get("contexts")),
                               ("mcpd_contexts_bytes", "Bytes of all contexts", scheduler.contexts.get("bytes")),
                               ("mcpd_contexts_restored", "Contexts restored from disk at start",
-                               scheduler.persistence.get("restored"))):
+                               scheduler.persistence and scheduler.persistence.restored)):
         if value is not None:
             yield GaugeMetricFamily(name, text, value=value)
     # The host shared-memory cache's arena, which the scheduler reads.
@@ -239,23 +242,22 @@ def _reported(prefix: str, figures: dict, table: tuple):
             yield kind(prefix + name, text, value=figures[key])
 
 
-def _journal(persistence: dict):
-    if "journal_bytes" in persistence:
+def _journal(persistence: JournalStats | None):
+    if persistence is not None:
         yield GaugeMetricFamily("mcpd_journal_bytes", "Bytes of the context journal since its snapshot",
-                                value=persistence["journal_bytes"])
-    if "fsync_seconds" in persistence:
+                                value=persistence.journal_bytes)
         yield _histograms("mcpd_journal_fsync_seconds", "Time of one fdatasync of the context journal", [],
-                          [([], persistence["fsync_seconds"])])
+                          [([], persistence.fsync_seconds)])
 
 
-def _histograms(name: str, text: str, labels: list[str], series: list[tuple[list[str], dict]]):
+def _histograms(name: str, text: str, labels: list[str], series: list[tuple[list[str], Snapshot]]):
     family = HistogramMetricFamily(name, text, labels=labels)
     for label_values, snapshot in series:
         cumulative, buckets = 0, []
-        for bound, count in zip([*snapshot["bounds"], "+Inf"], snapshot["counts"]):
+        for bound, count in zip([*snapshot.bounds, "+Inf"], snapshot.counts):
             cumulative += count
             buckets.append((str(bound) if bound == "+Inf" else repr(float(bound)), cumulative))
-        family.add_metric(label_values, buckets, snapshot["sum"])
+        family.add_metric(label_values, buckets, snapshot.sum)
     return family
 
 
