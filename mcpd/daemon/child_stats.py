@@ -15,24 +15,54 @@ from __future__ import annotations
 import msgspec
 
 from mcpd.contexts.journal_stats import JournalStats
+from mcpd.daemon.frontend.latency import LatencySummary
+from mcpd.daemon.frontend.outbox import OutboxStats
 from mcpd.daemon.frontend.request_metrics import MetricsSnapshot
 from mcpd.histogram import Snapshot
+
+
+class SlowRequest(msgspec.Struct, frozen=True):
+    rid: int
+    tenant: str
+    op: str
+    model: str | None   # as the request names it; None: the default model
+    age_ms: float
+
+
+class IncomingStats(msgspec.Struct, frozen=True):
+    """Client connections watched for unfinished messages, and those cut for holding too much
+    (incoming.py), the client addresses held and those cut over the per-address cap
+    (address_cap.py), and the socket backlogs found (socket_backlog.py)."""
+    connections: int = 0
+    cut: int = 0
+    addresses: int = 0
+    cut_over_address_cap: int = 0
+    backlogs: int = 0
 
 
 class FrontendStats(msgspec.Struct, frozen=True, kw_only=True, tag="frontend"):
     inflight: int = 0               # requests admitted and not yet answered
     served: int = 0
     errors: dict[str, int] = {}     # by code
-    latency: dict = {}              # {op: {count, p50_ms, p90_ms, p99_ms}} (latency.py)
+    latency: dict[str, LatencySummary] = {}   # by op
     draining: bool = False
     endpoints: list[str] = []       # as bound (a tcp port 0 resolved)
     metrics: MetricsSnapshot = msgspec.field(default_factory=MetricsSnapshot)   # counters and histograms
-    backlog: dict = {}              # Outbox.stats()
-    incoming: dict = {}             # IncomingBytes.stats()
+    backlog: OutboxStats = OutboxStats(0, 0, 0)
+    incoming: IncomingStats = IncomingStats()
     http: dict = {}                 # HttpListener.stats(); empty when it is off
-    slowest: list = []              # the requests in flight longest: {rid, tenant, op, model, age_ms}
+    slowest: list[SlowRequest] = []   # the requests in flight longest, the oldest first
     cluster: dict = {}              # {"routing": Forwarding.stats() and the peers connected}; empty when off
     frozen_objects: int = 0         # objects start-up made, kept out of the garbage collector's passes (child.py)
+
+
+class ClassQueue(msgspec.Struct, frozen=True):
+    """A priority class's queue: its requests waiting, its cap (None: a reload removed the class),
+    its batching window, and the recent queueing p99 that window steers by."""
+    queued: int
+    max_queue: int | None
+    window_ms: float
+    queue_p99_ms: float
 
 
 class SchedulerStats(msgspec.Struct, frozen=True, kw_only=True, tag="scheduler"):
@@ -43,7 +73,7 @@ class SchedulerStats(msgspec.Struct, frozen=True, kw_only=True, tag="scheduler")
     degradation_level: int = 0
     fast_rung: dict = {}            # FastRung.describe(): classes routed to fast versions now
     edge_shed: dict = {}            # EdgeShedding.describe(): shed classes refused at the front-end now
-    classes: dict = {}              # {class: {queued, max_queue, window_ms, queue_p99_ms}}
+    classes: dict[str, ClassQueue] = {}
     errors: dict[str, dict[str, int]] = {}   # by class, then code: the errors the scheduler decided
     contexts: dict = {}             # ContextService.stats(): contexts, bytes
     cache: dict = {}                # the host cache arena's figures; empty when it is off

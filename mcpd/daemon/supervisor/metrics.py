@@ -82,9 +82,9 @@ def _requests(front: MetricsSnapshot, scheduler: SchedulerStats):
     queue_p99 = GaugeMetricFamily("mcpd_queue_time_p99_seconds", "Recent queueing p99 the batching window steers, "
                                   "per class", labels=["class"])
     for cls, figures in sorted(scheduler.classes.items()):
-        queue_p99.add_metric([cls], figures["queue_p99_ms"] / 1e3)
+        queue_p99.add_metric([cls], figures.queue_p99_ms / 1e3)
     yield queue_p99
-    waiting = {name: figures["queued"] for name, figures in scheduler.classes.items()}
+    waiting = {name: figures.queued for name, figures in scheduler.classes.items()}
     inflight = front.inflight
     waiting_family = GaugeMetricFamily("mcpd_requests_waiting", "Requests queued for a worker", labels=["class"])
     running_family = GaugeMetricFamily("mcpd_requests_running", "Requests admitted and not waiting in the queue",
