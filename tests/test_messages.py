@@ -134,15 +134,12 @@ LOOSE_FOR_NOW = {
     "VersionConfig.settings": "a handler's own settings, passed to its setup unread",
     "FrontendStats.http": "its producer's stats() map, not declared yet",
     "FrontendStats.cluster": "its producer's stats() map, not declared yet",
-    "SchedulerStats.fast_rung": "its producer's stats() map, not declared yet",
-    "SchedulerStats.edge_shed": "its producer's stats() map, not declared yet",
     "SchedulerStats.contexts": "its producer's stats() map, not declared yet",
     "SchedulerStats.cache": "its producer's stats() map, not declared yet",
     "SchedulerStats.workers": "its producer's stats() map, not declared yet",
     "SchedulerStats.models": "its producer's stats() map, not declared yet",
     "SchedulerStats.cluster": "its producer's stats() map, not declared yet",
     "WorkerStats.pool": "its producer's stats() map, not declared yet",
-    "WorkerStats.result_cache": "its producer's stats() map, not declared yet",
     "KeeperStats.pool": "its producer's stats() map, not declared yet",
 }
 

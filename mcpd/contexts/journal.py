@@ -52,9 +52,9 @@ from mcpd.config import Config
 from mcpd.contexts import journal_file, journal_recovery, snapshot
 from mcpd.contexts.context import Context
 from mcpd.contexts.journal_recovery import SNAPSHOT, TEMPORARY, Recovery
-from mcpd.contexts.journal_stats import JournalStats
 from mcpd.contexts.record import Record
 from mcpd.contexts.store import STORAGE_RETRY_MS, ContextStore, storage_full
+from mcpd.daemon.child_stats import JournalStats
 from mcpd.histogram import DISK_BOUNDS, Histogram
 from mcpd.protocol import codes
 from mcpd.protocol.codes import MCPDError

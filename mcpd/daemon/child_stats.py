@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import msgspec
 
-from mcpd.contexts.journal_stats import JournalStats
 from mcpd.daemon.frontend.latency import LatencySummary
 from mcpd.daemon.frontend.outbox import OutboxStats
 from mcpd.daemon.frontend.request_metrics import MetricsSnapshot
+from mcpd.handlers.result_cache_stats import ResultCacheStats
 from mcpd.histogram import Snapshot
 
 
@@ -65,14 +65,37 @@ class ClassQueue(msgspec.Struct, frozen=True):
     queue_p99_ms: float
 
 
+class FastRungState(msgspec.Struct, frozen=True):
+    active: list[str]   # the classes routed to fast versions now (fast_rung.py)
+    entered: int        # times a class was
+
+
+class EdgeShedState(msgspec.Struct, frozen=True):
+    active: bool        # shed classes are refused at the front-end now (edge_shedding.py)
+    entered: int
+
+
+class JournalStats(msgspec.Struct, frozen=True):
+    """The context journal's (Journal.stats), declared here so that every process decodes it
+    without loading the journal."""
+    enabled: bool
+    fsync: str              # contexts.fsync: always, interval or never
+    restored: int           # contexts restored from disk at start
+    journal_bytes: int      # since its snapshot
+    generation: int
+    damaged_bytes: int
+    state: str              # ok, unusable, or refusing changes until a snapshot is written
+    fsync_seconds: Snapshot
+
+
 class SchedulerStats(msgspec.Struct, frozen=True, kw_only=True, tag="scheduler"):
     queue_depth: int = 0
     dispatched: int = 0
     inflight: int = 0
     policy: str = ""
     degradation_level: int = 0
-    fast_rung: dict = {}            # FastRung.describe(): classes routed to fast versions now
-    edge_shed: dict = {}            # EdgeShedding.describe(): shed classes refused at the front-end now
+    fast_rung: FastRungState | None = None     # None: not reported yet
+    edge_shed: EdgeShedState | None = None
     classes: dict[str, ClassQueue] = {}
     errors: dict[str, dict[str, int]] = {}   # by class, then code: the errors the scheduler decided
     contexts: dict = {}             # ContextService.stats(): contexts, bytes
@@ -120,7 +143,7 @@ class WorkerStats(msgspec.Struct, frozen=True, kw_only=True, tag="worker"):
     rows: int | None = None         #   share of their padded inputs' elements that was padding
     mean_batch_rows: float | None = None
     padding_ratio: float | None = None
-    result_cache: dict | None = None   # a handler worker's ResultCache.stats(); None: no cache
+    result_cache: ResultCacheStats | None = None   # a handler worker's; None: no cache
 
     def reported(self, names: tuple[str, ...]) -> dict:
         """{name: value} of those of `names` that are figures of a worker and were reported."""

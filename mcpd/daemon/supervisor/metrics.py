@@ -16,8 +16,7 @@ import logging
 from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.exposition import start_http_server
 
-from mcpd.contexts.journal_stats import JournalStats
-from mcpd.daemon.child_stats import SchedulerStats
+from mcpd.daemon.child_stats import JournalStats, SchedulerStats
 from mcpd.daemon.frontend.request_metrics import MetricsSnapshot
 from mcpd.histogram import Snapshot
 
@@ -163,7 +162,7 @@ def _handlers(workers):
             batching[name].add_metric(key, value)
         if stats.result_cache is not None:
             for name, family in caches.items():
-                family.add_metric(key, stats.result_cache[name])
+                family.add_metric(key, getattr(stats.result_cache, name))
     yield from batching.values()
     yield from caches.values()
 
@@ -194,7 +193,7 @@ def _models(scheduler: SchedulerStats):
     fast = GaugeMetricFamily("mcpd_fast_rung_active", "1 while a class's requests go to fast versions",
                              labels=["class"])
     for name in sorted(scheduler.classes):
-        fast.add_metric([name], int(name in scheduler.fast_rung.get("active", [])))
+        fast.add_metric([name], int(scheduler.fast_rung is not None and name in scheduler.fast_rung.active))
     yield from (routed, compared, identical, fast)
 
 

@@ -6,6 +6,7 @@ import os
 import mcpd
 from mcpd.daemon import channels
 from mcpd.daemon.child_stats import WorkerStats
+from mcpd.handlers.result_cache_stats import ResultCacheStats
 from mcpd.memory.host_segment import CONTEXT, CONTEXT_DELTA, KV_BLOCK
 
 DEVICE_FIGURES = ("device", "model", "served_model", "version", "dtype", "quantization", "kernels", "running", "waiting", "preemptions", "kv_blocks_total",
@@ -41,8 +42,8 @@ def build_status(supervisor) -> dict:
         # Per priority class: queued, max_queue, batching window_ms, queue_p99_ms; errors the scheduler
         # decided, by class then code; the degradation ladder's step (0 none, 1 cap, 2 shed).
         "scheduler": {"policy": scheduler.policy, "classes": scheduler.classes, "errors": scheduler.errors,
-                      "degradation_level": scheduler.degradation_level, "fast_rung": scheduler.fast_rung,
-                      "edge_shed": scheduler.edge_shed},
+                      "degradation_level": scheduler.degradation_level, "fast_rung": scheduler.fast_rung or {},
+                      "edge_shed": scheduler.edge_shed or {}},
         "models": _models(scheduler.models, workers),
         # This node, the live nodes it last saw and where it routed contexts' requests; {} when [cluster] is off.
         "cluster": {**scheduler.cluster, **frontend.cluster},
@@ -71,13 +72,13 @@ def _models(scheduled: dict, workers: list) -> dict:
     return {"default_model": scheduled.get("default_model"), "models": models}
 
 
-def _add_result_cache(figures: dict, cache: dict | None) -> None:
+def _add_result_cache(figures: dict, cache: ResultCacheStats | None) -> None:
     """A handler version's result cache: its workers' caches summed, and the hit rate of all."""
     if cache is None:
         return
     total = figures.setdefault("result_cache", dict.fromkeys(RESULT_CACHE_FIGURES, 0))
     for name in RESULT_CACHE_FIGURES:
-        total[name] += cache[name]
+        total[name] += getattr(cache, name)
     asked = total["hits"] + total["misses"]
     total["hit_rate"] = total["hits"] / asked if asked else 0.0
 
