@@ -132,7 +132,6 @@ LOOSE_FOR_NOW = {
     "ContextUpdateArgs.changes": "delta entries as the client sent them; protocol/delta checks them",
     "GenerateResult.context": "the turn's context figures; not yet a struct",
     "VersionConfig.settings": "a handler's own settings, passed to its setup unread",
-    "FrontendStats.http": "its producer's stats() map, not declared yet",
     "FrontendStats.cluster": "its producer's stats() map, not declared yet",
     "SchedulerStats.contexts": "its producer's stats() map, not declared yet",
     "SchedulerStats.cache": "its producer's stats() map, not declared yet",

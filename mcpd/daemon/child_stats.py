@@ -40,6 +40,21 @@ class IncomingStats(msgspec.Struct, frozen=True):
     backlogs: int = 0
 
 
+class HttpStats(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """The OpenAI-compatible listener's (HttpListener.stats): its address as bound, whether it
+    needs API keys, generations in flight, its answers by HTTP status; and its connections, left
+    out until its connection table exists."""
+    listen: str
+    auth: bool
+    inflight: int
+    responses: dict[str, int]
+    connections: int | None = None
+    max_connections: int | None = None
+    idle_shed: int | None = None
+    refused: int | None = None
+    accept_pauses: int
+
+
 class FrontendStats(msgspec.Struct, frozen=True, kw_only=True, tag="frontend"):
     inflight: int = 0               # requests admitted and not yet answered
     served: int = 0
@@ -50,7 +65,7 @@ class FrontendStats(msgspec.Struct, frozen=True, kw_only=True, tag="frontend"):
     metrics: MetricsSnapshot = msgspec.field(default_factory=MetricsSnapshot)   # counters and histograms
     backlog: OutboxStats = OutboxStats(0, 0, 0)
     incoming: IncomingStats = IncomingStats()
-    http: dict = {}                 # HttpListener.stats(); empty when it is off
+    http: HttpStats | None = None   # None: the listener is off
     slowest: list[SlowRequest] = []   # the requests in flight longest, the oldest first
     cluster: dict = {}              # {"routing": Forwarding.stats() and the peers connected}; empty when off
     frozen_objects: int = 0         # objects start-up made, kept out of the garbage collector's passes (child.py)

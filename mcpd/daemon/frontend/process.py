@@ -326,7 +326,7 @@ class FrontEnd:
         return {**self.core.stats(), "endpoints": self.endpoints, "backlog": self.outbox.stats(),
                 "incoming": IncomingStats(**self.incoming.stats(), **self.address_cap.stats(),
                                           backlogs=self.socket_backlog.found),
-                "http": self.http.stats() if self.http is not None else {}, "frozen_objects": child.frozen_objects()}
+                "http": self.http.stats() if self.http is not None else None, "frozen_objects": child.frozen_objects()}
 
 
 def _http_listener(config: Config, local: FrontendLink, address_cap: AddressCap, log):

@@ -16,7 +16,7 @@ import logging
 from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.exposition import start_http_server
 
-from mcpd.daemon.child_stats import JournalStats, SchedulerStats
+from mcpd.daemon.child_stats import HttpStats, JournalStats, SchedulerStats
 from mcpd.daemon.frontend.request_metrics import MetricsSnapshot
 from mcpd.histogram import Snapshot
 
@@ -167,11 +167,11 @@ def _handlers(workers):
     yield from caches.values()
 
 
-def _http(listener: dict):
+def _http(listener: HttpStats | None):
     """The HTTP listener's answers by status (its requests are counted above, like any other)."""
-    if listener:
+    if listener is not None:
         family = CounterMetricFamily("mcpd_http_responses", "HTTP answers by status", labels=["status"])
-        for status, count in sorted(listener["responses"].items()):
+        for status, count in sorted(listener.responses.items()):
             family.add_metric([status], count)
         yield family
 

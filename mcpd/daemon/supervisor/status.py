@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import os
 
+import msgspec
+
 import mcpd
 from mcpd.daemon import channels
-from mcpd.daemon.child_stats import WorkerStats
+from mcpd.daemon.child_stats import HttpStats, WorkerStats
 from mcpd.handlers.result_cache_stats import ResultCacheStats
 from mcpd.memory.host_segment import CONTEXT, CONTEXT_DELTA, KV_BLOCK
 
@@ -83,12 +85,12 @@ def _add_result_cache(figures: dict, cache: ResultCacheStats | None) -> None:
     total["hit_rate"] = total["hits"] / asked if asked else 0.0
 
 
-def _http(stats: dict) -> dict:
-    """The OpenAI-compatible listener in the front-end: off, or its address as bound, whether it
-    needs API keys, generations in flight, its answers by HTTP status, and its connections."""
-    if not stats:
+def _http(stats: HttpStats | None) -> dict:
+    """The OpenAI-compatible listener in the front-end: off, or its figures with its address as a URL."""
+    if stats is None:
         return {"enabled": False}
-    return {"enabled": True, "url": f"http://{stats['listen']}", **{k: v for k, v in stats.items() if k != "listen"}}
+    figures = msgspec.to_builtins(stats)   # without the connection figures it has not reported yet
+    return {"enabled": True, "url": f"http://{figures.pop('listen')}", **figures}
 
 
 def _pool(keeper) -> dict:
