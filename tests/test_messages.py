@@ -134,7 +134,6 @@ LOOSE_FOR_NOW = {
     "VersionConfig.settings": "a handler's own settings, passed to its setup unread",
     "FrontendStats.cluster": "its producer's stats() map, not declared yet",
     "SchedulerStats.contexts": "its producer's stats() map, not declared yet",
-    "SchedulerStats.cache": "its producer's stats() map, not declared yet",
     "SchedulerStats.workers": "its producer's stats() map, not declared yet",
     "SchedulerStats.models": "its producer's stats() map, not declared yet",
     "SchedulerStats.cluster": "its producer's stats() map, not declared yet",

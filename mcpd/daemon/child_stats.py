@@ -19,6 +19,7 @@ from mcpd.daemon.frontend.outbox import OutboxStats
 from mcpd.daemon.frontend.request_metrics import MetricsSnapshot
 from mcpd.handlers.result_cache_stats import ResultCacheStats
 from mcpd.histogram import Snapshot
+from mcpd.memory.arena_stats import ArenaStats
 
 
 class SlowRequest(msgspec.Struct, frozen=True):
@@ -114,7 +115,7 @@ class SchedulerStats(msgspec.Struct, frozen=True, kw_only=True, tag="scheduler")
     classes: dict[str, ClassQueue] = {}
     errors: dict[str, dict[str, int]] = {}   # by class, then code: the errors the scheduler decided
     contexts: dict = {}             # ContextService.stats(): contexts, bytes
-    cache: dict = {}                # the host cache arena's figures; empty when it is off
+    cache: ArenaStats | None = None   # the host cache's; None: it is off
     persistence: JournalStats | None = None   # None: not reported yet
     queue_time: dict[str, Snapshot] = {}   # by class
     workers: list = []

@@ -45,7 +45,7 @@ def stats(scheduler) -> dict:
                                          round(w.p99_ms(), 3)) for name, w in scheduler.windows.items()},
             "errors": {name: dict(by_code) for name, by_code in scheduler.errors.items()},
             "contexts": scheduler.contexts.stats(), "models": models_stats(scheduler),
-            "cache": scheduler.host_cache.stats() if scheduler.host_cache else {},
+            "cache": scheduler.host_cache.stats() if scheduler.host_cache else None,
             "persistence": scheduler.persistence.journal.stats(),
             "queue_time": {name: h.snapshot() for name, h in scheduler.queue_time.items()},
             "workers": [{"index": s.index, "pid": s.pid, "ready": s.ready, "inflight": len(s.jobs),

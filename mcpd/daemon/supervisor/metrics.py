@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 
+import msgspec
 from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.exposition import start_http_server
 
@@ -205,7 +206,7 @@ def _contexts(scheduler: SchedulerStats):
         if value is not None:
             yield GaugeMetricFamily(name, text, value=value)
     # The host shared-memory cache's arena, which the scheduler reads.
-    yield from _reported("mcpd_context_cache_", scheduler.cache, (
+    yield from _reported("mcpd_context_cache_", msgspec.structs.asdict(scheduler.cache) if scheduler.cache else {}, (
         ("total_bytes", "bytes", GaugeMetricFamily, "Host cache size"),
         ("used_bytes", "used_bytes", GaugeMetricFamily, "Host cache bytes handed out"),
         ("entries", "entries", GaugeMetricFamily, "Host cache entries"),

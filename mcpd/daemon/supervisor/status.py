@@ -9,6 +9,7 @@ import mcpd
 from mcpd.daemon import channels
 from mcpd.daemon.child_stats import HttpStats, WorkerStats
 from mcpd.handlers.result_cache_stats import ResultCacheStats
+from mcpd.memory.arena_stats import ArenaStats
 from mcpd.memory.host_segment import CONTEXT, CONTEXT_DELTA, KV_BLOCK
 
 DEVICE_FIGURES = ("device", "model", "served_model", "version", "dtype", "quantization", "kernels", "running", "waiting", "preemptions", "kv_blocks_total",
@@ -116,13 +117,14 @@ def _configured_endpoints(supervisor) -> list[str]:
     return [channels.client_endpoint(config.runtime_dir)] + ([config.server.tcp] if config.server.tcp else [])
 
 
-def _cache(arena: dict, workers: list[WorkerStats]) -> dict:
+def _cache(arena: ArenaStats | None, workers: list[WorkerStats]) -> dict:
     """The host shared-memory cache: the arena's own figures (the scheduler reads them from the
     segment), and the KV blocks workers moved in and out of it."""
-    if not arena:
+    if arena is None:
         return {"enabled": False}
-    by_kind = arena["entries_by_kind"]
-    return {"enabled": True, **{k: v for k, v in arena.items() if k != "entries_by_kind"},
+    figures = msgspec.structs.asdict(arena)
+    by_kind = figures.pop("entries_by_kind")
+    return {"enabled": True, **figures,
             "contexts": by_kind[CONTEXT], "context_deltas": by_kind[CONTEXT_DELTA], "kv_blocks": by_kind[KV_BLOCK],
             "kv_blocks_loaded": sum(w.host_kv_loaded or 0 for w in workers),
             "kv_blocks_saved": sum(w.host_kv_saved or 0 for w in workers)}
