@@ -133,7 +133,6 @@ LOOSE_FOR_NOW = {
     "GenerateResult.context": "the turn's context figures; not yet a struct",
     "VersionConfig.settings": "a handler's own settings, passed to its setup unread",
     "FrontendStats.cluster": "its producer's stats() map, not declared yet",
-    "SchedulerStats.contexts": "its producer's stats() map, not declared yet",
     "SchedulerStats.workers": "its producer's stats() map, not declared yet",
     "SchedulerStats.models": "its producer's stats() map, not declared yet",
     "SchedulerStats.cluster": "its producer's stats() map, not declared yet",

@@ -104,6 +104,26 @@ class JournalStats(msgspec.Struct, frozen=True):
     fsync_seconds: Snapshot
 
 
+class RedisContextStats(msgspec.Struct, frozen=True):
+    """The cluster's Redis as this node's contexts use it (RedisContexts.stats)."""
+    loaded: int    # contexts restored from Redis at first use
+    folded: int    # context logs folded into a snapshot
+    refused: int   # context ops refused because Redis could not take them
+    behind: int    # contexts whose newest version Redis lacks (the journal alone has it)
+
+
+class ContextsStats(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """ContextService.stats: the contexts held and their bytes; the host cache's share of them,
+    left out with the cache off; the Redis figures, left out without a cluster."""
+    contexts: int
+    bytes: int
+    cache_bytes: int | None = None
+    cache_entries: int | None = None
+    cache_tenant_share_bytes: int | None = None
+    cache_largest_tenant_bytes: int | None = None   # the tenant holding most of it
+    redis: RedisContextStats | None = None
+
+
 class SchedulerStats(msgspec.Struct, frozen=True, kw_only=True, tag="scheduler"):
     queue_depth: int = 0
     dispatched: int = 0
@@ -114,7 +134,7 @@ class SchedulerStats(msgspec.Struct, frozen=True, kw_only=True, tag="scheduler")
     edge_shed: EdgeShedState | None = None
     classes: dict[str, ClassQueue] = {}
     errors: dict[str, dict[str, int]] = {}   # by class, then code: the errors the scheduler decided
-    contexts: dict = {}             # ContextService.stats(): contexts, bytes
+    contexts: ContextsStats | None = None   # None: not reported yet
     cache: ArenaStats | None = None   # the host cache's; None: it is off
     persistence: JournalStats | None = None   # None: not reported yet
     queue_time: dict[str, Snapshot] = {}   # by class

@@ -199,8 +199,9 @@ def _models(scheduler: SchedulerStats):
 
 
 def _contexts(scheduler: SchedulerStats):
-    for name, text, value in (("mcpd_contexts", "Contexts held", scheduler.contexts.get("contexts")),
-                              ("mcpd_contexts_bytes", "Bytes of all contexts", scheduler.contexts.get("bytes")),
+    contexts = scheduler.contexts
+    for name, text, value in (("mcpd_contexts", "Contexts held", contexts and contexts.contexts),
+                              ("mcpd_contexts_bytes", "Bytes of all contexts", contexts and contexts.bytes),
                               ("mcpd_contexts_restored", "Contexts restored from disk at start",
                                scheduler.persistence and scheduler.persistence.restored)):
         if value is not None:
@@ -228,7 +229,8 @@ def _cluster(scheduler: SchedulerStats):
         if scheduler.cluster["redis_rtt_ms"] is not None:
             yield GaugeMetricFamily("mcpd_cluster_heartbeat_rtt_seconds", "Round trips of this node's last "
                                     "heartbeat to Redis", value=scheduler.cluster["redis_rtt_ms"] / 1000)
-    yield from _reported("mcpd_cluster_", scheduler.contexts.get("redis", {}), (
+    redis = scheduler.contexts and scheduler.contexts.redis
+    yield from _reported("mcpd_cluster_", msgspec.structs.asdict(redis) if redis else {}, (
         ("loaded", "contexts_loaded", CounterMetricFamily, "Contexts restored from Redis at first use"),
         ("folded", "folds", CounterMetricFamily, "Context logs in Redis folded into a snapshot"),
         ("refused", "redis_refusals", CounterMetricFamily, "Context ops refused because Redis could not take them"),

@@ -50,7 +50,7 @@ def build_status(supervisor) -> dict:
         "models": _models(scheduler.models, workers),
         # This node, the live nodes it last saw and where it routed contexts' requests; {} when [cluster] is off.
         "cluster": {**scheduler.cluster, **frontend.cluster},
-        "contexts": {**(scheduler.contexts or {"contexts": 0, "bytes": 0}),
+        "contexts": {**(msgspec.to_builtins(scheduler.contexts) if scheduler.contexts else {"contexts": 0, "bytes": 0}),
                      "restored": scheduler.persistence.restored if scheduler.persistence else 0,
                      "persistence": scheduler.persistence or {}},
         "requests": {"served": frontend.served, "errors": frontend.errors, "latency": frontend.latency,
