@@ -11,6 +11,7 @@ from mcpd.daemon import messages
 from mcpd.daemon.child_stats import FrontendStats, SchedulerStats, WorkerStats
 from mcpd.engine import SamplingParams
 from mcpd.histogram import Snapshot
+from mcpd.memory.pool_stats import WorkerPoolStats
 from mcpd.protocol import codes, ops
 from mcpd.protocol.codes import MCPDError
 from mcpd.protocol.args import BY_OP, CancelArgs, ContextUpdateArgs, GenerateArgs, PingArgs
@@ -23,6 +24,9 @@ PROTOCOL = Path(__file__).resolve().parent.parent / "docs" / "PROTOCOL.md"
 LIMITS = LimitsConfig()
 
 SENDER = messages.Sender("worker", 1, 4321)
+PRIVATE_POOL = WorkerPoolStats(total_bytes=8, in_use_bytes=5, requested_bytes=5, free_bytes=3, largest_free_block=3,
+                               live_allocations=1, internal_waste_frac=0.0, external_fragmentation=0.0, shared=False,
+                               kv_reserved_bytes=4)
 SAMPLES = [
     messages.Request(1, "a", "t", "high", 5, GenerateArgs(prompt="x", sampling=SamplingParams(stop=("s",)))),
     messages.Request(2, 7, "t", None, None, ContextUpdateArgs(id="c", base=3, changes=({"name": "f", "frame": 0},))),
@@ -38,7 +42,7 @@ SAMPLES = [
     messages.Welcome(), messages.Flush(), messages.Flushed(3),
     messages.Started(1),
     messages.Done([1, 2, 3]),
-    messages.Stats(WorkerStats(index=0, pool={"in_use_bytes": 5})),
+    messages.Stats(WorkerStats(index=0, pool=PRIVATE_POOL)),
     messages.Failed("RuntimeError: x", [4, 5]),
     messages.Chunk(9),
     messages.Final(9, None),
@@ -136,8 +140,6 @@ LOOSE_FOR_NOW = {
     "SchedulerStats.workers": "its producer's stats() map, not declared yet",
     "SchedulerStats.models": "its producer's stats() map, not declared yet",
     "SchedulerStats.cluster": "its producer's stats() map, not declared yet",
-    "WorkerStats.pool": "its producer's stats() map, not declared yet",
-    "KeeperStats.pool": "its producer's stats() map, not declared yet",
 }
 
 

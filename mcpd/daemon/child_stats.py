@@ -20,6 +20,7 @@ from mcpd.daemon.frontend.request_metrics import MetricsSnapshot
 from mcpd.handlers.result_cache_stats import ResultCacheStats
 from mcpd.histogram import Snapshot
 from mcpd.memory.arena_stats import ArenaStats
+from mcpd.memory.pool_stats import PoolStats, WorkerPoolStats
 
 
 class SlowRequest(msgspec.Struct, frozen=True):
@@ -167,7 +168,7 @@ class WorkerStats(msgspec.Struct, frozen=True, kw_only=True, tag="worker"):
     kv_block_size: int | None = None
     kv_waste_frac: float | None = None
     cached_blocks: int | None = None
-    pool: dict | None = None
+    pool: WorkerPoolStats | None = None
     tokens_prefilled: int | None = None
     tokens_generated: int | None = None
     prefix_cache_queries: int | None = None
@@ -190,7 +191,7 @@ class KeeperStats(msgspec.Struct, frozen=True, kw_only=True, tag="keeper"):
     """A device pool's figures (PoolSegment.stats: sizes, waste, fragmentation, regions)."""
     device: str | None = None
     path: str | None = None
-    pool: dict = {}
+    pool: PoolStats | None = None   # None: not reported yet
 
 
 KINDS = {"frontend": FrontendStats, "scheduler": SchedulerStats, "worker": WorkerStats, "keeper": KeeperStats}

@@ -126,7 +126,7 @@ def _workers(workers):
         stats = worker.stats
         if stats is None:
             continue
-        values = {**stats.reported(tuple(counters) + tuple(gauges)), **(stats.pool or {})}
+        values = {**stats.reported(tuple(counters) + tuple(gauges)), **(msgspec.to_builtins(stats.pool) if stats.pool else {})}
         key = [str(worker.spec.index), stats.device or ""]
         for name, family in {**counters, **gauges}.items():
             if name in values:

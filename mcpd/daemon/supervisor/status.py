@@ -99,7 +99,8 @@ def _pool(keeper) -> dict:
     that owns it."""
     stats = keeper.latest_stats()
     return {"device": keeper.spec.device, "keeper": keeper.spec.index,
-            "keeper_pid": keeper.process.pid if keeper.alive else None, "path": stats.path, **stats.pool}
+            "keeper_pid": keeper.process.pid if keeper.alive else None, "path": stats.path,
+            **(msgspec.to_builtins(stats.pool) if stats.pool else {})}
 
 
 def _state(supervisor) -> str:
