@@ -136,7 +136,6 @@ LOOSE_FOR_NOW = {
     "ContextUpdateArgs.changes": "delta entries as the client sent them; protocol/delta checks them",
     "GenerateResult.context": "the turn's context figures; not yet a struct",
     "VersionConfig.settings": "a handler's own settings, passed to its setup unread",
-    "FrontendStats.cluster": "its producer's stats() map, not declared yet",
     "SchedulerStats.workers": "its producer's stats() map, not declared yet",
     "SchedulerStats.models": "its producer's stats() map, not declared yet",
     "SchedulerStats.cluster": "its producer's stats() map, not declared yet",

@@ -57,6 +57,21 @@ class HttpStats(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     accept_pauses: int
 
 
+class RoutingStats(msgspec.Struct, frozen=True, kw_only=True):
+    """Where the front-end sent requests in a cluster (Forwarding.stats): the nodes owning
+    contexts, the peers connected, requests away at a peer now, where plain requests are offloaded
+    (None: served here), and the requests forwarded, offloaded, received, and failed by cause."""
+    owners: list[str]
+    connected: list[str]
+    away: int
+    offloading_to: str | None
+    forwarded: int
+    offloaded: int
+    received: int
+    owner_unreachable: int
+    owner_lost: int
+
+
 class FrontendStats(msgspec.Struct, frozen=True, kw_only=True, tag="frontend"):
     inflight: int = 0               # requests admitted and not yet answered
     served: int = 0
@@ -69,7 +84,7 @@ class FrontendStats(msgspec.Struct, frozen=True, kw_only=True, tag="frontend"):
     incoming: IncomingStats = IncomingStats()
     http: HttpStats | None = None   # None: the listener is off
     slowest: list[SlowRequest] = []   # the requests in flight longest, the oldest first
-    cluster: dict = {}              # {"routing": Forwarding.stats() and the peers connected}; empty when off
+    routing: RoutingStats | None = None   # None: [cluster] is off
     frozen_objects: int = 0         # objects start-up made, kept out of the garbage collector's passes (child.py)
 
 

@@ -361,7 +361,7 @@ class FrontEndCore:
         return {"inflight": len(self.pending), "served": self.served, "errors": dict(self.errors),
                 "latency": self.latency.summary(), "draining": self.draining,
                 "metrics": self.metrics.snapshot(), "slowest": self._slowest(),
-                "cluster": {"routing": self.forwarding.stats()} if self.forwarding is not None else {}}
+                "routing": self.forwarding.stats() if self.forwarding is not None else None}
 
     def _slowest(self) -> list[SlowRequest]:
         """The requests in flight longest, for `mcpctl top`: found once per report, off the message path."""

@@ -49,7 +49,7 @@ def build_status(supervisor) -> dict:
                       "edge_shed": scheduler.edge_shed or {}},
         "models": _models(scheduler.models, workers),
         # This node, the live nodes it last saw and where it routed contexts' requests; {} when [cluster] is off.
-        "cluster": {**scheduler.cluster, **frontend.cluster},
+        "cluster": {**scheduler.cluster, **({"routing": frontend.routing} if frontend.routing else {})},
         "contexts": {**(msgspec.to_builtins(scheduler.contexts) if scheduler.contexts else {"contexts": 0, "bytes": 0}),
                      "restored": scheduler.persistence.restored if scheduler.persistence else 0,
                      "persistence": scheduler.persistence or {}},
