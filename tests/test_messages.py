@@ -134,11 +134,11 @@ def test_the_engine_gets_the_sampling_struct_the_front_end_decoded():
 LOOSE_FOR_NOW = {
     "GenerateArgs.messages": "a chat's messages as the client sent them; the chat template reads them",
     "ContextUpdateArgs.changes": "delta entries as the client sent them; protocol/delta checks them",
-    "GenerateResult.context": "the turn's context figures; not yet a struct",
+    "GenerateResult.context": "a map in the client library's GenerateResult: typing it changes that API",
     "VersionConfig.settings": "a handler's own settings, passed to its setup unread",
-    "SchedulerStats.workers": "its producer's stats() map, not declared yet",
-    "SchedulerStats.models": "its producer's stats() map, not declared yet",
-    "SchedulerStats.cluster": "its producer's stats() map, not declared yet",
+    "SchedulerStats.workers": "each worker's slot with its last WorkerStats spread in: a map of maps",
+    "SchedulerStats.models": "traffic, shadow and per-version figures merged into one map; not declared yet",
+    "SchedulerStats.cluster": "the heartbeat's view: other nodes' reports as read from Redis; not declared yet",
 }
 
 
