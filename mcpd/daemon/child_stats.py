@@ -6,9 +6,11 @@ One typed value per process kind, declared here and encoded with messages.py's o
 the child builds it from its figures (a figure not declared here is a TypeError in the child,
 so none is lost on the way) and the supervisor decodes it once. A child that has not reported
 yet has its kind's empty value; a figure a worker has not reported yet is None (status then
-leaves it out, as it did before the first report). They travel as maps, so fields a reader does
-not know are dropped: the events come from our own processes, but a newer child's extra figure
-must not break an older reader.
+leaves it out, as it did before the first report). Every value is typed down to its leaves: a
+component's figures are a struct declared beside it (here, when the process assembles them), and
+a map is keyed by data (codes, classes, ops). Every struct travels as a map, so fields a reader
+does not know are dropped at any depth: the events come from our own processes, but a newer
+child's extra figure must not break an older reader.
 """
 from __future__ import annotations
 
