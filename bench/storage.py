@@ -67,7 +67,7 @@ def cache_per_tenant(workdir: Path, commits: int) -> dict:
         sizes = [len(arena.get(kind, key)) for kind in (CONTEXT, CONTEXT_DELTA) for key in arena.keys(kind)]
         stats = arena.stats()
         return {"store_counted_bytes": store.bytes_of["hog"], "cache_charged_bytes": persistence.cache.usage["hog"].bytes,
-                "cache_held_bytes": stats["used_bytes"] + stats["entries"] * SLOT_BYTES,
+                "cache_held_bytes": stats.used_bytes + stats.entries * SLOT_BYTES,
                 "page_per_entry_bytes": sum(-(-n // PAGE) * PAGE for n in sizes), "entries": len(sizes)}
     finally:
         arena.path.unlink()

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from bisect import bisect_left
 
+import msgspec
+
 # Seconds, from sub-millisecond no-op round trips to minute-long generations.
 LATENCY_BOUNDS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
                   10.0, 30.0, 60.0, 120.0)
@@ -15,6 +17,13 @@ LATENCY_BOUNDS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.
 DISK_BOUNDS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 # Sequences per engine step (engine.max_num_seqs defaults to 64).
 BATCH_BOUNDS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+class Snapshot(msgspec.Struct, frozen=True):
+    """A histogram as it travels: its bucket bounds, the count of each bucket (+Inf last), the sum."""
+    bounds: list[float]
+    counts: list[int]
+    sum: float
 
 
 class Histogram:
@@ -28,9 +37,8 @@ class Histogram:
         self.counts[bisect_left(self.bounds, value)] += 1
         self.sum += value
 
-    def snapshot(self) -> dict:
-        """{"bounds", "counts" (per bucket, +Inf last), "sum"}: msgpack-able."""
-        return {"bounds": list(self.bounds), "counts": list(self.counts), "sum": self.sum}
+    def snapshot(self) -> Snapshot:
+        return Snapshot(list(self.bounds), list(self.counts), self.sum)
 
 
 def keyed(table: dict, key, bounds: tuple[float, ...] = LATENCY_BOUNDS) -> Histogram:

@@ -101,7 +101,7 @@ def wire(changes) -> bytes:
 
 
 def kinds(arena: ShmArena) -> tuple[int, int]:
-    by_kind = arena.stats()["entries_by_kind"]
+    by_kind = arena.stats().entries_by_kind
     return by_kind[CONTEXT], by_kind[CONTEXT_DELTA]
 
 

@@ -49,8 +49,8 @@ def test_a_killed_workers_region_keeps_its_bytes_for_the_next(tmp_path):
         assert run_worker(pool, 9) == [1, 4 * 7]
         assert run_worker(pool, 1) == [1, 4 * 9]
         segment = pool()
-        [row] = segment.stats()["regions"]
-        assert row["kind"] == "kv" and not row["pid_alive"]
+        [row] = segment.stats().regions
+        assert row.kind == "kv" and not row.pid_alive
         assert segment.device == torch.device("cuda", 0) and os.path.getsize(pool.path) < MIB   # no pool bytes on the host
     finally:
         pool.close()

@@ -110,14 +110,14 @@ def test_a_request_for_a_context_owned_here_or_naming_none_goes_to_the_scheduler
 def test_a_forwarded_request_is_served_here_whoever_owns_its_context(core):
     generate_on(core, THERE, hop="elsewhere")
     assert core.ports.peers.sent == [] and len(core.ports.scheduler) == 1
-    assert core.stats()["cluster"]["routing"]["received"] == 1
+    assert core.stats()["routing"].received == 1
 
 
 def test_no_connection_to_the_owner_serves_the_request_here(core):
     core.ports.peers.up = set()
     generate_on(core, THERE)
     assert core.ports.peers.sent == [] and len(core.ports.scheduler) == 1
-    assert core.stats()["cluster"]["routing"]["owner_unreachable"] == 1
+    assert core.stats()["routing"].owner_unreachable == 1
 
 
 def test_the_owner_lost_ends_its_requests_retryably_at_once(core):
@@ -150,15 +150,15 @@ def plain(core, op: str, request_id: int, **header) -> None:
 
 def test_a_plain_request_on_a_node_over_its_threshold_goes_to_the_least_loaded_node_under_it(loaded):
     loaded.on_scheduler(messages.Members(THREE, {"here": 5, "there": 4, "third": 3}), [])
-    assert loaded.stats()["cluster"]["routing"]["offloading_to"] == "third"
+    assert loaded.stats()["routing"].offloading_to == "third"
     for request_id, op in enumerate(("generate", "infer", "generate", "generate")):
         plain(loaded, op, request_id)
     # third (3) first; then both at 4, the tie to the first by name; each one sent counts on its load here
     assert [(node, header["op"], header["hop"]) for node, header, _ in loaded.ports.peers.sent] == [
         ("third", "generate", "here"), ("there", "infer", "here"), ("third", "generate", "here")]
     assert len(loaded.ports.scheduler) == 1   # every other node then over the threshold: served here
-    assert loaded.stats()["cluster"]["routing"]["offloaded"] == 3
-    assert loaded.stats()["cluster"]["routing"]["offloading_to"] is None
+    assert loaded.stats()["routing"].offloaded == 3
+    assert loaded.stats()["routing"].offloading_to is None
 
 
 def test_a_plain_request_on_a_node_under_its_threshold_is_served_here(loaded):
@@ -177,7 +177,7 @@ def test_a_request_forwarded_here_is_never_offloaded(loaded):
     loaded.on_scheduler(messages.Members(THREE, {"here": 9, "there": 0, "third": 0}), [])
     plain(loaded, "generate", 1, hop="elsewhere")
     assert loaded.ports.peers.sent == [] and len(loaded.ports.scheduler) == 1
-    assert loaded.stats()["cluster"]["routing"]["received"] == 1
+    assert loaded.stats()["routing"].received == 1
 
 
 def test_only_a_plain_generate_or_infer_is_offloaded(loaded):

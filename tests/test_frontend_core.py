@@ -199,7 +199,7 @@ def test_the_status_report_lists_the_oldest_requests_in_flight_by_the_clock(core
     send(core, CLIENT, "ping", 2, {})
     core.clock.now += 0.5
     slowest = core.stats()["slowest"]
-    assert [(row["op"], row["age_ms"]) for row in slowest] == [("generate", 2500.0), ("ping", 500.0)]
+    assert [(row.op, row.age_ms) for row in slowest] == [("generate", 2500.0), ("ping", 500.0)]
 
 
 def test_a_flushed_note_is_passed_on_to_the_scheduler(core):

@@ -35,7 +35,7 @@ def test_a_hit_is_answered_at_dispatch_without_the_batcher_or_predict():
     replies = finals(core)
     assert replies[2][0]["result"]["cached"] and not replies[1][0]["result"]["cached"]
     np.testing.assert_array_equal(scores(replies[2]), scores(replies[1]))
-    assert core.stats().result_cache["hits"] == 1
+    assert core.stats().result_cache.hits == 1
 
 
 def test_a_failed_predict_caches_nothing():
@@ -44,7 +44,7 @@ def test_a_failed_predict_caches_nothing():
         send(core, rid, {"features": x})
         run_until_idle(core)
     assert {rid: reply[0]["code"] for rid, reply in finals(core).items()} == {1: "INTERNAL", 2: "INTERNAL"}
-    assert core.stats().result_cache["entries"] == 0
+    assert core.stats().result_cache.entries == 0
 
 
 def test_warmup_caches_the_good_entries_and_skips_those_the_model_refuses(tmp_path, caplog):
@@ -59,7 +59,7 @@ def test_warmup_caches_the_good_entries_and_skips_those_the_model_refuses(tmp_pa
     ])
     with caplog.at_level(logging.INFO):
         core = make_core(path)
-    assert core.stats().result_cache["entries"] == 1   # the good one, run again alone after its batch failed
+    assert core.stats().result_cache.entries == 1   # the good one, run again alone after its batch failed
     assert "1 of 4 requests cached; 3 skipped, the first: entry 0: BAD_INPUT" in caplog.text
     send(core, 1, {"features": good})
     assert not core.has_work

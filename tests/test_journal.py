@@ -127,7 +127,7 @@ def test_disabled_writes_nothing(tmp_path):
     fill(store)
     journal.close()
     assert not (tmp_path / "contexts").exists()
-    assert journal.stats()["enabled"] is False
+    assert journal.stats().enabled is False
 
 
 def v1_history(store: ContextStore) -> None:
@@ -202,7 +202,7 @@ def test_a_state_dir_that_cannot_be_used_refuses_changes_instead_of_stopping(tmp
     config = from_dict({"server": {"state_dir": str(blocker)}})
     persistence = open_store(config, None, LOG)
     store, journal = persistence.store, persistence.journal
-    assert journal.stats()["state"] == "unusable"
+    assert journal.stats().state == "unusable"
     with pytest.raises(MCPDError) as raised:
         store.open("t", "c")
     assert raised.value.code == codes.UNAVAILABLE and raised.value.retry_after_ms > 0

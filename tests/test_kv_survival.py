@@ -35,7 +35,7 @@ def test_a_successor_resumes_a_chat_from_the_committed_blocks(pool):
     assert expected["prefix_cache_hits"] == moved["prefix_cache_hits"] + tail_rows
     assert expected["tokens_prefilled"] == moved["tokens_prefilled"] - tail_rows
     assert resumed == uninterrupted
-    assert successor.stats()["pool"]["kv_blocks_adopted"] == successor.kv.adopted
+    assert successor.stats()["pool"].kv_blocks_adopted == successor.kv.adopted
 
 
 def test_blocks_a_dying_engine_was_computing_are_never_adopted(pool):

@@ -106,7 +106,7 @@ def test_requests_are_labelled_by_tenant_with_a_bounded_label_set(d):
     for i in range(MAX_TENANT_LABELS + 50):
         metrics.started(i, "ping", "normal", f"made-up-{i}", "")
         metrics.ended(i, "OK")
-    tenants = {row[2] for row in metrics.snapshot()["finished"]}
+    tenants = {row[2] for row in metrics.snapshot().finished}
     assert len(tenants) == MAX_TENANT_LABELS + 1 and OTHER_TENANTS in tenants
 
 

@@ -52,7 +52,7 @@ def test_a_full_pipe_keeps_replies_in_order_and_merges_a_streams_chunks(pair):
     for seq, text in enumerate("abc"):   # stream 7: three chunks wait as one
         outbox.send(b"client", (), chunk(7, seq, text), rid=7, chunk=True)
     outbox.send(b"client", (), wire.ok_reply(9, {}), rid=9)
-    assert outbox.stats() == {"clients": 1, "replies": 2, "bytes": outbox.stats()["bytes"]}
+    assert (outbox.stats().clients, outbox.stats().replies) == (1, 2)
     first = read(client)                 # the client reads; the pipe has room again
     outbox.flush()
     outbox.send(b"client", (), chunk(7, 3, "d"), rid=7, chunk=True)   # sent at once, renumbered

@@ -39,8 +39,8 @@ def test_a_region_is_taken_once_and_its_bytes_are_shared(paths):
     # Another mapping of the segment (the keeper's) sees the bytes and the region.
     assert bytes(keeper.buffer(region)[:4].tolist()) == b"kept"
     stats = keeper.stats()
-    assert [(r["kind"], r["owner"], r["bytes"]) for r in stats["regions"]] == [("kv", 0, 3 * MIB + 5)]
-    assert stats["requested_bytes"] == 3 * MIB + 5 and stats["in_use_bytes"] == 3 * MIB + MIN_BLOCK
+    assert [(r.kind, r.owner, r.bytes) for r in stats.regions] == [("kv", 0, 3 * MIB + 5)]
+    assert stats.requested_bytes == 3 * MIB + 5 and stats.in_use_bytes == 3 * MIB + MIN_BLOCK
 
 
 def test_a_dead_owners_region_goes_to_its_successor_with_the_bytes(paths):
@@ -67,7 +67,7 @@ def test_other_contents_free_the_old_region_first(paths):
     segment = PoolSegment.create(*paths, 4 * MIB)
     segment.take(KV, 0, KEY_A, 3 * MIB)
     replaced = segment.take(KV, 0, KEY_B, 3 * MIB)   # would not fit beside the old one
-    assert not replaced.reused and len(segment.stats()["regions"]) == 1
+    assert not replaced.reused and len(segment.stats().regions) == 1
 
 
 def test_a_pool_too_small_refuses_with_the_numbers(paths):
@@ -86,7 +86,7 @@ def test_freeing_a_workers_regions_coalesces(paths):
     for owner in (0, 2, 1, 3):
         assert segment.release(owner) == 2
     stats = segment.stats()
-    assert stats["regions"] == [] and stats["largest_free_block"] == stats["free_bytes"] == 32 * MIB
+    assert stats.regions == [] and stats.largest_free_block == stats.free_bytes == 32 * MIB
 
 
 def test_a_removed_workers_regions_coalesce_with_their_free_neighbours(paths):
@@ -97,10 +97,10 @@ def test_a_removed_workers_regions_coalesce_with_their_free_neighbours(paths):
     with pytest.raises(PoolTooSmall):
         segment.take(KV, 3, KEY_A, 8 * MIB)
     assert segment.release(1) == 2
-    assert segment.stats()["largest_free_block"] == 7 * MIB   # 1's 3 MiB are one run, apart from the end
+    assert segment.stats().largest_free_block == 7 * MIB   # 1's 3 MiB are one run, apart from the end
     assert segment.release(2) == 2
     stats = segment.stats()   # 1's and 2's regions and the free end: one run of 13 MiB
-    assert stats["largest_free_block"] == stats["free_bytes"] == 13 * MIB and stats["external_fragmentation"] == 0
+    assert stats.largest_free_block == stats.free_bytes == 13 * MIB and stats.external_fragmentation == 0
     assert segment.take(KV, 3, KEY_A, 13 * MIB).offset == 3 * MIB
 
 
@@ -112,7 +112,7 @@ def test_a_live_workers_regions_are_not_released(paths):
     holder.pid[1] = os.getppid()   # one of them held by a process that runs, not the caller
     with pytest.raises(PoolBusy, match="still runs"):
         PoolSegment(*paths).release(1)
-    assert len(holder.stats()["regions"]) == 2   # neither freed
+    assert len(holder.stats().regions) == 2   # neither freed
     holder.pid[1] = dead_pid()
     assert PoolSegment(*paths).release(1) == 2
 

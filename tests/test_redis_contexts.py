@@ -80,7 +80,7 @@ def test_a_long_log_is_folded_into_a_snapshot(tmp_path, redis_server):
         first.store.update("t", "c", version, [codec.diff("n", None, version)])
     redis, keys = redis_server.client(), keys_of("t", "c")
     assert redis.llen(keys.log) <= 2 and journal_file.decode(redis.get(keys.snap))["version"] >= 38
-    assert first.shared.stats()["folded"] >= 19
+    assert first.shared.stats().folded >= 19
     assert same(node(tmp_path / "b", redis_server).store.get("t", "c"), first.store.get("t", "c"))
     first.journal.close()
 

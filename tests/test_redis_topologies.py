@@ -153,7 +153,7 @@ def test_contexts_and_membership_work_through_cluster_and_sentinel_urls(topology
     for version in range(3, 6):   # each commit past compact_after_bytes folds the log into a snapshot
         first.store.update("t", "c", version, [codec.diff("w", made.fields["w"], made.fields["w"] + 1)])
     second = open_store(config_with(tmp_path / "b", url), None, LOG)
-    assert same(second.store.get("t", "c"), made) and first.shared.stats()["folded"] >= 1
+    assert same(second.store.get("t", "c"), made) and first.shared.stats().folded >= 1
     assert np.array_equal(second.store.get("t", "c").fields["w"], np.arange(64, dtype=np.float32) * 2 + 3)
     second.store.drop("t", "c")
     third = open_store(config_with(tmp_path / "c", url), None, LOG)

@@ -63,7 +63,7 @@ def test_the_successor_takes_the_embedded_models_weights_from_the_pool(pool):  #
     segment = pool()
     successor = Engine(config(), CPU, shared_pool=segment)
     assert not first.resident.from_pool and successor.resident.from_pool
-    assert successor.stats()["pool"]["weights_from_pool"] and in_segment(successor, segment)
+    assert successor.stats()["pool"].weights_from_pool and in_segment(successor, segment)
     assert run_one(successor, SYSTEM[:40])[0] == tokens
 
 
@@ -147,7 +147,7 @@ def test_other_kernels_take_a_fresh_region_and_reload(sized_pool):
     successor = Engine(config(kernels="native"), CPU, shared_pool=segment)
     assert not successor.resident.reused and not successor.resident.from_pool and in_segment(successor, segment)
     assert run_one(successor, SYSTEM[:40])[0] == tokens
-    assert [r["kind"] for r in segment.stats()["regions"]].count("weights") == 1   # the torch form's is freed
+    assert [r.kind for r in segment.stats().regions].count("weights") == 1   # the torch form's is freed
 
 
 DYING_KEEP = """
@@ -175,10 +175,10 @@ def test_weights_of_a_worker_killed_while_keeping_them_are_loaded_again(sized_po
     dying = subprocess.run([sys.executable, "-c", DYING_KEEP, *where], capture_output=True)
     assert dying.returncode == -signal.SIGKILL, dying.stderr.decode()
     segment = pool()
-    [row] = segment.stats()["regions"]
-    written = segment.buffer(pool_segment.Region(row["offset"], row["bytes"], True))
+    [row] = segment.stats().regions
+    written = segment.buffer(pool_segment.Region(row.offset, row.bytes, True))
     # it died with bytes half written (torch's any: Python's iterates 32 MiB one scalar tensor at a time, 24 s)
-    assert row["kind"] == "weights" and written[4096:].any()
+    assert row.kind == "weights" and written[4096:].any()
     successor = Engine(config(kernels="native"), CPU, shared_pool=segment)
     assert successor.resident.reused and not successor.resident.from_pool
     assert run_one(successor, SYSTEM[:40])[0] == run_one(Engine(config(kernels="native"), CPU), SYSTEM[:40])[0]

@@ -8,6 +8,7 @@ import pytest
 
 from mcpd.handlers.frequency_sketch import MAX_COUNT, FrequencySketch
 from mcpd.handlers.result_cache import CachedResult, ResultCache, _cost, cache_key
+from mcpd.handlers.result_cache_stats import ResultCacheStats
 from mcpd.handlers.tensors import TensorHeader
 from mcpd.handlers.warmup_file import WarmInput, read_warmup, write_warmup
 
@@ -27,8 +28,8 @@ def test_a_result_is_served_again_for_the_same_inputs_and_counted():
     assert cache.get(key(1)) is None
     assert cache.put(key(1), RESULT)
     assert cache.get(key(1)) == RESULT
-    assert cache.stats() | {"bytes": 0} == {"entries": 1, "bytes": 0, "max_bytes": 100 * ENTRY, "hits": 1,
-                                            "misses": 1, "evictions": 0, "refused": 0, "hit_rate": 0.5}
+    stats = cache.stats()
+    assert stats == ResultCacheStats(1, stats.bytes, 100 * ENTRY, hits=1, misses=1, evictions=0, refused=0, hit_rate=0.5)
 
 
 @pytest.mark.parametrize("other", [key(1, tenant="u"), key(1, version="v2"), key(1, model="m2"), key(2)])
@@ -58,8 +59,8 @@ def test_the_cache_never_holds_more_bytes_than_its_bound():
         for _ in range(n % 3 + 1):
             cache.get(key(n))
         cache.put(key(n), RESULT)
-        assert cache.stats()["bytes"] <= cache.max_bytes
-    assert len(cache) == 10 and cache.stats()["evictions"] > 0
+        assert cache.stats().bytes <= cache.max_bytes
+    assert len(cache) == 10 and cache.stats().evictions > 0
     huge = CachedResult(RESULT.headers, (bytes(11 * ENTRY),))
     assert not cache.put(key(999), huge)
 
@@ -72,7 +73,7 @@ def test_a_one_off_input_does_not_evict_a_popular_result():
         cache.put(key(n), RESULT)
     cache.get(key(3))
     assert not cache.put(key(3), RESULT)
-    assert cache.get(key(1)) and cache.get(key(2)) and cache.stats()["refused"] == 1
+    assert cache.get(key(1)) and cache.get(key(2)) and cache.stats().refused == 1
 
 
 def test_an_input_asked_for_more_often_than_the_victim_takes_its_place():
@@ -83,7 +84,7 @@ def test_an_input_asked_for_more_often_than_the_victim_takes_its_place():
     for _ in range(3):
         cache.get(key(3))
     assert cache.put(key(3), RESULT)
-    assert cache.stats()["evictions"] == 1 and cache.get(key(3)) == RESULT
+    assert cache.stats().evictions == 1 and cache.get(key(3)) == RESULT
     assert cache.get(key(1)) is None   # the least recent on probation went
 
 

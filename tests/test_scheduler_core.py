@@ -9,7 +9,7 @@ import pytest
 
 from mcpd.config import from_dict
 from mcpd.daemon import messages
-from mcpd.daemon.child_stats import WorkerStats
+from mcpd.daemon.child_stats import EdgeShedState, WorkerStats
 from mcpd.daemon.scheduler.core import Scheduler
 from mcpd.daemon.scheduler.edge_shedding import LEASE_S, MIN_LATE
 from mcpd.protocol import codes
@@ -321,7 +321,7 @@ def test_a_backlog_on_the_way_to_the_scheduler_sheds_low_here_and_at_the_front_e
     assert [m for m, _ in core.ports.frontend if isinstance(m, messages.Shed)] == \
         [messages.Shed(["low"], sched.overloaded_retry_ms, round(LEASE_S * 1000), sched.shed_in_flight)]
     assert core.queue.depth("high") == 1 and core.queue.depth("low") == found + 1
-    assert core.stats()["edge_shed"] == {"active": True, "entered": 1}
+    assert core.stats()["edge_shed"] == EdgeShedState(active=True, entered=1)
     core.clock.now += LEASE_S   # no backlog since: the lease ends by itself
     core.on_inbox(arrival(103, "low", late))
-    assert 103 not in refused(core) and core.stats()["edge_shed"]["active"] is False
+    assert 103 not in refused(core) and core.stats()["edge_shed"].active is False

@@ -7,6 +7,7 @@ import pytest
 
 from mcpd.config import PriorityClass, from_dict
 from mcpd.daemon import messages
+from mcpd.daemon.child_stats import FastRungState
 from mcpd.daemon.scheduler.core import Scheduler
 from mcpd.daemon.scheduler.fast_rung import FastRung
 from mcpd.protocol import codes
@@ -163,7 +164,7 @@ def test_the_fast_rung_sends_a_slow_class_to_the_fast_version_and_leaves_with_hy
     rung.update("normal", cls, 6.0)   # below the target, not yet below half of it: stays
     assert rung.goes_fast("normal", cls, {"prefer_speed": True})
     rung.update("normal", cls, 4.0)
-    assert not rung.goes_fast("normal", cls, {"prefer_speed": True}) and rung.describe() == {"active": [], "entered": 1}
+    assert not rung.goes_fast("normal", cls, {"prefer_speed": True}) and rung.describe() == FastRungState([], 1)
     everyone = PriorityClass(fast_above_ms=10.0, fast_all=True)
     rung.update("low", everyone, 11.0)
     assert rung.goes_fast("low", everyone, None)
@@ -202,7 +203,7 @@ def test_requests_that_prefer_speed_go_fast_while_their_class_waits_too_long():
     core.on_inbox(request(17, GenerateArgs(prompt="x", hints={"prefer_speed": True})))
     core.on_inbox(request(18, GenerateArgs(prompt="x")))
     assert core.jobs[17].served == ("m", "b") and core.jobs[18].served == ("m", "a")
-    assert core.stats()["fast_rung"] == {"active": ["normal"], "entered": 1}
+    assert core.stats()["fast_rung"] == FastRungState(["normal"], 1)
 
 
 def test_a_reload_applies_a_models_policy_live_but_not_a_change_of_its_versions(core):

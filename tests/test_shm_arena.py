@@ -42,10 +42,10 @@ def test_filling_past_the_budget_evicts_and_keeps_the_newest(make_arena):
     for i in range(40):
         assert arena.put(KV, key(i), [bytes([i]) * 5000])   # 2 pages each
     stats = arena.stats()
-    assert stats["entries"] == 8 and stats["used_bytes"] == stats["total_bytes"] == 16 * PAGE
-    assert stats["evictions"] == 32 and stats["inserts"] == 40
+    assert stats.entries == 8 and stats.used_bytes == stats.total_bytes == 16 * PAGE
+    assert stats.evictions == 32 and stats.inserts == 40
     assert arena.get(KV, key(39)) == bytes([39]) * 5000 and arena.get(KV, key(0)) is None
-    assert arena.stats()["hits"] == 1 and arena.stats()["misses"] == 1
+    assert arena.stats().hits == 1 and arena.stats().misses == 1
 
 
 def test_frequency_outweighs_recency_while_fresh(make_arena):
@@ -85,10 +85,10 @@ def test_waste_is_under_a_page_per_entry_and_frees_completely(make_arena):
         sizes[i] = int(rng.integers(1, 5 * PAGE))
         arena.put(KV, key(i), [rng.bytes(sizes[i])])
     stats = arena.stats()
-    assert 0 <= stats["used_bytes"] - stats["stored_bytes"] < stats["entries"] * PAGE
+    assert 0 <= stats.used_bytes - stats.stored_bytes < stats.entries * PAGE
     for i in range(200):
         arena.delete(KV, key(i))
-    assert arena.stats()["used_bytes"] == 0 and arena.stats()["entries"] == 0
+    assert arena.stats().used_bytes == 0 and arena.stats().entries == 0
 
 
 def test_pinned_entries_are_never_evicted_and_a_put_that_cannot_fit_is_refused(make_arena):
@@ -99,7 +99,7 @@ def test_pinned_entries_are_never_evicted_and_a_put_that_cannot_fit_is_refused(m
     assert not arena.contains(KV, key("kv"))
     with pytest.raises(ArenaFull):
         arena.put(CTX, key("ctx3"), [b"e" * (2 * PAGE)], pinned=True)
-    assert arena.stats()["refused"] == 1
+    assert arena.stats().refused == 1
     assert arena.get(CTX, key("ctx")) == b"c" * (6 * PAGE)
 
 
@@ -142,12 +142,12 @@ def test_writer_killed_mid_write_leaves_nothing_visible_and_its_pages_come_back(
     arena.put(KV, key("kept"), [b"k" * PAGE])
     child = in_child(arena, "arena._reserve(2, bytes(32), 12 * 4096, False, False)\n"
                             "print('ready', flush=True)\ntime.sleep(60)")
-    assert arena.stats()["used_bytes"] == 13 * PAGE   # reserved, not published
+    assert arena.stats().used_bytes == 13 * PAGE   # reserved, not published
     assert not arena.contains(KV, bytes(32))
     kill(child)
     assert within(10, lambda: arena.put(KV, key("big"), [b"b" * (15 * PAGE)]))   # reclaims the dead writer's pages
     stats = arena.stats()
-    assert stats["entries"] == 2 and stats["used_bytes"] == 16 * PAGE and stats["evictions"] == 0
+    assert stats.entries == 2 and stats.used_bytes == 16 * PAGE and stats.evictions == 0
     assert arena.get(KV, key("kept")) == b"k" * PAGE
 
 
@@ -159,7 +159,7 @@ def test_lock_holder_killed_mid_update_frees_the_lock_and_repairs_the_index(make
                             "print('ready', flush=True)\ntime.sleep(60)")
     kill(child)
     stats = within(10, arena.stats)
-    assert stats["used_bytes"] == 3 * PAGE and stats["entries"] == 1
+    assert stats.used_bytes == 3 * PAGE and stats.entries == 1
     assert arena.get(KV, key("kept")) == b"k" * (3 * PAGE)
     assert within(10, lambda: arena.put(KV, key("fill"), [b"f" * (13 * PAGE)]))
 
@@ -172,13 +172,13 @@ def test_small_entries_take_a_block_of_their_size_class(make_arena):
     held = {name: arena.footprint(n) - arena.footprint(0) + 64 for name, n in sizes.items()}
     assert held == {"one": 64, "64": 64, "65": 128, "200": 256, "half": PAGE // 2, "over": PAGE}
     stats = arena.stats()
-    assert stats["held_bytes"] == sum(held.values()) and stats["entries"] == len(sizes)
-    assert stats["used_bytes"] == 5 * PAGE   # a page for each of the 4 classes used, one for the chain
+    assert stats.held_bytes == sum(held.values()) and stats.entries == len(sizes)
+    assert stats.used_bytes == 5 * PAGE   # a page for each of the 4 classes used, one for the chain
     for name, n in sizes.items():
         assert arena.get(CTX, key(name)) == bytes([n % 251]) * n
     arena.delete(CTX, key("over"))
     arena.delete(CTX, key("200"))
-    assert arena.stats()["used_bytes"] == 3 * PAGE   # a class page goes back with its last block
+    assert arena.stats().used_bytes == 3 * PAGE   # a class page goes back with its last block
 
 
 def test_sparse_block_pages_are_packed_before_anything_is_evicted(make_arena):
@@ -190,10 +190,10 @@ def test_sparse_block_pages_are_packed_before_anything_is_evicted(make_arena):
     for i in range(16 * per_page):
         if i % per_page:   # one block left in each page
             arena.delete(CTX, key(i))
-    assert arena.stats()["used_bytes"] == 24 * PAGE
+    assert arena.stats().used_bytes == 24 * PAGE
     arena.put(CTX, key("big"), [b"b" * (20 * PAGE)], pinned=True)   # needs 12 of the pages the blocks hold
     stats = arena.stats()
-    assert stats["evictions"] == 0 and stats["moved"] == 15   # all 16 blocks into one page
+    assert stats.evictions == 0 and stats.moved == 15   # all 16 blocks into one page
     assert arena.get(KV, key("kv")) == b"k" * (8 * PAGE)
     for i in range(0, 16 * per_page, per_page):
         assert arena.get(CTX, key(i)) == i.to_bytes(4, "little") * 50
@@ -204,7 +204,7 @@ def test_entry_slots_run_out_before_pages_and_evict_like_pages(make_arena):
     arena.put(CTX, key("ctx"), [b"c"], pinned=True)
     for i in range(5):
         arena.put(KV, key(i), [bytes([i])])   # 3 fit beside the context; then the oldest goes
-    assert arena.stats()["entries"] == 4 and arena.stats()["evictions"] == 2
+    assert arena.stats().entries == 4 and arena.stats().evictions == 2
     assert not arena.contains(KV, key(0)) and arena.contains(KV, key(4))
     for i in range(3):
         arena.put(CTX, key(f"pin{i}"), [b"p"], pinned=True)
@@ -221,6 +221,6 @@ def test_lock_holder_killed_mid_block_update_is_repaired(make_arena):
                             "print('ready', flush=True)\ntime.sleep(60)")
     kill(child)
     stats = within(10, arena.stats)
-    assert stats["entries"] == 3 and stats["used_bytes"] == PAGE and stats["held_bytes"] == 3 * 128
+    assert stats.entries == 3 and stats.used_bytes == PAGE and stats.held_bytes == 3 * 128
     assert within(10, lambda: arena.put(CTX, key("next"), [b"n" * 100], pinned=True))
     assert arena.get(CTX, key(1)) == b"s" * 100

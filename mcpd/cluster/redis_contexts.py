@@ -41,6 +41,7 @@ from mcpd.contexts.context import Context
 from mcpd.contexts.record import Record
 from mcpd.contexts.replay import Replay
 from mcpd.contexts.store import StaleCopy, storage_full
+from mcpd.daemon.child_stats import RedisContextStats
 from mcpd.protocol import codes
 from mcpd.protocol.codes import MCPDError
 
@@ -231,5 +232,5 @@ class RedisContexts:
             raise MCPDError(codes.UNAVAILABLE, f"the cluster's Redis cannot {what} ({e}); nothing changed: retry",
                             retry_after_ms=REDIS_RETRY_MS) from None
 
-    def stats(self) -> dict:
-        return {"loaded": self.loaded, "folded": self.folded, "refused": self.refused, "behind": len(self.behind)}
+    def stats(self) -> RedisContextStats:
+        return RedisContextStats(self.loaded, self.folded, self.refused, len(self.behind))

@@ -54,6 +54,7 @@ from mcpd.contexts.context import Context
 from mcpd.contexts.journal_recovery import SNAPSHOT, TEMPORARY, Recovery
 from mcpd.contexts.record import Record
 from mcpd.contexts.store import STORAGE_RETRY_MS, ContextStore, storage_full
+from mcpd.daemon.child_stats import JournalStats
 from mcpd.histogram import DISK_BOUNDS, Histogram
 from mcpd.protocol import codes
 from mcpd.protocol.codes import MCPDError
@@ -327,12 +328,11 @@ class Journal:
                 os.close(self.fd)
                 self.fd = None
 
-    def stats(self) -> dict:
+    def stats(self) -> JournalStats:
         state = "unusable" if self.unusable else ("refusing changes until a snapshot is written"
                                                   if self.needs_snapshot else "ok")
-        return {"enabled": self.config.enabled, "fsync": self.config.fsync, "restored": self.restored,
-                "journal_bytes": self.size, "generation": self.generation, "damaged_bytes": self.damaged_bytes,
-                "state": state, "fsync_seconds": self.sync_time.snapshot()}
+        return JournalStats(self.config.enabled, self.config.fsync, self.restored, self.size, self.generation,
+                            self.damaged_bytes, state, self.sync_time.snapshot())
 
 
 def _refusal(error: OSError) -> MCPDError:

@@ -16,6 +16,7 @@ import numpy as np
 from mcpd.contexts import chat
 from mcpd.contexts.context import Context
 from mcpd.contexts.persistence import Persistence
+from mcpd.daemon.child_stats import ContextsStats
 from mcpd.protocol import args as typed
 from mcpd.protocol import codes
 from mcpd.protocol import delta as codec
@@ -89,7 +90,7 @@ class ContextService:
         if self.shared is not None:
             self.shared.catch_up(now)
 
-    def stats(self) -> dict:
-        return {**self.store.stats(), **(self.cache.stats() if self.cache else {}),
-                **({"redis": self.shared.stats()} if self.shared else {})}
+    def stats(self) -> ContextsStats:
+        return ContextsStats(**self.store.stats(), **(self.cache.stats() if self.cache else {}),
+                             redis=self.shared.stats() if self.shared else None)
 

@@ -7,13 +7,14 @@ from typing import Callable
 
 from mcpd.daemon import messages
 from mcpd.daemon.child_stats import KeeperStats
+from mcpd.memory.pool_stats import PoolStats
 
 
 class KeeperCore:
     """Ready once the pool is made, then the pool's figures every `report_interval_s`, for as
     long as the supervisor that started the keeper is alive."""
 
-    def __init__(self, device: str, path: str, report_interval_s: float, events, pool_stats: Callable[[], dict]):
+    def __init__(self, device: str, path: str, report_interval_s: float, events, pool_stats: Callable[[], PoolStats]):
         self.device, self.path = device, path
         self.report_interval_s = report_interval_s
         self.events = events           # .send(kind, *fields): child.EventReporter in the process

@@ -14,6 +14,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 from functools import partial
 
+import msgspec
 import torch
 
 from mcpd.config import Config
@@ -35,6 +36,7 @@ from mcpd.engine.weight_pages import onto_huge_pages
 from mcpd.histogram import BATCH_BOUNDS, Histogram
 from mcpd.memory import DevicePool, pool_size
 from mcpd.memory.pool_segment import PoolSegment
+from mcpd.memory.pool_stats import WorkerPoolStats
 from mcpd.models import load_model
 from mcpd.models.decode_arrays import DecodeArrays
 from mcpd.models.layers import AttentionMetadata, bind_kv_cache, long_tensor
@@ -392,17 +394,17 @@ class Engine:
             "max_model_len": self.max_model_len,
         }
 
-    def _pool_figures(self) -> dict:
+    def _pool_figures(self) -> WorkerPoolStats:
         if self.shared_pool is not None:   # the device's pool, every worker's regions counted
-            figures = self.shared_pool.stats()
+            figures = msgspec.structs.asdict(self.shared_pool.stats())
             del figures["regions"]   # the keeper reports them, once per device
-            return {**figures, "shared": True, "kv_region_bytes": self.kv.tensor.nbytes,
-                    "kv_blocks_adopted": self.kv.adopted, "weights_from_pool": self.resident.from_pool}
+            return WorkerPoolStats(**figures, shared=True, kv_region_bytes=self.kv.tensor.nbytes,
+                                   kv_blocks_adopted=self.kv.adopted, weights_from_pool=self.resident.from_pool)
         # The whole private pool: the KV cache's reserved region counts as in use (and requested).
         pool = self.pool.stats()
-        return {**dataclasses.asdict(pool), "total_bytes": self.pool.nbytes, "shared": False,
-                "in_use_bytes": pool.in_use_bytes + self.pool.reserved_bytes,
-                "requested_bytes": pool.requested_bytes + self.pool.reserved_bytes,
-                "kv_reserved_bytes": self.pool.reserved_bytes,
-                "internal_waste_frac": pool.internal_waste_frac,
-                "external_fragmentation": pool.external_fragmentation}
+        return WorkerPoolStats(**{**dataclasses.asdict(pool), "total_bytes": self.pool.nbytes,
+                                  "in_use_bytes": pool.in_use_bytes + self.pool.reserved_bytes,
+                                  "requested_bytes": pool.requested_bytes + self.pool.reserved_bytes},
+                               shared=False, kv_reserved_bytes=self.pool.reserved_bytes,
+                               internal_waste_frac=pool.internal_waste_frac,
+                               external_fragmentation=pool.external_fragmentation)

@@ -16,6 +16,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from mcpd.handlers.frequency_sketch import FrequencySketch
+from mcpd.handlers.result_cache_stats import ResultCacheStats
 from mcpd.handlers.tensors import TensorHeader
 
 CacheKey = tuple[str, str, str, bytes]   # (tenant, model, version, digest of the inputs)
@@ -109,11 +110,10 @@ class ResultCache:
             kept += self.put(key, result)
         return kept
 
-    def stats(self) -> dict:
+    def stats(self) -> ResultCacheStats:
         asked = self.hits + self.misses
-        return {"entries": len(self), "bytes": self._bytes, "max_bytes": self.max_bytes,
-                "hits": self.hits, "misses": self.misses, "evictions": self.evictions, "refused": self.refused,
-                "hit_rate": self.hits / asked if asked else 0.0}
+        return ResultCacheStats(len(self), self._bytes, self.max_bytes, self.hits, self.misses, self.evictions,
+                                self.refused, self.hits / asked if asked else 0.0)
 
     def _promote(self, key: CacheKey) -> tuple[CachedResult, int]:
         entry = self._protected[key] = self._probation.pop(key)

@@ -32,6 +32,7 @@ from aiohttp import web
 
 from mcpd.config import Config
 from mcpd.daemon import child
+from mcpd.daemon.child_stats import HttpStats
 from mcpd.daemon.frontend.address_cap import AddressCap
 from mcpd.http.acceptor import Acceptor
 from mcpd.http.connections import ConnectionTable
@@ -83,11 +84,11 @@ class HttpListener:
         if self.runner is not None:
             await self.runner.cleanup()
 
-    def stats(self) -> dict:
+    def stats(self) -> HttpStats:
         connections = self.connections.stats() if self.connections is not None else {}
-        return {"listen": self.address, "auth": self.config.http_auth, "inflight": self.routes.inflight,
-                "responses": dict(self.responses), **connections,
-                "accept_pauses": self.acceptor.pauses if self.acceptor is not None else 0}
+        return HttpStats(listen=self.address, auth=self.config.http_auth, inflight=self.routes.inflight,
+                         responses=dict(self.responses), **connections,
+                         accept_pauses=self.acceptor.pauses if self.acceptor is not None else 0)
 
     def _bind(self, host: str, port: int) -> socket.socket:
         try:

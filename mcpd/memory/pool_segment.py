@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from mcpd.memory import cuda_ipc, host_segment
+from mcpd.memory.pool_stats import PoolRegion, PoolStats
 from mcpd.memory.buddy import OutOfPoolMemory
 from mcpd.memory.region_allocator import RegionAllocator
 from mcpd.memory.file_lock import FileLock
@@ -279,20 +280,17 @@ class PoolSegment:
             raise StartRefused(f"device pool segment {self.path}: its memory on {self.device} cannot be opened "
                                f"({e})") from None
 
-    def stats(self) -> dict:
+    def stats(self) -> PoolStats:
         with self.lock:
             allocator = self._allocator()
             rows = np.flatnonzero(self.state == LIVE)
-            regions = [{"kind": KIND_NAMES.get(int(self.kind[r]), "unknown"), "owner": int(self.owner[r]),
-                        "pid": int(self.pid[r]), "pid_alive": process_alive(int(self.pid[r])),
-                        "offset": int(self.offset[r]), "bytes": int(self.nbytes[r])} for r in rows]
+            regions = [PoolRegion(KIND_NAMES.get(int(self.kind[r]), "unknown"), int(self.owner[r]), int(self.pid[r]),
+                                  process_alive(int(self.pid[r])), int(self.offset[r]), int(self.nbytes[r]))
+                       for r in rows]
         figures = allocator.stats()
-        return {"total_bytes": figures.total_bytes, "in_use_bytes": figures.in_use_bytes,
-                "requested_bytes": figures.requested_bytes, "free_bytes": figures.free_bytes,
-                "largest_free_block": figures.largest_free_block,
-                "internal_waste_frac": round(figures.internal_waste_frac, 6),
-                "external_fragmentation": round(figures.external_fragmentation, 6),
-                "regions": sorted(regions, key=lambda r: r["offset"])}
+        return PoolStats(figures.total_bytes, figures.in_use_bytes, figures.requested_bytes, figures.free_bytes,
+                         figures.largest_free_block, round(figures.internal_waste_frac, 6),
+                         round(figures.external_fragmentation, 6), sorted(regions, key=lambda r: r.offset))
 
     def close(self) -> None:
         """Unmap the table (views of the pool's bytes handed out must be gone: the host mapping

@@ -52,6 +52,7 @@ from pathlib import Path
 import numpy as np
 
 from mcpd.memory import shm_layout
+from mcpd.memory.arena_stats import ArenaStats
 from mcpd.memory.arena_blocks import CHAIN, FREE, ArenaBlocks
 from mcpd.memory.file_lock import FileLock
 from mcpd.memory.shm_layout import HEADER, MAGIC, SLOT_BYTES, Layout
@@ -167,7 +168,7 @@ class ShmArena:
         """What footprints are measured against: the pages and the slot table."""
         return self.num_pages * self.page_bytes + self.num_slots * SLOT_BYTES
 
-    def stats(self) -> dict:
+    def stats(self) -> ArenaStats:
         with self._locked():
             live = self.state == LIVE
             head = {name: int(self.head[name][0])
@@ -177,10 +178,9 @@ class ShmArena:
             held = int(self.blocks.held_bytes(self.klass[live], self.npages[live]).sum())
             kinds = np.bincount(self.kind[live], minlength=KINDS)
         lookups = head["hits"] + head["misses"]
-        return {"total_bytes": self.num_pages * self.page_bytes, "used_bytes": used_pages * self.page_bytes,
-                "held_bytes": held, "stored_bytes": stored, "page_bytes": self.page_bytes,
-                "entries": int(live.sum()), "slots": self.num_slots, "entries_by_kind": kinds.tolist(), **head,
-                "hit_rate": round(head["hits"] / lookups, 4) if lookups else 0.0}
+        return ArenaStats(self.num_pages * self.page_bytes, used_pages * self.page_bytes, held, stored, self.page_bytes,
+                          int(live.sum()), self.num_slots, kinds.tolist(), **head,
+                          hit_rate=round(head["hits"] / lookups, 4) if lookups else 0.0)
 
     # -- writing: reserve, copy, publish -------------------------------------------------------
 

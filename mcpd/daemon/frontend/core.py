@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Protocol
 from mcpd import tracing
 from mcpd.config import Config
 from mcpd.daemon import child, live_config, messages
+from mcpd.daemon.child_stats import SlowRequest
 from mcpd.daemon.frontend import shed_header
 from mcpd.daemon.frontend.gate import stamp
 from mcpd.daemon.frontend.latency import LatencyWindow
@@ -360,14 +361,13 @@ class FrontEndCore:
         return {"inflight": len(self.pending), "served": self.served, "errors": dict(self.errors),
                 "latency": self.latency.summary(), "draining": self.draining,
                 "metrics": self.metrics.snapshot(), "slowest": self._slowest(),
-                "cluster": {"routing": self.forwarding.stats()} if self.forwarding is not None else {}}
+                "routing": self.forwarding.stats() if self.forwarding is not None else None}
 
-    def _slowest(self) -> list[dict]:
+    def _slowest(self) -> list[SlowRequest]:
         """The requests in flight longest, for `mcpctl top`: found once per report, off the message path."""
         now = self.clock()
         oldest = heapq.nsmallest(SLOWEST_SHOWN, self.pending.items(), key=lambda item: item[1].started)
-        return [{"rid": rid, "tenant": p.tenant, "op": p.op, "model": p.model,
-                 "age_ms": round((now - p.started) * 1000, 1)} for rid, p in oldest]
+        return [SlowRequest(rid, p.tenant, p.op, p.model, round((now - p.started) * 1000, 1)) for rid, p in oldest]
 
 
 def _forwarding(config: Config, peers: "Links"):

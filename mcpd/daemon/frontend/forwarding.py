@@ -25,6 +25,7 @@ import msgpack
 
 from mcpd.cluster.offload import PLAIN, Offload
 from mcpd.cluster.routing import ContextRouting, context_named
+from mcpd.daemon.child_stats import RoutingStats
 from mcpd.daemon.messages import OwnerNode
 from mcpd.protocol import wire
 
@@ -123,6 +124,6 @@ class Forwarding:
         """A peer's reply header, named for the caller's own request id."""
         return msgpack.packb({**header, "id": request_id})
 
-    def stats(self) -> dict:
-        return {"owners": sorted(self.routing.nodes), "connected": self.links.connected(), "away": len(self.away),
-                "offloading_to": self.offload.target, **self.counts}
+    def stats(self) -> RoutingStats:
+        return RoutingStats(owners=sorted(self.routing.nodes), connected=self.links.connected(), away=len(self.away),
+                            offloading_to=self.offload.target, **self.counts)

@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+import msgspec
 import zmq
 
 from mcpd.protocol import wire
@@ -77,6 +78,13 @@ class Backlog:
             del self.chunk_of[entry.rid]
 
 
+class OutboxStats(msgspec.Struct, frozen=True):
+    """Replies waiting for clients that do not read: the clients, their replies, those replies' bytes."""
+    clients: int
+    replies: int
+    bytes: int
+
+
 class Outbox:
     def __init__(self, sock: zmq.Socket, limit: int):
         self.sock, self.limit = sock, limit
@@ -118,9 +126,9 @@ class Outbox:
         """The client's connection closed: nobody will read what waits for it."""
         self.backlogs.pop(identity, None)
 
-    def stats(self) -> dict:
-        return {"clients": len(self.backlogs), "replies": sum(len(b.queue) for b in self.backlogs.values()),
-                "bytes": sum(b.nbytes for b in self.backlogs.values())}
+    def stats(self) -> OutboxStats:
+        return OutboxStats(len(self.backlogs), sum(len(b.queue) for b in self.backlogs.values()),
+                           sum(b.nbytes for b in self.backlogs.values()))
 
     def _try(self, identity: bytes, envelope: tuple[bytes, ...], header: bytes, payload) -> bool | None:
         """True: sent. None: the client's pipe is full. False: the client is gone (dropped)."""

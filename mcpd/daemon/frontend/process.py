@@ -24,7 +24,7 @@ from mcpd import sockets
 from mcpd.config import Config
 from mcpd.daemon import channels, child, messages
 from mcpd.daemon.batch import Batch, each_message
-from mcpd.daemon.child_stats import FrontendStats
+from mcpd.daemon.child_stats import FrontendStats, IncomingStats
 from mcpd.daemon.frontend.address_cap import AddressCap
 from mcpd.daemon.frontend.client_drain import BATCH, ClientDrain
 from mcpd.daemon.frontend.core import FrontEndCore
@@ -324,8 +324,9 @@ class FrontEnd:
 
     def stats(self) -> dict:
         return {**self.core.stats(), "endpoints": self.endpoints, "backlog": self.outbox.stats(),
-                "incoming": {**self.incoming.stats(), **self.address_cap.stats(), "backlogs": self.socket_backlog.found},
-                "http": self.http.stats() if self.http is not None else {}, "frozen_objects": child.frozen_objects()}
+                "incoming": IncomingStats(**self.incoming.stats(), **self.address_cap.stats(),
+                                          backlogs=self.socket_backlog.found),
+                "http": self.http.stats() if self.http is not None else None, "frozen_objects": child.frozen_objects()}
 
 
 def _http_listener(config: Config, local: FrontendLink, address_cap: AddressCap, log):

@@ -18,7 +18,9 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass
 
-from mcpd.histogram import Histogram, keyed
+import msgspec
+
+from mcpd.histogram import Histogram, Snapshot, keyed
 
 MAX_TENANT_LABELS = 256
 OTHER_TENANTS = "other"
@@ -32,6 +34,15 @@ class Live:
     model: str
     started: float
     last_chunk: float | None = None
+
+
+class MetricsSnapshot(msgspec.Struct, frozen=True):
+    """What the front-end reports of them, as rows of their labels' values."""
+    finished: list[tuple[str, str, str, str, str, int]] = []   # op, class, tenant, model, code; requests
+    latency: list[tuple[str, str, str, Snapshot]] = []         # op, class, model
+    ttft: list[tuple[str, Snapshot]] = []                      # by class
+    itl: list[tuple[str, Snapshot]] = []
+    inflight: dict[str, int] = {}                              # by class
 
 
 class RequestMetrics:
@@ -72,13 +83,12 @@ class RequestMetrics:
         self.finished[(live.op, live.cls, live.tenant, live.model, code)] += 1
         keyed(self.latency, (live.op, live.cls, live.model)).observe(time.monotonic() - live.started)
 
-    def snapshot(self) -> dict:
+    def snapshot(self) -> MetricsSnapshot:
         inflight: dict[str, int] = defaultdict(int)
         for live in self.live.values():
             inflight[live.cls] += 1
-        return {"finished": [[*key, n] for key, n in self.finished.items()],
-                "latency": [[*key, h.snapshot()] for key, h in self.latency.items()],
-                "ttft": [[cls, h.snapshot()] for cls, h in self.ttft.items()],
-                "itl": [[cls, h.snapshot()] for cls, h in self.itl.items()],
-                "inflight": dict(inflight)}
+        return MetricsSnapshot([(*key, n) for key, n in self.finished.items()],
+                               [(*key, h.snapshot()) for key, h in self.latency.items()],
+                               [(cls, h.snapshot()) for cls, h in self.ttft.items()],
+                               [(cls, h.snapshot()) for cls, h in self.itl.items()], dict(inflight))
 

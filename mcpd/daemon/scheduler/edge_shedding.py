@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from mcpd.config import PriorityClass, SchedulerConfig
 from mcpd.daemon import messages
+from mcpd.daemon.child_stats import EdgeShedState
 
 MIN_LATE = 64   # fewer late in a row may be one burst met by a scheduler descheduled a moment, not a backlog
 LEASE_S = 1.0
@@ -61,5 +62,5 @@ class EdgeShedding:
         of the backlog; one the front-end admitted under its cap arrives on time and is served."""
         return cls.shed and now < self.until and waited_s * 1000 > shed_wait_ms
 
-    def describe(self, now: float) -> dict:
-        return {"active": now < self.until, "entered": self.entered}
+    def describe(self, now: float) -> EdgeShedState:
+        return EdgeShedState(now < self.until, self.entered)

@@ -9,6 +9,7 @@ request between versions).
 from __future__ import annotations
 
 from mcpd.config import PriorityClass
+from mcpd.daemon.child_stats import FastRungState
 
 LEAVE_BELOW = 0.5   # of fast_above_ms
 
@@ -29,5 +30,5 @@ class FastRung:
     def goes_fast(self, name: str, cls: PriorityClass, hints: dict | None) -> bool:
         return name in self.active and (cls.fast_all or bool(hints and hints.get("prefer_speed")))
 
-    def describe(self) -> dict:
-        return {"active": sorted(self.active), "entered": self.entered}
+    def describe(self) -> FastRungState:
+        return FastRungState(sorted(self.active), self.entered)

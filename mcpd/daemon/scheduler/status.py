@@ -2,6 +2,7 @@
 read of it, built from its queue, its workers and its policies."""
 from __future__ import annotations
 
+from mcpd.daemon.child_stats import ClassQueue
 from mcpd.daemon.scheduler import handler_lanes
 
 
@@ -40,12 +41,11 @@ def stats(scheduler) -> dict:
     return {"queue_depth": len(scheduler.queue), "dispatched": scheduler.dispatched, "inflight": len(scheduler.jobs),
             "policy": scheduler.config.scheduler.policy, "degradation_level": scheduler.admission.ladder.level(now),
             "fast_rung": scheduler.admission.fast.describe(), "edge_shed": scheduler.admission.edge.describe(now),
-            "classes": {name: {"queued": depths.get(name, 0), "max_queue": _max_queue(scheduler, name),
-                               "window_ms": round(w.window_ms, 3), "queue_p99_ms": round(w.p99_ms(), 3)}
-                        for name, w in scheduler.windows.items()},
+            "classes": {name: ClassQueue(depths.get(name, 0), _max_queue(scheduler, name), round(w.window_ms, 3),
+                                         round(w.p99_ms(), 3)) for name, w in scheduler.windows.items()},
             "errors": {name: dict(by_code) for name, by_code in scheduler.errors.items()},
             "contexts": scheduler.contexts.stats(), "models": models_stats(scheduler),
-            "cache": scheduler.host_cache.stats() if scheduler.host_cache else {},
+            "cache": scheduler.host_cache.stats() if scheduler.host_cache else None,
             "persistence": scheduler.persistence.journal.stats(),
             "queue_time": {name: h.snapshot() for name, h in scheduler.queue_time.items()},
             "workers": [{"index": s.index, "pid": s.pid, "ready": s.ready, "inflight": len(s.jobs),

@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import logging
 
+import msgspec
 from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.exposition import start_http_server
 
-from mcpd.daemon.child_stats import SchedulerStats
+from mcpd.daemon.child_stats import HttpStats, JournalStats, SchedulerStats
+from mcpd.daemon.frontend.request_metrics import MetricsSnapshot
+from mcpd.histogram import Snapshot
 
 
 
@@ -62,27 +65,27 @@ class DaemonCollector:
         yield from self.gpus.collect()
 
 
-def _requests(front: dict, scheduler: SchedulerStats):
+def _requests(front: MetricsSnapshot, scheduler: SchedulerStats):
     finished = CounterMetricFamily("mcpd_requests", "Requests by op, priority class, tenant, model and final code",
                                    labels=["op", "class", "tenant", "model", "code"])
-    for *labels, count in front.get("finished", []):
+    for *labels, count in front.finished:
         finished.add_metric(labels, count)
     yield finished
     yield _histograms("mcpd_request_duration_seconds", "End-to-end request latency, at the front-end",
-                      ["op", "class", "model"], [(row[:3], row[3]) for row in front.get("latency", [])])
+                      ["op", "class", "model"], [(row[:3], row[3]) for row in front.latency])
     yield _histograms("mcpd_time_to_first_token_seconds", "Time to the first streamed chunk", ["class"],
-                      [([cls], h) for cls, h in front.get("ttft", [])])
+                      [([cls], h) for cls, h in front.ttft])
     yield _histograms("mcpd_inter_token_latency_seconds", "Time between streamed chunks", ["class"],
-                      [([cls], h) for cls, h in front.get("itl", [])])
+                      [([cls], h) for cls, h in front.itl])
     yield _histograms("mcpd_queue_time_seconds", "Time a request waited for a worker, per priority class",
                       ["class"], [([cls], h) for cls, h in sorted(scheduler.queue_time.items())])
     queue_p99 = GaugeMetricFamily("mcpd_queue_time_p99_seconds", "Recent queueing p99 the batching window steers, "
                                   "per class", labels=["class"])
     for cls, figures in sorted(scheduler.classes.items()):
-        queue_p99.add_metric([cls], figures["queue_p99_ms"] / 1e3)
+        queue_p99.add_metric([cls], figures.queue_p99_ms / 1e3)
     yield queue_p99
-    waiting = {name: figures["queued"] for name, figures in scheduler.classes.items()}
-    inflight = front.get("inflight", {})
+    waiting = {name: figures.queued for name, figures in scheduler.classes.items()}
+    inflight = front.inflight
     waiting_family = GaugeMetricFamily("mcpd_requests_waiting", "Requests queued for a worker", labels=["class"])
     running_family = GaugeMetricFamily("mcpd_requests_running", "Requests admitted and not waiting in the queue",
                                        labels=["class"])
@@ -123,7 +126,7 @@ def _workers(workers):
         stats = worker.stats
         if stats is None:
             continue
-        values = {**stats.reported(tuple(counters) + tuple(gauges)), **(stats.pool or {})}
+        values = {**stats.reported(tuple(counters) + tuple(gauges)), **(msgspec.to_builtins(stats.pool) if stats.pool else {})}
         key = [str(worker.spec.index), stats.device or ""]
         for name, family in {**counters, **gauges}.items():
             if name in values:
@@ -160,16 +163,16 @@ def _handlers(workers):
             batching[name].add_metric(key, value)
         if stats.result_cache is not None:
             for name, family in caches.items():
-                family.add_metric(key, stats.result_cache[name])
+                family.add_metric(key, getattr(stats.result_cache, name))
     yield from batching.values()
     yield from caches.values()
 
 
-def _http(listener: dict):
+def _http(listener: HttpStats | None):
     """The HTTP listener's answers by status (its requests are counted above, like any other)."""
-    if listener:
+    if listener is not None:
         family = CounterMetricFamily("mcpd_http_responses", "HTTP answers by status", labels=["status"])
-        for status, count in sorted(listener["responses"].items()):
+        for status, count in sorted(listener.responses.items()):
             family.add_metric([status], count)
         yield family
 
@@ -191,19 +194,20 @@ def _models(scheduler: SchedulerStats):
     fast = GaugeMetricFamily("mcpd_fast_rung_active", "1 while a class's requests go to fast versions",
                              labels=["class"])
     for name in sorted(scheduler.classes):
-        fast.add_metric([name], int(name in scheduler.fast_rung.get("active", [])))
+        fast.add_metric([name], int(scheduler.fast_rung is not None and name in scheduler.fast_rung.active))
     yield from (routed, compared, identical, fast)
 
 
 def _contexts(scheduler: SchedulerStats):
-    for name, text, value in (("mcpd_contexts", "Contexts held", scheduler.contexts.get("contexts")),
-                              ("mcpd_contexts_bytes", "Bytes of all contexts", scheduler.contexts.get("bytes")),
+    contexts = scheduler.contexts
+    for name, text, value in (("mcpd_contexts", "Contexts held", contexts and contexts.contexts),
+                              ("mcpd_contexts_bytes", "Bytes of all contexts", contexts and contexts.bytes),
                               ("mcpd_contexts_restored", "Contexts restored from disk at start",
-                               scheduler.persistence.get("restored"))):
+                               scheduler.persistence and scheduler.persistence.restored)):
         if value is not None:
             yield GaugeMetricFamily(name, text, value=value)
     # The host shared-memory cache's arena, which the scheduler reads.
-    yield from _reported("mcpd_context_cache_", scheduler.cache, (
+    yield from _reported("mcpd_context_cache_", msgspec.structs.asdict(scheduler.cache) if scheduler.cache else {}, (
         ("total_bytes", "bytes", GaugeMetricFamily, "Host cache size"),
         ("used_bytes", "used_bytes", GaugeMetricFamily, "Host cache bytes handed out"),
         ("entries", "entries", GaugeMetricFamily, "Host cache entries"),
@@ -225,7 +229,8 @@ def _cluster(scheduler: SchedulerStats):
         if scheduler.cluster["redis_rtt_ms"] is not None:
             yield GaugeMetricFamily("mcpd_cluster_heartbeat_rtt_seconds", "Round trips of this node's last "
                                     "heartbeat to Redis", value=scheduler.cluster["redis_rtt_ms"] / 1000)
-    yield from _reported("mcpd_cluster_", scheduler.contexts.get("redis", {}), (
+    redis = scheduler.contexts and scheduler.contexts.redis
+    yield from _reported("mcpd_cluster_", msgspec.structs.asdict(redis) if redis else {}, (
         ("loaded", "contexts_loaded", CounterMetricFamily, "Contexts restored from Redis at first use"),
         ("folded", "folds", CounterMetricFamily, "Context logs in Redis folded into a snapshot"),
         ("refused", "redis_refusals", CounterMetricFamily, "Context ops refused because Redis could not take them"),
@@ -239,23 +244,22 @@ def _reported(prefix: str, figures: dict, table: tuple):
             yield kind(prefix + name, text, value=figures[key])
 
 
-def _journal(persistence: dict):
-    if "journal_bytes" in persistence:
+def _journal(persistence: JournalStats | None):
+    if persistence is not None:
         yield GaugeMetricFamily("mcpd_journal_bytes", "Bytes of the context journal since its snapshot",
-                                value=persistence["journal_bytes"])
-    if "fsync_seconds" in persistence:
+                                value=persistence.journal_bytes)
         yield _histograms("mcpd_journal_fsync_seconds", "Time of one fdatasync of the context journal", [],
-                          [([], persistence["fsync_seconds"])])
+                          [([], persistence.fsync_seconds)])
 
 
-def _histograms(name: str, text: str, labels: list[str], series: list[tuple[list[str], dict]]):
+def _histograms(name: str, text: str, labels: list[str], series: list[tuple[list[str], Snapshot]]):
     family = HistogramMetricFamily(name, text, labels=labels)
     for label_values, snapshot in series:
         cumulative, buckets = 0, []
-        for bound, count in zip([*snapshot["bounds"], "+Inf"], snapshot["counts"]):
+        for bound, count in zip([*snapshot.bounds, "+Inf"], snapshot.counts):
             cumulative += count
             buckets.append((str(bound) if bound == "+Inf" else repr(float(bound)), cumulative))
-        family.add_metric(label_values, buckets, snapshot["sum"])
+        family.add_metric(label_values, buckets, snapshot.sum)
     return family
 
 

@@ -3,9 +3,13 @@ from __future__ import annotations
 
 import os
 
+import msgspec
+
 import mcpd
 from mcpd.daemon import channels
-from mcpd.daemon.child_stats import WorkerStats
+from mcpd.daemon.child_stats import HttpStats, WorkerStats
+from mcpd.handlers.result_cache_stats import ResultCacheStats
+from mcpd.memory.arena_stats import ArenaStats
 from mcpd.memory.host_segment import CONTEXT, CONTEXT_DELTA, KV_BLOCK
 
 DEVICE_FIGURES = ("device", "model", "served_model", "version", "dtype", "quantization", "kernels", "running", "waiting", "preemptions", "kv_blocks_total",
@@ -41,13 +45,14 @@ def build_status(supervisor) -> dict:
         # Per priority class: queued, max_queue, batching window_ms, queue_p99_ms; errors the scheduler
         # decided, by class then code; the degradation ladder's step (0 none, 1 cap, 2 shed).
         "scheduler": {"policy": scheduler.policy, "classes": scheduler.classes, "errors": scheduler.errors,
-                      "degradation_level": scheduler.degradation_level, "fast_rung": scheduler.fast_rung,
-                      "edge_shed": scheduler.edge_shed},
+                      "degradation_level": scheduler.degradation_level, "fast_rung": scheduler.fast_rung or {},
+                      "edge_shed": scheduler.edge_shed or {}},
         "models": _models(scheduler.models, workers),
         # This node, the live nodes it last saw and where it routed contexts' requests; {} when [cluster] is off.
-        "cluster": {**scheduler.cluster, **frontend.cluster},
-        "contexts": {**(scheduler.contexts or {"contexts": 0, "bytes": 0}), "restored": scheduler.persistence.get("restored", 0),
-                     "persistence": scheduler.persistence},
+        "cluster": {**scheduler.cluster, **({"routing": frontend.routing} if frontend.routing else {})},
+        "contexts": {**(msgspec.to_builtins(scheduler.contexts) if scheduler.contexts else {"contexts": 0, "bytes": 0}),
+                     "restored": scheduler.persistence.restored if scheduler.persistence else 0,
+                     "persistence": scheduler.persistence or {}},
         "requests": {"served": frontend.served, "errors": frontend.errors, "latency": frontend.latency,
                      # Replies waiting for clients that do not read; client connections watched
                      # for unfinished messages, and those cut for holding too much.
@@ -70,23 +75,23 @@ def _models(scheduled: dict, workers: list) -> dict:
     return {"default_model": scheduled.get("default_model"), "models": models}
 
 
-def _add_result_cache(figures: dict, cache: dict | None) -> None:
+def _add_result_cache(figures: dict, cache: ResultCacheStats | None) -> None:
     """A handler version's result cache: its workers' caches summed, and the hit rate of all."""
     if cache is None:
         return
     total = figures.setdefault("result_cache", dict.fromkeys(RESULT_CACHE_FIGURES, 0))
     for name in RESULT_CACHE_FIGURES:
-        total[name] += cache[name]
+        total[name] += getattr(cache, name)
     asked = total["hits"] + total["misses"]
     total["hit_rate"] = total["hits"] / asked if asked else 0.0
 
 
-def _http(stats: dict) -> dict:
-    """The OpenAI-compatible listener in the front-end: off, or its address as bound, whether it
-    needs API keys, generations in flight, its answers by HTTP status, and its connections."""
-    if not stats:
+def _http(stats: HttpStats | None) -> dict:
+    """The OpenAI-compatible listener in the front-end: off, or its figures with its address as a URL."""
+    if stats is None:
         return {"enabled": False}
-    return {"enabled": True, "url": f"http://{stats['listen']}", **{k: v for k, v in stats.items() if k != "listen"}}
+    figures = msgspec.to_builtins(stats)   # without the connection figures it has not reported yet
+    return {"enabled": True, "url": f"http://{figures.pop('listen')}", **figures}
 
 
 def _pool(keeper) -> dict:
@@ -94,7 +99,8 @@ def _pool(keeper) -> dict:
     that owns it."""
     stats = keeper.latest_stats()
     return {"device": keeper.spec.device, "keeper": keeper.spec.index,
-            "keeper_pid": keeper.process.pid if keeper.alive else None, "path": stats.path, **stats.pool}
+            "keeper_pid": keeper.process.pid if keeper.alive else None, "path": stats.path,
+            **(msgspec.to_builtins(stats.pool) if stats.pool else {})}
 
 
 def _state(supervisor) -> str:
@@ -112,13 +118,14 @@ def _configured_endpoints(supervisor) -> list[str]:
     return [channels.client_endpoint(config.runtime_dir)] + ([config.server.tcp] if config.server.tcp else [])
 
 
-def _cache(arena: dict, workers: list[WorkerStats]) -> dict:
+def _cache(arena: ArenaStats | None, workers: list[WorkerStats]) -> dict:
     """The host shared-memory cache: the arena's own figures (the scheduler reads them from the
     segment), and the KV blocks workers moved in and out of it."""
-    if not arena:
+    if arena is None:
         return {"enabled": False}
-    by_kind = arena["entries_by_kind"]
-    return {"enabled": True, **{k: v for k, v in arena.items() if k != "entries_by_kind"},
+    figures = msgspec.structs.asdict(arena)
+    by_kind = figures.pop("entries_by_kind")
+    return {"enabled": True, **figures,
             "contexts": by_kind[CONTEXT], "context_deltas": by_kind[CONTEXT_DELTA], "kv_blocks": by_kind[KV_BLOCK],
             "kv_blocks_loaded": sum(w.host_kv_loaded or 0 for w in workers),
             "kv_blocks_saved": sum(w.host_kv_saved or 0 for w in workers)}
