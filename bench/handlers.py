@@ -247,17 +247,17 @@ async def priority_burst(server: handler_servers.McpdServer, name: str, inputs: 
         capacity = await processes.closed_loop(CAPACITY_CLIENTS, sizes.capacity_s, pick, seed=99)
         idle, idle_cpu_s = await processes.open_loop(0.2 * capacity, sizes.burst_s, pick, seed=7, high_frac=1.0)
         phases["idle"] = BurstPhase(idle, processes.started)
-        stages = BurstStages(server.daemon)
+        stages = BurstStages(server.daemon, processes.pids())
         stages.start()
         started = time.perf_counter()
         burst, burst_cpu_s = await processes.open_loop(2.0 * capacity, sizes.burst_s, pick, seed=8, high_frac=0.1)
         phases["burst"] = BurstPhase(burst, processes.started)
         answered_s = time.perf_counter() - started
-        stage_figures = stages.figures()
-    counts: dict[str, dict[str, int]] = {}
-    for outcome in burst:
-        by_class = counts.setdefault(outcome.priority, {})
-        by_class[outcome.outcome] = by_class.get(outcome.outcome, 0) + 1
+        counts: dict[str, dict[str, int]] = {}
+        for outcome in burst:
+            by_class = counts.setdefault(outcome.priority, {})
+            by_class[outcome.outcome] = by_class.get(outcome.outcome, 0) + 1
+        stage_figures = stages.figures(requests_reached(server.daemon, len(burst), counts))
     return {"capacity_rps": round(capacity, 1), "clients": clients, "load": BURST_LOAD,
             "idle_high_p99_ms": round(p99_ms(idle, "high"), 2), "burst_high_p99_ms": round(p99_ms(burst, "high"), 2),
             "burst_high_p99_from_send_ms": round(p99_ms(from_send(burst), "high"), 2),
@@ -268,6 +268,14 @@ async def priority_burst(server: handler_servers.McpdServer, name: str, inputs: 
             "generator": generator_figures(burst, sizes.burst_s, burst_cpu_s),
             "burst_s": sizes.burst_s, "last_answer_s": round(answered_s, 1),
             "unanswered": sum(o.outcome == "unanswered" for o in idle + burst), "codes": counts}
+
+
+def requests_reached(daemon, offered: int, counts: dict[str, dict[str, int]]) -> dict[str, int]:
+    """How many of the burst's requests each role handled: the front-end all, the scheduler and
+    the worker those past the edge's shedding (answered ok, or refused by the scheduler)."""
+    refused = sum(sum(errors.values()) for errors in daemon.status().get("scheduler", {}).get("errors", {}).values())
+    past_edge = sum(by_class.get("ok", 0) for by_class in counts.values()) + refused
+    return {"frontend": offered, "scheduler": past_edge, "worker": past_edge}
 
 
 def from_send(outcomes: list[Outcome]) -> list[Outcome]:

@@ -57,6 +57,11 @@ class ClientProcesses:
         for pipe in self.pipes:
             _received(pipe, READY_TIMEOUT_S)
 
+    def pids(self) -> dict[str, int]:
+        """Each process's pid by its part: flood0.., and premium when there is one."""
+        named = {f"flood{k}": process.pid for k, process in enumerate(self.processes[:self.flood])}
+        return named | {"premium": p.pid for p in self.processes[self.flood:]}
+
     async def open_loop(self, rate: float, seconds: float, pick, seed: int,
                         high_frac: float = 0.0) -> tuple[list[Outcome], float]:
         """load.open_loop's schedule, every process sending its share: (outcomes in schedule
