@@ -76,7 +76,7 @@ from peerkit.batching_ceiling import batching_ceiling
 from peerkit.burst_stages import BurstStages, high_p99_by_send_time, high_spans_ms, request_parts_ms
 from peerkit.handler_runner import HandlerRunner
 from peerkit.handler_targets import DEADLINE_MS, HttpV2, McpdZmq, TensorInputs
-from peerkit.client_processes import CLIENT_NICE, ClientProcesses
+from peerkit.client_processes import CLIENT_NICE, PREMIUM_NICE, ClientProcesses
 from peerkit.frame_sender import FrameSender
 from peerkit.load import Outcome, Uniform, closed_loop, freeze_what_lives, generator_figures, max_rate, open_loop, p99_ms
 
@@ -98,8 +98,9 @@ BURST_CLIENTS = 2    # processes offering the burst: one Python process cannot s
 PREMIUM_TENANT = "premium"
 BURST_LOAD = ("open-loop Poisson arrivals; the capacity closed-loop from the flood's processes; every high "
               f"request from one more process, its own connection, tenant {PREMIUM_TENANT!r} (idle: it alone), "
-              "the lows split over the flood's processes; replies stamped as the socket yields them; every client "
-              f"process at nice {CLIENT_NICE}, below the daemon's (clients are other machines in deployments)")
+              "the lows split over the flood's processes; replies stamped as the socket yields them; the flood's "
+              f"processes at nice {CLIENT_NICE}, below the daemon's (clients are other machines in deployments), "
+              f"the premium one at nice {PREMIUM_NICE}, the daemon's (it must not queue for a core behind it)")
 # The control: high waits as low does (one FIFO, no edge shedding). Its ratio must be far over 2,
 # or the figure does not measure what the daemon does for high.
 CONTROL_SCHEDULER = {"policy": "fifo", "shed_wait_ms": 0.0}
