@@ -76,7 +76,7 @@ from peerkit.batching_ceiling import batching_ceiling
 from peerkit.burst_stages import BurstStages, high_p99_by_send_time, high_spans_ms, request_parts_ms
 from peerkit.handler_runner import HandlerRunner
 from peerkit.handler_targets import DEADLINE_MS, HttpV2, McpdZmq, TensorInputs
-from peerkit.client_processes import CLIENT_NICE, ClientProcesses
+from peerkit.client_processes import CLIENT_NICE, PREMIUM_NICE, ClientProcesses
 from peerkit.frame_sender import FrameSender
 from peerkit.load import Outcome, Uniform, closed_loop, freeze_what_lives, generator_figures, max_rate, open_loop, p99_ms
 
@@ -98,8 +98,9 @@ BURST_CLIENTS = 2    # processes offering the burst: one Python process cannot s
 PREMIUM_TENANT = "premium"
 BURST_LOAD = ("open-loop Poisson arrivals; the capacity closed-loop from the flood's processes; every high "
               f"request from one more process, its own connection, tenant {PREMIUM_TENANT!r} (idle: it alone), "
-              "the lows split over the flood's processes; replies stamped as the socket yields them; every client "
-              f"process at nice {CLIENT_NICE}, below the daemon's (clients are other machines in deployments)")
+              "the lows split over the flood's processes; replies stamped as the socket yields them; the flood's "
+              f"processes at nice {CLIENT_NICE}, below the daemon's (clients are other machines in deployments), "
+              f"the premium one at nice {PREMIUM_NICE}, the daemon's (it must not queue for a core behind it)")
 # The control: high waits as low does (one FIFO, no edge shedding). Its ratio must be far over 2,
 # or the figure does not measure what the daemon does for high.
 CONTROL_SCHEDULER = {"policy": "fifo", "shed_wait_ms": 0.0}
@@ -247,17 +248,17 @@ async def priority_burst(server: handler_servers.McpdServer, name: str, inputs: 
         capacity = await processes.closed_loop(CAPACITY_CLIENTS, sizes.capacity_s, pick, seed=99)
         idle, idle_cpu_s = await processes.open_loop(0.2 * capacity, sizes.burst_s, pick, seed=7, high_frac=1.0)
         phases["idle"] = BurstPhase(idle, processes.started)
-        stages = BurstStages(server.daemon)
+        stages = BurstStages(server.daemon, processes.pids())
         stages.start()
         started = time.perf_counter()
         burst, burst_cpu_s = await processes.open_loop(2.0 * capacity, sizes.burst_s, pick, seed=8, high_frac=0.1)
         phases["burst"] = BurstPhase(burst, processes.started)
         answered_s = time.perf_counter() - started
-        stage_figures = stages.figures()
-    counts: dict[str, dict[str, int]] = {}
-    for outcome in burst:
-        by_class = counts.setdefault(outcome.priority, {})
-        by_class[outcome.outcome] = by_class.get(outcome.outcome, 0) + 1
+        counts: dict[str, dict[str, int]] = {}
+        for outcome in burst:
+            by_class = counts.setdefault(outcome.priority, {})
+            by_class[outcome.outcome] = by_class.get(outcome.outcome, 0) + 1
+        stage_figures = stages.figures(requests_reached(server.daemon, len(burst), counts))
     return {"capacity_rps": round(capacity, 1), "clients": clients, "load": BURST_LOAD,
             "idle_high_p99_ms": round(p99_ms(idle, "high"), 2), "burst_high_p99_ms": round(p99_ms(burst, "high"), 2),
             "burst_high_p99_from_send_ms": round(p99_ms(from_send(burst), "high"), 2),
@@ -268,6 +269,14 @@ async def priority_burst(server: handler_servers.McpdServer, name: str, inputs: 
             "generator": generator_figures(burst, sizes.burst_s, burst_cpu_s),
             "burst_s": sizes.burst_s, "last_answer_s": round(answered_s, 1),
             "unanswered": sum(o.outcome == "unanswered" for o in idle + burst), "codes": counts}
+
+
+def requests_reached(daemon, offered: int, counts: dict[str, dict[str, int]]) -> dict[str, int]:
+    """How many of the burst's requests each role handled: the front-end all, the scheduler and
+    the worker those past the edge's shedding (answered ok, or refused by the scheduler)."""
+    refused = sum(sum(errors.values()) for errors in daemon.status().get("scheduler", {}).get("errors", {}).values())
+    past_edge = sum(by_class.get("ok", 0) for by_class in counts.values()) + refused
+    return {"frontend": offered, "scheduler": past_edge, "worker": past_edge}
 
 
 def from_send(outcomes: list[Outcome]) -> list[Outcome]:

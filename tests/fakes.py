@@ -42,12 +42,22 @@ class Ports:
         self.over_backlog: set[bytes] = set()
         self.going_over: set[bytes] = set()
         self.peers = None   # the front-end's links to other nodes: none unless a test gives some
+        self.flushed_at: list[int] = []   # a worker's early sends: the count of front-end messages before each
+        self.scheduler_flushed_at: list[int] = []   # a front-end's, the count of scheduler messages before each
 
     def to_frontend(self, frames):
         self.frontend.append(messages.decode(frames))
 
     def to_scheduler(self, frames):
         self.scheduler.append(messages.decode(frames))
+
+    def flush_to_scheduler(self):
+        """A front-end sends what its turn holds now: marked by how many scheduler messages went before."""
+        self.scheduler_flushed_at.append(len(self.scheduler))
+
+    def flush(self):
+        """A worker sends what its turn holds now: marked by how many front-end messages went before."""
+        self.flushed_at.append(len(self.frontend))
 
     def to_worker(self, identity, sends):
         self.worker_sends += 1

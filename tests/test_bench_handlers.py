@@ -240,3 +240,29 @@ def test_highs_are_split_by_when_in_the_burst_they_were_sent_beside_the_first_lo
 def test_the_bursts_control_is_a_fifo_scheduler_without_edge_shedding():
     config = from_dict({"scheduler": handlers.CONTROL_SCHEDULER})
     assert config.scheduler.policy == "fifo" and not config.scheduler.shed_wait_ms
+
+
+def test_run_queue_counts_the_slices_of_every_thread_of_a_process():
+    """Each time a thread wakes from a sleep it gets a core once more: a second thread's wake-ups
+    count in its process's slices while it lives, and a process that is gone reads as zeros."""
+    import os
+    import threading
+    import time
+
+    napped, done = threading.Event(), threading.Event()
+
+    def naps():
+        for _ in range(20):
+            time.sleep(0.001)
+        napped.set()
+        done.wait()
+
+    before = burst_stages._run_queue(os.getpid())
+    napper = threading.Thread(target=naps)
+    napper.start()
+    napped.wait()
+    waited, slices = (now - then for now, then in zip(burst_stages._run_queue(os.getpid()), before))
+    done.set()
+    napper.join()
+    assert slices >= 20 and waited >= 0
+    assert burst_stages._run_queue(2 ** 22 + 1) == (0, 0)

@@ -207,6 +207,18 @@ def test_a_flushed_note_is_passed_on_to_the_scheduler(core):
     assert [m for m, _ in core.ports.scheduler] == [messages.Flushed(2)]
 
 
+def test_a_request_of_a_class_above_the_default_goes_to_the_scheduler_at_once(core):
+    """Admitted requests wait for the end of the front-end's turn to go on together, but one of a
+    class above the default is sent as soon as it is admitted, with what was held before it."""
+    generate(core, CLIENT, 1, priority="low")
+    generate(core, CLIENT, 2)   # the default class, normal
+    generate(core, CLIENT, 3, priority="high")
+    generate(core, CLIENT, 4, priority="low")
+    generate(core, CLIENT, 5, priority="critical")
+    assert [m.request_id for m in admitted(core)] == [1, 2, 3, 4, 5]
+    assert core.ports.scheduler_flushed_at == [3, 5]
+
+
 def test_a_shed_class_is_refused_at_the_door_unforwarded_for_its_lease_and_other_work_passes(core):
     core.on_scheduler(messages.Shed(["low"], 250, 1000, 0), [])   # none of it kept in flight
     generate(core, CLIENT, 1, priority="low")

@@ -146,6 +146,25 @@ def test_a_request_of_a_class_above_the_default_runs_at_once_and_takes_the_waiti
     assert set(finals(core)) == {1, 2}
 
 
+def test_the_urgent_replies_of_a_batch_are_sent_before_the_others_are_built(core):
+    """A high request's reply leaves the worker ahead of the rest of its batch's, not when the
+    whole batch has been answered; a batch without one is sent as one."""
+    classes = core.config.scheduler.classes
+    default, high = classes[core.config.scheduler.default_class].rank, classes["high"].rank
+    for rid in (1, 2):
+        send(core, rid, {"features": features(1, rid)}, rank=default)
+    send(core, 3, {"features": features(1, 3)}, rank=high)
+    core.step()
+    assert [r.rid for r in core.running.requests] == [3, 1, 2]
+    finish_running(core)
+    assert [m.rid for m, _ in core.ports.frontend] == [3, 1, 2] and core.ports.flushed_at == [1]
+    for rid in (4, 5, 6, 7):
+        send(core, rid, {"features": features(1, rid)}, rank=default)
+    core.step()   # 4 rows: a full batch
+    finish_running(core)
+    assert set(finals(core)) == set(range(1, 8)) and core.ports.flushed_at == [1]
+
+
 def test_the_next_batch_forms_while_a_predict_runs(core):
     faulty_handlers.hang_again()   # the predict runs until released
     send(core, 0, {"features": features(4, 0, faulty_handlers.HANG)})

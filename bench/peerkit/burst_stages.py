@@ -10,7 +10,10 @@ between processes and each process's own part, and request_parts_ms joins each t
 the client's own times for it (by request id), so the parts outside the daemon are split too:
 the generator's lag sending it, the kernel's and the front-end socket's hold before the
 front-end reads it, and the reply's way back until the client stamps it. high_p99_by_send_time
-says when in the burst the slow high requests were sent, beside when the first low was refused."""
+says when in the burst the slow high requests were sent, beside when the first low was refused.
+run_queue says how much of each process's time it spent ready but waiting for a core (the
+kernel's schedstat), per time it got one and per request that reached it: on a loaded 2-core
+machine each hop between processes can wait there."""
 from __future__ import annotations
 
 import json
@@ -26,11 +29,14 @@ from mcpd.tracing import wall_clock
 
 
 class BurstStages:
-    def __init__(self, daemon):
+    def __init__(self, daemon, clients: dict[str, int]):
+        """`clients`: the load generator's processes by name, pid: they wait for a core too."""
         self.daemon = daemon
         self.processes = {f"{p['role']}{p['index']}": psutil.Process(p["pid"])
                           for p in daemon.processes() if p["state"] == "running" and p.get("pid")}
+        self.processes.update((name, psutil.Process(pid)) for name, pid in clients.items())
         self.cpu_s: dict[str, float] = {}
+        self.run_queue: dict[str, tuple[int, int]] = {}
         self.machine_busy_s = 0.0
         self.started = 0.0
         self.started_ns = 0   # the wall clock's, as the daemon's spans are stamped
@@ -38,11 +44,13 @@ class BurstStages:
 
     def start(self) -> None:
         self.cpu_s = {name: _cpu_s(process) for name, process in self.processes.items()}
+        self.run_queue = {name: _run_queue(process.pid) for name, process in self.processes.items()}
         self.machine_busy_s = _machine_busy_s()
         self.started, self.started_ns = time.perf_counter(), time.time_ns()
 
-    def figures(self) -> dict:
-        """Each process's share of one core since start(), then the daemon's stage figures."""
+    def figures(self, reached: dict[str, int]) -> dict:
+        """Each process's share of one core since start(), its run-queue wait (`reached`: how many
+        requests reached each role, per request), then the daemon's stage figures."""
         wall = time.perf_counter() - self.started
         busy = (_machine_busy_s() - self.machine_busy_s) / wall
         shares = {name: round((_cpu_s(process) - self.cpu_s[name]) / wall, 2)
@@ -50,11 +58,23 @@ class BurstStages:
         status = self.daemon.status()
         classes = status.get("scheduler", {}).get("classes", {})
         return {"cpu_core_share": shares, "started_ns": self.started_ns, "offset_ns": self.offset_ns,
-                "machine_busy_cores": round(busy, 2),
+                "machine_busy_cores": round(busy, 2), "run_queue": self._run_queue_waits(reached),
                 "frontend_infer_latency": status.get("requests", {}).get("latency", {}).get("infer"),
                 "scheduler_queue_p99_ms": {name: c.get("queue_p99_ms") for name, c in classes.items()},
                 "scheduler_errors": status.get("scheduler", {}).get("errors", {}),
                 "edge_shed": status.get("scheduler", {}).get("edge_shed")}
+
+    def _run_queue_waits(self, reached: dict[str, int]) -> dict[str, dict]:
+        """Per process since start(): ms it waited on a run queue, how many times it got a core,
+        the mean wait for one (us), and the wait per request that reached its role (us)."""
+        waits = {}
+        for name, process in self.processes.items():
+            delay_ns, slices = (now - then for now, then in zip(_run_queue(process.pid), self.run_queue[name]))
+            requests = reached.get(name.rstrip("0123456789"))
+            waits[name] = {"pid": process.pid, "wait_ms": round(delay_ns / 1e6, 1), "slices": slices,
+                           "wait_us_per_slice": round(delay_ns / 1e3 / slices, 1) if slices else None,
+                           "wait_us_per_request": round(delay_ns / 1e3 / requests, 1) if requests else None}
+        return waits
 
 
 def high_spans_ms(path: Path, since_ns: int) -> dict[str, dict]:
@@ -170,6 +190,19 @@ def _high_from(spans: list[dict], since_ns: int) -> bool:
     classes = [s["attributes"].get("mcpd.class") for s in spans if s["name"] == "scheduler.admit"]
     roots = [s["start_ns"] for s in spans if s["name"] == "mcpd.request"]
     return classes == ["high"] and len(roots) == 1 and roots[0] >= since_ns
+
+
+def _run_queue(pid: int) -> tuple[int, int]:
+    """A process's ns waited on a run queue and times it got a core, over all its threads
+    (/proc/<pid>/task/*/schedstat: on-CPU ns, run-queue ns, slices); zeros once it is gone."""
+    delay = slices = 0
+    for stat in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+        try:
+            _, waited, ran = stat.read_text().split()
+        except (OSError, ValueError):
+            continue   # a thread that ended meanwhile
+        delay, slices = delay + int(waited), slices + int(ran)
+    return delay, slices
 
 
 def _cpu_s(process: psutil.Process) -> float:

@@ -9,10 +9,13 @@ With a premium sender, one more process sends every "high" arrival of an open lo
 connection, as another tenant's client would: a premium client is not one of the flood's
 connections, and its replies are not read by a process busy sending the flood.
 
-Every process runs at CLIENT_NICE: in the deployments a burst stands for, the clients are other
-machines and take none of the daemon's cores; on one box they yield the cores to it instead, so a
-high request's wait is the daemon's, not its own client's queue for a core. Each run's CPU seconds
-and lag still show whether the processes kept to the schedule.
+The flood's processes run at CLIENT_NICE: in the deployments a burst stands for, the clients are
+other machines and take none of the daemon's cores; on one box they yield the cores to it instead.
+The premium process runs at PREMIUM_NICE, as the daemon does: it sends a tenth of the requests and
+sleeps between them, so it takes little, but at CLIENT_NICE it queued for a core behind the
+daemon and every neighbour each time it woke to send a high request or read its reply, and that
+queue counted as the high request's latency. Each run's CPU seconds and lag still show whether
+the processes kept to the schedule.
 
 Processes start with `spawn` (a forked copy of a ZeroMQ context is not safe), once, and serve
 every schedule handed to them until closed."""
@@ -33,6 +36,7 @@ READY_TIMEOUT_S = 120  # a process imports numpy, zmq and mcpd, and builds its f
 WARM_INDEX = 0         # each process's first request, before it is ready: its socket is connected then
 REPLY_MARGIN_S = 60    # past the schedule's end and the last reply's timeout: the process is stuck
 CLIENT_NICE = 10      # below the daemon's processes (0); nice 10 weighs about a tenth of nice 0
+PREMIUM_NICE = 0      # the daemon's: a high request's client must not queue for a core behind it
 ID_SPAN = 1 << 28      # each process's request ids start this far apart: a daemon's span names one request
 
 
@@ -46,16 +50,21 @@ class ClientProcesses:
         self.pipes, self.processes = [], []
         self.flood = count   # the first `count` pipes; a premium process's is last
         self.started = 0.0   # the last open loop's start (monotonic): its outcomes' times count from it
-        makers = [make_sender] * count + ([make_premium] if make_premium is not None else [])
-        for k, make in enumerate(makers):
+        makers = [(make_sender, CLIENT_NICE)] * count + ([(make_premium, PREMIUM_NICE)] if make_premium else [])
+        for k, (make, nice) in enumerate(makers):
             ours, theirs = context.Pipe()
-            process = context.Process(target=_client_main, args=(theirs, make, prepare, k * ID_SPAN), daemon=True)
+            process = context.Process(target=_client_main, args=(theirs, make, prepare, k * ID_SPAN, nice), daemon=True)
             process.start()
             theirs.close()
             self.pipes.append(ours)
             self.processes.append(process)
         for pipe in self.pipes:
             _received(pipe, READY_TIMEOUT_S)
+
+    def pids(self) -> dict[str, int]:
+        """Each process's pid by its part: flood0.., and premium when there is one."""
+        named = {f"flood{k}": process.pid for k, process in enumerate(self.processes[:self.flood])}
+        return named | {"premium": p.pid for p in self.processes[self.flood:]}
 
     async def open_loop(self, rate: float, seconds: float, pick, seed: int,
                         high_frac: float = 0.0) -> tuple[list[Outcome], float]:
@@ -134,15 +143,15 @@ def _outcomes(share: dict, at: np.ndarray, priority: np.ndarray, start: float) -
                                                           share["sent"] - start))]
 
 
-def _client_main(pipe, make_sender, prepare: int, first_id: int) -> None:
+def _client_main(pipe, make_sender, prepare: int, first_id: int, nice: int) -> None:
     try:
-        _serve(pipe, make_sender, prepare, first_id)
+        _serve(pipe, make_sender, prepare, first_id, nice)
     except Exception as e:   # noqa: BLE001 - reported to the benchmark, which raises it
         pipe.send(RuntimeError(f"{type(e).__name__}: {e}"))
 
 
-def _serve(pipe, make_sender, prepare: int, first_id: int) -> None:
-    os.setpriority(os.PRIO_PROCESS, 0, CLIENT_NICE)
+def _serve(pipe, make_sender, prepare: int, first_id: int, nice: int) -> None:
+    os.setpriority(os.PRIO_PROCESS, 0, nice)   # before the sender's threads start: they inherit it
     sender = make_sender(first_id=first_id)
     sender.prepare(prepare)
     sender.connect()

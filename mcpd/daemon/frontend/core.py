@@ -68,6 +68,9 @@ class Ports(Protocol):
 
     def to_scheduler(self, frames: list[bytes]) -> None: ...
 
+    def flush_to_scheduler(self) -> None:
+        """Send what the turn holds for the scheduler now, not when the turn ends."""
+
     peers: "Links | None"   # the connections to the other nodes; None with [cluster] off
 
 
@@ -181,6 +184,8 @@ class FrontEndCore:
         if self.forwarding is not None and self.forwarding.forward(rid, header, request.payload, tenant, args):
             return
         self.ports.to_scheduler(messages.encode(admitted, *request.payload))
+        if cls in self.labels.urgent:   # not held while the rest of the turn's flood is read
+            self.ports.flush_to_scheduler()
 
     def _refuse_at_the_door(self, identity: bytes | object, request: wire.Request) -> None:
         if identity is not LOCAL_CALLER and self.ports.backlogged(identity):

@@ -51,7 +51,7 @@ class CorePorts:
     def __init__(self, outbox: Outbox, for_scheduler: Batch, events: child.EventReporter,
                  local: FrontendLink | None, peers: PeerLinks | None):
         self.to_client, self.backlogged = outbox.send, outbox.over_limit
-        self.to_scheduler = for_scheduler.add
+        self.to_scheduler, self.flush_to_scheduler = for_scheduler.add, for_scheduler.flush
         self.events = events
         self.to_local = local.deliver if local is not None else None
         self.peers = peers

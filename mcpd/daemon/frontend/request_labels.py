@@ -24,8 +24,10 @@ class RequestLabels:
     def reconfigure(self, config: Config) -> None:
         """A reload: the scheduler takes every class and the default class, and a default model
         only if it serves it already."""
-        self.classes = frozenset(config.scheduler.classes)
+        classes = config.scheduler.classes
+        self.classes = frozenset(classes)
         self.default_class = config.scheduler.default_class
+        self.urgent = frozenset(name for name, c in classes.items() if c.rank > classes[self.default_class].rank)
         if config.default_model in self.models:
             self.default_model = config.default_model
 

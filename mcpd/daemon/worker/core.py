@@ -46,6 +46,9 @@ class Ports(Protocol):
 
     def to_frontend(self, frames: list[bytes]) -> None: ...
 
+    def flush(self) -> None:
+        """Send what the turn holds now, not when the loop ends it."""
+
 
 @dataclass
 class ActiveRequest:

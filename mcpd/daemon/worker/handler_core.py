@@ -61,6 +61,7 @@ class InferRequest:
     rows: int
     cache_key: CacheKey | None = None   # its result goes into the result cache under this key
     context_version: int | None = None   # its inputs came from a context at this version: the reply says so
+    urgent: bool = False   # of a class above the default: its reply goes before the batch's others are built
 
 
 class _WarmEntry(NamedTuple):
@@ -166,6 +167,7 @@ class HandlerCore:
             return self._final(dispatch.rid, self._internal(dispatch.request_id, "preprocess", e), codes.INTERNAL)
         if request is None:   # answered from the result cache
             return
+        request.urgent = dispatch.rank >= self.batcher.urgent_rank
         self.live[dispatch.rid] = request
         length = batch_tensors.length_of(request.inputs, self.handler.inputs)
         self.batcher.add(Pending(dispatch.rid, request.rows, length, dispatch.rank, self.clock(), request))
@@ -291,10 +293,18 @@ class HandlerCore:
             self.tracing.batch_started([r.rid for r in requests], started, sum(r.rows for r in requests))
 
     def _answer_batch(self, ended: EndedBatch) -> None:
-        """Each request of an ended batch answered (one cancelled meanwhile was answered then)."""
+        """Each request of an ended batch answered (one cancelled meanwhile was answered then).
+        The urgent requests' replies (the batcher puts them first) are sent before the next
+        request's is built: a high request's reply does not wait out a full batch of lows'
+        postprocess and encoding, nor a preemption of the worker meanwhile."""
+        urgent_answered = False
         for at, request in enumerate(ended.requests):
+            if urgent_answered and not request.urgent:
+                self.ports.flush()
+                urgent_answered = False
             if self.live.pop(request.rid, None) is None:
                 continue
+            urgent_answered = urgent_answered or request.urgent
             if ended.parts is not None:
                 self._answer(request, ended.parts[at])
             else:
