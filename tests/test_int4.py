@@ -154,7 +154,7 @@ def test_a_matrix_in_parts_of_different_types_multiplies_as_one(kernels, dtype, 
     assert ((y.double() - expected).abs() <= size * (1e-5 if dtype == torch.float32 else 2 ** -7)).all()
 
 
-ROW_COUNTS = range(2, 14)   # kernels.c's 4-bit tiles (AVX-512: 8 rows; AVX2: 6, Q6_K's 4) and past them
+ROW_COUNTS = range(2, 14)   # kernels.c's 4-bit tiles (AVX-512: 8 rows; AVX2: 4) and past them
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -717,8 +717,8 @@ INLINE void fetch_next_q6_sides(const void *d, const void *h, int64_t blocks, in
 #define INT4_ROWS 8
 #define Q6_K_ROWS 8
 #else
-#define INT4_ROWS 6   /* a sum a row in a register, beside the block's four vectors of nibbles */
-#define Q6_K_ROWS 4   /* two sums a row (its halves' scales): 6 rows' would not fit */
+#define INT4_ROWS 4   /* two sums a row (a panel row's two vectors), beside one column's nibbles of each */
+#define Q6_K_ROWS 4   /* two sums a row (its halves' scales) */
 #endif
 _Static_assert(INT4_ROWS <= TILE_ROWS, "a 4-bit tile's sums are a tile_sums");
 
@@ -776,15 +776,16 @@ INLINE void rows_int4(int kind, x_q16 xq, int64_t rows, int64_t k, const uint8_t
 
 #if LANES == 8 && defined(__AVX2__)
 /* rows_int4 on AVX2: the same integer sums (each lane's terms in another order: the same bits),
-   kept in 16 ymm registers. Past one row, each of a panel row's two vectors is a pass of its own
-   over a block (its four lines stay in L1 for the second), so that up to INT4_ROWS rows' sums (Q6_K's: Q6_K_ROWS) fit
-   and one read of the panel serves them all. A 16-bit half of a lane holds four nibbles: columns
-   0 and 16 of x_q16's pair in its low byte, 1 and 17 in its high one. At one or two rows two
-   masks and two shifts make int16 of them, columns 16 and 1 times 16 (w & 0xf0, (w >> 4) & 0xf0),
-   summed apart and shifted back once a block: an operation a vector fewer than splitting bytes,
-   and exact (a block's terms are at most 16 * 15 * 32767, 16 to a lane: far within int32). Q6_K's
-   6-bit values split bytes: times 16 they could overflow. Not float x times each panel dequantized
-   once for all rows: an FMA makes 8 products where vpmaddwd makes 16, slower at every row count. */
+   kept in 16 ymm registers. Past one row, Q6_K's two vectors of a panel row are a pass each over a
+   block (its four lines stay in L1 for the second), so that Q6_K_ROWS rows' sums fit; the other
+   kinds take both vectors in one pass, a column at a time (q4_quad_both_avx2). One read of the
+   panel serves the tile's rows. A 16-bit half of a lane holds four nibbles: columns 0 and 16 of
+   x_q16's pair in its low byte, 1 and 17 in its high one. For one row two masks and two shifts
+   make int16 of them, columns 16 and 1 times 16 (w & 0xf0, (w >> 4) & 0xf0), summed apart and
+   shifted back once a block: an operation a vector fewer than splitting bytes, and exact (a
+   block's terms are at most 16 * 15 * 32767, 16 to a lane: far within int32). Q6_K's 6-bit values
+   split bytes: times 16 they could overflow. Not float x times each panel dequantized once for all
+   rows: an FMA makes 8 products where vpmaddwd makes 16, slower at every row count. */
 static inline __m256i x_pair(const int16_t *x) {   /* two int16 of x in every lane */
     int32_t pair;
     memcpy(&pair, x, sizeof pair);
@@ -818,21 +819,43 @@ INLINE void q6_quad_avx2(x_q16 xq, int64_t rows, int64_t k, const uint8_t *p, co
     }
 }
 
-/* Quad t of block b's 4-bit values, lanes v, into each row's sums: of columns 0 and 17 (ones) and of
-   16 and 1 times 16 (sixteens) where `apart`, else all into ones (past 2 rows, whose sums would
-   not fit the registers twice over: a shift more a vector, shared by the rows). */
-INLINE void q4_quad_avx2(x_q16 xq, int64_t rows, int64_t k, const uint8_t *p, int64_t b, int t, int v, int apart,
-                         __m256i ones[INT4_ROWS], __m256i sixteens[INT4_ROWS]) {
+/* Quad t of block b's 4-bit values, lanes v, into one row's sums: of columns 0 and 17 (ones) and of
+   16 and 1 times 16 (sixteens). */
+INLINE void q4_quad_avx2(x_q16 xq, const uint8_t *p, int64_t b, int t, int v, __m256i *ones, __m256i *sixteens) {
     const __m256i low = _mm256_set1_epi16(0x000f), next = _mm256_set1_epi16(0x00f0);
     __m256i w = _mm256_loadu_si256((const __m256i *)(p + (b * Q4_HALF + 4 * t) * PANEL + v * 4 * LANES));
     __m256i col0 = _mm256_and_si256(w, low), col17 = _mm256_srli_epi16(w, 12);
-    __m256i col16 = apart ? _mm256_and_si256(w, next) : _mm256_and_si256(_mm256_srli_epi16(w, 4), low);
-    __m256i col1 = _mm256_and_si256(_mm256_srli_epi16(w, apart ? 4 : 8), apart ? next : low);
-    for (int r = 0; r < rows; r++) {
-        const int16_t *x = xq.q + r * k + b * Q4_BLOCK + 4 * t;
-        ones[r] = madd2(ones[r], col0, x, col17, x + Q4_HALF + 2);
-        if (apart) sixteens[r] = madd2(sixteens[r], col16, x + Q4_HALF, col1, x + 2);
-        else ones[r] = madd2(ones[r], col16, x + Q4_HALF, col1, x + 2);
+    __m256i col16 = _mm256_and_si256(w, next), col1 = _mm256_and_si256(_mm256_srli_epi16(w, 4), next);
+    const int16_t *x = xq.q + b * Q4_BLOCK + 4 * t;
+    *ones = madd2(*ones, col0, x, col17, x + Q4_HALF + 2);
+    *sixteens = madd2(*sixteens, col16, x + Q4_HALF, col1, x + 2);
+}
+
+/* acc + w . x (vpmaddwd), held in a register as madd2's sum is. */
+static inline __m256i madd1(__m256i acc, __m256i w, __m256i x) {
+    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(w, x));
+    __asm__("" : "+x"(acc));
+    return acc;
+}
+
+/* Quad t of block b's 4-bit values, both of a panel row's vectors, into each row's sums (ones[v][r]):
+   a column at a time, so that each pair of x, broadcast once, multiplies both vectors' nibbles (a
+   pass a vector broadcast every pair twice: an instruction a multiply), and only the column's
+   nibbles of the two vectors are held beside INT4_ROWS rows' two sums. */
+INLINE void q4_quad_both_avx2(x_q16 xq, int64_t rows, int64_t k, const uint8_t *p, int64_t b, int t,
+                              __m256i ones[VPP][INT4_ROWS]) {
+    const __m256i low = _mm256_set1_epi16(0x000f);
+    const uint8_t *at = p + (b * Q4_HALF + 4 * t) * PANEL;
+    const int shifts[4] = {0, 12, 4, 8}, columns[4] = {0, Q4_HALF + 2, Q4_HALF, 2};   /* columns 0, 17, 16, 1 */
+    for (int c = 0; c < 4; c++) {
+        __m256i w[VPP];
+        for (int v = 0; v < VPP; v++)
+            w[v] = _mm256_and_si256(_mm256_srli_epi16(_mm256_loadu_si256((const __m256i *)(at + v * 4 * LANES)),
+                                                      shifts[c]), low);
+        for (int r = 0; r < rows; r++) {
+            __m256i x = x_pair(xq.q + r * k + b * Q4_BLOCK + 4 * t + columns[c]);
+            for (int v = 0; v < VPP; v++) ones[v][r] = madd1(ones[v][r], w[v], x);
+        }
     }
 }
 
@@ -842,7 +865,8 @@ INLINE void rows_int4_avx2(int kind, x_q16 xq, int64_t rows, int64_t k, const ui
                            const uint16_t *const s[TILE_PANELS], tile_sums a) {
     const uint8_t *next = p[0] + k / 2 * PANEL;
     int64_t blocks = k / Q4_BLOCK;
-    const int together = rows == 1 ? VPP : 1, apart = rows <= 2;   /* a panel row's vectors a pass: both, or one */
+    const int paired = kind != Q6_K && rows > 1;   /* q4_quad_both_avx2's tile */
+    const int together = rows == 1 || paired ? VPP : 1;   /* a panel row's vectors a pass: both, or one */
     /* One row's sums in registers (a tile's may alias the weights, bytes, so they stay in memory);
        past one row they would not fit beside the block sums. */
     panel_sums one[1], *sums = rows == 1 ? one : a[0];
@@ -853,14 +877,15 @@ INLINE void rows_int4_avx2(int kind, x_q16 xq, int64_t rows, int64_t k, const ui
             __builtin_prefetch(next + b * Q4_HALF * PANEL + 64 * l, 0, 2);
         if (kind == Q6_K) fetch_next_q6_sides(d[0], m[0], blocks, b);
         for (int v0 = 0; v0 < VPP; v0 += together) {
-            __m256i lo[VPP][INT4_ROWS], hi[VPP][INT4_ROWS];   /* Q6_K: its halves' sums; the others: ones, sixteens */
+            __m256i lo[VPP][INT4_ROWS], hi[VPP][INT4_ROWS];   /* Q6_K: its halves' sums; the others: ones, sixteens (one row's) */
             for (int v = 0; v < together; v++)
                 for (int r = 0; r < rows; r++) lo[v][r] = hi[v][r] = _mm256_setzero_si256();
 #pragma GCC unroll 4   /* each quad's Q6_K highs shift a constant */
             for (int t = 0; t < QUADS; t++)
-                for (int v = 0; v < together; v++) {
+                if (paired) q4_quad_both_avx2(xq, rows, k, p[0], b, t, lo);
+                else for (int v = 0; v < together; v++) {
                     if (kind == Q6_K) q6_quad_avx2(xq, rows, k, p[0], m[0], b, t, v0 + v, lo[v], hi[v]);
-                    else q4_quad_avx2(xq, rows, k, p[0], b, t, v0 + v, apart, lo[v], hi[v]);
+                    else q4_quad_avx2(xq, p[0], b, t, v0 + v, &lo[v][0], &hi[v][0]);
                 }
             for (int v = 0; v < together; v++) {
                 f32v scale, scale_hi, min;
