@@ -102,6 +102,19 @@ def start_team() -> None:
     _MAIN_PLACE = _STEP_PLACE = os.sched_getaffinity(0)
 
 
+def free_main_thread() -> None:
+    """For a worker whose main thread runs no parallel region while serving (a handler's predict
+    runs on its own thread): the main thread on every owned core for good. OpenMP may have bound
+    it to one core as torch or the handler loaded, and main_thread_works would put it back there
+    whenever work came; its decoding, batching and replies then waited behind any other process
+    on that core while the other sat idle. main_thread_works leaves it alone from here on."""
+    global _MAIN_PLACE, _STEP_PLACE
+    if _STEP_PLACE is None:
+        return
+    _MAIN_PLACE = _STEP_PLACE = None
+    os.sched_setaffinity(0, _OWNED)
+
+
 def owned_cores() -> list[int]:
     """The cores this worker owns (configure()'s share): after start_team the main thread's own
     affinity is one of them, which a log line would misreport as the worker's."""

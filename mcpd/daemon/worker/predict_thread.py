@@ -33,7 +33,6 @@ class Running:
 class PredictThread:
     def __init__(self, clock):
         self.clock = clock
-        _on_every_core()
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="predict", initializer=_on_every_core)
         self.wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self.in_flight: deque[Running] = deque()

@@ -71,6 +71,7 @@ class Worker:
         if config.model_table[model].versions[version].handler:   # no engine, no tokenizer (handler_core.py)
             self.core = HandlerCore(config, index, load_ready_handler(config.model, device), device, self.log,
                                     self.sockets, serves=serves)
+            threads.free_main_thread()   # after the handler's set-up: OpenMP may bind it as it loads
         else:
             self.engine = self._load_engine(device)
             self.core = WorkerCore(config, index, self.engine, self.log, self.sockets, serves=serves)
