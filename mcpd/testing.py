@@ -22,6 +22,7 @@ from pathlib import Path
 
 from mcpd.cli import control
 from mcpd.client import Client, CurveKeys
+from mcpd.cpu import threads
 from mcpd.memory import host_segment, pool_segment
 from mcpd.security.keys import generate, read_public
 
@@ -99,9 +100,10 @@ class Daemon:
         env = {**os.environ, **self.environment, "NOTIFY_SOCKET": str(self.root / "notify.sock"),
                "PYTHONUNBUFFERED": "1"}
         self.log_path = self.root / "mcpd.log"
-        self.process = subprocess.Popen([str(BIN / "mcpd"), "--config", str(self.config_path)],
-                                        stderr=open(self.log_path, "ab"), stdout=subprocess.DEVNULL, env=env,
-                                        umask=umask)
+        with threads.children_on_every_core():
+            self.process = subprocess.Popen([str(BIN / "mcpd"), "--config", str(self.config_path)],
+                                            stderr=open(self.log_path, "ab"), stdout=subprocess.DEVNULL, env=env,
+                                            umask=umask)
         if wait:
             self.wait_for_notification("READY=1", START_TIMEOUT_S)
         return self

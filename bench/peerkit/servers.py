@@ -40,6 +40,7 @@ import psutil
 from peerkit import checkpoints, llamacpp_avx2
 from peerkit.clients import MODEL_NAME
 from mcpd.config import SupervisorConfig
+from mcpd.cpu import threads
 from mcpd.testing import Daemon, free_port
 
 VLLM_VERSION = "0.32.0"
@@ -292,8 +293,9 @@ class HttpServer:
     def start(self) -> "HttpServer":
         with open(self.log, "ab") as out:
             out.write(f"\n$ {' '.join(self.command)}\n".encode())
-            self.process = subprocess.Popen(self.command, stdout=out, stderr=subprocess.STDOUT, env=self.env,
-                                            start_new_session=True, cwd=self.log.parent)
+            with threads.children_on_every_core():
+                self.process = subprocess.Popen(self.command, stdout=out, stderr=subprocess.STDOUT, env=self.env,
+                                                start_new_session=True, cwd=self.log.parent)
         deadline = time.monotonic() + START_TIMEOUT_S
         while not self._answers():
             if self.process.poll() is not None:

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from mcpd.config import WAIT_POLICIES
 
@@ -119,6 +121,24 @@ def owned_cores() -> list[int]:
     """The cores this worker owns (configure()'s share): after start_team the main thread's own
     affinity is one of them, which a log line would misreport as the worker's."""
     return list(_OWNED) if _OWNED is not None else sorted(os.sched_getaffinity(0))
+
+
+@contextmanager
+def children_on_every_core() -> Iterator[None]:
+    """Processes started inside get every core configure() found, not the main thread's own: a
+    child inherits the affinity of the thread that starts it, and with OMP_PROC_BIND set (by
+    configure()) OpenMP binds the main thread to one core as torch loads. A benchmark that
+    configured its threads and then started the daemon ran the whole daemon, its worker's one
+    thread included, on that core."""
+    bound = os.sched_getaffinity(0)
+    if _OWNED is None or bound == set(_OWNED):
+        yield
+        return
+    os.sched_setaffinity(0, _OWNED)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, bound)
 
 
 def set_count(count: int, most: int) -> None:

@@ -33,6 +33,13 @@ FORK_SERVER_SOCKET_SUFFIX = 32
 class ForkServerLauncher:
     """Starts children, and standbys of them, through the fork server (process_table.Launcher)."""
 
+    def __init__(self) -> None:
+        # The daemon's cores, taken before the supervisor reads a model's file. A library that
+        # loads an OpenMP runtime (the gguf package's) under OMP_PROC_BIND binds the loading
+        # thread to one core, and the fork server and every child would inherit that one core:
+        # a worker then found one core and ran one thread, beside all the daemon's processes.
+        self.cores = os.sched_getaffinity(0)
+
     def preload(self, specs: Iterable[ChildSpec]) -> None:
         """The modules the fork server imports before its first fork: the children's entry points'."""
         FORK_SERVER.set_forkserver_preload([*sorted({_module_of(spec.target) for spec in specs}),
@@ -40,7 +47,7 @@ class ForkServerLauncher:
 
     def start_child(self, spec: ChildSpec) -> multiprocessing.Process:
         process = FORK_SERVER.Process(target=spec.target, args=spec.args, name=f"mcpd-{spec.name}")
-        process.start()
+        self._start(process)
         return process
 
     def start_standby(self, spec: ChildSpec) -> Standby:
@@ -48,8 +55,14 @@ class ForkServerLauncher:
         promoted = FORK_SERVER.Event()
         process = FORK_SERVER.Process(target=spec.target, args=(*spec.args, promoted),
                                       name=f"mcpd-{spec.name}-standby")
-        process.start()
+        self._start(process)
         return Standby(process, promoted.set)
+
+    def _start(self, process: multiprocessing.Process) -> None:
+        """Start it from this thread on the daemon's cores: the fork server, started with the
+        first child, takes this thread's affinity, and every child the fork server's."""
+        os.sched_setaffinity(0, self.cores)
+        process.start()
 
 
 def keep_fork_server_in(runtime_dir: Path) -> None:
