@@ -185,12 +185,12 @@ def _models(scheduler: SchedulerStats):
     compared = CounterMetricFamily("mcpd_shadow_compared", "Shadow pairs compared", labels=["model", "candidate"])
     identical = CounterMetricFamily("mcpd_shadow_identical", "Shadow pairs with identical tokens",
                                     labels=["model", "candidate"])
-    for name, model in sorted(scheduler.models.get("models", {}).items()):
-        for version, figures in sorted(model["versions"].items()):
-            routed.add_metric([name, version], figures["routed"])
-        if model.get("shadow"):
-            compared.add_metric([name, model["shadow"]["candidate"]], model["shadow"]["compared"])
-            identical.add_metric([name, model["shadow"]["candidate"]], model["shadow"]["identical"])
+    for name, model in sorted(scheduler.models.models.items()):
+        for version, figures in sorted(model.versions.items()):
+            routed.add_metric([name, version], figures.routed)
+        if model.shadow:
+            compared.add_metric([name, model.shadow.candidate], model.shadow.compared)
+            identical.add_metric([name, model.shadow.candidate], model.shadow.identical)
     fast = GaugeMetricFamily("mcpd_fast_rung_active", "1 while a class's requests go to fast versions",
                              labels=["class"])
     for name in sorted(scheduler.classes):
