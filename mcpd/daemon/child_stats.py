@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import msgspec
 
+from mcpd.cluster.node_report import ClusterStats
 from mcpd.daemon.frontend.latency import LatencySummary
 from mcpd.daemon.frontend.outbox import OutboxStats
 from mcpd.daemon.frontend.request_metrics import MetricsSnapshot
@@ -170,7 +171,7 @@ class SchedulerStats(msgspec.Struct, frozen=True, kw_only=True, tag="scheduler")
     queue_time: dict[str, Snapshot] = {}   # by class
     workers: list[WorkerSlotStats] = []
     models: ModelsStats = ModelsStats()   # Scheduler.models_stats(): policies, versions, their workers
-    cluster: dict = {}              # ClusterNode.report(): this node, the live nodes it last saw, its prefetch; empty when off
+    cluster: ClusterStats | None = None   # ClusterNode.report(): this node, the live nodes it last saw, its prefetch; None when off
     frozen_objects: int = 0         # objects start-up made, kept out of the garbage collector's passes (child.py)
 
 

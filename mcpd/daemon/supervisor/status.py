@@ -50,7 +50,8 @@ def build_status(supervisor) -> dict:
                       "edge_shed": scheduler.edge_shed or {}},
         "models": _models(scheduler.models, workers),
         # This node, the live nodes it last saw and where it routed contexts' requests; {} when [cluster] is off.
-        "cluster": {**scheduler.cluster, **({"routing": frontend.routing} if frontend.routing else {})},
+        "cluster": {**(msgspec.to_builtins(scheduler.cluster) if scheduler.cluster else {}),
+                    **({"routing": frontend.routing} if frontend.routing else {})},
         "contexts": {**(msgspec.to_builtins(scheduler.contexts) if scheduler.contexts else {"contexts": 0, "bytes": 0}),
                      "restored": scheduler.persistence.restored if scheduler.persistence else 0,
                      "persistence": scheduler.persistence or {}},
