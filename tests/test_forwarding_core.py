@@ -9,6 +9,7 @@ import logging
 import msgpack
 import pytest
 
+from mcpd.cluster.node_report import NodeReport
 from mcpd.cluster.offload import queued_by_node
 from mcpd.config import from_dict
 from mcpd.daemon import messages
@@ -196,8 +197,8 @@ def test_nothing_is_offloaded_with_offloading_off():
 
 
 def test_a_node_whose_reported_load_is_not_a_count_is_never_offloaded_to(loaded):
-    reports = {"here": {"queued": 0}, "there": {"queued": True}, "third": {"queued": 2**40}, "x": {"queued": "1"},
-               "y": {}, "z": {"queued": -1}}
+    reports = {"here": NodeReport(queued=0), "third": NodeReport(queued=2**40), "y": NodeReport(),
+               "z": NodeReport(queued=-1)}
     assert queued_by_node(reports, "here", 9) == {"here": 9}
     loaded.on_scheduler(messages.Members(THREE, queued_by_node(reports, "here", 9)), [])
     plain(loaded, "generate", 1)

@@ -12,7 +12,7 @@ import faulty_handlers
 from fakes import Clock, Ports
 from mcpd.config import Config, VersionConfig
 from mcpd.config.handlers import BatchingConfig
-from mcpd.daemon import messages
+from mcpd.daemon import messages, model_stats
 from mcpd.daemon.worker.done_notes import DONE_FLUSH_S
 from mcpd.daemon.worker.handler_core import HandlerCore, HandlerHung
 from mcpd.handlers import tensors
@@ -315,5 +315,5 @@ def test_a_pings_done_note_waits_for_company_then_goes(core):
 def test_hello_carries_the_handlers_signature(core):
     hello = core.hello()
     assert (hello.served_model, hello.version, hello.model) == ("risk", "v1", RULES)
-    assert hello.signature == messages.Signature({"features": messages.TensorMetadata("FP32", [-1, 256])},
-                                                 {"score": messages.TensorMetadata("FP32", [-1])})
+    assert hello.signature == model_stats.Signature({"features": model_stats.TensorMetadata("FP32", [-1, 256])},
+                                                 {"score": model_stats.TensorMetadata("FP32", [-1])})

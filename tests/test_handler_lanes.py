@@ -8,7 +8,7 @@ import tempfile
 import pytest
 
 from mcpd.config import from_dict
-from mcpd.daemon import messages
+from mcpd.daemon import messages, model_stats
 from mcpd.daemon.scheduler import core as scheduler_core
 from mcpd.daemon.scheduler.core import Scheduler
 from mcpd.daemon.scheduler.poison import PoisonList
@@ -19,8 +19,8 @@ from fakes import Clock, Ports
 from test_scheduler_core import request
 
 MAX_BATCH = 8
-SIGNATURE = messages.Signature({"features": messages.TensorMetadata("FP32", [-1, 4])},
-                               {"score": messages.TensorMetadata("FP32", [-1])})
+SIGNATURE = model_stats.Signature({"features": model_stats.TensorMetadata("FP32", [-1, 4])},
+                               {"score": model_stats.TensorMetadata("FP32", [-1])})
 
 
 @pytest.fixture
@@ -71,11 +71,11 @@ def test_an_op_for_the_other_kind_is_refused_naming_it(core, args, words):
 
 
 def test_status_shows_each_versions_kind_and_the_handlers_signature(core):
-    models = core.stats()["models"]["models"]
-    assert models["chat"]["versions"]["v1"]["kind"] == "language"
-    assert models["chat"]["versions"]["v1"]["signature"] is None
-    assert models["risk"]["versions"]["v1"]["kind"] == "handler"
-    assert models["risk"]["versions"]["v1"]["signature"] == SIGNATURE
+    models = core.stats()["models"].models
+    assert models["chat"].versions["v1"].kind == "language"
+    assert models["chat"].versions["v1"].signature is None
+    assert models["risk"].versions["v1"].kind == "handler"
+    assert models["risk"].versions["v1"].signature == SIGNATURE
 
 
 def test_a_poisoned_infer_is_known_by_its_inputs_bytes_not_its_header_alone():

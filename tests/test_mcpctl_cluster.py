@@ -77,7 +77,7 @@ def test_nodes_their_load_their_share_of_recent_contexts_and_a_killed_node_gone(
     assert table["b"][-2] == "default/default"   # the models b's ready worker serves
     # A heartbeat anyone with Redis's address could write: shown quoted, never as control sequences.
     forged = Membership(redis_server.client(), "forged\x1b[2J", 30)
-    forged.beat({"tcp": "\x1b]0;owned\x07", "weight": "heavy", "models": 7})
+    forged.beat({"tcp": "\x1b]0;owned\x07", "weight": 1.0, "models": ["\x1b[2J"]})
     b.wait_until(lambda: "forged\x1b[2J" in ctl(b, "--json")["nodes"], what="b saw the forged node")
     text = ctl(b)
     assert "\x1b" not in text and rows(text)["'forged\\x1b[2J'"][3] == "'\\x1b]0;owned\\x07'"

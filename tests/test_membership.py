@@ -3,7 +3,11 @@ heartbeat registers a node with its report, a node that leaves is gone at once, 
 beating lapses after its TTL, and hostile node ids stay in the membership's hash tag."""
 import time
 
+import msgspec
+import pytest
+
 from mcpd.cluster.membership import Membership, node_key
+from mcpd.cluster.node_report import NodeReport
 
 
 def test_nodes_register_with_their_reports_and_leave(redis_server):
@@ -12,10 +16,11 @@ def test_nodes_register_with_their_reports_and_leave(redis_server):
     a.beat({"queued": 3, "models": ["default/default"]})
     b.beat({"queued": 0, "models": []})
     seen = a.live()
-    assert all(0 <= report.pop("age_ms") < 30_000 for report in seen.values())
-    assert seen == {"a": {"queued": 3, "models": ["default/default"]}, "b": {"queued": 0, "models": []}}
+    assert all(0 <= report.age_ms < 30_000 for report in seen.values())
+    assert {node_id: msgspec.structs.replace(report, age_ms=None) for node_id, report in seen.items()} == {
+        "a": NodeReport(queued=3, models=["default/default"]), "b": NodeReport(queued=0, models=[])}
     a.beat({"queued": 1, "models": []})
-    assert b.live()["a"]["queued"] == 1   # the newest report
+    assert b.live()["a"].queued == 1   # the newest report
     b.leave()
     assert list(a.live()) == ["a"] and not client.exists(node_key("b"))
 
@@ -44,3 +49,15 @@ def test_a_record_that_is_not_a_report_is_left_out(redis_server):
     Membership(client, "forged", 30).beat({})
     client.hset(node_key("forged"), "report", b"\xc1 not msgpack")
     assert list(watcher.live()) == ["watcher"]
+
+
+@pytest.mark.parametrize("report", [{"weight": "9"}, {"queued": True}, {"queued": "1"}, {"models": "m/a"},
+                                    {"tcp": 7}, {"curve_key": None}, ["not", "a", "map"]])
+def test_a_report_of_the_wrong_shape_is_left_out_with_a_log_line(redis_server, report, caplog):
+    client = redis_server.client()
+    watcher = Membership(client, "watcher", 30)
+    watcher.beat({"queued": 0, "weight": 1.0})
+    Membership(client, "forged", 30).beat(report)
+    assert list(watcher.live()) == ["watcher"] and list(watcher.live()) == ["watcher"]
+    said = [r for r in caplog.records if "'forged'" in r.getMessage() and "left out" in r.getMessage()]
+    assert len(said) == 1   # once, not at every heartbeat

@@ -7,7 +7,7 @@ import msgspec
 import pytest
 
 from mcpd.config import LimitsConfig, from_dict
-from mcpd.daemon import messages
+from mcpd.daemon import messages, model_stats
 from mcpd.daemon.child_stats import FrontendStats, SchedulerStats, WorkerStats
 from mcpd.engine import SamplingParams
 from mcpd.histogram import Snapshot
@@ -37,8 +37,8 @@ SAMPLES = [
     messages.Dispatch(1, "a", "t", 2, True, GenerateArgs(prompt_token_ids=(1, 2), sampling=SamplingParams(max_tokens=4)),
                       degraded=Degraded(4, 20)),
     messages.Hello(0, 1234, "cpu", "embedded", "float32"),
-    messages.Hello(1, 1235, "cpu", "h", "", "risk", "v1", messages.Signature(
-        {"features": messages.TensorMetadata("FP32", [-1, 4])}, {"score": messages.TensorMetadata("FP32", [-1])})),
+    messages.Hello(1, 1235, "cpu", "h", "", "risk", "v1", model_stats.Signature(
+        {"features": model_stats.TensorMetadata("FP32", [-1, 4])}, {"score": model_stats.TensorMetadata("FP32", [-1])})),
     messages.Welcome(), messages.Flush(), messages.Flushed(3),
     messages.Started(1),
     messages.Done([1, 2, 3]),
@@ -136,9 +136,6 @@ LOOSE_FOR_NOW = {
     "ContextUpdateArgs.changes": "delta entries as the client sent them; protocol/delta checks them",
     "GenerateResult.context": "a map in the client library's GenerateResult: typing it changes that API",
     "VersionConfig.settings": "a handler's own settings, passed to its setup unread",
-    "SchedulerStats.workers": "each worker's slot with its last WorkerStats spread in: a map of maps",
-    "SchedulerStats.models": "traffic, shadow and per-version figures merged into one map; not declared yet",
-    "SchedulerStats.cluster": "the heartbeat's view: other nodes' reports as read from Redis; not declared yet",
 }
 
 

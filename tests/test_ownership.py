@@ -4,6 +4,7 @@ answer agrees with the bulk one."""
 import numpy as np
 import pytest
 
+from mcpd.cluster.node_report import NodeReport
 from mcpd.cluster.ownership import Ownership, context_hash, serving
 
 NODES = [f"node-{i}" for i in range(100)]
@@ -57,11 +58,10 @@ def test_no_nodes_or_a_weightless_one_is_refused():
 
 
 def test_only_nodes_serving_a_model_with_a_sane_weight_own_contexts():
-    reports = {"ready": {"weight": 2, "models": ["default/default"]},
-               "loading": {"weight": 1.0},                       # restarted: no worker ready yet
-               "idle": {"weight": 1.0, "models": []},
-               "zero": {"weight": 0, "models": ["m/a"]}, "nan": {"weight": float("nan"), "models": ["m/a"]},
-               "inf": {"weight": float("inf"), "models": ["m/a"]}, "text": {"weight": "9", "models": ["m/a"]},
-               "odd": {"weight": 1.0, "models": "m/a"}}
+    reports = {"ready": NodeReport(weight=2, models=["default/default"]),
+               "loading": NodeReport(weight=1.0),                       # restarted: no worker ready yet
+               "idle": NodeReport(weight=1.0, models=[]),
+               "zero": NodeReport(weight=0, models=["m/a"]), "nan": NodeReport(weight=float("nan"), models=["m/a"]),
+               "inf": NodeReport(weight=float("inf"), models=["m/a"]), "negative": NodeReport(weight=-1.0, models=["m/a"])}
     assert serving(reports) == {"ready": 2.0}
     assert Ownership(serving(reports)).owner(context_hash("t", "c")) == "ready"

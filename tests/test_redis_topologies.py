@@ -13,6 +13,7 @@ import pytest
 
 from mcpd.cluster import redis_url
 from mcpd.cluster.membership import Membership
+from mcpd.cluster.node_report import NodeReport
 from mcpd.cluster.redis_client import connect
 from mcpd.config import from_dict
 from mcpd.config_error import ConfigError
@@ -162,7 +163,7 @@ def test_contexts_and_membership_work_through_cluster_and_sentinel_urls(topology
     membership = Membership(connect(config_with(tmp_path, url).cluster), "n1", 5.0)
     membership.beat({"weight": 1.0})
     seen = membership.live()
-    assert 0 <= seen["n1"].pop("age_ms") < 30_000 and seen == {"n1": {"weight": 1.0}}
+    assert 0 <= seen["n1"].age_ms < 30_000 and seen == {"n1": NodeReport(weight=1.0, age_ms=seen["n1"].age_ms)}
     for node in (first, second, third):
         node.journal.close()
 

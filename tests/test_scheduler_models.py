@@ -138,23 +138,23 @@ def test_a_shadowed_request_runs_on_both_versions_and_only_the_primary_answers()
     assert core.ports.finals() == {}   # the shadow's answer goes to no client
     core.on_worker([b"w0", *messages.encode(messages.TurnResult(1, result([1, 2, 3]), []))])
     assert core.ports.finals()[1]["result"]["token_ids"] == [1, 2, 3]
-    figures = core.models_stats()["models"]["m"]["shadow"]
-    assert (figures["compared"], figures["identical"], figures["mean_first_divergence"]) == (1, 0, 2.0)
+    figures = core.models_stats().models["m"].shadow
+    assert (figures.compared, figures.identical, figures.mean_first_divergence) == (1, 0, 2.0)
 
 
 def test_shadows_follow_their_fraction_and_are_shed_when_the_queue_is_deep():
     core = shadowed_core(0.25)
     for rid in range(1, 9):
         core.on_inbox(request(rid, GenerateArgs(prompt="x")))
-    assert core.models_stats()["models"]["m"]["shadow"]["started"] == 2
+    assert core.models_stats().models["m"].shadow.started == 2
     core.apply_config(from_dict({"server": {"runtime_dir": core.config.server.runtime_dir}, "cache": {"enabled": False},
                                  "persistence": {"enabled": False}, "scheduler": {"degrade_queue_depth": 1},
                                  "models": {"m": {"default": "a", "shadow": "b", "shadow_fraction": 0.25,
                                                   "versions": {"a": {}, "b": {}}}}}))
     for rid in range(9, 17):
         core.on_inbox(request(rid, GenerateArgs(prompt="x")))
-    figures = core.models_stats()["models"]["m"]["shadow"]
-    assert (figures["started"], figures["shed"]) == (2, 2)
+    figures = core.models_stats().models["m"].shadow
+    assert (figures.started, figures.shed) == (2, 2)
 
 
 def test_the_fast_rung_sends_a_slow_class_to_the_fast_version_and_leaves_with_hysteresis():

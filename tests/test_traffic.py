@@ -57,7 +57,7 @@ def test_huge_weights_route_every_key_as_their_proportional_small_weights_do(hug
         t.split("m", weights)
         routed.append([t.route("m", None, k)[1] for k in keys])
     assert routed[0] == routed[1]
-    assert t.describe()["m"]["split"] == {"a": float(small["a"]), "b": float(small["b"])}   # shown as given
+    assert t.describe()["m"].split == {"a": float(small["a"]), "b": float(small["b"])}   # shown as given
 
 
 def test_raising_one_weight_moves_keys_only_toward_that_version():
@@ -110,7 +110,7 @@ def test_a_reload_keeps_the_live_policy_unless_the_models_entry_changed():
     assert t.route("m", None, "k") == ("m", "b")
     config = table(split={"a": 1, "b": 3})
     assert t.configure(config.model_table, config.default_model) == ["m"]
-    assert t.describe()["m"]["split"] == {"a": 1.0, "b": 3.0}
+    assert t.describe()["m"].split == {"a": 1.0, "b": 3.0}
 
 
 def test_a_draw_is_strictly_inside_zero_and_one():

@@ -60,5 +60,7 @@ def _models(models) -> str:
 def _shown(value) -> str:
     """A heartbeat's value as text, quoted when it is not printable: any node (or anyone who can
     write to Redis) wrote it, and a terminal must not take it for control sequences."""
+    if value is None:   # a figure a node has not reported yet
+        return "-"
     text = str(value)
     return text if text.isprintable() and " " not in text else repr(text)

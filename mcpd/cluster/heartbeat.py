@@ -16,9 +16,11 @@ import queue
 import threading
 import time
 
+import msgspec
 import redis
 
 from mcpd.cluster.membership import Membership
+from mcpd.cluster.node_report import GoneNode, NodeReport
 from mcpd.cluster.recency import RecentContexts
 from mcpd.cluster.redis_client import REDIS_ERRORS
 from mcpd.config import ClusterConfig
@@ -31,7 +33,7 @@ class Heartbeat:
                  log: logging.Logger, curve_key: str = ""):
         """`observer(nodes, trigger)` hears the live nodes after each beat (Prefetch.observe);
         `curve_key`: this node's CURVE server key with CURVE on, for the nodes that forward to it."""
-        self.membership = Membership(client, config.node_name, config.node_ttl_s)
+        self.membership = Membership(client, config.node_name, config.node_ttl_s, log)
         self.recent, self.observer = recent, observer
         self.interval_s = config.heartbeat_s
         self.identity = {"tcp": config.advertise_tcp, "http": config.advertise_http, "weight": config.weight,
@@ -40,8 +42,8 @@ class Heartbeat:
         self.load: dict = {}
         self.used: queue.SimpleQueue = queue.SimpleQueue()   # (used, dropped) lists from the loop
         self.unwritten: tuple[dict, dict] = ({}, {})   # to the recency index, when Redis missed them
-        self.nodes: dict[str, dict] = {}   # the live nodes as last seen, by id
-        self.gone: dict[str, dict] = {}    # nodes seen to leave: their last report and when (time.time())
+        self.nodes: dict[str, NodeReport] = {}   # the live nodes as last seen, by id
+        self.gone: dict[str, GoneNode] = {}      # nodes seen to leave: their last report and when
         self.indexed = 0                   # contexts in the recency index, at its last write
         self.rtt_ms: float | None = None   # the last heartbeat's round trips to Redis
         self.failing: str | None = None    # why the last heartbeat did not reach Redis
@@ -89,13 +91,13 @@ class Heartbeat:
             self.failing = None
         self._see(nodes)
 
-    def _see(self, nodes: dict[str, dict]) -> None:
+    def _see(self, nodes: dict[str, NodeReport]) -> None:
         """Take the live nodes in; tell the observer, with why to prefetch if this node just
         started or nodes left."""
         left = sorted(set(self.nodes) - set(nodes))
         now = time.time()
         gone = {node_id: report for node_id, report in self.gone.items() if node_id not in nodes}
-        gone.update({node_id: {**self.nodes[node_id], "gone_at": now} for node_id in left})
+        gone.update({node_id: GoneNode(**msgspec.structs.asdict(self.nodes[node_id]), gone_at=now) for node_id in left})
         self.gone = dict(list(gone.items())[-REMEMBERED_GONE:])
         self.nodes = nodes
         trigger = None if self.started else "start"
@@ -123,9 +125,10 @@ class Heartbeat:
         self.unwritten = ({}, {})
 
     def stats(self) -> dict:
+        """ClusterStats' fields that the heartbeat knows."""
         now = time.time()
         return {"node": self.membership.node_id, "heartbeat": self.failing or "ok", "nodes": self.nodes,
-                "gone": {node_id: {**report, "gone_s": round(now - report["gone_at"], 1)}
+                "gone": {node_id: msgspec.structs.replace(report, gone_s=round(now - report.gone_at, 1))
                          for node_id, report in self.gone.items()},
                 "redis_rtt_ms": self.rtt_ms, "recent_indexed": self.indexed}
 

@@ -11,8 +11,15 @@ the set and a node's hash run on one shard.
 """
 from __future__ import annotations
 
+import logging
+
 import msgpack
+import msgspec
 import redis
+
+from mcpd.cluster.node_report import NodeReport
+
+LOG = logging.getLogger("mcpd.cluster")
 
 SET = "mcpd:{nodes}"
 
@@ -48,8 +55,10 @@ def node_key(node_id: str) -> str:
 
 
 class Membership:
-    def __init__(self, client: redis.Redis, node_id: str, ttl_s: float):
+    def __init__(self, client: redis.Redis, node_id: str, ttl_s: float, log: logging.Logger = LOG):
         self.redis, self.node_id, self.ttl_ms = client, node_id, max(1, round(ttl_s * 1000))
+        self.log = log
+        self.left_out: set[str] = set()   # nodes whose report did not decode, logged once
         self.beat_script = client.register_script(BEAT)
         self.live_script = client.register_script(LIVE)
         self.leave_script = client.register_script(LEAVE)
@@ -62,27 +71,30 @@ class Membership:
     def leave(self) -> None:
         self.leave_script(keys=[SET, node_key(self.node_id)], args=[self.node_id])
 
-    def live(self) -> dict[str, dict]:
+    def live(self) -> dict[str, NodeReport]:
         """Each live node's last report, by node id, with the age of its heartbeat ("age_ms")."""
         now, *listed = self.live_script(keys=[SET])
         ids = [raw.decode(errors="replace") for raw in listed]
         with self.redis.pipeline(transaction=False) as reading:
             for node_id in ids:
                 reading.hmget(node_key(node_id), "report", "at")
-            reports = [_report(raw, at, now) for raw, at in reading.execute()]
+            reports = [self._report(node_id, raw, at, now) for node_id, (raw, at) in zip(ids, reading.execute())]
+        self.left_out.intersection_update(ids)   # forget the nodes gone
         # A node whose hash lapsed between the two reads is gone: it is left out.
         return {node_id: report for node_id, report in zip(ids, reports) if report is not None}
 
-
-def _report(raw: bytes | None, at: bytes | None, now: int) -> dict | None:
-    """A heartbeat's report and its age; None for none, or for one that is not a msgpack map
-    (whoever wrote it). The age is the script's own stamp against Redis's clock; None if unreadable."""
-    if raw is None:
-        return None
-    try:
-        report = msgpack.unpackb(raw)
-    except (ValueError, msgpack.UnpackException):
-        return None
-    if not isinstance(report, dict):
-        return None
-    return {**report, "age_ms": now - int(at) if at is not None and at.isdigit() else None}
+    def _report(self, node_id: str, raw: bytes | None, at: bytes | None, now: int) -> NodeReport | None:
+        """A heartbeat's report and its age; None for none, or for one that does not decode into a
+        NodeReport (whoever wrote it: logged once until that node writes a good one). The age is the
+        script's own stamp against Redis's clock; None if unreadable."""
+        if raw is None:
+            return None
+        try:
+            report = msgspec.msgpack.decode(raw, type=NodeReport)
+        except msgspec.DecodeError as e:
+            if node_id not in self.left_out:
+                self.log.warning("cluster node %r: its heartbeat report is left out (%s)", node_id, e)
+            self.left_out.add(node_id)
+            return None
+        self.left_out.discard(node_id)
+        return msgspec.structs.replace(report, age_ms=now - int(at) if at is not None and at.isdigit() else None)

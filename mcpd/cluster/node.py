@@ -12,6 +12,7 @@ import zmq
 from mcpd.cluster.heartbeat import Heartbeat
 from mcpd.cluster.prefetch import Prefetch
 from mcpd.cluster.recency import RecentContexts
+from mcpd.cluster.node_report import ClusterStats, PrefetchStats
 from mcpd.cluster.redis_client import connect
 from mcpd.cluster.used_contexts import UsedContexts
 from mcpd.config import ClusterConfig
@@ -46,11 +47,11 @@ class ClusterNode:
         except MCPDError as e:
             self.log.warning("cluster prefetch: context %s/%s not kept (%s)", context.owner, context.id, e.message)
 
-    def report(self, load: dict) -> dict:
+    def report(self, load: dict) -> ClusterStats:
         """Hand the heartbeat this node's load and the contexts used since; what `status` shows."""
         self.heartbeat.update(load, *self.used.take())
-        return {**self.heartbeat.stats(), "owners": self.prefetch.owners,
-                "prefetch": {"prefetched": self.prefetched, "last_pass": self.prefetch.last_pass}}
+        return ClusterStats(**self.heartbeat.stats(), owners=self.prefetch.owners,
+                            prefetch=PrefetchStats(self.prefetched, self.prefetch.last_pass))
 
     def close(self) -> None:
         self.heartbeat.close()

@@ -10,6 +10,7 @@ Socket-free: frontend/forwarding.py sends.
 """
 from __future__ import annotations
 
+from mcpd.cluster.node_report import NodeReport
 from mcpd.daemon.messages import OwnerNode
 from mcpd.protocol import args as typed
 
@@ -17,13 +18,13 @@ PLAIN = (typed.GenerateArgs, typed.InferArgs)
 MAX_QUEUED = 1 << 31   # a report's queued count past this is not a load (Redis holds what anyone wrote)
 
 
-def queued_by_node(reports: dict[str, dict], node_id: str, queued_here: int) -> dict[str, int]:
+def queued_by_node(reports: dict[str, NodeReport], node_id: str, queued_here: int) -> dict[str, int]:
     """Each live node's queued requests, from its heartbeat's report (a node whose count is not a
     plain count in bounds is left out: never offloaded to), this node's own as counted now."""
     queued = {}
     for other, report in reports.items():
-        count = report.get("queued")
-        if type(count) is int and 0 <= count <= MAX_QUEUED:
+        count = report.queued
+        if count is not None and 0 <= count <= MAX_QUEUED:
             queued[other] = count
     queued[node_id] = queued_here
     return queued

@@ -16,6 +16,8 @@ import math
 import msgpack
 import numpy as np
 
+from mcpd.cluster.node_report import NodeReport
+
 _MASK = (1 << 64) - 1
 
 
@@ -28,23 +30,17 @@ def node_hash(node_id: str) -> int:
     return _digest(node_id.encode(), b"mcpd-owner-node")
 
 
-def weights(reports: dict[str, dict]) -> dict[str, float]:
+def weights(reports: dict[str, NodeReport]) -> dict[str, float]:
     """Each live node's weight, as its last heartbeat (by id) says; a node whose weight is not a
     positive finite number (whoever wrote it) owns nothing."""
-    found = {}
-    for node_id, report in reports.items():
-        weight = report.get("weight")
-        if isinstance(weight, (int, float)) and not isinstance(weight, bool) and 0 < weight < math.inf:
-            found[node_id] = float(weight)
-    return found
+    return {node_id: report.weight for node_id, report in reports.items() if 0 < report.weight < math.inf}
 
 
-def serving(reports: dict[str, dict]) -> dict[str, float]:
+def serving(reports: dict[str, NodeReport]) -> dict[str, float]:
     """The nodes a client's requests go to by ownership, with their weights: those of `weights`
     whose heartbeat names a model they serve. A node still loading its models owns nothing yet:
     a context moved to it would wait out the load."""
-    return {node_id: weight for node_id, weight in weights(reports).items()
-            if isinstance(models := reports[node_id].get("models"), list) and models}
+    return {node_id: weight for node_id, weight in weights(reports).items() if reports[node_id].models}
 
 
 class Ownership:

@@ -20,6 +20,7 @@ from collections.abc import Callable
 import numpy as np
 import zmq
 
+from mcpd.cluster.node_report import NodeReport, PrefetchPass
 from mcpd.cluster.ownership import Ownership, context_hash, weights as node_weights
 from mcpd.cluster.recency import RecentContexts
 from mcpd.cluster.redis_client import REDIS_ERRORS
@@ -39,11 +40,11 @@ class Prefetch:
         self.ready: queue.Queue[Context] = queue.Queue(maxsize=1)
         self.wakeup = zmq_context.socket(zmq.PULL)   # the scheduler's loop polls it
         self.wakeup.bind(WAKEUP)
-        self.nodes: dict[str, dict] = {}          # the live nodes as last seen
+        self.nodes: dict[str, NodeReport] = {}    # the live nodes as last seen
         self.trigger: str | None = None           # why the next pass prefetches; None: only count owners
         self.trigger_lock = threading.Lock()      # the heartbeat's thread sets it, this one takes it
         self.owners: dict[str, int] = {}          # indexed contexts each live node owns, at the last count
-        self.last_pass: dict = {}
+        self.last_pass: PrefetchPass | None = None
         self.wake, self.stopping = threading.Event(), threading.Event()
         self.thread = threading.Thread(target=self._run, name="cluster-prefetch", daemon=True)
 
@@ -51,7 +52,7 @@ class Prefetch:
         self.thread.start()
         return self
 
-    def observe(self, nodes: dict[str, dict], trigger: str | None) -> None:
+    def observe(self, nodes: dict[str, NodeReport], trigger: str | None) -> None:
         """From the heartbeat: the live nodes, and why to prefetch now (this node started, nodes
         left), or None."""
         self.nodes = nodes
@@ -118,10 +119,10 @@ class Prefetch:
             context = self.shared.read(*key)
             if context is not None and self._hand_over(context, waking):
                 loaded += 1
-        self.last_pass = {"trigger": trigger, "owned": len(owned), "wanted": min(len(wanted), self.limit),
-                          "loaded": loaded, "seconds": round(time.monotonic() - started, 3)}
+        self.last_pass = PrefetchPass(trigger, len(owned), min(len(wanted), self.limit), loaded,
+                                      round(time.monotonic() - started, 3))
         self.log.info("cluster prefetch (%s): %d of the %d recently used contexts this node owns and lacked "
-                      "read from Redis in %.2f s", trigger, loaded, self.last_pass["wanted"], self.last_pass["seconds"])
+                      "read from Redis in %.2f s", trigger, loaded, self.last_pass.wanted, self.last_pass.seconds)
 
     def _hand_over(self, context: Context, waking: zmq.Socket) -> bool:
         while not self.stopping.is_set():

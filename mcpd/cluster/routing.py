@@ -11,6 +11,7 @@ Socket-free: frontend/forwarding.py sends, frontend/peer_links.py holds the sock
 """
 from __future__ import annotations
 
+from mcpd.cluster.node_report import NodeReport
 from mcpd.cluster.ownership import Ownership, context_hash, serving
 from mcpd.daemon.messages import OwnerNode
 from mcpd.protocol import args as typed
@@ -29,20 +30,20 @@ def context_named(args) -> str | None:
     return None
 
 
-def owner_nodes(reports: dict[str, dict]) -> dict[str, OwnerNode]:
+def owner_nodes(reports: dict[str, NodeReport]) -> dict[str, OwnerNode]:
     """The live nodes that may own contexts: those serving a model with a usable weight
     (ownership.serving) and advertising a ZeroMQ endpoint to forward to. Every node applies the
     same rule to the same reports, so all agree on owners. Reports come from Redis, written by
     whoever can write there: each value is checked."""
     owners = {}
     for node_id, weight in serving(reports).items():
-        tcp, curve_key = reports[node_id].get("tcp"), _curve_key(reports[node_id].get("curve_key", ""))
-        if isinstance(tcp, str) and tcp.startswith("tcp://") and len(tcp) <= MAX_ENDPOINT_CHARS and curve_key is not None:
+        tcp, curve_key = reports[node_id].tcp, _curve_key(reports[node_id].curve_key)
+        if tcp.startswith("tcp://") and len(tcp) <= MAX_ENDPOINT_CHARS and curve_key is not None:
             owners[node_id] = OwnerNode(tcp, weight, curve_key)
     return owners
 
 
-def _curve_key(key) -> str | None:
+def _curve_key(key: str) -> str | None:
     """A node's advertised CURVE server key: "" for none, None for one that is not a key."""
     if key == "":
         return key

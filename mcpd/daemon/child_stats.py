@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import msgspec
 
+from mcpd.cluster.node_report import ClusterStats
 from mcpd.daemon.frontend.latency import LatencySummary
 from mcpd.daemon.frontend.outbox import OutboxStats
 from mcpd.daemon.frontend.request_metrics import MetricsSnapshot
+from mcpd.daemon.model_stats import ModelsStats
 from mcpd.handlers.result_cache_stats import ResultCacheStats
 from mcpd.histogram import Snapshot
 from mcpd.memory.arena_stats import ArenaStats
@@ -142,6 +144,17 @@ class ContextsStats(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tru
     redis: RedisContextStats | None = None
 
 
+class WorkerSlotStats(msgspec.Struct, frozen=True, kw_only=True):
+    """A worker as the scheduler sees it (router.py's WorkerSlot): whether it takes requests, the
+    requests and tokens it holds, and what it last said of itself (its Hello, then its stats)."""
+    index: int
+    pid: int | None
+    ready: bool
+    inflight: int
+    outstanding_tokens: int
+    reported: WorkerStats
+
+
 class SchedulerStats(msgspec.Struct, frozen=True, kw_only=True, tag="scheduler"):
     queue_depth: int = 0
     dispatched: int = 0
@@ -156,9 +169,9 @@ class SchedulerStats(msgspec.Struct, frozen=True, kw_only=True, tag="scheduler")
     cache: ArenaStats | None = None   # the host cache's; None: it is off
     persistence: JournalStats | None = None   # None: not reported yet
     queue_time: dict[str, Snapshot] = {}   # by class
-    workers: list = []
-    models: dict = {}               # Scheduler.models_stats(): policies, versions, their workers
-    cluster: dict = {}              # ClusterNode.report(): this node, the live nodes it last saw, its prefetch; empty when off
+    workers: list[WorkerSlotStats] = []
+    models: ModelsStats = ModelsStats()   # Scheduler.models_stats(): policies, versions, their workers
+    cluster: ClusterStats | None = None   # ClusterNode.report(): this node, the live nodes it last saw, its prefetch; None when off
     frozen_objects: int = 0         # objects start-up made, kept out of the garbage collector's passes (child.py)
 
 

@@ -37,6 +37,7 @@ import msgspec
 
 from mcpd.daemon import child_stats
 from mcpd.daemon.child_stats import WorkerStats
+from mcpd.daemon.model_stats import Signature
 from mcpd.config import Config
 from mcpd.protocol import control_args, control_results
 from mcpd.protocol.args import ANY_ARGS, GenerateArgs, InferArgs, PingArgs
@@ -92,18 +93,6 @@ class Dispatch(Message):
     trace: str | None = None    # the traceparent of its request's root span, when traced
     context_version: int | None = None   # an infer whose inputs came from a context: its version, for the reply
     sent: float | None = None   # when its sender sent it (time.monotonic()), for a traced request's hop span
-
-
-class TensorMetadata(msgspec.Struct, frozen=True):
-    """A handler's declared input or output (handlers/tensors.py's TensorSpec); a map, as the
-    status and the KServe metadata show it."""
-    datatype: str
-    shape: list[int]   # -1: any
-
-
-class Signature(msgspec.Struct, frozen=True):
-    inputs: dict[str, TensorMetadata]
-    outputs: dict[str, TensorMetadata]
 
 
 class Hello(Message):

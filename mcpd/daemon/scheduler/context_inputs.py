@@ -23,7 +23,7 @@ import numpy as np
 
 from mcpd.contexts import field_window
 from mcpd.contexts.store import ContextStore
-from mcpd.daemon import messages
+from mcpd.daemon import model_stats
 from mcpd.handlers import tensors
 from mcpd.handlers.tensor_header import MAX_RANK, TensorHeader
 from mcpd.handlers.tensors import TensorSpec
@@ -41,7 +41,7 @@ class Resolved:
 
 
 def resolve(store: ContextStore, tenant: str, args: InferArgs, payload: list[bytes], limits: LimitsConfig,
-            signature: messages.Signature | None) -> Resolved:
+            signature: model_stats.Signature | None) -> Resolved:
     """The args and frames the worker takes; the inputs made from fields are held to the limits
     of sent ones, and to the model's signature (None until a worker of it said hello). All is
     checked before the append is committed: a refusal changes nothing."""
@@ -81,7 +81,7 @@ def _check_sizes(context_id: str, values: dict[str, np.ndarray], rows: int, limi
                                              "elements (limits.max_tensor_elements)")
 
 
-def _check_signature(signature: messages.Signature | None, values: dict[str, np.ndarray], rows: int) -> None:
+def _check_signature(signature: model_stats.Signature | None, values: dict[str, np.ndarray], rows: int) -> None:
     """The worker's checks of the inputs made from fields (handlers/tensors.py), run here too, so
     that no append is committed for a request the model refuses."""
     if signature is None:

@@ -43,14 +43,12 @@ import logging
 import time
 from typing import Collection, Protocol
 
-import msgspec
-
 from mcpd import tokenizer, tracing
 from mcpd.config import Config, SchedulerConfig
 from mcpd.contexts import service as contexts
 from mcpd.contexts.persistence import open_store
 from mcpd.contexts.service import ContextService
-from mcpd.daemon import channels, child, messages
+from mcpd.daemon import channels, child, messages, model_stats
 from mcpd.daemon.frontend.latency import LatencyWindow
 from mcpd.daemon.scheduler import admin, handler_lanes, model_versions, status, worker_events
 from mcpd.daemon.scheduler.admission import Admission
@@ -117,7 +115,7 @@ class Scheduler:
         self.contexts = ContextService(self.persistence)
         self.traffic = Traffic(config.model_table, config.default_model)
         self.tokenizers: dict[tuple[str, str], tokenizer.Tokenizer] = {}   # by (model, version), loaded when first used
-        self.signatures: dict[tuple[str, str], messages.Signature] = {}   # a handler version's, from its Hello
+        self.signatures: dict[tuple[str, str], model_stats.Signature] = {}   # a handler version's, from its Hello
         self.unloading: dict[tuple[str, str], Unload] = {}   # versions being unloaded (unload.py)
         self.shadow = ShadowBook()
         self.shadow_rids = itertools.count(-1, -1)   # shadow copies' rids: the front-end's are >= 0
@@ -360,7 +358,7 @@ class Scheduler:
                 hello = messages.Hello(stats.index, stats.pid, stats.device, stats.model, stats.dtype,
                                        stats.served_model, stats.version)
                 return worker_events.hello(self, identity, hello)
-            slot.heard(msgspec.structs.asdict(stats))
+            slot.heard(stats)
         elif slot is None:
             return
         elif isinstance(message, messages.Started):
@@ -406,7 +404,7 @@ class Scheduler:
 
     # -- the status report (status.py) ---------------------------------------------------------
 
-    def models_stats(self) -> dict:
+    def models_stats(self) -> model_stats.ModelsStats:
         return status.models_stats(self)
 
     def node_load(self) -> dict:

@@ -116,14 +116,14 @@ class SchedulerProcess:
 
     def _report(self) -> None:
         """The stats to the supervisor; with a cluster, the live nodes to the front-end too (it routes by them)."""
-        cluster = {}
+        cluster = None
         if self.cluster is not None:
             from mcpd.cluster.offload import queued_by_node   # loads only where a cluster is on
             from mcpd.cluster.routing import owner_nodes
             load = self.scheduler.node_load()
             cluster = self.cluster.report(load)
-            queued = queued_by_node(cluster["nodes"], self.node_id, load["queued"])
-            self.sockets.to_frontend(messages.encode(messages.Members(owner_nodes(cluster["nodes"]), queued)))
+            queued = queued_by_node(cluster.nodes, self.node_id, load["queued"])
+            self.sockets.to_frontend(messages.encode(messages.Members(owner_nodes(cluster.nodes), queued)))
         self.sockets.events.send(messages.Report, SchedulerStats(**self.scheduler.stats(), cluster=cluster,
                                                                  frozen_objects=child.frozen_objects()))
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from mcpd.daemon.child_stats import WorkerSlotStats, WorkerStats
 from mcpd.daemon.scheduler.job import Job
 
 
@@ -29,14 +30,18 @@ class WorkerSlot:
     pid: int | None = None
     ready: bool = False
     jobs: dict[int, Job] = field(default_factory=dict)
-    info: dict = field(default_factory=dict)
+    info: WorkerStats = field(default_factory=WorkerStats)
     serves: tuple[str, str] = ("", "")   # (model, version) of the model table (config/models.py), as it said
 
-    def heard(self, info: dict) -> None:
+    def heard(self, info: WorkerStats) -> None:
         """What the worker said of itself (its Hello, then its stats); what it serves is read out
         once here, since every dispatch of a model version asks."""
         self.info = info
-        self.serves = info.get("served_model", ""), info.get("version", "")
+        self.serves = info.served_model, info.version
+
+    def stats(self) -> WorkerSlotStats:
+        return WorkerSlotStats(index=self.index, pid=self.pid, ready=self.ready, inflight=len(self.jobs),
+                               outstanding_tokens=self.outstanding_tokens, reported=self.info)
 
     @property
     def outstanding_tokens(self) -> int:

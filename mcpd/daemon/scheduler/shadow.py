@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from mcpd.daemon.model_stats import ShadowStats
 from mcpd.histogram import LATENCY_BOUNDS, Histogram
 from mcpd.protocol.control_results import ShadowSetting
 from mcpd.protocol.results import GenerateResult
@@ -61,14 +62,15 @@ class Agreement:
         self.primary_latency.observe(primary["latency_s"])
         self.shadow_latency.observe(shadow["latency_s"])
 
-    def describe(self) -> dict:
+    def describe(self) -> ShadowStats:
         differ = self.compared - self.identical
-        return {"candidate": self.candidate or None, "fraction": self.fraction, "started": self.started,
-                "shed": self.shed, "compared": self.compared, "identical": self.identical,
-                "agreement": round(self.identical / self.compared, 6) if self.compared else None,
-                "mean_first_divergence": round(self.divergence_positions / differ, 3) if differ else None,
-                "mean_logprob_diff": round(self.logprob_diff_sum / self.logprob_diffs, 6) if self.logprob_diffs else None,
-                "primary_latency": self.primary_latency.snapshot(), "shadow_latency": self.shadow_latency.snapshot()}
+        return ShadowStats(
+            candidate=self.candidate or None, fraction=self.fraction, started=self.started, shed=self.shed,
+            compared=self.compared, identical=self.identical,
+            agreement=round(self.identical / self.compared, 6) if self.compared else None,
+            mean_first_divergence=round(self.divergence_positions / differ, 3) if differ else None,
+            mean_logprob_diff=round(self.logprob_diff_sum / self.logprob_diffs, 6) if self.logprob_diffs else None,
+            primary_latency=self.primary_latency.snapshot(), shadow_latency=self.shadow_latency.snapshot())
 
 
 class ShadowBook:
@@ -127,5 +129,5 @@ class ShadowBook:
         if pair is not None and shadow:
             self.models[pair.model].shed += 1
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, ShadowStats]:
         return {model: a.describe() for model, a in self.models.items() if a.candidate}

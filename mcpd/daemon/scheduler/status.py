@@ -2,35 +2,37 @@
 read of it, built from its queue, its workers and its policies."""
 from __future__ import annotations
 
+import msgspec
+
 from mcpd.daemon.child_stats import ClassQueue
+from mcpd.daemon.model_stats import ModelsStats, VersionStats
 from mcpd.daemon.scheduler import handler_lanes
 
 
-def models_stats(scheduler) -> dict:
+def models_stats(scheduler) -> ModelsStats:
     """traffic.py's view of each model, with each version's ready workers, its requests waiting,
     running and answered, and its answers' recent latency."""
-    models = scheduler.traffic.describe()
     shadows = scheduler.shadow.describe()
     latency = scheduler.answer_latency.summary()
-    for name, model in models.items():
-        model["shadow"] = shadows.get(name)
-        for version, figures in model["versions"].items():
-            serving = scheduler.serving((name, version))
-            figures["workers"] = sorted(s.index for s in serving if s.ready)
-            figures["queued"] = scheduler.queue.waiting_for((name, version))
-            figures["running"] = sum(len(s.jobs) for s in serving)
-            figures["answered"] = scheduler.answered.get((name, version), 0)
-            figures["latency"] = latency.get((name, version))
-            figures["kind"] = handler_lanes.kind_of(scheduler.config, (name, version))
-            figures["signature"] = scheduler.signatures.get((name, version))
-    return {"default_model": scheduler.traffic.default_model, "models": models}
+    models = {name: msgspec.structs.replace(model, shadow=shadows.get(name), versions={
+        version: _version_stats(scheduler, (name, version), figures, latency.get((name, version)))
+        for version, figures in model.versions.items()}) for name, model in scheduler.traffic.describe().items()}
+    return ModelsStats(scheduler.traffic.default_model, models)
+
+
+def _version_stats(scheduler, served: tuple[str, str], routed: VersionStats, latency) -> VersionStats:
+    serving = scheduler.serving(served)
+    return msgspec.structs.replace(
+        routed, workers=sorted(s.index for s in serving if s.ready), queued=scheduler.queue.waiting_for(served),
+        running=sum(len(s.jobs) for s in serving), answered=scheduler.answered.get(served, 0), latency=latency,
+        kind=handler_lanes.kind_of(scheduler.config, served), signature=scheduler.signatures.get(served))
 
 
 def node_load(scheduler) -> dict:
     """What this node's cluster heartbeat carries: its load, free KV blocks and the models it serves."""
     ready = [s for s in scheduler.workers.values() if s.ready]
-    free_kv = sum((s.info.get("kv_blocks_total") or 0) - (s.info.get("kv_blocks_used") or 0) for s in ready)
-    served = sorted({f"{s.info.get('served_model', '')}/{s.info.get('version', '')}" for s in ready})
+    free_kv = sum((s.info.kv_blocks_total or 0) - (s.info.kv_blocks_used or 0) for s in ready)
+    served = sorted({f"{s.info.served_model}/{s.info.version}" for s in ready})
     return {"queued": len(scheduler.queue), "inflight": len(scheduler.jobs), "free_kv_blocks": free_kv,
             "models": served}
 
@@ -48,9 +50,7 @@ def stats(scheduler) -> dict:
             "cache": scheduler.host_cache.stats() if scheduler.host_cache else None,
             "persistence": scheduler.persistence.journal.stats(),
             "queue_time": {name: h.snapshot() for name, h in scheduler.queue_time.items()},
-            "workers": [{"index": s.index, "pid": s.pid, "ready": s.ready, "inflight": len(s.jobs),
-                         "outstanding_tokens": s.outstanding_tokens, **s.info}
-                        for s in sorted(scheduler.workers.values(), key=lambda s: s.index)]}
+            "workers": [s.stats() for s in sorted(scheduler.workers.values(), key=lambda s: s.index)]}
 
 
 def _max_queue(scheduler, name: str) -> int | None:

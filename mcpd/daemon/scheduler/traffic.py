@@ -21,6 +21,7 @@ import math
 from dataclasses import dataclass, field
 
 from mcpd.config import ModelEntry
+from mcpd.daemon.model_stats import ModelStats, VersionStats
 from mcpd.protocol import codes
 from mcpd.protocol.codes import MCPDError
 from mcpd.protocol.control_results import TrafficPolicy
@@ -206,10 +207,11 @@ class Traffic:
                                             f"(`mcpctl models load {model} {version}`)")
         return traffic
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, ModelStats]:
         """Per model: its policy, whether rollback has somewhere to go, and per version whether
         it is loaded and how many requests were routed to it."""
-        return {name: {**t.policy.describe(), "can_roll_back": len(t.history) > 1, "fast": t.fast or None,
-                       "routed_fast": t.routed_fast,
-                       "versions": {v: {"loaded": v in t.loaded, "routed": t.routed.get(v, 0)} for v in t.versions}}
+        return {name: ModelStats(primary=t.policy.primary, split=dict(t.policy.split), can_roll_back=len(t.history) > 1,
+                                 fast=t.fast or None, routed_fast=t.routed_fast,
+                                 versions={v: VersionStats(loaded=v in t.loaded, routed=t.routed.get(v, 0))
+                                           for v in t.versions})
                 for name, t in self.models.items()}

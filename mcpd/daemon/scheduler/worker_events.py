@@ -6,6 +6,7 @@ from __future__ import annotations
 import msgspec
 
 from mcpd.daemon import messages
+from mcpd.daemon.child_stats import WorkerStats
 from mcpd.daemon.scheduler import model_versions
 from mcpd.daemon.scheduler.job import Job
 from mcpd.daemon.scheduler.router import WorkerSlot
@@ -73,7 +74,8 @@ def hello(scheduler, identity: bytes, message: messages.Hello) -> None:
         lost(scheduler, identity, slot.pid)   # restarted before the supervisor told us
     slot = scheduler.workers.setdefault(identity, WorkerSlot(message.index, identity))
     slot.pid, slot.ready = message.pid, True
-    slot.heard(msgspec.structs.asdict(message))
+    slot.heard(WorkerStats(index=message.index, pid=message.pid, device=message.device, model=message.model,
+                           dtype=message.dtype, served_model=message.served_model, version=message.version))
     scheduler.may_place = True
     if message.signature is not None:
         scheduler.signatures[(message.served_model, message.version)] = message.signature

@@ -185,12 +185,12 @@ def _models(scheduler: SchedulerStats):
     compared = CounterMetricFamily("mcpd_shadow_compared", "Shadow pairs compared", labels=["model", "candidate"])
     identical = CounterMetricFamily("mcpd_shadow_identical", "Shadow pairs with identical tokens",
                                     labels=["model", "candidate"])
-    for name, model in sorted(scheduler.models.get("models", {}).items()):
-        for version, figures in sorted(model["versions"].items()):
-            routed.add_metric([name, version], figures["routed"])
-        if model.get("shadow"):
-            compared.add_metric([name, model["shadow"]["candidate"]], model["shadow"]["compared"])
-            identical.add_metric([name, model["shadow"]["candidate"]], model["shadow"]["identical"])
+    for name, model in sorted(scheduler.models.models.items()):
+        for version, figures in sorted(model.versions.items()):
+            routed.add_metric([name, version], figures.routed)
+        if model.shadow:
+            compared.add_metric([name, model.shadow.candidate], model.shadow.compared)
+            identical.add_metric([name, model.shadow.candidate], model.shadow.identical)
     fast = GaugeMetricFamily("mcpd_fast_rung_active", "1 while a class's requests go to fast versions",
                              labels=["class"])
     for name in sorted(scheduler.classes):
@@ -219,16 +219,17 @@ def _contexts(scheduler: SchedulerStats):
 
 def _cluster(scheduler: SchedulerStats):
     """This node's view of the cluster and its Redis; nothing when [cluster] is off."""
-    if scheduler.cluster:
+    cluster = scheduler.cluster
+    if cluster:
         yield GaugeMetricFamily("mcpd_cluster_live_nodes", "Nodes this one saw alive at its last heartbeat",
-                                value=len(scheduler.cluster["nodes"]))
+                                value=len(cluster.nodes))
         yield GaugeMetricFamily("mcpd_cluster_heartbeat_ok", "1 while this node's heartbeat reaches Redis",
-                                value=int(scheduler.cluster["heartbeat"] == "ok"))
+                                value=int(cluster.heartbeat == "ok"))
         yield CounterMetricFamily("mcpd_cluster_contexts_prefetched", "Contexts loaded from Redis ahead of their "
-                                  "first use, at start or takeover", value=scheduler.cluster["prefetch"]["prefetched"])
-        if scheduler.cluster["redis_rtt_ms"] is not None:
+                                  "first use, at start or takeover", value=cluster.prefetch.prefetched)
+        if cluster.redis_rtt_ms is not None:
             yield GaugeMetricFamily("mcpd_cluster_heartbeat_rtt_seconds", "Round trips of this node's last "
-                                    "heartbeat to Redis", value=scheduler.cluster["redis_rtt_ms"] / 1000)
+                                    "heartbeat to Redis", value=cluster.redis_rtt_ms / 1000)
     redis = scheduler.contexts and scheduler.contexts.redis
     yield from _reported("mcpd_cluster_", msgspec.structs.asdict(redis) if redis else {}, (
         ("loaded", "contexts_loaded", CounterMetricFamily, "Contexts restored from Redis at first use"),

@@ -8,6 +8,7 @@ import msgspec
 import mcpd
 from mcpd.daemon import channels
 from mcpd.daemon.child_stats import HttpStats, WorkerStats
+from mcpd.daemon.model_stats import ModelsStats
 from mcpd.handlers.result_cache_stats import ResultCacheStats
 from mcpd.memory.arena_stats import ArenaStats
 from mcpd.memory.host_segment import CONTEXT, CONTEXT_DELTA, KV_BLOCK
@@ -49,7 +50,8 @@ def build_status(supervisor) -> dict:
                       "edge_shed": scheduler.edge_shed or {}},
         "models": _models(scheduler.models, workers),
         # This node, the live nodes it last saw and where it routed contexts' requests; {} when [cluster] is off.
-        "cluster": {**scheduler.cluster, **({"routing": frontend.routing} if frontend.routing else {})},
+        "cluster": {**(msgspec.to_builtins(scheduler.cluster) if scheduler.cluster else {}),
+                    **({"routing": frontend.routing} if frontend.routing else {})},
         "contexts": {**(msgspec.to_builtins(scheduler.contexts) if scheduler.contexts else {"contexts": 0, "bytes": 0}),
                      "restored": scheduler.persistence.restored if scheduler.persistence else 0,
                      "persistence": scheduler.persistence or {}},
@@ -61,18 +63,17 @@ def build_status(supervisor) -> dict:
     }
 
 
-def _models(scheduled: dict, workers: list) -> dict:
+def _models(scheduled: ModelsStats, workers: list) -> dict:
     """The scheduler's view of each model (traffic policy, versions: loaded, routed, queued,
     ready workers) with each version's worker processes and their state from the process table."""
-    models = {name: dict(model, versions={v: dict(f) for v, f in model["versions"].items()})
-              for name, model in scheduled.get("models", {}).items()}
+    models = msgspec.to_builtins(scheduled.models)
     for worker in workers:
         spec = worker.spec
         figures = models.get(spec.model, {}).get("versions", {}).get(spec.version)
         if figures is not None:
             figures.setdefault("processes", []).append({"index": spec.index, "state": worker.state})
             _add_result_cache(figures, worker.latest_stats().result_cache)
-    return {"default_model": scheduled.get("default_model"), "models": models}
+    return {"default_model": scheduled.default_model, "models": models}
 
 
 def _add_result_cache(figures: dict, cache: ResultCacheStats | None) -> None:

@@ -31,7 +31,7 @@ import numpy as np
 
 from mcpd import tracing
 from mcpd.config import Config
-from mcpd.daemon import channels, messages
+from mcpd.daemon import channels, messages, model_stats
 from mcpd.daemon.child_stats import WorkerStats
 from mcpd.daemon.worker.core import MAX_REASON_CHARS, Ports, take_message
 from mcpd.daemon.worker.done_notes import DoneNotes
@@ -112,10 +112,10 @@ class HandlerCore:
     def has_work(self) -> bool:
         return self.running is not None or len(self.batcher) > 0 or bool(self.alone)
 
-    def signature(self) -> messages.Signature:
+    def signature(self) -> model_stats.Signature:
         def described(specs):
-            return {name: messages.TensorMetadata(s.datatype, list(s.shape)) for name, s in specs.items()}
-        return messages.Signature(described(self.handler.inputs), described(self.handler.outputs))
+            return {name: model_stats.TensorMetadata(s.datatype, list(s.shape)) for name, s in specs.items()}
+        return model_stats.Signature(described(self.handler.inputs), described(self.handler.outputs))
 
     def hello(self) -> messages.Hello:
         return messages.Hello(self.index, os.getpid(), self.device, self.config.model.handler, "",
