@@ -106,7 +106,7 @@ def test_a_directory_where_the_journal_should_be_is_moved_aside(tmp_path):
     (tmp_path / "contexts" / "journal-0.log").mkdir(parents=True)
     (tmp_path / "contexts" / "journal-0.log" / "inside").write_text("kept")
     store, journal = make(tmp_path)
-    assert journal.stats()["state"] == "ok"
+    assert journal.stats().state == "ok"
     store.open("t", "c")
     journal.close()
     assert make(tmp_path)[0].get("t", "c").version == 0

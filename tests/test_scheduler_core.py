@@ -180,7 +180,7 @@ def test_a_restarted_scheduler_learns_a_worker_from_its_typed_stats(core):
     assert [d.rid for d in dispatched(core)] == [1]
     from_worker(core, messages.Stats(msgspec.structs.replace(stats, running=3)))
     [worker] = core.stats()["workers"]
-    assert (worker.pid, worker.reported.model, worker.reported.running, worker.reported.kv_blocks_total) == (11, "m", 3, 9)
+    assert (worker.pid, worker.model, worker.running, worker.kv_blocks_total) == (11, "m", 3, 9)
 
 
 def test_admission_counts_real_prompt_tokens(core):

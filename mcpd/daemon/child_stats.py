@@ -144,17 +144,6 @@ class ContextsStats(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tru
     redis: RedisContextStats | None = None
 
 
-class WorkerSlotStats(msgspec.Struct, frozen=True, kw_only=True):
-    """A worker as the scheduler sees it (router.py's WorkerSlot): whether it takes requests, the
-    requests and tokens it holds, and what it last said of itself (its Hello, then its stats)."""
-    index: int
-    pid: int | None
-    ready: bool
-    inflight: int
-    outstanding_tokens: int
-    reported: WorkerStats
-
-
 class SchedulerStats(msgspec.Struct, frozen=True, kw_only=True, tag="scheduler"):
     queue_depth: int = 0
     dispatched: int = 0
@@ -215,6 +204,15 @@ class WorkerStats(msgspec.Struct, frozen=True, kw_only=True, tag="worker"):
     def reported(self, names: tuple[str, ...]) -> dict:
         """{name: value} of those of `names` that are figures of a worker and were reported."""
         return {name: getattr(self, name) for name in names if getattr(self, name, None) is not None}
+
+
+class WorkerSlotStats(WorkerStats, tag=False):
+    """A worker as the scheduler sees it (router.py's WorkerSlot): what it last said of itself (its
+    Hello, then its stats) and, beside those figures in the same map, whether it takes requests
+    and the requests and tokens it holds."""
+    ready: bool = False
+    inflight: int = 0
+    outstanding_tokens: int = 0
 
 
 class KeeperStats(msgspec.Struct, frozen=True, kw_only=True, tag="keeper"):

@@ -19,6 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+import msgspec
+
 from mcpd.daemon.child_stats import WorkerSlotStats, WorkerStats
 from mcpd.daemon.scheduler.job import Job
 
@@ -40,8 +42,8 @@ class WorkerSlot:
         self.serves = info.served_model, info.version
 
     def stats(self) -> WorkerSlotStats:
-        return WorkerSlotStats(index=self.index, pid=self.pid, ready=self.ready, inflight=len(self.jobs),
-                               outstanding_tokens=self.outstanding_tokens, reported=self.info)
+        return WorkerSlotStats(**{**msgspec.structs.asdict(self.info), "index": self.index, "pid": self.pid},
+                               ready=self.ready, inflight=len(self.jobs), outstanding_tokens=self.outstanding_tokens)
 
     @property
     def outstanding_tokens(self) -> int:
