@@ -61,3 +61,15 @@ def test_a_report_of_the_wrong_shape_is_left_out_with_a_log_line(redis_server, r
     assert list(watcher.live()) == ["watcher"] and list(watcher.live()) == ["watcher"]
     said = [r for r in caplog.records if "'forged'" in r.getMessage() and "left out" in r.getMessage()]
     assert len(said) == 1   # once, not at every heartbeat
+
+
+@pytest.mark.parametrize("stamp", [b"9" * 23, b"99999999999999999", b"-5", b"1e3", b""])
+def test_a_forged_heartbeat_stamp_gives_no_age_and_the_report_still_encodes(redis_server, stamp):
+    client = redis_server.client()
+    watcher = Membership(client, "watcher", 30)
+    watcher.beat({"queued": 0})
+    Membership(client, "forged", 30).beat({"queued": 1})
+    client.hset(node_key("forged"), "at", stamp)   # a stamp from the future, past int64, or not a number
+    forged = watcher.live()["forged"]
+    assert forged.queued == 1 and forged.age_ms is None
+    msgspec.msgpack.encode(forged)   # the status report that carries it must still encode

@@ -86,7 +86,7 @@ class Membership:
     def _report(self, node_id: str, raw: bytes | None, at: bytes | None, now: int) -> NodeReport | None:
         """A heartbeat's report and its age; None for none, or for one that does not decode into a
         NodeReport (whoever wrote it: logged once until that node writes a good one). The age is the
-        script's own stamp against Redis's clock; None if unreadable."""
+        script's own stamp against Redis's clock (_age_ms)."""
         if raw is None:
             return None
         try:
@@ -97,4 +97,11 @@ class Membership:
             self.left_out.add(node_id)
             return None
         self.left_out.discard(node_id)
-        return msgspec.structs.replace(report, age_ms=now - int(at) if at is not None and at.isdigit() else None)
+        return msgspec.structs.replace(report, age_ms=_age_ms(at, now))
+
+
+def _age_ms(at: bytes | None, now: int) -> int | None:
+    """now - the heartbeat's stamp; None for a stamp that is not a time at or before now (one written by
+    someone other than the script; a number past int64 would fail every report that carries it)."""
+    stamp = int(at) if at is not None and at.isdigit() and len(at) <= len(str(now)) else None
+    return now - stamp if stamp is not None and stamp <= now else None
