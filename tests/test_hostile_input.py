@@ -45,6 +45,8 @@ def header(**fields) -> bytes:
     (header(op="generate", args={"prompt_token_ids": [-1]}), codes.BAD_REQUEST),
     (header(op="generate", args={"prompt_token_ids": [10**6]}), codes.BAD_REQUEST),  # outside vocab: worker
     (header(op="generate", args={"messages": [{"role": 1}]}), codes.BAD_REQUEST),
+    (header(op="context.update", args={"id": "absent", "base": 0, "changes": [
+        {"name": "w", "kind": "set", "meta": {"type": "scalar", "value": [1]}}]}), codes.BAD_REQUEST),   # not NOT_FOUND
     (header(op="cancel", args={}), codes.BAD_REQUEST),
     (header(timeout_ms=-5), codes.BAD_REQUEST),
     (b"\xdf\xff\xff\xff\xff", codes.BAD_REQUEST),                               # map claiming 4G entries

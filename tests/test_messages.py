@@ -15,6 +15,7 @@ from mcpd.memory.pool_stats import WorkerPoolStats
 from mcpd.protocol import codes, ops
 from mcpd.protocol.codes import MCPDError
 from mcpd.protocol.args import BY_OP, CancelArgs, ContextUpdateArgs, GenerateArgs, PingArgs
+from mcpd.protocol.change_entry import ArrayMeta, DeleteEntry, ScalarMeta, SetEntry, StrMeta
 from mcpd.protocol.control_args import ContextRef
 from mcpd.protocol.control_results import ContextDetail, ContextDropped, ContextField
 from mcpd.protocol.error import ErrorReply
@@ -29,7 +30,10 @@ PRIVATE_POOL = WorkerPoolStats(total_bytes=8, in_use_bytes=5, requested_bytes=5,
                                kv_reserved_bytes=4)
 SAMPLES = [
     messages.Request(1, "a", "t", "high", 5, GenerateArgs(prompt="x", sampling=SamplingParams(stop=("s",)))),
-    messages.Request(2, 7, "t", None, None, ContextUpdateArgs(id="c", base=3, changes=({"name": "f", "frame": 0},))),
+    messages.Request(2, 7, "t", None, None, ContextUpdateArgs(id="c", base=3, changes=(
+        SetEntry(name="f", meta=ArrayMeta(dtype="<f4", shape=(2,), codec="raw", nbytes=8), frame=0),
+        SetEntry(name="s", meta=StrMeta(codec="zstd", nbytes=9), frame=1),
+        SetEntry(name="n", meta=ScalarMeta(None)), DeleteEntry(name="g")))),
     messages.Request(3, 8, "t", None, None, CancelArgs(target="a")),
     messages.Cancel(1, "CANCELLED"),
     messages.WorkerLost(0, 1234),
@@ -101,6 +105,37 @@ def test_sampling_values_the_engine_cannot_run_are_refused_at_the_front_end_nami
     assert refused.value.code == codes.BAD_REQUEST and field in refused.value.message
 
 
+ARRAY_META = {"type": "array", "dtype": "<f4", "shape": [2], "codec": "raw", "nbytes": 8}
+
+
+@pytest.mark.parametrize("change, where", [
+    ({"name": 5, "kind": "delete"}, "$[0].name"),
+    ({"name": "", "kind": "delete"}, "$[0].name"),
+    ({"name": "w", "kind": "replace", "meta": ARRAY_META}, "$[0].kind"),
+    ({"name": "w", "meta": ARRAY_META}, "kind"),
+    ({"name": "w", "kind": "set", "frame": 0}, "meta"),
+    ({"name": "w", "kind": "set", "meta": {**ARRAY_META, "shape": [2.0]}}, "$[0].meta.shape[0]"),
+    ({"name": "w", "kind": "set", "meta": {**ARRAY_META, "nbytes": True}}, "$[0].meta.nbytes"),
+    ({"name": "w", "kind": "set", "meta": {"type": "scalar"}}, "value"),
+    ({"name": "w", "kind": "set", "meta": {"type": "scalar", "value": [1]}}, "$[0].meta.value"),
+    ({"name": "w", "kind": "xor", "meta": {"type": "str", "codec": "raw", "nbytes": 1}, "frame": 0}, "$[0].meta"),
+    ({"name": "w", "kind": "append", "meta": {"type": "scalar", "value": 1}}, "$[0].meta"),
+    ({"name": "w", "kind": "set", "meta": ARRAY_META, "frame": -1}, "$[0].frame"),
+    (["w", "set"], "$[0]"),
+])
+def test_a_change_of_the_wrong_shape_is_refused_at_the_front_end_saying_where(change, where):
+    with pytest.raises(MCPDError) as refused:
+        ops.validate_args("context.update", {"id": "c", "base": 0, "changes": [change]}, LIMITS)
+    assert refused.value.code == codes.BAD_REQUEST and where in refused.value.message
+
+
+def test_the_front_end_hands_on_the_changes_typed():
+    args = ops.validate_args("context.update", {"id": "c", "base": 0, "changes": [
+        {"name": "w", "kind": "set", "meta": ARRAY_META, "frame": 0}, {"name": "g", "kind": "delete"}]}, LIMITS)
+    assert args.changes == (SetEntry(name="w", meta=ArrayMeta(dtype="<f4", shape=(2,), codec="raw", nbytes=8), frame=0),
+                            DeleteEntry(name="g"))
+
+
 def test_protocol_doc_states_the_generate_defaults_the_code_has():
     table = PROTOCOL.read_text().split("Generate text from a prompt.", 1)[1].split("\n\n", 2)[1]
     rows = re.findall(r"^\| `(\w+)` \| [^|]+ \| ([^|]+) \|", table, re.M)
@@ -133,7 +168,6 @@ def test_the_engine_gets_the_sampling_struct_the_front_end_decoded():
 # Fields still declared loose, each with why; the list only shrinks.
 LOOSE_FOR_NOW = {
     "GenerateArgs.messages": "a chat's messages as the client sent them; the chat template reads them",
-    "ContextUpdateArgs.changes": "delta entries as the client sent them; protocol/delta checks them",
     "GenerateResult.context": "a map in the client library's GenerateResult: typing it changes that API",
     "VersionConfig.settings": "a handler's own settings, passed to its setup unread",
 }
@@ -173,6 +207,9 @@ def test_no_message_carries_a_plain_map_at_any_depth():
     messages.Hello(1, 1235, "cpu", "h", "", "risk", "v1", {"inputs": {"x": ["FP32", [-1]]}, "outputs": {}}),
     messages.Reload(4, {"server": {"log_level": 5}}),
     messages.Reload(4, {"scheduler": {"classes": {"low": {"rank": "1"}}}}),
+    messages.Request(2, 7, "t", None, None, ContextUpdateArgs(id="c", base=3, changes=({"name": "f", "frame": 0},))),
+    messages.Request(2, 7, "t", None, None, ContextUpdateArgs(id="c", base=3, changes=(
+        {"name": "f", "kind": "xor", "meta": {"type": "str", "codec": "raw", "nbytes": 1}},))),
     messages.AdminAnswer(SENDER, 3, result={"dropped": True}),   # untagged: which op's result is it?
     messages.AdminAnswer(SENDER, 3, result={"result_of": "ContextDropped", "dropped": "yes"}),
     messages.AdminAnswer(SENDER, 3, result={"result_of": "TrafficPolicy", "model": "m", "primary": "a"}),
