@@ -15,6 +15,7 @@ from mcpd.protocol import args as typed
 from mcpd.protocol import change_entry, codes, infer_args, sampling
 from mcpd.protocol.codes import MCPDError
 from mcpd.protocol.limits import LimitsConfig
+from mcpd.protocol.nesting import MAX_DEPTH, nests_within
 from mcpd.protocol.sampling import INT64_MAX, MAX_TOKEN_ID
 
 MAX_MESSAGES = 1024
@@ -49,6 +50,8 @@ def _messages(v, _):
     for m in v:
         if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
             return 'each message must be a map with string "role" and "content"'
+        if not nests_within(m):
+            return f"may nest at most {MAX_DEPTH} deep (a message's map counted)"
     return None
 
 
