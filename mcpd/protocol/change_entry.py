@@ -2,9 +2,9 @@
 contexts), declared once: a tagged union on `kind`, each kind with the metas it may carry, a meta
 a tagged union on `type`.
 
-The front-end decodes a client's entries into these (`decode`), so the scheduler and the journal
-read typed values; the payload frames they index, and the checks against the field limits, are
-the delta package's (protocol/delta: wire.py, apply.py). Unknown keys are ignored, as unknown
+The front-end decodes a client's entries into these (`decode`), so the scheduler reads typed
+values; journal replay and clients decode theirs through delta/wire.from_wire. The payload frames
+they index, and the checks against the field limits, are the delta package's (protocol/delta: wire.py, apply.py). Unknown keys are ignored, as unknown
 header keys are, so a newer peer can add some. Kept apart from the delta package, which loads
 numpy: the protocol's front-end side does not.
 """
