@@ -50,7 +50,7 @@ def measure(old: np.ndarray, new: np.ndarray, runs: int) -> dict:
     if result.tobytes() != new.tobytes():
         raise AssertionError("the synced array differs from the new one")
     payload = len(delta.data)
-    return {"kind": delta.kind, "codec": delta.meta["codec"], "payload_bytes": payload,
+    return {"kind": delta.kind, "codec": delta.meta.codec, "payload_bytes": payload,
             "delta_payload_frac": round(payload / new.nbytes, 5),
             "diff_ms": round(statistics.median(diff_ms), 1), "apply_ms": round(statistics.median(apply_ms), 1)}
 

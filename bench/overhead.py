@@ -298,7 +298,7 @@ def traced_turn_seconds(daemon: Daemon, turns: int) -> list[float]:
             result = client.generate(f" Turn {turn}: tell me about the sea.", context="chat", base=context.version,
                                      max_tokens=8, temperature=0, ignore_eos=True)
             times.append(time.perf_counter() - started)
-            context.version = result.context["version"]
+            context.version = result.context.version
     return times[1:]
 
 

@@ -80,7 +80,7 @@ def test_a_tenant_filling_its_share_leaves_room_for_the_others(daemon):
         chat["notes"] = "still room"
         assert chat.sync() == 1
         result = chat.generate("Hello there", max_tokens=4, temperature=0)
-        assert result.context["version"] == 2
+        assert result.context.version == 2
     daemon.wait_until(lambda: contexts_of(daemon)["cache_largest_tenant_bytes"] > small["cache_bytes"], 30, "figures")
     figures = contexts_of(daemon)
     assert figures["cache_largest_tenant_bytes"] <= figures["cache_tenant_share_bytes"]

@@ -56,7 +56,7 @@ def test_a_second_daemon_serves_the_context_exactly(fresh_daemon, redis_server):
         assert there.version == ctx.version == 3 and there.keys() == ["w"]
         assert np.array_equal(there["w"], ctx["w"]) and np.array_equal(there.tokens, ctx.tokens)
         turn = there.generate(" and more", **GREEDY)
-        assert turn.context["version"] == 4
+        assert turn.context.version == 4
     with pytest.raises(MCPDError) as other_tenant:
         with second.client(tenant="intruder") as client:
             client.context("chat", create=False)
@@ -134,7 +134,7 @@ def test_a_node_behind_takes_the_newer_copy_when_a_client_names_a_newer_version(
             assert there.version == 2
     with first.client(tenant="acme") as client:
         turn = client.generate(" again", context="chat", base=2, **GREEDY)
-        assert turn.context["version"] == 3
+        assert turn.context.version == 3
         notes, frames = client.call_with_payload("context.get", {"id": "notes", "since": 2})
         assert notes["version"] == 2 and notes["changes"] == []
         chat = client.context("chat", create=False)

@@ -1,6 +1,6 @@
 import pytest
 
-from mcpd.config import ConfigError, from_dict
+from mcpd.config import ConfigError, from_dict, load
 
 
 def test_defaults_are_valid():
@@ -50,6 +50,14 @@ def test_bad_values_name_the_key(raw, message):
     with pytest.raises(ConfigError) as raised:
         from_dict(raw)
     assert message in str(raised.value)
+
+
+def test_a_config_file_nested_past_what_the_toml_reader_recurses_is_a_config_error(tmp_path):
+    path = tmp_path / "deep.toml"
+    path.write_text("[models.risk.versions.v1]\nsettings = { rules = " + "[" * 2000 + "]" * 2000 + " }\n")
+    with pytest.raises(ConfigError) as e:
+        load(path)
+    assert "nest too deep" in str(e.value)
 
 
 def test_ints_accepted_for_floats():

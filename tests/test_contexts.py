@@ -24,7 +24,7 @@ def test_chat_turns_match_full_recompute(daemon):
         for turn in ["Hello there.", " How are you?", " Tell me more."]:
             history = ctx.tokens.copy()
             result = ctx.generate(turn, **GREEDY)
-            appended = result.context["appended_token_ids"]
+            appended = result.context.appended_token_ids
             assert result.token_ids == recompute(client, history, appended, result.token_ids)
             assert list(ctx.tokens) == list(history) + appended
         assert ctx.version == 3
@@ -36,10 +36,11 @@ def test_chat_messages_append_rendered_turns_after_what_they_keep(daemon):
         ctx = client.context("chat-msgs")
         first = ctx.chat("user", "hi", **GREEDY)
         second = ctx.chat("user", "again", **GREEDY)
-        assert second.context["version"] == 2
+        assert second.context.version == 2
         # kept_tokens: the first answer's tail that its text (the client's) does not spell was replaced
-        kept = second.context.get("kept_tokens", len(first.context["appended_token_ids"]))
-        assert len(ctx.tokens) == kept + len(second.context["appended_token_ids"])
+        kept = second.context.kept_tokens
+        kept = len(first.context.appended_token_ids) if kept is None else kept
+        assert len(ctx.tokens) == kept + len(second.context.appended_token_ids)
 
 
 def test_fields_sync_both_ways_and_deltas_are_small(daemon):
@@ -183,7 +184,7 @@ def test_context_moves_to_another_worker_mid_chat(fresh_daemon):
         os.kill(d.pid_of("worker", holder), signal.SIGKILL)
         history = ctx.tokens.copy()
         result = ctx.generate(" Second turn.", **GREEDY)   # the other worker: no KV there, recomputes
-        appended = result.context["appended_token_ids"]
+        appended = result.context.appended_token_ids
         assert result.token_ids == recompute(client, history, appended, result.token_ids)
         assert ctx.version == 2
 

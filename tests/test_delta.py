@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mcpd.protocol import codes, safe_zstd
+from mcpd.protocol.change_entry import ArrayMeta, NoMeta
 from mcpd.protocol.codes import MCPDError
 from mcpd.protocol.delta import (ALLOWED_DTYPES, DELETED, DeltaError, DeltaLimits, FieldDelta, apply,
                                  apply_in_place, delete, diff, from_wire, to_wire)
@@ -130,8 +131,7 @@ def test_several_fields_travel_together():
 
 def test_set_does_not_alias_the_frame():
     frame = bytearray(np.arange(4, dtype=np.int64).tobytes())
-    delta = FieldDelta("f", "set", {"type": "array", "dtype": "<i8", "shape": [4], "codec": "raw", "nbytes": 32},
-                       frame)
+    delta = FieldDelta("f", "set", ArrayMeta(dtype="<i8", shape=(4,), codec="raw", nbytes=32), frame)
     result = apply(None, delta, LIMITS)
     frame[:] = bytes(32)
     assert result.tolist() == [0, 1, 2, 3]
@@ -203,7 +203,7 @@ def test_sparse_change_of_a_large_float_array_is_a_small_xor():
     where = rng.choice(old.size, old.size // 100, replace=False)
     new[where] = rng.standard_normal(where.size, dtype=np.float32)
     delta = diff("weights", old, new)
-    assert delta.kind == "xor" and delta.meta["codec"] == "zstd"
+    assert delta.kind == "xor" and delta.meta.codec == "zstd"
     assert len(delta.data) <= 0.03 * old.nbytes
     assert_identical(sync(old, new), new)
 
@@ -213,7 +213,7 @@ def test_growing_tokens_send_only_the_suffix():
     history = rng.integers(0, 50_000, 100_000, dtype=np.int64)
     turn = rng.integers(0, 50_000, 300, dtype=np.int64)
     delta = diff("tokens", history, np.concatenate([history, turn]))
-    assert delta.kind == "append" and delta.meta["shape"] == [300]
+    assert delta.kind == "append" and delta.meta.shape == (300,)
     assert len(delta.data) <= turn.nbytes
 
 
@@ -221,13 +221,13 @@ def test_fresh_random_floats_are_sent_whole_without_zstd():
     rng = np.random.default_rng(4)
     old = rng.standard_normal(1 << 20, dtype=np.float32)
     delta = diff("weights", old, rng.standard_normal(1 << 20, dtype=np.float32))
-    assert delta.kind == "set" and delta.meta["codec"] == "raw" and len(delta.data) == old.nbytes
+    assert delta.kind == "set" and delta.meta.codec == "raw" and len(delta.data) == old.nbytes
 
 
 def test_set_wins_when_the_new_value_compresses_better_than_the_xor():
     old = np.random.default_rng(5).standard_normal(1 << 20, dtype=np.float32)
     delta = diff("weights", old, np.zeros_like(old))
-    assert delta.kind == "set" and delta.meta["codec"] == "zstd" and len(delta.data) < 0.01 * old.nbytes
+    assert delta.kind == "set" and delta.meta.codec == "zstd" and len(delta.data) < 0.01 * old.nbytes
 
 
 def test_a_change_confined_to_the_start_is_still_compressed():
@@ -239,8 +239,8 @@ def test_a_change_confined_to_the_start_is_still_compressed():
 
 
 def test_small_text_is_compressed_only_when_it_shrinks():
-    assert diff("f", None, b"ab").meta["codec"] == "raw"
-    assert diff("f", None, b"a" * 1000).meta["codec"] == "zstd"
+    assert diff("f", None, b"ab").meta.codec == "raw"
+    assert diff("f", None, b"a" * 1000).meta.codec == "zstd"
 
 
 # ------------------------------------------------------------------------------- hostile
@@ -250,6 +250,13 @@ BASE = np.arange(24, dtype=np.float32).reshape(6, 4)
 
 def array_meta(**changes):
     return {"type": "array", "dtype": "<f4", "shape": [6, 4], "codec": "raw", "nbytes": 96, **changes}
+
+
+def from_peer(kind: str, meta, data: bytes | None, limits: DeltaLimits) -> FieldDelta:
+    """The delta as the receiver decodes it from a peer's entry (meta as the peer sent it) and frame."""
+    entry = {"name": "f", "kind": kind, "meta": meta, "frame": None if data is None else 0}
+    (delta,) = from_wire([entry], [] if data is None else [data], limits)
+    return delta
 
 
 def bomb(size: int) -> bytes:
@@ -321,9 +328,9 @@ HOSTILE = {
 
 @pytest.mark.parametrize("kind,meta,data,code", HOSTILE.values(), ids=HOSTILE.keys())
 def test_hostile_delta_is_refused_and_the_base_survives(kind, meta, data, code):
-    base = BASE.copy()
+    base, limits = BASE.copy(), DeltaLimits(max_field_bytes=1 << 20)
     with pytest.raises(DeltaError) as caught:
-        apply(base, FieldDelta("f", kind, meta, data), DeltaLimits(max_field_bytes=1 << 20))
+        apply(base, from_peer(kind, meta, data, limits), limits)
     assert caught.value.code == code
     assert base.tobytes() == BASE.tobytes()
 
@@ -340,8 +347,9 @@ def test_hostile_delta_is_refused_and_the_base_survives(kind, meta, data, code):
         "bytes over the limit", "str over the limit in UTF-8"])
 def test_append_and_xor_need_a_matching_base(old, kind, meta, data, code):
     before = snapshot(old)
+    limits = DeltaLimits(max_field_bytes=1024)
     with pytest.raises(DeltaError) as caught:
-        apply(old, FieldDelta("f", kind, meta, data), DeltaLimits(max_field_bytes=1024))
+        apply(old, from_peer(kind, meta, data, limits), limits)
     assert caught.value.code == code
     assert snapshot(old) == before
 
@@ -392,8 +400,9 @@ def test_a_frame_larger_than_any_field_is_refused():
 
 def test_from_wire_accepts_what_a_minimal_peer_sends():
     (received,) = from_wire([{"name": "gone", "kind": "delete"}], [], LIMITS)
-    assert received == FieldDelta("gone", "delete", {}, None)
-    (received,) = from_wire([{**entry(), "added_in_v2": 1}], [b"x"], LIMITS)
+    assert received == FieldDelta("gone", "delete", NoMeta(), None)
+    (received,) = from_wire([{**entry(), "added_in_v2": 1, "meta": {**entry()["meta"], "added_in_v2": 2}}], [b"x"],
+                            LIMITS)
     assert apply(None, received, LIMITS) == b"x"
 
 
@@ -406,8 +415,8 @@ def xor_payload(new: np.ndarray) -> bytes:
     return safe_zstd.compress((XOR_BASE.view(np.uint8) ^ new.view(np.uint8)).tobytes())
 
 
-def xor_meta() -> dict:
-    return {"type": "array", "dtype": "<f4", "shape": [XOR_BASE.size], "codec": "zstd", "nbytes": XOR_BASE.nbytes}
+def xor_meta() -> ArrayMeta:
+    return ArrayMeta(dtype="<f4", shape=(XOR_BASE.size,), codec="zstd", nbytes=XOR_BASE.nbytes)
 
 
 def test_large_identical_arrays_need_no_delta():
@@ -419,7 +428,7 @@ def test_a_single_flip_anywhere_in_a_large_array_round_trips(where):
     new = XOR_BASE.copy()
     new.view(np.uint32)[where] ^= 1
     delta = diff("w", XOR_BASE, new)
-    assert delta.kind == "xor" and delta.meta["nbytes"] == XOR_BASE.nbytes
+    assert delta.kind == "xor" and delta.meta.nbytes == XOR_BASE.nbytes
     assert zstandard.frame_content_size(delta.data) == XOR_BASE.nbytes
     assert len(delta.data) < 0.01 * XOR_BASE.nbytes
     assert_identical(sync(XOR_BASE, new), new)
@@ -503,7 +512,7 @@ def test_in_place_refuses_a_bool_result_that_is_not_0_or_1():
     base = np.zeros(1000, np.bool_)
     payload = np.zeros(1000, np.uint8)
     payload[7] = 2
-    meta = {"type": "array", "dtype": "|b1", "shape": [1000], "codec": "raw", "nbytes": 1000}
+    meta = ArrayMeta(dtype="|b1", shape=(1000,), codec="raw", nbytes=1000)
     with pytest.raises(DeltaError):
         apply_in_place(base, FieldDelta("w", "xor", meta, payload.tobytes()), LIMITS)
     assert not base.any()

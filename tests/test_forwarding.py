@@ -106,7 +106,7 @@ def test_the_owner_killed_mid_stream_leaves_a_final_and_the_context_goes_on_else
             list(stream)
         assert lost.value.code == codes.UNAVAILABLE and lost.value.retry_after_ms > 0
         retried = client.generate("go on", context=context_id, base=ctx.version, **GREEDY)   # served by b, from Redis
-        assert retried.context["version"] == ctx.version + 1
+        assert retried.context.version == ctx.version + 1
     b.wait_until(lambda: routing(b)["owner_lost"] == 1 and routing(b)["owner_unreachable"] >= 1,
                  what="b counting the owner lost, then unreachable")
 

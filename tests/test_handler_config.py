@@ -2,6 +2,7 @@
 and checked, every bad value refused naming its key, and the shipped example block valid."""
 import re
 import tomllib
+from functools import reduce
 from pathlib import Path
 
 import pytest
@@ -43,6 +44,8 @@ def test_a_handler_version_builds_its_tables():
     ({"batching": {"max_rows": 4}}, "unknown key models.risk.versions.v1.batching.max_rows"),
     ({"cache": {"max_bytes": -1}}, "cache.max_bytes = -1"),
     ({"cache": {"warmup": "/tmp/w"}}, "warmup is set with max_bytes = 0"),
+    ({"settings": {"layers": reduce(lambda inner, _: [inner], range(32), [])}},
+     "settings: tables and arrays may nest at most 32 deep"),
 ])
 def test_bad_handler_config_is_refused_naming_the_key(keys, message):
     with pytest.raises(ConfigError) as e:

@@ -49,7 +49,7 @@ def test_chat_resumes_from_the_host_cache_after_its_workers_die(daemon):
         history_blocks = (len(history) - 1) // BLOCK
         daemon.wait_until(lambda: cache_status(daemon)["kv_blocks_loaded"] >= history_blocks > 10, 30,
                           "the history's blocks loaded from the cache")
-        appended = result.context["appended_token_ids"]
+        appended = result.context.appended_token_ids
         full = history + appended[:len(appended) - len(result.token_ids)]
         assert result.token_ids == cold.generate(prompt_token_ids=full, **GREEDY).token_ids
 
@@ -133,8 +133,8 @@ def test_killed_scheduler_comes_back_with_every_committed_context(daemon):
         assert [c["kind"] for c in since["changes"]] == ["append"]
         history = [int(t) for t in chat.tokens]
         result = chat.generate(" Still there?", **GREEDY)   # work continues on the restored context
-        assert result.context["version"] == before["chat"][0] + 1
-        appended = result.context["appended_token_ids"]
+        assert result.context.version == before["chat"][0] + 1
+        appended = result.context.appended_token_ids
         full = history + appended[:len(appended) - len(result.token_ids)]
         with Client(daemon.endpoint, tenant="recompute-2", timeout=120) as cold:
             assert result.token_ids == cold.generate(prompt_token_ids=full, **GREEDY).token_ids

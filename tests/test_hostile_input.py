@@ -1,4 +1,6 @@
 """Garbage at the front door gets the documented error code, and the daemon keeps serving."""
+from functools import reduce
+
 import msgpack
 import pytest
 import zmq
@@ -45,6 +47,11 @@ def header(**fields) -> bytes:
     (header(op="generate", args={"prompt_token_ids": [-1]}), codes.BAD_REQUEST),
     (header(op="generate", args={"prompt_token_ids": [10**6]}), codes.BAD_REQUEST),  # outside vocab: worker
     (header(op="generate", args={"messages": [{"role": 1}]}), codes.BAD_REQUEST),
+    (header(op="generate", args={"messages": [{"role": "user", "content": "x",
+                                               "extra": reduce(lambda inner, _: [inner], range(1000), [])}]}),
+     codes.BAD_REQUEST),                                                       # as deep as Python recurses
+    (header(op="context.update", args={"id": "absent", "base": 0, "changes": [
+        {"name": "w", "kind": "set", "meta": {"type": "scalar", "value": [1]}}]}), codes.BAD_REQUEST),   # not NOT_FOUND
     (header(op="cancel", args={}), codes.BAD_REQUEST),
     (header(timeout_ms=-5), codes.BAD_REQUEST),
     (b"\xdf\xff\xff\xff\xff", codes.BAD_REQUEST),                               # map claiming 4G entries

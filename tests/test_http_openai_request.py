@@ -7,7 +7,7 @@ from mcpd.http.errors import HttpError
 from mcpd.http.openai_reply import Answer
 from mcpd.protocol import codes
 from mcpd.protocol.codes import MCPDError
-from mcpd.protocol.results import GenerateResult, Usage
+from mcpd.protocol.results import ContextTurn, GenerateResult, Usage
 
 
 def test_a_chat_body_becomes_generate_args():
@@ -70,7 +70,7 @@ def test_retry_hints_become_retry_after_in_whole_seconds():
 
 def test_every_answer_carries_usage_and_a_context_its_version():
     result = GenerateResult("t", [1], "stop", "m", "v", Usage(2, 1),
-                            context={"id": "c", "version": 4, "appended_token_ids": [9, 1]})
+                            context=ContextTurn("c", 4, [9, 1]))
     whole = Answer("m", chat=False).whole(result)
     assert whole["usage"] == {"prompt_tokens": 2, "completion_tokens": 1, "total_tokens": 3}
     assert whole["mcpd_context"] == {"id": "c", "version": 4} and whole["choices"][0]["text"] == "t"

@@ -17,6 +17,7 @@ from mcpd.contexts.store import ContextStore
 from mcpd.memory.shm_arena import ShmArena
 from mcpd.protocol import codes
 from mcpd.protocol import delta as codec
+from mcpd.protocol.change_entry import ScalarMeta
 from mcpd.protocol.codes import MCPDError
 
 LOG = logging.getLogger("test")
@@ -45,7 +46,7 @@ def fill(store):
     store.open("carol", "untouched")   # opened, never changed: still acknowledged state
     store.open("bob", "kept")
     store.update("bob", "kept", 0, [codec.diff("none", None, None) or codec.FieldDelta(
-        "none", "set", {"type": "scalar", "value": None}, None)])
+        "none", "set", ScalarMeta(None), None)])
 
 
 def assert_same(a: ContextStore, b: ContextStore):

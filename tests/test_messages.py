@@ -6,6 +6,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from mcpd.client import replies
 from mcpd.config import LimitsConfig, from_dict
 from mcpd.daemon import messages, model_stats
 from mcpd.daemon.child_stats import FrontendStats, SchedulerStats, WorkerStats
@@ -15,10 +16,11 @@ from mcpd.memory.pool_stats import WorkerPoolStats
 from mcpd.protocol import codes, ops
 from mcpd.protocol.codes import MCPDError
 from mcpd.protocol.args import BY_OP, CancelArgs, ContextUpdateArgs, GenerateArgs, PingArgs
+from mcpd.protocol.change_entry import ArrayMeta, DeleteEntry, ScalarMeta, SetEntry, StrMeta
 from mcpd.protocol.control_args import ContextRef
 from mcpd.protocol.control_results import ContextDetail, ContextDropped, ContextField
 from mcpd.protocol.error import ErrorReply
-from mcpd.protocol.results import Degraded, GenerateResult, Usage
+from mcpd.protocol.results import ContextTurn, Degraded, GenerateResult, Usage
 
 PROTOCOL = Path(__file__).resolve().parent.parent / "docs" / "PROTOCOL.md"
 LIMITS = LimitsConfig()
@@ -29,7 +31,10 @@ PRIVATE_POOL = WorkerPoolStats(total_bytes=8, in_use_bytes=5, requested_bytes=5,
                                kv_reserved_bytes=4)
 SAMPLES = [
     messages.Request(1, "a", "t", "high", 5, GenerateArgs(prompt="x", sampling=SamplingParams(stop=("s",)))),
-    messages.Request(2, 7, "t", None, None, ContextUpdateArgs(id="c", base=3, changes=({"name": "f", "frame": 0},))),
+    messages.Request(2, 7, "t", None, None, ContextUpdateArgs(id="c", base=3, changes=(
+        SetEntry(name="f", meta=ArrayMeta(dtype="<f4", shape=(2,), codec="raw", nbytes=8), frame=0),
+        SetEntry(name="s", meta=StrMeta(codec="zstd", nbytes=9), frame=1),
+        SetEntry(name="n", meta=ScalarMeta(None)), DeleteEntry(name="g")))),
     messages.Request(3, 8, "t", None, None, CancelArgs(target="a")),
     messages.Cancel(1, "CANCELLED"),
     messages.WorkerLost(0, 1234),
@@ -101,6 +106,37 @@ def test_sampling_values_the_engine_cannot_run_are_refused_at_the_front_end_nami
     assert refused.value.code == codes.BAD_REQUEST and field in refused.value.message
 
 
+ARRAY_META = {"type": "array", "dtype": "<f4", "shape": [2], "codec": "raw", "nbytes": 8}
+
+
+@pytest.mark.parametrize("change, where", [
+    ({"name": 5, "kind": "delete"}, "$[0].name"),
+    ({"name": "", "kind": "delete"}, "$[0].name"),
+    ({"name": "w", "kind": "replace", "meta": ARRAY_META}, "$[0].kind"),
+    ({"name": "w", "meta": ARRAY_META}, "kind"),
+    ({"name": "w", "kind": "set", "frame": 0}, "meta"),
+    ({"name": "w", "kind": "set", "meta": {**ARRAY_META, "shape": [2.0]}}, "$[0].meta.shape[0]"),
+    ({"name": "w", "kind": "set", "meta": {**ARRAY_META, "nbytes": True}}, "$[0].meta.nbytes"),
+    ({"name": "w", "kind": "set", "meta": {"type": "scalar"}}, "value"),
+    ({"name": "w", "kind": "set", "meta": {"type": "scalar", "value": [1]}}, "$[0].meta.value"),
+    ({"name": "w", "kind": "xor", "meta": {"type": "str", "codec": "raw", "nbytes": 1}, "frame": 0}, "$[0].meta"),
+    ({"name": "w", "kind": "append", "meta": {"type": "scalar", "value": 1}}, "$[0].meta"),
+    ({"name": "w", "kind": "set", "meta": ARRAY_META, "frame": -1}, "$[0].frame"),
+    (["w", "set"], "$[0]"),
+])
+def test_a_change_of_the_wrong_shape_is_refused_at_the_front_end_saying_where(change, where):
+    with pytest.raises(MCPDError) as refused:
+        ops.validate_args("context.update", {"id": "c", "base": 0, "changes": [change]}, LIMITS)
+    assert refused.value.code == codes.BAD_REQUEST and where in refused.value.message
+
+
+def test_the_front_end_hands_on_the_changes_typed():
+    args = ops.validate_args("context.update", {"id": "c", "base": 0, "changes": [
+        {"name": "w", "kind": "set", "meta": ARRAY_META, "frame": 0}, {"name": "g", "kind": "delete"}]}, LIMITS)
+    assert args.changes == (SetEntry(name="w", meta=ArrayMeta(dtype="<f4", shape=(2,), codec="raw", nbytes=8), frame=0),
+                            DeleteEntry(name="g"))
+
+
 def test_protocol_doc_states_the_generate_defaults_the_code_has():
     table = PROTOCOL.read_text().split("Generate text from a prompt.", 1)[1].split("\n\n", 2)[1]
     rows = re.findall(r"^\| `(\w+)` \| [^|]+ \| ([^|]+) \|", table, re.M)
@@ -120,6 +156,17 @@ def doc_spellings(default) -> tuple[str, ...]:
     return ("`[]`",) if default == () else (f"`{default}`",)
 
 
+@pytest.mark.parametrize("context, documented", [
+    (ContextTurn("c", 2, [7, 8]), {"id": "c", "version": 2, "appended_token_ids": [7, 8]}),
+    (ContextTurn("c", 3, [9], kept_tokens=5), {"id": "c", "version": 3, "appended_token_ids": [9], "kept_tokens": 5}),
+])
+def test_a_context_turn_travels_as_the_map_the_protocol_documents_and_the_client_reads_it_typed(context, documented):
+    result = GenerateResult("hi", [7, 8], "stop", "m", "v", Usage(1, 2), context=context)
+    sent = msgspec.msgpack.decode(msgspec.msgpack.encode(result))
+    assert sent["context"] == documented
+    assert replies.generate_result(sent).context == context
+
+
 def test_the_engine_gets_the_sampling_struct_the_front_end_decoded():
     args = ops.validate_args("generate", {"prompt": "x", "max_tokens": 4, "temperature": 1, "top_p": 1, "stop": ["a"],
                                           "stop_token_ids": [3], "seed": -1, "logprobs": True}, LIMITS)
@@ -130,11 +177,10 @@ def test_the_engine_gets_the_sampling_struct_the_front_end_decoded():
     assert type(dispatch.args.sampling) is SamplingParams and dispatch.args.sampling == args.sampling
 
 
-# Fields still declared loose, each with why; the list only shrinks.
-LOOSE_FOR_NOW = {
-    "GenerateArgs.messages": "a chat's messages as the client sent them; the chat template reads them",
-    "ContextUpdateArgs.changes": "delta entries as the client sent them; protocol/delta checks them",
-    "GenerateResult.context": "a map in the client library's GenerateResult: typing it changes that API",
+# Payload: user data the daemon carries to user code or back to the client unread, not protocol.
+# Each is bounded where it enters (docs/PROTOCOL.md, section 6 and the [models] table).
+PAYLOAD_FIELDS = {
+    "GenerateArgs.messages": "a chat's messages: keys besides role and content are the chat template's",
     "VersionConfig.settings": "a handler's own settings, passed to its setup unread",
 }
 
@@ -142,7 +188,8 @@ LOOSE_FOR_NOW = {
 def _loose_fields(kind: msgspec.inspect.Type, where: str, seen: set) -> list[str]:
     """The fields under `kind` typed Any, object, or an untyped dict or list; each struct and
     dataclass looked at once (a type may hold itself)."""
-    if isinstance(kind, msgspec.inspect.AnyType):
+    if isinstance(kind, msgspec.inspect.AnyType) or \
+            isinstance(kind, msgspec.inspect.CustomType) and kind.cls is object:
         return [where]
     if isinstance(kind, msgspec.inspect.UnionType):
         return [name for member in kind.types for name in _loose_fields(member, where, seen)]
@@ -165,7 +212,22 @@ def test_no_message_carries_a_plain_map_at_any_depth():
     seen = set()
     loose = sorted({name for kind, _ in messages._DECODERS.values()
                     for name in _loose_fields(msgspec.inspect.type_info(kind), kind.__name__, seen)})
-    assert loose == sorted(LOOSE_FOR_NOW)
+    assert loose == sorted(PAYLOAD_FIELDS)
+
+
+class _Inner(msgspec.Struct):
+    figures: list[dict]
+
+
+class _Outer(msgspec.Struct):
+    typed: dict[str, int]
+    inner: tuple[_Inner, ...] | None
+    anything: object = None
+
+
+def test_the_walk_finds_a_plain_map_or_any_value_however_deep():
+    found = _loose_fields(msgspec.inspect.type_info(_Outer), "_Outer", set())
+    assert set(found) == {"_Inner.figures", "_Outer.anything"}
 
 
 @pytest.mark.parametrize("message", [
@@ -173,6 +235,9 @@ def test_no_message_carries_a_plain_map_at_any_depth():
     messages.Hello(1, 1235, "cpu", "h", "", "risk", "v1", {"inputs": {"x": ["FP32", [-1]]}, "outputs": {}}),
     messages.Reload(4, {"server": {"log_level": 5}}),
     messages.Reload(4, {"scheduler": {"classes": {"low": {"rank": "1"}}}}),
+    messages.Request(2, 7, "t", None, None, ContextUpdateArgs(id="c", base=3, changes=({"name": "f", "frame": 0},))),
+    messages.Request(2, 7, "t", None, None, ContextUpdateArgs(id="c", base=3, changes=(
+        {"name": "f", "kind": "xor", "meta": {"type": "str", "codec": "raw", "nbytes": 1}},))),
     messages.AdminAnswer(SENDER, 3, result={"dropped": True}),   # untagged: which op's result is it?
     messages.AdminAnswer(SENDER, 3, result={"result_of": "ContextDropped", "dropped": "yes"}),
     messages.AdminAnswer(SENDER, 3, result={"result_of": "TrafficPolicy", "model": "m", "primary": "a"}),

@@ -187,7 +187,7 @@ def _replay(daemon: Daemon, contexts: list[ChatContext]) -> int:
         for context in contexts:
             client.call("context.open", {"id": context.id})
             for turn in context.turns:
-                again = client.generate(turn.prompt, context=context.id, **TURN).context["appended_token_ids"]
+                again = client.generate(turn.prompt, context=context.id, **TURN).context.appended_token_ids
                 wrong += list(again) != turn.tokens
     return wrong
 

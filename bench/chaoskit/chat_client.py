@@ -148,11 +148,11 @@ class ChatClient:
 
     def _turn(self, node: str, context: ChatContext, prompt: str, started: float) -> None:
         args = generate_args(prompt, None, None, False, {**TURN, "context": context.id, "base": context.version})
-        result = generate_result(self._call(node, "generate", args)).context
-        context.turns.append(Turn(result["version"], prompt, list(result["appended_token_ids"]), started,
+        turn = generate_result(self._call(node, "generate", args)).context
+        context.turns.append(Turn(turn.version, prompt, list(turn.appended_token_ids), started,
                                   time.monotonic(), acked=True, node=node))
-        context.tokens = context.tokens + list(result["appended_token_ids"])
-        context.version = result["version"]
+        context.tokens = context.tokens + list(turn.appended_token_ids)
+        context.version = turn.version
 
     def _reconcile(self, node: str, context: ChatContext, prompt: str, started: float) -> str:
         """After an attempt of unknown fate, where the context is on `node`: SAME (send the turn), or

@@ -137,11 +137,11 @@ class ContextMirror:
         Local changes are synced first, so the model sees them."""
         self.sync()
         result = self.client.generate(prompt, context=self.id, base=self.version, **params)
-        appended = np.asarray(result.context["appended_token_ids"], np.int32)
-        kept = result.context.get("kept_tokens")   # a chat turn that replaced the tail (contexts/chat.py)
+        appended = np.asarray(result.context.appended_token_ids, np.int32)
+        kept = result.context.kept_tokens   # a chat turn that replaced the tail (contexts/chat.py)
         for state in (self.synced, self.local):
             state[TOKENS] = np.concatenate([state[TOKENS][:kept], appended])
-        self.version = result.context["version"]
+        self.version = result.context.version
         return result
 
     def chat(self, role: str, content: str, **params) -> GenerateResult:

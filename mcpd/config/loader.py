@@ -26,6 +26,8 @@ def load(path: str | os.PathLike | None) -> Config:
         raise ConfigError(f"config file {path} does not exist") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"config file {path}: {e}") from None
+    except RecursionError:   # tomllib recurses per nested array or inline table
+        raise ConfigError(f"config file {path}: arrays or tables nest too deep to read") from None
     return from_dict(raw)
 
 

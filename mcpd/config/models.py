@@ -8,6 +8,7 @@ from pathlib import Path
 
 from mcpd.config.handlers import BatchingConfig, ResultCacheConfig
 from mcpd.config_error import ConfigError
+from mcpd.protocol.nesting import MAX_DEPTH, nests_within
 
 
 EMBEDDED_PATH = "embedded"   # model.path of the embedded random model
@@ -81,6 +82,8 @@ class VersionConfig(ModelConfig):
             raise ConfigError(f"{where}.handler = {self.handler!r}: name it as \"package.module:Class\"")
         if self.path:
             raise ConfigError(f"{where}: a handler version has no path (path = {self.path!r} is a language model's)")
+        if not nests_within(self.settings):
+            raise ConfigError(f"{where}.settings: tables and arrays may nest at most {MAX_DEPTH} deep")
         if not 0 < self.handler_timeout_s <= 3600:
             raise ConfigError(f"{where}.handler_timeout_s = {self.handler_timeout_s}: must be in (0, 3600]")
         self.batching.check(f"{where}.batching")

@@ -21,6 +21,7 @@ from mcpd.protocol import args as typed
 from mcpd.protocol import codes
 from mcpd.protocol import delta as codec
 from mcpd.protocol.codes import MCPDError
+from mcpd.protocol.results import ContextTurn
 
 OPS = ("context.open", "context.get", "context.update", "context.drop", "context.list")
 
@@ -73,7 +74,7 @@ class ContextService:
         context.busy_with = None
 
     def commit_turn(self, context: Context, token_ids: list[int], turn: chat.ChatTurn | None = None,
-                    answer: str = "") -> dict:
+                    answer: str = "") -> ContextTurn:
         """Append the turn's prompt and output tokens (a chat turn: after the tokens it kept, with
         the conversation and its `answer`); returns what the reply says of the context."""
         held = len(context.tokens)
@@ -83,8 +84,7 @@ class ContextService:
             self.store.commit_turn(context, keep, token_ids, fields)   # may refuse: TOO_LARGE
         finally:
             self.end_turn(context)
-        reply = {"id": context.id, "version": context.version, "appended_token_ids": token_ids}
-        return reply if keep == held else {**reply, "kept_tokens": keep}
+        return ContextTurn(context.id, context.version, token_ids, None if keep == held else keep)
 
     def catch_up(self, now: float) -> None:
         if self.shared is not None:

@@ -66,7 +66,7 @@ def usage(result: GenerateResult) -> dict:
 
 def _context(result: GenerateResult) -> dict:
     context = result.context
-    return {"mcpd_context": {"id": context["id"], "version": context["version"]}} if context else {}
+    return {"mcpd_context": {"id": context.id, "version": context.version}} if context else {}
 
 
 def _logprobs(chat: bool, token_ids: list[int], logprobs: list[float] | None) -> dict | None:

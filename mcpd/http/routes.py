@@ -241,7 +241,7 @@ def _result(reply: dict) -> GenerateResult:
 
 
 def _context_headers(result: GenerateResult) -> dict:
-    return {CONTEXT_VERSION: str(result.context["version"])} if result.context else {}
+    return {CONTEXT_VERSION: str(result.context.version)} if result.context else {}
 
 
 def _event(value: dict) -> bytes:

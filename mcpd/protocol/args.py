@@ -13,6 +13,7 @@ from typing import Any, Union
 import msgspec
 
 from mcpd.handlers.tensor_header import TensorHeader
+from mcpd.protocol.change_entry import ANY_ENTRY
 from mcpd.protocol.sampling import SamplingParams
 
 
@@ -91,7 +92,7 @@ class ContextGetArgs(OpArgs, tag="context.get"):
 class ContextUpdateArgs(OpArgs, tag="context.update"):
     id: str | None = None
     base: int | None = None
-    changes: tuple[Any, ...] = ()   # delta entries: protocol/delta checks them against the frames
+    changes: tuple[ANY_ENTRY, ...] = ()   # protocol/delta checks them against the payload frames
 
 
 class ContextDropArgs(OpArgs, tag="context.drop"):

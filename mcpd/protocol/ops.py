@@ -12,9 +12,10 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from mcpd.protocol import args as typed
-from mcpd.protocol import codes, infer_args, sampling
+from mcpd.protocol import change_entry, codes, infer_args, sampling
 from mcpd.protocol.codes import MCPDError
 from mcpd.protocol.limits import LimitsConfig
+from mcpd.protocol.nesting import MAX_DEPTH, nests_within
 from mcpd.protocol.sampling import INT64_MAX, MAX_TOKEN_ID
 
 MAX_MESSAGES = 1024
@@ -49,6 +50,8 @@ def _messages(v, _):
     for m in v:
         if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
             return 'each message must be a map with string "role" and "content"'
+        if not nests_within(m):
+            return f"may nest at most {MAX_DEPTH} deep (a message's map counted)"
     return None
 
 
@@ -119,7 +122,8 @@ OPS: dict[str, dict[str, Arg]] = {
     "cancel": {"target": Arg((int, str), _request_id)},
     "context.open": {"id": CONTEXT_ID, "create": Arg((bool,))},
     "context.get": {"id": CONTEXT_ID, "since": Arg((int,), _nonneg)},
-    "context.update": {"id": CONTEXT_ID, "base": Arg((int,), _nonneg), "changes": Arg((list,), _changes, tuple)},
+    "context.update": {"id": CONTEXT_ID, "base": Arg((int,), _nonneg),
+                       "changes": Arg((list,), _changes, change_entry.decode)},
     "context.drop": {"id": CONTEXT_ID},
     "context.list": {},
 }

@@ -6,8 +6,6 @@ docs/PROTOCOL.md describes (section 4, generate); a field at its default (None) 
 """
 from __future__ import annotations
 
-from typing import Any
-
 import msgspec
 
 
@@ -22,6 +20,14 @@ class Degraded(msgspec.Struct, frozen=True):
     requested_max_tokens: int
 
 
+class ContextTurn(msgspec.Struct, frozen=True, omit_defaults=True):
+    """What a generate on a context made of it: the version it committed and the tokens it added."""
+    id: str
+    version: int
+    appended_token_ids: list[int]
+    kept_tokens: int | None = None   # a chat turn that replaced the tail: the tokens it kept before them
+
+
 class GenerateResult(msgspec.Struct, frozen=True, omit_defaults=True):
     text: str
     token_ids: list[int]
@@ -31,7 +37,7 @@ class GenerateResult(msgspec.Struct, frozen=True, omit_defaults=True):
     usage: Usage
     logprobs: list[float] | None = None       # only when asked for
     degraded: Degraded | None = None
-    context: dict[str, Any] | None = None     # a context turn: {"id", "version", "appended_token_ids"[, "kept_tokens"]}
+    context: ContextTurn | None = None        # a generate on a context
 
     @property
     def prompt_tokens(self) -> int:

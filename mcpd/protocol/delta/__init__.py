@@ -5,7 +5,7 @@ delta; the daemon applies it (and diffs the other way for `get since version`). 
 is a numpy array of a numeric dtype, bytes, str, or a scalar (None, bool, int, float).
 
 A delta is (name, kind, meta, data). `data` is the payload and travels as its own ZMQ frame;
-`meta` is a small msgpack map describing it:
+`meta` is a small msgpack map describing it, typed per kind in protocol/change_entry.py:
 
 | kind   | value  | meta                                                        | payload          |
 |--------|--------|-------------------------------------------------------------|------------------|

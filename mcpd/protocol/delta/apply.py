@@ -1,14 +1,15 @@
-"""apply: a peer's delta onto a field's value, treating the delta as hostile: every meta field is
-checked, sizes are checked before anything is allocated or decompressed, and the old value is
-never modified. apply_in_place (xor only) changes the old array itself, and leaves it as it was
-if the delta is rejected."""
+"""apply: a peer's delta onto a field's value, treating the delta as hostile: its meta came typed
+(protocol/change_entry.py) and every value in it is checked here, sizes before anything is
+allocated or decompressed, and the old value is never modified. apply_in_place (xor only)
+changes the old array itself, and leaves it as it was if the delta is rejected."""
 from __future__ import annotations
 
 import numpy as np
 
 from mcpd.protocol import codes, safe_zstd
-from mcpd.protocol.delta.field import (ALLOWED_DTYPES, DELETED, DeltaError, DeltaLimits, FieldDelta, KINDS,
-                                       SCALAR_TYPES, bad, byte_view, required, size_of, words)
+from mcpd.protocol.change_entry import ArrayMeta, PayloadMeta, ScalarMeta, StrMeta
+from mcpd.protocol.delta.field import (ALLOWED_DTYPES, DELETED, DeltaError, DeltaLimits, FieldDelta, bad, byte_view,
+                                       size_of, words)
 from mcpd.protocol.delta.compress import XOR_WINDOW_BYTES
 
 
@@ -18,28 +19,14 @@ def apply(old, delta: FieldDelta, limits: DeltaLimits):
     if delta.kind == "delete":
         _expect_no_payload(delta.data)
         return DELETED
-    if delta.kind not in KINDS:
-        raise bad(f"unknown delta kind {delta.kind!r}")
-    if not isinstance(meta, dict):
-        raise bad("meta must be a map")
-    value_type = required(meta, "type", str)
-    if value_type == "scalar" and delta.kind == "set":
+    if isinstance(meta, ScalarMeta) and delta.kind == "set":
         _expect_no_payload(delta.data)
-        return _scalar(meta)
-    if value_type == "array":
+        return meta.value
+    if isinstance(meta, ArrayMeta):
         return _apply_array(old, delta, limits)
-    if value_type in ("bytes", "str") and delta.kind in ("set", "append"):
-        return _apply_text(old, delta, value_type, limits)
-    raise bad(f"a {delta.kind} delta cannot carry a value of type {value_type!r}")
-
-
-def _scalar(meta: dict):
-    if "value" not in meta:
-        raise bad("meta has no 'value'")
-    value = meta["value"]
-    if type(value) not in SCALAR_TYPES:
-        raise bad(f"a scalar value must be nil, bool, int or float, not {type(value).__name__}")
-    return value
+    if isinstance(meta, PayloadMeta) and delta.kind in ("set", "append"):
+        return _apply_text(old, delta, limits)
+    raise bad(f"a {delta.kind} delta cannot carry a {type(meta).__name__}")
 
 
 def _apply_array(old, delta: FieldDelta, limits: DeltaLimits) -> np.ndarray:
@@ -58,18 +45,17 @@ def _apply_array(old, delta: FieldDelta, limits: DeltaLimits) -> np.ndarray:
     return _checked_bools(_new_array(dtype, (base.shape[0] + shape[0], *shape[1:]), [byte_view(base), payload]))
 
 
-def _array_layout(meta: dict, limits: DeltaLimits) -> tuple[np.dtype, tuple[int, ...]]:
-    dtype_str = required(meta, "dtype", str)
+def _array_layout(meta: ArrayMeta, limits: DeltaLimits) -> tuple[np.dtype, tuple[int, ...]]:
+    dtype_str, shape = meta.dtype, meta.shape
     # Checked against the allow-list before numpy parses it: np.dtype() of a peer's string could
     # build object, structured or gigantic void dtypes.
     if dtype_str not in ALLOWED_DTYPES:
         raise bad(f"dtype {dtype_str!r} is not allowed (plain numeric dtypes only, as numpy's dtype.str)")
-    shape = required(meta, "shape", (list, tuple))
     if len(shape) > limits.max_ndim:
         raise DeltaError(codes.TOO_LARGE, f"{len(shape)} dimensions; the limit is {limits.max_ndim}")
-    if not all(type(n) is int and n >= 0 for n in shape):
-        raise bad(f"shape must be non-negative ints, not {shape!r}")
-    dtype, shape = np.dtype(dtype_str), tuple(shape)
+    if not all(n >= 0 for n in shape):
+        raise bad(f"shape must be non-negative ints, not {list(shape)}")
+    dtype = np.dtype(dtype_str)
     if size_of(dtype, shape) > limits.max_field_bytes:
         raise DeltaError(codes.TOO_LARGE, f"shape {list(shape)} of {dtype_str} is {size_of(dtype, shape)} bytes; "
                                           f"the limit is {limits.max_field_bytes}")
@@ -84,14 +70,14 @@ def _array_base(old, dtype: np.dtype) -> np.ndarray:
     return old
 
 
-def _apply_text(old, delta: FieldDelta, value_type: str, limits: DeltaLimits) -> bytes | str:
-    text_class = str if value_type == "str" else bytes
+def _apply_text(old, delta: FieldDelta, limits: DeltaLimits) -> bytes | str:
+    text_class = str if isinstance(delta.meta, StrMeta) else bytes
     room = limits.max_field_bytes
     if delta.kind == "append":
         if type(old) is not text_class:
-            raise bad(f"cannot append {value_type} to a {type(old).__name__}")
+            raise bad(f"cannot append {text_class.__name__} to a {type(old).__name__}")
         room -= len(old.encode()) if text_class is str else len(old)
-    payload = _payload(delta, required(delta.meta, "nbytes", int), room)
+    payload = _payload(delta, delta.meta.nbytes, room)
     if text_class is str:
         try:
             added = str(payload, "utf-8")
@@ -119,7 +105,7 @@ def apply_in_place(old, delta: FieldDelta, limits: DeltaLimits) -> bool:
     costs as much in page faults and memory traffic as the XOR itself."""
     if delta.kind != "xor" or not (isinstance(old, np.ndarray) and old.flags.c_contiguous and old.flags.writeable):
         return False
-    if not isinstance(delta.meta, dict) or delta.meta.get("type") != "array":
+    if not isinstance(delta.meta, ArrayMeta):
         return False   # `apply` names what is wrong with it
     dtype, shape = _array_layout(delta.meta, limits)
     if _array_base(old, dtype).shape != shape:
@@ -174,7 +160,7 @@ def _undo_xor_windows(target: np.ndarray, data, done: int) -> None:
 def _payload(delta: FieldDelta, expected: int, room: int) -> bytes | memoryview:
     """The decoded payload, checked to be exactly `expected` bytes and to fit in `room`."""
     codec, data = _encoded_payload(delta, expected, room)
-    nbytes = delta.meta["nbytes"]
+    nbytes = delta.meta.nbytes
     if codec == "raw":
         decoded = data
     else:
@@ -190,8 +176,7 @@ def _payload(delta: FieldDelta, expected: int, room: int) -> bytes | memoryview:
 def _encoded_payload(delta: FieldDelta, expected: int, room: int) -> tuple[str, memoryview]:
     """The payload's codec ("raw" or "zstd") and its bytes as they came, once the meta is checked:
     `expected` bytes decoded, fitting in `room`. A raw payload is checked to be `expected` bytes."""
-    meta = delta.meta
-    nbytes, codec = required(meta, "nbytes", int), required(meta, "codec", str)
+    nbytes, codec = delta.meta.nbytes, delta.meta.codec
     if nbytes < 0:
         raise bad(f"meta nbytes must not be negative, not {nbytes}")
     if expected > room:

@@ -2,9 +2,12 @@
 by window so that no payload-sized intermediate exists."""
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
 from mcpd.protocol import safe_zstd
+from mcpd.protocol.change_entry import PayloadMeta
 from mcpd.protocol.delta.field import FieldDelta, words
 
 
@@ -37,12 +40,12 @@ SAMPLE_WINDOW_BYTES = 8 << 10
 SAMPLE_BYTES = SAMPLE_WINDOWS * SAMPLE_WINDOW_BYTES
 
 
-def pack(name: str, kind: str, meta: dict, payload: np.ndarray) -> FieldDelta:
-    meta = {**meta, "nbytes": payload.size}
+def pack(name: str, kind: str, meta: Callable[..., PayloadMeta], payload: np.ndarray) -> FieldDelta:
+    """The delta carrying `payload`, packed if that pays; `meta` makes its meta from the codec and size."""
     squeezed = squeeze(payload)
     if squeezed is None:
-        return FieldDelta(name, kind, {**meta, "codec": "raw"}, payload.tobytes())
-    return FieldDelta(name, kind, {**meta, "codec": "zstd"}, squeezed)
+        return FieldDelta(name, kind, meta(codec="raw", nbytes=payload.size), payload.tobytes())
+    return FieldDelta(name, kind, meta(codec="zstd", nbytes=payload.size), squeezed)
 
 
 def squeeze(payload: np.ndarray) -> bytes | None:

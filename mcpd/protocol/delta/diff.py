@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import struct
+from functools import partial
 
 import numpy as np
 
+from mcpd.protocol.change_entry import ArrayMeta, BytesMeta, NoMeta, ScalarMeta, StrMeta
 from mcpd.protocol.delta.field import (ALLOWED_DTYPES, FieldDelta, MSGPACK_INT_RANGE, SCALAR_TYPES,
                                        byte_view, words, xor_words)
 from mcpd.protocol.delta.compress import IDENTICAL, SAMPLE_BYTES, pack, sample_ratio, squeeze, squeeze_xor
@@ -21,22 +23,22 @@ def diff(name: str, old, new) -> FieldDelta | None:
     if isinstance(new, (bytes, str)):
         return _diff_text(name, old, new)
     _check_scalar(new)
-    return FieldDelta(name, "set", {"type": "scalar", "value": new}, None)
+    return FieldDelta(name, "set", ScalarMeta(new), None)
 
 
 def delete(name: str) -> FieldDelta:
-    return FieldDelta(name, "delete", {}, None)
+    return FieldDelta(name, "delete", NoMeta(), None)
 
 
 def _diff_array(name: str, old, new: np.ndarray) -> FieldDelta | None:
     if new.dtype.str not in ALLOWED_DTYPES:
         raise TypeError(f"field {name!r}: dtype {new.dtype} is not a plain numeric dtype")
     new_bytes = byte_view(new)
-    meta = {"type": "array", "dtype": new.dtype.str, "shape": list(new.shape)}
+    meta = partial(ArrayMeta, dtype=new.dtype.str, shape=new.shape)
     if _extends(old, new, new_bytes):
         # Only the new rows travel. Their encoding is never meaningfully larger than the whole
         # array's (they are a suffix of it), so set is not worth a compression pass.
-        added = {**meta, "shape": [new.shape[0] - old.shape[0], *new.shape[1:]]}
+        added = partial(ArrayMeta, dtype=new.dtype.str, shape=(new.shape[0] - old.shape[0], *new.shape[1:]))
         return pack(name, "append", added, new_bytes[old.nbytes:])
     if not _same_layout(old, new):
         return pack(name, "set", meta, new_bytes)
@@ -52,7 +54,7 @@ def _diff_array(name: str, old, new: np.ndarray) -> FieldDelta | None:
         # XOR bytes that do not compress are as many as the array's: set is no larger and does
         # not depend on the receiver's copy.
         return pack(name, "set", meta, new_bytes)
-    xor = FieldDelta(name, "xor", {**meta, "codec": "zstd", "nbytes": new_bytes.size}, squeezed)
+    xor = FieldDelta(name, "xor", meta(codec="zstd", nbytes=new_bytes.size), squeezed)
     if not _whole_may_beat(new_bytes, len(squeezed)):
         return xor
     whole = pack(name, "set", meta, new_bytes)
@@ -80,7 +82,7 @@ def _whole_may_beat(new_bytes: np.ndarray, edit_size: int) -> bool:
 
 
 def _diff_text(name: str, old, new: bytes | str) -> FieldDelta:
-    meta = {"type": "str" if isinstance(new, str) else "bytes"}
+    meta = StrMeta if isinstance(new, str) else BytesMeta
     if type(old) is type(new) and len(new) > len(old) and new.startswith(old):
         return pack(name, "append", meta, _text_bytes(new[len(old):]))
     return pack(name, "set", meta, _text_bytes(new))

@@ -7,11 +7,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from mcpd.protocol import codes
-from mcpd.protocol.codes import MCPDError
+from mcpd.protocol.change_entry import ANY_META, DeltaError
 
-
-KINDS = ("set", "append", "xor", "delete")
-MAX_NAME_CHARS = 256
 ALLOWED_DTYPES = frozenset(
     np.dtype(t).newbyteorder(order).str
     for t in (np.bool_, np.int8, np.int16, np.int32, np.int64,
@@ -24,8 +21,8 @@ SCALAR_TYPES = (type(None), bool, int, float)
 @dataclass(frozen=True)
 class FieldDelta:
     name: str
-    kind: str            # one of KINDS
-    meta: dict           # see the table in the package docstring (__init__.py)
+    kind: str            # set, append, xor or delete (protocol/change_entry.py)
+    meta: ANY_META       # see the table in the package docstring (__init__.py)
     data: bytes | None   # the payload (any bytes-like object when it came off the wire); None for scalars, delete
 
 
@@ -41,22 +38,6 @@ class _Deleted:
 
 
 DELETED = _Deleted()   # what `apply` returns for a delete: None is a value a field can hold
-
-
-class DeltaError(MCPDError, ValueError):
-    """A delta that cannot be applied; `code` is BAD_REQUEST (malformed) or TOO_LARGE (over limits)."""
-
-
-def required(meta: dict, key: str, kind: type | tuple[type, ...]):
-    value = meta.get(key)
-    # bool is an int in Python but never a size or a count on the wire.
-    if not isinstance(value, kind) or isinstance(value, bool):
-        raise bad(f"meta {key!r} must be {_type_names(kind)}, not {type(value).__name__}")
-    return value
-
-
-def _type_names(kind: type | tuple[type, ...]) -> str:
-    return " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
 
 
 def bad(message: str) -> DeltaError:
