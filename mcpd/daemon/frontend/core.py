@@ -149,7 +149,7 @@ class FrontEndCore:
         if not self.shed.refuses(header.op, cls, self.clock()):
             return False
         self._count_error(codes.OVERLOADED)
-        self._send(identity, envelope, wire.error_reply(header.id, ErrorReply.of(self.shed.refusal(cls))))
+        self._send(identity, envelope, wire.error_reply(header.id, self.shed.refusal(cls)))
         return True
 
     def _admit(self, identity: bytes | object, request: wire.Request) -> None:
@@ -159,7 +159,7 @@ class FrontEndCore:
         cls = self.labels.class_of(priority)
         try:
             if self.shed.classes and self.shed.refuses(op, cls, started):   # before the arguments' checks
-                raise self.shed.refusal(cls)
+                raise self.shed.refusal(cls).exception()
             args = ops.validate_args(op, header["args"], self.limits)
             if op == "infer":
                 infer_args.check_frames(args, len(request.payload))
