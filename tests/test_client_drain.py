@@ -35,6 +35,9 @@ class Loop:
         self.relayed_at: dict[int, int] = {}   # request id -> the same when its reply reached its client
         self.room: int | None = None
         self.drain = ClientDrain(self.take_clients, self.batch.flush, self.take_replies)
+        self.refused_at: list[int] = []   # client messages handled when each refusal reached its client
+        to_client = self.core.ports.to_client
+        self.core.ports.to_client = lambda *reply, **named: self.refused_at.append(self.handled) or to_client(*reply, **named)
 
     def client_sends(self, request_id: int, priority: str) -> None:
         self.waiting.append([wire.encode_request("generate", request_id, {"prompt": "hi", "max_tokens": 2},
@@ -45,6 +48,7 @@ class Loop:
         for frames in taken:
             self.core.on_client(CLIENT, frames, [len(frame) for frame in frames], None)
             self.handled += 1
+        self.core.send_refusals()   # as process.py's _take_clients
         return len(taken)
 
     def take_replies(self) -> None:
@@ -113,3 +117,10 @@ def test_clients_are_not_read_while_the_schedulers_pipe_is_full_and_reading_stop
     loop.room = None
     assert not loop.drain.turn()
     assert loop.sent_at == {1: SLICE} and loop.handled == 2 * SLICE + 1
+
+
+def test_a_slices_refusals_reach_their_client_together_once_the_slice_is_read(loop):
+    flood(loop, SLICE + 2)
+    assert not loop.drain.turn()
+    assert loop.refused_at == [SLICE] * SLICE + [SLICE + 2] * 2
+    assert [header["id"] for _, _, header, _ in loop.core.ports.clients] == list(range(100, 100 + SLICE + 2))

@@ -29,9 +29,11 @@ def core():
 
 
 def send(core, identity: bytes, op: str, request_id, args: dict, *payload: bytes, tenant=None, **header) -> None:
-    """A client's message as the process reads it: frames past the routing id, their sizes."""
+    """A client's message as the process reads it: frames past the routing id, their sizes; alone
+    in its slice, so a refusal it gets is sent at once."""
     frames = [wire.encode_request(op, request_id, args, **header), *payload]
     core.on_client(identity, frames, [len(frame) for frame in frames], tenant)
+    core.send_refusals()
 
 
 def generate(core, identity: bytes, request_id, **header) -> None:
@@ -289,6 +291,26 @@ def test_under_a_lease_a_shed_request_is_refused_on_its_op_id_and_priority_alone
     assert admitted(core) == [] and core.errors == {codes.OVERLOADED: 1, codes.BAD_REQUEST: 1, codes.UNAUTHORIZED: 1}
 
 
+def test_refusals_at_the_door_wait_for_the_slices_end_or_another_reply_and_keep_their_order(core):
+    """The door's refusals go out together once the process has read its slice of the flood
+    (send_refusals); any other reply to a client sends them first."""
+    core.on_scheduler(messages.Shed(["low"], 250, 1000, 0), [])
+    for request_id in (1, 2):
+        frames = [wire.encode_request("generate", request_id, {"prompt": "hi", "max_tokens": 2}, priority="low")]
+        core.on_client(CLIENT, frames, [len(frames[0])], None)
+    assert replies(core) == []
+    core.send_refusals()
+    core.send_refusals()   # nothing held: nothing sent again
+    assert [(identity, header["id"], header["code"]) for identity, header in replies(core)] == \
+        [(CLIENT, 1, codes.OVERLOADED), (CLIENT, 2, codes.OVERLOADED)]
+    frames = [wire.encode_request("generate", 3, {"prompt": "hi", "max_tokens": 2}, priority="low")]
+    core.on_client(OTHER, frames, [len(frames[0])], None)
+    frames = [wire.encode_request("generate", 4, {"prompt": "hi", "max_tokens": -1}, priority="high")]
+    core.on_client(CLIENT, frames, [len(frames[0])], None)   # not shed: its own refusal, BAD_REQUEST, at once
+    assert [(identity, header["id"], header["code"]) for identity, header in replies(core)][2:] == \
+        [(OTHER, 3, codes.OVERLOADED), (CLIENT, 4, codes.BAD_REQUEST)]
+
+
 def _map(*pairs) -> bytes:
     """A msgpack map of `pairs` as given, a repeated key or a key of any type kept."""
     return bytes([0x80 | len(pairs)]) + b"".join(msgpack.packb(key) + msgpack.packb(value) for key, value in pairs)
@@ -324,6 +346,7 @@ def test_a_repeated_priority_reads_the_same_at_the_door_as_in_the_full_parse(cor
     assert shed_header.peek(raw).priority == wire.decode_header(raw)["priority"] == last
     core.on_scheduler(messages.Shed(["low"], 250, 1000, 0), [])
     core.on_client(CLIENT, [raw], [len(raw)], None)
+    core.send_refusals()
     assert [m.request_id for m in admitted(core)] == ([7] if last == "high" else [])
     assert [header.get("code") for _, header in replies(core)] == ([] if last == "high" else [codes.OVERLOADED])
 

@@ -100,6 +100,7 @@ class FrontEndCore:
         self.metrics = RequestMetrics()
         self.labels = RequestLabels(config)
         self.shed = ShedTable()   # classes the scheduler asked to refuse here
+        self.refusals: list[tuple[bytes, tuple[bytes, ...], bytes]] = []   # made at the door, not sent yet (send_refusals)
         self.tracing = tracing.start(config, "frontend")   # None with tracing off
         self.peer_tenants = frozenset(config.cluster.peer_tenants)
         self.forwarding = _forwarding(config, ports.peers) if ports.peers is not None else None
@@ -149,8 +150,17 @@ class FrontEndCore:
         if not self.shed.refuses(header.op, cls, self.clock()):
             return False
         self._count_error(codes.OVERLOADED)
-        self._send(identity, envelope, wire.error_reply(header.id, ErrorReply.of(self.shed.refusal(cls))))
+        self.refusals.append((identity, envelope, wire.error_reply(header.id, self.shed.refusal(cls))))
         return True
+
+    def send_refusals(self) -> None:
+        """Send the refusals _shed_early holds, in the order they were made. The process calls this
+        once its slice of client messages is read: sent back to back, a flood's refusals cost
+        libzmq's I/O thread one wake-up and one write for the lot, not one of each per refusal.
+        Any other reply to a client sends them first, so that no client's replies change order."""
+        refusals, self.refusals = self.refusals, []
+        for identity, envelope, header in refusals:
+            self._send(identity, envelope, header)
 
     def _admit(self, identity: bytes | object, request: wire.Request) -> None:
         started = self.clock()
@@ -159,7 +169,7 @@ class FrontEndCore:
         cls = self.labels.class_of(priority)
         try:
             if self.shed.classes and self.shed.refuses(op, cls, started):   # before the arguments' checks
-                raise self.shed.refusal(cls)
+                raise self.shed.refusal(cls).exception()
             args = ops.validate_args(op, header["args"], self.limits)
             if op == "infer":
                 infer_args.check_frames(args, len(request.payload))
@@ -210,6 +220,8 @@ class FrontEndCore:
 
     def _send(self, identity: bytes | object, envelope: tuple[bytes, ...], header: bytes, payload=(),
               rid: int | None = None, chunk: bool = False) -> None:
+        if self.refusals:
+            self.send_refusals()
         if identity is LOCAL_CALLER:
             return self.ports.to_local(header, payload)
         if self.ports.to_client(identity, envelope, header, payload, rid, chunk):

@@ -173,7 +173,10 @@ class FrontEnd:
             self.socket_backlog.emptied()
 
     def _take_clients(self, limit: int) -> int:
-        return channels.drain(self.clients, self._on_client, limit, self._receive_client)
+        try:
+            return channels.drain(self.clients, self._on_client, limit, self._receive_client)
+        finally:
+            self.core.send_refusals()   # the slice's refusals together (core.py says why)
 
     def _pump_replies(self) -> None:
         self._take_replies()

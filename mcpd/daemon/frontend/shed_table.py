@@ -14,7 +14,7 @@ from collections import defaultdict
 
 from mcpd.daemon import messages
 from mcpd.protocol import codes
-from mcpd.protocol.codes import MCPDError
+from mcpd.protocol.error import ErrorReply
 
 SHED_OPS = frozenset({"generate", "infer"})
 HOLD_S = 5.0   # under a flood a backlog rebuilds once per HOLD_S, not once per lease; a capped stream waits no longer
@@ -29,11 +29,13 @@ class ShedTable:
         self.held_until = 0.0   # refusals hold the lease to here at most
         self.kept = 0   # of each shed class, the requests in flight past which new ones are refused
         self.in_flight: dict[str, int] = defaultdict(int)   # admitted generate and infer by class label, unanswered
+        self.refusals: dict[str, ErrorReply] = {}   # by class, built once a lease: under a flood most requests get one
 
     def update(self, shed: messages.Shed, now: float) -> None:
         self.classes, self.retry_after_ms, self.kept = frozenset(shed.classes), shed.retry_after_ms, shed.in_flight
         self.lease_s = shed.lease_ms / 1000
         self.until, self.held_until = now + self.lease_s, now + HOLD_S
+        self.refusals = {}
 
     def clear(self) -> None:
         self.classes = frozenset()
@@ -49,9 +51,13 @@ class ShedTable:
             return True
         return False
 
-    def refusal(self, class_name: str) -> MCPDError:
-        return MCPDError(codes.OVERLOADED, f"overloaded: class {class_name!r} is shed for now (requests wait "
-                         "on their way to the scheduler)", self.retry_after_ms)
+    def refusal(self, class_name: str) -> ErrorReply:
+        refusal = self.refusals.get(class_name)
+        if refusal is None:
+            refusal = self.refusals[class_name] = ErrorReply(
+                codes.OVERLOADED, f"overloaded: class {class_name!r} is shed for now (requests wait on their way "
+                "to the scheduler)", self.retry_after_ms)
+        return refusal
 
     def admitted(self, op: str, class_name: str) -> None:
         if op in SHED_OPS:
