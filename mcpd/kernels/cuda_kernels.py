@@ -58,17 +58,28 @@ def _paged_decode(q, cache, table, context_lens, out, partial_acc, partial_best,
                   out_row_stride, block_stride, value_offset, token_stride, table_stride, block_size, scale,
                   GROUP: tl.constexpr, GROUP_TILE: tl.constexpr, HEAD_DIM: tl.constexpr, TOKENS: tl.constexpr,
                   SPLITS: tl.constexpr, IEEE: tl.constexpr):
-    seq = tl.program_id(0)
-    kv_head = tl.program_id(1)
-    split = tl.program_id(2)
+    _attend(q, cache, table, context_lens, out, partial_acc, partial_best, partial_total, q_row_stride,
+            out_row_stride, block_stride, value_offset, token_stride, table_stride, block_size, scale,
+            tl.program_id(0), tl.program_id(1), tl.num_programs(1), tl.program_id(2), GROUP, GROUP_TILE, HEAD_DIM,
+            TOKENS, SPLITS, IEEE)
+
+
+@triton.jit
+def _attend(q, cache, table, context_lens, out, partial_acc, partial_best, partial_total, q_row_stride,
+            out_row_stride, block_stride, value_offset, token_stride, table_stride, block_size, scale, seq, kv_head,
+            kv_heads, split, GROUP, GROUP_TILE: tl.constexpr, HEAD_DIM: tl.constexpr,
+            TOKENS: tl.constexpr, SPLITS: tl.constexpr, IEEE: tl.constexpr):
+    """One (sequence, KV head, split): its query heads against the split's share of the context.
+    Queries and partials are read past the L1 cache (.cg): in the one-kernel decode step other
+    programs wrote them moments before."""
     rows = tl.arange(0, GROUP_TILE)
     dims = tl.arange(0, HEAD_DIM)
     row_ok = rows < GROUP
     heads = kv_head * GROUP + rows
     queries = tl.load(q + seq * q_row_stride + heads[:, None] * HEAD_DIM + dims[None, :], mask=row_ok[:, None],
-                      other=0.0)
+                      other=0.0, cache_modifier=".cg")
     length = tl.load(context_lens + seq)
-    chunk = tl.cdiv(tl.cdiv(length, SPLITS), TOKENS) * TOKENS   # each split's tokens, whole tiles
+    chunk = _split_chunk(length, SPLITS, TOKENS)
     first = split * chunk
     last = tl.minimum(first + chunk, length)
     best = tl.full((GROUP_TILE,), float("-inf"), tl.float32)
@@ -99,26 +110,43 @@ def _paged_decode(q, cache, table, context_lens, out, partial_acc, partial_best,
         tl.store(out + seq * out_row_stride + heads[:, None] * HEAD_DIM + dims[None, :],
                  (acc / total[:, None]).to(out.dtype.element_ty), mask=row_ok[:, None])
     else:   # partials [B, heads, SPLITS, (D)]: an empty split leaves best -inf, total and acc 0
-        at = (seq * tl.num_programs(1) * GROUP + heads) * SPLITS + split
+        at = (seq * kv_heads * GROUP + heads) * SPLITS + split
         tl.store(partial_best + at, best, mask=row_ok)
         tl.store(partial_total + at, total, mask=row_ok)
         tl.store(partial_acc + at[:, None] * HEAD_DIM + dims[None, :], acc, mask=row_ok[:, None])
 
 
 @triton.jit
-def _merge_splits(partial_acc, partial_best, partial_total, out, out_row_stride, HEADS: tl.constexpr,
-                  HEAD_DIM: tl.constexpr, SPLITS: tl.constexpr):
-    seq = tl.program_id(0)
-    head = tl.program_id(1)
-    splits = tl.arange(0, SPLITS)
+def _split_chunk(length, SPLITS: tl.constexpr, TOKENS: tl.constexpr):
+    """The tokens of each split of a context of `length`: whole tiles."""
+    return tl.cdiv(tl.cdiv(length, SPLITS), TOKENS) * TOKENS
+
+
+@triton.jit
+def _merge_splits(partial_acc, partial_best, partial_total, out, out_row_stride, HEADS, GROUP,
+                  GROUP_TILE: tl.constexpr, HEAD_DIM: tl.constexpr, SPLITS: tl.constexpr):
+    _merge(partial_acc, partial_best, partial_total, out, out_row_stride, tl.program_id(0), tl.program_id(1), HEADS,
+           GROUP, GROUP_TILE, HEAD_DIM, SPLITS)
+
+
+@triton.jit
+def _merge(partial_acc, partial_best, partial_total, out, out_row_stride, seq, kv_head, HEADS, GROUP,
+           GROUP_TILE: tl.constexpr, HEAD_DIM: tl.constexpr, SPLITS: tl.constexpr):
+    """The attention output of one (sequence, KV head)'s query heads from their splits' partial
+    sums, all heads and splits read at once."""
+    members = tl.arange(0, GROUP_TILE)
+    ok = members < GROUP
+    heads = kv_head * GROUP + members
+    at = (seq * HEADS + heads[:, None]) * SPLITS + tl.arange(0, SPLITS)[None, :]
     dims = tl.arange(0, HEAD_DIM)
-    at = (seq * HEADS + head) * SPLITS + splits
-    best = tl.load(partial_best + at)
-    overall = tl.max(best, axis=0)   # finite: the first split always has a token
-    fade = tl.exp(best - overall)
-    total = tl.sum(tl.load(partial_total + at) * fade, axis=0)
-    acc = tl.sum(tl.load(partial_acc + at[:, None] * HEAD_DIM + dims[None, :]) * fade[:, None], axis=0)
-    tl.store(out + seq * out_row_stride + head * HEAD_DIM + dims, (acc / total).to(out.dtype.element_ty))
+    best = tl.load(partial_best + at, mask=ok[:, None], other=0.0, cache_modifier=".cg")
+    fade = tl.exp(best - tl.max(best, axis=1)[:, None])   # finite: each head's first split has a token
+    total = tl.sum(tl.load(partial_total + at, mask=ok[:, None], other=0.0, cache_modifier=".cg") * fade, axis=1)
+    acc = tl.load(partial_acc + at[:, :, None] * HEAD_DIM + dims[None, None, :], mask=ok[:, None, None], other=0.0,
+                  cache_modifier=".cg")
+    acc = tl.sum(acc * fade[:, :, None], axis=1)
+    tl.store(out + seq * out_row_stride + heads[:, None] * HEAD_DIM + dims[None, :],
+             (acc / total[:, None]).to(out.dtype.element_ty), mask=ok[:, None])
 
 
 def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
@@ -140,7 +168,8 @@ def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch
         GROUP=group, GROUP_TILE=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim, TOKENS=TOKENS,
         SPLITS=splits, IEEE=q.dtype == torch.float32)
     if splits > 1:
-        _merge_splits[(batch, heads)](*partial, out, out.stride(0), HEADS=heads, HEAD_DIM=head_dim, SPLITS=splits)
+        _merge_splits[(batch, kv_heads)](*partial, out, out.stride(0), heads, group,
+                                         GROUP_TILE=triton.next_power_of_2(group), HEAD_DIM=head_dim, SPLITS=splits)
     return out
 
 
@@ -199,19 +228,25 @@ def _rope_store(qkv, table, positions, slot_blocks, slot_offsets, q_out, cache, 
 
 
 @triton.jit
+def _rotated(x1, x2, angles, index, HALF: tl.constexpr):
+    """x * cos + cat(-x2, x1) * sin for the halves x1 (at `index`) and x2 of heads (any leading
+    shape), by the position's cos and sin at `angles`, each op rounded to x's dtype as torch's."""
+    dtype = x1.dtype
+    cos1, cos2 = tl.load(angles + index), tl.load(angles + HALF + index)
+    sin1, sin2 = tl.load(angles + 2 * HALF + index), tl.load(angles + 3 * HALF + index)
+    a, b = x1.to(tl.float32), x2.to(tl.float32)
+    return (((a * cos1).to(dtype).to(tl.float32) + (-b * sin1).to(dtype).to(tl.float32)).to(dtype),
+            ((b * cos2).to(dtype).to(tl.float32) + (a * sin2).to(dtype).to(tl.float32)).to(dtype))
+
+
+@triton.jit
 def _rotate_store(x1, x2, head, index, row, table, positions, slot_blocks, slot_offsets, q_out, cache, block_stride,
-                  value_offset, token_stride, HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HALF: tl.constexpr):
+                  value_offset, token_stride, HEADS, KV_HEADS, HALF: tl.constexpr):
     """Values of one head of row: x1 at `index` of its first half, x2 at index + HALF. Queries and
     keys rotated by the row's position; queries stored into q_out, keys and values into their
     cache slot."""
-    dtype = x1.dtype
-    if head < HEADS + KV_HEADS:   # x * cos + cat(-x2, x1) * sin, each op rounded to dtype as torch's
-        angles = table + tl.load(positions + row) * 4 * HALF
-        cos1, cos2 = tl.load(angles + index), tl.load(angles + HALF + index)
-        sin1, sin2 = tl.load(angles + 2 * HALF + index), tl.load(angles + 3 * HALF + index)
-        a, b = x1.to(tl.float32), x2.to(tl.float32)
-        x1 = ((a * cos1).to(dtype).to(tl.float32) + (-b * sin1).to(dtype).to(tl.float32)).to(dtype)
-        x2 = ((b * cos2).to(dtype).to(tl.float32) + (a * sin2).to(dtype).to(tl.float32)).to(dtype)
+    if head < HEADS + KV_HEADS:
+        x1, x2 = _rotated(x1, x2, table + tl.load(positions + row) * 4 * HALF, index, HALF)
     if head < HEADS:
         target = q_out + (row * HEADS + head) * 2 * HALF
     else:
@@ -230,9 +265,16 @@ def _silu_mul(gate_up, out, inter, BLOCK: tl.constexpr):
     ok = cols < inter
     gate = tl.load(gate_up + row * 2 * inter + cols, mask=ok, other=0.0)
     up = tl.load(gate_up + row * 2 * inter + inter + cols, mask=ok, other=0.0)
+    tl.store(out + row * inter + cols, _silu_times(gate, up), mask=ok)
+
+
+@triton.jit
+def _silu_times(gate, up):
+    """silu(gate) * up in gate's dtype, rounded where torch rounds: silu as x / (1 + exp(-x)) in
+    float32, then the product."""
     g = gate.to(tl.float32)
-    silu = (g / (1.0 + tl.exp(-g))).to(gate.dtype)   # torch's silu: x / (1 + exp(-x)) in float32, rounded
-    tl.store(out + row * inter + cols, (silu.to(tl.float32) * up.to(tl.float32)).to(gate.dtype), mask=ok)
+    silu = (g / (1.0 + tl.exp(-g))).to(gate.dtype)
+    return (silu.to(tl.float32) * up.to(tl.float32)).to(gate.dtype)
 
 
 ROW_PRODUCT_MOST_OUTPUTS = 8192
