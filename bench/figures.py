@@ -69,6 +69,7 @@ TARGETS = [
     ("quantized", "int8_decode_speedup", ">=", 2.5),
     ("restart", "restart_ratio_vs_recompute", "<=", 0.5),
     ("gpu_decode", "w1_hbm_roofline_frac", ">=", 0.78),
+    ("gpu_decode", "w1_first_token_ms", "<=", 2),
     ("cluster", "ownership_balance", "<=", 1.05),
     ("cluster", "moved_frac_times_n", "<=", 1.1),
     ("cluster", "redis_commit_overhead", "<=", 1.5),
