@@ -4,7 +4,9 @@ for every Llama-family kind it runs, alone and batched (buckets 8, 4, 2 and 1 as
 finish); in bfloat16 a step's logits within rounding of the other path's. On a GPU as graph
 replays; on a CPU through Triton's interpreter, one program walking every stage (the kernel's
 twin), where Triton is installed (`make setup-test` installs it)."""
+import logging
 import os
+import re
 
 import numpy as np
 import pytest
@@ -79,6 +81,17 @@ def test_persistent_steps_give_the_layer_by_layer_tokens(kind, checkpoints):
     ran = {size for size, step in engine.decode_graphs.steps.items() if step is not None}
     assert ran == {1, 2, 4, 8}
     assert generate(engine, MANY_PROMPTS[-1:], MANY_TOKENS[-1:]) == expected[-1:]   # alone: bucket 1
+
+
+@pytest.mark.skipif(not GPU, reason="auto times graph replays: CUDA only")
+def test_auto_keeps_the_faster_of_the_two_per_bucket_and_its_tokens_are_the_same(checkpoints, caplog):
+    expected = generate(engine_with(checkpoints["llama"], "graph"), MANY_PROMPTS, MANY_TOKENS)
+    engine = engine_with(checkpoints["llama"], "auto")
+    with caplog.at_level(logging.INFO, logger="mcpd.engine.decode_graphs"):
+        assert generate(engine, MANY_PROMPTS, MANY_TOKENS) == expected
+    kept = dict(re.match(r"decode steps of (\d+) sequences: (\w+)", r.getMessage()).groups() for r in caplog.records)
+    assert set(kept) == {"1", "2", "4", "8"}
+    assert all((engine.decode_graphs.steps[int(size)] is None) == (way == "graph") for size, way in kept.items())
 
 
 @pytest.mark.parametrize("kind", ("llama", "qwen2_untied"))

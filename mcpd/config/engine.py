@@ -24,8 +24,8 @@ class EngineConfig:
     decode_burst: int = 8           # greedy decode steps a lone sequence may run at once, natively (1: off)
     gather_max_ms: float = 5.0      # most a step of prompts alone waits for those returning (0: off)
     cuda_graphs: bool = True        # CUDA: decode steps as CUDA graph replays (engine/decode_graphs.py)
-    decode_kernel: str = "auto"     # CUDA, batches of up to 8: persistent (the whole step one kernel), graph
-                                    # (layer by layer), or auto: the faster, timed per batch size at capture
+    decode_kernel: str = "graph"    # CUDA, batches of up to 8: graph (layer by layer), persistent (the whole
+                                    # step one kernel), or auto: the faster, timed per batch size at capture
 
     def check(self) -> None:
         if self.decode_kernel not in DECODE_KERNELS:
