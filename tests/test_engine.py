@@ -6,19 +6,22 @@ import msgspec
 import pytest
 import torch
 
-from mcpd.config import Config, EngineConfig, ModelConfig
+from mcpd.config import Config, EngineConfig, ModelConfig, WorkersConfig
 from mcpd.engine import Engine, SamplingParams
+from mcpd.engine.engine import StepOutput
 from mcpd.models import load_model
 from mcpd.models.layers import AttentionMetadata, bind_kv_cache
 from kernel_sets import NATIVE_SETS
 
 CPU = torch.device("cpu")
 GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+UNTUNED = WorkersConfig(adaptive_threads=False)   # no thread trial holds a burst back: step counts are exact
 
 
-def make_engine(**engine) -> Engine:
+def make_engine(workers: WorkersConfig | None = None, **engine) -> Engine:
     engine.setdefault("pool_bytes", 16 << 20)
-    return Engine(Config(model=ModelConfig(max_model_len=512), engine=EngineConfig(**engine)), CPU)
+    return Engine(Config(model=ModelConfig(max_model_len=512), engine=EngineConfig(**engine),
+                         workers=workers or WorkersConfig()), CPU)
 
 
 @pytest.fixture(scope="module")
@@ -323,6 +326,50 @@ def test_a_lone_prompt_token_runs_as_one_native_greedy_step(cached_blocks, kerne
                           stats["tokens_prefilled"], stats["tokens_generated"], stats["prefix_cache_hits"])
     assert results[8] == results[1]
     assert results[1][0] and results[1][6] == cached_blocks * engine.kv.block_size
+
+
+@pytest.mark.parametrize("prompt_length", [16, 21])
+@pytest.mark.parametrize("kernels", NATIVE_SETS)
+def test_bursts_run_across_block_ends_and_cache_the_blocks_they_fill(prompt_length, kernels):
+    """A lone greedy sequence's 64 tokens: the prompt's step, then bursts of decode_burst tokens
+    wherever the 16-token blocks end. Every token it computed is found by the next request with
+    those tokens, which then decodes what an engine without bursts does."""
+    def outputs(engine: Engine, prompt: list[int], max_tokens: int) -> list[StepOutput]:
+        engine.add_request("r", prompt, SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True))
+        return [out for _ in iter(lambda: engine.has_work, False) for out in engine.step()]
+
+    engine = make_engine(UNTUNED, kernels=kernels, decode_burst=8)
+    prompt = list(range(40, 40 + prompt_length))
+    first = outputs(engine, prompt, 64)
+    assert [len(out.token_ids) for out in first] == [1] + [8] * 7 + [7]
+    assert engine.stats()["steps"] == 9
+    follow = prompt + tokens(first)
+    again = tokens(outputs(engine, follow, 12))
+    assert engine.stats()["prefix_cache_hits"] == len(follow) - 1
+    assert again == tokens(outputs(make_engine(kernels=kernels, decode_burst=1), follow, 12))
+
+
+@pytest.mark.parametrize("kernels", NATIVE_SETS)
+def test_a_burst_takes_no_more_blocks_than_are_free(kernels):
+    """Two tenants' sequences in an 8-block cache, one decode a step (engine.shared_step_decodes):
+    a lone step's burst stops at the last slot its blocks and the free ones give (one took the
+    last free block), and both sequences generate what one token a step does."""
+    results, bursts_to_the_last_block = {}, 0
+    for burst in (1, 8):
+        engine = make_engine(UNTUNED, pool_bytes=1 << 20, kv_fraction=0.5, shared_step_decodes=1,
+                             kernels=kernels, decode_burst=burst)
+        assert engine.kv.num_blocks == 8
+        params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+        for key, token in (("a", 65), ("b", 66)):
+            engine.add_request(key, [token] * (45 if key == "a" else 40), params, cache_namespace=key)
+        outputs = {"a": [], "b": []}
+        while engine.has_work:
+            for out in engine.step():
+                outputs[out.key].append(out)
+                bursts_to_the_last_block += len(out.token_ids) > 1 and engine.kv.num_free == 0
+        results[burst] = {key: tokens(outs) for key, outs in outputs.items()}
+    assert results[8] == results[1]
+    assert bursts_to_the_last_block
 
 
 @pytest.mark.parametrize("kernels", NATIVE_SETS)

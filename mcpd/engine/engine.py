@@ -248,10 +248,10 @@ class Engine:
         prefix leaves) runs as one such step: the same kernels, without the step's Python around
         them, and its first token goes out before any other is chosen. Only for one greedy
         sequence with nobody waiting (a burst holds a newcomer back by its length), no logprobs
-        (they are Python's), and only over the slots its blocks already have, none filling a
-        block: a full block is cached under the hash of its tokens when it is scheduled
-        (KVCache.grow), before the burst has chosen them. Not while the thread tuner measures
-        (ThreadTuner.measuring)."""
+        (they are Python's), and over no more slots than its blocks and the free ones give. A
+        burst runs on across block ends: the blocks it fills are cached as their tokens come
+        out (KVCache.filled), so a burst that stopped at each block's last slot would cost that
+        slot a step of its own. Not while the thread tuner measures (ThreadTuner.measuring)."""
         if (self.decode_burst < 2 or len(batch) != 1 or self.scheduler.waiting
                 or (self.thread_tuner is not None and self.thread_tuner.measuring)):
             return 0
@@ -261,12 +261,8 @@ class Engine:
             return 0
         if not seq.num_completion_tokens:
             return 1
-        block_size, slots = self.kv.block_size, len(seq.block_table) * self.kv.block_size
-        most = min(self.decode_burst, params.max_tokens - seq.num_completion_tokens)
-        steps, position = 1, seq.num_computed + 1   # the scheduled position, then the burst's next
-        while steps < most and position < slots and (position + 1) % block_size:
-            steps, position = steps + 1, position + 1
-        return steps
+        room = (len(seq.block_table) + self.kv.num_free) * self.kv.block_size - seq.num_computed
+        return min(self.decode_burst, params.max_tokens - seq.num_completion_tokens, room)
 
     def _run_burst(self, seq: Sequence, steps: int, started: float) -> StepOutput:
         """Up to `steps` greedy tokens of seq from one native call, appended as that many steps
@@ -275,6 +271,7 @@ class Engine:
         if not seq.num_completion_tokens:   # the lone prompt token this call computes
             self.tokens_prefilled += 1
         stops = params.stop_token_ids + (() if params.ignore_eos else tuple(self.tokenizer.eos_token_ids))
+        self.kv.hold(seq, seq.num_computed + steps)
         tokens = self.model.greedy_steps(seq.token_ids[-1], seq.num_computed, seq.block_table, steps, stops)
         self.kv.step_ran()
         self.last_step_end = time.perf_counter()
@@ -284,6 +281,8 @@ class Engine:
         outputs = []
         for token in tokens:
             seq.num_computed += 1
+            if seq.num_computed % self.kv.block_size == 0:   # before _append, which may release seq
+                self.kv.filled(seq)
             outputs.append(self._append(seq, token, None))
             if outputs[-1].finished:
                 break

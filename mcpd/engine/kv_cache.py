@@ -245,18 +245,37 @@ class KVCache:
         they fill. Caching them now, before the model runs, lets a sequence admitted later in the
         same step share them: every layer writes the step's new keys and values into the cache
         before any attention reads it. Until the step runs they are pending: seq computes them."""
+        self.hold(seq, num_tokens)
+        for index in range(seq.num_computed // self.block_size, num_tokens // self.block_size):
+            block = self._cache_block(seq, index)
+            if block is not None:
+                self.pending[block] = seq
+
+    def hold(self, seq: Sequence, num_tokens: int) -> None:
+        """Give seq blocks for num_tokens tokens, caching none: a greedy burst (Engine._run_burst)
+        writes positions whose tokens it has not chosen yet; see filled()."""
         for _ in range(self.blocks_for(num_tokens) - len(seq.block_table)):
             seq.block_table.append(self._allocate())
-        for index in range(seq.num_computed // self.block_size, num_tokens // self.block_size):
-            key = self._block_hash(seq, index)
-            # A twin computed alongside the cached block stays private and is freed plainly.
-            if key not in self.cached:
-                block = seq.block_table[index]
-                self.cached[key] = block
-                self.block_hashes[block] = key
-                self.pending[block] = seq
-                start = index * self.block_size
-                self.partial.add(block, self._parent(seq, index), seq.token_ids[start:start + self.block_size - 1])
+
+    def filled(self, seq: Sequence) -> None:
+        """seq's computed tokens just filled its block, outside a scheduled step (a burst): cache
+        it now that every token of it is known, committed at once, for its keys and values are in."""
+        block = self._cache_block(seq, seq.num_computed // self.block_size - 1)
+        if block is not None:
+            self._commit(block)
+
+    def _cache_block(self, seq: Sequence, index: int) -> int | None:
+        """Make seq's full block `index` findable under its hash; the block, or None if another
+        block holds those tokens already (a twin computed alongside stays private, freed plainly)."""
+        key = self._block_hash(seq, index)
+        if key in self.cached:
+            return None
+        block = seq.block_table[index]
+        self.cached[key] = block
+        self.block_hashes[block] = key
+        start = index * self.block_size
+        self.partial.add(block, self._parent(seq, index), seq.token_ids[start:start + self.block_size - 1])
+        return block
 
     def step_ran(self) -> None:
         """The scheduled step ran: the blocks it was to compute are computed (and committed)."""
