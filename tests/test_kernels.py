@@ -203,9 +203,9 @@ def _scattered_tables(lens: list[int], block_size: int, blocks: int) -> list[lis
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-# (8, 2, 64), (8, 1, 64), (8, 2, 128), (2, 2, 128): the shapes the kernel compiles with constant sizes.
-@pytest.mark.parametrize("heads, kv_heads, head_dim", [(4, 2, 16), (8, 1, 64), (2, 2, 32), (8, 2, 64), (8, 2, 128),
-                                                       (2, 2, 128)])
+# (8, 2, 64), (9, 3, 64), (8, 1, 64), (8, 2, 128), (2, 2, 128): the shapes the kernel compiles with constant sizes.
+@pytest.mark.parametrize("heads, kv_heads, head_dim", [(4, 2, 16), (8, 1, 64), (2, 2, 32), (8, 2, 64), (9, 3, 64),
+                                                       (8, 2, 128), (2, 2, 128)])
 def test_decode_attention_reads_the_paged_cache_in_place(native_kernels, dtype, heads, kv_heads, head_dim):
     block_size, lens = 4, [1, 17, 100, 64]   # 100 and 64 cross the kernel's 64-key chunks
     cache = _cache(100, block_size, kv_heads, head_dim, dtype)

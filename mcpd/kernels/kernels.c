@@ -1557,8 +1557,9 @@ INLINE void decode_kv_head(int dtype, const void *q, int64_t q_stride, int64_t h
     char *o = (char *)out + (s * heads + g * group) * d * size;
 #define DECODE_ONE(G, D) decode_one(dtype, G, D, query, cache, block_stride, v_offset, block_size, slot, table, \
                                     len, scale, o)
-    /* Constant shapes for the common models, so the sums stay in registers. */
+    /* Constant shapes for the common models, so the sums stay in registers (3, 64: SmolLM2's). */
     if (group == 4 && d == 64) DECODE_ONE(4, 64);
+    else if (group == 3 && d == 64) DECODE_ONE(3, 64);
     else if (group == 8 && d == 64) DECODE_ONE(8, 64);
     else if (group == 4 && d == 128) DECODE_ONE(4, 128);
     else if (group == 1 && d == 128) DECODE_ONE(1, 128);
