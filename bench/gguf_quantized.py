@@ -42,8 +42,9 @@ mcpd's native kernels, from the same file format, in the same process.
   the same checkpoint by the same quantizer.
 - `w1_read_frac_<quant>`: mcpd's W1 decode tok/s times the bytes a token reads (the file's
   tensors, less the embedding where an output matrix of its own is the head, and one embedding
-  row: the token's) over the machine's read limit at that sample's moment, the median over W1's
-  samples. The limit is bench/peers.py's beside W1 (w1_beside_reads): a streaming read of 512 MiB
+  row: the token's; and the KV cache of W1's mean context, its prompt and half its reply, which
+  `w1_weight_read_frac_<quant>` leaves out) over the machine's read limit at that sample's
+  moment, the median over W1's samples. The limit is bench/peers.py's beside W1 (w1_beside_reads): a streaming read of 512 MiB
   on 2 MiB pages, best of W1_READ_REPEATS, on the daemon's worker's thread count (set again
   after the in-process rounds, whose engines' thread tuner may leave 1: the last kept runs read
   on one thread), just before and just after the sample, averaged; `gguf_<quant>_w1_read_gbps` lists
@@ -104,6 +105,7 @@ from mcpd.models import load_model  # noqa: E402
 from mcpd.quant.agreement import compare  # noqa: E402
 
 PROMPT_TOKENS, WINDOW = 128, 256
+KV_BYTES = 4   # a KV cache element's: the daemon runs each file in float32 (systems())
 README = Path(__file__).resolve().parent.parent / "README.md"
 
 
@@ -208,7 +210,8 @@ def side_by_side(path: Path, rounds: int, quick: bool, extra_bufts: bool, kernel
     ratios = {f"gguf_{quant}_{f}_ratio_vs_llamacpp": ours[f] / theirs[f] if peers.FIGURES[f] else theirs[f] / ours[f]
               for f in SIDE_BY_SIDE}
     return {**ratios, f"gguf_{quant}_systems": medians, f"gguf_{quant}_spread": spreads(samples),
-            f"w1_read_frac_{quant}": read_fraction(samples["mcpd"], token_read_bytes(path)),
+            f"w1_read_frac_{quant}": read_fraction(samples["mcpd"], token_read_bytes(path) + kv_read_bytes(path, KV_BYTES)),
+            f"w1_weight_read_frac_{quant}": read_fraction(samples["mcpd"], token_read_bytes(path)),
             f"gguf_{quant}_w1_read_gbps": samples["mcpd"]["w1_read_gbps"]}
 
 
@@ -263,6 +266,17 @@ def llamacpp_quantized(ftype: str, llamacpp: str) -> Path:
 
 def quant_of(path: Path) -> str:
     return path.stem.rsplit(".", 1)[-1].lower()
+
+
+def kv_read_bytes(path: Path, dtype_bytes: int) -> int:
+    """The bytes of KV cache W1's mean decode step reads: every layer's keys and values of the
+    context so far (its prompt and half its reply), in the model's dtype, as the engine keeps them."""
+    import peers
+    from mcpd.gguf_metadata import from_reader
+    from mcpd.models.gguf_architecture import llama_args
+    args = llama_args(from_reader(gguf.GGUFReader(path), path))[0]
+    positions = peers.W1_PROMPT_TOKENS + peers.W1_MAX_TOKENS // 2
+    return args["num_layers"] * args["num_kv_heads"] * args["head_dim"] * 2 * dtype_bytes * positions
 
 
 def token_read_bytes(path: Path) -> int:
