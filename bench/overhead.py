@@ -31,6 +31,7 @@ least, and the durations of the spans on a turn's path (admission, queue, dispat
 worker's, the commit, the reply and the hops between the processes: TURN_PATH) added up over the
 client's measured time, the median of the turns (tracing_turn_spans_frac, target >= 0.9: the
 rest is the client's own time and its socket's).
+Every daemon here reports its figures at the shipped interval (shipped_daemon), as bench/peers.py's does.
 mcpd_cpu_us_per_ping is the CPU time (user + system, every thread) the front-end, scheduler and
 worker spend per pipelined ping: on a machine shared with other work it moves far less than the
 ratios, which divide two noisy timings.
@@ -55,6 +56,7 @@ import psutil
 import zmq
 
 from mcpd.client import Client, CurveKeys
+from mcpd.config import SupervisorConfig
 from mcpd.percentile import percentile
 from mcpd.protocol import wire
 from mcpd.testing import Daemon, free_port
@@ -319,9 +321,15 @@ def turn_trace_figures(spans_path: str, client_times: list[float]) -> dict:
             "tracing_turn_client_ms": round(statistics.median(client_times) * 1e3, 2)}
 
 
+def shipped_daemon(**sections: dict) -> Daemon:
+    """A daemon reporting its figures at the shipped interval, not the tests' 0.1 s (mcpd.testing):
+    five times as many reports a second would stand in every figure here (bench/peers.py's too)."""
+    return Daemon(supervisor={"stats_interval_s": SupervisorConfig.stats_interval_s}, **sections).start()
+
+
 def traced_daemon(spans_dir: str, ratio: float) -> Daemon:
     tracing = {"enabled": True, "sample_ratio": ratio, "exporter": "file", "path": f"{spans_dir}/spans-{ratio}.jsonl"}
-    return Daemon(tracing=tracing).start()
+    return shipped_daemon(tracing=tracing)
 
 
 def cpu_us_per_ping(daemon: Daemon, total: int, window: int) -> float:
@@ -410,7 +418,7 @@ def noop_only(count: int, total: int, window: int, quick: bool) -> None:
     helpers = [multiprocessing.get_context("spawn").Process(target=echo_server, args=(raw_endpoint,), daemon=True)]
     helpers[0].start()
     helpers += start_relay_chain(chain_endpoint, ipc_dir)
-    daemon = Daemon().start()
+    daemon = shipped_daemon()
     try:
         targets = [(raw_endpoint, None), (chain_endpoint, None), (daemon.endpoint, None)]
         samples, (raw, chain, mcpd) = measure_all(targets, count, total, window)
@@ -452,8 +460,8 @@ def main() -> None:
     helpers[0].start()
     helpers += start_relay_chain(chain_endpoint, ipc_dir)
     helpers += start_unix_relay_chain(unix_chain_endpoint, ipc_dir)
-    daemon = Daemon(engine={"kernels": args.kernels}).start()
-    secure = Daemon(security={"curve": "on"}).start()
+    daemon = shipped_daemon(engine={"kernels": args.kernels})
+    secure = shipped_daemon(security={"curve": "on"})
     keys = secure.curve_keys("bench")
     traced = traced0 = None
     targets = [(raw_endpoint, None), (chain_endpoint, None), (daemon.endpoint, None), (secure.endpoint, keys),
