@@ -242,9 +242,9 @@ class Engine:
 
     def _burst_length(self, batch: list[tuple[Sequence, int]]) -> int:
         """How many greedy steps this step runs at once in native code (0: none, the step runs the
-        usual way). A step's Python costs ~0.5 ms against a 55M model's 3-4 ms of products, and
-        a lone sequence's next step cannot start before it: engine.decode_burst steps at a time
-        take it out of all but one. A lone prompt token (a 1-token prompt, or the one its cached
+        usual way). A step's Python is a large share of a small model's step, and a lone
+        sequence's next step cannot start before it: engine.decode_burst steps at a time take it
+        out of all but one. A lone prompt token (a 1-token prompt, or the one its cached
         prefix leaves) runs as one such step: the same kernels, without the step's Python around
         them, and its first token goes out before any other is chosen. Only for one greedy
         sequence with nobody waiting (a burst holds a newcomer back by its length), no logprobs
