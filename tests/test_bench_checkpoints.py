@@ -110,6 +110,18 @@ def test_ratios_point_to_mcpd_leading_above_one():
     assert peers.ratios_vs_best_peer({"mcpd": systems["mcpd"]}) == {}
 
 
+def test_a_keep_is_set_against_the_peer_that_leads_the_workload_idle():
+    """A slow peer keeps most of its rate beside a busy core; the keep that counts is the fast one's."""
+    figures = dict.fromkeys(peers.FIGURES, 1.0)
+    systems = {"mcpd": {**figures, "w2_8_tok_s": 700.0, "w2_8_contention_keep_frac": 0.667},
+               "vllm": {**figures, "w2_8_tok_s": 440.0, "w2_8_contention_keep_frac": 0.295},
+               "llama.cpp": {**figures, "w2_8_tok_s": 96.0, "w2_8_contention_keep_frac": 0.872}}
+    ratios = peers.ratios_vs_best_peer(systems)
+    assert ratios["best_peer"]["w2_8_contention_keep_frac"] == "vllm"
+    assert ratios["w2_8_contention_keep_frac_ratio_vs_best_peer"] == 0.667 / 0.295
+    assert ratios["best_peer"]["w2_8_tok_s"] == "vllm"
+
+
 def test_trained_checkpoint_is_the_same_for_the_same_recipe_and_cached_by_it(tmp_path):
     """bench/quantized.py's trained checkpoint: two trainings from scratch give the same weights
     (its quality figures are reproducible), a second call loads the first's, and another recipe
