@@ -99,11 +99,15 @@ def test_prompts_have_exact_token_counts_and_never_repeat(small_checkpoint):
     assert len({t[:12] for t in texts}) == 4   # each starts differently: no shared prefix to cache
 
 
+def systems_with(given: dict[str, dict]) -> dict[str, dict]:
+    """Each system's figures: 1.0 but those given."""
+    return {name: {**dict.fromkeys(peers.FIGURES, 1.0), **figures} for name, figures in given.items()}
+
+
 def test_ratios_point_to_mcpd_leading_above_one():
-    figures = dict.fromkeys(peers.FIGURES, 1.0)
-    systems = {"mcpd": {**figures, "w1_decode_tok_s": 100.0, "w1_ttft_ms": 50.0},
-               "vllm": {**figures, "w1_decode_tok_s": 150.0, "w1_ttft_ms": 25.0},
-               "llama.cpp": {**figures, "w1_decode_tok_s": 200.0, "w1_ttft_ms": 100.0}}
+    systems = systems_with({"mcpd": {"w1_decode_tok_s": 100.0, "w1_ttft_ms": 50.0},
+                            "vllm": {"w1_decode_tok_s": 150.0, "w1_ttft_ms": 25.0},
+                            "llama.cpp": {"w1_decode_tok_s": 200.0, "w1_ttft_ms": 100.0}})
     ratios = peers.ratios_vs_best_peer(systems)
     assert ratios["w1_decode_tok_s_ratio_vs_best_peer"] == 0.5 and ratios["best_peer"]["w1_decode_tok_s"] == "llama.cpp"
     assert ratios["w1_ttft_ms_ratio_vs_best_peer"] == 0.5 and ratios["best_peer"]["w1_ttft_ms"] == "vllm"
@@ -112,10 +116,9 @@ def test_ratios_point_to_mcpd_leading_above_one():
 
 def test_a_keep_is_set_against_the_peer_that_leads_the_workload_idle():
     """A slow peer keeps most of its rate beside a busy core; the keep that counts is the fast one's."""
-    figures = dict.fromkeys(peers.FIGURES, 1.0)
-    systems = {"mcpd": {**figures, "w2_8_tok_s": 700.0, "w2_8_contention_keep_frac": 0.667},
-               "vllm": {**figures, "w2_8_tok_s": 440.0, "w2_8_contention_keep_frac": 0.295},
-               "llama.cpp": {**figures, "w2_8_tok_s": 96.0, "w2_8_contention_keep_frac": 0.872}}
+    systems = systems_with({"mcpd": {"w2_8_tok_s": 700.0, "w2_8_contention_keep_frac": 0.667},
+                            "vllm": {"w2_8_tok_s": 440.0, "w2_8_contention_keep_frac": 0.295},
+                            "llama.cpp": {"w2_8_tok_s": 96.0, "w2_8_contention_keep_frac": 0.872}})
     ratios = peers.ratios_vs_best_peer(systems)
     assert ratios["best_peer"]["w2_8_contention_keep_frac"] == "vllm"
     assert ratios["w2_8_contention_keep_frac_ratio_vs_best_peer"] == 0.667 / 0.295
