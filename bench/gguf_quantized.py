@@ -44,12 +44,13 @@ mcpd's native kernels, from the same file format, in the same process.
   tensors, less the embedding where an output matrix of its own is the head, and one embedding
   row: the token's; and the KV cache of W1's mean context, its prompt and half its reply, which
   `w1_weight_read_frac_<quant>` leaves out) over the machine's read limit at that sample's
-  moment, the median over W1's samples. The limit is bench/peers.py's beside W1 (w1_beside_reads): a streaming read of 512 MiB
-  on 2 MiB pages, best of W1_READ_REPEATS, on the daemon's worker's thread count (set again
-  after the in-process rounds, whose engines' thread tuner may leave 1: the last kept runs read
-  on one thread), just before and just after the sample, averaged; `gguf_<quant>_w1_read_gbps` lists
-  them. One read before the rounds swung the fraction with whatever else the machine ran then
-  (11.3 to 14.2 GB/s between runs): a rate and the limit of its own moment rise and fall together.
+  moment, the median over W1's samples. The limit is bench/peers.py's beside W1
+  (w1_beside_reads): a streaming read of 512 MiB on 2 MiB pages, best of W1_READ_REPEATS, on
+  the daemon's worker's thread count (set again after the in-process rounds, whose engines'
+  thread tuner may leave 1: the last kept runs read on one thread), just before and just after
+  the sample, averaged; `gguf_<quant>_w1_read_gbps` lists them. One read before the rounds
+  swung the fraction with whatever else the machine ran then (11.3 to 14.2 GB/s between runs):
+  a rate and the limit of its own moment rise and fall together.
 - `tokenizer_exact`: mcpd's tokenizer from SmolLM2's file gives llama.cpp's tokens (its vocab-only
   load) on README.md and docs/PROTOCOL.md, with special-token text parsed (a `prompt`) and as
   plain text (chat content) alike.
@@ -209,9 +210,10 @@ def side_by_side(path: Path, rounds: int, quick: bool, extra_bufts: bool, kernel
     ours, theirs = medians["mcpd"], medians["llama.cpp"]
     ratios = {f"gguf_{quant}_{f}_ratio_vs_llamacpp": ours[f] / theirs[f] if peers.FIGURES[f] else theirs[f] / ours[f]
               for f in SIDE_BY_SIDE}
+    weights = token_read_bytes(path)
     return {**ratios, f"gguf_{quant}_systems": medians, f"gguf_{quant}_spread": spreads(samples),
-            f"w1_read_frac_{quant}": read_fraction(samples["mcpd"], token_read_bytes(path) + kv_read_bytes(path, KV_BYTES)),
-            f"w1_weight_read_frac_{quant}": read_fraction(samples["mcpd"], token_read_bytes(path)),
+            f"w1_read_frac_{quant}": read_fraction(samples["mcpd"], weights + kv_read_bytes(path, KV_BYTES)),
+            f"w1_weight_read_frac_{quant}": read_fraction(samples["mcpd"], weights),
             f"gguf_{quant}_w1_read_gbps": samples["mcpd"]["w1_read_gbps"]}
 
 

@@ -31,7 +31,8 @@ least, and the durations of the spans on a turn's path (admission, queue, dispat
 worker's, the commit, the reply and the hops between the processes: TURN_PATH) added up over the
 client's measured time, the median of the turns (tracing_turn_spans_frac, target >= 0.9: the
 rest is the client's own time and its socket's).
-Every daemon here reports its figures at the shipped interval (shipped_daemon), as bench/peers.py's does.
+Every daemon here reports its figures at the shipped interval (shipped_daemon), as
+bench/peers.py's does.
 mcpd_cpu_us_per_ping is the CPU time (user + system, every thread) the front-end, scheduler and
 worker spend per pipelined ping: on a machine shared with other work it moves far less than the
 ratios, which divide two noisy timings.

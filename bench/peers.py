@@ -304,8 +304,8 @@ def ratios_vs_best_peer(systems: dict[str, dict]) -> dict:
     if not peers:
         return out
     for figure, higher_is_better in FIGURES.items():
-        pick = max if higher_is_better or figure in KEEP_OF else min
         ranked_by = KEEP_OF.get(figure, figure)
+        pick = max if FIGURES[ranked_by] else min
         best = pick(peers, key=lambda name: peers[name][ranked_by])
         ours, theirs = systems["mcpd"][figure], peers[best][figure]
         out[f"{figure}_ratio_vs_best_peer"] = ours / theirs if higher_is_better else theirs / ours
