@@ -46,8 +46,10 @@ Panels and tiles of each instruction set (a new weight format reuses them):
 
 #ifdef __AVX512F__
 #define LANES 16
+#define ACC_VECTORS 12        /* attention's value sums kept in registers at once (of 32) */
 #else
 #define LANES 8
+#define ACC_VECTORS 6         /* of 16 */
 #endif
 typedef float f32v __attribute__((vector_size(4 * LANES)));
 typedef int32_t i32v __attribute__((vector_size(4 * LANES)));
@@ -1476,49 +1478,87 @@ static inline f32v sum_lanes(f32v v[LANES]) {
 }
 #undef SUM_LEVEL
 
+/* acc[h][j] += the chunk's probabilities of head h times its values' vector j, for heads_part heads
+   from h0 and `part` vectors from j0: at most ACC_VECTORS sums, in a fixed array the compiler keeps
+   in registers (a variable-length one it keeps in memory, a store a sum a key). */
+INLINE void add_values(int dtype, int64_t group, int64_t vecs, int64_t heads_part, int64_t part, int64_t h0,
+                       int64_t j0, int64_t count, const char **key, int64_t v_bytes,
+                       float scores[group][ATTN_CHUNK], f32v acc[group][vecs]) {
+    f32v sums[ACC_VECTORS];
+    int64_t heads = h0 + heads_part < group ? heads_part : group - h0, width = j0 + part < vecs ? part : vecs - j0;
+    for (int64_t h = 0; h < heads; h++)
+        for (int64_t j = 0; j < width; j++) sums[h * part + j] = acc[h0 + h][j0 + j];
+    for (int64_t c = 0; c < count; c++)
+        for (int64_t j = 0; j < width; j++) {
+            f32v v = load_any(dtype, key[c] + v_bytes, (j0 + j) * LANES);
+            for (int64_t h = 0; h < heads; h++) sums[h * part + j] += scores[h0 + h][c] * v;
+        }
+    for (int64_t h = 0; h < heads; h++)
+        for (int64_t j = 0; j < width; j++) acc[h0 + h][j0 + j] = sums[h * part + j];
+}
+
+/* The key pointers of a chunk of up to ATTN_CHUNK of `left` keys, from table[*block] at *offset on
+   (both advanced past it), padded with its first for a tail's LANES; how many keys it has. Their
+   lines are fetched into L2 now, a chunk ahead of their scores: a key is 4 of the 12 lines of its
+   slot, in blocks scattered over the pool, a pattern the hardware prefetcher does not follow. */
+static inline int64_t chunk_keys(const char *kv, const int64_t *table, int64_t block_stride, int64_t block_size,
+                                 int64_t slot, size_t size, int64_t bytes, int64_t left, int64_t *block,
+                                 int64_t *offset, const char **keys) {
+    int64_t count = left < ATTN_CHUNK ? left : ATTN_CHUNK;
+    for (int64_t c = 0; c < count; c++) {
+        keys[c] = kv + (table[*block] * block_stride + *offset * slot) * size;
+        if (++*offset == block_size) *offset = 0, ++*block;
+        for (int64_t line = 0; line < bytes; line += 64) __builtin_prefetch(keys[c] + line, 0, 2);
+    }
+    for (int64_t c = count; c < count + LANES; c++) keys[c] = keys[0];   /* a tail's padding: scores dropped */
+    return count;
+}
+
 /* One KV head of one sequence: its `group` query heads (q: group * d values) over the first
    len tokens of the paged cache (kv points at this KV head's slot in block 0; tables as below).
    Online softmax over chunks of keys (flash-decoding), float32 throughout; in bfloat16 the
    probabilities are rounded before they weight the values, as torch's CPU flash attention
-   does. Scores come LANES keys at a time (sum_lanes), and the value sums stay in registers when group
-   and d are constants here, as decode_attention_body makes them for the usual shapes: the
-   kernel was ~80 cycles per key and query group before, bound by stores and horizontal sums. */
+   does. Scores come LANES keys at a time (sum_lanes), and the value sums stay in registers
+   (add_values) when group and d are constants, as decode_kv_head makes them for the usual
+   shapes. A chunk's loads of keys and values are fetched ahead: from memory, a decode step's
+   cache is cold (the weights streamed through since the last layer read it). */
 INLINE void decode_one(int dtype, int64_t group, int64_t d, const void *q, const char *kv, int64_t block_stride,
                        int64_t v_offset, int64_t block_size, int64_t slot, const int64_t *table, int64_t len,
                        float scale, void *out) {
     size_t size = dtype == F32 ? 4 : 2;
-    int64_t vecs = d / LANES;
-    /* Sized by group and vecs: with both constant the compiler keeps query and acc in registers. */
-    f32v query[group][vecs], acc[group][vecs];
+    int64_t vecs = d / LANES, heads_part = group < ACC_VECTORS ? group : ACC_VECTORS;
+    int64_t part = ACC_VECTORS / heads_part < vecs ? ACC_VECTORS / heads_part : vecs;
+    f32v acc[group][vecs];
     float scores[group][ATTN_CHUNK] __attribute__((aligned(64))), best[group], total[group];
     for (int64_t h = 0; h < group; h++) {
-            for (int64_t j = 0; j < vecs; j++) {
-            query[h][j] = load_any(dtype, q, h * d + j * LANES);
-            acc[h][j] = splat(0);
-        }
+        for (int64_t j = 0; j < vecs; j++) acc[h][j] = splat(0);
         best[h] = -INFINITY;
         total[h] = 0;
     }
-    int64_t block = 0, offset = 0;   /* where key c0 lives: table[block], slot offset */
-    for (int64_t c0 = 0; c0 < len; c0 += ATTN_CHUNK) {
-        int64_t count = len - c0 < ATTN_CHUNK ? len - c0 : ATTN_CHUNK;
-        const char *keys[ATTN_CHUNK + LANES];
-        for (int64_t c = 0; c < count; c++) {
-            keys[c] = kv + (table[block] * block_stride + offset * slot) * size;
-            if (++offset == block_size) offset = 0, block++;
-        }
-        for (int64_t c = count; c < count + LANES; c++) keys[c] = keys[0];   /* a tail's padding: scores dropped */
-            for (int64_t h = 0; h < group; h++)
+    const char *keys[2][ATTN_CHUNK + LANES];
+    int64_t block = 0, offset = 0;   /* where the next chunk's first key lives: table[block], slot offset */
+    int64_t count = chunk_keys(kv, table, block_stride, block_size, slot, size, d * size, len, &block, &offset, keys[0]);
+    for (int64_t c0 = 0, at = 0; c0 < len; c0 += ATTN_CHUNK, at ^= 1) {
+        const char **key = keys[at];
+        for (int64_t c = 0; c < count; c++)   /* its values come in while its keys are scored */
+            for (int64_t line = 0; line < d * (int64_t)size; line += 64)
+                __builtin_prefetch(key[c] + v_offset * size + line, 0, 3);
+        int64_t next = c0 + count < len ? chunk_keys(kv, table, block_stride, block_size, slot, size, d * size,
+                                                     len - c0 - count, &block, &offset, keys[at ^ 1]) : 0;
+        for (int64_t h = 0; h < group; h++) {
+            f32v query[vecs];
+            for (int64_t j = 0; j < vecs; j++) query[j] = load_any(dtype, q, h * d + j * LANES);
             for (int64_t c16 = 0; c16 < count; c16 += LANES) {
                 f32v dots[LANES];
                 for (int c = 0; c < LANES; c++) {
                     f32v dot = splat(0);
-                                    for (int64_t j = 0; j < vecs; j++) dot += query[h][j] * load_any(dtype, keys[c16 + c], j * LANES);
+                    for (int64_t j = 0; j < vecs; j++) dot += query[j] * load_any(dtype, key[c16 + c], j * LANES);
                     dots[c] = dot;
                 }
                 store_f32(scores[h] + c16, sum_lanes(dots) * scale);
             }
-            for (int64_t h = 0; h < group; h++) {
+        }
+        for (int64_t h = 0; h < group; h++) {
             float high = best[h];
             for (int64_t c = 0; c < count; c++) high = scores[h][c] > high ? scores[h][c] : high;
             float rescale = best[h] == -INFINITY ? 0.0f : vexp(splat(best[h] - high))[0];
@@ -1532,18 +1572,15 @@ INLINE void decode_one(int dtype, int64_t group, int64_t d, const void *q, const
                 store_f32(scores[h] + c, dtype == F32 ? p : round_bf16(p));
             }
             total[h] = total[h] * rescale + hsum(sum);
-                    for (int64_t j = 0; j < vecs; j++) acc[h][j] *= rescale;
+            for (int64_t j = 0; j < vecs; j++) acc[h][j] *= rescale;
         }
-        for (int64_t c = 0; c < count; c++) {
-            const char *value = keys[c] + v_offset * size;
-                    for (int64_t j = 0; j < vecs; j++) {
-                f32v v = load_any(dtype, value, j * LANES);
-                            for (int64_t h = 0; h < group; h++) acc[h][j] += scores[h][c] * v;
-            }
-        }
+        for (int64_t h0 = 0; h0 < group; h0 += heads_part)
+            for (int64_t j0 = 0; j0 < vecs; j0 += part)
+                add_values(dtype, group, vecs, heads_part, part, h0, j0, count, key, v_offset * size, scores, acc);
+        count = next;
     }
     for (int64_t h = 0; h < group; h++)
-            for (int64_t j = 0; j < vecs; j++) store_any(dtype, out, h * d + j * LANES, acc[h][j] / total[h]);
+        for (int64_t j = 0; j < vecs; j++) store_any(dtype, out, h * d + j * LANES, acc[h][j] / total[h]);
 }
 
 /* KV head g of sequence s (table: its blocks, len: its tokens) for decode_attention_body. */
