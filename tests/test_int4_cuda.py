@@ -1,0 +1,108 @@
+"""The 4-bit products' Triton kernels (quant/int4_cuda.py) against the torch twin (int4.linear):
+every form (Q4_0, Q4_1, Q4_K, Q6_K, and random K-quant bytes for every scale, min and top-bit
+pattern), the rows kernel (1 and 2 rows) and the tile kernel (3 and 17), on a GPU where one is lent,
+else through Triton's interpreter on this CPU in float32 (CI has no GPU: these are what it holds).
+bfloat16 and float16 run on a GPU only: the interpreter multiplies bfloat16 dot operands as raw
+bits (tests/test_decode_step.py)."""
+import os
+
+import pytest
+import torch
+
+GPU = torch.cuda.is_available()
+if not GPU and os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("no GPU, and Triton's interpreter is off (tests/conftest.py turns it on)", allow_module_level=True)
+pytest.importorskip("triton")
+
+from mcpd.kernels.torch_kernels import TorchKernels  # noqa: E402
+from mcpd.quant import activations_q16, int4, int4_cuda  # noqa: E402
+from mcpd.quant.int4 import Int4Weight  # noqa: E402
+from mcpd.quant.int4_layout import BLOCK  # noqa: E402
+from mcpd.quant.int8_cuda import ROWS_KERNEL_MAX  # noqa: E402
+from test_int4 import gguf_weights, kept_form, random_k_quant_bytes  # noqa: E402
+
+DEVICE = torch.device("cuda" if GPU else "cpu")
+needs_cuda = pytest.mark.skipif(not GPU, reason="no CUDA device here (CI has none)")
+N, K = 75, 1280   # outputs not a multiple of any tile; five super-blocks, past the rows kernel's 1024 columns a step
+FORMS = ("Q4_0", "Q4_1", "Q4_K", "Q6_K", "Q4_K bytes", "Q6_K bytes")   # "bytes": random, not a quantizer's
+DTYPES = [torch.float32, pytest.param(torch.bfloat16, marks=needs_cuda), pytest.param(torch.float16, marks=needs_cuda)]
+
+
+def weight_of(form: str, seed: int) -> Int4Weight:
+    if form.endswith(" bytes"):
+        qtype = form.removesuffix(" bytes")
+        weight = kept_form(random_k_quant_bytes(qtype, N, K // 256, seed), qtype, N)
+    else:
+        weight, _ = gguf_weights(N, form, seed, columns=K)
+    return Int4Weight(*(None if t is None else t.to(DEVICE) for t in (weight.values, weight.scales, weight.mins,
+                                                                        weight.supers, weight.highs)))
+
+
+def bound(x: torch.Tensor, weight: Int4Weight, twin: torch.Tensor) -> torch.Tensor:
+    """How far the kernels may be from the twin (int4_cuda's doc): the twin's x is rounded to
+    int16 blocks (a step each, of its block's largest / 32767), the kernels' sums are ordered
+    otherwise, and the tile kernel rounds its weights to the dot's type on a GPU (TF32 rounds x
+    too: 2^-10 of a product); both round the float32 sum to x's dtype, a step of it apart at most."""
+    rows = x.reshape(-1, x.shape[-1]).float()
+    w = int4.dequantize(weight).abs()
+    steps = rows.abs().unflatten(-1, (-1, BLOCK)).amax(-1, keepdim=True).expand(-1, -1, BLOCK).flatten(1)
+    tiled = GPU and rows.shape[0] > ROWS_KERNEL_MAX
+    rounding = {torch.float32: 2 ** -10, torch.float16: 2 ** -10, torch.bfloat16: 2 ** -8}[x.dtype] if tiled else 2 ** -16
+    error = (steps / activations_q16.INT16_LEVELS) @ w.T + rounding * (rows.abs() @ w.T)
+    return error.view(twin.shape) + torch.finfo(x.dtype).eps * twin.float().abs() + 1e-6
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", [1, 2, 3, 17])   # the rows kernel, its most, the tile kernel, past a tile of 16
+@pytest.mark.parametrize("form", FORMS)
+def test_the_kernels_multiply_as_the_twin(form, rows, dtype):
+    weight = weight_of(form, seed=rows)
+    generator = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, K, generator=generator).to(DEVICE, dtype)
+    bias = torch.randn(N, generator=generator).to(DEVICE, dtype)
+    y, twin = int4_cuda.linear(x, weight, bias), int4.linear(x, weight, bias)
+    assert y.dtype == dtype and y.shape == (rows, N)
+    assert bool(((y.float() - twin.float()).abs() <= bound(x, weight, twin)).all())
+
+
+@pytest.mark.parametrize("rows", [1, 3])   # each kernel, for x [2, rows, k] and for x[1]
+@pytest.mark.parametrize("form", ("Q4_1", "Q6_K"))
+def test_the_kernels_take_leading_dimensions_strided_rows_and_no_bias(form, rows):
+    weight = weight_of(form, seed=5)
+    x = torch.randn(2, rows, K, generator=torch.Generator().manual_seed(rows)).to(DEVICE)
+    y = int4_cuda.linear(x, weight)
+    assert y.shape == (2, rows, N)
+    assert bool(((y - int4.linear(x, weight)).abs() <= bound(x, weight, y)).all())
+    assert torch.equal(y[1], int4_cuda.linear(x[1], weight))
+    wide = torch.zeros(rows, 2 * K, device=DEVICE)
+    wide[:, ::2] = x[0]
+    assert torch.equal(int4_cuda.linear(wide[:, ::2], weight), y[0])   # columns two apart: copied first
+    assert int4_cuda.linear(x[:, :0], weight).shape == (2, 0, N)
+
+
+@needs_cuda
+@pytest.mark.parametrize("rows", [1, 5])
+def test_the_torch_kernels_send_a_4_bit_product_on_a_gpu_to_the_kernels(rows):
+    weight = weight_of("Q4_K", seed=rows)
+    x = torch.randn(rows, K, device=DEVICE, dtype=torch.bfloat16)
+    assert torch.equal(TorchKernels().linear(x, weight), int4_cuda.linear(x, weight))
+    assert torch.equal(TorchKernels().logits(x, weight), int4_cuda.linear(x, weight).float())
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_the_kernels_weights_are_the_twins_bit_for_bit(form):
+    """A row of the identity picks a column of w: its one nonzero product is exact, so y is that
+    column's weights as the kernel forms them, which are int4.dequantize's to the bit; every
+    position of the first and the last block (another super-block), of 8 outputs (the
+    interpreter is slow), through the rows kernel two at a time and the tile kernel all at once
+    (in the interpreter only: on a GPU its dot rounds a float32 w to TF32)."""
+    full = weight_of(form, seed=9)
+    weight = Int4Weight(*(None if t is None else t[:8] for t in (full.values, full.scales, full.mins, full.supers,
+                                                                  full.highs)))
+    picked = [*range(BLOCK), *range(K - BLOCK, K)]
+    identity = torch.eye(K, device=DEVICE)[picked]
+    expected = int4.dequantize(weight).T[picked]
+    for pair in range(0, len(picked), 2):
+        assert torch.equal(int4_cuda.linear(identity[pair:pair + 2], weight), expected[pair:pair + 2]), picked[pair]
+    if not GPU:
+        assert torch.equal(int4_cuda.linear(identity, weight), expected)
