@@ -11,8 +11,11 @@ d * q + m (Q4_0's m = -8 d), Q4_K (d * sc) * q - dmin * m, Q6_K (d * scale) * (q
 product before the last exact, so each weight rounds once wherever the multiply-add is fused.
 Every form keeps Q4_1's nibble order: byte j of a block of 32 columns holds column j (low
 nibble) and column j + 16 (high nibble), so a kernel takes the bytes of a chunk as they lie and
-x's columns in two gathers, one for each nibble (Q6_K: its top two bits from highs, byte j % 8,
-shifted by 2 (j // 8) for the low nibble's column, 4 more for the high one's).
+x's columns in two loads, one for each nibble (Q6_K: its top two bits from highs, byte j % 8,
+shifted by 2 (j // 8) for the low nibble's column, 4 more for the high one's). Both kernels
+shape a chunk with the block and the byte in it as dimensions of their own ([.., blocks, 16, ..]):
+a block's scale and min are then one load, not one a weight, and Triton pipelines the tile
+kernel's loads (asynchronous copies), which a flat byte index left as scalar loads.
 
 Two kernels, by the number of rows, as int8_cuda.py:
 - `_rows_product`, one or two rows (a decode step of one or two sequences): one program per row
@@ -121,16 +124,20 @@ def _tile_product(x, values, scales, mins, supers, highs, bias, y, M, N, K, x_ro
     outs = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok, out_ok = rows < M, outs < N
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for start in tl.range(0, K // 2, BLOCK_K // 2):
-        byte = start + tl.arange(0, BLOCK_K // 2)
-        byte_ok = byte < K // 2
-        columns = x + rows[:, None] * x_row_stride + ((byte // 16) * 32 + byte % 16)[None, :]   # the low nibbles'
-        a_ok = row_ok[:, None] & byte_ok[None, :]
-        a_low = tl.load(columns, mask=a_ok, other=0.0)
-        a_high = tl.load(columns + 16, mask=a_ok, other=0.0)
+    for first in tl.range(0, K // 32, BLOCK_K // 32):
+        block = first + tl.arange(0, BLOCK_K // 32)
+        block_ok = block < K // 32
+        columns = (x + rows[:, None, None] * x_row_stride + block[None, :, None] * 32
+                   + tl.arange(0, 16)[None, None, :])   # the low nibbles'
+        a_ok = row_ok[:, None, None] & block_ok[None, :, None]
+        a_low = tl.reshape(tl.load(columns, mask=a_ok, other=0.0), (BLOCK_M, BLOCK_K // 2))
+        a_high = tl.reshape(tl.load(columns + 16, mask=a_ok, other=0.0), (BLOCK_M, BLOCK_K // 2))
         w_low, w_high = _weights(values, scales, mins, supers, highs, values_stride, scales_stride, mins_stride,
-                                 supers_stride, supers_step, highs_stride, outs[None, :], byte[:, None] // 16,
-                                 byte[:, None] % 16, byte_ok[:, None] & out_ok[None, :], FORM)
+                                 supers_stride, supers_step, highs_stride, outs[None, None, :], block[:, None, None],
+                                 tl.arange(0, 16)[None, :, None], block_ok[:, None, None] & out_ok[None, None, :],
+                                 FORM)
+        w_low = tl.reshape(w_low, (BLOCK_K // 2, BLOCK_N))
+        w_high = tl.reshape(w_high, (BLOCK_K // 2, BLOCK_N))
         acc = _dot(a_high, w_high, _dot(a_low, w_low, acc))
     if HAS_BIAS:
         acc += tl.load(bias + outs, mask=out_ok, other=0.0).to(tl.float32)[None, :]
