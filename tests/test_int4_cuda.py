@@ -58,7 +58,8 @@ def bound(x: torch.Tensor, weight: Int4Weight, twin: torch.Tensor) -> torch.Tens
 def test_the_kernels_multiply_as_the_twin(form, rows, dtype):
     weight = weight_of(form, seed=rows)
     generator = torch.Generator().manual_seed(rows)
-    x = torch.randn(rows, K, generator=generator).to(DEVICE, dtype)
+    spread = int4.dequantize(weight).square().mean().sqrt().item()   # random bytes' weights reach 10^4
+    x = (torch.randn(rows, K, generator=generator) / spread).to(DEVICE, dtype)   # y within float16's range
     bias = torch.randn(N, generator=generator).to(DEVICE, dtype)
     y, twin = int4_cuda.linear(x, weight, bias), int4.linear(x, weight, bias)
     assert y.dtype == dtype and y.shape == (rows, N)
