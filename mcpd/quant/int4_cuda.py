@@ -32,9 +32,10 @@ dot's type (2^-9 relative for bfloat16; TF32 rounds x too, 2^-11 each). tests/te
 holds both to the twin within that.
 
 Tile sizes: fixed per row count, not autotuned (no tuning at a worker's first steps, and the same
-tiles, so the same sums, in every run): int8_cuda.py's, swept on an H200 for its int8 kernels,
-with a chunk of BLOCK_K = 64 columns (two blocks, a dot's K of 32) for the tiles; not swept for
-these kernels yet (bench/gpu_decode.py --gguf measures them).
+tiles, so the same sums, in every run): int8_cuda.py's, swept on an H200 for its int8 kernels;
+the rows kernel with half its warps for half its bytes a step (16 a thread, as there), the tiles
+a chunk of TILE_K = 64 columns (two blocks, a dot's K of 32). Not swept for these kernels yet
+(bench/gpu_decode.py --gguf measures them).
 """
 from __future__ import annotations
 
@@ -145,7 +146,7 @@ def _tile_product(x, values, scales, mins, supers, highs, bias, y, M, N, K, x_ro
              mask=row_ok[:, None] & out_ok[None, :])
 
 
-def form_of(weight: Int4Weight) -> int:
+def _form_of(weight: Int4Weight) -> int:
     """Which of Q4_0, Q4_1, Q4_K, Q6_K the weight's tensors make (int4.Int4Weight)."""
     if weight.highs is not None:
         return Q6_K
@@ -157,8 +158,7 @@ def form_of(weight: Int4Weight) -> int:
 def _weight_operands(weight: Int4Weight) -> tuple:
     """The kernels' weight pointers and row strides (values standing in for a tensor the form
     lacks, never read), each tensor contiguous along its last dimension."""
-    present = [t if t is not None else weight.values for t in (weight.mins, weight.supers, weight.highs)]
-    mins, supers, highs = present
+    mins, supers, highs = (t if t is not None else weight.values for t in (weight.mins, weight.supers, weight.highs))
     return (weight.values, weight.scales, mins, supers, highs), (
         weight.values.stride(0), weight.scales.stride(0), mins.stride(0), supers.stride(0),
         supers.stride(1) if weight.supers is not None else 0, highs.stride(0))
@@ -174,7 +174,7 @@ def linear(x: torch.Tensor, weight: Int4Weight, bias: torch.Tensor | None = None
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     pointers, strides = _weight_operands(weight)
     operands = (rows, *pointers, bias if bias is not None else y, y, m, n, k, rows.stride(0), y.stride(0), *strides)
-    constants = dict(FORM=form_of(weight), HAS_BIAS=bias is not None)
+    constants = dict(FORM=_form_of(weight), HAS_BIAS=bias is not None)
     if 0 < m <= ROWS_KERNEL_MAX:
         _rows_product[(m, triton.cdiv(n, ROWS_TILE["BLOCK_N"]))](*operands, **constants, **ROWS_TILE)
     elif m:
