@@ -5,6 +5,9 @@ else through Triton's interpreter on this CPU in float32 (CI has no GPU: these a
 bfloat16 and float16 run on a GPU only: the interpreter multiplies bfloat16 dot operands as raw
 bits (tests/test_decode_step.py)."""
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,7 +15,7 @@ import torch
 GPU = torch.cuda.is_available()
 if not GPU and os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("no GPU, and Triton's interpreter is off (tests/conftest.py turns it on)", allow_module_level=True)
-pytest.importorskip("triton")
+triton = pytest.importorskip("triton")
 
 from mcpd.kernels.torch_kernels import TorchKernels  # noqa: E402
 from mcpd.quant import activations_q16, int4, int4_cuda  # noqa: E402
@@ -108,3 +111,36 @@ def test_the_kernels_weights_are_the_twins_bit_for_bit(form):
         assert torch.equal(int4_cuda.linear(identity[pair:pair + 2], weight), expected[pair:pair + 2]), picked[pair]
     if not GPU:
         assert torch.equal(int4_cuda.linear(identity, weight), expected)
+
+
+# Each form's kernels compiled for an H200 (sm_90), by a process without the interpreter.
+COMPILE = """
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from mcpd.quant import int4_cuda as kernels
+SCALES_AND_MINS = {kernels.Q4_0: ("fp16", "u8"), kernels.Q4_1: ("fp16", "fp16"), kernels.Q4_K: ("u8", "u8"),
+                   kernels.Q6_K: ("i8", "u8")}
+INTEGERS = ("M", "N", "K", "x_row_stride", "y_row_stride", "values_stride", "scales_stride", "mins_stride",
+            "supers_stride", "supers_step", "highs_stride")
+ROWS, TILE = (kernels._rows_product, kernels.ROWS_TILE), (kernels._tile_product, dict(kernels.TILES[-1][1], BLOCK_K=kernels.TILE_K))
+for (kernel, tile), form, x in [*((k, f, "bf16") for k in (ROWS, TILE) for f in SCALES_AND_MINS), (TILE, kernels.Q6_K, "fp32")]:
+    scales, mins = SCALES_AND_MINS[form]
+    constants = dict(FORM=form, HAS_BIAS=True, **{k: v for k, v in tile.items() if k.isupper()})
+    signature = (dict(x="*" + x, values="*u8", scales="*" + scales, mins="*" + mins, supers="*fp16", highs="*u8",
+                      bias="*" + x, y="*" + x) | dict.fromkeys(INTEGERS, "i32") | dict.fromkeys(constants, "constexpr"))
+    names = list(signature)
+    source = ASTSource(kernel, signature, constexprs={(names.index(k),): v for k, v in constants.items()})
+    triton.compile(source, target=GPUTarget("cuda", 90, 32), options={k: v for k, v in tile.items() if not k.isupper()})
+"""
+
+
+def test_the_kernels_compile_for_a_gpu():
+    """The interpreter runs what the compiler may refuse (a dot's K under 16, say): each form's
+    kernels for bfloat16 x, and the tile kernel's TF32 dot, compiled to an H200's machine code
+    (Triton's own ptxas) where CI has no GPU."""
+    if not (Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas").exists():
+        pytest.skip("this Triton has no ptxas")
+    environment = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", COMPILE], env=environment, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
