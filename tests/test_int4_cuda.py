@@ -1,9 +1,9 @@
 """The 4-bit products' Triton kernels (quant/int4_cuda.py) against the torch twin (int4.linear):
 every form (Q4_0, Q4_1, Q4_K, Q6_K, and random K-quant bytes for every scale, min and top-bit
 pattern), the rows kernel (1 and 2 rows) and the tile kernel (3 and 17), on a GPU where one is lent,
-else through Triton's interpreter on this CPU in float32 (CI has no GPU: these are what it holds).
-bfloat16 and float16 run on a GPU only: the interpreter multiplies bfloat16 dot operands as raw
-bits (tests/test_decode_step.py)."""
+else through Triton's interpreter on this CPU in float32 (CI has no GPU: these are what it holds,
+with the kernels compiled for one). bfloat16 and float16 run on a GPU only: the interpreter
+multiplies bfloat16 dot operands as raw bits (tests/test_decode_step.py)."""
 import os
 import subprocess
 import sys
