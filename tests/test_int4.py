@@ -62,16 +62,22 @@ def test_the_kept_weights_are_the_gguf_packages_dequantized_ones(qtype):
 SUPER_BLOCKS = {"Q4_K": (144, slice(0, 4)), "Q6_K": (210, slice(208, 210))}
 
 
+def random_k_quant_bytes(qtype: str, rows: int, supers: int, seed: int = 1) -> np.ndarray:
+    """A `qtype` (Q4_K, Q6_K) matrix's bytes [rows, supers super-blocks], random but for finite float16s."""
+    size, halves = SUPER_BLOCKS[qtype]
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, 256, (rows, supers, size), dtype=np.uint8)
+    raw[:, :, halves] = rng.standard_normal((rows, supers, (halves.stop - halves.start) // 2)).astype(np.float16).view(np.uint8)
+    return raw.reshape(rows, -1)
+
+
 @pytest.mark.parametrize("qtype", SUPER_BLOCKS)
 @pytest.mark.parametrize("kernels", KERNELS)
 def test_any_k_quant_bytes_are_kept_as_the_gguf_packages_dequantized_ones(kernels, qtype):
     """Every scale, min and top-bit pattern, not only those a quantizer writes: random bytes with
     finite float16s, on the torch twin and through each native set's rows."""
-    rows, supers, (size, halves) = 40, 4, SUPER_BLOCKS[qtype]
-    rng = np.random.default_rng(1)
-    raw = rng.integers(0, 256, (rows, supers, size), dtype=np.uint8)
-    raw[:, :, halves] = rng.standard_normal((rows, supers, (halves.stop - halves.start) // 2)).astype(np.float16).view(np.uint8)
-    raw = raw.reshape(rows, -1)
+    rows = 40
+    raw = random_k_quant_bytes(qtype, rows, 4)
     expected = torch.from_numpy(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[qtype]).reshape(rows, -1))
     k = KERNELS[kernels]
     ids = torch.arange(rows)

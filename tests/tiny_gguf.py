@@ -61,6 +61,19 @@ def write_gguf(directory: Path, kind: str, qtype: str = "F32", pre: str = "defau
     arch = arch or ARCH[kind]
     path = directory / f"{kind}-{qtype}.gguf"
     writer = gguf.GGUFWriter(str(path), arch)
+    add_hyperparameters(writer, config)
+    (write_sentencepiece if sentencepiece else write_byte_level)(writer, pre)
+    writer.add_chat_template(CHAT_TEMPLATE)
+    if rope_freqs is not None:
+        writer.add_tensor("rope_freqs.weight", rope_freqs.astype(np.float32))
+    add_tensors(writer, load_file(str(checkpoint / "model.safetensors")), arch, config,
+                lambda name, columns: MIXES[qtype](name) if qtype in MIXES else qtype)
+    finish(writer)
+    return path
+
+
+def add_hyperparameters(writer: gguf.GGUFWriter, config) -> None:
+    """A Hugging Face Llama-family config's shape as llama.cpp's keys."""
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     writer.add_block_count(config.num_hidden_layers)
@@ -75,23 +88,25 @@ def write_gguf(directory: Path, kind: str, qtype: str = "F32", pre: str = "defau
     writer.add_rope_freq_base(float(getattr(config, "rope_theta", None) or 10000.0))
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     writer.add_vocab_size(config.vocab_size)
-    (write_sentencepiece if sentencepiece else write_byte_level)(writer, pre)
-    writer.add_chat_template(CHAT_TEMPLATE)
-    tensors = load_file(str(checkpoint / "model.safetensors"))
-    if rope_freqs is not None:
-        writer.add_tensor("rope_freqs.weight", rope_freqs.astype(np.float32))
+
+
+def add_tensors(writer: gguf.GGUFWriter, tensors: dict[str, np.ndarray], arch: str, config, type_of) -> None:
+    """A checkpoint's tensors under llama.cpp's names, a Llama's Q and K rows permuted; each matrix
+    in type_of(its GGUF name, its columns), norms and biases F32 (as llama.cpp keeps them)."""
     for name, weights in tensors.items():
         if arch == "llama" and ".q_proj.weight" in name:
-            weights = permute(weights, heads)
+            weights = permute(weights, config.num_attention_heads)
         elif arch == "llama" and ".k_proj.weight" in name:
-            weights = permute(weights, kv_heads)
-        matrix_type = MIXES[qtype](gguf_name(name)) if qtype in MIXES else qtype
-        add_tensor(writer, gguf_name(name), weights, matrix_type if weights.ndim == 2 else "F32")
+            weights = permute(weights, config.num_key_value_heads)
+        add_tensor(writer, gguf_name(name), weights,
+                   type_of(gguf_name(name), weights.shape[-1]) if weights.ndim == 2 else "F32")
+
+
+def finish(writer: gguf.GGUFWriter) -> None:
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    return path
 
 
 def add_tensor(writer: gguf.GGUFWriter, name: str, weights: np.ndarray, qtype: str) -> None:
@@ -130,6 +145,12 @@ def write_sentencepiece(writer: gguf.GGUFWriter, pre: str) -> None:
     tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + pieces
     scores = [0.0] * 259 + [-float(i) for i in range(len(pieces))]
     types = [2, 3, 3] + [6] * 256 + [1] * len(pieces)   # unknown, control, byte, normal
+    add_sentencepiece(writer, pre, tokens, scores, types)
+
+
+def add_sentencepiece(writer: gguf.GGUFWriter, pre: str, tokens: list[str], scores: list[float],
+                      types: list[int]) -> None:
+    """A SentencePiece vocabulary whose first three tokens are <unk>, <s> and </s>; BOS added."""
     writer.add_tokenizer_model("llama")
     writer.add_tokenizer_pre(pre)
     writer.add_token_list(tokens)

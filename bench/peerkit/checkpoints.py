@@ -89,6 +89,7 @@ class ModelShape:
 
 ISSUE_SHAPE = ModelShape()
 SMALL_SHAPE = ModelShape(layers=2, hidden=64, heads=4, kv_heads=2, intermediate=128)   # tests
+ONE_B_SHAPE = ModelShape(layers=22, hidden=2048, heads=32, kv_heads=4, intermediate=5632)   # TinyLlama's
 
 
 @dataclass(frozen=True)

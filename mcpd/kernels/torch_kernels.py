@@ -8,11 +8,12 @@ transformers' greedy tokens in float32 and in bfloat16.
 
 Weight-only int8 matrices (quant/int8.py): the torch twin rounds x to int16 and converts the
 integers at each product (int8.linear), as the native kernels multiply them; on a CUDA device a
-Triton kernel takes x as it is (quant/int8_cuda.py). 4-bit ones
-(quant/int4.py): int4.linear, a panel of rows at a time, on any device.
+Triton kernel takes x as it is (quant/int8_cuda.py). 4-bit ones (quant/int4.py): int4.linear, a
+panel of rows at a time; on a CUDA device with Triton, its kernels (quant/int4_cuda.py).
 """
 from __future__ import annotations
 
+import importlib.util
 import math
 
 import torch
@@ -22,6 +23,10 @@ from mcpd.kernels.row_parts import RowParts
 from mcpd.quant import int4, int8
 from mcpd.quant.int4 import Int4Weight
 from mcpd.quant.int8 import Int8Weight
+
+# Triton comes with torch's CUDA builds, not the CPU ones; where a CUDA build lacks it, the 4-bit
+# products stay the twin's.
+HAS_TRITON = importlib.util.find_spec("triton") is not None
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -55,6 +60,9 @@ class TorchKernels:
         if isinstance(weight, RowParts):
             return weight.linear(self, x, bias)
         if isinstance(weight, Int4Weight):
+            if x.is_cuda and HAS_TRITON:
+                from mcpd.quant import int4_cuda
+                return int4_cuda.linear(x, weight, bias)
             return int4.linear(x, weight, bias)
         if isinstance(weight, Int8Weight):
             if x.is_cuda:   # imported here: Triton comes with torch's CUDA builds, not the CPU ones
@@ -63,8 +71,9 @@ class TorchKernels:
             return int8.linear(x, weight, bias)
         return F.linear(x, weight, bias)
 
-    def logits(self, x: torch.Tensor, weight: torch.Tensor | Int8Weight) -> torch.Tensor:
-        """float32 logits, rounded to the model dtype first as transformers' lm_head rounds them."""
+    def logits(self, x: torch.Tensor, weight: torch.Tensor | Int8Weight | Int4Weight | RowParts) -> torch.Tensor:
+        """float32 logits, rounded to the model dtype first as transformers' lm_head rounds them;
+        a quantized head (a Q4_K_M file's Q6_K) through linear's products."""
         return self.linear(x, weight).float()
 
     def argmax(self, logits: torch.Tensor) -> torch.Tensor:

@@ -67,7 +67,8 @@ def _six_bit(w: Int4Weight, rows: slice, low: torch.Tensor) -> torch.Tensor:
     """Q6_K's weights [rows, k] from their low nibbles [rows, k/32, 32] (float32)."""
     n, blocks = low.shape[:2]
     packed = w.highs[rows].view(n, blocks, 1, 8)
-    shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8, device=packed.device)[:, None]
+    # made on the device: a list copied there would stop a CUDA graph's capture (a Q6_K embedding)
+    shifts = torch.arange(0, 8, 2, dtype=torch.uint8, device=packed.device)[:, None]
     high = (packed >> shifts) & 3   # [n, blocks, c // 8, c % 8]
     q = (low + high.reshape(n, blocks, BLOCK).float() * 16 - 32).view(n, -1, Q6_GROUP)
     d = w.supers[rows].float()[:, :, 0].repeat_interleave(SUPER_BLOCK // Q6_GROUP, dim=1)
