@@ -1498,17 +1498,21 @@ INLINE void add_values(int dtype, int64_t group, int64_t vecs, int64_t heads_par
 }
 
 /* The key pointers of a chunk of up to ATTN_CHUNK of `left` keys, from table[*block] at *offset on
-   (both advanced past it), padded with its first for a tail's LANES; how many keys it has. Their
-   lines are fetched into L2 now, a chunk ahead of their scores: a key is 4 of the 12 lines of its
-   slot, in blocks scattered over the pool, a pattern the hardware prefetcher does not follow. */
+   (both advanced past it), padded with its first for a tail's LANES; how many keys it has. Its
+   keys' and values' lines (`bytes` each, the values v_bytes on) are fetched into L2 now, a chunk
+   ahead of their use: a key is a few of the lines of its token's slot, in blocks scattered over
+   the pool, a pattern the hardware prefetcher does not follow. */
 static inline int64_t chunk_keys(const char *kv, const int64_t *table, int64_t block_stride, int64_t block_size,
-                                 int64_t slot, size_t size, int64_t bytes, int64_t left, int64_t *block,
-                                 int64_t *offset, const char **keys) {
+                                 int64_t slot, size_t size, int64_t bytes, int64_t v_bytes, int64_t left,
+                                 int64_t *block, int64_t *offset, const char **keys) {
     int64_t count = left < ATTN_CHUNK ? left : ATTN_CHUNK;
     for (int64_t c = 0; c < count; c++) {
         keys[c] = kv + (table[*block] * block_stride + *offset * slot) * size;
         if (++*offset == block_size) *offset = 0, ++*block;
-        for (int64_t line = 0; line < bytes; line += 64) __builtin_prefetch(keys[c] + line, 0, 2);
+        for (int64_t line = 0; line < bytes; line += 64) {
+            __builtin_prefetch(keys[c] + line, 0, 2);
+            __builtin_prefetch(keys[c] + v_bytes + line, 0, 2);
+        }
     }
     for (int64_t c = count; c < count + LANES; c++) keys[c] = keys[0];   /* a tail's padding: scores dropped */
     return count;
@@ -1537,14 +1541,15 @@ INLINE void decode_one(int dtype, int64_t group, int64_t d, const void *q, const
     }
     const char *keys[2][ATTN_CHUNK + LANES];
     int64_t block = 0, offset = 0;   /* where the next chunk's first key lives: table[block], slot offset */
-    int64_t count = chunk_keys(kv, table, block_stride, block_size, slot, size, d * size, len, &block, &offset, keys[0]);
+    int64_t count = chunk_keys(kv, table, block_stride, block_size, slot, size, d * size, v_offset * size, len, &block,
+                               &offset, keys[0]);
     for (int64_t c0 = 0, at = 0; c0 < len; c0 += ATTN_CHUNK, at ^= 1) {
         const char **key = keys[at];
         for (int64_t c = 0; c < count; c++)   /* its values come in while its keys are scored */
             for (int64_t line = 0; line < d * (int64_t)size; line += 64)
                 __builtin_prefetch(key[c] + v_offset * size + line, 0, 3);
         int64_t next = c0 + count < len ? chunk_keys(kv, table, block_stride, block_size, slot, size, d * size,
-                                                     len - c0 - count, &block, &offset, keys[at ^ 1]) : 0;
+                                                     v_offset * size, len - c0 - count, &block, &offset, keys[at ^ 1]) : 0;
         for (int64_t h = 0; h < group; h++) {
             f32v query[vecs];
             for (int64_t j = 0; j < vecs; j++) query[j] = load_any(dtype, q, h * d + j * LANES);
