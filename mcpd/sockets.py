@@ -77,8 +77,8 @@ def router(context: zmq.Context) -> zmq.Socket:
     them from a counter that starts at libc's rand(), which nothing seeds: 00 6b 8b 45 67, then
     68, ... in every process. A client may take one of those for its own (libzmq accepts a routing
     id that begins with a zero byte from a peer), and when the counter reaches it libzmq asserts
-    and the process aborts: one DEALER naming itself 00 6b 8b 45 68 and the second anonymous
-    connection after it kill a ROUTER's process. rand() seeded from the OS first, the
+    and the process aborts: one DEALER naming itself 00 6b 8b 45 68 is enough, and the second
+    anonymous connection after it aborts the ROUTER's process. rand() seeded from the OS first, the
     counter's start is a guess in 2**32 (a libzmq bug; bench/redteam.py's claimed_routing_ids plays it)."""
     try:
         ctypes.CDLL(None).srand(int.from_bytes(os.urandom(4), "little"))

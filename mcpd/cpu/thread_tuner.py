@@ -2,7 +2,7 @@
 
 One thread per core the worker owns is right on an idle machine. When another process takes one
 of those cores, the thread sharing it falls behind and every parallel region waits for it: on a
-2-core machine with one core busy, one thread decoded faster than two (bench/engine.py,
+2-core machine with one core busy, one thread can decode faster than two (bench/engine.py,
 contention). Whether fewer threads are faster is for a trial to say: every PERIOD steps the tuner
 runs TRIAL steps on one thread more or fewer (alternately, within 1 .. most) and keeps the count
 whose median step was at least GAIN faster (faster at all for a trial that waits brought,

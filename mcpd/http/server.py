@@ -1,14 +1,14 @@
 """The HTTP listener (`[http] listen`): aiohttp on the front-end's event loop.
 
 Why inside the front-end rather than a process of its own: a listener process that is a client
-of client.ipc adds two ZeroMQ hops to every request, each waking an I/O thread and a process,
-about twice what the listener here adds (bench/http_listener.py compares them). In the front-end an
+of client.ipc adds two ZeroMQ hops to every request, each waking an I/O thread and a process, and
+about twice the time the listener here adds (bench/http_listener.py compares them). In the front-end an
 HTTP request is admitted in memory by the same code as a ZeroMQ one (frontend_link.py), so
 limits, drain, priorities, metrics and cancellation apply to it alike, and only the HTTP work
 itself is added. The price: HTTP parsing and JSON share the front-end's loop with ZeroMQ
 clients; aiohttp's C parser and one JSON decode per request keep that small.
 
-Why aiohttp: its per-request cost is uvicorn + httptools' (both on uvloop), and it brings what a
+Why aiohttp: it costs about what uvicorn + httptools does a request (both on uvloop), and brings what a
 listener facing strangers needs built in: header line and count limits (uvicorn with httptools
 takes a request of 100,000 headers), a
 body size cap, keep-alive timeouts, and handler cancellation when a client disconnects (which

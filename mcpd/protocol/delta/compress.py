@@ -11,8 +11,8 @@ from mcpd.protocol.change_entry import PayloadMeta
 from mcpd.protocol.delta.field import FieldDelta, words
 
 
-# Level 1 rather than 3: on the XOR of a sparsely changed float array it packs about as tightly in
-# less time. An XOR streamed to the compressor in windows gains from worker threads (they pack
+# Level 1 rather than 3: on the XOR of a sparsely changed float array it packs at least as tightly,
+# in less time. An XOR streamed to the compressor in windows gains from worker threads (they pack
 # while this thread XORs the next window), where a one-shot compress on few cores would not; the
 # worker count does not change the frame (zstd promises as much).
 COMPRESSION_LEVEL = 1
