@@ -2,8 +2,8 @@
 
 Every child the supervisor starts imports this module again (multiprocessing's fork server, like
 its spawn, re-runs the parent's main module before the child's target), so it imports nothing until main() runs: a child
-then loads only what it runs, not the supervisor's whole import graph (each child paid 0.2-0.3 s
-of CPU for the front-end's aiohttp, the scheduler's tokenizer and prometheus_client).
+then loads only what it runs, not the supervisor's whole import graph (the front-end's aiohttp,
+the scheduler's tokenizer and prometheus_client, each a noticeable import).
 """
 import sys
 

@@ -23,10 +23,10 @@ EVENTS_IPC, SCHED_IPC, FRONTEND_IPC, WORKERS_IPC = "events.ipc", "sched.ipc", "f
 RUNTIME_SOCKETS = (CLIENT_IPC, CONTROL_IPC, EVENTS_IPC, SCHED_IPC, FRONTEND_IPC, WORKERS_IPC)
 UNIX_PATH_MAX = 107
 RUNTIME_DIR_MAX_BYTES = UNIX_PATH_MAX - 1 - max(len(name) for name in RUNTIME_SOCKETS)
-# Plain ints: pyzmq's enum flags cost a Flag construction per `&` or `|` (about 2 µs each).
+# Plain ints: pyzmq's enum flags cost a Flag construction per `&` or `|`.
 POLLIN, NOBLOCK, SNDMORE = (int(flag) for flag in (zmq.POLLIN, zmq.NOBLOCK, zmq.SNDMORE))
 # But the option that socket.get takes stays the enum's member: get turns what it is given into a
-# SocketOption, and from a member that is a type check, from an int a lookup (0.4 of its 1.9 µs).
+# SocketOption, and from a member that is a type check, from an int a costlier lookup.
 EVENTS = zmq.SocketOption.EVENTS
 # pyzmq's own send and recv, under its Python conveniences (routing ids, type checks, enum flags):
 # send_multipart and recv_multipart cost about twice what the frames' own calls do.
@@ -77,8 +77,8 @@ def router(context: zmq.Context) -> zmq.Socket:
     them from a counter that starts at libc's rand(), which nothing seeds: 00 6b 8b 45 67, then
     68, ... in every process. A client may take one of those for its own (libzmq accepts a routing
     id that begins with a zero byte from a peer), and when the counter reaches it libzmq asserts
-    and the process aborts: measured, one DEALER naming itself 00 6b 8b 45 68 and the second
-    anonymous connection after it killed a ROUTER's process. rand() seeded from the OS first, the
+    and the process aborts: one DEALER naming itself 00 6b 8b 45 68 is enough, and the second
+    anonymous connection after it aborts the ROUTER's process. rand() seeded from the OS first, the
     counter's start is a guess in 2**32 (a libzmq bug; bench/redteam.py's claimed_routing_ids plays it)."""
     try:
         ctypes.CDLL(None).srand(int.from_bytes(os.urandom(4), "little"))

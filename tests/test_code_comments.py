@@ -11,6 +11,11 @@ import mcpd
 PACKAGE = Path(mcpd.__file__).parent
 MAX_FILE_LINES, MAX_FUNCTION_LINES = 450, 60
 NARRATION = re.compile(r"\.probe/|\.probe |\bissues? #?\d+\b", re.IGNORECASE)
+# A run's figures and the story around them: a throughput, a figure against another, a range of
+# timings, the machine it ran on, "Before, ...". A unit's meaning ("about 0.2 ms of spinning") passes.
+MEASURED = re.compile(r"tok/s|tokens/s|[KMG]i?B/s|GFLOP/s|req/s|\bBefore,|\bBefore this\b"
+                      r"|\bagainst ~?\d|\d ?(?:ms|us|µs|ns|s)\)? against\b|\d-\d+(?:\.\d+)? ?(?:ms|us|µs|ns)\b"
+                      r"|\btook ~?\d|\bvCPUs?\b|\b[Mm]easured (?:on|there|side by side)\b")
 
 
 def sources() -> list[Path]:
@@ -22,9 +27,20 @@ def test_sources_are_found():
     assert {"process.py", "kernels.c"} <= names
 
 
+def lines_matching(pattern: re.Pattern) -> list[str]:
+    return [f"{p.relative_to(PACKAGE)}:{n}: {line.strip()}" for p in sources()
+            for n, line in enumerate(p.read_text(errors="replace").splitlines(), 1) if pattern.search(line)]
+
+
 def test_no_scratch_scripts_or_issue_numbers_in_the_code():
-    found = [f"{p.relative_to(PACKAGE)}:{n}: {line.strip()}" for p in sources()
-             for n, line in enumerate(p.read_text(errors="replace").splitlines(), 1) if NARRATION.search(line)]
+    found = lines_matching(NARRATION)
+    assert found == [], "\n".join(found)
+
+
+def test_no_measurements_or_histories_in_the_code():
+    """A comment gives the reason for the code as it is now. A run's figures and how things were
+    before go stale and cannot be checked against the code: bench/ measures, git remembers."""
+    found = lines_matching(MEASURED)
     assert found == [], "\n".join(found)
 
 

@@ -74,8 +74,8 @@ class ContextMirror:
 
     def _send_update(self, changes: list) -> dict:
         """Send the deltas and wait for the daemon to commit them. The XORed fields are copied into
-        their synced snapshots during the wait, which is otherwise idle (a 64 MB copy is a sixth
-        of a delta sync); if the update is refused, XORing the same delta back restores them."""
+        their synced snapshots during the wait, which is otherwise idle (a big field's copy is a
+        fair share of its sync); if the update is refused, XORing the same delta back restores them."""
         entries, frames = codec.to_wire(changes)
         request_id = self.client.send("context.update", {"id": self.id, "base": self.version, "changes": entries},
                                       frames)

@@ -30,9 +30,9 @@ class Client:
             curve.apply(self._socket)
         self._socket.connect(endpoint)
         # Replies are read with the daemon's own drain and wait (mcpd/sockets.py): an EVENTS check
-        # where recv_multipart raised zmq.Again after each message, and one poll of the socket's
-        # descriptor where zmq_poll polls it twice and asks EVENTS twice. A streamed token cost
-        # this client ~260 µs of CPU on 2 vCPUs, CPU the daemon's decode threads wanted.
+        # where recv_multipart raises zmq.Again after each message, and one poll of the socket's
+        # descriptor where zmq_poll polls it twice and asks EVENTS twice: every streamed token's
+        # CPU here is CPU the daemon's decode threads want.
         self._waiter = sockets.Waiter(self._socket)
         self._ids = itertools.count(1)
         self._waiting: set = set()

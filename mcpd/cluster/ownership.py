@@ -55,8 +55,8 @@ class Ownership:
 
     def owner(self, key: int) -> str:
         """The node owning the context of hash `key` (context_hash). Plain Python, the same
-        arithmetic as owners(): the front-end asks per request, where numpy's per-call cost on
-        arrays of a few nodes was ~20 calls of a few µs each."""
+        arithmetic as owners(): the front-end asks per request, and on arrays of a few nodes
+        numpy's per-call cost, many calls a score, outweighs the arithmetic."""
         best, owner = -math.inf, self.nodes[0]
         for node, seed, weight in self.scored:
             score = weight / -math.log(_uniform_one(seed ^ key))

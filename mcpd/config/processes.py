@@ -47,7 +47,7 @@ class SupervisorConfig:
             raise ConfigError("supervisor.stop_grace_s must be >= 0 and ready_timeout_s > 0")
         # The pool keeper also looks for its parent's death once an interval, and the front-end's
         # tick finishes a stop's draining: an interval of hours would leave both waiting (and
-        # 2^63 s overflowed time.sleep, crash-looping the keeper).
+        # 2^63 s overflows time.sleep, which would crash-loop the keeper).
         if not 0 < self.stats_interval_s <= MAX_STATS_INTERVAL_S:
             raise ConfigError(f"supervisor.stats_interval_s = {self.stats_interval_s}: must be > 0 and "
                               f"<= {MAX_STATS_INTERVAL_S}")

@@ -13,9 +13,9 @@ from mcpd.contexts.record import Record
 # costs at most twice the delta bytes it replaces, so the cache writes at most ~3x what the
 # commits changed.
 SNAPSHOT_FRACTION = 0.5
-# ... or once this many deltas follow it: a restart replays every one (an XOR of 1% into a 64 MB
-# float32 field decodes in ~35 ms on the 2-vCPU machine, so about half a second for such a
-# context), while a 64 MB snapshot every 16 commits adds a few ms to each on average.
+# ... or once this many deltas follow it: a restart replays every one, so a long chain of a big
+# context's deltas delays the start, while a snapshot every MAX_DELTAS commits adds little to each
+# on average.
 MAX_DELTAS = 16
 
 

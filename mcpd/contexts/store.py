@@ -27,8 +27,8 @@ request adopts the shared one; a request naming a version newer than this node's
 `since`) adopts it at once.
 
 Commits cost what they change: the context's byte count is kept up to date from the fields a
-version touches, and contexts.max_fields bounds how many a context may have (a context of 307k
-scalar fields took 156 ms a commit when every commit summed every field).
+version touches, not summed over every field at each commit, and contexts.max_fields bounds how
+many a context may have.
 """
 from __future__ import annotations
 

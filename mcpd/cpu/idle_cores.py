@@ -6,8 +6,8 @@ threads says so: they wait for no CPU either way (run_delay.py sees a neighbour 
 cores say so: Linux counts each CPU's idle time (/proc/stat, in clock ticks; a CPU idle now is
 counted to the moment of reading). A 2-core worker on one thread leaves ~0 of a core idle beside a
 spinning process and ~1 core alone, and during a pause between bursts ~1 core beside it and ~2
-alone. Without this, a worker that went to one thread beside a neighbour kept it until the
-tuner's next periodic trial, and ran a long prefill or a burst of decodes at half speed meanwhile.
+alone. Without this, a worker that went to one thread beside a neighbour would keep it until the
+tuner's next periodic trial, and run a long prefill or a burst of decodes at half speed meanwhile.
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 One thread per core the worker owns is right on an idle machine. When another process takes one
 of those cores, the thread sharing it falls behind and every parallel region waits for it: on a
-2-core machine with one core busy, one thread decoded faster than two (bench/engine.py,
+2-core machine with one core busy, one thread can decode faster than two (bench/engine.py,
 contention). Whether fewer threads are faster is for a trial to say: every PERIOD steps the tuner
 runs TRIAL steps on one thread more or fewer (alternately, within 1 .. most) and keeps the count
 whose median step was at least GAIN faster (faster at all for a trial that waits brought,
@@ -12,9 +12,8 @@ A trial costs at most TRIAL slow steps per PERIOD: about 3% of the steps, slower
 other count is the worse one.
 
 When a neighbour comes is for Linux to say: a team thread that waits for a CPU a CONTENDED share
-of the time (run_delay.py), twice in a row, brings the next trial, a downward one, to now.
-Before, a neighbour that came in the middle of a stream waited for the periodic trial, up to
-PERIOD steps: the daemon's W1 beside a busy core ran 116-119 tok/s then, 142-168 with this.
+of the time (run_delay.py), twice in a row, brings the next trial, a downward one, to now, so
+a neighbour that comes mid-stream costs a few steps on the wrong count, not up to PERIOD.
 When it leaves is for Linux to say too: on fewer threads than cores, the cores the team leaves
 unused sitting idle for WINDOW_S, or every core sitting idle during a pause between bursts, put
 the team back on every thread at once (idle_cores.py), as on an idle machine: no trial, whose
@@ -30,26 +29,21 @@ from mcpd.cpu.idle_cores import IdleCores
 PERIOD = 128   # steps between trials: a neighbour is noticed within about half a second of decoding
 TRIAL = 4      # steps per trial, and steps of the current count it is compared with
 GAIN = 0.9     # a trial wins when its median step time is below this share of the current one
-# A downward trial that waits brought (see below) wins when its median step is faster at all. The
-# waits are evidence of their own, and the steps beside a neighbour vary a lot (two threads beside
-# a spinning process: 5 to 14 ms a step), so with GAIN such trials were lost to noise: in-process,
-# 1 of 6 busy W1s lost its first trial and ran ~600 ms more on two threads (keep 0.52 against
-# 0.74-0.84); through the daemon the keep of bench/peers.py's rounds was 0.56-0.58 or 0.89-0.93.
+# A downward trial that waits brought (see below) wins when its median step is faster at all: the
+# waits are evidence of their own, and steps beside a neighbour vary so much that GAIN's margin
+# would lose such trials to noise.
 CONTENDED_GAIN = 1.0
 # An engine idle this long starts again on every thread: what a neighbour did before the pause
-# says nothing about now. Before this, a worker that had dropped to one thread while a neighbour
-# ran kept it into the next burst until a trial 128 steps later, so the burst's first prefill ran
-# on one core.
+# says nothing about now, and the next burst's first prefill should not run on fewer cores.
 IDLE_RESET_S = 1.0
 # A team thread waited this share of the time for a CPU, at two readings in a row: a neighbour is on
-# its core. Readings in the daemon: beside a spinning process
-# 0.43 at the median step; idle, W1 and W2 0.01-0.03 (p99 0.15-0.30), W4's eight clients 0.12 (p99
-# 0.34): one reading over 0.3 comes in idle serving now and then, two in a row seldom.
+# its core. Beside a spinning neighbour a typical reading is above it; in idle serving one reading
+# over it comes now and then, two in a row seldom.
 CONTENDED = 0.3
 # Steps from the end of a trial before contention may start the next. Waits need not mean fewer
-# threads are faster: the daemon's own processes and its clients wait for the cores too (W4's
-# eight clients brought a trial every RETRY steps, each lost). So each lost trial doubles the
-# gap, up to PERIOD, and a won one or a pause sets it back to RETRY.
+# threads are faster: the daemon's own processes and its clients wait for the cores too, and
+# would bring a lost trial every RETRY steps. So each lost trial doubles the gap, up to PERIOD,
+# and a won one or a pause sets it back to RETRY.
 RETRY = 32
 # A pause between steps this long ends a trial under way (resume), so that the next burst's
 # prefill does not run on the trial's fewer threads. Steps of one burst follow each other within
@@ -87,12 +81,11 @@ class ThreadTuner:
     def resume(self, idle_seconds: float) -> None:
         """A step is about to run, idle_seconds after the previous one ended. After a pause the
         burst starts on every thread. Where waits are seen (`waited`), a neighbour that came during
-        the pause brings a trial within a few steps, and none runs otherwise: a trial after every
-        pause cost an idle W1 ~8% on fast memory, where one thread streams half of what two do
-        (in-process W1 at ~61 GB/s: 291 tok/s with it, 317 without). Blind, the burst tries one
-        fewer as soon as its decode steps can be compared, not PERIOD steps later: a neighbour
-        that came during the pause costs a few steps, not a whole 128-token answer (bench/peers.py
-        W1 with one core busy: keep 0.64 before). A shorter pause ends a trial under way, void: the
+        the pause brings a trial within a few steps, and none runs otherwise: on fast memory one
+        thread streams half of what two do, so a trial after every pause would slow an idle
+        engine. Blind, the burst tries one fewer as soon as its decode steps can be compared, not
+        PERIOD steps later: a neighbour that came during the pause costs a few steps, not a whole
+        answer. A shorter pause ends a trial under way, void: the
         next burst's first steps run on the count that won, not on the count on trial. A shorter
         pause during which every core sat idle (no neighbour now) starts the burst on every
         thread too."""
@@ -127,24 +120,23 @@ class ThreadTuner:
         self.brought = self.voided = False
         self.idle_window = None
         if self.waited is not None:
-            # A reading covers the time since the last: over the pause, the burst's first step's
-            # waits came out at 0.02 beside a spinning process, and the trial waited a burst more.
+            # A reading covers the time since the last: read now, so that the pause's idle time
+            # does not dilute the burst's first step's waits below CONTENDED.
             self.waited()
 
     @property
     def measuring(self) -> bool:
         """Whether the coming steps are a trial's or the ones it is compared with. The engine then
         runs plain steps, not bursts (Engine._burst_length): a trial is decided in TRIAL steps, and
-        bursts would stretch those to ~TRIAL bursts' tokens (a W1 request after a pause ran its
-        first ~45 tokens on both threads beside a busy neighbour: busy W1 103-115 tok/s, against
-        142-184 on one thread), and mix bursts and single steps, whose tokens cost apart."""
+        bursts would stretch those to ~TRIAL bursts' tokens, all on a count that may be the wrong
+        one, and mix bursts and single steps, whose tokens cost apart."""
         return self.limit > 1 and (self.trying is not None or self.steps % PERIOD >= PERIOD - TRIAL - 1)
 
     def skip(self, steps: int) -> None:
         """A burst of `steps` decode steps ran (Engine._run_burst): they bring the next trial
         nearer as that many steps would, up to the steps that measure it, and are compared with
-        nothing. Counted by calls, a trial came every 128 bursts (~650 tokens), and one lost to a
-        noisy baseline cost a whole W1 answer on the wrong thread count."""
+        nothing. Counted by calls, a trial would come only every PERIOD bursts, and one lost to a
+        noisy baseline would leave a whole answer on the wrong thread count."""
         self.steps = min(self.steps + steps, self._window())
         contended = self._contended()
         if self._cores_freed():

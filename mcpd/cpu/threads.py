@@ -8,14 +8,14 @@ policy is then whatever the runtime loaded with, which configure() reports by re
 
 Why the wait policy matters: between two parallel regions (two ops of a step) OpenMP's threads
 spin by default. On a core that another process also wants, a spinning thread competes for the
-whole time slice, and every region then waits for the thread the kernel descheduled (batch-1
-decode fell to about a quarter of its speed with one core busy elsewhere). A passive
+whole time slice, and every region then waits for the thread the kernel descheduled, for as
+long as the neighbour keeps the core. A passive
 thread sleeps instead, so it uses little CPU and the kernel wakes it at once when work comes (a
 sleeper is owed CPU time), at the price of a futex wake-up per region.
 
 That price is not small: a batch-1 decode step runs a few dozen parallel regions (four products a
-layer and the LM head), and a passive thread's wake-up costs tens of microseconds at each, about a
-quarter of a small model's step. "brief" (the default) spins for BRIEF_SPINS of libgomp's spin loop (GOMP_SPINCOUNT;
+layer and the LM head), and a passive thread's wake-up costs tens of microseconds at each, a large
+share of a small model's step. "brief" (the default) spins for BRIEF_SPINS of libgomp's spin loop (GOMP_SPINCOUNT;
 libgomp counts ~100,000 a millisecond) before it sleeps: long enough to bridge the microseconds
 between one step's regions, short enough that a thread sleeps soon after a step ends and leaves a
 neighbour, or the daemon's other processes, the core. OMP_WAIT_POLICY stays unset then, as
@@ -32,7 +32,7 @@ from contextlib import contextmanager
 
 from mcpd.config import WAIT_POLICIES
 
-BRIEF_SPINS = 20000   # about 0.2 ms of spinning before a thread sleeps (bench/engine.py, with one core busy)
+BRIEF_SPINS = 20000   # about 0.2 ms of spinning before a thread sleeps
 _OWNED: list[int] | None = None   # this process's cores, as configure() found them
 _BINDS = False                    # configure() ran before OpenMP loaded: its binding applies
 _MAIN_PLACE: set[int] | None = None   # the cores OpenMP bound the main thread to (start_team)
@@ -88,11 +88,10 @@ def start_team() -> None:
     configure()), and note the main thread's. A no-op in a process configure() did not set up
     (the in-process tests), or whose OpenMP loaded before it.
 
-    Why bound: a passive helper thread that slept more than ~80 ms was woken, unbound, where the
-    kernel saw fit, and for the next ~10 ms of work often on the same core as the main thread: a
-    128-token prefill after a pause took 32 ms instead of 21 (bench/peers.py W1's first token
-    comes after such pauses); bound, 23 ms. Freeing only the main thread brought the stacking
-    back (it woke on the helper's core), so both stay bound while the step runs on every thread.
+    Why bound: unbound, a passive helper thread that slept long is woken where the kernel sees
+    fit, often on the main thread's core, and the two then share one core for the first work after
+    a pause (a prefill's). Freeing only the main thread stacks them too (it wakes on the helper's
+    core), so both stay bound while the step runs on every thread.
     Below that count (the thread tuner's answer to a neighbour on a core) set_count() frees the
     main thread, so it leaves the neighbour's core whichever core that is."""
     global _MAIN_PLACE, _STEP_PLACE
@@ -108,8 +107,8 @@ def free_main_thread() -> None:
     """For a worker whose main thread runs no parallel region while serving (a handler's predict
     runs on its own thread): the main thread on every owned core for good. OpenMP may have bound
     it to one core as torch or the handler loaded, and main_thread_works would put it back there
-    whenever work came; its decoding, batching and replies then waited behind any other process
-    on that core while the other sat idle. main_thread_works leaves it alone from here on."""
+    whenever work came; its decoding, batching and replies would then wait behind any other
+    process on that core while the other sat idle. main_thread_works leaves it alone from here on."""
     global _MAIN_PLACE, _STEP_PLACE
     if _STEP_PLACE is None:
         return
@@ -127,9 +126,8 @@ def owned_cores() -> list[int]:
 def children_on_every_core() -> Iterator[None]:
     """Processes started inside get every core configure() found, not the main thread's own: a
     child inherits the affinity of the thread that starts it, and with OMP_PROC_BIND set (by
-    configure()) OpenMP binds the main thread to one core as torch loads. A benchmark that
-    configured its threads and then started the daemon ran the whole daemon, its worker's one
-    thread included, on that core."""
+    configure()) OpenMP binds the main thread to one core as torch loads: a benchmark that
+    configures its threads and then starts the daemon would run the whole daemon on that core."""
     bound = os.sched_getaffinity(0)
     if _OWNED is None or bound == set(_OWNED):
         yield

@@ -2,14 +2,14 @@
 
 Sending a ZeroMQ message between processes costs more than everything Python does with a
 `ping`: the send wakes the sender's I/O thread, whose write wakes the receiver's I/O thread,
-which wakes the receiving loop (py-spy of a pipelined load: `send` was 20-28% of each process).
+which wakes the receiving loop.
 Held for the rest of the turn and sent as one (messages.pack), N messages cost those wake-ups
 once. A turn is short (one drain of a socket, or one engine step), and a loop flushes before it
 blocks, so nothing waits across an idle moment; a lone message goes as itself, so a request that
 has the daemon to itself pays nothing for this.
 
 A batch stays under MAX_MESSAGES and MAX_BYTES (a longer hold goes as several), so the socket's
-high-water mark still bounds what waits in its pipe: at most what it bounded before (each
+high-water mark still bounds what waits in its pipe: at most what it bounds without batches (each
 message may be up to limits.max_message_bytes). A `send` that raises zmq.Again (a full pipe,
 with NOBLOCK) keeps what it could not send, in order, for the next flush.
 """

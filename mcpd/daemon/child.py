@@ -30,8 +30,8 @@ REPORT_LINGER_MS = 1000
 @dataclass(frozen=True)
 class Entry:
     """A child's entry point by name: the supervisor starts the front-end, scheduler and workers
-    without importing what they run (aiohttp, the tokenizer, the engine's modules: 0.25 s of its
-    CPU before it could start anyone, at every start); the fork server imports the modules, once
+    without importing what they run (aiohttp, the tokenizer, the engine's modules: CPU it would
+    spend before it could start anyone, at every start); the fork server imports the modules, once
     (supervisor/launcher.py)."""
     module: str
     function: str = "run"

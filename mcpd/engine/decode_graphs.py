@@ -1,8 +1,8 @@
 """Decode steps on a CUDA device as replays of CUDA graphs, one graph per bucket of batch sizes.
 
 Why: run eagerly, a decode step launches each op of each layer from Python, ~10 a layer, and on a
-GPU an op of a small model or a small batch takes a few microseconds where its launch takes tens:
-the 55M bench model ran at ~6 ms a token on an H200 that reads its weights in ~0.1 ms. A graph launches the whole step (embedding to logits) at once.
+GPU an op of a small model or a small batch takes a few microseconds where its launch takes tens,
+so launches, not the weights' read, bound the step. A graph launches the whole step (embedding to logits) at once.
 
 A graph replays fixed shapes at fixed addresses, so a step is written into static buffers:
 - the batch is padded up to its bucket (1, 2, 4, 8, then every 8 up to engine.max_num_seqs); a

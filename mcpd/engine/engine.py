@@ -221,15 +221,15 @@ class Engine:
 
     def most_decodes(self) -> int:
         """How many sequences the next step may decode (0: all). While several tenants are active,
-        a CPU step of one tenant's full batch (64 decodes of a 55M model: 5-12 ms on two cores)
-        would make another's one-token request wait for it and then share it; steps of
+        a CPU step of one tenant's full batch (many times a one-token step's work) would make
+        another's one-token request wait for it and then share it; steps of
         engine.shared_step_decodes keep both short, the batch's sequences taking turns."""
         return self.shared_step_decodes if self.shared_step_decodes and self.tenants.several() else 0
 
     def _share_cores(self, shared: bool) -> None:
         """While tenants share this CPU worker (its steps bounded), its team leaves one of its
         cores to the daemon's other processes: the front-end and the scheduler carry the other
-        tenant's short requests, and behind a team on every core each of their hops waited for one.
+        tenant's short requests, and behind a team on every core each of their hops would wait for one.
         A lone tenant's steps run on every thread again."""
         limit = PROCESS_THREADS - 1 if shared else PROCESS_THREADS
         if limit == self.thread_limit or limit < 1:
@@ -308,8 +308,8 @@ class Engine:
         # Only the rows that sample go on to the logits (every row, in order, in a decode step).
         rows = (None if len(sample_rows) == len(input_ids)
                 else torch.tensor(sample_rows, dtype=torch.long, device=self.device))
-        # forward, not the module's __call__: its hook and mode checks, never used here, are
-        # cold after a step's weight stream (batch-1 step's Python 17-55 us less, alternating).
+        # forward, not the module's __call__: its hook and mode checks, never used here, run
+        # cold after a step's weight stream, a cost a batch-1 step pays in full.
         hidden = self.model.forward(ids, attn.positions, attn, rows)
         for seq, count in batch:
             seq.num_computed += count

@@ -1,17 +1,16 @@
 """The HTTP listener (`[http] listen`): aiohttp on the front-end's event loop.
 
-Why inside the front-end rather than a process of its own: measured side by side (bench/http_listener.py,
-a 1-token request alternating with the same request over ZeroMQ), a listener process that was a
-client of client.ipc added about 0.4 ms to a 1 ms request (p50 ratio 1.36-1.41): two more
-ZeroMQ hops, each waking an I/O thread and a process; here it adds about 0.2 ms (1.14-1.23). In the front-end an
+Why inside the front-end rather than a process of its own: a listener process that is a client
+of client.ipc adds two ZeroMQ hops to every request, each waking an I/O thread and a process, and
+about twice the time the listener here adds (bench/http_listener.py compares them). In the front-end an
 HTTP request is admitted in memory by the same code as a ZeroMQ one (frontend_link.py), so
 limits, drain, priorities, metrics and cancellation apply to it alike, and only the HTTP work
 itself is added. The price: HTTP parsing and JSON share the front-end's loop with ZeroMQ
 clients; aiohttp's C parser and one JSON decode per request keep that small.
 
-Why aiohttp: its per-request cost measured the same as uvicorn + httptools here (about 37 us
-p50 for a small POST on loopback, both on uvloop), and it brings what a listener facing strangers
-needs built in: header line and count limits (uvicorn with httptools took 100,000 headers), a
+Why aiohttp: it costs about what uvicorn + httptools does a request (both on uvloop), and brings what a
+listener facing strangers needs built in: header line and count limits (uvicorn with httptools
+takes a request of 100,000 headers), a
 body size cap, keep-alive timeouts, and handler cancellation when a client disconnects (which
 cancels the daemon request).
 

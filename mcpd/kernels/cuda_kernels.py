@@ -21,7 +21,7 @@ batches run the unfused ops.
   (each program the row's scale from the whole row, then each value as add_rms_norm gives it)
   and rotating and storing its outputs as rope_store does (a program then takes 4 values of a
   head's first half and the 4 paired with them): the unfused kernels' bits, one kernel for
-  three. silu_mul folded into the down product the same way gained nothing and was left out.
+  three. silu_mul stays a kernel of its own: folded into the down product it gains nothing.
 Each rounds where torch's ops round (to the model dtype after every op, from float32 math), so a
 bfloat16 model computes what the torch twin computes, up to the order of a row's sum.
 

@@ -1,9 +1,9 @@
 /* Native CPU kernels for the Llama forward pass (mcpd/kernels/native.py builds and loads them).
 
 Why native code: a decode step at batch 1 must stream every weight once, and torch's one-row
-matrix-vector products stream a 32000x512 float32 LM head at a third of the machine's bandwidth
-(bfloat16 ones far worse), while each of the ~35 small torch ops of a layer costs microseconds
-of dispatch. These kernels read weights in nn.Linear's own [out, in] layout at the memory's pace
+matrix-vector products stream a float32 LM head at a fraction of the machine's bandwidth
+(bfloat16 ones far worse), while each of the dozens of small torch ops of a layer costs
+microseconds of dispatch. These kernels read weights in nn.Linear's own [out, in] layout at the memory's pace
 and fuse what torch runs as several ops: residual add + RMSNorm, rotary + KV-cache write, SiLU x
 up, and attention of one query per sequence reading the paged KV cache in place.
 
@@ -178,13 +178,13 @@ static inline f32v vexp(f32v x) {
    sequential stream and multiplies it by one broadcast input value per step: no horizontal
    sums, and 16 multiply-adds per 64-byte load. A tile is two panels (32 outputs) by up to 8
    rows of x: 16 accumulators, 2 weight loads and 8 broadcasts per 16 multiply-adds, which keeps
-   the FMA units busy (measured ~110 GFLOP/s float32 and ~220 bfloat16 per core, above torch's
-   GEMM at every row count here) and, at one row, reads weights as fast as a plain sum.
+   the FMA units busy (ahead of torch's GEMM at every row count here) and, at one row, reads
+   weights as fast as a plain sum.
    AVX2 has 16 registers of 8 floats, a panel's 16 columns two of them: its tile is one panel by
    6 rows, 12 accumulators, 2 weight loads and a broadcast (the 6x16 of BLIS's Haswell kernel);
-   the 8x2-panel tile's 32 accumulators spilled there. It runs at ~85% of a core's FMA peak, as
-   oneDNN's AVX2 GEMM does; a 3-row x 2-panel tile was 20% slower, and x repacked so that a
-   tile's broadcasts read one stream no faster. The panels are the same for both. */
+   the 8x2-panel tile's 32 accumulators would spill there. It keeps the FMA units as busy as
+   oneDNN's AVX2 GEMM does; a 3-row x 2-panel tile is slower, and x repacked so that a tile's
+   broadcasts read one stream no faster. The panels are the same for both. */
 #ifdef __AVX512F__
 #define TILE_ROWS 8
 #define TILE_PANELS 2
@@ -194,10 +194,9 @@ static inline f32v vexp(f32v x) {
 #endif
 /* A tile fetches each panel's stream into L2 TILE_AHEAD cache lines (4 KB) ahead of its reads
    (past a panel's end: the next panel's start). At 8 rows a tile needs 128 bytes of weights per
-   16 multiply-adds, about what one core streams, and without the fetches it ran at two thirds
-   of its in-cache rate on weights from memory (the LM head at 8 rows: 50 GFLOP/s, in cache 82).
-   Nearer fetches came too late and farther ones evicted lines still to be read, on one thread
-   and on two, float32 and bfloat16 alike. */
+   16 multiply-adds, about what one core streams, and without the fetches it runs well below its
+   in-cache rate on weights from memory. Nearer fetches come too late and farther ones evict lines
+   still to be read, on one thread and on two, float32 and bfloat16 alike. */
 #define TILE_AHEAD 64
 #define PANEL 16
 #define VPP (PANEL / LANES)   /* vectors a panel's row of 16 takes: 1 (AVX-512) or 2 (AVX2) */
@@ -229,7 +228,7 @@ INLINE void tile_f32(const float *x, int64_t rows, int64_t k, const float *const
 
 /* Without the bf16 dot product each pair of weights is widened in registers (they still stream
    at half float32's bytes), and x is read as float32, widened once by linear(): converting it
-   here cost two scalar conversions per four multiply-adds. */
+   here would cost two scalar conversions per four multiply-adds. */
 #ifdef __AVX512BF16__
 typedef bf16 bf16_x;    /* what a bfloat16 tile reads x as */
 #else
@@ -303,8 +302,8 @@ typedef struct mcpd_matrix {
    Zen 2/3 have no VNNI; vpdpwssd where AVX512_VNNI exists). A group's integer sum is exact
    (|127 * 32767 * 64| < 2^31, groups past 64 columns summed in spans of 64) and scaled once in
    float32, the row's scale once at the end.
-   Why (the lead's decision): converting every weight to float32 (sign-extend, convert,
-   multiply-add) bounded a decode step below what int8's reads allow; the pairs halve the
+   Why: converting every weight to float32 (sign-extend, convert, multiply-add) bounds a
+   decode step below what int8's reads allow; the pairs halve the
    instructions a weight. The activation rounding, about 2^-15 of a row's largest value, is far
    below the int8 weights' own (2^-8 of a group's largest); bench/quantized.py measures agreement
    with the float model. Integer sums do not depend on their order, so a row gets the same bits
@@ -355,7 +354,7 @@ static inline i32v round_to_i32(f32v v) {
 
 /* |v|'s bits, compared as integers: they order as |v| does and put a NaN above an infinity above
    every finite value, so that a row's or a block's largest is found a vector at a time (compared
-   lane by lane as floats, it took most of a one-row product's quantizing on AVX2). */
+   lane by lane as floats, it would take most of a one-row product's quantizing on AVX2). */
 static inline i32v abs_bits(f32v v) { return (i32v)v & 0x7fffffff; }
 #ifdef __AVX512F__
 static inline i32v max_i32(i32v a, i32v b) { return (i32v)_mm512_max_epi32((__m512i)a, (__m512i)b); }
@@ -586,12 +585,12 @@ INLINE void q4_scale_min(int kind, const void *d, const void *m, const uint16_t 
    that a block's weights and x meet as integers: a weight's nibble times q, two at a time into
    int32 lanes (vpmaddwd; vpdpwssd where AVX512_VNNI is), and one float multiply-add per block
    (d_w * d_x, Q4_K's sub-block scale, Q6_K's per-16 scale) instead of a conversion and a float
-   multiply-add per weight, which kept one row's product compute-bound. Not int8 x as llama.cpp
-   takes it (vpmaddubsw / vpdpbusd, four a lane): on SmolLM2 Q4_1 that took next-token top-1
-   agreement with the float model from 1.0 to 0.96 (llama.cpp's own Q4_1: 0.967), and its
-   greedy chat off the answer; int16 keeps 0.998. Nor do int8 blocks of 16 (0.92), or int8 for
-   the q/k/v and gate/up products alone (0.97), reach 0.99. The mins (and Q6_K's -32) need each
-   half block's sum of q. */
+   multiply-add per weight, which would keep one row's product compute-bound. Not int8 x as
+   llama.cpp takes it (vpmaddubsw / vpdpbusd, four a lane): int8 activations cost points of
+   next-token agreement with the float model, enough to turn a greedy chat off its answer, where
+   int16 keeps it nearly whole; nor do int8 blocks of 16, or int8 for the q/k/v and gate/up
+   products alone, come near (bench/quantized.py measures agreement). The mins (and Q6_K's -32)
+   need each half block's sum of q. */
 typedef struct {
     const int16_t *q;       /* [m][k], each four columns as 0, 2, 1, 3: a lane's pairs */
     const float *d;         /* [m][k/32] */
@@ -603,8 +602,8 @@ typedef struct {
 /* Block b of x (a row's 32 columns) into x_q16_quantize's buffers, a vector at a time: |x|'s bits
    compared as integers (abs_bits) put a NaN or an infinity above every finite value; such a
    block's inverse is 0, so each of its q converts to 0 (NaN -> INT_MIN, stored as the int16 0).
-   Lane by lane it took a tenth of an eight-row prefill's products, and on AVX2 more than a
-   one-row product's weights at 576 columns. */
+   Lane by lane, quantizing would take a noticeable share of a prefill's products, and on AVX2
+   more than a narrow one-row product's weights. */
 static inline void x_q16_block(int dtype, const void *x, int64_t b, int16_t *q, float *d, int32_t *sums,
                                float *d_sums) {
     enum { HALF_VECTORS = Q4_HALF / LANES };
@@ -913,7 +912,7 @@ INLINE void rows_int4_avx2(int kind, x_q16 xq, int64_t rows, int64_t k, const ui
 #endif
 
 /* rows_int4 of a count of rows and a kind known at compile time, so that its sums stay in
-   registers and its loop tests no kind per weight. Not inlined: inside linear() it made the
+   registers and its loop tests no kind per weight. Not inlined: inside linear() it makes the
    plain tiles beside it slower (its own sums are local, so the call costs nothing per weight). */
 static __attribute__((noinline)) void rows_int4_fixed(int kind, x_q16 xq, int64_t rows, int64_t k,
                                                       const uint8_t *const p[TILE_PANELS],
@@ -964,12 +963,12 @@ static void store_tile(int dtype, int y_f32, void *y, int64_t n, int64_t ld, int
 }
 
 /* The tile with rows known at compile time for the usual counts, so that its sums stay in
-   registers; on AVX2 every count (a small batch, a batch's last rows: 8 are 6 + 2), which made
-   int8 products of 2 to 8 rows 15-40% faster there. On AVX-512 the same made the 8-row tile up
-   to twice as slow. int8's groups of 64 (mcpd's) and 32 (GGUF's) are known at compile time too,
-   so that a group's loop unrolls. All of it inlined into linear(): a tile's sums written through
-   a pointer into a function not inlined may alias x and the weights (a vector type aliases its
-   element type), so they went to memory every step (the float32 8-row tile at half its speed). */
+   registers; on AVX2 every count (a small batch, a batch's last rows: 8 are 6 + 2), which speeds
+   its small int8 products. On AVX-512 the same slows the 8-row tile. int8's groups of 64 (mcpd's)
+   and 32 (GGUF's) are known at compile time too, so that a group's loop unrolls. All of it
+   inlined into linear(): a tile's sums written through a pointer into a function not inlined may
+   alias x and the weights (a vector type aliases its element type), so they would go to memory
+   every step. */
 #if TILE_ROWS == 6
 #define SMALL_ROWS(TILE) else if (rows == 2) TILE(2); else if (rows == 3) TILE(3); \
                          else if (rows == 4) TILE(4); else if (rows == 5) TILE(5);
@@ -1030,19 +1029,20 @@ static inline void team_place(int *thread, int *threads) {
 /* One row of x (a decode step's product) by ROW_PANELS panels at once. Each output's sum is the
    tile's, term by term in the same order (so the same bits), but four independent multiply-add
    chains where the tile's one row has two: a chain waits out an FMA's latency per step, and
-   with only two the loop could not run far enough ahead of its loads to keep memory busy; eight
-   were no better than four. bfloat16 where the CPU has its dot product (else the tile, which emulates it). */
+   with only two the loop cannot run far enough ahead of its loads to keep memory busy; eight
+   are no better than four. bfloat16 where the CPU has its dot product (else the tile, which emulates it). */
 #define ROW_PANELS 4
 
 /* Each of the ROW_PANELS streams is fetched into L2 ROW_AHEAD cache lines (1.5 KB) ahead of its
-   reads: the hardware prefetcher alone kept fewer lines in flight than four streams need. Nearer
-   did no better, farther and into L1 worse. */
+   reads: the hardware prefetcher alone keeps fewer lines in flight than four streams need. Nearer
+   does no better, farther and into L1 worse. */
 #define ROW_AHEAD 24
 /* Near its end a run's streams fetch the start of the next run's panels instead (`next`: how far
-   on, in panel rows, its panels begin; 0 for none): before, each run of 128 KB began with four
-   cold streams, a gap of memory latency every run. Bits unchanged. On fast memory each core streams at its own ceiling and a gap in one
-   core's stream is not filled by the other's. Each thread's runs are one contiguous share
-   (linear_row), so the next run is the thread's own but at the end of its share. */
+   on, in panel rows, its panels begin; 0 for none), so that a run does not begin with four cold
+   streams, a gap of memory latency every run; the bits are the same. On fast memory each core
+   streams at its own ceiling and a gap in one core's stream is not filled by the other's. Each
+   thread's runs are one contiguous share (linear_row), so the next run is the thread's own but
+   at the end of its share. */
 INLINE int64_t ahead(int64_t i, int64_t rows, int64_t k, int64_t next) {   /* the panel row to fetch */
     return i + rows < k || !next ? i + rows : next + i + rows - k;
 }
@@ -1084,10 +1084,9 @@ INLINE void row_bf16(const bf16 *x, int64_t k, const bf16 *const q[ROW_PANELS], 
    short last run reads its first panel again in place of the missing ones and drops their sums.
    Static shares, not runs handed out two at a time: each thread then streams one stretch of
    memory, and what `ahead` fetches is its own next run; on fast memory, where each core streams
-   at its own ceiling, that is what brings a token near the read limit. Dynamic shares suited a
-   helper woken late when every product was its own call from Python; the whole stack is one
-   native call now, and its helper spins between products (threads.py, "brief"). Under a
-   neighbour the thread tuner drops to one thread. */
+   at its own ceiling, that is what brings a token near the read limit. Dynamic shares would
+   suit a helper woken late; the whole stack is one native call, and its helper spins between
+   products (threads.py, "brief"). Under a neighbour the thread tuner drops to one thread. */
 static void row_runs(int dtype, const void *x, int64_t k, const void *packed, const void *bias, int64_t n, void *y,
                      int64_t ld, int y_f32, int64_t first_run, int64_t end_run) {
     size_t size = dtype == F32 ? 4 : 2;
@@ -1332,8 +1331,8 @@ void mcpd_embedding(int dtype, const mcpd_matrix *w, int64_t k, const int64_t *i
 }
 
 /* out[t] = row ids[t] of a plain [n, row_bytes] table (an embedding not tied to the LM head); -1,
-   copying nothing, when an id is not a row. F.embedding's result, without its ~40 us of dispatch a
-   decode step (cold Python after the weights' stream, the issues' 2-vCPU EPYC). */
+   copying nothing, when an id is not a row. F.embedding's result, without its dispatch: cold
+   Python after the weights' stream, in every decode step. */
 int mcpd_rows(const void *table, int64_t row_bytes, int64_t n, const int64_t *ids, int64_t t, void *out) {
     for (int64_t r = 0; r < t; r++)
         if (ids[r] < 0 || ids[r] >= n) return -1;
@@ -1453,8 +1452,8 @@ void mcpd_silu_mul(int dtype, const void *gate_up, int64_t m, int64_t inter, voi
 
 /* LANES vectors' horizontal sums as one vector: out[c] = the sum of v[c]'s lanes. Each level of
    two-vector shuffles halves the partial sums a key keeps and doubles the keys a vector holds,
-   keys staying in order: 15 shuffle pairs for 16 keys, where 16 horizontal sums took about four
-   times the instructions (and scored one key at a time). */
+   keys staying in order: 15 shuffle pairs for 16 keys, where 16 horizontal sums take about four
+   times the instructions (and score one key at a time). */
 #define SUM_LEVEL(n, lo, hi) \
     for (int i = 0; i < (n) / 2; i++) \
         v[i] = __builtin_shuffle(v[2 * i], v[2 * i + 1], (i32v)lo) + \
@@ -1646,7 +1645,7 @@ static const f32v lane_index = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14
 static const f32v lane_index = {0, 1, 2, 3, 4, 5, 6, 7};
 #define ROW_GROUP 6           /* 12 accumulators and 2 keys of AVX2's 16 registers */
 /* The value sums 2 vectors of a row at once (head sizes are multiples of 16): 12 accumulators,
-   where 6 chains left half of AVX2's FMA throughput waiting on its latency. */
+   where 6 chains leave half of AVX2's FMA throughput waiting on its latency. */
 #define VALUE_VECS 2
 #endif
 
@@ -1788,7 +1787,7 @@ void mcpd_prefill_attention(int dtype, const void *q, int64_t q_stride, int64_t 
 /* ---- the decoder stack in one call ------------------------------------------------------ */
 
 /* Why one call: at batch 1 a layer's nine kernels take tens of microseconds each, and calling
-   them one by one from Python (ctypes, a fresh torch tensor per result) cost about as much
+   them one by one from Python (ctypes, a fresh torch tensor per result) costs about as much
    again. The loop below runs the same kernels in the same order as LlamaForCausalLM.forward
    does with the torch kernels, on scratch rows reused by every layer. */
 
@@ -1883,8 +1882,8 @@ static int one_decoding_row(int64_t t, const mcpd_group *groups, int64_t num_gro
    each of a layer's four products (a fork and a join each). Each thread keeps its own copy of the
    row's residual and does the row's norms and SiLU itself (microseconds, the same values), so the
    only waits are the five for what every thread needs whole: q/k/v, the attention, o, gate/up and
-   down. A thread rotates, stores and attends its own KV heads with no wait between, where one
-   thread attended every head while the others waited. Per value, the kernels, inputs and order of
+   down. A thread rotates, stores and attends its own KV heads with no wait between, rather than
+   one thread attending every head while the others wait. Per value, the kernels, inputs and order of
    the general path: the same bits. Scratch: delta, qkv, attended, gate_up of the one row. */
 INLINE void one_row_stack_body(int dtype, const mcpd_shape *s, const mcpd_layer *layers, int64_t num_layers,
                                void *residual, const float *rope, int64_t position, int64_t slot_block,
@@ -2001,9 +2000,9 @@ void mcpd_decoder_stack(int dtype, const mcpd_shape *s, const mcpd_layer *layers
 /* ---- greedy choice -------------------------------------------------------------------------- */
 
 /* out[r] = the index of row r's largest of n float32 logits: the first of equal maxima, and the
-   first NaN where a row has one (numpy's argmax, which the sampler used). One native call, where
-   converting the step's fresh logits to numpy and back cost ~70 us of a batch-1 decode step on
-   the issues' 2-vCPU EPYC (cold Python after the weights' stream; the argmax itself ~18 us). */
+   first NaN where a row has one (numpy's argmax, as TorchKernels.argmax takes it). One native
+   call: converting a step's fresh logits to numpy and back is cold Python after the weights'
+   stream, several times the argmax itself. */
 void mcpd_argmax(const float *y, int64_t m, int64_t n, int64_t *out) {
     for (int64_t r = 0; r < m; r++, y += n) {
         f32v best = splat(-INFINITY);

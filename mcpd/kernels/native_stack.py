@@ -1,7 +1,7 @@
 """A Llama model's whole decoder stack as one native call (mcpd_decoder_stack in kernels.c), and
 a lone sequence's greedy decode steps, several in one call (mcpd_greedy_steps).
 
-Calling the nine kernels of each layer one by one from Python cost about as much as running the
+Calling the nine kernels of each layer one by one from Python costs about as much as running the
 small ones (ctypes, a torch tensor for every result, attribute lookups): tens of microseconds a
 layer, hundreds a step. NativeStack describes the layers once, as C records of their weights'
 and caches' addresses, and each step hands over only the step's own arrays. The kernels and

@@ -1,10 +1,8 @@
 """Private memory on 2 MiB pages, for the weights a CPU step streams.
 
-A batch-1 decode step reads every weight once. On 4 KiB pages that is a TLB miss every 4 KiB
-(55k per step for 221 MB); on 2 MiB pages, one every 2 MiB. Measured on the issues' AVX-512
-EPYC, the native kernels' products over the 55M-parameter bench model's packed weights took
-2.35-2.49 ms a step on 2 MiB pages against 2.69-3.02 ms on 4 KiB pages, private or in
-/dev/shm alike (best of 300, alternating, same process): 15-20% of a decode step.
+A batch-1 decode step reads every weight once. On 4 KiB pages that is a TLB miss every 4 KiB;
+on 2 MiB pages, one every 2 MiB, so the step's products, which stream the weights, run faster
+on them. The page size is what counts, not whether the memory is private or in /dev/shm.
 
 Linux gives an anonymous private mapping 2 MiB pages when transparent huge pages are "always",
 or "madvise" and the mapping asks (MADV_HUGEPAGE), as arena() does. Shared memory follows its

@@ -5,9 +5,8 @@ page table, each a set of columns, then the pages.
 
 Columns rather than one record per slot: the arena's lookups scan a column with numpy (the
 8-byte key tags, the 1-byte states), and a contiguous column is read at memory speed while a
-field strided through 80-byte records drags every record's cache line along. With 131,072
-slots (256 MiB at one slot per 2 KiB) a tag scan reads 1 MiB, as the old record table's did for
-its 16,384 slots.
+field strided through 80-byte records drags every record's cache line along: with 131,072
+slots (256 MiB at one slot per 2 KiB) a tag scan reads 1 MiB, where records would drag 10 MiB.
 """
 from __future__ import annotations
 

@@ -1,9 +1,8 @@
 """A CPU step of decodes' input arrays, written into one kept buffer: no torch call a step.
 
 After a decode step has streamed the weights, each distinct torch call the next step's Python
-makes is cold: timed alone after a 160 MB read, torch.tensor of a short list took 105 us and a
-view 54. Building a batch-1 step's token ids and attention arrays
-with torch.tensor took 80-110 us. Here they are copied into one int64 tensor by one memmove, and
+makes is cold, even torch.tensor of a short list or a view, and a batch-1 step is short enough
+to feel each. Here its token ids and attention arrays are copied into one int64 tensor by one memmove, and
 the views the step hands on are made again only when the batch's shape changes (at batch 1,
 once every block_size tokens).
 

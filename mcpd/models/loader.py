@@ -140,7 +140,7 @@ def _hold(module: nn.Module, form: str) -> None:
 def on_device(model: nn.Module, device: torch.device) -> nn.Module:
     """nn.Module.to_empty, with torch.empty of each parameter's shape and dtype in place of
     torch.empty_like: empty_like of a meta tensor runs torch's Python reference, whose first use
-    imports sympy (0.3-0.4 s of CPU in every worker and standby that built a skeleton).
+    imports sympy (a heavy import, in every worker and standby that built a skeleton).
     A skeleton's parameters are contiguous, so the layout is the same."""
     return model._apply(lambda t: torch.empty(t.shape, dtype=t.dtype, device=device))
 

@@ -3,7 +3,7 @@
 The front-end decodes a client's sampling arguments into this struct (`decode`), once; the
 scheduler may shorten it (`capped`), and the engine reads it as it is. Every integer has both
 bounds: msgpack carries ints up to 2^64-1, and a value that passed here but overflowed the
-engine's int64 tensors would crash a worker (top_k = 2^63 did).
+engine's int64 tensors would crash a worker (top_k = 2^63, say).
 """
 from __future__ import annotations
 

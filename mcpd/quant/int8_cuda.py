@@ -23,10 +23,10 @@ the twin within that, and the model's agreement on a GPU (run where one is lent:
 
 Tile sizes: fixed per row count (ROWS_TILE, TILES), the fastest of a sweep on an H200 over a 7B
 Llama layer's matrices (bench/quantized.py on the card), rather than autotuned: no tuning at a
-worker's first steps, and the same tiles, so the same sums, in every run. Measured there, against
-bfloat16 torch: one row 1.3x faster; 2 to 512 rows 0.89x down to 0.4x (dequantizing in every
-tile costs more than the bytes save once rows share the weights; a dequantize-then-GEMM path
-measured no better at 256 and 512 rows).
+worker's first steps, and the same tiles, so the same sums, in every run. Against bfloat16
+torch the kernels win at one row and lose once rows share the weights: dequantizing in every
+tile then costs more than the bytes save (and a dequantize-then-GEMM path is no better at
+hundreds of rows).
 """
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """How many TCP connections one address may hold open to the front-end (limits.
 max_connections_per_address). Without a cap, one client opening connections and never closing
-them took the front-end's descriptors (systemd's default soft limit is 1,024; our unit sets
-65,536): every other client then waited until they closed (bench/redteam.py connection_flood:
-600 idle connections against a limit of 400, a client from another address unanswered). And
+them would take the front-end's descriptors (systemd's default soft limit is 1,024; our unit sets
+65,536): every other client would then wait until they closed (bench/redteam.py connection_flood
+plays it). And
 connections are what a client that takes libzmq's next routing ids for its own needs many of
 (sockets.router). A connection past the cap is cut as soon as its accept is reported, before it
 is served; the ipc endpoint is not capped (its peers are local users the kernel names). One count

@@ -10,7 +10,7 @@ import socket
 
 def wrap(fd: int) -> socket.socket | None:
     """The descriptor as a Python socket (detach() it after: it stays libzmq's); None when it is
-    closed already (Python checks it: EBADF raised out of the loop and lost the client message
+    closed already (Python checks it: EBADF would leave the loop and lose the client message
     whose reading had drained the reports)."""
     try:
         return socket.socket(socket.AF_INET, socket.SOCK_STREAM, 0, fileno=fd)

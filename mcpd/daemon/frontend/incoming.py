@@ -71,7 +71,7 @@ def give_large_buffers_back() -> None:
     """Make glibc map every buffer of a MiB or more on its own, and unmap it when freed. By default
     the threshold rises to the largest buffer freed so far (up to 32 MiB), after which frame
     buffers come from the heap, and a cut connection's frames stay resident once freed: the
-    process kept the peak of every half-sent message (16 slow senders: 75 MiB where 40 were held)."""
+    process would keep the peak of every half-sent message."""
     try:
         ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
     except OSError:

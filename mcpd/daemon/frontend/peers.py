@@ -13,7 +13,7 @@ reports an accept before the connection carries a byte, so the client's own acce
 by then: the descriptor's latest generation is the client's connection, or a later one when the
 client's closed and the descriptor went to another before its message was read. A report ends
 the clients filed under its connection, never a live client on a later one (a connection that
-never spoke, closed, once cost the next client on its descriptor its request).
+never spoke and closed must not cost the next client on its descriptor its request).
 
 - A client whose connection closed before its message was read is gone already: `seen` says so.
 - A client with a fixed routing id that reconnects is filed under its new connection; the old

@@ -149,8 +149,8 @@ class FrontEnd:
 
     # zmq's FD is edge-triggered: each reader drains its socket until EVENTS says nothing is left,
     # which re-arms the FD. A wake-up reads only the socket that woke it (each EVENTS check is a
-    # poll and a getpid in libzmq: checking all four twice per wake-up was ~20 system calls per
-    # ping), except that sending on the client socket processes its commands, so what a client
+    # poll and a getpid in libzmq: checking all four twice per wake-up would be ~20 system calls
+    # per ping), except that sending on the client socket processes its commands, so what a client
     # sent meanwhile may never fire the FD: whatever sends to clients reads them after.
 
     def _pump(self) -> None:
@@ -333,8 +333,8 @@ class FrontEnd:
 
 
 def _http_listener(config: Config, local: FrontendLink, address_cap: AddressCap, log):
-    """[http] listen's listener. Imported only then: aiohttp is 0.15 s of the front-end's CPU at
-    every start, for a listener few daemons open."""
+    """[http] listen's listener. Imported only then: aiohttp's import is a large share of the
+    front-end's CPU at every start, for a listener few daemons open."""
     from mcpd.http.server import HttpListener
 
     return HttpListener(config, local, address_cap, log)

@@ -37,7 +37,7 @@ class ForkServerLauncher:
         # The daemon's cores, taken before the supervisor reads a model's file. A library that
         # loads an OpenMP runtime (the gguf package's) under OMP_PROC_BIND binds the loading
         # thread to one core, and the fork server and every child would inherit that one core:
-        # a worker then found one core and ran one thread, beside all the daemon's processes.
+        # a worker would then find one core and run one thread, beside all the daemon's processes.
         self.cores = os.sched_getaffinity(0)
 
     def preload(self, specs: Iterable[ChildSpec]) -> None:

@@ -184,7 +184,7 @@ class Supervisor:
 
     def _serve_metrics(self) -> str | None:
         """The Prometheus endpoint's address where [metrics] listen is set, else None. Imported
-        only then: prometheus_client is 0.04 s of the supervisor's CPU at every start."""
+        only then: prometheus_client's import would cost the supervisor CPU at every start."""
         if not self.config.metrics.listen:
             return None
         from mcpd.daemon.supervisor import metrics

@@ -109,10 +109,10 @@ class Worker:
         return engine
 
     def _log_bfloat16_without_instructions(self, kernels: str) -> None:
-        """An operator's choice we keep, but never silently: torch's bf16 products ran at 0.14
-        GFLOP/s on an AVX2 EPYC, some hundred times slower than float32. The native kernels widen
-        the weights in registers: batch-1 decode reads half float32's bytes (1.7x its tokens/s
-        with the AVX2 kernels), a prefill runs at float32's pace."""
+        """An operator's choice we keep, but never silently: without bf16 instructions torch's
+        bf16 products run some hundred times slower than float32. The native kernels widen the
+        weights in registers: batch-1 decode reads half float32's bytes, so it outruns float32,
+        and a prefill runs at float32's pace."""
         where = "model.dtype = bfloat16 on a CPU without bf16 instructions (avx512_bf16, amx_bf16)"
         if kernels == "torch":
             self.log.warning("%s: expect it far slower than float32", where)
@@ -133,8 +133,8 @@ class Worker:
         import torch   # loaded with the engine
 
         # torch, the model and their libraries are some 350k objects that live as long as the
-        # process: frozen, a full collection walks only what serving made, not a stall of
-        # 50-500 ms that every request in flight waits for
+        # process: frozen, a full collection walks only what serving made, not a long stall
+        # that every request in flight waits for
         child.freeze_start_up()
         with torch.inference_mode():   # once for the loop, not each step (Engine.step says why)
             self._serve()
@@ -229,7 +229,7 @@ def stand_by(config: Config, index: int, device: str, promoted) -> None:
     from mcpd.models import skeleton
 
     # Builds the model's skeleton once: torch's first meta-device ops import its decompositions,
-    # 3-10 s of a promoted standby's start on a loaded machine, which then takes 0.04 s.
+    # which would otherwise take seconds of a promoted standby's start.
     skeleton(config.model, torch.device(device))
     log.info("standing by for worker %d", index)
     parent_pid = os.getppid()

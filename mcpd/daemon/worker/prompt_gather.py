@@ -2,8 +2,8 @@
 
 With nothing running, a step only admits prompts. A few rows cost about what one row costs (the
 kernels take up to a tile of rows through each weight panel in one pass), so a closed loop of
-clients whose requests arrive during the step before ran one arrival alone, then the others: two
-steps for one step's work. The step waits instead while three things say more are coming: fewer
+clients whose requests arrive during the step before would run one arrival alone, then the others:
+two steps for one step's work. The step waits instead while three things say more are coming: fewer
 prompts wait than the worker held at its recent fullest step (its peak), the first of them came
 within the wait's bound of the last step's end (the clients it just answered are coming back),
 and the bound has not passed since that arrival. The bound is the engine's last measured step

@@ -11,27 +11,22 @@ from mcpd.protocol.change_entry import PayloadMeta
 from mcpd.protocol.delta.field import FieldDelta, words
 
 
-# Level 1 beats 3 here: on a 64 MB XOR of a 1%-changed float32 array it packs to 1.67% (level 3:
-# 1.81%) in 25 ms (level 3: 40 ms). Worker threads made a one-shot compress slower on this
-# 2-core machine, but an XOR streamed to the compressor in windows gains from them: they pack
-# while this thread XORs the next window. XOR and pack of a 64 MB float32 array, medians on this
-# machine, 0 / 1 / 2 / 4 workers: 0.1% changed 24 / 17 / 16 / 17 ms; 1% 37 / 30 / 28 / 31 ms;
-# 10% 173 / 154 / 104 / 89 ms. Worker counts do not change the frame (zstd promises as much).
+# Level 1 rather than 3: on the XOR of a sparsely changed float array it packs at least as tightly,
+# in less time. An XOR streamed to the compressor in windows gains from worker threads (they pack
+# while this thread XORs the next window), where a one-shot compress on few cores would not; the
+# worker count does not change the frame (zstd promises as much).
 COMPRESSION_LEVEL = 1
 XOR_COMPRESSION_THREADS = 2
-# XOR deltas are mostly zero runs, which zstd's fast (negative) levels find as well as level 1:
-# a 1%-changed 64 MB float32 XOR packs to 1.66% at both -1 and 1, in 20 ms against 23 ms (two
-# workers; at 10% changed 13.9% against 13.6%). Below -1 the frames grow (-3: 1.93%).
+# XOR deltas are mostly zero runs, which zstd's fast (negative) levels find as well as level 1,
+# and sooner; below -1 the frames grow.
 XOR_COMPRESSION_LEVEL = -1
 # Large XORs are made, packed and (on apply) unpacked window by window: no payload-sized
 # intermediate, and each window is still in cache when the next step reads it.
 XOR_WINDOW_BYTES = 1 << 20
-# zstd only pays when it saves real bytes. Measured on 1 MiB at level 1: fresh float16/32/64 data
-# packs 1.04x-1.12x (normal, uniform, small weights); int32 token ids 1.44x, int64 ones 4x; XOR
-# deltas 1.33x with 70% of elements changed, 2.7x at 30%, 60x at 1%. Compressing costs about
-# 2-3 ms per MB (packing at 250-800 MB/s, unpacking at ~1 GB/s) while a 1 Gb/s link carries a MB
-# in 8 ms, so saving less than a fifth (ratio < 1.25) does not repay the time on any link this
-# daemon sits on; 1.25 also stays clear of fresh floats' 1.12 when a sample runs a little high.
+# zstd only pays when it saves real bytes: packing and unpacking a MB take a good share of the
+# 8 ms a 1 Gb/s link carries it in, so saving less than a fifth (ratio < 1.25) does not repay the
+# time on any link this daemon sits on. Fresh float data packs barely (about 1.1x), so 1.25 stays
+# clear of it when a sample runs a little high; token ids and sparse XORs pack well above it.
 MIN_SAMPLE_RATIO = 1.25
 # The sample is spread over the payload so that a change confined to one end (the first rows
 # rewritten, the rest untouched) does not decide for all of it.
