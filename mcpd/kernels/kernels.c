@@ -518,7 +518,8 @@ INLINE void tile_int8(const int16_t *x, const float *xs, int64_t rows, int64_t k
    float16 supers [n/16][k/256][2][16] (D, Dmin): d = D * sc and m = -Dmin * mb, both exact.
    Q6_K: the low nibbles so, highs [n/16][k/32][2][16][4] (byte [b][g][r][u]: row r's columns
    32b + 4g + u, + 8, + 16, + 24 at bits 0, 2, 4, 6), int8 scales [n/16][k/16][16] and supers D
-   [n/16][k/256][1][16]: w = (D * scale) * (q - 32), each half block (16 columns) its own scale. */
+   [n/16][k/256][1][16]: w = (D * scale) * (q - 32), each half block (16 columns) its own scale; the
+   AVX2 set's values and highs, the same sizes, hold them otherwise (q6_pair_avx2). */
 #define Q4_BLOCK 32
 #define Q4_HALF (Q4_BLOCK / 2)
 #define Q4K_SUPER 256
@@ -784,8 +785,8 @@ INLINE void rows_int4(int kind, x_q16 xq, int64_t rows, int64_t k, const uint8_t
    x_q16's pair in its low byte, 1 and 17 in its high one. For one row two masks and two shifts
    make int16 of them, columns 16 and 1 times 16 (w & 0xf0, (w >> 4) & 0xf0), summed apart and
    shifted back once a block: an operation a vector fewer than splitting bytes, and exact (a
-   block's terms are at most 16 * 15 * 32767, 16 to a lane: far within int32). Q6_K's 6-bit values
-   split bytes: times 16 they could overflow. Not float x times each panel dequantized once for all
+   block's terms are at most 16 * 15 * 32767, 16 to a lane: far within int32). Q6_K is packed its own
+   way for this set (q6_pair_avx2). Not float x times each panel dequantized once for all
    rows: an FMA makes 8 products where vpmaddwd makes 16, slower at every row count. */
 static inline __m256i x_pair(const int16_t *x) {   /* two int16 of x in every lane */
     int32_t pair;
@@ -801,22 +802,69 @@ static inline __m256i madd2(__m256i acc, __m256i w0, const int16_t *x0, __m256i 
     return acc;
 }
 
-/* Quad t of block b's Q6_K values, lanes v, into each row's low-half (lo) and high-half (hi) sums. */
-INLINE void q6_quad_avx2(x_q16 xq, int64_t rows, int64_t k, const uint8_t *p, const uint8_t *hb, int64_t b,
-                         int t, int v, __m256i lo[INT4_ROWS], __m256i hi[INT4_ROWS]) {
-    const __m256i nibbles = _mm256_set1_epi8(15), top_bits = _mm256_set1_epi8(0x30), bytes = _mm256_set1_epi16(0xff);
-    int shift = 2 * (t / 2);
-    __m256i w = _mm256_loadu_si256((const __m256i *)(p + (b * Q4_HALF + 4 * t) * PANEL + v * 4 * LANES));
-    __m256i top = _mm256_loadu_si256((const __m256i *)(hb + (b * Q6_HIGH_BYTES + 4 * (t % 2)) * PANEL + v * 4 * LANES));
-    __m256i low = _mm256_or_si256(_mm256_and_si256(w, nibbles), _mm256_and_si256(_mm256_slli_epi16(top, 4 - shift), top_bits));
-    __m256i high = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(w, 4), nibbles),
-                                   _mm256_and_si256(_mm256_srli_epi16(top, shift), top_bits));
-    __m256i low_even = _mm256_and_si256(low, bytes), low_odd = _mm256_srli_epi16(low, 8);
-    __m256i high_even = _mm256_and_si256(high, bytes), high_odd = _mm256_srli_epi16(high, 8);
+/* acc + w . x (vpmaddwd), held in a register as madd2's sum is. */
+static inline __m256i madd1(__m256i acc, __m256i w, __m256i x) {
+    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(w, x));
+    __asm__("" : "+x"(acc));
+    return acc;
+}
+
+/* Quads 2 pair and 2 pair + 1 of block b's Q6_K values, lanes v, into each row's low-half (lo) and
+   high-half (hi) sums. This set's Q6_K arrangement (native_kernels.py, _six_bit_ends) puts whole 6-bit
+   values at the ends of each 16-bit half of a lane, so that six of a pair's eight int16 vectors take one
+   mask or one shift, not the three to five that joining a nibble to its top bits takes; columns 0 and 2
+   of a quad are the others, times 64 (within int32: a pair sums four terms of at most 63 * 64 * 32767). */
+INLINE void q6_pair_avx2(x_q16 xq, int64_t rows, int64_t k, const uint8_t *p, const uint8_t *hb, int64_t b,
+                         int pair, int v, __m256i lo[INT4_ROWS], __m256i hi[INT4_ROWS]) {
+    const __m256i six = _mm256_set1_epi16(0x003f), middle = _mm256_set1_epi16(0x03c0), top = _mm256_set1_epi16(0x0c00);
+    int t = 2 * pair;
+    __m256i w0 = _mm256_loadu_si256((const __m256i *)(p + (b * Q4_HALF + 4 * t) * PANEL + v * 4 * LANES));
+    __m256i w1 = _mm256_loadu_si256((const __m256i *)(p + (b * Q4_HALF + 4 * t + 4) * PANEL + v * 4 * LANES));
+    __m256i h = _mm256_loadu_si256((const __m256i *)(hb + (b * Q6_HIGH_BYTES + 4 * pair) * PANEL + v * 4 * LANES));
+    __m256i odd0 = _mm256_and_si256(w0, six), odd1 = _mm256_and_si256(w1, six);                 /* columns 1, 3 of a quad, x64 below: 0, 2 */
+    __m256i high_even0 = _mm256_srli_epi16(w0, 10), high_even1 = _mm256_srli_epi16(w1, 10);   /* 16, 18 */
+    __m256i high_odd0 = _mm256_and_si256(h, six), high_odd1 = _mm256_srli_epi16(h, 10);       /* 17, 19 */
+    __m256i even0 = _mm256_or_si256(_mm256_and_si256(w0, middle), _mm256_and_si256(_mm256_slli_epi16(h, 4), top));
+    __m256i even1 = _mm256_or_si256(_mm256_and_si256(w1, middle), _mm256_and_si256(_mm256_slli_epi16(h, 2), top));
     for (int r = 0; r < rows; r++) {
-        const int16_t *x = xq.q + r * k + b * Q4_BLOCK + 4 * t;
-        lo[r] = madd2(lo[r], low_even, x, low_odd, x + 2);
-        hi[r] = madd2(hi[r], high_even, x + Q4_HALF, high_odd, x + Q4_HALF + 2);
+        const int16_t *x0 = xq.q + r * k + b * Q4_BLOCK + 4 * t, *x1 = x0 + 4;
+        __m256i times64 = _mm256_add_epi32(_mm256_madd_epi16(even0, x_pair(x0)), _mm256_madd_epi16(even1, x_pair(x1)));
+        lo[r] = madd2(_mm256_add_epi32(lo[r], _mm256_srai_epi32(times64, 6)), odd0, x0 + 2, odd1, x1 + 2);
+        hi[r] = madd2(hi[r], high_even0, x0 + Q4_HALF, high_odd0, x0 + Q4_HALF + 2);
+        hi[r] = madd2(hi[r], high_even1, x1 + Q4_HALF, high_odd1, x1 + Q4_HALF + 2);
+    }
+}
+
+/* v as it is, in a register: GCC otherwise folds a loaded vector into each instruction that
+   reads it, loading it again each time, and loads, two a cycle, bound the one-row loops. */
+static inline void held(__m256i *v) { __asm__("" : "+x"(*v)); }
+
+/* q6_pair_avx2 of one row, both vectors of the panel row at once (lo[v][0], hi[v][0]), an x pair
+   at a time: each broadcast pair multiplies both vectors' values and is then dead, so that the
+   sums, the masks and the loaded bytes fit in the 16 registers. */
+INLINE void q6_pair_one_avx2(x_q16 xq, const uint8_t *p, const uint8_t *hb, int64_t b, int pair,
+                             __m256i lo[VPP][INT4_ROWS], __m256i hi[VPP][INT4_ROWS]) {
+    const __m256i six = _mm256_set1_epi16(0x003f), middle = _mm256_set1_epi16(0x03c0), top = _mm256_set1_epi16(0x0c00);
+    const int16_t *x = xq.q + b * Q4_BLOCK + 8 * pair;
+    const uint8_t *at = p + (b * Q4_HALF + 8 * pair) * PANEL, *high_at = hb + (b * Q6_HIGH_BYTES + 4 * pair) * PANEL;
+    __m256i h[VPP], w[VPP], xx;
+    for (int v = 0; v < VPP; v++) h[v] = _mm256_loadu_si256((const __m256i *)(high_at + v * 4 * LANES)), held(&h[v]);
+    for (int q = 0; q < 2; q++, x += 4, at += 4 * PANEL) {   /* quads 2 pair + q */
+        for (int v = 0; v < VPP; v++) w[v] = _mm256_loadu_si256((const __m256i *)(at + v * 4 * LANES)), held(&w[v]);
+        xx = x_pair(x + 2);
+        for (int v = 0; v < VPP; v++) lo[v][0] = madd1(lo[v][0], _mm256_and_si256(w[v], six), xx);
+        xx = x_pair(x + Q4_HALF);
+        for (int v = 0; v < VPP; v++) hi[v][0] = madd1(hi[v][0], _mm256_srli_epi16(w[v], 10), xx);
+        xx = x_pair(x + Q4_HALF + 2);
+        for (int v = 0; v < VPP; v++)
+            hi[v][0] = madd1(hi[v][0], q ? _mm256_srli_epi16(h[v], 10) : _mm256_and_si256(h[v], six), xx);
+        xx = x_pair(x);
+        for (int v = 0; v < VPP; v++) {
+            __m256i times64 = _mm256_or_si256(_mm256_and_si256(w[v], middle),
+                                               _mm256_and_si256(_mm256_slli_epi16(h[v], 4 - 2 * q), top));
+            lo[v][0] = _mm256_add_epi32(lo[v][0], _mm256_srai_epi32(_mm256_madd_epi16(times64, xx), 6));
+            held(&lo[v][0]);
+        }
     }
 }
 
@@ -830,13 +878,6 @@ INLINE void q4_quad_avx2(x_q16 xq, const uint8_t *p, int64_t b, int t, int v, __
     const int16_t *x = xq.q + b * Q4_BLOCK + 4 * t;
     *ones = madd2(*ones, col0, x, col17, x + Q4_HALF + 2);
     *sixteens = madd2(*sixteens, col16, x + Q4_HALF, col1, x + 2);
-}
-
-/* acc + w . x (vpmaddwd), held in a register as madd2's sum is. */
-static inline __m256i madd1(__m256i acc, __m256i w, __m256i x) {
-    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(w, x));
-    __asm__("" : "+x"(acc));
-    return acc;
 }
 
 /* Quad t of block b's 4-bit values, both of a panel row's vectors, into each row's sums (ones[v][r]):
@@ -881,13 +922,16 @@ INLINE void rows_int4_avx2(int kind, x_q16 xq, int64_t rows, int64_t k, const ui
             __m256i lo[VPP][INT4_ROWS], hi[VPP][INT4_ROWS];   /* Q6_K: its halves' sums; the others: ones, sixteens (one row's) */
             for (int v = 0; v < together; v++)
                 for (int r = 0; r < rows; r++) lo[v][r] = hi[v][r] = _mm256_setzero_si256();
-#pragma GCC unroll 4   /* each quad's Q6_K highs shift a constant */
-            for (int t = 0; t < QUADS; t++)
-                if (paired) q4_quad_both_avx2(xq, rows, k, p[0], b, t, lo);
-                else for (int v = 0; v < together; v++) {
-                    if (kind == Q6_K) q6_quad_avx2(xq, rows, k, p[0], m[0], b, t, v0 + v, lo[v], hi[v]);
-                    else q4_quad_avx2(xq, p[0], b, t, v0 + v, &lo[v][0], &hi[v][0]);
-                }
+            if (kind == Q6_K)
+#pragma GCC unroll 2
+                for (int pair = 0; pair < QUADS / 2; pair++)
+                    if (rows == 1) q6_pair_one_avx2(xq, p[0], m[0], b, pair, lo, hi);
+                    else q6_pair_avx2(xq, rows, k, p[0], m[0], b, pair, v0, lo[0], hi[0]);
+            else
+#pragma GCC unroll 4
+                for (int t = 0; t < QUADS; t++)
+                    if (paired) q4_quad_both_avx2(xq, rows, k, p[0], b, t, lo);
+                    else for (int v = 0; v < together; v++) q4_quad_avx2(xq, p[0], b, t, v0 + v, &lo[v][0], &hi[v][0]);
             for (int v = 0; v < together; v++) {
                 f32v scale, scale_hi, min;
                 q4_scale_min(kind, d[0], m[0], s[0], b, v0 + v, &scale, &scale_hi, &min);
@@ -1289,6 +1333,22 @@ void mcpd_linear(int dtype, const void *x, int64_t m, int64_t k, const mcpd_matr
 /* Where column c's byte of panel row j lies in a block's quads ([c / 4][j][c % 4]). */
 static inline int64_t quad_byte(int64_t c, int64_t j) { return (c / 4 * PANEL + j) * 4 + c % 4; }
 
+/* Q6_K's 6-bit value of column c of block b of a panel's row j (bytes: panel_bytes'). */
+static int q6_at(const mcpd_matrix *w, const int64_t bytes[4], int64_t panel, int64_t b, int64_t c, int64_t j) {
+    const uint8_t *values = (const uint8_t *)w->panels + panel * bytes[0] + b * Q4_HALF * PANEL;
+    const uint8_t *highs = (const uint8_t *)w->highs + panel * bytes[2] + b * Q6_HIGH_BYTES * PANEL;
+#if LANES == 8 && defined(__AVX2__)   /* q6_pair_avx2's arrangement: 16-bit halves of lanes */
+    int64_t t = c % Q4_HALF / 4, half = j * 4 + c % 4 / 2 * 2;
+    int word = values[t * PANEL * 4 + half] | values[t * PANEL * 4 + half + 1] << 8;
+    int pair = highs[t / 2 * PANEL * 4 + half] | highs[t / 2 * PANEL * 4 + half + 1] << 8;
+    if (c < Q4_HALF) return c % 2 ? word & 63 : (word >> 6 & 15) | (pair >> (6 + 2 * (t % 2)) & 3) << 4;
+    return c % 2 ? (t % 2 ? pair >> 10 : pair & 63) : word >> 10;
+#else
+    uint8_t both = values[quad_byte(c % Q4_HALF, j)];
+    return (c < Q4_HALF ? both & 15 : both >> 4) | (highs[quad_byte(c % 8, j)] >> (2 * (c / 8)) & 3) << 4;
+#endif
+}
+
 /* Weight i of row `row` of w [n, k], as float32 (the dequantized weight of a quantized one). */
 static float weight_at(int dtype, const mcpd_matrix *w, int64_t k, int64_t row, int64_t i) {
     int64_t panel = row / PANEL, j = row % PANEL, bytes[4];
@@ -1298,11 +1358,9 @@ static float weight_at(int dtype, const mcpd_matrix *w, int64_t k, int64_t row, 
         uint8_t both = ((const uint8_t *)w->panels)[panel * bytes[0] + b * Q4_HALF * PANEL + quad_byte(i % Q4_HALF, j)];
         float q = i % Q4_BLOCK < Q4_HALF ? both & 15 : both >> 4;
         if (w->kind == Q6_K) {
-            int64_t c = i % Q4_BLOCK;
-            uint8_t high = ((const uint8_t *)w->highs)[panel * bytes[2] + b * Q6_HIGH_BYTES * PANEL + quad_byte(c % 8, j)];
             float d = (float)((const _Float16 *)w->supers)[panel * bytes[3] / 2 + i / Q4K_SUPER * PANEL + j];
             float scale = d * ((const int8_t *)w->scales)[panel * bytes[1] + i / 16 * PANEL + j];
-            return (q + ((high >> (2 * (c / 8))) & 3) * 16.0f - 32.0f) * scale;
+            return ((float)q6_at(w, bytes, panel, b, i % Q4_BLOCK, j) - 32.0f) * scale;
         }
         if (w->kind == Q4_K) {
             const _Float16 *super = (const _Float16 *)w->supers + panel * bytes[3] / 2 + i / Q4K_SUPER * 2 * PANEL + j;

@@ -9,7 +9,7 @@ chunks, reads the paged KV cache in place; the whole decoder stack runs as one c
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -34,7 +34,7 @@ class Packed:
     one is bytes [n/16, k/32, 4, 16, 4] (int4.py's bytes of a block, four of each of 16 rows
     at a time), its scales and (Q4_1) mins float16 [n/16, k/32, 16] (Q4_K: uint8, and supers
     float16 [n/16, k/256, 2, 16]; Q6_K: scales int8 [n/16, k/16, 16], highs [n/16, k/32, 2, 16, 4],
-    supers [n/16, k/256, 1, 16])."""
+    supers [n/16, k/256, 1, 16]; the AVX2 set's Q6_K values and highs: _six_bit_ends)."""
     panels: torch.Tensor
     n: int
     k: int
@@ -44,9 +44,10 @@ class Packed:
     highs: torch.Tensor | None = None
 
     @classmethod
-    def of(cls, weight: torch.Tensor | Int8Weight | Int4Weight) -> Packed:
+    def of(cls, weight: torch.Tensor | Int8Weight | Int4Weight, six_bit_ends: bool = False) -> Packed:
+        """six_bit_ends: Q6_K in the AVX2 set's arrangement (_six_bit_ends)."""
         if isinstance(weight, Int4Weight):
-            return cls._of_int4(weight)
+            return cls._of_int4(weight, six_bit_ends)
         if isinstance(weight, Int8Weight):
             if weight.values.shape[1] % 2:
                 raise ValueError(f"an int8 matrix of {weight.values.shape[1]} columns: the native kernels take pairs")
@@ -63,9 +64,11 @@ class Packed:
         return cls(panels.contiguous(), n, k)
 
     @classmethod
-    def _of_int4(cls, weight: Int4Weight) -> Packed:
+    def _of_int4(cls, weight: Int4Weight, six_bit_ends: bool) -> Packed:
         (n, k), pad = weight.shape, -weight.shape[0] % PANEL
         blocks = k // BLOCK
+        if six_bit_ends and weight.highs is not None:
+            weight = replace(weight, **_six_bit_ends(weight))
         panels = _in_quads(F.pad(weight.values, (0, 0, 0, pad)), blocks)
         scales, mins = (None if t is None else
                         F.pad(t, (0, 0, 0, pad)).view(-1, PANEL, t.shape[1]).transpose(1, 2).contiguous()
@@ -90,6 +93,26 @@ class Packed:
                              native.address(self.supers), native.address(self.highs))
 
 
+def _six_bit_ends(weight: Int4Weight) -> dict[str, torch.Tensor]:
+    """Q6_K's values and highs rearranged for the AVX2 kernels (kernels.c, q6_pair_avx2), bytes of the
+    same shapes: in each 16-bit half of a quad's lane (columns c, c + 1, c + 16, c + 17 of the block,
+    c = 4t + 2e) values holds c + 1 in bits 0-5, c's low nibble in 6-9 and c + 16 in 10-15; in each
+    pair of quads' lanes (t = 2p, 2p + 1) highs holds c + 17 of quad 2p in bits 0-5, the top two bits
+    of c of quad 2p in 6-7 and of quad 2p + 1 in 8-9, and c + 17 of quad 2p + 1 in 10-15."""
+    n, blocks = weight.values.shape[0], weight.values.shape[1] // (BLOCK // 2)
+    nibbles = weight.values.view(n, blocks, BLOCK // 2).int()
+    tops = (weight.highs.view(n, blocks, 1, 8).int() >> torch.arange(0, 8, 2, device=weight.highs.device)[:, None]) & 3
+    q = (torch.cat((nibbles & 15, nibbles >> 4), dim=2) + 16 * tops.reshape(n, blocks, BLOCK))
+    q = q.view(n, blocks, 2, 4, 2, 2)   # [half of the block][quad t][e][column's parity]
+    even, odd, high_even, high_odd = q[:, :, 0, ..., 0], q[:, :, 0, ..., 1], q[:, :, 1, ..., 0], q[:, :, 1, ..., 1]
+    values = odd | (even & 15) << 6 | high_even << 10   # [n, blocks, t, e]
+    tops = (even >> 4).view(n, blocks, 2, 2, 2)   # [pair][quad of the pair][e]
+    high_odd = high_odd.view(n, blocks, 2, 2, 2)
+    highs = high_odd[:, :, :, 0] | tops[:, :, :, 0] << 6 | tops[:, :, :, 1] << 8 | high_odd[:, :, :, 1] << 10
+    as_bytes = lambda halves: torch.stack((halves & 255, halves >> 8), dim=-1).to(torch.uint8).view(n, -1)
+    return {"values": as_bytes(values), "highs": as_bytes(highs)}
+
+
 def _in_quads(block_bytes: torch.Tensor, blocks: int) -> torch.Tensor:
     """Bytes [n, blocks * 4c] as [n/16, blocks, c, 16, 4]: each row's four bytes side by side, a
     32-bit lane of the integer dot products (kernels.c, x_q16_dot)."""
@@ -97,12 +120,14 @@ def _in_quads(block_bytes: torch.Tensor, blocks: int) -> torch.Tensor:
 
 
 class NativeKernels(TorchKernels):
-    form = "panels16-int8pairs-int4b32x4"   # every instruction set's tiles read these panels
+    form = "panels16-int8pairs-int4b32x4"   # every instruction set's tiles read these panels (AVX2: its own Q6_K)
     stacks_layers = True
 
     def __init__(self, isa: str) -> None:
         """isa: the instruction set they are built for (a key of native.ISAS); name says it."""
-        self.name = f"native-{isa}"
+        self.name, self.isa = f"native-{isa}", isa
+        if isa == "avx2":   # its own Q6_K arrangement: packed weights are not the AVX-512 set's
+            self.form = f"{self.form}-q6ends"
         self.lib = native.load(isa)
         self.codes = _DTYPE_CODES
         if self.lib.mcpd_max_threads() != torch.get_num_threads():
@@ -118,7 +143,7 @@ class NativeKernels(TorchKernels):
                 and head_dim % 16 == 0 and head_dim <= 256 and group <= 16)
 
     def prepare(self, weight):
-        return Packed.of(weight)
+        return Packed.of(weight, self.isa == "avx2")
 
     def embedding(self, ids, table, dtype):
         if not isinstance(table, Packed):
