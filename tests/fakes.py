@@ -4,13 +4,30 @@ the time a core reads, moved by the test."""
 from __future__ import annotations
 
 import itertools
+import logging
 import signal
 
 import msgpack
 
 from mcpd.config import Config
+from mcpd.contexts.persistence import open_store
 from mcpd.daemon import messages
+from mcpd.daemon.scheduler.core import Scheduler
 from mcpd.daemon.supervisor.process_table import ChildSpec, Standby
+from mcpd.memory import host_segment
+
+
+def scheduler_of(config: Config, ports, clock) -> Scheduler:
+    """A scheduler core with the context store its process would open for it (the host cache and
+    the journal, as `config` has them), logging to "test"."""
+    log = logging.getLogger("test")
+    return Scheduler(config, log, ports, open_store(config, host_segment.attach(config), log), clock)
+
+
+def decoded(frames: list[bytes]) -> tuple[messages.Message, list[bytes]]:
+    """A message as its receiving process hands it to a core: decoded, beside its payload frames
+    (the process modules decode; the cores take types)."""
+    return messages.decode(frames)
 
 
 class Events:

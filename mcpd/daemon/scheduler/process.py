@@ -15,10 +15,12 @@ import zmq
 
 from mcpd import sockets
 from mcpd.config import Config
+from mcpd.contexts.persistence import open_store
 from mcpd.daemon import channels, child, messages
 from mcpd.daemon.batch import Batch, each_message, each_routed_message
 from mcpd.daemon.child_stats import SchedulerStats
 from mcpd.daemon.scheduler.core import Scheduler, WorkerGone
+from mcpd.memory import host_segment
 from mcpd.security.keys import KeyStore
 
 IDLE_POLL_MS = 100
@@ -80,7 +82,7 @@ class SchedulerProcess:
         self.sockets = SchedulerSockets(config)
         self.context = self.sockets.context
         try:
-            self.scheduler = Scheduler(config, log, self.sockets)
+            self.scheduler = Scheduler(config, log, self.sockets, open_store(config, host_segment.attach(config), log))
         except BaseException:
             self.context.destroy(linger=0)
             raise

@@ -153,8 +153,7 @@ class SupervisorCore:
 
     # -- events from children -------------------------------------------------------------------
 
-    def on_event(self, frames: list[bytes]) -> None:
-        event, _ = messages.decode(frames)
+    def on_event(self, event: messages.Message) -> None:
         sender = event.sender
         if isinstance(event, messages.Refused):   # read after the child is gone: kept by incarnation
             self.refusal_reports[(sender.role, sender.index, sender.pid)] = event

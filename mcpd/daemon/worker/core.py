@@ -71,9 +71,8 @@ class ActiveRequest:
         return (len(self.text), len(self.token_ids)) != self.streamed[:2]
 
 
-def take_message(core, frames: list[bytes]) -> None:
+def take_message(core, message: messages.Message, payload: list[bytes]) -> None:
     """A scheduler's message to a worker's core (this WorkerCore, or handler_core's)."""
-    message, payload = messages.decode(frames)
     if isinstance(message, messages.Dispatch):
         core.on_dispatch(message, payload)
     elif isinstance(message, messages.Cancel):
@@ -118,8 +117,8 @@ class WorkerCore:
             return gather_ms if done_ms is None else min(gather_ms, done_ms)
         return idle_ms if done_ms is None else done_ms
 
-    def on_message(self, frames: list[bytes]) -> None:
-        take_message(self, frames)
+    def on_message(self, message: messages.Message, payload: list[bytes] = ()) -> None:
+        take_message(self, message, payload)
 
     # -- requests -------------------------------------------------------------------------------
 

@@ -195,12 +195,12 @@ class Worker:
         self.sockets.to_scheduler(messages.encode(messages.Stats(stats)))
         self.events.send(messages.Report, stats)
 
-    def _on_message(self, frames: list[bytes]) -> None:
-        if frames[0] == messages.Reload.TAG:
-            return live_config.apply(messages.decode(frames)[0], self.events)
-        if frames[0] == messages.Welcome.TAG:
+    def _on_message(self, message: messages.Message, payload: list[bytes]) -> None:
+        if isinstance(message, messages.Reload):
+            return live_config.apply(message, self.events)
+        if isinstance(message, messages.Welcome):
             return self._welcomed()
-        self.core.on_message(frames)
+        self.core.on_message(message, payload)
 
 
 _THREADS: tuple[int, bool] | None = None   # prepare_threads' result: once per process
