@@ -206,7 +206,7 @@ def test_the_next_batch_starts_before_the_ended_batchs_replies_are_sent(core):
     core.step()
     predicting_at_reply = []
     sent = core.ports.to_frontend
-    core.ports.to_frontend = lambda frames: (predicting_at_reply.append(core.running is not None), sent(frames))
+    core.ports.to_frontend = lambda *message: (predicting_at_reply.append(core.running is not None), sent(*message))
     finish_running(core)
     assert 0 in finals(core) and predicting_at_reply == [True]
     assert core.running.requests[0].rid == 1

@@ -51,10 +51,13 @@ class CorePorts:
     def __init__(self, outbox: Outbox, for_scheduler: Batch, events: child.EventReporter,
                  local: FrontendLink | None, peers: PeerLinks | None):
         self.to_client, self.backlogged = outbox.send, outbox.over_limit
-        self.to_scheduler, self.flush_to_scheduler = for_scheduler.add, for_scheduler.flush
+        self.for_scheduler, self.flush_to_scheduler = for_scheduler, for_scheduler.flush
         self.events = events
         self.to_local = local.deliver if local is not None else None
         self.peers = peers
+
+    def to_scheduler(self, message: messages.Message, *payload: bytes) -> None:
+        self.for_scheduler.add(messages.encode(message, *payload))
 
 
 class FrontEnd:

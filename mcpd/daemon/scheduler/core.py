@@ -71,6 +71,9 @@ from mcpd.protocol.error import ErrorReply
 
 
 
+Outgoing = tuple   # a message to a worker and its payload frames: (message, *payload)
+
+
 class WorkerGone(Exception):
     """A send found the worker's route gone: its next Hello brings it back. `sent`: how many of
     the messages went before it did."""
@@ -84,9 +87,9 @@ class Ports(Protocol):
     """Where the scheduler's messages go: sockets in the process (process.py), lists in tests."""
     events: child.EventReporter
 
-    def to_frontend(self, frames: list[bytes]) -> None: ...
+    def to_frontend(self, message: messages.Message, *payload: bytes) -> None: ...
 
-    def to_worker(self, identity: bytes, sends: list[list[bytes]]) -> int:
+    def to_worker(self, identity: bytes, sends: list[Outgoing]) -> int:
         """Sends the messages in order; how many went (the rest: the worker's queue is full for
         now). Raises WorkerGone."""
 
@@ -147,7 +150,7 @@ class Scheduler:
         dispatch_waiting(self, now)
         shed = self.admission.edge.look(self.config.scheduler)
         if shed is not None:
-            self.ports.to_frontend(messages.encode(shed))
+            self.ports.to_frontend(shed)
         if self.unloading:
             model_versions.finish_unloads(self)
         self.contexts.catch_up(now)
@@ -315,7 +318,7 @@ class Scheduler:
         if slot is not None:
             if code != codes.CANCELLED:
                 self._count_error(job.class_name, code)
-            self.send_worker(slot, [messages.encode(messages.Cancel(rid, code))])
+            self.send_worker(slot, [(messages.Cancel(rid, code),)])
 
     def _slot_of(self, rid: int) -> WorkerSlot | None:
         return next((s for s in self.workers.values() if rid in s.jobs), None)
@@ -331,7 +334,7 @@ class Scheduler:
             return [s for s in self.workers.values() if s.serves not in self.unloading]
         return [s for s in self.workers.values() if s.serves == served]
 
-    def send_worker(self, slot: WorkerSlot, sends: list[list[bytes]]) -> int:
+    def send_worker(self, slot: WorkerSlot, sends: list[Outgoing]) -> int:
         """How many of the messages went: fewer when the worker's queue is full for now (it stays
         in the rotation) or its route is gone (it leaves the rotation until its next Hello)."""
         try:
@@ -362,7 +365,7 @@ class Scheduler:
             worker_events.started(slot, message.rid)
         elif isinstance(message, messages.Chunk):   # a context turn's chunk: same path as its final
             if worker_events.started(slot, message.rid):
-                self.ports.to_frontend(messages.encode(message, *payload))
+                self.ports.to_frontend(message, *payload)
         elif isinstance(message, messages.TurnResult):
             if self.tracing is not None:
                 return self.tracing.commit_turn(self, slot, message)
@@ -374,7 +377,7 @@ class Scheduler:
                     self.contexts.end_turn(job.context)
                 self.shadow.failed(job.rid)
                 if job.rid >= 0:   # a shadow copy's answer goes nowhere
-                    self.ports.to_frontend(messages.encode(message, *payload))
+                    self.ports.to_frontend(message, *payload)
         elif isinstance(message, messages.Failed):
             worker_events.step_failed(self, slot, message.reason, message.rids)
 
@@ -397,7 +400,7 @@ class Scheduler:
     def reply(self, rid: int, header: bytes, payload: list[bytes] = (), code: str | None = None) -> None:
         """The final reply of `rid`: header and payload for the client; code: an error's, or None."""
         sent = time.monotonic() if self.tracing is not None else None   # the hop's start, for a traced request
-        self.ports.to_frontend(messages.encode(messages.Final(rid, code, sent), header, *payload))
+        self.ports.to_frontend(messages.Final(rid, code, sent), header, *payload)
 
     # -- the status report (status.py) ---------------------------------------------------------
 

@@ -127,11 +127,11 @@ class SupervisorPorts:
         sock.connect(channels.endpoint(runtime_dir, name))
         return sock
 
-    def to_scheduler(self, frames: list[bytes]) -> None:
-        self.scheduler.send_multipart(frames)
+    def to_scheduler(self, message: messages.Message) -> None:
+        self.scheduler.send_multipart(messages.encode(message))
 
-    def to_frontend(self, frames: list[bytes]) -> None:
-        self.frontend.send_multipart(frames)
+    def to_frontend(self, message: messages.Message) -> None:
+        self.frontend.send_multipart(messages.encode(message))
 
     def to_control(self, frames: list[bytes]) -> None:
         self.control.send_multipart(frames)

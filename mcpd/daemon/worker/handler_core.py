@@ -386,13 +386,13 @@ class HandlerCore:
         if self.tracing is not None:   # and the moment it is sent, for the hop's span
             self.tracing.ended(rid, code)
             sent = time.monotonic()
-        self.ports.to_frontend(messages.encode(messages.Final(rid, code, sent), header, *frames))
+        self.ports.to_frontend(messages.Final(rid, code, sent), header, *frames)
         self.done.add(rid, work)
 
     def flush_done(self) -> None:
         note = self.done.take(idle=not self.has_work)
         if note is not None:
-            self.ports.to_scheduler(messages.encode(note))
+            self.ports.to_scheduler(note)
 
 
 def _encoded(shown: dict[str, np.ndarray], names) -> CachedResult:
