@@ -4,13 +4,36 @@ the time a core reads, moved by the test."""
 from __future__ import annotations
 
 import itertools
+import logging
 import signal
 
 import msgpack
 
 from mcpd.config import Config
+from mcpd.contexts.persistence import open_store
 from mcpd.daemon import messages
+from mcpd.daemon.scheduler.core import Scheduler
 from mcpd.daemon.supervisor.process_table import ChildSpec, Standby
+from mcpd.memory import host_segment
+
+
+def scheduler_of(config: Config, ports, clock) -> Scheduler:
+    """A scheduler core with the context store its process would open for it (the host cache and
+    the journal, as `config` has them), logging to "test"."""
+    log = logging.getLogger("test")
+    return Scheduler(config, log, ports, open_store(config, host_segment.attach(config), log), clock)
+
+
+def sent(message: messages.Message, payload) -> tuple[messages.Message, list[bytes]]:
+    """What a core sent as its process's socket carries it: encoded, so that a message the one
+    encoding cannot carry fails here as it would there, and read back typed."""
+    return messages.decode(messages.encode(message, *payload))
+
+
+def decoded(frames: list[bytes]) -> tuple[messages.Message, list[bytes]]:
+    """A message as its receiving process hands it to a core: decoded, beside its payload frames
+    (the process modules decode; the cores take types)."""
+    return messages.decode(frames)
 
 
 class Events:
@@ -45,11 +68,11 @@ class Ports:
         self.flushed_at: list[int] = []   # a worker's early sends: the count of front-end messages before each
         self.scheduler_flushed_at: list[int] = []   # a front-end's, the count of scheduler messages before each
 
-    def to_frontend(self, frames):
-        self.frontend.append(messages.decode(frames))
+    def to_frontend(self, message, *payload):
+        self.frontend.append(sent(message, payload))
 
-    def to_scheduler(self, frames):
-        self.scheduler.append(messages.decode(frames))
+    def to_scheduler(self, message, *payload):
+        self.scheduler.append(sent(message, payload))
 
     def flush_to_scheduler(self):
         """A front-end sends what its turn holds now: marked by how many scheduler messages went before."""
@@ -62,7 +85,7 @@ class Ports:
     def to_worker(self, identity, sends):
         self.worker_sends += 1
         taken = sends[:self.worker_room]
-        self.workers += [(identity, *messages.decode(frames)) for frames in taken]
+        self.workers += [(identity, *sent(message, payload)) for message, *payload in taken]
         return len(taken)
 
     def to_client(self, identity, envelope, header, payload=(), rid=None, chunk=False) -> bool:

@@ -83,11 +83,11 @@ def test_batches_stay_under_the_count_and_byte_caps():
     assert sizes == [1, 1, 1, 1]
 
 
-def test_the_receiving_handlers_see_each_message_behind_its_routing_id():
+def test_the_receiving_handlers_see_each_message_decoded_behind_its_routing_id():
     seen = []
-    batch.each_message(seen.append)(messages.pack(SAMPLES[:2]))
-    batch.each_message(seen.append)(SAMPLES[3])
-    assert seen == [SAMPLES[0], SAMPLES[1], SAMPLES[3]]
+    batch.each_message(lambda *typed: seen.append(typed))(messages.pack(SAMPLES[:2]))
+    batch.each_message(lambda *typed: seen.append(typed))(SAMPLES[3])
+    assert seen == [messages.decode(SAMPLES[0]), messages.decode(SAMPLES[1]), messages.decode(SAMPLES[3])]
     routed = []
-    batch.each_routed_message(routed.append)([b"w0", *messages.pack(SAMPLES[2:])])
-    assert routed == [[b"w0", *SAMPLES[2]], [b"w0", *SAMPLES[3]]]
+    batch.each_routed_message(lambda *typed: routed.append(typed))([b"w0", *messages.pack(SAMPLES[2:])])
+    assert routed == [(b"w0", *messages.decode(SAMPLES[2])), (b"w0", *messages.decode(SAMPLES[3]))]

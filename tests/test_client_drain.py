@@ -27,7 +27,7 @@ class Loop:
     def __init__(self):
         self.core = FrontEndCore(from_dict({}), logging.getLogger("test"), Ports(), Clock(), first_rid=FIRST_RID)
         self.batch = Batch(self._send)
-        self.core.ports.to_scheduler = self.batch.add
+        self.core.ports.to_scheduler = lambda message, *payload: self.batch.add(messages.encode(message, *payload))
         self.waiting: list[list[bytes]] = []
         self.replies: list[tuple[messages.Message, list[bytes]]] = []
         self.handled = 0

@@ -3,7 +3,6 @@ core in-process: each turn runs on exactly the tokens that the same scheduler gi
 sending the whole message list, for the embedded template, ChatML, Llama 3 and SmolLM2's (a
 default system prompt), over ten turns whose answers end every way an answer can end."""
 import json
-import logging
 import tempfile
 from pathlib import Path
 
@@ -15,11 +14,10 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from mcpd.config import ModelConfig, from_dict
 from mcpd.contexts import chat
 from mcpd.daemon import messages
-from mcpd.daemon.scheduler.core import Scheduler
 from mcpd.protocol import codes
 from mcpd.protocol.args import ContextOpenArgs, ContextUpdateArgs, GenerateArgs
 from mcpd.tokenizer import load
-from fakes import Clock, Ports
+from fakes import Clock, Ports, decoded, scheduler_of
 from test_scheduler_core import dispatched, from_worker, hello, result
 from test_scheduler_core import request as inbound
 from tiny_checkpoints import CHATML_TEMPLATE, CORPUS
@@ -70,9 +68,9 @@ def turns(request):
     model = ModelConfig(path=str(write_model(Path(runtime_dir) / "model", spec)) if spec else "")
     config = from_dict({"server": {"runtime_dir": runtime_dir}, "cache": {"enabled": False},
                         "persistence": {"enabled": False}, "model": {"path": model.path}})
-    core = Scheduler(config, logging.getLogger("test"), Ports(), Clock())
+    core = scheduler_of(config, Ports(), Clock())
     hello(core, 11)
-    core.on_inbox(inbound(0, ContextOpenArgs(id="chat")))
+    core.on_inbox(*decoded(inbound(0, ContextOpenArgs(id="chat"))))
     return Turns(core, load(model), ends_with_eos=spec is not None)
 
 
@@ -87,7 +85,7 @@ class Turns:
     def dispatch(self, args: GenerateArgs) -> tuple[messages.Dispatch, list[int]]:
         """The dispatch the worker gets for it, and the tokens it runs on."""
         self.rid += 1
-        self.core.on_inbox(inbound(self.rid, args))
+        self.core.on_inbox(*decoded(inbound(self.rid, args)))
         self.core.tick()
         sent = dispatched(self.core)[-1]
         assert sent.rid == self.rid, self.core.ports.finals().get(self.rid)
@@ -158,9 +156,9 @@ def test_a_chat_record_the_tenant_spoiled_is_refused_and_the_context_stays_free(
         rid = 100 + base
         changes = [{"name": chat.FIELD, "kind": "set", "frame": 0,
                     "meta": {"type": "bytes", "codec": "raw", "nbytes": len(value)}}]
-        core.on_inbox([*inbound(rid, ContextUpdateArgs(id="chat", base=base, changes=changes)), value])
+        core.on_inbox(*decoded([*inbound(rid, ContextUpdateArgs(id="chat", base=base, changes=changes)), value]))
         assert core.ports.finals()[rid]["result"]["version"] == base + 1
-        core.on_inbox(inbound(rid + 50, GenerateArgs(messages=({"role": "user", "content": "hi"},), context="chat")))
+        core.on_inbox(*decoded(inbound(rid + 50, GenerateArgs(messages=({"role": "user", "content": "hi"},), context="chat"))))
         refused = core.ports.finals()[rid + 50]
         assert refused["code"] == codes.BAD_REQUEST and chat.FIELD in refused["message"]
     turns.dispatch(GenerateArgs(prompt="free", context="chat"))   # the refusals ended their turns

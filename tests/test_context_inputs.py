@@ -2,7 +2,6 @@
 is what its worker gets, as if the client had sent it; an append commits a sliding window as the
 context's next version before it stands for the input; every refusal leaves the context as it was.
 The daemon's side (the reply, a restart) is tests/test_handler_context_inputs.py's."""
-import logging
 import tempfile
 
 import numpy as np
@@ -15,7 +14,7 @@ from mcpd.handlers import tensors
 from mcpd.protocol import codes
 from mcpd.protocol import delta as codec
 from mcpd.protocol.args import ContextAppend, ContextOpenArgs, ContextUpdateArgs, GenerateArgs, InferArgs
-from fakes import Clock, Ports
+from fakes import Clock, Ports, decoded, scheduler_of
 
 FEATURES = 4
 MAX_FIELD_BYTES = 8192
@@ -35,11 +34,11 @@ def make_core(**limits) -> Scheduler:
         "limits": {"max_message_bytes": 1 << 16, "max_header_bytes": 8192, **limits},
         "contexts": {"max_field_bytes": MAX_FIELD_BYTES}, "routing": {"default_model": "risk"},
         "models": {"chat": {"versions": {"v1": {}}}, **{model: handler for model in SIGNATURES}}})
-    core = Scheduler(config, logging.getLogger("test"), Ports(), Clock())
-    core.on_worker([b"w0", *messages.encode(messages.Hello(0, 100, "cpu", "x", "float32", "chat", "v1"))])
+    core = scheduler_of(config, Ports(), Clock())
+    core.on_worker(b"w0", *decoded(messages.encode(messages.Hello(0, 100, "cpu", "x", "float32", "chat", "v1"))))
     for index, (model, inputs) in enumerate(SIGNATURES.items(), start=1):
         hello = messages.Hello(index, 100 + index, "cpu", "h", "", model, "v1", {"inputs": inputs, "outputs": {}})
-        core.on_worker([b"w%d" % index, *messages.encode(hello)])
+        core.on_worker(b"w%d" % index, *decoded(messages.encode(hello)))
     return core
 
 
@@ -49,7 +48,7 @@ def core():
 
 
 def send(core, rid: int, args, frames=(), tenant: str = "alice") -> None:
-    core.on_inbox(messages.encode(messages.Request(rid, rid, tenant, None, None, args), *frames))
+    core.on_inbox(*decoded(messages.encode(messages.Request(rid, rid, tenant, None, None, args), *frames)))
     core.tick()
 
 
@@ -199,10 +198,10 @@ def test_a_context_infer_that_broke_two_workers_is_refused_when_sent_again_befor
     window_worker = 1 + list(SIGNATURES).index("window")
     infer(user, 10, rows, **append)
     for pid in (200, 201):   # its worker dies; it runs again alone on the restarted one, which dies too
-        user.on_inbox(messages.encode(messages.WorkerLost(window_worker, user.workers[b"w%d" % window_worker].pid)))
+        user.on_inbox(*decoded(messages.encode(messages.WorkerLost(window_worker, user.workers[b"w%d" % window_worker].pid))))
         hello = messages.Hello(window_worker, pid, "cpu", "h", "", "window", "v1",
                                {"inputs": SIGNATURES["window"], "outputs": {}})
-        user.on_worker([b"w%d" % window_worker, *messages.encode(hello)])
+        user.on_worker(b"w%d" % window_worker, *decoded(messages.encode(hello)))
         user.tick()
     assert error_of(user, 10)["code"] == codes.WORKER_LOST and context(user).version == 2
     infer(user, 11, rows, **append)   # the same request again: known, refused, nothing appended

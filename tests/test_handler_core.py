@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import faulty_handlers
-from fakes import Clock, Ports
+from fakes import Clock, Ports, decoded
 from mcpd.config import Config, VersionConfig
 from mcpd.config.handlers import BatchingConfig
 from mcpd.daemon import messages, model_stats
@@ -55,7 +55,7 @@ def send(core, rid: int, inputs: dict, rank: int = 0, **args) -> None:
         headers.append(header)
         frames.append(frame)
     dispatch = messages.Dispatch(rid, f"req-{rid}", "t", rank, False, InferArgs(inputs=tuple(headers), **args))
-    core.on_message(messages.encode(dispatch, *frames))
+    core.on_message(*decoded(messages.encode(dispatch, *frames)))
 
 
 def finish_running(core) -> None:
@@ -206,7 +206,7 @@ def test_the_next_batch_starts_before_the_ended_batchs_replies_are_sent(core):
     core.step()
     predicting_at_reply = []
     sent = core.ports.to_frontend
-    core.ports.to_frontend = lambda frames: (predicting_at_reply.append(core.running is not None), sent(frames))
+    core.ports.to_frontend = lambda *message: (predicting_at_reply.append(core.running is not None), sent(*message))
     finish_running(core)
     assert 0 in finals(core) and predicting_at_reply == [True]
     assert core.running.requests[0].rid == 1
@@ -237,7 +237,7 @@ def test_bad_inputs_are_refused_naming_the_input(core, inputs, message):
 def test_a_frame_of_the_wrong_size_is_bad_input(core):
     header = TensorHeader("features", "FP32", (2, 256))
     dispatch = messages.Dispatch(1, "r", "t", 0, False, InferArgs(inputs=(header,)))
-    core.on_message(messages.encode(dispatch, features(1, 0).tobytes()))
+    core.on_message(*decoded(messages.encode(dispatch, features(1, 0).tobytes())))
     reply, _ = finals(core)[1]
     assert reply["code"] == codes.BAD_INPUT and "2048 bytes; its frame has 1024" in reply["message"]
 
@@ -270,8 +270,8 @@ def test_a_cancel_answers_a_waiting_request_and_one_in_the_running_batch(core):
     send(core, 1, {"features": features(2, 1)})
     core.step()                                        # 0 and 1 run
     send(core, 2, {"features": features(1, 2)})        # 2 waits
-    core.on_message(messages.encode(messages.Cancel(2, codes.CANCELLED)))
-    core.on_message(messages.encode(messages.Cancel(1, codes.DEADLINE_EXCEEDED)))
+    core.on_message(*decoded(messages.encode(messages.Cancel(2, codes.CANCELLED))))
+    core.on_message(*decoded(messages.encode(messages.Cancel(1, codes.DEADLINE_EXCEEDED))))
     replies = finals(core)
     assert replies[2][0]["code"] == codes.CANCELLED and replies[1][0]["code"] == codes.DEADLINE_EXCEEDED
     faulty_handlers.release_hung()
@@ -288,7 +288,7 @@ def test_a_hung_predict_is_answered_by_its_deadline_then_stops_the_worker():
         send(core, 0, {"features": features(1, 0, faulty_handlers.HANG)})
         core.clock.now += DELAY_S
         core.step()
-        core.on_message(messages.encode(messages.Cancel(0, codes.DEADLINE_EXCEEDED)))
+        core.on_message(*decoded(messages.encode(messages.Cancel(0, codes.DEADLINE_EXCEEDED))))
         assert finals(core)[0][0]["code"] == codes.DEADLINE_EXCEEDED
         core.clock.now += 4.0
         core.step()   # still within handler_timeout_s
@@ -303,7 +303,7 @@ def test_a_hung_predict_is_answered_by_its_deadline_then_stops_the_worker():
 
 
 def test_a_pings_done_note_waits_for_company_then_goes(core):
-    core.on_message(messages.encode(messages.Dispatch(5, "p", "t", 0, False, PingArgs())))
+    core.on_message(*decoded(messages.encode(messages.Dispatch(5, "p", "t", 0, False, PingArgs()))))
     assert finals(core)[5][0]["result"]["pong"] is True
     core.flush_done()   # a ping is no work: its note waits for others (done_notes.py)
     assert [m.rids for m, _ in core.ports.scheduler if isinstance(m, messages.Done)] == []

@@ -2,7 +2,6 @@
 to its version's workers with its input frames, costs its rows, and a handler lane holds enough
 requests per worker to fill batches; each kind's op is refused on the other kind; a flood on a
 full queue is refused without a pass over the workers' jobs for each arrival."""
-import logging
 import tempfile
 
 import pytest
@@ -10,12 +9,11 @@ import pytest
 from mcpd.config import from_dict
 from mcpd.daemon import messages, model_stats
 from mcpd.daemon.scheduler import core as scheduler_core
-from mcpd.daemon.scheduler.core import Scheduler
 from mcpd.daemon.scheduler.poison import PoisonList
 from mcpd.handlers.tensor_header import TensorHeader
 from mcpd.protocol import codes
 from mcpd.protocol.args import GenerateArgs, InferArgs
-from fakes import Clock, Ports
+from fakes import Clock, Ports, decoded, scheduler_of
 from test_scheduler_core import request
 
 MAX_BATCH = 8
@@ -32,9 +30,9 @@ def core():
         "models": {"chat": {"versions": {"v1": {}}},
                    "risk": {"versions": {"v1": {"handler": "mcpd.handlers.examples.risk_scorer:RiskRules",
                                                 "batching": {"max_batch_size": MAX_BATCH}}}}}})
-    core = Scheduler(config, logging.getLogger("test"), Ports(), Clock())
-    core.on_worker([b"w0", *messages.encode(messages.Hello(0, 100, "cpu", "x", "float32", "chat", "v1"))])
-    core.on_worker([b"w1", *messages.encode(messages.Hello(1, 101, "cpu", "h", "", "risk", "v1", SIGNATURE))])
+    core = scheduler_of(config, Ports(), Clock())
+    core.on_worker(b"w0", *decoded(messages.encode(messages.Hello(0, 100, "cpu", "x", "float32", "chat", "v1"))))
+    core.on_worker(b"w1", *decoded(messages.encode(messages.Hello(1, 101, "cpu", "h", "", "risk", "v1", SIGNATURE))))
     return core
 
 
@@ -44,7 +42,7 @@ def infer(rows: int, **args) -> InferArgs:
 
 def test_an_infer_goes_to_its_handlers_worker_with_its_frames_and_costs_its_rows(core):
     frame = bytes(3 * 4 * 4)
-    core.on_inbox(request(1, infer(3)) + [frame])   # no model: the default, a handler model
+    core.on_inbox(*decoded(request(1, infer(3)) + [frame]))   # no model: the default, a handler model
     core.tick()
     [(identity, dispatch, payload)] = [w for w in core.ports.workers if isinstance(w[1], messages.Dispatch)]
     assert identity == b"w1" and dispatch.args == infer(3) and payload == [frame]
@@ -53,7 +51,7 @@ def test_an_infer_goes_to_its_handlers_worker_with_its_frames_and_costs_its_rows
 
 def test_a_handler_lane_holds_two_batches_per_worker(core):
     for rid in range(3 * MAX_BATCH):
-        core.on_inbox(request(rid, infer(1)) + [bytes(16)])
+        core.on_inbox(*decoded(request(rid, infer(1)) + [bytes(16)]))
     core.tick()
     assert len(core.workers[b"w1"].jobs) == 2 * MAX_BATCH   # not scheduler.max_inflight_per_worker (2)
     assert core.queue.waiting_for(("risk", "v1")) == MAX_BATCH
@@ -64,7 +62,7 @@ def test_a_handler_lane_holds_two_batches_per_worker(core):
     (GenerateArgs(prompt="x", model="risk"), "model 'risk' is a handler model: use infer"),
 ])
 def test_an_op_for_the_other_kind_is_refused_naming_it(core, args, words):
-    core.on_inbox(request(1, args))
+    core.on_inbox(*decoded(request(1, args)))
     final = core.ports.finals()[1]
     assert final["code"] == codes.BAD_REQUEST and words in final["message"], final
     assert not core.jobs
@@ -97,10 +95,10 @@ def flooded(monkeypatch):
         "persistence": {"enabled": False}, "scheduler": {"max_queue": FLOOD_QUEUE, "max_inflight_per_worker": 2},
         "models": {"risk": {"versions": {"v1": {"handler": "mcpd.handlers.examples.risk_scorer:RiskRules",
                                                 "batching": {"max_batch_size": MAX_BATCH}}}}}})
-    core = Scheduler(config, logging.getLogger("test"), Ports(), Clock())
-    core.on_worker([b"w1", *messages.encode(messages.Hello(1, 101, "cpu", "h", "", "risk", "v1", SIGNATURE))])
+    core = scheduler_of(config, Ports(), Clock())
+    core.on_worker(b"w1", *decoded(messages.encode(messages.Hello(1, 101, "cpu", "h", "", "risk", "v1", SIGNATURE))))
     for rid in range(2 * MAX_BATCH + FLOOD_QUEUE):
-        core.on_inbox(request(rid, infer(1, model="risk")) + [bytes(16)])
+        core.on_inbox(*decoded(request(rid, infer(1, model="risk")) + [bytes(16)]))
     core.tick()
     assert len(core.workers[b"w1"].jobs) == 2 * MAX_BATCH and len(core.queue) == FLOOD_QUEUE
     looks = []
@@ -118,10 +116,10 @@ def test_a_flood_on_a_full_queue_is_refused_without_a_look_at_the_workers_until_
     core, looks = flooded
     flood = range(100, 100 + 50)
     for rid in flood:
-        core.on_inbox(request(rid, infer(1, model="risk")) + [bytes(16)])
+        core.on_inbox(*decoded(request(rid, infer(1, model="risk")) + [bytes(16)]))
     assert all(refused(core, rid) for rid in flood)
     assert looks == []   # nothing freed a worker's room since the last look: no pass over its jobs
-    core.on_worker([b"w1", *messages.encode(messages.Done([0]))])
-    core.on_inbox(request(200, infer(1, model="risk")) + [bytes(16)])
+    core.on_worker(b"w1", *decoded(messages.encode(messages.Done([0]))))
+    core.on_inbox(*decoded(request(200, infer(1, model="risk")) + [bytes(16)]))
     assert looks == [1] and not refused(core, 200)   # a waiting job took the seat; the newcomer its place
     assert 200 in core.jobs and len(core.workers[b"w1"].jobs) == 2 * MAX_BATCH

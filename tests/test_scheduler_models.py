@@ -1,6 +1,5 @@
 """The scheduler's core with a model table, in-process: each version's requests go to its own
 workers in their own lane, and an unload is answered once the version's requests are done."""
-import logging
 import tempfile
 
 import pytest
@@ -13,7 +12,7 @@ from mcpd.daemon.scheduler.fast_rung import FastRung
 from mcpd.protocol import codes
 from mcpd.protocol.args import ContextOpenArgs, GenerateArgs, PingArgs
 from mcpd.protocol.control_args import ModelVersion
-from fakes import Clock, Ports
+from fakes import Clock, Ports, decoded, scheduler_of
 from test_scheduler_core import request, result
 
 
@@ -23,12 +22,12 @@ def core():
     config = from_dict({"server": {"runtime_dir": runtime_dir}, "cache": {"enabled": False},
                         "persistence": {"enabled": False}, "scheduler": {"max_inflight_per_worker": 1},
                         "models": {"m": {"default": "a", "versions": {"a": {}, "b": {}}}}})
-    return Scheduler(config, logging.getLogger("test"), Ports(), Clock())
+    return scheduler_of(config, Ports(), Clock())
 
 
 def hello(core, index: int, version: str) -> None:
     identity = b"w%d" % index
-    core.on_worker([identity, *messages.encode(messages.Hello(index, 100 + index, "cpu", "x", "float32", "m", version))])
+    core.on_worker(identity, *decoded(messages.encode(messages.Hello(index, 100 + index, "cpu", "x", "float32", "m", version))))
 
 
 def sent_to(core) -> dict[int, bytes]:
@@ -39,7 +38,7 @@ def test_requests_go_to_their_versions_workers_and_a_full_version_blocks_no_othe
     hello(core, 0, "a")
     hello(core, 1, "b")
     for rid, version in ((1, "b"), (2, "b"), (3, "a")):   # b's second waits: its worker is full
-        core.on_inbox(request(rid, GenerateArgs(prompt="x", version=version)))
+        core.on_inbox(*decoded(request(rid, GenerateArgs(prompt="x", version=version))))
     core.tick()
     assert sent_to(core) == {1: b"w1", 3: b"w0"} and core.queue.waiting_for(("m", "b")) == 1
 
@@ -55,19 +54,19 @@ def flushes(core) -> list[bytes]:
 def test_an_unload_is_answered_once_the_versions_requests_are_done_and_their_finals_relayed(core):
     hello(core, 0, "a")
     hello(core, 1, "b")
-    core.on_inbox(request(1, GenerateArgs(prompt="x", version="b")))
-    core.on_inbox(request(2, GenerateArgs(prompt="x", version="b")))
+    core.on_inbox(*decoded(request(1, GenerateArgs(prompt="x", version="b"))))
+    core.on_inbox(*decoded(request(2, GenerateArgs(prompt="x", version="b"))))
     core.tick()
-    core.on_inbox(messages.encode(messages.Admin(7, "models.unload", ModelVersion("m", "b"))))
-    core.on_inbox(request(3, GenerateArgs(prompt="x", version="b")))   # after the op: refused
+    core.on_inbox(*decoded(messages.encode(messages.Admin(7, "models.unload", ModelVersion("m", "b")))))
+    core.on_inbox(*decoded(request(3, GenerateArgs(prompt="x", version="b"))))   # after the op: refused
     assert core.ports.finals()[3]["code"] == codes.UNKNOWN_MODEL
-    core.on_worker([b"w1", *messages.encode(messages.Done([1]))])
+    core.on_worker(b"w1", *decoded(messages.encode(messages.Done([1]))))
     core.tick()   # request 2, queued before the op, still runs on b
     assert unload_answers(core) == [] and sent_to(core)[2] == b"w1"
-    core.on_worker([b"w1", *messages.encode(messages.Done([2]))])
+    core.on_worker(b"w1", *decoded(messages.encode(messages.Done([2]))))
     core.tick()   # its final may still be on its way to the front-end
     assert unload_answers(core) == [] and flushes(core) == [b"w1"]
-    core.on_inbox(messages.encode(messages.Flushed(1)))
+    core.on_inbox(*decoded(messages.encode(messages.Flushed(1))))
     core.tick()
     assert unload_answers(core) == [(7, False)]
 
@@ -75,12 +74,12 @@ def test_an_unload_is_answered_once_the_versions_requests_are_done_and_their_fin
 def test_a_worker_lost_while_its_version_flushes_holds_no_unload_and_pings_avoid_it(core):
     hello(core, 0, "b")   # the first a ping would go to
     hello(core, 1, "a")
-    core.on_inbox(messages.encode(messages.Admin(7, "models.unload", ModelVersion("m", "b"))))
+    core.on_inbox(*decoded(messages.encode(messages.Admin(7, "models.unload", ModelVersion("m", "b")))))
     assert flushes(core) == [b"w0"]
-    core.on_inbox(request(1, PingArgs()))
+    core.on_inbox(*decoded(request(1, PingArgs())))
     core.tick()
     assert sent_to(core) == {1: b"w1"}   # not to b's worker: its Flushed must come after its last reply
-    core.on_inbox(messages.encode(messages.WorkerLost(0, 100)))
+    core.on_inbox(*decoded(messages.encode(messages.WorkerLost(0, 100))))
     core.tick()
     assert unload_answers(core) == [(7, False)]
 
@@ -89,15 +88,15 @@ def test_an_unload_sent_again_asks_again_and_a_full_worker_queue_is_asked_later(
     hello(core, 0, "a")
     hello(core, 1, "b")
     core.ports.worker_room = 0   # b's worker takes nothing for now
-    core.on_inbox(messages.encode(messages.Admin(7, "models.unload", ModelVersion("m", "b"))))
+    core.on_inbox(*decoded(messages.encode(messages.Admin(7, "models.unload", ModelVersion("m", "b")))))
     assert flushes(core) == [] and unload_answers(core) == []
     core.ports.worker_room = None
     core.tick()
     assert flushes(core) == [b"w1"]
     # its marker lost (a front-end restarting, say): the op times out and is sent again
-    core.on_inbox(messages.encode(messages.Admin(8, "models.unload", ModelVersion("m", "b"))))
+    core.on_inbox(*decoded(messages.encode(messages.Admin(8, "models.unload", ModelVersion("m", "b")))))
     assert flushes(core) == [b"w1", b"w1"]
-    core.on_inbox(messages.encode(messages.Flushed(1)))
+    core.on_inbox(*decoded(messages.encode(messages.Flushed(1))))
     core.tick()
     assert unload_answers(core) == [(7, False), (8, False)]
 
@@ -105,13 +104,13 @@ def test_an_unload_sent_again_asks_again_and_a_full_worker_queue_is_asked_later(
 def test_a_context_turn_remembers_the_version_that_holds_its_kv(core):
     hello(core, 0, "a")
     hello(core, 1, "b")
-    core.on_inbox(request(9, ContextOpenArgs(id="c")))
+    core.on_inbox(*decoded(request(9, ContextOpenArgs(id="c"))))
     for rid, version in ((1, "a"), (2, "b")):
-        core.on_inbox(request(rid, GenerateArgs(prompt="x", context="c", version=version)))
+        core.on_inbox(*decoded(request(rid, GenerateArgs(prompt="x", context="c", version=version))))
         core.tick()
         context = core.contexts.store.get("t", "c")
         assert context.kv_version == f"m/{version}"
-        core.on_worker([b"w%d" % (rid - 1), *messages.encode(messages.TurnResult(rid, result([]), [5]))])
+        core.on_worker(b"w%d" % (rid - 1), *decoded(messages.encode(messages.TurnResult(rid, result([]), [5]))))
 
 
 def shadowed_core(fraction: float):
@@ -120,7 +119,7 @@ def shadowed_core(fraction: float):
                         "persistence": {"enabled": False},
                         "models": {"m": {"default": "a", "shadow": "b", "shadow_fraction": fraction,
                                          "versions": {"a": {}, "b": {}}}}})
-    core = Scheduler(config, logging.getLogger("test"), Ports(), Clock())
+    core = scheduler_of(config, Ports(), Clock())
     hello(core, 0, "a")
     hello(core, 1, "b")
     return core
@@ -128,15 +127,15 @@ def shadowed_core(fraction: float):
 
 def test_a_shadowed_request_runs_on_both_versions_and_only_the_primary_answers():
     core = shadowed_core(1.0)
-    core.on_inbox(request(1, GenerateArgs(prompt="x", stream=True)))
+    core.on_inbox(*decoded(request(1, GenerateArgs(prompt="x", stream=True))))
     core.tick()
     sent = {identity: m for identity, m, _ in core.ports.workers if isinstance(m, messages.Dispatch)}
     primary, shadow = sent[b"w0"], sent[b"w1"]
     assert primary.compare and shadow.compare and shadow.rid < 0 and shadow.args.version == "b"
     assert not shadow.args.stream and shadow.args.sampling.logprobs and shadow.rank < primary.rank
-    core.on_worker([b"w1", *messages.encode(messages.TurnResult(shadow.rid, result([1, 2, 9]), []))])
+    core.on_worker(b"w1", *decoded(messages.encode(messages.TurnResult(shadow.rid, result([1, 2, 9]), []))))
     assert core.ports.finals() == {}   # the shadow's answer goes to no client
-    core.on_worker([b"w0", *messages.encode(messages.TurnResult(1, result([1, 2, 3]), []))])
+    core.on_worker(b"w0", *decoded(messages.encode(messages.TurnResult(1, result([1, 2, 3]), []))))
     assert core.ports.finals()[1]["result"]["token_ids"] == [1, 2, 3]
     figures = core.models_stats().models["m"].shadow
     assert (figures.compared, figures.identical, figures.mean_first_divergence) == (1, 0, 2.0)
@@ -145,14 +144,14 @@ def test_a_shadowed_request_runs_on_both_versions_and_only_the_primary_answers()
 def test_shadows_follow_their_fraction_and_are_shed_when_the_queue_is_deep():
     core = shadowed_core(0.25)
     for rid in range(1, 9):
-        core.on_inbox(request(rid, GenerateArgs(prompt="x")))
+        core.on_inbox(*decoded(request(rid, GenerateArgs(prompt="x"))))
     assert core.models_stats().models["m"].shadow.started == 2
     core.apply_config(from_dict({"server": {"runtime_dir": core.config.server.runtime_dir}, "cache": {"enabled": False},
                                  "persistence": {"enabled": False}, "scheduler": {"degrade_queue_depth": 1},
                                  "models": {"m": {"default": "a", "shadow": "b", "shadow_fraction": 0.25,
                                                   "versions": {"a": {}, "b": {}}}}}))
     for rid in range(9, 17):
-        core.on_inbox(request(rid, GenerateArgs(prompt="x")))
+        core.on_inbox(*decoded(request(rid, GenerateArgs(prompt="x"))))
     figures = core.models_stats().models["m"].shadow
     assert (figures.started, figures.shed) == (2, 2)
 
@@ -181,11 +180,11 @@ def class_waited_20_ms(fast_above_ms: float) -> Scheduler:
     """A core whose class "normal" measured a queueing p99 of 20 ms: one window adjustment's worth
     of requests, each dispatched 20 ms after it came."""
     config = fast_model_config(tempfile.mkdtemp(prefix="mcpd-c-", dir="/tmp"), fast_above_ms)
-    core = Scheduler(config, logging.getLogger("test"), Ports(), Clock())
+    core = scheduler_of(config, Ports(), Clock())
     hello(core, 0, "a")
     hello(core, 1, "b")
     for rid in range(1, 17):
-        core.on_inbox(request(rid, GenerateArgs(prompt="x")))
+        core.on_inbox(*decoded(request(rid, GenerateArgs(prompt="x"))))
     core.clock.now += 0.020
     core.tick()   # the window adjusts on the 16th dispatch, and the rung follows it at once
     return core
@@ -194,14 +193,14 @@ def class_waited_20_ms(fast_above_ms: float) -> Scheduler:
 def test_a_reload_that_lowers_a_classs_fast_target_below_its_p99_puts_it_on_the_rung_at_once():
     core = class_waited_20_ms(fast_above_ms=0.0)   # no target: never fast
     core.apply_config(fast_model_config(str(core.config.server.runtime_dir), fast_above_ms=5.0))
-    core.on_inbox(request(17, GenerateArgs(prompt="x", hints={"prefer_speed": True})))
+    core.on_inbox(*decoded(request(17, GenerateArgs(prompt="x", hints={"prefer_speed": True}))))
     assert core.jobs[17].served == ("m", "b")
 
 
 def test_requests_that_prefer_speed_go_fast_while_their_class_waits_too_long():
     core = class_waited_20_ms(fast_above_ms=5.0)
-    core.on_inbox(request(17, GenerateArgs(prompt="x", hints={"prefer_speed": True})))
-    core.on_inbox(request(18, GenerateArgs(prompt="x")))
+    core.on_inbox(*decoded(request(17, GenerateArgs(prompt="x", hints={"prefer_speed": True}))))
+    core.on_inbox(*decoded(request(18, GenerateArgs(prompt="x"))))
     assert core.jobs[17].served == ("m", "b") and core.jobs[18].served == ("m", "a")
     assert core.stats()["fast_rung"] == FastRungState(["normal"], 1)
 

@@ -19,7 +19,7 @@ from mcpd.protocol.control_results import ContextList, ContextSummary, VersionSt
 from mcpd.protocol.error import ErrorReply
 from mcpd.security.keys import KeyStore
 from mcpd.security.peer import PeerCred
-from fakes import Clock, SupervisorPorts
+from fakes import Clock, SupervisorPorts, decoded
 
 CONFIG = Config(workers=WorkersConfig(restart_backoff_s=1.0, restart_backoff_max_s=4.0))
 OPERATOR = PeerCred(uid=os.getuid(), gid=os.getgid(), pid=1)
@@ -39,7 +39,7 @@ def child(core: SupervisorCore, role: str):
 def event(core: SupervisorCore, kind, role: str, *fields, pid: int | None = None) -> None:
     """An event as child.EventReporter sends it, from the child's running process unless `pid` says."""
     sender = messages.Sender(role, 0, child(core, role).process.pid if pid is None else pid)
-    core.on_event(messages.encode(kind(sender, *fields)))
+    core.on_event(decoded(messages.encode(kind(sender, *fields)))[0])
 
 
 def ready_all(core: SupervisorCore) -> None:

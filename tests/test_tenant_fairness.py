@@ -1,11 +1,10 @@
 """Tenants share a class fairly, in-process: the fair queue's order by weight and tokens, a
 flood that leaves a newcomer a worker slot, each tenant's caps, and a full queue that a flood
 cannot hold against the others. The daemon end to end: test_noisy_neighbour.py."""
-import logging
 import tempfile
 
 import pytest
-from fakes import Clock, Ports
+from fakes import Clock, Ports, decoded, scheduler_of
 from test_scheduler_core import dispatched, from_worker, hello, request
 
 from mcpd.config import ConfigError, PriorityClass, from_dict
@@ -92,13 +91,13 @@ def core_with(**scheduler) -> Scheduler:
                 "cache": {"enabled": False}, "persistence": {"enabled": False},
                 "scheduler": {**scheduler, **({"tenants": tenants} if tenants else {}),
                               **({"classes": classes} if classes else {})}}
-    return Scheduler(from_dict(sections), logging.getLogger("test"), Ports(), Clock())
+    return scheduler_of(from_dict(sections), Ports(), Clock())
 
 
 def flood(core: Scheduler, tenant: str, rids, max_tokens: int = 200) -> None:
     for rid in rids:
         args = GenerateArgs(prompt=f"{tenant} {rid}", sampling=SamplingParams(max_tokens=max_tokens))
-        core.on_inbox(request(rid, args, tenant=tenant))
+        core.on_inbox(*decoded(request(rid, args, tenant=tenant)))
     core.tick()
 
 

@@ -19,7 +19,7 @@ from mcpd.protocol import codes
 from mcpd.protocol.args import GenerateArgs, PingArgs
 from mcpd.protocol.results import Degraded, GenerateResult, Usage
 from mcpd.protocol.sampling import SamplingParams
-from fakes import Clock, Ports
+from fakes import Clock, Ports, decoded
 
 CONFIG = Config(model=ModelConfig(max_model_len=512), engine=EngineConfig(pool_bytes=16 << 20),
                 limits=LimitsConfig(max_prompt_tokens=64))
@@ -43,7 +43,7 @@ def dispatch(core, rid: int, args, turn: bool = False, history: list[int] | None
         if isinstance(args, GenerateArgs) else []
     message = messages.Dispatch(rid, f"req-{rid}", "t", 0, turn, args, ids, degraded=degraded)
     payload = [np.asarray(history or [], np.int32).tobytes()] if turn else []
-    core.on_message(messages.encode(message, *payload))
+    core.on_message(*decoded(messages.encode(message, *payload)))
 
 
 def run_until_idle(core, tick_s: float = 0.0) -> None:
@@ -89,7 +89,7 @@ def test_a_ping_is_answered_without_the_engine(core):
 
 def test_a_flush_puts_a_flushed_marker_behind_every_reply_sent(core):
     dispatch(core, 2, PingArgs())
-    core.on_message(messages.encode(messages.Flush()))
+    core.on_message(*decoded(messages.encode(messages.Flush())))
     assert [type(m) for m, _ in core.ports.frontend] == [messages.Final, messages.Flushed]
     assert core.ports.frontend[1][0] == messages.Flushed(3)
 
@@ -116,9 +116,9 @@ def test_a_cancel_frees_the_request_and_answers_with_its_code(core, engine):
     dispatch(core, 1, greedy(50))
     dispatch(core, 2, greedy(50))
     core.step()
-    core.on_message(messages.encode(messages.Cancel(1, codes.DEADLINE_EXCEEDED)))
-    core.on_message(messages.encode(messages.Cancel(2, codes.OVERLOADED)))
-    core.on_message(messages.encode(messages.Cancel(9, codes.CANCELLED)))   # not here: nothing to do
+    core.on_message(*decoded(messages.encode(messages.Cancel(1, codes.DEADLINE_EXCEEDED))))
+    core.on_message(*decoded(messages.encode(messages.Cancel(2, codes.OVERLOADED))))
+    core.on_message(*decoded(messages.encode(messages.Cancel(9, codes.CANCELLED))))   # not here: nothing to do
     run_until_idle(core)
     finals = {m.rid: (m.code, reply) for m, reply in replies(core.ports.frontend, messages.Final)}
     assert finals[1][0] == finals[1][1]["code"] == codes.DEADLINE_EXCEEDED

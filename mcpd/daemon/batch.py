@@ -56,19 +56,20 @@ class Batch:
         return min(len(self.held), MAX_MESSAGES)
 
 
-def each_message(handle: Callable[[list[bytes]], None]) -> Callable[[list[bytes]], None]:
-    """A drain handler that hands `handle` every message a receive brought (one, or a batch's)."""
+def each_message(handle: Callable[[messages.Message, list[bytes]], None]) -> Callable[[list[bytes]], None]:
+    """A drain handler that hands `handle` every message a receive brought (one, or a batch's),
+    decoded: the typed message and its payload frames. The processes decode; their cores take types."""
     def take(frames: list[bytes]) -> None:
         for message in messages.unpack(frames):
-            handle(message)
+            handle(*messages.decode(message))
     return take
 
 
-def each_routed_message(handle: Callable[[list[bytes]], None]) -> Callable[[list[bytes]], None]:
+def each_routed_message(handle: Callable[[bytes, messages.Message, list[bytes]], None]) -> Callable[[list[bytes]], None]:
     """each_message for a ROUTER's receive: the routing id first, then a message or a batch; each
-    message goes to `handle` behind the routing id."""
+    message goes to `handle` decoded, behind the routing id."""
     def take(frames: list[bytes]) -> None:
         identity = frames[0]
         for message in messages.unpack(frames[1:]):
-            handle([identity, *message])
+            handle(identity, *messages.decode(message))
     return take

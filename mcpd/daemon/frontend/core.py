@@ -66,7 +66,7 @@ class Ports(Protocol):
     def to_local(self, header: bytes, payload: tuple[bytes, ...]) -> None:
         """A reply for the in-process HTTP listener."""
 
-    def to_scheduler(self, frames: list[bytes]) -> None: ...
+    def to_scheduler(self, message: messages.Message, *payload: bytes) -> None: ...
 
     def flush_to_scheduler(self) -> None:
         """Send what the turn holds for the scheduler now, not when the turn ends."""
@@ -193,7 +193,7 @@ class FrontEndCore:
         self.metrics.started(rid, op, cls, tenant, self.labels.model_of(args))
         if self.forwarding is not None and self.forwarding.forward(rid, header, request.payload, tenant, args):
             return
-        self.ports.to_scheduler(messages.encode(admitted, *request.payload))
+        self.ports.to_scheduler(admitted, *request.payload)
         if cls in self.labels.urgent:   # not held while the rest of the turn's flood is read
             self.ports.flush_to_scheduler()
 
@@ -216,7 +216,7 @@ class FrontEndCore:
         """Its final is `code`: the scheduler's to send, or sent here for a request forwarded to its owner."""
         if self.forwarding is not None and self.forwarding.cancel(rid):
             return self._finish_with_error(rid, code, f"the request was stopped ({code})")
-        self.ports.to_scheduler(messages.encode(messages.Cancel(rid, code)))
+        self.ports.to_scheduler(messages.Cancel(rid, code))
 
     def _send(self, identity: bytes | object, envelope: tuple[bytes, ...], header: bytes, payload=(),
               rid: int | None = None, chunk: bool = False) -> None:
@@ -265,7 +265,7 @@ class FrontEndCore:
         if isinstance(message, (messages.Chunk, messages.Final)):
             return self._relay(message, payload)
         if isinstance(message, messages.Flushed):   # the worker's replies before it are relayed: tell the scheduler
-            return self.ports.to_scheduler(messages.encode(message))
+            return self.ports.to_scheduler(message)
         if isinstance(message, messages.Reload):
             config = live_config.apply(message, self.ports.events)
             self.config = dataclasses.replace(self.config, scheduler=config.scheduler)   # live, as the scheduler takes it

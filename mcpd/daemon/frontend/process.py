@@ -23,7 +23,7 @@ from zmq.utils.monitor import parse_monitor_message
 from mcpd import sockets
 from mcpd.config import Config
 from mcpd.daemon import channels, child, messages
-from mcpd.daemon.batch import Batch, each_message
+from mcpd.daemon.batch import Batch
 from mcpd.daemon.child_stats import FrontendStats, IncomingStats
 from mcpd.daemon.frontend.address_cap import AddressCap
 from mcpd.daemon.frontend.client_drain import BATCH, ClientDrain
@@ -51,10 +51,13 @@ class CorePorts:
     def __init__(self, outbox: Outbox, for_scheduler: Batch, events: child.EventReporter,
                  local: FrontendLink | None, peers: PeerLinks | None):
         self.to_client, self.backlogged = outbox.send, outbox.over_limit
-        self.to_scheduler, self.flush_to_scheduler = for_scheduler.add, for_scheduler.flush
+        self.for_scheduler, self.flush_to_scheduler = for_scheduler, for_scheduler.flush
         self.events = events
         self.to_local = local.deliver if local is not None else None
         self.peers = peers
+
+    def to_scheduler(self, message: messages.Message, *payload: bytes) -> None:
+        self.for_scheduler.add(messages.encode(message, *payload))
 
 
 class FrontEnd:
@@ -78,7 +81,6 @@ class FrontEnd:
         self.to_scheduler = self._socket(zmq.PUSH, sockets.SCHED_IPC, bind=False)
         self.for_scheduler = Batch(partial(channels.send_frames, self.to_scheduler, flags=channels.NOBLOCK))
         self.from_scheduler = self._socket(zmq.PULL, sockets.FRONTEND_IPC, bind=True)
-        self.on_replies = each_message(self._on_reply)   # built once: a drain runs per reply
         self.client_drain = ClientDrain(self._take_clients, self.for_scheduler.flush, self._take_replies)
         self.events = child.EventReporter(self.context, config, "frontend")
         self.parent_pid = os.getppid()
@@ -295,9 +297,14 @@ class FrontEnd:
 
     # -- scheduler side -------------------------------------------------------------------------
 
+    def on_replies(self, frames: list[bytes]) -> None:
+        """A receive's messages from the scheduler and the workers (one, or a batch's)."""
+        for message in messages.unpack(frames):
+            self._on_reply(message)
+
     def _on_reply(self, frames: list[bytes]) -> None:
-        """One message of the scheduler's. A fault handling it is logged and stops there: the rest
-        of the batch it came in still reaches its clients."""
+        """One message, decoded here for the core. A fault decoding or handling it is logged and
+        stops there: the rest of the batch it came in still reaches its clients."""
         try:
             self.core.on_scheduler(*messages.decode(frames))
         except Exception:   # noqa: BLE001 - one bad message must not cost the others theirs

@@ -102,5 +102,5 @@ def reload(scheduler, reload: messages.Reload) -> None:
     applied = live_config.apply_log_level(reload.config) + scheduler.apply_config(reload.config)
     for slot in scheduler.workers.values():
         if slot.ready:
-            scheduler.send_worker(slot, [messages.encode(reload)])
+            scheduler.send_worker(slot, [(reload,)])
     scheduler.events.send(messages.Reloaded, reload.token, applied)

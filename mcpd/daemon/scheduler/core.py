@@ -46,7 +46,7 @@ from typing import Collection, Protocol
 from mcpd import tokenizer, tracing
 from mcpd.config import Config, SchedulerConfig
 from mcpd.contexts import service as contexts
-from mcpd.contexts.persistence import open_store
+from mcpd.contexts.persistence import Persistence
 from mcpd.contexts.service import ContextService
 from mcpd.daemon import channels, child, messages, model_stats
 from mcpd.daemon.frontend.latency import LatencyWindow
@@ -64,12 +64,14 @@ from mcpd.daemon.scheduler.shadow import ShadowBook
 from mcpd.daemon.scheduler.traffic import Traffic
 from mcpd.daemon.scheduler.unload import Unload
 from mcpd.histogram import Histogram
-from mcpd.memory import host_segment
 from mcpd.protocol import codes, control_results, wire
 from mcpd.protocol.args import GenerateArgs, InferArgs
 from mcpd.protocol.codes import MCPDError
 from mcpd.protocol.error import ErrorReply
 
+
+
+Outgoing = tuple   # a message to a worker and its payload frames: (message, *payload)
 
 
 class WorkerGone(Exception):
@@ -85,18 +87,20 @@ class Ports(Protocol):
     """Where the scheduler's messages go: sockets in the process (process.py), lists in tests."""
     events: child.EventReporter
 
-    def to_frontend(self, frames: list[bytes]) -> None: ...
+    def to_frontend(self, message: messages.Message, *payload: bytes) -> None: ...
 
-    def to_worker(self, identity: bytes, sends: list[list[bytes]]) -> int:
+    def to_worker(self, identity: bytes, sends: list[Outgoing]) -> int:
         """Sends the messages in order; how many went (the rest: the worker's queue is full for
         now). Raises WorkerGone."""
 
 
 class Scheduler:
-    """The scheduler's core: takes messages (on_inbox, on_worker) and time (tick, with `clock`),
-    sends messages through its ports, and owns no socket."""
+    """The scheduler's core: takes typed messages (on_inbox, on_worker) and time (tick, with
+    `clock`), sends messages through its ports; owns no socket, shared memory or file: its
+    process opens the context store (`persistence`, with the host cache and the journal)."""
 
-    def __init__(self, config: Config, log: logging.Logger, ports: Ports, clock=time.monotonic):
+    def __init__(self, config: Config, log: logging.Logger, ports: Ports, persistence: Persistence,
+                 clock=time.monotonic):
         self.config, self.log, self.ports, self.clock = config, log, ports, clock
         self.events = ports.events
         sched = config.scheduler
@@ -110,8 +114,7 @@ class Scheduler:
         self.answer_latency = LatencyWindow()
         self.poison = PoisonList()
         self.workers: dict[bytes, WorkerSlot] = {}
-        self.host_cache = host_segment.attach(config)
-        self.persistence = open_store(config, self.host_cache, self.log)
+        self.persistence = persistence
         self.contexts = ContextService(self.persistence)
         self.traffic = Traffic(config.model_table, config.default_model)
         self.tokenizers: dict[tuple[str, str], tokenizer.Tokenizer] = {}   # by (model, version), loaded when first used
@@ -147,7 +150,7 @@ class Scheduler:
         dispatch_waiting(self, now)
         shed = self.admission.edge.look(self.config.scheduler)
         if shed is not None:
-            self.ports.to_frontend(messages.encode(shed))
+            self.ports.to_frontend(shed)
         if self.unloading:
             model_versions.finish_unloads(self)
         self.contexts.catch_up(now)
@@ -183,8 +186,7 @@ class Scheduler:
 
     # -- from the front-end and the supervisor --------------------------------------------------
 
-    def on_inbox(self, frames: list[bytes]) -> None:
-        message, payload = messages.decode(frames)
+    def on_inbox(self, message: messages.Message, payload: list[bytes] = ()) -> None:
         if isinstance(message, messages.Request):
             now = self.clock()   # its arrival, by this clock: its wait on the way, its age in the queue
             if message.received is not None:
@@ -316,7 +318,7 @@ class Scheduler:
         if slot is not None:
             if code != codes.CANCELLED:
                 self._count_error(job.class_name, code)
-            self.send_worker(slot, [messages.encode(messages.Cancel(rid, code))])
+            self.send_worker(slot, [(messages.Cancel(rid, code),)])
 
     def _slot_of(self, rid: int) -> WorkerSlot | None:
         return next((s for s in self.workers.values() if rid in s.jobs), None)
@@ -332,7 +334,7 @@ class Scheduler:
             return [s for s in self.workers.values() if s.serves not in self.unloading]
         return [s for s in self.workers.values() if s.serves == served]
 
-    def send_worker(self, slot: WorkerSlot, sends: list[list[bytes]]) -> int:
+    def send_worker(self, slot: WorkerSlot, sends: list[Outgoing]) -> int:
         """How many of the messages went: fewer when the worker's queue is full for now (it stays
         in the rotation) or its route is gone (it leaves the rotation until its next Hello)."""
         try:
@@ -341,9 +343,7 @@ class Scheduler:
             slot.ready = False
             return gone.sent
 
-    def on_worker(self, frames: list[bytes]) -> None:
-        identity = frames[0]
-        message, payload = messages.decode(frames[1:])
+    def on_worker(self, identity: bytes, message: messages.Message, payload: list[bytes] = ()) -> None:
         slot = self.workers.get(identity)
         if isinstance(message, messages.Done):   # the usual note, looked for first: every request ends with one
             if slot is not None:
@@ -365,7 +365,7 @@ class Scheduler:
             worker_events.started(slot, message.rid)
         elif isinstance(message, messages.Chunk):   # a context turn's chunk: same path as its final
             if worker_events.started(slot, message.rid):
-                self.ports.to_frontend(frames[1:])
+                self.ports.to_frontend(message, *payload)
         elif isinstance(message, messages.TurnResult):
             if self.tracing is not None:
                 return self.tracing.commit_turn(self, slot, message)
@@ -377,7 +377,7 @@ class Scheduler:
                     self.contexts.end_turn(job.context)
                 self.shadow.failed(job.rid)
                 if job.rid >= 0:   # a shadow copy's answer goes nowhere
-                    self.ports.to_frontend(frames[1:])
+                    self.ports.to_frontend(message, *payload)
         elif isinstance(message, messages.Failed):
             worker_events.step_failed(self, slot, message.reason, message.rids)
 
@@ -400,7 +400,7 @@ class Scheduler:
     def reply(self, rid: int, header: bytes, payload: list[bytes] = (), code: str | None = None) -> None:
         """The final reply of `rid`: header and payload for the client; code: an error's, or None."""
         sent = time.monotonic() if self.tracing is not None else None   # the hop's start, for a traced request
-        self.ports.to_frontend(messages.encode(messages.Final(rid, code, sent), header, *payload))
+        self.ports.to_frontend(messages.Final(rid, code, sent), header, *payload)
 
     # -- the status report (status.py) ---------------------------------------------------------
 

@@ -76,12 +76,12 @@ def _send_jobs(scheduler, slot: WorkerSlot, group: list[Job], now: float) -> boo
     return sent == len(group)
 
 
-def _dispatch_of(job: Job) -> list[bytes]:
+def _dispatch_of(job: Job) -> tuple:
     request = job.request
     message = messages.Dispatch(job.rid, request.request_id, request.tenant, job.rank, job.context is not None,
                                 request.args, job.prompt_ids, job.compare, job.degraded, request.trace,
                                 job.context_version, time.monotonic() if request.trace else None)
-    return messages.encode(message, *_frames_of(job))
+    return message, *_frames_of(job)
 
 
 def _frames_of(job: Job) -> list[bytes]:

@@ -122,7 +122,7 @@ def forget_worker(scheduler, identity: bytes) -> None:
 def _ask_to_flush(scheduler, served: tuple[str, str]) -> set[bytes] | None:
     """Send Flush to each of the version's ready workers: those it reached, or None if one's
     queue is full for now (they are all asked again on the next tick)."""
-    flush = messages.encode(messages.Flush())
+    flush = (messages.Flush(),)
     asked = set()
     for slot in scheduler.serving(served):
         if slot.ready and scheduler.send_worker(slot, [flush]):

@@ -15,10 +15,12 @@ import zmq
 
 from mcpd import sockets
 from mcpd.config import Config
+from mcpd.contexts.persistence import open_store
 from mcpd.daemon import channels, child, messages
 from mcpd.daemon.batch import Batch, each_message, each_routed_message
 from mcpd.daemon.child_stats import SchedulerStats
-from mcpd.daemon.scheduler.core import Scheduler, WorkerGone
+from mcpd.daemon.scheduler.core import Outgoing, Scheduler, WorkerGone
+from mcpd.memory import host_segment
 from mcpd.security.keys import KeyStore
 
 IDLE_POLL_MS = 100
@@ -48,17 +50,17 @@ class SchedulerSockets:
     def _socket(self, config: Config, kind: int, name: str, bind: bool) -> zmq.Socket:
         return channels.internal_socket(self.context, config.runtime_dir, kind, name, bind)
 
-    def to_frontend(self, frames: list[bytes]) -> None:
-        self.for_frontend.add(frames)
+    def to_frontend(self, message: messages.Message, *payload: bytes) -> None:
+        self.for_frontend.add(messages.encode(message, *payload))
 
-    def to_worker(self, identity: bytes, sends: list[list[bytes]]) -> int:
+    def to_worker(self, identity: bytes, sends: list[Outgoing]) -> int:
         """Sends the messages as one batch (or as few as batch.py's bounds allow); how many went
         (fewer when the worker's queue is full for now). WorkerGone when it went away."""
         if len(sends) == 1:   # a lone dispatch (every request on an idle node): no batch to build on its way
-            return self._send_lone(identity, sends[0])
+            return self._send_lone(identity, messages.encode(*sends[0]))
         batch = Batch(lambda frames: self.waiter.send_frames(self.workers, [identity, *frames], channels.NOBLOCK))
-        for frames in sends:
-            batch.add(frames)
+        for outgoing in sends:
+            batch.add(messages.encode(*outgoing))
         try:
             batch.flush()
         except zmq.ZMQError as e:   # EHOSTUNREACH (a full queue, zmq.Again, stops the flush instead)
@@ -80,7 +82,7 @@ class SchedulerProcess:
         self.sockets = SchedulerSockets(config)
         self.context = self.sockets.context
         try:
-            self.scheduler = Scheduler(config, log, self.sockets)
+            self.scheduler = Scheduler(config, log, self.sockets, open_store(config, host_segment.attach(config), log))
         except BaseException:
             self.context.destroy(linger=0)
             raise
@@ -123,7 +125,7 @@ class SchedulerProcess:
             load = self.scheduler.node_load()
             cluster = self.cluster.report(load)
             queued = queued_by_node(cluster.nodes, self.node_id, load["queued"])
-            self.sockets.to_frontend(messages.encode(messages.Members(owner_nodes(cluster.nodes), queued)))
+            self.sockets.to_frontend(messages.Members(owner_nodes(cluster.nodes), queued))
         self.sockets.events.send(messages.Report, SchedulerStats(**self.scheduler.stats(), cluster=cluster,
                                                                  frozen_objects=child.frozen_objects()))
 

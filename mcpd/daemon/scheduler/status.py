@@ -47,7 +47,7 @@ def stats(scheduler) -> dict:
                                          round(w.p99_ms(), 3)) for name, w in scheduler.windows.items()},
             "errors": {name: dict(by_code) for name, by_code in scheduler.errors.items()},
             "contexts": scheduler.contexts.stats(), "models": models_stats(scheduler),
-            "cache": scheduler.host_cache.stats() if scheduler.host_cache else None,
+            "cache": cache.arena.stats() if (cache := scheduler.persistence.cache) else None,
             "persistence": scheduler.persistence.journal.stats(),
             "queue_time": {name: h.snapshot() for name, h in scheduler.queue_time.items()},
             "workers": [s.stats() for s in sorted(scheduler.workers.values(), key=lambda s: s.index)]}

@@ -80,7 +80,7 @@ def hello(scheduler, identity: bytes, message: messages.Hello) -> None:
     if message.signature is not None:
         scheduler.signatures[(message.served_model, message.version)] = message.signature
     scheduler.log.info("worker %d ready (pid %d, %s)", slot.index, slot.pid, message.device)
-    scheduler.send_worker(slot, [messages.encode(messages.Welcome())])
+    scheduler.send_worker(slot, [(messages.Welcome(),)])
 
 
 def lost(scheduler, identity: bytes, pid: int) -> None:

@@ -113,12 +113,12 @@ class Admin:
         return {"index": child.spec.index, "old_pid": pid, "restarts": child.restarts}
 
     def drain(self, _call) -> dict:
-        self.supervisor.ports.to_frontend(messages.encode(messages.Drain()))
+        self.supervisor.ports.to_frontend(messages.Drain())
         return {"draining": True}
 
     def resume(self, _call) -> dict:
         self.supervisor.drained = False
-        self.supervisor.ports.to_frontend(messages.encode(messages.Resume()))
+        self.supervisor.ports.to_frontend(messages.Resume())
         return {"draining": False}
 
     def keys_list(self, _call) -> dict:
@@ -142,7 +142,7 @@ class Admin:
         token = next(self.tokens)
         after = {"models.load": self._start_version, "models.unload": self._stop_version}.get(call.op.name)
         self.pending[token] = Pending(call.reply_to, self.supervisor.clock() + FORWARD_TIMEOUT_S, after=after, args=call.args)
-        self.supervisor.ports.to_scheduler(messages.encode(messages.Admin(token, call.op.name, call.args)))
+        self.supervisor.ports.to_scheduler(messages.Admin(token, call.op.name, call.args))
 
     def reload(self, call: ControlCall) -> dict | None:
         return self.reload_config(call.reply_to, call.args.timeout_s)
@@ -164,7 +164,7 @@ class Admin:
         live_config.apply_log_level(fresh)
         self._adopt(fresh, applied)
         token = next(self.tokens)
-        message = messages.encode(messages.Reload(token, fresh))
+        message = messages.Reload(token, fresh)
         supervisor.ports.to_scheduler(message)
         supervisor.ports.to_frontend(message)
         # A pool keeper runs no configurable part: it is not sent the reload.
@@ -212,7 +212,7 @@ class Admin:
         for child in workers:
             pid = self.supervisor.table.park(child)
             if pid is not None:
-                self.supervisor.ports.to_scheduler(messages.encode(messages.WorkerLost(child.spec.index, pid)))
+                self.supervisor.ports.to_scheduler(messages.WorkerLost(child.spec.index, pid))
             freed += self._reclaim(child)
         return {**as_map(result), "workers": [c.spec.index for c in workers], "pool_regions_freed": freed}
 

@@ -31,9 +31,9 @@ class Ports(Launcher, Protocol):
     """Where the supervisor's messages go, and how its children start: sockets, systemd and the
     fork server in the process (process.py), records in tests."""
 
-    def to_scheduler(self, frames: list[bytes]) -> None: ...
+    def to_scheduler(self, message: messages.Message) -> None: ...
 
-    def to_frontend(self, frames: list[bytes]) -> None: ...
+    def to_frontend(self, message: messages.Message) -> None: ...
 
     def to_control(self, frames: list[bytes]) -> None:
         """A reply to mcpctl: [identity, *envelope, reply]."""
@@ -144,17 +144,16 @@ class SupervisorCore:
         child that has died but is not reaped yet."""
         for child in self.table.reap():
             if child.spec.role == "worker":
-                self.ports.to_scheduler(messages.encode(messages.WorkerLost(child.spec.index, child.process.pid)))
+                self.ports.to_scheduler(messages.WorkerLost(child.spec.index, child.process.pid))
             elif child.spec.role == "scheduler":
-                self.ports.to_frontend(messages.encode(messages.SchedulerLost()))
+                self.ports.to_frontend(messages.SchedulerLost())
             elif child.spec.role == "keeper":   # its successor makes a fresh pool: none may map the old one
                 self.table.kill_workers_on(child.spec.device)
             self.ports.notify(STATUS=f"{child.spec.name} {child.last_exit}; restarting")
 
     # -- events from children -------------------------------------------------------------------
 
-    def on_event(self, frames: list[bytes]) -> None:
-        event, _ = messages.decode(frames)
+    def on_event(self, event: messages.Message) -> None:
         sender = event.sender
         if isinstance(event, messages.Refused):   # read after the child is gone: kept by incarnation
             self.refusal_reports[(sender.role, sender.index, sender.pid)] = event
@@ -209,7 +208,7 @@ class SupervisorCore:
         self.stopping = True
         self.ports.notify(STOPPING=1, STATUS="draining")
         self.drained = False   # an earlier `mcpctl drain` said so of other requests
-        self.ports.to_frontend(messages.encode(messages.Drain()))
+        self.ports.to_frontend(messages.Drain())
         return self.clock() + self.config.supervisor.stop_grace_s
 
     def still_draining(self, deadline: float) -> bool:

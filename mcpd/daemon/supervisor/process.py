@@ -22,7 +22,7 @@ import zmq
 import mcpd
 from mcpd import config as config_module, default_model, gguf_cache, refusal, sockets
 from mcpd.config import Config, ConfigError
-from mcpd.daemon import channels, log, pool_keeper
+from mcpd.daemon import channels, log, messages, pool_keeper
 from mcpd.daemon.supervisor.core import SupervisorCore
 from mcpd.daemon.supervisor.instance_lock import InstanceLock
 from mcpd.daemon.supervisor.launcher import ForkServerLauncher, keep_fork_server_in
@@ -127,11 +127,11 @@ class SupervisorPorts:
         sock.connect(channels.endpoint(runtime_dir, name))
         return sock
 
-    def to_scheduler(self, frames: list[bytes]) -> None:
-        self.scheduler.send_multipart(frames)
+    def to_scheduler(self, message: messages.Message) -> None:
+        self.scheduler.send_multipart(messages.encode(message))
 
-    def to_frontend(self, frames: list[bytes]) -> None:
-        self.frontend.send_multipart(frames)
+    def to_frontend(self, message: messages.Message) -> None:
+        self.frontend.send_multipart(messages.encode(message))
 
     def to_control(self, frames: list[bytes]) -> None:
         self.control.send_multipart(frames)
@@ -204,7 +204,7 @@ class Supervisor:
         while not (self.stop_requested or self.core.stopping):
             ready = dict(poller.poll(LOOP_POLL_MS))
             if self.ports.events in ready:
-                channels.drain(self.ports.events, self.core.on_event)
+                channels.drain(self.ports.events, self._on_event)
             if self.ports.control in ready:
                 channels.drain(self.ports.control, self._on_control, receive=channels.frames_of)
             if self.reload_requested:
@@ -212,6 +212,9 @@ class Supervisor:
                 self.core.reload()
             self.core.tick()
         return self._shutdown(poller)
+
+    def _on_event(self, frames: list[bytes]) -> None:
+        self.core.on_event(messages.decode(frames)[0])
 
     def _on_control(self, frames: list[zmq.Frame]) -> None:
         peer = peers.peer_of(frames[0])
@@ -231,7 +234,7 @@ class Supervisor:
         deadline = self.core.begin_stop()
         while self.core.still_draining(deadline):
             if dict(poller.poll(LOOP_POLL_MS)).get(self.ports.events):
-                channels.drain(self.ports.events, self.core.on_event)
+                channels.drain(self.ports.events, self._on_event)
         if not self.core.drained:
             self.log.warning("grace period over: stopping with requests still in flight")
         self.core.table.stop_all()

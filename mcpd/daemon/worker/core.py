@@ -42,9 +42,9 @@ MAX_FAILED_STEPS = 3
 class Ports(Protocol):
     """Where the core's messages go: sockets in the process (process.py), lists in tests."""
 
-    def to_scheduler(self, frames: list[bytes]) -> None: ...
+    def to_scheduler(self, message: messages.Message, *payload: bytes) -> None: ...
 
-    def to_frontend(self, frames: list[bytes]) -> None: ...
+    def to_frontend(self, message: messages.Message, *payload: bytes) -> None: ...
 
     def flush(self) -> None:
         """Send what the turn holds now, not when the loop ends it."""
@@ -71,15 +71,14 @@ class ActiveRequest:
         return (len(self.text), len(self.token_ids)) != self.streamed[:2]
 
 
-def take_message(core, frames: list[bytes]) -> None:
+def take_message(core, message: messages.Message, payload: list[bytes]) -> None:
     """A scheduler's message to a worker's core (this WorkerCore, or handler_core's)."""
-    message, payload = messages.decode(frames)
     if isinstance(message, messages.Dispatch):
         core.on_dispatch(message, payload)
     elif isinstance(message, messages.Cancel):
         core.on_cancel(message.rid, message.code)
     elif isinstance(message, messages.Flush):   # behind every reply sent so far, on the same socket
-        core.ports.to_frontend(messages.encode(messages.Flushed(core.index)))
+        core.ports.to_frontend(messages.Flushed(core.index))
 
 
 class WorkerCore:
@@ -118,8 +117,8 @@ class WorkerCore:
             return gather_ms if done_ms is None else min(gather_ms, done_ms)
         return idle_ms if done_ms is None else done_ms
 
-    def on_message(self, frames: list[bytes]) -> None:
-        take_message(self, frames)
+    def on_message(self, message: messages.Message, payload: list[bytes] = ()) -> None:
+        take_message(self, message, payload)
 
     # -- requests -------------------------------------------------------------------------------
 
@@ -202,7 +201,7 @@ class WorkerCore:
         """Send the Done note when it is due (done_notes.py)."""
         note = self.done.take(idle=not self.engine.has_work)
         if note is not None:
-            self.ports.to_scheduler(messages.encode(note))
+            self.ports.to_scheduler(note)
 
     def _hand_back(self, reason: str) -> None:
         """Abort every request in the engine (the step that failed may have run any of them) and
@@ -215,7 +214,7 @@ class WorkerCore:
             if self.tracing is not None:
                 self.tracing.ended(rid, codes.INTERNAL)
         self.active.clear()
-        self.ports.to_scheduler(messages.encode(messages.Failed(reason, rids)))
+        self.ports.to_scheduler(messages.Failed(reason, rids))
 
     def _emit(self, outputs) -> None:
         for out in outputs:
@@ -242,13 +241,13 @@ class WorkerCore:
                              request.logprobs[logprobs:] if request.want_logprobs else None)
         request.streamed = (len(request.text), len(request.token_ids), len(request.logprobs))
         request.next_chunk_at = self.clock() + 1 / self.config.limits.max_stream_chunks_per_s
-        message = messages.encode(messages.Chunk(rid), wire.chunk_reply(request.request_id, request.chunks_sent, data))
+        message = (messages.Chunk(rid), wire.chunk_reply(request.request_id, request.chunks_sent, data))
         if request.turn_ids is not None:   # a context turn's final goes via the scheduler: its chunks too, to stay in order
-            self.ports.to_scheduler(message)
+            self.ports.to_scheduler(*message)
         else:
             if request.chunks_sent == 0:   # from now on a retry elsewhere would repeat output
-                self.ports.to_scheduler(messages.encode(messages.Started(rid)))
-            self.ports.to_frontend(message)
+                self.ports.to_scheduler(messages.Started(rid))
+            self.ports.to_frontend(*message)
         request.chunks_sent += 1
 
     def _result(self, request: ActiveRequest, out) -> GenerateResult:
@@ -262,8 +261,8 @@ class WorkerCore:
         # A context turn: the scheduler commits it and answers the client.
         if self.tracing is not None:
             self.tracing.ended(rid)
-        self.ports.to_scheduler(messages.encode(messages.TurnResult(rid, result, request.turn_ids + request.token_ids,
-                                                                    self._sent())))
+        self.ports.to_scheduler(messages.TurnResult(rid, result, request.turn_ids + request.token_ids,
+                                                                    self._sent()))
 
     def _sent(self) -> float | None:
         """A reply's sending moment, for a traced request's hop span (None with tracing off)."""
@@ -276,9 +275,9 @@ class WorkerCore:
     def _send_final(self, rid: int, turn: bool, header: bytes, code: str | None = None, work: bool = True) -> None:
         if self.tracing is not None:
             self.tracing.ended(rid, code)
-        message = messages.encode(messages.Final(rid, code, self._sent()), header)
+        message = messages.Final(rid, code, self._sent())
         if turn:   # the scheduler ends the turn and passes the reply on
-            return self.ports.to_scheduler(message)
-        self.ports.to_frontend(message)
+            return self.ports.to_scheduler(message, header)
+        self.ports.to_frontend(message, header)
         self.done.add(rid, work)
 

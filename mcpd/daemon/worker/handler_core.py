@@ -142,13 +142,13 @@ class HandlerCore:
             waits.append(self.done.wait_ms())
         return max(0.0, min(waits))
 
-    def on_message(self, frames: list[bytes]) -> None:
+    def on_message(self, message: messages.Message, payload: list[bytes] = ()) -> None:
         """A message, after the next batch is started if the predict thread just went idle: the
         loop takes every waiting message before it steps, and a burst of them must not keep the
         thread waiting."""
         if self.running is not None and self.running.future.done():
             self.step()
-        take_message(self, frames)
+        take_message(self, message, payload)
 
     # -- requests -------------------------------------------------------------------------------
 
@@ -386,13 +386,13 @@ class HandlerCore:
         if self.tracing is not None:   # and the moment it is sent, for the hop's span
             self.tracing.ended(rid, code)
             sent = time.monotonic()
-        self.ports.to_frontend(messages.encode(messages.Final(rid, code, sent), header, *frames))
+        self.ports.to_frontend(messages.Final(rid, code, sent), header, *frames)
         self.done.add(rid, work)
 
     def flush_done(self) -> None:
         note = self.done.take(idle=not self.has_work)
         if note is not None:
-            self.ports.to_scheduler(messages.encode(note))
+            self.ports.to_scheduler(note)
 
 
 def _encoded(shown: dict[str, np.ndarray], names) -> CachedResult:

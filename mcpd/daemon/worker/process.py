@@ -45,11 +45,11 @@ class WorkerSockets:
         self.for_scheduler = Batch(partial(self.waiter.send_frames, self.scheduler))
         self.for_frontend = Batch(partial(channels.send_frames, self.frontend))
 
-    def to_scheduler(self, frames: list[bytes]) -> None:
-        self.for_scheduler.add(frames)
+    def to_scheduler(self, message: messages.Message, *payload: bytes) -> None:
+        self.for_scheduler.add(messages.encode(message, *payload))
 
-    def to_frontend(self, frames: list[bytes]) -> None:
-        self.for_frontend.add(frames)
+    def to_frontend(self, message: messages.Message, *payload: bytes) -> None:
+        self.for_frontend.add(messages.encode(message, *payload))
 
     def flush(self) -> None:
         """The scheduler's first: a Started note must not reach it after its chunk reached the
@@ -140,7 +140,7 @@ class Worker:
             self._serve()
 
     def _serve(self) -> None:
-        self.sockets.to_scheduler(messages.encode(self.core.hello()))   # Ready follows its Welcome
+        self.sockets.to_scheduler(self.core.hello())   # Ready follows its Welcome
         self.sockets.flush()
         next_stats, orphan = 0.0, False
         waiter = self.sockets.waiter
@@ -192,15 +192,15 @@ class Worker:
 
     def _report(self) -> None:
         stats = self.core.stats()
-        self.sockets.to_scheduler(messages.encode(messages.Stats(stats)))
+        self.sockets.to_scheduler(messages.Stats(stats))
         self.events.send(messages.Report, stats)
 
-    def _on_message(self, frames: list[bytes]) -> None:
-        if frames[0] == messages.Reload.TAG:
-            return live_config.apply(messages.decode(frames)[0], self.events)
-        if frames[0] == messages.Welcome.TAG:
+    def _on_message(self, message: messages.Message, payload: list[bytes]) -> None:
+        if isinstance(message, messages.Reload):
+            return live_config.apply(message, self.events)
+        if isinstance(message, messages.Welcome):
             return self._welcomed()
-        self.core.on_message(frames)
+        self.core.on_message(message, payload)
 
 
 _THREADS: tuple[int, bool] | None = None   # prepare_threads' result: once per process
