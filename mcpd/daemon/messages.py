@@ -282,6 +282,10 @@ _DECODERS = {kind.TAG: (kind, msgspec.msgpack.Decoder(kind)) for kind in (
     Drain, SchedulerLost, Resume, Admin, Reload, Ready, Report, Drained, Refused, AdminAnswer, Reloaded)}
 
 
+# What a core hands its ports for one message: the message, then its payload frames (encode's arguments).
+Outgoing = tuple[Message, *tuple[bytes, ...]]
+
+
 def encode(message: Message, *payload: bytes) -> list[bytes]:
     if not message.__struct_fields__:
         return [message.TAG]

@@ -71,9 +71,6 @@ from mcpd.protocol.error import ErrorReply
 
 
 
-Outgoing = tuple   # a message to a worker and its payload frames: (message, *payload)
-
-
 class WorkerGone(Exception):
     """A send found the worker's route gone: its next Hello brings it back. `sent`: how many of
     the messages went before it did."""
@@ -89,7 +86,7 @@ class Ports(Protocol):
 
     def to_frontend(self, message: messages.Message, *payload: bytes) -> None: ...
 
-    def to_worker(self, identity: bytes, sends: list[Outgoing]) -> int:
+    def to_worker(self, identity: bytes, sends: list[messages.Outgoing]) -> int:
         """Sends the messages in order; how many went (the rest: the worker's queue is full for
         now). Raises WorkerGone."""
 
@@ -186,7 +183,7 @@ class Scheduler:
 
     # -- from the front-end and the supervisor --------------------------------------------------
 
-    def on_inbox(self, message: messages.Message, payload: list[bytes] = ()) -> None:
+    def on_inbox(self, message: messages.Message, payload: list[bytes]) -> None:
         if isinstance(message, messages.Request):
             now = self.clock()   # its arrival, by this clock: its wait on the way, its age in the queue
             if message.received is not None:
@@ -334,7 +331,7 @@ class Scheduler:
             return [s for s in self.workers.values() if s.serves not in self.unloading]
         return [s for s in self.workers.values() if s.serves == served]
 
-    def send_worker(self, slot: WorkerSlot, sends: list[Outgoing]) -> int:
+    def send_worker(self, slot: WorkerSlot, sends: list[messages.Outgoing]) -> int:
         """How many of the messages went: fewer when the worker's queue is full for now (it stays
         in the rotation) or its route is gone (it leaves the rotation until its next Hello)."""
         try:
@@ -343,7 +340,7 @@ class Scheduler:
             slot.ready = False
             return gone.sent
 
-    def on_worker(self, identity: bytes, message: messages.Message, payload: list[bytes] = ()) -> None:
+    def on_worker(self, identity: bytes, message: messages.Message, payload: list[bytes]) -> None:
         slot = self.workers.get(identity)
         if isinstance(message, messages.Done):   # the usual note, looked for first: every request ends with one
             if slot is not None:

@@ -76,7 +76,7 @@ def _send_jobs(scheduler, slot: WorkerSlot, group: list[Job], now: float) -> boo
     return sent == len(group)
 
 
-def _dispatch_of(job: Job) -> tuple:
+def _dispatch_of(job: Job) -> messages.Outgoing:
     request = job.request
     message = messages.Dispatch(job.rid, request.request_id, request.tenant, job.rank, job.context is not None,
                                 request.args, job.prompt_ids, job.compare, job.degraded, request.trace,

@@ -19,7 +19,7 @@ from mcpd.contexts.persistence import open_store
 from mcpd.daemon import channels, child, messages
 from mcpd.daemon.batch import Batch, each_message, each_routed_message
 from mcpd.daemon.child_stats import SchedulerStats
-from mcpd.daemon.scheduler.core import Outgoing, Scheduler, WorkerGone
+from mcpd.daemon.scheduler.core import Scheduler, WorkerGone
 from mcpd.memory import host_segment
 from mcpd.security.keys import KeyStore
 
@@ -53,7 +53,7 @@ class SchedulerSockets:
     def to_frontend(self, message: messages.Message, *payload: bytes) -> None:
         self.for_frontend.add(messages.encode(message, *payload))
 
-    def to_worker(self, identity: bytes, sends: list[Outgoing]) -> int:
+    def to_worker(self, identity: bytes, sends: list[messages.Outgoing]) -> int:
         """Sends the messages as one batch (or as few as batch.py's bounds allow); how many went
         (fewer when the worker's queue is full for now). WorkerGone when it went away."""
         if len(sends) == 1:   # a lone dispatch (every request on an idle node): no batch to build on its way

@@ -117,7 +117,7 @@ class WorkerCore:
             return gather_ms if done_ms is None else min(gather_ms, done_ms)
         return idle_ms if done_ms is None else done_ms
 
-    def on_message(self, message: messages.Message, payload: list[bytes] = ()) -> None:
+    def on_message(self, message: messages.Message, payload: list[bytes]) -> None:
         take_message(self, message, payload)
 
     # -- requests -------------------------------------------------------------------------------

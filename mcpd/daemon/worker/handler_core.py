@@ -142,7 +142,7 @@ class HandlerCore:
             waits.append(self.done.wait_ms())
         return max(0.0, min(waits))
 
-    def on_message(self, message: messages.Message, payload: list[bytes] = ()) -> None:
+    def on_message(self, message: messages.Message, payload: list[bytes]) -> None:
         """A message, after the next batch is started if the predict thread just went idle: the
         loop takes every waiting message before it steps, and a burst of them must not keep the
         thread waiting."""
