@@ -67,7 +67,7 @@ def test_ratios_point_to_mcpd_leading_and_are_null_for_what_did_not_run():
                                     "model-alone": {"ceiling": 7.5}},
                            "text": {"mcpd": {"rps": 90.0}, "mcpd-unbatched": {"rps": 50.0},
                                     "model-alone": {"ceiling": 2.0}}},
-                "burst": {"burst_high_p99_ms": 30.0, "idle_high_p99_ms": 10.0, "unanswered": 0}}
+                "burst": {"burst_high_p99_ms": 30.0, "idle_high_p99_ms": 10.0, "high_p99_ratio": 3.0, "unanswered": 0}}
     figures = handlers.figures_of(measured)
     assert figures["handler_risk_rps_ratio_vs_best_peer"] == 2.0
     assert figures["batching_speedup_risk"] == 5.0
@@ -76,6 +76,13 @@ def test_ratios_point_to_mcpd_leading_and_are_null_for_what_did_not_run():
     assert figures["handler_high_p99_ratio"] == 3.0
     assert figures["handler_text_rps_ratio_vs_best_peer"] is None
     assert figures["cache_hit_rate"] is None and figures["context_bytes_ratio"] is None
+
+
+def test_the_bursts_figures_are_its_median_rounds_whole():
+    rounds = [({"high_p99_ratio": r, "idle_high_p99_ms": r}, {"idle": r}) for r in (5.0, 1.5, 2.5, 9.0)]
+    assert handlers.median_round(rounds[:3]) == ({"high_p99_ratio": 2.5, "idle_high_p99_ms": 2.5}, {"idle": 2.5})
+    assert handlers.median_round(rounds)[0]["high_p99_ratio"] == 5.0   # even: the higher middle one
+    assert handlers.median_round(rounds[1:2])[1] == {"idle": 1.5}
 
 
 class PreparedTarget:
