@@ -1,8 +1,9 @@
 """A worker process: its sockets, its engine, and the loop that feeds the worker's core
 (core.py), which decides everything and touches no socket.
 
-Each turn of the loop hands the core every message waiting from the scheduler, runs one engine
-step when the engine has work, and lets the core flush its Done note; when the engine is idle
+Each turn of the loop hands the core every message waiting from the scheduler (a handler
+worker's through its inbox, urgent requests first: inbox.py), runs one engine step when the
+engine has work, and lets the core flush its Done note; when the engine is idle
 the loop blocks on the socket instead of spinning. What the core sends is sent in batches
 (batch.py): after the messages are handled, and after the step.
 """
@@ -21,6 +22,7 @@ from mcpd.daemon import channels, child, live_config, messages
 from mcpd.daemon.batch import Batch, each_message
 from mcpd.daemon.worker.core import WorkerCore
 from mcpd.daemon.worker.handler_core import HandlerCore, HandlerHung
+from mcpd.daemon.worker.inbox import SLICE, Inbox
 from mcpd.refusal import StartRefused
 
 IDLE_POLL_MS = 100
@@ -144,12 +146,16 @@ class Worker:
         self.sockets.flush()
         next_stats, orphan = 0.0, False
         waiter = self.sockets.waiter
+        inbox = None
         if isinstance(self.core, HandlerCore):   # a predict's end wakes the loop
             waiter.watch(self.core.wake_fd)
-        handle = each_message(self._on_message)
+            inbox = Inbox(self.core.batcher.urgent_rank)
+        handle = each_message(self._on_message if inbox is None else inbox.add)
         while not orphan:
             if waiter.wait(self.core.poll_timeout_ms(IDLE_POLL_MS)):
                 self._take_messages(handle)
+                if inbox is not None:
+                    self._empty(inbox, handle)
             threads.main_thread_works(self.core.has_work, time.monotonic())   # work came: steps run in its place
             self._step()
             threads.main_thread_works(self.core.has_work, time.monotonic())   # none left a while: it goes anywhere
@@ -171,6 +177,14 @@ class Worker:
             self.sockets.flush()
             if waiter.drain(self.sockets.scheduler, handle):
                 self.sockets.flush()
+
+    def _empty(self, inbox: Inbox, handle) -> None:
+        """Hand on what the inbox holds, urgent first, receiving again every SLICE messages (inbox.py)."""
+        while inbox:
+            for _ in range(min(SLICE, len(inbox))):
+                self._on_message(*inbox.pop())
+            self.sockets.flush()   # what the slice answered at once (a ping, a cached result) goes now
+            self.sockets.waiter.drain(self.sockets.scheduler, handle)
 
     def _welcomed(self) -> None:
         """Ready once the scheduler has our Hello (messages.Welcome); a restarted scheduler's
