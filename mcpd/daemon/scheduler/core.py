@@ -183,6 +183,13 @@ class Scheduler:
 
     # -- from the front-end and the supervisor --------------------------------------------------
 
+    def is_urgent(self, request: messages.Request) -> bool:
+        """Whether the request names a class ranked above the default one: its process hands it
+        on before the lows received ahead of it (daemon/inbox.py)."""
+        sched = self.config.scheduler
+        cls = sched.classes.get(request.priority or sched.default_class)
+        return cls is not None and cls.rank > sched.classes[sched.default_class].rank
+
     def on_inbox(self, message: messages.Message, payload: list[bytes]) -> None:
         if isinstance(message, messages.Request):
             now = self.clock()   # its arrival, by this clock: its wait on the way, its age in the queue

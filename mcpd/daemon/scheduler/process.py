@@ -19,6 +19,7 @@ from mcpd.contexts.persistence import open_store
 from mcpd.daemon import channels, child, messages
 from mcpd.daemon.batch import Batch, each_message, each_routed_message
 from mcpd.daemon.child_stats import SchedulerStats
+from mcpd.daemon.inbox import SLICE, Inbox
 from mcpd.daemon.scheduler.core import Scheduler, WorkerGone
 from mcpd.memory import host_segment
 from mcpd.security.keys import KeyStore
@@ -95,7 +96,8 @@ class SchedulerProcess:
         waiter = self.sockets.waiter
         if self.cluster is not None:
             waiter.add(self.cluster.wakeup)
-        from_workers, from_inbox = each_routed_message(self.scheduler.on_worker), each_message(self.scheduler.on_inbox)
+        inbox = Inbox(messages.Request, self.scheduler.is_urgent)
+        from_workers, from_inbox = each_routed_message(self.scheduler.on_worker), each_message(inbox.add)
         child.freeze_start_up()
         self.sockets.events.send(messages.Ready)
         next_stats, orphan = 0.0, False
@@ -107,6 +109,7 @@ class SchedulerProcess:
                 waiter.drain(self.sockets.workers, from_workers)
             if self.sockets.inbox in ready:
                 waiter.drain(self.sockets.inbox, from_inbox)
+                self._hand_on(inbox, from_inbox, from_workers)
             if self.cluster is not None and self.cluster.wakeup in ready:
                 self.cluster.adopt_prefetched()
             self.scheduler.tick()
@@ -115,6 +118,22 @@ class SchedulerProcess:
                 orphan = not child.parent_alive(self.parent_pid)
                 self._report()
                 next_stats = time.monotonic() + self.stats_interval_s
+
+    def _hand_on(self, inbox: Inbox, from_inbox, from_workers) -> None:
+        """The front-end's messages, urgent requests first, SLICE at a time (daemon/inbox.py).
+        Between slices both sockets are read again (the workers' first, as in the loop) and what
+        was admitted is dispatched: a high request that arrives during a flood's drain goes out
+        within a slice, not at the drain's end."""
+        waiter = self.sockets.waiter
+        while True:
+            for _ in range(min(SLICE, len(inbox))):
+                self.scheduler.on_inbox(*inbox.pop())
+            if not inbox:
+                return
+            waiter.drain(self.sockets.workers, from_workers)
+            waiter.drain(self.sockets.inbox, from_inbox)
+            self.scheduler.tick()
+            self.sockets.for_frontend.flush()
 
     def _report(self) -> None:
         """The stats to the supervisor; with a cluster, the live nodes to the front-end too (it routes by them)."""

@@ -2,7 +2,7 @@
 (core.py), which decides everything and touches no socket.
 
 Each turn of the loop hands the core every message waiting from the scheduler (a handler
-worker's through its inbox, urgent requests first: inbox.py), runs one engine step when the
+worker's through its inbox, urgent requests first: daemon/inbox.py), runs one engine step when the
 engine has work, and lets the core flush its Done note; when the engine is idle
 the loop blocks on the socket instead of spinning. What the core sends is sent in batches
 (batch.py): after the messages are handled, and after the step.
@@ -20,9 +20,9 @@ from mcpd.cpu import features, threads
 from mcpd.config import LEGACY_NAME, Config
 from mcpd.daemon import channels, child, live_config, messages
 from mcpd.daemon.batch import Batch, each_message
+from mcpd.daemon.inbox import SLICE, Inbox
 from mcpd.daemon.worker.core import WorkerCore
 from mcpd.daemon.worker.handler_core import HandlerCore, HandlerHung
-from mcpd.daemon.worker.inbox import SLICE, Inbox
 from mcpd.refusal import StartRefused
 
 IDLE_POLL_MS = 100
@@ -149,7 +149,8 @@ class Worker:
         inbox = None
         if isinstance(self.core, HandlerCore):   # a predict's end wakes the loop
             waiter.watch(self.core.wake_fd)
-            inbox = Inbox(self.core.batcher.urgent_rank)
+            urgent_rank = self.core.batcher.urgent_rank
+            inbox = Inbox(messages.Dispatch, lambda dispatch: dispatch.rank >= urgent_rank)
         handle = each_message(self._on_message if inbox is None else inbox.add)
         while not orphan:
             if waiter.wait(self.core.poll_timeout_ms(IDLE_POLL_MS)):
@@ -179,7 +180,7 @@ class Worker:
                 self.sockets.flush()
 
     def _empty(self, inbox: Inbox, handle) -> None:
-        """Hand on what the inbox holds, urgent first, receiving again every SLICE messages (inbox.py)."""
+        """Hand on what the inbox holds, urgent first, receiving again every SLICE messages (daemon/inbox.py)."""
         while inbox:
             for _ in range(min(SLICE, len(inbox))):
                 self._on_message(*inbox.pop())
