@@ -10,6 +10,7 @@ the loop blocks on the socket instead of spinning. What the core sends is sent i
 from __future__ import annotations
 
 import os
+import sys
 import time
 from functools import partial
 
@@ -28,6 +29,9 @@ from mcpd.refusal import StartRefused
 IDLE_POLL_MS = 100
 EXIT_HUNG = 70   # EX_SOFTWARE: any status but child.EXIT_REFUSED restarts the worker
 STANDBY_POLL_S = 0.5   # how often a standby checks that the supervisor still runs
+# A handler's predict thread takes the GIL back after each torch op, and CPython's default interval
+# (5 ms) is how long a loop busy with Python (a flood's decoding) then keeps it waiting, each time.
+GIL_SWITCH_S = 0.0002
 
 
 class WorkerSockets:
@@ -74,6 +78,7 @@ class Worker:
             self.core = HandlerCore(config, index, load_ready_handler(config.model, device), device, self.log,
                                     self.sockets, serves=serves)
             threads.free_main_thread()   # after the handler's set-up: OpenMP may bind it as it loads
+            sys.setswitchinterval(GIL_SWITCH_S)
         else:
             self.engine = self._load_engine(device)
             self.core = WorkerCore(config, index, self.engine, self.log, self.sockets, serves=serves)
