@@ -159,9 +159,10 @@ class Worker:
         handle = each_message(self._on_message if inbox is None else inbox.add)
         while not orphan:
             if waiter.wait(self.core.poll_timeout_ms(IDLE_POLL_MS)):
-                self._take_messages(handle)
-                if inbox is not None:
-                    self._empty(inbox, handle)
+                if inbox is None:
+                    self._take_messages(handle)
+                else:
+                    self._through_inbox(inbox, handle)
             threads.main_thread_works(self.core.has_work, time.monotonic())   # work came: steps run in its place
             self._step()
             threads.main_thread_works(self.core.has_work, time.monotonic())   # none left a while: it goes anywhere
@@ -184,13 +185,14 @@ class Worker:
             if waiter.drain(self.sockets.scheduler, handle):
                 self.sockets.flush()
 
-    def _empty(self, inbox: Inbox, handle) -> None:
-        """Hand on what the inbox holds, urgent first, receiving again every SLICE messages (daemon/inbox.py)."""
-        while inbox:
+    def _through_inbox(self, inbox: Inbox, handle) -> None:
+        """_take_messages for a handler worker: every waiting message into the inbox, handed on
+        urgent first, SLICE at a time, receiving again after each slice (daemon/inbox.py); what a
+        slice answered at once (a ping, a cached result) is sent before the next receive."""
+        while self.sockets.waiter.drain(self.sockets.scheduler, handle) or inbox:
             for _ in range(min(SLICE, len(inbox))):
                 self._on_message(*inbox.pop())
-            self.sockets.flush()   # what the slice answered at once (a ping, a cached result) goes now
-            self.sockets.waiter.drain(self.sockets.scheduler, handle)
+            self.sockets.flush()
 
     def _welcomed(self) -> None:
         """Ready once the scheduler has our Hello (messages.Welcome); a restarted scheduler's
