@@ -1,6 +1,7 @@
 """[scheduler]: admission, its priority classes and the tenants' shares within them."""
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 
@@ -86,6 +87,13 @@ class SchedulerConfig:
 
     def tenant(self, name: str) -> TenantShare:
         return self.tenants.get(name) or self.tenants.get(OTHER_TENANTS) or DEFAULT_SHARE
+
+    @functools.cached_property
+    def urgent_classes(self) -> frozenset[str]:
+        """The classes ranked above default_class: the front-end sends their requests on at once,
+        and the scheduler reads them ahead of the less important ones waiting (daemon/inbox.py)."""
+        default = self.classes[self.default_class].rank
+        return frozenset(name for name, c in self.classes.items() if c.rank > default)
 
     def check(self) -> None:
         if self.policy not in ("priority", "fifo"):

@@ -27,7 +27,7 @@ class RequestLabels:
         classes = config.scheduler.classes
         self.classes = frozenset(classes)
         self.default_class = config.scheduler.default_class
-        self.urgent = frozenset(name for name, c in classes.items() if c.rank > classes[self.default_class].rank)
+        self.urgent = config.scheduler.urgent_classes
         if config.default_model in self.models:
             self.default_model = config.default_model
 

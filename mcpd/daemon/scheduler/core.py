@@ -187,8 +187,7 @@ class Scheduler:
         """Whether the request names a class ranked above the default one: its process hands it
         on before the lows received ahead of it (daemon/inbox.py)."""
         sched = self.config.scheduler
-        cls = sched.classes.get(request.priority or sched.default_class)
-        return cls is not None and cls.rank > sched.classes[sched.default_class].rank
+        return (request.priority or sched.default_class) in sched.urgent_classes
 
     def on_inbox(self, message: messages.Message, payload: list[bytes]) -> None:
         if isinstance(message, messages.Request):
