@@ -4,6 +4,10 @@ serving the same Handler on this machine, and mcpd's own batching, priorities an
     .venv/bin/python bench/handlers.py --setup     # once, outside CI: LitServe's and MLServer's venvs
     .venv/bin/python bench/handlers.py [--quick] [--models risk,text] [--peers litserve,mlserver] [--threads 1] [--cache-dir DIR]
     .venv/bin/python bench/handlers.py --burst-only [--quick] [--burst-clients 2] [--burst-spans 0.2] [--burst-control]
+    python bench/handlers.py --device cuda --peers '' [--quick]   # on a GPU: mcpd's batching there
+
+With --device cuda mcpd's workers and the batching ceiling's model run on the GPU, each model
+batching up to its gpu_max_batch_size; the peers' venvs run torch on the CPU, so they are left out.
 
 Every server runs the same code: the example Handler through its preprocess, predict on the
 batch, postprocess (peerkit/handler_runner.py in the peers, HandlerCore in mcpd), each with its
@@ -74,6 +78,7 @@ from mcpd.client import Client
 from mcpd.handlers.handler import load_handler
 from peerkit import checkpoints, handler_servers, servers
 from peerkit.batching_ceiling import batching_ceiling
+from peerkit.handler_servers import Placement
 from peerkit.burst_stages import BurstStages, high_p99_by_send_time, high_spans_ms, request_parts_ms
 from peerkit.handler_runner import HandlerRunner
 from peerkit.handler_targets import DEADLINE_MS, HttpV2, McpdZmq, TensorInputs
@@ -113,6 +118,7 @@ class Model:
     settings: dict
     batching: dict    # every server's: the most rows a predict takes, and how long the first waits
     length_bins: tuple[int, ...] = ()   # mcpd's own (the peers have none)
+    gpu_max_batch_size: int = 64   # on a GPU, where a batch costs about what a row does
 
 
 MODELS = {
@@ -139,8 +145,13 @@ class Sizes:
 QUICK, FULL = Sizes(1.5, 6, 1.5, 4.0), Sizes(4.0, 7, 5.0, 15.0)
 
 
-def mcpd_batching(model: Model) -> dict:
-    return {**model.batching, "length_bins": list(model.length_bins)} if model.length_bins else model.batching
+def mcpd_batching(model: Model, device: str = "cpu") -> dict:
+    batching = dict(model.batching)
+    if device != "cpu":
+        batching["max_batch_size"] = model.gpu_max_batch_size
+    if model.length_bins:
+        batching["length_bins"] = list(model.length_bins)
+    return batching
 
 
 async def search(target, sizes: Sizes) -> dict:
@@ -168,11 +179,12 @@ async def outputs_match(target, inputs: TensorInputs, reference: list[dict]) -> 
 
 # -- the systems ----------------------------------------------------------------------------------
 
-async def measure_mcpd(name: str, model: Model, inputs: TensorInputs, reference, sizes: Sizes, threads: int,
+async def measure_mcpd(name: str, model: Model, inputs: TensorInputs, reference, sizes: Sizes, placement: Placement,
                        burst_clients: int | None) -> dict:
     """mcpd over ZeroMQ and over its KServe route; with `burst_clients`, the priority burst (sent
     by that many processes) and the context's bytes too."""
-    server = handler_servers.McpdServer(name, model.handler, model.settings, mcpd_batching(model), threads)
+    server = handler_servers.McpdServer(name, model.handler, model.settings, mcpd_batching(model, placement.device),
+                                        placement)
     try:   # stop() in finally also ends a daemon that did not get ready in time
         server.start()
         zmq_target = McpdZmq("mcpd", server.endpoint, name, inputs)
@@ -214,8 +226,8 @@ async def measure_peer(peer: str, cache_dir: Path, threads: int, name: str, mode
         server.stop()
 
 
-async def batching_off(name: str, model: Model, inputs: TensorInputs, sizes: Sizes, threads: int) -> dict:
-    server = handler_servers.McpdServer(name, model.handler, model.settings, {"max_batch_size": 0}, threads)
+async def batching_off(name: str, model: Model, inputs: TensorInputs, sizes: Sizes, placement: Placement) -> dict:
+    server = handler_servers.McpdServer(name, model.handler, model.settings, {"max_batch_size": 0}, placement)
     try:
         server.start()
         target = McpdZmq("mcpd", server.endpoint, name, inputs)
@@ -331,13 +343,13 @@ def warmup_file(inputs: TensorInputs, count: int, directory: Path) -> Path:
     return path
 
 
-async def cache_run(name: str, model: Model, sizes: Sizes, threads: int, cache_on: bool) -> dict:
+async def cache_run(name: str, model: Model, sizes: Sizes, placement: Placement, cache_on: bool) -> dict:
     """The Zipf stream on a daemon with the cache on (warmed from a file) or off."""
     inputs = TensorInputs(load_handler(model.handler).inputs, seed=1)
     with tempfile.TemporaryDirectory(prefix="mcpd-bench-cache-") as directory:
         cache = {"max_bytes": CACHE_BYTES, "warmup": str(warmup_file(inputs, WARM_INPUTS, Path(directory)))}
-        server = handler_servers.McpdServer(name, model.handler, model.settings, mcpd_batching(model), threads,
-                                            cache=cache if cache_on else None)
+        server = handler_servers.McpdServer(name, model.handler, model.settings, mcpd_batching(model, placement.device),
+                                            placement, cache=cache if cache_on else None)
         try:
             server.start_within(WARM_START_S)
             target = McpdZmq("mcpd", server.endpoint, name, inputs, cache=cache_on)
@@ -449,8 +461,9 @@ async def run(args) -> dict:
         measured["models"][name] = await measure_model(args, sizes, name, model, inputs, measured)
     if "text" in args.models and "text" not in measured["missing"]:
         print("cache: on, then off ...", flush=True)
-        measured["cache_on"] = await cache_run("text", MODELS["text"], sizes, args.threads, cache_on=True)
-        measured["cache_off"] = await cache_run("text", MODELS["text"], sizes, args.threads, cache_on=False)
+        placement = Placement(args.threads, args.device)
+        measured["cache_on"] = await cache_run("text", MODELS["text"], sizes, placement, cache_on=True)
+        measured["cache_off"] = await cache_run("text", MODELS["text"], sizes, placement, cache_on=False)
     return measured
 
 
@@ -460,8 +473,8 @@ async def burst_only(args, sizes: Sizes) -> dict:
     inputs = TensorInputs(load_handler(model.handler).inputs)
     spans = Path(tempfile.mkdtemp(prefix="burst-spans-")) / "spans.jsonl" if args.burst_spans else None
     tracing = {"enabled": True, "exporter": "file", "path": str(spans), "sample_ratio": args.burst_spans} if spans else None
-    server = handler_servers.McpdServer(BURST_MODEL, model.handler, model.settings, mcpd_batching(model), args.threads,
-                                        tracing=tracing, scheduler=CONTROL_SCHEDULER if args.burst_control else None)
+    server = handler_servers.McpdServer(BURST_MODEL, model.handler, model.settings, mcpd_batching(model, args.device),
+                                        Placement(args.threads, args.device), tracing=tracing, scheduler=CONTROL_SCHEDULER if args.burst_control else None)
     phases: dict[str, BurstPhase] = {}
     try:
         server.start()
@@ -480,19 +493,20 @@ async def burst_only(args, sizes: Sizes) -> dict:
 
 async def measure_model(args, sizes: Sizes, name: str, model: Model, inputs: TensorInputs, measured: dict) -> dict:
     """Every system on one model; the risk scorer's run keeps the burst and the context's bytes."""
-    runner = HandlerRunner(model.handler, model.settings)
+    placement = Placement(args.threads, args.device)
+    runner = HandlerRunner(model.handler, model.settings, args.device)
     reference = [runner.run([inputs.arrays(i)])[0] for i in range(CHECKED_INPUTS)]
     print(f"{name}: the model's own batching ceiling ...", flush=True)
     found_ceiling = batching_ceiling(runner, [inputs.arrays(i) for i in range(CEILING_INPUTS)],
-                                     model.batching["max_batch_size"], args.threads)
+                                     mcpd_batching(model, args.device)["max_batch_size"], args.threads)
     print(f"{name}: mcpd ...", flush=True)
-    found = await measure_mcpd(name, model, inputs, reference, sizes, args.threads,
+    found = await measure_mcpd(name, model, inputs, reference, sizes, placement,
                                args.burst_clients if name == BURST_MODEL else None)
     if name == BURST_MODEL:
         measured["burst"], measured["context"] = found.pop("burst"), found.pop("context")
     found["model-alone"] = found_ceiling
     print(f"{name}: mcpd, batching off ...", flush=True)
-    found["mcpd-unbatched"] = await batching_off(name, model, inputs, sizes, args.threads)
+    found["mcpd-unbatched"] = await batching_off(name, model, inputs, sizes, placement)
     for peer in args.peers:
         print(f"{name}: {peer} ...", flush=True)
         found[peer] = await measure_peer(peer, args.cache_dir, args.threads, name, model, inputs, reference, sizes)
@@ -510,6 +524,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads of every server (mcpd: workers.threads); 1: the best on a busy 2-core machine")
     parser.add_argument("--cache-dir", type=Path, default=checkpoints.DEFAULT_CACHE)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="where mcpd's workers and the batching ceiling run the models; cuda leaves the peers out")
     parser.add_argument("--burst-only", action="store_true", help="only the priority burst (its capacity measured first)")
     parser.add_argument("--burst-clients", type=int, default=BURST_CLIENTS,
                         help="client processes that offer the burst together (each its own socket)")
@@ -524,6 +540,7 @@ def main() -> None:
     args.models = [name for name in args.models.split(",") if name]
     if not 0.0 <= args.burst_spans <= 1.0:
         parser.error(f"--burst-spans {args.burst_spans}: a share of requests, 0 to 1")
+    check_device(parser, args.device, args.peers)
     if set(args.models) - set(MODELS):
         parser.error(f"unknown models {sorted(set(args.models) - set(MODELS))}; known: {', '.join(MODELS)}")
     if args.setup:
@@ -535,8 +552,21 @@ def main() -> None:
                       "versions": {peer: servers.version(args.cache_dir, peer) for peer in args.peers},
                       "machine": kept_figures.machine(), "load_avg": [load_before, round(os.getloadavg()[0], 2)],
                       "p99_limit_ms": P99_LIMIT_MS,
-                      "batching": {name: mcpd_batching(model) for name, model in MODELS.items()}, "threads": args.threads,
+                      "batching": {name: mcpd_batching(model, args.device) for name, model in MODELS.items()},
+                      "threads": args.threads, "device": args.device,
                       "quick": args.quick}))
+
+
+def check_device(parser: argparse.ArgumentParser, device: str, peers: list[str]) -> None:
+    """--device cuda needs no peer (their venvs' torch runs on the CPU) and a GPU torch sees."""
+    if device == "cpu":
+        return
+    if peers:
+        parser.error(f"--device {device}: the peers ({', '.join(peers)}) run on the CPU; add --peers ''")
+    import torch
+
+    if not torch.cuda.is_available():
+        parser.error(f"--device {device}: torch sees no CUDA device on this machine")
 
 
 def setup(cache_dir: Path) -> None:

@@ -273,3 +273,30 @@ def test_run_queue_counts_the_slices_of_every_thread_of_a_process():
     napper.join()
     assert slices >= 20 and waited >= 0
     assert burst_stages._run_queue(2 ** 22 + 1) == (0, 0)
+
+
+def test_on_a_gpu_each_model_batches_up_to_its_gpu_size_and_keeps_the_rest():
+    for model in (RISK, TEXT):
+        on_cpu, on_gpu = handlers.mcpd_batching(model), handlers.mcpd_batching(model, "cuda")
+        assert on_cpu == {**model.batching, **({"length_bins": list(model.length_bins)} if model.length_bins else {})}
+        assert on_gpu == {**on_cpu, "max_batch_size": model.gpu_max_batch_size}
+    assert TEXT.gpu_max_batch_size > TEXT.batching["max_batch_size"]
+
+
+def test_the_gpu_run_leaves_the_peers_out_and_needs_a_gpu(capsys):
+    import argparse
+    import subprocess
+
+    import torch
+
+    parser = argparse.ArgumentParser()
+    with pytest.raises(SystemExit):
+        handlers.check_device(parser, "cuda", ["litserve"])
+    assert "the peers (litserve) run on the CPU" in capsys.readouterr().err
+    handlers.check_device(parser, "cpu", ["litserve", "mlserver"])
+    if torch.cuda.is_available():
+        return
+    bench = Path(__file__).resolve().parents[1] / "bench" / "handlers.py"
+    done = subprocess.run([sys.executable, str(bench), "--device", "cuda", "--peers", "", "--quick"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "torch sees no CUDA device" in done.stderr and not done.stdout

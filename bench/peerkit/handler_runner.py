@@ -15,9 +15,9 @@ from mcpd.handlers.handler import Handler, load_handler
 
 
 class HandlerRunner:
-    def __init__(self, reference: str, settings: dict):
+    def __init__(self, reference: str, settings: dict, device: str = "cpu"):
         self.handler: Handler = load_handler(reference)
-        self.handler.setup("cpu", settings)
+        self.handler.setup(device, settings)
 
     def run(self, requests: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
         prepared = [self.handler.preprocess(inputs) for inputs in requests]

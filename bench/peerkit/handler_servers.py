@@ -16,6 +16,7 @@ import http.client
 import json
 import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from mcpd.config import SupervisorConfig
@@ -78,18 +79,25 @@ def mlserver(cache_dir: Path, model: str, handler: str, settings: dict, batching
 PEER_SERVERS = {"litserve": litserve, "mlserver": mlserver}
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where mcpd's worker runs a handler: torch's threads, and the device (cpu, or cuda on a GPU)."""
+    threads: int
+    device: str = "cpu"
+
+
 class McpdServer(servers.McpdServer):
     """The real daemon serving the handler as model `model` version v1, its KServe HTTP route on."""
 
-    def __init__(self, model: str, handler: str, settings: dict, batching: dict, threads: int, cache: dict | None = None,
-                 tracing: dict | None = None, scheduler: dict | None = None):
+    def __init__(self, model: str, handler: str, settings: dict, batching: dict, placement: Placement,
+                 cache: dict | None = None, tracing: dict | None = None, scheduler: dict | None = None):
         self.http_port = free_port()
         version = f"models.{model}.versions.v1"
         sections = {version: {"handler": handler, "workers": 1}, f"{version}.batching": batching,
                     # Reports at the shipped interval, not the tests' 0.1 s: the peers run as shipped too.
                     "supervisor": {"stats_interval_s": SupervisorConfig.stats_interval_s},
                     "http": {"listen": f"127.0.0.1:{self.http_port}"},
-                    "workers": {"device": "cpu", "threads": threads}}
+                    "workers": {"device": placement.device, "threads": placement.threads}}
         if settings:
             sections[f"{version}.settings"] = settings
         if cache:
