@@ -4,9 +4,9 @@ product by `torch._int_mm` (int8 x int8 -> int32, cuBLAS on the tensor cores), s
 input's dtype. torch._int_mm runs on the CPU too, so the CPU runs this same code as its test twin.
 
 torch._int_mm on CUDA takes more than 16 rows and inner and output widths that are multiples of
-8: the weights are padded with zero rows and columns once, an input with zero columns and rows
-on each call (zeros add nothing to a product), and the result sliced back, so any batch and any
-layer width works.
+8: the weights are padded with zero rows and columns once, each input with 17 zero rows and its
+missing zero columns on every call (zeros add nothing to a product), and the result sliced
+back, so any batch and any layer width works.
 """
 from __future__ import annotations
 
