@@ -17,8 +17,10 @@ from mcpd.handlers.examples.sentence_embedder import SentenceEmbedder
 from mcpd.handlers.examples.text_classifier import TextClassifier
 from mcpd.handlers.examples.wordpiece import PAD_ID, build_tokenizer, token_ids, vocabulary
 from mcpd.handlers.handler import Handler
+from mcpd.handlers.examples.risk_scorer import FEATURES, RiskScorer
 from mcpd.handlers.int8 import agreement, quantize_handler, quantize_linear_int8
 from mcpd.handlers.tensors import datatype_of
+from mcpd.handlers.w8a8_linear import W8A8Linear
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "etc" / "examples" / "handlers.toml"
 SETTINGS = {"layers": 2, "hidden": 64, "heads": 4, "max_length": 48, "seed": 3}
@@ -176,15 +178,24 @@ def test_agreement_measures():
         agreement(logits, logits[:3], "top1")
 
 
-def test_int8_quantizes_every_linear_and_leaves_the_float_model_be(classifier):
-    quantized = quantize_linear_int8(classifier.model)
+@pytest.mark.parametrize("force_int_mm, int8_linear", [(False, DynamicInt8Linear), (True, W8A8Linear)])
+def test_int8_quantizes_every_linear_and_leaves_the_float_model_be(classifier, force_int_mm, int8_linear):
+    """The CPU's torch dynamic int8, or (forced here, a CUDA device's) W8A8Linear."""
+    weights = {name: p.clone() for name, p in classifier.model.named_parameters()}
+    quantized = quantize_linear_int8(classifier.model, force_int_mm=force_int_mm)
     float_linears = sum(isinstance(m, torch.nn.Linear) for m in classifier.model.modules())
     assert float_linears == 2 * 6 + 2   # each layer's q, k, v, o, up, down; the pooler and the head
-    assert sum(isinstance(m, DynamicInt8Linear) for m in quantized.modules()) == float_linears
+    assert sum(isinstance(m, int8_linear) for m in quantized.modules()) == float_linears
     assert not any(isinstance(m, torch.nn.Linear) for m in quantized.modules())
     assert sum(isinstance(m, torch.nn.Linear) for m in classifier.model.modules()) == float_linears
-    with pytest.raises(ValueError, match="runs on the CPU"):
+    assert all(torch.equal(p, weights[name]) for name, p in classifier.model.named_parameters())
+
+
+def test_int8_refuses_a_device_it_has_no_kernels_for_naming_it():
+    with pytest.raises(ValueError, match="CUDA device .*; the model is on meta$"):
         quantize_linear_int8(torch.nn.Linear(4, 4, device="meta"))
+    with pytest.raises(ValueError, match="the model is on cpu and meta$"):
+        quantize_linear_int8(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4, device="meta")))
 
 
 def test_an_int8_handler_predicts_with_its_quantized_model():
@@ -201,27 +212,41 @@ def test_an_int8_handler_predicts_with_its_quantized_model():
 
 
 # Random weights leave many texts' top two logits within int8's noise of each other (a trained
-# classifier's margins are far wider), and torch's dynamic int8 quantizes every layer's input to
-# 8 bits: the measured agreement below is what these models give; a broken quantizer (a wrong
-# scale, a layer left out of its input) gives about 1 / labels.
-MIN_TOP1_INT8, MIN_COSINE_INT8 = 0.8, 0.99
+# classifier's margins are far wider), and int8 quantizes every layer's input to 8 bits: the
+# measured agreement below is what these models give; a broken quantizer (a wrong scale, a layer
+# left out of its input) gives about 1 / labels. The risk scores spread over 0.05-0.91: int8
+# moves the farthest of 1000 by under 0.02 (torch's dynamic int8; W8A8Linear's per-row scales
+# half that), a wrong scale by tenths.
+MIN_TOP1_INT8, MIN_COSINE_INT8, MAX_SCORE_DIFF_INT8 = 0.8, 0.99, 0.04
 
 
-def test_int8_agreement_over_generated_texts(classifier, embedder, capsys):
-    sample = texts(300, seed=4)
+@pytest.fixture(scope="module")
+def risk_scorer():
+    handler = RiskScorer()
+    handler.setup("cpu", {"seed": 3, "hidden": 64})
+    return handler
+
+
+@pytest.mark.parametrize("force_int_mm", [False, True], ids=["dynamic_int8", "w8a8_int_mm"])
+def test_int8_agreement_over_generated_inputs(classifier, embedder, risk_scorer, force_int_mm, capsys):
+    """Each example quantized as on the CPU, and as on a CUDA device (W8A8Linear, forced here)."""
+    features = np.random.default_rng(4).normal(size=(1000, FEATURES)).astype(np.float32)
     figures = {}
-    for handler, output, measure in ((classifier, "logits", "top1"), (embedder, "embedding", "cosine")):
-        batch = handler.preprocess({"text": sample})
+    for handler, batch, output, measure in (
+            (classifier, classifier.preprocess({"text": texts(300, seed=4)}), "logits", "top1"),
+            (embedder, embedder.preprocess({"text": texts(300, seed=4)}), "embedding", "cosine"),
+            (risk_scorer, {"features": features}, "score", "max_abs_diff")):
         float_model = handler.model
         reference = handler.predict(batch)[output]
-        handler.model = quantize_linear_int8(float_model)
+        handler.model = quantize_linear_int8(float_model, force_int_mm=force_int_mm)
         try:
             figures[measure] = agreement(reference, handler.predict(batch)[output], measure)
         finally:
             handler.model = float_model
     with capsys.disabled():
-        print(f"\nint8 agreement over 300 texts: {figures}")
+        print(f"\nint8 agreement (force_int_mm={force_int_mm}) over 300 texts, 1000 risk rows: {figures}")
     assert figures["top1"] >= MIN_TOP1_INT8 and figures["cosine"] >= MIN_COSINE_INT8
+    assert 0 < figures["max_abs_diff"] <= MAX_SCORE_DIFF_INT8
 
 
 @pytest.mark.parametrize("fixture", ["classifier", "embedder"])

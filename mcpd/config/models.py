@@ -23,7 +23,7 @@ class ModelConfig:
     dtype: str = "auto"         # auto (checkpoint's dtype; float32 on CPU for half types), float32, float16, bfloat16
     max_model_len: int = 4096   # prompt + generated tokens per sequence
     quantization: str = "none"  # none, or int8: weight-only int8 linear layers (Llama family; quant/int8.py);
-                                # a handler's: its model's nn.Linear dynamically quantized (handlers/int8.py)
+                                # a handler's: its model's nn.Linear in int8, on the CPU or CUDA (handlers/int8.py)
     content_special_tokens: bool = False   # true: special-token text in chat messages gives special tokens
 
     def check(self) -> None:

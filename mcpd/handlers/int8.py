@@ -1,26 +1,56 @@
-"""quantization = "int8" for a handler: its model's nn.Linear layers as torch's dynamically
-quantized ones (int8 weights, each input quantized to 8 bits on the fly, int8 matmuls by
-fbgemm/onednn on the CPU), and how closely the quantized model's outputs follow the float ones.
+"""quantization = "int8" for a handler: its model's nn.Linear layers in int8, with weights and
+each input quantized to 8 bits and int8 matmuls, and how closely the quantized model's outputs
+follow the float ones.
 
-torch's own quantize_dynamic rather than mcpd's weight-only int8 (mcpd/quant/int8.py): any
-module a user hands in works, with kernels torch keeps for every CPU. It runs on the CPU only.
+Where each runs: a model on the CPU gets torch's dynamically quantized linear
+(torch.ao.quantization.quantize_dynamic, fbgemm/onednn kernels) rather than mcpd's weight-only
+int8 (mcpd/quant/int8.py): any module a user hands in works, with kernels torch keeps for every
+CPU. torch's dynamic int8 has no GPU kernels, so a model on a CUDA device gets W8A8Linear
+(w8a8_linear.py, torch._int_mm on the tensor cores). Any other device is refused.
 """
 from __future__ import annotations
 
+import copy
 import warnings
 
 import numpy as np
 import torch
 from torch import nn
 
+from mcpd.handlers.w8a8_linear import W8A8Linear
 
-def quantize_linear_int8(module: nn.Module) -> nn.Module:
-    """A copy of `module` (on the CPU) with every nn.Linear dynamically quantized to int8."""
-    if any(p.device.type != "cpu" for p in module.parameters()):
-        raise ValueError("quantization = \"int8\" runs on the CPU: torch's dynamic int8 has no GPU kernels")
+DEVICES = ("cpu", "cuda")
+
+
+def quantize_linear_int8(module: nn.Module, *, force_int_mm: bool = False) -> nn.Module:
+    """A copy of `module` with every nn.Linear in int8, by the device its parameters are on (the
+    module is left as it was). force_int_mm: the CUDA device's W8A8Linear on the CPU as well, its
+    test twin."""
+    devices = sorted({p.device.type for p in module.parameters()}) or ["cpu"]
+    if len(devices) > 1 or devices[0] not in DEVICES:
+        raise ValueError(f"quantization = \"int8\" runs on the CPU (torch's dynamic int8) or a CUDA device "
+                         f"(torch._int_mm); the model is on {' and '.join(devices)}")
+    if devices == ["cuda"] or force_int_mm:
+        return with_w8a8_linears(module)
     with warnings.catch_warnings():   # torch marks torch.ao.quantization deprecated in favour of torchao,
         warnings.simplefilter("ignore")   # a dependency mcpd does not carry; it still ships and runs
         return torch.ao.quantization.quantize_dynamic(module, {nn.Linear}, dtype=torch.qint8)
+
+
+def with_w8a8_linears(module: nn.Module) -> nn.Module:
+    """A copy of `module` whose nn.Linear layers are W8A8Linear ones. Subclasses are left as
+    quantize_dynamic leaves them: MultiheadAttention's out_proj, say, whose weight its owner reads."""
+    if type(module) is nn.Linear:
+        return W8A8Linear(module)
+    # The linears are not copied (a model on a GPU would briefly hold its float weights twice):
+    # the copy shares them until the loop below replaces each in the copy alone
+    linears = {id(m): m for m in module.modules() if type(m) is nn.Linear}
+    quantized = copy.deepcopy(module, memo=dict(linears))
+    for parent in list(quantized.modules()):
+        for name, child in parent.named_children():
+            if type(child) is nn.Linear:
+                setattr(parent, name, W8A8Linear(child))
+    return quantized
 
 
 def quantize_handler(handler) -> None:
