@@ -46,7 +46,9 @@ under-read a system by half; `rounds_rps` keeps each round's):
                       says how late they sent (a note when later than high's idle p99).
                       --burst-control runs it with priorities off (FIFO, no edge shedding): far over 2
                       burst.burst_high_p99_by_send_time: high's p99 by when in the burst it was sent
-                      (finer at the start, where a backlog builds before shedding), and the first low refused
+                      (finer at the start, where a backlog builds before shedding), and the first low refused;
+                      burst.core_stalls: how often each core stopped running a spinning process
+                      before the burst (peerkit/core_stalls.py), the machine's floor under idle p99
   cache_hit_rate, cache_rps_ratio   text classifier, a Zipf(1.1) stream over 100k distinct
                       inputs, the cache warmed at start from a file of the 20k most frequent:
                       the share answered from the cache, and the held rate over the cache off
@@ -78,6 +80,7 @@ from mcpd.client import Client
 from mcpd.handlers.handler import load_handler
 from peerkit import checkpoints, handler_servers, servers
 from peerkit.batching_ceiling import batching_ceiling
+from peerkit.core_stalls import core_stalls
 from peerkit.handler_servers import Placement
 from peerkit.burst_stages import BurstStages, high_p99_by_send_time, high_spans_ms, request_parts_ms
 from peerkit.handler_runner import HandlerRunner
@@ -100,6 +103,7 @@ CACHE_BYTES = 256 << 20
 WARM_START_S = 900   # the warm-up runs 20k texts through the model before the daemon is ready
 CEILING_INPUTS = 256   # rows predict() runs at batch 1 and in full batches for the batching ceiling
 BURST_MODEL = "risk"
+STALL_PROBE_S = 2.0   # each core spun this long for burst.core_stalls
 BURST_CLIENTS = 2    # processes offering the burst: one Python process cannot send 2x mcpd's capacity on time
 PREMIUM_TENANT = "premium"
 BURST_LOAD = ("open-loop Poisson arrivals; the capacity closed-loop from the flood's processes; every high "
@@ -256,6 +260,7 @@ async def priority_burst(server: handler_servers.McpdServer, name: str, inputs: 
     few seconds on a shared machine reads anything from under 2x to many times that, as a
     neighbour's moment of load falls. `phases`, when given, gets the median round's "idle" and
     "burst" runs."""
+    stalls = core_stalls(STALL_PROBE_S)   # before any client process: the machine's own floor
     pick = Uniform(INPUT_POOL)
     make_sender = functools.partial(FrameSender, server.endpoint, name, inputs, DEADLINE_MS)
     make_premium = functools.partial(make_sender, tenant=PREMIUM_TENANT)
@@ -269,7 +274,7 @@ async def priority_burst(server: handler_servers.McpdServer, name: str, inputs: 
         phases.update(round_phases)
     return {"capacity_rps": round(capacity, 1), "clients": clients, "load": BURST_LOAD, **median,
             "rounds_high_p99_ratio": [found["high_p99_ratio"] for found, _ in rounds],
-            "unanswered": sum(found["unanswered"] for found, _ in rounds)}
+            "unanswered": sum(found["unanswered"] for found, _ in rounds), "core_stalls": stalls}
 
 
 async def burst_round(server: handler_servers.McpdServer, processes: ClientProcesses, capacity: float, pick,

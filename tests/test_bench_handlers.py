@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
@@ -300,3 +301,31 @@ def test_the_gpu_run_leaves_the_peers_out_and_needs_a_gpu(capsys):
     done = subprocess.run([sys.executable, str(bench), "--device", "cuda", "--peers", "", "--quick"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "torch sees no CUDA device" in done.stderr and not done.stdout
+
+
+def test_core_stalls_finds_the_time_its_spinners_were_stopped():
+    """Each core's spinner, stopped for STOP_S once it is spinning, reads a gap at least that long."""
+    import os
+    import signal
+    import threading
+    import time
+
+    from peerkit.core_stalls import core_stalls
+
+    stop_s, found = 0.05, {}
+    measuring = threading.Thread(target=lambda: found.update(core_stalls(4.0)))
+    measuring.start()
+    me, stopped = psutil.Process(), set()
+    while len(stopped) < len(os.sched_getaffinity(0)):
+        for child in me.children():
+            if child.pid not in stopped and child.cpu_times().user > 0.2:   # in its loop, spinning
+                os.kill(child.pid, signal.SIGSTOP)
+                time.sleep(stop_s)
+                os.kill(child.pid, signal.SIGCONT)
+                stopped.add(child.pid)
+        time.sleep(0.01)
+    measuring.join()
+    assert set(found) == {f"cpu{cpu}" for cpu in os.sched_getaffinity(0)}
+    for figures in found.values():
+        assert figures["longest_ms"] >= stop_s * 1e3 and figures["long_gaps_per_s"] >= 1 / 4.0
+        assert 0 < figures["lost_share"] < 1
