@@ -316,7 +316,7 @@ def test_core_stalls_finds_the_time_its_spinners_were_stopped():
     measuring = threading.Thread(target=lambda: found.update(core_stalls(4.0)))
     measuring.start()
     me, stopped = psutil.Process(), set()
-    while len(stopped) < len(os.sched_getaffinity(0)):
+    while measuring.is_alive() and len(stopped) < len(os.sched_getaffinity(0)):
         for child in me.children():
             if child.pid not in stopped and child.cpu_times().user > 0.2:   # in its loop, spinning
                 os.kill(child.pid, signal.SIGSTOP)
