@@ -74,6 +74,19 @@ def test_a_zero_row_gives_the_bias_and_no_rows_give_no_rows():
     assert W8A8Linear(layer)(torch.zeros(0, 24)).shape == (0, 10)
 
 
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_non_finite_input_row_gives_non_finite_outputs_and_leaves_the_other_rows_be(bad):
+    """As the float layer does: a NaN is never passed off as a finite answer (int8 has no NaN)."""
+    layer = W8A8Linear(linear(24, 10))
+    x = torch.randn(4, 24)
+    clean = layer(x)
+    x[1, 5] = bad
+    y = layer(x)
+    assert not torch.isfinite(y[1]).any()
+    assert torch.equal(y[[0, 2, 3]], clean[[0, 2, 3]])
+
+
 def test_inputs_and_weights_of_exact_int8_steps_come_back_exact():
     """Integer rows whose largest value is 127, scaled by powers of two, are int8 values times
     their scales with no rounding: whatever the padding, each output is the float product (sums

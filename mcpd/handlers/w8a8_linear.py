@@ -29,10 +29,11 @@ def padded(width: int) -> int:
 
 def quantized_rows(matrix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row of a matrix as int8 in [-127, 127] times its scale (max |row| / 127, float32, a
-    column)."""
+    column). A row holding a NaN or an infinity keeps a non-finite scale: its int8 values mean
+    nothing, and the scale makes its outputs non-finite, as the float layer's are."""
     matrix = matrix.float()
     scale = matrix.abs().amax(1, keepdim=True) / INT8_MAX
-    scale = torch.where(scale > 0, scale, torch.ones_like(scale))   # an all-zero row stays 0, not 0/0
+    scale = torch.where(scale == 0, torch.ones_like(scale), scale)   # an all-zero row stays 0, not 0/0
     return torch.round(matrix / scale).clamp(-INT8_MAX, INT8_MAX).to(torch.int8), scale
 
 
