@@ -4,13 +4,16 @@ risk model of two handler versions (RiskScorer, and RiskRules as v2), whose answ
 must be the ZeroMQ `infer`'s."""
 import http.client
 import json
+import os
 import socket
+import time
 
 import numpy as np
 import pytest
 from tritonclient.http import InferenceServerClient, InferInput, InferRequestedOutput
 from tritonclient.utils import InferenceServerException
 
+from mcpd.security.api_keys import API_DIR
 from mcpd.testing import free_port
 from test_metrics import scrape, total
 
@@ -235,3 +238,21 @@ def test_api_keys_guard_every_route_but_liveness_and_name_the_tenant(guarded):
     guarded.wait_until(lambda: total(scrape(guarded), "mcpd_requests_total", op="infer", tenant="carol",
                                      code="OK") == 1, 30, "carol's infer counted")
     assert total(scrape(guarded), "mcpd_requests_total", tenant="mallory") == 0   # a header cannot claim another
+
+
+def test_an_api_key_revoked_in_the_tick_of_the_listeners_read_is_refused(guarded):
+    """A change in the same timestamp tick as the listener's last read of the key directory leaves
+    the directory's mtime as that read saw it (set back so here, a minute ahead: no read takes it
+    for settled, however slow the machine): the revoked key is refused all the same."""
+    keys = guarded.root / "state/keys" / API_DIR
+    auth = {"Authorization": f"Bearer {guarded.control('keys.api.add', {'name': 'erin'})['api_key']}"}
+    unsettled = time.time_ns() + 60 * 10**9
+    try:
+        os.utime(keys, ns=(unsettled, unsettled))
+        assert raw(guarded, "GET", "/v2/models/risk/ready", headers=auth)[0] == 200   # read at that mtime
+        assert guarded.control("keys.api.revoke", {"name": "erin"})["revoked"]
+        os.utime(keys, ns=(unsettled, unsettled))   # revoked in the read's tick
+        guarded.wait_until(lambda: raw(guarded, "GET", "/v2/models/risk/ready", headers=auth)[0] == 401, 30,
+                           "the revoked key refused")
+    finally:
+        os.utime(keys)

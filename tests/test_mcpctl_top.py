@@ -1,5 +1,6 @@
 """`mcpctl top` against a real daemon: its frame shows the models, the classes and the requests in
 flight longest, and a bad --interval is refused before anything is asked."""
+import json
 import signal
 import subprocess
 
@@ -49,7 +50,9 @@ def test_top_once_shows_models_classes_and_the_slowest_request(d):
 def test_top_json_is_the_status_report(d):
     done = d.mcpctl("top", "--once", "--json")
     assert done.returncode == 0, done.stderr
-    assert '"slowest"' in done.stdout and '"max_queue"' in done.stdout
+    report = json.loads(done.stdout)
+    assert report.keys() == d.control("status").keys() and report["pid"] == d.process.pid
+    assert "slowest" in report["requests"] and "max_queue" in report["scheduler"]["classes"]["high"]
 
 
 @pytest.mark.parametrize("interval", ["0", "-1", "abc", "nan", "7200"])

@@ -1,6 +1,8 @@
 """Checkpoint variants that real models use (tiny_checkpoints.VARIANTS): windows across chunks,
 blocks and preemption, which kernels run what, and refusals by name. (Every variant's greedy
 tokens and logits against transformers: test_models_vs_hf.py.)"""
+import json
+
 import pytest
 
 from mcpd.config import ModelConfig
@@ -83,11 +85,15 @@ def test_a_hostile_rope_scaling_is_refused_by_name(kind, rope, named, checkpoint
         make_engine(_edited_copy(checkpoints[kind], tmp_path, rope_parameters=None, rope_scaling=rope))
 
 
-def test_a_rope_scaling_stretches_the_context(checkpoints):
-    """max_position_embeddings (and yarn's original) times the factor, as vLLM reads them."""
-    lengths = {kind: load_model(ModelConfig(path=str(checkpoints[kind]), max_model_len=1 << 20), CPU).max_model_len
-               for kind in ("llama_linear", "llama_dynamic", "qwen2_yarn", "llama_longrope")}
-    assert lengths == {"llama_linear": 128, "llama_dynamic": 128, "qwen2_yarn": 128, "llama_longrope": 128}
+def test_a_rope_scaling_stretches_the_context(checkpoints, tmp_path):
+    """max_position_embeddings (and yarn's original) times the factor, as vLLM reads them. yarn's
+    factor is raised to 8: the checkpoint's original 32 times 4 is its max_position_embeddings."""
+    yarn = json.loads((checkpoints["qwen2_yarn"] / "config.json").read_text())["rope_parameters"]
+    paths = {kind: checkpoints[kind] for kind in ("llama_linear", "llama_dynamic", "llama_longrope")}
+    paths["qwen2_yarn"] = _edited_copy(checkpoints["qwen2_yarn"], tmp_path, rope_parameters={**yarn, "factor": 8.0})
+    lengths = {kind: load_model(ModelConfig(path=str(path), max_model_len=1 << 20), CPU).max_model_len
+               for kind, path in paths.items()}
+    assert lengths == {"llama_linear": 64 * 2, "llama_dynamic": 32 * 4, "qwen2_yarn": 32 * 8, "llama_longrope": 128}
 
 
 @pytest.mark.parametrize("kind, changes, named", [

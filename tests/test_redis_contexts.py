@@ -147,8 +147,8 @@ def test_on_the_journal_alone_changes_go_on_and_redis_catches_up_in_order(tmp_pa
     first.store.update("t", "early", 0, [codec.diff("n", None, 1)])
     first.store.open("t", "late")
     redis_server.kill()
-    first.store.update("t", "early", 1, [codec.diff("n", None, 2)])   # acknowledged: in the journal
-    first.store.update("t", "late", 0, [codec.diff("n", None, 10)])
+    first.store.update("t", "late", 0, [codec.diff("n", None, 10)])   # acknowledged: in the journal
+    first.store.update("t", "early", 1, [codec.diff("n", None, 2)])   # behind second, though first by name
     with pytest.raises(MCPDError) as unknown:   # a context this node lacks may be in Redis: not made anew
         first.store.open("t", "elsewhere")
     assert unknown.value.code == codes.UNAVAILABLE
@@ -157,8 +157,14 @@ def test_on_the_journal_alone_changes_go_on_and_redis_catches_up_in_order(tmp_pa
         first.store.drop("t", "late")
     assert refused.value.code == codes.UNAVAILABLE
     first.shared.catch_up(0.0)   # Redis still down: nothing written, tried again later
-    assert list(first.shared.behind) == [("t", "early"), ("t", "late")]   # the order they fell behind
+    assert list(first.shared.behind) == [("t", "late"), ("t", "early")]   # the order they fell behind
     redis_server.start()
+    early_meta = keys_of("t", "early").meta
+    redis_server.client().delete(early_meta)
+    redis_server.client().set(early_meta, "not a hash")   # early's write fails: the catch-up stops there
+    first.shared.catch_up(first.shared.next_catch_up)
+    assert list(first.shared.behind) == [("t", "early")]   # late, behind first, was written first
+    redis_server.client().delete(early_meta)
     first.shared.catch_up(first.shared.next_catch_up)
     assert first.shared.behind == {}
     other = node(tmp_path / "b", redis_server)

@@ -91,6 +91,23 @@ def test_a_crashed_child_is_started_again_after_its_backoff():
     assert worker.state == "starting"
 
 
+def test_a_restart_asked_for_a_worker_dead_since_the_last_turn_starts_it_at_the_next():
+    """The worker died (a SIGKILL) and the op came before the supervisor's loop reaped it: the op
+    reaps it and the next turn starts it, without its backoff, rather than refuse it as stopped.
+    (test_mcpctl.py sends it to a real daemon, where this order is a race.)"""
+    core = make_core()
+    ready_all(core)
+    worker = child(core, "worker")
+    first = worker.process
+    first.kill()   # no turn since
+    call(core, "workers.restart", 1, args={"index": 0})
+    [(_, reply)] = replies(core)
+    assert reply["kind"] == "ok" and reply["result"]["old_pid"] is None, reply
+    assert sent(core.ports.scheduler) == [messages.WorkerLost(0, first.pid)]
+    core.tick()
+    assert worker.process is not first and worker.process.is_alive()
+
+
 def test_the_backoff_doubles_up_to_its_cap_and_resets_after_a_stable_run():
     core = make_core()
     ready_all(core)
