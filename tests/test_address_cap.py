@@ -41,10 +41,28 @@ def test_a_connection_past_the_cap_is_cut_and_a_closed_one_frees_its_place():
         listener.close()
 
 
-def test_ipc_connections_are_not_capped():
+def test_ipc_connections_are_not_capped(tmp_path):
     cap = AddressCap(1, logging.getLogger("test"))
-    cap.accepted(10**6, b"ipc:///run/mcpd/client.ipc")   # never looked at: no descriptor read
-    assert cap.stats() == {"addresses": 0, "cut_over_address_cap": 0}
+    path = str(tmp_path / "client.ipc")
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(path)
+    listener.listen()
+    pairs = []
+    try:
+        for _ in range(2):
+            client = socket.socket(socket.AF_UNIX)
+            client.connect(path)
+            pairs.append((client, listener.accept()[0]))
+            cap.accepted(pairs[-1][1].fileno(), f"ipc://{path}".encode())
+        assert cap.stats() == {"addresses": 0, "cut_over_address_cap": 0}
+        for client, server in pairs:   # neither was cut
+            server.sendall(b"x")
+            assert client.recv(1) == b"x"
+    finally:
+        for pair in pairs:
+            for sock in pair:
+                sock.close()
+        listener.close()
 
 
 def dealer(endpoint: str) -> zmq.Socket:

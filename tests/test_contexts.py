@@ -35,12 +35,14 @@ def test_chat_messages_append_rendered_turns_after_what_they_keep(daemon):
     with daemon.client() as client:
         ctx = client.context("chat-msgs")
         first = ctx.chat("user", "hi", **GREEDY)
+        after_first = list(ctx.tokens)
         second = ctx.chat("user", "again", **GREEDY)
         assert second.context.version == 2
         # kept_tokens: the first answer's tail that its text (the client's) does not spell was replaced
         kept = second.context.kept_tokens
         kept = len(first.context.appended_token_ids) if kept is None else kept
-        assert len(ctx.tokens) == kept + len(second.context.appended_token_ids)
+        held = list(client.context("chat-msgs", create=False).tokens)   # the daemon's, not the mirror's
+        assert held == list(ctx.tokens) == after_first[:kept] + second.context.appended_token_ids
 
 
 def test_fields_sync_both_ways_and_deltas_are_small(daemon):

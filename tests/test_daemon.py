@@ -110,6 +110,9 @@ def test_mcpctl_status_json(daemon):
 
 
 def test_mcpctl_status_table(daemon):
+    with daemon.client() as client:   # a request of its own: the latency rows show served requests
+        client.ping()
+    daemon.wait_until(lambda: daemon.status()["requests"]["served"] > 0, 10, "served count")
     done = daemon.mcpctl("status")
     assert done.returncode == 0, done.stderr
     assert "scheduler" in done.stdout and "p50" in done.stdout and "KERNELS" in done.stdout

@@ -41,6 +41,7 @@ def test_static_padded_decode_gives_the_ordinary_steps_tokens(kind, checkpoints)
     expected = generate(make_engine(checkpoints[kind], kernels="torch"), MANY_PROMPTS, MANY_TOKENS)
     engine = with_static_decode(make_engine(checkpoints[kind], kernels="torch"))
     assert generate(engine, MANY_PROMPTS, MANY_TOKENS) == expected
+    assert sorted(engine.decode_graphs.steps) == [1, 2, 4, 8]   # the decodes ran through the buckets' buffers
     for prompt, n, tokens in zip(MANY_PROMPTS, MANY_TOKENS, expected):   # alone: bucket 1
         assert generate(engine, [prompt], [n]) == [tokens]
 
@@ -50,6 +51,7 @@ def test_more_sequences_than_the_largest_bucket_run_the_ordinary_way(checkpoints
     engine = with_static_decode(make_engine(checkpoints["llama"], kernels="torch"), max_num_seqs=4)
     assert engine.decode_graphs.max_batch == 4
     assert generate(engine, MANY_PROMPTS, MANY_TOKENS) == expected
+    assert sorted(engine.decode_graphs.steps) == buckets(4)   # from four sequences down, the buffers again
 
 
 def test_the_padding_block_is_held_for_good_and_no_request_may_need_it(checkpoints):

@@ -210,7 +210,15 @@ def test_chunked_prefill_and_garbage_in_fresh_kv_memory_change_nothing(engine, k
     expected = tokens(run(engine, {"p": (prompt, GREEDY)})["p"])
     chunked = make_engine(max_step_tokens=16, kernels=kernels)
     chunked.kv.tensor.fill_(float("nan"))  # the pool hands out uninitialised memory
-    assert tokens(run(chunked, {"p": (prompt, GREEDY)})["p"]) == expected
+    prompt_ids = chunked.tokenizer.encode(prompt)
+    chunked.add_request("p", prompt_ids, GREEDY)
+    outputs, prefill_steps = chunked.step(), 1
+    while not outputs:   # nothing comes out until the prompt's last chunk has run
+        outputs, prefill_steps = chunked.step(), prefill_steps + 1
+    while chunked.has_work:
+        outputs += chunked.step()
+    assert prefill_steps == -(-len(prompt_ids) // 16)   # chunks of max_step_tokens
+    assert tokens(outputs) == expected
 
 
 def test_requests_that_cannot_run_are_refused(engine):

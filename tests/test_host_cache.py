@@ -56,7 +56,11 @@ def test_chat_resumes_from_the_host_cache_after_its_workers_die(daemon):
 
 def test_status_shows_the_cache_and_its_figures_move(daemon):
     with Client(daemon.endpoint, tenant="status", timeout=120) as client:
-        client.context("s").generate("Hello " * 40, **GREEDY)
+        context = client.context("s")
+        context.generate("Hello " * 40, **GREEDY)
+        for index in (0, 1):   # no worker keeps its KV: the next turn reads it from the cache (hits)
+            kill_and_wait(daemon, "worker", index)
+        context.generate(" again", **GREEDY)
     daemon.wait_until(lambda: cache_status(daemon)["contexts"] >= 1 and cache_status(daemon)["hits"] > 0, 30, "stats")
     cache = cache_status(daemon)
     assert cache["enabled"] and cache["total_bytes"] <= CACHE_BYTES and 0 < cache["used_bytes"] <= cache["total_bytes"]
