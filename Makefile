@@ -60,7 +60,7 @@ $(VENV)/.test: $(VENV)/.runtime | promtool redis-server nginx
 # promtool checks and unit-tests etc/prometheus/ (tests/test_operator_files.py). It is taken out
 # of Debian's prometheus package into the venv rather than installing the package, which brings a
 # Prometheus server its postinst starts, a system user and a dozen JavaScript packages. Without
-# apt or the package those tests skip and say why.
+# apt or the package those tests skip and say why (under CI they fail: tests/set_up_tools.py).
 promtool: $(VENV)/.runtime
 	@command -v promtool >/dev/null || test -x $(VENV)/bin/promtool || { \
 	  tmp=$$(mktemp -d); \
@@ -74,7 +74,7 @@ promtool: $(VENV)/.runtime
 # redis-server for the cluster tests (tests/test_redis_contexts.py, tests/test_cluster.py), which
 # start their own on a free loopback port: Debian's package, installed when missing (as root), and
 # the system service it may start stopped and disabled so that no Redis is left running.
-# Without it those tests skip and say why.
+# Without it those tests skip and say why (under CI they fail: tests/set_up_tools.py).
 redis-server:
 	@command -v redis-server >/dev/null || { \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null && \

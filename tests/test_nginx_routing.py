@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from mcpd.testing import free_port
+from set_up_tools import require
 
 pytestmark = pytest.mark.slow
 DOCS = Path(__file__).parent.parent / "docs" / "CLUSTER.md"
@@ -40,8 +41,7 @@ def nginx_config(root: Path, port: int, upstreams: list[str]) -> str:
 
 @pytest.fixture
 def nginx_in_front(fresh_daemon, redis_server, tmp_path):
-    if shutil.which("nginx") is None:
-        pytest.skip("nginx is not installed (`make setup-test` installs Debian's nginx-light)")
+    require(shutil.which("nginx"), "nginx", "`make setup-test` installs Debian's nginx-light")
     nodes = [fresh_daemon(http={"listen": f"127.0.0.1:{free_port()}"},
                           cluster={"redis": redis_server.url, "node_id": name}) for name in ("a", "b")]
     upstreams = [node.control("config")["config"]["http"]["listen"] for node in nodes]

@@ -3,11 +3,12 @@ worker's slots and the whole queue with long generates; tenant b's 1-token reque
 admitted (the first by taking the place of a's newest waiting request) and seated at once (the
 worker's headroom slots), so all of b's end while every one of a's still runs. The order, not
 the clock: a's requests need 1,024 engine steps each, b's one or two."""
+from mcpd.config import SchedulerConfig
 from mcpd.protocol import codes
 from mcpd.testing import final_reply
 
 FLOOD, QUEUE, PER_WORKER = 72, 8, 64
-HEADROOM = 4   # scheduler.tenant_headroom's default
+HEADROOM = SchedulerConfig().tenant_headroom
 LONG = 1024
 
 

@@ -16,6 +16,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from mcpd.testing import free_port
+from set_up_tools import require
 
 ETC = Path(__file__).resolve().parent.parent / "etc"
 DASHBOARDS = sorted((ETC / "grafana").glob("*.json"))
@@ -45,10 +46,8 @@ def exported(module_daemon, module_redis_server) -> set[str]:
 def promtool() -> str:
     """promtool on PATH or in the virtual environment (the Makefile's test set-up puts it there)."""
     found = shutil.which("promtool") or shutil.which("promtool", path=str(Path(sys.prefix) / "bin"))
-    if not found:
-        pytest.skip("promtool is neither on PATH nor in the venv: `make setup-test` extracts it from Debian's "
-                    "prometheus package, which needs apt and that package")
-    return found
+    return require(found, "promtool", "neither on PATH nor in the venv: `make setup-test` extracts it from "
+                   "Debian's prometheus package, which needs apt and that package")
 
 
 def rule_groups() -> list[dict]:

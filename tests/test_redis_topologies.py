@@ -22,6 +22,7 @@ from mcpd.protocol import codes
 from mcpd.protocol import delta as codec
 from mcpd.protocol.codes import MCPDError
 from mcpd.testing import RedisServer, free_port
+from set_up_tools import require
 from test_redis_contexts import grow, same
 
 LOG = logging.getLogger("test")
@@ -139,8 +140,7 @@ def sentinel(redis_server):
 
 @pytest.fixture
 def redis_cluster():
-    if shutil.which("redis-server") is None:
-        pytest.skip("redis-server is not installed (`make setup-test` installs Debian's package)")
+    require(shutil.which("redis-server"), "redis-server", "`make setup-test` installs Debian's package")
     servers = RedisClusterServers()
     yield servers
     servers.cleanup()

@@ -360,8 +360,9 @@ def test_key_files_get_their_modes_whatever_the_umask(tmp_path, umask):
                      "server.key": 0o644, "server.key_secret": 0o600}
 
 
-def test_spoofed_tenant_header_bytes_are_not_forwarded(secure, bob):
-    """The scheduler sees the re-packed header: a raw tenant field never survives."""
+def test_a_raw_header_claiming_another_tenant_is_refused(secure, bob):
+    """A header naming another tenant, sent from a bare socket (no client library in the way), is
+    refused UNAUTHORIZED rather than served as that tenant."""
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.RCVTIMEO, 20000)

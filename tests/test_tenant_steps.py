@@ -11,7 +11,8 @@ from mcpd.engine import Engine, SamplingParams
 from mcpd.engine.active_tenants import ACTIVE_S
 from mcpd.engine.engine import PROCESS_THREADS
 
-FLOOD, BOUND = 40, 16
+FLOOD = 40
+BOUND = EngineConfig().shared_step_decodes
 LONG = SamplingParams(max_tokens=200, temperature=0, ignore_eos=True)
 ONE = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
 
