@@ -72,6 +72,13 @@ def recv_frames(sock: zmq.Socket) -> list[bytes]:
     return frames
 
 
+def with_ipv6(sock: zmq.Socket) -> zmq.Socket:
+    """A TCP socket that takes IPv6 endpoints too (tcp://[::1]:7070): libzmq's sockets are IPv4
+    only by default, and fail to bind or connect to one with "No such device"."""
+    sock.setsockopt(zmq.IPV6, 1)
+    return sock
+
+
 def router(context: zmq.Context) -> zmq.Socket:
     """A ROUTER whose names for clients that set no routing id cannot be guessed. libzmq takes
     them from a counter that starts at libc's rand(), which nothing seeds: 00 6b 8b 45 67, then
@@ -84,7 +91,7 @@ def router(context: zmq.Context) -> zmq.Socket:
         ctypes.CDLL(None).srand(int.from_bytes(os.urandom(4), "little"))
     except OSError:
         pass   # no C library to reach: libzmq's ids stay predictable
-    return context.socket(zmq.ROUTER)
+    return with_ipv6(context.socket(zmq.ROUTER))
 
 
 def drain(sock: zmq.Socket, handle, limit: int = 1 << 30, receive=None) -> int:

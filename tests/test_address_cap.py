@@ -3,26 +3,42 @@ and on a daemon."""
 import logging
 import socket
 
+import pytest
 import zmq
 
+from mcpd.client import Client
 from mcpd.daemon.frontend.address_cap import AddressCap
 from mcpd.protocol import wire
+from mcpd.sockets import with_ipv6
+from mcpd.testing import free_port
 
 ENDPOINT = b"tcp://127.0.0.1:1"
 
 
-def connection_pairs(count: int) -> tuple[socket.socket, list[tuple[socket.socket, socket.socket]]]:
-    listener = socket.create_server(("127.0.0.1", 0))
+def loopback(host: str) -> str:
+    """The loopback address, where this machine has it (a container may run without IPv6)."""
+    try:
+        socket.create_server((host, 0), family=socket.AF_INET6 if ":" in host else socket.AF_INET).close()
+    except OSError:
+        pytest.skip(f"no {host} loopback here")
+    return host
+
+
+def connection_pairs(count: int, host: str = "127.0.0.1") -> tuple[socket.socket, list[tuple[socket.socket, socket.socket]]]:
+    listener = socket.create_server((host, 0), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
     pairs = []
     for _ in range(count):
-        client = socket.create_connection(listener.getsockname())
+        client = socket.create_connection(listener.getsockname()[:2])
         pairs.append((client, listener.accept()[0]))
     return listener, pairs
 
 
-def test_a_connection_past_the_cap_is_cut_and_a_closed_one_frees_its_place():
+@pytest.mark.parametrize("host", ["127.0.0.1", "::1"])
+def test_a_connection_past_the_cap_is_cut_and_a_closed_one_frees_its_place(host):
+    """One address however many connections it opens: over IPv6 too, whose descriptors are no
+    IPv4 sockets (read as one, each connection's address came out different)."""
     cap = AddressCap(2, logging.getLogger("test"))
-    listener, pairs = connection_pairs(4)
+    listener, pairs = connection_pairs(4, loopback(host))
     try:
         for _, server in pairs[:3]:
             cap.accepted(server.fileno(), ENDPOINT)
@@ -40,6 +56,16 @@ def test_a_connection_past_the_cap_is_cut_and_a_closed_one_frees_its_place():
                 sock.close()
         listener.close()
 
+
+
+def test_an_ipv4_client_is_one_address_whichever_socket_it_reaches():
+    """A socket open to IPv6 names an IPv4 peer ::ffff:127.0.0.1; it shares 127.0.0.1's count."""
+    cap = AddressCap(1, logging.getLogger("test"))
+    assert cap.admits("127.0.0.1")
+    assert not cap.admits("::ffff:127.0.0.1")
+    cap.released("::ffff:127.0.0.1")
+    assert cap.admits("127.0.0.1") and cap.stats()["addresses"] == 1
+    assert cap.admits("::1") and cap.admits("not an address")   # others are their own
 
 def test_ipc_connections_are_not_capped(tmp_path):
     cap = AddressCap(1, logging.getLogger("test"))
@@ -66,7 +92,7 @@ def test_ipc_connections_are_not_capped(tmp_path):
 
 
 def dealer(endpoint: str) -> zmq.Socket:
-    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock = with_ipv6(zmq.Context.instance().socket(zmq.DEALER))
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(endpoint)
     return sock
@@ -77,24 +103,30 @@ def pinged(sock: zmq.Socket, request_id: int, timeout_ms: int) -> bool:
     return bool(sock.poll(timeout_ms)) and wire.decode_reply(sock.recv())["kind"] == "ok"
 
 
-def test_the_daemon_serves_the_cap_and_cuts_past_it(fresh_daemon):
-    daemon = fresh_daemon(limits={"max_connections_per_address": 4})
-    held = [dealer(daemon.endpoint) for _ in range(4)]
-    assert all(pinged(sock, 1, 10000) for sock in held)
-    extra = dealer(daemon.endpoint)
-    assert not pinged(extra, 1, 2000)                # cut: its request is never answered
-    extra.close()
-    daemon.wait_until(lambda: daemon.status()["requests"]["incoming"]["cut_over_address_cap"] >= 1, 30,
-                      "the cut counted")
-    held.pop().close()
-    served = False
-    for request_id in range(30):                     # once the close is read, a place is free
-        replacement = dealer(daemon.endpoint)
-        served = pinged(replacement, request_id, 1000)
-        replacement.close()
-        if served:
-            break
-    assert served
-    assert all(pinged(sock, 2, 10000) for sock in held)   # the first ones were never touched
-    for sock in held:
-        sock.close()
+@pytest.mark.parametrize("host", ["127.0.0.1", "[::1]"])
+def test_the_daemon_serves_the_cap_and_cuts_past_it(fresh_daemon, host):
+    loopback(host.strip("[]"))
+    endpoint = f"tcp://{host}:{free_port()}"
+    daemon = fresh_daemon(server={"tcp": endpoint}, limits={"max_connections_per_address": 4})
+    with Client(endpoint, timeout=30) as client:     # the client library's connection: one of the 4
+        assert client.ping()["pong"] is True
+        held = [dealer(endpoint) for _ in range(3)]
+        assert all(pinged(sock, 1, 10000) for sock in held)
+        extra = dealer(endpoint)
+        assert not pinged(extra, 1, 2000)            # cut: its request is never answered
+        extra.close()
+        daemon.wait_until(lambda: daemon.status()["requests"]["incoming"]["cut_over_address_cap"] >= 1, 30,
+                          "the cut counted")
+        held.pop().close()
+        served = False
+        for request_id in range(30):                 # once the close is read, a place is free
+            replacement = dealer(endpoint)
+            served = pinged(replacement, request_id, 1000)
+            replacement.close()
+            if served:
+                break
+        assert served
+        assert all(pinged(sock, 2, 10000) for sock in held)   # the first ones were never touched
+        assert client.ping()["pong"] is True
+        for sock in held:
+            sock.close()

@@ -9,6 +9,7 @@ import itertools
 import zmq
 import zmq.asyncio
 
+from mcpd import sockets
 from mcpd.client import replies
 from mcpd.client.curve import CurveKeys
 from mcpd.protocol.results import GenerateChunk, GenerateResult
@@ -23,7 +24,7 @@ class AsyncClient:
         self.endpoint, self.timeout = endpoint, timeout
         self._tenant = {"tenant": tenant} if tenant else {}
         self._context = zmq.asyncio.Context()
-        self._socket = self._context.socket(zmq.DEALER)
+        self._socket = sockets.with_ipv6(self._context.socket(zmq.DEALER))
         self._socket.setsockopt(zmq.LINGER, 0)
         if curve is not None:
             curve.apply(self._socket)

@@ -24,7 +24,7 @@ class Client:
         with `curve` keys the daemon takes the tenant from the key (leave `tenant` out)."""
         self.endpoint, self.timeout = endpoint, timeout
         self._tenant = {"tenant": tenant} if tenant else {}
-        self._socket = (context or zmq.Context.instance()).socket(zmq.DEALER)
+        self._socket = sockets.with_ipv6((context or zmq.Context.instance()).socket(zmq.DEALER))
         self._socket.setsockopt(zmq.LINGER, 0)
         if curve is not None:
             curve.apply(self._socket)

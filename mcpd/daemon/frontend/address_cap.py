@@ -10,6 +10,7 @@ per address covers both the ZeroMQ endpoint and the HTTP listener (mcpd/http/con
 setting named per address promises."""
 from __future__ import annotations
 
+import ipaddress
 import logging
 from collections import Counter
 
@@ -43,6 +44,7 @@ class AddressCap:
 
     def admits(self, address: str) -> bool:
         """Count a new connection from address, or refuse it (False) when the address holds `limit`."""
+        address = host_of(address)
         if self.held[address] < self.limit:
             self.held[address] += 1
             return True
@@ -55,6 +57,7 @@ class AddressCap:
 
     def released(self, address: str) -> None:
         """A connection admits() counted has closed."""
+        address = host_of(address)
         self.held[address] -= 1
         self.cutting.discard(address)
         if not self.held[address]:
@@ -62,3 +65,13 @@ class AddressCap:
 
     def stats(self) -> dict:
         return {"addresses": len(self.held), "cut_over_address_cap": self.cut}
+
+
+def host_of(address: str) -> str:
+    """The one name of a host: an IPv4 client that reaches a socket open to IPv6 as well comes as
+    ::ffff:127.0.0.1, and must share its count with the same client reaching an IPv4 socket."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return address
+    return str(ip.ipv4_mapped) if ip.version == 6 and ip.ipv4_mapped else str(ip)

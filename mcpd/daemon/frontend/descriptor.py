@@ -11,9 +11,10 @@ import socket
 def wrap(fd: int) -> socket.socket | None:
     """The descriptor as a Python socket (detach() it after: it stays libzmq's); None when it is
     closed already (Python checks it: EBADF would leave the loop and lose the client message
-    whose reading had drained the reports)."""
+    whose reading had drained the reports). Its family is the descriptor's own: an IPv6
+    connection's address read as IPv4 comes out as other bytes each time."""
     try:
-        return socket.socket(socket.AF_INET, socket.SOCK_STREAM, 0, fileno=fd)
+        return socket.socket(fileno=fd)
     except OSError:
         return None
 
@@ -33,12 +34,14 @@ def shut_down(fd: int) -> None:
 
 
 def peer_host(fd: int) -> str | None:
-    """The address of the connection's other end (IPv4 or IPv6, no port); None when closed."""
+    """The address of the connection's other end (IPv4 or IPv6, no port); None when closed, or
+    when it is no TCP connection (a unix socket's peer has no address)."""
     sock = wrap(fd)
     if sock is None:
         return None
     try:
-        return sock.getpeername()[0]
+        peer = sock.getpeername()
+        return peer[0] if isinstance(peer, tuple) else None
     except OSError:
         return None
     finally:

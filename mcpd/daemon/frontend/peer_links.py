@@ -23,7 +23,7 @@ import zmq
 from zmq.utils.monitor import parse_monitor_message
 
 from mcpd.daemon.messages import OwnerNode
-from mcpd.sockets import NOBLOCK, drain, send_frames
+from mcpd.sockets import NOBLOCK, drain, send_frames, with_ipv6
 
 HEARTBEAT_IVL_MS = 1000       # a ZMTP ping this often on an idle link
 HEARTBEAT_TIMEOUT_MS = 3000   # a node silent this long has its link, and its requests from here, ended
@@ -91,7 +91,7 @@ class PeerLinks:
             self.read(node_id)
 
     def _open(self, node_id: str, node: OwnerNode) -> None:
-        sock = self.context.socket(zmq.DEALER)
+        sock = with_ipv6(self.context.socket(zmq.DEALER))
         sock.setsockopt(zmq.LINGER, 0)
         if self.own_keys is not None:
             sock.curve_serverkey = node.curve_key.encode()
