@@ -1,6 +1,7 @@
 """The OpenAI-compatible HTTP listener on a real daemon (127.0.0.1), driven by the real `openai`
 package (sync and async, streamed and not), raw HTTP for what the SDK hides, and curl for SSE."""
 import asyncio
+import gzip
 import http.client
 import json
 import shutil
@@ -197,6 +198,22 @@ def test_a_body_that_never_arrives_gets_408(served):
         sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
         sock.settimeout(30)
         assert sock.recv(100).startswith(b"HTTP/1.1 408")
+
+
+@pytest.mark.parametrize("encoding, body", [("gzip", b"\x1f\x8b" + b"\0" * 20),
+                                            ("gzip", gzip.compress(json.dumps(chat_body()).encode()) + b"junk"),
+                                            ("deflate", b"not deflate"), ("br", json.dumps(chat_body()).encode())],
+                         ids=["gzip-junk", "gzip-trailing-junk", "deflate-junk", "br"])
+def test_a_body_that_does_not_decode_as_its_content_encoding_says_is_400_and_closes(served, encoding, body):
+    """A gzip body is taken; one that does not inflate, or an encoding aiohttp cannot decode
+    here (br without brotli), is the client's error, not a 500 with a traceback in the log."""
+    assert raw(served, "POST", "/v1/chat/completions", gzip.compress(json.dumps(chat_body()).encode()),
+               {"Content-Encoding": "gzip"})[0] == 200
+    status, headers, answer = raw(served, "POST", "/v1/chat/completions", body, {"Content-Encoding": encoding})
+    assert status == 400 and answer["error"]["code"] == "BAD_REQUEST"
+    assert f"content-encoding: {encoding}" in answer["error"]["message"]
+    assert headers["Connection"] == "close"   # the rest of the body cannot be parsed: the connection ends
+    assert "unexpected failure" not in served.log()
 
 
 def test_a_deadline_passed_is_504_and_an_unknown_class_400(served):

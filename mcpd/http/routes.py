@@ -187,6 +187,9 @@ class Routes:
         except TimeoutError:
             raise HttpError(408, f"the body did not arrive within http.body_timeout_s "
                                  f"({self.config.http.body_timeout_s:g} s)", codes.TIMEOUT) from None
+        except web.RequestPayloadError as e:   # it does not inflate: aiohttp's parser stops there, so must we
+            reason = getattr(e.__cause__, "message", "") or str(e)
+            raise HttpError(400, f"the body cannot be read: {reason[:200]}", codes.BAD_REQUEST, closes=True) from None
         return body
 
     def request_header(self, request: web.Request) -> dict:
