@@ -363,6 +363,17 @@ def test_a_revoked_api_key_is_refused(guarded):
     guarded.wait_until(lambda: raw(guarded, "GET", "/v1/models", headers=auth)[0] == 401, 10, "revocation")
 
 
+@pytest.mark.parametrize("path", ["/v1/models", "/v2"])
+def test_a_key_of_bytes_that_are_not_utf8_is_401(guarded, path):
+    """aiohttp hands such header bytes on as surrogates, which no key's hash can be taken of: the
+    client gets its 401, not a 500 with a traceback in the log for every try."""
+    for key in (b"Bearer \xff\xfe", b"Bearer mcpd-\xe9"):
+        status, _, answer = raw(guarded, "GET", path, headers={"Authorization": key})
+        code = answer["code"] if path == "/v2" else answer["error"]["code"]   # OIP's error body, or OpenAI's
+        assert (status, code) == (401, "UNAUTHORIZED"), answer
+    assert "unexpected failure" not in guarded.log()
+
+
 def test_mcpctl_makes_api_keys(guarded):
     made = guarded.mcpctl("keys", "api-add", "erin")
     assert made.returncode == 0 and made.stdout.strip().startswith("mcpd-")
