@@ -237,6 +237,14 @@ def test_integer_headers_take_ascii_digits_only(served, value):
         assert (status, answer["error"]["code"], answer["error"]["param"]) == (400, "BAD_REQUEST", header)
 
 
+@pytest.mark.parametrize("value", [b"00-\xff-01", "00-" + "\u00e9" * 32 + "-" + "0" * 16 + "-01", "x" * 300],
+                         ids=["not-utf8", "latin-1", "too-long"])
+def test_a_malformed_traceparent_is_ignored_even_of_bytes_that_are_not_utf8(served, value):
+    status, _, answer = raw(served, "POST", "/v1/completions", {"model": MODEL, "prompt": "Hi", "max_tokens": 2},
+                            {"traceparent": value})
+    assert status == 200, answer
+
+
 def test_a_client_that_disconnects_cancels_its_request(served):
     host, port = served.base_url.removeprefix("http://").removesuffix("/v1").split(":")
     body = json.dumps({"model": MODEL, "prompt": "Hi", "max_tokens": 2000, "ignore_eos": True, "stream": True}).encode()

@@ -205,7 +205,7 @@ class Routes:
         if timeout_ms is not None:
             header["timeout_ms"] = timeout_ms
         parent = request.headers.get("traceparent")
-        if parent is not None and len(parent) <= traceparent.MAX_CHARS:   # longer: malformed, ignored
+        if parent is not None and len(parent) <= traceparent.MAX_CHARS and parent.isascii():   # else malformed, ignored
             header["traceparent"] = parent
         return header
 
