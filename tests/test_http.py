@@ -216,6 +216,31 @@ def test_a_body_that_does_not_decode_as_its_content_encoding_says_is_400_and_clo
     assert "unexpected failure" not in served.log()
 
 
+def test_bodies_arriving_on_all_connections_together_are_held_to_max_incoming_bytes(fresh_daemon):
+    """Connections that each begin a body just under http.max_body_bytes and stall held it each
+    until body_timeout_s, past any total (gigabytes from a few hundred connections): once their
+    bodies fill limits.max_incoming_bytes, a body that would not fit is 429 OVERLOADED before a
+    byte of it is read, and one that fits is still served."""
+    daemon = fresh_daemon(http={"listen": f"127.0.0.1:{free_port()}", "max_body_bytes": 65536},
+                          limits={"max_incoming_bytes": 200_000})
+    host, port = daemon.control("config")["config"]["http"]["listen"].split(":")
+    daemon.base_url = f"http://{host}:{port}/v1"
+    stalled = [socket.create_connection((host, int(port))) for _ in range(3)]   # 3 x 60,000 bytes held
+    for sock in stalled:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 60000\r\n\r\n{")
+
+    def refused() -> bool:   # a fourth whole body, sent until the three are seen holding their room
+        status, headers, answer = raw(daemon, "POST", "/v1/completions", b" " * 60000)
+        return status == 429 and answer["error"]["code"] == "OVERLOADED" and headers["Retry-After"] == "1"
+    daemon.wait_until(refused, 30, "a body over max_incoming_bytes refused")
+    body = {"model": MODEL, "prompt": "Hi", "max_tokens": 2}
+    assert raw(daemon, "POST", "/v1/completions", body)[0] == 200   # 20,000 bytes left: small bodies fit
+    for sock in stalled:
+        sock.close()
+    daemon.wait_until(lambda: raw(daemon, "POST", "/v1/completions", b" " * 60000)[0] == 400, 30,
+                      "the stalled bodies' room given back")
+
+
 def test_a_deadline_passed_is_504_and_an_unknown_class_400(served):
     body = {"model": MODEL, "prompt": "Hi", "max_tokens": 2000, "temperature": 0, "ignore_eos": True}
     status, _, answer = raw(served, "POST", "/v1/completions", body, {"mcpd-timeout-ms": "1"})
