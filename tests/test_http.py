@@ -1,6 +1,7 @@
 """The OpenAI-compatible HTTP listener on a real daemon (127.0.0.1), driven by the real `openai`
 package (sync and async, streamed and not), raw HTTP for what the SDK hides, and curl for SSE."""
 import asyncio
+import gzip
 import http.client
 import json
 import shutil
@@ -199,6 +200,47 @@ def test_a_body_that_never_arrives_gets_408(served):
         assert sock.recv(100).startswith(b"HTTP/1.1 408")
 
 
+@pytest.mark.parametrize("encoding, body", [("gzip", b"\x1f\x8b" + b"\0" * 20),
+                                            ("gzip", gzip.compress(json.dumps(chat_body()).encode()) + b"junk"),
+                                            ("deflate", b"not deflate"), ("br", json.dumps(chat_body()).encode())],
+                         ids=["gzip-junk", "gzip-trailing-junk", "deflate-junk", "br"])
+def test_a_body_that_does_not_decode_as_its_content_encoding_says_is_400_and_closes(served, encoding, body):
+    """A gzip body is taken; one that does not inflate, or an encoding aiohttp cannot decode
+    here (br without brotli), is the client's error, not a 500 with a traceback in the log."""
+    assert raw(served, "POST", "/v1/chat/completions", gzip.compress(json.dumps(chat_body()).encode()),
+               {"Content-Encoding": "gzip"})[0] == 200
+    status, headers, answer = raw(served, "POST", "/v1/chat/completions", body, {"Content-Encoding": encoding})
+    assert status == 400 and answer["error"]["code"] == "BAD_REQUEST"
+    assert f"content-encoding: {encoding}" in answer["error"]["message"]
+    assert headers["Connection"] == "close"   # the rest of the body cannot be parsed: the connection ends
+    assert "unexpected failure" not in served.log()
+
+
+def test_bodies_arriving_on_all_connections_together_are_held_to_max_incoming_bytes(fresh_daemon):
+    """Connections that each begin a body just under http.max_body_bytes and stall held it each
+    until body_timeout_s, past any total (gigabytes from a few hundred connections): once their
+    bodies fill limits.max_incoming_bytes, a body that would not fit is 429 OVERLOADED before a
+    byte of it is read, and one that fits is still served."""
+    daemon = fresh_daemon(http={"listen": f"127.0.0.1:{free_port()}", "max_body_bytes": 65536},
+                          limits={"max_incoming_bytes": 200_000})
+    host, port = daemon.control("config")["config"]["http"]["listen"].split(":")
+    daemon.base_url = f"http://{host}:{port}/v1"
+    stalled = [socket.create_connection((host, int(port))) for _ in range(3)]   # 3 x 60,000 bytes held
+    for sock in stalled:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 60000\r\n\r\n{")
+
+    def refused() -> bool:   # a fourth whole body, sent until the three are seen holding their room
+        status, headers, answer = raw(daemon, "POST", "/v1/completions", b" " * 60000)
+        return status == 429 and answer["error"]["code"] == "OVERLOADED" and headers["Retry-After"] == "1"
+    daemon.wait_until(refused, 30, "a body over max_incoming_bytes refused")
+    body = {"model": MODEL, "prompt": "Hi", "max_tokens": 2}
+    assert raw(daemon, "POST", "/v1/completions", body)[0] == 200   # 20,000 bytes left: small bodies fit
+    for sock in stalled:
+        sock.close()
+    daemon.wait_until(lambda: raw(daemon, "POST", "/v1/completions", b" " * 60000)[0] == 400, 30,
+                      "the stalled bodies' room given back")
+
+
 def test_a_deadline_passed_is_504_and_an_unknown_class_400(served):
     body = {"model": MODEL, "prompt": "Hi", "max_tokens": 2000, "temperature": 0, "ignore_eos": True}
     status, _, answer = raw(served, "POST", "/v1/completions", body, {"mcpd-timeout-ms": "1"})
@@ -218,6 +260,14 @@ def test_integer_headers_take_ascii_digits_only(served, value):
                                (context, "mcpd-context-base", chat_body())):
         status, _, answer = raw(served, "POST", path, sent, {header: value})
         assert (status, answer["error"]["code"], answer["error"]["param"]) == (400, "BAD_REQUEST", header)
+
+
+@pytest.mark.parametrize("value", [b"00-\xff-01", "00-" + "\u00e9" * 32 + "-" + "0" * 16 + "-01", "x" * 300],
+                         ids=["not-utf8", "latin-1", "too-long"])
+def test_a_malformed_traceparent_is_ignored_even_of_bytes_that_are_not_utf8(served, value):
+    status, _, answer = raw(served, "POST", "/v1/completions", {"model": MODEL, "prompt": "Hi", "max_tokens": 2},
+                            {"traceparent": value})
+    assert status == 200, answer
 
 
 def test_a_client_that_disconnects_cancels_its_request(served):
@@ -344,6 +394,17 @@ def test_a_revoked_api_key_is_refused(guarded):
     assert raw(guarded, "GET", "/v1/models", headers=auth)[0] == 200
     assert guarded.mcpctl("keys", "api-revoke", "dave").returncode == 0
     guarded.wait_until(lambda: raw(guarded, "GET", "/v1/models", headers=auth)[0] == 401, 10, "revocation")
+
+
+@pytest.mark.parametrize("path", ["/v1/models", "/v2"])
+def test_a_key_of_bytes_that_are_not_utf8_is_401(guarded, path):
+    """aiohttp hands such header bytes on as surrogates, which no key's hash can be taken of: the
+    client gets its 401, not a 500 with a traceback in the log for every try."""
+    for key in (b"Bearer \xff\xfe", b"Bearer mcpd-\xe9"):
+        status, _, answer = raw(guarded, "GET", path, headers={"Authorization": key})
+        code = answer["code"] if path == "/v2" else answer["error"]["code"]   # OIP's error body, or OpenAI's
+        assert (status, code) == (401, "UNAUTHORIZED"), answer
+    assert "unexpected failure" not in guarded.log()
 
 
 def test_mcpctl_makes_api_keys(guarded):

@@ -201,6 +201,18 @@ def test_admission_reads_the_same_headers_as_the_openai_routes(triton):
     assert caught.value.status() == "400" and "mcpd-timeout-ms" in caught.value.message()
 
 
+def test_an_infer_the_daemon_cannot_be_sent_is_400_and_not_counted_in_flight(served, triton):
+    """A tenant of bytes that are not UTF-8 is refused as the request is encoded for the daemon:
+    the listener's count of requests in flight (`mcpctl status`) must not keep it."""
+    body = json.dumps({"inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 256],
+                                   "data": FEATURES[0].tolist()}]}).encode()
+    for _ in range(3):
+        status, _, answer = raw(served, "POST", "/v2/models/risk/infer", body, {"mcpd-tenant": b"\xff"})
+        assert (status, answer["code"]) == (400, "BAD_REQUEST"), answer
+    assert triton.infer("risk", [features_input(FEATURES, True)]).as_numpy("score").shape == (4,)
+    served.wait_until(lambda: served.status()["http"]["inflight"] == 0, 10, "no HTTP request in flight")
+
+
 def test_a_body_over_the_listeners_limit_is_413_in_oips_body(served):
     status, _, body = raw(served, "POST", "/v2/models/risk/infer", b"{" + b" " * (1 << 16) + b"}",
                           {"Content-Type": "application/json"})

@@ -28,9 +28,10 @@ class HttpError(Exception):
     """A refusal of the listener itself (before the daemon saw the request)."""
 
     def __init__(self, status: int, message: str, code: str = codes.BAD_REQUEST, param: str | None = None,
-                 retry_after_ms: int | None = None):
+                 retry_after_ms: int | None = None, closes: bool = False):
         super().__init__(message)
         self.status, self.message, self.code, self.param, self.retry_after_ms = status, message, code, param, retry_after_ms
+        self.closes = closes or status in (408, 413)   # a body not read to its end: the connection cannot go on
 
     @classmethod
     def of(cls, error: ErrorReply) -> "HttpError":

@@ -74,8 +74,8 @@ class KServeRoutes:
         body = await self.routes.read_body(request)
         infer = kserve.infer_request(body, request.headers.get(kserve.HEADER_LENGTH), request.match_info["name"],
                                      request.match_info.get("version"))
+        call = await self.link.start("infer", infer.args, header, infer.payload)   # may refuse: not yet in flight
         self.routes.inflight += 1
-        call = await self.link.start("infer", infer.args, header, infer.payload)
         try:
             result = await call.result()
         finally:

@@ -29,6 +29,7 @@ from aiohttp import web
 from mcpd.client import replies
 from mcpd.config import Config
 from mcpd.http import openai_request
+from mcpd.http.body_budget import BodyBudget
 from mcpd.http.frontend_link import Call, FrontendLink
 from mcpd.http.errors import HttpError, bad_request
 from mcpd.http.openai_reply import Answer
@@ -54,6 +55,7 @@ class Routes:
         self.model_ids: list[str] = []
         self.models_at = -MODELS_TTL_S
         self.inflight = 0
+        self.bodies = BodyBudget(config.limits.max_incoming_bytes)
 
     def add_to(self, app: web.Application) -> None:
         app.router.add_get("/v1/models", self.models)
@@ -180,13 +182,17 @@ class Routes:
         if request.content_length is not None and request.content_length > limit:
             raise _too_large(limit)
         try:
-            async with asyncio.timeout(self.config.http.body_timeout_s):   # no task per request, as wait_for makes
-                body = await request.read()
+            with self.bodies.room(_room_for(request, limit)):
+                async with asyncio.timeout(self.config.http.body_timeout_s):   # no task per request, as wait_for makes
+                    body = await request.read()
         except web.HTTPRequestEntityTooLarge:
             raise _too_large(limit) from None
         except TimeoutError:
             raise HttpError(408, f"the body did not arrive within http.body_timeout_s "
                                  f"({self.config.http.body_timeout_s:g} s)", codes.TIMEOUT) from None
+        except web.RequestPayloadError as e:   # it does not inflate: aiohttp's parser stops there, so must we
+            reason = getattr(e.__cause__, "message", "") or str(e)
+            raise HttpError(400, f"the body cannot be read: {reason[:200]}", codes.BAD_REQUEST, closes=True) from None
         return body
 
     def request_header(self, request: web.Request) -> dict:
@@ -202,7 +208,7 @@ class Routes:
         if timeout_ms is not None:
             header["timeout_ms"] = timeout_ms
         parent = request.headers.get("traceparent")
-        if parent is not None and len(parent) <= traceparent.MAX_CHARS:   # longer: malformed, ignored
+        if parent is not None and len(parent) <= traceparent.MAX_CHARS and parent.isascii():   # else malformed, ignored
             header["traceparent"] = parent
         return header
 
@@ -261,6 +267,16 @@ def _int_header(request: web.Request, name: str) -> int | None:
     if not (0 < len(text) <= MAX_INT_HEADER_DIGITS and text.isascii() and text.isdigit()):
         raise bad_request(f"header {name!r} must be 1..{MAX_INT_HEADER_DIGITS} ASCII digits, not {text[:40]!r}", name)
     return int(text)
+
+
+def _room_for(request: web.Request, limit: int) -> int:
+    """The most a body may hold once arrived: its Content-Length, or the limit when it is chunked or
+    encoded (it inflates as it arrives)."""
+    if not request.body_exists:
+        return 0
+    if request.content_length is None or request.headers.get("Content-Encoding", "identity").lower() != "identity":
+        return limit
+    return request.content_length
 
 
 def _too_large(limit: int) -> HttpError:

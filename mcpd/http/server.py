@@ -133,6 +133,6 @@ def _error_response(error: HttpError, oip: bool) -> web.Response:
     body = error_body(error.message, error.code) if oip else error.json_bytes()
     response = web.Response(status=error.status, body=body, content_type="application/json",
                             headers=error.headers())
-    if error.status in (408, 413):   # the rest of the body was never read: the connection cannot go on
+    if error.closes:
         response.force_close()
     return response

@@ -60,6 +60,8 @@ class ApiKeys:
 
     def tenant(self, key: str) -> str | None:
         """The tenant whose key this is, None for an unknown or revoked one."""
+        if not key.isascii():   # no key is; a header's bytes that are not UTF-8 come as surrogates, unhashable
+            return None
         digest = digest_of(key)
         if digest not in self.tenant_of or time.monotonic() >= self.next_check:
             self._reload()   # a stat; the files are read only when the directory changed
