@@ -2,6 +2,7 @@
 `tritonclient` package into the infer op's args and frames (the frames compared with
 handlers/tensors.py's own encoding), the op's replies into responses that tritonclient reads back,
 and every hostile body refused with a 400 naming what is wrong, before anything is allocated."""
+import gc
 import json
 
 import numpy as np
@@ -68,6 +69,16 @@ def test_nested_json_data_is_taken_in_row_major_order():
     nested = kserve.infer_request(json_body([{"name": "x", "datatype": "FP32", "shape": [2, 6],
                                               "data": FEATURES.tolist()}]), None, "m", None)
     assert nested.payload == [FEATURES.tobytes()]
+
+
+def test_the_garbage_collector_is_back_on_after_a_body_is_taken_or_refused():
+    """Decoding holds the cyclic GC off (kserve._no_gc_passes); it must not stay off for the process."""
+    assert gc.isenabled()
+    kserve.infer_request(json_body([{"name": "x", "datatype": "FP32", "shape": [2, 6], "data": FEATURES.tolist()}]),
+                         None, "m", None)
+    assert gc.isenabled()
+    refused(json_body([{"name": "x", "datatype": "FP32", "shape": [2, 6], "data": [[1.0], 2.0]}]))
+    assert gc.isenabled()
 
 
 def test_request_parameters_become_mcpd_args_and_outputs_say_how_they_come_back():
