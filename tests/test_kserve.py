@@ -13,6 +13,7 @@ import pytest
 from tritonclient.http import InferenceServerClient, InferInput, InferRequestedOutput
 from tritonclient.utils import InferenceServerException
 
+from mcpd.client import Client
 from mcpd.security.api_keys import API_DIR
 from mcpd.testing import free_port
 from test_metrics import scrape, total
@@ -199,6 +200,26 @@ def test_admission_reads_the_same_headers_as_the_openai_routes(triton):
     with pytest.raises(InferenceServerException) as caught:
         triton.infer("risk", [features_input(FEATURES, True)], headers={"mcpd-timeout-ms": "soon"})
     assert caught.value.status() == "400" and "mcpd-timeout-ms" in caught.value.message()
+
+
+def test_a_profile_kept_in_a_context_scores_over_http_as_sending_it(served, triton):
+    """Context fields as inputs over the OIP: no input sent, parameters.context_inputs name them."""
+    profile = FEATURES[0]
+    with Client(served.endpoint, tenant="bank") as client:
+        user = client.context("user-1")
+        user["profile"] = profile
+        user.sync()
+    body = json.dumps({"inputs": [], "parameters": {"context": "user-1",
+                                                    "context_inputs": {"features": "profile"}}}).encode()
+    status, _, read = raw(served, "POST", "/v2/models/risk/versions/v1/infer", body, {"mcpd-tenant": "bank"})
+    assert status == 200, read
+    sent = triton.infer("risk", [features_input(profile[np.newaxis], False)], model_version="v1",
+                        headers={"mcpd-tenant": "bank"})
+    [score] = [output for output in read["outputs"] if output["name"] == "score"]
+    np.testing.assert_array_equal(np.array(score["data"], np.float32), sent.as_numpy("score").ravel())
+    assert read["parameters"]["context_version"] == user.version
+    status, _, other = raw(served, "POST", "/v2/models/risk/versions/v1/infer", body, {"mcpd-tenant": "mallory"})
+    assert status == 404, other   # another tenant's context is not there for it
 
 
 def test_an_infer_the_daemon_cannot_be_sent_is_400_and_not_counted_in_flight(served, triton):

@@ -96,6 +96,13 @@ def test_request_parameters_become_mcpd_args_and_outputs_say_how_they_come_back(
     assert not request.wants_binary("unnamed")   # binary_data_output is not set when outputs are named
 
 
+def test_no_inputs_sent_when_context_inputs_stand_for_every_one():
+    request = kserve.infer_request(json.dumps({"inputs": [], "parameters": {
+        "context": "u7", "context_inputs": {"features": "profile"}}}).encode(), None, "m", None)
+    assert (request.args["inputs"], request.payload) == ([], [])
+    assert request.args["context_inputs"] == {"features": "profile"}
+
+
 def test_null_parameters_and_id_are_absent_ones():
     body = json_body([{"name": "x", "datatype": "INT32", "shape": [1], "data": [5], "parameters": None}],
                      outputs=[{"name": "y", "parameters": None}], parameters=None, id=None)
@@ -161,6 +168,8 @@ def binary_body(inputs: list[dict], data: bytes) -> tuple[bytes, str]:
     (b"{not json", None, codes.BAD_REQUEST, "not valid JSON"),
     (b"[]", None, codes.BAD_REQUEST, "JSON object"),
     (json_body([]), None, codes.BAD_REQUEST, "non-empty"),
+    (json_body([], parameters={"context_inputs": {}}), None, codes.BAD_REQUEST, "non-empty"),
+    (json.dumps({"parameters": {"context_inputs": {"x": "f"}}}).encode(), None, codes.BAD_REQUEST, "non-empty"),
     (b'{"inputs": "x"}', None, codes.BAD_REQUEST, "'inputs' must be an array"),
     (json_body([{"name": "x", "datatype": "BF16", "shape": [1], "data": [1.0]}]), None, codes.BAD_INPUT, "BF16"),
     (json_body([{"name": "x", "datatype": "FP32", "shape": [1, -1], "data": [1.0]}]), None, codes.BAD_INPUT,

@@ -83,8 +83,10 @@ def _infer_request(body: bytes, header_length: str | None, model: str, version: 
     head, binary = _split(body, header_length)
     request = parse_json(head, msgspec.json.decode)   # tensor data: msgspec parses numbers several times faster
     inputs = _typed(request.get("inputs"), list, "inputs")
-    if not inputs:
-        raise bad_request("'inputs' must be a non-empty array", "inputs")
+    parameters = _typed(request.get("parameters"), dict, "parameters") or {}
+    if not inputs and not (inputs == [] and parameters.get("context_inputs")):
+        raise bad_request("'inputs' must be a non-empty array (empty only when parameters.context_inputs "
+                          "stand for every input)", "inputs")
     headers, payload, at = [], [], 0
     for index, item in enumerate(inputs):
         header, frame, at = _input(_typed(item, dict, f"inputs[{index}]"), index, binary, at)
@@ -93,7 +95,6 @@ def _infer_request(body: bytes, header_length: str | None, model: str, version: 
     if at != len(binary):
         raise bad_request(f"{len(binary) - at} bytes of binary data after the inputs' binary_data_size",
                           "binary_data_size")
-    parameters = _typed(request.get("parameters"), dict, "parameters") or {}
     args = {"model": model, "inputs": headers, **_arg_parameters(parameters)}
     if version is not None:
         args["version"] = version
