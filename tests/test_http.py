@@ -173,6 +173,8 @@ def test_bad_json_unknown_model_path_and_method(served):
     assert raw(served, "POST", "/v1/chat/completions", b"[1, 2]")[0] == 400
     status, _, answer = raw(served, "POST", "/v1/chat/completions", chat_body(model="gpt-4o"))
     assert status == 404 and answer["error"]["param"] == "model"
+    status, _, answer = raw(served, "POST", "/v1/chat/completions", chat_body(model="m" * 20_000))
+    assert status == 404 and len(answer["error"]["message"]) < 200   # the name is not echoed whole
     assert raw(served, "POST", "/v1/nothing", chat_body())[0] == 404
     assert raw(served, "GET", "/v1/chat/completions")[0] == 405
 

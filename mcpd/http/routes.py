@@ -113,7 +113,7 @@ class Routes:
                         chat: bool) -> web.StreamResponse:
         header = self.request_header(request)
         if completion.model not in await self._models(header):
-            raise HttpError(404, f"the model {completion.model!r} does not exist; GET /v1/models lists them",
+            raise HttpError(404, f"the model {completion.model[:100]!r} does not exist; GET /v1/models lists them",
                             codes.NOT_FOUND, "model")
         if self.config.models:
             completion.args["model"] = completion.model
