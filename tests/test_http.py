@@ -12,6 +12,9 @@ import urllib.request
 import openai
 import pytest
 
+from mcpd.client import Client
+from mcpd.protocol import codes
+from mcpd.protocol.codes import MCPDError
 from mcpd.testing import free_port
 
 MODEL = "mcpd-embedded-llama"
@@ -102,6 +105,14 @@ def test_completions_streamed_and_not(sdk):
     assert whole.usage.completion_tokens == 6 and whole.choices[0].finish_reason == "length"
     by_ids = sdk.completions.create(model=MODEL, prompt=[256, 72, 105], max_tokens=3, temperature=0)
     assert by_ids.usage.prompt_tokens == 3
+
+
+def test_a_prompt_over_max_prompt_tokens_is_refused_naming_the_limit(served):
+    """The header's array bound trips first: its refusal names the setting, not the encoding."""
+    with Client(served.endpoint) as client, pytest.raises(MCPDError) as refused:
+        client.generate(prompt_token_ids=[1] * 40_000, max_tokens=1)
+    assert refused.value.code == codes.BAD_REQUEST
+    assert "limits.max_prompt_tokens" in refused.value.message and "not valid msgpack" not in refused.value.message
 
 
 def test_sampling_parameters_are_honoured(sdk):

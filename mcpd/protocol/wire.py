@@ -90,6 +90,10 @@ def decode_header(raw: bytes, max_array_len: int = MAX_MAP_ITEMS) -> dict:
             max_str_len=MAX_STR_BYTES, max_bin_len=MAX_STR_BYTES, max_array_len=max_array_len,
             max_map_len=MAX_MAP_ITEMS, max_ext_len=0)
     except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as e:
+        if "exceeds max_" in str(e):   # one of the bounds above: say which, not that the encoding is bad
+            raise MCPDError(codes.BAD_REQUEST, f"header holds too much in one value ({e}): an array at most "
+                                               f"{max_array_len} items (a prompt's token ids: limits.max_prompt_tokens), "
+                                               f"a map {MAX_MAP_ITEMS}, a string {MAX_STR_BYTES} bytes") from None
         raise MCPDError(codes.BAD_REQUEST, f"header is not valid msgpack: {e}") from None
     if not isinstance(header, dict):
         raise MCPDError(codes.BAD_REQUEST, f"header must be a msgpack map, got {type(header).__name__}")
