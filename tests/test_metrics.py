@@ -1,5 +1,8 @@
 """The Prometheus endpoint, scraped while the daemon works: counters move, histograms are sane."""
+import select
+import socket
 import threading
+import urllib.parse
 import urllib.request
 
 import pytest
@@ -7,6 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from mcpd.client import Client
 from mcpd.daemon.frontend.request_metrics import MAX_TENANT_LABELS, OTHER_TENANTS, RequestMetrics
+from mcpd.daemon.supervisor.metrics_server import IDLE_S, MAX_CONNECTIONS
 
 
 @pytest.fixture(scope="module")
@@ -121,3 +125,31 @@ def test_journal_host_cache_kv_and_queue_limit_figures(d):
     assert 0 <= total(samples, "mcpd_kv_blocks_used", worker="0") < total(samples, "mcpd_kv_blocks", worker="0")
     assert samples[("mcpd_requests_waiting_max", (("class", "critical"),))] == 256
     assert ("mcpd_queue_time_p99_seconds", (("class", "normal"),)) in samples
+
+
+def threads_of(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("Threads:"))
+
+
+def test_idle_connections_take_a_bounded_number_of_the_supervisors_threads(d):
+    """Connections that never send a request: at most MAX_CONNECTIONS threads serve them, the rest
+    are closed at once, an idle one is closed after IDLE_S, and a scrape is served once they go."""
+    scrape(d)
+    before = threads_of(d.process.pid)
+    host, port = urllib.parse.urlsplit(d.status()["metrics"]).netloc.rsplit(":", 1)
+    idle = [socket.create_connection((host, int(port)), timeout=IDLE_S * 3) for _ in range(3 * MAX_CONNECTIONS)]
+    try:
+        d.wait_until(lambda: sum(closed(sock) for sock in idle) >= 2 * MAX_CONNECTIONS, 30, "the ones past the bound closed")
+        assert threads_of(d.process.pid) <= before + MAX_CONNECTIONS
+        d.wait_until(lambda: all(closed(sock) for sock in idle), IDLE_S * 3, "the idle ones closed")
+    finally:
+        for sock in idle:
+            sock.close()
+    assert scrape(d)   # served again
+
+
+def closed(sock: socket.socket) -> bool:
+    """Whether the server has closed this connection (it never sends on one that sent nothing)."""
+    readable, _, _ = select.select([sock], [], [], 0)
+    return bool(readable) and sock.recv(1, socket.MSG_PEEK) == b""

@@ -15,10 +15,10 @@ import logging
 
 import msgspec
 from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
-from prometheus_client.exposition import start_http_server
 
 from mcpd.daemon.child_stats import HttpStats, JournalStats, SchedulerStats
 from mcpd.daemon.frontend.request_metrics import MetricsSnapshot
+from mcpd.daemon.supervisor import metrics_server
 from mcpd.histogram import Snapshot
 
 
@@ -31,7 +31,7 @@ def serve(supervisor, log: logging.Logger) -> str | None:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(DaemonCollector(supervisor))
     try:
-        server, _thread = start_http_server(int(port), host.strip("[]"), registry)
+        server = metrics_server.start(host.strip("[]"), int(port), registry)
     except OSError as e:   # a taken port must not take the daemon down with it
         log.error("metrics endpoint %s not started: %s", listen, e)
         return None
