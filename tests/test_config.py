@@ -1,6 +1,12 @@
+import os
+import subprocess
+
 import pytest
 
+from mcpd import refusal
 from mcpd.config import ConfigError, from_dict, load
+from mcpd.config.loader import MAX_CONFIG_BYTES
+from mcpd.testing import BIN
 
 
 def test_defaults_are_valid():
@@ -124,3 +130,27 @@ def test_hostile_model_tables_are_refused_naming_the_key(raw, message):
     with pytest.raises(ConfigError) as raised:
         from_dict(raw)
     assert message in str(raised.value)
+
+
+def _fifo(path):
+    os.mkfifo(path)
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda p: p.mkdir(), "Is a directory"),
+    (lambda p: p.symlink_to("/dev/zero"), "not a regular file"),
+    (_fifo, "not a regular file"),   # opened without waiting for a writer that never comes
+    (lambda p: p.write_bytes(b'[server]\nlog_level = "info"\n# caf\xe9\n'), "not UTF-8 text (byte 33)"),
+    (lambda p: p.write_bytes(b"#" * (MAX_CONFIG_BYTES + 1)), f"{MAX_CONFIG_BYTES + 1} bytes, more than the {MAX_CONFIG_BYTES} it may hold"),
+])
+def test_a_config_path_that_is_no_config_file_is_a_config_error(tmp_path, make, message):
+    path = tmp_path / "mcpd.toml"
+    make(path)
+    with pytest.raises(ConfigError) as e:
+        load(path)
+    assert f"config file {path}: {message}" in str(e.value)
+
+
+def test_mcpd_started_on_a_directory_for_its_config_exits_2_with_the_reason(tmp_path):
+    done = subprocess.run([str(BIN / "mcpd"), "--config", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stderr) == (refusal.CONFIG, f"mcpd: config file {tmp_path}: Is a directory\n")

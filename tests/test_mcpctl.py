@@ -168,6 +168,19 @@ def test_bad_config_reload_fails_and_keeps_running(d):
     assert ctl(d, "status", "--json")["healthy"]
 
 
+def test_a_reload_of_a_file_that_is_not_utf8_text_fails_and_keeps_running(d):
+    """The file's bytes are checked like its keys: refused by the reload, never raised through
+    the supervisor's loop (which would take the daemon down)."""
+    original = d.config_path.read_bytes()
+    try:
+        d.config_path.write_bytes(original + b"\n# caf\xe9\n")
+        done = d.mcpctl("reload")
+        assert done.returncode == 1 and f"config file {d.config_path}: not UTF-8 text" in done.stderr, done.stderr
+    finally:
+        d.config_path.write_bytes(original)
+    assert ctl(d, "status", "--json")["healthy"]
+
+
 def test_a_reload_naming_a_model_mcpd_cannot_run_fails_and_keeps_running(d, tmp_path):
     """Checked like a start (architecture.check_configured): the reason names the key and the file."""
     (tmp_path / "config.json").write_text('{"architectures": ["FalconForCausalLM"]}')

@@ -9,10 +9,13 @@ import tomllib
 import types
 import typing
 
+from mcpd import small_file
 from mcpd.config.listeners import is_loopback
 from mcpd.config.models import LEGACY_NAME, MAX_MODEL_WORKERS
 from mcpd.config.tree import Config
 from mcpd.config_error import ConfigError
+
+MAX_CONFIG_BYTES = 16 << 20   # a config is kilobytes: a log or /dev/zero named by mistake is not read whole
 
 
 def load(path: str | os.PathLike | None) -> Config:
@@ -20,10 +23,13 @@ def load(path: str | os.PathLike | None) -> Config:
     if path is None:
         return from_dict({})
     try:
-        with open(path, "rb") as f:
-            raw = tomllib.load(f)
+        raw = tomllib.loads(small_file.read_text(path, MAX_CONFIG_BYTES))
     except FileNotFoundError:
         raise ConfigError(f"config file {path} does not exist") from None
+    except OSError as e:
+        raise ConfigError(f"config file {path}: {e.strerror}") from None
+    except small_file.NotSmallFile as e:   # a reload must never take the daemon down for a file's bytes
+        raise ConfigError(f"config file {path}: {e}") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"config file {path}: {e}") from None
     except RecursionError:   # tomllib recurses per nested array or inline table
