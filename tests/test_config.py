@@ -49,6 +49,11 @@ def test_defaults_are_valid():
     ({"cluster": {"prefetch_contexts": 100, "recent_contexts": 10}}, "cluster.prefetch_contexts = 100 and recent"),
     ({"cluster": {"prefetch_contexts": -1}}, "cluster.prefetch_contexts = -1"),
     ({"cluster": {"offload_queued": -1}}, "cluster.offload_queued = -1"),
+    # TOML's integers are 64-bit and tomllib reads any: one past that overflowed ZeroMQ's option (the
+    # front-end crash-looped), one past a float's range the loader itself (OverflowError)
+    ({"limits": {"max_message_bytes": 1 << 70}}, "limits.max_message_bytes = 1180591620717411303424: expected a 64-bit"),
+    ({"engine": {"gather_max_ms": 10 ** 400}}, "engine.gather_max_ms = 1000000"),
+    ({"models": {"m": {"split": {"a": -10 ** 400}, "versions": {"a": {}}}}}, "models.m.split.a = -1000000"),
 ])
 def test_bad_values_name_the_key(raw, message):
     with pytest.raises(ConfigError) as raised:
@@ -62,6 +67,18 @@ def test_a_config_file_nested_past_what_the_toml_reader_recurses_is_a_config_err
     with pytest.raises(ConfigError) as e:
         load(path)
     assert "nest too deep" in str(e.value)
+
+
+@pytest.mark.parametrize("literal, message", [
+    ("1" + "0" * 5000, "config file {path}: a number too long to read"),   # int() refuses it inside tomllib
+    ("0x1" + "0" * 5000, "engine.max_num_seqs = (a number too long to show): expected a 64-bit integer"),
+])
+def test_an_integer_too_long_for_python_is_a_config_error(tmp_path, literal, message):
+    path = tmp_path / "mcpd.toml"
+    path.write_text(f"[engine]\nmax_num_seqs = {literal}\n")
+    with pytest.raises(ConfigError) as e:
+        load(path)
+    assert str(e.value) == message.format(path=path)
 
 
 def test_ints_accepted_for_floats():
