@@ -54,6 +54,10 @@ def test_defaults_are_valid():
     ({"limits": {"max_message_bytes": 1 << 70}}, "limits.max_message_bytes = 1180591620717411303424: expected a 64-bit"),
     ({"engine": {"gather_max_ms": 10 ** 400}}, "engine.gather_max_ms = 1000000"),
     ({"models": {"m": {"split": {"a": -10 ** 400}, "versions": {"a": {}}}}}, "models.m.split.a = -1000000"),
+    # A NUL raised ValueError out of the group lookup (admin_group) or out of mkdir at start (runtime_dir)
+    ({"security": {"admin_group": "wheel\0"}}, "security.admin_group = 'wheel\\x00': holds a NUL character"),
+    ({"server": {"runtime_dir": "/run/mcpd\0x"}}, "server.runtime_dir = '/run/mcpd\\x00x': holds a NUL"),
+    ({"cluster": {"peer_tenants": ["a", "b\0"]}}, "cluster.peer_tenants = ['a', 'b\\x00']: holds a NUL"),
 ])
 def test_bad_values_name_the_key(raw, message):
     with pytest.raises(ConfigError) as raised:

@@ -97,7 +97,14 @@ def _build_section(section: str, cls: type, values: dict):
             raise ConfigError(f"unknown key {section}.{key}; known: {', '.join(hints)}")
         if not _matches(value, hints[key]):
             raise ConfigError(f"{section}.{key} = {_shown(value)}: expected {_type_name(hints[key])}")
+        if _holds_nul(value):
+            raise ConfigError(f"{section}.{key} = {_shown(value)}: holds a NUL character")
     return cls(**{k: _build_value(f"{section}.{k}", v, hints[k]) for k, v in values.items()})
+
+
+def _holds_nul(value) -> bool:
+    """A NUL in a string, or in a list's strings: C ends a path, a group's name or a URL there."""
+    return any(isinstance(text, str) and "\0" in text for text in (value if isinstance(value, list) else [value]))
 
 
 def _build_value(path: str, value, hint):
