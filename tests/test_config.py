@@ -21,6 +21,10 @@ def test_defaults_are_valid():
     ({"workers": {"count": True}}, "workers.count = True"),
     ({"workers": {"count": 0}}, "workers.count = 0"),
     ({"server": {"tcp": "http://x"}}, "server.tcp = 'http://x'"),
+    # ZeroMQ takes a port past 65535 and binds it modulo 65536 (99999: 34463), and "tcp://" at start
+    ({"server": {"tcp": "tcp://127.0.0.1:99999"}}, "server.tcp = 'tcp://127.0.0.1:99999': use host:port, e.g. tcp://"),
+    ({"server": {"tcp": "tcp://"}}, "server.tcp = 'tcp://': use host:port"),
+    ({"cluster": {"advertise_tcp": "tcp://10.0.0.5:70000"}}, "cluster.advertise_tcp = 'tcp://10.0.0.5:70000': use"),
     ({"model": {"dtype": "int3"}}, "model.dtype = 'int3'"),
     ({"model": {"quantization": "int4"}}, "model.quantization = 'int4'"),
     ({"engine": {"kv_fraction": 1.5}}, "engine.kv_fraction = 1.5"),

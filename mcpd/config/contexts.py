@@ -6,6 +6,7 @@ import socket
 from dataclasses import dataclass
 
 from mcpd.cluster import redis_url
+from mcpd.config.listeners import listen_host
 from mcpd.config_error import ConfigError
 
 
@@ -90,6 +91,8 @@ class ClusterConfig:
             raise ConfigError(f"cluster.node_id = {self.node_id!r}: at most {MAX_NODE_ID_CHARS} printable characters")
         if self.advertise_tcp and not self.advertise_tcp.startswith("tcp://"):
             raise ConfigError(f"cluster.advertise_tcp = {self.advertise_tcp!r}: must start with tcp://")
+        if self.advertise_tcp:
+            listen_host("cluster.advertise_tcp", self.advertise_tcp, "tcp://10.0.0.5:7070")
         if self.advertise_http and not self.advertise_http.startswith(("http://", "https://")):
             raise ConfigError(f"cluster.advertise_http = {self.advertise_http!r}: must start with http:// or https://")
         if not 0 < self.timeout_s <= 60 or self.compact_after_bytes < 1:
