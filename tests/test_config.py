@@ -20,6 +20,7 @@ def test_defaults_are_valid():
     ({"server": {"tpc": "x"}}, "unknown key server.tpc"),
     ({"workers": {"count": True}}, "workers.count = True"),
     ({"workers": {"count": 0}}, "workers.count = 0"),
+    ({"workers": {"threads": 1 << 40}}, "workers.threads = 1099511627776: must be in 0 .. 1024"),   # torch overflowed
     ({"server": {"tcp": "http://x"}}, "server.tcp = 'http://x'"),
     # ZeroMQ takes a port past 65535 and binds it modulo 65536 (99999: 34463), and "tcp://" at start
     ({"server": {"tcp": "tcp://127.0.0.1:99999"}}, "server.tcp = 'tcp://127.0.0.1:99999': use host:port, e.g. tcp://"),
