@@ -29,6 +29,9 @@ def test_defaults_are_valid():
     ({"model": {"dtype": "int3"}}, "model.dtype = 'int3'"),
     ({"model": {"quantization": "int4"}}, "model.quantization = 'int4'"),
     ({"engine": {"kv_fraction": 1.5}}, "engine.kv_fraction = 1.5"),
+    # an empty pool once rounded down to whole MiB: the pool keeper failed at every start
+    ({"engine": {"pool_bytes": 1.5}}, "engine.pool_bytes = 1.5: a fraction in (0, 1] of the free memory, or a byte"),
+    ({"pool": {"bytes": 1048575}}, "pool.bytes = 1048575.0: a fraction in (0, 1]"),
     ({"server": "x"}, "[server] must be a table"),
     ({"engine": {"max_num_seqs": 64, "max_step_tokens": 32}}, "engine.max_step_tokens = 32 must be >= engine.max_num_seqs"),
     ({"metrics": {"listen": "0.0.0.0:9464"}}, "not a loopback address"),
@@ -91,7 +94,7 @@ def test_an_integer_too_long_for_python_is_a_config_error(tmp_path, literal, mes
 
 
 def test_ints_accepted_for_floats():
-    assert from_dict({"engine": {"pool_bytes": 1024}}).engine.pool_bytes == 1024.0
+    assert from_dict({"engine": {"pool_bytes": 1 << 20}}).engine.pool_bytes == 1048576.0
 
 
 # What the shipped file turns on that the built-in defaults leave off: a real model and HTTP on
