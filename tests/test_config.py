@@ -38,6 +38,8 @@ def test_defaults_are_valid():
     ({"metrics": {"listen": "9464"}}, "use host:port"),
     ({"http": {"listen": "127.0.0.1:\u0668\u0660\u0668\u0660"}}, "use host:port"),   # Arabic-Indic digits
     ({"persistence": {"fsync": "sometimes"}}, "persistence.fsync = 'sometimes'"),
+    # the journal's fsync thread died of it (threading's wait overflows) and nothing was fsynced again
+    ({"persistence": {"fsync_interval_s": 1e300}}, "persistence.fsync_interval_s = 1e+300: at most 3600"),
     ({"engine": {"kernels": "native-sse2"}}, "engine.kernels = 'native-sse2': use one of auto, native, native-avx512"),
     # TOML has nan and inf; nan passed every range check (a nan batching window held requests forever)
     ({"scheduler": {"window_max_ms": float("nan")}}, "scheduler.window_max_ms = nan: expected a finite number"),

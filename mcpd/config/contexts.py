@@ -42,6 +42,9 @@ class CacheConfig:
             raise ConfigError(f"cache.max_owner_fraction = {self.max_owner_fraction}: must be in (0, 1]")
 
 
+MAX_FSYNC_INTERVAL_S = 3600.0
+
+
 @dataclass(frozen=True)
 class PersistenceConfig:
     enabled: bool = True               # journal committed contexts to <state_dir>/contexts
@@ -54,6 +57,8 @@ class PersistenceConfig:
             raise ConfigError(f"persistence.fsync = {self.fsync!r}: use always, interval or never")
         if self.fsync_interval_s <= 0 or self.compact_after_bytes < 1:
             raise ConfigError("persistence.fsync_interval_s and compact_after_bytes must be positive")
+        if self.fsync_interval_s > MAX_FSYNC_INTERVAL_S:   # the fsync thread's wait overflows, and it dies
+            raise ConfigError(f"persistence.fsync_interval_s = {self.fsync_interval_s}: at most {MAX_FSYNC_INTERVAL_S:g}")
 
 
 MAX_NODE_ID_CHARS = 64
