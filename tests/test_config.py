@@ -59,6 +59,8 @@ def test_defaults_are_valid():
     ({"cluster": {"prefetch_contexts": 100, "recent_contexts": 10}}, "cluster.prefetch_contexts = 100 and recent"),
     ({"cluster": {"prefetch_contexts": -1}}, "cluster.prefetch_contexts = -1"),
     ({"cluster": {"offload_queued": -1}}, "cluster.offload_queued = -1"),
+    # Redis refused the heartbeat's expiry (the node never joined) and the heartbeat thread's wait overflowed
+    ({"cluster": {"heartbeat_s": 1e300, "node_ttl_s": 2e300}}, "cluster.node_ttl_s = 2e+300: at most 3600"),
     # TOML's integers are 64-bit and tomllib reads any: one past that overflowed ZeroMQ's option (the
     # front-end crash-looped), one past a float's range the loader itself (OverflowError)
     ({"limits": {"max_message_bytes": 1 << 70}}, "limits.max_message_bytes = 1180591620717411303424: expected a 64-bit"),

@@ -62,6 +62,7 @@ class PersistenceConfig:
 
 
 MAX_NODE_ID_CHARS = 64
+MAX_NODE_TTL_S = 3600.0
 MAX_RECENT_CONTEXTS = 1 << 20   # the recency index is read whole at a takeover: about 140 MB of Redis at most
 
 
@@ -112,6 +113,8 @@ class ClusterConfig:
         if self.weight <= 0 or not 0 < self.heartbeat_s < self.node_ttl_s:
             raise ConfigError(f"cluster.weight = {self.weight} must be > 0 and cluster.heartbeat_s = "
                               f"{self.heartbeat_s} in (0, node_ttl_s = {self.node_ttl_s})")
+        if self.node_ttl_s > MAX_NODE_TTL_S:   # Redis refuses the heartbeat's expiry: the node never joins
+            raise ConfigError(f"cluster.node_ttl_s = {self.node_ttl_s}: at most {MAX_NODE_TTL_S:g}")
 
     @property
     def enabled(self) -> bool:
