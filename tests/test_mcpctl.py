@@ -194,6 +194,21 @@ def test_a_reload_naming_a_model_mcpd_cannot_run_fails_and_keeps_running(d, tmp_
     assert ctl(d, "status", "--json")["healthy"]
 
 
+@pytest.mark.parametrize("plant", [os.mkfifo, lambda path: path.write_text("[" * 100_000 + "]" * 100_000)])
+def test_a_reload_naming_a_checkpoint_whose_config_json_is_hostile_fails_and_keeps_running(d, tmp_path, plant):
+    """The supervisor reads config.json itself: a FIFO must not hang it, nor nesting past the
+    recursion limit raise through its loop."""
+    plant(tmp_path / "config.json")
+    original = d.config_path.read_text()
+    try:
+        d.config_path.write_text(original.replace("[engine]\n", f'[model]\npath = "{tmp_path}"\n\n[engine]\n', 1))
+        done = d.mcpctl("reload")
+        assert done.returncode == 1 and f"model: {tmp_path / 'config.json'}: not valid JSON" in done.stderr, done.stderr
+    finally:
+        d.config_path.write_text(original)
+    assert ctl(d, "status", "--json")["healthy"]
+
+
 def test_workers_list_and_restart(d):
     workers = ctl(d, "workers", "--json")["workers"]
     assert [w["index"] for w in workers] == [0] and workers[0]["device"] == "cpu"

@@ -130,6 +130,8 @@ def test_a_refused_model_is_refused_alike(checkpoints, tmp_path, changes, named)
     (lambda path: path.write_text("[1, 2]"), "not a JSON object"),
     (lambda path: path.write_text('{"vocab_size": ' + "9" * 5000 + "}"), "not valid JSON"),
     (lambda path: path.write_bytes(b"\xff\xfe{}"), "not valid JSON"),
+    (lambda path: path.write_text("[" * 100_000 + "]" * 100_000), "not valid JSON"),   # RecursionError
+    (lambda path: path.symlink_to("/dev/zero"), r"not valid JSON \(not a regular file\)"),
 ])
 def test_a_config_json_that_is_no_json_object_is_refused_by_name(checkpoints, tmp_path, make, named):
     path = _edited_copy(checkpoints["llama"], tmp_path / "edited")

@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mcpd import gguf_file
+from mcpd import gguf_file, small_file
 from mcpd.config import EMBEDDED_PATH, Config, ConfigError, ModelConfig
 from mcpd.models import rope_scaling
 from mcpd.models.rope_scaling import RopeScaling
@@ -437,13 +437,13 @@ ARCHITECTURES = {
 def read_json(path: Path) -> dict:
     """The JSON object in path; UnsupportedModel where it is missing, unreadable (a directory, no
     permission), not JSON (or not UTF-8, or a number past Python's 4300 digits) or not an object."""
-    try:
-        loaded = json.loads(path.read_text())
+    try:   # a regular file of at most 64 MiB: a FIFO or /dev/zero must not stall the supervisor (reload too)
+        loaded = json.loads(small_file.read_bytes(path, 64 << 20).decode())
     except FileNotFoundError:
         raise UnsupportedModel(f"{path} is missing") from None
     except OSError as e:
         raise UnsupportedModel(f"{path}: cannot be read ({e.strerror})") from None
-    except ValueError as e:   # JSONDecodeError, UnicodeDecodeError, the integer digit limit
+    except (ValueError, RecursionError) as e:   # NotSmallFile, JSONDecodeError, not UTF-8, 4300+ digits, nesting
         raise UnsupportedModel(f"{path}: not valid JSON ({e})") from None
     if not isinstance(loaded, dict):
         raise UnsupportedModel(f"{path}: not a JSON object")
