@@ -20,7 +20,7 @@ def test_defaults_are_valid():
     ({"server": {"tpc": "x"}}, "unknown key server.tpc"),
     ({"workers": {"count": True}}, "workers.count = True"),
     ({"workers": {"count": 0}}, "workers.count = 0"),
-    ({"workers": {"threads": 1 << 40}}, "workers.threads = 1099511627776: must be in 0 .. 1024"),   # torch overflowed
+    ({"workers": {"threads": 1 << 40}}, "workers.threads = 1099511627776: must be in 0 .. 1024"),   # past torch's C int
     ({"server": {"tcp": "http://x"}}, "server.tcp = 'http://x'"),
     # ZeroMQ takes a port past 65535 and binds it modulo 65536 (99999: 34463), and "tcp://" at start
     ({"server": {"tcp": "tcp://127.0.0.1:99999"}}, "server.tcp = 'tcp://127.0.0.1:99999': use host:port, e.g. tcp://"),
@@ -29,7 +29,7 @@ def test_defaults_are_valid():
     ({"model": {"dtype": "int3"}}, "model.dtype = 'int3'"),
     ({"model": {"quantization": "int4"}}, "model.quantization = 'int4'"),
     ({"engine": {"kv_fraction": 1.5}}, "engine.kv_fraction = 1.5"),
-    # an empty pool once rounded down to whole MiB: the pool keeper failed at every start
+    # a byte count under 1 MiB rounds down to an empty pool, which no pool keeper could start with
     ({"engine": {"pool_bytes": 1.5}}, "engine.pool_bytes = 1.5: a fraction in (0, 1] of the free memory, or a byte"),
     ({"pool": {"bytes": 1048575}}, "pool.bytes = 1048575.0: a fraction in (0, 1]"),
     ({"server": "x"}, "[server] must be a table"),
@@ -38,7 +38,7 @@ def test_defaults_are_valid():
     ({"metrics": {"listen": "9464"}}, "use host:port"),
     ({"http": {"listen": "127.0.0.1:\u0668\u0660\u0668\u0660"}}, "use host:port"),   # Arabic-Indic digits
     ({"persistence": {"fsync": "sometimes"}}, "persistence.fsync = 'sometimes'"),
-    # the journal's fsync thread died of it (threading's wait overflows) and nothing was fsynced again
+    # it would kill the journal's fsync thread (threading's wait overflows): nothing fsynced again
     ({"persistence": {"fsync_interval_s": 1e300}}, "persistence.fsync_interval_s = 1e+300: at most 3600"),
     ({"engine": {"kernels": "native-sse2"}}, "engine.kernels = 'native-sse2': use one of auto, native, native-avx512"),
     # TOML has nan and inf; nan passed every range check (a nan batching window held requests forever)
@@ -59,14 +59,14 @@ def test_defaults_are_valid():
     ({"cluster": {"prefetch_contexts": 100, "recent_contexts": 10}}, "cluster.prefetch_contexts = 100 and recent"),
     ({"cluster": {"prefetch_contexts": -1}}, "cluster.prefetch_contexts = -1"),
     ({"cluster": {"offload_queued": -1}}, "cluster.offload_queued = -1"),
-    # Redis refused the heartbeat's expiry (the node never joined) and the heartbeat thread's wait overflowed
+    # Redis refuses such a heartbeat expiry (the node never joins), and the heartbeat thread's wait overflows
     ({"cluster": {"heartbeat_s": 1e300, "node_ttl_s": 2e300}}, "cluster.node_ttl_s = 2e+300: at most 3600"),
-    # TOML's integers are 64-bit and tomllib reads any: one past that overflowed ZeroMQ's option (the
-    # front-end crash-looped), one past a float's range the loader itself (OverflowError)
+    # TOML's integers are 64-bit and tomllib reads any: one past that would overflow ZeroMQ's option (a
+    # front-end crash loop), one past a float's range the loader itself (OverflowError)
     ({"limits": {"max_message_bytes": 1 << 70}}, "limits.max_message_bytes = 1180591620717411303424: expected a 64-bit"),
     ({"engine": {"gather_max_ms": 10 ** 400}}, "engine.gather_max_ms = 1000000"),
     ({"models": {"m": {"split": {"a": -10 ** 400}, "versions": {"a": {}}}}}, "models.m.split.a = -1000000"),
-    # A NUL raised ValueError out of the group lookup (admin_group) or out of mkdir at start (runtime_dir)
+    # A NUL would raise ValueError out of the group lookup (admin_group) or out of mkdir at start (runtime_dir)
     ({"security": {"admin_group": "wheel\0"}}, "security.admin_group = 'wheel\\x00': holds a NUL character"),
     ({"server": {"runtime_dir": "/run/mcpd\0x"}}, "server.runtime_dir = '/run/mcpd\\x00x': holds a NUL"),
     ({"cluster": {"peer_tenants": ["a", "b\0"]}}, "cluster.peer_tenants = ['a', 'b\\x00']: holds a NUL"),

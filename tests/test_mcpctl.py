@@ -235,7 +235,7 @@ def test_usage_errors_exit_2(d):
 
 @pytest.mark.parametrize("seconds", ["nan", "inf", "1e300", "-1", "0", "abc"])
 def test_a_timeout_that_is_no_number_of_seconds_is_a_usage_error(d, seconds):
-    """nan, inf and 1e300 overflowed zmq's poll (a traceback); -1 and 0 waited forever or took the default."""
+    """nan, inf and 1e300 would overflow zmq's poll (a traceback); -1 would wait forever, 0 mean the default."""
     done = d.mcpctl("--timeout", seconds, "status")
     assert done.returncode == 2 and f"argument --timeout: '{seconds}': give seconds from 0.001 to 86400" in done.stderr, \
         done.stderr
