@@ -17,6 +17,7 @@ from typing import Protocol
 
 from tokenizers import Tokenizer as RustTokenizer
 
+from mcpd import small_file
 from mcpd.config import EMBEDDED_PATH, ModelConfig
 from mcpd.special_text import SpecialText
 
@@ -66,8 +67,7 @@ class HFTokenizer:
 
     def __init__(self, model_dir: Path, eos_token_ids: set[int], content_special_tokens: bool = False) -> None:
         """content_special_tokens: special-token text in messages gives special tokens (the opt-out)."""
-        config_path = model_dir / "tokenizer_config.json"
-        config = json.loads(config_path.read_text()) if config_path.exists() else {}
+        config = optional_json(model_dir / "tokenizer_config.json")
         self._take(RustTokenizer.from_file(str(model_dir / "tokenizer.json")), _token_text(config.get("bos_token")),
                    _token_text(config.get("eos_token")), eos_token_ids, _chat_template_source(model_dir, config),
                    content_special_tokens, model_dir)
@@ -158,11 +158,30 @@ def load(config: ModelConfig) -> Tokenizer:
 def eos_token_ids(path: Path, hf: dict) -> set[int]:
     """config.json (`hf`) and generation_config.json may each name end tokens (Llama 3 has several)."""
     ids = set()
-    generation = path / "generation_config.json"
-    for source in (hf, json.loads(generation.read_text()) if generation.exists() else {}):
+    for source in (hf, optional_json(path / "generation_config.json")):
         eos = source.get("eos_token_id")
         ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
     return ids
+
+
+def optional_json(path: Path) -> dict:
+    """The JSON object a model directory may hold beside config.json ({} where it holds none);
+    ValueError naming the file where it is no small regular file of one (a FIFO must not hang a start)."""
+    if not path.exists():
+        return {}
+    try:
+        loaded = json.loads(small_file.read_bytes(path, 64 << 20).decode())
+    except (OSError, ValueError, RecursionError) as e:
+        raise ValueError(f"{path}: not a readable JSON object ({e})") from None
+    if not isinstance(loaded, dict):
+        raise ValueError(f"{path}: not a JSON object")
+    return loaded
+
+
+def check_json(model_dir: Path) -> None:
+    """ValueError where a JSON file the tokenizer reads is not one (architecture.check_configured)."""
+    for name in ("tokenizer_config.json", "generation_config.json"):
+        optional_json(model_dir / name)
 
 
 def _checked(messages: list[dict]) -> list[dict]:

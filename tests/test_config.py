@@ -1,6 +1,12 @@
+import os
+import subprocess
+
 import pytest
 
+from mcpd import refusal
 from mcpd.config import ConfigError, from_dict, load
+from mcpd.config.loader import MAX_CONFIG_BYTES
+from mcpd.testing import BIN
 
 
 def test_defaults_are_valid():
@@ -14,16 +20,26 @@ def test_defaults_are_valid():
     ({"server": {"tpc": "x"}}, "unknown key server.tpc"),
     ({"workers": {"count": True}}, "workers.count = True"),
     ({"workers": {"count": 0}}, "workers.count = 0"),
+    ({"workers": {"threads": 1 << 40}}, "workers.threads = 1099511627776: must be in 0 .. 1024"),   # past torch's C int
     ({"server": {"tcp": "http://x"}}, "server.tcp = 'http://x'"),
+    # ZeroMQ takes a port past 65535 and binds it modulo 65536 (99999: 34463), and "tcp://" at start
+    ({"server": {"tcp": "tcp://127.0.0.1:99999"}}, "server.tcp = 'tcp://127.0.0.1:99999': use host:port, e.g. tcp://"),
+    ({"server": {"tcp": "tcp://"}}, "server.tcp = 'tcp://': use host:port"),
+    ({"cluster": {"advertise_tcp": "tcp://10.0.0.5:70000"}}, "cluster.advertise_tcp = 'tcp://10.0.0.5:70000': use"),
     ({"model": {"dtype": "int3"}}, "model.dtype = 'int3'"),
     ({"model": {"quantization": "int4"}}, "model.quantization = 'int4'"),
     ({"engine": {"kv_fraction": 1.5}}, "engine.kv_fraction = 1.5"),
+    # a byte count under 1 MiB rounds down to an empty pool, which no pool keeper could start with
+    ({"engine": {"pool_bytes": 1.5}}, "engine.pool_bytes = 1.5: a fraction in (0, 1] of the free memory, or a byte"),
+    ({"pool": {"bytes": 1048575}}, "pool.bytes = 1048575.0: a fraction in (0, 1]"),
     ({"server": "x"}, "[server] must be a table"),
     ({"engine": {"max_num_seqs": 64, "max_step_tokens": 32}}, "engine.max_step_tokens = 32 must be >= engine.max_num_seqs"),
     ({"metrics": {"listen": "0.0.0.0:9464"}}, "not a loopback address"),
     ({"metrics": {"listen": "9464"}}, "use host:port"),
     ({"http": {"listen": "127.0.0.1:\u0668\u0660\u0668\u0660"}}, "use host:port"),   # Arabic-Indic digits
     ({"persistence": {"fsync": "sometimes"}}, "persistence.fsync = 'sometimes'"),
+    # it would kill the journal's fsync thread (threading's wait overflows): nothing fsynced again
+    ({"persistence": {"fsync_interval_s": 1e300}}, "persistence.fsync_interval_s = 1e+300: at most 3600"),
     ({"engine": {"kernels": "native-sse2"}}, "engine.kernels = 'native-sse2': use one of auto, native, native-avx512"),
     # TOML has nan and inf; nan passed every range check (a nan batching window held requests forever)
     ({"scheduler": {"window_max_ms": float("nan")}}, "scheduler.window_max_ms = nan: expected a finite number"),
@@ -43,6 +59,17 @@ def test_defaults_are_valid():
     ({"cluster": {"prefetch_contexts": 100, "recent_contexts": 10}}, "cluster.prefetch_contexts = 100 and recent"),
     ({"cluster": {"prefetch_contexts": -1}}, "cluster.prefetch_contexts = -1"),
     ({"cluster": {"offload_queued": -1}}, "cluster.offload_queued = -1"),
+    # Redis refuses such a heartbeat expiry (the node never joins), and the heartbeat thread's wait overflows
+    ({"cluster": {"heartbeat_s": 1e300, "node_ttl_s": 2e300}}, "cluster.node_ttl_s = 2e+300: at most 3600"),
+    # TOML's integers are 64-bit and tomllib reads any: one past that would overflow ZeroMQ's option (a
+    # front-end crash loop), one past a float's range the loader itself (OverflowError)
+    ({"limits": {"max_message_bytes": 1 << 70}}, "limits.max_message_bytes = 1180591620717411303424: expected a 64-bit"),
+    ({"engine": {"gather_max_ms": 10 ** 400}}, "engine.gather_max_ms = 1000000"),
+    ({"models": {"m": {"split": {"a": -10 ** 400}, "versions": {"a": {}}}}}, "models.m.split.a = -1000000"),
+    # A NUL would raise ValueError out of the group lookup (admin_group) or out of mkdir at start (runtime_dir)
+    ({"security": {"admin_group": "wheel\0"}}, "security.admin_group = 'wheel\\x00': holds a NUL character"),
+    ({"server": {"runtime_dir": "/run/mcpd\0x"}}, "server.runtime_dir = '/run/mcpd\\x00x': holds a NUL"),
+    ({"cluster": {"peer_tenants": ["a", "b\0"]}}, "cluster.peer_tenants = ['a', 'b\\x00']: holds a NUL"),
 ])
 def test_bad_values_name_the_key(raw, message):
     with pytest.raises(ConfigError) as raised:
@@ -58,8 +85,20 @@ def test_a_config_file_nested_past_what_the_toml_reader_recurses_is_a_config_err
     assert "nest too deep" in str(e.value)
 
 
+@pytest.mark.parametrize("literal, message", [
+    ("1" + "0" * 5000, "config file {path}: a number too long to read"),   # int() refuses it inside tomllib
+    ("0x1" + "0" * 5000, "engine.max_num_seqs = (a number too long to show): expected a 64-bit integer"),
+])
+def test_an_integer_too_long_for_python_is_a_config_error(tmp_path, literal, message):
+    path = tmp_path / "mcpd.toml"
+    path.write_text(f"[engine]\nmax_num_seqs = {literal}\n")
+    with pytest.raises(ConfigError) as e:
+        load(path)
+    assert str(e.value) == message.format(path=path)
+
+
 def test_ints_accepted_for_floats():
-    assert from_dict({"engine": {"pool_bytes": 1024}}).engine.pool_bytes == 1024.0
+    assert from_dict({"engine": {"pool_bytes": 1 << 20}}).engine.pool_bytes == 1048576.0
 
 
 # What the shipped file turns on that the built-in defaults leave off: a real model and HTTP on
@@ -124,3 +163,27 @@ def test_hostile_model_tables_are_refused_naming_the_key(raw, message):
     with pytest.raises(ConfigError) as raised:
         from_dict(raw)
     assert message in str(raised.value)
+
+
+def _fifo(path):
+    os.mkfifo(path)
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda p: p.mkdir(), "Is a directory"),
+    (lambda p: p.symlink_to("/dev/zero"), "not a regular file"),
+    (_fifo, "not a regular file"),   # opened without waiting for a writer that never comes
+    (lambda p: p.write_bytes(b'[server]\nlog_level = "info"\n# caf\xe9\n'), "not UTF-8 text (byte 33)"),
+    (lambda p: p.write_bytes(b"#" * (MAX_CONFIG_BYTES + 1)), f"{MAX_CONFIG_BYTES + 1} bytes, more than the {MAX_CONFIG_BYTES} it may hold"),
+])
+def test_a_config_path_that_is_no_config_file_is_a_config_error(tmp_path, make, message):
+    path = tmp_path / "mcpd.toml"
+    make(path)
+    with pytest.raises(ConfigError) as e:
+        load(path)
+    assert f"config file {path}: {message}" in str(e.value)
+
+
+def test_mcpd_started_on_a_directory_for_its_config_exits_2_with_the_reason(tmp_path):
+    done = subprocess.run([str(BIN / "mcpd"), "--config", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stderr) == (refusal.CONFIG, f"mcpd: config file {tmp_path}: Is a directory\n")

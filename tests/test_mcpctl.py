@@ -168,6 +168,19 @@ def test_bad_config_reload_fails_and_keeps_running(d):
     assert ctl(d, "status", "--json")["healthy"]
 
 
+def test_a_reload_of_a_file_that_is_not_utf8_text_fails_and_keeps_running(d):
+    """The file's bytes are checked like its keys: refused by the reload, never raised through
+    the supervisor's loop (which would take the daemon down)."""
+    original = d.config_path.read_bytes()
+    try:
+        d.config_path.write_bytes(original + b"\n# caf\xe9\n")
+        done = d.mcpctl("reload")
+        assert done.returncode == 1 and f"config file {d.config_path}: not UTF-8 text" in done.stderr, done.stderr
+    finally:
+        d.config_path.write_bytes(original)
+    assert ctl(d, "status", "--json")["healthy"]
+
+
 def test_a_reload_naming_a_model_mcpd_cannot_run_fails_and_keeps_running(d, tmp_path):
     """Checked like a start (architecture.check_configured): the reason names the key and the file."""
     (tmp_path / "config.json").write_text('{"architectures": ["FalconForCausalLM"]}')
@@ -176,6 +189,21 @@ def test_a_reload_naming_a_model_mcpd_cannot_run_fails_and_keeps_running(d, tmp_
         d.config_path.write_text(original + f'\n[model]\npath = "{tmp_path}"\n' if "[model]" not in original
                                  else original.replace("[model]\n", f'[model]\npath = "{tmp_path}"\n', 1))
         assert f"model: {tmp_path}: architecture 'FalconForCausalLM' is not supported" in d.mcpctl("reload").stderr
+    finally:
+        d.config_path.write_text(original)
+    assert ctl(d, "status", "--json")["healthy"]
+
+
+@pytest.mark.parametrize("plant", [os.mkfifo, lambda path: path.write_text("[" * 100_000 + "]" * 100_000)])
+def test_a_reload_naming_a_checkpoint_whose_config_json_is_hostile_fails_and_keeps_running(d, tmp_path, plant):
+    """The supervisor reads config.json itself: a FIFO must not hang it, nor nesting past the
+    recursion limit raise through its loop."""
+    plant(tmp_path / "config.json")
+    original = d.config_path.read_text()
+    try:
+        d.config_path.write_text(original.replace("[engine]\n", f'[model]\npath = "{tmp_path}"\n\n[engine]\n', 1))
+        done = d.mcpctl("reload")
+        assert done.returncode == 1 and f"model: {tmp_path / 'config.json'}: not valid JSON" in done.stderr, done.stderr
     finally:
         d.config_path.write_text(original)
     assert ctl(d, "status", "--json")["healthy"]
@@ -203,6 +231,14 @@ def test_workers_list_and_restart(d):
 def test_usage_errors_exit_2(d):
     ctl(d, "contexts", code=2)
     ctl(d, "workers", "restart", "x", code=2)
+
+
+@pytest.mark.parametrize("seconds", ["nan", "inf", "1e300", "-1", "0", "abc"])
+def test_a_timeout_that_is_no_number_of_seconds_is_a_usage_error(d, seconds):
+    """nan, inf and 1e300 would overflow zmq's poll (a traceback); -1 would wait forever, 0 mean the default."""
+    done = d.mcpctl("--timeout", seconds, "status")
+    assert done.returncode == 2 and f"argument --timeout: '{seconds}': give seconds from 0.001 to 86400" in done.stderr, \
+        done.stderr
 
 
 # -- talking only to a daemon it can trust, and to an older one ---------------------------------

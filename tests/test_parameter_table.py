@@ -3,12 +3,13 @@ parameters must be the skeleton the loader builds, name for name, shape and dtyp
 kind of model mcpd runs, so the bytes it reserves are what the workers' weights take; and a
 model the loader refuses, it refuses alike."""
 import json
+import os
 import shutil
 
 import pytest
 import torch
 
-from mcpd.config import ModelConfig, from_dict
+from mcpd.config import ConfigError, ModelConfig, from_dict
 from mcpd.daemon import pool_keeper
 from mcpd.memory import pool_size
 from mcpd.models import UnsupportedModel, architecture, skeleton
@@ -130,6 +131,8 @@ def test_a_refused_model_is_refused_alike(checkpoints, tmp_path, changes, named)
     (lambda path: path.write_text("[1, 2]"), "not a JSON object"),
     (lambda path: path.write_text('{"vocab_size": ' + "9" * 5000 + "}"), "not valid JSON"),
     (lambda path: path.write_bytes(b"\xff\xfe{}"), "not valid JSON"),
+    (lambda path: path.write_text("[" * 100_000 + "]" * 100_000), "not valid JSON"),   # RecursionError
+    (lambda path: path.symlink_to("/dev/zero"), r"not valid JSON \(not a regular file\)"),
 ])
 def test_a_config_json_that_is_no_json_object_is_refused_by_name(checkpoints, tmp_path, make, named):
     path = _edited_copy(checkpoints["llama"], tmp_path / "edited")
@@ -137,6 +140,22 @@ def test_a_config_json_that_is_no_json_object_is_refused_by_name(checkpoints, tm
     make(path / "config.json")
     with pytest.raises(UnsupportedModel, match=named):
         parameter_bytes(ModelConfig(path=str(path)), "cpu")
+
+
+@pytest.mark.parametrize("name, plant, says", [
+    ("tokenizer_config.json", lambda path: path.write_text("[1]"), "not a JSON object"),
+    ("tokenizer_config.json", lambda path: path.write_text("{nope"), "not a readable JSON object"),
+    ("generation_config.json", os.mkfifo, "not a readable JSON object (not a regular file)"),
+])
+def test_a_tokenizer_json_the_children_could_not_read_is_refused_by_the_supervisor(checkpoints, tmp_path, name,
+                                                                                   plant, says):
+    """Checked with the model at start and reload: a worker meeting it would crash at every restart (a FIFO hang it)."""
+    path = _edited_copy(checkpoints["llama"], tmp_path / "edited")
+    (path / name).unlink(missing_ok=True)
+    plant(path / name)
+    with pytest.raises(ConfigError) as e:
+        architecture.check_configured(from_dict({"model": {"path": str(path)}}))
+    assert str(e.value).startswith(f"model: {path / name}: {says}"), str(e.value)
 
 
 def test_int8_gpt2_is_refused_alike(checkpoints):

@@ -126,7 +126,7 @@ def test_a_damaged_warmup_file_is_refused_naming_what_is_wrong(tmp_path, content
 def test_a_warmup_file_past_its_bound_is_not_read(tmp_path):
     path = tmp_path / "warm.msgpack"
     path.write_bytes(bytes(100))
-    with pytest.raises(ValueError, match="100 bytes; at most 99"):
+    with pytest.raises(ValueError, match="100 bytes, more than the 99 it may hold"):
         read_warmup(str(path), max_bytes=99)
 
 

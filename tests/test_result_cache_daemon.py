@@ -2,6 +2,7 @@
 from the cache, never for another tenant or another version; `cache: false` neither reads nor
 fills it; a warm-up file's inputs are cached before the first request; the hit rate shows in
 status and /metrics; a warm-up file that cannot be read refuses the start."""
+import os
 import urllib.request
 
 import numpy as np
@@ -108,11 +109,16 @@ def test_the_hit_rate_shows_in_status_and_metrics(d):
     assert 0 < v2["mcpd_result_cache_hit_ratio"] <= 1
 
 
-def test_a_warmup_file_that_cannot_be_read_refuses_the_start(fresh_daemon, tmp_path):
-    missing = tmp_path / "nowhere.msgpack"
+@pytest.mark.parametrize("make, says", [
+    (lambda path: None, "[Errno 2] No such file or directory"),
+    (os.mkfifo, "not a regular file"),   # opened without waiting for a writer: the start never hangs on it
+])
+def test_a_warmup_file_that_cannot_be_read_refuses_the_start(fresh_daemon, tmp_path, make, says):
+    warmup = tmp_path / "warm.msgpack"
+    make(warmup)
     daemon = fresh_daemon(started=False, **{
         "pool": {"shared": False}, "models.risk": {}, "models.risk.versions.v1": {"handler": SCORER},
-        "models.risk.versions.v1.cache": {"max_bytes": 1 << 20, "warmup": str(missing)}})
+        "models.risk.versions.v1.cache": {"max_bytes": 1 << 20, "warmup": str(warmup)}})
     daemon.start(wait=False)
     assert daemon.process.wait(120) == 2
-    assert f"cache warmup file {missing}" in daemon.log()
+    assert f"cache warmup file {warmup}: {says}" in daemon.log()

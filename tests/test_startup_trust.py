@@ -171,6 +171,23 @@ def test_second_daemon_on_a_taken_tcp_port_exits_with_the_reason(careless, unsta
 
 
 @needs_root
+@pytest.mark.parametrize("cache_bytes", [1 << 46, 1 << 62])   # a crash-looping scheduler; a traceback
+def test_a_host_cache_larger_than_the_host_is_refused_naming_the_key(unstarted, cache_bytes):
+    d = unstarted(cache={"bytes": cache_bytes})
+    done = start(d)
+    assert done.returncode == refusal.CONFIG and f"mcpd: cache.bytes = {cache_bytes}: more than the " in done.stderr, \
+        done.stderr
+    assert not host_segment.segment_path(d.runtime_dir).exists()
+
+
+def test_a_pool_too_small_for_one_kv_block_refuses_the_start_naming_the_keys(unstarted):
+    """Every restart would meet the same pool: a refusal (exit 2, the reason), not a crash loop."""
+    d = unstarted(engine={"pool_bytes": 1 << 20, "kv_block_size": 1024})
+    done = start(d)
+    assert done.returncode == refusal.CONFIG and "worker 0 cannot start: the KV cache gets" in done.stderr \
+        and "raise engine.pool_bytes or engine.kv_fraction, or lower engine.kv_block_size" in done.stderr, done.stderr
+
+
 def test_mcpctl_trusts_a_dir_root_handed_over_but_not_one_planted_in_a_sticky_dir(tmp_path):
     handed = tmp_path / "handed"   # like /run/mcpd: made by root for the service's user
     handed.mkdir(mode=0o755)

@@ -10,6 +10,7 @@ an op such as `keys allow` must never go to a control socket someone else plante
 """
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import time
@@ -27,6 +28,22 @@ SYSTEM_RUNTIME_DIR = Path("/run/mcpd")
 CALL_TIMEOUT_S = 5.0      # one quick op, when --timeout is not given
 WAIT_TIMEOUT_S = 120.0    # --wait operations (drain, reload, restart), when --timeout is not given
 POLL_S = 0.5
+
+
+MIN_TIMEOUT_S, MAX_TIMEOUT_S = 0.001, 86400.0   # --timeout: zmq's poll takes milliseconds as a C long
+
+
+def seconds_in(low: float, high: float):
+    """An argparse type: a number of seconds from `low` to `high` (nan, inf and words refused)."""
+    def seconds(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = float("nan")
+        if not low <= value <= high:   # also refuses nan
+            raise argparse.ArgumentTypeError(f"{text!r}: give seconds from {low:g} to {high:g}")
+        return value
+    return seconds
 
 
 class Unreachable(Exception):

@@ -26,9 +26,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--runtime-dir", help="the daemon's runtime directory (default: $MCPD_RUNTIME_DIR, "
                                               "the config's, or /run/mcpd)")
     parser.add_argument("--config", help="the daemon's config file, to find its runtime directory")
-    parser.add_argument("--timeout", type=float, help=f"seconds to wait: for an answer (default "
-                                                      f"{control.CALL_TIMEOUT_S:g}), or with --wait for the "
-                                                      f"operation (default {control.WAIT_TIMEOUT_S:g})")
+    parser.add_argument("--timeout", type=control.seconds_in(control.MIN_TIMEOUT_S, control.MAX_TIMEOUT_S),
+                        help=f"seconds to wait: for an answer (default {control.CALL_TIMEOUT_S:g}), or with --wait "
+                             f"for the operation (default {control.WAIT_TIMEOUT_S:g})")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     # --json may also follow the command; SUPPRESS keeps it from undoing one given before it.
     common = argparse.ArgumentParser(add_help=False)

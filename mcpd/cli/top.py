@@ -6,8 +6,6 @@ so a request cannot write escape sequences into the operator's terminal.
 """
 from __future__ import annotations
 
-import argparse
-
 from mcpd.cli import control
 from mcpd.cli.render import emit, redraw_until_interrupted, table
 
@@ -18,20 +16,10 @@ MAX_INTERVAL_S = 3600.0
 def register(sub, common) -> None:
     top = sub.add_parser("top", parents=[common], help="a live view of models, classes and the slowest "
                                                        "requests in flight")
-    top.add_argument("--interval", type=_interval, default=1.0,
+    top.add_argument("--interval", type=control.seconds_in(MIN_INTERVAL_S, MAX_INTERVAL_S), default=1.0,
                      help=f"seconds between redraws, {MIN_INTERVAL_S:g}..{MAX_INTERVAL_S:g} (default 1)")
     top.add_argument("--once", action="store_true", help="print one frame and exit")
     top.set_defaults(handler=cmd_top)
-
-
-def _interval(text: str) -> float:
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = float("nan")
-    if not MIN_INTERVAL_S <= seconds <= MAX_INTERVAL_S:   # also refuses nan
-        raise argparse.ArgumentTypeError(f"{text!r}: give seconds from {MIN_INTERVAL_S:g} to {MAX_INTERVAL_S:g}")
-    return seconds
 
 
 def cmd_top(args) -> int:

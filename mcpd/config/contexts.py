@@ -6,6 +6,7 @@ import socket
 from dataclasses import dataclass
 
 from mcpd.cluster import redis_url
+from mcpd.config.listeners import listen_host
 from mcpd.config_error import ConfigError
 
 
@@ -41,6 +42,9 @@ class CacheConfig:
             raise ConfigError(f"cache.max_owner_fraction = {self.max_owner_fraction}: must be in (0, 1]")
 
 
+MAX_FSYNC_INTERVAL_S = 3600.0
+
+
 @dataclass(frozen=True)
 class PersistenceConfig:
     enabled: bool = True               # journal committed contexts to <state_dir>/contexts
@@ -53,9 +57,12 @@ class PersistenceConfig:
             raise ConfigError(f"persistence.fsync = {self.fsync!r}: use always, interval or never")
         if self.fsync_interval_s <= 0 or self.compact_after_bytes < 1:
             raise ConfigError("persistence.fsync_interval_s and compact_after_bytes must be positive")
+        if self.fsync_interval_s > MAX_FSYNC_INTERVAL_S:   # the fsync thread's wait overflows, and it dies
+            raise ConfigError(f"persistence.fsync_interval_s = {self.fsync_interval_s}: at most {MAX_FSYNC_INTERVAL_S:g}")
 
 
 MAX_NODE_ID_CHARS = 64
+MAX_NODE_TTL_S = 3600.0
 MAX_RECENT_CONTEXTS = 1 << 20   # the recency index is read whole at a takeover: about 140 MB of Redis at most
 
 
@@ -90,6 +97,8 @@ class ClusterConfig:
             raise ConfigError(f"cluster.node_id = {self.node_id!r}: at most {MAX_NODE_ID_CHARS} printable characters")
         if self.advertise_tcp and not self.advertise_tcp.startswith("tcp://"):
             raise ConfigError(f"cluster.advertise_tcp = {self.advertise_tcp!r}: must start with tcp://")
+        if self.advertise_tcp:
+            listen_host("cluster.advertise_tcp", self.advertise_tcp, "tcp://10.0.0.5:7070")
         if self.advertise_http and not self.advertise_http.startswith(("http://", "https://")):
             raise ConfigError(f"cluster.advertise_http = {self.advertise_http!r}: must start with http:// or https://")
         if not 0 < self.timeout_s <= 60 or self.compact_after_bytes < 1:
@@ -104,6 +113,8 @@ class ClusterConfig:
         if self.weight <= 0 or not 0 < self.heartbeat_s < self.node_ttl_s:
             raise ConfigError(f"cluster.weight = {self.weight} must be > 0 and cluster.heartbeat_s = "
                               f"{self.heartbeat_s} in (0, node_ttl_s = {self.node_ttl_s})")
+        if self.node_ttl_s > MAX_NODE_TTL_S:   # Redis refuses the heartbeat's expiry: the node never joins
+            raise ConfigError(f"cluster.node_ttl_s = {self.node_ttl_s}: at most {MAX_NODE_TTL_S:g}")
 
     @property
     def enabled(self) -> bool:

@@ -12,7 +12,7 @@ DECODE_KERNELS = ("auto", "persistent", "graph")   # engine/decode_graphs.py
 
 @dataclass(frozen=True)
 class EngineConfig:
-    pool_bytes: float = 256 << 20   # device pool: bytes (> 1), or a fraction (<= 1) of free device memory
+    pool_bytes: float = 256 << 20   # device pool: bytes (>= 1 MiB), or a fraction (<= 1) of free device memory
     kv_fraction: float = 0.9        # share of the pool carved out for the paged KV cache
     kv_block_size: int = 16         # tokens per KV block
     max_num_seqs: int = 64          # sequences decoding together in one step
@@ -34,6 +34,7 @@ class EngineConfig:
             raise ConfigError(f"engine.kernels = {self.kernels!r}: use one of {', '.join(KERNEL_SETS)}")
         if self.pool_bytes <= 0:
             raise ConfigError(f"engine.pool_bytes = {self.pool_bytes}: must be positive")
+        check_pool_size("engine.pool_bytes", self.pool_bytes)
         if not 0 < self.kv_fraction <= 1:
             raise ConfigError(f"engine.kv_fraction = {self.kv_fraction}: must be in (0, 1]")
         if self.kv_block_size < 1 or self.kv_block_size & (self.kv_block_size - 1):
@@ -56,8 +57,20 @@ class EngineConfig:
 @dataclass(frozen=True)
 class PoolConfig:
     shared: bool = True     # one pool per device (CPU or GPU), kept by a pool keeper process; workers' KV outlives them
-    bytes: float = 0        # the device pool: 0 = auto, bytes (> 1), or a fraction (<= 1) of free device memory
+    bytes: float = 0        # the device pool: 0 = auto, bytes (>= 1 MiB), or a fraction (<= 1) of free device memory
 
     def check(self) -> None:
         if self.bytes < 0:
-            raise ConfigError(f"pool.bytes = {self.bytes}: must be 0 (auto), a byte count > 1 or a fraction in (0, 1]")
+            raise ConfigError(f"pool.bytes = {self.bytes}: must be 0 (auto), a byte count >= 1 MiB or a fraction in (0, 1]")
+        check_pool_size("pool.bytes", self.bytes)
+
+
+MIN_POOL_BYTES = 1 << 20   # a pool is whole MiB (memory/pool_size.py)
+
+
+def check_pool_size(key: str, value: float) -> None:
+    """A byte count (> 1) under a MiB rounds down to an empty pool, which no restart of the keeper
+    or worker could start with (a loop, never ready)."""
+    if 1 < value < MIN_POOL_BYTES:
+        raise ConfigError(f"{key} = {value}: a fraction in (0, 1] of the free memory, or a byte count of at "
+                          f"least {MIN_POOL_BYTES} (1 MiB)")

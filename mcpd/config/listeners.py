@@ -18,13 +18,16 @@ class ServerConfig:
     def check(self) -> None:
         if self.tcp and not self.tcp.startswith("tcp://"):
             raise ConfigError(f"server.tcp = {self.tcp!r}: must start with tcp:// or be empty")
+        if self.tcp:   # ZeroMQ binds port 99999 as 34463: a port past 65535 is refused, not wrapped
+            listen_host("server.tcp", self.tcp, "tcp://127.0.0.1:7070")
         if self.log_level not in ("debug", "info", "warning", "error"):
             raise ConfigError(f"server.log_level = {self.log_level!r}: use debug, info, warning or error")
 
 
-def _listen_host(key: str, listen: str, example: str) -> str:
-    """The host of a host:port listen address; ConfigError naming `key` if it is not one (the
-    port in ASCII digits: int() takes any script's)."""
+def listen_host(key: str, listen: str, example: str) -> str:
+    """The host of a host:port listen address (or tcp://host:port endpoint: the host keeps its
+    prefix); ConfigError naming `key` if it is not one (the port in ASCII digits: int() takes
+    any script's)."""
     host, _, port = listen.rpartition(":")
     if not host or not (port.isascii() and port.isdigit() and len(port) <= 5) or int(port) > 65535:
         raise ConfigError(f"{key} = {listen!r}: use host:port, e.g. {example}")
@@ -39,7 +42,7 @@ class MetricsConfig:
     def check(self) -> None:
         if not self.listen:
             return
-        host = _listen_host("metrics.listen", self.listen, "127.0.0.1:9464")
+        host = listen_host("metrics.listen", self.listen, "127.0.0.1:9464")
         if not self.allow_remote and host.strip("[]") not in ("127.0.0.1", "::1", "localhost"):
             raise ConfigError(f"metrics.listen = {self.listen!r}: not a loopback address; "
                               "set metrics.allow_remote = true to expose metrics beyond this host")
@@ -59,7 +62,7 @@ class HttpConfig:
     def check(self) -> None:
         if not self.listen:
             return
-        _listen_host("http.listen", self.listen, "127.0.0.1:8000")
+        listen_host("http.listen", self.listen, "127.0.0.1:8000")
         if self.auth not in ("auto", "on", "off"):
             raise ConfigError(f"http.auth = {self.auth!r}: use auto, on or off")
         if self.auth == "off" and not self.loopback:

@@ -9,10 +9,14 @@ import tomllib
 import types
 import typing
 
+from mcpd import small_file
 from mcpd.config.listeners import is_loopback
 from mcpd.config.models import LEGACY_NAME, MAX_MODEL_WORKERS
 from mcpd.config.tree import Config
 from mcpd.config_error import ConfigError
+
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+MAX_CONFIG_BYTES = 16 << 20   # a config is kilobytes: a log or /dev/zero named by mistake is not read whole
 
 
 def load(path: str | os.PathLike | None) -> Config:
@@ -20,12 +24,17 @@ def load(path: str | os.PathLike | None) -> Config:
     if path is None:
         return from_dict({})
     try:
-        with open(path, "rb") as f:
-            raw = tomllib.load(f)
+        raw = tomllib.loads(small_file.read_text(path, MAX_CONFIG_BYTES))
     except FileNotFoundError:
         raise ConfigError(f"config file {path} does not exist") from None
+    except OSError as e:
+        raise ConfigError(f"config file {path}: {e.strerror}") from None
+    except small_file.NotSmallFile as e:   # a reload must never take the daemon down for a file's bytes
+        raise ConfigError(f"config file {path}: {e}") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"config file {path}: {e}") from None
+    except ValueError:   # tomllib's int() of a literal past Python's 4300 digits
+        raise ConfigError(f"config file {path}: a number too long to read") from None
     except RecursionError:   # tomllib recurses per nested array or inline table
         raise ConfigError(f"config file {path}: arrays or tables nest too deep to read") from None
     return from_dict(raw)
@@ -87,8 +96,15 @@ def _build_section(section: str, cls: type, values: dict):
         if key not in hints:
             raise ConfigError(f"unknown key {section}.{key}; known: {', '.join(hints)}")
         if not _matches(value, hints[key]):
-            raise ConfigError(f"{section}.{key} = {value!r}: expected {_type_name(hints[key])}")
+            raise ConfigError(f"{section}.{key} = {_shown(value)}: expected {_type_name(hints[key])}")
+        if _holds_nul(value):
+            raise ConfigError(f"{section}.{key} = {_shown(value)}: holds a NUL character")
     return cls(**{k: _build_value(f"{section}.{k}", v, hints[k]) for k, v in values.items()})
+
+
+def _holds_nul(value) -> bool:
+    """A NUL in a string, or in a list's strings: C ends a path, a group's name or a URL there."""
+    return any(isinstance(text, str) and "\0" in text for text in (value if isinstance(value, list) else [value]))
 
 
 def _build_value(path: str, value, hint):
@@ -100,7 +116,7 @@ def _build_value(path: str, value, hint):
         item = typing.get_args(hint)[1]   # a table of values, e.g. models.<name>.split
         for name, item_value in value.items():
             if not _matches(item_value, item):
-                raise ConfigError(f"{path}.{name} = {item_value!r}: expected {_type_name(item)}")
+                raise ConfigError(f"{path}.{name} = {_shown(item_value)}: expected {_type_name(item)}")
         return {name: _build_value(f"{path}.{name}", v, item) for name, v in value.items()}
     if typing.get_origin(hint) is dict:   # a table of tables, e.g. [scheduler.classes.<name>]
         item = typing.get_args(hint)[1]
@@ -114,6 +130,8 @@ def _build_value(path: str, value, hint):
 def _matches(value, hint) -> bool:
     if isinstance(value, bool):  # bool is an int in Python; never accept it for numbers
         return hint is bool
+    if isinstance(value, int) and not INT64_MIN <= value <= INT64_MAX:
+        return False   # TOML's integers are 64-bit; tomllib reads any, and ZeroMQ, torch and floats overflow
     if dataclasses.is_dataclass(hint):
         return isinstance(value, dict)
     if typing.get_origin(hint) is tuple:   # tuple[X, ...]: TOML's array of X
@@ -126,9 +144,16 @@ def _matches(value, hint) -> bool:
     return isinstance(value, typing.get_origin(hint) or hint)
 
 
+def _shown(value) -> str:
+    try:
+        return repr(value)
+    except ValueError:   # an int of over 4300 digits (a TOML hex literal reaches one) has no repr
+        return "(a number too long to show)"
+
+
 def _type_name(hint) -> str:
     if typing.get_origin(hint) is tuple:
         item = typing.get_args(hint)[0]
         return "a list of " + {int: "integers", float: "finite numbers", str: "strings"}.get(item, str(item))
-    return {int: "an integer", float: "a finite number", str: "a string", bool: "true or false"}.get(
+    return {int: "a 64-bit integer", float: "a finite number", str: "a string", bool: "true or false"}.get(
         hint, "a table" if typing.get_origin(hint) is dict or dataclasses.is_dataclass(hint) else str(hint))

@@ -6,7 +6,8 @@ from dataclasses import dataclass
 from mcpd.config_error import ConfigError
 
 
-WAIT_POLICIES = ("brief", "passive", "active")   # OpenMP's idle threads (cpu/threads.py says how each waits)
+WAIT_POLICIES = ("brief", "passive", "active")
+MAX_THREADS = 1024   # per worker; more than any host's cores   # OpenMP's idle threads (cpu/threads.py says how each waits)
 
 
 @dataclass(frozen=True)
@@ -25,8 +26,8 @@ class WorkersConfig:
             raise ConfigError(f"workers.device = {self.device!r}: use auto, cpu or cuda")
         if not 1 <= self.count <= 256:
             raise ConfigError(f"workers.count = {self.count}: must be between 1 and 256")
-        if self.threads < 0:
-            raise ConfigError(f"workers.threads = {self.threads}: must be >= 0")
+        if not 0 <= self.threads <= MAX_THREADS:   # torch takes a C int; OpenMP would start them all
+            raise ConfigError(f"workers.threads = {self.threads}: must be in 0 .. {MAX_THREADS}")
         if self.wait_policy not in WAIT_POLICIES:
             raise ConfigError(f"workers.wait_policy = {self.wait_policy!r}: use {', '.join(WAIT_POLICIES)}")
         if self.restart_backoff_s <= 0 or self.restart_backoff_max_s < self.restart_backoff_s:

@@ -60,6 +60,7 @@ from mcpd.engine.host_kv import HostKV
 from mcpd.engine.kv_records import KVRecords
 from mcpd.engine.partial_blocks import PartialBlocks
 from mcpd.engine.sequence import Sequence
+from mcpd.refusal import StartRefused
 
 
 @dataclass
@@ -86,8 +87,10 @@ class KVCache:
         block_bytes = self.block_bytes(block_size, num_layers, kv_heads, head_dim, dtype)
         self.num_blocks = region.numel() // block_bytes
         if self.num_blocks < 1:
-            raise ValueError(f"the KV cache gets {region.numel()} bytes of the pool, less than one block "
-                             f"({block_bytes} bytes): raise engine.pool_bytes or engine.kv_fraction")
+            # A refusal, not a crash: every restart would meet the same pool (a loop, never ready).
+            raise StartRefused(f"the KV cache gets {region.numel()} bytes of the pool, less than one block "
+                               f"({block_bytes} bytes): raise engine.pool_bytes or engine.kv_fraction, or lower "
+                               "engine.kv_block_size")
         self.block_size = block_size
         self.tensor = region[:self.num_blocks * block_bytes].view(dtype).view(self.num_blocks, *block_shape)
         # Unhashed blocks nobody holds. A stack: a freed block is the next one handed out, while it

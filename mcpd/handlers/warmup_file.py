@@ -8,10 +8,9 @@ checked as a request is (tensors.check_header here, the bytes when the worker de
 """
 from __future__ import annotations
 
-import os
-
 import msgspec
 
+from mcpd import small_file
 from mcpd.handlers.tensors import TensorHeader, check_header
 from mcpd.protocol.codes import MCPDError
 
@@ -38,12 +37,8 @@ class WarmInput(msgspec.Struct, frozen=True):
 
 def read_warmup(path: str, max_bytes: int = MAX_FILE_BYTES) -> list[WarmInput]:
     """The requests in a warm-up file. Raises ValueError naming the file, and the entry, at fault."""
-    try:
-        size = os.stat(path).st_size
-        if size > max_bytes:
-            raise ValueError(f"{size} bytes; at most {max_bytes}")
-        with open(path, "rb") as f:
-            entries = msgspec.msgpack.decode(f.read(max_bytes + 1), type=list[_Entry])
+    try:   # a FIFO in its place would hang the worker's start, a device flood it
+        entries = msgspec.msgpack.decode(small_file.read_bytes(path, max_bytes), type=list[_Entry])
         return [_checked(entry, at) for at, entry in enumerate(entries)]
     except (OSError, ValueError, msgspec.DecodeError) as e:
         raise ValueError(f"cache warmup file {path}: {e}") from None

@@ -15,7 +15,9 @@ import hashlib
 import os
 from pathlib import Path
 
-from mcpd.config import Config
+import psutil
+
+from mcpd.config import Config, ConfigError
 from mcpd.memory.shm_arena import ShmArena
 from mcpd.refusal import UnsafePath
 
@@ -37,12 +39,19 @@ def lock_path(runtime_dir: Path) -> Path:
 
 def create(config: Config) -> ShmArena:
     path = segment_path(config.runtime_dir)
+    # /dev/shm takes a sparse segment of any size; its allocator's bitmaps, sized by it, would
+    # then fail in every child (a crash loop), or its mapping in the supervisor.
+    memory = psutil.virtual_memory().total
+    if config.cache.bytes > memory:
+        raise ConfigError(f"cache.bytes = {config.cache.bytes}: more than the {memory} bytes of memory this host has")
     try:
         arena = ShmArena.create(path, lock_path(config.runtime_dir), config.cache.bytes, config.cache.page_bytes)
     except (PermissionError, FileExistsError):
         owner = path.lstat().st_uid if os.path.lexists(path) else "unknown"
         raise UnsafePath(f"host cache segment {path}: a file of uid {owner} is in its place and mcpd may not "
                          f"replace it; remove it, or set cache.enabled = false") from None
+    except OSError as e:   # /dev/shm full, or a smaller tmpfs than the host's memory
+        raise ConfigError(f"cache.bytes = {config.cache.bytes}: its segment {path} cannot be made: {e.strerror}") from None
     os.chmod(path, SEGMENT_MODE)   # created O_EXCL by us a moment ago, in a sticky directory
     return arena
 

@@ -14,11 +14,11 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mcpd import gguf_file
+from mcpd import gguf_file, small_file
 from mcpd.config import EMBEDDED_PATH, Config, ConfigError, ModelConfig
 from mcpd.models import rope_scaling
 from mcpd.models.rope_scaling import RopeScaling
-from mcpd.tokenizer import ByteTokenizer
+from mcpd.tokenizer import ByteTokenizer, check_json
 
 DTYPES = ("float32", "float16", "bfloat16")   # the dtypes a model runs in (loader.DTYPES: torch's)
 EMBEDDED_NAME = "mcpd-embedded-llama"
@@ -224,20 +224,21 @@ def check_configured(config: Config) -> None:
     for key, model in named:
         try:
             of(model, "cpu")   # the device changes only what dtype "auto" resolves to, never a refusal
-            if gguf_file.is_gguf(model.path):
-                _check_gguf_tokenizer(Path(model.path))
-        except UnsupportedModel as e:
+            _check_tokenizer(model.path)
+        except ValueError as e:   # UnsupportedModel, or the tokenizer's (check_json)
             raise ConfigError(f"{key}: {e}") from None
         finally:   # the supervisor keeps no file's metadata in memory: the children take it from the runtime dir
             gguf_file.forget()
 
 
-def _check_gguf_tokenizer(path: Path) -> None:
-    """A GGUF's tokenizer the scheduler and workers could not build: refused here, once, not at each restart."""
+def _check_tokenizer(path: str) -> None:
+    """A tokenizer the scheduler and workers could not build or read: refused here, once, not at each restart."""
     from mcpd import gguf_tokenizer
 
     try:
-        gguf_tokenizer.build(gguf_file.open_gguf(path))
+        if not gguf_file.is_gguf(path):
+            return None if is_embedded(path) else check_json(Path(path))
+        gguf_tokenizer.build(gguf_file.open_gguf(Path(path)))
     except gguf_file.BadGGUF as e:
         raise UnsupportedModel(f"{path}: {e}") from None
 
@@ -435,15 +436,14 @@ ARCHITECTURES = {
 
 
 def read_json(path: Path) -> dict:
-    """The JSON object in path; UnsupportedModel where it is missing, unreadable (a directory, no
-    permission), not JSON (or not UTF-8, or a number past Python's 4300 digits) or not an object."""
-    try:
-        loaded = json.loads(path.read_text())
+    """The JSON object in path; UnsupportedModel where it is missing, unreadable, not JSON or not an object."""
+    try:   # a regular file of at most 64 MiB: a FIFO or /dev/zero must not stall the supervisor (reload too)
+        loaded = json.loads(small_file.read_bytes(path, 64 << 20).decode())
     except FileNotFoundError:
         raise UnsupportedModel(f"{path} is missing") from None
     except OSError as e:
         raise UnsupportedModel(f"{path}: cannot be read ({e.strerror})") from None
-    except ValueError as e:   # JSONDecodeError, UnicodeDecodeError, the integer digit limit
+    except (ValueError, RecursionError) as e:   # NotSmallFile, JSONDecodeError, not UTF-8, 4300+ digits, nesting
         raise UnsupportedModel(f"{path}: not valid JSON ({e})") from None
     if not isinstance(loaded, dict):
         raise UnsupportedModel(f"{path}: not a JSON object")

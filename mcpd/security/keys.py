@@ -24,13 +24,13 @@ from __future__ import annotations
 import logging
 import os
 import re
-import stat
 import struct
 from pathlib import Path
 
 import zmq
 from zmq.utils import z85
 
+from mcpd import small_file
 from mcpd.security import trusted_path
 
 NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")   # no ':' : "uid:N" is for ipc peers
@@ -191,23 +191,11 @@ def _cert_field(path: Path, field: str, follow_links: bool) -> str:
 
 
 def read_small_text(path: Path, follow_links: bool) -> str:
-    """The text of a key file: a regular file of at most MAX_KEY_FILE_BYTES, in UTF-8 (a FIFO or
-    a device in its place must not block or flood the reader)."""
-    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_links else os.O_NOFOLLOW)
-    fd = os.open(path, flags)
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise BadKey(f"{path}: not a regular file")
-        if st.st_size > MAX_KEY_FILE_BYTES:
-            raise BadKey(f"{path}: {st.st_size} bytes, more than a key file holds ({MAX_KEY_FILE_BYTES})")
-        data = f.read(MAX_KEY_FILE_BYTES + 1)
-    if len(data) > MAX_KEY_FILE_BYTES:
-        raise BadKey(f"{path}: more than a key file holds ({MAX_KEY_FILE_BYTES} bytes)")
+    """The text of a key file: a regular file of at most MAX_KEY_FILE_BYTES, in UTF-8."""
     try:
-        return data.decode()
-    except UnicodeDecodeError:
-        raise BadKey(f"{path}: not UTF-8 text") from None
+        return small_file.read_text(path, MAX_KEY_FILE_BYTES, follow_links)
+    except small_file.NotSmallFile as e:
+        raise BadKey(f"{path}: {e}") from None
 
 
 def _write_new(path: Path, text: str, mode: int) -> None:
