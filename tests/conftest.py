@@ -31,9 +31,7 @@ if shutil.which("nvidia-smi") is None:
 # side of every step, to the first: core 0 in every daemon. Under `make test` two daemons run at
 # once, one per test process, so both main threads shared core 0 while core 1 had room. What is
 # tested is unchanged (test_threads.py checks the binding in processes of its own); the benches,
-# which use mcpd.testing's Daemon directly, keep it. Measured on this 2-core machine, five daemon
-# files (test_overload, test_poison_request, test_worker_crash, test_mcpctl, test_daemon) with
-# -n 2, back to back: 62 s bound, 50 s unbound.
+# which use mcpd.testing's Daemon directly, keep it.
 DAEMON_ENVIRONMENT = {"OMP_PROC_BIND": "false"}
 
 

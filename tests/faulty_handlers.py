@@ -3,13 +3,14 @@ puts this directory on the workers' PYTHONPATH). Each is RiskRules (mcpd/handler
 a batch holds a row whose first feature is a trigger value."""
 from __future__ import annotations
 
+import sys
 import threading
 
 import numpy as np
 
 from mcpd.handlers.examples.risk_scorer import RiskRules
 
-RAISE, WRONG_ROWS, HANG = 666.0, 777.0, 888.0
+RAISE, WRONG_ROWS, HANG, EXIT = 666.0, 777.0, 888.0, 999.0
 _released = threading.Event()   # clear: a HANG row hangs its predict until it is set
 
 
@@ -27,9 +28,16 @@ class Faulty(RiskRules):
         first = batch["features"][:, 0]
         if (first == RAISE).any():
             raise RuntimeError("this handler raises on purpose")
+        if (first == EXIT).any():
+            sys.exit("this handler exits on purpose")
         if (first == HANG).any():
             _released.wait()
         outputs = super().predict(batch)
         if (first == WRONG_ROWS).any():
             return {"score": outputs["score"][:-1]}
         return outputs
+
+
+class ExitsInSetup(RiskRules):
+    def setup(self, device: str, settings: dict) -> None:
+        sys.exit("this handler exits on purpose")

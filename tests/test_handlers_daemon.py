@@ -180,6 +180,7 @@ HOSTILE = {
     "frames missing": ([_input((1, 256))], [], codes.BAD_INPUT),
     "unknown datatype": ([_input((1, 256), "BF16")], [features(1).tobytes()], codes.BAD_INPUT),
     "raising handler": ([_input((3, 256))], [_trigger(faulty_handlers.RAISE).tobytes()], codes.INTERNAL),
+    "handler calling sys.exit": ([_input((3, 256))], [_trigger(faulty_handlers.EXIT).tobytes()], codes.INTERNAL),
     "wrong batch size": ([_input((3, 256))], [_trigger(faulty_handlers.WRONG_ROWS).tobytes()], codes.INTERNAL),
 }
 
@@ -227,3 +228,13 @@ def test_a_handler_that_cannot_load_refuses_the_start_with_the_reason(fresh_daem
     assert d.process.wait(120) == 2
     assert "handler 'mcpd.handlers.examples.risk_scorer:Nope'" in d.log()
     assert "has no Handler subclass Nope" in d.log()
+
+
+def test_a_handler_that_calls_sys_exit_refuses_the_start_with_the_reason(fresh_daemon):
+    """SystemExit is the handler's code too: the start is refused, not a worker restarted forever."""
+    d = fresh_daemon(started=False, **{"pool": {"shared": False}, "models.risk": {},
+                                      "models.risk.versions.v1": {"handler": "faulty_handlers:ExitsInSetup"}})
+    d.environment["PYTHONPATH"] = f"{REPO}:{REPO / 'tests'}"
+    d.start(wait=False)
+    assert d.process.wait(120) == 2
+    assert "SystemExit: this handler exits on purpose" in d.log()

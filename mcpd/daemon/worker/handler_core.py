@@ -52,6 +52,12 @@ class HandlerHung(SystemExit):
     """A predict ran past handler_timeout_s: only a new process gets the thread back."""
 
 
+# What a handler's code may raise at the cost of its request, its batch or its start alone: a
+# sys.exit in a handler is its bug, not the worker's stop (the worker's own stops raise nothing
+# inside a handler's call: a SIGTERM ends the process outright, HandlerHung comes from step()).
+HANDLER_ERRORS = (Exception, SystemExit)
+
+
 @dataclass
 class InferRequest:
     rid: int
@@ -162,7 +168,7 @@ class HandlerCore:
             request = self._accept(dispatch, dispatch.args, payload)
         except MCPDError as e:
             return self._final(dispatch.rid, wire.error_reply(dispatch.request_id, ErrorReply.of(e)), e.code)
-        except Exception as e:   # noqa: BLE001 - a handler's preprocess that raises costs its request only
+        except HANDLER_ERRORS as e:   # noqa: BLE001 - a handler's preprocess that raises costs its request only
             self.log.exception("preprocess failed for request %s", dispatch.request_id)
             return self._final(dispatch.rid, self._internal(dispatch.request_id, "preprocess", e), codes.INTERNAL)
         if request is None:   # answered from the result cache
@@ -256,7 +262,7 @@ class HandlerCore:
             return EndedBatch(running.requests, batch_tensors.split(outputs, [r.rows for r in running.requests]))
         except MCPDError as e:
             reason = e.message
-        except Exception as e:   # noqa: BLE001 - a handler that raises costs its batch, not the worker
+        except HANDLER_ERRORS as e:   # noqa: BLE001 - a handler that raises costs its batch, not the worker
             self.log.exception("predict failed for a batch of %d request(s)", len(running.requests))
             reason = f"predict raised {type(e).__name__}: {e}"
         if len(running.requests) > 1:   # run again one by one, before anything else waiting
@@ -316,7 +322,7 @@ class HandlerCore:
             shown = self.handler.postprocess(outputs)
             # What the cache keeps serves any later choice of outputs: all of them
             result = _encoded(shown, shown if request.cache_key else request.outputs)
-        except Exception as e:   # noqa: BLE001 - postprocess is the handler's code
+        except HANDLER_ERRORS as e:   # noqa: BLE001 - postprocess is the handler's code
             self.log.exception("postprocess failed for request %s", request.request_id)
             return self._final(request.rid, self._internal(request.request_id, "postprocess", e), codes.INTERNAL)
         if request.cache_key is not None:
@@ -351,16 +357,16 @@ class HandlerCore:
             try:
                 inputs, rows = self._decoded(request.headers, request.frames)
                 accepted.append(_WarmEntry(at, request, self._preprocessed(inputs, rows), rows))
-            except Exception as e:   # noqa: BLE001 - the file's entry or the handler's preprocess
+            except HANDLER_ERRORS as e:   # noqa: BLE001 - the file's entry or the handler's preprocess
                 skipped.append(f"entry {at}: {e}")
         for batch in _batches(accepted, max(self.batcher.max_batch_size, 1)):
             try:
                 self._warm_batch(batch)
-            except Exception:   # noqa: BLE001 - the handler's code: find the entry that fails it
+            except HANDLER_ERRORS:   # noqa: BLE001 - the handler's code: find the entry that fails it
                 for entry in batch:
                     try:
                         self._warm_batch([entry])
-                    except Exception as e:   # noqa: BLE001
+                    except HANDLER_ERRORS as e:   # noqa: BLE001
                         skipped.append(f"entry {entry.at}: {type(e).__name__}: {e}")
         note = f"; {len(skipped)} skipped, the first: {skipped[0]}" if skipped else ""
         self.log.info("result cache warmed from %s: %d of %d requests cached%s", path, len(self.cache), len(requests), note)

@@ -23,7 +23,7 @@ from mcpd.daemon import channels, child, live_config, messages
 from mcpd.daemon.batch import Batch, each_message
 from mcpd.daemon.inbox import SLICE, Inbox
 from mcpd.daemon.worker.core import WorkerCore
-from mcpd.daemon.worker.handler_core import HandlerCore, HandlerHung
+from mcpd.daemon.worker.handler_core import HANDLER_ERRORS, HandlerCore, HandlerHung
 from mcpd.refusal import StartRefused
 
 IDLE_POLL_MS = 100
@@ -272,7 +272,7 @@ def load_ready_handler(version, device: str):
         handler.setup(device, dict(version.settings))
         if version.quantization == "int8":
             quantize_handler(handler)
-    except Exception as e:   # noqa: BLE001 - whatever the handler's code raises, the operator reads why
+    except HANDLER_ERRORS as e:   # noqa: BLE001 - whatever the handler's code raises, the operator reads why
         raise StartRefused(f"handler {version.handler!r}: {type(e).__name__}: {e}") from None
     return handler
 
