@@ -47,6 +47,8 @@ def test_a_version_routing_key_and_hints_pass_through_as_generate_args():
     ({"model": "m", "prompt": "p", "seed": 1.0}, "seed"), ({"model": "m", "prompt": "p", "n": 3}, "n"),
     ({"model": "m", "prompt": "p", "logprobs": 2}, "logprobs"), ({"model": 5, "prompt": "p"}, "model"),
     ({"model": "m", "prompt": "p", "tools": [{}]}, "tools"),
+    ({"model": "m", "prompt": "p", "best_of": 3}, "best_of"), ({"model": "m", "prompt": "p", "best_of": "3"}, "best_of"),
+    ({"model": "m", "prompt": "p", "suffix": " end"}, "suffix"),
 ])
 def test_refusals_name_the_field(body, param):
     with pytest.raises(HttpError) as raised:

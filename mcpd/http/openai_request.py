@@ -68,6 +68,11 @@ def completion(body: dict, default_max_tokens: int) -> Completion:
         raise bad_request("'prompt' must be a string, an array of token ids, or a batch of one of them", "prompt")
     if _get(body, "echo", bool):
         raise bad_request("'echo' is not supported", "echo")
+    if _get(body, "suffix", str):
+        raise bad_request("'suffix' is not supported (no insertion)", "suffix")
+    best_of = _get(body, "best_of", int)
+    if best_of is not None and best_of != 1:
+        raise bad_request("'best_of' must be 1: mcpd returns one choice per request", "best_of")
     logprobs = _get(body, "logprobs", int)
     if logprobs:
         raise bad_request("'logprobs' > 0 (top alternatives) is not supported; 0 gives the chosen tokens'", "logprobs")
