@@ -3,8 +3,11 @@ key file, a warm-up file): a regular file of bounded size, read without blocking
 flooding the reader from a device such as /dev/zero."""
 from __future__ import annotations
 
+import json
 import os
 import stat
+
+MAX_JSON_BYTES = 64 << 20   # a model directory's JSON files (config.json, tokenizer_config.json) are far smaller
 
 
 class NotSmallFile(ValueError):
@@ -34,3 +37,13 @@ def read_text(path: str | os.PathLike, max_bytes: int, follow_links: bool = True
         return read_bytes(path, max_bytes, follow_links).decode()
     except UnicodeDecodeError as e:
         raise NotSmallFile(f"not UTF-8 text (byte {e.start})") from None
+
+
+def read_json(path: str | os.PathLike, max_bytes: int = MAX_JSON_BYTES):
+    """The JSON value in the file; NotSmallFile where read_text refuses it or it is no JSON (a
+    number past Python's 4300 digits, or nesting too deep, included)."""
+    text = read_text(path, max_bytes)
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as e:
+        raise NotSmallFile(f"not JSON ({e})") from None

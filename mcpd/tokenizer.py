@@ -151,7 +151,7 @@ def load(config: ModelConfig) -> Tokenizer:
     path = Path(config.path)
     if path.suffix == ".gguf":
         return HFTokenizer.from_gguf(path, config.content_special_tokens)
-    return HFTokenizer(path, eos_token_ids(path, json.loads((path / "config.json").read_text())),
+    return HFTokenizer(path, eos_token_ids(path, small_file.read_json(path / "config.json")),
                        config.content_special_tokens)
 
 
@@ -170,8 +170,8 @@ def optional_json(path: Path) -> dict:
     if not path.exists():
         return {}
     try:
-        loaded = json.loads(small_file.read_bytes(path, 64 << 20).decode())
-    except (OSError, ValueError, RecursionError) as e:
+        loaded = small_file.read_json(path)
+    except (OSError, small_file.NotSmallFile) as e:
         raise ValueError(f"{path}: not a readable JSON object ({e})") from None
     if not isinstance(loaded, dict):
         raise ValueError(f"{path}: not a JSON object")

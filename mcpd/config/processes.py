@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from mcpd.config_error import ConfigError
 
 
-WAIT_POLICIES = ("brief", "passive", "active")
-MAX_THREADS = 1024   # per worker; more than any host's cores   # OpenMP's idle threads (cpu/threads.py says how each waits)
+WAIT_POLICIES = ("brief", "passive", "active")   # OpenMP's idle threads (cpu/threads.py says how each waits)
+MAX_THREADS = 1024   # per worker; more than any host's cores
 
 
 @dataclass(frozen=True)

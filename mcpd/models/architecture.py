@@ -9,7 +9,6 @@ checkpoint's description is made here, so both meet the same UnsupportedModel, i
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -437,13 +436,13 @@ ARCHITECTURES = {
 
 def read_json(path: Path) -> dict:
     """The JSON object in path; UnsupportedModel where it is missing, unreadable, not JSON or not an object."""
-    try:   # a regular file of at most 64 MiB: a FIFO or /dev/zero must not stall the supervisor (reload too)
-        loaded = json.loads(small_file.read_bytes(path, 64 << 20).decode())
+    try:   # a FIFO or /dev/zero must not stall the supervisor (reload too)
+        loaded = small_file.read_json(path)
     except FileNotFoundError:
         raise UnsupportedModel(f"{path} is missing") from None
     except OSError as e:
         raise UnsupportedModel(f"{path}: cannot be read ({e.strerror})") from None
-    except (ValueError, RecursionError) as e:   # NotSmallFile, JSONDecodeError, not UTF-8, 4300+ digits, nesting
+    except small_file.NotSmallFile as e:
         raise UnsupportedModel(f"{path}: not valid JSON ({e})") from None
     if not isinstance(loaded, dict):
         raise UnsupportedModel(f"{path}: not a JSON object")
