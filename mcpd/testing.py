@@ -30,10 +30,40 @@ BIN = Path(sys.executable).parent
 START_TIMEOUT_S = 120
 
 
+LOWEST_PORT = 10000
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port no one holds, from below the kernel's ephemeral range. A port that bind(0)
+    found free comes from that range, the one connect() takes its source ports from: another
+    test's outgoing connection could take it before the daemon binds it, a second later, and
+    that daemon then refused to start. Each pytest-xdist process takes its own share of the
+    range below, in turn (another process, a benchmark's, starts at a place of its pid's), so
+    two of them never hand out the same port."""
+    for port in itertools.islice(_ports, len(_share)):
+        with socket.socket() as s, suppress(OSError):
+            s.bind(("127.0.0.1", port))
+            return port
+    raise RuntimeError(f"no free loopback port in {_share}")
+
+
+def _own_share() -> range:
+    """This process's share of [LOWEST_PORT, the ephemeral range's start)."""
+    processes = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    index = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+    size = max(1, (_ephemeral_range_start() - LOWEST_PORT) // processes)
+    return range(LOWEST_PORT + index * size, LOWEST_PORT + (index + 1) * size)
+
+
+def _ephemeral_range_start() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768   # Linux's default
+
+
+_share = _own_share()
+_ports = itertools.islice(itertools.cycle(_share), os.getpid() % len(_share), None)
 
 
 def toml_text(sections: dict[str, dict]) -> str:
@@ -136,8 +166,14 @@ class Daemon:
                               capture_output=True, text=True, timeout=timeout)
 
     def control(self, op: str, args: dict | None = None, timeout: float = 30) -> dict:
-        """One control op over control.ipc, as mcpctl sends it but without a process per call."""
-        return control.call_at(self.runtime_dir, op, args, timeout)
+        """One control op over control.ipc, as mcpctl sends it but without a process per call.
+        Unreachable because mcpd exited says so, with its log."""
+        try:
+            return control.call_at(self.runtime_dir, op, args, timeout)
+        except control.Unreachable as e:
+            if self.process is None or self.process.poll() is None:
+                raise
+            raise control.Unreachable(f"{e}: mcpd exited with {self.process.returncode}:\n{self.log()}") from None
 
     def status(self, timeout: float = 30) -> dict:
         """`status` with figures no older than this call: children report their stats every
