@@ -5,6 +5,9 @@ import subprocess
 
 import pytest
 
+from mcpd.cli import control
+from mcpd.protocol import codes
+from mcpd.protocol.codes import MCPDError
 from mcpd.testing import BIN
 
 pytestmark = pytest.mark.slow   # each test starts and stops a daemon of its own
@@ -41,6 +44,34 @@ def test_ready_waits_for_the_scheduler_then_stopping_and_a_clean_exit_after_infl
     assert d.stop() == 0
     assert "STOPPING=1" in d.notifications
     assert d.notifications.index("STOPPING=1") > d.notifications.index("READY=1")
+
+
+def test_while_it_stops_mcpd_answers_status_refuses_changes_and_then_removes_its_control_socket(fresh_daemon):
+    """A stop's drain (its one request held by a stopped worker) keeps the supervisor answering:
+    `status` says stopping, an op that changes things is UNAVAILABLE. Before, no control op was
+    answered until the process exited, and a caller waited out its whole timeout."""
+    d = fresh_daemon(supervisor={"stop_grace_s": 120.0, "stats_interval_s": 0.1})
+    worker = d.pid_of("worker")
+    with d.client() as client:
+        stream = client.generate("held", max_tokens=20, temperature=0, ignore_eos=True, stream=True)
+        iterator = iter(stream)
+        next(iterator)
+        os.kill(worker, signal.SIGSTOP)
+        try:
+            d.process.terminate()
+            d.wait_until(lambda: d.control("status", timeout=20)["state"] == "stopping", 60, "state stopping")
+            with pytest.raises(MCPDError) as refused:
+                d.control("reload", timeout=20)
+            assert refused.value.code == codes.UNAVAILABLE and "stopping" in str(refused.value)
+            assert d.control("ping", timeout=20)["pong"] is True
+        finally:
+            os.kill(worker, signal.SIGCONT)
+        rest = list(iterator)
+    assert rest and stream.result.completion_tokens == 20
+    assert d.stop() == 0
+    assert not (d.runtime_dir / "control.ipc").exists()
+    with pytest.raises(control.Unreachable, match="no control socket"):
+        control.call_at(d.runtime_dir, "status")
 
 
 def test_second_instance_on_same_runtime_dir_refuses(daemon):

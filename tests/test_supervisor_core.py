@@ -15,6 +15,7 @@ from mcpd.daemon.supervisor.admin import FORWARD_TIMEOUT_S
 from mcpd.daemon.supervisor.core import REFUSAL_REPORT_WAIT_S, SupervisorCore
 from mcpd.daemon.supervisor.process_table import STABLE_AFTER_S
 from mcpd.protocol import codes, wire
+from mcpd.protocol.control_ops import ANSWERED_WHILE_STOPPING
 from mcpd.protocol.control_results import ContextList, ContextSummary, VersionState
 from mcpd.protocol.error import ErrorReply
 from mcpd.security.keys import KeyStore
@@ -188,6 +189,26 @@ def test_drain_reaches_the_frontend_and_its_drained_ends_the_stop():
     assert core.still_draining(deadline)   # not from the front-end that runs
     event(core, messages.Drained, "frontend")
     assert not core.still_draining(deadline)
+
+
+def test_while_stopping_the_supervisor_answers_what_reads_and_refuses_what_changes():
+    core = make_core()
+    ready_all(core)
+    call(core, "contexts.list", "early")   # forwarded before the stop; the scheduler never answers
+    core.begin_stop()
+    for request_id, op, args in (("reload", "reload", None), ("restart", "workers.restart", {"index": 0}),
+                                 ("list", "contexts.list", None), ("drain", "drain", None)):
+        call(core, op, request_id, args=args)
+    for op in sorted(ANSWERED_WHILE_STOPPING):
+        call(core, op, op)
+    assert [m.op for m in sent(core.ports.scheduler)] == ["contexts.list"]   # the early one only
+    core.admin.abandon()
+    answered = {reply["id"]: reply for _, reply in replies(core)}
+    assert sorted(answered) == sorted(["reload", "restart", "list", "drain", "early", *ANSWERED_WHILE_STOPPING])
+    assert {i for i, reply in answered.items() if reply["kind"] == "error"} == {"reload", "restart", "list", "drain", "early"}
+    assert {answered[i]["code"] for i in ("reload", "restart", "list", "drain", "early")} == {codes.UNAVAILABLE}
+    assert answered["status"]["result"]["state"] == "stopping"
+    assert child(core, "worker").alive   # workers.restart did nothing
 
 
 def test_a_drain_that_outlasts_the_grace_period_ends_the_stop():

@@ -14,6 +14,7 @@ import psutil
 
 import pytest
 
+from mcpd.cli import control
 from mcpd.daemon.supervisor.launcher import keep_fork_server_in
 from mcpd.memory import host_segment, pool_segment
 
@@ -49,8 +50,12 @@ def kill_supervisor(d) -> None:
     assert not alive, f"children outlived the supervisor: {alive}"
 
 
-def test_sigkill_supervisor_leaves_no_orphans(fresh_daemon):
-    kill_supervisor(fresh_daemon())
+def test_sigkill_supervisor_leaves_no_orphans_and_mcpctl_says_at_once_that_none_listens(fresh_daemon):
+    d = fresh_daemon()
+    kill_supervisor(d)
+    assert (d.runtime_dir / "control.ipc").exists()   # no clean stop removed it
+    with pytest.raises(control.Unreachable, match="nothing listens on .*control.ipc"):
+        control.call_at(d.runtime_dir, "status", timeout_s=60)
 
 
 def test_a_killed_daemons_segments_and_fork_server_dir_are_reclaimed_by_its_next_start_and_by_cleanup(fresh_daemon):

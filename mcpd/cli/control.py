@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import sys
 import time
 from pathlib import Path
@@ -78,6 +79,7 @@ def call_at(runtime_dir: Path, op: str, op_args: dict | None = None, timeout_s: 
     if not (runtime_dir / sockets.CONTROL_IPC).exists():
         raise Unreachable(f"no control socket at {runtime_dir / sockets.CONTROL_IPC}: is mcpd running?")
     check_placed_by_trusted_user(runtime_dir)
+    check_listening(runtime_dir / sockets.CONTROL_IPC)
     context = zmq.Context()
     sock = context.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
@@ -90,6 +92,20 @@ def call_at(runtime_dir: Path, op: str, op_args: dict | None = None, timeout_s: 
     finally:
         sock.close(0)
         context.term()
+
+
+def check_listening(path: Path) -> None:
+    """Unreachable at once where nothing can be reached at the socket's path: a daemon killed
+    without its clean stop leaves the file behind, and ZeroMQ would retry it in silence until
+    the call's time ran out."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(str(path))
+        except ConnectionRefusedError:
+            raise Unreachable(f"nothing listens on {path} (left by a daemon that did not stop cleanly): "
+                              f"is mcpd running?") from None
+        except OSError as e:
+            raise Unreachable(f"cannot connect to {path}: {e.strerror}") from None
 
 
 def wait_for(args, what: str, check) -> None:

@@ -94,6 +94,10 @@ OPS = {op.name: op for op in (
 )}
 
 
+# What the supervisor still answers while it stops (a SIGTERM's drain): it reads, changes nothing.
+ANSWERED_WHILE_STOPPING = frozenset({"ping", "status", "version", "config", "workers"})
+
+
 def find(name: str) -> ControlOp:
     """The op called `name`; UNKNOWN_OP naming the known ones otherwise."""
     op = OPS.get(name)

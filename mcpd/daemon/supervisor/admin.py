@@ -66,6 +66,9 @@ class Admin:
         """The op's result now, or None when the answer comes later (sent by `answer`). The op
         and its handler come from the control-op table (protocol/control_ops.py)."""
         op = control_ops.find(request.op)
+        if self.supervisor.stopping and op.name not in control_ops.ANSWERED_WHILE_STOPPING:
+            raise MCPDError(codes.UNAVAILABLE, f"mcpd is stopping; it answers only "
+                                               f"{', '.join(sorted(control_ops.ANSWERED_WHILE_STOPPING))}")
         call = ControlCall(op, op.decode_args(request.header["args"]),
                            (identity, request.envelope, request.request_id))
         if op.runs_in is control_ops.Place.SCHEDULER:
@@ -262,6 +265,13 @@ class Admin:
             else:
                 del self.pending[token]
                 self.answer(pending.reply_to, None, ErrorReply(codes.UNAVAILABLE, "the scheduler did not answer in time"))
+
+    def abandon(self) -> None:
+        """Every op still waiting answered UNAVAILABLE: the daemon stops, and its children with it."""
+        for token, pending in list(self.pending.items()):
+            del self.pending[token]
+            if pending.reply_to is not None:
+                self.answer(pending.reply_to, None, ErrorReply(codes.UNAVAILABLE, "mcpd stopped before it was done"))
 
     def _finish(self, token: int) -> dict:
         pending = self.pending.pop(token)

@@ -37,6 +37,7 @@ from mcpd.tracing import wall_clock
 
 DEFAULT_CONFIG = "/etc/mcpd/mcpd.toml"
 LOOP_POLL_MS = 200
+CONTROL_LINGER_MS = 1000   # the most a stopping daemon waits for its last control replies to go out
 DAEMON_UMASK = 0o077
 PRIVATE_DIR_MODE = 0o700
 REACHABLE_DIR_MODE = 0o711    # others may reach client.ipc / control.ipc by name, not list the dir
@@ -202,16 +203,33 @@ class Supervisor:
         poller.register(self.ports.events, zmq.POLLIN)
         poller.register(self.ports.control, zmq.POLLIN)
         while not (self.stop_requested or self.core.stopping):
-            ready = dict(poller.poll(LOOP_POLL_MS))
-            if self.ports.events in ready:
-                channels.drain(self.ports.events, self._on_event)
-            if self.ports.control in ready:
-                channels.drain(self.ports.control, self._on_control, receive=channels.frames_of)
+            self._serve(poller)
             if self.reload_requested:
                 self.reload_requested = False
                 self.core.reload()
             self.core.tick()
         return self._shutdown(poller)
+
+    def _serve(self, poller: zmq.Poller) -> None:
+        """The events and control requests that came within one poll."""
+        ready = dict(poller.poll(LOOP_POLL_MS))
+        if self.ports.events in ready:
+            channels.drain(self.ports.events, self._on_event)
+        if self.ports.control in ready:
+            self._serve_control()
+
+    def _serve_control(self) -> None:
+        channels.drain(self.ports.control, self._on_control, receive=channels.frames_of)
+
+    def _answer_last_control(self) -> None:
+        """No control request goes unanswered: ops still waiting get UNAVAILABLE, the socket's file
+        goes (a new caller hears at once that mcpd is not running), and what came meanwhile is
+        answered; closing the socket then sends those replies before the process exits."""
+        self.core.admin.abandon()
+        self.ports.control.unbind(sockets.control_endpoint(self.config.runtime_dir))
+        (self.config.runtime_dir / sockets.CONTROL_IPC).unlink(missing_ok=True)   # libzmq leaves it
+        self._serve_control()
+        self.ports.control.close(linger=CONTROL_LINGER_MS)
 
     def _on_event(self, frames: list[bytes]) -> None:
         self.core.on_event(messages.decode(frames)[0])
@@ -233,16 +251,16 @@ class Supervisor:
     def _shutdown(self, poller: zmq.Poller) -> int:
         deadline = self.core.begin_stop()
         while self.core.still_draining(deadline):
-            if dict(poller.poll(LOOP_POLL_MS)).get(self.ports.events):
-                channels.drain(self.ports.events, self._on_event)
+            self._serve(poller)   # `status` answers "stopping"; ops that change things, UNAVAILABLE
         if not self.core.drained:
             self.log.warning("grace period over: stopping with requests still in flight")
         self.core.table.stop_all()
+        self._answer_last_control()
         config = self.core.config
         host_segment.unlink(config)
         for device in pool_keeper.shared_pool_devices(config, self.devices):   # a keeper SIGKILLed before it could
             pool_segment.segment_path(config.runtime_dir, device).unlink(missing_ok=True)
-        self.ports.context.destroy(linger=0)
+        self.ports.context.destroy(linger=0)   # the control socket is closed: its replies are out
         self.log.info("stopped")
         if self.core.refusal is not None:
             raise self.core.refusal
