@@ -20,7 +20,7 @@ def test_defaults_are_valid():
     ({"server": {"tpc": "x"}}, "unknown key server.tpc"),
     ({"workers": {"count": True}}, "workers.count = True"),
     ({"workers": {"count": 0}}, "workers.count = 0"),
-    ({"workers": {"threads": 1 << 40}}, "workers.threads = 1099511627776: must be in 0 .. 1024"),   # past torch's C int
+    ({"workers": {"threads": 1 << 40}}, "workers.threads = 1099511627776: must be in [0, 1024]"),   # past torch's C int
     ({"server": {"tcp": "http://x"}}, "server.tcp = 'http://x'"),
     # ZeroMQ takes a port past 65535 and binds it modulo 65536 (99999: 34463), and "tcp://" at start
     ({"server": {"tcp": "tcp://127.0.0.1:99999"}}, "server.tcp = 'tcp://127.0.0.1:99999': use host:port, e.g. tcp://"),
@@ -39,28 +39,28 @@ def test_defaults_are_valid():
     ({"http": {"listen": "127.0.0.1:\u0668\u0660\u0668\u0660"}}, "use host:port"),   # Arabic-Indic digits
     ({"persistence": {"fsync": "sometimes"}}, "persistence.fsync = 'sometimes'"),
     # it would kill the journal's fsync thread (threading's wait overflows): nothing fsynced again
-    ({"persistence": {"fsync_interval_s": 1e300}}, "persistence.fsync_interval_s = 1e+300: at most 3600"),
+    ({"persistence": {"fsync_interval_s": 1e300}}, "persistence.fsync_interval_s = 1e+300: must be in (0, 3600]"),
     ({"engine": {"kernels": "native-sse2"}}, "engine.kernels = 'native-sse2': use one of auto, native, native-avx512"),
     # TOML has nan and inf; nan passed every range check (a nan batching window held requests forever)
     ({"scheduler": {"window_max_ms": float("nan")}}, "scheduler.window_max_ms = nan: expected a finite number"),
     ({"supervisor": {"stop_grace_s": float("inf")}}, "supervisor.stop_grace_s = inf: expected a finite number"),
     ({"scheduler": {"window_min_ms": 5.0}}, "scheduler.window_max_ms = 0.0: must be >= window_min_ms"),
     # 0 would refuse every one of a shed class, and nothing would show the lease's end (shed_table.py)
-    ({"scheduler": {"shed_in_flight": 0}}, "scheduler.shed_in_flight = 0: must be >= 1"),
-    ({"engine": {"gather_max_ms": -1.0}}, "engine.gather_max_ms = -1.0: must be in 0 .. 1000"),
+    ({"scheduler": {"shed_in_flight": 0}}, "scheduler.shed_in_flight = 0: must be in [1, 1048576]"),
+    ({"engine": {"gather_max_ms": -1.0}}, "engine.gather_max_ms = -1.0: must be in [0, 1000]"),
     ({"engine": {"gather_max_ms": float("nan")}}, "engine.gather_max_ms = nan: expected a finite number"),
     ({"supervisor": {"stats_interval_s": 2.0 ** 63}}, "supervisor.stats_interval_s = 9.223372036854776e+18: must be"),
     ({"supervisor": {"stats_interval_s": 0}}, "supervisor.stats_interval_s = 0"),
-    ({"http": {"listen": "127.0.0.1:8000", "max_connections": 0}}, "http.max_connections = 0: must be >= 1"),
+    ({"http": {"listen": "127.0.0.1:8000", "max_connections": 0}}, "http.max_connections = 0: must be in [1, 1048576]"),
     ({"cluster": {"redis": "http://127.0.0.1:6379"}}, "cluster.redis = 'http://127.0.0.1:6379'"),
     ({"cluster": {"node_id": "a\nb"}}, "cluster.node_id = 'a\\nb'"),
     ({"cluster": {"advertise_tcp": "127.0.0.1:7070"}}, "cluster.advertise_tcp = '127.0.0.1:7070'"),
-    ({"cluster": {"redis": "redis://127.0.0.1:6379", "timeout_s": 0}}, "cluster.timeout_s must be in (0, 60]"),
-    ({"cluster": {"prefetch_contexts": 100, "recent_contexts": 10}}, "cluster.prefetch_contexts = 100 and recent"),
+    ({"cluster": {"redis": "redis://127.0.0.1:6379", "timeout_s": 0}}, "cluster.timeout_s = 0.0: must be in (0, 60]"),
+    ({"cluster": {"prefetch_contexts": 100, "recent_contexts": 10}}, "cluster.prefetch_contexts = 100: must be <= recent_contexts = 10"),
     ({"cluster": {"prefetch_contexts": -1}}, "cluster.prefetch_contexts = -1"),
     ({"cluster": {"offload_queued": -1}}, "cluster.offload_queued = -1"),
     # Redis refuses such a heartbeat expiry (the node never joins), and the heartbeat thread's wait overflows
-    ({"cluster": {"heartbeat_s": 1e300, "node_ttl_s": 2e300}}, "cluster.node_ttl_s = 2e+300: at most 3600"),
+    ({"cluster": {"node_ttl_s": 2e300}}, "cluster.node_ttl_s = 2e+300: must be in (0, 3600]"),
     # TOML's integers are 64-bit and tomllib reads any: one past that would overflow ZeroMQ's option (a
     # front-end crash loop), one past a float's range the loader itself (OverflowError)
     ({"limits": {"max_message_bytes": 1 << 70}}, "limits.max_message_bytes = 1180591620717411303424: expected a 64-bit"),

@@ -5,26 +5,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mcpd.config_bounds import MAX_BATCH_WAIT_MS, MAX_BYTES, bounded
 from mcpd.config_error import ConfigError
 
 MAX_BATCH_ROWS = 1 << 16
-MAX_QUEUE_DELAY_MS = 10_000.0
 MAX_LENGTH_BIN = 1 << 24
 
 
 @dataclass(frozen=True)
 class BatchingConfig:
     """Triton's dynamic batcher's knobs (handlers/batcher.py)."""
-    max_batch_size: int = 64           # rows per predict; 0 = no batching (each request alone)
-    max_queue_delay_ms: float = 2.0    # how long the oldest waiting request may wait for others
+    max_batch_size: int = bounded(64, 0, MAX_BATCH_ROWS)   # rows per predict; 0 = no batching (each request alone)
+    # how long the oldest waiting request may wait for others
+    max_queue_delay_ms: float = bounded(2.0, 0, MAX_BATCH_WAIT_MS)
     preferred_batch_sizes: tuple[int, ...] = ()   # sizes that go out at once when nothing larger can be reached
     length_bins: tuple[int, ...] = ()  # for a variable non-batch dim: requests batch with their bin's
 
     def check(self, where: str) -> None:
-        if not 0 <= self.max_batch_size <= MAX_BATCH_ROWS:
-            raise ConfigError(f"{where}.max_batch_size = {self.max_batch_size}: must be 0..{MAX_BATCH_ROWS}")
-        if not 0 <= self.max_queue_delay_ms <= MAX_QUEUE_DELAY_MS:
-            raise ConfigError(f"{where}.max_queue_delay_ms = {self.max_queue_delay_ms}: must be 0..{MAX_QUEUE_DELAY_MS:g}")
         for size in self.preferred_batch_sizes:
             if not 0 < size <= max(self.max_batch_size, 1):
                 raise ConfigError(f"{where}.preferred_batch_sizes: {size} is not in 1..max_batch_size")
@@ -42,11 +39,9 @@ def _ascending(where: str, values: tuple[int, ...]) -> None:
 @dataclass(frozen=True)
 class ResultCacheConfig:
     """The model version's result cache (handlers/result_cache.py)."""
-    max_bytes: int = 0    # 0 = off
+    max_bytes: int = bounded(0, 0, MAX_BYTES)   # 0 = off
     warmup: str = ""      # a file of inputs to run at start (msgpack list of {"inputs", "payload"})
 
     def check(self, where: str) -> None:
-        if self.max_bytes < 0:
-            raise ConfigError(f"{where}.max_bytes = {self.max_bytes}: must be >= 0 (0 = off)")
         if self.warmup and not self.max_bytes:
             raise ConfigError(f"{where}.warmup is set with max_bytes = 0: there is no cache to warm")

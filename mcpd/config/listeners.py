@@ -5,6 +5,7 @@ from __future__ import annotations
 import grp
 from dataclasses import dataclass
 
+from mcpd.config_bounds import HOUR_S, MAX_BYTES, MAX_DESCRIPTORS, bounded
 from mcpd.config_error import ConfigError
 
 
@@ -53,10 +54,12 @@ class HttpConfig:
     """The OpenAI-compatible HTTP listener (mcpd/http/), in the front-end when listen is set."""
     listen: str = ""                   # host:port; "" = off
     auth: str = "auto"                 # auto (API keys unless listen is loopback and CURVE off), on, off
-    max_body_bytes: int = 4 << 20      # a request body over this: 413 before anything is parsed
-    body_timeout_s: float = 30.0       # a body still arriving after this: 408 (slow senders)
-    keepalive_timeout_s: float = 15.0  # an idle keep-alive connection is closed after this
-    max_connections: int = 4096        # open HTTP connections; never more than half the front-end's descriptors
+    max_body_bytes: int = bounded(4 << 20, 1, MAX_BYTES)   # a request body over this: 413 before anything is parsed
+    body_timeout_s: float = bounded(30.0, 0, HOUR_S, low_open=True)   # a body still arriving after this: 408 (slow senders)
+    # an idle keep-alive connection is closed after this
+    keepalive_timeout_s: float = bounded(15.0, 0, HOUR_S, low_open=True)
+    # open HTTP connections; never more than half the front-end's descriptors
+    max_connections: int = bounded(4096, 1, MAX_DESCRIPTORS)
     model_name: str = ""               # the id /v1/models shows; "" = the model's own name
 
     def check(self) -> None:
@@ -69,12 +72,6 @@ class HttpConfig:
             raise ConfigError(f"http.listen = {self.listen!r} is not a loopback address and http.auth = 'off': "
                               "anyone who can reach it could use the daemon. Use http.auth = 'auto' or 'on' "
                               "with keys from `mcpctl keys api-add`, or bind loopback")
-        for key in ("max_body_bytes", "max_connections"):
-            if getattr(self, key) < 1:
-                raise ConfigError(f"http.{key} = {getattr(self, key)}: must be >= 1")
-        for key in ("body_timeout_s", "keepalive_timeout_s"):
-            if getattr(self, key) <= 0:
-                raise ConfigError(f"http.{key} = {getattr(self, key)}: must be > 0")
 
     @property
     def loopback(self) -> bool:

@@ -1,5 +1,6 @@
-"""Reading a TOML file into a validated `Config`: every key checked against its section's types,
-then every section's own checks, then the checks across sections."""
+"""Reading a TOML file into a validated `Config`: every key checked against its section's types and
+every number against its field's range (mcpd/config_bounds.py), then every section's own checks,
+then the checks across sections."""
 from __future__ import annotations
 
 import dataclasses
@@ -9,7 +10,7 @@ import tomllib
 import types
 import typing
 
-from mcpd import small_file
+from mcpd import config_bounds, small_file
 from mcpd.config.listeners import is_loopback
 from mcpd.config.models import LEGACY_NAME, MAX_MODEL_WORKERS
 from mcpd.config.tree import Config
@@ -99,7 +100,9 @@ def _build_section(section: str, cls: type, values: dict):
             raise ConfigError(f"{section}.{key} = {_shown(value)}: expected {_type_name(hints[key])}")
         if _holds_nul(value):
             raise ConfigError(f"{section}.{key} = {_shown(value)}: holds a NUL character")
-    return cls(**{k: _build_value(f"{section}.{k}", v, hints[k]) for k, v in values.items()})
+    built = {k: _build_value(f"{section}.{k}", v, hints[k]) for k, v in values.items()}
+    config_bounds.check(section, cls, built)
+    return cls(**built)
 
 
 def _holds_nul(value) -> bool:

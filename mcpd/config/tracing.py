@@ -4,6 +4,7 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import dataclass
 
+from mcpd.config_bounds import bounded
 from mcpd.config_error import ConfigError
 
 EXPORTERS = ("otlp", "file")
@@ -12,15 +13,14 @@ EXPORTERS = ("otlp", "file")
 @dataclass(frozen=True)
 class TracingConfig:
     enabled: bool = False
-    sample_ratio: float = 1.0    # share of requests traced (by trace id); a client's traceparent decides its own
+    # share of requests traced (by trace id); a client's traceparent decides its own
+    sample_ratio: float = bounded(1.0, 0, 1)
     exporter: str = "otlp"       # otlp: OTLP/HTTP to `endpoint`; file: one JSON span per line appended to `path`
     endpoint: str = "http://127.0.0.1:4318/v1/traces"
     path: str = ""
     service_name: str = "mcpd"
 
     def check(self) -> None:
-        if not 0.0 <= self.sample_ratio <= 1.0:
-            raise ConfigError(f"tracing.sample_ratio = {self.sample_ratio}: must be in 0.0 .. 1.0")
         if self.exporter not in EXPORTERS:
             raise ConfigError(f"tracing.exporter = {self.exporter!r}: use {' or '.join(EXPORTERS)}")
         if not self.endpoint.startswith(("http://", "https://")):
