@@ -4,7 +4,9 @@ import asyncio
 import gzip
 import http.client
 import json
+import os
 import shutil
+import signal
 import socket
 import subprocess
 import urllib.request
@@ -252,6 +254,43 @@ def test_bodies_arriving_on_all_connections_together_are_held_to_max_incoming_by
         sock.close()
     daemon.wait_until(lambda: raw(daemon, "POST", "/v1/completions", b" " * 60000)[0] == 400, 30,
                       "the stalled bodies' room given back")
+
+
+def test_before_the_model_is_loaded_requests_get_503_to_retry_and_are_served_once_it_is(fresh_daemon):
+    """While the daemon starts, before its worker has said which model it serves, a request is
+    503 UNAVAILABLE with Retry-After, as llama.cpp's server answers while it loads; the openai SDK
+    retries those by itself. Before, the model was said not to exist (404) and /v1/models listed
+    none. The worker is held (SIGSTOP) as soon as it exists: a start where it had already said
+    hello by then is tried again."""
+    daemon, worker = held_before_hello(fresh_daemon)
+    try:
+        for method, path, body in (("GET", "/v1/models", None), ("GET", f"/v1/models/{MODEL}", None),
+                                   ("POST", "/v1/chat/completions", chat_body())):
+            status, headers, answer = raw(daemon, method, path, body)
+            assert (status, answer["error"]["code"], headers["Retry-After"]) == (503, "UNAVAILABLE", "1"), path
+    finally:
+        os.kill(worker, signal.SIGCONT)
+    daemon.wait_for_notification("READY=1", 120)
+    assert raw(daemon, "POST", "/v1/chat/completions", chat_body())[0] == 200
+
+
+def held_before_hello(fresh_daemon, tries: int = 5):
+    """A starting daemon whose worker is stopped before the scheduler has heard from it."""
+    for _ in range(tries):
+        daemon = fresh_daemon(started=False, http={"listen": f"127.0.0.1:{free_port()}"})
+        daemon.start(wait=False)
+        daemon.wait_until(lambda: (daemon.runtime_dir / "control.ipc").exists()
+                          and any(p["role"] == "worker" and p["pid"] for p in daemon.processes()), 60, "worker started")
+        worker = daemon.pid_of("worker")
+        os.kill(worker, signal.SIGSTOP)
+        daemon.wait_until(lambda: "serving HTTP" in daemon.log(), 60, "the HTTP listener up")
+        daemon.base_url = f"http://{daemon.control('config')['config']['http']['listen']}/v1"
+        with daemon.client() as client:
+            if not client.status()["workers"]:
+                return daemon, worker
+        os.kill(worker, signal.SIGCONT)
+        daemon.stop()
+    raise AssertionError(f"the worker said hello before it could be stopped, {tries} starts in a row")
 
 
 def test_a_deadline_passed_is_504_and_an_unknown_class_400(served):

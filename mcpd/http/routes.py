@@ -41,6 +41,7 @@ from mcpd.security.api_keys import ApiKeys
 from mcpd.tracing import traceparent
 
 MODELS_TTL_S = 5.0
+LOADING_RETRY_MS = 1000   # how soon a request that came before the model was loaded may try again
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 DONE = b"data: [DONE]\n\n"
 CONTEXT_VERSION = "mcpd-context-version"
@@ -231,6 +232,9 @@ class Routes:
             status = await self.link.call("status", {}, {k: v for k, v in header.items() if k == "tenant"})
             self.model_ids = sorted({w["model"] for w in status.get("workers", []) if w.get("model")})
             self.models_at = time.monotonic()
+        if not self.model_ids:   # its one model is named by the worker serving it: none serves yet
+            raise HttpError(503, "no model is loaded yet: mcpd is starting, or its worker restarts; retry shortly",
+                            codes.UNAVAILABLE, retry_after_ms=LOADING_RETRY_MS)
         return self.model_ids
 
 
