@@ -40,7 +40,7 @@ def test_defaults_are_valid():
     ({"persistence": {"fsync": "sometimes"}}, "persistence.fsync = 'sometimes'"),
     # it would kill the journal's fsync thread (threading's wait overflows): nothing fsynced again
     ({"persistence": {"fsync_interval_s": 1e300}}, "persistence.fsync_interval_s = 1e+300: must be in (0, 3600]"),
-    ({"engine": {"kernels": "native-sse2"}}, "engine.kernels = 'native-sse2': use one of auto, native, native-avx512"),
+    ({"engine": {"kernels": "native-sse2"}}, "engine.kernels = 'native-sse2': use one of auto, native, native-amx, native-avx512"),
     # TOML has nan and inf; nan passed every range check (a nan batching window held requests forever)
     ({"scheduler": {"window_max_ms": float("nan")}}, "scheduler.window_max_ms = nan: expected a finite number"),
     ({"supervisor": {"stop_grace_s": float("inf")}}, "supervisor.stop_grace_s = inf: expected a finite number"),

@@ -7,7 +7,7 @@ from mcpd.config_bounds import MAX_BYTES, bounded
 from mcpd.config_error import ConfigError
 
 
-KERNEL_SETS = ("auto", "native", "native-avx512", "native-avx2", "torch")   # native-*: kernels/native.py ISAS
+KERNEL_SETS = ("auto", "native", "native-amx", "native-avx512", "native-avx2", "torch")   # native-*: kernels/native.py ISAS
 DECODE_KERNELS = ("auto", "persistent", "graph")   # engine/decode_graphs.py
 MAX_KV_BLOCK_TOKENS = 1024   # far past where a larger block still saves anything
 MAX_NUM_SEQS = 4096          # each batch size up to it may get its own CUDA graph (1, 2, 4, 8, then every 8)
@@ -23,7 +23,7 @@ class EngineConfig:
     max_num_seqs: int = bounded(64, 1, MAX_NUM_SEQS)           # sequences decoding together in one step
     max_step_tokens: int = bounded(2048, 1, MAX_STEP_TOKENS)   # token budget per step (prefill chunks + decodes)
     kernels: str = "auto"           # auto (native CPU kernels where they build, else torch), native, torch,
-                                    # or native-avx512 / native-avx2: that instruction set's native kernels
+                                    # or native-amx / native-avx512 / native-avx2: that instruction set's native kernels
     huge_pages: bool = True         # CPU: run on a copy of the weights on 2 MiB pages where they are on 4 KiB
     # CPU: decodes per step while tenants share it, on a thread fewer (0: off)
     shared_step_decodes: int = bounded(16, 0, MAX_NUM_SEQS)

@@ -30,6 +30,8 @@ Panels and tiles of each instruction set (a new weight format reuses them):
   AVX-512F    LANES 16, 32 zmm registers: product tile 8 rows x 2 panels (8x32, 16 accumulators),
               int8 and 4-bit ones by int16 x (vpdpwssd where AVX512_VNNI is; 4-bit: 4 rows at a time); one
               row: 4 panels at once; prefill attention 8 query rows x 32 keys.
+  AMX         the AVX-512 set, with every bfloat16 product whose k is a multiple of 32 on AMX
+              tiles: 16 rows x 2 panels at a time, the panels read as they are (MCPD_AMX).
   AVX2 + FMA  LANES 8, 16 ymm registers: product tile 6 rows x 1 panel (6x16, 12 accumulators),
               int8 and 4-bit ones by int16 x (vpmaddwd, no VNNI; 4-bit: 4 rows at a time); one
               row: 4 panels at once; prefill attention 6 query rows x 16 keys.
@@ -1151,8 +1153,11 @@ static void row_runs(int dtype, const void *x, int64_t k, const void *packed, co
     }
 }
 
-/* Whether a one-row product by a matrix of this kind takes row_runs (else the tile). */
-static inline int takes_row_runs(int dtype, const mcpd_matrix *w) { return w->kind == PLAIN && (dtype == F32 || ROW_BF16); }
+/* Whether a one-row product by a matrix of this kind takes row_runs (else the tile, or AMX's). */
+static inline int takes_amx(int dtype, const mcpd_matrix *w, int64_t k);
+static inline int takes_row_runs(int dtype, const mcpd_matrix *w, int64_t k) {
+    return w->kind == PLAIN && (dtype == F32 || ROW_BF16) && !takes_amx(dtype, w, k);
+}
 
 /* The first and end run (or strip) of `units` that thread `thread` of `threads` owns. */
 static inline void contiguous_share(int64_t units, int thread, int threads, int64_t *first, int64_t *end) {
@@ -1255,6 +1260,68 @@ static void product_x_free(product_x px) {
     free(px.scales);
 }
 
+#ifdef MCPD_AMX
+/* bfloat16 products on AMX tiles (the native-amx set): a 16 x 32 tile of x's rows times a panel's
+   16 pair rows of 64 bytes, which is the panels' own layout ([k/2][16][2]), into 16 x 16 float32
+   sums. Its sums round otherwise than vdpbf16ps's, so in this set every bfloat16 product whose k
+   the tiles divide takes them, one row included: a row's bits then do not depend on the rows
+   beside it in a step. Tiles 0-2: sums of 16 rows by a strip's two panels, and their x; 3, 4: the
+   panels' weights; 5-7: as 0-2 for a last block of fewer rows. Linux hands a process the tiles'
+   state only once asked: native.py asks before it loads this set (native.tiles_granted). */
+#define AMX_K 32   /* bfloat16 columns of a tile's row of 64 bytes */
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} amx_config;
+
+/* Loaded at every strip: another library's tiles (oneDNN's, torch's) may have run on this thread since. */
+static void amx_configure(int64_t last_rows) {
+    amx_config c = {0};
+    c.palette = 1;
+    for (int t = 0; t < 8; t++) c.colsb[t] = 64, c.rows[t] = t < 5 ? 16 : (uint8_t)last_rows;
+    _tile_loadconfig(&c);
+}
+
+#define AMX_BLOCK(C0, C1, A, x, k, p0, p1)                                                            \
+    do {                                                                                             \
+        _tile_zero(C0);                                                                              \
+        _tile_zero(C1);                                                                              \
+        for (int64_t i = 0; i < (k); i += AMX_K) {                                                   \
+            _tile_loadd(A, (x) + i, (k) * sizeof(bf16));                                             \
+            _tile_loadd(3, (p0) + i * PANEL, 64);                                                    \
+            _tile_loadd(4, (p1) + i * PANEL, 64);                                                    \
+            _tile_dpbf16ps(C0, A, 3);                                                                \
+            _tile_dpbf16ps(C1, A, 4);                                                                \
+        }                                                                                            \
+        _tile_stored(C0, sums[0], PANEL * sizeof(float));                                            \
+        _tile_stored(C1, sums[1], PANEL * sizeof(float));                                            \
+    } while (0)
+
+static inline int takes_amx(int dtype, const mcpd_matrix *w, int64_t k) {
+    return dtype == BF16 && w->kind == PLAIN && k % AMX_K == 0;
+}
+
+/* strip_product's bfloat16 strip on the tiles: x [m, k], its `count` panels p (2, the second
+   the first again when the strip has one). */
+static void amx_strip(const bf16 *x, int64_t m, int64_t k, const bf16 *const p[TILE_PANELS], int64_t count,
+                      int64_t first, const void *bias, int64_t n, void *y, int64_t ld, int y_f32) {
+    float sums[TILE_PANELS][16][PANEL] __attribute__((aligned(64)));
+    amx_configure(m % 16 ? m % 16 : 16);
+    for (int64_t row = 0; row < m; row += 16) {
+        int64_t rows = m - row < 16 ? m - row : 16;
+        const bf16 *xr = x + row * k;
+        if (rows == 16) AMX_BLOCK(0, 1, 2, xr, k, p[0], p[1]);
+        else AMX_BLOCK(5, 6, 7, xr, k, p[0], p[1]);
+        for (int64_t j = 0; j < count; j++)
+            store_tile(BF16, y_f32, y, n, ld, row, rows, (first + j) * PANEL, (const panel_sums *)sums[j], bias);
+    }
+}
+#else
+static inline int takes_amx(int dtype, const mcpd_matrix *w, int64_t k) { (void)dtype, (void)w, (void)k; return 0; }
+#endif
+
 /* Strip `strip` (a tile's TILE_PANELS panels) of x's m rows by w [n, k]: into y's columns of it. */
 static void strip_product(int dtype, product_x px, int64_t m, int64_t k, const mcpd_matrix *w, const int64_t bytes[4],
                           int64_t strip, const void *bias, int64_t n, void *y, int64_t ld, int y_f32) {
@@ -1268,6 +1335,10 @@ static void strip_product(int dtype, product_x px, int64_t m, int64_t k, const m
         mn[j] = bytes[2] ? (const char *)(w->kind == Q6_K ? w->highs : w->mins) + panel * bytes[2] : NULL;
         s[j] = bytes[3] ? (const char *)w->supers + panel * bytes[3] : NULL;
     }
+#ifdef MCPD_AMX
+    if (takes_amx(dtype, w, k))
+        return amx_strip((const bf16 *)px.x, m, k, (const bf16 *const *)p, count, first, bias, n, y, ld, y_f32);
+#endif
     /* A 4-bit tile is as many rows as its sums' registers hold: it unpacks the strip's nibbles once for them all. */
     int64_t tile_rows = w->kind < Q4_0 ? TILE_ROWS : w->kind == Q6_K ? Q6_K_ROWS : INT4_ROWS;
     for (int64_t row = 0; row < m; row += tile_rows) {
@@ -1303,7 +1374,7 @@ static void linear_part(int dtype, const void *x, int64_t m, int64_t k, const mc
                         int64_t n, void *y, int64_t ld, int y_f32) {
     int64_t panels = (n + PANEL - 1) / PANEL, strips = (panels + TILE_PANELS - 1) / TILE_PANELS, bytes[4];
     panel_bytes(dtype, w, k, bytes);
-    if (m == 1 && takes_row_runs(dtype, w)) return linear_row(dtype, x, k, w->panels, bias, n, y, ld, y_f32);
+    if (m == 1 && takes_row_runs(dtype, w, k)) return linear_row(dtype, x, k, w->panels, bias, n, y, ld, y_f32);
     product_x px = product_x_of(dtype, x, m, k, w->kind);
     int count = mcpd_max_threads() < MAX_SHARES ? mcpd_max_threads() : MAX_SHARES;
     strip_share shares[count];
@@ -1912,7 +1983,7 @@ static void row_share(int dtype, const void *x, int64_t k, const mcpd_matrix *w,
         int64_t rows = w->next ? w->rows : n - at, first, end, bytes[4];
         const void *part_bias = bias ? (const char *)bias + at * size : NULL;
         char *part_y = (char *)y + at * size;
-        if (takes_row_runs(dtype, w)) {
+        if (takes_row_runs(dtype, w, k)) {
             contiguous_share((rows + PANEL * ROW_PANELS - 1) / (PANEL * ROW_PANELS), thread, threads, &first, &end);
             row_runs(dtype, x, k, w->panels, part_bias, rows, part_y, n, 0, first, end);
         } else {

@@ -26,10 +26,13 @@ from mcpd.cpu import features
 
 SOURCE = Path(__file__).with_name("kernels.c")
 FLAGS = ["-O3", "-march=native", "-fPIC", "-shared", "-fopenmp", "-lm"]
-# Each set: the flags it adds, and the CPU flags it needs. avx2 leaves out every AVX-512
-# extension (-mno-avx512f takes them all), so kernels.c takes its AVX2 tiles.
-ISAS = {"avx512": ([], ("avx512f",)), "avx2": (["-mno-avx512f"], ("avx2", "fma"))}
+# Each set, in order of preference: the flags it adds, and the CPU flags it needs. amx is avx512
+# with its bfloat16 products on AMX tiles; avx2 leaves out every AVX-512 extension (-mno-avx512f
+# takes them all), so kernels.c takes its AVX2 tiles.
+ISAS = {"amx": (["-DMCPD_AMX", "-mamx-tile", "-mamx-bf16"], ("avx512f", "avx512_bf16", "amx_tile", "amx_bf16")),
+        "avx512": ([], ("avx512f",)), "avx2": (["-mno-avx512f"], ("avx2", "fma"))}
 BUILD_TIMEOUT_S = 120
+SYS_ARCH_PRCTL, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA = 158, 0x1023, 18   # x86-64 Linux's numbers
 
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 _SIGNATURES = {
@@ -79,8 +82,16 @@ _loaded: dict[str, ctypes.CDLL] = {}
 
 
 def runs_here(isa: str) -> bool:
-    """Whether this CPU has what the kernels built for isa (a key of ISAS) execute."""
-    return all(features.has(flag) for flag in ISAS[isa][1])
+    """Whether this CPU has what the kernels built for isa (a key of ISAS) execute, and for amx
+    whether Linux gives this process the tiles."""
+    return all(features.has(flag) for flag in ISAS[isa][1]) and (isa != "amx" or tiles_granted())
+
+
+def tiles_granted() -> bool:
+    """Asks Linux for AMX's tile state, which it hands a process only on request (arch_prctl
+    ARCH_REQ_XCOMP_PERM for XTILEDATA); whether it was granted. Asking again is harmless."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.syscall(SYS_ARCH_PRCTL, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0
 
 
 def best_isa() -> str | None:
