@@ -1,0 +1,88 @@
+"""A model directory is a stranger's until checked: each lie in its config.json is refused at
+load with the file, the field and the value, never a traceback or an allocation the lie sized."""
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from mcpd.config import ModelConfig
+from mcpd.models import UnsupportedModel, load_model
+from tiny_checkpoints import edited_copy, make_checkpoint
+
+CPU = torch.device("cpu")
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hostile")
+    return {kind: make_checkpoint(root / kind, kind) for kind in ("llama", "gpt2")}
+
+
+def refusal_of(path) -> str:
+    with pytest.raises(UnsupportedModel) as refused:
+        load_model(ModelConfig(path=str(path)), CPU)
+    return str(refused.value)
+
+
+PLAIN_ROPE = {"rope_parameters": None}   # the tiny checkpoints' rope_parameters would win over rope_scaling
+
+
+@pytest.mark.parametrize("kind, changes, says", [
+    ("llama", {"architectures": "LlamaForCausalLM"}, "architectures 'LlamaForCausalLM' is not a list of names"),
+    ("llama", {"architectures": [5]}, "architectures [5] is not a list of names"),
+    ("llama", {"architectures": {"LlamaForCausalLM": 1}}, "architectures {'LlamaForCausalLM': 1} is not a list"),
+    ("llama", {"hidden_size": "64", "head_dim": None}, "hidden_size '64' is not a whole number"),
+    ("llama", {"hidden_size": 64.0}, "hidden_size 64.0 is not a whole number"),
+    ("llama", {"hidden_size": True}, "hidden_size True is not a whole number"),
+    ("llama", {"hidden_size": -64}, "hidden_size -64 is not a whole number"),
+    ("llama", {"hidden_size": 0}, "hidden_size 0 is not a whole number"),
+    ("llama", {"hidden_size": 2 ** 40}, "hidden_size 1099511627776 is not a whole number from 1 to 131072"),
+    ("llama", {"num_attention_heads": 3, "num_key_value_heads": 3, "head_dim": None},
+     "hidden_size 64 is not a multiple of num_attention_heads 3"),
+    ("llama", {"num_key_value_heads": 3}, "4 query heads cannot share 3 KV heads evenly"),
+    ("llama", {"num_key_value_heads": 0}, "num_key_value_heads 0 is not a whole number"),
+    ("llama", {"head_dim": 33}, "head_dim 33 is odd"),
+    ("llama", {"head_dim": 0}, "head_dim 0 is not a whole number"),
+    ("llama", {"vocab_size": 2 ** 40}, "vocab_size 1099511627776 is not a whole number from 1 to 4194304"),
+    ("llama", {"max_position_embeddings": 2 ** 62}, "max_position_embeddings 4611686018427387904 is not a whole"),
+    ("llama", {**PLAIN_ROPE, "rope_theta": NAN}, "rope_theta nan is not a finite positive number"),
+    ("llama", {**PLAIN_ROPE, "rope_theta": -1.0}, "rope_theta -1.0 is not a finite positive number"),
+    ("llama", {**PLAIN_ROPE, "rope_theta": INF}, "rope_theta inf is not a finite positive number"),
+    ("llama", {**PLAIN_ROPE, "rope_scaling": "linear"}, "rope_scaling 'linear' is not a JSON object"),
+    ("llama", {**PLAIN_ROPE, "rope_scaling": [2.0]}, "rope_scaling [2.0] is not a JSON object"),
+    ("llama", {"rope_parameters": {"rope_type": "longrope", "short_factor": 5, "long_factor": 5}},
+     "rope short_factor 5 is not a list of finite positive numbers"),
+    ("llama", {"rope_parameters": {"rope_type": "yarn", "factor": "4"}}, "rope factor '4' is not a finite positive"),
+    ("llama", {"rope_parameters": {"rope_type": "yarn", "original_max_position_embeddings": 0}},
+     "rope original_max_position_embeddings 0 is not a whole number"),
+    ("llama", {"rope_parameters": {"rope_type": "linear", "factor": 1e308}}, "context length inf is not a whole"),
+    ("llama", {"rms_norm_eps": -1.0}, "rms_norm_eps -1.0 is not a finite positive number"),
+    ("llama", {"rms_norm_eps": NAN}, "rms_norm_eps nan is not a finite positive number"),
+    ("llama", {"tie_word_embeddings": "false"}, "tie_word_embeddings 'false' is not true or false"),
+    ("llama", {"attention_bias": 0}, "attention_bias 0 is not true or false"),
+    ("llama", {"torch_dtype": "float64"}, "torch_dtype 'float64' is not supported"),
+    ("llama", {"torch_dtype": None, "dtype": ["bfloat16"]}, "dtype ['bfloat16'] is not supported"),
+    ("llama", {"quantization_config": "awq"}, "quantization_config 'awq' is not a JSON object"),
+    ("gpt2", {"n_head": 3}, "n_embd 64 is not a multiple of n_head 3"),
+    ("gpt2", {"n_inner": 0}, "n_inner 0 is not a whole number"),
+    ("gpt2", {"scale_attn_weights": "yes"}, "scale_attn_weights 'yes' is not true or false"),
+])
+def test_a_config_json_lie_is_refused_naming_the_file_field_and_value(checkpoints, tmp_path, kind, changes, says):
+    path = edited_copy(checkpoints[kind], tmp_path / "edited", **changes)
+    refused = refusal_of(path)
+    assert refused.startswith(f"{path / 'config.json'}: ") and says in refused, refused
+
+
+def test_a_layer_count_past_its_cap_is_refused_before_a_list_of_layers_is_made(checkpoints, tmp_path):
+    """A windowed family lists each layer's type: 10^9 layers were 10^9 entries (gigabytes) before
+    the cap refused them. Read in a process whose address space is capped far below that."""
+    path = edited_copy(checkpoints["llama"], tmp_path / "edited", architectures=["MistralForCausalLM"],
+                  sliding_window=4, num_hidden_layers=10 ** 9)
+    program = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))\n"
+               "from mcpd.config import ModelConfig; from mcpd.models import architecture\n"
+               "architecture.of(ModelConfig(path=sys.argv[1]), 'cpu')")
+    done = subprocess.run([sys.executable, "-c", program, str(path)], capture_output=True, text=True, timeout=120)
+    assert (f"UnsupportedModel: {path / 'config.json'}: num_hidden_layers 1000000000 is not a whole number "
+            "from 1 to 4096") in done.stderr, done.stderr
