@@ -1,13 +1,14 @@
 """A model directory is a stranger's until checked: each lie in its config.json is refused at
 load with the file, the field and the value, never a traceback or an allocation the lie sized."""
+import json
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from mcpd.config import ModelConfig
-from mcpd.models import UnsupportedModel, load_model
+from mcpd.config import ConfigError, ModelConfig, from_dict
+from mcpd.models import UnsupportedModel, architecture, load_model
 from tiny_checkpoints import edited_copy, make_checkpoint
 
 CPU = torch.device("cpu")
@@ -65,6 +66,7 @@ PLAIN_ROPE = {"rope_parameters": None}   # the tiny checkpoints' rope_parameters
     ("llama", {"torch_dtype": "float64"}, "torch_dtype 'float64' is not supported"),
     ("llama", {"torch_dtype": None, "dtype": ["bfloat16"]}, "dtype ['bfloat16'] is not supported"),
     ("llama", {"quantization_config": "awq"}, "quantization_config 'awq' is not a JSON object"),
+    ("llama", {"eos_token_id": {"id": 1}}, "eos_token_id {'id': 1} is not a token id or a list of them"),
     ("gpt2", {"n_head": 3}, "n_embd 64 is not a multiple of n_head 3"),
     ("gpt2", {"n_inner": 0}, "n_inner 0 is not a whole number"),
     ("gpt2", {"scale_attn_weights": "yes"}, "scale_attn_weights 'yes' is not true or false"),
@@ -86,3 +88,16 @@ def test_a_layer_count_past_its_cap_is_refused_before_a_list_of_layers_is_made(c
     done = subprocess.run([sys.executable, "-c", program, str(path)], capture_output=True, text=True, timeout=120)
     assert (f"UnsupportedModel: {path / 'config.json'}: num_hidden_layers 1000000000 is not a whole number "
             "from 1 to 4096") in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("file, eos", [("config.json", "2"), ("config.json", [1, 2.5]),
+                                       ("generation_config.json", {"id": 1})])
+def test_end_tokens_that_are_no_token_ids_are_refused_at_start_naming_the_file(checkpoints, tmp_path, file, eos):
+    """The supervisor's check: a worker would meet them building its tokenizer (a dict: a TypeError)."""
+    path = edited_copy(checkpoints["llama"], tmp_path / "edited")
+    (path / "generation_config.json").write_text("{}")
+    written = json.loads((path / file).read_text())
+    (path / file).write_text(json.dumps({**written, "eos_token_id": eos}))
+    with pytest.raises(ConfigError) as refused:
+        architecture.check_configured(from_dict({"model": {"path": str(path)}}))
+    assert str(refused.value) == f"model: {path / file}: eos_token_id {eos!r} is not a token id or a list of them"

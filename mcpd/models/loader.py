@@ -99,7 +99,10 @@ def load_checkpoint(config: ModelConfig, device: torch.device, kernels: str = "t
     model, hf, dtype, vocab_size, model_len = skeleton(config, device)
     reason = fill_weights(model, path.name, kernels, resident,
                           lambda: copy_weights(model, _tensors(_weight_files(path)), path))
-    tokenizer = HFTokenizer(path, eos_token_ids(path, hf))
+    try:
+        tokenizer = HFTokenizer(path, eos_token_ids(path, hf))
+    except ValueError as e:   # a tokenizer file the worker cannot take: tokenizer.py names it
+        raise UnsupportedModel(str(e)) from None
     return LoadedModel(model, tokenizer, path.name, dtype, vocab_size, min(config.max_model_len, model_len), reason)
 
 
