@@ -1,11 +1,16 @@
-"""A model directory is a stranger's until checked: each lie in its config.json is refused at
-load with the file, the field and the value, never a traceback or an allocation the lie sized."""
+"""A model directory is a stranger's until checked: each lie in its config.json or its
+safetensors files is refused at load with the file, the field and the value, never a traceback,
+a hang or an allocation the lie sized."""
 import json
+import os
+import struct
 import subprocess
 import sys
+import threading
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 from mcpd.config import ConfigError, ModelConfig, from_dict
 from mcpd.models import UnsupportedModel, architecture, load_model
@@ -13,6 +18,7 @@ from tiny_checkpoints import edited_copy, make_checkpoint
 
 CPU = torch.device("cpu")
 NAN, INF = float("nan"), float("inf")
+EMBEDDING = "model.embed_tokens.weight"
 
 
 @pytest.fixture(scope="module")
@@ -101,3 +107,87 @@ def test_end_tokens_that_are_no_token_ids_are_refused_at_start_naming_the_file(c
     with pytest.raises(ConfigError) as refused:
         architecture.check_configured(from_dict({"model": {"path": str(path)}}))
     assert str(refused.value) == f"model: {path / file}: eos_token_id {eos!r} is not a token id or a list of them"
+
+
+def _tampered_header(path, tamper) -> None:
+    """path's model.safetensors with its JSON header changed by tamper(header), the data kept."""
+    file = path / "model.safetensors"
+    raw = file.read_bytes()
+    length = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + length])
+    tamper(header)
+    text = json.dumps(header).encode()
+    file.write_bytes(struct.pack("<Q", len(text)) + text + raw[8 + length:])
+
+
+def _with_tensor(path, name, tensor) -> None:
+    tensors = load_file(path / "model.safetensors")
+    if tensor is None:
+        del tensors[name]
+    else:
+        tensors[name] = tensor
+    save_file(tensors, path / "model.safetensors")
+
+
+def _header_length(path, length) -> None:
+    file = path / "model.safetensors"
+    file.write_bytes(struct.pack("<Q", length) + file.read_bytes()[8:])
+
+
+def _index_naming(path, shard) -> None:
+    (path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {EMBEDDING: shard}}))
+
+
+UNREADABLE = "model.safetensors: not a readable safetensors file (Error while deserializing header: "
+
+
+def _offsets_past_the_end(header) -> None:
+    start, end = header[EMBEDDING]["data_offsets"]
+    header[EMBEDDING]["data_offsets"] = [start, end + (1 << 40)]
+
+
+@pytest.mark.parametrize("lie, says", [
+    pytest.param(lambda path: _with_tensor(path, EMBEDDING, torch.zeros(321, 64)),
+                 f"tensor '{EMBEDDING}' has shape (321, 64), which does not fit {EMBEDDING} (320, 64)", id="shape"),
+    pytest.param(lambda path: _with_tensor(path, EMBEDDING, None), f"checkpoint lacks weights for {EMBEDDING}",
+                 id="missing"),
+    pytest.param(lambda path: _with_tensor(path, EMBEDDING, torch.zeros(320, 64, dtype=torch.int64)),
+                 f"tensor '{EMBEDDING}' is torch.int64, {EMBEDDING} takes torch.float32", id="int64"),
+    pytest.param(lambda path: _with_tensor(path, "model.norm.weight", torch.ones(64, dtype=torch.bool)),
+                 "tensor 'model.norm.weight' is torch.bool", id="bool"),
+    pytest.param(lambda path: _tampered_header(path, lambda header: header[EMBEDDING].update(dtype="F128")),
+                 UNREADABLE + "invalid JSON in header: unknown variant `F128`", id="unknown-dtype"),
+    pytest.param(lambda path: _tampered_header(path, _offsets_past_the_end), UNREADABLE, id="offsets-past-end"),
+    pytest.param(lambda path: _tampered_header(path, lambda header: header[EMBEDDING].update(shape=[1 << 31] * 2)),
+                 UNREADABLE, id="huge-shape"),
+    pytest.param(lambda path: _header_length(path, 1 << 60), UNREADABLE + "header too large", id="header-2**60"),
+    pytest.param(lambda path: _index_naming(path, "/dev/zero"),
+                 "model.safetensors.index.json: weight_map {'model.embed_tokens.weight': '/dev/zero'} is not an "
+                 "object of tensor names", id="index-path"),
+    pytest.param(lambda path: _index_naming(path, "shard-2.safetensors"),
+                 "shard-2.safetensors: not a readable safetensors file ([Errno 2]", id="index-missing-shard"),
+])
+def test_a_safetensors_lie_is_refused_naming_the_file(checkpoints, tmp_path, lie, says):
+    path = edited_copy(checkpoints["llama"], tmp_path / "edited")
+    lie(path)
+    refused = refusal_of(path)
+    assert refused.startswith(str(path)) and says in refused, refused
+
+
+def test_a_fifo_in_the_weights_place_is_refused_not_waited_on(checkpoints, tmp_path):
+    """Opening a FIFO waits for a writer for ever, in safetensors' own code where no test timeout
+    reaches. A writer stands by, so a loader that opens it fails this test instead of hanging it,
+    and is let go after."""
+    path = edited_copy(checkpoints["llama"], tmp_path / "edited")
+    fifo = path / "model.safetensors"
+    fifo.unlink()
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=lambda: open(fifo, "wb").close(), daemon=True)
+    writer.start()
+    try:
+        refused = refusal_of(path)
+    finally:
+        reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)   # held until the writer, however late, has opened
+        writer.join()
+        os.close(reader)
+    assert refused == f"{fifo}: not a regular file"
