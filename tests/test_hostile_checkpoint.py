@@ -1,6 +1,7 @@
 """A model directory is a stranger's until checked: each lie in its config.json or its
 safetensors files is refused at load with the file, the field and the value, never a traceback,
-a hang or an allocation the lie sized."""
+a hang or an allocation the lie sized; and a worker that meets one refuses its start, so the
+daemon stops with the reason instead of restarting the worker for ever."""
 import json
 import os
 import struct
@@ -12,6 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from mcpd import refusal
 from mcpd.config import ConfigError, ModelConfig, from_dict
 from mcpd.models import UnsupportedModel, architecture, load_model
 from tiny_checkpoints import edited_copy, make_checkpoint
@@ -191,3 +193,16 @@ def test_a_fifo_in_the_weights_place_is_refused_not_waited_on(checkpoints, tmp_p
         writer.join()
         os.close(reader)
     assert refused == f"{fifo}: not a regular file"
+
+
+@pytest.mark.slow
+def test_a_worker_meeting_weights_that_lie_stops_the_daemon_with_the_reason(fresh_daemon, checkpoints, tmp_path):
+    """The supervisor checks config.json, not the weights: the worker meets the lie, refuses its
+    start (exit 2, the reason in the log), and is not restarted to meet it again."""
+    path = edited_copy(checkpoints["llama"], tmp_path / "edited")
+    _with_tensor(path, EMBEDDING, torch.zeros(321, 64))
+    d = fresh_daemon(started=False, model={"path": str(path)})
+    d.start(wait=False)
+    assert d.process.wait(120) == refusal.CONFIG, d.log()
+    assert (f"mcpd: worker 0 cannot start: model: {path}: tensor '{EMBEDDING}' has shape (321, 64), which does "
+            "not fit") in d.log()
