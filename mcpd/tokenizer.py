@@ -156,11 +156,16 @@ def load(config: ModelConfig) -> Tokenizer:
 
 
 def eos_token_ids(path: Path, hf: dict) -> set[int]:
-    """config.json (`hf`) and generation_config.json may each name end tokens (Llama 3 has several)."""
+    """config.json (`hf`) and generation_config.json may each name end tokens (Llama 3 has several);
+    ValueError naming the file where one names something else (a string, a dict)."""
     ids = set()
-    for source in (hf, optional_json(path / "generation_config.json")):
+    generation = optional_json(path / "generation_config.json")
+    for name, source in (("config.json", hf), ("generation_config.json", generation)):
         eos = source.get("eos_token_id")
-        ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        listed = eos if isinstance(eos, list) else [eos] if eos is not None else []
+        if not all(type(token) is int and token >= 0 for token in listed):
+            raise ValueError(f"{path / name}: eos_token_id {eos!r:.100} is not a token id or a list of them")
+        ids.update(listed)
     return ids
 
 
@@ -179,9 +184,10 @@ def optional_json(path: Path) -> dict:
 
 
 def check_json(model_dir: Path) -> None:
-    """ValueError where a JSON file the tokenizer reads is not one (architecture.check_configured)."""
-    for name in ("tokenizer_config.json", "generation_config.json"):
-        optional_json(model_dir / name)
+    """ValueError where a JSON file the tokenizer reads is not one, or names end tokens that are
+    no token ids (architecture.check_configured)."""
+    optional_json(model_dir / "tokenizer_config.json")
+    eos_token_ids(model_dir, optional_json(model_dir / "config.json"))
 
 
 def _checked(messages: list[dict]) -> list[dict]:

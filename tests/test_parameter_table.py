@@ -2,9 +2,7 @@
 parameters must be the skeleton the loader builds, name for name, shape and dtype, for every
 kind of model mcpd runs, so the bytes it reserves are what the workers' weights take; and a
 model the loader refuses, it refuses alike."""
-import json
 import os
-import shutil
 
 import pytest
 import torch
@@ -14,7 +12,7 @@ from mcpd.daemon import pool_keeper
 from mcpd.memory import pool_size
 from mcpd.models import UnsupportedModel, architecture, skeleton
 from mcpd.models.parameter_table import parameter_bytes, parameters
-from tiny_checkpoints import KINDS, VARIANTS, make_checkpoint
+from tiny_checkpoints import KINDS, VARIANTS, edited_copy, make_checkpoint
 from tiny_gguf import write_gguf
 
 CPU = torch.device("cpu")
@@ -29,17 +27,8 @@ def checkpoints(tmp_path_factory):
     made = {kind: make_checkpoint(root / kind, kind) for kind in (*KINDS, *VARIANTS)}
     made["bf16"] = make_checkpoint(root / "bf16", "llama", dtype=torch.bfloat16)
     for name, changes in LLAMA_EDITS.items():
-        made[name] = _edited_copy(made["llama"], root / name, **changes)
+        made[name] = edited_copy(made["llama"], root / name, **changes)
     return made
-
-
-def _edited_copy(source, path, **changes):
-    """A copy of the checkpoint at source with config.json's keys changed (None: removed)."""
-    shutil.copytree(source, path)
-    config = json.loads((path / "config.json").read_text())
-    config.update(changes)
-    (path / "config.json").write_text(json.dumps({k: v for k, v in config.items() if v is not None}))
-    return path
 
 
 def built(config: ModelConfig, device: torch.device) -> dict:
@@ -102,23 +91,23 @@ def test_a_pool_for_several_models_holds_each_workers_parameters(checkpoints):
     ({"torch_dtype": "float64"}, "float64"),
     ({"num_attention_heads": None}, "lacks 'num_attention_heads'"),
     # hostile counts: refused by name before anything is listed or built
-    ({"num_hidden_layers": 10 ** 9}, "num_layers 1000000000 is not a whole number from 1 to 4096"),
+    ({"num_hidden_layers": 10 ** 9}, "num_hidden_layers 1000000000 is not a whole number from 1 to 4096"),
     ({"vocab_size": 2 ** 62}, "vocab_size"),
     ({"hidden_size": "512"}, "hidden_size '512' is not a whole number"),
     ({"intermediate_size": 0}, "intermediate_size 0"),
-    ({"num_attention_heads": 0}, "num_heads 0 is not"),
-    ({"num_attention_heads": 0, "head_dim": None}, "unusable sizes"),   # hidden_size // 0
+    ({"num_attention_heads": 0}, "num_attention_heads 0 is not"),
+    ({"num_attention_heads": 0, "head_dim": None}, "num_attention_heads 0 is not"),   # never hidden_size // 0
     ({"num_key_value_heads": 3}, "cannot share 3 KV heads evenly"),
-    ({"max_position_embeddings": True}, "context length True"),
+    ({"max_position_embeddings": True}, "max_position_embeddings True is not a whole number"),
     ({"rms_norm_eps": float("nan")}, "rms_norm_eps nan is not a finite positive number"),
     ({"rope_parameters": {"rope_type": "default", "rope_theta": -1.0}}, "rope_theta -1.0"),
     ({"rope_parameters": {"rope_type": "llama3", "factor": "x", "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                           "rope_theta": 10000.0}}, "rope factor 'x' is not a finite positive number"),
-    ({"architectures": 5}, "unusable values"),
-    ({"architectures": [["LlamaForCausalLM"]]}, "unusable values"),
+    ({"architectures": 5}, "architectures 5 is not a list of names"),
+    ({"architectures": [["LlamaForCausalLM"]]}, r"architectures \[\['LlamaForCausalLM'\]\] is not a list of names"),
 ])
 def test_a_refused_model_is_refused_alike(checkpoints, tmp_path, changes, named):
-    config = ModelConfig(path=str(_edited_copy(checkpoints["llama"], tmp_path / "edited", **changes)))
+    config = ModelConfig(path=str(edited_copy(checkpoints["llama"], tmp_path / "edited", **changes)))
     with pytest.raises(UnsupportedModel, match=named) as by_table:
         parameter_bytes(config, "cpu")
     with pytest.raises(UnsupportedModel) as by_loader:
@@ -135,7 +124,7 @@ def test_a_refused_model_is_refused_alike(checkpoints, tmp_path, changes, named)
     (lambda path: path.symlink_to("/dev/zero"), r"not valid JSON \(not a regular file\)"),
 ])
 def test_a_config_json_that_is_no_json_object_is_refused_by_name(checkpoints, tmp_path, make, named):
-    path = _edited_copy(checkpoints["llama"], tmp_path / "edited")
+    path = edited_copy(checkpoints["llama"], tmp_path / "edited")
     (path / "config.json").unlink()
     make(path / "config.json")
     with pytest.raises(UnsupportedModel, match=named):
@@ -150,7 +139,7 @@ def test_a_config_json_that_is_no_json_object_is_refused_by_name(checkpoints, tm
 def test_a_tokenizer_json_the_children_could_not_read_is_refused_by_the_supervisor(checkpoints, tmp_path, name,
                                                                                    plant, says):
     """Checked with the model at start and reload: a worker meeting it would crash at every restart (a FIFO hang it)."""
-    path = _edited_copy(checkpoints["llama"], tmp_path / "edited")
+    path = edited_copy(checkpoints["llama"], tmp_path / "edited")
     (path / name).unlink(missing_ok=True)
     plant(path / name)
     with pytest.raises(ConfigError) as e:

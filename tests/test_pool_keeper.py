@@ -109,7 +109,7 @@ def test_a_checkpoint_with_a_hostile_layer_count_is_refused_at_start_by_name(fre
     d = fresh_daemon(started=False, model={"path": str(path)}, pool=pool)
     d.start(wait=False)
     assert d.process.wait(120) == 2
-    assert f"mcpd: model: {path / 'config.json'}: num_layers 1000000000 is not a whole number from 1 to 4096" \
+    assert f"mcpd: model: {path / 'config.json'}: num_hidden_layers 1000000000 is not a whole number from 1 to 4096" \
         in d.log()
 
 

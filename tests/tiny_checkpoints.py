@@ -7,6 +7,7 @@ that loading and generating take milliseconds.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import torch
@@ -137,6 +138,15 @@ def make_checkpoint(directory: Path, kind: str, dtype: torch.dtype = torch.float
     model.save_pretrained(directory, **kwargs)
     write_tokenizer(directory, chatml=chatml)
     return directory
+
+
+def edited_copy(source: Path, path: Path, **changes) -> Path:
+    """A copy of the checkpoint at source with config.json's keys changed (None: removed)."""
+    shutil.copytree(source, path)
+    config = json.loads((path / "config.json").read_text())
+    config.update(changes)
+    (path / "config.json").write_text(json.dumps({k: v for k, v in config.items() if v is not None}))
+    return path
 
 
 def load_hf(directory: Path, dtype: torch.dtype = torch.float32):

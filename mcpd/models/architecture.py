@@ -15,7 +15,7 @@ from pathlib import Path
 
 from mcpd import gguf_file, small_file
 from mcpd.config import EMBEDDED_PATH, Config, ConfigError, ModelConfig
-from mcpd.models import rope_scaling
+from mcpd.models import config_fields, rope_scaling
 from mcpd.models.rope_scaling import RopeScaling
 from mcpd.tokenizer import ByteTokenizer, check_json
 
@@ -121,7 +121,9 @@ def of(config: ModelConfig, device_type: str) -> Architecture:
         return _of_checkpoint(config, hf, path, device_type)
     except UnsupportedModel:
         raise
-    except (TypeError, ValueError, AttributeError) as e:   # a value of the wrong type: a list for a name, say
+    except config_fields.BadField as e:
+        raise UnsupportedModel(f"{path / 'config.json'}: {e}") from None
+    except (TypeError, ValueError, AttributeError, ArithmeticError) as e:   # a lie not foreseen in config_fields' reads
         raise UnsupportedModel(f"{path / 'config.json'}: unusable values ({e})") from None
 
 
@@ -153,24 +155,28 @@ def _of_gguf(config: ModelConfig, path: Path, device_type: str) -> Architecture:
 
 
 def _of_checkpoint(config: ModelConfig, hf: dict, path: Path, device_type: str) -> Architecture:
+    config_path = path / "config.json"
     if "quantization_config" in hf:
-        method = hf["quantization_config"].get("quant_method", "unknown")
-        raise UnsupportedModel(f"{path}: quantized checkpoints are not supported ({method})")
-    architecture = (hf.get("architectures") or ["<none>"])[0]
+        method = config_fields.mapping(hf, "quantization_config").get("quant_method", "unknown")
+        raise UnsupportedModel(f"{path}: quantized checkpoints are not supported ({method!r:.100})")
+    architecture = (config_fields.names(hf, "architectures") or ["<none>"])[0]
     read = ARCHITECTURES.get(architecture)
     if read is None:
         raise UnsupportedModel(f"{path}: architecture {architecture!r} is not supported "
                                f"(supported: {', '.join(ARCHITECTURES)})")
     if not (path / "tokenizer.json").exists():
         raise UnsupportedModel(f"{path}: no tokenizer.json (a sentencepiece tokenizer.model alone is not supported)")
-    dtype = resolve_dtype(config.dtype, hf.get("torch_dtype") or hf.get("dtype"), device_type)
+    dtype_key = "torch_dtype" if hf.get("torch_dtype") else "dtype"
+    dtype = resolve_dtype(config.dtype, hf.get(dtype_key), device_type, f"{config_path}: {dtype_key}")
     try:
         args, vocab_size, model_len = read(hf, architecture)
     except KeyError as e:
-        raise UnsupportedModel(f"{path / 'config.json'} lacks {e.args[0]!r}, needed for {architecture}") from None
+        raise UnsupportedModel(f"{config_path} lacks {e.args[0]!r}, needed for {architecture}") from None
+    except (UnsupportedModel, rope_scaling.UnsupportedRope) as e:   # they name the field; the file is added here
+        raise UnsupportedModel(f"{config_path}: {e}") from None
     except (TypeError, ZeroDivisionError) as e:   # a count that is not a number, or 0 heads
-        raise UnsupportedModel(f"{path / 'config.json'}: unusable sizes ({e})") from None
-    _check_sizes(args, model_len, path / "config.json")
+        raise UnsupportedModel(f"{config_path}: unusable sizes ({e})") from None
+    _check_sizes(args, model_len, config_path)
     args = _reachable_window(args, min(config.max_model_len, model_len))
     return Architecture(args, dtype, _quantization(args, config.quantization, path), vocab_size, model_len, hf)
 
@@ -242,14 +248,14 @@ def _check_tokenizer(path: str) -> None:
         raise UnsupportedModel(f"{path}: {e}") from None
 
 
-def resolve_dtype(requested: str, checkpoint: str | None, device_type: str) -> str:
+def resolve_dtype(requested: str, checkpoint: str | None, device_type: str, source: str = "checkpoint dtype") -> str:
     """dtype "auto" is the checkpoint's own, except that half precision runs in float32 on the
-    CPU (loader.py says why)."""
+    CPU (loader.py says why). source: where the checkpoint's is written, for the refusal."""
     if requested != "auto":
         return requested
     dtype = checkpoint or "float32"
     if dtype not in DTYPES:
-        raise UnsupportedModel(f"checkpoint dtype {checkpoint!r} (supported: {', '.join(DTYPES)})")
+        raise UnsupportedModel(f"{source} {checkpoint!r:.100} is not supported (supported: {', '.join(DTYPES)})")
     return "float32" if device_type == "cpu" else dtype
 
 
@@ -266,26 +272,46 @@ def _llama_args(hf: dict, architecture: str) -> tuple[LlamaArgs, int, int]:
     if act != "silu":
         raise UnsupportedModel(f"{architecture}: hidden_act {act!r} (supported: silu)")
     # transformers 5 writes rope_parameters (with rope_theta inside); older configs rope_scaling.
-    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+    rope = config_fields.mapping(hf, "rope_parameters") or config_fields.mapping(hf, "rope_scaling")
     if architecture == "Phi3ForCausalLM":
-        rope = _phi3_rope(rope)
-    heads = hf["num_attention_heads"]
-    head_dim = hf.get("head_dim") or hf["hidden_size"] // heads
-    scaling = _rope_of(rope, hf, architecture, head_dim)
-    max_positions = hf.get("max_position_embeddings", 2048)
+        rope = rope_scaling.phi3(rope)
+    heads, head_dim, num_layers = config_fields.count(hf, "num_attention_heads"), _head_dim(hf), _num_layers(hf)
+    max_positions = config_fields.count(hf, "max_position_embeddings", 2048, most=MAX_MODEL_LEN)
+    scaling = rope_scaling.read(rope, hf, head_dim)
     qwen2 = architecture == "Qwen2ForCausalLM"
-    attention_bias = hf.get("attention_bias", False)
+    attention_bias = config_fields.flag(hf, "attention_bias", False)
     args = LlamaArgs(
         vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
-        intermediate_size=hf["intermediate_size"], num_layers=hf["num_hidden_layers"],
-        num_heads=heads, num_kv_heads=hf.get("num_key_value_heads") or heads,
+        intermediate_size=hf["intermediate_size"], num_layers=num_layers,
+        num_heads=heads, num_kv_heads=config_fields.count(hf, "num_key_value_heads", heads),
         head_dim=head_dim, rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
         rope_theta=rope.get("rope_theta", hf.get("rope_theta", 10000.0)), rope_scaling=scaling,
         qkv_bias=qwen2 or attention_bias, o_bias=attention_bias and not qwen2,
-        mlp_bias=hf.get("mlp_bias", False), tie_embeddings=hf.get("tie_word_embeddings", False),
+        mlp_bias=config_fields.flag(hf, "mlp_bias", False),
+        tie_embeddings=config_fields.flag(hf, "tie_word_embeddings", False),
         qk_norm=architecture == "Qwen3ForCausalLM", **_experts(hf, architecture),
-        **_sliding_window(hf, architecture, hf["num_hidden_layers"]))
+        **_sliding_window(hf, architecture, num_layers))
     return args, args.vocab_size, scaling.context_length(max_positions) if scaling else max_positions
+
+
+def _head_dim(hf: dict) -> int:
+    """config.json's head_dim; without one, hidden_size split evenly over num_attention_heads.
+    Even: rope turns each head's dimensions in pairs."""
+    head_dim = config_fields.count(hf, "head_dim", None)
+    if head_dim is None:
+        hidden, heads = config_fields.count(hf, "hidden_size"), config_fields.count(hf, "num_attention_heads")
+        if hidden % heads:
+            raise config_fields.BadField(f"hidden_size {hidden} is not a multiple of num_attention_heads {heads} "
+                                         "(and no head_dim)")
+        head_dim = hidden // heads
+    if head_dim % 2:
+        raise config_fields.BadField(f"head_dim {head_dim} is odd (rope turns dimensions in pairs)")
+    return head_dim
+
+
+def _num_layers(hf: dict) -> int:
+    """num_hidden_layers, held to its cap before a list of each layer's type is made."""
+    return config_fields.count(hf, "num_hidden_layers", most=SIZE_CAPS["num_layers"])
 
 
 def _sliding_window(hf: dict, architecture: str, num_layers: int) -> dict:
@@ -297,11 +323,11 @@ def _sliding_window(hf: dict, architecture: str, num_layers: int) -> dict:
         return {}
     if architecture in ("MistralForCausalLM", "Phi3ForCausalLM"):
         return {"sliding_window": window, "sliding_layers": tuple(range(num_layers))}
-    if not hf.get("use_sliding_window", False):
+    if not config_fields.flag(hf, "use_sliding_window", False):
         return {}
     layer_types = hf.get("layer_types")
     if layer_types is None:
-        first = hf.get("max_window_layers", 28)
+        first = config_fields.count(hf, "max_window_layers", 28, least=0)
         layer_types = ["sliding_attention" if i >= first else "full_attention" for i in range(num_layers)]
     layers = _windowed_layers(layer_types, num_layers, architecture)
     return {"sliding_window": window, "sliding_layers": layers} if layers else {}
@@ -311,28 +337,18 @@ def _experts(hf: dict, architecture: str) -> dict:
     """LlamaArgs' num_experts and experts_per_token: Mixtral's, none for the others."""
     if architecture != "MixtralForCausalLM":
         return {}
-    num_experts, per_token = hf["num_local_experts"], hf["num_experts_per_tok"]
-    if type(num_experts) is not int or not 1 <= num_experts <= MAX_EXPERTS:
-        raise UnsupportedModel(f"{architecture}: num_local_experts {num_experts!r} is not a whole number "
-                               f"from 1 to {MAX_EXPERTS}")
-    if type(per_token) is not int or not 1 <= per_token <= num_experts:
-        raise UnsupportedModel(f"{architecture}: num_experts_per_tok {per_token!r} is not a whole number "
-                               f"from 1 to {num_experts}")
+    num_experts = config_fields.count(hf, "num_local_experts", most=MAX_EXPERTS)
+    per_token = config_fields.count(hf, "num_experts_per_tok", most=num_experts)
     return {"num_experts": num_experts, "experts_per_token": per_token}
-
-
-def _phi3_rope(rope: dict) -> dict:
-    """Phi-3's rope dict as transformers' Phi3Config reads it: types "su" and "yarn" are longrope."""
-    if isinstance(rope, dict) and rope.get("rope_type", rope.get("type")) in ("su", "yarn"):
-        return {**rope, "rope_type": "longrope"}
-    return rope
 
 
 def _windowed_layers(layer_types, num_layers: int, architecture: str) -> tuple[int, ...]:
     """The indices of config.json's layer_types that say sliding_attention; UnsupportedModel where it
     is not one known type per layer."""
-    if not isinstance(layer_types, list) or len(layer_types) != num_layers:
-        raise UnsupportedModel(f"{architecture}: layer_types {layer_types!r} is not a list of {num_layers} layer types")
+    if (not isinstance(layer_types, list) or len(layer_types) != num_layers
+            or not all(isinstance(kind, str) for kind in layer_types)):
+        raise UnsupportedModel(f"{architecture}: layer_types {layer_types!r:.200} is not a list of {num_layers} "
+                               "layer types")
     unknown = set(layer_types) - {"full_attention", "sliding_attention"}
     if unknown:
         raise UnsupportedModel(f"{architecture}: layer_types {sorted(unknown)!r} "
@@ -349,19 +365,22 @@ def _reachable_window(args: ModelArgs, model_len: int) -> ModelArgs:
 
 
 def _gpt2_args(hf: dict, architecture: str) -> tuple[GPT2Args, int, int]:
-    act = hf.get("activation_function", "gelu_new")
+    act = config_fields.text(hf, "activation_function", "gelu_new")
     approximate = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu": "none"}.get(act)
     if approximate is None:
         raise UnsupportedModel(f"{architecture}: activation_function {act!r} (supported: gelu_new, gelu)")
-    if hf.get("add_cross_attention"):
+    if config_fields.flag(hf, "add_cross_attention", False):
         raise UnsupportedModel(f"{architecture}: add_cross_attention (encoder-decoder GPT-2)")
+    hidden, heads = config_fields.count(hf, "n_embd"), config_fields.count(hf, "n_head")
+    if hidden % heads:
+        raise config_fields.BadField(f"n_embd {hidden} is not a multiple of n_head {heads}")
     args = GPT2Args(
-        vocab_size=hf["vocab_size"], hidden_size=hf["n_embd"], num_layers=hf["n_layer"],
-        num_heads=hf["n_head"], inner_size=hf.get("n_inner") or 4 * hf["n_embd"],
+        vocab_size=hf["vocab_size"], hidden_size=hidden, num_layers=hf["n_layer"],
+        num_heads=heads, inner_size=config_fields.count(hf, "n_inner", 4 * hidden),
         max_positions=hf["n_positions"], layer_norm_eps=hf.get("layer_norm_epsilon", 1e-5),
-        gelu_approximate=approximate, scale_attn_weights=hf.get("scale_attn_weights", True),
-        scale_attn_by_inverse_layer_idx=hf.get("scale_attn_by_inverse_layer_idx", False),
-        tie_embeddings=hf.get("tie_word_embeddings", True))
+        gelu_approximate=approximate, scale_attn_weights=config_fields.flag(hf, "scale_attn_weights", True),
+        scale_attn_by_inverse_layer_idx=config_fields.flag(hf, "scale_attn_by_inverse_layer_idx", False),
+        tie_embeddings=config_fields.flag(hf, "tie_word_embeddings", True))
     return args, args.vocab_size, args.max_positions
 
 
@@ -370,55 +389,32 @@ def _gemma_args(hf: dict, architecture: str) -> tuple[GemmaArgs, int, int]:
     if act != "gelu_pytorch_tanh":
         raise UnsupportedModel(f"{architecture}: hidden_activation {act!r} (supported: gelu_pytorch_tanh)")
     for flag in ("attention_bias", "use_bidirectional_attention"):
-        if hf.get(flag):
+        if config_fields.flag(hf, flag, False):
             raise UnsupportedModel(f"{architecture}: {flag}")
     gemma3 = architecture == "Gemma3ForCausalLM"
-    num_layers, heads = hf["num_hidden_layers"], hf["num_attention_heads"]
-    head_dim = hf.get("head_dim") or hf["hidden_size"] // heads
-    every = hf.get("sliding_window_pattern", 6) if gemma3 else 2   # every n-th layer is global
+    num_layers, heads = _num_layers(hf), config_fields.count(hf, "num_attention_heads")
+    head_dim = _head_dim(hf)
+    every = config_fields.count(hf, "sliding_window_pattern", 6) if gemma3 else 2   # every n-th layer is global
     layer_types = hf.get("layer_types") or ["full_attention" if (i + 1) % every == 0 else "sliding_attention"
                                             for i in range(num_layers)]
     window = hf.get("sliding_window")
-    global_rope, local_rope = _gemma_ropes(hf, gemma3)
+    global_rope, local_rope = rope_scaling.gemma_ropes(hf, gemma3)
     args = GemmaArgs(
         vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"], intermediate_size=hf["intermediate_size"],
-        num_layers=num_layers, num_heads=heads, num_kv_heads=hf.get("num_key_value_heads") or heads,
+        num_layers=num_layers, num_heads=heads, num_kv_heads=config_fields.count(hf, "num_key_value_heads", heads),
         head_dim=head_dim, rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
         query_pre_attn_scalar=hf.get("query_pre_attn_scalar", 256), sliding_window=window,
         sliding_layers=_windowed_layers(layer_types, num_layers, architecture) if window else (),
         global_rope_theta=global_rope.get("rope_theta", 1_000_000.0 if gemma3 else 10_000.0),
         local_rope_theta=local_rope.get("rope_theta", 10_000.0),
-        global_rope_scaling=_rope_of(global_rope, hf, architecture, head_dim),
-        local_rope_scaling=_rope_of(local_rope, hf, architecture, head_dim),
+        global_rope_scaling=rope_scaling.read(global_rope, hf, head_dim),
+        local_rope_scaling=rope_scaling.read(local_rope, hf, head_dim),
         attn_softcap=hf.get("attn_logit_softcapping", None if gemma3 else 50.0),
         final_softcap=hf.get("final_logit_softcapping", None if gemma3 else 30.0),
-        qk_norm=gemma3, tie_embeddings=hf.get("tie_word_embeddings", True))
-    max_positions = hf.get("max_position_embeddings", 8192)
+        qk_norm=gemma3, tie_embeddings=config_fields.flag(hf, "tie_word_embeddings", True))
+    max_positions = config_fields.count(hf, "max_position_embeddings", 8192, most=MAX_MODEL_LEN)
     scaling = args.global_rope_scaling
     return args, args.vocab_size, scaling.context_length(max_positions) if scaling else max_positions
-
-
-def _gemma_ropes(hf: dict, gemma3: bool) -> tuple[dict, dict]:
-    """The rope dicts of Gemma's global and local layers: Gemma 3 nests one per layer type
-    (transformers 5; older configs: rope_scaling for the global layers, rope_local_base_freq),
-    Gemma 2 has one for both."""
-    rope = hf.get("rope_parameters") or {}
-    if gemma3 and "full_attention" in rope:
-        return rope["full_attention"] or {}, rope.get("sliding_attention") or {}
-    if gemma3:
-        global_rope = {**(hf.get("rope_scaling") or {}), "rope_theta": hf.get("rope_theta", 1_000_000.0)}
-        return global_rope, {"rope_theta": hf.get("rope_local_base_freq", 10_000.0)}
-    rope = rope or {**(hf.get("rope_scaling") or {}), "rope_theta": hf.get("rope_theta", 10_000.0)}
-    return rope, rope
-
-
-def _rope_of(rope: dict, hf: dict, architecture: str, head_dim: int) -> RopeScaling | None:
-    if rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0)) != 1.0:
-        raise UnsupportedModel(f"{architecture}: partial_rotary_factor (rotary on part of each head)")
-    try:
-        return rope_scaling.read(rope, hf, head_dim)
-    except rope_scaling.UnsupportedRope as e:
-        raise UnsupportedModel(f"{architecture}: {e}") from None
 
 
 ARCHITECTURES = {

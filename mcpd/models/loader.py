@@ -10,13 +10,15 @@ so there the memory saving would cost most of the speed. Ask for bfloat16 explic
 """
 from __future__ import annotations
 
+import os
+import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from mcpd import gguf_file
@@ -99,7 +101,10 @@ def load_checkpoint(config: ModelConfig, device: torch.device, kernels: str = "t
     model, hf, dtype, vocab_size, model_len = skeleton(config, device)
     reason = fill_weights(model, path.name, kernels, resident,
                           lambda: copy_weights(model, _tensors(_weight_files(path)), path))
-    tokenizer = HFTokenizer(path, eos_token_ids(path, hf))
+    try:
+        tokenizer = HFTokenizer(path, eos_token_ids(path, hf))
+    except ValueError as e:   # a tokenizer file the worker cannot take: tokenizer.py names it
+        raise UnsupportedModel(str(e)) from None
     return LoadedModel(model, tokenizer, path.name, dtype, vocab_size, min(config.max_model_len, model_len), reason)
 
 
@@ -148,7 +153,7 @@ def on_device(model: nn.Module, device: torch.device) -> nn.Module:
 def _weight_files(path: Path) -> list[Path]:
     index = path / "model.safetensors.index.json"
     if index.exists():  # sharded: trust the index, not a glob (Mistral repos add consolidated.safetensors)
-        return [path / name for name in sorted(set(read_json(index)["weight_map"].values()))]
+        return [path / name for name in _shard_names(index)]
     if (path / "model.safetensors").exists():
         return [path / "model.safetensors"]
     files = sorted(path.glob("*.safetensors"))
@@ -157,11 +162,30 @@ def _weight_files(path: Path) -> list[Path]:
     return files
 
 
+def _shard_names(index: Path) -> list[str]:
+    """The files an index's weight_map names: file names in its directory, never a path (an
+    absolute one, or one with ..) that would take the loader elsewhere."""
+    weight_map = read_json(index).get("weight_map")
+    names = set(weight_map.values()) if isinstance(weight_map, dict) else set()
+    if not names or not all(isinstance(name, str) and name == Path(name).name and name not in ("", "..")
+                            for name in names):
+        raise UnsupportedModel(f"{index}: weight_map {weight_map!r:.200} is not an object of tensor names "
+                               "to file names beside it")
+    return sorted(names)
+
+
 def _tensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
+    """Each file's tensors. safetensors refuses a header that lies (offsets past the end, a
+    length of 2^60, an unknown dtype) before it allocates; its refusal is named with the file."""
     for file in files:
-        with safe_open(file, framework="pt", device="cpu") as f:
-            for name in f.keys():
-                yield name, f.get_tensor(name)
+        try:
+            if not stat.S_ISREG(os.stat(file).st_mode):   # a FIFO would block the open
+                raise UnsupportedModel(f"{file}: not a regular file")
+            with safe_open(file, framework="pt", device="cpu") as f:
+                for name in f.keys():
+                    yield name, f.get_tensor(name)
+        except (SafetensorError, OSError) as e:
+            raise UnsupportedModel(f"{file}: not a readable safetensors file ({e})") from None
 
 
 def copy_weights(model: nn.Module, tensors: Iterator[tuple[str, torch.Tensor]], path: Path) -> None:
@@ -201,7 +225,8 @@ def _as_parameter_type(name: str, tensor: torch.Tensor, param: torch.Tensor, tar
         scale_name = target + int8.SCALE_SUFFIX
         params[scale_name].narrow(0, row, scales.shape[0]).copy_(scales)
         filled[scale_name] += scales.numel()
-    elif (param.dtype == torch.int8) != (tensor.dtype == torch.int8):
+    elif ((param.dtype == torch.int8) != (tensor.dtype == torch.int8)
+          or (param.is_floating_point() and not tensor.is_floating_point())):   # an int64 or bool tensor, say
         hint = " (an int8 checkpoint: set model.quantization = \"int8\")" if tensor.dtype == torch.int8 else ""
         raise UnsupportedModel(f"{path}: tensor {name!r} is {tensor.dtype}, {target} takes {param.dtype}{hint}")
     elif target.endswith(int8.SCALE_SUFFIX) and (reason := int8.bad_scales(tensor)):

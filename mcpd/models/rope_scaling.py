@@ -7,13 +7,18 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
+from mcpd.models import config_fields
+
 TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3")
 
 
-def _times(length: int, factor) -> int:
+def _times(length: int, factor) -> int | float:
     """length * factor as a context length; length itself for a factor that is no finite positive
-    number, which architecture._check_sizes then refuses by name."""
-    return int(length * factor) if type(factor) in (int, float) and 0 < factor < math.inf else length
+    number, and an infinite product as it is: architecture._check_sizes then refuses either by name."""
+    if type(factor) not in (int, float) or not 0 < factor < math.inf:
+        return length
+    product = length * factor
+    return int(product) if product < math.inf else product
 
 
 class UnsupportedRope(ValueError):
@@ -114,12 +119,15 @@ RopeScaling = Llama3RopeScaling | LinearRope | DynamicRope | YarnRope | LongRope
 
 def read(rope: dict, hf: dict, head_dim: int) -> RopeScaling | None:
     """The scaling config.json's rope dict describes (None: plain rope); hf is all of config.json.
-    UnsupportedRope for another type."""
+    UnsupportedRope for another type; config_fields.BadField for a value of the wrong type."""
+    if rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0)) != 1.0:
+        raise UnsupportedRope("partial_rotary_factor (rotary on part of each head)")
     rope_type = rope.get("rope_type", rope.get("type", "default"))
-    max_positions = hf.get("max_position_embeddings", 2048)
+    max_positions = config_fields.count(hf, "max_position_embeddings", 2048)
     # Phi-3 keeps the pretrained length outside the rope dict, and transformers prefers it there.
-    original = hf.get("original_max_position_embeddings") or rope.get("original_max_position_embeddings",
-                                                                       max_positions)
+    original = (config_fields.count(hf, "original_max_position_embeddings", None)
+                or config_fields.count(rope, "original_max_position_embeddings", max_positions,
+                                       name="rope original_max_position_embeddings"))
     if rope_type == "default":
         return None
     if rope_type == "llama3":
@@ -132,18 +140,22 @@ def read(rope: dict, hf: dict, head_dim: int) -> RopeScaling | None:
         return _yarn(rope, original, max_positions)
     if rope_type == "longrope":
         return _longrope(rope, original, max_positions, head_dim)
-    raise UnsupportedRope(f"rope type {rope_type!r} (supported: {', '.join(TYPES)})")
+    raise UnsupportedRope(f"rope type {rope_type!r:.100} (supported: {', '.join(TYPES)})")
+
+
+def _real(rope: dict, key: str, zero: bool = False):
+    return config_fields.real(rope, key, None, f"rope {key}", zero)
 
 
 def _yarn(rope: dict, original: int, max_positions: int) -> YarnRope:
-    factor = rope.get("factor") or max_positions / original
-    attention_factor = rope.get("attention_factor")
+    factor = _real(rope, "factor") or max_positions / original
+    attention_factor = _real(rope, "attention_factor")
     if attention_factor is None:
-        mscale, mscale_all_dim = rope.get("mscale"), rope.get("mscale_all_dim")
+        mscale, mscale_all_dim = _real(rope, "mscale", zero=True), _real(rope, "mscale_all_dim", zero=True)   # 0: unset
         attention_factor = (_mscale(factor, mscale) / _mscale(factor, mscale_all_dim) if mscale and mscale_all_dim
                             else _mscale(factor, 1))
     return YarnRope(factor, original, rope.get("beta_fast") or 32, rope.get("beta_slow") or 1,
-                    float(attention_factor), bool(rope.get("truncate", True)))
+                    float(attention_factor), config_fields.flag(rope, "truncate", True, "rope truncate"))
 
 
 def _mscale(scale: float, mscale: float) -> float:
@@ -151,12 +163,36 @@ def _mscale(scale: float, mscale: float) -> float:
 
 
 def _longrope(rope: dict, original: int, max_positions: int, head_dim: int) -> LongRope:
-    short, long = tuple(rope["short_factor"]), tuple(rope["long_factor"])
+    short = config_fields.reals(rope, "short_factor", "rope short_factor")
+    long = config_fields.reals(rope, "long_factor", "rope long_factor")
     if len(short) != head_dim // 2 or len(long) != head_dim // 2:
         raise UnsupportedRope(f"longrope factors: {len(short)} short and {len(long)} long for "
                               f"{head_dim // 2} frequencies")
-    factor = rope.get("factor") or max_positions / original
-    attention_factor = rope.get("attention_factor")
+    factor = _real(rope, "factor") or max_positions / original
+    attention_factor = _real(rope, "attention_factor")
     if attention_factor is None:
         attention_factor = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
     return LongRope(short, long, original, float(attention_factor))
+
+
+def phi3(rope: dict) -> dict:
+    """Phi-3's rope dict as transformers' Phi3Config reads it: types "su" and "yarn" are longrope."""
+    if rope.get("rope_type", rope.get("type")) in ("su", "yarn"):
+        return {**rope, "rope_type": "longrope"}
+    return rope
+
+
+def gemma_ropes(hf: dict, gemma3: bool) -> tuple[dict, dict]:
+    """The rope dicts of Gemma's global and local layers: Gemma 3 nests one per layer type
+    (transformers 5; older configs: rope_scaling for the global layers, rope_local_base_freq),
+    Gemma 2 has one for both."""
+    rope = config_fields.mapping(hf, "rope_parameters")
+    if gemma3 and "full_attention" in rope:
+        return (config_fields.mapping(rope, "full_attention", "rope_parameters.full_attention"),
+                config_fields.mapping(rope, "sliding_attention", "rope_parameters.sliding_attention"))
+    scaling = config_fields.mapping(hf, "rope_scaling")
+    if gemma3:
+        global_rope = {**scaling, "rope_theta": hf.get("rope_theta", 1_000_000.0)}
+        return global_rope, {"rope_theta": hf.get("rope_local_base_freq", 10_000.0)}
+    rope = rope or {**scaling, "rope_theta": hf.get("rope_theta", 10_000.0)}
+    return rope, rope

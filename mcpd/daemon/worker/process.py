@@ -104,11 +104,15 @@ class Worker:
         from mcpd.engine import Engine
         from mcpd.engine.host_kv import HostKV
         from mcpd.memory import host_segment
+        from mcpd.models import UnsupportedModel
 
         started = time.monotonic()
         arena = host_segment.attach(self.config)
-        engine = Engine(self.config, torch.device(device), HostKV(arena) if arena else None,
-                        self._shared_pool(device), owner=self.index)
+        try:
+            engine = Engine(self.config, torch.device(device), HostKV(arena) if arena else None,
+                            self._shared_pool(device), owner=self.index)
+        except UnsupportedModel as e:   # weights that lie (the supervisor read config.json only): so would a restart
+            raise StartRefused(f"model: {e}") from None
         self.log.info("model loaded on %s in %.1fs (kernels: %s; %s)", device, time.monotonic() - started,
                       engine.kernels_reason, engine.pages_reason)
         if device == "cpu" and engine.dtype == torch.bfloat16 and not features.has_bf16():

@@ -1,0 +1,208 @@
+"""A model directory is a stranger's until checked: each lie in its config.json or its
+safetensors files is refused at load with the file, the field and the value, never a traceback,
+a hang or an allocation the lie sized; and a worker that meets one refuses its start, so the
+daemon stops with the reason instead of restarting the worker for ever."""
+import json
+import os
+import struct
+import subprocess
+import sys
+import threading
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from mcpd import refusal
+from mcpd.config import ConfigError, ModelConfig, from_dict
+from mcpd.models import UnsupportedModel, architecture, load_model
+from tiny_checkpoints import edited_copy, make_checkpoint
+
+CPU = torch.device("cpu")
+NAN, INF = float("nan"), float("inf")
+EMBEDDING = "model.embed_tokens.weight"
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hostile")
+    return {kind: make_checkpoint(root / kind, kind) for kind in ("llama", "gpt2")}
+
+
+def refusal_of(path) -> str:
+    with pytest.raises(UnsupportedModel) as refused:
+        load_model(ModelConfig(path=str(path)), CPU)
+    return str(refused.value)
+
+
+PLAIN_ROPE = {"rope_parameters": None}   # the tiny checkpoints' rope_parameters would win over rope_scaling
+
+
+@pytest.mark.parametrize("kind, changes, says", [
+    ("llama", {"architectures": "LlamaForCausalLM"}, "architectures 'LlamaForCausalLM' is not a list of names"),
+    ("llama", {"architectures": [5]}, "architectures [5] is not a list of names"),
+    ("llama", {"architectures": {"LlamaForCausalLM": 1}}, "architectures {'LlamaForCausalLM': 1} is not a list"),
+    ("llama", {"hidden_size": "64", "head_dim": None}, "hidden_size '64' is not a whole number"),
+    ("llama", {"hidden_size": 64.0}, "hidden_size 64.0 is not a whole number"),
+    ("llama", {"hidden_size": True}, "hidden_size True is not a whole number"),
+    ("llama", {"hidden_size": -64}, "hidden_size -64 is not a whole number"),
+    ("llama", {"hidden_size": 0}, "hidden_size 0 is not a whole number"),
+    ("llama", {"hidden_size": 2 ** 40}, "hidden_size 1099511627776 is not a whole number from 1 to 131072"),
+    ("llama", {"num_attention_heads": 3, "num_key_value_heads": 3, "head_dim": None},
+     "hidden_size 64 is not a multiple of num_attention_heads 3"),
+    ("llama", {"num_key_value_heads": 3}, "4 query heads cannot share 3 KV heads evenly"),
+    ("llama", {"num_key_value_heads": 0}, "num_key_value_heads 0 is not a whole number"),
+    ("llama", {"head_dim": 33}, "head_dim 33 is odd"),
+    ("llama", {"head_dim": 0}, "head_dim 0 is not a whole number"),
+    ("llama", {"vocab_size": 2 ** 40}, "vocab_size 1099511627776 is not a whole number from 1 to 4194304"),
+    ("llama", {"max_position_embeddings": 2 ** 62}, "max_position_embeddings 4611686018427387904 is not a whole"),
+    ("llama", {**PLAIN_ROPE, "rope_theta": NAN}, "rope_theta nan is not a finite positive number"),
+    ("llama", {**PLAIN_ROPE, "rope_theta": -1.0}, "rope_theta -1.0 is not a finite positive number"),
+    ("llama", {**PLAIN_ROPE, "rope_theta": INF}, "rope_theta inf is not a finite positive number"),
+    ("llama", {**PLAIN_ROPE, "rope_scaling": "linear"}, "rope_scaling 'linear' is not a JSON object"),
+    ("llama", {**PLAIN_ROPE, "rope_scaling": [2.0]}, "rope_scaling [2.0] is not a JSON object"),
+    ("llama", {"rope_parameters": {"rope_type": "longrope", "short_factor": 5, "long_factor": 5}},
+     "rope short_factor 5 is not a list of finite positive numbers"),
+    ("llama", {"rope_parameters": {"rope_type": "yarn", "factor": "4"}}, "rope factor '4' is not a finite positive"),
+    ("llama", {"rope_parameters": {"rope_type": "yarn", "original_max_position_embeddings": 0}},
+     "rope original_max_position_embeddings 0 is not a whole number"),
+    ("llama", {"rope_parameters": {"rope_type": "linear", "factor": 1e308}}, "context length inf is not a whole"),
+    ("llama", {"rms_norm_eps": -1.0}, "rms_norm_eps -1.0 is not a finite positive number"),
+    ("llama", {"rms_norm_eps": NAN}, "rms_norm_eps nan is not a finite positive number"),
+    ("llama", {"tie_word_embeddings": "false"}, "tie_word_embeddings 'false' is not true or false"),
+    ("llama", {"attention_bias": 0}, "attention_bias 0 is not true or false"),
+    ("llama", {"torch_dtype": "float64"}, "torch_dtype 'float64' is not supported"),
+    ("llama", {"torch_dtype": None, "dtype": ["bfloat16"]}, "dtype ['bfloat16'] is not supported"),
+    ("llama", {"quantization_config": "awq"}, "quantization_config 'awq' is not a JSON object"),
+    ("llama", {"eos_token_id": {"id": 1}}, "eos_token_id {'id': 1} is not a token id or a list of them"),
+    ("gpt2", {"n_head": 3}, "n_embd 64 is not a multiple of n_head 3"),
+    ("gpt2", {"n_inner": 0}, "n_inner 0 is not a whole number"),
+    ("gpt2", {"scale_attn_weights": "yes"}, "scale_attn_weights 'yes' is not true or false"),
+])
+def test_a_config_json_lie_is_refused_naming_the_file_field_and_value(checkpoints, tmp_path, kind, changes, says):
+    path = edited_copy(checkpoints[kind], tmp_path / "edited", **changes)
+    refused = refusal_of(path)
+    assert refused.startswith(f"{path / 'config.json'}: ") and says in refused, refused
+
+
+def test_a_layer_count_past_its_cap_is_refused_before_a_list_of_layers_is_made(checkpoints, tmp_path):
+    """A windowed family lists each layer's type: 10^9 layers were 10^9 entries (gigabytes) before
+    the cap refused them. Read in a process whose address space is capped far below that."""
+    path = edited_copy(checkpoints["llama"], tmp_path / "edited", architectures=["MistralForCausalLM"],
+                  sliding_window=4, num_hidden_layers=10 ** 9)
+    program = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))\n"
+               "from mcpd.config import ModelConfig; from mcpd.models import architecture\n"
+               "architecture.of(ModelConfig(path=sys.argv[1]), 'cpu')")
+    done = subprocess.run([sys.executable, "-c", program, str(path)], capture_output=True, text=True, timeout=120)
+    assert (f"UnsupportedModel: {path / 'config.json'}: num_hidden_layers 1000000000 is not a whole number "
+            "from 1 to 4096") in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("file, eos", [("config.json", "2"), ("config.json", [1, 2.5]),
+                                       ("generation_config.json", {"id": 1})])
+def test_end_tokens_that_are_no_token_ids_are_refused_at_start_naming_the_file(checkpoints, tmp_path, file, eos):
+    """The supervisor's check: a worker would meet them building its tokenizer (a dict: a TypeError)."""
+    path = edited_copy(checkpoints["llama"], tmp_path / "edited")
+    (path / "generation_config.json").write_text("{}")
+    written = json.loads((path / file).read_text())
+    (path / file).write_text(json.dumps({**written, "eos_token_id": eos}))
+    with pytest.raises(ConfigError) as refused:
+        architecture.check_configured(from_dict({"model": {"path": str(path)}}))
+    assert str(refused.value) == f"model: {path / file}: eos_token_id {eos!r} is not a token id or a list of them"
+
+
+def _tampered_header(path, tamper) -> None:
+    """path's model.safetensors with its JSON header changed by tamper(header), the data kept."""
+    file = path / "model.safetensors"
+    raw = file.read_bytes()
+    length = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + length])
+    tamper(header)
+    text = json.dumps(header).encode()
+    file.write_bytes(struct.pack("<Q", len(text)) + text + raw[8 + length:])
+
+
+def _with_tensor(path, name, tensor) -> None:
+    tensors = load_file(path / "model.safetensors")
+    if tensor is None:
+        del tensors[name]
+    else:
+        tensors[name] = tensor
+    save_file(tensors, path / "model.safetensors")
+
+
+def _header_length(path, length) -> None:
+    file = path / "model.safetensors"
+    file.write_bytes(struct.pack("<Q", length) + file.read_bytes()[8:])
+
+
+def _index_naming(path, shard) -> None:
+    (path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {EMBEDDING: shard}}))
+
+
+UNREADABLE = "model.safetensors: not a readable safetensors file (Error while deserializing header: "
+
+
+def _offsets_past_the_end(header) -> None:
+    start, end = header[EMBEDDING]["data_offsets"]
+    header[EMBEDDING]["data_offsets"] = [start, end + (1 << 40)]
+
+
+@pytest.mark.parametrize("lie, says", [
+    pytest.param(lambda path: _with_tensor(path, EMBEDDING, torch.zeros(321, 64)),
+                 f"tensor '{EMBEDDING}' has shape (321, 64), which does not fit {EMBEDDING} (320, 64)", id="shape"),
+    pytest.param(lambda path: _with_tensor(path, EMBEDDING, None), f"checkpoint lacks weights for {EMBEDDING}",
+                 id="missing"),
+    pytest.param(lambda path: _with_tensor(path, EMBEDDING, torch.zeros(320, 64, dtype=torch.int64)),
+                 f"tensor '{EMBEDDING}' is torch.int64, {EMBEDDING} takes torch.float32", id="int64"),
+    pytest.param(lambda path: _with_tensor(path, "model.norm.weight", torch.ones(64, dtype=torch.bool)),
+                 "tensor 'model.norm.weight' is torch.bool", id="bool"),
+    pytest.param(lambda path: _tampered_header(path, lambda header: header[EMBEDDING].update(dtype="F128")),
+                 UNREADABLE + "invalid JSON in header: unknown variant `F128`", id="unknown-dtype"),
+    pytest.param(lambda path: _tampered_header(path, _offsets_past_the_end), UNREADABLE, id="offsets-past-end"),
+    pytest.param(lambda path: _tampered_header(path, lambda header: header[EMBEDDING].update(shape=[1 << 31] * 2)),
+                 UNREADABLE, id="huge-shape"),
+    pytest.param(lambda path: _header_length(path, 1 << 60), UNREADABLE + "header too large", id="header-2**60"),
+    pytest.param(lambda path: _index_naming(path, "/dev/zero"),
+                 "model.safetensors.index.json: weight_map {'model.embed_tokens.weight': '/dev/zero'} is not an "
+                 "object of tensor names", id="index-path"),
+    pytest.param(lambda path: _index_naming(path, "shard-2.safetensors"),
+                 "shard-2.safetensors: not a readable safetensors file ([Errno 2]", id="index-missing-shard"),
+])
+def test_a_safetensors_lie_is_refused_naming_the_file(checkpoints, tmp_path, lie, says):
+    path = edited_copy(checkpoints["llama"], tmp_path / "edited")
+    lie(path)
+    refused = refusal_of(path)
+    assert refused.startswith(str(path)) and says in refused, refused
+
+
+def test_a_fifo_in_the_weights_place_is_refused_not_waited_on(checkpoints, tmp_path):
+    """Opening a FIFO waits for a writer for ever, in safetensors' own code where no test timeout
+    reaches. A writer stands by, so a loader that opens it fails this test instead of hanging it,
+    and is let go after."""
+    path = edited_copy(checkpoints["llama"], tmp_path / "edited")
+    fifo = path / "model.safetensors"
+    fifo.unlink()
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=lambda: open(fifo, "wb").close(), daemon=True)
+    writer.start()
+    try:
+        refused = refusal_of(path)
+    finally:
+        reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)   # held until the writer, however late, has opened
+        writer.join()
+        os.close(reader)
+    assert refused == f"{fifo}: not a regular file"
+
+
+@pytest.mark.slow
+def test_a_worker_meeting_weights_that_lie_stops_the_daemon_with_the_reason(fresh_daemon, checkpoints, tmp_path):
+    """The supervisor checks config.json, not the weights: the worker meets the lie, refuses its
+    start (exit 2, the reason in the log), and is not restarted to meet it again."""
+    path = edited_copy(checkpoints["llama"], tmp_path / "edited")
+    _with_tensor(path, EMBEDDING, torch.zeros(321, 64))
+    d = fresh_daemon(started=False, model={"path": str(path)})
+    d.start(wait=False)
+    assert d.process.wait(120) == refusal.CONFIG, d.log()
+    assert (f"mcpd: worker 0 cannot start: model: {path}: tensor '{EMBEDDING}' has shape (321, 64), which does "
+            "not fit") in d.log()
