@@ -171,12 +171,12 @@ def test_second_daemon_on_a_taken_tcp_port_exits_with_the_reason(careless, unsta
 
 
 @needs_root
-@pytest.mark.parametrize("cache_bytes", [1 << 46, 1 << 62])   # a crash-looping scheduler; a traceback
-def test_a_host_cache_larger_than_the_host_is_refused_naming_the_key(unstarted, cache_bytes):
+@pytest.mark.parametrize("cache_bytes, why", [(1 << 41, "more than the "),   # within its range: a crash-looping scheduler
+                                              (1 << 62, "must be in [1, 4398046511104]")])   # a traceback
+def test_a_host_cache_larger_than_the_host_is_refused_naming_the_key(unstarted, cache_bytes, why):
     d = unstarted(cache={"bytes": cache_bytes})
     done = start(d)
-    assert done.returncode == refusal.CONFIG and f"mcpd: cache.bytes = {cache_bytes}: more than the " in done.stderr, \
-        done.stderr
+    assert done.returncode == refusal.CONFIG and f"mcpd: cache.bytes = {cache_bytes}: {why}" in done.stderr, done.stderr
     assert not host_segment.segment_path(d.runtime_dir).exists()
 
 
