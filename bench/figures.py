@@ -110,7 +110,8 @@ def benchmarks() -> list[str]:
 
 def isa(flags: set[str]) -> str:
     if "avx512f" in flags:
-        return "AVX-512 + bf16" if "avx512_bf16" in flags else "AVX-512"
+        bf16 = " + bf16" if "avx512_bf16" in flags else ""
+        return "AVX-512" + bf16 + (" + AMX" if "amx_bf16" in flags else "")   # AMX: kernels.c's native-amx set
     return "AVX2" if "avx2" in flags else "no AVX2"
 
 

@@ -63,6 +63,7 @@ def test_the_last_json_object_line_is_the_benchmarks_figures():
 
 
 def test_isa_names_what_the_kernels_choose_by():
+    assert figures.isa({"avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16"}) == "AVX-512 + bf16 + AMX"
     assert figures.isa({"avx2", "avx512f", "avx512_bf16"}) == "AVX-512 + bf16"
     assert figures.isa({"avx2", "avx512f"}) == "AVX-512"
     assert figures.isa({"avx2", "fma"}) == "AVX2"
