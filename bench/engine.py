@@ -62,8 +62,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="fewer rounds (under a minute)")
     parser.add_argument("--dtypes", default=default_dtypes(),
                         help="default: float32, and bfloat16 where the CPU computes it natively")
-    parser.add_argument("--kernels", default="auto", help="engine.kernels: auto, native, native-avx512, "
-                                                         "native-avx2 or torch")
+    parser.add_argument("--kernels", default="auto", help="engine.kernels: auto, native, native-amx, "
+                                                         "native-avx512, native-avx2 or torch")
     parser.add_argument("--wait-policy", default=WorkersConfig.wait_policy, help="brief, passive or active")
     parser.add_argument("--seed", type=int, default=0)
     return parser.parse_args()
