@@ -206,3 +206,65 @@ def test_a_worker_meeting_weights_that_lie_stops_the_daemon_with_the_reason(fres
     assert d.process.wait(120) == refusal.CONFIG, d.log()
     assert (f"mcpd: worker 0 cannot start: model: {path}: tensor '{EMBEDDING}' has shape (321, 64), which does "
             "not fit") in d.log()
+
+
+def _edited_json(path, file, edit) -> None:
+    """path's `file` (JSON) as edit(its value) makes it."""
+    (path / file).write_text(json.dumps(edit(json.loads((path / file).read_text()))))
+
+
+def _vocab_as_list(tokenizer) -> dict:
+    return {**tokenizer, "model": {**tokenizer["model"], "vocab": list(tokenizer["model"]["vocab"].items())}}
+
+
+NOT_A_TOKENIZER = "tokenizer.json: not a readable tokenizer ("
+
+
+@pytest.mark.parametrize("lie, says", [
+    pytest.param(lambda path: (path / "tokenizer.json").write_text("not json"),
+                 NOT_A_TOKENIZER + "expected ident at line 1 column 2)", id="not-json"),
+    pytest.param(lambda path: (path / "tokenizer.json").write_text("[1, 2]"),
+                 NOT_A_TOKENIZER + "invalid type: sequence, expected struct Tokenizer", id="a-list"),
+    pytest.param(lambda path: _edited_json(path, "tokenizer.json", _vocab_as_list),
+                 NOT_A_TOKENIZER + "invalid type: sequence, expected a map", id="vocab-a-list"),
+    pytest.param(lambda path: _edited_json(path, "tokenizer_config.json", lambda c: {**c, "bos_token": 5}),
+                 "tokenizer_config.json: bos_token 5 is not a token's text", id="bos-token"),
+    pytest.param(lambda path: _edited_json(path, "tokenizer_config.json",
+                                           lambda c: {**c, "eos_token": {"content": ["</s>"]}}),
+                 "tokenizer_config.json: eos_token {'content': ['</s>']} is not a token's text", id="eos-token"),
+    pytest.param(lambda path: _edited_json(path, "tokenizer_config.json", lambda c: {**c, "chat_template": 5}),
+                 "tokenizer_config.json: chat_template 5 is not a template or a list of named ones", id="template"),
+    pytest.param(lambda path: _edited_json(path, "tokenizer_config.json",
+                                           lambda c: {**c, "chat_template": "{% for %}"}),
+                 "tokenizer_config.json: chat template: Expected an expression", id="template-syntax"),
+    pytest.param(lambda path: (path / "chat_template.jinja").write_text("{{ unclosed"),
+                 "chat_template.jinja: chat template: unexpected end of template", id="jinja-file"),
+    pytest.param(lambda path: (path / "tokenizer_config.json").write_text("[]"),
+                 "tokenizer_config.json: not a JSON object", id="config-a-list"),
+    pytest.param(lambda path: (path / "generation_config.json").write_text("{"),
+                 "generation_config.json: not a readable JSON object (not JSON", id="generation-not-json"),
+    pytest.param(lambda path: (path / "generation_config.json").write_text("[1]"),
+                 "generation_config.json: not a JSON object", id="generation-a-list"),
+])
+def test_a_tokenizer_file_lie_is_refused_at_start_and_at_load_naming_the_file(checkpoints, tmp_path, lie, says):
+    """The supervisor builds the tokenizer as every scheduler and worker would (the library
+    raises a bare Exception for a tokenizer.json of the wrong shape); a worker that meets a lie
+    the check did not see (the file changed since) refuses with the same words."""
+    path = edited_copy(checkpoints["llama"], tmp_path / "edited")
+    lie(path)
+    with pytest.raises(ConfigError) as refused:
+        architecture.check_configured(from_dict({"model": {"path": str(path)}}))
+    assert str(refused.value).startswith(f"model: {path}/") and says in str(refused.value), refused.value
+    assert refusal_of(path) == str(refused.value).removeprefix("model: ")
+
+
+@pytest.mark.slow
+def test_a_broken_tokenizer_stops_the_daemon_at_start_naming_the_file(fresh_daemon, checkpoints, tmp_path):
+    """Refused by the supervisor's check (exit 2), not met by a worker restarted for ever."""
+    path = edited_copy(checkpoints["llama"], tmp_path / "edited")
+    (path / "tokenizer.json").write_text("[1, 2]")
+    d = fresh_daemon(started=False, model={"path": str(path)})
+    d.start(wait=False)
+    assert d.process.wait(60) == refusal.CONFIG, d.log()
+    assert f"model: {path / NOT_A_TOKENIZER}invalid type: sequence, expected struct Tokenizer" in d.log()
+

@@ -13,11 +13,11 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mcpd import gguf_file, small_file
+from mcpd import gguf_file, small_file, tokenizer
 from mcpd.config import EMBEDDED_PATH, Config, ConfigError, ModelConfig
 from mcpd.models import config_fields, rope_scaling
 from mcpd.models.rope_scaling import RopeScaling
-from mcpd.tokenizer import ByteTokenizer, check_json
+from mcpd.tokenizer import ByteTokenizer
 
 DTYPES = ("float32", "float16", "bfloat16")   # the dtypes a model runs in (loader.DTYPES: torch's)
 EMBEDDED_NAME = "mcpd-embedded-llama"
@@ -230,7 +230,7 @@ def check_configured(config: Config) -> None:
         try:
             of(model, "cpu")   # the device changes only what dtype "auto" resolves to, never a refusal
             _check_tokenizer(model.path)
-        except ValueError as e:   # UnsupportedModel, or the tokenizer's (check_json)
+        except ValueError as e:   # UnsupportedModel, or the tokenizer's (tokenizer.check)
             raise ConfigError(f"{key}: {e}") from None
         finally:   # the supervisor keeps no file's metadata in memory: the children take it from the runtime dir
             gguf_file.forget()
@@ -242,7 +242,7 @@ def _check_tokenizer(path: str) -> None:
 
     try:
         if not gguf_file.is_gguf(path):
-            return None if is_embedded(path) else check_json(Path(path))
+            return None if is_embedded(path) else tokenizer.check(Path(path))
         gguf_tokenizer.build(gguf_file.open_gguf(Path(path)))
     except gguf_file.BadGGUF as e:
         raise UnsupportedModel(f"{path}: {e}") from None
