@@ -4,10 +4,12 @@ a hang or an allocation the lie sized; and a worker that meets one refuses its s
 daemon stops with the reason instead of restarting the worker for ever."""
 import json
 import os
+import signal
 import struct
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -268,3 +270,30 @@ def test_a_broken_tokenizer_stops_the_daemon_at_start_naming_the_file(fresh_daem
     assert d.process.wait(60) == refusal.CONFIG, d.log()
     assert f"model: {path / NOT_A_TOKENIZER}invalid type: sequence, expected struct Tokenizer" in d.log()
 
+
+def _standby_pid(d) -> int:
+    """The one child of the fork server (every child's parent) that the process table does not list."""
+    listed = {p["pid"] for p in d.processes()}
+    server = Path(f"/proc/{d.pid_of('worker')}/stat").read_text().rsplit(")", 1)[1].split()[1]
+    [standby] = [int(c) for c in Path(f"/proc/{server}/task/{server}/children").read_text().split()
+                 if int(c) not in listed]
+    return standby
+
+
+@pytest.mark.slow
+def test_a_standby_meeting_a_changed_config_json_refuses_as_a_worker_start_would(fresh_daemon, checkpoints, tmp_path):
+    """A standby made after config.json changed on disk cannot build the model: it stands by
+    saying so (not an UnsupportedModel traceback, remade at once for ever), and promoted, its
+    start is refused as any worker's: the daemon stops with the reason."""
+    path = edited_copy(checkpoints["llama"], tmp_path / "edited")
+    d = fresh_daemon(workers={"standby": True}, model={"path": str(path)})
+    d.wait_until(lambda: "standing by for worker 0" in d.log(), 60, "a standby")
+    _edited_json(path, "config.json", lambda config: {**config, "num_key_value_heads": 3})
+    os.kill(_standby_pid(d), signal.SIGKILL)   # its successor reads the changed config.json
+    reason = f"model: {path / 'config.json'}: 4 query heads cannot share 3 KV heads evenly"
+    d.wait_until(lambda: f"standing by for worker 0, whose start will be refused: {reason}" in d.log(), 60,
+                 "a standby that says why")
+    os.kill(d.pid_of("worker"), signal.SIGKILL)
+    assert d.process.wait(60) == refusal.CONFIG, d.log()
+    assert "promoted the standby of worker 0" in d.log() and f"mcpd: worker 0 cannot start: {reason}" in d.log()
+    assert "UnsupportedModel" not in d.log()
