@@ -68,7 +68,8 @@ PLAIN_ROPE = {"rope_parameters": None}   # the tiny checkpoints' rope_parameters
     ("llama", {"rope_parameters": {"rope_type": "yarn", "factor": "4"}}, "rope factor '4' is not a finite positive"),
     ("llama", {"rope_parameters": {"rope_type": "yarn", "original_max_position_embeddings": 0}},
      "rope original_max_position_embeddings 0 is not a whole number"),
-    ("llama", {"rope_parameters": {"rope_type": "linear", "factor": 1e308}}, "context length inf is not a whole"),
+    ("llama", {"rope_parameters": {"rope_type": "linear", "factor": 1e308}},
+     "rope factor 1e+308 makes the context inf tokens, not a whole number from 1 to 16777216"),
     ("llama", {"rms_norm_eps": -1.0}, "rms_norm_eps -1.0 is not a finite positive number"),
     ("llama", {"rms_norm_eps": NAN}, "rms_norm_eps nan is not a finite positive number"),
     ("llama", {"tie_word_embeddings": "false"}, "tie_word_embeddings 'false' is not true or false"),
@@ -82,9 +83,59 @@ PLAIN_ROPE = {"rope_parameters": None}   # the tiny checkpoints' rope_parameters
     ("gpt2", {"scale_attn_weights": "yes"}, "scale_attn_weights 'yes' is not true or false"),
 ])
 def test_a_config_json_lie_is_refused_naming_the_file_field_and_value(checkpoints, tmp_path, kind, changes, says):
-    path = edited_copy(checkpoints[kind], tmp_path / "edited", **changes)
+    _refused_naming(checkpoints[kind], tmp_path, changes, says)
+
+
+def _refused_naming(checkpoint, tmp_path, changes, says) -> None:
+    path = edited_copy(checkpoint, tmp_path / "edited", **changes)
     refused = refusal_of(path)
     assert refused.startswith(f"{path / 'config.json'}: ") and says in refused, refused
+
+
+def _rope(rope_type, **values) -> dict:
+    return {"rope_parameters": {"rope_type": rope_type, "rope_theta": 10000.0, **values}}
+
+
+LLAMA3 = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 32}
+SIXTEEN = [1.0] * 16   # a longrope factor per frequency of the tiny llama's heads
+
+
+@pytest.mark.parametrize("changes, says", [
+    (_rope("llama3", **{**LLAMA3, "low_freq_factor": 2.0, "high_freq_factor": 2.0}),
+     "rope high_freq_factor 2.0 is not more than rope low_freq_factor 2.0"),
+    (_rope("llama3", **{**LLAMA3, "low_freq_factor": 4.0, "high_freq_factor": 1.0}),
+     "rope high_freq_factor 1.0 is not more than rope low_freq_factor 4.0"),
+    (_rope("llama3", **{**LLAMA3, "factor": 1e-40}), "rope factor 1e-40 is less than 0.001 (it divides rope frequencies)"),
+    (_rope("longrope", short_factor=[1e-300] * 16, long_factor=SIXTEEN), "rope short_factor 1e-300 is less than 0.001"),
+    (_rope("yarn", factor=4.0, attention_factor=1e300), "rope attention_factor 1e+300 is more than 100"),
+    (_rope("longrope", short_factor=SIXTEEN, long_factor=SIXTEEN, attention_factor=1e6),
+     "rope attention_factor 1000000.0 is more than 100"),
+    ({"head_dim": 2, **_rope("dynamic", factor=2.0)}, "rope type 'dynamic' with head_dim 2"),
+    ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1.0}},
+     "rope_theta 1.0 is not more than 1 (rope's frequencies are its inverse powers)"),
+    ({**PLAIN_ROPE, "rope_theta": 1e-300}, "rope_theta 1e-300 is not more than 1"),
+])
+def test_rope_values_that_would_divide_by_zero_or_overflow_the_rope_table_are_refused(checkpoints, tmp_path, changes,
+                                                                                      says):
+    """Each makes the worker's rope table inf or NaN, or its build divide by zero (every accepted
+    value keeps it finite in float32 and float16)."""
+    _refused_naming(checkpoints["llama"], tmp_path, changes, says)
+
+
+@pytest.mark.parametrize("kind, changes, says", [
+    ("llama", {"num_key_value_heads": 2 ** 40}, "num_key_value_heads 1099511627776 is not a whole number from 1 to 4096"),
+    ("llama", {"num_attention_heads": 2 ** 40}, "num_attention_heads 1099511627776 is not a whole number from 1 to"),
+    ("llama", {"hidden_size": 10 ** 30}, "hidden_size 10000000...(31 digits) is not a whole number from 1 to 131072"),
+    ("llama", _rope("linear", factor=2 ** 1000),
+     "rope factor 10715086...(302 digits) makes the context 13715310...(304 digits) tokens, not a whole number"),
+    ("gpt2", {"n_layer": 10 ** 30}, "n_layer 10000000...(31 digits) is not a whole number from 1 to 4096"),
+    ("gpt2", {"n_inner": 2 ** 40}, "n_inner 1099511627776 is not a whole number from 1 to 524288"),
+    ("gpt2", {"n_positions": 2 ** 40}, "n_positions 1099511627776 is not a whole number from 1 to 16777216"),
+    ("gpt2", {"layer_norm_epsilon": -1.0}, "layer_norm_epsilon -1.0 is not a finite positive number"),
+])
+def test_a_size_past_its_cap_is_named_as_config_json_names_it_its_value_cut(checkpoints, tmp_path, kind, changes,
+                                                                          says):
+    _refused_naming(checkpoints[kind], tmp_path, changes, says)
 
 
 def test_a_layer_count_past_its_cap_is_refused_before_a_list_of_layers_is_made(checkpoints, tmp_path):
