@@ -184,12 +184,6 @@ def optional_json(path: Path) -> dict:
     return loaded
 
 
-def check(model_dir: Path) -> None:
-    """ValueError naming the file where the tokenizer every scheduler and worker builds from
-    model_dir cannot be built (architecture.check_configured): built here, once, and dropped."""
-    HFTokenizer(model_dir, eos_token_ids(model_dir, optional_json(model_dir / "config.json")))
-
-
 def read_tokenizer(path: Path) -> RustTokenizer:
     """The tokenizers library's Tokenizer in the tokenizer.json at path; ValueError naming the
     file where it is none (the library raises a bare Exception for JSON of any wrong shape)."""

@@ -105,7 +105,8 @@ SIXTEEN = [1.0] * 16   # a longrope factor per frequency of the tiny llama's hea
      "rope high_freq_factor 2.0 is not more than rope low_freq_factor 2.0"),
     (_rope("llama3", **{**LLAMA3, "low_freq_factor": 4.0, "high_freq_factor": 1.0}),
      "rope high_freq_factor 1.0 is not more than rope low_freq_factor 4.0"),
-    (_rope("llama3", **{**LLAMA3, "factor": 1e-40}), "rope factor 1e-40 is less than 0.001 (it divides rope frequencies)"),
+    (_rope("llama3", **{**LLAMA3, "factor": 1e-40}),
+     "rope factor 1e-40 is less than 0.001 (it divides rope frequencies)"),
     (_rope("longrope", short_factor=[1e-300] * 16, long_factor=SIXTEEN), "rope short_factor 1e-300 is less than 0.001"),
     (_rope("yarn", factor=4.0, attention_factor=1e300), "rope attention_factor 1e+300 is more than 100"),
     (_rope("longrope", short_factor=SIXTEEN, long_factor=SIXTEEN, attention_factor=1e6),
@@ -123,7 +124,8 @@ def test_rope_values_that_would_divide_by_zero_or_overflow_the_rope_table_are_re
 
 
 @pytest.mark.parametrize("kind, changes, says", [
-    ("llama", {"num_key_value_heads": 2 ** 40}, "num_key_value_heads 1099511627776 is not a whole number from 1 to 4096"),
+    ("llama", {"num_key_value_heads": 2 ** 40},
+     "num_key_value_heads 1099511627776 is not a whole number from 1 to 4096"),
     ("llama", {"num_attention_heads": 2 ** 40}, "num_attention_heads 1099511627776 is not a whole number from 1 to"),
     ("llama", {"hidden_size": 10 ** 30}, "hidden_size 10000000...(31 digits) is not a whole number from 1 to 131072"),
     ("llama", _rope("linear", factor=2 ** 1000),

@@ -204,23 +204,17 @@ def check_configured(config: Config) -> None:
     for key, model in named:
         try:
             of(model, "cpu")   # the device changes only what dtype "auto" resolves to, never a refusal
-            _check_tokenizer(model.path)
-        except ValueError as e:   # UnsupportedModel, or the tokenizer's (tokenizer.check)
+            _check_tokenizer(model)
+        except ValueError as e:   # UnsupportedModel, or the tokenizer's
             raise ConfigError(f"{key}: {e}") from None
         finally:   # the supervisor keeps no file's metadata in memory: the children take it from the runtime dir
             gguf_file.forget()
 
 
-def _check_tokenizer(path: str) -> None:
-    """A tokenizer the scheduler and workers could not build or read: refused here, once, not at each restart."""
-    from mcpd import gguf_tokenizer
-
-    try:
-        if not gguf_file.is_gguf(path):
-            return None if is_embedded(path) else tokenizer.check(Path(path))
-        gguf_tokenizer.build(gguf_file.open_gguf(Path(path)))
-    except gguf_file.BadGGUF as e:
-        raise UnsupportedModel(f"{path}: {e}") from None
+def _check_tokenizer(model: ModelConfig) -> None:
+    """A tokenizer the scheduler and workers could not build: built here as they build it (and
+    dropped), and refused once, not at each restart (ValueError naming the file)."""
+    tokenizer.load(model)
 
 
 def resolve_dtype(requested: str, checkpoint: str | None, device_type: str, source: str = "checkpoint dtype") -> str:

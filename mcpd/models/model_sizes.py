@@ -24,7 +24,8 @@ SCALINGS = ("rope_scaling", "global_rope_scaling", "local_rope_scaling")
 DECODER_NAMES = {"num_layers": "num_hidden_layers", "num_heads": "num_attention_heads",
                  "num_kv_heads": "num_key_value_heads", "model_len": "max_position_embeddings"}
 GEMMA_NAMES = {**DECODER_NAMES, "attn_softcap": "attn_logit_softcapping", "final_softcap": "final_logit_softcapping",
-               "global_rope_theta": "rope_theta of the global layers", "local_rope_theta": "rope_theta of the local layers"}
+               "global_rope_theta": "rope_theta of the global layers",
+               "local_rope_theta": "rope_theta of the local layers"}
 GPT2_NAMES = {"hidden_size": "n_embd", "num_layers": "n_layer", "num_heads": "n_head", "inner_size": "n_inner",
               "max_positions": "n_positions", "model_len": "n_positions", "layer_norm_eps": "layer_norm_epsilon"}
 
@@ -54,7 +55,8 @@ def check(args, model_len, names: dict[str, str]) -> None:
 
 def _counts(args, scalings: list, names: dict[str, str]) -> list[tuple[str, object, int]]:
     """(name, value, cap) of each count of args and its rope scalings."""
-    counts = [(names.get(name, name), getattr(args, name), cap) for name, cap in SIZE_CAPS.items() if hasattr(args, name)]
+    counts = [(names.get(name, name), getattr(args, name), cap)
+              for name, cap in SIZE_CAPS.items() if hasattr(args, name)]
     if getattr(args, "sliding_window", None) is not None:
         counts.append(("sliding_window", args.sliding_window, MAX_MODEL_LEN))
     return counts + [(name, value, MAX_MODEL_LEN) for scaling in scalings for name, value in scaling.checked()[0]]
