@@ -67,10 +67,11 @@ class HFTokenizer:
 
     def __init__(self, model_dir: Path, eos_token_ids: set[int], content_special_tokens: bool = False) -> None:
         """content_special_tokens: special-token text in messages gives special tokens (the opt-out)."""
-        config = optional_json(model_dir / "tokenizer_config.json")
-        self._take(RustTokenizer.from_file(str(model_dir / "tokenizer.json")), _token_text(config.get("bos_token")),
-                   _token_text(config.get("eos_token")), eos_token_ids, _chat_template_source(model_dir, config),
-                   content_special_tokens, model_dir)
+        config_file = model_dir / "tokenizer_config.json"
+        config = optional_json(config_file)
+        self._take(read_tokenizer(model_dir / "tokenizer.json"), _token_text(config, "bos_token", config_file),
+                   _token_text(config, "eos_token", config_file), eos_token_ids,
+                   _compiled(*_chat_template_source(model_dir, config)), content_special_tokens, model_dir)
 
     @classmethod
     def from_gguf(cls, path: Path, content_special_tokens: bool = False) -> "HFTokenizer":
@@ -82,13 +83,13 @@ class HFTokenizer:
         except gguf_file.BadGGUF as e:
             raise ValueError(f"{path}: {e}") from None
         tokenizer = cls.__new__(cls)
-        tokenizer._take(built.tokenizer, built.bos_token, built.eos_token, built.eos_token_ids, built.chat_template,
-                        content_special_tokens, path)
+        tokenizer._take(built.tokenizer, built.bos_token, built.eos_token, built.eos_token_ids,
+                        _compiled(built.chat_template, path), content_special_tokens, path)
         return tokenizer
 
     def _take(self, tokenizer: RustTokenizer, bos_token: str | None, eos_token: str | None, eos_token_ids: set[int],
-              template: str | None, content_special_tokens: bool, source: Path) -> None:
-        """Serve `tokenizer` with these special tokens and chat template."""
+              chat_template, content_special_tokens: bool, source: Path) -> None:
+        """Serve `tokenizer` with these special tokens and chat template (_compiled's)."""
         self.tokenizer = tokenizer
         self.plain: RustTokenizer | None = None   # a copy that reads special-token text as text; made when needed
         specials = {t.content: i for i, t in self.tokenizer.get_added_tokens_decoder().items() if t.special}
@@ -97,7 +98,7 @@ class HFTokenizer:
         self.bos_token_id = self._id_of(self.bos_token)
         eos_id = self._id_of(self.eos_token)
         self.eos_token_ids = eos_token_ids | ({eos_id} if eos_id is not None else set())
-        self.chat_template = _sandbox().from_string(template) if template else None
+        self.chat_template = chat_template
         self.model_dir = source
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
@@ -183,11 +184,17 @@ def optional_json(path: Path) -> dict:
     return loaded
 
 
-def check_json(model_dir: Path) -> None:
-    """ValueError where a JSON file the tokenizer reads is not one, or names end tokens that are
-    no token ids (architecture.check_configured)."""
-    optional_json(model_dir / "tokenizer_config.json")
-    eos_token_ids(model_dir, optional_json(model_dir / "config.json"))
+def read_tokenizer(path: Path) -> RustTokenizer:
+    """The tokenizers library's Tokenizer in the tokenizer.json at path; ValueError naming the
+    file where it is none (the library raises a bare Exception for JSON of any wrong shape)."""
+    try:
+        text = small_file.read_text(path, small_file.MAX_JSON_BYTES)   # a FIFO must not hang a start
+    except (OSError, small_file.NotSmallFile) as e:
+        raise ValueError(f"{path}: not a readable tokenizer ({e})") from None
+    try:
+        return RustTokenizer.from_str(text)
+    except Exception as e:   # noqa: BLE001 - the library's only exception type
+        raise ValueError(f"{path}: not a readable tokenizer ({e})") from None
 
 
 def _checked(messages: list[dict]) -> list[dict]:
@@ -199,19 +206,45 @@ def _checked(messages: list[dict]) -> list[dict]:
     return messages
 
 
-def _token_text(token: str | dict | None) -> str | None:
+def _token_text(config: dict, key: str, config_file: Path) -> str | None:
     """tokenizer_config.json writes special tokens as a string or as {"content": ...}."""
-    return token.get("content") if isinstance(token, dict) else token
+    token = config.get(key)
+    text = token.get("content") if isinstance(token, dict) else token
+    if text is not None and not isinstance(text, str):
+        raise ValueError(f"{config_file}: {key} {token!r:.100} is not a token's text")
+    return text
 
 
-def _chat_template_source(model_dir: Path, config: dict) -> str | None:
+def _chat_template_source(model_dir: Path, config: dict) -> tuple[str | None, Path]:
+    """The chat template's source, and the file it is read from."""
     template_file = model_dir / "chat_template.jinja"  # where newer transformers save it
     if template_file.exists():
-        return template_file.read_text()
+        try:
+            return small_file.read_text(template_file, small_file.MAX_JSON_BYTES), template_file
+        except (OSError, small_file.NotSmallFile) as e:
+            raise ValueError(f"{template_file}: not a readable template ({e})") from None
+    config_file = model_dir / "tokenizer_config.json"
     template = config.get("chat_template")
     if isinstance(template, list):  # named templates: [{"name": "default", "template": ...}, ...]
-        template = {t["name"]: t["template"] for t in template}.get("default")
-    return template
+        named = all(isinstance(t, dict) and isinstance(t.get("name"), str) for t in template)
+        template = {t["name"]: t.get("template") for t in template}.get("default") if named else template
+    if template is not None and not isinstance(template, str):
+        raise ValueError(f"{config_file}: chat_template {config.get('chat_template')!r:.100} is not a template "
+                         "or a list of named ones")
+    return template, config_file
+
+
+def _compiled(template: str | None, source: Path):
+    """The chat template compiled in the sandbox (None for none); ValueError naming its file
+    where it is no Jinja template."""
+    if not template:
+        return None
+    from jinja2 import TemplateError
+
+    try:
+        return _sandbox().from_string(template)
+    except TemplateError as e:
+        raise ValueError(f"{source}: chat template: {e}") from None
 
 
 def _sandbox():

@@ -235,6 +235,16 @@ def test_a_tokenizer_that_cannot_be_built_is_refused_at_the_config_check(tmp_pat
         architecture.check_configured(Config(model=ModelConfig(path=str(lying))))
 
 
+def test_a_chat_template_that_does_not_compile_is_refused_at_the_config_check(tmp_path):
+    """The supervisor builds the tokenizer as the scheduler and workers do, template and all:
+    "{% bos_token }}" is no Jinja, and a worker meeting it would be restarted for ever."""
+    path = edited(write_gguf(tmp_path, "llama", "F32"),
+                  lambda r: r.fields["tokenizer.chat_template"].parts[-1].__setitem__(1, ord("%")))
+    with pytest.raises(ConfigError) as refused:
+        architecture.check_configured(Config(model=ModelConfig(path=str(path))))
+    assert str(refused.value) == f"model: {path}: chat template: Encountered unknown tag 'bos_token'."
+
+
 def test_a_truncated_file_is_refused(tmp_path):
     path = write_gguf(tmp_path, "llama", "Q8_0")
     whole = path.read_bytes()

@@ -99,8 +99,8 @@ def test_a_rope_scaling_stretches_the_context(checkpoints, tmp_path):
 @pytest.mark.parametrize("kind, changes, named", [
     ("gemma3", {"use_bidirectional_attention": True}, "Gemma3ForCausalLM: use_bidirectional_attention"),
     ("gemma2", {"hidden_activation": "gelu"}, "hidden_activation 'gelu'"),
-    ("gemma2", {"attn_logit_softcapping": -1.0}, "attn_softcap -1.0 is not a finite positive number"),
-    ("gemma2", {"final_logit_softcapping": "30"}, "final_softcap '30' is not a finite positive number"),
+    ("gemma2", {"attn_logit_softcapping": -1.0}, "attn_logit_softcapping -1.0 is not a finite positive number"),
+    ("gemma2", {"final_logit_softcapping": "30"}, "final_logit_softcapping '30' is not a finite positive number"),
     ("gemma2", {"rms_norm_eps": None}, "rms_norm_eps None is not a finite positive number"),
     ("gemma2", {"layer_types": ["full_attention"]}, "Gemma2ForCausalLM: layer_types"),
     ("gemma3", {"rope_parameters": {"full_attention": {"rope_type": "proportional"}}}, "'proportional'"),

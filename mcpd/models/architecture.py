@@ -9,15 +9,15 @@ checkpoint's description is made here, so both meet the same UnsupportedModel, i
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mcpd import gguf_file, small_file
+from mcpd import gguf_file, small_file, tokenizer
 from mcpd.config import EMBEDDED_PATH, Config, ConfigError, ModelConfig
-from mcpd.models import config_fields, rope_scaling
+from mcpd.models import config_fields, model_sizes, rope_scaling
+from mcpd.models.model_sizes import MAX_EXPERTS, MAX_MODEL_LEN, SIZE_CAPS
 from mcpd.models.rope_scaling import RopeScaling
-from mcpd.tokenizer import ByteTokenizer, check_json
+from mcpd.tokenizer import ByteTokenizer
 
 DTYPES = ("float32", "float16", "bfloat16")   # the dtypes a model runs in (loader.DTYPES: torch's)
 EMBEDDED_NAME = "mcpd-embedded-llama"
@@ -127,6 +127,13 @@ def of(config: ModelConfig, device_type: str) -> Architecture:
         raise UnsupportedModel(f"{path / 'config.json'}: unusable values ({e})") from None
 
 
+def _field_names(args: ModelArgs) -> dict[str, str]:
+    """config.json's names of the fields its family's args rename (model_sizes.check)."""
+    if isinstance(args, GPT2Args):
+        return model_sizes.GPT2_NAMES
+    return model_sizes.GEMMA_NAMES if isinstance(args, GemmaArgs) else model_sizes.DECODER_NAMES
+
+
 def is_embedded(path: str) -> bool:
     return path in ("", EMBEDDED_PATH)
 
@@ -141,7 +148,7 @@ def _of_gguf(config: ModelConfig, path: Path, device_type: str) -> Architecture:
         found, vocab_size, model_len, name = gguf_architecture.llama_args(metadata)
         scaling = found.pop("rope_scaling")
         args = LlamaArgs(**found, rope_scaling=rope_scaling.Llama3RopeScaling(*scaling) if scaling else None)
-        _check_sizes(args, model_len, path)
+        _check_sizes(args, model_len, path, gguf_architecture.field_names(name))
         kept = gguf_architecture.check_tensors(metadata, args)   # and the matrices that stay quantized
     except UnsupportedModel:
         raise
@@ -176,49 +183,17 @@ def _of_checkpoint(config: ModelConfig, hf: dict, path: Path, device_type: str) 
         raise UnsupportedModel(f"{config_path}: {e}") from None
     except (TypeError, ZeroDivisionError) as e:   # a count that is not a number, or 0 heads
         raise UnsupportedModel(f"{config_path}: unusable sizes ({e})") from None
-    _check_sizes(args, model_len, config_path)
+    _check_sizes(args, model_len, config_path, _field_names(args))
     args = _reachable_window(args, min(config.max_model_len, model_len))
     return Architecture(args, dtype, _quantization(args, config.quantization, path), vocab_size, model_len, hf)
 
 
-# The largest value each count may have. A config.json is a file an operator was handed: a
-# layer count of 10^9 or a vocabulary of 2^62 must be refused with its name, not make the pool
-# keeper list a billion parameters or the loader build them. The caps are far above any model
-# mcpd could hold in memory (Llama 3.1 405B: 126 layers, hidden 16384, vocab 128256).
-SIZE_CAPS = {"vocab_size": 1 << 22, "hidden_size": 1 << 17, "intermediate_size": 1 << 19, "num_layers": 1 << 12,
-             "num_heads": 1 << 12, "num_kv_heads": 1 << 12, "head_dim": 1 << 12, "inner_size": 1 << 19,
-             "max_positions": 1 << 24}
-MAX_EXPERTS = 1 << 10
-MAX_MODEL_LEN = 1 << 24
-REALS = ("rms_norm_eps", "layer_norm_eps", "rope_theta", "global_rope_theta", "local_rope_theta",
-         "query_pre_attn_scalar")   # must be finite and positive
-OPTIONAL_REALS = ("attn_softcap", "final_softcap")   # None, or as REALS
-
-
-def _check_sizes(args: ModelArgs, model_len, config_path: Path) -> None:
-    """UnsupportedModel naming the first count of args that is not a whole number within its
-    cap, or real that is not finite and positive, or query heads not shared evenly by KV heads."""
-    scalings = [getattr(args, name, None) for name in ("rope_scaling", "global_rope_scaling", "local_rope_scaling")]
-    counts = [(name, getattr(args, name)) for name in SIZE_CAPS if hasattr(args, name)]
-    counts.append(("context length", model_len))
-    reals = [(name, getattr(args, name)) for name in REALS if hasattr(args, name)]
-    reals += [(name, getattr(args, name)) for name in OPTIONAL_REALS if getattr(args, name, None) is not None]
-    if getattr(args, "sliding_window", None) is not None:
-        counts.append(("sliding_window", args.sliding_window))
-    for scaling in filter(None, scalings):
-        scaling_counts, scaling_reals = scaling.checked()
-        counts += scaling_counts
-        reals += scaling_reals
-    for name, value in counts:
-        cap = SIZE_CAPS.get(name, MAX_MODEL_LEN)
-        if type(value) is not int or not 1 <= value <= cap:
-            raise UnsupportedModel(f"{config_path}: {name} {value!r} is not a whole number from 1 to {cap}")
-    for name, value in reals:
-        if type(value) not in (int, float) or not 0 < value < math.inf:
-            raise UnsupportedModel(f"{config_path}: {name} {value!r} is not a finite positive number")
-    if not isinstance(args, GPT2Args) and args.num_heads % args.num_kv_heads:
-        raise UnsupportedModel(f"{config_path}: {args.num_heads} query heads cannot share "
-                               f"{args.num_kv_heads} KV heads evenly")
+def _check_sizes(args: ModelArgs, model_len, where: Path, names: dict[str, str]) -> None:
+    """model_sizes.check, its refusal naming the file."""
+    try:
+        model_sizes.check(args, model_len, names)
+    except (config_fields.BadField, rope_scaling.UnsupportedRope) as e:
+        raise UnsupportedModel(f"{where}: {e}") from None
 
 
 def check_configured(config: Config) -> None:
@@ -229,23 +204,17 @@ def check_configured(config: Config) -> None:
     for key, model in named:
         try:
             of(model, "cpu")   # the device changes only what dtype "auto" resolves to, never a refusal
-            _check_tokenizer(model.path)
-        except ValueError as e:   # UnsupportedModel, or the tokenizer's (check_json)
+            _check_tokenizer(model)
+        except ValueError as e:   # UnsupportedModel, or the tokenizer's
             raise ConfigError(f"{key}: {e}") from None
         finally:   # the supervisor keeps no file's metadata in memory: the children take it from the runtime dir
             gguf_file.forget()
 
 
-def _check_tokenizer(path: str) -> None:
-    """A tokenizer the scheduler and workers could not build or read: refused here, once, not at each restart."""
-    from mcpd import gguf_tokenizer
-
-    try:
-        if not gguf_file.is_gguf(path):
-            return None if is_embedded(path) else check_json(Path(path))
-        gguf_tokenizer.build(gguf_file.open_gguf(Path(path)))
-    except gguf_file.BadGGUF as e:
-        raise UnsupportedModel(f"{path}: {e}") from None
+def _check_tokenizer(model: ModelConfig) -> None:
+    """A tokenizer the scheduler and workers could not build: built here as they build it (and
+    dropped), and refused once, not at each restart (ValueError naming the file)."""
+    tokenizer.load(model)
 
 
 def resolve_dtype(requested: str, checkpoint: str | None, device_type: str, source: str = "checkpoint dtype") -> str:

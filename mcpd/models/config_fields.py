@@ -2,7 +2,7 @@
 belongs would be iterated letter by letter, "false" taken as true, a 0 where a count belongs
 taken by `or` as absent. Each read refuses a value of the wrong JSON type with BadField, naming
 the key and the value; architecture.py adds the file. A field absent or null takes its default,
-as transformers reads it. The bounds of sizes are architecture._check_sizes'.
+as transformers reads it. The bounds of sizes are model_sizes.py's.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def flag(table: dict, key: str, default: bool, name: str | None = None) -> bool:
     if value is None:
         return default
     if type(value) is not bool:
-        raise BadField(f"{name or key} {value!r:.100} is not true or false")
+        raise BadField(f"{name or key} {shown(value)} is not true or false")
     return value
 
 
@@ -29,7 +29,7 @@ def text(table: dict, key: str, default: str | None) -> str | None:
     if value is None:
         return default
     if not isinstance(value, str):
-        raise BadField(f"{key} {value!r:.100} is not a string")
+        raise BadField(f"{key} {shown(value)} is not a string")
     return value
 
 
@@ -39,13 +39,13 @@ def mapping(table: dict, key: str, name: str | None = None) -> dict:
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise BadField(f"{name or key} {value!r:.100} is not a JSON object")
+        raise BadField(f"{name or key} {shown(value)} is not a JSON object")
     return value
 
 
 def count(table: dict, key: str, default=REQUIRED, least: int = 1, most: int | None = None, name: str | None = None):
     """A whole number from `least` (to `most`, where a list of that many is made before
-    architecture._check_sizes sees it), or default; a bool is none, and a 0 is refused, not taken
+    model_sizes.check sees it), or default; a bool is none, and a 0 is refused, not taken
     as absent."""
     value = table.get(key)
     if value is None:
@@ -54,7 +54,7 @@ def count(table: dict, key: str, default=REQUIRED, least: int = 1, most: int | N
         return default
     if type(value) is not int or value < least or (most is not None and value > most):
         bounds = f"from {least} to {most}" if most is not None else f"of at least {least}"
-        raise BadField(f"{name or key} {value!r:.100} is not a whole number {bounds}")
+        raise BadField(f"{name or key} {shown(value)} is not a whole number {bounds}")
     return value
 
 
@@ -63,8 +63,8 @@ def real(table: dict, key: str, default, name: str | None = None, zero: bool = F
     value = table.get(key)
     if value is None:
         return default
-    if not _finite(value) or value < 0 or (value == 0 and not zero):
-        raise BadField(f"{name or key} {value!r:.100} is not a finite {'non-negative' if zero else 'positive'} number")
+    if not finite(value) or value < 0 or (value == 0 and not zero):
+        raise BadField(f"{name or key} {shown(value)} is not a finite {'non-negative' if zero else 'positive'} number")
     return value
 
 
@@ -72,15 +72,27 @@ def reals(table: dict, key: str, name: str | None = None) -> tuple[float, ...]:
     """A list of finite positive numbers (required)."""
     values = table[key]
     if not isinstance(values, list):
-        raise BadField(f"{name or key} {values!r:.100} is not a list of finite positive numbers")
+        raise BadField(f"{name or key} {shown(values)} is not a list of finite positive numbers")
     for value in values:
-        if not _finite(value) or value <= 0:
-            raise BadField(f"{name or key} {value!r:.100} is not a finite positive number")
+        if not finite(value) or value <= 0:
+            raise BadField(f"{name or key} {shown(value)} is not a finite positive number")
     return tuple(values)
 
 
-def _finite(value) -> bool:
-    return type(value) in (int, float) and math.isfinite(value)
+def finite(value) -> bool:
+    """A JSON number that is finite (a whole number of any length is)."""
+    return type(value) is int or (type(value) is float and math.isfinite(value))
+
+
+def shown(value) -> str:
+    """value as a refusal quotes it: a whole number of more than 20 digits as its first digits
+    and its length (a 300-digit product says no more), anything else cut to 100 characters."""
+    if type(value) is int and abs(value) >= 10 ** 20:
+        size = abs(value)
+        digits = int(size.bit_length() * math.log10(2))   # not str(): it refuses past 4300 digits
+        digits += 10 ** digits <= size
+        return f"{'-' if value < 0 else ''}{size // 10 ** (digits - 8)}...({digits} digits)"
+    return f"{value!r:.100}"
 
 
 def names(table: dict, key: str) -> list[str]:
@@ -89,5 +101,5 @@ def names(table: dict, key: str) -> list[str]:
     if value is None:
         return []
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise BadField(f"{key} {value!r:.100} is not a list of names")
+        raise BadField(f"{key} {shown(value)} is not a list of names")
     return value

@@ -78,6 +78,15 @@ def llama_args(metadata) -> tuple[dict, int, int, str]:
     return args, args["vocab_size"], key("context_length"), arch
 
 
+def field_names(arch: str) -> dict[str, str]:
+    """The metadata keys llama_args reads each size from, by model_sizes' names."""
+    keys = {"vocab_size": "vocab_size", "hidden_size": "embedding_length", "intermediate_size": "feed_forward_length",
+            "num_layers": "block_count", "num_heads": "attention.head_count", "num_kv_heads": "attention.head_count_kv",
+            "head_dim": "attention.key_length", "rms_norm_eps": "attention.layer_norm_rms_epsilon",
+            "rope_theta": "rope.freq_base", "model_len": "context_length"}
+    return {name: f"{arch}.{key}" for name, key in keys.items()}
+
+
 def kept_quantized(metadata) -> dict[str, str | tuple[tuple[str, int], ...]]:
     """The engine's parameter name -> its form (KEPT's) for each matrix kept quantized: its GGUF
     tensors (q, k and v make one matrix, gate and up another) all of types KEPT has. A matrix

@@ -8,13 +8,19 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from mcpd.models import config_fields
+from mcpd.models.config_fields import shown
 
 TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3")
+# Bounds that keep the rope table finite in every dtype: a factor that divides frequencies (a
+# frequency of 1, times 2^24 positions, stays far within float32), and one that scales cos and
+# sin (yarn's and longrope's own stay under 3; float16 ends at 65504). Checkpoints' are near 1.
+LEAST_DIVISOR = 1e-3
+MOST_ATTENTION_FACTOR = 100.0
 
 
 def _times(length: int, factor) -> int | float:
     """length * factor as a context length; length itself for a factor that is no finite positive
-    number, and an infinite product as it is: architecture._check_sizes then refuses either by name."""
+    number, and an infinite product as it is: model_sizes.check then refuses either by name."""
     if type(factor) not in (int, float) or not 0 < factor < math.inf:
         return length
     product = length * factor
@@ -23,6 +29,22 @@ def _times(length: int, factor) -> int | float:
 
 class UnsupportedRope(ValueError):
     """A rope type or parameter mcpd cannot run; architecture.py names the model with it."""
+
+
+def _divisors(**factors) -> None:
+    """UnsupportedRope naming the first factor (or list of them) that divides frequencies by
+    less than LEAST_DIVISOR."""
+    for name, values in factors.items():
+        for value in values if isinstance(values, tuple) else (values,):
+            if value < LEAST_DIVISOR:
+                raise UnsupportedRope(f"rope {name} {shown(value)} is less than {LEAST_DIVISOR} (it divides rope "
+                                      "frequencies)")
+
+
+def _attention_factor(value: float) -> None:
+    if value > MOST_ATTENTION_FACTOR:
+        raise UnsupportedRope(f"rope attention_factor {shown(value)} is more than {MOST_ATTENTION_FACTOR:g} (cos and "
+                              "sin are scaled by it)")
 
 
 @dataclass(frozen=True)
@@ -34,14 +56,23 @@ class Llama3RopeScaling:
     high_freq_factor: float
     original_max_position_embeddings: int
     by_length: ClassVar[bool] = False   # whether the frequencies depend on the sequence's length
+    scales_context: ClassVar[bool] = False   # whether factor scales the context length
 
     def context_length(self, max_positions: int) -> int:
         return max_positions
 
     def checked(self) -> tuple[list, list]:
-        """(counts, reals): the values architecture._check_sizes holds to their bounds."""
+        """(counts, reals): the values model_sizes.check holds to their bounds."""
         return ([("rope original_max_position_embeddings", self.original_max_position_embeddings)],
                 [(f"rope {name}", getattr(self, name)) for name in ("factor", "low_freq_factor", "high_freq_factor")])
+
+    def check_table(self, head_dim: int) -> None:
+        """UnsupportedRope naming a value (each finite and positive: checked) that would make the
+        rope table divide by zero or overflow."""
+        _divisors(factor=self.factor)
+        if self.high_freq_factor <= self.low_freq_factor:   # the smoothing divides by their difference
+            raise UnsupportedRope(f"rope high_freq_factor {shown(self.high_freq_factor)} is not more than rope "
+                                  f"low_freq_factor {shown(self.low_freq_factor)}")
 
 
 @dataclass(frozen=True)
@@ -49,12 +80,16 @@ class LinearRope:
     """Positions divided by factor: the context is factor times the trained one."""
     factor: float
     by_length: ClassVar[bool] = False
+    scales_context: ClassVar[bool] = True
 
     def context_length(self, max_positions: int) -> int:
         return _times(max_positions, self.factor)
 
     def checked(self) -> tuple[list, list]:
         return [], [("rope factor", self.factor)]
+
+    def check_table(self, head_dim: int) -> None:
+        _divisors(factor=self.factor)
 
 
 @dataclass(frozen=True)
@@ -64,12 +99,19 @@ class DynamicRope:
     factor: float
     max_positions: int
     by_length: ClassVar[bool] = True
+    scales_context: ClassVar[bool] = True
 
     def context_length(self, max_positions: int) -> int:
         return _times(max_positions, self.factor)
 
     def checked(self) -> tuple[list, list]:
         return [], [("rope factor", self.factor)]
+
+    def check_table(self, head_dim: int) -> None:
+        _divisors(factor=self.factor)
+        if head_dim == 2:
+            raise UnsupportedRope("rope type 'dynamic' with head_dim 2 (its base grows by the power "
+                                  "head_dim / (head_dim - 2))")
 
 
 @dataclass(frozen=True)
@@ -83,9 +125,14 @@ class YarnRope:
     attention_factor: float
     truncate: bool
     by_length: ClassVar[bool] = False
+    scales_context: ClassVar[bool] = True
 
     def context_length(self, max_positions: int) -> int:
         return _times(self.original_max_position_embeddings, self.factor)
+
+    def check_table(self, head_dim: int) -> None:
+        _divisors(factor=self.factor)
+        _attention_factor(self.attention_factor)
 
     def checked(self) -> tuple[list, list]:
         return ([("rope original_max_position_embeddings", self.original_max_position_embeddings)],
@@ -103,9 +150,14 @@ class LongRope:
     original_max_position_embeddings: int
     attention_factor: float
     by_length: ClassVar[bool] = True
+    scales_context: ClassVar[bool] = False
 
     def context_length(self, max_positions: int) -> int:
         return max_positions
+
+    def check_table(self, head_dim: int) -> None:
+        _divisors(short_factor=self.short_factor, long_factor=self.long_factor)
+        _attention_factor(self.attention_factor)
 
     def checked(self) -> tuple[list, list]:
         return ([("rope original_max_position_embeddings", self.original_max_position_embeddings)],

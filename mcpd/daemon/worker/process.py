@@ -252,12 +252,15 @@ def stand_by(config: Config, index: int, device: str, promoted) -> None:
     import torch
 
     import mcpd.engine  # noqa: F401  (the point: loaded before it is needed)
-    from mcpd.models import skeleton
+    from mcpd.models import UnsupportedModel, skeleton
 
     # Builds the model's skeleton once: torch's first meta-device ops import its decompositions,
     # which would otherwise take seconds of a promoted standby's start.
-    skeleton(config.model, torch.device(device))
-    log.info("standing by for worker %d", index)
+    try:
+        skeleton(config.model, torch.device(device))
+        log.info("standing by for worker %d", index)
+    except UnsupportedModel as e:   # config.json changed since the start: promoted, it refuses its start as any worker
+        log.warning("standing by for worker %d, whose start will be refused: model: %s", index, e)
     parent_pid = os.getppid()
     while not promoted.wait(STANDBY_POLL_S):
         if not child.parent_alive(parent_pid):
