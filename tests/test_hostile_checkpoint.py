@@ -11,6 +11,7 @@ import sys
 import threading
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -327,9 +328,8 @@ def test_a_broken_tokenizer_stops_the_daemon_at_start_naming_the_file(fresh_daem
 def _standby_pid(d) -> int:
     """The one child of the fork server (every child's parent) that the process table does not list."""
     listed = {p["pid"] for p in d.processes()}
-    server = Path(f"/proc/{d.pid_of('worker')}/stat").read_text().rsplit(")", 1)[1].split()[1]
-    [standby] = [int(c) for c in Path(f"/proc/{server}/task/{server}/children").read_text().split()
-                 if int(c) not in listed]
+    server = psutil.Process(d.pid_of("worker")).parent()
+    [standby] = [child.pid for child in server.children() if child.pid not in listed]
     return standby
 
 
