@@ -85,6 +85,18 @@ def test_a_row_alone_gives_the_bits_it_gets_in_a_batch(native_kernels, dtype, k)
         assert torch.equal(native_kernels.logits(x[row:row + 1], w), logits[row:row + 1])
 
 
+@pytest.mark.skipif("native-amx" not in NATIVE_SETS, reason="this CPU has no AMX tiles")
+def test_amx_products_after_torch_ran_tiles_of_its_own_on_the_same_threads():
+    """torch's bfloat16 matmul (oneDNN) runs on AMX tiles too, on the threads the kernels share
+    with torch, and leaves them shaped its way or released: each native call loads its own again."""
+    kernels = NATIVES["native-amx"]
+    x, w = rand(20, 512, dtype=torch.bfloat16), kernels.prepare(rand(1000, 512, dtype=torch.bfloat16))
+    before = kernels.linear(x, w)
+    a = rand(256, 1024, dtype=torch.bfloat16)
+    torch.matmul(a, a.T)
+    assert torch.equal(kernels.linear(x, w), before)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_a_products_bits_do_not_depend_on_which_threads_took_its_strips(native_kernels, dtype):
     """Each thread owns a share of a product's strips and, done with it, takes the others' from

@@ -1276,12 +1276,21 @@ typedef struct {
     uint8_t rows[16];
 } amx_config;
 
-/* Loaded at every strip: another library's tiles (oneDNN's, torch's) may have run on this thread since. */
+/* A thread loads the tiles' shapes once per exported call (amx_new_call) and tail: a load per
+   strip cost a one-row decode step about a twentieth of its time, and between calls another
+   library's tiles (oneDNN's, in torch) may have run on the thread. */
+static int64_t amx_call;
+static __thread int64_t amx_loaded_in = -1, amx_loaded_rows;
+
+static inline void amx_new_call(void) { amx_call++; }
+
 static void amx_configure(int64_t last_rows) {
+    if (amx_loaded_in == amx_call && amx_loaded_rows == last_rows) return;
     amx_config c = {0};
     c.palette = 1;
     for (int t = 0; t < 8; t++) c.colsb[t] = 64, c.rows[t] = t < 5 ? 16 : (uint8_t)last_rows;
     _tile_loadconfig(&c);
+    amx_loaded_in = amx_call, amx_loaded_rows = last_rows;
 }
 
 #define AMX_BLOCK(C0, C1, A, x, k, p0, p1)                                                            \
@@ -1320,6 +1329,7 @@ static void amx_strip(const bf16 *x, int64_t m, int64_t k, const bf16 *const p[T
 }
 #else
 static inline int takes_amx(int dtype, const mcpd_matrix *w, int64_t k) { (void)dtype, (void)w, (void)k; return 0; }
+static inline void amx_new_call(void) {}
 #endif
 
 /* Strip `strip` (a tile's TILE_PANELS panels) of x's m rows by w [n, k]: into y's columns of it. */
@@ -1398,6 +1408,7 @@ static void linear(int dtype, const void *x, int64_t m, int64_t k, const mcpd_ma
 
 void mcpd_linear(int dtype, const void *x, int64_t m, int64_t k, const mcpd_matrix *w, const void *bias,
                  int64_t n, void *y, int y_f32) {
+    amx_new_call();
     linear(dtype, x, m, k, w, bias, n, y, y_f32);
 }
 
@@ -2073,6 +2084,7 @@ void mcpd_decoder_stack(int dtype, const mcpd_shape *s, const mcpd_layer *layers
                         void *residual, const float *rope, const int64_t *positions, const int64_t *slot_blocks,
                         const int64_t *slot_offsets, const mcpd_group *groups, int64_t num_groups, int64_t kept,
                         const int64_t *kept_rows, void *scratch, const void *final_norm, void *out) {
+    amx_new_call();
     if (one_decoding_row(t, groups, num_groups, kept, kept_rows)) {
         BY_DTYPE(one_row_stack_body, s, layers, num_layers, residual, rope, positions[0], slot_blocks[0],
                  slot_offsets[0], groups, scratch, final_norm, out);
@@ -2179,6 +2191,7 @@ int64_t mcpd_greedy_steps(int dtype, const mcpd_shape *s, const mcpd_layer *laye
                           const mcpd_greedy *g, int64_t token, int64_t position, int64_t steps,
                           const int64_t *stops, int64_t num_stops, void *scratch, void *residual, void *hidden,
                           float *logits, int64_t *out_tokens) {
+    amx_new_call();
     int64_t row_bytes = s->hidden * (dtype == F32 ? 4 : 2);
     if (token < 0 || token >= g->rows || steps < 0 || position < 0
         || position > g->table_len * s->block_size - steps)   /* no overflow for any position */
