@@ -26,11 +26,14 @@ from mcpd.cpu import features
 
 SOURCE = Path(__file__).with_name("kernels.c")
 FLAGS = ["-O3", "-march=native", "-fPIC", "-shared", "-fopenmp", "-lm"]
-# Each set, in order of preference: the flags it adds, and the CPU flags it needs. amx is avx512
-# with its bfloat16 products on AMX tiles; avx2 leaves out every AVX-512 extension (-mno-avx512f
-# takes them all), so kernels.c takes its AVX2 tiles.
-ISAS = {"amx": (["-DMCPD_AMX", "-mamx-tile", "-mamx-bf16"], ("avx512f", "avx512_bf16", "amx_tile", "amx_bf16")),
-        "avx512": ([], ("avx512f",)), "avx2": (["-mno-avx512f"], ("avx2", "fma"))}
+# Each set, in auto's order of preference: the flags it adds, and the CPU flags it needs. avx2
+# leaves out every AVX-512 extension (-mno-avx512f takes them all), so kernels.c takes its AVX2
+# tiles. amx is avx512 with its bfloat16 products on AMX tiles, taken only when named
+# (engine.kernels = native-amx): it runs a bfloat16 model's prompts 3-4x and its batches 2-3x as
+# fast as avx512, but one stream's decode about a tenth slower (bench/engine.py), and auto must
+# not trade that away for a chat's users. Every CPU with AMX has AVX-512, so auto never reaches it.
+ISAS = {"avx512": ([], ("avx512f",)), "avx2": (["-mno-avx512f"], ("avx2", "fma")),
+        "amx": (["-DMCPD_AMX", "-mamx-tile", "-mamx-bf16"], ("avx512f", "avx512_bf16", "amx_tile", "amx_bf16"))}
 BUILD_TIMEOUT_S = 120
 SYS_ARCH_PRCTL, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA = 158, 0x1023, 18   # x86-64 Linux's numbers
 
