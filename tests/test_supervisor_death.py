@@ -58,6 +58,15 @@ def test_sigkill_supervisor_leaves_no_orphans_and_mcpctl_says_at_once_that_none_
         control.call_at(d.runtime_dir, "status", timeout_s=60)
 
 
+@pytest.mark.parametrize("plant", [os.mkdir, lambda path: os.symlink("/dev/null", path)])
+def test_mcpctl_names_a_control_path_that_is_no_socket(tmp_path, plant):
+    runtime_dir = tmp_path / "run"
+    runtime_dir.mkdir(mode=0o700)
+    plant(runtime_dir / "control.ipc")
+    with pytest.raises(control.Unreachable, match="control.ipc is not a socket"):
+        control.call_at(runtime_dir, "status", timeout_s=60)
+
+
 def test_a_killed_daemons_segments_and_fork_server_dir_are_reclaimed_by_its_next_start_and_by_cleanup(fresh_daemon):
     d = fresh_daemon()
     segment = host_segment.segment_path(d.runtime_dir)

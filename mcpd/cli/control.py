@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import socket
+import stat
 import sys
 import time
 from pathlib import Path
@@ -97,7 +98,9 @@ def call_at(runtime_dir: Path, op: str, op_args: dict | None = None, timeout_s: 
 def check_listening(path: Path) -> None:
     """Unreachable at once where nothing can be reached at the socket's path: a daemon killed
     without its clean stop leaves the file behind, and ZeroMQ would retry it in silence until
-    the call's time ran out."""
+    the call's time ran out. A path that is no socket (a directory, a link to a device) is named so."""
+    if not stat.S_ISSOCK(os.stat(path).st_mode):
+        raise Unreachable(f"{path} is not a socket: not mcpd's control socket")
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
         try:
             probe.connect(str(path))
